@@ -1,0 +1,55 @@
+"""jaxaot: AOTAutograd for JAX.
+
+Trace a function to a joint forward+backward jaxpr, split it with a partitioner
+into a forward program (which also returns the residuals) and a backward
+program, and compile each ahead of time into its own XLA executable.
+
+Example:
+    >>> import jax, jax.numpy as jnp, jaxaot
+    >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
+    >>> w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
+    >>> bool(jnp.allclose(jax.grad(f)(w, x), jax.grad(lambda w, x: jnp.tanh(x @ w).sum())(w, x)))
+    True
+"""
+
+from jaxaot import compilers, errors
+from jaxaot.autodiff import Gradient, differentiate
+from jaxaot.errors import (
+    CotangentMismatchError,
+    InvalidInputError,
+    InvalidOutputError,
+    JaxaotError,
+    NoDifferentiationRuleError,
+    PartitionError,
+    ResidualsMismatchError,
+)
+from jaxaot.partition import Partition, Residual
+from jaxaot.partitioners import default_partition
+from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
+from jaxaot.tracing import JointGraph, trace_joint
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AOTFunction",
+    "AOTLowered",
+    "CacheInfo",
+    "CotangentMismatchError",
+    "Gradient",
+    "InvalidInputError",
+    "InvalidOutputError",
+    "JaxaotError",
+    "JointGraph",
+    "NoDifferentiationRuleError",
+    "Partition",
+    "PartitionError",
+    "Residual",
+    "Residuals",
+    "ResidualsMismatchError",
+    "aot_function",
+    "compilers",
+    "default_partition",
+    "differentiate",
+    "errors",
+    "trace_joint",
+]

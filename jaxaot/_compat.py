@@ -1,0 +1,179 @@
+"""The one place where jaxaot touches JAX internals.
+
+Every use of ``jax._src``, ``jax.extend`` or ``jax.interpreters`` lives here, so a
+JAX upgrade (0.10 -> 0.11 merged ``Jaxpr`` and ``ClosedJaxpr``, for instance) is a
+change to this file alone. The rest of jaxaot talks to jaxprs only through the
+small functions below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax._src import core as _core
+from jax._src import source_info_util as _siu
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching  # noqa: F401  (re-exported)
+from jax._src.interpreters import mlir as _mlir  # noqa: F401  (re-exported)
+from jax._src.interpreters import partial_eval as _pe
+
+ad = _ad
+batching = _batching
+mlir = _mlir
+pe = _pe
+core = _core
+
+Var = _core.Var
+Literal = _core.Literal
+DropVar = _core.DropVar
+JaxprEqn = _core.JaxprEqn
+Primitive = _core.Primitive
+Tracer = _core.Tracer
+ClosedJaxpr = _core.ClosedJaxpr
+Jaxpr = _core.Jaxpr
+
+try:  # the jit primitive was renamed pjit_p -> jit_p
+    from jax._src.pjit import jit_p as _jit_p
+except ImportError:  # pragma: no cover - older jax
+    from jax._src.pjit import pjit_p as _jit_p
+jit_p = _jit_p
+closed_call_p = _core.closed_call_p
+
+from jax._src import custom_derivatives as _cd  # noqa: E402
+
+custom_jvp_call_p = _cd.custom_jvp_call_p
+custom_vjp_call_p = _cd.custom_vjp_call_p
+
+#: Primitives whose body is a plain call that can be inlined into the caller.
+INLINABLE_CALLS = frozenset(p for p in (jit_p, closed_call_p) if p is not None)
+
+
+# --------------------------------------------------------------------------- jaxprs
+def jaxpr_of(closed: Any) -> Any:
+    """The open jaxpr inside a closed one (identity where the two are merged)."""
+    return getattr(closed, "jaxpr", closed)
+
+
+def consts_of(closed: Any) -> list:
+    return list(getattr(closed, "consts", ()))
+
+
+def make_closed_jaxpr(
+    constvars: Sequence[Any],
+    invars: Sequence[Any],
+    outvars: Sequence[Any],
+    eqns: Sequence[Any],
+    consts: Sequence[Any],
+) -> Any:
+    """Build a closed jaxpr from parts; the effects are those of ``eqns``."""
+    effects = _core.join_effects(*(e.effects for e in eqns)) if eqns else _core.no_effects
+    # Input effects refer to invars by position; the programs jaxaot builds never
+    # thread refs through their signature, so keeping the plain effects is enough.
+    effects = frozenset(e for e in effects if not isinstance(e, _core.JaxprInputEffect))
+    jaxpr = _core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns), effects)
+    return _core.ClosedJaxpr(jaxpr, list(consts))
+
+
+def close(jaxpr: Any, consts: Sequence[Any] = ()) -> Any:
+    return _core.ClosedJaxpr(jaxpr, list(consts))
+
+
+def eval_closed(closed: Any, *args: Any) -> list:
+    """Evaluate a closed jaxpr on arrays or tracers (inlines it into any trace)."""
+    return _core.eval_jaxpr(jaxpr_of(closed), consts_of(closed), *args)
+
+
+def check_jaxpr(closed: Any) -> None:
+    _core.check_jaxpr(jaxpr_of(closed))
+
+
+def is_literal(x: Any) -> bool:
+    return isinstance(x, _core.Literal)
+
+
+def is_drop_var(x: Any) -> bool:
+    return isinstance(x, _core.DropVar)
+
+
+def aval_of(x: Any) -> Any:
+    return x.aval
+
+
+def new_var(aval: Any) -> Any:
+    return _core.Var(aval)
+
+
+def literal(val: Any, aval: Any) -> Any:
+    return _core.Literal(val, aval)
+
+
+def bind_eqn(eqn: Any, invals: Sequence[Any]) -> list:
+    """Re-bind one eqn on new inputs in the current trace, keeping its source info."""
+    bind_params = eqn.primitive.get_bind_params(eqn.params)
+    name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
+    with _siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+        out = eqn.primitive.bind(*invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def eqn_source(eqn: Any) -> str:
+    """``file:line (function)`` of the user code that produced ``eqn``."""
+    try:
+        return _siu.summarize(eqn.source_info)
+    except Exception:  # pragma: no cover - source info is best effort
+        return "<unknown>"
+
+
+def eqn_subjaxprs(eqn: Any) -> list:
+    """Closed jaxprs held in an eqn's params (bodies of calls, loops, conds)."""
+    return list(_core.jaxprs_in_params(eqn.params))
+
+
+def has_jvp_rule(prim: Any) -> bool:
+    return (
+        prim in _ad.primitive_jvps
+        or prim in getattr(_ad, "primitive_linearizations", {})
+        or prim in INLINABLE_CALLS
+        or prim.call_primitive
+        or prim.map_primitive
+        or bool(getattr(prim, "_jaxaot_has_rules", False))
+    )
+
+
+def is_effectful(eqn: Any) -> bool:
+    return bool(eqn.effects)
+
+
+# --------------------------------------------------------------------------- tracers
+def is_tracer(x: Any) -> bool:
+    return isinstance(x, _core.Tracer)
+
+
+def is_forward_mode_tracer(x: Any) -> bool:
+    """True for the tracers of ``jax.jvp`` (not those of ``jax.grad``'s linearize).
+
+    ``jax.custom_vjp`` refuses forward mode, so the runtime inlines the program
+    instead when it sees one of these.
+    """
+    return isinstance(x, _ad.JVPTracer)
+
+
+def single_device_of(sharding: Any) -> Any:
+    """The device of a single-device sharding, else None (fast: no set built)."""
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return getattr(sharding, "_device", None) or next(iter(sharding.device_set))
+    return None
+
+
+# --------------------------------------------------------------------------- dtypes
+float0 = jax.dtypes.float0
+
+
+def is_inexact(dtype: Any) -> bool:
+    return bool(jax.dtypes.issubdtype(dtype, np.inexact))
+
+
+def zeros_float0(shape: Sequence[int]) -> np.ndarray:
+    return np.zeros(tuple(shape), dtype=float0)

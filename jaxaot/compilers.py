@@ -1,0 +1,57 @@
+"""Stage 3: compilers turn a closed jaxpr into something callable.
+
+A compiler is ``compiler(closed_jaxpr, example_avals) -> callable``; the callable
+takes the flat inputs and returns the flat outputs (a list). ``example_avals``
+are ``jax.ShapeDtypeStruct`` (shape, dtype, weak type, sharding) per input.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxaot import compilers
+    >>> closed = jax.make_jaxpr(jnp.sin)(1.0)
+    >>> run = compilers.xla(closed, [jax.ShapeDtypeStruct((), jnp.float32)])
+    >>> float(run(0.0)[0])
+    0.0
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+
+from jaxaot import _compat as C
+
+
+class Compiler(Protocol):
+    def __call__(self, closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct]) -> Callable[..., list]: ...
+
+
+def as_function(closed_jaxpr: Any) -> Callable[..., list]:
+    """A Python function that evaluates ``closed_jaxpr`` (inlines into any trace)."""
+
+    def run(*args):
+        return C.eval_closed(closed_jaxpr, *args)
+
+    return run
+
+
+def xla(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *, donate_argnums: Sequence[int] = ()):
+    """Compile ahead of time with XLA: ``jax.jit(...).lower(...).compile()``.
+
+    The result is a ``jax.stages.Compiled``: it has ``memory_analysis()`` and
+    ``cost_analysis()``, and refuses inputs of another shape or dtype.
+    """
+    jitted = jax.jit(as_function(closed_jaxpr), donate_argnums=tuple(donate_argnums), keep_unused=True)
+    return jitted.lower(*example_avals).compile()
+
+
+def nop(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], **_: Any):
+    """Evaluate the jaxpr eqn by eqn, without compiling it (for debugging)."""
+    del example_avals
+    return as_function(closed_jaxpr)
+
+
+def print_jaxpr(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], **kwargs: Any):
+    """Print the program, then compile it with :func:`xla`."""
+    print(closed_jaxpr)
+    return xla(closed_jaxpr, example_avals, **kwargs)

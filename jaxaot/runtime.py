@@ -1,0 +1,715 @@
+"""Stage 4: the runtime. ``aot_function`` wires trace -> partition -> compile.
+
+Per input signature (pytree structure, shapes, dtypes, weak types, shardings,
+static arguments) an :class:`AOTFunction` keeps one :class:`_Entry`: the traced
+programs and up to three executables, each built the first time it is needed:
+
+* *inference*: the primal program, for calls that differentiate nothing;
+* *forward*: outputs plus the saved values (residuals);
+* *backward*: gradients from cotangents and residuals.
+
+Eager ``jax.grad`` reaches the forward and backward executables through a
+``jax.custom_vjp`` whose rules receive concrete arrays. Under any other trace
+(``jit``, ``vmap``, ``jvp``, higher-order ``grad``) the same partitioned
+programs are evaluated in that trace, so everything composes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot import _compat as C
+from jaxaot import compilers as _compilers
+from jaxaot.errors import (
+    CotangentMismatchError,
+    InvalidInputError,
+    ResidualsMismatchError,
+)
+from jaxaot.partition import Partition, Residual
+from jaxaot.partitioners import default_partition
+from jaxaot.tracing import (
+    JointGraph,
+    build_joint,
+    flatten_checked,
+    is_array_leaf,
+    leaf_paths,
+    trace_primal,
+)
+
+PartitionFn = Callable[[JointGraph], Partition]
+
+
+# --------------------------------------------------------------------------- signatures
+_DEFAULT_DEVICE: list = []
+
+
+def _sharding_key(sharding: Any) -> Any:
+    # Arrays on the default device key like tracers do (None), so that tracing a
+    # signature under jit reuses the entry that eager calls built.
+    if not _DEFAULT_DEVICE:
+        _DEFAULT_DEVICE.append(jax.devices()[0])
+    if C.single_device_of(sharding) == _DEFAULT_DEVICE[0]:
+        return None
+    return sharding
+
+
+def _leaf_key(x: Any) -> tuple:
+    if isinstance(x, jax.Array) and not C.is_tracer(x):
+        return (x.shape, x.dtype, x.weak_type, _sharding_key(x.sharding))
+    if C.is_tracer(x):
+        a = x.aval
+        return (a.shape, a.dtype, a.weak_type, None)
+    if isinstance(x, np.ndarray):
+        return (x.shape, x.dtype, False, None)
+    return ((), type(x), True, None)  # Python / NumPy scalar
+
+
+def _leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
+    out = []
+    for x in leaves:
+        if isinstance(x, jax.Array) and not C.is_tracer(x):
+            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type))
+        else:
+            a = jax.typeof(x)
+            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type))
+    return out
+
+
+def _fmt_key(k: tuple) -> str:
+    shape, dtype, weak, _ = k
+    name = np.dtype(dtype).name if not isinstance(dtype, type) else dtype.__name__
+    short = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "i32",
+             "int64": "i64", "bool": "bool", "uint8": "u8", "int8": "i8", "complex64": "c64"}.get(name, name)
+    return f"{short}[{','.join(map(str, shape))}]" + ("{weak}" if weak and shape != () else "")
+
+
+def _describe_change(old: "_Signature", new: "_Signature") -> str:
+    if old.static != new.static:
+        return f"static arguments changed: {old.static!r} -> {new.static!r}"
+    if old.treedef != new.treedef:
+        return f"input pytree structure changed: {old.treedef} -> {new.treedef}"
+    paths = leaf_paths(new.treedef)
+    diffs = []
+    for path, a, b in zip(paths, old.leaves, new.leaves):
+        if a[:3] != b[:3]:
+            diffs.append(f"{_arg_path(path)}: {_fmt_key(a)} -> {_fmt_key(b)}")
+        elif a[3] != b[3]:
+            diffs.append(f"{_arg_path(path)}: sharding {a[3]} -> {b[3]}")
+    return "; ".join(diffs) or "new signature"
+
+
+def _arg_path(path: str) -> str:
+    # Paths of the (args, kwargs) pair read "[0][1]['w']": show them as "arg[1]['w']".
+    if path.startswith("[0]"):
+        return "arg" + path[3:]
+    if path.startswith("[1]"):
+        return "kwarg" + path[3:]
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class _Signature:
+    treedef: Any
+    leaves: tuple
+    static: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheEntryInfo:
+    """One compiled signature of an :class:`AOTFunction`."""
+
+    signature: str
+    reason: str
+    executables: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheInfo:
+    """What :meth:`AOTFunction.cache_info` reports."""
+
+    hits: int
+    misses: int
+    entries: tuple[CacheEntryInfo, ...]
+
+    @property
+    def recompiles(self) -> int:
+        return max(self.misses - 1, 0)
+
+
+# --------------------------------------------------------------------------- residuals
+@jax.tree_util.register_pytree_node_class
+class Residuals:
+    """The values ``AOTFunction.forward`` hands to ``AOTFunction.backward``.
+
+    A pytree (its leaves are the saved arrays) that remembers which compiled
+    signature produced it, so ``backward`` can refuse residuals of another one.
+    """
+
+    def __init__(self, arrays: Sequence[Any], entry: "_Entry"):
+        self.arrays = tuple(arrays)
+        self._entry = entry
+
+    def tree_flatten(self):
+        return self.arrays, self._entry
+
+    @classmethod
+    def tree_unflatten(cls, entry, arrays):
+        return cls(arrays, entry)
+
+    @property
+    def residuals(self) -> tuple[Residual, ...]:
+        return self._entry.partition.residuals
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self.residuals)
+
+    def __repr__(self) -> str:
+        return f"Residuals({len(self.arrays)} arrays, {self.nbytes} bytes)"
+
+
+# --------------------------------------------------------------------------- lowered
+@dataclasses.dataclass(frozen=True)
+class AOTLowered:
+    """Everything jaxaot built for one input signature (from ``aot_fn.lower``).
+
+    Attributes:
+      joint: the :class:`JointGraph`.
+      partition: the :class:`Partition`.
+      inference / forward / backward: closed jaxprs of the three programs.
+      saved: the :class:`Residual` of each saved value (shape, dtype, bytes,
+        producing eqn and source line).
+      recomputed: forward eqns the backward recomputes.
+      compile_times: seconds spent tracing, partitioning and compiling each.
+      executables: the compiled executables by name.
+    """
+
+    joint: JointGraph
+    partition: Partition
+    inference: Any
+    compile_times: Mapping[str, float]
+    executables: Mapping[str, Any]
+
+    @property
+    def forward(self) -> Any:
+        return self.partition.forward
+
+    @property
+    def backward(self) -> Any:
+        return self.partition.backward
+
+    @property
+    def saved(self) -> tuple[Residual, ...]:
+        return self.partition.residuals
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.partition.saved_bytes
+
+    @property
+    def recomputed(self) -> tuple[str, ...]:
+        return self.partition.recomputed
+
+    def memory_analysis(self) -> dict[str, Any]:
+        """Per executable, the backend's memory analysis (None where unavailable)."""
+        return {k: _safe(lambda e=e: e.memory_analysis()) for k, e in self.executables.items()}
+
+    def cost_analysis(self) -> dict[str, Any]:
+        """Per executable, the backend's cost analysis (None where unavailable)."""
+        return {k: _safe(lambda e=e: e.cost_analysis()) for k, e in self.executables.items()}
+
+    def residual_table(self) -> str:
+        rows = [("#", "source", "shape", "dtype", "bytes", "producer", "line")]
+        for i, r in enumerate(self.saved):
+            rows.append((str(i), f"{r.source}[{r.index}]", str(list(r.aval.shape)), str(r.aval.dtype),
+                         str(r.nbytes), r.producer, r.source_line))
+        widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+    def __str__(self) -> str:
+        times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
+        parts = [
+            f"== forward: {len(self.partition.residuals)} residuals, {self.saved_bytes} bytes saved ==",
+            str(self.forward),
+            "== backward ==",
+            str(self.backward),
+            "== residuals ==",
+            self.residual_table(),
+        ]
+        if self.recomputed:
+            parts += ["== recomputed in backward ==", *self.recomputed]
+        parts.append(f"== times: {times} ==")
+        return "\n".join(parts)
+
+
+def _safe(f: Callable[[], Any]) -> Any:
+    try:
+        return f()
+    except Exception:  # backends without analyses raise various errors
+        return None
+
+
+# --------------------------------------------------------------------------- entry
+def _prune_outputs(closed: Any, keep: Sequence[int]) -> Any:
+    j = C.jaxpr_of(closed)
+    return C.make_closed_jaxpr(j.constvars, j.invars, [j.outvars[i] for i in keep], j.eqns, C.consts_of(closed))
+
+
+class _Entry:
+    """Programs and executables for one input signature."""
+
+    def __init__(self, owner: "AOTFunction", sig: _Signature, flat_fn: Callable, avals: list):
+        self.owner = owner
+        self.signature = sig
+        self.in_avals = avals
+        self.times: dict[str, float] = {}
+        self.executables: dict[str, Any] = {}
+        t = time.perf_counter()
+        self.primal, self.out_tree = trace_primal(flat_fn, avals, owner.decompositions)
+        self.times["trace"] = time.perf_counter() - t
+        n_out = len(C.jaxpr_of(self.primal).outvars)
+        positions = {v: i for i, v in enumerate(C.jaxpr_of(self.primal).invars)}
+        self.output_is_input = [
+            None if C.is_literal(v) else positions.get(v) for v in C.jaxpr_of(self.primal).outvars
+        ]
+        self.computed_outputs = [i for i in range(n_out) if self.output_is_input[i] is None]
+        self._joint: JointGraph | None = None
+        self._partition: Partition | None = None
+        self._custom_vjp: Callable | None = None
+
+    # -- lazily built stages
+    @property
+    def joint(self) -> JointGraph:
+        if self._joint is None:
+            t = time.perf_counter()
+            self._joint = build_joint(
+                self.primal, self.signature.treedef, self.out_tree, self.in_avals, self.owner.decompositions
+            )
+            self.times["joint"] = time.perf_counter() - t
+        return self._joint
+
+    @property
+    def partition(self) -> Partition:
+        if self._partition is None:
+            joint = self.joint
+            t = time.perf_counter()
+            self._partition = self.owner.partition_fn(joint)
+            self.times["partition"] = time.perf_counter() - t
+        return self._partition
+
+    def _compile(self, name: str, compiler: Callable, closed: Any, avals: Sequence[Any], donate=()):
+        exe = self.executables.get(name)
+        if exe is None:
+            t = time.perf_counter()
+            kwargs = {"donate_argnums": tuple(donate)} if donate and compiler is _compilers.xla else {}
+            exe = compiler(closed, list(avals), **kwargs)
+            self.times[f"compile_{name}"] = time.perf_counter() - t
+            self.executables[name] = exe
+        return exe
+
+    def _donated(self, excluded: set) -> list[int]:
+        return [i for i in self.owner._donated_leaves(self.signature) if i not in excluded]
+
+    @property
+    def inference_exe(self):
+        exe = self.executables.get("inference")
+        if exe is None:
+            closed = _prune_outputs(self.primal, self.computed_outputs)
+            aliased = {i for i in self.output_is_input if i is not None}
+            exe = self._compile("inference", self.owner.inference_compiler, closed, self.in_avals,
+                                self._donated(aliased))
+        return exe
+
+    @property
+    def forward_exe(self):
+        exe = self.executables.get("forward")
+        if exe is None:
+            part = self.partition
+            n_fwd = len(C.jaxpr_of(part.forward).outvars)
+            keep = self.computed_outputs + list(range(part.num_outputs, n_fwd))
+            closed = _prune_outputs(part.forward, keep)
+            aliased = set(part.saved_inputs) | {i for i in self.output_is_input if i is not None}
+            exe = self._compile("forward", self.owner.fw_compiler, closed, self.in_avals, self._donated(aliased))
+        return exe
+
+    @property
+    def backward_exe(self):
+        exe = self.executables.get("backward")
+        if exe is None:
+            part = self.partition
+            exe = self._compile("backward", self.owner.bw_compiler, part.backward, self.backward_avals())
+        return exe
+
+    def backward_avals(self) -> list:
+        part = self.partition
+        cts = [self.joint.out_avals[i] for i in part.cotangent_outputs]
+        cts = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in cts]
+        return cts + [jax.ShapeDtypeStruct(r.aval.shape, r.aval.dtype, weak_type=r.aval.weak_type)
+                      for r in part.residuals]
+
+    # -- running
+    def _splice(self, leaves: Sequence[Any], computed: Sequence[Any]) -> list:
+        outs = []
+        it = iter(computed)
+        for src in self.output_is_input:
+            outs.append(next(it) if src is None else leaves[src])
+        return outs
+
+    def infer(self, leaves: Sequence[Any]) -> list:
+        if any(C.is_tracer(x) for x in leaves):
+            return C.eval_closed(self.primal, *leaves)
+        return self._splice(leaves, self.inference_exe(*leaves))
+
+    def forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
+        """Run the forward; return (all outputs, residual arrays in backward order)."""
+        part = self.partition
+        if any(C.is_tracer(x) for x in leaves):
+            fwd_outs = C.eval_closed(part.forward, *leaves)
+        else:
+            computed = self.forward_exe(*leaves)
+            n_real = len(self.computed_outputs)
+            fwd_outs = self._splice(leaves, computed[:n_real]) + list(computed[n_real:])
+        residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
+        return fwd_outs[: part.num_outputs], residuals
+
+    def backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
+        """Grads for the differentiable inputs, from residuals and selected cotangents."""
+        args = [*cts, *residuals]
+        if any(C.is_tracer(x) for x in args):
+            return C.eval_closed(self.partition.backward, *args)
+        return list(self.backward_exe(*args))
+
+    @property
+    def custom_vjp(self) -> Callable:
+        if self._custom_vjp is None:
+            self._custom_vjp = self._make_custom_vjp()
+        return self._custom_vjp
+
+    def _make_custom_vjp(self) -> Callable:
+        entry = self
+
+        @jax.custom_vjp
+        def call(*leaves):
+            return entry.infer(leaves)
+
+        def fwd(*leaves):
+            outs, residuals = entry.forward(leaves)
+            return outs, residuals
+
+        def bwd(residuals, cts):
+            part = entry.partition
+            selected = [_as_cotangent(cts[i], entry.joint.out_avals[i]) for i in part.cotangent_outputs]
+            grads = entry.backward(residuals, selected)
+            full: list[Any] = [None] * len(entry.in_avals)
+            for i, g in zip(part.grad_inputs, grads):
+                full[i] = g
+            return tuple(full)
+
+        call.defvjp(fwd, bwd)
+        return call
+
+
+def _as_cotangent(ct: Any, aval: Any) -> Any:
+    # custom_vjp may hand a weak-typed or symbolic-zero-instantiated cotangent.
+    if getattr(ct, "dtype", None) != aval.dtype:
+        ct = jax.numpy.asarray(ct, aval.dtype)
+    return ct
+
+
+# --------------------------------------------------------------------------- AOTFunction
+class AOTFunction:
+    """A function compiled ahead of time into separate forward and backward executables.
+
+    Build one with :func:`aot_function`. Calling it behaves like calling the
+    original function, under every JAX transformation.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        fw_compiler: Callable | None,
+        bw_compiler: Callable | None,
+        partition_fn: PartitionFn,
+        inference_compiler: Callable | None,
+        decompositions: Mapping[Any, Callable] | None,
+        static_argnums: Sequence[int],
+        donate_argnums: Sequence[int],
+    ):
+        self.fn = fn
+        self.fw_compiler = fw_compiler or _compilers.xla
+        self.bw_compiler = bw_compiler or self.fw_compiler
+        self.inference_compiler = inference_compiler or self.fw_compiler
+        self.partition_fn = partition_fn
+        self.decompositions = dict(decompositions) if decompositions else None
+        self.static_argnums = tuple(sorted(static_argnums))
+        self.donate_argnums = tuple(sorted(donate_argnums))
+        self._cache: dict[_Signature, _Entry] = {}
+        self._infos: list[CacheEntryInfo] = []
+        self._hits = 0
+        self._last: _Signature | None = None
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "aot_function")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    # -- argument handling
+    def _split(self, args: tuple, kwargs: dict):
+        if self.static_argnums:
+            n = len(args)
+            for i in self.static_argnums:
+                if i >= n:
+                    raise InvalidInputError(
+                        f"static_argnums contains {i}, but {self.__name__} was called with {n} positional "
+                        "arguments. Pass the static argument positionally or fix static_argnums."
+                    )
+            static = tuple(args[i] for i in self.static_argnums)
+            for i, s in zip(self.static_argnums, static):
+                try:
+                    hash(s)
+                except TypeError:
+                    raise InvalidInputError(
+                        f"static argument arg[{i}] of type {type(s).__name__} is not hashable. Static "
+                        "arguments key the compile cache: pass a hashable value (a tuple instead of a "
+                        "list, say) or pass it as an array argument instead."
+                    ) from None
+            dyn = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        else:
+            static, dyn = (), args
+        leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
+        for x in leaves:
+            if not is_array_leaf(x):
+                flatten_checked((dyn, kwargs), "", InvalidInputError)  # raises, naming the leaf
+        return static, leaves, treedef
+
+    def _donated_leaves(self, sig: _Signature) -> list[int]:
+        if not self.donate_argnums:
+            return []
+        dyn_positions = [i for i in range(len(sig.static) + 10_000) if i not in self.static_argnums]
+        dummy = jax.tree_util.tree_unflatten(sig.treedef, list(range(sig.treedef.num_leaves)))
+        out = []
+        for k, arg in enumerate(dummy[0]):
+            if dyn_positions[k] in self.donate_argnums:
+                out.extend(jax.tree_util.tree_leaves(arg))
+        return out
+
+    def _entry(self, static: tuple, leaves: list, treedef: Any) -> _Entry:
+        sig = _Signature(treedef, tuple(_leaf_key(x) for x in leaves), static)
+        entry = self._cache.get(sig)
+        if entry is not None:
+            self._hits += 1
+            return entry
+        reason = "first call" if self._last is None else _describe_change(self._last, sig)
+        entry = _Entry(self, sig, self._flat_fn(static, treedef), _leaf_avals(leaves))
+        self._cache[sig] = entry
+        self._last = sig
+        self._infos.append(CacheEntryInfo(self._describe_sig(sig), reason, ()))
+        return entry
+
+    def _flat_fn(self, static: tuple, treedef: Any) -> Callable:
+        def flat_fn(*flat):
+            dyn, kwargs = jax.tree_util.tree_unflatten(treedef, flat)
+            args = list(dyn)
+            for i, s in zip(self.static_argnums, static):
+                args.insert(i, s)
+            return self.fn(*args, **kwargs)
+
+        return flat_fn
+
+    def _describe_sig(self, sig: _Signature) -> str:
+        parts = [f"{_arg_path(p)}: {_fmt_key(k)}" for p, k in zip(leaf_paths(sig.treedef), sig.leaves)]
+        if sig.static:
+            parts.append(f"static={sig.static!r}")
+        return ", ".join(parts)
+
+    # -- calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        static, leaves, treedef = self._split(args, kwargs)
+        entry = self._entry(static, leaves, treedef)
+        if not any(C.is_tracer(x) for x in leaves):
+            outs = entry.infer(leaves)
+        elif any(C.is_forward_mode_tracer(x) for x in leaves):
+            # jax.custom_vjp refuses forward mode: inline the primal program instead.
+            outs = C.eval_closed(entry.primal, *leaves)
+        else:
+            outs = entry.custom_vjp(*leaves)
+        return jax.tree_util.tree_unflatten(entry.out_tree, list(outs))
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, Residuals]:
+        """Run the compiled forward: ``(outputs, residuals)``.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+            >>> y, res = f.forward(jnp.ones(3))
+            >>> (dx,) = f.backward(res, jnp.float32(1.0))
+        """
+        static, leaves, treedef = self._split(args, kwargs)
+        entry = self._entry(static, leaves, treedef)
+        outs, residuals = entry.forward(leaves)
+        return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, entry)
+
+    def backward(self, residuals: Residuals, cotangents: Any) -> Any:
+        """Run the compiled backward on residuals from :meth:`forward`.
+
+        ``cotangents`` has the structure of the outputs (leaves of integer
+        outputs are ignored and may be ``None``). Returns gradients shaped like
+        the positional arguments (a tuple), or ``(args, kwargs)`` gradients when
+        the call had keyword arguments; non-differentiable leaves get ``float0``
+        zeros, as in ``jax.vjp``.
+        """
+        if not isinstance(residuals, Residuals):
+            raise ResidualsMismatchError(
+                f"backward expects the Residuals returned by {self.__name__}.forward, got "
+                f"{type(residuals).__name__}."
+            )
+        entry = residuals._entry
+        if entry.owner is not self:
+            raise ResidualsMismatchError(
+                f"these residuals were produced by another function ({entry.owner.__name__}), not by "
+                f"{self.__name__}: pass the residuals of this function's own forward."
+            )
+        self._check_residuals(entry, residuals.arrays)
+        cts = self._check_cotangents(entry, cotangents)
+        grads = entry.backward(residuals.arrays, cts)
+        full = [C.zeros_float0(a.shape) for a in entry.in_avals]
+        for i, g in zip(entry.partition.grad_inputs, grads):
+            full[i] = g
+        dyn, kwargs = jax.tree_util.tree_unflatten(entry.signature.treedef, full)
+        return (dyn, kwargs) if kwargs else dyn
+
+    def _check_residuals(self, entry: _Entry, arrays: Sequence[Any]) -> None:
+        expected = entry.partition.residuals
+        if len(arrays) != len(expected):
+            raise ResidualsMismatchError(
+                f"expected {len(expected)} residuals for signature ({self._describe_sig(entry.signature)}), "
+                f"got {len(arrays)}."
+            )
+        for i, (x, r) in enumerate(zip(arrays, expected)):
+            shape, dtype = np.shape(x), jax.numpy.result_type(x)
+            if tuple(shape) != tuple(r.aval.shape) or dtype != r.aval.dtype:
+                raise ResidualsMismatchError(
+                    f"residual {i} is {dtype}{list(shape)} but signature "
+                    f"({self._describe_sig(entry.signature)}) saved {r.aval.dtype}{list(r.aval.shape)}: "
+                    "pass the residuals produced by forward for the same input signature."
+                )
+
+    def _check_cotangents(self, entry: _Entry, cotangents: Any) -> list:
+        joint_avals = entry.primal.out_avals
+        is_leaf = lambda x: x is None  # noqa: E731
+        flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=is_leaf)
+        expected_tree = entry.out_tree
+        if tree.num_leaves != expected_tree.num_leaves or (
+            tree != expected_tree and jax.tree_util.tree_structure(cotangents) != expected_tree
+        ):
+            raise CotangentMismatchError(
+                f"cotangents have structure {tree} but the outputs have structure {expected_tree}."
+            )
+        paths = leaf_paths(expected_tree, "output")
+        out = []
+        for i, (ct, aval) in enumerate(zip(flat, joint_avals)):
+            if not C.is_inexact(aval.dtype):
+                continue
+            if ct is None:
+                raise CotangentMismatchError(f"{paths[i]} needs a cotangent of {aval.dtype}{list(aval.shape)}, got None.")
+            shape, dtype = tuple(np.shape(ct)), jax.numpy.result_type(ct)
+            if shape != tuple(aval.shape) or dtype != aval.dtype:
+                raise CotangentMismatchError(
+                    f"cotangent for {paths[i]} is {dtype}{list(shape)}, but the output is "
+                    f"{aval.dtype}{list(aval.shape)}: pass a cotangent of the output's shape and dtype."
+                )
+            out.append(jax.numpy.asarray(ct, aval.dtype))
+        return out
+
+    # -- introspection
+    def lower(self, *args: Any, **kwargs: Any) -> AOTLowered:
+        """Build (or fetch) everything for this signature and describe it.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+            >>> low = f.lower(jnp.ones(3))
+            >>> low.saved_bytes
+            12
+        """
+        static, leaves, treedef = self._split(args, kwargs)
+        entry = self._entry(static, leaves, treedef)
+        inference = _prune_outputs(entry.primal, entry.computed_outputs)
+        entry.inference_exe, entry.forward_exe, entry.backward_exe  # noqa: B018 - builds them
+        return AOTLowered(
+            joint=entry.joint,
+            partition=entry.partition,
+            inference=inference,
+            compile_times=dict(entry.times),
+            executables=dict(entry.executables),
+        )
+
+    def cache_info(self) -> CacheInfo:
+        """Compiled signatures, with the reason each was (re)compiled.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(jnp.sin)
+            >>> _ = f(jnp.ones(3)); _ = f(jnp.ones(4))
+            >>> f.cache_info().entries[1].reason
+            'arg[0]: f32[3] -> f32[4]'
+        """
+        entries = tuple(
+            dataclasses.replace(info, executables=tuple(e.executables))
+            for info, e in zip(self._infos, self._cache.values())
+        )
+        return CacheInfo(hits=self._hits, misses=len(self._cache), entries=entries)
+
+    def __repr__(self) -> str:
+        return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"
+
+
+def aot_function(
+    fn: Callable[..., Any],
+    fw_compiler: Callable | None = None,
+    bw_compiler: Callable | None = None,
+    partition_fn: PartitionFn = default_partition,
+    *,
+    inference_compiler: Callable | None = None,
+    decompositions: Mapping[Any, Callable] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] = (),
+) -> AOTFunction:
+    """Compile ``fn`` ahead of time into separate forward and backward executables.
+
+    Args:
+      fn: a function of pytrees of arrays returning a pytree of arrays.
+      fw_compiler: compiles the forward program; default :func:`jaxaot.compilers.xla`.
+      bw_compiler: compiles the backward program; default ``fw_compiler``.
+      partition_fn: chooses what the forward saves; default :func:`default_partition`.
+      inference_compiler: compiles the inference program; default ``fw_compiler``.
+      decompositions: ``{primitive: python_fn}`` applied while tracing, so the
+        partitioner sees the decomposed operations.
+      static_argnums: positional arguments that are compile-time constants.
+      donate_argnums: positional arguments whose buffers the executables may reuse.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
+        >>> w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
+        >>> loss, dw = jax.value_and_grad(f)(w, x)
+        >>> dw.shape
+        (3, 2)
+    """
+    if not callable(fn):
+        raise InvalidInputError(f"aot_function expects a callable, got {type(fn).__name__}: {fn!r}.")
+    for name, c in (("fw_compiler", fw_compiler), ("bw_compiler", bw_compiler),
+                    ("inference_compiler", inference_compiler), ("partition_fn", partition_fn)):
+        if c is not None and not callable(c):
+            raise InvalidInputError(f"{name} must be callable, got {type(c).__name__}.")
+    static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    for name, nums in (("static_argnums", static), ("donate_argnums", donate)):
+        if any(not isinstance(i, int) or i < 0 for i in nums):
+            raise InvalidInputError(f"{name} must be non-negative ints, got {nums!r}.")
+    if set(static) & set(donate):
+        raise InvalidInputError(f"arguments {sorted(set(static) & set(donate))} cannot be both static and donated.")
+    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn, inference_compiler, decompositions, static, donate)
