@@ -72,7 +72,8 @@ def make_closed_jaxpr(
     # Input effects refer to invars by position; the programs jaxaot builds never
     # thread refs through their signature, so keeping the plain effects is enough.
     effects = frozenset(e for e in effects if not isinstance(e, _core.JaxprInputEffect))
-    jaxpr = _core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns), effects)
+    debug = _core.DebugInfo("jaxaot", "<jaxaot program>", None, None)
+    jaxpr = _core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns), effects, debug)
     return _core.ClosedJaxpr(jaxpr, list(consts))
 
 
@@ -136,8 +137,8 @@ def has_jvp_rule(prim: Any) -> bool:
         prim in _ad.primitive_jvps
         or prim in getattr(_ad, "primitive_linearizations", {})
         or prim in INLINABLE_CALLS
-        or prim.call_primitive
-        or prim.map_primitive
+        or getattr(prim, "call_primitive", False)
+        or getattr(prim, "map_primitive", False)
         or bool(getattr(prim, "_jaxaot_has_rules", False))
     )
 

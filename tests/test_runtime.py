@@ -1,0 +1,295 @@
+"""aot_function against JAX's own answers on the zoo, under every transformation."""
+
+from __future__ import annotations
+
+import itertools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from zoo import ZOO, assert_trees_close, random_cotangents
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+_seed = itertools.count(1000)
+
+
+def fresh_key():
+    return jax.random.key(next(_seed) + np.random.randint(1 << 20))
+
+
+def diff_argnums(args):
+    return tuple(
+        i for i, a in enumerate(args)
+        if all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in jax.tree_util.tree_leaves(a))
+    )
+
+
+def scalarize(fn):
+    """A scalar, non-linear function of ``fn``'s inexact outputs."""
+
+    def s(*args):
+        leaves = jax.tree_util.tree_leaves(fn(*args))
+        return sum(jnp.sum(jnp.sin(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact))
+
+    return s
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_eager_outputs_and_vjp(name):
+    fn, make_args = ZOO[name]
+    args = make_args(fresh_key())
+    aot = jaxaot.aot_function(fn)
+    assert_trees_close(aot(*args), fn(*args), **TOL)
+    out_ref, vjp_ref = jax.vjp(fn, *args)
+    out, vjp = jax.vjp(aot, *args)
+    assert_trees_close(out, out_ref, **TOL)
+    ct = random_cotangents(fresh_key(), out_ref)
+    assert_trees_close(vjp(ct), vjp_ref(ct), **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_explicit_forward_backward(name):
+    fn, make_args = ZOO[name]
+    args = make_args(fresh_key())
+    aot = jaxaot.aot_function(fn)
+    out, res = aot.forward(*args)
+    out_ref, vjp_ref = jax.vjp(fn, *args)
+    assert_trees_close(out, out_ref, **TOL)
+    ct = random_cotangents(fresh_key(), out_ref)
+    assert_trees_close(aot.backward(res, ct), vjp_ref(ct), **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_under_jit(name):
+    fn, make_args = ZOO[name]
+    args = make_args(fresh_key())
+    aot = jaxaot.aot_function(fn)
+    ct = random_cotangents(fresh_key(), fn(*args))
+
+    def run(f):
+        return jax.jit(lambda *a: (lambda o, v: (o, v(ct)))(*jax.vjp(f, *a)))(*args)
+
+    assert_trees_close(run(aot), run(fn), **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_under_vmap(name):
+    fn, make_args = ZOO[name]
+    keys = jax.random.split(fresh_key(), 3)
+    batch = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[make_args(k) for k in keys])
+    aot = jaxaot.aot_function(fn)
+    argnums = diff_argnums(make_args(keys[0]))
+    g = lambda f: jax.vmap(jax.grad(scalarize(f), argnums=argnums))  # noqa: E731
+    assert_trees_close(jax.vmap(aot)(*batch), jax.vmap(fn)(*batch), **TOL)
+    assert_trees_close(g(aot)(*batch), g(fn)(*batch), **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_grad_of_grad_and_jvp(name):
+    fn, make_args = ZOO[name]
+    args = make_args(fresh_key())
+    aot = jaxaot.aot_function(fn)
+    argnums = diff_argnums(args)
+
+    def gg(f):
+        inner = jax.grad(scalarize(f), argnums=argnums)
+        outer = lambda *a: sum(jnp.sum(jnp.cos(g)) for g in jax.tree_util.tree_leaves(inner(*a)))  # noqa: E731
+        return jax.grad(outer, argnums=argnums)(*args)
+
+    assert_trees_close(gg(aot), gg(fn), rtol=1e-4, atol=1e-4)
+    tangents = tuple(
+        jax.tree_util.tree_map(lambda x: jax.random.normal(fresh_key(), x.shape, x.dtype), args[i]) for i in argnums
+    )
+    def part(f):
+        return lambda *d: f(*[d[argnums.index(i)] if i in argnums else a for i, a in enumerate(args)])
+
+    assert_trees_close(
+        jax.jvp(part(aot), tuple(args[i] for i in argnums), tangents),
+        jax.jvp(part(fn), tuple(args[i] for i in argnums), tangents),
+        **TOL,
+    )
+
+
+def _counting(counter, name):
+    def compiler(closed, avals, **kw):
+        counter.append(name)
+        return jaxaot.compilers.xla(closed, avals, **kw)
+
+    return compiler
+
+
+def test_recompiles_once_per_signature():
+    calls: list = []
+    f = jaxaot.aot_function(
+        lambda p, x: jnp.tanh(x @ p["w"]).sum(),
+        fw_compiler=_counting(calls, "fw"),
+        bw_compiler=_counting(calls, "bw"),
+        inference_compiler=_counting(calls, "inf"),
+    )
+    p, x = {"w": jnp.ones((4, 8))}, jnp.ones((2, 4))
+    for _ in range(3):
+        f(p, x)
+        jax.grad(f)(p, x)
+    assert sorted(calls) == ["bw", "fw", "inf"]
+    p2 = {"w": jnp.ones((8, 8))}
+    for _ in range(2):
+        jax.grad(f)(p2, jnp.ones((2, 8)))
+    assert sorted(calls) == ["bw", "bw", "fw", "fw", "inf"]  # training only: no inference build
+    info = f.cache_info()
+    assert info.misses == 2 and info.recompiles == 1
+    assert info.entries[1].reason == "arg[0]['w']: f32[4,8] -> f32[8,8]; arg[1]: f32[2,4] -> f32[2,8]"
+    assert info.entries[1].executables == ("forward", "backward")
+
+
+def test_recompile_reason_for_dtype_and_static():
+    f = jaxaot.aot_function(lambda x, n: x * n, static_argnums=1)
+    f(jnp.ones(3), 2)
+    f(jnp.ones(3, jnp.float16), 2)
+    f(jnp.ones(3, jnp.float16), 3)
+    f(jnp.ones(3, jnp.float16), 3)
+    reasons = [e.reason for e in f.cache_info().entries]
+    assert reasons == ["first call", "arg[0]: f32[3] -> f16[3]", "static arguments changed: (2,) -> (3,)"]
+    assert f.cache_info().hits == 1
+
+
+def test_output_that_is_input_is_returned_without_round_trip():
+    f = jaxaot.aot_function(lambda x, y: (x, x * y))
+    x, y = jnp.ones(3), jnp.arange(3.0)
+    out = f(x, y)
+    assert out[0] is x
+    (o, _), res = f.forward(x, y)
+    assert o is x
+    low = f.lower(x, y)
+    assert len(C_outvars(low.inference)) == 1
+
+
+def C_outvars(closed):
+    return closed.jaxpr.outvars
+
+
+def test_static_and_kwargs():
+    f = jaxaot.aot_function(lambda x, k, *, scale: jnp.sum(x**k) * scale, static_argnums=1)
+    x = jnp.arange(1.0, 4.0)
+    g = jax.grad(f)(x, 3, scale=2.0)
+    assert_trees_close(g, 6.0 * x**2, **TOL)
+    out, res = f.forward(x, 3, scale=2.0)
+    (gx,), gk = f.backward(res, jnp.float32(1.0))
+    assert_trees_close(gx, g, **TOL)
+    assert_trees_close(gk["scale"], jnp.sum(x**3), **TOL)
+
+
+def test_donate_argnums_inference():
+    f = jaxaot.aot_function(lambda x: x * 2, donate_argnums=0)
+    x = jnp.ones(4)
+    y = f(x)
+    assert_trees_close(y, 2 * jnp.ones(4))
+
+
+def test_lower_reports():
+    f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
+    w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
+    low = f.lower(w, x)
+    assert low.saved_bytes == sum(r.nbytes for r in low.saved)
+    assert {r.source for r in low.saved} <= {"input", "output", "temporary"}
+    assert any(r.producer == "tanh" for r in low.saved)
+    assert set(low.executables) == {"inference", "forward", "backward"}
+    assert set(low.compile_times) >= {"trace", "joint", "partition", "compile_forward", "compile_backward"}
+    text = str(low)
+    assert "== forward" in text and "== backward ==" in text and "tanh" in text
+    ma = low.memory_analysis()
+    assert set(ma) == {"inference", "forward", "backward"}
+
+
+def test_compilers_nop_and_print(capsys):
+    fn, make_args = ZOO["mlp_gelu"]
+    args = make_args(fresh_key())
+    for compiler in (jaxaot.compilers.nop, jaxaot.compilers.print_jaxpr):
+        f = jaxaot.aot_function(fn, fw_compiler=compiler)
+        assert_trees_close(jax.grad(f)(*args), jax.grad(fn)(*args), **TOL)
+    assert "dot_general" in capsys.readouterr().out
+
+
+def test_decompositions_reach_the_partitioner():
+    def tanh_decomp(x, **params):
+        e = jnp.exp(-2 * x)
+        return (1 - e) / (1 + e)
+
+    f = jaxaot.aot_function(lambda x: jnp.tanh(x).sum(), decompositions={jax.lax.tanh_p: tanh_decomp})
+    x = jax.random.normal(fresh_key(), (5,))
+    assert_trees_close(jax.grad(f)(x), jax.grad(lambda x: jnp.tanh(x).sum())(x), **TOL)
+    prims = {str(e.primitive) for e in f.lower(x).joint.eqns}
+    assert "tanh" not in prims and "exp" in prims
+
+
+# --------------------------------------------------------------------------- bad input
+def test_non_callable():
+    with pytest.raises(jaxaot.InvalidInputError, match="callable"):
+        jaxaot.aot_function(3)
+    with pytest.raises(TypeError, match="callable"):
+        jaxaot.trace_joint("nope")
+
+
+def test_bad_leaf_named_by_path():
+    f = jaxaot.aot_function(lambda d: d["a"] * 2)
+    with pytest.raises(jaxaot.InvalidInputError, match=r"\['b'\].*str"):
+        f({"a": jnp.ones(2), "b": "hello"})
+    assert_trees_close(f({"a": jnp.ones(2)}), 2 * jnp.ones(2))  # still works
+
+
+def test_unhashable_static_arg():
+    f = jaxaot.aot_function(lambda x, s: x * len(s), static_argnums=1)
+    with pytest.raises(jaxaot.InvalidInputError, match="not hashable"):
+        f(jnp.ones(2), [1, 2])
+    assert_trees_close(f(jnp.ones(2), (1, 2)), 2 * jnp.ones(2))
+
+
+def test_output_leaf_not_array():
+    f = jaxaot.aot_function(lambda x: (x, "label"))
+    with pytest.raises(jaxaot.InvalidOutputError, match=r"output\[1\].*str"):
+        f(jnp.ones(2))
+
+
+def test_backward_with_foreign_residuals():
+    f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+    g = jaxaot.aot_function(lambda x: jnp.cos(x).sum())
+    _, res = g.forward(jnp.ones(3))
+    with pytest.raises(jaxaot.ResidualsMismatchError, match="another function"):
+        f.backward(res, jnp.float32(1))
+    _, res3 = f.forward(jnp.ones(3))
+    bad = jax.tree_util.tree_map(lambda a: jnp.ones((7,), a.dtype), res3)
+    with pytest.raises(jaxaot.ResidualsMismatchError, match=r"residual 0 is float32\[7\]"):
+        f.backward(bad, jnp.float32(1))
+    with pytest.raises(jaxaot.ResidualsMismatchError, match="Residuals"):
+        f.backward([jnp.ones(3)], jnp.float32(1))
+
+
+def test_backward_with_bad_cotangents():
+    f = jaxaot.aot_function(lambda x: (jnp.sin(x), jnp.argmax(x)))
+    _, res = f.forward(jnp.ones(3))
+    with pytest.raises(jaxaot.CotangentMismatchError, match=r"output\[0\] is float32\[4\].*float32\[3\]"):
+        f.backward(res, (jnp.ones(4), None))
+    with pytest.raises(jaxaot.CotangentMismatchError, match=r"int32\[3\]"):
+        f.backward(res, (jnp.ones(3, jnp.int32), None))
+    with pytest.raises(jaxaot.CotangentMismatchError, match="structure"):
+        f.backward(res, jnp.ones(3))
+    (g,) = f.backward(res, (jnp.ones(3), None))
+    assert_trees_close(g, jnp.cos(jnp.ones(3)), **TOL)
+
+
+def test_missing_differentiation_rule_names_primitive_and_line():
+    p = jaxaot._compat.Primitive("no_rule_prim")
+    p.def_impl(lambda x: x * 2)
+    p.def_abstract_eval(lambda x: x)
+    jaxaot._compat.mlir.register_lowering(p, jaxaot._compat.mlir.lower_fun(lambda x: x * 2, multiple_results=False))
+
+    def user_fn(x):
+        return p.bind(jnp.sin(x)).sum()
+
+    f = jaxaot.aot_function(user_fn)
+    assert_trees_close(f(jnp.ones(3)), 2 * jnp.sin(jnp.ones(3)).sum(), **TOL)  # inference works
+    with pytest.raises(jaxaot.NoDifferentiationRuleError, match=r"no_rule_prim.*test_runtime.py:\d+ \(user_fn\)"):
+        jax.grad(f)(jnp.ones(3))

@@ -1,0 +1,185 @@
+"""A zoo of functions the core must handle, each with a fresh-random-input maker.
+
+``ZOO`` maps a name to ``(fn, make_args)`` where ``make_args(key)`` draws new
+random inputs. Tests compare jaxaot against JAX's own answers on them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def _normal(key, *shape, dtype=jnp.float32):
+    return jax.random.normal(key, shape, dtype)
+
+
+def mlp_gelu(params, x):
+    for w, b in params:
+        x = jax.nn.gelu(x @ w + b)
+    return jnp.mean(x**2)
+
+
+def mlp_args(key):
+    ks = jax.random.split(key, 5)
+    params = [(_normal(ks[0], 6, 8), _normal(ks[1], 8)), (_normal(ks[2], 8, 4), _normal(ks[3], 4))]
+    return (params, _normal(ks[4], 5, 6))
+
+
+def layer_norm(x, scale, bias):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return ((x - mu) * lax.rsqrt(var + 1e-5)) * scale + bias
+
+
+def ln_args(key):
+    ks = jax.random.split(key, 3)
+    return (_normal(ks[0], 4, 8), _normal(ks[1], 8), _normal(ks[2], 8))
+
+
+def attention(q, k, v):
+    s = jnp.einsum("bqd,bkd->bqk", q, k) / jnp.sqrt(q.shape[-1])
+    return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), v)
+
+
+def attn_args(key):
+    ks = jax.random.split(key, 3)
+    return tuple(_normal(k, 2, 5, 4) for k in ks)
+
+
+def conv(x, w):
+    y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jax.nn.relu(y).sum()
+
+
+def conv_args(key):
+    ks = jax.random.split(key, 2)
+    return (_normal(ks[0], 2, 6, 6, 3), _normal(ks[1], 3, 3, 3, 4))
+
+
+def scan_rnn(w, xs):
+    def step(h, x):
+        h = jnp.tanh(h @ w + x)
+        return h, h.sum()
+
+    h, ys = lax.scan(step, jnp.zeros(xs.shape[1:]), xs)
+    return h, ys
+
+
+def scan_args(key):
+    ks = jax.random.split(key, 2)
+    return (_normal(ks[0], 4, 4) * 0.5, _normal(ks[1], 7, 3, 4))
+
+
+def cond_fn(x, y):
+    return lax.cond(x.sum() > 0, lambda a, b: jnp.sin(a) * b, lambda a, b: a * jnp.cos(b), x, y)
+
+
+def two_args(key):
+    ks = jax.random.split(key, 2)
+    return (_normal(ks[0], 3), _normal(ks[1], 3))
+
+
+def checkpointed(x, w):
+    f = jax.checkpoint(lambda x: jnp.sin(x @ w) @ w)
+    return jnp.tanh(f(x)).sum()
+
+
+def ckpt_args(key):
+    ks = jax.random.split(key, 2)
+    return (_normal(ks[0], 3, 4), _normal(ks[1], 4, 4))
+
+
+@jax.custom_jvp
+def softplus(x):
+    return jnp.log1p(jnp.exp(x))
+
+
+@softplus.defjvp
+def _softplus_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return softplus(x), t * jax.nn.sigmoid(x)
+
+
+def custom_jvp_fn(x, y):
+    return softplus(x * y).sum()
+
+
+def int_outputs(x, n):
+    return jnp.argmax(x), x * n, n + 1
+
+
+def int_args(key):
+    return (_normal(key, 5), jnp.int32(3))
+
+
+def pytree_outputs(d):
+    return {"a": jnp.sin(d["x"]), "b": (d["x"] * d["y"], jnp.exp(d["y"]).sum())}
+
+
+def pytree_args(key):
+    ks = jax.random.split(key, 2)
+    return ({"x": _normal(ks[0], 3), "y": _normal(ks[1], 3)},)
+
+
+def unused_input(x, unused):
+    return jnp.sin(x).sum()
+
+
+def independent_output(x):
+    return jnp.sin(x), jnp.arange(3.0) * 2.0
+
+
+def one_arg(key):
+    return (_normal(key, 3),)
+
+
+def output_is_input(x, y):
+    return x, x * y, y
+
+
+ZOO = {
+    "mlp_gelu": (mlp_gelu, mlp_args),
+    "layer_norm": (layer_norm, ln_args),
+    "attention": (attention, attn_args),
+    "conv": (conv, conv_args),
+    "scan": (scan_rnn, scan_args),
+    "cond": (cond_fn, two_args),
+    "checkpoint": (checkpointed, ckpt_args),
+    "custom_jvp": (custom_jvp_fn, two_args),
+    "int_outputs": (int_outputs, int_args),
+    "pytree_outputs": (pytree_outputs, pytree_args),
+    "unused_input": (unused_input, two_args),
+    "independent_output": (independent_output, one_arg),
+    "output_is_input": (output_is_input, two_args),
+}
+
+
+def random_cotangents(key, outs):
+    """A cotangent per output leaf: random for inexact leaves, float0 for the rest."""
+    leaves, tree = jax.tree_util.tree_flatten(outs)
+    keys = jax.random.split(key, max(len(leaves), 1))
+    cts = []
+    for k, x in zip(keys, leaves):
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            cts.append(jax.random.normal(k, x.shape, x.dtype))
+        else:
+            cts.append(jax.numpy.zeros(x.shape, jax.dtypes.float0))
+    return jax.tree_util.tree_unflatten(tree, cts)
+
+
+def assert_trees_close(actual, expected, rtol=2e-5, atol=2e-5):
+    """chex.assert_trees_all_close that also accepts float0 leaves (compared by shape)."""
+    import chex
+
+    def split(tree):
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        f0 = [getattr(x, "dtype", None) == jax.dtypes.float0 for x in leaves]
+        return treedef, [x for x, z in zip(leaves, f0) if not z], [x.shape for x, z in zip(leaves, f0) if z]
+
+    ta, la, sa = split(actual)
+    te, le, se = split(expected)
+    assert ta == te, f"tree structures differ: {ta} vs {te}"
+    assert sa == se, f"float0 leaves differ: {sa} vs {se}"
+    chex.assert_trees_all_close(la, le, rtol=rtol, atol=atol)
