@@ -93,23 +93,14 @@ def _describe_change(old: "_Signature", new: "_Signature") -> str:
         return f"static arguments changed: {old.static!r} -> {new.static!r}"
     if old.treedef != new.treedef:
         return f"input pytree structure changed: {old.treedef} -> {new.treedef}"
-    paths = leaf_paths(new.treedef)
+    paths = leaf_paths(new.treedef, "input")
     diffs = []
     for path, a, b in zip(paths, old.leaves, new.leaves):
         if a[:3] != b[:3]:
-            diffs.append(f"{_arg_path(path)}: {_fmt_key(a)} -> {_fmt_key(b)}")
+            diffs.append(f"{path}: {_fmt_key(a)} -> {_fmt_key(b)}")
         elif a[3] != b[3]:
-            diffs.append(f"{_arg_path(path)}: sharding {a[3]} -> {b[3]}")
+            diffs.append(f"{path}: sharding {a[3]} -> {b[3]}")
     return "; ".join(diffs) or "new signature"
-
-
-def _arg_path(path: str) -> str:
-    # Paths of the (args, kwargs) pair read "[0][1]['w']": show them as "arg[1]['w']".
-    if path.startswith("[0]"):
-        return "arg" + path[3:]
-    if path.startswith("[1]"):
-        return "kwarg" + path[3:]
-    return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,7 +473,7 @@ class AOTFunction:
         leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
         for x in leaves:
             if not is_array_leaf(x):
-                flatten_checked((dyn, kwargs), "", InvalidInputError)  # raises, naming the leaf
+                flatten_checked((dyn, kwargs), "input", InvalidInputError)  # raises, naming the leaf
         return static, leaves, treedef
 
     def _donated_leaves(self, sig: _Signature) -> list[int]:
@@ -520,7 +511,7 @@ class AOTFunction:
         return flat_fn
 
     def _describe_sig(self, sig: _Signature) -> str:
-        parts = [f"{_arg_path(p)}: {_fmt_key(k)}" for p, k in zip(leaf_paths(sig.treedef), sig.leaves)]
+        parts = [f"{p}: {_fmt_key(k)}" for p, k in zip(leaf_paths(sig.treedef, "input"), sig.leaves)]
         if sig.static:
             parts.append(f"static={sig.static!r}")
         return ", ".join(parts)

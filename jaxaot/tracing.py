@@ -37,7 +37,13 @@ def is_array_leaf(x: Any) -> bool:
 
 
 def describe_path(prefix: str, path: Sequence[Any]) -> str:
-    return prefix + jax.tree_util.keystr(tuple(path))
+    """``prefix`` + the key path; prefix ``"input"`` names an ``(args, kwargs)`` pair's
+    leaves ``arg[0]['w']`` / ``kwarg['scale']``."""
+    path = tuple(path)
+    if prefix == "input" and path:
+        head = getattr(path[0], "idx", None)
+        return ("arg" if head == 0 else "kwarg") + jax.tree_util.keystr(path[1:])
+    return prefix + jax.tree_util.keystr(path)
 
 
 def flatten_checked(tree: Any, prefix: str, error: type[Exception] = InvalidInputError):
@@ -293,7 +299,7 @@ def trace_joint(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JointGraph
     """
     if not callable(fn):
         raise InvalidInputError(f"trace_joint expects a callable, got {type(fn).__name__}.")
-    leaves, in_tree = flatten_checked((args, kwargs), "arg")
+    leaves, in_tree = flatten_checked((args, kwargs), "input")
     in_avals = [abstractify(x) for x in leaves]
 
     def flat_fn(*flat):

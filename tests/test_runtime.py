@@ -291,5 +291,5 @@ def test_missing_differentiation_rule_names_primitive_and_line():
 
     f = jaxaot.aot_function(user_fn)
     assert_trees_close(f(jnp.ones(3)), 2 * jnp.sin(jnp.ones(3)).sum(), **TOL)  # inference works
-    with pytest.raises(jaxaot.NoDifferentiationRuleError, match=r"no_rule_prim.*test_runtime.py:\d+ \(user_fn\)"):
+    with pytest.raises(jaxaot.NoDifferentiationRuleError, match=r"no_rule_prim.*test_runtime.py:\d+.*user_fn"):
         jax.grad(f)(jnp.ones(3))
