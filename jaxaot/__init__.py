@@ -14,6 +14,7 @@ Example:
 
 from jaxaot import compilers, errors
 from jaxaot.autodiff import Gradient, differentiate
+from jaxaot.eager import grad, value_and_grad
 from jaxaot.errors import (
     CotangentMismatchError,
     InvalidInputError,
@@ -25,6 +26,7 @@ from jaxaot.errors import (
 )
 from jaxaot.partition import Partition, Residual
 from jaxaot.partitioners import default_partition
+from jaxaot.min_cut import min_cut_rematerialization_partition
 from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
 from jaxaot.tracing import JointGraph, trace_joint
 
@@ -49,7 +51,10 @@ __all__ = [
     "aot_function",
     "compilers",
     "default_partition",
+    "min_cut_rematerialization_partition",
     "differentiate",
     "errors",
+    "grad",
+    "value_and_grad",
     "trace_joint",
 ]

@@ -32,6 +32,7 @@ JaxprEqn = _core.JaxprEqn
 Primitive = _core.Primitive
 Tracer = _core.Tracer
 ClosedJaxpr = _core.ClosedJaxpr
+from jax._src.array import ArrayImpl  # noqa: E402  (the concrete jax.Array class)
 Jaxpr = _core.Jaxpr
 
 try:  # the jit primitive was renamed pjit_p -> jit_p
@@ -178,3 +179,10 @@ def is_inexact(dtype: Any) -> bool:
 
 def zeros_float0(shape: Sequence[int]) -> np.ndarray:
     return np.zeros(tuple(shape), dtype=float0)
+
+
+# ---------------------------------------------------------------- min-cut support
+def eqn_user_context(eqn: Any) -> Any:
+    """A context in which new eqns get ``eqn``'s source info (user file:line, name stack)."""
+    name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
+    return _siu.user_context(eqn.source_info.traceback, name_stack=name_stack)

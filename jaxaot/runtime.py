@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -46,6 +46,7 @@ PartitionFn = Callable[[JointGraph], Partition]
 
 # --------------------------------------------------------------------------- signatures
 _DEFAULT_DEVICE: list = []
+_ArrayImpl = C.ArrayImpl
 
 
 def _sharding_key(sharding: Any) -> Any:
@@ -58,15 +59,26 @@ def _sharding_key(sharding: Any) -> Any:
     return sharding
 
 
-def _leaf_key(x: Any) -> tuple:
-    if isinstance(x, jax.Array) and not C.is_tracer(x):
-        return (x.shape, x.dtype, x.weak_type, _sharding_key(x.sharding))
-    if C.is_tracer(x):
-        a = x.aval
-        return (a.shape, a.dtype, a.weak_type, None)
-    if isinstance(x, np.ndarray):
-        return (x.shape, x.dtype, False, None)
-    return ((), type(x), True, None)  # Python / NumPy scalar
+def _leaf_key(x: Any) -> Any:
+    """The part of a leaf's type that selects a compiled executable.
+
+    The aval (shape, dtype, weak type) alone for most leaves: it is cached on
+    arrays and cheap to hash. Committed arrays add their sharding.
+    """
+    if isinstance(x, C.Tracer):
+        return x.aval
+    if isinstance(x, jax.Array):
+        if x.committed:
+            sk = _sharding_key(x.sharding)
+            if sk is not None:
+                return (x.aval, sk)
+        return x.aval
+    return jax.typeof(x)
+
+
+def _key_parts(k: Any) -> tuple:
+    aval, sharding = k if isinstance(k, tuple) else (k, None)
+    return aval.shape, aval.dtype, aval.weak_type, sharding
 
 
 def _leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
@@ -80,9 +92,9 @@ def _leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
     return out
 
 
-def _fmt_key(k: tuple) -> str:
-    shape, dtype, weak, _ = k
-    name = np.dtype(dtype).name if not isinstance(dtype, type) else dtype.__name__
+def _fmt_key(k: Any) -> str:
+    shape, dtype, weak, _ = _key_parts(k)
+    name = np.dtype(dtype).name
     short = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "i32",
              "int64": "i64", "bool": "bool", "uint8": "u8", "int8": "i8", "complex64": "c64"}.get(name, name)
     return f"{short}[{','.join(map(str, shape))}]" + ("{weak}" if weak and shape != () else "")
@@ -95,16 +107,17 @@ def _describe_change(old: "_Signature", new: "_Signature") -> str:
         return f"input pytree structure changed: {old.treedef} -> {new.treedef}"
     paths = leaf_paths(new.treedef, "input")
     diffs = []
-    for path, a, b in zip(paths, old.leaves, new.leaves):
+    for path, ka, kb in zip(paths, old.leaves, new.leaves):
+        a, b = _key_parts(ka), _key_parts(kb)
         if a[:3] != b[:3]:
-            diffs.append(f"{path}: {_fmt_key(a)} -> {_fmt_key(b)}")
+            diffs.append(f"{path}: {_fmt_key(ka)} -> {_fmt_key(kb)}")
         elif a[3] != b[3]:
             diffs.append(f"{path}: sharding {a[3]} -> {b[3]}")
     return "; ".join(diffs) or "new signature"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Signature:
+class _Signature(NamedTuple):
+    # A NamedTuple, not a dataclass: it is hashed on every call.
     treedef: Any
     leaves: tuple
     static: tuple
@@ -269,6 +282,7 @@ class _Entry:
             None if C.is_literal(v) else positions.get(v) for v in C.jaxpr_of(self.primal).outvars
         ]
         self.computed_outputs = [i for i in range(n_out) if self.output_is_input[i] is None]
+        self.no_aliases = len(self.computed_outputs) == n_out
         self._joint: JointGraph | None = None
         self._partition: Partition | None = None
         self._custom_vjp: Callable | None = None
@@ -345,13 +359,15 @@ class _Entry:
 
     # -- running
     def _splice(self, leaves: Sequence[Any], computed: Sequence[Any]) -> list:
-        outs = []
+        if self.no_aliases:
+            return list(computed)
         it = iter(computed)
-        for src in self.output_is_input:
-            outs.append(next(it) if src is None else leaves[src])
-        return outs
+        return [next(it) if src is None else leaves[src] for src in self.output_is_input]
 
     def infer(self, leaves: Sequence[Any]) -> list:
+        exe = self.executables.get("inference")
+        if exe is not None:  # the hot path: concrete arrays, already compiled
+            return self._splice(leaves, exe(*leaves))
         if any(C.is_tracer(x) for x in leaves):
             return C.eval_closed(self.primal, *leaves)
         return self._splice(leaves, self.inference_exe(*leaves))
@@ -374,6 +390,13 @@ class _Entry:
         if any(C.is_tracer(x) for x in args):
             return C.eval_closed(self.partition.backward, *args)
         return list(self.backward_exe(*args))
+
+    def input_grads_tree(self, grads: Sequence[Any]) -> Any:
+        """``(args, kwargs)``-shaped grads; float0 zeros for non-differentiable leaves."""
+        full: list[Any] = [C.zeros_float0(a.shape) for a in self.in_avals]
+        for i, g in zip(self.partition.grad_inputs, grads):
+            full[i] = g
+        return jax.tree_util.tree_unflatten(self.signature.treedef, full)
 
     @property
     def custom_vjp(self) -> Callable:
@@ -403,6 +426,16 @@ class _Entry:
 
         call.defvjp(fwd, bwd)
         return call
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def _shape_dtype(x: Any) -> tuple[tuple, Any]:
+    if isinstance(x, (jax.Array, np.ndarray)):
+        return tuple(x.shape), x.dtype
+    return tuple(np.shape(x)), jax.numpy.result_type(x)
 
 
 def _as_cotangent(ct: Any, aval: Any) -> Any:
@@ -471,10 +504,33 @@ class AOTFunction:
         else:
             static, dyn = (), args
         leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
-        for x in leaves:
-            if not is_array_leaf(x):
-                flatten_checked((dyn, kwargs), "input", InvalidInputError)  # raises, naming the leaf
         return static, leaves, treedef
+
+    def _lookup(self, args: tuple, kwargs: dict) -> tuple["_Entry", list, int]:
+        """The entry for this call's signature, the flat leaves, and the trace kind.
+
+        The trace kind is 0 for concrete arrays, 1 for tracers, 2 for forward-mode
+        (``jax.jvp``) tracers. One pass over the leaves: this is the hot path.
+        """
+        static, leaves, treedef = self._split(args, kwargs)
+        keys = []
+        kind = 0
+        for x in leaves:
+            if type(x) is _ArrayImpl and not x.committed:
+                keys.append(x.aval)  # the common case, kept cheap
+                continue
+            if isinstance(x, C.Tracer):
+                kind = max(kind, 2 if C.is_forward_mode_tracer(x) else 1)
+            elif not is_array_leaf(x):
+                flatten_checked((args, kwargs), "input", InvalidInputError)  # raises, naming the leaf
+            keys.append(_leaf_key(x))
+        sig = _Signature(treedef, tuple(keys), static)
+        entry = self._cache.get(sig)
+        if entry is None:
+            entry = self._new_entry(sig, leaves)
+        else:
+            self._hits += 1
+        return entry, leaves, kind
 
     def _donated_leaves(self, sig: _Signature) -> list[int]:
         if not self.donate_argnums:
@@ -487,14 +543,9 @@ class AOTFunction:
                 out.extend(jax.tree_util.tree_leaves(arg))
         return out
 
-    def _entry(self, static: tuple, leaves: list, treedef: Any) -> _Entry:
-        sig = _Signature(treedef, tuple(_leaf_key(x) for x in leaves), static)
-        entry = self._cache.get(sig)
-        if entry is not None:
-            self._hits += 1
-            return entry
+    def _new_entry(self, sig: _Signature, leaves: list) -> _Entry:
         reason = "first call" if self._last is None else _describe_change(self._last, sig)
-        entry = _Entry(self, sig, self._flat_fn(static, treedef), _leaf_avals(leaves))
+        entry = _Entry(self, sig, self._flat_fn(sig.static, sig.treedef), _leaf_avals(leaves))
         self._cache[sig] = entry
         self._last = sig
         self._infos.append(CacheEntryInfo(self._describe_sig(sig), reason, ()))
@@ -518,16 +569,15 @@ class AOTFunction:
 
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        static, leaves, treedef = self._split(args, kwargs)
-        entry = self._entry(static, leaves, treedef)
-        if not any(C.is_tracer(x) for x in leaves):
+        entry, leaves, kind = self._lookup(args, kwargs)
+        if kind == 0:
             outs = entry.infer(leaves)
-        elif any(C.is_forward_mode_tracer(x) for x in leaves):
+        elif kind == 2:
             # jax.custom_vjp refuses forward mode: inline the primal program instead.
             outs = C.eval_closed(entry.primal, *leaves)
         else:
             outs = entry.custom_vjp(*leaves)
-        return jax.tree_util.tree_unflatten(entry.out_tree, list(outs))
+        return jax.tree_util.tree_unflatten(entry.out_tree, outs)
 
     def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, Residuals]:
         """Run the compiled forward: ``(outputs, residuals)``.
@@ -538,8 +588,7 @@ class AOTFunction:
             >>> y, res = f.forward(jnp.ones(3))
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
         """
-        static, leaves, treedef = self._split(args, kwargs)
-        entry = self._entry(static, leaves, treedef)
+        entry, leaves, _ = self._lookup(args, kwargs)
         outs, residuals = entry.forward(leaves)
         return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, entry)
 
@@ -566,10 +615,7 @@ class AOTFunction:
         self._check_residuals(entry, residuals.arrays)
         cts = self._check_cotangents(entry, cotangents)
         grads = entry.backward(residuals.arrays, cts)
-        full = [C.zeros_float0(a.shape) for a in entry.in_avals]
-        for i, g in zip(entry.partition.grad_inputs, grads):
-            full[i] = g
-        dyn, kwargs = jax.tree_util.tree_unflatten(entry.signature.treedef, full)
+        dyn, kwargs = entry.input_grads_tree(grads)
         return (dyn, kwargs) if kwargs else dyn
 
     def _check_residuals(self, entry: _Entry, arrays: Sequence[Any]) -> None:
@@ -580,8 +626,8 @@ class AOTFunction:
                 f"got {len(arrays)}."
             )
         for i, (x, r) in enumerate(zip(arrays, expected)):
-            shape, dtype = np.shape(x), jax.numpy.result_type(x)
-            if tuple(shape) != tuple(r.aval.shape) or dtype != r.aval.dtype:
+            shape, dtype = _shape_dtype(x)
+            if shape != r.aval.shape or dtype != r.aval.dtype:
                 raise ResidualsMismatchError(
                     f"residual {i} is {dtype}{list(shape)} but signature "
                     f"({self._describe_sig(entry.signature)}) saved {r.aval.dtype}{list(r.aval.shape)}: "
@@ -589,30 +635,23 @@ class AOTFunction:
                 )
 
     def _check_cotangents(self, entry: _Entry, cotangents: Any) -> list:
-        joint_avals = entry.primal.out_avals
-        is_leaf = lambda x: x is None  # noqa: E731
-        flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=is_leaf)
-        expected_tree = entry.out_tree
-        if tree.num_leaves != expected_tree.num_leaves or (
-            tree != expected_tree and jax.tree_util.tree_structure(cotangents) != expected_tree
-        ):
+        flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=_is_none)
+        if tree != entry.out_tree and jax.tree_util.tree_structure(cotangents) != entry.out_tree:
             raise CotangentMismatchError(
-                f"cotangents have structure {tree} but the outputs have structure {expected_tree}."
+                f"cotangents have structure {tree} but the outputs have structure {entry.out_tree}."
             )
-        paths = leaf_paths(expected_tree, "output")
         out = []
-        for i, (ct, aval) in enumerate(zip(flat, joint_avals)):
-            if not C.is_inexact(aval.dtype):
-                continue
-            if ct is None:
-                raise CotangentMismatchError(f"{paths[i]} needs a cotangent of {aval.dtype}{list(aval.shape)}, got None.")
-            shape, dtype = tuple(np.shape(ct)), jax.numpy.result_type(ct)
-            if shape != tuple(aval.shape) or dtype != aval.dtype:
+        for i in entry.partition.cotangent_outputs:
+            ct, aval = flat[i], entry.joint.out_avals[i]
+            shape, dtype = _shape_dtype(ct) if ct is not None else (None, None)
+            if shape != aval.shape or dtype != aval.dtype:
+                path = leaf_paths(entry.out_tree, "output")[i]
+                got = "None" if ct is None else f"{dtype}{list(shape)}"
                 raise CotangentMismatchError(
-                    f"cotangent for {paths[i]} is {dtype}{list(shape)}, but the output is "
-                    f"{aval.dtype}{list(aval.shape)}: pass a cotangent of the output's shape and dtype."
+                    f"cotangent for {path} is {got}, but the output is {aval.dtype}{list(aval.shape)}: "
+                    "pass a cotangent of the output's shape and dtype."
                 )
-            out.append(jax.numpy.asarray(ct, aval.dtype))
+            out.append(ct)
         return out
 
     # -- introspection
@@ -626,8 +665,7 @@ class AOTFunction:
             >>> low.saved_bytes
             12
         """
-        static, leaves, treedef = self._split(args, kwargs)
-        entry = self._entry(static, leaves, treedef)
+        entry, leaves, _ = self._lookup(args, kwargs)
         inference = _prune_outputs(entry.primal, entry.computed_outputs)
         entry.inference_exe, entry.forward_exe, entry.backward_exe  # noqa: B018 - builds them
         return AOTLowered(

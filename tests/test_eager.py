@@ -1,0 +1,55 @@
+"""jaxaot.value_and_grad / jaxaot.grad: the eager fast path equals jax's answers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from zoo import assert_trees_close
+
+
+def _normal(*shape):
+    return jax.random.normal(jax.random.key(np.random.randint(1 << 30)), shape)
+
+
+def loss(params, x, n):
+    h = jnp.tanh(x @ params["w"] + params["b"])
+    return jnp.mean(h**2) * n, {"h": h}
+
+
+@pytest.mark.parametrize("argnums", [0, (0, 1)])
+def test_value_and_grad_matches_jax(argnums):
+    params, x = {"w": _normal(4, 3), "b": _normal(3)}, _normal(5, 4)
+    f = jaxaot.aot_function(loss)
+    got = jaxaot.value_and_grad(f, argnums=argnums, has_aux=True)(params, x, jnp.int32(2))
+    want = jax.value_and_grad(loss, argnums=argnums, has_aux=True)(params, x, jnp.int32(2))
+    assert_trees_close(got, want)
+    g = jaxaot.grad(f, argnums=argnums, has_aux=True)(params, x, jnp.int32(2))
+    assert_trees_close(g, jax.grad(loss, argnums=argnums, has_aux=True)(params, x, jnp.int32(2)))
+
+
+def test_fast_path_runs_compiled_executables_only():
+    f = jaxaot.aot_function(lambda w: jnp.sum(jnp.sin(w)))
+    vg = jaxaot.value_and_grad(f)
+    w = _normal(6)
+    vg(w)
+    assert f.cache_info().entries[0].executables == ("forward", "backward")
+    assert_trees_close(vg(w), jax.value_and_grad(lambda w: jnp.sum(jnp.sin(w)))(w))
+
+
+def test_falls_back_under_jit_and_for_plain_functions():
+    fn = lambda w: jnp.sum(jnp.cos(w) ** 2)  # noqa: E731
+    w = _normal(3)
+    want = jax.grad(fn)(w)
+    assert_trees_close(jax.jit(jaxaot.grad(jaxaot.aot_function(fn)))(w), want)
+    assert_trees_close(jaxaot.grad(fn)(w), want)
+
+
+def test_errors_are_jax_errors():
+    f = jaxaot.aot_function(lambda w: jnp.sin(w))
+    with pytest.raises(TypeError, match="scalar"):
+        jaxaot.grad(f)(_normal(3))
+    g = jaxaot.aot_function(lambda w, n: jnp.sum(w) * n)
+    with pytest.raises(TypeError, match="real- or complex-valued"):
+        jaxaot.grad(g, argnums=1)(_normal(3), jnp.int32(2))
