@@ -1,0 +1,157 @@
+"""What the min-cut partitioner may recompute, and what recomputing costs.
+
+Every forward eqn falls in one of three :class:`Recompute` classes:
+
+* ``CHEAP``: elementwise, broadcast, reshape, convert, select, iota, gathers,
+  cheap reductions and counter-based RNG (``random_bits``/``threefry`` on a
+  saved key is deterministic). XLA fuses these into their backward consumers,
+  so recomputing them costs bandwidth we already pay, not extra kernels.
+* ``EXPENSIVE``: matmuls, convolutions, large reductions, loops, conds,
+  custom_jvp/custom_vjp calls (opaque nodes), sorts, linear algebra, and any
+  primitive we do not know. Banned at ``memory_budget=1``; a knapsack may allow
+  recomputing them below that.
+* ``NEVER``: effectful eqns, callbacks and custom calls: running them twice is
+  observable (or their cost is unknowable), so they are saved, whatever the budget.
+
+Primitives are matched by name, so primitives of modules that may not exist
+yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxaot import cost_model
+    >>> eqn = jax.make_jaxpr(jnp.sin)(1.0).jaxpr.eqns[0]
+    >>> cost_model.classify(eqn)
+    <Recompute.CHEAP: 'cheap'>
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import numpy as np
+
+from jaxaot import _compat as C
+
+
+class Recompute(enum.Enum):
+    CHEAP = "cheap"
+    EXPENSIVE = "expensive"
+    NEVER = "never"
+
+
+_ELEMENTWISE = frozenset(
+    """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e
+    bitcast_convert_type cbrt ceil clamp clz complex conj convert_element_type copy cos cosh
+    digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag
+    integer_pow is_finite le lgamma log log1p logistic lt max min mul mulhi ne neg nextafter not
+    or polygamma population_count pow real reduce_precision regularized_incomplete_beta rem round
+    rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square
+    sub tan tanh xor zeta""".split()
+)
+# Data movement and constants: no arithmetic, fuse as index computations.
+_LAYOUT = frozenset(
+    """broadcast_in_dim broadcast_to concatenate dynamic_slice empty empty2 expand_dims gather
+    iota name pad reshape rev sharding_constraint slice split squeeze tile transpose zeros_like
+    random_wrap random_unwrap random_seed random_fold_in random_split random_clone
+    random_bits threefry2x32 threefry4x32 philox2x32 philox4x32 iota_2x32_shape""".split()
+)
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin".split()
+)
+_NEVER = frozenset(
+    """debug_callback debug_print io_callback pure_callback ffi_call custom_call cudnn_fusion
+    optimization_barrier device_put rng_uniform create_token after_all get swap addupdate
+    new_ref empty_ref free_ref run_state""".split()
+)
+# Name fragments of loops, whatever module defines them (jaxaot.while_loop, lax.scan...).
+_LOOP_FRAGMENTS = ("while", "scan", "loop", "fori")
+
+#: A reduction whose output is under this fraction of its input reads far more
+#: than it saves: recomputing it is a full extra pass, so it is EXPENSIVE.
+LARGE_REDUCTION_RATIO = 4
+
+# Rough per-element FLOPs of transcendental functions (the rest count 1).
+_TRANSCENDENTAL = frozenset(
+    "exp exp2 expm1 log log1p tanh logistic sin cos tan erf erfc erf_inv pow lgamma digamma".split()
+)
+
+
+def nbytes(aval: Any) -> int:
+    """Bytes of an abstract value (0 for tokens and other non-arrays)."""
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:  # extended dtypes (PRNG keys): count their underlying words
+        itemsize = getattr(dtype, "itemsize", 8) or 8
+    return int(math.prod(shape)) * int(itemsize)
+
+
+def _size(aval: Any) -> int:
+    shape = getattr(aval, "shape", None)
+    return int(math.prod(shape)) if shape is not None else 0
+
+
+def is_loop(name: str) -> bool:
+    return any(frag in name for frag in _LOOP_FRAGMENTS)
+
+
+def is_alias(eqn: Any) -> bool:
+    """True for identities that only label a value (``checkpoint_name``)."""
+    return eqn.primitive.name == "name" and len(eqn.invars) == 1
+
+
+def classify(eqn: Any) -> Recompute:
+    """The :class:`Recompute` class of one eqn."""
+    name = eqn.primitive.name
+    if C.is_effectful(eqn) or name in _NEVER or "callback" in name:
+        return Recompute.NEVER
+    if name in _ELEMENTWISE or name in _LAYOUT:
+        return Recompute.CHEAP
+    if name in _REDUCTIONS:
+        out = sum(_size(v.aval) for v in eqn.outvars)
+        inp = sum(_size(v.aval) for v in eqn.invars)
+        return Recompute.EXPENSIVE if out * LARGE_REDUCTION_RATIO < inp else Recompute.CHEAP
+    return Recompute.EXPENSIVE
+
+
+def flops(eqn: Any) -> float:
+    """Estimated FLOPs to run ``eqn`` once (what recomputing it costs).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot import cost_model
+        >>> eqn = jax.make_jaxpr(jnp.dot)(jnp.ones((2, 3)), jnp.ones((3, 4))).jaxpr.eqns[0]
+        >>> cost_model.flops(eqn)
+        48.0
+    """
+    name = eqn.primitive.name
+    out = sum(_size(v.aval) for v in eqn.outvars)
+    if name == "dot_general":
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        shape = eqn.invars[0].aval.shape
+        return 2.0 * out * math.prod(shape[d] for d in lhs_contract)
+    if name == "conv_general_dilated":
+        rhs = eqn.invars[1].aval.shape
+        spec = eqn.params["dimension_numbers"]
+        out_feature_dim = spec.rhs_spec[0] if spec is not None else 0
+        per_output = math.prod(rhs) // max(rhs[out_feature_dim], 1)
+        return 2.0 * out * per_output
+    subs = C.eqn_subjaxprs(eqn)
+    if subs:
+        body = [sum(flops(e) for e in C.jaxpr_of(s).eqns) for s in subs]
+        trips = eqn.params.get("length", 1) if name == "scan" else 1
+        # cond runs one branch; loops and calls run their bodies (a while loop's
+        # trip count is unknown: count one trip, a lower bound).
+        return float(trips * (max(body) if name == "cond" else sum(body)))
+    inp = sum(_size(v.aval) for v in eqn.invars if not C.is_literal(v))
+    if name in _REDUCTIONS or name.startswith("cum") or name.startswith("reduce_window"):
+        return float(inp)
+    if name in _TRANSCENDENTAL:
+        return 10.0 * out
+    if name in _LAYOUT:
+        return 0.0 if name in ("iota", "broadcast_in_dim", "reshape", "squeeze", "expand_dims") else float(out)
+    return float(max(out, 1))

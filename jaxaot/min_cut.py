@@ -1,0 +1,346 @@
+"""The min-cut rematerialization partitioner (functorch's, for jaxprs).
+
+Which forward values should the forward save? Any set that separates the
+primal inputs from the backward works: the backward recomputes the rest. The
+cheapest such set is a minimum cut of a flow network with
+
+* a vertex pair ``v_in -> v_out`` per forward value, of capacity = its bytes
+  (cutting it = saving ``v``);
+* ``u_out -> v_in`` of infinite capacity when ``v``'s eqn reads ``u``;
+* ``source -> v_in`` (infinite) for primal inputs and for values whose
+  recomputation is banned (:mod:`jaxaot.cost_model`): they can only be saved;
+* ``v_out -> sink`` (infinite) for values the backward reads.
+
+Among the cuts of minimum bytes we take the one closest to the sink (fewest
+recomputed eqns), and among equal bytes we prefer saving inputs and outputs,
+which are alive anyway. Capacities are scaled to int32 because that is what
+``scipy.sparse.csgraph.maximum_flow`` computes in.
+
+Below ``memory_budget=1`` the banned-but-recomputable values are unbanned in
+:func:`jaxaot.knapsack.recompute_order`, as few as reach the budget.
+
+Example:
+    >>> import functools, jax, jax.numpy as jnp, jaxaot
+    >>> f = lambda w, x: jnp.sum(jnp.tanh(jnp.sin(x @ w)) ** 2)
+    >>> w, x = jnp.ones((4, 4)), jnp.ones((8, 4))
+    >>> joint = jaxaot.trace_joint(f, w, x)
+    >>> p = jaxaot.min_cut_rematerialization_partition(joint)
+    >>> p.saved_bytes <= jaxaot.default_partition(joint).saved_bytes
+    True
+    >>> g = jaxaot.aot_function(f, partition_fn=functools.partial(
+    ...     jaxaot.min_cut_rematerialization_partition, memory_budget=0.5))
+    >>> jax.grad(g)(w, x).shape
+    (4, 4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from scipy.sparse import csr_array
+from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+from jaxaot import _compat as C
+from jaxaot import cost_model, knapsack, scan_remat
+from jaxaot.cost_model import Recompute
+from jaxaot.errors import PartitionError
+from jaxaot.partition import EqnKind, Partition, classify_eqns, split_joint
+from jaxaot.tracing import JointGraph, build_joint
+
+# maximum_flow computes in int32: finite capacities sum to at most _LIMIT and
+# "infinite" is one more, so no flow and no cut overflows.
+_LIMIT = 2**30 - 1
+INF = _LIMIT + 1
+
+# Node kinds: the Recompute classes plus primal inputs.
+CHEAP, EXPENSIVE, NEVER, INPUT = 0, 1, 2, 3
+_KIND_CODE = {Recompute.CHEAP: CHEAP, Recompute.EXPENSIVE: EXPENSIVE, Recompute.NEVER: NEVER}
+
+
+# --------------------------------------------------------------------------- graph
+@dataclasses.dataclass(frozen=True)
+class FlowGraph:
+    """The forward values of a joint graph as arrays (node ``i`` is ``values[i]``).
+
+    Vertex ``2i`` is ``v_in``, ``2i + 1`` is ``v_out``, then source and sink.
+    """
+
+    values: tuple
+    kind: np.ndarray  # int8 node kind (CHEAP, EXPENSIVE, NEVER, INPUT)
+    nbytes: np.ndarray  # int64
+    flops: np.ndarray  # float64, for EXPENSIVE nodes (0 elsewhere)
+    capacity: np.ndarray  # int64 scaled v_in -> v_out capacity, INF if unsaveable
+    dep_src: np.ndarray  # u of each deduplicated u -> v dependency
+    dep_dst: np.ndarray
+    needed: np.ndarray  # bool: read directly by the backward
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.values)
+
+    @property
+    def source(self) -> int:
+        return 2 * self.num_nodes
+
+    @property
+    def sink(self) -> int:
+        return 2 * self.num_nodes + 1
+
+    @functools.cached_property
+    def base_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, cols, capacities) of every edge except the ban edges."""
+        n = np.arange(self.num_nodes)
+        need = np.flatnonzero(self.needed)
+        rows = np.concatenate([2 * n, 2 * self.dep_src + 1, 2 * need + 1])
+        cols = np.concatenate([2 * n + 1, 2 * self.dep_dst, np.full(len(need), self.sink)])
+        caps = np.concatenate([self.capacity, np.full(len(self.dep_src) + len(need), INF)])
+        return rows, cols, caps
+
+    @functools.cached_property
+    def ancestors_of_needed(self) -> np.ndarray:
+        """bool per node: the backward may need it recomputed (or saved)."""
+        n = self.num_nodes
+        if n == 0:
+            return np.zeros(0, bool)
+        # Reverse dependency graph plus a virtual root pointing at every needed node.
+        rows = np.concatenate([self.dep_dst, np.full(int(self.needed.sum()), n)])
+        cols = np.concatenate([self.dep_src, np.flatnonzero(self.needed)])
+        g = csr_array((np.ones(len(rows), np.int8), (rows, cols)), shape=(n + 1, n + 1))
+        reach = breadth_first_order(g, n, directed=True, return_predecessors=False)
+        mask = np.zeros(n + 1, bool)
+        mask[reach] = True
+        return mask[:n]
+
+
+def scaled_capacities(nbytes: np.ndarray, preferred: np.ndarray) -> np.ndarray:
+    """int32-safe capacities: bytes first, then a tie-break against non-preferred nodes.
+
+    Exact (one unit per byte, tie-breaks summing below a byte) when the graph
+    fits; otherwise bytes are rounded up to a common unit and the tie-break is
+    half a unit.
+
+    Example:
+        >>> import numpy as np
+        >>> from jaxaot.min_cut import scaled_capacities
+        >>> scaled_capacities(np.array([4, 4]), np.array([True, False])).tolist()
+        [12, 13]
+    """
+    n = len(nbytes)
+    total = int(nbytes.sum())
+    k = n + 1
+    if (total + n) * k + n > _LIMIT:
+        k = 2
+    unit = 1
+    if (total + n) * k + n > _LIMIT:
+        unit = -(-total // ((_LIMIT - n) // k - n))
+    units = -(-nbytes.astype(np.int64) // unit)
+    return units * k + (~preferred.astype(bool)).astype(np.int64)
+
+
+def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None = None) -> FlowGraph:
+    """The :class:`FlowGraph` of ``joint``'s forward values.
+
+    ``saveable(var)`` may forbid saving some values (infinite capacity): the
+    scan rewrite uses it to save only values it can name.
+    """
+    jaxpr = C.jaxpr_of(joint.jaxpr)
+    index: dict = {}
+    values: list = []
+    kinds: list[int] = []
+    flops: list[float] = []
+    src: list[int] = []
+    dst: list[int] = []
+    needed: set[int] = set()
+
+    for v in jaxpr.invars[: joint.num_primals]:
+        index[v] = len(values)
+        values.append(v)
+        kinds.append(INPUT)
+        flops.append(0.0)
+    for eqn, k in zip(jaxpr.eqns, classify_eqns(joint)):
+        ins = [index[v] for v in eqn.invars if not C.is_literal(v) and v in index]
+        if k is not EqnKind.FORWARD:
+            needed.update(ins)  # a backward eqn reads these forward values
+            continue
+        if cost_model.is_alias(eqn) and ins:
+            # checkpoint_name: the named value is its operand, banned as much as it is.
+            code, f = kinds[ins[0]], flops[ins[0]]
+        else:
+            code = _KIND_CODE[cost_model.classify(eqn)]
+            f = cost_model.flops(eqn) if code == EXPENSIVE else 0.0
+        for v in eqn.outvars:
+            if C.is_drop_var(v):
+                continue
+            i = index[v] = len(values)
+            values.append(v)
+            kinds.append(code)
+            flops.append(f)
+            src.extend(ins)
+            dst.extend([i] * len(ins))
+    for v in jaxpr.outvars[joint.num_outputs :]:
+        if not C.is_literal(v) and v in index:
+            needed.add(index[v])
+
+    n = len(values)
+    kind = np.asarray(kinds, np.int8)
+    nbytes = np.fromiter((cost_model.nbytes(v.aval) for v in values), np.int64, n)
+    preferred = kind == INPUT
+    for v in jaxpr.outvars[: joint.num_outputs]:  # real outputs are alive anyway
+        if not C.is_literal(v) and v in index:
+            preferred[index[v]] = True
+    capacity = scaled_capacities(nbytes, preferred)
+    if saveable is not None:
+        capacity[[i for i, v in enumerate(values) if not saveable(v)]] = INF
+    codes = np.unique(np.asarray(src, np.int64) * max(n, 1) + np.asarray(dst, np.int64))
+    need = np.zeros(n, bool)
+    need[list(needed)] = True
+    return FlowGraph(
+        values=tuple(values),
+        kind=kind,
+        nbytes=nbytes,
+        flops=np.asarray(flops, np.float64),
+        capacity=capacity,
+        dep_src=codes // max(n, 1),
+        dep_dst=codes % max(n, 1),
+        needed=need,
+    )
+
+
+# --------------------------------------------------------------------------- cut
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """A minimum cut: its value (scaled bytes) and the saved node indices."""
+
+    value: int
+    saved: np.ndarray
+
+
+def _network(graph: FlowGraph, banned: np.ndarray) -> csr_array:
+    rows, cols, caps = graph.base_edges
+    # A value that cannot be saved cannot be banned either (no finite cut would remain).
+    ban = np.flatnonzero(banned & (graph.capacity < INF))
+    size = 2 * graph.num_nodes + 2
+    rows = np.concatenate([rows, np.full(len(ban), graph.source)])
+    cols = np.concatenate([cols, 2 * ban])
+    caps = np.concatenate([caps, np.full(len(ban), INF)])
+    return csr_array((caps.astype(np.int32), (rows, cols)), shape=(size, size))
+
+
+def cut_value(graph: FlowGraph, banned: np.ndarray) -> int:
+    """The scaled bytes of the minimum cut when ``banned`` nodes may not be recomputed."""
+    if not graph.needed.any():
+        return 0
+    return int(maximum_flow(_network(graph, banned), graph.source, graph.sink).flow_value)
+
+
+def min_cut(graph: FlowGraph, banned: np.ndarray) -> Cut:
+    """The minimum cut closest to the sink (least recomputation among the cheapest)."""
+    if not graph.needed.any():
+        return Cut(0, np.zeros(0, np.int64))
+    net = _network(graph, banned)
+    result = maximum_flow(net, graph.source, graph.sink)
+    if result.flow_value >= INF:  # pragma: no cover - excluded by construction
+        raise PartitionError("min-cut: the backward needs a value that can be neither saved nor recomputed.")
+    residual = (net - result.flow).tocsr()
+    residual.data = (residual.data > 0).astype(np.int8)
+    residual.eliminate_zeros()
+    # Vertices that still reach the sink through unsaturated edges: the sink side.
+    reach = breadth_first_order(residual.T.tocsr(), graph.sink, directed=True, return_predecessors=False)
+    sink_side = np.zeros(net.shape[0], bool)
+    sink_side[reach] = True
+    saved = np.flatnonzero(~sink_side[0:-2:2] & sink_side[1:-2:2])
+    return Cut(int(result.flow_value), saved)
+
+
+# --------------------------------------------------------------------------- budget
+def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarray:
+    """Indices of the nodes to save under ``memory_budget`` (see the module doc).
+
+    The budget interpolates between the cheapest cut that recomputes only cheap
+    eqns (1.0) and the cheapest cut at all (0.0, which recomputes every
+    expensive eqn it can and so saves only inputs, or smaller values derived
+    from them). Lower budgets unban a superset of values, so saved bytes never
+    grow as the budget shrinks.
+    """
+    never = (graph.kind == NEVER) | (graph.kind == INPUT)
+    expensive = graph.kind == EXPENSIVE
+    if memory_budget >= 1:
+        return min_cut(graph, never | expensive).saved
+    candidates = np.flatnonzero(expensive & graph.ancestors_of_needed)
+    optimal = cut_value(graph, never | expensive)
+    floor = cut_value(graph, never)
+    if memory_budget <= 0 or floor >= optimal or len(candidates) == 0:
+        return min_cut(graph, never).saved
+    order = candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.flops[candidates])]
+
+    def banned_after_unbanning(k: int) -> np.ndarray:
+        banned = never.copy()
+        banned[order[k:]] = True
+        return banned
+
+    target = floor + memory_budget * (optimal - floor)
+    k = knapsack.smallest_feasible_prefix(lambda k: cut_value(graph, banned_after_unbanning(k)), len(order), target)
+    return min_cut(graph, banned_after_unbanning(k)).saved
+
+
+def choose_saved_values(
+    joint: JointGraph, memory_budget: float = 1.0, saveable: Callable[[Any], bool] | None = None
+) -> list:
+    """The joint-jaxpr vars the min-cut saves (what :func:`split_joint` takes)."""
+    graph = build_flow_graph(joint, saveable)
+    return [graph.values[i] for i in choose_saved_nodes(graph, memory_budget)]
+
+
+# --------------------------------------------------------------------------- partitioner
+def min_cut_rematerialization_partition(
+    joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True
+) -> Partition:
+    """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
+
+    Args:
+      joint: the joint graph (``aot_function`` passes it).
+      memory_budget: in ``[0, 1]``; 1 bans recomputing expensive eqns (matmuls,
+        convolutions, large reductions, loops), 0 recomputes all it can and
+        saves only inputs (or smaller values derived from them); in between, a
+        knapsack (:mod:`jaxaot.knapsack`) picks which expensive values to
+        recompute, cheapest FLOPs per saved byte first.
+      rematerialize_scans: choose the per-iteration residuals of each top-level
+        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.scan_remat`).
+
+    Use ``functools.partial`` to pass options through ``aot_function``.
+
+    Example:
+        >>> import functools, jax.numpy as jnp, jaxaot
+        >>> f = lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2)
+        >>> joint = jaxaot.trace_joint(f, jnp.ones(1000))
+        >>> [r.source for r in jaxaot.min_cut_rematerialization_partition(joint).residuals]
+        ['input']
+        >>> [r.source for r in jaxaot.default_partition(joint).residuals]
+        ['temporary', 'temporary']
+    """
+    if not 0.0 <= memory_budget <= 1.0:
+        raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
+    part = split_joint(joint, choose_saved_values(joint, memory_budget))
+    if not rematerialize_scans:
+        return part
+    rewritten = scan_remat.rewrite_primal(joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
+    if rewritten is joint.primal:
+        return part
+    rejoint = build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals)
+    repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
+    # Scan bodies may only save values they can name (not JAX's linearization
+    # temporaries), which is almost never worse; keep whichever saves less.
+    return repart if repart.saved_bytes <= part.saved_bytes else part
+
+
+def rewrite_primal(closed_jaxpr: Any, *, memory_budget: float = 1.0) -> Any:
+    """The pre-trace rewrite this partitioner applies to primal programs with scans.
+
+    See :func:`jaxaot.scan_remat.rewrite_primal`; the partitioner already calls
+    it (re-tracing the joint graph), so a runtime hook is optional.
+    """
+    return scan_remat.rewrite_primal(closed_jaxpr, functools.partial(choose_saved_values, memory_budget=memory_budget))
+
