@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from jax._src import core as _core
+from jax._src import effects as _effects
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching  # noqa: F401  (re-exported)
@@ -72,7 +73,7 @@ def make_closed_jaxpr(
     effects = _core.join_effects(*(e.effects for e in eqns)) if eqns else _core.no_effects
     # Input effects refer to invars by position; the programs jaxaot builds never
     # thread refs through their signature, so keeping the plain effects is enough.
-    effects = frozenset(e for e in effects if not isinstance(e, _core.JaxprInputEffect))
+    effects = frozenset(e for e in effects if not isinstance(e, _effects.JaxprInputEffect))
     debug = _core.DebugInfo("jaxaot", "<jaxaot program>", None, None)
     jaxpr = _core.Jaxpr(list(constvars), list(invars), list(outvars), list(eqns), effects, debug)
     return _core.ClosedJaxpr(jaxpr, list(consts))

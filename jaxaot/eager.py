@@ -42,6 +42,10 @@ def value_and_grad(
         return fallback
     nums, single = _normalize_argnums(argnums)
 
+    def training_for(entry, leaves, args):
+        picked = {id(x) for n in nums for x in jax.tree_util.tree_leaves(args[n])}
+        return entry.training(tuple(id(x) in picked for x in leaves))
+
     def vg(*args: Any, **kwargs: Any):
         entry, leaves, kind = fun._lookup(args, kwargs)
         if kind != 0:
@@ -51,17 +55,18 @@ def value_and_grad(
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums
         if not all(C.is_inexact(jax.numpy.result_type(x)) for n in nums for x in jax.tree_util.tree_leaves(args[n])):
             return fallback(*args, **kwargs)  # JAX's own error for integer inputs
-        outs, residuals = entry.forward(leaves)
+        tr = training_for(entry, leaves, args)
+        outs, residuals = tr.forward(leaves)
         value_leaf = 0
-        if not (entry.joint.needs_cotangent[value_leaf] and np.shape(outs[value_leaf]) == ()):
+        if not (tr.joint.needs_cotangent[value_leaf] and np.shape(outs[value_leaf]) == ()):
             return fallback(*args, **kwargs)  # let JAX raise its own error for non-scalar outputs
-        part = entry.partition
+        part = tr.partition
         cts = []
         for i in part.cotangent_outputs:
-            aval = entry.joint.out_avals[i]
+            aval = tr.joint.out_avals[i]
             cts.append(np.ones((), aval.dtype) if i == value_leaf else np.zeros(aval.shape, aval.dtype))
-        grads = entry.backward(residuals, cts)
-        dyn, _ = entry.input_grads_tree(grads)
+        grads = tr.backward(residuals, cts)
+        dyn, _ = tr.input_grads_tree(grads)
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
         out_tree = jax.tree_util.tree_unflatten(entry.out_tree, outs)
         grad = picked[0] if single else picked
@@ -70,7 +75,13 @@ def value_and_grad(
             return (value, aux), grad
         return out_tree, grad
 
+    def lower(*args: Any, **kwargs: Any):
+        """The :class:`AOTLowered` of the programs this gradient runs."""
+        entry, leaves, _ = fun._lookup(args, kwargs)
+        return fun._lowered(entry, training_for(entry, leaves, args))
+
     vg.__wrapped__ = fun
+    vg.lower = lower
     return vg
 
 

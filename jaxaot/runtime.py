@@ -154,20 +154,20 @@ class Residuals:
     signature produced it, so ``backward`` can refuse residuals of another one.
     """
 
-    def __init__(self, arrays: Sequence[Any], entry: "_Entry"):
+    def __init__(self, arrays: Sequence[Any], training: "_Training"):
         self.arrays = tuple(arrays)
-        self._entry = entry
+        self._training = training
 
     def tree_flatten(self):
-        return self.arrays, self._entry
+        return self.arrays, self._training
 
     @classmethod
-    def tree_unflatten(cls, entry, arrays):
-        return cls(arrays, entry)
+    def tree_unflatten(cls, training, arrays):
+        return cls(arrays, training)
 
     @property
     def residuals(self) -> tuple[Residual, ...]:
-        return self._entry.partition.residuals
+        return self._training.partition.residuals
 
     @property
     def nbytes(self) -> int:
@@ -265,7 +265,12 @@ def _prune_outputs(closed: Any, keep: Sequence[int]) -> Any:
 
 
 class _Entry:
-    """Programs and executables for one input signature."""
+    """Programs and executables for one input signature.
+
+    The inference program lives here; training programs depend also on which
+    inputs are differentiated (``jax.grad(f, argnums=0)`` differentiates fewer
+    than ``jax.vjp``), so each such mask gets its own :class:`_Training`.
+    """
 
     def __init__(self, owner: "AOTFunction", sig: _Signature, flat_fn: Callable, avals: list):
         self.owner = owner
@@ -276,38 +281,23 @@ class _Entry:
         t = time.perf_counter()
         self.primal, self.out_tree = trace_primal(flat_fn, avals, owner.decompositions)
         self.times["trace"] = time.perf_counter() - t
-        n_out = len(C.jaxpr_of(self.primal).outvars)
-        positions = {v: i for i, v in enumerate(C.jaxpr_of(self.primal).invars)}
-        self.output_is_input = [
-            None if C.is_literal(v) else positions.get(v) for v in C.jaxpr_of(self.primal).outvars
-        ]
-        self.computed_outputs = [i for i in range(n_out) if self.output_is_input[i] is None]
-        self.no_aliases = len(self.computed_outputs) == n_out
-        self._joint: JointGraph | None = None
-        self._partition: Partition | None = None
-        self._custom_vjp: Callable | None = None
+        primal = C.jaxpr_of(self.primal)
+        positions = {v: i for i, v in enumerate(primal.invars)}
+        self.output_is_input = [None if C.is_literal(v) else positions.get(v) for v in primal.outvars]
+        self.computed_outputs = [i for i, src in enumerate(self.output_is_input) if src is None]
+        self.no_aliases = len(self.computed_outputs) == len(primal.outvars)
+        self.inexact = tuple(C.is_inexact(a.dtype) for a in avals)
+        self._training: dict[tuple[bool, ...], _Training] = {}
 
-    # -- lazily built stages
-    @property
-    def joint(self) -> JointGraph:
-        if self._joint is None:
-            t = time.perf_counter()
-            self._joint = build_joint(
-                self.primal, self.signature.treedef, self.out_tree, self.in_avals, self.owner.decompositions
-            )
-            self.times["joint"] = time.perf_counter() - t
-        return self._joint
+    def training(self, mask: Sequence[bool] | None = None) -> "_Training":
+        """The training programs when the inputs in ``mask`` are differentiated."""
+        key = self.inexact if mask is None else tuple(m and d for m, d in zip(mask, self.inexact))
+        tr = self._training.get(key)
+        if tr is None:
+            tr = self._training[key] = _Training(self, key)
+        return tr
 
-    @property
-    def partition(self) -> Partition:
-        if self._partition is None:
-            joint = self.joint
-            t = time.perf_counter()
-            self._partition = self.owner.partition_fn(joint)
-            self.times["partition"] = time.perf_counter() - t
-        return self._partition
-
-    def _compile(self, name: str, compiler: Callable, closed: Any, avals: Sequence[Any], donate=()):
+    def compile(self, name: str, compiler: Callable, closed: Any, avals: Sequence[Any], donate=()):
         exe = self.executables.get(name)
         if exe is None:
             t = time.perf_counter()
@@ -317,7 +307,7 @@ class _Entry:
             self.executables[name] = exe
         return exe
 
-    def _donated(self, excluded: set) -> list[int]:
+    def donated(self, excluded: set) -> list[int]:
         return [i for i in self.owner._donated_leaves(self.signature) if i not in excluded]
 
     @property
@@ -326,28 +316,78 @@ class _Entry:
         if exe is None:
             closed = _prune_outputs(self.primal, self.computed_outputs)
             aliased = {i for i in self.output_is_input if i is not None}
-            exe = self._compile("inference", self.owner.inference_compiler, closed, self.in_avals,
-                                self._donated(aliased))
+            exe = self.compile("inference", self.owner.inference_compiler, closed, self.in_avals,
+                               self.donated(aliased))
         return exe
+
+    def splice(self, leaves: Sequence[Any], computed: Sequence[Any]) -> list:
+        """Full outputs from the computed ones: outputs that are inputs skip the executable."""
+        if self.no_aliases:
+            return list(computed)
+        it = iter(computed)
+        return [next(it) if src is None else leaves[src] for src in self.output_is_input]
+
+    def infer(self, leaves: Sequence[Any]) -> list:
+        exe = self.executables.get("inference")
+        if exe is not None:  # the hot path: concrete arrays, already compiled
+            return self.splice(leaves, exe(*leaves))
+        if any(C.is_tracer(x) for x in leaves):
+            return C.eval_closed(self.primal, *leaves)
+        return self.splice(leaves, self.inference_exe(*leaves))
+
+
+class _Training:
+    """Joint graph, partition and forward/backward executables for one differentiated mask."""
+
+    def __init__(self, entry: _Entry, mask: tuple[bool, ...]):
+        self.entry = entry
+        self.owner = entry.owner
+        self.mask = mask
+        full = mask == entry.inexact
+        self.suffix = "" if full else "[" + ",".join(str(i) for i, m in enumerate(mask) if m) + "]"
+        self._joint: JointGraph | None = None
+        self._partition: Partition | None = None
+        self._custom_vjp: Callable | None = None
+
+    @property
+    def joint(self) -> JointGraph:
+        if self._joint is None:
+            e = self.entry
+            t = time.perf_counter()
+            self._joint = build_joint(
+                e.primal, e.signature.treedef, e.out_tree, e.in_avals, self.owner.decompositions, self.mask
+            )
+            e.times["joint" + self.suffix] = time.perf_counter() - t
+        return self._joint
+
+    @property
+    def partition(self) -> Partition:
+        if self._partition is None:
+            joint = self.joint
+            t = time.perf_counter()
+            self._partition = self.owner.partition_fn(joint)
+            self.entry.times["partition" + self.suffix] = time.perf_counter() - t
+        return self._partition
 
     @property
     def forward_exe(self):
-        exe = self.executables.get("forward")
+        e = self.entry
+        exe = e.executables.get("forward" + self.suffix)
         if exe is None:
             part = self.partition
             n_fwd = len(C.jaxpr_of(part.forward).outvars)
-            keep = self.computed_outputs + list(range(part.num_outputs, n_fwd))
+            keep = e.computed_outputs + list(range(part.num_outputs, n_fwd))
             closed = _prune_outputs(part.forward, keep)
-            aliased = set(part.saved_inputs) | {i for i in self.output_is_input if i is not None}
-            exe = self._compile("forward", self.owner.fw_compiler, closed, self.in_avals, self._donated(aliased))
+            aliased = set(part.saved_inputs) | {i for i in e.output_is_input if i is not None}
+            exe = e.compile("forward" + self.suffix, self.owner.fw_compiler, closed, e.in_avals, e.donated(aliased))
         return exe
 
     @property
     def backward_exe(self):
-        exe = self.executables.get("backward")
+        exe = self.entry.executables.get("backward" + self.suffix)
         if exe is None:
-            part = self.partition
-            exe = self._compile("backward", self.owner.bw_compiler, part.backward, self.backward_avals())
+            exe = self.entry.compile("backward" + self.suffix, self.owner.bw_compiler, self.partition.backward,
+                                     self.backward_avals())
         return exe
 
     def backward_avals(self) -> list:
@@ -357,21 +397,6 @@ class _Entry:
         return cts + [jax.ShapeDtypeStruct(r.aval.shape, r.aval.dtype, weak_type=r.aval.weak_type)
                       for r in part.residuals]
 
-    # -- running
-    def _splice(self, leaves: Sequence[Any], computed: Sequence[Any]) -> list:
-        if self.no_aliases:
-            return list(computed)
-        it = iter(computed)
-        return [next(it) if src is None else leaves[src] for src in self.output_is_input]
-
-    def infer(self, leaves: Sequence[Any]) -> list:
-        exe = self.executables.get("inference")
-        if exe is not None:  # the hot path: concrete arrays, already compiled
-            return self._splice(leaves, exe(*leaves))
-        if any(C.is_tracer(x) for x in leaves):
-            return C.eval_closed(self.primal, *leaves)
-        return self._splice(leaves, self.inference_exe(*leaves))
-
     def forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
         """Run the forward; return (all outputs, residual arrays in backward order)."""
         part = self.partition
@@ -379,24 +404,24 @@ class _Entry:
             fwd_outs = C.eval_closed(part.forward, *leaves)
         else:
             computed = self.forward_exe(*leaves)
-            n_real = len(self.computed_outputs)
-            fwd_outs = self._splice(leaves, computed[:n_real]) + list(computed[n_real:])
+            n_real = len(self.entry.computed_outputs)
+            fwd_outs = self.entry.splice(leaves, computed[:n_real]) + list(computed[n_real:])
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
         return fwd_outs[: part.num_outputs], residuals
 
     def backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
-        """Grads for the differentiable inputs, from residuals and selected cotangents."""
+        """Grads for the differentiated inputs, from residuals and selected cotangents."""
         args = [*cts, *residuals]
         if any(C.is_tracer(x) for x in args):
             return C.eval_closed(self.partition.backward, *args)
         return list(self.backward_exe(*args))
 
     def input_grads_tree(self, grads: Sequence[Any]) -> Any:
-        """``(args, kwargs)``-shaped grads; float0 zeros for non-differentiable leaves."""
-        full: list[Any] = [C.zeros_float0(a.shape) for a in self.in_avals]
+        """``(args, kwargs)``-shaped grads; float0 zeros for non-differentiated leaves."""
+        full: list[Any] = [C.zeros_float0(a.shape) for a in self.entry.in_avals]
         for i, g in zip(self.partition.grad_inputs, grads):
             full[i] = g
-        return jax.tree_util.tree_unflatten(self.signature.treedef, full)
+        return jax.tree_util.tree_unflatten(self.entry.signature.treedef, full)
 
     @property
     def custom_vjp(self) -> Callable:
@@ -405,21 +430,20 @@ class _Entry:
         return self._custom_vjp
 
     def _make_custom_vjp(self) -> Callable:
-        entry = self
+        tr = self
 
         @jax.custom_vjp
         def call(*leaves):
-            return entry.infer(leaves)
+            return tr.entry.infer(leaves)
 
         def fwd(*leaves):
-            outs, residuals = entry.forward(leaves)
-            return outs, residuals
+            return tr.forward(leaves)
 
         def bwd(residuals, cts):
-            part = entry.partition
-            selected = [_as_cotangent(cts[i], entry.joint.out_avals[i]) for i in part.cotangent_outputs]
-            grads = entry.backward(residuals, selected)
-            full: list[Any] = [None] * len(entry.in_avals)
+            part = tr.partition
+            selected = [_as_cotangent(cts[i], tr.joint.out_avals[i]) for i in part.cotangent_outputs]
+            grads = tr.backward(residuals, selected)
+            full: list[Any] = [None] * len(tr.entry.in_avals)
             for i, g in zip(part.grad_inputs, grads):
                 full[i] = g
             return tuple(full)
@@ -576,7 +600,9 @@ class AOTFunction:
             # jax.custom_vjp refuses forward mode: inline the primal program instead.
             outs = C.eval_closed(entry.primal, *leaves)
         else:
-            outs = entry.custom_vjp(*leaves)
+            # Concrete leaves are not being differentiated: leave them out of the joint.
+            mask = tuple(C.is_tracer(x) for x in leaves)
+            outs = entry.training(mask).custom_vjp(*leaves)
         return jax.tree_util.tree_unflatten(entry.out_tree, outs)
 
     def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, Residuals]:
@@ -589,8 +615,9 @@ class AOTFunction:
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
         """
         entry, leaves, _ = self._lookup(args, kwargs)
-        outs, residuals = entry.forward(leaves)
-        return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, entry)
+        tr = entry.training()
+        outs, residuals = tr.forward(leaves)
+        return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, tr)
 
     def backward(self, residuals: Residuals, cotangents: Any) -> Any:
         """Run the compiled backward on residuals from :meth:`forward`.
@@ -606,20 +633,20 @@ class AOTFunction:
                 f"backward expects the Residuals returned by {self.__name__}.forward, got "
                 f"{type(residuals).__name__}."
             )
-        entry = residuals._entry
-        if entry.owner is not self:
+        tr = residuals._training
+        if tr.owner is not self:
             raise ResidualsMismatchError(
-                f"these residuals were produced by another function ({entry.owner.__name__}), not by "
+                f"these residuals were produced by another function ({tr.owner.__name__}), not by "
                 f"{self.__name__}: pass the residuals of this function's own forward."
             )
-        self._check_residuals(entry, residuals.arrays)
-        cts = self._check_cotangents(entry, cotangents)
-        grads = entry.backward(residuals.arrays, cts)
-        dyn, kwargs = entry.input_grads_tree(grads)
+        self._check_residuals(tr, residuals.arrays)
+        cts = self._check_cotangents(tr, cotangents)
+        grads = tr.backward(residuals.arrays, cts)
+        dyn, kwargs = tr.input_grads_tree(grads)
         return (dyn, kwargs) if kwargs else dyn
 
-    def _check_residuals(self, entry: _Entry, arrays: Sequence[Any]) -> None:
-        expected = entry.partition.residuals
+    def _check_residuals(self, tr: _Training, arrays: Sequence[Any]) -> None:
+        expected, entry = tr.partition.residuals, tr.entry
         if len(arrays) != len(expected):
             raise ResidualsMismatchError(
                 f"expected {len(expected)} residuals for signature ({self._describe_sig(entry.signature)}), "
@@ -634,15 +661,16 @@ class AOTFunction:
                     "pass the residuals produced by forward for the same input signature."
                 )
 
-    def _check_cotangents(self, entry: _Entry, cotangents: Any) -> list:
+    def _check_cotangents(self, tr: _Training, cotangents: Any) -> list:
+        entry = tr.entry
         flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=_is_none)
         if tree != entry.out_tree and jax.tree_util.tree_structure(cotangents) != entry.out_tree:
             raise CotangentMismatchError(
                 f"cotangents have structure {tree} but the outputs have structure {entry.out_tree}."
             )
         out = []
-        for i in entry.partition.cotangent_outputs:
-            ct, aval = flat[i], entry.joint.out_avals[i]
+        for i in tr.partition.cotangent_outputs:
+            ct, aval = flat[i], tr.joint.out_avals[i]
             shape, dtype = _shape_dtype(ct) if ct is not None else (None, None)
             if shape != aval.shape or dtype != aval.dtype:
                 path = leaf_paths(entry.out_tree, "output")[i]
@@ -666,14 +694,18 @@ class AOTFunction:
             12
         """
         entry, leaves, _ = self._lookup(args, kwargs)
+        return self._lowered(entry, entry.training())
+
+    def _lowered(self, entry: _Entry, tr: _Training) -> AOTLowered:
         inference = _prune_outputs(entry.primal, entry.computed_outputs)
-        entry.inference_exe, entry.forward_exe, entry.backward_exe  # noqa: B018 - builds them
+        entry.inference_exe, tr.forward_exe, tr.backward_exe  # noqa: B018 - builds them
+        names = {"inference", "forward" + tr.suffix, "backward" + tr.suffix}
         return AOTLowered(
-            joint=entry.joint,
-            partition=entry.partition,
+            joint=tr.joint,
+            partition=tr.partition,
             inference=inference,
             compile_times=dict(entry.times),
-            executables=dict(entry.executables),
+            executables={k.split("[")[0]: v for k, v in entry.executables.items() if k in names},
         )
 
     def cache_info(self) -> CacheInfo:

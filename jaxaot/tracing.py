@@ -234,13 +234,20 @@ def build_joint(
     out_tree: Any,
     in_avals: Sequence[Any],
     decompositions: Decompositions | None = None,
+    differentiated: Sequence[bool] | None = None,
 ) -> JointGraph:
-    """Build the :class:`JointGraph` of a flat primal jaxpr."""
+    """Build the :class:`JointGraph` of a flat primal jaxpr.
+
+    ``differentiated`` restricts which inputs get gradients (default: every
+    input of inexact dtype), as ``jax.grad``'s ``argnums`` does.
+    """
     in_avals = tuple(in_avals)
     out_avals = tuple(
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in primal.out_avals
     )
     diff_in = tuple(C.is_inexact(a.dtype) for a in in_avals)
+    if differentiated is not None:
+        diff_in = tuple(d and m for d, m in zip(diff_in, differentiated))
     diff_out = tuple(C.is_inexact(a.dtype) for a in out_avals)
     din = [i for i, d in enumerate(diff_in) if d]
     dout = [i for i, d in enumerate(diff_out) if d]

@@ -142,7 +142,7 @@ def test_recompiles_once_per_signature():
     info = f.cache_info()
     assert info.misses == 2 and info.recompiles == 1
     assert info.entries[1].reason == "arg[0]['w']: f32[4,8] -> f32[8,8]; arg[1]: f32[2,4] -> f32[2,8]"
-    assert info.entries[1].executables == ("forward", "backward")
+    assert info.entries[1].executables == ("forward[0]", "backward[0]")  # only arg[0] is differentiated
 
 
 def test_recompile_reason_for_dtype_and_static():
@@ -293,3 +293,13 @@ def test_missing_differentiation_rule_names_primitive_and_line():
     assert_trees_close(f(jnp.ones(3)), 2 * jnp.sin(jnp.ones(3)).sum(), **TOL)  # inference works
     with pytest.raises(jaxaot.NoDifferentiationRuleError, match=r"no_rule_prim.*test_runtime.py:\d+.*user_fn"):
         jax.grad(f)(jnp.ones(3))
+
+
+def test_grad_argnums_differentiates_only_those_inputs():
+    fn, make_args = ZOO["mlp_gelu"]
+    params, x = make_args(fresh_key())
+    f = jaxaot.aot_function(fn)
+    assert_trees_close(jax.grad(f)(params, x), jax.grad(fn)(params, x))
+    assert_trees_close(jax.grad(f, argnums=1)(params, x), jax.grad(fn, argnums=1)(params, x))
+    names = f.cache_info().entries[0].executables
+    assert "forward[0,1,2,3]" in names and "forward[4]" in names

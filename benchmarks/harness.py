@@ -1,0 +1,87 @@
+"""Shared timing and reporting for the benchmarks (not part of the package)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+
+
+def header(title: str) -> str:
+    dev = jax.devices()[0]
+    kind = getattr(dev, "device_kind", dev.platform)
+    return (
+        f"# {title}\n"
+        f"# date: {datetime.date.today().isoformat()}  machine: {platform.node()} ({platform.machine()}, "
+        f"{os.cpu_count()} cpus)  device: {dev.platform} {kind}\n"
+        f"# jax {jax.__version__}  jaxlib {jax.lib.__version__ if hasattr(jax.lib, '__version__') else '?'}  "
+        f"python {platform.python_version()}\n"
+    )
+
+
+def median_time(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 20, min_seconds: float = 0.2) -> float:
+    """Median seconds per call; each call's result is blocked on."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    start = time.perf_counter()
+    while len(times) < iters or (time.perf_counter() - start < min_seconds and len(times) < 10 * iters):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def loop_time(fn: Callable[[], Any], *, n: int = 200, repeats: int = 5) -> float:
+    """Best-of-``repeats`` mean seconds per call over ``n`` back-to-back calls (for overheads)."""
+    for _ in range(3):
+        jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(n):
+            r = fn()
+        jax.block_until_ready(r)
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
+
+
+def tree_nbytes(tree: Any) -> int:
+    return sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
+
+
+def table(rows: Sequence[Sequence[Any]]) -> str:
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def peak_bytes(compiled: Any) -> int | None:
+    """Peak device memory of a compiled executable, where the backend reports it."""
+    try:
+        ma = compiled.memory_analysis()
+    except Exception:
+        return None
+    if ma is None:
+        return None
+    peak = getattr(ma, "peak_memory_in_bytes", None)
+    if peak:
+        return int(peak)
+    return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
