@@ -163,6 +163,11 @@ def is_forward_mode_tracer(x: Any) -> bool:
     return isinstance(x, _ad.JVPTracer)
 
 
+def shaped_abstractify(x: Any) -> Any:
+    """The aval of an array-like or ``jax.ShapeDtypeStruct``."""
+    return _core.shaped_abstractify(x)
+
+
 def single_device_of(sharding: Any) -> Any:
     """The device of a single-device sharding, else None (fast: no set built)."""
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
@@ -187,3 +192,116 @@ def eqn_user_context(eqn: Any) -> Any:
     """A context in which new eqns get ``eqn``'s source info (user file:line, name stack)."""
     name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
     return _siu.user_context(eqn.source_info.traceback, name_stack=name_stack)
+
+
+# ---------------- while-loop primitive support
+# Everything jaxaot.primitives / jaxaot.checkpointing need from JAX's internals.
+# Names are looked up with getattr where JAX has moved them between versions.
+from jax._src import ad_util as _ad_util  # noqa: E402
+from jax._src import dispatch as _dispatch  # noqa: E402
+
+Zero = _ad_util.Zero
+UndefinedPrimal = _ad.UndefinedPrimal
+ShapedArray = _core.ShapedArray
+is_undefined_primal = _ad.is_undefined_primal
+instantiate_zeros = _ad.instantiate_zeros
+primitive_jvps = _ad.primitive_jvps
+primitive_transposes = _ad.primitive_transposes
+custom_partial_eval_rules = _pe.custom_partial_eval_rules
+partial_eval_jaxpr_custom_rules = _pe.partial_eval_jaxpr_custom_rules
+dce_rules = _pe.dce_rules
+primitive_batchers = _batching.primitive_batchers
+register_lowering = _mlir.register_lowering
+lower_fun = _mlir.lower_fun
+JaxprTracer = _pe.JaxprTracer
+PartialVal = _pe.PartialVal
+
+
+def new_loop_primitive(name: str) -> Any:
+    """A multiple-results primitive whose impl compiles its MLIR lowering."""
+    prim = _core.Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(lambda *args, **params: _dispatch.apply_primitive(prim, *args, **params))
+    return prim
+
+
+def in_avals_of(closed: Any) -> list:
+    return list(closed.in_avals)
+
+
+def out_avals_of(closed: Any) -> list:
+    return list(closed.out_avals)
+
+
+def effects_of(closed: Any) -> Any:
+    return closed.effects
+
+
+def join_effects(*effs: Any) -> Any:
+    return _core.join_effects(*effs)
+
+
+def hoist_consts(closed: Any) -> tuple[Any, list]:
+    """``closed`` with its consts turned into leading inputs, and those consts.
+
+    This is closure conversion: tracers a traced function closed over become
+    ordinary operands of the primitive that uses the jaxpr.
+    """
+    consts = consts_of(closed)
+    jaxpr = _pe.convert_constvars_jaxpr(jaxpr_of(closed))
+    return close(jaxpr, []), consts
+
+
+def jvp_jaxpr(closed: Any, nonzeros: Sequence[bool], instantiate: Sequence[bool]) -> tuple[Any, list]:
+    """``(jaxpr, nonzeros_out)``: binders ``[primals, nz tangents] -> [primals, nz tangents]``."""
+    return _ad.jvp_jaxpr(closed, list(nonzeros), list(instantiate))
+
+
+def partial_eval_jaxpr_nounits(closed: Any, unknowns: Sequence[bool], instantiate: Any):
+    """``(known, unknown, out_unknowns, residual_avals)`` split by data dependence."""
+    return _pe.partial_eval_jaxpr_nounits(closed, list(unknowns), instantiate)
+
+
+def dce_closed(closed: Any, used_outputs: Sequence[bool], instantiate: Any = False) -> tuple[Any, list]:
+    """Dead-code-eliminate a closed jaxpr: ``(new closed jaxpr, used_inputs)``."""
+    jaxpr, used = _pe.dce_jaxpr(jaxpr_of(closed), list(used_outputs), instantiate)
+    return close(jaxpr, consts_of(closed)), list(used)
+
+
+def has_effects(eqn: Any) -> bool:
+    return _pe.has_effects(eqn)
+
+
+def backward_pass_closed(closed: Any, primals_in: Sequence[Any], cts_in: Sequence[Any]) -> list:
+    """Transpose a linear closed jaxpr: cotangents for every input (Zero if none)."""
+    return list(_ad.backward_pass(jaxpr_of(closed), False, consts_of(closed), list(primals_in), list(cts_in)))
+
+
+def new_eqn(invars: Sequence[Any], outvars: Sequence[Any], prim: Any, params: dict, effs: Any, like: Any) -> Any:
+    """A new jaxpr eqn with the source info and context of the eqn ``like``."""
+    return _core.new_jaxpr_eqn(list(invars), list(outvars), prim, params, effs, like.source_info, like.ctx)
+
+
+def stage_unknown_eqn(trace: Any, prim: Any, in_tracers: Sequence[Any], out_avals: Sequence[Any],
+                      params: dict, effs: Any) -> list:
+    """Record ``prim(*in_tracers)`` as an unknown eqn of a partial-eval trace."""
+    in_tracers = [trace.instantiate_const(trace.to_jaxpr_tracer(t)) for t in in_tracers]
+    out_tracers = [_pe.JaxprTracer(trace, _pe.PartialVal.unknown(a), None) for a in out_avals]
+    name_stack = _siu.current_name_stack()[len(trace.name_stack):]
+    source = _siu.current().replace(name_stack=name_stack)
+    eqn = _pe.new_eqn_recipe(trace, in_tracers, out_tracers, prim, params, effs, source)
+    for t in out_tracers:
+        t.recipe = eqn
+    return out_tracers
+
+
+def is_known_pval(tracer: Any) -> bool:
+    return tracer.pval.is_known()
+
+
+def known_value(tracer: Any) -> Any:
+    return tracer.pval.get_known()
+
+
+def is_jaxpr_var(x: Any) -> bool:
+    return isinstance(x, _core.Var) and not isinstance(x, _core.DropVar)

@@ -73,6 +73,10 @@ def _leaf_key(x: Any) -> Any:
             if sk is not None:
                 return (x.aval, sk)
         return x.aval
+    if isinstance(x, jax.ShapeDtypeStruct):  # abstract input, for lower()
+        aval = C.shaped_abstractify(x)
+        sk = _sharding_key(x.sharding) if x.sharding is not None else None
+        return aval if sk is None else (aval, sk)
     return jax.typeof(x)
 
 
@@ -86,6 +90,8 @@ def _leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
     for x in leaves:
         if isinstance(x, jax.Array) and not C.is_tracer(x):
             out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type))
+        elif isinstance(x, jax.ShapeDtypeStruct):
+            out.append(x)
         else:
             a = jax.typeof(x)
             out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type))
@@ -452,6 +458,13 @@ class _Training:
         return call
 
 
+def _abstract_call_error(name: str) -> Exception:
+    return InvalidInputError(
+        f"{name} was called with jax.ShapeDtypeStruct inputs: those describe arrays without values. "
+        "Use .lower(...) to compile from shapes alone, or pass arrays to run it."
+    )
+
+
 def _is_none(x: Any) -> bool:
     return x is None
 
@@ -534,7 +547,8 @@ class AOTFunction:
         """The entry for this call's signature, the flat leaves, and the trace kind.
 
         The trace kind is 0 for concrete arrays, 1 for tracers, 2 for forward-mode
-        (``jax.jvp``) tracers. One pass over the leaves: this is the hot path.
+        (``jax.jvp``) tracers, 3 for abstract ``jax.ShapeDtypeStruct`` inputs
+        (only ``lower`` takes those). One pass over the leaves: this is the hot path.
         """
         static, leaves, treedef = self._split(args, kwargs)
         keys = []
@@ -545,6 +559,8 @@ class AOTFunction:
                 continue
             if isinstance(x, C.Tracer):
                 kind = max(kind, 2 if C.is_forward_mode_tracer(x) else 1)
+            elif isinstance(x, jax.ShapeDtypeStruct):
+                kind = 3
             elif not is_array_leaf(x):
                 flatten_checked((args, kwargs), "input", InvalidInputError)  # raises, naming the leaf
             keys.append(_leaf_key(x))
@@ -594,6 +610,8 @@ class AOTFunction:
     # -- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         entry, leaves, kind = self._lookup(args, kwargs)
+        if kind == 3:
+            raise _abstract_call_error(self.__name__)
         if kind == 0:
             outs = entry.infer(leaves)
         elif kind == 2:
@@ -614,7 +632,9 @@ class AOTFunction:
             >>> y, res = f.forward(jnp.ones(3))
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
         """
-        entry, leaves, _ = self._lookup(args, kwargs)
+        entry, leaves, kind = self._lookup(args, kwargs)
+        if kind == 3:
+            raise _abstract_call_error(self.__name__)
         tr = entry.training()
         outs, residuals = tr.forward(leaves)
         return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, tr)

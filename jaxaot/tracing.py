@@ -33,7 +33,7 @@ _SCALAR_TYPES = (bool, int, float, complex, np.generic)
 
 def is_array_leaf(x: Any) -> bool:
     """What jaxaot accepts as a pytree leaf: arrays, tracers and numeric scalars."""
-    return isinstance(x, (jax.Array, np.ndarray, C.Tracer, *_SCALAR_TYPES))
+    return isinstance(x, (jax.Array, np.ndarray, C.Tracer, jax.ShapeDtypeStruct, *_SCALAR_TYPES))
 
 
 def describe_path(prefix: str, path: Sequence[Any]) -> str:

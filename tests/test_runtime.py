@@ -303,3 +303,16 @@ def test_grad_argnums_differentiates_only_those_inputs():
     assert_trees_close(jax.grad(f, argnums=1)(params, x), jax.grad(fn, argnums=1)(params, x))
     names = f.cache_info().entries[0].executables
     assert "forward[0,1,2,3]" in names and "forward[4]" in names
+
+
+def test_lower_from_shapes_alone_then_call_reuses_it():
+    calls: list = []
+    f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum(), fw_compiler=_counting(calls, "c"))
+    low = f.lower(jax.ShapeDtypeStruct((3, 2), jnp.float32), jax.ShapeDtypeStruct((4, 3), jnp.float32))
+    assert low.saved_bytes > 0 and len(calls) == 3
+    w, x = jax.random.normal(fresh_key(), (3, 2)), jnp.ones((4, 3))
+    f(w, x)
+    jaxaot.value_and_grad(f, argnums=(0, 1))(w, x)
+    assert len(calls) == 3 and f.cache_info().misses == 1
+    with pytest.raises(jaxaot.InvalidInputError, match="ShapeDtypeStruct"):
+        f(jax.ShapeDtypeStruct((3, 2), jnp.float32), x)
