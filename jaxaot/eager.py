@@ -60,12 +60,7 @@ def value_and_grad(
         value_leaf = 0
         if not (tr.joint.needs_cotangent[value_leaf] and np.shape(outs[value_leaf]) == ()):
             return fallback(*args, **kwargs)  # let JAX raise its own error for non-scalar outputs
-        part = tr.partition
-        cts = []
-        for i in part.cotangent_outputs:
-            aval = tr.joint.out_avals[i]
-            cts.append(np.ones((), aval.dtype) if i == value_leaf else np.zeros(aval.shape, aval.dtype))
-        grads = tr.backward(residuals, cts)
+        grads = tr.backward(residuals, tr.unit_cotangents(value_leaf))
         dyn, _ = tr.input_grads_tree(grads)
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
         out_tree = jax.tree_util.tree_unflatten(entry.out_tree, outs)

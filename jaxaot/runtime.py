@@ -256,6 +256,12 @@ class AOTLowered:
         parts.append(f"== times: {times} ==")
         return "\n".join(parts)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the split as a graph plus the residual table (:func:`jaxaot.viz.to_html`)."""
+        from jaxaot import viz  # graphviz/matplotlib are optional: import only when displayed
+
+        return viz.to_html(self)
+
 
 def _safe(f: Callable[[], Any]) -> Any:
     try:
@@ -354,6 +360,7 @@ class _Training:
         self._joint: JointGraph | None = None
         self._partition: Partition | None = None
         self._custom_vjp: Callable | None = None
+        self._unit_cts: dict[int, list] = {}
 
     @property
     def joint(self) -> JointGraph:
@@ -421,6 +428,16 @@ class _Training:
         if any(C.is_tracer(x) for x in args):
             return C.eval_closed(self.partition.backward, *args)
         return list(self.backward_exe(*args))
+
+    def unit_cotangents(self, leaf: int) -> list:
+        """Cotangents 1 for output ``leaf`` (a scalar) and 0 elsewhere, made once on device."""
+        cts = self._unit_cts.get(leaf)
+        if cts is None:
+            avals = [self.joint.out_avals[i] for i in self.partition.cotangent_outputs]
+            cts = [jax.numpy.full(a.shape, 1 if i == leaf else 0, a.dtype)
+                   for i, a in zip(self.partition.cotangent_outputs, avals)]
+            self._unit_cts[leaf] = cts
+        return cts
 
     def input_grads_tree(self, grads: Sequence[Any]) -> Any:
         """``(args, kwargs)``-shaped grads; float0 zeros for non-differentiated leaves."""
