@@ -7,8 +7,9 @@ Every forward eqn falls in one of three :class:`Recompute` classes:
   saved key is deterministic). XLA fuses these into their backward consumers,
   so recomputing them costs bandwidth we already pay, not extra kernels.
 * ``EXPENSIVE``: matmuls, convolutions, large reductions, loops, conds,
-  custom_jvp/custom_vjp calls (opaque nodes), sorts, linear algebra, and any
-  primitive we do not know. Banned at ``memory_budget=1``; a knapsack may allow
+  sorts, linear algebra, and any primitive we do not know. A custom_jvp or
+  custom_vjp call is one opaque node, as cheap as its primal body (so
+  ``jax.nn.relu`` is CHEAP). Banned at ``memory_budget=1``; a knapsack may allow
   recomputing them below that.
 * ``NEVER``: effectful eqns, callbacks and custom calls: running them twice is
   observable (or their cost is unknowable), so they are saved, whatever the budget.
@@ -65,6 +66,7 @@ _NEVER = frozenset(
     optimization_barrier device_put rng_uniform create_token after_all get swap addupdate
     new_ref empty_ref free_ref run_state""".split()
 )
+_TRANSPARENT_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "jit", "pjit", "closed_call"})
 # Name fragments of loops, whatever module defines them (jaxaot.while_loop, lax.scan...).
 _LOOP_FRAGMENTS = ("while", "scan", "loop", "fori")
 
@@ -111,6 +113,12 @@ def classify(eqn: Any) -> Recompute:
         return Recompute.NEVER
     if name in _ELEMENTWISE or name in _LAYOUT:
         return Recompute.CHEAP
+    if name in _TRANSPARENT_CALLS:
+        # custom_jvp/custom_vjp rules only matter to differentiation; re-running
+        # the call runs its primal body, as cheap as that body (jax.nn.relu is one).
+        bodies = C.eqn_subjaxprs(eqn)
+        cheap = bodies and all(classify(e) is Recompute.CHEAP for b in bodies for e in C.jaxpr_of(b).eqns)
+        return Recompute.CHEAP if cheap else Recompute.EXPENSIVE
     if name in _REDUCTIONS:
         out = sum(_size(v.aval) for v in eqn.outvars)
         inp = sum(_size(v.aval) for v in eqn.invars)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 from scipy.sparse import csr_array
@@ -259,21 +259,15 @@ def min_cut(graph: FlowGraph, banned: np.ndarray) -> Cut:
 def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarray:
     """Indices of the nodes to save under ``memory_budget`` (see the module doc).
 
-    The budget interpolates between the cheapest cut that recomputes only cheap
-    eqns (1.0) and the cheapest cut at all (0.0, which recomputes every
-    expensive eqn it can and so saves only inputs, or smaller values derived
-    from them). Lower budgets unban a superset of values, so saved bytes never
+    The budget interpolates, in bytes, between the cheapest cut that recomputes
+    only cheap eqns (1.0) and the cheapest cut at all (0.0: it recomputes every
+    expensive eqn that saves bytes, so it keeps only inputs, or smaller values
+    derived from them). Expensive values are unbanned in knapsack order, as few
+    as reach the target; a lower budget unbans a superset, so saved bytes never
     grow as the budget shrinks.
     """
     never = (graph.kind == NEVER) | (graph.kind == INPUT)
-    expensive = graph.kind == EXPENSIVE
-    if memory_budget >= 1:
-        return min_cut(graph, never | expensive).saved
-    candidates = np.flatnonzero(expensive & graph.ancestors_of_needed)
-    optimal = cut_value(graph, never | expensive)
-    floor = cut_value(graph, never)
-    if memory_budget <= 0 or floor >= optimal or len(candidates) == 0:
-        return min_cut(graph, never).saved
+    candidates = np.flatnonzero((graph.kind == EXPENSIVE) & graph.ancestors_of_needed)
     order = candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.flops[candidates])]
 
     def banned_after_unbanning(k: int) -> np.ndarray:
@@ -281,6 +275,10 @@ def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarr
         banned[order[k:]] = True
         return banned
 
+    if memory_budget >= 1 or len(order) == 0:
+        return min_cut(graph, banned_after_unbanning(0)).saved
+    optimal = cut_value(graph, banned_after_unbanning(0))
+    floor = cut_value(graph, never)
     target = floor + memory_budget * (optimal - floor)
     k = knapsack.smallest_feasible_prefix(lambda k: cut_value(graph, banned_after_unbanning(k)), len(order), target)
     return min_cut(graph, banned_after_unbanning(k)).saved
@@ -318,8 +316,8 @@ def min_cut_rematerialization_partition(
         >>> joint = jaxaot.trace_joint(f, jnp.ones(1000))
         >>> [r.source for r in jaxaot.min_cut_rematerialization_partition(joint).residuals]
         ['input']
-        >>> [r.source for r in jaxaot.default_partition(joint).residuals]
-        ['temporary', 'temporary']
+        >>> len(jaxaot.default_partition(joint).residuals)
+        3
     """
     if not 0.0 <= memory_budget <= 1.0:
         raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
@@ -329,7 +327,10 @@ def min_cut_rematerialization_partition(
     rewritten = scan_remat.rewrite_primal(joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
     if rewritten is joint.primal:
         return part
-    rejoint = build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals)
+    rejoint = build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals,
+                          differentiated=joint.differentiable)
+    if (rejoint.differentiable, rejoint.needs_cotangent) != (joint.differentiable, joint.needs_cotangent):
+        return part  # pragma: no cover - the rewrite keeps avals, so this cannot differ
     repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
     # Scan bodies may only save values they can name (not JAX's linearization
     # temporaries), which is almost never worse; keep whichever saves less.

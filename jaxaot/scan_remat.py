@@ -43,10 +43,6 @@ _TAG = "jaxaot_scan"
 _uid = itertools.count()
 
 
-def has_scan(closed: Any) -> bool:
-    return any(e.primitive.name == "scan" for e in C.jaxpr_of(closed).eqns)
-
-
 def _avals(vars_: Sequence[Any]) -> list:
     return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=getattr(v.aval, "weak_type", False))
             for v in vars_]
@@ -150,8 +146,9 @@ def rewrite_primal(closed: Any, choose: Chooser) -> Any:
 
     Returns ``closed`` itself when there is nothing to rewrite.
 
-    Hook for the runtime: apply this to ``_Entry.primal`` before ``build_joint``
-    (the min-cut partitioner also does it itself by re-tracing the joint graph).
+    The min-cut partitioner calls it itself and re-traces the joint graph, so
+    no runtime hook is needed; a runtime that wants to skip the re-trace can
+    apply :func:`jaxaot.min_cut.rewrite_primal` to the primal before ``build_joint``.
     """
     jaxpr = C.jaxpr_of(closed)
     plans = {id(e): plan_scan(e, choose) for e in jaxpr.eqns if e.primitive.name == "scan"}

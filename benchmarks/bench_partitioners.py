@@ -1,0 +1,204 @@
+"""Partitioner benchmark: jaxaot's min-cut against its default partition and plain JAX.
+
+For each model of the zoo (a gelu MLP, one transformer block, a 12-layer
+GPT-2-small-shaped model whose layers are stacked with ``lax.scan``, a ResNet
+block with batch norm) it prints, side by side from one run:
+
+* residual bytes (everything the forward hands the backward, inputs included),
+* fwd+bwd step time (median, ``block_until_ready``),
+* compiled peak memory (``memory_analysis()``; the larger of forward and
+  backward for split programs),
+
+for jaxaot(min-cut), jaxaot(default), ``jax.fwd_and_bwd``,
+``jax.checkpoint(policy=dots_saveable)`` (split with ``fwd_and_bwd``) and the
+fused ``jax.jit(jax.value_and_grad)``, with bytes as a ratio to
+``jax.fwd_and_bwd`` and times as a ratio to the fused program.
+
+Usage: ``python benchmarks/bench_partitioners.py [--small] [--out FILE] [--only NAME]``
+(``--small``: CPU-sized models in f32; the default sizes are the GPU ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+import jaxaot
+from jaxaot import examples
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from harness import fmt_bytes, header, median_time, peak_bytes, table, tree_nbytes  # noqa: E402
+
+
+# --------------------------------------------------------------------------- resnet block
+def resnet_init(key: jax.Array, *, channels: int, dtype: Any):
+    ks = jax.random.split(key, 2)
+    s = (9 * channels) ** -0.5
+    conv = lambda k: (jax.random.normal(k, (3, 3, channels, channels)) * s).astype(dtype)  # noqa: E731
+    bn = lambda: {"scale": jnp.ones(channels, dtype), "bias": jnp.zeros(channels, dtype)}  # noqa: E731
+    return {"conv1": conv(ks[0]), "bn1": bn(), "conv2": conv(ks[1]), "bn2": bn()}
+
+
+def _batch_norm(x, p):
+    xf = x.astype(jnp.float32)
+    mu = xf.mean((0, 1, 2))
+    var = ((xf - mu) ** 2).mean((0, 1, 2))
+    return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]).astype(x.dtype)
+
+
+def _conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def resnet_loss(p: Any, x: jax.Array) -> jax.Array:
+    h = jax.nn.relu(_batch_norm(_conv(x, p["conv1"]), p["bn1"]))
+    h = _batch_norm(_conv(h, p["conv2"]), p["bn2"])
+    return jnp.mean(jax.nn.relu(h + x).astype(jnp.float32) ** 2)
+
+
+# --------------------------------------------------------------------------- zoo
+# Sizes: (mlp width, depth, batch), (block batch, seq, width, heads), (gpt batch, seq, width, heads), resnet NHWC.
+SIZES = {
+    "small": dict(dtype=jnp.float32, mlp=(256, 4, 128), block=(2, 128, 128, 4), gpt=(2, 64, 64, 4),
+                  resnet=(8, 16, 16, 32)),
+    "full": dict(dtype=jnp.bfloat16, mlp=(4096, 8, 1024), block=(8, 1024, 1024, 16), gpt=(8, 1024, 768, 12),
+                 resnet=(32, 56, 56, 64)),
+}
+
+
+def models(small: bool) -> dict[str, tuple[Callable, tuple]]:
+    """name -> (loss, args) for the four models, CPU-sized when ``small``."""
+    sz = SIZES["small" if small else "full"]
+    dt, dname = sz["dtype"], jnp.dtype(sz["dtype"]).name
+    key = jax.random.key(0)
+    k1, k2 = jax.random.split(jax.random.key(1))
+    width, depth, batch = sz["mlp"]
+    bb, bt, bd, bh = sz["block"]
+    gb, gt, gd, gh = sz["gpt"]
+    n, h, w, c = sz["resnet"]
+    return {
+        f"mlp-gelu ({depth}x{width}, batch {batch}, {dname})": (
+            examples.mlp_loss, examples.mlp_init(key, width=width, depth=depth, batch=batch, dtype=dt)),
+        f"transformer block ({bb}x{bt}x{bd}, {dname})": (
+            lambda p, x: jnp.mean(examples.block_apply(p, x, bh).astype(jnp.float32) ** 2),
+            (examples.block_init(key, width=bd, heads=bh, dtype=dt), jax.random.normal(k1, (bb, bt, bd), dt))),
+        f"gpt 12 layers scanned ({gb}x{gt}x{gd}, {dname})": (
+            lambda p, x: examples.gpt_loss(p, x, heads=gh),
+            (examples.gpt_init(key, layers=12, width=gd, heads=gh, dtype=dt), jax.random.normal(k2, (gb, gt, gd), dt))),
+        f"resnet block + batch norm ({n}x{h}x{w}x{c}, {dname})": (
+            resnet_loss, (resnet_init(key, channels=c, dtype=dt), jax.random.normal(k1, (n, h, w, c), dt))),
+    }
+
+
+# --------------------------------------------------------------------------- methods
+class Result:
+    def __init__(self, name: str, step: Callable[[], Any], residual_bytes: int | None, peak: int | None):
+        self.name, self.step, self.residual_bytes, self.peak = name, step, residual_bytes, peak
+        self.time: float | None = None
+
+
+def _max_peak(*compiled: Any) -> int | None:
+    peaks = [p for p in (peak_bytes(c) for c in compiled) if p is not None]
+    return max(peaks) if peaks else None
+
+
+def jaxaot_method(name: str, loss: Callable, args: tuple, partition_fn: Callable) -> Result:
+    aot = jaxaot.aot_function(loss, partition_fn=partition_fn)
+    low = aot.lower(*args)
+    one = jnp.ones((), jnp.float32)
+
+    def step():
+        _, res = aot.forward(*args)
+        return aot.backward(res, one)
+
+    return Result(name, step, low.saved_bytes, _max_peak(*(low.executables[k] for k in ("forward", "backward"))))
+
+
+def split_method(name: str, loss: Callable, args: tuple) -> Result:
+    argnums = tuple(range(len(args)))
+    fwd, bwd = jax.fwd_and_bwd(loss, argnums=argnums)
+    out, res = fwd(*args)
+    ct = jnp.ones_like(out)
+
+    def step():
+        _, r = fwd(*args)
+        return bwd(r, ct)
+
+    peak = _max_peak(fwd.lower(*args).compile(), bwd.lower(res, ct).compile())
+    return Result(name, step, tree_nbytes(res), peak)
+
+
+def fused_method(loss: Callable, args: tuple) -> Result:
+    fused = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args)))))
+    return Result("jit(value_and_grad)", lambda: fused(*args), None, _max_peak(fused.lower(*args).compile()))
+
+
+def methods(loss: Callable, args: tuple) -> list[Result]:
+    ckpt = jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable)
+    return [
+        jaxaot_method("jaxaot (min-cut)", loss, args, jaxaot.min_cut_rematerialization_partition),
+        jaxaot_method("jaxaot (default)", loss, args, jaxaot.default_partition),
+        split_method("jax.fwd_and_bwd", loss, args),
+        split_method("checkpoint(dots_saveable)", ckpt, args),
+        fused_method(loss, args),
+    ]
+
+
+def _grads(result: Result) -> list:
+    out = result.step()
+    grads = out[1] if result.name == "jit(value_and_grad)" else out
+    return [jnp.asarray(g, jnp.float32) for g in jax.tree_util.tree_leaves(grads)]
+
+
+def check_grads(results: list[Result], name: str) -> None:
+    ref = _grads(results[-1])
+    for r in results[:-1]:
+        for g, want in zip(_grads(r), ref):
+            err = float(jnp.linalg.norm(g - want) / (jnp.linalg.norm(want) + 1e-30))
+            if err > 2e-2:
+                raise AssertionError(f"{name}: {r.name} gradients differ from the fused program's ({err:.2e})")
+
+
+def bench_model(name: str, loss: Callable, args: tuple, *, iters: int) -> str:
+    results = methods(loss, args)
+    check_grads(results, name)
+    for r in results:
+        r.time = median_time(r.step, iters=iters)
+    split = next(r for r in results if r.name == "jax.fwd_and_bwd")
+    fused = results[-1]
+    rows = []
+    for r in results:
+        ratio_b = "-" if r.residual_bytes is None else f"{r.residual_bytes / split.residual_bytes:.2f}"
+        rows.append((r.name, fmt_bytes(r.residual_bytes), ratio_b, f"{r.time * 1e3:.3f}", f"{r.time / fused.time:.2f}",
+                     fmt_bytes(r.peak)))
+    head = ("program", "residuals", "x fwd_and_bwd", "step ms", "x fused", "peak mem")
+    return f"## {name}\n" + table([head, *rows])
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="CPU-sized models (f32)")
+    ap.add_argument("--out", help="also write the report to this file")
+    ap.add_argument("--only", help="run only the models whose name contains this")
+    ap.add_argument("--iters", type=int, default=20, help="timed steps per program (median)")
+    a = ap.parse_args(argv)
+    parts = [header("bench_partitioners: min-cut vs default partition vs plain JAX")]
+    print(parts[0], flush=True)
+    for name, (loss, args) in models(a.small).items():
+        if a.only and a.only not in name:
+            continue
+        parts.append(bench_model(name, loss, args, iters=a.iters))
+        print(parts[-1] + "\n", flush=True)
+    report = "\n\n".join(parts) + "\n"
+    if a.out:
+        pathlib.Path(a.out).write_text(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Recomputation classes and FLOP estimates of jaxaot.cost_model, and the knapsack helpers."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jaxaot import cost_model, knapsack
+from jaxaot.cost_model import Recompute
+
+
+def _flat(eqns):
+    for e in eqns:
+        if e.primitive.name == "jit":  # jnp functions wrap themselves in jit
+            yield from _flat(e.params["jaxpr"].jaxpr.eqns)
+        else:
+            yield e
+
+
+def eqns_of(fn, *args):
+    return list(_flat(jax.make_jaxpr(fn)(*args).jaxpr.eqns))
+
+
+def only_eqn(fn, *args, name=None):
+    eqns = [e for e in eqns_of(fn, *args) if name is None or e.primitive.name == name]
+    assert eqns, f"no {name} eqn"
+    return eqns[0]
+
+
+X = jnp.ones((8, 16))
+
+
+@pytest.mark.parametrize("fn", [jnp.sin, jnp.tanh, lambda x: x * 2.0, lambda x: x.astype(jnp.bfloat16),
+                                lambda x: x.reshape(16, 8), lambda x: jnp.where(x > 0, x, 0.0), lambda x: x.T,
+                                lambda x: jnp.broadcast_to(x, (2, 8, 16)), lambda x: x.sum(-1, keepdims=True) * 0 + x])
+def test_fusible_ops_are_cheap(fn):
+    for e in eqns_of(fn, X):
+        if e.primitive.name != "reduce_sum":
+            assert cost_model.classify(e) is Recompute.CHEAP, e
+
+
+def test_reductions_are_cheap_only_when_they_shrink_little():
+    assert cost_model.classify(only_eqn(lambda x: x.sum(), X)) is Recompute.EXPENSIVE
+    pairs = jnp.ones((8, 16, 2))
+    assert cost_model.classify(only_eqn(lambda x: x.sum(-1), pairs)) is Recompute.CHEAP
+
+
+@pytest.mark.parametrize("fn,args", [
+    (jnp.dot, (X, X.T)),
+    (lambda x: lax.conv_general_dilated(x, jnp.ones((3, 3, 16, 4)), (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC")), (jnp.ones((1, 8, 8, 16)),)),
+    (lambda x: lax.scan(lambda c, y: (c + y, None), x[0], x)[0], (X,)),
+    (lambda x: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (0, x))[1], (X,)),
+    (lambda x: lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x), (X,)),
+    (lambda x: jnp.sort(x, axis=-1), (X,)),
+])
+def test_heavy_ops_are_expensive(fn, args):
+    names = {"dot_general", "conv_general_dilated", "scan", "while", "cond", "sort"}
+    eqn = next(e for e in eqns_of(fn, *args) if e.primitive.name in names)
+    assert cost_model.classify(eqn) is Recompute.EXPENSIVE
+
+
+def test_effects_and_callbacks_are_never_recomputed():
+    def f(x):
+        jax.debug.print("{}", x[0, 0])
+        return jax.pure_callback(lambda v: v, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    classes = {e.primitive.name: cost_model.classify(e) for e in eqns_of(f, X)}
+    assert classes["debug_print"] is Recompute.NEVER or classes.get("debug_callback") is Recompute.NEVER
+    assert classes["pure_callback"] is Recompute.NEVER
+
+
+def test_custom_jvp_is_as_cheap_as_its_body():
+    relu = only_eqn(jax.nn.relu, X, name="custom_jvp_call")
+    assert cost_model.classify(relu) is Recompute.CHEAP
+
+    @jax.custom_jvp
+    def heavy(x):
+        return x @ x.T
+
+    heavy.defjvp(lambda p, t: (heavy(p[0]), t[0] @ p[0].T + p[0] @ t[0].T))
+    assert cost_model.classify(only_eqn(heavy, X, name="custom_jvp_call")) is Recompute.EXPENSIVE
+
+
+@pytest.mark.parametrize("name", ["while_loop", "while_loop_stack_output", "scan"])
+def test_loops_of_future_modules_match_by_name(name):
+    # jaxaot's own loop primitives may not exist yet: an eqn-shaped stand-in.
+    aval = jax.ShapeDtypeStruct((4,), jnp.float32)
+    var = types.SimpleNamespace(aval=aval)
+    eqn = types.SimpleNamespace(primitive=types.SimpleNamespace(name=name), effects=frozenset(), params={},
+                                invars=[var], outvars=[var])
+    assert cost_model.is_loop(name)
+    assert cost_model.classify(eqn) is Recompute.EXPENSIVE
+
+
+def test_random_bits_on_a_key_are_cheap():
+    eqns = eqns_of(lambda k: jax.random.uniform(k, (4, 4)), jax.random.key(0))
+    bits = [e for e in eqns if e.primitive.name in ("random_bits", "threefry2x32")]
+    assert bits and all(cost_model.classify(e) is Recompute.CHEAP for e in bits)
+
+
+def test_flops():
+    assert cost_model.flops(only_eqn(jnp.dot, X, X.T)) == 2 * 8 * 8 * 16
+    conv = only_eqn(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                                          dimension_numbers=("NHWC", "HWIO", "NHWC")),
+                    jnp.ones((1, 8, 8, 16)), jnp.ones((3, 3, 16, 4)))
+    assert cost_model.flops(conv) == 2 * (8 * 8 * 4) * (3 * 3 * 16)
+    scan = only_eqn(lambda x: lax.scan(lambda c, y: (c @ y, None), x[0], jnp.stack([x.T @ x] * 5))[0], X,
+                    name="scan")
+    assert cost_model.flops(scan) == 5 * 2 * 16 * 16
+    assert cost_model.flops(only_eqn(jnp.exp, X)) > cost_model.flops(only_eqn(lambda x: x + 1.0, X))
+
+
+def test_nbytes():
+    assert cost_model.nbytes(jax.ShapeDtypeStruct((3, 4), jnp.bfloat16)) == 24
+    assert cost_model.nbytes(object()) == 0
+
+
+def test_knapsack_order_and_prefix():
+    order = knapsack.recompute_order(np.array([100, 100, 10, 0]), np.array([1e6, 1e2, 1e6, 5.0]))
+    assert order.tolist() == [1, 0, 2, 3]  # cheapest per byte first; zero-byte items last
+    assert knapsack.smallest_feasible_prefix(lambda k: 10 - k, 10, 10) == 0
+    assert knapsack.smallest_feasible_prefix(lambda k: 10 - k, 10, 0) == 10
+    probes = []
+    knapsack.smallest_feasible_prefix(lambda k: probes.append(k) or 1000 - k, 1000, 500)
+    assert len(probes) <= 11
