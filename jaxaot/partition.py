@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Iterable, Sequence
+from collections.abc import Sequence
+from typing import Any, Iterable
 
 import jax
 import numpy as np
@@ -111,7 +112,7 @@ class Partition:
     saved_outputs: tuple[int, ...]
     grad_inputs: tuple[int, ...]
     residuals: tuple[Residual, ...]
-    recomputed: tuple[str, ...] = ()
+    recomputed: Sequence[str] = ()
 
     @property
     def saved_bytes(self) -> int:
@@ -153,10 +154,43 @@ def _needed_eqns(eqns: Sequence[Any], wanted: Iterable[Any], available: set, kee
     return chosen, needed
 
 
+def _aval_str(v: Any) -> str:
+    a = v.aval
+    return f"{getattr(a.dtype, 'name', a.dtype)}{list(getattr(a, 'shape', ()))}"
+
+
 def _describe(eqn: Any) -> str:
-    outs = " ".join(str(v) for v in eqn.outvars)
-    ins = " ".join(str(v) for v in eqn.invars)
-    return f"{outs} = {eqn.primitive} {ins}  @ {C.eqn_source(eqn)}"
+    outs = ", ".join(_aval_str(v) for v in eqn.outvars)
+    ins = ", ".join(_aval_str(v) for v in eqn.invars)
+    return f"{outs} = {eqn.primitive}({ins})  @ {C.eqn_source(eqn)}"
+
+
+class EqnDescriptions(Sequence):
+    """A read-only sequence of eqn descriptions, formatted only when read.
+
+    Formatting (source lines above all) dominates partitioning time on large
+    graphs, and most callers never look.
+    """
+
+    def __init__(self, eqns: Sequence[Any] = ()):
+        self._eqns = tuple(eqns)
+
+    def __len__(self) -> int:
+        return len(self._eqns)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [_describe(e) for e in self._eqns[i]]
+        return _describe(self._eqns[i])
+
+    def __eq__(self, other: Any) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(id(e) for e in self._eqns))
+
+    def __repr__(self) -> str:
+        return f"EqnDescriptions({list(self)!r})"
 
 
 def split_joint(joint: JointGraph, saved: Iterable[Any]) -> Partition:
@@ -242,7 +276,7 @@ def split_joint(joint: JointGraph, saved: Iterable[Any]) -> Partition:
         saved_outputs=tuple(output_pos[v] for v in saved_out),
         grad_inputs=joint.grad_inputs,
         residuals=residuals,
-        recomputed=tuple(_describe(e) for e in recomputed),
+        recomputed=EqnDescriptions(recomputed),
     )
 
 

@@ -89,7 +89,8 @@ def _leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
     out = []
     for x in leaves:
         if isinstance(x, jax.Array) and not C.is_tracer(x):
-            out.append(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type))
+            a = x.aval  # typed PRNG keys have no .weak_type of their own
+            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=x.sharding, weak_type=a.weak_type))
         elif isinstance(x, jax.ShapeDtypeStruct):
             out.append(x)
         else:
@@ -100,7 +101,7 @@ def _leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
 
 def _fmt_key(k: Any) -> str:
     shape, dtype, weak, _ = _key_parts(k)
-    name = np.dtype(dtype).name
+    name = getattr(dtype, "name", str(dtype))
     short = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "i32",
              "int64": "i64", "bool": "bool", "uint8": "u8", "int8": "i8", "complex64": "c64"}.get(name, name)
     return f"{short}[{','.join(map(str, shape))}]" + ("{weak}" if weak and shape != () else "")
@@ -223,7 +224,7 @@ class AOTLowered:
 
     @property
     def recomputed(self) -> tuple[str, ...]:
-        return self.partition.recomputed
+        return tuple(self.partition.recomputed)
 
     def memory_analysis(self) -> dict[str, Any]:
         """Per executable, the backend's memory analysis (None where unavailable)."""

@@ -316,3 +316,13 @@ def test_lower_from_shapes_alone_then_call_reuses_it():
     assert len(calls) == 3 and f.cache_info().misses == 1
     with pytest.raises(jaxaot.InvalidInputError, match="ShapeDtypeStruct"):
         f(jax.ShapeDtypeStruct((3, 2), jnp.float32), x)
+
+
+def test_typed_prng_key_inputs():
+    def f(key, x):
+        return jnp.sum(x * jax.random.normal(key, x.shape))
+
+    key, x = jax.random.key(3), jnp.arange(4.0)
+    aot = jaxaot.aot_function(f)
+    assert_trees_close(aot(key, x), f(key, x))
+    assert_trees_close(jax.grad(aot, argnums=1)(key, x), jax.grad(f, argnums=1)(key, x))
