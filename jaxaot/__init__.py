@@ -29,10 +29,15 @@ from jaxaot.partitioners import default_partition
 from jaxaot.min_cut import min_cut_rematerialization_partition
 from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
 from jaxaot.tracing import JointGraph, trace_joint
+from jaxaot import primitives  # while-loop primitives
+from jaxaot.while_loop import while_loop, while_loop_stack_output  # jaxaot.while_loop is the function
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "primitives",
+    "while_loop",
+    "while_loop_stack_output",
     "AOTFunction",
     "AOTLowered",
     "CacheInfo",

@@ -34,3 +34,62 @@ class NoDifferentiationRuleError(JaxaotError, NotImplementedError):
 
 class PartitionError(JaxaotError, ValueError):
     """A partitioner produced, or was asked for, an impossible split."""
+
+
+class LoopFunctionError(JaxaotError, TypeError):
+    """A while loop's ``cond_fun`` / ``body_fun`` is not callable or returns the wrong type."""
+
+
+class LoopCarryMismatchError(JaxaotError, TypeError):
+    """``body_fun`` returned a carry whose structure, shape or dtype differs from ``init_val``."""
+
+
+class InvalidLoopOptionError(JaxaotError, TypeError, ValueError):
+    """``max_steps`` or ``checkpoints`` is not a positive integer."""
+
+
+class ReverseModeBoundError(JaxaotError, ValueError):
+    """A while loop was reverse-differentiated without a bound on its stack."""
+
+
+class LoopOverflowError(JaxaotError, RuntimeError):
+    """A while loop ran more iterations than its ``max_steps`` (raised at run time)."""
+
+
+class LossOutputError(JaxaotError, ValueError):
+    """``aot_export_module(..., trace_joint=True)`` has no usable loss output.
+
+    No ``output_loss_index``, an index out of range, a loss that is not a scalar
+    or does not depend on the parameters, or another output that does depend on
+    them (the messages are PyTorch's).
+    """
+
+
+# ---------------------------------------------------------------- export and cache
+class NotExportableError(JaxaotError, ValueError):
+    """``jaxaot.export`` met something it cannot serialize.
+
+    A host callback (``jax.debug.callback``, ``io_callback``, ``pure_callback``),
+    a pytree node the manifest cannot describe, or a program ``jax.export``
+    refuses; the message names the cause and where it comes from.
+    """
+
+
+class ArtifactError(JaxaotError, ValueError):
+    """A saved artifact is missing, unreadable or corrupt (checksum mismatch)."""
+
+
+class ArtifactVersionError(ArtifactError):
+    """A saved artifact comes from an incompatible jaxaot, format or jax version."""
+
+
+class ArtifactInputError(JaxaotError, TypeError):
+    """A loaded artifact got inputs (or residuals) of the wrong structure, shape or dtype."""
+
+
+class CacheWarning(UserWarning):
+    """A persistent-cache entry was corrupt or could not be read or written.
+
+    The cache never fails a call: the entry is rebuilt (or caching is skipped)
+    and the warning is issued once per file.
+    """

@@ -1,0 +1,168 @@
+"""Reverse-mode gradient of a while loop: jaxaot's memory modes against lax.scan and equinox.
+
+A tanh-MLP ODE, ``x <- x + dt * tanh(x @ W + b)``, run for a trip count that is a
+run-time value (batch 256, width 1024, 2000 steps by default). For each variant
+it times ``jit(grad(loss))`` (median of several runs) and reads the compiled
+program's memory use from ``compiled.memory_analysis()``; ratios are against
+``lax.scan`` with the length known at trace time, the ideal. equinox's
+checkpointed and bounded while loops are included when equinox is importable.
+
+Usage:
+    python benchmarks/bench_while_loop.py            # the GPU benchmark
+    python benchmarks/bench_while_loop.py --small    # a quick CPU run, written to benchmarks/results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from jaxaot.checkpointing import revolve_counts  # noqa: E402
+from jaxaot.while_loop import dynamic_capacity, while_loop  # noqa: E402
+
+DT = 0.05
+
+
+def step(x, w, b):
+    return x + DT * jnp.tanh(x @ w + b)
+
+
+def loss_scan(w, b, x, n_static: int):
+    return jnp.sum(lax.scan(lambda c, _: (step(c, w, b), None), x, None, length=n_static)[0] ** 2)
+
+
+def loss_jaxaot(w, b, x, n, **kw):
+    out = while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1], w, b)), (jnp.int32(0), x), **kw)
+    return jnp.sum(out[1] ** 2)
+
+
+def loss_equinox(w, b, x, n, kind: str, max_steps: int, checkpoints: int | None):
+    import equinox as eqx
+
+    out = eqx.internal.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1], w, b)), (jnp.int32(0), x),
+                                  kind=kind, max_steps=max_steps, checkpoints=checkpoints)
+    return jnp.sum(out[1] ** 2)
+
+
+def variants(steps: int, k: int) -> dict[str, Callable[..., Any]]:
+    capacity = 1 << (steps - 1).bit_length()  # what the runtime's doubling would settle on
+
+    def dynamic(w, b, x, n):
+        with dynamic_capacity(capacity):
+            return jax.grad(loss_jaxaot, argnums=(0, 1, 2))(w, b, x, n)
+
+    out = {
+        "lax.scan (known length)": lambda w, b, x, n: jax.grad(loss_scan, argnums=(0, 1, 2))(w, b, x, steps),
+        f"jaxaot max_steps={steps}": lambda w, b, x, n: jax.grad(loss_jaxaot, argnums=(0, 1, 2))(
+            w, b, x, n, max_steps=steps),
+        f"jaxaot checkpoints={k}": lambda w, b, x, n: jax.grad(loss_jaxaot, argnums=(0, 1, 2))(
+            w, b, x, n, checkpoints=k),
+        f"jaxaot dynamic capacity={capacity}": dynamic,
+    }
+    try:
+        import equinox  # noqa: F401
+    except ImportError:
+        return out
+    out[f"equinox checkpointed k={k}"] = lambda w, b, x, n: jax.grad(loss_equinox, argnums=(0, 1, 2))(
+        w, b, x, n, "checkpointed", None, k)
+    out[f"equinox bounded max_steps={steps}"] = lambda w, b, x, n: jax.grad(loss_equinox, argnums=(0, 1, 2))(
+        w, b, x, n, "bounded", steps, None)
+    return out
+
+
+def _peak_bytes(compiled: Any) -> tuple[float, float]:
+    """(temporaries, temporaries + arguments + outputs) in MiB, if the backend says."""
+    try:
+        m = compiled.memory_analysis()
+        temp = m.temp_size_in_bytes
+        total = temp + m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+        return temp / 2**20, total / 2**20
+    except Exception:  # pragma: no cover - not every backend reports memory
+        return float("nan"), float("nan")
+
+
+def measure(fn: Callable, args: tuple, repeats: int) -> tuple[float, float, float, Any]:
+    compiled = jax.jit(fn).lower(*args).compile()
+    out = jax.block_until_ready(compiled(*args))  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t0)
+    temp, total = _peak_bytes(compiled)
+    return statistics.median(times), temp, total, out
+
+
+def header() -> str:
+    dev = jax.devices()[0]
+    return (f"# while_loop reverse-mode benchmark, {datetime.datetime.now().isoformat(timespec='seconds')}\n"
+            f"# machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs), "
+            f"device: {dev.platform} {getattr(dev, 'device_kind', '')}\n"
+            f"# jax {jax.__version__}, python {platform.python_version()}\n")
+
+
+def run(batch: int, width: int, steps: int, k: int, repeats: int) -> str:
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    w = jax.random.normal(keys[0], (width, width)) / jnp.sqrt(width)
+    b = jax.random.normal(keys[1], (width,)) * 0.1
+    x = jax.random.normal(keys[2], (batch, width))
+    args = (w, b, x, jnp.int32(steps))
+    lines = [header(), f"# batch {batch}, width {width}, steps {steps} (a run-time trip count), checkpoints {k}\n",
+             f"{'variant':40s} {'grad ms':>10s} {'x scan':>8s} {'temp MiB':>10s} {'total MiB':>10s} {'max err':>10s}"]
+    base_time, ref = None, None
+    for name, fn in variants(steps, k).items():
+        try:
+            t, temp, total, out = measure(fn, args, repeats)
+        except Exception as err:  # keep the table going; say why a variant is missing
+            lines.append(f"{name:40s} failed: {type(err).__name__}: {str(err)[:80]}")
+            continue
+        if base_time is None:
+            base_time, ref = t, out
+        err = max(float(jnp.max(jnp.abs(a - r))) for a, r in zip(out, ref))
+        lines.append(f"{name:40s} {t * 1e3:10.2f} {t / base_time:8.2f} {temp:10.1f} {total:10.1f} {err:10.2e}")
+    lines.append("")
+    lines.append("# revolve counts: forward body evaluations (VJPs not counted) vs the optimum r*n - C(k+r, r-1)")
+    for n, kk in ((steps, k), (1000, 10)):
+        c = revolve_counts(n, kk)
+        lines.append(f"n={n:5d} k={kk:3d}: forward {c.forward:7d}  optimum {c.optimum:7d}  ratio {c.ratio:.3f}  "
+                     f"(+{c.vjps} VJPs: {c.forward + c.vjps} body evaluations in all)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--small", action="store_true", help="quick CPU sizes; writes benchmarks/results/")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--checkpoints", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=None, help="also write the table to this file")
+    a = p.parse_args(argv)
+    if a.small:
+        a.batch, a.width, a.steps, a.checkpoints, a.repeats = 16, 64, 200, 10, 3
+    text = run(a.batch, a.width, a.steps, a.checkpoints, a.repeats)
+    print(text)
+    out = a.out
+    if out is None and a.small:
+        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+        out = os.path.join(here, f"while_loop_{jax.devices()[0].platform}_{datetime.date.today().isoformat()}.txt")
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

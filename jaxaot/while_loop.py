@@ -1,0 +1,307 @@
+"""``while_loop`` you can differentiate in reverse mode, and its stacking variant.
+
+``jaxaot.while_loop`` is a drop-in replacement for ``jax.lax.while_loop`` with the
+same forward semantics; ``max_steps`` / ``checkpoints`` only say how its reverse
+mode stores the carries (see Note [while_loop autograd] in
+:mod:`jaxaot.primitives`):
+
+* ``max_steps=N``: stack up to N iterations' residuals; a loop that runs longer
+  is a run-time :class:`~jaxaot.errors.LoopOverflowError` under reverse mode.
+* ``checkpoints=k``: keep k carry snapshots and recompute between them
+  (binomial checkpointing, :mod:`jaxaot.checkpointing`).
+* neither: only inside :func:`dynamic_capacity` (which the runtime uses to size
+  the stack itself); elsewhere reverse mode raises
+  :class:`~jaxaot.errors.ReverseModeBoundError`.
+
+Example:
+    >>> import jax, jax.numpy as jnp, jaxaot
+    >>> def f(x):
+    ...     return jaxaot.while_loop(lambda c: c[1] < 10.0, lambda c: (c[0] + 1, c[1] * x), (0, 1.0), max_steps=64)
+    >>> jax.grad(lambda x: f(x)[1])(2.0)
+    Array(32., dtype=float32, weak_type=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxaot import _compat as C
+from jaxaot import primitives as P
+from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- argument checks
+def _check_callable(name: str, fn: Any) -> None:
+    if not callable(fn):
+        raise LoopFunctionError(f"while_loop: {name} must be callable, got {type(fn).__name__} ({fn!r:.60}).")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidLoopOptionError(
+            f"while_loop: {name} must be a positive Python int or None, got {type(value).__name__} {value!r}."
+        )
+    if value < 1:
+        raise InvalidLoopOptionError(f"while_loop: {name} must be a positive int, got {value}.")
+
+
+def _fmt(aval: Any) -> str:
+    weak = "{weak}" if getattr(aval, "weak_type", False) else ""
+    return f"{np.dtype(aval.dtype).name}{list(aval.shape)}{weak}"
+
+
+def _leaf_paths(tree: Any) -> list[str]:
+    return ["init_val" + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _as_array(x: Any) -> Any:
+    # Keeps Python scalars weakly typed, as lax.while_loop does.
+    return x if isinstance(x, (jax.Array, C.Tracer)) else jnp.asarray(x)
+
+
+# --------------------------------------------------------------------------- tracing
+def _trace_fn(fn: Callable, treedef: Any, avals: list, what: str):
+    """Trace ``fn(carry)`` on carry ``avals``: ``(closed jaxpr with consts as leading
+    inputs, consts, output treedef)``."""
+    box: list = []
+
+    def flat(*leaves):
+        out = fn(jax.tree_util.tree_unflatten(treedef, list(leaves)))
+        out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+        box.append(out_tree)
+        return [_as_array(x) for x in out_leaves]
+
+    closed = jax.make_jaxpr(flat)(*[P._sds(a) for a in avals])
+    jaxpr, consts = C.hoist_consts(closed)
+    return jaxpr, consts, box[0]
+
+
+def _check_cond(cond_jaxpr: Any, out_tree: Any, n_consts: int) -> None:
+    outs = C.out_avals_of(cond_jaxpr)
+    if out_tree.num_leaves != 1 or len(outs) != 1 or tuple(outs[0].shape) != () or outs[0].dtype != np.bool_:
+        got = ", ".join(_fmt(a) for a in outs) or "nothing"
+        raise LoopFunctionError(
+            f"while_loop: cond_fun must return a boolean scalar, but it returned {got} "
+            f"(pytree {out_tree})."
+        )
+
+
+def _carry_mismatch(init_tree: Any, out_tree: Any, in_avals: list, out_avals: list, paths: list[str]):
+    if out_tree != init_tree:
+        return LoopCarryMismatchError(
+            f"while_loop: body_fun must return a carry with the structure of init_val, "
+            f"but init_val is {init_tree} and body_fun returned {out_tree}."
+        )
+    for path, a, b in zip(paths, in_avals, out_avals):
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            return LoopCarryMismatchError(
+                f"while_loop: body_fun changed the type of carry leaf {path}: init_val has "
+                f"{_fmt(a)} but body_fun returned {_fmt(b)}. The carry must keep its shape and dtype."
+            )
+    return None
+
+
+def _promote_weak(leaves: list, in_avals: list, out_avals: list) -> tuple[list, bool]:
+    """Like lax.while_loop: a weakly typed init leaf takes the body's output dtype."""
+    changed = False
+    new = []
+    for x, a, b in zip(leaves, in_avals, out_avals):
+        if a.weak_type and (a.dtype != b.dtype or not b.weak_type) and tuple(a.shape) == tuple(b.shape):
+            x = jax.lax.convert_element_type(x, b.dtype)
+            changed = True
+        new.append(x)
+    return new, changed
+
+
+def _dedup(consts: list) -> tuple[list, list[int]]:
+    """Unique consts (by identity) and, per input const, its index among them."""
+    seen: dict[int, int] = {}
+    unique, index = [], []
+    for c in consts:
+        if id(c) not in seen:
+            seen[id(c)] = len(unique)
+            unique.append(c)
+        index.append(seen[id(c)])
+    return unique, index
+
+
+def _trace_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, stack: bool):
+    """Trace both functions; returns ``(cond, body, consts, init leaves, treedef)``.
+
+    ``cond`` maps ``(consts, carry) -> pred`` and ``body`` ``(consts, carry) -> carry``
+    (``-> (carry, carry)`` when ``stack``, the second copy being the stacked output).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(init_val)
+    leaves = [_as_array(x) for x in leaves]
+    paths = _leaf_paths(init_val)
+    for _ in range(2):  # a second pass after promoting weakly typed init leaves
+        avals = [jax.typeof(x) for x in leaves]
+        cond_j, cond_c, cond_tree = _trace_fn(cond_fun, treedef, avals, "cond_fun")
+        _check_cond(cond_j, cond_tree, len(cond_c))
+        body_j, body_c, body_tree = _trace_fn(body_fun, treedef, avals, "body_fun")
+        out_avals = C.out_avals_of(body_j)
+        if body_tree != treedef:
+            raise _carry_mismatch(treedef, body_tree, avals, out_avals, paths)
+        leaves, changed = _promote_weak(leaves, avals, out_avals)
+        if not changed:
+            break
+    err = _carry_mismatch(treedef, body_tree, avals, out_avals, paths)
+    if err is not None:
+        raise err
+    consts, index = _dedup([*cond_c, *body_c])
+    cond_idx, body_idx = index[: len(cond_c)], index[len(cond_c):]
+    const_avals = [jax.typeof(c) for c in consts]
+    n = len(consts)
+
+    def cond(*a):
+        return P._eval(cond_j, *[a[i] for i in cond_idx], *a[n:])
+
+    def body(*a):
+        out = P._eval(body_j, *[a[i] for i in body_idx], *a[n:])
+        return [*out, *out] if stack else out
+
+    return (P._trace(cond, [*const_avals, *avals]), P._trace(body, [*const_avals, *avals]),
+            consts, leaves, treedef)
+
+
+def _disable_jit() -> bool:
+    return bool(getattr(jax.config, "jax_disable_jit", False))
+
+
+def _python_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, max_rows: int | None):
+    """The loop run eagerly (under ``jax.disable_jit``), rows stacked if ``max_rows``."""
+    val = jax.tree_util.tree_map(_as_array, init_val)
+    rows = []
+    while cond_fun(val):
+        if max_rows is not None and len(rows) == max_rows:
+            P._raise_overflow(True, max_rows)
+        val = jax.tree_util.tree_map(_as_array, body_fun(val))
+        if max_rows is not None:
+            rows.append(val)
+    return val, rows
+
+
+# --------------------------------------------------------------------------- public API
+def while_loop(
+    cond_fun: Callable[[T], Any],
+    body_fun: Callable[[T], T],
+    init_val: T,
+    *,
+    max_steps: int | None = None,
+    checkpoints: int | None = None,
+) -> T:
+    """``lax.while_loop`` that reverse-mode differentiates.
+
+    Runs ``while cond_fun(val): val = body_fun(val)`` and returns ``val``; arrays that
+    the functions close over get gradients. ``max_steps`` / ``checkpoints`` choose
+    how reverse mode stores the iterations (see the module docstring); the forward
+    result never depends on them.
+
+    Example:
+        >>> import jax, jaxaot
+        >>> newton = lambda a: jaxaot.while_loop(
+        ...     lambda x: abs(x * x - a) > 1e-6, lambda x: 0.5 * (x + a / x), a, max_steps=50)
+        >>> round(float(jax.grad(newton)(4.0)), 4)  # d sqrt(a) / da at 4
+        0.25
+    """
+    _check_callable("cond_fun", cond_fun)
+    _check_callable("body_fun", body_fun)
+    _check_positive("max_steps", max_steps)
+    _check_positive("checkpoints", checkpoints)
+    cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=False)
+    if _disable_jit():
+        try:
+            return _python_loop(cond_fun, body_fun, jax.tree_util.tree_unflatten(treedef, leaves), None)[0]
+        except jax.errors.ConcretizationTypeError:
+            pass  # under vmap/jit transformations: fall back to the primitive
+    outs = P.while_loop_p.bind(*consts, *leaves, cond_jaxpr=cond, body_jaxpr=body, num_consts=len(consts),
+                               max_steps=max_steps, checkpoints=checkpoints)
+    return jax.tree_util.tree_unflatten(treedef, list(outs))
+
+
+def while_loop_stack_output(
+    cond_fun: Callable[[T], Any],
+    body_fun: Callable[[T], T],
+    init_val: T,
+    *,
+    max_steps: int,
+) -> tuple[T, jax.Array]:
+    """Run the loop and stack the carry after each iteration: ``(stacked, num_steps)``.
+
+    Each leaf of ``stacked`` has a leading axis of ``max_steps`` rows; row ``i`` is the
+    carry after iteration ``i`` for ``i < num_steps`` (later rows are unspecified).
+    Running more than ``max_steps`` iterations raises
+    :class:`~jaxaot.errors.LoopOverflowError` at run time.
+
+    Example:
+        >>> import jaxaot
+        >>> stacked, n = jaxaot.while_loop_stack_output(lambda x: x < 3, lambda x: x + 1, 0, max_steps=5)
+        >>> stacked.tolist(), int(n)
+        ([1, 2, 3, 0, 0], 3)
+    """
+    _check_callable("cond_fun", cond_fun)
+    _check_callable("body_fun", body_fun)
+    if max_steps is None:
+        raise InvalidLoopOptionError("while_loop_stack_output: max_steps is required (the number of rows).")
+    _check_positive("max_steps", max_steps)
+    cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=True)
+    if _disable_jit():
+        try:
+            init = jax.tree_util.tree_unflatten(treedef, leaves)
+            _, rows = _python_loop(cond_fun, body_fun, init, max_steps)
+            flat_rows = [jax.tree_util.tree_leaves(r) for r in rows]
+            stacked = [jnp.zeros((max_steps, *jnp.shape(x)), jnp.result_type(x)).at[: len(rows)].set(
+                jnp.stack([r[i] for r in flat_rows])) if rows else jnp.zeros((max_steps, *jnp.shape(x)), jnp.result_type(x))
+                for i, x in enumerate(leaves)]
+            return jax.tree_util.tree_unflatten(treedef, stacked), jnp.asarray(len(rows), jnp.int32)
+        except jax.errors.ConcretizationTypeError:
+            pass
+    outs = P.while_loop_stack_output_p.bind(*consts, *leaves, cond_jaxpr=cond, body_jaxpr=body,
+                                            num_consts=len(consts), num_carry=len(leaves), max_steps=max_steps)
+    _, stacked, (num_steps, overflowed) = P.Loop(P.while_loop_stack_output_p, body, cond, len(consts),
+                                                 len(leaves), length=max_steps).split_out(outs)
+    P.check_overflow(overflowed, max_steps)
+    return jax.tree_util.tree_unflatten(treedef, stacked), num_steps
+
+
+@contextlib.contextmanager
+def dynamic_capacity(capacity: int) -> Iterator[list]:
+    """Let unbounded loops (no ``max_steps``, no ``checkpoints``) reverse-differentiate.
+
+    Inside the context, each such loop that is linearized stacks at most ``capacity``
+    iterations (its forward stops there, so the stack never overflows) and appends
+    to the yielded list a traced int32 scalar, created in the trace where the loop's
+    forward (known) part runs: the loop's trip count if it is at most ``capacity``,
+    else ``capacity + 1``, meaning "needed more; the results are wrong, rerun with a
+    larger capacity". The runtime returns these as extra outputs and reruns with the
+    capacity doubled while any exceeds ``capacity``.
+
+    Example:
+        >>> import jax, jaxaot
+        >>> from jaxaot.while_loop import dynamic_capacity
+        >>> f = lambda x: jaxaot.while_loop(lambda c: c < 5.0, lambda c: c + x, 0.0)
+        >>> with dynamic_capacity(8) as trips:  # doctest: +SKIP
+        ...     g = jax.grad(f)(1.0)
+        >>> [int(t) for t in trips]  # doctest: +SKIP
+        [5]
+    """
+    _check_positive("capacity", capacity)
+    trip_counts: list = []
+    frames = P.capacity_frames()
+    frames.append((int(capacity), trip_counts))
+    try:
+        yield trip_counts
+    finally:
+        frames.pop()
+
+
+__all__ = ["dynamic_capacity", "while_loop", "while_loop_stack_output"]
