@@ -29,9 +29,11 @@ from jaxaot.errors import (
     CotangentMismatchError,
     InvalidInputError,
     ResidualsMismatchError,
+    ReverseModeBoundError,
 )
 from jaxaot.partition import Partition, Residual
 from jaxaot.partitioners import default_partition
+from jaxaot.while_loop import dynamic_capacity
 from jaxaot.tracing import (
     JointGraph,
     build_joint,
@@ -42,6 +44,9 @@ from jaxaot.tracing import (
 )
 
 PartitionFn = Callable[[JointGraph], Partition]
+
+#: The first stack capacity of while loops whose stack the runtime sizes (doubled on overflow).
+_INITIAL_LOOP_CAPACITY = 32
 
 
 # --------------------------------------------------------------------------- signatures
@@ -161,16 +166,17 @@ class Residuals:
     signature produced it, so ``backward`` can refuse residuals of another one.
     """
 
-    def __init__(self, arrays: Sequence[Any], training: "_Training"):
+    def __init__(self, arrays: Sequence[Any], training: "_Training", generation: int | None = None):
         self.arrays = tuple(arrays)
         self._training = training
+        self._generation = training.generation if generation is None else generation
 
     def tree_flatten(self):
-        return self.arrays, self._training
+        return self.arrays, (self._training, self._generation)
 
     @classmethod
-    def tree_unflatten(cls, training, arrays):
-        return cls(arrays, training)
+    def tree_unflatten(cls, aux, arrays):
+        return cls(arrays, *aux)
 
     @property
     def residuals(self) -> tuple[Residual, ...]:
@@ -358,10 +364,17 @@ class _Training:
         self.mask = mask
         full = mask == entry.inexact
         self.suffix = "" if full else "[" + ",".join(str(i) for i, m in enumerate(mask) if m) + "]"
+        self.capacity = _INITIAL_LOOP_CAPACITY
+        self.generation = 0  # bumped when a loop outgrows its stack and all is rebuilt
+        self._custom_vjp: Callable | None = None
+        self._reset()
+
+    def _reset(self) -> None:
         self._joint: JointGraph | None = None
         self._partition: Partition | None = None
-        self._custom_vjp: Callable | None = None
         self._unit_cts: dict[int, list] = {}
+        for name in ("forward", "backward"):
+            self.entry.executables.pop(name + self.suffix, None)
 
     @property
     def joint(self) -> JointGraph:
@@ -369,7 +382,8 @@ class _Training:
             e = self.entry
             t = time.perf_counter()
             self._joint = build_joint(
-                e.primal, e.signature.treedef, e.out_tree, e.in_avals, self.owner.decompositions, self.mask
+                e.primal, e.signature.treedef, e.out_tree, e.in_avals, self.owner.decompositions, self.mask,
+                aux_outputs=lambda: dynamic_capacity(self.capacity),
             )
             e.times["joint" + self.suffix] = time.perf_counter() - t
         return self._joint
@@ -390,7 +404,7 @@ class _Training:
         if exe is None:
             part = self.partition
             n_fwd = len(C.jaxpr_of(part.forward).outvars)
-            keep = e.computed_outputs + list(range(part.num_outputs, n_fwd))
+            keep = e.computed_outputs + list(range(len(e.output_is_input), n_fwd))
             closed = _prune_outputs(part.forward, keep)
             aliased = set(part.saved_inputs) | {i for i in e.output_is_input if i is not None}
             exe = e.compile("forward" + self.suffix, self.owner.fw_compiler, closed, e.in_avals, e.donated(aliased))
@@ -412,16 +426,28 @@ class _Training:
                       for r in part.residuals]
 
     def forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
-        """Run the forward; return (all outputs, residual arrays in backward order)."""
-        part = self.partition
+        """Run the forward; return (the function's outputs, residual arrays in backward order)."""
+        n_user = len(self.entry.output_is_input)
         if any(C.is_tracer(x) for x in leaves):
-            fwd_outs = C.eval_closed(part.forward, *leaves)
+            if self.joint.num_aux:
+                raise _unbounded_loop_error(self.owner.__name__)
+            fwd_outs = C.eval_closed(self.partition.forward, *leaves)
         else:
-            computed = self.forward_exe(*leaves)
-            n_real = len(self.entry.computed_outputs)
-            fwd_outs = self.entry.splice(leaves, computed[:n_real]) + list(computed[n_real:])
+            fwd_outs = self._run_forward(leaves)
+            while self.joint.num_aux and max(int(t) for t in fwd_outs[n_user : n_user + self.joint.num_aux]) > self.capacity:
+                # A while loop outgrew its stack: double the capacity, rebuild and rerun.
+                self.capacity *= 2
+                self.generation += 1
+                self._reset()
+                fwd_outs = self._run_forward(leaves)
+        part = self.partition
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
-        return fwd_outs[: part.num_outputs], residuals
+        return fwd_outs[:n_user], residuals
+
+    def _run_forward(self, leaves: Sequence[Any]) -> list:
+        computed = self.forward_exe(*leaves)
+        n_real = len(self.entry.computed_outputs)
+        return self.entry.splice(leaves, computed[:n_real]) + list(computed[n_real:])
 
     def backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
         """Grads for the differentiated inputs, from residuals and selected cotangents."""
@@ -474,6 +500,15 @@ class _Training:
 
         call.defvjp(fwd, bwd)
         return call
+
+
+def _unbounded_loop_error(name: str) -> Exception:
+    return ReverseModeBoundError(
+        f"{name} contains a jaxaot.while_loop without max_steps or checkpoints and is being "
+        "reverse-differentiated inside another transformation (jit, vmap, or a higher-order grad). "
+        "The runtime can size the loop's stack only when the aot_function is called eagerly: "
+        "pass max_steps=N or checkpoints=k to the while_loop."
+    )
 
 
 def _abstract_call_error(name: str) -> Exception:
@@ -676,6 +711,11 @@ class AOTFunction:
             raise ResidualsMismatchError(
                 f"these residuals were produced by another function ({tr.owner.__name__}), not by "
                 f"{self.__name__}: pass the residuals of this function's own forward."
+            )
+        if residuals._generation != tr.generation:
+            raise ResidualsMismatchError(
+                "these residuals were produced before a while loop in the function outgrew its stack "
+                "and the programs were rebuilt with a larger one: run forward again."
             )
         self._check_residuals(tr, residuals.arrays)
         cts = self._check_cotangents(tr, cotangents)

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
@@ -90,6 +91,9 @@ class JointGraph:
       needs_cotangent: per flat output, whether it takes a cotangent (inexact dtype).
       is_backward: per eqn of ``jaxpr``, whether it depends on any cotangent.
       output_is_input: per flat output, the flat input it literally is, else None.
+      num_aux: how many trailing outputs are not the function's but the runtime's
+        (trip counts of while loops whose stack the runtime sizes); they are
+        integers, so they take no cotangent. ``out_tree`` describes the others.
     """
 
     jaxpr: Any
@@ -102,6 +106,7 @@ class JointGraph:
     needs_cotangent: tuple[bool, ...]
     is_backward: tuple[bool, ...]
     output_is_input: tuple[int | None, ...]
+    num_aux: int = 0
 
     @property
     def num_primals(self) -> int:
@@ -235,11 +240,15 @@ def build_joint(
     in_avals: Sequence[Any],
     decompositions: Decompositions | None = None,
     differentiated: Sequence[bool] | None = None,
+    aux_outputs: Callable[[], Any] | None = None,
 ) -> JointGraph:
     """Build the :class:`JointGraph` of a flat primal jaxpr.
 
     ``differentiated`` restricts which inputs get gradients (default: every
     input of inexact dtype), as ``jax.grad``'s ``argnums`` does.
+    ``aux_outputs`` is a context-manager factory yielding a list; values the
+    differentiation appends to it (integer scalars of the forward trace) become
+    extra trailing outputs, counted in ``num_aux``.
     """
     in_avals = tuple(in_avals)
     out_avals = tuple(
@@ -261,9 +270,10 @@ def build_joint(
             outs = C.eval_closed(primal, *full)
             return [outs[i] for i in dout], outs
 
-        _, vjp_fn, outs = jax.vjp(f_diff, *[primals[i] for i in din], has_aux=True)
-        grads = vjp_fn(list(cts))
-        return list(outs), list(grads)
+        with aux_outputs() if aux_outputs else contextlib.nullcontext([]) as aux:
+            _, vjp_fn, outs = jax.vjp(f_diff, *[primals[i] for i in din], has_aux=True)
+            grads = vjp_fn(list(cts))
+        return list(outs) + list(aux), list(grads)
 
     ct_avals = [jax.ShapeDtypeStruct(out_avals[i].shape, out_avals[i].dtype) for i in dout]
     try:
@@ -272,7 +282,12 @@ def build_joint(
         raise _missing_rule_error(primal, err) from err
     joint = flatten_program(joint, [*in_avals, *ct_avals], decompositions)
     jaxpr = C.jaxpr_of(joint)
-    assert len(jaxpr.outvars) == n_out + len(din)
+    num_aux = len(jaxpr.outvars) - n_out - len(din)
+    if num_aux:
+        aux_avals = joint.out_avals[n_out : n_out + num_aux]
+        out_avals += tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in aux_avals)
+        diff_out += (False,) * num_aux
+        n_out += num_aux
     positions = {v: i for i, v in enumerate(jaxpr.invars[: len(in_avals)])}
     output_is_input = tuple(
         None if C.is_literal(v) else positions.get(v) for v in jaxpr.outvars[:n_out]
@@ -288,6 +303,7 @@ def build_joint(
         needs_cotangent=diff_out,
         is_backward=_backward_mask(jaxpr, len(in_avals)),
         output_is_input=output_is_input,
+        num_aux=num_aux,
     )
 
 

@@ -326,3 +326,44 @@ def test_typed_prng_key_inputs():
     aot = jaxaot.aot_function(f)
     assert_trees_close(aot(key, x), f(key, x))
     assert_trees_close(jax.grad(aot, argnums=1)(key, x), jax.grad(f, argnums=1)(key, x))
+
+
+# --------------------------------------------------------------------------- while loops the runtime sizes
+def _unbounded(x, w, steps):
+    def body(c):
+        return jnp.tanh(c[0] * w) + 0.5 * c[0], c[1] + 1
+
+    y, _ = jaxaot.while_loop(lambda c: c[1] < steps, body, (x, 0))
+    return jnp.sum(y**2)
+
+
+def _scanned(x, w, steps):
+    def body(c, _):
+        return jnp.tanh(c * w) + 0.5 * c, None
+
+    y, _ = jax.lax.scan(body, x, None, length=steps)
+    return jnp.sum(y**2)
+
+
+def test_runtime_sizes_unbounded_while_loop_stack():
+    f = jaxaot.aot_function(_unbounded)
+    x, w = jax.random.normal(fresh_key(), (4,)), jnp.float32(0.7)
+    for steps in (3, 45, 130, 7):  # grows past the initial capacity twice, then shrinks
+        got = jax.grad(f, argnums=(0, 1))(x, w, jnp.int32(steps))
+        assert_trees_close(got, jax.grad(_scanned, argnums=(0, 1))(x, w, steps), rtol=1e-4, atol=1e-4)
+    tr = next(iter(f._cache.values())).training((True, True, False))
+    assert tr.capacity >= 130 and tr.generation >= 2
+    assert f.cache_info().misses == 1  # regrowth rebuilds in place, not as a new signature
+
+
+def test_unbounded_loop_stale_residuals_and_traced_use():
+    f = jaxaot.aot_function(_unbounded)
+    x, w = jnp.ones(3) * 0.1, jnp.float32(0.5)
+    _, res = f.forward(x, w, jnp.int32(2))
+    out, res_big = f.forward(x, w, jnp.int32(200))  # outgrows the stack: programs rebuilt
+    with pytest.raises(jaxaot.ResidualsMismatchError, match="run forward again"):
+        f.backward(res, jnp.float32(1))
+    gx, gw, _ = f.backward(res_big, jnp.float32(1))
+    assert_trees_close((gx, gw), jax.grad(_scanned, argnums=(0, 1))(x, w, 200), rtol=1e-4, atol=1e-4)
+    with pytest.raises(jaxaot.errors.ReverseModeBoundError, match="max_steps"):
+        jax.jit(jax.grad(f))(x, w, jnp.int32(3))
