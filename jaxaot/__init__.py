@@ -31,6 +31,9 @@ from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_fu
 from jaxaot.tracing import JointGraph, trace_joint
 from jaxaot import primitives  # while-loop primitives
 from jaxaot.while_loop import while_loop, while_loop_stack_output  # jaxaot.while_loop is the function
+from jaxaot.errors import LossOutputError  # flax support
+from jaxaot.modules import AOTLinenModule, AOTModule, CallMetadata, InputInfo, ModuleLowered, OutputInfo, aot_module
+from jaxaot.export_signature import BackwardSignature, GraphSignature, aot_export_module
 
 __version__ = "0.1.0"
 
@@ -38,6 +41,17 @@ __all__ = [
     "primitives",
     "while_loop",
     "while_loop_stack_output",
+    "AOTLinenModule",
+    "AOTModule",
+    "BackwardSignature",
+    "CallMetadata",
+    "LossOutputError",
+    "GraphSignature",
+    "InputInfo",
+    "ModuleLowered",
+    "OutputInfo",
+    "aot_export_module",
+    "aot_module",
     "AOTFunction",
     "AOTLowered",
     "CacheInfo",

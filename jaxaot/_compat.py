@@ -129,6 +129,11 @@ def eqn_source(eqn: Any) -> str:
         return "<unknown>"
 
 
+def eqn_name_stack(eqn: Any) -> str:
+    """The eqn's name stack (``jax.named_scope`` nesting) as text."""
+    return str(eqn.source_info.name_stack)
+
+
 def eqn_subjaxprs(eqn: Any) -> list:
     """Closed jaxprs held in an eqn's params (bodies of calls, loops, conds)."""
     return list(_core.jaxprs_in_params(eqn.params))

@@ -484,7 +484,8 @@ class _Training:
 
         @jax.custom_vjp
         def call(*leaves):
-            return tr.entry.infer(leaves)
+            # Only ever traced (eager calls that differentiate nothing never get here).
+            return C.eval_closed(tr.entry.primal, *leaves)
 
         def fwd(*leaves):
             return tr.forward(leaves)

@@ -222,11 +222,16 @@ def _all_eqns(jaxpr: Any):
             yield from _all_eqns(C.jaxpr_of(sub))
 
 
+_BACKWARD_SCOPE = "jaxaot_backward"
+
+
 def _backward_mask(jaxpr: Any, num_primals: int) -> tuple[bool, ...]:
     tainted = set(jaxpr.invars[num_primals:])
     mask = []
     for eqn in jaxpr.eqns:
-        bwd = any((not C.is_literal(v)) and v in tainted for v in eqn.invars)
+        bwd = any((not C.is_literal(v)) and v in tainted for v in eqn.invars) or (
+            bool(eqn.effects) and _BACKWARD_SCOPE in C.eqn_name_stack(eqn)
+        )
         if bwd:
             tainted.update(eqn.outvars)
         mask.append(bwd)
@@ -272,7 +277,10 @@ def build_joint(
 
         with aux_outputs() if aux_outputs else contextlib.nullcontext([]) as aux:
             _, vjp_fn, outs = jax.vjp(f_diff, *[primals[i] for i in din], has_aux=True)
-            grads = vjp_fn(list(cts))
+            # The scope marks effects of the backward that read no cotangent (a callback in
+            # a custom_vjp bwd, say), so the partition keeps them in the backward.
+            with jax.named_scope(_BACKWARD_SCOPE):
+                grads = vjp_fn(list(cts))
         return list(outs) + list(aux), list(grads)
 
     ct_avals = [jax.ShapeDtypeStruct(out_avals[i].shape, out_avals[i].dtype) for i in dout]

@@ -367,3 +367,30 @@ def test_unbounded_loop_stale_residuals_and_traced_use():
     assert_trees_close((gx, gw), jax.grad(_scanned, argnums=(0, 1))(x, w, 200), rtol=1e-4, atol=1e-4)
     with pytest.raises(jaxaot.errors.ReverseModeBoundError, match="max_steps"):
         jax.jit(jax.grad(f))(x, w, jnp.int32(3))
+
+
+def test_backward_effect_without_cotangent_runs_once_per_backward():
+    log: list = []
+
+    @jax.custom_vjp
+    def g(x):
+        return jnp.sin(x)
+
+    def g_bwd(x, ct):
+        jax.debug.callback(lambda: log.append("bwd"), ordered=True)  # reads no cotangent
+        return (ct * jnp.cos(x),)
+
+    g.defvjp(lambda x: (jnp.sin(x), x), g_bwd)
+    aot = jaxaot.aot_function(lambda x: g(x).sum())
+    _, res = aot.forward(jnp.arange(3.0))
+    assert log == []
+    aot.backward(res, jnp.float32(1.0))
+    aot.backward(res, jnp.float32(1.0))
+    assert log == ["bwd", "bwd"]
+
+
+def test_jit_after_eager_call():
+    aot = jaxaot.aot_function(jnp.sin)
+    aot(jnp.ones(3))
+    assert_trees_close(jax.jit(aot)(jnp.ones(3)), jnp.sin(jnp.ones(3)))
+    assert_trees_close(jax.jit(jax.grad(lambda x: aot(x).sum()))(jnp.ones(3)), jnp.cos(jnp.ones(3)))

@@ -1,0 +1,96 @@
+"""Small Flax models (nnx and linen) for the aot_module tests: a CNN with
+BatchNorm and Dropout, and a one-block causal transformer with Dropout."""
+
+from __future__ import annotations
+
+import jax
+import optax
+from flax import linen as nn
+from flax import nnx
+
+VOCAB, SEQ, WIDTH = 16, 8, 16
+
+
+# --------------------------------------------------------------------------- nnx
+class NnxCNN(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.conv = nnx.Conv(1, 4, (3, 3), use_bias=False, rngs=rngs)
+        self.bn = nnx.BatchNorm(4, momentum=0.9, rngs=rngs)
+        self.drop = nnx.Dropout(0.25, rngs=rngs)
+        self.head = nnx.Linear(4 * 4 * 4, 10, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.bn(self.conv(x)))
+        x = nnx.avg_pool(self.drop(x), (2, 2), strides=(2, 2))
+        return self.head(x.reshape(x.shape[0], -1))
+
+
+class NnxTransformer(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
+        self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (SEQ, WIDTH)))
+        self.ln1 = nnx.LayerNorm(WIDTH, rngs=rngs)
+        # No attention biases: the key bias has an exactly zero gradient that Adam
+        # would turn into rounding-noise updates (same for conv bias before BatchNorm).
+        self.attn = nnx.MultiHeadAttention(
+            2, WIDTH, decode=False, dropout_rate=0.1, deterministic=False, use_bias=False, rngs=rngs
+        )
+        self.ln2 = nnx.LayerNorm(WIDTH, rngs=rngs)
+        self.up = nnx.Linear(WIDTH, 2 * WIDTH, rngs=rngs)
+        self.down = nnx.Linear(2 * WIDTH, WIDTH, rngs=rngs)
+        self.drop = nnx.Dropout(0.1, rngs=rngs)
+        self.out = nnx.Linear(WIDTH, VOCAB, rngs=rngs)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens) + self.pos[...]
+        x = x + self.attn(self.ln1(x), mask=nnx.make_causal_mask(tokens))
+        x = x + self.drop(self.down(nnx.gelu(self.up(self.ln2(x)))))
+        return self.out(x)
+
+
+def nnx_model(name: str, seed: int = 0) -> nnx.Module:
+    cls = {"cnn": NnxCNN, "transformer": NnxTransformer}[name]
+    return cls(nnx.Rngs(params=seed, dropout=seed + 1))
+
+
+# --------------------------------------------------------------------------- linen
+class LinenCNN(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool):
+        x = nn.Conv(4, (3, 3), use_bias=False)(x)
+        x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(x))
+        x = nn.avg_pool(nn.Dropout(0.25, deterministic=not train)(x), (2, 2), strides=(2, 2))
+        return nn.Dense(10)(x.reshape(x.shape[0], -1))
+
+
+class LinenTransformer(nn.Module):
+    @nn.compact
+    def __call__(self, tokens, train: bool):
+        pos = self.param("pos", nn.initializers.normal(0.02), (SEQ, WIDTH))
+        x = nn.Embed(VOCAB, WIDTH)(tokens) + pos
+        h = nn.SelfAttention(num_heads=2, dropout_rate=0.1, deterministic=not train, use_bias=False)(
+            nn.LayerNorm()(x), mask=nn.make_causal_mask(tokens)
+        )
+        x = x + h
+        h = nn.Dense(WIDTH)(nn.gelu(nn.Dense(2 * WIDTH)(nn.LayerNorm()(x))))
+        x = x + nn.Dropout(0.1, deterministic=not train)(h)
+        return nn.Dense(VOCAB)(x)
+
+
+def linen_model(name: str) -> nn.Module:
+    return {"cnn": LinenCNN, "transformer": LinenTransformer}[name]()
+
+
+# --------------------------------------------------------------------------- data
+def batch(name: str, step: int) -> tuple[jax.Array, jax.Array]:
+    """A deterministic (inputs, labels) batch for ``step``."""
+    key = jax.random.fold_in(jax.random.key(1234), step)
+    if name == "cnn":
+        kx, ky = jax.random.split(key)
+        return jax.random.normal(kx, (8, 8, 8, 1)), jax.random.randint(ky, (8,), 0, 10)
+    tokens = jax.random.randint(key, (4, SEQ + 1), 0, VOCAB)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
