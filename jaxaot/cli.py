@@ -13,6 +13,7 @@ import importlib
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
@@ -111,8 +112,35 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo_report(width: int = 256, depth: int = 4, batch: int = 64) -> str:
-    """Compile the embedded MLP's training step with jaxaot and compare with plain JAX."""
+def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
+    """Write what ``jaxaot demo --out DIR`` leaves behind for ``lowered``; return the paths.
+
+    ``split.html`` (the graph of the split, its legend and the residual table,
+    or the table alone without Graphviz) and, where Graphviz's ``dot`` is
+    installed, ``split.svg`` (the graph alone).
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp, jaxaot
+        >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
+        >>> paths = demo_artifacts(tempfile.mkdtemp(), low)
+        >>> paths[0].name
+        'split.html'
+    """
+    from jaxaot import viz
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [viz.render(lowered, out_dir / "split.html", format="html", title="jaxaot demo")]
+    if viz.layout_available():
+        paths.append(viz.render(lowered, out_dir / "split.svg", format="svg", title="jaxaot demo"))
+    return paths
+
+
+def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str | Path | None = None) -> str:
+    """Compile the embedded MLP's training step with jaxaot and compare with plain JAX.
+
+    With ``out_dir``, also write :func:`demo_artifacts` there.
+    """
     import jaxaot
     from jaxaot import examples
 
@@ -152,11 +180,15 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64) -> str:
         f"jaxaot saved {len(low.saved)} residuals; compile times: "
         + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in low.compile_times.items()),
     ]
+    if out_dir is not None:
+        with _Progress(f"writing artifacts to {out_dir}"):
+            paths = demo_artifacts(out_dir, low)
+        lines.append("wrote " + ", ".join(str(p) for p in paths))
     return "\n".join(lines)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    print(demo_report(args.width, args.depth, args.batch))
+    print(demo_report(args.width, args.depth, args.batch, args.out))
     return 0
 
 
@@ -185,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--width", type=int, default=256, help="MLP width (default 256)")
     d.add_argument("--depth", type=int, default=4, help="MLP layers (default 4)")
     d.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    d.add_argument("--out", metavar="DIR", default=None,
+                   help="also write the rendered split (split.html, and split.svg with Graphviz) to DIR")
     d.set_defaults(func=cmd_demo)
     i = sub.add_parser("inspect", help="print the forward/backward split of MODULE:FUNCTION at given shapes",
                        description="Trace MODULE:FUNCTION at the given argument shapes, partition it and print "
