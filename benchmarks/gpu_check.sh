@@ -3,6 +3,8 @@
 #   TESTS="tests/..." (default: all but notebooks)  BENCHES="core partitioners ..."  BENCH_ARGS_<name>="..."
 set -u
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+# Test workers share one GPU: no preallocation, or the second worker runs out of memory.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c "import jax, sys; print(sys.version); print('jax', jax.__version__, jax.devices())"
 if [ "${TESTS:-all}" != "none" ]; then

@@ -31,6 +31,9 @@ from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_fu
 from jaxaot.tracing import JointGraph, trace_joint
 from jaxaot import primitives  # while-loop primitives
 from jaxaot.while_loop import while_loop, while_loop_stack_output  # jaxaot.while_loop is the function
+from jaxaot.config import config  # export/cache: jaxaot.config is the settings object
+from jaxaot.errors import ArtifactError, ArtifactInputError, ArtifactVersionError, CacheWarning, NotExportableError
+from jaxaot.export import ExportedAOT, LoadedAOT, export, load  # jaxaot.export is the function
 from jaxaot.errors import LossOutputError  # flax support
 from jaxaot.modules import AOTLinenModule, AOTModule, CallMetadata, InputInfo, ModuleLowered, OutputInfo, aot_module
 from jaxaot.export_signature import BackwardSignature, GraphSignature, aot_export_module
@@ -76,4 +79,15 @@ __all__ = [
     "grad",
     "value_and_grad",
     "trace_joint",
+    # export / persistent cache
+    "ArtifactError",
+    "ArtifactInputError",
+    "ArtifactVersionError",
+    "CacheWarning",
+    "ExportedAOT",
+    "LoadedAOT",
+    "NotExportableError",
+    "config",
+    "export",
+    "load",
 ]

@@ -129,6 +129,17 @@ def eqn_source(eqn: Any) -> str:
         return "<unknown>"
 
 
+def scan_counts(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a scan eqn's params.
+
+    jax 0.11 replaced the two counts with flat-tree params ``ft_in``/``ft_out``.
+    """
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry = params["ft_in"].unpack()[:2]
+    return len(consts), len(carry)
+
+
 def eqn_name_stack(eqn: Any) -> str:
     """The eqn's name stack (``jax.named_scope`` nesting) as text."""
     return str(eqn.source_info.name_stack)

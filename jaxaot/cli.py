@@ -136,6 +136,18 @@ def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
     return paths
 
 
+def demo_export(out_dir: str | Path, fn: Callable, *args: Any) -> str:
+    """Export ``fn``'s forward/backward programs to ``out_dir/artifact``; say what was written."""
+    import jaxaot
+
+    path = Path(out_dir) / "artifact"
+    try:
+        jaxaot.export(fn, *args).save(path)
+    except ImportError as err:  # the 'export' extra is not installed
+        return f"no exported artifact: {err}"
+    return f"exported the forward/backward programs to {path} (reload with jaxaot.load({str(path)!r}))"
+
+
 def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str | Path | None = None) -> str:
     """Compile the embedded MLP's training step with jaxaot and compare with plain JAX.
 
@@ -150,8 +162,10 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
           file=sys.stderr)
     aot = jaxaot.aot_function(loss)
     vg = jaxaot.value_and_grad(aot)
+    vg_mc = jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition))
     with _Progress("tracing, partitioning and compiling with jaxaot"):
         low = vg.lower(params, data)
+        low_mc = vg_mc.lower(params, data)
     fwd, bwd = jax.fwd_and_bwd(loss, argnums=(0,))
     one = jnp.ones((), jnp.float32)
     fused = jax.jit(jax.value_and_grad(loss))
@@ -159,17 +173,21 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
         _, res = fwd(params, data)
         jax.block_until_ready(fused(params, data))
     want = fused(params, data)[1]
-    got = vg(params, data)[1]
-    err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(got),
-                                                             jax.tree_util.tree_leaves(want)))
+    err = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for got in (vg(params, data)[1], vg_mc(params, data)[1])
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
+    )
     with _Progress("timing"):
         t_aot = _median_ms(lambda: vg(params, data))
+        t_mc = _median_ms(lambda: vg_mc(params, data))
         t_split = _median_ms(lambda: bwd(fwd(params, data)[1], one))
         t_fused = _median_ms(lambda: fused(params, data))
     jax_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(res))
     rows = [
         ("program", "residual bytes", "step ms", "vs jit(value_and_grad)"),
         ("jaxaot (default partition)", _kib(low.saved_bytes), f"{t_aot:.3f}", f"{t_aot / t_fused:.2f}x"),
+        ("jaxaot (min-cut partition)", _kib(low_mc.saved_bytes), f"{t_mc:.3f}", f"{t_mc / t_fused:.2f}x"),
         ("jax.fwd_and_bwd", _kib(jax_bytes), f"{t_split:.3f}", f"{t_split / t_fused:.2f}x"),
         ("jax.jit(jax.value_and_grad)", "(fused)", f"{t_fused:.3f}", "1.00x"),
     ]
@@ -181,9 +199,11 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
         + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in low.compile_times.items()),
     ]
     if out_dir is not None:
-        with _Progress(f"writing artifacts to {out_dir}"):
+        with _Progress(f"writing the picture of the split and the exported programs to {out_dir}"):
             paths = demo_artifacts(out_dir, low)
+            exported = demo_export(out_dir, loss, params, data)
         lines.append("wrote " + ", ".join(str(p) for p in paths))
+        lines.append(exported)
     return "\n".join(lines)
 
 
@@ -217,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--width", type=int, default=256, help="MLP width (default 256)")
     d.add_argument("--depth", type=int, default=4, help="MLP layers (default 4)")
     d.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
-    d.add_argument("--out", metavar="DIR", default=None,
-                   help="also write the rendered split (split.html, and split.svg with Graphviz) to DIR")
+    d.add_argument("--out", metavar="DIR", default="jaxaot-demo",
+                   help="where to write the rendered split (split.html, and split.svg with Graphviz) and the "
+                   "exported forward/backward programs (artifact/); default ./jaxaot-demo")
     d.set_defaults(func=cmd_demo)
     i = sub.add_parser("inspect", help="print the forward/backward split of MODULE:FUNCTION at given shapes",
                        description="Trace MODULE:FUNCTION at the given argument shapes, partition it and print "

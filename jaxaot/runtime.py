@@ -321,7 +321,8 @@ class _Entry:
         if exe is None:
             t = time.perf_counter()
             kwargs = {"donate_argnums": tuple(donate)} if donate and compiler is _compilers.xla else {}
-            exe = compiler(closed, list(avals), **kwargs)
+            from jaxaot import cache  # the persistent cache hook (a no-op when config.cache_dir is None)
+            exe = cache.compile(compiler, closed, list(avals), **kwargs)
             self.times[f"compile_{name}"] = time.perf_counter() - t
             self.executables[name] = exe
         return exe
@@ -393,7 +394,8 @@ class _Training:
         if self._partition is None:
             joint = self.joint
             t = time.perf_counter()
-            self._partition = self.owner.partition_fn(joint)
+            from jaxaot import cache  # the persistent cache hook (a no-op when config.cache_dir is None)
+            self._partition = cache.partition(self.owner.partition_fn, joint)
             self.entry.times["partition" + self.suffix] = time.perf_counter() - t
         return self._partition
 

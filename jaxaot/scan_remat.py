@@ -81,7 +81,7 @@ def evaluate(closed: Any, args: Sequence[Any], names: dict | None = None, scans:
 def _run_scan(eqn: Any, body: Callable, invals: list) -> list:
     """Re-run a scan eqn through ``lax.scan`` with a new body (``lax.scan`` hoists its consts)."""
     p = eqn.params
-    nc, nk = p["num_consts"], p["num_carry"]
+    nc, nk = C.scan_counts(p)
     consts, init, xs = invals[:nc], invals[nc : nc + nk], invals[nc + nk :]
 
     def step(carry, x):

@@ -1,0 +1,311 @@
+"""The persistent compile cache (jaxaot.config.cache_dir / JAXAOT_CACHE_DIR)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import warnings
+from pathlib import Path
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot import cache, compilers
+from jaxaot.config import Config
+from jaxaot.errors import CacheWarning
+
+TOL = dict(rtol=1e-6, atol=1e-6)
+CALLS = {"partition": 0, "compile": 0}
+
+
+def counting_partition(joint):
+    CALLS["partition"] += 1
+    return jaxaot.default_partition(joint)
+
+
+def counting_xla(closed, avals, **kwargs):
+    CALLS["compile"] += 1
+    return compilers.xla(closed, avals, **kwargs)
+
+
+def loss(w, x):
+    return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+
+def _inputs(seed=0, batch=4):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.standard_normal((6, 3), dtype=np.float32)),
+            jnp.asarray(rng.standard_normal((batch, 6), dtype=np.float32)))
+
+
+def _run(fn=loss, seed=0, batch=4, **options):
+    """value, grads and inference output of a fresh AOTFunction (one of each program)."""
+    options.setdefault("partition_fn", counting_partition)
+    options.setdefault("fw_compiler", counting_xla)
+    f = jaxaot.aot_function(fn, **options)
+    w, x = _inputs(seed, batch)
+    value, grads = jax.value_and_grad(f, argnums=(0, 1))(w, x)
+    return value, grads, f(w, x)
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    with jaxaot.config.override(cache_dir=str(tmp_path / "cache")):
+        cache.reset_stats()
+        CALLS.update(partition=0, compile=0)
+        yield tmp_path / "cache"
+    cache.reset_stats()
+
+
+def _files(root: Path, kind: str = "") -> list[Path]:
+    return sorted(p for p in (root / "jaxaot-v1" / kind).rglob("*.bin"))
+
+
+def _reset_counts():
+    cache.reset_stats()
+    CALLS.update(partition=0, compile=0)
+
+
+# --------------------------------------------------------------------------- in process
+def test_second_function_hits_and_runs_neither_partitioner_nor_compiler(cache_dir):
+    first = _run()
+    assert cache.stats() == cache.CacheStats(partition_misses=1, executable_misses=3)
+    assert CALLS == {"partition": 1, "compile": 3}
+    assert len(_files(cache_dir, "partitions")) == 1 and len(_files(cache_dir, "executables")) == 3
+    _reset_counts()
+    second = _run()
+    assert cache.stats() == cache.CacheStats(partition_hits=1, executable_hits=3)
+    assert CALLS == {"partition": 0, "compile": 0}
+    chex.assert_trees_all_close(second, first, **TOL)
+
+
+def test_cache_off_writes_nothing(tmp_path):
+    with jaxaot.config.override(cache_dir=None):
+        _reset_counts()
+        _run()
+        assert cache.stats() == cache.CacheStats()
+    assert not any(tmp_path.iterdir())
+
+
+def test_cache_dir_defaults_to_the_environment(monkeypatch):
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", "/some/where")
+    assert Config().cache_dir == "/some/where"
+    monkeypatch.delenv("JAXAOT_CACHE_DIR")
+    assert Config().cache_dir is None
+
+
+def test_keys_follow_shapes_partitioner_options_and_consts(cache_dir):
+    mincut = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.2)
+    _run(partition_fn=mincut)
+    _run(partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.8))
+    assert cache.stats().partition_misses == 2
+    _run(partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.2))
+    assert cache.stats().partition_hits == 1
+    _reset_counts()
+    _run(batch=5)  # another input shape
+    assert cache.stats().partition_misses == 1 and cache.stats().executable_misses == 3
+    _reset_counts()
+
+    def scaled(c):
+        return lambda w, x: jnp.mean(jnp.tanh(x @ (w * c)) ** 2)  # c becomes a const of the programs
+
+    a = _run(scaled(np.full((6, 3), 2.0, np.float32)))
+    b = _run(scaled(np.full((6, 3), 3.0, np.float32)))
+    assert cache.stats().executable_hits == 0
+    assert not np.allclose(a[0], b[0])
+
+
+def test_uncacheable_programs_still_run(cache_dir, capfd):
+    _run(fw_compiler=compilers.nop)  # returns a Python function, not a serializable executable
+    assert cache.stats().executable_misses == 3 and cache.stats().skipped == 3
+    assert not _files(cache_dir, "executables")
+
+    def noisy(w, x):
+        jax.debug.print("noisy {}", 1)
+        return loss(w, x)
+
+    _reset_counts()
+    _run(noisy)
+    _run(noisy)
+    # Programs with host callbacks (forward, inference) are never cached: the callbacks must
+    # run. The backward has none: it is cached.
+    assert cache.stats().executable_hits == 1 and cache.stats().skipped == 4
+    assert capfd.readouterr().out.count("noisy 1") == 4
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _flip(p: Path) -> None:
+    b = bytearray(p.read_bytes())
+    b[-7] ^= 0x5A
+    p.write_bytes(bytes(b))
+
+
+def _garbage(p: Path) -> None:
+    p.write_bytes(b"\x00not a cache entry")
+
+
+def _bad_payload(p: Path) -> None:  # a valid frame around a payload that does not decode
+    p.write_bytes(cache._frame(b'{"format": 1, "saved": [["e", 99999, 0]], "summary": {}}'
+                               if "partitions" in str(p) else b"\x00\x00\x00\x00junk"))
+
+
+@pytest.mark.parametrize("corrupt", [_truncate, _flip, _garbage, _bad_payload])
+def test_corrupt_entries_warn_once_and_are_rebuilt(cache_dir, corrupt):
+    expected = _run()
+    files = _files(cache_dir)
+    assert len(files) == 4
+    for p in files:
+        corrupt(p)
+    _reset_counts()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _run()
+    chex.assert_trees_all_close(got, expected, **TOL)
+    messages = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert sorted(m.split("entry ")[1].split(" (")[0] for m in messages) == [str(p) for p in files]
+    assert cache.stats().corrupt == 4 and CALLS == {"partition": 1, "compile": 3}
+    _reset_counts()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        chex.assert_trees_all_close(_run(), expected, **TOL)
+    assert cache.stats() == cache.CacheStats(partition_hits=1, executable_hits=3)
+
+
+def test_unwritable_cache_dir_warns_once_and_runs(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with jaxaot.config.override(cache_dir=str(blocker)):
+        _reset_counts()
+        with pytest.warns(CacheWarning, match="cannot write") as record:
+            value, _, _ = _run()
+    assert len([w for w in record if issubclass(w.category, CacheWarning)]) == 1
+    chex.assert_trees_all_close(value, loss(*_inputs()), **TOL)
+
+
+def test_canonical_text_is_stable_across_processes():
+    class Fake:
+        def __init__(self, text):
+            self.text = text
+
+        def __str__(self):
+            return self.text
+
+    a = cache.canonical_text(Fake("policy=S(frozenset({'b', 'a'})) cb=<function f at 0x7f12>"))
+    b = cache.canonical_text(Fake("policy=S(frozenset({'a', 'b'})) cb=<function f at 0x7e99>"))
+    assert a == b
+    assert a != cache.canonical_text(Fake("policy=S(frozenset({'a', 'c'})) cb=<function f at 0x7e99>"))
+
+
+def test_callable_identity_sees_code_options_and_closed_over_arrays():
+    ident = cache.callable_identity
+    assert ident(counting_partition) == ident(counting_partition)
+    assert ident(functools.partial(counting_xla, a=1)) != ident(functools.partial(counting_xla, a=2))
+
+    def make(c):
+        return lambda joint: c
+
+    assert ident(make(np.zeros(3))) == ident(make(np.zeros(3)))
+    assert ident(make(np.zeros(3))) != ident(make(np.ones(3)))
+
+
+# --------------------------------------------------------------------------- across processes
+_CHILD = textwrap.dedent(
+    """
+    import dataclasses, json, os, sys, time
+    from pathlib import Path
+    import numpy as np, jax, jax.numpy as jnp
+    import jaxaot
+    from jaxaot import cache
+
+    calls = {"partition": 0}
+    def counting_partition(joint):
+        calls["partition"] += 1
+        return jaxaot.default_partition(joint)
+
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    compiles = []
+    def on_event(event, duration, **kw):  # XLA compilations of jaxaot's programs
+        if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(run)":
+            compiles.append(duration)
+
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((6, 3), dtype=np.float32))
+    x = jnp.asarray(rng.standard_normal((4, 6), dtype=np.float32))
+    barrier, parties = Path(sys.argv[1]), int(sys.argv[2])
+    (barrier / f"ready-{os.getpid()}").touch()
+    deadline = time.time() + 120
+    while len(list(barrier.iterdir())) < parties and time.time() < deadline:  # so concurrent children race
+        time.sleep(0.002)
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    f = jaxaot.aot_function(loss, partition_fn=counting_partition)
+    value, grads = jax.value_and_grad(f, argnums=(0, 1))(w, x)
+    y = f(w, x)
+    print(json.dumps({"stats": dataclasses.asdict(cache.stats()), "partition_calls": calls["partition"],
+                      "xla_compiles": len(compiles), "value": float(value), "y": float(y),
+                      "grads": [np.asarray(g).tolist() for g in grads]}))
+    """
+)
+
+
+def _children(cache_root: Path, n: int) -> list[dict]:
+    """Run ``n`` children at once on the cache ``cache_root``; they start computing together."""
+    env = dict(os.environ, JAXAOT_CACHE_DIR=str(cache_root))
+    barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=cache_root.parent))
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(barrier), str(n)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-4000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.fixture(scope="module")
+def cold_then_warm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("xproc") / "cache"
+    (cold,) = _children(root, 1)
+    (warm,) = _children(root, 1)
+    return cold, warm
+
+
+def test_cold_process_fills_the_cache(cold_then_warm):
+    cold, _ = cold_then_warm
+    assert cold["partition_calls"] == 1 and cold["xla_compiles"] == 3
+    assert cold["stats"]["partition_misses"] == 1 and cold["stats"]["executable_misses"] == 3
+
+
+def test_warm_process_runs_neither_partitioner_nor_xla(cold_then_warm):
+    cold, warm = cold_then_warm
+    assert warm["partition_calls"] == 0 and warm["xla_compiles"] == 0
+    assert warm["stats"] == dict(cache.CacheStats(partition_hits=1, executable_hits=3).__dict__)
+    assert (warm["value"], warm["y"], warm["grads"]) == (cold["value"], cold["y"], cold["grads"])
+
+
+def test_concurrent_writers(tmp_path):
+    results = _children(tmp_path / "cache", 3)
+    assert all(r["grads"] == results[0]["grads"] and r["y"] == results[0]["y"] for r in results)
+    files = _files(tmp_path / "cache")
+    assert len(files) == 4
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
+    for p in files:  # every entry is whole and decodes in this (another) process
+        payload = cache._unframe(p.read_bytes())
+        assert payload is not None
+        if "executables" in str(p):
+            assert cache._decode_executable(payload) is not None
+        else:
+            assert json.loads(payload)["saved"]
