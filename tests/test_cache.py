@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import chex
+from zoo import child_env
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -263,7 +264,7 @@ _CHILD = textwrap.dedent(
 
 def _children(cache_root: Path, n: int) -> list[dict]:
     """Run ``n`` children at once on the cache ``cache_root``; they start computing together."""
-    env = dict(os.environ, JAXAOT_CACHE_DIR=str(cache_root))
+    env = dict(child_env(), JAXAOT_CACHE_DIR=str(cache_root))
     barrier = Path(tempfile.mkdtemp(prefix="barrier-", dir=cache_root.parent))
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(barrier), str(n)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -32,6 +33,7 @@ from jaxaot.errors import (
     ResidualsMismatchError,
 )
 from jaxaot.examples import mlp_loss
+from zoo import child_env
 from jaxaot.export import LoadedAOT, treedef_from_json, treedef_to_json
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -102,6 +104,7 @@ def _reference(fn, args):
 
 
 # --------------------------------------------------------------------------- subprocess round trip
+
 _CHILD = textwrap.dedent(
     """
     import json, sys
@@ -163,7 +166,7 @@ def roundtrip(tmp_path_factory):
     workdir = root / "empty"
     workdir.mkdir()
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(root / "jobs.json")], cwd=workdir,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=child_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     got: dict[str, list] = {}
     for job in jobs:

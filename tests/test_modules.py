@@ -492,7 +492,9 @@ def test_effects_once_per_call_aot_function(mode, capsys):
         jax.grad(aot)(x) if mode == "eager" else jax.jit(jax.grad(aot))(x)
         log = rec.take()
         assert sorted(log) == sorted(FWD + ["bwd"])
-        assert [t for t in log if t != "b"] == ["a", "io", "bwd"]
+        # JAX orders each kind of ordered effect, not different kinds relative to each other
+        # (the H100 ran "io" before "a"): forward effects come before the backward's.
+        assert log.index("a") < log.index("bwd") and log.index("io") < log.index("bwd")
     assert capsys.readouterr().out.count("\n") == 4  # jax.debug.print: once per call
 
 
@@ -532,7 +534,9 @@ def test_effects_once_per_call_aot_module():
         nnx.grad(lambda m: m(X))(aot)
         log = rec.take()
         assert sorted(log) == sorted(FWD + ["bwd"])
-        assert [t for t in log if t != "b"] == ["a", "io", "bwd"]
+        # JAX orders each kind of ordered effect, not different kinds relative to each other
+        # (the H100 ran "io" before "a"): forward effects come before the backward's.
+        assert log.index("a") < log.index("bwd") and log.index("io") < log.index("bwd")
         nnx.jit(lambda m: nnx.grad(lambda m: m(X))(m))(aot)
         assert sorted(rec.take()) == sorted(FWD + ["bwd"])
 

@@ -183,3 +183,14 @@ def assert_trees_close(actual, expected, rtol=2e-5, atol=2e-5):
     assert ta == te, f"tree structures differ: {ta} vs {te}"
     assert sa == se, f"float0 leaves differ: {sa} vs {se}"
     chex.assert_trees_all_close(la, le, rtol=rtol, atol=atol)
+
+
+def child_env() -> dict:
+    """The environment of a fresh Python that finds jaxaot also when it is not installed (PYTHONPATH=.)."""
+    import os
+    from pathlib import Path
+
+    import jaxaot
+
+    root = str(Path(jaxaot.__file__).resolve().parents[1])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
