@@ -351,9 +351,11 @@ def test_export_joint_signature_and_values():
     leaves = jax.tree.leaves(params) + jax.tree.leaves(rest) + [X, Y]
     outs = C.eval_closed(jaxpr, *leaves)
     (loss, _), grads = nnx.value_and_grad(lambda m: m(X, Y), has_aux=True)(model)
-    chex.assert_trees_all_close(outs[3], loss, **TOL)
-    chex.assert_trees_all_close(outs[5:], jax.tree.leaves(grads), **TOL)
-    chex.assert_trees_all_close(outs[:2], [model.bn.mean.get_value(), model.bn.var.get_value()], **TOL)
+    # Op-by-op evaluation against eager Flax: GPU reductions are not bitwise reproducible.
+    tol = dict(rtol=1e-4, atol=1e-5)
+    chex.assert_trees_all_close(outs[3], loss, **tol)
+    chex.assert_trees_all_close(outs[5:], jax.tree.leaves(grads), **tol)
+    chex.assert_trees_all_close(outs[:2], [model.bn.mean.get_value(), model.bn.var.get_value()], **tol)
 
 
 def test_export_gradients_to_user_inputs():
