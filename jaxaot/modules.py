@@ -547,7 +547,16 @@ class AOTModule(nnx.Module):
         return self._prepare(args, kwargs, freeze=True).lower(self.program)
 
     def cache_info(self) -> CacheInfo:
-        """The compile cache of the underlying :class:`jaxaot.AOTFunction`."""
+        """The compile cache of the underlying :class:`jaxaot.AOTFunction`.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> from flax import nnx
+            >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+            >>> _ = model(jnp.ones((1, 3)))
+            >>> model.cache_info().misses
+            1
+        """
         return self.program.cache_info()
 
 
@@ -633,6 +642,17 @@ class AOTLinenModule:
         return call.lower(self.program, extra_labels=("rngs",))
 
     def cache_info(self) -> CacheInfo:
+        """The compile cache of the underlying :class:`jaxaot.AOTFunction`.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, jaxaot
+            >>> from flax import linen as nn
+            >>> m = jaxaot.aot_module(nn.Dense(2))
+            >>> variables = m.module.init(jax.random.key(0), jnp.ones((1, 3)))
+            >>> _ = m.apply(variables, jnp.ones((1, 3)))
+            >>> m.cache_info().misses
+            1
+        """
         return self.program.cache_info()
 
     def __repr__(self) -> str:

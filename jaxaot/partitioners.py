@@ -21,7 +21,7 @@ def default_partition(joint: JointGraph) -> Partition:
         >>> import jax.numpy as jnp, jaxaot
         >>> joint = jaxaot.trace_joint(lambda x: jnp.sin(x).sum(), jnp.ones(3))
         >>> p = jaxaot.default_partition(joint)
-        >>> [r.source for r in p.residuals]
-        ['input']
+        >>> [(r.source, r.producer) for r in p.residuals]  # sin's derivative, computed in the forward
+        [('temporary', 'cos')]
     """
     return split_joint(joint, forward_values_used_by_backward(joint))
