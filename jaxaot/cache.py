@@ -464,19 +464,34 @@ def _same_partition(a: Partition, b: Partition) -> bool:
     )
 
 
+def _split_source(joint: Any, plan: Any) -> Any:
+    """The joint graph a partition is split from: ``joint``, or it with a primal rewrite replayed."""
+    if plan is None:
+        return joint
+    from jaxaot.min_cut import rejoint_with_plan  # only min-cut rewrites primals
+
+    return rejoint_with_plan(joint, plan)
+
+
 def _encode_partition(joint: Any, part: Partition) -> bytes | None:
-    """The saved set as var positions, or None if ``split_joint`` cannot reproduce ``part``."""
-    pos = _var_positions(C.jaxpr_of(joint.jaxpr))
+    """The saved set as var positions (plus any primal-rewrite plan), or None if they
+    cannot reproduce ``part``."""
+    plan = part.primal_plan
+    source = part.split_from if plan is not None else joint
+    if source is None:
+        return None
+    pos = _var_positions(C.jaxpr_of(source.jaxpr))
     saved = _saved_vars(part)
     if not all(not C.is_literal(v) and v in pos for v in saved):
-        return None  # the partitioner rewrote the joint graph: its vars are not ours
+        return None  # the partitioner rewrote the joint graph without telling how: not replayable
     try:
-        rebuilt = split_joint(joint, saved)
+        rebuilt_source = _split_source(joint, plan)
+        rebuilt = split_joint(rebuilt_source, _vars_at(C.jaxpr_of(rebuilt_source.jaxpr), [pos[v] for v in saved]))
     except Exception:
         return None
     if not _same_partition(rebuilt, part):
         return None
-    record = {"format": FORMAT_VERSION, "saved": [pos[v] for v in saved], "summary": _summary(part)}
+    record = {"format": FORMAT_VERSION, "saved": [pos[v] for v in saved], "summary": _summary(part), "plan": plan}
     return json.dumps(record, sort_keys=True).encode()
 
 
@@ -485,7 +500,11 @@ def _decode_partition(joint: Any, payload: bytes) -> Partition | None:
         record = json.loads(payload)
         if record.get("format") != FORMAT_VERSION:
             return None
-        part = split_joint(joint, _vars_at(C.jaxpr_of(joint.jaxpr), record["saved"]))
+        plan = record.get("plan")
+        source = _split_source(joint, plan)
+        part = split_joint(source, _vars_at(C.jaxpr_of(source.jaxpr), record["saved"]))
+        if plan is not None:
+            part = dataclasses.replace(part, primal_plan=plan, split_from=source)
     except Exception:
         return None
     return part if _summary(part) == record["summary"] else None

@@ -324,17 +324,29 @@ def min_cut_rematerialization_partition(
     part = split_joint(joint, choose_saved_values(joint, memory_budget))
     if not rematerialize_scans:
         return part
-    rewritten = scan_remat.rewrite_primal(joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
-    if rewritten is joint.primal:
+    rewritten, plan = scan_remat.rewrite_primal_planned(
+        joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
+    if not plan:
         return part
-    rejoint = build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals,
-                          differentiated=joint.differentiable)
+    rejoint = rejoint_with_plan(joint, plan)
     if (rejoint.differentiable, rejoint.needs_cotangent) != (joint.differentiable, joint.needs_cotangent):
         return part  # pragma: no cover - the rewrite keeps avals, so this cannot differ
     repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
     # Scan bodies may only save values they can name (not JAX's linearization
     # temporaries), which is almost never worse; keep whichever saves less.
-    return repart if repart.saved_bytes <= part.saved_bytes else part
+    if repart.saved_bytes > part.saved_bytes:
+        return part
+    return dataclasses.replace(repart, primal_plan=plan, split_from=rejoint)
+
+
+def rejoint_with_plan(joint: JointGraph, plan: dict) -> JointGraph:
+    """The joint graph of ``joint``'s primal with a scan-remat ``plan`` replayed.
+
+    Tracing is deterministic, so replaying the plan gives the joint graph the
+    min-cut split, without running the min-cut (the compile cache relies on it).
+    """
+    rewritten = scan_remat.replay(joint.primal, plan)
+    return build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals, differentiated=joint.differentiable)
 
 
 def rewrite_primal(closed_jaxpr: Any, *, memory_budget: float = 1.0) -> Any:

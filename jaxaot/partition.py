@@ -102,6 +102,7 @@ class Partition:
       grad_inputs: primal input indices that get a gradient.
       residuals: a :class:`Residual` per saved value, inputs first.
       recomputed: the forward eqns the backward recomputes (printed form).
+      primal_plan / split_from: see below; None for partitions of the joint as traced.
     """
 
     forward: Any
@@ -113,6 +114,11 @@ class Partition:
     grad_inputs: tuple[int, ...]
     residuals: tuple[Residual, ...]
     recomputed: Sequence[str] = ()
+    #: When a partitioner rewrote the primal before splitting (min-cut's scan
+    #: rematerialization), the JSON-able plan that replays the rewrite and the
+    #: joint graph the split was taken from; the compile cache uses both.
+    primal_plan: Any = None
+    split_from: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def saved_bytes(self) -> int:

@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -40,7 +39,6 @@ from jaxaot.tracing import JointGraph, build_joint
 Chooser = Callable[..., list]
 
 _TAG = "jaxaot_scan"
-_uid = itertools.count()
 
 
 def _avals(vars_: Sequence[Any]) -> list:
@@ -121,15 +119,38 @@ def choose_body_names(body: Any, choose: Chooser, names: dict) -> set[str] | Non
     return {tag_of[v] for v in saved if v in tag_of}
 
 
-def plan_scan(eqn: Any, choose: Chooser) -> Callable | None:
-    """The checkpointed body function to run ``eqn`` with, or None to keep it."""
+def _body_tags(body: Any, path: str) -> dict:
+    """A ``checkpoint_name`` per nameable value of ``body``, keyed by var.
+
+    Names come from the scan's nesting path and the value's position, so the
+    same program gets the same names in every process (the compile cache keys
+    on the program text) and nested bodies never share a name.
+    """
+    return {v: f"{_TAG}{path}_{i}_{j}" for i, e in enumerate(C.jaxpr_of(body).eqns)
+            for j, v in enumerate(e.outvars) if not C.is_drop_var(v) and _nameable(v)}
+
+
+def _positions(body: Any) -> dict:
+    """``var -> [eqn index, outvar index]`` in ``body``: names that survive a re-trace."""
+    return {v: [i, j] for i, e in enumerate(C.jaxpr_of(body).eqns) for j, v in enumerate(e.outvars)}
+
+
+def _checkpointed(body: Any, keep: dict) -> Callable:
+    policy = jax.checkpoint_policies.save_only_these_names(*sorted(keep.values()))
+    return jax.checkpoint(lambda *a: evaluate(body, a, keep), policy=policy, prevent_cse=False)
+
+
+def plan_scan(eqn: Any, choose: Chooser, path: str = "") -> tuple[Callable, dict] | None:
+    """The checkpointed body function to run ``eqn`` with and its replayable plan, or None.
+
+    The plan (JSON-able) names the saved body values by position, so
+    :func:`replay` can rebuild the same rewrite without running the min-cut.
+    """
     body = eqn.params["jaxpr"]
     if C.jaxpr_of(body).effects or eqn.params["length"] == 0:
         return None
-    body = rewrite_primal(body, choose)  # innermost scans first
-    jaxpr = C.jaxpr_of(body)
-    tags = {v: f"{_TAG}{next(_uid)}" for e in jaxpr.eqns for v in e.outvars
-            if not C.is_drop_var(v) and _nameable(v)}
+    body, nested = rewrite_primal_planned(body, choose, path)  # innermost scans first
+    tags = _body_tags(body, path)
     try:
         chosen = choose_body_names(body, choose, tags)
     except Exception:  # noqa: BLE001 - a body we cannot analyse keeps JAX's own residuals
@@ -137,8 +158,30 @@ def plan_scan(eqn: Any, choose: Chooser) -> Callable | None:
     if chosen is None:
         return None
     keep = {v: n for v, n in tags.items() if n in chosen}
-    policy = jax.checkpoint_policies.save_only_these_names(*sorted(chosen))
-    return jax.checkpoint(lambda *a: evaluate(body, a, keep), policy=policy, prevent_cse=False)
+    pos = _positions(body)
+    plan = {"saved": sorted(pos[v] for v in keep), "nested": nested}
+    return _checkpointed(body, keep), plan
+
+
+def _scan_eqns(closed: Any) -> list:
+    return [e for e in C.jaxpr_of(closed).eqns if e.primitive.name == "scan"]
+
+
+def _retrace(closed: Any, bodies: dict) -> Any:
+    jaxpr = C.jaxpr_of(closed)
+    return jax.make_jaxpr(lambda *a: evaluate(closed, a, scans=bodies))(*_avals(jaxpr.invars))
+
+
+def rewrite_primal_planned(closed: Any, choose: Chooser, path: str = "") -> tuple[Any, dict]:
+    """:func:`rewrite_primal` and its plan: ``{scan ordinal (str): plan}`` (empty: unchanged)."""
+    bodies, plan = {}, {}
+    for k, eqn in enumerate(_scan_eqns(closed)):
+        planned = plan_scan(eqn, choose, f"{path}.{k}")
+        if planned is not None:
+            bodies[id(eqn)], plan[str(k)] = planned
+    if not bodies:
+        return closed, {}
+    return _retrace(closed, bodies), plan
 
 
 def rewrite_primal(closed: Any, choose: Chooser) -> Any:
@@ -150,9 +193,36 @@ def rewrite_primal(closed: Any, choose: Chooser) -> Any:
     no runtime hook is needed; a runtime that wants to skip the re-trace can
     apply :func:`jaxaot.min_cut.rewrite_primal` to the primal before ``build_joint``.
     """
-    jaxpr = C.jaxpr_of(closed)
-    plans = {id(e): plan_scan(e, choose) for e in jaxpr.eqns if e.primitive.name == "scan"}
-    plans = {k: p for k, p in plans.items() if p is not None}
-    if not plans:
+    return rewrite_primal_planned(closed, choose)[0]
+
+
+def replay(closed: Any, plan: dict, path: str = "") -> Any:
+    """Apply a plan from :func:`rewrite_primal_planned` again, without choosing anything.
+
+    Tracing is deterministic, so the positions in the plan name the same body
+    values; the persistent cache uses this to rebuild a min-cut partition.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot import min_cut, scan_remat
+        >>> def f(w, xs):
+        ...     step = lambda h, x: (jnp.tanh(jnp.sin(h @ w) + x), None)
+        ...     return jax.lax.scan(step, jnp.zeros(3), xs)[0]
+        >>> primal = jax.make_jaxpr(f)(jnp.ones((3, 3)), jnp.ones((5, 3)))
+        >>> new, plan = scan_remat.rewrite_primal_planned(primal, min_cut.choose_saved_values)
+        >>> str(scan_remat.replay(primal, plan)) == str(new)
+        True
+    """
+    if not plan:
         return closed
-    return jax.make_jaxpr(lambda *a: evaluate(closed, a, scans=plans))(*_avals(jaxpr.invars))
+    bodies = {}
+    for k, eqn in enumerate(_scan_eqns(closed)):
+        record = plan.get(str(k))
+        if record is None:
+            continue
+        body = replay(eqn.params["jaxpr"], record["nested"], f"{path}.{k}")
+        at = {tuple(p): v for v, p in _positions(body).items()}
+        tags = _body_tags(body, f"{path}.{k}")
+        keep = {at[tuple(p)]: tags[at[tuple(p)]] for p in record["saved"]}
+        bodies[id(eqn)] = _checkpointed(body, keep)
+    return _retrace(closed, bodies)

@@ -310,3 +310,31 @@ def test_concurrent_writers(tmp_path):
             assert cache._decode_executable(payload) is not None
         else:
             assert json.loads(payload)["saved"]
+
+
+def counting_min_cut(joint):
+    CALLS["partition"] += 1
+    return jaxaot.min_cut_rematerialization_partition(joint)
+
+
+def scanned_loss(w, x):
+    def layer(h, wl):
+        return jnp.tanh(jnp.sin(h @ wl) * 2.0), None
+
+    h, _ = jax.lax.scan(layer, x @ w, jnp.stack([jnp.eye(3)] * 4))
+    return jnp.mean(h**2)
+
+
+def test_min_cut_scan_rewrite_is_replayed_not_rechosen(cache_dir):
+    # min-cut rewrites scan bodies (per-iteration remat) before splitting; the cache stores
+    # the rewrite plan, so a second process-alike AOTFunction neither partitions nor compiles.
+    assert jaxaot.min_cut_rematerialization_partition(jaxaot.trace_joint(scanned_loss, *_inputs())).primal_plan
+    first = _run(scanned_loss, partition_fn=counting_min_cut)
+    assert cache.stats().partition_misses == 1 and CALLS["partition"] == 1
+    _reset_counts()
+    second = _run(scanned_loss, partition_fn=counting_min_cut)
+    assert CALLS == {"partition": 0, "compile": 0}
+    assert cache.stats().partition_hits == 1 and cache.stats().executable_hits == 3
+    chex.assert_trees_all_close(second, first, **TOL)
+    want = jax.value_and_grad(scanned_loss, argnums=(0, 1))(*_inputs())
+    chex.assert_trees_all_close(second[:2], want, **TOL)
