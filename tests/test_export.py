@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import os
 import subprocess
 import sys
 import textwrap

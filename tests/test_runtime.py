@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
