@@ -176,11 +176,23 @@ def revolve_counts(n: int, k: int) -> RevolveCounts:
 
 
 # --------------------------------------------------------------------------- the schedule, in JAX
+def _searchsorted(table, value):
+    """``jnp.searchsorted(table, value)`` (side left) as one compare-and-count.
+
+    jnp.searchsorted's default method is a ``lax.scan`` of log2(len) bisection
+    steps: a nested while loop in every loop step (a dozen tiny kernels and a loop
+    on a GPU, and a select-driven loop XLA tries to analyse); the tables here have
+    at most ``_MAX_REPS + 1`` entries, so counting the entries below ``value`` is
+    one fused reduction.
+    """
+    return jnp.sum(jnp.asarray(table) < value, dtype=jnp.int32)
+
+
 def _online_update(i, pos, k: int):
     """``(slot to write, new positions)`` after step ``i`` (slot k: a scratch slot)."""
     ends, table = placement_table(k)
-    r = jnp.minimum(jnp.searchsorted(jnp.asarray(ends), i + 1), len(ends) - 1)
-    row = jnp.asarray(table)[r]
+    r = jnp.minimum(_searchsorted(ends, i + 1), len(ends) - 1)
+    row = _table_row(table, r)
     hit = (row == i) & (i > 0)
     slot = jnp.where(jnp.any(hit), jnp.argmax(hit), k).astype(jnp.int32)
     slots = jnp.arange(k)
@@ -190,20 +202,27 @@ def _online_update(i, pos, k: int):
 
 
 def _split_jax(length, slots, k: int):
-    table = jnp.asarray(beta_table(k))
-    row = table[jnp.clip(slots, 0, k)]
-    r = jnp.minimum(jnp.searchsorted(row, length), _MAX_REPS)
-    b_s = row[jnp.maximum(r - 2, 0)] * (r >= 2)
-    b_s1 = table[jnp.clip(slots - 1, 0, k)][r]
+    table = beta_table(k)
+    row = _table_row(table, jnp.clip(slots, 0, k))
+    r = jnp.minimum(_searchsorted(row, length), _MAX_REPS)
+    b_s = _read(row, jnp.maximum(r - 2, 0)) * (r >= 2)
+    b_s1 = _read(_table_row(table, jnp.clip(slots - 1, 0, k)), r)
     return jnp.clip(jnp.maximum(b_s, length - b_s1), 1, length - 1)
 
 
 def _write(buf, slot, x):
-    return jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), slot, 0)
+    return jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), slot, 0, allow_negative_indices=False)
 
 
 def _read(buf, slot):
-    return jax.lax.dynamic_index_in_dim(buf, slot, keepdims=False)
+    return jax.lax.dynamic_index_in_dim(buf, slot, keepdims=False, allow_negative_indices=False)
+
+
+def _table_row(table: np.ndarray, r):
+    """``table[r]`` for a constant table: a one-hot masked sum, so no dynamic slice of a
+    constant whose offset XLA might try to evaluate at compile time."""
+    hit = np.arange(table.shape[0])[:, None] == r
+    return jnp.sum(jnp.where(hit, jnp.asarray(table), 0), axis=0, dtype=table.dtype)
 
 
 # --------------------------------------------------------------------------- the linear primitive
@@ -288,7 +307,7 @@ def _linear_transpose(cts, *args, **params):
     def advance(state, fine):
         x, cur, top, pos, buf = state
         slots = k - top
-        p_top = pos[top]
+        p_top = _read(pos, top)
         target = jnp.where(slots > 1, p_top + _split_jax(fine - p_top, slots, k), -1)
         x = [P._strong(a) for a in _step(params, kc, x)[0]]
         cur = cur + 1
@@ -302,11 +321,11 @@ def _linear_transpose(cts, *args, **params):
         fine, top, pos, buf, ct, acc = state
         x = [_read(b, top) for b in buf]
         x, _, top, pos, buf = while_loop(lambda s: s[1] < fine - 1, lambda s: advance(s, fine),
-                                         (x, pos[top], top, pos, buf), checkpoints=k)
+                                         (x, _read(pos, top), top, pos, buf), checkpoints=k)
         ct_lc, ct = _vjp_step(params, kc, x, lc_avals, ct)
         acc = [a + g for a, g in zip(acc, ct_lc)]
         fine = fine - 1
-        pop = pos[top] == fine
+        pop = _read(pos, top) == fine
         pos = jnp.where(pop & (jnp.arange(k) == top), -1, pos)
         return fine, top - pop.astype(jnp.int32), pos, buf, ct, acc
 

@@ -46,6 +46,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -244,8 +245,11 @@ def counted_loop(body: Any, num_consts: int, num_carry: int, length: int, revers
 
 
 # --------------------------------------------------------------------------- evaluation
-def run_loop(loop: Loop, args: Sequence[Any]) -> list:
-    """Evaluate a loop with ``lax.while_loop`` (the impl and the MLIR lowering)."""
+def run_loop(loop: Loop, args: Sequence[Any], blocked: bool = False) -> list:
+    """Evaluate a loop with ``lax.while_loop`` (the impl and the MLIR lowering).
+
+    ``blocked`` (the GPU lowering) runs the loop in blocks of a constant trip count;
+    see :func:`_blocked_counted`."""
     n, consts, carry, xs = loop.split(args)
     carry = [_strong(c) for c in carry]
 
@@ -268,12 +272,19 @@ def run_loop(loop: Loop, args: Sequence[Any]) -> list:
     def body(state):
         i, c, ys = state
         j = n - 1 - i if loop.reverse else i
-        rows = [lax.dynamic_index_in_dim(x, j, keepdims=False) for x in xs]
+        rows = [lax.dynamic_index_in_dim(x, j, keepdims=False, allow_negative_indices=False) for x in xs]
         new_c, y_rows = _split(_eval(loop.body, *consts, *c, *rows), [loop.num_carry])
-        ys = [lax.dynamic_update_index_in_dim(y, r.astype(y.dtype), j, 0) for y, r in zip(ys, y_rows)]
+        ys = [lax.dynamic_update_index_in_dim(y, r.astype(y.dtype), j, 0, allow_negative_indices=False)
+              for y, r in zip(ys, y_rows)]
         return i + 1, [_strong(x) for x in new_c], ys
 
-    i, c, ys = lax.while_loop(cond, body, (jnp.zeros((), _INT), carry, ys0))
+    state0 = (jnp.zeros((), _INT), carry, ys0)
+    if loop.counted and blocked:
+        i, c, ys = _blocked_counted(body, n, loop.length, state0)
+    elif loop.stacks and blocked and _speculate(loop):
+        i, c, ys = _speculative_stack(loop, consts, state0, cond_value, cond, body)
+    else:
+        i, c, ys = lax.while_loop(cond, body, state0)
     outs = [*c, *ys]
     if loop.stacks:
         overflowed = jnp.logical_and(i >= loop.length, cond_value(c))
@@ -281,8 +292,93 @@ def run_loop(loop: Loop, args: Sequence[Any]) -> list:
     return outs
 
 
-def _run_prim(prim, *args, **params):
-    return run_loop(loop_of(prim, params), args)
+# A while loop whose trip count XLA cannot infer costs, on a GPU, a device-to-host
+# copy of its predicate and a stream synchronisation per iteration (XLA's WhileThunk
+# evaluates the condition on the host); a loop with a constant trip count does not.
+# So the counted loops run as ``num_steps // B`` blocks of a constant-trip-count inner
+# loop of B iterations, then a remainder loop of fewer than B iterations: about
+# ``2 * sqrt(length)`` synchronisations instead of ``num_steps``, no extra work.
+# The stacking loop, whose trip count depends on its condition, runs B iterations per
+# outer step speculatively: an iteration after the condition turned false leaves
+# the carry, the counter and the stack unchanged (selects), so at most B - 1 body
+# evaluations are wasted. Only bodies and conditions without effects speculate.
+# CPU and TPU run while loops without a host round trip per iteration, so they keep
+# the plain loop; JAXAOT_BLOCKED_LOOPS=1 selects the blocked form everywhere (tests).
+_BLOCKED_PLATFORMS = ("cuda", "rocm")
+_BLOCK_EVERYWHERE = os.environ.get("JAXAOT_BLOCKED_LOOPS", "") not in ("", "0")
+_MIN_BLOCKED_LENGTH = 16
+_SPECULATE_BLOCK = 8
+
+
+def _block_size(length: int) -> int:
+    return max(1, int(np.sqrt(length))) if length >= _MIN_BLOCKED_LENGTH else 1
+
+
+def _blocked_counted(body: Callable, n: Any, length: int, state0: Any) -> Any:
+    def plain(state):
+        return lax.while_loop(lambda s: s[0] < n, body, state)
+
+    b = _block_size(length)
+    if b <= 1:
+        return plain(state0)
+    full = (n // b) * b
+
+    def block(state):
+        return lax.fori_loop(0, b, lambda _, s: body(s), state)
+
+    return plain(lax.while_loop(lambda s: s[0] < full, block, state0))
+
+
+_UNBOUNDED_LOOPS = ("while", "while_loop", "while_loop_stack_output")
+
+
+def _has_unbounded_loop(closed: Any) -> bool:
+    """Whether a jaxpr runs a cond-driven loop (one that, speculatively run on a state
+    past the outer loop's end, might never stop)."""
+    for eqn in C.jaxpr_of(closed).eqns:
+        if str(eqn.primitive) in _UNBOUNDED_LOOPS:
+            return True
+        if any(_has_unbounded_loop(sub) for sub in C.eqn_subjaxprs(eqn)):
+            return True
+    return False
+
+
+def _speculate(loop: Loop) -> bool:
+    return (loop.num_xs == 0 and loop.length >= _MIN_BLOCKED_LENGTH and not loop.effects()
+            and not _has_unbounded_loop(loop.body))
+
+
+def _speculative_stack(loop: Loop, consts: Sequence[Any], state0: Any, cond_value: Callable,
+                       cond: Callable, body: Callable) -> Any:
+    """The stacking loop, ``_SPECULATE_BLOCK`` iterations per outer step while that many
+    rows are free, then the plain loop for the rest (at most one check if it stopped).
+
+    Inside a block the row index stays below the capacity, so each iteration writes
+    its row unconditionally (an iteration after the stop rewrites row ``num_steps``,
+    which is unspecified); only the carry and the counter are selected."""
+    b = _SPECULATE_BLOCK
+
+    def step(_, state):
+        i, c, ys, running = state
+        pred = jnp.logical_and(running, cond_value(c))
+        new_c, y_rows = _split(_eval(loop.body, *consts, *c), [loop.num_carry])
+        new_c = [lax.select(pred, _strong(a), a0) for a, a0 in zip(new_c, c)]
+        ys = [lax.dynamic_update_index_in_dim(y, r.astype(y.dtype), i, 0, allow_negative_indices=False)
+              for y, r in zip(ys, y_rows)]
+        return i + pred.astype(_INT), new_c, ys, pred
+
+    def block(state):
+        return lax.fori_loop(0, b, step, state)
+
+    def block_cond(state):
+        return jnp.logical_and(state[3], state[0] <= loop.length - b)
+
+    i, c, ys, _ = lax.while_loop(block_cond, block, (*state0, jnp.asarray(True)))
+    return lax.while_loop(cond, body, (i, c, ys))
+
+
+def _run_prim(prim, *args, blocked=False, **params):
+    return run_loop(loop_of(prim, params), args, blocked)
 
 
 def _abstract_eval(prim, *avals, **params):
@@ -292,7 +388,10 @@ def _abstract_eval(prim, *avals, **params):
 
 for _p in (while_loop_p, while_loop_stack_output_p, counted_loop_p):
     _p.def_effectful_abstract_eval(partial(_abstract_eval, _p))
-    C.register_lowering(_p, C.lower_fun(partial(_run_prim, _p), multiple_results=True))
+    C.register_lowering(_p, C.lower_fun(partial(_run_prim, _p, blocked=_BLOCK_EVERYWHERE), multiple_results=True))
+    for _platform in _BLOCKED_PLATFORMS:
+        C.register_lowering(_p, C.lower_fun(partial(_run_prim, _p, blocked=True), multiple_results=True),
+                            platform=_platform)
 
 
 # --------------------------------------------------------------------------- run-time checks
