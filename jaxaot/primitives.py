@@ -548,7 +548,7 @@ def _partial_eval(prim, trace, *tracers, **params):
     ys_uk = out_uk[loop.num_carry:]
     length, on_overflow = _stack_capacity(loop)
     k, m = loop.num_consts, loop.num_carry
-    kc_n, kt_n, kx_n = k - sum(consts_uk), m - sum(carry_uk), loop.num_xs - sum(xs_uk)
+    kc_n, kt_n = k - sum(consts_uk), m - sum(carry_uk)
     num_res = len(res_avals)
     num_known_outs = kt_n + loop.num_ys - sum(ys_uk)
 
