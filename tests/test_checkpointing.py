@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
@@ -43,10 +45,65 @@ def test_issue_target_n1000_k10():
     assert c.forward <= 1.10 * c.optimum, c
 
 
-def test_online_counts_stay_near_the_optimum_on_average():
-    for k in (3, 10):
-        ratios = [ck.revolve_counts(n, k).forward / (ck.revolve_optimum(n, k) + 1) for n in range(20, 1200, 37)]
-        assert sum(ratios) / len(ratios) < 1.15, (k, max(ratios))
+@pytest.mark.parametrize("k", [2, 3, 5, 10, 17, 40])
+def test_online_placement_is_within_ten_percent_of_the_optimum(k):
+    # Every trip count from 100 on, in one sweep of the forward's decisions.
+    worst = max((ck.placement_cost(n, k, held) / ck.revolve_optimum(n, k), n)
+                for n, held in itertools.islice(ck.online_placement(k), 2500) if n >= 100)
+    assert worst[0] <= 1.10, (k, worst)
+
+
+@pytest.mark.parametrize("n,k", [(2, 2), (68, 10), (287, 10), (1200, 3), (2000, 40)])
+def test_placement_cost_is_what_the_backward_runs(n, k):
+    pos = ck.snapshots_after_forward(n, k)
+    assert ck.placement_cost(n, k, pos) == n + ck.backward_advances(n, k, pos)
+
+
+def test_no_online_schedule_meets_ten_percent_for_small_n():
+    # Why the goal starts at n = 100: with k = 2 (one movable snapshot), search every
+    # online schedule. Whichever steps it moves the snapshot at, the forward steps
+    # minus the last one (the optimum fuses it into a VJP) exceed 1.15x the optimum
+    # for some n in 20..40.
+    k, rho = 2, 1.15
+    alive = {0}  # where the movable snapshot can be, over all schedules that met rho so far
+    for n in range(2, 41):
+        alive = alive | {n - 1}
+        if n >= 20:
+            alive = {p for p in alive
+                     if ck.placement_cost(n, k, [0, p] if p else [0]) - 1 <= rho * ck.revolve_optimum(n, k)}
+    assert not alive
+
+
+@pytest.mark.parametrize("k", [2, 5, 40])
+def test_segment_cost_agrees_in_numpy_and_jax(k):
+    rng = np.random.default_rng(k)
+    length = np.concatenate([np.arange(0, 40), rng.integers(1, 2**31 - 1, 40), rng.integers(1, 10**6, 40)])
+    slots = rng.integers(1, k + 1, length.size)
+    got_np = ck._segment_cost(np, length.astype(np.int64), slots, k)
+    got_jax = jax.jit(lambda x: ck._segment_cost(jnp, x, slots, k))(length.astype(np.int32))
+    np.testing.assert_array_equal(got_np, np.asarray(got_jax))
+    cap = ck._cost_cap(k)
+    for length_, s, t in zip(length.tolist(), slots.tolist(), got_np.tolist()):
+        if length_ <= ck.beta(s, ck._MAX_REPS):
+            assert t == min(ck.revolve_optimum(length_, s), cap), (length_, s)
+        else:  # beyond the table: saturated, an option never worth taking
+            assert t == cap, (length_, s)
+
+
+def test_jax_placement_matches_the_numpy_mirror():
+    k = 4
+
+    def run(n):
+        levels = (jnp.full((k,), -1, jnp.int32).at[0].set(0), jnp.arange(k, dtype=jnp.int32), jnp.int32(1))
+
+        def body(i, state):
+            return ck._place(jnp, i, *state, k)[1:]
+
+        return lax.fori_loop(1, n, body, levels)
+
+    for n in (1, 2, 9, 57, 300):
+        pos, _, m = jax.jit(run, static_argnums=0)(n)
+        assert [int(p) for p in pos[: int(m)]] == [p for p in ck.snapshots_after_forward(n, k) if p >= 0]
 
 
 @pytest.mark.parametrize("n,k", [(0, 2), (1, 1), (9, 2), (40, 3)])
