@@ -21,6 +21,7 @@ Usage: ``python benchmarks/bench_partitioners.py [--small] [--out FILE] [--only 
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import sys
 from typing import Any, Callable
@@ -142,6 +143,8 @@ def methods(loss: Callable, args: tuple) -> list[Result]:
     ckpt = jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable)
     return [
         jaxaot_method("jaxaot (min-cut)", loss, args, jaxaot.min_cut_rematerialization_partition),
+        jaxaot_method("jaxaot (min-cut, budget 0.95)", loss, args,
+                      functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.95)),
         jaxaot_method("jaxaot (default)", loss, args, jaxaot.default_partition),
         split_method("jax.fwd_and_bwd", loss, args),
         split_method("checkpoint(dots_saveable)", ckpt, args),

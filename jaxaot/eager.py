@@ -46,22 +46,31 @@ def value_and_grad(
         picked = {id(x) for n in nums for x in jax.tree_util.tree_leaves(args[n])}
         return entry.training(tuple(id(x) in picked for x in leaves))
 
+    plans: dict[int, Any] = {}  # id(entry) -> (entry, training or None): what this signature runs
+
+    def plan_for(entry, leaves, args):
+        # The differentiated leaves are fixed by the signature, so decide once per entry.
+        plan = plans.get(id(entry))
+        if plan is None:
+            ok = all(n < len(args) and n not in fun.static_argnums for n in nums) and all(
+                C.is_inexact(jax.numpy.result_type(x)) for n in nums for x in jax.tree_util.tree_leaves(args[n]))
+            plan = plans[id(entry)] = (entry, training_for(entry, leaves, args) if ok else None)
+        return plan[1]
+
     def vg(*args: Any, **kwargs: Any):
         entry, leaves, kind = fun._lookup(args, kwargs)
         if kind != 0:
             return fallback(*args, **kwargs)
-        dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
-        if any(n >= len(args) or n in fun.static_argnums for n in nums):
-            return fallback(*args, **kwargs)  # JAX's own error for bad argnums
-        if not all(C.is_inexact(jax.numpy.result_type(x)) for n in nums for x in jax.tree_util.tree_leaves(args[n])):
-            return fallback(*args, **kwargs)  # JAX's own error for integer inputs
-        tr = training_for(entry, leaves, args)
+        tr = plan_for(entry, leaves, args)
+        if tr is None:
+            return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         outs, residuals = tr.forward(leaves)
         value_leaf = 0
         if not (tr.joint.needs_cotangent[value_leaf] and np.shape(outs[value_leaf]) == ()):
             return fallback(*args, **kwargs)  # let JAX raise its own error for non-scalar outputs
         grads = tr.backward(residuals, tr.unit_cotangents(value_leaf))
         dyn, _ = tr.input_grads_tree(grads)
+        dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
         out_tree = jax.tree_util.tree_unflatten(entry.out_tree, outs)
         grad = picked[0] if single else picked

@@ -166,10 +166,13 @@ class Residuals:
     signature produced it, so ``backward`` can refuse residuals of another one.
     """
 
-    def __init__(self, arrays: Sequence[Any], training: "_Training", generation: int | None = None):
+    def __init__(self, arrays: Sequence[Any], training: "_Training", generation: int | None = None,
+                 *, _checked: bool = False):
         self.arrays = tuple(arrays)
         self._training = training
         self._generation = training.generation if generation is None else generation
+        # Made by forward itself: shapes are right by construction, backward skips the check.
+        self._checked = _checked
 
     def tree_flatten(self):
         return self.arrays, (self._training, self._generation)
@@ -390,6 +393,7 @@ class _Training:
         self.capacity = _INITIAL_LOOP_CAPACITY
         self.generation = 0  # bumped when a loop outgrows its stack and all is rebuilt
         self._custom_vjp: Callable | None = None
+        self._float0s: list | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -492,7 +496,12 @@ class _Training:
 
     def input_grads_tree(self, grads: Sequence[Any]) -> Any:
         """``(args, kwargs)``-shaped grads; float0 zeros for non-differentiated leaves."""
-        full: list[Any] = [C.zeros_float0(a.shape) for a in self.entry.in_avals]
+        if self._float0s is None:
+            # float0 arrays hold no data; read-only, so one set can be handed out every call
+            self._float0s = [C.zeros_float0(a.shape) for a in self.entry.in_avals]
+            for z in self._float0s:
+                z.flags.writeable = False
+        full: list[Any] = list(self._float0s)
         for i, g in zip(self.partition.grad_inputs, grads):
             full[i] = g
         return jax.tree_util.tree_unflatten(self.entry.signature.treedef, full)
@@ -721,7 +730,7 @@ class AOTFunction:
             raise _abstract_call_error(self.__name__)
         tr = entry.training()
         outs, residuals = tr.forward(leaves)
-        return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, tr)
+        return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, tr, _checked=True)
 
     def backward(self, residuals: Residuals, cotangents: Any) -> Any:
         """Run the compiled backward on residuals from :meth:`forward`.
@@ -756,7 +765,8 @@ class AOTFunction:
                 "these residuals were produced before a while loop in the function outgrew its stack "
                 "and the programs were rebuilt with a larger one: run forward again."
             )
-        self._check_residuals(tr, residuals.arrays)
+        if not residuals._checked:
+            self._check_residuals(tr, residuals.arrays)
         cts = self._check_cotangents(tr, cotangents)
         grads = tr.backward(residuals.arrays, cts)
         dyn, kwargs = tr.input_grads_tree(grads)
