@@ -139,11 +139,14 @@ def _place(xp, i, pos, slot_of, m, k: int):
     nxt = xp.where(a + 1 < m, xp.roll(pos, -1), i)
     prev = xp.roll(pos, 1)
     valid = a < m
-    cost = lambda length, slots: xp.where(valid, _segment_cost(xp, length, slots, k), 0)  # noqa: E731
-    own = cost(nxt - pos, k - a)  # each level's segment, the state appended
-    shifted = cost(nxt - pos, k - a + 1)  # the same after a level below is dropped
-    longer = cost(nxt - pos + 1, k - a)  # the last segment when the state is skipped
-    merged = cost(nxt - prev, k - a + 1)  # level a dropped: its segment joins the one below
+    # Four costs per level, in one batch of 4k lanes: its segment with the state
+    # appended; the same after a level below is dropped (one more slot); the last
+    # segment when the state is skipped (one step longer); level a dropped, its
+    # segment joined to the one below.
+    lengths = xp.concatenate([nxt - pos, nxt - pos, nxt - pos + 1, nxt - prev])
+    slots = np.concatenate([k - a, k - a + 1, k - a, k - a + 1])
+    costs = xp.where(xp.concatenate([valid] * 4), _segment_cost(xp, lengths, slots, k), 0)
+    own, shifted, longer, merged = (costs[q * k:(q + 1) * k] for q in range(4))
     before = xp.cumsum(own) - own
     after = xp.sum(shifted) - xp.cumsum(shifted)
     big = _INT32_MAX
