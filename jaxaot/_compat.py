@@ -170,6 +170,16 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, _core.Tracer)
 
 
+def current_trace() -> Any:
+    """The trace JAX is tracing into right now (an eval trace when not tracing)."""
+    return _core.trace_ctx.trace
+
+
+def trace_of(x: Any) -> Any:
+    """The trace a tracer belongs to; None for a concrete value."""
+    return x._trace if isinstance(x, _core.Tracer) else None
+
+
 def is_forward_mode_tracer(x: Any) -> bool:
     """True for the tracers of ``jax.jvp`` (not those of ``jax.grad``'s linearize).
 

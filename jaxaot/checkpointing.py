@@ -394,6 +394,47 @@ def _linear_transpose(cts, *args, **params):
 
 
 C.primitive_transposes[checkpointed_linear_p] = _linear_transpose
+
+
+def _linear_jvp(primals, tangents, **params):
+    """Linear in (linear consts, linear carry): their tangents go through the same
+    map, which stays transposable. Tangents of the replayed primal inputs (forward
+    mode over a linearization) take the plain loop's JVP instead."""
+    out = checkpointed_linear_p.bind(*primals, **params)
+    n, pos, slot_of, snaps, kc, lc, lt = _linear_split(primals, params)
+    _, _, _, d_snaps, d_kc, d_lc, d_lt = _linear_split(tangents, params)
+    if all(P._is_zero(t) for t in (*d_snaps, *d_kc)):
+        d_lin = [C.instantiate_zeros(t) for t in (*d_lc, *d_lt)]
+        return out, checkpointed_linear_p.bind(n, pos, slot_of, *snaps, *kc, *d_lin, **params)
+    tangents = [C.instantiate_zeros(t) if not P._is_zero(t) or C.is_inexact(jnp.result_type(x))
+                else C.zeros_float0(jnp.shape(x)) for x, t in zip(primals, tangents)]
+    _, d_out = jax.jvp(functools.partial(_linear_impl, **params), tuple(primals), tuple(tangents))
+    return out, list(d_out)
+
+
+def _linear_batch(args, dims, **params):
+    """vmap over linear consts / carry (``jax.vmap`` of a linearized function) keeps
+    the primitive, with a vmapped linear body; lanes that replay different primal
+    states run the plain loop under vmap (correct, but not transposable)."""
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    n, pos, slot_of, snaps, kc, lc, lt = _linear_split(args, params)
+    dn, dp, ds, d_snaps, d_kc, d_lc, d_lt = _linear_split(dims, params)
+    if any(d is not None for d in (dn, dp, ds, *d_snaps, *d_kc)):
+        out = jax.vmap(functools.partial(_linear_impl, **params), in_axes=tuple(dims))(*args)
+        return list(out), [0] * len(out)
+    lc = [P._moveaxis(c, d, 0) if d is not None else c for c, d in zip(lc, d_lc)]
+    lt = [P._moveaxis(t, d, 0) if d is not None else P._bcast(t, size) for t, d in zip(lt, d_lt)]
+    nres = _num_res(params)
+    in_axes = [None] * nres + [0 if d is not None else None for d in d_lc] + [0] * len(lt)
+    vlin = jax.vmap(functools.partial(P._eval, params["linear_body"]), in_axes=tuple(in_axes))
+    res_avals = C.in_avals_of(params["linear_body"])[:nres]
+    linear_body = P._trace(vlin, [*res_avals, *[jax.typeof(c) for c in lc], *[jax.typeof(t) for t in lt]])
+    out = checkpointed_linear_p.bind(n, pos, slot_of, *snaps, *kc, *lc, *lt, **dict(params, linear_body=linear_body))
+    return list(out), [0] * len(out)
+
+
+C.primitive_jvps[checkpointed_linear_p] = _linear_jvp
+C.primitive_batchers[checkpointed_linear_p] = _linear_batch
 checkpointed_linear_p._jaxaot_has_rules = True
 
 

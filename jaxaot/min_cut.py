@@ -346,6 +346,8 @@ def rejoint_with_plan(joint: JointGraph, plan: dict) -> JointGraph:
     min-cut split, without running the min-cut (the compile cache relies on it).
     """
     rewritten = scan_remat.replay(joint.primal, plan)
+    if joint.rebuild is not None:  # same decompositions and runtime aux outputs as the original
+        return joint.rebuild(rewritten)
     return build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals, differentiated=joint.differentiable)
 
 

@@ -677,23 +677,57 @@ def _uses_batched(closed: Any, batched: Sequence[bool]) -> bool:
     return any(u and b for u, b in zip(used, batched))
 
 
+def _batched_outputs(closed: Any, batched: Sequence[bool]) -> list[bool]:
+    """Which outputs depend on a batched input (a safe over-approximation of vmap's)."""
+    n_out = len(C.out_avals_of(closed))
+    out = []
+    for j in range(n_out):
+        _, used = C.dce_closed(closed, [i == j for i in range(n_out)])
+        out.append(any(u and b for u, b in zip(used, batched)))
+    return out
+
+
+def _batched_carries(loop: Any, cb: Sequence[bool], tb: Sequence[bool], xb: Sequence[bool]) -> tuple[list, list]:
+    """Fixpoint of which carries (and stacked outputs) vmap must batch.
+
+    Only carries that a batched value reaches get a batch axis, so ``jax.jacfwd``
+    (a vmap over tangents) leaves the primal carries unbatched, as lax.while_loop
+    does.
+    """
+    m = loop.num_carry
+    tb = list(tb)
+    while True:
+        outs = _batched_outputs(loop.body, [*cb, *tb, *xb])
+        new = [a or b for a, b in zip(tb, outs[:m])]
+        if new == tb:
+            return tb, outs[m:]
+        tb = new
+
+
 def _batch(prim, args, dims, **params):
     loop = loop_of(prim, params)
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     n, consts, carry, xs = loop.split(args)
     nd, cd, td, xd = loop.split(dims)
-    consts = [_moveaxis(c, d, 0) if d is not None else c for c, d in zip(consts, cd)]
-    carry = [_moveaxis(c, d, 0) if d is not None else _bcast(c, size) for c, d in zip(carry, td)]
-    xs = [_moveaxis(x, d, 1) if d is not None else x for x, d in zip(xs, xd)]
     cb = [d is not None for d in cd]
     xb = [d is not None for d in xd]
     k, m, nx, ny = loop.num_consts, loop.num_carry, loop.num_xs, loop.num_ys
-    body_in_axes = tuple([0 if b else None for b in cb] + [0] * m + [0 if b else None for b in xb])
-    vbody = jax.vmap(partial(_eval, loop.body), in_axes=body_in_axes)
+    tb, yb = _batched_carries(loop, cb, [d is not None for d in td], xb)
+    pred_batched = loop.cond is not None and _uses_batched(loop.cond, cb + tb)
+    n_batched = loop.counted and nd is not None
+    if pred_batched or n_batched:
+        # Lanes stop at different steps: every carry and row is selected per lane.
+        tb, yb = [True] * m, [True] * ny
+    consts = [_moveaxis(c, d, 0) if d is not None else c for c, d in zip(consts, cd)]
+    carry = [_moveaxis(c, d, 0) if d is not None else (_bcast(c, size) if b else c)
+             for c, d, b in zip(carry, td, tb)]
+    xs = [_moveaxis(x, d, 1) if d is not None else x for x, d in zip(xs, xd)]
+    body_in_axes = tuple([0 if b else None for b in cb] + [0 if b else None for b in tb]
+                         + [0 if b else None for b in xb])
+    body_out_axes = [0 if b else None for b in tb] + [0 if b else None for b in yb]
+    vbody = jax.vmap(partial(_eval, loop.body), in_axes=body_in_axes, out_axes=body_out_axes)
     vcond = (jax.vmap(partial(_eval, loop.cond), in_axes=body_in_axes[: k + m])
              if loop.cond is not None else None)
-    pred_batched = loop.cond is not None and _uses_batched(loop.cond, cb + [True] * m)
-    n_batched = loop.counted and nd is not None
     count_lanes = loop.stacks and pred_batched
     lane_mask = []
     if n_batched:
@@ -735,7 +769,7 @@ def _batch(prim, args, dims, **params):
     new_loop = loop.replace(body=new_body, cond=new_cond, num_carry=m + len(counter0))
     outs = new_loop.bind(new_loop.join(n, consts, [*carry, *counter0], [*xs, *lane_mask]))
     t_out, cnt, y_out, extra = _split(outs, [m, len(counter0), ny])
-    out_dims = [0] * m + [1] * ny
+    out_dims = [0 if b else None for b in tb] + [1 if b else None for b in yb]
     if loop.stacks:
         if count_lanes:
             (lanes,) = cnt

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.errors import InvalidInputError, InvalidOutputError, NoDifferentiationRuleError
+from jaxaot.errors import InvalidInputError, InvalidOutputError, NoDifferentiationRuleError, ReverseModeBoundError
 
 Decompositions = Mapping[Any, Callable[..., Any]]
 
@@ -94,6 +95,10 @@ class JointGraph:
       num_aux: how many trailing outputs are not the function's but the runtime's
         (trip counts of while loops whose stack the runtime sizes); they are
         integers, so they take no cotangent. ``out_tree`` describes the others.
+      rebuild: ``rebuild(primal) -> JointGraph`` builds the joint graph of another
+        primal program of the same signature with the same options (decompositions,
+        differentiated inputs, runtime aux outputs): for passes that rewrite the
+        primal, such as the min-cut's scan rematerialization.
     """
 
     jaxpr: Any
@@ -107,6 +112,7 @@ class JointGraph:
     is_backward: tuple[bool, ...]
     output_is_input: tuple[int | None, ...]
     num_aux: int = 0
+    rebuild: Callable[[Any], "JointGraph"] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def num_primals(self) -> int:
@@ -277,6 +283,7 @@ def build_joint(
 
         with aux_outputs() if aux_outputs else contextlib.nullcontext([]) as aux:
             _, vjp_fn, outs = jax.vjp(f_diff, *[primals[i] for i in din], has_aux=True)
+            _check_aux_at_top_level(aux)
             # The scope marks effects of the backward that read no cotangent (a callback in
             # a custom_vjp bwd, say), so the partition keeps them in the backward.
             with jax.named_scope(_BACKWARD_SCOPE):
@@ -312,7 +319,25 @@ def build_joint(
         is_backward=_backward_mask(jaxpr, len(in_avals)),
         output_is_input=output_is_input,
         num_aux=num_aux,
+        rebuild=functools.partial(_rebuild, in_tree, out_tree, in_avals, decompositions, differentiated, aux_outputs),
     )
+
+
+def _check_aux_at_top_level(aux: Sequence[Any]) -> None:
+    here = C.current_trace()
+    if any(C.trace_of(t) not in (None, here) for t in aux):
+        # A loop inside a lax.scan / cond / jax.checkpoint body reported a trip count
+        # of that body: it cannot become an output of this program.
+        raise ReverseModeBoundError(
+            "a jaxaot.while_loop without max_steps or checkpoints is reverse-differentiated inside "
+            "the body of another transformation (lax.scan, lax.cond, jax.checkpoint, a loop): the "
+            "aot_function runtime sizes the stack only of loops at the top level of the function. "
+            "Pass max_steps=N or checkpoints=k to this while_loop."
+        )
+
+
+def _rebuild(in_tree, out_tree, in_avals, decompositions, differentiated, aux_outputs, primal) -> JointGraph:
+    return build_joint(primal, in_tree, out_tree, in_avals, decompositions, differentiated, aux_outputs)
 
 
 def trace_joint(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JointGraph:

@@ -255,6 +255,37 @@ def test_scan_rewrite_with_some_inputs_differentiated():
     assert_trees_close(jax.grad(aot, argnums=1)(params, x), jax.grad(scanned_blocks, argnums=1)(params, x), **TOL)
 
 
+def test_scan_rewrite_keeps_decompositions_and_runtime_loop_counts():
+    # The rewrite re-traces the joint graph: with the function's decompositions, and with
+    # the trip counts the runtime reads to size an unbounded while loop's stack.
+    def tanh_decomp(x, **params):
+        e = jnp.exp(-2 * x)
+        return (1 - e) / (1 + e)
+
+    def f(w, xs):
+        h = jnp.tanh(lax.scan(lambda h, x: (jnp.sin(h @ w + x), None), jnp.zeros(4), xs)[0])
+        h = jaxaot.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h))[1]
+        return jnp.sum(h ** 2)
+
+    def ref(w, xs):
+        h = jnp.tanh(lax.scan(lambda h, x: (jnp.sin(h @ w + x), None), jnp.zeros(4), xs)[0])
+        return jnp.sum(lax.fori_loop(0, 3, lambda i, v: jnp.sin(v), h) ** 2)
+
+    k1, k2 = jax.random.split(fresh_key())
+    w, xs = jax.random.normal(k1, (4, 4)) * 0.5, jax.random.normal(k2, (5, 4))
+    aot = jaxaot.aot_function(f, partition_fn=mincut, decompositions={lax.tanh_p: tanh_decomp})
+    assert_trees_close(jax.grad(aot, argnums=(0, 1))(w, xs), jax.grad(ref, argnums=(0, 1))(w, xs), **TOL)
+    low = aot.lower(w, xs)
+    assert low.partition.primal_plan  # the scan was rematerialized, not left to JAX
+    assert low.partition.split_from.num_aux == low.joint.num_aux >= 1
+    assert "tanh" not in str(low.forward) + str(low.backward)
+    # Inside a scan body the loop's trip count is a value of that body: a clear error.
+    nested = jaxaot.aot_function(lambda w, xs: jnp.sum(lax.scan(lambda h, x: (jaxaot.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h + x))[1], None), jnp.zeros(4), xs)[0]))
+    with pytest.raises(jaxaot.errors.ReverseModeBoundError, match="max_steps"):
+        jax.grad(nested, argnums=1)(w, xs)
+
+
 def test_rewrite_primal_is_identity_without_scans():
     closed = jax.make_jaxpr(jnp.sin)(1.0)
     assert min_cut.rewrite_primal(closed) is closed

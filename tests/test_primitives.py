@@ -103,6 +103,17 @@ def test_batching_rule_per_lane_trip_counts():
     chex.assert_trees_all_close(stacked[1][2], xs[2] + jnp.arange(1.0, 5.0))
 
 
+@pytest.mark.parametrize("kw", [{}, {"max_steps": 8}, {"checkpoints": 2}])
+def test_batching_leaves_unbatched_carries_unbatched(kw):
+    # jax.jacfwd is a vmap over tangents: the primal carries must come out unbatched.
+    x = jnp.array([0.3, -0.2, 0.9])
+    got = jax.jacfwd(lambda v: _loop(v, 5, **kw)[1])(x)
+    want = jax.jacfwd(lambda v: lax.fori_loop(0, 5, lambda i, a: jnp.sin(a) * 1.5, v))(x)
+    chex.assert_trees_all_close(got, want, rtol=1e-5)
+    out = jax.vmap(lambda s: _loop(x * s, 4, **kw), in_axes=None, axis_size=2)(1.0)  # nothing batched
+    assert out[1].shape == (2, 3)
+
+
 def test_dce_rule_drops_unused_carries():
     closed = jax.make_jaxpr(lambda x: _loop(x)[1])(1.0)
     (eqn,) = _eqns(closed, P.while_loop_p)
