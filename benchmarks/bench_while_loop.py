@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import platform
 import statistics
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jaxaot.checkpointing import revolve_counts  # noqa: E402
+from jaxaot.checkpointing import online_placement, placement_cost, revolve_counts, revolve_optimum  # noqa: E402
 from jaxaot.while_loop import dynamic_capacity, while_loop  # noqa: E402
 
 DT = 0.05
@@ -139,6 +140,11 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int) -> str:
         c = revolve_counts(n, kk)
         lines.append(f"n={n:5d} k={kk:3d}: forward {c.forward:7d}  optimum {c.optimum:7d}  ratio {c.ratio:.3f}  "
                      f"(+{c.vjps} VJPs: {c.forward + c.vjps} body evaluations in all)")
+    # The forward does not know n: the worst trip count matters, not one lucky n.
+    for kk in sorted({2, 10, 40, k}):
+        worst, n_worst = max((placement_cost(n, kk, held) / revolve_optimum(n, kk), n)
+                             for n, held in itertools.islice(online_placement(kk), 3000) if n >= 100)
+        lines.append(f"k={kk:3d}, every n in 100..3000: worst ratio {worst:.3f} (at n={n_worst})")
     return "\n".join(lines) + "\n"
 
 
