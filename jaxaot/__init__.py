@@ -35,10 +35,30 @@ from jaxaot.config import config  # export/cache: jaxaot.config is the settings 
 from jaxaot.errors import ArtifactError, ArtifactInputError, ArtifactVersionError, CacheWarning, NotExportableError
 from jaxaot.export import ExportedAOT, LoadedAOT, export, load  # jaxaot.export is the function
 from jaxaot.errors import LossOutputError  # flax support
-from jaxaot.modules import AOTLinenModule, AOTModule, CallMetadata, InputInfo, ModuleLowered, OutputInfo, aot_module
-from jaxaot.export_signature import BackwardSignature, GraphSignature, aot_export_module
 
 __version__ = "0.1.0"
+
+# Flax support loads on first use: importing flax costs about as much as importing jax,
+# and code that never touches a module should not pay for it.
+_LAZY = {
+    **{name: "jaxaot.modules" for name in (
+        "AOTLinenModule", "AOTModule", "CallMetadata", "InputInfo", "ModuleLowered", "OutputInfo", "aot_module")},
+    **{name: "jaxaot.export_signature" for name in ("BackwardSignature", "GraphSignature", "aot_export_module")},
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'jaxaot' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "primitives",

@@ -10,13 +10,13 @@ at every step it keeps, drops or replaces a snapshot, whichever would be cheapes
 if the loop stopped right there, scoring a placement by the exact cost of the
 backward that follows it. The backward knows n and the stored positions, and
 reverses each segment with the optimal offline schedule for the snapshot slots
-still free (:func:`split`). A decision is a few masked sums over a constant
-``(k, 1025)`` table, moves no snapshot, and writes one carry (a skipped state goes
-to a scratch slot).
+still free (:func:`split`). A decision is one batched binary search of a
+constant table (a dozen one-element gathers per lane), moves no snapshot, and
+writes one carry (a skipped state goes to a scratch slot).
 
-Measured with :func:`revolve_counts` (``forward / optimum``): at most 1.10 for every
-n >= 100 and k = 2..40 up to n = 200,000, at most 1.05 for n >= 1000, and 1.01 on
-average; n=2000, k=40 costs 5101 steps against 5097. Below n = 100 the optimum is
+Measured with :func:`revolve_counts` (``forward / optimum``): at most 1.092 for
+every n >= 100 (every k in 2..40 up to n = 5,000; k = 2, 5, 10, 40 up to
+n = 200,000), at most 1.05 for n >= 1000, and 1.01 on average; n=2000, k=40 costs 5101 steps against 5097. Below n = 100 the optimum is
 a few dozen steps and integer effects dominate: no online schedule can stay within
 10% there (for k = 2 every one exceeds 1.15x somewhere in n = 20..40, see
 ``tests/test_checkpointing.py``).
@@ -129,7 +129,7 @@ def _place(xp, i, pos, slot_of, m, k: int):
     append the state (later levels move down one and gain a slot), or skip it. Take
     the one that is cheapest if the loop stopped right after this step. This greedy,
     myopic rule stays within 10% of the offline optimum for every n >= 100 we
-    checked (k = 2..40, n up to 200,000), and within 2.5% for large n.
+    checked (see the module docstring), and within 2.5% for large n.
 
     ``slot_of[a]`` is the buffer slot holding level ``a`` (slots ``m..k-1`` free),
     so a decision writes one slot and never moves snapshots. Returns ``(slot,
@@ -289,10 +289,11 @@ checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
 linearized body, each recomputing its residuals from the replayed primal state.
 
 Operands: ``num_steps, positions, slot_of, *snapshots, *known consts, *linear
-consts, *linear carry`` (level ``a``'s snapshot is in slot ``slot_of[a]``). Params: ``known_body`` ``(known consts, primal carry) ->
-(primal carry, residuals)``, ``linear_body`` ``(residuals, linear consts, linear
-carry) -> linear carry``, ``checkpoints``, ``num_known_consts``,
-``num_linear_consts``. Its transpose is the revolve backward."""
+consts, *linear carry`` (level ``a``'s snapshot is in slot ``slot_of[a]``).
+Params: ``known_body`` ``(known consts, primal carry) -> (primal carry,
+residuals)``, ``linear_body`` ``(residuals, linear consts, linear carry) ->
+linear carry``, ``checkpoints``, ``num_known_consts``, ``num_linear_consts``.
+Its transpose is the revolve backward."""
 
 
 def _linear_split(args: Sequence[Any], params: dict):

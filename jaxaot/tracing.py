@@ -325,7 +325,7 @@ def build_joint(
 
 def _check_aux_at_top_level(aux: Sequence[Any]) -> None:
     here = C.current_trace()
-    if any(C.trace_of(t) not in (None, here) for t in aux):
+    if any(C.trace_of(t) is not None and C.trace_of(t) is not here for t in aux):
         # A loop inside a lax.scan / cond / jax.checkpoint body reported a trip count
         # of that body: it cannot become an output of this program.
         raise ReverseModeBoundError(
