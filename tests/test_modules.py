@@ -548,3 +548,14 @@ def test_typed_key_inputs():
     aot = jaxaot.aot_function(lambda k, x: jax.random.normal(k, x.shape) + x)
     k = jax.random.key(0)
     chex.assert_trees_all_close(aot(k, jnp.ones(3)), jax.random.normal(k, (3,)) + 1)
+
+
+def test_flax_loads_only_when_a_module_api_is_used():
+    import subprocess
+    import sys
+
+    from zoo import child_env
+
+    code = ("import sys, jaxaot; assert 'flax' not in sys.modules, 'import jaxaot imported flax'; "
+            "jaxaot.aot_module; assert 'flax' in sys.modules; from jaxaot import GraphSignature")
+    subprocess.run([sys.executable, "-c", code], check=True, env=child_env(), timeout=300)
