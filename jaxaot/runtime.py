@@ -54,14 +54,22 @@ _DEFAULT_DEVICE: list = []
 _ArrayImpl = C.ArrayImpl
 
 
+_SHARDING_KEYS: dict[Any, Any] = {}  # a program sees few distinct shardings: remember each one's key
+
+
 def _sharding_key(sharding: Any) -> Any:
     # Arrays on the default device key like tracers do (None), so that tracing a
     # signature under jit reuses the entry that eager calls built.
+    try:
+        return _SHARDING_KEYS[sharding]
+    except KeyError:
+        pass
     if not _DEFAULT_DEVICE:
         _DEFAULT_DEVICE.append(jax.devices()[0])
-    if C.single_device_of(sharding) == _DEFAULT_DEVICE[0]:
-        return None
-    return sharding
+    key = None if C.single_device_of(sharding) == _DEFAULT_DEVICE[0] else sharding
+    if len(_SHARDING_KEYS) < 1024:
+        _SHARDING_KEYS[sharding] = key
+    return key
 
 
 def _leaf_key(x: Any) -> Any:
@@ -647,8 +655,12 @@ class AOTFunction:
         keys = []
         kind = 0
         for x in leaves:
-            if type(x) is _ArrayImpl and not x.committed:
-                keys.append(x.aval)  # the common case, kept cheap
+            if type(x) is _ArrayImpl:  # the common case, kept cheap
+                if x.committed:
+                    sk = _sharding_key(x.sharding)
+                    keys.append(x.aval if sk is None else (x.aval, sk))
+                else:
+                    keys.append(x.aval)
                 continue
             if isinstance(x, C.Tracer):
                 kind = max(kind, 2 if C.is_forward_mode_tracer(x) else 1)
