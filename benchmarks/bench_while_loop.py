@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import os
 import platform
 import statistics
@@ -29,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jaxaot.checkpointing import online_placement, placement_cost, revolve_counts, revolve_optimum  # noqa: E402
+from jaxaot.checkpointing import revolve_counts, worst_ratio  # noqa: E402
 from jaxaot.while_loop import dynamic_capacity, while_loop  # noqa: E402
 
 DT = 0.05
@@ -142,8 +141,7 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int) -> str:
                      f"(+{c.vjps} VJPs: {c.forward + c.vjps} body evaluations in all)")
     # The forward does not know n: the worst trip count matters, not one lucky n.
     for kk in sorted({2, 10, 40, k}):
-        worst, n_worst = max((placement_cost(n, kk, held) / revolve_optimum(n, kk), n)
-                             for n, held in itertools.islice(online_placement(kk), 3000) if n >= 100)
+        worst, n_worst = worst_ratio(kk, first=100, last=3000)
         lines.append(f"k={kk:3d}, every n in 100..3000: worst ratio {worst:.3f} (at n={n_worst})")
     return "\n".join(lines) + "\n"
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from math import comb
 from typing import Any, Sequence
 
@@ -181,6 +182,18 @@ def online_placement(k: int):
             _, pos, slot_of, m = _place(np, i, pos, slot_of, m, k)
         i += 1
         yield i, [int(p) for p in pos[:m]]
+
+
+def worst_ratio(k: int, *, first: int = 100, last: int = 3000) -> tuple[float, int]:
+    """``(forward steps / optimum, n)`` at the worst trip count n in ``first..last``.
+
+    Example:
+        >>> ratio, n = worst_ratio(10, last=400)
+        >>> ratio <= 1.10
+        True
+    """
+    return max((placement_cost(n, k, held) / revolve_optimum(n, k), n)
+               for n, held in itertools.islice(online_placement(k), last) if n >= first)
 
 
 def snapshots_after_forward(n: int, k: int) -> list[int]:
@@ -401,16 +414,16 @@ def _linear_jvp(primals, tangents, **params):
     """Linear in (linear consts, linear carry): their tangents go through the same
     map, which stays transposable. Tangents of the replayed primal inputs (forward
     mode over a linearization) take the plain loop's JVP instead."""
-    out = checkpointed_linear_p.bind(*primals, **params)
     n, pos, slot_of, snaps, kc, lc, lt = _linear_split(primals, params)
     _, _, _, d_snaps, d_kc, d_lc, d_lt = _linear_split(tangents, params)
     if all(P._is_zero(t) for t in (*d_snaps, *d_kc)):
         d_lin = [C.instantiate_zeros(t) for t in (*d_lc, *d_lt)]
-        return out, checkpointed_linear_p.bind(n, pos, slot_of, *snaps, *kc, *d_lin, **params)
+        return (checkpointed_linear_p.bind(*primals, **params),
+                checkpointed_linear_p.bind(n, pos, slot_of, *snaps, *kc, *d_lin, **params))
     tangents = [C.instantiate_zeros(t) if not P._is_zero(t) or C.is_inexact(jnp.result_type(x))
                 else C.zeros_float0(jnp.shape(x)) for x, t in zip(primals, tangents)]
-    _, d_out = jax.jvp(functools.partial(_linear_impl, **params), tuple(primals), tuple(tangents))
-    return out, list(d_out)
+    out, d_out = jax.jvp(functools.partial(_linear_impl, **params), tuple(primals), tuple(tangents))
+    return list(out), list(d_out)
 
 
 def _linear_batch(args, dims, **params):

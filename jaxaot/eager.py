@@ -43,8 +43,18 @@ def value_and_grad(
     nums, single = _normalize_argnums(argnums)
 
     def training_for(entry, leaves, args):
-        picked = {id(x) for n in nums for x in jax.tree_util.tree_leaves(args[n])}
-        return entry.training(tuple(id(x) in picked for x in leaves))
+        # The flat leaves are the dynamic arguments' leaves in order (then kwargs'):
+        # mark the ranges of the picked arguments, by position (the same array may be
+        # passed twice, once differentiated and once not).
+        mask, start = [False] * len(leaves), 0
+        for i, a in enumerate(args):
+            if i in fun.static_argnums:
+                continue
+            size = len(jax.tree_util.tree_leaves(a))
+            if i in nums:
+                mask[start:start + size] = [True] * size
+            start += size
+        return entry.training(tuple(mask))
 
     plans: dict[int, Any] = {}  # id(entry) -> (entry, training or None): what this signature runs
 

@@ -53,3 +53,12 @@ def test_errors_are_jax_errors():
     g = jaxaot.aot_function(lambda w, n: jnp.sum(w) * n)
     with pytest.raises(TypeError, match="real- or complex-valued"):
         jaxaot.grad(g, argnums=1)(_normal(3), jnp.int32(2))
+
+
+@pytest.mark.parametrize("argnums", [0, 1])
+def test_same_array_in_two_arguments_differentiates_only_the_picked_one(argnums):
+    fn = lambda a, b: jnp.sum(jnp.sin(a) * b ** 2)  # noqa: E731
+    x = jax.random.normal(jax.random.key(7), (5,))
+    vg = jaxaot.value_and_grad(jaxaot.aot_function(fn), argnums=argnums)
+    assert_trees_close(vg(x, x), jax.value_and_grad(fn, argnums=argnums)(x, x), rtol=1e-6, atol=1e-6)
+    assert vg.lower(x, x).joint.differentiable == tuple(i == argnums for i in range(2))
