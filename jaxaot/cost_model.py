@@ -70,6 +70,11 @@ _TRANSPARENT_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vj
 # Name fragments of loops, whatever module defines them (jaxaot.while_loop, lax.scan...).
 _LOOP_FRAGMENTS = ("while", "scan", "loop", "fori")
 
+#: Primitives whose operands XLA reads from memory: it fuses no producer into
+#: them (a cuDNN convolution reads a materialized input; matmuls are left out
+#: because XLA's GPU emitters do fuse elementwise producers into GEMM fusions).
+_MATERIALIZING = frozenset({"conv_general_dilated"})
+
 #: A reduction whose output is under this fraction of its input reads far more
 #: than it saves: recomputing it is a full extra pass, so it is EXPENSIVE.
 LARGE_REDUCTION_RATIO = 4
@@ -124,6 +129,25 @@ def classify(eqn: Any) -> Recompute:
         inp = sum(_size(v.aval) for v in eqn.invars)
         return Recompute.EXPENSIVE if out * LARGE_REDUCTION_RATIO < inp else Recompute.CHEAP
     return Recompute.EXPENSIVE
+
+
+def materializes_operands(eqn: Any) -> bool:
+    """True when ``eqn`` reads its operands from memory (no producer fuses into it).
+
+    A value read by such an eqn in the forward *and* in the backward is written
+    to memory by the forward anyway: saving it adds no traffic, while
+    recomputing it costs the backward a whole extra kernel. The min-cut
+    partitioner saves such values (:func:`jaxaot.min_cut.build_flow_graph`).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot import cost_model
+        >>> conv = lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME")
+        >>> eqn = jax.make_jaxpr(conv)(jnp.ones((1, 2, 4, 4)), jnp.ones((2, 2, 3, 3))).jaxpr.eqns[0]
+        >>> cost_model.materializes_operands(eqn)
+        True
+    """
+    return eqn.primitive.name in _MATERIALIZING
 
 
 def flops(eqn: Any) -> float:

@@ -74,11 +74,11 @@ def value_and_grad(
         tr = plan_for(entry, leaves, args)
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
-        outs, residuals = tr.forward(leaves)
+        outs, residuals = tr.forward(leaves, concrete=True)
         value_leaf = 0
         if not (tr.joint.needs_cotangent[value_leaf] and np.shape(outs[value_leaf]) == ()):
             return fallback(*args, **kwargs)  # let JAX raise its own error for non-scalar outputs
-        grads = tr.backward(residuals, tr.unit_cotangents(value_leaf))
+        grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
         dyn, _ = tr.input_grads_tree(grads)
         dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)

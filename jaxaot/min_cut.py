@@ -8,7 +8,10 @@ cheapest such set is a minimum cut of a flow network with
   (cutting it = saving ``v``);
 * ``u_out -> v_in`` of infinite capacity when ``v``'s eqn reads ``u``;
 * ``source -> v_in`` (infinite) for primal inputs and for values whose
-  recomputation is banned (:mod:`jaxaot.cost_model`): they can only be saved;
+  recomputation is banned (:mod:`jaxaot.cost_model`): they can only be saved.
+  Besides expensive eqns, that bans values that a convolution reads in both
+  halves (:func:`jaxaot.cost_model.materializes_operands`): the forward writes
+  them to memory anyway, and recomputing them would cost the backward a kernel;
 * ``v_out -> sink`` (infinite) for values the backward reads.
 
 Among the cuts of minimum bytes we take the one closest to the sink (fewest
@@ -154,15 +157,22 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
     src: list[int] = []
     dst: list[int] = []
     needed: set[int] = set()
+    producer: list[Any] = []
+    # Nodes read by an eqn that materializes its operands, in each half.
+    materialized_by = {True: set(), False: set()}
 
     for v in jaxpr.invars[: joint.num_primals]:
         index[v] = len(values)
         values.append(v)
         kinds.append(INPUT)
         flops.append(0.0)
+        producer.append(None)
     for eqn, k in zip(jaxpr.eqns, classify_eqns(joint)):
         ins = [index[v] for v in eqn.invars if not C.is_literal(v) and v in index]
-        if k is not EqnKind.FORWARD:
+        is_forward = k is EqnKind.FORWARD
+        if cost_model.materializes_operands(eqn):
+            materialized_by[is_forward].update(ins)
+        if not is_forward:
             needed.update(ins)  # a backward eqn reads these forward values
             continue
         if cost_model.is_alias(eqn) and ins:
@@ -178,12 +188,20 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
             values.append(v)
             kinds.append(code)
             flops.append(f)
+            producer.append(eqn)
             src.extend(ins)
             dst.extend([i] * len(ins))
     for v in jaxpr.outvars[joint.num_outputs :]:
         if not C.is_literal(v) and v in index:
             needed.add(index[v])
 
+    # The forward writes these to memory anyway and the backward would have to
+    # write them again: recomputing them is an extra kernel, so they are banned
+    # like expensive values (and unbanned first below memory_budget=1).
+    for i in materialized_by[True] & materialized_by[False]:
+        if kinds[i] == CHEAP:
+            kinds[i] = EXPENSIVE
+            flops[i] = cost_model.flops(producer[i])
     n = len(values)
     kind = np.asarray(kinds, np.int8)
     nbytes = np.fromiter((cost_model.nbytes(v.aval) for v in values), np.int64, n)

@@ -179,7 +179,8 @@ class Residuals:
         self.arrays = tuple(arrays)
         self._training = training
         self._generation = training.generation if generation is None else generation
-        # Made by forward itself: shapes are right by construction, backward skips the check.
+        # Made by an eager forward itself: shapes are right and no array is a
+        # tracer by construction, so backward skips both checks.
         self._checked = _checked
 
     def tree_flatten(self):
@@ -398,6 +399,7 @@ class _Training:
         self.mask = mask
         full = mask == entry.inexact
         self.suffix = "" if full else "[" + ",".join(str(i) for i, m in enumerate(mask) if m) + "]"
+        self._backward_name = "backward" + self.suffix
         self.capacity = _INITIAL_LOOP_CAPACITY
         self.generation = 0  # bumped when a loop outgrows its stack and all is rebuilt
         self._custom_vjp: Callable | None = None
@@ -408,6 +410,7 @@ class _Training:
         self._joint: JointGraph | None = None
         self._partition: Partition | None = None
         self._unit_cts: dict[int, list] = {}
+        self._eager_forward: Callable | None = None
         for name in ("forward", "backward"):
             self.entry.executables.pop(name + self.suffix, None)
 
@@ -461,10 +464,17 @@ class _Training:
         return cts + [jax.ShapeDtypeStruct(r.aval.shape, r.aval.dtype, weak_type=r.aval.weak_type)
                       for r in part.residuals]
 
-    def forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
-        """Run the forward; return (the function's outputs, residual arrays in backward order)."""
+    def forward(self, leaves: Sequence[Any], concrete: bool | None = None) -> tuple[list, list]:
+        """Run the forward; return (the function's outputs, residual arrays in backward order).
+
+        ``concrete``: whether no leaf is a tracer, when the caller already knows.
+        """
+        if concrete and self._eager_forward is not None:
+            return self._eager_forward(leaves)
         n_user = len(self.entry.output_is_input)
-        if any(C.is_tracer(x) for x in leaves):
+        if concrete is None:
+            concrete = not any(C.is_tracer(x) for x in leaves)
+        if not concrete:
             if self.joint.num_aux:
                 raise _unbounded_loop_error(self.owner.__name__)
             fwd_outs = C.eval_closed(self.partition.forward, *leaves)
@@ -478,19 +488,39 @@ class _Training:
                 fwd_outs = self._run_forward(leaves)
         part = self.partition
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
+        if not self.joint.num_aux and self.entry.no_aliases:
+            self._eager_forward = self._make_eager_forward()
         return fwd_outs[:n_user], residuals
+
+    def _make_eager_forward(self) -> Callable[[Sequence[Any]], tuple[list, list]]:
+        """The hot path of an eager forward, once compiled: one executable call and two gathers.
+
+        Only for programs whose outputs are all computed and that size no loop
+        stack at run time (those check the loop's trip counts after each run).
+        """
+        exe, part = self.forward_exe, self.partition
+        n_user = len(self.entry.output_is_input)
+        saved_in, saved_out = part.saved_inputs, part.saved_outputs
+
+        def run(leaves):
+            outs = exe(*leaves)
+            return outs[:n_user], [leaves[i] for i in saved_in] + [outs[i] for i in saved_out]
+
+        return run
 
     def _run_forward(self, leaves: Sequence[Any]) -> list:
         computed = self.forward_exe(*leaves)
         n_real = len(self.entry.computed_outputs)
         return self.entry.splice(leaves, computed[:n_real]) + list(computed[n_real:])
 
-    def backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
+    def backward(self, residuals: Sequence[Any], cts: Sequence[Any], concrete_residuals: bool = False) -> list:
         """Grads for the differentiated inputs, from residuals and selected cotangents."""
         args = [*cts, *residuals]
-        if any(C.is_tracer(x) for x in args):
+        if not (concrete_residuals and all(type(x) is _ArrayImpl for x in cts)) and any(
+                C.is_tracer(x) for x in (cts if concrete_residuals else args)):
             return C.eval_closed(self.partition.backward, *args)
-        return list(self.backward_exe(*args))
+        exe = self.entry.executables.get(self._backward_name) or self.backward_exe
+        return list(exe(*args))
 
     def unit_cotangents(self, leaf: int) -> list:
         """Cotangents 1 for output ``leaf`` (a scalar) and 0 elsewhere, made once on device."""
@@ -509,8 +539,11 @@ class _Training:
             self._float0s = [C.zeros_float0(a.shape) for a in self.entry.in_avals]
             for z in self._float0s:
                 z.flags.writeable = False
+        grad_inputs = self.partition.grad_inputs
+        if len(grad_inputs) == len(self._float0s):  # every input differentiated: grads are in order
+            return jax.tree_util.tree_unflatten(self.entry.signature.treedef, grads)
         full: list[Any] = list(self._float0s)
-        for i, g in zip(self.partition.grad_inputs, grads):
+        for i, g in zip(grad_inputs, grads):
             full[i] = g
         return jax.tree_util.tree_unflatten(self.entry.signature.treedef, full)
 
@@ -614,6 +647,8 @@ class AOTFunction:
         self._infos: list[CacheEntryInfo] = []
         self._hits = 0
         self._last: _Signature | None = None
+        # (treedef, avals, training) of the last eager forward: its hot path (see forward).
+        self._hot: tuple | None = None
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", "aot_function")
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -737,12 +772,32 @@ class AOTFunction:
             >>> y, res = f.forward(jnp.ones(3))
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
         """
+        hot = self._hot
+        if hot is not None:
+            # A training loop calls with one signature: compare it with the last
+            # one's in a single pass and run the executable directly. The
+            # executable itself refuses other devices (ValueError).
+            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+            if treedef == hot[0] and len(leaves) == len(hot[1]) and all(
+                    type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot[1])):
+                tr = hot[2]
+                try:
+                    outs, residuals = tr._eager_forward(leaves)
+                except ValueError:
+                    pass  # a sharding the last signature did not have: look it up
+                else:
+                    self._hits += 1
+                    return (jax.tree_util.tree_unflatten(tr.entry.out_tree, outs),
+                            Residuals(residuals, tr, _checked=True))
         entry, leaves, kind = self._lookup(args, kwargs)
         if kind == 3:
             raise _abstract_call_error(self.__name__)
         tr = entry.training()
-        outs, residuals = tr.forward(leaves)
-        return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, tr, _checked=True)
+        outs, residuals = tr.forward(leaves, concrete=kind == 0)
+        if (kind == 0 and tr._eager_forward is not None and not self.static_argnums
+                and all(type(x) is _ArrayImpl for x in leaves)):
+            self._hot = (entry.signature.treedef, tuple(x.aval for x in leaves), tr)
+        return jax.tree_util.tree_unflatten(entry.out_tree, outs), Residuals(residuals, tr, _checked=kind == 0)
 
     def backward(self, residuals: Residuals, cotangents: Any) -> Any:
         """Run the compiled backward on residuals from :meth:`forward`.
@@ -780,7 +835,7 @@ class AOTFunction:
         if not residuals._checked:
             self._check_residuals(tr, residuals.arrays)
         cts = self._check_cotangents(tr, cotangents)
-        grads = tr.backward(residuals.arrays, cts)
+        grads = tr.backward(residuals.arrays, cts, concrete_residuals=residuals._checked)
         dyn, kwargs = tr.input_grads_tree(grads)
         return (dyn, kwargs) if kwargs else dyn
 
@@ -802,7 +857,15 @@ class AOTFunction:
 
     def _check_cotangents(self, tr: _Training, cotangents: Any) -> list:
         entry = tr.entry
-        flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=_is_none)
+        if type(cotangents) is _ArrayImpl and entry.out_tree.num_leaves == 1:
+            # One array output (a loss): the common case, checked without a flatten.
+            aval = tr.joint.out_avals[0]
+            if tr.partition.cotangent_outputs == (0,) and cotangents.shape == aval.shape \
+                    and cotangents.dtype == aval.dtype:
+                return [cotangents]
+            flat, tree = [cotangents], entry.out_tree
+        else:
+            flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=_is_none)
         if tree != entry.out_tree and jax.tree_util.tree_structure(cotangents) != entry.out_tree:
             raise CotangentMismatchError(
                 f"cotangents have structure {tree} but the outputs have structure {entry.out_tree}."

@@ -144,6 +144,33 @@ def test_recompiles_once_per_signature():
     assert info.entries[1].executables == ("forward[0]", "backward[0]")  # only arg[0] is differentiated
 
 
+def test_forward_hot_path_follows_signature_changes():
+    # Eager forward/backward takes a hot path for the last signature; every change
+    # of shape, dtype, weak type, structure or leaf kind must still find its own entry.
+    fn = lambda p, x: jnp.sum(jnp.tanh(x @ p["w"]) * p["b"])  # noqa: E731
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    keys = jax.random.split(jax.random.key(np.random.randint(1 << 20)), 6)
+
+    def args(n, dtype=jnp.float32):
+        return ({"w": jax.random.normal(keys[0], (4, n), dtype), "b": jax.random.normal(keys[1], (n,), dtype)},
+                jax.random.normal(keys[2], (3, 4), dtype))
+
+    calls = [args(5), args(5), args(7), args(5), args(5, jnp.float16), args(5)]
+    calls.append(({"w": calls[0][0]["w"], "b": jnp.asarray(1.0)}, calls[0][1]))  # weak-typed scalar leaf
+    calls.append(({"w": calls[0][0]["w"], "b": np.ones(5, np.float32)}, calls[0][1]))  # numpy leaf
+    for a in calls:
+        out, res = f.forward(*a)
+        grads = f.backward(res, jnp.ones_like(out))
+        want, vjp = jax.vjp(fn, *a)
+        tol = 1e-2 if a[1].dtype == jnp.float16 else 1e-5
+        assert_trees_close(out, want, rtol=tol, atol=tol)
+        assert_trees_close(grads, vjp(jnp.ones_like(want)), rtol=tol, atol=tol)
+    info = f.cache_info()
+    # f32[5], f32[7], f16[5], f32[] b; the numpy leaf has f32[5]'s signature (found by lookup).
+    assert info.misses == 4, [e.signature for e in info.entries]
+    assert info.hits == len(calls) - info.misses
+
+
 def test_recompile_reason_for_dtype_and_static():
     f = jaxaot.aot_function(lambda x, n: x * n, static_argnums=1)
     f(jnp.ones(3), 2)
