@@ -7,7 +7,9 @@ block with batch norm) it prints, side by side from one run:
 * residual bytes (everything the forward hands the backward, inputs included),
 * fwd+bwd step time: the median of single steps (each blocked on: latency), and
   "pipelined", steps dispatched back to back with one block at the end (how a
-  training loop runs: the host's dispatch overlaps the device's work),
+  training loop runs: the host's dispatch overlaps the device's work); the
+  programs take turns over several rounds and each ratio is the median of the
+  rounds' ratios, which cancels the drift of a shared machine,
 * compiled peak memory (``memory_analysis()``; the larger of forward and
   backward for split programs),
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import pathlib
+import statistics
 import sys
 from typing import Any, Callable
 
@@ -104,6 +107,8 @@ class Result:
         self.name, self.step, self.residual_bytes, self.peak = name, step, residual_bytes, peak
         self.time: float | None = None
         self.pipelined: float | None = None
+        self.time_ratio: float | None = None
+        self.pipelined_ratio: float | None = None
 
 
 def _max_peak(*compiled: Any) -> int | None:
@@ -170,20 +175,39 @@ def check_grads(results: list[Result], name: str) -> None:
                 raise AssertionError(f"{name}: {r.name} gradients differ from the fused program's ({err:.2e})")
 
 
-def bench_model(name: str, loss: Callable, args: tuple, *, iters: int) -> str:
+def time_interleaved(results: list[Result], *, rounds: int, iters: int) -> None:
+    """Set each result's single-step and pipelined times, and their ratios to the last (fused) one.
+
+    Programs take turns, round by round, so that drift of the machine (clocks,
+    a noisy neighbour on a VM) hits every program alike; a ratio is the median
+    over rounds of that round's ratio to the fused program.
+    """
+    single: dict[str, list[float]] = {r.name: [] for r in results}
+    piped: dict[str, list[float]] = {r.name: [] for r in results}
+    for r in results:
+        median_time(r.step, warmup=3, iters=1)
+    for _ in range(rounds):
+        for r in results:
+            single[r.name].append(median_time(r.step, warmup=0, iters=iters, min_seconds=0))
+            # Back-to-back steps, one sync at the end: how a training loop runs (host work overlaps the GPU).
+            piped[r.name].append(loop_time(r.step, n=max(iters, 10), repeats=1))
+    fused = results[-1].name
+    for r in results:
+        r.time, r.pipelined = statistics.median(single[r.name]), statistics.median(piped[r.name])
+        r.time_ratio = statistics.median(a / b for a, b in zip(single[r.name], single[fused]))
+        r.pipelined_ratio = statistics.median(a / b for a, b in zip(piped[r.name], piped[fused]))
+
+
+def bench_model(name: str, loss: Callable, args: tuple, *, iters: int, rounds: int) -> str:
     results = methods(loss, args)
     check_grads(results, name)
-    for r in results:
-        r.time = median_time(r.step, iters=iters)
-        # Back-to-back steps, one sync at the end: how a training loop runs (host work overlaps the GPU).
-        r.pipelined = loop_time(r.step, n=max(iters, 10), repeats=3)
+    time_interleaved(results, rounds=rounds, iters=iters)
     split = next(r for r in results if r.name == "jax.fwd_and_bwd")
-    fused = results[-1]
     rows = []
     for r in results:
-        ratio_b = "-" if r.residual_bytes is None else f"{r.residual_bytes / split.residual_bytes:.2f}"
-        rows.append((r.name, fmt_bytes(r.residual_bytes), ratio_b, f"{r.time * 1e3:.3f}", f"{r.time / fused.time:.2f}",
-                     f"{r.pipelined * 1e3:.3f}", f"{r.pipelined / fused.pipelined:.2f}", fmt_bytes(r.peak)))
+        ratio_b = "-" if r.residual_bytes is None else f"{r.residual_bytes / split.residual_bytes:.3f}"
+        rows.append((r.name, fmt_bytes(r.residual_bytes), ratio_b, f"{r.time * 1e3:.3f}", f"{r.time_ratio:.3f}",
+                     f"{r.pipelined * 1e3:.3f}", f"{r.pipelined_ratio:.3f}", fmt_bytes(r.peak)))
     head = ("program", "residuals", "x fwd_and_bwd", "step ms", "x fused", "pipelined ms", "x fused", "peak mem")
     return f"## {name}\n" + table([head, *rows])
 
@@ -193,14 +217,15 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--small", action="store_true", help="CPU-sized models (f32)")
     ap.add_argument("--out", help="also write the report to this file")
     ap.add_argument("--only", help="run only the models whose name contains this")
-    ap.add_argument("--iters", type=int, default=20, help="timed steps per program (median)")
+    ap.add_argument("--iters", type=int, default=10, help="timed steps per program and round (median)")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds of interleaved timing (median of ratios)")
     a = ap.parse_args(argv)
     parts = [header("bench_partitioners: min-cut vs default partition vs plain JAX")]
     print(parts[0], flush=True)
     for name, (loss, args) in models(a.small).items():
         if a.only and a.only not in name:
             continue
-        parts.append(bench_model(name, loss, args, iters=a.iters))
+        parts.append(bench_model(name, loss, args, iters=a.iters, rounds=a.rounds))
         print(parts[-1] + "\n", flush=True)
     report = "\n\n".join(parts) + "\n"
     if a.out:
