@@ -1,7 +1,7 @@
 """The memory-budget knapsack: which expensive values to recompute, in which order.
 
 Below ``memory_budget=1`` the min-cut partitioner may recompute values it
-normally bans (matmuls, large reductions, loops). Each such value is an item
+normally bans (matmuls, large reductions; loops only at 0). Each such value is an item
 with a weight (the bytes that recomputing it can save) and a value (the FLOPs
 recomputing it costs). A knapsack keeps the most FLOPs-per-byte banned and
 recomputes the rest.

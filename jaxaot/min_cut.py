@@ -20,7 +20,10 @@ which are alive anyway. Capacities are scaled to int32 because that is what
 ``scipy.sparse.csgraph.maximum_flow`` computes in.
 
 Below ``memory_budget=1`` the banned-but-recomputable values are unbanned in
-:func:`jaxaot.knapsack.recompute_order`, as few as reach the budget.
+:func:`jaxaot.knapsack.recompute_order`, as few as reach the budget. Loops are
+not among them (only budget 0 recomputes a loop): recomputing a scan of layers
+would run the whole forward again, and the budget already reaches into each
+scan's body, where the same knapsack picks what each iteration recomputes.
 
 Example:
     >>> import functools, jax, jax.numpy as jnp, jaxaot
@@ -75,6 +78,7 @@ class FlowGraph:
     kind: np.ndarray  # int8 node kind (CHEAP, EXPENSIVE, NEVER, INPUT)
     nbytes: np.ndarray  # int64
     flops: np.ndarray  # float64, for EXPENSIVE nodes (0 elsewhere)
+    loop: np.ndarray  # bool: an output of a loop (scan, while): recomputing it re-runs every iteration
     capacity: np.ndarray  # int64 scaled v_in -> v_out capacity, INF if unsaveable
     dep_src: np.ndarray  # u of each deduplicated u -> v dependency
     dep_dst: np.ndarray
@@ -154,6 +158,7 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
     values: list = []
     kinds: list[int] = []
     flops: list[float] = []
+    loop: list[bool] = []
     src: list[int] = []
     dst: list[int] = []
     needed: set[int] = set()
@@ -166,6 +171,7 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         values.append(v)
         kinds.append(INPUT)
         flops.append(0.0)
+        loop.append(False)
         producer.append(None)
     for eqn, k in zip(jaxpr.eqns, classify_eqns(joint)):
         ins = [index[v] for v in eqn.invars if not C.is_literal(v) and v in index]
@@ -188,6 +194,7 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
             values.append(v)
             kinds.append(code)
             flops.append(f)
+            loop.append(cost_model.is_loop(eqn.primitive.name))
             producer.append(eqn)
             src.extend(ins)
             dst.extend([i] * len(ins))
@@ -220,6 +227,7 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         kind=kind,
         nbytes=nbytes,
         flops=np.asarray(flops, np.float64),
+        loop=np.asarray(loop, bool),
         capacity=capacity,
         dep_src=codes // max(n, 1),
         dep_dst=codes % max(n, 1),
@@ -278,14 +286,20 @@ def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarr
     """Indices of the nodes to save under ``memory_budget`` (see the module doc).
 
     The budget interpolates, in bytes, between the cheapest cut that recomputes
-    only cheap eqns (1.0) and the cheapest cut at all (0.0: it recomputes every
-    expensive eqn that saves bytes, so it keeps only inputs, or smaller values
-    derived from them). Expensive values are unbanned in knapsack order, as few
-    as reach the target; a lower budget unbans a superset, so saved bytes never
-    grow as the budget shrinks.
+    only cheap eqns (1.0) and the cheapest cut that recomputes every expensive
+    eqn but loops (towards 0); at exactly 0 loops too may be recomputed, so it
+    keeps only inputs, or smaller values derived from them. Expensive values are
+    unbanned in knapsack order, as few as reach the target; a lower budget
+    unbans a superset, so saved bytes never grow as the budget shrinks.
     """
     never = (graph.kind == NEVER) | (graph.kind == INPUT)
-    candidates = np.flatnonzero((graph.kind == EXPENSIVE) & graph.ancestors_of_needed)
+    if memory_budget > 0:
+        # Recomputing a loop re-runs all of its iterations (for a scan of layers,
+        # the whole forward again); a scan's per-iteration residuals are chosen
+        # under this budget inside its body (scan_remat). Only budget 0, which
+        # recomputes all it can, recomputes loops.
+        never = never | (graph.loop & (graph.kind == EXPENSIVE))
+    candidates = np.flatnonzero((graph.kind == EXPENSIVE) & ~never & graph.ancestors_of_needed)
     order = candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.flops[candidates])]
 
     def banned_after_unbanning(k: int) -> np.ndarray:

@@ -171,7 +171,7 @@ def test_conv_operands_are_saved_not_rematerialized():
     part = mincut(jaxaot.trace_joint(conv_net, *args), memory_budget=0.9)
     assert not any(r.producer == "custom_jvp_call" for r in part.residuals)
     assert any("custom_jvp_call(" in r for r in part.recomputed)
-    assert part.saved_activation_bytes == low.partition.saved_activation_bytes - relu[0].nbytes
+    assert part.saved_activation_bytes <= low.partition.saved_activation_bytes - relu[0].nbytes
     check_against_vjp(conv_net, args, 0.9)
 
 
@@ -266,6 +266,23 @@ def test_scanned_layers_save_what_unrolled_layers_save():
     # Per layer: the layer's input plus what the unrolled cut saves (dot output, norm statistics).
     assert scanned.saved_activation_bytes <= 4 * one.saved_activation_bytes + x.nbytes * 4
     assert scanned.saved_activation_bytes < default.saved_activation_bytes / 3
+
+
+@pytest.mark.parametrize("budget", [0.99, 0.5])
+def test_budget_below_one_recomputes_inside_scanned_layers_not_the_scan(budget):
+    # The budget is spent once, on each layer's residuals; recomputing the scan
+    # itself would re-run the whole forward in the backward.
+    args = blocks_args(fresh_key(), layers=4, d=16)
+    joint = jaxaot.trace_joint(scanned_blocks, *args)
+    part = mincut(joint, memory_budget=budget)
+    assert not any("= scan[" in r or "= scan(" in r for r in part.recomputed)
+    assert part.saved_activation_bytes < mincut(joint).saved_activation_bytes
+    # As for unrolled layers: some matmul of each layer is recomputed, within its body.
+    assert part.saved_activation_bytes <= mincut(jaxaot.trace_joint(unrolled_blocks, *args),
+                                                 memory_budget=budget).saved_activation_bytes + 4 * args[1].nbytes
+    check_against_vjp(scanned_blocks, args, budget)
+    # Budget 0 still recomputes everything it can, loops included: only inputs are saved.
+    assert {r.source for r in mincut(joint, memory_budget=0.0).residuals} == {"input"}
 
 
 def test_scan_rewrite_can_be_disabled():
