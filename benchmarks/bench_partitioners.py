@@ -13,6 +13,9 @@ block with batch norm) it prints, side by side from one run:
 * compiled peak memory (``memory_analysis()``; the larger of forward and
   backward for split programs),
 
+each program cycling through ``INPUT_SETS`` input sets, as training steps see
+new parameters (and new buffers) every step,
+
 for jaxaot(min-cut) at memory_budget 1 and 0.95, jaxaot(default), ``jax.fwd_and_bwd``,
 ``jax.checkpoint(policy=dots_saveable)`` (split with ``fwd_and_bwd``) and the
 fused ``jax.jit(jax.value_and_grad)``, with bytes as a ratio to
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import pathlib
 import statistics
 import sys
@@ -102,9 +106,29 @@ def models(small: bool) -> dict[str, tuple[Callable, tuple]]:
 
 
 # --------------------------------------------------------------------------- methods
+#: Input sets each program cycles through, step by step: a training step sees
+#: new parameters every time (new buffers, which e.g. CUDA graphs must follow),
+#: and one set would let caches and stable addresses flatter the programs.
+INPUT_SETS = 3
+
+
+def input_sets(args: tuple, n: int = INPUT_SETS) -> list[tuple]:
+    """``args`` and ``n - 1`` perturbed copies (same shapes and dtypes, new buffers)."""
+    sets = [args]
+    for i in range(1, n):
+        sets.append(jax.tree_util.tree_map(lambda a, i=i: a * (1 + 0.01 * i) if jnp.issubdtype(a.dtype, jnp.inexact)
+                                           else a + 0, args))
+    return sets
+
+
 class Result:
-    def __init__(self, name: str, step: Callable[[], Any], residual_bytes: int | None, peak: int | None):
-        self.name, self.step, self.residual_bytes, self.peak = name, step, residual_bytes, peak
+    """One program of the comparison: ``run(args)`` is one fwd+bwd step on one input set."""
+
+    def __init__(self, name: str, run: Callable[..., Any], sets: list[tuple], residual_bytes: int | None,
+                 peak: int | None):
+        self.name, self.run, self.residual_bytes, self.peak = name, run, residual_bytes, peak
+        cycle = itertools.cycle(sets)
+        self.step = lambda: run(*next(cycle))
         self.time: float | None = None
         self.pipelined: float | None = None
         self.time_ratio: float | None = None
@@ -116,60 +140,61 @@ def _max_peak(*compiled: Any) -> int | None:
     return max(peaks) if peaks else None
 
 
-def jaxaot_method(name: str, loss: Callable, args: tuple, partition_fn: Callable) -> Result:
+def jaxaot_method(name: str, loss: Callable, sets: list[tuple], partition_fn: Callable) -> Result:
     aot = jaxaot.aot_function(loss, partition_fn=partition_fn)
-    low = aot.lower(*args)
+    low = aot.lower(*sets[0])
     one = jnp.ones((), jnp.float32)
 
-    def step():
+    def run(*args):
         _, res = aot.forward(*args)
         return aot.backward(res, one)
 
-    return Result(name, step, low.saved_bytes, _max_peak(*(low.executables[k] for k in ("forward", "backward"))))
+    return Result(name, run, sets, low.saved_bytes, _max_peak(*(low.executables[k] for k in ("forward", "backward"))))
 
 
-def split_method(name: str, loss: Callable, args: tuple) -> Result:
-    argnums = tuple(range(len(args)))
-    fwd, bwd = jax.fwd_and_bwd(loss, argnums=argnums)
+def split_method(name: str, loss: Callable, sets: list[tuple]) -> Result:
+    args = sets[0]
+    fwd, bwd = jax.fwd_and_bwd(loss, argnums=tuple(range(len(args))))
     out, res = fwd(*args)
     ct = jnp.ones_like(out)
 
-    def step():
+    def run(*args):
         _, r = fwd(*args)
         return bwd(r, ct)
 
     peak = _max_peak(fwd.lower(*args).compile(), bwd.lower(res, ct).compile())
-    return Result(name, step, tree_nbytes(res), peak)
+    return Result(name, run, sets, tree_nbytes(res), peak)
 
 
-def fused_method(loss: Callable, args: tuple) -> Result:
-    fused = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args)))))
-    return Result("jit(value_and_grad)", lambda: fused(*args), None, _max_peak(fused.lower(*args).compile()))
+def fused_method(loss: Callable, sets: list[tuple]) -> Result:
+    fused = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(sets[0])))))
+    return Result("jit(value_and_grad)", fused, sets, None, _max_peak(fused.lower(*sets[0]).compile()))
 
 
 def methods(loss: Callable, args: tuple) -> list[Result]:
     ckpt = jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable)
+    sets = input_sets(args)
     return [
-        jaxaot_method("jaxaot (min-cut)", loss, args, jaxaot.min_cut_rematerialization_partition),
-        jaxaot_method("jaxaot (min-cut, budget 0.95)", loss, args,
+        jaxaot_method("jaxaot (min-cut)", loss, sets, jaxaot.min_cut_rematerialization_partition),
+        jaxaot_method("jaxaot (min-cut, budget 0.95)", loss, sets,
                       functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.95)),
-        jaxaot_method("jaxaot (default)", loss, args, jaxaot.default_partition),
-        split_method("jax.fwd_and_bwd", loss, args),
-        split_method("checkpoint(dots_saveable)", ckpt, args),
-        fused_method(loss, args),
+        jaxaot_method("jaxaot (default)", loss, sets, jaxaot.default_partition),
+        split_method("jax.fwd_and_bwd", loss, sets),
+        split_method("checkpoint(dots_saveable)", ckpt, sets),
+        fused_method(loss, sets),
     ]
 
 
-def _grads(result: Result) -> list:
-    out = result.step()
+def _grads(result: Result, args: tuple) -> list:
+    out = result.run(*args)
     grads = out[1] if result.name == "jit(value_and_grad)" else out
     return [jnp.asarray(g, jnp.float32) for g in jax.tree_util.tree_leaves(grads)]
 
 
-def check_grads(results: list[Result], name: str) -> None:
-    ref = _grads(results[-1])
+def check_grads(results: list[Result], name: str, args: tuple) -> None:
+    ref = _grads(results[-1], args)
     for r in results[:-1]:
-        for g, want in zip(_grads(r), ref):
+        for g, want in zip(_grads(r, args), ref):
             err = float(jnp.linalg.norm(g - want) / (jnp.linalg.norm(want) + 1e-30))
             if err > 2e-2:
                 raise AssertionError(f"{name}: {r.name} gradients differ from the fused program's ({err:.2e})")
@@ -200,7 +225,7 @@ def time_interleaved(results: list[Result], *, rounds: int, iters: int) -> None:
 
 def bench_model(name: str, loss: Callable, args: tuple, *, iters: int, rounds: int) -> str:
     results = methods(loss, args)
-    check_grads(results, name)
+    check_grads(results, name, args)
     time_interleaved(results, rounds=rounds, iters=iters)
     split = next(r for r in results if r.name == "jax.fwd_and_bwd")
     rows = []

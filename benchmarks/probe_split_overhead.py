@@ -197,12 +197,13 @@ def resnet_probe(small: bool, dump: str | None = None) -> str:
 def budget_probe(small: bool, which: str) -> str:
     name, (loss, args) = [(k, v) for k, v in B.models(small).items() if which in k][0]
     results = []
+    sets = B.input_sets(args)
     for budget in (1.0, 0.99):
-        r = B.jaxaot_method(f"min-cut {budget}", loss, args,
+        r = B.jaxaot_method(f"min-cut {budget}", loss, sets,
                             functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget))
         results.append(r)
-    split = B.split_method("jax.fwd_and_bwd", loss, args)
-    fused = B.fused_method(loss, args)
+    split = B.split_method("jax.fwd_and_bwd", loss, sets)
+    fused = B.fused_method(loss, sets)
     steps = {r.name: r.step for r in [*results, split, fused]}
     single = one_step_times(steps, rounds=7, per_round=3)
     pipe, _ = pipelined_times(steps, rounds=3, n=10)
