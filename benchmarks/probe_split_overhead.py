@@ -5,8 +5,9 @@ For the ResNet block it times, interleaved round by round so that the VM's
 drift hits every variant alike:
 
 * the fused ``jit(value_and_grad)`` and the min-cut forward/backward pair, each
-  compiled with several XLA option sets (command buffers / CUDA graphs);
-* the pair called through ``aot.forward``/``aot.backward`` and called raw;
+  compiled with several XLA option sets (command buffers / CUDA graphs), the
+  pair both called raw and through ``aot.forward``/``aot.backward``;
+* each step on the next of three input sets, as in training (new buffers);
 * host dispatch time per step (the loop's time before its final block).
 
 For the GPT and the transformer block it times min-cut at memory budgets 1 and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import pathlib
 import statistics
 import sys
@@ -55,9 +57,11 @@ def count_kernels(compiled) -> int:
     return sum(1 for line in entry.splitlines() if " = " in line and any(o in line for o in ops))
 
 
-def split_step(joint, saved_vars, args, opts):
+def split_step(joint, saved_vars, sets, opts):
+    """A step of the pair compiled with ``opts``, cycling through the input sets."""
     part = P.split_joint(joint, saved_vars)
-    leaves = jax.tree_util.tree_leaves(args)
+    leaves_sets = [jax.tree_util.tree_leaves(a) for a in sets]
+    leaves = leaves_sets[0]
     avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
     fwd = compile_closed(part.forward, avals, opts)
     outs = fwd(*leaves)
@@ -65,37 +69,14 @@ def split_step(joint, saved_vars, args, opts):
     bwd_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in
                  [ct] + [leaves[i] for i in part.saved_inputs] + [outs[j] for j in part.saved_outputs]]
     bwd = compile_closed(part.backward, bwd_avals, opts)
+    cycle = itertools.cycle(leaves_sets)
 
     def step():
-        o = fwd(*leaves)
-        return bwd(ct, *[leaves[i] for i in part.saved_inputs], *[o[j] for j in part.saved_outputs])
+        lv = next(cycle)
+        o = fwd(*lv)
+        return bwd(ct, *[lv[i] for i in part.saved_inputs], *[o[j] for j in part.saved_outputs])
 
     return step, part, count_kernels(fwd) + count_kernels(bwd)
-
-
-def materialized_extras(joint) -> list:
-    """Forward values read by a matmul/conv in both the forward and the backward."""
-    jaxpr = C.jaxpr_of(joint.jaxpr)
-    heavy = {"dot_general", "conv_general_dilated"}
-    fwd_reads, bwd_reads = set(), set()
-    prims = set(jaxpr.invars[: joint.num_primals])
-    for e, k in zip(jaxpr.eqns, P.classify_eqns(joint)):
-        if e.primitive.name not in heavy:
-            continue
-        vs = {v for v in e.invars if not C.is_literal(v)} - prims
-        (fwd_reads if k is P.EqnKind.FORWARD else bwd_reads).update(vs)
-    return sorted(fwd_reads & bwd_reads, key=str)
-
-
-def tiny_extras(joint, saved) -> list:
-    """Recomputed forward values under 1/1024 of the largest forward value's bytes."""
-    part = P.split_joint(joint, saved)
-    jaxpr = C.jaxpr_of(joint.jaxpr)
-    kinds = P.classify_eqns(joint)
-    sizes = [P.aval_nbytes(v.aval) for e, k in zip(jaxpr.eqns, kinds) if k is P.EqnKind.FORWARD for v in e.outvars]
-    limit = max(sizes) / 1024
-    recomputed = set(map(id, part.recomputed._eqns))
-    return [v for e in jaxpr.eqns if id(e) in recomputed for v in e.outvars if P.aval_nbytes(v.aval) < limit]
 
 
 def one_step_times(steps: dict, rounds: int, per_round: int = 5) -> dict:
@@ -135,33 +116,37 @@ def pipelined_times(steps: dict, rounds: int, n: int = 50) -> tuple[dict, dict]:
 
 def resnet_probe(small: bool, dump: str | None = None) -> str:
     name, (loss, args) = [(k, v) for k, v in B.models(small).items() if "resnet" in k][0]
+    sets = B.input_sets(args)
     joint = jaxaot.trace_joint(loss, *args)
     saved = min_cut.choose_saved_values(joint)
-    extras = materialized_extras(joint)
     steps, kernels, saved_b = {}, {}, {}
+    one = jnp.ones((), jnp.float32)
     for oname, opts in OPTION_SETS.items():
         try:
             fused = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(*args).compile(compiler_options=opts or None)
         except Exception as e:  # an option this jaxlib lacks
             print(f"skip {oname}: {e}"[:200])
             continue
-        steps[f"fused [{oname}]"] = functools.partial(fused, *args)
-        if oname == "default":
-            fused_default = fused
+        cyc = itertools.cycle(sets)
+        steps[f"fused [{oname}]"] = lambda fused=fused, cyc=cyc: fused(*next(cyc))
         kernels[f"fused [{oname}]"] = count_kernels(fused)
-        for pname, sv in (("min-cut", saved), ("min-cut+tiny", list(saved) + tiny_extras(joint, saved))):
-            s, part, k = split_step(joint, sv, args, opts)
-            steps[f"{pname} raw [{oname}]"] = s
-            kernels[f"{pname} raw [{oname}]"] = k
-            saved_b[f"{pname} raw [{oname}]"] = part.saved_bytes
-    aot = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
-    one = jnp.ones((), jnp.float32)
+        s, part, k = split_step(joint, saved, sets, opts)
+        steps[f"min-cut raw [{oname}]"] = s
+        kernels[f"min-cut raw [{oname}]"] = k
+        saved_b[f"min-cut raw [{oname}]"] = part.saved_bytes
+        compiler = lambda closed, avals, opts=opts, **_: compile_closed(closed, avals, opts)  # noqa: E731
+        aot = jaxaot.aot_function(loss, fw_compiler=compiler,
+                                  partition_fn=jaxaot.min_cut_rematerialization_partition)
+        cyc2 = itertools.cycle(sets)
 
-    def via_runtime():
-        _, res = aot.forward(*args)
-        return aot.backward(res, one)
+        def via_runtime(aot=aot, cyc2=cyc2):
+            _, res = aot.forward(*next(cyc2))
+            return aot.backward(res, one)
 
-    steps["min-cut via aot.forward/backward [default]"] = via_runtime
+        steps[f"min-cut via aot [{oname}]"] = via_runtime
+        if oname == "default":
+            fused_default, aot_default = fused, aot
+    aot = aot_default
     _, res0 = aot.forward(*args)
     low = aot.lower(*args)
     fe, be = low.executables["forward"], low.executables["backward"]
@@ -174,15 +159,6 @@ def resnet_probe(small: bool, dump: str | None = None) -> str:
         pathlib.Path(dump).mkdir(parents=True, exist_ok=True)
         for nm, exe in (("fused", fused_default), ("forward", fe), ("backward", be)):
             pathlib.Path(dump, f"resnet_{nm}.hlo.txt").write_text(exe.as_text())
-        import cProfile, io, pstats
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(300):
-            via_runtime()
-        prof.disable()
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
-        pathlib.Path(dump, "resnet_runtime_profile.txt").write_text(buf.getvalue())
     single = one_step_times(steps, rounds=15)
     pipe, host = pipelined_times(steps, rounds=5)
     ref_s, ref_p = single["fused [default]"], pipe["fused [default]"]
@@ -190,8 +166,7 @@ def resnet_probe(small: bool, dump: str | None = None) -> str:
     for k in steps:
         rows.append((k, kernels.get(k, "-"), fmt_bytes(saved_b.get(k)), f"{single[k]*1e3:.3f}",
                      f"{single[k]/ref_s:.3f}", f"{pipe[k]*1e3:.3f}", f"{pipe[k]/ref_p:.3f}", f"{host[k]*1e3:.3f}"))
-    extras_s = ", ".join(f"{v.aval.str_short()}" for v in extras)
-    return f"## {name}\nmaterialized extras: {extras_s}\n" + table(rows)
+    return f"## {name} (each step on the next of {len(sets)} input sets)\n" + table(rows)
 
 
 def budget_probe(small: bool, which: str) -> str:
