@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import pathlib
 import statistics
 import sys
 from typing import Any, Callable
@@ -42,7 +41,7 @@ import jaxaot
 from jaxaot import examples
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import fmt_bytes, header, loop_time, median_time, peak_bytes, table, tree_nbytes  # noqa: E402
+from harness import fmt_bytes, loop_time, median_time, peak_bytes, report, table, tree_nbytes  # noqa: E402
 
 
 # --------------------------------------------------------------------------- resnet block
@@ -245,18 +244,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--iters", type=int, default=10, help="timed steps per program and round (median)")
     ap.add_argument("--rounds", type=int, default=7, help="rounds of interleaved timing (median of ratios)")
     a = ap.parse_args(argv)
-    parts = [header("bench_partitioners: min-cut vs default partition vs plain JAX")]
-    print(parts[0], flush=True)
-    for name, (loss, args) in models(a.small).items():
-        if a.only and a.only not in name:
-            continue
-        parts.append(bench_model(name, loss, args, iters=a.iters, rounds=a.rounds))
-        print(parts[-1] + "\n", flush=True)
-    report = "\n\n".join(parts) + "\n"
-    if a.out:
-        pathlib.Path(a.out).write_text(report)
-    return report
-
+    sections = (bench_model(name, loss, args, iters=a.iters, rounds=a.rounds)
+                for name, (loss, args) in models(a.small).items() if not a.only or a.only in name)
+    return report("bench_partitioners: min-cut vs default partition vs plain JAX", sections, a.out)
 
 if __name__ == "__main__":
     main()

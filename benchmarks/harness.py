@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import pathlib
 import platform
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 
@@ -22,6 +23,19 @@ def header(title: str) -> str:
         f"# jax {jax.__version__}  jaxlib {jax.lib.__version__ if hasattr(jax.lib, '__version__') else '?'}  "
         f"python {platform.python_version()}\n"
     )
+
+
+def report(title: str, sections: Iterable[str], out: str | None = None) -> str:
+    """Print a header and each section as it is produced; also write them all to ``out``."""
+    parts = [header(title)]
+    print(parts[0], flush=True)
+    for section in sections:
+        parts.append(section)
+        print(section + "\n", flush=True)
+    text = "\n\n".join(parts) + "\n"
+    if out:
+        pathlib.Path(out).write_text(text)
+    return text
 
 
 def median_time(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 20, min_seconds: float = 0.2) -> float:

@@ -35,7 +35,7 @@ from jaxaot import min_cut, partition as P
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import bench_partitioners as B  # noqa: E402
-from harness import fmt_bytes, header, table  # noqa: E402
+from harness import fmt_bytes, report, table  # noqa: E402
 
 OPTION_SETS = {
     "default": {},
@@ -198,16 +198,9 @@ def main(argv=None) -> str:
     ap.add_argument("--only", default="resnet,gpt,block")
     ap.add_argument("--dump", help="write the ResNet programs' HLO and a runtime profile here")
     a = ap.parse_args(argv)
-    parts = [header("probe_split_overhead: where the split step's time goes")]
-    print(parts[0], flush=True)
-    for which in a.only.split(","):
-        parts.append(resnet_probe(a.small, a.dump) if which == "resnet" else budget_probe(a.small, which))
-        print(parts[-1] + "\n", flush=True)
-    report = "\n\n".join(parts) + "\n"
-    if a.out:
-        pathlib.Path(a.out).write_text(report)
-    return report
-
+    sections = (resnet_probe(a.small, a.dump) if which == "resnet" else budget_probe(a.small, which)
+                for which in a.only.split(","))
+    return report("probe_split_overhead: where the split step's time goes", sections, a.out)
 
 if __name__ == "__main__":
     main()

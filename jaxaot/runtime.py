@@ -488,7 +488,7 @@ class _Training:
                 fwd_outs = self._run_forward(leaves)
         part = self.partition
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
-        if not self.joint.num_aux and self.entry.no_aliases:
+        if self._eager_forward is None and not self.joint.num_aux and self.entry.no_aliases:
             self._eager_forward = self._make_eager_forward()
         return fwd_outs[:n_user], residuals
 
@@ -516,8 +516,11 @@ class _Training:
     def backward(self, residuals: Sequence[Any], cts: Sequence[Any], concrete_residuals: bool = False) -> list:
         """Grads for the differentiated inputs, from residuals and selected cotangents."""
         args = [*cts, *residuals]
-        if not (concrete_residuals and all(type(x) is _ArrayImpl for x in cts)) and any(
-                C.is_tracer(x) for x in (cts if concrete_residuals else args)):
+        if concrete_residuals:  # only the cotangents can be tracers; arrays are the common case
+            traced = not all(type(x) is _ArrayImpl for x in cts) and any(C.is_tracer(x) for x in cts)
+        else:
+            traced = any(C.is_tracer(x) for x in args)
+        if traced:
             return C.eval_closed(self.partition.backward, *args)
         exe = self.entry.executables.get(self._backward_name) or self.backward_exe
         return list(exe(*args))
@@ -778,7 +781,7 @@ class AOTFunction:
             # one's in a single pass and run the executable directly. The
             # executable itself refuses other devices (ValueError).
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-            if treedef == hot[0] and len(leaves) == len(hot[1]) and all(
+            if treedef == hot[0] and hot[2]._eager_forward is not None and all(
                     type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot[1])):
                 tr = hot[2]
                 try:
