@@ -2,7 +2,7 @@
 
 For each model of the zoo (a gelu MLP, one transformer block, a 12-layer
 GPT-2-small-shaped model whose layers are stacked with ``lax.scan``, a ResNet
-block with batch norm) it prints, side by side from one run:
+block with batch norm at batch 32 and, on the GPU, 256) it prints, side by side from one run:
 
 * residual bytes (everything the forward hands the backward, inputs included),
 * fwd+bwd step time: the median of single steps (each blocked on: latency), and
@@ -74,14 +74,15 @@ def resnet_loss(p: Any, x: jax.Array) -> jax.Array:
 # Sizes: (mlp width, depth, batch), (block batch, seq, width, heads), (gpt batch, seq, width, heads), resnet NHWC.
 SIZES = {
     "small": dict(dtype=jnp.float32, mlp=(256, 4, 128), block=(2, 128, 128, 4), gpt=(2, 64, 64, 4),
-                  resnet=(8, 16, 16, 32)),
+                  resnet=((8, 16, 16, 32),)),
     "full": dict(dtype=jnp.bfloat16, mlp=(4096, 8, 1024), block=(8, 1024, 1024, 16), gpt=(8, 1024, 768, 12),
-                 resnet=(32, 56, 56, 64)),
+                 # batch 32: launch-bound on the GPU (0.4 ms); batch 256: a training batch for one H100.
+                 resnet=((32, 56, 56, 64), (256, 56, 56, 64))),
 }
 
 
 def models(small: bool) -> dict[str, tuple[Callable, tuple]]:
-    """name -> (loss, args) for the four models, CPU-sized when ``small``."""
+    """name -> (loss, args) for the zoo, CPU-sized when ``small`` (the GPU sizes add a batch-256 ResNet)."""
     sz = SIZES["small" if small else "full"]
     dt, dname = sz["dtype"], jnp.dtype(sz["dtype"]).name
     key = jax.random.key(0)
@@ -89,8 +90,7 @@ def models(small: bool) -> dict[str, tuple[Callable, tuple]]:
     width, depth, batch = sz["mlp"]
     bb, bt, bd, bh = sz["block"]
     gb, gt, gd, gh = sz["gpt"]
-    n, h, w, c = sz["resnet"]
-    return {
+    zoo = {
         f"mlp-gelu ({depth}x{width}, batch {batch}, {dname})": (
             examples.mlp_loss, examples.mlp_init(key, width=width, depth=depth, batch=batch, dtype=dt)),
         f"transformer block ({bb}x{bt}x{bd}, {dname})": (
@@ -99,9 +99,11 @@ def models(small: bool) -> dict[str, tuple[Callable, tuple]]:
         f"gpt 12 layers scanned ({gb}x{gt}x{gd}, {dname})": (
             lambda p, x: examples.gpt_loss(p, x, heads=gh),
             (examples.gpt_init(key, layers=12, width=gd, heads=gh, dtype=dt), jax.random.normal(k2, (gb, gt, gd), dt))),
-        f"resnet block + batch norm ({n}x{h}x{w}x{c}, {dname})": (
-            resnet_loss, (resnet_init(key, channels=c, dtype=dt), jax.random.normal(k1, (n, h, w, c), dt))),
     }
+    for n, h, w, c in sz["resnet"]:
+        zoo[f"resnet block + batch norm ({n}x{h}x{w}x{c}, {dname})"] = (
+            resnet_loss, (resnet_init(key, channels=c, dtype=dt), jax.random.normal(k1, (n, h, w, c), dt)))
+    return zoo
 
 
 # --------------------------------------------------------------------------- methods
