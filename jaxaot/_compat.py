@@ -150,6 +150,26 @@ def eqn_subjaxprs(eqn: Any) -> list:
     return list(_core.jaxprs_in_params(eqn.params))
 
 
+def map_subjaxprs(eqn: Any, fn: Any) -> dict:
+    """``eqn.params`` with every closed jaxpr in them (loop and cond bodies) replaced by ``fn(jaxpr)``.
+
+    Values that hold a jaxpr only indirectly (thunks, rule callables) are kept.
+    """
+    def one(v):
+        if isinstance(v, _core.ClosedJaxpr):
+            return fn(v)
+        if isinstance(v, tuple) and v and all(isinstance(x, _core.ClosedJaxpr) for x in v):
+            return tuple(fn(x) for x in v)
+        return v
+
+    return {k: one(v) for k, v in eqn.params.items()}
+
+
+def bind_eqn_with(eqn: Any, params: dict, invals: Sequence[Any]) -> list:
+    """:func:`bind_eqn` with ``params`` in place of the eqn's own."""
+    return bind_eqn(eqn.replace(params=params), invals)
+
+
 def has_jvp_rule(prim: Any) -> bool:
     return (
         prim in _ad.primitive_jvps

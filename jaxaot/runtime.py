@@ -953,7 +953,9 @@ def aot_function(
       partition_fn: chooses what the forward saves; default :func:`default_partition`.
       inference_compiler: compiles the inference program; default ``fw_compiler``.
       decompositions: ``{primitive: python_fn}`` applied while tracing, so the
-        partitioner sees the decomposed operations.
+        partitioner sees the decomposed operations; they reach into loop and
+        cond bodies, not into ``custom_jvp``/``custom_vjp`` functions (whose
+        derivative rules are written for the original operations).
       static_argnums: positional arguments that are compile-time constants.
       donate_argnums: positional arguments whose buffers the executables may reuse.
 

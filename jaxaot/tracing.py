@@ -167,6 +167,12 @@ def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions
         elif decompositions and eqn.primitive in decompositions:
             outs = decompositions[eqn.primitive](*invals, **eqn.params)
             outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        elif decompositions and _decomposes_inside(eqn, decompositions):
+            # Loop and cond bodies get the decompositions too, so that the
+            # partitioner sees the same operations in a scanned layer as in an
+            # unrolled one.
+            params = C.map_subjaxprs(eqn, lambda body: _decompose_body(body, decompositions))
+            outs = C.bind_eqn_with(eqn, params, invals)
         else:
             outs = C.bind_eqn(eqn, invals)
         for v, x in zip(eqn.outvars, outs):
@@ -175,9 +181,25 @@ def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions
     return [read(v) for v in jaxpr.outvars]
 
 
+def _decomposes_inside(eqn: Any, decompositions: Decompositions) -> bool:
+    """Whether a body of ``eqn`` (not a custom-derivative call's: its rules stay) holds a decomposed primitive."""
+    if "custom" in eqn.primitive.name:
+        return False
+    return any(e.primitive in decompositions or _decomposes_inside(e, decompositions)
+               for body in C.eqn_subjaxprs(eqn) for e in C.jaxpr_of(body).eqns)
+
+
+def _decompose_body(body: Any, decompositions: Decompositions) -> Any:
+    if not any(e.primitive in decompositions or _decomposes_inside(e, decompositions) for e in C.jaxpr_of(body).eqns):
+        return body
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in C.in_avals_of(body)]
+    return jax.make_jaxpr(lambda *a: inline_eval(body, a, decompositions))(*avals)
+
+
 def _needs_retrace(closed: Any, decompositions: Decompositions | None) -> bool:
     return any(
-        e.primitive in C.INLINABLE_CALLS or (decompositions and e.primitive in decompositions)
+        e.primitive in C.INLINABLE_CALLS
+        or (decompositions and (e.primitive in decompositions or _decomposes_inside(e, decompositions)))
         for e in C.jaxpr_of(closed).eqns
     )
 

@@ -253,6 +253,31 @@ def test_decompositions_reach_the_partitioner():
     assert "tanh" not in prims and "exp" in prims
 
 
+def test_decompositions_reach_loop_and_cond_bodies():
+    def tanh_decomp(x, **params):
+        e = jnp.exp(-2 * x)
+        return (1 - e) / (1 + e)
+
+    def fn(ws, x):
+        def layer(h, w):
+            h = jax.lax.cond(h.sum() > 0, lambda h: jnp.tanh(h @ w), lambda h: jnp.sin(h @ w), h)
+            return jnp.tanh(h), None
+
+        h, _ = jax.lax.scan(layer, x, ws)
+        return jnp.sum(h**2)
+
+    ks = jax.random.split(fresh_key(), 2)
+    ws, x = jax.random.normal(ks[0], (3, 4, 4)) * 0.5, jax.random.normal(ks[1], (2, 4))
+    for partition_fn in (jaxaot.default_partition, jaxaot.min_cut_rematerialization_partition):
+        f = jaxaot.aot_function(fn, decompositions={jax.lax.tanh_p: tanh_decomp}, partition_fn=partition_fn)
+        want, vjp = jax.vjp(fn, ws, x)
+        got, f_vjp = jax.vjp(f, ws, x)
+        assert_trees_close(got, want, **TOL)
+        assert_trees_close(f_vjp(jnp.ones_like(want)), vjp(jnp.ones_like(want)), **TOL)
+        text = str(f.lower(ws, x).joint.primal)  # printed with its scan and cond bodies
+        assert "tanh" not in text and "exp" in text and "scan[" in text and "cond[" in text
+
+
 # --------------------------------------------------------------------------- bad input
 def test_non_callable():
     with pytest.raises(jaxaot.InvalidInputError, match="callable"):
