@@ -196,7 +196,7 @@ def main(argv=None) -> str:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--only", default="resnet,gpt,block")
-    ap.add_argument("--dump", help="write the ResNet programs' HLO and a runtime profile here")
+    ap.add_argument("--dump", help="write the ResNet programs' optimized HLO here")
     a = ap.parse_args(argv)
     sections = (resnet_probe(a.small, a.dump) if which == "resnet" else budget_probe(a.small, which)
                 for which in a.only.split(","))

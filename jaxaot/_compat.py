@@ -112,9 +112,12 @@ def literal(val: Any, aval: Any) -> Any:
     return _core.Literal(val, aval)
 
 
-def bind_eqn(eqn: Any, invals: Sequence[Any]) -> list:
-    """Re-bind one eqn on new inputs in the current trace, keeping its source info."""
-    bind_params = eqn.primitive.get_bind_params(eqn.params)
+def bind_eqn(eqn: Any, invals: Sequence[Any], params: dict | None = None) -> list:
+    """Re-bind one eqn on new inputs in the current trace, keeping its source info.
+
+    ``params``, when given, replace the eqn's own (rewritten loop bodies, say).
+    """
+    bind_params = eqn.primitive.get_bind_params(eqn.params if params is None else params)
     name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
     with _siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
         out = eqn.primitive.bind(*invals, **bind_params)
@@ -163,11 +166,6 @@ def map_subjaxprs(eqn: Any, fn: Any) -> dict:
         return v
 
     return {k: one(v) for k, v in eqn.params.items()}
-
-
-def bind_eqn_with(eqn: Any, params: dict, invals: Sequence[Any]) -> list:
-    """:func:`bind_eqn` with ``params`` in place of the eqn's own."""
-    return bind_eqn(eqn.replace(params=params), invals)
 
 
 def has_jvp_rule(prim: Any) -> bool:

@@ -172,7 +172,7 @@ def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions
             # partitioner sees the same operations in a scanned layer as in an
             # unrolled one.
             params = C.map_subjaxprs(eqn, lambda body: _decompose_body(body, decompositions))
-            outs = C.bind_eqn_with(eqn, params, invals)
+            outs = C.bind_eqn(eqn, invals, params)
         else:
             outs = C.bind_eqn(eqn, invals)
         for v, x in zip(eqn.outvars, outs):
@@ -181,27 +181,29 @@ def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions
     return [read(v) for v in jaxpr.outvars]
 
 
+def _has_decomposed(eqns: Any, decompositions: Decompositions) -> bool:
+    """Whether ``eqns``, or a body inside them, hold a primitive that ``decompositions`` replaces."""
+    return any(e.primitive in decompositions or _decomposes_inside(e, decompositions) for e in eqns)
+
+
 def _decomposes_inside(eqn: Any, decompositions: Decompositions) -> bool:
     """Whether a body of ``eqn`` (not a custom-derivative call's: its rules stay) holds a decomposed primitive."""
     if "custom" in eqn.primitive.name:
         return False
-    return any(e.primitive in decompositions or _decomposes_inside(e, decompositions)
-               for body in C.eqn_subjaxprs(eqn) for e in C.jaxpr_of(body).eqns)
+    return any(_has_decomposed(C.jaxpr_of(body).eqns, decompositions) for body in C.eqn_subjaxprs(eqn))
 
 
 def _decompose_body(body: Any, decompositions: Decompositions) -> Any:
-    if not any(e.primitive in decompositions or _decomposes_inside(e, decompositions) for e in C.jaxpr_of(body).eqns):
-        return body
+    if not _has_decomposed(C.jaxpr_of(body).eqns, decompositions):
+        return body  # e.g. the cond branch without the primitive
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in C.in_avals_of(body)]
     return jax.make_jaxpr(lambda *a: inline_eval(body, a, decompositions))(*avals)
 
 
 def _needs_retrace(closed: Any, decompositions: Decompositions | None) -> bool:
-    return any(
-        e.primitive in C.INLINABLE_CALLS
-        or (decompositions and (e.primitive in decompositions or _decomposes_inside(e, decompositions)))
-        for e in C.jaxpr_of(closed).eqns
-    )
+    eqns = C.jaxpr_of(closed).eqns
+    return any(e.primitive in C.INLINABLE_CALLS for e in eqns) or bool(
+        decompositions and _has_decomposed(eqns, decompositions))
 
 
 def flatten_program(closed: Any, in_avals: Sequence[Any], decompositions: Decompositions | None = None) -> Any:
