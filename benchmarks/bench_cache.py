@@ -41,7 +41,8 @@ def child(size: str, partitioner: str) -> dict:
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot import cache, examples
+    from jaxaot.compile import cache
+    from jaxaot.cli import demo_models as examples
 
     sz = SIZES[size]
     dtype = jnp.dtype(sz["dtype"])

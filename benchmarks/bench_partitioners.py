@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot import examples
+from jaxaot.cli import demo_models as examples
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from harness import fmt_bytes, loop_time, median_time, peak_bytes, report, table, tree_nbytes  # noqa: E402

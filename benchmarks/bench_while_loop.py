@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jaxaot.checkpointing import revolve_counts, worst_ratio  # noqa: E402
-from jaxaot.while_loop import dynamic_capacity, while_loop  # noqa: E402
+from jaxaot.loops.checkpointed import revolve_counts, worst_ratio  # noqa: E402
+from jaxaot.loops.api import dynamic_capacity, while_loop  # noqa: E402
 
 DT = 0.05
 

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 
 import jaxaot
 from jaxaot import _compat as C
-from jaxaot import min_cut, partition as P
+from jaxaot.partition import min_cut
+from jaxaot.partition import split as P
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import bench_partitioners as B  # noqa: E402

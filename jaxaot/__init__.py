@@ -12,9 +12,10 @@ Example:
     True
 """
 
-from jaxaot import compilers, errors
-from jaxaot.autodiff import Gradient, differentiate
-from jaxaot.eager import grad, value_and_grad
+from jaxaot import errors
+from jaxaot.compile import compilers
+from jaxaot.partition.autodiff import Gradient, differentiate
+from jaxaot.runtime.eager import grad, value_and_grad
 from jaxaot.errors import (
     CotangentMismatchError,
     InvalidInputError,
@@ -24,16 +25,16 @@ from jaxaot.errors import (
     PartitionError,
     ResidualsMismatchError,
 )
-from jaxaot.partition import Partition, Residual
-from jaxaot.partitioners import default_partition
-from jaxaot.min_cut import min_cut_rematerialization_partition
-from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
-from jaxaot.tracing import JointGraph, trace_joint
-from jaxaot import primitives  # while-loop primitives
-from jaxaot.while_loop import while_loop, while_loop_stack_output  # jaxaot.while_loop is the function
-from jaxaot.config import config  # export/cache: jaxaot.config is the settings object
+from jaxaot.partition.split import Partition, Residual
+from jaxaot.partition.default import default_partition
+from jaxaot.partition.min_cut import min_cut_rematerialization_partition
+from jaxaot.runtime.function import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
+from jaxaot.tracing.joint import JointGraph, trace_joint
+from jaxaot.loops import rules as primitives  # while-loop primitives
+from jaxaot.loops.api import while_loop, while_loop_stack_output  # jaxaot.while_loop is the function
+from jaxaot._config import config  # export/cache: jaxaot.config is the settings object
 from jaxaot.errors import ArtifactError, ArtifactInputError, ArtifactVersionError, CacheWarning, NotExportableError
-from jaxaot.export import ExportedAOT, LoadedAOT, export, load  # jaxaot.export is the function
+from jaxaot.artifacts.export import ExportedAOT, LoadedAOT, export, load  # jaxaot.export is the function
 from jaxaot.errors import LossOutputError  # flax support
 
 __version__ = "0.1.0"
@@ -41,9 +42,9 @@ __version__ = "0.1.0"
 # Flax support loads on first use: importing flax costs about as much as importing jax,
 # and code that never touches a module should not pay for it.
 _LAZY = {
-    **{name: "jaxaot.modules" for name in (
+    **{name: "jaxaot.nn.api" for name in (
         "AOTLinenModule", "AOTModule", "CallMetadata", "InputInfo", "ModuleLowered", "OutputInfo", "aot_module")},
-    **{name: "jaxaot.export_signature" for name in ("BackwardSignature", "GraphSignature", "aot_export_module")},
+    **{name: "jaxaot.nn.export_module" for name in ("BackwardSignature", "GraphSignature", "aot_export_module")},
 }
 
 

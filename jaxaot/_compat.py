@@ -100,14 +100,6 @@ def is_drop_var(x: Any) -> bool:
     return isinstance(x, _core.DropVar)
 
 
-def aval_of(x: Any) -> Any:
-    return x.aval
-
-
-def new_var(aval: Any) -> Any:
-    return _core.Var(aval)
-
-
 def literal(val: Any, aval: Any) -> Any:
     return _core.Literal(val, aval)
 
@@ -151,6 +143,18 @@ def eqn_name_stack(eqn: Any) -> str:
 def eqn_subjaxprs(eqn: Any) -> list:
     """Closed jaxprs held in an eqn's params (bodies of calls, loops, conds)."""
     return list(_core.jaxprs_in_params(eqn.params))
+
+
+def iter_eqns(closed: Any, *, depth: int = 0, with_depth: bool = False):
+    """Every eqn of a (closed) jaxpr, then of the jaxprs in its params, depth first.
+
+    The one recursive walker of jaxaot. ``with_depth`` yields ``(eqn, depth)``
+    pairs, depth 0 being the top-level program.
+    """
+    for eqn in jaxpr_of(closed).eqns:
+        yield (eqn, depth) if with_depth else eqn
+        for sub in _core.jaxprs_in_params(eqn.params):
+            yield from iter_eqns(sub, depth=depth + 1, with_depth=with_depth)
 
 
 def map_subjaxprs(eqn: Any, fn: Any) -> dict:
@@ -243,6 +247,7 @@ def eqn_user_context(eqn: Any) -> Any:
 # Names are looked up with getattr where JAX has moved them between versions.
 from jax._src import ad_util as _ad_util  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402
+from jax._src.util import merge_lists, split_list  # noqa: E402,F401  (re-exported)
 
 Zero = _ad_util.Zero
 UndefinedPrimal = _ad.UndefinedPrimal

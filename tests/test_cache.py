@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import cache, compilers
-from jaxaot.config import Config
+from jaxaot.compile import cache
+from jaxaot.compile import compilers
+from jaxaot._config import Config
 from jaxaot.errors import CacheWarning
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -227,7 +228,7 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     import numpy as np, jax, jax.numpy as jnp
     import jaxaot
-    from jaxaot import cache
+    from jaxaot.compile import cache
 
     calls = {"partition": 0}
     def counting_partition(joint):

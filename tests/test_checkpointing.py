@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxaot import checkpointing as ck
-from jaxaot.while_loop import while_loop
+from jaxaot.loops import checkpointed as ck
+from jaxaot.loops.api import while_loop
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from jaxaot import cli
+from jaxaot.cli import main as cli
 
 
 def test_version(capsys):
@@ -30,7 +30,7 @@ def test_demo_prints_table_checks_gradients_and_writes_artifacts(tmp_path, monke
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot import examples
+    from jaxaot.cli import demo_models as examples
 
     params, data = examples.mlp_init(jax.random.key(0), width=32, depth=2, batch=8)
     loaded = jaxaot.load(out / "artifact")

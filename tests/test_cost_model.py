@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxaot import cost_model, knapsack
-from jaxaot.cost_model import Recompute
+from jaxaot.partition import cost_model
+from jaxaot.partition import knapsack
+from jaxaot.partition.cost_model import Recompute
 
 
 def _flat(eqns):

@@ -31,9 +31,9 @@ from jaxaot.errors import (
     NotExportableError,
     ResidualsMismatchError,
 )
-from jaxaot.examples import mlp_loss
+from jaxaot.cli.demo_models import mlp_loss
 from zoo import child_env
-from jaxaot.export import LoadedAOT, treedef_from_json, treedef_to_json
+from jaxaot.artifacts.export import LoadedAOT, treedef_from_json, treedef_to_json
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 WHILE_LOOP = getattr(jaxaot, "while_loop", None)

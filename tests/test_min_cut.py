@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxaot
-from jaxaot import min_cut
-from jaxaot.min_cut import min_cut_rematerialization_partition as mincut
+from jaxaot.partition import min_cut
+from jaxaot.partition.min_cut import min_cut_rematerialization_partition as mincut
 from zoo import ZOO, assert_trees_close, random_cotangents
 
 TOL = dict(rtol=2e-5, atol=2e-5)

@@ -10,8 +10,8 @@ import pytest
 from jax import lax
 
 from jaxaot import _compat as C
-from jaxaot import primitives as P
-from jaxaot.while_loop import while_loop, while_loop_stack_output
+from jaxaot.loops import rules as P
+from jaxaot.loops.api import while_loop, while_loop_stack_output
 
 
 def _loop(x, n=3, **kw):

@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot import cli, examples, viz
+from jaxaot.cli import main as cli
+from jaxaot.cli import demo_models as examples
+from jaxaot.viz import drawing as viz
 
 needs_dot = pytest.mark.skipif(not viz.layout_available(), reason="Graphviz's dot is not installed")
 

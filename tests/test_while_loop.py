@@ -26,7 +26,7 @@ from jaxaot.errors import (
     LoopOverflowError,
     ReverseModeBoundError,
 )
-from jaxaot.while_loop import dynamic_capacity, while_loop, while_loop_stack_output
+from jaxaot.loops.api import dynamic_capacity, while_loop, while_loop_stack_output
 
 MODES = {
     "max_steps": dict(max_steps=16),

@@ -154,7 +154,7 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
     With ``out_dir``, also write :func:`demo_artifacts` there.
     """
     import jaxaot
-    from jaxaot import examples
+    from jaxaot.cli import demo_models as examples
 
     params, data = examples.mlp_init(jax.random.key(0), width=width, depth=depth, batch=batch)
     loss = examples.mlp_loss

@@ -35,8 +35,9 @@ from flax import linen as nn
 
 from jaxaot import _compat as C
 from jaxaot.errors import LossOutputError, InvalidInputError
-from jaxaot.modules import AOTLinenModule, AOTModule, aot_module, leaf_fqns
-from jaxaot.tracing import abstractify, flatten_program
+from jaxaot.nn.api import AOTLinenModule, AOTModule, aot_module, leaf_fqns
+from jaxaot._pytrees import abstractify
+from jaxaot.tracing.primal import flatten_program
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,9 +47,9 @@ from flax import nnx
 
 from jaxaot import _compat as C
 from jaxaot.errors import InvalidInputError
-from jaxaot.partitioners import default_partition
-from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, PartitionFn, aot_function
-from jaxaot.tracing import describe_path
+from jaxaot.partition.default import default_partition
+from jaxaot.runtime.function import AOTFunction, AOTLowered, CacheInfo, PartitionFn, aot_function
+from jaxaot._pytrees import describe_path
 
 Method = str | Callable[..., Any]
 

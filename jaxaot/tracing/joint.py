@@ -18,62 +18,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.errors import InvalidInputError, InvalidOutputError, NoDifferentiationRuleError, ReverseModeBoundError
+from jaxaot._pytrees import abstractify, flatten_checked
+from jaxaot.tracing.primal import Decompositions, flatten_program, trace_primal
+from jaxaot.errors import InvalidInputError, NoDifferentiationRuleError, ReverseModeBoundError
 
-Decompositions = Mapping[Any, Callable[..., Any]]
-
-
-# --------------------------------------------------------------------------- leaves
-_SCALAR_TYPES = (bool, int, float, complex, np.generic)
-
-
-def is_array_leaf(x: Any) -> bool:
-    """What jaxaot accepts as a pytree leaf: arrays, tracers and numeric scalars."""
-    return isinstance(x, (jax.Array, np.ndarray, C.Tracer, jax.ShapeDtypeStruct, *_SCALAR_TYPES))
-
-
-def describe_path(prefix: str, path: Sequence[Any]) -> str:
-    """``prefix`` + the key path; prefix ``"input"`` names an ``(args, kwargs)`` pair's
-    leaves ``arg[0]['w']`` / ``kwarg['scale']``."""
-    path = tuple(path)
-    if prefix == "input" and path:
-        head = getattr(path[0], "idx", None)
-        return ("arg" if head == 0 else "kwarg") + jax.tree_util.keystr(path[1:])
-    return prefix + jax.tree_util.keystr(path)
-
-
-def flatten_checked(tree: Any, prefix: str, error: type[Exception] = InvalidInputError):
-    """Flatten ``tree``; raise ``error`` naming the first leaf that is not an array."""
-    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    for path, leaf in leaves_with_path:
-        if not is_array_leaf(leaf):
-            raise error(
-                f"{describe_path(prefix, path)} is a {type(leaf).__name__}, not an array or "
-                "scalar. jaxaot traces pytrees of arrays: pass it as a static argument "
-                "(static_argnums), close over it, or convert it with jnp.asarray."
-            )
-    return [leaf for _, leaf in leaves_with_path], treedef
-
-
-def leaf_paths(treedef: Any, prefix: str = "") -> list[str]:
-    """Printable paths of the leaves of ``treedef`` (``arg[0]['w']`` style)."""
-    dummy = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
-    return [describe_path(prefix, p) for p, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
-
-
-def abstractify(x: Any) -> jax.ShapeDtypeStruct:
-    """The aval-like description of a leaf: shape, dtype, weak type, sharding."""
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return x
-    aval = jax.typeof(x) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(x)
-    sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) and not C.is_tracer(x) else None
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type)
 
 
 # --------------------------------------------------------------------------- JointGraph
@@ -146,95 +99,8 @@ class JointGraph:
         return str(self.jaxpr)
 
 
-# --------------------------------------------------------------------------- inlining
-def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions | None) -> list:
-    """Evaluate ``closed`` in the current trace, inlining calls and applying decompositions."""
-    jaxpr = C.jaxpr_of(closed)
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        return v.val if C.is_literal(v) else env[v]
-
-    for v, x in zip(jaxpr.constvars, C.consts_of(closed)):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        if eqn.primitive in C.INLINABLE_CALLS and not eqn.effects:
-            body = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-            outs = inline_eval(body, invals, decompositions)
-        elif decompositions and eqn.primitive in decompositions:
-            outs = decompositions[eqn.primitive](*invals, **eqn.params)
-            outs = list(outs) if eqn.primitive.multiple_results else [outs]
-        elif decompositions and _decomposes_inside(eqn, decompositions):
-            # Loop and cond bodies get the decompositions too, so that the
-            # partitioner sees the same operations in a scanned layer as in an
-            # unrolled one.
-            params = C.map_subjaxprs(eqn, lambda body: _decompose_body(body, decompositions))
-            outs = C.bind_eqn(eqn, invals, params)
-        else:
-            outs = C.bind_eqn(eqn, invals)
-        for v, x in zip(eqn.outvars, outs):
-            if not C.is_drop_var(v):
-                env[v] = x
-    return [read(v) for v in jaxpr.outvars]
-
-
-def _has_decomposed(eqns: Any, decompositions: Decompositions) -> bool:
-    """Whether ``eqns``, or a body inside them, hold a primitive that ``decompositions`` replaces."""
-    return any(e.primitive in decompositions or _decomposes_inside(e, decompositions) for e in eqns)
-
-
-def _decomposes_inside(eqn: Any, decompositions: Decompositions) -> bool:
-    """Whether a body of ``eqn`` (not a custom-derivative call's: its rules stay) holds a decomposed primitive."""
-    if "custom" in eqn.primitive.name:
-        return False
-    return any(_has_decomposed(C.jaxpr_of(body).eqns, decompositions) for body in C.eqn_subjaxprs(eqn))
-
-
-def _decompose_body(body: Any, decompositions: Decompositions) -> Any:
-    if not _has_decomposed(C.jaxpr_of(body).eqns, decompositions):
-        return body  # e.g. the cond branch without the primitive
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in C.in_avals_of(body)]
-    return jax.make_jaxpr(lambda *a: inline_eval(body, a, decompositions))(*avals)
-
-
-def _needs_retrace(closed: Any, decompositions: Decompositions | None) -> bool:
-    eqns = C.jaxpr_of(closed).eqns
-    return any(e.primitive in C.INLINABLE_CALLS for e in eqns) or bool(
-        decompositions and _has_decomposed(eqns, decompositions))
-
-
-def flatten_program(closed: Any, in_avals: Sequence[Any], decompositions: Decompositions | None = None) -> Any:
-    """``closed`` with its calls inlined and ``decompositions`` applied."""
-    while _needs_retrace(closed, decompositions):
-        closed = jax.make_jaxpr(lambda *a, c=closed: inline_eval(c, a, decompositions))(*in_avals)
-        decompositions = None  # decomposed ops must not be decomposed again
-    return closed
-
-
-# --------------------------------------------------------------------------- tracing
-def _check_outputs(outs: Any) -> tuple[list, Any]:
-    leaves, tree = flatten_checked(outs, "output", InvalidOutputError)
-    return [jax.numpy.asarray(x) if isinstance(x, (*_SCALAR_TYPES, np.ndarray)) else x for x in leaves], tree
-
-
-def trace_primal(flat_fn: Callable[..., Any], in_avals: Sequence[Any], decompositions: Decompositions | None = None):
-    """Trace ``flat_fn(*leaves) -> pytree`` to a flat primal jaxpr and its output tree."""
-    out_tree_box: list = []
-
-    def wrapped(*leaves):
-        outs, tree = _check_outputs(flat_fn(*leaves))
-        out_tree_box.append(tree)
-        return outs
-
-    closed = jax.make_jaxpr(wrapped)(*in_avals)
-    return flatten_program(closed, in_avals, decompositions), out_tree_box[0]
-
-
 def _missing_rule_error(primal: Any, err: Exception) -> Exception:
-    for eqn in _all_eqns(C.jaxpr_of(primal)):
+    for eqn in C.iter_eqns(primal):
         if not C.has_jvp_rule(eqn.primitive):
             return NoDifferentiationRuleError(
                 f"primitive '{eqn.primitive}' at {C.eqn_source(eqn)} has no differentiation "
@@ -243,13 +109,6 @@ def _missing_rule_error(primal: Any, err: Exception) -> Exception:
                 f"it with jax.lax.stop_gradient. (JAX said: {err})"
             )
     return NoDifferentiationRuleError(str(err))
-
-
-def _all_eqns(jaxpr: Any):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in C.eqn_subjaxprs(eqn):
-            yield from _all_eqns(C.jaxpr_of(sub))
 
 
 _BACKWARD_SCOPE = "jaxaot_backward"

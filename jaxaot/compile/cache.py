@@ -70,9 +70,9 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.config import config
+from jaxaot._config import config
 from jaxaot.errors import CacheWarning
-from jaxaot.partition import Partition, split_joint
+from jaxaot.partition.split import Partition, split_joint
 
 FORMAT_VERSION = 1
 _MAGIC = b"JXAOTC01"
@@ -137,7 +137,7 @@ def _warn_once(path: Path | str, message: str) -> None:
 
 
 # --------------------------------------------------------------------------- hooks
-def partition(partition_fn: Callable[[Any], Partition], joint: Any) -> Partition:
+def cached_partition(partition_fn: Callable[[Any], Partition], joint: Any) -> Partition:
     """``partition_fn(joint)``, from the cache when an entry exists (runtime hook)."""
     root = cache_root()
     if root is None:
@@ -164,7 +164,7 @@ def partition(partition_fn: Callable[[Any], Partition], joint: Any) -> Partition
     return part
 
 
-def compile(compiler: Callable, closed: Any, avals: Sequence[Any], **kwargs: Any) -> Any:  # noqa: A001
+def cached_compile(compiler: Callable, closed: Any, avals: Sequence[Any], **kwargs: Any) -> Any:
     """``compiler(closed, avals, **kwargs)``, from the cache when an entry exists (runtime hook)."""
     root = cache_root()
     if root is None:
@@ -468,7 +468,7 @@ def _split_source(joint: Any, plan: Any) -> Any:
     """The joint graph a partition is split from: ``joint``, or it with a primal rewrite replayed."""
     if plan is None:
         return joint
-    from jaxaot.min_cut import rejoint_with_plan  # only min-cut rewrites primals
+    from jaxaot.partition.min_cut import rejoint_with_plan  # only min-cut rewrites primals
 
     return rejoint_with_plan(joint, plan)
 

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot import primitives as P
+from jaxaot.loops import rules as P
 
 _INT32_MAX = np.iinfo(np.int32).max
 _MAX_REPS = 1024  # repetition numbers tabulated for split(); beyond, splits are still valid
@@ -366,7 +366,7 @@ def _vjp_step(params: dict, kc, x, lc_avals, ct):
 
 
 def _linear_transpose(cts, *args, **params):
-    from jaxaot.while_loop import while_loop
+    from jaxaot.loops.api import while_loop
 
     n, pos, slot_of, snaps, kc, lc, lt = _linear_split(args, params)
     k = params["checkpoints"]
@@ -456,7 +456,7 @@ checkpointed_linear_p._jaxaot_has_rules = True
 def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk, known_body, unknown_body, res_avals):
     """Split a ``checkpoints=k`` loop: an online-snapshotting primal loop (known) and
     a :data:`checkpointed_linear_p` eqn (unknown)."""
-    from jaxaot.while_loop import while_loop
+    from jaxaot.loops.api import while_loop
 
     k = loop.checkpoints
     _, consts, carry, _ = loop.split(tracers)

@@ -75,7 +75,7 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.cache import atomic_write, is_host_callback
+from jaxaot.compile.cache import atomic_write, is_host_callback
 from jaxaot.errors import (
     ArtifactError,
     ArtifactInputError,
@@ -86,7 +86,7 @@ from jaxaot.errors import (
     NotExportableError,
     ResidualsMismatchError,
 )
-from jaxaot.tracing import flatten_checked, leaf_paths
+from jaxaot._pytrees import flatten_checked, leaf_paths
 
 FORMAT = "jaxaot-export"
 FORMAT_VERSION = 1
@@ -493,8 +493,8 @@ def _signature(in_structure: dict, entry: Any, training: Any, forward_checks: tu
 def _fresh_aot_function(fn: Callable, partition_fn: Callable | None) -> Any:
     # A new AOTFunction, so exporting adds no (abstract, maybe symbolic) entry to
     # the caller's cache; the AOTFunction's options carry over.
-    from jaxaot.partitioners import default_partition
-    from jaxaot.runtime import AOTFunction, aot_function
+    from jaxaot.partition.default import default_partition
+    from jaxaot.runtime.function import AOTFunction, aot_function
 
     if isinstance(fn, AOTFunction):
         return aot_function(
@@ -584,7 +584,7 @@ def _overflow_check_max_steps(eqn: Any) -> int | None:
     if str(eqn.primitive) != "debug_callback" or len(eqn.invars) != 1:
         return None
     try:
-        from jaxaot import primitives
+        from jaxaot.loops import rules as primitives
     except ImportError:  # pragma: no cover - while-loop support absent
         return None
     target = getattr(primitives, "_raise_overflow", None)

@@ -11,8 +11,8 @@ import dataclasses
 from typing import Any, Callable
 
 from jaxaot.errors import InvalidInputError
-from jaxaot.partitioners import default_partition
-from jaxaot.tracing import trace_joint
+from jaxaot.partition.default import default_partition
+from jaxaot.tracing.joint import trace_joint
 
 
 @dataclasses.dataclass(frozen=True)

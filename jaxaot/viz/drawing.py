@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.tracing import leaf_paths
+from jaxaot._pytrees import leaf_paths
 
 
 # --------------------------------------------------------------------------- styles

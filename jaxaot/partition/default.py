@@ -6,8 +6,8 @@ builds the programs. Pass one to ``aot_function(..., partition_fn=...)``.
 
 from __future__ import annotations
 
-from jaxaot.partition import Partition, forward_values_used_by_backward, split_joint
-from jaxaot.tracing import JointGraph
+from jaxaot.partition.split import Partition, forward_values_used_by_backward, split_joint
+from jaxaot.tracing.joint import JointGraph
 
 
 def default_partition(joint: JointGraph) -> Partition:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.runtime import AOTFunction
+from jaxaot.runtime.function import AOTFunction
 
 
 def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], bool]:

@@ -50,11 +50,13 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from jaxaot import _compat as C
-from jaxaot import cost_model, knapsack, scan_remat
-from jaxaot.cost_model import Recompute
+from jaxaot.partition import cost_model
+from jaxaot.partition import knapsack
+from jaxaot.partition import scan_remat
+from jaxaot.partition.cost_model import Recompute
 from jaxaot.errors import PartitionError
-from jaxaot.partition import EqnKind, Partition, classify_eqns, split_joint
-from jaxaot.tracing import JointGraph, build_joint
+from jaxaot.partition.split import EqnKind, Partition, classify_eqns, split_joint
+from jaxaot.tracing.joint import JointGraph, build_joint
 
 # maximum_flow computes in int32: finite capacities sum to at most _LIMIT and
 # "infinite" is one more, so no flow and no cut overflows.

@@ -543,7 +543,7 @@ def _partial_eval(prim, trace, *tracers, **params):
     if _cond_unknown(loop, consts_uk, carry_uk):
         return trace.default_process_primitive(prim, tracers, params)
     if prim is while_loop_p and loop.checkpoints is not None:
-        from jaxaot import checkpointing
+        from jaxaot.loops import checkpointed as checkpointing
         return checkpointing.partial_eval(loop, trace, tracers, carry_uk, known_body, unknown_body, res_avals)
     ys_uk = out_uk[loop.num_carry:]
     length, on_overflow = _stack_capacity(loop)

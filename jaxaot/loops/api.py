@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot import primitives as P
+from jaxaot.loops import rules as P
 from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot.errors import PartitionError
-from jaxaot.tracing import JointGraph
+from jaxaot.tracing.joint import JointGraph
 
 
 def aval_nbytes(aval: Any) -> int:

@@ -24,24 +24,19 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot import compilers as _compilers
+from jaxaot.compile import compilers as _compilers
 from jaxaot.errors import (
     CotangentMismatchError,
     InvalidInputError,
     ResidualsMismatchError,
     ReverseModeBoundError,
 )
-from jaxaot.partition import Partition, Residual
-from jaxaot.partitioners import default_partition
-from jaxaot.while_loop import dynamic_capacity
-from jaxaot.tracing import (
-    JointGraph,
-    build_joint,
-    flatten_checked,
-    is_array_leaf,
-    leaf_paths,
-    trace_primal,
-)
+from jaxaot.partition.split import Partition, Residual
+from jaxaot.partition.default import default_partition
+from jaxaot.loops.api import dynamic_capacity
+from jaxaot._pytrees import flatten_checked, is_array_leaf, leaf_paths
+from jaxaot.tracing.primal import trace_primal
+from jaxaot.tracing.joint import JointGraph, build_joint
 
 PartitionFn = Callable[[JointGraph], Partition]
 
@@ -355,8 +350,8 @@ class _Entry:
         if exe is None:
             t = time.perf_counter()
             kwargs = {"donate_argnums": tuple(donate)} if donate and compiler is _compilers.xla else {}
-            from jaxaot import cache  # the persistent cache hook (a no-op when config.cache_dir is None)
-            exe = cache.compile(compiler, closed, list(avals), **kwargs)
+            from jaxaot.compile import cache  # the persistent cache hook (a no-op when config.cache_dir is None)
+            exe = cache.cached_compile(compiler, closed, list(avals), **kwargs)
             self.times[f"compile_{name}"] = time.perf_counter() - t
             self.executables[name] = exe
         return exe
@@ -431,8 +426,8 @@ class _Training:
         if self._partition is None:
             joint = self.joint
             t = time.perf_counter()
-            from jaxaot import cache  # the persistent cache hook (a no-op when config.cache_dir is None)
-            self._partition = cache.partition(self.owner.partition_fn, joint)
+            from jaxaot.compile import cache  # the persistent cache hook (a no-op when config.cache_dir is None)
+            self._partition = cache.cached_partition(self.owner.partition_fn, joint)
             self.entry.times["partition" + self.suffix] = time.perf_counter() - t
         return self._partition
 

@@ -35,7 +35,7 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot import _compat as C
-from jaxaot.tracing import JointGraph, build_joint
+from jaxaot.tracing.joint import JointGraph, build_joint
 
 #: ``choose(joint, saveable=...) -> saved vars`` (the min-cut's chooser).
 Chooser = Callable[..., list]

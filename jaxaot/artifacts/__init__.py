@@ -1,0 +1,1 @@
+"""Export the split programs with ``jax.export`` and load them without the source."""

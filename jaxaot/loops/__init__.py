@@ -1,0 +1,1 @@
+"""Reverse-mode ``while_loop``: primitives, their rules, and the public wrappers."""

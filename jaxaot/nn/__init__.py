@@ -1,0 +1,1 @@
+"""Flax support: ``aot_module`` and module export (imports flax)."""

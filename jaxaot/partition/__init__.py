@@ -1,0 +1,1 @@
+"""Stage 2, partition: decide what the forward saves for the backward and split the joint graph."""

@@ -1,0 +1,1 @@
+"""Stage 4, runtime: ``aot_function`` and the per-signature programs it runs."""
