@@ -42,9 +42,9 @@ __version__ = "0.1.0"
 # Flax support loads on first use: importing flax costs about as much as importing jax,
 # and code that never touches a module should not pay for it.
 _LAZY = {
-    **{name: "jaxaot.nn.api" for name in (
+    **{name: "jaxaot.nn" for name in (
         "AOTLinenModule", "AOTModule", "CallMetadata", "InputInfo", "ModuleLowered", "OutputInfo", "aot_module")},
-    **{name: "jaxaot.nn.export_module" for name in ("BackwardSignature", "GraphSignature", "aot_export_module")},
+    **{name: "jaxaot.nn" for name in ("BackwardSignature", "GraphSignature", "aot_export_module")},
 }
 
 

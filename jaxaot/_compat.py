@@ -183,6 +183,12 @@ def has_jvp_rule(prim: Any) -> bool:
     )
 
 
+def is_host_callback(eqn: Any) -> bool:
+    """Whether ``eqn`` runs Python on the host (``jax.debug.print`` / ``callback``, io/pure callbacks)."""
+    name = str(eqn.primitive)
+    return "callback" in name or name == "debug_print"
+
+
 def is_effectful(eqn: Any) -> bool:
     return bool(eqn.effects)
 

@@ -117,6 +117,27 @@ def dtype_name(dtype: Any) -> str:
     return getattr(dtype, "name", None) or str(dtype)
 
 
+def dtype_from_short(name: str) -> Any:
+    """The dtype a short name (``f32``, ``bf16``, ``i32``, ``bool``) or a long one names; None if neither.
+
+    Example:
+        >>> dtype_from_short("bf16")
+        dtype(bfloat16)
+    """
+    long = {v: k for k, v in _SHORT_DTYPE.items()}.get(name, name)
+    if long == "float0":
+        return None
+    try:
+        return jax.numpy.dtype(long)
+    except TypeError:
+        return None
+
+
+def short_dtype_names() -> tuple[str, ...]:
+    """The short dtype names :func:`format_aval` prints and :func:`dtype_from_short` reads."""
+    return tuple(v for v in _SHORT_DTYPE.values() if v != "float0")
+
+
 def format_aval(aval: Any, *, short: bool = True, weak: bool = False) -> str:
     """``f32[8,16]`` (``short``) or ``float32[8, 16]``; ``weak`` adds ``{weak}`` to weak-typed arrays.
 
