@@ -21,16 +21,11 @@ from collections.abc import Sequence
 from typing import Any, Iterable
 
 import jax
-import numpy as np
 
 from jaxaot import _compat as C
+from jaxaot._pytrees import nbytes
 from jaxaot.errors import PartitionError
 from jaxaot.tracing.joint import JointGraph
-
-
-def aval_nbytes(aval: Any) -> int:
-    dtype = np.dtype(aval.dtype)
-    return int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize
 
 
 class EqnKind(enum.Enum):
@@ -78,7 +73,7 @@ class Residual:
 
     @property
     def nbytes(self) -> int:
-        return aval_nbytes(self.aval)
+        return nbytes(self.aval)
 
     def __str__(self) -> str:
         return (
