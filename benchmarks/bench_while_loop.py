@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jax import lax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jaxaot.loops.checkpointed import revolve_counts, worst_ratio  # noqa: E402
-from jaxaot.loops.api import dynamic_capacity, while_loop  # noqa: E402
+from jaxaot.loops.revolve import revolve_counts, worst_ratio  # noqa: E402
+from jaxaot.loops.api import while_loop  # noqa: E402
+from jaxaot.loops.capacity import dynamic_capacity  # noqa: E402
 
 DT = 0.05
 

@@ -14,8 +14,8 @@ Example:
 
 from jaxaot import errors
 from jaxaot.compile import compilers
-from jaxaot.partition.autodiff import Gradient, differentiate
-from jaxaot.runtime.eager import grad, value_and_grad
+from jaxaot.partition.default import Gradient, differentiate
+from jaxaot.runtime import grad, value_and_grad
 from jaxaot.errors import (
     CotangentMismatchError,
     InvalidInputError,
@@ -28,13 +28,13 @@ from jaxaot.errors import (
 from jaxaot.partition.split import Partition, Residual
 from jaxaot.partition.default import default_partition
 from jaxaot.partition.min_cut import min_cut_rematerialization_partition
-from jaxaot.runtime.function import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
+from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
 from jaxaot.tracing.joint import JointGraph, trace_joint
-from jaxaot.loops import rules as primitives  # while-loop primitives
+from jaxaot.loops import common as primitives  # while-loop primitives (public alias)
 from jaxaot.loops.api import while_loop, while_loop_stack_output  # jaxaot.while_loop is the function
 from jaxaot._config import config  # export/cache: jaxaot.config is the settings object
 from jaxaot.errors import ArtifactError, ArtifactInputError, ArtifactVersionError, CacheWarning, NotExportableError
-from jaxaot.artifacts.export import ExportedAOT, LoadedAOT, export, load  # jaxaot.export is the function
+from jaxaot.artifacts import ExportedAOT, LoadedAOT, export, load
 from jaxaot.errors import LossOutputError  # flax support
 
 __version__ = "0.1.0"

@@ -179,7 +179,6 @@ def has_jvp_rule(prim: Any) -> bool:
         or prim in INLINABLE_CALLS
         or getattr(prim, "call_primitive", False)
         or getattr(prim, "map_primitive", False)
-        or bool(getattr(prim, "_jaxaot_has_rules", False))
     )
 
 
@@ -191,6 +190,20 @@ def is_host_callback(eqn: Any) -> bool:
 
 def is_effectful(eqn: Any) -> bool:
     return bool(eqn.effects)
+
+
+# --------------------------------------------------------------------------- compiled executables
+from jax.experimental import serialize_executable as _serialize_executable  # noqa: E402
+
+
+def serialize_executable(compiled: Any) -> tuple[bytes, Any, Any]:
+    """``(bytes, in_tree, out_tree)`` of a ``jax.stages.Compiled`` (raises where the backend cannot)."""
+    return _serialize_executable.serialize(compiled)
+
+
+def deserialize_executable(blob: bytes, in_tree: Any, out_tree: Any) -> Any:
+    """The ``jax.stages.Compiled`` that :func:`serialize_executable` wrote, loaded onto the default backend."""
+    return _serialize_executable.deserialize_and_load(blob, in_tree, out_tree)
 
 
 # --------------------------------------------------------------------------- tracers
@@ -249,7 +262,7 @@ def eqn_user_context(eqn: Any) -> Any:
 
 
 # ---------------- while-loop primitive support
-# Everything jaxaot.primitives / jaxaot.checkpointing need from JAX's internals.
+# Everything jaxaot.loops needs from JAX's internals.
 # Names are looked up with getattr where JAX has moved them between versions.
 from jax._src import ad_util as _ad_util  # noqa: E402
 from jax._src import dispatch as _dispatch  # noqa: E402

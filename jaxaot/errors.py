@@ -16,6 +16,14 @@ class InvalidInputError(JaxaotError, TypeError):
     """A function argument, static argument or option is of the wrong kind."""
 
 
+class InvalidValueError(JaxaotError, ValueError):
+    """An argument or option is of the right kind but has a value jaxaot does not accept.
+
+    An unknown ``group_by`` or ``format``, an empty list of rows to plot, a
+    ``--shapes`` spec the ``jaxaot`` command cannot read.
+    """
+
+
 class InvalidOutputError(JaxaotError, TypeError):
     """The user function returned something that is not a pytree of arrays."""
 

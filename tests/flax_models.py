@@ -1,14 +1,20 @@
 """Small Flax models (nnx and linen) for the aot_module tests: a CNN with
-BatchNorm and Dropout, and a one-block causal transformer with Dropout."""
+BatchNorm and Dropout, a one-block causal transformer with Dropout, and a
+Linear -> BatchNorm -> Dropout ``Block`` with a call counter; plus the state
+comparisons the tests share."""
 
 from __future__ import annotations
 
+import chex
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import linen as nn
 from flax import nnx
 
 VOCAB, SEQ, WIDTH = 16, 8, 16
+TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- nnx
@@ -53,6 +59,28 @@ def nnx_model(name: str, seed: int = 0) -> nnx.Module:
     return cls(nnx.Rngs(params=seed, dropout=seed + 1))
 
 
+class Block(nnx.Module):
+    """Linear -> BatchNorm -> Dropout, plus a user Variable counting calls."""
+
+    def __init__(self, seed: int = 0):
+        rngs = nnx.Rngs(params=seed, dropout=seed + 1)
+        self.lin = nnx.Linear(3, 4, rngs=rngs)
+        self.bn = nnx.BatchNorm(4, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+        self.calls = nnx.Variable(jnp.zeros((), jnp.int32))
+
+    def __call__(self, x):
+        self.calls[...] += 1
+        return self.drop(self.bn(self.lin(x)))
+
+
+X = jnp.arange(12.0).reshape(4, 3) / 10
+
+
+def block_loss(m, x):
+    return (m(x) ** 2).mean()
+
+
 # --------------------------------------------------------------------------- linen
 class LinenCNN(nn.Module):
     @nn.compact
@@ -94,3 +122,19 @@ def batch(name: str, step: int) -> tuple[jax.Array, jax.Array]:
 
 def xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+# --------------------------------------------------------------------------- comparisons
+def keyless(tree):
+    """``tree`` with typed PRNG keys replaced by their raw data, for comparisons."""
+
+    def f(x):
+        if jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key):
+            return jax.random.key_data(x)
+        return x
+
+    return jax.tree.map(f, tree)
+
+
+def assert_states_equal(a, b, **tol):
+    chex.assert_trees_all_close(keyless(a), keyless(b), **(tol or TOL))

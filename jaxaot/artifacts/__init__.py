@@ -1,1 +1,20 @@
-"""Export the split programs with ``jax.export`` and load them without the source."""
+"""Export the split programs with ``jax.export`` and load them without the source.
+
+Modules, each one concept: ``treedef_json`` (pytree structures as JSON),
+``signature`` (the calling contract: array specs, residual wiring, run-time
+checks), ``manifest`` (the directory layout and version policy), ``exported``
+(:class:`ExportedAOT`, in memory), ``loaded`` (:func:`load`, :class:`LoadedAOT`)
+and ``export`` (:func:`export`, the driver).
+"""
+
+from jaxaot.artifacts.treedef_json import treedef_from_json, treedef_to_json
+from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot.artifacts.manifest import check_manifest, read_manifest
+from jaxaot.artifacts.exported import ExportedAOT
+from jaxaot.artifacts.loaded import ExportedResiduals, LoadedAOT, load
+from jaxaot.artifacts.export import export
+
+__all__ = [
+    "AOTSignature", "ArraySpec", "ExportedAOT", "ExportedResiduals", "LoadedAOT", "RuntimeCheck", "check_manifest",
+    "export", "load", "read_manifest", "treedef_from_json", "treedef_to_json",
+]

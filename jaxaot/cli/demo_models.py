@@ -5,7 +5,7 @@ needed to use jaxaot.
 
 Example:
     >>> import jax, jaxaot
-    >>> from jaxaot import examples
+    >>> from jaxaot.cli import demo_models as examples
     >>> params, batch = examples.mlp_init(jax.random.key(0), width=16, depth=2, batch=4)
     >>> float(examples.mlp_loss(params, batch)) > 0
     True

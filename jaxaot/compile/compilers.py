@@ -1,8 +1,9 @@
 """Stage 3: compilers turn a closed jaxpr into something callable.
 
-A compiler is ``compiler(closed_jaxpr, example_avals) -> callable``; the callable
-takes the flat inputs and returns the flat outputs (a list). ``example_avals``
-are ``jax.ShapeDtypeStruct`` (shape, dtype, weak type, sharding) per input.
+A compiler is ``compiler(closed_jaxpr, example_avals, *, donate_argnums=()) ->
+callable`` (the :class:`Compiler` protocol); the callable takes the flat inputs
+and returns the flat outputs (a list). ``example_avals`` are
+``jax.ShapeDtypeStruct`` (shape, dtype, weak type, sharding) per input.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -23,7 +24,19 @@ from jaxaot import _compat as C
 
 
 class Compiler(Protocol):
-    def __call__(self, closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct]) -> Callable[..., list]: ...
+    """What the runtime and the persistent cache call to compile one program.
+
+    ``donate_argnums`` names inputs whose buffers the executable may reuse for
+    its outputs; a compiler that cannot donate ignores it.
+    """
+
+    def __call__(
+        self,
+        closed_jaxpr: Any,
+        example_avals: Sequence[jax.ShapeDtypeStruct],
+        *,
+        donate_argnums: Sequence[int] = (),
+    ) -> Callable[..., list]: ...
 
 
 def as_function(closed_jaxpr: Any) -> Callable[..., list]:
@@ -35,7 +48,8 @@ def as_function(closed_jaxpr: Any) -> Callable[..., list]:
     return run
 
 
-def xla(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *, donate_argnums: Sequence[int] = ()):
+def xla(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,
+        donate_argnums: Sequence[int] = ()) -> jax.stages.Compiled:
     """Compile ahead of time with XLA: ``jax.jit(...).lower(...).compile()``.
 
     The result is a ``jax.stages.Compiled``: it has ``memory_analysis()`` and
@@ -45,13 +59,15 @@ def xla(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *, don
     return jitted.lower(*example_avals).compile()
 
 
-def nop(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], **_: Any):
-    """Evaluate the jaxpr eqn by eqn, without compiling it (for debugging)."""
-    del example_avals
+def nop(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,
+        donate_argnums: Sequence[int] = ()) -> Callable[..., list]:
+    """Evaluate the jaxpr eqn by eqn, without compiling it (for debugging); donates nothing."""
+    del example_avals, donate_argnums
     return as_function(closed_jaxpr)
 
 
-def print_jaxpr(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], **kwargs: Any):
+def print_jaxpr(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,
+                donate_argnums: Sequence[int] = ()) -> jax.stages.Compiled:
     """Print the program, then compile it with :func:`xla`."""
     print(closed_jaxpr)
-    return xla(closed_jaxpr, example_avals, **kwargs)
+    return xla(closed_jaxpr, example_avals, donate_argnums=donate_argnums)

@@ -1,1 +1,23 @@
-"""Reverse-mode ``while_loop``: primitives, their rules, and the public wrappers."""
+"""``while_loop`` you can differentiate in reverse mode: primitives, rules, public wrappers.
+
+Modules, bottom up (each imports only those before it):
+
+* :mod:`~jaxaot.loops.common`: the primitives, the ``Loop`` view of their
+  parameters, shared helpers;
+* :mod:`~jaxaot.loops.overflow`: the run-time overflow check of bounded stacks;
+* :mod:`~jaxaot.loops.capacity`: how many rows a reverse-mode stack gets, and
+  ``dynamic_capacity``;
+* :mod:`~jaxaot.loops.lowering`: the impl and lowering (blocked on GPUs);
+* :mod:`~jaxaot.loops.revolve`: the binomial checkpointing schedule;
+* :mod:`~jaxaot.loops.api`: ``while_loop`` and ``while_loop_stack_output``;
+* :mod:`~jaxaot.loops.checkpointed`: the reverse mode of ``checkpoints=k``;
+* :mod:`~jaxaot.loops.partial_eval`: how reverse mode splits a loop;
+* :mod:`~jaxaot.loops.rules`: every rule, registered in one block.
+
+Importing this package registers the rules.
+"""
+
+from jaxaot.loops import rules  # noqa: F401  (registers the primitives' rules)
+from jaxaot.loops.api import while_loop, while_loop_stack_output
+
+__all__ = ["while_loop", "while_loop_stack_output"]

@@ -3,15 +3,21 @@
 ``jaxaot.while_loop`` is a drop-in replacement for ``jax.lax.while_loop`` with the
 same forward semantics; ``max_steps`` / ``checkpoints`` only say how its reverse
 mode stores the carries (see Note [while_loop autograd] in
-:mod:`jaxaot.primitives`):
+:mod:`jaxaot.loops.partial_eval`):
 
 * ``max_steps=N``: stack up to N iterations' residuals; a loop that runs longer
   is a run-time :class:`~jaxaot.errors.LoopOverflowError` under reverse mode.
 * ``checkpoints=k``: keep k carry snapshots and recompute between them
-  (binomial checkpointing, :mod:`jaxaot.checkpointing`).
-* neither: only inside :func:`dynamic_capacity` (which the runtime uses to size
-  the stack itself); elsewhere reverse mode raises
+  (binomial checkpointing, :mod:`jaxaot.loops.checkpointed`).
+* neither: only inside :func:`~jaxaot.loops.capacity.dynamic_capacity` (which the
+  runtime uses to size the stack itself); elsewhere reverse mode raises
   :class:`~jaxaot.errors.ReverseModeBoundError`.
+
+Both functions check their arguments, trace ``cond_fun`` and ``body_fun`` once
+on the carry's avals (twice when a weakly typed init leaf must take the body's
+dtype, as ``lax.while_loop`` does), turn closed-over arrays into explicit
+operands (deduplicated, so a const both functions use is passed once) and bind
+the primitive. Under ``jax.disable_jit`` they run the Python loop instead.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
@@ -23,16 +29,17 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.loops import rules as P
+from jaxaot._pytrees import format_aval, leaf_paths, shape_dtype_struct
 from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
+from jaxaot.loops.common import check_positive, stack_loop, trace_flat, while_loop_p
+from jaxaot.loops.overflow import check_overflow, raise_if_overflowed
 
 T = TypeVar("T")
 
@@ -43,24 +50,8 @@ def _check_callable(name: str, fn: Any) -> None:
         raise LoopFunctionError(f"while_loop: {name} must be callable, got {type(fn).__name__} ({fn!r:.60}).")
 
 
-def _check_positive(name: str, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise InvalidLoopOptionError(
-            f"while_loop: {name} must be a positive Python int or None, got {type(value).__name__} {value!r}."
-        )
-    if value < 1:
-        raise InvalidLoopOptionError(f"while_loop: {name} must be a positive int, got {value}.")
-
-
 def _fmt(aval: Any) -> str:
-    weak = "{weak}" if getattr(aval, "weak_type", False) else ""
-    return f"{np.dtype(aval.dtype).name}{list(aval.shape)}{weak}"
-
-
-def _leaf_paths(tree: Any) -> list[str]:
-    return ["init_val" + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return format_aval(aval, short=False, weak=True)  # float32[3]{weak}
 
 
 def _as_array(x: Any) -> Any:
@@ -69,7 +60,7 @@ def _as_array(x: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- tracing
-def _trace_fn(fn: Callable, treedef: Any, avals: list, what: str):
+def _trace_fn(fn: Callable, treedef: Any, avals: list):
     """Trace ``fn(carry)`` on carry ``avals``: ``(closed jaxpr with consts as leading
     inputs, consts, output treedef)``."""
     box: list = []
@@ -80,12 +71,12 @@ def _trace_fn(fn: Callable, treedef: Any, avals: list, what: str):
         box.append(out_tree)
         return [_as_array(x) for x in out_leaves]
 
-    closed = jax.make_jaxpr(flat)(*[P._sds(a) for a in avals])
+    closed = jax.make_jaxpr(flat)(*[shape_dtype_struct(a) for a in avals])
     jaxpr, consts = C.hoist_consts(closed)
     return jaxpr, consts, box[0]
 
 
-def _check_cond(cond_jaxpr: Any, out_tree: Any, n_consts: int) -> None:
+def _check_cond(cond_jaxpr: Any, out_tree: Any) -> None:
     outs = C.out_avals_of(cond_jaxpr)
     if out_tree.num_leaves != 1 or len(outs) != 1 or tuple(outs[0].shape) != () or outs[0].dtype != np.bool_:
         got = ", ".join(_fmt(a) for a in outs) or "nothing"
@@ -142,12 +133,12 @@ def _trace_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, stack: bo
     """
     leaves, treedef = jax.tree_util.tree_flatten(init_val)
     leaves = [_as_array(x) for x in leaves]
-    paths = _leaf_paths(init_val)
+    paths = leaf_paths(treedef, "init_val")
     for _ in range(2):  # a second pass after promoting weakly typed init leaves
         avals = [jax.typeof(x) for x in leaves]
-        cond_j, cond_c, cond_tree = _trace_fn(cond_fun, treedef, avals, "cond_fun")
-        _check_cond(cond_j, cond_tree, len(cond_c))
-        body_j, body_c, body_tree = _trace_fn(body_fun, treedef, avals, "body_fun")
+        cond_j, cond_c, cond_tree = _trace_fn(cond_fun, treedef, avals)
+        _check_cond(cond_j, cond_tree)
+        body_j, body_c, body_tree = _trace_fn(body_fun, treedef, avals)
         out_avals = C.out_avals_of(body_j)
         if body_tree != treedef:
             raise _carry_mismatch(treedef, body_tree, avals, out_avals, paths)
@@ -163,13 +154,13 @@ def _trace_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, stack: bo
     n = len(consts)
 
     def cond(*a):
-        return P._eval(cond_j, *[a[i] for i in cond_idx], *a[n:])
+        return C.eval_closed(cond_j, *[a[i] for i in cond_idx], *a[n:])
 
     def body(*a):
-        out = P._eval(body_j, *[a[i] for i in body_idx], *a[n:])
+        out = C.eval_closed(body_j, *[a[i] for i in body_idx], *a[n:])
         return [*out, *out] if stack else out
 
-    return (P._trace(cond, [*const_avals, *avals]), P._trace(body, [*const_avals, *avals]),
+    return (trace_flat(cond, [*const_avals, *avals]), trace_flat(body, [*const_avals, *avals]),
             consts, leaves, treedef)
 
 
@@ -183,11 +174,21 @@ def _python_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, max_rows
     rows = []
     while cond_fun(val):
         if max_rows is not None and len(rows) == max_rows:
-            P._raise_overflow(True, max_rows)
+            raise_if_overflowed(True, max_rows)
         val = jax.tree_util.tree_map(_as_array, body_fun(val))
         if max_rows is not None:
             rows.append(val)
     return val, rows
+
+
+def _stack_rows(rows: list, leaves: list, max_steps: int) -> list:
+    """Per carry leaf, its values in ``rows`` stacked into ``max_steps`` rows (zeros after)."""
+    flat_rows = [jax.tree_util.tree_leaves(r) for r in rows]
+    stacked = []
+    for i, x in enumerate(leaves):
+        buf = jnp.zeros((max_steps, *jnp.shape(x)), jnp.result_type(x))
+        stacked.append(buf.at[: len(rows)].set(jnp.stack([r[i] for r in flat_rows])) if rows else buf)
+    return stacked
 
 
 # --------------------------------------------------------------------------- public API
@@ -215,16 +216,16 @@ def while_loop(
     """
     _check_callable("cond_fun", cond_fun)
     _check_callable("body_fun", body_fun)
-    _check_positive("max_steps", max_steps)
-    _check_positive("checkpoints", checkpoints)
+    check_positive("max_steps", max_steps)
+    check_positive("checkpoints", checkpoints)
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=False)
     if _disable_jit():
         try:
             return _python_loop(cond_fun, body_fun, jax.tree_util.tree_unflatten(treedef, leaves), None)[0]
         except jax.errors.ConcretizationTypeError:
             pass  # under vmap/jit transformations: fall back to the primitive
-    outs = P.while_loop_p.bind(*consts, *leaves, cond_jaxpr=cond, body_jaxpr=body, num_consts=len(consts),
-                               max_steps=max_steps, checkpoints=checkpoints)
+    outs = while_loop_p.bind(*consts, *leaves, cond_jaxpr=cond, body_jaxpr=body, num_consts=len(consts),
+                             max_steps=max_steps, checkpoints=checkpoints)
     return jax.tree_util.tree_unflatten(treedef, list(outs))
 
 
@@ -252,56 +253,20 @@ def while_loop_stack_output(
     _check_callable("body_fun", body_fun)
     if max_steps is None:
         raise InvalidLoopOptionError("while_loop_stack_output: max_steps is required (the number of rows).")
-    _check_positive("max_steps", max_steps)
+    check_positive("max_steps", max_steps)
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=True)
     if _disable_jit():
         try:
             init = jax.tree_util.tree_unflatten(treedef, leaves)
             _, rows = _python_loop(cond_fun, body_fun, init, max_steps)
-            flat_rows = [jax.tree_util.tree_leaves(r) for r in rows]
-            stacked = [jnp.zeros((max_steps, *jnp.shape(x)), jnp.result_type(x)).at[: len(rows)].set(
-                jnp.stack([r[i] for r in flat_rows])) if rows else jnp.zeros((max_steps, *jnp.shape(x)), jnp.result_type(x))
-                for i, x in enumerate(leaves)]
+            stacked = _stack_rows(rows, leaves, max_steps)
             return jax.tree_util.tree_unflatten(treedef, stacked), jnp.asarray(len(rows), jnp.int32)
         except jax.errors.ConcretizationTypeError:
             pass
-    outs = P.while_loop_stack_output_p.bind(*consts, *leaves, cond_jaxpr=cond, body_jaxpr=body,
-                                            num_consts=len(consts), num_carry=len(leaves), max_steps=max_steps)
-    _, stacked, (num_steps, overflowed) = P.Loop(P.while_loop_stack_output_p, body, cond, len(consts),
-                                                 len(leaves), length=max_steps).split_out(outs)
-    P.check_overflow(overflowed, max_steps)
+    loop = stack_loop(cond, body, len(consts), len(leaves), max_steps)
+    _, stacked, (num_steps, overflowed) = loop.split_out(loop.bind([*consts, *leaves]))
+    check_overflow(overflowed, max_steps)
     return jax.tree_util.tree_unflatten(treedef, stacked), num_steps
 
 
-@contextlib.contextmanager
-def dynamic_capacity(capacity: int) -> Iterator[list]:
-    """Let unbounded loops (no ``max_steps``, no ``checkpoints``) reverse-differentiate.
-
-    Inside the context, each such loop that is linearized stacks at most ``capacity``
-    iterations (its forward stops there, so the stack never overflows) and appends
-    to the yielded list a traced int32 scalar, created in the trace where the loop's
-    forward (known) part runs: the loop's trip count if it is at most ``capacity``,
-    else ``capacity + 1``, meaning "needed more; the results are wrong, rerun with a
-    larger capacity". The runtime returns these as extra outputs and reruns with the
-    capacity doubled while any exceeds ``capacity``.
-
-    Example:
-        >>> import jax, jaxaot
-        >>> from jaxaot.while_loop import dynamic_capacity
-        >>> f = lambda x: jaxaot.while_loop(lambda c: c < 5.0, lambda c: c + x, 0.0)
-        >>> with dynamic_capacity(8) as trips:  # doctest: +SKIP
-        ...     g = jax.grad(f)(1.0)
-        >>> [int(t) for t in trips]  # doctest: +SKIP
-        [5]
-    """
-    _check_positive("capacity", capacity)
-    trip_counts: list = []
-    frames = P.capacity_frames()
-    frames.append((int(capacity), trip_counts))
-    try:
-        yield trip_counts
-    finally:
-        frames.pop()
-
-
-__all__ = ["dynamic_capacity", "while_loop", "while_loop_stack_output"]
+__all__ = ["while_loop", "while_loop_stack_output"]

@@ -1,7 +1,16 @@
-"""Flax support: ``aot_module`` and module export (imports flax)."""
+"""Flax support: ``aot_module`` and module export (imports flax).
 
-from jaxaot.nn.api import AOTLinenModule, AOTModule, CallMetadata, InputInfo, ModuleLowered, OutputInfo, aot_module
+Modules, bottom up: ``state`` (state in transit, write-back delta, dotted
+names), ``metadata`` (:class:`CallMetadata`), ``call`` (one prepared call),
+``nnx`` / ``linen`` (the two wrappers), ``api`` (``aot_module``) and
+``export_module`` (``aot_export_module``).
+"""
+
+from jaxaot.nn.api import aot_module
 from jaxaot.nn.export_module import BackwardSignature, GraphSignature, aot_export_module
+from jaxaot.nn.linen import AOTLinenModule
+from jaxaot.nn.metadata import CallMetadata, InputInfo, ModuleLowered, OutputInfo
+from jaxaot.nn.nnx import AOTModule
 
 __all__ = [
     "AOTLinenModule", "AOTModule", "BackwardSignature", "CallMetadata", "GraphSignature", "InputInfo",

@@ -34,9 +34,12 @@ import numpy as np
 from flax import linen as nn
 
 from jaxaot import _compat as C
-from jaxaot.errors import LossOutputError, InvalidInputError
-from jaxaot.nn.api import AOTLinenModule, AOTModule, aot_module, leaf_fqns
 from jaxaot._pytrees import abstractify
+from jaxaot.errors import InvalidInputError, LossOutputError
+from jaxaot.nn.api import aot_module
+from jaxaot.nn.call import ModuleCall
+from jaxaot.nn.linen import AOTLinenModule
+from jaxaot.nn.nnx import AOTModule
 from jaxaot.tracing.primal import flatten_program
 
 
@@ -92,29 +95,27 @@ class _Traced:
     outputs; tracing it records their names and the user output structure.
     """
 
-    def __init__(self, wrapper: Any, call: Any, user_spec: Any):
-        self.wrapper = wrapper
+    def __init__(self, call: ModuleCall):
         self.call = call
         self.leaves, self.in_tree = jax.tree.flatten(call.dynamic)
-        params, state = call.state
-        self.n_params = len(jax.tree.leaves(params))
-        self.n_state = len(jax.tree.leaves(state))
-        self.param_names = leaf_fqns(params)
-        self.state_names = leaf_fqns(state)
-        self.in_spec = user_spec
+        names = call.input_names()
+        self.param_names = [n for n, kind in names if kind == "parameter"]
+        self.state_names = [n for n, kind in names if kind == "state"]
+        self.n_params = len(self.param_names)
+        self.n_state = len(self.state_names)
+        self.in_spec = jax.tree.structure(call.user_inputs)
         self.mutated_names: list[str] = []
         self.out_tree: Any = None
 
     def forward(self, *flat: Any) -> list:
         dyn, kw = jax.tree.unflatten(self.in_tree, flat)
-        out, delta = self.wrapper._pure(self.call.static, *dyn, **kw)
+        out, delta = self.call.pure(*dyn, **kw)
         out_leaves, self.out_tree = jax.tree.flatten(out)
         if delta is None:
             return out_leaves
-        new, names = delta.encoded_leaves(flat), delta.names()
-        keep = [i for i, (t, s) in enumerate(zip(delta.targets, delta.sources)) if t is None or s != t]
-        self.mutated_names = [names[i] for i in keep]
-        return [new[i] for i in keep] + out_leaves
+        changed = delta.changed_leaves(flat)
+        self.mutated_names = [name for name, _ in changed]
+        return [x for _, x in changed] + out_leaves
 
 
 def _is_constant(tree: Any) -> bool:
@@ -123,20 +124,19 @@ def _is_constant(tree: Any) -> bool:
     return not any(isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in jax.tree.leaves(tree))
 
 
-def _trace(module: Any, args: tuple, kwargs: dict, variables: Any, rngs: Any, mutable: Any, method: Any) -> _Traced:
+def _prepare(module: Any, args: tuple, kwargs: dict, variables: Any, rngs: Any, mutable: Any, method: Any
+             ) -> ModuleCall:
     nums = tuple(i for i, a in enumerate(args) if _is_constant(a))
     names = tuple(k for k, v in kwargs.items() if _is_constant(v))
     if not isinstance(module, nn.Module):
         wrapper = aot_module(module, method=method or "__call__", static_argnums=nums, static_argnames=names)
-        call = wrapper._prepare(args, kwargs, freeze=False)
-        return _Traced(wrapper, call, jax.tree.structure((call.args, call.kwargs)))
+        return wrapper.prepare_call(args, kwargs, freeze=False)
     if variables is None:
         raise InvalidInputError("exporting a linen module needs its variables: pass variables={...}.")
     if mutable is None:
         mutable = tuple(k for k in variables if k != "params") or False
     wrapper = aot_module(module, static_argnums=nums, static_argnames=names)
-    call = wrapper._prepare(variables, args, kwargs, rngs, method, mutable, freeze=False)
-    return _Traced(wrapper, call, jax.tree.structure((rngs, (call.args, call.kwargs))))
+    return wrapper.prepare_call(variables, args, kwargs, rngs=rngs, method=method, mutable=mutable, freeze=False)
 
 
 # --------------------------------------------------------------------------- checks
@@ -237,12 +237,10 @@ def aot_export_module(
         >>> sig.buffers_to_mutate, sig.user_outputs
         ({'out0': 'mean', 'out1': 'var'}, ('out2',))
     """
-    if isinstance(module, AOTModule):
-        module = module.module
-    if isinstance(module, AOTLinenModule):
+    if isinstance(module, (AOTModule, AOTLinenModule)):
         module = module.module
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
-    traced = _trace(module, args, dict(kwargs or {}), variables, rngs, mutable, method)
+    traced = _Traced(_prepare(module, args, dict(kwargs or {}), variables, rngs, mutable, method))
     avals = [abstractify(x) for x in traced.leaves]
     forward = flatten_program(jax.make_jaxpr(traced.forward)(*avals), avals, decompositions)
     out_avals = [v.aval for v in C.jaxpr_of(forward).outvars]

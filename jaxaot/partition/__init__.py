@@ -1,1 +1,33 @@
-"""Stage 2, partition: decide what the forward saves for the backward and split the joint graph."""
+"""Stage 2, partition: decide what the forward saves for the backward, and split the joint graph.
+
+A :class:`Partitioner` chooses the saved values; :func:`split_joint` is the one
+mechanism that turns a choice into a :class:`Partition` (the forward and
+backward programs and the :class:`Residual` table).
+
+Modules, each one concept:
+
+* ``split``: :class:`Partition`, :class:`Residual`, the :class:`Partitioner`
+  protocol and :func:`split_joint`;
+* ``default``: :func:`default_partition` (what ``jax.vjp`` saves) and
+  :func:`differentiate` (the same split, TorchScript's bookkeeping);
+* ``min_cut``: :func:`min_cut_rematerialization_partition`, which uses
+  ``cost_model`` (what an eqn costs to recompute), ``knapsack`` (which
+  expensive values to trade under a memory budget) and ``scan_remat`` (the
+  per-iteration plan of each ``lax.scan``).
+"""
+
+from jaxaot.partition.split import EqnKind, Partition, Partitioner, Residual, split_joint
+from jaxaot.partition.default import Gradient, default_partition, differentiate
+from jaxaot.partition.min_cut import min_cut_rematerialization_partition
+
+__all__ = [
+    "EqnKind",
+    "Gradient",
+    "Partition",
+    "Partitioner",
+    "Residual",
+    "default_partition",
+    "differentiate",
+    "min_cut_rematerialization_partition",
+    "split_joint",
+]

@@ -19,7 +19,7 @@ yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot import cost_model
+    >>> from jaxaot.partition import cost_model
     >>> eqn = jax.make_jaxpr(jnp.sin)(1.0).jaxpr.eqns[0]
     >>> cost_model.classify(eqn)
     <Recompute.CHEAP: 'cheap'>
@@ -31,7 +31,6 @@ import enum
 import math
 from typing import Any
 
-import numpy as np
 
 from jaxaot import _compat as C
 
@@ -85,18 +84,6 @@ _TRANSCENDENTAL = frozenset(
 )
 
 
-def nbytes(aval: Any) -> int:
-    """Bytes of an abstract value (0 for tokens and other non-arrays)."""
-    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
-    if shape is None or dtype is None:
-        return 0
-    try:
-        itemsize = np.dtype(dtype).itemsize
-    except TypeError:  # extended dtypes (PRNG keys): count their underlying words
-        itemsize = getattr(dtype, "itemsize", 8) or 8
-    return int(math.prod(shape)) * int(itemsize)
-
-
 def _size(aval: Any) -> int:
     shape = getattr(aval, "shape", None)
     return int(math.prod(shape)) if shape is not None else 0
@@ -141,7 +128,7 @@ def materializes_operands(eqn: Any) -> bool:
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot import cost_model
+        >>> from jaxaot.partition import cost_model
         >>> conv = lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME")
         >>> eqn = jax.make_jaxpr(conv)(jnp.ones((1, 2, 4, 4)), jnp.ones((2, 2, 3, 3))).jaxpr.eqns[0]
         >>> cost_model.materializes_operands(eqn)
@@ -155,7 +142,7 @@ def flops(eqn: Any) -> float:
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot import cost_model
+        >>> from jaxaot.partition import cost_model
         >>> eqn = jax.make_jaxpr(jnp.dot)(jnp.ones((2, 3)), jnp.ones((3, 4))).jaxpr.eqns[0]
         >>> cost_model.flops(eqn)
         48.0

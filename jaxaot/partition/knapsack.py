@@ -15,7 +15,7 @@ because recomputing one value changes what its neighbours cost.
 
 Example:
     >>> import numpy as np
-    >>> from jaxaot import knapsack
+    >>> from jaxaot.partition import knapsack
     >>> knapsack.recompute_order(np.array([100, 100, 10]), np.array([1e6, 1e2, 1e6])).tolist()
     [1, 0, 2]
 """
@@ -47,7 +47,7 @@ def smallest_feasible_prefix(cost_of_prefix: Callable[[int], float], n: int, tar
     ``O(log n)`` times.
 
     Example:
-        >>> from jaxaot import knapsack
+        >>> from jaxaot.partition import knapsack
         >>> knapsack.smallest_feasible_prefix(lambda k: 10 - k, 10, 6.5)
         4
     """

@@ -50,13 +50,14 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from jaxaot import _compat as C
+from jaxaot._pytrees import nbytes as aval_nbytes
 from jaxaot.partition import cost_model
 from jaxaot.partition import knapsack
 from jaxaot.partition import scan_remat
 from jaxaot.partition.cost_model import Recompute
 from jaxaot.errors import PartitionError
 from jaxaot.partition.split import EqnKind, Partition, classify_eqns, split_joint
-from jaxaot.tracing.joint import JointGraph, build_joint
+from jaxaot.tracing.joint import JointGraph
 
 # maximum_flow computes in int32: finite capacities sum to at most _LIMIT and
 # "infinite" is one more, so no flow and no cut overflows.
@@ -133,7 +134,7 @@ def scaled_capacities(nbytes: np.ndarray, preferred: np.ndarray) -> np.ndarray:
 
     Example:
         >>> import numpy as np
-        >>> from jaxaot.min_cut import scaled_capacities
+        >>> from jaxaot.partition.min_cut import scaled_capacities
         >>> scaled_capacities(np.array([4, 4]), np.array([True, False])).tolist()
         [12, 13]
     """
@@ -213,7 +214,7 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
             flops[i] = cost_model.flops(producer[i])
     n = len(values)
     kind = np.asarray(kinds, np.int8)
-    nbytes = np.fromiter((cost_model.nbytes(v.aval) for v in values), np.int64, n)
+    nbytes = np.fromiter((aval_nbytes(v.aval) for v in values), np.int64, n)
     preferred = kind == INPUT
     for v in jaxpr.outvars[: joint.num_outputs]:  # real outputs are alive anyway
         if not C.is_literal(v) and v in index:
@@ -362,7 +363,7 @@ def min_cut_rematerialization_partition(
         joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
     if not plan:
         return part
-    rejoint = rejoint_with_plan(joint, plan)
+    rejoint = scan_remat.replay_joint(joint, plan)
     if (rejoint.differentiable, rejoint.needs_cotangent) != (joint.differentiable, joint.needs_cotangent):
         return part  # pragma: no cover - the rewrite keeps avals, so this cannot differ
     repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
@@ -371,25 +372,3 @@ def min_cut_rematerialization_partition(
     if repart.saved_bytes > part.saved_bytes:
         return part
     return dataclasses.replace(repart, primal_plan=plan, split_from=rejoint)
-
-
-def rejoint_with_plan(joint: JointGraph, plan: dict) -> JointGraph:
-    """The joint graph of ``joint``'s primal with a scan-remat ``plan`` replayed.
-
-    Tracing is deterministic, so replaying the plan gives the joint graph the
-    min-cut split, without running the min-cut (the compile cache relies on it).
-    """
-    rewritten = scan_remat.replay(joint.primal, plan)
-    if joint.rebuild is not None:  # same decompositions and runtime aux outputs as the original
-        return joint.rebuild(rewritten)
-    return build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals, differentiated=joint.differentiable)
-
-
-def rewrite_primal(closed_jaxpr: Any, *, memory_budget: float = 1.0) -> Any:
-    """The pre-trace rewrite this partitioner applies to primal programs with scans.
-
-    See :func:`jaxaot.scan_remat.rewrite_primal`; the partitioner already calls
-    it (re-tracing the joint graph), so a runtime hook is optional.
-    """
-    return scan_remat.rewrite_primal(closed_jaxpr, functools.partial(choose_saved_values, memory_budget=memory_budget))
-

@@ -15,7 +15,7 @@ rewritten innermost first. Bodies with effects are left alone.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot import min_cut, scan_remat
+    >>> from jaxaot.partition import min_cut, scan_remat
     >>> def f(w, xs):
     ...     step = lambda h, x: (jnp.tanh(jnp.sin(h @ w) + x), None)
     ...     return jax.lax.scan(step, jnp.zeros(3), xs)[0]
@@ -191,9 +191,8 @@ def rewrite_primal(closed: Any, choose: Chooser) -> Any:
 
     Returns ``closed`` itself when there is nothing to rewrite.
 
-    The min-cut partitioner calls it itself and re-traces the joint graph, so
-    no runtime hook is needed; a runtime that wants to skip the re-trace can
-    apply :func:`jaxaot.min_cut.rewrite_primal` to the primal before ``build_joint``.
+    The min-cut partitioner calls :func:`rewrite_primal_planned` itself and
+    re-traces the joint graph, so no runtime hook is needed.
     """
     return rewrite_primal_planned(closed, choose)[0]
 
@@ -222,3 +221,15 @@ def replay(closed: Any, plan: dict, path: str = "") -> Any:
         keep = {at[tuple(p)]: tags[at[tuple(p)]] for p in record["saved"]}
         bodies[id(eqn)] = _checkpointed(body, keep)
     return _retrace(closed, bodies)
+
+
+def replay_joint(joint: JointGraph, plan: dict) -> JointGraph:
+    """The joint graph of ``joint``'s primal with a scan-remat ``plan`` replayed.
+
+    Tracing is deterministic, so replaying the plan gives the joint graph the
+    min-cut split, without running the min-cut (the compile cache relies on it).
+    """
+    rewritten = replay(joint.primal, plan)
+    if joint.rebuild is not None:  # same decompositions and runtime aux outputs as the original
+        return joint.rebuild(rewritten)
+    return build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals, differentiated=joint.differentiable)

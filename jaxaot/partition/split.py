@@ -18,12 +18,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Any, Iterable
-
-import jax
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 from jaxaot import _compat as C
-from jaxaot._pytrees import nbytes
+from jaxaot._pytrees import format_aval, nbytes, shape_dtype_struct
 from jaxaot.errors import PartitionError
 from jaxaot.tracing.joint import JointGraph
 
@@ -126,12 +124,23 @@ class Partition:
         return sum(r.nbytes for r in self.residuals if r.source != "input")
 
     @property
-    def saved_avals(self) -> tuple:
-        return tuple(r.aval for r in self.residuals)
-
-    @property
     def num_temporaries(self) -> int:
         return len(C.jaxpr_of(self.forward).outvars) - self.num_outputs
+
+
+@runtime_checkable
+class Partitioner(Protocol):
+    """The extension point of stage 2: choose what the forward saves.
+
+    A partitioner takes the :class:`~jaxaot.JointGraph` and returns a
+    :class:`Partition`, usually ``split_joint(joint, saved_vars)``: it only
+    chooses the saved set, and :func:`split_joint` builds the programs. Options
+    go in with ``functools.partial``. :func:`~jaxaot.default_partition` and
+    :func:`~jaxaot.min_cut_rematerialization_partition` are partitioners; pass
+    one to ``aot_function(..., partition_fn=...)``.
+    """
+
+    def __call__(self, joint: JointGraph, /) -> Partition: ...
 
 
 # --------------------------------------------------------------------------- mechanism
@@ -155,14 +164,9 @@ def _needed_eqns(eqns: Sequence[Any], wanted: Iterable[Any], available: set, kee
     return chosen, needed
 
 
-def _aval_str(v: Any) -> str:
-    a = v.aval
-    return f"{getattr(a.dtype, 'name', a.dtype)}{list(getattr(a, 'shape', ()))}"
-
-
 def _describe(eqn: Any) -> str:
-    outs = ", ".join(_aval_str(v) for v in eqn.outvars)
-    ins = ", ".join(_aval_str(v) for v in eqn.invars)
+    outs = ", ".join(format_aval(v.aval, short=False) for v in eqn.outvars)
+    ins = ", ".join(format_aval(v.aval, short=False) for v in eqn.invars)
     return f"{outs} = {eqn.primitive}({ins})  @ {C.eqn_source(eqn)}"
 
 
@@ -289,7 +293,7 @@ def _used_consts(jaxpr: Any, eqns: Sequence[Any], outvars: Sequence[Any]) -> lis
 
 
 def _residual(v: Any, source: str, index: int, eqn: Any) -> Residual:
-    aval = jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=getattr(v.aval, "weak_type", False))
+    aval = shape_dtype_struct(v.aval)
     if eqn is None:
         return Residual(aval, source, index, "input", "")
     return Residual(aval, source, index, str(eqn.primitive), C.eqn_source(eqn))

@@ -1,1 +1,20 @@
-"""Stage 4, runtime: ``aot_function`` and the per-signature programs it runs."""
+"""Stage 4, runtime: ``aot_function`` and the per-signature programs it runs.
+
+Modules, each one concept: ``signature`` (what selects a program, why a call
+recompiled), ``arguments`` (static values apart, the rest flattened),
+``programs`` (per-signature and per-gradient programs and executables),
+``vjp`` (the ``custom_vjp`` wiring shared with loaded artifacts), ``residuals``,
+``checks`` (what ``backward`` checks), ``lowered`` (``AOTLowered``),
+``function`` (``AOTFunction``, ``aot_function``) and ``eager`` (the fast
+eager ``value_and_grad``/``grad``).
+"""
+
+from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo
+from jaxaot.runtime.residuals import Residuals
+from jaxaot.runtime.lowered import AOTLowered
+from jaxaot.runtime.function import AOTFunction, aot_function
+from jaxaot.runtime.eager import grad, value_and_grad
+
+__all__ = [
+    "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "Residuals", "aot_function", "grad", "value_and_grad",
+]

@@ -17,6 +17,7 @@ import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot.runtime.function import AOTFunction
+from jaxaot.runtime.signature import TraceKind
 
 
 def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], bool]:
@@ -42,7 +43,7 @@ def value_and_grad(
         return fallback
     nums, single = _normalize_argnums(argnums)
 
-    def training_for(entry, leaves, args):
+    def training_for(programs, leaves, args):
         # The flat leaves are the dynamic arguments' leaves in order (then kwargs'):
         # mark the ranges of the picked arguments, by position (the same array may be
         # passed twice, once differentiated and once not).
@@ -54,24 +55,25 @@ def value_and_grad(
             if i in nums:
                 mask[start:start + size] = [True] * size
             start += size
-        return entry.training(tuple(mask))
+        return programs.training(tuple(mask))
 
-    plans: dict[int, Any] = {}  # id(entry) -> (entry, training or None): what this signature runs
+    # id(programs) -> (programs, training or None): what each signature runs. The
+    # differentiated leaves are fixed by the signature, so this is decided once per signature.
+    plans: dict[int, tuple[Any, Any]] = {}
 
-    def plan_for(entry, leaves, args):
-        # The differentiated leaves are fixed by the signature, so decide once per entry.
-        plan = plans.get(id(entry))
+    def plan_for(programs, leaves, args):
+        plan = plans.get(id(programs))
         if plan is None:
             ok = all(n < len(args) and n not in fun.static_argnums for n in nums) and all(
                 C.is_inexact(jax.numpy.result_type(x)) for n in nums for x in jax.tree_util.tree_leaves(args[n]))
-            plan = plans[id(entry)] = (entry, training_for(entry, leaves, args) if ok else None)
+            plan = plans[id(programs)] = (programs, training_for(programs, leaves, args) if ok else None)
         return plan[1]
 
     def vg(*args: Any, **kwargs: Any):
-        entry, leaves, kind = fun._lookup(args, kwargs)
-        if kind != 0:
+        programs, leaves, kind = fun.lookup(args, kwargs)
+        if kind is not TraceKind.CONCRETE:
             return fallback(*args, **kwargs)
-        tr = plan_for(entry, leaves, args)
+        tr = plan_for(programs, leaves, args)
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         outs, residuals = tr.forward(leaves, concrete=True)
@@ -82,7 +84,7 @@ def value_and_grad(
         dyn, _ = tr.input_grads_tree(grads)
         dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
-        out_tree = jax.tree_util.tree_unflatten(entry.out_tree, outs)
+        out_tree = jax.tree_util.tree_unflatten(programs.out_tree, outs)
         grad = picked[0] if single else picked
         if has_aux:
             value, aux = out_tree
@@ -91,8 +93,8 @@ def value_and_grad(
 
     def lower(*args: Any, **kwargs: Any):
         """The :class:`AOTLowered` of the programs this gradient runs."""
-        entry, leaves, _ = fun._lookup(args, kwargs)
-        return fun._lowered(entry, training_for(entry, leaves, args))
+        programs, leaves, _ = fun.lookup(args, kwargs)
+        return fun.lowered(programs, training_for(programs, leaves, args))
 
     vg.__wrapped__ = fun
     vg.lower = lower

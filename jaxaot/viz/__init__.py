@@ -1,3 +1,73 @@
-"""Pictures of the split: graphs, residual tables and memory-budget sweeps."""
-from jaxaot.viz.drawing import *  # noqa: F401,F403
-from jaxaot.viz.drawing import __all__  # noqa: F401
+"""Pictures of the forward/backward split: a graph, a residual table, budget-sweep plots.
+
+The graph shows the joint program as the partitioner split it: the forward
+program's eqns, the values it saves for the backward (the residuals), and the
+backward program's eqns, where those that recompute forward values are marked
+apart from the ones that compute gradients. Colours:
+
+* forward eqns: blue;  saved values (residuals): green boxes on the boundary;
+* recomputed eqns: purple, dashed;  backward eqns: orange;
+* inputs, outputs, cotangents and gradients: grey ellipses.
+
+Graphviz's ``dot`` lays the graph out. Without it (or without the ``graphviz``
+Python package) every renderer falls back to the residual table and says so.
+Large programs are collapsed so they stay readable: one node per eqn while
+that fits in ``max_nodes``, else one node per source line, else one per function.
+
+Modules, each importing only those above it:
+
+* ``formatting``: byte sizes and source locations as short text;
+* ``styles``: the colour and shape of each kind of node;
+* ``model``: :class:`Node`, :class:`SplitGraph` and the node kinds;
+* ``program``: what is read from a lowered function (partition, names, recomputed eqns);
+* ``grouping``: :func:`collapse`, one node per source line or function;
+* ``graph``: :func:`split_graph`;
+* ``layout``: Graphviz (:func:`to_digraph`, :func:`layout_available`);
+* ``table``: :func:`residual_table_html`;
+* ``page``: :func:`to_html`, the Jupyter view;
+* ``output``: :func:`render`, to text or a file;
+* ``plots``: :func:`plot_budget_sweep` (matplotlib).
+
+Example:
+    >>> import jax.numpy as jnp, jaxaot, jaxaot.viz
+    >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
+    >>> low = f.lower(jnp.ones((3, 2)), jnp.ones((4, 3)))
+    >>> g = jaxaot.viz.split_graph(low)
+    >>> sorted({n.kind for n in g.nodes})
+    ['backward', 'cotangent', 'forward', 'grad', 'input', 'output', 'saved']
+    >>> "<table" in jaxaot.viz.residual_table_html(low)
+    True
+"""
+
+from jaxaot.viz.formatting import aval_str, format_bytes, short_source
+from jaxaot.viz.styles import STYLES, Style
+from jaxaot.viz.model import EQN_KINDS, GROUP_LEVELS, Node, SplitGraph
+from jaxaot.viz.program import backward_is_cotangent_dependent
+from jaxaot.viz.grouping import collapse
+from jaxaot.viz.graph import split_graph
+from jaxaot.viz.layout import layout_available, to_digraph
+from jaxaot.viz.table import residual_table_html
+from jaxaot.viz.page import to_html
+from jaxaot.viz.output import render
+from jaxaot.viz.plots import plot_budget_sweep
+
+__all__ = [
+    "EQN_KINDS",
+    "GROUP_LEVELS",
+    "Node",
+    "STYLES",
+    "SplitGraph",
+    "Style",
+    "aval_str",
+    "backward_is_cotangent_dependent",
+    "collapse",
+    "format_bytes",
+    "layout_available",
+    "plot_budget_sweep",
+    "render",
+    "residual_table_html",
+    "short_source",
+    "split_graph",
+    "to_digraph",
+    "to_html",
+]

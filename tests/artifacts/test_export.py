@@ -33,11 +33,9 @@ from jaxaot.errors import (
 )
 from jaxaot.cli.demo_models import mlp_loss
 from zoo import child_env
-from jaxaot.artifacts.export import LoadedAOT, treedef_from_json, treedef_to_json
+from jaxaot.artifacts import LoadedAOT, treedef_from_json, treedef_to_json
 
 TOL = dict(rtol=2e-5, atol=2e-5)
-WHILE_LOOP = getattr(jaxaot, "while_loop", None)
-NO_WHILE_LOOP = "jaxaot.while_loop is not exported from jaxaot yet (the while-loop issue's re-export is pending)"
 
 
 # --------------------------------------------------------------------------- models
@@ -86,7 +84,7 @@ def _while_loss(w, x):
         i, h = c
         return i + 1, jnp.tanh(h @ w)
 
-    _, h = WHILE_LOOP(lambda c: c[0] < 5, body, (0, x), max_steps=8)
+    _, h = jaxaot.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=8)
     return jnp.sum(h**2)
 
 
@@ -138,9 +136,8 @@ def _cases():
             [(13, 2), (14, 5), (15, 9)],
         ),
         "mlp_multiplatform": (_mlp, {"platforms": ("cpu", "cuda", "tpu")}, [16]),
+        "while_loop": (_while, {}, [17]),
     }
-    if callable(WHILE_LOOP):
-        cases["while_loop"] = (_while, {}, [17])
     return cases
 
 
@@ -176,8 +173,6 @@ def roundtrip(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["mlp", "flax_nnx", "mlp_symbolic_batch", "mlp_multiplatform", "while_loop"])
 def test_roundtrip_in_fresh_process(roundtrip, name):
-    if name == "while_loop" and not callable(WHILE_LOOP):
-        pytest.skip(NO_WHILE_LOOP)
     expected, got, _ = roundtrip
     assert len(got[name]) == len(expected[name])
     for want, have in zip(expected[name], got[name]):
@@ -390,10 +385,9 @@ def test_export_an_aot_function_keeps_its_options():
     assert aot.cache_info().misses == 0  # exporting left the caller's AOTFunction alone
 
 
-@pytest.mark.skipif(not callable(WHILE_LOOP), reason=NO_WHILE_LOOP)
 def test_while_loop_overflow_check_survives_export():
     def fn(x):
-        _, h = WHILE_LOOP(lambda c: c[0] < 20, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x), max_steps=8)
+        _, h = jaxaot.while_loop(lambda c: c[0] < 20, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x), max_steps=8)
         return jnp.sum(h)
 
     exp = jaxaot.export(fn, jnp.ones(3))

@@ -1,4 +1,4 @@
-"""The persistent compile cache (jaxaot.config.cache_dir / JAXAOT_CACHE_DIR)."""
+"""The persistent compile cache's hooks (jaxaot.config.cache_dir / JAXAOT_CACHE_DIR), in and across processes."""
 
 from __future__ import annotations
 
@@ -19,9 +19,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.compile import cache
-from jaxaot.compile import compilers
-from jaxaot._config import Config
+from jaxaot.compile import cache, compilers, executable_codec, store
 from jaxaot.errors import CacheWarning
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -97,13 +95,6 @@ def test_cache_off_writes_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_cache_dir_defaults_to_the_environment(monkeypatch):
-    monkeypatch.setenv("JAXAOT_CACHE_DIR", "/some/where")
-    assert Config().cache_dir == "/some/where"
-    monkeypatch.delenv("JAXAOT_CACHE_DIR")
-    assert Config().cache_dir is None
-
-
 def test_keys_follow_shapes_partitioner_options_and_consts(cache_dir):
     mincut = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.2)
     _run(partition_fn=mincut)
@@ -158,8 +149,8 @@ def _garbage(p: Path) -> None:
 
 
 def _bad_payload(p: Path) -> None:  # a valid frame around a payload that does not decode
-    p.write_bytes(cache._frame(b'{"format": 1, "saved": [["e", 99999, 0]], "summary": {}}'
-                               if "partitions" in str(p) else b"\x00\x00\x00\x00junk"))
+    p.write_bytes(store.frame(b'{"format": 1, "saved": [["e", 99999, 0]], "summary": {}}'
+                              if "partitions" in str(p) else b"\x00\x00\x00\x00junk"))
 
 
 @pytest.mark.parametrize("corrupt", [_truncate, _flip, _garbage, _bad_payload])
@@ -193,32 +184,6 @@ def test_unwritable_cache_dir_warns_once_and_runs(tmp_path):
             value, _, _ = _run()
     assert len([w for w in record if issubclass(w.category, CacheWarning)]) == 1
     chex.assert_trees_all_close(value, loss(*_inputs()), **TOL)
-
-
-def test_canonical_text_is_stable_across_processes():
-    class Fake:
-        def __init__(self, text):
-            self.text = text
-
-        def __str__(self):
-            return self.text
-
-    a = cache.canonical_text(Fake("policy=S(frozenset({'b', 'a'})) cb=<function f at 0x7f12>"))
-    b = cache.canonical_text(Fake("policy=S(frozenset({'a', 'b'})) cb=<function f at 0x7e99>"))
-    assert a == b
-    assert a != cache.canonical_text(Fake("policy=S(frozenset({'a', 'c'})) cb=<function f at 0x7e99>"))
-
-
-def test_callable_identity_sees_code_options_and_closed_over_arrays():
-    ident = cache.callable_identity
-    assert ident(counting_partition) == ident(counting_partition)
-    assert ident(functools.partial(counting_xla, a=1)) != ident(functools.partial(counting_xla, a=2))
-
-    def make(c):
-        return lambda joint: c
-
-    assert ident(make(np.zeros(3))) == ident(make(np.zeros(3)))
-    assert ident(make(np.zeros(3))) != ident(make(np.ones(3)))
 
 
 # --------------------------------------------------------------------------- across processes
@@ -304,10 +269,10 @@ def test_concurrent_writers(tmp_path):
     assert len(files) == 4
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
     for p in files:  # every entry is whole and decodes in this (another) process
-        payload = cache._unframe(p.read_bytes())
+        payload = store.unframe(p.read_bytes())
         assert payload is not None
         if "executables" in str(p):
-            assert cache._decode_executable(payload) is not None
+            assert executable_codec.decode(payload) is not None
         else:
             assert json.loads(payload)["saved"]
 

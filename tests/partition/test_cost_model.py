@@ -117,9 +117,6 @@ def test_flops():
     assert cost_model.flops(only_eqn(jnp.exp, X)) > cost_model.flops(only_eqn(lambda x: x + 1.0, X))
 
 
-def test_nbytes():
-    assert cost_model.nbytes(jax.ShapeDtypeStruct((3, 4), jnp.bfloat16)) == 24
-    assert cost_model.nbytes(object()) == 0
 
 
 def test_knapsack_order_and_prefix():

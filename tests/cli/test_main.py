@@ -1,4 +1,4 @@
-"""The jaxaot command."""
+"""The jaxaot command: its arguments, ``inspect``, ``version`` and ``--help``."""
 
 import subprocess
 import sys
@@ -7,37 +7,13 @@ import textwrap
 import pytest
 
 from jaxaot.cli import main as cli
+from jaxaot.errors import InvalidValueError
 
 
 def test_version(capsys):
     assert cli.main(["version"]) == 0
     out = capsys.readouterr().out
     assert "jaxaot" in out and "jax " in out and "jaxlib" in out and "backend" in out
-
-
-def test_demo_prints_table_checks_gradients_and_writes_artifacts(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(["demo", "--width", "32", "--depth", "2", "--batch", "8"]) == 0
-    captured = capsys.readouterr()
-    assert "jax.fwd_and_bwd" in captured.out and "jaxaot (default partition)" in captured.out
-    assert "jaxaot (min-cut partition)" in captured.out
-    assert "gradients match" in captured.out
-    assert "done (" in captured.err  # progress lines
-    out = tmp_path / "jaxaot-demo"
-    assert (out / "split.html").exists()
-    assert (out / "artifact" / "manifest.json").exists()
-    import jax
-    import jax.numpy as jnp
-
-    import jaxaot
-    from jaxaot.cli import demo_models as examples
-
-    params, data = examples.mlp_init(jax.random.key(0), width=32, depth=2, batch=8)
-    loaded = jaxaot.load(out / "artifact")
-    got = jax.grad(loaded)(params, data)
-    want = jax.grad(examples.mlp_loss)(params, data)
-    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_inspect(tmp_path, monkeypatch, capsys):
@@ -62,6 +38,23 @@ def test_inspect(tmp_path, monkeypatch, capsys):
 def test_inspect_bad_input(argv, msg):
     with pytest.raises(SystemExit, match=msg):
         cli.main(argv)
+
+
+def test_parse_shapes():
+    got = cli.parse_shapes("f32[8, 16] bf16[3]  i32[] bool[2,2]")
+    assert [(s.shape, s.dtype.name) for s in got] == [((8, 16), "float32"), ((3,), "bfloat16"), ((), "int32"),
+                                                      ((2, 2), "bool")]
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ("q8[2]", "unknown dtype 'q8'; use one of f64, f32"),
+    ("f32", "cannot read shape 'f32': write dtype\\[dims\\]"),
+    ("f32[8,16]x", "cannot read shape 'f32\\[8,16\\]x'"),
+    ("  ", "empty --shapes"),
+])
+def test_parse_shapes_says_what_it_cannot_read(spec, msg):
+    with pytest.raises(InvalidValueError, match=msg):
+        cli.parse_shapes(spec)
 
 
 def test_help_for_each_command():

@@ -1,4 +1,4 @@
-"""The loop primitives themselves: jaxprs, abstract eval, impl, rules."""
+"""The loop primitives' rules: jaxprs, abstract eval, impl, JVP, transpose, batching, DCE."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 from jaxaot import _compat as C
-from jaxaot.loops import rules as P
+from jaxaot.loops.common import counted_loop_p, while_loop_p, while_loop_stack_output_p
 from jaxaot.loops.api import while_loop, while_loop_stack_output
 
 
@@ -34,11 +34,11 @@ def test_primitives_appear_readably_in_jaxprs():
 def test_bind_abstract_eval_and_impl():
     closed = jax.make_jaxpr(lambda x: while_loop_stack_output(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 3.0),
                                                               (0, x), max_steps=4))(jnp.ones(2))
-    (eqn,) = _eqns(closed, P.while_loop_stack_output_p)
+    (eqn,) = _eqns(closed, while_loop_stack_output_p)
     avals = [v.aval for v in eqn.outvars]
     assert [a.shape for a in avals] == [(), (2,), (4,), (4, 2), (), ()]
     assert [a.dtype for a in avals[-2:]] == [np.int32, np.bool_]
-    outs = P.while_loop_stack_output_p.bind(0, jnp.ones(2), **eqn.params)  # the impl, eagerly
+    outs = while_loop_stack_output_p.bind(0, jnp.ones(2), **eqn.params)  # the impl, eagerly
     chex.assert_trees_all_close(outs[1], jnp.full(2, 9.0))
     assert int(outs[4]) == 2 and not bool(outs[5])
     chex.assert_trees_all_close(outs[3][:2], jnp.array([[3.0, 3.0], [9.0, 9.0]]))
@@ -47,7 +47,7 @@ def test_bind_abstract_eval_and_impl():
 def test_counted_loop_reverse_reads_and_writes_rows_backwards():
     body = jax.make_jaxpr(lambda c, x: [c + x, c])(0.0, 0.0)
     xs = jnp.array([1.0, 2.0, 4.0, 8.0])
-    c, ys = P.counted_loop_p.bind(3, 0.0, xs, body_jaxpr=body, num_consts=0, num_carry=1, length=4, reverse=True)
+    c, ys = counted_loop_p.bind(3, 0.0, xs, body_jaxpr=body, num_consts=0, num_carry=1, length=4, reverse=True)
     # iterations visit rows 2, 1, 0: carry 0 -> 4 -> 6 -> 7; row j gets the carry before it
     assert float(c) == 7.0
     chex.assert_trees_all_close(ys, jnp.array([6.0, 4.0, 0.0, 0.0]))
@@ -55,18 +55,10 @@ def test_counted_loop_reverse_reads_and_writes_rows_backwards():
 
 def test_jvp_rule_keeps_the_primitive():
     jaxpr = jax.make_jaxpr(lambda x, t: jax.jvp(lambda x: _loop(x)[1], (x,), (t,)))(1.0, 1.0)
-    (eqn,) = _eqns(jaxpr, P.while_loop_p)
+    (eqn,) = _eqns(jaxpr, while_loop_p)
     assert len(eqn.outvars) == 5  # counter, 2 primal carries, 2 tangent carries
     ref = jax.jvp(lambda x: lax.fori_loop(0, 3, lambda i, v: jnp.sin(v) * 1.5, x), (0.7,), (1.0,))
     chex.assert_trees_all_close(jax.jvp(lambda x: _loop(x)[1], (0.7,), (1.0,)), ref, rtol=1e-6)
-
-
-def test_linearize_splits_known_stacking_and_unknown_linear_loop():
-    _, lin = jax.linearize(lambda x: _loop(x, max_steps=5)[1], 0.7)
-    lin_jaxpr = jax.make_jaxpr(lin)(1.0)
-    assert _eqns(lin_jaxpr, P.counted_loop_p) and not _eqns(lin_jaxpr, P.while_loop_p)
-    ref = jax.linearize(lambda x: lax.fori_loop(0, 3, lambda i, v: jnp.sin(v) * 1.5, x), 0.7)[1]
-    chex.assert_trees_all_close(lin(2.0), ref(2.0), rtol=1e-6)
 
 
 def test_transpose_of_counted_loop_is_a_reverse_loop_with_const_cotangents():
@@ -76,7 +68,7 @@ def test_transpose_of_counted_loop_is_a_reverse_loop_with_const_cotangents():
     rows = jax.random.normal(jax.random.PRNGKey(0), (5, 2))
 
     def linear(w, c, n):
-        return P.counted_loop_p.bind(n, w, c, rows, body_jaxpr=body, num_consts=1, num_carry=1, length=5,
+        return counted_loop_p.bind(n, w, c, rows, body_jaxpr=body, num_consts=1, num_carry=1, length=5,
                                      reverse=False)[0]
 
     def ref(w, c, n):
@@ -88,7 +80,7 @@ def test_transpose_of_counted_loop_is_a_reverse_loop_with_const_cotangents():
         want = jax.vjp(lambda w, c: ref(w, c, n), w, jnp.ones(2))[1](ct)
         chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
     tjaxpr = jax.make_jaxpr(lambda ct: jax.linear_transpose(lambda c: linear(w, c, 3), jnp.ones(2))(ct))(ct)
-    assert True in [e.params["reverse"] for e in _eqns(tjaxpr, P.counted_loop_p)]
+    assert True in [e.params["reverse"] for e in _eqns(tjaxpr, counted_loop_p)]
 
 
 def test_batching_rule_per_lane_trip_counts():
@@ -116,27 +108,19 @@ def test_batching_leaves_unbatched_carries_unbatched(kw):
 
 def test_dce_rule_drops_unused_carries():
     closed = jax.make_jaxpr(lambda x: _loop(x)[1])(1.0)
-    (eqn,) = _eqns(closed, P.while_loop_p)
-    used_inputs, new = C.dce_rules[P.while_loop_p]([False, True, False], eqn)
+    (eqn,) = _eqns(closed, while_loop_p)
+    used_inputs, new = C.dce_rules[while_loop_p]([False, True, False], eqn)
     assert used_inputs == [True, True, False]  # the counter feeds cond; the third carry is dead
     assert len(new.outvars) == 2 and new.params["body_jaxpr"].out_avals[1].shape == ()
-    assert C.dce_rules[P.while_loop_p]([False] * 3, eqn) == ([False] * 3, None)
+    assert C.dce_rules[while_loop_p]([False] * 3, eqn) == ([False] * 3, None)
 
 
-def test_partial_eval_custom_rule_under_jax_checkpoint():
-    policy = jax.checkpoint_policies.everything_saveable
-    for kw in (dict(), dict(policy=policy)):
-        f = jax.checkpoint(lambda x: _loop(x, max_steps=4)[1] ** 2, **kw)
-        ref = lambda x: lax.fori_loop(0, 3, lambda i, v: jnp.sin(v) * 1.5, x) ** 2  # noqa: E731
-        chex.assert_trees_all_close(jax.grad(f)(0.7), jax.grad(ref)(0.7), rtol=1e-6)
-
-
-def test_has_rules_marker_for_the_tracer():
-    for p in (P.while_loop_p, P.while_loop_stack_output_p, P.counted_loop_p):
-        assert C.has_jvp_rule(p)
-
-
-@pytest.mark.parametrize("prim", [P.while_loop_p, P.while_loop_stack_output_p])
+@pytest.mark.parametrize("prim", [while_loop_p, while_loop_stack_output_p])
 def test_cond_on_a_differentiated_value_has_a_clear_transpose_error(prim):
     with pytest.raises(Exception, match="cannot be transposed"):
         C.primitive_transposes[prim](None)
+
+
+def test_rules_are_registered_for_the_tracer():
+    for p in (while_loop_p, while_loop_stack_output_p, counted_loop_p):
+        assert C.has_jvp_rule(p)

@@ -1,0 +1,250 @@
+"""Load an artifact and run it without the source: ``load`` and ``LoadedAOT``.
+
+A :class:`LoadedAOT` checks its inputs against the signature (symbolic dims
+bind consistently across leaves), runs the exported programs, turns the
+hoisted loop-overflow flags back into :class:`~jaxaot.errors.LoopOverflowError`,
+and reaches JAX's autodiff through the same ``custom_vjp`` wiring as
+:class:`~jaxaot.AOTFunction` (:mod:`jaxaot.runtime.vjp`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot import _compat as C
+from jaxaot.artifacts import manifest
+from jaxaot.artifacts.exported import ExportedAOT
+from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot.artifacts.treedef_json import treedef_to_json
+from jaxaot.errors import (
+    ArtifactError,
+    ArtifactInputError,
+    CotangentMismatchError,
+    LoopOverflowError,
+    NotExportableError,
+    ResidualsMismatchError,
+)
+from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
+
+
+def load(path: str | Path | ExportedAOT, *, check_versions: bool = True) -> "LoadedAOT":
+    """Load a directory written by :meth:`ExportedAOT.save` (or wrap an ``ExportedAOT``).
+
+    Needs neither the original function nor its module.
+
+    Raises:
+      ArtifactError: missing or corrupt files (checksum mismatch).
+      ArtifactVersionError: a manifest from an incompatible format, jaxaot or jax.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot, tempfile
+        >>> d = jaxaot.export(lambda x: jnp.sin(x).sum(), jnp.ones(3)).save(tempfile.mkdtemp())
+        >>> f = jaxaot.load(d)
+        >>> round(float(jax.grad(f)(jnp.zeros(3))[0]), 3)
+        1.0
+    """
+    if isinstance(path, ExportedAOT):
+        return LoadedAOT(path)
+    root = Path(path)
+    info = manifest.read_manifest(root)
+    manifest.check_manifest(info, check_versions=check_versions)
+    try:
+        signature = AOTSignature.from_json(info["signature"])
+        programs = {name: manifest.load_program(root, name, info["artifacts"][name]) for name in manifest.PROGRAMS}
+    except (KeyError, TypeError, ValueError) as err:
+        if isinstance(err, ArtifactError):
+            raise
+        raise ArtifactError(f"{root / manifest.MANIFEST} is malformed: {type(err).__name__}: {err}") from err
+    return LoadedAOT(ExportedAOT(name=str(info.get("function", "exported")), signature=signature, **programs))
+
+
+@jax.tree_util.register_pytree_node_class
+class ExportedResiduals:
+    """What :meth:`LoadedAOT.forward` hands to :meth:`LoadedAOT.backward`.
+
+    ``arrays`` are the residuals in the backward's order; ``input_shapes`` (the
+    concrete input shapes) size the ``float0`` gradients of integer inputs.
+    """
+
+    def __init__(self, arrays: Sequence[Any], input_shapes: Sequence[tuple[int, ...]]):
+        self.arrays = tuple(arrays)
+        self.input_shapes = tuple(tuple(s) for s in input_shapes)
+
+    def tree_flatten(self):
+        return self.arrays, self.input_shapes
+
+    @classmethod
+    def tree_unflatten(cls, input_shapes, arrays):
+        return cls(arrays, input_shapes)
+
+    def __repr__(self) -> str:
+        return f"ExportedResiduals({len(self.arrays)} arrays)"
+
+
+class LoadedAOT:
+    """A function rebuilt from exported programs: call it, differentiate it, or split it.
+
+    ``jax.grad`` / ``jax.vjp`` run the exported forward and backward (a
+    ``jax.custom_vjp``); :meth:`forward` / :meth:`backward` expose the split.
+    Inputs are checked against the signature first (:class:`ArtifactInputError`).
+    """
+
+    def __init__(self, exported: ExportedAOT):
+        self.exported = exported
+        self.signature = exported.signature
+        self.__name__ = exported.name
+        self._structures: dict[Any, Any] = {}
+        s = self.signature
+        self._call = custom_vjp_of(SplitPrograms(
+            primal=self._infer, forward=self._forward, backward=self._backward,
+            num_inputs=len(s.in_specs), grad_inputs=tuple(s.grad_inputs),
+            cotangent_outputs=tuple(s.cotangent_outputs),
+            cotangent_dtypes=tuple(s.out_specs[i].dtype for i in s.cotangent_outputs),
+        ))
+
+    @property
+    def inference(self) -> Any:
+        return self.exported.inference
+
+    def __call__(self, *args: Any) -> Any:
+        leaves = self._check_inputs(args)
+        return jax.tree_util.tree_unflatten(self.signature.out_tree, self._call(*leaves))
+
+    def forward(self, *args: Any) -> tuple[Any, ExportedResiduals]:
+        """Run the exported forward: ``(outputs, residuals)``.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.load(jaxaot.export(lambda x: jnp.sin(x).sum(), jnp.ones(3)))
+            >>> y, res = f.forward(jnp.zeros(3))
+            >>> (dx,) = f.backward(res, jnp.float32(1.0))
+            >>> dx.tolist()
+            [1.0, 1.0, 1.0]
+        """
+        leaves = self._check_inputs(args)
+        outs, residuals = self._forward(leaves)
+        shapes = [np.shape(x) for x in leaves]
+        return jax.tree_util.tree_unflatten(self.signature.out_tree, outs), ExportedResiduals(residuals, shapes)
+
+    def backward(self, residuals: ExportedResiduals, cotangents: Any) -> tuple:
+        """Run the exported backward: gradients shaped like the positional arguments.
+
+        ``cotangents`` has the outputs' structure (leaves of integer outputs are
+        ignored and may be None); integer inputs get ``float0`` zeros.
+        """
+        if not isinstance(residuals, ExportedResiduals):
+            raise ResidualsMismatchError(
+                f"backward expects the ExportedResiduals returned by {self.__name__}.forward, "
+                f"got {type(residuals).__name__}."
+            )
+        self._check_residuals(residuals.arrays)
+        grads = self._backward(residuals.arrays, self._check_cotangents(cotangents))
+        float0s = [C.zeros_float0(s) for s in residuals.input_shapes]
+        return jax.tree_util.tree_unflatten(self.signature.in_tree, scatter(self.signature.grad_inputs, grads, float0s))
+
+    # -- programs
+    def _infer(self, leaves: Sequence[Any]) -> list:
+        outs = list(self.exported.inference.call(*leaves))
+        n = self.signature.num_outputs
+        _run_checks(outs[n:], self.signature.inference_checks)
+        return outs[:n]
+
+    def _forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
+        s = self.signature
+        outs = list(self.exported.forward.call(*leaves))
+        n = s.num_outputs + s.num_temporaries
+        _run_checks(outs[n:], s.forward_checks)
+        residuals = [leaves[i] for i in s.saved_inputs] + [outs[i] for i in s.saved_outputs]
+        return outs[: s.num_outputs], residuals
+
+    def _backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
+        return list(self.exported.backward.call(*cts, *residuals))
+
+    # -- checks
+    def _structure(self, treedef: Any) -> Any:
+        # Compared as JSON: a namedtuple of the same name and fields matches.
+        st = self._structures.get(treedef)
+        if st is None:
+            try:
+                st = treedef_to_json(treedef, "arg")
+            except NotExportableError:
+                st = repr(treedef)
+            self._structures[treedef] = st
+        return st
+
+    def _check_inputs(self, args: tuple) -> list:
+        s = self.signature
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        if self._structure(treedef) != s.in_structure:
+            raise ArtifactInputError(
+                f"{self.__name__} takes positional arguments structured as {s.in_tree} "
+                f"(leaves {', '.join(s.in_paths)}), got {treedef}."
+            )
+        bound: dict[str, tuple[int, str]] = {}
+        for path, spec, x in zip(s.in_paths, s.in_specs, leaves):
+            _check_leaf(path, spec, x, bound, ArtifactInputError)
+        return leaves
+
+    def _check_residuals(self, arrays: Sequence[Any]) -> None:
+        specs = self.signature.residual_specs
+        if len(arrays) != len(specs):
+            raise ResidualsMismatchError(f"expected {len(specs)} residuals, got {len(arrays)}.")
+        bound: dict[str, tuple[int, str]] = {}
+        for i, (spec, x) in enumerate(zip(specs, arrays)):
+            _check_leaf(f"residual {i}", spec, x, bound, ResidualsMismatchError)
+
+    def _check_cotangents(self, cotangents: Any) -> list:
+        s = self.signature
+        flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=lambda x: x is None)
+        if len(flat) != s.num_outputs:
+            raise CotangentMismatchError(f"cotangents have structure {tree} but the outputs have {s.out_tree}.")
+        def check(what: str, i: int, ct: Any) -> None:
+            _check_leaf(what, s.out_specs[i], ct, {}, CotangentMismatchError)
+
+        return select_cotangents(flat, s.cotangent_outputs, s.out_paths, check)
+
+    def __repr__(self) -> str:
+        return f"<LoadedAOT {self.__name__}: {', '.join(f'{p}: {s}' for p, s in zip(self.signature.in_paths, self.signature.in_specs))}>"
+
+
+def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exception]) -> None:
+    """Raise ``error`` unless ``x`` has ``spec``'s dtype and shape (binding symbolic dims)."""
+    got = shape_and_dtype_name(x)
+    if got is None:
+        raise error(f"{path} is a {type(x).__name__}, not an array: expected {spec}.")
+    shape, dtype = got
+    mismatch = dtype != spec.dtype or len(shape) != len(spec.shape)
+    for want, have in zip(spec.shape, shape):
+        if isinstance(want, int):
+            mismatch = mismatch or want != have
+        elif str(want).isidentifier():  # a plain dimension variable: bind it
+            first = bound.setdefault(want, (have, path))
+            if first[0] != have:
+                raise error(
+                    f"{path}: dimension '{want}' is {have} here but {first[0]} in {first[1]} "
+                    f"(expected {spec}, got {dtype}[{','.join(map(str, shape))}])."
+                )
+    if mismatch:
+        raise error(f"{path}: expected {spec}, got {dtype}[{','.join(map(str, shape))}].")
+
+
+def _raise_overflow(check: RuntimeCheck, flag: Any) -> None:
+    if np.any(np.asarray(flag)):
+        raise LoopOverflowError(
+            f"while_loop needed more than max_steps={check.max_steps} iterations (raised by the exported "
+            "forward). Its reverse mode stacks at most max_steps carries: re-export with a larger max_steps, "
+            "or with checkpoints=k instead."
+        )
+
+
+def _run_checks(flags: Sequence[Any], checks: Sequence[RuntimeCheck]) -> None:
+    for flag, check in zip(flags, checks):
+        if C.is_tracer(flag):  # under jit: check when the program runs
+            jax.debug.callback(functools.partial(_raise_overflow, check), flag)
+        else:
+            _raise_overflow(check, flag)

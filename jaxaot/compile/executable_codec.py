@@ -1,0 +1,55 @@
+"""A compiled program as a cache entry: a serialized ``jax.stages.Compiled``.
+
+The payload is ``len(header) | header | blob``: a JSON header with the numbers
+of inputs and outputs, then the bytes of ``jax.experimental.serialize_executable``.
+Only flat programs (what :func:`~jaxaot.compile.compilers.xla` compiles: a
+tuple of inputs in, a list of outputs out) are stored, so the header is all
+it takes to rebuild their pytrees. Other compilers' results are not stored.
+
+Loading an executable unpickles it: the cache directory must be trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import jax
+
+from jaxaot import _compat as C
+
+_LENGTH = struct.Struct("<I")
+
+
+def encode(exe: Any, n_in: int, n_out: int) -> bytes | None:
+    """The payload of ``exe``; None when it is not a serializable flat ``jax.stages.Compiled``."""
+    if not isinstance(exe, jax.stages.Compiled):
+        return None
+    try:
+        blob, in_tree, out_tree = C.serialize_executable(exe)
+    except Exception:  # backends or programs that do not serialize
+        return None
+    if in_tree != _in_tree(n_in) or out_tree != _out_tree(n_out):
+        return None  # not a compilers.xla-style flat program: we could not rebuild its trees
+    header = json.dumps({"n_in": n_in, "n_out": n_out}).encode()
+    return _LENGTH.pack(len(header)) + header + blob
+
+
+def decode(payload: bytes) -> jax.stages.Compiled | None:
+    """The executable :func:`encode` stored, loaded; None when the payload does not load."""
+    try:
+        (n,) = _LENGTH.unpack_from(payload)
+        header = json.loads(payload[_LENGTH.size: _LENGTH.size + n])
+        blob = payload[_LENGTH.size + n:]
+        return C.deserialize_executable(blob, _in_tree(int(header["n_in"])), _out_tree(int(header["n_out"])))
+    except Exception:
+        return None
+
+
+def _in_tree(n: int) -> Any:
+    return jax.tree_util.tree_structure((tuple(range(n)), {}))
+
+
+def _out_tree(n: int) -> Any:
+    return jax.tree_util.tree_structure(list(range(n)))

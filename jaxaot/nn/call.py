@@ -1,0 +1,204 @@
+"""One prepared module call: its static arguments and the program arguments the runtime compiles.
+
+Both wrappers (:class:`jaxaot.nn.nnx.AOTModule`, :class:`jaxaot.nn.linen.AOTLinenModule`)
+compile a pure function of the form::
+
+    pure(static: CallStatic, params, state: FrozenState, *extra, *args, **kwargs)
+        -> (outputs, StateDelta | None)
+
+with ``aot_function(pure, static_argnums=0)``. :class:`CallStatic` is everything
+about a call that is a compile-time constant (it keys the compile cache);
+:class:`ModuleCall` is one call split into that static part and the dynamic
+program arguments. It runs the program and rebuilds the new state
+(:meth:`ModuleCall.run`), lowers it with its :class:`CallMetadata`
+(:meth:`ModuleCall.lower`), and exposes the pure function for export
+(:meth:`ModuleCall.pure`). This is the within-package interface the wrappers
+give :mod:`jaxaot.nn.export_module`; none of it is public API.
+
+Example:
+    >>> static, args, kwargs = CallStatic.split((1.0, "relu"), {"train": True}, (1,), ("train",),
+    ...                                          graphdef=None, method="__call__")
+    >>> static, args, kwargs
+    (<linen method='__call__' arg[1]='relu' train=True>, (1.0,), {})
+    >>> static.merge(args, kwargs)
+    ((1.0, 'relu'), {'train': True})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+from flax import nnx
+
+from jaxaot import _compat as C
+from jaxaot._pytrees import describe_path
+from jaxaot.errors import InvalidInputError
+from jaxaot.nn.metadata import ModuleLowered, build_metadata, user_input_names
+from jaxaot.nn.state import FrozenState, flat_inputs, leaf_fqns
+from jaxaot.runtime import AOTFunction
+
+#: What ``method=`` names: a method name, or ``fn(module, *args, **kwargs)``.
+Method = str | Callable[..., Any]
+
+_FLAX_OBJECTS = (nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
+
+
+# --------------------------------------------------------------------------- statics
+def check_static(name: str, value: Any) -> None:
+    """Raise :class:`InvalidInputError` unless ``value`` can key the compile cache."""
+    try:
+        hash(value)
+    except TypeError:
+        raise InvalidInputError(
+            f"static argument {name} of type {type(value).__name__} is not hashable. Static arguments key the "
+            "compile cache: pass a hashable value (a tuple instead of a list, say)."
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CallStatic:
+    """Compile-time constants of one call; they key the compile cache (hashable).
+
+    ``graphdef`` is the nnx module's structure (None for linen, whose wrapper
+    holds the module); ``static_args`` are ``(position, value)`` pairs,
+    ``static_kwargs`` sorted ``(name, value)`` pairs; ``mutable`` and
+    ``capture_intermediates`` are linen's ``apply`` options.
+    """
+
+    graphdef: Any
+    method: Any
+    static_args: tuple
+    static_kwargs: tuple
+    mutable: Any = False
+    capture_intermediates: Any = False
+
+    @classmethod
+    def split(cls, args: tuple, kwargs: dict, argnums: Sequence[int], argnames: Sequence[str], *,
+              graphdef: Any, method: Any, mutable: Any = False, capture_intermediates: Any = False,
+              ) -> tuple["CallStatic", tuple, dict]:
+        """``(statics, dynamic positional, dynamic keyword)`` of a call.
+
+        Raises:
+          InvalidInputError: a static position is past the arguments, a static
+            value is unhashable, or a dynamic argument holds an nnx Module or Variable.
+        """
+        for i in argnums:
+            if i >= len(args):
+                raise InvalidInputError(
+                    f"static_argnums contains {i}, but the module was called with {len(args)} positional arguments."
+                )
+        s_args = tuple((i, args[i]) for i in argnums)
+        s_kwargs = tuple(sorted((k, kwargs[k]) for k in argnames if k in kwargs))
+        for i, v in s_args:
+            check_static(f"arg[{i}]", v)
+        for k, v in s_kwargs:
+            check_static(f"kwarg[{k!r}]", v)
+        d_args = tuple(a for i, a in enumerate(args) if i not in argnums)
+        d_kwargs = {k: v for k, v in kwargs.items() if k not in argnames}
+        _check_no_flax_objects(d_args, d_kwargs)
+        static = cls(graphdef, method, s_args, s_kwargs, mutable, capture_intermediates)
+        for name in ("method", "mutable", "capture_intermediates"):
+            check_static(name, getattr(static, name))
+        return static, d_args, d_kwargs
+
+    def merge(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The full ``(args, kwargs)`` of the call: the dynamic ones with the statics put back."""
+        full = list(args)
+        for i, v in self.static_args:  # in increasing position
+            full.insert(i, v)
+        return tuple(full), {**kwargs, **dict(self.static_kwargs)}
+
+    def __repr__(self) -> str:  # the graphdef's own repr runs to pages
+        owner = "linen" if self.graphdef is None else getattr(_root_type(self.graphdef), "__name__", "nnx")
+        parts = [owner, f"method={getattr(self.method, '__name__', self.method)!r}"]
+        parts += [f"arg[{i}]={v!r}" for i, v in self.static_args]
+        parts += [f"{k}={v!r}" for k, v in self.static_kwargs]
+        if self.mutable is not False:
+            parts.append(f"mutable={self.mutable!r}")
+        return f"<{' '.join(parts)}>"
+
+
+def _root_type(graphdef: Any) -> Any:
+    nodes = getattr(graphdef, "nodes", None)
+    return getattr(nodes[0], "type", None) if nodes else None
+
+
+def _check_no_flax_objects(args: tuple, kwargs: dict) -> None:
+    def is_flax(x):
+        return isinstance(x, _FLAX_OBJECTS)
+
+    for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs), is_leaf=is_flax)[0]:
+        if is_flax(leaf):
+            raise InvalidInputError(
+                f"{describe_path('input', path)} is a {type(leaf).__name__}: aot_module writes back only the "
+                "state of the module it wraps. Make it a submodule (or an attribute) of that module, or pass "
+                "plain arrays."
+            )
+
+
+# --------------------------------------------------------------------------- one call
+class ModuleCall:
+    """One module call, prepared for its program.
+
+    Args:
+      program: the :class:`jaxaot.AOTFunction` of the wrapper's pure function.
+      static: the call's :class:`CallStatic`.
+      state: ``(params, other state)`` as the module holds them.
+      args, kwargs: the dynamic user arguments.
+      extra: ``(label, value)`` program inputs before the user's (linen's ``("rngs", rngs)``).
+      freeze: freeze the other state (see :mod:`jaxaot.nn.state`); None: when
+        any input is traced, i.e. when the call may be differentiated.
+    """
+
+    def __init__(self, program: AOTFunction, static: CallStatic, state: tuple, args: tuple, kwargs: dict, *,
+                 extra: Sequence[tuple[str, Any]] = (), freeze: bool | None = None):
+        self.program = program
+        self.static = static
+        self.state = state
+        self.extra = tuple(extra)
+        self.args = args
+        self.kwargs = kwargs
+        if freeze is None:
+            freeze = any(C.is_tracer(x) for x in jax.tree.leaves((state, self._extra_values, args, kwargs)))
+        self.frozen = FrozenState.of(state[1], freeze)
+
+    @property
+    def _extra_values(self) -> tuple:
+        return tuple(v for _, v in self.extra)
+
+    @property
+    def dynamic(self) -> tuple[tuple, dict]:
+        """``(positional, keyword)`` program arguments after the static one."""
+        return (self.state[0], self.frozen, *self._extra_values, *self.args), self.kwargs
+
+    @property
+    def user_inputs(self) -> Any:
+        """The user's inputs as a tree: ``(args, kwargs)``, after the extra ones (``(rngs, (args, kwargs))``)."""
+        user = (self.args, self.kwargs)
+        return (*self._extra_values, user) if self.extra else user
+
+    def input_names(self) -> list[tuple[str, str]]:
+        """``(name, kind)`` per flat program input: parameters, state, then user inputs."""
+        params, state = self.state
+        names = [(n, "parameter") for n in leaf_fqns(params)] + [(n, "state") for n in leaf_fqns(state)]
+        return names + user_input_names([*self.extra, ("input", (self.args, self.kwargs))])
+
+    def pure(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """The program's pure function with this call's statics, on other dynamic arguments (for tracing)."""
+        return self.program.fn(self.static, *args, **kwargs)
+
+    def run(self) -> tuple[Any, Any]:
+        """Run the program: ``(outputs, new (params, other state))``, the state None if the call returns none."""
+        args, kwargs = self.dynamic
+        out, delta = self.program(self.static, *args, **kwargs)
+        if delta is None:
+            return out, None
+        return out, delta.rebuild(flat_inputs(self.state, (*self._extra_values, *self.args), self.kwargs))
+
+    def lower(self) -> ModuleLowered:
+        """``program.lower`` for this call, with the :class:`CallMetadata` of its inputs and outputs."""
+        args, kwargs = self.dynamic
+        lowered = self.program.lower(self.static, *args, **kwargs)
+        return ModuleLowered(lowered, build_metadata(lowered, self.input_names()))

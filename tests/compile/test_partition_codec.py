@@ -1,0 +1,33 @@
+"""A partition as a cache entry: saved var positions that rebuild it."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+
+import jaxaot
+from jaxaot.compile import partition_codec
+
+
+def _joint():
+    return jaxaot.trace_joint(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2), jnp.ones((6, 3)), jnp.ones((4, 6)))
+
+
+def test_a_partition_round_trips():
+    joint = _joint()
+    part = jaxaot.default_partition(joint)
+    payload = partition_codec.encode(joint, part)
+    assert json.loads(payload)["saved"]
+    back = partition_codec.decode(joint, payload)
+    assert back.saved_inputs == part.saved_inputs and back.saved_outputs == part.saved_outputs
+    assert str(back.forward) == str(part.forward) and str(back.backward) == str(part.backward)
+
+
+def test_payloads_that_do_not_rebuild_decode_to_none():
+    joint = _joint()
+    record = json.loads(partition_codec.encode(joint, jaxaot.default_partition(joint)))
+    for bad in ({**record, "format": 0}, {**record, "saved": [["x", 0]]}, {**record, "saved": [["e", 99999, 0]]},
+                {**record, "summary": {}}):
+        assert partition_codec.decode(joint, json.dumps(bad).encode()) is None
+    assert partition_codec.decode(joint, b"not json") is None

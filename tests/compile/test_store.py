@@ -1,0 +1,46 @@
+"""The persistent cache's files: location, framing, atomic writes."""
+
+from __future__ import annotations
+
+import jaxaot
+from jaxaot._config import Config
+from jaxaot.compile import store
+
+
+def test_cache_dir_defaults_to_the_environment(monkeypatch):
+    monkeypatch.setenv("JAXAOT_CACHE_DIR", "/some/where")
+    assert Config().cache_dir == "/some/where"
+    monkeypatch.delenv("JAXAOT_CACHE_DIR")
+    assert Config().cache_dir is None
+
+
+def test_cache_root_follows_config(tmp_path):
+    with jaxaot.config.override(cache_dir=None):
+        assert store.cache_root() is None
+    with jaxaot.config.override(cache_dir=str(tmp_path)):
+        assert store.cache_root() == tmp_path / "jaxaot-v1"
+
+
+def test_frames_reject_truncation_and_bit_flips():
+    framed = store.frame(b"some payload")
+    assert store.unframe(framed) == b"some payload"
+    assert store.unframe(framed[:-1]) is None
+    assert store.unframe(framed[:10]) is None
+    flipped = bytearray(framed)
+    flipped[-3] ^= 1
+    assert store.unframe(bytes(flipped)) is None
+
+
+def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path):
+    path = tmp_path / "deep" / "entry.bin"
+    store.atomic_write(path, b"one")
+    store.atomic_write(path, b"two")
+    assert path.read_bytes() == b"two"
+    assert [p.name for p in path.parent.iterdir()] == ["entry.bin"]
+
+
+def test_read_and_write_round_trip(tmp_path):
+    path = tmp_path / "entry.bin"
+    assert store.read(path) is None
+    store.write(path, b"payload")
+    assert store.read(path) == b"payload"

@@ -1,0 +1,59 @@
+"""``dynamic_capacity``: which loops it sizes, where their trip counts go, and bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import pytest
+
+from jaxaot.errors import InvalidLoopOptionError, ReverseModeBoundError
+from jaxaot.loops.api import while_loop
+from jaxaot.loops.capacity import dynamic_capacity
+
+
+def _unbounded(x, n=3):
+    return while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1]
+
+
+def _trip_count(x, capacity):
+    with dynamic_capacity(capacity) as trips:
+        jax.grad(_unbounded)(x)
+    (trip,) = trips
+    return trip
+
+
+def test_dynamic_capacity_rejects_bad_capacity():
+    with pytest.raises(InvalidLoopOptionError):
+        with dynamic_capacity(0):
+            pass
+
+
+def test_trip_count_or_capacity_plus_one():
+    assert int(jax.jit(lambda x: _trip_count(x, 8))(1.0)) == 3
+    assert int(jax.jit(lambda x: _trip_count(x, 2))(1.0)) == 3  # capacity + 1: "needed more"
+
+
+def test_the_innermost_context_sizes_the_loop():
+    with dynamic_capacity(8) as outer:
+        with dynamic_capacity(4) as inner:
+            jax.make_jaxpr(jax.grad(_unbounded))(1.0)
+        assert len(inner) == 1 and not outer
+    with pytest.raises(ReverseModeBoundError):  # the contexts are closed again
+        jax.grad(_unbounded)(1.0)
+
+
+def test_contexts_are_per_thread():
+    errors = []
+
+    def other_thread():
+        try:
+            jax.make_jaxpr(jax.grad(_unbounded))(1.0)
+        except ReverseModeBoundError as e:
+            errors.append(e)
+
+    with dynamic_capacity(8) as trips:
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert len(errors) == 1 and not trips

@@ -1,0 +1,43 @@
+"""The ``Loop`` view of a loop eqn's parameters and operands."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxaot import _compat as C
+from jaxaot.loops.api import while_loop, while_loop_stack_output
+from jaxaot.loops.common import LOOP_PRIMITIVES, counted_loop, loop_of
+
+
+def _loop_eqns(closed):
+    return [e for e in C.iter_eqns(closed) if e.primitive in LOOP_PRIMITIVES]
+
+
+def test_params_round_trip_for_every_primitive():
+    def f(x):
+        y = while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1]) * x), (0, x), max_steps=4)[1]
+        z, _ = while_loop_stack_output(lambda c: c < 2.0, lambda c: c + y, 0.0, max_steps=3)
+        return z.sum()
+
+    eqns = _loop_eqns(jax.make_jaxpr(lambda x: (f(x), jax.grad(f)(x)))(1.0))  # reverse mode adds counted loops
+    assert {e.primitive for e in eqns} == set(LOOP_PRIMITIVES)
+    for eqn in eqns:
+        loop = loop_of(eqn.primitive, eqn.params)
+        assert loop.params() == eqn.params
+        assert [v.aval for v in eqn.outvars] == loop.out_avals()
+        n, consts, carry, xs = loop.split(eqn.invars)
+        assert loop.join(n, consts, carry, xs) == eqn.invars
+        assert len(consts) == loop.num_consts and len(carry) == loop.num_carry and len(xs) == loop.num_xs
+        carry_out, ys, extra = loop.split_out(eqn.outvars)
+        assert (len(carry_out), len(ys), len(extra)) == (loop.num_carry, loop.num_ys, loop.num_extra)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_counted_loop_binds_its_own_params(reverse):
+    body = jax.make_jaxpr(lambda c, x: [c + x, c])(0.0, 0.0)
+    loop = counted_loop(body, num_consts=0, num_carry=1, length=3, reverse=reverse)
+    c, ys = loop.bind(loop.join(2, [], [0.0], [jnp.array([1.0, 2.0, 4.0])]))
+    assert float(c) == 3.0
+    assert ys.tolist() == ([2.0, 0.0, 0.0] if reverse else [0.0, 1.0, 0.0])

@@ -1,0 +1,49 @@
+"""jaxaot.viz's Graphviz layout: DOT source, SVG node classes, and the fallbacks without Graphviz."""
+
+import re
+import shutil
+import sys
+
+import pytest
+
+from jaxaot import viz
+
+
+def test_dot_source_colours_and_classes(small):
+    pytest.importorskip("graphviz")  # the Python package builds the dot source
+    src = viz.render(small, format="dot")  # no binary needed
+    assert src.startswith("digraph split") and "cluster_forward" in src and "cluster_backward" in src
+    for kind in ("input", "forward", "saved", "backward", "output", "cotangent", "grad"):
+        lines = [ln for ln in src.splitlines() if f"class={kind} " in ln or ln.rstrip().endswith(f"class={kind}]")]
+        assert lines, kind
+        assert all(viz.STYLES[kind].fill in ln for ln in lines), kind
+    assert "legend" in src and viz.STYLES["recomputed"].fill in src  # in the legend even when unused
+
+
+@pytest.mark.usefixtures("needs_dot")
+def test_svg_has_node_classes(remat, tmp_path):
+    svg = viz.render(remat)
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    classes = set(re.findall(r'class="node ([a-z]+)"', svg))
+    assert {"input", "forward", "saved", "recomputed", "backward", "grad"} <= classes
+    assert viz.STYLES["recomputed"].fill in svg and viz.STYLES["saved"].fill in svg
+    out = viz.render(remat, tmp_path / "split.svg")
+    assert out == tmp_path / "split.svg" and out.read_text().count("<svg") == 1
+
+
+def test_fallback_when_dot_fails(small, monkeypatch):
+    graphviz = pytest.importorskip("graphviz")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")  # dot looks installed ...
+
+    def missing(*args, **kwargs):
+        raise graphviz.ExecutableNotFound(["dot", "-Tsvg"])
+
+    monkeypatch.setattr(graphviz.Digraph, "pipe", missing)  # ... but cannot run
+    frag = viz.to_html(small)
+    assert "<svg" not in frag and "ExecutableNotFound" in frag and "jaxaot-residuals" in frag
+
+
+def test_fallback_without_graphviz_package(small, monkeypatch):
+    monkeypatch.setitem(sys.modules, "graphviz", None)
+    assert not viz.layout_available()
+    assert "graphviz Python package is not installed" in viz.to_html(small)

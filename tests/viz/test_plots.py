@@ -1,0 +1,19 @@
+"""jaxaot.viz.plot_budget_sweep: saved bytes and step time against memory_budget."""
+
+import pytest
+
+from jaxaot import viz
+
+
+def test_plot_budget_sweep():
+    rows = [(1.0, 16384, 0.0012), (0.0, 4096, 0.002), (0.5, 8192, 0.0015)]
+    fig = viz.plot_budget_sweep(rows, title="sweep")
+    assert len(fig.axes) == 2
+    (mem_line,), (time_line,) = (ax.get_lines() for ax in fig.axes)
+    assert list(mem_line.get_xdata()) == [0.0, 0.5, 1.0]  # sorted by budget
+    assert list(mem_line.get_ydata()) == [4.0, 8.0, 16.0]  # KiB
+    assert list(time_line.get_ydata()) == pytest.approx([2.0, 1.5, 1.2])  # ms
+    with_ref = viz.plot_budget_sweep(rows, reference=(20000, 0.001))
+    assert [len(ax.get_lines()) for ax in with_ref.axes] == [2, 2]
+    with pytest.raises(ValueError, match="at least one"):
+        viz.plot_budget_sweep([])

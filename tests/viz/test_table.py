@@ -1,0 +1,25 @@
+"""jaxaot.viz.residual_table_html: one row per saved value, the total, the recomputed eqns."""
+
+import re
+
+from jaxaot import viz
+
+
+def test_residual_table_lists_every_residual(block):
+    table = viz.residual_table_html(block)
+    rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1].split("</tbody>")[0])
+    assert len(rows) == len(block.saved)
+    for row, r in zip(rows, block.saved):
+        assert f"{r.source}[{r.index}]" in row
+        assert str(list(r.aval.shape)) in row and str(r.aval.dtype) in row
+        assert f'title="{r.nbytes} bytes"' in row
+        assert r.producer in row
+        if r.source_line:
+            assert viz.short_source(r.source_line)[0] in row
+    assert f'title="{block.saved_bytes} bytes"' in table  # the total row
+    assert "arg[0]['qkv']" in table  # inputs carry their pytree path
+
+
+def test_recomputed_list_in_table(remat):
+    table = viz.residual_table_html(remat)
+    assert f"{len(remat.recomputed)} eqns recomputed in the backward" in table and "<code>sin</code>" in table
