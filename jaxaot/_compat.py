@@ -20,12 +20,6 @@ from jax._src.interpreters import batching as _batching  # noqa: F401  (re-expor
 from jax._src.interpreters import mlir as _mlir  # noqa: F401  (re-exported)
 from jax._src.interpreters import partial_eval as _pe
 
-ad = _ad
-batching = _batching
-mlir = _mlir
-pe = _pe
-core = _core
-
 Var = _core.Var
 Literal = _core.Literal
 DropVar = _core.DropVar

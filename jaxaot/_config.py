@@ -28,7 +28,7 @@ class Config:
 
     Attributes:
       cache_dir: directory of the persistent compile cache (partitions and
-        compiled executables, see :mod:`jaxaot.cache`); ``None`` turns it off.
+        compiled executables, see :mod:`jaxaot.compile.cache`); ``None`` turns it off.
         Defaults to the ``JAXAOT_CACHE_DIR`` environment variable.
     """
 

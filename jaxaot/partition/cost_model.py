@@ -124,7 +124,7 @@ def materializes_operands(eqn: Any) -> bool:
     A value read by such an eqn in the forward *and* in the backward is written
     to memory by the forward anyway: saving it adds no traffic, while
     recomputing it costs the backward a whole extra kernel. The min-cut
-    partitioner saves such values (:func:`jaxaot.min_cut.build_flow_graph`).
+    partitioner saves such values (:func:`jaxaot.partition.min_cut.build_flow_graph`).
 
     Example:
         >>> import jax, jax.numpy as jnp

@@ -8,9 +8,9 @@ cheapest such set is a minimum cut of a flow network with
   (cutting it = saving ``v``);
 * ``u_out -> v_in`` of infinite capacity when ``v``'s eqn reads ``u``;
 * ``source -> v_in`` (infinite) for primal inputs and for values whose
-  recomputation is banned (:mod:`jaxaot.cost_model`): they can only be saved.
+  recomputation is banned (:mod:`jaxaot.partition.cost_model`): they can only be saved.
   Besides expensive eqns, that bans values that a convolution reads in both
-  halves (:func:`jaxaot.cost_model.materializes_operands`): the forward writes
+  halves (:func:`jaxaot.partition.cost_model.materializes_operands`): the forward writes
   them to memory anyway, and recomputing them would cost the backward a kernel;
 * ``v_out -> sink`` (infinite) for values the backward reads.
 
@@ -20,7 +20,7 @@ which are alive anyway. Capacities are scaled to int32 because that is what
 ``scipy.sparse.csgraph.maximum_flow`` computes in.
 
 Below ``memory_budget=1`` the banned-but-recomputable values are unbanned in
-:func:`jaxaot.knapsack.recompute_order`, as few as reach the budget. Loops are
+:func:`jaxaot.partition.knapsack.recompute_order`, as few as reach the budget. Loops are
 not among them (only budget 0 recomputes a loop): recomputing a scan of layers
 would run the whole forward again, and the budget already reaches into each
 scan's body, where the same knapsack picks what each iteration recomputes.
@@ -338,10 +338,10 @@ def min_cut_rematerialization_partition(
       memory_budget: in ``[0, 1]``; 1 bans recomputing expensive eqns (matmuls,
         convolutions, large reductions, loops), 0 recomputes all it can and
         saves only inputs (or smaller values derived from them); in between, a
-        knapsack (:mod:`jaxaot.knapsack`) picks which expensive values to
+        knapsack (:mod:`jaxaot.partition.knapsack`) picks which expensive values to
         recompute, cheapest FLOPs per saved byte first.
       rematerialize_scans: choose the per-iteration residuals of each top-level
-        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.scan_remat`).
+        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.scan_remat`).
 
     Use ``functools.partial`` to pass options through ``aot_function``.
 

@@ -339,7 +339,7 @@ def test_missing_differentiation_rule_names_primitive_and_line():
     p = jaxaot._compat.Primitive("no_rule_prim")
     p.def_impl(lambda x: x * 2)
     p.def_abstract_eval(lambda x: x)
-    jaxaot._compat.mlir.register_lowering(p, jaxaot._compat.mlir.lower_fun(lambda x: x * 2, multiple_results=False))
+    jaxaot._compat.register_lowering(p, jaxaot._compat.lower_fun(lambda x: x * 2, multiple_results=False))
 
     def user_fn(x):
         return p.bind(jnp.sin(x)).sum()
