@@ -14,7 +14,11 @@ from flax import linen as nn
 from flax import nnx
 
 VOCAB, SEQ, WIDTH = 16, 8, 16
-TOL = dict(rtol=1e-5, atol=1e-6)
+# Float32 against float32 computed in another order (split vs fused programs). On GPUs the
+# reductions of BatchNorm statistics run in a different order in each program, and the
+# kernel gradient through BatchNorm is a difference of nearly equal terms: 0.3% apart in
+# its smallest entries on an H100. A wrong gradient is off by far more.
+TOL = dict(rtol=1e-5, atol=1e-6) if jax.default_backend() == "cpu" else dict(rtol=1e-2, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- nnx
