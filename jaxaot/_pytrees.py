@@ -89,6 +89,30 @@ def shape_dtype_struct(aval: Any, *, sharding: Any = None) -> jax.ShapeDtypeStru
 
 
 # --------------------------------------------------------------------------- sizes
+#: The size at which a symbolic dimension (``jax.export`` shape polymorphism) is
+#: costed: each symbol stands for this many elements. Byte counts and FLOPs of
+#: programs with symbolic shapes are those of this representative instance; the
+#: partitioner's choice depends only on their ratios, which it keeps for any
+#: size where the symbolic terms dominate.
+SYMBOLIC_DIM_SIZE = 128
+
+
+def concrete_shape(shape: Sequence[Any]) -> tuple[int, ...]:
+    """``shape`` with symbolic dims evaluated at :data:`SYMBOLIC_DIM_SIZE` per symbol.
+
+    Example:
+        >>> import jax
+        >>> b, = jax.export.symbolic_shape("b")
+        >>> concrete_shape((2 * b, 3))
+        (256, 3)
+    """
+    return tuple(C.dim_value(d, SYMBOLIC_DIM_SIZE) for d in shape)
+
+
+def has_symbolic_dims(shape: Sequence[Any]) -> bool:
+    return any(jax.export.is_symbolic_dim(d) for d in shape)
+
+
 def itemsize(dtype: Any) -> int:
     """Bytes per element; typed PRNG keys (``key<fry>``) count their underlying words."""
     try:
@@ -100,6 +124,8 @@ def itemsize(dtype: Any) -> int:
 def nbytes(aval: Any) -> int:
     """Bytes of an abstract value (0 for tokens and other values without shape and dtype).
 
+    Symbolic dimensions count :data:`SYMBOLIC_DIM_SIZE` elements per symbol.
+
     Example:
         >>> import jax
         >>> nbytes(jax.eval_shape(lambda: jax.random.key(0)))  # a threefry key: two uint32 words
@@ -108,7 +134,7 @@ def nbytes(aval: Any) -> int:
     shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return 0
-    return int(math.prod(shape)) * itemsize(dtype)
+    return int(math.prod(concrete_shape(shape))) * itemsize(dtype)
 
 
 # --------------------------------------------------------------------------- printing

@@ -17,6 +17,10 @@ Every forward eqn falls in one of three :class:`Recompute` classes:
 Primitives are matched by name, so primitives of modules that may not exist
 yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too.
 
+Shapes with symbolic dimensions (``jaxaot.export(..., dynamic_shapes=...)``)
+are costed at a representative size, :data:`jaxaot._pytrees.SYMBOLIC_DIM_SIZE`
+elements per symbol: the min-cut then chooses for that instance.
+
 Example:
     >>> import jax, jax.numpy as jnp
     >>> from jaxaot.partition import cost_model
@@ -33,6 +37,7 @@ from typing import Any
 
 
 from jaxaot import _compat as C
+from jaxaot._pytrees import concrete_shape
 
 
 class Recompute(enum.Enum):
@@ -86,7 +91,7 @@ _TRANSCENDENTAL = frozenset(
 
 def _size(aval: Any) -> int:
     shape = getattr(aval, "shape", None)
-    return int(math.prod(shape)) if shape is not None else 0
+    return int(math.prod(concrete_shape(shape))) if shape is not None else 0
 
 
 def is_loop(name: str) -> bool:
@@ -151,10 +156,10 @@ def flops(eqn: Any) -> float:
     out = sum(_size(v.aval) for v in eqn.outvars)
     if name == "dot_general":
         (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-        shape = eqn.invars[0].aval.shape
+        shape = concrete_shape(eqn.invars[0].aval.shape)
         return 2.0 * out * math.prod(shape[d] for d in lhs_contract)
     if name == "conv_general_dilated":
-        rhs = eqn.invars[1].aval.shape
+        rhs = concrete_shape(eqn.invars[1].aval.shape)
         spec = eqn.params["dimension_numbers"]
         out_feature_dim = spec.rhs_spec[0] if spec is not None else 0
         per_output = math.prod(rhs) // max(rhs[out_feature_dim], 1)

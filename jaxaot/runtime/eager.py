@@ -13,11 +13,25 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot.runtime.function import AOTFunction
 from jaxaot.runtime.signature import TraceKind
+
+
+def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
+    """Whether the outputs are what ``jax.grad`` differentiates: a real scalar, or a ``(scalar, aux)`` pair.
+
+    Anything else goes to ``jax.value_and_grad`` itself, which raises its own error.
+    """
+    tree = jax.tree_util.tree_unflatten(programs.out_tree, list(range(programs.out_tree.num_leaves)))
+    if has_aux:
+        if not (isinstance(tree, (tuple, list)) and len(tree) == 2 and isinstance(tree[0], int)):
+            return False
+    elif not isinstance(tree, int):
+        return False
+    aval = C.out_avals_of(programs.primal)[0]
+    return aval.shape == () and bool(jax.numpy.issubdtype(aval.dtype, jax.numpy.floating))
 
 
 def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], bool]:
@@ -66,6 +80,7 @@ def value_and_grad(
         if plan is None:
             ok = all(n < len(args) and n not in fun.static_argnums for n in nums) and all(
                 C.is_inexact(jax.numpy.result_type(x)) for n in nums for x in jax.tree_util.tree_leaves(args[n]))
+            ok = ok and _is_real_scalar_loss(programs, has_aux)
             plan = plans[id(programs)] = (programs, training_for(programs, leaves, args) if ok else None)
         return plan[1]
 
@@ -77,9 +92,7 @@ def value_and_grad(
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         outs, residuals = tr.forward(leaves, concrete=True)
-        value_leaf = 0
-        if not (tr.joint.needs_cotangent[value_leaf] and np.shape(outs[value_leaf]) == ()):
-            return fallback(*args, **kwargs)  # let JAX raise its own error for non-scalar outputs
+        value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
         grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
         dyn, _ = tr.input_grads_tree(grads)
         dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]

@@ -32,7 +32,7 @@ from jaxaot.errors import (
     ResidualsMismatchError,
 )
 from jaxaot.cli.demo_models import mlp_loss
-from zoo import child_env
+from zoo import assert_trees_close, child_env
 from jaxaot.artifacts import LoadedAOT, treedef_from_json, treedef_to_json
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -396,3 +396,23 @@ def test_while_loop_overflow_check_survives_export():
     chex.assert_trees_all_close(f(jnp.ones(3)), fn(jnp.ones(3)), **TOL)
     with pytest.raises(LoopOverflowError, match="max_steps=8"):
         jax.grad(f)(jnp.ones(3))
+
+
+@pytest.mark.parametrize("budget", [None, 1.0, 0.5, 0.0])
+def test_symbolic_batch_exports_under_every_partitioner(budget):
+    # Regression: the min-cut's cost model called int() on symbolic dims ('16*b') and crashed.
+    import functools
+
+    def loss(w, x, y):
+        return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+
+    pf = None if budget is None else functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    k = jax.random.split(jax.random.key(np.random.randint(1 << 30)), 6)
+    w = 0.3 * jax.random.normal(k[0], (16, 4))
+    exp = jaxaot.export(loss, w, jnp.ones((8, 16)), jnp.ones((8, 4)), dynamic_shapes=(None, "b, ...", "b, ..."),
+                        partition_fn=pf)
+    f = jaxaot.load(exp)
+    for i, b in enumerate((3, 11)):
+        x, y = jax.random.normal(k[1 + 2 * i], (b, 16)), jax.random.normal(k[2 + 2 * i], (b, 4))
+        assert_trees_close(jax.value_and_grad(f, argnums=(0, 1))(w, x, y),
+                           jax.value_and_grad(loss, argnums=(0, 1))(w, x, y))

@@ -62,3 +62,36 @@ def test_same_array_in_two_arguments_differentiates_only_the_picked_one(argnums)
     vg = jaxaot.value_and_grad(jaxaot.aot_function(fn), argnums=argnums)
     assert_trees_close(vg(x, x), jax.value_and_grad(fn, argnums=argnums)(x, x), rtol=1e-6, atol=1e-6)
     assert vg.lower(x, x).joint.differentiable == tuple(i == argnums for i in range(2))
+
+
+# Outputs jax.grad refuses (or treats specially): the drop-in must do exactly what JAX does.
+_OUTPUT_SHAPES = {
+    "tuple": (lambda x: (jnp.sum(x), jnp.sum(x**2)), False),
+    "list": (lambda x: [jnp.sum(x)], False),
+    "dict": (lambda x: {"loss": jnp.sum(x)}, False),
+    "vector": (lambda x: x * 2, False),
+    "complex": (lambda x: jnp.sum(x).astype(jnp.complex64), False),
+    "aux_triple": (lambda x: (jnp.sum(x), x, x), True),
+    "aux_not_a_pair": (lambda x: jnp.sum(x), True),
+    "aux_value_is_tuple": (lambda x: ((jnp.sum(x), jnp.sum(x)), x), True),
+    "aux_list_pair": (lambda x: [jnp.sum(x**2), x], True),
+    "scalar": (lambda x: jnp.sum(jnp.sin(x)), False),
+    "aux_pair": (lambda x: (jnp.sum(jnp.sin(x)), {"x": x}), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OUTPUT_SHAPES))
+@pytest.mark.parametrize("entry", ["grad", "value_and_grad"])
+def test_outputs_behave_exactly_as_jax_grad(name, entry):
+    # Regression: jaxaot.grad of a tuple-, list- or dict-valued function silently
+    # differentiated the first leaf, where jax.grad raises.
+    fn, has_aux = _OUTPUT_SHAPES[name]
+    x = _normal(5)
+    ours, theirs = getattr(jaxaot, entry), getattr(jax, entry)
+    try:
+        want = theirs(fn, has_aux=has_aux)(x)
+    except Exception as err:  # JAX refuses: so must we, with the same exception class
+        with pytest.raises(type(err)):
+            ours(jaxaot.aot_function(fn), has_aux=has_aux)(x)
+        return
+    assert_trees_close(ours(jaxaot.aot_function(fn), has_aux=has_aux)(x), want)
