@@ -236,6 +236,14 @@ def single_device_of(sharding: Any) -> Any:
     return None
 
 
+# --------------------------------------------------------------------------- symbolic dims
+def dim_value(d: Any, symbol_value: int) -> int:
+    """``d`` as an int; a symbolic dimension (``16*b``) is evaluated with every symbol at ``symbol_value``."""
+    if not jax.export.is_symbolic_dim(d):
+        return int(d)
+    return int(d._evaluate({name: symbol_value for name in d._get_vars()}))
+
+
 # --------------------------------------------------------------------------- dtypes
 float0 = jax.dtypes.float0
 
