@@ -6,6 +6,9 @@ it times ``jit(grad(loss))`` (median of several runs) and reads the compiled
 program's memory use from ``compiled.memory_analysis()``; ratios are against
 ``lax.scan`` with the length known at trace time, the ideal. equinox's
 checkpointed and bounded while loops are included when equinox is importable.
+The variants are compiled first and then timed in interleaved rounds (medians,
+min-max spread). A second table gives compile time and StableHLO size of a
+``checkpoints=k`` gradient against k.
 
 Usage:
     python benchmarks/bench_while_loop.py            # the GPU benchmark
@@ -93,16 +96,37 @@ def _peak_bytes(compiled: Any) -> tuple[float, float]:
         return float("nan"), float("nan")
 
 
-def measure(fn: Callable, args: tuple, repeats: int) -> tuple[float, float, float, Any]:
+def compile_variant(fn: Callable, args: tuple) -> tuple[Any, Any]:
     compiled = jax.jit(fn).lower(*args).compile()
-    out = jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
+    return compiled, jax.block_until_ready(compiled(*args))  # warm-up
+
+
+def interleaved_times(compiled: dict[str, Any], args: tuple, repeats: int) -> dict[str, list[float]]:
+    """Round-robin timing: every variant runs once per round, so drift in the
+    machine's speed (clocks, other jobs) spreads over all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in compiled}
     for _ in range(repeats):
+        for name, c in compiled.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(c(*args))
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def program_size_vs_k(ks: list[int], steps: int = 20) -> list[str]:
+    """First-call compile time and StableHLO size of ``grad`` of a scalar
+    ``checkpoints=k`` loop, for each k (the goal: flat in k)."""
+    lines = [f"# compile time and program size of grad(checkpoints=k), a {steps}-step scalar loop",
+             f"{'k':>6s} {'lower+compile s':>16s} {'StableHLO chars':>16s}"]
+    for k in ks:
+        f = jax.grad(lambda x, k=k: while_loop(lambda c: c[0] < steps, lambda c: (c[0] + 1, jnp.sin(c[1])),
+                                               (0, x), checkpoints=k)[1])
         t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    temp, total = _peak_bytes(compiled)
-    return statistics.median(times), temp, total, out
+        lowered = jax.jit(f).lower(1.0)
+        text = lowered.as_text()
+        lowered.compile()
+        lines.append(f"{k:6d} {time.perf_counter() - t0:16.2f} {len(text):16d}")
+    return lines
 
 
 def header() -> str:
@@ -113,7 +137,7 @@ def header() -> str:
             f"# jax {jax.__version__}, python {platform.python_version()}\n")
 
 
-def run(batch: int, width: int, steps: int, k: int, repeats: int) -> str:
+def run(batch: int, width: int, steps: int, k: int, repeats: int, ks: list[int]) -> str:
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     w = jax.random.normal(keys[0], (width, width)) / jnp.sqrt(width)
     b = jax.random.normal(keys[1], (width,)) * 0.1
@@ -121,19 +145,28 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int) -> str:
     args = (w, b, x, jnp.int32(steps))
     lines = [header(), f"# batch {batch}, width {width}, steps {steps} (a run-time trip count), checkpoints {k}\n",
              f"{'variant':40s} {'grad ms':>10s} {'x scan':>8s} {'temp MiB':>10s} {'total MiB':>10s} {'rel err':>10s}"]
-    base_time, ref = None, None
+    compiled, outs, failed = {}, {}, []
     for name, fn in variants(steps, k).items():
         try:
-            t, temp, total, out = measure(fn, args, repeats)
+            compiled[name], outs[name] = compile_variant(fn, args)
         except Exception as err:  # keep the table going; say why a variant is missing
-            lines.append(f"{name:40s} failed: {type(err).__name__}: {str(err)[:80]}")
-            continue
-        if base_time is None:
-            base_time, ref = t, out
+            failed.append(f"{name:40s} failed: {type(err).__name__}: {str(err)[:80]}")
+    times = interleaved_times(compiled, args, repeats)
+    base = statistics.median(times["lax.scan (known length)"])
+    ref = outs["lax.scan (known length)"]
+    lines[-1] += f" {'spread ms':>12s}"
+    for name, c in compiled.items():
+        t = statistics.median(times[name])
+        temp, total = _peak_bytes(c)
         # relative: gradients of a 2000-step ODE loop are large, so absolute errors mislead
         err = max(float(jnp.linalg.norm((a - r).ravel()) / (jnp.linalg.norm(r.ravel()) + 1e-30))
-                  for a, r in zip(out, ref))
-        lines.append(f"{name:40s} {t * 1e3:10.2f} {t / base_time:8.2f} {temp:10.1f} {total:10.1f} {err:10.2e}")
+                  for a, r in zip(outs[name], ref))
+        spread = f"{min(times[name]) * 1e3:.2f}-{max(times[name]) * 1e3:.2f}"
+        lines.append(f"{name:40s} {t * 1e3:10.2f} {t / base:8.2f} {temp:10.1f} {total:10.1f} {err:10.2e} {spread:>12s}")
+    lines += failed
+    lines.append(f"# medians of {repeats} interleaved rounds; spread: min-max")
+    lines.append("")
+    lines += program_size_vs_k(ks)
     lines.append("")
     lines.append("# revolve counts: forward body evaluations (VJPs not counted) vs the optimum r*n - C(k+r, r-1)")
     for n, kk in ((steps, k), (1000, 10)):
@@ -155,11 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--checkpoints", type=int, default=40)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--ks", default="2,10,100,1000", help="k values of the program-size table")
     p.add_argument("--out", default=None, help="also write the table to this file")
     a = p.parse_args(argv)
     if a.small:
-        a.batch, a.width, a.steps, a.checkpoints, a.repeats = 16, 64, 200, 10, 3
-    text = run(a.batch, a.width, a.steps, a.checkpoints, a.repeats)
+        a.batch, a.width, a.steps, a.checkpoints, a.repeats, a.ks = 16, 64, 200, 10, 5, "2,10,100"
+    text = run(a.batch, a.width, a.steps, a.checkpoints, a.repeats, [int(v) for v in a.ks.split(",")])
     print(text)
     out = a.out
     if out is None and a.small:

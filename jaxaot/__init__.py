@@ -10,105 +10,88 @@ Example:
     >>> w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
     >>> bool(jnp.allclose(jax.grad(f)(w, x), jax.grad(lambda w, x: jnp.tanh(x @ w).sum())(w, x)))
     True
+
+The public names below are listed in pipeline order and load on first use
+(PEP 562): ``import jaxaot`` costs nothing until a name is used, so the
+``jaxaot`` command answers ``--help`` without importing JAX, and Flax loads
+only for the module APIs.
 """
 
-from jaxaot import errors
-from jaxaot.compile import compilers
-from jaxaot.partition.default import Gradient, differentiate
-from jaxaot.runtime import grad, value_and_grad
-from jaxaot.errors import (
-    CotangentMismatchError,
-    InvalidInputError,
-    InvalidOutputError,
-    JaxaotError,
-    NoDifferentiationRuleError,
-    PartitionError,
-    ResidualsMismatchError,
-)
-from jaxaot.partition.split import Partition, Residual
-from jaxaot.partition.default import default_partition
-from jaxaot.partition.min_cut import min_cut_rematerialization_partition
-from jaxaot.runtime import AOTFunction, AOTLowered, CacheInfo, Residuals, aot_function
-from jaxaot.tracing.joint import JointGraph, trace_joint
-from jaxaot.loops import common as primitives  # while-loop primitives (public alias)
-from jaxaot.loops.api import while_loop, while_loop_stack_output  # jaxaot.while_loop is the function
-from jaxaot._config import config  # export/cache: jaxaot.config is the settings object
-from jaxaot.errors import ArtifactError, ArtifactInputError, ArtifactVersionError, CacheWarning, NotExportableError
-from jaxaot.artifacts import ExportedAOT, LoadedAOT, export, load
-from jaxaot.errors import LossOutputError  # flax support
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# Flax support loads on first use: importing flax costs about as much as importing jax,
-# and code that never touches a module should not pay for it.
-_LAZY = {
-    **{name: "jaxaot.nn" for name in (
-        "AOTLinenModule", "AOTModule", "CallMetadata", "InputInfo", "ModuleLowered", "OutputInfo", "aot_module")},
-    **{name: "jaxaot.nn" for name in ("BackwardSignature", "GraphSignature", "aot_export_module")},
+#: ``(module, names)`` in pipeline order: errors and settings, then trace -> partition ->
+#: compile -> runtime, the while-loop primitives, and the front-ends.
+_EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("jaxaot.errors", (
+        "JaxaotError", "InvalidInputError", "InvalidValueError", "InvalidOutputError", "ResidualsMismatchError",
+        "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "LoopFunctionError",
+        "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError", "LoopOverflowError",
+        "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError", "ArtifactInputError",
+        "HookOutputError", "CacheWarning")),
+    ("jaxaot._config", ("config",)),
+    # stage 1: trace
+    ("jaxaot.tracing.joint", ("JointGraph", "trace_joint")),
+    # stage 2: partition
+    ("jaxaot.partition", ("Partition", "Partitioner", "Residual", "default_partition", "Gradient", "differentiate",
+                          "min_cut_rematerialization_partition")),
+    # stage 3: compile
+    ("jaxaot.compile", ("Compiler",)),
+    # stage 4: runtime
+    ("jaxaot.runtime", ("aot_function", "AOTFunction", "AOTLowered", "AOTCompiled", "ResidualTable", "Residuals",
+                        "CacheInfo", "value_and_grad", "grad")),
+    # reverse-mode while loops
+    ("jaxaot.loops", ("while_loop", "while_loop_stack_output", "patch_while_loop")),
+    # front-ends: export, compiled autograd, Flax
+    ("jaxaot.artifacts", ("export", "load", "ExportedAOT", "LoadedAOT")),
+    ("jaxaot.autograd", ("compiled_grad", "compiled_value_and_grad", "nnx_compiled_grad", "grad_hook",
+                         "compiled_autograd")),
+    ("jaxaot.nn", ("aot_module", "AOTModule", "AOTLinenModule", "CallMetadata", "InputInfo", "OutputInfo",
+                   "ModuleLowered", "aot_export_module", "GraphSignature", "BackwardSignature")),
+)
+
+#: Public modules reachable as attributes: ``jaxaot.errors``, ``jaxaot.compilers``, ...
+_MODULES = {
+    "errors": "jaxaot.errors",
+    "compilers": "jaxaot.compile.compilers",
+    "primitives": "jaxaot.loops.common",
+    "viz": "jaxaot.viz",
 }
+
+_WHERE = {name: module for module, names in _EXPORTS for name in names}
+
+__all__ = [name for _, names in _EXPORTS for name in names] + list(_MODULES)
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'jaxaot' has no attribute {name!r}")
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'jaxaot' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(__all__))
 
-__all__ = [
-    "primitives",
-    "while_loop",
-    "while_loop_stack_output",
-    "AOTLinenModule",
-    "AOTModule",
-    "BackwardSignature",
-    "CallMetadata",
-    "LossOutputError",
-    "GraphSignature",
-    "InputInfo",
-    "ModuleLowered",
-    "OutputInfo",
-    "aot_export_module",
-    "aot_module",
-    "AOTFunction",
-    "AOTLowered",
-    "CacheInfo",
-    "CotangentMismatchError",
-    "Gradient",
-    "InvalidInputError",
-    "InvalidOutputError",
-    "JaxaotError",
-    "JointGraph",
-    "NoDifferentiationRuleError",
-    "Partition",
-    "PartitionError",
-    "Residual",
-    "Residuals",
-    "ResidualsMismatchError",
-    "aot_function",
-    "compilers",
-    "default_partition",
-    "min_cut_rematerialization_partition",
-    "differentiate",
-    "errors",
-    "grad",
-    "value_and_grad",
-    "trace_joint",
-    # export / persistent cache
-    "ArtifactError",
-    "ArtifactInputError",
-    "ArtifactVersionError",
-    "CacheWarning",
-    "ExportedAOT",
-    "LoadedAOT",
-    "NotExportableError",
-    "config",
-    "export",
-    "load",
-]
+
+if TYPE_CHECKING:  # static tools see the names the table above loads lazily
+    from jaxaot import errors  # noqa: F401
+    from jaxaot._config import config  # noqa: F401
+    from jaxaot.artifacts import ExportedAOT, LoadedAOT, export, load  # noqa: F401
+    from jaxaot.compile import Compiler, compilers  # noqa: F401
+    from jaxaot.partition import (  # noqa: F401
+        Gradient, Partition, Partitioner, Residual, default_partition, differentiate,
+        min_cut_rematerialization_partition,
+    )
+    from jaxaot.runtime import (  # noqa: F401
+        AOTCompiled, AOTFunction, AOTLowered, CacheInfo, ResidualTable, Residuals, aot_function, grad, value_and_grad,
+    )
+    from jaxaot.tracing.joint import JointGraph, trace_joint  # noqa: F401

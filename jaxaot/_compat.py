@@ -281,6 +281,35 @@ custom_partial_eval_rules = _pe.custom_partial_eval_rules
 partial_eval_jaxpr_custom_rules = _pe.partial_eval_jaxpr_custom_rules
 dce_rules = _pe.dce_rules
 primitive_batchers = _batching.primitive_batchers
+#: Batching rules called as ``rule(axis_data, args, dims, **params)`` (they see the axis name).
+fancy_primitive_batchers = _batching.fancy_primitive_batchers
+
+# JAX's own loops, bound once at import: jaxaot never reads the public
+# ``jax.lax.while_loop`` / ``fori_loop`` attributes at run time, so a user who
+# swaps ``jaxaot.while_loop`` into them (``jaxaot.patch_while_loop``) gets no recursion.
+from jax._src.lax.control_flow import loops as _lax_loops  # noqa: E402
+
+lax_while_loop = _lax_loops.while_loop
+lax_fori_loop = _lax_loops.fori_loop
+
+
+def vmap_like(fn: Any, axis_data: Any, in_axes: Any, out_axes: Any = 0) -> Any:
+    """``jax.vmap(fn)`` over the axis a batching rule was called for: same size, and
+    the same name, so ``lax.axis_index`` and collectives in ``fn`` see that axis."""
+    name = getattr(axis_data, "name", None)
+    if name is _core.no_axis_name:
+        name = None
+    return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=name,
+                    axis_size=getattr(axis_data, "size", None),
+                    spmd_axis_name=getattr(axis_data, "spmd_name", None))
+
+
+def batched_outputs(closed: Any, axis_data: Any, in_batched: Sequence[bool]) -> list[bool]:
+    """Which outputs of ``closed`` vmap batches when ``in_batched`` inputs are (named
+    axes included: ``lax.axis_index`` batches an output no batched input reaches)."""
+    return list(_batching.batch_jaxpr(closed, axis_data, list(in_batched), False)[1])
+
+
 register_lowering = _mlir.register_lowering
 lower_fun = _mlir.lower_fun
 JaxprTracer = _pe.JaxprTracer

@@ -73,6 +73,16 @@ def leaf_paths(treedef: Any, prefix: str = "") -> list[str]:
     return [describe_path(prefix, p) for p, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
 
+def leaf_paths_or_positions(treedef: Any, prefix: str, count: int) -> list[str]:
+    """:func:`leaf_paths` of ``treedef`` if it has ``count`` leaves, else ``prefix[0]``, ``prefix[1]``, ...
+
+    A partitioner may split a re-traced program whose pytree no longer fits its
+    values; then positions are the honest names.
+    """
+    names = leaf_paths(treedef, prefix) if treedef is not None else []
+    return names if len(names) == count else [f"{prefix}[{i}]" for i in range(count)]
+
+
 def abstractify(x: Any) -> jax.ShapeDtypeStruct:
     """The aval-like description of a leaf: shape, dtype, weak type, sharding."""
     if isinstance(x, jax.ShapeDtypeStruct):

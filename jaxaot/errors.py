@@ -95,6 +95,15 @@ class ArtifactInputError(JaxaotError, TypeError):
     """A loaded artifact got inputs (or residuals) of the wrong structure, shape or dtype."""
 
 
+# ---------------------------------------------------------------- compiled autograd
+class HookOutputError(JaxaotError, TypeError):
+    """A gradient hook returned a cotangent whose structure, shape or dtype differs from the one it got.
+
+    Raised by :func:`jaxaot.grad_hook` hooks and ``compiled_grad(param_hooks=...)``;
+    the message names the hook, the value, what was expected and what came back.
+    """
+
+
 class CacheWarning(UserWarning):
     """A persistent-cache entry was corrupt or could not be read or written.
 

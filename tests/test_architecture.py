@@ -26,7 +26,7 @@ LAYERS = [
     {"jaxaot.partition"},    # stage 2
     {"jaxaot.compile"},      # stage 3
     {"jaxaot.runtime"},      # stage 4
-    {"jaxaot.artifacts", "jaxaot.nn"},  # front-ends on the runtime
+    {"jaxaot.artifacts", "jaxaot.nn", "jaxaot.autograd"},  # front-ends on the runtime
     {"jaxaot.viz"},          # pictures of what the runtime built
     {"jaxaot.cli", "jaxaot"},  # the command, and the package face
 ]
@@ -34,6 +34,8 @@ LAYERS = [
 #: Imports deliberately deferred into a function, each for a reason its code states.
 DEFERRED = {
     ("jaxaot.runtime.lowered", "jaxaot.viz"),  # Jupyter's view: viz sits above the runtime
+    ("jaxaot.runtime.residual_table", "jaxaot.viz"),  # likewise, for the residual table alone
+    ("jaxaot.cli.main", "jaxaot.cli.commands"),  # deferred: --help must not import jax
 }
 
 #: Optional dependencies that may only be imported inside functions (they are extras).
@@ -101,7 +103,8 @@ def test_no_import_cycles():
     rows, cols = [], []
     for m in names:
         for target, _ in _imports(m):
-            if target in index and target != "jaxaot":
+            # A deferred import (above) runs only when called, after every module has loaded.
+            if target in index and target != "jaxaot" and (m, target) not in DEFERRED:
                 rows.append(index[m])
                 cols.append(index[target])
     graph = csr_array((np.ones(len(rows)), (rows, cols)), shape=(len(names), len(names)))

@@ -55,8 +55,9 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True) -> "Loa
     manifest.check_manifest(info, check_versions=check_versions)
     try:
         signature = AOTSignature.from_json(info["signature"])
+        signature.validate(str(root / manifest.MANIFEST))
         programs = {name: manifest.load_program(root, name, info["artifacts"][name]) for name in manifest.PROGRAMS}
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
         if isinstance(err, ArtifactError):
             raise
         raise ArtifactError(f"{root / manifest.MANIFEST} is malformed: {type(err).__name__}: {err}") from err

@@ -19,6 +19,13 @@ newer (major.minor) than the reader's (``jax.export`` guarantees only that newer
 jax loads older artifacts); each program's calling convention version must be
 supported by the reader's jax. ``load(..., check_versions=False)`` skips the jax
 checks (not the format check).
+
+Loading a hostile artifact can neither run code nor exhaust memory: the
+manifest is JSON (at most :data:`MAX_MANIFEST_BYTES`), program files must be
+plain names inside the artifact directory (no ``..``, no absolute paths, no
+symlinks out of it) of at most :data:`MAX_PROGRAM_BYTES` whose size and sha256
+match the manifest, and the signature's shapes, indices and pytree depth are
+bounded (:meth:`~jaxaot.artifacts.signature.AOTSignature.validate`).
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROGRAMS = ("inference", "forward", "backward")
 MIN_JAX = (0, 10)
+#: The largest manifest ``load`` reads.
+MAX_MANIFEST_BYTES = 64 << 20
+#: The largest program file ``load`` reads (raise it for artifacts with huge embedded constants).
+MAX_PROGRAM_BYTES = 4 << 30
 
 
 def library_versions() -> dict:
@@ -86,12 +97,17 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
 
 def read_manifest(root: Path) -> dict:
     """The parsed ``manifest.json`` of an artifact directory."""
+    path = Path(root) / MANIFEST
     try:
-        manifest = json.loads((Path(root) / MANIFEST).read_text())
+        with open(path, "rb") as f:
+            text = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise ArtifactError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes: not a jaxaot manifest.")
+        manifest = json.loads(text)
     except FileNotFoundError:
         raise ArtifactError(f"{root} is not a jaxaot export: it has no {MANIFEST}.") from None
-    except (OSError, ValueError) as err:
-        raise ArtifactError(f"cannot read {Path(root) / MANIFEST}: {err}") from err
+    except (OSError, ValueError, RecursionError) as err:
+        raise ArtifactError(f"cannot read {path}: {type(err).__name__}: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{Path(root) / MANIFEST} is not a jaxaot export manifest (format != {FORMAT!r}).")
     return manifest
@@ -150,10 +166,41 @@ def check_manifest(manifest: Mapping[str, Any], *, check_versions: bool = True) 
             )
 
 
+def program_path(root: Path, name: str, file: Any) -> Path:
+    """``root / file``, refusing names that could leave the artifact directory.
+
+    Example:
+        >>> program_path(Path("/a"), "forward", "../../etc/passwd")
+        Traceback (most recent call last):
+        ...
+        jaxaot.errors.ArtifactError: the forward program's file '../../etc/passwd' ...
+    """
+    if (not isinstance(file, str) or not file or file in (".", "..") or "/" in file or "\\" in file
+            or "\0" in file or Path(file).is_absolute() or Path(file).name != file):
+        raise ArtifactError(
+            f"the {name} program's file {file!r} in {Path(root) / MANIFEST} is not a plain file name inside "
+            "the artifact directory: refusing to load it (the manifest is corrupt or hostile)."
+        )
+    path = Path(root) / file
+    if path.is_symlink() and not path.resolve().is_relative_to(Path(root).resolve()):
+        raise ArtifactError(f"{path} is a symlink out of the artifact directory: refusing to load it.")
+    return path
+
+
 def load_program(root: Path, name: str, info: Mapping[str, Any]) -> Any:
-    path = root / str(info["file"])
+    path = program_path(root, name, info.get("file"))
+    declared = info.get("bytes")
     try:
-        blob = path.read_bytes()
+        size = path.stat().st_size
+        if size > MAX_PROGRAM_BYTES:
+            raise ArtifactError(
+                f"{path} is {size} bytes, more than jaxaot.artifacts.manifest.MAX_PROGRAM_BYTES="
+                f"{MAX_PROGRAM_BYTES}: refusing to read it (raise the limit if you trust this artifact)."
+            )
+        if isinstance(declared, int) and declared != size:
+            raise ArtifactError(f"{path} is corrupt: it has {size} bytes, the manifest says {declared}.")
+        with open(path, "rb") as f:
+            blob = f.read(MAX_PROGRAM_BYTES + 1)
     except OSError as err:
         raise ArtifactError(f"cannot read the {name} program {path}: {err}") from err
     if hashlib.sha256(blob).hexdigest() != info.get("sha256"):

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Any, Mapping
 
 import jax
 
 from jaxaot._pytrees import dtype_name, leaf_paths
 from jaxaot.artifacts.treedef_json import treedef_from_json
+from jaxaot.errors import ArtifactError
+
+#: Bounds on what a manifest may declare: a hostile artifact cannot make ``load`` allocate by them.
+MAX_RANK = 64
+MAX_DIM = 1 << 48
+MAX_LEAVES = 1 << 20
+_DTYPE_NAME = re.compile(r"[A-Za-z0-9_<>:,. ]{1,64}")  # float32, bfloat16, key<fry>, ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +46,20 @@ class ArraySpec:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ArraySpec":
         return cls(tuple(d["shape"]), str(d["dtype"]), bool(d.get("weak_type", False)))
+
+    def validate(self, where: str) -> None:
+        """Raise :class:`ArtifactError` unless the shape is a short list of bounded ints or short strings."""
+        if len(self.shape) > MAX_RANK:
+            raise ArtifactError(f"{where} declares rank {len(self.shape)} (> {MAX_RANK}): refused.")
+        for d in self.shape:
+            if isinstance(d, bool) or not isinstance(d, (int, str)):
+                raise ArtifactError(f"{where} declares a dimension {d!r} that is neither an int nor a symbol.")
+            if isinstance(d, int) and not 0 <= d <= MAX_DIM:
+                raise ArtifactError(f"{where} declares a dimension {d} outside 0..{MAX_DIM}: refused.")
+            if isinstance(d, str) and len(d) > 256:
+                raise ArtifactError(f"{where} declares a symbolic dimension of {len(d)} characters: refused.")
+        if not _DTYPE_NAME.fullmatch(self.dtype):
+            raise ArtifactError(f"{where} declares an unknown dtype {self.dtype[:64]!r}.")
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"
@@ -112,6 +134,33 @@ class AOTSignature:
     @functools.cached_property
     def out_paths(self) -> tuple[str, ...]:
         return tuple(leaf_paths(self.out_tree, "output"))
+
+    def validate(self, where: str) -> None:
+        """Raise :class:`ArtifactError` unless every spec, index and structure is in bounds.
+
+        Decodes both pytree structures (bounded in depth and size) and checks
+        that they have as many leaves as there are specs.
+        """
+        for name in ("in_specs", "out_specs", "residual_specs"):
+            specs = getattr(self, name)
+            if len(specs) > MAX_LEAVES:
+                raise ArtifactError(f"{where}: {name} has {len(specs)} entries (> {MAX_LEAVES}): refused.")
+            for i, spec in enumerate(specs):
+                spec.validate(f"{where}: {name}[{i}]")
+        n_in, n_out = len(self.in_specs), len(self.out_specs)
+        if not isinstance(self.num_temporaries, int) or not 0 <= self.num_temporaries <= MAX_LEAVES:
+            raise ArtifactError(f"{where}: num_temporaries={self.num_temporaries!r} is out of range.")
+        for name, bound in (("grad_inputs", n_in), ("saved_inputs", n_in), ("cotangent_outputs", n_out),
+                            ("saved_outputs", n_out + self.num_temporaries)):
+            for i in getattr(self, name):
+                if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < bound:
+                    raise ArtifactError(f"{where}: {name} holds {i!r}, not an index below {bound}.")
+        if len(self.saved_inputs) + len(self.saved_outputs) != len(self.residual_specs):
+            raise ArtifactError(f"{where}: {len(self.residual_specs)} residual specs for "
+                                f"{len(self.saved_inputs) + len(self.saved_outputs)} saved values.")
+        for name, tree, n in (("in_structure", self.in_tree, n_in), ("out_structure", self.out_tree, n_out)):
+            if tree.num_leaves != n:
+                raise ArtifactError(f"{where}: {name} has {tree.num_leaves} leaves but there are {n} specs.")
 
     def to_json(self) -> dict:
         d = {}

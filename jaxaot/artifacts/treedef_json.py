@@ -8,6 +8,9 @@ no code is imported). Other custom nodes (``flax.nnx.State``, dataclasses)
 cannot be described: :func:`treedef_to_json` raises
 :class:`~jaxaot.errors.NotExportableError`; pass plain containers instead,
 e.g. ``nnx.to_pure_dict(state)``.
+
+Reading is bounded: a structure nested deeper than :data:`MAX_DEPTH` or with
+more than :data:`MAX_NODES` nodes is refused (:class:`~jaxaot.errors.ArtifactError`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ class _LeafMarker:
 
 
 _LEAF = _LeafMarker()
+#: The deepest pytree structure an artifact may describe.
+MAX_DEPTH = 200
+#: The most nodes an artifact's pytree structure may have.
+MAX_NODES = 1_000_000
 
 
 def treedef_to_json(treedef: Any, prefix: str = "arg") -> dict:
@@ -95,16 +102,23 @@ def treedef_from_json(node: Mapping[str, Any]) -> Any:
         >>> treedef_from_json(treedef_to_json(td)) == td
         True
     """
-    return jax.tree_util.tree_structure(_decode_node(node))
+    return jax.tree_util.tree_structure(_decode_node(node, 0, [0]))
 
 
-def _decode_node(node: Mapping[str, Any]) -> Any:
-    kind = node["kind"]
+def _decode_node(node: Mapping[str, Any], depth: int, seen: list) -> Any:
+    if depth > MAX_DEPTH:
+        raise ArtifactError(f"the manifest's pytree structure is nested deeper than {MAX_DEPTH} levels: refused.")
+    seen[0] += 1
+    if seen[0] > MAX_NODES:
+        raise ArtifactError(f"the manifest's pytree structure has more than {MAX_NODES} nodes: refused.")
+    if not isinstance(node, Mapping):
+        raise ArtifactError(f"a pytree node in the manifest is a {type(node).__name__}, not an object.")
+    kind = node.get("kind")
     if kind == "leaf":
         return _LEAF
     if kind == "none":
         return None
-    children = [_decode_node(c) for c in node.get("children", ())]
+    children = [_decode_node(c, depth + 1, seen) for c in node.get("children", ())]
     if kind == "tuple":
         return tuple(children)
     if kind == "list":

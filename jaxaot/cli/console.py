@@ -16,7 +16,7 @@ from typing import Any, Sequence, TextIO
 
 
 class Progress:
-    """Prints ``label ... done (0.3 s)`` around a long step (on stderr by default)."""
+    """Prints ``label ... done (0.3 s)`` around a long step (on stderr by default), ``failed`` if it raises."""
 
     def __init__(self, label: str, stream: TextIO | None = None):
         self.label, self.stream = label, stream or sys.stderr
@@ -26,8 +26,10 @@ class Progress:
         print(f"  {self.label} ...", end="", flush=True, file=self.stream)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        print(f" done ({time.perf_counter() - self.t:.2f} s)", file=self.stream, flush=True)
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.seconds = time.perf_counter() - self.t
+        word = "done" if exc_type is None else "failed"
+        print(f" {word} ({self.seconds:.2f} s)", file=self.stream, flush=True)
 
 
 def table(rows: Sequence[Sequence[Any]]) -> str:

@@ -32,10 +32,25 @@ def mlp_init(key: jax.Array, *, width: int = 256, depth: int = 4, batch: int = 6
 
 
 def mlp_loss(params: Any, batch: Any) -> jax.Array:
+    """Mean squared error of the MLP on ``batch = (x, y)``."""
     x, y = batch
     for layer in params:
         x = jax.nn.gelu(x @ layer["w"] + layer["b"])
     return jnp.mean((x - y).astype(jnp.float32) ** 2)
+
+
+def mlp_example_args() -> tuple[Any, Any]:
+    """Small example arguments of :func:`mlp_loss`: ``(params, (x, y))``, width 16, 2 layers, batch 4.
+
+    What ``jaxaot inspect jaxaot.cli.demo_models:mlp_loss --args jaxaot.cli.demo_models:mlp_example_args``
+    traces with.
+    """
+    return mlp_init(jax.random.key(0), width=16, depth=2, batch=4)
+
+
+def tanh_loss(w: jax.Array, x: jax.Array) -> jax.Array:
+    """``mean(tanh(x @ w) ** 2)``: the README's Quickstart loss, two plain array arguments."""
+    return jnp.mean(jnp.tanh(x @ w) ** 2)
 
 
 def _layer_norm(x, scale, bias):

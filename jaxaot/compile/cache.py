@@ -6,7 +6,7 @@ the partitioner and the compiler, through two hooks: :func:`cached_partition`
 and :func:`cached_compile`. A warm process still traces (the trace is the key)
 but runs neither the partitioner nor XLA.
 
-What is stored, under ``<cache_dir>/jaxaot-v1/`` (framed, checksummed and
+What is stored, under ``<cache_dir>/jaxaot-v2/`` (framed, signed and
 written atomically by :mod:`~jaxaot.compile.store`, named by a key from
 :mod:`~jaxaot.compile.cache_keys`):
 
@@ -19,8 +19,10 @@ written atomically by :mod:`~jaxaot.compile.store`, named by a key from
 A corrupt entry is reported once (:class:`~jaxaot.errors.CacheWarning`) and
 rebuilt; cache I/O errors never fail a call. :func:`stats` counts what happened.
 
-The directory must be trusted: deserialising an executable can run code
-(``jax.experimental.serialize_executable`` uses pickle), as with any compile cache.
+Deserialising an executable can run code (``jax.experimental.serialize_executable``
+uses pickle), so every entry is signed with a per-user key and an entry whose
+signature fails is never deserialised; directories owned by another user or
+writable by group/others are refused (see :mod:`~jaxaot.compile.store`).
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot, tempfile

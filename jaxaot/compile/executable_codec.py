@@ -6,7 +6,8 @@ Only flat programs (what :func:`~jaxaot.compile.compilers.xla` compiles: a
 tuple of inputs in, a list of outputs out) are stored, so the header is all
 it takes to rebuild their pytrees. Other compilers' results are not stored.
 
-Loading an executable unpickles it: the cache directory must be trusted.
+Loading an executable unpickles it: :mod:`~jaxaot.compile.store` hands this module
+only payloads whose signature verified with this user's key.
 """
 
 from __future__ import annotations

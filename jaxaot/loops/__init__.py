@@ -10,6 +10,7 @@ Modules, bottom up (each imports only those before it):
 * :mod:`~jaxaot.loops.lowering`: the impl and lowering (blocked on GPUs);
 * :mod:`~jaxaot.loops.revolve`: the binomial checkpointing schedule;
 * :mod:`~jaxaot.loops.api`: ``while_loop`` and ``while_loop_stack_output``;
+* :mod:`~jaxaot.loops.patch`: ``patch_while_loop``, the swap of ``jax.lax.while_loop``;
 * :mod:`~jaxaot.loops.checkpointed`: the reverse mode of ``checkpoints=k``;
 * :mod:`~jaxaot.loops.partial_eval`: how reverse mode splits a loop;
 * :mod:`~jaxaot.loops.rules`: every rule, registered in one block.
@@ -19,5 +20,7 @@ Importing this package registers the rules.
 
 from jaxaot.loops import rules  # noqa: F401  (registers the primitives' rules)
 from jaxaot.loops.api import while_loop, while_loop_stack_output
+from jaxaot.loops.overflow import reraise_overflow
+from jaxaot.loops.patch import patch_while_loop
 
-__all__ = ["while_loop", "while_loop_stack_output"]
+__all__ = ["patch_while_loop", "reraise_overflow", "while_loop", "while_loop_stack_output"]

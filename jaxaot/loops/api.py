@@ -38,7 +38,7 @@ import numpy as np
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, leaf_paths, shape_dtype_struct
 from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
-from jaxaot.loops.common import check_positive, stack_loop, trace_flat, while_loop_p
+from jaxaot.loops.common import check_options, check_positive, stack_loop, trace_flat, while_loop_p
 from jaxaot.loops.overflow import check_overflow, raise_if_overflowed
 
 T = TypeVar("T")
@@ -216,8 +216,7 @@ def while_loop(
     """
     _check_callable("cond_fun", cond_fun)
     _check_callable("body_fun", body_fun)
-    check_positive("max_steps", max_steps)
-    check_positive("checkpoints", checkpoints)
+    check_options(max_steps, checkpoints)
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=False)
     if _disable_jit():
         try:

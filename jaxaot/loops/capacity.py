@@ -83,9 +83,22 @@ def stack_capacity(loop: Loop) -> tuple[int, Callable[[Any, Any], None]]:
             trip_counts.append(jnp.where(overflowed, jnp.asarray(capacity + 1, INT), num_steps))
 
         return capacity, report
-    raise ReverseModeBoundError(
-        "jaxaot.while_loop was reverse-differentiated (jax.grad / jax.vjp / jax.linearize) "
-        "without a bound on its trip count. Pass max_steps=N (stack up to N carries; more is "
-        "an error) or checkpoints=k (store k snapshots and recompute), or call it inside an "
-        "aot_function, whose runtime sizes the stack itself."
+    raise unbounded_error()
+
+
+def is_bounded(loop: Loop) -> bool:
+    """Whether reverse mode can stack ``loop``'s iterations: a bound, a length, or a
+    :func:`dynamic_capacity` around it. Unbounded loops linearize as ``lax.while_loop``
+    does (the whole loop staged), and only their transpose is refused."""
+    return loop.prim is not while_loop_p or loop.max_steps is not None or loop.checkpoints is not None \
+        or bool(_frames())
+
+
+def unbounded_error() -> ReverseModeBoundError:
+    """The error of transposing (``jax.grad`` / ``jax.vjp``) a loop without a bound."""
+    return ReverseModeBoundError(
+        "jaxaot.while_loop was reverse-differentiated (jax.grad / jax.vjp / transposing a "
+        "jax.linearize) without a bound on its trip count. Pass max_steps=N (stack up to N "
+        "carries; more is an error) or checkpoints=k (store k snapshots and recompute), or call "
+        "it inside an aot_function, whose runtime sizes the stack itself."
     )

@@ -80,7 +80,7 @@ def _linear_impl(*args, **params):
         return i + 1, [strong(a) for a in x2], [strong(a) for a in t2]
 
     x0 = [strong(read_row(s, 0)) for s in snaps]
-    _, _, t = jax.lax.while_loop(lambda s: s[0] < n, body, (jnp.zeros((), jnp.int32), x0, [strong(a) for a in lt]))
+    _, _, t = C.lax_while_loop(lambda s: s[0] < n, body, (jnp.zeros((), jnp.int32), x0, [strong(a) for a in lt]))
     return list(t)
 
 
@@ -157,7 +157,7 @@ def _linear_jvp(primals, tangents, **params):
     return list(out), list(d_out)
 
 
-def _linear_batch(args, dims, **params):
+def _linear_batch(axis_data, args, dims, **params):
     """vmap over linear consts / carry (``jax.vmap`` of a linearized function) keeps
     the primitive, with a vmapped linear body; lanes that replay different primal
     states run the plain loop under vmap (correct, but not transposable)."""
@@ -165,13 +165,13 @@ def _linear_batch(args, dims, **params):
     n, pos, slot_of, snaps, kc, lc, lt = _linear_split(args, params)
     dn, dp, ds, d_snaps, d_kc, d_lc, d_lt = _linear_split(dims, params)
     if any(d is not None for d in (dn, dp, ds, *d_snaps, *d_kc)):
-        out = jax.vmap(functools.partial(_linear_impl, **params), in_axes=tuple(dims))(*args)
+        out = C.vmap_like(functools.partial(_linear_impl, **params), axis_data, tuple(dims))(*args)
         return list(out), [0] * len(out)
     lc = [moveaxis(c, d, 0) if d is not None else c for c, d in zip(lc, d_lc)]
     lt = [moveaxis(t, d, 0) if d is not None else broadcast_lanes(t, size) for t, d in zip(lt, d_lt)]
     nres = _num_res(params)
     in_axes = [None] * nres + [0 if d is not None else None for d in d_lc] + [0] * len(lt)
-    vlin = jax.vmap(functools.partial(C.eval_closed, params["linear_body"]), in_axes=tuple(in_axes))
+    vlin = C.vmap_like(functools.partial(C.eval_closed, params["linear_body"]), axis_data, tuple(in_axes))
     res_avals = C.in_avals_of(params["linear_body"])[:nres]
     linear_body = trace_flat(vlin, [*res_avals, *[jax.typeof(c) for c in lc], *[jax.typeof(t) for t in lt]])
     out = checkpointed_linear_p.bind(n, pos, slot_of, *snaps, *kc, *lc, *lt, **dict(params, linear_body=linear_body))
@@ -225,4 +225,4 @@ checkpointed_linear_p.def_effectful_abstract_eval(_linear_abstract_eval)
 C.register_lowering(checkpointed_linear_p, C.lower_fun(_linear_impl, multiple_results=True))
 C.primitive_jvps[checkpointed_linear_p] = _linear_jvp
 C.primitive_transposes[checkpointed_linear_p] = _linear_transpose
-C.primitive_batchers[checkpointed_linear_p] = _linear_batch
+C.fancy_primitive_batchers[checkpointed_linear_p] = _linear_batch

@@ -68,6 +68,21 @@ def check_positive(name: str, value: Any) -> None:
         raise InvalidLoopOptionError(f"while_loop: {name} must be a positive int, got {value}.")
 
 
+def check_options(max_steps: Any, checkpoints: Any) -> None:
+    """Check ``while_loop``'s reverse-mode options: each None or a positive int, not both.
+
+    ``max_steps`` (stack every carry, up to N) and ``checkpoints`` (keep k snapshots,
+    recompute the rest) are two different memory modes; one loop uses one.
+    """
+    check_positive("max_steps", max_steps)
+    check_positive("checkpoints", checkpoints)
+    if max_steps is not None and checkpoints is not None:
+        raise InvalidLoopOptionError(
+            f"while_loop: pass max_steps (stack up to N carries) or checkpoints (keep k snapshots and "
+            f"recompute), not both; got max_steps={max_steps}, checkpoints={checkpoints}."
+        )
+
+
 # --------------------------------------------------------------------------- lists
 def pick(mask: Sequence[bool], xs: Sequence[Any], keep: bool = True) -> list:
     """The ``xs`` whose mask entry is ``keep``."""

@@ -62,7 +62,7 @@ def run_loop(loop: Loop, args: Sequence[Any], blocked: bool = False) -> list:
     if loop.prim is while_loop_p:
         def plain_body(c):
             return [strong(x) for x in C.eval_closed(loop.body, *consts, *c)]
-        return list(lax.while_loop(cond_value, plain_body, carry))
+        return list(C.lax_while_loop(cond_value, plain_body, carry))
 
     ys0 = [jnp.zeros((loop.length, *a.shape), a.dtype) for a in loop.y_row_avals]
 
@@ -86,7 +86,7 @@ def run_loop(loop: Loop, args: Sequence[Any], blocked: bool = False) -> list:
     elif loop.stacks and blocked and _speculate(loop):
         i, c, ys = _speculative_stack(loop, consts, state0, cond_value, cond, body)
     else:
-        i, c, ys = lax.while_loop(cond, body, state0)
+        i, c, ys = C.lax_while_loop(cond, body, state0)
     outs = [*c, *ys]
     if loop.stacks:
         overflowed = jnp.logical_and(i >= loop.length, cond_value(c))
@@ -109,7 +109,7 @@ def _block_size(length: int) -> int:
 
 def _blocked_counted(body: Callable, n: Any, length: int, state0: Any) -> Any:
     def plain(state):
-        return lax.while_loop(lambda s: s[0] < n, body, state)
+        return C.lax_while_loop(lambda s: s[0] < n, body, state)
 
     b = _block_size(length)
     if b <= 1:
@@ -117,9 +117,9 @@ def _blocked_counted(body: Callable, n: Any, length: int, state0: Any) -> Any:
     full = (n // b) * b
 
     def block(state):
-        return lax.fori_loop(0, b, lambda _, s: body(s), state)
+        return C.lax_fori_loop(0, b, lambda _, s: body(s), state)
 
-    return plain(lax.while_loop(lambda s: s[0] < full, block, state0))
+    return plain(C.lax_while_loop(lambda s: s[0] < full, block, state0))
 
 
 def _has_unbounded_loop(closed: Any) -> bool:
@@ -152,10 +152,10 @@ def _speculative_stack(loop: Loop, consts: Sequence[Any], state0: Any, cond_valu
         return i + pred.astype(INT), new_c, ys, pred
 
     def block(state):
-        return lax.fori_loop(0, b, step, state)
+        return C.lax_fori_loop(0, b, step, state)
 
     def block_cond(state):
         return jnp.logical_and(state[3], state[0] <= loop.length - b)
 
-    i, c, ys, _ = lax.while_loop(block_cond, block, (*state0, jnp.asarray(True)))
-    return lax.while_loop(cond, body, (i, c, ys))
+    i, c, ys, _ = C.lax_while_loop(block_cond, block, (*state0, jnp.asarray(True)))
+    return C.lax_while_loop(cond, body, (i, c, ys))

@@ -6,6 +6,13 @@ into a :class:`~jaxaot.errors.LoopOverflowError` at run time through one
 ``jax.debug.callback``: one device-to-host copy of a boolean per loop run, no
 extra device work. The error names ``max_steps`` and the two ways out.
 
+Under ``jax.jit`` the callback's exception reaches the caller as JAX's
+``jax.errors.JaxRuntimeError`` (``INTERNAL: CpuCallback error``), with the message
+on its last line: JAX does not re-raise a callback's exception type.
+:func:`reraise_overflow` turns such an error back into a
+:class:`~jaxaot.errors.LoopOverflowError` (the JAX error as its ``__cause__``);
+``aot_function`` calls run inside it, and so can user code around a ``jax.jit``.
+
 ``jax.export`` cannot serialize host callbacks, so :mod:`jaxaot.artifacts`
 replaces each such check by an extra boolean output; :func:`overflow_check_max_steps`
 is how it recognises one (and reads its ``max_steps``) among a program's eqns.
@@ -19,8 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -35,9 +43,51 @@ def raise_if_overflowed(overflowed: Any, max_steps: int) -> None:
     """Raise :class:`LoopOverflowError` if ``overflowed`` (a concrete value) is true."""
     if np.any(np.asarray(overflowed)):
         raise LoopOverflowError(
-            f"while_loop needed more than max_steps={max_steps} iterations. Its reverse mode "
+            f"{_MESSAGE_START}{max_steps} iterations. Its reverse mode "
             f"stacks at most max_steps carries: raise max_steps, or pass checkpoints=k instead."
         )
+
+
+_MESSAGE_START = "while_loop needed more than max_steps="
+#: The exception classes JAX raises when a compiled program's host callback failed.
+RUNTIME_ERRORS = tuple(t for t in (getattr(jax.errors, "JaxRuntimeError", None),) if t is not None) or (RuntimeError,)
+
+
+@contextlib.contextmanager
+def reraise_overflow() -> Iterator[None]:
+    """Re-raise JAX's runtime error for an overflowed ``max_steps`` as
+    :class:`LoopOverflowError` (other errors pass through unchanged).
+
+    Example:
+        >>> import jax, jaxaot
+        >>> f = jax.jit(jax.grad(lambda x: jaxaot.while_loop(lambda c: c < 9.0, lambda c: c + x, 0.0, max_steps=2)))
+        >>> try:
+        ...     with reraise_overflow():
+        ...         f(1.0).block_until_ready()
+        ... except LoopOverflowError as e:
+        ...     print(str(e)[:37])
+        while_loop needed more than max_steps
+    """
+    try:
+        yield
+    except RUNTIME_ERRORS as e:
+        overflow = loop_overflow_from(e)
+        if overflow is None:
+            raise
+        raise overflow from e
+
+
+def loop_overflow_from(error: BaseException) -> LoopOverflowError | None:
+    """The :class:`LoopOverflowError` that JAX's runtime ``error`` carries, if it is one (else None).
+
+    JAX wraps an exception raised in a host callback of a compiled program in its
+    own runtime error; the overflow check's message survives in its text.
+    """
+    text = str(error)
+    at = text.rfind(_MESSAGE_START)
+    if at < 0 or isinstance(error, LoopOverflowError):
+        return None
+    return LoopOverflowError(text[at:].splitlines()[0])
 
 
 def check_overflow(overflowed: Any, max_steps: int) -> None:

@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 from jaxaot import _compat as C
 from jaxaot.loops import checkpointed
-from jaxaot.loops.capacity import stack_capacity
+from jaxaot.loops.capacity import is_bounded, stack_capacity
 from jaxaot.loops.common import (
     Loop,
     counted_loop,
@@ -110,6 +110,8 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     carry_uk, (known_body, unknown_body, out_uk, res_avals) = _carry_unknowns(loop, consts_uk, carry_uk, xs_uk)
     if _cond_unknown(loop, consts_uk, carry_uk):
         return trace.default_process_primitive(prim, tracers, params)
+    if not is_bounded(loop):
+        return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
     if prim is while_loop_p and loop.checkpoints is not None:
         return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
                                          known_body, unknown_body, res_avals)
@@ -171,6 +173,24 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
                                       lin_loop.params(), lin_loop.effects())
     u_t_out, u_y_out = C.split_list(out_tracers, [u_m])
     return [*C.merge_lists(carry_uk, k_t_out, u_t_out), *C.merge_lists(ys_uk, k_y_out, u_y_out), *extra]
+
+
+def _stage_whole(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],
+                 carry_uk: Sequence[bool], known_body: Any, res_avals: Sequence[Any]) -> list:
+    """What ``lax.while_loop`` does for an unbounded loop: a known loop computes the
+    known carries, and the whole loop is staged into the unknown part (which
+    recomputes the primal carries it needs); linearize works, the transpose of the
+    staged loop is refused with :func:`~jaxaot.loops.capacity.unbounded_error`."""
+    n_known_outs = len(C.out_avals_of(known_body)) - len(res_avals)
+    body, _ = C.dce_closed(known_body, [True] * n_known_outs + [False] * len(res_avals), True)
+    known_loop = loop.replace(body=body, cond=_known_cond(loop, consts_uk, carry_uk),
+                              num_consts=loop.num_consts - sum(consts_uk),
+                              num_carry=loop.num_carry - sum(carry_uk))
+    _, consts, carry, _ = loop.split(tracers)
+    known_in = [C.known_value(t) for t in [*pick(consts_uk, consts, False), *pick(carry_uk, carry, False)]]
+    known_out = known_loop.bind(known_in) if known_loop.num_carry else []
+    staged = trace.default_process_primitive(loop.prim, tracers, loop.params())
+    return C.merge_lists(carry_uk, known_out, pick(carry_uk, staged))
 
 
 def partial_eval_custom(prim: Any, saveable: Any, unks_in: Sequence[bool], inst_in: Sequence[bool], eqn: Any):

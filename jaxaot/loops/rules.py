@@ -47,6 +47,7 @@ import numpy as np
 from jaxaot import _compat as C
 from jaxaot.errors import ReverseModeBoundError
 from jaxaot.loops import lowering
+from jaxaot.loops.capacity import is_bounded, unbounded_error
 from jaxaot.loops.common import (
     INT,
     LOOP_PRIMITIVES,
@@ -170,6 +171,8 @@ def _transpose_counted(cts, *args, **params):
 
 
 def _no_transpose(prim, cts, *args, **params):
+    if params and not is_bounded(loop_of(prim, params)):
+        raise unbounded_error()
     raise ReverseModeBoundError(
         f"{prim} cannot be transposed directly: its condition depends on a differentiated "
         "value, so its trip count is not known to the backward pass."
@@ -181,48 +184,47 @@ def _lane_select(p, new, old):
     return jnp.where(p.reshape(p.shape + (1,) * (new.ndim - 1)), new, old)
 
 
-def _uses_batched(closed: Any, batched: Sequence[bool]) -> bool:
-    _, used = C.dce_closed(closed, [True] * len(C.out_avals_of(closed)))
-    return any(u and b for u, b in zip(used, batched))
-
-
-def _batched_outputs(closed: Any, batched: Sequence[bool]) -> list[bool]:
-    """Which outputs depend on a batched input (a safe over-approximation of vmap's)."""
-    n_out = len(C.out_avals_of(closed))
-    out = []
-    for j in range(n_out):
-        _, used = C.dce_closed(closed, [i == j for i in range(n_out)])
-        out.append(any(u and b for u, b in zip(used, batched)))
-    return out
-
-
-def _batched_carries(loop: Any, cb: Sequence[bool], tb: Sequence[bool], xb: Sequence[bool]) -> tuple[list, list]:
+def _batched_carries(loop: Any, axis_data: Any, cb: Sequence[bool], tb: Sequence[bool],
+                     xb: Sequence[bool]) -> tuple[list, list]:
     """Fixpoint of which carries (and stacked outputs) vmap must batch.
 
-    Only carries that a batched value reaches get a batch axis, so ``jax.jacfwd``
-    (a vmap over tangents) leaves the primal carries unbatched, as lax.while_loop
-    does.
+    Only carries that a batched value (or the named axis itself) reaches get a batch
+    axis, so ``jax.jacfwd`` (a vmap over tangents) leaves the primal carries
+    unbatched and read-only carries stay as they are, as in lax.while_loop.
     """
     m = loop.num_carry
     tb = list(tb)
     while True:
-        outs = _batched_outputs(loop.body, [*cb, *tb, *xb])
+        outs = C.batched_outputs(loop.body, axis_data, [*cb, *tb, *xb])
         new = either(tb, outs[:m])
         if new == tb:
             return tb, outs[m:]
         tb = new
 
 
-def _batch(prim, args, dims, **params):
+def _gate(p: Any, x: Any) -> Any:
+    """``x``, whose derivative is cut on the lanes where ``p`` is false.
+
+    The forward value is ``x`` (XLA folds the select of equal operands). In reverse
+    mode a finished lane's cotangent is *selected* to zero instead of multiplied by
+    the body's derivative at its state, which may be infinite (``sqrt(0)``): so
+    the finished lanes contribute exactly zero, never ``0 * inf = nan``.
+    """
+    if not C.is_inexact(x.dtype):
+        return x
+    return _lane_select(p, x, jax.lax.stop_gradient(x))
+
+
+def _batch(prim, axis_data, args, dims, **params):
     loop = loop_of(prim, params)
-    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    size = axis_data.size
     n, consts, carry, xs = loop.split(args)
     nd, cd, td, xd = loop.split(dims)
     cb = [d is not None for d in cd]
     xb = [d is not None for d in xd]
     k, m, nx, ny = loop.num_consts, loop.num_carry, loop.num_xs, loop.num_ys
-    tb, yb = _batched_carries(loop, cb, [d is not None for d in td], xb)
-    pred_batched = loop.cond is not None and _uses_batched(loop.cond, cb + tb)
+    tb, yb = _batched_carries(loop, axis_data, cb, [d is not None for d in td], xb)
+    pred_batched = loop.cond is not None and C.batched_outputs(loop.cond, axis_data, cb + tb)[0]
     n_batched = loop.counted and nd is not None
     if pred_batched or n_batched:
         # Lanes stop at different steps: every carry and row is selected per lane.
@@ -234,8 +236,8 @@ def _batch(prim, args, dims, **params):
     body_in_axes = tuple([0 if b else None for b in cb] + [0 if b else None for b in tb]
                          + [0 if b else None for b in xb])
     body_out_axes = [0 if b else None for b in tb] + [0 if b else None for b in yb]
-    vbody = jax.vmap(partial(C.eval_closed, loop.body), in_axes=body_in_axes, out_axes=body_out_axes)
-    vcond = (jax.vmap(partial(C.eval_closed, loop.cond), in_axes=body_in_axes[: k + m])
+    vbody = C.vmap_like(partial(C.eval_closed, loop.body), axis_data, body_in_axes, body_out_axes)
+    vcond = (C.vmap_like(partial(C.eval_closed, loop.cond), axis_data, body_in_axes[: k + m])
              if loop.cond is not None else None)
     count_lanes = loop.stacks and pred_batched
     lane_mask = []
@@ -246,10 +248,15 @@ def _batch(prim, args, dims, **params):
 
     def body(*a):
         c, t, xr, extra = C.split_list(a, [k, m, nx])
-        outs = vbody(*c, *t, *xr)
+        live = vcond(*c, *t)[0] if pred_batched else (extra[0] if n_batched else None)
+        if live is not None:  # finished lanes: no derivative through the body (NaN-safe)
+            outs = vbody(*[_gate(live, x) if b else x for x, b in zip(c, cb)], *[_gate(live, x) for x in t],
+                         *[_gate(live, x) if b else x for x, b in zip(xr, xb)])
+        else:
+            outs = vbody(*c, *t, *xr)
         new_t, y = outs[:m], outs[m:]
         if pred_batched:
-            p = vcond(*c, *t)[0]
+            p = live
             new_t = [_lane_select(p, a_, b_) for a_, b_ in zip(new_t, t)]
         if n_batched:
             (mask,) = extra
@@ -330,7 +337,7 @@ for _p in LOOP_PRIMITIVES:
         C.register_lowering(_p, lowering.lowering_rule(_p, blocked=True), platform=_platform)
     C.primitive_jvps[_p] = partial(_jvp, _p)
     C.custom_partial_eval_rules[_p] = partial(partial_eval, _p)
-    C.primitive_batchers[_p] = partial(_batch, _p)
+    C.fancy_primitive_batchers[_p] = partial(_batch, _p)
     C.dce_rules[_p] = partial(_dce, _p)
     C.partial_eval_jaxpr_custom_rules[_p] = partial(partial_eval_custom, _p)
 C.primitive_transposes[counted_loop_p] = _transpose_counted

@@ -11,10 +11,12 @@ eager ``value_and_grad``/``grad``).
 
 from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo
 from jaxaot.runtime.residuals import Residuals
-from jaxaot.runtime.lowered import AOTLowered
+from jaxaot.runtime.residual_table import ResidualRow, ResidualTable
+from jaxaot.runtime.lowered import AOTCompiled, AOTLowered
 from jaxaot.runtime.function import AOTFunction, aot_function
 from jaxaot.runtime.eager import grad, value_and_grad
 
 __all__ = [
-    "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "Residuals", "aot_function", "grad", "value_and_grad",
+    "AOTCompiled", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "ResidualRow", "ResidualTable",
+    "Residuals", "aot_function", "grad", "value_and_grad",
 ]

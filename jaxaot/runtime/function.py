@@ -21,6 +21,8 @@ its :class:`~jaxaot.runtime.signature.TraceKind`) and :meth:`AOTFunction.lowered
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -30,6 +32,7 @@ from jaxaot._pytrees import flatten_checked
 from jaxaot.compile import compilers
 from jaxaot.compile.compilers import Compiler
 from jaxaot.errors import InvalidInputError
+from jaxaot.loops.overflow import RUNTIME_ERRORS, loop_overflow_from
 from jaxaot.partition.default import default_partition
 from jaxaot.partition.split import Partitioner
 from jaxaot.runtime import arguments, checks
@@ -57,6 +60,23 @@ class _HotPath(NamedTuple):
     treedef: Any
     avals: tuple
     training: TrainingPrograms
+
+
+def _overflow_as_loop_error(method: Callable) -> Callable:
+    """``method`` raising :class:`~jaxaot.errors.LoopOverflowError` where JAX reports a
+    ``jaxaot.while_loop`` overflow as its own runtime error (the check is a host callback)."""
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except RUNTIME_ERRORS as err:
+            overflow = loop_overflow_from(err)
+            if overflow is None:
+                raise
+            raise overflow from err
+
+    return run
 
 
 class AOTFunction:
@@ -94,6 +114,7 @@ class AOTFunction:
         self._hits = 0
         self._last: Signature | None = None
         self._hot: _HotPath | None = None
+        self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
 
     # -- the interface of front-ends
     def lookup(self, args: tuple, kwargs: dict) -> Lookup:
@@ -106,22 +127,16 @@ class AOTFunction:
         sig = Signature(treedef, keys, static)
         programs = self._cache.get(sig)
         if programs is None:
-            programs = self._new_programs(sig, leaves)
-        else:
-            self._hits += 1
+            with self._lock:  # double-checked: another thread may have traced it meanwhile
+                programs = self._cache.get(sig)
+                if programs is None:
+                    return Lookup(self._new_programs(sig, leaves), leaves, kind)
+        self._hits += 1
         return Lookup(programs, leaves, kind)
 
     def lowered(self, programs: SignaturePrograms, training: TrainingPrograms) -> AOTLowered:
-        """Build the three executables of ``training`` and describe them."""
-        programs.inference_exe, training.forward_exe, training.backward_exe  # noqa: B018 - builds them
-        names = {"inference": "inference", training.forward_name: "forward", training.backward_name: "backward"}
-        return AOTLowered(
-            joint=training.joint,
-            partition=training.partition,
-            inference=programs.inference_program,
-            compile_times=dict(programs.times),
-            executables={names[k]: v for k, v in programs.executables.items() if k in names},
-        )
+        """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled."""
+        return AOTLowered(training)
 
     def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
         reason = "first call" if self._last is None else describe_change(self._last, sig)
@@ -134,6 +149,7 @@ class AOTFunction:
         return programs
 
     # -- calling
+    @_overflow_as_loop_error
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         programs, leaves, kind = self.lookup(args, kwargs)
         if kind is TraceKind.ABSTRACT:
@@ -149,6 +165,7 @@ class AOTFunction:
             outs = programs.training(mask).custom_vjp(*leaves)
         return jax.tree_util.tree_unflatten(programs.out_tree, outs)
 
+    @_overflow_as_loop_error
     def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, Residuals]:
         """Run the compiled forward: ``(outputs, residuals)``.
 
@@ -186,6 +203,7 @@ class AOTFunction:
             self._hot = _HotPath(programs.signature.treedef, tuple(x.aval for x in leaves), tr)
         return jax.tree_util.tree_unflatten(programs.out_tree, outs), Residuals(residuals, tr, checked=concrete)
 
+    @_overflow_as_loop_error
     def backward(self, residuals: Residuals, cotangents: Any) -> Any:
         """Run the compiled backward on residuals from :meth:`forward`.
 
@@ -213,7 +231,10 @@ class AOTFunction:
 
     # -- introspection
     def lower(self, *args: Any, **kwargs: Any) -> AOTLowered:
-        """Build (or fetch) everything for this signature and describe it.
+        """Trace and partition for this signature (nothing compiles): the first of JAX's stages.
+
+        ``.compile()`` on the result compiles the three programs. Inputs may be
+        ``jax.ShapeDtypeStruct`` as well as arrays.
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
@@ -235,11 +256,12 @@ class AOTFunction:
             >>> f.cache_info().entries[1].reason
             'arg[0]: f32[3] -> f32[4]'
         """
-        entries = tuple(
-            dataclasses.replace(info, executables=tuple(p.executables))
-            for info, p in zip(self._infos, self._cache.values())
-        )
-        return CacheInfo(hits=self._hits, misses=len(self._cache), entries=entries)
+        with self._lock:
+            entries = tuple(
+                dataclasses.replace(info, executables=tuple(p.executables))
+                for info, p in zip(self._infos, list(self._cache.values()))
+            )
+            return CacheInfo(hits=self._hits, misses=len(self._cache), entries=entries)
 
     def __repr__(self) -> str:
         return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"

@@ -1,40 +1,77 @@
-"""``AOTLowered``: everything jaxaot built for one input signature, for people to read.
+"""The stages of one signature, shaped like JAX's: ``lower()`` then ``compile()``.
 
-``aot_fn.lower(...)`` returns one: the joint graph, the partition, the three
-programs, every saved value with its shape, bytes, producer and source line,
-the recomputed eqns, the time each stage took and the executables with the
-backend's memory and cost analyses. ``str()`` prints the programs and the
-residual table; in Jupyter it draws the split (:mod:`jaxaot.viz`).
+``aot_fn.lower(*args)`` traces, builds the joint graph, partitions and returns
+an :class:`AOTLowered`: the programs as jaxprs, every saved value in a
+:class:`~jaxaot.runtime.residual_table.ResidualTable`, the recomputed eqns, the
+time each stage took, and each program's StableHLO (:meth:`AOTLowered.as_text`).
+Nothing is compiled until :meth:`AOTLowered.compile`, which returns an
+:class:`AOTCompiled` holding the executables the function itself then runs,
+with the backend's memory and cost analyses as plain dicts.
+
+Example:
+    >>> import jax.numpy as jnp, jaxaot
+    >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
+    >>> sorted(low.compile_times)  # nothing compiled yet
+    ['joint', 'partition', 'trace']
+    >>> compiled = low.compile()
+    >>> sorted(compiled.memory_analysis()["forward"])[:2]
+    ['alias_size_in_bytes', 'argument_size_in_bytes']
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from typing import Any, Callable, Mapping
 
+import jax
+
+from jaxaot.compile.compilers import as_function
 from jaxaot.partition.split import Partition, Residual
+from jaxaot.runtime.programs import TrainingPrograms
+from jaxaot.runtime.residual_table import ResidualTable
 from jaxaot.tracing.joint import JointGraph
 
-@dataclasses.dataclass(frozen=True)
+PROGRAMS = ("inference", "forward", "backward")
+
+
+def _stage_times(training: TrainingPrograms) -> dict[str, float]:
+    """This training's stage times under plain names (``joint``, ``compile_forward``, ...).
+
+    The runtime keys the programs of a partial differentiation mask ``forward[0,2]``
+    (the differentiated input leaves); one split's report drops that suffix.
+    """
+    suffix = training.name_suffix
+    out = {}
+    for key, seconds in training.programs.times.items():
+        if key == "trace" or key == "compile_inference":
+            out[key] = seconds
+        elif suffix and key.endswith(suffix):
+            out[key[: -len(suffix)]] = seconds
+        elif not suffix and "[" not in key:
+            out[key] = seconds
+    return out
+
+
 class AOTLowered:
-    """Everything jaxaot built for one input signature (from ``aot_fn.lower``).
+    """Everything jaxaot built for one input signature, before compiling (from ``aot_fn.lower``).
 
     Attributes:
-      joint: the :class:`JointGraph`.
-      partition: the :class:`Partition`.
+      joint: the :class:`~jaxaot.JointGraph`.
+      partition: the :class:`~jaxaot.Partition`.
       inference / forward / backward: closed jaxprs of the three programs.
-      saved: the :class:`Residual` of each saved value (shape, dtype, bytes,
-        producing eqn and source line).
+      residuals: the saved values as a :class:`ResidualTable` (inputs labelled by
+        pytree path; ``added_bytes`` apart from the inputs' bytes).
+      saved: the :class:`~jaxaot.Residual` of each saved value; ``saved_bytes`` their bytes.
       recomputed: forward eqns the backward recomputes.
-      compile_times: seconds spent tracing, partitioning and compiling each.
-      executables: the compiled executables by name.
+      compile_times: seconds spent in each stage so far (``trace``, ``joint``, ``partition``).
     """
 
-    joint: JointGraph
-    partition: Partition
-    inference: Any
-    compile_times: Mapping[str, float]
-    executables: Mapping[str, Any]
+    def __init__(self, training: TrainingPrograms):
+        self._training = training
+        self.joint: JointGraph = training.joint
+        self.partition: Partition = training.partition
+        self.inference = training.programs.inference_program
+        self.compile_times: Mapping[str, float] = _stage_times(training)
 
     @property
     def forward(self) -> Any:
@@ -56,58 +93,73 @@ class AOTLowered:
     def recomputed(self) -> tuple[str, ...]:
         return tuple(self.partition.recomputed)
 
-    def memory_analysis(self) -> dict[str, Any]:
-        """Per executable, the backend's memory analysis (None where unavailable).
-
-        Example:
-            >>> import jax.numpy as jnp, jaxaot
-            >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
-            >>> sorted(low.memory_analysis())
-            ['backward', 'forward', 'inference']
-        """
-        return {k: _safe(lambda e=e: e.memory_analysis()) for k, e in self.executables.items()}
-
-    def cost_analysis(self) -> dict[str, Any]:
-        """Per executable, the backend's cost analysis (None where unavailable).
-
-        Example:
-            >>> import jax.numpy as jnp, jaxaot
-            >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
-            >>> sorted(low.cost_analysis())
-            ['backward', 'forward', 'inference']
-        """
-        return {k: _safe(lambda e=e: e.cost_analysis()) for k, e in self.executables.items()}
+    @functools.cached_property
+    def residuals(self) -> ResidualTable:
+        return ResidualTable.of(self.partition, self.joint)
 
     def residual_table(self) -> str:
-        """The saved values as a text table: source, shape, dtype, bytes, producer, line.
+        """The residual table as text (``str(self.residuals)``)."""
+        return str(self.residuals)
+
+    def as_text(self) -> dict[str, str]:
+        """Each program's StableHLO, as ``jax.jit(...).lower(...).as_text()`` prints it.
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
-            >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
-            >>> print(low.residual_table().splitlines()[1].split()[:5])
-            ['0', 'temporary[1]', '[3]', 'float32', '12']
+            >>> text = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3)).as_text()
+            >>> sorted(text), "stablehlo.sine" in text["forward"]
+            (['backward', 'forward', 'inference'], True)
         """
-        rows = [("#", "source", "shape", "dtype", "bytes", "producer", "line")]
-        for i, r in enumerate(self.saved):
-            rows.append((str(i), f"{r.source}[{r.index}]", str(list(r.aval.shape)), str(r.aval.dtype),
-                         str(r.nbytes), r.producer, r.source_line))
-        widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+        tr = self._training
+        avals = {"inference": tr.programs.in_avals, "forward": tr.programs.in_avals,
+                 "backward": tr.backward_avals()}
+        programs = {"inference": self.inference, "forward": tr.forward_program, "backward": self.backward}
+        return {name: jax.jit(as_function(programs[name]), keep_unused=True).lower(*avals[name]).as_text()
+                for name in PROGRAMS}
+
+    def compile(self) -> "AOTCompiled":
+        """Compile the three programs (through the persistent cache); the function then runs these executables."""
+        tr = self._training
+        executables = {"inference": tr.programs.inference_exe, "forward": tr.forward_exe,
+                       "backward": tr.backward_exe}
+        return AOTCompiled(self, executables, _stage_times(tr))
+
+    # Conveniences of earlier versions, where lower() compiled: they compile now, on first use.
+    @functools.cached_property
+    def _compiled(self) -> "AOTCompiled":
+        return self.compile()
+
+    @property
+    def executables(self) -> Mapping[str, Any]:
+        """The compiled executables (compiles them): ``self.compile().executables``."""
+        return self._compiled.executables
+
+    def memory_analysis(self) -> dict[str, dict[str, int] | None]:
+        """``self.compile().memory_analysis()``."""
+        return self._compiled.memory_analysis()
+
+    def cost_analysis(self) -> dict[str, dict[str, float] | None]:
+        """``self.compile().cost_analysis()``."""
+        return self._compiled.cost_analysis()
 
     def __str__(self) -> str:
         times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
+        t = self.residuals
         parts = [
-            f"== forward: {len(self.partition.residuals)} residuals, {self.saved_bytes} bytes saved ==",
+            f"== forward: {len(t)} residuals, {t.added_bytes} bytes added, {t.input_bytes} bytes of inputs ==",
             str(self.forward),
             "== backward ==",
             str(self.backward),
             "== residuals ==",
-            self.residual_table(),
+            str(t),
         ]
         if self.recomputed:
             parts += ["== recomputed in backward ==", *self.recomputed]
         parts.append(f"== times: {times} ==")
         return "\n".join(parts)
+
+    def __repr__(self) -> str:
+        return f"<AOTLowered: {len(self.saved)} residuals, {self.saved_bytes} bytes saved>"
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the split as a graph plus the residual table (:func:`jaxaot.viz.to_html`)."""
@@ -116,6 +168,48 @@ class AOTLowered:
         from jaxaot import viz
 
         return viz.to_html(self)
+
+
+class AOTCompiled:
+    """The compiled split of one signature (from ``aot_fn.lower(...).compile()``).
+
+    Attributes:
+      lowered: the :class:`AOTLowered` it was compiled from.
+      executables: ``inference``, ``forward`` and ``backward`` executables.
+      compile_times: seconds per stage, compilations included.
+    """
+
+    def __init__(self, lowered: AOTLowered, executables: Mapping[str, Any], compile_times: Mapping[str, float]):
+        self.lowered = lowered
+        self.executables = dict(executables)
+        self.compile_times = dict(compile_times)
+
+    def memory_analysis(self) -> dict[str, dict[str, int] | None]:
+        """Per executable, the backend's memory analysis as a dict of byte counts (None where unavailable)."""
+        return {k: _safe(lambda e=e: _stats_dict(e.memory_analysis())) for k, e in self.executables.items()}
+
+    def cost_analysis(self) -> dict[str, dict[str, float] | None]:
+        """Per executable, the backend's cost analysis as a dict (``flops``, ``bytes accessed``, ...)."""
+        return {k: _safe(lambda e=e: _cost_dict(e.cost_analysis())) for k, e in self.executables.items()}
+
+    def as_text(self) -> dict[str, str]:
+        return self.lowered.as_text()
+
+    def __repr__(self) -> str:
+        return f"<AOTCompiled: {', '.join(self.executables)}>"
+
+
+def _stats_dict(stats: Any) -> dict[str, int] | None:
+    if stats is None:
+        return None
+    return {k: int(getattr(stats, k)) for k in dir(stats)
+            if k.endswith("_in_bytes") and isinstance(getattr(stats, k), int)}
+
+
+def _cost_dict(cost: Any) -> dict[str, float] | None:
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per device
+        cost = cost[0] if cost else None
+    return None if cost is None else {str(k): float(v) for k, v in dict(cost).items()}
 
 
 def _safe(f: Callable[[], Any]) -> Any:

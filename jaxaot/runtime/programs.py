@@ -20,6 +20,7 @@ doubles it, rebuilds the training programs and runs the forward again
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -90,25 +91,34 @@ class SignaturePrograms:
         self.no_aliases = len(self.computed_outputs) == len(primal.outvars)
         self.inexact = tuple(C.is_inexact(a.dtype) for a in avals)
         self._training: dict[tuple[bool, ...], TrainingPrograms] = {}
+        # Guards the lazy builds of this signature (and of its TrainingPrograms); taken only
+        # on a miss, so each stage is built once however many threads ask.
+        self.lock = threading.RLock()
 
     def training(self, mask: Sequence[bool] | None = None) -> "TrainingPrograms":
         """The training programs when the inputs in ``mask`` are differentiated (default: every inexact one)."""
         key = self.inexact if mask is None else tuple(m and d for m, d in zip(mask, self.inexact))
         tr = self._training.get(key)
         if tr is None:
-            tr = self._training[key] = TrainingPrograms(self, key)
+            with self.lock:
+                tr = self._training.get(key)
+                if tr is None:
+                    tr = self._training[key] = TrainingPrograms(self, key)
         return tr
 
     def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any], aliased: set = frozenset()):
         """The executable ``name``, compiled (through the persistent cache) on first use."""
         exe = self.executables.get(name)
         if exe is None:
-            t = time.perf_counter()
-            donate = [i for i in self.donated_leaves if i not in aliased]
-            options = {"donate_argnums": tuple(donate)} if donate else {}
-            exe = cache.cached_compile(compiler, closed, list(avals), **options)
-            self.times[f"compile_{name}"] = time.perf_counter() - t
-            self.executables[name] = exe
+            with self.lock:
+                exe = self.executables.get(name)
+                if exe is None:
+                    t = time.perf_counter()
+                    donate = [i for i in self.donated_leaves if i not in aliased]
+                    options = {"donate_argnums": tuple(donate)} if donate else {}
+                    exe = cache.cached_compile(compiler, closed, list(avals), **options)
+                    self.times[f"compile_{name}"] = time.perf_counter() - t
+                    self.executables[name] = exe
         return exe
 
     @property
@@ -178,22 +188,29 @@ class TrainingPrograms:
     @property
     def joint(self) -> JointGraph:
         if self._joint is None:
-            p = self.programs
-            t = time.perf_counter()
-            self._joint = build_joint(
-                p.primal, p.signature.treedef, p.out_tree, p.in_avals, self.options.decompositions, self.mask,
-                aux_outputs=lambda: dynamic_capacity(self.capacity),
-            )
-            p.times["joint" + self.name_suffix] = time.perf_counter() - t
+            with self.programs.lock:
+                if self._joint is None:
+                    self._build_joint()
         return self._joint
+
+    def _build_joint(self) -> None:
+        p = self.programs
+        t = time.perf_counter()
+        self._joint = build_joint(
+            p.primal, p.signature.treedef, p.out_tree, p.in_avals, self.options.decompositions, self.mask,
+            aux_outputs=lambda: dynamic_capacity(self.capacity),
+        )
+        p.times["joint" + self.name_suffix] = time.perf_counter() - t
 
     @property
     def partition(self) -> Partition:
         if self._partition is None:
-            joint = self.joint
-            t = time.perf_counter()
-            self._partition = cache.cached_partition(self.options.partition_fn, joint)
-            self.programs.times["partition" + self.name_suffix] = time.perf_counter() - t
+            with self.programs.lock:
+                if self._partition is None:
+                    joint = self.joint
+                    t = time.perf_counter()
+                    self._partition = cache.cached_partition(self.options.partition_fn, joint)
+                    self.programs.times["partition" + self.name_suffix] = time.perf_counter() - t
         return self._partition
 
     @property
@@ -235,6 +252,12 @@ class TrainingPrograms:
         """
         if concrete and self.eager_forward is not None:
             return self.eager_forward(leaves)
+        if self.joint.num_aux:  # a loop may outgrow its stack and rebuild everything: one thread at a time
+            with self.programs.lock:
+                return self._forward(leaves, concrete)
+        return self._forward(leaves, concrete)
+
+    def _forward(self, leaves: Sequence[Any], concrete: bool | None) -> tuple[list, list]:
         n_user = len(self.programs.output_is_input)
         if concrete is None:
             concrete = not any(C.is_tracer(x) for x in leaves)
@@ -255,7 +278,9 @@ class TrainingPrograms:
         part = self.partition
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
         if self.eager_forward is None and not self.joint.num_aux and self.programs.no_aliases:
-            self.eager_forward = self._make_eager_forward()
+            with self.programs.lock:
+                if self.eager_forward is None:
+                    self.eager_forward = self._make_eager_forward()
         return fwd_outs[:n_user], residuals
 
     def _make_eager_forward(self) -> Callable[[Sequence[Any]], tuple[list, list]]:
@@ -294,7 +319,7 @@ class TrainingPrograms:
     def unit_cotangents(self, leaf: int) -> list:
         """Cotangents 1 for output ``leaf`` (a scalar) and 0 elsewhere, made once on device."""
         cts = self._unit_cts.get(leaf)
-        if cts is None:
+        if cts is None:  # racing threads build equal lists; either may be kept
             outs = self.partition.cotangent_outputs
             cts = [jax.numpy.full(self.joint.out_avals[i].shape, 1 if i == leaf else 0, self.joint.out_avals[i].dtype)
                    for i in outs]
@@ -318,20 +343,25 @@ class TrainingPrograms:
     def custom_vjp(self) -> Callable:
         """The ``jax.custom_vjp`` through which JAX's autodiff reaches the executables."""
         if self._custom_vjp is None:
-            # What the joint graph will differentiate, read off the primal program: a
-            # call under jit that differentiates nothing never builds the joint graph.
-            out_avals = C.out_avals_of(self.programs.primal)
-            cts = tuple(i for i, a in enumerate(out_avals) if C.is_inexact(a.dtype))
-            self._custom_vjp = custom_vjp_of(SplitPrograms(
-                primal=lambda leaves: C.eval_closed(self.programs.primal, *leaves),  # only ever traced
-                forward=self.forward,
-                backward=self.backward,
-                num_inputs=len(self.programs.in_avals),
-                grad_inputs=tuple(i for i, m in enumerate(self.mask) if m),
-                cotangent_outputs=cts,
-                cotangent_dtypes=tuple(out_avals[i].dtype for i in cts),
-            ))
+            with self.programs.lock:
+                if self._custom_vjp is None:
+                    self._custom_vjp = self._make_custom_vjp()
         return self._custom_vjp
+
+    def _make_custom_vjp(self) -> Callable:
+        # What the joint graph will differentiate, read off the primal program: a
+        # call under jit that differentiates nothing never builds the joint graph.
+        out_avals = C.out_avals_of(self.programs.primal)
+        cts = tuple(i for i, a in enumerate(out_avals) if C.is_inexact(a.dtype))
+        return custom_vjp_of(SplitPrograms(
+            primal=lambda leaves: C.eval_closed(self.programs.primal, *leaves),  # only ever traced
+            forward=self.forward,
+            backward=self.backward,
+            num_inputs=len(self.programs.in_avals),
+            grad_inputs=tuple(i for i, m in enumerate(self.mask) if m),
+            cotangent_outputs=cts,
+            cotangent_dtypes=tuple(out_avals[i].dtype for i in cts),
+        ))
 
 
 def _unbounded_loop_error(name: str) -> Exception:

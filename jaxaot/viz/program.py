@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxaot import _compat as C
-from jaxaot._pytrees import leaf_paths
+from jaxaot._pytrees import leaf_paths_or_positions
 from jaxaot.errors import InvalidInputError
 
 
@@ -34,18 +34,13 @@ def unwrap(lowered: Any) -> tuple[Any, Any]:
 
 def input_names(part: Any, joint: Any) -> list[str]:
     """Printable names of the primal inputs: ``arg[0]['w']``, or ``input[0]`` without a joint."""
-    return _names(joint.in_tree if joint is not None else None, "input", len(C.jaxpr_of(part.forward).invars))
+    return leaf_paths_or_positions(joint.in_tree if joint is not None else None, "input",
+                                   len(C.jaxpr_of(part.forward).invars))
 
 
 def output_names(part: Any, joint: Any) -> list[str]:
     """Printable names of the primal outputs: ``output``, ``output[1]``, ..."""
-    return _names(joint.out_tree if joint is not None else None, "output", part.num_outputs)
-
-
-def _names(treedef: Any, prefix: str, count: int) -> list[str]:
-    # The partition may come from a re-traced joint: trust the pytree only if it fits.
-    names = leaf_paths(treedef, prefix) if treedef is not None else []
-    return names if len(names) == count else [f"{prefix}[{i}]" for i in range(count)]
+    return leaf_paths_or_positions(joint.out_tree if joint is not None else None, "output", part.num_outputs)
 
 
 def backward_is_cotangent_dependent(backward: Any, num_cotangents: int) -> list[bool]:

@@ -15,7 +15,8 @@ from typing import Any
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
 from jaxaot.viz.formatting import format_bytes, short_source
-from jaxaot.viz.program import backward_is_cotangent_dependent, input_names, unwrap
+from jaxaot.runtime.residual_table import ResidualTable
+from jaxaot.viz.program import backward_is_cotangent_dependent, unwrap
 
 _COLUMNS = ("#", "value", "shape", "dtype", "bytes", "producer", "source line")
 
@@ -23,8 +24,10 @@ _COLUMNS = ("#", "value", "shape", "dtype", "bytes", "producer", "source line")
 def residual_table_html(lowered: Any) -> str:
     """The residual table as an HTML fragment: value, shape, dtype, bytes, producer, source line.
 
-    One row per saved value (``lowered.saved``), a total row, and the list of
-    eqns the backward recomputes (collapsed, in a ``<details>``).
+    One row per saved value (inputs named by pytree path), a total row that
+    tells the inputs' bytes apart from those the forward adds, and the list of
+    eqns the backward recomputes (collapsed, in a ``<details>``). ``lowered`` is
+    an ``AOTLowered``, a ``ModuleLowered``, a ``Partition`` or a ``ResidualTable``.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -33,21 +36,22 @@ def residual_table_html(lowered: Any) -> str:
         >>> "tanh" in t and "f32[3]" not in t and "<td>[3]</td>" in t
         True
     """
-    part, joint = unwrap(lowered)
-    names = input_names(part, joint)
+    if isinstance(lowered, ResidualTable):
+        table, recomputed = lowered, [f"<li><code>{_text(s)}</code></li>" for s in lowered.recomputed]
+    else:
+        part, joint = unwrap(lowered)
+        table, recomputed = ResidualTable.of(part, joint), _recomputed_items(part)
     head = "".join(f"<th>{h}</th>" for h in _COLUMNS)
     rows = []
-    for i, r in enumerate(part.residuals):
-        value = f"{r.source}[{r.index}]"
-        if r.source == "input" and r.index < len(names):
-            value += f" {names[r.index]}"
-        cells = (str(i), _text(value), _text(str(list(r.aval.shape))), _text(str(r.aval.dtype)),
+    for i, r in enumerate(table):
+        cells = (str(i), _text(r.label), _text(str(list(r.shape))), _text(r.dtype),
                  f'<span title="{r.nbytes} bytes">{format_bytes(r.nbytes)}</span>', _text(r.producer),
                  _source_html(r.source_line) if r.source_line else "")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     rows.append(f'<tr style="font-weight:bold"><td></td><td>total</td><td></td><td></td>'
-                f'<td title="{part.saved_bytes} bytes">{format_bytes(part.saved_bytes)}</td><td></td><td></td></tr>')
-    recomputed = _recomputed_items(part)
+                f'<td title="{table.nbytes} bytes">{format_bytes(table.nbytes)}</td>'
+                f'<td colspan="2">{format_bytes(table.input_bytes)} of inputs, '
+                f'{format_bytes(table.added_bytes)} added by the forward</td></tr>')
     details = (f"<details><summary>{len(recomputed)} eqns recomputed in the backward</summary>"
                f"<ul>{''.join(recomputed)}</ul></details>") if recomputed else ""
     return (f'<table class="jaxaot-residuals" style="border-collapse:collapse;font-size:90%">'

@@ -1,13 +1,22 @@
-"""The jaxaot command: its arguments, ``inspect``, ``version`` and ``--help``."""
+"""The jaxaot command: its arguments, ``inspect``, ``version``, ``--help`` and its usage errors."""
 
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import jaxaot
+from jaxaot._pytrees import short_dtype_names
 from jaxaot.cli import main as cli
+from jaxaot.cli.commands import UsageError, load_object
+from jaxaot.cli.shapes import parse_shapes
 from jaxaot.errors import InvalidValueError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_version(capsys):
@@ -16,7 +25,7 @@ def test_version(capsys):
     assert "jaxaot" in out and "jax " in out and "jaxlib" in out and "backend" in out
 
 
-def test_inspect(tmp_path, monkeypatch, capsys):
+def test_inspect_plain_shapes(tmp_path, monkeypatch, capsys):
     (tmp_path / "usermod.py").write_text(textwrap.dedent("""
         import jax.numpy as jnp
         def loss(w, x):
@@ -24,40 +33,159 @@ def test_inspect(tmp_path, monkeypatch, capsys):
     """))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert cli.main(["inspect", "usermod:loss", "--shapes", "f32[3,2] f32[4,3]"]) == 0
+    assert cli.main(["inspect", "usermod:loss", "--shapes", "f32[3, 2] f32[4,3]"]) == 0
     out = capsys.readouterr().out
     assert "== residuals ==" in out and "tanh" in out and "usermod.py" in out
+    assert "f32[4,2]" in out  # the shapes were read, spaces and all
+
+
+def test_inspect_pytree_shapes_as_json(capsys):
+    spec = '[[{"w": "f32[16, 16]", "b": "f32[16]"}], ["f32[4,16]", "f32[4,16]"]]'
+    assert cli.main(["inspect", "jaxaot.cli.demo_models:mlp_loss", "--shapes", spec, "--partition", "min_cut"]) == 0
+    out = capsys.readouterr().out
+    assert "== residuals ==" in out and "f32[16,16]" in out and "f32[4,16]" in out
+
+
+def test_inspect_example_args(capsys):
+    assert cli.main(["inspect", "jaxaot.cli.demo_models:mlp_loss",
+                     "--args", "jaxaot.cli.demo_models:mlp_example_args"]) == 0
+    out = capsys.readouterr().out
+    assert "== residuals ==" in out and "f32[4,16]" in out
+
+
+def _readme_commands(prefix: str) -> list[str]:
+    """The README's shell lines that start with ``prefix``, continuation lines joined."""
+    blocks = re.findall(r"```(?:bash|sh|console)\n(.*?)```", README.read_text(), flags=re.S)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [line.split(" #")[0].strip() for line in lines if line.strip().startswith(prefix)]
+
+
+def test_readme_inspect_examples_run_as_written(capsys):
+    commands = _readme_commands("jaxaot inspect")
+    assert len(commands) >= 2, "the README shows jaxaot inspect with --shapes and with --args"
+    assert any("--shapes" in c for c in commands) and any("--args" in c for c in commands)
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        assert cli.main(argv) == 0, command
+        assert "== residuals ==" in capsys.readouterr().out, command
+
+
+def test_readme_names_only_real_targets():
+    for command in _readme_commands("jaxaot "):
+        for word in shlex.split(command):
+            if re.fullmatch(r"[\w.]+:[\w.]+", word):
+                load_object(word)  # raises UsageError for a placeholder such as mypkg.model:loss
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["inspect", "nomodule_here:f", "--shapes", "f32[2]"], "cannot import"),
-    (["inspect", "os:path_nope", "--shapes", "f32[2]"], "no attribute"),
-    (["inspect", "os.path:join", "--shapes", "q8[2]"], "cannot read shape"),
-    (["inspect", "os", "--shapes", "f32[2]"], "MODULE:FUNCTION"),
+    (["inspect", "nomodule_here:f", "--shapes", "f32[2]"], "cannot import 'nomodule_here'"),
+    (["inspect", "os:path_nope", "--shapes", "f32[2]"], "'os' has no attribute 'path_nope'"),
+    (["inspect", "os.path:join", "--shapes", "q8[2]"], "cannot read shape 'q8\\[2\\]'"),
+    (["inspect", "os", "--shapes", "f32[2]"], "expected MODULE:FUNCTION, got 'os'"),
+    (["inspect", "os:sep", "--shapes", "f32[2]"], "os:sep is not callable"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[2,2]"],
+     "tanh_loss takes 2 positional arguments \\(w, x\\) but was given 1"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]"],
+     "does not trace at the given arguments: TypeError"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--args", "jaxaot.cli.demo_models:tanh_loss"],
+     "calling jaxaot.cli.demo_models:tanh_loss\\(\\) raised TypeError"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--args", "jaxaot.cli.demo_models:mlp_init"],
+     "raised TypeError"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", '{"w": 3}'], "neither a \"dtype\\[dims\\]\""),
+    (["demo", "--width", "0"], "--width must be at least 1"),
 ])
-def test_inspect_bad_input(argv, msg):
-    with pytest.raises(SystemExit, match=msg):
-        cli.main(argv)
+def test_user_errors_are_one_line_and_exit_2(argv, msg, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert re.match(rf"jaxaot {argv[0]}: error: .*{msg}", last), err
+    assert "Traceback" not in err and " done (" not in err
 
 
-def test_parse_shapes():
-    got = cli.parse_shapes("f32[8, 16] bf16[3]  i32[] bool[2,2]")
+def test_traceback_flag_shows_the_cause():
+    with pytest.raises(UsageError, match="does not trace") as info:
+        cli.main(["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]", "--traceback"])
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_argparse_errors_exit_2(capsys):
+    for argv in (["inspect", "os:getcwd"], ["inspect", "a:b", "--shapes", "f32[2]", "--args", "a:b"], ["nope"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2, argv
+    assert "one of the arguments --shapes --args is required" in capsys.readouterr().err
+
+
+def test_f64_turns_on_x64_and_says_so():
+    # A subprocess: jax_enable_x64 is process-wide and must not leak into other tests.
+    r = subprocess.run([sys.executable, "-m", "jaxaot.cli", "inspect", "jaxaot.cli.demo_models:tanh_loss",
+                        "--shapes", "f64[16, 4] f64[8, 16]"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "turned on jax_enable_x64" in r.stderr and "float64" in r.stderr
+    assert "f64[8,4]" in r.stdout and "f32[" not in r.stdout
+
+
+def test_parse_shapes_plain():
+    got = parse_shapes("f32[8, 16] bf16[3]  i32[] bool[2,2] f32[ 4 ,2 ]")
     assert [(s.shape, s.dtype.name) for s in got] == [((8, 16), "float32"), ((3,), "bfloat16"), ((), "int32"),
-                                                      ((2, 2), "bool")]
+                                                      ((2, 2), "bool"), ((4, 2), "float32")]
+
+
+def test_parse_shapes_json():
+    (params, batch) = parse_shapes('[{"w": "f32[8, 16]", "b": ["f16[16]", "i32[]"]}, "f32[4,8]"]')
+    assert params["w"].shape == (8, 16) and params["b"][0].dtype.name == "float16" and params["b"][1].shape == ()
+    assert batch.shape == (4, 8)
+    (only,) = parse_shapes('{"w": "f32[2]"}')  # not a list: the only positional argument
+    assert only["w"].shape == (2,)
+    (s,) = parse_shapes('"f32[3]"')
+    assert s.shape == (3,)
 
 
 @pytest.mark.parametrize("spec, msg", [
     ("q8[2]", "unknown dtype 'q8'; use one of f64, f32"),
     ("f32", "cannot read shape 'f32': write dtype\\[dims\\]"),
     ("f32[8,16]x", "cannot read shape 'f32\\[8,16\\]x'"),
+    ("f32[8,,16]", "an empty dimension"),
     ("  ", "empty --shapes"),
+    ('["f32[2]"', "cannot read --shapes as JSON"),
+    ('[["f32[2]", null]]', "at argument\\[0\\]\\[1\\]: null is neither"),
 ])
 def test_parse_shapes_says_what_it_cannot_read(spec, msg):
     with pytest.raises(InvalidValueError, match=msg):
-        cli.parse_shapes(spec)
+        parse_shapes(spec)
+
+
+def test_help_lists_the_dtypes_parse_shapes_reads():
+    assert cli.DTYPES == short_dtype_names()
 
 
 def test_help_for_each_command():
     for sub in ([], ["demo"], ["inspect"], ["version"]):
         r = subprocess.run([sys.executable, "-m", "jaxaot.cli", *sub, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "usage: jaxaot" in r.stdout
+
+
+def test_inspect_help_documents_both_argument_forms(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", "--help"])
+    out = capsys.readouterr().out
+    assert "--args MODULE:FUNCTION" in out and '"w": "f32[8,16]"' in out and "jax_enable_x64" in out
+
+
+def test_parser_imports_no_jax():
+    # Loaded from its file, so that only the parser module runs (importing the jaxaot package imports jax).
+    code = textwrap.dedent(f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("cli_main", {str(Path(cli.__file__))!r})
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        for argv in ([], ["inspect"], ["demo"], ["version"]):
+            try:
+                mod.main([*argv, "--help"])
+            except SystemExit as e:
+                assert e.code == 0
+        assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
+        print("no jax")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("no jax"), r.stderr

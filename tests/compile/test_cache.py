@@ -66,7 +66,7 @@ def cache_dir(tmp_path):
 
 
 def _files(root: Path, kind: str = "") -> list[Path]:
-    return sorted(p for p in (root / "jaxaot-v1" / kind).rglob("*.bin"))
+    return sorted(p for p in (root / f"jaxaot-v{store.FORMAT_VERSION}" / kind).rglob("*.bin"))
 
 
 def _reset_counts():

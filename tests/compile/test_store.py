@@ -18,7 +18,7 @@ def test_cache_root_follows_config(tmp_path):
     with jaxaot.config.override(cache_dir=None):
         assert store.cache_root() is None
     with jaxaot.config.override(cache_dir=str(tmp_path)):
-        assert store.cache_root() == tmp_path / "jaxaot-v1"
+        assert store.cache_root() == tmp_path / f"jaxaot-v{store.FORMAT_VERSION}"
 
 
 def test_frames_reject_truncation_and_bit_flips():

@@ -190,8 +190,9 @@ def test_modes_agree_hypothesis(n, k, seed):
     ckpt = _grads(loop_mlp, w, b, x, n, checkpoints=k)
     with dynamic_capacity(12):
         dyn = _grads(loop_mlp, w, b, x, n)
+    # Gradients of order 1 after up to 12 float32 steps: a rounding-level atol for entries near 0.
     for got in (stack, ckpt, dyn):
-        chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-6)
+        chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -355,10 +356,11 @@ def test_overflow_is_an_error_naming_max_steps(jit):
 
 @pytest.mark.parametrize("transform", ["grad", "vjp", "linearize"])
 def test_unbounded_reverse_mode_asks_for_a_bound(transform):
-    w, b, x = _params(17)
-    f = lambda x: loop_mlp(w, b, x, 3)  # noqa: E731
+    w, b, x = _params(17)  # as with lax.while_loop, vjp and linearize run; the transpose is refused
+    f = lambda x: jnp.sum(loop_mlp(w, b, x, 3))  # noqa: E731
     with pytest.raises(ReverseModeBoundError, match="max_steps.*checkpoints"):
-        {"grad": jax.grad(f), "vjp": lambda x: jax.vjp(f, x), "linearize": lambda x: jax.linearize(f, x)}[transform](x)
+        {"grad": jax.grad(f), "vjp": lambda x: jax.vjp(f, x)[1](1.0),
+         "linearize": lambda x: jax.linear_transpose(jax.linearize(f, x)[1], x)(1.0)}[transform](x)
 
 
 def test_dynamic_capacity_reports_trip_counts():

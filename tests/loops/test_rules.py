@@ -124,3 +124,19 @@ def test_cond_on_a_differentiated_value_has_a_clear_transpose_error(prim):
 def test_rules_are_registered_for_the_tracer():
     for p in (while_loop_p, while_loop_stack_output_p, counted_loop_p):
         assert C.has_jvp_rule(p)
+
+
+@pytest.mark.parametrize("mode", [dict(max_steps=16), dict(checkpoints=3)])
+def test_finished_lanes_contribute_exactly_zero_under_vmap(mode):
+    # Each lane stops when its state reaches 0, where sqrt has an infinite derivative:
+    # a finished lane's zero cotangent must be selected, never multiplied by it.
+    def f(x):
+        body = lambda c: (c[0] + jnp.sqrt(c[1]), jnp.maximum(c[1] - 1.0, 0.0))  # noqa: E731
+        return while_loop(lambda c: c[1] > 0, body, (0.0, x), **mode)[0]
+
+    xs = jnp.asarray(np.random.default_rng().uniform(0.5, 6.0, 5), jnp.float32)
+    summed = jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(f)(xs))))(xs)
+    lane_grad = jax.jit(jax.grad(f))
+    per_lane = jnp.stack([lane_grad(x) for x in xs])
+    assert np.all(np.isfinite(summed))
+    np.testing.assert_allclose(summed, per_lane, rtol=1e-5)

@@ -226,8 +226,9 @@ def test_lower_reports():
     temporaries = [r for r in low.saved if r.source == "temporary"]
     joint_prims = {str(e.primitive) for e in low.joint.eqns}
     assert temporaries and all(r.producer in joint_prims and r.source_line for r in temporaries)
-    assert set(low.executables) == {"inference", "forward", "backward"}
-    assert set(low.compile_times) >= {"trace", "joint", "partition", "compile_forward", "compile_backward"}
+    assert set(low.compile_times) == {"trace", "joint", "partition"}
+    assert set(low.executables) == {"inference", "forward", "backward"}  # compiles, on first use
+    assert set(low.compile().compile_times) >= {"trace", "joint", "partition", "compile_forward", "compile_backward"}
     text = str(low)
     assert "== forward" in text and "== backward ==" in text and "tanh" in text
     ma = low.memory_analysis()
@@ -364,7 +365,9 @@ def test_lower_from_shapes_alone_then_call_reuses_it():
     calls: list = []
     f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum(), fw_compiler=_counting(calls, "c"))
     low = f.lower(jax.ShapeDtypeStruct((3, 2), jnp.float32), jax.ShapeDtypeStruct((4, 3), jnp.float32))
-    assert low.saved_bytes > 0 and len(calls) == 3
+    assert low.saved_bytes > 0 and len(calls) == 0  # lowering compiles nothing
+    low.compile()
+    assert len(calls) == 3
     w, x = jax.random.normal(fresh_key(), (3, 2)), jnp.ones((4, 3))
     f(w, x)
     jaxaot.value_and_grad(f, argnums=(0, 1))(w, x)
@@ -449,3 +452,41 @@ def test_jit_after_eager_call():
     aot(jnp.ones(3))
     assert_trees_close(jax.jit(aot)(jnp.ones(3)), jnp.sin(jnp.ones(3)))
     assert_trees_close(jax.jit(jax.grad(lambda x: aot(x).sum()))(jnp.ones(3)), jnp.cos(jnp.ones(3)))
+
+
+def test_lower_does_not_compile_and_compile_returns_the_executables():
+    f = jaxaot.aot_function(lambda p, x: jnp.sum(jnp.tanh(x @ p["w"]) ** 2))
+    p, x = {"w": jax.random.normal(fresh_key(), (3, 2))}, jax.random.normal(fresh_key(), (4, 3))
+    low = f.lower(p, x)
+    assert f.cache_info().entries[0].executables == ()  # JAX's convention: lower() lowers only
+    assert set(low.compile_times) == {"trace", "joint", "partition"}
+    text = low.as_text()
+    assert set(text) == {"inference", "forward", "backward"} and all("func.func" in s for s in text.values())
+    assert f.cache_info().entries[0].executables == ()  # StableHLO needs no compilation either
+    compiled = low.compile()
+    assert set(compiled.executables) == {"inference", "forward", "backward"}
+    assert {"compile_forward", "compile_backward", "compile_inference"} <= set(compiled.compile_times)
+    mem = compiled.memory_analysis()
+    assert all(isinstance(v, dict) and all(isinstance(b, int) for b in v.values()) for v in mem.values() if v)
+    cost = compiled.cost_analysis()
+    assert all(isinstance(v, dict) for v in cost.values() if v is not None)
+    # The function runs the executables compile() built: no further compilation.
+    jax.grad(f, argnums=(0, 1))(p, x)
+    assert f.cache_info().entries[0].executables == ("inference", "forward", "backward")
+
+
+def test_residual_table_labels_inputs_by_path_and_counts_added_bytes_apart():
+    f = jaxaot.aot_function(lambda p, x: jnp.sum(jnp.tanh(x @ p["w1"]) @ p["w2"]))
+    p = {"w1": jax.random.normal(fresh_key(), (3, 5)), "w2": jax.random.normal(fresh_key(), (5,))}
+    x = jax.random.normal(fresh_key(), (4, 3))
+    low = f.lower(p, x)
+    table = low.residuals
+    labels = {r.label for r in table if r.kind == "input"}
+    assert labels and labels <= {"arg[0]['w1']", "arg[0]['w2']", "arg[1]"}
+    assert table.input_bytes == sum(r.nbytes for r in low.saved if r.source == "input")
+    assert table.added_bytes == low.saved_bytes - table.input_bytes == low.partition.saved_activation_bytes
+    rows = table.to_rows()
+    assert [r["label"] for r in rows] == [r.label for r in table] and all("nbytes" in r for r in rows)
+    assert "arg[0]['w1']" in str(table) or "arg[0]['w2']" in str(table)
+    assert "<table" in table._repr_html_()
+    assert low.residual_table() == str(table)

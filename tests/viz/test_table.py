@@ -1,5 +1,6 @@
 """jaxaot.viz.residual_table_html: one row per saved value, the total, the recomputed eqns."""
 
+import html
 import re
 
 from jaxaot import viz
@@ -9,8 +10,9 @@ def test_residual_table_lists_every_residual(block):
     table = viz.residual_table_html(block)
     rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1].split("</tbody>")[0])
     assert len(rows) == len(block.saved)
-    for row, r in zip(rows, block.saved):
-        assert f"{r.source}[{r.index}]" in row
+    for row, r, label in zip(rows, block.saved, block.residuals):
+        assert html.escape(label.label, quote=False) in row  # inputs by pytree path, temporaries by position
+        assert (label.kind, label.nbytes) == (r.source, r.nbytes)
         assert str(list(r.aval.shape)) in row and str(r.aval.dtype) in row
         assert f'title="{r.nbytes} bytes"' in row
         assert r.producer in row

@@ -1,0 +1,211 @@
+"""Compiled autograd against eager JAX, per-step jit of vjp_fn, and a fully jitted step.
+
+Workloads: an MLP, a small transformer block stack (both plain JAX) and a Flax
+nnx CNN, each an eager training step ``loss, grads = value_and_grad(loss)(params, batch)``.
+
+Methods, timed per step (median over interleaved rounds; spread = min..max of the round medians):
+
+* ``eager``: ``jax.value_and_grad`` run eagerly (``nnx.value_and_grad`` for the CNN);
+* ``jit(vjp_fn)``: eager ``jax.vjp``, then ``jax.jit(vjp_fn)(1.0)``, a new jit each step;
+* ``compiled``: ``jaxaot.compiled_value_and_grad`` after one warm-up step;
+* ``jit(vg)``: ``jax.jit(jax.value_and_grad(loss))``, the bound.
+
+``recompiles`` counts XLA backend compiles during the timed rounds (``jax.monitoring``).
+The backward columns compare the compiled backward alone (the cached executable on one
+step's residuals) with the backward part of the jitted step (``jit(vg) - jit(loss)``).
+
+Usage (CPU: ``--small``)::
+
+    PYTHONPATH=. python benchmarks/bench_compiled_autograd.py --small --out benchmarks/results/compiled_autograd_cpu_2026-11-23.txt
+    PYTHONPATH=. python benchmarks/bench_compiled_autograd.py --out benchmarks/results/compiled_autograd_gpu_h100_2026-11-23.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxaot  # noqa: E402
+from harness import report  # noqa: E402
+from jaxaot.autograd import capture  # noqa: E402
+
+_COMPILES = [0]
+
+
+def _on_event(event: str, duration: float, **_: object) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+# --------------------------------------------------------------------------- workloads
+def mlp(small: bool):
+    sizes = [64, 128, 128, 128, 10] if small else [512, 1024, 1024, 1024, 10]
+    keys = jax.random.split(jax.random.key(0), len(sizes) + 2)
+    params = [(jax.random.normal(k, (a, b)) / a ** 0.5, jnp.zeros(b)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+    x = jax.random.normal(keys[-2], (32 if small else 256, sizes[0]))
+    y = jax.random.normal(keys[-1], (x.shape[0], sizes[-1]))
+
+    def loss(params, x, y):
+        h = x
+        for w, b in params[:-1]:
+            h = jax.nn.gelu(h @ w + b)
+        w, b = params[-1]
+        return jnp.mean((h @ w + b - y) ** 2)
+
+    return loss, params, (x, y)
+
+
+def transformer(small: bool):
+    d, heads, layers, seq, batch = (32, 4, 2, 16, 4) if small else (256, 8, 4, 128, 16)
+    keys = iter(jax.random.split(jax.random.key(1), 8 * layers + 4))
+    dense = lambda a, b: jax.random.normal(next(keys), (a, b)) / a ** 0.5
+    params = [{"qkv": dense(d, 3 * d), "o": dense(d, d), "up": dense(d, 4 * d), "down": dense(4 * d, d),
+               "ln1": jnp.ones(d), "ln2": jnp.ones(d)} for _ in range(layers)]
+    x = jax.random.normal(next(keys), (batch, seq, d))
+    y = jax.random.normal(next(keys), (batch, seq, d))
+
+    def norm(h, g):
+        return g * (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1, keepdims=True) + 1e-5)
+
+    def loss(params, x, y):
+        h = x
+        for p in params:
+            q, k, v = jnp.split(norm(h, p["ln1"]) @ p["qkv"], 3, axis=-1)
+            split = lambda t: t.reshape(batch, seq, heads, d // heads)
+            att = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", split(q), split(k)) / (d // heads) ** 0.5, -1)
+            h = h + jnp.einsum("bhqk,bkhd->bqhd", att, split(v)).reshape(batch, seq, d) @ p["o"]
+            h = h + jax.nn.gelu(norm(h, p["ln2"]) @ p["up"]) @ p["down"]
+        return jnp.mean((h - y) ** 2)
+
+    return loss, params, (x, y)
+
+
+def nnx_cnn(small: bool):
+    from flax import nnx
+
+    c, size, batch = (8, 16, 8) if small else (64, 32, 64)
+
+    class CNN(nnx.Module):
+        def __init__(self, rngs):
+            self.c1 = nnx.Conv(3, c, (3, 3), rngs=rngs)
+            self.c2 = nnx.Conv(c, c, (3, 3), rngs=rngs)
+            self.head = nnx.Linear(c, 10, rngs=rngs)
+
+        def __call__(self, x):
+            h = jax.nn.relu(self.c2(jax.nn.relu(self.c1(x))))
+            return self.head(h.mean(axis=(1, 2)))
+
+    model = CNN(nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(2), (batch, size, size, 3))
+    y = jax.nn.one_hot(jnp.arange(batch) % 10, 10)
+
+    def module_loss(model, x, y):
+        return -jnp.mean(jnp.sum(jax.nn.log_softmax(model(x)) * y, -1))
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(params, x, y):  # the functional form, for the jit and vjp baselines
+        return module_loss(nnx.merge(graphdef, params, rest), x, y)
+
+    return loss, params, (x, y), module_loss, model, nnx.value_and_grad(module_loss)
+
+
+# --------------------------------------------------------------------------- methods
+def methods(loss, params, batch, module=None):
+    eager_vg = jax.value_and_grad(loss)
+    compiled_vg = jaxaot.compiled_value_and_grad(loss)
+    if module is not None:  # the CNN: eager and compiled take the nnx module itself
+        module_loss, model, nnx_vg = module
+        eager = lambda: nnx_vg(model, *batch)
+        compiled_m = jaxaot.compiled_value_and_grad(module_loss)
+        compiled = lambda: compiled_m(model, *batch)
+    else:
+        eager = lambda: eager_vg(params, *batch)
+        compiled = lambda: compiled_vg(params, *batch)
+
+    def jit_vjp():
+        value, vjp_fn = jax.vjp(lambda p: loss(p, *batch), params)
+        return value, jax.jit(vjp_fn)(jnp.ones((), value.dtype))
+
+    jit_vg, jit_fwd = jax.jit(jax.value_and_grad(loss)), jax.jit(loss)
+    _, vjp_fn = jax.vjp(lambda p: loss(p, *batch), params)
+    captured = capture.capture(vjp_fn, jnp.float32)
+    backward = capture.compile_backward(captured, (), [])
+    return {
+        "eager": eager, "jit(vjp_fn)": jit_vjp, "compiled": compiled, "jit(vg)": lambda: jit_vg(params, *batch),
+        "_compiled_bwd": lambda: backward(captured.residuals, []), "_jit_fwd": lambda: jit_fwd(params, *batch),
+    }
+
+
+def time_rounds(fns: dict, rounds: int, steps: int) -> tuple[dict, dict]:
+    """Per-method round medians (seconds per step) and backend compiles during the rounds."""
+    for fn in fns.values():  # warm-up: compile what compiles once
+        jax.block_until_ready(fn())
+        jax.block_until_ready(fn())
+    medians = {k: [] for k in fns}
+    compiles = {k: 0 for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            before, times = _COMPILES[0], []
+            for _ in range(steps):
+                t = time.perf_counter()
+                jax.block_until_ready(fn())
+                times.append(time.perf_counter() - t)
+            compiles[name] += _COMPILES[0] - before
+            medians[name].append(statistics.median(times))
+    return medians, compiles
+
+
+def section(name: str, fns: dict, rounds: int, steps: int) -> str:
+    medians, compiles = time_rounds(fns, rounds, steps)
+    med = {k: statistics.median(v) for k, v in medians.items()}
+    ms = lambda s: f"{s * 1e3:9.3f}"
+    lines = [f"## {name}  ({rounds} interleaved rounds x {steps} steps; ms per step, median [min..max of rounds])",
+             f"{'method':<14}{'median':>9}  {'spread':<22}{'vs eager':>9}{'recompiles':>11}"]
+    for k in ("eager", "jit(vjp_fn)", "compiled", "jit(vg)"):
+        spread = f"[{min(medians[k]) * 1e3:.3f}..{max(medians[k]) * 1e3:.3f}]"
+        lines.append(f"{k:<14}{ms(med[k])}  {spread:<22}{med['eager'] / med[k]:8.2f}x{compiles[k]:>11}")
+    jit_bwd = max(med["jit(vg)"] - med["_jit_fwd"], 1e-9)
+    lines.append(f"backward: compiled {ms(med['_compiled_bwd'])} ms, jitted step's backward part "
+                 f"{ms(jit_bwd)} ms (jit(vg) - jit(loss)); ratio {med['_compiled_bwd'] / jit_bwd:.2f}x")
+    lines.append(f"goals: compiled >= 5x eager: {'met' if med['eager'] / med['compiled'] >= 5 else 'NOT met'} "
+                 f"({med['eager'] / med['compiled']:.2f}x); steady-state recompiles {compiles['compiled']}; "
+                 f"backward within 1.2x: {'met' if med['_compiled_bwd'] / jit_bwd <= 1.2 else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--small", action="store_true", help="CPU-sized models and fewer rounds")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rounds = args.rounds or (5 if args.small else 7)
+    steps = args.steps or (5 if args.small else 10)
+
+    def sections():
+        for name, build in (("MLP", mlp), ("transformer", transformer)):
+            loss, params, batch = build(args.small)
+            yield section(name, methods(loss, params, batch), rounds, steps)
+        loss, params, batch, module_loss, model, nnx_vg = nnx_cnn(args.small)
+        yield section("Flax nnx CNN", methods(loss, params, batch, (module_loss, model, nnx_vg)), rounds, steps)
+        s = jaxaot.compiled_autograd.stats()
+        yield f"compiled_autograd.stats(): compiles={s.compiles} hits={s.hits}"
+
+    report("compiled autograd: eager forward, backward compiled once per structure", sections(), args.out)
+
+
+if __name__ == "__main__":
+    main()

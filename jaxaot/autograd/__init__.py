@@ -1,0 +1,25 @@
+"""Compiled autograd for eager JAX: an eager forward, a backward compiled once per structure.
+
+PyTorch's compiled autograd captures the backward graph at run time, compiles
+it, and caches it by its structure. This subpackage does the same for JAX code
+run eagerly (outside ``jit``), where ``jax.grad`` would otherwise transpose and
+dispatch the backward one primitive at a time.
+
+Modules, each one concept: ``hooks`` (:func:`grad_hook`, cotangent hooks as
+identity ``custom_vjp``\\ s), ``param_hooks`` (post-accumulate hooks on whole
+gradients), ``structure`` (the structural key of a backward jaxpr and the
+reason two keys differ), ``cache`` (the process-wide, thread-safe cache of
+compiled backwards, with ``stats``/``reset``), ``capture`` (one step's
+backward as a jaxpr of its residuals), ``modules`` (Flax nnx module
+arguments) and ``api`` (:func:`compiled_grad`, :func:`compiled_value_and_grad`).
+"""
+
+from jaxaot.autograd import cache as compiled_autograd  # jaxaot.compiled_autograd.stats() / reset()
+from jaxaot.autograd.api import compiled_grad, compiled_value_and_grad, nnx_compiled_grad
+from jaxaot.autograd.cache import Stats, reset, stats
+from jaxaot.autograd.hooks import grad_hook
+
+__all__ = [
+    "Stats", "compiled_autograd", "compiled_grad", "compiled_value_and_grad", "grad_hook", "nnx_compiled_grad",
+    "reset", "stats",
+]

@@ -1,0 +1,227 @@
+"""``compiled_grad`` and ``compiled_value_and_grad``: eager forward, compiled backward.
+
+The model is PyTorch's compiled autograd, in JAX terms. Each call:
+
+1. runs ``fun`` eagerly under ``jax.vjp`` (Python control flow, prints,
+   ``aot_function`` regions and plain JAX all run as written, on concrete
+   values);
+2. captures the backward that step needs as one jaxpr with its residuals
+   hoisted to inputs (:mod:`.capture`);
+3. looks its structure up in the process-wide cache (:mod:`.cache`), compiling
+   on a miss and recording why (which input or equation changed, old vs new);
+4. runs the compiled backward on this step's residuals.
+
+Steps that take the same path through the forward reuse one executable; a new
+path (another branch, another loop length, other shapes) compiles once.
+
+Arguments follow ``jax.grad``: ``argnums`` picks the differentiated positional
+arguments, whose leaves must be float or complex. ``nnx.Module`` arguments are
+split as ``nnx.grad`` splits them (:mod:`.modules`): the gradient of a module
+is an ``nnx.State`` of its ``nnx.Param`` values, and the state the forward
+changes (batch statistics, RNG counters) is written back.
+
+Called inside ``jit``/``vmap`` (traced arguments), there is nothing to capture
+eagerly: the wrapper then behaves as ``jax.value_and_grad`` with the same
+parameter hooks, traced into the caller's program.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot import _compat as C
+from jaxaot._pytrees import format_aval
+from jaxaot.autograd import capture as CAP
+from jaxaot.autograd import modules as M
+from jaxaot.autograd import param_hooks as PH
+from jaxaot.errors import InvalidInputError, InvalidOutputError
+
+
+def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
+    single = isinstance(argnums, int) and not isinstance(argnums, bool)
+    nums = (argnums,) if single else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if not nums or any(not isinstance(n, int) or isinstance(n, bool) for n in nums):
+        raise InvalidInputError(f"argnums must be an int or a non-empty tuple of ints, got {argnums!r}.")
+    return nums, single
+
+
+class _Plans:
+    """Per-function memo: param-hook plans by tree structure, and the structure run last."""
+
+    def __init__(self, hooks: tuple) -> None:
+        self.hooks = hooks
+        self.by_tree: dict[Any, tuple] = {}
+        self.last = None
+        self.lock = threading.Lock()
+
+    def plan(self, treedef: Any, tree: Any, multiple: bool) -> tuple:
+        if not self.hooks:
+            return ()
+        planned = self.by_tree.get(treedef)
+        if planned is None:
+            planned = PH.plan(self.hooks, PH.leaf_path_texts(tree, multiple))
+            with self.lock:
+                self.by_tree[treedef] = planned
+        return planned
+
+
+def _name(fun: Any) -> str:
+    return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or type(fun).__name__
+
+
+def _input_avals(args: Sequence[Any], skip: Any, diff_leaves: Sequence[Any]) -> tuple:
+    """Shapes and dtypes of the differentiated leaves, then of the other array arguments."""
+    others = jax.tree_util.tree_leaves([a for i, a in enumerate(args) if i not in skip])
+    return tuple((tuple(x.shape), x.dtype) for x in (*diff_leaves, *others) if hasattr(x, "dtype"))
+
+
+def _describe_change(old: tuple | None, new: tuple) -> str:
+    """``inputs (f32[4,3], ...) -> (f32[5,3], ...)`` when the input shapes or dtypes changed, else ``""``."""
+    def text(avals: tuple) -> str:
+        shown = [format_aval(jax.ShapeDtypeStruct(s, d)) for s, d in avals[:6]]
+        return "(" + ", ".join(shown) + (", ..." if len(avals) > 6 else "") + ")"
+
+    if old is None or old == new:
+        return text(new)
+    return f"{text(old)} -> {text(new)}"
+
+
+def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+                            param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None) -> Callable[..., Any]:
+    """Like ``jax.value_and_grad``; the forward runs eagerly, the backward compiled once per structure.
+
+    Args:
+      fun: the function; its (first) output must be a real scalar.
+      argnums: position or positions of the differentiated arguments.
+      has_aux: ``fun`` returns ``(value, aux)``.
+      param_hooks: ``{path pattern or predicate: fn(param, grad) -> grad}``, run
+        on each matching parameter's full gradient inside the compiled backward
+        (:mod:`jaxaot.autograd.param_hooks`).
+
+    Returns:
+      ``f(*args, **kwargs) -> (value, grad)`` (``((value, aux), grad)`` with
+      ``has_aux``), as ``jax.value_and_grad``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot
+        >>> def loss(w, x):
+        ...     y = jnp.tanh(x @ w)
+        ...     return jnp.sum(y ** 2) if y.mean() > 0 else jnp.sum(y)  # a Python branch on data
+        >>> vg = jaxaot.compiled_value_and_grad(loss)
+        >>> value, g = vg(jnp.ones((3, 2)), jnp.ones((4, 3)))
+        >>> bool(jnp.allclose(g, jax.grad(loss)(jnp.ones((3, 2)), jnp.ones((4, 3)))))
+        True
+    """
+    if not callable(fun):
+        raise InvalidInputError(f"compiled_value_and_grad needs a callable, got a {type(fun).__name__}.")
+    nums, single = _check_argnums(argnums)
+    plans = _Plans(PH.check_param_hooks(param_hooks))
+
+    def value_and_grad(*args: Any, **kwargs: Any):
+        positions = _resolve(nums, len(args))
+        modules = M.split_args(args, positions) if args else {}
+        diff = tuple(modules[n].params if n in modules else args[n] for n in positions)
+        diff_leaves, diff_tree = jax.tree_util.tree_flatten(diff)
+        _check_inexact(diff, positions)
+
+        def forward(*dvals):
+            call_args = list(args)
+            for n, m in modules.items():
+                call_args[n] = m.merge(dvals[positions.index(n)] if n in positions else None)
+            for n, v in zip(positions, dvals):
+                if n not in modules:
+                    call_args[n] = v
+            out = fun(*call_args, **kwargs)
+            if has_aux:
+                if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                    raise InvalidOutputError(f"{_name(fun)} was marked has_aux=True but returned a "
+                                             f"{type(out).__name__}, not a (value, aux) pair.")
+                out, aux = out
+            else:
+                aux = None
+            _check_scalar(out, fun)
+            return out, (aux, {n: m.state_after(call_args[n]) for n, m in modules.items()})
+
+        value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
+        for n, m in modules.items():
+            m.write_back(states[n])
+        planned = plans.plan(diff_tree, diff, not single)
+        if C.is_tracer(value) or any(C.is_tracer(x) for x in diff_leaves):
+            grads = jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype)))
+            grads = PH.apply(planned, diff_leaves, grads)
+        else:
+            captured = CAP.capture(vjp_fn, value.dtype)
+            avals = _input_avals(args, {*modules, *positions}, diff_leaves)
+            last_structure, last_avals = plans.last or (None, None)
+            grads, structure = CAP.run_compiled(
+                captured, planned, diff_leaves, last_structure,
+                lambda: f"compiled_grad({_name(fun)}) on inputs {_describe_change(last_avals, avals)}")
+            plans.last = (structure, avals)
+        grad = jax.tree_util.tree_unflatten(diff_tree, grads)
+        grad = grad[0] if single else grad
+        return ((value, aux), grad) if has_aux else (value, grad)
+
+    value_and_grad.__wrapped__ = fun
+    return value_and_grad
+
+
+def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+                  param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None) -> Callable[..., Any]:
+    """Like ``jax.grad``, with the eager forward and compiled backward of :func:`compiled_value_and_grad`.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))(jnp.arange(3.0)).tolist()
+        [0.0, 2.0, 4.0]
+    """
+    vg = compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks)
+
+    def grad(*args: Any, **kwargs: Any):
+        value, g = vg(*args, **kwargs)
+        return (g, value[1]) if has_aux else g
+
+    grad.__wrapped__ = fun
+    return grad
+
+
+def nnx_compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+                      param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None) -> Callable[..., Any]:
+    """:func:`compiled_grad` under the name Flax users look for; module arguments get an ``nnx.State``."""
+    return compiled_grad(fun, argnums, has_aux, param_hooks=param_hooks)
+
+
+# --------------------------------------------------------------------------- checks
+def _resolve(nums: Sequence[int], nargs: int) -> tuple[int, ...]:
+    out = []
+    for n in nums:
+        if not -nargs <= n < nargs:
+            raise InvalidInputError(f"argnums={n} is out of range: the function got {nargs} positional "
+                                    f"argument(s). Pass argnums below {nargs}, or pass the argument positionally.")
+        out.append(n % nargs)
+    return tuple(out)
+
+
+def _check_inexact(diff: Sequence[Any], positions: Sequence[int]) -> None:
+    for n, value in zip(positions, diff):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            dtype = jax.numpy.result_type(leaf)
+            if not C.is_inexact(dtype):
+                where = f"argument {n}{jax.tree_util.keystr(path)}"
+                raise InvalidInputError(
+                    f"{where} has dtype {np.dtype(dtype).name if dtype != C.float0 else 'float0'}; compiled_grad "
+                    "differentiates float and complex inputs only. Leave it out of argnums, or convert it "
+                    "(x.astype(jnp.float32)).")
+
+
+def _check_scalar(out: Any, fun: Any) -> None:
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is None:
+        raise InvalidOutputError(f"{_name(fun)} returned a {type(out).__name__}; compiled_grad needs a scalar "
+                                 "array output (use has_aux=True to return more).")
+    if tuple(shape) != () or not jax.numpy.issubdtype(dtype, jax.numpy.floating):
+        raise InvalidOutputError(f"{_name(fun)} returned {format_aval(out)}; compiled_grad needs a real scalar "
+                                 "output, as jax.grad does (sum or mean it, or use jax.vjp).")

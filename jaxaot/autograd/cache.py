@@ -1,0 +1,145 @@
+"""The process-wide cache of compiled backwards, its counters and its recompile reasons.
+
+One cache serves every :func:`~jaxaot.compiled_grad`: an entry is keyed by the
+backward's :class:`~jaxaot.autograd.structure.Structure` plus what the
+executable bakes in besides the jaxpr (the parameter hooks), so two functions
+with the same backward share one executable.
+
+Thread safety: lookups and counters take one lock; a missing entry is created
+under it and compiled outside it by the thread that created it, while other
+threads asking for the same key wait on the entry's event. Each structure is
+therefore compiled once however many threads step the same function. A
+compile that fails removes its entry, so the next call tries again.
+
+The cache holds at most :data:`MAX_ENTRIES` executables and drops the least
+recently used; a structure that comes back after being dropped compiles again
+(and says so in its reason).
+
+``jaxaot.compiled_autograd.stats()`` and ``reset()`` are this module's
+:func:`stats` and :func:`reset`; every compile's reason is also logged at
+INFO level on the ``jaxaot`` logger.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable, Hashable
+
+logger = logging.getLogger("jaxaot")
+
+#: The most compiled backwards kept.
+MAX_ENTRIES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """What the compiled-autograd cache has done since the last :func:`reset`.
+
+    Attributes:
+      compiles: backwards compiled (one per new structure).
+      hits: steps that reused a compiled backward.
+      reasons: one readable line per compile, saying what changed (old vs new).
+      entries: executables held now.
+    """
+
+    compiles: int
+    hits: int
+    reasons: tuple[str, ...]
+    entries: int
+
+
+class _Entry:
+    """One compiled backward; ``ready`` is set once ``executable`` (or ``error``) is there."""
+
+    __slots__ = ("executable", "error", "ready", "structure")
+
+    def __init__(self, structure: Any) -> None:
+        self.executable: Any = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.structure = structure
+
+
+class BackwardCache:
+    """``key -> compiled backward``, compiling each key once across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: "collections.OrderedDict[Hashable, _Entry]" = collections.OrderedDict()
+        self._compiles = 0
+        self._hits = 0
+        self._reasons: list[str] = []
+
+    def get(self, key: Hashable, structure: Any, compile_fn: Callable[[], Any],
+            reason_fn: Callable[[], str]) -> Any:
+        """The executable for ``key``; on a miss ``compile_fn()`` builds it and ``reason_fn()`` says why."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self._hits += 1
+                owner = False
+            else:
+                entry = self._entries[key] = _Entry(structure)
+                owner = True
+                while len(self._entries) > MAX_ENTRIES:
+                    self._entries.popitem(last=False)
+        if not owner:
+            entry.ready.wait()
+            if entry.error is not None:
+                raise entry.error
+            return entry.executable
+        try:
+            reason = reason_fn()
+            entry.executable = compile_fn()
+        except BaseException as e:
+            entry.error = e
+            with self._lock:
+                if self._entries.get(key) is entry:
+                    del self._entries[key]
+            raise
+        finally:
+            entry.ready.set()
+        with self._lock:
+            self._compiles += 1
+            self._reasons.append(reason)
+        logger.info("compiled autograd: %s", reason)
+        return entry.executable
+
+    def stats(self) -> Stats:
+        with self._lock:
+            return Stats(self._compiles, self._hits, tuple(self._reasons), len(self._entries))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._compiles = self._hits = 0
+            self._reasons.clear()
+
+
+#: The cache every compiled_grad uses.
+CACHE = BackwardCache()
+
+
+def stats() -> Stats:
+    """Compiles, cache hits and the reason for each compile, since the last :func:`reset`.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> jaxaot.compiled_autograd.reset()
+        >>> g = jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))
+        >>> for _ in range(3):
+        ...     _ = g(jnp.ones(3))
+        >>> s = jaxaot.compiled_autograd.stats()
+        >>> (s.compiles, s.hits)
+        (1, 2)
+    """
+    return CACHE.stats()
+
+
+def reset() -> None:
+    """Drop every compiled backward and zero the counters."""
+    CACHE.reset()

@@ -1,0 +1,120 @@
+"""``ResidualTable``: the saved values of a split, one labelled row each, for people to read.
+
+Each row names its value the way a user wrote it: inputs by pytree path
+(``arg[0]['w1']``), outputs by output path, and values the forward computes only
+for the backward as ``temporary[k]``. Inputs are listed apart in the totals:
+they are alive anyway, so they cost the forward nothing; ``added_bytes`` is what
+the forward keeps alive beyond its inputs and outputs' own lifetimes.
+
+Example:
+    >>> import jax.numpy as jnp, jaxaot
+    >>> low = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum()).lower(jnp.ones((3, 2)), jnp.ones((4, 3)))
+    >>> [(row.label, row.kind) for row in low.residuals][:2]
+    [('arg[0]', 'input'), ('arg[1]', 'input')]
+    >>> low.residuals.added_bytes == low.saved_bytes - low.residuals.input_bytes
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+from jaxaot import _compat as C
+from jaxaot._pytrees import dtype_name, leaf_paths_or_positions
+from jaxaot.partition.split import Partition
+from jaxaot.tracing.joint import JointGraph
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualRow:
+    """One saved value: its label, shape, dtype, bytes, where it comes from and who made it."""
+
+    label: str
+    kind: str  # "input", "output" or "temporary"
+    shape: tuple
+    dtype: str
+    nbytes: int
+    producer: str
+    source_line: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ResidualTable(Sequence[ResidualRow]):
+    """The residuals of one split: a sequence of :class:`ResidualRow`.
+
+    ``str()`` gives a text table, Jupyter shows it as HTML, :meth:`to_rows`
+    gives plain dicts (for pandas, say). ``input_bytes`` are the saved inputs'
+    bytes (alive anyway), ``added_bytes`` those the forward adds, ``nbytes``
+    their sum (``Partition.saved_bytes``).
+    """
+
+    def __init__(self, rows: Sequence[ResidualRow], recomputed: Sequence[str] = ()):
+        self._rows = tuple(rows)
+        self.recomputed = tuple(recomputed)
+
+    @classmethod
+    def of(cls, partition: Partition, joint: JointGraph | None = None) -> "ResidualTable":
+        """The table of ``partition``; ``joint`` supplies the pytree paths of inputs and outputs."""
+        n_in = len(C.jaxpr_of(partition.forward).invars)
+        in_names = leaf_paths_or_positions(joint.in_tree if joint is not None else None, "input", n_in)
+        out_names = leaf_paths_or_positions(joint.out_tree if joint is not None else None, "output",
+                                            partition.num_outputs)
+        rows = []
+        for r in partition.residuals:
+            if r.source == "input":
+                label = in_names[r.index]
+            elif r.source == "output":
+                label = out_names[r.index]
+            else:
+                label = f"temporary[{r.index - partition.num_outputs}]"
+            rows.append(ResidualRow(label, r.source, tuple(r.aval.shape), dtype_name(r.aval.dtype), r.nbytes,
+                                    r.producer, r.source_line))
+        return cls(rows, tuple(partition.recomputed))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):
+        return self._rows[i]
+
+    def __iter__(self) -> Iterator[ResidualRow]:
+        return iter(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self._rows)
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(r.nbytes for r in self._rows if r.kind == "input")
+
+    @property
+    def added_bytes(self) -> int:
+        return self.nbytes - self.input_bytes
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        """One dict per row (``label``, ``kind``, ``shape``, ``dtype``, ``nbytes``, ``producer``, ``source_line``)."""
+        return [r.as_dict() for r in self._rows]
+
+    def __str__(self) -> str:
+        header = ("#", "value", "shape", "dtype", "bytes", "producer", "line")
+        cells = [header] + [(str(i), r.label, str(list(r.shape)), r.dtype, str(r.nbytes), r.producer, r.source_line)
+                            for i, r in enumerate(self._rows)]
+        widths = [max(len(row[c]) for row in cells) for c in range(len(header))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+        lines.append(f"{self.nbytes} bytes saved: {self.input_bytes} of inputs (alive anyway), "
+                     f"{self.added_bytes} added by the forward")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"ResidualTable({len(self)} values, {self.added_bytes} bytes added, {self.input_bytes} of inputs)"
+
+    def _repr_html_(self) -> str:
+        # Deferred: jaxaot.viz sits above the runtime (it draws this table).
+        from jaxaot import viz
+
+        return viz.residual_table_html(self)
+

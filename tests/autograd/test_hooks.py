@@ -1,0 +1,126 @@
+"""grad_hook and param_hooks: what they change, in which order, and that they are in the traced backward."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot import compiled_autograd
+from jaxaot.autograd import capture
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    compiled_autograd.reset()
+    yield
+    compiled_autograd.reset()
+
+
+def _rand(rng, *shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+
+def _close(a, b, tol=1e-5):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+def _loss(w, x, hook):
+    h = jnp.tanh(x @ w)
+    return jnp.sum(jaxaot.grad_hook(h, hook) ** 2)
+
+
+def _reference(w, x, transform):
+    """jax.grad with the hooked cotangent computed by hand: d loss/d h, transformed, then pulled back."""
+    h, pull = jax.vjp(lambda w: jnp.tanh(x @ w), w)
+    return pull(transform(2 * h))[0]
+
+
+def test_grad_hook_changes_the_gradient_in_jax_grad_compiled_grad_and_aot_function():
+    rng = np.random.default_rng(0)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    scale = lambda g: g * 3.0 + 1.0
+    expected = _reference(w, x, scale)
+    _close(jax.grad(_loss)(w, x, scale), expected)
+    _close(jaxaot.compiled_grad(_loss)(w, x, scale), expected)
+    aot = jaxaot.aot_function(lambda w, x: _loss(w, x, scale))
+    _close(jax.grad(aot)(w, x), expected)
+
+
+def test_several_hooks_run_in_registration_order():
+    rng = np.random.default_rng(1)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    seen = []
+    add = lambda g: (seen.append("add"), g + 1.0)[1]
+    mul = lambda g: (seen.append("mul"), g * 2.0)[1]
+
+    def chained(w, x):
+        h = jnp.tanh(x @ w)
+        h = jaxaot.grad_hook(jaxaot.grad_hook(h, add), mul)
+        return jnp.sum(h ** 2)
+
+    expected = _reference(w, x, lambda g: (g + 1.0) * 2.0)  # add, then mul
+    _close(jaxaot.compiled_grad(chained)(w, x), expected)
+    assert seen == ["add", "mul"]
+    _close(jaxaot.compiled_grad(_loss)(w, x, [add, mul]), expected)
+
+
+def test_hooks_are_traced_into_the_backward_jaxpr():
+    rng = np.random.default_rng(2)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    _, vjp_fn = jax.vjp(lambda w: _loss(w, x, lambda g: jnp.cos(g)), w)
+    program = capture.capture(vjp_fn, jnp.float32).program
+    prims = [str(e.primitive) for e in program.jaxpr.eqns]
+    assert "cos" in prims and not any("callback" in p for p in prims)
+    aot = jaxaot.aot_function(lambda w, x: _loss(w, x, lambda g: jnp.cos(g)))
+    backward = jaxaot.value_and_grad(aot).lower(w, x).backward
+    assert "cos" in str(backward) and "callback" not in str(backward)
+
+
+def test_param_hooks_run_on_the_accumulated_gradient():
+    def f(p, x):
+        h = jnp.tanh(x @ p["layer"]["w"]) + jnp.tanh(x @ p["layer"]["w"] * 0.5)  # w used twice
+        return jnp.sum((h @ p["head"]) ** 2)
+
+    rng = np.random.default_rng(3)
+    p, x = {"layer": {"w": _rand(rng, 3, 4)}, "head": _rand(rng, 4, 1)}, _rand(rng, 5, 3)
+    calls = []
+    clip = lambda param, g: (calls.append(g.shape), jnp.clip(g, -0.1, 0.1))[1]
+    sgd = lambda param, g: param - 0.5 * g  # an optimizer step inside the backward
+    g = jaxaot.compiled_grad(f, param_hooks={"layer/w": clip, lambda path: path == "head": sgd})
+    ref = jax.grad(f)(p, x)
+    out = g(p, x)
+    _close(out["layer"]["w"], jnp.clip(ref["layer"]["w"], -0.1, 0.1))
+    _close(out["head"], p["head"] - 0.5 * ref["head"])
+    assert calls == [(3, 4)]  # once, on the total gradient, at trace time
+    g(p, x)
+    assert compiled_autograd.stats().compiles == 1
+
+
+def test_param_hooks_with_tuple_argnums_and_globs():
+    f = lambda a, b: jnp.sum(jnp.sin(a["k"]) * b["k"])
+    a, b = {"k": jnp.arange(3.0)}, {"k": jnp.ones(3)}
+    out = jaxaot.compiled_grad(f, argnums=(0, 1), param_hooks={"*/k": lambda p, g: 2 * g})(a, b)
+    _close(out, jax.tree_util.tree_map(lambda g: 2 * g, jax.grad(f, argnums=(0, 1))(a, b)))
+
+
+def test_bad_hooks_raise_typed_errors_and_the_next_call_works():
+    rng = np.random.default_rng(4)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    g = jaxaot.compiled_grad(_loss)
+    with pytest.raises(jaxaot.InvalidInputError, match="must be callable"):
+        g(w, x, "not a hook")
+    with pytest.raises(jaxaot.HookOutputError, match=r"f32\[4\].*f32\[4,2\]"):
+        g(w, x, lambda c: c.sum(axis=1))
+    with pytest.raises(jaxaot.HookOutputError, match=r"f16\[4,2\].*f32\[4,2\]"):
+        g(w, x, lambda c: c.astype(jnp.float16))
+    with pytest.raises(jaxaot.HookOutputError, match="param hook"):
+        jaxaot.compiled_grad(_loss, param_hooks={"*": lambda p, c: c[0]})(w, x, lambda c: c)
+    with pytest.raises(jaxaot.InvalidInputError, match="matches no differentiated parameter"):
+        jaxaot.compiled_grad(_loss, param_hooks={"nope": lambda p, c: c})(w, x, lambda c: c)
+    with pytest.raises(jaxaot.InvalidInputError, match="must be callable"):
+        jaxaot.compiled_grad(_loss, param_hooks={"*": 3})
+    _close(g(w, x, lambda c: c), jax.grad(_loss)(w, x, lambda c: c))
