@@ -404,3 +404,10 @@ def known_value(tracer: Any) -> Any:
 
 def is_jaxpr_var(x: Any) -> bool:
     return isinstance(x, _core.Var) and not isinstance(x, _core.DropVar)
+
+
+# --------------------------------------------------------------------------- debug_nans
+#: What a compiled executable raises under ``jax.debug_nans``/``debug_infs`` when an
+#: output is NaN/Inf; ``jax.jit`` catches it and re-runs op by op to name the culprit.
+InternalFloatingPointError = getattr(__import__("jax._src.api_util", fromlist=["x"]), "InternalFloatingPointError",
+                                     FloatingPointError)

@@ -32,6 +32,7 @@ from jaxaot.compile.compilers import Compiler
 from jaxaot.errors import ReverseModeBoundError
 from jaxaot.loops.capacity import dynamic_capacity
 from jaxaot.partition.split import Partition, Partitioner
+from jaxaot.runtime.debug_nans import CheckedExecutable
 from jaxaot.runtime.signature import Signature
 from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter
 from jaxaot.tracing.joint import JointGraph, build_joint
@@ -116,7 +117,7 @@ class SignaturePrograms:
                     t = time.perf_counter()
                     donate = [i for i in self.donated_leaves if i not in aliased]
                     options = {"donate_argnums": tuple(donate)} if donate else {}
-                    exe = cache.cached_compile(compiler, closed, list(avals), **options)
+                    exe = CheckedExecutable(cache.cached_compile(compiler, closed, list(avals), **options), closed)
                     self.times[f"compile_{name}"] = time.perf_counter() - t
                     self.executables[name] = exe
         return exe
