@@ -8,24 +8,9 @@ import numpy as np
 import pytest
 
 import jaxaot
+from autograd_helpers import close as _close, rand as _rand
 from jaxaot import compiled_autograd
 from jaxaot.autograd import capture
-
-
-@pytest.fixture(autouse=True)
-def _fresh_cache():
-    compiled_autograd.reset()
-    yield
-    compiled_autograd.reset()
-
-
-def _rand(rng, *shape):
-    return jnp.asarray(rng.standard_normal(shape), jnp.float32)
-
-
-def _close(a, b, tol=1e-5):
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
 
 
 def _loss(w, x, hook):
