@@ -43,7 +43,8 @@ PARTITIONERS = {
     "min_cut_0.5": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5),
     "min_cut_0": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0),
 }
-PATHS = ("eager_value_and_grad", "jax_grad", "jit", "vmap", "forward_backward", "export_load")
+PATHS = ("eager_value_and_grad", "jax_grad", "jit", "vmap", "forward_backward", "export_load",
+         "compiled_autograd")
 #: max |got - want| <= TOL * (1 + max |want|), per dtype (one rounding of a short program, not bit equality)
 TOL = {"float32": 2e-4, "bfloat16": 6e-2, "float16": 1e-2}
 
@@ -301,6 +302,8 @@ def check_program(prog: Program, partitioners=tuple(PARTITIONERS), paths: tuple[
                 got = jaxaot.value_and_grad(f, argnums=GRAD_ARGS)(*args)
             elif path == "jax_grad":
                 got = jax.value_and_grad(f, argnums=GRAD_ARGS)(*args)
+            elif path == "compiled_autograd":  # an eager forward around the region, its backward captured
+                got = jaxaot.compiled_value_and_grad(f, argnums=GRAD_ARGS)(*args)
             elif path == "jit":
                 got = jax.jit(jax.value_and_grad(f, argnums=GRAD_ARGS))(*args)
             elif path == "vmap":

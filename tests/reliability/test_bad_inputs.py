@@ -291,3 +291,47 @@ def test_loaded_artifact_refuses_bad_inputs_then_works(saved):
             call()
     f.backward(res, jnp.float32(1))
     _works(f)
+
+
+# ------------------------------------------------------------------ compiled autograd, patch_while_loop, viz
+def _cg_loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w))
+
+
+@pytest.mark.parametrize("make,error,names", [
+    (lambda: jaxaot.compiled_grad(_cg_loss, argnums=5), E.InvalidInputError, r"argnums=5 is out of range"),
+    (lambda: jaxaot.compiled_grad(lambda w, x: _cg_loss(jaxaot.grad_hook(w, "not callable"), x)),
+     E.InvalidInputError, r"grad_hook"),
+    (lambda: jaxaot.compiled_grad(lambda w, x: _cg_loss(jaxaot.grad_hook(w, lambda ct: ct[:1]), x)),
+     E.HookOutputError, r"returned f32\[1,2\], but the cotangent it got is f32\[3,2\]"),
+    (lambda: jaxaot.compiled_grad(_cg_loss, param_hooks={"nothing/matches": lambda p, g: g}),
+     E.InvalidInputError, r"nothing/matches"),
+])
+def test_compiled_autograd_bad_inputs_then_works(make, error, names):
+    w, x = P["w"], X
+    with pytest.raises(error, match=names):
+        jax.block_until_ready(make()(w, x))
+    np.testing.assert_allclose(jaxaot.compiled_grad(_cg_loss)(w, x), jax.grad(_cg_loss)(w, x), rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_autograd_refuses_integer_inputs():
+    with pytest.raises(E.InvalidInputError, match="integer|int32"):
+        jaxaot.compiled_grad(lambda n: jnp.sum(n * 2.0))(jnp.arange(3))
+
+
+def test_patch_while_loop_with_two_memory_modes_is_refused_and_restores_lax():
+    before = jax.lax.while_loop
+    with pytest.raises(E.InvalidLoopOptionError, match="max_steps.*checkpoints|checkpoints.*max_steps"):
+        with jaxaot.patch_while_loop(max_steps=4, checkpoints=2):
+            pass
+    assert jax.lax.while_loop is before
+    with jaxaot.patch_while_loop(max_steps=8):
+        y = jax.lax.while_loop(lambda c: c < 3.0, lambda c: c + 1.0, 0.0)
+    assert float(y) == 3.0 and jax.lax.while_loop is before
+
+
+def test_viz_bad_format_then_works():
+    low = jaxaot.aot_function(loss).lower(P, X)
+    with pytest.raises(E.InvalidValueError, match="format must be"):
+        jaxaot.viz.render(low, format="png")
+    assert "<table" in jaxaot.viz.residual_table_html(low)
