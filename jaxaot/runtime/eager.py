@@ -107,7 +107,7 @@ def value_and_grad(
     def lower(*args: Any, **kwargs: Any):
         """The :class:`AOTLowered` of the programs this gradient runs."""
         programs, leaves, _ = fun.lookup(args, kwargs)
-        return fun.lowered(programs, training_for(programs, leaves, args))
+        return fun.lowered(training_for(programs, leaves, args))
 
     vg.__wrapped__ = fun
     vg.lower = lower

@@ -134,7 +134,7 @@ class AOTFunction:
         self._hits += 1
         return Lookup(programs, leaves, kind)
 
-    def lowered(self, programs: SignaturePrograms, training: TrainingPrograms) -> AOTLowered:
+    def lowered(self, training: TrainingPrograms) -> AOTLowered:
         """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled."""
         return AOTLowered(training)
 
@@ -244,7 +244,7 @@ class AOTFunction:
             12
         """
         programs = self.lookup(args, kwargs).programs
-        return self.lowered(programs, programs.training())
+        return self.lowered(programs.training())
 
     def cache_info(self) -> CacheInfo:
         """Compiled signatures, with the reason each was (re)compiled.
