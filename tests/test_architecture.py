@@ -26,7 +26,7 @@ LAYERS = [
     {"jaxaot.partition"},    # stage 2
     {"jaxaot.compile"},      # stage 3
     {"jaxaot.runtime"},      # stage 4
-    {"jaxaot.artifacts", "jaxaot.nn", "jaxaot.autograd"},  # front-ends on the runtime
+    {"jaxaot.artifacts", "jaxaot.nn", "jaxaot.autograd", "jaxaot.parallel"},  # front-ends on the runtime
     {"jaxaot.viz"},          # pictures of what the runtime built
     {"jaxaot.cli", "jaxaot"},  # the command, and the package face
 ]
