@@ -195,9 +195,21 @@ def serialize_executable(compiled: Any) -> tuple[bytes, Any, Any]:
     return _serialize_executable.serialize(compiled)
 
 
-def deserialize_executable(blob: bytes, in_tree: Any, out_tree: Any) -> Any:
-    """The ``jax.stages.Compiled`` that :func:`serialize_executable` wrote, loaded onto the default backend."""
-    return _serialize_executable.deserialize_and_load(blob, in_tree, out_tree)
+def deserialize_executable(blob: bytes, in_tree: Any, out_tree: Any, device_ids: Any = None) -> Any:
+    """The ``jax.stages.Compiled`` that :func:`serialize_executable` wrote, loaded onto the default backend.
+
+    ``device_ids``: the devices it runs on, in order (default: every device of the backend).
+    """
+    devices = None
+    if device_ids is not None:
+        by_id = {d.id: d for d in jax.devices()}
+        devices = [by_id[i] for i in device_ids]
+    return _serialize_executable.deserialize_and_load(blob, in_tree, out_tree, execution_devices=devices)
+
+
+def executable_device_ids(exe: Any) -> list[int]:
+    """The ids of the devices a ``jax.stages.Compiled`` runs on, in its device-assignment order."""
+    return [d.id for d in exe.runtime_executable().local_devices()]
 
 
 # --------------------------------------------------------------------------- tracers
@@ -222,6 +234,17 @@ def is_forward_mode_tracer(x: Any) -> bool:
     instead when it sees one of these.
     """
     return isinstance(x, _ad.JVPTracer)
+
+
+def concrete_primal(x: Any) -> Any:
+    """The concrete array under an eager ``jax.grad``/``jax.vjp``/``jax.jvp`` tracer, else None.
+
+    Eager differentiation traces with the values at hand: the runtime reads
+    their shardings, since the executables will run on them.
+    """
+    while isinstance(x, (_ad.JVPTracer, _ad.LinearizeTracer)):
+        x = x.primal
+    return x if isinstance(x, jax.Array) and not isinstance(x, Tracer) else None
 
 
 def shaped_abstractify(x: Any) -> Any:
@@ -411,3 +434,22 @@ def is_jaxpr_var(x: Any) -> bool:
 #: output is NaN/Inf; ``jax.jit`` catches it and re-runs op by op to name the culprit.
 InternalFloatingPointError = getattr(__import__("jax._src.api_util", fromlist=["x"]), "InternalFloatingPointError",
                                      FloatingPointError)
+
+
+# ---------------------------------------------------------------- checkpoint policies
+# What jaxaot.partition.policy (remat_policy) needs to speak jax.checkpoint's language.
+from jax._src import ad_checkpoint as _ad_checkpoint  # noqa: E402
+
+
+def has_partial_eval_rule(prim: Any) -> bool:
+    """Whether ``jax.checkpoint``'s partial evaluation has a rule of its own for ``prim``
+    (scan, while, cond, nested checkpoints, calls): it then asks the policy about the
+    eqns of the primitive's bodies, never about the eqn itself."""
+    return prim in _pe.partial_eval_jaxpr_custom_rules
+
+
+def saved_residuals(fn: Any, *args: Any, **kwargs: Any) -> list:
+    """``(aval, description)`` per value ``jax.vjp(fn, *args, **kwargs)`` saves, as
+    ``jax.ad_checkpoint.print_saved_residuals`` prints them (inputs are described
+    ``"from the argument ..."``)."""
+    return list(_ad_checkpoint.saved_residuals(fn, *args, **kwargs))

@@ -44,6 +44,10 @@ class PartitionError(JaxaotError, ValueError):
     """A partitioner produced, or was asked for, an impossible split."""
 
 
+class ShardingMismatchError(JaxaotError, ValueError):
+    """Inputs live on different meshes, or an array's sharding is not the one a program was compiled for."""
+
+
 class LoopFunctionError(JaxaotError, TypeError):
     """A while loop's ``cond_fun`` / ``body_fun`` is not callable or returns the wrong type."""
 
@@ -101,6 +105,21 @@ class HookOutputError(JaxaotError, TypeError):
 
     Raised by :func:`jaxaot.grad_hook` hooks and ``compiled_grad(param_hooks=...)``;
     the message names the hook, the value, what was expected and what came back.
+    """
+
+
+class ScheduleError(JaxaotError, ValueError):
+    """A pipeline schedule is invalid: a pass runs before one it needs, or is missing, duplicated or out of range.
+
+    The message names the first offending action and says how to fix it.
+    """
+
+
+class StageMismatchError(JaxaotError, TypeError):
+    """A pipeline stage's output does not fit the next stage's input (or the loss).
+
+    Detected before anything runs, with ``jax.eval_shape``; the message names
+    both stages, the shape and dtype one returns and what the other expects.
     """
 
 

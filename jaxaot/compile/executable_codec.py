@@ -1,7 +1,8 @@
 """A compiled program as a cache entry: a serialized ``jax.stages.Compiled``.
 
 The payload is ``len(header) | header | blob``: a JSON header with the numbers
-of inputs and outputs, then the bytes of ``jax.experimental.serialize_executable``.
+of inputs and outputs and the ids of the devices it runs on (a program
+compiled for one device of eight is loaded onto that one), then the bytes of ``jax.experimental.serialize_executable``.
 Only flat programs (what :func:`~jaxaot.compile.compilers.xla` compiles: a
 tuple of inputs in, a list of outputs out) are stored, so the header is all
 it takes to rebuild their pytrees. Other compilers' results are not stored.
@@ -33,7 +34,7 @@ def encode(exe: Any, n_in: int, n_out: int) -> bytes | None:
         return None
     if in_tree != _in_tree(n_in) or out_tree != _out_tree(n_out):
         return None  # not a compilers.xla-style flat program: we could not rebuild its trees
-    header = json.dumps({"n_in": n_in, "n_out": n_out}).encode()
+    header = json.dumps({"n_in": n_in, "n_out": n_out, "devices": C.executable_device_ids(exe)}).encode()
     return _LENGTH.pack(len(header)) + header + blob
 
 
@@ -43,7 +44,9 @@ def decode(payload: bytes) -> jax.stages.Compiled | None:
         (n,) = _LENGTH.unpack_from(payload)
         header = json.loads(payload[_LENGTH.size: _LENGTH.size + n])
         blob = payload[_LENGTH.size + n:]
-        return C.deserialize_executable(blob, _in_tree(int(header["n_in"])), _out_tree(int(header["n_out"])))
+        devices = header.get("devices")
+        return C.deserialize_executable(blob, _in_tree(int(header["n_in"])), _out_tree(int(header["n_out"])),
+                                        None if devices is None else [int(i) for i in devices])
     except Exception:
         return None
 

@@ -39,6 +39,7 @@ from jaxaot.runtime import arguments, checks
 from jaxaot.runtime.lowered import AOTLowered
 from jaxaot.runtime.programs import Options, SignaturePrograms, TrainingPrograms
 from jaxaot.runtime.residuals import Residuals
+from jaxaot.runtime.shardings import check_policy, check_same_devices, context_mesh
 from jaxaot.runtime.signature import (
     CacheEntryInfo, CacheInfo, Signature, TraceKind, describe_change, describe_signature, leaf_avals, lookup_keys,
 )
@@ -95,7 +96,7 @@ class AOTFunction:
     def __init__(self, fn: Callable[..., Any], fw_compiler: Compiler | None, bw_compiler: Compiler | None,
                  partition_fn: Partitioner, inference_compiler: Compiler | None,
                  decompositions: Mapping[Any, Callable] | None, static_argnums: Sequence[int],
-                 donate_argnums: Sequence[int]):
+                 donate_argnums: Sequence[int], out_shardings: Any = None, residual_sharding: str = "producer"):
         self.fn = fn
         self.fw_compiler = fw_compiler or compilers.xla
         self.bw_compiler = bw_compiler or self.fw_compiler
@@ -108,7 +109,7 @@ class AOTFunction:
         self.__name__ = getattr(fn, "__name__", "aot_function")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.options = Options(self.__name__, self.fw_compiler, self.bw_compiler, self.inference_compiler,
-                               partition_fn, self.decompositions)
+                               partition_fn, self.decompositions, out_shardings, residual_sharding)
         self._cache: dict[Signature, SignaturePrograms] = {}
         self._infos: list[CacheEntryInfo] = []
         self._hits = 0
@@ -124,7 +125,7 @@ class AOTFunction:
         """
         static, leaves, treedef = arguments.split_static(self.__name__, self.static_argnums, args, kwargs)
         keys, kind = lookup_keys(leaves, lambda: flatten_checked((args, kwargs), "input", InvalidInputError))
-        sig = Signature(treedef, keys, static)
+        sig = Signature(treedef, keys, static, context_mesh())
         programs = self._cache.get(sig)
         if programs is None:
             with self._lock:  # double-checked: another thread may have traced it meanwhile
@@ -142,7 +143,9 @@ class AOTFunction:
         reason = "first call" if self._last is None else describe_change(self._last, sig)
         flat_fn = arguments.flat_function(self.fn, self.static_argnums, sig.static, sig.treedef)
         donated = arguments.donated_leaves(sig.treedef, len(sig.static), self.static_argnums, self.donate_argnums)
-        programs = SignaturePrograms(self.options, sig, flat_fn, leaf_avals(leaves), donated)
+        avals = leaf_avals(leaves)
+        check_same_devices(sig.treedef, leaves, avals)
+        programs = SignaturePrograms(self.options, sig, flat_fn, avals, donated)
         self._cache[sig] = programs
         self._last = sig
         self._infos.append(CacheEntryInfo(describe_signature(sig), reason, ()))
@@ -182,7 +185,7 @@ class AOTFunction:
             # executable itself refuses other devices (ValueError).
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
             tr = hot.training
-            if treedef == hot.treedef and tr.eager_forward is not None and all(
+            if treedef == hot.treedef and tr.eager_forward is not None and tr.programs.signature.mesh is context_mesh() and all(
                     type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)):
                 try:
                     outs, residuals = tr.eager_forward(leaves)
@@ -284,6 +287,8 @@ def aot_function(
     decompositions: Mapping[Any, Callable] | None = None,
     static_argnums: int | Sequence[int] = (),
     donate_argnums: int | Sequence[int] = (),
+    out_shardings: Any = None,
+    residual_sharding: str = "producer",
 ) -> AOTFunction:
     """Compile ``fn`` ahead of time into separate forward and backward executables.
 
@@ -299,6 +304,17 @@ def aot_function(
         derivative rules are written for the original operations).
       static_argnums: positional arguments that are compile-time constants.
       donate_argnums: positional arguments whose buffers the executables may reuse.
+      out_shardings: a ``jax.sharding.Sharding``, or a pytree prefix of the
+        outputs with one (or None) per output, pinning where the outputs live,
+        as ``jax.jit``'s ``out_shardings``; default: wherever XLA's SPMD
+        partitioner puts them.
+      residual_sharding: where a sharded forward keeps its residuals:
+        ``"producer"`` (default) leaves each as the forward produced it;
+        ``"replicated"`` keeps a full copy on every device of the mesh.
+
+    Sharded inputs (committed ``jax.Array``s on several devices, or any input
+    under a ``jax.set_mesh`` context) compile every program for their shardings:
+    see :mod:`jaxaot.runtime.shardings`.
 
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot
@@ -318,4 +334,6 @@ def aot_function(
     donate = arguments.normalize_argnums("donate_argnums", donate_argnums)
     if set(static) & set(donate):
         raise InvalidInputError(f"arguments {sorted(set(static) & set(donate))} cannot be both static and donated.")
-    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn, inference_compiler, decompositions, static, donate)
+    check_policy(residual_sharding)
+    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn, inference_compiler, decompositions, static, donate,
+                       out_shardings, residual_sharding)

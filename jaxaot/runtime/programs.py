@@ -29,38 +29,21 @@ import jax
 from jaxaot import _compat as C
 from jaxaot.compile import cache
 from jaxaot.compile.compilers import Compiler
-from jaxaot.errors import ReverseModeBoundError
+from jaxaot.errors import InvalidValueError, ReverseModeBoundError
 from jaxaot.loops.capacity import dynamic_capacity
-from jaxaot.partition.split import Partition, Partitioner
+from jaxaot.partition.split import Partition
+from jaxaot.runtime import shardings as S
 from jaxaot.runtime.debug_nans import CheckedExecutable
+from jaxaot.runtime.options import Options, prune_outputs
 from jaxaot.runtime.signature import Signature
 from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter
 from jaxaot.tracing.joint import JointGraph, build_joint
-from jaxaot.tracing.primal import Decompositions, trace_primal
+from jaxaot.tracing.primal import trace_primal
 
 #: The first stack capacity of while loops whose stack the runtime sizes (doubled on overflow).
 INITIAL_LOOP_CAPACITY = 32
 
 _ArrayImpl = C.ArrayImpl
-
-
-class Options:
-    """What an :class:`~jaxaot.AOTFunction` was built with: its compilers, partitioner, decompositions."""
-
-    def __init__(self, name: str, fw_compiler: Compiler, bw_compiler: Compiler, inference_compiler: Compiler,
-                 partition_fn: Partitioner, decompositions: Decompositions | None):
-        self.name = name
-        self.fw_compiler = fw_compiler
-        self.bw_compiler = bw_compiler
-        self.inference_compiler = inference_compiler
-        self.partition_fn = partition_fn
-        self.decompositions = decompositions
-
-
-def prune_outputs(closed: Any, keep: Sequence[int]) -> Any:
-    """``closed`` returning only the outputs at ``keep``."""
-    j = C.jaxpr_of(closed)
-    return C.make_closed_jaxpr(j.constvars, j.invars, [j.outvars[i] for i in keep], j.eqns, C.consts_of(closed))
 
 
 class SignaturePrograms:
@@ -72,6 +55,9 @@ class SignaturePrograms:
       primal: the flat primal program; ``out_tree`` its output structure.
       output_is_input: per output, the input it returns unchanged (or None);
         such outputs skip the executables.
+      sharded: whether an input spans several devices or a mesh context was
+        set; such programs are compiled for their shardings
+        (:mod:`~jaxaot.runtime.shardings`).
       times / executables: seconds per stage and the executables, by name.
     """
 
@@ -91,10 +77,28 @@ class SignaturePrograms:
         self.computed_outputs = [i for i, src in enumerate(self.output_is_input) if src is None]
         self.no_aliases = len(self.computed_outputs) == len(primal.outvars)
         self.inexact = tuple(C.is_inexact(a.dtype) for a in avals)
+        self.sharded = S.is_sharded(avals, sig.mesh)
+        self.mesh = S.mesh_of(avals) if self.sharded else None
+        self.out_shardings = self._flat_out_shardings(options.out_shardings)
         self._training: dict[tuple[bool, ...], TrainingPrograms] = {}
         # Guards the lazy builds of this signature (and of its TrainingPrograms); taken only
         # on a miss, so each stage is built once however many threads ask.
         self.lock = threading.RLock()
+
+    def _flat_out_shardings(self, out_shardings: Any) -> list:
+        """Per output leaf, the sharding ``out_shardings`` pins it to (None: XLA chooses)."""
+        n = self.out_tree.num_leaves
+        if out_shardings is None:
+            return [None] * n
+        is_sharding = lambda x: x is None or isinstance(x, jax.sharding.Sharding)  # noqa: E731
+        try:
+            full = jax.tree.broadcast(out_shardings, jax.tree_util.tree_unflatten(self.out_tree, [0] * n),
+                                      is_leaf=is_sharding)
+        except (ValueError, TypeError) as e:
+            raise InvalidValueError(
+                f"out_shardings of {self.options.name} must be a sharding or a pytree prefix of the outputs "
+                f"({self.out_tree}): {e}") from None
+        return jax.tree_util.tree_leaves(full, is_leaf=is_sharding)
 
     def training(self, mask: Sequence[bool] | None = None) -> "TrainingPrograms":
         """The training programs when the inputs in ``mask`` are differentiated (default: every inexact one)."""
@@ -124,8 +128,9 @@ class SignaturePrograms:
 
     @property
     def inference_program(self) -> Any:
-        """The primal program less the outputs that are inputs."""
-        return prune_outputs(self.primal, self.computed_outputs)
+        """The primal program less the outputs that are inputs (pinned to ``out_shardings``)."""
+        pruned = prune_outputs(self.primal, self.computed_outputs)
+        return S.constrain_outputs(pruned, [self.out_shardings[i] for i in self.computed_outputs])
 
     @property
     def inference_exe(self):
@@ -181,6 +186,7 @@ class TrainingPrograms:
         self._joint: JointGraph | None = None
         self._partition: Partition | None = None
         self._unit_cts: dict[int, list] = {}
+        self._backward_shardings: list | None = None
         self.eager_forward: Callable | None = None  # the hot path, once it can be built
         for name in (self.forward_name, self.backward_name):
             self.programs.executables.pop(name, None)
@@ -216,10 +222,30 @@ class TrainingPrograms:
 
     @property
     def forward_program(self) -> Any:
-        """The partition's forward, less the outputs that are inputs."""
+        """The partition's forward, less the outputs that are inputs.
+
+        Outputs are pinned to ``out_shardings``, and residuals to every device under
+        ``residual_sharding="replicated"``.
+        """
         p, part = self.programs, self.partition
         n_fwd = len(C.jaxpr_of(part.forward).outvars)
-        return prune_outputs(part.forward, p.computed_outputs + list(range(len(p.output_is_input), n_fwd)))
+        n_user = len(p.output_is_input)
+        pruned = prune_outputs(part.forward, p.computed_outputs + list(range(n_user, n_fwd)))
+        pins = [p.out_shardings[i] for i in p.computed_outputs] + [None] * (n_fwd - n_user)
+        if self.options.residual_sharding == "replicated" and p.mesh is not None:
+            everywhere = S.replicated(p.mesh)
+            for i in part.saved_outputs:
+                if i >= n_user:
+                    pins[len(p.computed_outputs) + i - n_user] = everywhere
+        return S.constrain_outputs(pruned, pins)
+
+    @property
+    def backward_program(self) -> Any:
+        """The partition's backward; in a sharded signature, each grad pinned to its input's sharding."""
+        part, p = self.partition, self.programs
+        if not p.sharded:
+            return part.backward
+        return S.constrain_outputs(part.backward, [p.in_avals[i].sharding for i in part.grad_inputs])
 
     @property
     def forward_exe(self):
@@ -234,16 +260,48 @@ class TrainingPrograms:
     def backward_exe(self):
         exe = self.programs.executables.get(self.backward_name)
         if exe is None:
-            exe = self.programs.compile(self.backward_name, self.options.bw_compiler, self.partition.backward,
+            exe = self.programs.compile(self.backward_name, self.options.bw_compiler, self.backward_program,
                                         self.backward_avals())
         return exe
 
     def backward_avals(self) -> list:
-        """The backward's inputs: the selected cotangents, then the residuals."""
+        """The backward's inputs: the selected cotangents, then the residuals.
+
+        In a sharded signature they carry the shardings the compiled forward gave
+        them (:meth:`backward_shardings`).
+        """
         part = self.partition
         cts = [jax.ShapeDtypeStruct(self.joint.out_avals[i].shape, self.joint.out_avals[i].dtype)
                for i in part.cotangent_outputs]
-        return cts + [r.aval for r in part.residuals]
+        avals = cts + [r.aval for r in part.residuals]
+        if not self.programs.sharded:
+            return avals
+        return [S.with_sharding(a, s) for a, s in zip(avals, self.backward_shardings())]
+
+    def backward_shardings(self) -> list:
+        """Per backward input (cotangents, then residuals), the sharding it is compiled for (None: free)."""
+        shardings = self._backward_shardings
+        if shardings is None:
+            p, part = self.programs, self.partition
+            outs = S.output_shardings(self.forward_exe) if p.sharded else None
+            n_user, n_real = len(p.output_is_input), len(p.computed_outputs)
+
+            def of_output(i: int) -> Any:  # forward output i, as the runtime numbers them
+                if i < n_user and p.output_is_input[i] is not None:
+                    return p.in_avals[p.output_is_input[i]].sharding
+                if outs is None:
+                    return None
+                return outs[p.computed_outputs.index(i) if i < n_user else n_real + i - n_user]
+
+            shardings = ([of_output(i) for i in part.cotangent_outputs]
+                         + [p.in_avals[i].sharding for i in part.saved_inputs]
+                         + [of_output(i) for i in part.saved_outputs])
+            self._backward_shardings = shardings
+        return shardings
+
+    def residual_shardings(self) -> list:
+        """Per residual (backward order), the sharding the backward takes it in (None: unsharded)."""
+        return self.backward_shardings()[len(self.partition.cotangent_outputs):]
 
     # -- running
     def forward(self, leaves: Sequence[Any], concrete: bool | None = None) -> tuple[list, list]:
@@ -313,8 +371,10 @@ class TrainingPrograms:
         else:
             traced = any(C.is_tracer(x) for x in args)
         if traced:
-            return C.eval_closed(self.partition.backward, *args)
+            return C.eval_closed(self.backward_program, *args)
         exe = self.programs.executables.get(self.backward_name) or self.backward_exe
+        if self.programs.sharded:
+            args = [*S.reshard_cotangents(cts, self.backward_shardings()), *residuals]
         return list(exe(*args))
 
     def unit_cotangents(self, leaf: int) -> list:
@@ -324,6 +384,8 @@ class TrainingPrograms:
             outs = self.partition.cotangent_outputs
             cts = [jax.numpy.full(self.joint.out_avals[i].shape, 1 if i == leaf else 0, self.joint.out_avals[i].dtype)
                    for i in outs]
+            if self.programs.sharded:
+                cts = S.reshard_cotangents(cts, self.backward_shardings())
             self._unit_cts[leaf] = cts
         return cts
 

@@ -45,6 +45,7 @@ class Signature(NamedTuple):
     treedef: Any
     leaves: tuple
     static: tuple
+    mesh: Any = None  #: the abstract mesh of the ``jax.set_mesh`` context, if any
 
 
 # --------------------------------------------------------------------------- leaf keys
@@ -73,6 +74,11 @@ def leaf_key(x: Any) -> Any:
     arrays and cheap to hash. Committed arrays add their sharding.
     """
     if isinstance(x, C.Tracer):
+        primal = C.concrete_primal(x)  # eager grad: the executables will run on this array
+        if primal is not None and primal.committed:
+            sk = sharding_key(primal.sharding)
+            if sk is not None:
+                return (x.aval, sk)
         return x.aval
     if isinstance(x, jax.Array):
         if x.committed:
@@ -118,13 +124,27 @@ def leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
     for x in leaves:
         if isinstance(x, jax.Array) and not C.is_tracer(x):
             a = x.aval  # typed PRNG keys have no .weak_type of their own
-            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=x.sharding, weak_type=a.weak_type))
+            # An uncommitted array goes where the program runs, as under jit: no sharding.
+            sharding = x.sharding if x.committed else None
+            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding, weak_type=a.weak_type))
         elif isinstance(x, jax.ShapeDtypeStruct):
             out.append(x)
         else:
             a = jax.typeof(x)
-            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type))
+            primal = C.concrete_primal(x) if C.is_tracer(x) else None
+            sharding = primal.sharding if primal is not None and primal.committed else _explicit_sharding(a)
+            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding, weak_type=a.weak_type))
     return out
+
+
+def _explicit_sharding(aval: Any) -> Any:
+    """The sharding an aval's type carries under a mesh with explicit axes (part of its type), else None."""
+    sharding = getattr(aval, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if not spec or not any(p is not None for p in spec):
+        return None
+    explicit = jax.sharding.AxisType.Explicit
+    return sharding if any(t == explicit for t in sharding.mesh.axis_types) else None
 
 
 # --------------------------------------------------------------------------- describing
@@ -135,17 +155,26 @@ def _key_parts(k: Any) -> tuple[Any, Any]:
 
 def describe_signature(sig: Signature) -> str:
     """``arg[0]: f32[3], kwarg['x']: i32[]``: a signature as a user reads it."""
-    parts = [f"{p}: {format_aval(_key_parts(k)[0], weak=True)}"
+    parts = [f"{p}: {format_aval(_key_parts(k)[0], weak=True)}" + _sharding_suffix(_key_parts(k)[1])
              for p, k in zip(leaf_paths(sig.treedef, "input"), sig.leaves)]
     if sig.static:
         parts.append(f"static={sig.static!r}")
     return ", ".join(parts)
 
 
+def _sharding_suffix(sharding: Any) -> str:
+    spec = getattr(sharding, "spec", None)
+    if spec is not None:
+        return f" {spec}"
+    return "" if sharding is None else f" {sharding}"
+
+
 def describe_change(old: Signature, new: Signature) -> str:
     """Why ``new`` needs its own programs, against the last signature ``old``."""
     if old.static != new.static:
         return f"static arguments changed: {old.static!r} -> {new.static!r}"
+    if old.mesh != new.mesh:
+        return f"mesh context changed: {old.mesh} -> {new.mesh}"
     if old.treedef != new.treedef:
         return f"input pytree structure changed: {old.treedef} -> {new.treedef}"
     diffs = []

@@ -26,7 +26,8 @@ Modules, each importing only those above it:
 * ``table``: :func:`residual_table_html`;
 * ``page``: :func:`to_html`, the Jupyter view;
 * ``output``: :func:`render`, to text or a file;
-* ``plots``: :func:`plot_budget_sweep` (matplotlib).
+* ``plots``: :func:`plot_budget_sweep` (matplotlib);
+* ``schedule_plot``: :func:`plot_schedule`, a pipeline schedule's timeline (matplotlib).
 
 Example:
     >>> import jax.numpy as jnp, jaxaot, jaxaot.viz
@@ -50,6 +51,7 @@ from jaxaot.viz.table import residual_table_html
 from jaxaot.viz.page import to_html
 from jaxaot.viz.output import render
 from jaxaot.viz.plots import plot_budget_sweep
+from jaxaot.viz.schedule_plot import plot_schedule
 
 __all__ = [
     "EQN_KINDS",
@@ -64,6 +66,7 @@ __all__ = [
     "format_bytes",
     "layout_available",
     "plot_budget_sweep",
+    "plot_schedule",
     "render",
     "residual_table_html",
     "short_source",
