@@ -32,13 +32,13 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "LoopFunctionError",
         "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError", "LoopOverflowError",
         "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError", "ArtifactInputError",
-        "HookOutputError", "CacheWarning")),
+        "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "CacheWarning")),
     ("jaxaot._config", ("config",)),
     # stage 1: trace
     ("jaxaot.tracing.joint", ("JointGraph", "trace_joint")),
     # stage 2: partition
     ("jaxaot.partition", ("Partition", "Partitioner", "Residual", "default_partition", "Gradient", "differentiate",
-                          "min_cut_rematerialization_partition")),
+                          "min_cut_rematerialization_partition", "remat_policy", "RematPolicy")),
     # stage 3: compile
     ("jaxaot.compile", ("Compiler",)),
     # stage 4: runtime

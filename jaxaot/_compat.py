@@ -437,19 +437,10 @@ InternalFloatingPointError = getattr(__import__("jax._src.api_util", fromlist=["
 
 
 # ---------------------------------------------------------------- checkpoint policies
-# What jaxaot.partition.policy (remat_policy) needs to speak jax.checkpoint's language.
+# jaxaot.partition.policy reads jax.checkpoint's own rules (partial_eval_jaxpr_custom_rules above).
 from jax._src import ad_checkpoint as _ad_checkpoint  # noqa: E402
 
 
-def has_partial_eval_rule(prim: Any) -> bool:
-    """Whether ``jax.checkpoint``'s partial evaluation has a rule of its own for ``prim``
-    (scan, while, cond, nested checkpoints, calls): it then asks the policy about the
-    eqns of the primitive's bodies, never about the eqn itself."""
-    return prim in _pe.partial_eval_jaxpr_custom_rules
-
-
 def saved_residuals(fn: Any, *args: Any, **kwargs: Any) -> list:
-    """``(aval, description)`` per value ``jax.vjp(fn, *args, **kwargs)`` saves, as
-    ``jax.ad_checkpoint.print_saved_residuals`` prints them (inputs are described
-    ``"from the argument ..."``)."""
+    """``(aval, description)`` per value ``jax.vjp(fn, *args)`` saves, as ``print_saved_residuals`` lists them."""
     return list(_ad_checkpoint.saved_residuals(fn, *args, **kwargs))

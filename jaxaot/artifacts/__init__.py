@@ -1,13 +1,15 @@
 """Export the split programs with ``jax.export`` and load them without the source.
 
 Modules, each one concept: ``treedef_json`` (pytree structures as JSON),
-``signature`` (the calling contract: array specs, residual wiring, run-time
-checks), ``manifest`` (the directory layout and version policy), ``exported``
-(:class:`ExportedAOT`, in memory), ``loaded`` (:func:`load`, :class:`LoadedAOT`)
-and ``export`` (:func:`export`, the driver).
+``placement`` (a sharded artifact's mesh, partition specs and device-count
+checks), ``signature`` (the calling contract: array specs, residual wiring,
+run-time checks), ``manifest`` (the directory layout and version policy),
+``exported`` (:class:`ExportedAOT`, in memory), ``loaded`` (:func:`load`,
+:class:`LoadedAOT`) and ``export`` (:func:`export`, the driver).
 """
 
 from jaxaot.artifacts.treedef_json import treedef_from_json, treedef_to_json
+from jaxaot.artifacts.placement import MeshSpec
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot.artifacts.manifest import check_manifest, read_manifest
 from jaxaot.artifacts.exported import ExportedAOT
@@ -15,6 +17,6 @@ from jaxaot.artifacts.loaded import ExportedResiduals, LoadedAOT, load
 from jaxaot.artifacts.export import export
 
 __all__ = [
-    "AOTSignature", "ArraySpec", "ExportedAOT", "ExportedResiduals", "LoadedAOT", "RuntimeCheck", "check_manifest",
-    "export", "load", "read_manifest", "treedef_from_json", "treedef_to_json",
+    "AOTSignature", "ArraySpec", "ExportedAOT", "ExportedResiduals", "LoadedAOT", "MeshSpec", "RuntimeCheck",
+    "check_manifest", "export", "load", "read_manifest", "treedef_from_json", "treedef_to_json",
 ]

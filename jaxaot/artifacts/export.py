@@ -26,6 +26,22 @@ Alternatively pass ``jax.ShapeDtypeStruct`` arguments with symbolic shapes made
 in one ``jax.export.SymbolicScope``. Static arguments of an :class:`~jaxaot.AOTFunction`
 (``static_argnums``) are baked in: the loaded function takes the others only.
 
+**Sharded inputs.** Example arguments committed to several devices (a
+``NamedSharding`` on a mesh, ``Auto`` or ``Explicit`` axes; or
+``jax.ShapeDtypeStruct`` leaves carrying one) make a *sharded* artifact: each
+program is exported for the shardings the runtime compiles it for
+(:mod:`jaxaot.runtime.shardings`). The forward takes the inputs' shardings and
+is pinned to the output and residual shardings of the compiled forward (so
+exporting compiles it); the backward takes the residuals in exactly those and
+returns each gradient in its parameter's sharding; the inference program
+returns its outputs as the forward does. ``jax.export`` records them all, with
+the device count (``Exported.nr_devices``); the manifest adds the mesh and each
+array's partition spec (:mod:`jaxaot.artifacts.placement`). Such an artifact
+runs only on as many devices as it was exported for. Sharded inputs and
+``dynamic_shapes`` do not combine (the residual shardings need a compiled
+forward). Single-device placements are not recorded: an unsharded artifact
+runs on any device.
+
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
     >>> exp = jaxaot.export(lambda w, x: jnp.tanh(x @ w).sum(), jnp.ones((3, 2)), jnp.ones((4, 3)))
@@ -45,12 +61,14 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import flatten_checked, shape_dtype_struct
 from jaxaot.artifacts.exported import ExportedAOT
 from jaxaot.artifacts.loaded import LoadedAOT
+from jaxaot.artifacts.placement import MeshSpec
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import InvalidInputError, NotExportableError
 from jaxaot.loops.overflow import overflow_check_max_steps
 from jaxaot.partition.default import default_partition
 from jaxaot.partition.split import Partitioner
+from jaxaot.runtime import shardings as S
 from jaxaot.runtime.function import AOTFunction, aot_function
 from jaxaot.runtime.programs import SignaturePrograms, TrainingPrograms
 
@@ -68,7 +86,8 @@ def export(
       fn_or_aot_function: a function of pytrees of arrays, or an
         :class:`~jaxaot.AOTFunction` (its partitioner and decompositions are used).
       *args: example positional arguments (arrays, scalars or
-        ``jax.ShapeDtypeStruct``; only shapes and dtypes matter).
+        ``jax.ShapeDtypeStruct``): their shapes and dtypes, and their shardings
+        where they span several devices (a sharded artifact, above).
       platforms: e.g. ``("cpu", "cuda", "tpu")`` for one multi-platform artifact
         (lowering needs no such hardware); default: the current platform.
       dynamic_shapes: symbolic dims, as ``jax.export.symbolic_args_specs``'s
@@ -78,7 +97,8 @@ def export(
 
     Raises:
       NotExportableError: host callbacks in the function, pytree nodes the
-        manifest cannot describe, or programs ``jax.export`` refuses.
+        manifest cannot describe, programs ``jax.export`` refuses, or sharded
+        inputs with ``dynamic_shapes``.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -106,34 +126,89 @@ def export(
         raise NotExportableError(f"the backward program of {name} contains a run-time check; it cannot be exported.")
 
     in_avals = list(programs.in_avals)
+    placed = _Placement.of(programs, training, name) if programs.sharded else _Placement.none(programs, training)
+    n_user = len(programs.output_is_input)
     exported = {
-        "inference": _export_program(inference, in_avals, platforms, name, "inference"),
-        "forward": _export_program(forward, in_avals, platforms, name, "forward"),
-        "backward": _export_program(backward, training.backward_avals(), platforms, name, "backward"),
+        "inference": _export_program(inference, in_avals, platforms, name, "inference",
+                                     placed.outputs(n_user, len(inference_checks))),
+        "forward": _export_program(forward, in_avals, platforms, name, "forward",
+                                   placed.outputs(len(placed.forward), len(forward_checks))),
+        "backward": _export_program(backward, placed.backward_avals, platforms, name, "backward", placed.grads),
     }
     static_args = repr(tuple(args[i] for i in sorted(static) if i < len(args))) if static else None
-    signature = _signature(in_structure, programs, training, forward_checks, inference_checks, static_args)
+    signature = _signature(in_structure, programs, training, forward_checks, inference_checks, static_args, placed)
     return ExportedAOT(name=name, signature=signature, **exported)
 
 
+class _Placement:
+    """The shardings a signature's programs are exported for (all None when it is not sharded).
+
+    Attributes:
+      forward: per output of the partition's forward (the function's outputs,
+        then temporaries), the sharding the compiled forward gives it; the
+        exported forward is pinned to these, so its residuals keep them.
+      backward_avals: the backward's inputs (cotangents, then residuals), each
+        carrying the sharding the backward is compiled for
+        (``TrainingPrograms.backward_avals``).
+      grads: per gradient, its parameter's sharding (as ``jax.grad`` returns it).
+      mesh: the signature's mesh, or None.
+    """
+
+    def __init__(self, forward: list, backward_avals: list, grads: list | None, mesh: Any):
+        self.forward, self.backward_avals, self.grads, self.mesh = forward, backward_avals, grads, mesh
+
+    @classmethod
+    def none(cls, programs: SignaturePrograms, training: TrainingPrograms) -> "_Placement":
+        n_fwd = len(programs.output_is_input) + training.partition.num_temporaries
+        return cls([None] * n_fwd, training.backward_avals(), None, None)
+
+    @classmethod
+    def of(cls, programs: SignaturePrograms, training: TrainingPrograms, name: str) -> "_Placement":
+        p, part = programs, training.partition
+        if any(jax.export.is_symbolic_dim(d) for a in p.in_avals for d in a.shape):
+            raise NotExportableError(
+                f"{name} has sharded inputs and symbolic dimensions (dynamic_shapes): the shardings of its "
+                "residuals are read off the compiled forward, which needs concrete shapes. Export one artifact "
+                "per batch size, or export with unsharded inputs.")
+        outs = S.output_shardings(training.forward_exe)  # compiles the forward: its residual shardings
+        if outs is None:
+            raise NotExportableError(f"the forward compiler of {name} does not report output shardings, which "
+                                     "a sharded export records: export with the default XLA compiler.")
+        n_real = len(p.computed_outputs)
+        forward = [outs[p.computed_outputs.index(i)] if src is None else p.in_avals[src].sharding
+                   for i, src in enumerate(p.output_is_input)] + list(outs[n_real:])
+        grads = [p.in_avals[i].sharding for i in part.grad_inputs]
+        return cls(forward, training.backward_avals(), grads, p.mesh)
+
+    def outputs(self, n: int, n_checks: int) -> list | None:
+        """``out_shardings`` of a program returning the first ``n`` forward outputs and ``n_checks`` flags."""
+        if self.mesh is None:
+            return None
+        return list(self.forward[:n]) + [S.replicated(self.mesh)] * n_checks
+
+
 def _signature(in_structure: dict, programs: SignaturePrograms, training: TrainingPrograms, forward_checks: tuple,
-               inference_checks: tuple, static_args: str | None) -> AOTSignature:
+               inference_checks: tuple, static_args: str | None, placed: _Placement) -> AOTSignature:
     """The :class:`AOTSignature` of a signature's programs and its (full-mask) training programs."""
     part = training.partition
+    n_cts = len(part.cotangent_outputs)
+    out_avals = training.joint.out_avals
     return AOTSignature(
         in_structure=in_structure,
         out_structure=treedef_to_json(programs.out_tree, "output"),
-        in_specs=tuple(ArraySpec.of(a) for a in programs.in_avals),
-        out_specs=tuple(ArraySpec.of(a) for a in training.joint.out_avals),
+        in_specs=tuple(ArraySpec.of(a, a.sharding) for a in programs.in_avals),
+        out_specs=tuple(ArraySpec.of(a, s) for a, s in zip(out_avals, placed.forward)),
         grad_inputs=tuple(part.grad_inputs),
         cotangent_outputs=tuple(part.cotangent_outputs),
         saved_inputs=tuple(part.saved_inputs),
         saved_outputs=tuple(part.saved_outputs),
         num_temporaries=part.num_temporaries,
-        residual_specs=tuple(ArraySpec.of(r.aval) for r in part.residuals),
+        residual_specs=tuple(ArraySpec.of(r.aval, a.sharding)
+                             for r, a in zip(part.residuals, placed.backward_avals[n_cts:])),
         forward_checks=forward_checks,
         inference_checks=inference_checks,
         static_args=static_args,
+        mesh=None if placed.mesh is None else MeshSpec.of(placed.mesh),
     )
 
 
@@ -143,7 +218,8 @@ def _fresh_aot_function(fn: Callable, partition_fn: Partitioner | None) -> AOTFu
     if isinstance(fn, AOTFunction):
         return aot_function(
             fn.fn, partition_fn=partition_fn or fn.partition_fn, decompositions=fn.decompositions,
-            static_argnums=fn.static_argnums,
+            static_argnums=fn.static_argnums, out_shardings=fn.options.out_shardings,
+            residual_sharding=fn.options.residual_sharding,
         )
     if isinstance(fn, LoadedAOT):
         raise InvalidInputError("this function was loaded from an artifact: save its ExportedAOT again instead.")
@@ -158,21 +234,44 @@ def _input_specs(dyn: tuple, dynamic_shapes: Any) -> tuple:
             raise InvalidInputError(f"dynamic_shapes {dynamic_shapes!r} does not fit the arguments: {err}") from err
     else:
         specs = dyn
-    return jax.tree_util.tree_map(_strip_sharding, specs)
+    shardings = [_multi_device_sharding(x) for x in jax.tree_util.tree_leaves(dyn)]
+    leaves, treedef = jax.tree_util.tree_flatten(specs)
+    return jax.tree_util.tree_unflatten(treedef, [_abstract(x, s) for x, s in zip(leaves, shardings)])
 
 
-def _strip_sharding(x: Any) -> jax.ShapeDtypeStruct:
-    # The artifact is device-independent: shardings of the example arrays stay behind.
-    return shape_dtype_struct(x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x))
+def _multi_device_sharding(x: Any) -> Any:
+    """The sharding of an example argument that spans several devices, else None.
+
+    An artifact of unsharded arguments is device-independent: single-device
+    placements of the example arrays stay behind.
+    """
+    if isinstance(x, jax.ShapeDtypeStruct):
+        sharding = x.sharding
+    elif isinstance(x, jax.Array) and not C.is_tracer(x):
+        sharding = x.sharding if x.committed else None
+    else:
+        sharding = None
+    return sharding if S.is_multi_device(sharding) and not S.is_abstract(sharding) else None
 
 
-def _export_program(closed: Any, avals: Sequence[Any], platforms: Sequence[str] | None, name: str, what: str):
+def _abstract(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+    return shape_dtype_struct(x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x), sharding=sharding)
+
+
+def _export_program(closed: Any, avals: Sequence[Any], platforms: Sequence[str] | None, name: str, what: str,
+                    out_shardings: Sequence[Any] | None = None):
+    """``jax.export`` of ``closed`` for ``avals`` (their shardings are its input shardings).
+
+    ``out_shardings``: per output, the sharding to pin it to (None: unpinned); the
+    exported program records them, and its outputs come back with them.
+    """
     def run(*flat):
         return C.eval_closed(closed, *flat)
 
     run.__name__ = run.__qualname__ = re.sub(r"\W", "_", f"{name}_{what}")
+    options = {} if out_shardings is None else {"out_shardings": list(out_shardings)}
     try:
-        return jax.export.export(jax.jit(run, keep_unused=True), platforms=platforms)(*avals)
+        return jax.export.export(jax.jit(run, keep_unused=True, **options), platforms=platforms)(*avals)
     except Exception as err:
         raise NotExportableError(
             f"jax.export cannot export the {what} program of {name}: {type(err).__name__}: {err}"

@@ -19,6 +19,7 @@ import numpy as np
 from jaxaot import _compat as C
 from jaxaot.artifacts import manifest
 from jaxaot.artifacts.exported import ExportedAOT
+from jaxaot.artifacts.placement import check_call_devices, check_enough_devices
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import (
@@ -35,10 +36,13 @@ from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cot
 def load(path: str | Path | ExportedAOT, *, check_versions: bool = True) -> "LoadedAOT":
     """Load a directory written by :meth:`ExportedAOT.save` (or wrap an ``ExportedAOT``).
 
-    Needs neither the original function nor its module.
+    Needs neither the original function nor its module. An artifact exported
+    from sharded inputs needs as many devices as its mesh has (``f.mesh()``
+    builds that mesh here, ``f.in_shardings(mesh)`` says where each input goes).
 
     Raises:
-      ArtifactError: missing or corrupt files (checksum mismatch).
+      ArtifactError: missing or corrupt files (checksum mismatch); a sharded
+        artifact and a process with fewer devices than it was exported for.
       ArtifactVersionError: a manifest from an incompatible format, jaxaot or jax.
 
     Example:
@@ -61,7 +65,8 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True) -> "Loa
         if isinstance(err, ArtifactError):
             raise
         raise ArtifactError(f"{root / manifest.MANIFEST} is malformed: {type(err).__name__}: {err}") from err
-    return LoadedAOT(ExportedAOT(name=str(info.get("function", "exported")), signature=signature, **programs))
+    return LoadedAOT(ExportedAOT(name=str(info.get("function", "exported")), signature=signature, **programs),
+                     where=str(root))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -93,12 +98,25 @@ class LoadedAOT:
     ``jax.grad`` / ``jax.vjp`` run the exported forward and backward (a
     ``jax.custom_vjp``); :meth:`forward` / :meth:`backward` expose the split.
     Inputs are checked against the signature first (:class:`ArtifactInputError`).
+
+    A sharded artifact (``num_devices > 1``) takes arrays on a mesh of
+    ``num_devices`` devices, placed anyhow (each program reshards its inputs to
+    the shardings it was exported for); its outputs, residuals and gradients
+    come back with the exported shardings. Arrays on another number of devices
+    are refused with an :class:`ArtifactError` naming both counts.
+
+    Attributes:
+      num_devices: how many devices the programs were exported for (1: any).
     """
 
-    def __init__(self, exported: ExportedAOT):
+    def __init__(self, exported: ExportedAOT, where: str | None = None):
         self.exported = exported
         self.signature = exported.signature
         self.__name__ = exported.name
+        self.num_devices = max(int(getattr(p, "nr_devices", 1)) for p in (exported.inference, exported.forward,
+                                                                             exported.backward))
+        if self.num_devices > 1:
+            check_enough_devices(where or f"the artifact of {self.__name__}", self.num_devices, self.signature.mesh)
         self._structures: dict[Any, Any] = {}
         s = self.signature
         self._call = custom_vjp_of(SplitPrograms(
@@ -148,23 +166,49 @@ class LoadedAOT:
         float0s = [C.zeros_float0(s) for s in residuals.input_shapes]
         return jax.tree_util.tree_unflatten(self.signature.in_tree, scatter(self.signature.grad_inputs, grads, float0s))
 
+    # -- placement
+    def mesh(self, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+        """A mesh of the exported shape (axis names, sizes and types) over ``devices`` (default: the first ones).
+
+        Raises :class:`ArtifactError` for an artifact exported without a mesh.
+        """
+        if self.signature.mesh is None:
+            raise ArtifactError(f"{self.__name__} was exported from unsharded inputs: it has no mesh and runs on "
+                                "any one device (or any mesh).")
+        return self.signature.mesh.make(devices)
+
+    def in_shardings(self, mesh: jax.sharding.Mesh | None = None) -> Any:
+        """Where each positional argument goes on ``mesh`` (default :meth:`mesh`): a pytree of ``NamedSharding``.
+
+        ``jax.device_put(args, f.in_shardings(mesh))`` places arguments for a call.
+        Inputs the export left unsharded are replicated.
+        """
+        mesh = self.mesh() if mesh is None else mesh
+        everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        flat = [everywhere if s is None else s for s in self.exported.forward.in_shardings_jax(mesh)]
+        return jax.tree_util.tree_unflatten(self.signature.in_tree, flat)
+
     # -- programs
+    def _run(self, program: Any, what: str, leaves: Sequence[Any]) -> list:
+        check_call_devices(self.__name__, what, self.num_devices, self.signature.mesh, leaves)
+        return list(program.call(*leaves))
+
     def _infer(self, leaves: Sequence[Any]) -> list:
-        outs = list(self.exported.inference.call(*leaves))
+        outs = self._run(self.exported.inference, "inference", leaves)
         n = self.signature.num_outputs
         _run_checks(outs[n:], self.signature.inference_checks)
         return outs[:n]
 
     def _forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
         s = self.signature
-        outs = list(self.exported.forward.call(*leaves))
+        outs = self._run(self.exported.forward, "forward", leaves)
         n = s.num_outputs + s.num_temporaries
         _run_checks(outs[n:], s.forward_checks)
         residuals = [leaves[i] for i in s.saved_inputs] + [outs[i] for i in s.saved_outputs]
         return outs[: s.num_outputs], residuals
 
     def _backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
-        return list(self.exported.backward.call(*cts, *residuals))
+        return self._run(self.exported.backward, "backward", [*cts, *residuals])
 
     # -- checks
     def _structure(self, treedef: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import jax
 
 from jaxaot._pytrees import dtype_name, leaf_paths
+from jaxaot.artifacts.placement import MeshSpec, spec_from_json, spec_to_json, validate_spec
 from jaxaot.artifacts.treedef_json import treedef_from_json
 from jaxaot.errors import ArtifactError
 
@@ -29,23 +30,36 @@ _DTYPE_NAME = re.compile(r"[A-Za-z0-9_<>:,. ]{1,64}")  # float32, bfloat16, key<
 
 @dataclasses.dataclass(frozen=True)
 class ArraySpec:
-    """Shape (ints, or strings for symbolic dims) and dtype of one flat array."""
+    """Shape (ints, or strings for symbolic dims), dtype and, in a sharded artifact, partition spec of one array.
+
+    ``sharding`` is the ``PartitionSpec`` the program takes or returns the array
+    in, on the artifact's mesh (:class:`~jaxaot.artifacts.placement.MeshSpec`):
+    a tuple of None, axis names and tuples of axis names; None when unsharded.
+    """
 
     shape: tuple[int | str, ...]
     dtype: str
     weak_type: bool = False
+    sharding: tuple | None = None
 
     @classmethod
-    def of(cls, aval: Any) -> "ArraySpec":
+    def of(cls, aval: Any, sharding: Any = None) -> "ArraySpec":
+        """The spec of ``aval``, placed by ``sharding`` (a ``NamedSharding``; other shardings record nothing)."""
         shape = tuple(str(d) if jax.export.is_symbolic_dim(d) else int(d) for d in aval.shape)
-        return cls(shape, dtype_name(aval.dtype), bool(getattr(aval, "weak_type", False)))
+        return cls(shape, dtype_name(aval.dtype), bool(getattr(aval, "weak_type", False)),
+                   spec_from_json(spec_to_json(sharding)))
 
     def to_json(self) -> dict:
-        return {"shape": list(self.shape), "dtype": self.dtype, "weak_type": self.weak_type}
+        d = {"shape": list(self.shape), "dtype": self.dtype, "weak_type": self.weak_type}
+        if self.sharding is not None:
+            d["sharding"] = [p if p is None or isinstance(p, str) else list(p) for p in self.sharding]
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ArraySpec":
-        return cls(tuple(d["shape"]), str(d["dtype"]), bool(d.get("weak_type", False)))
+        sharding = d.get("sharding")
+        validate_spec(sharding, "an array spec")
+        return cls(tuple(d["shape"]), str(d["dtype"]), bool(d.get("weak_type", False)), spec_from_json(sharding))
 
     def validate(self, where: str) -> None:
         """Raise :class:`ArtifactError` unless the shape is a short list of bounded ints or short strings."""
@@ -95,6 +109,8 @@ class AOTSignature:
       forward_checks / inference_checks: :class:`RuntimeCheck` flags the program
         returns after its other outputs.
       static_args: repr of the static arguments baked in, if any.
+      mesh: the :class:`~jaxaot.artifacts.placement.MeshSpec` of a sharded
+        artifact (its programs run on exactly ``mesh.num_devices`` devices), else None.
     """
 
     in_structure: Mapping[str, Any]
@@ -110,6 +126,7 @@ class AOTSignature:
     forward_checks: tuple[RuntimeCheck, ...] = ()
     inference_checks: tuple[RuntimeCheck, ...] = ()
     static_args: str | None = None
+    mesh: MeshSpec | None = None
 
     @functools.cached_property
     def in_tree(self) -> Any:
@@ -161,6 +178,10 @@ class AOTSignature:
         for name, tree, n in (("in_structure", self.in_tree, n_in), ("out_structure", self.out_tree, n_out)):
             if tree.num_leaves != n:
                 raise ArtifactError(f"{where}: {name} has {tree.num_leaves} leaves but there are {n} specs.")
+        if self.mesh is not None:
+            if not isinstance(self.mesh, MeshSpec):
+                raise ArtifactError(f"{where}: mesh is not a mesh description.")
+            self.mesh.validate(f"{where}: mesh")
 
     def to_json(self) -> dict:
         d = {}
@@ -170,6 +191,10 @@ class AOTSignature:
                 v = [s.to_json() for s in v]
             elif f.name.endswith("checks"):
                 v = [dataclasses.asdict(c) for c in v]
+            elif f.name == "mesh":
+                if v is None:
+                    continue
+                v = v.to_json()
             elif isinstance(v, tuple):
                 v = list(v)
             d[f.name] = v
@@ -186,6 +211,8 @@ class AOTSignature:
                 v = tuple(ArraySpec.from_json(s) for s in v)
             elif f.name.endswith("checks"):
                 v = tuple(RuntimeCheck(**c) for c in v)
+            elif f.name == "mesh":
+                v = None if v is None else MeshSpec.from_json(v)
             elif isinstance(v, list):
                 v = tuple(v)
             kw[f.name] = v

@@ -6,7 +6,8 @@ x64 and matmul precision), the partitioner's or compiler's identity (module,
 qualname, bytecode hash, defaults, closure values, ``functools.partial``
 arguments), the program (:func:`program_fingerprint`: its text plus the bytes
 of its consts and literals), the input avals (shape, dtype, weak type,
-sharding), and the options (donation).
+sharding: the mesh's axis names, shape and device order, and the spec), and
+the options (donation).
 
 A value whose identity cannot be written down (an object array, a structure
 nested too deep) makes the key None: the entry is then not cached. A repr with
@@ -154,12 +155,23 @@ def _program_values(closed: Any) -> Iterable[Any]:
 
 
 def avals_key(avals: Sequence[Any]) -> str:
-    """Shape, dtype, weak type and sharding of each input."""
+    """Shape, dtype, weak type and sharding of each input (mesh shape, axis names and device order)."""
     return ";".join(
         f"{tuple(str(d) for d in a.shape)}{_dtype_key(a.dtype)}"
-        f"{'w' if getattr(a, 'weak_type', False) else ''}@{getattr(a, 'sharding', None)!r}"
+        f"{'w' if getattr(a, 'weak_type', False) else ''}@{sharding_key(getattr(a, 'sharding', None))}"
         for a in avals
     )
+
+
+def sharding_key(sharding: Any) -> str:
+    """A sharding's repr (mesh axis names and sizes, spec, memory kind) plus its devices, in mesh order."""
+    if sharding is None:
+        return "None"
+    mesh = getattr(sharding, "mesh", None)
+    ids = getattr(mesh, "device_ids", None)
+    if ids is None:
+        ids = sorted(d.id for d in getattr(sharding, "device_set", ()))
+    return f"{sharding!r}:devices={np.asarray(ids).tolist()}"
 
 
 def _dtype_key(dtype: Any) -> str:

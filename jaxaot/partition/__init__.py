@@ -13,21 +13,28 @@ Modules, each one concept:
 * ``min_cut``: :func:`min_cut_rematerialization_partition`, which uses
   ``cost_model`` (what an eqn costs to recompute), ``knapsack`` (which
   expensive values to trade under a memory budget) and ``scan_remat`` (the
-  per-iteration plan of each ``lax.scan``).
+  per-iteration plan of each ``lax.scan``), counting per-device bytes on a
+  mesh (``device_bytes``);
+* ``policy``: :func:`remat_policy`, the min-cut's plan as a ``jax.checkpoint`` policy;
+* ``bw_split``: the backward split into input-gradient and weight-gradient
+  programs, for pipeline schedules.
 """
 
 from jaxaot.partition.split import EqnKind, Partition, Partitioner, Residual, split_joint
 from jaxaot.partition.default import Gradient, default_partition, differentiate
 from jaxaot.partition.min_cut import min_cut_rematerialization_partition
+from jaxaot.partition.policy import RematPolicy, remat_policy
 
 __all__ = [
     "EqnKind",
     "Gradient",
     "Partition",
     "Partitioner",
+    "RematPolicy",
     "Residual",
     "default_partition",
     "differentiate",
     "min_cut_rematerialization_partition",
+    "remat_policy",
     "split_joint",
 ]

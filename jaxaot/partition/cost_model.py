@@ -13,6 +13,9 @@ Every forward eqn falls in one of three :class:`Recompute` classes:
   recomputing them below that.
 * ``NEVER``: effectful eqns, callbacks and custom calls: running them twice is
   observable (or their cost is unknowable), so they are saved, whatever the budget.
+  So are collectives (``psum``, ``all_gather``, ``reduce_scatter``, ``ppermute``,
+  ``all_to_all``...) and any call, loop or ``shard_map`` whose body contains one:
+  recomputing them would repeat the communication.
 
 Primitives are matched by name, so primitives of modules that may not exist
 yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too.
@@ -70,6 +73,11 @@ _NEVER = frozenset(
     optimization_barrier device_put rng_uniform create_token after_all get swap addupdate
     new_ref empty_ref free_ref run_state""".split()
 )
+#: Primitives that communicate between devices (inside ``shard_map`` or a named-axis ``vmap``).
+COLLECTIVES = frozenset(
+    """psum psum_invariant pmax pmin pmean all_gather all_gather_invariant reduce_scatter psum_scatter
+    ppermute pshuffle all_to_all ragged_all_to_all pbroadcast psend precv""".split()
+)
 _TRANSPARENT_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "jit", "pjit", "closed_call"})
 # Name fragments of loops, whatever module defines them (jaxaot.while_loop, lax.scan...).
 _LOOP_FRAGMENTS = ("while", "scan", "loop", "fori")
@@ -103,10 +111,17 @@ def is_alias(eqn: Any) -> bool:
     return eqn.primitive.name == "name" and len(eqn.invars) == 1
 
 
+def communicates(eqn: Any) -> bool:
+    """Whether ``eqn`` is a collective, or a call, loop or ``shard_map`` whose body runs one."""
+    if eqn.primitive.name in COLLECTIVES:
+        return True
+    return any(communicates(e) for body in C.eqn_subjaxprs(eqn) for e in C.jaxpr_of(body).eqns)
+
+
 def classify(eqn: Any) -> Recompute:
     """The :class:`Recompute` class of one eqn."""
     name = eqn.primitive.name
-    if C.is_effectful(eqn) or name in _NEVER or "callback" in name:
+    if C.is_effectful(eqn) or name in _NEVER or "callback" in name or communicates(eqn):
         return Recompute.NEVER
     if name in _ELEMENTWISE or name in _LAYOUT:
         return Recompute.CHEAP

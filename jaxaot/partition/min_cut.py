@@ -16,7 +16,9 @@ cheapest such set is a minimum cut of a flow network with
 
 Among the cuts of minimum bytes we take the one closest to the sink (fewest
 recomputed eqns), and among equal bytes we prefer saving inputs and outputs,
-which are alive anyway. Capacities are scaled to int32 because that is what
+which are alive anyway. On a mesh, capacities are per-device bytes
+(:mod:`jaxaot.partition.device_bytes`): the budget is what one device holds,
+and collectives are never recomputed. Capacities are scaled to int32 because that is what
 ``scipy.sparse.csgraph.maximum_flow`` computes in.
 
 Below ``memory_budget=1`` the banned-but-recomputable values are unbanned in
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -55,6 +58,7 @@ from jaxaot.partition import cost_model
 from jaxaot.partition import knapsack
 from jaxaot.partition import scan_remat
 from jaxaot.partition.cost_model import Recompute
+from jaxaot.partition.device_bytes import device_fractions
 from jaxaot.errors import PartitionError
 from jaxaot.partition.split import EqnKind, Partition, classify_eqns, split_joint
 from jaxaot.tracing.joint import JointGraph
@@ -214,7 +218,12 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
             flops[i] = cost_model.flops(producer[i])
     n = len(values)
     kind = np.asarray(kinds, np.int8)
-    nbytes = np.fromiter((aval_nbytes(v.aval) for v in values), np.int64, n)
+    # Per-device bytes: on a mesh the budget is what one device holds.
+    fractions = device_fractions(joint.jaxpr, [getattr(a, "sharding", None) for a in joint.in_avals])
+    if fractions is None:
+        nbytes = np.fromiter((aval_nbytes(v.aval) for v in values), np.int64, n)
+    else:
+        nbytes = np.fromiter((math.ceil(aval_nbytes(v.aval) * fractions.get(v, 1.0)) for v in values), np.int64, n)
     preferred = kind == INPUT
     for v in jaxpr.outvars[: joint.num_outputs]:  # real outputs are alive anyway
         if not C.is_literal(v) and v in index:

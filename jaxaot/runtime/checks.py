@@ -14,7 +14,9 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, leaf_paths
 from jaxaot.errors import CotangentMismatchError, ResidualsMismatchError
 from jaxaot.runtime.programs import TrainingPrograms
+from jaxaot.runtime.residual_table import ResidualTable
 from jaxaot.runtime.residuals import Residuals
+from jaxaot.runtime.shardings import check_residual_shardings
 from jaxaot.runtime.signature import describe_signature
 from jaxaot.runtime.vjp import flatten_cotangents, select_cotangents, shape_and_dtype_name
 
@@ -55,6 +57,9 @@ def check_residual_arrays(tr: TrainingPrograms, arrays: Sequence[Any]) -> None:
                 f"residual {i} is {shown} but {where} saved {want[1]}: "
                 "pass the residuals produced by forward for the same input signature."
             )
+    if tr.programs.sharded:
+        labels = [str(row.label) for row in ResidualTable.of(tr.partition, tr.joint)]
+        check_residual_shardings(arrays, tr.placement.residuals(), [f"{i} ({label})" for i, label in enumerate(labels)])
 
 
 def user_cotangents(tr: TrainingPrograms, cotangents: Any) -> list:

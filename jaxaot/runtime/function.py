@@ -185,7 +185,8 @@ class AOTFunction:
             # executable itself refuses other devices (ValueError).
             leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
             tr = hot.training
-            if treedef == hot.treedef and tr.eager_forward is not None and tr.programs.signature.mesh is context_mesh() and all(
+            same_mesh = tr.programs.signature.mesh is context_mesh()
+            if treedef == hot.treedef and tr.eager_forward is not None and same_mesh and all(
                     type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)):
                 try:
                     outs, residuals = tr.eager_forward(leaves)

@@ -95,7 +95,7 @@ class AOTLowered:
 
     @functools.cached_property
     def residuals(self) -> ResidualTable:
-        return ResidualTable.of(self.partition, self.joint)
+        return ResidualTable.of(self.partition, self.joint, self._training.placement.known_residuals())
 
     def residual_table(self) -> str:
         """The residual table as text (``str(self.residuals)``)."""
@@ -183,6 +183,15 @@ class AOTCompiled:
         self.lowered = lowered
         self.executables = dict(executables)
         self.compile_times = dict(compile_times)
+
+    @functools.cached_property
+    def residuals(self) -> ResidualTable:
+        """The residual table; on a mesh, with each residual's sharding as the compiled forward gave it."""
+        tr = self.lowered._training
+        return ResidualTable.of(tr.partition, tr.joint, tr.placement.known_residuals())
+
+    def __str__(self) -> str:
+        return str(self.residuals)
 
     def memory_analysis(self) -> dict[str, dict[str, int] | None]:
         """Per executable, the backend's memory analysis as a dict of byte counts (None where unavailable)."""

@@ -35,8 +35,9 @@ from jaxaot.partition.split import Partition
 from jaxaot.runtime import shardings as S
 from jaxaot.runtime.debug_nans import CheckedExecutable
 from jaxaot.runtime.options import Options, prune_outputs
+from jaxaot.runtime.placement import Placement
 from jaxaot.runtime.signature import Signature
-from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter
+from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, read_only_float0s, scatter
 from jaxaot.tracing.joint import JointGraph, build_joint
 from jaxaot.tracing.primal import trace_primal
 
@@ -173,8 +174,7 @@ class TrainingPrograms:
         self.programs = programs
         self.options = programs.options
         self.mask = mask
-        full = mask == programs.inexact
-        self.name_suffix = "" if full else "[" + ",".join(str(i) for i, m in enumerate(mask) if m) + "]"
+        self.name_suffix = "" if mask == programs.inexact else f"[{','.join(str(i) for i, m in enumerate(mask) if m)}]"
         self.forward_name, self.backward_name = "forward" + self.name_suffix, "backward" + self.name_suffix
         self.capacity = INITIAL_LOOP_CAPACITY
         self.generation = 0
@@ -186,7 +186,7 @@ class TrainingPrograms:
         self._joint: JointGraph | None = None
         self._partition: Partition | None = None
         self._unit_cts: dict[int, list] = {}
-        self._backward_shardings: list | None = None
+        self.placement = Placement(self)
         self.eager_forward: Callable | None = None  # the hot path, once it can be built
         for name in (self.forward_name, self.backward_name):
             self.programs.executables.pop(name, None)
@@ -222,30 +222,16 @@ class TrainingPrograms:
 
     @property
     def forward_program(self) -> Any:
-        """The partition's forward, less the outputs that are inputs.
-
-        Outputs are pinned to ``out_shardings``, and residuals to every device under
-        ``residual_sharding="replicated"``.
-        """
+        """The partition's forward, less the outputs that are inputs (pinned as :class:`Placement` says)."""
         p, part = self.programs, self.partition
-        n_fwd = len(C.jaxpr_of(part.forward).outvars)
-        n_user = len(p.output_is_input)
+        n_fwd, n_user = len(C.jaxpr_of(part.forward).outvars), len(p.output_is_input)
         pruned = prune_outputs(part.forward, p.computed_outputs + list(range(n_user, n_fwd)))
-        pins = [p.out_shardings[i] for i in p.computed_outputs] + [None] * (n_fwd - n_user)
-        if self.options.residual_sharding == "replicated" and p.mesh is not None:
-            everywhere = S.replicated(p.mesh)
-            for i in part.saved_outputs:
-                if i >= n_user:
-                    pins[len(p.computed_outputs) + i - n_user] = everywhere
-        return S.constrain_outputs(pruned, pins)
+        return S.constrain_outputs(pruned, self.placement.forward_pins())
 
     @property
     def backward_program(self) -> Any:
         """The partition's backward; in a sharded signature, each grad pinned to its input's sharding."""
-        part, p = self.partition, self.programs
-        if not p.sharded:
-            return part.backward
-        return S.constrain_outputs(part.backward, [p.in_avals[i].sharding for i in part.grad_inputs])
+        return S.constrain_outputs(self.partition.backward, self.placement.grad_pins())
 
     @property
     def forward_exe(self):
@@ -265,43 +251,14 @@ class TrainingPrograms:
         return exe
 
     def backward_avals(self) -> list:
-        """The backward's inputs: the selected cotangents, then the residuals.
-
-        In a sharded signature they carry the shardings the compiled forward gave
-        them (:meth:`backward_shardings`).
-        """
+        """The backward's inputs: the selected cotangents, then the residuals (with their shardings on a mesh)."""
         part = self.partition
         cts = [jax.ShapeDtypeStruct(self.joint.out_avals[i].shape, self.joint.out_avals[i].dtype)
                for i in part.cotangent_outputs]
         avals = cts + [r.aval for r in part.residuals]
         if not self.programs.sharded:
             return avals
-        return [S.with_sharding(a, s) for a, s in zip(avals, self.backward_shardings())]
-
-    def backward_shardings(self) -> list:
-        """Per backward input (cotangents, then residuals), the sharding it is compiled for (None: free)."""
-        shardings = self._backward_shardings
-        if shardings is None:
-            p, part = self.programs, self.partition
-            outs = S.output_shardings(self.forward_exe) if p.sharded else None
-            n_user, n_real = len(p.output_is_input), len(p.computed_outputs)
-
-            def of_output(i: int) -> Any:  # forward output i, as the runtime numbers them
-                if i < n_user and p.output_is_input[i] is not None:
-                    return p.in_avals[p.output_is_input[i]].sharding
-                if outs is None:
-                    return None
-                return outs[p.computed_outputs.index(i) if i < n_user else n_real + i - n_user]
-
-            shardings = ([of_output(i) for i in part.cotangent_outputs]
-                         + [p.in_avals[i].sharding for i in part.saved_inputs]
-                         + [of_output(i) for i in part.saved_outputs])
-            self._backward_shardings = shardings
-        return shardings
-
-    def residual_shardings(self) -> list:
-        """Per residual (backward order), the sharding the backward takes it in (None: unsharded)."""
-        return self.backward_shardings()[len(self.partition.cotangent_outputs):]
+        return [S.with_sharding(a, s) for a, s in zip(avals, self.placement.backward_inputs())]
 
     # -- running
     def forward(self, leaves: Sequence[Any], concrete: bool | None = None) -> tuple[list, list]:
@@ -374,7 +331,7 @@ class TrainingPrograms:
             return C.eval_closed(self.backward_program, *args)
         exe = self.programs.executables.get(self.backward_name) or self.backward_exe
         if self.programs.sharded:
-            args = [*S.reshard_cotangents(cts, self.backward_shardings()), *residuals]
+            args = [*S.reshard_cotangents(cts, self.placement.backward_inputs()), *residuals]
         return list(exe(*args))
 
     def unit_cotangents(self, leaf: int) -> list:
@@ -385,17 +342,14 @@ class TrainingPrograms:
             cts = [jax.numpy.full(self.joint.out_avals[i].shape, 1 if i == leaf else 0, self.joint.out_avals[i].dtype)
                    for i in outs]
             if self.programs.sharded:
-                cts = S.reshard_cotangents(cts, self.backward_shardings())
+                cts = S.reshard_cotangents(cts, self.placement.backward_inputs())
             self._unit_cts[leaf] = cts
         return cts
 
     def input_grads_tree(self, grads: Sequence[Any]) -> Any:
         """``(args, kwargs)``-shaped grads; float0 zeros for non-differentiated leaves."""
         if self._float0s is None:
-            # float0 arrays hold no data; read-only, so one set can be handed out every call
-            self._float0s = [C.zeros_float0(a.shape) for a in self.programs.in_avals]
-            for z in self._float0s:
-                z.flags.writeable = False
+            self._float0s = read_only_float0s(self.programs.in_avals)
         grad_inputs = self.partition.grad_inputs
         if len(grad_inputs) == len(self._float0s):  # every input differentiated: grads are in order
             return jax.tree_util.tree_unflatten(self.programs.signature.treedef, grads)

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Iterator, Sequence
 
 from jaxaot import _compat as C
@@ -37,6 +38,8 @@ class ResidualRow:
     nbytes: int
     producer: str
     source_line: str
+    sharding: str = ""  #: on a mesh, its ``PartitionSpec`` (empty when unsharded or not yet known)
+    device_nbytes: int | None = None  #: on a mesh, the bytes one device holds (None when unsharded)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -56,8 +59,13 @@ class ResidualTable(Sequence[ResidualRow]):
         self.recomputed = tuple(recomputed)
 
     @classmethod
-    def of(cls, partition: Partition, joint: JointGraph | None = None) -> "ResidualTable":
-        """The table of ``partition``; ``joint`` supplies the pytree paths of inputs and outputs."""
+    def of(cls, partition: Partition, joint: JointGraph | None = None,
+           shardings: Sequence[Any] | None = None) -> "ResidualTable":
+        """The table of ``partition``; ``joint`` supplies the pytree paths of inputs and outputs.
+
+        ``shardings``: on a mesh, per residual its ``jax.sharding.Sharding`` (None
+        where not known yet: XLA chooses it when the forward compiles).
+        """
         n_in = len(C.jaxpr_of(partition.forward).invars)
         in_names = leaf_paths_or_positions(joint.in_tree if joint is not None else None, "input", n_in)
         out_names = leaf_paths_or_positions(joint.out_tree if joint is not None else None, "output",
@@ -70,8 +78,9 @@ class ResidualTable(Sequence[ResidualRow]):
                 label = out_names[r.index]
             else:
                 label = f"temporary[{r.index - partition.num_outputs}]"
+            spec, device_nbytes = _on_devices(r, None if shardings is None else shardings[len(rows)])
             rows.append(ResidualRow(label, r.source, tuple(r.aval.shape), dtype_name(r.aval.dtype), r.nbytes,
-                                    r.producer, r.source_line))
+                                    r.producer, r.source_line, spec, device_nbytes))
         return cls(rows, tuple(partition.recomputed))
 
     def __len__(self) -> int:
@@ -88,6 +97,13 @@ class ResidualTable(Sequence[ResidualRow]):
         return sum(r.nbytes for r in self._rows)
 
     @property
+    def device_nbytes(self) -> int | None:
+        """Bytes one device holds (on a mesh, once every residual's sharding is known), else None."""
+        if any(r.device_nbytes is None for r in self._rows) or not self._rows:
+            return None
+        return sum(r.device_nbytes for r in self._rows)
+
+    @property
     def input_bytes(self) -> int:
         return sum(r.nbytes for r in self._rows if r.kind == "input")
 
@@ -100,13 +116,21 @@ class ResidualTable(Sequence[ResidualRow]):
         return [r.as_dict() for r in self._rows]
 
     def __str__(self) -> str:
-        header = ("#", "value", "shape", "dtype", "bytes", "producer", "line")
-        cells = [header] + [(str(i), r.label, str(list(r.shape)), r.dtype, str(r.nbytes), r.producer, r.source_line)
-                            for i, r in enumerate(self._rows)]
+        sharded = any(r.sharding for r in self._rows)
+        header = ("#", "value", "shape", "dtype", "bytes") + (("sharding", "per device") if sharded else ()) + (
+            "producer", "line")
+        cells = [header] + [
+            (str(i), r.label, str(list(r.shape)), r.dtype, str(r.nbytes))
+            + ((r.sharding or "at compile()", "?" if r.device_nbytes is None else str(r.device_nbytes))
+               if sharded else ())
+            + (r.producer, r.source_line)
+            for i, r in enumerate(self._rows)]
         widths = [max(len(row[c]) for row in cells) for c in range(len(header))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
         lines.append(f"{self.nbytes} bytes saved: {self.input_bytes} of inputs (alive anyway), "
                      f"{self.added_bytes} added by the forward")
+        if sharded and self.device_nbytes is not None:
+            lines.append(f"{self.device_nbytes} bytes per device")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -118,3 +142,13 @@ class ResidualTable(Sequence[ResidualRow]):
 
         return viz.residual_table_html(self)
 
+
+def _on_devices(residual: Any, sharding: Any) -> tuple[str, int | None]:
+    """``(spec, bytes per device)`` of a residual with ``sharding`` (``("", None)`` when unknown)."""
+    if sharding is None:
+        return "", None
+    shape = tuple(residual.aval.shape)
+    local = sharding.shard_shape(shape)
+    per_device = residual.nbytes // max(1, math.prod(shape)) * math.prod(local) if shape else residual.nbytes
+    spec = getattr(sharding, "spec", None)
+    return (str(spec) if spec is not None else str(sharding)), int(per_device)

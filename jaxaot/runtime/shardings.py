@@ -89,7 +89,7 @@ def check_same_devices(treedef: Any, leaves: Sequence[Any], avals: Sequence[jax.
         if first is None:
             first = (i, a.sharding, devices)
         elif devices != first[2]:
-            paths = leaf_paths_or_positions(treedef, len(leaves), "input")
+            paths = leaf_paths_or_positions(treedef, "input", len(leaves))
             raise ShardingMismatchError(
                 f"{paths[first[0]]} is committed to {_describe(first[1])} but {paths[i]} to "
                 f"{_describe(a.sharding)}: every input of one call must live on the same devices (one mesh). "

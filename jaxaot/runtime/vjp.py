@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot import _compat as C
 from jaxaot._pytrees import dtype_name
 from jaxaot.errors import CotangentMismatchError
 
@@ -122,3 +123,14 @@ def shape_and_dtype_name(x: Any) -> tuple[tuple, str] | None:
     if isinstance(x, (bool, int, float, complex)) or hasattr(x, "dtype"):
         return (), dtype_name(jax.numpy.result_type(x))
     return None
+
+
+def read_only_float0s(avals: Sequence[Any]) -> list:
+    """float0 zeros per input (the grads of leaves not differentiated), read-only.
+
+    float0 arrays hold no data; read-only, one set can be handed out on every call.
+    """
+    zeros = [C.zeros_float0(a.shape) for a in avals]
+    for z in zeros:
+        z.flags.writeable = False
+    return zeros

@@ -1,0 +1,293 @@
+"""remat_policy: the min-cut's plan as a jax.checkpoint policy, checked against JAX's own answers.
+
+For each model and budget: gradients through ``jax.checkpoint(fn, policy=p)``
+equal plain JAX's on fresh random inputs, and the residuals JAX saves under the
+policy (JAX's ``saved_residuals``) are the plan's when ``p.exact``, and the
+policy's own prediction, never lighter than the plan, when it approximates.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+
+import jaxaot
+from jaxaot import _compat as C
+from jaxaot.errors import InvalidInputError, InvalidValueError
+from jaxaot.partition.policy import RematPolicy, remat_policy
+from jaxaot.partition.split import split_joint
+from zoo import ZOO, assert_trees_close
+
+
+# --------------------------------------------------------------------------- models
+def _normal(rng, *shape, scale=1.0):
+    return jnp.asarray(rng.standard_normal(shape, np.float32) * np.float32(scale))
+
+
+def mlp_gelu(params, x):
+    for w, b in params:
+        x = jax.nn.gelu(x @ w + b)
+    return jnp.mean(x**2)
+
+
+def mlp_args(seed):
+    rng = np.random.default_rng(seed)
+    dims = [(16, 32), (32, 32), (32, 8)]
+    params = [(_normal(rng, i, o, scale=i**-0.5), _normal(rng, o, scale=0.1)) for i, o in dims]
+    return (params, _normal(rng, 8, 16))
+
+
+def _layer_norm(x, s, b):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) * lax.rsqrt(var + 1e-5) * s + b
+
+
+def transformer_block(p, x):
+    h = _layer_norm(x, p["s1"], p["b1"])
+    q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
+    a = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k) / 4.0, axis=-1)
+    x = x + jnp.einsum("bqk,bkd->bqd", a, v) @ p["wo"]
+    h = _layer_norm(x, p["s2"], p["b2"])
+    x = x + jax.nn.gelu(h @ p["w1"]) @ p["w2"]
+    return jnp.mean(x**2)
+
+
+def block_args(seed, d=16):
+    rng = np.random.default_rng(seed)
+    w = lambda i, o: _normal(rng, i, o, scale=i**-0.5)  # noqa: E731
+    p = dict(s1=1 + _normal(rng, d, scale=0.1), b1=_normal(rng, d, scale=0.1),
+             s2=1 + _normal(rng, d, scale=0.1), b2=_normal(rng, d, scale=0.1),
+             wq=w(d, d), wk=w(d, d), wv=w(d, d), wo=w(d, d), w1=w(d, 4 * d), w2=w(4 * d, d))
+    return (p, _normal(rng, 2, 8, d))
+
+
+def conv_relu(x, w1, w2):
+    dn = ("NHWC", "HWIO", "NHWC")
+    y = jax.nn.relu(lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn))
+    y = jax.nn.relu(lax.conv_general_dilated(y, w2, (1, 1), "SAME", dimension_numbers=dn))
+    return jnp.mean(y**2)
+
+
+def conv_args(seed):
+    rng = np.random.default_rng(seed)
+    return (_normal(rng, 2, 8, 8, 3), _normal(rng, 3, 3, 3, 4, scale=1 / 3), _normal(rng, 3, 3, 4, 4, scale=1 / 4))
+
+
+def sin_cos_exp(x, w):
+    h = jnp.sin(x @ w)
+    h = jnp.exp(jnp.cos(h) * h)
+    h = jnp.sin(h @ w) * jnp.cos(h)
+    return jnp.sum(jnp.exp(-(h**2)))
+
+
+def trig_args(seed):
+    rng = np.random.default_rng(seed)
+    return (_normal(rng, 16, 64), _normal(rng, 64, 64, scale=1 / 8))
+
+
+MODELS = {
+    "mlp_gelu": (mlp_gelu, mlp_args),
+    "transformer_block": (transformer_block, block_args),
+    "conv_relu": (conv_relu, conv_args),
+    "sin_cos_exp": (sin_cos_exp, trig_args),
+}
+BUDGETS = (0.0, 0.5, 1.0)
+
+
+# --------------------------------------------------------------------------- helpers
+@functools.lru_cache(maxsize=None)
+def _policy(name: str, budget: float) -> RematPolicy:
+    fn, make_args = MODELS[name]
+    return remat_policy(fn, *make_args(0), memory_budget=budget)
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh(name: str) -> tuple:
+    """Fresh random inputs (not the policy's example inputs) and plain JAX's answer on them."""
+    fn, make_args = MODELS[name]
+    args = make_args(1)
+    return args, _reference(fn, args)
+
+
+def _nbytes(aval) -> int:
+    return int(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+
+
+def _jax_saved(fn, args, policy) -> tuple[int, int]:
+    """(count, bytes) of what JAX saves under ``policy`` that is not an argument."""
+    res = [a for a, src in C.saved_residuals(jax.checkpoint(fn, policy=policy), *args)
+           if not src.startswith("from the argument")]
+    return len(res), sum(_nbytes(a) for a in res)
+
+
+def _planned(fn, args, budget=None, partition_fn=None) -> tuple[int, int]:
+    """(count, bytes) of the partition's non-input residuals."""
+    joint = jaxaot.trace_joint(fn, *args)
+    partition = partition_fn or functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    part = partition(joint)
+    res = [r for r in part.residuals if r.source != "input"]
+    return len(res), sum(r.nbytes for r in res)
+
+
+def _reference(fn, args):
+    return jax.jit(jax.value_and_grad(fn, argnums=tuple(range(len(args)))))(*args)
+
+
+def _check_gradients(fn, args, policy, want=None):
+    """jax.jit(jax.value_and_grad(jax.checkpoint(fn, policy))) against jax.value_and_grad(fn)."""
+    argnums = tuple(range(len(args)))
+    got = jax.jit(jax.value_and_grad(jax.checkpoint(fn, policy=policy), argnums=argnums))(*args)
+    assert_trees_close(got, _reference(fn, args) if want is None else want, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- the models
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_policy_reproduces_the_plan(name, budget):
+    fn, make_args = MODELS[name]
+    p = _policy(name, budget)
+    args, want = _fresh(name)
+    _check_gradients(fn, args, p, want)
+    saved = _jax_saved(fn, args, p)
+    planned = _planned(fn, args, budget)
+    assert (p.planned_residuals, p.planned_bytes) == planned
+    assert saved == (p.policy_residuals, p.policy_bytes), "the replay on the joint graph predicts JAX"
+    if p.exact:
+        assert saved == planned and p.approximations == ()
+    else:
+        assert p.approximations and saved[1] >= planned[1]
+        assert all("the policy saves all" in a for a in p.approximations), p.approximations
+
+
+def test_mlp_is_exact_at_every_budget():
+    assert all(_policy("mlp_gelu", b).exact for b in BUDGETS)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_budget_zero_saves_only_what_jax_must(name):
+    fn, make_args = MODELS[name]
+    p = _policy(name, 0.0)
+    args, _ = _fresh(name)
+    assert p.exact and p.saved_keys == frozenset() and p.planned_bytes == 0
+    everything = C.saved_residuals(jax.checkpoint(fn, policy=p), *args)
+    nothing = C.saved_residuals(jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable), *args)
+    assert [(a.shape, a.dtype) for a, _ in everything] == [(a.shape, a.dtype) for a, _ in nothing]
+    assert all(src.startswith("from the argument") for _, src in everything)
+
+
+# --------------------------------------------------------------------------- approximations
+def _two_tanh(x):
+    a = jnp.tanh(x)
+    return jnp.sum(jnp.tanh(a * 2.0))
+
+
+def _save_first_tanh(joint):
+    """A partition that saves the first tanh and recomputes the second one from it."""
+    first = next(e for e in joint.eqns if e.primitive.name == "tanh")
+    return split_joint(joint, first.outvars)
+
+
+def test_mixed_decisions_on_one_key_save_them_all():
+    x = _normal(np.random.default_rng(2), 32)
+    p = remat_policy(_two_tanh, x, partition_fn=_save_first_tanh)
+    assert not p.exact and p.memory_budget is None
+    (note,) = p.approximations
+    assert note.startswith("1 tanh eqn with key tanh(f32[32]) is saved and 1 recomputed; the policy saves all 2")
+    assert p.describe() == ["tanh(f32[32])"]
+    assert _jax_saved(_two_tanh, (x,), p) == (p.policy_residuals, p.policy_bytes) == (2, 256)
+    planned = _planned(_two_tanh, (x,), partition_fn=_save_first_tanh)
+    assert planned == (p.planned_residuals, p.planned_bytes) == (1, 128)
+    _check_gradients(_two_tanh, (x,), p)
+
+
+def test_values_only_the_backward_computes_are_reported():
+    # The default partition saves rev(kernel), which jax.checkpoint computes in the backward.
+    fn, make_args = MODELS["conv_relu"]
+    args, want = _fresh("conv_relu")
+    p = remat_policy(fn, *args, partition_fn=jaxaot.default_partition)
+    assert not p.exact and any("2 rev eqns" in a and "computes in the backward" in a for a in p.approximations)
+    assert _jax_saved(fn, args, p) == (p.policy_residuals, p.policy_bytes)
+    _check_gradients(fn, args, p, want)
+
+
+@pytest.mark.parametrize("zoo_name", ["scan", "cond", "checkpoint"])
+def test_bodies_the_plan_does_not_decide_make_it_approximate(zoo_name):
+    fn, make_args = ZOO[zoo_name]
+    loss = lambda *a: sum(jnp.sum(o) for o in jax.tree_util.tree_leaves(fn(*a)))  # noqa: E731
+    p = remat_policy(loss, *make_args(jax.random.key(0)))
+    name = {"scan": "scan", "cond": "cond", "checkpoint": "jax.checkpoint"}[zoo_name]
+    assert not p.exact and p.policy_bytes is None
+    assert any(f"1 {name} eqn" in a for a in p.approximations), p.approximations
+    _check_gradients(loss, make_args(jax.random.key(3)), p)
+
+
+def test_named_values_are_told_apart_by_name():
+    def fn(x):
+        a = checkpoint_name(jnp.sin(x), "a")
+        b = checkpoint_name(jnp.sin(x * 3.0), "b")
+        return jnp.sum(a * b)
+
+    x = _normal(np.random.default_rng(4), 16)
+    def pick(joint):  # save x and the value named "a"
+        named = [e.outvars[0] for e in joint.eqns if e.params.get("name") == "a"]
+        return split_joint(joint, [*C.jaxpr_of(joint.jaxpr).invars[: joint.num_primals], *named])
+
+    p = remat_policy(fn, x, partition_fn=pick)
+    assert p.exact and p.describe() == ["name(f32[16])"]
+    assert _jax_saved(fn, (x,), p) == (1, 64)
+    _check_gradients(fn, (x,), p)
+
+
+# --------------------------------------------------------------------------- the object and bad inputs
+def test_policy_object():
+    p = _policy("mlp_gelu", 1.0)
+    assert hash(p) == hash(_policy("mlp_gelu", 1.0)) and p.memory_budget == 1.0
+    with pytest.raises(AttributeError):
+        p.exact = False  # frozen
+    assert repr(p).startswith("RematPolicy(memory_budget=1.0, exact=True, saves [add(f32[8,32], f32[1,32]), ")
+    assert f"plan: 3 values, {p.planned_bytes} B; under the policy: 3 values" in repr(p)
+    sin_aval = jax.core.ShapedArray((3,), jnp.float32)
+    assert p(lax.sin_p, sin_aval) is False
+    both = jax.checkpoint_policies.save_from_both_policies(p, jax.checkpoint_policies.nothing_saveable)
+    fn, make_args = MODELS["mlp_gelu"]
+    args, _ = _fresh("mlp_gelu")
+    assert _jax_saved(fn, args, both) == _jax_saved(fn, args, p)
+
+
+def test_keyword_example_arguments():
+    fn = lambda x, *, w: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 8)) / 8
+    p = remat_policy(fn, x, w=w, memory_budget=np.float32(0.5))
+    assert p.exact and p.memory_budget == 0.5 and jax.grad(jax.checkpoint(fn, policy=p))(x, w=w).shape == (4, 8)
+
+
+@pytest.mark.parametrize("budget", [-0.1, 1.5, float("nan"), float("inf")])
+def test_budget_outside_the_unit_interval(budget):
+    with pytest.raises(InvalidValueError, match="memory_budget"):
+        remat_policy(jnp.sin, jnp.ones(3), memory_budget=budget)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(memory_budget="high"), "memory_budget"),
+    (dict(memory_budget=True), "memory_budget"),
+    (dict(memory_budget="0.5"), "memory_budget"),
+    (dict(memory_budget=None), "memory_budget"),
+    (dict(partition_fn=3), "partition_fn"),
+    (dict(partition_fn=jaxaot.default_partition, memory_budget=0.5), "not both"),
+    (dict(partition_fn=lambda joint: "a partition"), "not a jaxaot Partition"),
+])
+def test_bad_options(kwargs, match):
+    with pytest.raises(InvalidInputError, match=match):
+        remat_policy(lambda x: jnp.sum(jnp.sin(x)), jnp.ones(3), **kwargs)
+
+
+def test_not_callable():
+    with pytest.raises(InvalidInputError, match="callable"):
+        remat_policy("not a function", jnp.ones(3))

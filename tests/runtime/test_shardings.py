@@ -1,0 +1,278 @@
+"""Sharded signatures on eight CPU devices, each case against ``jax.jit(jax.value_and_grad)`` with the same shardings.
+
+tests/conftest.py gives the process eight host devices before jax is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxaot
+from jaxaot.errors import InvalidValueError, ResidualsMismatchError, ShardingMismatchError
+from zoo import assert_trees_close
+
+AUTO = jax.sharding.AxisType.Auto
+PARTITIONERS = {
+    "default": jaxaot.default_partition,
+    "min_cut": jaxaot.min_cut_rematerialization_partition,
+    "min_cut_0.5": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5),
+}
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs eight devices (tests/conftest.py sets them)")
+
+
+def _mesh(shape=(4, 2), names=("data", "model"), explicit=False):
+    types = None if explicit else (AUTO,) * len(shape)
+    return jax.make_mesh(shape, names, axis_types=types)
+
+
+def _put(tree, mesh, specs):
+    return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)
+
+
+def _key(seed):
+    return jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0])
+
+
+# --------------------------------------------------------------------------- models
+def mlp_loss(params, x):
+    for w, b in params:
+        x = jnp.tanh(x @ w + b)
+    return jnp.mean(x ** 2)
+
+
+def data_parallel(seed):
+    mesh = _mesh((8,), ("data",))
+    ks = jax.random.split(_key(seed), 5)
+    params = [(jax.random.normal(ks[0], (8, 16)), jax.random.normal(ks[1], (16,))),
+              (jax.random.normal(ks[2], (16, 8)), jax.random.normal(ks[3], (8,)))]
+    params = _put(params, mesh, [(P(), P()), (P(), P())])
+    x = jax.device_put(jax.random.normal(ks[4], (16, 8)), NamedSharding(mesh, P("data")))
+    return mlp_loss, (params, x)
+
+
+def megatron_loss(params, x):
+    h = jax.nn.gelu(x @ params["w1"])          # column-parallel: hidden sharded on "model"
+    return jnp.mean((h @ params["w2"]) ** 2)   # row-parallel: a psum over "model"
+
+
+def tensor_parallel(seed):
+    mesh = _mesh()
+    ks = jax.random.split(_key(seed), 3)
+    params = {"w1": jax.random.normal(ks[0], (8, 32)) / 3, "w2": jax.random.normal(ks[1], (32, 8)) / 6}
+    params = _put(params, mesh, {"w1": P(None, "model"), "w2": P("model", None)})
+    x = jax.device_put(jax.random.normal(ks[2], (16, 8)), NamedSharding(mesh, P("data", None)))
+    return megatron_loss, (params, x)
+
+
+def fsdp(seed):
+    """Parameters sharded on the data axis, all-gathered per layer by a sharding constraint."""
+    mesh = _mesh((8,), ("data",))
+    replicated = NamedSharding(mesh, P())
+
+    def loss(params, x):
+        for w in params:
+            w = jax.lax.with_sharding_constraint(w, replicated)  # the per-layer all-gather
+            x = jax.nn.relu(x @ w)
+        return jnp.mean(x ** 2)
+
+    ks = jax.random.split(_key(seed), 4)
+    params = [jax.random.normal(k, (16, 16)) / 4 for k in ks[:3]]
+    params = _put(params, mesh, [P("data", None)] * 3)
+    x = jax.device_put(jax.random.normal(ks[3], (16, 16)), NamedSharding(mesh, P("data")))
+    return loss, (params, x)
+
+
+def two_d(seed):
+    """A 2-D mesh: batch on "data", the hidden layer on "model", pinned inside the function."""
+    mesh = _mesh()
+    hidden = NamedSharding(mesh, P("data", "model"))
+
+    def loss(params, x):
+        h = jax.lax.with_sharding_constraint(jnp.sin(x @ params[0]), hidden)
+        return jnp.sum(jnp.tanh(h @ params[1]) ** 2)
+
+    ks = jax.random.split(_key(seed), 3)
+    params = _put([jax.random.normal(ks[0], (8, 16)), jax.random.normal(ks[1], (16, 4))], mesh,
+                  [P(None, "model"), P("model", None)])
+    x = jax.device_put(jax.random.normal(ks[2], (8, 8)), NamedSharding(mesh, P("data")))
+    return loss, (params, x)
+
+
+def shard_mapped(seed):
+    """``shard_map`` with a ``psum`` inside: the collective is never recomputed."""
+    mesh = _mesh((8,), ("data",))
+
+    def body(w, x):
+        h = jnp.tanh(x @ w)
+        return jax.lax.psum(jnp.sum(jnp.exp(h) * h), "data")
+
+    def loss(w, x):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())(w, x)
+
+    ks = jax.random.split(_key(seed), 2)
+    w = jax.device_put(jax.random.normal(ks[0], (8, 8)) / 3, NamedSharding(mesh, P()))
+    x = jax.device_put(jax.random.normal(ks[1], (16, 8)), NamedSharding(mesh, P("data")))
+    return loss, (w, x)
+
+
+CASES = {"data_parallel": data_parallel, "tensor_parallel": tensor_parallel, "fsdp": fsdp, "two_d": two_d,
+         "shard_map_psum": shard_mapped}
+
+
+def _check_against_jax(loss, args, partition_fn):
+    f = jaxaot.aot_function(loss, partition_fn=partition_fn)
+    value, grads = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
+    ref_value, ref_grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(*args)
+    assert_trees_close((value, grads), (ref_value, ref_grads), rtol=1e-4, atol=1e-5)
+    # Gradients come back with their inputs' shardings, as jax.grad returns them.
+    for g, x in zip(jax.tree.leaves(grads), jax.tree.leaves(args)):
+        assert g.sharding.is_equivalent_to(x.sharding, x.ndim), (g.sharding, x.sharding)
+    return f
+
+
+@pytest.mark.parametrize("partitioner", list(PARTITIONERS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_value_and_grad_matches_jit_under_the_same_shardings(case, partitioner):
+    loss, args = CASES[case](hash((case, partitioner)) % 1000)
+    f = _check_against_jax(loss, args, PARTITIONERS[partitioner])
+    # The split path: residuals keep the forward's shardings, the backward takes exactly those.
+    out, res = f.forward(*args)
+    tr = res.training
+    for arr, want in zip(res.arrays, tr.placement.residuals()):
+        assert want is None or arr.sharding.is_equivalent_to(want, arr.ndim)
+    grads = f.backward(res, jnp.ones_like(out))
+    assert_trees_close(grads, jax.grad(loss, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
+
+
+def test_batch_sharded_residuals_stay_sharded_and_are_counted_per_device():
+    loss, args = data_parallel(1)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    _, res = f.forward(*args)
+    temporaries = res.arrays[len(res.training.partition.saved_inputs):]  # activations, batch first
+    assert temporaries and all(a.sharding.shard_shape(a.shape)[0] == 2 for a in temporaries)
+    table = f.lower(*args).compile().residuals
+    assert table.device_nbytes is not None and table.device_nbytes < table.nbytes
+    assert "P('data'" in str(table)
+
+
+def test_lower_shows_input_shardings_before_compiling():
+    loss, args = tensor_parallel(2)
+    low = jaxaot.aot_function(loss).lower(*args)
+    rows = {r.label: r for r in low.residuals}
+    assert rows["arg[0]['w1']"].sharding == str(P(None, "model"))
+    assert rows["arg[0]['w1']"].device_nbytes == 8 * 32 * 4 // 2
+
+
+def test_collectives_are_never_recomputed_whatever_the_budget():
+    loss, args = shard_mapped(3)
+    for budget in (0.0, 0.5, 1.0):
+        pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+        low = jaxaot.aot_function(loss, partition_fn=pf).lower(*args)
+        assert not any("psum" in r or "shard_map" in r for r in low.recomputed), low.recomputed
+
+
+def test_jax_grad_and_jit_of_a_sharded_aot_function():
+    loss, args = tensor_parallel(4)
+    f = jaxaot.aot_function(loss)
+    ref = jax.grad(loss)(*args)
+    assert_trees_close(jax.grad(f)(*args), ref, rtol=1e-4, atol=1e-5)
+    assert_trees_close(jax.jit(jax.grad(f))(*args), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_explicit_axes_mesh():
+    mesh = _mesh((8,), ("data",), explicit=True)
+    ks = jax.random.split(_key(5), 2)
+    w = jax.device_put(jax.random.normal(ks[0], (8, 4)), NamedSharding(mesh, P()))
+    x = jax.device_put(jax.random.normal(ks[1], (16, 8)), NamedSharding(mesh, P("data")))
+    loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    with jax.set_mesh(mesh):
+        got = jaxaot.value_and_grad(f)(w, x), jax.jit(jax.grad(f))(w, x)
+        want = jax.jit(jax.value_and_grad(loss))(w, x), jax.jit(jax.grad(loss))(w, x)
+    assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_mesh_context_with_uncommitted_inputs_keys_the_cache():
+    mesh = _mesh((8,), ("data",))
+
+    def loss(w, x):
+        x = jax.lax.with_sharding_constraint(x, P("data"))  # a bare spec: needs the mesh context
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    ks = jax.random.split(_key(6), 2)
+    w, x = jax.random.normal(ks[0], (8, 4)), jax.random.normal(ks[1], (16, 8))
+    f = jaxaot.aot_function(loss)
+    with jax.set_mesh(mesh):
+        got = jaxaot.value_and_grad(f)(w, x)
+        want = jax.jit(jax.value_and_grad(loss))(w, x)
+    assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
+    with jax.set_mesh(_mesh((2,), ("data",))):
+        assert_trees_close(jaxaot.value_and_grad(f)(w, x), want, rtol=1e-4, atol=1e-5)
+    info = f.cache_info()
+    assert info.misses == 2 and "mesh context changed" in info.entries[1].reason
+
+
+def test_out_shardings_and_replicated_residuals():
+    loss_fn, (params, x) = data_parallel(7)
+    mesh = x.sharding.mesh
+    replicated = NamedSharding(mesh, P())
+
+    def hidden(params, x):
+        w, b = params[0]
+        return jnp.tanh(x @ w + b)
+
+    f = jaxaot.aot_function(hidden, out_shardings=replicated, residual_sharding="replicated")
+    out, res = f.forward(params, x)
+    assert out.sharding.is_equivalent_to(replicated, out.ndim)
+    assert out.sharding.is_equivalent_to(f(params, x).sharding, out.ndim)
+    temporaries = res.arrays[len(res.training.partition.saved_inputs):]
+    assert temporaries and all(a.sharding.is_equivalent_to(replicated, a.ndim) for a in temporaries)
+    ct = jax.random.normal(_key(8), out.shape)
+    assert_trees_close(f.backward(res, ct), jax.vjp(hidden, params, x)[1](ct), rtol=1e-4, atol=1e-5)
+    with pytest.raises(InvalidValueError, match="residual_sharding"):
+        jaxaot.aot_function(hidden, residual_sharding="everywhere")
+
+
+def test_inputs_on_different_meshes_raise_a_typed_error_naming_both():
+    a, b = jax.devices()[:4], jax.devices()[4:]
+    m1, m2 = jax.make_mesh((4,), ("d",), devices=a), jax.make_mesh((4,), ("d",), devices=b)
+    w = jax.device_put(jnp.ones((4, 4)), NamedSharding(m1, P()))
+    x = jax.device_put(jnp.ones((8, 4)), NamedSharding(m2, P("d")))
+    f = jaxaot.aot_function(lambda w, x: jnp.sum(x @ w))
+    with pytest.raises(ShardingMismatchError, match=r"arg\[0\].*arg\[1\]|arg\[1\].*arg\[0\]"):
+        f(w, x)
+    # Still usable afterwards.
+    x1 = jax.device_put(jnp.ones((8, 4)), NamedSharding(m1, P("d")))
+    assert float(f(w, x1)) == 128.0
+
+
+def test_resharded_residuals_are_refused_and_the_function_keeps_working():
+    loss, args = data_parallel(9)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    out, res = f.forward(*args)
+    leaves, treedef = jax.tree_util.tree_flatten(res)
+    i = next(k for k, a in enumerate(leaves) if not a.sharding.is_fully_replicated)
+    leaves[i] = jax.device_put(leaves[i], NamedSharding(args[1].sharding.mesh, P()))
+    moved = jax.tree_util.tree_unflatten(treedef, leaves)
+    with pytest.raises(ResidualsMismatchError, match="compiled for"):
+        f.backward(moved, jnp.ones_like(out))
+    grads = f.backward(res, jnp.ones_like(out))
+    assert_trees_close(grads, jax.grad(loss, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
+
+
+def test_cotangents_of_another_sharding_are_accepted_as_jax_vjp_does():
+    loss, args = two_d(10)
+    f = jaxaot.aot_function(lambda p, x: jnp.sin(x @ p[0]))
+    out, res = f.forward(*args)
+    ct = jax.device_put(jax.random.normal(_key(11), out.shape), NamedSharding(out.sharding.mesh, P()))
+    _, vjp = jax.vjp(lambda p, x: jnp.sin(x @ p[0]), *args)
+    chex.assert_trees_all_close(f.backward(res, ct), vjp(ct), rtol=1e-4, atol=1e-5)
