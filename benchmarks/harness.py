@@ -95,7 +95,8 @@ def peak_bytes(compiled: Any) -> int | None:
         return None
     if ma is None:
         return None
-    peak = getattr(ma, "peak_memory_in_bytes", None)
-    if peak:
-        return int(peak)
+    # XLA:CPU's peak_memory_in_bytes leaves out temporaries: then count them with the rest.
+    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)
+    if peak >= ma.temp_size_in_bytes and peak:
+        return peak
     return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)

@@ -50,6 +50,8 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jaxaot.artifacts", ("export", "load", "ExportedAOT", "LoadedAOT")),
     ("jaxaot.autograd", ("compiled_grad", "compiled_value_and_grad", "nnx_compiled_grad", "grad_hook",
                          "compiled_autograd")),
+    ("jaxaot.parallel", ("pipeline", "Pipeline", "PipelineReport", "Schedule", "Action", "OpTimes", "Simulation",
+                         "make_schedule", "simulate")),
     ("jaxaot.nn", ("aot_module", "AOTModule", "AOTLinenModule", "CallMetadata", "InputInfo", "OutputInfo",
                    "ModuleLowered", "aot_export_module", "GraphSignature", "BackwardSignature")),
 )

@@ -119,7 +119,8 @@ class StageMismatchError(JaxaotError, TypeError):
     """A pipeline stage's output does not fit the next stage's input (or the loss).
 
     Detected before anything runs, with ``jax.eval_shape``; the message names
-    both stages, the shape and dtype one returns and what the other expects.
+    both stages, the shape and dtype one returns, and JAX's reason the other
+    does not take it (which names the shape it wanted).
     """
 
 

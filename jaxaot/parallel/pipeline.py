@@ -43,6 +43,7 @@ a trace, a partition and up to four compilations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -149,7 +150,7 @@ class Pipeline:
         return result.loss, grads
 
     def lower(self, params: Sequence[Any], inputs: Any, targets: Any) -> PipelineReport:
-        """Trace and partition every stage for these arguments (nothing compiles or runs)."""
+        """Trace and partition every stage for these arguments (no stage program compiles or runs)."""
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
         return PipelineReport(
             schedule=self.schedule,
@@ -161,46 +162,29 @@ class Pipeline:
         )
 
     def measure_op_times(self, params: Sequence[Any], inputs: Any, targets: Any, *, repeats: int = 5) -> OpTimes:
-        """Each stage's F, B, W and BW times and transfer time on its device, for :func:`~jaxaot.parallel.simulate.simulate`.
+        """Per-stage F, B, W, BW and transfer times, for :func:`~jaxaot.parallel.simulate.simulate`.
 
-        Runs microbatch 0 through every pass of every stage, each ``repeats``
-        times after one warm-up (which compiles), blocking on each run, and
-        takes the median. ``transfer[s]`` is the slower of moving stage ``s``'s
-        input activations from stage ``s-1`` and its output gradients from
-        stage ``s+1`` (0 where both live on one device).
+        Runs microbatch 0 through every pass of every stage once (which
+        compiles), then times every pass ``repeats`` times, blocking on each
+        run; the passes take turns round by round, so drift of the machine
+        hits all alike, and each time is the median over rounds.
+        ``transfer[s]`` is the slower of moving stage ``s``'s input activations
+        from stage ``s-1`` and its output gradients from stage ``s+1`` (0 where
+        both live on one device).
         """
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
-        last = len(self.stages) - 1
-        scale = self._loss_cotangent(programs[-1])
-        times: dict[str, list[float]] = {k: [] for k in ("F", "B", "W", "BW", "transfer")}
-        acts, moves = jax.tree_util.tree_leaves(xs[0]), [0.0] * len(self.stages)
-        saved = []
-        for s, (st, p) in enumerate(zip(self.stages, programs)):
-            leaves = jax.tree_util.tree_leaves(placed[s]) + acts + (jax.tree_util.tree_leaves(ts[0]) if s == last
-                                                                    else [])
-            times["F"].append(_median(lambda: p.forward(leaves), repeats))
-            outs, res = p.forward(leaves)
-            saved.append(res)
-            if s < last:
-                nxt = self.stages[s + 1]
-                moves[s + 1] = _median(lambda: nxt.place(list(outs)), repeats) if nxt.placement != st.placement else 0.0
-                acts = nxt.place(list(outs))
-        ct = scale
-        for s in range(last, -1, -1):
-            p, res = programs[s], saved[s]
-            times["BW"].append(_median(lambda: p.backward(res, ct), repeats))
-            times["B"].append(_median(lambda: p.backward_input(res, ct), repeats))
-            act_grads, wargs = p.backward_input(res, ct)
-            times["W"].append(_median(lambda: p.backward_weight(wargs), repeats))
-            if s > 0:
-                prev = self.stages[s - 1]
-                back = [act_grads[k] for k in programs[s - 1].cotangent_outputs]
-                if prev.placement != self.stages[s].placement:
-                    moves[s - 1] = max(moves[s - 1], _median(lambda: prev.place(back), repeats))
-                ct = prev.place(back)
-        for k in ("B", "W", "BW"):
-            times[k].reverse()
-        return OpTimes(tuple(times["F"]), tuple(times["B"]), tuple(times["W"]), tuple(times["BW"]), tuple(moves))
+        probes = _op_probes(self.stages, programs, placed, xs[0], ts[0], self._loss_cotangent(programs[-1]))
+        runs: dict[tuple[str, int], list[float]] = {key: [] for key in probes}
+        for _ in range(repeats):
+            for key, fn in probes.items():
+                t = time.perf_counter()
+                jax.block_until_ready(fn())
+                runs[key].append(time.perf_counter() - t)
+        n = range(len(self.stages))
+        med = {key: statistics.median(ts) for key, ts in runs.items()}
+        per_op = {op: tuple(med[(op, s)] for s in n) for op in ("F", "B", "W", "BW")}
+        transfer = tuple(max(med.get(("activation", s), 0.0), med.get(("cotangent", s), 0.0)) for s in n)
+        return OpTimes(per_op["F"], per_op["B"], per_op["W"], per_op["BW"], transfer)
 
     # -- per signature
     def _prepare(self, params: Sequence[Any], inputs: Any, targets: Any) -> tuple[list, list, list, list]:
@@ -240,14 +224,41 @@ class Pipeline:
                 f"{self.schedule.num_devices} devices>")
 
 
-def _median(fn: Callable[[], Any], repeats: int) -> float:
-    jax.block_until_ready(fn())
-    runs = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def _op_probes(stages: Sequence[Stage], programs: Sequence[StagePrograms], params: Sequence[Any], inputs: Any,
+               targets: Any, loss_cotangent: list) -> dict[tuple[str, int], Callable[[], Any]]:
+    """``{(pass, stage): run it on microbatch 0}``, after running each once (so each is compiled).
+
+    Passes are ``F``, ``B``, ``W``, ``BW``, and ``activation`` / ``cotangent`` for
+    the transfers into a stage from its neighbours on other devices.
+    """
+    last = len(stages) - 1
+    probes: dict[tuple[str, int], Callable[[], Any]] = {}
+    acts = jax.tree_util.tree_leaves(inputs)
+    saved = []
+    for s, p in enumerate(programs):
+        leaves = jax.tree_util.tree_leaves(params[s]) + acts + (jax.tree_util.tree_leaves(targets) if s == last else [])
+        probes[("F", s)] = functools.partial(p.forward, leaves)
+        outs, res = p.forward(leaves)
+        saved.append(res)
+        if s < last:
+            if stages[s + 1].placement != stages[s].placement:
+                probes[("activation", s + 1)] = functools.partial(stages[s + 1].place, list(outs))
+            acts = stages[s + 1].place(list(outs))
+    ct = loss_cotangent
+    for s in range(last, -1, -1):
+        p, res = programs[s], saved[s]
+        probes[("BW", s)] = functools.partial(p.backward, res, ct)
+        probes[("B", s)] = functools.partial(p.backward_input, res, ct)
+        act_grads, wargs = p.backward_input(res, ct)
+        probes[("W", s)] = functools.partial(p.backward_weight, wargs)
+        if s > 0:
+            back = [act_grads[k] for k in programs[s - 1].cotangent_outputs]
+            if stages[s - 1].placement != stages[s].placement:
+                probes[("cotangent", s - 1)] = functools.partial(stages[s - 1].place, back)
+            ct = stages[s - 1].place(back)
+    for fn in probes.values():
         jax.block_until_ready(fn())
-        runs.append(time.perf_counter() - t)
-    return statistics.median(runs)
+    return probes
 
 
 def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: str | Schedule = "1f1b",

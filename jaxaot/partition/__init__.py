@@ -24,8 +24,10 @@ from jaxaot.partition.split import EqnKind, Partition, Partitioner, Residual, sp
 from jaxaot.partition.default import Gradient, default_partition, differentiate
 from jaxaot.partition.min_cut import min_cut_rematerialization_partition
 from jaxaot.partition.policy import RematPolicy, remat_policy
+from jaxaot.partition.bw_split import BWSplit, split_backward
 
 __all__ = [
+    "BWSplit",
     "EqnKind",
     "Gradient",
     "Partition",
@@ -36,5 +38,6 @@ __all__ = [
     "differentiate",
     "min_cut_rematerialization_partition",
     "remat_policy",
+    "split_backward",
     "split_joint",
 ]

@@ -16,6 +16,7 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot.runtime.function import AOTFunction
+from jaxaot.runtime.fused import run_fused
 from jaxaot.runtime.signature import TraceKind
 
 
@@ -41,9 +42,16 @@ def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], b
 
 
 def value_and_grad(
-    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False
+    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *, fused: bool = True
 ) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``, with an eager fast path for :class:`AOTFunction`.
+
+    Args:
+      fun, argnums, has_aux: as ``jax.value_and_grad``'s.
+      fused: run one executable that computes the forward and then the
+        backward, keeping the partition's plan (:mod:`jaxaot.runtime.fused`);
+        False runs the split forward and backward executables. ``cache_info()``
+        lists which were compiled (``fused`` or ``forward``/``backward``).
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -91,9 +99,12 @@ def value_and_grad(
         tr = plan_for(programs, leaves, args)
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
-        outs, residuals = tr.forward(leaves, concrete=True)
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
-        grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
+        if fused and not tr.joint.num_aux:
+            outs, grads = run_fused(tr, leaves, value_leaf)
+        else:
+            outs, residuals = tr.forward(leaves, concrete=True)
+            grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
         dyn, _ = tr.input_grads_tree(grads)
         dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
@@ -114,7 +125,8 @@ def value_and_grad(
     return vg
 
 
-def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False) -> Callable[..., Any]:
+def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+         fused: bool = True) -> Callable[..., Any]:
     """Like ``jax.grad``, with the eager fast path of :func:`value_and_grad`.
 
     Example:
@@ -123,7 +135,7 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
         >>> jaxaot.grad(f)(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
-    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux)
+    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused)
 
     def g(*args: Any, **kwargs: Any):
         value, gr = vg(*args, **kwargs)

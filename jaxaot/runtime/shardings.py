@@ -62,8 +62,19 @@ def is_multi_device(sharding: Any) -> bool:
 
 
 def is_sharded(avals: Sequence[jax.ShapeDtypeStruct], mesh: Any) -> bool:
-    """Whether a signature is sharded: an input spans several devices, or a mesh context is set."""
-    return mesh is not None or any(is_multi_device(a.sharding) for a in avals)
+    """Whether a signature is *placed*: an input is committed to devices other than the default one
+    (several devices, or one that is not ``jax.devices()[0]``), or a mesh context is set.
+
+    Such signatures compile every program for where their inputs live.
+    """
+    if mesh is not None:
+        return True
+    default = jax.devices()[0]
+    for a in avals:
+        s = a.sharding
+        if s is not None and (is_multi_device(s) or C.single_device_of(s) not in (None, default)):
+            return True
+    return False
 
 
 def check_policy(policy: str) -> str:

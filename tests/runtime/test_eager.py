@@ -34,8 +34,10 @@ def test_fast_path_runs_compiled_executables_only():
     vg = jaxaot.value_and_grad(f)
     w = _normal(6)
     vg(w)
-    assert f.cache_info().entries[0].executables == ("forward", "backward")
+    assert f.cache_info().entries[0].executables == ("fused",)
     assert_trees_close(vg(w), jax.value_and_grad(lambda w: jnp.sum(jnp.sin(w)))(w))
+    jaxaot.value_and_grad(f, fused=False)(w)
+    assert f.cache_info().entries[0].executables == ("fused", "forward", "backward")
 
 
 def test_falls_back_under_jit_and_for_plain_functions():

@@ -276,3 +276,43 @@ def test_cotangents_of_another_sharding_are_accepted_as_jax_vjp_does():
     ct = jax.device_put(jax.random.normal(_key(11), out.shape), NamedSharding(out.sharding.mesh, P()))
     _, vjp = jax.vjp(lambda p, x: jnp.sin(x @ p[0]), *args)
     chex.assert_trees_all_close(f.backward(res, ct), vjp(ct), rtol=1e-4, atol=1e-5)
+
+
+def test_flax_nnx_model_with_partitioned_params_through_aot_module():
+    from flax import nnx
+
+    mesh = _mesh()
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            init = nnx.initializers.lecun_normal()
+            self.w1 = nnx.Param(nnx.with_partitioning(init, (None, "model"))(rngs.params(), (8, 32)))
+            self.w2 = nnx.Param(nnx.with_partitioning(init, ("model", None))(rngs.params(), (32, 8)))
+
+        def __call__(self, x):
+            return jnp.tanh(x @ self.w1) @ self.w2
+
+    with jax.set_mesh(mesh):
+        model = MLP(nnx.Rngs(int(np.random.SeedSequence(12).generate_state(1)[0] % 1000)))
+    x = jax.device_put(jax.random.normal(_key(13), (16, 8)), NamedSharding(mesh, P("data")))
+    loss = lambda m, x: jnp.mean(m(x) ** 2)  # noqa: E731
+    compiled = jaxaot.aot_module(model, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    value, grads = nnx.value_and_grad(loss)(compiled, x)
+    ref_value, ref_grads = nnx.jit(nnx.value_and_grad(loss))(model, x)
+    assert_trees_close(value, ref_value, rtol=1e-4, atol=1e-5)
+    got, want = nnx.state(grads, nnx.Param), nnx.state(ref_grads, nnx.Param)
+    assert_trees_close(jax.tree.leaves(got), jax.tree.leaves(want), rtol=1e-4, atol=1e-5)
+    for g, p in zip(jax.tree.leaves(got), jax.tree.leaves(nnx.state(model, nnx.Param))):
+        assert g.sharding.is_equivalent_to(p.sharding, p.ndim), (g.sharding, p.sharding)
+
+
+def test_arrays_committed_to_another_single_device_stay_there():
+    device = jax.devices()[3]
+    ks = jax.random.split(_key(14), 2)
+    w, x = (jax.device_put(jax.random.normal(k, s), device) for k, s in zip(ks, [(3, 2), (4, 3)]))
+    loss = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
+    f = jaxaot.aot_function(loss)
+    want = jax.grad(loss)(w, x)
+    for g in (jax.grad(f)(w, x), jaxaot.grad(f)(w, x), jaxaot.grad(f, fused=False)(w, x)):
+        assert g.devices() == {device}
+        assert_trees_close(g, want, rtol=1e-5, atol=1e-6)

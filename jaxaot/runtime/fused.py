@@ -1,0 +1,84 @@
+"""The fused training step: forward and backward in one executable that keeps the partition's plan.
+
+Two executables cost a training step twice: two launches, and XLA can neither
+fuse nor choose layouts across the boundary. When the caller only wants
+``value_and_grad`` of a scalar loss (:func:`jaxaot.value_and_grad` on an
+:class:`~jaxaot.AOTFunction`), there is no boundary to keep, so this module
+compiles one program::
+
+    outputs, residuals = forward(inputs)             # the partition's forward
+    residuals' = optimization_barrier(residuals)
+    grads = backward(unit cotangents, residuals')    # the partition's backward
+
+The barrier is how ``jax.checkpoint`` lowers: the backward sees only the
+residuals, through a value XLA cannot look through, so the eqns it recomputes
+are not merged with the forward's copies (which would keep alive what the plan
+chose not to save). The peak memory is then the plan's, not the fused
+``jax.jit(jax.value_and_grad)``'s.
+
+The cotangent of the loss (1, and 0 for auxiliary outputs) is a constant of
+the program; on a mesh the gradients are pinned to their inputs' shardings.
+
+Cost: one more compilation per signature (the split executables compile only
+if ``.forward``/``.backward`` or a pipeline asks for them). Functions with a
+``jaxaot.while_loop`` whose stack the runtime sizes keep the split
+executables: the runtime checks the loop's trip count between the two.
+
+Example:
+    >>> import jax, jax.numpy as jnp, jaxaot
+    >>> f = jaxaot.aot_function(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2))
+    >>> w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
+    >>> _ = jaxaot.value_and_grad(f)(w, x)
+    >>> [name for name in f.cache_info().entries[0].executables]
+    ['fused']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from jaxaot import _compat as C
+
+
+def fused_program(training: Any, value_leaf: int = 0) -> Any:
+    """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
+
+    ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
+    ``value_leaf`` the output whose cotangent is 1 (the loss).
+    """
+    p, part, joint = training.programs, training.partition, training.joint
+    cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
+    pins = training.placement.grad_pins()
+
+    def step(*leaves: Any) -> list:
+        fwd = C.eval_closed(part.forward, *leaves)
+        residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
+        residuals = list(jax.lax.optimization_barrier(residuals)) if residuals else []
+        unit = [jax.numpy.full(a.shape, 1 if i == value_leaf else 0, a.dtype) for i, a in cts]
+        grads = C.eval_closed(part.backward, *unit, *residuals)
+        grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]
+        return [fwd[i] for i in p.computed_outputs] + grads
+
+    return jax.make_jaxpr(step)(*p.in_avals)
+
+
+def fused_exe(training: Any, value_leaf: int = 0) -> Any:
+    """The fused step's executable, compiled (through the persistent cache) on first use."""
+    p = training.programs
+    name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
+    exe = p.executables.get(name)
+    if exe is None:
+        returned = {i for i in p.output_is_input if i is not None}  # handed back as outputs: never donated
+        exe = p.compile(name, training.options.fw_compiler, fused_program(training, value_leaf), p.in_avals,
+                        aliased=returned)
+    return exe
+
+
+def run_fused(training: Any, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
+    """``(the function's outputs, grads of the differentiated inputs)`` from one fused call."""
+    p = training.programs
+    outs = fused_exe(training, value_leaf)(*leaves)
+    n = len(p.computed_outputs)
+    return p.splice(leaves, outs[:n]), list(outs[n:])
