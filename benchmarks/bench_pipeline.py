@@ -164,7 +164,7 @@ def op_times(size: Size, num_stages: int) -> tuple[OpTimes, str]:
 def simulated(times4: OpTimes, times8: OpTimes) -> str:
     rows = [("schedule", "stages", "microbatches", "step ms", "bubble")]
     for name in SCHEDULES:
-        stages, times = (8, times8) if name == "interleaved" else (NUM_DEVICES, times4)
+        stages, times = (2 * NUM_DEVICES, times8) if name == "interleaved" else (NUM_DEVICES, times4)
         for m in MICROBATCHES:
             sim = simulate(make_schedule(name, stages, m, NUM_DEVICES), times)
             rows.append((name, stages, m, f"{sim.step_time * 1e3:.3f}", f"{sim.bubble_fraction:.3f}"))
@@ -185,13 +185,13 @@ def grad_error(grads: Any, want: Any) -> float:
     return max(errs)
 
 
-def measured(size: Size, sims: dict[str, float], *, rounds: int, tolerance: float) -> str:
-    m = MEASURED_MICROBATCHES
+def measured(size: Size, sims: dict[str, float], *, rounds: int, tolerance: float,
+             m: int = MEASURED_MICROBATCHES) -> str:
     devices, where = devices_for()
     steps: dict[str, tuple[Pipeline, Config]] = {}
     checks: dict[str, tuple[float, float]] = {}
     for name in SCHEDULES:
-        c = config(size, 8 if name == "interleaved" else NUM_DEVICES, m)
+        c = config(size, 2 * NUM_DEVICES if name == "interleaved" else NUM_DEVICES, m)
         step = pipeline(c.stages, cross_entropy, schedule=name, num_microbatches=m, devices=devices)
         loss, grads = step(c.params, c.inputs, c.targets)
         ref_loss, ref_grads = unpipelined(c.stages, m)(c.params, c.inputs, c.targets)
@@ -229,28 +229,35 @@ def measured(size: Size, sims: dict[str, float], *, rounds: int, tolerance: floa
 
 
 def main(argv: list[str] | None = None) -> str:
+    global NUM_DEVICES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="CPU-sized model (f32)")
     ap.add_argument("--out", help="also write the report to this file")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds of the measured steps")
+    ap.add_argument("--devices", type=int, default=4, help="devices = stages (interleaved: 2 per device)")
+    ap.add_argument("--measured", default=str(MEASURED_MICROBATCHES),
+                    help="comma-separated microbatch counts to measure (default 8)")
     a = ap.parse_args(argv)
+    NUM_DEVICES = a.devices
     size = SIZES["small" if a.small else "gpu"]
     tolerance = 1e-4 if size.dtype == jnp.float32 else 3e-2
 
     def sections():
         yield (f"## model\nGPT: {size.layers} layers, width {size.width}, {size.heads} heads, seq {size.seq}, "
                f"vocab {size.vocab}, {jnp.dtype(size.dtype).name}; microbatch {size.microbatch} sequences; "
-               f"4 stages of {size.layers // 4} layers (interleaved: 8 stages of {size.layers // 8}, 2 per device)\n"
+               f"{NUM_DEVICES} stages of {size.layers // NUM_DEVICES} layers (interleaved: {2 * NUM_DEVICES} stages "
+               f"of {size.layers // (2 * NUM_DEVICES)}, 2 per device)\n"
                f"load average at start: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
         times4, text4 = op_times(size, NUM_DEVICES)
-        yield "## per-op times, 4 stages, one device\n" + text4
-        times8, text8 = op_times(size, 8)
-        yield "## per-op times, 8 stages, one device\n" + text8
-        yield "## simulated on 4 devices (transfers free)\n" + simulated(times4, times8)
-        sims = {name: simulate(make_schedule(name, 8 if name == "interleaved" else NUM_DEVICES,
-                                             MEASURED_MICROBATCHES, NUM_DEVICES),
-                               times8 if name == "interleaved" else times4).step_time for name in SCHEDULES}
-        yield "## measured on host devices\n" + measured(size, sims, rounds=a.rounds, tolerance=tolerance)
+        yield f"## per-op times, {NUM_DEVICES} stages, one device\n" + text4
+        times8, text8 = op_times(size, 2 * NUM_DEVICES)
+        yield f"## per-op times, {2 * NUM_DEVICES} stages, one device\n" + text8
+        yield f"## simulated on {NUM_DEVICES} devices (transfers free)\n" + simulated(times4, times8)
+        for m in (int(x) for x in a.measured.split(",")):
+            sims = {name: simulate(make_schedule(name, 2 * NUM_DEVICES if name == "interleaved" else NUM_DEVICES,
+                                                 m, NUM_DEVICES),
+                                   times8 if name == "interleaved" else times4).step_time for name in SCHEDULES}
+            yield f"## measured, {m} microbatches\n" + measured(size, sims, rounds=a.rounds, tolerance=tolerance, m=m)
 
     return report("bench_pipeline: pipeline schedules, simulated and measured", sections(), a.out)
 

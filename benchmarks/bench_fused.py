@@ -1,0 +1,136 @@
+"""Fused training step: ``jaxaot.value_and_grad`` (one executable keeping the plan) against JAX's fused steps.
+
+For every model of ``benchmarks/models.py`` it prints, from one run:
+
+* the step time of ``jaxaot.value_and_grad(aot_function(loss, partition_fn=p))``
+  (fused, the default) for the default partition and the min-cut at budgets
+  1, 0.95 and 0.5, of the split ``fused=False`` path at budget 1, and of
+  ``jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=dots_saveable)))``,
+  each as a ratio to ``jax.jit(jax.value_and_grad(loss))``: the median of the
+  rounds' ratios (programs take turns round by round, each round the median of
+  ``--iters`` steps, inputs rotating over three sets) with the min-max;
+* the compiled peak memory of each fused program, as a ratio to the
+  ``dots_saveable`` program's (goal: at most 1);
+* a gradient check of every program against ``jax.value_and_grad``.
+
+Goals (issue #16): fused step time at most 1.02x ``jit(value_and_grad)`` and
+peak memory at most ``dots_saveable``'s, on every model.
+
+Usage: ``python benchmarks/bench_fused.py [--small] [--only NAME] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxaot
+from jaxaot.runtime.fused import fused_exe
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
+from models import zoo  # noqa: E402
+
+
+def _budget(b: float) -> Callable:
+    return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=b)
+
+
+PARTITIONS = {"default": jaxaot.default_partition, "min-cut 1": _budget(1.0), "min-cut 0.95": _budget(0.95),
+              "min-cut 0.5": _budget(0.5)}
+
+
+def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
+    """name -> (step(args), compiled executable for memory analysis or None)."""
+    loss, nums = model.loss, model.argnums
+    out: dict[str, tuple[Callable, Any]] = {}
+    jit = jax.jit(jax.value_and_grad(loss, argnums=nums))
+    out["jit(value_and_grad)"] = (jit, jit.lower(*args).compile())
+    ckpt = jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable),
+                                      argnums=nums))
+    out["jit(dots_saveable)"] = (ckpt, ckpt.lower(*args).compile())
+    for name, pf in PARTITIONS.items():
+        f = jaxaot.aot_function(loss, partition_fn=pf)
+        vg = jaxaot.value_and_grad(f, argnums=nums)
+        vg(*args)
+        tr = f.lookup(args, {}).programs
+        fused = [e for n, e in tr.executables.items() if n.startswith("fused")]
+        out[f"jaxaot fused {name}"] = (vg, fused[0] if fused else None)
+    f = jaxaot.aot_function(loss, partition_fn=_budget(1.0))
+    out["jaxaot split min-cut 1"] = (jaxaot.value_and_grad(f, argnums=nums, fused=False), None)
+    return out
+
+
+def check(progs: dict, model: Any, args: tuple) -> float:
+    want = jax.value_and_grad(model.loss, argnums=model.argnums)(*args)
+    worst = 0.0
+    for name, (step, _) in progs.items():
+        got = step(*args)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+            err = float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-6))
+            worst = max(worst, err)
+            if err > 5e-2:
+                raise AssertionError(f"{model.name}/{name}: relative gradient error {err:.3g}")
+    return worst
+
+
+def time_rounds(progs: dict, sets: list, rounds: int, iters: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {n: [] for n in progs}
+    for step, _ in progs.values():
+        for s in sets:
+            jax.block_until_ready(step(*s))
+    for _ in range(rounds):
+        for name, (step, _) in progs.items():
+            ts = []
+            for i in range(iters):
+                t = time.perf_counter()
+                jax.block_until_ready(step(*sets[i % len(sets)]))
+                ts.append(time.perf_counter() - t)
+            times[name].append(statistics.median(ts))
+    return times
+
+
+def bench_model(model: Any, rounds: int, iters: int) -> str:
+    sets = [model.make_args(jax.random.key(i)) for i in range(3)]
+    progs = programs(model, sets[0])
+    err = check(progs, model, sets[1])
+    times = time_rounds(progs, sets, rounds, iters)
+    ref = times["jit(value_and_grad)"]
+    dots_peak = peak_bytes(progs["jit(dots_saveable)"][1])
+    rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak"]]
+    for name, (_, exe) in progs.items():
+        ratios = [t / r for t, r in zip(times[name], ref)]
+        peak = peak_bytes(exe) if exe is not None else None
+        rows.append([name, f"{statistics.median(times[name]) * 1e3:.3f}", f"{statistics.median(ratios):.3f}",
+                     f"({min(ratios):.2f}-{max(ratios):.2f})", fmt_bytes(peak),
+                     f"{peak / dots_peak:.3f}" if peak and dots_peak else "-"])
+    return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="CPU sizes")
+    ap.add_argument("--only", help="run only the models whose name contains one of these (comma-separated)")
+    ap.add_argument("--out", help="also write the report to this file")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=5)
+    a = ap.parse_args(argv)
+    jax.config.update("jax_default_matmul_precision", "default")
+    only = a.only.split(",") if a.only else None
+    models = [m for n, m in zoo("small" if a.small else "gpu").items() if not only or any(o in n for o in only)]
+    sections = (bench_model(m, a.rounds, a.iters) for m in models)
+    return report("fused training step vs jax.jit(jax.value_and_grad)", sections, a.out)
+
+
+if __name__ == "__main__":
+    jnp.zeros(())  # initialise the backend before timing
+    main()
