@@ -265,45 +265,46 @@ def gpt2_block(batch: int, seq: int, width: int, heads: int, vocab: int | None, 
 
 
 # --------------------------------------------------------------------------- top-2 MoE
-def moe_mlp_loss(p: dict, x: jax.Array, *, capacity: int, aux_weight: float = 0.01) -> jax.Array:
+def moe_mlp_loss(p: dict, x: jax.Array, *, group: int, capacity: int, aux_weight: float = 0.01) -> jax.Array:
     """Top-2 mixture-of-experts MLP, GShard-style one-hot dispatch with a fixed expert capacity.
 
-    Each token picks two experts from a float32 router softmax (gates
-    renormalised over the two); a token over an expert's ``capacity`` is
-    dropped for that expert. Dispatch and combine are one-hot ``einsum``s, so
-    every shape is static. Loss: ``mean((x + moe(rmsnorm(x)))**2)`` plus the
-    load-balancing term.
+    Tokens are split into groups of ``group``; in each, every token picks two
+    experts from a float32 router softmax (gates renormalised over the two)
+    and a token past an expert's ``capacity`` (per group) is dropped for that
+    expert. Dispatch and combine are one-hot ``einsum``s, so every shape is
+    static. Loss: ``mean((x + moe(rmsnorm(x)))**2)`` plus the load-balancing term.
     """
     b, t, d = x.shape
     n_exp = p["router"].shape[-1]
-    tok = rms_norm(x, p["norm"]).reshape(b * t, d)
-    probs = jax.nn.softmax((tok @ p["router"]).astype(jnp.float32), axis=-1)  # (n, E)
+    tok = rms_norm(x, p["norm"]).reshape(b * t // group, group, d)  # (G, S, d)
+    probs = jax.nn.softmax((tok @ p["router"]).astype(jnp.float32), axis=-1)  # (G, S, E)
     gate_vals, idx = lax.top_k(probs, 2)
     gate_vals = gate_vals / gate_vals.sum(-1, keepdims=True)
-    masks = jax.nn.one_hot(idx, n_exp, dtype=jnp.int32)  # (n, 2, E)
-    first, second = masks[:, 0], masks[:, 1]
-    pos1 = jnp.cumsum(first, axis=0) - first  # slot of each token in its first expert
-    pos2 = jnp.cumsum(second, axis=0) - second + first.sum(0, keepdims=True)
-    combine = jnp.zeros((b * t, n_exp, capacity), jnp.float32)
-    for mask, pos, gate in ((first, pos1, gate_vals[:, 0]), (second, pos2, gate_vals[:, 1])):
-        slot = (pos * mask).sum(-1)  # (n,)
-        keep = (mask.sum(-1) > 0) & (slot < capacity)
+    masks = jax.nn.one_hot(idx, n_exp, dtype=jnp.int32)  # (G, S, 2, E)
+    first, second = masks[:, :, 0], masks[:, :, 1]
+    pos1 = jnp.cumsum(first, axis=1) - first  # slot of each token in its first expert
+    pos2 = jnp.cumsum(second, axis=1) - second + first.sum(1, keepdims=True)  # after all first choices
+    combine = jnp.zeros((*tok.shape[:2], n_exp, capacity), jnp.float32)
+    for mask, pos, gate in ((first, pos1, gate_vals[..., 0]), (second, pos2, gate_vals[..., 1])):
+        slot = (pos * mask).sum(-1)  # (G, S)
+        keep = slot < capacity
         onehot = jax.nn.one_hot(jnp.where(keep, slot, capacity), capacity, dtype=jnp.float32)  # dropped: all zero
-        combine = combine + (gate[:, None] * mask.astype(jnp.float32))[:, :, None] * onehot[:, None, :]
-    dispatch = (combine > 0).astype(x.dtype)
-    expert_in = jnp.einsum("nec,nd->ecd", dispatch, tok)  # (E, C, d)
-    h = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", expert_in, p["w1"]))
-    expert_out = jnp.einsum("ecf,efd->ecd", h, p["w2"])
-    y = jnp.einsum("nec,ecd->nd", combine.astype(x.dtype), expert_out).reshape(b, t, d)
-    aux = n_exp * jnp.sum(probs.mean(0) * first.astype(jnp.float32).mean(0))
+        combine = combine + (gate[..., None] * mask.astype(jnp.float32))[..., None] * onehot[:, :, None, :]
+    dispatch = (combine > 0).astype(x.dtype)  # (G, S, E, C)
+    expert_in = jnp.einsum("gsec,gsd->gecd", dispatch, tok)
+    h = jax.nn.gelu(jnp.einsum("gecd,edf->gecf", expert_in, p["w1"]))
+    expert_out = jnp.einsum("gecf,efd->gecd", h, p["w2"])
+    y = jnp.einsum("gsec,gecd->gsd", combine.astype(x.dtype), expert_out).reshape(b, t, d)
+    aux = n_exp * jnp.sum(probs.mean((0, 1)) * first.astype(jnp.float32).mean((0, 1)))
     return jnp.mean((x + y).astype(jnp.float32) ** 2) + aux_weight * aux
 
 
-def moe_mlp(batch: int, seq: int, width: int, hidden: int, experts: int, dtype: Any,
+def moe_mlp(batch: int, seq: int, width: int, hidden: int, experts: int, group: int, dtype: Any,
             capacity_factor: float = 1.25) -> Model:
-    """:func:`moe_mlp_loss` with ``experts`` experts of width ``hidden``; capacity
-    ``capacity_factor * 2 * tokens / experts``."""
-    capacity = max(1, int(math.ceil(capacity_factor * 2 * batch * seq / experts)))
+    """:func:`moe_mlp_loss` with ``experts`` experts of width ``hidden``, token groups of ``group``,
+    capacity ``capacity_factor * 2 * group / experts`` per group."""
+    assert (batch * seq) % group == 0, (batch, seq, group)
+    capacity = max(1, int(math.ceil(capacity_factor * 2 * group / experts)))
 
     def make_args(key):
         r = Draw(key)
@@ -316,9 +317,9 @@ def moe_mlp(batch: int, seq: int, width: int, hidden: int, experts: int, dtype: 
         return p, r.normal((batch, seq, width), dtype)
 
     def loss(p, x):
-        return moe_mlp_loss(p, x, capacity=capacity)
+        return moe_mlp_loss(p, x, group=group, capacity=capacity)
 
-    label = (f"moe top-2 of {experts} experts, capacity {capacity} ({batch}x{seq}x{width}, "
+    label = (f"moe top-2 of {experts} experts, groups of {group}, capacity {capacity} ({batch}x{seq}x{width}, "
              f"{jnp.dtype(dtype).name})")
     return Model("moe_top2", label, loss, make_args, (0, 1), dtype)
 
@@ -501,7 +502,7 @@ def zoo(size: str = "tiny") -> dict[str, Model]:
             gpt2_block(2, 8, 16, 2, 32, bf16),
             gpt2_block(2, 8, 16, 8, 32, bf16),
             gpt2_block(2, 8, 16, 4, None, bf16, name="issue_block"),
-            moe_mlp(2, 8, 16, 32, 4, f),
+            moe_mlp(2, 8, 16, 32, 4, 8, f),
             vit_block(2, 8, 3, 4, 16, 2, 10, f),
             convnet_bn(4, 8, 3, 4, 10, f),
             gru_scan(6, 2, 8, 16, f),
@@ -514,7 +515,7 @@ def zoo(size: str = "tiny") -> dict[str, Model]:
             gpt2_block(2, 128, 128, 2, 512, bf16),
             gpt2_block(2, 128, 128, 8, 512, bf16),
             gpt2_block(2, 128, 128, 4, None, bf16, name="issue_block"),
-            moe_mlp(2, 64, 128, 256, 8, f),
+            moe_mlp(2, 64, 128, 256, 8, 64, f),
             vit_block(4, 32, 3, 4, 128, 4, 10, f),
             convnet_bn(8, 32, 3, 16, 10, f),
             gru_scan(64, 16, 64, 128, f),
@@ -528,7 +529,7 @@ def zoo(size: str = "tiny") -> dict[str, Model]:
             gpt2_block(8, 1024, 1024, 8, 8192, bf16),
             # The issue-16 block: batch 8, seq 1024, width 1024, bf16.
             gpt2_block(8, 1024, 1024, 16, None, bf16, name="issue_block"),
-            moe_mlp(8, 1024, 1024, 2048, 8, bf16),
+            moe_mlp(8, 1024, 1024, 2048, 8, 1024, bf16),
             vit_block(64, 224, 3, 16, 768, 12, 1000, bf16),
             convnet_bn(128, 64, 3, 64, 1000, bf16),
             gru_scan(256, 64, 512, 1024, bf16),

@@ -38,7 +38,7 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jaxaot.tracing.joint", ("JointGraph", "trace_joint")),
     # stage 2: partition
     ("jaxaot.partition", ("Partition", "Partitioner", "Residual", "default_partition", "Gradient", "differentiate",
-                          "min_cut_rematerialization_partition", "remat_policy", "RematPolicy")),
+                          "min_cut_rematerialization_partition", "remat_policy", "RematPolicy", "DeviceModel")),
     # stage 3: compile
     ("jaxaot.compile", ("Compiler",)),
     # stage 4: runtime

@@ -15,6 +15,9 @@ Modules, each one concept:
   expensive values to trade under a memory budget) and ``scan_remat`` (the
   per-iteration plan of each ``lax.scan``), counting per-device bytes on a
   mesh (``device_bytes``);
+* ``offload``: :class:`DeviceModel` and the offload pass, a third choice beside
+  saving and recomputing: large residuals whose copies to host memory and back
+  hide behind compute;
 * ``policy``: :func:`remat_policy`, the min-cut's plan as a ``jax.checkpoint`` policy;
 * ``bw_split``: the backward split into input-gradient and weight-gradient
   programs, for pipeline schedules.
@@ -25,9 +28,11 @@ from jaxaot.partition.default import Gradient, default_partition, differentiate
 from jaxaot.partition.min_cut import min_cut_rematerialization_partition
 from jaxaot.partition.policy import RematPolicy, remat_policy
 from jaxaot.partition.bw_split import BWSplit, split_backward
+from jaxaot.partition.offload import DeviceModel
 
 __all__ = [
     "BWSplit",
+    "DeviceModel",
     "EqnKind",
     "Gradient",
     "Partition",

@@ -56,6 +56,7 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import nbytes as aval_nbytes
 from jaxaot.partition import cost_model
 from jaxaot.partition import knapsack
+from jaxaot.partition import offload as host_offload
 from jaxaot.partition import scan_remat
 from jaxaot.partition.cost_model import Recompute
 from jaxaot.partition.device_bytes import device_fractions
@@ -294,6 +295,38 @@ def min_cut(graph: FlowGraph, banned: np.ndarray) -> Cut:
 
 
 # --------------------------------------------------------------------------- budget
+def _knapsack_order(graph: FlowGraph, recompute_loops: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(never, order)``: the nodes never recomputed, and the others that may be, in knapsack order."""
+    never = (graph.kind == NEVER) | (graph.kind == INPUT)
+    if not recompute_loops:
+        # Recomputing a loop re-runs all of its iterations (for a scan of layers,
+        # the whole forward again); a scan's per-iteration residuals are chosen
+        # under this budget inside its body (scan_remat). Only budget 0, which
+        # recomputes all it can, recomputes loops.
+        never = never | (graph.loop & (graph.kind == EXPENSIVE))
+    candidates = np.flatnonzero((graph.kind == EXPENSIVE) & ~never & graph.ancestors_of_needed)
+    return never, candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.flops[candidates])]
+
+
+def _banned(never: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
+    """The ban set after unbanning the first ``k`` nodes of ``order``."""
+    banned = never.copy()
+    banned[order[k:]] = True
+    return banned
+
+
+def recompute_prefix(graph: FlowGraph, memory_budget: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(never, order, k)``: the budget recomputes the first ``k`` nodes of the knapsack ``order``."""
+    never, order = _knapsack_order(graph, recompute_loops=memory_budget <= 0)
+    if memory_budget >= 1 or len(order) == 0:
+        return never, order, 0
+    optimal = cut_value(graph, _banned(never, order, 0))
+    floor = cut_value(graph, never)
+    target = floor + memory_budget * (optimal - floor)
+    k = knapsack.smallest_feasible_prefix(lambda k: cut_value(graph, _banned(never, order, k)), len(order), target)
+    return never, order, k
+
+
 def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarray:
     """Indices of the nodes to save under ``memory_budget`` (see the module doc).
 
@@ -304,28 +337,35 @@ def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarr
     unbanned in knapsack order, as few as reach the target; a lower budget
     unbans a superset, so saved bytes never grow as the budget shrinks.
     """
-    never = (graph.kind == NEVER) | (graph.kind == INPUT)
+    never, order, k = recompute_prefix(graph, memory_budget)
+    return min_cut(graph, _banned(never, order, k)).saved
+
+
+def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable[[np.ndarray], host_offload.OffloadPlan]
+                          ) -> tuple[np.ndarray, host_offload.OffloadPlan]:
+    """The saved nodes and their offload ``plan`` that meet the budget with the least recomputation.
+
+    Target: the device bytes of the budget's own cut (:func:`choose_saved_nodes`).
+    The knapsack prefixes of a positive budget (loops banned) are tried in order,
+    0 (nothing expensive recomputed) up to the budget's own (at budget 0: all of
+    them, then the budget's cut); the first whose saved bytes less offloaded
+    bytes reach the target wins. So offloading never adds device bytes, and as the
+    targets shrink with the budget, so do the device bytes. Cost: one min-cut and
+    one plan per prefix tried.
+    """
+    final = choose_saved_nodes(graph, memory_budget)
+    target = int(graph.nbytes[final].sum())
     if memory_budget > 0:
-        # Recomputing a loop re-runs all of its iterations (for a scan of layers,
-        # the whole forward again); a scan's per-iteration residuals are chosen
-        # under this budget inside its body (scan_remat). Only budget 0, which
-        # recomputes all it can, recomputes loops.
-        never = never | (graph.loop & (graph.kind == EXPENSIVE))
-    candidates = np.flatnonzero((graph.kind == EXPENSIVE) & ~never & graph.ancestors_of_needed)
-    order = candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.flops[candidates])]
-
-    def banned_after_unbanning(k: int) -> np.ndarray:
-        banned = never.copy()
-        banned[order[k:]] = True
-        return banned
-
-    if memory_budget >= 1 or len(order) == 0:
-        return min_cut(graph, banned_after_unbanning(0)).saved
-    optimal = cut_value(graph, banned_after_unbanning(0))
-    floor = cut_value(graph, never)
-    target = floor + memory_budget * (optimal - floor)
-    k = knapsack.smallest_feasible_prefix(lambda k: cut_value(graph, banned_after_unbanning(k)), len(order), target)
-    return min_cut(graph, banned_after_unbanning(k)).saved
+        never, order, k = recompute_prefix(graph, memory_budget)
+    else:
+        never, order = _knapsack_order(graph, recompute_loops=False)
+        k = len(order)
+    for j in range(k + 1):
+        saved = final if memory_budget > 0 and j == k else min_cut(graph, _banned(never, order, j)).saved
+        chosen = plan(saved)
+        if int(graph.nbytes[saved].sum()) - chosen.nbytes <= target:
+            return saved, chosen
+    return final, plan(final)
 
 
 def choose_saved_values(
@@ -338,7 +378,8 @@ def choose_saved_values(
 
 # --------------------------------------------------------------------------- partitioner
 def min_cut_rematerialization_partition(
-    joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True
+    joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True,
+    offload: bool | str = False, device_model: host_offload.DeviceModel | None = None,
 ) -> Partition:
     """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
 
@@ -351,6 +392,12 @@ def min_cut_rematerialization_partition(
         recompute, cheapest FLOPs per saved byte first.
       rematerialize_scans: choose the per-iteration residuals of each top-level
         ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.scan_remat`).
+      offload: False, True or ``"auto"``: also move saved values to host memory
+        where the copies overlap compute (:mod:`jaxaot.partition.offload`); the
+        budget then counts device bytes and is met offloading before recomputing.
+        Without host memory (the CPU backend) nothing moves and ``offload_note`` says why.
+      device_model: the :class:`~jaxaot.partition.offload.DeviceModel` to plan
+        with (default: measured on the default device, once per process).
 
     Use ``functools.partial`` to pass options through ``aot_function``.
 
@@ -365,19 +412,36 @@ def min_cut_rematerialization_partition(
     """
     if not 0.0 <= memory_budget <= 1.0:
         raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
+    model = host_offload.resolve_model(offload, device_model)
     part = split_joint(joint, choose_saved_values(joint, memory_budget))
-    if not rematerialize_scans:
-        return part
-    rewritten, plan = scan_remat.rewrite_primal_planned(
-        joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
-    if not plan:
-        return part
-    rejoint = scan_remat.replay_joint(joint, plan)
-    if (rejoint.differentiable, rejoint.needs_cotangent) != (joint.differentiable, joint.needs_cotangent):
-        return part  # pragma: no cover - the rewrite keeps avals, so this cannot differ
-    repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
-    # Scan bodies may only save values they can name (not JAX's linearization
-    # temporaries), which is almost never worse; keep whichever saves less.
-    if repart.saved_bytes > part.saved_bytes:
-        return part
-    return dataclasses.replace(repart, primal_plan=plan, split_from=rejoint)
+    source, plan = joint, None
+    if rematerialize_scans:
+        _, plan = scan_remat.rewrite_primal_planned(
+            joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
+        rejoint = scan_remat.replay_joint(joint, plan) if plan else None
+        if rejoint is not None and (rejoint.differentiable, rejoint.needs_cotangent) == (
+                joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
+            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
+            # Scan bodies may only save values they can name (not JAX's linearization
+            # temporaries), which is almost never worse; keep whichever saves less.
+            if repart.saved_bytes <= part.saved_bytes:
+                part, source = repart, rejoint
+        if source is joint:
+            plan = None
+    if model is not None:
+        part = _offload(source, part, memory_budget, model)
+    return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
+
+
+def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel) -> Partition:
+    """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
+    if not model.has_host_memory:
+        return dataclasses.replace(part, offload_note=model.note or "nothing offloaded: the device has no host memory")
+    graph = build_flow_graph(source)
+    timeline = host_offload.Timeline.of(source, model)
+    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
+    saved, chosen = offloaded_saved_nodes(graph, memory_budget, lambda nodes: host_offload.plan_offload(
+        timeline, [graph.values[i] for i in nodes], model, sizes))
+    split = split_joint(source, [graph.values[i] for i in saved])
+    position = {v: j for j, v in enumerate(host_offload.saved_vars(split))}
+    return host_offload.apply_offload(split, [position[v] for v in chosen.offloaded if v in position], chosen.note)

@@ -61,6 +61,8 @@ class Residual:
       index: the primal input index, or the forward output index.
       producer: the primitive that computed it (``"input"`` for inputs).
       source_line: the user's ``file:line (function)`` of that eqn.
+      offloaded: whether it waits in host memory between the programs
+        (:mod:`jaxaot.partition.offload`) rather than on the device.
     """
 
     aval: Any
@@ -68,6 +70,7 @@ class Residual:
     index: int
     producer: str
     source_line: str
+    offloaded: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +79,7 @@ class Residual:
     def __str__(self) -> str:
         return (
             f"{self.source}[{self.index}] {self.aval.dtype}{list(self.aval.shape)} "
-            f"{self.nbytes} B <- {self.producer} @ {self.source_line}"
+            f"{self.nbytes} B <- {self.producer} @ {self.source_line}" + (" (offloaded)" if self.offloaded else "")
         )
 
 
@@ -96,6 +99,8 @@ class Partition:
       residuals: a :class:`Residual` per saved value, inputs first.
       recomputed: the forward eqns the backward recomputes (printed form).
       primal_plan / split_from: see below; None for partitions of the joint as traced.
+      offload_note: why nothing was offloaded when offloading was asked for
+        (:mod:`jaxaot.partition.offload`), else empty.
     """
 
     forward: Any
@@ -112,11 +117,17 @@ class Partition:
     #: joint graph the split was taken from; the compile cache uses both.
     primal_plan: Any = None
     split_from: Any = dataclasses.field(default=None, compare=False, repr=False)
+    offload_note: str = ""
 
     @property
     def saved_bytes(self) -> int:
         """Bytes of every saved value, inputs included."""
         return sum(r.nbytes for r in self.residuals)
+
+    @property
+    def device_saved_bytes(self) -> int:
+        """Bytes of the saved values that stay in device memory (``saved_bytes`` less the offloaded ones)."""
+        return sum(r.nbytes for r in self.residuals if not r.offloaded)
 
     @property
     def saved_activation_bytes(self) -> int:

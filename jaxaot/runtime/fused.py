@@ -18,6 +18,10 @@ chose not to save). The peak memory is then the plan's, not the fused
 
 The cotangent of the loss (1, and 0 for auxiliary outputs) is a constant of
 the program; on a mesh the gradients are pinned to their inputs' shardings.
+Residuals the partition offloaded (:mod:`jaxaot.partition.offload`) make the
+same trip inside the one program: its forward part copies them to
+``pinned_host`` and its backward part copies them back, so between the two
+they cost the device no memory.
 
 Cost: one more compilation per signature (the split executables compile only
 if ``.forward``/``.backward`` or a pipeline asks for them). Functions with a
@@ -30,7 +34,7 @@ Example:
     >>> w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
     >>> _ = jaxaot.value_and_grad(f)(w, x)
     >>> [name for name in f.cache_info().entries[0].executables]
-    ['fused']
+    ['fused[0]']
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ class AOTLowered:
       partition: the :class:`~jaxaot.Partition`.
       inference / forward / backward: closed jaxprs of the three programs.
       residuals: the saved values as a :class:`ResidualTable` (inputs labelled by
-        pytree path; ``added_bytes`` apart from the inputs' bytes).
+        pytree path; ``added_bytes`` apart from the inputs' bytes; each ``saved``
+        or ``offloaded`` to host memory, and ``offload_note`` why none was).
       saved: the :class:`~jaxaot.Residual` of each saved value; ``saved_bytes`` their bytes.
       recomputed: forward eqns the backward recomputes.
       compile_times: seconds spent in each stage so far (``trace``, ``joint``, ``partition``).
@@ -90,6 +91,11 @@ class AOTLowered:
         return self.partition.saved_bytes
 
     @property
+    def device_saved_bytes(self) -> int:
+        """Saved bytes that stay in device memory: ``saved_bytes`` less those offloaded to host memory."""
+        return self.partition.device_saved_bytes
+
+    @property
     def recomputed(self) -> tuple[str, ...]:
         return tuple(self.partition.recomputed)
 
@@ -113,7 +119,7 @@ class AOTLowered:
         tr = self._training
         avals = {"inference": tr.programs.in_avals, "forward": tr.programs.in_avals,
                  "backward": tr.backward_avals()}
-        programs = {"inference": self.inference, "forward": tr.forward_program, "backward": self.backward}
+        programs = {"inference": self.inference, "forward": tr.forward_program, "backward": tr.backward_program}
         return {name: jax.jit(as_function(programs[name]), keep_unused=True).lower(*avals[name]).as_text()
                 for name in PROGRAMS}
 
@@ -145,8 +151,10 @@ class AOTLowered:
     def __str__(self) -> str:
         times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
         t = self.residuals
+        offloaded = f", {t.offloaded_bytes} offloaded to host" if t.offloaded_bytes else ""
         parts = [
-            f"== forward: {len(t)} residuals, {t.added_bytes} bytes added, {t.input_bytes} bytes of inputs ==",
+            f"== forward: {len(t)} residuals, {t.added_bytes} bytes added, {t.input_bytes} bytes of inputs"
+            f"{offloaded} ==",
             str(self.forward),
             "== backward ==",
             str(self.backward),

@@ -12,7 +12,11 @@ and answers, for a sharded signature (:mod:`jaxaot.runtime.shardings`):
   forward's outputs take what the compiled forward gave them
   (``Compiled.output_shardings``), so this compiles the forward;
 * :meth:`~Placement.known_residuals`: the same without compiling, None where
-  XLA has yet to choose (what ``lower()`` shows).
+  XLA has yet to choose (what ``lower()`` shows);
+* :meth:`~Placement.host_residuals`: residuals the partition offloaded
+  (:mod:`jaxaot.partition.offload`) arrive in ``pinned_host`` memory, and the
+  backward is compiled for that memory kind (on a mesh the compiled forward's
+  output shardings carry it; pinned residuals keep it).
 
 An unsharded signature gets Nones throughout and pins nothing.
 """
@@ -21,7 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
 from jaxaot import _compat as C
+from jaxaot.partition.offload import HOST_MEMORY_KIND
 from jaxaot.runtime import shardings as S
 
 
@@ -44,10 +51,24 @@ class Placement:
         pins = [p.out_shardings[i] for i in p.computed_outputs] + [None] * n_rest
         if self._training.options.residual_sharding == "replicated" and p.mesh is not None:
             everywhere = S.replicated(p.mesh)
-            for i in part.saved_outputs:
+            on_host = everywhere.with_memory_kind(HOST_MEMORY_KIND)
+            for r, i in zip(part.residuals[len(part.saved_inputs):], part.saved_outputs):
                 if i >= n_user:
-                    pins[len(p.computed_outputs) + i - n_user] = everywhere
+                    pins[len(p.computed_outputs) + i - n_user] = on_host if r.offloaded else everywhere
         return pins
+
+    def host_residuals(self, avals: list) -> list:
+        """The backward's ``avals`` (cotangents, then residuals) of an unsharded signature, offloaded ones on the host.
+
+        (A sharded signature's residuals take the memory kinds the compiled forward gave them.)
+        """
+        part = self._training.partition
+        if not any(r.offloaded for r in part.residuals):
+            return avals
+        host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=HOST_MEMORY_KIND)
+        n_ct = len(part.cotangent_outputs)
+        return [S.with_sharding(a, host) if i >= n_ct and part.residuals[i - n_ct].offloaded else a
+                for i, a in enumerate(avals)]
 
     def grad_pins(self) -> list:
         """Per gradient, its input's sharding in a sharded signature (else None: unpinned)."""

@@ -251,13 +251,13 @@ class TrainingPrograms:
         return exe
 
     def backward_avals(self) -> list:
-        """The backward's inputs: the selected cotangents, then the residuals (with their shardings on a mesh)."""
+        """The backward's inputs: the selected cotangents, then the residuals (with their shardings, memory kinds)."""
         part = self.partition
         cts = [jax.ShapeDtypeStruct(self.joint.out_avals[i].shape, self.joint.out_avals[i].dtype)
                for i in part.cotangent_outputs]
         avals = cts + [r.aval for r in part.residuals]
         if not self.programs.sharded:
-            return avals
+            return self.placement.host_residuals(avals)  # offloaded residuals arrive in host memory
         return [S.with_sharding(a, s) for a, s in zip(avals, self.placement.backward_inputs())]
 
     # -- running

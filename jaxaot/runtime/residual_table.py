@@ -4,7 +4,10 @@ Each row names its value the way a user wrote it: inputs by pytree path
 (``arg[0]['w1']``), outputs by output path, and values the forward computes only
 for the backward as ``temporary[k]``. Inputs are listed apart in the totals:
 they are alive anyway, so they cost the forward nothing; ``added_bytes`` is what
-the forward keeps alive beyond its inputs and outputs' own lifetimes.
+the forward keeps alive beyond its inputs and outputs' own lifetimes. Values the
+partition offloaded to host memory (:mod:`jaxaot.partition.offload`) are marked
+``offloaded`` (the others ``saved``) and their bytes counted apart
+(``offloaded_bytes``; ``device_bytes`` is what stays in device memory).
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -40,6 +43,12 @@ class ResidualRow:
     source_line: str
     sharding: str = ""  #: on a mesh, its ``PartitionSpec`` (empty when unsharded or not yet known)
     device_nbytes: int | None = None  #: on a mesh, the bytes one device holds (None when unsharded)
+    offloaded: bool = False  #: in host memory between the forward and the backward
+
+    @property
+    def placement(self) -> str:
+        """``"offloaded"`` (in host memory between the programs) or ``"saved"`` (in device memory)."""
+        return "offloaded" if self.offloaded else "saved"
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,9 +63,10 @@ class ResidualTable(Sequence[ResidualRow]):
     their sum (``Partition.saved_bytes``).
     """
 
-    def __init__(self, rows: Sequence[ResidualRow], recomputed: Sequence[str] = ()):
+    def __init__(self, rows: Sequence[ResidualRow], recomputed: Sequence[str] = (), offload_note: str = ""):
         self._rows = tuple(rows)
         self.recomputed = tuple(recomputed)
+        self.offload_note = offload_note  #: why nothing was offloaded, when offloading was asked for
 
     @classmethod
     def of(cls, partition: Partition, joint: JointGraph | None = None,
@@ -80,8 +90,8 @@ class ResidualTable(Sequence[ResidualRow]):
                 label = f"temporary[{r.index - partition.num_outputs}]"
             spec, device_nbytes = _on_devices(r, None if shardings is None else shardings[len(rows)])
             rows.append(ResidualRow(label, r.source, tuple(r.aval.shape), dtype_name(r.aval.dtype), r.nbytes,
-                                    r.producer, r.source_line, spec, device_nbytes))
-        return cls(rows, tuple(partition.recomputed))
+                                    r.producer, r.source_line, spec, device_nbytes, r.offloaded))
+        return cls(rows, tuple(partition.recomputed), partition.offload_note)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -111,18 +121,30 @@ class ResidualTable(Sequence[ResidualRow]):
     def added_bytes(self) -> int:
         return self.nbytes - self.input_bytes
 
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes of the values offloaded to host memory."""
+        return sum(r.nbytes for r in self._rows if r.offloaded)
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the saved values that stay in device memory (``Partition.device_saved_bytes``)."""
+        return self.nbytes - self.offloaded_bytes
+
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per row (``label``, ``kind``, ``shape``, ``dtype``, ``nbytes``, ``producer``, ``source_line``)."""
         return [r.as_dict() for r in self._rows]
 
     def __str__(self) -> str:
         sharded = any(r.sharding for r in self._rows)
+        offloaded = self.offloaded_bytes > 0 or any(r.offloaded for r in self._rows)
         header = ("#", "value", "shape", "dtype", "bytes") + (("sharding", "per device") if sharded else ()) + (
-            "producer", "line")
+            ("where",) if offloaded else ()) + ("producer", "line")
         cells = [header] + [
             (str(i), r.label, str(list(r.shape)), r.dtype, str(r.nbytes))
             + ((r.sharding or "at compile()", "?" if r.device_nbytes is None else str(r.device_nbytes))
                if sharded else ())
+            + ((r.placement,) if offloaded else ())
             + (r.producer, r.source_line)
             for i, r in enumerate(self._rows)]
         widths = [max(len(row[c]) for row in cells) for c in range(len(header))]
@@ -131,6 +153,10 @@ class ResidualTable(Sequence[ResidualRow]):
                      f"{self.added_bytes} added by the forward")
         if sharded and self.device_nbytes is not None:
             lines.append(f"{self.device_nbytes} bytes per device")
+        if offloaded:
+            lines.append(f"{self.offloaded_bytes} bytes offloaded to host memory, {self.device_bytes} in device memory")
+        if self.offload_note:
+            lines.append(self.offload_note)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
