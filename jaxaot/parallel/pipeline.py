@@ -211,9 +211,9 @@ class Pipeline:
 
     @staticmethod
     def _key(params: Any, x: Any, t: Any) -> Any:
-        """The input signature of a step: structure, shapes, dtypes and weak types (devices are the stages')."""
+        """The input signature of a step: structure, shapes, dtypes, weak types and shardings."""
         leaves, treedef = jax.tree_util.tree_flatten((params, x, t))
-        return treedef, tuple((v.shape, v.dtype, v.aval.weak_type) for v in leaves)
+        return treedef, tuple((v.shape, v.dtype, v.aval.weak_type, v.sharding) for v in leaves)
 
     def _loss_cotangent(self, last: StagePrograms) -> list:
         dtype = last.output_specs()[0].dtype

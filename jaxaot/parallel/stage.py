@@ -165,14 +165,32 @@ class Stage:
         self.aot = aot_function(_named(fn, loss_fn, index), partition_fn=partition_fn)
 
     def place(self, tree: Any) -> Any:
-        """``tree`` on this stage's device (asynchronous; a no-op for arrays already there)."""
-        return jax.device_put(tree, self.sharding)
+        """``tree`` on this stage's device or sub-mesh (asynchronous; a no-op for arrays already there).
+
+        An array already sharded over exactly this stage's devices keeps its
+        sharding: parameters sharded over a sub-mesh (pipeline x data or tensor
+        parallel) stay sharded, and the stage's programs compile for them.
+        """
+        devices = self.sharding.device_set
+
+        def put(x: Any) -> Any:
+            if isinstance(x, jax.Array) and x.committed and x.sharding.device_set == devices:
+                return x
+            return jax.device_put(x, self.sharding)
+
+        return jax.tree_util.tree_map(put, tree)
 
     def spec(self, tree: Any) -> Any:
-        """``tree``'s shapes as ``jax.ShapeDtypeStruct`` on this stage's device."""
-        return jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.sharding,
-                                           weak_type=bool(getattr(x, "weak_type", False))), tree)
+        """``tree``'s shapes as ``jax.ShapeDtypeStruct`` on this stage's device (sharded leaves keep theirs)."""
+        devices = self.sharding.device_set
+
+        def one(x: Any) -> jax.ShapeDtypeStruct:
+            own = getattr(x, "sharding", None)
+            sharding = own if own is not None and own.device_set == devices else self.sharding
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding,
+                                        weak_type=bool(getattr(x, "weak_type", False)))
+
+        return jax.tree_util.tree_map(one, tree)
 
     def programs(self, params: Any, activations: Any, targets: Any = None) -> StagePrograms:
         """The :class:`StagePrograms` for these (abstract or concrete) arguments, traced on first use."""

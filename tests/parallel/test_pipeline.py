@@ -234,3 +234,24 @@ def test_bad_microbatch_counts_are_typed_errors():
         pipeline(stages, loss_fn, num_microbatches=0)
     with pytest.raises(InvalidInputError, match="one parameter tree per stage"):
         step(params[:1], x[:8], t[:8])
+
+
+def test_sub_mesh_stages_with_sharded_parameters():
+    """Pipeline x tensor parallel: each stage on a 4-device sub-mesh, its weights sharded over it."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices")
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    meshes = [jax.make_mesh((4,), ("model",), devices=jax.devices()[4 * i:4 * i + 4],
+                            axis_types=(jax.sharding.AxisType.Auto,)) for i in range(2)]
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key())
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, 4)(params, x, t)
+    sharded = [{"w": jax.device_put(p["w"], NamedSharding(m, P(None, "model"))),
+                "b": jax.device_put(p["b"], NamedSharding(m, P("model")))} for p, m in zip(params, meshes)]
+    step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=4, devices=meshes)
+    loss, grads = step(sharded, x, t)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)
+    for g, p in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(sharded)):
+        assert g.sharding.is_equivalent_to(p.sharding, p.ndim), (g.sharding, p.sharding)
