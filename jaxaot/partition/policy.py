@@ -79,6 +79,7 @@ import numpy as np
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, nbytes
 from jaxaot.errors import InvalidInputError, InvalidValueError
+from jaxaot.partition.offload import saved_vars
 from jaxaot.partition.min_cut import min_cut_rematerialization_partition
 from jaxaot.partition.split import EqnKind, Partition, classify_eqns
 from jaxaot.tracing.joint import _BACKWARD_SCOPE, JointGraph, trace_joint
@@ -205,14 +206,14 @@ def _read_plan(joint: JointGraph, part: Partition) -> _Plan:
     inputs = set(jaxpr.invars[: src.num_primals])
     known = inputs | set(jaxpr.constvars) | {v for e in jaxpr.eqns for v in e.outvars}
     bwd = C.jaxpr_of(part.backward)
-    saved = [v for v in bwd.invars[len(part.cotangent_outputs):] if v not in inputs]
+    saved = [v for v in saved_vars(part) if v not in inputs]  # sees through offload's copies
     if not all(v in known for v in saved):
         raise InvalidInputError(
             "partition_fn returned a partition that was not split from the joint graph it was given "
             "(build it with jaxaot.split_joint(joint, saved_values)).")
     kinds = classify_eqns(src)
     forward = {id(e) for e, k in zip(jaxpr.eqns, kinds) if k is not EqnKind.BACKWARD}
-    recomputed = frozenset(id(e) for e in bwd.eqns if id(e) in forward)
+    recomputed = frozenset(id(e) for e in bwd.eqns if id(e) in forward)  # the copies back are new eqns
     return _Plan(src, tuple(saved), recomputed)
 
 

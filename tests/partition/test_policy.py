@@ -291,3 +291,23 @@ def test_bad_options(kwargs, match):
 def test_not_callable():
     with pytest.raises(InvalidInputError, match="callable"):
         remat_policy("not a function", jnp.ones(3))
+
+
+def test_a_plan_with_offloaded_residuals_exports_as_a_policy():
+    """Offloaded residuals are saved values to a checkpoint policy (JAX keeps them on the device)."""
+    from jaxaot.partition.offload import DeviceModel
+
+    def fn(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x ** 2)
+
+    ks = jax.random.split(jax.random.key(np.random.randint(1 << 20)), 4)
+    # Large enough to offload (values under 64 KiB stay on the device).
+    ws, x = [jax.random.normal(k, (128, 128)) / 11 for k in ks[:3]], jax.random.normal(ks[3], (512, 128))
+    fast = DeviceModel(host_bandwidth=1e12, device_flops=1e12)
+    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, offload=True, device_model=fast)
+    assert any(r.offloaded for r in pf(jaxaot.trace_joint(fn, ws, x)).residuals)
+    p = jaxaot.remat_policy(fn, ws, x, partition_fn=pf)
+    got = jax.jit(jax.value_and_grad(jax.checkpoint(fn, policy=p)))(ws, x)
+    assert_trees_close(got, jax.value_and_grad(fn)(ws, x), rtol=1e-4, atol=1e-4)
