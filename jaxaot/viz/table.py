@@ -18,11 +18,14 @@ from jaxaot.viz.formatting import format_bytes, short_source
 from jaxaot.runtime.residual_table import ResidualTable
 from jaxaot.viz.program import backward_is_cotangent_dependent, unwrap
 
-_COLUMNS = ("#", "value", "shape", "dtype", "bytes", "producer", "source line")
+_COLUMNS = ("#", "value", "shape", "dtype", "bytes", "where", "producer", "source line")
 
 
 def residual_table_html(lowered: Any) -> str:
-    """The residual table as an HTML fragment: value, shape, dtype, bytes, producer, source line.
+    """The residual table as an HTML fragment: value, shape, dtype, bytes, where, producer, source line.
+
+    "where" is ``saved`` (device memory) or ``offloaded`` (host memory), with the
+    ``PartitionSpec`` of a residual on a mesh.
 
     One row per saved value (inputs named by pytree path), a total row that
     tells the inputs' bytes apart from those the forward adds, and the list of
@@ -45,17 +48,26 @@ def residual_table_html(lowered: Any) -> str:
     rows = []
     for i, r in enumerate(table):
         cells = (str(i), _text(r.label), _text(str(list(r.shape))), _text(r.dtype),
-                 f'<span title="{r.nbytes} bytes">{format_bytes(r.nbytes)}</span>', _text(r.producer),
+                 f'<span title="{r.nbytes} bytes">{format_bytes(r.nbytes)}</span>',
+                 _text(r.placement + (f" {r.sharding}" if r.sharding else "")), _text(r.producer),
                  _source_html(r.source_line) if r.source_line else "")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     rows.append(f'<tr style="font-weight:bold"><td></td><td>total</td><td></td><td></td>'
                 f'<td title="{table.nbytes} bytes">{format_bytes(table.nbytes)}</td>'
-                f'<td colspan="2">{format_bytes(table.input_bytes)} of inputs, '
-                f'{format_bytes(table.added_bytes)} added by the forward</td></tr>')
+                f'<td colspan="3">{format_bytes(table.input_bytes)} of inputs, '
+                f'{format_bytes(table.added_bytes)} added by the forward{_offload_total(table)}</td></tr>')
     details = (f"<details><summary>{len(recomputed)} eqns recomputed in the backward</summary>"
                f"<ul>{''.join(recomputed)}</ul></details>") if recomputed else ""
     return (f'<table class="jaxaot-residuals" style="border-collapse:collapse;font-size:90%">'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{details}")
+
+
+def _offload_total(table: ResidualTable) -> str:
+    """``, N offloaded to host memory`` (or why nothing was offloaded), else nothing."""
+    offloaded = sum(r.nbytes for r in table if r.offloaded)
+    if offloaded:
+        return f", {format_bytes(offloaded)} offloaded to host memory"
+    return f"; {_text(table.offload_note)}" if table.offload_note else ""
 
 
 def _text(s: str) -> str:

@@ -25,3 +25,28 @@ def test_residual_table_lists_every_residual(block):
 def test_recomputed_list_in_table(remat):
     table = viz.residual_table_html(remat)
     assert f"{len(remat.recomputed)} eqns recomputed in the backward" in table and "<code>sin</code>" in table
+
+
+def test_offloaded_residuals_are_marked_and_totalled():
+    import functools
+
+    import jax.numpy as jnp
+
+    import jaxaot
+    from jaxaot.partition.offload import DeviceModel
+
+    def fn(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x ** 2)
+
+    ws, x = [jnp.full((128, 128), 0.01)] * 3, jnp.ones((512, 128))  # residuals over offload's 64 KiB floor
+    fast = DeviceModel(host_bandwidth=1e12, device_flops=1e12)
+    low = jaxaot.aot_function(fn, partition_fn=functools.partial(
+        jaxaot.min_cut_rematerialization_partition, offload=True, device_model=fast)).lower(ws, x)
+    page = viz.residual_table_html(low)
+    assert page.count("<td>offloaded</td>") == sum(r.offloaded for r in low.partition.residuals) > 0
+    assert "offloaded to host memory" in page
+    cpu = jaxaot.aot_function(fn, partition_fn=functools.partial(
+        jaxaot.min_cut_rematerialization_partition, offload="auto")).lower(ws, x)
+    assert cpu.partition.offload_note and cpu.partition.offload_note in viz.residual_table_html(cpu)
