@@ -161,13 +161,17 @@ class Pipeline:
             peak_live_microbatches=tuple(self.schedule.peak_live_microbatches()),
         )
 
-    def measure_op_times(self, params: Sequence[Any], inputs: Any, targets: Any, *, repeats: int = 5) -> OpTimes:
+    def measure_op_times(self, params: Sequence[Any], inputs: Any, targets: Any, *, repeats: int = 5,
+                         back_to_back: int = 4) -> OpTimes:
         """Per-stage F, B, W, BW and transfer times, for :func:`~jaxaot.parallel.simulate.simulate`.
 
         Runs microbatch 0 through every pass of every stage once (which
-        compiles), then times every pass ``repeats`` times, blocking on each
-        run; the passes take turns round by round, so drift of the machine
-        hits all alike, and each time is the median over rounds.
+        compiles), then times every pass ``repeats`` times; each sample
+        dispatches the pass ``back_to_back`` times and blocks once, as a running
+        pipeline dispatches asynchronously (1 times a lone blocking call, which
+        adds the host's launch and synchronisation gap to every pass). The
+        passes take turns round by round, so drift of the machine hits all
+        alike, and each time is the median over rounds.
         ``transfer[s]`` is the slower of moving stage ``s``'s input activations
         from stage ``s-1`` and its output gradients from stage ``s+1`` (0 where
         both live on one device).
@@ -178,8 +182,9 @@ class Pipeline:
         for _ in range(repeats):
             for key, fn in probes.items():
                 t = time.perf_counter()
-                jax.block_until_ready(fn())
-                runs[key].append(time.perf_counter() - t)
+                outs = [fn() for _ in range(max(1, back_to_back))]
+                jax.block_until_ready(outs)
+                runs[key].append((time.perf_counter() - t) / max(1, back_to_back))
         n = range(len(self.stages))
         med = {key: statistics.median(ts) for key, ts in runs.items()}
         per_op = {op: tuple(med[(op, s)] for s in n) for op in ("F", "B", "W", "BW")}
