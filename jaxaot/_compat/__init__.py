@@ -1,0 +1,13 @@
+"""The one place where jaxaot touches JAX internals.
+
+Every use of ``jax._src``, ``jax.extend`` or ``jax.interpreters`` lives in this
+package, so a JAX upgrade (0.10 -> 0.11 merged ``Jaxpr`` and ``ClosedJaxpr``, for
+instance) is a change here alone. The rest of jaxaot imports it as ``C`` and talks
+to jaxprs only through the small functions it re-exports, one module per concern:
+
+* :mod:`.core`: jaxprs, eqns, compiled executables, tracers, dtypes, policies;
+* :mod:`.loop_support`: what the while-loop primitives need (rules, lowerings).
+"""
+
+from jaxaot._compat.core import *  # noqa: F401,F403
+from jaxaot._compat.loop_support import *  # noqa: F401,F403
