@@ -1,11 +1,12 @@
 """``AOTModule``: a ``flax.nnx`` module whose call runs through :func:`jaxaot.aot_function`.
 
-The call becomes the pure function ``_nnx_pure(static, params, state, *args,
-**kwargs) -> (out, StateDelta)``: it merges the module from its graphdef (in
-the :class:`CallStatic`) and state, calls it, and reports the Variables whose
-values the call replaced (batch statistics, RNG counts, user Variables,
-``sow``\\ n intermediates). :class:`AOTModule` writes them back into the wrapped
-module after each call, leaving it as eager Flax would.
+The call becomes the pure function :func:`~jaxaot.nn.pure.nnx_pure`
+``(static, params, state, *args, **kwargs) -> (out, StateDelta)``, which
+reports the Variables whose values the call replaced (batch statistics, RNG
+counts, user Variables, ``sow``\\ n intermediates). :class:`AOTModule` writes
+them back into the wrapped module after each call, leaving it as eager Flax
+would. ``jaxaot.value_and_grad(loss_fn)(aot_model, ...)`` runs the module's
+loss as one compiled step (:mod:`jaxaot.nn.eager_grad`).
 
 Example:
     >>> import jax.numpy as jnp
@@ -21,50 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 from flax import nnx
 
 from jaxaot.errors import InvalidInputError
 from jaxaot.nn.call import CallStatic, Method, ModuleCall, check_static
+from jaxaot.nn import eager_grad
 from jaxaot.nn.metadata import ModuleLowered
-from jaxaot.nn.state import FrozenState, StateDelta, flat_inputs
+from jaxaot.nn.pure import inlining, invoke, nnx_loss_pure, nnx_pure
 from jaxaot.runtime import AOTFunction, CacheInfo, aot_function
-
-
-# --------------------------------------------------------------------------- the pure function
-def _leaves_by_path(state: nnx.State) -> dict:
-    return {path: jax.tree.leaves(var) for path, var in nnx.to_flat_state(state)}
-
-
-def _changed_variables(before: dict, new: nnx.State) -> nnx.State:
-    """The Variables of ``new`` whose leaves are not those recorded in ``before`` (or are new)."""
-    changed = []
-    for path, var in nnx.to_flat_state(new):
-        prev = before.get(path)
-        leaves = jax.tree.leaves(var)
-        if prev is None or len(prev) != len(leaves) or any(a is not b for a, b in zip(prev, leaves)):
-            changed.append((path, var))
-    return nnx.from_flat_state(changed)
-
-
-def _invoke(module: nnx.Module, method: Method, args: tuple, kwargs: dict) -> Any:
-    if isinstance(method, str):
-        return getattr(module, method)(*args, **kwargs)
-    return method(module, *args, **kwargs)
-
-
-def _nnx_pure(static: CallStatic, params: nnx.State, state: FrozenState, *args: Any, **kwargs: Any):
-    """The module call as a pure function: ``-> (outputs, StateDelta of changed Variables)``."""
-    rest = state.thaw()
-    old = (params, rest)
-    # Snapshot before the call: merge reuses these Variables, and the call mutates them.
-    inputs = flat_inputs(old, args, kwargs)
-    before = (_leaves_by_path(params), _leaves_by_path(rest))
-    module = nnx.merge(static.graphdef, params, rest)
-    out = _invoke(module, static.method, *static.merge(args, kwargs))
-    new_params, new_rest = nnx.state(module, nnx.Param, ...)
-    changed = (_changed_variables(before[0], new_params), _changed_variables(before[1], new_rest))
-    return out, StateDelta.capture(changed, old, inputs, state.frozen)
 
 
 # --------------------------------------------------------------------------- the wrapper
@@ -77,9 +42,10 @@ class AOTModule(nnx.Module):
     """
 
     def __init__(self, module: nnx.Module, program: AOTFunction, method: Method, static_argnums: tuple,
-                 static_argnames: tuple):
+                 static_argnames: tuple, loss_program: AOTFunction | None = None):
         self.module = module
         self.program = program
+        self.loss_program = loss_program
         self.method = method
         self.static_argnums = static_argnums
         self.static_argnames = static_argnames
@@ -95,10 +61,21 @@ class AOTModule(nnx.Module):
         return ModuleCall(self.program, static, (params, rest), args, kwargs, freeze=freeze)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if inlining():  # traced into a loss program (jaxaot.value_and_grad): one program for both
+            return invoke(self.module, self.method, args, kwargs)
         out, (changed_params, changed_rest) = self.prepare_call(args, kwargs).run()
         if len(changed_params) or len(changed_rest):
             nnx.update(self.module, changed_params, changed_rest)
         return out
+
+    def jaxaot_value_and_grad(self, fun: Any, position: int, args: tuple, kwargs: dict, has_aux: bool,
+                              fused: bool) -> Any:
+        """``jaxaot.value_and_grad(fun)`` with this module as its differentiated argument (see
+        :mod:`jaxaot.nn.eager_grad`): ``nnx.value_and_grad``'s result, from one compiled step."""
+        if self.loss_program is None:
+            return nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
+        return eager_grad.module_value_and_grad(self, self.loss_program, fun, position, args, kwargs, has_aux,
+                                                fused)
 
     def lower(self, *args: Any, **kwargs: Any) -> ModuleLowered:
         """Build everything for this call signature (as traced, i.e. training) and describe it.
@@ -139,5 +116,6 @@ def wrap_nnx(module: nnx.Module, method: Method, static_argnums: tuple, static_a
     if not isinstance(method, str) and not callable(method):
         raise InvalidInputError(f"method must be a method name or a callable, got {type(method).__name__}.")
     check_static("method", method)
-    program = aot_function(_nnx_pure, static_argnums=0, **aot_kwargs)
-    return AOTModule(module, program, method, static_argnums, static_argnames)
+    program = aot_function(nnx_pure, static_argnums=0, **aot_kwargs)
+    loss_program = aot_function(nnx_loss_pure, static_argnums=0, **aot_kwargs)
+    return AOTModule(module, program, method, static_argnums, static_argnames, loss_program)

@@ -6,11 +6,16 @@ much per call as the executables themselves on small functions. These
 drop-in versions run the compiled forward and backward directly when every
 argument is a concrete array, and defer to ``jax.value_and_grad`` otherwise
 (under ``jit``, ``vmap``, or for functions that are not :class:`AOTFunction`).
+
+A plain function whose differentiated argument knows how to differentiate a
+function of itself (:class:`DifferentiatesItself`: ``jaxaot.aot_module``'s
+``AOTModule``) is handed to that argument, which compiles the function with
+its module (:mod:`jaxaot.nn.eager_grad`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import jax
 
@@ -18,6 +23,36 @@ from jaxaot import _compat as C
 from jaxaot.runtime.function import AOTFunction
 from jaxaot.runtime.fused import run_fused
 from jaxaot.runtime.signature import TraceKind
+
+
+@runtime_checkable
+class DifferentiatesItself(Protocol):
+    """An argument that runs ``value_and_grad`` of a function of itself through its own programs.
+
+    :func:`value_and_grad` hands it the call when it is the one differentiated
+    argument of a function that is not an :class:`AOTFunction`. It returns what
+    ``nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)``
+    returns (``jaxaot.AOTModule`` implements it).
+    """
+
+    def jaxaot_value_and_grad(self, fun: Callable[..., Any], position: int, args: tuple, kwargs: dict,
+                              has_aux: bool, fused: bool) -> Any:
+        ...
+
+
+def _self_differentiating(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
+                          fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """``fallback``, except when the one differentiated argument is :class:`DifferentiatesItself`."""
+    position = argnums if isinstance(argnums, int) else argnums[0] if len(argnums) == 1 else None
+    if position is None or isinstance(position, bool) or not isinstance(position, int):
+        return fallback
+
+    def vg(*args: Any, **kwargs: Any):
+        if 0 <= position < len(args) and isinstance(args[position], DifferentiatesItself):
+            return args[position].jaxaot_value_and_grad(fun, position, args, kwargs, has_aux, fused)
+        return fallback(*args, **kwargs)
+
+    return vg
 
 
 def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
@@ -46,6 +81,14 @@ def value_and_grad(
 ) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``, with an eager fast path for :class:`AOTFunction`.
 
+    For a plain ``fun`` whose differentiated argument is a ``jaxaot.aot_module``
+    (``loss_fn(aot_model, x, y)``), it behaves as ``nnx.value_and_grad``: the
+    gradient is an ``nnx.State`` of the module's parameters, and the state the
+    call changes is written back. Eagerly, ``fun`` is then traced once per
+    signature together with the module and runs as one compiled step (Python
+    side effects in ``fun`` happen when it is traced, as in the module's own
+    call); under ``jit`` it is ``nnx.value_and_grad``.
+
     Args:
       fun, argnums, has_aux: as ``jax.value_and_grad``'s.
       fused: run one executable that computes the forward and then the
@@ -62,7 +105,7 @@ def value_and_grad(
     """
     fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
     if not isinstance(fun, AOTFunction):
-        return fallback
+        return _self_differentiating(fun, argnums, has_aux, fused, fallback)
     nums, single = _normalize_argnums(argnums)
 
     def training_for(programs, leaves, args):

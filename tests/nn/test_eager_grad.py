@@ -1,0 +1,128 @@
+"""``jaxaot.value_and_grad(loss_fn)(aot_model, ...)``: the compiled eager step against ``nnx.value_and_grad``."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+import jaxaot
+from flax_models import TOL, assert_states_equal, batch, nnx_model, xent
+from jaxaot.errors import InvalidOutputError
+
+
+def _train(name: str, vg, aot: bool, steps: int = 4, **kw):
+    model = nnx_model(name)
+    m = jaxaot.aot_module(model) if aot else model
+    opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
+    losses = []
+
+    def loss_fn(mm, xx, yy):
+        return xent(mm(xx), yy)
+
+    for step in range(steps):
+        x, y = batch(name, step)
+        loss, grads = vg(loss_fn, **kw)(m, x, y)
+        opt.update(m, grads)
+        losses.append(loss)
+    return jnp.stack(losses), nnx.state(model), m
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_training_matches_nnx_value_and_grad(name, fused):
+    """Losses, parameters, batch statistics and RNG counts (dropout) after training steps."""
+    ref_losses, ref_state, _ = _train(name, nnx.value_and_grad, aot=False)
+    losses, state, m = _train(name, jaxaot.value_and_grad, aot=True, fused=fused)
+    chex.assert_trees_all_close(losses, ref_losses, **TOL)
+    assert_states_equal(state, ref_state)
+    info = m.loss_program.cache_info()
+    assert info.misses == 1 and info.hits == 3  # one compile for every step of one signature
+    assert m.program.cache_info().misses == 0  # the module's own call was never run on its own
+    names = [n for e in info.entries for n in e.executables]
+    assert any(n.startswith("fused") for n in names) == fused
+
+
+def _mlp(seed: int = 0):
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(5, 8, rngs=rngs)
+            self.norm = nnx.LayerNorm(8, rngs=rngs)
+            self.l2 = nnx.Linear(8, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(jax.nn.gelu(self.norm(self.l1(x))))
+
+    return MLP(nnx.Rngs(seed))
+
+
+def _data(seed: int):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(k1, (6, 5)), jax.random.normal(k2, (6, 3))
+
+
+def test_grad_structure_aux_and_position():
+    """The module anywhere in the arguments, with auxiliary outputs: the same tree as nnx's."""
+    x, y = _data(1)
+
+    def loss_fn(xx, model, yy):
+        out = model(xx)
+        return jnp.mean((out - yy) ** 2), {"out": out}
+
+    ref = nnx.value_and_grad(loss_fn, argnums=1, has_aux=True)(x, jaxaot.aot_module(_mlp()), y)
+    got = jaxaot.value_and_grad(loss_fn, argnums=1, has_aux=True)(x, jaxaot.aot_module(_mlp()), y)
+    assert jax.tree.structure(got) == jax.tree.structure(ref)
+    chex.assert_trees_all_close(got, ref, **TOL)
+    grads = jaxaot.grad(loss_fn, argnums=(1,), has_aux=True)(x, jaxaot.aot_module(_mlp()), y)[0]
+    chex.assert_trees_all_close(grads, ref[1], **TOL)
+
+
+def test_under_jit_and_with_other_flax_objects_it_is_nnx_value_and_grad():
+    x, y = _data(2)
+    m = jaxaot.aot_module(_mlp())
+    other = _mlp(seed=3)  # a second module as an argument: nnx's own path
+
+    def loss_fn(model, xx, yy, extra=None):
+        out = model(xx) + (0.0 if extra is None else extra(xx))
+        return jnp.mean((out - yy) ** 2)
+
+    ref = nnx.value_and_grad(loss_fn)(_mlp(), x, y, other)
+    chex.assert_trees_all_close(jaxaot.value_and_grad(loss_fn)(m, x, y, other)[1]["module"], ref[1], **TOL)
+    jitted = nnx.jit(lambda model, xx, yy: jaxaot.value_and_grad(loss_fn)(model, xx, yy))
+    ref = nnx.value_and_grad(loss_fn)(_mlp(), x, y)
+    chex.assert_trees_all_close(jitted(m, x, y)[1]["module"], ref[1], **TOL)
+    assert m.loss_program.cache_info().misses == 0  # neither call ran the eager fast path
+
+
+def test_bad_outputs_raise_and_the_module_keeps_working():
+    x, y = _data(4)
+    m = jaxaot.aot_module(_mlp())
+    with pytest.raises(InvalidOutputError, match="pair"):
+        jaxaot.value_and_grad(lambda mm, xx: jnp.sum(mm(xx)), has_aux=True)(m, x)
+    with pytest.raises(TypeError):  # as jax.grad: the loss must be a scalar
+        jaxaot.value_and_grad(lambda mm, xx: mm(xx))(m, x)
+    loss, grads = jaxaot.value_and_grad(lambda mm, xx: jnp.sum(mm(xx) ** 2))(m, x)
+    ref_loss, ref = nnx.value_and_grad(lambda mm, xx: jnp.sum(mm(xx) ** 2))(_mlp(), x)
+    chex.assert_trees_all_close((loss, grads["module"]), (ref_loss, ref), **TOL)
+
+
+@pytest.mark.filterwarnings("ignore:Using 'Module.sow\\(\\)' outside:DeprecationWarning")
+def test_state_created_by_the_call_is_written_back():
+    """A Variable the loss creates (``sow``) reaches the module, as with nnx.value_and_grad."""
+    class Sower(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            h = self.lin(x)
+            self.sow(nnx.Intermediate, "h", h)
+            return h
+
+    x = jax.random.normal(jax.random.key(5), (4, 3))
+    ref_model, model = Sower(), jaxaot.aot_module(Sower())
+    nnx.value_and_grad(lambda mm: jnp.sum(mm(x) ** 2))(ref_model)
+    jaxaot.value_and_grad(lambda mm: jnp.sum(mm(x) ** 2))(model)
+    chex.assert_trees_all_close(model.module.h.get_value(), ref_model.h.get_value(), **TOL)
