@@ -5,7 +5,7 @@ sizes in f32, default: GPU sizes in bf16) it prints:
 
 * **per-op times**: each stage's forward (F), input backward (B), weight
   backward (W) and fused backward (BW) executables, measured with every stage
-  on *one* device (``Pipeline.measure_op_times``: median of blocking runs), for
+  on *one* device (``Pipeline.measure_op_times``: median over runs of 4 back-to-back passes), for
   the model cut into 4 stages and, for the interleaved schedule, into 8
   half-size stages (2 per device);
 * **simulated**: each schedule's step time and bubble fraction for 4, 8 and 16
@@ -43,7 +43,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from jaxaot.cli import demo_models  # noqa: E402
 from jaxaot.parallel.pipeline import Pipeline, pipeline  # noqa: E402
-from jaxaot.parallel.schedule import make_schedule  # noqa: E402
+from jaxaot.parallel.builtin import make_schedule  # noqa: E402
+from jaxaot.parallel.schedule import Schedule  # noqa: E402
 from jaxaot.parallel.simulate import OpTimes, simulate  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -173,14 +174,33 @@ def op_times(size: Size, num_stages: int) -> tuple[OpTimes, str]:
     return dataclasses.replace(times, transfer=0.0), table(rows)
 
 
-def simulated(times4: OpTimes, times8: OpTimes) -> str:
-    rows = [("schedule", "stages", "microbatches", "step ms", "bubble")]
+def schedules_for(m: int, times4: OpTimes, times8: OpTimes) -> dict[str, tuple[Schedule, OpTimes]]:
+    """name -> (schedule, the op times it is simulated with), for ``m`` microbatches.
+
+    ``zero_bubble`` is the paper's (every backward split); ``zero_bubble tuned``
+    splits as many as the simulator finds best for the measured op times.
+    """
+    out = {}
     for name in SCHEDULES:
         stages, times = (2 * NUM_DEVICES, times8) if name == "interleaved" else (NUM_DEVICES, times4)
-        for m in MICROBATCHES:
-            sim = simulate(make_schedule(name, stages, m, NUM_DEVICES), times)
-            rows.append((name, stages, m, f"{sim.step_time * 1e3:.3f}", f"{sim.bubble_fraction:.3f}"))
-    return table(rows)
+        out[name] = (make_schedule(name, stages, m, NUM_DEVICES), times)
+    out["zero_bubble tuned"] = (make_schedule("zero_bubble", NUM_DEVICES, m, NUM_DEVICES, op_times=times4), times4)
+    return out
+
+
+def split_count(schedule: Schedule) -> str:
+    return f"{sum(a.op == 'W' for a in schedule.actions)}/{schedule.num_stages * schedule.num_microbatches} split"
+
+
+def simulated(times4: OpTimes, times8: OpTimes) -> str:
+    rows = [("schedule", "stages", "microbatches", "step ms", "bubble", "backwards")]
+    by_name: dict[str, list] = {}
+    for m in MICROBATCHES:
+        for name, (sched, times) in schedules_for(m, times4, times8).items():
+            sim = simulate(sched, times)
+            by_name.setdefault(name, []).append((name, sched.num_stages, m, f"{sim.step_time * 1e3:.3f}",
+                                                 f"{sim.bubble_fraction:.3f}", split_count(sched)))
+    return table(rows + [r for rs in by_name.values() for r in rs])
 
 
 def devices_for() -> tuple[list, str]:
@@ -197,14 +217,15 @@ def grad_error(grads: Any, want: Any) -> float:
     return max(errs)
 
 
-def measured(size: Size, sims: dict[str, float], *, rounds: int, tolerance: float,
+def measured(size: Size, schedules: dict[str, tuple[Schedule, OpTimes]], *, rounds: int, tolerance: float,
              m: int = MEASURED_MICROBATCHES) -> str:
     devices, where = devices_for()
+    sims = {name: simulate(sched, times).step_time for name, (sched, times) in schedules.items()}
     steps: dict[str, tuple[Pipeline, Config]] = {}
     checks: dict[str, tuple[float, float]] = {}
-    for name in SCHEDULES:
-        c = config(size, 2 * NUM_DEVICES if name == "interleaved" else NUM_DEVICES, m)
-        step = pipeline(c.stages, cross_entropy, schedule=name, num_microbatches=m, devices=devices)
+    for name, (sched, _) in schedules.items():
+        c = config(size, sched.num_stages, m)
+        step = pipeline(c.stages, cross_entropy, schedule=sched, num_microbatches=m, devices=devices)
         loss, grads = step(c.params, c.inputs, c.targets)
         ref_loss, ref_grads = unpipelined(c.stages, m)(c.params, c.inputs, c.targets)
         err = grad_error(grads, ref_grads)
@@ -266,10 +287,8 @@ def main(argv: list[str] | None = None) -> str:
         yield f"## per-op times, {2 * NUM_DEVICES} stages, one device\n" + text8
         yield f"## simulated on {NUM_DEVICES} devices (transfers free)\n" + simulated(times4, times8)
         for m in (int(x) for x in a.measured.split(",")):
-            sims = {name: simulate(make_schedule(name, 2 * NUM_DEVICES if name == "interleaved" else NUM_DEVICES,
-                                                 m, NUM_DEVICES),
-                                   times8 if name == "interleaved" else times4).step_time for name in SCHEDULES}
-            yield f"## measured, {m} microbatches\n" + measured(size, sims, rounds=a.rounds, tolerance=tolerance, m=m)
+            yield (f"## measured, {m} microbatches\n"
+                   + measured(size, schedules_for(m, times4, times8), rounds=a.rounds, tolerance=tolerance, m=m))
 
     return report("bench_pipeline: pipeline schedules, simulated and measured", sections(), a.out)
 

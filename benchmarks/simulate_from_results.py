@@ -15,7 +15,7 @@ import argparse
 import re
 import sys
 
-from jaxaot.parallel.schedule import make_schedule
+from jaxaot.parallel.builtin import make_schedule
 from jaxaot.parallel.simulate import OpTimes, simulate
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])

@@ -28,7 +28,7 @@ them. How:
    (:mod:`jaxaot.parallel.microbatch`); at the first call of each input
    signature, ``jax.eval_shape`` checks that every stage takes what the
    previous one returns (:class:`~jaxaot.errors.StageMismatchError` otherwise).
-4. **Schedule.** :func:`~jaxaot.parallel.schedule.make_schedule` builds the
+4. **Schedule.** :func:`~jaxaot.parallel.builtin.make_schedule` builds the
    actions; :func:`~jaxaot.parallel.executor.run_schedule` dispatches them in
    issue order, asynchronously, moving activations and their gradients between
    devices with ``jax.device_put``. The last stage's backward starts from the
@@ -54,7 +54,8 @@ import numpy as np
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot.parallel import microbatch
 from jaxaot.parallel.executor import run_schedule
-from jaxaot.parallel.schedule import Schedule, make_schedule
+from jaxaot.parallel.builtin import make_schedule
+from jaxaot.parallel.schedule import Schedule
 from jaxaot.parallel.simulate import OpTimes
 from jaxaot.parallel.stage import Placement, Stage, StagePrograms, float0_like
 from jaxaot.partition.default import default_partition
@@ -287,7 +288,7 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: str | Sche
 
     Raises:
       InvalidInputError: ``stages`` is empty or holds something not callable, or ``loss_fn`` is not callable.
-      InvalidValueError / ScheduleError: see :func:`~jaxaot.parallel.schedule.make_schedule`.
+      InvalidValueError / ScheduleError: see :func:`~jaxaot.parallel.builtin.make_schedule`.
 
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot

@@ -18,7 +18,7 @@ and a real runtime dispatches the actions in the global order, so it never
 waits on a pass not yet issued and no device deadlocks.
 :meth:`Schedule.validate` checks this in one pass and names the first break.
 
-The built-in schedules, for ``p`` stages, ``m`` microbatches and the same times
+The built-in schedules (:mod:`jaxaot.parallel.builtin`), for ``p`` stages, ``m`` microbatches and the same times
 on every stage; "live" counts the microbatches whose residuals a stage holds
 (:meth:`Schedule.peak_live_microbatches`):
 
@@ -33,11 +33,16 @@ on every stage; "live" counts the microbatches whose residuals a stage holds
 * :func:`zero_bubble` (ZB-H1, arXiv 2401.10241): 1F1B with the backward split
   and W deferred into the drain. With ``t_F = t_B = t_W`` and ``m >= p`` a
   device idles ``p-1`` passes, not 1F1B's ``3(p-1)``, at 1F1B's peak memory.
+  Where a split backward costs more than the fused one (``t_B + t_W > t_BW``,
+  as separately compiled programs do), splitting only the last microbatches
+  keeps most of the gain: ``split=`` says how many, and
+  ``make_schedule(..., op_times=...)`` picks it by simulation.
 
 Building a schedule makes ``2 p m`` or ``3 p m`` actions and merges them into
 the issue order in ``O(p (m + p))``; validating costs ``O(number of actions)``.
 
 Example:
+    >>> from jaxaot.parallel.builtin import one_f_one_b
     >>> s = one_f_one_b(num_stages=3, num_microbatches=4)
     >>> s.peak_live_microbatches()
     [3, 2, 1]
@@ -51,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError
+from jaxaot.errors import InvalidValueError, ScheduleError
 
 #: The passes: forward, backward to the input, backward to the weights, fused backward.
 OPS = ("F", "B", "W", "BW")
@@ -126,7 +131,7 @@ class Schedule:
           ScheduleError: anything else; the message names the first offending
             (or missing) action and says how to fix it.
         """
-        _check_sizes(num_stages=self.num_stages, num_microbatches=self.num_microbatches,
+        check_sizes(num_stages=self.num_stages, num_microbatches=self.num_microbatches,
                      num_devices=self.num_devices)
         stage_device: dict[int, int] = {}
         for i, a in enumerate(self.actions):
@@ -183,7 +188,7 @@ class Schedule:
 
 
 # ---------------------------------------------------------------- checks
-def _check_sizes(**sizes: int) -> None:
+def check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidValueError(f"{name} must be a positive integer, got {value!r}")
@@ -273,176 +278,3 @@ def _unit_slots(s: Schedule) -> tuple[list[int], int]:
         for k in provides(a):
             at[k] = t
     return slots, max(free, default=0)
-
-
-# ---------------------------------------------------------------- built-in schedules
-def _merge(orders: list[list[Action]], num_stages: int, num_microbatches: int, name: str) -> Schedule:
-    """Interleaves per-device orders into a global issue order, one step at a time, and validates it."""
-    pos = [0] * len(orders)
-    done: set[tuple[str, int, int]] = set()
-    out: list[Action] = []
-    total = sum(map(len, orders))
-    while len(out) < total:
-        step = [o[i] for o, i in zip(orders, pos)
-                if i < len(o) and all(k in done for k in dependencies(o[i], num_stages))]
-        if not step:  # a bug in a generator below, never a user's error
-            raise AssertionError(f"{name}: the per-device orders deadlock after {len(out)} actions")
-        for a in step:
-            pos[a.device] += 1
-            done.update(provides(a))
-        out.extend(step)
-    return Schedule(tuple(out), num_stages, num_microbatches, len(orders), name).validate()
-
-
-def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
-    """GPipe: each stage runs every forward, then every fused backward in reverse microbatch order.
-
-    The last microbatch's backward goes first, as in the GPipe paper's figure
-    (the last stage starts with the microbatch it has just run forward); every
-    stage holds all microbatches' residuals before its first backward.
-
-    Example:
-        >>> print(gpipe(2, 2))
-        device 0 | F0  F1  .   .   BW1 BW0
-        device 1 | .   F0  F1  BW1 BW0 .
-    """
-    _check_sizes(num_stages=num_stages, num_microbatches=num_microbatches)
-    orders = [[Action(s, m, s, "F") for m in range(num_microbatches)]
-              + [Action(s, m, s, "BW") for m in reversed(range(num_microbatches))] for s in range(num_stages)]
-    return _merge(orders, num_stages, num_microbatches, "gpipe")
-
-
-def _alternate(forward: list[Action], backward: list[Action], warmup: int) -> list[Action]:
-    """``warmup`` forwards, then one forward and one backward in turn, then the remaining backwards."""
-    order = forward[:warmup]
-    for k, b in enumerate(backward):
-        order += forward[warmup + k:warmup + k + 1] + [b]
-    return order
-
-
-def _one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int, backward: str) -> list[Action]:
-    return _alternate([Action(stage, m, stage, "F") for m in range(num_microbatches)],
-                      [Action(stage, m, stage, backward) for m in range(num_microbatches)],
-                      min(num_stages - stage - 1, num_microbatches))
-
-
-def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
-    """1F1B (PipeDream-flush): warm up, alternate one forward and one fused backward, drain.
-
-    Stage ``i`` runs ``min(num_stages - i - 1, num_microbatches)`` forwards,
-    then alternates F and BW, then runs the remaining backwards; it never holds
-    more than ``num_stages - i`` microbatches' residuals.
-
-    Example:
-        >>> one_f_one_b(4, 8).peak_live_microbatches()
-        [4, 3, 2, 1]
-    """
-    _check_sizes(num_stages=num_stages, num_microbatches=num_microbatches)
-    orders = [_one_f_one_b_order(s, num_stages, num_microbatches, "BW") for s in range(num_stages)]
-    return _merge(orders, num_stages, num_microbatches, "1f1b")
-
-
-def interleaved(num_devices: int, num_microbatches: int, virtual_stages: int = 2) -> Schedule:
-    """Megatron-LM's interleaved 1F1B: ``virtual_stages`` stages per device, stage ``s`` on device ``s % num_devices``.
-
-    Each device cycles through its stages (model chunks) in groups of ``g =
-    num_devices`` microbatches, forwards in stage order and backwards in
-    reverse; device ``d`` warms up with ``2 (num_devices - d - 1) +
-    (virtual_stages - 1) g`` forwards (``num_devices - d - 1`` with a single
-    virtual stage, where this is plain 1F1B), then alternates one forward and
-    one fused backward, then drains. Where ``num_microbatches`` is not a
-    multiple of ``num_devices``, the first group takes the remainder too (``g``
-    grows by it; a smaller last group instead would deadlock), and with fewer
-    microbatches than devices there is one group of them all.
-
-    Example:
-        >>> s = interleaved(num_devices=2, num_microbatches=4, virtual_stages=2)
-        >>> s.num_stages, s.stage_device()
-        (4, {0: 0, 1: 1, 2: 0, 3: 1})
-    """
-    _check_sizes(num_devices=num_devices, num_microbatches=num_microbatches, virtual_stages=virtual_stages)
-    p, v, m_total = num_devices, virtual_stages, num_microbatches
-    first = p + m_total % p if m_total >= p else m_total  # the first group's size
-    starts = [0] + list(range(first, m_total, p))
-    forward = [(chunk, mb) for g in starts for chunk in range(v) for mb in range(g, g + (first if g == 0 else p))]
-    backward = [(v - 1 - chunk, mb) for chunk, mb in forward]
-    orders = [_alternate([Action(d, mb, chunk * p + d, "F") for chunk, mb in forward],
-                         [Action(d, mb, chunk * p + d, "BW") for chunk, mb in backward],
-                         (p - d - 1) if v == 1 else 2 * (p - d - 1) + (v - 1) * first) for d in range(p)]
-    return _merge(orders, p * v, m_total, "interleaved")
-
-
-def zero_bubble(num_stages: int, num_microbatches: int) -> Schedule:
-    """ZB-H1 (Qi et al., arXiv 2401.10241): 1F1B with the backward split into B and W, W deferred.
-
-    Stage ``i`` runs 1F1B's forwards and B passes in 1F1B's order, and keeps up
-    to ``i`` W passes pending: after each B, it runs the oldest W once more than
-    ``i`` are pending, and the rest at the end, where they fill the drain's idle
-    time. Its peak of live microbatches is 1F1B's.
-
-    Example:
-        >>> print(zero_bubble(2, 2))
-        device 0 | F0 F1 .  B0 W0 B1 W1
-        device 1 | .  F0 B0 F1 B1 W0 W1
-    """
-    _check_sizes(num_stages=num_stages, num_microbatches=num_microbatches)
-    orders = []
-    for s in range(num_stages):
-        order, pending = [], []
-        for a in _one_f_one_b_order(s, num_stages, num_microbatches, "B"):
-            order.append(a)
-            if a.op == "B":
-                pending.append(Action(s, a.microbatch, s, "W"))
-                if len(pending) > s:
-                    order.append(pending.pop(0))
-        orders.append(order + pending)
-    return _merge(orders, num_stages, num_microbatches, "zero_bubble")
-
-
-def make_schedule(schedule: str | Schedule, num_stages: int, num_microbatches: int,
-                  num_devices: int | None = None) -> Schedule:
-    """The schedule a pipeline runs: a built-in one by name, or a given :class:`Schedule`, checked.
-
-    Args:
-      schedule: one of :data:`SCHEDULES` or a :class:`Schedule`.
-      num_stages, num_microbatches: the pipeline's sizes.
-      num_devices: the number of devices; by default ``num_stages`` (one stage
-        per device), or ``num_stages // 2`` for ``"interleaved"`` (two stages
-        per device). Only ``"interleaved"`` accepts fewer devices than stages.
-
-    Raises:
-      InvalidValueError: an unknown name, or sizes the schedule cannot have.
-      InvalidInputError: ``schedule`` is neither a name nor a Schedule.
-      ScheduleError: a given Schedule is invalid or built for other sizes.
-
-    Example:
-        >>> make_schedule("1f1b", 4, 8).name
-        '1f1b'
-        >>> make_schedule("interleaved", 4, 8).num_devices
-        2
-    """
-    _check_sizes(num_stages=num_stages, num_microbatches=num_microbatches,
-                 **({} if num_devices is None else {"num_devices": num_devices}))
-    if isinstance(schedule, Schedule):
-        schedule.validate()
-        want = (num_stages, num_microbatches, schedule.num_devices if num_devices is None else num_devices)
-        have = (schedule.num_stages, schedule.num_microbatches, schedule.num_devices)
-        if have != want:
-            raise ScheduleError(f"the schedule is for {have[0]} stages, {have[1]} microbatches and {have[2]} devices, "
-                                f"but the pipeline has {want[0]}, {want[1]} and {want[2]}: build it for those")
-        return schedule
-    if not isinstance(schedule, str):
-        raise InvalidInputError(f"schedule must be a name or a Schedule, got {type(schedule).__name__}")
-    if schedule not in SCHEDULES:
-        raise InvalidValueError(f"unknown schedule {schedule!r}: use one of {', '.join(map(repr, SCHEDULES))}, "
-                                "or a Schedule")
-    if schedule == "interleaved":
-        devices = num_stages // 2 if num_devices is None else num_devices
-        if devices < 1 or num_stages % devices:
-            raise InvalidValueError(f"'interleaved' needs num_stages ({num_stages}) to be a multiple of num_devices "
-                                    f"({devices}); pass num_devices")
-        return interleaved(devices, num_microbatches, num_stages // devices)
-    if num_devices not in (None, num_stages):
-        raise InvalidValueError(f"{schedule!r} runs one stage per device, so num_devices ({num_devices}) must equal "
-                                f"num_stages ({num_stages}); use 'interleaved' for several stages per device")
-    return {"gpipe": gpipe, "1f1b": one_f_one_b, "zero_bubble": zero_bubble}[schedule](num_stages, num_microbatches)

@@ -21,7 +21,7 @@ vary between microbatches. One pass over the actions in issue order suffices
 (every dependency comes earlier), so simulating costs ``O(number of actions)``.
 
 Example:
-    >>> from jaxaot.parallel.schedule import gpipe
+    >>> from jaxaot.parallel.builtin import gpipe
     >>> sim = simulate(gpipe(4, 8), OpTimes.uniform(4))
     >>> sim.step_time, round(sim.bubble_fraction, 4), 3 / (8 + 4 - 1)
     (33.0, 0.2727, 0.2727272727272727)
@@ -127,7 +127,7 @@ def simulate(schedule: Schedule, times: OpTimes) -> Simulation:
       InvalidValueError: ``times`` does not fit the schedule's stages.
 
     Example:
-        >>> from jaxaot.parallel.schedule import one_f_one_b
+        >>> from jaxaot.parallel.builtin import one_f_one_b
         >>> sim = simulate(one_f_one_b(2, 2), OpTimes.uniform(2, transfer=0.5))
         >>> [(str(a), start) for a, start, _ in sim.timeline[:3]]
         [('F(stage=0, microbatch=0)', 0.0), ('F(stage=0, microbatch=1)', 1.0), ('F(stage=1, microbatch=0)', 1.5)]

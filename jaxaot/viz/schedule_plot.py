@@ -9,7 +9,7 @@ gaps are the bubble.
 Needs matplotlib (the 'viz' extra); the Figure is built without pyplot.
 
 Example:
-    >>> from jaxaot.parallel.schedule import one_f_one_b
+    >>> from jaxaot.parallel.builtin import one_f_one_b
     >>> fig = plot_schedule(one_f_one_b(4, 8), title="1F1B")
     >>> ax, = fig.axes
     >>> len(ax.patches), ax.get_xlabel()
@@ -49,7 +49,7 @@ def plot_schedule(schedule: Schedule, times: OpTimes | Simulation | None = None,
       ScheduleError: the schedule is invalid.
 
     Example:
-        >>> from jaxaot.parallel.schedule import zero_bubble
+        >>> from jaxaot.parallel.builtin import zero_bubble
         >>> from jaxaot.parallel.simulate import OpTimes
         >>> fig = plot_schedule(zero_bubble(2, 3), OpTimes.uniform(2, 1e-3, 1e-3, 5e-4))
         >>> [t.get_text() for t in fig.axes[0].get_yticklabels()], fig.axes[0].get_xlabel()

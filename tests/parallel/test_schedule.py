@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, ScheduleError
-from jaxaot.parallel.schedule import (OPS, SCHEDULES, Action, Schedule, dependencies, gpipe, interleaved,
-                                      make_schedule, one_f_one_b, provides, zero_bubble)
+from jaxaot.parallel.builtin import gpipe, interleaved, make_schedule, one_f_one_b, tuned_zero_bubble, zero_bubble
+from jaxaot.parallel.schedule import OPS, SCHEDULES, Action, Schedule, dependencies, provides
+from jaxaot.parallel.simulate import OpTimes, simulate
 
 ONE_STAGE_PER_DEVICE = {"gpipe": gpipe, "1f1b": one_f_one_b, "zero_bubble": zero_bubble}
 SIZES = [(p, m) for p in range(1, 7) for m in range(1, 17)]
@@ -241,3 +242,34 @@ def test_any_dependency_respecting_order_validates_and_any_other_names_a_real_br
         before = set().union(*(provides(a) for a in perm[:i]))
         assert not all(k in before for k in dependencies(perm[i], p))
     assert set(OPS) >= {a.op for a in perm}
+
+
+@pytest.mark.parametrize("p, m", [(1, 3), (2, 1), (2, 8), (3, 5), (4, 16)])
+@pytest.mark.parametrize("split", [0, 1, 3, 100])
+def test_partial_split_is_valid_and_splits_the_last_microbatches(p, m, split):
+    s = zero_bubble(p, m, split=split)
+    for stage in range(p):
+        k = min(m, max(split, stage))
+        ops = {(a.microbatch, a.op) for a in s.actions if a.stage == stage}
+        assert {mb for mb, op in ops if op == "B"} == {mb for mb, op in ops if op == "W"} == set(range(m - k, m))
+        assert {mb for mb, op in ops if op == "BW"} == set(range(m - k))
+    assert s.peak_live_microbatches() == one_f_one_b(p, m).peak_live_microbatches()
+    assert zero_bubble(p, m, split=m).actions == zero_bubble(p, m).actions
+
+
+def test_partial_split_rejects_bad_values():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(InvalidValueError, match="split"):
+            zero_bubble(2, 4, split=bad)
+
+
+@pytest.mark.parametrize("p, m", [(2, 8), (4, 16), (3, 6)])
+def test_tuning_follows_the_cost_of_splitting(p, m):
+    """Free splits: the paper's schedule wins; a costly split: fused backwards except in the drain."""
+    free = OpTimes.uniform(p, forward=1.0)
+    assert simulate(tuned_zero_bubble(p, m, free), free).step_time == simulate(zero_bubble(p, m), free).step_time
+    costly = OpTimes(forward=1.0, backward_input=1.0, backward_weight=1.0, backward=1.4)
+    tuned = simulate(make_schedule("zero_bubble", p, m, op_times=costly), costly).step_time
+    assert tuned < simulate(zero_bubble(p, m), costly).step_time
+    assert tuned < simulate(one_f_one_b(p, m), costly).step_time
+    assert tuned <= min(simulate(zero_bubble(p, m, split=k), costly).step_time for k in range(m + 1))

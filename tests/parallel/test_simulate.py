@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxaot.errors import InvalidValueError, ScheduleError
-from jaxaot.parallel.schedule import (Action, Schedule, dependencies, gpipe, interleaved, one_f_one_b, provides,
-                                      zero_bubble)
+from jaxaot.parallel.builtin import gpipe, interleaved, one_f_one_b, zero_bubble
+from jaxaot.parallel.schedule import Action, Schedule, dependencies, provides
 from jaxaot.parallel.simulate import OpTimes, Simulation, simulate
 
 SIZES = [(p, m) for p in range(1, 7) for m in range(1, 17)]

@@ -4,7 +4,8 @@ import pytest
 
 from jaxaot import viz
 from jaxaot.errors import ScheduleError
-from jaxaot.parallel.schedule import Action, Schedule, gpipe, interleaved, one_f_one_b, zero_bubble
+from jaxaot.parallel.schedule import Action, Schedule
+from jaxaot.parallel.builtin import gpipe, interleaved, one_f_one_b, zero_bubble
 from jaxaot.parallel.simulate import OpTimes, simulate
 
 

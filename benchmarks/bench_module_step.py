@@ -1,0 +1,240 @@
+"""An eager Flax nnx training step through ``aot_module`` against the same step under ``nnx.jit``.
+
+Per model, one eager training loop ``loss, grads = value_and_grad(loss_fn)(model, x, y);
+optimizer.update(model, grads)`` (optax adam), in these variants:
+
+* ``nnx.jit``: the whole step under ``nnx.jit`` (the bound the goal is stated against);
+* ``nnx.jit cached``: the same, through ``nnx.cached_partial`` (Flax's own overhead cut);
+* ``eager nnx``: plain Flax, eager ``nnx.value_and_grad`` and eager update;
+* ``aot + nnx.vg``: ``aot_module``, eager ``nnx.value_and_grad`` (JAX's eager autodiff around it);
+* ``aot + jaxaot.vg``: ``aot_module``, ``jaxaot.value_and_grad`` (one compiled step), eager update;
+* ``aot + jaxaot.vg + jit upd``: the same, the update under ``nnx.cached_partial(nnx.jit(...))``;
+* ``jaxaot.vg alone``: the loss and gradients only, no update.
+
+Every variant first runs the same steps from the same initial model and batches and its
+losses are compared with eager nnx's (a wrong variant stops the benchmark). Then the variants
+are timed in interleaved rounds (median of per-round medians, spread = min..max of the rounds),
+on batches rotating through a pool. Ratios are against ``nnx.jit``.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/bench_module_step.py --small --out benchmarks/results/module_step_cpu_DATE.txt
+    PYTHONPATH=. python benchmarks/bench_module_step.py --out benchmarks/results/module_step_gpu_DATE.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jaxaot  # noqa: E402
+from harness import report, table  # noqa: E402
+
+
+# --------------------------------------------------------------------------- models
+class MLP(nnx.Module):
+    """ReLU MLP with batch norm and dropout (f32)."""
+
+    def __init__(self, d_in: int, width: int, classes: int, rngs: nnx.Rngs):
+        self.l1 = nnx.Linear(d_in, width, rngs=rngs)
+        self.bn = nnx.BatchNorm(width, rngs=rngs)
+        self.drop = nnx.Dropout(0.1, rngs=rngs)
+        self.l2 = nnx.Linear(width, width, rngs=rngs)
+        self.l3 = nnx.Linear(width, classes, rngs=rngs)
+
+    def __call__(self, x):
+        x = self.drop(jax.nn.relu(self.bn(self.l1(x))))
+        return self.l3(jax.nn.relu(self.l2(x)))
+
+
+class Transformer(nnx.Module):
+    """Pre-norm transformer blocks (RMSNorm, GELU, mean-pooled head), bf16 activations, 8 heads."""
+
+    def __init__(self, d: int, heads: int, layers: int, classes: int, rngs: nnx.Rngs):
+        dt = jnp.bfloat16
+        self.blocks = nnx.List([nnx.Dict(
+            n1=nnx.RMSNorm(d, rngs=rngs),
+            att=nnx.MultiHeadAttention(heads, d, dtype=dt, decode=False, rngs=rngs),
+            n2=nnx.RMSNorm(d, rngs=rngs),
+            up=nnx.Linear(d, 4 * d, dtype=dt, rngs=rngs),
+            down=nnx.Linear(4 * d, d, dtype=dt, rngs=rngs),
+        ) for _ in range(layers)]) if hasattr(nnx, "List") else [nnx.Dict(
+            n1=nnx.RMSNorm(d, rngs=rngs),
+            att=nnx.MultiHeadAttention(heads, d, dtype=dt, decode=False, rngs=rngs),
+            n2=nnx.RMSNorm(d, rngs=rngs),
+            up=nnx.Linear(d, 4 * d, dtype=dt, rngs=rngs),
+            down=nnx.Linear(4 * d, d, dtype=dt, rngs=rngs),
+        ) for _ in range(layers)]
+        self.head = nnx.Linear(d, classes, rngs=rngs)
+
+    def __call__(self, x):
+        for b in self.blocks:
+            x = x + b["att"](b["n1"](x))
+            x = x + b["down"](jax.nn.gelu(b["up"](b["n2"](x))))
+        return self.head(jnp.mean(x, axis=1).astype(jnp.float32))
+
+
+class CNN(nnx.Module):
+    """Conv + batch norm + SiLU, twice, then a linear head (f32)."""
+
+    def __init__(self, ch: int, classes: int, rngs: nnx.Rngs):
+        self.c1 = nnx.Conv(3, ch, (3, 3), rngs=rngs)
+        self.b1 = nnx.BatchNorm(ch, rngs=rngs)
+        self.c2 = nnx.Conv(ch, 2 * ch, (3, 3), strides=2, rngs=rngs)
+        self.b2 = nnx.BatchNorm(2 * ch, rngs=rngs)
+        self.head = nnx.Linear(2 * ch, classes, rngs=rngs)
+
+    def __call__(self, x):
+        x = jax.nn.silu(self.b1(self.c1(x)))
+        x = jax.nn.silu(self.b2(self.c2(x)))
+        return self.head(jnp.mean(x, axis=(1, 2)))
+
+
+def models(small: bool) -> dict[str, tuple[Callable[[], nnx.Module], Callable[[int], tuple]]]:
+    """name -> (model factory, batch(i) -> (x, y))."""
+    def batches(shape, classes, dtype=jnp.float32):
+        def make(i):
+            k1, k2 = jax.random.split(jax.random.key(100 + i))
+            return jax.random.normal(k1, shape, dtype), jax.random.randint(k2, shape[:1], 0, classes)
+        return make
+
+    if small:
+        return {
+            "MLP 784-512-512 bn+dropout, b128": (lambda: MLP(784, 512, 10, nnx.Rngs(0)), batches((128, 784), 10)),
+            "transformer d128 h8 L2 bf16, b8x64": (lambda: Transformer(128, 8, 2, 10, nnx.Rngs(0)),
+                                                    batches((8, 64, 128), 10, jnp.bfloat16)),
+            "CNN 32ch bn, b32 32x32": (lambda: CNN(32, 10, nnx.Rngs(0)), batches((32, 32, 32, 3), 10)),
+        }
+    return {
+        "MLP 784-2048-2048 bn+dropout, b1024": (lambda: MLP(784, 2048, 10, nnx.Rngs(0)), batches((1024, 784), 10)),
+        "transformer d512 h8 L4 bf16, b16x256": (lambda: Transformer(512, 8, 4, 10, nnx.Rngs(0)),
+                                                  batches((16, 256, 512), 10, jnp.bfloat16)),
+        "CNN 64ch bn, b128 64x64": (lambda: CNN(64, 10, nnx.Rngs(0)), batches((128, 64, 64, 3), 10)),
+        "MLP 784-512-512 bn+dropout, b128": (lambda: MLP(784, 512, 10, nnx.Rngs(0)), batches((128, 784), 10)),
+    }
+
+
+def loss_fn(model, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+# --------------------------------------------------------------------------- variants
+def variants(factory: Callable[[], nnx.Module]) -> dict[str, Callable[[Any, Any], Any]]:
+    """name -> step(x, y) -> loss, each on its own model and optimizer built from the same seed."""
+    out = {}
+
+    def setup(aot: bool):
+        m = factory()
+        m = jaxaot.aot_module(m) if aot else m
+        return m, nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)
+
+    def jit_step(model, opt, x, y):
+        loss, g = nnx.value_and_grad(loss_fn)(model, x, y)
+        opt.update(model, g)
+        return loss
+
+    m, o = setup(False)
+    step = nnx.jit(jit_step)
+    out["nnx.jit"] = lambda x, y, m=m, o=o: step(m, o, x, y)
+    m, o = setup(False)
+    cached = nnx.cached_partial(nnx.jit(jit_step), m, o)
+    out["nnx.jit cached"] = lambda x, y, c=cached: c(x, y)
+
+    def eager(vg, aot: bool, jit_update: bool = False, update: bool = True):
+        m, o = setup(aot)
+        upd = nnx.cached_partial(nnx.jit(lambda oo, mm, g: oo.update(mm, g)), o, m) if jit_update else None
+
+        def run(x, y):
+            loss, g = vg(loss_fn)(m, x, y)
+            if update:
+                upd(g) if upd is not None else o.update(m, g)
+            return loss
+        return run
+
+    out["eager nnx"] = eager(nnx.value_and_grad, aot=False)
+    out["aot + nnx.vg"] = eager(nnx.value_and_grad, aot=True)
+    out["aot + jaxaot.vg"] = eager(jaxaot.value_and_grad, aot=True)
+    out["aot + jaxaot.vg + jit upd"] = eager(jaxaot.value_and_grad, aot=True, jit_update=True)
+    out["jaxaot.vg alone"] = eager(jaxaot.value_and_grad, aot=True, update=False)
+    return out
+
+
+def check(steps: dict, batch: Callable[[int], tuple], n: int = 3) -> str:
+    """Run ``n`` steps of every variant on the same batches; losses must match eager nnx's."""
+    losses = {name: [float(fn(*batch(i))) for i in range(n)] for name, fn in steps.items()}
+    ref = losses["eager nnx"]
+    worst = {}
+    for name, ls in losses.items():
+        if name == "jaxaot.vg alone":  # no update: only its first step is comparable
+            ls, r = ls[:1], ref[:1]
+        else:
+            r = ref
+        worst[name] = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(ls, r))
+        if not worst[name] < 2e-2:
+            raise AssertionError(f"{name}: losses {ls} differ from eager nnx's {r}")
+    return "losses vs eager nnx (max rel. diff over 3 steps): " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+
+
+def time_round(steps: dict, batch: Callable[[int], tuple], pool: int, per_round: int) -> dict[str, float]:
+    out = {}
+    for name, fn in steps.items():
+        times = []
+        for i in range(per_round):
+            x, y = batch(i % pool)
+            t = time.perf_counter()
+            jax.block_until_ready(fn(x, y))
+            times.append(time.perf_counter() - t)
+        out[name] = statistics.median(times)
+    return out
+
+
+def section(name: str, factory, batch_fn, rounds: int, per_round: int, pool: int = 4) -> str:
+    steps = variants(factory)
+    batches = [batch_fn(i) for i in range(pool)]
+    ok = check(steps, lambda i: batches[i % pool])
+    for fn in steps.values():  # warm-up: compile everything
+        for i in range(2):
+            jax.block_until_ready(fn(*batches[i]))
+    per = {k: [] for k in steps}
+    for r in range(rounds):
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))  # interleaved, alternating order
+        res = time_round({k: steps[k] for k in order}, lambda i: batches[i], pool, per_round)
+        for k, v in res.items():
+            per[k].append(v)
+    base = statistics.median(per["nnx.jit"])
+    rows = [["variant", "ms/step", "spread", "vs nnx.jit"]]
+    for k, ts in per.items():
+        med = statistics.median(ts)
+        rows.append([k, f"{med * 1e3:.2f}", f"{min(ts) * 1e3:.2f}..{max(ts) * 1e3:.2f}", f"{med / base:.2f}x"])
+    return f"## {name}  ({rounds} interleaved rounds x {per_round} steps)\n{ok}\n\n" + table(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="CPU sizes")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    def sections():
+        for name, (factory, batch) in models(args.small).items():
+            yield section(name, factory, batch, args.rounds, args.steps)
+
+    report("eager nnx training step through aot_module vs nnx.jit", sections(), args.out)
+
+
+if __name__ == "__main__":
+    main()
