@@ -14,7 +14,11 @@ The barrier is how ``jax.checkpoint`` lowers: the backward sees only the
 residuals, through a value XLA cannot look through, so the eqns it recomputes
 are not merged with the forward's copies (which would keep alive what the plan
 chose not to save). The peak memory is then the plan's, not the fused
-``jax.jit(jax.value_and_grad)``'s.
+``jax.jit(jax.value_and_grad)``'s. Only the residuals that the recomputation
+reads need the barrier (``barrier="recomputed"``, the default; the recomputed
+eqns are the backward's eqns that no cotangent reaches): the others are read by
+cotangent eqns alone, which have no forward copy to merge with, and leaving
+them visible lets XLA fuse across the boundary as it does in a fused ``jit``.
 
 The cotangent of the loss (1, and 0 for auxiliary outputs) is a constant of
 the program; on a mesh the gradients are pinned to their inputs' shardings.
@@ -46,20 +50,45 @@ import jax
 from jaxaot import _compat as C
 
 
-def fused_program(training: Any, value_leaf: int = 0) -> Any:
+def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
+    """Positions (among the residuals) of the backward's residual inputs that its recomputed eqns read.
+
+    An eqn is recomputation when no cotangent reaches it (a call or loop counts
+    as one eqn). Costs one pass over the backward's top-level eqns.
+    """
+    jaxpr = C.jaxpr_of(backward)
+    reached = set(map(id, jaxpr.invars[:num_cotangents]))
+    position = {id(v): i for i, v in enumerate(jaxpr.invars[num_cotangents:])}
+    read: set[int] = set()
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if not C.is_literal(v)]
+        if any(id(v) in reached for v in ins):
+            reached.update(id(v) for v in eqn.outvars)
+        else:
+            read.update(position[id(v)] for v in ins if id(v) in position)
+    return read
+
+
+def fused_program(training: Any, value_leaf: int = 0, barrier: str = "recomputed") -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
-    ``value_leaf`` the output whose cotangent is 1 (the loss).
+    ``value_leaf`` the output whose cotangent is 1 (the loss); ``barrier``
+    which residuals pass through ``optimization_barrier``: ``"recomputed"``
+    (those the recomputation reads) or ``"all"``.
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
     pins = training.placement.grad_pins()
+    behind = (recomputation_inputs(part.backward, len(cts)) if barrier == "recomputed"
+              else set(range(len(part.saved_inputs) + len(part.saved_outputs))))
 
     def step(*leaves: Any) -> list:
         fwd = C.eval_closed(part.forward, *leaves)
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
-        residuals = list(jax.lax.optimization_barrier(residuals)) if residuals else []
+        kept = [r for i, r in enumerate(residuals) if i in behind]
+        kept = iter(jax.lax.optimization_barrier(kept) if kept else [])
+        residuals = [next(kept) if i in behind else r for i, r in enumerate(residuals)]
         unit = [jax.numpy.full(a.shape, 1 if i == value_leaf else 0, a.dtype) for i, a in cts]
         grads = C.eval_closed(part.backward, *unit, *residuals)
         grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]
