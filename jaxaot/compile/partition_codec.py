@@ -7,9 +7,12 @@ gradients, so a stale entry can cost memory or time but never correctness. A
 partitioner that rewrote the primal (min-cut's per-iteration scan remat) also
 leaves its ``primal_plan``, which is replayed on the joint graph before the
 split; a partition that neither can reproduce exactly (a partitioner that
-rewrites the joint graph without saying how) is not stored.
+rewrites the joint graph without saying how) is not stored. Offloaded
+residuals (:mod:`jaxaot.partition.offload`) are stored as their positions and
+re-applied with :func:`~jaxaot.partition.offload.apply_offload`.
 
-The payload is JSON: ``{"format", "saved", "summary", "plan"}``; ``summary``
+The payload is JSON: ``{"format", "saved", "summary", "plan", "offloaded",
+"offload_note"}``; ``summary``
 (saved counts and residual avals) checks that a decoded partition is the one
 that was stored.
 """
@@ -24,6 +27,7 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import dtype_name
 from jaxaot.compile.store import FORMAT_VERSION
 from jaxaot.errors import PartitionError
+from jaxaot.partition.offload import apply_offload, saved_vars
 from jaxaot.partition.scan_remat import replay_joint
 from jaxaot.partition.split import Partition, split_joint
 from jaxaot.tracing.joint import JointGraph
@@ -39,17 +43,20 @@ def encode(joint: JointGraph, part: Partition) -> bytes | None:
     if source is None:
         return None
     pos = _var_positions(C.jaxpr_of(source.jaxpr))
-    saved = _saved_vars(part)
+    saved = saved_vars(part)  # through the host copies of offloaded residuals
     if not all(not C.is_literal(v) and v in pos for v in saved):
         return None  # the partitioner rewrote the joint graph without telling how: not replayable
+    offloaded = [j for j, r in enumerate(part.residuals) if r.offloaded]
     try:
         rebuilt_source = _split_source(joint, plan)
         rebuilt = split_joint(rebuilt_source, _vars_at(C.jaxpr_of(rebuilt_source.jaxpr), [pos[v] for v in saved]))
+        rebuilt = apply_offload(rebuilt, offloaded, part.offload_note)
     except Exception:
         return None
     if not _same_partition(rebuilt, part):
         return None
-    record = {"format": FORMAT_VERSION, "saved": [pos[v] for v in saved], "summary": _summary(part), "plan": plan}
+    record = {"format": FORMAT_VERSION, "saved": [pos[v] for v in saved], "summary": _summary(part), "plan": plan,
+              "offloaded": offloaded, "offload_note": part.offload_note}
     return json.dumps(record, sort_keys=True).encode()
 
 
@@ -64,6 +71,7 @@ def decode(joint: JointGraph, payload: bytes) -> Partition | None:
         part = split_joint(source, _vars_at(C.jaxpr_of(source.jaxpr), record["saved"]))
         if plan is not None:
             part = dataclasses.replace(part, primal_plan=plan, split_from=source)
+        part = apply_offload(part, record.get("offloaded", []), record.get("offload_note", ""))
     except Exception:
         return None
     return part if _summary(part) == record["summary"] else None
@@ -102,17 +110,12 @@ def _vars_at(jaxpr: Any, positions: Sequence[Sequence[Any]]) -> list:
     return out
 
 
-def _saved_vars(part: Partition) -> list:
-    # split_joint's backward takes (cotangents..., saved inputs..., saved outputs...):
-    # exactly the saved vars of the joint jaxpr, when the partition came from it.
-    return list(C.jaxpr_of(part.backward).invars[len(part.cotangent_outputs):])
-
-
 def _summary(part: Partition) -> dict:
     return {
         "saved_inputs": list(part.saved_inputs),
         "saved_outputs": list(part.saved_outputs),
         "residuals": [[[str(d) for d in r.aval.shape], dtype_name(r.aval.dtype)] for r in part.residuals],
+        "offloaded": [j for j, r in enumerate(part.residuals) if r.offloaded],
     }
 
 

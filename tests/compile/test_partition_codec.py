@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import jax.numpy as jnp
+import numpy as np
 
 import jaxaot
 from jaxaot.compile import partition_codec
+from jaxaot.partition.min_cut import min_cut_rematerialization_partition
+from jaxaot.partition.offload import DeviceModel
 
 
 def _joint():
@@ -31,3 +34,25 @@ def test_payloads_that_do_not_rebuild_decode_to_none():
                 {**record, "summary": {}}):
         assert partition_codec.decode(joint, json.dumps(bad).encode()) is None
     assert partition_codec.decode(joint, b"not json") is None
+
+
+def test_an_offloaded_partition_round_trips():
+    """Offloaded residuals are stored as positions and re-applied: the same programs and offload flags."""
+    ws = [jnp.asarray(np.random.default_rng(i).normal(size=(256, 256)), jnp.float32) for i in range(4)]
+    x = jnp.asarray(np.random.default_rng(9).normal(size=(256, 256)), jnp.float32)
+
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    joint = jaxaot.trace_joint(loss, ws, x)
+    part = min_cut_rematerialization_partition(joint, offload=True,
+                                               device_model=DeviceModel(host_bandwidth=1e12, device_flops=1e12))
+    assert any(r.offloaded for r in part.residuals)
+    payload = partition_codec.encode(joint, part)
+    assert payload is not None and json.loads(payload)["offloaded"]
+    back = partition_codec.decode(joint, payload)
+    assert [r.offloaded for r in back.residuals] == [r.offloaded for r in part.residuals]
+    assert str(back.forward) == str(part.forward) and str(back.backward) == str(part.backward)
+    assert back.device_saved_bytes == part.device_saved_bytes
