@@ -11,3 +11,4 @@ to jaxprs only through the small functions it re-exports, one module per concern
 
 from jaxaot._compat.core import *  # noqa: F401,F403
 from jaxaot._compat.loop_support import *  # noqa: F401,F403
+from jaxaot._compat.recording import *  # noqa: F401,F403

@@ -1,17 +1,22 @@
-"""Compiled autograd for eager JAX: an eager forward, a backward compiled once per structure.
+"""Compiled autograd for eager JAX: the forward runs as written, each step's program compiled once per structure.
 
 PyTorch's compiled autograd captures the backward graph at run time, compiles
 it, and caches it by its structure. This subpackage does the same for JAX code
-run eagerly (outside ``jit``), where ``jax.grad`` would otherwise transpose and
-dispatch the backward one primitive at a time.
+run eagerly (outside ``jit``), where ``jax.grad`` would otherwise linearize the
+forward and dispatch the backward one primitive at a time. It records the
+forward (Python runs it; JAX operations are written down, and computed only
+when Python looks at a value), and runs ``jit(value_and_grad)`` of the
+recording, compiled once per structure.
 
 Modules, each one concept: ``hooks`` (:func:`grad_hook`, cotangent hooks as
 identity ``custom_vjp``\\ s), ``param_hooks`` (post-accumulate hooks on whole
-gradients), ``structure`` (the structural key of a backward jaxpr and the
-reason two keys differ), ``cache`` (the process-wide, thread-safe cache of
-compiled backwards, with ``stats``/``reset``), ``capture`` (one step's
-backward as a jaxpr of its residuals), ``modules`` (Flax nnx module
-arguments) and ``api`` (:func:`compiled_grad`, :func:`compiled_value_and_grad`).
+gradients), ``structure`` (the structural key of a recorded forward or a
+backward jaxpr, and the reason two keys differ), ``cache`` (the process-wide,
+thread-safe cache of compiled programs, with ``stats``/``reset``), ``tape`` (one
+step's forward, recorded), ``step`` (the compiled step of a recording),
+``capture`` (the fallback: one step's backward as a jaxpr of its residuals),
+``modules`` (Flax nnx module arguments) and ``api`` (:func:`compiled_grad`,
+:func:`compiled_value_and_grad`).
 """
 
 from jaxaot.autograd import cache as compiled_autograd  # jaxaot.compiled_autograd.stats() / reset()

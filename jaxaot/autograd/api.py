@@ -1,18 +1,37 @@
-"""``compiled_grad`` and ``compiled_value_and_grad``: eager forward, compiled backward.
+"""``compiled_grad`` and ``compiled_value_and_grad``: the forward runs as written, the step is compiled.
 
 The model is PyTorch's compiled autograd, in JAX terms. Each call:
 
-1. runs ``fun`` eagerly under ``jax.vjp`` (Python control flow, prints,
-   ``aot_function`` regions and plain JAX all run as written, on concrete
-   values);
-2. captures the backward that step needs as one jaxpr with its residuals
-   hoisted to inputs (:mod:`.capture`);
-3. looks its structure up in the process-wide cache (:mod:`.cache`), compiling
-   on a miss and recording why (which input or equation changed, old vs new);
-4. runs the compiled backward on this step's residuals.
+1. *records* ``fun``'s forward (:mod:`.tape`): it runs as written, Python
+   control flow, prints, ``aot_function`` regions, ``jaxaot.while_loop`` and
+   plain JAX mixed, but JAX operations are written down rather than
+   dispatched one by one. Values Python looks at (``if loss > 0``,
+   ``float(x)``, ``print(x)``) are computed on demand, eagerly;
+2. looks the recorded program's structure up in the process-wide cache
+   (:mod:`.cache`), compiling ``jit(value_and_grad(program))`` on a miss and
+   recording why (which input or operation changed, old vs new);
+3. runs that executable (:mod:`.step`): one call computes the loss, the
+   auxiliary outputs and the gradients.
 
 Steps that take the same path through the forward reuse one executable; a new
 path (another branch, another loop length, other shapes) compiles once.
+
+Three ways of running, per wrapped function, each a fallback of the one before
+(``compiled_autograd.stats().fallbacks`` says when and why one was taken):
+
+* **lazy recording** (the default): nothing is dispatched until Python needs a
+  value or the compiled step runs;
+* **eager recording**, when lazy recording failed (JAX itself asked for a
+  value it could not have, as boolean-mask indexing does, or the recorded
+  program did not compile): every operation runs as it is recorded, so JAX
+  sees the values it sees eagerly. The function keeps this mode;
+* **vjp capture** (:mod:`.capture`), when the forward does something a tape
+  cannot hold (``pmap``, mutable references, side effects inside a ``jit``
+  region): ``jax.vjp`` runs the forward, the transposed program is captured and
+  compiled once per structure. The function keeps this mode.
+
+A failed attempt has run part of the forward's Python code; its prints and
+other host side effects happen again when the next mode reruns it.
 
 Arguments follow ``jax.grad``: ``argnums`` picks the differentiated positional
 arguments, whose leaves must be float or complex. ``nnx.Module`` arguments are
@@ -20,9 +39,9 @@ split as ``nnx.grad`` splits them (:mod:`.modules`): the gradient of a module
 is an ``nnx.State`` of its ``nnx.Param`` values, and the state the forward
 changes (batch statistics, RNG counters) is written back.
 
-Called inside ``jit``/``vmap`` (traced arguments), there is nothing to capture
-eagerly: the wrapper then behaves as ``jax.value_and_grad`` with the same
-parameter hooks, traced into the caller's program.
+Called inside ``jit``/``vmap`` (or inside another compiled forward), there is
+nothing to run eagerly: the wrapper then behaves as ``jax.value_and_grad`` with
+the same parameter hooks, traced into the caller's program.
 """
 
 from __future__ import annotations
@@ -38,7 +57,9 @@ from jaxaot._pytrees import format_aval
 from jaxaot.autograd import capture as CAP
 from jaxaot.autograd import modules as M
 from jaxaot.autograd import param_hooks as PH
-from jaxaot.errors import InvalidInputError, InvalidOutputError
+from jaxaot.autograd import step as S
+from jaxaot.autograd.cache import note_fallback
+from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
 
 
 def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
@@ -50,12 +71,13 @@ def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
 
 
 class _Plans:
-    """Per-function memo: param-hook plans by tree structure, and the structure run last."""
+    """Per-function memo: param-hook plans by tree structure, the structure run last, the running mode."""
 
     def __init__(self, hooks: tuple) -> None:
         self.hooks = hooks
         self.by_tree: dict[Any, tuple] = {}
         self.last = None
+        self.mode = "lazy"  #: "lazy", "eager" (recording) or "vjp" (capture); see the module docstring
         self.lock = threading.Lock()
 
     def plan(self, treedef: Any, tree: Any, multiple: bool) -> tuple:
@@ -92,7 +114,7 @@ def _describe_change(old: tuple | None, new: tuple) -> str:
 
 def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
                             param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None) -> Callable[..., Any]:
-    """Like ``jax.value_and_grad``; the forward runs eagerly, the backward compiled once per structure.
+    """Like ``jax.value_and_grad``; the forward runs as written, the step is compiled once per structure.
 
     Args:
       fun: the function; its (first) output must be a real scalar.
@@ -127,46 +149,99 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         diff = tuple(modules[n].params if n in modules else args[n] for n in positions)
         diff_leaves, diff_tree = jax.tree_util.tree_flatten(diff)
         _check_inexact(diff, positions)
-
-        def forward(*dvals):
-            call_args = list(args)
-            for n, m in modules.items():
-                call_args[n] = m.merge(dvals[positions.index(n)] if n in positions else None)
-            for n, v in zip(positions, dvals):
-                if n not in modules:
-                    call_args[n] = v
-            out = fun(*call_args, **kwargs)
-            if has_aux:
-                if not (isinstance(out, (tuple, list)) and len(out) == 2):
-                    raise InvalidOutputError(f"{_name(fun)} was marked has_aux=True but returned a "
-                                             f"{type(out).__name__}, not a (value, aux) pair.")
-                out, aux = out
-            else:
-                aux = None
-            _check_scalar(out, fun)
-            return out, (aux, {n: m.state_after(call_args[n]) for n, m in modules.items()})
-
-        value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
-        for n, m in modules.items():
-            m.write_back(states[n])
+        forward = _forward(fun, args, kwargs, modules, positions, has_aux)
         planned = plans.plan(diff_tree, diff, not single)
-        if C.is_tracer(value) or any(C.is_tracer(x) for x in diff_leaves):
-            grads = jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype)))
-            grads = PH.apply(planned, diff_leaves, grads)
+        if not C.is_eval_trace(C.current_trace()) or any(C.is_tracer(x) for x in jax.tree_util.tree_leaves(args)):
+            value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
+            grads = PH.apply(planned, diff_leaves, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
         else:
-            captured = CAP.capture(vjp_fn, value.dtype)
             avals = _input_avals(args, {*modules, *positions}, diff_leaves)
             last_structure, last_avals = plans.last or (None, None)
-            grads, structure = CAP.run_compiled(
-                captured, planned, diff_leaves, last_structure,
-                lambda: f"compiled_grad({_name(fun)}) on inputs {_describe_change(last_avals, avals)}")
+            describe = lambda: f"compiled_grad({_name(fun)}) on inputs {_describe_change(last_avals, avals)}"
+            out = _recorded(plans, forward, diff_leaves, diff_tree, planned, last_structure, describe)
+            if out is None:
+                value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
+                captured = CAP.capture(vjp_fn, value.dtype)
+                grads, structure = CAP.run_compiled(captured, planned, diff_leaves, last_structure, describe)
+            else:
+                value, (aux, states), grads, structure = out
             plans.last = (structure, avals)
+        for n, m in modules.items():
+            m.write_back(states[n])
         grad = jax.tree_util.tree_unflatten(diff_tree, grads)
         grad = grad[0] if single else grad
         return ((value, aux), grad) if has_aux else (value, grad)
 
     value_and_grad.__wrapped__ = fun
     return value_and_grad
+
+
+def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions: tuple, has_aux: bool):
+    """``forward(*diff) -> (value, (aux, module states))``: ``fun`` on the differentiated values."""
+
+    def forward(*dvals):
+        call_args = list(args)
+        for n, m in modules.items():
+            call_args[n] = m.merge(dvals[positions.index(n)] if n in positions else None)
+        for n, v in zip(positions, dvals):
+            if n not in modules:
+                call_args[n] = v
+        out = fun(*call_args, **kwargs)
+        if has_aux:
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise InvalidOutputError(f"{_name(fun)} was marked has_aux=True but returned a "
+                                         f"{type(out).__name__}, not a (value, aux) pair.")
+            out, aux = out
+        else:
+            aux = None
+        _check_scalar(out, fun)
+        return out, (aux, {n: m.state_after(call_args[n]) for n, m in modules.items()})
+
+    return forward
+
+
+#: What JAX raises when it needs a value that lazy recording has not computed (eager recording has it).
+_NEEDS_VALUES = (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
+                 jax.errors.TracerArrayConversionError, jax.errors.TracerIntegerConversionError)
+
+
+def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: Any, planned: tuple,
+              last: Any, describe: Callable[[], str]) -> tuple | None:
+    """``(value, rest, grads, structure)`` from a recorded step, or None when the function runs under vjp capture.
+
+    Moves the function to the next mode when its current one fails (module docstring): lazy recording
+    to eager recording when JAX needed a value while recording or the recorded program did not compile
+    (``fori_loop`` bounds JAX would have specialised on); either to vjp capture when the forward cannot
+    be recorded. Other errors are the forward's own and propagate.
+    """
+    while plans.mode != "vjp":
+        eager = plans.mode == "eager"
+        try:
+            recorded = S.record(forward, diff_leaves, diff_tree, eager)
+        except C.Unrecordable as e:
+            plans.mode = "vjp"
+            note_fallback(f"{describe()}: the forward cannot be recorded ({e}); running it under jax.vjp with a "
+                          "captured backward from now on")
+            continue
+        except _NEEDS_VALUES as e:
+            if eager:
+                raise
+            failed = e
+        else:
+            try:
+                value, rest, grads = S.run(recorded, planned, diff_leaves, last, describe)
+                return value, rest, grads, recorded.structure
+            except JaxaotError:
+                raise
+            except Exception as e:
+                if eager:
+                    raise
+                failed = e
+        plans.mode = "eager"
+        first = (str(failed).strip().splitlines() or [""])[0]
+        note_fallback(f"{describe()}: lazy recording failed ({type(failed).__name__}: {first[:200]}); recording "
+                      "eagerly from now on")
+    return None
 
 
 def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,

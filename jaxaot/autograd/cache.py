@@ -1,9 +1,10 @@
-"""The process-wide cache of compiled backwards, its counters and its recompile reasons.
+"""The process-wide cache of compiled steps and backwards, its counters and its recompile reasons.
 
 One cache serves every :func:`~jaxaot.compiled_grad`: an entry is keyed by the
-backward's :class:`~jaxaot.autograd.structure.Structure` plus what the
-executable bakes in besides the jaxpr (the parameter hooks), so two functions
-with the same backward share one executable.
+recorded forward's (or captured backward's)
+:class:`~jaxaot.autograd.structure.Structure` plus what the executable bakes
+in besides the program (the parameter hooks), so two functions with the same
+program share one executable.
 
 Thread safety: lookups and counters take one lock; a missing entry is created
 under it and compiled outside it by the thread that created it, while other
@@ -43,12 +44,15 @@ class Stats:
       hits: steps that reused a compiled backward.
       reasons: one readable line per compile, saying what changed (old vs new).
       entries: executables held now.
+      fallbacks: one line per function that left lazy recording, saying why
+        and for which mode (eager recording, or ``jax.vjp`` with a captured backward).
     """
 
     compiles: int
     hits: int
     reasons: tuple[str, ...]
     entries: int
+    fallbacks: tuple[str, ...] = ()
 
 
 class _Entry:
@@ -72,6 +76,7 @@ class BackwardCache:
         self._compiles = 0
         self._hits = 0
         self._reasons: list[str] = []
+        self._fallbacks: list[str] = []
 
     def get(self, key: Hashable, structure: Any, compile_fn: Callable[[], Any],
             reason_fn: Callable[[], str]) -> Any:
@@ -109,15 +114,21 @@ class BackwardCache:
         logger.info("compiled autograd: %s", reason)
         return entry.executable
 
+    def note_fallback(self, reason: str) -> None:
+        with self._lock:
+            self._fallbacks.append(reason)
+        logger.info("compiled autograd: %s", reason)
+
     def stats(self) -> Stats:
         with self._lock:
-            return Stats(self._compiles, self._hits, tuple(self._reasons), len(self._entries))
+            return Stats(self._compiles, self._hits, tuple(self._reasons), len(self._entries), tuple(self._fallbacks))
 
     def reset(self) -> None:
         with self._lock:
             self._entries.clear()
             self._compiles = self._hits = 0
             self._reasons.clear()
+            self._fallbacks.clear()
 
 
 #: The cache every compiled_grad uses.
@@ -138,6 +149,11 @@ def stats() -> Stats:
         (1, 2)
     """
     return CACHE.stats()
+
+
+def note_fallback(reason: str) -> None:
+    """Record (and log) that a function left lazy recording, and why."""
+    CACHE.note_fallback(reason)
 
 
 def reset() -> None:

@@ -1,5 +1,8 @@
 """Capture one step's backward as a jaxpr and run it through the compiled-backward cache.
 
+This is compiled autograd's fallback (:mod:`.api`), for forwards a tape
+cannot record (:mod:`.tape`): the forward runs under an eager ``jax.vjp``.
+
 After an eager ``jax.vjp``, the returned ``vjp_fn`` holds a linear program and
 its residuals (the forward's saved values, as concrete arrays). Calling it
 eagerly would transpose and run that program one primitive at a time; calling

@@ -25,6 +25,15 @@ costs no memory that grows with the number of steps.
 A hook must return a cotangent of the same structure, shapes and dtypes as the
 one it got; anything else raises :class:`~jaxaot.errors.HookOutputError` while
 the backward is being traced, naming the hook, what it got and what it returned.
+
+Inside a forward recorded by :func:`~jaxaot.compiled_grad` (:mod:`.tape`), each
+hook is traced once, at once, on the cotangent's shape and dtype, into a small
+program (each step, as a captured backward is traced each step), and the
+identity's backward evaluates those programs in order. The recorded step is then keyed
+by what the hooks *do*, not by which Python function objects they are: a hook
+written as a ``lambda`` inside the forward, new on every step, does not
+recompile. Values the hooks close over (forward values included) become
+inputs of the identity, with a zero gradient.
 """
 
 from __future__ import annotations
@@ -36,13 +45,15 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
+from jaxaot.autograd.structure import structure_of
 from jaxaot.errors import HookOutputError, InvalidInputError
 
 Hook = Callable[[Any], Any]
 
-#: id(hooked output) -> (that output, the hooked input, the hooks): recent grad_hook results.
-_RECENT: "collections.OrderedDict[int, tuple[Any, Any, tuple[Hook, ...]]]" = collections.OrderedDict()
+#: id(hooked output) -> (that output, the hooked input, the hooks, their traced programs or None).
+_RECENT: "collections.OrderedDict[int, tuple[Any, Any, tuple[Hook, ...], Any]]" = collections.OrderedDict()
 _RECENT_MAX = 1024
 _RECENT_LOCK = threading.Lock()
 
@@ -103,6 +114,67 @@ def _identity_with_hooks(hooks: tuple[Hook, ...]) -> Callable[[Any], Any]:
     return identity
 
 
+#: structures of traced hook programs -> the identity custom_vjp that evaluates them (bounded).
+_PROGRAMS: "collections.OrderedDict[tuple, Callable]" = collections.OrderedDict()
+_PROGRAMS_MAX = 256
+
+
+def _identity_with_programs(traced: Sequence[tuple[Any, list]]) -> Callable[[list, list], list]:
+    """The identity ``custom_vjp`` of ``(leaves, consts)`` whose backward runs the hook programs in order."""
+    programs = tuple(p for p, _ in traced)
+    key = tuple(structure_of(p).key for p in programs)
+    with _RECENT_LOCK:
+        identity = _PROGRAMS.get(key)
+        if identity is not None:
+            _PROGRAMS.move_to_end(key)
+            return identity
+    counts = [len(c) for _, c in traced]
+
+    @jax.custom_vjp
+    def identity(xs, consts):
+        return xs
+
+    def fwd(xs, consts):
+        return xs, consts
+
+    def bwd(consts, cts):
+        start = 0
+        for program, n in zip(programs, counts):
+            cts = C.eval_closed(program, *consts[start:start + n], *cts)
+            start += n
+        return cts, [None] * len(consts)
+
+    identity.defvjp(fwd, bwd)
+    with _RECENT_LOCK:
+        identity = _PROGRAMS.setdefault(key, identity)
+        while len(_PROGRAMS) > _PROGRAMS_MAX:
+            _PROGRAMS.popitem(last=False)
+    return identity
+
+
+def _trace_hooks(x: Any, hooks: Sequence[Hook]) -> list[tuple[Any, list]]:
+    """Each hook traced on ``x``'s cotangent: ``(program, consts)`` per hook (each hook called once)."""
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    avals = [C.typeof(leaf).to_tangent_aval() for leaf in leaves]
+    out = []
+    for h in hooks:
+        def one(*cts, h=h):
+            ct = jax.tree_util.tree_unflatten(tree, list(cts))
+            new = h(ct)
+            check_like(ct, new, f"gradient hook {hook_name(h)}")
+            return jax.tree_util.tree_leaves(new)
+
+        out.append(C.stage_function(one, avals))
+    return out
+
+
+def _apply_traced(x: Any, traced: Sequence[tuple[Any, list]]) -> Any:
+    """:func:`grad_hook` inside a recorded forward: the identity whose backward runs ``traced``."""
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    consts = [c for _, cs in traced for c in cs]
+    return jax.tree_util.tree_unflatten(tree, _identity_with_programs(traced)(list(leaves), consts))
+
+
 def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
     """``x`` unchanged; in the backward pass its cotangent becomes ``hook(cotangent)``.
 
@@ -118,14 +190,20 @@ def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
         [0.0, 4.0, 8.0]
     """
     hooks = as_hooks(hook)
-    base = x
+    base, earlier, traced = x, (), None
     with _RECENT_LOCK:
         prev = _RECENT.get(id(x))
         if prev is not None and prev[0] is x:  # x came from grad_hook: extend its hooks, keep the order
-            base, hooks = prev[1], prev[2] + hooks
-    hooked = _identity_with_hooks(hooks)(base)
+            base, earlier, traced = prev[1], prev[2], prev[3]
+    if C.current_recording_trace() is not None:  # a recorded forward: trace each hook once, now
+        traced = (traced if traced is not None else _trace_hooks(base, earlier)) + _trace_hooks(base, hooks)
+        hooks = earlier + hooks
+        hooked = _apply_traced(base, traced)
+    else:
+        hooks, traced = earlier + hooks, None
+        hooked = _identity_with_hooks(hooks)(base)
     with _RECENT_LOCK:
-        _RECENT[id(hooked)] = (hooked, base, hooks)
+        _RECENT[id(hooked)] = (hooked, base, hooks, traced)
         while len(_RECENT) > _RECENT_MAX:
             _RECENT.popitem(last=False)
     return hooked

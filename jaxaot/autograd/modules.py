@@ -8,10 +8,10 @@ those parts, and writes the rest, as the function left it, back into the
 caller's module. The gradient is an ``nnx.State`` shaped like the ``Param``
 state.
 
-This module does the same around the eager ``jax.vjp`` of compiled autograd.
-The state the forward leaves behind is returned through the vjp's auxiliary
-output, so it comes back as concrete arrays (never tracers) before it is
-written into the caller's module.
+This module does the same around compiled autograd's recorded forward (or
+its ``jax.vjp`` fallback). The state the forward leaves behind is returned as
+an auxiliary output of the compiled step (of the vjp), so it comes back as
+concrete arrays (never tracers) before it is written into the caller's module.
 
 Flax is an optional dependency: it is imported inside these functions (and
 only once an argument is seen to be an nnx module: ``flax.nnx`` must already
@@ -46,7 +46,7 @@ class ModuleArg:
         """A fresh module built from the parts (``params`` replaces the differentiated state)."""
         from flax import nnx  # optional dependency, present whenever a module was passed
 
-        # Rebuilt leaf by leaf so the Variables belong to the current (vjp) trace: nnx refuses
+        # Rebuilt leaf by leaf so the Variables belong to the current (recording or vjp) trace: nnx refuses
         # to mutate a Variable created under another trace (batch statistics are mutated).
         parts = (self.rest,) if self.params is None else (params, self.rest)
         return nnx.merge(self.graphdef, *(jax.tree_util.tree_map(lambda x: x, p) for p in parts))

@@ -1,0 +1,115 @@
+"""The compiled step of a recorded forward: ``jit(value_and_grad(replay))``, compiled once per structure.
+
+:func:`record` runs the user's forward under a :class:`~.tape.Tape`; the
+tape's :class:`~.structure.Structure` selects an executable from the
+process-wide cache (:mod:`.cache`), compiled on a miss with the recorded reason.
+That executable is the whole training step for this path through the forward:
+it replays the tape from the differentiated leaves and the other inputs, and
+returns the loss, the auxiliary outputs and the gradients (with the
+post-accumulate hooks of :mod:`.param_hooks` applied). XLA sees forward and
+backward together, as in ``jax.jit(jax.value_and_grad(f))``: the backward is
+the one a fully jitted step has.
+
+Per step, besides running the executable, this costs recording the forward
+(one Python call per operation, nothing dispatched unless Python asks for a
+value) and hashing its key.
+
+The returned loss and auxiliary outputs are the executable's: the gradients
+and the value come from one program. Values Python looked at during the
+forward (``if loss > 0``) were computed eagerly, op by op, and may differ
+from the compiled ones in the last bits, as eager and jitted JAX do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+
+from jaxaot import _compat as C
+from jaxaot.autograd import param_hooks as PH
+from jaxaot.autograd import tape as T
+from jaxaot.autograd.cache import CACHE
+from jaxaot.autograd.structure import Structure, explain
+
+
+class Recorded(NamedTuple):
+    """One recorded step: its program and structure, the runtime arguments, and the forward's other outputs."""
+
+    program: T.Program
+    structure: Structure
+    args: list
+    rest_tree: Any
+    rest: list          #: leaves of the forward's other outputs; None where the step returns the value
+    rest_vids: tuple    #: their value numbers, for the leaves that are recorded values
+
+
+def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool) -> Recorded:
+    """Run ``forward(*diff)`` under a fresh tape; it returns ``(loss, rest)``.
+
+    ``rest`` (auxiliary outputs, module state) may hold recorded values: the
+    step returns them, concrete.
+    """
+    tape = T.Tape(eager)
+    try:
+        with C.set_current_trace(tape.trace):
+            tracers = [tape.diff_input(x) for x in diff_leaves]
+            loss, rest = forward(*jax.tree_util.tree_unflatten(diff_tree, tracers))
+            loss_vid = tape.output(loss)
+            leaves, rest_tree = jax.tree_util.tree_flatten(rest)
+            vids, kept = [], []
+            for leaf in leaves:
+                if type(leaf) is C.RecordingTracer and leaf._trace is tape.trace:
+                    vids.append(leaf.vid)
+                    kept.append(None)
+                else:
+                    kept.append(leaf)
+    finally:
+        C.invalidate(tape.trace)
+    program = T.freeze(tape)
+    structure = T.structure(tape, (loss_vid, *vids), program)
+    return Recorded(program, structure, list(tape.args), rest_tree, kept, tuple(vids))
+
+
+def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[Any], diff: Sequence[Any],
+                 args: Sequence[Any]) -> Any:
+    """The executable ``(diff leaves, args) -> (loss, recorded outputs, grads)`` of ``program``."""
+    loss_vid, rest = outputs[0], list(outputs[1:])
+
+    def step(diff, args):
+        def loss(diff):
+            env = T.replay(program, diff, args)
+            return env[loss_vid], [env[v] for v in rest]
+
+        (value, outs), grads = jax.value_and_grad(loss, has_aux=True)(diff)
+        if planned:
+            grads = PH.apply(planned, diff, grads)
+        return value, outs, grads
+
+    return jax.jit(step).lower(list(diff), list(args)).compile()
+
+
+def run(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any], last: Structure | None,
+        describe: Callable[[], str]) -> tuple[Any, Any, list]:
+    """``(loss, rest, grads)`` from the cached executable of ``recorded`` (compiled on a miss).
+
+    ``last`` is the structure this function ran before; on a miss the recorded
+    reason compares against it (``describe()`` names the function and its inputs).
+    """
+    structure = recorded.structure
+    key = ("step", structure.key, tuple(planned))
+
+    def reason() -> str:
+        if last is None or last.kind != structure.kind:
+            return f"{describe()}: first backward (compiled with its forward: {len(structure.eqns)} recorded equations)"
+        if last.key == structure.key:
+            return f"{describe()}: same forward as the last step, but its executable was evicted or the hooks differ"
+        return f"{describe()}: {explain(last, structure)}"
+
+    outputs = structure.key[2]
+    exe = CACHE.get(key, structure, lambda: compile_step(recorded.program, outputs, planned, diff, recorded.args),
+                    reason)
+    value, outs, grads = exe(list(diff), recorded.args)
+    it = iter(outs)
+    rest = [next(it) if leaf is None else leaf for leaf in recorded.rest]
+    return value, jax.tree_util.tree_unflatten(recorded.rest_tree, rest), list(grads)
