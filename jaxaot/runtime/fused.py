@@ -14,11 +14,13 @@ The barrier is how ``jax.checkpoint`` lowers: the backward sees only the
 residuals, through a value XLA cannot look through, so the eqns it recomputes
 are not merged with the forward's copies (which would keep alive what the plan
 chose not to save). The peak memory is then the plan's, not the fused
-``jax.jit(jax.value_and_grad)``'s. Only the residuals that the recomputation
-reads need the barrier (``barrier="recomputed"``, the default; the recomputed
-eqns are the backward's eqns that no cotangent reaches): the others are read by
-cotangent eqns alone, which have no forward copy to merge with, and leaving
-them visible lets XLA fuse across the boundary as it does in a fused ``jit``.
+``jax.jit(jax.value_and_grad)``'s. Every residual passes the barrier (the
+default, ``barrier="all"``). Only those the recomputation reads need it for the
+plan's sake (``barrier="recomputed"``; the recomputed eqns are the backward's
+eqns that no cotangent reaches), but letting XLA see the others measured worse
+on an H200 (Llama block: 1.039x ``jit(value_and_grad)`` and 1.021x the peak of
+``dots_saveable`` against 1.010x and 1.002x with every residual behind the
+barrier; ``benchmarks/results/fused_gpu_h200_2026-11-23_barrier.txt``).
 
 The cotangent of the loss (1, and 0 for auxiliary outputs) is a constant of
 the program; on a mesh the gradients are pinned to their inputs' shardings.
@@ -69,13 +71,13 @@ def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
     return read
 
 
-def fused_program(training: Any, value_leaf: int = 0, barrier: str = "recomputed") -> Any:
+def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all") -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
     ``value_leaf`` the output whose cotangent is 1 (the loss); ``barrier``
-    which residuals pass through ``optimization_barrier``: ``"recomputed"``
-    (those the recomputation reads) or ``"all"``.
+    which residuals pass through ``optimization_barrier``: ``"all"`` or
+    ``"recomputed"`` (those the recomputation reads).
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
