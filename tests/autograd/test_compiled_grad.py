@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from autograd_helpers import close as _close, rand as _rand
+from autograd_helpers import close as _close, in_threads, rand as _rand
 from jaxaot import compiled_autograd
 
 
@@ -154,22 +153,11 @@ def test_eight_threads_compile_each_structure_once():
     vg = jaxaot.compiled_value_and_grad(f)
     rng = np.random.default_rng(7)
     inputs = [(_rand(rng, 3, 2), _rand(rng, rows, 3)) for rows in (4, 5)]
-    errors, barrier = [], threading.Barrier(8)
 
-    def worker(i):
-        try:
-            barrier.wait()
-            for step in range(6):
-                w, x = inputs[(i + step) % 2]
-                _close(vg(w, x)[1], jax.grad(f)(w, x))
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+    def step(i, k):
+        w, x = inputs[(i + k) % 2]
+        _close(vg(w, x)[1], jax.grad(f)(w, x))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    in_threads(step)
     s = compiled_autograd.stats()
     assert (s.compiles, s.hits) == (2, 8 * 6 - 2)

@@ -5,7 +5,6 @@ Every gradient is compared with ``jax.grad`` (or ``nnx.grad``) on fresh random i
 
 from __future__ import annotations
 
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from autograd_helpers import close as _close, rand as _rand
+from autograd_helpers import close as _close, in_threads, rand as _rand
 from jaxaot import compiled_autograd
 from jaxaot.autograd import step, tape
 
@@ -315,23 +314,12 @@ def test_eight_threads_with_branches_compile_each_structure_once():
     rng = np.random.default_rng(14)
     w = _rand(rng, 3, 2)
     inputs = [(w, jnp.abs(_rand(rng, 4, 3))), (w, -jnp.abs(_rand(rng, 4, 3))), (w, _rand(rng, 5, 3))]
-    errors, barrier = [], threading.Barrier(8)
 
-    def worker(i):
-        try:
-            barrier.wait()
-            for k in range(6):
-                args = inputs[(i + k) % 3]
-                _close(vg(*args)[1], jax.grad(f)(*args))
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+    def step(i, k):
+        args = inputs[(i + k) % 3]
+        _close(vg(*args)[1], jax.grad(f)(*args))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    in_threads(step)
     s = compiled_autograd.stats()
     structures = {bool(jnp.tanh(x @ w).mean() > 0) for _, x in inputs[:2]}
     assert structures == {True, False}
