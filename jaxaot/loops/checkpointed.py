@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jaxaot import _compat as C
 from jaxaot.loops.api import while_loop
 from jaxaot.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
-from jaxaot.loops.revolve import place, split_point_jax
+from jaxaot.loops.revolve import beta_table_jax, place, split_point_jax
 
 checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
 """The tangent map of a checkpointed loop: ``num_steps`` applications of the
@@ -108,13 +108,14 @@ def _linear_transpose(cts, *args, **params):
     ct = [C.instantiate_zeros(c) for c in cts]
     acc = [jnp.zeros(a.shape, a.dtype) for a in lc_avals]
     top = jnp.sum(pos >= 0).astype(jnp.int32) - 1
+    table = beta_table_jax(k)  # once, outside both loops: the program's size does not grow with k
     buf = [jnp.concatenate([s, jnp.zeros((1, *s.shape[1:]), s.dtype)]) for s in snaps]  # + scratch slot
 
     def advance(state, fine):
         x, cur, top, pos, buf = state
         slots = k - top
         p_top = read_row(pos, top)
-        target = jnp.where(slots > 1, p_top + split_point_jax(fine - p_top, slots, k), -1)
+        target = jnp.where(slots > 1, p_top + split_point_jax(fine - p_top, slots, k, table), -1)
         x = [strong(a) for a in _step(params, kc, x)[0]]
         cur = cur + 1
         push = cur == target
@@ -196,10 +197,12 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
     n_known_out = len(C.out_avals_of(known_body)) - len(res_avals)
     primal_body, _ = C.dce_closed(known_body, [True] * n_known_out + [False] * len(res_avals), True)
 
+    table = beta_table_jax(k + 1)  # once, outside the loop: the program's size does not grow with k
+
     def fbody(state):
         # Store the state *before* the step: the state after the last step is never needed.
         x, i, (pos, slot_of, m), snaps = state
-        slot, pos, slot_of, m = place(jnp, i, pos, slot_of, m, k)
+        slot, pos, slot_of, m = place(jnp, i, pos, slot_of, m, k, table)
         snaps = [write_row(s, slot, a) for s, a in zip(snaps, x)]
         return C.eval_closed(primal_body, *kc, *x), i + 1, (pos, slot_of, m), snaps
 

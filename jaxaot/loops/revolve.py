@@ -11,8 +11,10 @@ if the loop stopped right there, scoring a placement by the exact cost of the
 backward that follows it. The backward knows n and the stored positions, and
 reverses each segment with the optimal offline schedule for the snapshot slots
 still free (:func:`split_point`). A decision is one batched binary search of a
-constant table (a dozen one-element gathers per lane), moves no snapshot, and
-writes one carry (a skipped state goes to a scratch slot).
+binomial table (a dozen one-element gathers per lane), moves no snapshot, and
+writes one carry (a skipped state goes to a scratch slot). In JAX the table is
+computed on the device once per loop (:func:`beta_table_jax`), so the
+program's size does not grow with k.
 
 Measured with :func:`revolve_counts` (``forward / optimum``): at most 1.092 for
 every n >= 100 (every k in 2..40 up to n = 5,000; k = 2, 5, 10, 40 up to
@@ -42,6 +44,7 @@ from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxaot.loops.common import read_row
 
@@ -85,6 +88,28 @@ def beta_table(k: int) -> np.ndarray:
                       np.int64).astype(np.int32)
 
 
+def _saturating_add(a, b):
+    """``min(a + b, int32 max)`` for non-negative int32 (associative, so a scan may use it)."""
+    return jnp.where(a > _INT32_MAX - b, _INT32_MAX, a + b)
+
+
+def beta_table_jax(k: int):
+    """:func:`beta_table` computed on the device: ``(k + 1, MAX_REPS + 1)`` int32.
+
+    Row 0 is ones and row ``s`` is the saturating running sum of row ``s - 1``
+    (``C(s + r, s) = sum_{j <= r} C(s - 1 + j, s - 1)``), so the entries equal
+    NumPy's exactly, and the program holds a loop of ``k`` running sums (about
+    ten vector ops each) instead of a constant of ``4 (k + 1) (MAX_REPS + 1)``
+    bytes: its size no longer grows with k. Computed once per loop, outside the
+    per-step path.
+    """
+    def next_row(row, _):
+        return lax.associative_scan(_saturating_add, row), row
+
+    _, rows = lax.scan(next_row, jnp.ones((MAX_REPS + 1,), jnp.int32), None, length=k + 1)
+    return rows
+
+
 # The online placement below runs twice: in JAX inside the forward loop, and in NumPy
 # for revolve_counts() and the tests. Both run the same code on an array module
 # ``xp`` with integer arithmetic, so they take the same decision at every step.
@@ -93,19 +118,24 @@ def cost_cap(k: int) -> int:
     return _INT32_MAX // (k + 2)
 
 
-def segment_cost(xp, length, slots: np.ndarray, k: int):
+def segment_cost(xp, length, slots: np.ndarray, k: int, table=None):
     """``revolve_optimum(length, slots)`` per lane, saturated at :func:`cost_cap`.
 
-    ``slots`` is static (one value per lane). ``r`` (the repetition number) is a
+    ``table`` is ``beta_table(k + 1)``; with ``xp=jnp`` pass
+    :func:`beta_table_jax` ``(k + 1)`` computed once outside the loop (by default
+    it is computed here).
+
+    ``slots`` gives one value per lane. ``r`` (the repetition number) is a
     binary search of the lane's row of :func:`beta_table`, then ``t = r*L -
     beta(s+1, r-1)``: about a dozen gathers of one element per lane. Lengths beyond
     ``beta(s, MAX_REPS)``, and products that would overflow int32, saturate (an
     overflowing product means ``t`` is above the cap anyway).
     """
-    table = beta_table(k + 1)
+    if table is None:
+        table = beta_table(k + 1) if xp is np else beta_table_jax(k + 1)
     width = table.shape[1]
-    flat = table.reshape(-1) if xp is np else jnp.asarray(table.reshape(-1))
-    row = np.clip(slots, 1, k) * width
+    flat = table.reshape(-1)
+    row = xp.clip(slots, 1, k) * width
     r = xp.zeros_like(length)  # how many entries of the row are below length
     step = 1 << (width - 1).bit_length()
     while step:
@@ -119,7 +149,7 @@ def segment_cost(xp, length, slots: np.ndarray, k: int):
     return xp.where(r == 0, 0, xp.where(fits, xp.minimum(t, cap), cap))
 
 
-def place(xp, i, pos, slot_of, m, k: int):
+def place(xp, i, pos, slot_of, m, k: int, table=None):
     """One online decision, at the state before step ``i`` (so the loop runs >= i+1 steps).
 
     The snapshots are levels ``0..m-1`` at positions ``pos`` (ascending, level 0 the
@@ -133,9 +163,10 @@ def place(xp, i, pos, slot_of, m, k: int):
 
     ``slot_of[a]`` is the buffer slot holding level ``a`` (slots ``m..k-1`` free),
     so a decision writes one slot and never moves snapshots. Returns ``(slot,
-    pos, slot_of, m)``, slot ``k`` meaning the scratch slot (not stored).
+    pos, slot_of, m)``, slot ``k`` meaning the scratch slot (not stored). ``table``
+    is as in :func:`segment_cost`.
     """
-    a = np.arange(k)
+    a = xp.arange(k, dtype=pos.dtype)  # an iota, not a constant of k entries
     nxt = xp.where(a + 1 < m, xp.roll(pos, -1), i)
     prev = xp.roll(pos, 1)
     valid = a < m
@@ -144,8 +175,8 @@ def place(xp, i, pos, slot_of, m, k: int):
     # segment when the state is skipped (one step longer); level a dropped, its
     # segment joined to the one below.
     lengths = xp.concatenate([nxt - pos, nxt - pos, nxt - pos + 1, nxt - prev])
-    slots = np.concatenate([k - a, k - a + 1, k - a, k - a + 1])
-    costs = xp.where(xp.concatenate([valid] * 4), segment_cost(xp, lengths, slots, k), 0)
+    slots = xp.concatenate([k - a, k - a + 1, k - a, k - a + 1])
+    costs = xp.where(xp.concatenate([valid] * 4), segment_cost(xp, lengths, slots, k, table), 0)
     own, shifted, longer, merged = (costs[q * k:(q + 1) * k] for q in range(4))
     before = xp.cumsum(own) - own
     after = xp.sum(shifted) - xp.cumsum(shifted)
@@ -268,21 +299,18 @@ def _searchsorted(table, value):
     at most ``MAX_REPS + 1`` entries, so counting the entries below ``value`` is
     one fused reduction.
     """
-    return jnp.sum(jnp.asarray(table) < value, dtype=jnp.int32)
+    return jnp.sum(table < value, dtype=jnp.int32)
 
 
-def split_point_jax(length, slots, k: int):
-    """:func:`split_point` on traced ``length`` and ``slots``, for at most ``k`` slots."""
-    table = beta_table(k)
-    row = _table_row(table, jnp.clip(slots, 0, k))
+def split_point_jax(length, slots, k: int, table=None):
+    """:func:`split_point` on traced ``length`` and ``slots``, for at most ``k`` slots.
+
+    ``table`` is :func:`beta_table_jax` of ``k`` or more rows, computed once
+    outside the loop (by default here).
+    """
+    table = beta_table_jax(k) if table is None else table
+    row = read_row(table, jnp.clip(slots, 0, k))
     r = jnp.minimum(_searchsorted(row, length), MAX_REPS)
     b_s = read_row(row, jnp.maximum(r - 2, 0)) * (r >= 2)
-    b_s1 = read_row(_table_row(table, jnp.clip(slots - 1, 0, k)), r)
+    b_s1 = read_row(read_row(table, jnp.clip(slots - 1, 0, k)), r)
     return jnp.clip(jnp.maximum(b_s, length - b_s1), 1, length - 1)
-
-
-def _table_row(table: np.ndarray, r):
-    """``table[r]`` for a constant table: a one-hot masked sum, so no dynamic slice of a
-    constant whose offset XLA might try to evaluate at compile time."""
-    hit = np.arange(table.shape[0])[:, None] == r
-    return jnp.sum(jnp.where(hit, jnp.asarray(table), 0), axis=0, dtype=table.dtype)
