@@ -9,6 +9,8 @@ optimizer.update(model, grads)`` (optax adam), in these variants:
 * ``aot + nnx.vg``: ``aot_module``, eager ``nnx.value_and_grad`` (JAX's eager autodiff around it);
 * ``aot + jaxaot.vg``: ``aot_module``, ``jaxaot.value_and_grad`` (one compiled step), eager update;
 * ``aot + jaxaot.vg + jit upd``: the same, the update under ``nnx.cached_partial(nnx.jit(...))``;
+* ``aot + jaxaot.vg + jaxaot opt``: the same, the optimizer a ``jaxaot.nn.Optimizer`` (eager update, compiled);
+* ``aot + nnx.vg + jaxaot opt``: ``nnx.value_and_grad`` with a ``jaxaot.nn.Optimizer``;
 * ``jaxaot.vg alone``: the loss and gradients only, no update.
 
 Every variant first runs the same steps from the same initial model and batches and its
@@ -135,10 +137,10 @@ def variants(factory: Callable[[], nnx.Module]) -> dict[str, Callable[[Any, Any]
     """name -> step(x, y) -> loss, each on its own model and optimizer built from the same seed."""
     out = {}
 
-    def setup(aot: bool):
+    def setup(aot: bool, opt_cls=nnx.Optimizer):
         m = factory()
         m = jaxaot.aot_module(m) if aot else m
-        return m, nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)
+        return m, opt_cls(m, optax.adam(1e-3), wrt=nnx.Param)
 
     def jit_step(model, opt, x, y):
         loss, g = nnx.value_and_grad(loss_fn)(model, x, y)
@@ -152,8 +154,8 @@ def variants(factory: Callable[[], nnx.Module]) -> dict[str, Callable[[Any, Any]
     cached = nnx.cached_partial(nnx.jit(jit_step), m, o)
     out["nnx.jit cached"] = lambda x, y, c=cached: c(x, y)
 
-    def eager(vg, aot: bool, jit_update: bool = False, update: bool = True):
-        m, o = setup(aot)
+    def eager(vg, aot: bool, jit_update: bool = False, update: bool = True, opt_cls=nnx.Optimizer):
+        m, o = setup(aot, opt_cls)
         upd = nnx.cached_partial(nnx.jit(lambda oo, mm, g: oo.update(mm, g)), o, m) if jit_update else None
 
         def run(x, y):
@@ -167,6 +169,8 @@ def variants(factory: Callable[[], nnx.Module]) -> dict[str, Callable[[Any, Any]
     out["aot + nnx.vg"] = eager(nnx.value_and_grad, aot=True)
     out["aot + jaxaot.vg"] = eager(jaxaot.value_and_grad, aot=True)
     out["aot + jaxaot.vg + jit upd"] = eager(jaxaot.value_and_grad, aot=True, jit_update=True)
+    out["aot + jaxaot.vg + jaxaot opt"] = eager(jaxaot.value_and_grad, aot=True, opt_cls=jaxaot.nn.Optimizer)
+    out["aot + nnx.vg + jaxaot opt"] = eager(nnx.value_and_grad, aot=True, opt_cls=jaxaot.nn.Optimizer)
     out["jaxaot.vg alone"] = eager(jaxaot.value_and_grad, aot=True, update=False)
     return out
 

@@ -62,6 +62,8 @@ _MODULES = {
     "compilers": "jaxaot.compile.compilers",
     "primitives": "jaxaot.loops.common",
     "viz": "jaxaot.viz",
+    "nn": "jaxaot.nn",
+    "parallel": "jaxaot.parallel",
 }
 
 _WHERE = {name: module for module, names in _EXPORTS for name in names}
@@ -85,7 +87,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static tools see the names the table above loads lazily
-    from jaxaot import errors  # noqa: F401
+    from jaxaot import errors, nn, parallel  # noqa: F401
     from jaxaot._config import config  # noqa: F401
     from jaxaot.artifacts import ExportedAOT, LoadedAOT, export, load  # noqa: F401
     from jaxaot.compile import Compiler, compilers  # noqa: F401

@@ -3,7 +3,9 @@
 Modules, bottom up: ``state`` (state in transit, write-back delta, dotted
 names), ``metadata`` (:class:`CallMetadata`), ``call`` (one prepared call),
 ``nnx`` / ``linen`` (the two wrappers), ``api`` (``aot_module``) and
-``export_module`` (``aot_export_module``).
+``export_module`` (``aot_export_module``); ``eager_grad`` (the compiled eager
+step of :func:`jaxaot.value_and_grad`) and ``optimizer`` (:class:`Optimizer`,
+its compiled eager update).
 """
 
 from jaxaot.nn.api import aot_module
@@ -11,8 +13,9 @@ from jaxaot.nn.export_module import BackwardSignature, GraphSignature, aot_expor
 from jaxaot.nn.linen import AOTLinenModule
 from jaxaot.nn.metadata import CallMetadata, InputInfo, ModuleLowered, OutputInfo
 from jaxaot.nn.nnx import AOTModule
+from jaxaot.nn.optimizer import Optimizer
 
 __all__ = [
     "AOTLinenModule", "AOTModule", "BackwardSignature", "CallMetadata", "GraphSignature", "InputInfo",
-    "ModuleLowered", "OutputInfo", "aot_export_module", "aot_module",
+    "ModuleLowered", "Optimizer", "OutputInfo", "aot_export_module", "aot_module",
 ]

@@ -1,0 +1,98 @@
+"""``jaxaot.nn.Optimizer``: ``nnx.Optimizer`` whose eager ``update`` is one compiled call.
+
+In an eager training loop, ``nnx.Optimizer.update`` runs the optax
+transformation one operation at a time: Adam dispatches about ten small
+operations per parameter, which on a GPU costs more than the model's whole
+compiled training step (a 3-layer MLP on an H200: 13 ms for the update against
+1.6 ms for ``jaxaot.value_and_grad`` of the loss). :class:`Optimizer` keeps
+``nnx.Optimizer``'s constructor, state and results and runs the arithmetic of
+``update`` (``tx.update``, ``optax.apply_updates`` and the step count) as one
+``jax.jit`` program, compiled once per optax transformation and state structure.
+Flax's own graph traversals (reading the parameters and the optimizer state,
+writing the new values back) stay eager, so the write-back is exactly
+``nnx.Optimizer``'s.
+
+Under a trace (``nnx.jit``, ``jax.jit``, ``vmap``), or when ``update``'s keyword
+arguments hold anything but arrays (``optax.scale_by_backtracking_linesearch``'s
+``value_fn``, say), it is ``nnx.Optimizer.update`` itself.
+
+Example:
+    >>> import jax.numpy as jnp, optax, jaxaot
+    >>> from flax import nnx
+    >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    >>> optimizer = jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    >>> loss, grads = jaxaot.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))(model, jnp.ones((4, 3)))
+    >>> _ = optimizer.update(model, grads)
+    >>> int(optimizer.step[...])
+    1
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxaot import _compat as C
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(tx: optax.GradientTransformation, params: Any, grads: Any, opt_state: Any, step: Any, kwargs: dict):
+    """``tx``'s update, applied: ``(updates, new params, new optimizer state, step + 1)``."""
+    updates, new_opt_state = tx.update(grads, opt_state, params, **kwargs)
+    return updates, optax.apply_updates(params, updates), new_opt_state, step + 1
+
+
+def _all_concrete_arrays(tree: Any) -> bool:
+    return all(isinstance(x, (jax.Array, np.ndarray, np.generic)) and not C.is_tracer(x)
+               for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_variable) for x in [_value(x)])
+
+
+class Optimizer(nnx.Optimizer):
+    """``nnx.Optimizer`` with a compiled eager :meth:`update`; a drop-in (same arguments, state and results).
+
+    Use it where a training loop runs eagerly (prototyping, or around
+    :func:`jaxaot.value_and_grad` of an :func:`~jaxaot.aot_module`); under
+    ``nnx.jit`` it is ``nnx.Optimizer``.
+    """
+
+    def update(self, model: Any, grads: Any, /, **kwargs: Any) -> Any:
+        """``nnx.Optimizer.update(model, grads, **kwargs)``, its arithmetic compiled: returns the updates."""
+        graph = {"graph": self.graph} if hasattr(self, "graph") else {}
+        param_vars, param_tree = jax.tree_util.tree_flatten(nnx.state(model, self.wrt, **graph), is_leaf=_is_variable)
+        opt_vars, opt_tree = jax.tree_util.tree_flatten(self.opt_state, is_leaf=_is_variable)
+        grad_leaves, grad_tree = jax.tree_util.tree_flatten(grads, is_leaf=_is_variable)
+        if grad_tree != param_tree:  # not exactly the parameters' gradients: filter as Flax does
+            grad_leaves, grad_tree = jax.tree_util.tree_flatten(nnx.state(grads, self.wrt, **graph),
+                                                                is_leaf=_is_variable)
+        step = self.step[...]
+        if not (all(map(_is_variable, param_vars + opt_vars)) and grad_tree == param_tree
+                and _all_concrete_arrays((param_vars, opt_vars, grad_leaves, step, kwargs))):
+            return super().update(model, grads, **kwargs)
+        params = param_tree.unflatten([v.get_value() for v in param_vars])
+        grad_arrays = param_tree.unflatten([_value(v) for v in grad_leaves])
+        opt_state = opt_tree.unflatten([v.get_value() for v in opt_vars])
+        updates, new_params, new_opt_state, new_step = _apply(self.tx, params, grad_arrays, opt_state, step, kwargs)
+        # Each leaf of params / opt_state is one Variable's value, in flattening order, and optax
+        # returns states structured as its inputs: write each value into its own Variable.
+        _set_values(param_vars, new_params)
+        _set_values(opt_vars, new_opt_state)
+        self.step[...] = new_step
+        return updates
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _value(x: Any) -> Any:
+    return x.get_value() if _is_variable(x) else x
+
+
+def _set_values(variables: list, new: Any) -> None:
+    for var, value in zip(variables, jax.tree_util.tree_leaves(new), strict=True):
+        var.set_value(value)

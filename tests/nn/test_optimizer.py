@@ -1,0 +1,117 @@
+"""``jaxaot.nn.Optimizer``: the compiled eager update against ``nnx.Optimizer``."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+import jaxaot
+from flax_models import TOL, assert_states_equal, batch, nnx_model, xent
+
+TXS = {
+    "adam": lambda: optax.adam(1e-2),
+    "sgd_momentum_clip": lambda: optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(1e-2, momentum=0.9)),
+    "adamw_schedule": lambda: optax.adamw(optax.linear_schedule(1e-2, 1e-3, 5), weight_decay=1e-3),
+}
+
+
+def _train(name: str, opt_cls, tx_name: str, aot: bool, steps: int = 3):
+    model = nnx_model(name)
+    m = jaxaot.aot_module(model) if aot else model
+    opt = opt_cls(m, TXS[tx_name](), wrt=nnx.Param)
+    losses, updates = [], []
+    for step in range(steps):
+        x, y = batch(name, step)
+        loss, grads = nnx.value_and_grad(lambda mm, xx, yy: xent(mm(xx), yy))(m, x, y)
+        updates.append(opt.update(m, grads))
+        losses.append(loss)
+    return jnp.stack(losses), updates, nnx.state(model), opt
+
+
+@pytest.mark.parametrize("tx_name", sorted(TXS))
+def test_matches_nnx_optimizer(tx_name):
+    """Losses, returned updates, parameters, optimizer state and step count after 3 eager steps."""
+    ref_losses, ref_updates, ref_state, ref_opt = _train("cnn", nnx.Optimizer, tx_name, aot=False)
+    losses, updates, state, opt = _train("cnn", jaxaot.nn.Optimizer, tx_name, aot=False)
+    chex.assert_trees_all_close(losses, ref_losses, **TOL)
+    chex.assert_trees_all_close(updates, ref_updates, **TOL)
+    assert_states_equal(state, ref_state, **TOL)
+    chex.assert_trees_all_close(nnx.as_pure(nnx.state(opt.opt_state)), nnx.as_pure(nnx.state(ref_opt.opt_state)),
+                                **TOL)
+    assert int(opt.step[...]) == int(ref_opt.step[...]) == 3
+    assert opt.step[...].dtype == ref_opt.step[...].dtype
+
+
+def test_with_aot_module_and_jaxaot_value_and_grad():
+    """The eager step the optimizer is for: an ``aot_module`` (BN + dropout), ``jaxaot.value_and_grad``."""
+    ref_losses, _, ref_state, _ = _train("cnn", nnx.Optimizer, "adam", aot=False)
+    model = nnx_model("cnn")
+    m = jaxaot.aot_module(model)
+    opt = jaxaot.nn.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
+    losses = []
+    for step in range(3):
+        x, y = batch("cnn", step)
+        loss, grads = jaxaot.value_and_grad(lambda mm, xx, yy: xent(mm(xx), yy))(m, x, y)
+        opt.update(m, grads)
+        losses.append(loss)
+    chex.assert_trees_all_close(jnp.stack(losses), ref_losses, **TOL)
+    assert_states_equal(nnx.state(model), ref_state, **TOL)
+
+
+def test_under_nnx_jit_is_nnx_optimizer():
+    """Traced, ``update`` is ``nnx.Optimizer.update``: same results as the plain optimizer under ``nnx.jit``."""
+    results = []
+    for cls in (nnx.Optimizer, jaxaot.nn.Optimizer):
+        model = nnx_model("cnn")
+        opt = cls(model, optax.adam(1e-2), wrt=nnx.Param)
+
+        @nnx.jit
+        def step(mm, oo, xx, yy):
+            loss, grads = nnx.value_and_grad(lambda a: xent(a(xx), yy))(mm)
+            oo.update(mm, grads)
+            return loss
+
+        x, y = batch("cnn", 0)
+        results.append((step(model, opt, x, y), step(model, opt, x, y), nnx.state(model)))
+    chex.assert_trees_all_close(results[0][:2], results[1][:2], **TOL)
+    assert_states_equal(results[0][2], results[1][2], **TOL)
+
+
+def test_non_array_kwargs_fall_back():
+    """``update(..., value_fn=...)`` (a line search) holds a function: it runs as ``nnx.Optimizer.update``."""
+    outs = []
+    for cls in (nnx.Optimizer, jaxaot.nn.Optimizer):
+        model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+        tx = optax.chain(optax.sgd(1.0), optax.scale_by_backtracking_linesearch(max_backtracking_steps=5))
+        opt = cls(model, tx, wrt=nnx.Param)
+        x = jax.random.normal(jax.random.key(1), (4, 3))
+
+        def loss_fn(mm):
+            return jnp.mean(mm(x) ** 2)
+
+        def value_fn(params):
+            return loss_fn(nnx.merge(nnx.graphdef(model), params, nnx.state(model, nnx.Not(nnx.Param))))
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        opt.update(model, grads, value=loss, grad=grads, value_fn=value_fn)
+        outs.append(nnx.state(model))
+    assert_states_equal(outs[0], outs[1], **TOL)
+
+
+def test_bad_grads_leave_state_untouched():
+    """Gradients of the wrong structure raise, and the model and optimizer are unchanged and keep working."""
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    opt = jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    before = jax.tree.map(lambda a: a.copy(), nnx.as_pure(nnx.state(model)))
+    bad = nnx.state(nnx.Linear(3, 5, rngs=nnx.Rngs(1)), nnx.Param)
+    with pytest.raises((TypeError, ValueError)):
+        opt.update(model, bad)
+    chex.assert_trees_all_equal(nnx.as_pure(nnx.state(model)), before)
+    assert int(opt.step[...]) == 0
+    grads = nnx.grad(lambda mm: jnp.sum(mm(jnp.ones((2, 3)))))(model)
+    opt.update(model, grads)
+    assert int(opt.step[...]) == 1
