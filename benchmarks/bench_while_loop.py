@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from jaxaot.loops.revolve import revolve_counts, worst_ratio  # noqa: E402
 from jaxaot.loops.api import while_loop  # noqa: E402
 from jaxaot.loops.capacity import dynamic_capacity  # noqa: E402
+from jaxaot.loops.offline import plan  # noqa: E402
 
 DT = 0.05
 
@@ -73,7 +74,12 @@ def variants(steps: int, k: int) -> dict[str, Callable[..., Any]]:
         f"jaxaot checkpoints={k}": lambda w, b, x, n: jax.grad(loss_jaxaot, argnums=(0, 1, 2))(
             w, b, x, n, checkpoints=k),
         f"jaxaot dynamic capacity={capacity}": dynamic,
+        f"jaxaot max_steps={steps} checkpoints={k} (offline)": lambda w, b, x, n: jax.grad(
+            loss_jaxaot, argnums=(0, 1, 2))(w, b, x, n, max_steps=steps, checkpoints=k),
     }
+    if plan(steps, k // 2) is not None:  # less memory: compare its temp MiB with checkpoints=k's
+        out[f"jaxaot max_steps={steps} checkpoints={k // 2} (offline)"] = lambda w, b, x, n: jax.grad(
+            loss_jaxaot, argnums=(0, 1, 2))(w, b, x, n, max_steps=steps, checkpoints=k // 2)
     try:
         import equinox  # noqa: F401
     except ImportError:
@@ -129,6 +135,32 @@ def program_size_vs_k(ks: list[int], steps: int = 20) -> list[str]:
     return lines
 
 
+def per_evaluation(times: dict, base: float, steps: int, k: int) -> list[str]:
+    """Time per body evaluation against scan's (scan: n forward + n VJPs), and the floor a
+    run-time trip count sets on the GPU: one predicate read per while-loop iteration."""
+    counts = revolve_counts(steps, k)
+    sizes = plan(steps, k) or ()
+    evals = {f"jaxaot checkpoints={k}": (counts.forward + counts.vjps, "revolve forward + VJPs"),
+             f"jaxaot max_steps={steps} checkpoints={k} (offline)":
+                 ((len(sizes) + 1) * steps, f"{len(sizes)} forward + 1 VJP per step, plan {sizes}")}
+    lines = ["", "# cost per body evaluation, against lax.scan's (2 x steps evaluations)"]
+    for name, (n_eval, what) in evals.items():
+        if name in times:
+            t = statistics.median(times[name])
+            lines.append(f"{name:40s} {n_eval:6d} evaluations ({what}): {t / n_eval / (base / (2 * steps)):.2f}x")
+    empty = jax.jit(lambda n: lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 1.0),
+                                             (jnp.int32(0), jnp.float32(0)))[1])
+    jax.block_until_ready(empty(jnp.int32(steps)))
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(empty(jnp.int32(steps)))
+        ts.append(time.perf_counter() - t0)
+    lines.append(f"# a run-time trip count's floor: lax.while_loop with an empty body, "
+                 f"{statistics.median(ts) / steps * 1e6:.2f} us per iteration")
+    return lines
+
+
 def header() -> str:
     dev = jax.devices()[0]
     return (f"# while_loop reverse-mode benchmark, {datetime.datetime.now().isoformat(timespec='seconds')}\n"
@@ -144,7 +176,7 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int, ks: list[int])
     x = jax.random.normal(keys[2], (batch, width))
     args = (w, b, x, jnp.int32(steps))
     lines = [header(), f"# batch {batch}, width {width}, steps {steps} (a run-time trip count), checkpoints {k}\n",
-             f"{'variant':40s} {'grad ms':>10s} {'x scan':>8s} {'temp MiB':>10s} {'total MiB':>10s} {'rel err':>10s}"]
+             f"{'variant':48s} {'grad ms':>10s} {'x scan':>8s} {'temp MiB':>10s} {'total MiB':>10s} {'rel err':>10s}"]
     compiled, outs, failed = {}, {}, []
     for name, fn in variants(steps, k).items():
         try:
@@ -162,9 +194,10 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int, ks: list[int])
         err = max(float(jnp.linalg.norm((a - r).ravel()) / (jnp.linalg.norm(r.ravel()) + 1e-30))
                   for a, r in zip(outs[name], ref))
         spread = f"{min(times[name]) * 1e3:.2f}-{max(times[name]) * 1e3:.2f}"
-        lines.append(f"{name:40s} {t * 1e3:10.2f} {t / base:8.2f} {temp:10.1f} {total:10.1f} {err:10.2e} {spread:>12s}")
+        lines.append(f"{name:48s} {t * 1e3:10.2f} {t / base:8.2f} {temp:10.1f} {total:10.1f} {err:10.2e} {spread:>12s}")
     lines += failed
     lines.append(f"# medians of {repeats} interleaved rounds; spread: min-max")
+    lines += per_evaluation(times, base, steps, k)
     lines.append("")
     lines += program_size_vs_k(ks)
     lines.append("")
@@ -192,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None, help="also write the table to this file")
     a = p.parse_args(argv)
     if a.small:
-        a.batch, a.width, a.steps, a.checkpoints, a.repeats, a.ks = 16, 64, 200, 10, 5, "2,10,100"
+        a.batch, a.width, a.steps, a.checkpoints, a.repeats, a.ks = 16, 64, 200, 16, 5, "2,10,100"
     text = run(a.batch, a.width, a.steps, a.checkpoints, a.repeats, [int(v) for v in a.ks.split(",")])
     print(text)
     out = a.out

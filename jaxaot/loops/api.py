@@ -8,7 +8,11 @@ mode stores the carries (see Note [while_loop autograd] in
 * ``max_steps=N``: stack up to N iterations' residuals; a loop that runs longer
   is a run-time :class:`~jaxaot.errors.LoopOverflowError` under reverse mode.
 * ``checkpoints=k``: keep k carry snapshots and recompute between them
-  (binomial checkpointing, :mod:`jaxaot.loops.checkpointed`).
+  (binomial checkpointing, :mod:`jaxaot.loops.checkpointed`), any trip count.
+* both: the trip count is at most N, and reverse mode runs an offline schedule
+  of nested scans within k snapshots (:mod:`jaxaot.loops.offline`): no host
+  round trip per iteration on GPUs; more than N iterations is a run-time
+  :class:`~jaxaot.errors.LoopOverflowError` under differentiation.
 * neither: only inside :func:`~jaxaot.loops.capacity.dynamic_capacity` (which the
   runtime uses to size the stack itself); elsewhere reverse mode raises
   :class:`~jaxaot.errors.ReverseModeBoundError`.
@@ -39,6 +43,7 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, leaf_paths, shape_dtype_struct
 from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
 from jaxaot.loops.common import check_options, check_positive, stack_loop, trace_flat, while_loop_p
+from jaxaot.loops.offline import check_body
 from jaxaot.loops.overflow import check_overflow, raise_if_overflowed
 
 T = TypeVar("T")
@@ -218,6 +223,8 @@ def while_loop(
     _check_callable("body_fun", body_fun)
     check_options(max_steps, checkpoints)
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=False)
+    if max_steps is not None and checkpoints is not None:
+        check_body("while_loop", max_steps, checkpoints, C.join_effects(C.effects_of(cond), C.effects_of(body)))
     if _disable_jit():
         try:
             return _python_loop(cond_fun, body_fun, jax.tree_util.tree_unflatten(treedef, leaves), None)[0]

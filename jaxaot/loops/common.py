@@ -69,18 +69,14 @@ def check_positive(name: str, value: Any) -> None:
 
 
 def check_options(max_steps: Any, checkpoints: Any) -> None:
-    """Check ``while_loop``'s reverse-mode options: each None or a positive int, not both.
+    """Check ``while_loop``'s reverse-mode options: each None or a positive int.
 
-    ``max_steps`` (stack every carry, up to N) and ``checkpoints`` (keep k snapshots,
-    recompute the rest) are two different memory modes; one loop uses one.
+    ``max_steps`` alone stacks up to N carries; ``checkpoints`` alone keeps k snapshots
+    and recomputes the rest (the online schedule); both together bound the trip count
+    by N for an offline schedule of k snapshots (:mod:`jaxaot.loops.offline`).
     """
     check_positive("max_steps", max_steps)
     check_positive("checkpoints", checkpoints)
-    if max_steps is not None and checkpoints is not None:
-        raise InvalidLoopOptionError(
-            f"while_loop: pass max_steps (stack up to N carries) or checkpoints (keep k snapshots and "
-            f"recompute), not both; got max_steps={max_steps}, checkpoints={checkpoints}."
-        )
 
 
 # --------------------------------------------------------------------------- lists

@@ -43,8 +43,8 @@ def raise_if_overflowed(overflowed: Any, max_steps: int) -> None:
     """Raise :class:`LoopOverflowError` if ``overflowed`` (a concrete value) is true."""
     if np.any(np.asarray(overflowed)):
         raise LoopOverflowError(
-            f"{_MESSAGE_START}{max_steps} iterations. Its reverse mode "
-            f"stacks at most max_steps carries: raise max_steps, or pass checkpoints=k instead."
+            f"{_MESSAGE_START}{max_steps} iterations, the bound of its reverse mode: "
+            f"raise max_steps, or use checkpoints=k alone (any trip count)."
         )
 
 

@@ -41,6 +41,7 @@ import jax
 
 from jaxaot.loops.api import while_loop
 from jaxaot.loops.common import check_options
+from jaxaot.loops.offline import check_body
 
 _LOCK = threading.Lock()
 
@@ -51,6 +52,8 @@ def patch_while_loop(*, max_steps: int | None = None, checkpoints: int | None = 
     for the duration of the block; the previous function is restored on exit, also
     when the block raises. Blocks nest (the innermost options apply)."""
     check_options(max_steps, checkpoints)
+    if max_steps is not None and checkpoints is not None:
+        check_body("patch_while_loop", max_steps, checkpoints, effects=None)
     replacement = functools.partial(while_loop, max_steps=max_steps, checkpoints=checkpoints)
     functools.update_wrapper(replacement, while_loop)
     with _LOCK:

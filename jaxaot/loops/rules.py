@@ -7,7 +7,9 @@ their differences):
 
 * abstract eval: the carries, the stacked ys and, for a stacking loop,
   ``(num_steps, overflowed)``; impl and lowering: :mod:`jaxaot.loops.lowering`.
-* JVP: the same kind of loop over primal and nonzero tangent carries (a
+* JVP: for ``max_steps`` with ``checkpoints``, the JVP of the offline schedule's
+  nested scans (:mod:`jaxaot.loops.offline`). Otherwise the same kind of loop
+  over primal and nonzero tangent carries (a
   fixpoint finds which carries' tangents are nonzero). Forward mode costs one
   JVP of the body per iteration and keeps the primitive, so vmap and reverse
   mode still see a loop.
@@ -46,7 +48,7 @@ import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot.errors import ReverseModeBoundError
-from jaxaot.loops import lowering
+from jaxaot.loops import lowering, offline
 from jaxaot.loops.capacity import is_bounded, unbounded_error
 from jaxaot.loops.common import (
     INT,
@@ -78,6 +80,8 @@ def _abstract_eval(prim, *avals, **params):
 # --------------------------------------------------------------------------- JVP
 def _jvp(prim, primals, tangents, **params):
     loop = loop_of(prim, params)
+    if prim is while_loop_p and loop.max_steps is not None and loop.checkpoints is not None:
+        return offline.jvp(loop, primals, tangents)  # nested scans: JAX differentiates them
     n, consts, carry, xs = loop.split(primals)
     _, cdot, tdot, xdot = loop.split(tangents)
     cnz = [not is_zero(t) for t in cdot]

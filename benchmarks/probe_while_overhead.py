@@ -1,0 +1,131 @@
+"""Where the time of a ``checkpoints=k`` gradient goes, on the GPU (a diagnostic, not a benchmark).
+
+Same loop as ``bench_while_loop.py`` (batch 256, width 1024, 2000 steps, k=40).
+Times, interleaved (median of rounds, min-max):
+
+* per-iteration cost of a dynamic while loop with an empty body (the trip-count sync);
+* forward only: ``lax.scan``, ``lax.while_loop`` (run-time n), and jaxaot's
+  ``checkpoints=k`` forward with its snapshots (``jax.vjp`` returning the residuals);
+* the whole gradient: ``lax.scan``, ``max_steps``, ``checkpoints=k``.
+
+Writes the optimized HLO of the ``checkpoints=k`` gradient to ``$OUT/ckpt_hlo.txt``
+(count the kernels per loop body), and, with ``--flags``, runs again in a child process
+per XLA flag set (command buffers around while loops).
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/probe_while_overhead.py --flags
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from jaxaot.loops.api import while_loop  # noqa: E402
+
+DT = 0.05
+FLAG_SETS = {
+    "default": "",
+    "cmdbuf+while": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL "
+                    "--xla_gpu_graph_min_graph_size=1",
+}
+
+
+def step(x, w, b):
+    return x + DT * jnp.tanh(x @ w + b)
+
+
+def cases(n_static: int, k: int):
+    def scan_loss(w, b, x, n):
+        return jnp.sum(lax.scan(lambda c, _: (step(c, w, b), None), x, None, length=n_static)[0] ** 2)
+
+    def jl(w, b, x, n, **kw):
+        return jnp.sum(while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1], w, b)),
+                                  (jnp.int32(0), x), **kw)[1] ** 2)
+
+    def lax_fwd(w, b, x, n):
+        return jnp.sum(lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1], w, b)),
+                                      (jnp.int32(0), x))[1] ** 2)
+
+    def empty(w, b, x, n):
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 1.0), (jnp.int32(0), jnp.float32(0)))[1]
+
+    def ckpt_fwd(w, b, x, n):
+        out, vjp = jax.vjp(lambda w, b, x: jl(w, b, x, n, checkpoints=k), w, b, x)
+        return out, vjp
+
+    g = lambda f, **kw: (lambda w, b, x, n: jax.grad(f, argnums=(0, 1, 2))(w, b, x, n, **kw))  # noqa: E731
+    return {
+        "empty dynamic while (n iters)": empty,
+        "fwd lax.scan": lambda w, b, x, n: jnp.sum(lax.scan(lambda c, _: (step(c, w, b), None), x, None,
+                                                            length=n_static)[0] ** 2),
+        "fwd lax.while_loop": lax_fwd,
+        f"fwd checkpoints={k} (+snapshots)": ckpt_fwd,
+        "grad lax.scan": g(scan_loss),
+        f"grad max_steps={n_static}": g(jl, max_steps=n_static),
+        f"grad checkpoints={k}": g(jl, checkpoints=k),
+    }
+
+
+def run(batch: int, width: int, n: int, k: int, rounds: int, label: str) -> str:
+    key = jax.random.key(0)
+    kw, kx = jax.random.split(key)
+    w = jax.random.normal(kw, (width, width), jnp.float32) / width ** 0.5
+    b = jnp.zeros((width,), jnp.float32)
+    x = jax.random.normal(kx, (batch, width), jnp.float32)
+    args = (w, b, x, jnp.int32(n))
+    compiled = {}
+    for name, fn in cases(n, k).items():
+        compiled[name] = jax.jit(fn).lower(*args).compile()
+        jax.block_until_ready(compiled[name](*args))
+        if name.startswith("grad checkpoints") and os.environ.get("OUT") and label == "default":
+            with open(os.path.join(os.environ["OUT"], "ckpt_hlo.txt"), "w") as f:
+                f.write(compiled[name].as_text())
+    times = {name: [] for name in compiled}
+    for r in range(rounds):
+        for name, c in (compiled.items() if r % 2 == 0 else reversed(compiled.items())):
+            t0 = time.perf_counter()
+            jax.block_until_ready(c(*args))
+            times[name].append(time.perf_counter() - t0)
+    lines = [f"## flags: {label}  ({jax.devices()[0].device_kind}, jax {jax.__version__}, n={n}, k={k})",
+             f"{'case':40s} {'ms':>9s} {'us/iter':>9s} {'spread ms':>18s}"]
+    for name, ts in times.items():
+        med = statistics.median(ts) * 1e3
+        lines.append(f"{name:40s} {med:9.2f} {med * 1e3 / n:9.2f} {min(ts) * 1e3:8.2f}-{max(ts) * 1e3:8.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flags", action="store_true", help="also run under each XLA flag set, in child processes")
+    ap.add_argument("--child", default="default")
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--k", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--small", action="store_true")
+    args = ap.parse_args()
+    batch, width = (32, 128) if args.small else (256, 1024)
+    print(run(batch, width, args.n, args.k, args.rounds, args.child), flush=True)
+    if args.flags:
+        for label, flags in FLAG_SETS.items():
+            if label == "default":
+                continue
+            env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
+            cmd = [sys.executable, __file__, "--child", label, "--n", str(args.n), "--k", str(args.k),
+                   "--rounds", str(args.rounds)] + (["--small"] if args.small else [])
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+            print(res.stdout if res.returncode == 0 else f"## flags: {label}: failed\n{res.stderr[-2000:]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

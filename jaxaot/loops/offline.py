@@ -1,0 +1,158 @@
+"""``while_loop(..., max_steps=N, checkpoints=k)``: an offline checkpointing schedule.
+
+When the trip count has a bound N known at trace time, the schedule needs no
+decisions at run time: the loop's differentiation runs as ``L`` nested scans of
+static lengths ``sizes = (c_1, ..., c_L)`` (``c_1 * ... * c_L >= N``), each
+level but the innermost under ``jax.checkpoint``, so JAX's own reverse mode of
+``scan`` and ``checkpoint`` does the work. Each step is *masked*: it applies the
+body only while the loop is still running (``where``, not a branch) and keeps
+the carry after the loop's end; whole top-level chunks past the end are skipped
+by one ``lax.cond`` each. The innermost level is unrolled (up to
+:data:`MAX_UNROLL` bodies), so most steps run outside any loop.
+
+Why not the online schedule (``checkpoints=k`` alone)? On a GPU, every
+iteration of a while loop whose trip count is a run-time value waits for its
+predicate on the host (about 24 us per iteration on an H100, measured with an
+empty body in ``benchmarks/probe_while_overhead.py``), and the online backward
+runs about ``n + forward recomputations`` such iterations. Scans of static length
+never wait.
+
+Costs, for a loop that runs n <= N steps:
+
+* memory: ``c_1 + ... + c_{L-1}`` carries plus ``c_L`` steps' residuals; the
+  plan keeps ``sum(sizes) <= k`` (:func:`plan`);
+* time: ``L`` body evaluations plus one body VJP per step, over
+  ``ceil(n / (c_2 ... c_L)) * c_2 ... c_L`` steps (the chunks the loop reaches);
+  revolve's online optimum needs fewer evaluations (about 2.5 per step at
+  N=2000, k=40 against 3 here) but pays a host round trip per iteration;
+* a loop that needs more than N steps raises
+  :class:`~jaxaot.errors.LoopOverflowError` at run time under differentiation.
+
+Masked steps evaluate the body on the loop's *initial* carry (a value the loop
+already evaluated it on, unless it ran zero steps), never on the final one, so a
+body whose derivative is singular at the final state (``sqrt(0)`` once an ODE's
+step reaches 0) contributes exactly zero, not NaN. A body with effects would run
+them in masked steps: :func:`check_body` refuses it.
+
+Only differentiation takes this path (:func:`jvp`, the loop primitive's JVP rule
+for this mode); the plain loop (no differentiation) is ``lax.while_loop``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxaot import _compat as C
+from jaxaot.errors import InvalidLoopOptionError
+from jaxaot.loops.common import Loop, zero_tangent
+from jaxaot.loops.overflow import check_overflow
+
+
+#: The innermost level's steps are unrolled up to this many: a GPU runs each iteration of even
+#: a static-length loop as separate launches, so one unrolled level cuts the step's cost by a
+#: third (n=2000, 256x1024 carry, H100: 158 ms -> 120 ms). The program holds that many bodies.
+MAX_UNROLL = 16
+
+
+def plan(max_steps: int, checkpoints: int) -> tuple[int, ...] | None:
+    """Level sizes, outermost first, for a loop of at most ``max_steps`` steps and ``checkpoints``
+    stored carries; None when no nested plan fits (``checkpoints < ~2 log2(max_steps)``).
+
+    The fewest levels that fit (each level is one more body evaluation per step); among
+    those, the fewest masked steps past ``max_steps``, then the smallest innermost level
+    (its steps keep full residuals). Inner levels share one size, the outer one takes the rest.
+
+    Example:
+        >>> plan(2000, 40), plan(2000, 100), plan(30, 40), plan(2000, 10)
+        ((20, 10, 10), (50, 40), (30,), None)
+    """
+    if max_steps <= checkpoints:
+        return (max_steps,)
+    for depth in range(2, max_steps.bit_length() + 1):
+        best = None
+        for inner in range(2, checkpoints):
+            outer = math.ceil(max_steps / inner ** (depth - 1))
+            sizes = (outer, *[inner] * (depth - 1))
+            if outer < 1 or sum(sizes) > checkpoints:
+                continue
+            key = (math.prod(sizes), inner)
+            if best is None or key < best[0]:
+                best = (key, sizes)
+        if best is not None:
+            return best[1]
+    return None
+
+
+def check_body(loop_name: str, max_steps: int, checkpoints: int, effects: Any) -> None:
+    """Refuse the offline schedule where it cannot be used: too few checkpoints, or effects."""
+    if plan(max_steps, checkpoints) is None:
+        need = 2 * max(1, (max_steps - 1).bit_length())
+        raise InvalidLoopOptionError(
+            f"{loop_name}: max_steps={max_steps} with checkpoints={checkpoints} asks for an offline schedule, "
+            f"which needs at least about {need} checkpoints for {max_steps} steps. Raise checkpoints, or drop "
+            f"max_steps to use the online schedule (checkpoints alone, any trip count)."
+        )
+    if effects:
+        raise InvalidLoopOptionError(
+            f"{loop_name}: max_steps with checkpoints runs the body in masked steps past the loop's end, so its "
+            f"effects ({', '.join(sorted(map(str, effects)))}) would repeat. Use checkpoints alone for a body with "
+            f"effects."
+        )
+
+
+def _select(pred: Any, new: Sequence[Any], old: Sequence[Any]) -> list:
+    return [jnp.where(pred, a, b) for a, b in zip(new, old)]
+
+
+def run(loop: Loop, consts: Sequence[Any], carry: Sequence[Any]) -> list:
+    """The loop as nested masked scans (:func:`plan`); raises on overflow at run time."""
+    sizes = plan(loop.max_steps, loop.checkpoints)
+    safe = [lax.stop_gradient(x) for x in carry]  # the state masked steps evaluate the body on
+
+    def cond(x):
+        return C.eval_closed(loop.cond, *consts, *x)[0]
+
+    def step(state, _):
+        x, running, count = state
+        live = running & cond(x)
+        go = live & (count < loop.max_steps)  # past max_steps the carry freezes and the end check fails
+        y = C.eval_closed(loop.body, *consts, *_select(go, x, safe))
+        return (_select(go, y, x), live, count + go.astype(count.dtype)), None
+
+    def level(depth: int, state):
+        if depth == len(sizes) - 1:
+            return lax.scan(step, state, None, length=sizes[depth], unroll=min(sizes[depth], MAX_UNROLL))[0]
+        inner = jax.checkpoint(functools.partial(level, depth + 1), prevent_cse=False)
+        if depth == 0:  # skip whole chunks past the end: one predicate read per top-level chunk
+            chunk = lambda s, _: (lax.cond(s[1] & cond(s[0]), inner, lambda t: t, s), None)  # noqa: E731
+        else:
+            chunk = lambda s, _: (inner(s), None)  # noqa: E731
+        return lax.scan(chunk, state, None, length=sizes[depth])[0]
+
+    x, running, _ = level(0, (list(carry), jnp.bool_(True), jnp.int32(0)))
+    check_overflow(running & cond(x), loop.max_steps)
+    return x
+
+
+def jvp(loop: Loop, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:
+    """The JVP rule of a ``while_loop`` with ``max_steps`` and ``checkpoints``: the JVP of :func:`run`,
+    so reverse mode is JAX's own, of scans and ``jax.checkpoint``."""
+    _, consts, carry, _ = loop.split(primals)
+    _, dconsts, dcarry, _ = loop.split(tangents)
+
+    def instantiate(x, t):
+        if type(t) is not C.Zero:
+            return t
+        return C.zeros_float0(jnp.shape(x)) if not C.is_inexact(jnp.result_type(x)) else jnp.zeros_like(x)
+
+    dconsts = [instantiate(x, t) for x, t in zip(consts, dconsts)]
+    dcarry = [instantiate(x, t) for x, t in zip(carry, dcarry)]
+    out, dout = jax.jvp(lambda c, x: run(loop, c, x), (list(consts), list(carry)), (dconsts, dcarry))
+    dout = [zero_tangent(a) if not C.is_inexact(a.dtype) else t for a, t in zip(loop.carry_avals, dout)]
+    return list(out), dout

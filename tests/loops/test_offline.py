@@ -1,0 +1,151 @@
+"""``while_loop(..., max_steps=N, checkpoints=k)``: the offline schedule against ``lax.fori_loop`` references."""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import jaxaot
+from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
+from jaxaot.loops import reraise_overflow
+from jaxaot.loops.offline import plan
+
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 120))
+def test_plan_fits_the_bound_and_the_memory(n, k):
+    sizes = plan(n, k)
+    if sizes is None:
+        assert n > k and k < 2 * math.ceil(math.log2(n)) + 2  # only small k fail
+        return
+    assert math.prod(sizes) >= n and sum(sizes) <= k
+    # removing a step from the outer level would no longer cover n: no needless masked chunks
+    assert math.prod(sizes) - math.prod(sizes[1:]) < n
+    more = plan(n, k + 10)
+    assert more is not None and len(more) <= len(sizes)
+
+
+def _mlp_loss(w, b, x, n, **kw):
+    out = jaxaot.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.1 * jnp.tanh(c[1] @ w + b)),
+                            (jnp.int32(0), x), **kw)
+    return jnp.sum(out[1] ** 2)
+
+
+def _mlp_ref(w, b, x, n):
+    return jnp.sum(lax.fori_loop(0, n, lambda i, c: c + 0.1 * jnp.tanh(c @ w + b), x) ** 2)
+
+
+def _inputs(seed, width=8):
+    kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(kw, (width, width)) / width ** 0.5, jax.random.normal(kb, (width,)),
+            jax.random.normal(kx, (4, width)))
+
+
+@pytest.mark.parametrize("n", [0, 1, 13, 40])
+@pytest.mark.parametrize("jit", [False, True])
+def test_gradients_match_fori_loop(n, jit):
+    w, b, x = _inputs(n)
+    g = jax.grad(_mlp_loss, argnums=(0, 1, 2))
+    if jit:
+        g = jax.jit(g, static_argnames=("max_steps", "checkpoints"))
+    got = g(w, b, x, jnp.int32(n), max_steps=40, checkpoints=12)  # plan (5, 3, 3): 45 >= 40 steps
+    ref = jax.grad(_mlp_ref, argnums=(0, 1, 2))(w, b, x, n)
+    chex.assert_trees_all_close(got, ref, **TOL)
+
+
+def test_four_levels_and_value_and_grad():
+    w, b, x = _inputs(3)
+    assert plan(200, 16) == (4, 4, 4, 4)
+    val, got = jax.jit(jax.value_and_grad(lambda *a: _mlp_loss(*a, 157, max_steps=200, checkpoints=16),
+                                          argnums=(0, 1, 2)))(w, b, x)
+    ref_val, ref = jax.value_and_grad(_mlp_ref, argnums=(0, 1, 2))(w, b, x, 157)
+    chex.assert_trees_all_close((val, got), (ref_val, ref), **TOL)
+
+
+def test_forward_result_and_jvp_are_lax_while_loops():
+    w, b, x = _inputs(5)
+    chex.assert_trees_all_close(_mlp_loss(w, b, x, 9, max_steps=40, checkpoints=12), _mlp_ref(w, b, x, 9), **TOL)
+    tw = jax.random.normal(jax.random.key(9), w.shape)
+    got = jax.jvp(lambda w: _mlp_loss(w, b, x, 9, max_steps=40, checkpoints=12), (w,), (tw,))
+    ref = jax.jvp(lambda w: _mlp_ref(w, b, x, 9), (w,), (tw,))
+    chex.assert_trees_all_close(got, ref, **TOL)
+
+
+def test_hessian_vector_product():
+    w, b, x = _inputs(6)
+    v = jax.random.normal(jax.random.key(7), x.shape)
+    hvp = lambda f: jax.jvp(jax.grad(f), (x,), (v,))[1]  # noqa: E731
+    chex.assert_trees_all_close(hvp(lambda x: _mlp_loss(w, b, x, 11, max_steps=40, checkpoints=12)),
+                                hvp(lambda x: _mlp_ref(w, b, x, 11)), **TOL)
+
+
+def test_vmap_lanes_of_different_lengths():
+    w, b, _ = _inputs(8)
+    xs = jax.random.normal(jax.random.key(10), (3, 4, 8))
+    ns = jnp.array([0, 7, 31], jnp.int32)
+    got = jax.vmap(jax.grad(lambda x, n: _mlp_loss(w, b, x, n, max_steps=40, checkpoints=12)))(xs, ns)
+    got2 = jax.grad(lambda xs: jnp.sum(jax.vmap(lambda x, n: _mlp_loss(w, b, x, n, max_steps=40,
+                                                                        checkpoints=12))(xs, ns)))(xs)
+    ref = jnp.stack([jax.grad(lambda x: _mlp_ref(w, b, x, int(n)))(x) for x, n in zip(xs, ns)])
+    chex.assert_trees_all_close(got, ref, **TOL)
+    chex.assert_trees_all_close(got2, ref, **TOL)
+
+
+def _descent(a, **kw):
+    """Step size shrinks to exactly 0; the body's sqrt is singular there (the loop stops first)."""
+    out = jaxaot.while_loop(lambda c: c[1] > 0.0, lambda c: (c[0] + jnp.sqrt(c[1]) * a, jnp.maximum(c[1] - 0.25, 0.0)),
+                            (jnp.float32(0.0), jnp.float32(1.0)), **kw)
+    return out[0]
+
+
+def test_masked_steps_are_nan_safe():
+    got = jax.grad(_descent)(jnp.float32(2.0), max_steps=32, checkpoints=12)
+    ref = sum(np.sqrt(1.0 - 0.25 * i) for i in range(4))
+    assert np.isfinite(got) and abs(float(got) - ref) < 1e-5
+    lanes = jax.grad(lambda a: jnp.sum(jax.vmap(lambda a: _descent(a, max_steps=32, checkpoints=12))(a)))(
+        jnp.array([1.0, 2.0, 3.0]))
+    chex.assert_trees_all_close(lanes, jnp.full((3,), ref), **TOL)
+
+
+def test_overflow_raises_loop_overflow_error():
+    w, b, x = _inputs(11)
+    with pytest.raises(LoopOverflowError, match="max_steps=40"):
+        jax.grad(_mlp_loss)(w, b, x, 41, max_steps=40, checkpoints=12)
+    g = jax.jit(jax.grad(lambda w, n: _mlp_loss(w, b, x, n, max_steps=40, checkpoints=12)))
+    with pytest.raises(LoopOverflowError, match="max_steps=40"), reraise_overflow():
+        jax.block_until_ready(g(w, 41))
+    chex.assert_trees_all_close(g(w, 40), jax.grad(_mlp_ref)(w, b, x, 40), **TOL)  # still works afterwards
+
+
+def test_refusals():
+    with pytest.raises(InvalidLoopOptionError, match="at least about 12 checkpoints"):
+        jaxaot.while_loop(lambda c: c < 5.0, lambda c: c + 1.0, 0.0, max_steps=40, checkpoints=3)
+
+    def body(c):
+        jax.debug.print("step {}", c)
+        return c + 1.0
+    with pytest.raises(InvalidLoopOptionError, match="effects"):
+        jaxaot.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12)
+
+
+def test_memory_stays_within_the_plan():
+    """Compiled temporaries: the offline schedule keeps far less than stacking every step."""
+    w, b, x = _inputs(12, width=64)
+    x = jnp.tile(x, (16, 1))  # a (64, 64) carry, 16 KiB
+
+    def temp(**kw):
+        g = jax.jit(jax.grad(lambda w: _mlp_loss(w, b, x, 300, **kw)))
+        return g.lower(w).compile().memory_analysis().temp_size_in_bytes
+
+    offline, stacked = temp(max_steps=400, checkpoints=24), temp(max_steps=400)
+    assert offline * 4 < stacked, (offline, stacked)
