@@ -77,9 +77,9 @@ def variants(steps: int, k: int) -> dict[str, Callable[..., Any]]:
         f"jaxaot max_steps={steps} checkpoints={k} (offline)": lambda w, b, x, n: jax.grad(
             loss_jaxaot, argnums=(0, 1, 2))(w, b, x, n, max_steps=steps, checkpoints=k),
     }
-    if plan(steps, k // 2) is not None:  # less memory: compare its temp MiB with checkpoints=k's
-        out[f"jaxaot max_steps={steps} checkpoints={k // 2} (offline)"] = lambda w, b, x, n: jax.grad(
-            loss_jaxaot, argnums=(0, 1, 2))(w, b, x, n, max_steps=steps, checkpoints=k // 2)
+    if plan(steps, k * 3 // 5) is not None:  # less memory: compare its temp MiB with checkpoints=k's
+        out[f"jaxaot max_steps={steps} checkpoints={k * 3 // 5} (offline)"] = lambda w, b, x, n: jax.grad(
+            loss_jaxaot, argnums=(0, 1, 2))(w, b, x, n, max_steps=steps, checkpoints=k * 3 // 5)
     try:
         import equinox  # noqa: F401
     except ImportError:
