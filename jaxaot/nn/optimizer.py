@@ -40,16 +40,22 @@ from flax import nnx
 from jaxaot import _compat as C
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _apply(tx: optax.GradientTransformation, params: Any, grads: Any, opt_state: Any, step: Any, kwargs: dict):
-    """``tx``'s update, applied: ``(updates, new params, new optimizer state, step + 1)``."""
-    updates, new_opt_state = tx.update(grads, opt_state, params, **kwargs)
-    return updates, optax.apply_updates(params, updates), new_opt_state, step + 1
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _apply(tx: optax.GradientTransformation, param_tree: Any, opt_tree: Any, params: list, grads: list,
+           opt_state: list, step: Any, kwargs: dict):
+    """``tx``'s update, applied: ``(updates, new param leaves, new optimizer state leaves, step + 1)``.
+
+    Leaves go in and out as flat lists (the trees are static), which keeps the call's own
+    pytree handling off the eager step's path."""
+    params, grads = param_tree.unflatten(params), param_tree.unflatten(grads)
+    updates, new_opt_state = tx.update(grads, opt_tree.unflatten(opt_state), params, **kwargs)
+    new_params = optax.apply_updates(params, updates)
+    return updates, jax.tree_util.tree_leaves(new_params), jax.tree_util.tree_leaves(new_opt_state), step + 1
 
 
 def _all_concrete_arrays(tree: Any) -> bool:
     return all(isinstance(x, (jax.Array, np.ndarray, np.generic)) and not C.is_tracer(x)
-               for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_variable) for x in [_value(x)])
+               for x in jax.tree_util.tree_leaves(tree))
 
 
 class Optimizer(nnx.Optimizer):
@@ -70,13 +76,15 @@ class Optimizer(nnx.Optimizer):
             grad_leaves, grad_tree = jax.tree_util.tree_flatten(nnx.state(grads, self.wrt, **graph),
                                                                 is_leaf=_is_variable)
         step = self.step[...]
-        if not (all(map(_is_variable, param_vars + opt_vars)) and grad_tree == param_tree
-                and _all_concrete_arrays((param_vars, opt_vars, grad_leaves, step, kwargs))):
+        if not (all(map(_is_variable, param_vars + opt_vars)) and grad_tree == param_tree):
             return super().update(model, grads, **kwargs)
-        params = param_tree.unflatten([v.get_value() for v in param_vars])
-        grad_arrays = param_tree.unflatten([_value(v) for v in grad_leaves])
-        opt_state = opt_tree.unflatten([v.get_value() for v in opt_vars])
-        updates, new_params, new_opt_state, new_step = _apply(self.tx, params, grad_arrays, opt_state, step, kwargs)
+        params = [v.get_value() for v in param_vars]
+        opt_state = [v.get_value() for v in opt_vars]
+        grad_arrays = [_value(v) for v in grad_leaves]
+        if not _all_concrete_arrays((params, opt_state, grad_arrays, step, kwargs)):
+            return super().update(model, grads, **kwargs)
+        updates, new_params, new_opt_state, new_step = _apply(
+            self.tx, param_tree, opt_tree, params, grad_arrays, opt_state, step, kwargs)
         # Each leaf of params / opt_state is one Variable's value, in flattening order, and optax
         # returns states structured as its inputs: write each value into its own Variable.
         _set_values(param_vars, new_params)
@@ -93,6 +101,6 @@ def _value(x: Any) -> Any:
     return x.get_value() if _is_variable(x) else x
 
 
-def _set_values(variables: list, new: Any) -> None:
-    for var, value in zip(variables, jax.tree_util.tree_leaves(new), strict=True):
+def _set_values(variables: list, new: list) -> None:
+    for var, value in zip(variables, new, strict=True):
         var.set_value(value)
