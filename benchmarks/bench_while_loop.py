@@ -10,9 +10,16 @@ The variants are compiled first and then timed in interleaved rounds (medians,
 min-max spread). A second table gives compile time and StableHLO size of a
 ``checkpoints=k`` gradient against k.
 
+``--long`` runs the long-loop table instead: 10,000 and 100,000 steps with the
+offline schedule's snapshots in host memory (``checkpoint_memory="host"``)
+against the same schedule on the device and, where it fits, ``lax.scan``;
+device and host bytes come from the compiled programs' memory analysis, and the
+allocator's peak is read after each host-memory run (it must not grow with n).
+
 Usage:
     python benchmarks/bench_while_loop.py            # the GPU benchmark
     python benchmarks/bench_while_loop.py --small    # a quick CPU run, written to benchmarks/results/
+    python benchmarks/bench_while_loop.py --long     # 100,000 steps, host-memory snapshots (GPU)
 """
 
 from __future__ import annotations
@@ -213,20 +220,102 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int, ks: list[int])
     return "\n".join(lines) + "\n"
 
 
+def _memory(compiled: Any) -> tuple[float, float]:
+    """(device temporaries, host temporaries) of a compiled program, in MiB."""
+    m = compiled.memory_analysis()
+    return m.temp_size_in_bytes / 2**20, getattr(m, "host_temp_size_in_bytes", 0) / 2**20
+
+
+def _host_shapes(compiled: Any) -> int:
+    """Shapes in the optimized HLO laid out in host memory (XLA's memory space 5)."""
+    try:
+        return compiled.as_text().count("S(5)")
+    except Exception:  # pragma: no cover - not every backend prints HLO
+        return -1
+
+
+def _allocator_peak() -> float:
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use", float("nan")) / 2**20
+
+
+def long_run(batch: int, width: int, lengths: list[int], k: int, repeats: int, scan_limit: int) -> str:
+    """The long-loop table: host-memory snapshots against the device schedule and lax.scan."""
+    from jaxaot.loops.offline import plan_host
+
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    w = jax.random.normal(keys[0], (width, width)) / jnp.sqrt(width)
+    b = jax.random.normal(keys[1], (width,)) * 0.1
+    x = jax.random.normal(keys[2], (batch, width))
+    carry_mib = batch * width * 4 / 2**20
+    lines = [header(), f"# long loops: batch {batch}, width {width} (carry {carry_mib:.1f} MiB), k={k} snapshots",
+             f"{'n':>7s} {'variant':34s} {'plan':>16s} {'compile s':>9s} {'grad ms':>10s} {'spread ms':>17s} "
+             f"{'dev temp MiB':>12s} {'host MiB':>9s} {'S(5)':>5s} {'alloc peak MiB':>14s} {'rel err':>9s}"]
+    grad = jax.grad(loss_jaxaot, argnums=(0, 1, 2))
+    for n in lengths:
+        fns = {"jaxaot offline, host snapshots": (lambda w, b, x, m, n=n: grad(
+                   w, b, x, m, max_steps=n, checkpoints=k, checkpoint_memory="host"), plan_host(n, k)),
+               "jaxaot offline, device snapshots": (lambda w, b, x, m, n=n: grad(
+                   w, b, x, m, max_steps=n, checkpoints=k), plan(n, k))}
+        if n <= scan_limit:
+            fns["lax.scan (known length)"] = (lambda w, b, x, m, n=n: jax.grad(loss_scan, argnums=(0, 1, 2))(
+                w, b, x, n), (n,))
+        args = (w, b, x, jnp.int32(n))
+        compiled, outs, info = {}, {}, {}
+        for name, (fn, sizes) in fns.items():
+            t0 = time.perf_counter()
+            try:
+                compiled[name], outs[name] = compile_variant(fn, args)
+            except Exception as err:  # keep the table going; say why a variant is missing
+                lines.append(f"{n:7d} {name:34s} failed: {type(err).__name__}: {str(err)[:100]}")
+                continue
+            info[name] = (sizes, time.perf_counter() - t0, _allocator_peak())
+        times = interleaved_times(compiled, args, repeats)
+        if not outs:
+            continue
+        ref_name = "lax.scan (known length)" if "lax.scan (known length)" in outs else next(iter(outs))
+        for name, c in compiled.items():
+            sizes, t_compile, peak = info[name]
+            t = statistics.median(times[name])
+            temp, host = _memory(c)
+            err = max(float(jnp.linalg.norm((a - r).ravel()) / (jnp.linalg.norm(r.ravel()) + 1e-30))
+                      for a, r in zip(outs[name], outs[ref_name]))
+            spread = f"{min(times[name]) * 1e3:.1f}-{max(times[name]) * 1e3:.1f}"
+            lines.append(f"{n:7d} {name:34s} {str(sizes):>16s} {t_compile:9.1f} {t * 1e3:10.1f} {spread:>17s} "
+                         f"{temp:12.1f} {host:9.1f} {_host_shapes(c):5d} {peak:14.1f} {err:9.2e}")
+    lines.append(f"# medians of {repeats} interleaved rounds per n; rel err against lax.scan where it ran, else "
+                 f"against the first row; alloc peak: the allocator's peak so far, read after each compile+first run; "
+                 f"S(5): shapes the optimized HLO places in host memory")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="quick CPU sizes; writes benchmarks/results/")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--checkpoints", type=int, default=40)
+    p.add_argument("--checkpoints", type=int, default=None, help="k (default 40; 1000 with --long)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ks", default="2,10,100,1000", help="k values of the program-size table")
     p.add_argument("--out", default=None, help="also write the table to this file")
+    p.add_argument("--long", action="store_true", help="the long-loop table (host-memory snapshots)")
+    p.add_argument("--lengths", default="10000,100000", help="trip counts of the long-loop table")
+    p.add_argument("--scan-limit", type=int, default=10000, help="longest loop lax.scan runs in --long")
     a = p.parse_args(argv)
-    if a.small:
-        a.batch, a.width, a.steps, a.checkpoints, a.repeats, a.ks = 16, 64, 200, 16, 5, "2,10,100"
-    text = run(a.batch, a.width, a.steps, a.checkpoints, a.repeats, [int(v) for v in a.ks.split(",")])
+    if a.long:
+        if a.small:
+            a.batch, a.width = 16, 64
+        k = a.checkpoints or 1000
+        text = long_run(a.batch, a.width, [int(v) for v in a.lengths.split(",")], k, a.repeats, a.scan_limit)
+        if a.out is None and a.small:
+            a.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                 f"while_loop_long_{jax.devices()[0].platform}_{datetime.date.today().isoformat()}.txt")
+        a.small = False
+    else:
+        if a.small:
+            a.batch, a.width, a.steps, a.checkpoints, a.repeats, a.ks = 16, 64, 200, 16, 5, "2,10,100"
+        text = run(a.batch, a.width, a.steps, a.checkpoints or 40, a.repeats, [int(v) for v in a.ks.split(",")])
     print(text)
     out = a.out
     if out is None and a.small:

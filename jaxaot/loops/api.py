@@ -12,7 +12,9 @@ mode stores the carries (see Note [while_loop autograd] in
 * both: the trip count is at most N, and reverse mode runs an offline schedule
   of nested scans within k snapshots (:mod:`jaxaot.loops.offline`): no host
   round trip per iteration on GPUs; more than N iterations is a run-time
-  :class:`~jaxaot.errors.LoopOverflowError` under differentiation.
+  :class:`~jaxaot.errors.LoopOverflowError` under differentiation. With
+  ``checkpoint_memory="host"`` its snapshots live in host memory and device
+  memory does not grow with N.
 * neither: only inside :func:`~jaxaot.loops.capacity.dynamic_capacity` (which the
   runtime uses to size the stack itself); elsewhere reverse mode raises
   :class:`~jaxaot.errors.ReverseModeBoundError`.
@@ -204,13 +206,15 @@ def while_loop(
     *,
     max_steps: int | None = None,
     checkpoints: int | None = None,
+    checkpoint_memory: str = "device",
 ) -> T:
     """``lax.while_loop`` that reverse-mode differentiates.
 
     Runs ``while cond_fun(val): val = body_fun(val)`` and returns ``val``; arrays that
     the functions close over get gradients. ``max_steps`` / ``checkpoints`` choose
-    how reverse mode stores the iterations (see the module docstring); the forward
-    result never depends on them.
+    how reverse mode stores the iterations (see the module docstring), and
+    ``checkpoint_memory="host"`` keeps the offline schedule's snapshots in host
+    memory (:mod:`jaxaot.loops.offline`); the forward result never depends on them.
 
     Example:
         >>> import jax, jaxaot
@@ -221,17 +225,17 @@ def while_loop(
     """
     _check_callable("cond_fun", cond_fun)
     _check_callable("body_fun", body_fun)
-    check_options(max_steps, checkpoints)
+    check_options(max_steps, checkpoints, checkpoint_memory)
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=False)
     if max_steps is not None and checkpoints is not None:
-        check_body("while_loop", max_steps, checkpoints, C.join_effects(C.effects_of(cond), C.effects_of(body)))
+        check_body("while_loop", max_steps, checkpoints, checkpoint_memory, C.join_effects(C.effects_of(cond), C.effects_of(body)))
     if _disable_jit():
         try:
             return _python_loop(cond_fun, body_fun, jax.tree_util.tree_unflatten(treedef, leaves), None)[0]
         except jax.errors.ConcretizationTypeError:
             pass  # under vmap/jit transformations: fall back to the primitive
     outs = while_loop_p.bind(*consts, *leaves, cond_jaxpr=cond, body_jaxpr=body, num_consts=len(consts),
-                             max_steps=max_steps, checkpoints=checkpoints)
+                             max_steps=max_steps, checkpoints=checkpoints, checkpoint_memory=checkpoint_memory)
     return jax.tree_util.tree_unflatten(treedef, list(outs))
 
 

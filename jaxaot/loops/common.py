@@ -68,15 +68,31 @@ def check_positive(name: str, value: Any) -> None:
         raise InvalidLoopOptionError(f"while_loop: {name} must be a positive int, got {value}.")
 
 
-def check_options(max_steps: Any, checkpoints: Any) -> None:
-    """Check ``while_loop``'s reverse-mode options: each None or a positive int.
+#: Where ``checkpoint_memory`` may keep a checkpointed loop's snapshots.
+CHECKPOINT_MEMORY = ("device", "host")
+
+
+def check_options(max_steps: Any, checkpoints: Any, checkpoint_memory: Any = "device") -> None:
+    """Check ``while_loop``'s reverse-mode options: each None or a positive int, and
+    ``checkpoint_memory`` one of :data:`CHECKPOINT_MEMORY`.
 
     ``max_steps`` alone stacks up to N carries; ``checkpoints`` alone keeps k snapshots
     and recomputes the rest (the online schedule); both together bound the trip count
-    by N for an offline schedule of k snapshots (:mod:`jaxaot.loops.offline`).
+    by N for an offline schedule of k snapshots (:mod:`jaxaot.loops.offline`), whose
+    snapshots ``checkpoint_memory="host"`` keeps in host memory.
     """
     check_positive("max_steps", max_steps)
     check_positive("checkpoints", checkpoints)
+    if not isinstance(checkpoint_memory, str) or checkpoint_memory not in CHECKPOINT_MEMORY:
+        raise InvalidLoopOptionError(
+            f"while_loop: checkpoint_memory must be one of {CHECKPOINT_MEMORY}, got {checkpoint_memory!r}."
+        )
+    if checkpoint_memory == "host" and (max_steps is None or checkpoints is None):
+        raise InvalidLoopOptionError(
+            "while_loop: checkpoint_memory='host' keeps the snapshots of the offline schedule in host memory, "
+            f"so it needs both max_steps (a bound on the trip count) and checkpoints (the number of host "
+            f"snapshots); got max_steps={max_steps}, checkpoints={checkpoints}."
+        )
 
 
 # --------------------------------------------------------------------------- lists
@@ -155,6 +171,7 @@ class Loop:
     reverse: bool = False
     max_steps: int | None = None
     checkpoints: int | None = None
+    checkpoint_memory: str = "device"
 
     @property
     def counted(self) -> bool:
@@ -216,7 +233,8 @@ class Loop:
     def params(self) -> dict:
         if self.prim is while_loop_p:
             return dict(cond_jaxpr=self.cond, body_jaxpr=self.body, num_consts=self.num_consts,
-                        max_steps=self.max_steps, checkpoints=self.checkpoints)
+                        max_steps=self.max_steps, checkpoints=self.checkpoints,
+                        checkpoint_memory=self.checkpoint_memory)
         if self.stacks:
             return dict(cond_jaxpr=self.cond, body_jaxpr=self.body, num_consts=self.num_consts,
                         num_carry=self.num_carry, max_steps=self.length)
@@ -239,7 +257,8 @@ def loop_of(prim: Any, params: dict) -> Loop:
     body = params["body_jaxpr"]
     if prim is while_loop_p:
         return Loop(prim, body, params["cond_jaxpr"], params["num_consts"], len(C.out_avals_of(body)),
-                    max_steps=params["max_steps"], checkpoints=params["checkpoints"])
+                    max_steps=params["max_steps"], checkpoints=params["checkpoints"],
+                    checkpoint_memory=params["checkpoint_memory"])
     if prim is while_loop_stack_output_p:
         return Loop(prim, body, params["cond_jaxpr"], params["num_consts"], params["num_carry"],
                     length=params["max_steps"])

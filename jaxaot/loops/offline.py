@@ -28,6 +28,16 @@ Costs, for a loop that runs n <= N steps:
 * a loop that needs more than N steps raises
   :class:`~jaxaot.errors.LoopOverflowError` at run time under differentiation.
 
+``checkpoint_memory="host"`` moves the snapshots to host memory: every level
+but the innermost saves its chunks' starting carries through JAX's own offload
+policy (``save_and_offload_only_these_names`` to ``pinned_host``), and the
+innermost level is at most :data:`MAX_UNROLL` steps (:func:`plan_host`), so the
+device holds ``MAX_UNROLL`` steps' residuals and a few carries, whatever N and k
+are; ``k`` then counts host snapshots. Each snapshot crosses the host link twice
+(out in its forward, back for its level's recomputation). On a backend without
+a host memory space (CPU) the placement annotations are no-ops and host and
+device memory are the same.
+
 Masked steps evaluate the body on the loop's *initial* carry (a value the loop
 already evaluated it on, unless it ran zero steps), never on the final one, so a
 body whose derivative is singular at the final state (``sqrt(0)`` once an ODE's
@@ -42,11 +52,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot import _compat as C
 from jaxaot.errors import InvalidLoopOptionError
@@ -58,6 +69,14 @@ from jaxaot.loops.overflow import check_overflow
 #: a static-length loop as separate launches, so one unrolled level cuts the step's cost by a
 #: third (n=2000, 256x1024 carry, H100: 158 ms -> 120 ms). The program holds that many bodies.
 MAX_UNROLL = 16
+
+
+
+def _host_policy(name: str) -> Callable:
+    """Offload the values named ``name`` to host memory; save nothing else."""
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=(), names_which_can_be_offloaded=(name,),
+        offload_src="device", offload_dst="pinned_host")
 
 
 def plan(max_steps: int, checkpoints: int) -> tuple[int, ...] | None:
@@ -89,10 +108,34 @@ def plan(max_steps: int, checkpoints: int) -> tuple[int, ...] | None:
     return None
 
 
-def check_body(loop_name: str, max_steps: int, checkpoints: int, effects: Any) -> None:
+def plan_host(max_steps: int, checkpoints: int) -> tuple[int, ...] | None:
+    """Level sizes for ``checkpoint_memory="host"``: an innermost level of at most
+    :data:`MAX_UNROLL` steps (residuals on the device), and :func:`plan`'s levels for
+    the rest with ``checkpoints`` host snapshots; None when those do not fit.
+
+    Example:
+        >>> plan_host(100_000, 1000), plan_host(2000, 200), plan_host(12, 5)
+        ((625, 10, 16), (125, 16), (12,))
+    """
+    inner = min(max_steps, MAX_UNROLL)
+    if inner == max_steps:
+        return (max_steps,)
+    outer = plan(math.ceil(max_steps / inner), checkpoints)
+    return None if outer is None else (*outer, inner)
+
+
+def plan_for(loop: Loop) -> tuple[int, ...] | None:
+    """The level sizes of ``loop``'s offline schedule (:func:`plan` or :func:`plan_host`)."""
+    choose = plan_host if loop.checkpoint_memory == "host" else plan
+    return choose(loop.max_steps, loop.checkpoints)
+
+
+def check_body(loop_name: str, max_steps: int, checkpoints: int, checkpoint_memory: str, effects: Any) -> None:
     """Refuse the offline schedule where it cannot be used: too few checkpoints, or effects."""
-    if plan(max_steps, checkpoints) is None:
-        need = 2 * max(1, (max_steps - 1).bit_length())
+    host = checkpoint_memory == "host"
+    if (plan_host if host else plan)(max_steps, checkpoints) is None:
+        steps = math.ceil(max_steps / MAX_UNROLL) if host else max_steps
+        need = 2 * max(1, (steps - 1).bit_length())
         raise InvalidLoopOptionError(
             f"{loop_name}: max_steps={max_steps} with checkpoints={checkpoints} asks for an offline schedule, "
             f"which needs at least about {need} checkpoints for {max_steps} steps. Raise checkpoints, or drop "
@@ -110,9 +153,24 @@ def _select(pred: Any, new: Sequence[Any], old: Sequence[Any]) -> list:
     return [jnp.where(pred, a, b) for a, b in zip(new, old)]
 
 
+def _offload_to_host(fn: Callable, depth: int) -> Callable:
+    """``fn(state)`` under ``jax.checkpoint``, its carry saved in host memory: the policy
+    offloads the named carry, so nothing of ``fn`` stays on the device between passes.
+    Each level has its own name: a policy also sees the names of the levels inside it,
+    and would save their snapshots instead of recomputing them."""
+    name = f"jaxaot_loop_snapshot_{depth}"
+
+    def named(state):
+        x, *rest = state
+        return fn((checkpoint_name(x, name), *rest))
+
+    return jax.checkpoint(named, prevent_cse=False, policy=_host_policy(name))
+
+
 def run(loop: Loop, consts: Sequence[Any], carry: Sequence[Any]) -> list:
-    """The loop as nested masked scans (:func:`plan`); raises on overflow at run time."""
-    sizes = plan(loop.max_steps, loop.checkpoints)
+    """The loop as nested masked scans (:func:`plan_for`); raises on overflow at run time."""
+    sizes = plan_for(loop)
+    host = loop.checkpoint_memory == "host"
     safe = [lax.stop_gradient(x) for x in carry]  # the state masked steps evaluate the body on
 
     def cond(x):
@@ -128,7 +186,8 @@ def run(loop: Loop, consts: Sequence[Any], carry: Sequence[Any]) -> list:
     def level(depth: int, state):
         if depth == len(sizes) - 1:
             return lax.scan(step, state, None, length=sizes[depth], unroll=min(sizes[depth], MAX_UNROLL))[0]
-        inner = jax.checkpoint(functools.partial(level, depth + 1), prevent_cse=False)
+        inner = functools.partial(level, depth + 1)
+        inner = _offload_to_host(inner, depth) if host else jax.checkpoint(inner, prevent_cse=False)
         if depth == 0:  # skip whole chunks past the end: one predicate read per top-level chunk
             chunk = lambda s, _: (lax.cond(s[1] & cond(s[0]), inner, lambda t: t, s), None)  # noqa: E731
         else:

@@ -47,14 +47,16 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def patch_while_loop(*, max_steps: int | None = None, checkpoints: int | None = None) -> Iterator[None]:
-    """Swap ``jax.lax.while_loop`` for ``jaxaot.while_loop(max_steps=..., checkpoints=...)``
+def patch_while_loop(*, max_steps: int | None = None, checkpoints: int | None = None,
+                     checkpoint_memory: str = "device") -> Iterator[None]:
+    """Swap ``jax.lax.while_loop`` for ``jaxaot.while_loop(max_steps=..., checkpoints=..., checkpoint_memory=...)``
     for the duration of the block; the previous function is restored on exit, also
     when the block raises. Blocks nest (the innermost options apply)."""
-    check_options(max_steps, checkpoints)
+    check_options(max_steps, checkpoints, checkpoint_memory)
     if max_steps is not None and checkpoints is not None:
-        check_body("patch_while_loop", max_steps, checkpoints, effects=None)
-    replacement = functools.partial(while_loop, max_steps=max_steps, checkpoints=checkpoints)
+        check_body("patch_while_loop", max_steps, checkpoints, checkpoint_memory, effects=None)
+    replacement = functools.partial(while_loop, max_steps=max_steps, checkpoints=checkpoints,
+                                    checkpoint_memory=checkpoint_memory)
     functools.update_wrapper(replacement, while_loop)
     with _LOCK:
         previous = jax.lax.while_loop

@@ -89,8 +89,8 @@ def test_patch_restores_lax_while_loop_even_on_error():
         with jaxaot.patch_while_loop(max_steps=8):
             assert jax.lax.while_loop is not original
             with jaxaot.patch_while_loop(checkpoints=2):  # nests
-                assert jax.lax.while_loop.keywords == dict(max_steps=None, checkpoints=2)
-            assert jax.lax.while_loop.keywords == dict(max_steps=8, checkpoints=None)
+                assert jax.lax.while_loop.keywords == dict(max_steps=None, checkpoints=2, checkpoint_memory="device")
+            assert jax.lax.while_loop.keywords == dict(max_steps=8, checkpoints=None, checkpoint_memory="device")
             1 / 0
     assert jax.lax.while_loop is original
 
@@ -100,7 +100,7 @@ def test_patch_checks_its_options():
         with jaxaot.patch_while_loop(max_steps=8, checkpoints=2):
             pass
     with jaxaot.patch_while_loop(max_steps=8, checkpoints=6):  # an offline schedule fits
-        assert jax.lax.while_loop.keywords == dict(max_steps=8, checkpoints=6)
+        assert jax.lax.while_loop.keywords == dict(max_steps=8, checkpoints=6, checkpoint_memory="device")
     with pytest.raises(InvalidLoopOptionError, match="positive"):
         with jaxaot.patch_while_loop(max_steps=0):
             pass
