@@ -264,8 +264,8 @@ def long_run(batch: int, width: int, lengths: list[int], k: int, repeats: int, s
     b = jax.random.normal(keys[1], (width,)) * 0.1
     x = jax.random.normal(keys[2], (batch, width))
     carry_mib = batch * width * 4 / 2**20
-    lines = [header(), f"# long loops: x <- x + dt (tanh(x W + b) - x), batch {batch}, width {width} (carry {carry_mib:.1f} MiB), "
-             f"k={k} snapshots",
+    lines = [header(), f"# long loops: x <- x + dt (tanh(x W + b) - x), batch {batch}, width {width} "
+             f"(carry {carry_mib:.1f} MiB), k={k} snapshots",
              f"{'n':>7s} {'variant':34s} {'plan':>16s} {'compile s':>9s} {'grad ms':>10s} {'spread ms':>17s} "
              f"{'dev temp MiB':>12s} {'host MiB':>9s} {'S(5)':>5s} {'alloc peak MiB':>14s} {'rel err':>9s}"]
     grad = jax.grad(loss_damped, argnums=(0, 1, 2))

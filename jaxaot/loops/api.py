@@ -228,7 +228,8 @@ def while_loop(
     check_options(max_steps, checkpoints, checkpoint_memory)
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=False)
     if max_steps is not None and checkpoints is not None:
-        check_body("while_loop", max_steps, checkpoints, checkpoint_memory, C.join_effects(C.effects_of(cond), C.effects_of(body)))
+        effects = C.join_effects(C.effects_of(cond), C.effects_of(body))
+        check_body("while_loop", max_steps, checkpoints, checkpoint_memory, effects)
     if _disable_jit():
         try:
             return _python_loop(cond_fun, body_fun, jax.tree_util.tree_unflatten(treedef, leaves), None)[0]
