@@ -47,6 +47,7 @@ from flax import nnx
 from jaxaot import _compat as C
 from jaxaot.nn.call import _FLAX_OBJECTS, CallStatic, check_static
 from jaxaot.nn.state import FrozenState, flat_inputs
+from jaxaot.nn.traversal import remember
 from jaxaot.runtime import AOTFunction, value_and_grad
 
 
@@ -104,15 +105,14 @@ def module_value_and_grad(model: nnx.Module, loss_program: AOTFunction, fun: Cal
     static = CallStatic(graphdef, method, (), ())
     frozen = FrozenState.of(state, False)
     (loss, (aux, delta)), grads = _gradient_of(loss_program, fused)(static, params, frozen, *rest, **kwargs)
-    if delta is not None:
-        _write_back(model, (params, state), delta.rebuild(flat_inputs((params, state), rest, kwargs)))
+    if delta is None or _write_back(model, (params, state), delta.rebuild(flat_inputs((params, state), rest, kwargs))):
+        remember(grads, model, params)  # optimizer.update(model, grads) need not walk the module again
     return ((loss, aux), grads) if has_aux else (loss, grads)
 
 
-def _write_back(model: nnx.Module, live: tuple, changed: tuple) -> None:
-    """Set the changed values into the module's own Variables (``nnx.split`` hands out the live ones).
-
-    Variables the call created (no live one at their path) take ``nnx.update``,
+def _write_back(model: nnx.Module, live: tuple, changed: tuple) -> bool:
+    """Set the changed values into the module's own Variables (``nnx.split`` hands out the live ones);
+    False when the call created Variables (no live one at their path): those take ``nnx.update``,
     which also walks the module's graph.
     """
     pairs = []
@@ -122,7 +122,8 @@ def _write_back(model: nnx.Module, live: tuple, changed: tuple) -> None:
             target = by_path.get(path)
             if target is None:
                 nnx.update(model, *changed)
-                return
+                return False
             pairs.append((target, var))
     for target, var in pairs:
         target.set_value(var.get_value())
+    return True

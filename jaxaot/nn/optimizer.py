@@ -10,7 +10,10 @@ compiled training step (a 3-layer MLP on an H200: 13 ms for the update against
 ``jax.jit`` program, compiled once per optax transformation and state structure.
 Flax's own graph traversals (reading the parameters and the optimizer state,
 writing the new values back) stay eager, so the write-back is exactly
-``nnx.Optimizer``'s.
+``nnx.Optimizer``'s; when ``grads`` is the very object a
+:func:`jaxaot.value_and_grad` of ``model`` just returned, the parameters that
+gradient's split found are reused instead of walking the module again
+(:mod:`jaxaot.nn.traversal`).
 
 Under a trace (``nnx.jit``, ``jax.jit``, ``vmap``), or when ``update``'s keyword
 arguments hold anything but arrays (``optax.scale_by_backtracking_linesearch``'s
@@ -38,6 +41,7 @@ import optax
 from flax import nnx
 
 from jaxaot import _compat as C
+from jaxaot.nn.traversal import recall
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -69,7 +73,10 @@ class Optimizer(nnx.Optimizer):
     def update(self, model: Any, grads: Any, /, **kwargs: Any) -> Any:
         """``nnx.Optimizer.update(model, grads, **kwargs)``, its arithmetic compiled: returns the updates."""
         graph = {"graph": self.graph} if hasattr(self, "graph") else {}
-        param_vars, param_tree = jax.tree_util.tree_flatten(nnx.state(model, self.wrt, **graph), is_leaf=_is_variable)
+        params_state = recall(grads, model) if self.wrt is nnx.Param and graph.get("graph") is None else None
+        if params_state is None:
+            params_state = nnx.state(model, self.wrt, **graph)
+        param_vars, param_tree = jax.tree_util.tree_flatten(params_state, is_leaf=_is_variable)
         opt_vars, opt_tree = jax.tree_util.tree_flatten(self.opt_state, is_leaf=_is_variable)
         grad_leaves, grad_tree = jax.tree_util.tree_flatten(grads, is_leaf=_is_variable)
         if grad_tree != param_tree:  # not exactly the parameters' gradients: filter as Flax does
@@ -78,8 +85,8 @@ class Optimizer(nnx.Optimizer):
         step = self.step[...]
         if not (all(map(_is_variable, param_vars + opt_vars)) and grad_tree == param_tree):
             return super().update(model, grads, **kwargs)
-        params = [v.get_value() for v in param_vars]
-        opt_state = [v.get_value() for v in opt_vars]
+        params = [_read(v) for v in param_vars]
+        opt_state = [_read(v) for v in opt_vars]
         grad_arrays = [_value(v) for v in grad_leaves]
         if not _all_concrete_arrays((params, opt_state, grad_arrays, step, kwargs)):
             return super().update(model, grads, **kwargs)
@@ -97,10 +104,24 @@ def _is_variable(x: Any) -> bool:
     return isinstance(x, nnx.Variable)
 
 
+def _plain(var: nnx.Variable) -> bool:
+    """Whether ``var`` holds a plain array (not a ``jax.Ref``)."""
+    return isinstance(var.get_raw_value(), jax.Array)
+
+
+def _read(var: nnx.Variable) -> Any:
+    """``var``'s value as ``nnx.as_pure`` reads it (the raw value; no ``on_get_value`` hooks)."""
+    return var.get_raw_value() if _plain(var) else nnx.as_pure(var)
+
+
 def _value(x: Any) -> Any:
-    return x.get_value() if _is_variable(x) else x
+    return _read(x) if _is_variable(x) else x
 
 
 def _set_values(variables: list, new: list) -> None:
+    """Write as ``nnx.update`` does (``nnx.Optimizer``'s write-back): the raw value, no hooks."""
     for var, value in zip(variables, new, strict=True):
-        var.set_value(value)
+        if _plain(var):
+            var.set_raw_value(value)
+        else:
+            nnx.update(var, value)

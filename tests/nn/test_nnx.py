@@ -55,11 +55,14 @@ def test_inference_only_builds_inference_executable():
 
 
 def test_nnx_grad_and_jax_grad_over_split_state():
+    # The Linear's bias feeds a BatchNorm: its gradient is exactly zero, and what either program
+    # computes for it is rounding noise of about 1e-6 (it varies with the CPU's vector width).
+    grad_tol = dict(TOL, atol=max(TOL["atol"], 1e-5))
     ref, model = Block(), Block()
     aot = jaxaot.aot_module(model)
     g_ref = nnx.grad(block_loss)(ref, X)
     g = nnx.grad(block_loss)(aot, X)
-    chex.assert_trees_all_close(g["module"], g_ref, **TOL)
+    chex.assert_trees_all_close(g["module"], g_ref, **grad_tol)
     assert_states_equal(nnx.state(model), nnx.state(ref))
 
     def split_loss(graphdef, params, rest):
@@ -71,7 +74,7 @@ def test_nnx_grad_and_jax_grad_over_split_state():
     (l_ref, s_ref), g_ref = jax.value_and_grad(split_loss, argnums=1, has_aux=True)(gd_ref, p_ref, r_ref)
     (l, s), g = jax.value_and_grad(split_loss, argnums=1, has_aux=True)(gd, p, r)
     chex.assert_trees_all_close(l, l_ref, **TOL)
-    chex.assert_trees_all_close(g["module"], g_ref, **TOL)
+    chex.assert_trees_all_close(g["module"], g_ref, **grad_tol)
     assert_states_equal(s["module"], s_ref)
 
 

@@ -115,3 +115,61 @@ def test_bad_grads_leave_state_untouched():
     grads = nnx.grad(lambda mm: jnp.sum(mm(jnp.ones((2, 3)))))(model)
     opt.update(model, grads)
     assert int(opt.step[...]) == 1
+
+
+def test_update_reuses_the_gradients_traversal_only_for_those_gradients():
+    """``opt.update(m, grads)`` right after ``jaxaot.value_and_grad`` reuses its split; a copy of the
+    gradients, another module or a filter other than ``nnx.Param`` walks the module again. All agree
+    with ``nnx.Optimizer``."""
+    from jaxaot.nn.traversal import recall
+
+    def run(opt_cls, copy_grads: bool):
+        model = nnx_model("cnn")
+        m = jaxaot.aot_module(model)
+        opt = opt_cls(m, optax.adam(1e-2), wrt=nnx.Param)
+        for step in range(2):
+            x, y = batch("cnn", step)
+            _, grads = jaxaot.value_and_grad(lambda mm, xx, yy: xent(mm(xx), yy))(m, x, y)
+            params = recall(grads, m)
+            assert params is not None and recall(grads, nnx_model("cnn")) is None
+            assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(params, is_leaf=_is_var),
+                                               jax.tree_util.tree_leaves(nnx.state(m, nnx.Param), is_leaf=_is_var)))
+            if copy_grads:
+                grads = jax.tree_util.tree_map(lambda g: g, grads)
+                assert recall(grads, m) is None
+            opt.update(m, grads)
+        return nnx.state(model), nnx.as_pure(nnx.state(opt.opt_state))
+
+    ref_state, ref_opt = run(nnx.Optimizer, False)
+    for copy_grads in (False, True):
+        state, opt_state = run(jaxaot.nn.Optimizer, copy_grads)
+        assert_states_equal(state, ref_state, **TOL)
+        chex.assert_trees_all_close(opt_state, ref_opt, **TOL)
+
+
+def _is_var(x):
+    return isinstance(x, nnx.Variable)
+
+
+def test_value_hooks_are_bypassed_as_in_nnx():
+    """``nnx.Optimizer`` reads and writes raw values (``nnx.as_pure`` / ``nnx.update``): a parameter's
+    ``on_set_value`` hook does not run, and ``jaxaot.nn.Optimizer`` does the same."""
+    calls = []
+
+    def hook(var, value):
+        calls.append(1)
+        return value
+
+    def run(opt_cls):
+        lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+        lin.kernel = nnx.Param(lin.kernel[...], on_set_value=hook)
+        opt = opt_cls(lin, optax.sgd(0.1), wrt=nnx.Param)
+        grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((2, 3))) ** 2))(lin)
+        opt.update(lin, grads)
+        return lin.kernel[...]
+
+    ref = run(nnx.Optimizer)
+    n_ref, calls[:] = len(calls), []
+    got = run(jaxaot.nn.Optimizer)
+    chex.assert_trees_all_close(got, ref, **TOL)
+    assert len(calls) == n_ref
