@@ -11,6 +11,7 @@ optimizer.update(model, grads)`` (optax adam), in these variants:
 * ``aot + jaxaot.vg + jit upd``: the same, the update under ``nnx.cached_partial(nnx.jit(...))``;
 * ``aot + jaxaot.vg + jaxaot opt``: the same, the optimizer a ``jaxaot.nn.Optimizer`` (eager update, compiled);
 * ``aot + nnx.vg + jaxaot opt``: ``nnx.value_and_grad`` with a ``jaxaot.nn.Optimizer``;
+* ``aot + patched nnx.vg + jaxaot opt``: the same inside ``jaxaot.nn.patch_value_and_grad()``;
 * ``jaxaot.vg alone``: the loss and gradients only, no update.
 
 Every variant first runs the same steps from the same initial model and batches and its
@@ -171,8 +172,15 @@ def variants(factory: Callable[[], nnx.Module]) -> dict[str, Callable[[Any, Any]
     out["aot + jaxaot.vg + jit upd"] = eager(jaxaot.value_and_grad, aot=True, jit_update=True)
     out["aot + jaxaot.vg + jaxaot opt"] = eager(jaxaot.value_and_grad, aot=True, opt_cls=jaxaot.nn.Optimizer)
     out["aot + nnx.vg + jaxaot opt"] = eager(nnx.value_and_grad, aot=True, opt_cls=jaxaot.nn.Optimizer)
+    out["aot + patched nnx.vg + jaxaot opt"] = eager(_patched_nnx_vg, aot=True, opt_cls=jaxaot.nn.Optimizer)
     out["jaxaot.vg alone"] = eager(jaxaot.value_and_grad, aot=True, update=False)
     return out
+
+
+def _patched_nnx_vg(fun):
+    """``nnx.value_and_grad(fun)`` as user code inside ``jaxaot.nn.patch_value_and_grad()`` gets it."""
+    with jaxaot.nn.patch_value_and_grad():
+        return nnx.value_and_grad(fun)
 
 
 def check(steps: dict, batch: Callable[[int], tuple], n: int = 3) -> str:

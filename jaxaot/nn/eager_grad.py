@@ -46,6 +46,7 @@ from flax import nnx
 
 from jaxaot import _compat as C
 from jaxaot.nn.call import _FLAX_OBJECTS, CallStatic, check_static
+from jaxaot.nn.flax_functions import FLAX_VALUE_AND_GRAD
 from jaxaot.nn.state import FrozenState, flat_inputs
 from jaxaot.nn.traversal import remember
 from jaxaot.runtime import AOTFunction, value_and_grad
@@ -99,7 +100,7 @@ def module_value_and_grad(model: nnx.Module, loss_program: AOTFunction, fun: Cal
     rest = args[:position] + args[position + 1:]
     graphdef, params, state = nnx.split(model, nnx.Param, ...)
     if _needs_nnx((params, state), rest, kwargs):
-        return nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
+        return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
     method = LossCall(fun, position, has_aux)
     check_static("loss function", method)
     static = CallStatic(graphdef, method, (), ())

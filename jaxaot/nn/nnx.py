@@ -27,6 +27,7 @@ from flax import nnx
 from jaxaot.errors import InvalidInputError
 from jaxaot.nn.call import CallStatic, Method, ModuleCall, check_static
 from jaxaot.nn import eager_grad
+from jaxaot.nn.flax_functions import FLAX_VALUE_AND_GRAD
 from jaxaot.nn.metadata import ModuleLowered
 from jaxaot.nn.pure import inlining, invoke, nnx_loss_pure, nnx_pure
 from jaxaot.runtime import AOTFunction, CacheInfo, aot_function
@@ -73,7 +74,7 @@ class AOTModule(nnx.Module):
         """``jaxaot.value_and_grad(fun)`` with this module as its differentiated argument (see
         :mod:`jaxaot.nn.eager_grad`): ``nnx.value_and_grad``'s result, from one compiled step."""
         if self.loss_program is None:
-            return nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
+            return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
         return eager_grad.module_value_and_grad(self, self.loss_program, fun, position, args, kwargs, has_aux,
                                                 fused)
 

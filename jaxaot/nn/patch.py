@@ -1,0 +1,96 @@
+"""``jaxaot.nn.patch_value_and_grad``: ``nnx.value_and_grad`` / ``nnx.grad`` take the compiled step.
+
+``nnx.value_and_grad(loss_fn)(aot_model, x, y)`` works on a
+:func:`~jaxaot.aot_module` as on any module, but eagerly it goes through JAX's
+autodiff one operation at a time: Flax splits the module, JAX linearizes every
+operation of ``loss_fn`` around the module's call and transposes them, and the
+module's own call goes through ``custom_vjp`` (about 10x the step under
+``nnx.jit`` in ``benchmarks/bench_module_step.py``). :func:`jaxaot.value_and_grad`
+instead compiles ``loss_fn`` with the module into one executable
+(:mod:`jaxaot.nn.eager_grad`). Code written against Flax's names can have the
+same without edits: inside ``with jaxaot.nn.patch_value_and_grad():`` the
+attributes ``flax.nnx.value_and_grad`` and ``flax.nnx.grad`` dispatch
+
+* to the compiled step when the one differentiated argument (``argnums`` an
+  int) is an ``aot_module`` and the other options are Flax's defaults; the
+  results are ``nnx.value_and_grad``'s (``nnx.grad``: the gradients, or
+  ``(gradients, aux)`` with ``has_aux``);
+* to Flax's own function otherwise (plain modules, ``DiffState`` argnums,
+  ``holomorphic``, ``allow_int``, ``reduce_axes``, ``graph`` options), and under
+  ``jit`` / ``vmap`` traces, where the compiled step falls back by itself.
+
+jaxaot binds Flax's functions once, at import, so its own fallbacks never reach
+the swapped attributes. As with :func:`jaxaot.patch_while_loop`, code that bound
+``from flax.nnx import value_and_grad`` before the block is not reached, and the
+swap is process-wide while it lasts.
+
+Example:
+    >>> import jax.numpy as jnp, jaxaot
+    >>> from flax import nnx
+    >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    >>> with jaxaot.nn.patch_value_and_grad():
+    ...     loss, grads = nnx.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))(model, jnp.ones((4, 3)))
+    >>> grads["module"]["kernel"][...].shape
+    (3, 2)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Callable, Iterator
+
+from flax import nnx
+
+from jaxaot.nn.flax_functions import FLAX_GRAD, FLAX_VALUE_AND_GRAD
+from jaxaot.runtime import DifferentiatesItself
+
+_LOCK = threading.Lock()
+_DEFAULTS = dict(holomorphic=False, allow_int=False, reduce_axes=(), graph=None, graph_updates=None)
+
+
+def _dispatching(flax_fn: Callable[..., Any], value: bool) -> Callable[..., Any]:
+    """``flax_fn`` (``nnx.value_and_grad`` if ``value`` else ``nnx.grad``), with the compiled step
+    for an ``aot_module`` argument."""
+
+    @functools.wraps(flax_fn)
+    def transform(f: Any = None, *, argnums: Any = 0, has_aux: bool = False, **options: Any) -> Any:
+        if f is None:  # used as a decorator factory: nnx.grad(argnums=...)
+            return functools.partial(transform, argnums=argnums, has_aux=has_aux, **options)
+        fallback = flax_fn(f, argnums=argnums, has_aux=has_aux, **options)
+        plain = all(options.get(k, d) == d for k, d in _DEFAULTS.items()) and set(options) <= set(_DEFAULTS)
+        if not plain or isinstance(argnums, bool) or not isinstance(argnums, int):
+            return fallback
+
+        @functools.wraps(f)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not (0 <= argnums < len(args) and isinstance(args[argnums], DifferentiatesItself)):
+                return fallback(*args, **kwargs)
+            out, grads = args[argnums].jaxaot_value_and_grad(f, argnums, args, kwargs, has_aux, True)
+            if value:
+                return out, grads
+            return (grads, out[1]) if has_aux else grads
+
+        return run
+
+    return transform
+
+
+@contextlib.contextmanager
+def patch_value_and_grad() -> Iterator[None]:
+    """Within the block, ``flax.nnx.value_and_grad`` and ``flax.nnx.grad`` run an ``aot_module``'s
+    gradient as one compiled step (the module docstring says when); restored on exit, also when the
+    block raises. Blocks nest."""
+    with _LOCK:
+        previous = nnx.value_and_grad, nnx.grad
+        nnx.value_and_grad = _dispatching(FLAX_VALUE_AND_GRAD, value=True)
+        nnx.grad = _dispatching(FLAX_GRAD, value=False)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            nnx.value_and_grad, nnx.grad = previous
+
+
+__all__ = ["patch_value_and_grad"]
