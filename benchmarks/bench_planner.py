@@ -19,8 +19,11 @@ back to back, "pipelined") of:
   ``dots_saveable``, ``dots_with_no_batch_dims_saveable``, ``nothing_saveable``
   and, on GPU, ``offload_dot_with_no_batch_dims`` (device -> pinned host), each
   split with ``jax.fwd_and_bwd``;
-* jaxaot: the min-cut at memory budgets 0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95 and 1
-  (budgets whose partitions are identical are compiled and timed once);
+* jaxaot: the min-cut at memory budgets 0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95 and 1,
+  and, per JAX policy, the largest budget whose plan saves at most the policy's
+  bytes (found by bisection on ``lower().saved_bytes``, no compilation): the
+  budget a user who wants that policy's memory would pick (budgets whose
+  partitions are identical are compiled and timed once);
 * the fused ``jax.jit(jax.value_and_grad)``, the time reference.
 
 Bytes are a ratio to everything-saved, times a ratio to the fused step (the
@@ -151,11 +154,36 @@ def jax_program(name: str, model: zoo_models.Model, sets: list[tuple], policy: A
                    policy=policy_name)
 
 
-def jaxaot_programs(model: zoo_models.Model, sets: list[tuple]) -> list[Program]:
-    """The min-cut at every budget of ``BUDGETS``; budgets with identical partitions share one program."""
+def _saved_bytes_at(model: zoo_models.Model, args: tuple, budget: float) -> int:
+    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    return jaxaot.aot_function(model.loss, partition_fn=pf).lower(*args).saved_bytes
+
+
+def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 7) -> float | None:
+    """The largest budget (to ``2**-steps``) whose plan saves at most ``target`` bytes; None if even
+    budget 0 saves more. Budget sweeps are monotone, so bisection finds it."""
+    if _saved_bytes_at(model, args, 1.0) <= target:
+        return 1.0
+    if _saved_bytes_at(model, args, 0.0) > target:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if _saved_bytes_at(model, args, mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def jaxaot_programs(model: zoo_models.Model, sets: list[tuple], extra: dict[float, str] | None = None
+                    ) -> list[Program]:
+    """The min-cut at every budget of ``BUDGETS`` and of ``extra`` (budget -> the policy it matches);
+    budgets with identical partitions share one program."""
     progs: dict[str, Program] = {}
     one = jnp.ones((), jnp.float32)
-    for budget in BUDGETS:
+    extra = extra or {}
+    for budget in sorted({*BUDGETS, *extra}):
         pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
         aot = jaxaot.aot_function(model.loss, partition_fn=pf)
         low = aot.lower(*sets[0])
@@ -175,8 +203,8 @@ def jaxaot_programs(model: zoo_models.Model, sets: list[tuple]) -> list[Program]
         _, res = aot.forward(*sets[0])
         dev, host = _residual_bytes(res)
         assert dev + host == low.saved_bytes, (dev, host, low.saved_bytes)
-        progs[key] = Program(f"jaxaot min-cut {budget:g}", "jaxaot", run, aot.forward, grads, sets, dev, host,
-                             budget=budget)
+        label = f"jaxaot min-cut {budget:.3g}" + (f" (matches {extra[budget]})" if budget in extra else "")
+        progs[key] = Program(label, "jaxaot", run, aot.forward, grads, sets, dev, host, budget=budget)
     return list(progs.values())
 
 
@@ -258,7 +286,7 @@ def default_verdict(default: Program, dots: Program) -> tuple[str, str]:
 
 
 def _budgets(p: Program) -> str:
-    return "/".join(f"{b:g}" for b in [p.budget, *p.same_as])
+    return "/".join(f"{b:.3g}" for b in [p.budget, *p.same_as])
 
 
 # --------------------------------------------------------------------------- one model
@@ -274,7 +302,13 @@ def bench_model(model: zoo_models.Model, *, gpu: bool, rounds: int, iters: int,
             progs.append(jax_program(label, model, sets, policy, name))
         except Exception as e:  # noqa: BLE001 - e.g. no pinned host memory on this backend
             failed.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
-    budgets = jaxaot_programs(model, sets)
+    extra = {}
+    for p in progs:
+        if p.policy not in (None, EVERYTHING):
+            b = matched_budget(model, sets[0], p.device_bytes)
+            if b is not None and b not in BUDGETS:
+                extra.setdefault(b, p.policy)
+    budgets = jaxaot_programs(model, sets, extra)
     progs += budgets
     progs.append(fused_program(model, sets))
     bad = check_grads(progs, model, sets[0])
