@@ -15,8 +15,9 @@ cheapest such set is a minimum cut of a flow network with
 * ``v_out -> sink`` (infinite) for values the backward reads.
 
 Among the cuts of minimum bytes we take the one closest to the sink (fewest
-recomputed eqns), and among equal bytes we prefer saving inputs and outputs,
-which are alive anyway. On a mesh, capacities are per-device bytes
+recomputed eqns), and among equal bytes we prefer saving values that are in
+memory anyway: inputs, outputs, and the outputs of unfused kernels (a matmul's
+result rather than its transpose, which the forward would write a second time). On a mesh, capacities are per-device bytes
 (:mod:`jaxaot.partition.device_bytes`): the budget is what one device holds,
 and collectives are never recomputed. Capacities are scaled to int32 because that is what
 ``scipy.sparse.csgraph.maximum_flow`` computes in.
@@ -225,7 +226,11 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         nbytes = np.fromiter((aval_nbytes(v.aval) for v in values), np.int64, n)
     else:
         nbytes = np.fromiter((math.ceil(aval_nbytes(v.aval) * fractions.get(v, 1.0)) for v in values), np.int64, n)
-    preferred = kind == INPUT
+    # Among cuts of equal bytes, prefer values that exist in memory anyway: inputs, real outputs,
+    # and outputs of kernels XLA does not fuse into their consumers (matmuls, convolutions,
+    # reductions, custom calls). Saving a fusible copy of one (its transpose, reshape) instead
+    # makes the forward write that copy too, and pins its layout: the dot's output is the cheaper save.
+    preferred = (kind == INPUT) | (kind == EXPENSIVE) | (kind == NEVER)
     for v in jaxpr.outvars[: joint.num_outputs]:  # real outputs are alive anyway
         if not C.is_literal(v) and v in index:
             preferred[index[v]] = True
