@@ -18,7 +18,12 @@ Every forward eqn falls in one of three :class:`Recompute` classes:
   recomputing them would repeat the communication.
 
 Primitives are matched by name, so primitives of modules that may not exist
-yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too.
+yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too,
+and so are those of a newer JAX (``one_minus_square``, the derivative of
+``tanh`` in jax 0.11, which ``jax.nn.gelu`` uses). A primitive the lists miss is
+EXPENSIVE: saved rather than recomputed at budget 1, never wrong, but it can cost
+time and bytes; ``benchmarks/probe_cost_classes.py`` lists what the zoo's graphs
+hold under the installed JAX.
 
 Shapes with symbolic dimensions (``jaxaot.export(..., dynamic_shapes=...)``)
 are costed at a representative size, :data:`jaxaot._pytrees.SYMBOLIC_DIM_SIZE`
@@ -54,14 +59,14 @@ _ELEMENTWISE = frozenset(
     bitcast_convert_type cbrt ceil clamp clz complex conj convert_element_type copy cos cosh
     digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag
     integer_pow is_finite le lgamma log log1p logistic lt max min mul mulhi ne neg nextafter not
-    or polygamma population_count pow real reduce_precision regularized_incomplete_beta rem round
-    rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square
+    one_minus_square or polygamma population_count pow real reduce_precision regularized_incomplete_beta
+    rem round rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square
     sub tan tanh xor zeta""".split()
 )
 # Data movement and constants: no arithmetic, fuse as index computations.
 _LAYOUT = frozenset(
     """broadcast_in_dim broadcast_to concatenate dynamic_slice empty empty2 expand_dims gather
-    iota name pad reshape rev sharding_constraint slice split squeeze tile transpose zeros_like
+    iota name pad reshape rev sharding_constraint slice split squeeze stop_gradient tile transpose zeros_like
     random_wrap random_unwrap random_seed random_fold_in random_split random_clone
     random_bits threefry2x32 threefry4x32 philox2x32 philox4x32 iota_2x32_shape""".split()
 )

@@ -127,3 +127,22 @@ def test_knapsack_order_and_prefix():
     probes = []
     knapsack.smallest_feasible_prefix(lambda k: probes.append(k) or 1000 - k, 1000, 500)
     assert len(probes) <= 11
+
+
+@pytest.mark.parametrize("approximate", [True, False])
+def test_activations_and_stop_gradient_are_cheap_in_the_joint_graph(approximate):
+    """Every forward eqn of gelu / softmax's joint graph is cheap (jax 0.11's gelu adds
+    ``one_minus_square``; softmax's max goes through ``stop_gradient``): none is saved at budget 1
+    for being unknown."""
+    import jaxaot
+    from jaxaot.partition.split import EqnKind, classify_eqns
+
+    def f(x):
+        return jnp.sum(jax.nn.gelu(x, approximate=approximate) * jax.nn.softmax(x, axis=-1))
+
+    joint = jaxaot.trace_joint(f, jnp.ones((4, 8)))
+    eqns = [e for e, k in zip(jaxaot._compat.jaxpr_of(joint.jaxpr).eqns, classify_eqns(joint))
+            if k is EqnKind.FORWARD]
+    costly = {e.primitive.name for e in eqns if cost_model.classify(e) is not Recompute.CHEAP}
+    assert costly <= {"reduce_max", "reduce_sum"}, costly  # softmax's reductions over a short axis
+    assert cost_model.classify(only_eqn(lax.stop_gradient, jnp.ones(3), name="stop_gradient")) is Recompute.CHEAP
