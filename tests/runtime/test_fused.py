@@ -79,6 +79,20 @@ def test_the_backward_reads_residuals_through_a_barrier():
     assert "optimization_barrier" in [e.primitive.name for e in closed.jaxpr.eqns]
 
 
+def test_a_partition_that_recomputes_nothing_has_no_barrier():
+    """The default partition saves what jax.vjp saves: no plan to protect, so XLA sees across."""
+    fn, make_args = zoo.ZOO["mlp_gelu"]
+    args = make_args(_key(4))
+    tr = _training(jaxaot.aot_function(fn), args)
+    assert not tr.partition.recomputed
+    closed = fused_program(tr)
+    assert "optimization_barrier" not in [e.primitive.name for e in closed.jaxpr.eqns]
+    want = jax.value_and_grad(fn, argnums=tuple(range(len(args))))(*args)
+    got = C.eval_closed(closed, *jax.tree.leaves(args))
+    n_out = len(got) - len(jax.tree.leaves(want[1]))
+    assert_trees_close(got[n_out:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("budget", [0.0, 1.0])
 def test_only_residuals_the_recomputation_reads_pass_the_barrier(budget):
     """Budget 0 recomputes: its residuals feed recomputed eqns. Every residual a recomputed eqn reads is behind
