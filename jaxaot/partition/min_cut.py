@@ -226,10 +226,8 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         nbytes = np.fromiter((aval_nbytes(v.aval) for v in values), np.int64, n)
     else:
         nbytes = np.fromiter((math.ceil(aval_nbytes(v.aval) * fractions.get(v, 1.0)) for v in values), np.int64, n)
-    # Among cuts of equal bytes, prefer values that exist in memory anyway: inputs, real outputs,
-    # and outputs of kernels XLA does not fuse into their consumers (matmuls, convolutions,
-    # reductions, custom calls). Saving a fusible copy of one (its transpose, reshape) instead
-    # makes the forward write that copy too, and pins its layout: the dot's output is the cheaper save.
+    # Equal bytes: prefer values in memory anyway (inputs, outputs, unfused kernels' results) to
+    # fusible copies of them (a transpose), which the forward would write a second time.
     preferred = (kind == INPUT) | (kind == EXPENSIVE) | (kind == NEVER)
     for v in jaxpr.outvars[: joint.num_outputs]:  # real outputs are alive anyway
         if not C.is_literal(v) and v in index:
