@@ -93,6 +93,16 @@ def test_a_partition_that_recomputes_nothing_has_no_barrier():
     assert_trees_close(got[n_out:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
 
 
+def test_default_partition_passes_only_what_its_recomputation_reads():
+    from jaxaot.runtime.fused import default_barrier
+
+    fn, make_args = zoo.ZOO["mlp_gelu"]
+    args = make_args(_key(6))
+    assert default_barrier(_training(jaxaot.aot_function(fn), args)) == "recomputed"
+    min_cut = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    assert default_barrier(_training(min_cut, args)) == "all"
+
+
 @pytest.mark.parametrize("budget", [0.0, 1.0])
 def test_only_residuals_the_recomputation_reads_pass_the_barrier(budget):
     """Budget 0 recomputes: its residuals feed recomputed eqns. Every residual a recomputed eqn reads is behind
