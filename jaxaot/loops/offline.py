@@ -72,7 +72,6 @@ from jaxaot.loops.overflow import check_overflow
 MAX_UNROLL = 16
 
 
-
 def _host_policy(name: str) -> Callable:
     """Offload the values named ``name`` to host memory; save nothing else."""
     return jax.checkpoint_policies.save_and_offload_only_these_names(

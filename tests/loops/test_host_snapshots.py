@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax import lax
 
 import jaxaot
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 from jaxaot.loops import reraise_overflow
 from jaxaot.loops.offline import MAX_UNROLL, plan_host
+from loop_models import mlp_loss as _loss, mlp_ref as _ref, inputs as _inputs
 
 TOL = dict(rtol=2e-5, atol=2e-6)
 HOST = dict(checkpoint_memory="host")
@@ -31,22 +31,6 @@ def test_plan_keeps_a_bounded_level_on_the_device(n, k):
     assert math.prod(sizes) >= n
     assert sizes[-1] <= MAX_UNROLL  # the device's share does not grow with n or k
     assert sum(sizes[:-1]) <= k  # host snapshots
-
-
-def _loss(w, b, x, n, **kw):
-    out = jaxaot.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.1 * jnp.tanh(c[1] @ w + b)),
-                            (jnp.int32(0), x), **kw)
-    return jnp.sum(out[1] ** 2)
-
-
-def _ref(w, b, x, n):
-    return jnp.sum(lax.fori_loop(0, n, lambda i, c: c + 0.1 * jnp.tanh(c @ w + b), x) ** 2)
-
-
-def _inputs(seed, width=8):
-    kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
-    return (jax.random.normal(kw, (width, width)) / width ** 0.5, jax.random.normal(kb, (width,)),
-            jax.random.normal(kx, (4, width)))
 
 
 @pytest.mark.parametrize("n", [0, 1, 16, 17, 150, 400])

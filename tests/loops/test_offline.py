@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax import lax
 
 import jaxaot
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 from jaxaot.loops import reraise_overflow
 from jaxaot.loops.offline import plan
+from loop_models import mlp_loss as _mlp_loss, mlp_ref as _mlp_ref, inputs as _inputs
 
 TOL = dict(rtol=2e-5, atol=2e-6)
 
@@ -33,22 +33,6 @@ def test_plan_fits_the_bound_and_the_memory(n, k):
     assert math.prod(sizes) - math.prod(sizes[1:]) < n
     more = plan(n, k + 10)
     assert more is not None and len(more) <= len(sizes)
-
-
-def _mlp_loss(w, b, x, n, **kw):
-    out = jaxaot.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.1 * jnp.tanh(c[1] @ w + b)),
-                            (jnp.int32(0), x), **kw)
-    return jnp.sum(out[1] ** 2)
-
-
-def _mlp_ref(w, b, x, n):
-    return jnp.sum(lax.fori_loop(0, n, lambda i, c: c + 0.1 * jnp.tanh(c @ w + b), x) ** 2)
-
-
-def _inputs(seed, width=8):
-    kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
-    return (jax.random.normal(kw, (width, width)) / width ** 0.5, jax.random.normal(kb, (width,)),
-            jax.random.normal(kx, (4, width)))
 
 
 @pytest.mark.parametrize("n", [0, 1, 13, 40])
