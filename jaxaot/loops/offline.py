@@ -124,17 +124,15 @@ def plan_host(max_steps: int, checkpoints: int) -> tuple[int, ...] | None:
     return None if outer is None else (*outer, inner)
 
 
-def plan_for(loop: Loop) -> tuple[int, ...] | None:
-    """The level sizes of ``loop``'s offline schedule (:func:`plan` or :func:`plan_host`)."""
-    choose = plan_host if loop.checkpoint_memory == "host" else plan
-    return choose(loop.max_steps, loop.checkpoints)
+def plan_for(max_steps: int, checkpoints: int, checkpoint_memory: str) -> tuple[int, ...] | None:
+    """The level sizes of an offline schedule: :func:`plan_host` for host snapshots, else :func:`plan`."""
+    return (plan_host if checkpoint_memory == "host" else plan)(max_steps, checkpoints)
 
 
 def check_body(loop_name: str, max_steps: int, checkpoints: int, checkpoint_memory: str, effects: Any) -> None:
     """Refuse the offline schedule where it cannot be used: too few checkpoints, or effects."""
-    host = checkpoint_memory == "host"
-    if (plan_host if host else plan)(max_steps, checkpoints) is None:
-        steps = math.ceil(max_steps / MAX_UNROLL) if host else max_steps
+    if plan_for(max_steps, checkpoints, checkpoint_memory) is None:
+        steps = math.ceil(max_steps / MAX_UNROLL) if checkpoint_memory == "host" else max_steps
         need = 2 * max(1, (steps - 1).bit_length())
         raise InvalidLoopOptionError(
             f"{loop_name}: max_steps={max_steps} with checkpoints={checkpoints} asks for an offline schedule, "
@@ -169,7 +167,7 @@ def _offload_to_host(fn: Callable, depth: int) -> Callable:
 
 def run(loop: Loop, consts: Sequence[Any], carry: Sequence[Any]) -> list:
     """The loop as nested masked scans (:func:`plan_for`); raises on overflow at run time."""
-    sizes = plan_for(loop)
+    sizes = plan_for(loop.max_steps, loop.checkpoints, loop.checkpoint_memory)
     host = loop.checkpoint_memory == "host"
     safe = [lax.stop_gradient(x) for x in carry]  # the state masked steps evaluate the body on
 
