@@ -12,7 +12,7 @@ same without edits: inside ``with jaxaot.nn.patch_value_and_grad():`` the
 attributes ``flax.nnx.value_and_grad`` and ``flax.nnx.grad`` dispatch
 
 * to the compiled step when the one differentiated argument (``argnums`` an
-  int) is an ``aot_module`` and the other options are Flax's defaults; the
+  int or a 1-tuple) is an ``aot_module`` and the other options are Flax's defaults; the
   results are ``nnx.value_and_grad``'s (``nnx.grad``: the gradients, or
   ``(gradients, aux)`` with ``has_aux``);
 * to Flax's own function otherwise (plain modules, ``DiffState`` argnums,
@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 from flax import nnx
 
 from jaxaot.nn.flax_functions import FLAX_GRAD, FLAX_VALUE_AND_GRAD
-from jaxaot.runtime import DifferentiatesItself
+from jaxaot.runtime import self_differentiating
 
 _LOCK = threading.Lock()
 _DEFAULTS = dict(holomorphic=False, allow_int=False, reduce_axes=(), graph=None, graph_updates=None)
@@ -52,27 +52,25 @@ _DEFAULTS = dict(holomorphic=False, allow_int=False, reduce_axes=(), graph=None,
 
 def _dispatching(flax_fn: Callable[..., Any], value: bool) -> Callable[..., Any]:
     """``flax_fn`` (``nnx.value_and_grad`` if ``value`` else ``nnx.grad``), with the compiled step
-    for an ``aot_module`` argument."""
+    for an ``aot_module`` argument (dispatched by :func:`jaxaot.runtime.self_differentiating`)."""
 
     @functools.wraps(flax_fn)
     def transform(f: Any = None, *, argnums: Any = 0, has_aux: bool = False, **options: Any) -> Any:
         if f is None:  # used as a decorator factory: nnx.grad(argnums=...)
             return functools.partial(transform, argnums=argnums, has_aux=has_aux, **options)
-        fallback = flax_fn(f, argnums=argnums, has_aux=has_aux, **options)
-        plain = all(options.get(k, d) == d for k, d in _DEFAULTS.items()) and set(options) <= set(_DEFAULTS)
-        if not plain or isinstance(argnums, bool) or not isinstance(argnums, int):
-            return fallback
+        if not (set(options) <= set(_DEFAULTS) and all(options.get(k, d) == d for k, d in _DEFAULTS.items())):
+            return flax_fn(f, argnums=argnums, has_aux=has_aux, **options)
+        vg = self_differentiating(f, argnums, has_aux, True,
+                                  FLAX_VALUE_AND_GRAD(f, argnums=argnums, has_aux=has_aux))
+        if value:
+            return vg
 
         @functools.wraps(f)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if not (0 <= argnums < len(args) and isinstance(args[argnums], DifferentiatesItself)):
-                return fallback(*args, **kwargs)
-            out, grads = args[argnums].jaxaot_value_and_grad(f, argnums, args, kwargs, has_aux, True)
-            if value:
-                return out, grads
+        def grad(*args: Any, **kwargs: Any) -> Any:
+            out, grads = vg(*args, **kwargs)
             return (grads, out[1]) if has_aux else grads
 
-        return run
+        return grad
 
     return transform
 

@@ -11,8 +11,8 @@ microseconds of a step of a couple of milliseconds.
 the module it differentiated and the State of live parameter Variables that its
 split found; :func:`recall` hands them back to
 :class:`~jaxaot.nn.optimizer.Optimizer` when it is given *that same gradients
-object* and *that same module*. The record lives as long as the gradients
-object (a weak reference), and only the latest gradient of a module is kept.
+object* and *that same module*. Each record lives as long as its gradients
+object (a weak reference to it keys the record).
 
 What it cannot see: a module whose parameters were re-assigned between the
 gradient and the update (``model.layer = nnx.Linear(...)`` in between). The

@@ -14,10 +14,10 @@ from jaxaot.runtime.residuals import Residuals
 from jaxaot.runtime.residual_table import ResidualRow, ResidualTable
 from jaxaot.runtime.lowered import AOTCompiled, AOTLowered
 from jaxaot.runtime.function import AOTFunction, aot_function
-from jaxaot.runtime.eager import DifferentiatesItself, grad, value_and_grad
+from jaxaot.runtime.eager import DifferentiatesItself, grad, self_differentiating, value_and_grad
 
 __all__ = [
     "AOTCompiled", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "DifferentiatesItself", "ResidualRow",
     "ResidualTable",
-    "Residuals", "aot_function", "grad", "value_and_grad",
+    "Residuals", "aot_function", "grad", "self_differentiating", "value_and_grad",
 ]

@@ -40,16 +40,21 @@ class DifferentiatesItself(Protocol):
         ...
 
 
-def _self_differentiating(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
-                          fallback: Callable[..., Any]) -> Callable[..., Any]:
-    """``fallback``, except when the one differentiated argument is :class:`DifferentiatesItself`."""
-    position = argnums if isinstance(argnums, int) else argnums[0] if len(argnums) == 1 else None
-    if position is None or isinstance(position, bool) or not isinstance(position, int):
+def self_differentiating(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
+                         fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """``fallback`` (a ``value_and_grad`` of ``fun``), except when the one differentiated argument
+    (``argnums`` an int or a 1-tuple) is :class:`DifferentiatesItself`: then that argument runs the
+    call, and with a 1-tuple ``argnums`` the gradients come in a 1-tuple, as JAX and Flax return them.
+    ``jaxaot.value_and_grad`` and :func:`jaxaot.nn.patch_value_and_grad` dispatch through it."""
+    as_tuple = isinstance(argnums, (tuple, list))
+    position = argnums[0] if as_tuple and len(argnums) == 1 else argnums
+    if isinstance(position, bool) or not isinstance(position, int):  # DiffState, several argnums: not ours
         return fallback
 
     def vg(*args: Any, **kwargs: Any):
         if 0 <= position < len(args) and isinstance(args[position], DifferentiatesItself):
-            return args[position].jaxaot_value_and_grad(fun, position, args, kwargs, has_aux, fused)
+            out, grads = args[position].jaxaot_value_and_grad(fun, position, args, kwargs, has_aux, fused)
+            return out, ((grads,) if as_tuple else grads)
         return fallback(*args, **kwargs)
 
     return vg
@@ -105,7 +110,7 @@ def value_and_grad(
     """
     fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
     if not isinstance(fun, AOTFunction):
-        return _self_differentiating(fun, argnums, has_aux, fused, fallback)
+        return self_differentiating(fun, argnums, has_aux, fused, fallback)
     nums, single = _normalize_argnums(argnums)
 
     def training_for(programs, leaves, args):

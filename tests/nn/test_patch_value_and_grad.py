@@ -113,3 +113,18 @@ def test_under_nnx_jit_and_restored_on_error():
             1 / 0
     assert nnx.value_and_grad is FLAX_VALUE_AND_GRAD and nnx.grad is FLAX_GRAD
     assert jax.tree_util.tree_leaves(grads)  # something was computed
+
+
+def test_one_tuple_argnums_give_a_tuple_of_gradients(spy):
+    """``argnums=(0,)``: the gradients come in a 1-tuple, as Flax returns them, on both entries."""
+    x, y = batch("cnn", 3)
+    ref_loss, ref_grads = FLAX_VALUE_AND_GRAD(_loss, argnums=(0,))(nnx_model("cnn"), x, y)
+    assert isinstance(ref_grads, tuple) and len(ref_grads) == 1
+    loss, grads = jaxaot.value_and_grad(_loss, argnums=(0,))(jaxaot.aot_module(nnx_model("cnn")), x, y)
+    with jaxaot.nn.patch_value_and_grad():
+        g_only = nnx.grad(_loss, argnums=(0,))(jaxaot.aot_module(nnx_model("cnn")), x, y)
+    for got in (grads, g_only):
+        assert isinstance(got, tuple) and len(got) == 1
+        assert_states_equal(got[0]["module"], ref_grads[0], **TOL)
+    chex.assert_trees_all_close(loss, ref_loss, **TOL)
+    assert len(spy) == 2
