@@ -154,22 +154,23 @@ def jax_program(name: str, model: zoo_models.Model, sets: list[tuple], policy: A
                    policy=policy_name)
 
 
-def _saved_bytes_at(model: zoo_models.Model, args: tuple, budget: float) -> int:
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
-    return jaxaot.aot_function(model.loss, partition_fn=pf).lower(*args).saved_bytes
-
-
 def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 7) -> float | None:
     """The largest budget (to ``2**-steps``) whose plan saves at most ``target`` bytes; None if even
-    budget 0 saves more. Budget sweeps are monotone, so bisection finds it."""
-    if _saved_bytes_at(model, args, 1.0) <= target:
+    budget 0 saves more. Budget sweeps are monotone, so bisection finds it. The joint graph is
+    traced once; each probe is one partition (what ``lower().saved_bytes`` reports)."""
+    joint = jaxaot.trace_joint(model.loss, *args)
+
+    def saved(budget: float) -> int:
+        return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget).saved_bytes
+
+    if saved(1.0) <= target:
         return 1.0
-    if _saved_bytes_at(model, args, 0.0) > target:
+    if saved(0.0) > target:
         return None
     lo, hi = 0.0, 1.0
     for _ in range(steps):
         mid = (lo + hi) / 2
-        if _saved_bytes_at(model, args, mid) <= target:
+        if saved(mid) <= target:
             lo = mid
         else:
             hi = mid
