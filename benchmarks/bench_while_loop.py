@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import statistics
@@ -50,12 +51,12 @@ def step(x, w, b):
     return x + DT * jnp.tanh(x @ w + b)
 
 
-def loss_scan(w, b, x, n_static: int):
-    return jnp.sum(lax.scan(lambda c, _: (step(c, w, b), None), x, None, length=n_static)[0] ** 2)
+def loss_scan(w, b, x, n_static: int, step_fn: Callable = step):
+    return jnp.sum(lax.scan(lambda c, _: (step_fn(c, w, b), None), x, None, length=n_static)[0] ** 2)
 
 
-def loss_jaxaot(w, b, x, n, **kw):
-    out = while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1], w, b)), (jnp.int32(0), x), **kw)
+def loss_jaxaot(w, b, x, n, step_fn: Callable = step, **kw):
+    out = while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step_fn(c[1], w, b)), (jnp.int32(0), x), **kw)
     return jnp.sum(out[1] ** 2)
 
 
@@ -245,15 +246,6 @@ def damped_step(x, w, b):
     return x + DT * (jnp.tanh(x @ w + b) - x)
 
 
-def loss_damped(w, b, x, n, **kw):
-    out = while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, damped_step(c[1], w, b)), (jnp.int32(0), x), **kw)
-    return jnp.sum(out[1] ** 2)
-
-
-def loss_damped_scan(w, b, x, n_static: int):
-    return jnp.sum(lax.scan(lambda c, _: (damped_step(c, w, b), None), x, None, length=n_static)[0] ** 2)
-
-
 def long_run(batch: int, width: int, lengths: list[int], k: int, repeats: int, scan_limit: int) -> str:
     """The long-loop table: host-memory snapshots against the device schedule and lax.scan,
     on the damped ODE (:func:`damped_step`)."""
@@ -268,7 +260,8 @@ def long_run(batch: int, width: int, lengths: list[int], k: int, repeats: int, s
              f"(carry {carry_mib:.1f} MiB), k={k} snapshots",
              f"{'n':>7s} {'variant':34s} {'plan':>16s} {'compile s':>9s} {'grad ms':>10s} {'spread ms':>17s} "
              f"{'dev temp MiB':>12s} {'host MiB':>9s} {'S(5)':>5s} {'alloc peak MiB':>14s} {'rel err':>9s}"]
-    grad = jax.grad(loss_damped, argnums=(0, 1, 2))
+    grad = jax.grad(functools.partial(loss_jaxaot, step_fn=damped_step), argnums=(0, 1, 2))
+    grad_scan = jax.grad(functools.partial(loss_scan, step_fn=damped_step), argnums=(0, 1, 2))
     host_name = "jaxaot offline, host snapshots"
 
     def variants_for(n: int) -> dict:
@@ -278,7 +271,7 @@ def long_run(batch: int, width: int, lengths: list[int], k: int, repeats: int, s
                                                     plan(n, k))}
         if n <= scan_limit:
             fns["lax.scan (known length)"] = (
-                lambda w, b, x, m: jax.grad(loss_damped_scan, argnums=(0, 1, 2))(w, b, x, n), (n,))
+                lambda w, b, x, m: grad_scan(w, b, x, n), (n,))
         return fns
 
     def build(n: int, name: str, fn: Callable, sizes: Any, done: dict) -> None:
