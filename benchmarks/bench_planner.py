@@ -154,7 +154,7 @@ def jax_program(name: str, model: zoo_models.Model, sets: list[tuple], policy: A
                    policy=policy_name)
 
 
-def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 7) -> float | None:
+def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 12) -> float | None:
     """The largest budget (to ``2**-steps``) whose plan saves at most ``target`` bytes; None if even
     budget 0 saves more. Budget sweeps are monotone, so bisection finds it. The joint graph is
     traced once; each probe is one partition (what ``lower().saved_bytes`` reports)."""

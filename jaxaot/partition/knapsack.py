@@ -30,13 +30,17 @@ import numpy as np
 def recompute_order(nbytes: np.ndarray, flops: np.ndarray) -> np.ndarray:
     """Indices of the items, cheapest to recompute per byte saved first.
 
-    Ties (and zero-byte items, which save nothing) go last, larger items first.
+    Zero-byte items, which save nothing, go last. Ties go smaller items first:
+    matmuls that contract the same dimension tie exactly (``2k`` FLOPs per output
+    element), so a transformer has large tie groups, and taking their small
+    members first gives the prefixes the finest byte steps (budgets between two
+    steps save closer to their target).
     """
     nbytes = np.asarray(nbytes, dtype=np.float64)
     density = np.asarray(flops, dtype=np.float64) / np.maximum(nbytes, 1.0)
     density = np.where(nbytes > 0, density, np.inf)
-    # lexsort sorts by the last key first: density ascending, then bytes descending.
-    return np.lexsort((-nbytes, density))
+    # lexsort sorts by the last key first: density ascending, then bytes ascending.
+    return np.lexsort((nbytes, density))
 
 
 def smallest_feasible_prefix(cost_of_prefix: Callable[[int], float], n: int, target: float) -> int:

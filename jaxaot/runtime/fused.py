@@ -83,13 +83,14 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all") -> A
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
     ``value_leaf`` the output whose cotangent is 1 (the loss); ``barrier``
-    which residuals pass through ``optimization_barrier``: ``"all"`` or
-    ``"recomputed"`` (those the recomputation reads).
+    which residuals pass through ``optimization_barrier``: ``"all"``,
+    ``"recomputed"`` (those the recomputation reads) or ``"none"`` (XLA may
+    then merge recomputed eqns with the forward's, saving more than the plan).
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
     pins = training.placement.grad_pins()
-    if not part.recomputed:  # nothing to keep apart: XLA may optimize across, as in jit(value_and_grad)
+    if not part.recomputed or barrier == "none":  # XLA may optimize across, as in jit(value_and_grad)
         behind: set[int] = set()
     elif barrier == "recomputed":
         behind = recomputation_inputs(part.backward, len(cts))

@@ -1,0 +1,113 @@
+"""Probe: where a fused min-cut step's peak memory and time come from, on the GPU.
+
+For each zoo model, the fused step at min-cut budget 1 in several variants, against
+``jit(value_and_grad)`` and ``jit(value_and_grad(checkpoint(dots_saveable)))``:
+
+* ``barrier all`` / ``recomputed`` / ``none``: which residuals pass ``optimization_barrier``;
+* ``reductions recomputable``: the cost model's large-reduction rule off, so the
+  min-cut recomputes softmax/norm statistics from their saved inputs, as the
+  ``dots_saveable`` policy does (does saving them raise the backward's peak?);
+* the split executables (``fused=False``): time, and each executable's peak.
+
+Prints peak bytes (XLA's memory analysis), temporaries, and median step time over
+interleaved rounds as a ratio to ``jit(value_and_grad)``.
+
+Usage: python benchmarks/probe_fused_peak.py MODEL [MODEL ...] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import statistics
+import sys
+from typing import Any
+
+import jax
+
+import jaxaot
+from jaxaot.partition import cost_model
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_fused import _barrier, check, time_rounds  # noqa: E402
+from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
+from models import zoo  # noqa: E402
+
+
+@contextlib.contextmanager
+def reductions_cheap():
+    old = cost_model.LARGE_REDUCTION_RATIO
+    cost_model.LARGE_REDUCTION_RATIO = 10**18
+    try:
+        yield
+    finally:
+        cost_model.LARGE_REDUCTION_RATIO = old
+
+
+def min_cut_reductions_cheap(joint: Any) -> Any:
+    with reductions_cheap():
+        return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=1.0)
+
+
+def programs(model: Any, args: tuple) -> dict[str, tuple[Any, Any]]:
+    loss, nums = model.loss, model.argnums
+    out: dict[str, tuple[Any, Any]] = {}
+    jit = jax.jit(jax.value_and_grad(loss, argnums=nums))
+    out["jit(value_and_grad)"] = (jit, jit.lower(*args).compile())
+    ckpt = jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable),
+                                      argnums=nums))
+    out["jit(dots_saveable)"] = (ckpt, ckpt.lower(*args).compile())
+    mc = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0)
+    for barrier in ("all", "recomputed", "none"):
+        out[f"min-cut 1, barrier {barrier}"] = _barrier(jaxaot.aot_function(loss, partition_fn=mc), nums, args,
+                                                       barrier)
+    cheap = jaxaot.aot_function(loss, partition_fn=min_cut_reductions_cheap)
+    out["min-cut 1, reductions recomputable"] = _barrier(cheap, nums, args, "all")
+    out["min-cut 1, reductions recomputable, recomputed"] = _barrier(cheap, nums, args, "recomputed")
+    f = jaxaot.aot_function(loss, partition_fn=mc)
+    split = jaxaot.value_and_grad(f, argnums=nums, fused=False)
+    split(*args)
+    out["split min-cut 1"] = (split, None)
+    exes = f.lookup(args, {}).programs.executables
+    for name, exe in exes.items():
+        out[f"  split executable {name}"] = (None, exe)
+    for name, low in (("min-cut 1", f), ("reductions recomputable", cheap)):
+        print(f"# {name}: saves {low.lower(*args).saved_bytes / 2**20:.1f} MiB")
+    return out
+
+
+def probe(model: Any, rounds: int, iters: int) -> str:
+    sets = [model.make_args(jax.random.key(i)) for i in range(3)]
+    progs = programs(model, sets[0])
+    timed = {k: v for k, v in progs.items() if v[0] is not None}
+    err = check(timed, model, sets[1])
+    times = time_rounds(timed, sets, rounds, iters)
+    ref = times["jit(value_and_grad)"]
+    dots = peak_bytes(progs["jit(dots_saveable)"][1])
+    rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "temporaries"]]
+    for name, (_, exe) in progs.items():
+        r = [t / b for t, b in zip(times[name], ref)] if name in times else None
+        peak = peak_bytes(exe) if exe is not None else None
+        temp = exe.memory_analysis().temp_size_in_bytes if exe is not None else None
+        rows.append([name, f"{statistics.median(r):.3f}" if r else "-",
+                     f"({min(r):.2f}-{max(r):.2f})" if r else "-", fmt_bytes(peak),
+                     f"{peak / dots:.3f}" if peak and dots else "-", fmt_bytes(temp)])
+    return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    models = zoo("small" if a.small else "gpu")
+    report("probe_fused_peak: fused min-cut variants, peak and time",
+           (probe(models[m], a.rounds, a.iters) for m in a.models), a.out)
+
+
+if __name__ == "__main__":
+    main()
