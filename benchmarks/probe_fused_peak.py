@@ -7,6 +7,8 @@ For each zoo model, the fused step at min-cut budget 1 in several variants, agai
 * ``reductions recomputable``: the cost model's large-reduction rule off, so the
   min-cut recomputes softmax/norm statistics from their saved inputs, as the
   ``dots_saveable`` policy does (does saving them raise the backward's peak?);
+* ``row-major residuals``: every residual pinned to the layout it has between two
+  executables (XLA otherwise picks layouts for the whole step, and transposes);
 * the split executables (``fused=False``): time, and each executable's peak.
 
 Prints peak bytes (XLA's memory analysis), temporaries, and median step time over
@@ -50,7 +52,7 @@ def min_cut_reductions_cheap(joint: Any) -> Any:
         return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=1.0)
 
 
-def programs(model: Any, args: tuple) -> dict[str, tuple[Any, Any]]:
+def programs(model: Any, args: tuple, full: bool = True) -> dict[str, tuple[Any, Any]]:
     loss, nums = model.loss, model.argnums
     out: dict[str, tuple[Any, Any]] = {}
     jit = jax.jit(jax.value_and_grad(loss, argnums=nums))
@@ -59,12 +61,18 @@ def programs(model: Any, args: tuple) -> dict[str, tuple[Any, Any]]:
                                       argnums=nums))
     out["jit(dots_saveable)"] = (ckpt, ckpt.lower(*args).compile())
     mc = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0)
-    for barrier in ("all", "recomputed", "none"):
+    for barrier in ("all", "recomputed", "none") if full else ("all", "none"):
         out[f"min-cut 1, barrier {barrier}"] = _barrier(jaxaot.aot_function(loss, partition_fn=mc), nums, args,
                                                        barrier)
+    out["min-cut 1, barrier all, row-major residuals"] = _barrier(
+        jaxaot.aot_function(loss, partition_fn=mc), nums, args, "all", layouts="row_major")
+    out["default partition, recomputed (the default)"] = _barrier(jaxaot.aot_function(loss), nums, args, "recomputed")
+    out["default partition, recomputed, row-major residuals"] = _barrier(
+        jaxaot.aot_function(loss), nums, args, "recomputed", layouts="row_major")
     cheap = jaxaot.aot_function(loss, partition_fn=min_cut_reductions_cheap)
     out["min-cut 1, reductions recomputable"] = _barrier(cheap, nums, args, "all")
-    out["min-cut 1, reductions recomputable, recomputed"] = _barrier(cheap, nums, args, "recomputed")
+    if full:
+        out["min-cut 1, reductions recomputable, recomputed"] = _barrier(cheap, nums, args, "recomputed")
     f = jaxaot.aot_function(loss, partition_fn=mc)
     split = jaxaot.value_and_grad(f, argnums=nums, fused=False)
     split(*args)
@@ -77,9 +85,9 @@ def programs(model: Any, args: tuple) -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def probe(model: Any, rounds: int, iters: int) -> str:
+def probe(model: Any, rounds: int, iters: int, full: bool = True) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
-    progs = programs(model, sets[0])
+    progs = programs(model, sets[0], full)
     timed = {k: v for k, v in progs.items() if v[0] is not None}
     err = check(timed, model, sets[1])
     times = time_rounds(timed, sets, rounds, iters)
@@ -103,10 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out")
+    ap.add_argument("--brief", action="store_true", help="leave out the barrier-on-recomputed variants")
     a = ap.parse_args(argv)
     models = zoo("small" if a.small else "gpu")
     report("probe_fused_peak: fused min-cut variants, peak and time",
-           (probe(models[m], a.rounds, a.iters) for m in a.models), a.out)
+           (probe(models[m], a.rounds, a.iters, not a.brief) for m in a.models), a.out)
 
 
 if __name__ == "__main__":

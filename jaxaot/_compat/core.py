@@ -303,3 +303,17 @@ from jax._src import ad_checkpoint as _ad_checkpoint  # noqa: E402
 def saved_residuals(fn: Any, *args: Any, **kwargs: Any) -> list:
     """``(aval, description)`` per value ``jax.vjp(fn, *args)`` saves, as ``print_saved_residuals`` lists them."""
     return list(_ad_checkpoint.saved_residuals(fn, *args, **kwargs))
+
+
+from jax.experimental import layout as _layout  # noqa: E402
+
+
+def row_major(x: Any) -> Any:
+    """``x`` constrained to XLA's default (row-major) layout inside a jitted program.
+
+    A value that crosses an executable boundary has this layout; inside one
+    program XLA may choose another for it (and transpose around it).
+    """
+    if getattr(x, "ndim", 0) < 2:
+        return x
+    return _layout.with_layout_constraint(x, _layout.Layout(major_to_minor=tuple(range(x.ndim))))

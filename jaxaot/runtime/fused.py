@@ -78,14 +78,16 @@ def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
     return read
 
 
-def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all") -> Any:
+def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto") -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
     ``value_leaf`` the output whose cotangent is 1 (the loss); ``barrier``
     which residuals pass through ``optimization_barrier``: ``"all"``,
     ``"recomputed"`` (those the recomputation reads) or ``"none"`` (XLA may
-    then merge recomputed eqns with the forward's, saving more than the plan).
+    then merge recomputed eqns with the forward's, saving more than the plan);
+    ``layouts``: ``"auto"`` lets XLA choose the residuals' layouts,
+    ``"row_major"`` pins them to the layout they have between two executables.
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
@@ -100,6 +102,8 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all") -> A
     def step(*leaves: Any) -> list:
         fwd = C.eval_closed(part.forward, *leaves)
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
+        if layouts == "row_major":
+            residuals = [C.row_major(r) for r in residuals]
         kept = [r for i, r in enumerate(residuals) if i in behind]
         kept = iter(jax.lax.optimization_barrier(kept) if kept else [])
         residuals = [next(kept) if i in behind else r for i, r in enumerate(residuals)]
