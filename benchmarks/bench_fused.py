@@ -119,13 +119,13 @@ def bench_model(model: Any, rounds: int, iters: int) -> str:
     times = time_rounds(progs, sets, rounds, iters)
     ref = times["jit(value_and_grad)"]
     dots_peak = peak_bytes(progs["jit(dots_saveable)"][1])
-    rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak"]]
+    rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak", "layouts"]]
     for name, (_, exe) in progs.items():
         ratios = [t / r for t, r in zip(times[name], ref)]
         peak = peak_bytes(exe) if exe is not None else None
         rows.append([name, f"{statistics.median(times[name]) * 1e3:.3f}", f"{statistics.median(ratios):.3f}",
                      f"({min(ratios):.2f}-{max(ratios):.2f})", fmt_bytes(peak),
-                     f"{peak / dots_peak:.3f}" if peak and dots_peak else "-"])
+                     f"{peak / dots_peak:.3f}" if peak and dots_peak else "-", getattr(exe, "layouts", "-")])
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
 
 

@@ -35,8 +35,16 @@ same trip inside the one program: its forward part copies them to
 ``pinned_host`` and its backward part copies them back, so between the two
 they cost the device no memory.
 
-Cost: one more compilation per signature (the split executables compile only
-if ``.forward``/``.backward`` or a pipeline asks for them). Functions with a
+Layouts: between two executables every residual is row-major; inside one
+program XLA chooses the residuals' layouts for the forward and the backward
+together, and on some models pays for its choice in transposes (an H200 ViT
+block ran 1.075x ``jit(value_and_grad)`` fused against 0.953x with the
+residuals pinned row-major). On an accelerator the step is therefore compiled
+both ways and :func:`choose_layouts` keeps one, by compiled peak memory.
+
+Cost: one more compilation per signature, two on an accelerator (the split
+executables compile only if ``.forward``/``.backward`` or a pipeline asks for
+them). Functions with a
 ``jaxaot.while_loop`` whose stack the runtime sizes keep the split
 executables: the runtime checks the loop's trip count between the two.
 
@@ -122,16 +130,91 @@ def default_barrier(training: Any) -> str:
     return "recomputed" if training.options.partition_fn is default_partition else "all"
 
 
+#: Backends whose layout assignment can differ from row-major inside one program (CPU's does not).
+LAYOUT_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
+#: How much more peak memory the row-major step may need and still be chosen (see :func:`choose_layouts`).
+LAYOUT_PEAK_SLACK = 0.005
+
+
+def compiled_peak(exe: Any) -> int | None:
+    """Peak device bytes of a compiled executable, where the backend reports it (XLA:CPU's
+    ``peak_memory_in_bytes`` leaves out temporaries: then the sum of the parts)."""
+    try:
+        ma = exe.memory_analysis()
+    except Exception:  # noqa: BLE001  (backends without memory analysis)
+        return None
+    if ma is None:
+        return None
+    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)
+    if peak >= ma.temp_size_in_bytes and peak:
+        return peak
+    return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+
+
+def choose_layouts(auto_peak: int | None, row_major_peak: int | None) -> str:
+    """``"row_major"`` unless pinning the residuals' layouts costs more than
+    :data:`LAYOUT_PEAK_SLACK` of XLA's own choice in peak memory (or a peak is unknown): ``"auto"``.
+
+    Inside one program XLA picks the residuals' layouts for forward and backward together. On an
+    H200 ViT block it picked batch-minor layouts for the residual stream and paid nine more
+    transpose kernels than the two split executables (fused min-cut 1.075x ``jit(value_and_grad)``,
+    pinned 0.953x, peak 0.97x); on the Llama block 1.056x against 0.953x at equal peak. Where XLA's
+    layouts serve a consumer (the MoE's dispatch einsums) pinning costs a transposed copy, which
+    shows as peak memory (1.14x there), so that case keeps XLA's choice
+    (``benchmarks/results/probe_fused_layouts_gpu_h200_2026-11-26.txt``).
+
+    Example:
+        >>> from jaxaot.runtime.fused import choose_layouts
+        >>> choose_layouts(1000, 1004), choose_layouts(1000, 1100), choose_layouts(None, 10)
+        ('row_major', 'auto', 'auto')
+    """
+    if auto_peak is None or row_major_peak is None:
+        return "auto"
+    return "row_major" if row_major_peak <= auto_peak * (1 + LAYOUT_PEAK_SLACK) else "auto"
+
+
+def _platform(exe: Any) -> str | None:
+    shardings = jax.tree.leaves(getattr(exe, "input_shardings", None))
+    devices = next(iter(shardings)).device_set if shardings else set()
+    return next(iter(devices)).platform if devices else None
+
+
+def _compile_pinned(training: Any, name: str, value_leaf: int, barrier: str, returned: set) -> Any:
+    """The step with row-major residuals, or None where the backend refuses the layout constraint."""
+    p = training.programs
+    try:
+        return p.compile(name + ":row_major", training.options.fw_compiler,
+                         fused_program(training, value_leaf, barrier=barrier, layouts="row_major"),
+                         p.in_avals, aliased=returned)
+    except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
+        return None
+    finally:
+        p.executables.pop(name + ":row_major", None)
+
+
 def fused_exe(training: Any, value_leaf: int = 0) -> Any:
-    """The fused step's executable, compiled (through the persistent cache) on first use."""
+    """The fused step's executable, compiled (through the persistent cache) on first use.
+
+    On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the step is compiled twice, with XLA's
+    layouts for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps
+    one (``cache_info()``'s ``times`` record ``fused_layouts_row_major``: 1 or 0).
+    """
     p = training.programs
     name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
     exe = p.executables.get(name)
     if exe is None:
         returned = {i for i in p.output_is_input if i is not None}  # handed back as outputs: never donated
-        exe = p.compile(name, training.options.fw_compiler,
-                        fused_program(training, value_leaf, barrier=default_barrier(training)), p.in_avals,
+        barrier = default_barrier(training)
+        compiler = training.options.fw_compiler
+        exe = p.compile(name, compiler, fused_program(training, value_leaf, barrier=barrier), p.in_avals,
                         aliased=returned)
+        if _platform(exe) in LAYOUT_CHOICE_PLATFORMS:
+            pinned = _compile_pinned(training, name, value_leaf, barrier, returned)
+            if pinned is not None and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "row_major":
+                pinned.layouts = "row_major"
+                p.executables[name] = exe = pinned
+        if not hasattr(exe, "layouts"):
+            exe.layouts = "auto"
     return exe
 
 

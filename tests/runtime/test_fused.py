@@ -176,3 +176,71 @@ def test_sharded_fused_step_keeps_gradient_shardings():
     assert_trees_close((value, grads), jax.jit(jax.value_and_grad(_loss))(ws, x), rtol=1e-4, atol=1e-6)
     for g, w in zip(grads, ws):
         assert g.sharding.is_equivalent_to(w.sharding, w.ndim)
+
+
+# --------------------------------------------------------------------------- residual layouts
+def test_row_major_pins_every_residual_of_two_or_more_dims():
+    fn, make_args = zoo.ZOO["attention"]
+    args = make_args(_key(11))
+    f = jaxaot.aot_function(lambda *a: jnp.sum(fn(*a)), partition_fn=jaxaot.min_cut_rematerialization_partition)
+    tr = _training(f, args)
+    part = tr.partition
+    residuals = [tr.programs.in_avals[i] for i in part.saved_inputs] + \
+        [C.jaxpr_of(part.forward).outvars[i].aval for i in part.saved_outputs]
+    closed = fused_program(tr, layouts="row_major")
+    pins = [e for e in closed.jaxpr.eqns if "layout" in e.primitive.name]
+    assert len(pins) == sum(a.ndim >= 2 for a in residuals) > 0
+    assert not [e for e in fused_program(tr).jaxpr.eqns if "layout" in e.primitive.name]
+    want = jax.value_and_grad(lambda *a: jnp.sum(fn(*a)), argnums=(0, 1, 2))(*args)
+    got = C.eval_closed(closed, *jax.tree.leaves(args))
+    assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("choice", ["row_major", "auto", "measured"])
+@pytest.mark.parametrize("name", ["attention", "conv", "scan"])
+def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
+    # CPU stands in for an accelerator: both programs compile, one is kept under the fused name.
+    from jaxaot.runtime import fused
+
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    if choice != "measured":
+        monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: choice)
+    fn, make_args = zoo.ZOO[name]
+    args = make_args(_key(hash((name, choice)) % 991))
+    loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    argnums = tuple(range(len(args)))
+    got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
+    assert_trees_close(got, jax.value_and_grad(loss, argnums=argnums)(*args), rtol=1e-4, atol=1e-5)
+    (only,) = f.lookup(args, {}).programs.executables.values()  # the pinned candidate is not kept aside
+    assert only.layouts in (("row_major", "auto") if choice == "measured" else (choice,))
+
+
+def test_layout_choice_rule():
+    from jaxaot.runtime.fused import LAYOUT_PEAK_SLACK, choose_layouts
+
+    assert choose_layouts(10_000, 10_000) == "row_major"
+    assert choose_layouts(10_000, int(10_000 * (1 + LAYOUT_PEAK_SLACK))) == "row_major"
+    assert choose_layouts(10_000, int(10_000 * (1 + 2 * LAYOUT_PEAK_SLACK))) == "auto"
+    assert choose_layouts(None, 5) == choose_layouts(5, None) == "auto"
+
+
+def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
+    from jaxaot.runtime import fused
+
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    real = fused.fused_program
+
+    def refusing(training, value_leaf=0, barrier="all", layouts="auto"):
+        if layouts == "row_major":
+            raise NotImplementedError("no layouts here")
+        return real(training, value_leaf, barrier, layouts)
+
+    monkeypatch.setattr(fused, "fused_program", refusing)
+    fn, make_args = zoo.ZOO["mlp_gelu"]
+    args = make_args(_key(5))
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    got = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
+    assert_trees_close(got, jax.value_and_grad(fn, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
+    (only,) = f.lookup(args, {}).programs.executables.values()
+    assert only.layouts == "auto"
