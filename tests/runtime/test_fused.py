@@ -244,3 +244,26 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     assert_trees_close(got, jax.value_and_grad(fn, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
     (only,) = f.lookup(args, {}).programs.executables.values()
     assert only.layouts == "auto"
+
+
+def test_row_major_leaves_convolution_operands_to_the_backend():
+    from jaxaot.runtime.fused import library_kernel_residuals
+
+    fn, make_args = zoo.ZOO["conv"]
+    args = make_args(_key(13))
+    loss = lambda *a: jnp.sum(jnp.tanh(fn(*a)))  # noqa: E731
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    tr = _training(f, args)
+    part = tr.partition
+    fwd = C.jaxpr_of(part.forward)
+    residuals = [fwd.invars[i] for i in part.saved_inputs] + [fwd.outvars[i] for i in part.saved_outputs]
+    convs = [e for e in fwd.eqns if e.primitive.name == "conv_general_dilated"]
+    conv_vars = {id(v) for e in convs for v in (*e.invars, *e.outvars)}
+    library = library_kernel_residuals(part, 1)
+    assert library == {i for i, v in enumerate(residuals) if id(v) in conv_vars} and library
+    closed = fused_program(tr, layouts="row_major")
+    pinned = sum("layout" in e.primitive.name for e in closed.jaxpr.eqns)
+    assert pinned == sum(v.aval.ndim >= 2 for i, v in enumerate(residuals) if i not in library)
+    got = C.eval_closed(closed, *jax.tree.leaves(args))
+    want = jax.value_and_grad(loss, argnums=(0, 1))(*args)
+    assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-5)
