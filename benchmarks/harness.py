@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jax
 
+from jaxaot.runtime.fused import compiled_peak
+
 
 def header(title: str) -> str:
     dev = jax.devices()[0]
@@ -89,14 +91,4 @@ def fmt_bytes(n: float | None) -> str:
 
 def peak_bytes(compiled: Any) -> int | None:
     """Peak device memory of a compiled executable, where the backend reports it."""
-    try:
-        ma = compiled.memory_analysis()
-    except Exception:
-        return None
-    if ma is None:
-        return None
-    # XLA:CPU's peak_memory_in_bytes leaves out temporaries: then count them with the rest.
-    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)
-    if peak >= ma.temp_size_in_bytes and peak:
-        return peak
-    return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+    return compiled_peak(compiled)

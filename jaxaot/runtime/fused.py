@@ -215,7 +215,7 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
 
     On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the step is compiled twice, with XLA's
     layouts for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps
-    one (``cache_info()``'s ``times`` record ``fused_layouts_row_major``: 1 or 0).
+    one; the executable's ``layouts`` attribute says which (``"auto"`` or ``"row_major"``).
     """
     p = training.programs
     name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
