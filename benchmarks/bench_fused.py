@@ -49,15 +49,20 @@ PARTITIONS = {"default": jaxaot.default_partition, "min-cut 1": _budget(1.0), "m
               "min-cut 0.5": _budget(0.5)}
 
 
+def jax_references(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
+    """JAX's fused steps: ``jit(value_and_grad)`` and with ``checkpoint(dots_saveable)``, each with its executable."""
+    loss, nums = model.loss, model.argnums
+    jit = jax.jit(jax.value_and_grad(loss, argnums=nums))
+    ckpt = jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable),
+                                      argnums=nums))
+    return {"jit(value_and_grad)": (jit, jit.lower(*args).compile()),
+            "jit(dots_saveable)": (ckpt, ckpt.lower(*args).compile())}
+
+
 def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
     """name -> (step(args), compiled executable for memory analysis or None)."""
     loss, nums = model.loss, model.argnums
-    out: dict[str, tuple[Callable, Any]] = {}
-    jit = jax.jit(jax.value_and_grad(loss, argnums=nums))
-    out["jit(value_and_grad)"] = (jit, jit.lower(*args).compile())
-    ckpt = jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable),
-                                      argnums=nums))
-    out["jit(dots_saveable)"] = (ckpt, ckpt.lower(*args).compile())
+    out = jax_references(model, args)
     for name, pf in PARTITIONS.items():
         f = jaxaot.aot_function(loss, partition_fn=pf)
         vg = jaxaot.value_and_grad(f, argnums=nums)

@@ -26,6 +26,7 @@ from jaxaot import _compat as C
 from jaxaot.runtime.fused import fused_program
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_fused import jax_references  # noqa: E402
 from harness import fmt_bytes, peak_bytes  # noqa: E402
 from models import zoo  # noqa: E402
 from probe_fused_peak import min_cut_reductions_cheap  # noqa: E402
@@ -54,9 +55,8 @@ def census(hlo: str) -> str:
 
 def compiled_programs(model: Any, args: tuple) -> dict[str, Any]:
     loss, nums = model.loss, model.argnums
-    out = {"jit_vg": jax.jit(jax.value_and_grad(loss, argnums=nums)).lower(*args).compile(),
-           "jit_dots": jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable),
-                                                  argnums=nums)).lower(*args).compile()}
+    refs = jax_references(model, args)
+    out = {"jit_vg": refs["jit(value_and_grad)"][1], "jit_dots": refs["jit(dots_saveable)"][1]}
     mask_nums = (nums,) if isinstance(nums, int) else tuple(nums)
     mc = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0)
     for name, pf in (("fused_mincut", mc), ("fused_mincut_reductions_cheap", min_cut_reductions_cheap)):

@@ -32,7 +32,7 @@ import jaxaot
 from jaxaot.partition import cost_model
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import _barrier, check, time_rounds  # noqa: E402
+from bench_fused import _barrier, check, jax_references, time_rounds  # noqa: E402
 from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
 from models import zoo  # noqa: E402
 
@@ -54,12 +54,7 @@ def min_cut_reductions_cheap(joint: Any) -> Any:
 
 def programs(model: Any, args: tuple, full: bool = True) -> dict[str, tuple[Any, Any]]:
     loss, nums = model.loss, model.argnums
-    out: dict[str, tuple[Any, Any]] = {}
-    jit = jax.jit(jax.value_and_grad(loss, argnums=nums))
-    out["jit(value_and_grad)"] = (jit, jit.lower(*args).compile())
-    ckpt = jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable),
-                                      argnums=nums))
-    out["jit(dots_saveable)"] = (ckpt, ckpt.lower(*args).compile())
+    out = jax_references(model, args)
     mc = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0)
     for barrier in ("all", "recomputed", "none") if full else ("all", "none"):
         out[f"min-cut 1, barrier {barrier}"] = _barrier(jaxaot.aot_function(loss, partition_fn=mc), nums, args,
