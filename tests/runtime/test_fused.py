@@ -161,7 +161,13 @@ def test_fused_peak_is_no_more_than_jax_fused_step(budget):
     assert mine.temp_size_in_bytes <= theirs.temp_size_in_bytes
 
 
-def test_sharded_fused_step_keeps_gradient_shardings():
+@pytest.mark.parametrize("choice", ["auto", "row_major"])
+def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
+    # Both layout choices (CPU standing in for an accelerator): row-major pins sharded residuals.
+    from jaxaot.runtime import fused
+
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: choice)
     if jax.device_count() < 8:
         pytest.skip("needs eight devices (tests/conftest.py sets them)")
     from jax.sharding import NamedSharding
@@ -176,6 +182,8 @@ def test_sharded_fused_step_keeps_gradient_shardings():
     assert_trees_close((value, grads), jax.jit(jax.value_and_grad(_loss))(ws, x), rtol=1e-4, atol=1e-6)
     for g, w in zip(grads, ws):
         assert g.sharding.is_equivalent_to(w.sharding, w.ndim)
+    (only,) = f.lookup((ws, x), {}).programs.executables.values()
+    assert only.layouts == choice
 
 
 # --------------------------------------------------------------------------- residual layouts
