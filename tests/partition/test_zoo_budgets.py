@@ -168,6 +168,23 @@ def test_matches_jax(name: str, budget: float | None) -> None:
             assert all(g.dtype == jax.dtypes.float0 for g in jax.tree_util.tree_leaves(back[i])), i
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch) -> None:
+    # What an accelerator may choose (jaxaot.runtime.fused.choose_layouts), forced here on CPU.
+    from jaxaot.runtime import fused
+
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: "row_major")
+    model = MODELS[name]
+    args, value, grads, _, _ = reference(name)
+    aot = jaxaot.aot_function(model.loss, partition_fn=partition_fn(1.0))
+    got_value, got_grads = jaxaot.value_and_grad(aot, argnums=model.argnums)(*args)
+    assert_value_close(model, got_value, value)
+    assert_close(model, got_grads, grads, "value_and_grad, row-major residuals")
+    (exe,) = aot.lookup(args, {}).programs.executables.values()
+    assert exe.layouts == "row_major"
+
+
 # --------------------------------------------------------------------------- saved bytes
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_budget_sweep_is_monotone(name: str) -> None:
