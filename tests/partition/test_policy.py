@@ -173,7 +173,7 @@ def test_policy_reproduces_the_plan(name, budget):
 
 def test_distinct_keys_are_exact_at_every_budget():
     # Two layers of one width share a key (mlp_gelu at 0.5 may save one and
-    # recompute the other: approximate, and said so); distinct widths never do.
+    # recompute the other: approximate, and said so); here every layer has its own.
     assert all(_policy("mlp_tapered", b).exact for b in BUDGETS)
 
 
