@@ -66,6 +66,7 @@ import jax
 from jaxaot import _compat as C
 from jaxaot.partition import cost_model
 from jaxaot.partition.default import default_partition
+from jaxaot.runtime import per_use
 
 
 def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
@@ -101,7 +102,8 @@ def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
     return {i for i, (a, b) in enumerate(zip(produced, residual_vars)) if id(a) in touched or id(b) in touched}
 
 
-def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto") -> Any:
+def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
+                  recompute: str = "shared") -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
@@ -111,7 +113,9 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     then merge recomputed eqns with the forward's, saving more than the plan);
     ``layouts``: ``"auto"`` lets XLA choose the residuals' layouts,
     ``"row_major"`` pins them to the layout they have between two executables
-    (except those a library kernel reads or writes, :func:`library_kernel_residuals`).
+    (except those a library kernel reads or writes, :func:`library_kernel_residuals`);
+    ``recompute``: ``"shared"`` emits each recomputed value once, ``"per_use"`` gives every
+    consumer its own copy of the cheap ones (:mod:`jaxaot.runtime.per_use`).
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
@@ -134,7 +138,10 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
         kept = iter(jax.lax.optimization_barrier(kept) if kept else [])
         residuals = [next(kept) if i in behind else r for i, r in enumerate(residuals)]
         unit = [jax.numpy.full(a.shape, 1 if i == value_leaf else 0, a.dtype) for i, a in cts]
-        grads = C.eval_closed(part.backward, *unit, *residuals)
+        if recompute == "per_use" and part.recomputed:
+            grads = per_use.eval_backward(part.backward, len(cts), *unit, *residuals)
+        else:
+            grads = C.eval_closed(part.backward, *unit, *residuals)
         grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]
         return [fwd[i] for i in p.computed_outputs] + grads
 

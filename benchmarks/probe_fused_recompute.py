@@ -1,0 +1,82 @@
+"""Probe: the fused step with recomputed values shared or emitted per use, at several budgets, on the GPU.
+
+For each zoo model and min-cut budget, the fused step with ``recompute="shared"``
+(each recomputed value emitted once) and ``"per_use"`` (each consumer gets its own
+copy of the cheap ones, :mod:`jaxaot.runtime.per_use`), each compiled with XLA's
+residual layouts and row-major ones and kept by :func:`jaxaot.runtime.fused.choose_layouts`
+as the product does, against ``jit(value_and_grad)`` and ``jit(dots_saveable)``:
+median step-time ratio over interleaved rounds, compiled peak as a ratio to
+``dots_saveable``'s.
+
+Usage: python benchmarks/probe_fused_recompute.py MODEL [MODEL ...] [--budgets 1,0.75] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+from typing import Any
+
+import jax
+
+import jaxaot
+from jaxaot.runtime.fused import choose_layouts, compiled_peak
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_fused import _barrier, check, jax_references, time_rounds  # noqa: E402
+from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
+from models import zoo  # noqa: E402
+
+
+def chosen(f: Any, nums: Any, args: tuple, recompute: str) -> tuple[Any, Any, str]:
+    auto = _barrier(f, nums, args, "all", "auto", recompute)
+    if jax.default_backend() == "cpu":
+        return (*auto, "auto")
+    pinned = _barrier(f, nums, args, "all", "row_major", recompute)
+    pick = choose_layouts(compiled_peak(auto[1]), compiled_peak(pinned[1]))
+    return (*(pinned if pick == "row_major" else auto), pick)
+
+
+def probe(model: Any, budgets: list[float], rounds: int, iters: int) -> str:
+    sets = [model.make_args(jax.random.key(i)) for i in range(3)]
+    progs = jax_references(model, sets[0])
+    layouts = {}
+    for b in budgets:
+        pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=b)
+        f = jaxaot.aot_function(model.loss, partition_fn=pf)
+        for mode in ("shared", "per_use"):
+            step, exe, pick = chosen(f, model.argnums, sets[0], mode)
+            progs[f"min-cut {b:g}, {mode}"] = (step, exe)
+            layouts[f"min-cut {b:g}, {mode}"] = pick
+    err = check(progs, model, sets[1])
+    times = time_rounds(progs, sets, rounds, iters)
+    ref = times["jit(value_and_grad)"]
+    dots = peak_bytes(progs["jit(dots_saveable)"][1])
+    rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "layouts"]]
+    for name, (_, exe) in progs.items():
+        r = [t / b for t, b in zip(times[name], ref)]
+        peak = peak_bytes(exe)
+        rows.append([name, f"{statistics.median(r):.3f}", f"({min(r):.2f}-{max(r):.2f})", fmt_bytes(peak),
+                     f"{peak / dots:.3f}" if peak and dots else "-", layouts.get(name, "-")])
+    return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--budgets", default="1,0.75")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    models = zoo("small" if a.small else "gpu")
+    budgets = [float(b) for b in a.budgets.split(",")]
+    report("probe_fused_recompute: shared or per-use recomputation in the fused step",
+           (probe(models[m], budgets, a.rounds, a.iters) for m in a.models), a.out)
+
+
+if __name__ == "__main__":
+    main()
