@@ -50,9 +50,11 @@ def compile_all(model, args, budget, layouts):
                     ("mincut_reductions_recomputed", min_cut_reductions_cheap)):
         f = jaxaot.aot_function(loss, partition_fn=pf)
         programs, leaves, _ = f.lookup(args, {})
-        closed = fused_program(programs.training(mask), barrier="all", layouts=layouts)
-        step = named(lambda *xs, closed=closed: C.eval_closed(closed, *xs), f"fused_{tag}")
-        exes[f"fused_{tag}"] = jax.jit(step).lower(*leaves).compile()
+        for order in ("xla", "consume_first"):
+            closed = fused_program(programs.training(mask), barrier="all", layouts=layouts, order=order)
+            name = f"fused_{tag}" + ("" if order == "xla" else "_consume_first")
+            step = named(lambda *xs, closed=closed: C.eval_closed(closed, *xs), name)
+            exes[name] = jax.jit(step).lower(*leaves).compile()
     return exes
 
 

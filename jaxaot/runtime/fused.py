@@ -66,7 +66,7 @@ import jax
 from jaxaot import _compat as C
 from jaxaot.partition import cost_model
 from jaxaot.partition.default import default_partition
-from jaxaot.runtime import per_use
+from jaxaot.runtime import ordering
 
 
 def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
@@ -103,7 +103,7 @@ def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
 
 
 def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
-                  recompute: str = "shared") -> Any:
+                  order: str = "xla") -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
@@ -114,8 +114,9 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     ``layouts``: ``"auto"`` lets XLA choose the residuals' layouts,
     ``"row_major"`` pins them to the layout they have between two executables
     (except those a library kernel reads or writes, :func:`library_kernel_residuals`);
-    ``recompute``: ``"shared"`` emits each recomputed value once, ``"per_use"`` gives every
-    consumer its own copy of the cheap ones (:mod:`jaxaot.runtime.per_use`).
+    ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
+    recomputed matmul operand be used before its residuals are read again
+    (:mod:`jaxaot.runtime.ordering`).
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
@@ -138,8 +139,8 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
         kept = iter(jax.lax.optimization_barrier(kept) if kept else [])
         residuals = [next(kept) if i in behind else r for i, r in enumerate(residuals)]
         unit = [jax.numpy.full(a.shape, 1 if i == value_leaf else 0, a.dtype) for i, a in cts]
-        if recompute == "per_use" and part.recomputed:
-            grads = per_use.eval_backward(part.backward, len(cts), *unit, *residuals)
+        if order == "consume_first" and part.recomputed:
+            grads = ordering.eval_backward(part.backward, len(cts), *unit, *residuals)
         else:
             grads = C.eval_closed(part.backward, *unit, *residuals)
         grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]

@@ -1,14 +1,14 @@
-"""Probe: the fused step with recomputed values shared or emitted per use, at several budgets, on the GPU.
+"""Probe: the fused step's backward in XLA's order or consume-first, at several budgets, on the GPU.
 
-For each zoo model and min-cut budget, the fused step with ``recompute="shared"``
-(each recomputed value emitted once) and ``"per_use"`` (each consumer gets its own
-copy of the cheap ones, :mod:`jaxaot.runtime.per_use`), each compiled with XLA's
+For each zoo model and min-cut budget, the fused step with ``order="xla"`` and
+``"consume_first"`` (recomputed matmul operands used before their residuals are
+read again, :mod:`jaxaot.runtime.ordering`), each compiled with XLA's
 residual layouts and row-major ones and kept by :func:`jaxaot.runtime.fused.choose_layouts`
 as the product does, against ``jit(value_and_grad)`` and ``jit(dots_saveable)``:
 median step-time ratio over interleaved rounds, compiled peak as a ratio to
 ``dots_saveable``'s.
 
-Usage: python benchmarks/probe_fused_recompute.py MODEL [MODEL ...] [--budgets 1,0.75] [--rounds 15]
+Usage: python benchmarks/probe_fused_order.py MODEL [MODEL ...] [--budgets 1,0.75] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
 from models import zoo  # noqa: E402
 
 
-def chosen(f: Any, nums: Any, args: tuple, recompute: str) -> tuple[Any, Any, str]:
-    auto = _barrier(f, nums, args, "all", "auto", recompute)
+def chosen(f: Any, nums: Any, args: tuple, order: str) -> tuple[Any, Any, str]:
+    auto = _barrier(f, nums, args, "all", "auto", order)
     if jax.default_backend() == "cpu":
         return (*auto, "auto")
-    pinned = _barrier(f, nums, args, "all", "row_major", recompute)
+    pinned = _barrier(f, nums, args, "all", "row_major", order)
     pick = choose_layouts(compiled_peak(auto[1]), compiled_peak(pinned[1]))
     return (*(pinned if pick == "row_major" else auto), pick)
 
@@ -46,7 +46,7 @@ def probe(model: Any, budgets: list[float], rounds: int, iters: int) -> str:
     for b in budgets:
         pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=b)
         f = jaxaot.aot_function(model.loss, partition_fn=pf)
-        for mode in ("shared", "per_use"):
+        for mode in ("xla", "consume_first"):
             step, exe, pick = chosen(f, model.argnums, sets[0], mode)
             progs[f"min-cut {b:g}, {mode}"] = (step, exe)
             layouts[f"min-cut {b:g}, {mode}"] = pick
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     models = zoo("small" if a.small else "gpu")
     budgets = [float(b) for b in a.budgets.split(",")]
-    report("probe_fused_recompute: shared or per-use recomputation in the fused step",
+    report("probe_fused_order: the fused step's backward in XLA's order or consume-first",
            (probe(models[m], budgets, a.rounds, a.iters) for m in a.models), a.out)
 
 

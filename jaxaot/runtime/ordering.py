@@ -1,0 +1,120 @@
+"""Consume-first ordering: the fused step's backward uses a recomputed matmul operand before anything else reads its residuals.
+
+A partition's backward recomputes some forward values from the residuals (the
+eqns no cotangent reaches). When such a value is an operand of a matmul or a
+convolution, it is written to memory. Inside one program XLA may merge its
+recomputation with a later kernel that reads the same residuals (a sibling
+multi-output fusion): the residual is read once, but the recomputed value is
+then produced only when that later kernel runs, next to that kernel's own
+outputs. On an attention block whose plan saves the scores and the softmax
+statistics, the recomputed probabilities (the value gradient's operand) came
+out of the score gradient's kernel: two 256 MB buffers at once, beside the
+scores and the probabilities' cotangent, and the fused step's peak rose 1.28x
+above ``dots_saveable``'s (``benchmarks/probe_peak_buffers.py``).
+
+:func:`eval_backward` evaluates the backward in its own order, except that
+after each matmul or convolution that reads a recomputed value (and a value a
+cotangent reaches), the residuals that value was recomputed from pass an
+``optimization_barrier`` together with the matmul's result. Every later reader
+of those residuals then depends on the matmul, so XLA computes the recomputed
+operand, consumes it and can free it before any later kernel reads the
+residuals again, and cannot fuse the two.
+
+Cost: the residuals are read once more (the merged kernel read them once for
+both); one barrier per such matmul.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from jaxaot import _compat as C
+
+#: Primitives whose recomputed operands are ordered (XLA writes their operands to memory).
+MATERIALIZING = frozenset({"dot_general", "conv_general_dilated"})
+#: Eqns that only move or relabel data: an operand recomputed by these alone (a transposed
+#: weight) costs no kernel worth ordering.
+_MOVES = frozenset("transpose reshape rev squeeze expand_dims broadcast_in_dim copy convert_element_type".split())
+
+
+def _reads(eqn: Any) -> list:
+    return [v for v in eqn.invars if not C.is_literal(v)]
+
+
+def _residual_sources(v: Any, producer: dict[int, Any], residuals: set[int]) -> list:
+    """The backward's residual inputs that the recomputed value ``v`` is computed from (none
+    when only data movement computes it)."""
+    out: dict[int, Any] = {}
+    stack, seen, arithmetic = [v], set(), False
+    while stack:
+        u = stack.pop()
+        if id(u) in seen:
+            continue
+        seen.add(id(u))
+        if id(u) in residuals:
+            out[id(u)] = u
+        elif id(u) in producer:
+            arithmetic |= producer[id(u)].primitive.name not in _MOVES
+            stack.extend(_reads(producer[id(u)]))
+    return list(out.values()) if arithmetic else []
+
+
+def ordered_eqns(backward: Any, num_cotangents: int) -> dict[int, list]:
+    """``{id(eqn): residual vars}`` for each matmul/convolution a cotangent reaches that reads a
+    recomputed value: the residuals to pass the barrier after it."""
+    jaxpr = C.jaxpr_of(backward)
+    reached = set(map(id, jaxpr.invars[:num_cotangents]))
+    residuals = set(map(id, jaxpr.invars[num_cotangents:]))
+    producer: dict[int, Any] = {}
+    out: dict[int, list] = {}
+    for eqn in jaxpr.eqns:
+        ins = _reads(eqn)
+        if not any(id(v) in reached for v in ins):
+            producer.update((id(o), eqn) for o in eqn.outvars)
+            continue
+        reached.update(id(o) for o in eqn.outvars)
+        if eqn.primitive.name in MATERIALIZING:
+            recomputed = [v for v in ins if id(v) in producer]
+            sources = {id(s): s for v in recomputed for s in _residual_sources(v, producer, residuals)}
+            if sources:
+                out[id(eqn)] = list(sources.values())
+    return out
+
+
+def eval_backward(backward: Any, num_cotangents: int, *args: Any) -> list:
+    """Evaluate the closed jaxpr ``backward`` on ``args`` (cotangents first, then residuals) with
+    recomputed matmul operands consumed first (see the module docstring).
+
+    Same values as ``jax.core.eval_jaxpr``; a different program.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot.runtime.ordering import eval_backward
+        >>> def bwd(g, s, w):  # exp(s) recomputed: a matmul operand, and read again after it
+        ...     dw = jnp.exp(s).T @ g
+        ...     return dw, (g @ w.T) * jnp.exp(s)
+        >>> args = (jnp.ones((2, 3)), jnp.ones((2, 4)), jnp.ones((4, 3)))
+        >>> closed = jax.make_jaxpr(bwd)(*args)
+        >>> got, want = eval_backward(closed, 1, *args), bwd(*args)
+        >>> all(bool(jnp.allclose(a, b)) for a, b in zip(got, want))
+        True
+    """
+    jaxpr = C.jaxpr_of(backward)
+    ordered = ordered_eqns(backward, num_cotangents)
+    env: dict[int, Any] = {id(v): x for v, x in zip(jaxpr.constvars, C.consts_of(backward))}
+    env.update((id(v), x) for v, x in zip(jaxpr.invars, args))
+
+    def read(v: Any) -> Any:
+        return v.val if C.is_literal(v) else env[id(v)]
+
+    for eqn in jaxpr.eqns:
+        outs = C.bind_eqn(eqn, [read(v) for v in eqn.invars])
+        sources = ordered.get(id(eqn))
+        if sources:
+            passed = jax.lax.optimization_barrier([env[id(s)] for s in sources] + list(outs))
+            env.update((id(s), x) for s, x in zip(sources, passed))
+            outs = passed[len(sources):]
+        env.update((id(o), x) for o, x in zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
