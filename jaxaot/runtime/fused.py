@@ -205,25 +205,50 @@ def _platform(exe: Any) -> str | None:
     return next(iter(devices)).platform if devices else None
 
 
-def _compile_pinned(training: Any, name: str, value_leaf: int, barrier: str, returned: set) -> Any:
-    """The step with row-major residuals, or None where the backend refuses the layout constraint."""
+#: How much lower the consume-first step's compiled peak must be to be chosen (see :func:`choose_order`).
+ORDER_PEAK_GAIN = 0.01
+
+
+def choose_order(xla_peak: int | None, ordered_peak: int | None) -> str:
+    """``"consume_first"`` when that backward order (:mod:`jaxaot.runtime.ordering`) lowers the
+    compiled peak by more than :data:`ORDER_PEAK_GAIN`, else ``"xla"``.
+
+    The order costs one more read of the residuals it sequences, so it is kept only where
+    XLA's own order (a recomputed matmul operand merged into a later kernel) raised the peak.
+
+    Example:
+        >>> from jaxaot.runtime.fused import choose_order
+        >>> choose_order(1000, 995), choose_order(1000, 900), choose_order(None, 10)
+        ('xla', 'consume_first', 'xla')
+    """
+    if xla_peak is None or ordered_peak is None:
+        return "xla"
+    return "consume_first" if ordered_peak < xla_peak * (1 - ORDER_PEAK_GAIN) else "xla"
+
+
+def _compile_variant(training: Any, name: str, value_leaf: int, barrier: str, returned: set,
+                     layouts: str, order: str) -> Any:
+    """The step compiled with these ``layouts`` and ``order``, or None where the backend refuses it."""
     p = training.programs
+    key = f"{name}:{layouts}:{order}"
     try:
-        return p.compile(name + ":row_major", training.options.fw_compiler,
-                         fused_program(training, value_leaf, barrier=barrier, layouts="row_major"),
+        return p.compile(key, training.options.fw_compiler,
+                         fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order),
                          p.in_avals, aliased=returned)
     except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
         return None
     finally:
-        p.executables.pop(name + ":row_major", None)
+        p.executables.pop(key, None)
 
 
 def fused_exe(training: Any, value_leaf: int = 0) -> Any:
     """The fused step's executable, compiled (through the persistent cache) on first use.
 
-    On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the step is compiled twice, with XLA's
-    layouts for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps
-    one; the executable's ``layouts`` attribute says which (``"auto"`` or ``"row_major"``).
+    On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the step is compiled with XLA's layouts
+    for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps one; where
+    the backward reads a recomputed matmul operand it is compiled once more in the consume-first
+    order, kept by :func:`choose_order`. The executable's ``layouts`` (``"auto"`` or
+    ``"row_major"``) and ``order`` (``"xla"`` or ``"consume_first"``) attributes say which.
     """
     p = training.programs
     name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
@@ -234,13 +259,20 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
         compiler = training.options.fw_compiler
         exe = p.compile(name, compiler, fused_program(training, value_leaf, barrier=barrier), p.in_avals,
                         aliased=returned)
+        exe.layouts, exe.order = "auto", "xla"
         if _platform(exe) in LAYOUT_CHOICE_PLATFORMS:
-            pinned = _compile_pinned(training, name, value_leaf, barrier, returned)
+            pinned = _compile_variant(training, name, value_leaf, barrier, returned, "row_major", "xla")
             if pinned is not None and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "row_major":
-                pinned.layouts = "row_major"
-                p.executables[name] = exe = pinned
-        if not hasattr(exe, "layouts"):
-            exe.layouts = "auto"
+                pinned.layouts, pinned.order = "row_major", "xla"
+                exe = pinned
+            part = training.partition
+            if part.recomputed and ordering.ordered_eqns(part.backward, len(part.cotangent_outputs)):
+                ordered = _compile_variant(training, name, value_leaf, barrier, returned, exe.layouts,
+                                           "consume_first")
+                if ordered is not None and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
+                    ordered.layouts, ordered.order = exe.layouts, "consume_first"
+                    exe = ordered
+            p.executables[name] = exe
     return exe
 
 

@@ -13,9 +13,10 @@ scores and the probabilities' cotangent, and the fused step's peak rose 1.28x
 above ``dots_saveable``'s (``benchmarks/probe_peak_buffers.py``).
 
 :func:`eval_backward` evaluates the backward in its own order, except that
-after each matmul or convolution that reads a recomputed value (and a value a
-cotangent reaches), the residuals that value was recomputed from pass an
-``optimization_barrier`` together with the matmul's result. Every later reader
+each matmul or convolution that reads a recomputed value (and a value a
+cotangent reaches) runs as soon as its operands exist, and the residuals that
+value was recomputed from then pass an ``optimization_barrier`` together with
+the matmul's result. Every later reader
 of those residuals then depends on the matmul, so XLA computes the recomputed
 operand, consumes it and can free it before any later kernel reads the
 residuals again, and cannot fuse the two.
@@ -109,7 +110,7 @@ def eval_backward(backward: Any, num_cotangents: int, *args: Any) -> list:
     def read(v: Any) -> Any:
         return v.val if C.is_literal(v) else env[id(v)]
 
-    for eqn in jaxpr.eqns:
+    def run(eqn: Any) -> None:
         outs = C.bind_eqn(eqn, [read(v) for v in eqn.invars])
         sources = ordered.get(id(eqn))
         if sources:
@@ -117,4 +118,15 @@ def eval_backward(backward: Any, num_cotangents: int, *args: Any) -> list:
             env.update((id(s), x) for s, x in zip(sources, passed))
             outs = passed[len(sources):]
         env.update((id(o), x) for o, x in zip(eqn.outvars, outs))
+
+    pending = [e for e in jaxpr.eqns if id(e) in ordered]
+    done: set[int] = set()
+    for eqn in jaxpr.eqns:
+        if id(eqn) not in done:
+            run(eqn)
+            done.add(id(eqn))
+        for early in pending:  # as soon as its operands exist, before later readers of its residuals
+            if id(early) not in done and all(C.is_literal(v) or id(v) in env for v in early.invars):
+                run(early)
+                done.add(id(early))
     return [read(v) for v in jaxpr.outvars]

@@ -239,10 +239,10 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
     real = fused.fused_program
 
-    def refusing(training, value_leaf=0, barrier="all", layouts="auto"):
+    def refusing(training, value_leaf=0, barrier="all", layouts="auto", order="xla"):
         if layouts == "row_major":
             raise NotImplementedError("no layouts here")
-        return real(training, value_leaf, barrier, layouts)
+        return real(training, value_leaf, barrier, layouts, order)
 
     monkeypatch.setattr(fused, "fused_program", refusing)
     fn, make_args = zoo.ZOO["mlp_gelu"]
@@ -252,6 +252,37 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     assert_trees_close(got, jax.value_and_grad(fn, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
     (only,) = f.lookup(args, {}).programs.executables.values()
     assert only.layouts == "auto"
+
+
+# --------------------------------------------------------------------------- backward order
+def test_order_choice_rule():
+    from jaxaot.runtime.fused import ORDER_PEAK_GAIN, choose_order
+
+    assert choose_order(10_000, 10_000) == "xla"
+    assert choose_order(10_000, int(10_000 * (1 - ORDER_PEAK_GAIN / 2))) == "xla"
+    assert choose_order(10_000, int(10_000 * (1 - 2 * ORDER_PEAK_GAIN))) == "consume_first"
+    assert choose_order(None, 5) == choose_order(5, None) == "xla"
+
+
+@pytest.mark.parametrize("choice", ["xla", "consume_first", "measured"])
+@pytest.mark.parametrize("name", ["attention", "mlp_gelu"])
+def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
+    # CPU stands in for an accelerator: the consume-first candidate compiles, one executable is kept.
+    from jaxaot.runtime import fused
+
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    if choice != "measured":
+        monkeypatch.setattr(fused, "choose_order", lambda xla, ordered: choice)
+    fn, make_args = zoo.ZOO[name]
+    args = make_args(_key(hash((name, choice, 3)) % 991))
+    loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
+    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5)
+    f = jaxaot.aot_function(loss, partition_fn=pf)
+    argnums = tuple(range(len(args)))
+    got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
+    assert_trees_close(got, jax.value_and_grad(loss, argnums=argnums)(*args), rtol=1e-4, atol=1e-5)
+    (only,) = f.lookup(args, {}).programs.executables.values()
+    assert only.order in (("xla", "consume_first") if choice == "measured" else (choice,))
 
 
 def test_row_major_leaves_convolution_operands_to_the_backend():

@@ -1,0 +1,93 @@
+"""The consume-first backward order (jaxaot.runtime.ordering): same values, the intended barriers."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot import _compat as C
+from jaxaot.runtime import ordering
+from jaxaot.runtime.fused import fused_program
+import zoo
+from zoo import assert_trees_close
+
+_KEY = jax.random.key(20261126)
+
+
+def _partition(fn, args, budget):
+    joint = jaxaot.trace_joint(fn, *args)
+    return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget)
+
+
+def _backward_inputs(part, args, key):
+    leaves = jax.tree.leaves(args)
+    fwd = C.eval_closed(part.forward, *leaves)
+    residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
+    cts = [jax.random.normal(jax.random.fold_in(key, i), fwd[i].shape, fwd[i].dtype)
+           for i in part.cotangent_outputs]
+    return cts, residuals
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_consume_first_backward_computes_the_same_gradients(name, budget):
+    fn, make_args = zoo.ZOO[name]
+    key = jax.random.fold_in(_KEY, hash((name, budget)) % 1000)
+    args = make_args(key)
+    loss = lambda *a: sum(jnp.sum(jnp.sin(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
+    part = _partition(loss, args, budget)
+    cts, residuals = _backward_inputs(part, args, key)
+    want = C.eval_closed(part.backward, *cts, *residuals)
+    got = jax.jit(lambda *xs: ordering.eval_backward(part.backward, len(cts), *xs))(*cts, *residuals)
+    assert_trees_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _attention_loss(q, k, v):
+    s = jnp.einsum("qd,kd->qk", q, k)
+    return jnp.sum(jax.nn.softmax(s, axis=-1) @ v)
+
+
+def test_recomputed_softmax_feeding_a_matmul_is_ordered():
+    # The plan saves the scores and recomputes the probabilities from them: the value
+    # gradient's matmul reads the recomputed probabilities, so the scores pass a barrier after it.
+    q, k, v = (jax.random.normal(jax.random.fold_in(_KEY, i), (16, 8)) for i in range(3))
+    part = _partition(_attention_loss, (q, k, v), 1.0)
+    ordered = ordering.ordered_eqns(part.backward, len(part.cotangent_outputs))
+    assert len(ordered) >= 1
+    assert any(tuple(s.aval.shape) == (16, 16) for srcs in ordered.values() for s in srcs)
+
+
+def test_no_recomputation_no_order():
+    q, k, v = (jax.random.normal(jax.random.fold_in(_KEY, i), (16, 8)) for i in range(3))
+    part = jaxaot.default_partition(jaxaot.trace_joint(_attention_loss, q, k, v))
+    assert ordering.ordered_eqns(part.backward, len(part.cotangent_outputs)) == {}
+
+
+def test_a_transposed_weight_is_not_ordered():
+    # A matmul operand recomputed by data movement alone (a transposed weight) needs no order.
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w.T))
+
+    w, x = jax.random.normal(_KEY, (8, 4)), jax.random.normal(jax.random.fold_in(_KEY, 1), (3, 4))
+    part = _partition(loss, (w, x), 1.0)
+    for eqn_sources in ordering.ordered_eqns(part.backward, len(part.cotangent_outputs)).values():
+        assert all(tuple(s.aval.shape) != (8, 4) for s in eqn_sources)
+
+
+def test_fused_program_consume_first_adds_barriers_and_matches_jax():
+    q, k, v = (jax.random.normal(jax.random.fold_in(_KEY, 10 + i), (16, 8)) for i in range(3))
+    f = jaxaot.aot_function(_attention_loss, partition_fn=functools.partial(
+        jaxaot.min_cut_rematerialization_partition, memory_budget=1.0))
+    programs, leaves, _ = f.lookup((q, k, v), {})
+    tr = programs.training((True, True, True))
+    count = lambda c: sum(e.primitive.name == "optimization_barrier" for e in c.jaxpr.eqns)  # noqa: E731
+    plain, ordered = fused_program(tr), fused_program(tr, order="consume_first")
+    assert count(ordered) > count(plain)
+    want = jax.value_and_grad(_attention_loss, argnums=(0, 1, 2))(q, k, v)
+    got = C.eval_closed(ordered, *leaves)
+    assert_trees_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert_trees_close(got[1:], list(want[1]), rtol=1e-5, atol=1e-6)
