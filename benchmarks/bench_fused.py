@@ -120,6 +120,15 @@ def time_rounds(progs: dict, sets: list, rounds: int, iters: int) -> dict[str, l
     return times
 
 
+def ratio_cells(times: list[float] | None, ref: list[float], exe: Any, dots_peak: int | None) -> list[str]:
+    """One program's table cells: median time ratio to ``ref`` over the rounds, its (min-max),
+    compiled peak, and peak as a ratio to ``dots_peak`` ("-" where not measured)."""
+    r = [t / b for t, b in zip(times, ref)] if times else None
+    peak = peak_bytes(exe) if exe is not None else None
+    return [f"{statistics.median(r):.3f}" if r else "-", f"({min(r):.2f}-{max(r):.2f})" if r else "-",
+            fmt_bytes(peak), f"{peak / dots_peak:.3f}" if peak and dots_peak else "-"]
+
+
 def bench_model(model: Any, rounds: int, iters: int) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = programs(model, sets[0])
@@ -129,12 +138,9 @@ def bench_model(model: Any, rounds: int, iters: int) -> str:
     dots_peak = peak_bytes(progs["jit(dots_saveable)"][1])
     rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak", "layouts", "order"]]
     for name, (_, exe) in progs.items():
-        ratios = [t / r for t, r in zip(times[name], ref)]
-        peak = peak_bytes(exe) if exe is not None else None
-        rows.append([name, f"{statistics.median(times[name]) * 1e3:.3f}", f"{statistics.median(ratios):.3f}",
-                     f"({min(ratios):.2f}-{max(ratios):.2f})", fmt_bytes(peak),
-                     f"{peak / dots_peak:.3f}" if peak and dots_peak else "-", getattr(exe, "layouts", "-"),
-                     getattr(exe, "order", "-")])
+        rows.append([name, f"{statistics.median(times[name]) * 1e3:.3f}",
+                     *ratio_cells(times[name], ref, exe, dots_peak),
+                     getattr(exe, "layouts", "-"), getattr(exe, "order", "-")])
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
 
 

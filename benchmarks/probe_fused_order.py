@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
 from typing import Any
 
@@ -25,8 +24,8 @@ import jaxaot
 from jaxaot.runtime.fused import choose_layouts, compiled_peak
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import _barrier, check, jax_references, time_rounds  # noqa: E402
-from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
+from bench_fused import _barrier, check, jax_references, ratio_cells, time_rounds  # noqa: E402
+from harness import peak_bytes, report, table  # noqa: E402
 from models import zoo  # noqa: E402
 
 
@@ -56,10 +55,7 @@ def probe(model: Any, budgets: list[float], rounds: int, iters: int) -> str:
     dots = peak_bytes(progs["jit(dots_saveable)"][1])
     rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "layouts"]]
     for name, (_, exe) in progs.items():
-        r = [t / b for t, b in zip(times[name], ref)]
-        peak = peak_bytes(exe)
-        rows.append([name, f"{statistics.median(r):.3f}", f"({min(r):.2f}-{max(r):.2f})", fmt_bytes(peak),
-                     f"{peak / dots:.3f}" if peak and dots else "-", layouts.get(name, "-")])
+        rows.append([name, *ratio_cells(times[name], ref, exe, dots), layouts.get(name, "-")])
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
 
 

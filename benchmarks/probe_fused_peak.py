@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import statistics
 import sys
 from typing import Any
 
@@ -32,7 +31,7 @@ import jaxaot
 from jaxaot.partition import cost_model
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import _barrier, check, jax_references, time_rounds  # noqa: E402
+from bench_fused import _barrier, check, jax_references, ratio_cells, time_rounds  # noqa: E402
 from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
 from models import zoo  # noqa: E402
 
@@ -90,12 +89,8 @@ def probe(model: Any, rounds: int, iters: int, full: bool = True) -> str:
     dots = peak_bytes(progs["jit(dots_saveable)"][1])
     rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "temporaries"]]
     for name, (_, exe) in progs.items():
-        r = [t / b for t, b in zip(times[name], ref)] if name in times else None
-        peak = peak_bytes(exe) if exe is not None else None
         temp = exe.memory_analysis().temp_size_in_bytes if exe is not None else None
-        rows.append([name, f"{statistics.median(r):.3f}" if r else "-",
-                     f"({min(r):.2f}-{max(r):.2f})" if r else "-", fmt_bytes(peak),
-                     f"{peak / dots:.3f}" if peak and dots else "-", fmt_bytes(temp)])
+        rows.append([name, *ratio_cells(times.get(name), ref, exe, dots), fmt_bytes(temp)])
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
 
 

@@ -1,12 +1,13 @@
-"""Probe: which buffers are live at the compiled peak of fused steps (XLA's buffer assignment).
+"""Probe: which temporaries are live at the compiled peak of fused steps.
 
 Compiles, for one zoo model, ``jit(value_and_grad)``, ``jit(dots_saveable)`` and the
-fused min-cut step (budget 1, residual layouts as given), with XLA dumping its
-buffer assignment, and prints each program's "Peak buffers" section (size, op
-name with the JAX source line, shape), so a peak above ``dots_saveable``'s can be
-traced to the values that make it.
+fused min-cut step (budget 1 or as given, and with the softmax/norm statistics
+recomputed), each in XLA's backward order and consume-first, with XLA dumping the
+optimized HLO, and prints per program the largest temporaries live at the peak of
+its schedule (:func:`live_at_peak`: size, shape, kernel, op name), so a peak above
+``dots_saveable``'s can be traced to the values that make it.
 
-Run with ``XLA_FLAGS=--xla_dump_to=DIR`` set; usage:
+Run with ``XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_as_text"`` set; usage:
 ``python benchmarks/probe_peak_buffers.py MODEL DIR [--budget 1] [--layouts row_major]``
 """
 
@@ -128,7 +129,6 @@ def live_at_peak(hlo_text: str, top: int = 14) -> list[str]:
             for el in elements.get(name, []):
                 for v in el:
                     last_use[v] = len(entry)
-    events = sorted((born[v], last_use.get(v, born[v])) for v in born)
     n = len(entry) + 1
     delta = [0] * (n + 1)
     for v in born:
@@ -141,7 +141,6 @@ def live_at_peak(hlo_text: str, top: int = 14) -> list[str]:
         if live > peak:
             peak, at = live, t
     alive = sorted((info[v][0], info[v][1]) for v in born if born[v] <= at <= last_use.get(v, born[v]))[::-1]
-    del events
     rows = [f"   temporaries live at the peak (instruction {at} of {len(entry)}): {peak / 2**20:.1f} MiB"]
     rows += [f"   {size / 2**20:9.1f} MiB  {desc}" for size, desc in alive[:top]]
     return rows

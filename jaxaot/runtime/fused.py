@@ -40,9 +40,11 @@ program XLA chooses the residuals' layouts for the forward and the backward
 together, and on some models pays for its choice in transposes (an H200 ViT
 block ran 1.075x ``jit(value_and_grad)`` fused against 0.953x with the
 residuals pinned row-major). On an accelerator the step is therefore compiled
-both ways and :func:`choose_layouts` keeps one, by compiled peak memory.
+both ways and :func:`choose_layouts` keeps one, by compiled peak memory; where
+the backward reads a recomputed matmul operand, once more in the consume-first
+order (:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order`.
 
-Cost: one more compilation per signature, two on an accelerator (the split
+Cost: one more compilation per signature, up to three on an accelerator (the split
 executables compile only if ``.forward``/``.backward`` or a pipeline asks for
 them). Functions with a
 ``jaxaot.while_loop`` whose stack the runtime sizes keep the split

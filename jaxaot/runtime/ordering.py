@@ -125,8 +125,10 @@ def eval_backward(backward: Any, num_cotangents: int, *args: Any) -> list:
         if id(eqn) not in done:
             run(eqn)
             done.add(id(eqn))
-        for early in pending:  # as soon as its operands exist, before later readers of its residuals
-            if id(early) not in done and all(C.is_literal(v) or id(v) in env for v in early.invars):
+        ready = [e for e in pending if all(C.is_literal(v) or id(v) in env for v in e.invars)]
+        for early in ready:  # as soon as its operands exist, before later readers of its residuals
+            if id(early) not in done:
                 run(early)
                 done.add(id(early))
+        pending = [e for e in pending if id(e) not in done]
     return [read(v) for v in jaxpr.outvars]
