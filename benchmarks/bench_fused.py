@@ -120,6 +120,15 @@ def time_rounds(progs: dict, sets: list, rounds: int, iters: int) -> dict[str, l
     return times
 
 
+def measure(progs: dict, model: Any, sets: list, rounds: int, iters: int) -> tuple[float, dict, list, Any]:
+    """Check and time the programs that have a step (``sets[1]`` checks, all rotate in timing):
+    ``(worst gradient error, times by name, jit(value_and_grad)'s times, dots_saveable's peak)``."""
+    timed = {k: v for k, v in progs.items() if v[0] is not None}
+    err = check(timed, model, sets[1])
+    times = time_rounds(timed, sets, rounds, iters)
+    return err, times, times["jit(value_and_grad)"], peak_bytes(progs["jit(dots_saveable)"][1])
+
+
 def ratio_cells(times: list[float] | None, ref: list[float], exe: Any, dots_peak: int | None) -> list[str]:
     """One program's table cells: median time ratio to ``ref`` over the rounds, its (min-max),
     compiled peak, and peak as a ratio to ``dots_peak`` ("-" where not measured)."""
@@ -132,10 +141,7 @@ def ratio_cells(times: list[float] | None, ref: list[float], exe: Any, dots_peak
 def bench_model(model: Any, rounds: int, iters: int) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = programs(model, sets[0])
-    err = check(progs, model, sets[1])
-    times = time_rounds(progs, sets, rounds, iters)
-    ref = times["jit(value_and_grad)"]
-    dots_peak = peak_bytes(progs["jit(dots_saveable)"][1])
+    err, times, ref, dots_peak = measure(progs, model, sets, rounds, iters)
     rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak", "layouts", "order"]]
     for name, (_, exe) in progs.items():
         rows.append([name, f"{statistics.median(times[name]) * 1e3:.3f}",

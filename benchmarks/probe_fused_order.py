@@ -24,8 +24,8 @@ import jaxaot
 from jaxaot.runtime.fused import choose_layouts, compiled_peak
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import _barrier, check, jax_references, ratio_cells, time_rounds  # noqa: E402
-from harness import peak_bytes, report, table  # noqa: E402
+from bench_fused import _barrier, jax_references, measure, ratio_cells  # noqa: E402
+from harness import report, table  # noqa: E402
 from models import zoo  # noqa: E402
 
 
@@ -49,10 +49,7 @@ def probe(model: Any, budgets: list[float], rounds: int, iters: int) -> str:
             step, exe, pick = chosen(f, model.argnums, sets[0], mode)
             progs[f"min-cut {b:g}, {mode}"] = (step, exe)
             layouts[f"min-cut {b:g}, {mode}"] = pick
-    err = check(progs, model, sets[1])
-    times = time_rounds(progs, sets, rounds, iters)
-    ref = times["jit(value_and_grad)"]
-    dots = peak_bytes(progs["jit(dots_saveable)"][1])
+    err, times, ref, dots = measure(progs, model, sets, rounds, iters)
     rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "layouts"]]
     for name, (_, exe) in progs.items():
         rows.append([name, *ratio_cells(times[name], ref, exe, dots), layouts.get(name, "-")])

@@ -31,8 +31,8 @@ import jaxaot
 from jaxaot.partition import cost_model
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import _barrier, check, jax_references, ratio_cells, time_rounds  # noqa: E402
-from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
+from bench_fused import _barrier, jax_references, measure, ratio_cells  # noqa: E402
+from harness import fmt_bytes, report, table  # noqa: E402
 from models import zoo  # noqa: E402
 
 
@@ -82,11 +82,7 @@ def programs(model: Any, args: tuple, full: bool = True) -> dict[str, tuple[Any,
 def probe(model: Any, rounds: int, iters: int, full: bool = True) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = programs(model, sets[0], full)
-    timed = {k: v for k, v in progs.items() if v[0] is not None}
-    err = check(timed, model, sets[1])
-    times = time_rounds(timed, sets, rounds, iters)
-    ref = times["jit(value_and_grad)"]
-    dots = peak_bytes(progs["jit(dots_saveable)"][1])
+    err, times, ref, dots = measure(progs, model, sets, rounds, iters)
     rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "temporaries"]]
     for name, (_, exe) in progs.items():
         temp = exe.memory_analysis().temp_size_in_bytes if exe is not None else None
