@@ -87,7 +87,28 @@ def test_fused_program_consume_first_adds_barriers_and_matches_jax():
     count = lambda c: sum(e.primitive.name == "optimization_barrier" for e in c.jaxpr.eqns)  # noqa: E731
     plain, ordered = fused_program(tr), fused_program(tr, order="consume_first")
     assert count(ordered) > count(plain)
+    # The softmax's normalizer, recomputed for the value gradient's matmul, is recomputed again
+    # from the barrier's outputs for the score gradient (the re-read keeps the two kernels apart).
+    others = lambda c: len(c.jaxpr.eqns) - count(c)  # noqa: E731
+    assert others(ordered) > others(plain)
     want = jax.value_and_grad(_attention_loss, argnums=(0, 1, 2))(q, k, v)
     got = C.eval_closed(ordered, *leaves)
     assert_trees_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     assert_trees_close(got[1:], list(want[1]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_long_recomputed_chain_does_not_recurse():
+    # Recomputed values are computed on first read, iteratively: a chain of thousands of cheap
+    # eqns between a residual and its matmul is fine.
+    def loss(w, x):
+        h = x @ w
+        y = h
+        for _ in range(3000):
+            y = jnp.sin(y)
+        return jnp.sum(y @ w.T)
+
+    w, x = jax.random.normal(_KEY, (4, 4)), jax.random.normal(jax.random.fold_in(_KEY, 1), (2, 4))
+    part = _partition(loss, (w, x), 1.0)
+    cts, residuals = _backward_inputs(part, (w, x), _KEY)
+    got = ordering.eval_backward(part.backward, len(cts), *cts, *residuals)
+    assert_trees_close(got, C.eval_closed(part.backward, *cts, *residuals), rtol=1e-5, atol=1e-6)
