@@ -8,7 +8,13 @@ its schedule (:func:`live_at_peak`: size, shape, kernel, op name), so a peak abo
 ``dots_saveable``'s can be traced to the values that make it.
 
 Run with ``XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_as_text"`` set; usage:
-``python benchmarks/probe_peak_buffers.py MODEL DIR [--budget 1] [--layouts row_major]``
+``python benchmarks/probe_peak_buffers.py MODEL DIR [--budget 1] [--layouts row_major]``, or
+``python benchmarks/probe_peak_buffers.py hlo FILE...`` for saved ``*after_optimizations.txt`` dumps.
+
+The result files ``probe_peak_buffers_gpu_h100_2026-11-26*.txt`` other than ``..._reanalyzed``
+were printed before :func:`live_at_peak` read ``%x#k`` operands as element ``k`` alone: they
+keep every residual alive until the last use of any, and overstate the live set (the
+ranking of the large buffers is unchanged); ``..._reanalyzed`` re-reads the saved HLO.
 """
 
 from __future__ import annotations
@@ -95,22 +101,24 @@ def live_at_peak(hlo_text: str, top: int = 14) -> list[str]:
         if not m:
             continue
         root, name, shape, opcode, rest = m.groups()
-        operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0] if "), " in rest else rest.split(")")[0])
-        for o in operands:
-            for el in elements.get(o, []):
-                for v in el:
-                    last_use[v] = t
+        args = rest.split("), ")[0] if "), " in rest else rest.split(")")[0]
+        # An operand is ``%name`` (all its elements) or ``%name#k`` (element k of a tuple result);
+        # an element is the list of value ids it holds.
+        ops: list[list[list[int]]] = []
+        for o, k in re.findall(r"%([\w.\-]+)(?:#(\d+))?", args):
+            els = elements.get(o, [])
+            ops.append(els if not k else [els[int(k)]] if int(k) < len(els) else [])
+        for op in ops:
+            for v in sum(op, []):
+                last_use[v] = t
         if opcode in _ALIASES:
-            ops = [elements.get(o, []) for o in operands]
             if opcode == "tuple":
-                elements[name] = [sum(el, []) for el in ops]
+                elements[name] = [sum(op, []) for op in ops]
             elif opcode == "get-tuple-element":
                 k = int(re.search(r"index=(\d+)", rest).group(1))
                 src = ops[0] if ops else []
                 elements[name] = [src[k]] if k < len(src) else []
-            elif opcode == "opt-barrier":
-                elements[name] = ops[0] if ops else []
-            else:
+            else:  # bitcast, opt-barrier: the operand's buffers
                 elements[name] = ops[0] if ops else []
         elif opcode in ("parameter", "constant"):
             elements[name] = []
@@ -148,20 +156,25 @@ def live_at_peak(hlo_text: str, top: int = 14) -> list[str]:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("dump")
+    ap.add_argument("model", help="a zoo model, or 'hlo' to analyze the optimized-HLO files given as DUMP")
+    ap.add_argument("dump", nargs="+")
     ap.add_argument("--budget", type=float, default=1.0)
     ap.add_argument("--layouts", default="row_major")
     ap.add_argument("--small", action="store_true")
     a = ap.parse_args(argv)
+    if a.model == "hlo":  # saved dumps: no compilation
+        for path in a.dump:
+            print(f"\n## {os.path.basename(path)}")
+            print("\n".join(live_at_peak(open(path).read())))
+        return
     model = zoo("small" if a.small else "gpu")[a.model]
     args = model.make_args(jax.random.key(0))
     exes = compile_all(model, args, a.budget, a.layouts)
-    print(f"# {model.label}: peak buffers (XLA buffer assignment), jax {jax.__version__}, "
+    print(f"# {model.label}: temporaries at the compiled peak, jax {jax.__version__}, "
           f"{jax.devices()[0].device_kind}")
     for name, exe in exes.items():
         print(f"\n## {name}: peak {fmt_bytes(peak_bytes(exe))}")
-        files = sorted(glob.glob(os.path.join(a.dump, f"*jit_{name}.*after_optimizations.txt")))
+        files = sorted(glob.glob(os.path.join(a.dump[0], f"*jit_{name}.*after_optimizations.txt")))
         for path in files[-1:]:
             print("\n".join(live_at_peak(open(path).read())))
 
