@@ -16,13 +16,20 @@ above ``dots_saveable``'s (``benchmarks/probe_peak_buffers.py``).
 each matmul or convolution that reads a recomputed value (and a value a
 cotangent reaches) runs as soon as its operands exist, and the residuals that
 value was recomputed from then pass an ``optimization_barrier`` together with
-the matmul's result. Every later reader
-of those residuals then depends on the matmul, so XLA computes the recomputed
-operand, consumes it and can free it before any later kernel reads the
-residuals again, and cannot fuse the two.
+the matmul's result. Recomputed values are computed when first read, and the
+cheap ones computed from those residuals before the barrier are computed again
+from its outputs for later readers. Every later reader of the residuals then
+depends on the matmul, so XLA computes the recomputed operand, consumes it and
+can free it before any later kernel reads the residuals again, and cannot fuse
+the two. (Computing recomputed values where the backward lists them, before
+the barrier, left later readers on the old residuals, and XLA merged the
+operand into the score gradient's row reduction instead: 1.159x.) On an H100
+the 16-head GPT-2 block's fused peak went from 1.281x to 1.019x
+``dots_saveable``'s.
 
 Cost: the residuals are read once more (the merged kernel read them once for
-both); one barrier per such matmul.
+both), and the cheap recomputation after a barrier runs twice; one barrier per
+such matmul.
 """
 
 from __future__ import annotations
