@@ -6,7 +6,8 @@ read again, :mod:`jaxaot.runtime.ordering`), each compiled with XLA's
 residual layouts and row-major ones and kept by :func:`jaxaot.runtime.fused.choose_layouts`
 as the product does, against ``jit(value_and_grad)`` and ``jit(dots_saveable)``:
 median step-time ratio over interleaved rounds, compiled peak as a ratio to
-``dots_saveable``'s.
+``dots_saveable``'s, and XLA's cost analysis of bytes accessed (is it a time proxy for
+the order's re-reads?).
 
 Usage: python benchmarks/probe_fused_order.py MODEL [MODEL ...] [--budgets 1,0.75] [--rounds 15]
 """
@@ -38,6 +39,16 @@ def chosen(f: Any, nums: Any, args: tuple, order: str) -> tuple[Any, Any, str]:
     return (*(pinned if pick == "row_major" else auto), pick)
 
 
+def bytes_accessed(exe: Any) -> float | None:
+    """XLA's cost analysis of the executable: bytes its kernels read and write (None if unreported)."""
+    try:
+        cost = exe.cost_analysis()
+    except Exception:  # noqa: BLE001  (backends without cost analysis)
+        return None
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    return float(cost.get("bytes accessed", 0)) or None if isinstance(cost, dict) else None
+
+
 def probe(model: Any, budgets: list[float], rounds: int, iters: int) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = jax_references(model, sets[0])
@@ -50,9 +61,12 @@ def probe(model: Any, budgets: list[float], rounds: int, iters: int) -> str:
             progs[f"min-cut {b:g}, {mode}"] = (step, exe)
             layouts[f"min-cut {b:g}, {mode}"] = pick
     err, times, ref, dots = measure(progs, model, sets, rounds, iters)
-    rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "layouts"]]
+    base = bytes_accessed(progs["jit(value_and_grad)"][1])
+    rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak", "layouts", "bytes accessed x jit(v&g)"]]
     for name, (_, exe) in progs.items():
-        rows.append([name, *ratio_cells(times[name], ref, exe, dots), layouts.get(name, "-")])
+        moved = bytes_accessed(exe)
+        rows.append([name, *ratio_cells(times[name], ref, exe, dots), layouts.get(name, "-"),
+                     f"{moved / base:.3f}" if moved and base else "-"])
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
 
 
