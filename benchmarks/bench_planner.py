@@ -154,14 +154,23 @@ def jax_program(name: str, model: zoo_models.Model, sets: list[tuple], policy: A
                    policy=policy_name)
 
 
-def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 12) -> float | None:
-    """The largest budget (to ``2**-steps``) whose plan saves at most ``target`` bytes; None if even
-    budget 0 saves more. Budget sweeps are monotone, so bisection finds it. The joint graph is
-    traced once; each probe is one partition (what ``lower().saved_bytes`` reports)."""
+def partitioner(budget: float, device_model: Any = None) -> Callable:
+    """The min-cut at ``budget``; with a ``jaxaot.DeviceModel``, offloading as it plans."""
+    if device_model is None:
+        return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget, offload=True,
+                             device_model=device_model)
+
+
+def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 12,
+                   device_model: Any = None) -> float | None:
+    """The largest budget (to ``2**-steps``) whose plan keeps at most ``target`` bytes on the device; None
+    if even budget 0 keeps more. Budget sweeps are monotone, so bisection finds it. The joint graph is
+    traced once; each probe is one partition (what ``lower().device_saved_bytes`` reports)."""
     joint = jaxaot.trace_joint(model.loss, *args)
 
     def saved(budget: float) -> int:
-        return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget).saved_bytes
+        return partitioner(budget, device_model)(joint).device_saved_bytes
 
     if saved(1.0) <= target:
         return 1.0
@@ -177,16 +186,15 @@ def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int
     return lo
 
 
-def jaxaot_programs(model: zoo_models.Model, sets: list[tuple], extra: dict[float, str] | None = None
-                    ) -> list[Program]:
-    """The min-cut at every budget of ``BUDGETS`` and of ``extra`` (budget -> the policy it matches);
-    budgets with identical partitions share one program."""
+def jaxaot_programs(model: zoo_models.Model, sets: list[tuple], extra: dict[float, str] | None = None,
+                    budgets: tuple = BUDGETS, device_model: Any = None) -> list[Program]:
+    """The min-cut at every budget of ``budgets`` and of ``extra`` (budget -> the policy it matches),
+    offloading with ``device_model`` if given; budgets with identical partitions share one program."""
     progs: dict[str, Program] = {}
     one = jnp.ones((), jnp.float32)
     extra = extra or {}
-    for budget in sorted({*BUDGETS, *extra}):
-        pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
-        aot = jaxaot.aot_function(model.loss, partition_fn=pf)
+    for budget in sorted({*budgets, *extra}):
+        aot = jaxaot.aot_function(model.loss, partition_fn=partitioner(budget, device_model))
         low = aot.lower(*sets[0])
         key = f"{low.forward}\n--\n{low.backward}"
         if key in progs:
@@ -204,7 +212,8 @@ def jaxaot_programs(model: zoo_models.Model, sets: list[tuple], extra: dict[floa
         _, res = aot.forward(*sets[0])
         dev, host = _residual_bytes(res)
         assert dev + host == low.saved_bytes, (dev, host, low.saved_bytes)
-        label = f"jaxaot min-cut {budget:.3g}" + (f" (matches {extra[budget]})" if budget in extra else "")
+        label = (f"jaxaot min-cut {budget:.3g}" + (" offload" if device_model is not None else "")
+                 + (f" (matches {extra[budget]})" if budget in extra else ""))
         progs[key] = Program(label, "jaxaot", run, aot.forward, grads, sets, dev, host, budget=budget)
     return list(progs.values())
 

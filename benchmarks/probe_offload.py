@@ -25,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxaot  # noqa: E402
 import models as zoo_models  # noqa: E402
-from jaxaot.partition.min_cut import min_cut_rematerialization_partition as mc  # noqa: E402
+from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mc  # noqa: E402
 from jaxaot.partition.offload import DeviceModel  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")

@@ -147,6 +147,17 @@ def nbytes(aval: Any) -> int:
     return int(math.prod(concrete_shape(shape))) * itemsize(dtype)
 
 
+def in_host_memory(aval: Any) -> bool:
+    """Whether an abstract value lives in host memory (``memory_space`` host, e.g. a
+    ``jax.device_put(x, jax.memory.Space.Host)`` or a JAX offload policy's residual)."""
+    return getattr(aval, "memory_space", None) == jax.memory.Space.Host
+
+
+def device_nbytes(aval: Any) -> int:
+    """Bytes an abstract value takes in device memory: :func:`nbytes`, or 0 in host memory."""
+    return 0 if in_host_memory(aval) else nbytes(aval)
+
+
 # --------------------------------------------------------------------------- printing
 def dtype_name(dtype: Any) -> str:
     """``float32``, ``bfloat16``, ``key<fry>``: the dtype's own name."""

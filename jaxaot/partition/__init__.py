@@ -10,14 +10,14 @@ Modules, each one concept:
   protocol and :func:`split_joint`;
 * ``default``: :func:`default_partition` (what ``jax.vjp`` saves) and
   :func:`differentiate` (the same split, TorchScript's bookkeeping);
-* ``min_cut``: :func:`min_cut_rematerialization_partition`, which uses
-  ``cost_model`` (what an eqn costs to recompute), ``knapsack`` (which
-  expensive values to trade under a memory budget) and ``scan_remat`` (the
-  per-iteration plan of each ``lax.scan``), counting per-device bytes on a
-  mesh (``device_bytes``);
+* ``min_cut``: the cut, using ``cost_model`` (what an eqn costs to recompute)
+  and ``knapsack`` (which expensive values to trade under a memory budget),
+  counting per-device bytes on a mesh (``device_bytes``);
+* ``scan_remat``: the per-iteration plan of each ``lax.scan``'s body;
 * ``offload``: :class:`DeviceModel` and the offload pass, a third choice beside
   saving and recomputing: large residuals whose copies to host memory and back
-  hide behind compute;
+  hide behind compute; ``scan_offload``: the same per scan iteration;
+* ``rematerialize``: :func:`min_cut_rematerialization_partition`, the above put together;
 * ``policy``: :func:`remat_policy`, the min-cut's plan as a ``jax.checkpoint`` policy;
 * ``bw_split``: the backward split into input-gradient and weight-gradient
   programs, for pipeline schedules.
@@ -25,7 +25,7 @@ Modules, each one concept:
 
 from jaxaot.partition.split import EqnKind, Partition, Partitioner, Residual, split_joint
 from jaxaot.partition.default import Gradient, default_partition, differentiate
-from jaxaot.partition.min_cut import min_cut_rematerialization_partition
+from jaxaot.partition.rematerialize import min_cut_rematerialization_partition
 from jaxaot.partition.policy import RematPolicy, remat_policy
 from jaxaot.partition.bw_split import BWSplit, split_backward
 from jaxaot.partition.offload import DeviceModel

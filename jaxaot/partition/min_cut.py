@@ -1,4 +1,4 @@
-"""The min-cut rematerialization partitioner (functorch's, for jaxprs).
+"""The min-cut behind the rematerialization partitioner (functorch's, for jaxprs; assembled in ``rematerialize``).
 
 Which forward values should the forward save? Any set that separates the
 primal inputs from the backward works: the backward recomputes the rest. The
@@ -54,15 +54,14 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from jaxaot import _compat as C
-from jaxaot._pytrees import nbytes as aval_nbytes
+from jaxaot._pytrees import device_nbytes as aval_nbytes
 from jaxaot.partition import cost_model
 from jaxaot.partition import knapsack
 from jaxaot.partition import offload as host_offload
-from jaxaot.partition import scan_remat
 from jaxaot.partition.cost_model import Recompute
 from jaxaot.partition.device_bytes import device_fractions
 from jaxaot.errors import PartitionError
-from jaxaot.partition.split import EqnKind, Partition, classify_eqns, split_joint
+from jaxaot.partition.split import EqnKind, classify_eqns
 from jaxaot.tracing.joint import JointGraph
 
 # maximum_flow computes in int32: finite capacities sum to at most _LIMIT and
@@ -377,74 +376,3 @@ def choose_saved_values(
     """The joint-jaxpr vars the min-cut saves (what :func:`split_joint` takes)."""
     graph = build_flow_graph(joint, saveable)
     return [graph.values[i] for i in choose_saved_nodes(graph, memory_budget)]
-
-
-# --------------------------------------------------------------------------- partitioner
-def min_cut_rematerialization_partition(
-    joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True,
-    offload: bool | str = False, device_model: host_offload.DeviceModel | None = None,
-) -> Partition:
-    """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
-
-    Args:
-      joint: the joint graph (``aot_function`` passes it).
-      memory_budget: in ``[0, 1]``; 1 bans recomputing expensive eqns (matmuls,
-        convolutions, large reductions, loops), 0 recomputes all it can and
-        saves only inputs (or smaller values derived from them); in between, a
-        knapsack (:mod:`jaxaot.partition.knapsack`) picks which expensive values to
-        recompute, cheapest FLOPs per saved byte first.
-      rematerialize_scans: choose the per-iteration residuals of each top-level
-        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.scan_remat`).
-      offload: False, True or ``"auto"``: also move saved values to host memory
-        where the copies overlap compute (:mod:`jaxaot.partition.offload`); the
-        budget then counts device bytes and is met offloading before recomputing.
-        Without host memory (the CPU backend) nothing moves and ``offload_note`` says why.
-      device_model: the :class:`~jaxaot.partition.offload.DeviceModel` to plan
-        with (default: measured on the default device, once per process).
-
-    Use ``functools.partial`` to pass options through ``aot_function``.
-
-    Example:
-        >>> import functools, jax.numpy as jnp, jaxaot
-        >>> f = lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2)
-        >>> joint = jaxaot.trace_joint(f, jnp.ones(1000))
-        >>> [r.source for r in jaxaot.min_cut_rematerialization_partition(joint).residuals]
-        ['input']
-        >>> len(jaxaot.default_partition(joint).residuals)
-        3
-    """
-    if not 0.0 <= memory_budget <= 1.0:
-        raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
-    model = host_offload.resolve_model(offload, device_model)
-    part = split_joint(joint, choose_saved_values(joint, memory_budget))
-    source, plan = joint, None
-    if rematerialize_scans:
-        _, plan = scan_remat.rewrite_primal_planned(
-            joint.primal, functools.partial(choose_saved_values, memory_budget=memory_budget))
-        rejoint = scan_remat.replay_joint(joint, plan) if plan else None
-        if rejoint is not None and (rejoint.differentiable, rejoint.needs_cotangent) == (
-                joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
-            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
-            # Scan bodies may only save values they can name (not JAX's linearization
-            # temporaries), which is almost never worse; keep whichever saves less.
-            if repart.saved_bytes <= part.saved_bytes:
-                part, source = repart, rejoint
-        if source is joint:
-            plan = None
-    if model is not None:
-        part = _offload(source, part, memory_budget, model)
-    return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
-
-
-def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel) -> Partition:
-    """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
-    if not model.has_host_memory:
-        return dataclasses.replace(part, offload_note=model.note or "nothing offloaded: the device has no host memory")
-    graph = build_flow_graph(source)
-    timeline = host_offload.Timeline.of(source, model)
-    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
-    saved, chosen = offloaded_saved_nodes(graph, memory_budget, lambda nodes: host_offload.plan_offload(
-        timeline, [graph.values[i] for i in nodes], model, sizes))
-    split = split_joint(source, [graph.values[i] for i in saved])
-    position = {v: j for j, v in enumerate(host_offload.saved_vars(split))}
-    return host_offload.apply_offload(split, [position[v] for v in chosen.offloaded if v in position], chosen.note)

@@ -86,6 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
+from jaxaot._pytrees import in_host_memory
 from jaxaot._pytrees import nbytes as aval_nbytes
 from jaxaot.partition import cost_model
 from jaxaot.errors import PartitionError
@@ -286,7 +287,8 @@ class OffloadPlan:
     note: str = ""
 
 
-def _offloadable_dtype(aval: Any) -> bool:
+def offloadable_dtype(aval: Any) -> bool:
+    """Whether a value of ``aval`` can live in host memory (numbers; not PRNG keys nor float0)."""
     dtype = getattr(aval, "dtype", None)
     return dtype is not None and not jax.dtypes.issubdtype(dtype, jax.dtypes.extended) and dtype != jax.dtypes.float0
 
@@ -323,7 +325,7 @@ def plan_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceModel,
     saved_set = set(saved)
     need = timeline.needed_at(saved_set)
     candidates = [v for v in saved_set if v in timeline.produced and v not in timeline.outputs and v in need
-                  and size(v) >= min_bytes and _offloadable_dtype(v.aval)]
+                  and size(v) >= min_bytes and offloadable_dtype(v.aval) and not in_host_memory(v.aval)]
     candidates.sort(key=lambda v: (-size(v), timeline.order[v]))
     chosen: list = []
     items: list[tuple[float, float, float]] = []
@@ -348,7 +350,7 @@ def saved_vars(part: Partition) -> list:
     """
     j = C.jaxpr_of(part.backward)
     ins = list(j.invars[len(part.cotangent_outputs):])
-    n_copies = sum(r.offloaded for r in part.residuals)  # apply_offload puts the copies back first
+    n_copies = sum(r.offloaded and not r.in_joint_host for r in part.residuals)  # apply_offload's copies come first
     back = {e.invars[0]: e.outvars[0] for e in j.eqns[:n_copies]}
     return [back.get(v, v) for v in ins]
 
@@ -394,7 +396,7 @@ def apply_offload(part: Partition, offloaded: Sequence[int], note: str = "") -> 
     go: inputs and real outputs are alive on the device anyway. ``note`` becomes
     ``offload_note`` (why nothing was offloaded).
     """
-    positions = sorted(set(offloaded))
+    positions = sorted(j for j in set(offloaded) if not part.residuals[j].offloaded)  # already there: nothing to do
     if not positions:
         return dataclasses.replace(part, offload_note=note)
     n_in, n_ct = len(part.saved_inputs), len(part.cotangent_outputs)

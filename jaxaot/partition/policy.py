@@ -80,7 +80,7 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, nbytes
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot.partition.offload import saved_vars
-from jaxaot.partition.min_cut import min_cut_rematerialization_partition
+from jaxaot.partition.rematerialize import min_cut_rematerialization_partition
 from jaxaot.partition.split import EqnKind, Partition, classify_eqns
 from jaxaot.tracing.joint import _BACKWARD_SCOPE, JointGraph, trace_joint
 

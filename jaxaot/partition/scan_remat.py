@@ -13,6 +13,12 @@ those values. JAX's scan+remat partial evaluation then stacks only those per
 iteration and the backward scan recomputes the rest. Nested scans are
 rewritten innermost first. Bodies with effects are left alone.
 
+A chooser may also offload some of a top-level body's saved values
+(:class:`BodyChoice`, :mod:`jaxaot.partition.scan_offload`): the body's policy
+is then ``save_and_offload_only_these_names``, and JAX stacks those values in
+``pinned_host`` memory, each iteration's slice copied out as it is produced and
+back as the backward scan reaches it.
+
 Example:
     >>> import jax, jax.numpy as jnp
     >>> from jaxaot.partition import min_cut, scan_remat
@@ -29,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
@@ -37,8 +44,30 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxaot import _compat as C
 from jaxaot.tracing.joint import JointGraph, build_joint
 
-#: ``choose(joint, saveable=...) -> saved vars`` (the min-cut's chooser).
-Chooser = Callable[..., list]
+@dataclasses.dataclass(frozen=True)
+class BodyChoice:
+    """A chooser's answer for one scan body.
+
+    Attributes:
+      saved: what each iteration saves (vars of the body's joint graph, or names).
+      offloaded: those of ``saved`` that go to host memory (``pinned_host``).
+    """
+
+    saved: tuple
+    offloaded: tuple = ()
+
+
+#: ``choose(joint, saveable=...) -> saved vars | BodyChoice`` (the min-cut's chooser).
+Chooser = Callable[..., Any]
+
+
+def _as_choice(chosen: Any) -> BodyChoice:
+    return chosen if isinstance(chosen, BodyChoice) else BodyChoice(tuple(chosen))
+
+
+def _device_only(choose: Chooser) -> Chooser:
+    """``choose`` without offloading (nested bodies: their stacks would live inside the outer body)."""
+    return lambda joint, **kw: BodyChoice(_as_choice(choose(joint, **kw)).saved)
 
 _TAG = "jaxaot_scan"
 
@@ -107,18 +136,19 @@ def body_joint(body: Any, names: dict) -> JointGraph:
     return build_joint(tagged, _flat_tree(len(avals)), _flat_tree(len(jaxpr.outvars)), avals)
 
 
-def choose_body_names(body: Any, choose: Chooser, names: dict) -> set[str] | None:
-    """Which of ``names`` (var -> name) the min-cut saves per iteration (None: leave the scan alone)."""
+def choose_body_names(body: Any, choose: Chooser, names: dict) -> BodyChoice | None:
+    """Which of ``names`` (var -> name) the min-cut saves and offloads per iteration (None: leave the scan alone)."""
     joint = body_joint(body, names)
     bj = C.jaxpr_of(joint.jaxpr)
     wanted = set(names.values())
     tag_of = {e.outvars[0]: e.params["name"] for e, bwd in zip(bj.eqns, joint.is_backward)
               if not bwd and e.primitive.name == "name" and e.params.get("name") in wanted}
     inputs = set(bj.invars[: joint.num_primals])
-    saved = choose(joint, saveable=lambda v: v in tag_of or v in inputs)
-    if any(v not in tag_of and v not in inputs for v in saved):
+    chosen = _as_choice(choose(joint, saveable=lambda v: v in tag_of or v in inputs))
+    if any(v not in tag_of and v not in inputs for v in chosen.saved):
         return None  # pragma: no cover - the min-cut saved a value it could not name
-    return {tag_of[v] for v in saved if v in tag_of}
+    return BodyChoice(frozenset(tag_of[v] for v in chosen.saved if v in tag_of),
+                      frozenset(tag_of[v] for v in chosen.offloaded if v in tag_of))
 
 
 def _body_tags(body: Any, path: str) -> dict:
@@ -137,8 +167,15 @@ def _positions(body: Any) -> dict:
     return {v: [i, j] for i, e in enumerate(C.jaxpr_of(body).eqns) for j, v in enumerate(e.outvars)}
 
 
-def _checkpointed(body: Any, keep: dict) -> Callable:
-    policy = jax.checkpoint_policies.save_only_these_names(*sorted(keep.values()))
+def _checkpointed(body: Any, keep: dict, host: frozenset = frozenset()) -> Callable:
+    """``body`` under ``jax.checkpoint``, saving the values ``keep`` names (those named in ``host`` offloaded)."""
+    names = sorted(keep.values())
+    if host:
+        policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[n for n in names if n not in host], names_which_can_be_offloaded=sorted(host),
+            offload_src="device", offload_dst="pinned_host")
+    else:
+        policy = jax.checkpoint_policies.save_only_these_names(*names)
     return jax.checkpoint(lambda *a: evaluate(body, a, keep), policy=policy, prevent_cse=False)
 
 
@@ -151,7 +188,7 @@ def plan_scan(eqn: Any, choose: Chooser, path: str = "") -> tuple[Callable, dict
     body = eqn.params["jaxpr"]
     if C.jaxpr_of(body).effects or eqn.params["length"] == 0:
         return None
-    body, nested = rewrite_primal_planned(body, choose, path)  # innermost scans first
+    body, nested = rewrite_primal_planned(body, _device_only(choose), path)  # innermost scans first
     tags = _body_tags(body, path)
     try:
         chosen = choose_body_names(body, choose, tags)
@@ -159,10 +196,13 @@ def plan_scan(eqn: Any, choose: Chooser, path: str = "") -> tuple[Callable, dict
         return None
     if chosen is None:
         return None
-    keep = {v: n for v, n in tags.items() if n in chosen}
+    keep = {v: n for v, n in tags.items() if n in chosen.saved}
+    host = frozenset(n for n in keep.values() if n in chosen.offloaded)
     pos = _positions(body)
     plan = {"saved": sorted(pos[v] for v in keep), "nested": nested}
-    return _checkpointed(body, keep), plan
+    if host:
+        plan["offloaded"] = sorted(pos[v] for v, n in keep.items() if n in host)
+    return _checkpointed(body, keep, host), plan
 
 
 def _scan_eqns(closed: Any) -> list:
@@ -219,7 +259,8 @@ def replay(closed: Any, plan: dict, path: str = "") -> Any:
         at = {tuple(p): v for v, p in _positions(body).items()}
         tags = _body_tags(body, f"{path}.{k}")
         keep = {at[tuple(p)]: tags[at[tuple(p)]] for p in record["saved"]}
-        bodies[id(eqn)] = _checkpointed(body, keep)
+        host = frozenset(tags[at[tuple(p)]] for p in record.get("offloaded", ()))
+        bodies[id(eqn)] = _checkpointed(body, keep, host)
     return _retrace(closed, bodies)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 from jaxaot import _compat as C
-from jaxaot._pytrees import format_aval, nbytes, shape_dtype_struct
+from jaxaot._pytrees import format_aval, in_host_memory, nbytes, shape_dtype_struct
 from jaxaot.errors import PartitionError
 from jaxaot.tracing.joint import JointGraph
 
@@ -63,6 +63,9 @@ class Residual:
       source_line: the user's ``file:line (function)`` of that eqn.
       offloaded: whether it waits in host memory between the programs
         (:mod:`jaxaot.partition.offload`) rather than on the device.
+      in_joint_host: offloaded by the joint graph itself (its value is already in
+        host memory there: a JAX offload policy's residual, or a scan body's
+        offloaded values stacked by JAX), so the programs add no copies for it.
     """
 
     aval: Any
@@ -71,6 +74,7 @@ class Residual:
     producer: str
     source_line: str
     offloaded: bool = False
+    in_joint_host: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -304,10 +308,10 @@ def _used_consts(jaxpr: Any, eqns: Sequence[Any], outvars: Sequence[Any]) -> lis
 
 
 def _residual(v: Any, source: str, index: int, eqn: Any) -> Residual:
-    aval = shape_dtype_struct(v.aval)
+    aval, host = shape_dtype_struct(v.aval), in_host_memory(v.aval)  # host: a JAX offload policy's residual
     if eqn is None:
-        return Residual(aval, source, index, "input", "")
-    return Residual(aval, source, index, str(eqn.primitive), C.eqn_source(eqn))
+        return Residual(aval, source, index, "input", "", offloaded=host, in_joint_host=host)
+    return Residual(aval, source, index, str(eqn.primitive), C.eqn_source(eqn), offloaded=host, in_joint_host=host)
 
 
 def forward_values_used_by_backward(joint: JointGraph) -> list:

@@ -16,7 +16,7 @@ from jax import lax
 
 import jaxaot
 from jaxaot.partition import min_cut, scan_remat
-from jaxaot.partition.min_cut import min_cut_rematerialization_partition as mincut
+from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
 from zoo import ZOO, assert_trees_close, random_cotangents
 
 TOL = dict(rtol=2e-5, atol=2e-5)

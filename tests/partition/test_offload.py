@@ -17,7 +17,7 @@ import jaxaot
 from jaxaot import _compat as C
 from jaxaot.errors import PartitionError
 from jaxaot.partition import offload
-from jaxaot.partition.min_cut import min_cut_rematerialization_partition as mincut
+from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
 from jaxaot.partition.offload import DeviceModel, Timeline
 
 BUDGETS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)

@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxaot
-from jaxaot.partition.min_cut import min_cut_rematerialization_partition as mincut
+from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
 from jaxaot.partition.offload import DeviceModel
 from jaxaot.runtime.fused import fused_program
 from zoo import assert_trees_close

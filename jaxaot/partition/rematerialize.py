@@ -1,0 +1,113 @@
+"""The min-cut rematerialization partitioner: the cut, scan bodies and offload put together.
+
+:func:`min_cut_rematerialization_partition` is what ``aot_function`` runs when
+asked for the min-cut. It
+
+1. cuts the joint graph (:mod:`jaxaot.partition.min_cut`) under the budget;
+2. plans each top-level ``lax.scan`` body with the same cut
+   (:mod:`jaxaot.partition.scan_remat`) and keeps the rewritten program when it
+   saves no more device bytes;
+3. with ``offload``, moves what can hide its copies to host memory: inside scan
+   bodies per iteration (:mod:`jaxaot.partition.scan_offload`), at the top level
+   between the programs (:mod:`jaxaot.partition.offload`), both meeting the
+   budget by offloading before recomputing (:func:`~jaxaot.partition.min_cut.offloaded_saved_nodes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from jaxaot.errors import PartitionError
+from jaxaot.partition import offload as host_offload
+from jaxaot.partition import scan_offload, scan_remat
+from jaxaot.partition.min_cut import build_flow_graph, choose_saved_values, offloaded_saved_nodes
+from jaxaot.partition.split import Partition, split_joint
+from jaxaot.tracing.joint import JointGraph
+
+
+def min_cut_rematerialization_partition(
+    joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True,
+    offload: bool | str = False, device_model: host_offload.DeviceModel | None = None,
+) -> Partition:
+    """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
+
+    Args:
+      joint: the joint graph (``aot_function`` passes it).
+      memory_budget: in ``[0, 1]``; 1 bans recomputing expensive eqns (matmuls,
+        convolutions, large reductions, loops), 0 recomputes all it can and
+        saves only inputs (or smaller values derived from them); in between, a
+        knapsack (:mod:`jaxaot.partition.knapsack`) picks which expensive values to
+        recompute, cheapest FLOPs per saved byte first.
+      rematerialize_scans: choose the per-iteration residuals of each top-level
+        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.scan_remat`).
+      offload: False, True or ``"auto"``: also move saved values to host memory
+        where the copies overlap compute (:mod:`jaxaot.partition.offload`); the
+        budget then counts device bytes and is met offloading before recomputing.
+        Without host memory (the CPU backend) nothing moves and ``offload_note`` says why.
+      device_model: the :class:`~jaxaot.partition.offload.DeviceModel` to plan
+        with (default: measured on the default device, once per process).
+
+    Use ``functools.partial`` to pass options through ``aot_function``.
+
+    Example:
+        >>> import functools, jax.numpy as jnp, jaxaot
+        >>> f = lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2)
+        >>> joint = jaxaot.trace_joint(f, jnp.ones(1000))
+        >>> [r.source for r in jaxaot.min_cut_rematerialization_partition(joint).residuals]
+        ['input']
+        >>> len(jaxaot.default_partition(joint).residuals)
+        3
+    """
+    if not 0.0 <= memory_budget <= 1.0:
+        raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
+    model = host_offload.resolve_model(offload, device_model)
+    part = split_joint(joint, choose_saved_values(joint, memory_budget))
+    source, plan = joint, None
+    if rematerialize_scans:
+        in_body = functools.partial(choose_saved_values, memory_budget=memory_budget)
+        if model is not None and model.has_host_memory:
+            in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model)
+        _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body)
+        rejoint = scan_remat.replay_joint(joint, plan) if plan else None
+        if rejoint is not None and (rejoint.differentiable, rejoint.needs_cotangent) == (
+                joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
+            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
+            # Scan bodies may only save values they can name (not JAX's linearization
+            # temporaries), which is almost never worse; keep whichever saves less.
+            if repart.device_saved_bytes <= part.device_saved_bytes:
+                part, source = repart, rejoint
+        if source is joint:
+            plan = None
+    if model is not None:
+        part = _offload(source, part, memory_budget, model)
+    return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
+
+
+def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel) -> Partition:
+    """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
+    if not model.has_host_memory:
+        return dataclasses.replace(part, offload_note=model.note or "nothing offloaded: the device has no host memory")
+    graph = build_flow_graph(source)
+    timeline = host_offload.Timeline.of(source, model)
+    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
+    saved, chosen = offloaded_saved_nodes(graph, memory_budget, lambda nodes: host_offload.plan_offload(
+        timeline, [graph.values[i] for i in nodes], model, sizes))
+    split = split_joint(source, [graph.values[i] for i in saved])
+    position = {v: j for j, v in enumerate(host_offload.saved_vars(split))}
+    note = "" if any(r.offloaded for r in split.residuals) else chosen.note  # scan bodies offloaded some
+    return host_offload.apply_offload(split, [position[v] for v in chosen.offloaded if v in position], note)
+
+
+def choose_body(joint: JointGraph, *, memory_budget: float, model: host_offload.DeviceModel,
+                saveable=None) -> scan_remat.BodyChoice:
+    """A scan body's saved values and those it offloads per iteration (:mod:`jaxaot.partition.scan_offload`).
+
+    The budget's device bytes are met offloading before recomputing, as at the top level.
+    """
+    graph = build_flow_graph(joint, saveable)
+    timeline = host_offload.Timeline.of(joint, model)
+    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
+    saved, chosen = offloaded_saved_nodes(graph, memory_budget, lambda nodes: scan_offload.plan_body_offload(
+        timeline, [graph.values[i] for i in nodes], model, sizes))
+    return scan_remat.BodyChoice(tuple(graph.values[i] for i in saved), chosen.offloaded)
