@@ -179,25 +179,40 @@ def _best_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
     return max(best, 1e-9)
 
 
+def _per_step_seconds(step: Callable[[Any], Any], x: Any, n: int) -> float:
+    """Seconds per call of ``step`` run ``n`` times in one program (dispatch and sync paid once, not per step)."""
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, x: step(x), x))
+    one = jax.jit(step)
+    return max((_best_seconds(lambda: loop(x)) - _best_seconds(lambda: one(x))) / (n - 1), 1e-9)
+
+
 def _measure(device: Any) -> DeviceModel:
     note = host_memory_note(device)
+    cpu = device.platform == "cpu"
+    nbytes = _MEASURE_BYTES // (8 if cpu else 1)
     on_device = jax.sharding.SingleDeviceSharding(device)
     on_host = on_device.with_memory_kind(HOST_MEMORY_KIND)
-    x = jax.device_put(np.zeros(_MEASURE_BYTES // 4, np.float32), on_device)
-    tiny = jax.device_put(np.zeros(1, np.float32), on_device)
+    x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
     if HOST_MEMORY_KIND in {m.kind for m in device.addressable_memories()}:
-        h = jax.device_put(x, on_host)
-        bandwidth = _MEASURE_BYTES / max(_best_seconds(lambda: jax.device_put(x, on_host)),
-                                         _best_seconds(lambda: jax.device_put(h, on_device)))
-        latency = _best_seconds(lambda: jax.device_put(tiny, on_host), repeats=5)
+        # In-program copies, as the offloaded programs make them; a tiny copy's time (dispatch) is subtracted.
+        tiny = jax.device_put(np.zeros(1, np.float32), on_device)
+        to_host = jax.jit(lambda a: a, out_shardings=on_host)
+        to_device = jax.jit(lambda a: a, out_shardings=on_device)
+        h, tiny_h = to_host(x), to_host(tiny)
+        dispatch_out, dispatch_in = _best_seconds(lambda: to_host(tiny)), _best_seconds(lambda: to_device(tiny_h))
+        seconds = max(_best_seconds(lambda: to_host(x)) - dispatch_out, _best_seconds(lambda: to_device(h)) - dispatch_in)
+        bandwidth = nbytes / max(seconds, 1e-9)
+        many = [tiny] * 8
+        eight = jax.jit(lambda *a: a, out_shardings=(on_host,) * 8)
+        latency = max((_best_seconds(lambda: eight(*many), repeats=5) - dispatch_out) / 7, 0.0)
     else:
         bandwidth, latency = 1.0, 0.0
-    n, dtype = (512, jnp.float32) if device.platform == "cpu" else (8192, jnp.bfloat16)
+    n, dtype = (512, jnp.float32) if cpu else (8192, jnp.bfloat16)
     a = jax.device_put(jnp.ones((n, n), dtype), on_device)
     matmul = jax.jit(lambda a: a @ a)
     flops = 2.0 * n**3 / _best_seconds(lambda: matmul(a))
-    copy = jax.jit(lambda x: x + 1)
-    device_bandwidth = 2 * _MEASURE_BYTES / _best_seconds(lambda: copy(x))
+    # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
+    device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
     return DeviceModel(host_bandwidth=bandwidth, device_flops=flops, has_host_memory=not note,
                        device_bandwidth=device_bandwidth, transfer_latency=latency, note=note)
 
