@@ -172,9 +172,12 @@ def bench_model(model: zoo_models.Model, device_model: Any, *, rounds: int, iter
             extra.setdefault(b, p.policy)
     split_aot = jaxaot_programs(model, sets, extra, budgets=BUDGETS, device_model=device_model)
     fused_aot = [fused_jaxaot(p, model, sets, device_model) for p in split_aot]
+    # Controls: the same budgets planned without offloading, to price what offloading costs.
+    plain_split = jaxaot_programs(model, sets, {}, budgets=BUDGETS)
+    plain_fused = [fused_jaxaot(p, model, sets, None) for p in plain_split]
     plain = jax.jit(jax.value_and_grad(model.loss, argnums=model.argnums))
     ref = Program("jit(value_and_grad)", "fused", plain, None, lambda args: _float_grads(plain(*args)[1]), sets, None)
-    progs = [*split_jax, *split_aot, *fused_jax_, *fused_aot, ref]
+    progs = [*split_jax, *split_aot, *plain_split, *fused_jax_, *fused_aot, *plain_fused, ref]
     bad = check_grads(progs, model, sets[0])
     setup = time.perf_counter() - t0
     time_interleaved(progs, rounds=rounds, iters=iters)
@@ -192,6 +195,14 @@ def bench_model(model: zoo_models.Model, device_model: Any, *, rounds: int, iter
             v, detail = verdict(p, aots)
             lines.append(f"  {mode:<6} {p.policy:<32} {v:<13} {detail}")
             summary.append((model.name, f"{p.policy} ({mode})", v))
+    lines.append("  offloading's price (same budget, time with offload / without; device bytes with / without):")
+    for mode, aots, plains in (("split", split_aot, plain_split), ("fused", fused_aot, plain_fused)):
+        for p in aots:
+            q = next((q for q in plains if p.budget in (q.budget, *q.same_as)), None)
+            if q is not None and p.host_bytes:
+                lines.append(f"    {mode:<6} budget {p.budget:<6.3g} +{fmt_bytes(p.host_bytes)} host: "
+                             f"{spread(ratios(p.single, q.single))}x the time, "
+                             f"{p.device_bytes / max(q.device_bytes, 1):.3f}x the device bytes")
     for b in bad:
         lines.append(f"  GRADIENT MISMATCH against jit(value_and_grad): {b}")
     offl = [p for p in split_aot if p.host_bytes]
