@@ -8,15 +8,11 @@ both copies hide behind compute. This module decides which values go
 programs to move them (:func:`apply_offload`); the min-cut partitioner calls
 both (``min_cut_rematerialization_partition(offload=...)``).
 
-**The device.** A :class:`DeviceModel` gives the host link's bandwidth (bytes/s,
-each direction), the device's FLOP/s (and optionally its memory bandwidth), a
-latency per transfer and whether the backend has a host memory kind at all.
-:meth:`DeviceModel.measure` times ``jax.device_put`` of a 64 MiB array to and
-from ``pinned_host``, a tiny one (the latency), a matmul and a copy, once per
-device kind and process (under a second on this project's CPU runner). On
-the CPU backend "device" arrays already live in host memory, so offloading
-would free nothing: ``has_host_memory`` is False and nothing is offloaded, and
-the partition says so (``Partition.offload_note``).
+**The device** is a :class:`~jaxaot.partition.device_model.DeviceModel`
+(:mod:`jaxaot.partition.device_model`): the host link, the device's speed, and
+how much of a copy compute hides. Where the backend has no separate host memory
+(the CPU), or copies hide too little, nothing is offloaded, and the partition
+says so (``Partition.offload_note``).
 
 **The timeline** (:class:`Timeline`). The joint graph's forward eqns, in order,
 each take ``max(flops / device_flops, bytes / device_bandwidth)`` seconds
@@ -77,145 +73,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
-import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import in_host_memory
 from jaxaot._pytrees import nbytes as aval_nbytes
-from jaxaot.partition import cost_model
+from jaxaot.partition.device_model import HOST_MEMORY_KIND, MIN_OVERLAP, DeviceModel, host_memory_note  # noqa: F401
 from jaxaot.errors import PartitionError
 from jaxaot.partition.split import EqnKind, Partition, classify_eqns
 from jaxaot.tracing.joint import JointGraph
 
 #: Saved values smaller than this stay on the device: a transfer's fixed cost outweighs them.
 DEFAULT_MIN_BYTES = 64 * 1024
-
-#: The memory kind offloaded residuals live in.
-HOST_MEMORY_KIND = "pinned_host"
-
-_MEASURE_BYTES = 64 * 2**20
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceModel:
-    """What a transfer and an eqn cost on one device (see the module docstring).
-
-    Attributes:
-      host_bandwidth: bytes/s between device and host memory, each direction.
-      device_flops: FLOP/s of the device's compute.
-      has_host_memory: whether the backend has a host memory kind distinct from
-        the device's (False: nothing is offloaded).
-      device_bandwidth: bytes/s of device memory; eqns then cost at least their
-        operands' and results' bytes over it (None: FLOPs alone).
-      transfer_latency: seconds each transfer costs beside its bytes.
-      note: why ``has_host_memory`` is False (the partition's ``offload_note``).
-    """
-
-    host_bandwidth: float
-    device_flops: float
-    has_host_memory: bool = True
-    device_bandwidth: float | None = None
-    transfer_latency: float = 0.0
-    note: str = ""
-
-    def transfer_seconds(self, nbytes: int) -> float:
-        """Seconds one copy of ``nbytes`` takes, either way."""
-        return self.transfer_latency + nbytes / self.host_bandwidth
-
-    def eqn_seconds(self, eqn: Any) -> float:
-        """Seconds the device spends on ``eqn``: FLOPs, or bytes moved where that is slower.
-
-        Fusible eqns (``cost_model.Recompute.CHEAP``) count FLOPs alone: XLA
-        fuses them into their neighbours' kernels, whose traffic is counted.
-        """
-        t = cost_model.flops(eqn) / self.device_flops
-        if self.device_bandwidth and cost_model.classify(eqn) is not cost_model.Recompute.CHEAP:
-            moved = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "shape"))
-            t = max(t, moved / self.device_bandwidth)
-        return t
-
-    @classmethod
-    def measure(cls, device: Any = None) -> "DeviceModel":
-        """The model of ``device`` (default: ``jax.devices()[0]``), measured once per device kind and process."""
-        device = jax.devices()[0] if device is None else device
-        key = (device.platform, getattr(device, "device_kind", "?"))
-        with _MEASURED_LOCK:
-            model = _MEASURED.get(key)
-            if model is None:
-                with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
-                    model = _MEASURED[key] = _measure(device)
-        return model
-
-
-_MEASURED: dict[tuple[str, str], DeviceModel] = {}
-_MEASURED_LOCK = threading.Lock()
-
-
-def host_memory_note(device: Any) -> str:
-    """Why ``device`` cannot offload (empty when it can)."""
-    kinds = {m.kind for m in device.addressable_memories()}
-    if device.platform == "cpu":
-        return ("nothing offloaded: the cpu backend keeps device arrays in host memory, so a pinned_host copy "
-                "would free no device memory")
-    if HOST_MEMORY_KIND not in kinds:
-        return (f"nothing offloaded: the {device.platform} backend has no {HOST_MEMORY_KIND} memory kind "
-                f"({sorted(kinds)})")
-    return ""
-
-
-def _best_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
-    jax.block_until_ready(fn())  # compile and warm up
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-    return max(best, 1e-9)
-
-
-def _per_step_seconds(step: Callable[[Any], Any], x: Any, n: int) -> float:
-    """Seconds per call of ``step`` run ``n`` times in one program (dispatch and sync paid once, not per step)."""
-    loop = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, x: step(x), x))
-    one = jax.jit(step)
-    return max((_best_seconds(lambda: loop(x)) - _best_seconds(lambda: one(x))) / (n - 1), 1e-9)
-
-
-def _measure(device: Any) -> DeviceModel:
-    note = host_memory_note(device)
-    cpu = device.platform == "cpu"
-    nbytes = _MEASURE_BYTES // (8 if cpu else 1)
-    on_device = jax.sharding.SingleDeviceSharding(device)
-    on_host = on_device.with_memory_kind(HOST_MEMORY_KIND)
-    x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
-    if HOST_MEMORY_KIND in {m.kind for m in device.addressable_memories()}:
-        # In-program copies, as the offloaded programs make them; a tiny copy's time (dispatch) is subtracted.
-        tiny = jax.device_put(np.zeros(1, np.float32), on_device)
-        to_host = jax.jit(lambda a: a, out_shardings=on_host)
-        to_device = jax.jit(lambda a: a, out_shardings=on_device)
-        h, tiny_h = to_host(x), to_host(tiny)
-        dispatch_out, dispatch_in = _best_seconds(lambda: to_host(tiny)), _best_seconds(lambda: to_device(tiny_h))
-        seconds = max(_best_seconds(lambda: to_host(x)) - dispatch_out, _best_seconds(lambda: to_device(h)) - dispatch_in)
-        bandwidth = nbytes / max(seconds, 1e-9)
-        many = [tiny] * 8
-        eight = jax.jit(lambda *a: a, out_shardings=(on_host,) * 8)
-        latency = max((_best_seconds(lambda: eight(*many), repeats=5) - dispatch_out) / 7, 0.0)
-    else:
-        bandwidth, latency = 1.0, 0.0
-    n, dtype = (512, jnp.float32) if cpu else (8192, jnp.bfloat16)
-    a = jax.device_put(jnp.ones((n, n), dtype), on_device)
-    matmul = jax.jit(lambda a: a @ a)
-    flops = 2.0 * n**3 / _best_seconds(lambda: matmul(a))
-    # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
-    device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
-    return DeviceModel(host_bandwidth=bandwidth, device_flops=flops, has_host_memory=not note,
-                       device_bandwidth=device_bandwidth, transfer_latency=latency, note=note)
-
 
 # --------------------------------------------------------------------------- timeline
 @dataclasses.dataclass(frozen=True)
@@ -334,8 +205,8 @@ def plan_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceModel,
       nbytes: bytes per var (per device on a mesh); default the vars' own.
       min_bytes: smaller values stay on the device.
     """
-    if not model.has_host_memory:
-        return OffloadPlan((), 0, model.note or "nothing offloaded: the device model has no host memory")
+    if model.offload_note:
+        return OffloadPlan((), 0, model.offload_note)
     size = (lambda v: nbytes[v]) if nbytes is not None else (lambda v: aval_nbytes(v.aval))
     saved_set = set(saved)
     need = timeline.needed_at(saved_set)
@@ -345,7 +216,7 @@ def plan_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceModel,
     chosen: list = []
     items: list[tuple[float, float, float]] = []
     for v in candidates:
-        item = (timeline.produced[v], need[v], model.transfer_seconds(size(v)))
+        item = (timeline.produced[v], need[v], model.hidden_seconds(size(v)))
         if _fits(items + [item], timeline.forward_seconds):
             chosen.append(v)
             items.append(item)

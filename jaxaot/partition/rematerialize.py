@@ -66,7 +66,7 @@ def min_cut_rematerialization_partition(
     source, plan = joint, None
     if rematerialize_scans:
         in_body = functools.partial(choose_saved_values, memory_budget=memory_budget)
-        if model is not None and model.has_host_memory:
+        if model is not None and not model.offload_note:
             in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model)
         _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body)
         rejoint = scan_remat.replay_joint(joint, plan) if plan else None
@@ -86,8 +86,8 @@ def min_cut_rematerialization_partition(
 
 def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel) -> Partition:
     """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
-    if not model.has_host_memory:
-        return dataclasses.replace(part, offload_note=model.note or "nothing offloaded: the device has no host memory")
+    if model.offload_note:
+        return dataclasses.replace(part, offload_note=model.offload_note)
     graph = build_flow_graph(source)
     timeline = host_offload.Timeline.of(source, model)
     sizes = dict(zip(graph.values, graph.nbytes.tolist()))

@@ -1,0 +1,203 @@
+"""What offloading costs on one device: :class:`DeviceModel`, measured once per device kind.
+
+A :class:`DeviceModel` gives the host link's bandwidth (bytes/s,
+each direction), the device's FLOP/s (and optionally its memory bandwidth), a
+latency per transfer and whether the backend has a host memory kind at all.
+:meth:`DeviceModel.measure` times, once per device kind and process, a
+matmul, a copy kernel run 8 times in one program, and in-program copies of a
+64 MiB array to and from ``pinned_host`` (a tiny copy's time, mostly dispatch,
+subtracted) and of 8 tiny ones (the latency). Then it runs each copy beside a
+chain of matmuls about as long, in one program, to see how much of the copy
+compute hides (``overlap``: on an H100 with jax 0.11 copies hid little, and
+offloading residuals cost the step their whole transfer time, so there the
+planner offloads nothing and says why). A second or so on this project's CPU runner. On
+the CPU backend "device" arrays already live in host memory, so offloading
+would free nothing: ``has_host_memory`` is False and nothing is offloaded, and
+the partition says so (``Partition.offload_note``).
+
+Example:
+    >>> from jaxaot.partition.device_model import DeviceModel
+    >>> link = DeviceModel(host_bandwidth=50e9, device_flops=1e15, transfer_latency=1e-5, overlap=0.8)
+    >>> round(link.transfer_seconds(50 * 10**6) * 1e3, 3)  # ms for 50 MB
+    1.01
+    >>> round(link.hidden_seconds(50 * 10**6) * 1e3, 3)  # ms of compute it needs beside it to stay hidden
+    1.262
+    >>> DeviceModel(host_bandwidth=50e9, device_flops=1e15, overlap=0.1).offload_note[:40]
+    'nothing offloaded: copies to host memory'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxaot._pytrees import nbytes as aval_nbytes
+from jaxaot.partition import cost_model
+
+#: Below this overlap (:attr:`DeviceModel.overlap`) copies are not hidden enough to plan with: nothing is offloaded.
+MIN_OVERLAP = 0.5
+
+#: The memory kind offloaded residuals live in.
+HOST_MEMORY_KIND = "pinned_host"
+
+_MEASURE_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceModel:
+    """What a transfer and an eqn cost on one device (see the module docstring).
+
+    Attributes:
+      host_bandwidth: bytes/s between device and host memory, each direction.
+      device_flops: FLOP/s of the device's compute.
+      has_host_memory: whether the backend has a host memory kind distinct from
+        the device's (False: nothing is offloaded).
+      device_bandwidth: bytes/s of device memory; eqns then cost at least their
+        operands' and results' bytes over it (None: FLOPs alone).
+      transfer_latency: seconds each transfer costs beside its bytes.
+      overlap: the fraction of a copy's time that compute running beside it
+        hides (1: copies are free while compute lasts, 0: they add their whole
+        time). A copy then takes up ``transfer_seconds / overlap`` of the compute
+        it overlaps, and below :data:`MIN_OVERLAP` nothing is offloaded.
+      note: why ``has_host_memory`` is False (the partition's ``offload_note``).
+    """
+
+    host_bandwidth: float
+    device_flops: float
+    has_host_memory: bool = True
+    device_bandwidth: float | None = None
+    transfer_latency: float = 0.0
+    note: str = ""
+    overlap: float = 1.0
+
+    def transfer_seconds(self, nbytes: int) -> float:
+        """Seconds one copy of ``nbytes`` takes, either way."""
+        return self.transfer_latency + nbytes / self.host_bandwidth
+
+    def hidden_seconds(self, nbytes: int) -> float:
+        """Seconds of overlapping compute one copy of ``nbytes`` needs to stay hidden (inf: it never is)."""
+        return self.transfer_seconds(nbytes) / self.overlap if self.overlap >= MIN_OVERLAP else math.inf
+
+    @property
+    def offload_note(self) -> str:
+        """Why this device offloads nothing (empty when it may)."""
+        if not self.has_host_memory:
+            return self.note or "nothing offloaded: the device model has no host memory"
+        if self.overlap < MIN_OVERLAP:
+            return (f"nothing offloaded: copies to host memory hid only {self.overlap:.0%} of their time behind "
+                    f"compute on this device (measured), under the {MIN_OVERLAP:.0%} the planner needs")
+        return ""
+
+    def eqn_seconds(self, eqn: Any) -> float:
+        """Seconds the device spends on ``eqn``: FLOPs, or bytes moved where that is slower.
+
+        Fusible eqns (``cost_model.Recompute.CHEAP``) count FLOPs alone: XLA
+        fuses them into their neighbours' kernels, whose traffic is counted.
+        """
+        t = cost_model.flops(eqn) / self.device_flops
+        if self.device_bandwidth and cost_model.classify(eqn) is not cost_model.Recompute.CHEAP:
+            moved = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "shape"))
+            t = max(t, moved / self.device_bandwidth)
+        return t
+
+    @classmethod
+    def measure(cls, device: Any = None) -> "DeviceModel":
+        """The model of ``device`` (default: ``jax.devices()[0]``), measured once per device kind and process."""
+        device = jax.devices()[0] if device is None else device
+        key = (device.platform, getattr(device, "device_kind", "?"))
+        with _MEASURED_LOCK:
+            model = _MEASURED.get(key)
+            if model is None:
+                with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
+                    model = _MEASURED[key] = _measure(device)
+        return model
+
+
+_MEASURED: dict[tuple[str, str], DeviceModel] = {}
+_MEASURED_LOCK = threading.Lock()
+
+
+def host_memory_note(device: Any) -> str:
+    """Why ``device`` cannot offload (empty when it can)."""
+    kinds = {m.kind for m in device.addressable_memories()}
+    if device.platform == "cpu":
+        return ("nothing offloaded: the cpu backend keeps device arrays in host memory, so a pinned_host copy "
+                "would free no device memory")
+    if HOST_MEMORY_KIND not in kinds:
+        return (f"nothing offloaded: the {device.platform} backend has no {HOST_MEMORY_KIND} memory kind "
+                f"({sorted(kinds)})")
+    return ""
+
+
+def _best_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
+    jax.block_until_ready(fn())  # compile and warm up
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t)
+    return max(best, 1e-9)
+
+
+def _per_step_seconds(step: Callable[[Any], Any], x: Any, n: int) -> float:
+    """Seconds per call of ``step`` run ``n`` times in one program (dispatch and sync paid once, not per step)."""
+    loop = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, x: step(x), x))
+    one = jax.jit(step)
+    return max((_best_seconds(lambda: loop(x)) - _best_seconds(lambda: one(x))) / (n - 1), 1e-9)
+
+
+def _measure(device: Any) -> DeviceModel:
+    note = host_memory_note(device)
+    cpu = device.platform == "cpu"
+    nbytes = _MEASURE_BYTES // (8 if cpu else 1)
+    on_device = jax.sharding.SingleDeviceSharding(device)
+    on_host = on_device.with_memory_kind(HOST_MEMORY_KIND)
+    x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
+    n, dtype = (512, jnp.float32) if cpu else (8192, jnp.bfloat16)
+    a = jax.device_put(jnp.ones((n, n), dtype), on_device)
+    matmul = jax.jit(lambda a: a @ a)
+    flops = 2.0 * n**3 / _best_seconds(lambda: matmul(a))
+    # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
+    device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
+    bandwidth, latency, overlap = 1.0, 0.0, 1.0
+    if HOST_MEMORY_KIND in {m.kind for m in device.addressable_memories()}:
+        # In-program copies, as the offloaded programs make them; a tiny copy's time (dispatch) is subtracted.
+        tiny = jax.device_put(np.zeros(1, np.float32), on_device)
+        to_host = jax.jit(lambda a: a, out_shardings=on_host)
+        to_device = jax.jit(lambda a: a, out_shardings=on_device)
+        h, tiny_h = to_host(x), to_host(tiny)
+        dispatch_out, dispatch_in = _best_seconds(lambda: to_host(tiny)), _best_seconds(lambda: to_device(tiny_h))
+        out_s = max(_best_seconds(lambda: to_host(x)) - dispatch_out, 1e-9)
+        in_s = max(_best_seconds(lambda: to_device(h)) - dispatch_in, 1e-9)
+        bandwidth = nbytes / max(out_s, in_s)
+        eight = jax.jit(lambda *a: a, out_shardings=(on_host,) * 8)
+        latency = max((_best_seconds(lambda: eight(*[tiny] * 8), repeats=5) - dispatch_out) / 7, 0.0)
+        if not note:
+            steps = max(2, round(max(out_s, in_s) / (2.0 * n**3 / flops)))
+            overlap = min(_overlap(a, x, out_s, on_device, on_host, steps),
+                          _overlap(a, h, in_s, on_device, on_device, steps))
+    return DeviceModel(host_bandwidth=bandwidth, device_flops=flops, has_host_memory=not note,
+                       device_bandwidth=device_bandwidth, transfer_latency=latency, note=note, overlap=overlap)
+
+
+def _overlap(a: Any, payload: Any, copy_seconds: float, on_device: Any, dest: Any, steps: int) -> float:
+    """The fraction of a copy of ``payload`` to ``dest`` hidden behind a chain of ``steps`` matmuls of ``a``
+    in the same program, the chain about as long as the copy (``copy_seconds``)."""
+    scale = 1.0 / a.shape[0]
+
+    def chain(a):
+        return jax.lax.fori_loop(0, steps, lambda i, a: jax.lax.optimization_barrier((a @ a) * scale), a)
+
+    alone = jax.jit(chain)
+    beside = jax.jit(lambda a, p: (chain(a), p), out_shardings=(on_device, dest))
+    compute = _best_seconds(lambda: alone(a))
+    both = _best_seconds(lambda: beside(a, payload))
+    hidden = (compute + copy_seconds - both) / min(compute, copy_seconds)
+    return float(min(max(hidden, 0.0), 1.0))
