@@ -37,6 +37,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot._pytrees import nbytes as aval_nbytes
 from jaxaot.partition import cost_model
@@ -67,6 +68,8 @@ class DeviceModel:
         time). A copy then takes up ``transfer_seconds / overlap`` of the compute
         it overlaps, and below :data:`MIN_OVERLAP` nothing is offloaded.
       note: why ``has_host_memory`` is False (the partition's ``offload_note``).
+      scan_overlap: the same fraction for copies made inside a ``lax.scan``
+        body, one slice per iteration (:mod:`jaxaot.partition.scan_offload`).
     """
 
     host_bandwidth: float
@@ -76,23 +79,33 @@ class DeviceModel:
     transfer_latency: float = 0.0
     note: str = ""
     overlap: float = 1.0
+    scan_overlap: float = 1.0
 
     def transfer_seconds(self, nbytes: int) -> float:
         """Seconds one copy of ``nbytes`` takes, either way."""
         return self.transfer_latency + nbytes / self.host_bandwidth
 
-    def hidden_seconds(self, nbytes: int) -> float:
+    def hidden_seconds(self, nbytes: int, *, in_scan: bool = False) -> float:
         """Seconds of overlapping compute one copy of ``nbytes`` needs to stay hidden (inf: it never is)."""
-        return self.transfer_seconds(nbytes) / self.overlap if self.overlap >= MIN_OVERLAP else math.inf
+        overlap = self.scan_overlap if in_scan else self.overlap
+        return self.transfer_seconds(nbytes) / overlap if overlap >= MIN_OVERLAP else math.inf
 
     @property
     def offload_note(self) -> str:
-        """Why this device offloads nothing (empty when it may)."""
+        """Why this device offloads nothing between the programs (empty when it may)."""
+        return self._note(self.overlap, "")
+
+    @property
+    def scan_offload_note(self) -> str:
+        """Why this device offloads nothing inside scan bodies (empty when it may)."""
+        return self._note(self.scan_overlap, " inside a scan body")
+
+    def _note(self, overlap: float, where: str) -> str:
         if not self.has_host_memory:
             return self.note or "nothing offloaded: the device model has no host memory"
-        if self.overlap < MIN_OVERLAP:
-            return (f"nothing offloaded: copies to host memory hid only {self.overlap:.0%} of their time behind "
-                    f"compute on this device (measured), under the {MIN_OVERLAP:.0%} the planner needs")
+        if overlap < MIN_OVERLAP:
+            return (f"nothing offloaded{where}: copies to host memory{where} hid only {overlap:.0%} of their time "
+                    f"behind compute on this device (measured), under the {MIN_OVERLAP:.0%} the planner needs")
         return ""
 
     def eqn_seconds(self, eqn: Any) -> float:
@@ -166,7 +179,7 @@ def _measure(device: Any) -> DeviceModel:
     flops = 2.0 * n**3 / _best_seconds(lambda: matmul(a))
     # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
     device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
-    bandwidth, latency, overlap = 1.0, 0.0, 1.0
+    bandwidth, latency, overlap, scan_overlap = 1.0, 0.0, 1.0, 1.0
     if HOST_MEMORY_KIND in {m.kind for m in device.addressable_memories()}:
         # In-program copies, as the offloaded programs make them; a tiny copy's time (dispatch) is subtracted.
         tiny = jax.device_put(np.zeros(1, np.float32), on_device)
@@ -183,8 +196,10 @@ def _measure(device: Any) -> DeviceModel:
             steps = max(2, round(max(out_s, in_s) / (2.0 * n**3 / flops)))
             overlap = min(_overlap(a, x, out_s, on_device, on_host, steps),
                           _overlap(a, h, in_s, on_device, on_device, steps))
+            scan_overlap = _scan_overlap(a, flops, bandwidth, latency)
     return DeviceModel(host_bandwidth=bandwidth, device_flops=flops, has_host_memory=not note,
-                       device_bandwidth=device_bandwidth, transfer_latency=latency, note=note, overlap=overlap)
+                       device_bandwidth=device_bandwidth, transfer_latency=latency, note=note, overlap=overlap,
+                       scan_overlap=scan_overlap)
 
 
 def _overlap(a: Any, payload: Any, copy_seconds: float, on_device: Any, dest: Any, steps: int) -> float:
@@ -201,3 +216,37 @@ def _overlap(a: Any, payload: Any, copy_seconds: float, on_device: Any, dest: An
     both = _best_seconds(lambda: beside(a, payload))
     hidden = (compute + copy_seconds - both) / min(compute, copy_seconds)
     return float(min(max(hidden, 0.0), 1.0))
+
+
+def _scan_overlap(w: Any, flops: float, bandwidth: float, latency: float, iterations: int = 8) -> float:
+    """The fraction of per-iteration copies hidden in a scan, as JAX's offload policy makes them.
+
+    A scan of ``iterations`` steps, each a matmul of a 16 MiB carry by ``w`` whose
+    result is named and then a few more matmuls, about as long as one copy of
+    it; its gradient with the named value offloaded against saved on the device.
+    The difference is what the copies (one each way per iteration) cost.
+    """
+    n = w.shape[0]
+    rows = max(1, 16 * 2**20 // (n * w.dtype.itemsize))
+    copy = latency + rows * n * w.dtype.itemsize / bandwidth
+    more = max(1, round(copy / (2.0 * rows * n * n / flops)))
+    scale = 1.0 / n
+
+    def loss(policy):
+        def step(h, _):
+            y = checkpoint_name(jnp.tanh((h @ w) * scale), "jaxaot_probe")
+            for _ in range(more):
+                y = jnp.tanh((y @ w) * scale)
+            return y, None
+        body = jax.checkpoint(step, policy=policy, prevent_cse=False)
+        return jax.jit(jax.grad(lambda h: jnp.sum(jax.lax.scan(body, h, None, length=iterations)[0]
+                                                  .astype(jnp.float32))))
+
+    cp = jax.checkpoint_policies
+    saved = loss(cp.save_only_these_names("jaxaot_probe"))
+    moved = loss(cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["jaxaot_probe"],
+        offload_src="device", offload_dst=HOST_MEMORY_KIND))
+    h = jnp.ones((rows, n), w.dtype)
+    extra = _best_seconds(lambda: moved(h)) - _best_seconds(lambda: saved(h))
+    return float(min(max(1.0 - extra / (2 * iterations * copy), 0.0), 1.0))

@@ -66,7 +66,7 @@ def min_cut_rematerialization_partition(
     source, plan = joint, None
     if rematerialize_scans:
         in_body = functools.partial(choose_saved_values, memory_budget=memory_budget)
-        if model is not None and not model.offload_note:
+        if model is not None and not model.scan_offload_note:
             in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model)
         _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body)
         rejoint = scan_remat.replay_joint(joint, plan) if plan else None

@@ -15,9 +15,12 @@ next iterations compute, and copied back while the backward scan works on the
 iterations after them (in its order). Copies queue one at a time per direction,
 so the plan keeps an iteration's copies within one iteration's compute, each way::
 
-    sum((latency + bytes / host_bandwidth) / overlap)  <=  min(forward seconds, backward seconds)
+    sum((latency + bytes / host_bandwidth) / scan_overlap)  <=  min(forward seconds, backward seconds)
 
-per iteration, the seconds taken from :class:`~jaxaot.partition.offload.Timeline`
+per iteration (``scan_overlap``: how much of such copies compute hides, measured
+by :meth:`~jaxaot.partition.device_model.DeviceModel.measure` with JAX's own
+offload policy in a scan; under one half nothing is offloaded in scan bodies),
+the seconds taken from :class:`~jaxaot.partition.offload.Timeline`
 of the body's joint graph (the backward's recomputation not counted, so the
 window is, if anything, short). Candidates are the saved values the body
 computes (not its inputs: those cannot be named), of at least ``min_bytes`` and
@@ -64,8 +67,8 @@ def plan_body_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceMod
       nbytes: bytes per var as the planner counts them (default: the avals').
       min_bytes: smaller values stay on the device.
     """
-    if model.offload_note:
-        return OffloadPlan((), 0, model.offload_note)
+    if model.scan_offload_note:
+        return OffloadPlan((), 0, model.scan_offload_note)
     size = (lambda v: nbytes[v]) if nbytes is not None else (lambda v: aval_nbytes(v.aval))
     window = min(timeline.forward_seconds, timeline.backward_seconds)
     candidates = [v for v in dict.fromkeys(saved) if v in timeline.produced and v not in timeline.outputs
@@ -73,7 +76,7 @@ def plan_body_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceMod
     candidates.sort(key=lambda v: (-size(v), timeline.order[v]))
     chosen, busy = [], 0.0
     for v in candidates:
-        t = model.hidden_seconds(size(v))
+        t = model.hidden_seconds(size(v), in_scan=True)
         if busy + t <= window:
             chosen.append(v)
             busy += t
