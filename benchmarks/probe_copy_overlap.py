@@ -34,6 +34,13 @@ def main() -> None:
             steps = max(2, round(copy / (2.0 * n**3 / model.device_flops)))
             hidden = dm._overlap(a, payload, copy, on_device, dest, steps)
             print(f"{mib:>5} {way:>8} {copy * 1e3:>8.3f} {steps:>6} {hidden:>7.2f}")
+    try:
+        moved, saved, copy = dm.scan_copy_seconds(a, model.device_flops, model.host_bandwidth, model.transfer_latency)
+        print(f"in a scan, 8 iterations, one 16 MiB slice each way per iteration (one copy {copy * 1e3:.3f} ms): "
+              f"gradient {moved * 1e3:.3f} ms offloaded, {saved * 1e3:.3f} ms saved on the device: "
+              f"{(moved - saved) / (16 * copy):.2f} of the copies' time added")
+    except Exception as e:  # noqa: BLE001
+        print(f"in a scan: JAX's offload policy fails: {type(e).__name__}: {str(e)[:300]}")
 
 
 if __name__ == "__main__":

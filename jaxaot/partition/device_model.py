@@ -227,6 +227,16 @@ def _scan_overlap(w: Any, flops: float, bandwidth: float, latency: float, iterat
     The difference is what the copies (one each way per iteration) cost. 0
     where the offloading program fails to compile.
     """
+    try:
+        moved, saved, copy = scan_copy_seconds(w, flops, bandwidth, latency, iterations)
+    except Exception:  # noqa: BLE001 - JAX cannot offload in a scan here: neither will the planner
+        return 0.0
+    return float(min(max(1.0 - (moved - saved) / (2 * iterations * copy), 0.0), 1.0))
+
+
+def scan_copy_seconds(w: Any, flops: float, bandwidth: float, latency: float, iterations: int = 8
+                      ) -> tuple[float, float, float]:
+    """``(offloaded, saved, one copy)`` seconds of :func:`_scan_overlap`'s probe (for ``probe_copy_overlap``)."""
     n = w.shape[0]
     rows = max(1, 16 * 2**20 // (n * w.dtype.itemsize))
     copy = latency + rows * n * w.dtype.itemsize / bandwidth
@@ -250,8 +260,4 @@ def _scan_overlap(w: Any, flops: float, bandwidth: float, latency: float, iterat
         names_which_can_be_saved=[], names_which_can_be_offloaded=["jaxaot_probe"],
         offload_src="device", offload_dst=HOST_MEMORY_KIND))
     h = jnp.ones((rows, n), w.dtype)
-    try:
-        extra = _best_seconds(lambda: moved(h)) - _best_seconds(lambda: saved(h))
-    except Exception:  # noqa: BLE001 - JAX cannot offload in a scan here: neither will the planner
-        return 0.0
-    return float(min(max(1.0 - extra / (2 * iterations * copy), 0.0), 1.0))
+    return _best_seconds(lambda: moved(h)), _best_seconds(lambda: saved(h)), copy
