@@ -49,6 +49,13 @@ approximates:
   scans: the policy answers for body eqns by the same keys, but the plan made
   no decision about them, and ``policy_bytes`` is None.
 
+Offloading. With ``offload=True`` (or an offloading ``partition_fn``) the
+values the plan moves to host memory between the programs get
+``jax.ad_checkpoint.Offloadable("device", "pinned_host")`` for their keys, so
+JAX offloads them too; a key that also produces a value the plan keeps on the
+device keeps them all there (an approximation). Values a scan body offloads
+follow the rewritten scans, which a policy cannot express (see below).
+
 Each approximation is a sentence in ``approximations``. The plan differentiates
 every inexact input (as :func:`~jaxaot.trace_joint`); ``jax.grad`` of fewer
 arguments still gets a valid policy, made for the larger problem.
@@ -75,11 +82,12 @@ from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from jax import ad_checkpoint
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, nbytes
 from jaxaot.errors import InvalidInputError, InvalidValueError
-from jaxaot.partition.offload import saved_vars
+from jaxaot.partition.offload import HOST_MEMORY_KIND, saved_vars
 from jaxaot.partition.rematerialize import min_cut_rematerialization_partition
 from jaxaot.partition.split import EqnKind, Partition, classify_eqns
 from jaxaot.tracing.joint import _BACKWARD_SCOPE, JointGraph, trace_joint
@@ -163,6 +171,9 @@ class RematPolicy:
         saves that are not inputs of the function.
       policy_residuals / policy_bytes: the same for what JAX will save under this
         policy, predicted on the joint graph (None where it cannot be predicted).
+      offloaded_keys: those of ``saved_keys`` whose outputs the plan offloads to
+        host memory (the policy answers ``jax.ad_checkpoint.Offloadable`` for
+        them; the rest of ``saved_keys`` get True).
     """
 
     saved_keys: frozenset
@@ -173,9 +184,13 @@ class RematPolicy:
     planned_bytes: int = 0
     policy_residuals: int | None = None
     policy_bytes: int | None = None
+    offloaded_keys: frozenset = frozenset()
 
-    def __call__(self, prim: Any, /, *avals: Any, **params: Any) -> bool:
-        return eqn_key(prim.name, avals, params) in self.saved_keys
+    def __call__(self, prim: Any, /, *avals: Any, **params: Any) -> Any:
+        key = eqn_key(prim.name, avals, params)
+        if key in self.offloaded_keys:
+            return ad_checkpoint.Offloadable(src="device", dst=HOST_MEMORY_KIND)
+        return key in self.saved_keys
 
     def describe(self) -> list[str]:
         """The saved keys, printed, sorted."""
@@ -198,6 +213,7 @@ class _Plan:
     joint: JointGraph  # the joint graph the partition was split from
     saved: tuple  # joint vars the forward saves that are not primal inputs
     recomputed: frozenset  # ids of the forward eqns the backward recomputes
+    offloaded: frozenset = frozenset()  # those of saved the partition moves to host memory between programs
 
 
 def _read_plan(joint: JointGraph, part: Partition) -> _Plan:
@@ -206,7 +222,9 @@ def _read_plan(joint: JointGraph, part: Partition) -> _Plan:
     inputs = set(jaxpr.invars[: src.num_primals])
     known = inputs | set(jaxpr.constvars) | {v for e in jaxpr.eqns for v in e.outvars}
     bwd = C.jaxpr_of(part.backward)
-    saved = [v for v in saved_vars(part) if v not in inputs]  # sees through offload's copies
+    every = saved_vars(part)  # sees through offload's copies
+    saved = [v for v in every if v not in inputs]
+    offloaded = frozenset(v for v, r in zip(every, part.residuals) if r.offloaded and not r.in_joint_host)
     if not all(v in known for v in saved):
         raise InvalidInputError(
             "partition_fn returned a partition that was not split from the joint graph it was given "
@@ -214,7 +232,7 @@ def _read_plan(joint: JointGraph, part: Partition) -> _Plan:
     kinds = classify_eqns(src)
     forward = {id(e) for e, k in zip(jaxpr.eqns, kinds) if k is not EqnKind.BACKWARD}
     recomputed = frozenset(id(e) for e in bwd.eqns if id(e) in forward)  # the copies back are new eqns
-    return _Plan(src, tuple(saved), recomputed)
+    return _Plan(src, tuple(saved), recomputed, offloaded)
 
 
 # --------------------------------------------------------------------------- building the policy
@@ -246,6 +264,13 @@ def _policy_from_plan(plan: _Plan, primal_plan: Any, memory_budget: float | None
             f"the plan saves outputs of {_count(unseen)} that jax.checkpoint computes in the backward, "
             "where the policy is not asked: JAX saves (or recomputes) their operands instead")
     saved_keys = frozenset(_key_of(e) for e in save_eqns if _visible(e))
+    host_keys = {_key_of(producer[v]) for v in plan.offloaded if _visible(producer[v])}
+    device_keys = {_key_of(producer[v]) for v in plan.saved if v not in plan.offloaded and _visible(producer[v])}
+    both = host_keys & device_keys
+    if both:
+        notes.append(f"{len(both)} key{'s' if len(both) > 1 else ''} of offloaded values also produce values the "
+                     "plan keeps on the device: the policy keeps those on the device")
+    offloaded_keys = frozenset(host_keys - device_keys)
 
     # Mixed decisions: eqns the plan recomputes that share a saved key.
     saved_count = Counter(_key_of(e) for e in save_eqns if _visible(e))
@@ -284,6 +309,7 @@ def _policy_from_plan(plan: _Plan, primal_plan: Any, memory_budget: float | None
         planned_bytes=_bytes(plan.saved),
         policy_residuals=None if predicted is None else len(predicted),
         policy_bytes=None if predicted is None else _bytes(predicted),
+        offloaded_keys=offloaded_keys,
     )
 
 
@@ -350,6 +376,8 @@ def remat_policy(
     *example_args: Any,
     memory_budget: float = 1.0,
     partition_fn: Callable[[JointGraph], Partition] | None = None,
+    offload: bool | str = False,
+    device_model: Any = None,
     **example_kwargs: Any,
 ) -> RematPolicy:
     """A ``jax.checkpoint`` policy that reproduces the min-cut's plan for ``fn``.
@@ -362,6 +390,10 @@ def remat_policy(
         (:func:`~jaxaot.min_cut_rematerialization_partition`).
       partition_fn: another partitioner to export instead (then leave
         ``memory_budget`` at 1).
+      offload, device_model: plan offloading too
+        (:func:`~jaxaot.min_cut_rematerialization_partition`'s options): the
+        policy answers ``jax.ad_checkpoint.Offloadable`` (device to
+        ``pinned_host``) for what the plan offloads between the programs.
 
     Returns:
       A :class:`RematPolicy`: pass it as ``jax.checkpoint(fn, policy=...)``;
@@ -381,7 +413,8 @@ def remat_policy(
         if budget != 1.0:
             raise InvalidInputError("pass memory_budget or partition_fn, not both: the budget is the min-cut's.")
     joint = trace_joint(fn, *example_args, **example_kwargs)
-    partition = partition_fn or functools.partial(min_cut_rematerialization_partition, memory_budget=budget)
+    partition = partition_fn or functools.partial(min_cut_rematerialization_partition, memory_budget=budget,
+                                                  offload=offload, device_model=device_model)
     part = partition(joint)
     if not isinstance(part, Partition):
         raise InvalidInputError(f"partition_fn returned {type(part).__name__}, not a jaxaot Partition.")

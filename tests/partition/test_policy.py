@@ -318,3 +318,46 @@ def test_a_plan_with_offloaded_residuals_exports_as_a_policy():
     p = jaxaot.remat_policy(fn, ws, x, partition_fn=pf)
     got = jax.jit(jax.value_and_grad(jax.checkpoint(fn, policy=p)))(ws, x)
     assert_trees_close(got, jax.value_and_grad(fn)(ws, x), rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- offloading, exported
+def _widening_mlp(params, x):
+    for w in params:
+        x = jax.nn.gelu(x @ w)
+    return jnp.mean(x ** 2)
+
+
+def _widening_args(seed=3):
+    widths = [256, 288, 320, 352, 384, 416, 448]
+    ks = jax.random.split(jax.random.key(seed), len(widths))
+    return [jax.random.normal(k, (a, b)) / 16 for k, a, b in zip(ks, widths[:-1], widths[1:])], \
+        jax.random.normal(ks[-1], (256, 256))
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5])
+def test_offloading_plan_exports_as_offloadable_answers(budget):
+    from jaxaot.partition.device_model import DeviceModel
+    link = DeviceModel(host_bandwidth=2e10, device_flops=1e12)  # synthetic: the CPU has no separate host memory
+    args = _widening_args()
+    part = jaxaot.min_cut_rematerialization_partition(jaxaot.trace_joint(_widening_mlp, *args), memory_budget=budget,
+                                                      offload=True, device_model=link)
+    p = remat_policy(_widening_mlp, *args, memory_budget=budget, offload=True, device_model=link)
+    assert p.exact and p.offloaded_keys and p.offloaded_keys <= p.saved_keys
+    out, res = jax.fwd_and_bwd(jax.checkpoint(_widening_mlp, policy=p), argnums=(0, 1))[0](*args)
+    host = sum(r.nbytes for r in jax.tree_util.tree_leaves(res) if "host" in str(r.sharding.memory_kind))
+    device = sum(r.nbytes for r in jax.tree_util.tree_leaves(res)) - host
+    assert host == sum(r.nbytes for r in part.residuals if r.offloaded) > 0
+    assert device == part.device_saved_bytes
+    fresh = _widening_args(seed=8)
+    assert_trees_close(jax.jit(jax.grad(jax.checkpoint(_widening_mlp, policy=p)))(*fresh),
+                       jax.grad(_widening_mlp)(*fresh), rtol=1e-5, atol=1e-6)
+
+
+def test_shared_keys_of_offloaded_and_device_values_keep_them_on_the_device():
+    from jaxaot.partition.device_model import DeviceModel
+    link = DeviceModel(host_bandwidth=2e10, device_flops=1e12)
+    ks = jax.random.split(jax.random.key(4), 7)
+    params, x = [jax.random.normal(k, (256, 256)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (256, 256))
+    p = remat_policy(_widening_mlp, params, x, offload=True, device_model=link)
+    assert not p.exact and not p.offloaded_keys
+    assert any("offloaded" in a for a in p.approximations)
