@@ -14,9 +14,11 @@ Modules, each one concept:
   and ``knapsack`` (which expensive values to trade under a memory budget),
   counting per-device bytes on a mesh (``device_bytes``);
 * ``scan_remat``: the per-iteration plan of each ``lax.scan``'s body;
-* ``offload``: :class:`DeviceModel` and the offload pass, a third choice beside
-  saving and recomputing: large residuals whose copies to host memory and back
-  hide behind compute; ``scan_offload``: the same per scan iteration;
+* ``device_model``: :class:`DeviceModel`, what copies and eqns cost on a device
+  (measured once), how much of a copy compute hides;
+* ``offload``: the offload pass, a third choice beside saving and recomputing:
+  large residuals whose copies to host memory and back hide behind compute;
+  ``scan_offload``: the same per scan iteration;
 * ``rematerialize``: :func:`min_cut_rematerialization_partition`, the above put together;
 * ``policy``: :func:`remat_policy`, the min-cut's plan as a ``jax.checkpoint`` policy;
 * ``bw_split``: the backward split into input-gradient and weight-gradient
