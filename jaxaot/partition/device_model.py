@@ -8,9 +8,12 @@ matmul, a copy kernel run 8 times in one program, and in-program copies of a
 64 MiB array to and from ``pinned_host`` (a tiny copy's time, mostly dispatch,
 subtracted) and of 8 tiny ones (the latency). Then it runs each copy beside a
 chain of matmuls about as long, in one program, to see how much of the copy
-compute hides (``overlap``: on an H100 with jax 0.11 copies hid little, and
-offloading residuals cost the step their whole transfer time, so there the
-planner offloads nothing and says why). A second or so on this project's CPU runner. On
+compute hides (``overlap``), and the gradient of a scan whose body offloads a
+value by JAX's own policy against one that saves it (``scan_overlap``). On an
+H100 with jax 0.11.2 copies between programs hid 84-100% of their time, copies
+inside a scan 12-15%, so the planner offloads there only outside scans
+(``benchmarks/probe_copy_overlap.py``). About a second on this project's CPU
+runner, a few seconds on a GPU (two small gradient programs compile). On
 the CPU backend "device" arrays already live in host memory, so offloading
 would free nothing: ``has_host_memory`` is False and nothing is offloaded, and
 the partition says so (``Partition.offload_note``).
