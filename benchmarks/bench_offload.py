@@ -53,7 +53,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import models as zoo_models  # noqa: E402
 from bench_partitioners import INPUT_SETS, input_sets  # noqa: E402
 from bench_planner import (Program, _float_grads, check_grads, jax_program, jaxaot_programs,  # noqa: E402
-                           matched_budget, partitioner, ratios, spread, time_interleaved)
+                           matched_budget, ratios, spread, time_interleaved)
 from harness import fmt_bytes, report, table  # noqa: E402
 
 MODELS = ("llama_block", "gpt2_block_2h", "gpt_scanned", "transformer_block")
@@ -126,9 +126,9 @@ def fused_jax(name: str, loss: Callable, model: zoo_models.Model, sets: list, po
                    policy=name)
 
 
-def fused_jaxaot(split: Program, model: zoo_models.Model, sets: list, device_model: Any) -> Program:
-    aot = jaxaot.aot_function(model.loss, partition_fn=partitioner(split.budget, device_model))
-    step = jaxaot.value_and_grad(aot, argnums=model.argnums)
+def fused_jaxaot(split: Program, model: zoo_models.Model, sets: list) -> Program:
+    """The fused step of ``split``'s own ``aot_function`` (same trace and partition, one executable)."""
+    step = jaxaot.value_and_grad(split.aot, argnums=model.argnums)
     p = Program(split.name + " fused", "jaxaot-fused", step, None, lambda args: _float_grads(step(*args)[1]),
                 sets, split.device_bytes, split.host_bytes, budget=split.budget)
     p.same_as = split.same_as
@@ -166,15 +166,16 @@ def bench_model(model: zoo_models.Model, device_model: Any, *, rounds: int, iter
         fused_jax_.append(fused_jax(name, loss, m, sets, pol))
         fused_jax_[-1].device_bytes, fused_jax_[-1].host_bytes = split_jax[-1].device_bytes, split_jax[-1].host_bytes
     extra = {}
+    joint = jaxaot.trace_joint(model.loss, *sets[0])
     for p in split_jax:
-        b = matched_budget(model, sets[0], p.device_bytes, device_model=device_model)
+        b = matched_budget(model, sets[0], p.device_bytes, device_model=device_model, joint=joint)
         if b is not None and b not in BUDGETS:
             extra.setdefault(b, p.policy)
     split_aot = jaxaot_programs(model, sets, extra, budgets=BUDGETS, device_model=device_model)
-    fused_aot = [fused_jaxaot(p, model, sets, device_model) for p in split_aot]
+    fused_aot = [fused_jaxaot(p, model, sets) for p in split_aot]
     # Controls: the same budgets planned without offloading, to price what offloading costs.
     plain_split = jaxaot_programs(model, sets, {}, budgets=BUDGETS)
-    plain_fused = [fused_jaxaot(p, model, sets, None) for p in plain_split]
+    plain_fused = [fused_jaxaot(p, model, sets) for p in plain_split]
     plain = jax.jit(jax.value_and_grad(model.loss, argnums=model.argnums))
     ref = Program("jit(value_and_grad)", "fused", plain, None, lambda args: _float_grads(plain(*args)[1]), sets, None)
     progs = [*split_jax, *split_aot, *plain_split, *fused_jax_, *fused_aot, *plain_fused, ref]

@@ -163,11 +163,12 @@ def partitioner(budget: float, device_model: Any = None) -> Callable:
 
 
 def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 12,
-                   device_model: Any = None) -> float | None:
+                   device_model: Any = None, joint: Any = None) -> float | None:
     """The largest budget (to ``2**-steps``) whose plan keeps at most ``target`` bytes on the device; None
     if even budget 0 keeps more. Budget sweeps are monotone, so bisection finds it. The joint graph is
-    traced once; each probe is one partition (what ``lower().device_saved_bytes`` reports)."""
-    joint = jaxaot.trace_joint(model.loss, *args)
+    traced once (or given: ``joint``); each probe is one partition (what ``lower().device_saved_bytes``
+    reports)."""
+    joint = jaxaot.trace_joint(model.loss, *args) if joint is None else joint
 
     def saved(budget: float) -> int:
         return partitioner(budget, device_model)(joint).device_saved_bytes
@@ -215,6 +216,7 @@ def jaxaot_programs(model: zoo_models.Model, sets: list[tuple], extra: dict[floa
         label = (f"jaxaot min-cut {budget:.3g}" + (" offload" if device_model is not None else "")
                  + (f" (matches {extra[budget]})" if budget in extra else ""))
         progs[key] = Program(label, "jaxaot", run, aot.forward, grads, sets, dev, host, budget=budget)
+        progs[key].aot = aot  # its fused twin (bench_offload) reuses the traced, partitioned function
     return list(progs.values())
 
 
@@ -313,9 +315,10 @@ def bench_model(model: zoo_models.Model, *, gpu: bool, rounds: int, iters: int,
         except Exception as e:  # noqa: BLE001 - e.g. no pinned host memory on this backend
             failed.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     extra = {}
+    joint = jaxaot.trace_joint(model.loss, *sets[0])
     for p in progs:
         if p.policy not in (None, EVERYTHING):
-            b = matched_budget(model, sets[0], p.device_bytes)
+            b = matched_budget(model, sets[0], p.device_bytes, joint=joint)
             if b is not None and b not in BUDGETS:
                 extra.setdefault(b, p.policy)
     budgets = jaxaot_programs(model, sets, extra)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, Callable
 
 from jaxaot.errors import PartitionError
 from jaxaot.partition import offload as host_offload
@@ -84,30 +85,38 @@ def min_cut_rematerialization_partition(
     return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
 
 
+def _offloading_cut(joint: JointGraph, memory_budget: float, model: host_offload.DeviceModel, planner: Callable,
+                    saveable: Callable[[Any], bool] | None = None) -> tuple[list, host_offload.OffloadPlan]:
+    """The saved vars of ``joint`` meeting the budget offloading before recomputing, and the offload plan.
+
+    ``planner(timeline, saved vars, model, sizes) -> OffloadPlan`` decides what may go
+    (:func:`~jaxaot.partition.offload.plan_offload` between the programs,
+    :func:`~jaxaot.partition.scan_offload.plan_body_offload` per scan iteration).
+    """
+    graph = build_flow_graph(joint, saveable)
+    timeline = host_offload.Timeline.of(joint, model)
+    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
+    saved, chosen = offloaded_saved_nodes(
+        graph, memory_budget, lambda nodes: planner(timeline, [graph.values[i] for i in nodes], model, sizes))
+    return [graph.values[i] for i in saved], chosen
+
+
 def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel) -> Partition:
     """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
     if model.offload_note:
         return dataclasses.replace(part, offload_note=model.offload_note)
-    graph = build_flow_graph(source)
-    timeline = host_offload.Timeline.of(source, model)
-    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
-    saved, chosen = offloaded_saved_nodes(graph, memory_budget, lambda nodes: host_offload.plan_offload(
-        timeline, [graph.values[i] for i in nodes], model, sizes))
-    split = split_joint(source, [graph.values[i] for i in saved])
+    saved, chosen = _offloading_cut(source, memory_budget, model, host_offload.plan_offload)
+    split = split_joint(source, saved)
     position = {v: j for j, v in enumerate(host_offload.saved_vars(split))}
     note = "" if any(r.offloaded for r in split.residuals) else chosen.note  # scan bodies offloaded some
     return host_offload.apply_offload(split, [position[v] for v in chosen.offloaded if v in position], note)
 
 
 def choose_body(joint: JointGraph, *, memory_budget: float, model: host_offload.DeviceModel,
-                saveable=None) -> scan_remat.BodyChoice:
+                saveable: Callable[[Any], bool] | None = None) -> scan_remat.BodyChoice:
     """A scan body's saved values and those it offloads per iteration (:mod:`jaxaot.partition.scan_offload`).
 
     The budget's device bytes are met offloading before recomputing, as at the top level.
     """
-    graph = build_flow_graph(joint, saveable)
-    timeline = host_offload.Timeline.of(joint, model)
-    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
-    saved, chosen = offloaded_saved_nodes(graph, memory_budget, lambda nodes: scan_offload.plan_body_offload(
-        timeline, [graph.values[i] for i in nodes], model, sizes))
-    return scan_remat.BodyChoice(tuple(graph.values[i] for i in saved), chosen.offloaded)
+    saved, chosen = _offloading_cut(joint, memory_budget, model, scan_offload.plan_body_offload, saveable)
+    return scan_remat.BodyChoice(tuple(saved), chosen.offloaded)
