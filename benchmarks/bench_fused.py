@@ -12,7 +12,9 @@ For every model of ``benchmarks/models.py`` it prints, from one run:
   ``--iters`` steps, inputs rotating over three sets) with the min-max;
 * the compiled peak memory of each fused program, as a ratio to the
   ``dots_saveable`` program's (goal: at most 1);
-* a gradient check of every program against ``jax.value_and_grad``.
+* a gradient check of every program against ``jax.value_and_grad``;
+* ``jit(value_and_grad)`` compiled a second time: how far two compiles of one
+  program differ in this run (the noise floor of the ratios).
 
 Goals (issue #16): fused step time at most 1.02x ``jit(value_and_grad)`` and
 peak memory at most ``dots_saveable``'s, on every model.
@@ -63,6 +65,8 @@ def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
     """name -> (step(args), compiled executable for memory analysis or None)."""
     loss, nums = model.loss, model.argnums
     out = jax_references(model, args)
+    again = jax.jit(jax.value_and_grad(lambda *a: loss(*a), argnums=nums))  # a second compile: the noise floor
+    out["jit(value_and_grad), compiled again"] = (again, again.lower(*args).compile())
     for name, pf in PARTITIONS.items():
         f = jaxaot.aot_function(loss, partition_fn=pf)
         vg = jaxaot.value_and_grad(f, argnums=nums)
@@ -142,11 +146,12 @@ def bench_model(model: Any, rounds: int, iters: int) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = programs(model, sets[0])
     err, times, ref, dots_peak = measure(progs, model, sets, rounds, iters)
-    rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak", "layouts", "order"]]
+    rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak", "layouts", "order",
+             "barrier"]]
     for name, (_, exe) in progs.items():
         rows.append([name, f"{statistics.median(times[name]) * 1e3:.3f}",
                      *ratio_cells(times[name], ref, exe, dots_peak),
-                     getattr(exe, "layouts", "-"), getattr(exe, "order", "-")])
+                     getattr(exe, "layouts", "-"), getattr(exe, "order", "-"), getattr(exe, "barrier", "-")])
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
 
 

@@ -42,9 +42,12 @@ block ran 1.075x ``jit(value_and_grad)`` fused against 0.953x with the
 residuals pinned row-major). On an accelerator the step is therefore compiled
 both ways and :func:`choose_layouts` keeps one, by compiled peak memory; where
 the backward reads a recomputed matmul operand, once more in the consume-first
-order (:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order`.
+order (:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order`. Last, a
+step that recomputes is compiled without the barrier and kept if its compiled
+peak is no higher (:func:`choose_barrier`): the barrier exists for memory, and
+where XLA's own schedule needs no more, it only forbids fusions.
 
-Cost: one more compilation per signature, up to three on an accelerator (the split
+Cost: one more compilation per signature, up to four on an accelerator (the split
 executables compile only if ``.forward``/``.backward`` or a pipeline asks for
 them). Functions with a
 ``jaxaot.while_loop`` whose stack the runtime sizes keep the split
@@ -228,6 +231,26 @@ def choose_order(xla_peak: int | None, ordered_peak: int | None) -> str:
     return "consume_first" if ordered_peak < xla_peak * (1 - ORDER_PEAK_GAIN) else "xla"
 
 
+def choose_barrier(barrier: str, barriered_peak: int | None, free_peak: int | None) -> str:
+    """``"none"`` when the step without the optimization barrier compiles to a peak no higher than
+    with it, else ``barrier``.
+
+    The barrier is there so that XLA keeps no more than the plan saves. Where XLA's own schedule of
+    the same step, free to merge recomputation with the forward, needs no more memory at its peak,
+    the barrier buys nothing and costs the fusions it forbids: on an H100 ConvNet with batch norm the
+    barriered min-cut step ran 1.045x ``jit(value_and_grad)`` at 1.055x its peak, the free one ran as
+    ``jit(value_and_grad)`` (``benchmarks/results/probe_layout_choice_gpu_h100_2026-11-26_*.txt``).
+
+    Example:
+        >>> from jaxaot.runtime.fused import choose_barrier
+        >>> choose_barrier("all", 1000, 950), choose_barrier("all", 1000, 1001), choose_barrier("all", None, 5)
+        ('none', 'all', 'all')
+    """
+    if barriered_peak is None or free_peak is None:
+        return barrier
+    return "none" if free_peak <= barriered_peak else barrier
+
+
 def _compile_variant(training: Any, name: str, value_leaf: int, barrier: str, returned: set,
                      layouts: str, order: str) -> Any:
     """The step compiled with these ``layouts`` and ``order``, or None where the backend refuses it."""
@@ -249,8 +272,10 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
     On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the step is compiled with XLA's layouts
     for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps one; where
     the backward reads a recomputed matmul operand it is compiled once more in the consume-first
-    order, kept by :func:`choose_order`. The executable's ``layouts`` (``"auto"`` or
-    ``"row_major"``) and ``order`` (``"xla"`` or ``"consume_first"``) attributes say which.
+    order, kept by :func:`choose_order`; where the plan recomputes, once more without the barrier,
+    kept by :func:`choose_barrier`. The executable's ``layouts`` (``"auto"`` or ``"row_major"``),
+    ``order`` (``"xla"`` or ``"consume_first"``) and ``barrier`` (``"all"``, ``"recomputed"`` or
+    ``"none"``) attributes say which.
     """
     p = training.programs
     name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
@@ -274,7 +299,14 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
                 if ordered is not None and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
                     ordered.layouts, ordered.order = exe.layouts, "consume_first"
                     exe = ordered
-            p.executables[name] = exe
+            if part.recomputed and (barrier == "all" or recomputation_inputs(part.backward,
+                                                                            len(part.cotangent_outputs))):
+                free = _compile_variant(training, name, value_leaf, "none", returned, exe.layouts, "xla")
+                if free is not None and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
+                    free.layouts, free.order, barrier = exe.layouts, "xla", "none"
+                    exe = free
+        exe.barrier = barrier
+        p.executables[name] = exe
     return exe
 
 

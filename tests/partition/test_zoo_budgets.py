@@ -175,6 +175,7 @@ def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch)
 
     monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
     monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: "row_major")
+    monkeypatch.setattr(fused, "choose_barrier", lambda barrier, kept, free: barrier)  # the barriered step
     model = MODELS[name]
     args, value, grads, _, _ = reference(name)
     aot = jaxaot.aot_function(model.loss, partition_fn=partition_fn(1.0))

@@ -271,6 +271,7 @@ def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch
     from jaxaot.runtime import fused
 
     monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "choose_barrier", lambda barrier, kept, free: barrier)  # the order is under test
     if choice != "measured":
         monkeypatch.setattr(fused, "choose_order", lambda xla, ordered: choice)
     fn, make_args = zoo.ZOO[name]
@@ -306,3 +307,60 @@ def test_row_major_leaves_convolution_operands_to_the_backend():
     got = C.eval_closed(closed, *jax.tree.leaves(args))
     want = jax.value_and_grad(loss, argnums=(0, 1))(*args)
     assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- the barrier
+def test_barrier_choice_rule():
+    from jaxaot.runtime.fused import choose_barrier
+
+    assert choose_barrier("all", 10_000, 10_000) == "none"
+    assert choose_barrier("all", 10_000, 9_000) == "none"
+    assert choose_barrier("recomputed", 10_000, 10_001) == "recomputed"
+    assert choose_barrier("all", None, 5) == choose_barrier("all", 5, None) == "all"
+
+
+@pytest.mark.parametrize("choice", ["kept", "none", "measured"])
+@pytest.mark.parametrize("name", ["attention", "conv", "scan"])
+def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
+    # CPU stands in for an accelerator: the step without the barrier compiles too, one executable is kept.
+    from jaxaot.runtime import fused
+
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    seen = []
+
+    def rule(barrier, kept, free):
+        seen.append((kept, free))
+        real = fused.choose_barrier.__wrapped__(barrier, kept, free)
+        return {"kept": barrier, "none": "none", "measured": real}[choice]
+
+    rule.__wrapped__ = fused.choose_barrier
+    monkeypatch.setattr(fused, "choose_barrier", rule)
+    fn, make_args = zoo.ZOO[name]
+    args = make_args(_key(hash((name, choice, 7)) % 991))
+    loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
+    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0)
+    f = jaxaot.aot_function(loss, partition_fn=pf)
+    argnums = tuple(range(len(args)))
+    got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
+    assert_trees_close(got, jax.value_and_grad(loss, argnums=argnums)(*args), rtol=1e-4, atol=1e-5)
+    assert len(seen) == 1  # budget 0 recomputes, so the free step was compiled and weighed once
+    (only,) = f.lookup(args, {}).programs.executables.values()
+    kept, free = seen[0]
+    want = {"kept": "all", "none": "none", "measured": "none" if free <= kept else "all"}[choice]
+    assert only.barrier == want
+    if want == "none":
+        assert only.order == "xla"
+
+
+def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
+    from jaxaot.runtime import fused
+
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "choose_barrier", lambda *a: pytest.fail("no barrier to weigh"))
+    fn, make_args = zoo.ZOO["mlp_gelu"]
+    args = make_args(_key(17))
+    f = jaxaot.aot_function(fn)  # the default partition recomputes no residual's producer
+    got = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
+    assert_trees_close(got, jax.value_and_grad(fn, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
+    (only,) = f.lookup(args, {}).programs.executables.values()
+    assert only.barrier in ("recomputed", "none")
