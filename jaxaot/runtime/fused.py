@@ -71,7 +71,7 @@ import jax
 from jaxaot import _compat as C
 from jaxaot.partition import cost_model
 from jaxaot.partition.default import default_partition
-from jaxaot.runtime import ordering
+from jaxaot.runtime import ordering, residual_slices
 
 
 def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
@@ -108,7 +108,7 @@ def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
 
 
 def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
-                  order: str = "xla") -> Any:
+                  order: str = "xla", slices: bool = True) -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
@@ -121,7 +121,8 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     (except those a library kernel reads or writes, :func:`library_kernel_residuals`);
     ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
     recomputed matmul operand be used before its residuals are read again
-    (:mod:`jaxaot.runtime.ordering`).
+    (:mod:`jaxaot.runtime.ordering`); ``slices``: residuals behind the barrier that the backward
+    only slices pass it as their slices (:mod:`jaxaot.runtime.residual_slices`).
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
@@ -134,20 +135,25 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
         behind = set(range(len(part.saved_inputs) + len(part.saved_outputs)))
 
     library = library_kernel_residuals(part, len(cts)) if layouts == "row_major" else set()
+    sliced = residual_slices.split_backward(part.backward, len(cts), behind) if slices and behind else None
+    backward = sliced.backward if sliced is not None else part.backward
 
     def step(*leaves: Any) -> list:
         fwd = C.eval_closed(part.forward, *leaves)
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
         if layouts == "row_major":
             residuals = [r if i in library else C.row_major(r) for i, r in enumerate(residuals)]
-        kept = [r for i, r in enumerate(residuals) if i in behind]
+        owner = list(range(len(residuals)))
+        if sliced is not None:
+            residuals, owner = sliced.expand(residuals)
+        kept = [r for r, i in zip(residuals, owner) if i in behind]
         kept = iter(jax.lax.optimization_barrier(kept) if kept else [])
-        residuals = [next(kept) if i in behind else r for i, r in enumerate(residuals)]
+        residuals = [next(kept) if i in behind else r for r, i in zip(residuals, owner)]
         unit = [jax.numpy.full(a.shape, 1 if i == value_leaf else 0, a.dtype) for i, a in cts]
         if order == "consume_first" and part.recomputed:
-            grads = ordering.eval_backward(part.backward, len(cts), *unit, *residuals)
+            grads = ordering.eval_backward(backward, len(cts), *unit, *residuals)
         else:
-            grads = C.eval_closed(part.backward, *unit, *residuals)
+            grads = C.eval_closed(backward, *unit, *residuals)
         grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]
         return [fwd[i] for i in p.computed_outputs] + grads
 

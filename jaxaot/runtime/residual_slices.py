@@ -1,0 +1,98 @@
+"""Residuals the backward reads only through static slices pass the fused step's barrier as those slices.
+
+An attention block whose query, key and value come from one projection saves
+that projection's output (it is a matmul's result, in memory anyway), and its
+backward splits it again. Inside one program the split's outputs are fused into
+their readers, so the whole output stays alive until the last of them has run:
+on the 16-head GPT-2 block, the query and key gradients read their slices after
+the score gradient, and the value's third of the buffer (16 MB) is still held at
+the step's peak, where ``jax.checkpoint(policy=dots_saveable)`` has already
+copied the two slices it needs out of it
+(``benchmarks/results/probe_peak_buffers_gpu_h100_2026-11-26_reanalyzed.txt``).
+
+:func:`split_backward` moves such slicing eqns from the backward to the end of
+the forward: the backward takes the slices as residuals of their own, the
+forward computes them before the barrier, and each slice is freed after its
+last reader. The bytes saved are the same; the forward writes them once more
+(a copy of the sliced residuals, about 1% of the block's step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxaot import _compat as C
+
+#: Primitives that cut static pieces out of one operand.
+SLICING = frozenset({"split", "slice"})
+
+
+@dataclasses.dataclass(frozen=True)
+class SlicedBackward:
+    """A backward whose sliced residuals are replaced by their slices.
+
+    Attributes:
+      backward: the closed jaxpr ``(cotangents..., residuals'...) -> grads``.
+      slicers: for each original residual position, the slicing eqns that read it (empty when it
+        passes whole); the residuals' of ``backward`` are, in order, each position's own value or
+        the outputs of its slicers.
+    """
+
+    backward: Any
+    slicers: tuple[tuple[Any, ...], ...]
+
+    def expand(self, residuals: list) -> tuple[list, list[int]]:
+        """``(residuals', owner)``: the residuals for :attr:`backward` and, for each, the position of
+        the original residual it came from."""
+        out: list = []
+        owner: list[int] = []
+        for i, (r, eqns) in enumerate(zip(residuals, self.slicers)):
+            pieces = [x for e in eqns for x in C.bind_eqn(e, [r])] if eqns else [r]
+            out.extend(pieces)
+            owner.extend([i] * len(pieces))
+        return out, owner
+
+
+def split_backward(backward: Any, num_cotangents: int, positions: set[int] | None = None) -> SlicedBackward:
+    """``backward`` with every residual that only :data:`SLICING` eqns read (among ``positions``,
+    default all) taken as those eqns' outputs instead (see the module docstring).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot.runtime.residual_slices import split_backward
+        >>> def bwd(g, qkv):
+        ...     q, k, v = jnp.split(qkv, 3, axis=-1)
+        ...     return g * q + k, g * v
+        >>> closed = jax.make_jaxpr(bwd)(jnp.ones((2, 4)), jnp.ones((2, 12)))
+        >>> sliced = split_backward(closed, 1)
+        >>> [v.aval.shape for v in sliced.backward.jaxpr.invars]
+        [(2, 4), (2, 4), (2, 4), (2, 4)]
+        >>> args, owner = sliced.expand([jnp.arange(24.0).reshape(2, 12)])
+        >>> owner, [float(a[0, 0]) for a in args]
+        ([0, 0, 0], [0.0, 4.0, 8.0])
+    """
+    jaxpr = C.jaxpr_of(backward)
+    residuals = jaxpr.invars[num_cotangents:]
+    readers: dict[int, list] = {id(v): [] for v in residuals}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if not C.is_literal(v) and id(v) in readers:
+                readers[id(v)].append(eqn)
+    outputs = {id(v) for v in jaxpr.outvars if not C.is_literal(v)}
+    slicers: list[tuple] = []
+    for i, v in enumerate(residuals):
+        eqns = readers[id(v)]
+        ok = (positions is None or i in positions) and id(v) not in outputs and eqns and all(
+            e.primitive.name in SLICING and len(e.invars) == 1 and not any(map(C.is_drop_var, e.outvars))
+            for e in eqns)
+        slicers.append(tuple(eqns) if ok else ())
+    moved = {id(e) for eqns in slicers for e in eqns}
+    if not moved:
+        return SlicedBackward(backward, tuple(slicers))
+    invars = list(jaxpr.invars[:num_cotangents])
+    for v, eqns in zip(residuals, slicers):
+        invars.extend([o for e in eqns for o in e.outvars] if eqns else [v])
+    closed = C.make_closed_jaxpr(jaxpr.constvars, invars, jaxpr.outvars,
+                                 [e for e in jaxpr.eqns if id(e) not in moved], C.consts_of(backward))
+    return SlicedBackward(closed, tuple(slicers))
