@@ -161,11 +161,12 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=1.0)
     ap.add_argument("--layouts", default="row_major")
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--top", type=int, default=14, help="how many of the live temporaries to list")
     a = ap.parse_args(argv)
     if a.model == "hlo":  # saved dumps: no compilation
         for path in a.dump:
             print(f"\n## {os.path.basename(path)}")
-            print("\n".join(live_at_peak(open(path).read())))
+            print("\n".join(live_at_peak(open(path).read(), a.top)))
         return
     model = zoo("small" if a.small else "gpu")[a.model]
     args = model.make_args(jax.random.key(0))
@@ -176,7 +177,7 @@ def main(argv=None):
         print(f"\n## {name}: peak {fmt_bytes(peak_bytes(exe))}")
         files = sorted(glob.glob(os.path.join(a.dump[0], f"*jit_{name}.*after_optimizations.txt")))
         for path in files[-1:]:
-            print("\n".join(live_at_peak(open(path).read())))
+            print("\n".join(live_at_peak(open(path).read(), a.top)))
 
 
 if __name__ == "__main__":
