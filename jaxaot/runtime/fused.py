@@ -35,6 +35,10 @@ same trip inside the one program: its forward part copies them to
 ``pinned_host`` and its backward part copies them back, so between the two
 they cost the device no memory.
 
+A residual the backward only slices (an attention block's fused QKV projection)
+passes the barrier as its slices, so each is freed after its last reader
+(:mod:`jaxaot.runtime.residual_slices`).
+
 Layouts: between two executables every residual is row-major; inside one
 program XLA chooses the residuals' layouts for the forward and the backward
 together, and on some models pays for its choice in transposes (an H200 ViT

@@ -36,19 +36,22 @@ class SlicedBackward:
       backward: the closed jaxpr ``(cotangents..., residuals'...) -> grads``.
       slicers: for each original residual position, the slicing eqns that read it (empty when it
         passes whole); the residuals' of ``backward`` are, in order, each position's own value or
-        the outputs of its slicers.
+        the outputs of its slicers that the backward reads (an unread slice is not passed at all).
+      read: for each position, whether the backward reads each output of its slicers.
     """
 
     backward: Any
     slicers: tuple[tuple[Any, ...], ...]
+    read: tuple[tuple[bool, ...], ...]
 
     def expand(self, residuals: list) -> tuple[list, list[int]]:
         """``(residuals', owner)``: the residuals for :attr:`backward` and, for each, the position of
         the original residual it came from."""
         out: list = []
         owner: list[int] = []
-        for i, (r, eqns) in enumerate(zip(residuals, self.slicers)):
-            pieces = [x for e in eqns for x in C.bind_eqn(e, [r])] if eqns else [r]
+        for i, (r, eqns, read) in enumerate(zip(residuals, self.slicers, self.read)):
+            values = [x for e in eqns for x in C.bind_eqn(e, [r])]
+            pieces = [x for x, keep in zip(values, read) if keep] if eqns else [r]
             out.extend(pieces)
             owner.extend([i] * len(pieces))
         return out, owner
@@ -84,15 +87,16 @@ def split_backward(backward: Any, num_cotangents: int, positions: set[int] | Non
     for i, v in enumerate(residuals):
         eqns = readers[id(v)]
         ok = (positions is None or i in positions) and id(v) not in outputs and eqns and all(
-            e.primitive.name in SLICING and len(e.invars) == 1 and not any(map(C.is_drop_var, e.outvars))
-            for e in eqns)
+            e.primitive.name in SLICING and len(e.invars) == 1 for e in eqns)
         slicers.append(tuple(eqns) if ok else ())
+    used = {id(v) for e in jaxpr.eqns for v in e.invars} | outputs
+    read = tuple(tuple(id(o) in used and not C.is_drop_var(o) for e in eqns for o in e.outvars) for eqns in slicers)
     moved = {id(e) for eqns in slicers for e in eqns}
     if not moved:
-        return SlicedBackward(backward, tuple(slicers))
+        return SlicedBackward(backward, tuple(slicers), read)
     invars = list(jaxpr.invars[:num_cotangents])
-    for v, eqns in zip(residuals, slicers):
-        invars.extend([o for e in eqns for o in e.outvars] if eqns else [v])
+    for v, eqns, keep in zip(residuals, slicers, read):
+        invars.extend([o for o, k in zip((o for e in eqns for o in e.outvars), keep) if k] if eqns else [v])
     closed = C.make_closed_jaxpr(jaxpr.constvars, invars, jaxpr.outvars,
                                  [e for e in jaxpr.eqns if id(e) not in moved], C.consts_of(backward))
-    return SlicedBackward(closed, tuple(slicers))
+    return SlicedBackward(closed, tuple(slicers), read)
