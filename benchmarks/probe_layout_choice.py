@@ -67,8 +67,8 @@ def variants(model: Any, args: tuple) -> dict[str, tuple[Any, Any]]:
         if part != "default":
             mask_nums = (nums,) if isinstance(nums, int) else tuple(nums)
             mask = tuple(i in mask_nums for i, a in enumerate(args) for _ in jax.tree.leaves(a))
-            t = training.training(mask)
-            if t.partition.recomputed and ordering.ordered_eqns(t.partition.backward, len(t.partition.cotangent_outputs)):
+            tp = training.training(mask).partition
+            if tp.recomputed and ordering.ordered_eqns(tp.backward, len(tp.cotangent_outputs)):
                 orders.append("consume_first")
         peaks = {}
         for order in orders:

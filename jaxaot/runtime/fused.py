@@ -263,9 +263,9 @@ def choose_barrier(barrier: str, barriered_peak: int | None, free_peak: int | No
 
 def _compile_variant(training: Any, name: str, value_leaf: int, barrier: str, returned: set,
                      layouts: str, order: str) -> Any:
-    """The step compiled with these ``layouts`` and ``order``, or None where the backend refuses it."""
+    """The step compiled with this ``barrier``, ``layouts`` and ``order``, or None where the backend refuses it."""
     p = training.programs
-    key = f"{name}:{layouts}:{order}"
+    key = f"{name}:{layouts}:{order}:{barrier}"
     try:
         return p.compile(key, training.options.fw_compiler,
                          fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order),
