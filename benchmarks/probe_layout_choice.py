@@ -16,7 +16,6 @@ Usage: python benchmarks/probe_layout_choice.py MODEL [MODEL ...] [--rounds 9] [
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from typing import Any
@@ -28,9 +27,8 @@ from jaxaot.runtime import ordering
 from jaxaot.runtime.fused import choose_layouts, choose_order, compiled_peak
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import PARTITIONS, _barrier, jax_references, measure, ratio_cells  # noqa: E402
-from harness import report, table  # noqa: E402
-from models import zoo  # noqa: E402
+from bench_fused import PARTITIONS, _barrier, jax_references, measure, probe_main, ratio_cells  # noqa: E402
+from harness import table  # noqa: E402
 from probe_fused_order import bytes_accessed  # noqa: E402
 
 #: Entry-computation instructions that are not kernels.
@@ -100,16 +98,8 @@ def probe(model: Any, rounds: int, iters: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+")
-    ap.add_argument("--small", action="store_true")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out")
-    a = ap.parse_args(argv)
-    models = zoo("small" if a.small else "gpu")
-    report("probe_layout_choice: residual layouts and backward order of the fused step, and what predicts them",
-           (probe(models[m], a.rounds, a.iters) for m in a.models), a.out)
+    probe_main(__doc__, "probe_layout_choice: residual layouts and backward order of the fused step, "
+               "and what predicts them", probe, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Usage: python benchmarks/probe_max_recompute.py MODEL [MODEL ...] [--rounds 9] [
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import sys
@@ -26,9 +25,8 @@ import jaxaot
 from jaxaot.partition import cost_model
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import jax_references, measure, ratio_cells  # noqa: E402
-from harness import fmt_bytes, report, table  # noqa: E402
-from models import zoo  # noqa: E402
+from bench_fused import jax_references, measure, probe_main, ratio_cells  # noqa: E402
+from harness import fmt_bytes, table  # noqa: E402
 from probe_residual_slices import variant  # noqa: E402
 
 _ORDER_FREE = frozenset({"reduce_max", "reduce_min", "argmax", "argmin"})
@@ -72,16 +70,8 @@ def probe(model: Any, rounds: int, iters: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+")
-    ap.add_argument("--small", action="store_true")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out")
-    a = ap.parse_args(argv)
-    models = zoo("small" if a.small else "gpu")
-    report("probe_max_recompute: the fused min-cut step with max/min reductions recomputable",
-           (probe(models[m], a.rounds, a.iters) for m in a.models), a.out)
+    probe_main(__doc__, "probe_max_recompute: the fused min-cut step with max/min reductions recomputable",
+               probe, argv)
 
 
 if __name__ == "__main__":

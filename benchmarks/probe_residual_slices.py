@@ -11,7 +11,6 @@ Usage: python benchmarks/probe_residual_slices.py MODEL [MODEL ...] [--rounds 9]
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
@@ -22,9 +21,8 @@ from jaxaot import _compat as C
 from jaxaot.runtime.fused import fused_program
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import PARTITIONS, jax_references, measure, ratio_cells  # noqa: E402
-from harness import report, table  # noqa: E402
-from models import zoo  # noqa: E402
+from bench_fused import PARTITIONS, jax_references, measure, probe_main, ratio_cells  # noqa: E402
+from harness import table  # noqa: E402
 
 
 def variant(f: Any, nums: Any, args: tuple, order: str, slices: bool) -> tuple[Any, Any]:
@@ -52,16 +50,8 @@ def probe(model: Any, rounds: int, iters: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+")
-    ap.add_argument("--small", action="store_true")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out")
-    a = ap.parse_args(argv)
-    models = zoo("small" if a.small else "gpu")
-    report("probe_residual_slices: sliced residuals through the fused step's barrier, whole or as slices",
-           (probe(models[m], a.rounds, a.iters) for m in a.models), a.out)
+    probe_main(__doc__, "probe_residual_slices: sliced residuals through the fused step's barrier, whole or as slices",
+               probe, argv)
 
 
 if __name__ == "__main__":
