@@ -27,7 +27,11 @@ from zoo_models import MODELS
 FAST = DeviceModel(host_bandwidth=2e10, device_flops=1e11, device_bandwidth=1e11)
 SLOW = DeviceModel(host_bandwidth=1e6, device_flops=1e11, device_bandwidth=1e11)
 NO_SCAN_OVERLAP = DeviceModel(host_bandwidth=2e10, device_flops=1e11, device_bandwidth=1e11, scan_overlap=0.1)
-TOL = dict(rtol=1e-5, atol=1e-6)
+def close(actual, expected):
+    """Equal to float32 precision: elementwise rtol 1e-5, and an atol of 1e-6 of the largest magnitude
+    (gradients of ~1e3 summed in another order, as a GPU does, differ by ~1e-4 near zero)."""
+    scale = max([1.0] + [float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(expected)])
+    assert_trees_close(actual, expected, rtol=1e-5, atol=1e-6 * scale)
 
 
 def layers(ws, h):
@@ -97,10 +101,10 @@ def test_scan_bodies_offload_and_gradients_equal_jax(budget):
     g = jaxaot.aot_function(layers, partition_fn=part_fn)
     for fused in (True, False):
         v, grads = jaxaot.value_and_grad(g, fused=fused)(*args)
-        assert_trees_close((v, grads), (ref_v, ref_g), **TOL)
-    assert_trees_close(jax.jit(jax.grad(g))(*args), ref_g, **TOL)
+        close((v, grads), (ref_v, ref_g))
+    close(jax.jit(jax.grad(g))(*args), ref_g)
     fresh = layers_args(seed=7)  # fresh inputs through the same compiled programs
-    assert_trees_close(jaxaot.value_and_grad(g)(*fresh), jax.value_and_grad(layers)(*fresh), **TOL)
+    close(jaxaot.value_and_grad(g)(*fresh), jax.value_and_grad(layers)(*fresh))
 
 
 def test_scan_offload_lowers_device_bytes_and_budget_sweeps_stay_monotone():
@@ -147,7 +151,7 @@ def test_nested_scans_offload_only_at_the_top_level():
     args = layers_args(n=3)
     pf = functools.partial(mincut, offload=True, device_model=FAST)
     g = jaxaot.aot_function(nested, partition_fn=pf)
-    assert_trees_close(jaxaot.value_and_grad(g)(*args), jax.value_and_grad(nested)(*args), **TOL)
+    close(jaxaot.value_and_grad(g)(*args), jax.value_and_grad(nested)(*args))
     plan = pf(jaxaot.trace_joint(nested, *args)).primal_plan
     assert plan and all(rec["nested"] for rec in plan.values())
     for rec in plan.values():
@@ -184,7 +188,7 @@ def test_user_offload_policy_in_a_scan_runs_split_and_fused(partition):
     g = jaxaot.aot_function(policy_offloaded, partition_fn=pf)
     want = jax.value_and_grad(policy_offloaded)(*args)
     for fused in (True, False):  # split: the backward is compiled for the host-memory residual
-        assert_trees_close(jaxaot.value_and_grad(g, fused=fused)(*args), want, **TOL)
+        close(jaxaot.value_and_grad(g, fused=fused)(*args), want)
     part = pf(jaxaot.trace_joint(policy_offloaded, *args))
     if partition == "default":
         (host,) = [r for r in part.residuals if r.offloaded]

@@ -173,7 +173,7 @@ def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch)
     # What an accelerator may choose (jaxaot.runtime.fused.choose_layouts), forced here on CPU.
     from jaxaot.runtime import fused
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: "row_major")
     monkeypatch.setattr(fused, "choose_barrier", lambda barrier, kept, free: barrier)  # the barriered step
     model = MODELS[name]

@@ -166,7 +166,7 @@ def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
     # Both layout choices (CPU standing in for an accelerator): row-major pins sharded residuals.
     from jaxaot.runtime import fused
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: choice)
     if jax.device_count() < 8:
         pytest.skip("needs eight devices (tests/conftest.py sets them)")
@@ -210,7 +210,7 @@ def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatc
     # CPU stands in for an accelerator: both programs compile, one is kept under the fused name.
     from jaxaot.runtime import fused
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     if choice != "measured":
         monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: choice)
     fn, make_args = zoo.ZOO[name]
@@ -236,7 +236,7 @@ def test_layout_choice_rule():
 def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     from jaxaot.runtime import fused
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     real = fused.fused_program
 
     def refusing(training, value_leaf=0, barrier="all", layouts="auto", order="xla"):
@@ -270,7 +270,7 @@ def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch
     # CPU stands in for an accelerator: the consume-first candidate compiles, one executable is kept.
     from jaxaot.runtime import fused
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(fused, "choose_barrier", lambda barrier, kept, free: barrier)  # the order is under test
     if choice != "measured":
         monkeypatch.setattr(fused, "choose_order", lambda xla, ordered: choice)
@@ -325,7 +325,7 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
     # CPU stands in for an accelerator: the step without the barrier compiles too, one executable is kept.
     from jaxaot.runtime import fused
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     seen, real = [], fused.choose_barrier
 
     def rule(barrier, kept, free):
@@ -353,7 +353,7 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
 def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
     from jaxaot.runtime import fused
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", frozenset({"cpu"}))
+    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(fused, "choose_barrier", lambda *a: pytest.fail("no barrier to weigh"))
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(17))
