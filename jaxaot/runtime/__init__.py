@@ -9,7 +9,7 @@ recompiled), ``arguments`` (static values apart, the rest flattened),
 eager ``value_and_grad``/``grad``).
 """
 
-from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo
+from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice
 from jaxaot.runtime.residuals import Residuals
 from jaxaot.runtime.residual_table import ResidualRow, ResidualTable
 from jaxaot.runtime.lowered import AOTCompiled, AOTLowered
@@ -17,7 +17,6 @@ from jaxaot.runtime.function import AOTFunction, aot_function
 from jaxaot.runtime.eager import DifferentiatesItself, grad, self_differentiating, value_and_grad
 
 __all__ = [
-    "AOTCompiled", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "DifferentiatesItself", "ResidualRow",
-    "ResidualTable",
-    "Residuals", "aot_function", "grad", "self_differentiating", "value_and_grad",
+    "AOTCompiled", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "DifferentiatesItself", "FusedChoice",
+    "ResidualRow", "ResidualTable", "Residuals", "aot_function", "grad", "self_differentiating", "value_and_grad",
 ]

@@ -41,7 +41,8 @@ from jaxaot.runtime.programs import Options, SignaturePrograms, TrainingPrograms
 from jaxaot.runtime.residuals import Residuals
 from jaxaot.runtime.shardings import check_policy, check_same_devices, context_mesh
 from jaxaot.runtime.signature import (
-    CacheEntryInfo, CacheInfo, Signature, TraceKind, describe_change, describe_signature, leaf_avals, lookup_keys,
+    CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_change, describe_signature, leaf_avals,
+    lookup_keys,
 )
 
 _ArrayImpl = C.ArrayImpl
@@ -262,13 +263,19 @@ class AOTFunction:
         """
         with self._lock:
             entries = tuple(
-                dataclasses.replace(info, executables=tuple(p.executables))
+                dataclasses.replace(info, executables=tuple(p.executables), fused=_fused_choices(p.executables))
                 for info, p in zip(self._infos, list(self._cache.values()))
             )
             return CacheInfo(hits=self._hits, misses=len(self._cache), entries=entries)
 
     def __repr__(self) -> str:
         return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"
+
+
+def _fused_choices(executables: dict) -> tuple[FusedChoice, ...]:
+    """The variant each fused step among ``executables`` kept (they carry ``layouts``, ``order``, ``barrier``)."""
+    return tuple(FusedChoice(name, exe.layouts, exe.order, getattr(exe, "barrier", "all"))
+                 for name, exe in executables.items() if getattr(exe, "layouts", None) is not None)
 
 
 def _abstract_call_error(name: str) -> Exception:

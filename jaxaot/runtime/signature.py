@@ -188,12 +188,31 @@ def describe_change(old: Signature, new: Signature) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class FusedChoice:
+    """How one fused training step (:mod:`jaxaot.runtime.fused`) was compiled.
+
+    Attributes:
+      executable: its name among the signature's executables (``"fused[...]"``).
+      layouts: ``"auto"`` (XLA's residual layouts) or ``"row_major"``.
+      order: ``"xla"`` or ``"consume_first"`` (the backward's order).
+      barrier: which residuals pass ``optimization_barrier``: ``"all"``, ``"recomputed"`` or ``"none"``.
+    """
+
+    executable: str
+    layouts: str
+    order: str
+    barrier: str
+
+
+@dataclasses.dataclass(frozen=True)
 class CacheEntryInfo:
-    """One compiled signature of an :class:`~jaxaot.AOTFunction`."""
+    """One compiled signature of an :class:`~jaxaot.AOTFunction`: its executables by name, and for
+    each fused training step among them the variant kept (:class:`FusedChoice`)."""
 
     signature: str
     reason: str
     executables: tuple[str, ...]
+    fused: tuple[FusedChoice, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

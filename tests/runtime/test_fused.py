@@ -348,6 +348,8 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
     assert only.barrier == want
     if want == "none":
         assert only.order == "xla"
+    (choice_info,) = f.cache_info().entries[0].fused  # the same, through the public report
+    assert (choice_info.layouts, choice_info.order, choice_info.barrier) == (only.layouts, only.order, want)
 
 
 def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
@@ -362,3 +364,19 @@ def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
     assert_trees_close(got, jax.value_and_grad(fn, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
     (only,) = f.lookup(args, {}).programs.executables.values()
     assert only.barrier in ("recomputed", "none")
+
+
+def test_cache_info_reports_each_fused_step_s_variant():
+    fn, make_args = zoo.ZOO["mlp_gelu"]
+    args = make_args(_key(23))
+    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0)
+    f = jaxaot.aot_function(fn, partition_fn=pf)
+    jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
+    (entry,) = f.cache_info().entries
+    (choice,) = entry.fused
+    assert choice.executable in entry.executables and choice.executable.startswith("fused")
+    on_cpu = jax.default_backend() == "cpu"  # CPU compiles one variant: XLA's layouts and order, every residual barred
+    assert (choice.layouts, choice.order, choice.barrier) == ("auto", "xla", "all") or not on_cpu
+    split = jaxaot.aot_function(fn, partition_fn=pf)
+    jaxaot.value_and_grad(split, argnums=(0, 1), fused=False)(*args)
+    assert split.cache_info().entries[0].fused == ()  # the split executables are not fused steps
