@@ -36,18 +36,28 @@ from harness import fmt_bytes, report, table  # noqa: E402
 from models import zoo  # noqa: E402
 
 
+#: The reductions the cost model may class expensive (a large one is a full extra pass).
+REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod argmax argmin".split())
+
+
 @contextlib.contextmanager
-def reductions_cheap():
-    old = cost_model.LARGE_REDUCTION_RATIO
-    cost_model.LARGE_REDUCTION_RATIO = 10**18
+def reductions_cheap(names: frozenset = REDUCTIONS):
+    """While it is open, the cost model classes the reductions ``names`` cheap (recomputable)."""
+    real = cost_model.classify
+
+    def classify(eqn):
+        return cost_model.Recompute.CHEAP if eqn.primitive.name in names else real(eqn)
+
+    cost_model.classify = classify
     try:
         yield
     finally:
-        cost_model.LARGE_REDUCTION_RATIO = old
+        cost_model.classify = real
 
 
-def min_cut_reductions_cheap(joint: Any) -> Any:
-    with reductions_cheap():
+def min_cut_reductions_cheap(joint: Any, names: frozenset = REDUCTIONS) -> Any:
+    """The min-cut at budget 1 with the reductions ``names`` recomputable."""
+    with reductions_cheap(names):
         return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=1.0)
 
 

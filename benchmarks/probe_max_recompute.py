@@ -14,7 +14,6 @@ Usage: python benchmarks/probe_max_recompute.py MODEL [MODEL ...] [--rounds 9] [
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 from typing import Any
@@ -22,33 +21,15 @@ from typing import Any
 import jax
 
 import jaxaot
-from jaxaot.partition import cost_model
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_fused import jax_references, measure, probe_main, ratio_cells  # noqa: E402
 from harness import fmt_bytes, table  # noqa: E402
+from probe_fused_peak import min_cut_reductions_cheap  # noqa: E402
 from probe_residual_slices import variant  # noqa: E402
 
 _ORDER_FREE = frozenset({"reduce_max", "reduce_min", "argmax", "argmin"})
-
-
-@contextlib.contextmanager
-def max_cheap():
-    real = cost_model.classify
-
-    def classify(eqn):
-        return cost_model.Recompute.CHEAP if eqn.primitive.name in _ORDER_FREE else real(eqn)
-
-    cost_model.classify = classify
-    try:
-        yield
-    finally:
-        cost_model.classify = real
-
-
-def min_cut_max_cheap(joint: Any) -> Any:
-    with max_cheap():
-        return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=1.0)
+min_cut_max_cheap = functools.partial(min_cut_reductions_cheap, names=_ORDER_FREE)
 
 
 def probe(model: Any, rounds: int, iters: int) -> str:

@@ -68,6 +68,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -111,6 +112,18 @@ def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
     return {i for i, (a, b) in enumerate(zip(produced, residual_vars)) if id(a) in touched or id(b) in touched}
 
 
+def barred_residuals(part: Any, barrier: str) -> set[int]:
+    """Positions (among the residuals of the partition ``part``) that ``barrier`` passes through
+    ``optimization_barrier``: none when nothing is recomputed or ``barrier="none"`` (XLA may then
+    optimize across, as in ``jit(value_and_grad)``), those the recomputation reads for
+    ``"recomputed"``, every one for ``"all"``."""
+    if not part.recomputed or barrier == "none":
+        return set()
+    if barrier == "recomputed":
+        return recomputation_inputs(part.backward, len(part.cotangent_outputs))
+    return set(range(len(part.saved_inputs) + len(part.saved_outputs)))
+
+
 def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
                   order: str = "xla", slices: bool = True) -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
@@ -131,12 +144,7 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
     pins = training.placement.grad_pins()
-    if not part.recomputed or barrier == "none":  # XLA may optimize across, as in jit(value_and_grad)
-        behind: set[int] = set()
-    elif barrier == "recomputed":
-        behind = recomputation_inputs(part.backward, len(cts))
-    else:
-        behind = set(range(len(part.saved_inputs) + len(part.saved_outputs)))
+    behind = barred_residuals(part, barrier)
 
     library = library_kernel_residuals(part, len(cts)) if layouts == "row_major" else set()
     sliced = residual_slices.split_backward(part.backward, len(cts), behind) if slices and behind else None
@@ -263,17 +271,20 @@ def choose_barrier(barrier: str, barriered_peak: int | None, free_peak: int | No
 
 def _compile_variant(training: Any, name: str, value_leaf: int, barrier: str, returned: set,
                      layouts: str, order: str) -> Any:
-    """The step compiled with this ``barrier``, ``layouts`` and ``order``, or None where the backend refuses it."""
+    """The step compiled with this ``barrier``, ``layouts`` and ``order`` (which it carries as
+    attributes), or None where the backend refuses it."""
     p = training.programs
     key = f"{name}:{layouts}:{order}:{barrier}"
     try:
-        return p.compile(key, training.options.fw_compiler,
-                         fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order),
-                         p.in_avals, aliased=returned)
+        exe = p.compile(key, training.options.fw_compiler,
+                        fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order),
+                        p.in_avals, aliased=returned)
     except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
         return None
     finally:
         p.executables.pop(key, None)
+    exe.layouts, exe.order, exe.barrier = layouts, order, barrier
+    return exe
 
 
 def fused_exe(training: Any, value_leaf: int = 0) -> Any:
@@ -292,30 +303,23 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
     exe = p.executables.get(name)
     if exe is None:
         returned = {i for i in p.output_is_input if i is not None}  # handed back as outputs: never donated
-        barrier = default_barrier(training)
-        compiler = training.options.fw_compiler
-        exe = p.compile(name, compiler, fused_program(training, value_leaf, barrier=barrier), p.in_avals,
-                        aliased=returned)
-        exe.layouts, exe.order = "auto", "xla"
+        barrier, part = default_barrier(training), training.partition
+        exe = p.compile(name, training.options.fw_compiler, fused_program(training, value_leaf, barrier=barrier),
+                        p.in_avals, aliased=returned)
+        exe.layouts, exe.order, exe.barrier = "auto", "xla", barrier
         if _platform(exe) in LAYOUT_CHOICE_PLATFORMS:
-            pinned = _compile_variant(training, name, value_leaf, barrier, returned, "row_major", "xla")
+            variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned)
+            pinned = variant(barrier, layouts="row_major", order="xla")
             if pinned is not None and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "row_major":
-                pinned.layouts, pinned.order = "row_major", "xla"
                 exe = pinned
-            part = training.partition
             if part.recomputed and ordering.ordered_eqns(part.backward, len(part.cotangent_outputs)):
-                ordered = _compile_variant(training, name, value_leaf, barrier, returned, exe.layouts,
-                                           "consume_first")
+                ordered = variant(barrier, layouts=exe.layouts, order="consume_first")
                 if ordered is not None and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
-                    ordered.layouts, ordered.order = exe.layouts, "consume_first"
                     exe = ordered
-            if part.recomputed and (barrier == "all" or recomputation_inputs(part.backward,
-                                                                            len(part.cotangent_outputs))):
-                free = _compile_variant(training, name, value_leaf, "none", returned, exe.layouts, "xla")
+            if barred_residuals(part, barrier):
+                free = variant("none", layouts=exe.layouts, order="xla")
                 if free is not None and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
-                    free.layouts, free.order, barrier = exe.layouts, "xla", "none"
                     exe = free
-        exe.barrier = barrier
         p.executables[name] = exe
     return exe
 
