@@ -274,7 +274,7 @@ class AOTFunction:
 
 def _fused_choices(executables: dict) -> tuple[FusedChoice, ...]:
     """The variant each fused step among ``executables`` kept (they carry ``layouts``, ``order``, ``barrier``)."""
-    return tuple(FusedChoice(name, exe.layouts, exe.order, getattr(exe, "barrier", "all"))
+    return tuple(FusedChoice(name, exe.layouts, exe.order, exe.barrier)
                  for name, exe in executables.items() if getattr(exe, "layouts", None) is not None)
 
 
