@@ -30,7 +30,7 @@ def main() -> None:
         x = jax.device_put(np.zeros(mib * 2**18, np.float32), on_device)
         h = to_host(x)
         for way, payload, dest, fn in (("to host", x, on_host, to_host), ("to dev", h, on_device, to_device)):
-            copy = dm._best_seconds(lambda: fn(payload))
+            copy = dm.best_seconds(lambda: fn(payload))
             steps = max(2, round(copy / (2.0 * n**3 / model.device_flops)))
             hidden = dm._overlap(a, payload, copy, on_device, dest, steps)
             print(f"{mib:>5} {way:>8} {copy * 1e3:>8.3f} {steps:>6} {hidden:>7.2f}")

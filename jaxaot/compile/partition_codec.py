@@ -12,7 +12,7 @@ residuals (:mod:`jaxaot.partition.offload`) are stored as their positions and
 re-applied with :func:`~jaxaot.partition.offload.apply_offload`.
 
 The payload is JSON: ``{"format", "saved", "summary", "plan", "offloaded",
-"offload_note"}``; ``summary``
+"offload_note", "cost_note"}``; ``summary``
 (saved counts and residual avals) checks that a decoded partition is the one
 that was stored.
 """
@@ -56,7 +56,7 @@ def encode(joint: JointGraph, part: Partition) -> bytes | None:
     if not _same_partition(rebuilt, part):
         return None
     record = {"format": FORMAT_VERSION, "saved": [pos[v] for v in saved], "summary": _summary(part), "plan": plan,
-              "offloaded": offloaded, "offload_note": part.offload_note}
+              "offloaded": offloaded, "offload_note": part.offload_note, "cost_note": part.cost_note}
     return json.dumps(record, sort_keys=True).encode()
 
 
@@ -72,6 +72,7 @@ def decode(joint: JointGraph, payload: bytes) -> Partition | None:
         if plan is not None:
             part = dataclasses.replace(part, primal_plan=plan, split_from=source)
         part = apply_offload(part, record.get("offloaded", []), record.get("offload_note", ""))
+        part = dataclasses.replace(part, cost_note=str(record.get("cost_note", "")))
     except Exception:
         return None
     return part if _summary(part) == record["summary"] else None

@@ -196,7 +196,7 @@ def _flow_graph(jaxpr: Any, in_b: Sequence[bool], needed: set, free: set) -> _Gr
     need = np.zeros(n, bool)
     need[[index[v] for v in needed if v in index]] = True
     flow = FlowGraph(
-        values=tuple(nodes), kind=kind, nbytes=size, flops=np.zeros(n), loop=np.zeros(n, bool),
+        values=tuple(nodes), kind=kind, nbytes=size, loop=np.zeros(n, bool),
         capacity=scaled_capacities(size, kind == INPUT),
         dep_src=np.asarray(src, np.int64), dep_dst=np.asarray(dst, np.int64), needed=need,
     )

@@ -42,8 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxaot._pytrees import nbytes as aval_nbytes
-from jaxaot.partition import cost_model
+from jaxaot.partition.op_costs import FlopCosts
 
 #: Below this overlap (:attr:`DeviceModel.overlap`) copies are not hidden enough to plan with: nothing is offloaded.
 MIN_OVERLAP = 0.5
@@ -117,11 +116,12 @@ class DeviceModel:
         Fusible eqns (``cost_model.Recompute.CHEAP``) count FLOPs alone: XLA
         fuses them into their neighbours' kernels, whose traffic is counted.
         """
-        t = cost_model.flops(eqn) / self.device_flops
-        if self.device_bandwidth and cost_model.classify(eqn) is not cost_model.Recompute.CHEAP:
-            moved = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "shape"))
-            t = max(t, moved / self.device_bandwidth)
-        return t
+        return self.flop_costs.seconds(eqn)
+
+    @property
+    def flop_costs(self) -> FlopCosts:
+        """This device's rates as an :class:`~jaxaot.partition.op_costs.OpCosts` (FLOP estimates)."""
+        return FlopCosts(self.device_flops, self.device_bandwidth)
 
     @classmethod
     def measure(cls, device: Any = None) -> "DeviceModel":
@@ -152,7 +152,7 @@ def host_memory_note(device: Any) -> str:
     return ""
 
 
-def _best_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
+def best_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
     jax.block_until_ready(fn())  # compile and warm up
     best = math.inf
     for _ in range(repeats):
@@ -166,7 +166,7 @@ def _per_step_seconds(step: Callable[[Any], Any], x: Any, n: int) -> float:
     """Seconds per call of ``step`` run ``n`` times in one program (dispatch and sync paid once, not per step)."""
     loop = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, x: step(x), x))
     one = jax.jit(step)
-    return max((_best_seconds(lambda: loop(x)) - _best_seconds(lambda: one(x))) / (n - 1), 1e-9)
+    return max((best_seconds(lambda: loop(x)) - best_seconds(lambda: one(x))) / (n - 1), 1e-9)
 
 
 def _measure(device: Any) -> DeviceModel:
@@ -179,7 +179,7 @@ def _measure(device: Any) -> DeviceModel:
     n, dtype = (512, jnp.float32) if cpu else (8192, jnp.bfloat16)
     a = jax.device_put(jnp.ones((n, n), dtype), on_device)
     matmul = jax.jit(lambda a: a @ a)
-    flops = 2.0 * n**3 / _best_seconds(lambda: matmul(a))
+    flops = 2.0 * n**3 / best_seconds(lambda: matmul(a))
     # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
     device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
     bandwidth, latency, overlap, scan_overlap = 1.0, 0.0, 1.0, 1.0
@@ -189,12 +189,12 @@ def _measure(device: Any) -> DeviceModel:
         to_host = jax.jit(lambda a: a, out_shardings=on_host)
         to_device = jax.jit(lambda a: a, out_shardings=on_device)
         h, tiny_h = to_host(x), to_host(tiny)
-        dispatch_out, dispatch_in = _best_seconds(lambda: to_host(tiny)), _best_seconds(lambda: to_device(tiny_h))
-        out_s = max(_best_seconds(lambda: to_host(x)) - dispatch_out, 1e-9)
-        in_s = max(_best_seconds(lambda: to_device(h)) - dispatch_in, 1e-9)
+        dispatch_out, dispatch_in = best_seconds(lambda: to_host(tiny)), best_seconds(lambda: to_device(tiny_h))
+        out_s = max(best_seconds(lambda: to_host(x)) - dispatch_out, 1e-9)
+        in_s = max(best_seconds(lambda: to_device(h)) - dispatch_in, 1e-9)
         bandwidth = nbytes / max(out_s, in_s)
         eight = jax.jit(lambda *a: a, out_shardings=(on_host,) * 8)
-        latency = max((_best_seconds(lambda: eight(*[tiny] * 8), repeats=5) - dispatch_out) / 7, 0.0)
+        latency = max((best_seconds(lambda: eight(*[tiny] * 8), repeats=5) - dispatch_out) / 7, 0.0)
         if not note:
             steps = max(2, round(max(out_s, in_s) / (2.0 * n**3 / flops)))
             overlap = min(_overlap(a, x, out_s, on_device, on_host, steps),
@@ -215,8 +215,8 @@ def _overlap(a: Any, payload: Any, copy_seconds: float, on_device: Any, dest: An
 
     alone = jax.jit(chain)
     beside = jax.jit(lambda a, p: (chain(a), p), out_shardings=(on_device, dest))
-    compute = _best_seconds(lambda: alone(a))
-    both = _best_seconds(lambda: beside(a, payload))
+    compute = best_seconds(lambda: alone(a))
+    both = best_seconds(lambda: beside(a, payload))
     hidden = (compute + copy_seconds - both) / min(compute, copy_seconds)
     return float(min(max(hidden, 0.0), 1.0))
 
@@ -263,4 +263,4 @@ def scan_copy_seconds(w: Any, flops: float, bandwidth: float, latency: float, it
         names_which_can_be_saved=[], names_which_can_be_offloaded=["jaxaot_probe"],
         offload_src="device", offload_dst=HOST_MEMORY_KIND))
     h = jnp.ones((rows, n), w.dtype)
-    return _best_seconds(lambda: moved(h)), _best_seconds(lambda: saved(h)), copy
+    return best_seconds(lambda: moved(h)), best_seconds(lambda: saved(h)), copy

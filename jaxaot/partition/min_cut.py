@@ -60,6 +60,7 @@ from jaxaot.partition import knapsack
 from jaxaot.partition import offload as host_offload
 from jaxaot.partition.cost_model import Recompute
 from jaxaot.partition.device_bytes import device_fractions
+from jaxaot.partition.op_costs import FlopCosts, OpCosts
 from jaxaot.errors import PartitionError
 from jaxaot.partition.split import EqnKind, classify_eqns
 from jaxaot.tracing.joint import JointGraph
@@ -85,12 +86,20 @@ class FlowGraph:
     values: tuple
     kind: np.ndarray  # int8 node kind (CHEAP, EXPENSIVE, NEVER, INPUT)
     nbytes: np.ndarray  # int64
-    flops: np.ndarray  # float64, for EXPENSIVE nodes (0 elsewhere)
     loop: np.ndarray  # bool: an output of a loop (scan, while): recomputing it re-runs every iteration
     capacity: np.ndarray  # int64 scaled v_in -> v_out capacity, INF if unsaveable
     dep_src: np.ndarray  # u of each deduplicated u -> v dependency
     dep_dst: np.ndarray
     needed: np.ndarray  # bool: read directly by the backward
+    # The eqn that recomputing each node runs (None for inputs; a checkpoint_name's
+    # is its operand's), and what it costs: asked only for the knapsack's items.
+    producers: tuple = ()
+    costs: OpCosts = dataclasses.field(default_factory=FlopCosts)
+
+    def recompute_seconds(self, nodes: np.ndarray) -> np.ndarray:
+        """What recomputing each of ``nodes`` costs (:attr:`costs`; 0 without a producer)."""
+        eqns = [self.producers[i] if i < len(self.producers) else None for i in nodes]
+        return np.fromiter((0.0 if e is None else self.costs.seconds(e) for e in eqns), np.float64, len(eqns))
 
     @property
     def num_nodes(self) -> int:
@@ -155,17 +164,18 @@ def scaled_capacities(nbytes: np.ndarray, preferred: np.ndarray) -> np.ndarray:
     return units * k + (~preferred.astype(bool)).astype(np.int64)
 
 
-def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None = None) -> FlowGraph:
+def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None = None,
+                     costs: OpCosts | None = None) -> FlowGraph:
     """The :class:`FlowGraph` of ``joint``'s forward values.
 
     ``saveable(var)`` may forbid saving some values (infinite capacity): the
-    scan rewrite uses it to save only values it can name.
+    scan rewrite uses it to save only values it can name. ``costs`` prices the
+    knapsack's items (default: FLOP estimates, :class:`~jaxaot.partition.op_costs.FlopCosts`).
     """
     jaxpr = C.jaxpr_of(joint.jaxpr)
     index: dict = {}
     values: list = []
     kinds: list[int] = []
-    flops: list[float] = []
     loop: list[bool] = []
     src: list[int] = []
     dst: list[int] = []
@@ -178,7 +188,6 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         index[v] = len(values)
         values.append(v)
         kinds.append(INPUT)
-        flops.append(0.0)
         loop.append(False)
         producer.append(None)
     for eqn, k in zip(jaxpr.eqns, classify_eqns(joint)):
@@ -191,19 +200,17 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
             continue
         if cost_model.is_alias(eqn) and ins:
             # checkpoint_name: the named value is its operand, banned as much as it is.
-            code, f = kinds[ins[0]], flops[ins[0]]
+            code, made_by = kinds[ins[0]], producer[ins[0]]
         else:
-            code = _KIND_CODE[cost_model.classify(eqn)]
-            f = cost_model.flops(eqn) if code == EXPENSIVE else 0.0
+            code, made_by = _KIND_CODE[cost_model.classify(eqn)], eqn
         for v in eqn.outvars:
             if C.is_drop_var(v):
                 continue
             i = index[v] = len(values)
             values.append(v)
             kinds.append(code)
-            flops.append(f)
             loop.append(cost_model.is_loop(eqn.primitive.name))
-            producer.append(eqn)
+            producer.append(made_by)
             src.extend(ins)
             dst.extend([i] * len(ins))
     for v in jaxpr.outvars[joint.num_outputs :]:
@@ -216,7 +223,6 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
     for i in materialized_by[True] & materialized_by[False]:
         if kinds[i] == CHEAP:
             kinds[i] = EXPENSIVE
-            flops[i] = cost_model.flops(producer[i])
     n = len(values)
     kind = np.asarray(kinds, np.int8)
     # Per-device bytes: on a mesh the budget is what one device holds.
@@ -241,12 +247,13 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         values=tuple(values),
         kind=kind,
         nbytes=nbytes,
-        flops=np.asarray(flops, np.float64),
         loop=np.asarray(loop, bool),
         capacity=capacity,
         dep_src=codes // max(n, 1),
         dep_dst=codes % max(n, 1),
         needed=need,
+        producers=tuple(producer),
+        costs=FlopCosts() if costs is None else costs,
     )
 
 
@@ -297,8 +304,8 @@ def min_cut(graph: FlowGraph, banned: np.ndarray) -> Cut:
 
 
 # --------------------------------------------------------------------------- budget
-def _knapsack_order(graph: FlowGraph, recompute_loops: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``(never, order)``: the nodes never recomputed, and the others that may be, in knapsack order."""
+def _candidates(graph: FlowGraph, recompute_loops: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(never, candidates)``: the nodes never recomputed, and the banned ones a budget may unban."""
     never = (graph.kind == NEVER) | (graph.kind == INPUT)
     if not recompute_loops:
         # Recomputing a loop re-runs all of its iterations (for a scan of layers,
@@ -307,7 +314,12 @@ def _knapsack_order(graph: FlowGraph, recompute_loops: bool) -> tuple[np.ndarray
         # recomputes all it can, recomputes loops.
         never = never | (graph.loop & (graph.kind == EXPENSIVE))
     candidates = np.flatnonzero((graph.kind == EXPENSIVE) & ~never & graph.ancestors_of_needed)
-    return never, candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.flops[candidates])]
+    return never, candidates
+
+
+def _ordered(graph: FlowGraph, candidates: np.ndarray) -> np.ndarray:
+    """``candidates`` in knapsack order: cheapest seconds per byte saved first (costs asked here only)."""
+    return candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.recompute_seconds(candidates))]
 
 
 def _banned(never: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
@@ -319,9 +331,10 @@ def _banned(never: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
 
 def recompute_prefix(graph: FlowGraph, memory_budget: float) -> tuple[np.ndarray, np.ndarray, int]:
     """``(never, order, k)``: the budget recomputes the first ``k`` nodes of the knapsack ``order``."""
-    never, order = _knapsack_order(graph, recompute_loops=memory_budget <= 0)
+    never, order = _candidates(graph, recompute_loops=memory_budget <= 0)
     if memory_budget >= 1 or len(order) == 0:
-        return never, order, 0
+        return never, order, 0  # all banned: the order does not matter, and nothing is priced
+    order = _ordered(graph, order)
     optimal = cut_value(graph, _banned(never, order, 0))
     floor = cut_value(graph, never)
     target = floor + memory_budget * (optimal - floor)
@@ -360,8 +373,8 @@ def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable
     if memory_budget > 0:
         never, order, k = recompute_prefix(graph, memory_budget)
     else:
-        never, order = _knapsack_order(graph, recompute_loops=False)
-        k = len(order)
+        never, order = _candidates(graph, recompute_loops=False)
+        order, k = _ordered(graph, order), len(order)
     for j in range(k + 1):
         saved = final if memory_budget > 0 and j == k else min_cut(graph, _banned(never, order, j)).saved
         chosen = plan(saved)
@@ -371,8 +384,9 @@ def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable
 
 
 def choose_saved_values(
-    joint: JointGraph, memory_budget: float = 1.0, saveable: Callable[[Any], bool] | None = None
+    joint: JointGraph, memory_budget: float = 1.0, saveable: Callable[[Any], bool] | None = None,
+    costs: OpCosts | None = None,
 ) -> list:
     """The joint-jaxpr vars the min-cut saves (what :func:`split_joint` takes)."""
-    graph = build_flow_graph(joint, saveable)
+    graph = build_flow_graph(joint, saveable, costs)
     return [graph.values[i] for i in choose_saved_nodes(graph, memory_budget)]

@@ -15,9 +15,10 @@ how much of a copy compute hides. Where the backend has no separate host memory
 says so (``Partition.offload_note``).
 
 **The timeline** (:class:`Timeline`). The joint graph's forward eqns, in order,
-each take ``max(flops / device_flops, bytes / device_bandwidth)`` seconds
-(:func:`jaxaot.partition.cost_model.flops`; fusible eqns count FLOPs alone), and
-so do its backward eqns. A
+each take what the partition's :class:`~jaxaot.partition.op_costs.OpCosts` say:
+measured on accelerators, else ``max(flops / device_flops, bytes /
+device_bandwidth)`` (:func:`jaxaot.partition.cost_model.flops`; fusible eqns
+count FLOPs alone), and so do its backward eqns. A
 value is *produced* when its eqn ends; the forward lasts ``forward_seconds``.
 The backward *needs* a saved value at the start of the first backward eqn that
 reads it, or reads a value recomputed from it (recomputation chains stop at
@@ -112,8 +113,13 @@ class Timeline:
     outputs: frozenset
 
     @classmethod
-    def of(cls, joint: JointGraph, model: DeviceModel) -> "Timeline":
-        """The timeline of ``joint``'s eqns on ``model``'s device (one pass over the eqns)."""
+    def of(cls, joint: JointGraph, model: DeviceModel, costs: Any = None) -> "Timeline":
+        """The timeline of ``joint``'s eqns on ``model``'s device (one pass over the eqns).
+
+        ``costs`` (an :class:`~jaxaot.partition.op_costs.OpCosts`) times each
+        eqn; default: ``model``'s FLOP estimates (:meth:`DeviceModel.eqn_seconds`).
+        """
+        seconds = model.eqn_seconds if costs is None else costs.seconds
         jaxpr = C.jaxpr_of(joint.jaxpr)
         order: dict = {v: i for i, v in enumerate(jaxpr.invars[: joint.num_primals])}
         produced: dict = {}
@@ -127,9 +133,9 @@ class Timeline:
             if kind is EqnKind.BACKWARD:
                 for v in ins:
                     reads.setdefault(v, t_bwd)
-                t_bwd += model.eqn_seconds(eqn)
+                t_bwd += seconds(eqn)
                 continue
-            t_fwd += model.eqn_seconds(eqn)
+            t_fwd += seconds(eqn)
             outs = tuple(v for v in eqn.outvars if not C.is_drop_var(v))
             for v in outs:
                 order[v] = len(order)

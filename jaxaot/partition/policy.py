@@ -378,6 +378,7 @@ def remat_policy(
     partition_fn: Callable[[JointGraph], Partition] | None = None,
     offload: bool | str = False,
     device_model: Any = None,
+    op_costs: Any = "auto",
     **example_kwargs: Any,
 ) -> RematPolicy:
     """A ``jax.checkpoint`` policy that reproduces the min-cut's plan for ``fn``.
@@ -390,6 +391,8 @@ def remat_policy(
         (:func:`~jaxaot.min_cut_rematerialization_partition`).
       partition_fn: another partitioner to export instead (then leave
         ``memory_budget`` at 1).
+      op_costs: what prices recomputation below budget 1 (the min-cut's option:
+        measured on accelerators by default, FLOP estimates on CPUs).
       offload, device_model: plan offloading too
         (:func:`~jaxaot.min_cut_rematerialization_partition`'s options): the
         policy answers ``jax.ad_checkpoint.Offloadable`` (device to
@@ -414,7 +417,7 @@ def remat_policy(
             raise InvalidInputError("pass memory_budget or partition_fn, not both: the budget is the min-cut's.")
     joint = trace_joint(fn, *example_args, **example_kwargs)
     partition = partition_fn or functools.partial(min_cut_rematerialization_partition, memory_budget=budget,
-                                                  offload=offload, device_model=device_model)
+                                                  offload=offload, device_model=device_model, op_costs=op_costs)
     part = partition(joint)
     if not isinstance(part, Partition):
         raise InvalidInputError(f"partition_fn returned {type(part).__name__}, not a jaxaot Partition.")

@@ -22,7 +22,9 @@ from typing import Any, Callable
 from jaxaot.errors import PartitionError
 from jaxaot.partition import offload as host_offload
 from jaxaot.partition import scan_offload, scan_remat
+from jaxaot.partition.measured_costs import resolve_costs
 from jaxaot.partition.min_cut import build_flow_graph, choose_saved_values, offloaded_saved_nodes
+from jaxaot.partition.op_costs import OpCosts
 from jaxaot.partition.split import Partition, split_joint
 from jaxaot.tracing.joint import JointGraph
 
@@ -30,6 +32,7 @@ from jaxaot.tracing.joint import JointGraph
 def min_cut_rematerialization_partition(
     joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True,
     offload: bool | str = False, device_model: host_offload.DeviceModel | None = None,
+    op_costs: str | OpCosts = "auto",
 ) -> Partition:
     """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
 
@@ -39,7 +42,7 @@ def min_cut_rematerialization_partition(
         convolutions, large reductions, loops), 0 recomputes all it can and
         saves only inputs (or smaller values derived from them); in between, a
         knapsack (:mod:`jaxaot.partition.knapsack`) picks which expensive values to
-        recompute, cheapest FLOPs per saved byte first.
+        recompute, cheapest seconds per saved byte first (``op_costs``).
       rematerialize_scans: choose the per-iteration residuals of each top-level
         ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.scan_remat`).
       offload: False, True or ``"auto"``: also move saved values to host memory
@@ -48,6 +51,13 @@ def min_cut_rematerialization_partition(
         Without host memory (the CPU backend) nothing moves and ``offload_note`` says why.
       device_model: the :class:`~jaxaot.partition.offload.DeviceModel` to plan
         with (default: measured on the default device, once per process).
+      op_costs: what recomputing an eqn costs, for the knapsack and the offload
+        timeline: ``"auto"`` (default: measured on GPUs and TPUs, FLOP estimates
+        on CPUs), ``"measured"`` (each distinct expensive eqn timed once per
+        device kind and cached, :mod:`jaxaot.partition.measured_costs`),
+        ``"flops"``, or an :class:`~jaxaot.partition.op_costs.OpCosts`. At
+        ``memory_budget=1`` without offload nothing is priced (nothing is traded).
+        ``Partition.cost_note`` says which were used.
 
     Use ``functools.partial`` to pass options through ``aot_function``.
 
@@ -63,17 +73,18 @@ def min_cut_rematerialization_partition(
     if not 0.0 <= memory_budget <= 1.0:
         raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
     model = host_offload.resolve_model(offload, device_model)
-    part = split_joint(joint, choose_saved_values(joint, memory_budget))
+    costs = resolve_costs(op_costs, model)
+    part = split_joint(joint, choose_saved_values(joint, memory_budget, costs=costs))
     source, plan = joint, None
     if rematerialize_scans:
-        in_body = functools.partial(choose_saved_values, memory_budget=memory_budget)
+        in_body = functools.partial(choose_saved_values, memory_budget=memory_budget, costs=costs)
         if model is not None and not model.scan_offload_note:
-            in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model)
+            in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model, costs=costs)
         _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body)
         rejoint = scan_remat.replay_joint(joint, plan) if plan else None
         if rejoint is not None and (rejoint.differentiable, rejoint.needs_cotangent) == (
                 joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
-            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget))
+            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget, costs=costs))
             # Scan bodies may only save values they can name (not JAX's linearization
             # temporaries), which is almost never worse; keep whichever saves less.
             if repart.device_saved_bytes <= part.device_saved_bytes:
@@ -81,31 +92,36 @@ def min_cut_rematerialization_partition(
         if source is joint:
             plan = None
     if model is not None:
-        part = _offload(source, part, memory_budget, model)
+        part = _offload(source, part, memory_budget, model, costs)
+    if memory_budget < 1 or model is not None:
+        part = dataclasses.replace(part, cost_note=costs.note)
     return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
 
 
 def _offloading_cut(joint: JointGraph, memory_budget: float, model: host_offload.DeviceModel, planner: Callable,
-                    saveable: Callable[[Any], bool] | None = None) -> tuple[list, host_offload.OffloadPlan]:
+                    saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None,
+                    ) -> tuple[list, host_offload.OffloadPlan]:
     """The saved vars of ``joint`` meeting the budget offloading before recomputing, and the offload plan.
 
     ``planner(timeline, saved vars, model, sizes) -> OffloadPlan`` decides what may go
     (:func:`~jaxaot.partition.offload.plan_offload` between the programs,
     :func:`~jaxaot.partition.scan_offload.plan_body_offload` per scan iteration).
     """
-    graph = build_flow_graph(joint, saveable)
-    timeline = host_offload.Timeline.of(joint, model)
+    costs = model.flop_costs if costs is None else costs
+    graph = build_flow_graph(joint, saveable, costs)
+    timeline = host_offload.Timeline.of(joint, model, costs)
     sizes = dict(zip(graph.values, graph.nbytes.tolist()))
     saved, chosen = offloaded_saved_nodes(
         graph, memory_budget, lambda nodes: planner(timeline, [graph.values[i] for i in nodes], model, sizes))
     return [graph.values[i] for i in saved], chosen
 
 
-def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel) -> Partition:
+def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel,
+             costs: OpCosts | None = None) -> Partition:
     """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
     if model.offload_note:
         return dataclasses.replace(part, offload_note=model.offload_note)
-    saved, chosen = _offloading_cut(source, memory_budget, model, host_offload.plan_offload)
+    saved, chosen = _offloading_cut(source, memory_budget, model, host_offload.plan_offload, costs=costs)
     split = split_joint(source, saved)
     position = {v: j for j, v in enumerate(host_offload.saved_vars(split))}
     note = "" if any(r.offloaded for r in split.residuals) else chosen.note  # scan bodies offloaded some
@@ -113,10 +129,10 @@ def _offload(source: JointGraph, part: Partition, memory_budget: float, model: h
 
 
 def choose_body(joint: JointGraph, *, memory_budget: float, model: host_offload.DeviceModel,
-                saveable: Callable[[Any], bool] | None = None) -> scan_remat.BodyChoice:
+                saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None) -> scan_remat.BodyChoice:
     """A scan body's saved values and those it offloads per iteration (:mod:`jaxaot.partition.scan_offload`).
 
     The budget's device bytes are met offloading before recomputing, as at the top level.
     """
-    saved, chosen = _offloading_cut(joint, memory_budget, model, scan_offload.plan_body_offload, saveable)
+    saved, chosen = _offloading_cut(joint, memory_budget, model, scan_offload.plan_body_offload, saveable, costs)
     return scan_remat.BodyChoice(tuple(saved), chosen.offloaded)

@@ -105,6 +105,8 @@ class Partition:
       primal_plan / split_from: see below; None for partitions of the joint as traced.
       offload_note: why nothing was offloaded when offloading was asked for
         (:mod:`jaxaot.partition.offload`), else empty.
+      cost_note: what priced recomputation when the plan traded bytes for it
+        (:mod:`jaxaot.partition.op_costs`: measured or FLOP-estimated), else empty.
     """
 
     forward: Any
@@ -122,6 +124,7 @@ class Partition:
     primal_plan: Any = None
     split_from: Any = dataclasses.field(default=None, compare=False, repr=False)
     offload_note: str = ""
+    cost_note: str = ""
 
     @property
     def saved_bytes(self) -> int:

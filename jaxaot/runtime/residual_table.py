@@ -63,10 +63,12 @@ class ResidualTable(Sequence[ResidualRow]):
     their sum (``Partition.saved_bytes``).
     """
 
-    def __init__(self, rows: Sequence[ResidualRow], recomputed: Sequence[str] = (), offload_note: str = ""):
+    def __init__(self, rows: Sequence[ResidualRow], recomputed: Sequence[str] = (), offload_note: str = "",
+                 cost_note: str = ""):
         self._rows = tuple(rows)
         self.recomputed = tuple(recomputed)
         self.offload_note = offload_note  #: why nothing was offloaded, when offloading was asked for
+        self.cost_note = cost_note  #: what priced recomputation, when the plan traded bytes for it
 
     @classmethod
     def of(cls, partition: Partition, joint: JointGraph | None = None,
@@ -91,7 +93,7 @@ class ResidualTable(Sequence[ResidualRow]):
             spec, device_nbytes = _on_devices(r, None if shardings is None else shardings[len(rows)])
             rows.append(ResidualRow(label, r.source, tuple(r.aval.shape), dtype_name(r.aval.dtype), r.nbytes,
                                     r.producer, r.source_line, spec, device_nbytes, r.offloaded))
-        return cls(rows, tuple(partition.recomputed), partition.offload_note)
+        return cls(rows, tuple(partition.recomputed), partition.offload_note, partition.cost_note)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -157,6 +159,8 @@ class ResidualTable(Sequence[ResidualRow]):
             lines.append(f"{self.offloaded_bytes} bytes offloaded to host memory, {self.device_bytes} in device memory")
         if self.offload_note:
             lines.append(self.offload_note)
+        if self.cost_note:
+            lines.append(self.cost_note)
         return "\n".join(lines)
 
     def __repr__(self) -> str:

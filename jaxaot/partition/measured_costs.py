@@ -1,0 +1,197 @@
+"""Measured per-op costs: each distinct expensive eqn timed once per device kind, and cached.
+
+:class:`MeasuredCosts` is the :class:`~jaxaot.partition.op_costs.OpCosts` the
+min-cut uses on accelerators (``op_costs="auto"``, :func:`resolve_costs`).
+``seconds(eqn)``:
+
+* for fusible eqns (``cost_model.Recompute.CHEAP``) returns its fallback's FLOP
+  estimate: XLA fuses them into their neighbours, so a kernel of their own is
+  not what they cost;
+* otherwise looks the eqn's :func:`~jaxaot.partition.op_profile.signature` up
+  in its table, and times it on the device the first time
+  (:func:`~jaxaot.partition.op_profile.profile_seconds`); an eqn that cannot be
+  timed gets the fallback's estimate (and says so in ``note``).
+
+The table lives as long as the process, shared per device kind
+(:meth:`MeasuredCosts.for_device`), and, when ``jaxaot.config.cache_dir`` is
+set, in ``<cache_dir>/jaxaot-v2/op-costs/<environment>.json``: keyed by the
+device kind, jax and jaxlib versions, x64 and matmul precision, read once and
+rewritten atomically after each new measurement. The file holds numbers only
+(nothing in it is executed); one that fails to parse is ignored and rewritten.
+
+The partition's ``cost_note`` (printed by ``lower()``) says what was measured.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxaot.partition.measured_costs import MeasuredCosts
+    >>> costs = MeasuredCosts(jax.devices()[0], path=None)
+    >>> dot = jax.make_jaxpr(jnp.dot)(jnp.ones((128, 128)), jnp.ones((128, 128))).jaxpr.eqns[0]
+    >>> costs.seconds(dot) > 0, costs.measured
+    (True, 1)
+    >>> costs.seconds(dot) == costs.seconds(dot), costs.measured  # timed once
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jaxlib
+
+from jaxaot._config import config
+from jaxaot.errors import PartitionError
+from jaxaot.partition import cost_model, op_profile
+from jaxaot.partition.device_model import DeviceModel
+from jaxaot.partition.op_costs import FlopCosts, OpCosts
+
+#: Bumped when what a stored time means changes.
+TABLE_VERSION = 1
+
+
+class MeasuredCosts:
+    """Costs timed on ``device``, once per distinct eqn (see the module docstring).
+
+    Args:
+      device: the device to time on (default ``jax.devices()[0]``).
+      fallback: the :class:`OpCosts` for fusible eqns and eqns that cannot be
+        timed (default: FLOP estimates at ``device``'s measured rates,
+        :meth:`DeviceModel.measure`).
+      path: the JSON file to persist the table in; ``"auto"`` (default) picks
+        one under ``jaxaot.config.cache_dir`` when that is set, None keeps it in memory.
+    """
+
+    def __init__(self, device: Any = None, *, fallback: OpCosts | None = None, path: str | os.PathLike | None = "auto"):
+        self.device = jax.devices()[0] if device is None else device
+        self._fallback = fallback
+        self._path = _default_path(self.device) if path == "auto" else (Path(path) if path is not None else None)
+        self._table: dict[str, float] = _read(self._path) if self._path is not None else {}
+        self._lock = threading.Lock()
+        self.measured = 0  #: eqns timed by this object
+        self.estimated: set[str] = set()  #: signatures that could not be timed (fallback used)
+
+    @property
+    def fallback(self) -> OpCosts:
+        if self._fallback is None:
+            self._fallback = DeviceModel.measure(self.device).flop_costs
+        return self._fallback
+
+    @property
+    def note(self) -> str:
+        kind = getattr(self.device, "device_kind", self.device.platform)
+        text = f"recompute costs: measured on {kind} ({len(self._table)} distinct ops timed"
+        if self.estimated:
+            text += f"; {len(self.estimated)} not timeable, FLOP-estimated"
+        return text + (f", table {self._path})" if self._path is not None else ")")
+
+    def seconds(self, eqn: Any) -> float:
+        if cost_model.classify(eqn) is cost_model.Recompute.CHEAP:
+            return self.fallback.seconds(eqn)
+        key = op_profile.signature(eqn)
+        with self._lock:
+            if key in self._table:
+                return self._table[key]
+            if key in self.estimated:
+                return self.fallback.seconds(eqn)
+            t = op_profile.profile_seconds(eqn, self.device)
+            if t is None:
+                self.estimated.add(key)
+                return self.fallback.seconds(eqn)
+            self.measured += 1
+            self._table[key] = t
+            if self._path is not None and op_profile.is_portable(key):
+                portable = {k: v for k, v in self._table.items() if op_profile.is_portable(k)}
+                if not _write(self._path, {"environment": _environment(self.device), "seconds": portable}):
+                    self._path = None  # warned once; the table stays in memory
+            return t
+
+    @classmethod
+    def for_device(cls, device: Any = None) -> "MeasuredCosts":
+        """The shared table of ``device``'s kind (default ``jax.devices()[0]``), one per process."""
+        device = jax.devices()[0] if device is None else device
+        key = (device.platform, getattr(device, "device_kind", "?"), str(config.cache_dir))
+        with _SHARED_LOCK:
+            if key not in _SHARED:
+                _SHARED[key] = cls(device)
+            return _SHARED[key]
+
+
+_SHARED: dict[tuple, MeasuredCosts] = {}
+_SHARED_LOCK = threading.Lock()
+
+#: What ``op_costs="auto"`` measures on: platforms where FLOP counts mislead most, and timing is cheap.
+MEASURED_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
+
+
+def resolve_costs(op_costs: Any, model: DeviceModel | None = None) -> OpCosts:
+    """The :class:`OpCosts` a partitioner plans with.
+
+    ``op_costs`` is ``"auto"`` (measured on GPUs and TPUs, FLOP estimates
+    elsewhere), ``"measured"``, ``"flops"``, or an :class:`OpCosts`. FLOP
+    estimates use ``model``'s rates when there is a model (the offload timeline
+    needs seconds), else nominal ones (only ratios matter to the knapsack).
+    """
+    if isinstance(op_costs, OpCosts):
+        return op_costs
+    if op_costs == "auto":
+        op_costs = "measured" if jax.devices()[0].platform in MEASURED_PLATFORMS else "flops"
+    if op_costs == "flops":
+        return model.flop_costs if model is not None else FlopCosts()
+    if op_costs == "measured":
+        return MeasuredCosts.for_device()
+    raise PartitionError(f"op_costs must be 'auto', 'measured', 'flops' or an OpCosts (an object with "
+                         f"seconds(eqn) and note), got {op_costs!r}.")
+
+
+# --------------------------------------------------------------------------- the file
+def _environment(device: Any) -> dict:
+    return {"table": TABLE_VERSION, "platform": device.platform,
+            "device_kind": getattr(device, "device_kind", "?"), "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__, "x64": bool(jax.config.jax_enable_x64),
+            "matmul_precision": str(jax.config.jax_default_matmul_precision)}
+
+
+def _default_path(device: Any) -> Path | None:
+    if not config.cache_dir:
+        return None
+    env = json.dumps(_environment(device), sort_keys=True)
+    digest = hashlib.sha256(env.encode()).hexdigest()[:16]
+    return Path(config.cache_dir) / "jaxaot-v2" / "op-costs" / f"{digest}.json"
+
+
+def _read(path: Path) -> dict[str, float]:
+    try:
+        record = json.loads(path.read_text())
+        table = record["seconds"]
+        return {str(k): float(v) for k, v in table.items() if isinstance(v, (int, float)) and v > 0}
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        warnings.warn(f"jaxaot: ignoring the op-cost table {path} ({type(err).__name__}: {err}); "
+                      f"ops are timed again and the file rewritten.", RuntimeWarning, stacklevel=2)
+        return {}
+
+
+def _write(path: Path, record: dict) -> bool:
+    """Atomically (temporary file, then ``os.replace``); an I/O error warns and returns False: the table is a cache."""
+    tmp = None
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, sort_keys=True, indent=0)
+        os.replace(tmp, path)
+        return True
+    except OSError as err:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        warnings.warn(f"jaxaot: cannot write the op-cost table {path} ({err}); keeping it in memory.",
+                      RuntimeWarning, stacklevel=2)
+        return False

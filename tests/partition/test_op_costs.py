@@ -1,0 +1,208 @@
+"""Measured per-op costs (issue 16): the OpCosts protocol, MeasuredCosts' table and where costs decide.
+
+The knapsack below ``memory_budget=1`` and the offload timeline ask an
+``OpCosts`` what an eqn costs. These tests check that FLOP estimates reproduce
+the old order exactly, that a cost model which ranks two eqns the other way
+round changes the plan (and the gradients stay JAX's), and that measured costs
+are timed once per distinct eqn, persisted, and survive a bad table file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot.errors import PartitionError
+from jaxaot.partition import cost_model, knapsack, min_cut, op_profile
+from jaxaot.partition.measured_costs import MeasuredCosts, resolve_costs
+from jaxaot.partition.offload import DeviceModel, Timeline
+from jaxaot.partition.op_costs import FlopCosts, OpCosts
+from zoo import assert_trees_close
+from zoo_models import MODELS
+
+CPU = jax.devices("cpu")[0]
+
+
+def two_branches(w1, w2, x):
+    """Two matmuls with equal FLOPs per output byte (same contraction), of different widths."""
+    a = jnp.tanh(x @ w1)  # (32, 64)
+    b = jnp.tanh(x @ w2)  # (32, 32)
+    return jnp.sum(jnp.sin(a)) + jnp.sum(jnp.cos(b))
+
+
+def branch_args(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return (jax.random.normal(k1, (16, 64)), jax.random.normal(k2, (16, 32)), jax.random.normal(k3, (32, 16)))
+
+
+class WideIsCheap:
+    """A synthetic cost model: the 32-wide matmul costs 100x per FLOP what the 64-wide one does."""
+
+    note = "recompute costs: synthetic"
+
+    def __init__(self):
+        self.asked = []
+
+    def seconds(self, eqn):
+        self.asked.append(eqn.primitive.name)
+        slow = eqn.primitive.name == "dot_general" and eqn.outvars[0].aval.shape[-1] == 32
+        return cost_model.flops(eqn) * (100.0 if slow else 1.0) * 1e-12
+
+
+def first_recomputed_width(joint, costs):
+    graph = min_cut.build_flow_graph(joint, costs=costs)
+    _, order, k = min_cut.recompute_prefix(graph, 0.5)
+    assert k >= 1
+    return graph.values[order[0]].aval.shape[-1]
+
+
+def test_flop_costs_reproduce_the_flop_order():
+    joint = jaxaot.trace_joint(MODELS["llama_block"].loss, *MODELS["llama_block"].make_args(jax.random.key(0)))
+    graph = min_cut.build_flow_graph(joint)
+    never, candidates = min_cut._candidates(graph, recompute_loops=False)
+    flops = np.array([cost_model.flops(graph.producers[i]) for i in candidates])
+    expected = candidates[knapsack.recompute_order(graph.nbytes[candidates], flops)]
+    assert len(candidates) > 3
+    np.testing.assert_array_equal(min_cut._ordered(graph, candidates), expected)
+    assert isinstance(graph.costs, FlopCosts) and isinstance(graph.costs, OpCosts)
+
+
+def test_costs_that_rank_otherwise_change_the_plan_and_keep_the_gradients():
+    args = branch_args(jax.random.key(np.random.randint(1 << 20)))
+    joint = jaxaot.trace_joint(two_branches, *args)
+    assert first_recomputed_width(joint, FlopCosts()) == 32  # a FLOP tie: the smaller value first
+    assert first_recomputed_width(joint, WideIsCheap()) == 64  # measured otherwise: the cheaper one first
+    expected = jax.value_and_grad(two_branches, argnums=(0, 1, 2))(*args)
+    plans = {}
+    for name, costs in [("flops", "flops"), ("synthetic", WideIsCheap())]:
+        part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs=costs)
+        plans[name] = tuple(sorted(r.aval.shape for r in part_fn(joint).residuals))
+        f = jaxaot.aot_function(two_branches, partition_fn=part_fn)
+        assert_trees_close(jaxaot.value_and_grad(f, argnums=(0, 1, 2))(*args), expected)
+    assert plans["flops"] != plans["synthetic"]
+
+
+def test_budget_one_prices_nothing():
+    costs = WideIsCheap()
+    joint = jaxaot.trace_joint(two_branches, *branch_args(jax.random.key(1)))
+    part = jaxaot.min_cut_rematerialization_partition(joint, op_costs=costs)
+    assert costs.asked == [] and part.cost_note == ""
+    part = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=0.5, op_costs=costs)
+    assert costs.asked and part.cost_note == "recompute costs: synthetic"
+
+
+def test_measured_costs_time_each_distinct_eqn_once_and_persist(tmp_path):
+    path = tmp_path / "costs.json"
+    costs = MeasuredCosts(CPU, path=path, fallback=FlopCosts())
+    dots = [e for e in jax.make_jaxpr(lambda a, b, c: (a @ b, a @ b + 1, a @ c))(
+        jnp.ones((64, 64)), jnp.ones((64, 64)), jnp.ones((64, 128))).jaxpr.eqns if e.primitive.name == "dot_general"]
+    times = [costs.seconds(e) for e in dots]
+    assert costs.measured == 2 and times[0] == times[1] and all(t > 0 for t in times)
+    record = json.loads(path.read_text())
+    assert set(record["seconds"]) == {op_profile.signature(dots[0]), op_profile.signature(dots[2])}
+    assert record["environment"]["jax"] == jax.__version__
+    again = MeasuredCosts(CPU, path=path, fallback=FlopCosts())  # another process, say
+    assert [again.seconds(e) for e in dots] == times and again.measured == 0
+    assert "2 distinct ops timed" in again.note and str(path) in again.note
+
+
+def test_measured_costs_never_time_fusible_or_value_dependent_eqns():
+    costs = MeasuredCosts(CPU, path=None, fallback=FlopCosts())
+    sin = jax.make_jaxpr(jnp.sin)(jnp.ones(8)).jaxpr.eqns[0]
+    loop = jax.make_jaxpr(lambda x: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ c[1]),
+                                                       (0, x)))(jnp.ones((4, 4))).jaxpr.eqns[0]
+    assert costs.seconds(sin) == FlopCosts().seconds(sin)
+    assert costs.seconds(loop) == FlopCosts().seconds(loop) and not op_profile.measurable(loop)
+    assert costs.measured == 0 and "1 not timeable" in costs.note
+
+
+def test_a_corrupt_table_warns_and_is_rewritten(tmp_path):
+    path = tmp_path / "costs.json"
+    path.write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="ignoring the op-cost table"):
+        costs = MeasuredCosts(CPU, path=path, fallback=FlopCosts())
+    dot = jax.make_jaxpr(jnp.dot)(jnp.ones((32, 32)), jnp.ones((32, 32))).jaxpr.eqns[0]
+    assert costs.seconds(dot) > 0
+    assert list(json.loads(path.read_text())["seconds"]) == [op_profile.signature(dot)]
+
+
+def test_an_unwritable_table_warns_once_and_keeps_measuring(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    costs = MeasuredCosts(CPU, path=blocker / "sub" / "costs.json", fallback=FlopCosts())
+    eqns = [jax.make_jaxpr(jnp.dot)(jnp.ones((n, 16)), jnp.ones((16, 16))).jaxpr.eqns[0] for n in (8, 16)]
+    with pytest.warns(RuntimeWarning, match="cannot write the op-cost table"):
+        assert costs.seconds(eqns[0]) > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert costs.seconds(eqns[1]) > 0
+    assert costs.measured == 2
+
+
+def test_profile_seconds_ranks_a_large_matmul_above_a_small_one():
+    small, large = (jax.make_jaxpr(jnp.dot)(jnp.ones((n, n)), jnp.ones((n, n))).jaxpr.eqns[0] for n in (32, 512))
+    assert op_profile.profile_seconds(large, CPU) > 4 * op_profile.profile_seconds(small, CPU)  # 4096x the FLOPs
+
+
+def test_resolve_costs():
+    assert isinstance(resolve_costs("auto"), FlopCosts)  # this suite runs on CPUs
+    model = DeviceModel(host_bandwidth=1e9, device_flops=5e9, device_bandwidth=1e10)
+    assert resolve_costs("flops", model) == FlopCosts(5e9, 1e10)
+    assert isinstance(resolve_costs("measured"), MeasuredCosts)
+    synthetic = WideIsCheap()
+    assert resolve_costs(synthetic) is synthetic
+    with pytest.raises(PartitionError, match="op_costs must be"):
+        jaxaot.min_cut_rematerialization_partition(
+            jaxaot.trace_joint(two_branches, *branch_args(jax.random.key(2))), op_costs="fast")
+
+
+def test_the_offload_timeline_uses_the_costs():
+    joint = jaxaot.trace_joint(two_branches, *branch_args(jax.random.key(3)))
+    model = DeviceModel(host_bandwidth=1e9, device_flops=1e12)
+    plain, priced = Timeline.of(joint, model), Timeline.of(joint, model, WideIsCheap())
+    assert priced.forward_seconds > plain.forward_seconds  # the 32-wide matmul is 100x slower
+    assert Timeline.of(joint, model, model.flop_costs).forward_seconds == plain.forward_seconds
+
+
+@pytest.mark.parametrize("name", ["llama_block", "gpt2_block_2h"])
+def test_measured_budgets_stay_monotone_and_match_jax(name):
+    model = MODELS[name]
+    args = model.make_args(jax.random.key(np.random.randint(1 << 20)))
+    joint = jaxaot.trace_joint(model.loss, *args)
+    costs = MeasuredCosts(CPU, path=None, fallback=FlopCosts())
+    sizes = [jaxaot.min_cut_rematerialization_partition(joint, memory_budget=b, op_costs=costs).saved_bytes
+             for b in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    assert sizes == sorted(sizes) and costs.measured > 0
+    if name == "llama_block":  # float32: compare gradients at float32 tolerances
+        part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs=costs)
+        f = jaxaot.aot_function(model.loss, partition_fn=part_fn)
+        argnums = tuple(range(len(args)))
+        assert_trees_close(jaxaot.value_and_grad(f, argnums=argnums)(*args),
+                           jax.value_and_grad(model.loss, argnums=argnums)(*args), rtol=5e-5, atol=1e-5)
+
+
+def test_lower_prints_the_cost_note():
+    args = branch_args(jax.random.key(4))
+    f = jaxaot.aot_function(two_branches, partition_fn=functools.partial(
+        jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="flops"))
+    text = str(f.lower(*args).residuals)
+    assert "recompute costs: FLOP estimates" in text
+
+
+def test_the_cost_note_survives_the_persistent_cache(tmp_path):
+    from jaxaot.compile import cache
+
+    args = branch_args(jax.random.key(5))
+    part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="flops")
+    with jaxaot.config.override(cache_dir=str(tmp_path)):
+        cache.reset_stats()
+        texts = [str(jaxaot.aot_function(two_branches, partition_fn=part_fn).lower(*args).residuals) for _ in range(2)]
+        assert cache.stats().partition_hits >= 1
+    assert texts[0] == texts[1] and "recompute costs: FLOP estimates" in texts[1]
