@@ -37,7 +37,8 @@ median over rounds of each round's ratio, with the rounds' interquartile range).
   than 2%, or saves over 1% fewer bytes and is at most 2% slower; else
   ``not dominated``.
 
-Usage: ``python benchmarks/bench_planner.py [--small] [--only NAME] [--out FILE] [--rounds N] [--iters N]``
+Usage: ``python benchmarks/bench_planner.py [--small] [--only NAME] [--out FILE] [--rounds N] [--iters N]
+[--op-costs auto|measured|flops]``
 (``--small``: CPU sizes, float32 except the bf16 GPT-2 blocks; default: the
 GPU sizes, bf16).
 """
@@ -154,12 +155,17 @@ def jax_program(name: str, model: zoo_models.Model, sets: list[tuple], policy: A
                    policy=policy_name)
 
 
+#: What prices recomputation below budget 1 (``--op-costs``): the min-cut's default, "auto", measures on GPUs.
+OP_COSTS = "auto"
+
+
 def partitioner(budget: float, device_model: Any = None) -> Callable:
     """The min-cut at ``budget``; with a ``jaxaot.DeviceModel``, offloading as it plans."""
     if device_model is None:
-        return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+        return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget,
+                                 op_costs=OP_COSTS)
     return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget, offload=True,
-                             device_model=device_model)
+                             device_model=device_model, op_costs=OP_COSTS)
 
 
 def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int = 12,
@@ -391,7 +397,11 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds of interleaved timing (many short rounds: a burst of load on a shared machine hits "
                     "one round, not one program); default 15, 9 with --small (a 2-core CPU run stays under 10 min)")
+    ap.add_argument("--op-costs", default="auto", choices=("auto", "measured", "flops"),
+                    help="what prices recomputation below budget 1 (the min-cut's op_costs; auto: measured on GPUs)")
     a = ap.parse_args(argv)
+    global OP_COSTS
+    OP_COSTS = a.op_costs
     rounds = a.rounds or (9 if a.small else 15)
     gpu = jax.devices()[0].platform == "gpu"
     zoo = zoo_models.zoo("small" if a.small else "gpu")
@@ -404,8 +414,8 @@ def main(argv: list[str] | None = None) -> str:
             yield bench_model(model, gpu=gpu, rounds=rounds, iters=a.iters, summary=summary)
         yield summary_section(summary)
 
-    return report("bench_planner: jaxaot min-cut budgets against JAX checkpoint policies (never dominated?)",
-                  sections(), a.out)
+    return report(f"bench_planner: jaxaot min-cut budgets against JAX checkpoint policies (never dominated?); "
+                  f"op_costs={a.op_costs}", sections(), a.out)
 
 
 if __name__ == "__main__":
