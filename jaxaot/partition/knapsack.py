@@ -2,16 +2,18 @@
 
 Below ``memory_budget=1`` the min-cut partitioner may recompute values it
 normally bans (matmuls, large reductions; loops only at 0). Each such value is an item
-with a weight (the bytes that recomputing it can save) and a value (the FLOPs
-recomputing it costs). A knapsack keeps the most FLOPs-per-byte banned and
+with a weight (the bytes that recomputing it can save) and a value (the seconds
+recomputing it costs). A knapsack keeps the most seconds-per-byte banned and
 recomputes the rest.
 
-We solve it greedily, by FLOPs per byte, and take a *prefix* of that order
-rather than a DP's optimal subset: prefixes are nested, so a lower budget
-recomputes a superset of what a higher one does, which makes budget sweeps
-monotone by construction. The byte cost of a prefix is measured exactly (a
-min-cut per probe, see :func:`smallest_feasible_prefix`), not summed per item,
-because recomputing one value changes what its neighbours cost.
+We solve it greedily, by seconds per byte (measured per-op costs on
+accelerators, FLOP estimates elsewhere: :mod:`jaxaot.partition.op_costs`), and
+take the smallest *prefix* of that order that reaches the budget's bytes
+(:func:`smallest_feasible_prefix`), but choose its last step among cheaper
+completions (:func:`cheapest_last_step`): the greedy's next item can save far
+more than the budget asks. Budget sweeps stay monotone in bytes (see that
+function). The byte cost of a set is measured exactly (a min-cut per probe),
+not summed per item, because recomputing one value changes what its neighbours cost.
 
 Example:
     >>> import numpy as np
@@ -22,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -63,3 +65,54 @@ def smallest_feasible_prefix(cost_of_prefix: Callable[[int], float], n: int, tar
         else:
             lo = mid + 1
     return hi
+
+
+def cheapest_last_step(bytes_of: Callable[[Sequence[int]], float], seconds: np.ndarray, k: int,
+                       target: float) -> list[int]:
+    """The items to recompute: the first ``k - 1`` of the order, and the cheapest way to reach ``target`` from there.
+
+    ``bytes_of(items)`` is what the cut saves when ``items`` (positions in the
+    order) are recomputed; ``seconds[i]`` what recomputing item ``i`` costs;
+    ``k`` the smallest feasible prefix (:func:`smallest_feasible_prefix`).
+
+    The greedy order ranks items by seconds per byte, so its ``k``-th item may
+    save far more than the target asks: just below budget 1, recomputing one
+    80 MB matmul where one 256 KB ``cumsum`` would do. The last step is
+    therefore chosen among a family of completions of the ``k - 1`` prefix: the
+    ``k``-th item itself, each other remaining item alone, and the remaining
+    items cheapest-first (1, 2, ... of them). Among those whose bytes lie in
+    ``[bytes_of(first k), target]``, the one of fewest seconds wins (then fewest
+    bytes). The family does not depend on the target, so as the target shrinks
+    the winner either stays or gives way to one of fewer bytes, and no completion
+    goes below the ``k``-prefix's bytes, which every smaller target's plan is at
+    or below: saved bytes stay monotone in the budget. Cost: up to
+    ``2 (n - k + 1)`` calls of ``bytes_of``.
+
+    Example:
+        >>> import numpy as np
+        >>> from jaxaot.partition import knapsack
+        >>> saving = np.array([80.0, 0.5, 16.0])  # bytes each item's recomputation saves
+        >>> bytes_of = lambda items: 100.0 - saving[list(items)].sum()
+        >>> seconds = np.array([179.0, 8.0, 61.0])  # the 80-byte item is the cheapest per byte
+        >>> knapsack.cheapest_last_step(bytes_of, seconds, 1, 99.6)  # the small item reaches the target
+        [1]
+        >>> knapsack.cheapest_last_step(bytes_of, seconds, 1, 90.0)
+        [2]
+        >>> knapsack.cheapest_last_step(bytes_of, seconds, 1, 50.0)
+        [0]
+    """
+    if k <= 0:
+        return []
+    n = len(seconds)
+    base, rest = list(range(k - 1)), list(range(k - 1, n))
+    low = bytes_of(list(range(k)))
+    by_seconds = sorted(rest, key=lambda i: (seconds[i], i))
+    family = [(k - 1,)] + [(j,) for j in rest[1:]] + [tuple(sorted(by_seconds[:m])) for m in range(2, len(rest) + 1)]
+    best, best_key = (k - 1,), None
+    for rank, extra in enumerate(dict.fromkeys(family)):
+        b = bytes_of(base + list(extra))
+        if low <= b <= target:
+            key = (float(np.sum(seconds[list(extra)])), b, rank)
+            if best_key is None or key < best_key:
+                best, best_key = extra, key
+    return base + list(best)

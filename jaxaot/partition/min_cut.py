@@ -23,7 +23,9 @@ and collectives are never recomputed. Capacities are scaled to int32 because tha
 ``scipy.sparse.csgraph.maximum_flow`` computes in.
 
 Below ``memory_budget=1`` the banned-but-recomputable values are unbanned in
-:func:`jaxaot.partition.knapsack.recompute_order`, as few as reach the budget. Loops are
+:func:`jaxaot.partition.knapsack.recompute_order` (seconds per saved byte, by
+:mod:`jaxaot.partition.op_costs`), as few as reach the budget, the last step the
+cheapest that does (:func:`jaxaot.partition.knapsack.cheapest_last_step`). Loops are
 not among them (only budget 0 recomputes a loop): recomputing a scan of layers
 would run the whole forward again, and the budget already reaches into each
 scan's body, where the same knapsack picks what each iteration recomputes.
@@ -329,17 +331,40 @@ def _banned(never: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
     return banned
 
 
+def _target(graph: FlowGraph, never: np.ndarray, order: np.ndarray, memory_budget: float) -> float:
+    optimal = cut_value(graph, _banned(never, order, 0))
+    floor = cut_value(graph, never)
+    return floor + memory_budget * (optimal - floor)
+
+
 def recompute_prefix(graph: FlowGraph, memory_budget: float) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(never, order, k)``: the budget recomputes the first ``k`` nodes of the knapsack ``order``."""
+    """``(never, order, k)``: the smallest prefix of the knapsack ``order`` that meets the budget has ``k`` nodes."""
     never, order = _candidates(graph, recompute_loops=memory_budget <= 0)
     if memory_budget >= 1 or len(order) == 0:
         return never, order, 0  # all banned: the order does not matter, and nothing is priced
     order = _ordered(graph, order)
-    optimal = cut_value(graph, _banned(never, order, 0))
-    floor = cut_value(graph, never)
-    target = floor + memory_budget * (optimal - floor)
+    target = _target(graph, never, order, memory_budget)
     k = knapsack.smallest_feasible_prefix(lambda k: cut_value(graph, _banned(never, order, k)), len(order), target)
     return never, order, k
+
+
+def budget_bans(graph: FlowGraph, memory_budget: float) -> np.ndarray:
+    """The nodes the budget's cut may not recompute: the prefix's, its last step the cheapest
+    (:func:`jaxaot.partition.knapsack.cheapest_last_step`)."""
+    never, order, k = recompute_prefix(graph, memory_budget)
+    if k == 0:
+        return _banned(never, order, 0)
+    target = _target(graph, never, order, memory_budget)
+
+    def bans(items) -> np.ndarray:
+        banned = never.copy()
+        banned[order] = True
+        banned[order[list(items)]] = False
+        return banned
+
+    chosen = knapsack.cheapest_last_step(lambda items: cut_value(graph, bans(items)),
+                                         graph.recompute_seconds(order), k, target)
+    return bans(chosen)
 
 
 def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarray:
@@ -349,11 +374,10 @@ def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarr
     only cheap eqns (1.0) and the cheapest cut that recomputes every expensive
     eqn but loops (towards 0); at exactly 0 loops too may be recomputed, so it
     keeps only inputs, or smaller values derived from them. Expensive values are
-    unbanned in knapsack order, as few as reach the target; a lower budget
-    unbans a superset, so saved bytes never grow as the budget shrinks.
+    unbanned in knapsack order, as few as reach the target, the last of them the
+    cheapest that does (:func:`budget_bans`); saved bytes never grow as the budget shrinks.
     """
-    never, order, k = recompute_prefix(graph, memory_budget)
-    return min_cut(graph, _banned(never, order, k)).saved
+    return min_cut(graph, budget_bans(graph, memory_budget)).saved
 
 
 def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable[[np.ndarray], host_offload.OffloadPlan]

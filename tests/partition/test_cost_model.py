@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 from jaxaot.partition import cost_model
@@ -146,3 +149,33 @@ def test_activations_and_stop_gradient_are_cheap_in_the_joint_graph(approximate)
     costly = {e.primitive.name for e in eqns if cost_model.classify(e) is not Recompute.CHEAP}
     assert costly <= {"reduce_max", "reduce_sum"}, costly  # softmax's reductions over a short axis
     assert cost_model.classify(only_eqn(lax.stop_gradient, jnp.ones(3), name="stop_gradient")) is Recompute.CHEAP
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1000), st.floats(1e-3, 1e3)), min_size=1, max_size=8), st.data())
+def test_cheapest_last_step_is_feasible_monotone_and_no_slower_than_the_prefix(items, data):
+    """Generated knapsacks (bytes saved and seconds per item; overlapping savings capped, as cuts interact):
+    across a sweep of targets the chosen sets reach their target, their bytes never grow as the
+    target shrinks, and none costs more seconds than the greedy prefix."""
+    saving = np.array([b for b, _ in items], float)
+    seconds = np.array([s for _, s in items])
+    total = 2000.0 + saving.sum()
+    overlap = data.draw(st.floats(0.0, 0.5))
+
+    def bytes_of(chosen):  # monotone and sub-additive: recomputing several saves no more than their sum
+        picked = saving[list(chosen)]
+        return total - (picked.sum() * (1 - overlap) + overlap * picked.max(initial=0.0))
+
+    order = knapsack.recompute_order(saving, seconds)
+    ranked = lambda chosen: bytes_of([order[i] for i in chosen])  # noqa: E731 - positions in the order
+    ranked_seconds = seconds[order]
+    full = ranked(range(len(order)))
+    previous = math.inf
+    for target in np.linspace(total, full, 25):
+        k = knapsack.smallest_feasible_prefix(lambda k: ranked(range(k)), len(order), target)
+        chosen = knapsack.cheapest_last_step(ranked, ranked_seconds, k, target)
+        got = ranked(chosen)
+        assert got <= target + 1e-9
+        assert got <= previous + 1e-9
+        assert ranked_seconds[chosen].sum() <= ranked_seconds[:k].sum() + 1e-9
+        previous = got

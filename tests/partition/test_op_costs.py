@@ -206,3 +206,34 @@ def test_the_cost_note_survives_the_persistent_cache(tmp_path):
         texts = [str(jaxaot.aot_function(two_branches, partition_fn=part_fn).lower(*args).residuals) for _ in range(2)]
         assert cache.stats().partition_hits >= 1
     assert texts[0] == texts[1] and "recompute costs: FLOP estimates" in texts[1]
+
+
+class WideIsCheapPerByte:
+    """Per byte the 64-wide matmul is the cheaper item; in seconds the 32-wide one is."""
+
+    note = "recompute costs: synthetic"
+
+    def seconds(self, eqn):
+        if eqn.primitive.name == "dot_general":
+            return 1e-6 if eqn.outvars[0].aval.shape[-1] == 64 else 0.9e-6
+        return cost_model.flops(eqn) * 1e-15
+
+
+def test_the_last_step_is_the_cheapest_that_reaches_the_budget():
+    """Just below budget 1 the greedy's first item (the 64-wide matmul, cheapest per byte) saves
+    more than asked; recomputing the 32-wide one reaches the target in fewer seconds."""
+    args = branch_args(jax.random.key(np.random.randint(1 << 20)))
+    joint = jaxaot.trace_joint(two_branches, *args)
+    costs = WideIsCheapPerByte()
+    graph = min_cut.build_flow_graph(joint, costs=costs)
+    _, order, k = min_cut.recompute_prefix(graph, 0.9)
+    assert k == 1 and graph.values[order[0]].aval.shape == (32, 64)  # the prefix would recompute this one
+    shapes = {b: sorted(tuple(r.aval.shape) for r in jaxaot.min_cut_rematerialization_partition(
+        joint, memory_budget=b, op_costs=costs).residuals) for b in (1.0, 0.9, 0.5, 0.0)}
+    assert (32, 32) in shapes[1.0] and (32, 64) in shapes[1.0]
+    assert (32, 32) not in shapes[0.9] and (32, 64) in shapes[0.9]  # the cheaper last step instead
+    assert (32, 64) not in shapes[0.5]
+    part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.9, op_costs=costs)
+    f = jaxaot.aot_function(two_branches, partition_fn=part_fn)
+    assert_trees_close(jaxaot.value_and_grad(f, argnums=(0, 1, 2))(*args),
+                       jax.value_and_grad(two_branches, argnums=(0, 1, 2))(*args))
