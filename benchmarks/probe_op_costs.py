@@ -4,7 +4,7 @@ Below ``memory_budget=1`` the min-cut recomputes expensive values (matmuls,
 convolutions, large reductions) cheapest-per-saved-byte first. Per zoo model
 this probe
 
-* times every knapsack item once (``MeasuredCosts``; the first-time cost of
+* times every knapsack item once (``MeasuredCosts``, less an empty kernel's time; the first-time cost of
   profiling, and the cost of reading the table back, are reported);
 * lists the items in measured order beside their FLOP order, with each one's
   effective rate (FLOPs / measured seconds), so dtype, shape and algorithm
@@ -82,7 +82,8 @@ def probe(name: str, model, cache_dir: str) -> str:
         differ += not same
         if not same:
             diffs.append((b, fmt_bytes(plans[0].saved_bytes), fmt_bytes(plans[1].saved_bytes), "no"))
-    head = (f"## {name}: {model.label}\n{len(items)} knapsack items, {len(set(map(str, seconds)))} distinct times; "
+    head = (f"## {name}: {model.label}\n{len(items)} knapsack items, {len(set(map(str, seconds)))} distinct times "
+            f"(an empty kernel's {measured.empty_kernel_seconds * 1e6:.1f} us subtracted); "
             f"profiling {profile_s:.1f} s (first time), reading the table back and pricing every item {reread_s * 1e3:.0f} ms; "
             f"Spearman rank correlation of the two orders {rho:.3f}; "
             f"{differ} of {len(SWEEP)} sweep budgets plan differently\n")

@@ -10,7 +10,11 @@ min-cut uses on accelerators (``op_costs="auto"``, :func:`resolve_costs`).
 * otherwise looks the eqn's :func:`~jaxaot.partition.op_profile.signature` up
   in its table, and times it on the device the first time
   (:func:`~jaxaot.partition.op_profile.profile_seconds`); an eqn that cannot be
-  timed gets the fallback's estimate (and says so in ``note``).
+  timed gets the fallback's estimate (and says so in ``note``);
+* less an empty kernel's time (:func:`~jaxaot.partition.op_profile.launch_seconds`,
+  measured once; never below 1% of the op's): recomputed in a backward, a small
+  op runs inside a fused kernel that runs anyway, and standalone its launch
+  would rank a 32 KB reduction as costly per byte as a large matmul.
 
 The table lives as long as the process, shared per device kind
 (:meth:`MeasuredCosts.for_device`), and, when ``jaxaot.config.cache_dir`` is
@@ -86,7 +90,7 @@ class MeasuredCosts:
     @property
     def note(self) -> str:
         kind = getattr(self.device, "device_kind", self.device.platform)
-        text = f"recompute costs: measured on {kind} ({len(self._table)} distinct ops timed"
+        text = f"recompute costs: measured on {kind} ({len(self._table) - (_LAUNCH in self._table)} distinct ops timed"
         if self.estimated:
             text += f"; {len(self.estimated)} not timeable, FLOP-estimated"
         return text + (f", table {self._path})" if self._path is not None else ")")
@@ -94,17 +98,29 @@ class MeasuredCosts:
     def seconds(self, eqn: Any) -> float:
         if cost_model.classify(eqn) is cost_model.Recompute.CHEAP:
             return self.fallback.seconds(eqn)
-        key = op_profile.signature(eqn)
+        raw = self._raw(op_profile.signature(eqn), eqn)
+        if raw is None:
+            return self.fallback.seconds(eqn)
+        return max(raw - self.empty_kernel_seconds, raw / 100)
+
+    @property
+    def empty_kernel_seconds(self) -> float:
+        """What an empty kernel measures on this device (subtracted from every op's time)."""
+        return self._raw(_LAUNCH, None) or 0.0
+
+    def _raw(self, key: str, eqn: Any) -> float | None:
+        """The table's time for ``key``, timed now if absent (the empty kernel's when ``eqn`` is None)."""
         with self._lock:
             if key in self._table:
                 return self._table[key]
             if key in self.estimated:
-                return self.fallback.seconds(eqn)
-            t = op_profile.profile_seconds(eqn, self.device)
+                return None
+            t = (op_profile.launch_seconds(self.device) if eqn is None
+                 else op_profile.profile_seconds(eqn, self.device))
             if t is None:
                 self.estimated.add(key)
-                return self.fallback.seconds(eqn)
-            self.measured += 1
+                return None
+            self.measured += eqn is not None
             self._table[key] = t
             if self._path is not None and op_profile.is_portable(key):
                 portable = {k: v for k, v in self._table.items() if op_profile.is_portable(k)}
@@ -124,6 +140,7 @@ class MeasuredCosts:
 
 
 _SHARED: dict[tuple, MeasuredCosts] = {}
+_LAUNCH = "<empty kernel>"
 _SHARED_LOCK = threading.Lock()
 
 #: What ``op_costs="auto"`` measures on: platforms where FLOP counts mislead most, and timing is cheap.

@@ -117,6 +117,16 @@ def _chain(eqn: Any, copies: int):
     return jax.jit(run)
 
 
+def launch_seconds(device: Any) -> float:
+    """What :func:`profile_seconds` gives an empty kernel (one add on one float) on ``device``.
+
+    The part of a standalone op's time that fusion removes in context: a small
+    reduction recomputed in a backward runs inside a kernel that runs anyway.
+    """
+    eqn = jax.make_jaxpr(lambda x: x + 1.0)(jnp.ones((1,), jnp.float32)).jaxpr.eqns[0]
+    return profile_seconds(eqn, device) or 0.0
+
+
 def profile_seconds(eqn: Any, device: Any, *, copies: int = COPIES, repeats: int = 3) -> float | None:
     """Seconds one run of ``eqn`` takes on ``device``; None when it cannot be timed.
 
