@@ -62,8 +62,8 @@ def probe(name: str, model, cache_dir: str) -> str:
     assert again.measured == 0, "the table read back should time nothing"
     flops = np.array([cost_model.flops(graph.producers[i]) for i in items])
     nbytes = graph.nbytes[items]
-    by_flops = list(min_cut._ordered(min_cut.build_flow_graph(joint, costs=FlopCosts()), items))
-    by_measured = list(min_cut._ordered(graph, items))
+    by_flops = list(min_cut._ordered(min_cut.build_flow_graph(joint, costs=FlopCosts()), items)[0])
+    by_measured = list(min_cut._ordered(graph, items)[0])
     rows = [("#", "FLOP #", "eqn", "output", "MFLOP", "bytes", "measured us", "TFLOP/s", "us/MB")]
     for rank, i in enumerate(by_measured[:14]):
         eqn, k = graph.producers[i], list(items).index(i)

@@ -45,7 +45,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jaxlib
@@ -98,7 +98,7 @@ class MeasuredCosts:
     def seconds(self, eqn: Any) -> float:
         if cost_model.classify(eqn) is cost_model.Recompute.CHEAP:
             return self.fallback.seconds(eqn)
-        raw = self._raw(op_profile.signature(eqn), eqn)
+        raw = self._raw(op_profile.signature(eqn), lambda: op_profile.profile_seconds(eqn, self.device))
         if raw is None:
             return self.fallback.seconds(eqn)
         return max(raw - self.empty_kernel_seconds, raw / 100)
@@ -106,21 +106,20 @@ class MeasuredCosts:
     @property
     def empty_kernel_seconds(self) -> float:
         """What an empty kernel measures on this device (subtracted from every op's time)."""
-        return self._raw(_LAUNCH, None) or 0.0
+        return self._raw(_LAUNCH, lambda: op_profile.launch_seconds(self.device), counts=False) or 0.0
 
-    def _raw(self, key: str, eqn: Any) -> float | None:
-        """The table's time for ``key``, timed now if absent (the empty kernel's when ``eqn`` is None)."""
+    def _raw(self, key: str, measure: Callable[[], float | None], counts: bool = True) -> float | None:
+        """The table's time for ``key``, ``measure()``-d now if absent (None: cannot be timed)."""
         with self._lock:
             if key in self._table:
                 return self._table[key]
             if key in self.estimated:
                 return None
-            t = (op_profile.launch_seconds(self.device) if eqn is None
-                 else op_profile.profile_seconds(eqn, self.device))
+            t = measure()
             if t is None:
                 self.estimated.add(key)
                 return None
-            self.measured += eqn is not None
+            self.measured += counts
             self._table[key] = t
             if self._path is not None and op_profile.is_portable(key):
                 portable = {k: v for k, v in self._table.items() if op_profile.is_portable(k)}

@@ -319,9 +319,12 @@ def _candidates(graph: FlowGraph, recompute_loops: bool) -> tuple[np.ndarray, np
     return never, candidates
 
 
-def _ordered(graph: FlowGraph, candidates: np.ndarray) -> np.ndarray:
-    """``candidates`` in knapsack order: cheapest seconds per byte saved first (costs asked here only)."""
-    return candidates[knapsack.recompute_order(graph.nbytes[candidates], graph.recompute_seconds(candidates))]
+def _ordered(graph: FlowGraph, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, seconds)``: ``candidates`` in knapsack order, cheapest seconds per byte saved first,
+    and what recomputing each costs (costs are asked here only)."""
+    seconds = graph.recompute_seconds(candidates)
+    ranked = knapsack.recompute_order(graph.nbytes[candidates], seconds)
+    return candidates[ranked], seconds[ranked]
 
 
 def _banned(never: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
@@ -331,40 +334,54 @@ def _banned(never: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
     return banned
 
 
-def _target(graph: FlowGraph, never: np.ndarray, order: np.ndarray, memory_budget: float) -> float:
-    optimal = cut_value(graph, _banned(never, order, 0))
-    floor = cut_value(graph, never)
-    return floor + memory_budget * (optimal - floor)
+@dataclasses.dataclass(frozen=True)
+class BudgetPrefix:
+    """What a budget recomputes, before its last step is chosen.
 
+    Attributes:
+      never: bool per node, never recomputed (inputs, collectives, loops above budget 0).
+      order: the budget-unbannable nodes, in knapsack order (cheapest seconds per byte first).
+      k: the smallest prefix of ``order`` whose cut meets the budget (0 at budget 1).
+      target: the budget's bytes, in the cut's scaled units (None at budget 1: nothing priced).
+      seconds: what recomputing each node of ``order`` costs (empty when unpriced).
+    """
 
-def recompute_prefix(graph: FlowGraph, memory_budget: float) -> tuple[np.ndarray, np.ndarray, int]:
-    """``(never, order, k)``: the smallest prefix of the knapsack ``order`` that meets the budget has ``k`` nodes."""
-    never, order = _candidates(graph, recompute_loops=memory_budget <= 0)
-    if memory_budget >= 1 or len(order) == 0:
-        return never, order, 0  # all banned: the order does not matter, and nothing is priced
-    order = _ordered(graph, order)
-    target = _target(graph, never, order, memory_budget)
-    k = knapsack.smallest_feasible_prefix(lambda k: cut_value(graph, _banned(never, order, k)), len(order), target)
-    return never, order, k
+    never: np.ndarray
+    order: np.ndarray
+    k: int
+    target: float | None = None
+    seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
-
-def budget_bans(graph: FlowGraph, memory_budget: float) -> np.ndarray:
-    """The nodes the budget's cut may not recompute: the prefix's, its last step the cheapest
-    (:func:`jaxaot.partition.knapsack.cheapest_last_step`)."""
-    never, order, k = recompute_prefix(graph, memory_budget)
-    if k == 0:
-        return _banned(never, order, 0)
-    target = _target(graph, never, order, memory_budget)
-
-    def bans(items) -> np.ndarray:
-        banned = never.copy()
-        banned[order] = True
-        banned[order[list(items)]] = False
+    def banned(self, items=None) -> np.ndarray:
+        """The ban set recomputing ``items`` (positions in ``order``; default: the first ``k``)."""
+        if items is None:
+            return _banned(self.never, self.order, self.k)
+        banned = self.never.copy()
+        banned[self.order] = True
+        banned[self.order[list(items)]] = False
         return banned
 
-    chosen = knapsack.cheapest_last_step(lambda items: cut_value(graph, bans(items)),
-                                         graph.recompute_seconds(order), k, target)
-    return bans(chosen)
+
+def recompute_prefix(graph: FlowGraph, memory_budget: float) -> BudgetPrefix:
+    """The knapsack order under ``memory_budget`` and its smallest prefix that meets the budget."""
+    never, order = _candidates(graph, recompute_loops=memory_budget <= 0)
+    if memory_budget >= 1 or len(order) == 0:
+        return BudgetPrefix(never, order, 0)  # all banned: the order does not matter, and nothing is priced
+    order, seconds = _ordered(graph, order)
+    optimal, floor = cut_value(graph, _banned(never, order, 0)), cut_value(graph, never)
+    target = floor + memory_budget * (optimal - floor)
+    k = knapsack.smallest_feasible_prefix(lambda k: cut_value(graph, _banned(never, order, k)), len(order), target)
+    return BudgetPrefix(never, order, k, target, seconds)
+
+
+def budget_bans(graph: FlowGraph, prefix: BudgetPrefix) -> np.ndarray:
+    """The nodes the budget's cut may not recompute: ``prefix``'s, its last step the cheapest
+    (:func:`jaxaot.partition.knapsack.cheapest_last_step`)."""
+    if prefix.k == 0:
+        return prefix.banned()
+    chosen = knapsack.cheapest_last_step(lambda items: cut_value(graph, prefix.banned(items)),
+                                         prefix.seconds, prefix.k, prefix.target)
+    return prefix.banned(chosen)
 
 
 def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarray:
@@ -377,7 +394,7 @@ def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarr
     unbanned in knapsack order, as few as reach the target, the last of them the
     cheapest that does (:func:`budget_bans`); saved bytes never grow as the budget shrinks.
     """
-    return min_cut(graph, budget_bans(graph, memory_budget)).saved
+    return min_cut(graph, budget_bans(graph, recompute_prefix(graph, memory_budget))).saved
 
 
 def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable[[np.ndarray], host_offload.OffloadPlan]
@@ -392,13 +409,15 @@ def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable
     targets shrink with the budget, so do the device bytes. Cost: one min-cut and
     one plan per prefix tried.
     """
-    final = choose_saved_nodes(graph, memory_budget)
-    target = int(graph.nbytes[final].sum())
     if memory_budget > 0:
-        never, order, k = recompute_prefix(graph, memory_budget)
+        prefix = recompute_prefix(graph, memory_budget)
+        final = min_cut(graph, budget_bans(graph, prefix)).saved
+        never, order, k = prefix.never, prefix.order, prefix.k
     else:
+        final = choose_saved_nodes(graph, memory_budget)
         never, order = _candidates(graph, recompute_loops=False)
-        order, k = _ordered(graph, order), len(order)
+        order, k = _ordered(graph, order)[0], len(order)
+    target = int(graph.nbytes[final].sum())
     for j in range(k + 1):
         saved = final if memory_budget > 0 and j == k else min_cut(graph, _banned(never, order, j)).saved
         chosen = plan(saved)
