@@ -20,7 +20,7 @@ ROOT = Path(jaxaot.__file__).resolve().parent
 
 #: The layers, lowest first. A module may import its own layer (acyclically) and those below.
 LAYERS = [
-    {"jaxaot.errors", "jaxaot._config", "jaxaot._compat", "jaxaot._pytrees"},
+    {"jaxaot.errors", "jaxaot._config", "jaxaot._compat", "jaxaot._pytrees", "jaxaot._files"},
     {"jaxaot.loops"},        # the while-loop primitives: JAX-level, below every stage
     {"jaxaot.tracing"},      # stage 1
     {"jaxaot.partition"},    # stage 2

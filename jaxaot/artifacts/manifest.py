@@ -41,7 +41,7 @@ from typing import Any, Mapping
 import jax
 import jaxlib
 
-from jaxaot.compile.store import atomic_write
+from jaxaot._files import atomic_write
 from jaxaot.errors import ArtifactError, ArtifactVersionError
 
 FORMAT = "jaxaot-export"

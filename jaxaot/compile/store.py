@@ -39,6 +39,7 @@ import threading
 from pathlib import Path
 
 from jaxaot._config import config
+from jaxaot._files import atomic_write
 from jaxaot.compile.cache_stats import count, warn_once
 
 #: The version of the on-disk format: the directory name, the environment key and saved partitions carry it.
@@ -196,26 +197,3 @@ def write(path: Path, payload: bytes) -> None:
     except OSError as err:
         root = cache_root() or path.parent
         warn_once(root, f"jaxaot cache: cannot write to {root} ({err}); not caching.")
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``.
-
-    Readers see the old file or the new one, never a partial one; concurrent
-    writers are safe (the last one wins). Raises ``OSError``.
-    """
-    path = Path(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -41,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -51,6 +50,7 @@ import jax
 import jaxlib
 
 from jaxaot._config import config
+from jaxaot._files import atomic_write
 from jaxaot.errors import PartitionError
 from jaxaot.partition import cost_model, op_profile
 from jaxaot.partition.device_model import DeviceModel
@@ -196,18 +196,11 @@ def _read(path: Path) -> dict[str, float]:
 
 
 def _write(path: Path, record: dict) -> bool:
-    """Atomically (temporary file, then ``os.replace``); an I/O error warns and returns False: the table is a cache."""
-    tmp = None
+    """Atomically (:func:`jaxaot._files.atomic_write`); an I/O error warns and returns False: the table is a cache."""
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, sort_keys=True, indent=0)
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(record, sort_keys=True, indent=0).encode())
         return True
     except OSError as err:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         warnings.warn(f"jaxaot: cannot write the op-cost table {path} ({err}); keeping it in memory.",
                       RuntimeWarning, stacklevel=2)
         return False
