@@ -13,10 +13,12 @@ so a single call would rank a 5 us reduction with a 40 us matmul.
 
 Inputs are constants of the eqn's avals put on the device (0.5, or 0 for
 integers and booleans): the eqns this measures (matmuls, convolutions,
-reductions, sorts, scans of fixed length) take the same time whatever their
+reductions, sorts) take the same time whatever their
 values. Eqns whose time depends on values (``while`` loops, ``cond``), that
 have effects, or whose shapes are symbolic or dtypes opaque (PRNG keys) are not
-measured: :func:`measurable` says which.
+measured, nor are loops: a ``scan`` of layers is the whole forward, with every
+layer's stacked outputs, too large to time in copies, and its body's eqns are
+priced where the body is planned. :func:`measurable` says which.
 
 Cost: two XLA compiles and ``2 * (repeats + 1)`` runs per distinct eqn,
 tens of milliseconds each on a GPU. :func:`signature` is what makes two eqns
@@ -43,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
+from jaxaot.partition import cost_model
 from jaxaot.partition.device_model import best_seconds
 
 #: Runs of the eqn in the chained program.
@@ -65,7 +68,7 @@ def _is_array(aval: Any) -> bool:
 def measurable(eqn: Any) -> bool:
     """Whether :func:`profile_seconds` can time ``eqn`` (see the module docstring)."""
     name = eqn.primitive.name
-    if C.is_effectful(eqn) or any(frag in name for frag in _VALUE_DEPENDENT):
+    if C.is_effectful(eqn) or any(frag in name for frag in _VALUE_DEPENDENT) or cost_model.is_loop(name):
         return False
     if any(not (C.is_literal(v) or _is_array(v.aval)) for v in eqn.invars):
         return False

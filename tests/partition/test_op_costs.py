@@ -240,3 +240,13 @@ def test_the_last_step_is_the_cheapest_that_reaches_the_budget():
     f = jaxaot.aot_function(two_branches, partition_fn=part_fn)
     assert_trees_close(jaxaot.value_and_grad(f, argnums=(0, 1, 2))(*args),
                        jax.value_and_grad(two_branches, argnums=(0, 1, 2))(*args))
+
+
+def test_loops_are_estimated_not_timed():
+    """A scan of layers is the whole forward: it is FLOP-estimated, its body's eqns are timed when planned."""
+    eqns = jax.make_jaxpr(lambda w, h, xs: jax.lax.scan(lambda c, x: (jnp.tanh(c @ w + x), c), h, xs))(
+        jnp.ones((8, 8)), jnp.ones(8), jnp.ones((4, 8))).jaxpr.eqns
+    (scan,) = [e for e in eqns if e.primitive.name == "scan"]
+    costs = MeasuredCosts(CPU, path=None, fallback=FlopCosts())
+    assert not op_profile.measurable(scan)
+    assert costs.seconds(scan) == FlopCosts().seconds(scan) and costs.measured == 0
