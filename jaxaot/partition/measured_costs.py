@@ -146,18 +146,21 @@ _SHARED_LOCK = threading.Lock()
 MEASURED_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 
 
-def resolve_costs(op_costs: Any, model: DeviceModel | None = None) -> OpCosts:
+def resolve_costs(op_costs: Any, model: DeviceModel | None = None, *, model_given: bool = False) -> OpCosts:
     """The :class:`OpCosts` a partitioner plans with.
 
     ``op_costs`` is ``"auto"`` (measured on GPUs and TPUs, FLOP estimates
     elsewhere), ``"measured"``, ``"flops"``, or an :class:`OpCosts`. FLOP
     estimates use ``model``'s rates when there is a model (the offload timeline
     needs seconds), else nominal ones (only ratios matter to the knapsack).
+    ``model_given``: the caller chose ``model`` (a synthetic device, say), so
+    ``"auto"`` prices eqns at its rates rather than timing the real device.
     """
     if isinstance(op_costs, OpCosts):
         return op_costs
     if op_costs == "auto":
-        op_costs = "measured" if jax.devices()[0].platform in MEASURED_PLATFORMS else "flops"
+        measure = not model_given and jax.devices()[0].platform in MEASURED_PLATFORMS
+        op_costs = "measured" if measure else "flops"
     if op_costs == "flops":
         return model.flop_costs if model is not None else FlopCosts()
     if op_costs == "measured":

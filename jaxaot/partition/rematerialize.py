@@ -53,7 +53,7 @@ def min_cut_rematerialization_partition(
         with (default: measured on the default device, once per process).
       op_costs: what recomputing an eqn costs, for the knapsack and the offload
         timeline: ``"auto"`` (default: measured on GPUs and TPUs, FLOP estimates
-        on CPUs), ``"measured"`` (each distinct expensive eqn timed once per
+        on CPUs or at a given ``device_model``'s rates), ``"measured"`` (each distinct expensive eqn timed once per
         device kind and cached, :mod:`jaxaot.partition.measured_costs`),
         ``"flops"``, or an :class:`~jaxaot.partition.op_costs.OpCosts`. At
         ``memory_budget=1`` without offload nothing is priced (nothing is traded).
@@ -73,7 +73,7 @@ def min_cut_rematerialization_partition(
     if not 0.0 <= memory_budget <= 1.0:
         raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
     model = host_offload.resolve_model(offload, device_model)
-    costs = resolve_costs(op_costs, model)
+    costs = resolve_costs(op_costs, model, model_given=device_model is not None)
     part = split_joint(joint, choose_saved_values(joint, memory_budget, costs=costs))
     source, plan = joint, None
     if rematerialize_scans:

@@ -155,8 +155,10 @@ def test_profile_seconds_ranks_a_large_matmul_above_a_small_one():
 
 
 def test_resolve_costs():
-    assert isinstance(resolve_costs("auto"), FlopCosts)  # this suite runs on CPUs
+    on_accelerator = jax.devices()[0].platform != "cpu"
+    assert isinstance(resolve_costs("auto"), MeasuredCosts if on_accelerator else FlopCosts)
     model = DeviceModel(host_bandwidth=1e9, device_flops=5e9, device_bandwidth=1e10)
+    assert resolve_costs("auto", model, model_given=True) == FlopCosts(5e9, 1e10)  # a chosen device's rates
     assert resolve_costs("flops", model) == FlopCosts(5e9, 1e10)
     assert isinstance(resolve_costs("measured"), MeasuredCosts)
     synthetic = WideIsCheap()
