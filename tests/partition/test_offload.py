@@ -172,7 +172,8 @@ def test_slow_link_offloads_nothing(name):
 def test_no_host_memory_offloads_nothing_and_says_why(name):
     part = mincut(joint_of(name), memory_budget=0.5, offload=True, device_model=NO_HOST)
     assert not offloaded_residuals(part) and part.offload_note == "nothing offloaded: test"
-    assert part.saved_bytes == mincut(joint_of(name), memory_budget=0.5).saved_bytes
+    # Priced alike: a given device model prices eqns at its rates (on a GPU the plain plan would time them).
+    assert part.saved_bytes == mincut(joint_of(name), memory_budget=0.5, op_costs=NO_HOST.flop_costs).saved_bytes
 
 
 @pytest.mark.skipif(jax.devices()[0].platform != "cpu", reason="what the CPU backend does")
@@ -204,7 +205,7 @@ def test_device_bytes_respect_the_budget_and_sweeps_are_monotone(name, model):
     joint = joint_of(name)
     device = []
     for b in BUDGETS:
-        plain = mincut(joint, memory_budget=b)
+        plain = mincut(joint, memory_budget=b, op_costs=model.flop_costs)  # priced as the offloading plan is
         part = mincut(joint, memory_budget=b, offload=True, device_model=model)
         # The budget counts device bytes: offloading never adds any, and recomputes no more.
         assert part.device_saved_bytes <= plain.saved_bytes
