@@ -81,6 +81,7 @@ import jax
 from jaxaot import _compat as C
 from jaxaot._pytrees import in_host_memory
 from jaxaot._pytrees import nbytes as aval_nbytes
+from jaxaot.partition.op_costs import OpCosts
 from jaxaot.partition.device_model import HOST_MEMORY_KIND, MIN_OVERLAP, DeviceModel, host_memory_note  # noqa: F401
 from jaxaot.errors import PartitionError
 from jaxaot.partition.split import EqnKind, Partition, classify_eqns
@@ -113,7 +114,7 @@ class Timeline:
     outputs: frozenset
 
     @classmethod
-    def of(cls, joint: JointGraph, model: DeviceModel, costs: Any = None) -> "Timeline":
+    def of(cls, joint: JointGraph, model: DeviceModel, costs: OpCosts | None = None) -> "Timeline":
         """The timeline of ``joint``'s eqns on ``model``'s device (one pass over the eqns).
 
         ``costs`` (an :class:`~jaxaot.partition.op_costs.OpCosts`) times each
