@@ -273,8 +273,9 @@ class AOTFunction:
 
 
 def _fused_choices(executables: dict) -> tuple[FusedChoice, ...]:
-    """The variant each fused step among ``executables`` kept (they carry ``layouts``, ``order``, ``barrier``)."""
-    return tuple(FusedChoice(name, exe.layouts, exe.order, exe.barrier)
+    """The variant each fused step among ``executables`` kept (they carry ``layouts``, ``order``, ``barrier``,
+    ``rederived``)."""
+    return tuple(FusedChoice(name, exe.layouts, exe.order, exe.barrier, tuple(getattr(exe, "rederived", ())))
                  for name, exe in executables.items() if getattr(exe, "layouts", None) is not None)
 
 

@@ -51,7 +51,7 @@ step that recomputes is compiled without the barrier and kept if its compiled
 peak is no higher (:func:`choose_barrier`): the barrier exists for memory, and
 where XLA's own schedule needs no more, it only forbids fusions.
 
-Cost: one more compilation per signature, up to four on an accelerator (the split
+Cost: one more compilation per signature, up to five on an accelerator (the split
 executables compile only if ``.forward``/``.backward`` or a pipeline asks for
 them). Functions with a
 ``jaxaot.while_loop`` whose stack the runtime sizes keep the split
@@ -77,6 +77,7 @@ from jaxaot import _compat as C
 from jaxaot.partition import cost_model
 from jaxaot.partition.default import default_partition
 from jaxaot.runtime import ordering, residual_slices
+from jaxaot.runtime.rederive import rederive_backward
 
 
 def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
@@ -125,7 +126,7 @@ def barred_residuals(part: Any, barrier: str) -> set[int]:
 
 
 def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
-                  order: str = "xla", slices: bool = True) -> Any:
+                  order: str = "xla", slices: bool = True, rederive: bool = False) -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
 
     ``training`` is a :class:`~jaxaot.runtime.programs.TrainingPrograms`;
@@ -139,22 +140,29 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
     recomputed matmul operand be used before its residuals are read again
     (:mod:`jaxaot.runtime.ordering`); ``slices``: residuals behind the barrier that the backward
-    only slices pass it as their slices (:mod:`jaxaot.runtime.residual_slices`).
+    only slices pass it as their slices (:mod:`jaxaot.runtime.residual_slices`); ``rederive``: the
+    backward derives again the residuals it can through an order-free reduction, and they are not
+    passed (:mod:`jaxaot.runtime.rederive`).
     """
     p, part, joint = training.programs, training.partition, training.joint
     cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
     pins = training.placement.grad_pins()
-    behind = barred_residuals(part, barrier)
+    n_res = len(part.saved_inputs) + len(part.saved_outputs)
+    lean = rederive_backward(part, len(cts)) if rederive else None
+    passed = lean.kept if lean is not None else tuple(range(n_res))
+    behind = {j for j, k in enumerate(passed) if k in barred_residuals(part, barrier)}
 
     library = library_kernel_residuals(part, len(cts)) if layouts == "row_major" else set()
-    sliced = residual_slices.split_backward(part.backward, len(cts), behind) if slices and behind else None
-    backward = sliced.backward if sliced is not None else part.backward
+    backward = lean.backward if lean is not None else part.backward
+    sliced = residual_slices.split_backward(backward, len(cts), behind) if slices and behind else None
+    backward = sliced.backward if sliced is not None else backward
 
     def step(*leaves: Any) -> list:
         fwd = C.eval_closed(part.forward, *leaves)
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
         if layouts == "row_major":
             residuals = [r if i in library else C.row_major(r) for i, r in enumerate(residuals)]
+        residuals = [residuals[k] for k in passed]
         owner = list(range(len(residuals)))
         if sliced is not None:
             residuals, owner = sliced.expand(residuals)
@@ -269,21 +277,49 @@ def choose_barrier(barrier: str, barriered_peak: int | None, free_peak: int | No
     return "none" if free_peak <= barriered_peak else barrier
 
 
+#: How much lower the compiled peak must be for the step that derives reductions again (see
+#: :func:`choose_rederive`).
+REDERIVE_PEAK_GAIN = 0.005
+
+
+def choose_rederive(peak: int | None, rederived_peak: int | None) -> bool:
+    """Whether to keep the step whose backward derives order-free reductions again
+    (:mod:`jaxaot.runtime.rederive`): when its compiled peak is lower by more than
+    :data:`REDERIVE_PEAK_GAIN`.
+
+    Deriving a max again is one more pass over a value the backward recomputes anyway, free where
+    XLA fuses it into that value's readers and a read where it does not; kept only for memory. On
+    an H100 16-head GPT-2 block the peak fell from 1.001x to 0.983x ``dots_saveable``'s, and the
+    2-head block's rose 1.060x (``benchmarks/results/probe_max_recompute_gpu_h100_2026-11-26_*.txt``).
+
+    Example:
+        >>> from jaxaot.runtime.fused import choose_rederive
+        >>> choose_rederive(1000, 980), choose_rederive(1000, 998), choose_rederive(None, 10)
+        (True, False, False)
+    """
+    if peak is None or rederived_peak is None:
+        return False
+    return rederived_peak < peak * (1 - REDERIVE_PEAK_GAIN)
+
+
 def _compile_variant(training: Any, name: str, value_leaf: int, barrier: str, returned: set,
-                     layouts: str, order: str) -> Any:
-    """The step compiled with this ``barrier``, ``layouts`` and ``order`` (which it carries as
-    attributes), or None where the backend refuses it."""
+                     layouts: str, order: str, rederived: tuple[int, ...] = ()) -> Any:
+    """The step compiled with this ``barrier``, ``layouts``, ``order`` and residual positions
+    ``rederived`` (which it carries as attributes, the last as the residuals' descriptions), or
+    None where the backend refuses it."""
     p = training.programs
-    key = f"{name}:{layouts}:{order}:{barrier}"
+    key = f"{name}:{layouts}:{order}:{barrier}:{len(rederived)}"
     try:
         exe = p.compile(key, training.options.fw_compiler,
-                        fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order),
+                        fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order,
+                                      rederive=bool(rederived)),
                         p.in_avals, aliased=returned)
     except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
         return None
     finally:
         p.executables.pop(key, None)
     exe.layouts, exe.order, exe.barrier = layouts, order, barrier
+    exe.rederived = tuple(str(training.partition.residuals[k]) for k in rederived)
     return exe
 
 
@@ -294,9 +330,11 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
     for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps one; where
     the backward reads a recomputed matmul operand it is compiled once more in the consume-first
     order, kept by :func:`choose_order`; where the plan recomputes, once more without the barrier,
-    kept by :func:`choose_barrier`. The executable's ``layouts`` (``"auto"`` or ``"row_major"``),
-    ``order`` (``"xla"`` or ``"consume_first"``) and ``barrier`` (``"all"``, ``"recomputed"`` or
-    ``"none"``) attributes say which.
+    kept by :func:`choose_barrier`; where the backward can derive a saved reduction again
+    (:mod:`jaxaot.runtime.rederive`), once more doing so in XLA's order, kept by
+    :func:`choose_rederive`. The executable's ``layouts`` (``"auto"`` or ``"row_major"``),
+    ``order`` (``"xla"`` or ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or
+    ``"none"``) and ``rederived`` (the residuals derived again) attributes say which.
     """
     p = training.programs
     name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
@@ -306,7 +344,7 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
         barrier, part = default_barrier(training), training.partition
         exe = p.compile(name, training.options.fw_compiler, fused_program(training, value_leaf, barrier=barrier),
                         p.in_avals, aliased=returned)
-        exe.layouts, exe.order, exe.barrier = "auto", "xla", barrier
+        exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
         if _platform(exe) in LAYOUT_CHOICE_PLATFORMS:
             variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned)
             pinned = variant(barrier, layouts="row_major", order="xla")
@@ -320,6 +358,11 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
                 free = variant("none", layouts=exe.layouts, order="xla")
                 if free is not None and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
                     exe = free
+            rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if part.recomputed else ()
+            if rederived:
+                lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=rederived)
+                if lean is not None and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
+                    exe = lean
         p.executables[name] = exe
     return exe
 

@@ -196,12 +196,15 @@ class FusedChoice:
       layouts: ``"auto"`` (XLA's residual layouts) or ``"row_major"``.
       order: ``"xla"`` or ``"consume_first"`` (the backward's order).
       barrier: which residuals pass ``optimization_barrier``: ``"all"``, ``"recomputed"`` or ``"none"``.
+      rederived: the residuals the step's backward derives again instead of taking them
+        (:mod:`jaxaot.runtime.rederive`), described as ``lower()``'s residual table does.
     """
 
     executable: str
     layouts: str
     order: str
     barrier: str
+    rederived: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
