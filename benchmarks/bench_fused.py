@@ -5,7 +5,8 @@ For every model of ``benchmarks/models.py`` it prints, from one run:
 * the step time of ``jaxaot.value_and_grad(aot_function(loss, partition_fn=p))``
   (fused, the default) for the default partition and the min-cut at budgets
   1 and 0.95 (with the layouts and backward order the step chose; at budget 1 also
-  in XLA's order where it chose consume-first), of the split ``fused=False`` path at budget 1, and of
+  in XLA's order where it chose consume-first, and taking every residual where it derived some
+  again), of the split ``fused=False`` path at budget 1, and of
   ``jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=dots_saveable)))``,
   each as a ratio to ``jax.jit(jax.value_and_grad(loss))``: the median of the
   rounds' ratios (programs take turns round by round, each round the median of
@@ -78,6 +79,10 @@ def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
     chosen = out["jaxaot fused min-cut 1"][1]
     if getattr(chosen, "order", "xla") != "xla":  # the same step in XLA's order, for comparison
         out["jaxaot fused min-cut 1, XLA's order"] = _barrier(f, nums, args, "all", chosen.layouts, "xla")
+    if getattr(chosen, "rederived", ()):  # the same step taking every residual, in both orders
+        for order in ("xla", "consume_first"):
+            out[f"jaxaot fused min-cut 1, nothing derived again, {order}"] = _barrier(
+                f, nums, args, chosen.barrier, chosen.layouts, order)
     out["jaxaot split min-cut 1"] = (jaxaot.value_and_grad(f, argnums=nums, fused=False), None)
     return out
 
@@ -161,11 +166,13 @@ def bench_model(model: Any, rounds: int, iters: int) -> str:
     progs = programs(model, sets[0])
     err, times, ref, dots_peak = measure(progs, model, sets, rounds, iters)
     rows = [["program", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak", "layouts", "order",
-             "barrier"]]
+             "barrier", "derived again"]]
     for name, (_, exe) in progs.items():
+        derived = getattr(exe, "rederived", None)
         rows.append([name, f"{statistics.median(times[name]) * 1e3:.3f}",
                      *ratio_cells(times[name], ref, exe, dots_peak),
-                     getattr(exe, "layouts", "-"), getattr(exe, "order", "-"), getattr(exe, "barrier", "-")])
+                     getattr(exe, "layouts", "-"), getattr(exe, "order", "-"), getattr(exe, "barrier", "-"),
+                     "-" if derived is None else str(len(derived))])
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows)
 
 
