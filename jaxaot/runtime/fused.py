@@ -37,7 +37,10 @@ they cost the device no memory.
 
 A residual the backward only slices (an attention block's fused QKV projection)
 passes the barrier as its slices, so each is freed after its last reader
-(:mod:`jaxaot.runtime.residual_slices`).
+(:mod:`jaxaot.runtime.residual_slices`). A residual the backward can derive
+again through an order-free reduction (a softmax's row max, from the scores it
+recomputes) may be dropped from the residuals, where that lowers the compiled
+peak (:mod:`jaxaot.runtime.rederive`, :func:`choose_rederive`).
 
 Layouts: between two executables every residual is row-major; inside one
 program XLA chooses the residuals' layouts for the forward and the backward
@@ -46,10 +49,11 @@ block ran 1.075x ``jit(value_and_grad)`` fused against 0.953x with the
 residuals pinned row-major). On an accelerator the step is therefore compiled
 both ways and :func:`choose_layouts` keeps one, by compiled peak memory; where
 the backward reads a recomputed matmul operand, once more in the consume-first
-order (:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order`. Last, a
+order (:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order`. Then a
 step that recomputes is compiled without the barrier and kept if its compiled
 peak is no higher (:func:`choose_barrier`): the barrier exists for memory, and
-where XLA's own schedule needs no more, it only forbids fusions.
+where XLA's own schedule needs no more, it only forbids fusions. Last, where the
+backward can derive a saved reduction again, once more doing so (:func:`choose_rederive`).
 
 Cost: one more compilation per signature, up to five on an accelerator (the split
 executables compile only if ``.forward``/``.backward`` or a pipeline asks for
