@@ -88,13 +88,14 @@ def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
 
 
 def _barrier(f: Any, nums: Any, args: tuple, barrier: str, layouts: str = "auto",
-             order: str = "xla") -> tuple[Callable, Any]:
+             order: str = "xla", rederive: bool = False) -> tuple[Callable, Any]:
     """The fused step with the residuals ``barrier`` names behind the optimization barrier
-    (and their ``layouts`` and ``order``, see :func:`jaxaot.runtime.fused.fused_program`)."""
+    (and their ``layouts``, ``order`` and ``rederive``, see :func:`jaxaot.runtime.fused.fused_program`)."""
     nums = (nums,) if isinstance(nums, int) else tuple(nums)
     programs, leaves, _ = f.lookup(args, {})
     mask = [i in nums for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
-    closed = fused_program(programs.training(tuple(mask)), barrier=barrier, layouts=layouts, order=order)
+    closed = fused_program(programs.training(tuple(mask)), barrier=barrier, layouts=layouts, order=order,
+                           rederive=rederive)
     exe = jax.jit(lambda *xs: C.eval_closed(closed, *xs)).lower(*leaves).compile()
     return (lambda *a: exe(*jax.tree.leaves(a))), exe
 

@@ -1,0 +1,59 @@
+"""Probe: every variant the fused min-cut step weighs, timed and with its compiled peak.
+
+``fused_exe`` chooses among variants of one plan by compiled peak alone (layouts,
+backward order, barrier, reductions derived again: :mod:`jaxaot.runtime.fused`). For each
+zoo model, at min-cut budget 1 with the residual layouts the product chose, this compiles
+XLA's order and consume-first behind the barrier, the step without the barrier, and both
+orders with order-free reductions derived again, and times them against
+``jit(value_and_grad)`` and ``jit(dots_saveable)`` in interleaved rounds: median step-time
+ratio (min-max), compiled peak and its ratio to ``dots_saveable``'s. The row "chosen" is
+``jaxaot.value_and_grad``'s own step, with what it kept.
+
+Usage: python benchmarks/probe_fused_variants.py MODEL [MODEL ...] [--rounds 9] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import jax
+
+import jaxaot
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_fused import PARTITIONS, _barrier, jax_references, measure, probe_main, ratio_cells  # noqa: E402
+from harness import table  # noqa: E402
+
+#: (label, barrier, order, rederive)
+VARIANTS = (("barrier, XLA's order", "all", "xla", False),
+            ("barrier, consume-first", "all", "consume_first", False),
+            ("no barrier", "none", "xla", False),
+            ("barrier, XLA's order, derived again", "all", "xla", True),
+            ("barrier, consume-first, derived again", "all", "consume_first", True))
+
+
+def probe(model: Any, rounds: int, iters: int) -> str:
+    sets = [model.make_args(jax.random.key(i)) for i in range(3)]
+    progs = dict(jax_references(model, sets[0]))
+    f = jaxaot.aot_function(model.loss, partition_fn=PARTITIONS["min-cut 1"])
+    vg = jaxaot.value_and_grad(f, argnums=model.argnums)
+    vg(*sets[0])
+    (chosen,) = [e for n, e in f.lookup(sets[0], {}).programs.executables.items() if n.startswith("fused")]
+    progs["chosen"] = (vg, chosen)
+    for label, barrier, order, rederive in VARIANTS:
+        progs[label] = _barrier(f, model.argnums, sets[0], barrier, chosen.layouts, order, rederive)
+    err, times, ref, dots = measure(progs, model, sets, rounds, iters)
+    kept = f"{chosen.layouts}, {chosen.order}, barrier {chosen.barrier}, {len(chosen.rederived)} derived again"
+    rows = [["min-cut 1 step", "x jit(v&g)", "(min-max)", "peak", "x dots peak"]]
+    rows += [[name, *ratio_cells(times[name], ref, exe, dots)] for name, (_, exe) in progs.items()]
+    return f"## {model.label}  (max relative grad error {err:.1e}; chosen: {kept})\n" + table(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    probe_main(__doc__, "probe_fused_variants: the fused min-cut step's variants, timed, with their peaks",
+               probe, argv)
+
+
+if __name__ == "__main__":
+    main()
