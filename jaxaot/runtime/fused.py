@@ -47,15 +47,13 @@ program XLA chooses the residuals' layouts for the forward and the backward
 together, and on some models pays for its choice in transposes (an H200 ViT
 block ran 1.075x ``jit(value_and_grad)`` fused against 0.953x with the
 residuals pinned row-major). On an accelerator the step is therefore compiled
-both ways and :func:`choose_layouts` keeps one, by compiled peak memory. A step
-that recomputes is compiled without the barrier too. Where the backward reads a
-recomputed matmul operand, it is compiled once more in the consume-first order
-(:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order` where XLA's order
-needs more memory than the step without the barrier. The step without the
-barrier is then kept if its compiled peak is no higher (:func:`choose_barrier`):
-the barrier exists for memory, and where XLA's own schedule needs no more, it
-only forbids fusions. Last, where the backward can derive a saved reduction
-again, once more doing so (:func:`choose_rederive`).
+both ways and :func:`choose_layouts` keeps one, by compiled peak memory; where
+the backward reads a recomputed matmul operand, once more in the consume-first
+order (:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order`. Then a
+step that recomputes is compiled without the barrier and kept if its compiled
+peak is no higher (:func:`choose_barrier`): the barrier exists for memory, and
+where XLA's own schedule needs no more, it only forbids fusions. Last, where the
+backward can derive a saved reduction again, once more doing so (:func:`choose_rederive`).
 
 Cost: one more compilation per signature, up to five on an accelerator (the split
 executables compile only if ``.forward``/``.backward`` or a pipeline asks for
@@ -246,29 +244,19 @@ def _platform(exe: Any) -> str | None:
 ORDER_PEAK_GAIN = 0.01
 
 
-def choose_order(xla_peak: int | None, ordered_peak: int | None, free_peak: int | None = None) -> str:
-    """``"consume_first"`` when XLA's order, behind the barrier, needs more memory at its compiled
-    peak than the same step without the barrier (``free_peak``, XLA's own schedule; unknown: not
-    compared), and the consume-first order (:mod:`jaxaot.runtime.ordering`) lowers that peak by more
-    than :data:`ORDER_PEAK_GAIN`; else ``"xla"``.
+def choose_order(xla_peak: int | None, ordered_peak: int | None) -> str:
+    """``"consume_first"`` when that backward order (:mod:`jaxaot.runtime.ordering`) lowers the
+    compiled peak by more than :data:`ORDER_PEAK_GAIN`, else ``"xla"``.
 
-    The order repairs one fault: XLA merging a recomputed matmul operand into a later kernel, which
-    raised the barriered 16-head GPT-2 block's peak to 1.19x its free step's (1.14 GB against
-    960 MB); consume-first brought it to 913 MB. It costs a re-read of the residuals it sequences,
-    so it is not bought where XLA's order is already no worse than XLA's own schedule: there, on an
-    H100, it saved the Llama block 16% more of the peak at 3-5% of the step and the ViT block 17% at
-    2%, and the fused step's goal is the time of ``jit(value_and_grad)``
-    (``benchmarks/results/probe_fused_variants_gpu_h100_2026-11-26_*.txt``). A smaller budget is
-    the memory knob.
+    The order costs one more read of the residuals it sequences, so it is kept only where
+    XLA's own order (a recomputed matmul operand merged into a later kernel) raised the peak.
 
     Example:
         >>> from jaxaot.runtime.fused import choose_order
         >>> choose_order(1000, 995), choose_order(1000, 900), choose_order(None, 10)
         ('xla', 'consume_first', 'xla')
-        >>> choose_order(1000, 900, free_peak=1100), choose_order(1200, 900, free_peak=1100)
-        ('xla', 'consume_first')
     """
-    if xla_peak is None or ordered_peak is None or (free_peak is not None and xla_peak <= free_peak):
+    if xla_peak is None or ordered_peak is None:
         return "xla"
     return "consume_first" if ordered_peak < xla_peak * (1 - ORDER_PEAK_GAIN) else "xla"
 
@@ -344,10 +332,9 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
 
     On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the step is compiled with XLA's layouts
     for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps one; where
-    the plan recomputes, once more without the barrier; where the backward reads a recomputed
-    matmul operand, once more in the consume-first order, kept by :func:`choose_order` (which
-    weighs the step without the barrier too); then the step without the barrier is kept by
-    :func:`choose_barrier`; where the backward can derive a saved reduction again
+    the backward reads a recomputed matmul operand it is compiled once more in the consume-first
+    order, kept by :func:`choose_order`; where the plan recomputes, once more without the barrier,
+    kept by :func:`choose_barrier`; where the backward can derive a saved reduction again
     (:mod:`jaxaot.runtime.rederive`), once more doing so in XLA's order, kept by
     :func:`choose_rederive`. The executable's ``layouts`` (``"auto"`` or ``"row_major"``),
     ``order`` (``"xla"`` or ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or
@@ -367,15 +354,14 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
             pinned = variant(barrier, layouts="row_major", order="xla")
             if pinned is not None and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "row_major":
                 exe = pinned
-            free = variant("none", layouts=exe.layouts, order="xla") if barred_residuals(part, barrier) else None
-            free_peak = compiled_peak(free) if free is not None else None
             if part.recomputed and ordering.ordered_eqns(part.backward, len(part.cotangent_outputs)):
                 ordered = variant(barrier, layouts=exe.layouts, order="consume_first")
-                if ordered is not None and choose_order(compiled_peak(exe), compiled_peak(ordered),
-                                                        free_peak) != "xla":
+                if ordered is not None and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
                     exe = ordered
-            if free is not None and choose_barrier(barrier, compiled_peak(exe), free_peak) == "none":
-                exe = free
+            if barred_residuals(part, barrier):
+                free = variant("none", layouts=exe.layouts, order="xla")
+                if free is not None and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
+                    exe = free
             rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if part.recomputed else ()
             if rederived:
                 lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=rederived)
