@@ -169,6 +169,19 @@ def random_cotangents(key, outs):
     return jax.tree_util.tree_unflatten(tree, cts)
 
 
+def backward_inputs(part, args, key):
+    """``(cotangents, residuals)`` for the partition ``part``'s backward: its forward run on ``args``,
+    a random cotangent per differentiated output."""
+    from jaxaot import _compat as C
+
+    leaves = jax.tree.leaves(args)
+    fwd = C.eval_closed(part.forward, *leaves)
+    residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
+    cts = [jax.random.normal(jax.random.fold_in(key, i), fwd[i].shape, fwd[i].dtype)
+           for i in part.cotangent_outputs]
+    return cts, residuals
+
+
 def assert_trees_close(actual, expected, rtol=2e-5, atol=2e-5):
     """chex.assert_trees_all_close that also accepts float0 leaves (compared by shape)."""
     import chex

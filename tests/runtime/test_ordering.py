@@ -13,7 +13,7 @@ from jaxaot import _compat as C
 from jaxaot.runtime import ordering
 from jaxaot.runtime.fused import fused_program
 import zoo
-from zoo import assert_trees_close
+from zoo import assert_trees_close, backward_inputs
 
 _KEY = jax.random.key(20261126)
 
@@ -21,15 +21,6 @@ _KEY = jax.random.key(20261126)
 def _partition(fn, args, budget):
     joint = jaxaot.trace_joint(fn, *args)
     return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget)
-
-
-def _backward_inputs(part, args, key):
-    leaves = jax.tree.leaves(args)
-    fwd = C.eval_closed(part.forward, *leaves)
-    residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
-    cts = [jax.random.normal(jax.random.fold_in(key, i), fwd[i].shape, fwd[i].dtype)
-           for i in part.cotangent_outputs]
-    return cts, residuals
 
 
 @pytest.mark.parametrize("budget", [0.0, 0.5, 1.0])
@@ -40,7 +31,7 @@ def test_consume_first_backward_computes_the_same_gradients(name, budget):
     args = make_args(key)
     loss = lambda *a: sum(jnp.sum(jnp.sin(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
     part = _partition(loss, args, budget)
-    cts, residuals = _backward_inputs(part, args, key)
+    cts, residuals = backward_inputs(part, args, key)
     want = C.eval_closed(part.backward, *cts, *residuals)
     got = jax.jit(lambda *xs: ordering.eval_backward(part.backward, len(cts), *xs))(*cts, *residuals)
     assert_trees_close(got, want, rtol=1e-4, atol=1e-5)  # float32 rounding of other fusions
@@ -109,6 +100,6 @@ def test_a_long_recomputed_chain_does_not_recurse():
 
     w, x = jax.random.normal(_KEY, (4, 4)), jax.random.normal(jax.random.fold_in(_KEY, 1), (2, 4))
     part = _partition(loss, (w, x), 1.0)
-    cts, residuals = _backward_inputs(part, (w, x), _KEY)
+    cts, residuals = backward_inputs(part, (w, x), _KEY)
     got = ordering.eval_backward(part.backward, len(cts), *cts, *residuals)
     assert_trees_close(got, C.eval_closed(part.backward, *cts, *residuals), rtol=1e-5, atol=1e-6)

@@ -14,7 +14,7 @@ import zoo
 from jaxaot import _compat as C
 from jaxaot.runtime.fused import fused_program
 from jaxaot.runtime.rederive import ORDER_FREE, rederive_backward
-from zoo import assert_trees_close
+from zoo import assert_trees_close, backward_inputs
 from zoo_models import MODELS
 
 _KEY = jax.random.key(20261126 + 7)
@@ -28,18 +28,9 @@ def _partition(fn, args, budget=1.0):
     return jaxaot.min_cut_rematerialization_partition(jaxaot.trace_joint(fn, *args), memory_budget=budget)
 
 
-def _backward_inputs(part, args, key):
-    leaves = jax.tree.leaves(args)
-    fwd = C.eval_closed(part.forward, *leaves)
-    residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
-    cts = [jax.random.normal(jax.random.fold_in(key, i), fwd[i].shape, fwd[i].dtype)
-           for i in part.cotangent_outputs]
-    return cts, residuals
-
-
 def _same_backward(part, lean, args, key):
     """The lean backward on the kept residuals gives the partition's backward's values, bit for bit."""
-    cts, residuals = _backward_inputs(part, args, key)
+    cts, residuals = backward_inputs(part, args, key)
     want = C.eval_closed(part.backward, *cts, *residuals)
     got = C.eval_closed(lean.backward, *cts, *[residuals[k] for k in lean.kept])
     for g, w in zip(got, want):
