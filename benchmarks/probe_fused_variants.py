@@ -7,13 +7,16 @@ XLA's order and consume-first behind the barrier, the step without the barrier, 
 orders with order-free reductions derived again, and times them against
 ``jit(value_and_grad)`` and ``jit(dots_saveable)`` in interleaved rounds: median step-time
 ratio (min-max), compiled peak and its ratio to ``dots_saveable``'s. The row "chosen" is
-``jaxaot.value_and_grad``'s own step, with what it kept.
+``jaxaot.value_and_grad``'s own step, with what it kept. With ``--offload`` the plan is the
+min-cut at budget 1 with ``offload=True`` (its offloaded residuals travel to host memory), and
+the split executables of the same plan and the plan without offloading are timed too.
 
-Usage: python benchmarks/probe_fused_variants.py MODEL [MODEL ...] [--rounds 9] [--out FILE]
+Usage: python benchmarks/probe_fused_variants.py MODEL [MODEL ...] [--offload] [--rounds 9] [--out FILE]
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -33,10 +36,21 @@ VARIANTS = (("barrier, XLA's order", "all", "xla", False),
             ("barrier, consume-first, derived again", "all", "consume_first", True))
 
 
+OFFLOAD = "--offload" in sys.argv
+
+
 def probe(model: Any, rounds: int, iters: int) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = dict(jax_references(model, sets[0]))
-    f = jaxaot.aot_function(model.loss, partition_fn=PARTITIONS["min-cut 1"])
+    pf = PARTITIONS["min-cut 1"]
+    if OFFLOAD:
+        pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0, offload=True)
+        plain = jaxaot.aot_function(model.loss, partition_fn=PARTITIONS["min-cut 1"])
+        progs["no offload (fused)"] = (jaxaot.value_and_grad(plain, argnums=model.argnums), None)
+        progs["no offload, split"] = (jaxaot.value_and_grad(plain, argnums=model.argnums, fused=False), None)
+    f = jaxaot.aot_function(model.loss, partition_fn=pf)
+    if OFFLOAD:
+        progs["split"] = (jaxaot.value_and_grad(f, argnums=model.argnums, fused=False), None)
     vg = jaxaot.value_and_grad(f, argnums=model.argnums)
     vg(*sets[0])
     (chosen,) = [e for n, e in f.lookup(sets[0], {}).programs.executables.items() if n.startswith("fused")]
@@ -45,12 +59,16 @@ def probe(model: Any, rounds: int, iters: int) -> str:
         progs[label] = _barrier(f, model.argnums, sets[0], barrier, chosen.layouts, order, rederive)
     err, times, ref, dots = measure(progs, model, sets, rounds, iters)
     kept = f"{chosen.layouts}, {chosen.order}, barrier {chosen.barrier}, {len(chosen.rederived)} derived again"
+    if OFFLOAD:
+        part = f.lookup(sets[0], {}).programs.training().partition
+        kept += f"; offloaded: {[str(r) for r in part.residuals if r.offloaded]}"
     rows = [["min-cut 1 step", "x jit(v&g)", "(min-max)", "peak", "x dots peak"]]
     rows += [[name, *ratio_cells(times[name], ref, exe, dots)] for name, (_, exe) in progs.items()]
     return f"## {model.label}  (max relative grad error {err:.1e}; chosen: {kept})\n" + table(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--offload"]
     probe_main(__doc__, "probe_fused_variants: the fused min-cut step's variants, timed, with their peaks",
                probe, argv)
 
