@@ -36,20 +36,17 @@ VARIANTS = (("barrier, XLA's order", "all", "xla", False),
             ("barrier, consume-first, derived again", "all", "consume_first", True))
 
 
-OFFLOAD = "--offload" in sys.argv
-
-
-def probe(model: Any, rounds: int, iters: int) -> str:
+def probe(model: Any, rounds: int, iters: int, offload: bool = False) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = dict(jax_references(model, sets[0]))
     pf = PARTITIONS["min-cut 1"]
-    if OFFLOAD:
+    if offload:
         pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0, offload=True)
         plain = jaxaot.aot_function(model.loss, partition_fn=PARTITIONS["min-cut 1"])
         progs["no offload (fused)"] = (jaxaot.value_and_grad(plain, argnums=model.argnums), None)
         progs["no offload, split"] = (jaxaot.value_and_grad(plain, argnums=model.argnums, fused=False), None)
     f = jaxaot.aot_function(model.loss, partition_fn=pf)
-    if OFFLOAD:
+    if offload:
         progs["split"] = (jaxaot.value_and_grad(f, argnums=model.argnums, fused=False), None)
     vg = jaxaot.value_and_grad(f, argnums=model.argnums)
     vg(*sets[0])
@@ -59,7 +56,7 @@ def probe(model: Any, rounds: int, iters: int) -> str:
         progs[label] = _barrier(f, model.argnums, sets[0], barrier, chosen.layouts, order, rederive)
     err, times, ref, dots = measure(progs, model, sets, rounds, iters)
     kept = f"{chosen.layouts}, {chosen.order}, barrier {chosen.barrier}, {len(chosen.rederived)} derived again"
-    if OFFLOAD:
+    if offload:
         part = f.lookup(sets[0], {}).programs.training().partition
         kept += f"; offloaded: {[str(r) for r in part.residuals if r.offloaded]}"
     rows = [["min-cut 1 step", "x jit(v&g)", "(min-max)", "peak", "x dots peak"]]
@@ -68,9 +65,10 @@ def probe(model: Any, rounds: int, iters: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--offload"]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    offload = "--offload" in argv
     probe_main(__doc__, "probe_fused_variants: the fused min-cut step's variants, timed, with their peaks",
-               probe, argv)
+               functools.partial(probe, offload=offload), [a for a in argv if a != "--offload"])
 
 
 if __name__ == "__main__":

@@ -154,7 +154,8 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     n_res = len(part.saved_inputs) + len(part.saved_outputs)
     lean = rederive_backward(part, len(cts)) if rederive else None
     passed = lean.kept if lean is not None else tuple(range(n_res))
-    behind = {j for j, k in enumerate(passed) if k in barred_residuals(part, barrier)}
+    barred = barred_residuals(part, barrier)
+    behind = {j for j, k in enumerate(passed) if k in barred}
 
     library = library_kernel_residuals(part, len(cts)) if layouts == "row_major" else set()
     backward = lean.backward if lean is not None else part.backward

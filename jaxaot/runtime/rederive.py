@@ -77,8 +77,10 @@ def _chain(root: Any, producer: dict, defined: dict, before: float) -> list | No
 
     def visit(v: Any) -> bool:
         eqn = producer.get(id(v))
-        if eqn is None or not _rederivable(eqn) or id(eqn) in seen:
-            return eqn is not None and id(eqn) in seen
+        if eqn is None or not _rederivable(eqn):
+            return False
+        if id(eqn) in seen:  # reached twice (a diamond): already in the chain
+            return True
         seen.add(id(eqn))
         if any(id(o) in defined for o in eqn.outvars if o is not root) or len(seen) > MAX_CHAIN:
             return False
@@ -143,7 +145,7 @@ def rederive_backward(part: Any, num_cotangents: int) -> RederivedBackward:
         v = residuals[k]
         if id(v) in pinned:
             continue
-        chain = _chain(v, producer, {i: d for i, d in defined.items() if i != id(v)}, at)
+        chain = _chain(v, producer, defined, at)  # v itself is never its own chain's input
         if chain is None:
             continue
         dropped.add(k)
