@@ -9,7 +9,9 @@ matmul, a copy kernel run 8 times in one program, and in-program copies of a
 subtracted) and of 8 tiny ones (the latency). Then it runs each copy beside a
 chain of matmuls about as long, in one program, to see how much of the copy
 compute hides (``overlap``), and the gradient of a scan whose body offloads a
-value by JAX's own policy against one that saves it (``scan_overlap``). On an
+value by JAX's own policy against one that saves it (``scan_overlap``), and
+compiles one program to count the copies its schedule keeps in flight at once
+(``copy_slots``, :mod:`jaxaot.partition.copy_slots`). On an
 H100 with jax 0.11.2 copies between programs hid 84-100% of their time, copies
 inside a scan 12-15%, so the planner offloads there only outside scans
 (``benchmarks/probe_copy_overlap.py``). About a second on this project's CPU
@@ -42,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxaot.partition.copy_slots import measure_copy_slots
 from jaxaot.partition.op_costs import FlopCosts
 
 #: Below this overlap (:attr:`DeviceModel.overlap`) copies are not hidden enough to plan with: nothing is offloaded.
@@ -72,6 +75,9 @@ class DeviceModel:
       note: why ``has_host_memory`` is False (the partition's ``offload_note``).
       scan_overlap: the same fraction for copies made inside a ``lax.scan``
         body, one slice per iteration (:mod:`jaxaot.partition.scan_offload`).
+      copy_slots: how many copies the compiler keeps in flight at once in one
+        program (:mod:`jaxaot.partition.copy_slots`): the planner offloads at
+        most this many values, the largest (None: no limit).
     """
 
     host_bandwidth: float
@@ -82,6 +88,7 @@ class DeviceModel:
     note: str = ""
     overlap: float = 1.0
     scan_overlap: float = 1.0
+    copy_slots: int | None = None
 
     def transfer_seconds(self, nbytes: int) -> float:
         """Seconds one copy of ``nbytes`` takes, either way."""
@@ -182,7 +189,7 @@ def _measure(device: Any) -> DeviceModel:
     flops = 2.0 * n**3 / best_seconds(lambda: matmul(a))
     # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
     device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
-    bandwidth, latency, overlap, scan_overlap = 1.0, 0.0, 1.0, 1.0
+    bandwidth, latency, overlap, scan_overlap, slots = 1.0, 0.0, 1.0, 1.0, None
     if HOST_MEMORY_KIND in {m.kind for m in device.addressable_memories()}:
         # In-program copies, as the offloaded programs make them; a tiny copy's time (dispatch) is subtracted.
         tiny = jax.device_put(np.zeros(1, np.float32), on_device)
@@ -200,9 +207,10 @@ def _measure(device: Any) -> DeviceModel:
             overlap = min(_overlap(a, x, out_s, on_device, on_host, steps),
                           _overlap(a, h, in_s, on_device, on_device, steps))
             scan_overlap = _scan_overlap(a, flops, bandwidth, latency)
+            slots = measure_copy_slots(device, HOST_MEMORY_KIND)
     return DeviceModel(host_bandwidth=bandwidth, device_flops=flops, has_host_memory=not note,
                        device_bandwidth=device_bandwidth, transfer_latency=latency, note=note, overlap=overlap,
-                       scan_overlap=scan_overlap)
+                       scan_overlap=scan_overlap, copy_slots=slots)
 
 
 def _overlap(a: Any, payload: Any, copy_seconds: float, on_device: Any, dest: Any, steps: int) -> float:

@@ -38,6 +38,10 @@ when, with those already chosen, both copy queues still fit:
 
 So only copies that overlap compute are chosen (the forward's early, large
 activations; the last layer's are needed first by the backward and stay).
+And no more values than the compiler keeps copies in flight at once
+(``DeviceModel.copy_slots``, 2 on an H100: :mod:`jaxaot.partition.copy_slots`):
+XLA's scheduler ends a further copy early to free a slot, so its time is not
+hidden at all (a third, 64 KiB value made the GPT-2 block's step 1.25x slower).
 Cost: ``O(c^2 log c)`` for ``c`` candidates plus one pass over the eqns.
 
 **The budget.** Offloaded bytes leave the device, so the device bytes
@@ -222,7 +226,10 @@ def plan_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceModel,
     candidates.sort(key=lambda v: (-size(v), timeline.order[v]))
     chosen: list = []
     items: list[tuple[float, float, float]] = []
+    slots = math.inf if model.copy_slots is None else model.copy_slots
     for v in candidates:
+        if len(chosen) >= slots:
+            break
         item = (timeline.produced[v], need[v], model.hidden_seconds(size(v)))
         if _fits(items + [item], timeline.forward_seconds):
             chosen.append(v)

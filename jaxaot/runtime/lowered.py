@@ -210,7 +210,11 @@ class AOTCompiled:
         return {k: _safe(lambda e=e: _cost_dict(e.cost_analysis())) for k, e in self.executables.items()}
 
     def as_text(self) -> dict[str, str]:
-        return self.lowered.as_text()
+        """Each executable's optimized HLO, as ``jax.jit(...).lower(...).compile().as_text()`` prints it
+        (scheduled by XLA: where copies to host memory start and end, for one); the StableHLO is
+        ``self.lowered.as_text()``.
+        """
+        return {k: _safe(lambda e=e: e.as_text()) for k, e in self.executables.items()}
 
     def __repr__(self) -> str:
         return f"<AOTCompiled: {', '.join(self.executables)}>"

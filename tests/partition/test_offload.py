@@ -6,6 +6,7 @@ the device's FLOP/s, and the plan follows from the joint graph's timeline.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -24,6 +25,7 @@ BUDGETS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 FAST = DeviceModel(host_bandwidth=1e12, device_flops=1e12)
 MID = DeviceModel(host_bandwidth=5e9, device_flops=1e12)
 SLOW = DeviceModel(host_bandwidth=1e3, device_flops=1e12)
+SLOTTED = DeviceModel(host_bandwidth=1e12, device_flops=1e12, copy_slots=2)  # FAST, two copies in flight at once
 NO_HOST = DeviceModel(host_bandwidth=1e12, device_flops=1e12, has_host_memory=False, note="nothing offloaded: test")
 
 
@@ -160,6 +162,23 @@ def test_fast_link_offloads_all_but_what_the_backward_needs_first():
     assert part.offload_note == ""
 
 
+@pytest.mark.parametrize("slots", [1, 2, 3])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_no_more_values_than_copy_slots_and_the_largest_go(name, slots):
+    model = dataclasses.replace(FAST, copy_slots=slots)
+    joint, part, saved, timeline, free = plan_of(name, FAST)
+    plan = offload.plan_offload(timeline, saved, model)
+    assert len(free.offloaded) > slots, "the unlimited plan offloads more than the slots allow"
+    assert len(plan.offloaded) == slots and set(plan.offloaded) <= set(free.offloaded)
+    size = lambda v: v.aval.size * v.aval.dtype.itemsize  # noqa: E731
+    assert min(map(size, plan.offloaded)) >= max(size(v) for v in free.offloaded if v not in plan.offloaded)
+    # Through the partitioner too, and the budget still counts device bytes.
+    for b in (1.0, 0.5):
+        moved = mincut(joint, memory_budget=b, offload=True, device_model=model)
+        assert (b < 1 or offloaded_residuals(moved)) and len(offloaded_residuals(moved)) <= slots
+        assert moved.device_saved_bytes <= mincut(joint, memory_budget=b, op_costs=model.flop_costs).saved_bytes
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_slow_link_offloads_nothing(name):
     part = mincut(joint_of(name), offload=True, device_model=SLOW)
@@ -199,7 +218,7 @@ def test_only_temporaries_can_be_offloaded():
 
 
 # --------------------------------------------------------------------------- the budget
-@pytest.mark.parametrize("model", [FAST, MID], ids=["fast", "mid"])
+@pytest.mark.parametrize("model", [FAST, MID, SLOTTED], ids=["fast", "mid", "two-slots"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_device_bytes_respect_the_budget_and_sweeps_are_monotone(name, model):
     joint = joint_of(name)

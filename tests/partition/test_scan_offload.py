@@ -8,6 +8,7 @@ measured CPU model has no separate host memory.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -69,6 +70,15 @@ def test_body_plan_fits_one_iteration_largest_first():
     left = [v for v in values if v not in plan.offloaded and v in tl.produced and v not in tl.outputs]
     for v in left:
         assert busy + FAST.hidden_seconds(v.aval.size * v.aval.dtype.itemsize, in_scan=True) > window
+
+
+def test_body_plan_keeps_to_the_copy_slots():
+    tl, values = _body_timeline(FAST)
+    free = scan_offload.plan_body_offload(tl, values, FAST, min_bytes=0)
+    assert len(free.offloaded) > 1
+    one = scan_offload.plan_body_offload(tl, values, dataclasses.replace(FAST, copy_slots=1), min_bytes=0)
+    size = lambda v: v.aval.size * v.aval.dtype.itemsize  # noqa: E731
+    assert len(one.offloaded) == 1 and size(one.offloaded[0]) == max(map(size, free.offloaded))
 
 
 def test_body_plan_offloads_nothing_on_a_slow_link_or_without_scan_overlap():

@@ -470,6 +470,10 @@ def test_lower_does_not_compile_and_compile_returns_the_executables():
     assert all(isinstance(v, dict) and all(isinstance(b, int) for b in v.values()) for v in mem.values() if v)
     cost = compiled.cost_analysis()
     assert all(isinstance(v, dict) for v in cost.values() if v is not None)
+    # As jax's Compiled.as_text: the optimized HLO of each executable (not the StableHLO again).
+    hlo = compiled.as_text()
+    assert hlo == {k: e.as_text() for k, e in compiled.executables.items()}
+    assert all("HloModule" in t and "func.func" not in t for t in hlo.values())
     # The function runs the executables compile() built: no further compilation.
     jax.grad(f, argnums=(0, 1))(p, x)
     assert f.cache_info().entries[0].executables == ("inference", "forward", "backward")
