@@ -5,11 +5,12 @@ XLA's latency-hiding scheduler treats asynchronous copies (``copy-start`` ...
 become) as a resource with a fixed number of slots (``copy_overlap_limit`` in
 its scheduler config; on an H100 with jax 0.11.2 the compiled programs kept 2).
 A copy beyond them has to wait for a slot, and the scheduler, which does not
-know how long each copy takes, frees one by ending some copy early: on the
-GPT-2 block, offloading a 48 MB activation beside the softmax's two 64 KiB
-statistics left the large copy with no kernel beside it in the backward
-(``copy-start`` and ``copy-done`` adjacent) and the step 1.25x slower, while
-each alone cost nothing (``benchmarks/probe_offload_price.py``). So the
+know how long each copy takes, frees one by ending some copy early. On the
+GPT-2 block, offloading the 32 MB attention scores beside the softmax's two
+64 KiB statistics made the step 1.25x slower, while each alone cost nothing
+(``benchmarks/probe_offload_price.py``); in such a plan's compiled backward the
+large copy's ``copy-start`` and ``copy-done`` were adjacent, no kernel between
+them (:func:`kernels_beside_copies`). So the
 offload planner moves at most this many values
 (:attr:`~jaxaot.partition.device_model.DeviceModel.copy_slots`), the largest.
 
