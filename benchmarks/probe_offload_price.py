@@ -11,7 +11,15 @@ that offloads nothing, as the median ratio (min-max) to
 ``jit(value_and_grad)``. Beside each: the timeline's slack for the value (seconds
 between its production and the end of the forward, and between the backward's
 start and its first read, against one copy's time), and in the compiled split
-programs and the fused one, how many kernels XLA scheduled between each copy's start and its done.
+programs and the fused one, how many kernels XLA scheduled between each copy's
+start and its done (``jaxaot.partition.copy_slots.kernels_beside_copies``). Rows
+"planner's offloads, on this plan" apply the planner's chosen set to the plan
+without offloading (the same saved set), with and without its small values.
+``PROBE_HLO_DIR=DIR`` also writes each variant's compiled HLO there.
+
+Found with it (H100, session 14): values that cost nothing offloaded alone cost
+1.25x together, because XLA keeps two copies in flight; the planner now moves
+at most ``DeviceModel.copy_slots`` values.
 
 Usage: python benchmarks/probe_offload_price.py MODEL [MODEL ...] [--rounds 9] [--out FILE]
 """
