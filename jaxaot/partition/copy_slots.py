@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 _START = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*\bcopy-start\(")
 _DONE = re.compile(r"\bcopy-done\(\s*%?([\w.\-]+)\s*\)")
+_KERNEL = re.compile(r"=.*\b(fusion|custom-call|convolution|dot)\(")
 
 #: Host-memory inputs of :func:`measure_copy_slots`'s program: more slots than this read as "no limit".
 PROBE_COPIES = 8
@@ -53,41 +54,38 @@ def _entry(hlo: str) -> list[str]:
     return (hlo[at:] if at >= 0 else hlo).splitlines()
 
 
+def _copies(hlo: str) -> list[tuple[int, int, int]]:
+    """Per copy of ``hlo``'s scheduled entry computation, in order of its done: ``(start line,
+    done line, kernels scheduled between them)``."""
+    started: dict[str, tuple[int, int]] = {}
+    copies = []
+    kernels = 0
+    for at, line in enumerate(_entry(hlo)):
+        done = _DONE.search(line)
+        if done and done.group(1) in started:
+            line0, kernels0 = started.pop(done.group(1))
+            copies.append((line0, at, kernels - kernels0))
+            continue
+        start = _START.match(line)
+        if start:
+            started[start.group(1)] = (at, kernels)
+        elif _KERNEL.search(line):
+            kernels += 1
+    return copies
+
+
 def copies_in_flight(hlo: str) -> int:
     """The most asynchronous copies open at once in the scheduled entry computation of ``hlo``
     (a compiled executable's ``as_text()``): 0 where it makes none."""
-    open_: set[str] = set()
-    most = 0
-    for line in _entry(hlo):
-        done = _DONE.search(line)
-        if done:
-            open_.discard(done.group(1))
-            continue
-        start = _START.match(line)
-        if start:
-            open_.add(start.group(1))
-            most = max(most, len(open_))
-    return most
+    copies = _copies(hlo)
+    return max((sum(s <= start < d for s, d, _ in copies) for start, _, _ in copies), default=0)
 
 
 def kernels_beside_copies(hlo: str) -> list[int]:
-    """Per copy in ``hlo``'s scheduled entry computation, the kernels (fusions, custom calls, dots,
-    convolutions) scheduled between its start and its done: 0 means nothing hides it."""
-    kernel = re.compile(r"=.*\b(fusion|custom-call|convolution|dot)\(")
-    started: dict[str, int] = {}
-    beside: list[int] = []
-    kernels = 0
-    for line in _entry(hlo):
-        done = _DONE.search(line)
-        if done and done.group(1) in started:
-            beside.append(kernels - started.pop(done.group(1)))
-            continue
-        start = _START.match(line)
-        if start:
-            started[start.group(1)] = kernels
-        elif kernel.search(line):
-            kernels += 1
-    return beside
+    """Per copy in ``hlo``'s scheduled entry computation (in order of its done), the kernels
+    (fusions, custom calls, dots, convolutions) scheduled between its start and its done: 0 means
+    nothing hides it."""
+    return [k for _, _, k in _copies(hlo)]
 
 
 def measure_copy_slots(device: Any, host_memory_kind: str = "pinned_host") -> int | None:

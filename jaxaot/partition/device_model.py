@@ -94,6 +94,11 @@ class DeviceModel:
         """Seconds one copy of ``nbytes`` takes, either way."""
         return self.transfer_latency + nbytes / self.host_bandwidth
 
+    @property
+    def max_offloaded(self) -> float:
+        """The most values one plan may offload: :attr:`copy_slots`, or ``math.inf`` without a limit."""
+        return math.inf if self.copy_slots is None else self.copy_slots
+
     def hidden_seconds(self, nbytes: int, *, in_scan: bool = False) -> float:
         """Seconds of overlapping compute one copy of ``nbytes`` needs to stay hidden (inf: it never is)."""
         overlap = self.scan_overlap if in_scan else self.overlap

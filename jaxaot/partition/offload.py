@@ -226,10 +226,9 @@ def plan_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceModel,
     candidates.sort(key=lambda v: (-size(v), timeline.order[v]))
     chosen: list = []
     items: list[tuple[float, float, float]] = []
-    slots = math.inf if model.copy_slots is None else model.copy_slots
     for v in candidates:
-        if len(chosen) >= slots:
-            break
+        if len(chosen) >= model.max_offloaded:
+            break  # no more values than copies the compiler keeps in flight (module docstring)
         item = (timeline.produced[v], need[v], model.hidden_seconds(size(v)))
         if _fits(items + [item], timeline.forward_seconds):
             chosen.append(v)

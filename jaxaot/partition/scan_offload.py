@@ -76,7 +76,7 @@ def plan_body_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceMod
     candidates.sort(key=lambda v: (-size(v), timeline.order[v]))
     chosen, busy = [], 0.0
     for v in candidates:
-        if model.copy_slots is not None and len(chosen) >= model.copy_slots:
+        if len(chosen) >= model.max_offloaded:
             break  # no more values than copies the compiler keeps in flight (DeviceModel.copy_slots)
         t = model.hidden_seconds(size(v), in_scan=True)
         if busy + t <= window:
