@@ -34,9 +34,9 @@ def chosen(f: Any, nums: Any, args: tuple, order: str) -> tuple[Any, Any, str]:
     auto = _barrier(f, nums, args, "all", "auto", order)
     if jax.default_backend() == "cpu":
         return (*auto, "auto")
-    pinned = _barrier(f, nums, args, "all", "row_major", order)
+    pinned = _barrier(f, nums, args, "all", "pinned", order)
     pick = choose_layouts(compiled_peak(auto[1]), compiled_peak(pinned[1]))
-    return (*(pinned if pick == "row_major" else auto), pick)
+    return (*(pinned if pick == "pinned" else auto), pick)
 
 
 def bytes_accessed(exe: Any) -> float | None:

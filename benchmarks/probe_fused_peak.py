@@ -69,10 +69,10 @@ def programs(model: Any, args: tuple, full: bool = True) -> dict[str, tuple[Any,
         out[f"min-cut 1, barrier {barrier}"] = _barrier(jaxaot.aot_function(loss, partition_fn=mc), nums, args,
                                                        barrier)
     out["min-cut 1, barrier all, row-major residuals"] = _barrier(
-        jaxaot.aot_function(loss, partition_fn=mc), nums, args, "all", layouts="row_major")
+        jaxaot.aot_function(loss, partition_fn=mc), nums, args, "all", layouts="pinned")
     out["default partition, recomputed (the default)"] = _barrier(jaxaot.aot_function(loss), nums, args, "recomputed")
     out["default partition, recomputed, row-major residuals"] = _barrier(
-        jaxaot.aot_function(loss), nums, args, "recomputed", layouts="row_major")
+        jaxaot.aot_function(loss), nums, args, "recomputed", layouts="pinned")
     cheap = jaxaot.aot_function(loss, partition_fn=min_cut_reductions_cheap)
     out["min-cut 1, reductions recomputable"] = _barrier(cheap, nums, args, "all")
     if full:

@@ -70,11 +70,11 @@ def variants(model: Any, args: tuple) -> dict[str, tuple[Any, Any]]:
                 orders.append("consume_first")
         peaks = {}
         for order in orders:
-            for layouts in ("auto", "row_major"):
+            for layouts in ("auto", "pinned"):
                 name = f"{part}, {layouts}, {order}"
                 progs[name] = _barrier(f, nums, args, barrier, layouts, order)
                 peaks[(layouts, order)] = compiled_peak(progs[name][1])
-        lay = choose_layouts(peaks[("auto", "xla")], peaks[("row_major", "xla")])
+        lay = choose_layouts(peaks[("auto", "xla")], peaks[("pinned", "xla")])
         order = "xla"
         if ("auto", "consume_first") in peaks:
             order = choose_order(peaks[(lay, "xla")], peaks[(lay, "consume_first")])

@@ -159,7 +159,7 @@ def main(argv=None):
     ap.add_argument("model", help="a zoo model, or 'hlo' to analyze the optimized-HLO files given as DUMP")
     ap.add_argument("dump", nargs="+")
     ap.add_argument("--budget", type=float, default=1.0)
-    ap.add_argument("--layouts", default="row_major")
+    ap.add_argument("--layouts", default="pinned")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--top", type=int, default=14, help="how many of the live temporaries to list")
     a = ap.parse_args(argv)

@@ -29,7 +29,7 @@ def variant(f: Any, nums: Any, args: tuple, order: str, slices: bool) -> tuple[A
     nums = (nums,) if isinstance(nums, int) else tuple(nums)
     programs, leaves, _ = f.lookup(args, {})
     mask = [i in nums for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
-    closed = fused_program(programs.training(tuple(mask)), barrier="all", layouts="row_major", order=order,
+    closed = fused_program(programs.training(tuple(mask)), barrier="all", layouts="pinned", order=order,
                            slices=slices)
     exe = jax.jit(lambda *xs: C.eval_closed(closed, *xs)).lower(*leaves).compile()
     return (lambda *a: exe(*jax.tree.leaves(a))), exe

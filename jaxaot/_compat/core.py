@@ -308,12 +308,14 @@ def saved_residuals(fn: Any, *args: Any, **kwargs: Any) -> list:
 from jax.experimental import layout as _layout  # noqa: E402
 
 
-def row_major(x: Any) -> Any:
-    """``x`` constrained to XLA's default (row-major) layout inside a jitted program.
+def pin_layout(x: Any, major_to_minor: tuple[int, ...] | None = None) -> Any:
+    """``x`` constrained to the layout with dimensions ``major_to_minor`` (default: row-major)
+    inside a jitted program.
 
-    A value that crosses an executable boundary has this layout; inside one
-    program XLA may choose another for it (and transpose around it).
+    A value that crosses an executable boundary is row-major; inside one program
+    XLA may choose another layout for it (and transpose around it).
     """
     if getattr(x, "ndim", 0) < 2:
         return x
-    return _layout.with_layout_constraint(x, _layout.Layout(major_to_minor=tuple(range(x.ndim))))
+    order = tuple(range(x.ndim)) if major_to_minor is None else tuple(major_to_minor)
+    return _layout.with_layout_constraint(x, _layout.Layout(major_to_minor=order))

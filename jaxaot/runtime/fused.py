@@ -46,8 +46,18 @@ Layouts: between two executables every residual is row-major; inside one
 program XLA chooses the residuals' layouts for the forward and the backward
 together, and on some models pays for its choice in transposes (an H200 ViT
 block ran 1.075x ``jit(value_and_grad)`` fused against 0.953x with the
-residuals pinned row-major). On an accelerator the step is therefore compiled
-both ways and :func:`choose_layouts` keeps one, by compiled peak memory; where
+residuals pinned row-major). A residual the backward reads only through one
+transpose (attention scores as their matmul wrote them) is pinned in the order
+that transpose reads it instead (:func:`read_orders`), so the backward's
+elementwise work runs in that order: on an H100 Llama block, whose scores the
+einsum writes with the 4-wide query group minor, the step in XLA's order went
+from 1.002x ``jit(value_and_grad)`` to 0.880x, and its peak from 0.999x to
+0.831x ``dots_saveable``'s, because the score gradient's float32 copy had been
+transposed into that order (450 us of a 2.5 ms step on an H200;
+``benchmarks/results/probe_read_order_gpu_h100_2026-11-26_*.txt``,
+``probe_kernel_times_gpu_h200_2026-11-26_llama_block.txt``). On an accelerator
+the step is compiled with XLA's layouts and pinned, and :func:`choose_layouts`
+keeps one, by compiled peak memory; where
 the backward reads a recomputed matmul operand, once more in the consume-first
 order (:mod:`jaxaot.runtime.ordering`), kept by :func:`choose_order`. Then a
 step that recomputes is compiled without the barrier and kept if its compiled
@@ -117,6 +127,29 @@ def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
     return {i for i, (a, b) in enumerate(zip(produced, residual_vars)) if id(a) in touched or id(b) in touched}
 
 
+def read_orders(backward: Any, num_cotangents: int) -> dict[int, tuple[int, ...]]:
+    """``{position among the residuals: major-to-minor order}`` for the residuals that the backward
+    reads only through transposes of one permutation: stored in that order, each transpose reads
+    them row-major (a bitcast). Top-level eqns; the others are absent (row-major).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot.runtime.fused import read_orders
+        >>> bwd = jax.make_jaxpr(lambda g, s, w: (g * s.T, w @ g))(jnp.ones((3, 2)), jnp.ones((2, 3)),
+        ...                                                         jnp.ones((3, 3)))
+        >>> read_orders(bwd, 1)  # s is read only as s.T; w by a matmul
+        {0: (1, 0)}
+    """
+    jaxpr = C.jaxpr_of(backward)
+    perms: dict[int, set] = {id(v): set() for v in jaxpr.invars[num_cotangents:]}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if not C.is_literal(v) and id(v) in perms:
+                perms[id(v)].add(tuple(eqn.params["permutation"]) if eqn.primitive.name == "transpose" else None)
+    return {i: next(iter(perms[id(v)])) for i, v in enumerate(jaxpr.invars[num_cotangents:])
+            if len(perms[id(v)]) == 1 and None not in perms[id(v)]}
+
+
 def barred_residuals(part: Any, barrier: str) -> set[int]:
     """Positions (among the residuals of the partition ``part``) that ``barrier`` passes through
     ``optimization_barrier``: none when nothing is recomputed or ``barrier="none"`` (XLA may then
@@ -139,8 +172,9 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     ``"recomputed"`` (those the recomputation reads) or ``"none"`` (XLA may
     then merge recomputed eqns with the forward's, saving more than the plan);
     ``layouts``: ``"auto"`` lets XLA choose the residuals' layouts,
-    ``"row_major"`` pins them to the layout they have between two executables
-    (except those a library kernel reads or writes, :func:`library_kernel_residuals`);
+    ``"pinned"`` pins them to the layout they have between two executables (row-major), or, where the
+    backward reads one only through one transpose, to that transpose's order (:func:`read_orders`),
+    except those a library kernel reads or writes (:func:`library_kernel_residuals`);
     ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
     recomputed matmul operand be used before its residuals are read again
     (:mod:`jaxaot.runtime.ordering`); ``slices``: residuals behind the barrier that the backward
@@ -157,7 +191,8 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     barred = barred_residuals(part, barrier)
     behind = {j for j, k in enumerate(passed) if k in barred}
 
-    library = library_kernel_residuals(part, len(cts)) if layouts == "row_major" else set()
+    library = library_kernel_residuals(part, len(cts)) if layouts != "auto" else set()
+    orders = read_orders(part.backward, len(cts)) if layouts == "pinned" else {}
     backward = lean.backward if lean is not None else part.backward
     sliced = residual_slices.split_backward(backward, len(cts), behind) if slices and behind else None
     backward = sliced.backward if sliced is not None else backward
@@ -165,8 +200,8 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     def step(*leaves: Any) -> list:
         fwd = C.eval_closed(part.forward, *leaves)
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
-        if layouts == "row_major":
-            residuals = [r if i in library else C.row_major(r) for i, r in enumerate(residuals)]
+        if layouts != "auto":
+            residuals = [r if i in library else C.pin_layout(r, orders.get(i)) for i, r in enumerate(residuals)]
         residuals = [residuals[k] for k in passed]
         owner = list(range(len(residuals)))
         if sliced is not None:
@@ -213,8 +248,8 @@ def compiled_peak(exe: Any) -> int | None:
     return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
 
 
-def choose_layouts(auto_peak: int | None, row_major_peak: int | None) -> str:
-    """``"row_major"`` unless pinning the residuals' layouts costs more than
+def choose_layouts(auto_peak: int | None, pinned_peak: int | None) -> str:
+    """``"pinned"`` unless pinning the residuals' layouts costs more than
     :data:`LAYOUT_PEAK_SLACK` of XLA's own choice in peak memory (or a peak is unknown): ``"auto"``.
 
     Inside one program XLA picks the residuals' layouts for forward and backward together. On an
@@ -228,11 +263,11 @@ def choose_layouts(auto_peak: int | None, row_major_peak: int | None) -> str:
     Example:
         >>> from jaxaot.runtime.fused import choose_layouts
         >>> choose_layouts(1000, 1004), choose_layouts(1000, 1100), choose_layouts(None, 10)
-        ('row_major', 'auto', 'auto')
+        ('pinned', 'auto', 'auto')
     """
-    if auto_peak is None or row_major_peak is None:
+    if auto_peak is None or pinned_peak is None:
         return "auto"
-    return "row_major" if row_major_peak <= auto_peak * (1 + LAYOUT_PEAK_SLACK) else "auto"
+    return "pinned" if pinned_peak <= auto_peak * (1 + LAYOUT_PEAK_SLACK) else "auto"
 
 
 def _platform(exe: Any) -> str | None:
@@ -332,12 +367,13 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
     """The fused step's executable, compiled (through the persistent cache) on first use.
 
     On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the step is compiled with XLA's layouts
-    for the residuals and with them pinned row-major, and :func:`choose_layouts` keeps one; where
+    for the residuals and with them pinned (row-major, or as the backward reads them), and
+    :func:`choose_layouts` keeps one; where
     the backward reads a recomputed matmul operand it is compiled once more in the consume-first
     order, kept by :func:`choose_order`; where the plan recomputes, once more without the barrier,
     kept by :func:`choose_barrier`; where the backward can derive a saved reduction again
     (:mod:`jaxaot.runtime.rederive`), once more doing so in XLA's order, kept by
-    :func:`choose_rederive`. The executable's ``layouts`` (``"auto"`` or ``"row_major"``),
+    :func:`choose_rederive`. The executable's ``layouts`` (``"auto"`` or ``"pinned"``),
     ``order`` (``"xla"`` or ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or
     ``"none"``) and ``rederived`` (the residuals derived again) attributes say which.
     """
@@ -352,8 +388,8 @@ def fused_exe(training: Any, value_leaf: int = 0) -> Any:
         exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
         if _platform(exe) in LAYOUT_CHOICE_PLATFORMS:
             variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned)
-            pinned = variant(barrier, layouts="row_major", order="xla")
-            if pinned is not None and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "row_major":
+            pinned = variant(barrier, layouts="pinned", order="xla")
+            if pinned is not None and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
                 exe = pinned
             if part.recomputed and ordering.ordered_eqns(part.backward, len(part.cotangent_outputs)):
                 ordered = variant(barrier, layouts=exe.layouts, order="consume_first")

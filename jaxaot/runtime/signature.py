@@ -193,7 +193,7 @@ class FusedChoice:
 
     Attributes:
       executable: its name among the signature's executables (``"fused[...]"``).
-      layouts: ``"auto"`` (XLA's residual layouts) or ``"row_major"``.
+      layouts: ``"auto"`` (XLA's residual layouts) or ``"pinned"``.
       order: ``"xla"`` or ``"consume_first"`` (the backward's order).
       barrier: which residuals pass ``optimization_barrier``: ``"all"``, ``"recomputed"`` or ``"none"``.
       rederived: the residuals the step's backward derives again instead of taking them

@@ -174,7 +174,7 @@ def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch)
     from jaxaot.runtime import fused
 
     monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: "row_major")
+    monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: "pinned")
     monkeypatch.setattr(fused, "choose_barrier", lambda barrier, kept, free: barrier)  # the barriered step
     model = MODELS[name]
     args, value, grads, _, _ = reference(name)
@@ -183,7 +183,7 @@ def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch)
     assert_value_close(model, got_value, value)
     assert_close(model, got_grads, grads, "value_and_grad, row-major residuals")
     (exe,) = aot.lookup(args, {}).programs.executables.values()
-    assert exe.layouts == "row_major"
+    assert exe.layouts == "pinned"
 
 
 # --------------------------------------------------------------------------- saved bytes

@@ -161,7 +161,7 @@ def test_fused_peak_is_no_more_than_jax_fused_step(budget):
     assert mine.temp_size_in_bytes <= theirs.temp_size_in_bytes
 
 
-@pytest.mark.parametrize("choice", ["auto", "row_major"])
+@pytest.mark.parametrize("choice", ["auto", "pinned"])
 def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
     # Both layout choices (CPU standing in for an accelerator): row-major pins sharded residuals.
     from jaxaot.runtime import fused
@@ -187,7 +187,7 @@ def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
 
 
 # --------------------------------------------------------------------------- residual layouts
-def test_row_major_pins_every_residual_of_two_or_more_dims():
+def test_pinned_pins_every_residual_of_two_or_more_dims():
     fn, make_args = zoo.ZOO["attention"]
     args = make_args(_key(11))
     f = jaxaot.aot_function(lambda *a: jnp.sum(fn(*a)), partition_fn=jaxaot.min_cut_rematerialization_partition)
@@ -195,7 +195,7 @@ def test_row_major_pins_every_residual_of_two_or_more_dims():
     part = tr.partition
     residuals = [tr.programs.in_avals[i] for i in part.saved_inputs] + \
         [C.jaxpr_of(part.forward).outvars[i].aval for i in part.saved_outputs]
-    closed = fused_program(tr, layouts="row_major")
+    closed = fused_program(tr, layouts="pinned")
     pins = [e for e in closed.jaxpr.eqns if "layout" in e.primitive.name]
     assert len(pins) == sum(a.ndim >= 2 for a in residuals) > 0
     assert not [e for e in fused_program(tr).jaxpr.eqns if "layout" in e.primitive.name]
@@ -204,7 +204,45 @@ def test_row_major_pins_every_residual_of_two_or_more_dims():
     assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("choice", ["row_major", "auto", "measured"])
+def _grouped_attention(q, k, v):
+    s = jnp.einsum("bqhgd,bkhd->bhgqk", q, k)  # the matmul writes (b, h, q, g, k); read transposed
+    p = jax.nn.softmax(s.astype(jnp.float32), axis=-1)
+    return jnp.sum(jnp.einsum("bhgqk,bkhd->bqhgd", p, v) ** 2)
+
+
+def test_pinned_keeps_a_transposed_residual_in_the_order_the_backward_reads_it():
+    from jaxaot.runtime.fused import read_orders
+
+    ks = jax.random.split(_key(12), 3)
+    args = (jax.random.normal(ks[0], (2, 8, 2, 2, 4)), jax.random.normal(ks[1], (2, 8, 2, 4)),
+            jax.random.normal(ks[2], (2, 8, 2, 4)))
+    f = jaxaot.aot_function(_grouped_attention, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    tr = _training(f, args)
+    part = tr.partition
+    orders = read_orders(part.backward, len(part.cotangent_outputs))
+    assert orders and all(o != tuple(range(len(o))) for o in orders.values())
+    closed = fused_program(tr, layouts="pinned")
+    pinned = [tuple(e.params["layout"].major_to_minor) for e in closed.jaxpr.eqns if "layout" in e.primitive.name]
+    assert set(orders.values()) <= set(pinned)
+    assert sum(o != tuple(range(len(o))) for o in pinned) == len(orders)
+    want = jax.value_and_grad(_grouped_attention, argnums=(0, 1, 2))(*args)
+    got = C.eval_closed(closed, *args)
+    assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
+    got = jax.jit(lambda *a: C.eval_closed(closed, *a))(*args)  # and compiled, with its layouts
+    assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
+
+
+def test_read_orders_leave_residuals_read_otherwise():
+    from jaxaot.runtime.fused import read_orders
+
+    def bwd(g, a, b, c):  # a: two different transposes; b: a transpose and a sum; c: a transpose, twice
+        return a.T * g + jnp.transpose(a[None], (1, 0, 2))[:, 0], b.T * g + b.sum(), c.T * g + c.T
+
+    closed = jax.make_jaxpr(bwd)(*[jnp.ones((3, 3))] * 4)
+    assert read_orders(closed, 1) == {2: (1, 0)}
+
+
+@pytest.mark.parametrize("choice", ["pinned", "auto", "measured"])
 @pytest.mark.parametrize("name", ["attention", "conv", "scan"])
 def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
     # CPU stands in for an accelerator: both programs compile, one is kept under the fused name.
@@ -221,14 +259,14 @@ def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatc
     got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
     assert_trees_close(got, jax.value_and_grad(loss, argnums=argnums)(*args), rtol=1e-4, atol=1e-5)
     (only,) = f.lookup(args, {}).programs.executables.values()  # the pinned candidate is not kept aside
-    assert only.layouts in (("row_major", "auto") if choice == "measured" else (choice,))
+    assert only.layouts in (("pinned", "auto") if choice == "measured" else (choice,))
 
 
 def test_layout_choice_rule():
     from jaxaot.runtime.fused import LAYOUT_PEAK_SLACK, choose_layouts
 
-    assert choose_layouts(10_000, 10_000) == "row_major"
-    assert choose_layouts(10_000, int(10_000 * (1 + LAYOUT_PEAK_SLACK))) == "row_major"
+    assert choose_layouts(10_000, 10_000) == "pinned"
+    assert choose_layouts(10_000, int(10_000 * (1 + LAYOUT_PEAK_SLACK))) == "pinned"
     assert choose_layouts(10_000, int(10_000 * (1 + 2 * LAYOUT_PEAK_SLACK))) == "auto"
     assert choose_layouts(None, 5) == choose_layouts(5, None) == "auto"
 
@@ -240,7 +278,7 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     real = fused.fused_program
 
     def refusing(training, value_leaf=0, barrier="all", layouts="auto", order="xla"):
-        if layouts == "row_major":
+        if layouts == "pinned":
             raise NotImplementedError("no layouts here")
         return real(training, value_leaf, barrier, layouts, order)
 
@@ -301,7 +339,7 @@ def test_row_major_leaves_convolution_operands_to_the_backend():
     conv_vars = {id(v) for e in convs for v in (*e.invars, *e.outvars)}
     library = library_kernel_residuals(part, 1)
     assert library == {i for i, v in enumerate(residuals) if id(v) in conv_vars} and library
-    closed = fused_program(tr, layouts="row_major")
+    closed = fused_program(tr, layouts="pinned")
     pinned = sum("layout" in e.primitive.name for e in closed.jaxpr.eqns)
     assert pinned == sum(v.aval.ndim >= 2 for i, v in enumerate(residuals) if i not in library)
     got = C.eval_closed(closed, *jax.tree.leaves(args))
