@@ -88,6 +88,7 @@ from typing import Any
 import jax
 
 from jaxaot import _compat as C
+from jaxaot.errors import InvalidValueError
 from jaxaot.partition import cost_model
 from jaxaot.partition.default import default_partition
 from jaxaot.runtime import ordering, residual_slices
@@ -191,7 +192,9 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     barred = barred_residuals(part, barrier)
     behind = {j for j, k in enumerate(passed) if k in barred}
 
-    library = library_kernel_residuals(part, len(cts)) if layouts != "auto" else set()
+    if layouts not in ("auto", "pinned"):
+        raise InvalidValueError(f'layouts must be "auto" or "pinned", got {layouts!r}.')
+    library = library_kernel_residuals(part, len(cts)) if layouts == "pinned" else set()
     orders = read_orders(part.backward, len(cts)) if layouts == "pinned" else {}
     backward = lean.backward if lean is not None else part.backward
     sliced = residual_slices.split_backward(backward, len(cts), behind) if slices and behind else None
@@ -200,7 +203,7 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     def step(*leaves: Any) -> list:
         fwd = C.eval_closed(part.forward, *leaves)
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
-        if layouts != "auto":
+        if layouts == "pinned":
             residuals = [r if i in library else C.pin_layout(r, orders.get(i)) for i, r in enumerate(residuals)]
         residuals = [residuals[k] for k in passed]
         owner = list(range(len(residuals)))

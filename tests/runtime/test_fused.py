@@ -232,6 +232,14 @@ def test_pinned_keeps_a_transposed_residual_in_the_order_the_backward_reads_it()
     assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
 
 
+def test_an_unknown_layouts_value_is_refused():
+    fn, make_args = zoo.ZOO["mlp_gelu"]
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    tr = _training(f, make_args(_key(13)))
+    with pytest.raises(jaxaot.errors.InvalidValueError, match="pinned"):
+        fused_program(tr, layouts="row_major")  # the name before read orders
+
+
 def test_read_orders_leave_residuals_read_otherwise():
     from jaxaot.runtime.fused import read_orders
 
