@@ -174,8 +174,9 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     then merge recomputed eqns with the forward's, saving more than the plan);
     ``layouts``: ``"auto"`` lets XLA choose the residuals' layouts,
     ``"pinned"`` pins them to the layout they have between two executables (row-major), or, where the
-    backward reads one only through one transpose, to that transpose's order (:func:`read_orders`),
-    except those a library kernel reads or writes (:func:`library_kernel_residuals`);
+    backward reads a forward value only through one transpose, to that transpose's order
+    (:func:`read_orders`), except those a library kernel reads or writes
+    (:func:`library_kernel_residuals`);
     ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
     recomputed matmul operand be used before its residuals are read again
     (:mod:`jaxaot.runtime.ordering`); ``slices``: residuals behind the barrier that the backward
@@ -195,7 +196,9 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     if layouts not in ("auto", "pinned"):
         raise InvalidValueError(f'layouts must be "auto" or "pinned", got {layouts!r}.')
     library = library_kernel_residuals(part, len(cts)) if layouts == "pinned" else set()
-    orders = read_orders(part.backward, len(cts)) if layouts == "pinned" else {}
+    # Inputs arrive row-major and stay alive: another order for one would be a second, transposed copy.
+    orders = {i: o for i, o in read_orders(part.backward, len(cts)).items()
+              if i >= len(part.saved_inputs)} if layouts == "pinned" else {}
     backward = lean.backward if lean is not None else part.backward
     sliced = residual_slices.split_backward(backward, len(cts), behind) if slices and behind else None
     backward = sliced.backward if sliced is not None else backward

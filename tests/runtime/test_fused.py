@@ -232,6 +232,26 @@ def test_pinned_keeps_a_transposed_residual_in_the_order_the_backward_reads_it()
     assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-4, atol=1e-6)
 
 
+def test_pinned_leaves_an_input_read_transposed_row_major():
+    # The input stays alive row-major anyway: pinned in the transpose's order it would be copied.
+    def loss(x, c):
+        return jnp.sum(jnp.sin(x.T) * c)
+
+    args = (jax.random.normal(_key(14), (4, 6)), jax.random.normal(_key(15), (6, 4)))
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    tr = _training(f, args)
+    from jaxaot.runtime.fused import read_orders
+
+    assert 0 in read_orders(tr.partition.backward, len(tr.partition.cotangent_outputs))
+    assert len(tr.partition.saved_inputs) > 0  # position 0 is an input
+    closed = fused_program(tr, layouts="pinned")
+    pinned = [tuple(e.params["layout"].major_to_minor) for e in closed.jaxpr.eqns if "layout" in e.primitive.name]
+    assert pinned and all(o == tuple(range(len(o))) for o in pinned)
+    got = jax.jit(lambda *a: C.eval_closed(closed, *a))(*args)
+    want = jax.value_and_grad(loss, argnums=(0, 1))(*args)
+    assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-5, atol=1e-6)
+
+
 def test_an_unknown_layouts_value_is_refused():
     fn, make_args = zoo.ZOO["mlp_gelu"]
     f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
