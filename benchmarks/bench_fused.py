@@ -148,18 +148,23 @@ def ratio_cells(times: list[float] | None, ref: list[float], exe: Any, dots_peak
             fmt_bytes(peak), f"{peak / dots_peak:.3f}" if peak and dots_peak else "-"]
 
 
-def probe_main(doc: str, title: str, probe: Callable[[Any, int, int], str], argv: list[str] | None = None) -> None:
+def probe_main(doc: str, title: str, probe: Callable[..., str], argv: list[str] | None = None,
+               rounds: int = 9, **extra: int) -> None:
     """The command line the fused-step probes share: ``MODEL [MODEL ...] [--small] [--rounds 9]
-    [--iters 5] [--out FILE]``, each model's section from ``probe(model, rounds, iters)``."""
+    [--iters 5] [--out FILE]``, plus an integer ``--NAME`` per ``extra`` (its default), each model's
+    section from ``probe(model, rounds, iters, **extra)``."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("models", nargs="+")
     ap.add_argument("--small", action="store_true", help="CPU sizes")
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", help="also write the report to this file")
+    for name, default in extra.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
     a = ap.parse_args(argv)
     models = zoo("small" if a.small else "gpu")
-    report(title, (probe(models[m], a.rounds, a.iters) for m in a.models), a.out)
+    report(title, (probe(models[m], a.rounds, a.iters, **{k: getattr(a, k) for k in extra}) for m in a.models),
+           a.out)
 
 
 def bench_model(model: Any, rounds: int, iters: int) -> str:

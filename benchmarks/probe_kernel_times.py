@@ -3,18 +3,17 @@
 For one zoo model this compiles ``jit(value_and_grad)``, ``jaxaot.value_and_grad`` with the
 default partition and with the min-cut at budget 1 (as chosen), and the min-cut step in XLA's
 backward order and consume-first behind the barrier, in the layouts the product chose.
-Each runs ``--steps`` times under ``jax.profiler.trace``; the trace is read back with
+Each runs ``--rounds`` times under ``jax.profiler.trace``; the trace is read back with
 ``jax.profiler.ProfileData`` and the device events are summed per program (by their
 ``hlo_module``) and per kernel. It prints each program's device time per step and its
 ``--top`` most expensive kernels with the output shape the optimized HLO gives them, so two
 programs' schedules can be compared where their step times differ.
 
-Usage: python benchmarks/probe_kernel_times.py MODEL [--steps 20] [--top 25] [--out FILE]
+Usage: python benchmarks/probe_kernel_times.py MODEL [MODEL ...] [--rounds 20] [--top 25] [--out FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import os
@@ -29,9 +28,8 @@ from jax.profiler import ProfileData
 import jaxaot
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import PARTITIONS, _barrier, jax_references  # noqa: E402
-from harness import report, table  # noqa: E402
-from models import zoo  # noqa: E402
+from bench_fused import PARTITIONS, _barrier, jax_references, probe_main  # noqa: E402
+from harness import table  # noqa: E402
 
 
 def _named(fn: Any, name: str) -> Any:
@@ -109,16 +107,8 @@ def probe(model: Any, steps: int, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+")
-    ap.add_argument("--small", action="store_true")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out")
-    a = ap.parse_args(argv)
-    models = zoo("small" if a.small else "gpu")
-    report("probe_kernel_times: device time per kernel of fused steps", (probe(models[m], a.steps, a.top)
-                                                                           for m in a.models), a.out)
+    probe_main(__doc__, "probe_kernel_times: device time per kernel of fused steps",
+               lambda model, rounds, iters, top: probe(model, rounds, top), argv, rounds=20, top=25)
 
 
 if __name__ == "__main__":
