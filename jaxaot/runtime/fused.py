@@ -130,8 +130,8 @@ def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
 
 def read_orders(backward: Any, num_cotangents: int) -> dict[int, tuple[int, ...]]:
     """``{position among the residuals: major-to-minor order}`` for the residuals that the backward
-    reads only through transposes of one permutation: stored in that order, each transpose reads
-    them row-major (a bitcast). Top-level eqns; the others are absent (row-major).
+    reads only through transposes of one permutation (and does not return): stored in that order,
+    each transpose reads them row-major (a bitcast). Top-level eqns; the others are absent.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -141,14 +141,24 @@ def read_orders(backward: Any, num_cotangents: int) -> dict[int, tuple[int, ...]
         >>> read_orders(bwd, 1)  # s is read only as s.T; w by a matmul
         {0: (1, 0)}
     """
-    jaxpr = C.jaxpr_of(backward)
-    perms: dict[int, set] = {id(v): set() for v in jaxpr.invars[num_cotangents:]}
-    for eqn in jaxpr.eqns:
-        for v in eqn.invars:
-            if not C.is_literal(v) and id(v) in perms:
-                perms[id(v)].add(tuple(eqn.params["permutation"]) if eqn.primitive.name == "transpose" else None)
-    return {i: next(iter(perms[id(v)])) for i, v in enumerate(jaxpr.invars[num_cotangents:])
-            if len(perms[id(v)]) == 1 and None not in perms[id(v)]}
+    out = {}
+    for i, eqns in enumerate(residual_slices.residual_readers(backward, num_cotangents)):
+        perms = {tuple(e.params["permutation"]) if e is not None and e.primitive.name == "transpose" else None
+                 for e in eqns}
+        if len(perms) == 1 and None not in perms:
+            out[i] = perms.pop()
+    return out
+
+
+def pinned_layouts(part: Any, num_cotangents: int) -> dict[int, tuple[int, ...] | None]:
+    """``{position among the residuals: major-to-minor order}`` of the residuals ``layouts="pinned"``
+    pins: every one but those a library kernel reads or writes (:func:`library_kernel_residuals`),
+    row-major (None) unless the backward reads a forward value only transposed (:func:`read_orders`).
+    Inputs arrive row-major and stay alive: another order would be a second, transposed copy."""
+    library = library_kernel_residuals(part, num_cotangents)
+    orders = read_orders(part.backward, num_cotangents)
+    n_in, n = len(part.saved_inputs), len(part.saved_inputs) + len(part.saved_outputs)
+    return {i: orders.get(i) if i >= n_in else None for i in range(n) if i not in library}
 
 
 def barred_residuals(part: Any, barrier: str) -> set[int]:
@@ -173,10 +183,9 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     ``"recomputed"`` (those the recomputation reads) or ``"none"`` (XLA may
     then merge recomputed eqns with the forward's, saving more than the plan);
     ``layouts``: ``"auto"`` lets XLA choose the residuals' layouts,
-    ``"pinned"`` pins them to the layout they have between two executables (row-major), or, where the
-    backward reads a forward value only through one transpose, to that transpose's order
-    (:func:`read_orders`), except those a library kernel reads or writes
-    (:func:`library_kernel_residuals`);
+    ``"pinned"`` pins them (:func:`pinned_layouts`): to the layout they have between two
+    executables (row-major), or, where the backward reads a forward value only through one
+    transpose, to that transpose's order;
     ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
     recomputed matmul operand be used before its residuals are read again
     (:mod:`jaxaot.runtime.ordering`); ``slices``: residuals behind the barrier that the backward
@@ -195,10 +204,7 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
 
     if layouts not in ("auto", "pinned"):
         raise InvalidValueError(f'layouts must be "auto" or "pinned", got {layouts!r}.')
-    library = library_kernel_residuals(part, len(cts)) if layouts == "pinned" else set()
-    # Inputs arrive row-major and stay alive: another order for one would be a second, transposed copy.
-    orders = {i: o for i, o in read_orders(part.backward, len(cts)).items()
-              if i >= len(part.saved_inputs)} if layouts == "pinned" else {}
+    layout_of = pinned_layouts(part, len(cts)) if layouts == "pinned" else {}
     backward = lean.backward if lean is not None else part.backward
     sliced = residual_slices.split_backward(backward, len(cts), behind) if slices and behind else None
     backward = sliced.backward if sliced is not None else backward
@@ -206,8 +212,7 @@ def fused_program(training: Any, value_leaf: int = 0, barrier: str = "all", layo
     def step(*leaves: Any) -> list:
         fwd = C.eval_closed(part.forward, *leaves)
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
-        if layouts == "pinned":
-            residuals = [r if i in library else C.pin_layout(r, orders.get(i)) for i, r in enumerate(residuals)]
+        residuals = [C.pin_layout(r, layout_of[i]) if i in layout_of else r for i, r in enumerate(residuals)]
         residuals = [residuals[k] for k in passed]
         owner = list(range(len(residuals)))
         if sliced is not None:

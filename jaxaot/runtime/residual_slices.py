@@ -60,6 +60,22 @@ class SlicedBackward:
         return out, owner
 
 
+def residual_readers(backward: Any, num_cotangents: int) -> list[list]:
+    """Per residual input of ``backward`` (after the ``num_cotangents`` cotangents), the top-level
+    eqns that read it, in order, and ``None`` where the backward also returns it."""
+    jaxpr = C.jaxpr_of(backward)
+    residuals = jaxpr.invars[num_cotangents:]
+    readers: dict[int, list] = {id(v): [] for v in residuals}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if not C.is_literal(v) and id(v) in readers:
+                readers[id(v)].append(eqn)
+    for v in jaxpr.outvars:
+        if not C.is_literal(v) and id(v) in readers:
+            readers[id(v)].append(None)
+    return [readers[id(v)] for v in residuals]
+
+
 def split_backward(backward: Any, num_cotangents: int, positions: set[int] | None = None) -> SlicedBackward:
     """``backward`` with every residual that only :data:`SLICING` eqns read (among ``positions``,
     default all) taken as those eqns' outputs instead (see the module docstring).
@@ -80,17 +96,11 @@ def split_backward(backward: Any, num_cotangents: int, positions: set[int] | Non
     """
     jaxpr = C.jaxpr_of(backward)
     residuals = jaxpr.invars[num_cotangents:]
-    readers: dict[int, list] = {id(v): [] for v in residuals}
-    for eqn in jaxpr.eqns:
-        for v in eqn.invars:
-            if not C.is_literal(v) and id(v) in readers:
-                readers[id(v)].append(eqn)
     outputs = {id(v) for v in jaxpr.outvars if not C.is_literal(v)}
     slicers: list[tuple] = []
-    for i, v in enumerate(residuals):
-        eqns = readers[id(v)]
-        ok = (positions is None or i in positions) and id(v) not in outputs and eqns and all(
-            e.primitive.name in SLICING and len(e.invars) == 1 for e in eqns)
+    for i, eqns in enumerate(residual_readers(backward, num_cotangents)):
+        ok = (positions is None or i in positions) and eqns and all(
+            e is not None and e.primitive.name in SLICING and len(e.invars) == 1 for e in eqns)
         slicers.append(tuple(eqns) if ok else ())
     used = {id(v) for e in jaxpr.eqns for v in e.invars} | outputs
     read = tuple(tuple(id(o) in used and not C.is_drop_var(o) for e in eqns for o in e.outvars) for eqns in slicers)

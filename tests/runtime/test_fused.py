@@ -263,10 +263,10 @@ def test_an_unknown_layouts_value_is_refused():
 def test_read_orders_leave_residuals_read_otherwise():
     from jaxaot.runtime.fused import read_orders
 
-    def bwd(g, a, b, c):  # a: two different transposes; b: a transpose and a sum; c: a transpose, twice
-        return a.T * g + jnp.transpose(a[None], (1, 0, 2))[:, 0], b.T * g + b.sum(), c.T * g + c.T
+    def bwd(g, a, b, c, d):  # a: two transposes; b: a transpose and a sum; c: one, twice; d: also returned
+        return a.T * g + jnp.transpose(a[None], (1, 0, 2))[:, 0], b.T * g + b.sum(), c.T * g + c.T, d.T * g, d
 
-    closed = jax.make_jaxpr(bwd)(*[jnp.ones((3, 3))] * 4)
+    closed = jax.make_jaxpr(bwd)(*[jnp.ones((3, 3))] * 5)
     assert read_orders(closed, 1) == {2: (1, 0)}
 
 
