@@ -9,9 +9,11 @@ orders with order-free reductions derived again, and times them against
 ratio (min-max), compiled peak and its ratio to ``dots_saveable``'s. The row "chosen" is
 ``jaxaot.value_and_grad``'s own step, with what it kept. With ``--offload`` the plan is the
 min-cut at budget 1 with ``offload=True`` (its offloaded residuals travel to host memory), and
-the split executables of the same plan and the plan without offloading are timed too.
+the plan without offloading is timed too. ``--budget_pct P`` takes the min-cut at budget P/100
+instead of 1; the split executables of the plan are timed beside the fused variants.
 
-Usage: python benchmarks/probe_fused_variants.py MODEL [MODEL ...] [--offload] [--rounds 9] [--out FILE]
+Usage: python benchmarks/probe_fused_variants.py MODEL [MODEL ...] [--offload] [--budget_pct 100] [--rounds 9]
+[--out FILE]
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax
 import jaxaot
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import PARTITIONS, _barrier, jax_references, measure, probe_main, ratio_cells  # noqa: E402
+from bench_fused import _barrier, jax_references, measure, probe_main, ratio_cells  # noqa: E402
 from harness import table  # noqa: E402
 
 #: (label, barrier, order, rederive)
@@ -36,18 +38,18 @@ VARIANTS = (("barrier, XLA's order", "all", "xla", False),
             ("barrier, consume-first, derived again", "all", "consume_first", True))
 
 
-def probe(model: Any, rounds: int, iters: int, offload: bool = False) -> str:
+def probe(model: Any, rounds: int, iters: int, offload: bool = False, budget_pct: int = 100) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
     progs = dict(jax_references(model, sets[0]))
-    pf = PARTITIONS["min-cut 1"]
+    budget = budget_pct / 100
+    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget, offload=offload)
     if offload:
-        pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0, offload=True)
-        plain = jaxaot.aot_function(model.loss, partition_fn=PARTITIONS["min-cut 1"])
+        plain = jaxaot.aot_function(model.loss, partition_fn=functools.partial(
+            jaxaot.min_cut_rematerialization_partition, memory_budget=budget))
         progs["no offload (fused)"] = (jaxaot.value_and_grad(plain, argnums=model.argnums), None)
         progs["no offload, split"] = (jaxaot.value_and_grad(plain, argnums=model.argnums, fused=False), None)
     f = jaxaot.aot_function(model.loss, partition_fn=pf)
-    if offload:
-        progs["split"] = (jaxaot.value_and_grad(f, argnums=model.argnums, fused=False), None)
+    progs["split"] = (jaxaot.value_and_grad(f, argnums=model.argnums, fused=False), None)
     vg = jaxaot.value_and_grad(f, argnums=model.argnums)
     vg(*sets[0])
     (chosen,) = [e for n, e in f.lookup(sets[0], {}).programs.executables.items() if n.startswith("fused")]
@@ -59,7 +61,7 @@ def probe(model: Any, rounds: int, iters: int, offload: bool = False) -> str:
     if offload:
         part = f.lookup(sets[0], {}).programs.training().partition
         kept += f"; offloaded: {[str(r) for r in part.residuals if r.offloaded]}"
-    rows = [["min-cut 1 step", "x jit(v&g)", "(min-max)", "peak", "x dots peak"]]
+    rows = [[f"min-cut {budget:g} step", "x jit(v&g)", "(min-max)", "peak", "x dots peak"]]
     rows += [[name, *ratio_cells(times[name], ref, exe, dots)] for name, (_, exe) in progs.items()]
     return f"## {model.label}  (max relative grad error {err:.1e}; chosen: {kept})\n" + table(rows)
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     offload = "--offload" in argv
     probe_main(__doc__, "probe_fused_variants: the fused min-cut step's variants, timed, with their peaks",
-               functools.partial(probe, offload=offload), [a for a in argv if a != "--offload"])
+               functools.partial(probe, offload=offload), [a for a in argv if a != "--offload"], budget_pct=100)
 
 
 if __name__ == "__main__":
