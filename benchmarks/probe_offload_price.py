@@ -21,7 +21,10 @@ Found with it (H100, session 14): values that cost nothing offloaded alone cost
 1.25x together, because XLA keeps two copies in flight; the planner now moves
 at most ``DeviceModel.copy_slots`` values.
 
-Usage: python benchmarks/probe_offload_price.py MODEL [MODEL ...] [--rounds 9] [--out FILE]
+``--budget_pct P`` takes the min-cut at budget P/100 instead of 1 (the planner's choice then
+plans at that budget, with a saved set of its own).
+
+Usage: python benchmarks/probe_offload_price.py MODEL [MODEL ...] [--budget_pct 100] [--rounds 9] [--out FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import jaxaot
 from jaxaot.partition import offload as host_offload
 from jaxaot.partition.copy_slots import kernels_beside_copies
 from jaxaot.partition.measured_costs import resolve_costs
+from jaxaot.partition.split import split_joint
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from bench_fused import jax_references, measure, probe_main, ratio_cells  # noqa: E402
@@ -48,46 +52,65 @@ LARGE, SMALL = 4 << 20, 1 << 20
 HLO_DIR = os.environ.get("PROBE_HLO_DIR")
 
 
-def _offloading(positions: tuple[int, ...], joint: Any) -> Any:
-    return host_offload.apply_offload(jaxaot.min_cut_rematerialization_partition(joint, memory_budget=1.0), positions)
+def _offloading(base: Any, positions: tuple[int, ...], joint: Any) -> Any:
+    """``base`` (a partition of a joint graph like ``joint``) with the residuals at ``positions`` offloaded."""
+    return host_offload.apply_offload(base, positions)
 
 
-def probe(model: Any, rounds: int, iters: int) -> str:
-    sets = [model.make_args(jax.random.key(i)) for i in range(3)]
-    device = jaxaot.DeviceModel.measure()
-    joint = jaxaot.trace_joint(model.loss, *sets[0])
-    plain = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=1.0)
-    timeline = host_offload.Timeline.of(joint, device, resolve_costs("auto", device, model_given=True))  # as planned
+def _variants(plain: Any, timeline: Any, device: Any, prefix: str = "") -> tuple[dict, dict]:
+    """Each large saved temporary of ``plain`` offloaded alone, and the small ones together:
+    ``(label -> positions, positions -> slack)``."""
     saved = host_offload.saved_vars(plain)
     temps = [(j, r) for j, r in enumerate(plain.residuals) if r.source == "temporary"]
-    variants: dict[str, tuple[int, ...] | None] = {"nothing offloaded": ()}
+    variants: dict[str, tuple[int, ...]] = {f"{prefix}nothing offloaded": ()}
     slack = {}
     need = timeline.needed_at(set(saved))
     for j, r in temps:
         if r.nbytes >= LARGE:
-            variants[f"[{j}] {r.aval.dtype}{list(r.aval.shape)} {r.producer}"] = (j,)
+            variants[f"{prefix}[{j}] {r.aval.dtype}{list(r.aval.shape)} {r.producer}"] = (j,)
             v = saved[j]
             copy = device.transfer_seconds(r.nbytes)
             out = timeline.forward_seconds - timeline.produced.get(v, 0.0)
             slack[(j,)] = f"{out / copy:.1f}x / {need.get(v, math.inf) / copy:.1f}x"
     small = tuple(j for j, r in temps if host_offload.DEFAULT_MIN_BYTES <= r.nbytes < SMALL)
     if small:
-        variants[f"{len(small)} small ({fmt_bytes(sum(plain.residuals[j].nbytes for j in small))})"] = small
-    planned = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=1.0, offload=True, device_model=device)
+        variants[f"{prefix}{len(small)} small ({fmt_bytes(sum(plain.residuals[j].nbytes for j in small))})"] = small
+    return variants, slack
+
+
+def probe(model: Any, rounds: int, iters: int, budget_pct: int = 100) -> str:
+    sets = [model.make_args(jax.random.key(i)) for i in range(3)]
+    budget = budget_pct / 100
+    device = jaxaot.DeviceModel.measure()
+    joint = jaxaot.trace_joint(model.loss, *sets[0])
+    plain = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget)
+    timeline = host_offload.Timeline.of(joint, device, resolve_costs("auto", device, model_given=True))  # as planned
+    planned = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget, offload=True,
+                                                         device_model=device)
     chosen = [v for v, r in zip(host_offload.saved_vars(planned), planned.residuals) if r.offloaded]
-    at = {v: j for j, v in enumerate(saved)}
-    same = set(host_offload.saved_vars(planned)) == set(saved)
+    same = set(host_offload.saved_vars(planned)) == set(host_offload.saved_vars(plain))
+    bases = [plain]
+    if not same:  # the planner saved more to offload: its saved set, everything on the device, is the control
+        bases.append(split_joint(joint, host_offload.saved_vars(planned)))
+    variants: dict[str, tuple[Any, tuple[int, ...]] | None] = {}
+    slack = {}
+    for i, base in enumerate(bases):
+        found, sl = _variants(base, timeline, device, prefix="planner's set: " if i else "")
+        variants.update({k: (base, v) for k, v in found.items()})
+        slack.update({(id(base), k): v for k, v in sl.items()})
+    base = bases[-1]
+    at = {v: j for j, v in enumerate(host_offload.saved_vars(base))}
     if chosen and all(v in at for v in chosen):
-        variants["planner's offloads, on this plan"] = tuple(at[v] for v in chosen)
-        large = tuple(at[v] for v in chosen if plain.residuals[at[v]].nbytes >= SMALL)
+        variants["planner's offloads, on this plan"] = (base, tuple(at[v] for v in chosen))
+        large = tuple(at[v] for v in chosen if base.residuals[at[v]].nbytes >= SMALL)
         if 0 < len(large) < len(chosen):
-            variants["planner's large offloads, on this plan"] = large
+            variants["planner's large offloads, on this plan"] = (base, large)
     variants["planner's choice"] = None
     progs = dict(jax_references(model, sets[0]))
     info = {}
-    for label, positions in variants.items():
-        pf = (functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0, offload=True,
-                                device_model=device) if positions is None else functools.partial(_offloading, positions))
+    for label, spec in variants.items():
+        pf = (functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget, offload=True,
+                                device_model=device) if spec is None else functools.partial(_offloading, *spec))
         f = jaxaot.aot_function(model.loss, partition_fn=pf)
         low = f.lower(*sets[0])
         texts = low.compile().as_text()
@@ -105,11 +128,11 @@ def probe(model: Any, rounds: int, iters: int) -> str:
         if HLO_DIR:
             with open(f"{HLO_DIR}/{model.name}_{len(info)}_fused.txt", "w") as fh:
                 fh.write(f"# {label}\n{fused.as_text()}")
-        info[label] = (fmt_bytes(sum(r.nbytes for r in off)), slack.get(positions, "-"), f"{gaps[0]} / {gaps[1]}",
-                       str(gaps[2]))
+        sl = "-" if spec is None else slack.get((id(spec[0]), spec[1]), "-")
+        info[label] = (fmt_bytes(sum(r.nbytes for r in off)), sl, f"{gaps[0]} / {gaps[1]}", str(gaps[2]))
         progs[label + ", fused"] = (vg, None)
     err, times, ref, dots = measure(progs, model, sets, rounds, iters)
-    rows = [["variant (min-cut 1)", "offloaded", "slack out / back (x copy)", "kernels under copies (fwd / bwd)", "(fused)",
+    rows = [[f"variant (min-cut {budget:g})", "offloaded", "slack out / back (x copy)", "kernels under copies (fwd / bwd)", "(fused)",
              "split x jit(v&g)", "(min-max)", "fused x jit(v&g)", "(min-max)"]]
     for label, (nb, sl, gaps, fgaps) in info.items():
         s = ratio_cells(times[label + ", split"], ref, None, dots)[:2]
@@ -121,7 +144,8 @@ def probe(model: Any, rounds: int, iters: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    probe_main(__doc__, "probe_offload_price: offloading each saved value alone, split and fused", probe, argv)
+    probe_main(__doc__, "probe_offload_price: offloading each saved value alone, split and fused", probe, argv,
+               budget_pct=100)
 
 
 if __name__ == "__main__":
