@@ -50,6 +50,13 @@ from jaxaot.partition.op_costs import FlopCosts
 #: Below this overlap (:attr:`DeviceModel.overlap`) copies are not hidden enough to plan with: nothing is offloaded.
 MIN_OVERLAP = 0.5
 
+#: The :attr:`DeviceModel.headroom` of a measured device. On an H100 GPT-2 block (jax 0.11.2), values
+#: whose timeline windows held 1.0-1.3 copies cost 3-6% of the step offloaded alone (a 48 MiB qkv
+#: projection: 1.0x the copy out, 1.3x back) and those with 1.4x or more cost nothing (the 32 MiB attention
+#: scores: 1.4x / 2.0x): ``benchmarks/results/probe_offload_price_gpu_h100_2026-11-26_session16_*``.
+#: A window of 1.0 to 1.3 copies was chosen or not as the measured bandwidth varied between runs.
+MEASURED_HEADROOM = 1.25
+
 #: The memory kind offloaded residuals live in.
 HOST_MEMORY_KIND = "pinned_host"
 
@@ -78,6 +85,10 @@ class DeviceModel:
       copy_slots: how many copies the compiler keeps in flight at once in one
         program (:mod:`jaxaot.partition.copy_slots`): the planner offloads at
         most this many values, the largest (None: no limit).
+      headroom: how much longer than a copy (after ``overlap``) the compute
+        beside it must last for the planner to count it hidden (1: exactly as
+        long). The timeline's estimates of when a value is produced and needed
+        are estimates; :meth:`measure` sets :data:`MEASURED_HEADROOM`.
     """
 
     host_bandwidth: float
@@ -89,6 +100,7 @@ class DeviceModel:
     overlap: float = 1.0
     scan_overlap: float = 1.0
     copy_slots: int | None = None
+    headroom: float = 1.0
 
     def transfer_seconds(self, nbytes: int) -> float:
         """Seconds one copy of ``nbytes`` takes, either way."""
@@ -102,7 +114,7 @@ class DeviceModel:
     def hidden_seconds(self, nbytes: int, *, in_scan: bool = False) -> float:
         """Seconds of overlapping compute one copy of ``nbytes`` needs to stay hidden (inf: it never is)."""
         overlap = self.scan_overlap if in_scan else self.overlap
-        return self.transfer_seconds(nbytes) / overlap if overlap >= MIN_OVERLAP else math.inf
+        return self.transfer_seconds(nbytes) * self.headroom / overlap if overlap >= MIN_OVERLAP else math.inf
 
     @property
     def offload_note(self) -> str:
@@ -215,7 +227,7 @@ def _measure(device: Any) -> DeviceModel:
             slots = measure_copy_slots(device, HOST_MEMORY_KIND)
     return DeviceModel(host_bandwidth=bandwidth, device_flops=flops, has_host_memory=not note,
                        device_bandwidth=device_bandwidth, transfer_latency=latency, note=note, overlap=overlap,
-                       scan_overlap=scan_overlap, copy_slots=slots)
+                       scan_overlap=scan_overlap, copy_slots=slots, headroom=MEASURED_HEADROOM)
 
 
 def _overlap(a: Any, payload: Any, copy_seconds: float, on_device: Any, dest: Any, steps: int) -> float:

@@ -88,7 +88,7 @@ def plan_of(name, model, budget=1.0):
 
 def _fits(model, timeline, saved, chosen):
     need = timeline.needed_at(set(saved))
-    items = [(timeline.produced[v], need[v], model.transfer_seconds(v.aval.size * v.aval.dtype.itemsize))
+    items = [(timeline.produced[v], need[v], model.hidden_seconds(v.aval.size * v.aval.dtype.itemsize))
              for v in chosen]
     t = 0.0
     for produced, _, copy in sorted(items):
@@ -104,17 +104,19 @@ def _fits(model, timeline, saved, chosen):
 
 
 # --------------------------------------------------------------------------- the plan
+@pytest.mark.parametrize("headroom", [1.0, 1.5])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_plan_fits_the_overlap_and_is_maximal(name):
-    joint, part, saved, timeline, plan = plan_of(name, MID)
+def test_plan_fits_the_overlap_and_is_maximal(name, headroom):
+    model = dataclasses.replace(MID, headroom=headroom)
+    joint, part, saved, timeline, plan = plan_of(name, model)
     assert plan.offloaded, "the synthetic model leaves room to offload something"
-    assert _fits(MID, timeline, saved, plan.offloaded)
+    assert _fits(model, timeline, saved, plan.offloaded)
     alive_anyway = inputs_and_outputs(joint)
     candidates = [v for v in saved if v in timeline.produced and v not in alive_anyway
                   and v.aval.size * v.aval.dtype.itemsize >= offload.DEFAULT_MIN_BYTES]
     for v in candidates:
         if v not in plan.offloaded:  # each value left on the device would not fit beside the chosen ones
-            assert not _fits(MID, timeline, saved, plan.offloaded + (v,))
+            assert not _fits(model, timeline, saved, plan.offloaded + (v,))
     assert plan.nbytes == sum(v.aval.size * v.aval.dtype.itemsize for v in plan.offloaded)
 
 
@@ -177,6 +179,25 @@ def test_no_more_values_than_copy_slots_and_the_largest_go(name, slots):
         moved = mincut(joint, memory_budget=b, offload=True, device_model=model)
         assert (b < 1 or offloaded_residuals(moved)) and len(offloaded_residuals(moved)) <= slots
         assert moved.device_saved_bytes <= mincut(joint, memory_budget=b, op_costs=model.flop_costs).saved_bytes
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_headroom_past_every_window_offloads_nothing(name):
+    # Each offloaded value alone: its windows (to the forward's end, to its first need) in copies.
+    joint, part, saved, timeline, plan = plan_of(name, MID)
+    need = timeline.needed_at(set(saved))
+    slack = [min(timeline.forward_seconds - timeline.produced[v], need[v])
+             / MID.transfer_seconds(v.aval.size * v.aval.dtype.itemsize) for v in plan.offloaded]
+    tight = dataclasses.replace(MID, headroom=0.99 * max(slack))
+    assert tight.hidden_seconds(1 << 20) == pytest.approx(0.99 * max(slack) * MID.transfer_seconds(1 << 20))
+    assert offload.plan_offload(timeline, saved, tight).offloaded, "the roomiest value still fits"
+    none = offload.plan_offload(timeline, saved, dataclasses.replace(MID, headroom=1.01 * max(slack)))
+    assert not none.offloaded and "fit" in none.note
+
+
+def test_a_measured_device_plans_with_headroom():
+    from jaxaot.partition.device_model import MEASURED_HEADROOM
+    assert MEASURED_HEADROOM > 1 and DeviceModel.measure().headroom == MEASURED_HEADROOM
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
