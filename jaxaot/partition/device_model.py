@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import threading
 import time
 from typing import Any, Callable
@@ -44,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxaot.errors import InvalidValueError
 from jaxaot.partition.copy_slots import measure_copy_slots
 from jaxaot.partition.op_costs import FlopCosts
 
@@ -101,6 +103,11 @@ class DeviceModel:
     scan_overlap: float = 1.0
     copy_slots: int | None = None
     headroom: float = 1.0
+
+    def __post_init__(self):
+        if not (isinstance(self.headroom, numbers.Real) and 0 < self.headroom < math.inf):
+            raise InvalidValueError(f"DeviceModel(headroom={self.headroom!r}): headroom must be a positive, finite "
+                                    "number (1: a copy is hidden by compute exactly as long; more: a margin)")
 
     def transfer_seconds(self, nbytes: int) -> float:
         """Seconds one copy of ``nbytes`` takes, either way."""

@@ -15,11 +15,12 @@ next iterations compute, and copied back while the backward scan works on the
 iterations after them (in its order). Copies queue one at a time per direction,
 so the plan keeps an iteration's copies within one iteration's compute, each way::
 
-    sum((latency + bytes / host_bandwidth) / scan_overlap)  <=  min(forward seconds, backward seconds)
+    sum((latency + bytes / host_bandwidth) * headroom / scan_overlap)  <=  min(forward seconds, backward seconds)
 
 per iteration (``scan_overlap``: how much of such copies compute hides, measured
 by :meth:`~jaxaot.partition.device_model.DeviceModel.measure` with JAX's own
-offload policy in a scan; under one half nothing is offloaded in scan bodies),
+offload policy in a scan; under one half nothing is offloaded in scan bodies;
+``headroom``: the margin a measured device plans with, ``DeviceModel.headroom``),
 the seconds taken from :class:`~jaxaot.partition.offload.Timeline`
 of the body's joint graph (the backward's recomputation not counted, so the
 window is, if anything, short). Candidates are the saved values the body

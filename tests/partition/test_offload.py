@@ -195,6 +195,13 @@ def test_headroom_past_every_window_offloads_nothing(name):
     assert not none.offloaded and "fit" in none.note
 
 
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "1.25", None])
+def test_bad_headroom_is_refused(bad):
+    from jaxaot.errors import InvalidValueError
+    with pytest.raises(InvalidValueError, match="headroom"):
+        DeviceModel(host_bandwidth=5e9, device_flops=1e12, headroom=bad)
+
+
 def test_a_measured_device_plans_with_headroom():
     from jaxaot.partition.device_model import MEASURED_HEADROOM
     assert MEASURED_HEADROOM > 1 and DeviceModel.measure().headroom == MEASURED_HEADROOM
