@@ -139,6 +139,11 @@ def measure(progs: dict, model: Any, sets: list, rounds: int, iters: int) -> tup
     return err, times, times["jit(value_and_grad)"], peak_bytes(progs["jit(dots_saveable)"][1])
 
 
+def chosen_text(exe: Any) -> str:
+    """What a fused executable kept, in one line: its layouts, backward order, barrier and reductions derived again."""
+    return f"{exe.layouts}, {exe.order}, barrier {exe.barrier}, {len(exe.rederived)} derived again"
+
+
 def ratio_cells(times: list[float] | None, ref: list[float], exe: Any, dots_peak: int | None) -> list[str]:
     """One program's table cells: median time ratio to ``ref`` over the rounds, its (min-max),
     compiled peak, and peak as a ratio to ``dots_peak`` ("-" where not measured)."""

@@ -27,7 +27,7 @@ import jax
 import jaxaot
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import _barrier, jax_references, measure, probe_main, ratio_cells  # noqa: E402
+from bench_fused import _barrier, chosen_text, jax_references, measure, probe_main, ratio_cells  # noqa: E402
 from harness import table  # noqa: E402
 
 #: (label, barrier, order, rederive)
@@ -57,7 +57,7 @@ def probe(model: Any, rounds: int, iters: int, offload: bool = False, budget_pct
     for label, barrier, order, rederive in VARIANTS:
         progs[label] = _barrier(f, model.argnums, sets[0], barrier, chosen.layouts, order, rederive)
     err, times, ref, dots = measure(progs, model, sets, rounds, iters)
-    kept = f"{chosen.layouts}, {chosen.order}, barrier {chosen.barrier}, {len(chosen.rederived)} derived again"
+    kept = chosen_text(chosen)
     if offload:
         part = f.lookup(sets[0], {}).programs.training().partition
         kept += f"; offloaded: {[str(r) for r in part.residuals if r.offloaded]}"

@@ -57,25 +57,24 @@ def _offloading(base: Any, positions: tuple[int, ...], joint: Any) -> Any:
     return host_offload.apply_offload(base, positions)
 
 
-def _variants(plain: Any, timeline: Any, device: Any, prefix: str = "") -> tuple[dict, dict]:
+def _variants(plain: Any, timeline: Any, device: Any, prefix: str = "") -> dict[str, tuple[tuple[int, ...], str]]:
     """Each large saved temporary of ``plain`` offloaded alone, and the small ones together:
-    ``(label -> positions, positions -> slack)``."""
+    ``label -> (positions, its windows out / back in copies, or "-")``."""
     saved = host_offload.saved_vars(plain)
     temps = [(j, r) for j, r in enumerate(plain.residuals) if r.source == "temporary"]
-    variants: dict[str, tuple[int, ...]] = {f"{prefix}nothing offloaded": ()}
-    slack = {}
-    need = timeline.needed_at(set(saved))
+    variants = {f"{prefix}nothing offloaded": ((), "-")}
+    windows = timeline.windows(set(saved))
     for j, r in temps:
         if r.nbytes >= LARGE:
-            variants[f"{prefix}[{j}] {r.aval.dtype}{list(r.aval.shape)} {r.producer}"] = (j,)
-            v = saved[j]
+            out, back = windows.get(saved[j], (timeline.forward_seconds, math.inf))
             copy = device.transfer_seconds(r.nbytes)
-            out = timeline.forward_seconds - timeline.produced.get(v, 0.0)
-            slack[(j,)] = f"{out / copy:.1f}x / {need.get(v, math.inf) / copy:.1f}x"
+            variants[f"{prefix}[{j}] {r.aval.dtype}{list(r.aval.shape)} {r.producer}"] = (
+                (j,), f"{out / copy:.1f}x / {back / copy:.1f}x")
     small = tuple(j for j, r in temps if host_offload.DEFAULT_MIN_BYTES <= r.nbytes < SMALL)
     if small:
-        variants[f"{prefix}{len(small)} small ({fmt_bytes(sum(plain.residuals[j].nbytes for j in small))})"] = small
-    return variants, slack
+        label = f"{prefix}{len(small)} small ({fmt_bytes(sum(plain.residuals[j].nbytes for j in small))})"
+        variants[label] = (small, "-")
+    return variants
 
 
 def probe(model: Any, rounds: int, iters: int, budget_pct: int = 100) -> str:
@@ -93,11 +92,10 @@ def probe(model: Any, rounds: int, iters: int, budget_pct: int = 100) -> str:
     if not same:  # the planner saved more to offload: its saved set, everything on the device, is the control
         bases.append(split_joint(joint, host_offload.saved_vars(planned)))
     variants: dict[str, tuple[Any, tuple[int, ...]] | None] = {}
-    slack = {}
+    slack: dict[str, str] = {}
     for i, base in enumerate(bases):
-        found, sl = _variants(base, timeline, device, prefix="planner's set: " if i else "")
-        variants.update({k: (base, v) for k, v in found.items()})
-        slack.update({(id(base), k): v for k, v in sl.items()})
+        for label, (positions, sl) in _variants(base, timeline, device, "planner's set: " if i else "").items():
+            variants[label], slack[label] = (base, positions), sl
     base = bases[-1]
     at = {v: j for j, v in enumerate(host_offload.saved_vars(base))}
     if chosen and all(v in at for v in chosen):
@@ -128,8 +126,8 @@ def probe(model: Any, rounds: int, iters: int, budget_pct: int = 100) -> str:
         if HLO_DIR:
             with open(f"{HLO_DIR}/{model.name}_{len(info)}_fused.txt", "w") as fh:
                 fh.write(f"# {label}\n{fused.as_text()}")
-        sl = "-" if spec is None else slack.get((id(spec[0]), spec[1]), "-")
-        info[label] = (fmt_bytes(sum(r.nbytes for r in off)), sl, f"{gaps[0]} / {gaps[1]}", str(gaps[2]))
+        info[label] = (fmt_bytes(sum(r.nbytes for r in off)), slack.get(label, "-"), f"{gaps[0]} / {gaps[1]}",
+                       str(gaps[2]))
         progs[label + ", fused"] = (vg, None)
     err, times, ref, dots = measure(progs, model, sets, rounds, iters)
     rows = [[f"variant (min-cut {budget:g})", "offloaded", "slack out / back (x copy)", "kernels under copies (fwd / bwd)", "(fused)",

@@ -33,7 +33,8 @@ from jaxaot.runtime import ordering
 from jaxaot.runtime.fused import compiled_peak
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import PARTITIONS, _barrier, jax_references, measure, probe_main, ratio_cells  # noqa: E402
+from bench_fused import (PARTITIONS, _barrier, chosen_text, jax_references, measure, probe_main,  # noqa: E402
+                         ratio_cells)
 from harness import fmt_bytes, table  # noqa: E402
 
 
@@ -104,7 +105,7 @@ def probe(model: Any, rounds: int, iters: int) -> str:
     rows = [["program", "x jit(v&g)", "(min-max)", "peak", "x dots peak"]]
     rows += [[name, *ratio_cells(times.get(name), ref, exe, dots)] for name, (_, exe) in progs.items()]
     rows += singles
-    kept = f"{chosen.layouts}, {chosen.order}, barrier {chosen.barrier}, {len(chosen.rederived)} derived again"
+    kept = chosen_text(chosen)
     return f"## {model.label}  (max relative grad error {err:.1e}; chosen: {kept})\n" + table(rows)
 
 

@@ -167,6 +167,13 @@ class Timeline:
                         need[v] = t
         return need
 
+    def windows(self, saved: set) -> dict:
+        """Per value the forward computes, ``(seconds from its production to the forward's end, seconds
+        from the backward's start to its first need)``, ``saved`` being saved: the compute each of its
+        copies may hide behind when it is offloaded alone (``DeviceModel.headroom`` is in these units)."""
+        need = self.needed_at(saved)
+        return {v: (self.forward_seconds - t, need.get(v, math.inf)) for v, t in self.produced.items()}
+
 
 # --------------------------------------------------------------------------- plan
 @dataclasses.dataclass(frozen=True)

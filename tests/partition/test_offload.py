@@ -185,9 +185,8 @@ def test_no_more_values_than_copy_slots_and_the_largest_go(name, slots):
 def test_headroom_past_every_window_offloads_nothing(name):
     # Each offloaded value alone: its windows (to the forward's end, to its first need) in copies.
     joint, part, saved, timeline, plan = plan_of(name, MID)
-    need = timeline.needed_at(set(saved))
-    slack = [min(timeline.forward_seconds - timeline.produced[v], need[v])
-             / MID.transfer_seconds(v.aval.size * v.aval.dtype.itemsize) for v in plan.offloaded]
+    windows = timeline.windows(set(saved))
+    slack = [min(windows[v]) / MID.transfer_seconds(v.aval.size * v.aval.dtype.itemsize) for v in plan.offloaded]
     tight = dataclasses.replace(MID, headroom=0.99 * max(slack))
     assert tight.hidden_seconds(1 << 20) == pytest.approx(0.99 * max(slack) * MID.transfer_seconds(1 << 20))
     assert offload.plan_offload(timeline, saved, tight).offloaded, "the roomiest value still fits"
