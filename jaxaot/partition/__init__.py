@@ -30,10 +30,19 @@ from jaxaot.partition.default import Gradient, default_partition, differentiate
 from jaxaot.partition.rematerialize import min_cut_rematerialization_partition
 from jaxaot.partition.policy import RematPolicy, remat_policy
 from jaxaot.partition.bw_split import BWSplit, split_backward
-from jaxaot.partition.offload import DeviceModel
+from jaxaot.partition.offload import HOST_MEMORY_KIND, DeviceModel, apply_offload, saved_vars
+from jaxaot.partition.scan_remat import replay_joint
+from jaxaot.partition.cost_model import Recompute, classify, materializes_operands
 
 __all__ = [
     "BWSplit",
+    "HOST_MEMORY_KIND",
+    "Recompute",
+    "apply_offload",
+    "classify",
+    "materializes_operands",
+    "replay_joint",
+    "saved_vars",
     "DeviceModel",
     "EqnKind",
     "Gradient",
