@@ -319,3 +319,16 @@ def pin_layout(x: Any, major_to_minor: tuple[int, ...] | None = None) -> Any:
         return x
     order = tuple(range(x.ndim)) if major_to_minor is None else tuple(major_to_minor)
     return _layout.with_layout_constraint(x, _layout.Layout(major_to_minor=order))
+
+
+#: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
+#: ``saved_residuals`` serve the tests.
+__all__ = [
+    "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "Jaxpr", "Primitive", "Tracer",
+    "bind_eqn", "check_jaxpr", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
+    "dim_value", "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
+    "executable_device_ids", "float0", "has_jvp_rule", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
+    "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
+    "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
+    "single_device_of", "trace_of", "zeros_float0",
+]

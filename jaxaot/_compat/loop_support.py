@@ -159,3 +159,15 @@ def known_value(tracer: Any) -> Any:
 
 def is_jaxpr_var(x: Any) -> bool:
     return isinstance(x, _core.Var) and not isinstance(x, _core.DropVar)
+
+
+#: What the while-loop primitives (:mod:`jaxaot.loops`) and the tracing stage use (``C.<name>``).
+__all__ = [
+    "ShapedArray", "UndefinedPrimal", "Zero", "backward_pass_closed", "batched_outputs",
+    "custom_partial_eval_rules", "dce_closed", "dce_rules", "effects_of", "fancy_primitive_batchers", "has_effects",
+    "hoist_consts", "in_avals_of", "instantiate_zeros", "is_jaxpr_var", "is_known_pval", "is_undefined_primal",
+    "join_effects", "jvp_jaxpr", "known_value", "lax_fori_loop", "lax_while_loop", "lower_fun", "merge_lists",
+    "new_eqn", "new_loop_primitive", "out_avals_of", "partial_eval_jaxpr_custom_rules",
+    "partial_eval_jaxpr_nounits", "primitive_jvps", "primitive_transposes", "register_lowering", "split_list",
+    "stage_unknown_eqn", "vmap_like",
+]

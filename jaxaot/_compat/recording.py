@@ -390,3 +390,11 @@ class RecordingTracer(_core.Tracer):
 
     def __repr__(self):
         return repr(self._value())
+
+
+#: What compiled autograd (:mod:`jaxaot.autograd`) uses (``C.<name>``).
+__all__ = [
+    "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
+    "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
+    "set_current_trace", "source_info", "stage_call", "stage_function", "typeof",
+]
