@@ -6,6 +6,7 @@ import datetime
 import os
 import pathlib
 import platform
+import re
 import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -13,6 +14,24 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 
 from jaxaot.runtime.fused import compiled_peak
+
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def device_tag(devices: int = 1) -> str:
+    """The device kind a results file is named after: ``cpu``, ``gpu_h100``, ``gpu_h200``, and for a
+    benchmark over ``devices > 1`` devices, ``gpu_h200x2``, from the first device's platform and the
+    first model-like word of its kind (``"NVIDIA H100 80GB HBM3"``: ``h100``)."""
+    dev = jax.devices()[0]
+    m = re.search(r"\b[a-z]+\d+[a-z]*\b", str(getattr(dev, "device_kind", "")).lower())
+    tag = dev.platform if dev.platform == "cpu" or not m else f"{dev.platform}_{m.group(0)}"
+    return tag + (f"x{devices}" if devices > 1 else "")
+
+
+def result_path(bench: str, devices: int = 1) -> pathlib.Path:
+    """``benchmarks/results/<bench>_<device tag>.txt``: where a benchmark's latest output is kept."""
+    return RESULTS / f"{bench}_{device_tag(devices)}.txt"
 
 
 def header(title: str) -> str:

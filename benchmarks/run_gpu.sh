@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Run chosen benchmarks on a GPU machine, optionally after the test suite, from the repository root:
+#
+#   PYTHONPATH=. bash benchmarks/run_gpu.sh [--tests] [BENCH ...]
+#
+# BENCH names a benchmark (benchmarks/bench_<BENCH>.py), or while_loop_long (bench_while_loop.py
+# --long); none runs them all, in the order of ALL below (with --tests alone, only the tests run). Each writes
+# benchmarks/results/<BENCH>_<kind>.txt, where <kind> names the device: gpu_h100, gpu_h200, cpu, ...
+# (pipeline and sharding use every device and add xN on a machine of N > 1 devices: gpu_h200x2).
+# docs/benchmarks.md says what each measures and holds its current table.
+#
+# Settings (environment):
+#   ARGS_<BENCH>="..."  more arguments for one benchmark, e.g. ARGS_fused="--only llama_block --rounds 9"
+#   TIMEOUT=540         seconds each benchmark (and the test suite) may run
+#   TESTS="tests/..."   what --tests runs (default: the whole suite but the notebooks), with -n WORKERS (8)
+#
+# With $OUT set (the folder a device machine sends back), $OUT/run_gpu.log is the whole console output
+# and $OUT/results_<kind>.tar.gz holds the results files and every run's log (run_gpu_logs/). The archive is rewritten
+# after each step, so a call stopped at its time limit still returns what finished. Back home, from
+# the repository root:  tar -xzf results_<kind>.tar.gz benchmarks/results
+set -u
+export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+# Test workers share one GPU, and some benchmarks hold two programs' buffers at once: no preallocation.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+ALL="core partitioners fused planner offload module_step compiled_autograd cache while_loop while_loop_long
+     sharding pipeline"
+MULTI_DEVICE="sharding pipeline"
+
+tests=0
+benches=()
+for arg in "$@"; do
+  case "$arg" in
+    --tests) tests=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) benches+=("$arg") ;;
+  esac
+done
+[ ${#benches[@]} -eq 0 ] && [ $tests -eq 0 ] && read -r -a benches <<< "$(echo $ALL)"
+
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/run_gpu.log") 2>&1
+fi
+
+read -r kind devices < <(python3 - <<'EOF'
+import jax
+from benchmarks.harness import device_tag
+print(device_tag(), jax.device_count())
+EOF
+)
+[ -n "${kind:-}" ] || { echo "jax found no device"; exit 1; }
+python3 -c "import jax, sys; print(sys.version.split()[0], 'jax', jax.__version__, jax.devices())"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
+
+results=benchmarks/results
+logs=${TMPDIR:-/tmp}/run_gpu_logs
+mkdir -p "$results" "$logs"
+written=()
+
+pack() {  # the results written so far and every log, into $OUT (when set)
+  [ -n "${OUT:-}" ] || return 0
+  tar -czf "$OUT/results_$kind.tar.gz.part" "${written[@]}" -C "$(dirname "$logs")" run_gpu_logs && mv "$OUT/results_$kind.tar.gz.part" "$OUT/results_$kind.tar.gz"
+}
+
+if [ $tests -eq 1 ]; then
+  echo "== tests"
+  # shellcheck disable=SC2086
+  timeout "${TIMEOUT:-540}" python3 -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} -q \
+    -n "${WORKERS:-8}" -p no:cacheprovider > "$logs/tests_$kind.txt" 2>&1
+  echo "tests: exit $?"
+  tail -15 "$logs/tests_$kind.txt"
+  pack
+fi
+
+for b in "${benches[@]}"; do
+  script=bench_$b extra=()
+  [ "$b" = while_loop_long ] && script=bench_while_loop extra=(--long)
+  if [ ! -f "benchmarks/$script.py" ]; then
+    echo "== $b: no benchmarks/$script.py (choose from: $(echo $ALL))"
+    continue
+  fi
+  tag=$kind
+  if [[ " $MULTI_DEVICE " == *" $b "* ]]; then
+    [ "$devices" -gt 1 ] && tag=${kind}x$devices
+    [ "$b" = pipeline ] && [ "$devices" -gt 1 ] && extra+=(--devices "$devices")
+  fi
+  var=ARGS_$b
+  out=$results/${b}_$tag.txt
+  echo "== $b -> $out"
+  start=$SECONDS
+  # shellcheck disable=SC2086
+  timeout "${TIMEOUT:-540}" python3 -m "benchmarks.$script" "${extra[@]}" ${!var:-} --out "$out" \
+    > "$logs/${b}_$tag.log" 2>&1
+  status=$?
+  echo "$b: exit $status after $((SECONDS - start)) s"
+  if [ $status -eq 0 ] && [ -f "$out" ]; then
+    written+=("$out")
+    grep -v '^#' "$out" | head -60
+  else
+    tail -20 "$logs/${b}_$tag.log"
+  fi
+  pack
+done
