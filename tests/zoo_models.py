@@ -1,4 +1,4 @@
-"""The broader model zoo (issue 16) at test size: the models of ``benchmarks/models.py``.
+"""The broader model zoo at test size: the models of ``benchmarks/models.py``.
 
 The definitions live in ``benchmarks/models.py`` (one copy, three sizes); this
 module loads that file under a private module name, so that nothing named

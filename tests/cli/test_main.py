@@ -16,7 +16,7 @@ from jaxaot.cli.commands import UsageError, load_object
 from jaxaot.cli.shapes import parse_shapes
 from jaxaot.errors import InvalidValueError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CLI_DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
 def test_version(capsys):
@@ -53,16 +53,16 @@ def test_inspect_example_args(capsys):
     assert "== residuals ==" in out and "f32[4,16]" in out
 
 
-def _readme_commands(prefix: str) -> list[str]:
-    """The README's shell lines that start with ``prefix``, continuation lines joined."""
-    blocks = re.findall(r"```(?:bash|sh|console)\n(.*?)```", README.read_text(), flags=re.S)
+def _documented_commands(prefix: str) -> list[str]:
+    """The shell lines of the command's docs page that start with ``prefix``, continuation lines joined."""
+    blocks = re.findall(r"```(?:bash|sh|console)\n(.*?)```", CLI_DOCS.read_text(), flags=re.S)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     return [line.split(" #")[0].strip() for line in lines if line.strip().startswith(prefix)]
 
 
-def test_readme_inspect_examples_run_as_written(capsys):
-    commands = _readme_commands("jaxaot inspect")
-    assert len(commands) >= 2, "the README shows jaxaot inspect with --shapes and with --args"
+def test_documented_inspect_examples_run_as_written(capsys):
+    commands = _documented_commands("jaxaot inspect")
+    assert len(commands) >= 2, "docs/cli.md shows jaxaot inspect with --shapes and with --args"
     assert any("--shapes" in c for c in commands) and any("--args" in c for c in commands)
     for command in commands:
         argv = shlex.split(command)[1:]
@@ -70,8 +70,8 @@ def test_readme_inspect_examples_run_as_written(capsys):
         assert "== residuals ==" in capsys.readouterr().out, command
 
 
-def test_readme_names_only_real_targets():
-    for command in _readme_commands("jaxaot "):
+def test_documented_commands_name_only_real_targets():
+    for command in _documented_commands("jaxaot "):
         for word in shlex.split(command):
             if re.fullmatch(r"[\w.]+:[\w.]+", word):
                 load_object(word)  # raises UsageError for a placeholder such as mypkg.model:loss

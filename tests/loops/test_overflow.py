@@ -44,7 +44,7 @@ def test_other_callbacks_are_not_overflow_checks():
 
 
 @pytest.mark.xfail(jax.default_backend() != "cpu", strict=True,
-                   reason="known gap (issue 17): on GPUs JAX logs an exception raised in a jax.debug.callback "
+                   reason="known gap: on GPUs JAX logs an exception raised in a jax.debug.callback "
                           "and runs on (H100, jax 0.11.2), so an overflow is not raised there")
 def test_overflow_in_aot_function_and_under_jit_is_a_loop_overflow_error():
     from jaxaot.loops.overflow import reraise_overflow

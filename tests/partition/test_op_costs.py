@@ -1,4 +1,4 @@
-"""Measured per-op costs (issue 16): the OpCosts protocol, MeasuredCosts' table and where costs decide.
+"""Measured per-op costs: the OpCosts protocol, MeasuredCosts' table and where costs decide.
 
 The knapsack below ``memory_budget=1`` and the offload timeline ask an
 ``OpCosts`` what an eqn costs. These tests check that FLOP estimates reproduce

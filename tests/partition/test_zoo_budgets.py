@@ -1,4 +1,4 @@
-"""The broader zoo (issue 16) under every partitioner and memory budget: jaxaot equals JAX.
+"""The broader zoo under every partitioner and memory budget: jaxaot equals JAX.
 
 For each model of ``tests/zoo_models.py`` (Llama block, GPT-2 blocks in bf16,
 top-2 MoE, ViT block, ConvNet with batch norm, GRU by ``lax.scan``, the
@@ -170,12 +170,12 @@ def test_matches_jax(name: str, budget: float | None) -> None:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch) -> None:
-    # What an accelerator may choose (jaxaot.runtime.fused.choose_layouts), forced here on CPU.
-    from jaxaot.runtime import fused
+    # What an accelerator may choose (jaxaot.fusion.choose_layouts), forced here on CPU.
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: "pinned")
-    monkeypatch.setattr(fused, "choose_barrier", lambda barrier, kept, free: barrier)  # the barriered step
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: "pinned")
+    monkeypatch.setattr(variants, "choose_barrier", lambda barrier, kept, free: barrier)  # the barriered step
     model = MODELS[name]
     args, value, grads, _, _ = reference(name)
     aot = jaxaot.aot_function(model.loss, partition_fn=partition_fn(1.0))
