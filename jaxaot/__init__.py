@@ -19,13 +19,16 @@ only for the module APIs.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING
+
+from jaxaot import _display
 
 __version__ = "0.1.0"
 
 #: ``(module, names)`` in pipeline order: errors and settings, then trace -> partition ->
-#: compile -> runtime, the while-loop primitives, and the front-ends.
+#: compile -> runtime, the while-loop primitives, the front-ends, and the eager gradients.
 _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jaxaot.errors", (
         "JaxaotError", "InvalidInputError", "InvalidValueError", "InvalidOutputError", "ResidualsMismatchError",
@@ -35,7 +38,7 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "CacheWarning")),
     ("jaxaot._config", ("config",)),
     # stage 1: trace
-    ("jaxaot.tracing.joint", ("JointGraph", "trace_joint")),
+    ("jaxaot.tracing", ("JointGraph", "trace_joint")),
     # stage 2: partition
     ("jaxaot.partition", ("Partition", "Partitioner", "Residual", "default_partition", "Gradient", "differentiate",
                           "min_cut_rematerialization_partition", "remat_policy", "RematPolicy", "DeviceModel")),
@@ -43,17 +46,18 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jaxaot.compile", ("Compiler",)),
     # stage 4: runtime
     ("jaxaot.runtime", ("aot_function", "AOTFunction", "AOTLowered", "AOTCompiled", "ResidualTable", "Residuals",
-                        "CacheInfo", "value_and_grad", "grad")),
+                        "CacheInfo")),
     # reverse-mode while loops
     ("jaxaot.loops", ("while_loop", "while_loop_stack_output", "patch_while_loop")),
-    # front-ends: export, compiled autograd, Flax
+    # front-ends: export, pipelines, Flax
     ("jaxaot.artifacts", ("export", "load", "ExportedAOT", "LoadedAOT")),
-    ("jaxaot.autograd", ("compiled_grad", "compiled_value_and_grad", "nnx_compiled_grad", "grad_hook",
-                         "compiled_autograd")),
     ("jaxaot.parallel", ("pipeline", "Pipeline", "PipelineReport", "Schedule", "Action", "OpTimes", "Simulation",
                          "make_schedule", "simulate")),
     ("jaxaot.nn", ("aot_module", "AOTModule", "AOTLinenModule", "CallMetadata", "InputInfo", "OutputInfo",
                    "ModuleLowered", "aot_export_module", "GraphSignature", "BackwardSignature")),
+    # eager gradients: straight to the compiled programs, and compiled autograd of eager code
+    ("jaxaot.autograd", ("value_and_grad", "grad", "patch_value_and_grad", "compiled_grad",
+                         "compiled_value_and_grad", "nnx_compiled_grad", "grad_hook", "compiled_autograd")),
 )
 
 #: Public modules reachable as attributes: ``jaxaot.errors``, ``jaxaot.compilers``, ...
@@ -65,6 +69,10 @@ _MODULES = {
     "nn": "jaxaot.nn",
     "parallel": "jaxaot.parallel",
 }
+
+# Jupyter's pictures of the runtime's objects are drawn by jaxaot.viz, which registers them in
+# jaxaot._display; the runtime sits below viz, so this face loads viz on the first display.
+_display.add_loader(functools.partial(importlib.import_module, "jaxaot.viz"))
 
 _WHERE = {name: module for module, names in _EXPORTS for name in names}
 
@@ -90,12 +98,16 @@ if TYPE_CHECKING:  # static tools see the names the table above loads lazily
     from jaxaot import errors, nn, parallel  # noqa: F401
     from jaxaot._config import config  # noqa: F401
     from jaxaot.artifacts import ExportedAOT, LoadedAOT, export, load  # noqa: F401
+    from jaxaot.autograd import (  # noqa: F401
+        compiled_autograd, compiled_grad, compiled_value_and_grad, grad, grad_hook, nnx_compiled_grad,
+        patch_value_and_grad, value_and_grad,
+    )
     from jaxaot.compile import Compiler, compilers  # noqa: F401
     from jaxaot.partition import (  # noqa: F401
         Gradient, Partition, Partitioner, Residual, default_partition, differentiate,
         min_cut_rematerialization_partition,
     )
     from jaxaot.runtime import (  # noqa: F401
-        AOTCompiled, AOTFunction, AOTLowered, CacheInfo, ResidualTable, Residuals, aot_function, grad, value_and_grad,
+        AOTCompiled, AOTFunction, AOTLowered, CacheInfo, ResidualTable, Residuals, aot_function,
     )
-    from jaxaot.tracing.joint import JointGraph, trace_joint  # noqa: F401
+    from jaxaot.tracing import JointGraph, trace_joint  # noqa: F401

@@ -1,9 +1,9 @@
 """JAX internals for recording an eager forward as a tape (part of :mod:`jaxaot._compat`).
 
-Compiled autograd (:mod:`jaxaot.autograd`) runs a user's forward under its own
+Compiled autograd (:mod:`jaxaot.autograd.recorded`) runs a user's forward under its own
 JAX *trace*: every primitive the forward applies reaches
 :meth:`RecordingTrace.process_primitive` instead of being dispatched, and is
-handed to a *recorder* (``jaxaot.autograd.tape.Tape``) that writes it down and
+handed to a *recorder* (``jaxaot.autograd.recorded.tape.Tape``) that writes it down and
 returns tracers for its outputs. Python sees :class:`RecordingTracer`\\ s: they
 have shapes and dtypes, and a concrete value whenever Python asks for one
 (``bool``, ``float``, ``int``, ``print``, ``np.asarray``, ``.item()``), which the
@@ -392,7 +392,7 @@ class RecordingTracer(_core.Tracer):
         return repr(self._value())
 
 
-#: What compiled autograd (:mod:`jaxaot.autograd`) uses (``C.<name>``).
+#: What compiled autograd (:mod:`jaxaot.autograd.recorded`) uses (``C.<name>``).
 __all__ = [
     "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
     "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",

@@ -1,30 +1,30 @@
-"""Compiled autograd for eager JAX: the forward runs as written, each step's program compiled once per structure.
+"""Eager gradients: code run outside ``jit`` differentiated through compiled programs.
 
-PyTorch's compiled autograd captures the backward graph at run time, compiles
-it, and caches it by its structure. This subpackage does the same for JAX code
-run eagerly (outside ``jit``), where ``jax.grad`` would otherwise linearize the
-forward and dispatch the backward one primitive at a time. It records the
-forward (Python runs it; JAX operations are written down, and computed only
-when Python looks at a value), and runs ``jit(value_and_grad)`` of the
-recording, compiled once per structure.
+Eagerly, ``jax.grad`` linearizes the forward and dispatches the backward one
+primitive at a time, which on small and medium programs costs more than the
+computation. This package gives the two ways jaxaot avoids that, one
+sub-package each, layered above the runtime and the Flax front-end:
 
-Modules, each one concept: ``hooks`` (:func:`grad_hook`, cotangent hooks as
-identity ``custom_vjp``\\ s), ``param_hooks`` (post-accumulate hooks on whole
-gradients), ``structure`` (the structural key of a recorded forward or a
-backward jaxpr, and the reason two keys differ), ``cache`` (the process-wide,
-thread-safe cache of compiled programs, with ``stats``/``reset``), ``tape`` (one
-step's forward, recorded), ``step`` (the compiled step of a recording),
-``capture`` (the fallback: one step's backward as a jaxpr of its residuals),
-``modules`` (Flax nnx module arguments) and ``api`` (:func:`compiled_grad`,
-:func:`compiled_value_and_grad`).
+* ``direct``: :func:`value_and_grad` / :func:`grad` of an ``aot_function``
+  (its compiled forward and backward, run directly on concrete arguments) or of
+  a loss of an ``aot_module`` (the loss compiled with the module into one step),
+  and :func:`patch_value_and_grad` (Flax's ``nnx.value_and_grad`` /
+  ``nnx.grad`` take that step); ``docs/concepts/modules.md``;
+* ``recorded``: compiled autograd of arbitrary eager code
+  (:func:`compiled_grad`, :func:`compiled_value_and_grad`,
+  :func:`nnx_compiled_grad`, :func:`grad_hook`): the forward runs as written,
+  each step's program is compiled once per structure;
+  ``docs/concepts/compiled_autograd.md``.
+
+Importing this package imports JAX but not Flax.
 """
 
-from jaxaot.autograd import cache as compiled_autograd  # jaxaot.compiled_autograd.stats() / reset()
-from jaxaot.autograd.api import compiled_grad, compiled_value_and_grad, nnx_compiled_grad
-from jaxaot.autograd.cache import Stats, reset, stats
-from jaxaot.autograd.hooks import grad_hook
+from jaxaot.autograd.direct import grad, patch_value_and_grad, value_and_grad
+from jaxaot.autograd.recorded import (
+    Stats, compiled_autograd, compiled_grad, compiled_value_and_grad, grad_hook, nnx_compiled_grad, reset, stats,
+)
 
 __all__ = [
-    "Stats", "compiled_autograd", "compiled_grad", "compiled_value_and_grad", "grad_hook", "nnx_compiled_grad",
-    "reset", "stats",
+    "Stats", "compiled_autograd", "compiled_grad", "compiled_value_and_grad", "grad", "grad_hook",
+    "nnx_compiled_grad", "patch_value_and_grad", "reset", "stats", "value_and_grad",
 ]

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 import jaxaot
 from jaxaot import viz
-from jaxaot.viz.layout import why_no_layout
+from jaxaot.viz import why_no_layout
 from jaxaot.cli import demo_models
 from jaxaot.cli.console import Progress, table
 

@@ -1,44 +1,39 @@
-"""``jaxaot.value_and_grad(loss_fn)(aot_model, ...)``: the eager training step of a module, compiled.
+"""A loss function of an ``AOTModule``, prepared as one more call of the module.
 
-Eager ``nnx.value_and_grad(loss_fn)(aot_model, x, y)`` works, but every step
-pays for Flax's graph traversals, JAX's eager linearization of the loss around
-the module (each op of ``loss_fn`` dispatched and linearized one at a time),
-the ``custom_vjp`` bookkeeping of the module's call and an eager transposition.
-On small and medium models that costs more than the compiled programs
-themselves (a 3-layer MLP on a CPU: 23 ms per step against 9 ms for the whole
-step under ``nnx.jit``).
+``jaxaot.value_and_grad(loss_fn)(aot_model, x, y)`` (:mod:`jaxaot.autograd`)
+compiles ``loss_fn`` together with the module and runs its gradient as one
+executable (``docs/concepts/modules.md``, "The eager training step"). This module
+is the Flax side of that step, as :class:`~jaxaot.nn.call.ModuleCall` is for the
+module's own call:
 
-:func:`module_value_and_grad` is what :func:`jaxaot.value_and_grad` runs when
-its differentiated argument is an :class:`~jaxaot.nn.nnx.AOTModule`. It treats
-``loss_fn`` as a method of the module (:class:`LossCall`) and compiles the
-module's loss as one more call of the module, through the module's own options
-(partitioner, compilers): the pure function :func:`~jaxaot.nn.pure.nnx_loss_pure`
-returns ``(loss, (aux, state delta))``. Its gradient then runs as
-:func:`jaxaot.value_and_grad` runs an ``aot_function``: one fused executable
-(forward, then backward, with the partition's plan) called on the module's
-state and the batch; the delta is written back into the module.
+* :class:`LossCall` treats ``loss_fn`` as a method of the module (hashable: it
+  keys the compile cache), so the module's loss program, the pure function
+  :func:`~jaxaot.nn.pure.nnx_loss_pure`, returns ``(loss, (aux, state delta))``;
+* :meth:`PreparedLoss.of` splits the module once into the loss program's inputs
+  (its static part, parameters, frozen state, the other arguments), or says the
+  call must go through ``nnx.value_and_grad`` itself: traced inputs (under
+  ``jit``, ``vmap``), or other arguments holding Flax objects;
+* :meth:`PreparedLoss.finish` writes the state the call changed back into the
+  module's own Variables and remembers the parameters behind the gradients for
+  :class:`~jaxaot.nn.optimizer.Optimizer` (:mod:`jaxaot.nn.traversal`).
 
-Costs per step: one ``nnx.split`` of the module, the signature lookup (which
-hashes the module's graphdef), one executable call, and the write-back.
-``loss_fn`` is traced once per signature, as the module's call is: Python side
-effects in it happen at trace time. Under a trace (``jit``, ``vmap``), or when
-another argument holds Flax objects, it is ``nnx.value_and_grad`` itself.
+Costs per step: one ``nnx.split`` of the module and the write-back; the
+signature look-up (which hashes the module's graphdef) and the executable call
+are the gradient's. ``loss_fn`` is traced once per signature, as the module's
+call is: Python side effects in it happen at trace time.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
     >>> from flax import nnx
     >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
-    >>> loss_fn = lambda m, x: jnp.sum(m(x) ** 2)
-    >>> loss, grads = jaxaot.value_and_grad(loss_fn)(model, jnp.ones((4, 3)))
-    >>> grads["module"]["kernel"][...].shape
-    (3, 2)
+    >>> loss = PreparedLoss.of(model, lambda m, x: jnp.sum(m(x) ** 2), 0, (model, jnp.ones((4, 3))), {}, False)
+    >>> [type(x).__name__ for x in loss.inputs]
+    ['CallStatic', 'State', 'FrozenState', 'Array']
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-import weakref
 from typing import Any, Callable
 
 import jax
@@ -46,10 +41,8 @@ from flax import nnx
 
 from jaxaot import _compat as C
 from jaxaot.nn.call import _FLAX_OBJECTS, CallStatic, check_static
-from jaxaot.nn.flax_functions import FLAX_VALUE_AND_GRAD
 from jaxaot.nn.state import FrozenState, flat_inputs
 from jaxaot.nn.traversal import remember
-from jaxaot.runtime import AOTFunction, value_and_grad
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,20 +62,6 @@ class LossCall:
         return getattr(self.fun, "__name__", "loss_fn")
 
 
-#: Per loss program, the fused and split ``value_and_grad`` of it (each keeps its per-signature plans).
-_GRADIENTS: "weakref.WeakKeyDictionary[AOTFunction, dict]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
-def _gradient_of(program: AOTFunction, fused: bool) -> Callable[..., Any]:
-    with _LOCK:
-        per_mode = _GRADIENTS.setdefault(program, {})
-        vg = per_mode.get(fused)
-        if vg is None:
-            vg = per_mode[fused] = value_and_grad(program, argnums=1, has_aux=True, fused=fused)
-    return vg
-
-
 def _needs_nnx(state: tuple, args: tuple, kwargs: dict) -> bool:
     """Whether the call must go through ``nnx.value_and_grad``: traced inputs, or Flax objects besides the module."""
     leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, _FLAX_OBJECTS))
@@ -90,25 +69,40 @@ def _needs_nnx(state: tuple, args: tuple, kwargs: dict) -> bool:
             or any(C.is_tracer(x) for x in jax.tree_util.tree_leaves(state)))
 
 
-def module_value_and_grad(model: nnx.Module, loss_program: AOTFunction, fun: Callable[..., Any], position: int,
-                          args: tuple, kwargs: dict, has_aux: bool, fused: bool) -> Any:
-    """``nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)``, as one compiled step.
+class PreparedLoss:
+    """``fun(*args, **kwargs)`` with ``args[position]`` an ``AOTModule``, as inputs of its loss program.
 
-    ``model`` is ``args[position]``, an :class:`~jaxaot.nn.nnx.AOTModule`;
-    ``loss_program`` its ``aot_function`` of :func:`~jaxaot.nn.pure.nnx_loss_pure`.
+    Attributes:
+      inputs: the loss program's positional arguments ``(static, params, frozen state, *other args)``
+        (the keyword arguments are the call's own).
     """
-    rest = args[:position] + args[position + 1:]
-    graphdef, params, state = nnx.split(model, nnx.Param, ...)
-    if _needs_nnx((params, state), rest, kwargs):
-        return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
-    method = LossCall(fun, position, has_aux)
-    check_static("loss function", method)
-    static = CallStatic(graphdef, method, (), ())
-    frozen = FrozenState.of(state, False)
-    (loss, (aux, delta)), grads = _gradient_of(loss_program, fused)(static, params, frozen, *rest, **kwargs)
-    if delta is None or _write_back(model, (params, state), delta.rebuild(flat_inputs((params, state), rest, kwargs))):
-        remember(grads, model, params)  # optimizer.update(model, grads) need not walk the module again
-    return ((loss, aux), grads) if has_aux else (loss, grads)
+
+    def __init__(self, model: nnx.Module, inputs: tuple, live: tuple, rest: tuple, kwargs: dict):
+        self.model = model
+        self.inputs = inputs
+        self._live = live
+        self._rest = rest
+        self._kwargs = kwargs
+
+    @classmethod
+    def of(cls, model: nnx.Module, fun: Callable[..., Any], position: int, args: tuple, kwargs: dict,
+           has_aux: bool) -> "PreparedLoss | None":
+        """The prepared call, or None where it must be ``nnx.value_and_grad`` itself."""
+        rest = args[:position] + args[position + 1:]
+        graphdef, params, state = nnx.split(model, nnx.Param, ...)
+        if _needs_nnx((params, state), rest, kwargs):
+            return None
+        method = LossCall(fun, position, has_aux)
+        check_static("loss function", method)
+        static = CallStatic(graphdef, method, (), ())
+        return cls(model, (static, params, FrozenState.of(state, False), *rest), (params, state), rest, kwargs)
+
+    def finish(self, delta: Any, grads: Any) -> None:
+        """Write the changed state (the loss program's ``StateDelta``, or None) back into the module,
+        and remember ``grads``' parameters for the optimizer's update."""
+        if delta is None or _write_back(self.model, self._live,
+                                        delta.rebuild(flat_inputs(self._live, self._rest, self._kwargs))):
+            remember(grads, self.model, self._live[0])  # optimizer.update(model, grads) need not walk the module
 
 
 def _write_back(model: nnx.Module, live: tuple, changed: tuple) -> bool:
@@ -128,3 +122,6 @@ def _write_back(model: nnx.Module, live: tuple, changed: tuple) -> bool:
     for target, var in pairs:
         target.set_value(var.get_value())
     return True
+
+
+__all__ = ["LossCall", "PreparedLoss"]

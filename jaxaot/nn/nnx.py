@@ -6,7 +6,7 @@ reports the Variables whose values the call replaced (batch statistics, RNG
 counts, user Variables, ``sow``\\ n intermediates). :class:`AOTModule` writes
 them back into the wrapped module after each call, leaving it as eager Flax
 would. ``jaxaot.value_and_grad(loss_fn)(aot_model, ...)`` runs the module's
-loss as one compiled step (:mod:`jaxaot.nn.eager_grad`).
+loss as one compiled step (:mod:`jaxaot.nn.loss_call`, :mod:`jaxaot.autograd`).
 
 Example:
     >>> import jax.numpy as jnp
@@ -26,8 +26,6 @@ from flax import nnx
 
 from jaxaot.errors import InvalidInputError
 from jaxaot.nn.call import CallStatic, Method, ModuleCall, check_static
-from jaxaot.nn import eager_grad
-from jaxaot.nn.flax_functions import FLAX_VALUE_AND_GRAD
 from jaxaot.nn.metadata import ModuleLowered
 from jaxaot.nn.pure import inlining, invoke, nnx_loss_pure, nnx_pure
 from jaxaot.runtime import AOTFunction, CacheInfo, aot_function
@@ -68,15 +66,6 @@ class AOTModule(nnx.Module):
         if len(changed_params) or len(changed_rest):
             nnx.update(self.module, changed_params, changed_rest)
         return out
-
-    def jaxaot_value_and_grad(self, fun: Any, position: int, args: tuple, kwargs: dict, has_aux: bool,
-                              fused: bool) -> Any:
-        """``jaxaot.value_and_grad(fun)`` with this module as its differentiated argument (see
-        :mod:`jaxaot.nn.eager_grad`): ``nnx.value_and_grad``'s result, from one compiled step."""
-        if self.loss_program is None:
-            return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
-        return eager_grad.module_value_and_grad(self, self.loss_program, fun, position, args, kwargs, has_aux,
-                                                fused)
 
     def lower(self, *args: Any, **kwargs: Any) -> ModuleLowered:
         """Build everything for this call signature (as traced, i.e. training) and describe it.

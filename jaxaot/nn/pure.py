@@ -5,7 +5,7 @@
 Variables whose values the call replaced (batch statistics, RNG counts, user
 Variables, ``sow``\\ n intermediates) as a :class:`~jaxaot.nn.state.StateDelta`.
 :func:`nnx_loss_pure` is the same for a loss function of the module
-(:mod:`jaxaot.nn.eager_grad`), shaped as ``value_and_grad(..., has_aux=True)`` wants it.
+(:mod:`jaxaot.nn.loss_call`), shaped as ``value_and_grad(..., has_aux=True)`` wants it.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def invoke(module: nnx.Module, method: Method, args: tuple, kwargs: dict) -> Any
 
 
 def nnx_loss_pure(static: CallStatic, params: nnx.State, state: FrozenState, *args: Any, **kwargs: Any):
-    """``(loss, (aux, StateDelta))`` of a loss call (``static.method`` is a :class:`~jaxaot.nn.eager_grad.LossCall`).
+    """``(loss, (aux, StateDelta))`` of a loss call (``static.method`` is a :class:`~jaxaot.nn.loss_call.LossCall`).
 
     The module's own calls inside the loss are inlined (:func:`inlining`).
     """

@@ -25,11 +25,12 @@ from typing import Any, Callable, Mapping
 
 import jax
 
-from jaxaot.compile.compilers import as_function
-from jaxaot.partition.split import Partition, Residual
-from jaxaot.runtime.programs import TrainingPrograms
+from jaxaot import _display
+from jaxaot.compile import as_function
+from jaxaot.partition import Partition, Residual
+from jaxaot.runtime.training import TrainingPrograms
 from jaxaot.runtime.residual_table import ResidualTable
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.tracing import JointGraph
 
 PROGRAMS = ("inference", "forward", "backward")
 
@@ -169,13 +170,10 @@ class AOTLowered:
     def __repr__(self) -> str:
         return f"<AOTLowered: {len(self.saved)} residuals, {self.saved_bytes} bytes saved>"
 
-    def _repr_html_(self) -> str:
-        """Jupyter's view: the split as a graph plus the residual table (:func:`jaxaot.viz.to_html`)."""
-        # Deferred: jaxaot.viz sits above the runtime (it draws this object) and
-        # pulls in the optional graphviz/matplotlib; it loads only when displayed.
-        from jaxaot import viz
-
-        return viz.to_html(self)
+    def _repr_html_(self) -> str | None:
+        """Jupyter's view: the split as a graph plus the residual table, drawn by the renderer
+        :mod:`jaxaot.viz` registers (:func:`jaxaot.viz.to_html`; see :mod:`jaxaot._display`)."""
+        return _display.render(_display.LOWERED, self)
 
 
 class AOTCompiled:

@@ -25,9 +25,10 @@ import math
 from typing import Any, Iterator, Sequence
 
 from jaxaot import _compat as C
+from jaxaot import _display
 from jaxaot._pytrees import dtype_name, leaf_paths_or_positions
-from jaxaot.partition.split import Partition
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.partition import Partition
+from jaxaot.tracing import JointGraph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +167,10 @@ class ResidualTable(Sequence[ResidualRow]):
     def __repr__(self) -> str:
         return f"ResidualTable({len(self)} values, {self.added_bytes} bytes added, {self.input_bytes} of inputs)"
 
-    def _repr_html_(self) -> str:
-        # Deferred: jaxaot.viz sits above the runtime (it draws this table).
-        from jaxaot import viz
-
-        return viz.residual_table_html(self)
+    def _repr_html_(self) -> str | None:
+        """Jupyter's view: the table as HTML, drawn by the renderer :mod:`jaxaot.viz` registers
+        (:func:`jaxaot.viz.residual_table_html`; see :mod:`jaxaot._display`)."""
+        return _display.render(_display.RESIDUAL_TABLE, self)
 
 
 def _on_devices(residual: Any, sharding: Any) -> tuple[str, int | None]:

@@ -22,12 +22,17 @@ Modules, each importing only those above it:
 * ``program``: what is read from a lowered function (partition, names, recomputed eqns);
 * ``grouping``: :func:`collapse`, one node per source line or function;
 * ``graph``: :func:`split_graph`;
-* ``layout``: Graphviz (:func:`to_digraph`, :func:`layout_available`);
+* ``layout``: Graphviz (:func:`to_digraph`, :func:`layout_available`, :func:`why_no_layout`);
 * ``table``: :func:`residual_table_html`;
 * ``page``: :func:`to_html`, the Jupyter view;
 * ``output``: :func:`render`, to text or a file;
 * ``plots``: :func:`plot_budget_sweep` (matplotlib);
 * ``schedule_plot``: :func:`plot_schedule`, a pipeline schedule's timeline (matplotlib).
+
+Importing this package registers :func:`to_html` and :func:`residual_table_html`
+in :mod:`jaxaot._display`, through which ``AOTLowered._repr_html_`` and
+``ResidualTable._repr_html_`` draw themselves in Jupyter (the package face
+``jaxaot`` imports this package on the first such display).
 
 Example:
     >>> import jax.numpy as jnp, jaxaot, jaxaot.viz
@@ -40,18 +45,23 @@ Example:
     True
 """
 
+from jaxaot import _display
 from jaxaot.viz.formatting import aval_str, format_bytes, short_source
 from jaxaot.viz.styles import STYLES, Style
 from jaxaot.viz.model import EQN_KINDS, GROUP_LEVELS, Node, SplitGraph
 from jaxaot.viz.program import backward_is_cotangent_dependent
 from jaxaot.viz.grouping import collapse
 from jaxaot.viz.graph import split_graph
-from jaxaot.viz.layout import layout_available, to_digraph
+from jaxaot.viz.layout import layout_available, to_digraph, why_no_layout
 from jaxaot.viz.table import residual_table_html
 from jaxaot.viz.page import to_html
 from jaxaot.viz.output import render
 from jaxaot.viz.plots import plot_budget_sweep
 from jaxaot.viz.schedule_plot import plot_schedule
+
+# Jupyter's views of the runtime's objects: the runtime asks the registry (it sits below viz).
+_display.register(_display.LOWERED, to_html)
+_display.register(_display.RESIDUAL_TABLE, residual_table_html)
 
 __all__ = [
     "EQN_KINDS",
@@ -73,4 +83,5 @@ __all__ = [
     "split_graph",
     "to_digraph",
     "to_html",
+    "why_no_layout",
 ]

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxaot.parallel.schedule import Schedule
-from jaxaot.parallel.simulate import OpTimes, Simulation, simulate
+from jaxaot.parallel import OpTimes, Schedule, Simulation, simulate
 
 #: The fill colour of each op's boxes.
 OP_COLORS = {"F": "#6baed6", "B": "#fd8d3c", "W": "#74c476", "BW": "#9e9ac8"}

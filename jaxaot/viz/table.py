@@ -14,8 +14,8 @@ from typing import Any
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
+from jaxaot.runtime import ResidualTable
 from jaxaot.viz.formatting import format_bytes, short_source
-from jaxaot.runtime.residual_table import ResidualTable
 from jaxaot.viz.program import backward_is_cotangent_dependent, unwrap
 
 _COLUMNS = ("#", "value", "shape", "dtype", "bytes", "where", "producer", "source line")

@@ -20,3 +20,18 @@ def test_repr_html(small, remat):
 
 def test_repr_html_without_dot(small, no_dot):
     assert "No graph" in small._repr_html_()
+
+
+def test_repr_html_loads_viz_on_first_display():
+    """The runtime never imports viz: the package face loads it the first time Jupyter displays."""
+    import subprocess
+    import sys
+
+    code = ("import sys, jax.numpy as jnp, jaxaot\n"
+            "low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))\n"
+            "assert 'jaxaot.viz' not in sys.modules\n"
+            "assert '<table' in low.residuals._repr_html_() and 'jaxaot.viz' in sys.modules\n"
+            "assert low._repr_html_().startswith('<div class=\"jaxaot-split\">')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr

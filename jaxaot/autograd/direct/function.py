@@ -1,63 +1,28 @@
-"""Eager gradients that go straight to the compiled executables.
+"""The eager gradient of an ``aot_function``: straight to its compiled executables.
 
 ``jax.value_and_grad(aot_fn)`` works, but in eager mode JAX's own autodiff
 machinery (linearize, ``custom_vjp`` bookkeeping, transposition) costs about as
-much per call as the executables themselves on small functions. These
-drop-in versions run the compiled forward and backward directly when every
-argument is a concrete array, and defer to ``jax.value_and_grad`` otherwise
-(under ``jit``, ``vmap``, or for functions that are not :class:`AOTFunction`).
+much per call as the executables themselves on small functions.
+:func:`function_value_and_grad` runs the compiled forward and backward directly
+when every argument is a concrete array (one fused executable by default,
+:func:`jaxaot.fusion.run_fused`; ``docs/concepts/fused_step.md``), and defers to
+``jax.value_and_grad`` otherwise (under ``jit`` or ``vmap``, integer inputs, a
+loss that is not a real scalar).
 
-A plain function whose differentiated argument knows how to differentiate a
-function of itself (:class:`DifferentiatesItself`: ``jaxaot.aot_module``'s
-``AOTModule``) is handed to that argument, which compiles the function with
-its module (:mod:`jaxaot.nn.eager_grad`).
+Costs per call: the function's signature look-up, one executable call (two
+when split), and the unflattening of the results; which program a signature
+runs is decided once, on its first call.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Sequence
 
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.runtime.function import AOTFunction
-from jaxaot.runtime.fused import run_fused
-from jaxaot.runtime.signature import TraceKind
-
-
-@runtime_checkable
-class DifferentiatesItself(Protocol):
-    """An argument that runs ``value_and_grad`` of a function of itself through its own programs.
-
-    :func:`value_and_grad` hands it the call when it is the one differentiated
-    argument of a function that is not an :class:`AOTFunction`. It returns what
-    ``nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)``
-    returns (``jaxaot.AOTModule`` implements it).
-    """
-
-    def jaxaot_value_and_grad(self, fun: Callable[..., Any], position: int, args: tuple, kwargs: dict,
-                              has_aux: bool, fused: bool) -> Any:
-        ...
-
-
-def self_differentiating(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
-                         fallback: Callable[..., Any]) -> Callable[..., Any]:
-    """``fallback`` (a ``value_and_grad`` of ``fun``), except when the one differentiated argument
-    (``argnums`` an int or a 1-tuple) is :class:`DifferentiatesItself`: then that argument runs the
-    call, and with a 1-tuple ``argnums`` the gradients come in a 1-tuple, as JAX and Flax return them.
-    ``jaxaot.value_and_grad`` and :func:`jaxaot.nn.patch_value_and_grad` dispatch through it."""
-    as_tuple = isinstance(argnums, (tuple, list))
-    position = argnums[0] if as_tuple and len(argnums) == 1 else argnums
-    if isinstance(position, bool) or not isinstance(position, int):  # DiffState, several argnums: not ours
-        return fallback
-
-    def vg(*args: Any, **kwargs: Any):
-        if 0 <= position < len(args) and isinstance(args[position], DifferentiatesItself):
-            out, grads = args[position].jaxaot_value_and_grad(fun, position, args, kwargs, has_aux, fused)
-            return out, ((grads,) if as_tuple else grads)
-        return fallback(*args, **kwargs)
-
-    return vg
+from jaxaot.fusion import run_fused
+from jaxaot.runtime import AOTFunction, TraceKind
 
 
 def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
@@ -81,36 +46,16 @@ def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], b
     return tuple(argnums), False
 
 
-def value_and_grad(
-    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *, fused: bool = True
-) -> Callable[..., Any]:
-    """Like ``jax.value_and_grad``, with an eager fast path for :class:`AOTFunction`.
+def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_aux: bool,
+                            fused: bool) -> Callable[..., Any]:
+    """``jax.value_and_grad(fun, argnums, has_aux)`` of an ``aot_function``, run eagerly on its executables.
 
-    For a plain ``fun`` whose differentiated argument is a ``jaxaot.aot_module``
-    (``loss_fn(aot_model, x, y)``), it behaves as ``nnx.value_and_grad``: the
-    gradient is an ``nnx.State`` of the module's parameters, and the state the
-    call changes is written back. Eagerly, ``fun`` is then traced once per
-    signature together with the module and runs as one compiled step (Python
-    side effects in ``fun`` happen when it is traced, as in the module's own
-    call); under ``jit`` it is ``nnx.value_and_grad``.
-
-    Args:
-      fun, argnums, has_aux: as ``jax.value_and_grad``'s.
-      fused: run one executable that computes the forward and then the
-        backward, keeping the partition's plan (:mod:`jaxaot.runtime.fused`);
-        False runs the split forward and backward executables. ``cache_info()``
-        lists which were compiled (``fused`` or ``forward``/``backward``).
-
-    Example:
-        >>> import jax.numpy as jnp, jaxaot
-        >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
-        >>> loss, dw = jaxaot.value_and_grad(f)(jnp.ones((3, 2)), jnp.ones((4, 3)))
-        >>> dw.shape
-        (3, 2)
+    ``fused``: one executable computes the forward and then the backward,
+    keeping the partition's plan; False runs the split forward and backward
+    executables. The result has a ``lower(*args)`` giving the
+    :class:`~jaxaot.AOTLowered` of the programs it runs.
     """
     fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
-    if not isinstance(fun, AOTFunction):
-        return self_differentiating(fun, argnums, has_aux, fused, fallback)
     nums, single = _normalize_argnums(argnums)
 
     def training_for(programs, leaves, args):
@@ -171,23 +116,3 @@ def value_and_grad(
     vg.__wrapped__ = fun
     vg.lower = lower
     return vg
-
-
-def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
-         fused: bool = True) -> Callable[..., Any]:
-    """Like ``jax.grad``, with the eager fast path of :func:`value_and_grad`.
-
-    Example:
-        >>> import jax.numpy as jnp, jaxaot
-        >>> f = jaxaot.aot_function(lambda x: jnp.sum(x ** 2))
-        >>> jaxaot.grad(f)(jnp.arange(3.0)).tolist()
-        [0.0, 2.0, 4.0]
-    """
-    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused)
-
-    def g(*args: Any, **kwargs: Any):
-        value, gr = vg(*args, **kwargs)
-        return (gr, value[1]) if has_aux else gr
-
-    g.__wrapped__ = fun
-    return g

@@ -54,11 +54,11 @@ import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
-from jaxaot.autograd import capture as CAP
-from jaxaot.autograd import modules as M
-from jaxaot.autograd import param_hooks as PH
-from jaxaot.autograd import step as S
-from jaxaot.autograd.cache import note_fallback
+from jaxaot.autograd.recorded import capture as CAP
+from jaxaot.autograd.recorded import modules as M
+from jaxaot.autograd.recorded import param_hooks as PH
+from jaxaot.autograd.recorded import step as S
+from jaxaot.autograd.recorded.cache import note_fallback
 from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
 
 
@@ -122,7 +122,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
       has_aux: ``fun`` returns ``(value, aux)``.
       param_hooks: ``{path pattern or predicate: fn(param, grad) -> grad}``, run
         on each matching parameter's full gradient inside the compiled backward
-        (:mod:`jaxaot.autograd.param_hooks`).
+        (:mod:`jaxaot.autograd.recorded.param_hooks`).
 
     Returns:
       ``f(*args, **kwargs) -> (value, grad)`` (``((value, aux), grad)`` with

@@ -2,7 +2,7 @@
 
 One cache serves every :func:`~jaxaot.compiled_grad`: an entry is keyed by the
 recorded forward's (or captured backward's)
-:class:`~jaxaot.autograd.structure.Structure` plus what the executable bakes
+:class:`~jaxaot.autograd.recorded.structure.Structure` plus what the executable bakes
 in besides the program (the parameter hooks), so two functions with the same
 program share one executable.
 

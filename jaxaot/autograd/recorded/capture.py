@@ -37,9 +37,9 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.autograd import param_hooks as PH
-from jaxaot.autograd.cache import CACHE
-from jaxaot.autograd.structure import Structure, explain, structure_of
+from jaxaot.autograd.recorded import param_hooks as PH
+from jaxaot.autograd.recorded.cache import CACHE
+from jaxaot.autograd.recorded.structure import Structure, explain, structure_of
 
 
 @dataclasses.dataclass

@@ -47,7 +47,7 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
-from jaxaot.autograd.structure import structure_of
+from jaxaot.autograd.recorded.structure import structure_of
 from jaxaot.errors import HookOutputError, InvalidInputError
 
 Hook = Callable[[Any], Any]

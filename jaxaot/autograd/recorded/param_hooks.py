@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from jaxaot.autograd.hooks import check_like, hook_name
+from jaxaot.autograd.recorded.hooks import check_like, hook_name
 from jaxaot.errors import InvalidInputError
 
 ParamHook = Callable[[Any, Any], Any]

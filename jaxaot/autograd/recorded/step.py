@@ -27,10 +27,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.autograd import param_hooks as PH
-from jaxaot.autograd import tape as T
-from jaxaot.autograd.cache import CACHE
-from jaxaot.autograd.structure import Structure, explain
+from jaxaot.autograd.recorded import param_hooks as PH
+from jaxaot.autograd.recorded import tape as T
+from jaxaot.autograd.recorded.cache import CACHE
+from jaxaot.autograd.recorded.structure import Structure, explain
 
 
 class Recorded(NamedTuple):

@@ -31,7 +31,7 @@ What is recorded and how:
   (batch, closed-over arrays; NumPy arrays are copied to the device), and
   Python or NumPy scalars as literals (their value is part of the key).
 
-:func:`structure` builds the :class:`~jaxaot.autograd.structure.Structure` of a
+:func:`structure` builds the :class:`~jaxaot.autograd.recorded.structure.Structure` of a
 finished tape, keyed incrementally during recording; :func:`replay` re-applies
 the operations in any trace (the compiled step traces it under
 ``jax.value_and_grad``).
@@ -45,7 +45,7 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.autograd.structure import Structure, aval_key, param_key
+from jaxaot.autograd.recorded.structure import Structure, aval_key, param_key
 
 _SIMPLE = (int, str, bool, type(None), float)
 _Tracer = C.RecordingTracer

@@ -1,4 +1,4 @@
-"""``jaxaot.nn.patch_value_and_grad``: Flax's gradient names, the compiled step, Flax's results."""
+"""``jaxaot.patch_value_and_grad``: Flax's gradient names, the compiled step, Flax's results."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 import jaxaot
-from jaxaot.nn import AOTModule
-from jaxaot.nn.flax_functions import FLAX_GRAD, FLAX_VALUE_AND_GRAD
+from jaxaot.autograd.direct import module as module_step
+from jaxaot.autograd.direct.flax_functions import FLAX_GRAD, FLAX_VALUE_AND_GRAD
 from flax_models import TOL, assert_states_equal, batch, nnx_model, xent
 
 
@@ -24,7 +24,7 @@ def _train(aot: bool, patched: bool, steps: int = 3):
     m = jaxaot.aot_module(model) if aot else model
     opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
     losses = []
-    ctx = jaxaot.nn.patch_value_and_grad() if patched else _nothing()
+    ctx = jaxaot.patch_value_and_grad() if patched else _nothing()
     with ctx:
         for step in range(steps):
             loss, grads = nnx.value_and_grad(_loss)(m, *batch("cnn", step))
@@ -45,13 +45,13 @@ class _nothing:
 def spy(monkeypatch):
     """Counts the compiled-step calls an ``aot_module`` receives."""
     calls = []
-    original = AOTModule.jaxaot_value_and_grad
+    original = module_step.module_value_and_grad
 
-    def counting(self, *args, **kwargs):
+    def counting(*args, **kwargs):
         calls.append(1)
-        return original(self, *args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(AOTModule, "jaxaot_value_and_grad", counting)
+    monkeypatch.setattr(module_step, "module_value_and_grad", counting)
     return calls
 
 
@@ -73,7 +73,7 @@ def test_grad_has_aux_and_decorator_form(spy):
         return xent(logits, y), jnp.argmax(logits, -1)
 
     ref_g, ref_aux = nnx.grad(loss_aux, has_aux=True)(ref_model, x, y)
-    with jaxaot.nn.patch_value_and_grad():
+    with jaxaot.patch_value_and_grad():
         g, aux = nnx.grad(loss_aux, has_aux=True)(model, x, y)
         g2 = nnx.grad(argnums=0)(_loss)(jaxaot.aot_module(nnx_model("cnn")), x, y)
     chex.assert_trees_all_equal(aux, ref_aux)
@@ -86,7 +86,7 @@ def test_falls_back_to_flax(spy):
     """Plain modules, DiffState argnums and options other than Flax's defaults take Flax's function."""
     x, y = batch("cnn", 1)
     ref = FLAX_VALUE_AND_GRAD(_loss)(nnx_model("cnn"), x, y)
-    with jaxaot.nn.patch_value_and_grad():
+    with jaxaot.patch_value_and_grad():
         plain = nnx.value_and_grad(_loss)(nnx_model("cnn"), x, y)
         diff_state = nnx.value_and_grad(_loss, argnums=nnx.DiffState(0, nnx.Param))(
             jaxaot.aot_module(nnx_model("cnn")), x, y)
@@ -102,13 +102,13 @@ def test_falls_back_to_flax(spy):
 def test_under_nnx_jit_and_restored_on_error():
     x, y = batch("cnn", 2)
     ref_loss, ref_grads = FLAX_VALUE_AND_GRAD(_loss)(nnx_model("cnn"), x, y)
-    with jaxaot.nn.patch_value_and_grad():
+    with jaxaot.patch_value_and_grad():
         loss, grads = nnx.jit(lambda m, x, y: nnx.value_and_grad(_loss)(m, x, y))(
             jaxaot.aot_module(nnx_model("cnn")), x, y)
     chex.assert_trees_all_close(loss, ref_loss, **TOL)
     assert_states_equal(grads["module"], ref_grads, **TOL)
     with pytest.raises(ZeroDivisionError):
-        with jaxaot.nn.patch_value_and_grad():
+        with jaxaot.patch_value_and_grad():
             assert nnx.value_and_grad is not FLAX_VALUE_AND_GRAD
             1 / 0
     assert nnx.value_and_grad is FLAX_VALUE_AND_GRAD and nnx.grad is FLAX_GRAD
@@ -121,7 +121,7 @@ def test_one_tuple_argnums_give_a_tuple_of_gradients(spy):
     ref_loss, ref_grads = FLAX_VALUE_AND_GRAD(_loss, argnums=(0,))(nnx_model("cnn"), x, y)
     assert isinstance(ref_grads, tuple) and len(ref_grads) == 1
     loss, grads = jaxaot.value_and_grad(_loss, argnums=(0,))(jaxaot.aot_module(nnx_model("cnn")), x, y)
-    with jaxaot.nn.patch_value_and_grad():
+    with jaxaot.patch_value_and_grad():
         g_only = nnx.grad(_loss, argnums=(0,))(jaxaot.aot_module(nnx_model("cnn")), x, y)
     for got in (grads, g_only):
         assert isinstance(got, tuple) and len(got) == 1

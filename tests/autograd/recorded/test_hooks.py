@@ -10,7 +10,7 @@ import pytest
 import jaxaot
 from autograd_helpers import close as _close, rand as _rand
 from jaxaot import compiled_autograd
-from jaxaot.autograd import capture
+from jaxaot.autograd.recorded import capture
 
 
 def _loss(w, x, hook):

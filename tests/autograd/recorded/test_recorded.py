@@ -14,7 +14,7 @@ import pytest
 import jaxaot
 from autograd_helpers import close as _close, in_threads, rand as _rand
 from jaxaot import compiled_autograd
-from jaxaot.autograd import step, tape
+from jaxaot.autograd.recorded import step, tape
 
 
 def _no_fallback():
