@@ -65,12 +65,12 @@ from jaxaot.artifacts.placement import MeshSpec
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import InvalidInputError, NotExportableError
-from jaxaot.loops.overflow import overflow_check_max_steps
-from jaxaot.partition.default import default_partition
-from jaxaot.partition.split import Partitioner
-from jaxaot.runtime import shardings as S
-from jaxaot.runtime.function import AOTFunction, aot_function
-from jaxaot.runtime.programs import SignaturePrograms, TrainingPrograms
+from jaxaot.loops import overflow_check_max_steps
+from jaxaot.partition import Partitioner, default_partition
+from jaxaot.runtime import (
+    AOTFunction, SignaturePrograms, TrainingPrograms, aot_function, is_abstract, is_multi_device, output_shardings,
+    replicated,
+)
 
 
 def export(
@@ -170,7 +170,7 @@ class _Placement:
                 f"{name} has sharded inputs and symbolic dimensions (dynamic_shapes): the shardings of its "
                 "residuals are read off the compiled forward, which needs concrete shapes. Export one artifact "
                 "per batch size, or export with unsharded inputs.")
-        outs = S.output_shardings(training.forward_exe)  # compiles the forward: its residual shardings
+        outs = output_shardings(training.forward_exe)  # compiles the forward: its residual shardings
         if outs is None:
             raise NotExportableError(f"the forward compiler of {name} does not report output shardings, which "
                                      "a sharded export records: export with the default XLA compiler.")
@@ -184,7 +184,7 @@ class _Placement:
         """``out_shardings`` of a program returning the first ``n`` forward outputs and ``n_checks`` flags."""
         if self.mesh is None:
             return None
-        return list(self.forward[:n]) + [S.replicated(self.mesh)] * n_checks
+        return list(self.forward[:n]) + [replicated(self.mesh)] * n_checks
 
 
 def _signature(in_structure: dict, programs: SignaturePrograms, training: TrainingPrograms, forward_checks: tuple,
@@ -251,7 +251,7 @@ def _multi_device_sharding(x: Any) -> Any:
         sharding = x.sharding if x.committed else None
     else:
         sharding = None
-    return sharding if S.is_multi_device(sharding) and not S.is_abstract(sharding) else None
+    return sharding if is_multi_device(sharding) and not is_abstract(sharding) else None
 
 
 def _abstract(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:

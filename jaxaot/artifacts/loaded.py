@@ -30,7 +30,7 @@ from jaxaot.errors import (
     NotExportableError,
     ResidualsMismatchError,
 )
-from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
+from jaxaot.runtime import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
 
 
 def load(path: str | Path | ExportedAOT, *, check_versions: bool = True) -> "LoadedAOT":

@@ -9,6 +9,8 @@ set; :func:`stats` counts their hits and misses.
 from jaxaot.compile import compilers
 from jaxaot.compile.cache import cached_compile, cached_partition
 from jaxaot.compile.cache_stats import CacheStats, reset_stats, stats
-from jaxaot.compile.compilers import Compiler
+from jaxaot.compile.compilers import Compiler, as_function
 
-__all__ = ["CacheStats", "Compiler", "cached_compile", "cached_partition", "compilers", "reset_stats", "stats"]
+__all__ = [
+    "CacheStats", "Compiler", "as_function", "cached_compile", "cached_partition", "compilers", "reset_stats", "stats",
+]

@@ -10,7 +10,7 @@ outputs. On an attention block whose plan saves the scores and the softmax
 statistics, the recomputed probabilities (the value gradient's operand) came
 out of the score gradient's kernel: two 256 MB buffers at once, beside the
 scores and the probabilities' cotangent, and the fused step's peak rose 1.28x
-above ``dots_saveable``'s (``benchmarks/probe_peak_buffers.py``).
+above ``dots_saveable``'s (``docs/concepts/fused_step.md``, "Backward order").
 
 :func:`eval_backward` evaluates the backward in its own order, except that
 each matmul or convolution that reads a recomputed value (and a value a
@@ -39,11 +39,11 @@ from typing import Any
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.partition import cost_model
+from jaxaot.partition import Recompute, classify
 
 #: Primitives whose recomputed operands are ordered (XLA writes their operands to memory).
 MATERIALIZING = frozenset({"dot_general", "conv_general_dilated"})
-_CHEAP = cost_model.Recompute.CHEAP
+_CHEAP = Recompute.CHEAP
 #: Eqns that only move or relabel data: an operand recomputed by these alone (a transposed
 #: weight) costs no kernel worth ordering.
 _MOVES = frozenset("transpose reshape rev squeeze expand_dims broadcast_in_dim copy convert_element_type".split())
@@ -114,7 +114,7 @@ def eval_backward(backward: Any, num_cotangents: int, *args: Any) -> list:
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot.runtime.ordering import eval_backward
+        >>> from jaxaot.fusion import eval_backward
         >>> def bwd(g, s, w):  # exp(s) recomputed: a matmul operand, and read again after it
         ...     dw = jnp.exp(s).T @ g
         ...     return dw, (g @ w.T) * jnp.exp(s)
@@ -161,7 +161,7 @@ def eval_backward(backward: Any, num_cotangents: int, *args: Any) -> list:
             env.update((id(s), x) for s, x in zip(sources, passed))
             outs = passed[len(sources):]
             stale = {id(s) for s in sources}
-            for k in [k for k in memo if deps[k] & stale and cost_model.classify(producer[k]) is _CHEAP]:
+            for k in [k for k in memo if deps[k] & stale and classify(producer[k]) is _CHEAP]:
                 del memo[k]
         env.update((id(o), x) for o, x in zip(eqn.outvars, outs))
 

@@ -11,13 +11,13 @@ Saving the max instead keeps it alive across the step and, in XLA's own order,
 changes how XLA fuses the probabilities' recomputation: on the 16-head GPT-2
 block the fused step's peak was 1.281x ``dots_saveable``'s in XLA's order and
 1.001x in the consume-first order, against 0.983x with the max derived again
-(``benchmarks/results/probe_max_recompute_gpu_h100_2026-11-26_issue_block.txt``).
+(``docs/concepts/fused_step.md``, "Reductions derived again").
 
 :func:`rederive_backward` finds the residuals that a short chain of eqns
 computes from values the backward already has (it recomputes them or takes
 them as residuals), where the chain holds at least one *order-free* reduction
 (:data:`ORDER_FREE`: max, min, argmax, argmin) and otherwise only cheap,
-fusible eqns (:func:`jaxaot.partition.cost_model.classify`). It returns the
+fusible eqns (:func:`jaxaot.partition.classify`). It returns the
 backward with those chains inserted before the residual's first reader and the
 residual dropped from its inputs. Only order-free reductions qualify because
 they give the forward's value bit for bit in any fusion; a sum computed again in
@@ -25,9 +25,9 @@ another kernel may differ in its last bits from the one the forward used.
 
 The saved set only shrinks, so the step still keeps no more than the plan; the
 fused step compiles this variant on an accelerator and keeps it where the
-compiled peak falls (:func:`jaxaot.runtime.fused.choose_rederive`). A chain
+compiled peak falls (:func:`jaxaot.fusion.choose_rederive`). A chain
 needs the forward's and the backward's variables to be the same objects, as
-:func:`jaxaot.partition.split.split_joint` builds them; a partition rewritten
+:func:`jaxaot.partition.split_joint` builds them; a partition rewritten
 since (offloaded residuals' copies) simply yields nothing here.
 
 Cost: one pass over the backward's eqns and a walk of at most
@@ -40,7 +40,7 @@ import dataclasses
 from typing import Any
 
 from jaxaot import _compat as C
-from jaxaot.partition import cost_model
+from jaxaot.partition import Recompute, classify
 
 #: Reductions whose result does not depend on the order of evaluation.
 ORDER_FREE = frozenset({"reduce_max", "reduce_min", "argmax", "argmin"})
@@ -66,7 +66,7 @@ class RederivedBackward:
 def _rederivable(eqn: Any) -> bool:
     if eqn.effects or C.eqn_subjaxprs(eqn):
         return False
-    return eqn.primitive.name in ORDER_FREE or cost_model.classify(eqn) is cost_model.Recompute.CHEAP
+    return eqn.primitive.name in ORDER_FREE or classify(eqn) is Recompute.CHEAP
 
 
 def _chain(root: Any, producer: dict, defined: dict, before: float) -> list | None:
@@ -106,7 +106,7 @@ def rederive_backward(part: Any, num_cotangents: int) -> RederivedBackward:
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
-        >>> from jaxaot.runtime.rederive import rederive_backward
+        >>> from jaxaot.fusion import rederive_backward
         >>> def f(w, x):
         ...     s = x @ w
         ...     return jnp.sum(jnp.exp(s - jnp.max(s, axis=1, keepdims=True)) ** 2)

@@ -20,7 +20,11 @@ Importing this package registers the rules.
 
 from jaxaot.loops import rules  # noqa: F401  (registers the primitives' rules)
 from jaxaot.loops.api import while_loop, while_loop_stack_output
-from jaxaot.loops.overflow import reraise_overflow
+from jaxaot.loops.capacity import dynamic_capacity
+from jaxaot.loops.overflow import RUNTIME_ERRORS, loop_overflow_from, overflow_check_max_steps, reraise_overflow
 from jaxaot.loops.patch import patch_while_loop
 
-__all__ = ["patch_while_loop", "reraise_overflow", "while_loop", "while_loop_stack_output"]
+__all__ = [
+    "RUNTIME_ERRORS", "dynamic_capacity", "loop_overflow_from", "overflow_check_max_steps", "patch_while_loop",
+    "reraise_overflow", "while_loop", "while_loop_stack_output",
+]

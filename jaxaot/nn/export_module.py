@@ -40,7 +40,7 @@ from jaxaot.nn.api import aot_module
 from jaxaot.nn.call import ModuleCall
 from jaxaot.nn.linen import AOTLinenModule
 from jaxaot.nn.nnx import AOTModule
-from jaxaot.tracing.primal import flatten_program
+from jaxaot.tracing import flatten_program
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,8 +58,7 @@ from jaxaot.parallel.builtin import make_schedule
 from jaxaot.parallel.schedule import Schedule
 from jaxaot.parallel.simulate import OpTimes
 from jaxaot.parallel.stage import Placement, Stage, StagePrograms, float0_like
-from jaxaot.partition.default import default_partition
-from jaxaot.partition.split import Partitioner
+from jaxaot.partition import Partitioner, default_partition
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,14 +6,14 @@ A stage is ``stage_fn(params, activations) -> activations`` (the last one
 the passes a pipeline schedule asks for (:mod:`jaxaot.parallel.schedule`):
 
 * ``F``: the stage's compiled forward, through the runtime's
-  :meth:`~jaxaot.runtime.programs.TrainingPrograms.forward`: outputs and residuals;
+  :meth:`~jaxaot.runtime.TrainingPrograms.forward`: outputs and residuals;
 * ``BW``: the fused backward (the partition's backward program);
-* ``B`` and ``W``: the two halves of :func:`jaxaot.partition.bw_split.split_backward`,
+* ``B`` and ``W``: the two halves of :func:`jaxaot.partition.split_backward`,
   B returning the activation gradients at once and what W needs, W the weight
   gradients later.
 
 All three backward executables are compiled through
-:meth:`~jaxaot.runtime.programs.SignaturePrograms.compile` (so they share the
+:meth:`~jaxaot.runtime.SignaturePrograms.compile` (so they share the
 persistent compile cache) for the shardings of the arrays of their first call,
 i.e. for the stage's device; each is compiled once, on its first use.
 
@@ -32,10 +32,8 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.partition.bw_split import BWSplit, split_backward
-from jaxaot.partition.split import Partitioner
-from jaxaot.runtime.function import AOTFunction, aot_function
-from jaxaot.runtime.programs import SignaturePrograms, TrainingPrograms
+from jaxaot.partition import BWSplit, Partitioner, split_backward
+from jaxaot.runtime import AOTFunction, SignaturePrograms, TrainingPrograms, aot_function
 
 #: ``Device`` or ``jax.sharding.Mesh``: where a stage runs (a mesh stage is replicated over its devices).
 Placement = Any
@@ -58,7 +56,7 @@ class StagePrograms:
     """The passes of one stage for one input signature (see the module docstring).
 
     Attributes:
-      training: the runtime's :class:`~jaxaot.runtime.programs.TrainingPrograms`.
+      training: the runtime's :class:`~jaxaot.runtime.TrainingPrograms`.
       num_params / num_activations: how many leaves the parameters and the activations have.
       param_grads: per parameter leaf, its position among the backward's gradients (None: not differentiated).
       activation_grads: likewise per activation leaf.

@@ -1,22 +1,36 @@
 """Stage 4, runtime: ``aot_function`` and the per-signature programs it runs.
 
-Modules, each one concept: ``signature`` (what selects a program, why a call
+Modules, each one concept, bottom up (the face imports them in this order):
+``shardings`` (what a sharded signature's programs are compiled for),
+``vjp`` (the ``custom_vjp`` wiring shared with loaded artifacts: :class:`SplitPrograms`,
+:func:`custom_vjp_of`), ``signature`` (what selects a program, why a call
 recompiled), ``arguments`` (static values apart, the rest flattened),
-``programs`` (per-signature and per-gradient programs and executables),
-``vjp`` (the ``custom_vjp`` wiring shared with loaded artifacts), ``residuals``,
-``checks`` (what ``backward`` checks), ``lowered`` (``AOTLowered``),
-``function`` (``AOTFunction``, ``aot_function``) and ``eager`` (the fast
-eager ``value_and_grad``/``grad``).
+``options``, ``placement`` (where one training program's values live),
+``training`` (:class:`TrainingPrograms`, one differentiated mask's joint graph,
+partition and executables), ``programs`` (:class:`SignaturePrograms`, the stage
+driver), ``residuals``, ``residual_table``, ``checks`` (what ``backward``
+checks), ``lowered`` (``AOTLowered``) and ``function`` (``AOTFunction``,
+``aot_function``).
+
+:class:`SignaturePrograms` and :class:`TrainingPrograms` are the interface
+the stages above use (export, pipelines, the fused step of
+:mod:`jaxaot.fusion`): :mod:`jaxaot.runtime.programs` lists what they may
+call and read.
 """
 
-from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice
+from jaxaot.runtime.shardings import is_abstract, is_multi_device, output_shardings, replicated
+from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
+from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind
+from jaxaot.runtime.training import TrainingPrograms
+from jaxaot.runtime.programs import SignaturePrograms
 from jaxaot.runtime.residuals import Residuals
 from jaxaot.runtime.residual_table import ResidualRow, ResidualTable
 from jaxaot.runtime.lowered import AOTCompiled, AOTLowered
 from jaxaot.runtime.function import AOTFunction, aot_function
-from jaxaot.runtime.eager import DifferentiatesItself, grad, self_differentiating, value_and_grad
 
 __all__ = [
-    "AOTCompiled", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "DifferentiatesItself", "FusedChoice",
-    "ResidualRow", "ResidualTable", "Residuals", "aot_function", "grad", "self_differentiating", "value_and_grad",
+    "AOTCompiled", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "FusedChoice", "ResidualRow",
+    "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
+    "custom_vjp_of", "is_abstract", "is_multi_device", "output_shardings", "replicated", "scatter",
+    "select_cotangents", "shape_and_dtype_name",
 ]

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, leaf_paths
 from jaxaot.errors import CotangentMismatchError, ResidualsMismatchError
-from jaxaot.runtime.programs import TrainingPrograms
+from jaxaot.runtime.training import TrainingPrograms
 from jaxaot.runtime.residual_table import ResidualTable
 from jaxaot.runtime.residuals import Residuals
 from jaxaot.runtime.shardings import check_residual_shardings

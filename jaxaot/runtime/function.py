@@ -1,7 +1,7 @@
 """``aot_function`` and ``AOTFunction``: trace -> partition -> compile, per input signature.
 
 Per input signature an :class:`AOTFunction` keeps one
-:class:`~jaxaot.runtime.programs.SignaturePrograms`: the traced programs and up
+:class:`~jaxaot.runtime.SignaturePrograms`: the traced programs and up
 to three executables, each built the first time it is needed:
 
 * *inference*: the primal program, for calls that differentiate nothing;
@@ -29,15 +29,15 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import flatten_checked
-from jaxaot.compile import compilers
-from jaxaot.compile.compilers import Compiler
+from jaxaot.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
-from jaxaot.loops.overflow import RUNTIME_ERRORS, loop_overflow_from
-from jaxaot.partition.default import default_partition
-from jaxaot.partition.split import Partitioner
+from jaxaot.loops import RUNTIME_ERRORS, loop_overflow_from
+from jaxaot.partition import Partitioner, default_partition
 from jaxaot.runtime import arguments, checks
 from jaxaot.runtime.lowered import AOTLowered
-from jaxaot.runtime.programs import Options, SignaturePrograms, TrainingPrograms
+from jaxaot.runtime.options import Options
+from jaxaot.runtime.programs import SignaturePrograms
+from jaxaot.runtime.training import TrainingPrograms
 from jaxaot.runtime.residuals import Residuals
 from jaxaot.runtime.shardings import check_policy, check_same_devices, context_mesh
 from jaxaot.runtime.signature import (

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from jaxaot import _compat as C
-from jaxaot.compile.compilers import Compiler
-from jaxaot.partition.split import Partitioner
+from jaxaot.compile import Compiler
+from jaxaot.partition import Partitioner
 from jaxaot.runtime import shardings as S
-from jaxaot.tracing.primal import Decompositions
+from jaxaot.tracing import Decompositions
 
 
 class Options:

@@ -1,6 +1,6 @@
 """Where one training program's values live on a mesh: the pins and shardings of its two executables.
 
-A :class:`Placement` belongs to one :class:`~jaxaot.runtime.programs.TrainingPrograms`
+A :class:`Placement` belongs to one :class:`~jaxaot.runtime.TrainingPrograms`
 and answers, for a sharded signature (:mod:`jaxaot.runtime.shardings`):
 
 * :meth:`~Placement.forward_pins`: per forward output, the sharding it is pinned
@@ -28,7 +28,7 @@ from typing import Any
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.partition.offload import HOST_MEMORY_KIND
+from jaxaot.partition import HOST_MEMORY_KIND
 from jaxaot.runtime import shardings as S
 
 

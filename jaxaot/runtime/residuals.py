@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxaot.partition.split import Residual
+from jaxaot.partition import Residual
 
 
 @jax.tree_util.register_pytree_node_class

@@ -189,7 +189,7 @@ def describe_change(old: Signature, new: Signature) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FusedChoice:
-    """How one fused training step (:mod:`jaxaot.runtime.fused`) was compiled.
+    """How one fused training step (:mod:`jaxaot.fusion`) was compiled.
 
     Attributes:
       executable: its name among the signature's executables (``"fused[...]"``).
@@ -197,7 +197,7 @@ class FusedChoice:
       order: ``"xla"`` or ``"consume_first"`` (the backward's order).
       barrier: which residuals pass ``optimization_barrier``: ``"all"``, ``"recomputed"`` or ``"none"``.
       rederived: the residuals the step's backward derives again instead of taking them
-        (:mod:`jaxaot.runtime.rederive`), described as ``lower()``'s residual table does.
+        (:mod:`jaxaot.fusion.rederive`), described as ``lower()``'s residual table does.
     """
 
     executable: str

@@ -1,1 +1,13 @@
-"""Stage 1, trace: a user function to its primal jaxpr and its joint forward+backward jaxpr."""
+"""Stage 1, trace: a user function to its primal jaxpr and its joint forward+backward jaxpr.
+
+``primal``: :func:`trace_primal` (the flat primal program, with the user's
+``decompositions`` inlined) and :func:`flatten_program`; ``joint``:
+:class:`JointGraph` and :func:`build_joint` (forward and backward in one
+jaxpr, built from the primal program for a differentiated mask), and
+:func:`trace_joint`, the same from a function and example arguments.
+"""
+
+from jaxaot.tracing.primal import Decompositions, flatten_program, trace_primal
+from jaxaot.tracing.joint import JointGraph, build_joint, trace_joint
+
+__all__ = ["Decompositions", "JointGraph", "build_joint", "flatten_program", "trace_joint", "trace_primal"]

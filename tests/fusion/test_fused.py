@@ -12,7 +12,7 @@ import pytest
 import jaxaot
 import zoo
 from jaxaot import _compat as C
-from jaxaot.runtime.fused import fused_exe, fused_program, recomputation_inputs
+from jaxaot.fusion import fused_exe, fused_program, recomputation_inputs
 from zoo import assert_trees_close
 
 PARTITIONERS = {
@@ -94,7 +94,7 @@ def test_a_partition_that_recomputes_nothing_has_no_barrier():
 
 
 def test_default_partition_passes_only_what_its_recomputation_reads():
-    from jaxaot.runtime.fused import default_barrier
+    from jaxaot.fusion import default_barrier
 
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(6))
@@ -164,10 +164,10 @@ def test_fused_peak_is_no_more_than_jax_fused_step(budget):
 @pytest.mark.parametrize("choice", ["auto", "pinned"])
 def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
     # Both layout choices (CPU standing in for an accelerator): row-major pins sharded residuals.
-    from jaxaot.runtime import fused
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: choice)
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: choice)
     if jax.device_count() < 8:
         pytest.skip("needs eight devices (tests/conftest.py sets them)")
     from jax.sharding import NamedSharding
@@ -211,7 +211,7 @@ def _grouped_attention(q, k, v):
 
 
 def test_pinned_keeps_a_transposed_residual_in_the_order_the_backward_reads_it():
-    from jaxaot.runtime.fused import read_orders
+    from jaxaot.fusion import read_orders
 
     ks = jax.random.split(_key(12), 3)
     args = (jax.random.normal(ks[0], (2, 8, 2, 2, 4)), jax.random.normal(ks[1], (2, 8, 2, 4)),
@@ -240,7 +240,7 @@ def test_pinned_leaves_an_input_read_transposed_row_major():
     args = (jax.random.normal(_key(14), (4, 6)), jax.random.normal(_key(15), (6, 4)))
     f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
     tr = _training(f, args)
-    from jaxaot.runtime.fused import read_orders
+    from jaxaot.fusion import read_orders
 
     assert 0 in read_orders(tr.partition.backward, len(tr.partition.cotangent_outputs))
     assert len(tr.partition.saved_inputs) > 0  # position 0 is an input
@@ -261,7 +261,7 @@ def test_an_unknown_layouts_value_is_refused():
 
 
 def test_read_orders_leave_residuals_read_otherwise():
-    from jaxaot.runtime.fused import read_orders
+    from jaxaot.fusion import read_orders
 
     def bwd(g, a, b, c, d):  # a: two transposes; b: a transpose and a sum; c: one, twice; d: also returned
         return a.T * g + jnp.transpose(a[None], (1, 0, 2))[:, 0], b.T * g + b.sum(), c.T * g + c.T, d.T * g, d
@@ -274,11 +274,11 @@ def test_read_orders_leave_residuals_read_otherwise():
 @pytest.mark.parametrize("name", ["attention", "conv", "scan"])
 def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
     # CPU stands in for an accelerator: both programs compile, one is kept under the fused name.
-    from jaxaot.runtime import fused
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     if choice != "measured":
-        monkeypatch.setattr(fused, "choose_layouts", lambda auto, pinned: choice)
+        monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: choice)
     fn, make_args = zoo.ZOO[name]
     args = make_args(_key(hash((name, choice)) % 991))
     loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
@@ -291,7 +291,7 @@ def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatc
 
 
 def test_layout_choice_rule():
-    from jaxaot.runtime.fused import LAYOUT_PEAK_SLACK, choose_layouts
+    from jaxaot.fusion.variants import LAYOUT_PEAK_SLACK, choose_layouts
 
     assert choose_layouts(10_000, 10_000) == "pinned"
     assert choose_layouts(10_000, int(10_000 * (1 + LAYOUT_PEAK_SLACK))) == "pinned"
@@ -300,17 +300,17 @@ def test_layout_choice_rule():
 
 
 def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
-    from jaxaot.runtime import fused
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    real = fused.fused_program
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    real = variants.fused_program
 
     def refusing(training, value_leaf=0, barrier="all", layouts="auto", order="xla"):
         if layouts == "pinned":
             raise NotImplementedError("no layouts here")
         return real(training, value_leaf, barrier, layouts, order)
 
-    monkeypatch.setattr(fused, "fused_program", refusing)
+    monkeypatch.setattr(variants, "fused_program", refusing)
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(5))
     f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
@@ -322,7 +322,7 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
 
 # --------------------------------------------------------------------------- backward order
 def test_order_choice_rule():
-    from jaxaot.runtime.fused import ORDER_PEAK_GAIN, choose_order
+    from jaxaot.fusion.variants import ORDER_PEAK_GAIN, choose_order
 
     assert choose_order(10_000, 10_000) == "xla"
     assert choose_order(10_000, int(10_000 * (1 - ORDER_PEAK_GAIN / 2))) == "xla"
@@ -334,12 +334,12 @@ def test_order_choice_rule():
 @pytest.mark.parametrize("name", ["attention", "mlp_gelu"])
 def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
     # CPU stands in for an accelerator: the consume-first candidate compiles, one executable is kept.
-    from jaxaot.runtime import fused
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(fused, "choose_barrier", lambda barrier, kept, free: barrier)  # the order is under test
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    monkeypatch.setattr(variants, "choose_barrier", lambda barrier, kept, free: barrier)  # the order is under test
     if choice != "measured":
-        monkeypatch.setattr(fused, "choose_order", lambda xla, ordered: choice)
+        monkeypatch.setattr(variants, "choose_order", lambda xla, ordered: choice)
     fn, make_args = zoo.ZOO[name]
     args = make_args(_key(hash((name, choice, 3)) % 991))
     loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
@@ -353,7 +353,7 @@ def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch
 
 
 def test_row_major_leaves_convolution_operands_to_the_backend():
-    from jaxaot.runtime.fused import library_kernel_residuals
+    from jaxaot.fusion import library_kernel_residuals
 
     fn, make_args = zoo.ZOO["conv"]
     args = make_args(_key(13))
@@ -377,7 +377,7 @@ def test_row_major_leaves_convolution_operands_to_the_backend():
 
 # --------------------------------------------------------------------------- the barrier
 def test_barrier_choice_rule():
-    from jaxaot.runtime.fused import choose_barrier
+    from jaxaot.fusion import choose_barrier
 
     assert choose_barrier("all", 10_000, 10_000) == "none"
     assert choose_barrier("all", 10_000, 9_000) == "none"
@@ -389,16 +389,16 @@ def test_barrier_choice_rule():
 @pytest.mark.parametrize("name", ["attention", "conv", "scan"])
 def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
     # CPU stands in for an accelerator: the step without the barrier compiles too, one executable is kept.
-    from jaxaot.runtime import fused
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    seen, real = [], fused.choose_barrier
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    seen, real = [], variants.choose_barrier
 
     def rule(barrier, kept, free):
         seen.append((kept, free))
         return {"kept": barrier, "none": "none", "measured": real(barrier, kept, free)}[choice]
 
-    monkeypatch.setattr(fused, "choose_barrier", rule)
+    monkeypatch.setattr(variants, "choose_barrier", rule)
     fn, make_args = zoo.ZOO[name]
     args = make_args(_key(hash((name, choice, 7)) % 991))
     loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
@@ -419,10 +419,10 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
 
 
 def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
-    from jaxaot.runtime import fused
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(fused, "choose_barrier", lambda *a: pytest.fail("no barrier to weigh"))
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    monkeypatch.setattr(variants, "choose_barrier", lambda *a: pytest.fail("no barrier to weigh"))
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(17))
     f = jaxaot.aot_function(fn)  # the default partition recomputes no residual's producer

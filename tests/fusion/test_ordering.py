@@ -1,4 +1,4 @@
-"""The consume-first backward order (jaxaot.runtime.ordering): same values, the intended barriers."""
+"""The consume-first backward order (jaxaot.fusion.ordering): same values, the intended barriers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 
 import jaxaot
 from jaxaot import _compat as C
-from jaxaot.runtime import ordering
-from jaxaot.runtime.fused import fused_program
+from jaxaot.fusion import fused_program, ordering
 import zoo
 from zoo import assert_trees_close, backward_inputs
 

@@ -1,4 +1,4 @@
-"""Order-free reductions the fused step's backward derives again (jaxaot.runtime.rederive)."""
+"""Order-free reductions the fused step's backward derives again (jaxaot.fusion.rederive)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import jaxaot
 import zoo
 from jaxaot import _compat as C
-from jaxaot.runtime.fused import fused_program
-from jaxaot.runtime.rederive import ORDER_FREE, rederive_backward
+from jaxaot.fusion import fused_program, rederive_backward
+from jaxaot.fusion.rederive import ORDER_FREE
 from zoo import assert_trees_close, backward_inputs
 from zoo_models import MODELS
 
@@ -143,16 +143,16 @@ def test_the_gpt2_blocks_of_the_zoo_derive_their_row_max():
 @pytest.mark.parametrize("choice", [True, False, "measured"])
 def test_the_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, choice):
     # CPU stands in for an accelerator: the step deriving the max again compiles too, one is kept.
-    from jaxaot.runtime import fused
+    from jaxaot.fusion import variants
 
-    monkeypatch.setattr(fused, "LAYOUT_CHOICE_PLATFORMS", fused.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    seen, real = [], fused.choose_rederive
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    seen, real = [], variants.choose_rederive
 
     def rule(peak, lean_peak):
         seen.append((peak, lean_peak))
         return real(peak, lean_peak) if choice == "measured" else choice
 
-    monkeypatch.setattr(fused, "choose_rederive", rule)
+    monkeypatch.setattr(variants, "choose_rederive", rule)
     args = _attention_args(_key("choice", str(choice)))
     f = jaxaot.aot_function(_attention, partition_fn=jaxaot.min_cut_rematerialization_partition)
     argnums = tuple(range(len(args)))
@@ -168,7 +168,7 @@ def test_the_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, 
 
 
 def test_choose_rederive_rule():
-    from jaxaot.runtime.fused import REDERIVE_PEAK_GAIN, choose_rederive
+    from jaxaot.fusion.variants import REDERIVE_PEAK_GAIN, choose_rederive
 
     assert not choose_rederive(10_000, 10_000)
     assert not choose_rederive(10_000, int(10_000 * (1 - REDERIVE_PEAK_GAIN / 2)))

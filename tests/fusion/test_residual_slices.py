@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 import jaxaot
 from jaxaot import _compat as C
-from jaxaot.runtime.fused import fused_program
-from jaxaot.runtime.residual_slices import split_backward
+from jaxaot.fusion import fused_program, slice_residual_reads
 from zoo import assert_trees_close
 
 
@@ -50,7 +49,7 @@ def test_a_residual_read_only_by_slices_is_replaced_by_them():
 
     args = (jnp.ones((2, 4)), jnp.arange(24.0).reshape(2, 12), jnp.ones((2, 4)))
     closed = jax.make_jaxpr(bwd)(*args)
-    sliced = split_backward(closed, 1)
+    sliced = slice_residual_reads(closed, 1)
     assert [len(s) for s in sliced.slicers] == [1, 0]  # ``other`` is also read whole: it stays
     assert [v.aval.shape for v in C.jaxpr_of(sliced.backward).invars] == [(2, 4)] * 5
     assert not [e for e in C.jaxpr_of(sliced.backward).eqns if e.primitive.name == "split"]
@@ -67,15 +66,15 @@ def test_positions_and_outputs_keep_the_residual_whole_and_unread_slices_are_not
 
     args = (jnp.ones(2), jnp.ones(4), jnp.ones(4), jnp.ones(4))
     closed = jax.make_jaxpr(bwd)(*args)
-    everything = split_backward(closed, 1)
+    everything = slice_residual_reads(closed, 1)
     assert [len(s) for s in everything.slicers] == [1, 0, 1]  # ``b`` is an output
     assert [v.aval.shape for v in C.jaxpr_of(everything.backward).invars] == [(2,), (2,), (4,), (2,)]  # unread halves
     residuals, owner = everything.expand(list(args[1:]))
     assert owner == [0, 1, 2]
     assert_trees_close(C.eval_closed(everything.backward, args[0], *residuals), list(bwd(*args)), rtol=0, atol=0)
-    assert [len(s) for s in split_backward(closed, 1, positions={1, 2}).slicers][0] == 0
-    assert [len(s) for s in split_backward(closed, 1, positions={0}).slicers][0] == 1
-    unchanged = split_backward(closed, 1, positions=set())
+    assert [len(s) for s in slice_residual_reads(closed, 1, positions={1, 2}).slicers][0] == 0
+    assert [len(s) for s in slice_residual_reads(closed, 1, positions={0}).slicers][0] == 1
+    unchanged = slice_residual_reads(closed, 1, positions=set())
     assert unchanged.backward is closed
 
 
@@ -127,7 +126,7 @@ def test_any_split_read_by_any_subset_matches_the_unsliced_backward(pieces, axis
 
     g, r = jnp.float32(1.5), jax.random.normal(_key(seed), shape)
     closed = jax.make_jaxpr(bwd)(g, r)
-    sliced = split_backward(closed, 1)
+    sliced = slice_residual_reads(closed, 1)
     residuals, owner = sliced.expand([r])
     assert owner == [0] * len(read) and len(C.jaxpr_of(sliced.backward).invars) == 1 + len(read)
     assert_trees_close(C.eval_closed(sliced.backward, g, *residuals), C.eval_closed(closed, g, r), rtol=1e-6, atol=0)
@@ -150,4 +149,4 @@ def test_sliced_fused_step_on_a_mesh_keeps_gradient_shardings():
     for g, a in zip(got[1], (w, x)):
         assert g.sharding.is_equivalent_to(a.sharding, a.ndim)
     tr = f.lookup((w, x), {}).programs.training()
-    assert any(split_backward(tr.partition.backward, 1).slicers)  # the sliced path ran
+    assert any(slice_residual_reads(tr.partition.backward, 1).slicers)  # the sliced path ran

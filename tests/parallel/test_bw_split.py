@@ -14,7 +14,7 @@ import jaxaot
 from jaxaot import _compat as C
 from jaxaot.cli import demo_models
 from jaxaot.errors import PartitionError
-from jaxaot.partition.bw_split import BWSplit, split_backward
+from jaxaot.partition import BWSplit, split_backward
 from zoo import assert_trees_close
 
 TOL = dict(rtol=2e-5, atol=2e-5)

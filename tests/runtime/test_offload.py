@@ -19,9 +19,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxaot
-from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
-from jaxaot.partition.offload import DeviceModel
-from jaxaot.runtime.fused import fused_program
+from jaxaot.fusion import fused_program
+from jaxaot.partition import DeviceModel
+from jaxaot.partition import min_cut_rematerialization_partition as mincut
 from zoo import assert_trees_close
 
 # A host link fast enough that both models offload at budgets 1 and 0.5 (at 5 GB/s the
