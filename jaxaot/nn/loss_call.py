@@ -27,8 +27,8 @@ Example:
     >>> from flax import nnx
     >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
     >>> loss = PreparedLoss.of(model, lambda m, x: jnp.sum(m(x) ** 2), 0, (model, jnp.ones((4, 3))), {}, False)
-    >>> [type(x).__name__ for x in loss.inputs]
-    ['CallStatic', 'State', 'FrozenState', 'Array']
+    >>> [type(x).__name__ for x in loss.inputs[:3]], loss.inputs[3].shape   # then the other arguments
+    (['CallStatic', 'State', 'FrozenState'], (4, 3))
 """
 
 from __future__ import annotations
