@@ -12,15 +12,15 @@ For every model of ``benchmarks/models.py`` it prints, from one run:
   rounds' ratios (programs take turns round by round, each round the median of
   ``--iters`` steps, inputs rotating over three sets) with the min-max;
 * the compiled peak memory of each fused program, as a ratio to the
-  ``dots_saveable`` program's (goal: at most 1);
+  ``dots_saveable`` program's;
 * a gradient check of every program against ``jax.value_and_grad``;
 * ``jit(value_and_grad)`` compiled a second time: how far two compiles of one
   program differ in this run (the noise floor of the ratios).
 
-Goals (issue #16): fused step time at most 1.02x ``jit(value_and_grad)`` and
-peak memory at most ``dots_saveable``'s, on every model.
+The targets: a fused step within 1.02x ``jit(value_and_grad)``'s time at no more than
+``dots_saveable``'s peak memory, on every model (``docs/benchmarks.md``, "Fused step").
 
-Usage: ``python benchmarks/bench_fused.py [--small] [--only NAME] [--out FILE]``.
+Usage (from the repository root): ``python -m benchmarks.bench_fused [--small] [--only NAME] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import sys
 import time
 from typing import Any, Callable
 
@@ -37,12 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxaot
-from jaxaot import _compat as C
-from jaxaot.runtime.fused import fused_program
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import fmt_bytes, peak_bytes, report, table  # noqa: E402
-from models import zoo  # noqa: E402
+from benchmarks.harness import fmt_bytes, peak_bytes, report, table
+from benchmarks.models import zoo
+from jaxaot.fusion import fused_program
 
 
 def _budget(b: float) -> Callable:
@@ -78,25 +74,26 @@ def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
     f = jaxaot.aot_function(loss, partition_fn=_budget(1.0))
     chosen = out["jaxaot fused min-cut 1"][1]
     if getattr(chosen, "order", "xla") != "xla":  # the same step in XLA's order, for comparison
-        out["jaxaot fused min-cut 1, XLA's order"] = _barrier(f, nums, args, "all", chosen.layouts, "xla")
+        out["jaxaot fused min-cut 1, XLA's order"] = fused_variant(f, nums, args, "all", chosen.layouts, "xla")
     if getattr(chosen, "rederived", ()):  # the same step taking every residual, in both orders
         for order in ("xla", "consume_first"):
-            out[f"jaxaot fused min-cut 1, nothing derived again, {order}"] = _barrier(
+            out[f"jaxaot fused min-cut 1, nothing derived again, {order}"] = fused_variant(
                 f, nums, args, chosen.barrier, chosen.layouts, order)
     out["jaxaot split min-cut 1"] = (jaxaot.value_and_grad(f, argnums=nums, fused=False), None)
     return out
 
 
-def _barrier(f: Any, nums: Any, args: tuple, barrier: str, layouts: str = "auto",
-             order: str = "xla", rederive: bool = False) -> tuple[Callable, Any]:
-    """The fused step with the residuals ``barrier`` names behind the optimization barrier
-    (and their ``layouts``, ``order`` and ``rederive``, see :func:`jaxaot.runtime.fused.fused_program`)."""
+def fused_variant(f: Any, nums: Any, args: tuple, barrier: str, layouts: str = "auto",
+                  order: str = "xla", rederive: bool = False) -> tuple[Callable, Any]:
+    """``(step, executable)`` of one variant of ``f``'s fused step: the residuals ``barrier`` names behind
+    the optimization barrier, with ``layouts``, ``order`` and ``rederive`` (:func:`jaxaot.fusion.fused_program`),
+    whatever the step would choose."""
     nums = (nums,) if isinstance(nums, int) else tuple(nums)
     programs, leaves, _ = f.lookup(args, {})
     mask = [i in nums for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
     closed = fused_program(programs.training(tuple(mask)), barrier=barrier, layouts=layouts, order=order,
                            rederive=rederive)
-    exe = jax.jit(lambda *xs: C.eval_closed(closed, *xs)).lower(*leaves).compile()
+    exe = jax.jit(lambda *xs: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *xs)).lower(*leaves).compile()
     return (lambda *a: exe(*jax.tree.leaves(a))), exe
 
 
@@ -137,11 +134,6 @@ def measure(progs: dict, model: Any, sets: list, rounds: int, iters: int) -> tup
     err = check(timed, model, sets[1])
     times = time_rounds(timed, sets, rounds, iters)
     return err, times, times["jit(value_and_grad)"], peak_bytes(progs["jit(dots_saveable)"][1])
-
-
-def chosen_text(exe: Any) -> str:
-    """What a fused executable kept, in one line: its layouts, backward order, barrier and reductions derived again."""
-    return f"{exe.layouts}, {exe.order}, barrier {exe.barrier}, {len(exe.rederived)} derived again"
 
 
 def ratio_cells(times: list[float] | None, ref: list[float], exe: Any, dots_peak: int | None) -> list[str]:

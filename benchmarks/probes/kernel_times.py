@@ -1,4 +1,4 @@
-"""Probe: where a fused step's time goes, kernel by kernel, from a ``jax.profiler`` trace.
+"""Where a fused step's time goes, kernel by kernel, from a ``jax.profiler`` trace.
 
 For one zoo model this compiles ``jit(value_and_grad)``, ``jaxaot.value_and_grad`` with the
 default partition and with the min-cut at budget 1 (as chosen), and the min-cut step in XLA's
@@ -9,7 +9,8 @@ Each runs ``--rounds`` times under ``jax.profiler.trace``; the trace is read bac
 ``--top`` most expensive kernels with the output shape the optimized HLO gives them, so two
 programs' schedules can be compared where their step times differ.
 
-Usage: python benchmarks/probe_kernel_times.py MODEL [MODEL ...] [--rounds 20] [--top 25] [--out FILE]
+Usage: ``python -m benchmarks.probes.kernel_times MODEL [MODEL ...] [--rounds 20] [--top 25] [--out FILE]``
+(MODEL: a name of ``benchmarks/models.py``'s zoo; ``--small`` for CPU sizes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import collections
 import glob
 import os
 import re
-import sys
 import tempfile
 from typing import Any
 
@@ -26,15 +26,8 @@ import jax
 from jax.profiler import ProfileData
 
 import jaxaot
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_fused import PARTITIONS, _barrier, jax_references, probe_main  # noqa: E402
-from harness import table  # noqa: E402
-
-
-def _named(fn: Any, name: str) -> Any:
-    fn.__name__ = fn.__qualname__ = name
-    return fn
+from benchmarks.bench_fused import PARTITIONS, fused_variant, jax_references, probe_main
+from benchmarks.harness import table
 
 
 def _shapes(hlo: str) -> dict[str, str]:
@@ -89,7 +82,7 @@ def probe(model: Any, steps: int, top: int) -> str:
         progs[label] = (vg, exe)
         if pf is not None:
             for order in ("xla", "consume_first"):
-                progs[f"min-cut 1, {order}"] = _barrier(f, model.argnums, args, "all", exe.layouts, order)
+                progs[f"min-cut 1, {order}"] = fused_variant(f, model.argnums, args, "all", exe.layouts, order)
     rows = [["program", "device ms/step", "kernels/step"]]
     sections, seen = [], []
     for name, (step, exe) in progs.items():
@@ -107,7 +100,7 @@ def probe(model: Any, steps: int, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    probe_main(__doc__, "probe_kernel_times: device time per kernel of fused steps",
+    probe_main(__doc__, "kernel_times: device time per kernel of fused steps",
                lambda model, rounds, iters, top: probe(model, rounds, top), argv, rounds=20, top=25)
 
 

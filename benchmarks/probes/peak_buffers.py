@@ -1,67 +1,46 @@
-"""Probe: which temporaries are live at the compiled peak of fused steps.
+"""Which temporaries are live at the compiled peak of a fused training step, largest first.
 
-Compiles, for one zoo model, ``jit(value_and_grad)``, ``jit(dots_saveable)`` and the
-fused min-cut step (budget 1 or as given, and with the softmax/norm statistics
-recomputed), each in XLA's backward order and consume-first, with XLA dumping the
-optimized HLO, and prints per program the largest temporaries live at the peak of
-its schedule (:func:`live_at_peak`: size, shape, kernel, op name), so a peak above
-``dots_saveable``'s can be traced to the values that make it.
+For one zoo model (``benchmarks/models.py``) this compiles ``jit(value_and_grad)``,
+``jit(dots_saveable)``, ``jaxaot.value_and_grad``'s fused min-cut step (``--budget``, as it
+chose its variant), and the same plan behind the full barrier in XLA's backward order and
+consume-first, and prints per program its compiled peak and the temporaries live at the peak
+of its schedule (:func:`live_at_peak`: size, shape, kernel, source line, op name), read from the
+executable's scheduled HLO (``as_text()``). A peak above ``dots_saveable``'s can so be traced
+to the values that make it. Cost: five compiles; nothing runs.
 
-Run with ``XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_as_text"`` set; usage:
-``python benchmarks/probe_peak_buffers.py MODEL DIR [--budget 1] [--layouts row_major]``, or
-``python benchmarks/probe_peak_buffers.py hlo FILE...`` for saved ``*after_optimizations.txt`` dumps.
-
-The result files ``probe_peak_buffers_gpu_h100_2026-11-26*.txt`` other than ``..._reanalyzed``
-were printed before :func:`live_at_peak` read ``%x#k`` operands as element ``k`` alone: they
-keep every residual alive until the last use of any, and overstate the live set (the
-ranking of the large buffers is unchanged); ``..._reanalyzed`` re-reads the saved HLO.
+Usage (from the repository root): ``python -m benchmarks.probes.peak_buffers MODEL [--budget 1]
+[--layouts auto|pinned] [--small] [--top 14]``, or ``python -m benchmarks.probes.peak_buffers hlo
+FILE ...`` for saved optimized-HLO text (``XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text``,
+the ``*after_optimizations.txt`` files).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import glob
 import os
 import re
-import sys
 
 import jax
 
 import jaxaot
-from jaxaot import _compat as C
-from jaxaot.runtime.fused import fused_program
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import fmt_bytes, peak_bytes  # noqa: E402
-from models import zoo  # noqa: E402
-from probe_fused_peak import min_cut_reductions_cheap  # noqa: E402
+from benchmarks.bench_fused import fused_variant, jax_references
+from benchmarks.harness import fmt_bytes, peak_bytes
+from benchmarks.models import zoo
 
 
-def named(fn, name):
-    fn.__name__ = fn.__qualname__ = name
-    return fn
-
-
-def compile_all(model, args, budget, layouts):
-    loss, nums = model.loss, model.argnums
-    exes = {}
-    exes["ref_value_and_grad"] = jax.jit(named(jax.value_and_grad(loss, argnums=nums), "ref_value_and_grad")
-                                         ).lower(*args).compile()
-    ckpt = jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable)
-    exes["ref_dots_saveable"] = jax.jit(named(jax.value_and_grad(ckpt, argnums=nums), "ref_dots_saveable")
-                                        ).lower(*args).compile()
-    tuple_nums = (nums,) if isinstance(nums, int) else tuple(nums)
-    mask = tuple(i in tuple_nums for i, a in enumerate(args) for _ in jax.tree.leaves(a))
-    for tag, pf in (("mincut", functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)),
-                    ("mincut_reductions_recomputed", min_cut_reductions_cheap)):
-        f = jaxaot.aot_function(loss, partition_fn=pf)
-        programs, leaves, _ = f.lookup(args, {})
-        for order in ("xla", "consume_first"):
-            closed = fused_program(programs.training(mask), barrier="all", layouts=layouts, order=order)
-            name = f"fused_{tag}" + ("" if order == "xla" else "_consume_first")
-            step = named(lambda *xs, closed=closed: C.eval_closed(closed, *xs), name)
-            exes[name] = jax.jit(step).lower(*leaves).compile()
+def compile_all(model, args, budget: float, layouts: str | None) -> dict:
+    """Program name -> compiled executable: JAX's two fused steps, jaxaot's chosen one, and its plan
+    behind the full barrier in both backward orders (``layouts``: the residual layouts, default the chosen)."""
+    exes = {name: exe for name, (_, exe) in jax_references(model, args).items()}
+    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    f = jaxaot.aot_function(model.loss, partition_fn=pf)
+    jaxaot.value_and_grad(f, argnums=model.argnums)(*args)
+    (chosen,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]
+    exes[f"min-cut {budget:g} as chosen ({chosen.layouts}, {chosen.order}, barrier {chosen.barrier})"] = chosen
+    for order in ("xla", "consume_first"):
+        _, exe = fused_variant(f, model.argnums, args, "all", layouts or chosen.layouts, order)
+        exes[f"min-cut {budget:g}, barrier all, {order}"] = exe
     return exes
 
 
@@ -155,29 +134,26 @@ def live_at_peak(hlo_text: str, top: int = 14) -> list[str]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model", help="a zoo model, or 'hlo' to analyze the optimized-HLO files given as DUMP")
-    ap.add_argument("dump", nargs="+")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="a zoo model, or 'hlo' to analyze the optimized-HLO files given after it")
+    ap.add_argument("files", nargs="*", help="with 'hlo': the optimized-HLO text files")
     ap.add_argument("--budget", type=float, default=1.0)
-    ap.add_argument("--layouts", default="pinned")
+    ap.add_argument("--layouts", choices=("auto", "pinned"), help="residual layouts (default: the chosen ones)")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--top", type=int, default=14, help="how many of the live temporaries to list")
     a = ap.parse_args(argv)
     if a.model == "hlo":  # saved dumps: no compilation
-        for path in a.dump:
+        for path in a.files:
             print(f"\n## {os.path.basename(path)}")
             print("\n".join(live_at_peak(open(path).read(), a.top)))
         return
     model = zoo("small" if a.small else "gpu")[a.model]
     args = model.make_args(jax.random.key(0))
-    exes = compile_all(model, args, a.budget, a.layouts)
     print(f"# {model.label}: temporaries at the compiled peak, jax {jax.__version__}, "
           f"{jax.devices()[0].device_kind}")
-    for name, exe in exes.items():
+    for name, exe in compile_all(model, args, a.budget, a.layouts).items():
         print(f"\n## {name}: peak {fmt_bytes(peak_bytes(exe))}")
-        files = sorted(glob.glob(os.path.join(a.dump[0], f"*jit_{name}.*after_optimizations.txt")))
-        for path in files[-1:]:
-            print("\n".join(live_at_peak(open(path).read(), a.top)))
+        print("\n".join(live_at_peak(exe.as_text(), a.top)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Where the time of a ``checkpoints=k`` gradient goes, on the GPU (a diagnostic, not a benchmark).
+"""Where the time of a ``checkpoints=k`` while-loop gradient goes: the per-iteration trip-count wait.
 
 Same loop as ``bench_while_loop.py`` (batch 256, width 1024, 2000 steps, k=40).
 Times, interleaved (median of rounds, min-max):
@@ -12,9 +12,9 @@ Writes the optimized HLO of the ``checkpoints=k`` gradient to ``$OUT/ckpt_hlo.tx
 (count the kernels per loop body), and, with ``--flags``, runs again in a child process
 per XLA flag set (command buffers around while loops).
 
-Usage::
+Usage (from the repository root)::
 
-    PYTHONPATH=. python benchmarks/probe_while_overhead.py --flags
+    python -m benchmarks.probes.while_overhead [--flags] [--small] [--n 2000] [--k 40] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jaxaot.loops.api import while_loop  # noqa: E402
+from jaxaot import while_loop
 
 DT = 0.05
 FLAG_SETS = {
@@ -121,7 +120,7 @@ def main() -> None:
             if label == "default":
                 continue
             env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
-            cmd = [sys.executable, __file__, "--child", label, "--n", str(args.n), "--k", str(args.k),
+            cmd = [sys.executable, "-m", "benchmarks.probes.while_overhead", "--child", label, "--n", str(args.n), "--k", str(args.k),
                    "--rounds", str(args.rounds)] + (["--small"] if args.small else [])
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
             print(res.stdout if res.returncode == 0 else f"## flags: {label}: failed\n{res.stderr[-2000:]}", flush=True)
