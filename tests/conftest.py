@@ -1,5 +1,4 @@
 import os
-import sys
 
 # Eight CPU devices for the sharding and pipeline tests: XLA reads this once, when
 # jax first initialises its backends, so it is set before jax is imported. Tests
@@ -8,8 +7,6 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 # Exact f32 matmuls on every backend, so that comparisons against JAX's own
 # answers are not limited by TF32 on GPUs.

@@ -1,13 +1,23 @@
-"""A zoo of functions the core must handle, each with a fresh-random-input maker.
+"""A zoo of functions the core must handle, each with a fresh-random-input maker, and the helpers tests share.
 
 ``ZOO`` maps a name to ``(fn, make_args)`` where ``make_args(key)`` draws new
 random inputs. Tests compare jaxaot against JAX's own answers on them.
+
+Shared by several suites: :func:`layer_norm`, :func:`deep_mlp` (the offload
+tests' model), :func:`random_tree` / :func:`sds` / :func:`key_stream` (fresh
+inputs for a pytree of shapes), :func:`assert_trees_close`, and
+:func:`backward_inputs`. The larger models (Llama, GPT-2, MoE, ViT, ...) are
+``benchmarks/models.py``'s, through ``tests/zoo_models.py``.
 """
 
 from __future__ import annotations
 
+import itertools
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -31,6 +41,19 @@ def layer_norm(x, scale, bias):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return ((x - mu) * lax.rsqrt(var + 1e-5)) * scale + bias
+
+
+def deep_mlp(params, x):
+    """``len(params)`` gelu layers without bias; the mean square of the output."""
+    for w in params:
+        x = jax.nn.gelu(x @ w)
+    return jnp.mean(x ** 2)
+
+
+def deep_mlp_args(layers=8, width=256, batch=256, seed=0):
+    """``(weights, x)`` for :func:`deep_mlp`: ``layers`` square weights of scale 1/16 and a batch, from ``key(seed)``."""
+    ks = jax.random.split(jax.random.key(seed), layers + 1)
+    return [jax.random.normal(k, (width, width)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (batch, width))
 
 
 def ln_args(key):
@@ -154,6 +177,31 @@ ZOO = {
     "independent_output": (independent_output, one_arg),
     "output_is_input": (output_is_input, two_args),
 }
+
+
+def sds(*shape, dtype=jnp.float32):
+    """A ``jax.ShapeDtypeStruct`` (float32 by default), for :func:`random_tree`'s shapes."""
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def random_tree(key: jax.Array, shapes, scale: float = 0.3):
+    """Fresh normal values for a pytree of ``ShapeDtypeStruct``: one draw, cut on the host (one compile per size)."""
+    leaves, treedef = jax.tree_util.tree_flatten(shapes)
+    sizes = [int(np.prod(a.shape)) for a in leaves]
+    flat = np.asarray(jax.random.normal(key, (sum(sizes),))) * scale
+    parts = np.split(flat, np.cumsum(sizes)[:-1])
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(p.reshape(a.shape)) for p, a in zip(parts, leaves)])
+
+
+def key_stream(start: int) -> Callable[[], jax.Array]:
+    """``fresh_key()`` giving a new key per call: seeds ``start, start + 1, ...``, each offset by a random draw
+    (so reruns see other inputs; a failure's inputs differ from run to run)."""
+    seeds = itertools.count(start)
+
+    def fresh_key() -> jax.Array:
+        return jax.random.key(next(seeds) + np.random.randint(1 << 20))
+
+    return fresh_key
 
 
 def random_cotangents(key, outs):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -15,30 +14,13 @@ from jaxaot import _compat as C
 from jaxaot.cli import demo_models
 from jaxaot.errors import PartitionError
 from jaxaot.partition import BWSplit, split_backward
-from zoo import assert_trees_close
+from zoo import assert_trees_close, key_stream, random_tree, sds
 
 TOL = dict(rtol=2e-5, atol=2e-5)
-_seed = itertools.count(9100)
-
-
-def fresh_key() -> jax.Array:
-    return jax.random.key(next(_seed) + np.random.randint(1 << 20))
+fresh_key = key_stream(9100)
 
 
 # --------------------------------------------------------------------------- stages
-def random_tree(key: jax.Array, shapes, scale: float = 0.3):
-    """Fresh normal values for a pytree of ``ShapeDtypeStruct``: one draw, cut on the host (one compile per size)."""
-    leaves, treedef = jax.tree_util.tree_flatten(shapes)
-    sizes = [int(np.prod(a.shape)) for a in leaves]
-    flat = np.asarray(jax.random.normal(key, (sum(sizes),))) * scale
-    parts = np.split(flat, np.cumsum(sizes)[:-1])
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(p.reshape(a.shape)) for p, a in zip(parts, leaves)])
-
-
-def sds(*shape):
-    return jax.ShapeDtypeStruct(shape, jnp.float32)
-
-
 def mlp_stage(params, x):
     for w, b in params:
         x = jax.nn.gelu(x @ w + b)

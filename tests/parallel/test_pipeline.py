@@ -10,7 +10,6 @@ and 1, 4 and 8 microbatches each appear; the full product is marked slow.
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -21,28 +20,11 @@ from jaxaot.cli import demo_models
 from jaxaot.errors import InvalidInputError, InvalidValueError, StageMismatchError
 from jaxaot.parallel.pipeline import Pipeline, PipelineReport, pipeline
 from jaxaot.parallel.simulate import OpTimes, simulate
-from zoo import assert_trees_close
+from zoo import assert_trees_close, key_stream, layer_norm, random_tree, sds
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
-_seed = itertools.count(9300)
-
-
-def fresh_key() -> jax.Array:
-    return jax.random.key(next(_seed) + np.random.randint(1 << 20))
-
-
-def random_tree(key: jax.Array, shapes, scale: float = 0.3):
-    """Fresh normal values for a pytree of ``ShapeDtypeStruct``: one draw, cut on the host (one compile per size)."""
-    leaves, treedef = jax.tree_util.tree_flatten(shapes)
-    sizes = [int(np.prod(a.shape)) for a in leaves]
-    flat = np.asarray(jax.random.normal(key, (sum(sizes),))) * scale
-    parts = np.split(flat, np.cumsum(sizes)[:-1])
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(p.reshape(a.shape)) for p, a in zip(parts, leaves)])
-
-
-def sds(*shape):
-    return jax.ShapeDtypeStruct(shape, jnp.float32)
+fresh_key = key_stream(9300)
 
 
 # --------------------------------------------------------------------------- models
@@ -61,11 +43,6 @@ def mlp_model(num_stages: int, key: jax.Array, batch: int = 16, width: int = 8):
 
 
 VOCAB, WIDTH, HEADS, SEQ = 16, 16, 2, 8
-
-
-def layer_norm(x, scale, bias):
-    mu = x.mean(-1, keepdims=True)
-    return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * scale + bias
 
 
 def gpt_stage(params, x):

@@ -20,6 +20,7 @@ from jaxaot.errors import PartitionError
 from jaxaot.partition import offload
 from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
 from jaxaot.partition.offload import DeviceModel, Timeline
+from zoo import deep_mlp, deep_mlp_args
 
 BUDGETS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 FAST = DeviceModel(host_bandwidth=1e12, device_flops=1e12)
@@ -30,17 +31,6 @@ NO_HOST = DeviceModel(host_bandwidth=1e12, device_flops=1e12, has_host_memory=Fa
 
 
 # --------------------------------------------------------------------------- models
-def deep_mlp(params, x):
-    for w in params:
-        x = jax.nn.gelu(x @ w)
-    return jnp.mean(x ** 2)
-
-
-def deep_mlp_args(layers=8, width=256, batch=256):
-    ks = jax.random.split(jax.random.key(0), layers + 1)
-    return [jax.random.normal(k, (width, width)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (batch, width))
-
-
 def transformer_block(p, x, heads=4):
     def norm(h):
         h = h - h.mean(-1, keepdims=True)

@@ -22,18 +22,12 @@ from jaxaot import _compat as C
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot.partition.policy import RematPolicy, remat_policy
 from jaxaot.partition.split import split_joint
-from zoo import ZOO, assert_trees_close
+from zoo import ZOO, assert_trees_close, layer_norm, mlp_gelu
 
 
 # --------------------------------------------------------------------------- models
 def _normal(rng, *shape, scale=1.0):
     return jnp.asarray(rng.standard_normal(shape, np.float32) * np.float32(scale))
-
-
-def mlp_gelu(params, x):
-    for w, b in params:
-        x = jax.nn.gelu(x @ w + b)
-    return jnp.mean(x**2)
 
 
 def mlp_args(seed, dims=((16, 32), (32, 32), (32, 8))):
@@ -47,18 +41,12 @@ def tapered_mlp_args(seed):
     return mlp_args(seed, dims=((16, 32), (32, 24), (24, 8)))
 
 
-def _layer_norm(x, s, b):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) * lax.rsqrt(var + 1e-5) * s + b
-
-
 def transformer_block(p, x):
-    h = _layer_norm(x, p["s1"], p["b1"])
+    h = layer_norm(x, p["s1"], p["b1"])
     q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
     a = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k) / 4.0, axis=-1)
     x = x + jnp.einsum("bqk,bkd->bqd", a, v) @ p["wo"]
-    h = _layer_norm(x, p["s2"], p["b2"])
+    h = layer_norm(x, p["s2"], p["b2"])
     x = x + jax.nn.gelu(h @ p["w1"]) @ p["w2"]
     return jnp.mean(x**2)
 

@@ -22,7 +22,8 @@ import jaxaot
 from jaxaot.fusion import fused_program
 from jaxaot.partition import DeviceModel
 from jaxaot.partition import min_cut_rematerialization_partition as mincut
-from zoo import assert_trees_close
+import zoo
+from zoo import assert_trees_close, deep_mlp
 
 # A host link fast enough that both models offload at budgets 1 and 0.5 (at 5 GB/s the
 # attention block's budget 0.5 is met by recomputing alone, and then nothing is offloaded).
@@ -31,15 +32,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 on_cpu = pytest.mark.skipif(jax.devices()[0].platform != "cpu", reason="what the CPU backend does")
 
 
-def deep_mlp(params, x):
-    for w in params:
-        x = jax.nn.gelu(x @ w)
-    return jnp.mean(x ** 2)
-
-
-def deep_mlp_args(layers=6, width=256, batch=256):
-    ks = jax.random.split(jax.random.key(3), layers + 1)
-    return [jax.random.normal(k, (width, width)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (batch, width))
+deep_mlp_args = functools.partial(zoo.deep_mlp_args, layers=6, seed=3)
 
 
 def attention_block(p, x):
