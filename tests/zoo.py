@@ -3,10 +3,11 @@
 ``ZOO`` maps a name to ``(fn, make_args)`` where ``make_args(key)`` draws new
 random inputs. Tests compare jaxaot against JAX's own answers on them.
 
-Shared by several suites: :func:`layer_norm`, :func:`deep_mlp` (the offload
-tests' model), :func:`random_tree` / :func:`sds` / :func:`key_stream` (fresh
-inputs for a pytree of shapes), :func:`assert_trees_close`, and
-:func:`backward_inputs`. The larger models (Llama, GPT-2, MoE, ViT, ...) are
+Shared by several suites: :func:`layer_norm`, :func:`mlp_gelu`,
+:func:`deep_mlp` and :func:`transformer_block` (the offload and policy tests'
+models, with their ``*_args``), :func:`random_tree` / :func:`sds` /
+:func:`key_stream` (fresh inputs for a pytree of shapes),
+:func:`assert_trees_close`, and :func:`backward_inputs`. The larger models (Llama, GPT-2, MoE, ViT, ...) are
 ``benchmarks/models.py``'s, through ``tests/zoo_models.py``.
 """
 
@@ -54,6 +55,34 @@ def deep_mlp_args(layers=8, width=256, batch=256, seed=0):
     """``(weights, x)`` for :func:`deep_mlp`: ``layers`` square weights of scale 1/16 and a batch, from ``key(seed)``."""
     ks = jax.random.split(jax.random.key(seed), layers + 1)
     return [jax.random.normal(k, (width, width)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (batch, width))
+
+
+def transformer_block(p, x, heads=4):
+    """A pre-norm transformer block (fused QKV projection, ``heads``-head softmax attention, gelu MLP, parameter-free
+    norms) on ``x`` of shape ``(batch, seq, width)``; the mean square of its output."""
+
+    def norm(h):
+        h = h - h.mean(-1, keepdims=True)
+        return h * jax.lax.rsqrt((h * h).mean(-1, keepdims=True) + 1e-5)
+
+    b, t, d = x.shape
+    q, k, v = jnp.split(norm(x) @ p["qkv"], 3, axis=-1)
+    split = lambda z: z.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3)  # noqa: E731
+    s = jnp.einsum("bhqd,bhkd->bhqk", split(q), split(k)) / np.sqrt(d // heads)
+    a = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), split(v)).transpose(0, 2, 1, 3).reshape(b, t, d)
+    x = x + a @ p["out"]
+    x = x + jax.nn.gelu(norm(x) @ p["up"]) @ p["down"]
+    return jnp.mean(x ** 2)
+
+
+def transformer_args(batch=4, seq=64, width=128, seed=1):
+    """``(params, x)`` for :func:`transformer_block`, fan-in scaled, from ``key(seed)``."""
+    ks = jax.random.split(jax.random.key(seed), 5)
+    p = {"qkv": jax.random.normal(ks[0], (width, 3 * width)) / np.sqrt(width),
+         "out": jax.random.normal(ks[1], (width, width)) / np.sqrt(width),
+         "up": jax.random.normal(ks[2], (width, 4 * width)) / np.sqrt(width),
+         "down": jax.random.normal(ks[3], (4 * width, width)) / np.sqrt(4 * width)}
+    return p, jax.random.normal(ks[4], (batch, seq, width))
 
 
 def ln_args(key):

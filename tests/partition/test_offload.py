@@ -20,7 +20,7 @@ from jaxaot.errors import PartitionError
 from jaxaot.partition import offload
 from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
 from jaxaot.partition.offload import DeviceModel, Timeline
-from zoo import deep_mlp, deep_mlp_args
+from zoo import deep_mlp, deep_mlp_args, transformer_args, transformer_block
 
 BUDGETS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 FAST = DeviceModel(host_bandwidth=1e12, device_flops=1e12)
@@ -31,30 +31,6 @@ NO_HOST = DeviceModel(host_bandwidth=1e12, device_flops=1e12, has_host_memory=Fa
 
 
 # --------------------------------------------------------------------------- models
-def transformer_block(p, x, heads=4):
-    def norm(h):
-        h = h - h.mean(-1, keepdims=True)
-        return h * jax.lax.rsqrt((h * h).mean(-1, keepdims=True) + 1e-5)
-
-    b, t, d = x.shape
-    q, k, v = jnp.split(norm(x) @ p["qkv"], 3, axis=-1)
-    split = lambda z: z.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3)  # noqa: E731
-    s = jnp.einsum("bhqd,bhkd->bhqk", split(q), split(k)) / np.sqrt(d // heads)
-    a = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), split(v)).transpose(0, 2, 1, 3).reshape(b, t, d)
-    x = x + a @ p["out"]
-    x = x + jax.nn.gelu(norm(x) @ p["up"]) @ p["down"]
-    return jnp.mean(x ** 2)
-
-
-def transformer_args(batch=4, seq=64, width=128):
-    ks = jax.random.split(jax.random.key(1), 5)
-    p = {"qkv": jax.random.normal(ks[0], (width, 3 * width)) / np.sqrt(width),
-         "out": jax.random.normal(ks[1], (width, width)) / np.sqrt(width),
-         "up": jax.random.normal(ks[2], (width, 4 * width)) / np.sqrt(width),
-         "down": jax.random.normal(ks[3], (4 * width, width)) / np.sqrt(4 * width)}
-    return p, jax.random.normal(ks[4], (batch, seq, width))
-
-
 MODELS = {"deep_mlp": (deep_mlp, deep_mlp_args), "transformer_block": (transformer_block, transformer_args)}
 
 

@@ -22,7 +22,7 @@ from jaxaot import _compat as C
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot.partition.policy import RematPolicy, remat_policy
 from jaxaot.partition.split import split_joint
-from zoo import ZOO, assert_trees_close, layer_norm, mlp_gelu
+from zoo import ZOO, assert_trees_close, mlp_gelu, transformer_args, transformer_block
 
 
 # --------------------------------------------------------------------------- models
@@ -41,23 +41,8 @@ def tapered_mlp_args(seed):
     return mlp_args(seed, dims=((16, 32), (32, 24), (24, 8)))
 
 
-def transformer_block(p, x):
-    h = layer_norm(x, p["s1"], p["b1"])
-    q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
-    a = jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k) / 4.0, axis=-1)
-    x = x + jnp.einsum("bqk,bkd->bqd", a, v) @ p["wo"]
-    h = layer_norm(x, p["s2"], p["b2"])
-    x = x + jax.nn.gelu(h @ p["w1"]) @ p["w2"]
-    return jnp.mean(x**2)
-
-
-def block_args(seed, d=16):
-    rng = np.random.default_rng(seed)
-    w = lambda i, o: _normal(rng, i, o, scale=i**-0.5)  # noqa: E731
-    p = dict(s1=1 + _normal(rng, d, scale=0.1), b1=_normal(rng, d, scale=0.1),
-             s2=1 + _normal(rng, d, scale=0.1), b2=_normal(rng, d, scale=0.1),
-             wq=w(d, d), wk=w(d, d), wv=w(d, d), wo=w(d, d), w1=w(d, 4 * d), w2=w(4 * d, d))
-    return (p, _normal(rng, 2, 8, d))
+def block_args(seed):
+    return transformer_args(batch=2, seq=8, width=16, seed=seed)
 
 
 def conv_relu(x, w1, w2):
