@@ -43,8 +43,8 @@ from jaxaot.compile import executable_codec, partition_codec, store
 from jaxaot.compile.cache_keys import executable_key, partition_key
 from jaxaot.compile.cache_stats import CacheStats, count, reset_stats, stats
 from jaxaot.compile.compilers import Compiler
-from jaxaot.partition.split import Partition, Partitioner
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.partition import Partition, Partitioner
+from jaxaot.tracing import JointGraph
 
 __all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "stats"]
 

@@ -41,8 +41,8 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import dtype_name
 from jaxaot.compile.compilers import Compiler
 from jaxaot.compile.store import FORMAT_VERSION
-from jaxaot.partition.split import Partitioner
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.partition import Partitioner
+from jaxaot.tracing import JointGraph
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _FROZENSET = re.compile(r"frozenset\(\{([^{}]*)\}\)")

@@ -27,10 +27,8 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import dtype_name
 from jaxaot.compile.store import FORMAT_VERSION
 from jaxaot.errors import PartitionError
-from jaxaot.partition.offload import apply_offload, saved_vars
-from jaxaot.partition.scan_remat import replay_joint
-from jaxaot.partition.split import Partition, split_joint
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.partition import Partition, apply_offload, replay_joint, saved_vars, split_joint
+from jaxaot.tracing import JointGraph
 
 _COMPARED_FIELDS = ("num_outputs", "cotangent_outputs", "saved_inputs", "saved_outputs", "grad_inputs",
                     "residuals", "recomputed")

@@ -2,58 +2,73 @@
 
 A :class:`Partitioner` chooses the saved values; :func:`split_joint` is the one
 mechanism that turns a choice into a :class:`Partition` (the forward and
-backward programs and the :class:`Residual` table).
+backward programs and the :class:`Residual` table). Each sub-package holds one
+concept, lowest first (imports run only downward, through each one's face):
 
-Modules, each one concept:
+* ``core``: the split itself: :class:`Partition`, :class:`Residual`, the
+  :class:`Partitioner` protocol, :func:`split_joint`, and
+  :func:`default_partition` / :func:`differentiate` (what ``jax.vjp`` saves);
+* ``costs``: what an eqn costs to recompute (:class:`Recompute`,
+  :func:`classify`), modelled (:class:`FlopCosts`) or measured once per device
+  kind (:class:`MeasuredCosts`); what copies to host memory cost
+  (:class:`DeviceModel`, measured once); per-device bytes on a mesh;
+* ``offload``: the third choice beside saving and recomputing: large residuals
+  whose copies to host memory and back hide behind compute, between the
+  programs (:func:`apply_offload`) and per scan iteration;
+* ``mincut``: the flow network and its cut (:class:`FlowGraph`), the memory
+  budget's knapsack, the per-iteration plan of each ``lax.scan`` body,
+  :func:`min_cut_rematerialization_partition` putting them together, and
+  :func:`remat_policy`, the plan as a ``jax.checkpoint`` policy;
+* ``bw``: the backward split into input-gradient and weight-gradient programs
+  for pipeline schedules (:func:`split_backward`), a cut of the same network.
 
-* ``split``: :class:`Partition`, :class:`Residual`, the :class:`Partitioner`
-  protocol and :func:`split_joint`;
-* ``default``: :func:`default_partition` (what ``jax.vjp`` saves) and
-  :func:`differentiate` (the same split, TorchScript's bookkeeping);
-* ``min_cut``: the cut, using ``cost_model`` (what an eqn costs to recompute)
-  and ``knapsack`` (which expensive values to trade under a memory budget),
-  counting per-device bytes on a mesh (``device_bytes``);
-* ``scan_remat``: the per-iteration plan of each ``lax.scan``'s body;
-* ``device_model``: :class:`DeviceModel`, what copies and eqns cost on a device
-  (measured once), how much of a copy compute hides;
-* ``offload``: the offload pass, a third choice beside saving and recomputing:
-  large residuals whose copies to host memory and back hide behind compute;
-  ``scan_offload``: the same per scan iteration;
-* ``rematerialize``: :func:`min_cut_rematerialization_partition`, the above put together;
-* ``policy``: :func:`remat_policy`, the min-cut's plan as a ``jax.checkpoint`` policy;
-* ``bw_split``: the backward split into input-gradient and weight-gradient
-  programs, for pipeline schedules.
+``docs/concepts/memory_planner.md`` explains the min-cut, its budget and the
+offload planner; ``docs/concepts/pipeline.md`` the B/W split.
 """
 
-from jaxaot.partition.split import EqnKind, Partition, Partitioner, Residual, split_joint
-from jaxaot.partition.default import Gradient, default_partition, differentiate
-from jaxaot.partition.rematerialize import min_cut_rematerialization_partition
-from jaxaot.partition.policy import RematPolicy, remat_policy
-from jaxaot.partition.bw_split import BWSplit, split_backward
-from jaxaot.partition.offload import HOST_MEMORY_KIND, DeviceModel, apply_offload, saved_vars
-from jaxaot.partition.scan_remat import replay_joint
-from jaxaot.partition.cost_model import Recompute, classify, materializes_operands
+from jaxaot.partition.core import (
+    EqnKind, Gradient, Partition, Partitioner, Residual, classify_eqns, default_partition, differentiate, split_joint)
+from jaxaot.partition.costs import (
+    HOST_MEMORY_KIND, DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Recompute, classify, flops,
+    kernels_beside_copies, materializes_operands, resolve_costs)
+from jaxaot.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
+from jaxaot.partition.mincut import (
+    FlowGraph, RematPolicy, build_flow_graph, choose_saved_values, min_cut_rematerialization_partition, remat_policy,
+    replay_joint)
+from jaxaot.partition.bw import BWSplit, split_backward
 
 __all__ = [
     "BWSplit",
-    "HOST_MEMORY_KIND",
-    "Recompute",
-    "apply_offload",
-    "classify",
-    "materializes_operands",
-    "replay_joint",
-    "saved_vars",
+    "DEFAULT_MIN_BYTES",
     "DeviceModel",
     "EqnKind",
+    "FlopCosts",
+    "FlowGraph",
     "Gradient",
+    "HOST_MEMORY_KIND",
+    "MeasuredCosts",
+    "OpCosts",
     "Partition",
     "Partitioner",
+    "Recompute",
     "RematPolicy",
     "Residual",
+    "Timeline",
+    "apply_offload",
+    "build_flow_graph",
+    "choose_saved_values",
+    "classify",
+    "classify_eqns",
     "default_partition",
     "differentiate",
+    "flops",
+    "kernels_beside_copies",
+    "materializes_operands",
     "min_cut_rematerialization_partition",
     "remat_policy",
+    "replay_joint",
+    "resolve_costs",
+    "saved_vars",
     "split_backward",
     "split_joint",
 ]

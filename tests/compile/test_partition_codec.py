@@ -9,8 +9,7 @@ import numpy as np
 
 import jaxaot
 from jaxaot.compile import partition_codec
-from jaxaot.partition.rematerialize import min_cut_rematerialization_partition
-from jaxaot.partition.offload import DeviceModel
+from jaxaot.partition import DeviceModel, min_cut_rematerialization_partition
 
 
 def _joint():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxaot.partition import copy_slots
-from jaxaot.partition.device_model import DeviceModel
+from jaxaot.partition import DeviceModel
+from jaxaot.partition.costs import copy_slots
 
 
 def schedule(*ops: str) -> str:

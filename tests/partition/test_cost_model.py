@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
-from jaxaot.partition import cost_model
-from jaxaot.partition import knapsack
-from jaxaot.partition.cost_model import Recompute
+from jaxaot.partition import Recompute
+from jaxaot.partition.costs import cost_model
+from jaxaot.partition.mincut import knapsack
 
 
 def _flat(eqns):
@@ -138,7 +138,7 @@ def test_activations_and_stop_gradient_are_cheap_in_the_joint_graph(approximate)
     ``one_minus_square``; softmax's max goes through ``stop_gradient``): none is saved at budget 1
     for being unknown."""
     import jaxaot
-    from jaxaot.partition.split import EqnKind, classify_eqns
+    from jaxaot.partition import EqnKind, classify_eqns
 
     def f(x):
         return jnp.sum(jax.nn.gelu(x, approximate=approximate) * jax.nn.softmax(x, axis=-1))

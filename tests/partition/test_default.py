@@ -61,7 +61,7 @@ def test_constants_are_recomputed_not_saved():
 def test_split_joint_refuses_insufficient_saves():
     joint = jaxaot.trace_joint(lambda x: jnp.sin(x).sum(), jnp.ones(3))
     with pytest.raises(jaxaot.PartitionError, match="neither saves nor can recompute"):
-        from jaxaot.partition.split import split_joint
+        from jaxaot.partition import split_joint
 
         split_joint(joint, [])
 

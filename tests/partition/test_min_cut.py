@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxaot
-from jaxaot.partition import min_cut, scan_remat
-from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
+from jaxaot.partition import min_cut_rematerialization_partition as mincut
+from jaxaot.partition.mincut import flow_graph, saved_values, scan_remat
 from zoo import ZOO, assert_trees_close, random_cotangents
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -333,7 +333,7 @@ def test_scan_rewrite_keeps_decompositions_and_runtime_loop_counts():
 
 def test_rewrite_primal_is_identity_without_scans():
     closed = jax.make_jaxpr(jnp.sin)(1.0)
-    assert scan_remat.rewrite_primal(closed, min_cut.choose_saved_values) is closed
+    assert scan_remat.rewrite_primal(closed, saved_values.choose_saved_values) is closed
 
 
 @pytest.mark.parametrize("budget", [1.0, 0.0])
@@ -354,10 +354,10 @@ def test_jaxaot_while_loops_are_expensive_nodes(budget):
 # --------------------------------------------------------------------------- graph mechanics
 def test_capacities_fit_int32_and_keep_order():
     huge = np.array([2**40, 2**40 + 2**20, 8, 0], np.int64)
-    caps = min_cut.scaled_capacities(huge, np.array([False, False, True, False]))
+    caps = flow_graph.scaled_capacities(huge, np.array([False, False, True, False]))
     assert caps.sum() < 2**30 and (caps >= 0).all()
     assert caps[0] <= caps[1]
-    exact = min_cut.scaled_capacities(np.array([4, 4, 5]), np.array([True, False, True]))
+    exact = flow_graph.scaled_capacities(np.array([4, 4, 5]), np.array([True, False, True]))
     assert exact[0] < exact[1] < exact[2]
 
 

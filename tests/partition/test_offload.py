@@ -17,9 +17,8 @@ import pytest
 import jaxaot
 from jaxaot import _compat as C
 from jaxaot.errors import PartitionError
-from jaxaot.partition import offload
-from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
-from jaxaot.partition.offload import DeviceModel, Timeline
+from jaxaot.partition import DeviceModel, Timeline, offload
+from jaxaot.partition import min_cut_rematerialization_partition as mincut
 from zoo import deep_mlp, deep_mlp_args, transformer_args, transformer_block
 
 BUDGETS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -168,7 +167,7 @@ def test_bad_headroom_is_refused(bad):
 
 
 def test_a_measured_device_plans_with_headroom():
-    from jaxaot.partition.device_model import MEASURED_HEADROOM
+    from jaxaot.partition.costs import MEASURED_HEADROOM
     assert MEASURED_HEADROOM > 1 and DeviceModel.measure().headroom == MEASURED_HEADROOM
 
 

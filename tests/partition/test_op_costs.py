@@ -20,10 +20,9 @@ import pytest
 
 import jaxaot
 from jaxaot.errors import PartitionError
-from jaxaot.partition import cost_model, knapsack, min_cut, op_profile
-from jaxaot.partition.measured_costs import MeasuredCosts, resolve_costs
-from jaxaot.partition.offload import DeviceModel, Timeline
-from jaxaot.partition.op_costs import FlopCosts, OpCosts
+from jaxaot.partition import DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Timeline, resolve_costs
+from jaxaot.partition.costs import cost_model, op_profile
+from jaxaot.partition.mincut import knapsack, saved_values
 from zoo import assert_trees_close
 from zoo_models import MODELS
 
@@ -57,20 +56,20 @@ class WideIsCheap:
 
 
 def first_recomputed_width(joint, costs):
-    graph = min_cut.build_flow_graph(joint, costs=costs)
-    prefix = min_cut.recompute_prefix(graph, 0.5)
+    graph = saved_values.build_flow_graph(joint, costs=costs)
+    prefix = saved_values.recompute_prefix(graph, 0.5)
     assert prefix.k >= 1
     return graph.values[prefix.order[0]].aval.shape[-1]
 
 
 def test_flop_costs_reproduce_the_flop_order():
     joint = jaxaot.trace_joint(MODELS["llama_block"].loss, *MODELS["llama_block"].make_args(jax.random.key(0)))
-    graph = min_cut.build_flow_graph(joint)
-    never, candidates = min_cut._candidates(graph, recompute_loops=False)
+    graph = saved_values.build_flow_graph(joint)
+    never, candidates = saved_values._candidates(graph, recompute_loops=False)
     flops = np.array([cost_model.flops(graph.producers[i]) for i in candidates])
     expected = candidates[knapsack.recompute_order(graph.nbytes[candidates], flops)]
     assert len(candidates) > 3
-    np.testing.assert_array_equal(min_cut._ordered(graph, candidates)[0], expected)
+    np.testing.assert_array_equal(saved_values._ordered(graph, candidates)[0], expected)
     assert isinstance(graph.costs, FlopCosts) and isinstance(graph.costs, OpCosts)
 
 
@@ -230,8 +229,8 @@ def test_the_last_step_is_the_cheapest_that_reaches_the_budget():
     args = branch_args(jax.random.key(np.random.randint(1 << 20)))
     joint = jaxaot.trace_joint(two_branches, *args)
     costs = WideIsCheapPerByte()
-    graph = min_cut.build_flow_graph(joint, costs=costs)
-    prefix = min_cut.recompute_prefix(graph, 0.9)
+    graph = saved_values.build_flow_graph(joint, costs=costs)
+    prefix = saved_values.recompute_prefix(graph, 0.9)
     assert prefix.k == 1 and graph.values[prefix.order[0]].aval.shape == (32, 64)  # the prefix would recompute this
     shapes = {b: sorted(tuple(r.aval.shape) for r in jaxaot.min_cut_rematerialization_partition(
         joint, memory_budget=b, op_costs=costs).residuals) for b in (1.0, 0.9, 0.5, 0.0)}

@@ -20,8 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 import jaxaot
 from jaxaot import _compat as C
 from jaxaot.errors import InvalidInputError, InvalidValueError
-from jaxaot.partition.policy import RematPolicy, remat_policy
-from jaxaot.partition.split import split_joint
+from jaxaot.partition import RematPolicy, remat_policy, split_joint
 from zoo import ZOO, assert_trees_close, mlp_gelu, transformer_args, transformer_block
 
 
@@ -275,7 +274,7 @@ def test_not_callable():
 
 def test_a_plan_with_offloaded_residuals_exports_as_a_policy():
     """Offloaded residuals are saved values to a checkpoint policy (JAX keeps them on the device)."""
-    from jaxaot.partition.offload import DeviceModel
+    from jaxaot.partition import DeviceModel
 
     def fn(ws, x):
         for w in ws:
@@ -309,7 +308,7 @@ def _widening_args(seed=3):
 
 @pytest.mark.parametrize("budget", [1.0, 0.5])
 def test_offloading_plan_exports_as_offloadable_answers(budget):
-    from jaxaot.partition.device_model import DeviceModel
+    from jaxaot.partition import DeviceModel
     link = DeviceModel(host_bandwidth=2e10, device_flops=1e12)  # synthetic: the CPU has no separate host memory
     args = _widening_args()
     part = jaxaot.min_cut_rematerialization_partition(jaxaot.trace_joint(_widening_mlp, *args), memory_budget=budget,
@@ -327,7 +326,7 @@ def test_offloading_plan_exports_as_offloadable_answers(budget):
 
 
 def test_shared_keys_of_offloaded_and_device_values_keep_them_on_the_device():
-    from jaxaot.partition.device_model import DeviceModel
+    from jaxaot.partition import DeviceModel
     link = DeviceModel(host_bandwidth=2e10, device_flops=1e12)
     ks = jax.random.split(jax.random.key(4), 7)
     params, x = [jax.random.normal(k, (256, 256)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (256, 256))

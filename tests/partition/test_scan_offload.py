@@ -2,7 +2,7 @@
 
 jax 0.10.2's CPU backend runs ``pinned_host`` programs for real (host-to-host
 copies), so the offloaded programs run here; a synthetic
-:class:`~jaxaot.partition.device_model.DeviceModel` forces offloading, since the
+:class:`~jaxaot.partition.costs.device_model.DeviceModel` forces offloading, since the
 measured CPU model has no separate host memory.
 """
 
@@ -18,10 +18,10 @@ import pytest
 
 import jaxaot
 from jaxaot.compile.partition_codec import decode, encode
-from jaxaot.partition import scan_offload
-from jaxaot.partition.device_model import MIN_OVERLAP, DeviceModel
-from jaxaot.partition.offload import Timeline
-from jaxaot.partition.rematerialize import min_cut_rematerialization_partition as mincut
+from jaxaot.partition import DeviceModel, Timeline
+from jaxaot.partition import min_cut_rematerialization_partition as mincut
+from jaxaot.partition.costs import MIN_OVERLAP
+from jaxaot.partition.offload import scan_offload
 from zoo import assert_trees_close
 from zoo_models import MODELS
 

@@ -33,7 +33,7 @@ def test_offloaded_residuals_are_marked_and_totalled():
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot.partition.offload import DeviceModel
+    from jaxaot.partition import DeviceModel
 
     def fn(ws, x):
         for w in ws:

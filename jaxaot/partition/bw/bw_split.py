@@ -9,7 +9,7 @@ defer W into what would otherwise be a pipeline bubble. Between B and W of one
 microbatch, whatever W still needs stays alive: :func:`split_backward` chooses
 that set to be small.
 
-Algorithm, on a :class:`~jaxaot.partition.split.Partition`'s backward
+Algorithm, on a :class:`~jaxaot.partition.core.split.Partition`'s backward
 ``(cotangents..., residuals...) -> grads``:
 
 1. **B's eqns** are the backward slice of the activation gradients (plus
@@ -18,11 +18,12 @@ Algorithm, on a :class:`~jaxaot.partition.split.Partition`'s backward
 2. **W's own eqns** are those the weight gradients need that B does not
    compute (the ``x^T @ dy`` matmuls above all). They always run in W.
 3. **What crosses from B to W** is a minimum cut of the flow network of
-   :mod:`jaxaot.partition.min_cut`, built over B's side: a vertex pair per
+   :mod:`jaxaot.partition.mincut.flow_graph`, built by the min-cut's own
+   :class:`~jaxaot.partition.mincut.FlowGraphBuilder` over B's side: a vertex pair per
    backward input and per value B computes, of capacity its bytes; an infinite
    edge per data dependency; values that W's own eqns (or the weight
    gradients) read connect to the sink; backward inputs, and values whose
-   recomputation :mod:`jaxaot.partition.cost_model` does not call CHEAP
+   recomputation :mod:`jaxaot.partition.costs.cost_model` does not call CHEAP
    (matmuls, large reductions, loops, effects), connect to the source. The cut
    values are what W receives: backward inputs W reads directly (*kept*:
    residuals or cotangents it keeps alive) and values B returns as extra
@@ -43,7 +44,7 @@ run time W re-executes only fusible elementwise work.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
-    >>> from jaxaot.partition.bw_split import split_backward
+    >>> from jaxaot.partition import split_backward
     >>> f = lambda w, x: jnp.tanh(x @ w)
     >>> joint = jaxaot.trace_joint(f, jnp.ones((4, 3)), jnp.ones((2, 4)))
     >>> bw = split_backward(jaxaot.default_partition(joint), activations=[1])
@@ -65,12 +66,9 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import nbytes as aval_nbytes
 from jaxaot._pytrees import shape_dtype_struct
 from jaxaot.errors import PartitionError
-from jaxaot.partition import cost_model
-from jaxaot.partition.cost_model import Recompute
-from jaxaot.partition.min_cut import CHEAP, EXPENSIVE, INPUT, NEVER, FlowGraph, min_cut, scaled_capacities
-from jaxaot.partition.split import EqnDescriptions, Partition
-
-_KIND_CODE = {Recompute.CHEAP: CHEAP, Recompute.EXPENSIVE: EXPENSIVE, Recompute.NEVER: NEVER}
+from jaxaot.partition.core import EqnDescriptions, Partition
+from jaxaot.partition.costs import Recompute, classify
+from jaxaot.partition.mincut import CHEAP, INPUT, FlowGraph, FlowGraphBuilder, min_cut
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,46 +159,24 @@ def _closed(jaxpr: Any, consts: dict, invars: Sequence[Any], outvars: Sequence[A
 # --------------------------------------------------------------------------- the cut
 @dataclasses.dataclass(frozen=True)
 class _Graph:
-    flow: FlowGraph
-    nodes: list  # the vars, node i is nodes[i]
-    num_inputs: int  # nodes[:num_inputs] are the backward's inputs
+    flow: FlowGraph  # node i is the var flow.values[i]
+    num_inputs: int  # the first num_inputs nodes are the backward's inputs
 
 
 def _flow_graph(jaxpr: Any, in_b: Sequence[bool], needed: set, free: set) -> _Graph:
-    """The flow network of B's side: backward inputs and B's values, ``needed`` ones to the sink."""
-    index: dict = {}
-    nodes: list = []
-    kinds: list[int] = []
-    src: list[int] = []
-    dst: list[int] = []
-    for v in jaxpr.invars:
-        index[v] = len(nodes)
-        nodes.append(v)
-        kinds.append(INPUT)
+    """The flow network of B's side: backward inputs and B's values, ``needed`` ones to the sink.
+
+    Free values (weights saved as residuals) weigh nothing; backward inputs win ties.
+    """
+    builder = FlowGraphBuilder()
+    builder.add_inputs(jaxpr.invars)
     for eqn, b in zip(jaxpr.eqns, in_b):
-        if not b:
-            continue
-        ins = sorted({index[v] for v in eqn.invars if not C.is_literal(v) and v in index})
-        code = _KIND_CODE[cost_model.classify(eqn)]
-        for v in eqn.outvars:
-            if C.is_drop_var(v):
-                continue
-            i = index[v] = len(nodes)
-            nodes.append(v)
-            kinds.append(code)
-            src.extend(ins)
-            dst.extend([i] * len(ins))
-    n = len(nodes)
-    kind = np.asarray(kinds, np.int8)
-    size = np.fromiter((0 if v in free else aval_nbytes(v.aval) for v in nodes), np.int64, n)
-    need = np.zeros(n, bool)
-    need[[index[v] for v in needed if v in index]] = True
-    flow = FlowGraph(
-        values=tuple(nodes), kind=kind, nbytes=size, loop=np.zeros(n, bool),
-        capacity=scaled_capacities(size, kind == INPUT),
-        dep_src=np.asarray(src, np.int64), dep_dst=np.asarray(dst, np.int64), needed=need,
-    )
-    return _Graph(flow, nodes, len(jaxpr.invars))
+        if b:
+            builder.add_eqn(eqn, builder.reads(eqn))
+    nodes = builder.values
+    size = np.fromiter((0 if v in free else aval_nbytes(v.aval) for v in nodes), np.int64, len(nodes))
+    need = [builder.index[v] for v in needed if v in builder.index]
+    return _Graph(builder.build(size, need, preferred=builder.kind == INPUT), len(jaxpr.invars))
 
 
 def _crossing(graph: _Graph, recompute: bool) -> list[int]:
@@ -217,7 +193,7 @@ def split_backward(partition: Partition, activations: Iterable[int], *, recomput
     """Split ``partition``'s backward into B (activation gradients) and W (weight gradients).
 
     Args:
-      partition: a stage's :class:`~jaxaot.partition.split.Partition` (any partitioner's).
+      partition: a stage's :class:`~jaxaot.partition.core.split.Partition` (any partitioner's).
       activations: primal input indices (among ``partition.grad_inputs``) whose
         gradients B computes, those the previous pipeline stage waits for; every
         other gradient input is a weight, computed by W.
@@ -258,7 +234,7 @@ def split_backward(partition: Partition, activations: Iterable[int], *, recomput
     graph = _flow_graph(jaxpr, in_b, needed, free)
     crossing = _crossing(graph, recompute)
     kept = [i for i in crossing if i < graph.num_inputs]
-    handoff_vars = [graph.nodes[i] for i in crossing if i >= graph.num_inputs]
+    handoff_vars = [graph.flow.values[i] for i in crossing if i >= graph.num_inputs]
     sizes = graph.flow.nbytes
     naive = int(sizes[graph.flow.needed].sum())
 
@@ -270,7 +246,7 @@ def split_backward(partition: Partition, activations: Iterable[int], *, recomput
     if missing:  # pragma: no cover - the cut separates every needed value from the inputs
         raise PartitionError(f"the B/W split left W without {sorted(map(str, missing))}.")
     recomputed = [e for i, e in enumerate(eqns) if in_w[i] and in_b[i]]
-    expensive = [e for e in recomputed if cost_model.classify(e) is not Recompute.CHEAP]
+    expensive = [e for e in recomputed if classify(e) is not Recompute.CHEAP]
     if expensive:  # pragma: no cover - banned by construction
         raise PartitionError(f"the B/W split would recompute {expensive[0].primitive} in W.")
 

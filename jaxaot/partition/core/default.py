@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any, Callable
 
 from jaxaot.errors import InvalidInputError
-from jaxaot.partition.split import Partition, forward_values_used_by_backward, split_joint
-from jaxaot.tracing.joint import JointGraph, trace_joint
+from jaxaot.partition.core.split import Partition, forward_values_used_by_backward, split_joint
+from jaxaot.tracing import JointGraph, trace_joint
 
 
 def default_partition(joint: JointGraph) -> Partition:

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Protocol, runtime_checkable
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, in_host_memory, nbytes, shape_dtype_struct
 from jaxaot.errors import PartitionError
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.tracing import JointGraph
 
 
 class EqnKind(enum.Enum):
@@ -62,7 +62,7 @@ class Residual:
       producer: the primitive that computed it (``"input"`` for inputs).
       source_line: the user's ``file:line (function)`` of that eqn.
       offloaded: whether it waits in host memory between the programs
-        (:mod:`jaxaot.partition.offload`) rather than on the device.
+        (:mod:`jaxaot.partition.offload.host_offload`) rather than on the device.
       in_joint_host: offloaded by the joint graph itself (its value is already in
         host memory there: a JAX offload policy's residual, or a scan body's
         offloaded values stacked by JAX), so the programs add no copies for it.
@@ -104,9 +104,9 @@ class Partition:
       recomputed: the forward eqns the backward recomputes (printed form).
       primal_plan / split_from: see below; None for partitions of the joint as traced.
       offload_note: why nothing was offloaded when offloading was asked for
-        (:mod:`jaxaot.partition.offload`), else empty.
+        (:mod:`jaxaot.partition.offload.host_offload`), else empty.
       cost_note: what priced recomputation when the plan traded bytes for it
-        (:mod:`jaxaot.partition.op_costs`: measured or FLOP-estimated), else empty.
+        (:mod:`jaxaot.partition.costs.op_costs`: measured or FLOP-estimated), else empty.
     """
 
     forward: Any

@@ -12,7 +12,7 @@ GPT-2 block, offloading the 32 MB attention scores beside the softmax's two
 large copy's ``copy-start`` and ``copy-done`` were adjacent, no kernel between
 them (:func:`kernels_beside_copies`). So the
 offload planner moves at most this many values
-(:attr:`~jaxaot.partition.device_model.DeviceModel.copy_slots`), the largest.
+(:attr:`~jaxaot.partition.costs.device_model.DeviceModel.copy_slots`), the largest.
 
 :func:`measure_copy_slots` reads the number off the device's own compiler: it
 compiles (does not run) one program whose eight host-memory inputs are copied

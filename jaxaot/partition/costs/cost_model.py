@@ -31,7 +31,7 @@ elements per symbol: the min-cut then chooses for that instance.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot.partition import cost_model
+    >>> from jaxaot.partition.costs import cost_model
     >>> eqn = jax.make_jaxpr(jnp.sin)(1.0).jaxpr.eqns[0]
     >>> cost_model.classify(eqn)
     <Recompute.CHEAP: 'cheap'>
@@ -149,11 +149,11 @@ def materializes_operands(eqn: Any) -> bool:
     A value read by such an eqn in the forward *and* in the backward is written
     to memory by the forward anyway: saving it adds no traffic, while
     recomputing it costs the backward a whole extra kernel. The min-cut
-    partitioner saves such values (:func:`jaxaot.partition.min_cut.build_flow_graph`).
+    partitioner saves such values (:func:`jaxaot.partition.mincut.saved_values.build_flow_graph`).
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot.partition import cost_model
+        >>> from jaxaot.partition.costs import cost_model
         >>> conv = lambda x, w: jax.lax.conv(x, w, (1, 1), "SAME")
         >>> eqn = jax.make_jaxpr(conv)(jnp.ones((1, 2, 4, 4)), jnp.ones((2, 2, 3, 3))).jaxpr.eqns[0]
         >>> cost_model.materializes_operands(eqn)
@@ -167,7 +167,7 @@ def flops(eqn: Any) -> float:
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot.partition import cost_model
+        >>> from jaxaot.partition.costs import cost_model
         >>> eqn = jax.make_jaxpr(jnp.dot)(jnp.ones((2, 3)), jnp.ones((3, 4))).jaxpr.eqns[0]
         >>> cost_model.flops(eqn)
         48.0

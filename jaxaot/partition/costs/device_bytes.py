@@ -23,7 +23,7 @@ unsharded programs skip it (:func:`device_fractions` returns None).
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot.partition.device_bytes import device_fractions
+    >>> from jaxaot.partition.costs import device_fractions
     >>> closed = jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(8))
     >>> device_fractions(closed, [None]) is None
     True

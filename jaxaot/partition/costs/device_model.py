@@ -11,7 +11,7 @@ chain of matmuls about as long, in one program, to see how much of the copy
 compute hides (``overlap``), and the gradient of a scan whose body offloads a
 value by JAX's own policy against one that saves it (``scan_overlap``), and
 compiles one program to count the copies its schedule keeps in flight at once
-(``copy_slots``, :mod:`jaxaot.partition.copy_slots`). On an
+(``copy_slots``, :mod:`jaxaot.partition.costs.copy_slots`). On an
 H100 with jax 0.11.2 copies between programs hid 84-100% of their time, copies
 inside a scan 12-15%, so the planner offloads there only outside scans
 (``benchmarks/probe_copy_overlap.py``). About a second on this project's CPU
@@ -21,7 +21,7 @@ would free nothing: ``has_host_memory`` is False and nothing is offloaded, and
 the partition says so (``Partition.offload_note``).
 
 Example:
-    >>> from jaxaot.partition.device_model import DeviceModel
+    >>> from jaxaot.partition import DeviceModel
     >>> link = DeviceModel(host_bandwidth=50e9, device_flops=1e15, transfer_latency=1e-5, overlap=0.8)
     >>> round(link.transfer_seconds(50 * 10**6) * 1e3, 3)  # ms for 50 MB
     1.01
@@ -46,8 +46,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot.errors import InvalidValueError
-from jaxaot.partition.copy_slots import measure_copy_slots
-from jaxaot.partition.op_costs import FlopCosts
+from jaxaot.partition.costs.copy_slots import measure_copy_slots
+from jaxaot.partition.costs.op_costs import FlopCosts
 
 #: Below this overlap (:attr:`DeviceModel.overlap`) copies are not hidden enough to plan with: nothing is offloaded.
 MIN_OVERLAP = 0.5
@@ -55,8 +55,9 @@ MIN_OVERLAP = 0.5
 #: The :attr:`DeviceModel.headroom` of a measured device. On an H100 GPT-2 block (jax 0.11.2), values
 #: whose timeline windows held 1.0-1.3 copies cost 3-6% of the step offloaded alone (a 48 MiB qkv
 #: projection: 1.0x the copy out, 1.3x back) and those with 1.4x or more cost nothing (the 32 MiB attention
-#: scores: 1.4x / 2.0x): ``benchmarks/results/probe_offload_price_gpu_h100_2026-11-26_session16_*``.
-#: A window of 1.0 to 1.3 copies was chosen or not as the measured bandwidth varied between runs.
+#: scores: 1.4x / 2.0x); without a margin, a window of 1.0 to 1.3 copies was chosen or not as the measured
+#: bandwidth varied between runs (``docs/concepts/memory_planner.md``, "Offloading to host memory";
+#: ``benchmarks/probe_offload_price.py`` measures it).
 MEASURED_HEADROOM = 1.25
 
 #: The memory kind offloaded residuals live in.
@@ -83,9 +84,9 @@ class DeviceModel:
         it overlaps, and below :data:`MIN_OVERLAP` nothing is offloaded.
       note: why ``has_host_memory`` is False (the partition's ``offload_note``).
       scan_overlap: the same fraction for copies made inside a ``lax.scan``
-        body, one slice per iteration (:mod:`jaxaot.partition.scan_offload`).
+        body, one slice per iteration (:mod:`jaxaot.partition.offload.scan_offload`).
       copy_slots: how many copies the compiler keeps in flight at once in one
-        program (:mod:`jaxaot.partition.copy_slots`): the planner offloads at
+        program (:mod:`jaxaot.partition.costs.copy_slots`): the planner offloads at
         most this many values, the largest (None: no limit).
       headroom: how much longer than a copy (after ``overlap``) the compute
         beside it must last for the planner to count it hidden (1: exactly as
@@ -151,7 +152,7 @@ class DeviceModel:
 
     @property
     def flop_costs(self) -> FlopCosts:
-        """This device's rates as an :class:`~jaxaot.partition.op_costs.OpCosts` (FLOP estimates)."""
+        """This device's rates as an :class:`~jaxaot.partition.costs.op_costs.OpCosts` (FLOP estimates)."""
         return FlopCosts(self.device_flops, self.device_bandwidth)
 
     @classmethod

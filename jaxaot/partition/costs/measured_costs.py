@@ -1,17 +1,17 @@
 """Measured per-op costs: each distinct expensive eqn timed once per device kind, and cached.
 
-:class:`MeasuredCosts` is the :class:`~jaxaot.partition.op_costs.OpCosts` the
+:class:`MeasuredCosts` is the :class:`~jaxaot.partition.costs.op_costs.OpCosts` the
 min-cut uses on accelerators (``op_costs="auto"``, :func:`resolve_costs`).
 ``seconds(eqn)``:
 
 * for fusible eqns (``cost_model.Recompute.CHEAP``) returns its fallback's FLOP
   estimate: XLA fuses them into their neighbours, so a kernel of their own is
   not what they cost;
-* otherwise looks the eqn's :func:`~jaxaot.partition.op_profile.signature` up
+* otherwise looks the eqn's :func:`~jaxaot.partition.costs.op_profile.signature` up
   in its table, and times it on the device the first time
-  (:func:`~jaxaot.partition.op_profile.profile_seconds`); an eqn that cannot be
+  (:func:`~jaxaot.partition.costs.op_profile.profile_seconds`); an eqn that cannot be
   timed gets the fallback's estimate (and says so in ``note``);
-* less an empty kernel's time (:func:`~jaxaot.partition.op_profile.launch_seconds`,
+* less an empty kernel's time (:func:`~jaxaot.partition.costs.op_profile.launch_seconds`,
   measured once; never below 1% of the op's): recomputed in a backward, a small
   op runs inside a fused kernel that runs anyway, and standalone its launch
   would rank a 32 KB reduction as costly per byte as a large matmul.
@@ -27,7 +27,7 @@ The partition's ``cost_note`` (printed by ``lower()``) says what was measured.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot.partition.measured_costs import MeasuredCosts
+    >>> from jaxaot.partition import MeasuredCosts
     >>> costs = MeasuredCosts(jax.devices()[0], path=None)
     >>> dot = jax.make_jaxpr(jnp.dot)(jnp.ones((128, 128)), jnp.ones((128, 128))).jaxpr.eqns[0]
     >>> costs.seconds(dot) > 0, costs.measured
@@ -52,9 +52,9 @@ import jaxlib
 from jaxaot._config import config
 from jaxaot._files import atomic_write
 from jaxaot.errors import PartitionError
-from jaxaot.partition import cost_model, op_profile
-from jaxaot.partition.device_model import DeviceModel
-from jaxaot.partition.op_costs import FlopCosts, OpCosts
+from jaxaot.partition.costs import cost_model, op_profile
+from jaxaot.partition.costs.device_model import DeviceModel
+from jaxaot.partition.costs.op_costs import FlopCosts, OpCosts
 
 #: Bumped when what a stored time means changes.
 TABLE_VERSION = 1

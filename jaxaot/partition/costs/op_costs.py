@@ -1,9 +1,9 @@
 """What one eqn costs to run: the :class:`OpCosts` protocol and its FLOP estimate, :class:`FlopCosts`.
 
-The min-cut's knapsack (:mod:`jaxaot.partition.knapsack`) trades bytes for
+The min-cut's knapsack (:mod:`jaxaot.partition.mincut.knapsack`) trades bytes for
 recomputation below ``memory_budget=1``: it recomputes first the values that
 cost least *per byte saved*. The offload planner's timeline
-(:class:`~jaxaot.partition.offload.Timeline`) needs how long each eqn runs, to
+(:class:`~jaxaot.partition.offload.host_offload.Timeline`) needs how long each eqn runs, to
 know what compute a copy can hide behind. Both ask an :class:`OpCosts`.
 
 Two implementations:
@@ -12,7 +12,7 @@ Two implementations:
   away, the bytes they move over ``device_bandwidth`` when that is slower (a
   roofline). With the default rates (no bandwidth) the knapsack's order is
   FLOPs per byte, which is what it was before measured costs existed.
-* :class:`~jaxaot.partition.measured_costs.MeasuredCosts`: each distinct
+* :class:`~jaxaot.partition.costs.measured_costs.MeasuredCosts`: each distinct
   expensive eqn timed once on the device and cached (per device kind, on disk
   with ``jaxaot.config.cache_dir``). FLOP counts ignore dtypes (an f32 matmul
   runs at a fraction of a bf16 one's rate), memory-bound shapes (a matmul that
@@ -25,7 +25,7 @@ Any object with ``seconds(eqn) -> float`` and a ``note`` string is an
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot.partition.op_costs import FlopCosts, OpCosts
+    >>> from jaxaot.partition import FlopCosts, OpCosts
     >>> eqn = jax.make_jaxpr(jnp.dot)(jnp.ones((64, 32)), jnp.ones((32, 16))).jaxpr.eqns[0]
     >>> FlopCosts(device_flops=1e9).seconds(eqn)  # 2 * 64 * 16 * 32 FLOPs at 1 GFLOP/s
     6.5536e-05
@@ -39,7 +39,7 @@ import dataclasses
 from typing import Any, Protocol, runtime_checkable
 
 from jaxaot._pytrees import nbytes as aval_nbytes
-from jaxaot.partition import cost_model
+from jaxaot.partition.costs import cost_model
 
 #: The FLOP/s :class:`FlopCosts` assumes when given none; only ratios matter to the knapsack.
 NOMINAL_FLOPS = 1e12
@@ -62,7 +62,7 @@ class OpCosts(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class FlopCosts:
-    """Costs estimated from FLOP counts (:func:`jaxaot.partition.cost_model.flops`).
+    """Costs estimated from FLOP counts (:func:`jaxaot.partition.costs.cost_model.flops`).
 
     Attributes:
       device_flops: FLOP/s of the device.

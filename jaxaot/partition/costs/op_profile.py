@@ -1,4 +1,4 @@
-"""Timing one eqn on one device: what :class:`~jaxaot.partition.measured_costs.MeasuredCosts` stores.
+"""Timing one eqn on one device: what :class:`~jaxaot.partition.costs.measured_costs.MeasuredCosts` stores.
 
 :func:`profile_seconds` compiles two programs per eqn: the eqn alone, and
 ``copies`` of it in a chain. Each copy has inputs of its own (XLA would merge
@@ -26,7 +26,7 @@ the same one.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot.partition import op_profile
+    >>> from jaxaot.partition.costs import op_profile
     >>> eqn = jax.make_jaxpr(jnp.dot)(jnp.ones((64, 64)), jnp.ones((64, 64))).jaxpr.eqns[0]
     >>> op_profile.measurable(eqn)
     True
@@ -45,8 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.partition import cost_model
-from jaxaot.partition.device_model import best_seconds
+from jaxaot.partition.costs import cost_model
+from jaxaot.partition.costs.device_model import best_seconds
 
 #: Runs of the eqn in the chained program.
 COPIES = 8

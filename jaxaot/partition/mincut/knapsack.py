@@ -7,7 +7,7 @@ recomputing it costs). A knapsack keeps the most seconds-per-byte banned and
 recomputes the rest.
 
 We solve it greedily, by seconds per byte (measured per-op costs on
-accelerators, FLOP estimates elsewhere: :mod:`jaxaot.partition.op_costs`), and
+accelerators, FLOP estimates elsewhere: :mod:`jaxaot.partition.costs.op_costs`), and
 take the smallest *prefix* of that order that reaches the budget's bytes
 (:func:`smallest_feasible_prefix`), but choose its last step among cheaper
 completions (:func:`cheapest_last_step`): the greedy's next item can save far
@@ -17,7 +17,7 @@ not summed per item, because recomputing one value changes what its neighbours c
 
 Example:
     >>> import numpy as np
-    >>> from jaxaot.partition import knapsack
+    >>> from jaxaot.partition.mincut import knapsack
     >>> knapsack.recompute_order(np.array([100, 100, 10]), np.array([1e6, 1e2, 1e6])).tolist()
     [1, 0, 2]
 """
@@ -53,7 +53,7 @@ def smallest_feasible_prefix(cost_of_prefix: Callable[[int], float], n: int, tar
     ``O(log n)`` times.
 
     Example:
-        >>> from jaxaot.partition import knapsack
+        >>> from jaxaot.partition.mincut import knapsack
         >>> knapsack.smallest_feasible_prefix(lambda k: 10 - k, 10, 6.5)
         4
     """
@@ -90,7 +90,7 @@ def cheapest_last_step(bytes_of: Callable[[Sequence[int]], float], seconds: np.n
 
     Example:
         >>> import numpy as np
-        >>> from jaxaot.partition import knapsack
+        >>> from jaxaot.partition.mincut import knapsack
         >>> saving = np.array([80.0, 0.5, 16.0])  # bytes each item's recomputation saves
         >>> bytes_of = lambda items: 100.0 - saving[list(items)].sum()
         >>> seconds = np.array([179.0, 8.0, 61.0])  # the 80-byte item is the cheapest per byte

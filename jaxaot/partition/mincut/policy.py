@@ -62,7 +62,7 @@ arguments still gets a valid policy, made for the larger problem.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot.partition.policy import remat_policy
+    >>> from jaxaot.partition import remat_policy
     >>> f = lambda w, x: jnp.sum(jnp.sin(jnp.tanh(x @ w)))
     >>> w, x = jnp.ones((4, 4)), jnp.ones((8, 4))
     >>> p = remat_policy(f, w, x)
@@ -87,10 +87,12 @@ from jax import ad_checkpoint
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, nbytes
 from jaxaot.errors import InvalidInputError, InvalidValueError
-from jaxaot.partition.offload import HOST_MEMORY_KIND, saved_vars
-from jaxaot.partition.rematerialize import min_cut_rematerialization_partition
-from jaxaot.partition.split import EqnKind, Partition, classify_eqns
-from jaxaot.tracing.joint import _BACKWARD_SCOPE, JointGraph, trace_joint
+from jaxaot.partition.core import EqnKind, Partition, classify_eqns
+from jaxaot.partition.costs import HOST_MEMORY_KIND
+from jaxaot.partition.mincut.rematerialize import min_cut_rematerialization_partition
+from jaxaot.partition.offload import saved_vars
+from jaxaot.tracing import JointGraph, trace_joint
+from jaxaot.tracing.joint import _BACKWARD_SCOPE  # the backward's name scope: not exported by the tracing face
 
 #: A key: ``(primitive name, ((shape, dtype) per input), ((param, value) per param))``.
 Key = tuple

@@ -3,14 +3,14 @@
 :func:`min_cut_rematerialization_partition` is what ``aot_function`` runs when
 asked for the min-cut. It
 
-1. cuts the joint graph (:mod:`jaxaot.partition.min_cut`) under the budget;
+1. cuts the joint graph (:mod:`jaxaot.partition.mincut.saved_values`) under the budget;
 2. plans each top-level ``lax.scan`` body with the same cut
-   (:mod:`jaxaot.partition.scan_remat`) and keeps the rewritten program when it
+   (:mod:`jaxaot.partition.mincut.scan_remat`) and keeps the rewritten program when it
    saves no more device bytes;
 3. with ``offload``, moves what can hide its copies to host memory: inside scan
-   bodies per iteration (:mod:`jaxaot.partition.scan_offload`), at the top level
-   between the programs (:mod:`jaxaot.partition.offload`), both meeting the
-   budget by offloading before recomputing (:func:`~jaxaot.partition.min_cut.offloaded_saved_nodes`).
+   bodies per iteration (:mod:`jaxaot.partition.offload.scan_offload`), at the top level
+   between the programs (:mod:`jaxaot.partition.offload.host_offload`), both meeting the
+   budget by offloading before recomputing (:func:`~jaxaot.partition.mincut.saved_values.offloaded_saved_nodes`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ import functools
 from typing import Any, Callable
 
 from jaxaot.errors import PartitionError
-from jaxaot.partition import offload as host_offload
-from jaxaot.partition import scan_offload, scan_remat
-from jaxaot.partition.measured_costs import resolve_costs
-from jaxaot.partition.min_cut import build_flow_graph, choose_saved_values, offloaded_saved_nodes
-from jaxaot.partition.op_costs import OpCosts
-from jaxaot.partition.split import Partition, split_joint
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.partition.core import Partition, split_joint
+from jaxaot.partition.costs import DeviceModel, OpCosts, resolve_costs
+from jaxaot.partition.mincut import scan_remat
+from jaxaot.partition.mincut.saved_values import build_flow_graph, choose_saved_values, offloaded_saved_nodes
+from jaxaot.partition.offload import (
+    OffloadPlan, Timeline, apply_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
+from jaxaot.tracing import JointGraph
 
 
 def min_cut_rematerialization_partition(
     joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True,
-    offload: bool | str = False, device_model: host_offload.DeviceModel | None = None,
+    offload: bool | str = False, device_model: DeviceModel | None = None,
     op_costs: str | OpCosts = "auto",
 ) -> Partition:
     """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
@@ -41,21 +41,21 @@ def min_cut_rematerialization_partition(
       memory_budget: in ``[0, 1]``; 1 bans recomputing expensive eqns (matmuls,
         convolutions, large reductions, loops), 0 recomputes all it can and
         saves only inputs (or smaller values derived from them); in between, a
-        knapsack (:mod:`jaxaot.partition.knapsack`) picks which expensive values to
+        knapsack (:mod:`jaxaot.partition.mincut.knapsack`) picks which expensive values to
         recompute, cheapest seconds per saved byte first (``op_costs``).
       rematerialize_scans: choose the per-iteration residuals of each top-level
-        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.scan_remat`).
+        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.mincut.scan_remat`).
       offload: False, True or ``"auto"``: also move saved values to host memory
-        where the copies overlap compute (:mod:`jaxaot.partition.offload`); the
+        where the copies overlap compute (:mod:`jaxaot.partition.offload.host_offload`); the
         budget then counts device bytes and is met offloading before recomputing.
         Without host memory (the CPU backend) nothing moves and ``offload_note`` says why.
-      device_model: the :class:`~jaxaot.partition.offload.DeviceModel` to plan
+      device_model: the :class:`~jaxaot.partition.costs.device_model.DeviceModel` to plan
         with (default: measured on the default device, once per process).
       op_costs: what recomputing an eqn costs, for the knapsack and the offload
         timeline: ``"auto"`` (default: measured on GPUs and TPUs, FLOP estimates
         on CPUs or at a given ``device_model``'s rates), ``"measured"`` (each distinct expensive eqn timed once per
-        device kind and cached, :mod:`jaxaot.partition.measured_costs`),
-        ``"flops"``, or an :class:`~jaxaot.partition.op_costs.OpCosts`. At
+        device kind and cached, :mod:`jaxaot.partition.costs.measured_costs`),
+        ``"flops"``, or an :class:`~jaxaot.partition.costs.op_costs.OpCosts`. At
         ``memory_budget=1`` without offload nothing is priced (nothing is traded).
         ``Partition.cost_note`` says which were used.
 
@@ -72,7 +72,7 @@ def min_cut_rematerialization_partition(
     """
     if not 0.0 <= memory_budget <= 1.0:
         raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
-    model = host_offload.resolve_model(offload, device_model)
+    model = resolve_model(offload, device_model)
     costs = resolve_costs(op_costs, model, model_given=device_model is not None)
     part = split_joint(joint, choose_saved_values(joint, memory_budget, costs=costs))
     source, plan = joint, None
@@ -98,41 +98,41 @@ def min_cut_rematerialization_partition(
     return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
 
 
-def _offloading_cut(joint: JointGraph, memory_budget: float, model: host_offload.DeviceModel, planner: Callable,
+def _offloading_cut(joint: JointGraph, memory_budget: float, model: DeviceModel, planner: Callable,
                     saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None,
-                    ) -> tuple[list, host_offload.OffloadPlan]:
+                    ) -> tuple[list, OffloadPlan]:
     """The saved vars of ``joint`` meeting the budget offloading before recomputing, and the offload plan.
 
     ``planner(timeline, saved vars, model, sizes) -> OffloadPlan`` decides what may go
     (:func:`~jaxaot.partition.offload.plan_offload` between the programs,
-    :func:`~jaxaot.partition.scan_offload.plan_body_offload` per scan iteration).
+    :func:`~jaxaot.partition.offload.plan_body_offload` per scan iteration).
     """
     costs = model.flop_costs if costs is None else costs
     graph = build_flow_graph(joint, saveable, costs)
-    timeline = host_offload.Timeline.of(joint, model, costs)
+    timeline = Timeline.of(joint, model, costs)
     sizes = dict(zip(graph.values, graph.nbytes.tolist()))
     saved, chosen = offloaded_saved_nodes(
         graph, memory_budget, lambda nodes: planner(timeline, [graph.values[i] for i in nodes], model, sizes))
     return [graph.values[i] for i in saved], chosen
 
 
-def _offload(source: JointGraph, part: Partition, memory_budget: float, model: host_offload.DeviceModel,
+def _offload(source: JointGraph, part: Partition, memory_budget: float, model: DeviceModel,
              costs: OpCosts | None = None) -> Partition:
     """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
     if model.offload_note:
         return dataclasses.replace(part, offload_note=model.offload_note)
-    saved, chosen = _offloading_cut(source, memory_budget, model, host_offload.plan_offload, costs=costs)
+    saved, chosen = _offloading_cut(source, memory_budget, model, plan_offload, costs=costs)
     split = split_joint(source, saved)
-    position = {v: j for j, v in enumerate(host_offload.saved_vars(split))}
+    position = {v: j for j, v in enumerate(saved_vars(split))}
     note = "" if any(r.offloaded for r in split.residuals) else chosen.note  # scan bodies offloaded some
-    return host_offload.apply_offload(split, [position[v] for v in chosen.offloaded if v in position], note)
+    return apply_offload(split, [position[v] for v in chosen.offloaded if v in position], note)
 
 
-def choose_body(joint: JointGraph, *, memory_budget: float, model: host_offload.DeviceModel,
+def choose_body(joint: JointGraph, *, memory_budget: float, model: DeviceModel,
                 saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None) -> scan_remat.BodyChoice:
-    """A scan body's saved values and those it offloads per iteration (:mod:`jaxaot.partition.scan_offload`).
+    """A scan body's saved values and those it offloads per iteration (:mod:`jaxaot.partition.offload.scan_offload`).
 
     The budget's device bytes are met offloading before recomputing, as at the top level.
     """
-    saved, chosen = _offloading_cut(joint, memory_budget, model, scan_offload.plan_body_offload, saveable, costs)
+    saved, chosen = _offloading_cut(joint, memory_budget, model, plan_body_offload, saveable, costs)
     return scan_remat.BodyChoice(tuple(saved), chosen.offloaded)

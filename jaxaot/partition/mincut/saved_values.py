@@ -1,34 +1,39 @@
-"""The min-cut behind the rematerialization partitioner (functorch's, for jaxprs; assembled in ``rematerialize``).
+"""What the forward saves: the min-cut of a joint graph's forward, under a memory budget.
 
-Which forward values should the forward save? Any set that separates the
-primal inputs from the backward works: the backward recomputes the rest. The
-cheapest such set is a minimum cut of a flow network with
+The min-cut behind the rematerialization partitioner (functorch's, for jaxprs;
+assembled in :mod:`~jaxaot.partition.mincut.rematerialize`). Which forward values
+should the forward save? Any set that separates the primal inputs from the
+backward works: the backward recomputes the rest. The cheapest such set is a
+minimum cut of the flow network of :mod:`~jaxaot.partition.mincut.flow_graph`
+over the forward values (:func:`build_flow_graph`):
 
 * a vertex pair ``v_in -> v_out`` per forward value, of capacity = its bytes
   (cutting it = saving ``v``);
 * ``u_out -> v_in`` of infinite capacity when ``v``'s eqn reads ``u``;
 * ``source -> v_in`` (infinite) for primal inputs and for values whose
-  recomputation is banned (:mod:`jaxaot.partition.cost_model`): they can only be saved.
+  recomputation is banned (:mod:`jaxaot.partition.costs.cost_model`): they can only be saved.
   Besides expensive eqns, that bans values that a convolution reads in both
-  halves (:func:`jaxaot.partition.cost_model.materializes_operands`): the forward writes
+  halves (:func:`jaxaot.partition.costs.materializes_operands`): the forward writes
   them to memory anyway, and recomputing them would cost the backward a kernel;
 * ``v_out -> sink`` (infinite) for values the backward reads.
 
 Among the cuts of minimum bytes we take the one closest to the sink (fewest
 recomputed eqns), and among equal bytes we prefer saving values that are in
 memory anyway: inputs, outputs, and the outputs of unfused kernels (a matmul's
-result rather than its transpose, which the forward would write a second time). On a mesh, capacities are per-device bytes
-(:mod:`jaxaot.partition.device_bytes`): the budget is what one device holds,
-and collectives are never recomputed. Capacities are scaled to int32 because that is what
-``scipy.sparse.csgraph.maximum_flow`` computes in.
+result rather than its transpose, which the forward would write a second time).
+On a mesh, capacities are per-device bytes
+(:mod:`jaxaot.partition.costs.device_bytes`): the budget is what one device holds,
+and collectives are never recomputed.
 
 Below ``memory_budget=1`` the banned-but-recomputable values are unbanned in
-:func:`jaxaot.partition.knapsack.recompute_order` (seconds per saved byte, by
-:mod:`jaxaot.partition.op_costs`), as few as reach the budget, the last step the
-cheapest that does (:func:`jaxaot.partition.knapsack.cheapest_last_step`). Loops are
+:func:`jaxaot.partition.mincut.knapsack.recompute_order` (seconds per saved byte, by
+:mod:`jaxaot.partition.costs.op_costs`), as few as reach the budget, the last step the
+cheapest that does (:func:`jaxaot.partition.mincut.knapsack.cheapest_last_step`). Loops are
 not among them (only budget 0 recomputes a loop): recomputing a scan of layers
 would run the whole forward again, and the budget already reaches into each
 scan's body, where the same knapsack picks what each iteration recomputes.
+Cost: a max-flow per knapsack probe, ``O(log k)`` probes for the prefix and
+``O(k)`` for its last step, ``k`` the budget's items.
 
 Example:
     >>> import functools, jax, jax.numpy as jnp, jaxaot
@@ -47,174 +52,50 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable
 
 import numpy as np
-from scipy.sparse import csr_array
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import device_nbytes as aval_nbytes
-from jaxaot.partition import cost_model
-from jaxaot.partition import knapsack
-from jaxaot.partition import offload as host_offload
-from jaxaot.partition.cost_model import Recompute
-from jaxaot.partition.device_bytes import device_fractions
-from jaxaot.partition.op_costs import FlopCosts, OpCosts
-from jaxaot.errors import PartitionError
-from jaxaot.partition.split import EqnKind, classify_eqns
-from jaxaot.tracing.joint import JointGraph
-
-# maximum_flow computes in int32: finite capacities sum to at most _LIMIT and
-# "infinite" is one more, so no flow and no cut overflows.
-_LIMIT = 2**30 - 1
-INF = _LIMIT + 1
-
-# Node kinds: the Recompute classes plus primal inputs.
-CHEAP, EXPENSIVE, NEVER, INPUT = 0, 1, 2, 3
-_KIND_CODE = {Recompute.CHEAP: CHEAP, Recompute.EXPENSIVE: EXPENSIVE, Recompute.NEVER: NEVER}
-
-
-# --------------------------------------------------------------------------- graph
-@dataclasses.dataclass(frozen=True)
-class FlowGraph:
-    """The forward values of a joint graph as arrays (node ``i`` is ``values[i]``).
-
-    Vertex ``2i`` is ``v_in``, ``2i + 1`` is ``v_out``, then source and sink.
-    """
-
-    values: tuple
-    kind: np.ndarray  # int8 node kind (CHEAP, EXPENSIVE, NEVER, INPUT)
-    nbytes: np.ndarray  # int64
-    loop: np.ndarray  # bool: an output of a loop (scan, while): recomputing it re-runs every iteration
-    capacity: np.ndarray  # int64 scaled v_in -> v_out capacity, INF if unsaveable
-    dep_src: np.ndarray  # u of each deduplicated u -> v dependency
-    dep_dst: np.ndarray
-    needed: np.ndarray  # bool: read directly by the backward
-    # The eqn that recomputing each node runs (None for inputs; a checkpoint_name's
-    # is its operand's), and what it costs: asked only for the knapsack's items.
-    producers: tuple = ()
-    costs: OpCosts = dataclasses.field(default_factory=FlopCosts)
-
-    def recompute_seconds(self, nodes: np.ndarray) -> np.ndarray:
-        """What recomputing each of ``nodes`` costs (:attr:`costs`; 0 without a producer)."""
-        eqns = [self.producers[i] if i < len(self.producers) else None for i in nodes]
-        return np.fromiter((0.0 if e is None else self.costs.seconds(e) for e in eqns), np.float64, len(eqns))
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.values)
-
-    @property
-    def source(self) -> int:
-        return 2 * self.num_nodes
-
-    @property
-    def sink(self) -> int:
-        return 2 * self.num_nodes + 1
-
-    @functools.cached_property
-    def base_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, cols, capacities) of every edge except the ban edges."""
-        n = np.arange(self.num_nodes)
-        need = np.flatnonzero(self.needed)
-        rows = np.concatenate([2 * n, 2 * self.dep_src + 1, 2 * need + 1])
-        cols = np.concatenate([2 * n + 1, 2 * self.dep_dst, np.full(len(need), self.sink)])
-        caps = np.concatenate([self.capacity, np.full(len(self.dep_src) + len(need), INF)])
-        return rows, cols, caps
-
-    @functools.cached_property
-    def ancestors_of_needed(self) -> np.ndarray:
-        """bool per node: the backward may need it recomputed (or saved)."""
-        n = self.num_nodes
-        if n == 0:
-            return np.zeros(0, bool)
-        # Reverse dependency graph plus a virtual root pointing at every needed node.
-        rows = np.concatenate([self.dep_dst, np.full(int(self.needed.sum()), n)])
-        cols = np.concatenate([self.dep_src, np.flatnonzero(self.needed)])
-        g = csr_array((np.ones(len(rows), np.int8), (rows, cols)), shape=(n + 1, n + 1))
-        reach = breadth_first_order(g, n, directed=True, return_predecessors=False)
-        mask = np.zeros(n + 1, bool)
-        mask[reach] = True
-        return mask[:n]
-
-
-def scaled_capacities(nbytes: np.ndarray, preferred: np.ndarray) -> np.ndarray:
-    """int32-safe capacities: bytes first, then a tie-break against non-preferred nodes.
-
-    Exact (one unit per byte, tie-breaks summing below a byte) when the graph
-    fits; otherwise bytes are rounded up to a common unit and the tie-break is
-    half a unit.
-
-    Example:
-        >>> import numpy as np
-        >>> from jaxaot.partition.min_cut import scaled_capacities
-        >>> scaled_capacities(np.array([4, 4]), np.array([True, False])).tolist()
-        [12, 13]
-    """
-    n = len(nbytes)
-    total = int(nbytes.sum())
-    k = n + 1
-    if (total + n) * k + n > _LIMIT:
-        k = 2
-    unit = 1
-    if (total + n) * k + n > _LIMIT:
-        unit = -(-total // ((_LIMIT - n) // k - n))
-    units = -(-nbytes.astype(np.int64) // unit)
-    return units * k + (~preferred.astype(bool)).astype(np.int64)
+from jaxaot.partition.core import EqnKind, classify_eqns
+from jaxaot.partition.costs import OpCosts, device_fractions, is_alias, materializes_operands
+from jaxaot.partition.mincut import knapsack
+from jaxaot.partition.mincut.flow_graph import CHEAP, EXPENSIVE, INPUT, NEVER, FlowGraph, FlowGraphBuilder, cut_value, min_cut
+from jaxaot.partition.offload import OffloadPlan
+from jaxaot.tracing import JointGraph
 
 
 def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None = None,
                      costs: OpCosts | None = None) -> FlowGraph:
-    """The :class:`FlowGraph` of ``joint``'s forward values.
+    """The :class:`~jaxaot.partition.mincut.flow_graph.FlowGraph` of ``joint``'s forward values.
 
-    ``saveable(var)`` may forbid saving some values (infinite capacity): the
-    scan rewrite uses it to save only values it can name. ``costs`` prices the
-    knapsack's items (default: FLOP estimates, :class:`~jaxaot.partition.op_costs.FlopCosts`).
+    Nodes are the primal inputs and the forward eqns' outputs; the values the
+    backward eqns (or the residual outputs) read are needed. A
+    ``checkpoint_name`` is its operand (same kind, same producer). ``saveable(var)``
+    may forbid saving some values (infinite capacity): the scan rewrite uses it to
+    save only values it can name. ``costs`` prices the knapsack's items (default:
+    FLOP estimates, :class:`~jaxaot.partition.costs.FlopCosts`).
     """
     jaxpr = C.jaxpr_of(joint.jaxpr)
-    index: dict = {}
-    values: list = []
-    kinds: list[int] = []
-    loop: list[bool] = []
-    src: list[int] = []
-    dst: list[int] = []
+    builder = FlowGraphBuilder()
     needed: set[int] = set()
-    producer: list[Any] = []
     # Nodes read by an eqn that materializes its operands, in each half.
     materialized_by = {True: set(), False: set()}
 
-    for v in jaxpr.invars[: joint.num_primals]:
-        index[v] = len(values)
-        values.append(v)
-        kinds.append(INPUT)
-        loop.append(False)
-        producer.append(None)
+    builder.add_inputs(jaxpr.invars[: joint.num_primals])
     for eqn, k in zip(jaxpr.eqns, classify_eqns(joint)):
-        ins = [index[v] for v in eqn.invars if not C.is_literal(v) and v in index]
+        ins = builder.reads(eqn)
         is_forward = k is EqnKind.FORWARD
-        if cost_model.materializes_operands(eqn):
+        if materializes_operands(eqn):
             materialized_by[is_forward].update(ins)
         if not is_forward:
             needed.update(ins)  # a backward eqn reads these forward values
             continue
-        if cost_model.is_alias(eqn) and ins:
-            # checkpoint_name: the named value is its operand, banned as much as it is.
-            code, made_by = kinds[ins[0]], producer[ins[0]]
-        else:
-            code, made_by = _KIND_CODE[cost_model.classify(eqn)], eqn
-        for v in eqn.outvars:
-            if C.is_drop_var(v):
-                continue
-            i = index[v] = len(values)
-            values.append(v)
-            kinds.append(code)
-            loop.append(cost_model.is_loop(eqn.primitive.name))
-            producer.append(made_by)
-            src.extend(ins)
-            dst.extend([i] * len(ins))
+        # checkpoint_name: the named value is its operand, banned as much as it is.
+        builder.add_eqn(eqn, ins, like=ins[0] if is_alias(eqn) and ins else None)
+    index = builder.index
     for v in jaxpr.outvars[joint.num_outputs :]:
         if not C.is_literal(v) and v in index:
             needed.add(index[v])
@@ -223,10 +104,11 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
     # write them again: recomputing them is an extra kernel, so they are banned
     # like expensive values (and unbanned first below memory_budget=1).
     for i in materialized_by[True] & materialized_by[False]:
-        if kinds[i] == CHEAP:
-            kinds[i] = EXPENSIVE
+        if builder.kinds[i] == CHEAP:
+            builder.kinds[i] = EXPENSIVE
+    values = builder.values
     n = len(values)
-    kind = np.asarray(kinds, np.int8)
+    kind = builder.kind
     # Per-device bytes: on a mesh the budget is what one device holds.
     fractions = device_fractions(joint.jaxpr, [getattr(a, "sharding", None) for a in joint.in_avals])
     if fractions is None:
@@ -239,70 +121,8 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
     for v in jaxpr.outvars[: joint.num_outputs]:  # real outputs are alive anyway
         if not C.is_literal(v) and v in index:
             preferred[index[v]] = True
-    capacity = scaled_capacities(nbytes, preferred)
-    if saveable is not None:
-        capacity[[i for i, v in enumerate(values) if not saveable(v)]] = INF
-    codes = np.unique(np.asarray(src, np.int64) * max(n, 1) + np.asarray(dst, np.int64))
-    need = np.zeros(n, bool)
-    need[list(needed)] = True
-    return FlowGraph(
-        values=tuple(values),
-        kind=kind,
-        nbytes=nbytes,
-        loop=np.asarray(loop, bool),
-        capacity=capacity,
-        dep_src=codes // max(n, 1),
-        dep_dst=codes % max(n, 1),
-        needed=need,
-        producers=tuple(producer),
-        costs=FlopCosts() if costs is None else costs,
-    )
-
-
-# --------------------------------------------------------------------------- cut
-@dataclasses.dataclass(frozen=True)
-class Cut:
-    """A minimum cut: its value (scaled bytes) and the saved node indices."""
-
-    value: int
-    saved: np.ndarray
-
-
-def _network(graph: FlowGraph, banned: np.ndarray) -> csr_array:
-    rows, cols, caps = graph.base_edges
-    # A value that cannot be saved cannot be banned either (no finite cut would remain).
-    ban = np.flatnonzero(banned & (graph.capacity < INF))
-    size = 2 * graph.num_nodes + 2
-    rows = np.concatenate([rows, np.full(len(ban), graph.source)])
-    cols = np.concatenate([cols, 2 * ban])
-    caps = np.concatenate([caps, np.full(len(ban), INF)])
-    return csr_array((caps.astype(np.int32), (rows, cols)), shape=(size, size))
-
-
-def cut_value(graph: FlowGraph, banned: np.ndarray) -> int:
-    """The scaled bytes of the minimum cut when ``banned`` nodes may not be recomputed."""
-    if not graph.needed.any():
-        return 0
-    return int(maximum_flow(_network(graph, banned), graph.source, graph.sink).flow_value)
-
-
-def min_cut(graph: FlowGraph, banned: np.ndarray) -> Cut:
-    """The minimum cut closest to the sink (least recomputation among the cheapest)."""
-    if not graph.needed.any():
-        return Cut(0, np.zeros(0, np.int64))
-    net = _network(graph, banned)
-    result = maximum_flow(net, graph.source, graph.sink)
-    if result.flow_value >= INF:  # pragma: no cover - excluded by construction
-        raise PartitionError("min-cut: the backward needs a value that can be neither saved nor recomputed.")
-    residual = (net - result.flow).tocsr()
-    residual.data = (residual.data > 0).astype(np.int8)
-    residual.eliminate_zeros()
-    # Vertices that still reach the sink through unsaturated edges: the sink side.
-    reach = breadth_first_order(residual.T.tocsr(), graph.sink, directed=True, return_predecessors=False)
-    sink_side = np.zeros(net.shape[0], bool)
-    sink_side[reach] = True
-    saved = np.flatnonzero(~sink_side[0:-2:2] & sink_side[1:-2:2])
-    return Cut(int(result.flow_value), saved)
+    unsaveable = () if saveable is None else [i for i, v in enumerate(values) if not saveable(v)]
+    return builder.build(nbytes, needed, preferred, unsaveable, costs)
 
 
 # --------------------------------------------------------------------------- budget
@@ -376,7 +196,7 @@ def recompute_prefix(graph: FlowGraph, memory_budget: float) -> BudgetPrefix:
 
 def budget_bans(graph: FlowGraph, prefix: BudgetPrefix) -> np.ndarray:
     """The nodes the budget's cut may not recompute: ``prefix``'s, its last step the cheapest
-    (:func:`jaxaot.partition.knapsack.cheapest_last_step`)."""
+    (:func:`jaxaot.partition.mincut.knapsack.cheapest_last_step`)."""
     if prefix.k == 0:
         return prefix.banned()
     chosen = knapsack.cheapest_last_step(lambda items: cut_value(graph, prefix.banned(items)),
@@ -397,8 +217,8 @@ def choose_saved_nodes(graph: FlowGraph, memory_budget: float = 1.0) -> np.ndarr
     return min_cut(graph, budget_bans(graph, recompute_prefix(graph, memory_budget))).saved
 
 
-def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable[[np.ndarray], host_offload.OffloadPlan]
-                          ) -> tuple[np.ndarray, host_offload.OffloadPlan]:
+def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable[[np.ndarray], OffloadPlan]
+                          ) -> tuple[np.ndarray, OffloadPlan]:
     """The saved nodes and their offload ``plan`` that meet the budget with the least recomputation.
 
     Target: the device bytes of the budget's own cut (:func:`choose_saved_nodes`).

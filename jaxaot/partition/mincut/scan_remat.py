@@ -14,19 +14,19 @@ iteration and the backward scan recomputes the rest. Nested scans are
 rewritten innermost first. Bodies with effects are left alone.
 
 A chooser may also offload some of a top-level body's saved values
-(:class:`BodyChoice`, :mod:`jaxaot.partition.scan_offload`): the body's policy
+(:class:`BodyChoice`, :mod:`jaxaot.partition.offload.scan_offload`): the body's policy
 is then ``save_and_offload_only_these_names``, and JAX stacks those values in
 ``pinned_host`` memory, each iteration's slice copied out as it is produced and
 back as the backward scan reaches it.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot.partition import min_cut, scan_remat
+    >>> from jaxaot.partition.mincut import saved_values, scan_remat
     >>> def f(w, xs):
     ...     step = lambda h, x: (jnp.tanh(jnp.sin(h @ w) + x), None)
     ...     return jax.lax.scan(step, jnp.zeros(3), xs)[0]
     >>> primal = jax.make_jaxpr(f)(jnp.ones((3, 3)), jnp.ones((5, 3)))
-    >>> new, plan = scan_remat.rewrite_primal_planned(primal, min_cut.choose_saved_values)
+    >>> new, plan = scan_remat.rewrite_primal_planned(primal, saved_values.choose_saved_values)
     >>> [e.primitive.name for e in new.jaxpr.eqns if e.primitive.name == "scan"]
     ['scan']
     >>> str(scan_remat.replay(primal, plan)) == str(new)  # the cache replays plans
@@ -42,7 +42,7 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot import _compat as C
-from jaxaot.tracing.joint import JointGraph, build_joint
+from jaxaot.tracing import JointGraph, build_joint
 
 @dataclasses.dataclass(frozen=True)
 class BodyChoice:
@@ -244,7 +244,7 @@ def replay(closed: Any, plan: dict, path: str = "") -> Any:
     values; the persistent cache uses this to rebuild a min-cut partition.
 
     Example (``primal`` as in the module example):
-        >>> new, plan = scan_remat.rewrite_primal_planned(primal, min_cut.choose_saved_values)  # doctest: +SKIP
+        >>> new, plan = scan_remat.rewrite_primal_planned(primal, saved_values.choose_saved_values)  # doctest: +SKIP
         >>> str(scan_remat.replay(primal, plan)) == str(new)  # doctest: +SKIP
         True
     """

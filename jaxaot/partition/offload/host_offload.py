@@ -8,16 +8,16 @@ both copies hide behind compute. This module decides which values go
 programs to move them (:func:`apply_offload`); the min-cut partitioner calls
 both (``min_cut_rematerialization_partition(offload=...)``).
 
-**The device** is a :class:`~jaxaot.partition.device_model.DeviceModel`
-(:mod:`jaxaot.partition.device_model`): the host link, the device's speed, and
+**The device** is a :class:`~jaxaot.partition.costs.device_model.DeviceModel`
+(:mod:`jaxaot.partition.costs.device_model`): the host link, the device's speed, and
 how much of a copy compute hides. Where the backend has no separate host memory
 (the CPU), or copies hide too little, nothing is offloaded, and the partition
 says so (``Partition.offload_note``).
 
 **The timeline** (:class:`Timeline`). The joint graph's forward eqns, in order,
-each take what the partition's :class:`~jaxaot.partition.op_costs.OpCosts` say:
+each take what the partition's :class:`~jaxaot.partition.costs.op_costs.OpCosts` say:
 measured on accelerators, else ``max(flops / device_flops, bytes /
-device_bandwidth)`` (:func:`jaxaot.partition.cost_model.flops`; fusible eqns
+device_bandwidth)`` (:func:`jaxaot.partition.costs.cost_model.flops`; fusible eqns
 count FLOPs alone), and so do its backward eqns. A
 value is *produced* when its eqn ends; the forward lasts ``forward_seconds``.
 The backward *needs* a saved value at the start of the first backward eqn that
@@ -39,7 +39,7 @@ when, with those already chosen, both copy queues still fit:
 So only copies that overlap compute are chosen (the forward's early, large
 activations; the last layer's are needed first by the backward and stay).
 And no more values than the compiler keeps copies in flight at once
-(``DeviceModel.copy_slots``, 2 on an H100: :mod:`jaxaot.partition.copy_slots`):
+(``DeviceModel.copy_slots``, 2 on an H100: :mod:`jaxaot.partition.costs.copy_slots`):
 XLA's scheduler ends a further copy early to free a slot, so its time is not
 hidden at all (a third, 64 KiB value made the GPT-2 block's step 1.25x slower).
 Cost: ``O(c^2 log c)`` for ``c`` candidates plus one pass over the eqns.
@@ -47,7 +47,7 @@ Cost: ``O(c^2 log c)`` for ``c`` candidates plus one pass over the eqns.
 **The budget.** Offloaded bytes leave the device, so the device bytes
 (``Partition.device_saved_bytes``, what the memory budget counts) are the saved
 bytes less the offloaded ones. The min-cut then meets a budget by offloading
-instead of recomputing where it can (:func:`jaxaot.partition.min_cut.offloaded_saved_nodes`).
+instead of recomputing where it can (:func:`jaxaot.partition.mincut.saved_values.offloaded_saved_nodes`).
 
 **The programs** (:func:`apply_offload`). The forward ends with a
 ``jax.device_put(x, jax.memory.Space.Host)`` eqn per offloaded value and the
@@ -59,7 +59,7 @@ executables, tracing under ``jit``/``vmap``) moves the same values.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
-    >>> from jaxaot.partition.offload import DeviceModel
+    >>> from jaxaot.partition import DeviceModel
     >>> def mlp(ws, x):
     ...     for w in ws:
     ...         x = jnp.tanh(x @ w)
@@ -85,11 +85,10 @@ import jax
 from jaxaot import _compat as C
 from jaxaot._pytrees import in_host_memory
 from jaxaot._pytrees import nbytes as aval_nbytes
-from jaxaot.partition.op_costs import OpCosts
-from jaxaot.partition.device_model import HOST_MEMORY_KIND, MIN_OVERLAP, DeviceModel, host_memory_note  # noqa: F401
 from jaxaot.errors import PartitionError
-from jaxaot.partition.split import EqnKind, Partition, classify_eqns
-from jaxaot.tracing.joint import JointGraph
+from jaxaot.partition.core import EqnKind, Partition, classify_eqns
+from jaxaot.partition.costs import HOST_MEMORY_KIND, MIN_OVERLAP, DeviceModel, OpCosts, host_memory_note
+from jaxaot.tracing import JointGraph
 
 #: Saved values smaller than this stay on the device: a transfer's fixed cost outweighs them.
 DEFAULT_MIN_BYTES = 64 * 1024
@@ -121,7 +120,7 @@ class Timeline:
     def of(cls, joint: JointGraph, model: DeviceModel, costs: OpCosts | None = None) -> "Timeline":
         """The timeline of ``joint``'s eqns on ``model``'s device (one pass over the eqns).
 
-        ``costs`` (an :class:`~jaxaot.partition.op_costs.OpCosts`) times each
+        ``costs`` (an :class:`~jaxaot.partition.costs.op_costs.OpCosts`) times each
         eqn; default: ``model``'s FLOP estimates (:meth:`DeviceModel.eqn_seconds`).
         """
         seconds = model.eqn_seconds if costs is None else costs.seconds

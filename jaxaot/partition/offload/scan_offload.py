@@ -3,9 +3,9 @@
 A scanned model (layers stacked with ``lax.scan``) saves its residuals inside
 the scan: each iteration writes one slice of a stacked buffer, and the backward
 scan reads the slices in reverse. The top-level offload pass
-(:mod:`jaxaot.partition.offload`) sees only the finished stacks, at the scan's
+(:mod:`jaxaot.partition.offload.host_offload`) sees only the finished stacks, at the scan's
 end, when nothing is left to hide their copies behind. So the min-cut plans each
-scan body on its own (:mod:`jaxaot.partition.scan_remat`), and this module
+scan body on its own (:mod:`jaxaot.partition.mincut.scan_remat`), and this module
 chooses which of the body's saved values travel to host memory; the body's
 ``jax.checkpoint`` policy then offloads them by name, and JAX stacks them in
 ``pinned_host`` memory.
@@ -18,10 +18,10 @@ so the plan keeps an iteration's copies within one iteration's compute, each way
     sum((latency + bytes / host_bandwidth) * headroom / scan_overlap)  <=  min(forward seconds, backward seconds)
 
 per iteration (``scan_overlap``: how much of such copies compute hides, measured
-by :meth:`~jaxaot.partition.device_model.DeviceModel.measure` with JAX's own
+by :meth:`~jaxaot.partition.costs.device_model.DeviceModel.measure` with JAX's own
 offload policy in a scan; under one half nothing is offloaded in scan bodies;
 ``headroom``: the margin a measured device plans with, ``DeviceModel.headroom``),
-the seconds taken from :class:`~jaxaot.partition.offload.Timeline`
+the seconds taken from :class:`~jaxaot.partition.offload.host_offload.Timeline`
 of the body's joint graph (the backward's recomputation not counted, so the
 window is, if anything, short). Candidates are the saved values the body
 computes (not its inputs: those cannot be named), of at least ``min_bytes`` and
@@ -32,8 +32,8 @@ Cost: one pass over the body's eqns and a sort of its saved values.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
-    >>> from jaxaot.partition.offload import DeviceModel, Timeline
-    >>> from jaxaot.partition.scan_offload import plan_body_offload
+    >>> from jaxaot.partition import DeviceModel, Timeline
+    >>> from jaxaot.partition.offload import plan_body_offload
     >>> def body(w, h):
     ...     a = jnp.tanh(h @ w)
     ...     return jnp.sum(jnp.sin(a @ w))
@@ -54,7 +54,8 @@ from typing import Any, Mapping, Sequence
 
 from jaxaot._pytrees import in_host_memory
 from jaxaot._pytrees import nbytes as aval_nbytes
-from jaxaot.partition.offload import DEFAULT_MIN_BYTES, DeviceModel, OffloadPlan, Timeline, offloadable_dtype
+from jaxaot.partition.costs import DeviceModel
+from jaxaot.partition.offload.host_offload import DEFAULT_MIN_BYTES, OffloadPlan, Timeline, offloadable_dtype
 
 
 def plan_body_offload(timeline: Timeline, saved: Sequence[Any], model: DeviceModel,

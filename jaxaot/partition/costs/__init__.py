@@ -1,0 +1,47 @@
+"""What values and eqns cost: modelled, and measured on the device.
+
+The cuts (:mod:`jaxaot.partition.mincut`, :mod:`jaxaot.partition.bw`) and the
+offload planner (:mod:`jaxaot.partition.offload`) ask these; nothing here knows
+about partitions.
+
+Modules:
+
+* ``cost_model``: which eqns may be recomputed (:class:`Recompute`: cheap, expensive, never), and their FLOPs;
+* ``op_costs``: the :class:`OpCosts` protocol, what one eqn costs to run, and its FLOP estimate :class:`FlopCosts`;
+* ``op_profile``: timing one eqn on one device, in a chain of copies;
+* ``measured_costs``: :class:`MeasuredCosts`, each distinct expensive eqn timed once per device kind and cached;
+* ``device_model``: :class:`DeviceModel`, the host link, the device's speed and how much of a copy compute hides;
+* ``copy_slots``: how many copies to and from host memory the compiler keeps in flight at once;
+* ``device_bytes``: per-device bytes of a sharded program's values (:func:`device_fractions`).
+"""
+
+from jaxaot.partition.costs.cost_model import Recompute, classify, flops, is_alias, is_loop, materializes_operands
+from jaxaot.partition.costs.op_costs import FlopCosts, OpCosts
+from jaxaot.partition.costs.device_model import (
+    HOST_MEMORY_KIND, MEASURED_HEADROOM, MIN_OVERLAP, DeviceModel, best_seconds, host_memory_note)
+from jaxaot.partition.costs.measured_costs import MeasuredCosts, resolve_costs
+from jaxaot.partition.costs.copy_slots import copies_in_flight, kernels_beside_copies, measure_copy_slots
+from jaxaot.partition.costs.device_bytes import device_fractions
+
+__all__ = [
+    "DeviceModel",
+    "FlopCosts",
+    "HOST_MEMORY_KIND",
+    "MEASURED_HEADROOM",
+    "MIN_OVERLAP",
+    "MeasuredCosts",
+    "OpCosts",
+    "Recompute",
+    "best_seconds",
+    "classify",
+    "copies_in_flight",
+    "device_fractions",
+    "flops",
+    "host_memory_note",
+    "is_alias",
+    "is_loop",
+    "kernels_beside_copies",
+    "materializes_operands",
+    "measure_copy_slots",
+    "resolve_costs",
+]
