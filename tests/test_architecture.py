@@ -207,8 +207,6 @@ def test_optional_dependencies_load_only_where_used():
     assert not eager, f"optional dependencies imported at module level: {eager}"
 
 
-@pytest.mark.xfail(strict=False, reason="imports past another subpackage's face, being moved: "
-                   "jaxaot.partition.mincut.policy -> jaxaot.tracing.joint (_BACKWARD_SCOPE)")
 def test_imports_across_subpackages_go_through_faces():
     """``from jaxaot.partition import Partition``, not ``from jaxaot.partition.core.split import Partition``:
     another subpackage is imported through its face (``jaxaot.<sub>`` or a sub-folder's ``__init__``);

@@ -296,7 +296,7 @@ InternalFloatingPointError = getattr(__import__("jax._src.api_util", fromlist=["
 
 
 # ---------------------------------------------------------------- checkpoint policies
-# jaxaot.partition.policy reads jax.checkpoint's own rules (partial_eval_jaxpr_custom_rules above).
+# jaxaot.partition.mincut.policy reads jax.checkpoint's own rules (partial_eval_jaxpr_custom_rules above).
 from jax._src import ad_checkpoint as _ad_checkpoint  # noqa: E402
 
 

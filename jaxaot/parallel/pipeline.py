@@ -15,7 +15,7 @@ them. How:
 1. **Stages.** Each stage is a :func:`jaxaot.aot_function` (the last one of
    ``loss_fn(stage_fn(p, a), t)``) on its device; the runtime traces and
    partitions it, and compiles its forward, its fused backward and the two
-   halves of its B/W split (:mod:`jaxaot.partition.bw_split`), each on first use
+   halves of its B/W split (:mod:`jaxaot.partition.bw`), each on first use
    (:mod:`jaxaot.parallel.stage`).
 2. **Placement.** ``devices`` holds one device per schedule device (default
    ``jax.devices()[:num_devices]``: one per stage, or one per two stages for

@@ -8,6 +8,6 @@ jaxpr, built from the primal program for a differentiated mask), and
 """
 
 from jaxaot.tracing.primal import Decompositions, flatten_program, trace_primal
-from jaxaot.tracing.joint import JointGraph, build_joint, trace_joint
+from jaxaot.tracing.joint import JointGraph, build_joint, in_backward_scope, trace_joint
 
-__all__ = ["Decompositions", "JointGraph", "build_joint", "flatten_program", "trace_joint", "trace_primal"]
+__all__ = ["Decompositions", "JointGraph", "build_joint", "flatten_program", "in_backward_scope", "trace_joint", "trace_primal"]

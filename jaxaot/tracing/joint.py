@@ -114,12 +114,21 @@ def _missing_rule_error(primal: Any, err: Exception) -> Exception:
 _BACKWARD_SCOPE = "jaxaot_backward"
 
 
+def in_backward_scope(eqn: Any) -> bool:
+    """Whether ``eqn`` was traced inside the joint graph's backward (its name stack holds the backward's scope).
+
+    The joint graph traces JAX's VJP under one ``jax.named_scope``; an eqn of the
+    backward that no cotangent reaches (an effect, a constant) is told apart by it.
+    """
+    return _BACKWARD_SCOPE in C.eqn_name_stack(eqn)
+
+
 def _backward_mask(jaxpr: Any, num_primals: int) -> tuple[bool, ...]:
     tainted = set(jaxpr.invars[num_primals:])
     mask = []
     for eqn in jaxpr.eqns:
         bwd = any((not C.is_literal(v)) and v in tainted for v in eqn.invars) or (
-            bool(eqn.effects) and _BACKWARD_SCOPE in C.eqn_name_stack(eqn)
+            bool(eqn.effects) and in_backward_scope(eqn)
         )
         if bwd:
             tainted.update(eqn.outvars)

@@ -91,8 +91,7 @@ from jaxaot.partition.core import EqnKind, Partition, classify_eqns
 from jaxaot.partition.costs import HOST_MEMORY_KIND
 from jaxaot.partition.mincut.rematerialize import min_cut_rematerialization_partition
 from jaxaot.partition.offload import saved_vars
-from jaxaot.tracing import JointGraph, trace_joint
-from jaxaot.tracing.joint import _BACKWARD_SCOPE  # the backward's name scope: not exported by the tracing face
+from jaxaot.tracing import JointGraph, in_backward_scope, trace_joint
 
 #: A key: ``(primitive name, ((shape, dtype) per input), ((param, value) per param))``.
 Key = tuple
@@ -240,7 +239,7 @@ def _read_plan(joint: JointGraph, part: Partition) -> _Plan:
 # --------------------------------------------------------------------------- building the policy
 def _visible(eqn: Any) -> bool:
     """Whether jax.checkpoint asks the policy about this (non-backward) eqn."""
-    return _BACKWARD_SCOPE not in C.eqn_name_stack(eqn) and eqn.primitive not in C.partial_eval_jaxpr_custom_rules
+    return not in_backward_scope(eqn) and eqn.primitive not in C.partial_eval_jaxpr_custom_rules
 
 
 def _structural(eqn: Any) -> bool:
