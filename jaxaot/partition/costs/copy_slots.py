@@ -8,7 +8,7 @@ A copy beyond them has to wait for a slot, and the scheduler, which does not
 know how long each copy takes, frees one by ending some copy early. On the
 GPT-2 block, offloading the 32 MB attention scores beside the softmax's two
 64 KiB statistics made the step 1.25x slower, while each alone cost nothing
-(``benchmarks/probe_offload_price.py``); in such a plan's compiled backward the
+(``docs/benchmarks.md``, Findings); in such a plan's compiled backward the
 large copy's ``copy-start`` and ``copy-done`` were adjacent, no kernel between
 them (:func:`kernels_beside_copies`). So the
 offload planner moves at most this many values

@@ -22,8 +22,8 @@ yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too,
 and so are those of a newer JAX (``one_minus_square``, the derivative of
 ``tanh`` in jax 0.11, which ``jax.nn.gelu`` uses). A primitive the lists miss is
 EXPENSIVE: saved rather than recomputed at budget 1, never wrong, but it can cost
-time and bytes; ``benchmarks/probe_cost_classes.py`` lists what the zoo's graphs
-hold under the installed JAX.
+time and bytes; :func:`classify` tells how a graph's eqns are classed under the
+installed JAX.
 
 Shapes with symbolic dimensions (``jaxaot.export(..., dynamic_shapes=...)``)
 are costed at a representative size, :data:`jaxaot._pytrees.SYMBOLIC_DIM_SIZE`

@@ -14,7 +14,7 @@ compiles one program to count the copies its schedule keeps in flight at once
 (``copy_slots``, :mod:`jaxaot.partition.costs.copy_slots`). On an
 H100 with jax 0.11.2 copies between programs hid 84-100% of their time, copies
 inside a scan 12-15%, so the planner offloads there only outside scans
-(``benchmarks/probe_copy_overlap.py``). About a second on this project's CPU
+(``docs/concepts/memory_planner.md``). About a second on this project's CPU
 runner, a few seconds on a GPU (two small gradient programs compile). On
 the CPU backend "device" arrays already live in host memory, so offloading
 would free nothing: ``has_host_memory`` is False and nothing is offloaded, and
@@ -56,8 +56,7 @@ MIN_OVERLAP = 0.5
 #: whose timeline windows held 1.0-1.3 copies cost 3-6% of the step offloaded alone (a 48 MiB qkv
 #: projection: 1.0x the copy out, 1.3x back) and those with 1.4x or more cost nothing (the 32 MiB attention
 #: scores: 1.4x / 2.0x); without a margin, a window of 1.0 to 1.3 copies was chosen or not as the measured
-#: bandwidth varied between runs (``docs/concepts/memory_planner.md``, "Offloading to host memory";
-#: ``benchmarks/probe_offload_price.py`` measures it).
+#: bandwidth varied between runs (``docs/concepts/memory_planner.md``, "Offloading to host memory").
 MEASURED_HEADROOM = 1.25
 
 #: The memory kind offloaded residuals live in.
@@ -272,7 +271,7 @@ def _scan_overlap(w: Any, flops: float, bandwidth: float, latency: float, iterat
 
 def scan_copy_seconds(w: Any, flops: float, bandwidth: float, latency: float, iterations: int = 8
                       ) -> tuple[float, float, float]:
-    """``(offloaded, saved, one copy)`` seconds of :func:`_scan_overlap`'s probe (for ``probe_copy_overlap``)."""
+    """``(offloaded, saved, one copy)`` seconds of :func:`_scan_overlap`'s measurement."""
     n = w.shape[0]
     rows = max(1, 16 * 2**20 // (n * w.dtype.itemsize))
     copy = latency + rows * n * w.dtype.itemsize / bandwidth
