@@ -206,6 +206,7 @@ def test_signature_describes_the_contract(mlp_export):
     assert type(s).from_json(json.loads(json.dumps(s.to_json()))) == s
 
 
+@pytest.mark.smoke
 def test_load_in_process_under_jit_and_explicit_split(mlp_export):
     fn, _, exp = mlp_export
     f = jaxaot.load(exp)

@@ -19,6 +19,7 @@ from jaxaot.errors import InvalidValueError
 CLI_DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
+@pytest.mark.smoke
 def test_version(capsys):
     assert cli.main(["version"]) == 0
     out = capsys.readouterr().out
@@ -46,6 +47,7 @@ def test_inspect_pytree_shapes_as_json(capsys):
     assert "== residuals ==" in out and "f32[16,16]" in out and "f32[4,16]" in out
 
 
+@pytest.mark.smoke
 def test_inspect_example_args(capsys):
     assert cli.main(["inspect", "jaxaot.cli.demo_models:mlp_loss",
                      "--args", "jaxaot.cli.demo_models:mlp_example_args"]) == 0

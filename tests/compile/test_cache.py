@@ -75,6 +75,7 @@ def _reset_counts():
 
 
 # --------------------------------------------------------------------------- in process
+@pytest.mark.smoke
 def test_second_function_hits_and_runs_neither_partitioner_nor_compiler(cache_dir):
     first = _run()
     assert cache.stats() == cache.CacheStats(partition_misses=1, executable_misses=3)

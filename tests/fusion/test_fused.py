@@ -46,6 +46,7 @@ def test_fused_value_and_grad_equals_jax(name, partitioner):
     assert any(n.startswith("fused") for n in names) and not any(n.startswith("forward") for n in names)
 
 
+@pytest.mark.smoke
 def test_split_mode_runs_the_two_executables_and_agrees():
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(1))

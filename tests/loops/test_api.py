@@ -111,6 +111,7 @@ class Box:
         return cls(*children)
 
 
+@pytest.mark.smoke
 def test_custom_pytree_carry_and_grad():
     def f(a):
         out = while_loop(lambda b: b.n < 3, lambda b: Box(Point(b.v.x * a, b.v.y + a), b.n + 1),

@@ -43,6 +43,7 @@ def test_nnx_training_matches_eager(name):
     assert all(e.startswith(("forward", "backward")) for e in entry.executables), entry.executables
 
 
+@pytest.mark.smoke
 def test_inference_only_builds_inference_executable():
     model = Block()
     model.eval()

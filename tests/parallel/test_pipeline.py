@@ -168,6 +168,7 @@ def test_residual_peaks_follow_the_schedule_and_steps_repeat():
         assert_trees_close(grads2, ref_grads, **TOL)
 
 
+@pytest.mark.smoke
 def test_lower_reports_residuals_and_op_times_feed_the_simulator():
     stages, loss_fn, params, x, t = mlp_model(2, fresh_key())
     step = pipeline(stages, loss_fn, schedule="zero_bubble", num_microbatches=4)

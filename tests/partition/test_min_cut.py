@@ -136,6 +136,7 @@ def test_never_saves_more_than_default_and_sweeps_are_monotone(name):
     assert all(a >= b for a, b in zip(sweep, sweep[1:])), sweep
 
 
+@pytest.mark.smoke
 def test_mlp_saves_less_and_reports_recomputation():
     fn, make_args = ZOO["mlp_gelu"]
     args = make_args(fresh_key())

@@ -225,6 +225,7 @@ def test_named_values_are_told_apart_by_name():
 
 
 # --------------------------------------------------------------------------- the object and bad inputs
+@pytest.mark.smoke
 def test_policy_object():
     p = _policy("mlp_gelu", 1.0)
     assert hash(p) == hash(_policy("mlp_gelu", 1.0)) and p.memory_budget == 1.0

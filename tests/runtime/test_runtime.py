@@ -123,6 +123,7 @@ def _counting(counter, name):
     return compiler
 
 
+@pytest.mark.smoke
 def test_recompiles_once_per_signature():
     calls: list = []
     f = jaxaot.aot_function(

@@ -32,6 +32,7 @@ def test_joint_computes_vjp(name):
     assert_trees_close(grads, ref_grads)
 
 
+@pytest.mark.smoke
 def test_metadata():
     def f(x, n, d):
         return {"y": jnp.sin(x) * n, "i": n + 1, "same": d["z"]}

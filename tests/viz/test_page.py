@@ -5,6 +5,7 @@ import pytest
 from jaxaot import viz
 
 
+@pytest.mark.smoke
 @pytest.mark.usefixtures("needs_dot")
 def test_html_embeds_svg(small):
     frag = viz.to_html(small)

@@ -29,6 +29,7 @@ def test_value_and_grad_matches_jax(argnums):
     assert_trees_close(g, jax.grad(loss, argnums=argnums, has_aux=True)(params, x, jnp.int32(2)))
 
 
+@pytest.mark.smoke
 def test_fast_path_runs_compiled_executables_only():
     f = jaxaot.aot_function(lambda w: jnp.sum(jnp.sin(w)))
     vg = jaxaot.value_and_grad(f)

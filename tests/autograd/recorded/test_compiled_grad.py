@@ -26,6 +26,7 @@ def _params(rng):
     return {"w1": _rand(rng, 5, 8), "w2": _rand(rng, 8, 3), "s": _rand(rng, 8)}
 
 
+@pytest.mark.smoke
 def test_python_branches_on_data_match_jax_grad():
     rng = np.random.default_rng(0)
     vg = jaxaot.compiled_value_and_grad(branchy)
