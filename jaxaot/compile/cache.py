@@ -20,9 +20,14 @@ A corrupt entry is reported once (:class:`~jaxaot.errors.CacheWarning`) and
 rebuilt; cache I/O errors never fail a call. :func:`stats` counts what happened.
 
 Deserialising an executable can run code (``jax.experimental.serialize_executable``
-uses pickle), so every entry is signed with a per-user key and an entry whose
-signature fails is never deserialised; directories owned by another user or
-writable by group/others are refused (see :mod:`~jaxaot.compile.store`).
+uses pickle), so every entry is signed with a per-user key, for the key it is
+stored under, and an entry whose signature fails (or that was signed for
+another key: moved, renamed or swapped) is never deserialised; directories
+owned by another user or writable by group/others are refused (see
+:mod:`~jaxaot.compile.store`). A loaded executable must still fit its call:
+its input and output types are compared with the program's, and one that
+differs is evicted and rebuilt (:func:`~jaxaot.compile.executable_codec.misfit`),
+so a bad entry costs a compile, never a wrong answer or an error in every call.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot, tempfile
@@ -51,14 +56,13 @@ __all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "s
 
 def cached_partition(partition_fn: Partitioner, joint: JointGraph) -> Partition:
     """``partition_fn(joint)``, from the cache when an entry exists (runtime hook)."""
-    root = store.cache_root()
-    if root is None:
+    if store.cache_root() is None:
         return partition_fn(joint)
     key = partition_key(partition_fn, joint)
-    if key is None:
+    path = None if key is None else store.entry_path("partitions", key)
+    if path is None:
         count("skipped")
         return partition_fn(joint)
-    path = root / "partitions" / f"{key}.bin"
     payload = store.read(path)
     if payload is not None:
         part = partition_codec.decode(joint, payload)
@@ -78,21 +82,24 @@ def cached_partition(partition_fn: Partitioner, joint: JointGraph) -> Partition:
 
 def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **options: Any) -> Any:
     """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook)."""
-    root = store.cache_root()
-    if root is None:
+    if store.cache_root() is None:
         return compiler(closed, avals, **options)
     key = None if _runs_host_code(closed) else executable_key(compiler, closed, avals, options)
-    if key is None:
+    path = None if key is None else store.entry_path("executables", key)
+    if path is None:
         count("skipped")
         return compiler(closed, avals, **options)
-    path = root / "executables" / f"{key}.bin"
     payload = store.read(path)
     if payload is not None:
         exe = executable_codec.decode(payload)
-        if exe is not None:
-            count("executable_hits")
-            return exe
-        store.corrupt(path, "the serialized executable could not be loaded")
+        if exe is None:
+            store.corrupt(path, "the serialized executable could not be loaded")
+        else:
+            misfit = executable_codec.misfit(exe, avals, [v.aval for v in C.jaxpr_of(closed).outvars])
+            if misfit is None:
+                count("executable_hits")
+                return exe
+            store.evict(path, f"it does not fit its call: {misfit}")
     count("executable_misses")
     exe = compiler(closed, avals, **options)
     blob = executable_codec.encode(exe, len(avals), len(C.jaxpr_of(closed).outvars))

@@ -40,7 +40,7 @@ import numpy as np
 from jaxaot import _compat as C
 from jaxaot._pytrees import dtype_name
 from jaxaot.compile.compilers import Compiler
-from jaxaot.compile.store import FORMAT_VERSION
+from jaxaot.compile.store import FORMAT_VERSION, FRAME_VERSION
 from jaxaot.partition import Partitioner
 from jaxaot.tracing import JointGraph
 
@@ -101,7 +101,7 @@ def environment() -> tuple[str, ...]:
     # Looked up, not imported: jaxaot's __init__ imports this package.
     jaxaot_version = getattr(sys.modules.get("jaxaot"), "__version__", "?")
     return (
-        f"cache-format={FORMAT_VERSION}",
+        f"cache-format={FORMAT_VERSION}.{FRAME_VERSION}",
         f"jaxaot={jaxaot_version}",
         f"jax={jax.__version__}",
         f"jaxlib={jaxlib.__version__}",

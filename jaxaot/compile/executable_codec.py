@@ -8,14 +8,16 @@ tuple of inputs in, a list of outputs out) are stored, so the header is all
 it takes to rebuild their pytrees. Other compilers' results are not stored.
 
 Loading an executable unpickles it: :mod:`~jaxaot.compile.store` hands this module
-only payloads whose signature verified with this user's key.
+only payloads whose signature verified with this user's key, for the key they
+are looked up under. :func:`misfit` then compares the loaded executable's own
+input and output types with the program's.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 
@@ -49,6 +51,35 @@ def decode(payload: bytes) -> jax.stages.Compiled | None:
                                         None if devices is None else [int(i) for i in devices])
     except Exception:
         return None
+
+
+def misfit(exe: jax.stages.Compiled, in_avals: Sequence[Any], out_avals: Sequence[Any]) -> str | None:
+    """Why ``exe`` cannot run a program of these input and output types (shape and dtype), or None.
+
+    A loaded executable carries its own types; an entry whose types differ from
+    the program it was looked up for (a stale or misplaced entry) would make
+    every call fail, or compute another program, so the cache evicts it.
+    """
+    try:
+        have_in = [a for a in jax.tree_util.tree_leaves(exe.in_avals)]
+        have_out = [a for a in jax.tree_util.tree_leaves(exe.out_info)]
+    except Exception as err:  # an executable that cannot say what it takes
+        return f"its types cannot be read ({type(err).__name__})"
+    for what, have, want in (("inputs", have_in, in_avals), ("outputs", have_out, out_avals)):
+        if len(have) != len(want):
+            return f"it has {len(have)} {what}, the program {len(want)}"
+        for i, (h, w) in enumerate(zip(have, want)):
+            if _type(h) != _type(w):
+                return f"its {what[:-1]} {i} is {_describe(h)}, the program's is {_describe(w)}"
+    return None
+
+
+def _type(aval: Any) -> tuple:
+    return tuple(aval.shape), str(aval.dtype)
+
+
+def _describe(aval: Any) -> str:
+    return f"{aval.dtype}[{','.join(map(str, aval.shape))}]"
 
 
 def _in_tree(n: int) -> Any:

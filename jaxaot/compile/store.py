@@ -1,28 +1,42 @@
 """The persistent cache's files: where they live, how they are framed, signed, read and written.
 
-Entries live under ``<jaxaot.config.cache_dir>/jaxaot-v2/`` (:func:`cache_root`).
-Every file is ``magic | HMAC-SHA256(key, payload) | len(payload) | payload``,
-written to a temporary file and ``os.replace``-d into place (:func:`atomic_write`),
-so readers see whole files only and concurrent writers of one key are safe (the
-last one wins; both wrote the same thing).
+Entries live under ``<jaxaot.config.cache_dir>/jaxaot-v2/<kind>/<key>.bin``
+(:func:`entry_path`). Every file is::
+
+    magic | HMAC-SHA256(user key, len(name) | name | payload) | len(name) | len(payload) | name | payload
+
+where ``name`` is ``<kind>/<key>``, the entry's identity: ``key`` is a sha256
+over the program, the partitioner or compiler, the input types and the
+environment (:mod:`~jaxaot.compile.cache_keys`). The tag thus binds the payload
+to the one key it was stored under: an entry moved, renamed or swapped into
+another key's file fails verification (the name it carries is not the one
+asked for) and reads as absent, with a :class:`~jaxaot.errors.CacheWarning`;
+the caller rebuilds it. Files are written to a temporary file and
+``os.replace``-d into place (:func:`~jaxaot._files.atomic_write`), so readers
+see whole files only and concurrent writers of one key are safe.
 
 What the cache trusts: the per-user key file (:func:`key_path`; 32 random
 bytes, mode 0600, created on first use) and nothing else. An entry whose tag
-does not verify with that key (truncated, corrupt, planted, or written with
-another user's key) is reported once (:class:`~jaxaot.errors.CacheWarning`)
-and reads as absent, *before* any of its bytes reach a deserialiser (executables
-are pickles). The cache directory is created with mode 0700; like ssh with its
-keys, a directory (or key file) owned by another user or writable by group or
-others is refused with a warning, and the call compiles instead. I/O errors
-never fail a call.
+does not verify with that key under its own name (truncated, corrupt, planted,
+swapped, or written with another user's key) is reported once and reads as
+absent *before* any of its bytes reach a deserialiser (executables are
+pickles). Every directory the cache reads or writes (``cache_dir``,
+``jaxaot-v2``, ``executables``, ``partitions``) is created 0700 and checked
+on each use: like ssh with its keys, one owned by another user or writable by
+group or others is refused with a warning, and the call compiles instead; below
+``cache_dir`` a symlink in place of a directory is refused too. An entry is
+opened with ``O_NOFOLLOW | O_NONBLOCK`` and read only if ``fstat`` shows a
+regular file of this user that no one else can write (:func:`~jaxaot._files.read_regular`):
+a symlink, FIFO or device in its place is a miss with a warning, never a hang.
+I/O errors never fail a call. ``docs/security.md`` states the threat model.
 
 Example:
     >>> from jaxaot.compile import store
-    >>> store.unframe(store.frame(b"payload", key=b"k"), key=b"k")
+    >>> store.unframe(store.frame(b"payload", "executables/abc", key=b"k"), "executables/abc", key=b"k")
     b'payload'
-    >>> store.unframe(store.frame(b"payload", key=b"k"), key=b"other") is None
+    >>> store.unframe(store.frame(b"payload", "executables/abc", key=b"k"), "executables/abd", key=b"k") is None
     True
-    >>> store.unframe(store.frame(b"payload", key=b"k")[:-1], key=b"k") is None
+    >>> store.unframe(store.frame(b"payload", "executables/abc", key=b"k"), "executables/abc", key=b"o") is None
     True
 """
 
@@ -39,14 +53,20 @@ import threading
 from pathlib import Path
 
 from jaxaot._config import config
-from jaxaot._files import atomic_write
+from jaxaot._files import UnsafeFileError, atomic_write, describe_mode, read_regular
 from jaxaot.compile.cache_stats import count, warn_once
 
-#: The version of the on-disk format: the directory name, the environment key and saved partitions carry it.
-#: 2: entries are signed with the per-user key (HMAC-SHA256) instead of a bare sha256.
+#: The version of the directory layout: the directory name, the environment key and saved partitions carry it.
 FORMAT_VERSION = 2
-_MAGIC = b"JXAOTC02"
-_HEADER = struct.Struct("<8s32sQ")
+#: The version of an entry's frame (it goes into every key, so entries of older frames are never looked up).
+#: 3: the tag covers the entry's name (kind and key) as well as its payload.
+FRAME_VERSION = 3
+_MAGIC = b"JXAOTC03"
+_HEADER = struct.Struct("<8s32sQQ")
+#: Kinds of entries, one directory each.
+KINDS = ("executables", "partitions")
+#: The largest entry :func:`read` reads.
+MAX_ENTRY_BYTES = 16 << 30
 #: The environment variable naming the key file (default ``$XDG_CONFIG_HOME/jaxaot/cache-key``).
 KEY_FILE_ENV = "JAXAOT_CACHE_KEY_FILE"
 _KEY_BYTES = 32
@@ -54,39 +74,60 @@ _keys: dict[str, bytes] = {}
 _key_lock = threading.Lock()
 
 
+# --------------------------------------------------------------------------- directories
 def cache_root() -> Path | None:
     """``<jaxaot.config.cache_dir>/jaxaot-v2``, created 0700; None when the cache is off or not trusted.
 
-    A directory owned by another user or writable by group or others is refused
-    (a :class:`~jaxaot.errors.CacheWarning`, once): anyone who can write there
-    could plant entries.
+    Both directories are checked (:func:`untrusted`); a refused one warns once
+    (:class:`~jaxaot.errors.CacheWarning`): anyone who can write there could
+    plant, rename or swap entries.
     """
     if not config.cache_dir:
         return None
     base = Path(config.cache_dir)
     root = base / f"jaxaot-v{FORMAT_VERSION}"
-    try:
-        for d in (base, root):
-            _make_private_dir(d)
-            why = untrusted(d)
-            if why:
-                warn_once(d, f"jaxaot cache: refusing to use {d}: {why}. Not caching; "
-                             f"fix it with chmod 700 {d} (and make it yours), or choose another cache_dir.")
-                return None
-    except OSError as err:
-        warn_once(base, f"jaxaot cache: cannot write to {base} ({err}); not caching.")
+    if not (_trusted_dir(base, follow=True) and _trusted_dir(root, follow=False)):
         return None
     return root if cache_key() is not None else None
 
 
-def _make_private_dir(d: Path) -> None:
-    if not d.exists():
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+def entry_path(kind: str, key: str) -> Path | None:
+    """Where the entry ``key`` of ``kind`` lives, its directory created and checked; None when not trusted."""
+    root = cache_root()
+    if root is None:
+        return None
+    d = root / kind
+    return d / f"{key}.bin" if _trusted_dir(d, follow=False) else None
 
 
-def untrusted(path: Path) -> str | None:
-    """Why ``path`` must not be trusted (owned by another user, writable by group/others), or None."""
-    st = os.stat(path)
+def _trusted_dir(d: Path, follow: bool) -> bool:
+    """Make ``d`` (0700) if absent and check it; a refusal warns once.
+
+    ``follow``: whether ``d`` itself may be a symlink (the configured
+    ``cache_dir`` may; the directories jaxaot makes below it may not).
+    """
+    try:
+        if not os.path.lexists(d):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(d) if follow else os.lstat(d)
+    except OSError as err:
+        warn_once(d, f"jaxaot cache: cannot write to {d} ({err}); not caching.")
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        warn_once(d, f"jaxaot cache: cannot write to {d}: it is {describe_mode(st.st_mode)}, not a directory; "
+                     "not caching.")
+        return False
+    why = untrusted(st)
+    if why:
+        warn_once(d, f"jaxaot cache: refusing to use {d}: {why}. Not caching; fix it with chmod 700 {d} "
+                     "(and make it yours), or choose another cache_dir.")
+        return False
+    return True
+
+
+def untrusted(path_or_stat: Path | os.stat_result) -> str | None:
+    """Why a file or directory must not be trusted (owned by another user, writable by group/others), or None."""
+    st = path_or_stat if isinstance(path_or_stat, os.stat_result) else os.stat(path_or_stat)
     uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
     if st.st_uid != uid:
         return f"it is owned by uid {st.st_uid}, not by this user (uid {uid})"
@@ -95,6 +136,7 @@ def untrusted(path: Path) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- the key
 def key_path() -> Path:
     """The per-user key file: ``$JAXAOT_CACHE_KEY_FILE``, else ``$XDG_CONFIG_HOME/jaxaot/cache-key``."""
     explicit = os.environ.get(KEY_FILE_ENV)
@@ -126,7 +168,7 @@ def cache_key() -> bytes | None:
 
 
 def _read_or_create_key(path: Path) -> bytes | None:
-    if not path.exists():
+    if not os.path.lexists(path):
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cache-key.")  # mode 0600
         try:
@@ -140,47 +182,78 @@ def _read_or_create_key(path: Path) -> bytes | None:
                 pass
         finally:
             os.unlink(tmp)
-    st = os.stat(path)
-    if untrusted(path) or st.st_mode & 0o077:
+    try:
+        key = read_regular(path, _KEY_BYTES, check=lambda st: untrusted(st) or
+                           ("it is readable by group or others" if st.st_mode & 0o077 else None))
+    except UnsafeFileError:
         return None
-    key = path.read_bytes()
     return key if len(key) == _KEY_BYTES else None
 
 
-def frame(payload: bytes, key: bytes | None = None) -> bytes:
-    """``payload`` behind the magic, its HMAC-SHA256 under ``key`` (default: this user's) and its length."""
+# --------------------------------------------------------------------------- frames
+def _tag(key: bytes, name: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, struct.pack("<Q", len(name)) + name + payload, hashlib.sha256).digest()
+
+
+def frame(payload: bytes, name: str, key: bytes | None = None) -> bytes:
+    """``payload`` behind the magic, its HMAC-SHA256 (with ``name``) under ``key`` (default: this user's)."""
     key = cache_key() if key is None else key
     if key is None:
         raise OSError("no usable cache key")
-    return _HEADER.pack(_MAGIC, hmac.new(key, payload, hashlib.sha256).digest(), len(payload)) + payload
+    n = name.encode()
+    return _HEADER.pack(_MAGIC, _tag(key, n, payload), len(n), len(payload)) + n + payload
 
 
-def unframe(data: bytes, key: bytes | None = None) -> bytes | None:
-    """The payload of a framed file; None when it is truncated, foreign or its tag fails under ``key``."""
+def read_frame(data: bytes, key: bytes | None = None) -> tuple[str, bytes] | None:
+    """``(name, payload)`` of a framed file whose tag verifies under ``key``; None when truncated or foreign."""
     key = cache_key() if key is None else key
     if key is None or len(data) < _HEADER.size:
         return None
-    magic, tag, n = _HEADER.unpack_from(data)
-    payload = data[_HEADER.size:]
-    if magic != _MAGIC or n != len(payload):
+    magic, tag, n_name, n_payload = _HEADER.unpack_from(data)
+    if magic != _MAGIC or _HEADER.size + n_name + n_payload != len(data):
         return None
-    if not hmac.compare_digest(hmac.new(key, payload, hashlib.sha256).digest(), tag):
+    name = data[_HEADER.size:_HEADER.size + n_name]
+    payload = data[_HEADER.size + n_name:]
+    if not hmac.compare_digest(_tag(key, name, payload), tag):
         return None
-    return payload
+    try:
+        return name.decode(), payload
+    except UnicodeDecodeError:
+        return None
+
+
+def unframe(data: bytes, name: str, key: bytes | None = None) -> bytes | None:
+    """The payload of a framed file signed under ``key`` for ``name``; None otherwise."""
+    got = read_frame(data, key)
+    return got[1] if got is not None and got[0] == name else None
+
+
+# --------------------------------------------------------------------------- entries
+def entry_name(path: Path) -> str:
+    """The name an entry at ``path`` is signed for: ``<kind>/<key>``."""
+    return f"{path.parent.name}/{path.stem}"
 
 
 def read(path: Path) -> bytes | None:
-    """The entry's payload; None when absent. A corrupt entry warns once and reads as absent."""
+    """The entry's payload; None when absent. A corrupt, foreign or unsafe entry warns once and reads as absent."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path, MAX_ENTRY_BYTES, check=untrusted)
     except (FileNotFoundError, NotADirectoryError):
+        return None
+    except UnsafeFileError as err:
+        corrupt(path, f"{err}; refusing to read it")
         return None
     except OSError as err:
         warn_once(path, f"jaxaot cache: cannot read {path} ({err}); compiling instead.")
         return None
-    payload = unframe(data)
-    if payload is None:
+    got = read_frame(data)
+    if got is None:
         corrupt(path, "it is truncated, or its signature fails: not written with this user's cache key")
+        return None
+    name, payload = got
+    if name != entry_name(path):
+        corrupt(path, f"it is the entry of {name}, not of {entry_name(path)}: moved, renamed or swapped")
+        return None
     return payload
 
 
@@ -190,10 +263,19 @@ def corrupt(path: Path, why: str) -> None:
     warn_once(path, f"jaxaot cache: ignoring corrupt entry {path} ({why}); rebuilding it.")
 
 
-def write(path: Path, payload: bytes) -> None:
-    """Store ``payload`` framed at ``path``; an unwritable cache warns once and is skipped."""
+def evict(path: Path, why: str) -> None:
+    """Remove the entry at ``path`` (it verified but does not fit its use) and report it as :func:`corrupt`."""
     try:
-        atomic_write(path, frame(payload))
+        os.unlink(path)
+    except OSError:
+        pass
+    corrupt(path, why)
+
+
+def write(path: Path, payload: bytes) -> None:
+    """Store ``payload`` framed (for the name of ``path``) at ``path``; an unwritable cache warns once."""
+    try:
+        atomic_write(path, frame(payload, entry_name(path)))
     except OSError as err:
-        root = cache_root() or path.parent
-        warn_once(root, f"jaxaot cache: cannot write to {root} ({err}); not caching.")
+        where = cache_root() or path.parent
+        warn_once(where, f"jaxaot cache: cannot write to {where} ({err}); not caching.")

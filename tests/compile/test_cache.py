@@ -151,7 +151,7 @@ def _garbage(p: Path) -> None:
 
 def _bad_payload(p: Path) -> None:  # a valid frame around a payload that does not decode
     p.write_bytes(store.frame(b'{"format": 1, "saved": [["e", 99999, 0]], "summary": {}}'
-                              if "partitions" in str(p) else b"\x00\x00\x00\x00junk"))
+                              if "partitions" in str(p) else b"\x00\x00\x00\x00junk", store.entry_name(p)))
 
 
 @pytest.mark.parametrize("corrupt", [_truncate, _flip, _garbage, _bad_payload])
@@ -270,7 +270,7 @@ def test_concurrent_writers(tmp_path):
     assert len(files) == 4
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
     for p in files:  # every entry is whole and decodes in this (another) process
-        payload = store.unframe(p.read_bytes())
+        payload = store.unframe(p.read_bytes(), store.entry_name(p))
         assert payload is not None
         if "executables" in str(p):
             assert executable_codec.decode(payload) is not None

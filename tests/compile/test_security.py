@@ -101,11 +101,11 @@ def test_planted_pickle_payload_is_never_executed(secure_cache, tmp_path):
     # Planted as an old-format entry (bare sha256), as an entry signed with another key,
     # and as a payload with a forged tag: none is unpickled, each is rebuilt.
     v1 = struct.pack("<8s32sQ", b"JXAOTC01", hashlib.sha256(payload).digest(), len(payload)) + payload
-    plants = [v1, store.frame(payload, key=os.urandom(32)),
-              store.frame(payload, key=b"\0" * 32)]
+    plants = [lambda p: v1, lambda p: store.frame(payload, store.entry_name(p), key=os.urandom(32)),
+              lambda p: store.frame(payload, store.entry_name(p), key=b"\0" * 32)]
     for plant in plants:
         for p in entries:
-            p.write_bytes(plant)
+            p.write_bytes(plant(p))
         cache.reset_stats()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -115,7 +115,7 @@ def test_planted_pickle_payload_is_never_executed(secure_cache, tmp_path):
         assert sum(issubclass(w.category, CacheWarning) for w in caught) == 2
         np.testing.assert_array_equal(got[0], expected[0])
         for p in entries:  # rebuilt and signed with our key
-            assert store.unframe(p.read_bytes()) is not None
+            assert store.unframe(p.read_bytes(), store.entry_name(p)) is not None
 
 
 def test_entries_signed_with_another_users_key_are_refused_and_rebuilt(secure_cache, tmp_path, monkeypatch):
@@ -130,7 +130,7 @@ def test_entries_signed_with_another_users_key_are_refused_and_rebuilt(secure_ca
     assert cache.stats().corrupt == 3 and CALLS["compile"] == 2
     assert all("signature fails" in str(w.message) for w in caught if issubclass(w.category, CacheWarning))
     for p, old in before.items():
-        assert p.read_bytes() != old and store.unframe(p.read_bytes()) is not None
+        assert p.read_bytes() != old and store.unframe(p.read_bytes(), store.entry_name(p)) is not None
     cache.reset_stats()
     _run()  # warm under key b
     assert cache.stats() == cache.CacheStats(partition_hits=1, executable_hits=2) and CALLS["compile"] == 0

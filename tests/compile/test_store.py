@@ -22,13 +22,14 @@ def test_cache_root_follows_config(tmp_path):
 
 
 def test_frames_reject_truncation_and_bit_flips():
-    framed = store.frame(b"some payload")
-    assert store.unframe(framed) == b"some payload"
-    assert store.unframe(framed[:-1]) is None
-    assert store.unframe(framed[:10]) is None
+    framed = store.frame(b"some payload", "executables/k")
+    assert store.unframe(framed, "executables/k") == b"some payload"
+    assert store.unframe(framed, "executables/j") is None  # signed for another name
+    assert store.unframe(framed[:-1], "executables/k") is None
+    assert store.unframe(framed[:10], "executables/k") is None
     flipped = bytearray(framed)
     flipped[-3] ^= 1
-    assert store.unframe(bytes(flipped)) is None
+    assert store.unframe(bytes(flipped), "executables/k") is None
 
 
 def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path):
