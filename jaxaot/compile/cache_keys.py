@@ -9,10 +9,12 @@ of its consts and literals), the input avals (shape, dtype, weak type,
 sharding: the mesh's axis names, shape and device order, and the spec), and
 the options (donation).
 
-A value whose identity cannot be written down (an object array, a structure
-nested too deep) makes the key None: the entry is then not cached. A repr with
-an object address makes the key differ in each process: the entry is then
-never hit, which is safe.
+Every value is written in a canonical form (:func:`value_identity`): sets
+sorted, dicts by key, floats by their bits, so a key is the same in every
+process whatever ``PYTHONHASHSEED``. A value whose identity cannot be written
+down (an object array, a structure nested too deep) makes the key None: the
+entry is then not cached. A repr with an object address makes the key differ
+in each process: the entry is then never hit, which is safe.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -25,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import hashlib
 import os
@@ -184,22 +188,59 @@ def _dtype_key(dtype: Any) -> str:
 
 # --------------------------------------------------------------------------- values
 def value_identity(value: Any, depth: int = 0) -> str:
-    """A text that names ``value`` across processes (arrays by content hash)."""
+    """A canonical text that names ``value`` across processes (arrays by content hash).
+
+    Canonical means independent of ``PYTHONHASHSEED`` and of object addresses
+    where it can be: sets and frozensets list their elements sorted, dicts their
+    items sorted by key, floats are written by their bits (``-0.0`` and NaN
+    payloads included), and each scalar carries its type (``1``, ``1.0`` and
+    ``True`` differ). Dataclass instances are their type and fields, enum
+    members their type and name. Anything else is its type and ``repr``.
+
+    Example:
+        >>> from jaxaot.compile.cache_keys import value_identity
+        >>> value_identity({"b": {2, 1}, "a": 0.5})
+        "dict(str:'a':float:3fe0000000000000,str:'b':set(int:1,int:2))"
+    """
     if depth > _MAX_DEPTH:
         raise _Unkeyable("too deep")
-    if isinstance(value, (str, int, float, complex, bool, type(None))):
-        return repr(value)
+    if value is None or isinstance(value, (bool, str, bytes)) or type(value) is int:
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, enum.Enum):
+        return f"{_type_name(value)}.{value.name}"
+    if isinstance(value, float):
+        return f"{_type_name(value)}:{struct.pack('>d', value).hex()}"
+    if isinstance(value, complex):
+        return f"{_type_name(value)}:{struct.pack('>dd', value.real, value.imag).hex()}"
+    if isinstance(value, int):
+        return f"{_type_name(value)}:{int(value)}"
     if isinstance(value, (np.ndarray, jax.Array, np.generic)):
         return _array_identity(value)
     if isinstance(value, (tuple, list)):
         inner = ",".join(value_identity(v, depth + 1) for v in value)
-        return f"{type(value).__name__}({inner})"
+        return f"{_type_name(value)}({inner})"
+    if isinstance(value, (set, frozenset)):
+        inner = ",".join(sorted(value_identity(v, depth + 1) for v in value))
+        return f"{_type_name(value)}({inner})"
     if isinstance(value, dict):
-        inner = ",".join(f"{value_identity(k, depth + 1)}:{value_identity(v, depth + 1)}" for k, v in value.items())
-        return f"{type(value).__name__}({inner})"
+        items = sorted(f"{value_identity(k, depth + 1)}:{value_identity(v, depth + 1)}" for k, v in value.items())
+        return f"{_type_name(value)}({','.join(items)})"
     if callable(value):
         return callable_identity(value, depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _dataclass_identity(value, depth)
     return f"{type(value).__module__}.{type(value).__qualname__}:{value!r}"
+
+
+def _type_name(value: Any) -> str:
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _dataclass_identity(value: Any, depth: int) -> str:
+    fields = ",".join(f"{f.name}={value_identity(getattr(value, f.name), depth + 1)}"
+                      for f in dataclasses.fields(value))
+    return f"{_type_name(value)}({fields})"
 
 
 def callable_identity(fn: Any, depth: int = 0) -> str:
@@ -207,7 +248,9 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
 
     ``functools.partial`` objects add their arguments, so
     ``partial(min_cut_rematerialization_partition, memory_budget=0.5)`` and
-    ``memory_budget=0.7`` key differently.
+    ``memory_budget=0.7`` key differently. A callable dataclass instance is its
+    fields plus the identity of its class's ``__call__``. Every value is
+    written canonically (:func:`value_identity`).
 
     Example:
         >>> import functools, jaxaot
@@ -220,12 +263,15 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
         raise _Unkeyable("too deep")
     if isinstance(fn, functools.partial):
         args = value_identity(fn.args, depth + 1)
-        kw = value_identity(dict(sorted(fn.keywords.items())), depth + 1)
+        kw = value_identity(dict(fn.keywords), depth + 1)
         return f"partial({callable_identity(fn.func, depth + 1)},{args},{kw})"
     if hasattr(fn, "__func__") and hasattr(fn, "__self__"):  # bound method
         return f"method({callable_identity(fn.__func__, depth + 1)},{value_identity(fn.__self__, depth + 1)})"
     code = getattr(fn, "__code__", None)
     if code is None:  # builtins, callable objects
+        if dataclasses.is_dataclass(fn) and not isinstance(fn, type):
+            call = getattr(type(fn), "__call__", None)
+            return f"{_dataclass_identity(fn, depth)}:{callable_identity(call, depth + 1)}"
         return f"{type(fn).__module__}.{type(fn).__qualname__}:{getattr(fn, '__qualname__', None)}:{fn!r}"
     parts = [
         f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', None)}",
@@ -242,9 +288,10 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
 
 
 def _code_hash(code: Any) -> str:
+    # Constants canonically: ``x in {"a", "b"}`` compiles to a frozenset constant.
     h = hashlib.sha256(code.co_code)
     for c in code.co_consts:
-        h.update(_code_hash(c).encode() if hasattr(c, "co_code") else repr(c).encode())
+        h.update(_code_hash(c).encode() if hasattr(c, "co_code") else value_identity(c).encode())
     h.update(repr(code.co_names).encode())
     return h.hexdigest()[:16]
 
