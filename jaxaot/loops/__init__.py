@@ -4,7 +4,7 @@ Modules, bottom up (each imports only those before it):
 
 * :mod:`~jaxaot.loops.common`: the primitives, the ``Loop`` view of their
   parameters, shared helpers;
-* :mod:`~jaxaot.loops.overflow`: the run-time overflow check of bounded stacks;
+* :mod:`~jaxaot.loops.overflow`: the overflow check of bounded stacks (an error or NaN, never silent);
 * :mod:`~jaxaot.loops.capacity`: how many rows a reverse-mode stack gets, and
   ``dynamic_capacity``;
 * :mod:`~jaxaot.loops.lowering`: the impl and lowering (blocked on GPUs);
@@ -21,10 +21,10 @@ Importing this package registers the rules.
 from jaxaot.loops import rules  # noqa: F401  (registers the primitives' rules)
 from jaxaot.loops.api import while_loop, while_loop_stack_output
 from jaxaot.loops.capacity import dynamic_capacity
-from jaxaot.loops.overflow import RUNTIME_ERRORS, loop_overflow_from, overflow_check_max_steps, reraise_overflow
+from jaxaot.loops.overflow import overflow_check_max_steps, reraise_overflow
 from jaxaot.loops.patch import patch_while_loop
 
 __all__ = [
-    "RUNTIME_ERRORS", "dynamic_capacity", "loop_overflow_from", "overflow_check_max_steps", "patch_while_loop",
-    "reraise_overflow", "while_loop", "while_loop_stack_output",
+    "dynamic_capacity", "overflow_check_max_steps", "patch_while_loop", "reraise_overflow", "while_loop",
+    "while_loop_stack_output",
 ]

@@ -6,13 +6,14 @@ mode stores the carries (see Note [while_loop autograd] in
 :mod:`jaxaot.loops.partial_eval`):
 
 * ``max_steps=N``: stack up to N iterations' residuals; a loop that runs longer
-  is a run-time :class:`~jaxaot.errors.LoopOverflowError` under reverse mode.
+  is a :class:`~jaxaot.errors.LoopOverflowError` under reverse mode (NaN results
+  where it is found only at run time: :mod:`jaxaot.loops.overflow`).
 * ``checkpoints=k``: keep k carry snapshots and recompute between them
   (binomial checkpointing, :mod:`jaxaot.loops.checkpointed`), any trip count.
 * both: the trip count is at most N, and reverse mode runs an offline schedule
   of nested scans within k snapshots (:mod:`jaxaot.loops.offline`): no host
-  round trip per iteration on GPUs; more than N iterations is a run-time
-  :class:`~jaxaot.errors.LoopOverflowError` under differentiation. With
+  round trip per iteration on GPUs; more than N iterations is a
+  :class:`~jaxaot.errors.LoopOverflowError` under differentiation, as above. With
   ``checkpoint_memory="host"`` its snapshots live in host memory and device
   memory does not grow with N.
 * neither: only inside :func:`~jaxaot.loops.capacity.dynamic_capacity` (which the
@@ -46,7 +47,7 @@ from jaxaot._pytrees import format_aval, leaf_paths, shape_dtype_struct
 from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
 from jaxaot.loops.common import check_options, check_positive, stack_loop, trace_flat, while_loop_p
 from jaxaot.loops.offline import check_body
-from jaxaot.loops.overflow import check_overflow, raise_if_overflowed
+from jaxaot.loops.overflow import check_overflow, overflow_scale, poison, raise_if_overflowed
 
 T = TypeVar("T")
 
@@ -109,12 +110,13 @@ def _carry_mismatch(init_tree: Any, out_tree: Any, in_avals: list, out_avals: li
 
 
 def _promote_weak(leaves: list, in_avals: list, out_avals: list) -> tuple[list, bool]:
-    """Like lax.while_loop: a weakly typed init leaf takes the body's output dtype."""
+    """Like lax.while_loop: a weakly typed init leaf whose dtype differs from the body's
+    output takes their promoted dtype (a weak and a strong leaf of one dtype stay as they are)."""
     changed = False
     new = []
     for x, a, b in zip(leaves, in_avals, out_avals):
-        if a.weak_type and (a.dtype != b.dtype or not b.weak_type) and tuple(a.shape) == tuple(b.shape):
-            x = jax.lax.convert_element_type(x, b.dtype)
+        if a.weak_type and a.dtype != b.dtype and tuple(a.shape) == tuple(b.shape):
+            x = jax.lax.convert_element_type(x, jnp.result_type(x, b))
             changed = True
         new.append(x)
     return new, changed
@@ -141,7 +143,7 @@ def _trace_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, stack: bo
     leaves, treedef = jax.tree_util.tree_flatten(init_val)
     leaves = [_as_array(x) for x in leaves]
     paths = leaf_paths(treedef, "init_val")
-    for _ in range(2):  # a second pass after promoting weakly typed init leaves
+    for second_pass in (False, True):  # one more pass after promoting weakly typed init leaves, as lax
         avals = [jax.typeof(x) for x in leaves]
         cond_j, cond_c, cond_tree = _trace_fn(cond_fun, treedef, avals)
         _check_cond(cond_j, cond_tree)
@@ -149,6 +151,8 @@ def _trace_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, stack: bo
         out_avals = C.out_avals_of(body_j)
         if body_tree != treedef:
             raise _carry_mismatch(treedef, body_tree, avals, out_avals, paths)
+        if second_pass:
+            break
         leaves, changed = _promote_weak(leaves, avals, out_avals)
         if not changed:
             break
@@ -252,7 +256,8 @@ def while_loop_stack_output(
     Each leaf of ``stacked`` has a leading axis of ``max_steps`` rows; row ``i`` is the
     carry after iteration ``i`` for ``i < num_steps`` (later rows are unspecified).
     Running more than ``max_steps`` iterations raises
-    :class:`~jaxaot.errors.LoopOverflowError` at run time.
+    :class:`~jaxaot.errors.LoopOverflowError` (under ``jit``: the inexact rows are
+    NaN, and :func:`~jaxaot.loops.reraise_overflow` raises; :mod:`jaxaot.loops.overflow`).
 
     Example:
         >>> import jaxaot
@@ -277,6 +282,7 @@ def while_loop_stack_output(
     loop = stack_loop(cond, body, len(consts), len(leaves), max_steps)
     _, stacked, (num_steps, overflowed) = loop.split_out(loop.bind([*consts, *leaves]))
     check_overflow(overflowed, max_steps)
+    stacked = poison(overflow_scale(overflowed), stacked)
     return jax.tree_util.tree_unflatten(treedef, stacked), num_steps
 
 

@@ -5,8 +5,9 @@ autograd] in :mod:`jaxaot.loops.partial_eval`), so it needs a capacity before
 the trip count is known. :func:`stack_capacity` picks it per loop:
 
 * a stacking or counted loop: its own length;
-* ``while_loop(max_steps=N)``: N rows, overflow a run-time
-  :class:`~jaxaot.errors.LoopOverflowError` (:mod:`jaxaot.loops.overflow`);
+* ``while_loop(max_steps=N)``: N rows; an overflow is a
+  :class:`~jaxaot.errors.LoopOverflowError`, or NaN outputs and gradients where
+  it is found only at run time (:mod:`jaxaot.loops.overflow`);
 * no bound, inside :func:`dynamic_capacity`: the innermost context's capacity;
   the forward stops there, and the loop reports its trip count (or
   ``capacity + 1`` for "needed more") to the context;
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 
 from jaxaot.errors import ReverseModeBoundError
 from jaxaot.loops.common import INT, Loop, check_positive, while_loop_p
-from jaxaot.loops.overflow import check_overflow
+from jaxaot.loops.overflow import check_overflow, overflow_scale
 
 _STATE = threading.local()
 
@@ -68,18 +69,24 @@ def dynamic_capacity(capacity: int) -> Iterator[list]:
         frames.pop()
 
 
-def stack_capacity(loop: Loop) -> tuple[int, Callable[[Any, Any], None]]:
+def stack_capacity(loop: Loop) -> tuple[int, Callable[[Any, Any], Any]]:
     """The stack length for reverse-differentiating ``loop``, and what to do with its
-    ``(num_steps, overflowed)`` once the forward ran."""
+    ``(num_steps, overflowed)`` once the forward ran: that function returns the
+    :func:`~jaxaot.loops.overflow.overflow_scale` the loop's outputs and tangents are
+    multiplied by (a ``max_steps`` overflow poisons them with NaN), or None."""
     if loop.prim is not while_loop_p:
         return loop.length, lambda num_steps, overflowed: None
     if loop.max_steps is not None:
-        return loop.max_steps, lambda num_steps, overflowed: check_overflow(overflowed, loop.max_steps)
+        def check(num_steps, overflowed):
+            check_overflow(overflowed, loop.max_steps)
+            return overflow_scale(overflowed)
+
+        return loop.max_steps, check
     frames = _frames()
     if frames:
         capacity, trip_counts = frames[-1]
 
-        def report(num_steps, overflowed):
+        def report(num_steps, overflowed):  # the runtime reruns with a larger capacity
             trip_counts.append(jnp.where(overflowed, jnp.asarray(capacity + 1, INT), num_steps))
 
         return capacity, report

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jaxaot import _compat as C
 from jaxaot.loops.api import while_loop
 from jaxaot.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
+from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
 from jaxaot.loops.revolve import beta_table_jax, place, split_point_jax
 
 checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
@@ -180,6 +181,24 @@ def _linear_batch(axis_data, args, dims, **params):
 
 
 # --------------------------------------------------------------------------- partial eval
+def _scaled(known_body: Any, unknown_body: Any, num_kc: int, num_res: int) -> tuple[Any, Any]:
+    """The bodies with one more known const, the overflow scale: the known body passes it on
+    as its last residual, and the linear body multiplies its outputs by it (linear still)."""
+    kb, ub = known_body, unknown_body
+    k_in = C.in_avals_of(kb)
+    scale_aval = C.ShapedArray((), jnp.float32)
+
+    def known(*a):
+        return [*C.eval_closed(kb, *a[:num_kc], *a[num_kc + 1:]), a[num_kc]]
+
+    def linear(*a):
+        return poison(a[num_res], C.eval_closed(ub, *a[:num_res], *a[num_res + 1:]))
+
+    u_in = C.in_avals_of(ub)
+    return (trace_flat(known, [*k_in[:num_kc], scale_aval, *k_in[num_kc:]]),
+            trace_flat(linear, [*u_in[:num_res], scale_aval, *u_in[num_res:]]))
+
+
 def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequence[bool], cond: Any,
                  known_body: Any, unknown_body: Any, res_avals: Sequence[Any]) -> list:
     """Split a ``checkpoints=k`` loop: an online-snapshotting primal loop (known) and
@@ -198,6 +217,7 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
     primal_body, _ = C.dce_closed(known_body, [True] * n_known_out + [False] * len(res_avals), True)
 
     table = beta_table_jax(k + 1)  # once, outside the loop: the program's size does not grow with k
+    bound = loop.max_steps  # max_steps with checkpoints, too few for nested scans (jaxaot.loops.offline)
 
     def fbody(state):
         # Store the state *before* the step: the state after the last step is never needed.
@@ -206,11 +226,22 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
         snaps = [write_row(s, slot, a) for s, a in zip(snaps, x)]
         return C.eval_closed(primal_body, *kc, *x), i + 1, (pos, slot_of, m), snaps
 
+    def fcond(state):
+        go = C.eval_closed(cond, *kc, *state[0])[0]
+        return go if bound is None else go & (state[1] < bound)
+
     snaps0 = [jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)).at[0].set(x) for x in kt]
     levels0 = (jnp.full((k,), -1, jnp.int32).at[0].set(0), jnp.arange(k, dtype=jnp.int32), jnp.ones((), jnp.int32))
-    x, n, (pos, slot_of, _), snaps = while_loop(lambda s: C.eval_closed(cond, *kc, *s[0])[0], fbody,
-                                                (kt, jnp.zeros((), jnp.int32), levels0, snaps0), checkpoints=k)
+    x, n, (pos, slot_of, _), snaps = while_loop(fcond, fbody, (kt, jnp.zeros((), jnp.int32), levels0, snaps0),
+                                                checkpoints=k)
     snaps = [s[:k] for s in snaps]
+    if bound is not None:  # stopped at the bound while the loop still ran: NaN values and tangents
+        overflowed = (n >= bound) & C.eval_closed(cond, *kc, *x)[0]
+        check_overflow(overflowed, bound)
+        scale = overflow_scale(overflowed)
+        x = poison(scale, x)
+        known_body, unknown_body = _scaled(known_body, unknown_body, len(kc), len(res_avals))
+        kc = [*kc, scale]
 
     lin_consts = [t for t, u in zip(consts, consts_uk) if u]
     lin_carry = [t for t, u in zip(carry, carry_uk) if u]

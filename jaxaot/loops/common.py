@@ -148,6 +148,18 @@ def broadcast_lanes(x: Any, size: int, axis: int = 0) -> Any:
     return jnp.broadcast_to(jnp.expand_dims(x, axis), (*x.shape[:axis], size, *x.shape[axis:]))
 
 
+def forwarded_carries(body: Any, num_consts: int, num_carry: int) -> list[bool]:
+    """Per carry, whether ``body`` returns its input unchanged (a read-only carry).
+
+    Such a carry keeps its initial value whatever the trip count, so a rule may
+    leave it as it is (unbatched under vmap, as ``lax.while_loop`` does by moving
+    it to the consts).
+    """
+    invars = body.jaxpr.invars[num_consts:num_consts + num_carry]
+    outvars = body.jaxpr.outvars[:num_carry]
+    return [o is i for o, i in zip(outvars, invars)]
+
+
 def trace_flat(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]) -> Any:
     """Trace ``fn(*flat) -> list`` on ``avals`` to a closed jaxpr without consts."""
     closed = jax.make_jaxpr(lambda *a: list(fn(*a)))(*[shape_dtype_struct(a) for a in avals])
@@ -193,6 +205,11 @@ class Loop:
     def num_extra(self) -> int:
         """Outputs after the ys: ``(num_steps, overflowed)`` of a stacking loop."""
         return 2 if self.stacks else 0
+
+    @property
+    def read_only(self) -> list[bool]:
+        """Per carry, whether the body passes it through unchanged (:func:`forwarded_carries`)."""
+        return forwarded_carries(self.body, self.num_consts, self.num_carry)
 
     @property
     def carry_avals(self) -> list:

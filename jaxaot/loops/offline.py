@@ -26,8 +26,9 @@ Costs, for a loop that runs n <= N steps:
   ``ceil(n / (c_2 ... c_L)) * c_2 ... c_L`` steps (the chunks the loop reaches);
   revolve's online optimum needs fewer evaluations (about 2.5 per step at
   N=2000, k=40 against 3 here) but pays a host round trip per iteration;
-* a loop that needs more than N steps raises
-  :class:`~jaxaot.errors.LoopOverflowError` at run time under differentiation.
+* a loop that needs more than N steps is a
+  :class:`~jaxaot.errors.LoopOverflowError` under differentiation, its results
+  NaN where that is found only at run time (:mod:`jaxaot.loops.overflow`).
 
 ``checkpoint_memory="host"`` moves the snapshots to host memory: every level
 but the innermost saves its chunks' starting carries through JAX's own offload
@@ -47,6 +48,12 @@ them in masked steps: :func:`check_body` refuses it.
 
 Only differentiation takes this path (:func:`jvp`, the loop primitive's JVP rule
 for this mode); the plain loop (no differentiation) is ``lax.while_loop``'s.
+
+Where no plan fits (``checkpoints`` below about ``2 log2(max_steps)``, any
+``checkpoints >= 1``), :func:`nested` is false and reverse mode is the binomial
+schedule of :mod:`jaxaot.loops.checkpointed` with its forward bounded by
+``max_steps``: k snapshots, within 10% of revolve's optimal forward count for
+n >= 100, and a program whose size does not grow with N or k.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxaot import _compat as C
 from jaxaot.errors import InvalidLoopOptionError
 from jaxaot.loops.common import Loop, zero_tangent
-from jaxaot.loops.overflow import check_overflow
+from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
 
 
 #: The innermost level's steps are unrolled up to this many: a GPU runs each iteration of even
@@ -129,16 +136,17 @@ def plan_for(max_steps: int, checkpoints: int, checkpoint_memory: str) -> tuple[
     return (plan_host if checkpoint_memory == "host" else plan)(max_steps, checkpoints)
 
 
+def nested(loop: Loop) -> bool:
+    """Whether ``loop`` (``max_steps`` and ``checkpoints``) differentiates as nested scans:
+    a plan fits. Otherwise its reverse mode is the binomial schedule of
+    :mod:`jaxaot.loops.checkpointed`, bounded by ``max_steps``."""
+    return plan_for(loop.max_steps, loop.checkpoints, loop.checkpoint_memory) is not None
+
+
 def check_body(loop_name: str, max_steps: int, checkpoints: int, checkpoint_memory: str, effects: Any) -> None:
-    """Refuse the offline schedule where it cannot be used: too few checkpoints, or effects."""
+    """Refuse the nested-scan schedule for a body with effects (masked steps would repeat them)."""
     if plan_for(max_steps, checkpoints, checkpoint_memory) is None:
-        steps = math.ceil(max_steps / MAX_UNROLL) if checkpoint_memory == "host" else max_steps
-        need = 2 * max(1, (steps - 1).bit_length())
-        raise InvalidLoopOptionError(
-            f"{loop_name}: max_steps={max_steps} with checkpoints={checkpoints} asks for an offline schedule, "
-            f"which needs at least about {need} checkpoints for {max_steps} steps. Raise checkpoints, or drop "
-            f"max_steps to use the online schedule (checkpoints alone, any trip count)."
-        )
+        return  # the binomial schedule runs no masked step
     if effects:
         raise InvalidLoopOptionError(
             f"{loop_name}: max_steps with checkpoints runs the body in masked steps past the loop's end, so its "
@@ -199,8 +207,9 @@ def run(loop: Loop, consts: Sequence[Any], carry: Sequence[Any]) -> list:
         return lax.scan(lambda s, _: (inner(s), None), state, None, length=sizes[depth])[0]
 
     x, running, _ = level(0, (list(carry), jnp.bool_(True), jnp.int32(0)))
-    check_overflow(running & cond(x), loop.max_steps)
-    return x
+    overflowed = running & cond(x)
+    check_overflow(overflowed, loop.max_steps)
+    return poison(overflow_scale(overflowed), x)  # NaN values and derivatives past max_steps
 
 
 def jvp(loop: Loop, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:

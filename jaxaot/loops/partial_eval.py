@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
+
 from jaxaot import _compat as C
 from jaxaot.loops import checkpointed
 from jaxaot.loops.capacity import is_bounded, stack_capacity
@@ -54,6 +56,7 @@ from jaxaot.loops.common import (
     trace_flat,
     while_loop_p,
 )
+from jaxaot.loops.overflow import poison
 
 
 # --------------------------------------------------------------------------- splitting the bodies
@@ -148,12 +151,17 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
                                                  loop_consts, k_carry, k_xs))
     k_t_out, k_rest, extra = C.split_list(known_outs, [kt_n, known_loop.num_ys])
     k_y_out, ext_res = k_rest[: num_known_outs - kt_n], k_rest[num_known_outs - kt_n:]
+    scale = None
     if loop.counted:
         num_steps = C.known_value(n)
     else:
         num_steps, overflowed = extra
-        on_overflow(num_steps, overflowed)
+        scale = on_overflow(num_steps, overflowed)
         extra = extra if loop.stacks else []
+    if scale is not None:  # an overflow makes the outputs NaN, and (below) every tangent
+        k_t_out = poison(scale, k_t_out)
+        inv_res, res_dep = [*inv_res, scale], [*res_dep, False]
+        n_inv += 1
 
     # The unknown loop: a linear counted loop over the stacked residuals.
     ub = unknown_body
@@ -161,10 +169,13 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
 
     def linear_body(*a):
         inv, uc, ut, ux, ext = C.split_list(a, [n_inv, u_k, u_m, sum(xs_uk)])
-        return C.eval_closed(ub, *C.merge_lists(res_dep, inv, ext), *uc, *ut, *ux)
+        if scale is None:
+            return C.eval_closed(ub, *C.merge_lists(res_dep, inv, ext), *uc, *ut, *ux)
+        out = C.eval_closed(ub, *C.merge_lists(res_dep[:-1], inv[:-1], ext), *uc, *ut, *ux)
+        return [*poison(inv[-1], out[:u_m]), *out[u_m:]]
 
     u_in = C.in_avals_of(ub)
-    res_in, rest_in = u_in[:num_res], u_in[num_res:]
+    res_in, rest_in = [*u_in[:num_res], *([jax.typeof(scale)] if scale is not None else [])], u_in[num_res:]
     lin_body = trace_flat(linear_body, [*pick(res_dep, res_in, False), *rest_in, *pick(res_dep, res_in)])
     lin_loop = counted_loop(lin_body, n_inv + u_k, u_m, length, loop.reverse)
     in_tracers = lin_loop.join(num_steps, [*inv_res, *pick(consts_uk, consts)], pick(carry_uk, carry),

@@ -24,7 +24,10 @@ their differences):
   fixpoint), so ``jax.jacfwd`` leaves primal carries unbatched. When the
   condition (or the trip count) is batched, lanes stop at different steps: the
   loop runs until every lane stopped, and selects keep a stopped lane's carry
-  (a stacking loop also counts each lane's steps).
+  (a stacking loop also counts each lane's steps). Read-only carries (the body
+  returns them unchanged) stay unbatched even then, as ``lax.while_loop``
+  keeps them (it moves them to the consts); an unordered ``io_callback`` under
+  a batched condition is refused, as lax refuses it.
 * DCE: drops unused carries (a fixpoint over what the condition and the used
   outputs need), consts and xs; ``jax.checkpoint``'s partial eval:
   :func:`~jaxaot.loops.partial_eval.partial_eval_custom`.
@@ -47,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.errors import ReverseModeBoundError
+from jaxaot.errors import LoopFunctionError, ReverseModeBoundError
 from jaxaot.loops import lowering, offline
 from jaxaot.loops.capacity import is_bounded, unbounded_error
 from jaxaot.loops.common import (
@@ -80,7 +83,7 @@ def _abstract_eval(prim, *avals, **params):
 # --------------------------------------------------------------------------- JVP
 def _jvp(prim, primals, tangents, **params):
     loop = loop_of(prim, params)
-    if prim is while_loop_p and loop.max_steps is not None and loop.checkpoints is not None:
+    if prim is while_loop_p and loop.max_steps is not None and loop.checkpoints is not None and offline.nested(loop):
         return offline.jvp(loop, primals, tangents)  # nested scans: JAX differentiates them
     n, consts, carry, xs = loop.split(primals)
     _, cdot, tdot, xdot = loop.split(tangents)
@@ -219,6 +222,11 @@ def _gate(p: Any, x: Any) -> Any:
     return _lane_select(p, x, jax.lax.stop_gradient(x))
 
 
+def _has_io_effect(loop: Any) -> bool:
+    """Whether the loop runs an unordered ``io_callback`` (ordered ones vmap refuses itself)."""
+    return any(type(e).__name__ == "IOEffect" for e in loop.effects())
+
+
 def _batch(prim, axis_data, args, dims, **params):
     loop = loop_of(prim, params)
     size = axis_data.size
@@ -230,9 +238,15 @@ def _batch(prim, axis_data, args, dims, **params):
     tb, yb = _batched_carries(loop, axis_data, cb, [d is not None for d in td], xb)
     pred_batched = loop.cond is not None and C.batched_outputs(loop.cond, axis_data, cb + tb)[0]
     n_batched = loop.counted and nd is not None
+    if pred_batched and _has_io_effect(loop):
+        raise LoopFunctionError(
+            f"{prim}: the loop's condition is batched under vmap, so finished lanes would keep running "
+            "the body, and its IO callbacks (jax.experimental.io_callback) would run for them too; "
+            "lax.while_loop refuses this as well. Use jax.debug.callback, or unbatch the condition.")
     if pred_batched or n_batched:
-        # Lanes stop at different steps: every carry and row is selected per lane.
-        tb, yb = [True] * m, [True] * ny
+        # Lanes stop at different steps: every carry and row is selected per lane, except
+        # read-only carries, which hold their initial value on every lane at every step.
+        tb, yb = [b or not ro for b, ro in zip(tb, loop.read_only)], [True] * ny
     consts = [moveaxis(c, d, 0) if d is not None else c for c, d in zip(consts, cd)]
     carry = [moveaxis(c, d, 0) if d is not None else (broadcast_lanes(c, size) if b else c)
              for c, d, b in zip(carry, td, tb)]
@@ -254,17 +268,18 @@ def _batch(prim, axis_data, args, dims, **params):
         c, t, xr, extra = C.split_list(a, [k, m, nx])
         live = vcond(*c, *t)[0] if pred_batched else (extra[0] if n_batched else None)
         if live is not None:  # finished lanes: no derivative through the body (NaN-safe)
-            outs = vbody(*[_gate(live, x) if b else x for x, b in zip(c, cb)], *[_gate(live, x) for x in t],
+            outs = vbody(*[_gate(live, x) if b else x for x, b in zip(c, cb)],
+                         *[_gate(live, x) if b else x for x, b in zip(t, tb)],
                          *[_gate(live, x) if b else x for x, b in zip(xr, xb)])
         else:
             outs = vbody(*c, *t, *xr)
         new_t, y = outs[:m], outs[m:]
         if pred_batched:
             p = live
-            new_t = [_lane_select(p, a_, b_) for a_, b_ in zip(new_t, t)]
+            new_t = [_lane_select(p, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]
         if n_batched:
             (mask,) = extra
-            new_t = [_lane_select(mask, a_, b_) for a_, b_ in zip(new_t, t)]
+            new_t = [_lane_select(mask, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]
             y = [_lane_select(mask, a_, jnp.zeros_like(a_)) for a_ in y]
         counter = [t_extra + p.astype(INT) for t_extra in extra] if count_lanes else []
         return [*new_t, *counter, *y]

@@ -31,7 +31,7 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import flatten_checked
 from jaxaot.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
-from jaxaot.loops import RUNTIME_ERRORS, loop_overflow_from
+from jaxaot.loops import reraise_overflow
 from jaxaot.partition import Partitioner, default_partition
 from jaxaot.runtime import arguments, checks
 from jaxaot.runtime.lowered import AOTLowered
@@ -65,18 +65,13 @@ class _HotPath(NamedTuple):
 
 
 def _overflow_as_loop_error(method: Callable) -> Callable:
-    """``method`` raising :class:`~jaxaot.errors.LoopOverflowError` where JAX reports a
-    ``jaxaot.while_loop`` overflow as its own runtime error (the check is a host callback)."""
+    """``method`` raising :class:`~jaxaot.errors.LoopOverflowError` when a ``max_steps``
+    loop it ran overflowed (:func:`jaxaot.loops.reraise_overflow`)."""
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with reraise_overflow():
             return method(*args, **kwargs)
-        except RUNTIME_ERRORS as err:
-            overflow = loop_overflow_from(err)
-            if overflow is None:
-                raise
-            raise overflow from err
 
     return run
 

@@ -16,6 +16,7 @@ import jaxaot
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 from jaxaot.loops import reraise_overflow
 from jaxaot.loops.offline import plan
+from jaxaot.loops.revolve import revolve_counts
 from loop_models import mlp_loss as _mlp_loss, mlp_ref as _mlp_ref, inputs as _inputs
 
 TOL = dict(rtol=2e-5, atol=2e-6)
@@ -111,10 +112,35 @@ def test_overflow_raises_loop_overflow_error():
     chex.assert_trees_all_close(g(w, 40), jax.grad(_mlp_ref)(w, b, x, 40), **TOL)  # still works afterwards
 
 
-def test_refusals():
-    with pytest.raises(InvalidLoopOptionError, match="at least about 12 checkpoints"):
-        jaxaot.while_loop(lambda c: c < 5.0, lambda c: c + 1.0, 0.0, max_steps=40, checkpoints=3)
+def _slow_drift(x, n, **kw):  # a cheap body whose gradient stays away from 0 and inf for 10,000 steps
+    return jaxaot.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 1e-3 * jnp.cos(c[1])), (0, x), **kw)[1]
 
+
+def _slow_drift_scan(x, n):
+    return jax.lax.scan(lambda v, _: (v + 1e-3 * jnp.cos(v), None), x, None, length=n)[0]
+
+
+@pytest.mark.parametrize("k,bound,n", [(1, 300, 300), (2, 2000, 1999), (3, 10_000, 10_000), (3, 16, 7), (2, 16, 0)])
+def test_too_few_checkpoints_for_nested_scans_run_the_binomial_schedule(k, bound, n):
+    # plan() needs k >= about 2 log2(N); below, the bounded binomial schedule takes any k >= 1.
+    assert plan(bound, k) is None
+    got = jax.jit(jax.value_and_grad(lambda x: _slow_drift(x, n, max_steps=bound, checkpoints=k)))(0.3)
+    chex.assert_trees_all_close(got, jax.value_and_grad(_slow_drift_scan)(0.3, n), rtol=1e-5)
+    if n >= 100:  # forward evaluations (the forward pass and the recomputation) against revolve's optimum
+        assert revolve_counts(n, k).ratio <= 1.10, revolve_counts(n, k)
+
+
+def test_binomial_schedule_overflow_and_effects():
+    f = lambda x, n: _slow_drift(x, n, max_steps=16, checkpoints=2)  # noqa: E731
+    with pytest.raises(LoopOverflowError, match="max_steps=16"):
+        jax.grad(f)(0.3, 17)
+    assert np.isnan(jax.jit(jax.grad(f))(0.3, 17))
+    body = lambda c: (jax.debug.callback(lambda: None) or c[0] + 1, c[1] * 1.5)  # noqa: E731
+    g = jax.grad(lambda x: jaxaot.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=16, checkpoints=2)[1])
+    assert float(g(1.0)) == 1.5 ** 5  # no masked steps, so effects are allowed
+
+
+def test_refusals():
     def body(c):
         jax.debug.print("step {}", c)
         return c + 1.0

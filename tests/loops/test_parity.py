@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.experimental import io_callback
 
 import jaxaot
 from jaxaot.errors import ReverseModeBoundError
@@ -44,6 +45,33 @@ def _named(wl, x):  # a named axis and a collective in the body
 
 def _named_cond(wl, x):
     return wl(lambda c: c[0] < 2 + lax.axis_index("i"), lambda c: (c[0] + 1, c[1] * 1.5), (0, x))
+
+
+def _read_only_matmul(wl, w, x, n):  # w is read only; the trip count n is batched
+    _, x, w = wl(lambda v: v[0] < n, lambda v: (v[0] + 1, v[1] @ v[2], v[2]), (0, x, w))
+    return w, x
+
+
+def _chain(wl, x):  # a batched value reaches c[3], then c[2], then c[1]: the fixpoint takes three rounds
+    return wl(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[2] * 2.0, c[3] + 1.0, c[3] + x), (0, 1.0, 1.0, 1.0))
+
+
+def _io_callback(wl, x, pred_on_carry):
+    def body(c):
+        return c[0] + 1, io_callback(lambda v: v, jax.ShapeDtypeStruct((), jnp.float32), c[1]) + x
+
+    cond = (lambda c: c[1] < 3.0) if pred_on_carry else (lambda c: c[0] < 3)
+    return wl(cond, body, (0, jnp.float32(0.0)))
+
+
+def _debug_callback_batched(wl, x):
+    seen = []
+    out = jax.vmap(lambda x: wl(lambda c: c < 3.0,
+                                lambda c: jax.debug.callback(lambda v: seen.append(np.asarray(v)), c) or c + x,
+                                0.0))(x)
+    jax.block_until_ready(out)
+    jax.effects_barrier()
+    return out, jnp.asarray(np.stack(seen))
 
 
 def _effects(wl, x):
@@ -78,6 +106,24 @@ CASES = {
     "vmap_of_jvp": (lambda wl, x: jax.vmap(lambda x: jax.jvp(lambda x: _until(wl, x)[1], (x,), (x,)))(x), [(4,)]),
     "jvp_of_vmap": (lambda wl, x: jax.jvp(jax.vmap(lambda x: _until(wl, x)[1]), (x,), (x,)), [(4,)]),
     "effects_debug_callback": (lambda wl, x: _effects(wl, x), [()]),
+    # lax.while_loop's batching rule, case by case (jax/_src/lax/control_flow/loops.py):
+    # a read-only carry stays unbatched under a batched predicate (out_axes=None accepts it)
+    "vmap_read_only_batched_predicate_out_axes_none": (
+        lambda wl, w, x: jax.vmap(lambda w, x, n: _read_only_matmul(wl, w, x, n), in_axes=(None, 0, 0),
+                                  out_axes=(None, 0))(w, x, jnp.arange(4)), [(2, 2), (4, 2)]),
+    "vmap_read_only_read_by_cond": (
+        lambda wl, x: jax.vmap(lambda x, y: wl(lambda c: c[1] < y * 3.0, lambda c: (c[0] * 2.0, c[1] + x, c[2]),
+                                               (x, x, y)), in_axes=(0, None))(x, 2.0), [(3,)]),
+    "vmap_batched_const_reaches_carries": (lambda wl, x: jax.vmap(lambda x: _chain(wl, x))(x), [(3,)]),
+    "vmap_predicate_batched_by_const_only": (
+        lambda wl, x: jax.vmap(lambda n: wl(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * x[0]), (0, 1.0)))(
+            jnp.arange(4)), [(1,)]),
+    "vmap_int_carries_batched_predicate": (
+        lambda wl, x: jax.vmap(lambda n: wl(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 3), (0, 1)))(
+            jnp.arange(4)), [()]),
+    "vmap_debug_callback_batched_predicate": (lambda wl, x: _debug_callback_batched(wl, x), [(3,)]),
+    "vmap_io_callback_unbatched_predicate": (lambda wl, x: jax.vmap(lambda x: _io_callback(wl, x, False))(x),
+                                             [(3,)]),
 }
 
 
@@ -110,6 +156,10 @@ ERRORS = {
     "cond_not_callable": lambda wl: wl(3, lambda c: c, 0.0),
     "body_not_callable": lambda wl: wl(lambda c: c < 3, None, 0.0),
     "grad_of_unbounded_loop": lambda wl: jax.grad(lambda x: _until(wl, x)[1])(1.0),
+    "vmap_io_callback_batched_predicate": lambda wl: jax.vmap(lambda x: _io_callback(wl, x, True))(jnp.ones(3)),
+    "vmap_ordered_io_callback": lambda wl: jax.vmap(lambda x: wl(
+        lambda c: c < 3.0, lambda c: io_callback(
+            lambda v: v, jax.ShapeDtypeStruct((), jnp.float32), c, ordered=True) + x, 0.0))(jnp.ones(3)),
     "transpose_of_linearize": lambda wl: jax.linear_transpose(jax.linearize(lambda x: _until(wl, x)[1], 1.0)[1], 1.0)(1.0),
 }
 

@@ -140,3 +140,20 @@ def test_finished_lanes_contribute_exactly_zero_under_vmap(mode):
     per_lane = jnp.stack([lane_grad(x) for x in xs])
     assert np.all(np.isfinite(summed))
     np.testing.assert_allclose(summed, per_lane, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [dict(max_steps=8), dict(checkpoints=2)])
+def test_read_only_carry_stays_unbatched_and_differentiates(mode):
+    # w is read only (the body returns it unchanged) and the trip count is per lane: w stays
+    # unbatched (out_axes=None accepts it), and its gradient sums the lanes' gradients.
+    def f(w, x, n):
+        _, x, w = while_loop(lambda v: v[0] < n, lambda v: (v[0] + 1, jnp.tanh(v[1] @ v[2]), v[2]), (0, x, w), **mode)
+        return w, x
+
+    w = jnp.asarray(np.random.default_rng().uniform(-1, 1, (2, 2)), jnp.float32)
+    xs, ns = jnp.ones((4, 2)), jnp.arange(4)
+    w_out, _ = jax.vmap(f, in_axes=(None, 0, 0), out_axes=(None, 0))(w, xs, ns)
+    chex.assert_trees_all_equal(w_out, w)
+    loss = lambda w: jnp.sum(jax.vmap(f, in_axes=(None, 0, 0))(w, xs, ns)[1])  # noqa: E731
+    per_lane = sum(jax.grad(lambda w, x, n: jnp.sum(f(w, x, n)[1]))(w, x, n) for x, n in zip(xs, ns))
+    chex.assert_trees_all_close(jax.grad(loss)(w), per_lane, rtol=1e-5)

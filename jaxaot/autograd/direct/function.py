@@ -22,6 +22,7 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot.fusion import run_fused
+from jaxaot.loops import reraise_overflow
 from jaxaot.runtime import AOTFunction, TraceKind
 
 
@@ -93,11 +94,12 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
-        if fused and not tr.joint.num_aux:
-            outs, grads = run_fused(tr, leaves, value_leaf)
-        else:
-            outs, residuals = tr.forward(leaves, concrete=True)
-            grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
+        with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
+            if fused and not tr.joint.num_aux:
+                outs, grads = run_fused(tr, leaves, value_leaf)
+            else:
+                outs, residuals = tr.forward(leaves, concrete=True)
+                grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
         dyn, _ = tr.input_grads_tree(grads)
         dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
