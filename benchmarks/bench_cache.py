@@ -8,15 +8,14 @@ where the time goes (trace, joint, partition, forward/backward compile — a
 warm "compile" is loading the serialized executable) and the whole process's
 wall time (Python and JAX imports included).
 
-Usage: ``python benchmarks/bench_cache.py [--small] [--repeats N] [--out FILE]``
+Usage (from the repository root): ``python -m benchmarks.bench_cache [--small] [--repeats N] [--out FILE]``
 (``--small``: the CPU-sized model of bench_partitioners, 12 layers 2x64x64 f32;
-default: 12 layers 8x1024x768 bf16, the GPU size). Goal: warm >= 10x faster.
+default: 12 layers 8x1024x768 bf16, the GPU size). The target: a warm start 10x faster than a cold one.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
@@ -41,8 +40,8 @@ def child(size: str, partitioner: str) -> dict:
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot.compile import cache
     from jaxaot.cli import demo_models as examples
+    from jaxaot.compile import stats
 
     sz = SIZES[size]
     dtype = jnp.dtype(sz["dtype"])
@@ -56,7 +55,7 @@ def child(size: str, partitioner: str) -> dict:
     f = jaxaot.aot_function(loss, partition_fn=partition_fn[partitioner])
     grads = jax.block_until_ready(jax.grad(f)(params, x))
     seconds = time.perf_counter() - t
-    times = dict(next(iter(f._cache.values())).times)
+    times = dict(f.lookup((params, x), {}).programs.times)
     phase = lambda prefix: sum(v for k, v in times.items() if k.startswith(prefix))  # noqa: E731
     return {
         "first_grad_s": seconds,
@@ -64,7 +63,7 @@ def child(size: str, partitioner: str) -> dict:
         "partition_s": phase("partition"),
         "compile_fwd_s": phase("compile_forward"),
         "compile_bwd_s": phase("compile_backward"),
-        "stats": cache.stats().__dict__,
+        "stats": stats().__dict__,
         "checksum": float(sum(jnp.sum(g.astype(jnp.float32)) for g in jax.tree_util.tree_leaves(grads))),
     }
 
@@ -76,7 +75,9 @@ def run_child(size: str, partitioner: str, cache_dir: str | None) -> dict:
     if cache_dir is not None:
         env["JAXAOT_CACHE_DIR"] = cache_dir
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", size, partitioner], env=env,
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cache", "--child", size, partitioner], env=env,
                           capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
@@ -130,22 +131,19 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="CPU-sized model (12 layers, 2x64x64, f32)")
     ap.add_argument("--repeats", type=int, default=3, help="processes per mode (medians are reported)")
     ap.add_argument("--partitioners", default=",".join(PARTITIONERS))
-    ap.add_argument("--out", help="write the report here too (default: benchmarks/results/cache_<platform>_<date>.txt)")
+    ap.add_argument("--out", help="write the report here too (default: benchmarks/results/cache_<device>.txt)")
     ap.add_argument("--child", nargs=2, metavar=("SIZE", "PARTITIONER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
         return
 
-    import jax
-
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-    from harness import header, table
+    from benchmarks.harness import header, result_path, table
 
     size = "small" if args.small else "full"
     sz = SIZES[size]
     report = [header("bench_cache: persistent compile cache, cold vs warm start").rstrip(),
-              f"# command: python benchmarks/bench_cache.py {' '.join(sys.argv[1:])}",
+              f"# command: python -m benchmarks.bench_cache {' '.join(sys.argv[1:])}",
               f"# model: examples.gpt_loss, 12 layers scanned, {sz['batch']}x{sz['seq']}x{sz['width']} "
               f"{sz['dtype']}, {sz['heads']} heads; min_cut uses memory_budget=0.5",
               f"# each number: median of {args.repeats} fresh processes. first grad = aot_function(...) -> "
@@ -168,8 +166,7 @@ def main() -> None:
     report += failures
     text = "\n".join(report) + "\n"
     print(text)
-    out = args.out or (pathlib.Path(__file__).parent / "results" /
-                       f"cache_{jax.devices()[0].platform}_{datetime.date.today().isoformat()}.txt")
+    out = args.out or result_path("cache")
     pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(out).write_text(text)
     print(f"wrote {out}")

@@ -21,28 +21,26 @@ executable's backward part (``executable - jit(loss)``) with the backward part o
 jitted step (``jit(vg) - jit(loss)``); the executable is timed on the functional loss
 (for the CNN too), as ``jit(vg)`` is.
 
-Usage (CPU: ``--small``)::
+The executable alone is compiled through ``jaxaot.autograd.recorded.step`` (``record``,
+``compile_step``), the module the compiled step itself uses; no face exports it.
 
-    PYTHONPATH=. python benchmarks/bench_compiled_autograd.py --small --out benchmarks/results/compiled_autograd_cpu_2026-11-23b.txt
-    PYTHONPATH=. python benchmarks/bench_compiled_autograd.py --out benchmarks/results/compiled_autograd_gpu_h100_2026-11-23.txt
+Usage (from the repository root; CPU: ``--small``)::
+
+    python -m benchmarks.bench_compiled_autograd [--small] [--rounds N] [--steps N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-import jaxaot  # noqa: E402
-from harness import report  # noqa: E402
-from jaxaot.autograd import step as compiled_step  # noqa: E402
+import jaxaot
+from benchmarks.harness import report
+from jaxaot.autograd.recorded import step as compiled_step
 
 _COMPILES = [0]
 
@@ -201,7 +199,7 @@ def section(name: str, fns: dict, rounds: int, steps: int) -> str:
     ratio = exe_bwd / jit_bwd
     lines.append(f"backward: compiled step's backward part {ms(exe_bwd)} ms (executable - jit(loss)), jitted step's "
                  f"{ms(jit_bwd)} ms (jit(vg) - jit(loss)); ratio {ratio:.2f}x")
-    lines.append(f"goals: compiled >= 5x eager: {'met' if speedup >= 5 else 'NOT met'} ({speedup:.2f}x); "
+    lines.append(f"targets: compiled >= 5x eager: {'met' if speedup >= 5 else 'NOT met'} ({speedup:.2f}x); "
                  f"steady-state recompiles {compiles['compiled']}; "
                  f"backward within 1.2x: {'met' if ratio <= 1.2 else 'NOT met'} ({ratio:.2f}x)")
     return "\n".join(lines)

@@ -13,14 +13,13 @@ overhead on a tiny function: the inference path against ``jax.jit``, and eager
 gradients (``jax.value_and_grad(aot_fn)`` and ``jaxaot.value_and_grad(aot_fn)``)
 against eager ``jax.value_and_grad(jax.jit(f))``.
 
-Usage: ``python benchmarks/bench_core.py [--small] [--out FILE]``
+Usage (from the repository root): ``python -m benchmarks.bench_core [--small] [--out FILE]``
 (``--small``: CPU-sized models, f32).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +27,7 @@ import jax.numpy as jnp
 import jaxaot
 from jaxaot.cli import demo_models as examples
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import fmt_bytes, header, loop_time, median_time, table, tree_nbytes  # noqa: E402
+from benchmarks.harness import fmt_bytes, header, loop_time, median_time, table, tree_nbytes
 
 
 def models(small: bool):

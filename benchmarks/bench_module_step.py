@@ -3,7 +3,7 @@
 Per model, one eager training loop ``loss, grads = value_and_grad(loss_fn)(model, x, y);
 optimizer.update(model, grads)`` (optax adam), in these variants:
 
-* ``nnx.jit``: the whole step under ``nnx.jit`` (the bound the goal is stated against);
+* ``nnx.jit``: the whole step under ``nnx.jit`` (the reference of every ratio);
 * ``nnx.jit cached``: the same, through ``nnx.cached_partial`` (Flax's own overhead cut);
 * ``eager nnx``: plain Flax, eager ``nnx.value_and_grad`` and eager update;
 * ``aot + nnx.vg``: ``aot_module``, eager ``nnx.value_and_grad`` (JAX's eager autodiff around it);
@@ -11,7 +11,7 @@ optimizer.update(model, grads)`` (optax adam), in these variants:
 * ``aot + jaxaot.vg + jit upd``: the same, the update under ``nnx.cached_partial(nnx.jit(...))``;
 * ``aot + jaxaot.vg + jaxaot opt``: the same, the optimizer a ``jaxaot.nn.Optimizer`` (eager update, compiled);
 * ``aot + nnx.vg + jaxaot opt``: ``nnx.value_and_grad`` with a ``jaxaot.nn.Optimizer``;
-* ``aot + patched nnx.vg + jaxaot opt``: the same inside ``jaxaot.nn.patch_value_and_grad()``;
+* ``aot + patched nnx.vg + jaxaot opt``: the same inside ``jaxaot.patch_value_and_grad()``;
 * ``jaxaot.vg alone``: the loss and gradients only, no update.
 
 Every variant first runs the same steps from the same initial model and batches and its
@@ -19,31 +19,26 @@ losses are compared with eager nnx's (a wrong variant stops the benchmark). Then
 are timed in interleaved rounds (median of per-round medians, spread = min..max of the rounds),
 on batches rotating through a pool. Ratios are against ``nnx.jit``.
 
-Usage::
+Usage (from the repository root; CPU: ``--small``)::
 
-    PYTHONPATH=. python benchmarks/bench_module_step.py --small --out benchmarks/results/module_step_cpu_DATE.txt
-    PYTHONPATH=. python benchmarks/bench_module_step.py --out benchmarks/results/module_step_gpu_DATE.txt
+    python -m benchmarks.bench_module_step [--small] [--rounds 7] [--steps 10] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
-
-import jaxaot  # noqa: E402
-from harness import report, table  # noqa: E402
+import jaxaot
+from benchmarks.harness import report, table
 
 
 # --------------------------------------------------------------------------- models
@@ -178,8 +173,8 @@ def variants(factory: Callable[[], nnx.Module]) -> dict[str, Callable[[Any, Any]
 
 
 def _patched_nnx_vg(fun):
-    """``nnx.value_and_grad(fun)`` as user code inside ``jaxaot.nn.patch_value_and_grad()`` gets it."""
-    with jaxaot.nn.patch_value_and_grad():
+    """``nnx.value_and_grad(fun)`` as user code inside ``jaxaot.patch_value_and_grad()`` gets it."""
+    with jaxaot.patch_value_and_grad():
         return nnx.value_and_grad(fun)
 
 

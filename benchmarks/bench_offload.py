@@ -1,6 +1,6 @@
-"""Offload benchmark (issue 16, goal 3): jaxaot's offloading planner against JAX's own offload policies.
+"""Offload benchmark: jaxaot's offloading planner against JAX's own offload policies.
 
-Goal: at the same device residual bytes, step time at most that of JAX's
+The target: at the same device residual bytes, step time at most that of JAX's
 offload policies, on the GPT (the 12-layer scanned GPT, and the GPT-2 block) and
 the Llama block. Per model, interleaved in one run (as ``bench_planner.py``,
 whose programs, timing and verdict this reuses):
@@ -29,7 +29,7 @@ policy and mode: the fastest jaxaot budget keeping at most its device bytes,
 as the median of the per-round time ratios; ``met`` at most 1.0, ``within
 noise`` at most 1.02, else ``MISSED``.
 
-Usage: ``python benchmarks/bench_offload.py [--small] [--only NAME] [--out FILE] [--rounds N]``
+Usage (from the repository root): ``python -m benchmarks.bench_offload [--small] [--only NAME] [--out FILE] [--rounds N]``
 (``--small``: CPU sizes; the CPU has no separate host memory, so jaxaot
 offloads nothing there unless ``--synthetic-link GBPS`` plans with a made-up
 host link, which only checks that the programs run and agree).
@@ -39,22 +39,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 import jaxaot
-from jaxaot.partition import scan_remat
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import models as zoo_models  # noqa: E402
-from bench_partitioners import INPUT_SETS, input_sets  # noqa: E402
-from bench_planner import (Program, _float_grads, check_grads, jax_program, jaxaot_programs,  # noqa: E402
-                           matched_budget, ratios, spread, time_interleaved)
-from harness import fmt_bytes, report, table  # noqa: E402
+from benchmarks import models as zoo_models
+from benchmarks.bench_partitioners import INPUT_SETS, input_sets
+from benchmarks.bench_planner import (Program, check_grads, float_grads, jax_program, jaxaot_programs, matched_budget,
+                                      ratios, spread, time_interleaved)
+from benchmarks.harness import fmt_bytes, report, table
 
 MODELS = ("llama_block", "gpt2_block_2h", "gpt_scanned", "transformer_block")
 BUDGETS = (0.0, 0.5, 1.0)
@@ -74,13 +71,55 @@ def _names(closed: Any) -> dict:
     return {e.outvars[0]: f"dot{i}" for i, e in enumerate(_dots(closed))}
 
 
+def evaluate(closed: Any, args: Sequence[Any], names: dict, scans: dict) -> list:
+    """Evaluate the closed jaxpr ``closed`` on ``args`` in the current trace, with ``checkpoint_name(names[v])``
+    on each var of ``names`` and the scan eqns of ``scans`` (``id(eqn) -> body``) re-run through ``lax.scan``
+    with that body (public JAX only: each eqn is bound as ``jax.core.eval_jaxpr`` binds it)."""
+    jaxpr = closed.jaxpr
+    env: dict = dict(zip(jaxpr.constvars, closed.consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(v: Any) -> Any:
+        return v.val if hasattr(v, "val") else env[v]  # a Literal holds its value
+
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        body = scans.get(id(eqn))
+        if body is not None:
+            outs = _run_scan(eqn, body, invals)
+        else:
+            bound = eqn.primitive.get_bind_params(eqn.params)  # (subfuns, params) in older JAX, params now
+            subfuns, params = bound if isinstance(bound, tuple) else ((), bound)
+            outs = eqn.primitive.bind(*subfuns, *invals, **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, x in zip(eqn.outvars, outs):
+            if type(v).__name__ != "DropVar":
+                env[v] = checkpoint_name(x, names[v]) if v in names else x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _run_scan(eqn: Any, body: Callable, invals: list) -> list:
+    """Re-run a scan eqn through ``lax.scan`` with a new ``body(*consts, *carry, *xs)``."""
+    p = eqn.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    consts, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
+
+    def step(carry, x):
+        outs = body(*consts, *carry, *x)
+        return list(outs[:nk]), list(outs[nk:])
+
+    carry, ys = jax.lax.scan(step, list(init), list(xs), length=p["length"], reverse=p["reverse"],
+                             unroll=p["unroll"])
+    return [*carry, *ys]
+
+
 def _scan_bodies(closed: Any) -> dict:
     """``id(scan eqn) -> body function`` evaluating the body with its matmuls named."""
     out = {}
     for e in closed.jaxpr.eqns:
         if e.primitive.name == "scan":
             body = e.params["jaxpr"]
-            out[id(e)] = lambda *a, body=body: scan_remat.evaluate(body, a, _names(body), _scan_bodies(body))
+            out[id(e)] = lambda *a, body=body: evaluate(body, a, _names(body), _scan_bodies(body))
     return out
 
 
@@ -90,7 +129,7 @@ def named_dots(loss: Callable) -> tuple[Callable, list[tuple[str, bool, int]]]:
     def named(*args):
         flat, tree = jax.tree_util.tree_flatten(args)
         closed = jax.make_jaxpr(lambda *f: loss(*jax.tree_util.tree_unflatten(tree, f)))(*flat)
-        (out,) = scan_remat.evaluate(closed, flat, _names(closed), _scan_bodies(closed))
+        (out,) = evaluate(closed, flat, _names(closed), _scan_bodies(closed))
         return out
 
     def describe(*args) -> list:
@@ -122,14 +161,14 @@ def name_policies(dots: list[tuple[str, bool, int]]) -> dict[str, tuple[list, li
 # --------------------------------------------------------------------------- programs
 def fused_jax(name: str, loss: Callable, model: zoo_models.Model, sets: list, policy: Any) -> Program:
     step = jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=policy), argnums=model.argnums))
-    return Program(name, "jax-fused", step, None, lambda args: _float_grads(step(*args)[1]), sets, None,
+    return Program(name, "jax-fused", step, None, lambda args: float_grads(step(*args)[1]), sets, None,
                    policy=name)
 
 
 def fused_jaxaot(split: Program, model: zoo_models.Model, sets: list) -> Program:
     """The fused step of ``split``'s own ``aot_function`` (same trace and partition, one executable)."""
     step = jaxaot.value_and_grad(split.aot, argnums=model.argnums)
-    p = Program(split.name + " fused", "jaxaot-fused", step, None, lambda args: _float_grads(step(*args)[1]),
+    p = Program(split.name + " fused", "jaxaot-fused", step, None, lambda args: float_grads(step(*args)[1]),
                 sets, split.device_bytes, split.host_bytes, budget=split.budget)
     p.same_as = split.same_as
     return p
@@ -177,7 +216,7 @@ def bench_model(model: zoo_models.Model, device_model: Any, *, rounds: int, iter
     plain_split = jaxaot_programs(model, sets, {}, budgets=BUDGETS)
     plain_fused = [fused_jaxaot(p, model, sets) for p in plain_split]
     plain = jax.jit(jax.value_and_grad(model.loss, argnums=model.argnums))
-    ref = Program("jit(value_and_grad)", "fused", plain, None, lambda args: _float_grads(plain(*args)[1]), sets, None)
+    ref = Program("jit(value_and_grad)", "fused", plain, None, lambda args: float_grads(plain(*args)[1]), sets, None)
     progs = [*split_jax, *split_aot, *plain_split, *fused_jax_, *fused_aot, *plain_fused, ref]
     bad = check_grads(progs, model, sets[0])
     setup = time.perf_counter() - t0
@@ -241,7 +280,7 @@ def main(argv: list[str] | None = None) -> str:
         yield "## verdicts\n" + table([("model", *cols), *[(m, *[got.get((m, c), "-") for c in cols])
                                                            for m in models_]])
 
-    return report("bench_offload: jaxaot's offload planner against JAX's offload policies (goal 3 of issue 16)",
+    return report("bench_offload: jaxaot's offload planner against JAX's offload policies",
                   sections(), a.out)
 
 

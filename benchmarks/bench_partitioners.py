@@ -21,7 +21,7 @@ for jaxaot(min-cut) at memory_budget 1 and 0.95, jaxaot(default), ``jax.fwd_and_
 fused ``jax.jit(jax.value_and_grad)``, with bytes as a ratio to
 ``jax.fwd_and_bwd`` and times as a ratio to the fused program.
 
-Usage: ``python benchmarks/bench_partitioners.py [--small] [--out FILE] [--only NAME]``
+Usage (from the repository root): ``python -m benchmarks.bench_partitioners [--small] [--out FILE] [--only NAME]``
 (``--small``: CPU-sized models in f32; the default sizes are the GPU ones).
 """
 
@@ -31,7 +31,6 @@ import argparse
 import functools
 import itertools
 import statistics
-import sys
 from typing import Any, Callable
 
 import jax
@@ -40,8 +39,7 @@ import jax.numpy as jnp
 import jaxaot
 from jaxaot.cli import demo_models as examples
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import fmt_bytes, loop_time, median_time, peak_bytes, report, table, tree_nbytes  # noqa: E402
+from benchmarks.harness import fmt_bytes, loop_time, median_time, peak_bytes, report, table, tree_nbytes
 
 
 # --------------------------------------------------------------------------- resnet block

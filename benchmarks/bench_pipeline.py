@@ -19,7 +19,7 @@ sizes in f32, default: GPU sizes in bf16) it prints:
   CPU the devices are host devices sharing the same cores: the numbers show the
   runtime's shape (dispatch, transfers, overlap), not pipeline speed-ups.
 
-Usage: ``python benchmarks/bench_pipeline.py [--small] [--out FILE] [--rounds N]``.
+Usage (from the repository root): ``python -m benchmarks.bench_pipeline [--small] [--out FILE] [--rounds N]``.
 On the CPU, 8 host devices are forced (``XLA_FLAGS``) before jax is imported.
 """
 
@@ -34,7 +34,6 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
@@ -42,13 +41,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from jaxaot.cli import demo_models  # noqa: E402
-from jaxaot.parallel.pipeline import Pipeline, pipeline  # noqa: E402
-from jaxaot.parallel.builtin import make_schedule  # noqa: E402
-from jaxaot.parallel.schedule import Schedule  # noqa: E402
-from jaxaot.parallel.simulate import OpTimes, simulate  # noqa: E402
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import fmt_bytes, report, table  # noqa: E402
+from jaxaot.parallel import OpTimes, Pipeline, Schedule, make_schedule, pipeline, simulate  # noqa: E402
+from benchmarks.harness import fmt_bytes, report, table  # noqa: E402
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
 NUM_DEVICES = 4

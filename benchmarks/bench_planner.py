@@ -1,11 +1,10 @@
 """Planner benchmark: is jaxaot's min-cut ever dominated by a one-line JAX checkpoint policy?
 
-Issue 16: on an H100 transformer block, min-cut at budget 1 saved 0.355x of
-``jax.fwd_and_bwd``'s residuals at 1.13x the fused step, while
-``jax.checkpoint(policy=dots_saveable)`` saved 0.290x at 1.11x: the default
-budget was dominated. This benchmark asks the question of every model of the
-zoo (``benchmarks/models.py``: Llama, GPT-2 (2, 8 heads and the issue's
-16-head block), top-2 MoE, ViT, ConvNet + batch norm, GRU by ``lax.scan``,
+A budget is dominated when a JAX policy saves no more bytes at no more time: on an H100
+transformer block, the min-cut at budget 1 once saved 0.355x of ``jax.fwd_and_bwd``'s
+residuals at 1.13x the fused step, where ``jax.checkpoint(policy=dots_saveable)`` saved
+0.290x at 1.11x. This benchmark asks the question of every model of the
+zoo (``benchmarks/models.py``: Llama, GPT-2 (2, 8 and 16 heads), top-2 MoE, ViT, ConvNet + batch norm, GRU by ``lax.scan``,
 the 12-layer scanned GPT and the demo transformer block).
 
 Per model, interleaved in one run (programs take turns round by round, each
@@ -37,8 +36,8 @@ median over rounds of each round's ratio, with the rounds' interquartile range).
   than 2%, or saves over 1% fewer bytes and is at most 2% slower; else
   ``not dominated``.
 
-Usage: ``python benchmarks/bench_planner.py [--small] [--only NAME] [--out FILE] [--rounds N] [--iters N]
-[--op-costs auto|measured|flops]``
+Usage (from the repository root): ``python -m benchmarks.bench_planner [--small] [--only NAME] [--out FILE]
+[--rounds N] [--iters N] [--op-costs auto|measured|flops]``
 (``--small``: CPU sizes, float32 except the bf16 GPT-2 blocks; default: the
 GPU sizes, bf16).
 """
@@ -48,7 +47,6 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import sys
 import time
 from typing import Any, Callable, Iterator
 
@@ -56,11 +54,9 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import models as zoo_models  # noqa: E402
-from bench_partitioners import INPUT_SETS, input_sets  # noqa: E402
-from harness import fmt_bytes, loop_time, median_time, report, table  # noqa: E402
+from benchmarks import models as zoo_models
+from benchmarks.bench_partitioners import INPUT_SETS, input_sets
+from benchmarks.harness import fmt_bytes, loop_time, median_time, report, table
 
 BUDGETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
 #: The default memory budget of ``min_cut_rematerialization_partition``.
@@ -122,7 +118,7 @@ class Program:
         self.piped: list[float] = []
 
 
-def _float_grads(grads: Any) -> list:
+def float_grads(grads: Any) -> list:
     return [jnp.asarray(g, jnp.float32) for g in jax.tree_util.tree_leaves(grads)
             if g.dtype != jax.dtypes.float0]
 
@@ -151,7 +147,7 @@ def jax_program(name: str, model: zoo_models.Model, sets: list[tuple], policy: A
         _, r = fwd(*args)
         return bwd(r, ct)
 
-    return Program(name, "jax", run, fwd, lambda args: _float_grads(run(*args)), sets, dev, host,
+    return Program(name, "jax", run, fwd, lambda args: float_grads(run(*args)), sets, dev, host,
                    policy=policy_name)
 
 
@@ -214,7 +210,7 @@ def jaxaot_programs(model: zoo_models.Model, sets: list[tuple], extra: dict[floa
 
         def grads(args, run=run):
             g = run(*args)
-            return _float_grads([g[i] for i in model.argnums])
+            return float_grads([g[i] for i in model.argnums])
 
         _, res = aot.forward(*sets[0])
         dev, host = _residual_bytes(res)
@@ -229,7 +225,7 @@ def jaxaot_programs(model: zoo_models.Model, sets: list[tuple], extra: dict[floa
 def fused_program(model: zoo_models.Model, sets: list[tuple]) -> Program:
     fused = jax.jit(jax.value_and_grad(model.loss, argnums=model.argnums))
     return Program("jit(value_and_grad) (fused)", "fused", fused, None,
-                   lambda args: _float_grads(fused(*args)[1]), sets, None)
+                   lambda args: float_grads(fused(*args)[1]), sets, None)
 
 
 def check_grads(progs: list[Program], model: zoo_models.Model, args: tuple) -> list[str]:

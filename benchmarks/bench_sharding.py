@@ -30,7 +30,7 @@ A last section, **one-device mesh vs unsharded**, runs the same programs on a
 mesh of one device (``NamedSharding(mesh, P())`` inputs) and on plain
 arrays: the sharded path must cost nothing where there is nothing to shard.
 
-Usage: ``python benchmarks/bench_sharding.py [--small] [--out FILE] [--iters N] [--rounds N]``
+Usage (from the repository root): ``python -m benchmarks.bench_sharding [--small] [--out FILE] [--iters N] [--rounds N]``
 (``--small``: a CPU-sized GPT in f32; on the CPU, 8 host devices unless
 ``XLA_FLAGS`` already sets ``--xla_force_host_platform_device_count``).
 """
@@ -46,7 +46,6 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import argparse  # noqa: E402
 import itertools  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 import jax  # noqa: E402
@@ -57,9 +56,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxaot  # noqa: E402
 from jaxaot.cli import demo_models as examples  # noqa: E402
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from harness import fmt_bytes, median_time, report, table  # noqa: E402
+from benchmarks.harness import fmt_bytes, median_time, report, table  # noqa: E402
 
 #: (batch, seq, width, heads) and dtype of the 12-layer GPT; the batch must split over the devices.
 SIZES = {"small": ((8, 64, 64, 4), jnp.float32), "full": ((8, 1024, 768, 12), jnp.bfloat16)}

@@ -16,10 +16,14 @@ against the same schedule on the device and, where it fits, ``lax.scan``;
 device and host bytes come from the compiled programs' memory analysis, and the
 allocator's peak is read after each host-memory run (it must not grow with n).
 
-Usage:
-    python benchmarks/bench_while_loop.py            # the GPU benchmark
-    python benchmarks/bench_while_loop.py --small    # a quick CPU run, written to benchmarks/results/
-    python benchmarks/bench_while_loop.py --long     # 100,000 steps, host-memory snapshots (GPU)
+The revolve counts and the offline schedules' level sizes come from ``jaxaot.loops.revolve`` and
+``jaxaot.loops.offline`` (the schedules the loops run; the loops face exports the loop itself).
+
+Usage (from the repository root)::
+
+    python -m benchmarks.bench_while_loop            # the GPU benchmark
+    python -m benchmarks.bench_while_loop --small    # a quick CPU run, written to benchmarks/results/
+    python -m benchmarks.bench_while_loop --long     # 100,000 steps, host-memory snapshots (GPU)
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import functools
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Any, Callable
 
@@ -38,11 +41,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from jaxaot.loops.revolve import revolve_counts, worst_ratio  # noqa: E402
-from jaxaot.loops.api import while_loop  # noqa: E402
-from jaxaot.loops.capacity import dynamic_capacity  # noqa: E402
-from jaxaot.loops.offline import plan  # noqa: E402
+from benchmarks.harness import result_path
+from jaxaot.loops import dynamic_capacity, offline, revolve, while_loop
+
+plan, plan_host = offline.plan, offline.plan_host
+revolve_counts, worst_ratio = revolve.revolve_counts, revolve.worst_ratio
 
 DT = 0.05
 
@@ -129,7 +132,7 @@ def interleaved_times(compiled: dict[str, Any], args: tuple, repeats: int) -> di
 
 def program_size_vs_k(ks: list[int], steps: int = 20) -> list[str]:
     """First-call compile time and StableHLO size of ``grad`` of a scalar
-    ``checkpoints=k`` loop, for each k (the goal: flat in k)."""
+    ``checkpoints=k`` loop, for each k (the target: flat in k)."""
     lines = [f"# compile time and program size of grad(checkpoints=k), a {steps}-step scalar loop",
              f"{'k':>6s} {'lower+compile s':>16s} {'StableHLO chars':>16s}"]
     for k in ks:
@@ -249,8 +252,6 @@ def damped_step(x, w, b):
 def long_run(batch: int, width: int, lengths: list[int], k: int, repeats: int, scan_limit: int) -> str:
     """The long-loop table: host-memory snapshots against the device schedule and lax.scan,
     on the damped ODE (:func:`damped_step`)."""
-    from jaxaot.loops.offline import plan_host
-
     keys = jax.random.split(jax.random.PRNGKey(1), 3)
     w = jax.random.normal(keys[0], (width, width)) / jnp.sqrt(width)
     b = jax.random.normal(keys[1], (width,)) * 0.1
@@ -333,8 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         k = a.checkpoints or 1000
         text = long_run(a.batch, a.width, [int(v) for v in a.lengths.split(",")], k, a.repeats, a.scan_limit)
         if a.out is None and a.small:
-            a.out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                 f"while_loop_long_{jax.devices()[0].platform}_{datetime.date.today().isoformat()}.txt")
+            a.out = str(result_path("while_loop_long"))
         a.small = False
     else:
         if a.small:
@@ -343,8 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     out = a.out
     if out is None and a.small:
-        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-        out = os.path.join(here, f"while_loop_{jax.devices()[0].platform}_{datetime.date.today().isoformat()}.txt")
+        out = str(result_path("while_loop"))
     if out:
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
         with open(out, "w") as f:

@@ -1,4 +1,4 @@
-"""Shared timing and reporting for the benchmarks (not part of the package)."""
+"""Shared timing and reporting for the benchmarks: headers, interleaved timing, tables, results paths."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jax
 
-from jaxaot.runtime.fused import compiled_peak
+from jaxaot.fusion import compiled_peak
 
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"

@@ -7,12 +7,12 @@ random parameters and a fresh batch, at one of three sizes:
 * ``"tiny"``: a few hundred parameters, for the CPU tests (float32, except the
   models that are bf16 by design);
 * ``"small"``: CPU benchmark sizes (float32, the bf16 models stay bf16);
-* ``"gpu"``: one H100's training-sized shapes, all bf16 (the issue-16 block is
-  batch 8, seq 1024, width 1024).
+* ``"gpu"``: one H100's training-sized shapes, all bf16 (the 16-head GPT-2 block,
+  ``issue_block``, is batch 8, seq 1024, width 1024).
 
 Models: a Llama block (RMSNorm, rotary embeddings, causal grouped-query
 attention, SwiGLU), GPT-2 blocks with float32 softmax and loss on bf16
-activations (2 and 8 heads, and the issue's 16-head block), a top-2
+activations (2, 8 and 16 heads), a top-2
 mixture-of-experts MLP with static-shaped one-hot dispatch, a ViT block, a
 ConvNet with train-mode batch norm, a GRU by ``lax.scan``, the 12-layer GPT
 stacked with ``lax.scan`` and the pre-LN transformer block of
@@ -527,7 +527,7 @@ def zoo(size: str = "tiny") -> dict[str, Model]:
             llama_block(8, 1024, 1024, 2816, 8, 2, bf16),
             gpt2_block(8, 1024, 1024, 2, 8192, bf16),
             gpt2_block(8, 1024, 1024, 8, 8192, bf16),
-            # The issue-16 block: batch 8, seq 1024, width 1024, bf16.
+            # The 16-head block: batch 8, seq 1024, width 1024, bf16.
             gpt2_block(8, 1024, 1024, 16, None, bf16, name="issue_block"),
             moe_mlp(8, 1024, 1024, 2048, 8, 1024, bf16),
             vit_block(64, 224, 3, 16, 768, 12, 1000, bf16),
