@@ -135,9 +135,17 @@ def export(
                                    placed.outputs(len(placed.forward), len(forward_checks))),
         "backward": _export_program(backward, placed.backward_avals, platforms, name, "backward", placed.grads),
     }
-    static_args = repr(tuple(args[i] for i in sorted(static) if i < len(args))) if static else None
+    static_args = _static_repr(tuple(args[i] for i in sorted(static) if i < len(args))) if static else None
     signature = _signature(in_structure, programs, training, forward_checks, inference_checks, static_args, placed)
     return ExportedAOT(name=name, signature=signature, **exported)
+
+
+def _static_repr(values: tuple) -> str:
+    """The static arguments baked in, as the manifest records them (a stand-in where ``__repr__`` raises)."""
+    try:
+        return repr(values)
+    except Exception as err:
+        return f"<{len(values)} static arguments (a __repr__ raised {type(err).__name__})>"
 
 
 class _Placement:

@@ -4,6 +4,16 @@
 they key the compile cache and are passed back into the user function as they
 are. Everything else, ``(dynamic positional args, kwargs)``, is one pytree whose
 leaves are the programs' inputs.
+
+Static values are user objects, and their ``__hash__`` and ``__eq__`` run
+inside the compile cache's dict lookups. Each is held in a :class:`StaticArg`,
+which hashes it once (a ``__hash__`` that raises is an
+:class:`~jaxaot.errors.InvalidInputError` naming the argument) and compares it
+only when the hashes agree; an ``__eq__`` that raises there becomes an
+:class:`~jaxaot.errors.InvalidInputError` naming the argument, as ``jax.jit``
+raises a ``ValueError``, and the function keeps working for every other
+value. An object mutated after a call so that its hash changed is a new
+value (the function is traced again for it), never the old program.
 """
 
 from __future__ import annotations
@@ -23,9 +33,77 @@ def normalize_argnums(name: str, argnums: int | Sequence[int]) -> tuple[int, ...
     return tuple(sorted(nums))
 
 
+class StaticArg:
+    """One static argument as the compile cache keys it: its position, its value and its hash (computed once).
+
+    Two compare equal when their values do; the values' ``__eq__`` runs only
+    when their hashes agree (as in a dict), and the same object with another
+    hash (mutated since) is not equal to its earlier self.
+
+    Example:
+        >>> StaticArg(1, (2, 3)) == StaticArg(1, (2, 3)), StaticArg(1, (2, 3)) == StaticArg(1, (2, 4))
+        (True, False)
+        >>> StaticArg(1, [2, 3])
+        Traceback (most recent call last):
+        ...
+        jaxaot.errors.InvalidInputError: static argument arg[1] of type list is not hashable...
+    """
+
+    __slots__ = ("index", "value", "_hash")
+
+    def __init__(self, index: int, value: Any):
+        self.index, self.value = index, value
+        try:
+            self._hash = hash(value)
+        except TypeError as err:
+            raise InvalidInputError(
+                f"static argument arg[{index}] of type {type(value).__name__} is not hashable ({err}). Static "
+                "arguments key the compile cache: pass a hashable value (a tuple instead of a "
+                "list, say) or pass it as an array argument instead."
+            ) from None
+        except Exception as err:
+            raise InvalidInputError(
+                f"static argument arg[{index}] of type {type(value).__name__} cannot be hashed: its __hash__ "
+                f"raised {type(err).__name__}: {err}. Static arguments key the compile cache, as in jax.jit: "
+                "give it a __hash__ that returns an int, or pass it as an array argument instead."
+            ) from err
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, StaticArg):
+            return NotImplemented
+        if self.value is other.value:
+            return self._hash == other._hash
+        if self._hash != other._hash:
+            return False
+        try:
+            return bool(other.value == self.value)
+        except Exception as err:
+            raise InvalidInputError(
+                f"static argument arg[{other.index}] of type {type(other.value).__name__} cannot be compared "
+                f"with the static value {safe_repr(self.value, 80)} of an earlier call (type "
+                f"{type(self.value).__name__}): __eq__ raised {type(err).__name__}: {err}. Static arguments key "
+                "the compile cache, as in jax.jit: give them an __eq__ that returns a bool for any other value."
+            ) from err
+
+    def __repr__(self) -> str:
+        return safe_repr(self.value)
+
+
+def safe_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, shortened to ``limit`` characters; a stand-in when ``__repr__`` raises."""
+    try:
+        text = repr(value)
+    except Exception as err:
+        text = f"<{type(value).__name__} object (its __repr__ raised {type(err).__name__})>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwargs: dict
                  ) -> tuple[tuple, list, Any]:
-    """``(static values, dynamic leaves, treedef of (dynamic args, kwargs))``."""
+    """``(static values, dynamic leaves, treedef of (dynamic args, kwargs))``; each static value is a :class:`StaticArg`."""
     if not static_argnums:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         return (), leaves, treedef
@@ -36,16 +114,7 @@ def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwarg
                 f"static_argnums contains {i}, but {fn_name} was called with {n} positional "
                 "arguments. Pass the static argument positionally or fix static_argnums."
             )
-    static = tuple(args[i] for i in static_argnums)
-    for i, s in zip(static_argnums, static):
-        try:
-            hash(s)
-        except TypeError:
-            raise InvalidInputError(
-                f"static argument arg[{i}] of type {type(s).__name__} is not hashable. Static "
-                "arguments key the compile cache: pass a hashable value (a tuple instead of a "
-                "list, say) or pass it as an array argument instead."
-            ) from None
+    static = tuple(StaticArg(i, args[i]) for i in static_argnums)
     dyn = tuple(a for i, a in enumerate(args) if i not in static_argnums)
     leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
     return static, leaves, treedef
@@ -58,7 +127,7 @@ def flat_function(fn: Callable, static_argnums: Sequence[int], static: tuple, tr
         dyn, kwargs = jax.tree_util.tree_unflatten(treedef, flat)
         args = list(dyn)
         for i, s in zip(static_argnums, static):
-            args.insert(i, s)
+            args.insert(i, s.value if isinstance(s, StaticArg) else s)
         return fn(*args, **kwargs)
 
     return flat_fn

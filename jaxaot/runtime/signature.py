@@ -26,6 +26,7 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, is_array_leaf, leaf_paths
+from jaxaot.runtime.arguments import StaticArg, safe_repr
 
 _ArrayImpl = C.ArrayImpl
 
@@ -158,7 +159,7 @@ def describe_signature(sig: Signature) -> str:
     parts = [f"{p}: {format_aval(_key_parts(k)[0], weak=True)}" + _sharding_suffix(_key_parts(k)[1])
              for p, k in zip(leaf_paths(sig.treedef, "input"), sig.leaves)]
     if sig.static:
-        parts.append(f"static={sig.static!r}")
+        parts.append(f"static={_static_repr(sig.static)}")
     return ", ".join(parts)
 
 
@@ -170,9 +171,14 @@ def _sharding_suffix(sharding: Any) -> str:
 
 
 def describe_change(old: Signature, new: Signature) -> str:
-    """Why ``new`` needs its own programs, against the last signature ``old``."""
-    if old.static != new.static:
-        return f"static arguments changed: {old.static!r} -> {new.static!r}"
+    """Why ``new`` needs its own programs, against the last signature ``old``.
+
+    Only a reason text: it never raises, whatever the static values' ``__eq__``
+    or ``__repr__`` do (:class:`~jaxaot.runtime.arguments.StaticArg`).
+    """
+    static = _static_change(old.static, new.static)
+    if static:
+        return static
     if old.mesh != new.mesh:
         return f"mesh context changed: {old.mesh} -> {new.mesh}"
     if old.treedef != new.treedef:
@@ -185,6 +191,24 @@ def describe_change(old: Signature, new: Signature) -> str:
         elif sa != sb:
             diffs.append(f"{path}: sharding {sa} -> {sb}")
     return "; ".join(diffs) or "new signature"
+
+
+def _static_change(old: tuple, new: tuple) -> str | None:
+    """Why two calls' static arguments differ, or None when they are equal; never raises."""
+    mutated = [f"arg[{b.index}]" for a, b in zip(old, new) if isinstance(a, StaticArg) and isinstance(b, StaticArg)
+               and a.value is b.value and hash(a) != hash(b)]
+    if mutated:
+        return f"static argument {', '.join(mutated)} was mutated since an earlier call (its hash changed)"
+    try:
+        if old == new:
+            return None
+    except Exception:  # an __eq__ that raises: the values count as different
+        pass
+    return f"static arguments changed: {_static_repr(old)} -> {_static_repr(new)}"
+
+
+def _static_repr(static: tuple) -> str:
+    return repr(tuple(s if isinstance(s, StaticArg) else safe_repr(s) for s in static))
 
 
 @dataclasses.dataclass(frozen=True)
