@@ -43,6 +43,10 @@ class UnsafeFileError(OSError):
     """A path :func:`read_regular` refuses: a symlink, FIFO, device, socket or directory, or too large."""
 
 
+class FileTooLargeError(UnsafeFileError):
+    """A regular file larger than :func:`read_regular`'s ``max_bytes``."""
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``.
 
@@ -90,8 +94,9 @@ def read_regular(path: Path | str, max_bytes: int, check: Callable[[os.stat_resu
 
     Raises:
       FileNotFoundError: nothing at ``path``.
-      UnsafeFileError: a symlink, a FIFO, a device, a socket, a directory, a
-        file larger than ``max_bytes`` or refused by ``check``.
+      UnsafeFileError: a symlink, a FIFO, a device, a socket, a directory, or
+        a file refused by ``check``; :class:`FileTooLargeError` (a subclass)
+        for a file larger than ``max_bytes``.
       OSError: any other I/O error.
     """
     try:
@@ -107,7 +112,7 @@ def read_regular(path: Path | str, max_bytes: int, check: Callable[[os.stat_resu
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFileError(f"{path} is {describe_mode(st.st_mode)}, not a regular file")
         if st.st_size > max_bytes:
-            raise UnsafeFileError(f"{path} is {st.st_size} bytes, more than the limit of {max_bytes}")
+            raise FileTooLargeError(f"{path} is {st.st_size} bytes, more than the limit of {max_bytes}")
         why = check(st) if check is not None else None
         if why:
             raise UnsafeFileError(f"{path}: {why}")
@@ -122,5 +127,5 @@ def read_regular(path: Path | str, max_bytes: int, check: Callable[[os.stat_resu
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > max_bytes:  # it grew while being read
-        raise UnsafeFileError(f"{path} is more than the limit of {max_bytes} bytes")
+        raise FileTooLargeError(f"{path} is more than the limit of {max_bytes} bytes")
     return data

@@ -3,7 +3,8 @@
 Modules, each one concept: ``treedef_json`` (pytree structures as JSON),
 ``placement`` (a sharded artifact's mesh, partition specs and device-count
 checks), ``signature`` (the calling contract: array specs, residual wiring,
-run-time checks), ``manifest`` (the directory layout and version policy),
+run-time checks), ``manifest`` (the directory layout, schema, version policy and safe
+file reading), ``audit`` (what a loaded program may call and must take),
 ``exported`` (:class:`ExportedAOT`, in memory), ``loaded`` (:func:`load`,
 :class:`LoadedAOT`) and ``export`` (:func:`export`, the driver).
 """

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.artifacts import manifest
+from jaxaot.artifacts import audit, manifest
 from jaxaot.artifacts.exported import ExportedAOT
 from jaxaot.artifacts.placement import check_call_devices, check_enough_devices
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
@@ -33,16 +33,37 @@ from jaxaot.errors import (
 from jaxaot.runtime import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
 
 
-def load(path: str | Path | ExportedAOT, *, check_versions: bool = True) -> "LoadedAOT":
+def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_callbacks: bool = False,
+         max_bytes: int | None = None) -> "LoadedAOT":
     """Load a directory written by :meth:`ExportedAOT.save` (or wrap an ``ExportedAOT``).
 
     Needs neither the original function nor its module. An artifact exported
     from sharded inputs needs as many devices as its mesh has (``f.mesh()``
     builds that mesh here, ``f.in_shardings(mesh)`` says where each input goes).
 
+    Loading reads JSON and ``jax.export`` flatbuffers only, every file a
+    regular file inside the directory (:mod:`~jaxaot.artifacts.manifest`), and
+    audits the programs before they can run (:mod:`~jaxaot.artifacts.audit`):
+    no host callbacks or unknown custom calls, and each program's own input
+    and output types equal to what the manifest's signature says.
+
+    Args:
+      path: the artifact directory, or an in-memory ``ExportedAOT``.
+      check_versions: check the jax version that wrote it (the format and
+        jaxaot major version are always checked).
+      allow_callbacks: load programs that call host callbacks. A callback
+        calls whatever this process registered under its index: pass True
+        only for an artifact you built yourself.
+      max_bytes: the largest program file to read (default
+        ``jaxaot.artifacts.manifest.MAX_PROGRAM_BYTES``, 4 GiB); the manifest
+        is read up to the smaller of this and ``MAX_MANIFEST_BYTES``.
+
     Raises:
-      ArtifactError: missing or corrupt files (checksum mismatch); a sharded
-        artifact and a process with fewer devices than it was exported for.
+      ArtifactError: missing, unreadable, oversized or corrupt files (checksum
+        mismatch, a FIFO or a symlink out of the directory), a malformed
+        manifest (the message names the field), programs with host callbacks
+        or that do not fit the signature; a sharded artifact and a process
+        with fewer devices than it was exported for.
       ArtifactVersionError: a manifest from an incompatible format, jaxaot or jax.
 
     Example:
@@ -55,17 +76,25 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True) -> "Loa
     if isinstance(path, ExportedAOT):
         return LoadedAOT(path)
     root = Path(path)
-    info = manifest.read_manifest(root)
-    manifest.check_manifest(info, check_versions=check_versions)
-    try:
+    where = str(root / manifest.MANIFEST)
+    info = manifest.read_manifest(root, max_bytes)
+    try:  # check_manifest and from_json see a dict: errors name the file here
+        manifest.check_manifest(info, check_versions=check_versions)
         signature = AOTSignature.from_json(info["signature"])
-        signature.validate(str(root / manifest.MANIFEST))
-        programs = {name: manifest.load_program(root, name, info["artifacts"][name]) for name in manifest.PROGRAMS}
-    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as err:
-        if isinstance(err, ArtifactError):
+        signature.validate(where)
+    except ArtifactError as err:
+        if where in str(err):
             raise
-        raise ArtifactError(f"{root / manifest.MANIFEST} is malformed: {type(err).__name__}: {err}") from err
-    return LoadedAOT(ExportedAOT(name=str(info.get("function", "exported")), signature=signature, **programs),
+        raise type(err)(f"{where}: {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError) as err:
+        raise ArtifactError(f"{where} is malformed: {type(err).__name__}: {err}") from err
+    programs = {name: manifest.load_program(root, name, info["artifacts"][name], max_bytes)
+                for name in manifest.PROGRAMS}
+    for name, program in programs.items():
+        audit.check_program(name, program, where, allow_callbacks=allow_callbacks,
+                            declared=bool(info.get("host_callbacks")))
+    audit.check_signature(programs, signature, where)
+    return LoadedAOT(ExportedAOT(name=info.get("function", "exported"), signature=signature, **programs),
                      where=str(root))
 
 

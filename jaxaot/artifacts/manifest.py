@@ -1,4 +1,4 @@
-"""The saved form of an artifact: its directory layout, manifest and version policy.
+"""The saved form of an artifact: its directory layout, manifest schema, version policy and file reading.
 
 Layout (``ExportedAOT.save``)::
 
@@ -9,9 +9,16 @@ Layout (``ExportedAOT.save``)::
 
 ``manifest.json`` holds ``format: "jaxaot-export"``, ``format_version``, the
 ``versions`` (jaxaot, jax, jaxlib) that wrote it, ``function``, ``platforms``,
-``artifacts`` (per program: file, sha256, bytes, platforms, calling convention
-version) and ``signature`` (:meth:`~jaxaot.artifacts.signature.AOTSignature.to_json`).
-Files are written atomically, the manifest last.
+``host_callbacks`` (whether any program calls host code: never, for jaxaot's
+exports), ``artifacts`` (per program: file, sha256, bytes, platforms, calling
+convention version, custom-call targets) and ``signature``
+(:meth:`~jaxaot.artifacts.signature.AOTSignature.to_json`). Files are written
+atomically, the manifest last.
+
+Schema (:func:`check_manifest`): every field has its type checked before it is
+used, so a malformed manifest (``"artifacts": []``, ``"versions": null``, a
+string where a number belongs) is an :class:`~jaxaot.errors.ArtifactError`
+naming the field, never a raw ``AttributeError``.
 
 Version policy (:func:`check_manifest`): the format version must match; the
 jaxaot major version must match; the writer's jax must be at least 0.10 and not
@@ -20,12 +27,18 @@ jax loads older artifacts); each program's calling convention version must be
 supported by the reader's jax. ``load(..., check_versions=False)`` skips the jax
 checks (not the format check).
 
-Loading a hostile artifact can neither run code nor exhaust memory: the
-manifest is JSON (at most :data:`MAX_MANIFEST_BYTES`), program files must be
-plain names inside the artifact directory (no ``..``, no absolute paths, no
-symlinks out of it) of at most :data:`MAX_PROGRAM_BYTES` whose size and sha256
-match the manifest, and the signature's shapes, indices and pytree depth are
-bounded (:meth:`~jaxaot.artifacts.signature.AOTSignature.validate`).
+Loading a hostile artifact can neither run code, nor hang, nor exhaust memory:
+the manifest is JSON; program files must be plain names inside the artifact
+directory (no ``..``, no absolute paths); every file, the manifest included, is
+read with :func:`~jaxaot._files.read_regular` (``O_NOFOLLOW | O_NONBLOCK``,
+``fstat``): a regular file, or a symlink that stays inside the artifact
+directory, of at most :data:`MAX_MANIFEST_BYTES` / :data:`MAX_PROGRAM_BYTES`
+(or ``load(..., max_bytes=...)``) whose size and sha256 match the manifest. A
+FIFO, device or socket is refused without blocking. The signature's shapes,
+indices and pytree depth are bounded
+(:meth:`~jaxaot.artifacts.signature.AOTSignature.validate`), and the programs
+are audited (:mod:`jaxaot.artifacts.audit`). ``docs/security.md`` states the
+threat model.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -41,7 +55,8 @@ from typing import Any, Mapping
 import jax
 import jaxlib
 
-from jaxaot._files import atomic_write
+from jaxaot._files import FileTooLargeError, UnsafeFileError, atomic_write, read_regular
+from jaxaot.artifacts import audit
 from jaxaot.errors import ArtifactError, ArtifactVersionError
 
 FORMAT = "jaxaot-export"
@@ -51,8 +66,10 @@ PROGRAMS = ("inference", "forward", "backward")
 MIN_JAX = (0, 10)
 #: The largest manifest ``load`` reads.
 MAX_MANIFEST_BYTES = 64 << 20
-#: The largest program file ``load`` reads (raise it for artifacts with huge embedded constants).
+#: The largest program file ``load`` reads (raise it, or pass ``load(..., max_bytes=...)``, for artifacts
+#: with huge embedded constants).
 MAX_PROGRAM_BYTES = 4 << 30
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def library_versions() -> dict:
@@ -68,18 +85,21 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
     """Write the serialized ``programs`` (``jax.export.Exported`` by name) and their manifest into ``root``."""
     require_flatbuffers()
     root.mkdir(parents=True, exist_ok=True)
-    artifacts = {}
+    artifacts, host = {}, False
     for program in PROGRAMS:
         exp = programs[program]
         blob = bytes(exp.serialize())
         file = f"{program}.jaxexport"
         atomic_write(root / file, blob)
+        text = exp.mlir_module()
+        host = host or bool(audit.host_code(text))
         artifacts[program] = {
             "file": file,
             "sha256": hashlib.sha256(blob).hexdigest(),
             "bytes": len(blob),
             "platforms": list(exp.platforms),
             "calling_convention_version": int(exp.calling_convention_version),
+            "custom_calls": sorted(audit.custom_call_targets(text)),
         }
     manifest = {
         "format": FORMAT,
@@ -88,6 +108,7 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
         "function": name,
         "platforms": list(programs["forward"].platforms),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host_callbacks": host,
         "artifacts": artifacts,
         "signature": signature_json,
     }
@@ -95,82 +116,12 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
     return root
 
 
-def read_manifest(root: Path) -> dict:
-    """The parsed ``manifest.json`` of an artifact directory."""
-    path = Path(root) / MANIFEST
-    try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(text) > MAX_MANIFEST_BYTES:
-            raise ArtifactError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes: not a jaxaot manifest.")
-        manifest = json.loads(text)
-    except FileNotFoundError:
-        raise ArtifactError(f"{root} is not a jaxaot export: it has no {MANIFEST}.") from None
-    except (OSError, ValueError, RecursionError) as err:
-        raise ArtifactError(f"cannot read {path}: {type(err).__name__}: {err}") from err
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{Path(root) / MANIFEST} is not a jaxaot export manifest (format != {FORMAT!r}).")
-    return manifest
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", str(v))[:3])
-
-
-def check_manifest(manifest: Mapping[str, Any], *, check_versions: bool = True) -> None:
-    """Raise :class:`ArtifactVersionError` if this process cannot load the manifest's programs.
+# --------------------------------------------------------------------------- reading files
+def artifact_path(root: Path, what: str, file: Any) -> Path:
+    """``root / file``, refusing names that could leave the artifact directory (and symlinks out of it).
 
     Example:
-        >>> from jaxaot.artifacts.manifest import check_manifest
-        >>> check_manifest({"format": "jaxaot-export", "format_version": 99})
-        Traceback (most recent call last):
-        ...
-        jaxaot.errors.ArtifactVersionError: artifact format version 99 ...
-    """
-    fv = manifest.get("format_version")
-    if fv != FORMAT_VERSION:
-        newer = isinstance(fv, int) and fv > FORMAT_VERSION
-        raise ArtifactVersionError(
-            f"artifact format version {fv} is not supported by this jaxaot (format {FORMAT_VERSION}): "
-            + ("upgrade jaxaot to load it." if newer else "re-export it with this jaxaot.")
-        )
-    versions = manifest.get("versions", {})
-    ours = library_versions()
-    writer = _version_tuple(versions.get("jaxaot", "?"))
-    if not writer or writer[0] != _version_tuple(ours["jaxaot"])[0]:
-        raise ArtifactVersionError(
-            f"artifact written by jaxaot {versions.get('jaxaot')}, incompatible with this jaxaot "
-            f"{ours['jaxaot']} (major versions differ): re-export it with this jaxaot."
-        )
-    if not check_versions:
-        return
-    wjax, rjax = _version_tuple(versions.get("jax", "?"))[:2], _version_tuple(jax.__version__)[:2]
-    if len(wjax) < 2 or wjax < MIN_JAX:
-        raise ArtifactVersionError(
-            f"artifact written by jax {versions.get('jax')}; jaxaot artifacts need jax >= "
-            f"{'.'.join(map(str, MIN_JAX))}: re-export it."
-        )
-    if wjax > rjax:
-        raise ArtifactVersionError(
-            f"artifact written by jax {versions.get('jax')}, newer than this process's jax {jax.__version__}: "
-            "jax.export guarantees only that newer jax loads older artifacts. Upgrade jax here, re-export "
-            "with the older jax, or pass check_versions=False to try anyway."
-        )
-    lo, hi = jax.export.minimum_supported_calling_convention_version, jax.export.maximum_supported_calling_convention_version
-    for name, info in manifest.get("artifacts", {}).items():
-        ccv = info.get("calling_convention_version")
-        if not isinstance(ccv, int) or not lo <= ccv <= hi:
-            raise ArtifactVersionError(
-                f"the {name} program uses jax.export calling convention {ccv}; jax {jax.__version__} "
-                f"supports {lo}..{hi}: re-export it with a jax that this one can load."
-            )
-
-
-def program_path(root: Path, name: str, file: Any) -> Path:
-    """``root / file``, refusing names that could leave the artifact directory.
-
-    Example:
-        >>> program_path(Path("/a"), "forward", "../../etc/passwd")
+        >>> artifact_path(Path("/a"), "the forward program's file", "../../etc/passwd")
         Traceback (most recent call last):
         ...
         jaxaot.errors.ArtifactError: the forward program's file '../../etc/passwd' ...
@@ -178,38 +129,198 @@ def program_path(root: Path, name: str, file: Any) -> Path:
     if (not isinstance(file, str) or not file or file in (".", "..") or "/" in file or "\\" in file
             or "\0" in file or Path(file).is_absolute() or Path(file).name != file):
         raise ArtifactError(
-            f"the {name} program's file {file!r} in {Path(root) / MANIFEST} is not a plain file name inside "
+            f"{what} {file!r} in {Path(root) / MANIFEST} is not a plain file name inside "
             "the artifact directory: refusing to load it (the manifest is corrupt or hostile)."
         )
     path = Path(root) / file
-    if path.is_symlink() and not path.resolve().is_relative_to(Path(root).resolve()):
-        raise ArtifactError(f"{path} is a symlink out of the artifact directory: refusing to load it.")
+    if path.is_symlink():
+        target = Path(os.path.realpath(path))
+        if not target.is_relative_to(Path(os.path.realpath(root))):
+            raise ArtifactError(f"{path} is a symlink out of the artifact directory: refusing to load it.")
+        return target  # read without following links again (O_NOFOLLOW)
     return path
 
 
-def load_program(root: Path, name: str, info: Mapping[str, Any]) -> Any:
-    path = program_path(root, name, info.get("file"))
-    declared = info.get("bytes")
+def read_file(path: Path, limit: int, what: str, limit_name: str) -> bytes:
+    """The bytes of an artifact file, through :func:`~jaxaot._files.read_regular`; every failure an ArtifactError."""
     try:
-        size = path.stat().st_size
-        if size > MAX_PROGRAM_BYTES:
-            raise ArtifactError(
-                f"{path} is {size} bytes, more than jaxaot.artifacts.manifest.MAX_PROGRAM_BYTES="
-                f"{MAX_PROGRAM_BYTES}: refusing to read it (raise the limit if you trust this artifact)."
-            )
-        if isinstance(declared, int) and declared != size:
-            raise ArtifactError(f"{path} is corrupt: it has {size} bytes, the manifest says {declared}.")
-        with open(path, "rb") as f:
-            blob = f.read(MAX_PROGRAM_BYTES + 1)
+        return read_regular(path, limit)
+    except FileNotFoundError:
+        raise ArtifactError(f"{what} {path} is missing.") from None
+    except FileTooLargeError as err:
+        raise ArtifactError(f"{err}: refusing to read it; {limit_name}={limit} (raise it, or pass "
+                            "jaxaot.load(..., max_bytes=...), if you trust this artifact).") from None
+    except UnsafeFileError as err:
+        raise ArtifactError(f"refusing to read {what}: {err}.") from None
     except OSError as err:
-        raise ArtifactError(f"cannot read the {name} program {path}: {err}") from err
-    if hashlib.sha256(blob).hexdigest() != info.get("sha256"):
+        raise ArtifactError(f"cannot read {what} {path}: {err}") from err
+
+
+def read_manifest(root: Path, max_bytes: int | None = None) -> dict:
+    """The parsed ``manifest.json`` of an artifact directory (a JSON object of the jaxaot format)."""
+    root = Path(root)
+    if not os.path.lexists(root / MANIFEST):
+        raise ArtifactError(f"{root} is not a jaxaot export: it has no {MANIFEST}.")
+    path = artifact_path(root, "the manifest", MANIFEST)
+    limit = MAX_MANIFEST_BYTES if max_bytes is None else min(max_bytes, MAX_MANIFEST_BYTES)
+    text = read_file(path, limit, "the manifest", "MAX_MANIFEST_BYTES")
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise ArtifactError(f"cannot read {path}: {type(err).__name__}: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{root / MANIFEST} is not a jaxaot export manifest (format != {FORMAT!r}).")
+    return manifest
+
+
+def load_program(root: Path, name: str, info: Mapping[str, Any], max_bytes: int | None = None) -> Any:
+    """The ``jax.export.Exported`` of program ``name``, read and checked against its manifest entry."""
+    path = artifact_path(root, f"the {name} program's file", info.get("file"))
+    limit = MAX_PROGRAM_BYTES if max_bytes is None else max_bytes
+    blob = read_file(path, limit, f"the {name} program", "MAX_PROGRAM_BYTES")
+    if len(blob) != info["bytes"]:
+        raise ArtifactError(f"{path} is corrupt: it has {len(blob)} bytes, the manifest says {info['bytes']}.")
+    if hashlib.sha256(blob).hexdigest() != info["sha256"]:
         raise ArtifactError(f"{path} is corrupt: its sha256 differs from the manifest's. Re-export or re-copy it.")
     try:
         require_flatbuffers()
-        return jax.export.deserialize(bytearray(blob))
+        exported = jax.export.deserialize(bytearray(blob))
+    except ImportError:
+        raise
     except Exception as err:
         raise ArtifactError(f"jax.export cannot deserialize {path}: {type(err).__name__}: {err}") from err
+    if int(exported.calling_convention_version) != info["calling_convention_version"]:
+        raise ArtifactError(f"{path} uses calling convention {exported.calling_convention_version}, the manifest "
+                            f"says {info['calling_convention_version']}: the file was altered or swapped.")
+    return exported
+
+
+# --------------------------------------------------------------------------- schema and versions
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", str(v))[:3])
+
+
+def check_manifest(manifest: Any, *, check_versions: bool = True) -> None:
+    """Raise unless this process can load the manifest's programs: its format, schema and versions.
+
+    Raises:
+      ArtifactVersionError: another format version, jaxaot major version, a
+        jax too old or too new, an unsupported calling convention.
+      ArtifactError: a field of the wrong type, missing or out of place (the
+        message names it).
+
+    Example:
+        >>> from jaxaot.artifacts.manifest import check_manifest
+        >>> check_manifest({"format": "jaxaot-export", "format_version": 99})
+        Traceback (most recent call last):
+        ...
+        jaxaot.errors.ArtifactVersionError: artifact format version 99 ...
+        >>> check_manifest({"format": "jaxaot-export", "format_version": 1, "versions": []})
+        Traceback (most recent call last):
+        ...
+        jaxaot.errors.ArtifactError: manifest field 'versions' is a list, not an object: the manifest is corrupt.
+    """
+    if not isinstance(manifest, Mapping):
+        raise ArtifactError(f"the manifest is a {type(manifest).__name__}, not an object.")
+    fv = manifest.get("format_version")
+    if type(fv) is not int or fv != FORMAT_VERSION:
+        newer = type(fv) is int and fv > FORMAT_VERSION
+        raise ArtifactVersionError(
+            f"artifact format version {fv!r} is not supported by this jaxaot (format {FORMAT_VERSION}): "
+            + ("upgrade jaxaot to load it." if newer else "re-export it with this jaxaot.")
+        )
+    _check_schema(manifest)
+    _check_versions(manifest, check_versions)
+
+
+def _field(container: Mapping[str, Any], key: str, types: type | tuple, where: str = "", optional: bool = False
+           ) -> Any:
+    """``container[key]``, or an ArtifactError naming the field when it is missing or of another type."""
+    name = f"{where}.{key}" if where else key
+    if key not in container:
+        if optional:
+            return None
+        raise ArtifactError(f"manifest field {name!r} is missing: the manifest is corrupt.")
+    value = container[key]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        want = " or ".join(_a(t) for t in (types if isinstance(types, tuple) else (types,)))
+        raise ArtifactError(f"manifest field {name!r} is {_a(type(value))}, not {want}: the manifest is corrupt.")
+    return value
+
+
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "a boolean",
+               type(None): "null", float: "a number"}
+
+
+def _a(t: type) -> str:
+    return _TYPE_NAMES.get(t, f"a {t.__name__}")
+
+
+def _check_schema(m: Mapping[str, Any]) -> None:
+    versions = _field(m, "versions", dict)
+    for lib in ("jaxaot", "jax"):
+        _field(versions, lib, str, "versions")
+    _field(versions, "jaxlib", str, "versions", optional=True)
+    _field(m, "function", str, optional=True)
+    platforms = _field(m, "platforms", list, optional=True) or []
+    if not all(isinstance(p, str) for p in platforms):
+        raise ArtifactError("manifest field 'platforms' must list platform names (strings).")
+    _field(m, "host_callbacks", bool, optional=True)
+    artifacts = _field(m, "artifacts", dict)
+    if set(artifacts) != set(PROGRAMS):
+        raise ArtifactError(f"manifest field 'artifacts' names the programs {sorted(artifacts)}, not "
+                            f"{list(PROGRAMS)}: the manifest is corrupt.")
+    for name in PROGRAMS:
+        info = _field(artifacts, name, dict, "artifacts")
+        where = f"artifacts.{name}"
+        _field(info, "file", str, where)
+        if not _SHA256.fullmatch(_field(info, "sha256", str, where)):
+            raise ArtifactError(f"manifest field '{where}.sha256' is not a sha256 in hex: the manifest is corrupt.")
+        if _field(info, "bytes", int, where) < 0:
+            raise ArtifactError(f"manifest field '{where}.bytes' is negative: the manifest is corrupt.")
+        _field(info, "calling_convention_version", int, where)
+        for key in ("platforms", "custom_calls"):
+            entries = _field(info, key, list, where, optional=True) or []
+            if not all(isinstance(p, str) for p in entries):
+                raise ArtifactError(f"manifest field '{where}.{key}' must list strings: the manifest is corrupt.")
+    _field(m, "signature", dict)
+
+
+def _check_versions(manifest: Mapping[str, Any], check_versions: bool) -> None:
+    versions = manifest["versions"]
+    ours = library_versions()
+    writer = _version_tuple(versions["jaxaot"])
+    if not writer or writer[0] != _version_tuple(ours["jaxaot"])[0]:
+        raise ArtifactVersionError(
+            f"artifact written by jaxaot {versions['jaxaot']}, incompatible with this jaxaot "
+            f"{ours['jaxaot']} (major versions differ): re-export it with this jaxaot."
+        )
+    if not check_versions:
+        return
+    wjax, rjax = _version_tuple(versions["jax"])[:2], _version_tuple(jax.__version__)[:2]
+    if len(wjax) < 2 or wjax < MIN_JAX:
+        raise ArtifactVersionError(
+            f"artifact written by jax {versions['jax']}; jaxaot artifacts need jax >= "
+            f"{'.'.join(map(str, MIN_JAX))}: re-export it."
+        )
+    if wjax > rjax:
+        raise ArtifactVersionError(
+            f"artifact written by jax {versions['jax']}, newer than this process's jax {jax.__version__}: "
+            "jax.export guarantees only that newer jax loads older artifacts. Upgrade jax here, re-export "
+            "with the older jax, or pass check_versions=False to try anyway."
+        )
+    lo, hi = jax.export.minimum_supported_calling_convention_version, jax.export.maximum_supported_calling_convention_version
+    for name, info in manifest["artifacts"].items():
+        ccv = info["calling_convention_version"]
+        if not lo <= ccv <= hi:
+            raise ArtifactVersionError(
+                f"the {name} program uses jax.export calling convention {ccv}; jax {jax.__version__} "
+                f"supports {lo}..{hi}: re-export it with a jax that this one can load."
+            )
 
 
 def require_flatbuffers() -> None:

@@ -56,10 +56,13 @@ class ArraySpec:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "ArraySpec":
+    def from_json(cls, d: Mapping[str, Any], where: str = "an array spec") -> "ArraySpec":
+        """The spec of :meth:`to_json`; :class:`ArtifactError` naming ``where`` for a malformed one."""
+        _expect(d, Mapping, where)
         sharding = d.get("sharding")
-        validate_spec(sharding, "an array spec")
-        return cls(tuple(d["shape"]), str(d["dtype"]), bool(d.get("weak_type", False)), spec_from_json(sharding))
+        validate_spec(sharding, where)
+        return cls(tuple(_expect(d.get("shape"), list, f"{where}.shape")), _expect(d.get("dtype"), str, f"{where}.dtype"),
+                   _expect(d.get("weak_type", False), bool, f"{where}.weak_type"), spec_from_json(sharding))
 
     def validate(self, where: str) -> None:
         """Raise :class:`ArtifactError` unless the shape is a short list of bounded ints or short strings."""
@@ -89,6 +92,29 @@ class RuntimeCheck:
 
     kind: str
     max_steps: int
+
+
+def _expect(value: Any, kind: type, where: str) -> Any:
+    """``value``, or an :class:`ArtifactError` naming ``where`` when it is not a ``kind`` (bools are not ints)."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ArtifactError(f"manifest field {where!r} is {_JSON_TYPES.get(type(value), type(value).__name__)}, "
+                            f"not {_JSON_TYPES[kind]}: the manifest is corrupt.")
+    return value
+
+
+_JSON_TYPES = {Mapping: "an object", dict: "an object", list: "a list", str: "a string", int: "an integer",
+               float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _check_from_json(c: Any, where: str) -> RuntimeCheck:
+    _expect(c, Mapping, where)
+    if set(c) != {"kind", "max_steps"}:
+        raise ArtifactError(f"manifest field {where!r} has the keys {sorted(c)}, not ['kind', 'max_steps'].")
+    kind, max_steps = _expect(c["kind"], str, f"{where}.kind"), _expect(c["max_steps"], int, f"{where}.max_steps")
+    if kind != "loop_overflow" or not 0 < max_steps <= MAX_DIM:
+        raise ArtifactError(f"manifest field {where!r} declares an unknown run-time check {kind[:64]!r} or "
+                            f"max_steps={max_steps}.")
+    return RuntimeCheck(kind, max_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,18 +228,34 @@ class AOTSignature:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "AOTSignature":
+        """The signature of :meth:`to_json`; :class:`ArtifactError` naming the field for a malformed one.
+
+        Every field's JSON type is checked here (:meth:`validate` then bounds
+        the values), so a hostile manifest gets a typed error, not an
+        ``AttributeError`` from deep inside.
+        """
+        _expect(d, Mapping, "signature")
         kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            name = f"signature.{f.name}"
             if f.name not in d:
+                if f.default is dataclasses.MISSING:
+                    raise ArtifactError(f"manifest field {name!r} is missing: the manifest is corrupt.")
                 continue
             v = d[f.name]
             if f.name.endswith("specs"):
-                v = tuple(ArraySpec.from_json(s) for s in v)
+                v = tuple(ArraySpec.from_json(s, f"{name}[{i}]") for i, s in enumerate(_expect(v, list, name)))
             elif f.name.endswith("checks"):
-                v = tuple(RuntimeCheck(**c) for c in v)
+                v = tuple(_check_from_json(c, f"{name}[{i}]") for i, c in enumerate(_expect(v, list, name)))
             elif f.name == "mesh":
-                v = None if v is None else MeshSpec.from_json(v)
-            elif isinstance(v, list):
-                v = tuple(v)
+                v = None if v is None else MeshSpec.from_json(_expect(v, Mapping, name))
+            elif f.name.endswith("structure"):
+                v = _expect(v, Mapping, name)
+            elif f.name == "num_temporaries":
+                v = _expect(v, int, name)
+            elif f.name == "static_args":
+                v = None if v is None else _expect(v, str, name)
+            else:  # index lists
+                v = tuple(_expect(v, list, name))
             kw[f.name] = v
         return cls(**kw)

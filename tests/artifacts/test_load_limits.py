@@ -69,7 +69,8 @@ def test_path_traversal_in_file_names_is_refused(artifact, tmp_path, bad_name):
     d, edit = artifact
     shutil.copy(d / "forward.jaxexport", tmp_path / "forward.jaxexport")  # a valid program outside
     edit(lambda m: m["artifacts"]["forward"].__setitem__("file", bad_name))
-    with pytest.raises(ArtifactError, match=r"forward program's file .* not a plain file name"):
+    with pytest.raises(ArtifactError, match=r"forward program's file .* not a plain file name|"
+                                            r"'artifacts.forward.file' is (an integer|null), not a string"):
         jaxaot.load(d)
 
 
@@ -95,13 +96,14 @@ def test_huge_or_malformed_declared_shapes_are_refused(artifact, shape, match):
 
 
 def test_huge_but_bounded_declared_shapes_allocate_nothing(artifact):
-    # 2**48 x 2**48 float32 would be 2**98 bytes: load and a call only compare shapes.
+    # 2**48 x 2**48 float32 would be 2**98 bytes: load only compares shapes, and the programs'
+    # own types refuse the signature.
     d, edit = artifact
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     edit(lambda m: m["signature"]["in_specs"][0].__setitem__("shape", [1 << 48, 1 << 48]))
-    f = jaxaot.load(d)
-    with pytest.raises(ArtifactInputError, match=r"expected float32\[281474976710656,281474976710656\]"):
-        f(*_args())
+    with pytest.raises(ArtifactError, match=r"input 0 of the inference program is float32\[3\], the signature "
+                                            r"says float32\[281474976710656,281474976710656\]"):
+        jaxaot.load(d)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB
 
 
@@ -172,7 +174,7 @@ def test_oversized_files_are_refused_before_they_are_read(artifact, monkeypatch)
     with pytest.raises(ArtifactError, match="MAX_PROGRAM_BYTES=100"):
         jaxaot.load(d)
     monkeypatch.setattr(manifest_mod, "MAX_MANIFEST_BYTES", 100)
-    with pytest.raises(ArtifactError, match="larger than 100 bytes"):
+    with pytest.raises(ArtifactError, match="more than the limit of 100.*MAX_MANIFEST_BYTES=100"):
         jaxaot.load(d)
 
 
