@@ -45,3 +45,15 @@ def test_read_and_write_round_trip(tmp_path):
     assert store.read(path) is None
     store.write(path, b"payload")
     assert store.read(path) == b"payload"
+
+
+def test_the_documented_stats_spelling_works_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    from zoo import child_env
+
+    code = "import jaxaot.compile; s = jaxaot.compile.stats(); print(type(s).__name__, s.executable_hits)"
+    run = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["CacheStats", "0"]
