@@ -43,6 +43,7 @@ import jax.numpy as jnp  # noqa: E402
 from jaxaot.cli import demo_models  # noqa: E402
 from jaxaot.parallel import OpTimes, Pipeline, Schedule, make_schedule, pipeline, simulate  # noqa: E402
 from benchmarks.harness import fmt_bytes, report, table  # noqa: E402
+from benchmarks.models import layer_norm  # noqa: E402
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
 NUM_DEVICES = 4
@@ -64,13 +65,6 @@ class Size:
 
 SIZES = {"small": Size(microbatch=2, seq=32, width=64, heads=4, layers=8, vocab=128, dtype=jnp.float32),
          "gpu": Size(microbatch=4, seq=1024, width=1024, heads=16, layers=16, vocab=32768, dtype=jnp.bfloat16)}
-
-
-def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
-    xf = x.astype(jnp.float32)
-    mu = xf.mean(-1, keepdims=True)
-    out = (xf - mu) * jax.lax.rsqrt(((xf - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * scale + bias
-    return out.astype(x.dtype)
 
 
 def gpt_stage(params: dict, x: jax.Array, heads: int) -> jax.Array:

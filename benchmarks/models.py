@@ -126,11 +126,12 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float = 1e-6) -> jax.Array:
 
 
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float = 1e-5) -> jax.Array:
-    """LayerNorm, statistics in float32, result in ``x.dtype``."""
-    xf = x.astype(jnp.float32)
+    """LayerNorm, statistics in at least float32 (float64 stays float64), result in ``x.dtype``."""
+    wide = jnp.promote_types(x.dtype, jnp.float32)
+    xf = x.astype(wide)
     mu = xf.mean(-1, keepdims=True)
     var = ((xf - mu) ** 2).mean(-1, keepdims=True)
-    y = (xf - mu) * lax.rsqrt(var + eps) * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    y = (xf - mu) * lax.rsqrt(var + eps) * scale.astype(wide) + bias.astype(wide)
     return y.astype(x.dtype)
 
 

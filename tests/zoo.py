@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from benchmarks.models import layer_norm
+
 
 def _normal(key, *shape, dtype=jnp.float32):
     return jax.random.normal(key, shape, dtype)
@@ -36,12 +38,6 @@ def mlp_args(key):
     ks = jax.random.split(key, 5)
     params = [(_normal(ks[0], 6, 8), _normal(ks[1], 8)), (_normal(ks[2], 8, 4), _normal(ks[3], 4))]
     return (params, _normal(ks[4], 5, 6))
-
-
-def layer_norm(x, scale, bias):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return ((x - mu) * lax.rsqrt(var + 1e-5)) * scale + bias
 
 
 def deep_mlp(params, x):
