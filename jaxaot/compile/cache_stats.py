@@ -22,7 +22,11 @@ class CacheStats:
 
     ``skipped`` counts partitions and programs that cannot be cached (a
     partitioner ``split_joint`` cannot reproduce, a result that is not a
-    serialisable ``jax.stages.Compiled``, host callbacks, unhashable consts).
+    serialisable ``jax.stages.Compiled``, host callbacks, unhashable consts,
+    an entry directory that is refused). ``corrupt`` counts entries read and
+    refused: truncated, badly signed, signed for another key (moved, renamed or
+    swapped), not a private regular file, or an executable that does not fit
+    its call; each is rebuilt.
     """
 
     partition_hits: int = 0
