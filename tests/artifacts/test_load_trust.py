@@ -108,7 +108,7 @@ def test_the_size_cap_is_a_load_argument(art):
 
 # --------------------------------------------------------------------------- what a program may call
 def _with_host_callback(exported):
-    """``exported`` with a host callback planted before its ``sin`` (the issue's attack, sha256 recomputed)."""
+    """``exported`` with a host callback planted before its ``sin`` (sha256 recomputed by the caller)."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
 
