@@ -2,12 +2,17 @@
 
 Modules, bottom up: ``state`` (state in transit, write-back delta, dotted
 names), ``metadata`` (:class:`CallMetadata`), ``call`` (one prepared call),
-``nnx`` / ``linen`` (the two wrappers), ``api`` (``aot_module``) and
-``export_module`` (``aot_export_module``); ``loss_call`` (a loss function of
-the module prepared as one more call of it: :class:`PreparedLoss`, which the
-compiled eager step of :func:`jaxaot.value_and_grad` in :mod:`jaxaot.autograd`
-runs) and ``optimizer`` (:class:`Optimizer`, its compiled eager update);
-``traversal`` (the parameters a compiled gradient found, reused by the optimizer).
+``pure`` (the module call as a pure function), ``module_programs`` (an
+``aot_module``'s compiled programs and options), ``proxy`` (a module that is
+another module's attributes, state and graph: how an ``aot_module`` mixes with
+plain Flax state), ``split_cache`` (a module's split, kept while its structure
+is unchanged), ``traversal`` (the parameters a compiled gradient found, reused
+by the optimizer), ``loss_call`` (a loss function of the module prepared as one
+more call of it: :class:`PreparedLoss`, which the compiled eager step of
+:func:`jaxaot.value_and_grad` in :mod:`jaxaot.autograd` runs), ``nnx`` /
+``linen`` (the two wrappers), ``api`` (``aot_module``), ``export_module``
+(``aot_export_module``) and ``optimizer`` (:class:`Optimizer`, its compiled
+eager update).
 """
 
 from jaxaot.nn.api import aot_module

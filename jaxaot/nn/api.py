@@ -92,7 +92,7 @@ def aot_module(
         >>> model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
         >>> aot_model = jaxaot.aot_module(model)
         >>> grads = nnx.grad(lambda m: m(jnp.ones((1, 3))).sum())(aot_model)
-        >>> grads["module"]["kernel"][...].shape
+        >>> grads["kernel"][...].shape
         (3, 2)
     """
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)

@@ -10,7 +10,7 @@ with ``aot_function(pure, static_argnums=0)``. :class:`CallStatic` is everything
 about a call that is a compile-time constant (it keys the compile cache);
 :class:`ModuleCall` is one call split into that static part and the dynamic
 program arguments. It runs the program and rebuilds the new state
-(:meth:`ModuleCall.run`), lowers it with its :class:`CallMetadata`
+(:meth:`ModuleCall.run_rebuilt`), lowers it with its :class:`CallMetadata`
 (:meth:`ModuleCall.lower`), and exposes the pure function for export
 (:meth:`ModuleCall.pure`). This is the within-package interface the wrappers
 give :mod:`jaxaot.nn.export_module`; none of it is public API.
@@ -36,7 +36,7 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import describe_path
 from jaxaot.errors import InvalidInputError
 from jaxaot.nn.metadata import ModuleLowered, build_metadata, user_input_names
-from jaxaot.nn.state import FrozenState, flat_inputs, leaf_fqns
+from jaxaot.nn.state import FrozenState, leaf_fqns
 from jaxaot.runtime import AOTFunction
 
 #: What ``method=`` names: a method name, or ``fn(module, *args, **kwargs)``.
@@ -64,7 +64,11 @@ class CallStatic:
     ``graphdef`` is the nnx module's structure (None for linen, whose wrapper
     holds the module); ``static_args`` are ``(position, value)`` pairs,
     ``static_kwargs`` sorted ``(name, value)`` pairs; ``mutable`` and
-    ``capture_intermediates`` are linen's ``apply`` options.
+    ``capture_intermediates`` are linen's ``apply`` options; ``param_tree``
+    (nnx) is the parameters' tree structure, the parameters travelling as
+    their flat leaves. The hash is computed once, at construction: hashing a
+    ``GraphDef`` walks all of it, so a call that reuses its ``CallStatic``
+    (:mod:`jaxaot.nn.split_cache`) pays it once.
     """
 
     graphdef: Any
@@ -73,12 +77,25 @@ class CallStatic:
     static_kwargs: tuple
     mutable: Any = False
     capture_intermediates: Any = False
+    param_tree: Any = None
+    _hash: int = dataclasses.field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.graphdef, self.method, self.static_args, self.static_kwargs,
+                                                self.mutable, self.capture_intermediates, self.param_tree)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def split(cls, args: tuple, kwargs: dict, argnums: Sequence[int], argnames: Sequence[str], *,
               graphdef: Any, method: Any, mutable: Any = False, capture_intermediates: Any = False,
+              param_tree: Any = None, cache: Callable[[Any, Callable[[], Any]], Any] | None = None,
               ) -> tuple["CallStatic", tuple, dict]:
         """``(statics, dynamic positional, dynamic keyword)`` of a call.
+
+        ``cache(key, build)``, when given, returns a :class:`CallStatic` built
+        earlier for the same method and static values (``build()`` otherwise).
 
         Raises:
           InvalidInputError: a static position is past the arguments, a static
@@ -95,12 +112,16 @@ class CallStatic:
             check_static(f"arg[{i}]", v)
         for k, v in s_kwargs:
             check_static(f"kwarg[{k!r}]", v)
-        d_args = tuple(a for i, a in enumerate(args) if i not in argnums)
-        d_kwargs = {k: v for k, v in kwargs.items() if k not in argnames}
+        d_args = tuple(a for i, a in enumerate(args) if i not in argnums) if argnums else args
+        d_kwargs = {k: v for k, v in kwargs.items() if k not in argnames} if argnames else kwargs
         _check_no_flax_objects(d_args, d_kwargs)
-        static = cls(graphdef, method, s_args, s_kwargs, mutable, capture_intermediates)
-        for name in ("method", "mutable", "capture_intermediates"):
-            check_static(name, getattr(static, name))
+        for name, value in (("method", method), ("mutable", mutable), ("capture_intermediates", capture_intermediates)):
+            check_static(name, value)
+
+        def build() -> "CallStatic":
+            return cls(graphdef, method, s_args, s_kwargs, mutable, capture_intermediates, param_tree)
+
+        static = build() if cache is None else cache((method, s_args, s_kwargs), build)
         return static, d_args, d_kwargs
 
     def merge(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -126,6 +147,9 @@ def _root_type(graphdef: Any) -> Any:
 
 
 def _check_no_flax_objects(args: tuple, kwargs: dict) -> None:
+    if not kwargs and all(type(a) is C.ArrayImpl for a in args):  # the common case: arrays only
+        return
+
     def is_flax(x):
         return isinstance(x, _FLAX_OBJECTS)
 
@@ -145,24 +169,38 @@ class ModuleCall:
     Args:
       program: the :class:`jaxaot.AOTFunction` of the wrapper's pure function.
       static: the call's :class:`CallStatic`.
-      state: ``(params, other state)`` as the module holds them.
+      state: ``(params, other state)`` as the module holds them (trees).
       args, kwargs: the dynamic user arguments.
       extra: ``(label, value)`` program inputs before the user's (linen's ``("rngs", rngs)``).
       freeze: freeze the other state (see :mod:`jaxaot.nn.state`); None: when
         any input is traced, i.e. when the call may be differentiated.
+      leaves, rest_tree: ``(parameter leaves, other state leaves)`` and the other
+        state's tree structure when the caller has them
+        (:class:`~jaxaot.nn.split_cache.ModuleSplit`), else read from ``state``.
+
+    With ``static.param_tree`` set (nnx), the parameters go into the program as
+    their flat leaves (a list, which the runtime flattens in C++), else as the tree.
     """
 
     def __init__(self, program: AOTFunction, static: CallStatic, state: tuple, args: tuple, kwargs: dict, *,
-                 extra: Sequence[tuple[str, Any]] = (), freeze: bool | None = None):
+                 extra: Sequence[tuple[str, Any]] = (), freeze: bool | None = None,
+                 leaves: tuple[list, list] | None = None, rest_tree: Any = None):
         self.program = program
         self.static = static
         self.state = state
         self.extra = tuple(extra)
         self.args = args
         self.kwargs = kwargs
+        if leaves is None:
+            leaves = (jax.tree_util.tree_leaves(state[0]), jax.tree_util.tree_leaves(state[1]))
+        self.state_leaves = leaves[0] + leaves[1]
         if freeze is None:
-            freeze = any(C.is_tracer(x) for x in jax.tree.leaves((state, self._extra_values, args, kwargs)))
-        self.frozen = FrozenState.of(state[1], freeze)
+            freeze = any(map(C.is_tracer, self.state_leaves)) or any(
+                map(C.is_tracer, jax.tree_util.tree_leaves((self._extra_values, args, kwargs))))
+        self.params_input = leaves[0] if static.param_tree is not None else state[0]
+        if rest_tree is None:
+            rest_tree = jax.tree_util.tree_structure(state[1])
+        self.frozen = FrozenState.of_leaves(rest_tree, leaves[1], freeze)
 
     @property
     def _extra_values(self) -> tuple:
@@ -171,7 +209,7 @@ class ModuleCall:
     @property
     def dynamic(self) -> tuple[tuple, dict]:
         """``(positional, keyword)`` program arguments after the static one."""
-        return (self.state[0], self.frozen, *self._extra_values, *self.args), self.kwargs
+        return (self.params_input, self.frozen, *self._extra_values, *self.args), self.kwargs
 
     @property
     def user_inputs(self) -> Any:
@@ -185,17 +223,23 @@ class ModuleCall:
         names = [(n, "parameter") for n in leaf_fqns(params)] + [(n, "state") for n in leaf_fqns(state)]
         return names + user_input_names([*self.extra, ("input", (self.args, self.kwargs))])
 
+    def flat_inputs(self) -> list:
+        """The flat program inputs a :class:`~jaxaot.nn.state.StateDelta` indexes: state leaves, then the user's."""
+        return self.state_leaves + jax.tree_util.tree_leaves(((*self._extra_values, *self.args), self.kwargs))
+
     def pure(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         """The program's pure function with this call's statics, on other dynamic arguments (for tracing)."""
         return self.program.fn(self.static, *args, **kwargs)
 
     def run(self) -> tuple[Any, Any]:
-        """Run the program: ``(outputs, new (params, other state))``, the state None if the call returns none."""
+        """Run the program: ``(outputs, StateDelta or None)`` (None: the call returns no state)."""
         args, kwargs = self.dynamic
-        out, delta = self.program(self.static, *args, **kwargs)
-        if delta is None:
-            return out, None
-        return out, delta.rebuild(flat_inputs(self.state, (*self._extra_values, *self.args), self.kwargs))
+        return self.program(self.static, *args, **kwargs)
+
+    def run_rebuilt(self) -> tuple[Any, Any]:
+        """Run the program: ``(outputs, new (params, other state))``, the state None if the call returns none."""
+        out, delta = self.run()
+        return out, (None if delta is None else delta.rebuild(self.flat_inputs()))
 
     def lower(self) -> ModuleLowered:
         """``program.lower`` for this call, with the :class:`CallMetadata` of its inputs and outputs."""

@@ -238,7 +238,7 @@ def aot_export_module(
         ({'out0': 'mean', 'out1': 'var'}, ('out2',))
     """
     if isinstance(module, (AOTModule, AOTLinenModule)):
-        module = module.module
+        module = module.wrapped
     args = tuple(args) if isinstance(args, (tuple, list)) else (args,)
     traced = _Traced(_prepare(module, args, dict(kwargs or {}), variables, rngs, mutable, method))
     avals = [abstractify(x) for x in traced.leaves]

@@ -68,7 +68,7 @@ class AOTLinenModule:
             return result, None
         out, new_vars = result
         old = (params, others)
-        inputs = flat_inputs(old, (rngs, *args), kwargs)
+        inputs = flat_inputs(old, (rngs, *args), kwargs)  # the traced leaves, in program order
         return out, StateDelta.capture(_as_state_pair(new_vars), old, inputs, state.frozen)
 
     def prepare_call(self, variables: Mapping[str, Any], args: tuple, kwargs: dict, *, rngs: Any = None,
@@ -103,7 +103,7 @@ class AOTLinenModule:
         """
         call = self.prepare_call(variables, args, kwargs, rngs=rngs, method=method, mutable=mutable,
                                  capture_intermediates=capture_intermediates)
-        out, new_state = call.run()
+        out, new_state = call.run_rebuilt()
         return out if new_state is None else (out, _from_state_pair(*new_state))
 
     __call__ = apply

@@ -8,6 +8,17 @@ them back into the wrapped module after each call, leaving it as eager Flax
 would. ``jaxaot.value_and_grad(loss_fn)(aot_model, ...)`` runs the module's
 loss as one compiled step (:mod:`jaxaot.nn.loss_call`, :mod:`jaxaot.autograd`).
 
+The wrapper is a :class:`~jaxaot.nn.proxy.ProxyModule`: its attributes, Flax
+state and pytree are the wrapped module's, so it mixes with plain Flax state
+(a submodule of an ordinary ``nnx.Module``, ``nnx.split`` / ``nnx.merge``,
+``nnx.Optimizer``, Orbax checkpoints) with the paths the wrapped module would
+have. Its compiled programs (:class:`~jaxaot.nn.module_programs.ModulePrograms`)
+travel in the graph's static part, so a merged copy calls them too.
+
+Eager calls reuse the module's split (:class:`~jaxaot.nn.split_cache.SplitCache`):
+while the module's structure is unchanged, a call reads its Variables from a
+list and writes the changed ones back into them, without walking Flax's graph.
+
 Example:
     >>> import jax.numpy as jnp
     >>> from flax import nnx
@@ -15,6 +26,8 @@ Example:
     >>> aot_bn = wrap_nnx(bn, "__call__", (), ())
     >>> _ = aot_bn(jnp.array([[0.0, 1.0], [2.0, 3.0]]))
     >>> bool(jnp.allclose(bn.mean[...], jnp.array([0.01, 0.02])))   # momentum 0.99: 1% of the batch mean
+    True
+    >>> aot_bn.mean is bn.mean   # the wrapped module's attributes are the wrapper's
     True
 """
 
@@ -27,44 +40,63 @@ from flax import nnx
 from jaxaot.errors import InvalidInputError
 from jaxaot.nn.call import CallStatic, Method, ModuleCall, check_static
 from jaxaot.nn.metadata import ModuleLowered
-from jaxaot.nn.pure import inlining, invoke, nnx_loss_pure, nnx_pure
-from jaxaot.runtime import AOTFunction, CacheInfo, aot_function
+from jaxaot.nn.module_programs import ModulePrograms
+from jaxaot.nn.proxy import ProxyModule
+from jaxaot.nn.pure import inlining, invoke
+from jaxaot.nn.split_cache import split_of, write_back
+from jaxaot.runtime import AOTFunction, CacheInfo
 
 
-# --------------------------------------------------------------------------- the wrapper
-class AOTModule(nnx.Module):
+class AOTModule(ProxyModule):
     """An ``nnx.Module`` whose call runs through :func:`jaxaot.aot_function`.
 
-    Build one with :func:`aot_module`. It holds the wrapped module as
-    ``.module`` (so ``nnx.grad``, ``nnx.Optimizer``, ``nnx.split``, ``.train()``
-    and ``.eval()`` see its state) and writes mutated state back after each call.
+    Build one with :func:`aot_module`. Its attributes, state and graph are the
+    wrapped module's (``aot_model.kernel`` is ``module.kernel``; ``nnx.state``
+    of a model holding it has the paths the model holding ``module`` has), and
+    it writes mutated state back into the wrapped module after each call.
     """
 
-    def __init__(self, module: nnx.Module, program: AOTFunction, method: Method, static_argnums: tuple,
-                 static_argnames: tuple, loss_program: AOTFunction | None = None):
-        self.module = module
-        self.program = program
-        self.loss_program = loss_program
-        self.method = method
-        self.static_argnums = static_argnums
-        self.static_argnames = static_argnames
+    @property
+    def wrapped(self) -> nnx.Module:
+        """The wrapped module (whose state the calls read and write)."""
+        return self._jaxaot_inner
+
+    @property
+    def programs(self) -> ModulePrograms:
+        """The compiled programs and their options (shared by the module's copies)."""
+        return self._jaxaot_extra
+
+    @property
+    def program(self) -> AOTFunction:
+        """The ``aot_function`` of the module's call."""
+        return self._jaxaot_extra.program
+
+    @property
+    def loss_program(self) -> AOTFunction:
+        """The ``aot_function`` of a loss of the module (:func:`jaxaot.value_and_grad`)."""
+        return self._jaxaot_extra.loss_program
 
     def prepare_call(self, args: tuple, kwargs: dict, *, freeze: bool | None = None) -> ModuleCall:
         """Within :mod:`jaxaot.nn` (``__call__``, ``lower``, ``aot_export_module``): this call, prepared.
 
         ``freeze`` is as in :class:`ModuleCall`.
         """
-        graphdef, params, rest = nnx.split(self.module, nnx.Param, ...)
-        static, args, kwargs = CallStatic.split(args, kwargs, self.static_argnums, self.static_argnames,
-                                                graphdef=graphdef, method=self.method)
-        return ModuleCall(self.program, static, (params, rest), args, kwargs, freeze=freeze)
+        programs = self._jaxaot_extra
+        split = split_of(self, self._jaxaot_inner)
+        static, args, kwargs = CallStatic.split(args, kwargs, programs.static_argnums, programs.static_argnames,
+                                                graphdef=split.graphdef, method=programs.method,
+                                                param_tree=split.param_tree, cache=split.static)
+        return ModuleCall(programs.program, static, (split.params, split.rest), args, kwargs, freeze=freeze,
+                          leaves=split.leaves(), rest_tree=split.rest_tree)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inner = self._jaxaot_inner
         if inlining():  # traced into a loss program (jaxaot.value_and_grad): one program for both
-            return invoke(self.module, self.method, args, kwargs)
-        out, (changed_params, changed_rest) = self.prepare_call(args, kwargs).run()
-        if len(changed_params) or len(changed_rest):
-            nnx.update(self.module, changed_params, changed_rest)
+            return invoke(inner, self._jaxaot_extra.method, args, kwargs)
+        call = self.prepare_call(args, kwargs)
+        out, delta = call.run()
+        if delta.sources:
+            write_back(inner, self._jaxaot_split, delta, call.flat_inputs)
         return out
 
     def lower(self, *args: Any, **kwargs: Any) -> ModuleLowered:
@@ -91,7 +123,7 @@ class AOTModule(nnx.Module):
             >>> model.cache_info().misses
             1
         """
-        return self.program.cache_info()
+        return self._jaxaot_extra.program.cache_info()
 
 
 def wrap_nnx(module: nnx.Module, method: Method, static_argnums: tuple, static_argnames: tuple,
@@ -106,6 +138,4 @@ def wrap_nnx(module: nnx.Module, method: Method, static_argnums: tuple, static_a
     if not isinstance(method, str) and not callable(method):
         raise InvalidInputError(f"method must be a method name or a callable, got {type(method).__name__}.")
     check_static("method", method)
-    program = aot_function(nnx_pure, static_argnums=0, **aot_kwargs)
-    loss_program = aot_function(nnx_loss_pure, static_argnums=0, **aot_kwargs)
-    return AOTModule(module, program, method, static_argnums, static_argnames, loss_program)
+    return AOTModule(module, ModulePrograms(method, static_argnums, static_argnames, aot_kwargs))

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import jax
@@ -73,31 +74,70 @@ class Optimizer(nnx.Optimizer):
     def update(self, model: Any, grads: Any, /, **kwargs: Any) -> Any:
         """``nnx.Optimizer.update(model, grads, **kwargs)``, its arithmetic compiled: returns the updates."""
         graph = {"graph": self.graph} if hasattr(self, "graph") else {}
-        params_state = recall(grads, model) if self.wrt is nnx.Param and graph.get("graph") is None else None
-        if params_state is None:
-            params_state = nnx.state(model, self.wrt, **graph)
-        param_vars, param_tree = jax.tree_util.tree_flatten(params_state, is_leaf=_is_variable)
-        opt_vars, opt_tree = jax.tree_util.tree_flatten(self.opt_state, is_leaf=_is_variable)
+        split = recall(grads, model) if self.wrt is nnx.Param and graph.get("graph") is None else None
+        if split is not None:
+            param_vars, param_tree, param_plain = split.param_vars, split.param_var_tree, split.plain
+        else:
+            param_vars, param_tree = jax.tree_util.tree_flatten(nnx.state(model, self.wrt, **graph),
+                                                                is_leaf=_is_variable)
+            param_plain = _all_plain(param_vars)
+        opt_vars, opt_tree, opt_plain = _flat_opt_state(self)
         grad_leaves, grad_tree = jax.tree_util.tree_flatten(grads, is_leaf=_is_variable)
         if grad_tree != param_tree:  # not exactly the parameters' gradients: filter as Flax does
             grad_leaves, grad_tree = jax.tree_util.tree_flatten(nnx.state(grads, self.wrt, **graph),
                                                                 is_leaf=_is_variable)
-        step = self.step[...]
-        if not (all(map(_is_variable, param_vars + opt_vars)) and grad_tree == param_tree):
+        if not (param_plain and opt_plain and _plain(self.step) and grad_tree == param_tree):
             return super().update(model, grads, **kwargs)
-        params = [_read(v) for v in param_vars]
-        opt_state = [_read(v) for v in opt_vars]
+        params = [v.get_raw_value() for v in param_vars]
+        opt_state = [v.get_raw_value() for v in opt_vars]
         grad_arrays = [_value(v) for v in grad_leaves]
-        if not _all_concrete_arrays((params, opt_state, grad_arrays, step, kwargs)):
+        step = self.step.get_raw_value()
+        if not (_concrete(params) and _concrete(opt_state) and _concrete(grad_arrays) and _concrete([step])
+                and (not kwargs or _all_concrete_arrays(kwargs))):
             return super().update(model, grads, **kwargs)
         updates, new_params, new_opt_state, new_step = _apply(
             self.tx, param_tree, opt_tree, params, grad_arrays, opt_state, step, kwargs)
+        if C.is_tracer(new_step):  # concrete inputs, but under a trace: Flax's own (traced) update
+            return super().update(model, grads, **kwargs)
         # Each leaf of params / opt_state is one Variable's value, in flattening order, and optax
         # returns states structured as its inputs: write each value into its own Variable.
         _set_values(param_vars, new_params)
         _set_values(opt_vars, new_opt_state)
-        self.step[...] = new_step
+        _set_values([self.step], [new_step])
         return updates
+
+
+#: Per optimizer, its optimizer state's Variables and structure, kept while ``opt_state`` is the same object.
+_OPT_STATES: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _flat_opt_state(optimizer: nnx.Optimizer) -> tuple[list, Any, bool]:
+    """``optimizer.opt_state``'s Variables, structure, and whether they all hold plain arrays,
+    flattened once per ``opt_state`` object.
+
+    The update writes new values into these Variables (as ``nnx.update`` does), so the structure
+    stays; a new ``opt_state`` object (``nnx.Optimizer.update`` under a trace, a user's
+    assignment) is flattened anew.
+    """
+    state = optimizer.opt_state
+    kept = _OPT_STATES.get(optimizer)
+    if kept is None or kept[0] is not state:
+        variables, tree = jax.tree_util.tree_flatten(state, is_leaf=_is_variable)
+        kept = (state, variables, tree, _all_plain(variables))
+        _OPT_STATES[optimizer] = kept
+    return kept[1], kept[2], kept[3]
+
+
+def _all_plain(variables: list) -> bool:
+    return all(_is_variable(v) and _plain(v) for v in variables)
+
+
+def _concrete(arrays: list) -> bool:
+    """Whether every entry is a concrete array (the common case, a ``jax.Array``, checked first)."""
+    return all(type(x) is _ARRAY for x in arrays) or _all_concrete_arrays(arrays)
+
+
+_ARRAY = C.ArrayImpl
 
 
 def _is_variable(x: Any) -> bool:
@@ -119,9 +159,10 @@ def _value(x: Any) -> Any:
 
 
 def _set_values(variables: list, new: list) -> None:
-    """Write as ``nnx.update`` does (``nnx.Optimizer``'s write-back): the raw value, no hooks."""
+    """Write as ``nnx.update`` does (``nnx.Optimizer``'s write-back): the raw value, no hooks and, as
+    there, no trace-level check (the values are concrete results of an eager call)."""
     for var, value in zip(variables, new, strict=True):
         if _plain(var):
-            var.set_raw_value(value)
+            var.set_raw_value(value, _unsafe_bypass_check=True)
         else:
             nnx.update(var, value)

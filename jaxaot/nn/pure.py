@@ -43,8 +43,13 @@ def _invoke(module: nnx.Module, method: Method, args: tuple, kwargs: dict) -> An
     return method(module, *args, **kwargs)
 
 
-def nnx_pure(static: CallStatic, params: nnx.State, state: FrozenState, *args: Any, **kwargs: Any):
-    """The module call as a pure function: ``-> (outputs, StateDelta of changed Variables)``."""
+def nnx_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **kwargs: Any):
+    """The module call as a pure function: ``-> (outputs, StateDelta of changed Variables)``.
+
+    ``params`` is the parameters' State, or its flat leaves when ``static.param_tree`` is set.
+    """
+    if static.param_tree is not None:
+        params = jax.tree_util.tree_unflatten(static.param_tree, params)
     rest = state.thaw()
     old = (params, rest)
     # Snapshot before the call: merge reuses these Variables, and the call mutates them.
@@ -81,7 +86,7 @@ def invoke(module: nnx.Module, method: Method, args: tuple, kwargs: dict) -> Any
     return _invoke(module, method, args, kwargs)
 
 
-def nnx_loss_pure(static: CallStatic, params: nnx.State, state: FrozenState, *args: Any, **kwargs: Any):
+def nnx_loss_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **kwargs: Any):
     """``(loss, (aux, StateDelta))`` of a loss call (``static.method`` is a :class:`~jaxaot.nn.loss_call.LossCall`).
 
     The module's own calls inside the loss are inlined (:func:`inlining`).

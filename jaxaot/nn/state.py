@@ -87,6 +87,17 @@ def _thaw_leaf(x: Any, dtype: Any, frozen: bool) -> Any:
     return jax.lax.stop_gradient(x) if frozen and _is_inexact(x) else x
 
 
+_NONES: dict[int, tuple] = {}
+
+
+def _nones(n: int) -> tuple:
+    """``(None,) * n``, one object per length (it is compared in every compile-cache look-up)."""
+    t = _NONES.get(n)
+    if t is None:
+        t = _NONES.setdefault(n, (None,) * n)
+    return t
+
+
 @jax.tree_util.register_pytree_node_class
 class FrozenState:
     """A state pytree in transit.
@@ -114,7 +125,14 @@ class FrozenState:
     def of(cls, tree: Any, freeze: bool) -> "FrozenState":
         """``tree`` for transit; with ``freeze``, its floating leaves bitcast to unsigned ints."""
         leaves, treedef = jax.tree.flatten(tree)
-        dtypes = tuple(np.dtype(x.dtype) if freeze and _freezable(x) else None for x in leaves)
+        return cls.of_leaves(treedef, leaves, freeze)
+
+    @classmethod
+    def of_leaves(cls, treedef: Any, leaves: Sequence[Any], freeze: bool) -> "FrozenState":
+        """:meth:`of` for a tree given as its structure and leaves."""
+        if not freeze:
+            return cls(treedef, _nones(len(leaves)), False, leaves)
+        dtypes = tuple(np.dtype(x.dtype) if _freezable(x) else None for x in leaves)
         encoded = [x if d is None else jax.lax.bitcast_convert_type(x, _UINT_OF_WIDTH[d.itemsize])
                    for x, d in zip(leaves, dtypes)]
         return cls(treedef, dtypes, freeze, encoded)

@@ -119,8 +119,8 @@ def test_bad_grads_leave_state_untouched():
 
 def test_update_reuses_the_gradients_traversal_only_for_those_gradients():
     """``opt.update(m, grads)`` right after ``jaxaot.value_and_grad`` reuses its split; a copy of the
-    gradients, another module or a filter other than ``nnx.Param`` walks the module again. All agree
-    with ``nnx.Optimizer``."""
+    gradients, another module, a module changed in between or a filter other than ``nnx.Param`` walks
+    the module again. All agree with ``nnx.Optimizer``."""
     from jaxaot.nn.traversal import recall
 
     def run(opt_cls, copy_grads: bool):
@@ -130,10 +130,10 @@ def test_update_reuses_the_gradients_traversal_only_for_those_gradients():
         for step in range(2):
             x, y = batch("cnn", step)
             _, grads = jaxaot.value_and_grad(lambda mm, xx, yy: xent(mm(xx), yy))(m, x, y)
-            params = recall(grads, m)
-            assert params is not None and recall(grads, nnx_model("cnn")) is None
-            assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(params, is_leaf=_is_var),
-                                               jax.tree_util.tree_leaves(nnx.state(m, nnx.Param), is_leaf=_is_var)))
+            split = recall(grads, m)
+            assert split is not None and recall(grads, nnx_model("cnn")) is None
+            live = jax.tree_util.tree_leaves(nnx.state(m, nnx.Param), is_leaf=_is_var)
+            assert len(split.param_vars) == len(live) and all(a is b for a, b in zip(split.param_vars, live))
             if copy_grads:
                 grads = jax.tree_util.tree_map(lambda g: g, grads)
                 assert recall(grads, m) is None
@@ -149,6 +149,22 @@ def test_update_reuses_the_gradients_traversal_only_for_those_gradients():
 
 def _is_var(x):
     return isinstance(x, nnx.Variable)
+
+
+def test_update_after_the_module_changed_updates_the_new_parameters():
+    """A submodule re-assigned between the gradient and the update: the update walks the module and
+    writes into the new Variables, as ``nnx.Optimizer`` does."""
+    from jaxaot.nn.traversal import recall
+
+    m = jaxaot.aot_module(nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.Linear(4, 2, rngs=nnx.Rngs(1))))
+    opt = jaxaot.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
+    _, grads = jaxaot.value_and_grad(lambda mm: jnp.sum(mm(jnp.ones((2, 3))) ** 2))(m)
+    fresh = nnx.Linear(4, 2, rngs=nnx.Rngs(2))
+    before = fresh.kernel[...]
+    m.layers[1] = fresh
+    assert recall(grads, m) is None
+    opt.update(m, grads)
+    chex.assert_trees_all_close(fresh.kernel[...], before - 0.1 * grads["layers"][1]["kernel"][...], **TOL)
 
 
 def test_value_hooks_are_bypassed_as_in_nnx():

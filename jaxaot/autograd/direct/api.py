@@ -8,12 +8,13 @@ what is differentiated:
 * a plain function whose one differentiated argument (``argnums`` an int or a
   1-tuple) is an ``aot_module``: the function is compiled with the module into
   one step, with ``nnx.value_and_grad``'s results
-  (:mod:`jaxaot.autograd.direct.module`);
+  (:mod:`jaxaot.autograd.direct.module`); any other ``nnx.Module`` there (a
+  plain model holding ``aot_module`` submodules, say): ``nnx.value_and_grad``;
 * anything else: ``jax.value_and_grad`` itself.
 
-Whether an argument is an ``aot_module`` is decided per call. No ``aot_module``
-can exist before Flax is imported, so until then the check is one dictionary
-look-up, and ``jaxaot.value_and_grad`` of plain functions never imports Flax.
+Whether an argument is a Flax module is decided per call. No module can exist
+before Flax is imported, so until then the check is one dictionary look-up,
+and ``jaxaot.value_and_grad`` of plain functions never imports Flax.
 """
 
 from __future__ import annotations
@@ -27,21 +28,42 @@ from jaxaot.autograd.direct.function import function_value_and_grad
 from jaxaot.runtime import AOTFunction
 
 
+_MODULE_STEP: list = []  # the module step, once imported
+
+
 def _module_step() -> Any:
-    """:mod:`jaxaot.autograd.direct.module` once Flax is loaded (else None: no ``aot_module`` exists)."""
+    """:mod:`jaxaot.autograd.direct.module` once Flax is loaded (else None: no Flax module exists)."""
+    if _MODULE_STEP:
+        return _MODULE_STEP[0]
     if "flax" not in sys.modules:
         return None
     # Deferred, within this package: the module step imports Flax and jaxaot.nn.
     from jaxaot.autograd.direct import module
 
+    _MODULE_STEP.append(module)
     return module
+
+
+def _built_on_first_call(build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """``build()``'s function, built when first called: a training loop that writes
+    ``jaxaot.value_and_grad(loss_fn)(model, ...)`` builds the gradient every step, and the
+    module's compiled step never needs JAX's."""
+    built: list = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not built:
+            built.append(build())
+        return built[0](*args, **kwargs)
+
+    return call
 
 
 def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
                     fallback: Callable[..., Any]) -> Callable[..., Any]:
     """``fallback`` (a ``value_and_grad`` of ``fun``), except when the one differentiated argument
-    (``argnums`` an int or a 1-tuple) is an ``aot_module``: then the call is the module's compiled step,
-    and with a 1-tuple ``argnums`` the gradients come in a 1-tuple, as JAX and Flax return them.
+    (``argnums`` an int or a 1-tuple) is an ``nnx.Module``: then the call is an ``aot_module``'s compiled
+    step, or ``nnx.value_and_grad`` for other modules, and with a 1-tuple ``argnums`` the gradients
+    come in a 1-tuple, as JAX and Flax return them.
     :func:`value_and_grad` and :func:`~jaxaot.patch_value_and_grad` dispatch through it."""
     as_tuple = isinstance(argnums, (tuple, list))
     position = argnums[0] if as_tuple and len(argnums) == 1 else argnums
@@ -50,9 +72,12 @@ def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused:
 
     def vg(*args: Any, **kwargs: Any):
         step = _module_step()
-        if step is not None and 0 <= position < len(args) and step.is_aot_module(args[position]):
-            out, grads = step.module_value_and_grad(fun, position, args, kwargs, has_aux, fused)
-            return out, ((grads,) if as_tuple else grads)
+        if step is not None and 0 <= position < len(args):
+            if step.is_aot_module(args[position]):
+                out, grads = step.module_value_and_grad(fun, position, args, kwargs, has_aux, fused)
+                return out, ((grads,) if as_tuple else grads)
+            if step.is_flax_module(args[position]):  # a plain module (it may hold aot_module submodules)
+                return step.FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         return fallback(*args, **kwargs)
 
     return vg
@@ -87,7 +112,10 @@ def value_and_grad(
     """
     if isinstance(fun, AOTFunction):
         return function_value_and_grad(fun, argnums, has_aux, fused)
-    return module_dispatch(fun, argnums, has_aux, fused, jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux))
+    if not callable(fun):
+        jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)  # JAX's own error
+    return module_dispatch(fun, argnums, has_aux, fused,
+                           _built_on_first_call(lambda: jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)))
 
 
 def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,

@@ -16,11 +16,15 @@ pure loss, whose inputs and write-back :class:`~jaxaot.nn.loss_call.PreparedLoss
 handles. The gradient then runs as that of an ``aot_function``
 (:func:`~jaxaot.autograd.direct.function.function_value_and_grad`): one fused
 executable, forward then backward with the partition's plan, on the module's
-state and the batch. Under a trace (``jit``, ``vmap``), or when another argument
-holds Flax objects, it is ``nnx.value_and_grad`` itself.
+state and the batch. The module's split is kept between steps
+(:mod:`jaxaot.nn.split_cache`), so a step walks Flax's graph only when the
+module's structure changed. Under a trace (``jit``, ``vmap``), or when another
+argument holds Flax objects, it is ``nnx.value_and_grad`` itself (as it is for
+a plain module, which may hold ``aot_module`` submodules:
+:mod:`jaxaot.autograd.direct.api` sends those to Flax directly).
 
 This module imports Flax; :mod:`jaxaot.autograd.direct.api` imports it only once
-an ``aot_module`` is differentiated.
+a Flax module is differentiated.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -28,7 +32,7 @@ Example:
     >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
     >>> loss_fn = lambda m, x: jnp.sum(m(x) ** 2)
     >>> loss, grads = jaxaot.value_and_grad(loss_fn)(model, jnp.ones((4, 3)))
-    >>> grads["module"]["kernel"][...].shape
+    >>> grads["kernel"][...].shape
     (3, 2)
 """
 
@@ -37,6 +41,8 @@ from __future__ import annotations
 import threading
 import weakref
 from typing import Any, Callable
+
+from flax import nnx
 
 from jaxaot.autograd.direct.flax_functions import FLAX_VALUE_AND_GRAD
 from jaxaot.autograd.direct.function import function_value_and_grad
@@ -49,17 +55,25 @@ _LOCK = threading.Lock()
 
 
 def _gradient_of(program: AOTFunction, fused: bool) -> Callable[..., Any]:
-    with _LOCK:
-        per_mode = _GRADIENTS.setdefault(program, {})
-        vg = per_mode.get(fused)
-        if vg is None:
-            vg = per_mode[fused] = function_value_and_grad(program, argnums=1, has_aux=True, fused=fused)
+    per_mode = _GRADIENTS.get(program)
+    vg = None if per_mode is None else per_mode.get(fused)
+    if vg is None:
+        with _LOCK:
+            per_mode = _GRADIENTS.setdefault(program, {})
+            vg = per_mode.get(fused)
+            if vg is None:
+                vg = per_mode[fused] = function_value_and_grad(program, argnums=1, has_aux=True, fused=fused)
     return vg
 
 
 def is_aot_module(x: Any) -> bool:
     """Whether ``x`` is an ``aot_module`` (an :class:`~jaxaot.nn.AOTModule`)."""
     return isinstance(x, AOTModule)
+
+
+def is_flax_module(x: Any) -> bool:
+    """Whether ``x`` is an ``nnx.Module`` (a plain one may hold ``aot_module`` submodules)."""
+    return isinstance(x, nnx.Module)
 
 
 def module_value_and_grad(fun: Callable[..., Any], position: int, args: tuple, kwargs: dict, has_aux: bool,
@@ -69,11 +83,9 @@ def module_value_and_grad(fun: Callable[..., Any], position: int, args: tuple, k
     ``args[position]`` is an :class:`~jaxaot.nn.AOTModule`.
     """
     model = args[position]
-    loss = None
-    if model.loss_program is not None:
-        loss = PreparedLoss.of(model, fun, position, args, kwargs, has_aux)
+    loss = PreparedLoss.of(model, fun, position, args, kwargs, has_aux)
     if loss is None:
         return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
     (value, (aux, delta)), grads = _gradient_of(model.loss_program, fused)(*loss.inputs, **kwargs)
-    loss.finish(delta, grads)
+    grads = loss.finish(delta, grads)
     return ((value, aux), grads) if has_aux else (value, grads)

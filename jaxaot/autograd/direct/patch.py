@@ -31,7 +31,7 @@ Example:
     >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
     >>> with jaxaot.patch_value_and_grad():
     ...     loss, grads = nnx.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))(model, jnp.ones((4, 3)))
-    >>> grads["module"]["kernel"][...].shape
+    >>> grads["kernel"][...].shape
     (3, 2)
 """
 

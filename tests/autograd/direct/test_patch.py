@@ -77,8 +77,8 @@ def test_grad_has_aux_and_decorator_form(spy):
         g, aux = nnx.grad(loss_aux, has_aux=True)(model, x, y)
         g2 = nnx.grad(argnums=0)(_loss)(jaxaot.aot_module(nnx_model("cnn")), x, y)
     chex.assert_trees_all_equal(aux, ref_aux)
-    assert_states_equal(g["module"], ref_g, **TOL)
-    assert_states_equal(g2["module"], ref_g, **TOL)
+    assert_states_equal(g, ref_g, **TOL)
+    assert_states_equal(g2, ref_g, **TOL)
     assert len(spy) == 2
 
 
@@ -95,7 +95,7 @@ def test_falls_back_to_flax(spy):
     assert_states_equal(plain[1], ref[1], **TOL)
     for loss, grads in (diff_state, allow_int):
         chex.assert_trees_all_close(loss, ref[0], **TOL)
-        assert_states_equal(grads["module"], ref[1], **TOL)
+        assert_states_equal(grads, ref[1], **TOL)
     assert not spy
 
 
@@ -106,7 +106,7 @@ def test_under_nnx_jit_and_restored_on_error():
         loss, grads = nnx.jit(lambda m, x, y: nnx.value_and_grad(_loss)(m, x, y))(
             jaxaot.aot_module(nnx_model("cnn")), x, y)
     chex.assert_trees_all_close(loss, ref_loss, **TOL)
-    assert_states_equal(grads["module"], ref_grads, **TOL)
+    assert_states_equal(grads, ref_grads, **TOL)
     with pytest.raises(ZeroDivisionError):
         with jaxaot.patch_value_and_grad():
             assert nnx.value_and_grad is not FLAX_VALUE_AND_GRAD
@@ -125,6 +125,6 @@ def test_one_tuple_argnums_give_a_tuple_of_gradients(spy):
         g_only = nnx.grad(_loss, argnums=(0,))(jaxaot.aot_module(nnx_model("cnn")), x, y)
     for got in (grads, g_only):
         assert isinstance(got, tuple) and len(got) == 1
-        assert_states_equal(got[0]["module"], ref_grads[0], **TOL)
+        assert_states_equal(got[0], ref_grads[0], **TOL)
     chex.assert_trees_all_close(loss, ref_loss, **TOL)
     assert len(spy) == 2
