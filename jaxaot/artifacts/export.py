@@ -58,6 +58,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot import _compat as C
+from jaxaot import _progress
 from jaxaot._pytrees import flatten_checked, shape_dtype_struct
 from jaxaot.artifacts.exported import ExportedAOT
 from jaxaot.artifacts.loaded import LoadedAOT
@@ -278,6 +279,8 @@ def _export_program(closed: Any, avals: Sequence[Any], platforms: Sequence[str] 
 
     run.__name__ = run.__qualname__ = re.sub(r"\W", "_", f"{name}_{what}")
     options = {} if out_shardings is None else {"out_shardings": list(out_shardings)}
+    _progress.step("exporting", ("inference", "forward", "backward").index(what) + 1, 3,
+                   f"the {what} program for {', '.join(platforms or ['this platform'])}")
     try:
         return jax.export.export(jax.jit(run, keep_unused=True, **options), platforms=platforms)(*avals)
     except Exception as err:

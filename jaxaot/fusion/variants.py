@@ -41,6 +41,7 @@ from typing import Any
 
 import jax
 
+from jaxaot import _progress
 from jaxaot.fusion.interface import TrainingLike
 from jaxaot.fusion.ordering import ordered_eqns
 from jaxaot.fusion.program import barred_residuals, fused_program
@@ -183,6 +184,8 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier
     None where the backend refuses it."""
     p = training.programs
     key = f"{name}:{layouts}:{order}:{barrier}:{len(rederived)}"
+    _progress.step("compiling fused variant", total=4, key=name, owner=p,
+                   detail=f"{layouts} layouts, {order} order, barrier {barrier}" + ", rederived" * bool(rederived))
     try:
         exe = p.compile(key, training.options.fw_compiler,
                         fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order,

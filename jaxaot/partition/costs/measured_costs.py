@@ -49,6 +49,7 @@ from typing import Any, Callable
 import jax
 import jaxlib
 
+from jaxaot import _progress
 from jaxaot._config import config
 from jaxaot._files import atomic_write
 from jaxaot.errors import PartitionError
@@ -115,6 +116,7 @@ class MeasuredCosts:
                 return self._table[key]
             if key in self.estimated:
                 return None
+            _progress.step("timing ops", self.measured + 1, detail=key.split("{")[0][:80])
             t = measure()
             if t is None:
                 self.estimated.add(key)
