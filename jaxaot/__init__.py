@@ -32,8 +32,9 @@ __version__ = "0.1.0"
 _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jaxaot.errors", (
         "JaxaotError", "InvalidInputError", "InvalidValueError", "InvalidOutputError", "ResidualsMismatchError",
-        "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "LoopFunctionError",
-        "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError", "LoopOverflowError",
+        "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "MemoryBudgetError",
+        "LoopFunctionError", "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError",
+        "LoopOverflowError",
         "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError", "ArtifactInputError",
         "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "CacheWarning")),
     ("jaxaot._config", ("config",)),

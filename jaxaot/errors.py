@@ -44,6 +44,23 @@ class PartitionError(JaxaotError, ValueError):
     """A partitioner produced, or was asked for, an impossible split."""
 
 
+class MemoryBudgetError(PartitionError):
+    """No plan's compiled peak fits a ``memory_budget`` given in bytes.
+
+    The message names the smallest peak the planner reached and what holds it
+    there: the largest values live at that peak, by source line.
+
+    Attributes:
+      budget: the budget, in bytes.
+      smallest_peak: the smallest compiled peak of the step the planner found, in bytes.
+      holders: ``(bytes, description)`` of the largest values live at that peak.
+    """
+
+    def __init__(self, message: str, budget: int = 0, smallest_peak: int = 0, holders: tuple = ()):
+        super().__init__(message)
+        self.budget, self.smallest_peak, self.holders = budget, smallest_peak, tuple(holders)
+
+
 class ShardingMismatchError(JaxaotError, ValueError):
     """Inputs live on different meshes, or an array's sharding is not the one a program was compiled for."""
 

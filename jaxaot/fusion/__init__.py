@@ -42,13 +42,14 @@ from jaxaot.fusion.program import (
     barred_residuals, fused_program, library_kernel_residuals, pinned_layouts, read_orders, recomputation_inputs,
 )
 from jaxaot.fusion.variants import (
-    choose_barrier, choose_layouts, choose_order, choose_rederive, compiled_peak, default_barrier, fused_exe,
-    run_fused,
+    budget_choice, choose_barrier, choose_layouts, choose_order, choose_rederive, choose_step, compiled_peak,
+    default_barrier, fused_exe, run_fused, run_split,
 )
 
 __all__ = [
-    "ProgramsLike", "RederivedBackward", "SlicedBackward", "TrainingLike", "barred_residuals", "choose_barrier",
-    "choose_layouts", "choose_order", "choose_rederive", "compiled_peak", "default_barrier", "eval_backward",
+    "ProgramsLike", "RederivedBackward", "SlicedBackward", "TrainingLike", "barred_residuals", "budget_choice",
+    "choose_barrier", "choose_layouts", "choose_order", "choose_rederive", "choose_step", "compiled_peak", "default_barrier", "eval_backward",
     "fused_exe", "fused_program", "library_kernel_residuals", "ordered_eqns", "pinned_layouts", "read_orders",
-    "recomputation_inputs", "rederive_backward", "residual_readers", "run_fused", "slice_residual_reads",
+    "recomputation_inputs", "rederive_backward", "residual_readers", "run_fused", "run_split",
+    "slice_residual_reads",
 ]

@@ -20,16 +20,26 @@ the step with XLA's layouts, then in turn:
 
 The rules weigh peak memory only (:func:`compiled_peak`): step times of two
 compiles of one program differ by up to 1.6% on an H100, about as much as the
-variants move them, while the peaks they trade are deterministic. What each
+variants move them, while the peaks they trade are deterministic. Under a byte
+``memory_budget`` (the partition's ``step_peak``) no variant over the budget is
+kept.
+
+Whether the fused step runs at all is decided by peak and by time
+(:func:`choose_step`): where its compiled peak is over a byte budget that the
+split programs fit, or where, timed on the first call (an accelerator, or any
+backend with :data:`step_timer` set), it runs more than :data:`STEP_TIME_SLACK`
+times the split executables of the same plan, :func:`run_fused` runs the split
+forward and backward instead. The executable's ``runs`` (``"fused"`` or
+``"split"``) and ``why`` attributes say which and why. What each
 rule gained and cost on the zoo's models is in ``docs/concepts/fused_step.md``.
 The executable's ``layouts``, ``order``, ``barrier`` and ``rederived``
 attributes say which variant was kept (the runtime reports them as
 ``FusedChoice``). On CPU, whose layouts are row-major anyway, the step compiles
 once.
 
-Cost: one compilation per signature, up to five on an accelerator (the split
-executables compile only if ``.forward``/``.backward`` or a pipeline asks for
-them). Functions with a ``jaxaot.while_loop`` whose stack the runtime sizes
+Cost: one compilation per signature, up to five on an accelerator, and there
+the two split executables for the timing, whose ``STEP_TIME_ROUNDS`` interleaved
+calls of each step run once, on the first call. Functions with a ``jaxaot.while_loop`` whose stack the runtime sizes
 keep the split executables: the runtime checks the loop's trip count between
 the two.
 """
@@ -37,16 +47,19 @@ the two.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import statistics
+import time
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 
+from jaxaot import _compat as C
 from jaxaot import _progress
 from jaxaot.fusion.interface import TrainingLike
 from jaxaot.fusion.ordering import ordered_eqns
 from jaxaot.fusion.program import barred_residuals, fused_program
 from jaxaot.fusion.rederive import rederive_backward
-from jaxaot.partition import default_partition
+from jaxaot.partition import compiled_peak, default_partition
 
 
 def default_barrier(training: TrainingLike) -> str:
@@ -66,21 +79,6 @@ def default_barrier(training: TrainingLike) -> str:
 LAYOUT_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 #: How much more peak memory the row-major step may need and still be chosen (see :func:`choose_layouts`).
 LAYOUT_PEAK_SLACK = 0.005
-
-
-def compiled_peak(exe: Any) -> int | None:
-    """Peak device bytes of a compiled executable, where the backend reports it (XLA:CPU's
-    ``peak_memory_in_bytes`` leaves out temporaries: then the sum of the parts)."""
-    try:
-        ma = exe.memory_analysis()
-    except Exception:  # noqa: BLE001  (backends without memory analysis)
-        return None
-    if ma is None:
-        return None
-    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)
-    if peak >= ma.temp_size_in_bytes and peak:
-        return peak
-    return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
 
 
 def choose_layouts(auto_peak: int | None, pinned_peak: int | None) -> str:
@@ -205,10 +203,12 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
     persistent cache) on first use and stored in ``training.programs.executables``.
 
     On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the variants of the module docstring are
-    compiled in turn, each weighed against the one kept so far. The executable's ``layouts``
-    (``"auto"`` or ``"pinned"``), ``order`` (``"xla"`` or ``"consume_first"``), ``barrier``
-    (``"all"``, ``"recomputed"`` or ``"none"``) and ``rederived`` (the residuals derived again)
-    attributes say which was kept.
+    compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
+    executable's ``layouts`` (``"auto"`` or ``"pinned"``), ``order`` (``"xla"`` or
+    ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or ``"none"``) and ``rederived``
+    (the residuals derived again) attributes say which was kept; ``runs`` is ``"split"`` (and
+    ``why`` says so) where its peak is over the budget and the split programs' is not
+    (:func:`budget_choice`), else None until :func:`run_fused` times it.
     """
     p = training.programs
     name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
@@ -219,31 +219,148 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
         exe = p.compile(name, training.options.fw_compiler, fused_program(training, value_leaf, barrier=barrier),
                         p.in_avals, aliased=returned)
         exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
+        budget = getattr(part.step_peak, "budget", None)
+
+        def fits(v: Any) -> bool:
+            peak = compiled_peak(v) if v is not None else None
+            return v is not None and (budget is None or peak is None or peak <= budget)
+
         if _platform(exe) in LAYOUT_CHOICE_PLATFORMS:
             variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned)
             pinned = variant(barrier, layouts="pinned", order="xla")
-            if pinned is not None and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
+            if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
                 exe = pinned
             if part.recomputed and ordered_eqns(part.backward, len(part.cotangent_outputs)):
                 ordered = variant(barrier, layouts=exe.layouts, order="consume_first")
-                if ordered is not None and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
+                if fits(ordered) and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
                     exe = ordered
             if barred_residuals(part, barrier):
                 free = variant("none", layouts=exe.layouts, order="xla")
-                if free is not None and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
+                if fits(free) and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
                     exe = free
             rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if part.recomputed else ()
             if rederived:
                 lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=rederived)
-                if lean is not None and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
+                if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
                     exe = lean
+        exe.runs, exe.why = None, ""
+        chosen = budget_choice(part.step_peak, compiled_peak(exe))
+        if chosen is not None:
+            exe.runs, exe.why = chosen
         p.executables[name] = exe
     return exe
 
 
-def run_fused(training: TrainingLike, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
-    """``(the function's outputs, grads of the differentiated inputs)`` from one fused call."""
+def budget_choice(step_peak: Any, fused_peak: int | None) -> tuple[str, str] | None:
+    """``("split", why)`` where the fused step's compiled peak is over the plan's byte budget and the split
+    programs' is not (:class:`~jaxaot.partition.StepPeak`), else None (the fused step may run).
+
+    Example:
+        >>> from jaxaot.fusion import budget_choice
+        >>> from jaxaot.partition import StepPeak
+        >>> budget_choice(StepPeak(fused=900, forward=500, backward=800, budget=1000), 1100)[0]
+        'split'
+        >>> budget_choice(StepPeak(fused=900, forward=500, backward=800, budget=1000), 950) is None
+        True
+    """
+    budget = getattr(step_peak, "budget", None)
+    if budget is None or fused_peak is None or fused_peak <= budget:
+        return None
+    split = step_peak.split
+    if split is None or split > budget:
+        return None  # neither fits: the planner chose this plan for its fused step, which stays
+    return "split", (f"the fused step's compiled peak ({fused_peak} bytes) is over memory_budget ({budget} bytes) "
+                     f"and the split programs' ({split} bytes) is not")
+
+
+# --------------------------------------------------------------------------- fused or split, by time
+#: How much slower than the split executables of the same plan the fused step may time and still run.
+STEP_TIME_SLACK = 1.02
+#: Interleaved timed calls of each (after one untimed call of each), on the first call of a signature.
+STEP_TIME_ROUNDS = 5
+#: Backends where the fused/split choice is timed without a :data:`step_timer` (CPU timing is noise).
+TIME_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
+#: The timer of :func:`run_fused`'s choice: ``step_timer(which, run) -> seconds`` of one blocked call of
+#: ``run`` (``which``: ``"fused"`` or ``"split"``). None: wall-clock time on accelerators, and no timing on
+#: CPU, where timing is noise. Tests set it to drive the choice.
+step_timer: Callable[[str, Callable[[], Any]], float] | None = None
+
+
+def choose_step(fused_seconds: Sequence[float], split_seconds: Sequence[float],
+                slack: float = STEP_TIME_SLACK) -> tuple[str, str]:
+    """``("fused" or "split", why)``: the fused step unless its median time is more than ``slack`` times the
+    split executables' (the same plan, the same inputs).
+
+    Example:
+        >>> from jaxaot.fusion import choose_step
+        >>> choose_step([1.0, 1.01, 1.0], [1.0, 0.99, 1.0])[0], choose_step([1.1, 1.1], [1.0, 1.0])[0]
+        ('fused', 'split')
+    """
+    fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
+    ratio = fused / split if split > 0 else 1.0
+    if ratio <= slack:
+        return "fused", f"timed at {ratio:.3f}x the split executables"
+    return "split", f"the fused step timed {ratio:.3f}x the split executables (more than {slack}x)"
+
+
+class SplitRunner(TrainingLike, Protocol):
+    """What the split step needs of the runtime's training programs besides :class:`TrainingLike`."""
+
+    def forward(self, leaves: Sequence[Any], concrete: bool | None = None) -> tuple[list, list]: ...
+
+    def backward(self, residuals: Sequence[Any], cts: Sequence[Any], concrete_residuals: bool = False) -> list: ...
+
+    def unit_cotangents(self, leaf: int) -> list: ...
+
+
+def run_split(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
+    """``(outputs, grads)`` from the split forward and backward executables of the same plan."""
+    outs, residuals = training.forward(leaves, concrete=True)
+    return outs, training.backward(residuals, training.unit_cotangents(value_leaf), concrete_residuals=True)
+
+
+def _wall_seconds(which: str, run: Callable[[], Any]) -> float:
+    del which
+    t = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - t
+
+
+def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
+    """The fused step or the split one, by time (:func:`choose_step`), or why they are not timed."""
+    timer = step_timer
+    if timer is None:
+        if _platform(exe) not in TIME_CHOICE_PLATFORMS:
+            return "fused", "not timed: on CPU step times are noise"
+        timer = _wall_seconds
+    part = training.partition
+    budget = getattr(part.step_peak, "budget", None)
+    if budget is not None and (part.step_peak.split is None or part.step_peak.split > budget):
+        return "fused", "the split programs' peak is over memory_budget"
+    if getattr(training.programs, "donated_leaves", ()):
+        return "fused", "not timed: the step donates its inputs"
+    if C.jaxpr_of(training.joint.jaxpr).effects:
+        return "fused", "not timed: the step has effects, which each timed call would repeat"
+    runs = {"fused": lambda: exe(*leaves), "split": lambda: run_split(training, leaves, value_leaf)}
+    for run in runs.values():
+        jax.block_until_ready(run())  # compiles the split executables; warms both
+    times: dict[str, list[float]] = {"fused": [], "split": []}
+    for _ in range(STEP_TIME_ROUNDS):
+        for which, run in runs.items():
+            times[which].append(timer(which, run))
+    return choose_step(times["fused"], times["split"])
+
+
+def run_fused(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
+    """``(the function's outputs, grads of the differentiated inputs)`` from one fused call, or from the
+    split executables where the fused step cannot win (:func:`budget_choice`, :func:`choose_step`: decided
+    on the first call and kept in the executable's ``runs`` and ``why``)."""
     p = training.programs
-    outs = fused_exe(training, value_leaf)(*leaves)
+    exe = fused_exe(training, value_leaf)
+    if getattr(exe, "runs", None) is None:
+        exe.runs, exe.why = _timed_choice(training, exe, leaves, value_leaf)
+    if exe.runs == "split":
+        return run_split(training, leaves, value_leaf)
+    outs = exe(*leaves)
     n = len(p.computed_outputs)
     return p.splice(leaves, outs[:n]), list(outs[n:])

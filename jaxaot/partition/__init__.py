@@ -15,6 +15,9 @@ concept, lowest first (imports run only downward, through each one's face):
 * ``offload``: the third choice beside saving and recomputing: large residuals
   whose copies to host memory and back hide behind compute, between the
   programs (:func:`apply_offload`) and per scan iteration;
+* ``budget``: byte budgets: a plan's compiled step peak (:class:`StepPeak`,
+  :func:`compiled_peak`), what holds it, and the fastest plan whose peak fits
+  (:func:`plan_under_peak`);
 * ``mincut``: the flow network and its cut (:class:`FlowGraph`), the memory
   budget's knapsack, the per-iteration plan of each ``lax.scan`` body,
   :func:`min_cut_rematerialization_partition` putting them together, and
@@ -22,8 +25,8 @@ concept, lowest first (imports run only downward, through each one's face):
 * ``bw``: the backward split into input-gradient and weight-gradient programs
   for pipeline schedules (:func:`split_backward`), a cut of the same network.
 
-``docs/concepts/memory_planner.md`` explains the min-cut, its budget and the
-offload planner; ``docs/concepts/pipeline.md`` the B/W split.
+``docs/concepts/memory_planner.md`` explains the min-cut, its budgets (fractions
+and bytes) and the offload planner; ``docs/concepts/pipeline.md`` the B/W split.
 """
 
 from jaxaot.partition.core import (
@@ -32,6 +35,9 @@ from jaxaot.partition.costs import (
     HOST_MEMORY_KIND, DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Recompute, classify, flops,
     kernels_beside_copies, materializes_operands, resolve_costs)
 from jaxaot.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
+from jaxaot.partition.budget import (
+    MemoryBudget, StepPeak, compiled_peak, format_bytes, measure_step_peak, parse_memory_budget, peak_holders,
+    plan_under_peak)
 from jaxaot.partition.mincut import (
     FlowGraph, RematPolicy, build_flow_graph, choose_saved_values, min_cut_rematerialization_partition, remat_policy,
     replay_joint)
@@ -47,24 +53,32 @@ __all__ = [
     "Gradient",
     "HOST_MEMORY_KIND",
     "MeasuredCosts",
+    "MemoryBudget",
     "OpCosts",
     "Partition",
     "Partitioner",
     "Recompute",
     "RematPolicy",
     "Residual",
+    "StepPeak",
     "Timeline",
     "apply_offload",
     "build_flow_graph",
     "choose_saved_values",
     "classify",
     "classify_eqns",
+    "compiled_peak",
     "default_partition",
     "differentiate",
     "flops",
+    "format_bytes",
     "kernels_beside_copies",
     "materializes_operands",
+    "measure_step_peak",
     "min_cut_rematerialization_partition",
+    "parse_memory_budget",
+    "peak_holders",
+    "plan_under_peak",
     "remat_policy",
     "replay_joint",
     "resolve_costs",

@@ -6,7 +6,11 @@ an :class:`AOTLowered`: the programs as jaxprs, every saved value in a
 time each stage took, and each program's StableHLO (:meth:`AOTLowered.as_text`).
 Nothing is compiled until :meth:`AOTLowered.compile`, which returns an
 :class:`AOTCompiled` holding the executables the function itself then runs,
-with the backend's memory and cost analyses as plain dicts.
+with the backend's memory and cost analyses as plain dicts, and the compiled
+peak of the training step ``jaxaot.value_and_grad`` runs
+(:attr:`AOTCompiled.peak_bytes`). Under a byte ``memory_budget`` the planner
+measured that peak already, and ``str(lowered)`` prints it beside the residual
+bytes (:attr:`AOTLowered.predicted_peak`).
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -27,7 +31,8 @@ import jax
 
 from jaxaot import _display
 from jaxaot.compile import as_function
-from jaxaot.partition import Partition, Residual
+from jaxaot.fusion import compiled_peak, fused_exe
+from jaxaot.partition import Partition, Residual, StepPeak
 from jaxaot.runtime.training import TrainingPrograms
 from jaxaot.runtime.residual_table import ResidualTable
 from jaxaot.tracing import JointGraph
@@ -149,13 +154,22 @@ class AOTLowered:
         """``self.compile().cost_analysis()``."""
         return self._compiled.cost_analysis()
 
+    @property
+    def predicted_peak(self) -> StepPeak | None:
+        """The compiled peaks the planner measured for this plan under a byte ``memory_budget``
+        (:class:`~jaxaot.partition.StepPeak`: fused and split, with the budget), else None."""
+        return self.partition.step_peak
+
     def __str__(self) -> str:
         times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
         t = self.residuals
         offloaded = f", {t.offloaded_bytes} offloaded to host" if t.offloaded_bytes else ""
+        peak = self.predicted_peak
+        predicted = "" if peak is None or peak.fused is None else (
+            f", predicted peak {peak.fused} bytes ({peak})")
         parts = [
             f"== forward: {len(t)} residuals, {t.added_bytes} bytes added, {t.input_bytes} bytes of inputs"
-            f"{offloaded} ==",
+            f"{offloaded}{predicted} ==",
             str(self.forward),
             "== backward ==",
             str(self.backward),
@@ -207,6 +221,27 @@ class AOTCompiled:
         """Per executable, the backend's cost analysis as a dict (``flops``, ``bytes accessed``, ...)."""
         return {k: _safe(lambda e=e: _cost_dict(e.cost_analysis())) for k, e in self.executables.items()}
 
+    @functools.cached_property
+    def peak_bytes(self) -> int | None:
+        """The compiled peak device memory, per device, of the step ``jaxaot.value_and_grad`` runs: the fused
+        step's (:func:`jaxaot.fusion.fused_exe`, compiled here if not yet) where the first output is a real
+        scalar loss and the fused step runs, else the larger of the forward's and the backward's. None
+        where the backend reports no memory analysis.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda w, x: jnp.sum(jnp.tanh(x @ w)))
+            >>> f.lower(jnp.ones((8, 8)), jnp.ones((4, 8))).compile().peak_bytes > 0
+            True
+        """
+        tr = self.lowered._training
+        if _fuses(tr):
+            exe = fused_exe(tr)
+            if getattr(exe, "runs", None) != "split":
+                return compiled_peak(exe)
+        peaks = [compiled_peak(self.executables[k]) for k in ("forward", "backward")]
+        return None if None in peaks else max(peaks)
+
     def as_text(self) -> dict[str, str]:
         """Each executable's optimized HLO, as ``jax.jit(...).lower(...).compile().as_text()`` prints it
         (scheduled by XLA: where copies to host memory start and end, for one); the StableHLO is
@@ -216,6 +251,15 @@ class AOTCompiled:
 
     def __repr__(self) -> str:
         return f"<AOTCompiled: {', '.join(self.executables)}>"
+
+
+def _fuses(training: TrainingPrograms) -> bool:
+    """Whether ``jaxaot.value_and_grad`` runs this training as one fused step: a real scalar first output,
+    and no loop whose stack the runtime sizes between the programs."""
+    joint = training.joint
+    loss = joint.out_avals[0] if joint.out_avals else None
+    return (loss is not None and tuple(loss.shape) == () and jax.numpy.issubdtype(loss.dtype, jax.numpy.floating)
+            and not joint.num_aux)
 
 
 def _stats_dict(stats: Any) -> dict[str, int] | None:

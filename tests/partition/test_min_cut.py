@@ -192,7 +192,9 @@ def test_budget_interpolates_between_extremes():
 
 def test_rejects_budget_out_of_range():
     joint = jaxaot.trace_joint(jnp.sin, jnp.ones(3))
-    with pytest.raises(jaxaot.PartitionError):
+    with pytest.raises(jaxaot.InvalidValueError):
+        mincut(joint, memory_budget=-0.5)
+    with pytest.raises(jaxaot.MemoryBudgetError):  # above 1: bytes, and 1 byte fits no step
         mincut(joint, memory_budget=1.5)
 
 

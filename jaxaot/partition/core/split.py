@@ -107,6 +107,8 @@ class Partition:
         (:mod:`jaxaot.partition.offload.host_offload`), else empty.
       cost_note: what priced recomputation when the plan traded bytes for it
         (:mod:`jaxaot.partition.costs.op_costs`: measured or FLOP-estimated), else empty.
+      step_peak: for a plan chosen under a byte ``memory_budget``, the compiled peaks of its step
+        and the budget (:class:`~jaxaot.partition.budget.StepPeak`), else None.
     """
 
     forward: Any
@@ -125,6 +127,7 @@ class Partition:
     split_from: Any = dataclasses.field(default=None, compare=False, repr=False)
     offload_note: str = ""
     cost_note: str = ""
+    step_peak: Any = dataclasses.field(default=None, compare=False)
 
     @property
     def saved_bytes(self) -> int:

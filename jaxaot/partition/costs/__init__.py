@@ -8,6 +8,7 @@ Modules:
 
 * ``cost_model``: which eqns may be recomputed (:class:`Recompute`: cheap, expensive, never), and their FLOPs;
 * ``op_costs``: the :class:`OpCosts` protocol, what one eqn costs to run, and its FLOP estimate :class:`FlopCosts`;
+* ``op_scaling``: a byte limit on timing, and an eqn at smaller shapes to time within it;
 * ``op_profile``: timing one eqn on one device, in a chain of copies;
 * ``measured_costs``: :class:`MeasuredCosts`, each distinct expensive eqn timed once per device kind and cached;
 * ``device_model``: :class:`DeviceModel`, the host link, the device's speed and how much of a copy compute hides;
@@ -17,6 +18,7 @@ Modules:
 
 from jaxaot.partition.costs.cost_model import Recompute, classify, flops, is_alias, is_loop, materializes_operands
 from jaxaot.partition.costs.op_costs import FlopCosts, OpCosts
+from jaxaot.partition.costs.op_scaling import byte_limit
 from jaxaot.partition.costs.device_model import (
     HOST_MEMORY_KIND, MEASURED_HEADROOM, MIN_OVERLAP, DeviceModel, best_seconds, host_memory_note)
 from jaxaot.partition.costs.measured_costs import MeasuredCosts, resolve_costs
@@ -33,6 +35,7 @@ __all__ = [
     "OpCosts",
     "Recompute",
     "best_seconds",
+    "byte_limit",
     "classify",
     "copies_in_flight",
     "device_fractions",

@@ -20,7 +20,8 @@ measured, nor are loops: a ``scan`` of layers is the whole forward, with every
 layer's stacked outputs, too large to time in copies, and its body's eqns are
 priced where the body is planned. :func:`measurable` says which.
 
-Cost: two XLA compiles and ``2 * (repeats + 1)`` runs per distinct eqn,
+Under a byte limit, fewer copies, or smaller shapes scaled up
+(:mod:`jaxaot.partition.costs.op_scaling`). Cost: two XLA compiles and ``2 * (repeats + 1)`` runs per distinct eqn,
 tens of milliseconds each on a GPU. :func:`signature` is what makes two eqns
 the same one.
 
@@ -45,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot import _compat as C
-from jaxaot.partition.costs import cost_model
+from jaxaot.partition.costs import cost_model, op_scaling
 from jaxaot.partition.costs.device_model import best_seconds
 
 #: Runs of the eqn in the chained program.
@@ -133,13 +134,26 @@ def launch_seconds(device: Any) -> float:
 def profile_seconds(eqn: Any, device: Any, *, copies: int = COPIES, repeats: int = 3) -> float | None:
     """Seconds one run of ``eqn`` takes on ``device``; None when it cannot be timed.
 
+    Under a byte limit (:func:`~jaxaot.partition.costs.op_scaling.byte_limit`, which the
+    planner sets to the step's own size or a byte budget) the chained program holds at most
+    that many bytes: fewer copies, and below two copies the eqn is timed at smaller shapes and
+    its time scaled (:func:`~jaxaot.partition.costs.op_scaling.shrunk`).
+
     Raises nothing: an eqn that fails to compile or run here (too large for the
     device, say) returns None, and the caller estimates it instead.
     """
     if not measurable(eqn):
         return None
-    nbytes = sum(v.aval.size * v.aval.dtype.itemsize for v in (*eqn.invars, *eqn.outvars) if not C.is_literal(v))
-    copies = max(2, min(copies, MAX_CHAIN_BYTES // max(nbytes, 1)))
+    limit = op_scaling.current_limit()
+    limit = MAX_CHAIN_BYTES if limit is None else min(limit, MAX_CHAIN_BYTES)
+    nbytes = op_scaling.footprint(eqn)
+    if 2 * nbytes > limit:
+        small, factor = op_scaling.shrunk(eqn, limit // 2)
+        if small is None:
+            return None
+        seconds = profile_seconds(small, device, copies=copies, repeats=repeats)
+        return None if seconds is None else seconds * factor
+    copies = max(2, min(copies, limit // max(nbytes, 1)))
     try:
         with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
             inputs = [_inputs(eqn, device) for _ in range(copies)]

@@ -20,29 +20,34 @@ import functools
 from typing import Any, Callable
 
 from jaxaot.errors import PartitionError
+from jaxaot.partition.budget import measurement_limit, parse_memory_budget, plan_under_peak
 from jaxaot.partition.core import Partition, split_joint
-from jaxaot.partition.costs import DeviceModel, OpCosts, resolve_costs
+from jaxaot.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
 from jaxaot.partition.mincut import scan_remat
 from jaxaot.partition.mincut.saved_values import build_flow_graph, choose_saved_values, offloaded_saved_nodes
 from jaxaot.partition.offload import (
-    OffloadPlan, Timeline, apply_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
+    OffloadPlan, Timeline, apply_offload, check_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
 from jaxaot.tracing import JointGraph
 
 
 def min_cut_rematerialization_partition(
-    joint: JointGraph, *, memory_budget: float = 1.0, rematerialize_scans: bool = True,
-    offload: bool | str = False, device_model: DeviceModel | None = None,
-    op_costs: str | OpCosts = "auto",
-) -> Partition:
+    joint: JointGraph | None = None, *, memory_budget: float | int | str = 1.0, rematerialize_scans: bool = True,
+    offload: bool | str = False, device_model: DeviceModel | None = None, op_costs: str | OpCosts = "auto",
+) -> Partition | Callable[[JointGraph], Partition]:
     """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
 
     Args:
-      joint: the joint graph (``aot_function`` passes it).
-      memory_budget: in ``[0, 1]``; 1 bans recomputing expensive eqns (matmuls,
-        convolutions, large reductions, loops), 0 recomputes all it can and
-        saves only inputs (or smaller values derived from them); in between, a
-        knapsack (:mod:`jaxaot.partition.mincut.knapsack`) picks which expensive values to
-        recompute, cheapest seconds per saved byte first (``op_costs``).
+      joint: the joint graph (``aot_function`` passes it). Without it, the options are
+        checked now and the configured partitioner is returned, to pass as ``partition_fn``.
+      memory_budget: a fraction in ``[0, 1]``, or bytes. A fraction: 1 bans recomputing
+        expensive eqns (matmuls, convolutions, large reductions, loops), 0 recomputes all it can
+        and saves only inputs (or smaller values derived from them); in between, a knapsack
+        (:mod:`jaxaot.partition.mincut.knapsack`) picks which expensive values to recompute,
+        cheapest seconds per saved byte first (``op_costs``). Bytes (a number above 1, or a
+        string such as ``"1.4GB"`` or ``"512MiB"``): the training step's compiled peak device
+        memory per device, fused and split alike; the plan is the one at the largest fraction
+        whose compiled peak fits (:mod:`jaxaot.partition.budget.search`), and
+        :class:`~jaxaot.errors.MemoryBudgetError` says when none does.
       rematerialize_scans: choose the per-iteration residuals of each top-level
         ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot.partition.mincut.scan_remat`).
       offload: False, True or ``"auto"``: also move saved values to host memory
@@ -57,9 +62,13 @@ def min_cut_rematerialization_partition(
         device kind and cached, :mod:`jaxaot.partition.costs.measured_costs`),
         ``"flops"``, or an :class:`~jaxaot.partition.costs.op_costs.OpCosts`. At
         ``memory_budget=1`` without offload nothing is priced (nothing is traded).
-        ``Partition.cost_note`` says which were used.
+        ``Partition.cost_note`` says which were used. Timing ops holds at most as many
+        device bytes as the step's largest expensive eqn, or the byte budget
+        (:mod:`jaxaot.partition.budget.limits`).
 
-    Use ``functools.partial`` to pass options through ``aot_function``.
+    Raises:
+      InvalidValueError: a negative, NaN or infinite budget, zero bytes, an unreadable string.
+      MemoryBudgetError: no plan's compiled peak fits a byte budget.
 
     Example:
         >>> import functools, jax.numpy as jnp, jaxaot
@@ -69,11 +78,39 @@ def min_cut_rematerialization_partition(
         ['input']
         >>> len(jaxaot.default_partition(joint).residuals)
         3
+        >>> pf = jaxaot.min_cut_rematerialization_partition(memory_budget="64KiB")  # checked now
+        >>> pf(joint).step_peak.peak <= 64 * 1024
+        True
     """
-    if not 0.0 <= memory_budget <= 1.0:
-        raise PartitionError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
+    budget = parse_memory_budget(memory_budget)
+    check_offload(offload, device_model)
+    check_op_costs(op_costs)
+    if joint is None:
+        return functools.partial(min_cut_rematerialization_partition, memory_budget=memory_budget,
+                                 rematerialize_scans=rematerialize_scans, offload=offload,
+                                 device_model=device_model, op_costs=op_costs)
     model = resolve_model(offload, device_model)
     costs = resolve_costs(op_costs, model, model_given=device_model is not None)
+    plan_at = functools.partial(_at_fraction, joint, rematerialize_scans=rematerialize_scans, model=model,
+                                costs=costs)
+    with byte_limit(measurement_limit(joint, budget.nbytes)):
+        if budget.in_bytes:
+            return plan_under_peak(joint, budget.nbytes, plan_at)
+        return plan_at(budget.fraction)
+
+
+def check_op_costs(op_costs: Any) -> None:
+    """Refuse an ``op_costs`` that :func:`~jaxaot.partition.costs.resolve_costs` would refuse, before any work."""
+    if isinstance(op_costs, str) and op_costs in ("auto", "measured", "flops"):
+        return
+    if isinstance(op_costs, str) or not (hasattr(op_costs, "seconds") and hasattr(op_costs, "note")):
+        raise PartitionError(f"op_costs must be 'auto', 'measured', 'flops' or an OpCosts (an object with "
+                             f"seconds(eqn) and note), got {op_costs!r}.")
+
+
+def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans: bool, model: DeviceModel | None,
+                 costs: OpCosts) -> Partition:
+    """The min-cut at the fraction ``memory_budget`` (see :func:`min_cut_rematerialization_partition`)."""
     part = split_joint(joint, choose_saved_values(joint, memory_budget, costs=costs))
     source, plan = joint, None
     if rematerialize_scans:

@@ -12,8 +12,8 @@ Modules:
 """
 
 from jaxaot.partition.offload.host_offload import (
-    DEFAULT_MIN_BYTES, OffloadPlan, Timeline, apply_offload, offload_partition, offloadable_dtype, plan_offload,
-    resolve_model, saved_vars)
+    DEFAULT_MIN_BYTES, OffloadPlan, Timeline, apply_offload, check_offload, offload_partition, offloadable_dtype,
+    plan_offload, resolve_model, saved_vars)
 from jaxaot.partition.offload.scan_offload import plan_body_offload
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "OffloadPlan",
     "Timeline",
     "apply_offload",
+    "check_offload",
     "offload_partition",
     "offloadable_dtype",
     "plan_body_offload",

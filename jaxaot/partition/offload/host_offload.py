@@ -335,10 +335,15 @@ def resolve_model(offload: bool | str, device_model: DeviceModel | None) -> Devi
     ``offload`` is False, True or ``"auto"``; True and ``"auto"`` differ in
     nothing but intent: both measure the default device when no model is given.
     """
+    check_offload(offload, device_model)
     if offload is False or offload is None:
         return None
-    if offload is not True and offload != "auto":
+    return device_model if device_model is not None else DeviceModel.measure()
+
+
+def check_offload(offload: bool | str, device_model: DeviceModel | None) -> None:
+    """Refuse an ``offload`` other than False, True or ``"auto"``, and a ``device_model`` that is no DeviceModel."""
+    if offload is not False and offload is not None and offload is not True and offload != "auto":
         raise PartitionError(f"offload must be False, True or 'auto', got {offload!r}.")
     if device_model is not None and not all(hasattr(device_model, a) for a in ("host_bandwidth", "has_host_memory")):
         raise PartitionError(f"device_model must be a DeviceModel, got {type(device_model).__name__}.")
-    return device_model if device_model is not None else DeviceModel.measure()

@@ -1,0 +1,106 @@
+"""The fused step earns its place: ``jaxaot.value_and_grad`` runs the split executables where fusing loses.
+
+Two reasons make it run the split forward and backward of the same plan:
+
+* time: on the first call, timed (interleaved) against the split step, the fused
+  step runs more than ``STEP_TIME_SLACK`` times longer. CPU timing is noise, so
+  there the choice is made only with ``variants.step_timer`` set: these tests
+  set it to a fake timer;
+* peak: its compiled peak is over the plan's byte budget and the split
+  programs' is not.
+
+Either way the answers are JAX's, and the executable's ``runs`` and ``why`` say
+which step runs and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot.fusion import budget_choice, choose_step, variants
+from jaxaot.partition import StepPeak
+from zoo import assert_trees_close, deep_mlp, deep_mlp_args
+
+
+
+def _fused(f, args):
+    (exe,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]
+    return exe
+
+
+def _fake_timer(fused: float, split: float):
+    calls = []
+
+    def timer(which, run):
+        jax.block_until_ready(run())
+        calls.append(which)
+        return fused if which == "fused" else split
+
+    return timer, calls
+
+
+def test_choose_step_keeps_fused_within_the_slack():
+    assert choose_step([1.00, 1.02, 1.01], [1.0, 1.0, 1.0])[0] == "fused"
+    assert choose_step([1.03, 1.05, 1.04], [1.0, 1.0, 1.0])[0] == "split"
+    assert "1.04" in choose_step([1.03, 1.05, 1.04], [1.0, 1.0, 1.0])[1]
+
+
+@pytest.mark.parametrize("fused_seconds, runs", [(1.5, "split"), (1.0, "fused")])
+def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
+    timer, calls = _fake_timer(fused_seconds, 1.0)
+    monkeypatch.setattr(variants, "step_timer", timer)
+    args = deep_mlp_args(layers=3, width=32, batch=16)
+    f = jaxaot.aot_function(deep_mlp, partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition,
+                                                                     memory_budget=0.5))
+    vg = jaxaot.value_and_grad(f, argnums=(0, 1))
+    for _ in range(2):  # decided once, on the first call
+        value, grads = vg(*args)
+        ref_value, ref_grads = jax.value_and_grad(deep_mlp, argnums=(0, 1))(*args)
+        assert_trees_close((value, grads), (ref_value, ref_grads))
+    exe = _fused(f, args)
+    assert exe.runs == runs and "timed" in exe.why
+    assert calls.count("fused") == calls.count("split") == variants.STEP_TIME_ROUNDS
+    assert {"forward", "backward"} <= set(f.cache_info().entries[0].executables)
+
+
+def test_without_a_timer_the_cpu_runs_fused_untimed(monkeypatch):
+    monkeypatch.setattr(variants, "step_timer", None)
+    args = deep_mlp_args(layers=2, width=16, batch=8)
+    f = jaxaot.aot_function(deep_mlp)
+    jaxaot.value_and_grad(f)(*args)
+    exe = _fused(f, args)
+    assert exe.runs == "fused" and "not timed" in exe.why
+    assert "forward" not in f.cache_info().entries[0].executables  # the split step was never compiled
+
+
+def test_a_fused_step_over_the_byte_budget_runs_split(monkeypatch):
+    monkeypatch.setattr(variants, "step_timer", None)
+    args = deep_mlp_args(layers=3, width=32, batch=16)
+
+    def squeezed(joint):  # a plan whose budget the split programs fit and the fused step does not
+        part = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=0.5)
+        return dataclasses.replace(part, step_peak=StepPeak(fused=1, forward=1, backward=1, budget=1))
+
+    f = jaxaot.aot_function(deep_mlp, partition_fn=squeezed)
+    vg = jaxaot.value_and_grad(f)
+    assert_trees_close(vg(*args)[1], jax.grad(deep_mlp)(*args))
+    exe = _fused(f, args)
+    assert exe.runs == "split" and "memory_budget" in exe.why
+    compiled = vg.lower(*args).compile()
+    peaks = [jaxaot.partition.compiled_peak(compiled.executables[k]) for k in ("forward", "backward")]
+    assert compiled.peak_bytes == max(peaks)
+
+
+def test_budget_choice():
+    plan = StepPeak(fused=900, forward=500, backward=800, budget=1000)
+    assert budget_choice(plan, 1100)[0] == "split"
+    assert budget_choice(plan, 1000) is None
+    assert budget_choice(dataclasses.replace(plan, backward=1200), 1100) is None  # neither fits: stays fused
+    assert budget_choice(None, 10**9) is None
+    assert budget_choice(StepPeak(fused=900), 1100) is None  # no byte budget
