@@ -33,16 +33,15 @@ from jaxaot.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
 from jaxaot.loops import reraise_overflow
 from jaxaot.partition import Partitioner, default_partition
-from jaxaot.runtime import arguments, checks
+from jaxaot.runtime import arguments, checks, reasons
 from jaxaot.runtime.lowered import AOTLowered
-from jaxaot.runtime.options import Options
+from jaxaot.runtime.options import Options, check_options
 from jaxaot.runtime.programs import SignaturePrograms
 from jaxaot.runtime.training import TrainingPrograms
 from jaxaot.runtime.residuals import Residuals
-from jaxaot.runtime.shardings import check_policy, check_same_devices, context_mesh
+from jaxaot.runtime.shardings import check_same_devices, context_mesh
 from jaxaot.runtime.signature import (
-    CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_change, describe_signature, leaf_avals,
-    lookup_keys,
+    CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_signature, leaf_avals, lookup_keys,
 )
 
 _ArrayImpl = C.ArrayImpl
@@ -109,7 +108,7 @@ class AOTFunction:
         self._cache: dict[Signature, SignaturePrograms] = {}
         self._infos: list[CacheEntryInfo] = []
         self._hits = 0
-        self._last: Signature | None = None
+        self._names: reasons.ArgNames | None = None  # the positional arguments' names, read on the first miss
         self._hot: _HotPath | None = None
         self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
 
@@ -136,16 +135,27 @@ class AOTFunction:
         return AOTLowered(training)
 
     def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
-        reason = "first call" if self._last is None else describe_change(self._last, sig)
         flat_fn = arguments.flat_function(self.fn, self.static_argnums, sig.static, sig.treedef)
         donated = arguments.donated_leaves(sig.treedef, len(sig.static), self.static_argnums, self.donate_argnums)
         avals = leaf_avals(leaves)
         check_same_devices(sig.treedef, leaves, avals)
+        names = self._arg_names()
+        reason = reasons.describe_change(reasons.nearest(list(self._cache), sig, self._paths), sig, self._paths, names)
         programs = SignaturePrograms(self.options, sig, flat_fn, avals, donated)
         self._cache[sig] = programs
-        self._last = sig
-        self._infos.append(CacheEntryInfo(describe_signature(sig), reason, ()))
+        text = describe_signature(sig, self._paths(sig), [names(s.index) for s in sig.static])
+        self._infos.append(CacheEntryInfo(text, reason, ()))
+        reasons.log_compile(self.__name__, text, reason)
         return programs
+
+    def _arg_names(self) -> reasons.ArgNames:
+        if self._names is None:
+            self._names = reasons.ArgNames.of(self.fn)
+        return self._names
+
+    def _paths(self, sig: Signature) -> list[str]:
+        """The leaves of ``sig`` by parameter name and pytree path (``params['w']``)."""
+        return reasons.signature_paths(sig.treedef, len(sig.static), self.static_argnums, self._arg_names())
 
     # -- calling
     @_overflow_as_loop_error
@@ -247,18 +257,20 @@ class AOTFunction:
         return self.lowered(programs.training())
 
     def cache_info(self) -> CacheInfo:
-        """Compiled signatures, with the reason each was (re)compiled.
+        """Compiled signatures: per signature the executables kept, every compilation (fused-step variants
+        included), the seconds spent tracing, partitioning and in XLA, and why it was (re)compiled.
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
-            >>> f = jaxaot.aot_function(jnp.sin)
-            >>> _ = f(jnp.ones(3)); _ = f(jnp.ones(4))
+            >>> f = jaxaot.aot_function(lambda params, x: jnp.sum(x @ params["w"]))
+            >>> _ = f({"w": jnp.ones((3, 2))}, jnp.ones((4, 3))); _ = f({"w": jnp.ones((5, 2))}, jnp.ones((4, 5)))
             >>> f.cache_info().entries[1].reason
-            'arg[0]: f32[3] -> f32[4]'
+            "params['w']: shape (3, 2) → (5, 2); x: shape (4, 3) → (4, 5)"
         """
         with self._lock:
             entries = tuple(
-                dataclasses.replace(info, executables=tuple(p.executables), fused=_fused_choices(p.executables))
+                dataclasses.replace(info, executables=tuple(p.executables), fused=_fused_choices(p.executables),
+                                    compiles=tuple(p.compiled), times=dict(p.times))
                 for info, p in zip(self._infos, list(self._cache.values()))
             )
             return CacheInfo(hits=self._hits, misses=len(self._cache), entries=entries)
@@ -285,7 +297,7 @@ def aot_function(
     fn: Callable[..., Any],
     fw_compiler: Compiler | None = None,
     bw_compiler: Compiler | None = None,
-    partition_fn: Partitioner = default_partition,
+    partition_fn: Partitioner | None = default_partition,
     *,
     inference_compiler: Compiler | None = None,
     decompositions: Mapping[Any, Callable] | None = None,
@@ -300,7 +312,9 @@ def aot_function(
       fn: a function of pytrees of arrays returning a pytree of arrays.
       fw_compiler: compiles the forward program; default :func:`jaxaot.compilers.xla`.
       bw_compiler: compiles the backward program; default ``fw_compiler``.
-      partition_fn: chooses what the forward saves; default :func:`default_partition`.
+      partition_fn: chooses what the forward saves; default (or None) :func:`default_partition`.
+        Its result must be a :class:`~jaxaot.Partition` (a :class:`~jaxaot.errors.PartitionError`
+        naming it otherwise, at the first call that partitions).
       inference_compiler: compiles the inference program; default ``fw_compiler``.
       decompositions: ``{primitive: python_fn}`` applied while tracing, so the
         partitioner sees the decomposed operations; they reach into loop and
@@ -320,6 +334,13 @@ def aot_function(
     under a ``jax.set_mesh`` context) compile every program for their shardings:
     see :mod:`jaxaot.runtime.shardings`.
 
+    Raises:
+      InvalidInputError: ``fn`` or a compiler or partitioner is not callable, ``decompositions`` is not a
+        dict of primitives to functions, ``static_argnums``/``donate_argnums`` are not (non-negative)
+        ints or overlap, ``out_shardings`` holds something other than Shardings, ``residual_sharding``
+        is not a string.
+      InvalidValueError: ``residual_sharding`` is not a policy.
+
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot
         >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
@@ -330,14 +351,20 @@ def aot_function(
     """
     if not callable(fn):
         raise InvalidInputError(f"aot_function expects a callable, got {type(fn).__name__}: {fn!r}.")
-    for name, c in (("fw_compiler", fw_compiler), ("bw_compiler", bw_compiler),
-                    ("inference_compiler", inference_compiler), ("partition_fn", partition_fn)):
-        if c is not None and not callable(c):
-            raise InvalidInputError(f"{name} must be callable, got {type(c).__name__}.")
-    static = arguments.normalize_argnums("static_argnums", static_argnums)
-    donate = arguments.normalize_argnums("donate_argnums", donate_argnums)
+    check_options(fw_compiler=fw_compiler, bw_compiler=bw_compiler, inference_compiler=inference_compiler,
+                  partition_fn=partition_fn, decompositions=decompositions, out_shardings=out_shardings,
+                  residual_sharding=residual_sharding)
+    static = _argnums("static_argnums", static_argnums)
+    donate = _argnums("donate_argnums", donate_argnums)
     if set(static) & set(donate):
         raise InvalidInputError(f"arguments {sorted(set(static) & set(donate))} cannot be both static and donated.")
-    check_policy(residual_sharding)
-    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn, inference_compiler, decompositions, static, donate,
-                       out_shardings, residual_sharding)
+    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn or default_partition, inference_compiler,
+                       decompositions, static, donate, out_shardings, residual_sharding)
+
+
+def _argnums(name: str, value: Any) -> tuple[int, ...]:
+    """``static_argnums`` / ``donate_argnums`` checked: an int or a sequence of ints, none negative, no bools."""
+    items = (value,) if isinstance(value, int) or not isinstance(value, (tuple, list, range)) else tuple(value)
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in items):
+        raise InvalidInputError(f"{name} must be an int or a sequence of ints (argument positions), got {value!r}.")
+    return arguments.normalize_argnums(name, items)

@@ -23,7 +23,7 @@ through its ``TrainingLike`` and ``ProgramsLike`` protocols) may:
   ``programs.executables`` (a pipeline's B and W halves, the fused step);
 * read, never write, ``programs``' ``signature``, ``in_avals``, ``primal``,
   ``out_tree``, ``output_is_input``, ``computed_outputs``, ``sharded``,
-  ``mesh``, ``executables`` and ``times``, and use ``splice(leaves, computed)``
+  ``mesh``, ``executables``, ``compiled`` and ``times``, and use ``splice(leaves, computed)``
   to put the outputs that are inputs back;
 * on a ``TrainingPrograms``: read ``programs``, ``options``, ``mask``,
   ``name_suffix``, ``joint``, ``partition`` and ``placement``; call
@@ -73,6 +73,9 @@ class SignaturePrograms:
         set; such programs are compiled for their shardings
         (:mod:`~jaxaot.runtime.shardings`).
       times / executables: seconds per stage and the executables, by name.
+      compiled: every name :meth:`compile` compiled, in order, variants of the fused step
+        weighed and dropped included (``cache_info()`` reports it; a name twice would be a
+        duplicate compile, which the lock rules out).
       lock: guards the lazy builds of this signature and its training programs.
     """
 
@@ -83,6 +86,7 @@ class SignaturePrograms:
         self.donated_leaves = tuple(donated)
         self.times: dict[str, float] = {}
         self.executables: dict[str, Any] = {}
+        self.compiled: list[str] = []  # every name compiled, in order (variants weighed included)
         t = time.perf_counter()
         self.primal, self.out_tree = trace_primal(flat_fn, avals, options.decompositions)
         self.times["trace"] = time.perf_counter() - t
@@ -138,6 +142,7 @@ class SignaturePrograms:
                     options = {"donate_argnums": tuple(donate)} if donate else {}
                     exe = CheckedExecutable(cached_compile(compiler, closed, list(avals), **options), closed)
                     self.times[f"compile_{name}"] = time.perf_counter() - t
+                    self.compiled.append(name)
                     self.executables[name] = exe
         return exe
 

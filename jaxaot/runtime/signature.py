@@ -1,4 +1,4 @@
-"""Input signatures: what selects a compiled program, and why a call recompiled.
+"""Input signatures: what selects a compiled program, and what ``cache_info()`` reports about it.
 
 A :class:`Signature` is the pytree structure of ``(args, kwargs)``, one key per
 leaf and the static arguments. A leaf's key is its aval (shape, dtype, weak
@@ -11,16 +11,22 @@ one pass over the leaves: it runs on every call, so it is the runtime's hot
 path and is kept cheap (one ``type`` check for the common case of an
 uncommitted ``jax.Array``).
 
-:class:`CacheInfo` is what ``AOTFunction.cache_info()`` reports: one
-:class:`CacheEntryInfo` per signature with the reason it was compiled, printed
-as ``arg[0]: f32[3] -> f32[4]``.
+:class:`CacheInfo` is what ``cache_info()`` of every callable jaxaot returns
+reports (``aot_function``, ``aot_module``, the eager gradients, compiled
+autograd, pipelines, loaded artifacts): hits, misses and one
+:class:`CacheEntryInfo` per compiled signature, with the executables kept, every
+compilation made (fused-step variants included), the seconds spent tracing,
+partitioning and in XLA, and the reason it compiled, written by
+:mod:`jaxaot.runtime.reasons` (``x: shape (3,) → (4,)``). Front-ends with
+several programs label each entry with its ``program`` (:meth:`CacheInfo.combine`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 
@@ -149,66 +155,37 @@ def _explicit_sharding(aval: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- describing
-def _key_parts(k: Any) -> tuple[Any, Any]:
+def key_parts(k: Any) -> tuple[Any, Any]:
     """``(aval, sharding or None)`` of a leaf key."""
     return k if isinstance(k, tuple) else (k, None)
 
 
-def describe_signature(sig: Signature) -> str:
-    """``arg[0]: f32[3], kwarg['x']: i32[]``: a signature as a user reads it."""
-    parts = [f"{p}: {format_aval(_key_parts(k)[0], weak=True)}" + _sharding_suffix(_key_parts(k)[1])
-             for p, k in zip(leaf_paths(sig.treedef, "input"), sig.leaves)]
-    if sig.static:
-        parts.append(f"static={_static_repr(sig.static)}")
+def describe_signature(sig: Signature, paths: Sequence[str] | None = None,
+                       static_names: Sequence[str] | None = None) -> str:
+    """``x: f32[3], scale: i32[], n=4``: a signature as a user reads it (``paths`` name the leaves,
+    default ``arg[0]``, ``kwarg['scale']``; ``static_names`` the static arguments)."""
+    if paths is None:
+        paths = leaf_paths(sig.treedef, "input")
+    parts = [f"{p}: {format_aval(key_parts(k)[0], weak=True)}" + _sharding_suffix(key_parts(k)[1])
+             for p, k in zip(paths, sig.leaves)]
+    if static_names is not None and len(static_names) == len(sig.static):
+        parts += [f"{n}={safe_repr(s.value if isinstance(s, StaticArg) else s, 80)}"
+                  for n, s in zip(static_names, sig.static)]
+    elif sig.static:
+        parts.append("static=" + repr(tuple(s if isinstance(s, StaticArg) else safe_repr(s) for s in sig.static)))
     return ", ".join(parts)
 
 
-def _sharding_suffix(sharding: Any) -> str:
+def sharding_text(sharding: Any) -> str:
+    """A sharding as a reason prints it: its ``PartitionSpec`` when it has one, ``default device`` for None."""
+    if sharding is None:
+        return "default device"
     spec = getattr(sharding, "spec", None)
-    if spec is not None:
-        return f" {spec}"
-    return "" if sharding is None else f" {sharding}"
+    return str(spec) if spec is not None else str(sharding)
 
 
-def describe_change(old: Signature, new: Signature) -> str:
-    """Why ``new`` needs its own programs, against the last signature ``old``.
-
-    Only a reason text: it never raises, whatever the static values' ``__eq__``
-    or ``__repr__`` do (:class:`~jaxaot.runtime.arguments.StaticArg`).
-    """
-    static = _static_change(old.static, new.static)
-    if static:
-        return static
-    if old.mesh != new.mesh:
-        return f"mesh context changed: {old.mesh} -> {new.mesh}"
-    if old.treedef != new.treedef:
-        return f"input pytree structure changed: {old.treedef} -> {new.treedef}"
-    diffs = []
-    for path, ka, kb in zip(leaf_paths(new.treedef, "input"), old.leaves, new.leaves):
-        (a, sa), (b, sb) = _key_parts(ka), _key_parts(kb)
-        if (a.shape, a.dtype, a.weak_type) != (b.shape, b.dtype, b.weak_type):
-            diffs.append(f"{path}: {format_aval(a, weak=True)} -> {format_aval(b, weak=True)}")
-        elif sa != sb:
-            diffs.append(f"{path}: sharding {sa} -> {sb}")
-    return "; ".join(diffs) or "new signature"
-
-
-def _static_change(old: tuple, new: tuple) -> str | None:
-    """Why two calls' static arguments differ, or None when they are equal; never raises."""
-    mutated = [f"arg[{b.index}]" for a, b in zip(old, new) if isinstance(a, StaticArg) and isinstance(b, StaticArg)
-               and a.value is b.value and hash(a) != hash(b)]
-    if mutated:
-        return f"static argument {', '.join(mutated)} was mutated since an earlier call (its hash changed)"
-    try:
-        if old == new:
-            return None
-    except Exception:  # an __eq__ that raises: the values count as different
-        pass
-    return f"static arguments changed: {_static_repr(old)} -> {_static_repr(new)}"
-
-
-def _static_repr(static: tuple) -> str:
-    return repr(tuple(s if isinstance(s, StaticArg) else safe_repr(s) for s in static))
+def _sharding_suffix(sharding: Any) -> str:
+    return "" if sharding is None else f" {sharding_text(sharding)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,18 +210,76 @@ class FusedChoice:
 
 @dataclasses.dataclass(frozen=True)
 class CacheEntryInfo:
-    """One compiled signature of an :class:`~jaxaot.AOTFunction`: its executables by name, and for
-    each fused training step among them the variant kept (:class:`FusedChoice`)."""
+    """One compiled signature of a program: what was compiled for it, how long each stage took, and why.
+
+    Attributes:
+      signature: the inputs, as the user named them (``params['w']: f32[3,2], x: f32[4,3]``).
+      reason: why it compiled: ``"first call"``, or what changed against the nearest compiled
+        signature, in words (``x: shape (4, 3) → (5, 3)``, ``static argument `n`: 3 → 4``,
+        ``Python branch at model.py:42 took the other side``).
+      executables: the executables kept, by name (``inference``, ``forward``, ``backward``, ``fused``, ...).
+      fused: for each fused training step among them, the variant kept (:class:`FusedChoice`).
+      program: which of the callable's programs this entry belongs to: ``""`` for a callable with
+        one, else ``"call"`` / ``"loss"`` (``aot_module``), ``"stage0"`` (pipelines), ``"step"`` /
+        ``"backward"`` (compiled autograd), ...
+      compiles: every compilation made for it, in order: each kept executable once, and each variant
+        of the fused step tried (``fused:pinned:xla:recomputed:0``) once. A name twice is a
+        duplicate compile (:attr:`duplicates`), which never happens.
+      times: seconds per stage: ``trace`` (and ``joint``), ``partition``, ``compile_<name>`` (XLA, or the
+        persistent cache); compiled autograd reports ``record`` (the forward recorded) instead of a trace.
+    """
 
     signature: str
     reason: str
     executables: tuple[str, ...]
     fused: tuple[FusedChoice, ...] = ()
+    program: str = ""
+    compiles: tuple[str, ...] = ()
+    times: Mapping[str, float] = dataclasses.field(default_factory=dict, hash=False)
+
+    @property
+    def trace_seconds(self) -> float:
+        """Seconds spent tracing (the primal, the joint graph, a recorded forward)."""
+        return self._seconds("trace", "joint", "record")
+
+    @property
+    def partition_seconds(self) -> float:
+        """Seconds spent partitioning (or reading the partition from the persistent cache)."""
+        return self._seconds("partition")
+
+    @property
+    def xla_seconds(self) -> float:
+        """Seconds spent compiling (in XLA, or reading executables from the persistent cache)."""
+        return self._seconds("compile_")
+
+    def _seconds(self, *prefixes: str) -> float:
+        return sum(t for k, t in self.times.items() if k.startswith(prefixes))
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The fused step's variants compiled to be weighed (kept or not): compiles that are not kept executables."""
+        return tuple(dict.fromkeys(c for c in self.compiles if c not in self.executables))
+
+    @property
+    def duplicates(self) -> tuple[str, ...]:
+        """Names compiled more than once for this signature (a duplicate compile: always empty)."""
+        counts = collections.Counter(self.compiles)
+        return tuple(name for name, n in counts.items() if n > 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class CacheInfo:
-    """What :meth:`AOTFunction.cache_info <jaxaot.AOTFunction.cache_info>` reports."""
+    """What ``cache_info()`` of any callable jaxaot returns reports: lookups that hit, signatures compiled,
+    and one :class:`CacheEntryInfo` per compiled signature (of each of its programs).
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+        >>> _ = f(jnp.ones(3)); _ = f(jnp.ones(3)); _ = f(jnp.ones(4))
+        >>> info = f.cache_info()
+        >>> info.hits, info.misses, info.entries[1].reason
+        (1, 2, 'x: shape (3,) → (4,)')
+    """
 
     hits: int
     misses: int
@@ -252,4 +287,40 @@ class CacheInfo:
 
     @property
     def recompiles(self) -> int:
-        return max(self.misses - 1, 0)
+        """Signatures compiled after the first of their program."""
+        return max(len(self.entries) - len({e.program for e in self.entries}), 0)
+
+    @property
+    def compiles(self) -> int:
+        """Compilations, fused-step variants included."""
+        return sum(len(e.compiles) for e in self.entries)
+
+    @property
+    def duplicates(self) -> tuple[str, ...]:
+        """Every duplicate compile, as ``"name for signature"`` (always empty: each program of a signature
+        compiles once, however many threads call)."""
+        return tuple(f"{name} for {e.signature}" for e in self.entries for name in e.duplicates)
+
+    @classmethod
+    def combine(cls, parts: Mapping[str, "CacheInfo"]) -> "CacheInfo":
+        """One report of several programs': counts summed, each entry labelled by its part (``program``).
+
+        Example:
+            >>> a = CacheInfo(2, 1, (CacheEntryInfo("x: f32[3]", "first call", ("fused",)),))
+            >>> CacheInfo.combine({"call": CacheInfo(0, 0, ()), "loss": a}).entries[0].program
+            'loss'
+        """
+        entries = tuple(dataclasses.replace(e, program=f"{label}.{e.program}" if e.program else label)
+                        for label, info in parts.items() for e in info.entries)
+        return cls(sum(i.hits for i in parts.values()), sum(i.misses for i in parts.values()), entries)
+
+    def __str__(self) -> str:
+        lines = [f"{self.misses} compiled, {self.hits} hits"]
+        for e in self.entries:
+            where = f"[{e.program}] " if e.program else ""
+            lines.append(f"{where}{e.signature or 'no inputs'}: {e.reason}")
+            tried = f" (variants weighed: {', '.join(e.variants)})" if e.variants else ""
+            lines.append(f"    {', '.join(e.executables) or 'nothing compiled'}{tried}; trace "
+                         f"{e.trace_seconds * 1e3:.1f} ms, partition {e.partition_seconds * 1e3:.1f} ms, "
+                         f"XLA {e.xla_seconds * 1e3:.1f} ms")
+        return "\n".join(lines)

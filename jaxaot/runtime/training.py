@@ -27,7 +27,7 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot.compile import cached_partition
-from jaxaot.errors import ReverseModeBoundError
+from jaxaot.errors import PartitionError, ReverseModeBoundError
 from jaxaot.loops import dynamic_capacity
 from jaxaot.partition import Partition
 from jaxaot.runtime import shardings as S
@@ -104,7 +104,8 @@ class TrainingPrograms:
                 if self._partition is None:
                     joint = self.joint
                     t = time.perf_counter()
-                    self._partition = cached_partition(self.options.partition_fn, joint)
+                    self._partition = _checked(cached_partition(self.options.partition_fn, joint),
+                                               self.options.partition_fn)
                     self.programs.times["partition" + self.name_suffix] = time.perf_counter() - t
         return self._partition
 
@@ -271,6 +272,17 @@ def _custom_vjp(tr: TrainingPrograms) -> Callable:
         cotangent_outputs=cts,
         cotangent_dtypes=tuple(out_avals[i].dtype for i in cts),
     ))
+
+
+def _checked(part: Any, partition_fn: Callable) -> Partition:
+    """``part`` if it is a :class:`~jaxaot.Partition`, else a :class:`~jaxaot.errors.PartitionError` naming
+    the partitioner (nothing is kept: the next call partitions again)."""
+    if isinstance(part, Partition):
+        return part
+    name = getattr(partition_fn, "__qualname__", None) or repr(partition_fn)
+    raise PartitionError(
+        f"partition_fn {name} returned a {type(part).__name__}, not a jaxaot.Partition. A partitioner takes the "
+        "JointGraph and returns the Partition it chose (jaxaot.default_partition(joint), say): return one.")
 
 
 def _unbounded_loop_error(name: str) -> Exception:

@@ -100,8 +100,8 @@ def test_an_eq_that_raises_does_not_poison_other_values():
     _same(f, g, x, (1, 2, 3))     # and the function keeps working
     _same(f, g, x, (4, 5))
     reasons = [e.reason for e in f.cache_info().entries]
-    assert reasons[0] == "first call" and reasons[1].startswith("static arguments changed: (<")
-    assert reasons[1].endswith("-> ((1, 2),)") and reasons[2].startswith("static arguments changed: ((1, 2),) -> (<")
+    assert reasons[0] == "first call" and reasons[1].startswith("static argument `c`: <")
+    assert reasons[1].endswith("→ (1, 2)") and reasons[2].startswith("static argument `c`: (1, 2) → <")
 
 
 def test_a_hash_that_raises_is_a_typed_error_naming_the_argument():
@@ -139,7 +139,7 @@ def test_a_repr_that_raises_does_not_break_the_call_or_cache_info():
     _same(f, g, x, (1, 2))
     info = f.cache_info()
     assert "its __repr__ raised RuntimeError" in info.entries[0].signature
-    assert info.entries[1].reason.startswith("static arguments changed: (<BadRepr object (its __repr__ raised")
+    assert info.entries[1].reason.startswith("static argument `c`: <BadRepr object (its __repr__ raised")
 
 
 def test_a_value_mutated_after_the_call_is_a_new_value_not_the_old_program():
@@ -152,4 +152,4 @@ def test_a_value_mutated_after_the_call_is_a_new_value_not_the_old_program():
     np.testing.assert_allclose(f(x, Box(2)), 6.0)
     np.testing.assert_allclose(f(x, box), g(x, box))
     reasons = [e.reason for e in f.cache_info().entries]
-    assert reasons[1] == "static argument arg[1] was mutated since an earlier call (its hash changed)"
+    assert reasons[1] == "static argument `c` was mutated since an earlier call (its hash changed)"

@@ -143,7 +143,7 @@ def test_recompiles_once_per_signature():
     assert sorted(calls) == ["bw", "bw", "fw", "fw", "inf"]  # training only: no inference build
     info = f.cache_info()
     assert info.misses == 2 and info.recompiles == 1
-    assert info.entries[1].reason == "arg[0]['w']: f32[4,8] -> f32[8,8]; arg[1]: f32[2,4] -> f32[2,8]"
+    assert info.entries[1].reason == "p['w']: shape (4, 8) → (8, 8); x: shape (2, 4) → (2, 8)"
     assert info.entries[1].executables == ("forward[0]", "backward[0]")  # only arg[0] is differentiated
 
 
@@ -181,7 +181,7 @@ def test_recompile_reason_for_dtype_and_static():
     f(jnp.ones(3, jnp.float16), 3)
     f(jnp.ones(3, jnp.float16), 3)
     reasons = [e.reason for e in f.cache_info().entries]
-    assert reasons == ["first call", "arg[0]: f32[3] -> f16[3]", "static arguments changed: (2,) -> (3,)"]
+    assert reasons == ["first call", "x: dtype float32 → float16", "static argument `n`: 2 → 3"]
     assert f.cache_info().hits == 1
 
 
