@@ -10,7 +10,8 @@ apart from the ones that compute gradients. Colours:
 * inputs, outputs, cotangents and gradients: grey ellipses.
 
 Graphviz's ``dot`` lays the graph out. Without it (or without the ``graphviz``
-Python package) every renderer falls back to the residual table and says so.
+Python package) every renderer draws it with a built-in layered layout in pure
+Python (:func:`plain_svg`: the same colours, simpler routing) and says so.
 Large programs are collapsed so they stay readable: one node per eqn while
 that fits in ``max_nodes``, else one node per source line, else one per function.
 
@@ -23,6 +24,9 @@ Modules, each importing only those above it:
 * ``grouping``: :func:`collapse`, one node per source line or function;
 * ``graph``: :func:`split_graph`;
 * ``layout``: Graphviz (:func:`to_digraph`, :func:`layout_available`, :func:`why_no_layout`);
+* ``plain_layout``: a layered layout in pure Python, for when Graphviz is missing;
+* ``plain_svg``: :func:`plain_svg`, that layout drawn as SVG;
+* ``picture``: :func:`draw_svg`, Graphviz's picture or else the built-in one;
 * ``table``: :func:`residual_table_html`;
 * ``page``: :func:`to_html`, the Jupyter view;
 * ``output``: :func:`render`, to text or a file;
@@ -53,6 +57,8 @@ from jaxaot.viz.program import backward_is_cotangent_dependent
 from jaxaot.viz.grouping import collapse
 from jaxaot.viz.graph import split_graph
 from jaxaot.viz.layout import layout_available, to_digraph, why_no_layout
+from jaxaot.viz.plain_svg import plain_svg
+from jaxaot.viz.picture import draw_svg
 from jaxaot.viz.table import residual_table_html
 from jaxaot.viz.page import to_html
 from jaxaot.viz.output import render
@@ -73,8 +79,10 @@ __all__ = [
     "aval_str",
     "backward_is_cotangent_dependent",
     "collapse",
+    "draw_svg",
     "format_bytes",
     "layout_available",
+    "plain_svg",
     "plot_budget_sweep",
     "plot_schedule",
     "render",

@@ -3,7 +3,8 @@
 The forward eqns go in one cluster, the backward eqns in another, the saved
 values in one row between them, with a legend on top. The ``graphviz`` Python
 package builds the DOT source; Graphviz's ``dot`` binary lays it out as SVG.
-Both are optional: :func:`to_svg` says why there is no picture instead of failing.
+Both are optional: :func:`to_svg` says why it drew nothing instead of failing, and
+:func:`jaxaot.viz.picture.draw_svg` then draws with the built-in layout.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -39,9 +40,10 @@ def why_no_layout() -> str:
     try:
         import graphviz  # noqa: F401  (optional dependency: the 'viz' extra)
     except ImportError:
-        return "the graphviz Python package is not installed (pip install graphviz)"
+        return "the graphviz Python package is not installed (for Graphviz's picture: pip install graphviz)"
     if shutil.which("dot") is None:
-        return "Graphviz's dot was not found (install the Debian/Ubuntu package graphviz)"
+        return ("Graphviz's dot was not found (for Graphviz's picture: apt-get install graphviz, "
+                "or brew install graphviz)")
     return ""
 
 

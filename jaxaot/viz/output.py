@@ -15,8 +15,9 @@ from typing import Any
 
 from jaxaot.errors import InvalidValueError
 from jaxaot.viz.graph import split_graph
-from jaxaot.viz.layout import to_digraph, to_svg
+from jaxaot.viz.layout import to_digraph
 from jaxaot.viz.page import graph_html, standalone_page
+from jaxaot.viz.picture import draw_svg
 
 FORMATS = ("svg", "html", "dot")
 
@@ -33,9 +34,11 @@ def render(lowered: Any, path: str | Path | None = None, format: str = "svg", *,
       max_nodes, group_by: see :func:`jaxaot.viz.split_graph`.
       title: a caption for the graph.
 
-    Without Graphviz's ``dot``, ``"svg"`` falls back to the HTML page with the
-    residual table and a note; written to a file, its suffix becomes ``.html``
-    (with a warning) so the file's name says what it holds.
+    Without Graphviz's ``dot`` (or the ``graphviz`` package), ``"svg"`` and
+    ``"html"`` draw the graph with jaxaot's built-in layered layout
+    (:mod:`jaxaot.viz.plain_svg`: the same colours, simpler routing) and say so:
+    the picture's last line names what is missing, and ``"svg"`` warns
+    (``UserWarning``) with how to get Graphviz's picture.
 
     Returns:
       the SVG/HTML/DOT text if ``path`` is None, else the :class:`~pathlib.Path` written.
@@ -52,25 +55,17 @@ def render(lowered: Any, path: str | Path | None = None, format: str = "svg", *,
     if format not in FORMATS:
         raise InvalidValueError(f"format must be 'svg', 'html' or 'dot', got {format!r}")
     graph = split_graph(lowered, max_nodes=max_nodes, group_by=group_by)
-    text, suffix = None, f".{format}"
     if format == "dot":
         text = to_digraph(graph, title=title).source
     elif format == "svg":
-        text, _ = to_svg(graph, title)
-    if text is None:  # html asked for, or svg without a layout engine
-        text, suffix = standalone_page(graph_html(lowered, graph), title or "jaxaot split"), ".html"
+        text, note = draw_svg(graph, title)
+        if note:
+            warnings.warn(note, stacklevel=2)
+    else:
+        text = standalone_page(graph_html(lowered, graph), title or "jaxaot split")
     if path is None:
         return text
-    return _write(Path(path), suffix, text, fell_back=format == "svg" and suffix == ".html")
-
-
-def _write(path: Path, suffix: str, text: str, *, fell_back: bool) -> Path:
-    """Write ``text`` to ``path`` with ``suffix``; warn if an SVG became the HTML fallback."""
-    if path.suffix != suffix:
-        if fell_back:
-            warnings.warn(f"no Graphviz layout engine: writing the residual table to {path.with_suffix(suffix)} "
-                          f"instead of an SVG graph to {path}", stacklevel=3)
-        path = path.with_suffix(suffix)
+    path = Path(path).with_suffix(f".{format}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path

@@ -2,7 +2,8 @@
 
 :func:`to_html` is what ``AOTLowered._repr_html_`` shows in Jupyter;
 :func:`standalone_page` wraps it as a file of its own. Without Graphviz the
-graph is replaced by a note saying why.
+graph is drawn with the built-in layout (:func:`jaxaot.viz.picture.draw_svg`),
+whose last line says why.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 from jaxaot.viz.formatting import format_bytes
 from jaxaot.viz.graph import split_graph
-from jaxaot.viz.layout import inline_svg, to_svg
+from jaxaot.viz.layout import inline_svg
 from jaxaot.viz.model import SplitGraph
+from jaxaot.viz.picture import draw_svg
 from jaxaot.viz.program import unwrap
 from jaxaot.viz.styles import LEGEND_KINDS, STYLES
 from jaxaot.viz.table import residual_table_html
@@ -23,13 +25,13 @@ def to_html(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") -> str
     """An HTML fragment: summary, legend, the graph as inline SVG, the residual table.
 
     What ``AOTLowered._repr_html_`` shows in Jupyter. Without Graphviz the
-    graph is replaced by a note saying why.
+    graph is drawn with the built-in layout, whose last line says why.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
         >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
         >>> frag = to_html(low)
-        >>> "jaxaot-residuals" in frag and ("<svg" in frag or "Graphviz" in frag)
+        >>> "jaxaot-residuals" in frag and "<svg" in frag
         True
     """
     return graph_html(lowered, split_graph(lowered, max_nodes=max_nodes, group_by=group_by))
@@ -38,14 +40,11 @@ def to_html(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") -> str
 def graph_html(lowered: Any, graph: SplitGraph) -> str:
     """:func:`to_html` of ``lowered`` with its split graph already built."""
     part, _ = unwrap(lowered)
-    svg, why = to_svg(graph, "")
-    if svg is not None:
-        grouped = "" if graph.group_by == "eqn" else (
-            f"<p><small>{graph.num_eqns} eqns, shown grouped by source {graph.group_by}; "
-            "hover a node for its operations.</small></p>")
-        picture = f'<div style="max-width:100%;overflow:auto">{inline_svg(svg)}</div>{grouped}'
-    else:
-        picture = f'<p class="jaxaot-note"><em>No graph: {html.escape(why)}. Residual table only.</em></p>'
+    svg, _ = draw_svg(graph, "")  # without Graphviz, the picture's own last line says why
+    grouped = "" if graph.group_by == "eqn" else (
+        f"<p><small>{graph.num_eqns} eqns, shown grouped by source {graph.group_by}; "
+        "hover a node for its operations.</small></p>")
+    picture = f'<div style="max-width:100%;overflow:auto">{inline_svg(svg)}</div>{grouped}'
     return (f'<div class="jaxaot-split"><p><b>jaxaot split</b>: {html.escape(_summary(part))}</p>'
             f"{_legend_div()}{picture}{residual_table_html(lowered)}</div>")
 

@@ -13,11 +13,14 @@ def test_bad_format(small):
 def test_fallback_without_dot(small, no_dot, tmp_path):
     pytest.importorskip("graphviz")  # without the package the message names the package, not dot
     frag = viz.to_html(small)
-    assert "<svg" not in frag and "No graph" in frag and "dot was not found" in frag
+    assert "<svg" in frag and "built-in layout" in frag and "dot was not found" in frag
     assert "jaxaot-residuals" in frag
-    page = viz.render(small)  # svg asked for: the page with the table instead
-    assert page.startswith("<!doctype html>") and "No graph" in page
-    with pytest.warns(UserWarning, match="no Graphviz layout engine"):
+    with pytest.warns(UserWarning, match="built-in layout: Graphviz's dot was not found"):
+        svg = viz.render(small)  # svg asked for: the built-in layout's
+    assert svg.startswith("<?xml") and 'class="node saved"' in svg
+    with pytest.warns(UserWarning, match="built-in layout"):
         out = viz.render(small, tmp_path / "split.svg")
-    assert out == tmp_path / "split.html" and "jaxaot-residuals" in out.read_text()
+    assert out == tmp_path / "split.svg" and out.read_text() == svg
+    page = viz.render(small, tmp_path / "split.html", format="html")
+    assert "<svg" in page.read_text() and "jaxaot-residuals" in page.read_text()
     assert viz.render(small, format="dot").startswith("digraph")  # still available
