@@ -4,7 +4,8 @@ Work that can take more than a couple of seconds says what it is doing and how
 far along it is: timing ops for measured recompute costs, compiling the fused
 step's variants, exporting programs, the demo's stages. The stages call
 :func:`step` once per unit of work (or wrap a loop in :func:`track`, or a single
-long step in :func:`task`); this module decides how, if at all, to show it:
+long step in :func:`task`, or say one thing with :func:`note`); this module
+decides how, if at all, to show it:
 
 * nothing under ``JAXAOT_QUIET=1``, nor while the ``jaxaot`` logger would drop
   INFO records (no handler anywhere, or a level above INFO): a library stays
@@ -46,6 +47,8 @@ LOGGER = logging.getLogger("jaxaot")
 QUIET_ENV = "JAXAOT_QUIET"
 #: Seconds between two logger lines of one task (its first and last line always show).
 INTERVAL = 1.0
+#: What marks this module's records (``record.jaxaot_progress``), which :func:`to_stderr` shows alone.
+_MARK = {"jaxaot_progress": True}
 
 _lock = threading.Lock()
 _tasks: dict[tuple, "_Task"] = {}  # open tasks, keyed by (what, key) or by (what, key, id(owner))
@@ -110,7 +113,7 @@ def step(what: str, done: int | None = None, total: int | None = None, detail: s
             now = time.monotonic()
             if task.logged_at is None or task.done == 1 or last or now - task.logged_at >= INTERVAL:
                 task.logged_at = now
-                LOGGER.info(text)
+                LOGGER.info(text, extra=_MARK)
         if last:
             _end(what, key, owner)
 
@@ -135,6 +138,18 @@ def track(items: Iterable[T], what: str, *, total: int | None = None,
             _end(what, key, None)
 
 
+def note(text: str) -> None:
+    """One line about long work under way (what is being built, where it goes), shown as progress is.
+
+    Example:
+        >>> note("jaxaot demo: a 4-layer MLP")  # silent: logging is off
+    """
+    if enabled():
+        with _lock:
+            _close_others(None)
+        LOGGER.info(text, extra=_MARK)
+
+
 class _Timed:
     seconds: float = 0.0
 
@@ -156,30 +171,33 @@ def task(what: str) -> Iterator[_Timed]:
     if show:
         with _lock:
             _close_others(None)
-        LOGGER.info(f"{what} ...")
+        LOGGER.info(f"{what} ...", extra=_MARK)
     start = time.perf_counter()
     try:
         yield timed
     except BaseException:
         timed.seconds = time.perf_counter() - start
         if show:
-            LOGGER.info(f"{what}: failed ({timed.seconds:.2f} s)")
+            LOGGER.info(f"{what}: failed ({timed.seconds:.2f} s)", extra=_MARK)
         raise
     timed.seconds = time.perf_counter() - start
     if show:
-        LOGGER.info(f"{what}: done ({timed.seconds:.2f} s)")
+        LOGGER.info(f"{what}: done ({timed.seconds:.2f} s)", extra=_MARK)
 
 
 @contextlib.contextmanager
 def to_stderr(fmt: str = "  %(message)s") -> Iterator[None]:
-    """Show the ``jaxaot`` logger's INFO lines on (the current) ``sys.stderr`` inside the block.
+    """Show progress lines on (the current) ``sys.stderr`` inside the block.
 
-    What the ``jaxaot`` command does around each command. The logger's level,
-    handlers and propagation come back as they were after the block; records do
-    not also reach the root logger's handlers meanwhile (no line printed twice).
+    What the ``jaxaot`` command does around each command. Only this module's
+    records show (the package's other INFO records, such as the compile cache's,
+    are dropped). The logger's level, handlers and propagation come back as they
+    were after the block; records do not also reach the root logger's handlers
+    meanwhile (no line printed twice).
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(fmt))
+    handler.addFilter(lambda record: getattr(record, "jaxaot_progress", False))
     saved = LOGGER.level, LOGGER.propagate
     LOGGER.addHandler(handler)
     LOGGER.setLevel(logging.INFO)

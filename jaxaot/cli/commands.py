@@ -3,8 +3,11 @@
 :mod:`jaxaot.cli.main` reads the arguments and imports this module only once a
 command runs, so ``--help`` never pays for importing JAX. A mistake of the
 user's (a module that does not import, an unreadable shape, a wrong number of
-arguments, a function JAX cannot trace at those shapes) ends the command with
-one line on stderr and exit status 2; ``--traceback`` shows the whole story.
+arguments, a function JAX cannot trace at those shapes, a ``--budget`` that is
+unreadable or that no plan fits) ends the command with one line on stderr and
+exit status 2; ``--traceback`` shows the whole story. While a command runs, the
+``jaxaot`` logger's progress lines show on stderr (:func:`jaxaot._progress.to_stderr`;
+none under ``JAXAOT_QUIET=1``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import sys
 import tempfile
 from typing import Any, Callable
@@ -20,10 +24,11 @@ import jax
 import jaxlib
 
 import jaxaot
-from jaxaot.cli.console import Progress
+from jaxaot import _progress
 from jaxaot.cli.demo import demo_report
+from jaxaot.cli.inspect_json import inspect_document
 from jaxaot.cli.shapes import needs_x64, parse_shapes
-from jaxaot.errors import InvalidValueError, JaxaotError
+from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, MemoryBudgetError
 
 #: The exit status of a command that stopped on a user error (argparse's, for its own errors).
 USAGE_ERROR = 2
@@ -39,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     Usage errors are :class:`UsageError` and the ``InvalidValueError`` of an unreadable ``--shapes``.
     """
     try:
-        return COMMANDS[args.command](args)
+        with _progress.to_stderr():
+            return COMMANDS[args.command](args)
     except InvalidValueError as e:
         if getattr(args, "traceback", False):
             raise
@@ -145,24 +151,71 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def budget_value(text: str) -> float | str:
+    """``--budget`` as ``memory_budget`` takes it: a plain number as a float (a fraction, or bytes
+    above 1), anything else as the string (``"1.4GB"``), which the partitioner reads and checks.
+
+    Example:
+        >>> budget_value("0.5"), budget_value("2e9"), budget_value("1.4GB")
+        (0.5, 2000000000.0, '1.4GB')
+    """
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def partitioner(args: argparse.Namespace) -> tuple[str, Any]:
+    """``(name, partition_fn)`` for ``inspect``'s ``--partition``, ``--budget`` and ``--offload``.
+
+    ``--budget`` or ``--offload`` without ``--partition`` choose the min-cut, the
+    partitioner they configure. The min-cut checks its options here, before any
+    tracing: an unreadable budget is a :class:`UsageError` naming ``--budget``.
+    """
+    tuned = args.budget is not None or args.offload is not None
+    name = args.partition or ("min_cut" if tuned else "default")
+    if name == "default":
+        if tuned:
+            raise UsageError("--budget and --offload configure the min-cut partitioner: drop --partition default "
+                             "or use --partition min_cut")
+        return name, jaxaot.default_partition
+    options: dict[str, Any] = {}
+    if args.budget is not None:
+        options["memory_budget"] = budget_value(args.budget)
+    if args.offload is not None:
+        options["offload"] = "auto" if args.offload == "auto" else False
+    if not options:
+        return name, jaxaot.min_cut_rematerialization_partition
+    try:
+        return name, jaxaot.min_cut_rematerialization_partition(**options)
+    except (InvalidValueError, InvalidInputError) as e:
+        flag = "--budget" if args.budget is not None else "--offload"
+        raise UsageError(f"{flag} {getattr(args, flag[2:])}: {_first_line(e)}") from e
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     if args.x64 and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)  # before --args builds its arrays
+    name, partition_fn = partitioner(args)
     fn = load_object(args.target)
     call_args = parse_shapes(args.shapes) if args.shapes is not None else example_args(args.args)
     enable_x64_for(call_args)
     check_arity(fn, args.target, call_args)
-    partition_fn = jaxaot.default_partition
-    if args.partition == "min_cut":
-        partition_fn = jaxaot.min_cut_rematerialization_partition
     aot = jaxaot.aot_function(fn, partition_fn=partition_fn)
     try:
-        with Progress(f"lowering {args.target}"):
+        with _progress.task(f"lowering {args.target}"):
             low = aot.lower(*call_args)
+    except MemoryBudgetError as e:  # before its base class: the function traced, the budget is the problem
+        raise UsageError(f"no plan of {args.target} fits --budget {args.budget}: {_first_line(e)}") from e
     except (JaxaotError, TypeError, ValueError) as e:  # the function does not trace at these arguments
         raise UsageError(f"{args.target} does not trace at the given arguments: {type(e).__name__}: "
                          f"{_first_line(e)} (--traceback shows where)") from e
-    print(low)
+    if args.json:
+        budget = None if args.budget is None else budget_value(args.budget)
+        print(json.dumps(inspect_document(low, target=args.target, partition=name, budget=budget,
+                                          offload=args.offload), indent=2))
+    else:
+        print(low)
     return 0
 
 

@@ -1,4 +1,7 @@
-"""What the ``jaxaot`` command prints around its results: progress lines and plain-text tables.
+"""What the ``jaxaot`` command prints around its results: plain-text tables.
+
+Progress lines go through :mod:`jaxaot._progress`, which the command shows on
+stderr (:func:`jaxaot._progress.to_stderr`).
 
 Example:
     >>> print(table([("name", "bytes"), ("w", 12), ("bias", 4)]))
@@ -10,26 +13,7 @@ Example:
 
 from __future__ import annotations
 
-import sys
-import time
-from typing import Any, Sequence, TextIO
-
-
-class Progress:
-    """Prints ``label ... done (0.3 s)`` around a long step (on stderr by default), ``failed`` if it raises."""
-
-    def __init__(self, label: str, stream: TextIO | None = None):
-        self.label, self.stream = label, stream or sys.stderr
-
-    def __enter__(self) -> Progress:
-        self.t = time.perf_counter()
-        print(f"  {self.label} ...", end="", flush=True, file=self.stream)
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.seconds = time.perf_counter() - self.t
-        word = "done" if exc_type is None else "failed"
-        print(f" {word} ({self.seconds:.2f} s)", file=self.stream, flush=True)
+from typing import Any, Sequence
 
 
 def table(rows: Sequence[Sequence[Any]]) -> str:

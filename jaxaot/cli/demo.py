@@ -3,7 +3,8 @@
 The report is a table of residual bytes and step times for jaxaot's two
 partitioners next to ``jax.fwd_and_bwd`` and ``jax.jit(jax.value_and_grad)``,
 a gradient check, and (with an output folder) the rendered split and the
-exported forward/backward programs.
+exported forward/backward programs. Its progress goes through
+:mod:`jaxaot._progress` (on stderr under the ``jaxaot`` command).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,35 +20,35 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot import viz
+from jaxaot import _progress, viz
 from jaxaot.viz import why_no_layout
 from jaxaot.cli import demo_models
-from jaxaot.cli.console import Progress, table
+from jaxaot.cli.console import table
 
 
 def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str | Path | None = None,
                 *, rounds: int = 7) -> str:
     """Compile the embedded MLP's training step with jaxaot and compare with plain JAX.
 
-    Progress goes to stderr; the report is returned. Step times are the median
-    and the min-max over ``rounds`` rounds, in each of which every program runs
-    in turn. With ``out_dir``, also write :func:`demo_artifacts` and
-    :func:`demo_export` there (and say on stderr when Graphviz is missing).
+    Progress goes to :mod:`jaxaot._progress`; the report is returned. Step
+    times are the median and the min-max over ``rounds`` rounds, in each of
+    which every program runs in turn. With ``out_dir``, also write
+    :func:`demo_artifacts` and :func:`demo_export` there (and say on stderr, in
+    one line, how to get Graphviz's picture when it is missing).
     """
     params, data = demo_models.mlp_init(jax.random.key(0), width=width, depth=depth, batch=batch)
     loss = demo_models.mlp_loss
-    print(f"jaxaot demo: {depth}-layer gelu MLP, width {width}, batch {batch}, on {jax.default_backend()}",
-          file=sys.stderr)
+    _progress.note(f"jaxaot demo: {depth}-layer gelu MLP, width {width}, batch {batch}, on {jax.default_backend()}")
     vg = jaxaot.value_and_grad(jaxaot.aot_function(loss))
     vg_mc = jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition))
-    with Progress("tracing, partitioning and compiling with jaxaot") as compiling:
+    with _progress.task("tracing, partitioning and compiling with jaxaot") as compiling:
         low = vg.lower(params, data)
         low_mc = vg_mc.lower(params, data)
         jax.block_until_ready((vg(params, data), vg_mc(params, data)))
     fwd, bwd = jax.fwd_and_bwd(loss, argnums=(0,))
     one = jnp.ones((), jnp.float32)
     fused = jax.jit(jax.value_and_grad(loss))
-    with Progress("compiling plain JAX's programs"):
+    with _progress.task("compiling plain JAX's programs"):
         _, res = fwd(params, data)
         jax.block_until_ready(fused(params, data))
     want = fused(params, data)[1]
@@ -61,7 +63,7 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
         "split": lambda: bwd(fwd(params, data)[1], one),
         "fused": lambda: fused(params, data),
     }
-    with Progress(f"timing ({rounds} rounds)"):
+    with _progress.task(f"timing ({rounds} rounds)"):
         ms = time_rounds(programs, rounds=rounds)
     jax_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(res))
     rows = [("program", "residual bytes", "step ms: median (min-max)", "vs jit(value_and_grad)")]
@@ -83,9 +85,8 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
     if out_dir is not None:
         missing = why_no_layout()
         if missing:
-            print(f"jaxaot demo: no picture of the split: {missing}; split.html holds the residual table only",
-                  file=sys.stderr)
-        with Progress(f"writing the picture of the split and the exported programs to {out_dir}"):
+            print(f"jaxaot demo: drawing the split with jaxaot's built-in layout: {missing}", file=sys.stderr)
+        with _progress.task(f"writing the picture of the split and the exported programs to {out_dir}"):
             paths = demo_artifacts(out_dir, low)
             exported = demo_export(out_dir, loss, params, data)
         lines.append("wrote " + ", ".join(str(p) for p in paths))
@@ -96,9 +97,9 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
 def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
     """Write what ``jaxaot demo --out DIR`` leaves behind for ``lowered``; return the paths.
 
-    ``split.html`` (the graph of the split, its legend and the residual table,
-    or the table alone without Graphviz) and, where Graphviz's ``dot`` is
-    installed, ``split.svg`` (the graph alone).
+    ``split.html`` (the graph of the split, its legend and the residual table)
+    and ``split.svg`` (the graph alone), laid out by Graphviz's ``dot`` where it
+    is installed, else by jaxaot's built-in layout (:func:`jaxaot.viz.plain_svg`).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxaot
@@ -110,7 +111,8 @@ def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [viz.render(lowered, out_dir / "split.html", format="html", title="jaxaot demo")]
-    if viz.layout_available():
+    with warnings.catch_warnings():  # the demo says itself, once, when Graphviz is missing
+        warnings.simplefilter("ignore", UserWarning)
         paths.append(viz.render(lowered, out_dir / "split.svg", format="svg", title="jaxaot demo"))
     return paths
 

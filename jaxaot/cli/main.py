@@ -8,6 +8,8 @@ Example:
     $ jaxaot demo --out /tmp/jaxaot-demo
     $ jaxaot inspect jaxaot.cli.demo_models:tanh_loss --shapes "f32[16, 4] f32[8, 16]"
     $ jaxaot inspect jaxaot.cli.demo_models:mlp_loss --args jaxaot.cli.demo_models:mlp_example_args
+    $ jaxaot inspect jaxaot.cli.demo_models:mlp_loss --args jaxaot.cli.demo_models:mlp_example_args \
+          --budget 0.5 --json
     $ jaxaot version
 """
 
@@ -36,15 +38,30 @@ arguments, one of:
 dtypes: {', '.join(DTYPES)}. 64-bit dtypes (f64, i64, u64, c128) turn on
 jax_enable_x64 before tracing, and say so on stderr.
 
+the min-cut partitioner's options (either one chooses --partition min_cut):
+  --budget 0.5      a fraction in [0, 1]: 0 recomputes every expensive eqn
+                    the backward can, 1 none (the default)
+  --budget 1.4GB    bytes (B, kB, MB, GB, KiB, MiB, GiB; or a plain number
+                    above 1): the training step's compiled peak device memory,
+                    which the planner fits, compiling candidate plans
+  --offload auto    also move saved values to host memory where the copies
+                    hide behind compute (nothing moves on the CPU backend)
+
+--json prints the residual table, saved bytes, recomputed eqns and stage
+times as one JSON document on stdout; progress stays on stderr
+(JAXAOT_QUIET=1 silences it).
+
 examples:
   jaxaot inspect jaxaot.cli.demo_models:tanh_loss --shapes "f32[16, 4] f32[8, 16]"
   jaxaot inspect jaxaot.cli.demo_models:mlp_loss --args jaxaot.cli.demo_models:mlp_example_args
   jaxaot inspect jaxaot.cli.demo_models:mlp_loss --partition min_cut \\
       --shapes '[[{{"w": "f32[16,16]", "b": "f32[16]"}}], ["f32[4,16]", "f32[4,16]"]]'
+  jaxaot inspect jaxaot.cli.demo_models:mlp_loss \\
+      --args jaxaot.cli.demo_models:mlp_example_args --budget 0.5 --json
 
 A user error (an import that fails, an unreadable shape, a wrong number of
-arguments, a function that does not trace at these shapes) prints one line and
-exits with status 2.
+arguments, a function that does not trace at these shapes, an unreadable
+--budget or one no plan fits) prints one line and exits with status 2.
 """
 
 
@@ -74,7 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     given = i.add_mutually_exclusive_group(required=True)
     given.add_argument("--shapes", metavar="SPEC", help="argument shapes: plain or JSON (see below)")
     given.add_argument("--args", metavar="MODULE:FUNCTION", help="a function returning example arguments")
-    i.add_argument("--partition", choices=("default", "min_cut"), default="default", help="partitioner")
+    i.add_argument("--partition", choices=("default", "min_cut"), default=None,
+                   help="partitioner (default: default, or min_cut with --budget or --offload)")
+    i.add_argument("--budget", metavar="BUDGET", default=None,
+                   help="the min-cut's memory_budget: a fraction in [0, 1] or bytes such as 1.4GB (see below)")
+    i.add_argument("--offload", choices=("auto", "off"), default=None,
+                   help="the min-cut's host offload: auto moves saved values to host memory where it pays "
+                   "(default: off)")
+    i.add_argument("--json", action="store_true", help="print the split as JSON on stdout (see below)")
     i.add_argument("--x64", action="store_true", help="turn on jax_enable_x64 before anything is built")
     i.add_argument("--traceback", action="store_true", help="on a user error, show the traceback too")
     sub.add_parser("version", help="print jaxaot, jax, jaxlib versions and the backend",

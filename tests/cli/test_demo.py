@@ -2,6 +2,7 @@
 
 import re
 import shutil
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import jax
@@ -19,9 +20,11 @@ SMALL = ["--width", "16", "--depth", "2", "--batch", "4", "--rounds", "3"]
 
 def test_demo_default_writes_to_a_fresh_temporary_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JAXAOT_QUIET", "1")
     assert cli.main(["demo", *SMALL]) == 0
     captured = capsys.readouterr()
     assert list(tmp_path.iterdir()) == []  # nothing in the current folder
+    assert " ..." not in captured.err and "done (" not in captured.err  # no progress under JAXAOT_QUIET=1
     out = Path(re.search(r"writing to (\S+) \(a new temporary folder", captured.err)[1])
     try:
         assert out.is_dir() and out.name.startswith("jaxaot-demo-")
@@ -37,7 +40,8 @@ def test_demo_default_writes_to_a_fresh_temporary_folder(tmp_path, monkeypatch, 
 
 
 def test_demo_report_gives_median_and_spread_and_checks_gradients(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(demo_mod, "why_no_layout", lambda: "Graphviz's dot was not found (test)")
+    monkeypatch.delenv("JAXAOT_QUIET", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # as if Graphviz's dot were not installed
     assert cli.main(["demo", *SMALL, "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "step ms: median (min-max)" in captured.out and "step times over 3 rounds" in captured.out
@@ -50,11 +54,19 @@ def test_demo_report_gives_median_and_spread_and_checks_gradients(tmp_path, monk
     assert re.search(r"gradients match jax.value_and_grad: max abs difference (\S+)", captured.out)
     err = float(re.search(r"max abs difference (\S+)", captured.out)[1])
     assert err < 1e-5
-    assert "no picture of the split: Graphviz's dot was not found (test)" in captured.err
-    assert "done (" in captured.err
+    pytest.importorskip("graphviz")  # without the package the line names the package, not dot
+    notes = [line for line in captured.err.splitlines() if "built-in layout" in line]
+    assert notes == ["jaxaot demo: drawing the split with jaxaot's built-in layout: Graphviz's dot was not found "
+                     "(for Graphviz's picture: apt-get install graphviz, or brew install graphviz)"]
+    assert "  tracing, partitioning and compiling with jaxaot: done (" in captured.err
     page = (tmp_path / "split.html").read_text()
-    assert "jaxaot-residuals" in page
-    assert (tmp_path / "split.svg").exists() == viz.layout_available()
+    assert "jaxaot-residuals" in page and "<svg" in page
+    svg = (tmp_path / "split.svg").read_text()
+    nodes = [g for g in ET.fromstring(svg.encode()).iter("{http://www.w3.org/2000/svg}g")
+             if g.get("class", "").startswith("node ")]
+    assert nodes and "drawn with jaxaot's built-in layout" in svg
+    assert {viz.STYLES["forward"].fill, viz.STYLES["saved"].fill, viz.STYLES["backward"].fill} <= set(
+        e.get("fill") for g in nodes for e in g)
 
 
 def test_time_rounds_takes_turns():

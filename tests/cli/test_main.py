@@ -1,5 +1,6 @@
 """The jaxaot command: its arguments, ``inspect``, ``version``, ``--help`` and its usage errors."""
 
+import json
 import re
 import shlex
 import subprocess
@@ -66,10 +67,15 @@ def test_documented_inspect_examples_run_as_written(capsys):
     commands = _documented_commands("jaxaot inspect")
     assert len(commands) >= 2, "docs/cli.md shows jaxaot inspect with --shapes and with --args"
     assert any("--shapes" in c for c in commands) and any("--args" in c for c in commands)
+    assert any("--budget" in c for c in commands) and any("--json" in c for c in commands)
     for command in commands:
         argv = shlex.split(command)[1:]
         assert cli.main(argv) == 0, command
-        assert "== residuals ==" in capsys.readouterr().out, command
+        out = capsys.readouterr().out
+        if "--json" in argv:
+            assert json.loads(out)["residuals"], command
+        else:
+            assert "== residuals ==" in out, command
 
 
 def test_documented_commands_name_only_real_targets():
@@ -95,6 +101,14 @@ def test_documented_commands_name_only_real_targets():
      "raised TypeError"),
     (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", '{"w": 3}'], "neither a \"dtype\\[dims\\]\""),
     (["demo", "--width", "0"], "--width must be at least 1"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "1.2xB"],
+     "--budget 1.2xB: memory_budget '1.2xB' is not a number and a unit"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "-1"],
+     "--budget -1: memory_budget must be a fraction in \\[0, 1\\] or a positive number of bytes"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--partition", "default",
+      "--offload", "auto"], "--budget and --offload configure the min-cut partitioner"),
+    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "16B"],
+     "no plan of jaxaot.cli.demo_models:tanh_loss fits --budget 16B: memory_budget=16 bytes"),
 ])
 def test_user_errors_are_one_line_and_exit_2(argv, msg, capsys):
     assert cli.main(argv) == 2
@@ -102,6 +116,31 @@ def test_user_errors_are_one_line_and_exit_2(argv, msg, capsys):
     last = err.strip().splitlines()[-1]
     assert re.match(rf"jaxaot {argv[0]}: error: .*{msg}", last), err
     assert "Traceback" not in err and " done (" not in err
+
+
+def test_inspect_json_with_a_byte_budget(capsys):
+    argv = ["inspect", "jaxaot.cli.demo_models:mlp_loss", "--args", "jaxaot.cli.demo_models:mlp_example_args",
+            "--budget", "8KiB", "--offload", "auto", "--json"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # stdout holds the document alone; progress went to stderr
+    assert (doc["partition"], doc["budget"], doc["offload"]) == ("min_cut", "8KiB", "auto")
+    assert doc["predicted_peak"]["budget"] == 8192 and doc["predicted_peak"]["fused"] <= 8192
+    assert doc["saved_bytes"] == sum(r["nbytes"] for r in doc["residuals"]) > 0
+    assert doc["added_bytes"] + doc["input_bytes"] == doc["saved_bytes"]
+    assert set(doc["times"]) >= {"trace", "partition"} and all(isinstance(e, str) for e in doc["recomputed"])
+    assert "lowering jaxaot.cli.demo_models:mlp_loss: done (" in captured.err
+
+
+def test_inspect_json_matches_the_text(capsys):
+    argv = ["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16, 4] f32[8, 16]"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert cli.main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["partition"] == "default" and doc["budget"] is None and doc["predicted_peak"] is None
+    assert f"{len(doc['residuals'])} residuals, {doc['added_bytes']} bytes added" in text
+    assert all(r["label"] in text for r in doc["residuals"])
 
 
 def test_traceback_flag_shows_the_cause():
