@@ -4,6 +4,8 @@ The notebooks in ``notebooks/`` (reached through the ``docs/notebooks`` link)
 are executed at build time and cached (``jupyter-cache``). Set
 ``JAXAOT_DOCS_EXECUTE=off`` to build without executing them, as the test suite
 does (``tests/test_docs.py``): the notebooks are then shown without outputs.
+Each notebook read is logged with its place and, once parsed (and executed),
+its time (:func:`setup`), since a build that executes them takes minutes.
 """
 
 import os
@@ -53,3 +55,46 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+
+
+# --- progress: executing the notebooks takes minutes; say which one runs and how long it took
+def _notebook_progress(app):
+    """Log ``notebook 2/6: notebooks/02_... (executing unless cached)`` as each notebook is read, then its time.
+
+    myst-nb executes a notebook while parsing it, between Sphinx's ``source-read``
+    and ``doctree-read`` events for that document; ``env-before-read-docs`` says
+    which documents this build reads, so the count is of the notebooks it reads.
+    Silent under ``JAXAOT_QUIET=1`` and with ``sphinx-build -q``.
+    """
+    import time
+
+    from sphinx.util import logging as sphinx_logging
+
+    from jaxaot import _progress
+
+    log = sphinx_logging.getLogger("jaxaot.docs")
+    state = {"notebooks": [], "started": {}}
+
+    def before_read(app, env, docnames):
+        state["notebooks"] = [d for d in docnames if str(env.doc2path(d)).endswith(".ipynb")]
+
+    def source_read(app, docname, source):
+        if docname in state["notebooks"] and not _progress.quiet():
+            k, n = state["notebooks"].index(docname) + 1, len(state["notebooks"])
+            how = {"off": "not executed", "cache": "executing unless cached"}.get(nb_execution_mode, "executing")
+            log.info(f"notebook {k}/{n}: {docname} ({how})")
+            state["started"][docname] = time.perf_counter()
+
+    def doctree_read(app, doctree):
+        docname = app.env.docname
+        if docname in state["started"]:
+            log.info(f"notebook {docname}: done ({time.perf_counter() - state['started'].pop(docname):.1f} s)")
+
+    app.connect("env-before-read-docs", before_read)
+    app.connect("source-read", source_read)
+    app.connect("doctree-read", doctree_read)
+
+
+def setup(app):
+    _notebook_progress(app)
+    return {"parallel_read_safe": True}
