@@ -21,7 +21,8 @@ ROOT = Path(jaxaot.__file__).resolve().parent
 
 #: The layers, lowest first. A module may import its own layer (acyclically) and those below.
 LAYERS = [
-    {"jaxaot.errors", "jaxaot._config", "jaxaot._compat", "jaxaot._pytrees", "jaxaot._files", "jaxaot._display"},
+    {"jaxaot.errors", "jaxaot._config", "jaxaot._compat", "jaxaot._pytrees", "jaxaot._files", "jaxaot._display",
+     "jaxaot._progress"},
     {"jaxaot.loops"},        # the while-loop primitives: JAX-level, below every stage
     {"jaxaot.tracing"},      # stage 1
     {"jaxaot.partition"},    # stage 2
@@ -35,7 +36,7 @@ LAYERS = [
 ]
 
 #: Optional dependencies that may only be imported inside functions (they are extras).
-OPTIONAL = {"graphviz", "matplotlib", "flatbuffers", "flax", "IPython"}
+OPTIONAL = {"graphviz", "matplotlib", "flatbuffers", "flax", "IPython", "tqdm"}
 
 
 def _modules() -> dict[str, Path]:
