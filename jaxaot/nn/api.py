@@ -67,9 +67,13 @@ def aot_module(
     """Compile a Flax module's call ahead of time, writing mutated state back.
 
     For an ``nnx.Module`` it returns an :class:`AOTModule` (itself an
-    ``nnx.Module`` wrapping ``module``) with the module's call signature. For a
-    linen module it returns an :class:`AOTLinenModule` whose ``apply`` (also its
-    ``__call__``) mirrors ``module.apply(variables, ..., mutable=[...])``.
+    ``nnx.Module`` wrapping ``module``) with the module's call signature, whose
+    attributes and state are ``module``'s: a model holding it has the state
+    paths of the model holding ``module``. For a linen module it returns an
+    :class:`AOTLinenModule` (itself a Linen module) whose ``init`` is the
+    module's and whose ``apply`` mirrors ``module.apply(variables, ...,
+    mutable=[...])``; as a submodule of a plain Linen module it keeps the
+    module's variable paths.
 
     Args:
       module: the ``flax.nnx.Module`` or ``flax.linen.Module``.
@@ -105,7 +109,7 @@ def aot_module(
     aot_kwargs = dict(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn,
                       inference_compiler=inference_compiler, decompositions=decompositions)
     if isinstance(module, nn.Module):
-        return AOTLinenModule(module, nums, names, **aot_kwargs)
+        return AOTLinenModule.of(module, nums, names, **aot_kwargs)
     if not isinstance(module, nnx.Module):
         raise InvalidInputError(
             f"aot_module expects a flax.nnx.Module or a flax.linen.Module, got {type(module).__name__}. "

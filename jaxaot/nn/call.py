@@ -61,8 +61,8 @@ def check_static(name: str, value: Any) -> None:
 class CallStatic:
     """Compile-time constants of one call; they key the compile cache (hashable).
 
-    ``graphdef`` is the nnx module's structure (None for linen, whose wrapper
-    holds the module); ``static_args`` are ``(position, value)`` pairs,
+    ``graphdef`` is the nnx module's structure, or the Linen module (unbound:
+    Linen modules compare by their fields); ``static_args`` are ``(position, value)`` pairs,
     ``static_kwargs`` sorted ``(name, value)`` pairs; ``mutable`` and
     ``capture_intermediates`` are linen's ``apply`` options; ``param_tree``
     (nnx) is the parameters' tree structure, the parameters travelling as
@@ -132,7 +132,10 @@ class CallStatic:
         return tuple(full), {**kwargs, **dict(self.static_kwargs)}
 
     def __repr__(self) -> str:  # the graphdef's own repr runs to pages
-        owner = "linen" if self.graphdef is None else getattr(_root_type(self.graphdef), "__name__", "nnx")
+        if self.graphdef is None or hasattr(self.graphdef, "nodes"):  # an nnx GraphDef
+            owner = "linen" if self.graphdef is None else getattr(_root_type(self.graphdef), "__name__", "nnx")
+        else:  # a Linen module
+            owner = type(self.graphdef).__name__
         parts = [owner, f"method={getattr(self.method, '__name__', self.method)!r}"]
         parts += [f"arg[{i}]={v!r}" for i, v in self.static_args]
         parts += [f"{k}={v!r}" for k, v in self.static_kwargs]

@@ -6,6 +6,7 @@ Variables whose values the call replaced (batch statistics, RNG counts, user
 Variables, ``sow``\\ n intermediates) as a :class:`~jaxaot.nn.state.StateDelta`.
 :func:`nnx_loss_pure` is the same for a loss function of the module
 (:mod:`jaxaot.nn.loss_call`), shaped as ``value_and_grad(..., has_aux=True)`` wants it.
+:func:`linen_pure` is a Linen module's ``apply`` (the module is ``static.graphdef``).
 """
 
 from __future__ import annotations
@@ -101,3 +102,20 @@ def nnx_loss_pure(static: CallStatic, params: Any, state: FrozenState, *args: An
             f"got {type(out).__name__}."
         )
     return out[0], (out[1], delta)
+
+
+def linen_pure(static: CallStatic, params: Any, state: FrozenState, rngs: Any, *args: Any, **kwargs: Any):
+    """``static.graphdef.apply`` (a Linen module) as a pure function: ``-> (out, StateDelta | None)``,
+    the delta of the collections ``static.mutable`` names."""
+    others = state.thaw()
+    full_args, full_kwargs = static.merge(args, kwargs)
+    variables = {**({"params": params} if params is not None else {}), **others}
+    result = static.graphdef.apply(variables, *full_args, rngs=rngs, method=static.method, mutable=static.mutable,
+                                   capture_intermediates=static.capture_intermediates, **full_kwargs)
+    if static.mutable is False:
+        return result, None
+    out, new_vars = result
+    old = (params, others)
+    inputs = flat_inputs(old, (rngs, *args), kwargs)  # the traced leaves, in program order
+    new = (new_vars.get("params"), {k: v for k, v in new_vars.items() if k != "params"})
+    return out, StateDelta.capture(new, old, inputs, state.frozen)

@@ -1,4 +1,5 @@
-"""AOTLinenModule (flax.linen): training against eager Flax, returned collections, bad variables."""
+"""AOTLinenModule (flax.linen): training against eager Flax, returned collections, bad variables, the
+wrapped module's variables at the top level and as a submodule of a plain Linen module."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from flax import linen as nn
 
 import jaxaot
 from flax_models import TOL, X, batch, linen_model, xent
@@ -63,3 +65,87 @@ def test_eval_mode_linen_returns_inputs():
 def test_apply_rejects_variables_that_are_not_a_mapping():
     with pytest.raises(jaxaot.InvalidInputError, match="variables mapping"):
         jaxaot.aot_module(linen_model("cnn")).apply([1, 2], X)
+
+
+def test_init_is_the_wrapped_modules():
+    module = linen_model("cnn")
+    x, _ = batch("cnn", 0)
+    keys = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    aot = jaxaot.aot_module(module, static_argnames="train")
+    ref = module.init(keys, x, train=False)
+    got = aot.init(keys, x, train=False)
+    assert jax.tree.structure(got) == jax.tree.structure(ref)
+    chex.assert_trees_all_close(got, ref)
+    assert aot.wrapped is module
+
+
+class _Block(nn.Module):
+    """Dense -> BatchNorm -> GELU -> Dense, no bias before the BatchNorm (its gradient is exactly zero)."""
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        x = nn.Dense(16, use_bias=False)(x)
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+        return nn.Dense(8)(nn.gelu(x))
+
+
+class _SetupParent(nn.Module):
+    aot: bool
+
+    def setup(self):
+        self.pre = nn.Dense(8)
+        self.block = jaxaot.aot_module(_Block(), static_argnames="train") if self.aot else _Block()
+        self.head = nn.Dense(5)
+
+    def __call__(self, x, train: bool):
+        return self.head(self.block(nn.relu(self.pre(x)), train=train))
+
+
+class _CompactParent(nn.Module):
+    aot: bool
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        block = _Block()
+        block = jaxaot.aot_module(block, static_argnames="train") if self.aot else block
+        return nn.Dense(5)(block(nn.relu(nn.Dense(8)(x)), train=train))
+
+
+@pytest.mark.parametrize("parent", [_SetupParent, _CompactParent])
+def test_submodule_keeps_the_variables_and_trains_as_the_plain_parent(parent):
+    """A plain Linen module holding an aot_module: init's variables (collections, paths, values) are the
+    plain parent's; applying, differentiating and training give the plain parent's results."""
+    x0 = jax.random.normal(jax.random.key(3), (8, 6))
+    ref_vars = parent(False).init(jax.random.key(0), x0, train=False)
+    variables = parent(True).init(jax.random.key(0), x0, train=False)
+    assert jax.tree.structure(variables) == jax.tree.structure(ref_vars)
+    chex.assert_trees_all_close(variables, ref_vars)
+
+    def train(aot: bool):
+        model, tx = parent(aot), optax.adam(1e-2)
+        params, stats = ref_vars["params"], ref_vars["batch_stats"]
+        opt_state = tx.init(params)
+
+        def loss_fn(p, s, x, y):
+            logits, new = model.apply({"params": p, "batch_stats": s}, x, train=True, mutable=["batch_stats"])
+            return xent(logits, y), new["batch_stats"]
+
+        losses = []
+        for step in range(4):
+            kx, ky = jax.random.split(jax.random.fold_in(jax.random.key(9), step))
+            x, y = jax.random.normal(kx, (8, 6)), jax.random.randint(ky, (8,), 0, 5)
+            (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            losses.append(loss)
+        out = model.apply({"params": params, "batch_stats": stats}, x0, train=False)
+        return jnp.stack(losses), {"params": params, "batch_stats": stats}, out
+
+    ref_losses, ref_final, ref_out = train(False)
+    losses, final, out = train(True)
+    chex.assert_trees_all_close(losses, ref_losses, **TOL)
+    chex.assert_trees_all_close(final, ref_final, **TOL)
+    chex.assert_trees_all_close(out, ref_out, **TOL)
+    # The parent builds its wrapper on every apply: equal wrappers share one compiled program.
+    info = jaxaot.aot_module(_Block(), static_argnames="train").cache_info()
+    assert info.misses == 2  # training (traced: forward and backward) and evaluation (inference)
