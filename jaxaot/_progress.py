@@ -20,10 +20,7 @@ Costs: a disabled call checks an environment variable and the logger's level;
 an enabled one formats one line. Nothing here imports JAX.
 
 Example:
-    >>> import logging
-    >>> logging.getLogger("jaxaot").isEnabledFor(logging.INFO)  # no handler, WARNING: silent
-    False
-    >>> [x for x in track(range(3), "counting")]
+    >>> [x for x in track(range(3), "counting")]  # lines on the jaxaot logger, if it shows INFO
     [0, 1, 2]
 """
 
@@ -50,7 +47,7 @@ INTERVAL = 1.0
 #: What marks this module's records (``record.jaxaot_progress``), which :func:`to_stderr` shows alone.
 _MARK = {"jaxaot_progress": True}
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a handler that reports progress itself must not deadlock
 _tasks: dict[tuple, "_Task"] = {}  # open tasks, keyed by (what, key) or by (what, key, id(owner))
 _owned: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # an owner's counters
 
