@@ -1,12 +1,14 @@
-"""jaxaot.export / jaxaot.load of functions called with sharded inputs (8 CPU devices, tests/conftest.py).
+"""jaxaot.export / jaxaot.load of functions called with sharded inputs.
 
-Each case exports an ``aot_function`` called with arrays on a ``(data=4, model=2)``
+Each case exports an ``aot_function`` called with arrays on a ``(data=N/2, model=2)``
 mesh (``Auto`` or ``Explicit`` axes), serializes it (to a directory, or each
 program to bytes), loads it in process and checks: the recorded shardings
 and device count, gradients against ``jax.jit(jax.value_and_grad(f))`` on the
 same inputs, and that outputs, residuals and gradients come back with the
-exported shardings. A program exported for 8 devices refuses arrays on 4 (or
-on one), and a process with 4 devices refuses to load it.
+exported shardings. A program exported for N devices refuses arrays on N/2 (or
+on one), and a process with N/2 devices refuses to load it. ``N`` is the largest
+of 2, 4 and 8 that the backend has: 8 CPU devices from tests/conftest.py, or the
+GPUs; with one device there is no sharded export to test and the module skips.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from jaxaot.artifacts import ExportedAOT, LoadedAOT, MeshSpec
 from jaxaot.errors import ArtifactError, NotExportableError
 from zoo import assert_trees_close, child_env
 
-pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (tests/conftest.py sets them)")
+N = max(n for n in (1, 2, 4, 8) if n <= jax.device_count())  # the exporting mesh's devices
+HALF = N // 2  # its "data" axis, and the smaller device count that calls and loads are refused on
+pytestmark = pytest.mark.skipif(N < 2, reason="a sharded export needs a mesh of two or more devices")
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -84,7 +88,7 @@ class Case:
 
 
 def _mesh(axis: AxisType) -> jax.sharding.Mesh:
-    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis, axis))
+    return jax.make_mesh((HALF, 2), ("data", "model"), axis_types=(axis, axis), devices=jax.devices()[:N])
 
 
 def _args(mesh, specs: dict, seed: int = 0) -> tuple:
@@ -149,10 +153,10 @@ def _named(mesh, spec: tuple | None) -> NamedSharding:
 # --------------------------------------------------------------------------- what is recorded
 def test_records_device_count_mesh_and_shardings(case):
     exp, s = case.exported, case.exported.signature
-    assert [exp.inference.nr_devices, exp.forward.nr_devices, exp.backward.nr_devices] == [8, 8, 8]
+    assert [exp.inference.nr_devices, exp.forward.nr_devices, exp.backward.nr_devices] == [N, N, N]
     axis = case.mesh.axis_types[0].name
-    assert s.mesh == MeshSpec(("data", "model"), (4, 2), (axis, axis)) and s.mesh.num_devices == 8
-    assert case.loaded.num_devices == 8
+    assert s.mesh == MeshSpec(("data", "model"), (HALF, 2), (axis, axis)) and s.mesh.num_devices == N
+    assert case.loaded.num_devices == N
     leaves = jax.tree_util.tree_leaves(case.args)
     for spec, x in zip(s.in_specs, leaves):
         assert _equivalent(x, _named(case.mesh, spec.sharding)), (spec, x.sharding)
@@ -197,7 +201,7 @@ def test_explicit_split_keeps_residual_shardings(case):
 
 def test_placement_helpers_put_host_arrays_where_the_export_had_them(case):
     mesh = case.loaded.mesh()
-    assert dict(mesh.shape) == {"data": 4, "model": 2} and mesh.axis_types == case.mesh.axis_types
+    assert dict(mesh.shape) == {"data": HALF, "model": 2} and mesh.axis_types == case.mesh.axis_types
     shardings = case.loaded.in_shardings(mesh)
     host = jax.device_get(case.args)
     placed = jax.device_put(host, shardings)
@@ -212,24 +216,30 @@ def _dp_auto(tmp_path_factory) -> Case:
     return _case("dp", AxisType.Auto, "dir", tmp_path_factory)
 
 
+@pytest.mark.skipif(N < 4, reason="needs a second mesh of two or more devices, half the exporting mesh")
 def test_call_on_another_device_count_names_both_counts(tmp_path_factory):
     c = _dp_auto(tmp_path_factory)
-    mesh4 = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
-    on4 = jax.device_put(c.args, NamedSharding(mesh4, P()))
-    with pytest.raises(ArtifactError, match=r"exported for 8 devices \(mesh data=4 x model=2\), but its inputs are "
-                                            r"on 4 devices.*f\.in_shardings\(mesh\).*re-export .* mesh of 4 devices"):
-        c.loaded(*on4)
-    with pytest.raises(ArtifactError, match=r"forward program .* 8 devices.* on 4 devices"):
-        jax.grad(c.loaded)(*on4)
-    with pytest.raises(ArtifactError, match=r"8 devices .* on one device \(no input is committed"):
+    smaller = jax.make_mesh((HALF,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:HALF])
+    on_half = jax.device_put(c.args, NamedSharding(smaller, P()))
+    with pytest.raises(ArtifactError, match=rf"exported for {N} devices \(mesh data={HALF} x model=2\), but its "
+                                            rf"inputs are on {HALF} devices.*f\.in_shardings\(mesh\).*re-export .* "
+                                            rf"mesh of {HALF} devices"):
+        c.loaded(*on_half)
+    with pytest.raises(ArtifactError, match=rf"forward program .* {N} devices.* on {HALF} devices"):
+        jax.grad(c.loaded)(*on_half)
+
+
+def test_call_with_uncommitted_inputs_names_one_device(tmp_path_factory):
+    c = _dp_auto(tmp_path_factory)
+    with pytest.raises(ArtifactError, match=rf"{N} devices .* on one device \(no input is committed"):
         c.loaded.forward(*jax.device_get(c.args))
 
 
-_LOAD_WITH_4_DEVICES = textwrap.dedent(
+_LOAD_WITH_FEWER_DEVICES = textwrap.dedent(
     """
     import sys
     import jax, jaxaot
-    assert jax.device_count() == 4, jax.device_count()
+    assert jax.device_count() == int(sys.argv[2]), jax.device_count()
     try:
         jaxaot.load(sys.argv[1])
     except jaxaot.ArtifactError as e:
@@ -240,14 +250,18 @@ _LOAD_WITH_4_DEVICES = textwrap.dedent(
 
 def test_load_with_fewer_devices_is_refused_in_a_fresh_process(tmp_path_factory, tmp_path):
     directory = _dp_auto(tmp_path_factory).exported.save(tmp_path / "a")
-    env = dict(child_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", _LOAD_WITH_4_DEVICES, str(directory)], cwd=tmp_path,
+    # The child runs on HALF host CPUs (on a GPU machine too): it refuses the artifact before reading its platform.
+    env = dict(child_env(), XLA_FLAGS=f"--xla_force_host_platform_device_count={HALF}", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _LOAD_WITH_FEWER_DEVICES, str(directory), str(HALF)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = proc.stdout
     assert "REFUSED:" in message, message
-    assert "exported for 8 devices (mesh data=4 x model=2)" in message and "this process has 4 cpu devices" in message
-    assert "xla_force_host_platform_device_count=8" in message and "re-export it on a mesh of 4 devices" in message
+    devices = "cpu devices" if HALF > 1 else "cpu device:"
+    assert f"exported for {N} devices (mesh data={HALF} x model=2)" in message, message
+    assert f"this process has {HALF} {devices}" in message, message
+    assert f"xla_force_host_platform_device_count={N}" in message, message
+    assert f"re-export it on a mesh of {HALF} devices" in message, message
 
 
 # --------------------------------------------------------------------------- the manifest
@@ -255,13 +269,13 @@ def test_manifest_records_mesh_and_partition_specs(tmp_path_factory, tmp_path):
     directory = _dp_auto(tmp_path_factory).exported.save(tmp_path / "a")
     manifest = json.loads((directory / "manifest.json").read_text())
     sig = manifest["signature"]
-    assert sig["mesh"] == {"axis_names": ["data", "model"], "axis_sizes": [4, 2], "axis_types": ["Auto", "Auto"]}
+    assert sig["mesh"] == {"axis_names": ["data", "model"], "axis_sizes": [HALF, 2], "axis_types": ["Auto", "Auto"]}
     assert [s.get("sharding") for s in sig["in_specs"]] == [[], [], [], ["data", None], ["data", None]]
-    sig["mesh"]["axis_sizes"] = [4, -2]
+    sig["mesh"]["axis_sizes"] = [HALF, -2]
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=r"mesh axis 'model' has size -2"):
         jaxaot.load(directory)
-    sig["mesh"]["axis_sizes"] = [4, 2]
+    sig["mesh"]["axis_sizes"] = [HALF, 2]
     sig["in_specs"][0]["sharding"] = [{"not": "an axis"}]
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=r"partition spec entry"):
@@ -294,6 +308,7 @@ def test_replicated_residual_policy_carries_into_the_export(tmp_path_factory):
     temporaries = [spec for spec, i in zip(s.residual_specs[len(s.saved_inputs):], s.saved_outputs)
                    if i >= s.num_outputs]
     assert temporaries and all(not any(spec.sharding or ()) for spec in temporaries)
-    producer = c.exported.signature  # the default policy keeps the batch-split temporaries split
-    assert any(any(spec.sharding or ()) for spec in producer.residual_specs[len(producer.saved_inputs):])
+    # The default policy keeps the batch-split temporaries split (on two devices "data" has one: nothing splits).
+    producer = c.exported.signature
+    assert HALF == 1 or any(any(spec.sharding or ()) for spec in producer.residual_specs[len(producer.saved_inputs):])
     assert_trees_close(jax.grad(jaxaot.load(exp))(*c.args), jax.grad(c.loss)(*c.args), **TOL)

@@ -2,7 +2,9 @@
 
 Models are tiny (CPU): a tanh MLP and a GPT (token embedding, pre-LN blocks,
 a head and a cross-entropy loss), cut into 2 or 4 stages, each stage on its
-own host device (the conftest gives every test process 8 CPU devices).
+own device where there are enough (the conftest gives every test process 8 CPU
+devices); with fewer (one GPU, say) the schedule's devices take the ones there
+are in turn, as ``pipeline(devices=...)`` allows a device more than once.
 Combinations are sampled so that every schedule, both models, 2 and 4 stages
 and 1, 4 and 8 microbatches each appear; the full product is marked slow.
 """
@@ -94,16 +96,19 @@ def unpipelined(stages, loss_fn, num_microbatches):
     return jax.jit(jax.value_and_grad(loss))
 
 
+def schedule_devices(count: int) -> list:
+    """``count`` devices for a schedule: its own device each where the backend has enough, else cycling."""
+    have = jax.devices()
+    return [have[i % len(have)] for i in range(count)]
+
+
 def placed(params, step: Pipeline):
     return [jax.device_put(p, st.sharding) for p, st in zip(params, step.stages)]
 
 
 def check_step(model: str, num_stages: int, schedule: str, num_microbatches: int) -> Pipeline:
-    needed = num_stages // 2 if schedule == "interleaved" else num_stages
-    if jax.device_count() < needed:  # a GPU machine with fewer devices than stages
-        pytest.skip(f"needs {needed} devices, this backend has {jax.device_count()}")
+    devices = schedule_devices(num_stages // 2 if schedule == "interleaved" else num_stages)
     stages, loss_fn, params, x, t = MODELS[model](num_stages, fresh_key())
-    devices = jax.devices()[:num_stages // 2] if schedule == "interleaved" else None
     step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=num_microbatches, devices=devices)
     ref_loss, ref_grads = unpipelined(stages, loss_fn, num_microbatches)(params, x, t)
     params = placed(params, step)
@@ -149,11 +154,9 @@ def test_pipeline_equals_value_and_grad_everywhere(model, num_stages, schedule, 
 
 
 def test_residual_peaks_follow_the_schedule_and_steps_repeat():
-    if jax.device_count() < 4:
-        pytest.skip(f"needs 4 devices, this backend has {jax.device_count()}")
     stages, loss_fn, params, x, t = mlp_model(4, fresh_key())
     for schedule, m in (("1f1b", 8), ("gpipe", 4)):
-        step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=m)
+        step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=m, devices=schedule_devices(4))
         loss1, grads1 = step(params, x, t)
         peaks = step.last_peak_live
         if schedule == "1f1b":
@@ -171,7 +174,7 @@ def test_residual_peaks_follow_the_schedule_and_steps_repeat():
 @pytest.mark.smoke
 def test_lower_reports_residuals_and_op_times_feed_the_simulator():
     stages, loss_fn, params, x, t = mlp_model(2, fresh_key())
-    step = pipeline(stages, loss_fn, schedule="zero_bubble", num_microbatches=4)
+    step = pipeline(stages, loss_fn, schedule="zero_bubble", num_microbatches=4, devices=schedule_devices(2))
     report = step.lower(params, x, t)
     assert isinstance(report, PipelineReport)
     assert report.schedule is step.schedule and report.peak_live_microbatches == (2, 1)
@@ -187,7 +190,7 @@ def test_lower_reports_residuals_and_op_times_feed_the_simulator():
 # --------------------------------------------------------------------------- errors
 def test_stage_mismatch_names_both_stages_and_shapes():
     wide = lambda p, x: x @ p  # noqa: E731
-    step = pipeline([wide, wide], mse, schedule="1f1b", num_microbatches=2)
+    step = pipeline([wide, wide], mse, schedule="1f1b", num_microbatches=2, devices=schedule_devices(2))
     params = [jnp.ones((8, 6)), jnp.ones((8, 8))]  # stage 0 returns width 6; stage 1 takes width 8
     with pytest.raises(StageMismatchError, match=r"stage 0 returns f32\[4,6\].*stage 1") as info:
         step(params, jnp.ones((8, 8)), jnp.ones((8, 8)))
@@ -197,7 +200,7 @@ def test_stage_mismatch_names_both_stages_and_shapes():
 
 
 def test_loss_mismatch_names_the_last_stage():
-    step = pipeline([mlp_stage, mlp_stage], mse, schedule="gpipe", num_microbatches=2)
+    step = pipeline([mlp_stage, mlp_stage], mse, schedule="gpipe", num_microbatches=2, devices=schedule_devices(2))
     params = [{"w": jnp.ones((8, 8)), "b": jnp.ones(8)}] * 2
     with pytest.raises(StageMismatchError, match=r"stage 1 \(the last\) returns f32\[4,8\].*targets f32\[4,3\]"):
         step(params, jnp.ones((8, 8)), jnp.ones((8, 3)))
@@ -205,7 +208,7 @@ def test_loss_mismatch_names_the_last_stage():
 
 def test_bad_microbatch_counts_are_typed_errors():
     stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=10)
-    step = pipeline(stages, loss_fn, num_microbatches=4)
+    step = pipeline(stages, loss_fn, num_microbatches=4, devices=schedule_devices(2))
     with pytest.raises(InvalidValueError, match=r"shape \(10, 8\).*num_microbatches=4"):
         step(params, x, t)
     with pytest.raises(InvalidValueError, match="num_microbatches"):
@@ -215,13 +218,16 @@ def test_bad_microbatch_counts_are_typed_errors():
 
 
 def test_sub_mesh_stages_with_sharded_parameters():
-    """Pipeline x tensor parallel: each stage on a 4-device sub-mesh, its weights sharded over it."""
-    if jax.device_count() < 8:
-        pytest.skip("needs 8 devices")
+    """Pipeline x tensor parallel: each stage on a sub-mesh of half the devices, its weights sharded over it.
+
+    With 8 devices each sub-mesh has 4, with 2 each has one; on one device both stages share its one-device mesh.
+    """
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    meshes = [jax.make_mesh((4,), ("model",), devices=jax.devices()[4 * i:4 * i + 4],
+    n = max(n for n in (1, 2, 4, 8) if n <= jax.device_count())  # the stages' devices; 8 divides the width
+    half = max(n // 2, 1)
+    meshes = [jax.make_mesh((half,), ("model",), devices=jax.devices()[(half * i) % n:(half * i) % n + half],
                             axis_types=(jax.sharding.AxisType.Auto,)) for i in range(2)]
     stages, loss_fn, params, x, t = mlp_model(2, fresh_key())
     ref_loss, ref_grads = unpipelined(stages, loss_fn, 4)(params, x, t)
