@@ -113,17 +113,21 @@ class AOTModule(ProxyModule):
         return self.prepare_call(args, kwargs, freeze=True).lower()
 
     def cache_info(self) -> CacheInfo:
-        """The compile cache of the underlying :class:`jaxaot.AOTFunction`.
+        """The compile caches of the module's programs: its call (entries labelled ``call``) and the
+        losses :func:`jaxaot.value_and_grad` compiled with it (``loss``).
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
             >>> from flax import nnx
             >>> model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
             >>> _ = model(jnp.ones((1, 3)))
-            >>> model.cache_info().misses
-            1
+            >>> _ = jaxaot.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))(model, jnp.ones((1, 3)))
+            >>> info = model.cache_info()
+            >>> info.misses, [e.program for e in info.entries]
+            (2, ['call', 'loss'])
         """
-        return self._jaxaot_extra.program.cache_info()
+        programs = self._jaxaot_extra
+        return CacheInfo.combine({"call": programs.program.cache_info(), "loss": programs.loss_program.cache_info()})
 
 
 def wrap_nnx(module: nnx.Module, method: Method, static_argnums: tuple, static_argnames: tuple,

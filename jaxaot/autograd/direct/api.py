@@ -20,12 +20,14 @@ and ``jaxaot.value_and_grad`` of plain functions never imports Flax.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable, Sequence
 
 import jax
 
 from jaxaot.autograd.direct.function import function_value_and_grad
-from jaxaot.runtime import AOTFunction
+from jaxaot.errors import InvalidInputError
+from jaxaot.runtime import AOTFunction, CacheInfo
 
 
 _MODULE_STEP: list = []  # the module step, once imported
@@ -69,18 +71,50 @@ def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused:
     position = argnums[0] if as_tuple and len(argnums) == 1 else argnums
     if isinstance(position, bool) or not isinstance(position, int):  # DiffState, several argnums: not ours
         return fallback
+    ran: "weakref.WeakSet[AOTFunction]" = weakref.WeakSet()  # the loss programs this gradient ran
+    last: list = [None]
 
     def vg(*args: Any, **kwargs: Any):
         step = _module_step()
         if step is not None and 0 <= position < len(args):
             if step.is_aot_module(args[position]):
+                program = args[position].loss_program
+                if program is not last[0]:
+                    last[0] = program
+                    ran.add(program)
                 out, grads = step.module_value_and_grad(fun, position, args, kwargs, has_aux, fused)
                 return out, ((grads,) if as_tuple else grads)
             if step.is_flax_module(args[position]):  # a plain module (it may hold aot_module submodules)
                 return step.FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         return fallback(*args, **kwargs)
 
+    def cache_info() -> CacheInfo:
+        """The compile caches of the ``aot_module`` loss programs this gradient ran (``program``: ``loss``)."""
+        programs = list(ran)
+        labels = ["loss"] if len(programs) == 1 else [f"loss[{k}]" for k in range(len(programs))]
+        return CacheInfo.combine({label: p.cache_info() for label, p in zip(labels, programs)})
+
+    vg.cache_info = cache_info
     return vg
+
+
+def _nothing_compiled() -> CacheInfo:
+    """``cache_info()`` of a gradient that compiles nothing itself (``jax.value_and_grad`` runs it)."""
+    return CacheInfo(0, 0, ())
+
+
+def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who: str = "value_and_grad") -> None:
+    """:class:`~jaxaot.errors.InvalidInputError` naming the first option of :func:`value_and_grad` of the
+    wrong kind: ``fun`` not callable, ``argnums`` not an int or a non-empty sequence of ints, ``has_aux``
+    or ``fused`` not a bool."""
+    if not callable(fun):
+        raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
+        raise InvalidInputError(f"argnums of {who} must be an int or a non-empty sequence of ints, got {argnums!r}.")
+    for name, value in (("has_aux", has_aux), ("fused", fused)):
+        if not isinstance(value, bool):
+            raise InvalidInputError(f"{name} of {who} must be True or False, got {type(value).__name__} {value!r}.")
 
 
 def value_and_grad(
@@ -103,6 +137,14 @@ def value_and_grad(
         False runs the split forward and backward executables. ``cache_info()``
         lists which were compiled (``fused`` or ``forward``/``backward``).
 
+    The result has ``cache_info()``: the ``aot_function``'s, or that of the ``aot_module``
+    loss programs it ran (labelled ``loss``); for other functions, which ``jax.value_and_grad``
+    runs, nothing.
+
+    Raises:
+      InvalidInputError: ``fun`` is not callable, ``argnums`` is not an int or a non-empty
+        sequence of ints, ``has_aux`` or ``fused`` is not a bool.
+
     Example:
         >>> import jax.numpy as jnp, jaxaot
         >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
@@ -110,12 +152,14 @@ def value_and_grad(
         >>> dw.shape
         (3, 2)
     """
+    check_gradient_options(fun, argnums, has_aux, fused)
     if isinstance(fun, AOTFunction):
         return function_value_and_grad(fun, argnums, has_aux, fused)
-    if not callable(fun):
-        jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)  # JAX's own error
-    return module_dispatch(fun, argnums, has_aux, fused,
-                           _built_on_first_call(lambda: jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)))
+    vg = module_dispatch(fun, argnums, has_aux, fused,
+                         _built_on_first_call(lambda: jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)))
+    if not hasattr(vg, "cache_info"):
+        vg.cache_info = _nothing_compiled
+    return vg
 
 
 def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
@@ -128,6 +172,7 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
         >>> jaxaot.grad(f)(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
+    check_gradient_options(fun, argnums, has_aux, fused, "grad")
     vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused)
 
     def g(*args: Any, **kwargs: Any):
@@ -135,4 +180,5 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
         return (gr, value[1]) if has_aux else gr
 
     g.__wrapped__ = fun
+    g.cache_info = vg.cache_info
     return g

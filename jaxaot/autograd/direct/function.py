@@ -54,7 +54,13 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     ``fused``: one executable computes the forward and then the backward,
     keeping the partition's plan; False runs the split forward and backward
     executables. The result has a ``lower(*args)`` giving the
-    :class:`~jaxaot.AOTLowered` of the programs it runs.
+    :class:`~jaxaot.AOTLowered` of the programs it runs, and ``cache_info()``,
+    ``fun``'s (:meth:`AOTFunction.cache_info <jaxaot.AOTFunction.cache_info>`).
+
+    A signature's first call holds its lock while the fused step compiles and
+    is chosen (:func:`~jaxaot.fusion.run_fused`), so threads calling together
+    compile each variant once: the step's name is in the signature's
+    ``compiled`` once, its variants each once.
     """
     fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
     nums, single = _normalize_argnums(argnums)
@@ -96,7 +102,13 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
         with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
             if fused and not tr.joint.num_aux:
-                outs, grads = run_fused(tr, leaves, value_leaf)
+                if getattr(programs.executables.get("fused" + tr.name_suffix), "runs", None) is None:
+                    # The first call of a signature compiles the step (on an accelerator, each variant
+                    # weighed) and decides fused or split: once, however many threads call.
+                    with programs.lock:
+                        outs, grads = run_fused(tr, leaves, value_leaf)
+                else:
+                    outs, grads = run_fused(tr, leaves, value_leaf)
             else:
                 outs, residuals = tr.forward(leaves, concrete=True)
                 grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
@@ -117,4 +129,5 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
 
     vg.__wrapped__ = fun
     vg.lower = lower
+    vg.cache_info = fun.cache_info
     return vg
