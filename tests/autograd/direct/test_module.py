@@ -130,3 +130,42 @@ def test_state_created_by_the_call_is_written_back():
     nnx.value_and_grad(lambda mm: jnp.sum(mm(x) ** 2))(ref_model)
     jaxaot.value_and_grad(lambda mm: jnp.sum(mm(x) ** 2))(model)
     chex.assert_trees_all_close(model.h.get_value(), ref_model.h.get_value(), **TOL)
+
+
+def test_the_split_is_kept_across_steps_and_redone_when_the_module_changes(monkeypatch):
+    """Steps reuse the module's split (no graph walk per step); a submodule replaced between steps is
+    seen: the gradients and the update are those nnx computes for the changed model."""
+    from jaxaot.nn import split_cache
+
+    built = []
+
+    class Counting(split_cache.ModuleSplit):
+        def __init__(self, module):
+            built.append(1)
+            super().__init__(module)
+
+    monkeypatch.setattr(split_cache, "ModuleSplit", Counting)
+    x, y = _data(6)
+    ref, m = _mlp(), jaxaot.aot_module(_mlp())
+    ref_opt = nnx.Optimizer(ref, optax.sgd(0.1), wrt=nnx.Param)
+    opt = jaxaot.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
+
+    def loss_fn(model, xx, yy):
+        return jnp.mean((model(xx) - yy) ** 2)
+
+    def step(model, o, vg):
+        loss, grads = vg(loss_fn)(model, x, y)
+        o.update(model, grads)
+        return loss, grads
+
+    for _ in range(3):
+        ref_out, out = step(ref, ref_opt, nnx.value_and_grad), step(m, opt, jaxaot.value_and_grad)
+        chex.assert_trees_all_close(out, ref_out, **TOL)
+    m(x)  # the module's own call shares the split
+    assert len(built) == 1
+    ref.l2, m.l2 = nnx.Linear(8, 3, rngs=nnx.Rngs(7)), nnx.Linear(8, 3, rngs=nnx.Rngs(7))
+    for _ in range(2):
+        ref_out, out = step(ref, ref_opt, nnx.value_and_grad), step(m, opt, jaxaot.value_and_grad)
+        chex.assert_trees_all_close(out, ref_out, **TOL)
+    assert len(built) == 2
+    chex.assert_trees_all_close(nnx.state(m), nnx.state(ref), **TOL)
