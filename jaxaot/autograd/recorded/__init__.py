@@ -12,9 +12,11 @@ and runs ``jit(value_and_grad)`` of the recording, compiled once per structure
 Modules, each one concept: ``hooks`` (:func:`grad_hook`, cotangent hooks as
 identity ``custom_vjp``\\ s), ``param_hooks`` (post-accumulate hooks on whole
 gradients), ``structure`` (the structural key of a recorded forward or a
-backward jaxpr, and the reason two keys differ), ``cache`` (the process-wide,
-thread-safe cache of compiled programs, with ``stats``/``reset``), ``tape`` (one
-step's forward, recorded), ``step`` (the compiled step of a recording),
+backward jaxpr), ``tape`` (one step's forward, recorded, with the values
+Python looked at), ``reasons`` (why a step compiled, in words: the argument by
+pytree path, the Python branch, the operation by source line), ``cache`` (the
+process-wide, thread-safe cache of compiled programs, with
+``stats``/``reset``), ``step`` (the compiled step of a recording),
 ``capture`` (the fallback: one step's backward as a jaxpr of its residuals),
 ``modules`` (Flax nnx module arguments) and ``api`` (:func:`compiled_grad`,
 :func:`compiled_value_and_grad`).

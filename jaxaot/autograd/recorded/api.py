@@ -47,6 +47,7 @@ the same parameter hooks, traced into the caller's program.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -58,8 +59,10 @@ from jaxaot.autograd.recorded import capture as CAP
 from jaxaot.autograd.recorded import modules as M
 from jaxaot.autograd.recorded import param_hooks as PH
 from jaxaot.autograd.recorded import step as S
-from jaxaot.autograd.recorded.cache import note_fallback
+from jaxaot.autograd.recorded.cache import Compiled, note_fallback
+from jaxaot.autograd.recorded.reasons import CallInputs, explain
 from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
+from jaxaot.runtime import ArgNames, CacheEntryInfo, CacheInfo, inputs_change
 
 
 def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
@@ -71,14 +74,60 @@ def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
 
 
 class _Plans:
-    """Per-function memo: param-hook plans by tree structure, the structure run last, the running mode."""
+    """Per-function memo: param-hook plans by tree structure, the structure and inputs run last, the
+    running mode, and what this function compiled (its ``cache_info()``)."""
 
-    def __init__(self, hooks: tuple) -> None:
+    def __init__(self, fun: Callable, hooks: tuple) -> None:
+        self.name = _name(fun)
+        self.names = ArgNames.of(fun)
         self.hooks = hooks
         self.by_tree: dict[Any, tuple] = {}
-        self.last = None
+        self.last: tuple | None = None  #: (structure, CallInputs) of the last step
         self.mode = "lazy"  #: "lazy", "eager" (recording) or "vjp" (capture); see the module docstring
         self.lock = threading.Lock()
+        self.hits = 0
+        self.entries: list[CacheEntryInfo] = []
+
+    def reason(self, inputs: CallInputs) -> Callable[[Any], str]:
+        """``reason(structure)``: why this call's step compiles, against the last step."""
+        last_structure, last_inputs = self.last or (None, None)
+
+        def reason(structure: Any) -> str:
+            head = f"compiled_grad({self.name})"
+            if last_structure is None or last_structure.kind != structure.kind:
+                what = ("a step of {} recorded operations" if structure.kind == "forward"
+                        else "a backward of {} operations, captured under jax.vjp")
+                return f"{head}: first call ({what.format(len(structure.eqns))})"
+            if last_inputs is not None and last_inputs.avals != inputs.avals:
+                change = inputs_change(last_inputs.named(self.names), inputs.named(self.names))
+                if change:
+                    return f"{head}: {change}"
+            if last_structure.key == structure.key:
+                return (f"{head}: the same program as the last step, but its executable was evicted (the cache "
+                        "keeps the latest ones) or the parameter hooks differ")
+            values = inputs.values_change(last_inputs) if last_inputs is not None else ""
+            return f"{head}: {values + '; ' if values else ''}{explain(last_structure, structure)}"
+
+        return reason
+
+    def count(self, inputs: CallInputs, compiled: Compiled | None, structure: Any, record_seconds: float) -> None:
+        """Count one eager step: a hit, or an entry for what it compiled."""
+        if compiled is None:
+            self.hits += 1
+            return
+        program = "step" if structure.kind == "forward" else "backward"
+        times = {"record": record_seconds, **compiled.times}
+        with self.lock:
+            self.entries.append(CacheEntryInfo(inputs.text(self.names), compiled.reason, (program,),
+                                               program=program, compiles=(program,), times=times))
+
+    def cache_info(self) -> CacheInfo:
+        """What this function compiled: one entry per new structure of its step (``program`` ``step``, or
+        ``backward`` under vjp capture), with the seconds spent recording, tracing and in XLA and the reason.
+        A structure another function compiled first counts as a hit (the cache is shared)."""
+        with self.lock:
+            entries = tuple(self.entries)
+        return CacheInfo(self.hits, len(entries), entries)
 
     def plan(self, treedef: Any, tree: Any, multiple: bool) -> tuple:
         if not self.hooks:
@@ -93,23 +142,6 @@ class _Plans:
 
 def _name(fun: Any) -> str:
     return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or type(fun).__name__
-
-
-def _input_avals(args: Sequence[Any], skip: Any, diff_leaves: Sequence[Any]) -> tuple:
-    """Shapes and dtypes of the differentiated leaves, then of the other array arguments."""
-    others = jax.tree_util.tree_leaves([a for i, a in enumerate(args) if i not in skip])
-    return tuple((tuple(x.shape), x.dtype) for x in (*diff_leaves, *others) if hasattr(x, "dtype"))
-
-
-def _describe_change(old: tuple | None, new: tuple) -> str:
-    """``inputs (f32[4,3], ...) -> (f32[5,3], ...)`` when the input shapes or dtypes changed, else ``""``."""
-    def text(avals: tuple) -> str:
-        shown = [format_aval(jax.ShapeDtypeStruct(s, d)) for s, d in avals[:6]]
-        return "(" + ", ".join(shown) + (", ..." if len(avals) > 6 else "") + ")"
-
-    if old is None or old == new:
-        return text(new)
-    return f"{text(old)} -> {text(new)}"
 
 
 def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
@@ -141,7 +173,9 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     if not callable(fun):
         raise InvalidInputError(f"compiled_value_and_grad needs a callable, got a {type(fun).__name__}.")
     nums, single = _check_argnums(argnums)
-    plans = _Plans(PH.check_param_hooks(param_hooks))
+    if not isinstance(has_aux, bool):
+        raise InvalidInputError(f"has_aux must be True or False, got {type(has_aux).__name__} {has_aux!r}.")
+    plans = _Plans(fun, PH.check_param_hooks(param_hooks))
 
     def value_and_grad(*args: Any, **kwargs: Any):
         positions = _resolve(nums, len(args))
@@ -155,17 +189,20 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
             value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
             grads = PH.apply(planned, diff_leaves, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
         else:
-            avals = _input_avals(args, {*modules, *positions}, diff_leaves)
-            last_structure, last_avals = plans.last or (None, None)
-            describe = lambda: f"compiled_grad({_name(fun)}) on inputs {_describe_change(last_avals, avals)}"
-            out = _recorded(plans, forward, diff_leaves, diff_tree, planned, last_structure, describe)
+            inputs = CallInputs.of(args, kwargs, positions, {*modules, *positions}, diff_leaves, diff_tree,
+                                   plans.names)
+            reason = plans.reason(inputs)
+            t = time.perf_counter()
+            out = _recorded(plans, forward, diff_leaves, diff_tree, planned, reason)
             if out is None:
                 value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
                 captured = CAP.capture(vjp_fn, value.dtype)
-                grads, structure = CAP.run_compiled(captured, planned, diff_leaves, last_structure, describe)
+                recorded_in = time.perf_counter() - t
+                grads, structure, compiled = CAP.run_compiled(captured, planned, diff_leaves, reason)
             else:
-                value, (aux, states), grads, structure = out
-            plans.last = (structure, avals)
+                value, (aux, states), grads, structure, compiled, recorded_in = out
+            plans.last = (structure, inputs)
+            plans.count(inputs, compiled, structure, recorded_in)
         for n, m in modules.items():
             m.write_back(states[n])
         grad = jax.tree_util.tree_unflatten(diff_tree, grads)
@@ -173,6 +210,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         return ((value, aux), grad) if has_aux else (value, grad)
 
     value_and_grad.__wrapped__ = fun
+    value_and_grad.cache_info = plans.cache_info
     return value_and_grad
 
 
@@ -206,8 +244,9 @@ _NEEDS_VALUES = (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBoole
 
 
 def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: Any, planned: tuple,
-              last: Any, describe: Callable[[], str]) -> tuple | None:
-    """``(value, rest, grads, structure)`` from a recorded step, or None when the function runs under vjp capture.
+              reason: Callable[[Any], str]) -> tuple | None:
+    """``(value, rest, grads, structure, compiled, seconds recording)`` from a recorded step, or None when the
+    function runs under vjp capture.
 
     Moves the function to the next mode when its current one fails (module docstring): lazy recording
     to eager recording when JAX needed a value while recording or the recorded program did not compile
@@ -216,21 +255,23 @@ def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: An
     """
     while plans.mode != "vjp":
         eager = plans.mode == "eager"
+        t = time.perf_counter()
         try:
             recorded = S.record(forward, diff_leaves, diff_tree, eager)
         except C.Unrecordable as e:
             plans.mode = "vjp"
-            note_fallback(f"{describe()}: the forward cannot be recorded ({e}); running it under jax.vjp with a "
-                          "captured backward from now on")
+            note_fallback(f"compiled_grad({plans.name}): the forward cannot be recorded ({e}); running it under "
+                          "jax.vjp with a captured backward from now on")
             continue
         except _NEEDS_VALUES as e:
             if eager:
                 raise
             failed = e
         else:
+            recorded_in = time.perf_counter() - t
             try:
-                value, rest, grads = S.run(recorded, planned, diff_leaves, last, describe)
-                return value, rest, grads, recorded.structure
+                value, rest, grads, compiled = S.run(recorded, planned, diff_leaves, reason)
+                return value, rest, grads, recorded.structure, compiled, recorded_in
             except JaxaotError:
                 raise
             except Exception as e:
@@ -239,8 +280,8 @@ def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: An
                 failed = e
         plans.mode = "eager"
         first = (str(failed).strip().splitlines() or [""])[0]
-        note_fallback(f"{describe()}: lazy recording failed ({type(failed).__name__}: {first[:200]}); recording "
-                      "eagerly from now on")
+        note_fallback(f"compiled_grad({plans.name}): lazy recording failed ({type(failed).__name__}: "
+                      f"{first[:200]}); recording eagerly from now on")
     return None
 
 
@@ -260,6 +301,7 @@ def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has
         return (g, value[1]) if has_aux else g
 
     grad.__wrapped__ = fun
+    grad.cache_info = vg.cache_info
     return grad
 
 

@@ -27,7 +27,7 @@ import collections
 import dataclasses
 import logging
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 logger = logging.getLogger("jaxaot")
 
@@ -55,6 +55,14 @@ class Stats:
     fallbacks: tuple[str, ...] = ()
 
 
+class Compiled(NamedTuple):
+    """What one compile cost and why it happened (:meth:`BackwardCache.get` returns it to the caller that
+    compiled; the per-function ``cache_info()`` keeps it)."""
+
+    reason: str
+    times: dict   #: seconds per stage: ``trace_step`` (the replay traced) and ``compile_step`` (XLA), say
+
+
 class _Entry:
     """One compiled backward; ``ready`` is set once ``executable`` (or ``error``) is there."""
 
@@ -78,9 +86,10 @@ class BackwardCache:
         self._reasons: list[str] = []
         self._fallbacks: list[str] = []
 
-    def get(self, key: Hashable, structure: Any, compile_fn: Callable[[], Any],
-            reason_fn: Callable[[], str]) -> Any:
-        """The executable for ``key``; on a miss ``compile_fn()`` builds it and ``reason_fn()`` says why."""
+    def get(self, key: Hashable, structure: Any, compile_fn: Callable[[], tuple[Any, dict]],
+            reason_fn: Callable[[], str]) -> tuple[Any, Compiled | None]:
+        """``(executable for key, None)``, or on a miss ``(executable, Compiled)`` for the caller that compiled
+        it: ``compile_fn()`` returns the executable and its stage times, ``reason_fn()`` says why."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -96,10 +105,10 @@ class BackwardCache:
             entry.ready.wait()
             if entry.error is not None:
                 raise entry.error
-            return entry.executable
+            return entry.executable, None
         try:
             reason = reason_fn()
-            entry.executable = compile_fn()
+            entry.executable, times = compile_fn()
         except BaseException as e:
             entry.error = e
             with self._lock:
@@ -112,7 +121,7 @@ class BackwardCache:
             self._compiles += 1
             self._reasons.append(reason)
         logger.info("compiled autograd: %s", reason)
-        return entry.executable
+        return entry.executable, Compiled(reason, times)
 
     def note_fallback(self, reason: str) -> None:
         with self._lock:

@@ -32,14 +32,15 @@ much cheaper than dispatching each of them.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Sequence
 
 import jax
 
 from jaxaot import _compat as C
 from jaxaot.autograd.recorded import param_hooks as PH
-from jaxaot.autograd.recorded.cache import CACHE
-from jaxaot.autograd.recorded.structure import Structure, explain, structure_of
+from jaxaot.autograd.recorded.cache import CACHE, Compiled
+from jaxaot.autograd.recorded.structure import Structure, structure_of
 
 
 @dataclasses.dataclass
@@ -62,7 +63,7 @@ def capture(vjp_fn: Callable[[Any], Any], dtype: Any) -> Captured:
     return Captured(program, residuals, structure_of(program))
 
 
-def compile_backward(captured: Captured, planned: Sequence[Any], params: Sequence[Any]) -> Any:
+def compile_backward(captured: Captured, planned: Sequence[Any], params: Sequence[Any]) -> tuple[Any, dict]:
     """The compiled executable ``(residuals, params) -> grads`` for ``captured``'s structure.
 
     ``planned`` post-accumulate hooks (:mod:`.param_hooks`) are traced in after
@@ -75,25 +76,19 @@ def compile_backward(captured: Captured, planned: Sequence[Any], params: Sequenc
         grads = C.eval_closed(program, *residuals)
         return PH.apply(planned, params, grads) if planned else grads
 
-    return jax.jit(run).lower(captured.residuals, list(params)).compile()
+    t = time.perf_counter()
+    lowered = jax.jit(run).lower(captured.residuals, list(params))
+    t_lower = time.perf_counter()
+    exe = lowered.compile()
+    return exe, {"trace_backward": t_lower - t, "compile_backward": time.perf_counter() - t_lower}
 
 
 def run_compiled(captured: Captured, planned: Sequence[Any], params: Sequence[Any],
-                 last: Structure | None, describe: Callable[[], str]) -> tuple[list, Structure]:
-    """Gradients from the cached executable for ``captured`` (compiled on a miss), and the structure used.
-
-    ``last`` is the structure this function ran before; on a miss the recorded
-    reason compares against it (``describe()`` names the function and its inputs).
-    """
+                 reason: Callable[[Structure], str]) -> tuple[list, Structure, Compiled | None]:
+    """Gradients from the cached executable for ``captured``, the structure used, and on a miss what the
+    compile cost and why (``reason(structure)``; None on a hit)."""
     params = list(params) if planned else []
     key = (captured.structure.key, tuple(planned))
-
-    def reason() -> str:
-        if last is None:
-            return f"{describe()}: first backward ({len(captured.structure.eqns)} equations)"
-        if last.key == captured.structure.key:
-            return f"{describe()}: same backward as the last step, but its executable was evicted or the hooks differ"
-        return f"{describe()}: {explain(last, captured.structure)}"
-
-    exe = CACHE.get(key, captured.structure, lambda: compile_backward(captured, planned, params), reason)
-    return list(exe(captured.residuals, params)), captured.structure
+    exe, compiled = CACHE.get(key, captured.structure, lambda: compile_backward(captured, planned, params),
+                              lambda: reason(captured.structure))
+    return list(exe(captured.residuals, params)), captured.structure, compiled

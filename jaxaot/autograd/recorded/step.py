@@ -22,6 +22,7 @@ from the compiled ones in the last bits, as eager and jitted JAX do.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -29,8 +30,8 @@ import jax
 from jaxaot import _compat as C
 from jaxaot.autograd.recorded import param_hooks as PH
 from jaxaot.autograd.recorded import tape as T
-from jaxaot.autograd.recorded.cache import CACHE
-from jaxaot.autograd.recorded.structure import Structure, explain
+from jaxaot.autograd.recorded.cache import CACHE, Compiled
+from jaxaot.autograd.recorded.structure import Structure
 
 
 class Recorded(NamedTuple):
@@ -72,8 +73,9 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
 
 
 def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[Any], diff: Sequence[Any],
-                 args: Sequence[Any]) -> Any:
-    """The executable ``(diff leaves, args) -> (loss, recorded outputs, grads)`` of ``program``."""
+                 args: Sequence[Any]) -> tuple[Any, dict]:
+    """The executable ``(diff leaves, args) -> (loss, recorded outputs, grads)`` of ``program``, and the
+    seconds spent tracing it (``trace_step``: the replay under ``value_and_grad``) and in XLA (``compile_step``)."""
     loss_vid, rest = outputs[0], list(outputs[1:])
 
     def step(diff, args):
@@ -86,30 +88,24 @@ def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[A
             grads = PH.apply(planned, diff, grads)
         return value, outs, grads
 
-    return jax.jit(step).lower(list(diff), list(args)).compile()
+    t = time.perf_counter()
+    lowered = jax.jit(step).lower(list(diff), list(args))
+    t_lower = time.perf_counter()
+    exe = lowered.compile()
+    return exe, {"trace_step": t_lower - t, "compile_step": time.perf_counter() - t_lower}
 
 
-def run(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any], last: Structure | None,
-        describe: Callable[[], str]) -> tuple[Any, Any, list]:
-    """``(loss, rest, grads)`` from the cached executable of ``recorded`` (compiled on a miss).
-
-    ``last`` is the structure this function ran before; on a miss the recorded
-    reason compares against it (``describe()`` names the function and its inputs).
-    """
+def run(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any],
+        reason: Callable[[Structure], str]) -> tuple[Any, Any, list, Compiled | None]:
+    """``(loss, rest, grads, compiled)`` from the cached executable of ``recorded`` (compiled on a miss:
+    ``compiled`` then says why, ``reason(structure)``, and what it cost; None on a hit)."""
     structure = recorded.structure
     key = ("step", structure.key, tuple(planned))
-
-    def reason() -> str:
-        if last is None or last.kind != structure.kind:
-            return f"{describe()}: first backward (compiled with its forward: {len(structure.eqns)} recorded equations)"
-        if last.key == structure.key:
-            return f"{describe()}: same forward as the last step, but its executable was evicted or the hooks differ"
-        return f"{describe()}: {explain(last, structure)}"
-
     outputs = structure.key[2]
-    exe = CACHE.get(key, structure, lambda: compile_step(recorded.program, outputs, planned, diff, recorded.args),
-                    reason)
+    exe, compiled = CACHE.get(key, structure,
+                              lambda: compile_step(recorded.program, outputs, planned, diff, recorded.args),
+                              lambda: reason(structure))
     value, outs, grads = exe(list(diff), recorded.args)
     it = iter(outs)
     rest = [next(it) if leaf is None else leaf for leaf in recorded.rest]
-    return value, jax.tree_util.tree_unflatten(recorded.rest_tree, rest), list(grads)
+    return value, jax.tree_util.tree_unflatten(recorded.rest_tree, rest), list(grads), compiled

@@ -26,9 +26,10 @@ Costs and limits:
   their own structure, memoized per jaxpr object and interned, so equal
   sub-structures compare by identity and hash once. Params that hold Python
   callables (host callbacks) are keyed by the callable itself.
-* :func:`explain` turns two structures into the reason for a recompile: the
-  first input or equation that differs, old against new, with the user source
-  line of the forward operation it transposes when JAX recorded one.
+* :mod:`.reasons` turns two structures into the reason for a recompile
+  (:func:`~jaxaot.autograd.recorded.reasons.explain`); a recorded forward's
+  :attr:`Structure.looks` (the values Python looked at) are kept for it,
+  outside the key.
 """
 
 from __future__ import annotations
@@ -36,12 +37,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Any
 
 from jaxaot import _compat as C
-from jaxaot._pytrees import format_aval
 
 #: id(sub-jaxpr) -> (the jaxpr, its key): sub-jaxprs recur across steps (loop bodies are cached by JAX).
 _SUB_KEYS: "collections.OrderedDict[int, tuple[Any, tuple]]" = collections.OrderedDict()
@@ -59,12 +57,15 @@ class Structure:
         ``source_info``), for source lines in reasons.
       vid_avals: for tapes, the aval key of every value by its number.
       kind: ``"backward"`` (a captured backward) or ``"forward"`` (a recorded forward).
+      looks: for tapes, the values Python looked at while recording (:class:`~.tape.Look`), not part
+        of the key: which side a Python branch took shows only through the equations that follow.
     """
 
     key: tuple
     jaxpr: Any
     vid_avals: tuple | None = None
     kind: str = "backward"
+    looks: tuple = dataclasses.field(default=(), compare=False)
 
     @property
     def inputs(self) -> tuple:
@@ -176,98 +177,3 @@ def jaxpr_key(jaxpr: Any) -> tuple:
 def structure_of(closed: Any) -> Structure:
     """The :class:`Structure` of a closed jaxpr whose consts were hoisted to inputs."""
     return Structure(jaxpr_key(C.jaxpr_of(closed)), closed)
-
-
-# --------------------------------------------------------------------------- reasons
-def _aval_text(key: tuple) -> str:
-    shape, dtype, weak = key
-    return format_aval(_Aval(shape, dtype)) + ("{weak}" if weak else "")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Aval:
-    shape: tuple
-    dtype: Any
-
-
-def _eqn_text(eqn_key: tuple, structure: Structure) -> str:
-    prim, ins, outs, _ = eqn_key
-
-    def in_text(r: Any) -> str:
-        if isinstance(r, tuple):
-            val = r[2][0] if isinstance(r[2], tuple) else r[2]
-            return f"{val!r}:{_aval_text(r[1])}"
-        return _aval_text(_var_aval(r, structure))
-
-    return f"{prim}({', '.join(in_text(r) for r in ins)}) -> {', '.join(_aval_text(o) for o in outs)}"
-
-
-def _var_aval(ref: int, structure: Structure) -> tuple:
-    if structure.vid_avals is not None:
-        return structure.vid_avals[ref] if ref < len(structure.vid_avals) else ((), "?", False)
-    inputs = structure.inputs
-    if ref < len(inputs):
-        return inputs[ref]
-    n = len(inputs)
-    for _, _, outs, _ in structure.eqns:  # refs count only the kept outputs; DropVars are rare in backward programs
-        if ref < n + len(outs):
-            return outs[ref - n]
-        n += len(outs)
-    return ((), "?", False)
-
-
-def _literal_text(lit: tuple) -> str:
-    kind, *value = lit
-    if kind == "f":
-        return repr(float.fromhex(value[0]))
-    if kind == "c":
-        return repr(complex(float.fromhex(value[0]), float.fromhex(value[1])))
-    if kind == "a":
-        return repr(np.frombuffer(value[2], dtype=value[0]).reshape(value[1]).item())
-    return repr(value[0])
-
-
-def _input_text(entry: tuple) -> str:
-    """A backward input is an aval key; a tape input is ``(number, kind, aval key[, literal])``."""
-    if entry and isinstance(entry[0], int):
-        text = _aval_text(entry[2])
-        if entry[1] == "lit":
-            return f"the literal {_literal_text(entry[3])}:{text}"
-        return f"{'differentiated ' if entry[1] == 'diff' else ''}{text}"
-    return _aval_text(entry)
-
-
-def explain(old: Structure, new: Structure) -> str:
-    """Why ``new`` did not match ``old``: the inputs and the first equation that differ, old vs new."""
-    program, inputs = ("forward", "input") if new.kind == "forward" else ("backward", "residual")
-    parts = []
-    if len(old.inputs) != len(new.inputs):
-        parts.append(f"the {program} takes {len(new.inputs)} {inputs}s, was {len(old.inputs)}")
-    elif old.inputs != new.inputs:
-        i = next(i for i, (a, b) in enumerate(zip(old.inputs, new.inputs)) if a != b)
-        parts.append(f"{inputs} {i} is {_input_text(new.inputs[i])}, was {_input_text(old.inputs[i])}")
-    for i, (a, b) in enumerate(zip(old.eqns, new.eqns)):
-        if a != b:
-            was, now = _eqn_text(a, old), _eqn_text(b, new)
-            what = ("params changed" if a[:3] == b[:3] else "inputs come from other values" if was == now
-                    else "changed")
-            parts.append(f"{program} equation {i} {what}{_source(new, i)}: was {was}, now {now}")
-            break
-    else:
-        if len(old.eqns) != len(new.eqns):
-            n = min(len(old.eqns), len(new.eqns))
-            longer = new if len(new.eqns) > n else old
-            parts.append(f"the {program} has {len(new.eqns)} equations, was {len(old.eqns)} "
-                         f"(first extra one: {longer.eqns[n][0]}{_source(longer, n)})")
-    if len(old.eqns) != len(new.eqns) and not any(p.startswith(f"the {program} has") for p in parts):
-        parts.append(f"{len(new.eqns)} equations, was {len(old.eqns)}")
-    return "; ".join(parts) or f"the {program}'s outputs changed"
-
-
-def _source(structure: Structure, index: int) -> str:
-    try:
-        eqn = C.jaxpr_of(structure.jaxpr).eqns[index]
-    except (AttributeError, IndexError):
-        return ""
-    src = C.recorded_source(eqn.source_info) if structure.kind == "forward" else C.eqn_source(eqn)
-    return "" if not src or src == "<unknown>" else f" at {src}"

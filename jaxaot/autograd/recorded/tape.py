@@ -51,6 +51,14 @@ _SIMPLE = (int, str, bool, type(None), float)
 _Tracer = C.RecordingTracer
 
 
+class Look(NamedTuple):
+    """A value Python looked at while the forward was recorded (``if loss > 0``, ``int(n)``)."""
+
+    after: int         #: how many operations were recorded before it
+    source_info: Any   #: where (JAX's source info; ``C.recorded_source`` writes it as ``file:line (function)``)
+    value: Any         #: the value, when it is a scalar (else None)
+
+
 class Eqn(NamedTuple):
     """One recorded operation (``staged``: ``params`` are an equation's, from ``C.stage_call``)."""
 
@@ -121,6 +129,9 @@ class Tape:
       inputs: ``(value number, kind, aval key[, literal value])`` per input,
         ``kind`` one of ``diff``, ``arg`` (a runtime argument), ``lit``.
       args: the runtime values of the ``arg`` inputs, in order.
+      looks: per value Python looked at (``bool``, ``int``, ``float``, printing), a :class:`Look`:
+        where, after how many operations, and the value when it is a scalar. Not part of the
+        structure; recompile reasons use them to say which Python branch went the other way.
     """
 
     def __init__(self, eager: bool = False) -> None:
@@ -138,6 +149,7 @@ class Tape:
         self._by_id: dict[int, int] = {}
         self._by_literal: dict[tuple, int] = {}
         self._keep: list = []
+        self.looks: list[Look] = []
 
     # -- values
     def _new(self, aval: Any, value: Any, producer: int) -> int:
@@ -187,11 +199,20 @@ class Tape:
         """The value if already known, else None (JAX asks this opportunistically)."""
         return self.values[vid]
 
-    def force(self, vid: int) -> Any:
-        """The concrete value of ``vid``, running what it depends on that has not run yet."""
+    def force(self, vid: int, look: bool = True) -> Any:
+        """The concrete value of ``vid``, running what it depends on that has not run yet.
+
+        ``look``: Python itself asked (a :class:`Look` is kept), not a host callback's argument.
+        """
         value = self.values[vid]
-        if value is not None:
-            return value
+        if value is None:
+            value = self._compute(vid)
+        if look:
+            self.looks.append(Look(len(self.eqns), C.source_info(), value if getattr(value, "size", 2) == 1 else None))
+        return value
+
+    def _compute(self, vid: int) -> Any:
+        """Run the operations ``vid`` depends on that have not run yet; its value."""
         needed, stack = set(), [self.producer[vid]]
         while stack:
             i = stack.pop()
@@ -243,7 +264,8 @@ class Tape:
 
     def _callback(self, prim: Any, args: Sequence[Any], params: dict) -> list:
         """Run a host callback now, on concrete arguments; its outputs become inputs of the step."""
-        vals = [self.force(a.vid) if type(a) is C.RecordingTracer and a._trace is self.trace else a for a in args]
+        vals = [self.force(a.vid, look=False) if type(a) is C.RecordingTracer and a._trace is self.trace else a
+                for a in args]
         outs = C.bind_on(self.parent, prim, vals, params)
         return [self.tracer(self.ref(o)) for o in outs]
 
@@ -270,7 +292,7 @@ def freeze(tape: Tape) -> Program:
 def structure(tape: Tape, outputs: Sequence[int], program: Program) -> Structure:
     """The :class:`Structure` of a finished tape whose step returns the values ``outputs``."""
     key = (tuple(tape.inputs), tuple(tape.eqn_keys), tuple(outputs))
-    return Structure(key, program, vid_avals=tuple(tape.akeys), kind="forward")
+    return Structure(key, program, vid_avals=tuple(tape.akeys), kind="forward", looks=tuple(tape.looks))
 
 
 def replay(program: Program, diff: Sequence[Any], args: Sequence[Any]) -> list:

@@ -70,7 +70,7 @@ def test_loops_of_varying_length_compile_once_per_length():
         _close(g(w, x, n), jax.grad(f)(w, x, n))
     s = compiled_autograd.stats()
     assert (s.compiles, s.hits) == (3, 3)
-    assert "forward equation" in s.reasons[1] and "10 equations, was 6" in s.reasons[1]
+    assert "n: 2 → 4 (a Python value); the forward took another path: operation 4" in s.reasons[1]
     _no_fallback()
 
 
@@ -140,8 +140,7 @@ def test_one_compile_over_50_steps_and_a_reason_naming_the_change():
     vg(p, _rand(rng, 7, 5))
     s = compiled_autograd.stats()
     assert s.compiles == 2
-    assert "f32[4,5]) -> (" in s.reasons[1] and "f32[7,5])" in s.reasons[1]  # the input, old vs new
-    assert "forward equation 0" in s.reasons[1] and "test_recorded.py" in s.reasons[1]  # the node and its line
+    assert s.reasons[1].endswith(".f): x: shape (4, 5) → (7, 5)")  # the argument by name, old vs new
     _no_fallback()
 
 

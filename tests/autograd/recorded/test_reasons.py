@@ -1,0 +1,108 @@
+"""Compiled autograd says why a step compiled in words: the argument by path, the branch, the line.
+
+Each reason is checked whole (or its clause), against what changed between two
+steps: an argument's shape or dtype, a Python branch on data, a Python value
+(a loop count), a Python scalar the forward uses, an array it closes over.
+``cache_info()`` of the function counts its own hits and compiles.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot import compiled_autograd
+
+HERE = "test_reasons.py"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    compiled_autograd.reset()
+    yield
+    compiled_autograd.reset()
+
+
+def _branchy(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    if h.mean() > 0:  # the branch line
+        h = h @ params["w2"]
+    else:
+        h = jnp.sin(h) @ params["w2"]
+    return jnp.sum(h ** 2)
+
+
+BRANCH_LINE = _branchy.__code__.co_firstlineno + 2
+
+
+def _params(dtype=jnp.float32):
+    return {"w1": jnp.ones((3, 4), dtype), "w2": jnp.ones((4, 2))}
+
+
+def test_a_changed_argument_is_named_by_its_path():
+    vg = jaxaot.compiled_value_and_grad(_branchy)
+    vg(_params(), jnp.ones((5, 3)))
+    vg(_params(), jnp.ones((6, 3)))
+    vg(_params(jnp.bfloat16), jnp.ones((6, 3)))
+    reasons = [e.reason for e in vg.cache_info().entries]
+    assert reasons[1] == "compiled_grad(_branchy): x: shape (5, 3) → (6, 3)"
+    assert reasons[2] == "compiled_grad(_branchy): params['w1']: dtype float32 → bfloat16"
+
+
+def test_a_python_branch_that_took_the_other_side_is_named_by_its_line():
+    vg = jaxaot.compiled_value_and_grad(_branchy)
+    vg(_params(), jnp.ones((5, 3)))
+    vg(_params(), -jnp.ones((5, 3)))
+    reason = vg.cache_info().entries[1].reason
+    assert f"Python branch at {__file__}:{BRANCH_LINE}" in reason, reason
+    assert "took the other side (the condition was True, now False)" in reason
+    assert "the forward took another path: operation 4 is now jit" in reason  # the operation, by its line too
+    assert reason in compiled_autograd.stats().reasons
+
+
+def test_python_values_scalars_and_closed_over_arrays():
+    def looped(w, x, n):
+        for _ in range(n):
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    g = jaxaot.compiled_grad(looped)
+    g(jnp.ones((4, 4)), jnp.ones((3, 4)), 2)
+    g(jnp.ones((4, 4)), jnp.ones((3, 4)), 3)
+    assert "looped): n: 2 → 3 (a Python value); the forward took another path" in g.cache_info().entries[1].reason
+
+    scaled = jaxaot.compiled_grad(lambda w, s: jnp.sum(w * s))
+    scaled(jnp.ones(3), 2.0)
+    scaled(jnp.ones(3), 3.0)
+    assert "the Python scalar 2.0 the forward uses is now 3.0" in scaled.cache_info().entries[1].reason
+
+    box = [jnp.ones(3)]
+    closed = jaxaot.compiled_grad(lambda w: jnp.sum(w * box[0]))
+    closed(jnp.ones(3))
+    box[0] = jnp.ones((1, 3))
+    closed(jnp.ones(3))
+    assert "an array the forward uses (input 1 of the forward): shape (3,) → (1, 3)" in \
+        closed.cache_info().entries[1].reason
+
+
+def test_cache_info_counts_this_function_s_hits_and_compiles():
+    vg = jaxaot.compiled_value_and_grad(_branchy)
+    for _ in range(4):
+        vg(_params(), jnp.ones((5, 3)))
+    other = jaxaot.compiled_grad(_branchy)  # the same program: the shared cache serves it
+    other(_params(), jnp.ones((5, 3)))
+    info = vg.cache_info()
+    assert (info.hits, info.misses, info.duplicates) == (3, 1, ())
+    (e,) = info.entries
+    assert e.signature == "params['w1']: f32[3,4], params['w2']: f32[4,2], x: f32[5,3]"
+    assert e.program == "step" and e.executables == ("step",) and e.compiles == ("step",)
+    assert e.trace_seconds > 0 and e.xla_seconds > 0 and {"record", "trace_step", "compile_step"} <= set(e.times)
+    assert other.cache_info().hits == 1 and other.cache_info().misses == 0
+
+
+def test_has_aux_must_be_a_bool():
+    with pytest.raises(jaxaot.InvalidInputError, match="has_aux"):
+        jaxaot.compiled_grad(lambda x: x.sum(), has_aux="yes")
+    assert float(jaxaot.compiled_grad(lambda x: jnp.sum(x * x))(jnp.ones(2))[0]) == 2.0
