@@ -10,6 +10,7 @@ and reaches JAX's autodiff through the same ``custom_vjp`` wiring as
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxaot import _compat as C
+from jaxaot._pytrees import format_aval
 from jaxaot.artifacts import audit, manifest
 from jaxaot.artifacts.exported import ExportedAOT
 from jaxaot.artifacts.placement import check_call_devices, check_enough_devices
@@ -30,7 +32,10 @@ from jaxaot.errors import (
     NotExportableError,
     ResidualsMismatchError,
 )
-from jaxaot.runtime import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
+from jaxaot.runtime import (
+    CacheEntryInfo, CacheInfo, SplitPrograms, custom_vjp_of, inputs_change, log_compile, scatter, select_cotangents,
+    shape_and_dtype_name,
+)
 
 
 def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_callbacks: bool = False,
@@ -147,6 +152,7 @@ class LoadedAOT:
         if self.num_devices > 1:
             check_enough_devices(where or f"the artifact of {self.__name__}", self.num_devices, self.signature.mesh)
         self._structures: dict[Any, Any] = {}
+        self._calls = _CallLog(self)
         s = self.signature
         self._call = custom_vjp_of(SplitPrograms(
             primal=self._infer, forward=self._forward, backward=self._backward,
@@ -158,6 +164,21 @@ class LoadedAOT:
     @property
     def inference(self) -> Any:
         return self.exported.inference
+
+    def cache_info(self) -> CacheInfo:
+        """The input shapes it ran for: one entry per shape (``jax.export`` programs compile per concrete
+        shape on their first call), with the programs run for it and the reason, against the nearest
+        shape seen before; nothing is traced or partitioned here, so ``times`` is empty.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.load(jaxaot.export(lambda x: jnp.sin(x).sum(), jnp.ones(3)))
+            >>> _ = f(jnp.ones(3)); _ = f(jnp.zeros(3))
+            >>> info = f.cache_info()
+            >>> info.hits, info.misses, info.entries[0].executables
+            (1, 1, ('inference',))
+        """
+        return self._calls.info()
 
     def __call__(self, *args: Any) -> Any:
         leaves = self._check_inputs(args)
@@ -223,6 +244,7 @@ class LoadedAOT:
         return list(program.call(*leaves))
 
     def _infer(self, leaves: Sequence[Any]) -> list:
+        self._calls.ran(_shapes(leaves), "inference")
         outs = self._run(self.exported.inference, "inference", leaves)
         n = self.signature.num_outputs
         _run_checks(outs[n:], self.signature.inference_checks)
@@ -234,9 +256,11 @@ class LoadedAOT:
         n = s.num_outputs + s.num_temporaries
         _run_checks(outs[n:], s.forward_checks)
         residuals = [leaves[i] for i in s.saved_inputs] + [outs[i] for i in s.saved_outputs]
+        self._calls.ran(_shapes(leaves), "forward", _shapes(residuals))
         return outs[: s.num_outputs], residuals
 
     def _backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
+        self._calls.ran_backward(_shapes(residuals))
         return self._run(self.exported.backward, "backward", [*cts, *residuals])
 
     # -- checks
@@ -262,6 +286,7 @@ class LoadedAOT:
         bound: dict[str, tuple[int, str]] = {}
         for path, spec, x in zip(s.in_paths, s.in_specs, leaves):
             _check_leaf(path, spec, x, bound, ArtifactInputError)
+        self._calls.look_up(_shapes(leaves))
         return leaves
 
     def _check_residuals(self, arrays: Sequence[Any]) -> None:
@@ -284,6 +309,60 @@ class LoadedAOT:
 
     def __repr__(self) -> str:
         return f"<LoadedAOT {self.__name__}: {', '.join(f'{p}: {s}' for p, s in zip(self.signature.in_paths, self.signature.in_specs))}>"
+
+
+def _shapes(leaves: Sequence[Any]) -> tuple:
+    return tuple(tuple(np.shape(x)) for x in leaves)
+
+
+class _CallLog:
+    """What :meth:`LoadedAOT.cache_info` reports: the input shapes seen (each a compile of the programs it ran,
+    by JAX, on their first call) and lookups that found theirs."""
+
+    def __init__(self, loaded: LoadedAOT):
+        self.loaded, self.hits, self.lock = loaded, 0, threading.Lock()
+        self.entries: dict[tuple, tuple[str, list[str]]] = {}  # input shapes -> (reason, programs run)
+        self.by_residuals: dict[tuple, tuple] = {}  # residual shapes -> input shapes (the backward's entry)
+
+    def look_up(self, shapes: tuple) -> None:
+        if shapes in self.entries:
+            self.hits += 1
+            return
+        with self.lock:
+            if shapes not in self.entries:
+                named = self._named(shapes)
+                old = min(self.entries, key=lambda k: sum(a != b for a, b in zip(k, shapes)), default=None)
+                reason = "first call" if old is None else inputs_change(self._named(old), named) or "new shapes"
+                self.entries[shapes] = (reason, [])
+                log_compile(self.loaded.__name__, self._text(named), reason)
+
+    def ran(self, shapes: tuple, program: str, residuals: tuple | None = None) -> None:
+        entry = self.entries.get(shapes)
+        if entry is not None and program not in entry[1]:
+            with self.lock:
+                if program not in entry[1]:
+                    entry[1].append(program)
+        if residuals is not None and residuals not in self.by_residuals:
+            self.by_residuals[residuals] = shapes
+
+    def ran_backward(self, residuals: tuple) -> None:
+        shapes = self.by_residuals.get(residuals)
+        if shapes is not None:
+            self.ran(shapes, "backward")
+
+    def _named(self, shapes: tuple) -> list:
+        s = self.loaded.signature
+        return [(p, jax.ShapeDtypeStruct(shape, spec.dtype)) for p, spec, shape in zip(s.in_paths, s.in_specs, shapes)]
+
+    @staticmethod
+    def _text(named: list) -> str:
+        return ", ".join(f"{p}: {format_aval(a)}" for p, a in named)
+
+    def info(self) -> CacheInfo:
+        with self.lock:
+            items = [(k, reason, tuple(run)) for k, (reason, run) in self.entries.items()]
+        entries = tuple(CacheEntryInfo(self._text(self._named(k)), reason, run, compiles=run) for k, reason, run in items)
+        return CacheInfo(self.hits, len(entries), entries)
 
 
 def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exception]) -> None:

@@ -59,6 +59,7 @@ from jaxaot.parallel.schedule import Schedule
 from jaxaot.parallel.simulate import OpTimes
 from jaxaot.parallel.stage import Placement, Stage, StagePrograms, float0_like
 from jaxaot.partition import Partitioner, default_partition
+from jaxaot.runtime import CacheInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,7 @@ class Pipeline:
                        for s, fn in enumerate(self.stage_fns)]
         self._programs: dict[Any, list[StagePrograms]] = {}
         self._specs: dict[Any, list] = {}
+        self._hits = 0
         self.last_peak_live: tuple[int, ...] | None = None
 
     # -- the step
@@ -206,13 +208,35 @@ class Pipeline:
         ts = microbatch.split(self.stages[-1].place(targets), m)
         key = self._key(placed, xs[0], ts[0])
         programs = self._programs.get(key)
-        if programs is None:
+        if programs is not None:
+            self._hits += 1
+        else:
             specs = microbatch.stage_input_specs(self.stage_fns, self.loss_fn, placed, xs[0], ts[0])
             programs = [st.programs(st.spec(p), st.spec(a), st.spec(ts[0]) if st.is_last else None)
                         for st, p, a in zip(self.stages, placed, specs)]
             self._programs[key] = programs
             self._specs[key] = specs
         return placed, xs, ts, programs
+
+    def cache_info(self) -> CacheInfo:
+        """The step's signatures (``hits``: steps that found theirs, ``misses``: signatures traced) and, per
+        stage, its entries (``program``: ``stage0``, ...): the executables it compiled (``forward``,
+        ``pipeline_backward``, ``backward_input``, ``backward_weight``), the seconds per stage and the reason.
+
+        Example:
+            >>> import jax, jax.numpy as jnp
+            >>> from jaxaot.parallel.pipeline import pipeline
+            >>> layer = lambda w, x: jnp.tanh(x @ w)
+            >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2), schedule="gpipe",
+            ...                 num_microbatches=2, devices=[jax.devices()[0]] * 2)
+            >>> for _ in range(2):
+            ...     _ = step([jnp.eye(3), jnp.eye(3)], jnp.ones((4, 3)), jnp.zeros((4, 3)))
+            >>> info = step.cache_info()
+            >>> info.hits, info.misses, [e.program for e in info.entries]
+            (1, 1, ['stage0', 'stage1'])
+        """
+        stages = CacheInfo.combine({f"stage{st.index}": st.aot.cache_info() for st in self.stages})
+        return CacheInfo(self._hits, len(self._programs), stages.entries)
 
     @staticmethod
     def _key(params: Any, x: Any, t: Any) -> Any:
@@ -283,10 +307,12 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: str | Sche
 
     Returns:
       a :class:`Pipeline`: ``step(params, inputs, targets) -> (loss, grads)``,
-      plus ``step.lower(...)`` and ``step.measure_op_times(...)``.
+      plus ``step.lower(...)``, ``step.measure_op_times(...)`` and ``step.cache_info()``.
 
     Raises:
-      InvalidInputError: ``stages`` is empty or holds something not callable, or ``loss_fn`` is not callable.
+      InvalidInputError: ``stages`` is empty or holds something not callable, ``loss_fn`` or ``partition_fn``
+        is not callable, ``num_microbatches`` is not an int, ``devices`` is not a sequence of devices,
+        meshes or shardings.
       InvalidValueError / ScheduleError: see :func:`~jaxaot.parallel.builtin.make_schedule`.
 
     Example:
@@ -305,4 +331,16 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: str | Sche
         raise InvalidInputError("stages must be a non-empty sequence of callables stage_fn(params, activations).")
     if not callable(loss_fn):
         raise InvalidInputError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int):
+        raise InvalidInputError(f"num_microbatches must be a positive int, got {type(num_microbatches).__name__} "
+                                f"{num_microbatches!r}.")
+    if devices is not None:
+        kinds = (jax.Device, jax.sharding.Mesh, jax.sharding.Sharding)
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
+            raise InvalidInputError(f"devices must be a non-empty list of devices (or meshes), got "
+                                    f"{type(devices).__name__} {devices!r}.")
+        bad = next((d for d in devices if not isinstance(d, kinds)), None)
+        if bad is not None:
+            raise InvalidInputError(f"devices must hold jax devices, meshes or shardings, got {type(bad).__name__} "
+                                    f"{bad!r} among them.")
     return Pipeline(stages, loss_fn, schedule, num_microbatches, devices, partition_fn or default_partition)

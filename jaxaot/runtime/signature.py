@@ -320,7 +320,7 @@ class CacheInfo:
             where = f"[{e.program}] " if e.program else ""
             lines.append(f"{where}{e.signature or 'no inputs'}: {e.reason}")
             tried = f" (variants weighed: {', '.join(e.variants)})" if e.variants else ""
-            lines.append(f"    {', '.join(e.executables) or 'nothing compiled'}{tried}; trace "
-                         f"{e.trace_seconds * 1e3:.1f} ms, partition {e.partition_seconds * 1e3:.1f} ms, "
-                         f"XLA {e.xla_seconds * 1e3:.1f} ms")
+            times = (f"; trace {e.trace_seconds * 1e3:.1f} ms, partition {e.partition_seconds * 1e3:.1f} ms, "
+                     f"XLA {e.xla_seconds * 1e3:.1f} ms") if e.times else ""
+            lines.append(f"    {', '.join(e.executables) or 'nothing compiled'}{tried}{times}")
         return "\n".join(lines)

@@ -102,3 +102,105 @@ def test_a_partitioner_returning_no_partition_is_a_partition_error_naming_it():
     with pytest.raises(PartitionError, match="no_plan"):  # nothing half-built was kept
         jax.grad(f)(jnp.ones(3))
     assert float(f(jnp.ones(3))) == pytest.approx(3 * 0.84147096)  # inference needs no partition
+
+
+# --------------------------------------------------------------------------- every callable jaxaot returns
+def _loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+
+W, X = jnp.ones((3, 2)), jnp.ones((4, 3))
+
+
+def _function():
+    f = jaxaot.aot_function(_loss)
+    return f, lambda: jax.grad(f)(W, X)
+
+
+def _value_and_grad():
+    vg = jaxaot.value_and_grad(jaxaot.aot_function(_loss), argnums=(0, 1))
+    return vg, lambda: vg(W, X)
+
+
+def _grad():
+    g = jaxaot.grad(jaxaot.aot_function(_loss))
+    return g, lambda: g(W, X)
+
+
+def _module_loss():
+    from flax import nnx
+
+    model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    vg = jaxaot.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))
+    return vg, lambda: vg(model, X)
+
+
+def _linen():
+    from flax import linen as nn
+
+    dense = nn.Dense(2)
+    variables = dense.init(jax.random.key(0), X)
+    m = jaxaot.aot_module(dense)
+    return m, lambda: m.apply(variables, X)
+
+
+def _compiled_grad():
+    g = jaxaot.compiled_grad(_loss)
+    return g, lambda: g(W, X)
+
+
+def _compiled_value_and_grad():
+    vg = jaxaot.compiled_value_and_grad(lambda w, x: _loss(w, x) * 3.0)
+    return vg, lambda: vg(W, X)
+
+
+def _pipeline():
+    from jaxaot.parallel.pipeline import pipeline
+
+    step = pipeline([lambda w, x: jnp.tanh(x @ w)] * 2, lambda y, t: jnp.mean((y - t) ** 2), schedule="1f1b",
+                    num_microbatches=2, devices=[jax.devices()[0]] * 2)
+    return step, lambda: step([jnp.eye(3), jnp.eye(3)], X, jnp.zeros((4, 3)))
+
+
+def _loaded():
+    f = jaxaot.load(jaxaot.export(_loss, W, X))
+    return f, lambda: jax.value_and_grad(f)(W, X)
+
+
+@pytest.mark.parametrize("build", [_function, _value_and_grad, _grad, _module_loss, _linen, _compiled_grad,
+                                   _compiled_value_and_grad, _pipeline, _loaded], ids=lambda b: b.__name__[1:])
+def test_every_callable_reports_what_it_compiled(build):
+    jaxaot.compiled_autograd.reset()
+    obj, call = build()
+    for _ in range(3):
+        call()
+    info = obj.cache_info()
+    assert info.misses >= 1 and info.hits >= 2, info
+    assert info.entries and info.duplicates == ()
+    first = {}
+    for e in info.entries:
+        first.setdefault(e.program, e)
+        assert e.signature and e.executables and set(e.executables) <= set(e.compiles), e
+    assert all(e.reason.endswith("first call") or "first call (" in e.reason for e in first.values()), info
+
+
+def test_a_plain_function_s_gradient_compiles_nothing_of_its_own():
+    vg = jaxaot.value_and_grad(_loss)
+    vg(W, X)
+    assert vg.cache_info() == jaxaot.CacheInfo(0, 0, ())
+
+
+def test_fifty_steps_of_an_aot_module_show_the_loss_program():
+    from flax import nnx
+    import optax
+
+    model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    optimizer = jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    loss_fn = lambda m, x: jnp.sum(m(x) ** 2)  # noqa: E731
+    for _ in range(50):
+        _, grads = jaxaot.value_and_grad(loss_fn)(model, X)
+        optimizer.update(model, grads)
+    info = model.cache_info()
+    assert (info.hits, info.misses) == (49, 1)
+    (entry,) = info.entries
+    assert entry.program == "loss" and entry.reason == "first call" and "fused[0,1]" in entry.executables[0]
