@@ -350,7 +350,7 @@ def aot_function(
         (3, 2)
     """
     if not callable(fn):
-        raise InvalidInputError(f"aot_function expects a callable, got {type(fn).__name__}: {fn!r}.")
+        raise InvalidInputError(f"aot_function expects a callable fn, got {type(fn).__name__}: {fn!r}.")
     check_options(fw_compiler=fw_compiler, bw_compiler=bw_compiler, inference_compiler=inference_compiler,
                   partition_fn=partition_fn, decompositions=decompositions, out_shardings=out_shardings,
                   residual_sharding=residual_sharding)
@@ -366,5 +366,6 @@ def _argnums(name: str, value: Any) -> tuple[int, ...]:
     """``static_argnums`` / ``donate_argnums`` checked: an int or a sequence of ints, none negative, no bools."""
     items = (value,) if isinstance(value, int) or not isinstance(value, (tuple, list, range)) else tuple(value)
     if any(isinstance(i, bool) or not isinstance(i, int) for i in items):
-        raise InvalidInputError(f"{name} must be an int or a sequence of ints (argument positions), got {value!r}.")
+        raise InvalidInputError(f"{name} must be non-negative ints (argument positions): an int or a sequence of "
+                                f"ints, got {value!r}.")
     return arguments.normalize_argnums(name, items)

@@ -81,7 +81,7 @@ def test_outputs_that_are_not_arrays():
 
 
 @pytest.mark.parametrize("kwargs,names", [
-    (dict(fn=3), "expects a callable, got int"),
+    (dict(fn=3), "expects a callable fn, got int"),
     (dict(fn=loss, fw_compiler="xla"), "fw_compiler must be callable"),
     (dict(fn=loss, partition_fn=1.5), "partition_fn must be callable"),
     (dict(fn=loss, static_argnums="a"), "static_argnums must be non-negative ints"),

@@ -101,18 +101,41 @@ def test_one_aot_function_from_eight_threads(warm):
     assert sum(compiler.calls.values()) == 3 * len(SIZES), compiler.calls  # each program compiled once
 
 
+def _compiles_by_signature(info):
+    return {e.signature: sorted(e.compiles) for e in info.entries}
+
+
 def test_jaxaot_value_and_grad_from_eight_threads():
+    """The fused step compiles once per signature; on an accelerator its variants (layouts, order,
+    barrier, reductions derived again) and, for the timed choice, the split programs compile too: each
+    once. cache_info() tells them apart: a variant is a name of its own, a duplicate the same name twice."""
+    def make(compiler):
+        return jaxaot.value_and_grad(jaxaot.aot_function(loss, fw_compiler=compiler), argnums=(0, 1))
+
+    def work_of(vg):
+        def work(i):
+            for n in random.Random(i).sample(SIZES, len(SIZES)) * 2:
+                args = _inputs(n, i)
+                _close(vg(*args), jax.value_and_grad(loss, argnums=(0, 1))(*args))
+        return work
+
+    serial_compiler = CountingCompiler()
+    serial = make(serial_compiler)
+    for i in range(THREADS):
+        work_of(serial)(i)
     compiler = CountingCompiler()
-    vg = jaxaot.value_and_grad(jaxaot.aot_function(loss, fw_compiler=compiler), argnums=(0, 1))
-
-    def work(i):
-        for n in random.Random(i).sample(SIZES, len(SIZES)) * 2:
-            args = _inputs(n, i)
-            _close(vg(*args), jax.value_and_grad(loss, argnums=(0, 1))(*args))
-
-    _hammer(work)
-    assert sum(compiler.calls.values()) == len(SIZES)  # the fused step, once per signature
-    assert vg.__wrapped__.cache_info().misses == len(SIZES)
+    vg = make(compiler)
+    _hammer(work_of(vg))
+    info = vg.cache_info()
+    assert info.misses == len(SIZES) and info.duplicates == ()  # no name compiled twice for a signature
+    assert sum(compiler.calls.values()) == info.compiles  # every compilation is one cache_info() reports
+    assert _compiles_by_signature(info) == _compiles_by_signature(serial.cache_info())  # as one thread compiles
+    for e in info.entries:
+        assert e.compiles[0] == "fused" and e.executables[0] == "fused"
+        assert all(v.startswith("fused:") for v in e.variants), e  # variants of the step, each counted once
+        assert set(e.compiles) - set(e.variants) <= {"fused", "forward", "backward"}, e
+        if jax.default_backend() == "cpu":  # no variants, no timing: the step alone
+            assert e.compiles == ("fused",)
 
 
 def test_aot_module_from_eight_threads():

@@ -171,7 +171,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         True
     """
     if not callable(fun):
-        raise InvalidInputError(f"compiled_value_and_grad needs a callable, got a {type(fun).__name__}.")
+        raise InvalidInputError(f"compiled_value_and_grad needs a callable fun, got a {type(fun).__name__}.")
     nums, single = _check_argnums(argnums)
     if not isinstance(has_aux, bool):
         raise InvalidInputError(f"has_aux must be True or False, got {type(has_aux).__name__} {has_aux!r}.")
