@@ -15,6 +15,11 @@ consts: the backward runs ``num_steps`` iterations, never the stack capacity. A
 loop with zero iterations transposes to the identity on the carries and zeros
 for the consts.
 
+Before either, the unknown body is dead-code-eliminated and the residuals it no
+longer reads are dropped (:func:`_prune_residuals`): a tangent that reaches no
+output (that of a tolerance a line search's condition reads, say) is never
+transposed, so an infinite derivative there cannot turn a zero cotangent into NaN.
+
 Costs: the forward runs each iteration once; memory is ``capacity`` rows of the
 varying residuals. The stack needs that capacity before the trip count is
 known: :func:`~jaxaot.loops.capacity.stack_capacity` takes ``max_steps``, the
@@ -89,6 +94,27 @@ def _known_cond(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool])
     return known
 
 
+def _prune_residuals(known_body: Any, unknown_body: Any, res_avals: Sequence[Any]) -> tuple[Any, Any, list]:
+    """Dead-code-eliminate the unknown (linear) body, and drop from the known body the
+    residuals it no longer reads: ``(known body, unknown body, residual avals)``.
+
+    The linear body may hold tangents that reach no output: those of values that only
+    feed a condition (a line search's acceptance tolerance, say). Transposing them
+    anyway would multiply zero cotangents by their derivatives, which can be
+    infinite (``sqrt`` at 0): ``0 * inf = nan``. Without them, every cotangent the
+    backward computes reaches an input, and fewer residuals are stored or recomputed.
+    """
+    num_res = len(res_avals)
+    n_in, n_out = len(C.in_avals_of(unknown_body)), len(C.out_avals_of(unknown_body))
+    unknown_body, used = C.dce_closed(unknown_body, [True] * n_out, [False] * num_res + [True] * (n_in - num_res))
+    keep = list(used[:num_res])
+    if all(keep):
+        return known_body, unknown_body, list(res_avals)
+    n_known_out = len(C.out_avals_of(known_body)) - num_res
+    known_body, _ = C.dce_closed(known_body, [True] * n_known_out + keep, True)
+    return known_body, unknown_body, pick(keep, res_avals)
+
+
 def _hoist(known_body: Any, num_consts: int, num_outs: int, num_res: int):
     """Split ``known_body`` into a consts-only part and a per-iteration part.
 
@@ -115,6 +141,7 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
         return trace.default_process_primitive(prim, tracers, params)
     if not is_bounded(loop):
         return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
+    known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
     if prim is while_loop_p and loop.checkpoints is not None:
         return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
                                          known_body, unknown_body, res_avals)
