@@ -62,6 +62,7 @@ from jaxaot import _progress
 from jaxaot._pytrees import flatten_checked, shape_dtype_struct
 from jaxaot.artifacts.exported import ExportedAOT
 from jaxaot.artifacts.loaded import LoadedAOT
+from jaxaot.artifacts.options import check_platforms
 from jaxaot.artifacts.placement import MeshSpec
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot.artifacts.treedef_json import treedef_to_json
@@ -107,6 +108,7 @@ def export(
         >>> exp.signature.residual_specs[0].shape
         ('b',)
     """
+    check_platforms(platforms)
     aot = _fresh_aot_function(fn_or_aot_function, partition_fn)
     name = aot.__name__
     static = set(aot.static_argnums)

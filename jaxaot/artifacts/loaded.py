@@ -21,6 +21,7 @@ from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
 from jaxaot.artifacts import audit, manifest
 from jaxaot.artifacts.exported import ExportedAOT
+from jaxaot.artifacts.options import check_load_options
 from jaxaot.artifacts.placement import check_call_devices, check_enough_devices
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot.artifacts.treedef_json import treedef_to_json
@@ -80,6 +81,7 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
     """
     if isinstance(path, ExportedAOT):
         return LoadedAOT(path)
+    check_load_options(path, check_versions=check_versions, allow_callbacks=allow_callbacks, max_bytes=max_bytes)
     root = Path(path)
     where = str(root / manifest.MANIFEST)
     info = manifest.read_manifest(root, max_bytes)

@@ -72,6 +72,8 @@ def cached_partition(partition_fn: Partitioner, joint: JointGraph) -> Partition:
         store.corrupt(path, "its saved set does not rebuild a valid partition of this joint graph")
     count("partition_misses")
     part = partition_fn(joint)
+    if not isinstance(part, Partition):
+        return part  # nothing to store: the runtime refuses it, naming the partitioner
     record = partition_codec.encode(joint, part)
     if record is None:
         count("skipped")
