@@ -304,3 +304,12 @@ def test_min_cut_scan_rewrite_is_replayed_not_rechosen(cache_dir):
     chex.assert_trees_all_close(second, first, **TOL)
     want = jax.value_and_grad(scanned_loss, argnums=(0, 1))(*_inputs())
     chex.assert_trees_all_close(second[:2], want, **TOL)
+
+
+def test_a_partitioner_that_returns_no_partition_is_named_and_nothing_is_stored(cache_dir):
+    f = jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x)), partition_fn=lambda joint: None)
+    with pytest.raises(jaxaot.PartitionError, match="returned a NoneType, not a jaxaot.Partition"):
+        jax.grad(f)(jnp.ones(3))
+    assert not _files(cache_dir, "partitions")
+    g = jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x)))   # the cache keeps working
+    assert jnp.allclose(jax.grad(g)(jnp.ones(3)), jnp.cos(jnp.ones(3)))
