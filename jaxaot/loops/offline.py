@@ -9,7 +9,8 @@ body only while the loop is still running (``where``, not a branch) and keeps
 the carry after the loop's end; whole top-level chunks past the end are skipped
 by one ``lax.cond`` each (with host snapshots, chunks of the innermost level:
 see :func:`run`). The innermost level is unrolled (up to
-:data:`MAX_UNROLL` bodies), so most steps run outside any loop.
+:data:`MAX_UNROLL` bodies, fewer for a large body: :func:`unroll_for`), so most
+steps of a small body run outside any loop.
 
 Why not the online schedule (``checkpoints=k`` alone)? On a GPU, every
 iteration of a while loop whose trip count is a run-time value waits for its
@@ -77,6 +78,10 @@ from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
 #: a static-length loop as separate launches, so one unrolled level cuts the step's cost by a
 #: third (n=2000, 256x1024 carry, H100: 158 ms -> 120 ms). The program holds that many bodies.
 MAX_UNROLL = 16
+#: ... and to at most about this many eqns of body and condition in all (sub-jaxprs counted):
+#: a large body (a physics step's solver) is not unrolled, so the program, and its compile
+#: time, stay near the ``max_steps`` mode's (:func:`unroll_for`).
+UNROLL_EQNS = 256
 
 
 def _host_policy(name: str) -> Callable:
@@ -155,6 +160,24 @@ def check_body(loop_name: str, max_steps: int, checkpoints: int, checkpoint_memo
         )
 
 
+def unroll_for(loop: Loop, length: int) -> int:
+    """How many steps of the innermost level (``length`` steps) run unrolled: up to
+    :data:`MAX_UNROLL`, and to :data:`UNROLL_EQNS` eqns of the body and condition in all.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot
+        >>> from jaxaot.loops.common import loop_of
+        >>> def loop(body):
+        ...     eqn = jax.make_jaxpr(lambda x: jaxaot.while_loop(lambda c: c < 1.0, body, x))(0.0).jaxpr.eqns[0]
+        ...     return loop_of(eqn.primitive, eqn.params)
+        >>> big = lambda c: c + sum(jnp.sin(c * i) for i in range(100))  # about 300 eqns
+        >>> unroll_for(loop(lambda c: c + 1.0), 10), unroll_for(loop(big), 10)
+        (10, 1)
+    """
+    eqns = sum(1 for _ in C.iter_eqns(loop.body)) + sum(1 for _ in C.iter_eqns(loop.cond))
+    return max(1, min(length, MAX_UNROLL, UNROLL_EQNS // max(eqns, 1)))
+
+
 def _select(pred: Any, new: Sequence[Any], old: Sequence[Any]) -> list:
     return [jnp.where(pred, a, b) for a, b in zip(new, old)]
 
@@ -194,7 +217,7 @@ def run(loop: Loop, consts: Sequence[Any], carry: Sequence[Any]) -> list:
 
     def level(depth: int, state):
         if depth == len(sizes) - 1:
-            return lax.scan(step, state, None, length=sizes[depth], unroll=min(sizes[depth], MAX_UNROLL))[0]
+            return lax.scan(step, state, None, length=sizes[depth], unroll=unroll_for(loop, sizes[depth]))[0]
         inner = functools.partial(level, depth + 1)
         if host:  # XLA's GPU compiler rejects a conditional that yields values laid out in host
             # memory (jax 0.11.2, benchmarks/probe_host_offload.py): skip chunks of the innermost

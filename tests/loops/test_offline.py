@@ -159,3 +159,26 @@ def test_memory_stays_within_the_plan():
 
     offline, stacked = temp(max_steps=400, checkpoints=24), temp(max_steps=400)
     assert offline * 4 < stacked, (offline, stacked)
+
+
+def test_a_large_body_is_not_unrolled():
+    # The innermost level unrolls small bodies (up to 16) but not large ones: the program holds
+    # one body per level (the forward of each jax.checkpoint level), not 16 per level.
+    ws = [jnp.full((4, 4), 0.1 * i) for i in range(40)]
+
+    def step(x):
+        for w in ws:
+            x = x + 0.01 * jnp.tanh(x @ w)
+        return x
+
+    def loss(x, **kw):
+        return jnp.sum(jaxaot.while_loop(lambda c: c[0] < 30, lambda c: (c[0] + 1, step(c[1])), (0, x), **kw)[1])
+
+    def tanhs(fn, x):  # in the optimized program, where XLA has inlined the unrolled steps
+        return jax.jit(fn).lower(x).compile().as_text().count(" tanh(")
+
+    big = tanhs(jax.grad(lambda x: loss(x, max_steps=100, checkpoints=16)), jnp.ones((2, 4)))
+    assert big == len(plan(100, 16)) * len(ws)  # (4, 5, 5): three levels, no unrolled copies
+    small = tanhs(jax.grad(lambda x: jaxaot.while_loop(lambda c: c[0] < 30, lambda c: (c[0] + 1, jnp.tanh(c[1])),
+                                                       (0, x), max_steps=100, checkpoints=16)[1]), 1.0)
+    assert small > 3 * len(plan(100, 16))  # a small body is unrolled
