@@ -22,7 +22,9 @@ The rules weigh peak memory only (:func:`compiled_peak`): step times of two
 compiles of one program differ by up to 1.6% on an H100, about as much as the
 variants move them, while the peaks they trade are deterministic. Under a byte
 ``memory_budget`` (the partition's ``step_peak``) no variant over the budget is
-kept.
+kept, and where the step is over the budget (the variants above change the
+program the planner measured) the planned program itself, without residual
+slices, is compiled and kept if it fits.
 
 Whether the fused step runs at all is decided by peak and by time
 (:func:`choose_step`): where its compiled peak is over a byte budget that the
@@ -176,18 +178,18 @@ def choose_rederive(peak: int | None, rederived_peak: int | None) -> bool:
 
 
 def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier: str, returned: set,
-                     layouts: str, order: str, rederived: tuple[int, ...] = ()) -> Any:
-    """The step compiled with this ``barrier``, ``layouts``, ``order`` and residual positions
-    ``rederived`` (which it carries as attributes, the last as the residuals' descriptions), or
-    None where the backend refuses it."""
+                     layouts: str, order: str, rederived: tuple[int, ...] = (), slices: bool = True) -> Any:
+    """The step compiled with this ``barrier``, ``layouts``, ``order``, residual positions
+    ``rederived`` (which it carries as attributes, the last as the residuals' descriptions) and
+    ``slices``, or None where the backend refuses it."""
     p = training.programs
-    key = f"{name}:{layouts}:{order}:{barrier}:{len(rederived)}"
+    key = f"{name}:{layouts}:{order}:{barrier}:{len(rederived)}:{slices}"
     _progress.step("compiling fused variant", total=4, key=name, owner=p,
                    detail=f"{layouts} layouts, {order} order, barrier {barrier}" + ", rederived" * bool(rederived))
     try:
         exe = p.compile(key, training.options.fw_compiler,
                         fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order,
-                                      rederive=bool(rederived)),
+                                      slices=slices, rederive=bool(rederived)),
                         p.in_avals, aliased=returned)
     except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
         return None
@@ -243,6 +245,11 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
                 lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=rederived)
                 if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
                     exe = lean
+        if not fits(exe):
+            # Over the budget: the program the planner measured (no residual slices, XLA's layouts and order).
+            planned = _compile_variant(training, name, value_leaf, barrier, returned, "auto", "xla", slices=False)
+            if fits(planned):
+                exe = planned
         exe.runs, exe.why = None, ""
         chosen = budget_choice(part.step_peak, compiled_peak(exe))
         if chosen is not None:

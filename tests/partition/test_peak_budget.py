@@ -170,3 +170,17 @@ def test_smallest_plan_peaks_at_most_nothing_saveable(name):
     reference = jaxaot.partition.compiled_peak(jitted.lower(*args).compile())
     low = min(_ends(model.loss, args, model.argnums))
     assert low <= reference, (name, low, reference)
+
+
+@pytest.mark.parametrize("name", ["llama_block", "gru_scan", "convnet_bn", "gpt_scanned"])
+def test_plans_shaped_like_dots_saveable_are_correct(name):
+    from jaxaot.partition.costs import FlopCosts
+    from jaxaot.partition.mincut.rematerialize import _at_fraction
+
+    model = MODELS[name]
+    args = model.make_args(jax.random.key(11))
+
+    def dots_family(joint):
+        return _at_fraction(joint, 1.0, rematerialize_scans=True, model=None, costs=FlopCosts(), family="dots")
+
+    _check_grads(model.loss, args, model.argnums, dots_family, bf16=model.dtype != jnp.float32)

@@ -18,7 +18,14 @@ largest fraction that fits. :func:`plan_under_peak` finds it:
 3. bisection on the fraction between a plan that fits and one that does not.
    Fractions map to finitely many plans (knapsack prefixes), so a probe whose
    plan equals one already measured compiles nothing; bisection stops at
-   :data:`RESOLUTION` or after :data:`MAX_MEASURED` measured plans.
+   :data:`RESOLUTION` or after :data:`MAX_MEASURED` measured plans;
+4. where the budget forced recomputation (the plan found is below fraction 1, or
+   there is none), plans shaped like JAX's ``dots_saveable``
+   (:mod:`jaxaot.partition.mincut.save_families`): which values the backward
+   recomputes decides which temporaries it holds at once, and on an H200
+   16-head GPT-2 block these reached ``dots_saveable``'s peak where no fraction
+   did. Of the plans that fit, the one whose recomputed eqns cost least (the
+   knapsack's op costs) wins.
 
 A plan fits when its fused step peaks within the budget: that is the step
 ``jaxaot.value_and_grad`` runs. The search first asks more: that the split
@@ -40,7 +47,7 @@ fit, which may miss a larger one beyond a plan that did not.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Sequence
 
 from jaxaot.errors import MemoryBudgetError
 from jaxaot.partition.budget.live_values import peak_holders
@@ -56,6 +63,10 @@ MAX_MEASURED = 10
 #: Where neither the fraction 1 nor the fraction 0 plan fits, the fractions ``k / GRID`` are tried.
 GRID = 8
 
+#: ``plan_at(fraction, family)``: the planner at a fraction budget, ``family`` None or one of the
+#: policy-shaped families (:mod:`jaxaot.partition.mincut.save_families`).
+PlanAt = Callable[[float, "str | None"], Partition]
+
 
 def _plan_key(part: Partition) -> tuple:
     """What makes two plans the same program pair: the residuals, where they live, the programs' text."""
@@ -67,23 +78,25 @@ def _plan_key(part: Partition) -> tuple:
 class _Probe:
     part: Partition
     fused: int | None
+    fraction: float
     split: StepPeak | None = None
 
 
 class _Search:
     """The probes of one search: plans by fraction, and each distinct plan's peaks, measured once."""
 
-    def __init__(self, joint: JointGraph, budget: int, plan_at: Callable[[float], Partition]):
+    def __init__(self, joint: JointGraph, budget: int, plan_at: PlanAt):
         self.joint, self.budget, self.plan_at = joint, budget, plan_at
         self.by_key: dict[tuple, _Probe] = {}
         self.split = not on_mesh(joint)
 
-    def probe(self, fraction: float) -> tuple[tuple, _Probe]:
-        part = self.plan_at(fraction)
+    def probe(self, fraction: float, family: str | None = None) -> tuple[tuple, _Probe]:
+        part = self.plan_at(fraction, family)
         key = _plan_key(part)
         found = self.by_key.get(key)
         if found is None:
-            found = self.by_key[key] = _Probe(part, program_peak(fused_step(part, self.joint), self.joint.in_avals))
+            fused = program_peak(fused_step(part, self.joint), self.joint.in_avals)
+            found = self.by_key[key] = _Probe(part, fused, fraction)
         return key, found
 
     def peak(self, probe: _Probe) -> StepPeak:
@@ -103,17 +116,27 @@ class _Search:
         return len(self.by_key)
 
 
-def plan_under_peak(joint: JointGraph, budget: int, plan_at: Callable[[float], Partition]) -> Partition:
-    """The plan at the largest fraction whose compiled step peak is at most ``budget`` bytes.
+def plan_under_peak(joint: JointGraph, budget: int, plan_at: PlanAt, families: Sequence[str] = (),
+                    seconds: Callable[[Partition], float] | None = None) -> Partition:
+    """The fastest plan found whose compiled step peak is at most ``budget`` bytes.
 
-    ``plan_at(fraction)`` is the planner at a fraction budget (the min-cut with
-    its other options). The returned partition carries its :class:`StepPeak`
-    (``step_peak``, with ``budget`` set). Raises :class:`MemoryBudgetError`
-    when no plan's fused step fits (module docstring).
+    ``plan_at(fraction, family)`` is the planner at a fraction budget (the min-cut with its other
+    options), ``family`` None for the fraction's own plans. Where the largest fraction that fits is
+    below 1, each of ``families`` is measured too (its plan at fraction 1), and the fitting plan of
+    least estimated recomputation ``seconds(part)`` wins (ties: the larger fraction). The returned
+    partition carries its :class:`StepPeak` (``step_peak``, with ``budget`` set). Raises
+    :class:`MemoryBudgetError` when no plan's fused step fits (module docstring).
     """
     search = _Search(joint, budget, plan_at)
+    found = None
     for split in ((True, False) if search.split else (False,)):
         found = _bisect(search, split)
+        if found is None or found.fraction < 1:
+            others = [search.probe(1.0, family)[1] for family in families]
+            fitting = [p for p in [found, *others] if p is not None and search.fits(p, split)]
+            if fitting:
+                rank = seconds or (lambda part: 0.0)
+                found = min(fitting, key=lambda p: (rank(p.part), -p.fraction))
         if found is not None:
             break
     else:
@@ -139,6 +162,7 @@ def _bisect(search: _Search, split: bool) -> _Probe | None:
             lo, lo_key, best = mid, key, probe
         else:
             hi, hi_key = mid, key
+    best.fraction = max(best.fraction, lo)
     return best
 
 
@@ -147,6 +171,7 @@ def _grid(search: _Search) -> _Probe | None:
     Peaks need not be monotone in the fraction: a plan between the ends may peak below both."""
     for k in range(1, GRID):
         _, probe = search.probe(1.0 - k / GRID)
+        probe.fraction = max(probe.fraction, 1.0 - k / GRID)
         if search.fits(probe, split=False):
             return probe
     return None

@@ -204,6 +204,11 @@ class EqnDescriptions(Sequence):
     def __len__(self) -> int:
         return len(self._eqns)
 
+    @property
+    def eqns(self) -> tuple:
+        """The eqns themselves (what recomputing costs is asked of them)."""
+        return self._eqns
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [_describe(e) for e in self._eqns[i]]

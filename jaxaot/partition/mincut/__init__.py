@@ -7,6 +7,7 @@ Modules, lowest first:
 * ``knapsack``: below ``memory_budget=1``, which expensive values to recompute, in which order;
 * ``saved_values``: the joint graph's forward as a flow graph, and its cut under a memory budget;
 * ``scan_remat``: the per-iteration plan of each ``lax.scan``'s body, by the same cut;
+* ``save_families``: plans shaped like JAX's ``dots_saveable`` (only matmul outputs saveable), for byte budgets;
 * ``rematerialize``: :func:`min_cut_rematerialization_partition`, the above and offload put together;
 * ``policy``: :func:`remat_policy`, the plan as a ``jax.checkpoint`` policy.
 """
@@ -16,6 +17,7 @@ from jaxaot.partition.mincut.flow_graph import (
 from jaxaot.partition.mincut.saved_values import (
     build_flow_graph, choose_saved_nodes, choose_saved_values, offloaded_saved_nodes)
 from jaxaot.partition.mincut.scan_remat import BodyChoice, replay_joint, rewrite_primal, rewrite_primal_planned
+from jaxaot.partition.mincut.save_families import FAMILIES, family_saveable
 from jaxaot.partition.mincut.rematerialize import min_cut_rematerialization_partition
 from jaxaot.partition.mincut.policy import RematPolicy, remat_policy
 
@@ -24,6 +26,7 @@ __all__ = [
     "CHEAP",
     "Cut",
     "EXPENSIVE",
+    "FAMILIES",
     "FlowGraph",
     "FlowGraphBuilder",
     "INF",
@@ -34,6 +37,7 @@ __all__ = [
     "choose_saved_nodes",
     "choose_saved_values",
     "cut_value",
+    "family_saveable",
     "min_cut",
     "min_cut_rematerialization_partition",
     "offloaded_saved_nodes",

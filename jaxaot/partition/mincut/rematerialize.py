@@ -24,6 +24,7 @@ from jaxaot.partition.budget import measurement_limit, parse_memory_budget, plan
 from jaxaot.partition.core import Partition, split_joint
 from jaxaot.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
 from jaxaot.partition.mincut import scan_remat
+from jaxaot.partition.mincut.save_families import FAMILIES, restricted
 from jaxaot.partition.mincut.saved_values import build_flow_graph, choose_saved_values, offloaded_saved_nodes
 from jaxaot.partition.offload import (
     OffloadPlan, Timeline, apply_offload, check_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
@@ -91,11 +92,15 @@ def min_cut_rematerialization_partition(
                                  device_model=device_model, op_costs=op_costs)
     model = resolve_model(offload, device_model)
     costs = resolve_costs(op_costs, model, model_given=device_model is not None)
-    plan_at = functools.partial(_at_fraction, joint, rematerialize_scans=rematerialize_scans, model=model,
-                                costs=costs)
+    def plan_at(fraction: float, family: str | None = None) -> Partition:
+        return _at_fraction(joint, fraction, rematerialize_scans=rematerialize_scans, model=model, costs=costs,
+                            family=family)
+
     with byte_limit(measurement_limit(joint, budget.nbytes)):
         if budget.in_bytes:
-            return plan_under_peak(joint, budget.nbytes, plan_at)
+            families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
+            return plan_under_peak(joint, budget.nbytes, plan_at, families,
+                                   seconds=lambda part: sum(costs.seconds(e) for e in part.recomputed.eqns))
         return plan_at(budget.fraction)
 
 
@@ -109,19 +114,23 @@ def check_op_costs(op_costs: Any) -> None:
 
 
 def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans: bool, model: DeviceModel | None,
-                 costs: OpCosts) -> Partition:
-    """The min-cut at the fraction ``memory_budget`` (see :func:`min_cut_rematerialization_partition`)."""
-    part = split_joint(joint, choose_saved_values(joint, memory_budget, costs=costs))
+                 costs: OpCosts, family: str | None = None) -> Partition:
+    """The min-cut at the fraction ``memory_budget`` (see :func:`min_cut_rematerialization_partition`), its
+    saved values restricted to ``family``'s (:mod:`jaxaot.partition.mincut.save_families`) if given."""
+    part = split_joint(joint, choose_saved_values(joint, memory_budget, restricted(None, joint, family), costs))
     source, plan = joint, None
     if rematerialize_scans:
-        in_body = functools.partial(choose_saved_values, memory_budget=memory_budget, costs=costs)
+        def in_body(body: JointGraph, saveable: Callable[[Any], bool] | None = None) -> list:
+            return choose_saved_values(body, memory_budget, restricted(saveable, body, family), costs)
+
         if model is not None and not model.scan_offload_note:
             in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model, costs=costs)
         _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body)
         rejoint = scan_remat.replay_joint(joint, plan) if plan else None
         if rejoint is not None and (rejoint.differentiable, rejoint.needs_cotangent) == (
                 joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
-            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget, costs=costs))
+            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget,
+                                                              restricted(None, rejoint, family), costs))
             # Scan bodies may only save values they can name (not JAX's linearization
             # temporaries), which is almost never worse; keep whichever saves less.
             if repart.device_saved_bytes <= part.device_saved_bytes:
