@@ -30,7 +30,7 @@ Modules, each importing only those above it:
 * ``table``: :func:`residual_table_html`;
 * ``page``: :func:`to_html`, the Jupyter view;
 * ``output``: :func:`render`, to text or a file;
-* ``plots``: :func:`plot_budget_sweep` (matplotlib);
+* ``plots``: :func:`plot_budget_sweep` and :func:`plot_pareto` (matplotlib);
 * ``schedule_plot``: :func:`plot_schedule`, a pipeline schedule's timeline (matplotlib).
 
 Importing this package registers :func:`to_html` and :func:`residual_table_html`
@@ -62,7 +62,7 @@ from jaxaot.viz.picture import draw_svg
 from jaxaot.viz.table import residual_table_html
 from jaxaot.viz.page import to_html
 from jaxaot.viz.output import render
-from jaxaot.viz.plots import plot_budget_sweep
+from jaxaot.viz.plots import plot_budget_sweep, plot_pareto
 from jaxaot.viz.schedule_plot import plot_schedule
 
 # Jupyter's views of the runtime's objects: the runtime asks the registry (it sits below viz).
@@ -84,6 +84,7 @@ __all__ = [
     "layout_available",
     "plain_svg",
     "plot_budget_sweep",
+    "plot_pareto",
     "plot_schedule",
     "render",
     "residual_table_html",

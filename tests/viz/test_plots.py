@@ -17,3 +17,15 @@ def test_plot_budget_sweep():
     assert [len(ax.get_lines()) for ax in with_ref.axes] == [2, 2]
     with pytest.raises(ValueError, match="at least one"):
         viz.plot_budget_sweep([])
+
+
+def test_plot_pareto():
+    rows = [("dots", 4096, 0.0012, "jax"), ("nothing", 2048, 0.002, "jax"), ("slow", 4096, 0.003, "jax"),
+            ("budget", 3072, 0.0013, "jaxaot")]
+    fig = viz.plot_pareto(rows, title="model")
+    (ax,) = fig.axes
+    assert len(ax.texts) == 4
+    front = ax.get_lines()[-1]
+    assert list(front.get_xdata()) == [2.0, 3.0, 4.0]  # KiB: "slow" is dominated by "dots"
+    with pytest.raises(ValueError, match="at least one"):
+        viz.plot_pareto([])
