@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import tempfile
 
 import jax
@@ -105,7 +106,12 @@ def _owned_elsewhere(reason: str):
 
 def _row(ctor, option, bad, error, mark=None):
     return pytest.param(ctor, option, bad, error, marks=() if mark is None else mark,
-                        id=f"{ctor}-{option}={bad!r}"[:80])
+                        id=f"{ctor}-{option}={_stable_repr(bad)}"[:80])
+
+
+def _stable_repr(value) -> str:
+    """``repr`` without memory addresses: test ids must be equal in every xdist worker."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
 NOT_A_FUNCTION = "not a function"
