@@ -17,7 +17,9 @@ device and host bytes come from the compiled programs' memory analysis, and the
 allocator's peak is read after each host-memory run (it must not grow with n).
 
 The revolve counts and the offline schedules' level sizes come from ``jaxaot.loops.revolve`` and
-``jaxaot.loops.offline`` (the schedules the loops run; the loops face exports the loop itself).
+``jaxaot.loops.offline`` (the schedules the loops run; the loops face exports the loop itself);
+the online schedule's block size (steps per predicate check) from ``jaxaot.loops.checkpointed``.
+The table's last column is each variant's first gradient (lowering, compiling, one run).
 
 Usage (from the repository root)::
 
@@ -42,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from benchmarks.harness import result_path
-from jaxaot.loops import dynamic_capacity, offline, revolve, while_loop
+from jaxaot.loops import checkpointed, dynamic_capacity, offline, revolve, while_loop
 
 plan, plan_host = offline.plan, offline.plan_host
 revolve_counts, worst_ratio = revolve.revolve_counts, revolve.worst_ratio
@@ -113,9 +115,12 @@ def _peak_bytes(compiled: Any) -> tuple[float, float]:
         return float("nan"), float("nan")
 
 
-def compile_variant(fn: Callable, args: tuple) -> tuple[Any, Any]:
+def compile_variant(fn: Callable, args: tuple) -> tuple[Any, Any, float]:
+    """``(compiled, outputs, first-gradient seconds)``: lowering, compiling and the first run."""
+    t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
-    return compiled, jax.block_until_ready(compiled(*args))  # warm-up
+    out = jax.block_until_ready(compiled(*args))  # warm-up
+    return compiled, out, time.perf_counter() - t0
 
 
 def interleaved_times(compiled: dict[str, Any], args: tuple, repeats: int) -> dict[str, list[float]]:
@@ -149,11 +154,14 @@ def program_size_vs_k(ks: list[int], steps: int = 20) -> list[str]:
 def per_evaluation(times: dict, base: float, steps: int, k: int) -> list[str]:
     """Time per body evaluation against scan's (scan: n forward + n VJPs), and the floor a
     run-time trip count sets on the GPU: one predicate read per while-loop iteration."""
-    counts = revolve_counts(steps, k)
-    sizes = plan(steps, k) or ()
-    evals = {f"jaxaot checkpoints={k}": (counts.forward + counts.vjps, "revolve forward + VJPs"),
+    counts = revolve_counts(steps, k, block=checkpointed.online_block())
+    online = (counts.forward + counts.vjps,
+              f"revolve forward + VJPs, blocks of {counts.block}, {counts.checks} predicate checks")
+    sizes = plan(steps, k)
+    evals = {f"jaxaot checkpoints={k}": online,
              f"jaxaot max_steps={steps} checkpoints={k} (offline)":
-                 ((len(sizes) + 1) * steps, f"{len(sizes)} forward + 1 VJP per step, plan {sizes}")}
+                 ((len(sizes) + 1) * steps, f"{len(sizes)} forward + 1 VJP per step, plan {sizes}") if sizes
+                 else (online[0], "no nested plan fits: the bounded " + online[1])}
     lines = ["", "# cost per body evaluation, against lax.scan's (2 x steps evaluations)"]
     for name, (n_eval, what) in evals.items():
         if name in times:
@@ -188,16 +196,16 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int, ks: list[int])
     args = (w, b, x, jnp.int32(steps))
     lines = [header(), f"# batch {batch}, width {width}, steps {steps} (a run-time trip count), checkpoints {k}\n",
              f"{'variant':48s} {'grad ms':>10s} {'x scan':>8s} {'temp MiB':>10s} {'total MiB':>10s} {'rel err':>10s}"]
-    compiled, outs, failed = {}, {}, []
+    compiled, outs, failed, first = {}, {}, [], {}
     for name, fn in variants(steps, k).items():
         try:
-            compiled[name], outs[name] = compile_variant(fn, args)
+            compiled[name], outs[name], first[name] = compile_variant(fn, args)
         except Exception as err:  # keep the table going; say why a variant is missing
             failed.append(f"{name:40s} failed: {type(err).__name__}: {str(err)[:80]}")
     times = interleaved_times(compiled, args, repeats)
     base = statistics.median(times["lax.scan (known length)"])
     ref = outs["lax.scan (known length)"]
-    lines[-1] += f" {'spread ms':>12s}"
+    lines[-1] += f" {'spread ms':>12s} {'first s':>8s}"
     for name, c in compiled.items():
         t = statistics.median(times[name])
         temp, total = _peak_bytes(c)
@@ -205,18 +213,22 @@ def run(batch: int, width: int, steps: int, k: int, repeats: int, ks: list[int])
         err = max(float(jnp.linalg.norm((a - r).ravel()) / (jnp.linalg.norm(r.ravel()) + 1e-30))
                   for a, r in zip(outs[name], ref))
         spread = f"{min(times[name]) * 1e3:.2f}-{max(times[name]) * 1e3:.2f}"
-        lines.append(f"{name:48s} {t * 1e3:10.2f} {t / base:8.2f} {temp:10.1f} {total:10.1f} {err:10.2e} {spread:>12s}")
+        lines.append(f"{name:48s} {t * 1e3:10.2f} {t / base:8.2f} {temp:10.1f} {total:10.1f} {err:10.2e} {spread:>12s}"
+                     f" {first[name]:8.2f}")
     lines += failed
-    lines.append(f"# medians of {repeats} interleaved rounds; spread: min-max")
+    lines.append(f"# medians of {repeats} interleaved rounds; spread: min-max; first s: the first gradient "
+                 f"(lowering, compiling, one run)")
     lines += per_evaluation(times, base, steps, k)
     lines.append("")
     lines += program_size_vs_k(ks)
     lines.append("")
     lines.append("# revolve counts: forward body evaluations (VJPs not counted) vs the optimum r*n - C(k+r, r-1)")
     for n, kk in ((steps, k), (1000, 10)):
-        c = revolve_counts(n, kk)
-        lines.append(f"n={n:5d} k={kk:3d}: forward {c.forward:7d}  optimum {c.optimum:7d}  ratio {c.ratio:.3f}  "
-                     f"(+{c.vjps} VJPs: {c.forward + c.vjps} body evaluations in all)")
+        for block in sorted({1, checkpointed.online_block()}):
+            c = revolve_counts(n, kk, block=block)
+            lines.append(f"n={n:5d} k={kk:3d} block={block}: forward {c.forward:7d}  optimum {c.optimum:7d}  "
+                         f"ratio {c.ratio:.3f}  (+{c.vjps} VJPs: {c.forward + c.vjps} body evaluations in all; "
+                         f"{c.checks} predicate checks)")
     # The forward does not know n: the worst trip count matters, not one lucky n.
     for kk in sorted({2, 10, 40, k}):
         worst, n_worst = worst_ratio(kk, first=100, last=3000)
@@ -278,7 +290,7 @@ def long_run(batch: int, width: int, lengths: list[int], k: int, repeats: int, s
     def build(n: int, name: str, fn: Callable, sizes: Any, done: dict) -> None:
         t0 = time.perf_counter()
         try:
-            c, out = compile_variant(fn, (w, b, x, jnp.int32(n)))
+            c, out, _ = compile_variant(fn, (w, b, x, jnp.int32(n)))
         except Exception as err:  # keep the table going; say why a variant is missing
             lines.append(f"{n:7d} {name:34s} failed: {type(err).__name__}: {str(err)[:100]}")
             return
