@@ -319,12 +319,18 @@ def test_compiled_autograd_refuses_integer_inputs():
         jaxaot.compiled_grad(lambda n: jnp.sum(n * 2.0))(jnp.arange(3))
 
 
-def test_patch_while_loop_with_two_memory_modes_is_refused_and_restores_lax():
+def test_patch_while_loop_with_a_bad_option_is_refused_and_restores_lax():
     before = jax.lax.while_loop
-    with pytest.raises(E.InvalidLoopOptionError, match="max_steps.*checkpoints|checkpoints.*max_steps"):
-        with jaxaot.patch_while_loop(max_steps=4, checkpoints=2):
+    with pytest.raises(E.InvalidLoopOptionError, match="checkpoints"):
+        with jaxaot.patch_while_loop(max_steps=4, checkpoints=0):
             pass
     assert jax.lax.while_loop is before
+    # a bound with few checkpoints is an offline schedule (any k >= 1): its gradient is scan's
+    with jaxaot.patch_while_loop(max_steps=4, checkpoints=2):
+        g = jax.grad(lambda a: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])),
+                                                  (0, a))[1])(0.7)
+    assert jax.lax.while_loop is before
+    assert jnp.allclose(g, jax.grad(lambda a: jnp.sin(jnp.sin(jnp.sin(a))))(0.7), rtol=1e-6)
     with jaxaot.patch_while_loop(max_steps=8):
         y = jax.lax.while_loop(lambda c: c < 3.0, lambda c: c + 1.0, 0.0)
     assert float(y) == 3.0 and jax.lax.while_loop is before
