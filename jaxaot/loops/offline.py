@@ -15,7 +15,7 @@ steps of a small body run outside any loop.
 Why not the online schedule (``checkpoints=k`` alone)? On a GPU, every
 iteration of a while loop whose trip count is a run-time value waits for its
 predicate on the host (about 24 us per iteration on an H100, measured with an
-empty body in ``benchmarks/probe_while_overhead.py``), and the online backward
+empty body, ``benchmarks/probes/while_overhead.py``), and the online backward
 runs about ``n + forward recomputations`` such iterations. Scans of static length
 never wait.
 
@@ -220,7 +220,7 @@ def run(loop: Loop, consts: Sequence[Any], carry: Sequence[Any]) -> list:
             return lax.scan(step, state, None, length=sizes[depth], unroll=unroll_for(loop, sizes[depth]))[0]
         inner = functools.partial(level, depth + 1)
         if host:  # XLA's GPU compiler rejects a conditional that yields values laid out in host
-            # memory (jax 0.11.2, benchmarks/probe_host_offload.py): skip chunks of the innermost
+            # memory (jax 0.11.2; docs/benchmarks.md, Findings): skip chunks of the innermost
             # level only, inside the checkpoint whose carry goes to the host, so no branch yields one
             inner = skip_past_end(inner) if depth == len(sizes) - 2 else inner
             inner = _offload_to_host(inner, depth)
