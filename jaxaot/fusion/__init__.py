@@ -48,8 +48,8 @@ from jaxaot.fusion.variants import (
 
 __all__ = [
     "ProgramsLike", "RederivedBackward", "SlicedBackward", "TrainingLike", "barred_residuals", "budget_choice",
-    "choose_barrier", "choose_layouts", "choose_order", "choose_rederive", "choose_step", "compiled_peak", "default_barrier", "eval_backward",
-    "fused_exe", "fused_program", "library_kernel_residuals", "ordered_eqns", "pinned_layouts", "read_orders",
-    "recomputation_inputs", "rederive_backward", "residual_readers", "run_fused", "run_split",
-    "slice_residual_reads",
+    "choose_barrier", "choose_layouts", "choose_order", "choose_rederive", "choose_step", "compiled_peak",
+    "default_barrier", "eval_backward", "fused_exe", "fused_program", "library_kernel_residuals", "ordered_eqns",
+    "pinned_layouts", "read_orders", "recomputation_inputs", "rederive_backward", "residual_readers", "run_fused",
+    "run_split", "slice_residual_reads",
 ]

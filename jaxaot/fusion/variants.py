@@ -31,8 +31,11 @@ Whether the fused step runs at all is decided by peak and by time
 split programs fit, or where, timed on the first call (an accelerator, or any
 backend with :data:`step_timer` set), it runs more than :data:`STEP_TIME_SLACK`
 times the split executables of the same plan, :func:`run_fused` runs the split
-forward and backward instead. The executable's ``runs`` (``"fused"`` or
-``"split"``) and ``why`` attributes say which and why. What each
+forward and backward instead. The split step is timed only where its
+programs' compiled peak is at most the fused step's (and a byte budget's), so
+timing never raises the process's peak above the step's own, and inputs a call
+donates or effects it would repeat are never timed. The executable's ``runs``
+(``"fused"`` or ``"split"``) and ``why`` attributes say which and why. What each
 rule gained and cost on the zoo's models is in ``docs/concepts/fused_step.md``.
 The executable's ``layouts``, ``order``, ``barrier`` and ``rederived``
 attributes say which variant was kept (the runtime reports them as
@@ -319,6 +322,12 @@ class SplitRunner(TrainingLike, Protocol):
 
     def unit_cotangents(self, leaf: int) -> list: ...
 
+    @property
+    def forward_exe(self) -> Any: ...
+
+    @property
+    def backward_exe(self) -> Any: ...
+
 
 def run_split(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
     """``(outputs, grads)`` from the split forward and backward executables of the same plan."""
@@ -348,6 +357,11 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
         return "fused", "not timed: the step donates its inputs"
     if C.jaxpr_of(training.joint.jaxpr).effects:
         return "fused", "not timed: the step has effects, which each timed call would repeat"
+    split_peaks = [compiled_peak(training.forward_exe), compiled_peak(training.backward_exe)]
+    fused_peak = compiled_peak(exe)
+    if None not in split_peaks and fused_peak is not None and max(split_peaks) > fused_peak:
+        # Timing it would raise the process's peak above the step's; running it would raise the step's.
+        return "fused", f"not timed: the split programs peak higher ({max(split_peaks)} bytes, fused {fused_peak})"
     runs = {"fused": lambda: exe(*leaves), "split": lambda: run_split(training, leaves, value_leaf)}
     for run in runs.values():
         jax.block_until_ready(run())  # compiles the split executables; warms both

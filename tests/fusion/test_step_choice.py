@@ -55,7 +55,7 @@ def test_choose_step_keeps_fused_within_the_slack():
 def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
     timer, calls = _fake_timer(fused_seconds, 1.0)
     monkeypatch.setattr(variants, "step_timer", timer)
-    args = deep_mlp_args(layers=3, width=32, batch=16)
+    args = deep_mlp_args(layers=3, width=32, batch=256)  # a batch at which the split programs peak lower
     f = jaxaot.aot_function(deep_mlp, partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition,
                                                                      memory_budget=0.5))
     vg = jaxaot.value_and_grad(f, argnums=(0, 1))
@@ -67,6 +67,16 @@ def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
     assert exe.runs == runs and "timed" in exe.why
     assert calls.count("fused") == calls.count("split") == variants.STEP_TIME_ROUNDS
     assert {"forward", "backward"} <= set(f.cache_info().entries[0].executables)
+
+
+def test_split_programs_that_peak_higher_are_not_timed(monkeypatch):
+    timer, calls = _fake_timer(2.0, 1.0)
+    monkeypatch.setattr(variants, "step_timer", timer)
+    args = deep_mlp_args(layers=3, width=32, batch=16)  # a batch at which the split backward peaks higher
+    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    assert_trees_close(jaxaot.value_and_grad(f)(*args)[1], jax.grad(deep_mlp)(*args))
+    exe = _fused(f, args)
+    assert exe.runs == "fused" and "peak higher" in exe.why and not calls
 
 
 def test_without_a_timer_the_cpu_runs_fused_untimed(monkeypatch):

@@ -169,7 +169,9 @@ def test_smallest_plan_peaks_at_most_nothing_saveable(name):
     jitted = jax.jit(jax.value_and_grad(jax.checkpoint(model.loss, policy=policy), argnums=model.argnums))
     reference = jaxaot.partition.compiled_peak(jitted.lower(*args).compile())
     low = min(_ends(model.loss, args, model.argnums))
-    assert low <= reference, (name, low, reference)
+    # XLA:CPU's peak_memory_in_bytes of two programs with equal temporaries, arguments and outputs can differ
+    # by a word (the ViT block: 4 bytes in 37 KB); nothing more is allowed.
+    assert low <= reference + 8, (name, low, reference)
 
 
 @pytest.mark.parametrize("name", ["llama_block", "gru_scan", "convnet_bn", "gpt_scanned"])
@@ -184,3 +186,14 @@ def test_plans_shaped_like_dots_saveable_are_correct(name):
         return _at_fraction(joint, 1.0, rematerialize_scans=True, model=None, costs=FlopCosts(), family="dots")
 
     _check_grads(model.loss, args, model.argnums, dots_family, bf16=model.dtype != jnp.float32)
+
+
+def test_check_partitioner_checks_a_partial_before_any_joint_graph():
+    from jaxaot.partition import check_partitioner
+
+    check_partitioner(functools.partial(mincut, memory_budget="1.4GB", op_costs="flops"))
+    check_partitioner(jaxaot.default_partition)  # not the min-cut: unchecked
+    with pytest.raises(jaxaot.InvalidValueError):
+        check_partitioner(functools.partial(mincut, memory_budget="0GB"))
+    with pytest.raises(jaxaot.PartitionError):
+        check_partitioner(functools.partial(mincut, offload="always"))

@@ -48,7 +48,9 @@ class MemoryBudget:
         return self.nbytes is not None
 
     def __repr__(self) -> str:
-        return f"MemoryBudget(fraction={self.fraction!r})" if self.nbytes is None else f"MemoryBudget(nbytes={self.nbytes})"
+        if self.nbytes is None:
+            return f"MemoryBudget(fraction={self.fraction!r})"
+        return f"MemoryBudget(nbytes={self.nbytes})"
 
 
 def parse_memory_budget(value: object) -> MemoryBudget:

@@ -104,6 +104,28 @@ def min_cut_rematerialization_partition(
         return plan_at(budget.fraction)
 
 
+def check_partitioner(partition_fn: Any) -> None:
+    """Check, before any joint graph exists, the options of a min-cut partitioner configured with
+    ``functools.partial`` (:func:`min_cut_rematerialization_partition` called without a joint graph
+    checks its own); other partitioners pass unchecked. For ``aot_function(partition_fn=...)``.
+
+    Example:
+        >>> import functools, jaxaot
+        >>> from jaxaot.partition import check_partitioner
+        >>> check_partitioner(functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget="1GB"))
+        >>> check_partitioner(functools.partial(jaxaot.min_cut_rematerialization_partition,
+        ...                                     memory_budget=-1))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        jaxaot.errors.InvalidValueError: memory_budget must be a fraction in [0, 1] or a positive ...
+    """
+    if isinstance(partition_fn, functools.partial) and partition_fn.func is min_cut_rematerialization_partition:
+        options = partition_fn.keywords
+        parse_memory_budget(options.get("memory_budget", 1.0))
+        check_offload(options.get("offload", False), options.get("device_model"))
+        check_op_costs(options.get("op_costs", "auto"))
+
+
 def check_op_costs(op_costs: Any) -> None:
     """Refuse an ``op_costs`` that :func:`~jaxaot.partition.costs.resolve_costs` would refuse, before any work."""
     if isinstance(op_costs, str) and op_costs in ("auto", "measured", "flops"):
