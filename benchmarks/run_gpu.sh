@@ -23,7 +23,7 @@ export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 # Test workers share one GPU, and some benchmarks hold two programs' buffers at once: no preallocation.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
-ALL="core partitioners fused planner offload module_step compiled_autograd cache while_loop while_loop_long
+ALL="core partitioners fused planner budget offload module_step compiled_autograd cache while_loop while_loop_long
      sharding pipeline"
 MULTI_DEVICE="sharding pipeline"
 
