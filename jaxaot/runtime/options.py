@@ -14,7 +14,7 @@ import jax
 from jaxaot import _compat as C
 from jaxaot.errors import InvalidInputError
 from jaxaot.compile import Compiler
-from jaxaot.partition import Partitioner
+from jaxaot.partition import Partitioner, check_partitioner
 from jaxaot.runtime import shardings as S
 from jaxaot.tracing import Decompositions
 
@@ -54,6 +54,8 @@ def check_options(*, fw_compiler: Any = None, bw_compiler: Any = None, inference
                           ("partition_fn", partition_fn, "a JointGraph -> Partition function")):
         if c is not None and not callable(c):
             raise InvalidInputError(f"{name} must be callable ({what}), got {type(c).__name__} {c!r}.")
+    if partition_fn is not None:
+        check_partitioner(partition_fn)  # a configured min-cut's budget, offload and op costs, now
     if decompositions is not None:
         if not isinstance(decompositions, Mapping):
             raise InvalidInputError(f"decompositions must be a dict {{primitive: python_fn}}, got "

@@ -280,3 +280,12 @@ def test_a_partitioner_that_returns_no_partition_is_named():
     f = jaxaot.aot_function(_loss, partition_fn=lambda joint: "a plan")
     with pytest.raises(PartitionError, match="partition_fn .*<lambda> returned a str, not a jaxaot.Partition"):
         jax.grad(f)(X)
+
+
+def test_a_configured_min_cut_is_checked_when_aot_function_is_built():
+    bad = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget="half")
+    with pytest.raises(InvalidValueError, match="memory_budget 'half'"):
+        jaxaot.aot_function(_loss, partition_fn=bad)
+    good = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5)
+    f = jaxaot.aot_function(_loss, partition_fn=good)
+    assert jnp.allclose(jax.grad(f)(X), jax.grad(_loss)(X), rtol=1e-5)
