@@ -9,6 +9,8 @@ and reaches JAX's autodiff through the same ``custom_vjp`` wiring as
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import threading
 from pathlib import Path
@@ -317,6 +319,13 @@ def _shapes(leaves: Sequence[Any]) -> tuple:
     return tuple(tuple(np.shape(x)) for x in leaves)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    """An input as the signature names it (a dtype name, typed PRNG keys included) for the call log's text."""
+    shape: tuple
+    dtype: str
+
+
 class _CallLog:
     """What :meth:`LoadedAOT.cache_info` reports: the input shapes seen (each a compile of the programs it ran,
     by JAX, on their first call) and lookups that found theirs."""
@@ -354,7 +363,7 @@ class _CallLog:
 
     def _named(self, shapes: tuple) -> list:
         s = self.loaded.signature
-        return [(p, jax.ShapeDtypeStruct(shape, spec.dtype)) for p, spec, shape in zip(s.in_paths, s.in_specs, shapes)]
+        return [(p, _Leaf(tuple(shape), spec.dtype)) for p, spec, shape in zip(s.in_paths, s.in_specs, shapes)]
 
     @staticmethod
     def _text(named: list) -> str:
