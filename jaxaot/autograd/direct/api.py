@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot.autograd.grad_of import grad_of
 from jaxaot.autograd.direct.function import function_value_and_grad
 from jaxaot.errors import InvalidInputError
 from jaxaot.runtime import AOTFunction, CacheInfo
@@ -173,12 +174,4 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
         [0.0, 2.0, 4.0]
     """
     check_gradient_options(fun, argnums, has_aux, fused, "grad")
-    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused)
-
-    def g(*args: Any, **kwargs: Any):
-        value, gr = vg(*args, **kwargs)
-        return (gr, value[1]) if has_aux else gr
-
-    g.__wrapped__ = fun
-    g.cache_info = vg.cache_info
-    return g
+    return grad_of(value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused), fun, has_aux=has_aux)

@@ -55,6 +55,7 @@ import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
+from jaxaot.autograd.grad_of import grad_of
 from jaxaot.autograd.recorded import capture as CAP
 from jaxaot.autograd.recorded import modules as M
 from jaxaot.autograd.recorded import param_hooks as PH
@@ -294,15 +295,7 @@ def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has
         >>> jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
-    vg = compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks)
-
-    def grad(*args: Any, **kwargs: Any):
-        value, g = vg(*args, **kwargs)
-        return (g, value[1]) if has_aux else g
-
-    grad.__wrapped__ = fun
-    grad.cache_info = vg.cache_info
-    return grad
+    return grad_of(compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks), fun, has_aux=has_aux)
 
 
 def nnx_compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,

@@ -1,0 +1,24 @@
+"""``grad`` from ``value_and_grad``: the one wrapper both eager-gradient families return.
+
+Example:
+    >>> vg = lambda x: ((x * x, "aux"), 2 * x)
+    >>> vg.cache_info = lambda: None
+    >>> grad_of(vg, None, has_aux=True)(3.0)
+    (6.0, 'aux')
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def grad_of(vg: Callable, fun: Any, *, has_aux: bool) -> Callable:
+    """The gradients of ``vg``'s ``(value, grads)`` (with ``aux`` beside them under ``has_aux``), sharing its cache."""
+
+    def grad(*args: Any, **kwargs: Any):
+        value, g = vg(*args, **kwargs)
+        return (g, value[1]) if has_aux else g
+
+    grad.__wrapped__ = fun
+    grad.cache_info = vg.cache_info
+    return grad
