@@ -49,15 +49,16 @@ def test_budgets_of_the_wrong_kind_are_refused(bad):
         mincut(memory_budget=bad)
 
 
-def test_bad_budget_in_a_partial_is_refused_when_applied():
+def test_bad_budget_in_a_partial_is_refused_when_applied_and_when_built():
     joint = jaxaot.trace_joint(jnp.sin, jnp.ones(3))
     pf = functools.partial(mincut, memory_budget=float("nan"))
     with pytest.raises(jaxaot.InvalidValueError):
         pf(joint)
-    f = jaxaot.aot_function(lambda x: jnp.sin(x).sum(), partition_fn=functools.partial(mincut, memory_budget="0GB"))
-    with pytest.raises(jaxaot.InvalidValueError):
-        jax.grad(f)(jnp.ones(3))
-    assert float(f(jnp.ones(3))) == pytest.approx(float(jnp.sin(1.0) * 3))  # still runs
+    # aot_function checks a configured min-cut when it is built, before any tracing
+    with pytest.raises(jaxaot.InvalidValueError, match="0GB"):
+        jaxaot.aot_function(lambda x: jnp.sin(x).sum(), partition_fn=functools.partial(mincut, memory_budget="0GB"))
+    f = jaxaot.aot_function(lambda x: jnp.sin(x).sum(), partition_fn=functools.partial(mincut, memory_budget="1GB"))
+    assert float(f(jnp.ones(3))) == pytest.approx(float(jnp.sin(1.0) * 3))  # a good budget still runs
 
 
 def test_configured_partitioner_keys_and_runs_like_a_partial():
