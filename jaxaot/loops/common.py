@@ -56,40 +56,43 @@ INT = np.int32
 
 
 # --------------------------------------------------------------------------- options
-def check_positive(name: str, value: Any) -> None:
-    """Raise :class:`InvalidLoopOptionError` unless ``value`` is None or a positive int."""
+def check_positive(name: str, value: Any, who: str = "while_loop") -> None:
+    """Raise :class:`InvalidLoopOptionError` unless ``value`` is None or a positive int (``who``: the
+    function the message names)."""
     if value is None:
         return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InvalidLoopOptionError(
-            f"while_loop: {name} must be a positive Python int or None, got {type(value).__name__} {value!r}."
+            f"{who}: {name} must be a positive Python int or None, got {type(value).__name__} {value!r}."
         )
     if value < 1:
-        raise InvalidLoopOptionError(f"while_loop: {name} must be a positive int, got {value}.")
+        raise InvalidLoopOptionError(f"{who}: {name} must be a positive int, got {value}.")
 
 
 #: Where ``checkpoint_memory`` may keep a checkpointed loop's snapshots.
 CHECKPOINT_MEMORY = ("device", "host")
 
 
-def check_options(max_steps: Any, checkpoints: Any, checkpoint_memory: Any = "device") -> None:
+def check_options(max_steps: Any, checkpoints: Any, checkpoint_memory: Any = "device", who: str = "while_loop"
+                  ) -> None:
     """Check ``while_loop``'s reverse-mode options: each None or a positive int, and
     ``checkpoint_memory`` one of :data:`CHECKPOINT_MEMORY`.
 
     ``max_steps`` alone stacks up to N carries; ``checkpoints`` alone keeps k snapshots
     and recomputes the rest (the online schedule); both together bound the trip count
     by N for an offline schedule of k snapshots (:mod:`jaxaot.loops.offline`), whose
-    snapshots ``checkpoint_memory="host"`` keeps in host memory.
+    snapshots ``checkpoint_memory="host"`` keeps in host memory. ``who`` is the function the
+    messages name (``while_loop``, ``patch_while_loop``).
     """
-    check_positive("max_steps", max_steps)
-    check_positive("checkpoints", checkpoints)
+    check_positive("max_steps", max_steps, who)
+    check_positive("checkpoints", checkpoints, who)
     if not isinstance(checkpoint_memory, str) or checkpoint_memory not in CHECKPOINT_MEMORY:
         raise InvalidLoopOptionError(
-            f"while_loop: checkpoint_memory must be one of {CHECKPOINT_MEMORY}, got {checkpoint_memory!r}."
+            f"{who}: checkpoint_memory must be one of {CHECKPOINT_MEMORY}, got {checkpoint_memory!r}."
         )
     if checkpoint_memory == "host" and (max_steps is None or checkpoints is None):
         raise InvalidLoopOptionError(
-            "while_loop: checkpoint_memory='host' keeps the snapshots of the offline schedule in host memory, "
+            f"{who}: checkpoint_memory='host' keeps the snapshots of the offline schedule in host memory, "
             f"so it needs both max_steps (a bound on the trip count) and checkpoints (the number of host "
             f"snapshots); got max_steps={max_steps}, checkpoints={checkpoints}."
         )

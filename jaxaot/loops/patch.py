@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import jax
 
@@ -46,18 +46,27 @@ from jaxaot.loops.offline import check_body
 _LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
 def patch_while_loop(*, max_steps: int | None = None, checkpoints: int | None = None,
-                     checkpoint_memory: str = "device") -> Iterator[None]:
+                     checkpoint_memory: str = "device") -> contextlib.AbstractContextManager[None]:
     """Swap ``jax.lax.while_loop`` for ``jaxaot.while_loop(max_steps=..., checkpoints=..., checkpoint_memory=...)``
     for the duration of the block; the previous function is restored on exit, also
-    when the block raises. Blocks nest (the innermost options apply)."""
-    check_options(max_steps, checkpoints, checkpoint_memory)
+    when the block raises. Blocks nest (the innermost options apply).
+
+    The options are checked here, when ``patch_while_loop(...)`` is called (not when the
+    block is entered): :class:`~jaxaot.errors.InvalidLoopOptionError` names a bad one.
+    """
+    check_options(max_steps, checkpoints, checkpoint_memory, who="patch_while_loop")
     if max_steps is not None and checkpoints is not None:
         check_body("patch_while_loop", max_steps, checkpoints, checkpoint_memory, effects=None)
     replacement = functools.partial(while_loop, max_steps=max_steps, checkpoints=checkpoints,
                                     checkpoint_memory=checkpoint_memory)
     functools.update_wrapper(replacement, while_loop)
+    return _swapped(replacement)
+
+
+@contextlib.contextmanager
+def _swapped(replacement: Callable) -> Iterator[None]:
+    """``jax.lax.while_loop`` is ``replacement`` inside the block, the previous function again after it."""
     with _LOCK:
         previous = jax.lax.while_loop
         jax.lax.while_loop = replacement

@@ -39,7 +39,10 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from flax import linen as nn
 from flax import nnx
@@ -99,13 +102,8 @@ def aot_module(
         >>> grads["kernel"][...].shape
         (3, 2)
     """
-    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
-    if any(not isinstance(i, int) or i < 0 for i in nums):
-        raise InvalidInputError(f"static_argnums must be non-negative ints, got {static_argnums!r}.")
-    if any(not isinstance(n, str) for n in names):
-        raise InvalidInputError(f"static_argnames must be strings, got {static_argnames!r}.")
-    nums = tuple(sorted(set(nums)))  # static arguments are re-inserted in increasing position
+    nums = _static_argnums(static_argnums)
+    names = _static_argnames(static_argnames)
     aot_kwargs = dict(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn,
                       inference_compiler=inference_compiler, decompositions=decompositions)
     if isinstance(module, nn.Module):
@@ -116,3 +114,62 @@ def aot_module(
             "Use jaxaot.aot_function for plain functions."
         )
     return wrap_nnx(module, method, nums, names, **aot_kwargs)
+
+
+def _static_argnums(value: Any) -> tuple[int, ...]:
+    """``static_argnums`` as ``jax.jit`` takes it (an int, or an iterable of ints, numpy integers included),
+    as sorted distinct positions: static arguments are re-inserted in increasing position. Booleans and
+    negative positions are refused, as :func:`jaxaot.aot_function` refuses them.
+
+    Example:
+        >>> _static_argnums(2), _static_argnums([np.int64(3), 1, 3])
+        ((2,), (1, 3))
+        >>> _static_argnums(1.5)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        jaxaot.errors.InvalidInputError: static_argnums must be an int or a sequence of ints ...
+    """
+    try:
+        nums = (_index(value),)
+    except TypeError:
+        try:
+            nums = tuple(_index(i) for i in value)
+        except TypeError:
+            raise InvalidInputError(
+                f"static_argnums must be an int or a sequence of ints (the positions of the call's arguments that "
+                f"are compile-time constants, as jax.jit takes them), got {type(value).__name__} {value!r}. Pass "
+                f"static_argnums=1 or static_argnums=(1, 2), or static_argnames='train' to name them.") from None
+    negative = [i for i in nums if i < 0]
+    if negative:
+        raise InvalidInputError(
+            f"static_argnums must be non-negative positions, got {value!r}: count the call's arguments from 0 "
+            f"(static_argnums=1 for the second), or name them with static_argnames.")
+    return tuple(sorted(set(nums)))
+
+
+def _index(i: Any) -> int:
+    """``operator.index(i)`` (what ``jax.jit`` reads a position with), booleans refused."""
+    if isinstance(i, (bool, np.bool_)):
+        raise TypeError("a bool is not a position")
+    return operator.index(i)
+
+
+def _static_argnames(value: Any) -> tuple[str, ...]:
+    """``static_argnames`` as ``jax.jit`` takes it: a str, or an iterable of str.
+
+    Example:
+        >>> _static_argnames("train"), _static_argnames(["train", "mode"])
+        (('train',), ('train', 'mode'))
+    """
+    if isinstance(value, str):
+        return (value,)
+    try:
+        names = tuple(value)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise InvalidInputError(
+            f"static_argnames must be a str or a sequence of str (the names of the call's keyword arguments that "
+            f"are compile-time constants, as jax.jit takes them), got {type(value).__name__} {value!r}. Pass "
+            f"static_argnames='train' or static_argnames=('train', 'mode'), or static_argnums for positions.")
+    return names

@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from flax import nnx
 
 import jaxaot
-from flax_models import Block
+from flax_models import X, Block
 from zoo import child_env
 
 
@@ -19,6 +22,44 @@ def test_bad_module_and_options_raise_documented_errors():
         jaxaot.aot_module(Block(), method="nope")
     with pytest.raises(jaxaot.InvalidInputError, match="static_argnums must be non-negative"):
         jaxaot.aot_module(Block(), static_argnums=-1)
+
+
+class _Scaled(nnx.Module):
+    def __init__(self):
+        self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+
+    def __call__(self, x, scale, *, train=True):
+        return self.lin(x) * (scale if train else 1.0)
+
+
+@pytest.mark.parametrize("nums", [1, np.int64(1), [1], (1,), range(1, 2), {1}, (1, 1)])
+def test_static_argnums_takes_what_jax_jit_takes(nums):
+    """An int (numpy integers too) or any iterable of them, as ``jax.jit``; duplicates are one position."""
+    model = _Scaled()
+    aot = jaxaot.aot_module(model, static_argnums=nums)
+    assert jnp.allclose(aot(X, 2.0), model(X, 2.0))
+    assert aot.cache_info().entries[0].signature.endswith("arg[1]=2.0>")
+
+
+@pytest.mark.parametrize("names", ["train", ["train"], ("train",), iter(["train"])])
+def test_static_argnames_takes_what_jax_jit_takes(names):
+    model = _Scaled()
+    aot = jaxaot.aot_module(model, static_argnames=names)
+    assert jnp.allclose(aot(X, 2.0, train=False), model(X, 2.0, train=False))
+
+
+@pytest.mark.parametrize("option, bad, words", [
+    ("static_argnums", 1.5, "an int or a sequence of ints"), ("static_argnums", True, "an int or a sequence"),
+    ("static_argnums", "1", "got str '1'"), ("static_argnums", [0, None], "got list [0, None]"),
+    ("static_argnums", (1, -2), "non-negative positions, got (1, -2)"),
+    ("static_argnames", 3, "a str or a sequence of str"), ("static_argnames", ["train", 1], "got list ['train', 1]"),
+    ("static_argnames", None, "got NoneType None"),
+])
+def test_bad_static_arguments_name_the_option_the_value_and_what_to_pass(option, bad, words):
+    with pytest.raises(jaxaot.InvalidInputError) as raised:
+        jaxaot.aot_module(_Scaled(), **{option: bad})
+    text = str(raised.value)
+    assert text.startswith(option) and words in text and ("Pass" in text or "name them" in text), text
 
 
 def test_flax_loads_only_when_a_module_api_is_used():

@@ -6,10 +6,6 @@ value of the right kind jaxaot does not take, the loop and partitioner errors
 for their options). Each row checks that building fails at once (not at the
 first gradient), with that error, naming the option, and that a good one built
 after it works: nothing was left half-built.
-
-Rows marked ``xfail(strict=True)`` are options whose module another part of the
-code base owns and which are not checked yet; each says what happens instead.
-When one is fixed the row passes, and strict xfail fails it until its mark goes.
 """
 
 from __future__ import annotations
@@ -100,13 +96,8 @@ BUILD = {
 }
 
 
-def _owned_elsewhere(reason: str):
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
-def _row(ctor, option, bad, error, mark=None):
-    return pytest.param(ctor, option, bad, error, marks=() if mark is None else mark,
-                        id=f"{ctor}-{option}={_stable_repr(bad)}"[:80])
+def _row(ctor, option, bad, error):
+    return pytest.param(ctor, option, bad, error, id=f"{ctor}-{option}={_stable_repr(bad)}"[:80])
 
 
 def _stable_repr(value) -> str:
@@ -115,8 +106,6 @@ def _stable_repr(value) -> str:
 
 
 NOT_A_FUNCTION = "not a function"
-_LOOP_PATCH = _owned_elsewhere("jaxaot/loops patch_while_loop: checked when the with block is entered, not when "
-                               "patch_while_loop(...) is called")
 ROWS = [
     # the runtime
     _row("aot_function", "fn", 3, InvalidInputError),
@@ -191,10 +180,10 @@ ROWS = [
     _row("aot_module", "partition_fn", "min_cut", InvalidInputError),
     _row("aot_module", "decompositions", [1], InvalidInputError),
     _row("aot_module", "static_argnums", -1, InvalidInputError),
-    _row("aot_module", "static_argnums", 1.5, InvalidInputError,
-         _owned_elsewhere("jaxaot/nn/api.py: tuple(1.5) raises a bare TypeError")),
-    _row("aot_module", "static_argnames", 3, InvalidInputError,
-         _owned_elsewhere("jaxaot/nn/api.py: tuple(3) raises a bare TypeError")),
+    _row("aot_module", "static_argnums", 1.5, InvalidInputError),
+    _row("aot_module", "static_argnums", True, InvalidInputError),
+    _row("aot_module", "static_argnums", [0, "1"], InvalidInputError),
+    _row("aot_module", "static_argnames", 3, InvalidInputError),
     _row("aot_module", "static_argnames", [1], InvalidInputError),
     # export and load (jaxaot.artifacts)
     _row("export", "partition_fn", 3, InvalidInputError),
@@ -213,25 +202,28 @@ ROWS = [
     _row("min_cut_rematerialization_partition", "offload", "sometimes", PartitionError),
     _row("min_cut_rematerialization_partition", "device_model", 3, PartitionError),
     _row("min_cut_rematerialization_partition", "op_costs", "guess", PartitionError),
-    _row("min_cut_rematerialization_partition", "rematerialize_scans", "yes", InvalidInputError,
-         _owned_elsewhere("jaxaot/partition: rematerialize_scans is not checked")),
-    _row("remat_policy", "fn", 3, InvalidInputError,
-         _owned_elsewhere("jaxaot/partition remat_policy: 'remat_policy expects a callable' does not name fn")),
+    _row("min_cut_rematerialization_partition", "rematerialize_scans", "yes", InvalidInputError),
+    _row("min_cut_rematerialization_partition", "rematerialize_scans", None, InvalidInputError),
+    _row("remat_policy", "fn", 3, InvalidInputError),
+    _row("remat_policy", "fn", "loss", InvalidInputError),
     _row("remat_policy", "memory_budget", "half", InvalidInputError),
     _row("remat_policy", "partition_fn", 3, InvalidInputError),
     _row("remat_policy", "offload", "sometimes", PartitionError),
     _row("remat_policy", "device_model", 3, PartitionError),
     _row("DeviceModel", "headroom", 0, InvalidValueError),
-    _row("DeviceModel", "host_bandwidth", -1.0, InvalidValueError,
-         _owned_elsewhere("jaxaot/partition DeviceModel: host_bandwidth is not checked")),
-    _row("DeviceModel", "host_bandwidth", "fast", InvalidInputError,
-         _owned_elsewhere("jaxaot/partition DeviceModel: host_bandwidth is not checked")),
-    _row("DeviceModel", "device_flops", 0.0, InvalidValueError,
-         _owned_elsewhere("jaxaot/partition DeviceModel: device_flops is not checked")),
-    _row("DeviceModel", "overlap", 2.0, InvalidValueError,
-         _owned_elsewhere("jaxaot/partition DeviceModel: overlap is not checked")),
-    _row("DeviceModel", "copy_slots", 0, InvalidValueError,
-         _owned_elsewhere("jaxaot/partition DeviceModel: copy_slots is not checked")),
+    _row("DeviceModel", "host_bandwidth", -1.0, InvalidValueError),
+    _row("DeviceModel", "host_bandwidth", "fast", InvalidInputError),
+    _row("DeviceModel", "device_flops", 0.0, InvalidValueError),
+    _row("DeviceModel", "overlap", 2.0, InvalidValueError),
+    _row("DeviceModel", "copy_slots", 0, InvalidValueError),
+    _row("DeviceModel", "copy_slots", 1.5, InvalidInputError),
+    _row("DeviceModel", "device_flops", math.inf, InvalidValueError),
+    _row("DeviceModel", "device_bandwidth", 0, InvalidValueError),
+    _row("DeviceModel", "transfer_latency", "1us", InvalidInputError),
+    _row("DeviceModel", "transfer_latency", -1e-6, InvalidValueError),
+    _row("DeviceModel", "scan_overlap", math.nan, InvalidValueError),
+    _row("DeviceModel", "has_host_memory", "yes", InvalidInputError),
+    _row("DeviceModel", "note", 3, InvalidInputError),
     # while loops (jaxaot.loops)
     _row("while_loop", "cond_fun", 3, LoopFunctionError),
     _row("while_loop", "body_fun", None, LoopFunctionError),
@@ -241,9 +233,9 @@ ROWS = [
     _row("while_loop", "checkpoints", 0, InvalidLoopOptionError),
     _row("while_loop", "checkpoints", "two", InvalidLoopOptionError),
     _row("while_loop", "checkpoint_memory", "disk", InvalidLoopOptionError),
-    _row("patch_while_loop", "max_steps", -1, InvalidLoopOptionError, _LOOP_PATCH),
-    _row("patch_while_loop", "checkpoints", 2.5, InvalidLoopOptionError, _LOOP_PATCH),
-    _row("patch_while_loop", "checkpoint_memory", 3, InvalidLoopOptionError, _LOOP_PATCH),
+    _row("patch_while_loop", "max_steps", -1, InvalidLoopOptionError),
+    _row("patch_while_loop", "checkpoints", 2.5, InvalidLoopOptionError),
+    _row("patch_while_loop", "checkpoint_memory", 3, InvalidLoopOptionError),
 ]
 
 
@@ -270,9 +262,7 @@ def test_the_table_covers_every_option_of_every_constructor():
     allowed = {("aot_module", "bw_compiler"), ("aot_module", "inference_compiler"),  # as aot_function's
                ("aot_function", "donate_argnums"), ("export", "fn_or_aot_function"),
                ("remat_policy", "op_costs"), ("while_loop", "init_val"), ("make_schedule", "op_times"),
-               ("min_cut_rematerialization_partition", "joint"), ("DeviceModel", "has_host_memory"),
-               ("DeviceModel", "device_bandwidth"), ("DeviceModel", "transfer_latency"), ("DeviceModel", "note"),
-               ("DeviceModel", "scan_overlap")}
+               ("min_cut_rematerialization_partition", "joint")}
     assert set(missing) <= allowed, sorted(set(missing) - allowed)
 
 

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxaot.errors import InvalidValueError
+from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot.partition.costs.copy_slots import measure_copy_slots
 from jaxaot.partition.costs.op_costs import FlopCosts
 
@@ -91,6 +91,12 @@ class DeviceModel:
         beside it must last for the planner to count it hidden (1: exactly as
         long). The timeline's estimates of when a value is produced and needed
         are estimates; :meth:`measure` sets :data:`MEASURED_HEADROOM`.
+
+    Each field is checked when the model is built: an
+    :class:`~jaxaot.errors.InvalidInputError` names a field of the wrong kind (a
+    string for a rate, say), an :class:`~jaxaot.errors.InvalidValueError` a value
+    out of range (a rate that is not positive and finite, an ``overlap`` outside
+    ``[0, 1]``, ``copy_slots`` below 1, a ``headroom`` that is not positive).
     """
 
     host_bandwidth: float
@@ -105,6 +111,29 @@ class DeviceModel:
     headroom: float = 1.0
 
     def __post_init__(self):
+        _check_rate("host_bandwidth", self.host_bandwidth, "bytes/s between device and host memory, e.g. 50e9")
+        _check_rate("device_flops", self.device_flops, "the device's FLOP/s, e.g. 1e15")
+        if self.device_bandwidth is not None:
+            _check_rate("device_bandwidth", self.device_bandwidth, "bytes/s of device memory, or None")
+        _check_number("transfer_latency", self.transfer_latency, lambda x: 0.0 <= x < math.inf,
+                      "finite seconds per transfer, at least 0")
+        for name in ("overlap", "scan_overlap"):
+            _check_number(name, getattr(self, name), lambda x: 0.0 <= x <= 1.0,
+                          "the fraction of a copy's time compute hides, in [0, 1] (1: all of it)")
+        if self.copy_slots is not None:
+            if isinstance(self.copy_slots, (bool, np.bool_)) or not isinstance(self.copy_slots, numbers.Integral):
+                raise InvalidInputError(f"DeviceModel(copy_slots={self.copy_slots!r}): copy_slots must be a positive "
+                                        f"int (copies in flight at once) or None (no limit), got "
+                                        f"{type(self.copy_slots).__name__}.")
+            if self.copy_slots < 1:
+                raise InvalidValueError(f"DeviceModel(copy_slots={self.copy_slots!r}): copy_slots must be at least 1 "
+                                        "(copies the compiler keeps in flight at once), or None for no limit.")
+        if not isinstance(self.has_host_memory, (bool, np.bool_)):
+            raise InvalidInputError(f"DeviceModel(has_host_memory={self.has_host_memory!r}): has_host_memory must "
+                                    f"be True or False, got {type(self.has_host_memory).__name__}.")
+        if not isinstance(self.note, str):
+            raise InvalidInputError(f"DeviceModel(note={self.note!r}): note must be a str (why nothing is "
+                                    f"offloaded), got {type(self.note).__name__}.")
         if not (isinstance(self.headroom, numbers.Real) and 0 < self.headroom < math.inf):
             raise InvalidValueError(f"DeviceModel(headroom={self.headroom!r}): headroom must be a positive, finite "
                                     "number (1: a copy is hidden by compute exactly as long; more: a margin)")
@@ -165,6 +194,21 @@ class DeviceModel:
                 with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
                     model = _MEASURED[key] = _measure(device)
         return model
+
+
+def _check_number(name: str, value: Any, ok: Callable[[float], bool], what: str) -> None:
+    """Raise :class:`InvalidInputError` unless ``value`` is a real number (no bool), then
+    :class:`InvalidValueError` unless ``ok(value)`` (NaN compares False, so it is refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise InvalidInputError(f"DeviceModel({name}={value!r}): {name} must be a number ({what}), got "
+                                f"{type(value).__name__}.")
+    if not ok(value):
+        raise InvalidValueError(f"DeviceModel({name}={value!r}): {name} must be {what}.")
+
+
+def _check_rate(name: str, value: Any, what: str) -> None:
+    """A rate: a positive, finite real number."""
+    _check_number(name, value, lambda x: 0 < x < math.inf, f"positive and finite: {what}")
 
 
 _MEASURED: dict[tuple[str, str], DeviceModel] = {}

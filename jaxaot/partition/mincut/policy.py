@@ -409,11 +409,15 @@ def remat_policy(
       InvalidValueError: the budget lies outside ``[0, 1]``.
     """
     if not callable(fn):
-        raise InvalidInputError(f"remat_policy expects a callable, got {type(fn).__name__}.")
+        raise InvalidInputError(
+            f"remat_policy expects a callable fn (the function to checkpoint), got {type(fn).__name__} {fn!r}: "
+            f"pass the function, then its example arguments: remat_policy(loss, w, x, memory_budget=0.5).")
     budget = _budget(memory_budget)
     if partition_fn is not None:
         if not callable(partition_fn):
-            raise InvalidInputError(f"partition_fn must be callable, got {type(partition_fn).__name__}.")
+            raise InvalidInputError(f"partition_fn must be callable (a JointGraph -> Partition function, "
+                                    f"jaxaot.default_partition say), got {type(partition_fn).__name__} "
+                                    f"{partition_fn!r}.")
         if budget != 1.0:
             raise InvalidInputError("pass memory_budget or partition_fn, not both: the budget is the min-cut's.")
     joint = trace_joint(fn, *example_args, **example_kwargs)

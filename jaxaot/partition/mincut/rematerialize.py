@@ -19,7 +19,9 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-from jaxaot.errors import PartitionError
+import numpy as np
+
+from jaxaot.errors import InvalidInputError, PartitionError
 from jaxaot.partition.budget import measurement_limit, parse_memory_budget, plan_under_peak
 from jaxaot.partition.core import Partition, split_joint
 from jaxaot.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
@@ -69,6 +71,8 @@ def min_cut_rematerialization_partition(
 
     Raises:
       InvalidValueError: a negative, NaN or infinite budget, zero bytes, an unreadable string.
+      InvalidInputError: a budget that is neither a number nor a string; ``rematerialize_scans`` not a bool.
+      PartitionError: an unknown ``offload``, a ``device_model`` that is not a DeviceModel, an unknown ``op_costs``.
       MemoryBudgetError: no plan's compiled peak fits a byte budget.
 
     Example:
@@ -84,6 +88,7 @@ def min_cut_rematerialization_partition(
         True
     """
     budget = parse_memory_budget(memory_budget)
+    check_rematerialize_scans(rematerialize_scans)
     check_offload(offload, device_model)
     check_op_costs(op_costs)
     if joint is None:
@@ -122,8 +127,18 @@ def check_partitioner(partition_fn: Any) -> None:
     if isinstance(partition_fn, functools.partial) and partition_fn.func is min_cut_rematerialization_partition:
         options = partition_fn.keywords
         parse_memory_budget(options.get("memory_budget", 1.0))
+        check_rematerialize_scans(options.get("rematerialize_scans", True))
         check_offload(options.get("offload", False), options.get("device_model"))
         check_op_costs(options.get("op_costs", "auto"))
+
+
+def check_rematerialize_scans(rematerialize_scans: Any) -> None:
+    """Refuse a ``rematerialize_scans`` that is not a bool (``"yes"`` would read as True)."""
+    if not isinstance(rematerialize_scans, (bool, np.bool_)):
+        raise InvalidInputError(
+            f"rematerialize_scans must be True or False, got {type(rematerialize_scans).__name__} "
+            f"{rematerialize_scans!r}: True (default) plans each top-level lax.scan body with the same min-cut, "
+            f"False keeps the per-iteration residuals the scan's own rule saves.")
 
 
 def check_op_costs(op_costs: Any) -> None:
