@@ -176,7 +176,7 @@ class Schedule:
         A cell is the op and microbatch (``F3``), with ``@stage`` where a device
         runs several stages; ``.`` is idle.
         """
-        slot, end = _unit_slots(self)
+        slot, end = unit_slots(self)
         many = len(self.stage_device()) > len(set(self.stage_device().values()))
         cells = [["."] * end for _ in range(self.num_devices)]
         for a, t in zip(self.actions, slot):
@@ -266,7 +266,7 @@ def _check_complete(s: int, m: int, done: set) -> None:
             raise ScheduleError(f"{why}; add it after the actions it depends on")
 
 
-def _unit_slots(s: Schedule) -> tuple[list[int], int]:
+def unit_slots(s: Schedule) -> tuple[list[int], int]:
     """Each action's time step when every pass takes one step (as soon as its device and inputs allow)."""
     free = [0] * s.num_devices
     at: dict[tuple[str, int, int], int] = {}

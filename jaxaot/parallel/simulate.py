@@ -33,7 +33,7 @@ import dataclasses
 from typing import Sequence
 
 from jaxaot.errors import InvalidValueError
-from jaxaot.parallel.schedule import Action, Schedule, dependencies, provides
+from jaxaot.parallel.schedule import Action, Schedule, dependencies, provides, unit_slots
 
 Times = float | Sequence[float]
 
@@ -150,5 +150,43 @@ def simulate(schedule: Schedule, times: OpTimes) -> Simulation:
             ended[key] = (start + duration, a.device)
         timeline.append((a, start, start + duration))
     step = max(free)
+    bubble = 1.0 - sum(busy) / (schedule.num_devices * step) if step > 0 else 0.0
+    return Simulation(step, bubble, tuple(busy), tuple(timeline))
+
+
+def simulate_lockstep(schedule: Schedule, times: OpTimes) -> Simulation:
+    """The compiled pipeline's timeline: actions on a shared clock of ticks (:mod:`jaxaot.parallel.spmd.ticks`).
+
+    In the compiled step every device runs at most one action per tick and
+    then exchanges messages with its neighbours, so a tick lasts as long as its
+    slowest action plus one transfer (when there are several devices). Each
+    action takes the tick :func:`~jaxaot.parallel.schedule.unit_slots` gives
+    it; the step time is the sum of the ticks.
+
+    Example:
+        >>> from jaxaot.parallel.builtin import one_f_one_b
+        >>> times = OpTimes(forward=1.0, backward_input=1.0, backward_weight=1.0)
+        >>> simulate_lockstep(one_f_one_b(2, 2), times).step_time  # 6 ticks, 4 of them with a BW (2.0)
+        10.0
+    """
+    schedule.validate()
+    t = times.stage_times(schedule.num_stages)
+    ticks, end = unit_slots(schedule)
+    length = [0.0] * end
+    for a, tick in zip(schedule.actions, ticks):
+        length[tick] = max(length[tick], t[a.op][a.stage])
+    if schedule.num_devices > 1:
+        hop = max(t["transfer"], default=0.0)
+        length = [x + hop for x in length]
+    starts = [0.0]
+    for x in length:
+        starts.append(starts[-1] + x)
+    busy = [0.0] * schedule.num_devices
+    timeline = []
+    for a, tick in zip(schedule.actions, ticks):
+        duration = t[a.op][a.stage]
+        busy[a.device] += duration
+        timeline.append((a, starts[tick], starts[tick] + duration))
+    step = starts[-1]
     bubble = 1.0 - sum(busy) / (schedule.num_devices * step) if step > 0 else 0.0
     return Simulation(step, bubble, tuple(busy), tuple(timeline))

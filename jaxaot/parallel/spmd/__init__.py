@@ -1,0 +1,24 @@
+"""The compiled pipeline: a whole schedule as one SPMD program on JAX's own engine.
+
+``shard_map`` over the mesh's pipeline axis, ``lax.ppermute`` carrying
+activations forward and cotangents back, one ``lax.scan`` over the schedule's
+ticks, a ``lax.switch`` over each stage's jaxaot-partitioned passes. Modules,
+each one concept, importing only downward:
+
+* ``layout``: records, the union of the stages' leaves in buffers of one shape on every device;
+* ``ticks``: a schedule as a table of ticks, with every buffer slot allocated (:class:`TickPlan`);
+* ``passes``: one stage's F, B, W and BW as traceable functions of its partition (:class:`StagePasses`);
+* ``params``: per-stage parameter trees packed over the stage axis (:class:`StageParams`);
+* ``program``: the SPMD step itself (:func:`build_step`);
+* ``executor``: per input signature, trace the stages and compile the step (:class:`CompiledExecutor`).
+"""
+
+from jaxaot.parallel.spmd.layout import Layout, union
+from jaxaot.parallel.spmd.ticks import TickPlan, check_ring, describe, plan
+from jaxaot.parallel.spmd.passes import StagePasses
+from jaxaot.parallel.spmd.params import StageParams, pack, stage_avals, unpack
+from jaxaot.parallel.spmd.program import Axes, Layouts, build_step
+from jaxaot.parallel.spmd.executor import CompiledExecutor, check_mesh
+
+__all__ = ["Axes", "CompiledExecutor", "Layout", "Layouts", "StageParams", "StagePasses", "TickPlan", "build_step",
+           "check_mesh", "check_ring", "describe", "pack", "plan", "stage_avals", "union", "unpack"]

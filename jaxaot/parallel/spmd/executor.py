@@ -1,0 +1,191 @@
+"""The compiled pipeline executor: per input signature, trace the stages and compile the whole step once.
+
+:class:`CompiledExecutor` serves :class:`jaxaot.parallel.pipeline.Pipeline`
+when ``executor="compiled"`` (the default). Per input signature it
+
+1. computes one device's microbatch (the batch divided by the microbatch
+   count and by the data axes' size) and checks the stages chain on it
+   (:func:`jaxaot.parallel.microbatch.stage_input_specs`);
+2. traces and partitions each stage with its own ``aot_function`` (the
+   jaxaot partition, the B/W split where the schedule splits a backward)
+   and wraps them as :class:`~jaxaot.parallel.spmd.passes.StagePasses`;
+3. builds the SPMD step (:mod:`jaxaot.parallel.spmd.program`) and jits it;
+   XLA compiles it at the first call.
+
+Parameters go in either as a list of per-stage trees (packed on every call:
+each device stacks its stages' leaves) or as the packed
+:class:`~jaxaot.parallel.spmd.params.StageParams` (``step.shard_params``),
+which the gradients then come back as. Inputs and targets are replicated
+over the stage axis and split over the data axes inside the program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot.errors import InvalidInputError, InvalidValueError
+from jaxaot.parallel import microbatch
+from jaxaot.parallel.schedule import Schedule
+from jaxaot.parallel.spmd import params as packing
+from jaxaot.parallel.spmd.passes import StagePasses
+from jaxaot.parallel.spmd.program import Axes, Layouts, build_step
+from jaxaot.parallel.spmd.ticks import TickPlan, plan
+from jaxaot.parallel.stage import Stage
+
+P = jax.sharding.PartitionSpec
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One signature's step: the jitted program, its layouts and what building it took."""
+
+    step: Callable
+    layouts: Layouts
+    passes: list
+    seconds: dict
+
+
+def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str], schedule: Schedule) -> Axes:
+    """The mesh's axes for the compiled step, or a typed error saying what to change."""
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise InvalidInputError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
+    names = tuple(mesh.axis_names)
+    if stage_axis not in names:
+        raise InvalidValueError(
+            f"the mesh's axes are {names}, with no pipeline axis {stage_axis!r}: name one axis {stage_axis!r} "
+            f"(Mesh(devices, ('stage', 'data'))), or pass stage_axis= naming the one to pipeline over.")
+    data = tuple(a for a in data_axes if a in names)
+    other = [a for a in names if a != stage_axis and a not in data]
+    if other:
+        raise InvalidValueError(
+            f"the mesh's axes {other} are neither the pipeline axis {stage_axis!r} nor a data axis "
+            f"{tuple(data_axes)}: the compiled pipeline splits the batch over data axes and replicates the stages "
+            "over nothing else; name the axis 'data' (or pass data_axes=).")
+    if mesh.shape[stage_axis] != schedule.num_devices:
+        raise InvalidValueError(
+            f"the mesh's {stage_axis!r} axis has {mesh.shape[stage_axis]} devices, but the {schedule.name!r} "
+            f"schedule of {schedule.num_stages} stages runs on {schedule.num_devices}: make the axis that long.")
+    return Axes(stage_axis, data, mesh.shape[stage_axis])
+
+
+class CompiledExecutor:
+    """Runs a pipeline as one compiled SPMD program (see the module docstring)."""
+
+    def __init__(self, stage_fns: Sequence[Callable], loss_fn: Callable, schedule: Schedule, num_microbatches: int,
+                 mesh: jax.sharding.Mesh, axes: Axes, partition_fn: Any):
+        self.stage_fns = list(stage_fns)
+        self.loss_fn = loss_fn
+        self.schedule = schedule
+        self.num_microbatches = num_microbatches
+        self.mesh = mesh
+        self.axes = axes
+        self.tick_plan: TickPlan = plan(schedule)
+        self.stage_device = schedule.stage_device()
+        anchor = mesh.devices.flat[0]
+        n = len(self.stage_fns)
+        self.stages = [Stage(s, fn, anchor, partition_fn, loss_fn if s == n - 1 else None)
+                       for s, fn in enumerate(self.stage_fns)]
+        self._split_stages = {a.stage for a in schedule.actions if a.op == "B"}
+        self._compiled: dict[Any, Compiled] = {}
+        self.hits = 0
+        self._replicated = jax.sharding.NamedSharding(mesh, P())
+
+    @property
+    def data_size(self) -> int:
+        return int(np.prod([self.mesh.shape[a] for a in self.axes.data], dtype=np.int64))
+
+    # -- signatures
+    def local_microbatch(self, name: str, tree: Any) -> Any:
+        """One device's microbatch of ``tree`` (``jax.ShapeDtypeStruct`` leaves), checked to divide evenly."""
+        m, k = self.num_microbatches, self.data_size
+        microbatch.check_batch(name, tree, m)
+
+        def one(x: Any) -> jax.ShapeDtypeStruct:
+            size = np.shape(x)[0] // m
+            if size % k:
+                raise InvalidValueError(
+                    f"the pipeline's {name} have a microbatch of {size} (batch {np.shape(x)[0]} / {m} microbatches), "
+                    f"which the data axes {self.axes.data} of {k} devices do not split evenly: make the batch a "
+                    f"multiple of {m * k}.")
+            return jax.ShapeDtypeStruct((size // k,) + tuple(np.shape(x)[1:]), np.result_type(x))
+
+        return jax.tree_util.tree_map(one, tree)
+
+    def compiled(self, param_avals: Sequence[Any], inputs: Any, targets: Any) -> Compiled:
+        key = _signature(param_avals, inputs, targets)
+        hit = self._compiled.get(key)
+        if hit is not None:
+            self.hits += 1
+            return hit
+        t0 = time.perf_counter()
+        x = self.local_microbatch("inputs", inputs)
+        t = self.local_microbatch("targets", targets)
+        specs = microbatch.stage_input_specs(self.stage_fns, self.loss_fn, param_avals, x, t)
+        passes = []
+        for s, (stage, p, a) in enumerate(zip(self.stages, param_avals, specs)):
+            sp = stage.programs(p, a, t if stage.is_last else None)
+            split = sp.split if s in self._split_stages else None
+            passes.append(StagePasses(s, sp.training, sp.num_params, sp.num_activations,
+                                      jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(a), split))
+        t1 = time.perf_counter()
+        loss_dtype = passes[-1].output_avals[0].dtype
+        step, lay = build_step(self.tick_plan, passes, self.mesh, self.axes, self.num_microbatches, loss_dtype)
+        out = Compiled(jax.jit(step), lay, passes, {"trace": t1 - t0})
+        self._compiled[key] = out
+        return out
+
+    # -- the step
+    def param_avals(self, params: Any) -> list:
+        if isinstance(params, packing.StageParams):
+            raise AssertionError("packed params carry no per-stage avals")
+        return [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x)), p)
+                for p in params]
+
+    def shard_params(self, params: Sequence[Any], param_avals: Sequence[Any], inputs: Any,
+                     targets: Any) -> packing.StageParams:
+        c = self.compiled(param_avals, inputs, targets)
+        return packing.pack(params, c.layouts.params, self.stage_device, self.mesh, self.axes.stage)
+
+    def place(self, tree: Any) -> list:
+        """``tree``'s leaves as arrays replicated over the mesh (any process holds the same values)."""
+        out = []
+        for x in jax.tree_util.tree_leaves(tree):
+            if isinstance(x, jax.Array) and x.sharding.device_set == set(self.mesh.devices.flat):
+                out.append(x)
+            elif self._replicated.is_fully_addressable:
+                out.append(jax.device_put(x, self._replicated))
+            else:
+                host = np.asarray(x)
+                out.append(jax.make_array_from_callback(host.shape, self._replicated, lambda idx, h=host: h[idx]))
+        return out
+
+    def __call__(self, params: Any, inputs: Any, targets: Any, param_avals: Sequence[Any]) -> tuple[Any, Any]:
+        c = self.compiled(param_avals, inputs, targets)
+        packed_in = isinstance(params, packing.StageParams)
+        packed = params if packed_in else packing.pack(params, c.layouts.params, self.stage_device, self.mesh,
+                                                      self.axes.stage)
+        if packed.layout != c.layouts.params:
+            raise InvalidInputError("these StageParams were packed for another pipeline or signature: pack them "
+                                    "with this step's shard_params for these inputs.")
+        loss, grads = c.step(packed.entries, self.place(inputs), self.place(targets))
+        grads = packing.StageParams(tuple(grads), packed.layout, packed.treedefs)
+        if packed_in:
+            return loss, grads
+        return loss, packing.unpack(grads, self.stage_device, self.mesh, self.axes.stage)
+
+    def lower(self, params: Any, inputs: Any, targets: Any, param_avals: Sequence[Any]) -> Any:
+        """The jitted step lowered for these arguments (``.compile().memory_analysis()`` for its peak)."""
+        c = self.compiled(param_avals, inputs, targets)
+        packed = params if isinstance(params, packing.StageParams) else packing.pack(
+            params, c.layouts.params, self.stage_device, self.mesh, self.axes.stage)
+        return c.step.lower(packed.entries, self.place(inputs), self.place(targets))
+
+
+def _signature(param_avals: Sequence[Any], inputs: Any, targets: Any) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten((list(param_avals), inputs, targets))
+    return treedef, tuple((tuple(np.shape(x)), np.result_type(x)) for x in leaves)

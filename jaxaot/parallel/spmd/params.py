@@ -1,0 +1,136 @@
+"""Per-stage parameter trees packed into arrays sharded over the stage axis, and back.
+
+The compiled pipeline takes each parameter entry of its
+:class:`~jaxaot.parallel.spmd.layout.Layout` as one global array
+``[stage devices, width, *shape]``, sharded over the stage axis and
+replicated over the others: device ``d`` holds the parameters of the stages
+it hosts, nothing else. :class:`StageParams` is that packed form, a pytree
+(``jax.tree.map`` an optimizer update over it; padding cells get zero
+gradients and stay zero under the usual optimizers). It is also the only
+form that works across hosts, where no process can address every stage.
+
+* :func:`pack`: per-stage trees (numpy or JAX arrays, on any device of this
+  process) to :class:`StageParams`: each device gets only its stages' leaves,
+  stacked there (``jax.make_array_from_single_device_arrays``), so nothing is
+  gathered on one device. Under ``jax.distributed`` every process passes the
+  full list and contributes its own devices' pieces.
+* :func:`unpack`: back to per-stage trees, each leaf on a device of its stage
+  (this process must address every stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxaot.errors import InvalidInputError
+from jaxaot.parallel.spmd.layout import Layout
+
+P = jax.sharding.PartitionSpec
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class StageParams:
+    """A pipeline's parameters (or gradients) packed for the compiled step.
+
+    Attributes:
+      entries: one global array per layout entry, ``[stage devices, width, *shape]``.
+      layout: where each stage's leaves sit.
+      treedefs: each stage's parameter tree structure.
+    """
+
+    entries: tuple
+    layout: Layout
+    treedefs: tuple
+
+    def tree_flatten(self):
+        return tuple(self.entries), (self.layout, self.treedefs)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(tuple(children), *aux)
+
+
+def sharding(mesh: jax.sharding.Mesh, stage_axis: str) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(mesh, P(stage_axis))
+
+
+def _stage_index(mesh: jax.sharding.Mesh, stage_axis: str) -> dict:
+    """``{device: its coordinate on the stage axis}``."""
+    axis = mesh.axis_names.index(stage_axis)
+    out = {}
+    for idx in np.ndindex(mesh.devices.shape):
+        out[mesh.devices[idx]] = idx[axis]
+    return out
+
+
+def pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], mesh: jax.sharding.Mesh,
+         stage_axis: str) -> StageParams:
+    """``params`` (one tree per stage) as :class:`StageParams` (see the module docstring)."""
+    flat = [jax.tree_util.tree_flatten(p) for p in params]
+    num_devices = mesh.shape[stage_axis]
+    where = _stage_index(mesh, stage_axis)
+    target = sharding(mesh, stage_axis)
+    pieces: list[list] = [[] for _ in layout.entries]
+    for dev in mesh.devices.flat:
+        if dev.process_index != jax.process_index():
+            continue
+        d = where[dev]
+        cells: list[list] = [[None] * w for w in layout.widths]
+        for s in (s for s, dd in stage_device.items() if dd == d):
+            for (e, j), leaf in zip(layout.places[s], flat[s][0]):
+                cells[e][j] = leaf
+        for e, ((shape, dtype), row) in enumerate(zip(layout.entries, cells)):
+            pieces[e].append(_stack_on(dev, shape, dtype, row))
+    entries = tuple(jax.make_array_from_single_device_arrays((num_devices, w) + shape, target, pieces[e])
+                    for e, ((shape, _), w) in enumerate(zip(layout.entries, layout.widths)))
+    return StageParams(entries, layout, tuple(t for _, t in flat))
+
+
+def _stack_on(device: Any, shape: tuple, dtype: Any, row: list) -> jax.Array:
+    """``row``'s leaves (None: zeros) stacked into ``[1, len(row), *shape]`` on ``device``."""
+    present = [jax.device_put(x, device) for x in row if x is not None]
+    mask = tuple(x is not None for x in row)
+    with jax.default_device(device):
+        return _stack(present, mask, shape, np.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _stack(present: list, mask: tuple, shape: tuple, dtype: Any) -> jax.Array:
+    it = iter(present)
+    rows = [next(it).astype(dtype) if m else jnp.zeros(shape, dtype) for m in mask]
+    return (jnp.stack(rows) if rows else jnp.zeros((0,) + shape, dtype))[None]
+
+
+def unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding.Mesh, stage_axis: str) -> list:
+    """Per-stage trees from ``packed``, each leaf on a device of its stage."""
+    where = _stage_index(mesh, stage_axis)
+    shard_of: list[dict[int, Any]] = []
+    for x in packed.entries:
+        by_stage: dict[int, Any] = {}
+        for shard in x.addressable_shards:
+            by_stage.setdefault(where[shard.device], shard.data)
+        shard_of.append(by_stage)
+    out = []
+    for s, treedef in enumerate(packed.treedefs):
+        d = stage_device[s]
+        if any(d not in by_stage for by_stage in shard_of):
+            raise InvalidInputError(
+                f"stage {s}'s parameters live on devices of another process: across hosts, keep the packed "
+                "StageParams (step.shard_params) and pass them to the step as they are.")
+        leaves = [shard_of[e][d][0, j] for e, j in packed.layout.places[s]]
+        out.append(jax.tree_util.tree_unflatten(treedef, leaves))
+    return out
+
+
+def stage_avals(packed: StageParams) -> list:
+    """Each stage's parameter tree as ``jax.ShapeDtypeStruct`` leaves."""
+    lay = packed.layout
+    return [jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(*lay.entries[e]) for e, _ in lay.places[s]])
+            for s, treedef in enumerate(packed.treedefs)]
