@@ -1,11 +1,12 @@
-"""``jaxaot.pipeline``: pipeline-parallel training steps from separately compiled stage programs.
+"""``jaxaot.pipeline``: pipeline-parallel training steps, compiled as one SPMD program.
 
 A model cut into stages, ``stage_fn(params_i, activations) -> activations``,
 and a ``loss_fn(last_activations, targets) -> scalar``, becomes a training step
 
 .. code-block:: python
 
-    step = jaxaot.pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=8)
+    mesh = jax.make_mesh((4, 2), ("stage", "data"))
+    step = jaxaot.pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=8, mesh=mesh)
     loss, grads = step(params, inputs, targets)   # params, grads: one entry per stage
 
 whose ``loss`` is the mean of the microbatches' losses and whose ``grads`` are
@@ -13,90 +14,55 @@ its gradients, as ``jax.value_and_grad`` of the unpipelined composition gives
 them. How:
 
 1. **Stages.** Each stage is a :func:`jaxaot.aot_function` (the last one of
-   ``loss_fn(stage_fn(p, a), t)``) on its device; the runtime traces and
-   partitions it, and compiles its forward, its fused backward and the two
-   halves of its B/W split (:mod:`jaxaot.partition.bw`), each on first use
-   (:mod:`jaxaot.parallel.stage`).
-2. **Placement.** ``devices`` holds one device per schedule device (default
-   ``jax.devices()[:num_devices]``: one per stage, or one per two stages for
-   ``"interleaved"``); stage ``s`` runs on ``devices[schedule.stage_device()[s]]``,
-   i.e. ``s % num_devices`` for interleaved schedules. Parameters are put there
-   with ``jax.device_put`` (a no-op where they already are) and their gradients
-   come back there. A ``jax.sharding.Mesh`` in place of a device replicates the
-   stage over that sub-mesh.
-3. **Microbatches.** ``inputs`` and ``targets`` (pytrees) are split along axis 0
-   (:mod:`jaxaot.parallel.microbatch`); at the first call of each input
-   signature, ``jax.eval_shape`` checks that every stage takes what the
-   previous one returns (:class:`~jaxaot.errors.StageMismatchError` otherwise).
-4. **Schedule.** :func:`~jaxaot.parallel.builtin.make_schedule` builds the
-   actions; :func:`~jaxaot.parallel.executor.run_schedule` dispatches them in
-   issue order, asynchronously, moving activations and their gradients between
-   devices with ``jax.device_put``. The last stage's backward starts from the
-   cotangent ``1 / num_microbatches``, so gradients are those of the mean.
+   ``loss_fn(stage_fn(p, a), t)``); jaxaot traces and partitions it, and splits
+   its backward into B and W where the schedule defers weight gradients.
+2. **Executor** ``"compiled"`` (the default, :mod:`jaxaot.parallel.spmd`): the
+   whole schedule is one jitted ``shard_map`` program over the mesh's pipeline
+   axis (``stage_axis``, default ``"stage"``): a loop over the schedule's ticks
+   in which each device runs its stage's passes, ``lax.ppermute`` carries
+   activations forward and cotangents back, and gradients accumulate on the
+   device. Other mesh axes named in ``data_axes`` (default ``("data",)``)
+   split each microbatch: data parallelism inside every stage, gradients
+   averaged over them. Without ``mesh``, ``devices`` (distinct devices, one
+   per schedule device) or the first ``num_devices`` of ``jax.devices()``
+   form a one-axis mesh. It runs unchanged across hosts under
+   ``jax.distributed`` (pass the packed :meth:`Pipeline.shard_params`).
+3. **Executor** ``"python"`` (:mod:`jaxaot.parallel.executor`): the stages'
+   separately compiled executables, dispatched action by action from Python,
+   activations moved with ``jax.device_put``. It serves what the compiled
+   program cannot: several stages' "devices" on one physical device
+   (``devices=[d, d]``), a stage per sub-mesh (``devices=[mesh0, mesh1]``),
+   stages whose ``jaxaot.while_loop`` has no ``max_steps`` (the stack grows at
+   run time), partitions that offload residuals to host memory, and custom
+   schedules whose stages do not sit on a ring of devices. The compiled
+   executor refuses these with a typed error that says so.
+4. **Microbatches.** ``inputs`` and ``targets`` (pytrees) are split along axis 0;
+   at the first call of each input signature, ``jax.eval_shape`` checks that
+   every stage takes what the previous one returns
+   (:class:`~jaxaot.errors.StageMismatchError` otherwise).
 
-Costs: per step, one executable call per action plus the transfers and
-gradient adds; the host never blocks, so devices overlap as far as the
-schedule allows. Per input signature, one ``eval_shape`` chain, and per stage
-a trace, a partition and up to four compilations.
+Costs (compiled): per input signature, one trace and partition per stage and
+one XLA compilation of the whole step; per step, one program launch.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import statistics
-import time
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
-from jaxaot.parallel import microbatch
-from jaxaot.parallel.executor import run_schedule
+from jaxaot.parallel import microbatch, op_times, spmd
 from jaxaot.parallel.builtin import make_schedule
-from jaxaot.parallel.schedule import Schedule
+from jaxaot.parallel.executor import run_schedule
+from jaxaot.parallel.report import PipelineReport
 from jaxaot.parallel.simulate import OpTimes
 from jaxaot.parallel.stage import Placement, Stage, StagePrograms, float0_like
-from jaxaot.partition import Partitioner, default_partition
-from jaxaot.runtime import CacheInfo
+from jaxaot.partition import Partitioner, compiled_peak, default_partition
+from jaxaot.runtime import CacheEntryInfo, CacheInfo
 
-
-@dataclasses.dataclass(frozen=True)
-class PipelineReport:
-    """What :meth:`Pipeline.lower` finds, per stage, for one input signature (nothing is run).
-
-    Attributes:
-      schedule: the :class:`~jaxaot.parallel.schedule.Schedule` the step runs.
-      placements: each stage's device (or mesh).
-      input_specs: each stage's input activations for one microbatch (``jax.ShapeDtypeStruct`` trees).
-      residual_bytes: bytes of one microbatch's residuals, parameters left out (alive anyway).
-      weight_pass_bytes: bytes one microbatch keeps alive from its B to its W (the B/W split's handoff
-        and the residuals W reads).
-      peak_live_microbatches: the most microbatches whose residuals the schedule keeps alive at once.
-    """
-
-    schedule: Schedule
-    placements: tuple
-    input_specs: tuple
-    residual_bytes: tuple[int, ...]
-    weight_pass_bytes: tuple[int, ...]
-    peak_live_microbatches: tuple[int, ...]
-
-    @property
-    def peak_residual_bytes(self) -> tuple[int, ...]:
-        """Per stage, residual bytes at the schedule's peak (``residual_bytes * peak_live_microbatches``)."""
-        return tuple(b * n for b, n in zip(self.residual_bytes, self.peak_live_microbatches))
-
-    def __str__(self) -> str:
-        rows = [f"pipeline: schedule {self.schedule.name!r}, {self.schedule.num_stages} stages, "
-                f"{self.schedule.num_microbatches} microbatches, {self.schedule.num_devices} devices",
-                "stage  device  input            residuals/mb  B->W/mb  peak live  peak residuals"]
-        for s, place in enumerate(self.placements):
-            rows.append(f"{s:<6} {str(getattr(place, 'id', place)):<7} {microbatch.describe(self.input_specs[s]):<16} "
-                        f"{self.residual_bytes[s]:>12}  {self.weight_pass_bytes[s]:>7}  "
-                        f"{self.peak_live_microbatches[s]:>9}  {self.peak_residual_bytes[s]:>14}")
-        return "\n".join(rows)
+EXECUTORS = ("compiled", "python")
 
 
 class Pipeline:
@@ -106,37 +72,56 @@ class Pipeline:
       stages: the :class:`~jaxaot.parallel.stage.Stage` objects, in order.
       schedule: the :class:`~jaxaot.parallel.schedule.Schedule` each step runs.
       num_microbatches: how many microbatches a batch is split into.
+      executor: ``"compiled"`` or ``"python"``.
+      mesh: the compiled executor's mesh (None for ``"python"``).
       last_peak_live: per stage, the most microbatches whose residuals the last
-        step held at once (counted as it ran; None before the first step).
+        step held at once (None before the first step).
     """
 
-    def __init__(self, stage_fns: Sequence[Callable], loss_fn: Callable, schedule: str | Schedule,
-                 num_microbatches: int, devices: Sequence[Placement] | None, partition_fn: Partitioner):
+    def __init__(self, stage_fns: Sequence[Callable], loss_fn: Callable, schedule: Any, num_microbatches: int,
+                 devices: Sequence[Placement] | None, partition_fn: Partitioner, *, mesh: Any = None,
+                 stage_axis: str = "stage", data_axes: Sequence[str] = ("data",), executor: str = "compiled"):
         self.stage_fns = list(stage_fns)
         self.loss_fn = loss_fn
         self.num_microbatches = num_microbatches
+        self.executor = executor
         n = len(self.stage_fns)
-        num_devices = None if devices is None else len(devices)
-        self.schedule = make_schedule(schedule, n, num_microbatches, num_devices)
-        if devices is None:
-            available = jax.devices()
-            if len(available) < self.schedule.num_devices:
-                raise InvalidValueError(
-                    f"the {self.schedule.name!r} schedule of {n} stages needs {self.schedule.num_devices} devices, "
-                    f"but JAX has {len(available)}: pass devices=[...] (a device may appear more than once).")
-            devices = available[:self.schedule.num_devices]
-        self.devices = list(devices)
-        where = self.schedule.stage_device()
+        if executor == "compiled":
+            mesh = _mesh_for(mesh, devices, stage_axis, schedule, n, num_microbatches)
+            self.schedule = make_schedule(schedule, n, num_microbatches, mesh.shape[stage_axis])
+            axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes), self.schedule)
+            self.mesh = mesh
+            where = self.schedule.stage_device()
+            first = _stage_devices(mesh, stage_axis)
+            self.devices = [first[d] for d in range(self.schedule.num_devices)]
+        else:
+            if mesh is not None:
+                raise InvalidInputError("mesh= needs the compiled executor: drop executor='python', or pass "
+                                        "devices=[...] (a device or sub-mesh per schedule device).")
+            self.schedule = make_schedule(schedule, n, num_microbatches, None if devices is None else len(devices))
+            self.mesh = None
+            self.devices = list(devices) if devices is not None else _first_devices(self.schedule)
+            where = self.schedule.stage_device()
         self.stages = [Stage(s, fn, self.devices[where[s]], partition_fn, loss_fn if s == n - 1 else None)
                        for s, fn in enumerate(self.stage_fns)]
+        self._compiled = (spmd.CompiledExecutor(self.stages, loss_fn, self.schedule, num_microbatches, self.mesh, axes)
+                          if executor == "compiled" else None)
         self._programs: dict[Any, list[StagePrograms]] = {}
         self._specs: dict[Any, list] = {}
         self._hits = 0
         self.last_peak_live: tuple[int, ...] | None = None
 
     # -- the step
-    def __call__(self, params: Sequence[Any], inputs: Any, targets: Any) -> tuple[jax.Array, list]:
-        """One training step: ``(mean microbatch loss, per-stage gradients)``; nothing blocks."""
+    def __call__(self, params: Any, inputs: Any, targets: Any) -> tuple[jax.Array, Any]:
+        """One training step: ``(mean microbatch loss, per-stage gradients)``; nothing blocks.
+
+        With the compiled executor, ``params`` may be the packed :class:`~jaxaot.parallel.spmd.StageParams`
+        of :meth:`shard_params`; the gradients then come back packed the same way.
+        """
+        if self._compiled is not None:
+            loss, grads = self._compiled(params, inputs, targets, self._param_avals(params))
+            self.last_peak_live = tuple(self.schedule.peak_live_microbatches())
+            return loss, grads
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
         scale = self._loss_cotangent(programs[-1])
         flat = [jax.tree_util.tree_leaves(p) for p in placed]
@@ -151,8 +136,32 @@ class Pipeline:
                                                       [float0_like(x) if d is None else d for x, d in zip(leaves, g)]))
         return result.loss, grads
 
-    def lower(self, params: Sequence[Any], inputs: Any, targets: Any) -> PipelineReport:
+    def shard_params(self, params: Sequence[Any], inputs: Any, targets: Any) -> spmd.StageParams:
+        """``params`` packed for the compiled step (each device holds its stages' leaves).
+
+        Pack once and pass the result to every step (an optimizer can ``jax.tree.map`` over it): the step then
+        skips packing, and returns gradients packed the same way. Across hosts this is the only form that
+        works: every process passes the same full list here, and contributes its own devices' pieces.
+        """
+        ex = self._require_compiled("shard_params")
+        self._check_params(params)
+        return ex.shard_params(params, self._param_avals(params), inputs, targets)
+
+    def unshard_params(self, packed: spmd.StageParams) -> list:
+        """Per-stage trees from packed parameters or gradients (every stage's devices must be this process's)."""
+        ex = self._require_compiled("unshard_params")
+        return spmd.unpack(packed, ex.stage_device, ex.mesh, ex.axes.stage)
+
+    def lower(self, params: Any, inputs: Any, targets: Any) -> PipelineReport:
         """Trace and partition every stage for these arguments (no stage program compiles or runs)."""
+        if self._compiled is not None:
+            c = self._compiled.compiled(self._param_avals(params), inputs, targets)
+            return PipelineReport(
+                schedule=self.schedule, placements=tuple(self.devices[d] for d in self._compiled.stage_device.values()),
+                input_specs=tuple(c.specs),
+                residual_bytes=tuple(sum(_nbytes(a) for a in p.stored_residuals) for p in c.passes),
+                weight_pass_bytes=tuple(sum(_nbytes(a) for a in p.stored_weight_args) for p in c.passes),
+                peak_live_microbatches=tuple(self.schedule.peak_live_microbatches()))
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
         return PipelineReport(
             schedule=self.schedule,
@@ -163,43 +172,54 @@ class Pipeline:
             peak_live_microbatches=tuple(self.schedule.peak_live_microbatches()),
         )
 
+    def compile(self, params: Any, inputs: Any, targets: Any) -> Any:
+        """The compiled step's XLA executable for these arguments (``memory_analysis()``: per-device bytes)."""
+        ex = self._require_compiled("compile")
+        return ex.lower(params, inputs, targets, self._param_avals(params)).compile()
+
+    def peak_bytes(self, params: Any, inputs: Any, targets: Any) -> int | None:
+        """The compiled step's peak device bytes, per device (None where the backend does not say)."""
+        return compiled_peak(self.compile(params, inputs, targets))
+
     def measure_op_times(self, params: Sequence[Any], inputs: Any, targets: Any, *, repeats: int = 5,
                          back_to_back: int = 4) -> OpTimes:
-        """Per-stage F, B, W, BW and transfer times, for :func:`~jaxaot.parallel.simulate.simulate`.
-
-        Runs microbatch 0 through every pass of every stage once (which
-        compiles), then times every pass ``repeats`` times; each sample
-        dispatches the pass ``back_to_back`` times and blocks once, as a running
-        pipeline dispatches asynchronously (1 times a lone blocking call, which
-        adds the host's launch and synchronisation gap to every pass). The
-        passes take turns round by round, so drift of the machine hits all
-        alike, and each time is the median over rounds.
-        ``transfer[s]`` is the slower of moving stage ``s``'s input activations
-        from stage ``s-1`` and its output gradients from stage ``s+1`` (0 where
-        both live on one device).
-        """
+        """Per-stage F, B, W, BW and transfer times, for :func:`~jaxaot.parallel.simulate.simulate`
+        (:mod:`jaxaot.parallel.op_times`; the stages' own executables, each on its stage's device)."""
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
-        probes = _op_probes(self.stages, programs, placed, xs[0], ts[0], self._loss_cotangent(programs[-1]))
-        runs: dict[tuple[str, int], list[float]] = {key: [] for key in probes}
-        for _ in range(repeats):
-            for key, fn in probes.items():
-                t = time.perf_counter()
-                outs = [fn() for _ in range(max(1, back_to_back))]
-                jax.block_until_ready(outs)
-                runs[key].append((time.perf_counter() - t) / max(1, back_to_back))
-        n = range(len(self.stages))
-        med = {key: statistics.median(ts) for key, ts in runs.items()}
-        per_op = {op: tuple(med[(op, s)] for s in n) for op in ("F", "B", "W", "BW")}
-        transfer = tuple(max(med.get(("activation", s), 0.0), med.get(("cotangent", s), 0.0)) for s in n)
-        return OpTimes(per_op["F"], per_op["B"], per_op["W"], per_op["BW"], transfer)
+        return op_times.measure(self.stages, programs, placed, xs[0], ts[0], self._loss_cotangent(programs[-1]),
+                                repeats=repeats, back_to_back=back_to_back)
 
-    # -- per signature
+    def cache_info(self) -> CacheInfo:
+        """The step's signatures (``hits``: steps that found theirs, ``misses``: signatures traced) and, per
+        stage, its entries (``program``: ``stage0``, ...): what it compiled, the seconds and the reason; with
+        the compiled executor, an entry ``step`` per signature for the whole program.
+
+        Example:
+            >>> import jax, jax.numpy as jnp
+            >>> from jaxaot.parallel.pipeline import pipeline
+            >>> layer = lambda w, x: jnp.tanh(x @ w)
+            >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2), schedule="gpipe",
+            ...                 num_microbatches=2, devices=[jax.devices()[0]] * 2, executor="python")
+            >>> for _ in range(2):
+            ...     _ = step([jnp.eye(3), jnp.eye(3)], jnp.ones((4, 3)), jnp.zeros((4, 3)))
+            >>> info = step.cache_info()
+            >>> info.hits, info.misses, [e.program for e in info.entries]
+            (1, 1, ['stage0', 'stage1'])
+        """
+        stages = CacheInfo.combine({f"stage{st.index}": st.aot.cache_info() for st in self.stages})
+        if self._compiled is None:
+            return CacheInfo(self._hits, len(self._programs), stages.entries)
+        ex = self._compiled
+        steps = tuple(CacheEntryInfo(c.description, "first call" if k == 0 else "new input signature",
+                                     ("pipeline_step",), program="step", compiles=("pipeline_step",),
+                                     times=dict(c.seconds))
+                      for k, c in enumerate(ex.signatures()))
+        return CacheInfo(ex.hits, len(steps), steps + stages.entries)
+
+    # -- per signature (python executor)
     def _prepare(self, params: Sequence[Any], inputs: Any, targets: Any) -> tuple[list, list, list, list]:
         """Placed parameters, microbatches and the stages' programs (traced at a signature's first call)."""
-        if not isinstance(params, (list, tuple)) or len(params) != len(self.stages):
-            raise InvalidInputError(
-                f"params must be a list with one parameter tree per stage ({len(self.stages)}), got "
-                f"{type(params).__name__}" + (f" of {len(params)}" if isinstance(params, (list, tuple)) else ""))
+        self._check_params(params)
         m = self.num_microbatches
         microbatch.check_batch("inputs", inputs, m)
         microbatch.check_batch("targets", targets, m)
@@ -218,25 +238,24 @@ class Pipeline:
             self._specs[key] = specs
         return placed, xs, ts, programs
 
-    def cache_info(self) -> CacheInfo:
-        """The step's signatures (``hits``: steps that found theirs, ``misses``: signatures traced) and, per
-        stage, its entries (``program``: ``stage0``, ...): the executables it compiled (``forward``,
-        ``pipeline_backward``, ``backward_input``, ``backward_weight``), the seconds per stage and the reason.
+    def _check_params(self, params: Any) -> None:
+        if not isinstance(params, (list, tuple)) or len(params) != len(self.stages):
+            raise InvalidInputError(
+                f"params must be a list with one parameter tree per stage ({len(self.stages)}), got "
+                f"{type(params).__name__}" + (f" of {len(params)}" if isinstance(params, (list, tuple)) else ""))
 
-        Example:
-            >>> import jax, jax.numpy as jnp
-            >>> from jaxaot.parallel.pipeline import pipeline
-            >>> layer = lambda w, x: jnp.tanh(x @ w)
-            >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2), schedule="gpipe",
-            ...                 num_microbatches=2, devices=[jax.devices()[0]] * 2)
-            >>> for _ in range(2):
-            ...     _ = step([jnp.eye(3), jnp.eye(3)], jnp.ones((4, 3)), jnp.zeros((4, 3)))
-            >>> info = step.cache_info()
-            >>> info.hits, info.misses, [e.program for e in info.entries]
-            (1, 1, ['stage0', 'stage1'])
-        """
-        stages = CacheInfo.combine({f"stage{st.index}": st.aot.cache_info() for st in self.stages})
-        return CacheInfo(self._hits, len(self._programs), stages.entries)
+    def _param_avals(self, params: Any) -> list:
+        if isinstance(params, spmd.StageParams):
+            return spmd.stage_avals(params)
+        self._check_params(params)
+        return [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x)), p)
+                for p in params]
+
+    def _require_compiled(self, what: str) -> spmd.CompiledExecutor:
+        if self._compiled is None:
+            raise InvalidInputError(f"step.{what} belongs to the compiled executor; this step runs "
+                                    "executor='python'.")
+        return self._compiled
 
     @staticmethod
     def _key(params: Any, x: Any, t: Any) -> Any:
@@ -249,78 +268,97 @@ class Pipeline:
         return [self.stages[-1].place(np.asarray(1.0 / self.num_microbatches, dtype))]
 
     def __repr__(self) -> str:
-        return (f"<Pipeline {self.schedule.name}: {len(self.stages)} stages, {self.num_microbatches} microbatches, "
-                f"{self.schedule.num_devices} devices>")
+        return (f"<Pipeline {self.schedule.name} ({self.executor}): {len(self.stages)} stages, "
+                f"{self.num_microbatches} microbatches, {self.schedule.num_devices} devices>")
 
 
-def _op_probes(stages: Sequence[Stage], programs: Sequence[StagePrograms], params: Sequence[Any], inputs: Any,
-               targets: Any, loss_cotangent: list) -> dict[tuple[str, int], Callable[[], Any]]:
-    """``{(pass, stage): run it on microbatch 0}``, after running each once (so each is compiled).
-
-    Passes are ``F``, ``B``, ``W``, ``BW``, and ``activation`` / ``cotangent`` for
-    the transfers into a stage from its neighbours on other devices.
-    """
-    last = len(stages) - 1
-    probes: dict[tuple[str, int], Callable[[], Any]] = {}
-    acts = jax.tree_util.tree_leaves(inputs)
-    saved = []
-    for s, p in enumerate(programs):
-        leaves = jax.tree_util.tree_leaves(params[s]) + acts + (jax.tree_util.tree_leaves(targets) if s == last else [])
-        probes[("F", s)] = functools.partial(p.forward, leaves)
-        outs, res = p.forward(leaves)
-        saved.append(res)
-        if s < last:
-            if stages[s + 1].placement != stages[s].placement:
-                probes[("activation", s + 1)] = functools.partial(stages[s + 1].place, list(outs))
-            acts = stages[s + 1].place(list(outs))
-    ct = loss_cotangent
-    for s in range(last, -1, -1):
-        p, res = programs[s], saved[s]
-        probes[("BW", s)] = functools.partial(p.backward, res, ct)
-        probes[("B", s)] = functools.partial(p.backward_input, res, ct)
-        act_grads, wargs = p.backward_input(res, ct)
-        probes[("W", s)] = functools.partial(p.backward_weight, wargs)
-        if s > 0:
-            back = [act_grads[k] for k in programs[s - 1].cotangent_outputs]
-            if stages[s - 1].placement != stages[s].placement:
-                probes[("cotangent", s - 1)] = functools.partial(stages[s - 1].place, back)
-            ct = stages[s - 1].place(back)
-    for fn in probes.values():
-        jax.block_until_ready(fn())
-    return probes
+def _nbytes(aval: Any) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
 
 
-def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: str | Schedule = "1f1b",
-             num_microbatches: int = 8, devices: Sequence[Placement] | None = None,
-             partition_fn: Partitioner | None = None) -> Pipeline:
+def _first_devices(schedule: Any) -> list:
+    available = jax.devices()
+    if len(available) < schedule.num_devices:
+        raise InvalidValueError(
+            f"the {schedule.name!r} schedule of {schedule.num_stages} stages needs {schedule.num_devices} devices, "
+            f"but JAX has {len(available)}: pass devices=[...] with executor='python' (a device may appear more "
+            "than once).")
+    return available[:schedule.num_devices]
+
+
+def _stage_devices(mesh: jax.sharding.Mesh, stage_axis: str) -> dict[int, Any]:
+    """Per coordinate of the stage axis, the first device there (where per-stage trees come back)."""
+    axis = mesh.axis_names.index(stage_axis)
+    out: dict[int, Any] = {}
+    for idx in np.ndindex(mesh.devices.shape):
+        out.setdefault(idx[axis], mesh.devices[idx])
+    return out
+
+
+def _mesh_for(mesh: Any, devices: Any, stage_axis: str, schedule: Any, num_stages: int, num_microbatches: int) -> Any:
+    """The compiled executor's mesh: ``mesh``, or one axis over ``devices`` or the first devices JAX has."""
+    if mesh is not None:
+        if devices is not None:
+            raise InvalidInputError("pass mesh= or devices=, not both: the mesh names the devices.")
+        return mesh
+    if devices is None:
+        wanted = make_schedule(schedule, num_stages, num_microbatches).num_devices
+        available = jax.devices()
+        if len(available) < wanted:
+            raise InvalidValueError(
+                f"the {getattr(schedule, 'name', schedule)!r} schedule of {num_stages} stages needs {wanted} "
+                f"devices, but JAX has {len(available)}: pass a mesh with a {stage_axis!r} axis of that many, or "
+                "executor='python' with devices=[...] (a device may appear more than once).")
+        devices = available[:wanted]
+    if any(not isinstance(d, jax.Device) for d in devices) or len(set(devices)) != len(devices):
+        raise InvalidValueError(
+            "the compiled executor runs one schedule device per physical device, on a mesh: devices must be "
+            "distinct jax devices. For stages sharing a device, or a sub-mesh per stage, pass executor='python'; "
+            "for data parallelism inside stages, pass mesh=Mesh(devices, ('stage', 'data')).")
+    return jax.sharding.Mesh(np.array(list(devices)), (stage_axis,))
+
+
+def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1b", num_microbatches: int = 8,
+             devices: Sequence[Placement] | None = None, partition_fn: Partitioner | None = None, *,
+             mesh: jax.sharding.Mesh | None = None, stage_axis: str = "stage", data_axes: Sequence[str] = ("data",),
+             executor: str = "compiled") -> Pipeline:
     """A pipeline-parallel training step (see the module docstring).
 
     Args:
       stages: ``stage_fn(params_i, activations) -> activations``, in order.
-      loss_fn: ``loss_fn(last_activations, targets_microbatch) -> scalar``, one microbatch's loss.
+      loss_fn: ``loss_fn(last_activations, targets_microbatch) -> scalar``, one microbatch's loss. With data
+        axes, each device's share of a microbatch gets it and the results are averaged: the microbatch's
+        loss when ``loss_fn`` is a mean over examples, as the usual losses are.
       schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zero_bubble"`` or a
         :class:`~jaxaot.parallel.schedule.Schedule`.
       num_microbatches: the batch (axis 0 of every input and target leaf) is split in this many.
-      devices: one device (or ``jax.sharding.Mesh``) per schedule device; default
-        ``jax.devices()[:num_devices]``.
+      devices: one device per schedule device (``executor="python"``: a device or sub-mesh each, repeats
+        allowed); default ``jax.devices()[:num_devices]``.
       partition_fn: each stage's partitioner; default :func:`jaxaot.default_partition`.
+      mesh: the compiled executor's ``jax.sharding.Mesh``: the ``stage_axis`` axis pipelines, ``data_axes``
+        split the microbatches.
+      stage_axis / data_axes: the mesh's axis names for the pipeline and for data parallelism.
+      executor: ``"compiled"`` (one SPMD program) or ``"python"`` (see the module docstring for when).
 
     Returns:
-      a :class:`Pipeline`: ``step(params, inputs, targets) -> (loss, grads)``,
-      plus ``step.lower(...)``, ``step.measure_op_times(...)`` and ``step.cache_info()``.
+      a :class:`Pipeline`: ``step(params, inputs, targets) -> (loss, grads)``, plus ``step.lower(...)``,
+      ``step.shard_params(...)``, ``step.peak_bytes(...)``, ``step.measure_op_times(...)`` and
+      ``step.cache_info()``.
 
     Raises:
       InvalidInputError: ``stages`` is empty or holds something not callable, ``loss_fn`` or ``partition_fn``
         is not callable, ``num_microbatches`` is not an int, ``devices`` is not a sequence of devices,
-        meshes or shardings.
-      InvalidValueError / ScheduleError: see :func:`~jaxaot.parallel.builtin.make_schedule`.
+        meshes or shardings, ``executor`` is unknown, ``mesh`` is not a Mesh.
+      InvalidValueError: the mesh lacks the pipeline axis or has other axes, its pipeline axis does not
+        fit the schedule, devices repeat under the compiled executor; see also
+        :func:`~jaxaot.parallel.builtin.make_schedule` (and its ScheduleError).
 
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot
         >>> from jaxaot.parallel.pipeline import pipeline
         >>> layer = lambda w, x: jnp.tanh(x @ w)
         >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2),
-        ...                 schedule="gpipe", num_microbatches=2, devices=[jax.devices()[0]] * 2)
+        ...                 schedule="gpipe", num_microbatches=2, devices=[jax.devices()[0]] * 2, executor="python")
         >>> ws = [jnp.eye(3), jnp.eye(3)]
         >>> loss, grads = step(ws, jnp.ones((4, 3)), jnp.zeros((4, 3)))
         >>> [g.shape for g in grads]
@@ -334,6 +372,11 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: str | Sche
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int):
         raise InvalidInputError(f"num_microbatches must be a positive int, got {type(num_microbatches).__name__} "
                                 f"{num_microbatches!r}.")
+    if executor not in EXECUTORS:
+        raise InvalidInputError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
+    if not isinstance(stage_axis, str) or isinstance(data_axes, str) or not all(isinstance(a, str) for a in data_axes):
+        raise InvalidInputError(f"stage_axis must be a str and data_axes a sequence of str, got {stage_axis!r} and "
+                                f"{data_axes!r}.")
     if devices is not None:
         kinds = (jax.Device, jax.sharding.Mesh, jax.sharding.Sharding)
         if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
@@ -343,4 +386,5 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: str | Sche
         if bad is not None:
             raise InvalidInputError(f"devices must hold jax devices, meshes or shardings, got {type(bad).__name__} "
                                     f"{bad!r} among them.")
-    return Pipeline(stages, loss_fn, schedule, num_microbatches, devices, partition_fn or default_partition)
+    return Pipeline(stages, loss_fn, schedule, num_microbatches, devices, partition_fn or default_partition,
+                    mesh=mesh, stage_axis=stage_axis, data_axes=data_axes, executor=executor)

@@ -42,12 +42,22 @@ P = jax.sharding.PartitionSpec
 
 @dataclasses.dataclass
 class Compiled:
-    """One signature's step: the jitted program, its layouts and what building it took."""
+    """One signature's step: the jitted program, its layouts and what building it took.
+
+    Attributes:
+      step: the jitted step; executable: its XLA executable (after the first call).
+      layouts / passes / specs: the records, the stages' passes, each stage's input activations.
+      description: the signature in words; seconds: ``trace`` (stages traced and partitioned),
+        ``lower`` and ``compile_pipeline_step``.
+    """
 
     step: Callable
     layouts: Layouts
     passes: list
+    specs: list
+    description: str
     seconds: dict
+    executable: Any = None
 
 
 def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str], schedule: Schedule) -> Axes:
@@ -76,9 +86,10 @@ def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str], schedule: S
 class CompiledExecutor:
     """Runs a pipeline as one compiled SPMD program (see the module docstring)."""
 
-    def __init__(self, stage_fns: Sequence[Callable], loss_fn: Callable, schedule: Schedule, num_microbatches: int,
-                 mesh: jax.sharding.Mesh, axes: Axes, partition_fn: Any):
-        self.stage_fns = list(stage_fns)
+    def __init__(self, stages: Sequence[Stage], loss_fn: Callable, schedule: Schedule, num_microbatches: int,
+                 mesh: jax.sharding.Mesh, axes: Axes):
+        self.stages = list(stages)
+        self.stage_fns = [st.fn for st in self.stages]
         self.loss_fn = loss_fn
         self.schedule = schedule
         self.num_microbatches = num_microbatches
@@ -86,10 +97,6 @@ class CompiledExecutor:
         self.axes = axes
         self.tick_plan: TickPlan = plan(schedule)
         self.stage_device = schedule.stage_device()
-        anchor = mesh.devices.flat[0]
-        n = len(self.stage_fns)
-        self.stages = [Stage(s, fn, anchor, partition_fn, loss_fn if s == n - 1 else None)
-                       for s, fn in enumerate(self.stage_fns)]
         self._split_stages = {a.stage for a in schedule.actions if a.op == "B"}
         self._compiled: dict[Any, Compiled] = {}
         self.hits = 0
@@ -135,7 +142,9 @@ class CompiledExecutor:
         t1 = time.perf_counter()
         loss_dtype = passes[-1].output_avals[0].dtype
         step, lay = build_step(self.tick_plan, passes, self.mesh, self.axes, self.num_microbatches, loss_dtype)
-        out = Compiled(jax.jit(step), lay, passes, {"trace": t1 - t0})
+        text = f"params: {microbatch.describe(list(param_avals))}, inputs: {microbatch.describe(inputs)}, " \
+               f"targets: {microbatch.describe(targets)}"
+        out = Compiled(jax.jit(step), lay, passes, list(specs), text, {"trace": t1 - t0})
         self._compiled[key] = out
         return out
 
@@ -172,11 +181,22 @@ class CompiledExecutor:
         if packed.layout != c.layouts.params:
             raise InvalidInputError("these StageParams were packed for another pipeline or signature: pack them "
                                     "with this step's shard_params for these inputs.")
-        loss, grads = c.step(packed.entries, self.place(inputs), self.place(targets))
+        args = (packed.entries, self.place(inputs), self.place(targets))
+        if c.executable is None:
+            t0 = time.perf_counter()
+            lowered = c.step.lower(*args)
+            t1 = time.perf_counter()
+            c.executable = lowered.compile()
+            c.seconds.update(lower=t1 - t0, compile_pipeline_step=time.perf_counter() - t1)
+        loss, grads = c.executable(*args)
         grads = packing.StageParams(tuple(grads), packed.layout, packed.treedefs)
         if packed_in:
             return loss, grads
         return loss, packing.unpack(grads, self.stage_device, self.mesh, self.axes.stage)
+
+    def signatures(self) -> list[Compiled]:
+        """The compiled signatures, in the order they were first seen."""
+        return list(self._compiled.values())
 
     def lower(self, params: Any, inputs: Any, targets: Any, param_avals: Sequence[Any]) -> Any:
         """The jitted step lowered for these arguments (``.compile().memory_analysis()`` for its peak)."""
