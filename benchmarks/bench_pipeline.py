@@ -44,6 +44,7 @@ from jaxaot.cli import demo_models  # noqa: E402
 from jaxaot.parallel import OpTimes, Pipeline, Schedule, make_schedule, pipeline, simulate  # noqa: E402
 from benchmarks.harness import fmt_bytes, report, table  # noqa: E402
 from benchmarks.models import layer_norm  # noqa: E402
+from benchmarks.pipeline_peer import timed_peer  # noqa: E402
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
 NUM_DEVICES = 4
@@ -226,6 +227,14 @@ def measured(size: Size, schedules: dict[str, tuple[Schedule, OpTimes]], *, roun
     runs: dict[str, Callable[[], Any]] = {name: functools.partial(step, c.params, c.inputs, c.targets)
                                           for name, (step, c) in steps.items()}
     runs["jit(grad accumulation), 1 device"] = functools.partial(fused, c4.params, c4.inputs, c4.targets)
+    if len(set(devices)) == NUM_DEVICES:  # the plain-JAX peer's mesh needs distinct devices
+        peer = "plain JAX shard_map GPipe"
+        runs[peer], loss, grads = timed_peer(size, NUM_DEVICES, m, devices, c4.params, c4.inputs, c4.targets)
+        ref_loss, ref_grads = fused(c4.params, c4.inputs, c4.targets)
+        err = grad_error(grads, ref_grads)
+        if err > tolerance or abs(float(loss) - float(ref_loss)) > tolerance * abs(float(ref_loss)):
+            raise AssertionError(f"{peer}: gradients differ from jax.value_and_grad's (max relative error {err:.2e})")
+        checks[peer] = (err, abs(float(loss) - float(ref_loss)))
     samples: dict[str, list[float]] = {k: [] for k in runs}
     for fn in runs.values():
         jax.block_until_ready(fn())

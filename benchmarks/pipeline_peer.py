@@ -160,3 +160,18 @@ def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """``bench_pipeline.cross_entropy`` (the mean over one microbatch's tokens), kept here to avoid an import cycle."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def timed_peer(size: Any, num_stages: int, num_microbatches: int, devices: list, params: list[dict],
+               inputs: jax.Array, targets: jax.Array) -> tuple[Callable[[], Any], jax.Array, list[dict]]:
+    """The peer on ``devices``, ready to time: ``(run, loss, grads)``.
+
+    ``run()`` is one step on parameters already placed on the mesh; ``loss``
+    and ``grads`` (per-stage list format, on the host, so that they compare
+    with arrays on any device) are one step's results, for a check against
+    ``unpipelined``.
+    """
+    peer = shard_map_gpipe(size, num_stages, num_microbatches, stage_mesh(num_stages, devices))
+    peer_params = peer.to_peer(params)
+    loss, grads = peer.step(peer_params, inputs, targets)
+    return functools.partial(peer.step, peer_params, inputs, targets), loss, jax.device_get(peer.to_stages(grads))
