@@ -321,10 +321,22 @@ def pin_layout(x: Any, major_to_minor: tuple[int, ...] | None = None) -> Any:
     return _layout.with_layout_constraint(x, _layout.Layout(major_to_minor=order))
 
 
+from jax._src import dispatch as _dispatch  # noqa: E402
+
+#: The ``jax.monitoring`` duration events of one ``jax.jit`` compile, by stage: the trace to a jaxpr,
+#: the lowering to MLIR, XLA's compile (each event's ``fun_name`` keyword names the function).
+JIT_COMPILE_EVENTS = {
+    "trace": getattr(_dispatch, "JAXPR_TRACE_EVENT", "/jax/core/compile/jaxpr_trace_duration"),
+    "lower": getattr(_dispatch, "JAXPR_TO_MLIR_MODULE_EVENT", "/jax/core/compile/jaxpr_to_mlir_module_duration"),
+    "compile": getattr(_dispatch, "BACKEND_COMPILE_EVENT", "/jax/core/compile/backend_compile_duration"),
+}
+
+
 #: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
 #: ``saved_residuals`` serve the tests.
 __all__ = [
-    "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "Jaxpr", "Primitive", "Tracer",
+    "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr",
+    "Primitive", "Tracer",
     "bind_eqn", "check_jaxpr", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
     "dim_value", "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
     "executable_device_ids", "float0", "has_jvp_rule", "is_drop_var", "is_effectful", "is_forward_mode_tracer",

@@ -11,8 +11,9 @@ by the optimizer), ``loss_call`` (a loss function of the module prepared as one
 more call of it: :class:`PreparedLoss`, which the compiled eager step of
 :func:`jaxaot.value_and_grad` in :mod:`jaxaot.autograd` runs), ``nnx`` /
 ``linen`` (the two wrappers), ``api`` (``aot_module``), ``export_module``
-(``aot_export_module``) and ``optimizer`` (:class:`Optimizer`, its compiled
-eager update).
+(``aot_export_module``), ``update_cache`` (what the optimizer's update compiled:
+its ``cache_info()``) and ``optimizer`` (:class:`Optimizer`, its compiled eager
+update).
 """
 
 from jaxaot.nn.api import aot_module

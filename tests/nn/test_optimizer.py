@@ -189,3 +189,71 @@ def test_value_hooks_are_bypassed_as_in_nnx():
     got = run(jaxaot.nn.Optimizer)
     chex.assert_trees_all_close(got, ref, **TOL)
     assert len(calls) == n_ref
+
+
+def _grads(model, dtype=jnp.float32):
+    grads = nnx.grad(lambda m: jnp.sum(m(jnp.ones((2, m.in_features))) ** 2))(model)
+    return jax.tree.map(lambda g: g.astype(dtype), grads)
+
+
+def test_cache_info_counts_the_updates_compiles_and_says_why():
+    """``cache_info()`` as every compiled callable has it: a miss per compile of the update program, with
+    the inputs by name, the seconds and the reason; a hit per update that compiled nothing."""
+    tx = optax.adam(1e-2)
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    opt = jaxaot.nn.Optimizer(model, tx, wrt=nnx.Param)
+    for _ in range(2):
+        opt.update(model, _grads(model))
+    info = opt.cache_info()
+    assert (info.hits, info.misses, info.recompiles) == (1, 1, 0)
+    (entry,) = info.entries
+    assert entry.reason == "first call" and entry.executables == entry.compiles == ("update",)
+    for name in ("params['kernel']: f32[3,2]", "grads['bias']: f32[2]", "opt_state[0].mu['kernel']: f32[3,2]",
+                 "opt_state[0].count: i32[]", "step: u32[]"):
+        assert name in entry.signature.split(", "), entry.signature
+    assert set(entry.times) == {"trace", "compile_update"} and entry.trace_seconds > 0 and entry.xla_seconds > 0
+
+    # Gradients in another dtype: the update compiles again, and says which inputs changed.
+    opt.update(model, _grads(model, jnp.bfloat16))
+    opt.update(model, _grads(model))  # the first program still serves float32 gradients
+    info = opt.cache_info()
+    assert (info.hits, info.misses, info.recompiles) == (2, 2, 1)
+    assert info.entries[1].reason == ("grads['bias']: dtype float32 → bfloat16; "
+                                      "grads['kernel']: dtype float32 → bfloat16"), info.entries[1].reason
+
+    # New parameter shapes in the same optimizer (its state made again for them): against the nearest
+    # signature compiled, the float32 one.
+    wide = nnx.Linear(5, 2, rngs=nnx.Rngs(1))
+    opt.opt_state = jaxaot.nn.Optimizer(wide, tx, wrt=nnx.Param).opt_state
+    opt.update(wide, _grads(wide))
+    reason = opt.cache_info().entries[2].reason
+    assert reason == ("params['kernel']: shape (3, 2) → (5, 2); grads['kernel']: shape (3, 2) → (5, 2); "
+                      "opt_state[0].mu['kernel']: shape (3, 2) → (5, 2); "
+                      "opt_state[0].nu['kernel']: shape (3, 2) → (5, 2)"), reason
+    assert "params['kernel']: f32[5,2]" in opt.cache_info().entries[2].signature
+    assert str(opt.cache_info()).startswith("3 compiled, 2 hits")
+
+
+def test_cache_info_is_per_optimizer_and_the_programs_are_shared():
+    """A new model's optimizer reports its own first compile; one more with the same ``tx`` and shapes finds
+    that executable (a hit, nothing compiled); traced updates (``nnx.Optimizer.update`` itself) count nothing."""
+    tx = optax.sgd(0.1, momentum=0.9)
+    small, big = nnx.Linear(3, 2, rngs=nnx.Rngs(0)), nnx.Linear(6, 4, rngs=nnx.Rngs(1))
+    first = jaxaot.nn.Optimizer(small, tx, wrt=nnx.Param)
+    first.update(small, _grads(small))
+    second = jaxaot.nn.Optimizer(big, tx, wrt=nnx.Param)
+    second.update(big, _grads(big))
+    info = second.cache_info()
+    assert (info.hits, info.misses) == (0, 1) and info.entries[0].reason == "first call"
+    assert "params['kernel']: f32[6,4]" in info.entries[0].signature
+    assert (first.cache_info().hits, first.cache_info().misses) == (0, 1)
+    third = jaxaot.nn.Optimizer(nnx.Linear(6, 4, rngs=nnx.Rngs(2)), tx, wrt=nnx.Param)
+    third.update(big, _grads(big))
+    assert (third.cache_info().hits, third.cache_info().misses, third.cache_info().entries) == (1, 0, ())
+
+    @nnx.jit
+    def traced(opt, model, grads):
+        opt.update(model, grads)
+
+    traced(first, small, _grads(small))
+    assert (first.cache_info().hits, first.cache_info().misses) == (0, 1)
