@@ -6,6 +6,10 @@ value of the right kind jaxaot does not take, the loop and partitioner errors
 for their options). Each row checks that building fails at once (not at the
 first gradient), with that error, naming the option, and that a good one built
 after it works: nothing was left half-built.
+
+Rows marked ``xfail(strict=True)`` are options whose module another part of the
+code base owns and which are not checked yet; each says what happens instead.
+When one is fixed the row passes, and strict xfail fails it until its mark goes.
 """
 
 from __future__ import annotations
@@ -67,6 +71,14 @@ def _under_patch(patch):
                                                              (0, x))[1]))(X)
 
 
+def _pipeline_options(kw: dict) -> dict:
+    """A two-stage GPipe step: the Python executor on one device given twice, unless the row gives the
+    compiled executor's options (a mesh, its axes), which then runs on the first two devices."""
+    compiled = kw.keys() & {"mesh", "stage_axis", "data_axes"} or kw.get("executor", "python") != "python"
+    where = {} if compiled else {"executor": "python", "devices": [jax.devices()[0]] * 2}
+    return {"stages": [_layer, _layer], "loss_fn": _mse, "schedule": "gpipe", "num_microbatches": 2, **where, **kw}
+
+
 #: constructor -> (build(**options), use(the built object)): ``use`` runs a good one.
 BUILD = {
     "aot_function": (lambda **kw: jaxaot.aot_function(kw.pop("fn", _loss), **kw), lambda f: jax.grad(f)(X)),
@@ -77,8 +89,7 @@ BUILD = {
     "compiled_grad": (lambda **kw: jaxaot.compiled_grad(kw.pop("fun", _loss), **kw), lambda g: g(X)),
     "compiled_value_and_grad": (lambda **kw: jaxaot.compiled_value_and_grad(kw.pop("fun", _loss), **kw),
                                 lambda vg: vg(X)),
-    "pipeline": (lambda **kw: jaxaot.pipeline(**{"stages": [_layer, _layer], "loss_fn": _mse, "schedule": "gpipe",
-                                                 "num_microbatches": 2, "devices": [jax.devices()[0]] * 2, **kw}),
+    "pipeline": (lambda **kw: jaxaot.pipeline(**_pipeline_options(kw)),
                  lambda step: step([jnp.eye(3), jnp.eye(3)], X, jnp.zeros((4, 3)))),
     "make_schedule": (lambda **kw: jaxaot.make_schedule(**{"schedule": "1f1b", "num_stages": 2,
                                                            "num_microbatches": 4, **kw}), lambda s: s.validate()),
@@ -96,8 +107,13 @@ BUILD = {
 }
 
 
-def _row(ctor, option, bad, error):
-    return pytest.param(ctor, option, bad, error, id=f"{ctor}-{option}={_stable_repr(bad)}"[:80])
+def _owned_elsewhere(reason: str):
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+def _row(ctor, option, bad, error, mark=None):
+    return pytest.param(ctor, option, bad, error, marks=() if mark is None else mark,
+                        id=f"{ctor}-{option}={_stable_repr(bad)}"[:80])
 
 
 def _stable_repr(value) -> str:
@@ -167,6 +183,15 @@ ROWS = [
     _row("pipeline", "devices", ["gpu0"], InvalidInputError),
     _row("pipeline", "devices", [], InvalidInputError),
     _row("pipeline", "partition_fn", 3, InvalidInputError),
+    _row("pipeline", "executor", 3, InvalidInputError),
+    _row("pipeline", "executor", "fastest", InvalidValueError,
+         _owned_elsewhere("jaxaot/parallel/pipeline.py: an unknown executor name raises InvalidInputError")),
+    _row("pipeline", "mesh", 3, InvalidInputError,
+         _owned_elsewhere("jaxaot/parallel/pipeline.py: mesh=3 raises a bare AttributeError ('int' has no shape)")),
+    _row("pipeline", "stage_axis", 3, InvalidInputError),
+    _row("pipeline", "data_axes", 3, InvalidInputError,
+         _owned_elsewhere("jaxaot/parallel/pipeline.py: data_axes=3 raises a bare TypeError (not iterable)")),
+    _row("pipeline", "data_axes", [0], InvalidInputError),
     _row("make_schedule", "schedule", "fastest", InvalidValueError),
     _row("make_schedule", "num_stages", 0, InvalidValueError),
     _row("make_schedule", "num_microbatches", -1, InvalidValueError),
