@@ -50,6 +50,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
@@ -88,8 +89,8 @@ class Pipeline:
         n = len(self.stage_fns)
         if executor == "compiled":
             mesh = _mesh_for(mesh, devices, stage_axis, schedule, n, num_microbatches)
-            self.schedule = make_schedule(schedule, n, num_microbatches, mesh.shape[stage_axis])
-            axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes), self.schedule)
+            axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes))
+            self.schedule = make_schedule(schedule, n, num_microbatches, axes.num_devices)
             self.mesh = mesh
             where = self.schedule.stage_device()
             first = _stage_devices(mesh, stage_axis)
@@ -248,7 +249,7 @@ class Pipeline:
         if isinstance(params, spmd.StageParams):
             return spmd.stage_avals(params)
         self._check_params(params)
-        return [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x)), p)
+        return [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), p)
                 for p in params]
 
     def _require_compiled(self, what: str) -> spmd.CompiledExecutor:
@@ -348,9 +349,9 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
     Raises:
       InvalidInputError: ``stages`` is empty or holds something not callable, ``loss_fn`` or ``partition_fn``
         is not callable, ``num_microbatches`` is not an int, ``devices`` is not a sequence of devices,
-        meshes or shardings, ``executor`` is unknown, ``mesh`` is not a Mesh.
-      InvalidValueError: the mesh lacks the pipeline axis or has other axes, its pipeline axis does not
-        fit the schedule, devices repeat under the compiled executor; see also
+        meshes or shardings, ``executor`` is not a str, ``mesh`` is not a Mesh, the axis names are not str.
+      InvalidValueError: ``executor`` is unknown, the mesh lacks the pipeline axis or has other axes,
+        devices repeat under the compiled executor; see also
         :func:`~jaxaot.parallel.builtin.make_schedule` (and its ScheduleError).
 
     Example:
@@ -372,9 +373,15 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int):
         raise InvalidInputError(f"num_microbatches must be a positive int, got {type(num_microbatches).__name__} "
                                 f"{num_microbatches!r}.")
+    if not isinstance(executor, str):
+        raise InvalidInputError(f"executor must be a str, one of {EXECUTORS}, got {type(executor).__name__}.")
     if executor not in EXECUTORS:
-        raise InvalidInputError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
-    if not isinstance(stage_axis, str) or isinstance(data_axes, str) or not all(isinstance(a, str) for a in data_axes):
+        raise InvalidValueError(f"executor must be one of {EXECUTORS}, got {executor!r}.")
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise InvalidInputError(f"mesh must be a jax.sharding.Mesh with a {stage_axis!r} axis, got "
+                                f"{type(mesh).__name__} {mesh!r}.")
+    if (not isinstance(stage_axis, str) or isinstance(data_axes, str) or not isinstance(data_axes, (list, tuple))
+            or not all(isinstance(a, str) for a in data_axes)):
         raise InvalidInputError(f"stage_axis must be a str and data_axes a sequence of str, got {stage_axis!r} and "
                                 f"{data_axes!r}.")
     if devices is not None:

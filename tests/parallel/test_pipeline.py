@@ -1,4 +1,6 @@
-"""jaxaot.pipeline: every schedule's loss and gradients equal jax.value_and_grad of the unpipelined model.
+"""jaxaot.pipeline's Python executor: every schedule's loss and gradients equal jax.value_and_grad's.
+
+(The compiled executor, the default, has tests/parallel/test_compiled_pipeline.py.)
 
 Models are tiny (CPU): a tanh MLP and a GPT (token embedding, pre-LN blocks,
 a head and a cross-entropy loss), cut into 2 or 4 stages, each stage on its
@@ -11,89 +13,20 @@ and 1, 4 and 8 microbatches each appear; the full product is marked slow.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxaot.cli import demo_models
 from jaxaot.errors import InvalidInputError, InvalidValueError, StageMismatchError
 from jaxaot.parallel.pipeline import Pipeline, PipelineReport, pipeline
 from jaxaot.parallel.simulate import OpTimes, simulate
-from zoo import assert_trees_close, key_stream, layer_norm, random_tree, sds
+from pipeline_models import MODELS, mlp_model, mlp_stage, mse, unpipelined
+from zoo import assert_trees_close, key_stream
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
 fresh_key = key_stream(9300)
-
-
-# --------------------------------------------------------------------------- models
-def mlp_stage(params, x):
-    return jnp.tanh(x @ params["w"] + params["b"])
-
-
-def mse(y, t):
-    return jnp.mean((y - t) ** 2)
-
-
-def mlp_model(num_stages: int, key: jax.Array, batch: int = 16, width: int = 8):
-    params, x, t = random_tree(key, ([{"w": sds(width, width), "b": sds(width)} for _ in range(num_stages)],
-                                     sds(batch, width), sds(batch, width)), scale=0.5)
-    return [mlp_stage] * num_stages, mse, params, x, t
-
-
-VOCAB, WIDTH, HEADS, SEQ = 16, 16, 2, 8
-
-
-def gpt_stage(params, x):
-    """Embeds tokens on the first stage (``tok`` in params), runs its blocks, projects to logits on the last."""
-    if "tok" in params:
-        x = params["tok"][x] + params["pos"]
-    for block in params["blocks"]:
-        x = demo_models.block_apply(block, x, heads=HEADS)
-    if "head" in params:
-        x = layer_norm(x, params["ln"]["scale"], params["ln"]["bias"]) @ params["head"]
-    return x
-
-
-def cross_entropy(logits, targets):
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
-
-
-def gpt_model(num_stages: int, key: jax.Array, batch: int = 8):
-    block = jax.eval_shape(functools.partial(demo_models.block_init, width=WIDTH, heads=HEADS, dtype=jnp.float32),
-                           jax.random.key(0))
-    shapes = [{"blocks": [block]} for _ in range(num_stages)]
-    shapes[0].update(tok=sds(VOCAB, WIDTH), pos=sds(SEQ, WIDTH))
-    shapes[-1].update(ln={"scale": sds(WIDTH), "bias": sds(WIDTH)}, head=sds(WIDTH, VOCAB))
-    k1, k2, k3 = jax.random.split(key, 3)
-    params = random_tree(k1, shapes)
-    tokens = jax.random.randint(k2, (batch, SEQ), 0, VOCAB)
-    targets = jax.random.randint(k3, (batch, SEQ), 0, VOCAB)
-    return [gpt_stage] * num_stages, cross_entropy, params, tokens, targets
-
-
-MODELS = {"mlp": mlp_model, "gpt": gpt_model}
-
-
-# --------------------------------------------------------------------------- helpers
-def unpipelined(stages, loss_fn, num_microbatches):
-    """The reference: the mean of the microbatches' losses of the composed stages (vmapped, not unrolled)."""
-
-    def one(params, x, t):
-        for fn, p in zip(stages, params):
-            x = fn(p, x)
-        return loss_fn(x, t)
-
-    def loss(params, x, t):
-        xs = x.reshape(num_microbatches, -1, *x.shape[1:])
-        ts = t.reshape(num_microbatches, -1, *t.shape[1:])
-        return jnp.mean(jax.vmap(one, in_axes=(None, 0, 0))(params, xs, ts))
-
-    return jax.jit(jax.value_and_grad(loss))
 
 
 def schedule_devices(count: int) -> list:
@@ -109,7 +42,8 @@ def placed(params, step: Pipeline):
 def check_step(model: str, num_stages: int, schedule: str, num_microbatches: int) -> Pipeline:
     devices = schedule_devices(num_stages // 2 if schedule == "interleaved" else num_stages)
     stages, loss_fn, params, x, t = MODELS[model](num_stages, fresh_key())
-    step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=num_microbatches, devices=devices)
+    step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=num_microbatches, devices=devices,
+                    executor="python")
     ref_loss, ref_grads = unpipelined(stages, loss_fn, num_microbatches)(params, x, t)
     params = placed(params, step)
     loss, grads = step(params, x, t)
@@ -156,7 +90,8 @@ def test_pipeline_equals_value_and_grad_everywhere(model, num_stages, schedule, 
 def test_residual_peaks_follow_the_schedule_and_steps_repeat():
     stages, loss_fn, params, x, t = mlp_model(4, fresh_key())
     for schedule, m in (("1f1b", 8), ("gpipe", 4)):
-        step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=m, devices=schedule_devices(4))
+        step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=m, devices=schedule_devices(4),
+                        executor="python")
         loss1, grads1 = step(params, x, t)
         peaks = step.last_peak_live
         if schedule == "1f1b":
@@ -174,7 +109,8 @@ def test_residual_peaks_follow_the_schedule_and_steps_repeat():
 @pytest.mark.smoke
 def test_lower_reports_residuals_and_op_times_feed_the_simulator():
     stages, loss_fn, params, x, t = mlp_model(2, fresh_key())
-    step = pipeline(stages, loss_fn, schedule="zero_bubble", num_microbatches=4, devices=schedule_devices(2))
+    step = pipeline(stages, loss_fn, schedule="zero_bubble", num_microbatches=4, devices=schedule_devices(2),
+                    executor="python")
     report = step.lower(params, x, t)
     assert isinstance(report, PipelineReport)
     assert report.schedule is step.schedule and report.peak_live_microbatches == (2, 1)
@@ -190,7 +126,8 @@ def test_lower_reports_residuals_and_op_times_feed_the_simulator():
 # --------------------------------------------------------------------------- errors
 def test_stage_mismatch_names_both_stages_and_shapes():
     wide = lambda p, x: x @ p  # noqa: E731
-    step = pipeline([wide, wide], mse, schedule="1f1b", num_microbatches=2, devices=schedule_devices(2))
+    step = pipeline([wide, wide], mse, schedule="1f1b", num_microbatches=2, devices=schedule_devices(2),
+                    executor="python")
     params = [jnp.ones((8, 6)), jnp.ones((8, 8))]  # stage 0 returns width 6; stage 1 takes width 8
     with pytest.raises(StageMismatchError, match=r"stage 0 returns f32\[4,6\].*stage 1") as info:
         step(params, jnp.ones((8, 8)), jnp.ones((8, 8)))
@@ -200,7 +137,8 @@ def test_stage_mismatch_names_both_stages_and_shapes():
 
 
 def test_loss_mismatch_names_the_last_stage():
-    step = pipeline([mlp_stage, mlp_stage], mse, schedule="gpipe", num_microbatches=2, devices=schedule_devices(2))
+    step = pipeline([mlp_stage, mlp_stage], mse, schedule="gpipe", num_microbatches=2, devices=schedule_devices(2),
+                    executor="python")
     params = [{"w": jnp.ones((8, 8)), "b": jnp.ones(8)}] * 2
     with pytest.raises(StageMismatchError, match=r"stage 1 \(the last\) returns f32\[4,8\].*targets f32\[4,3\]"):
         step(params, jnp.ones((8, 8)), jnp.ones((8, 3)))
@@ -208,7 +146,7 @@ def test_loss_mismatch_names_the_last_stage():
 
 def test_bad_microbatch_counts_are_typed_errors():
     stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=10)
-    step = pipeline(stages, loss_fn, num_microbatches=4, devices=schedule_devices(2))
+    step = pipeline(stages, loss_fn, num_microbatches=4, devices=schedule_devices(2), executor="python")
     with pytest.raises(InvalidValueError, match=r"shape \(10, 8\).*num_microbatches=4"):
         step(params, x, t)
     with pytest.raises(InvalidValueError, match="num_microbatches"):
@@ -233,7 +171,7 @@ def test_sub_mesh_stages_with_sharded_parameters():
     ref_loss, ref_grads = unpipelined(stages, loss_fn, 4)(params, x, t)
     sharded = [{"w": jax.device_put(p["w"], NamedSharding(m, P(None, "model"))),
                 "b": jax.device_put(p["b"], NamedSharding(m, P("model")))} for p, m in zip(params, meshes)]
-    step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=4, devices=meshes)
+    step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=4, devices=meshes, executor="python")
     loss, grads = step(sharded, x, t)
     np.testing.assert_allclose(loss, ref_loss, **TOL)
     assert_trees_close(grads, ref_grads, **TOL)

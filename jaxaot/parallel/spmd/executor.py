@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
@@ -60,7 +61,7 @@ class Compiled:
     executable: Any = None
 
 
-def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str], schedule: Schedule) -> Axes:
+def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str]) -> Axes:
     """The mesh's axes for the compiled step, or a typed error saying what to change."""
     if not isinstance(mesh, jax.sharding.Mesh):
         raise InvalidInputError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
@@ -76,10 +77,6 @@ def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str], schedule: S
             f"the mesh's axes {other} are neither the pipeline axis {stage_axis!r} nor a data axis "
             f"{tuple(data_axes)}: the compiled pipeline splits the batch over data axes and replicates the stages "
             "over nothing else; name the axis 'data' (or pass data_axes=).")
-    if mesh.shape[stage_axis] != schedule.num_devices:
-        raise InvalidValueError(
-            f"the mesh's {stage_axis!r} axis has {mesh.shape[stage_axis]} devices, but the {schedule.name!r} "
-            f"schedule of {schedule.num_stages} stages runs on {schedule.num_devices}: make the axis that long.")
     return Axes(stage_axis, data, mesh.shape[stage_axis])
 
 
@@ -119,7 +116,7 @@ class CompiledExecutor:
                     f"the pipeline's {name} have a microbatch of {size} (batch {np.shape(x)[0]} / {m} microbatches), "
                     f"which the data axes {self.axes.data} of {k} devices do not split evenly: make the batch a "
                     f"multiple of {m * k}.")
-            return jax.ShapeDtypeStruct((size // k,) + tuple(np.shape(x)[1:]), np.result_type(x))
+            return jax.ShapeDtypeStruct((size // k,) + tuple(np.shape(x)[1:]), jnp.result_type(x))
 
         return jax.tree_util.tree_map(one, tree)
 
@@ -149,12 +146,6 @@ class CompiledExecutor:
         return out
 
     # -- the step
-    def param_avals(self, params: Any) -> list:
-        if isinstance(params, packing.StageParams):
-            raise AssertionError("packed params carry no per-stage avals")
-        return [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x)), p)
-                for p in params]
-
     def shard_params(self, params: Sequence[Any], param_avals: Sequence[Any], inputs: Any,
                      targets: Any) -> packing.StageParams:
         c = self.compiled(param_avals, inputs, targets)
@@ -208,4 +199,4 @@ class CompiledExecutor:
 
 def _signature(param_avals: Sequence[Any], inputs: Any, targets: Any) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten((list(param_avals), inputs, targets))
-    return treedef, tuple((tuple(np.shape(x)), np.result_type(x)) for x in leaves)
+    return treedef, tuple((tuple(np.shape(x)), jnp.result_type(x)) for x in leaves)

@@ -12,12 +12,13 @@ returning the mean microbatch loss and the packed gradients. Inside
 ``shard_map`` each device:
 
 1. reads its row of the tick table (``lax.axis_index`` of the stage axis);
-2. per tick (``lax.scan`` over the table), runs its action with ``lax.switch``
-   over every stage's passes (idle, then F, B, W, BW of each stage): the
-   branch reads its inputs from the buffers (parameters, the activation or
-   cotangent inbox, the residual or weight-argument slot), runs the stage's
-   partitioned program, writes what later ticks need, adds parameter
-   gradients to the accumulator and returns the messages it sends;
+2. per tick (``lax.scan`` over the table), reads the records the table
+   names (the residual or weight-argument slot, the activation or cotangent
+   inbox) and runs its action with ``lax.switch`` over every stage's passes
+   (idle, then F, B, W, BW of each stage): the branch runs the stage's
+   partitioned program and returns what later ticks need, the parameter
+   gradients and the messages it sends; the tick writes them back (unused
+   writes go to the trash slot) and adds the gradients to the accumulator;
 3. sends the activation message one device forward and the cotangent message
    one device back (``lax.ppermute`` around the ring), and stores what it
    receives in its inbox at the slot the table names;
@@ -96,68 +97,68 @@ class Axes:
         return frozenset((self.stage, *self.data))
 
 
-def _add_grads(lay: L.Layout, stage: int, acc: list, grads: Sequence[Any]) -> list:
-    acc = list(acc)
-    for (e, j), g in zip(lay.places[stage], grads):
-        acc[e] = acc[e].at[j].add(g.astype(acc[e].dtype))
-    return acc
-
-
 def _branches(passes: Sequence[StagePasses], lay: Layouts, num_microbatches: int, used: set) -> list:
-    """``lax.switch`` branches ``(state, row, params, inputs, targets) -> (state, act_msg, ct_msg)``.
+    """``lax.switch`` branches ``(records, row, params, inputs, targets) -> outputs``.
 
-    Branch 0 is idle, then each stage's F, B, W, BW; an op the schedule never runs on a stage is idle too.
+    ``records`` holds what the tick reads (``res``, ``w``: the residual and weight-argument records at
+    the row's read slots; ``act``, ``ct``: the inbox records), ``outputs`` what it produces (``res``, ``w``:
+    records to store; ``act``, ``ct``: the messages to send; ``grads``: a parameter record to add;
+    ``loss``). The large buffers never pass through the switch: XLA would copy them in every branch
+    that leaves them alone. Branch 0 is idle, then each stage's F, B, W, BW; an op the schedule never
+    runs on a stage is idle too.
     """
     last = len(passes) - 1
     scale = np.asarray(1.0 / num_microbatches, passes[-1].output_avals[0].dtype)
+    loss_dtype = passes[-1].output_avals[0].dtype
 
-    def idle(state, row, params, inputs, targets):
-        return state, lay.activations.zeros(), lay.cotangents.zeros()
+    def nothing(**produced):
+        out = {"res": lay.residuals.zeros(), "w": lay.weights.zeros(), "act": lay.activations.zeros(),
+               "ct": lay.cotangents.zeros(), "grads": lay.params.zeros(), "loss": jnp.zeros((), loss_dtype)}
+        out.update(produced)
+        return out
+
+    def idle(recs, row, params, inputs, targets):
+        return nothing()
 
     def forward(s):
-        def run(state, row, params, inputs, targets):
+        def run(recs, row, params, inputs, targets):
             m = row[COL["microbatch"]]
-            p = lay.params.unpack(s, params)
             if s == 0:
                 acts = [jax.lax.dynamic_index_in_dim(x, m, 0, keepdims=False) for x in inputs]
             else:
-                acts = lay.activations.read(s - 1, state["act_in"], row[COL["act_read"]])
+                acts = lay.activations.unpack(s - 1, recs["act"])
             ts = [jax.lax.dynamic_index_in_dim(t, m, 0, keepdims=False) for t in targets] if s == last else []
-            outs, stored = passes[s].forward(p, acts, ts)
-            state = dict(state, res=lay.residuals.write(s, state["res"], row[COL["res_write"]], stored))
+            outs, stored = passes[s].forward(lay.params.unpack(s, params), acts, ts)
+            res = lay.residuals.pack(s, stored)
             if s == last:
-                state["loss"] = state["loss"] + outs[0].astype(state["loss"].dtype)
-                return state, lay.activations.zeros(), lay.cotangents.zeros()
-            return state, lay.activations.pack(s, outs), lay.cotangents.zeros()
+                return nothing(res=res, loss=outs[0].astype(loss_dtype))
+            return nothing(res=res, act=lay.activations.pack(s, outs))
         return run
 
     def backward(s, op):
-        def run(state, row, params, inputs, targets):
+        def run(recs, row, params, inputs, targets):
             p = lay.params.unpack(s, params)
-            stored = lay.residuals.read(s, state["res"], row[COL["res_read"]])
-            cts = [scale] if s == last else lay.cotangents.read(s, state["ct_in"], row[COL["ct_read"]])
-            state = dict(state)
+            stored = lay.residuals.unpack(s, recs["res"])
+            cts = [scale] if s == last else lay.cotangents.unpack(s, recs["ct"])
+            out = {}
             if op == "BW":
                 grads, act_grads = passes[s].backward(p, stored, cts)
-                state["acc"] = _add_grads(lay.params, s, state["acc"], grads)
+                out["grads"] = lay.params.pack(s, grads)
             else:
                 act_grads, wstored = passes[s].backward_input(p, stored, cts)
-                state["w"] = lay.weights.write(s, state["w"], row[COL["w_write"]], wstored)
-            if s == 0:
-                return state, lay.activations.zeros(), lay.cotangents.zeros()
-            prev = passes[s - 1]
-            back = [jnp.zeros(prev.output_avals[i].shape, prev.output_avals[i].dtype) if act_grads[i] is None
-                    else act_grads[i] for i in prev.cotangent_outputs]
-            return state, lay.activations.zeros(), lay.cotangents.pack(s - 1, back)
+                out["w"] = lay.weights.pack(s, wstored)
+            if s > 0:
+                prev = passes[s - 1]
+                back = [jnp.zeros(prev.output_avals[i].shape, prev.output_avals[i].dtype) if act_grads[i] is None
+                        else act_grads[i] for i in prev.cotangent_outputs]
+                out["ct"] = lay.cotangents.pack(s - 1, back)
+            return nothing(**out)
         return run
 
     def weight(s):
-        def run(state, row, params, inputs, targets):
-            p = lay.params.unpack(s, params)
-            stored = lay.weights.read(s, state["w"], row[COL["w_read"]])
-            grads = passes[s].backward_weight(p, stored)
-            state = dict(state, acc=_add_grads(lay.params, s, state["acc"], grads))
-            return state, lay.activations.zeros(), lay.cotangents.zeros()
+        def run(recs, row, params, inputs, targets):
+            grads = passes[s].backward_weight(lay.params.unpack(s, params), lay.weights.unpack(s, recs["w"]))
+            return nothing(grads=lay.params.pack(s, grads))
         return run
 
     out = [idle]
@@ -198,13 +199,23 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
 
         def tick(state, rows):
             row = jax.lax.dynamic_index_in_dim(rows, me, 0, keepdims=False)
-            state, act_msg, ct_msg = jax.lax.switch(row[COL["branch"]], branches, state, row, params, inputs,
-                                                    targets)
+            recs = {"res": lay.residuals.fetch(state["res"], row[COL["res_read"]]),
+                    "w": lay.weights.fetch(state["w"], row[COL["w_read"]]),
+                    "act": lay.activations.fetch(state["act_in"], row[COL["act_read"]]),
+                    "ct": lay.cotangents.fetch(state["ct_in"], row[COL["ct_read"]])}
+            out = jax.lax.switch(row[COL["branch"]], branches, recs, row, params, inputs, targets)
+            act_msg, ct_msg = out["act"], out["ct"]
             if d > 1:
                 act_msg = [jax.lax.ppermute(x, axes.stage, forward_ring) for x in act_msg]
                 ct_msg = [jax.lax.ppermute(x, axes.stage, backward_ring) for x in ct_msg]
-            state = dict(state, act_in=lay.activations.store(state["act_in"], row[COL["recv_act"]], act_msg),
-                         ct_in=lay.cotangents.store(state["ct_in"], row[COL["recv_ct"]], ct_msg))
+            state = {
+                "res": lay.residuals.store(state["res"], row[COL["res_write"]], out["res"]),
+                "w": lay.weights.store(state["w"], row[COL["w_write"]], out["w"]),
+                "act_in": lay.activations.store(state["act_in"], row[COL["recv_act"]], act_msg),
+                "ct_in": lay.cotangents.store(state["ct_in"], row[COL["recv_ct"]], ct_msg),
+                "acc": [a + g for a, g in zip(state["acc"], out["grads"])],
+                "loss": state["loss"] + out["loss"],
+            }
             return state, None
 
         state, _ = jax.lax.scan(tick, state, jnp.asarray(table))

@@ -1,0 +1,198 @@
+"""The compiled pipeline (the default executor): one SPMD program equals jax.value_and_grad of the model.
+
+Every schedule runs on a ``(stage,)`` and a ``(stage, data)`` mesh, with the GPT whose first and last stages
+differ from the middle ones (embedding, head and loss), against the unpipelined reference at f32 rtol 1e-5.
+Meshes size themselves from ``jax.device_count()``: 4 stages where there are 8 devices (4 x 2 with data),
+2 stages on 2 or 4, and on one device the interleaved schedule's two stages share it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError, StageMismatchError
+from jaxaot.parallel import Action, Schedule, simulate
+from jaxaot.parallel.pipeline import pipeline
+from jaxaot.parallel.simulate import OpTimes, simulate_lockstep
+from jaxaot.parallel.spmd import StageParams, plan
+from pipeline_models import gpt_model, mlp_model, mlp_stage, mse, unpipelined
+from zoo import assert_trees_close, key_stream
+
+TOL = dict(rtol=1e-5, atol=1e-6)
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+fresh_key = key_stream(9700)
+
+
+def devices_available() -> int:
+    return max(n for n in (1, 2, 4, 8) if n <= jax.device_count())
+
+
+def mesh_for(schedule: str, data: bool) -> tuple[jax.sharding.Mesh, int]:
+    """A mesh and the stage count for ``schedule`` on the devices there are."""
+    n = devices_available()
+    if data and n < 4:
+        pytest.skip(f"a (stage, data) mesh needs 4 devices; {jax.device_count()} here (the 1-D mesh case runs)")
+    if schedule != "interleaved" and n == 1:
+        pytest.skip("one device: only the interleaved schedule puts two stages on it (that case runs)")
+    width = 2 if data else 1
+    stage_devices = min(4, n // width)
+    devs = np.array(jax.devices()[:stage_devices * width]).reshape((stage_devices, width)[:1 + data])
+    num_stages = 2 * stage_devices if schedule == "interleaved" else stage_devices
+    return jax.sharding.Mesh(devs, ("stage", "data")[:1 + data]), num_stages
+
+
+def check(model, schedule: str, data: bool, num_microbatches: int = 4):
+    mesh, num_stages = mesh_for(schedule, data)
+    stages, loss_fn, params, x, t = model(num_stages, fresh_key())
+    step = pipeline(stages, loss_fn, schedule=schedule, num_microbatches=num_microbatches, mesh=mesh)
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, num_microbatches)(params, x, t)
+    loss, grads = step(params, x, t)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)
+    return step, params, x, t
+
+
+def check_placed(model, schedule: str, data: bool) -> None:
+    step, params, x, t = check(model, schedule, data)
+    assert step.executor == "compiled"
+    # each stage's gradients come back on a device of its stage
+    for s, g in enumerate(step(params, x, t)[1]):
+        device = step.devices[step.schedule.stage_device()[s]]
+        assert all(leaf.devices() == {device} for leaf in jax.tree_util.tree_leaves(g))
+
+
+#: (model, schedule, data axis): every schedule, both meshes, the GPT with its distinct first and last stages.
+CASES = [("gpt", "1f1b", True), ("gpt", "zero_bubble", False), ("mlp", "gpipe", True), ("mlp", "interleaved", False)]
+MODELS = {"gpt": gpt_model, "mlp": mlp_model}
+
+
+@pytest.mark.parametrize("model,schedule,data", CASES)
+def test_schedules_equal_value_and_grad_on_stage_and_data_meshes(model, schedule, data):
+    check_placed(MODELS[model], schedule, data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", [False, True], ids=["stage", "stage_data"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_equals_value_and_grad_with_distinct_first_and_last_stages(schedule, data):
+    check_placed(gpt_model, schedule, data)
+
+
+def test_packed_params_train_and_round_trip():
+    mesh, num_stages = mesh_for("1f1b", data=False)
+    stages, loss_fn, params, x, t = mlp_model(num_stages, fresh_key())
+    step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=4, mesh=mesh)
+    packed = step.shard_params(params, x, t)
+    assert isinstance(packed, StageParams)
+    assert_trees_close(step.unshard_params(packed), params, rtol=0, atol=0)
+    loss, grads = step(packed, x, t)
+    assert isinstance(grads, StageParams) and grads.layout == packed.layout
+    ref = unpipelined(stages, loss_fn, 4)
+    ref_loss, ref_grads = ref(params, x, t)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(step.unshard_params(grads), ref_grads, **TOL)
+    # an SGD step over the packed pytree equals the same step on the trees
+    new = jax.tree.map(lambda p, g: p - 0.1 * g, packed, grads)
+    want = jax.tree.map(lambda p, g: p - 0.1 * g, params, ref_grads)
+    loss2, _ = step(new, x, t)
+    np.testing.assert_allclose(loss2, ref(want, x, t)[0], **TOL)
+    info = step.cache_info()
+    assert info.misses == 1 and info.hits >= 2
+    assert info.entries[0].program == "step" and "compile_pipeline_step" in info.entries[0].times
+
+
+def test_one_f_one_b_peaks_below_gpipe_as_the_schedule_predicts():
+    mesh, num_stages = mesh_for("1f1b", data=False)
+    if num_stages < 2:
+        pytest.skip("one stage device")
+    m = 4 * num_stages
+    stages, loss_fn, params, x, t = mlp_model(num_stages, fresh_key(), batch=64 * m, width=64)
+    temp, live = {}, {}
+    for name in ("gpipe", "1f1b"):
+        step = pipeline(stages, loss_fn, schedule=name, num_microbatches=m, mesh=mesh)
+        temp[name] = step.compile(params, x, t).memory_analysis().temp_size_in_bytes
+        report = step.lower(params, x, t)
+        live[name] = max(report.peak_live_microbatches)
+        record = max(report.residual_bytes)
+    assert (live["gpipe"], live["1f1b"]) == (m, num_stages)
+    saved = temp["gpipe"] - temp["1f1b"]
+    predicted = (live["gpipe"] - live["1f1b"]) * record
+    assert 0.8 * predicted <= saved <= 1.25 * predicted, (temp, predicted)
+
+
+def test_program_size_does_not_grow_with_the_microbatch_count():
+    mesh, num_stages = mesh_for("1f1b", data=False)
+    stages, loss_fn, params, x, t = mlp_model(num_stages, fresh_key(), batch=32)
+    counts = []
+    for m in (2, 16):
+        step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=m, mesh=mesh)
+        text = step._compiled.lower(params, x, t, step._param_avals(params)).as_text()
+        counts.append(text.count("stablehlo.dot_general"))
+    assert counts[0] == counts[1] > 0
+
+
+# --------------------------------------------------------------------------- errors
+def test_bad_input_gets_typed_errors_and_the_step_keeps_working():
+    mesh, num_stages = mesh_for("gpipe", data=False)
+    stages, loss_fn, params, x, t = mlp_model(num_stages, fresh_key(), batch=16)
+    step = pipeline(stages, loss_fn, schedule="gpipe", num_microbatches=4, mesh=mesh)
+    with pytest.raises(InvalidValueError, match=r"shape \(10, 8\).*num_microbatches=4"):
+        step(params, x[:10], t[:10])
+    wide = [{"w": jnp.ones((8, 6)), "b": jnp.ones(6)}] + params[1:]
+    with pytest.raises(StageMismatchError, match="stage 0 returns"):
+        step(wide, x, t)
+    with pytest.raises(InvalidInputError, match="one parameter tree per stage"):
+        step(params[:1], x, t)
+    loss, grads = step(params, x, t)  # still works
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, 4)(params, x, t)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)
+
+
+def test_meshes_the_compiled_step_cannot_use_are_refused():
+    n = devices_available()
+    stages = [mlp_stage, mlp_stage]
+    one_axis = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("pipe",))
+    with pytest.raises(InvalidValueError, match="no pipeline axis 'stage'"):
+        pipeline(stages, mse, schedule="interleaved", num_microbatches=2, mesh=one_axis)
+    step = pipeline(stages, mse, schedule="interleaved", num_microbatches=2, mesh=one_axis, stage_axis="pipe")
+    assert step.executor == "compiled"
+    extra = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("stage", "model"))
+    with pytest.raises(InvalidValueError, match="neither the pipeline axis"):
+        pipeline(stages, mse, schedule="interleaved", num_microbatches=2, mesh=extra)
+    with pytest.raises(InvalidValueError, match="distinct jax devices.*executor='python'"):
+        pipeline(stages, mse, schedule="gpipe", num_microbatches=2, devices=[jax.devices()[0]] * 2)
+    with pytest.raises(InvalidValueError, match="executor must be one of"):
+        pipeline(stages, mse, executor="threads")
+    if n >= 2:
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("stage",))
+        with pytest.raises(InvalidValueError, match="do not split evenly"):
+            data = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("stage", "data"))
+            pipeline([mlp_stage], mse, schedule="gpipe", num_microbatches=2, mesh=data)(
+                [{"w": jnp.ones((8, 8)), "b": jnp.ones(8)}], jnp.ones((6, 8)), jnp.ones((6, 8)))
+        three = Schedule(tuple(Action({0: 0, 1: 0, 2: 1}[a.stage], a.microbatch, a.stage, a.op) for a in
+                               pipeline([mlp_stage] * 3, mse, schedule="gpipe", num_microbatches=2,
+                                        executor="python", devices=[jax.devices()[0]] * 3).schedule.actions),
+                         3, 2, 2)
+        with pytest.raises(ScheduleError, match="ring of devices.*executor='python'"):
+            pipeline([mlp_stage] * 3, mse, schedule=three.validate(), num_microbatches=2, mesh=mesh)
+
+
+# --------------------------------------------------------------------------- the simulator of the compiled step
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_lockstep_simulation_sums_the_slowest_action_of_each_tick(schedule):
+    from jaxaot.parallel import make_schedule
+    rng = np.random.default_rng(len(schedule))
+    stages, devices = (8, 4) if schedule == "interleaved" else (4, 4)
+    sched = make_schedule(schedule, stages, 8, devices)
+    times = OpTimes(*(tuple(rng.uniform(0.5, 2.0, stages)) for _ in range(3)))
+    sim = simulate_lockstep(sched, times)
+    p = plan(sched)
+    per_op = times.stage_times(stages)
+    want = sum(max(per_op[a.op][a.stage] for a, t in zip(sched.actions, p.ticks) if t == tick)
+               for tick in range(p.num_ticks) if tick in set(p.ticks))
+    assert sim.step_time == pytest.approx(want)
+    assert sim.step_time >= simulate(sched, times).step_time - 1e-9
