@@ -1,4 +1,4 @@
-"""Two processes, one machine: a data-parallel jaxaot step over ``jax.distributed`` (the docs/multihost.md recipe).
+"""Two processes, one machine: a data-parallel jaxaot step and a compiled pipeline over ``jax.distributed``.
 
 Each worker (``multihost_worker.py``) has 4 CPU devices; together they form
 one 8-device mesh, exchange gradients through gloo, and check jaxaot's losses
@@ -16,6 +16,7 @@ from pathlib import Path
 from zoo import child_env
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
+PIPELINE_WORKER = Path(__file__).with_name("pipeline_multihost_worker.py")
 TIMEOUT_S = 120
 
 
@@ -25,11 +26,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_agree_with_jit_and_one_device(tmp_path):
+def _run_two(worker: Path, tmp_path: Path) -> list[str]:
+    """Launch two workers of ``worker`` and return their stdout, after checking both said OK."""
     port = _free_port()
     env = dict(child_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     env.pop("JAXAOT_CACHE_DIR", None)  # each worker compiles for its own process: no shared cache
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(port)], cwd=tmp_path, env=env,
+    procs = [subprocess.Popen([sys.executable, str(worker), str(i), str(port)], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     results = []
     try:
@@ -44,5 +46,18 @@ def test_two_processes_agree_with_jit_and_one_device(tmp_path):
     for i, (rc, out, err) in enumerate(results):
         assert rc == 0, f"worker {i} exited {rc}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
         assert f"OK process {i}: 8 devices in 2 processes" in out, out
-    losses = [out.rsplit("losses ", 1)[1].split() for _, out, _ in results]
+    return [out for _, out, _ in results]
+
+
+def test_two_processes_agree_with_jit_and_one_device(tmp_path):
+    outs = _run_two(WORKER, tmp_path)
+    losses = [out.rsplit("losses ", 1)[1].split() for out in outs]
     assert losses[0] == losses[1]  # both processes saw the same global step
+
+
+def test_compiled_pipeline_across_two_processes_equals_one_process(tmp_path):
+    """4 stages x 2 data shards over 2 processes of 4 CPU devices: losses and gradients equal
+    jax.value_and_grad of the unpipelined model on one device, for two SGD steps of 1F1B and zero-bubble."""
+    outs = _run_two(PIPELINE_WORKER, tmp_path)
+    losses = [out.rsplit("pipeline losses ", 1)[1].split() for out in outs]
+    assert losses[0] == losses[1] and len(losses[0]) == 4
