@@ -167,7 +167,7 @@ class Pipeline:
         return PipelineReport(
             schedule=self.schedule,
             placements=tuple(st.placement for st in self.stages),
-            input_specs=tuple(self._specs[self._key(placed, xs[0], ts[0])]),
+            input_specs=tuple(self._specs[_key(placed, xs[0], ts[0])]),
             residual_bytes=tuple(p.residual_bytes for p in programs),
             weight_pass_bytes=tuple(p.split.live_bytes for p in programs),
             peak_live_microbatches=tuple(self.schedule.peak_live_microbatches()),
@@ -183,9 +183,25 @@ class Pipeline:
         return compiled_peak(self.compile(params, inputs, targets))
 
     def measure_op_times(self, params: Sequence[Any], inputs: Any, targets: Any, *, repeats: int = 5,
-                         back_to_back: int = 4) -> OpTimes:
-        """Per-stage F, B, W, BW and transfer times, for :func:`~jaxaot.parallel.simulate.simulate`
-        (:mod:`jaxaot.parallel.op_times`; the stages' own executables, each on its stage's device)."""
+                         back_to_back: int = 4, source: str | None = None) -> OpTimes:
+        """Per-stage F, B, W, BW (and transfer) times, for :mod:`~jaxaot.parallel.simulate`.
+
+        ``source="compiled"`` (the compiled executor's default): the passes as the compiled step inlines
+        them, each timed in a compiled loop on one device (:mod:`jaxaot.parallel.spmd.calibrate`; no
+        transfers), for :func:`~jaxaot.parallel.simulate.simulate_lockstep`. ``source="executables"`` (the
+        Python executor's): the stages' own executables on their devices, ``back_to_back`` dispatches per
+        sample, and the transfers between devices (:mod:`jaxaot.parallel.op_times`).
+        """
+        source = source or ("compiled" if self._compiled is not None else "executables")
+        if source not in ("compiled", "executables"):
+            raise InvalidValueError(f"source must be 'compiled' or 'executables', got {source!r}.")
+        if source == "compiled":
+            ex = self._require_compiled("measure_op_times(source='compiled')")
+            c = ex.compiled(self._param_avals(params), inputs, targets)
+            one = lambda tree, name: [x[:s.shape[0]] for x, s in zip(  # noqa: E731
+                jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(ex.local_microbatch(name, tree)))]
+            return spmd.pass_times(c.passes, [jax.tree_util.tree_leaves(p) for p in params], one(inputs, "inputs"),
+                                   one(targets, "targets"), 1.0 / self.num_microbatches, repeats=repeats)
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
         return op_times.measure(self.stages, programs, placed, xs[0], ts[0], self._loss_cotangent(programs[-1]),
                                 repeats=repeats, back_to_back=back_to_back)
@@ -227,7 +243,7 @@ class Pipeline:
         placed = [st.place(p) for st, p in zip(self.stages, params)]
         xs = microbatch.split(self.stages[0].place(inputs), m)
         ts = microbatch.split(self.stages[-1].place(targets), m)
-        key = self._key(placed, xs[0], ts[0])
+        key = _key(placed, xs[0], ts[0])
         programs = self._programs.get(key)
         if programs is not None:
             self._hits += 1
@@ -258,12 +274,6 @@ class Pipeline:
                                     "executor='python'.")
         return self._compiled
 
-    @staticmethod
-    def _key(params: Any, x: Any, t: Any) -> Any:
-        """The input signature of a step: structure, shapes, dtypes, weak types and shardings."""
-        leaves, treedef = jax.tree_util.tree_flatten((params, x, t))
-        return treedef, tuple((v.shape, v.dtype, v.aval.weak_type, v.sharding) for v in leaves)
-
     def _loss_cotangent(self, last: StagePrograms) -> list:
         dtype = last.output_specs()[0].dtype
         return [self.stages[-1].place(np.asarray(1.0 / self.num_microbatches, dtype))]
@@ -271,6 +281,12 @@ class Pipeline:
     def __repr__(self) -> str:
         return (f"<Pipeline {self.schedule.name} ({self.executor}): {len(self.stages)} stages, "
                 f"{self.num_microbatches} microbatches, {self.schedule.num_devices} devices>")
+
+
+def _key(params: Any, x: Any, t: Any) -> Any:
+    """The input signature of a step: structure, shapes, dtypes, weak types and shardings."""
+    leaves, treedef = jax.tree_util.tree_flatten((params, x, t))
+    return treedef, tuple((v.shape, v.dtype, v.aval.weak_type, v.sharding) for v in leaves)
 
 
 def _nbytes(aval: Any) -> int:

@@ -10,7 +10,8 @@ each one concept, importing only downward:
 * ``passes``: one stage's F, B, W and BW as traceable functions of its partition (:class:`StagePasses`);
 * ``params``: per-stage parameter trees packed over the stage axis (:class:`StageParams`);
 * ``program``: the SPMD step itself (:func:`build_step`);
-* ``executor``: per input signature, trace the stages and compile the step (:class:`CompiledExecutor`).
+* ``executor``: per input signature, trace the stages and compile the step (:class:`CompiledExecutor`);
+* ``calibrate``: the passes' times inside compiled loops, for the lockstep simulator (:func:`pass_times`).
 """
 
 from jaxaot.parallel.spmd.layout import Layout, union
@@ -19,6 +20,7 @@ from jaxaot.parallel.spmd.passes import StagePasses
 from jaxaot.parallel.spmd.params import StageParams, pack, stage_avals, unpack
 from jaxaot.parallel.spmd.program import Axes, Layouts, build_step
 from jaxaot.parallel.spmd.executor import CompiledExecutor, check_mesh
+from jaxaot.parallel.spmd.calibrate import pass_times
 
 __all__ = ["Axes", "CompiledExecutor", "Layout", "Layouts", "StageParams", "StagePasses", "TickPlan", "build_step",
-           "check_mesh", "check_ring", "describe", "pack", "plan", "stage_avals", "union", "unpack"]
+           "check_mesh", "check_ring", "describe", "pack", "pass_times", "plan", "stage_avals", "union", "unpack"]

@@ -1,0 +1,95 @@
+"""Per-pass times of the compiled pipeline's own stage programs, for the lockstep simulator.
+
+The compiled step inlines every stage's passes into one program, so their
+times there are what the simulator needs, not those of separately launched
+executables with the host's dispatch in between. :func:`pass_times` compiles,
+per stage and pass, one program that runs the pass ``n`` times in a
+``lax.fori_loop`` on one device (each iteration's input depends on the
+previous iteration's output through a scalar, so XLA can neither hoist nor
+merge them), and takes the time per pass from two loop lengths:
+``(T(2n) - T(n)) / n``, which cancels the launch and the first iteration.
+Each length runs ``repeats`` times, in turns, and the medians are used.
+
+Costs: ``3 * num_stages`` to ``4 * num_stages`` small compilations and
+``3 * repeats * n`` passes per stage.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxaot.parallel.simulate import OpTimes
+from jaxaot.parallel.spmd.passes import StagePasses
+
+
+def _looped(fn: Callable[..., list], n: int) -> Callable:
+    """``fn`` run ``n`` times in one program; the first argument tree is nudged by the carry each time."""
+
+    def run(first, *rest):
+        def body(_, carry):
+            nudged = jax.tree.map(lambda x: x + carry.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                                  else x, first)
+            outs = fn(nudged, *rest)
+            return sum(jnp.sum(o).astype(jnp.float32) for o in jax.tree.leaves(outs) if o is not None) * 0.0
+        return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+
+    return jax.jit(run)
+
+
+def _time(fns: dict, args: dict, repeats: int) -> dict:
+    samples = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn(*args[k[0]]))
+            samples[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def pass_times(passes: Sequence[StagePasses], params: Sequence[Sequence[Any]], inputs: Sequence[Any],
+               targets: Sequence[Any], scale: float, *, n: int = 8, repeats: int = 5) -> OpTimes:
+    """F, B, W and BW per stage, from compiled loops of each pass (see the module docstring).
+
+    Args:
+      passes: the stages' passes (one device's microbatch shapes).
+      params: per stage, its parameter leaves; inputs / targets: one device's microbatch, as leaves.
+      scale: the loss cotangent (``1 / num_microbatches``).
+    """
+    last = len(passes) - 1
+    device = jax.devices()[0]
+    acts, jobs, args = list(inputs), {}, {}
+    for s, ps in enumerate(passes):
+        p = jax.device_put(list(params[s]), device)
+        ts = list(targets) if s == last else []
+        outs, stored = jax.jit(ps.forward)(p, acts, ts)
+        ct = [jnp.asarray(scale, ps.output_avals[0].dtype)] if s == last else [
+            jnp.ones(ps.output_avals[i].shape, ps.output_avals[i].dtype) for i in ps.cotangent_outputs]
+        args[f"F{s}"] = (acts, p, ts)
+        jobs[(f"F{s}", "F", s)] = lambda a, p, t, ps=ps: ps.forward(p, a, t)
+        args[f"BW{s}"] = (stored, p, ct)
+        jobs[(f"BW{s}", "BW", s)] = lambda st, p, c, ps=ps: ps.backward(p, st, c)
+        if ps.split is not None:
+            args[f"B{s}"] = (stored, p, ct)
+            jobs[(f"B{s}", "B", s)] = lambda st, p, c, ps=ps: ps.backward_input(p, st, c)
+            _, wstored = jax.jit(ps.backward_input)(p, stored, ct)
+            args[f"W{s}"] = (wstored, p)
+            jobs[(f"W{s}", "W", s)] = lambda w, p, ps=ps: ps.backward_weight(p, w)
+        acts = outs
+    short = {k: _looped(fn, n) for k, fn in jobs.items()}
+    long = {(k[0] + "+", *k[1:]): _looped(fn, 2 * n) for k, fn in jobs.items()}
+    args.update({k + "+": v for k, v in list(args.items())})
+    for fn, key in [(f, k) for k, f in {**short, **long}.items()]:
+        jax.block_until_ready(fn(*args[key[0]]))  # compile
+    med = _time({**short, **long}, args, repeats)
+    per: dict[str, list[float]] = {op: [0.0] * len(passes) for op in ("F", "B", "W", "BW")}
+    for (name, op, s), t_short in ((k, v) for k, v in med.items() if not k[0].endswith("+")):
+        per[op][s] = max(0.0, (med[(name + "+", op, s)] - t_short) / n)
+    for s, ps in enumerate(passes):
+        if ps.split is None:  # not split by the schedule: B + W stand for BW
+            per["B"][s], per["W"][s] = per["BW"][s] / 2, per["BW"][s] / 2
+    return OpTimes(tuple(per["F"]), tuple(per["B"]), tuple(per["W"]), tuple(per["BW"]), 0.0)
