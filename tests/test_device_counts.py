@@ -2,7 +2,7 @@
 
 Each count runs a fresh pytest over a few representative tests (a 2-D tensor-parallel
 mesh, a data-parallel one with the min-cut partitioner, a sharded export, an
-interleaved pipeline and pipeline stages on sub-meshes, a sharded fused step) with
+interleaved pipeline, pipeline stages on sub-meshes, a compiled pipeline, a sharded fused step) with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` on the CPU backend, and reads its
 JUnit report: none fails, and only the sharded export, which needs two devices, skips
 on one. The tests themselves size their meshes and pipelines from
@@ -30,6 +30,8 @@ REPRESENTATIVE = [
     f"{SHARDINGS}[data_parallel-min_cut]",
     "tests/parallel/test_pipeline.py::test_pipeline_equals_value_and_grad[mlp-4-interleaved-4]",
     "tests/parallel/test_pipeline.py::test_sub_mesh_stages_with_sharded_parameters",
+    "tests/parallel/test_compiled_pipeline.py::test_schedules_equal_value_and_grad_on_stage_and_data_meshes"
+    "[mlp-interleaved-False]",
     "tests/fusion/test_residual_slices.py::test_sliced_fused_step_on_a_mesh_keeps_gradient_shardings",
     *SHARDED_EXPORT,
 ]

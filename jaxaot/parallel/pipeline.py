@@ -23,7 +23,9 @@ them. How:
    activations forward and cotangents back, and gradients accumulate on the
    device. Other mesh axes named in ``data_axes`` (default ``("data",)``)
    split each microbatch: data parallelism inside every stage, gradients
-   averaged over them. Without ``mesh``, ``devices`` (distinct devices, one
+   averaged over them; the mesh's remaining axes shard each stage's work as
+   ``param_specs`` shards its parameters (tensor or FSDP parallelism inside a
+   stage, by XLA's SPMD partitioner). Without ``mesh``, ``devices`` (distinct devices, one
    per schedule device) or the first ``num_devices`` of ``jax.devices()``
    form a one-axis mesh. It runs unchanged across hosts under
    ``jax.distributed`` (pass the packed :meth:`Pipeline.shard_params`).
@@ -81,7 +83,8 @@ class Pipeline:
 
     def __init__(self, stage_fns: Sequence[Callable], loss_fn: Callable, schedule: Any, num_microbatches: int,
                  devices: Sequence[Placement] | None, partition_fn: Partitioner, *, mesh: Any = None,
-                 stage_axis: str = "stage", data_axes: Sequence[str] = ("data",), executor: str = "compiled"):
+                 stage_axis: str = "stage", data_axes: Sequence[str] = ("data",), executor: str = "compiled",
+                 param_specs: Sequence[Any] | None = None):
         self.stage_fns = list(stage_fns)
         self.loss_fn = loss_fn
         self.num_microbatches = num_microbatches
@@ -105,8 +108,11 @@ class Pipeline:
             where = self.schedule.stage_device()
         self.stages = [Stage(s, fn, self.devices[where[s]], partition_fn, loss_fn if s == n - 1 else None)
                        for s, fn in enumerate(self.stage_fns)]
-        self._compiled = (spmd.CompiledExecutor(self.stages, loss_fn, self.schedule, num_microbatches, self.mesh, axes)
-                          if executor == "compiled" else None)
+        if param_specs is not None and executor != "compiled":
+            raise InvalidInputError("param_specs needs the compiled executor; with executor='python', shard each "
+                                    "stage's parameters over its sub-mesh yourself.")
+        self._compiled = (spmd.CompiledExecutor(self.stages, loss_fn, self.schedule, num_microbatches, self.mesh, axes,
+                                                param_specs) if executor == "compiled" else None)
         self._programs: dict[Any, list[StagePrograms]] = {}
         self._specs: dict[Any, list] = {}
         self._hits = 0
@@ -338,7 +344,7 @@ def _mesh_for(mesh: Any, devices: Any, stage_axis: str, schedule: Any, num_stage
 def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1b", num_microbatches: int = 8,
              devices: Sequence[Placement] | None = None, partition_fn: Partitioner | None = None, *,
              mesh: jax.sharding.Mesh | None = None, stage_axis: str = "stage", data_axes: Sequence[str] = ("data",),
-             executor: str = "compiled") -> Pipeline:
+             executor: str = "compiled", param_specs: Sequence[Any] | None = None) -> Pipeline:
     """A pipeline-parallel training step (see the module docstring).
 
     Args:
@@ -354,7 +360,11 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
       partition_fn: each stage's partitioner; default :func:`jaxaot.default_partition`.
       mesh: the compiled executor's ``jax.sharding.Mesh``: the ``stage_axis`` axis pipelines, ``data_axes``
         split the microbatches.
-      stage_axis / data_axes: the mesh's axis names for the pipeline and for data parallelism.
+      stage_axis / data_axes: the mesh's axis names for the pipeline and for data parallelism. Any other
+        axis of the mesh is left to XLA inside each stage (tensor or FSDP parallelism), as ``param_specs`` says.
+      param_specs: per stage, a tree of ``PartitionSpec`` (or None) matching its parameters: how each leaf
+        is sharded over the mesh's other axes, e.g. ``P(None, "model")`` for a column-parallel weight.
+        Default: replicated over them.
       executor: ``"compiled"`` (one SPMD program) or ``"python"`` (see the module docstring for when).
 
     Returns:
@@ -366,8 +376,8 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
       InvalidInputError: ``stages`` is empty or holds something not callable, ``loss_fn`` or ``partition_fn``
         is not callable, ``num_microbatches`` is not an int, ``devices`` is not a sequence of devices,
         meshes or shardings, ``executor`` is not a str, ``mesh`` is not a Mesh, the axis names are not str.
-      InvalidValueError: ``executor`` is unknown, the mesh lacks the pipeline axis or has other axes,
-        devices repeat under the compiled executor; see also
+      InvalidValueError: ``executor`` is unknown, the mesh lacks the pipeline axis, devices repeat under the
+        compiled executor, ``param_specs`` shards over the pipeline or data axes; see also
         :func:`~jaxaot.parallel.builtin.make_schedule` (and its ScheduleError).
 
     Example:
@@ -400,6 +410,9 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
             or not all(isinstance(a, str) for a in data_axes)):
         raise InvalidInputError(f"stage_axis must be a str and data_axes a sequence of str, got {stage_axis!r} and "
                                 f"{data_axes!r}.")
+    if param_specs is not None and (not isinstance(param_specs, (list, tuple)) or len(param_specs) != len(stages)):
+        raise InvalidInputError(f"param_specs must be a list with one tree of PartitionSpecs per stage "
+                                f"({len(stages)}), got {type(param_specs).__name__} {param_specs!r}.")
     if devices is not None:
         kinds = (jax.Device, jax.sharding.Mesh, jax.sharding.Sharding)
         if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
@@ -410,4 +423,5 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
             raise InvalidInputError(f"devices must hold jax devices, meshes or shardings, got {type(bad).__name__} "
                                     f"{bad!r} among them.")
     return Pipeline(stages, loss_fn, schedule, num_microbatches, devices, partition_fn or default_partition,
-                    mesh=mesh, stage_axis=stage_axis, data_axes=data_axes, executor=executor)
+                    mesh=mesh, stage_axis=stage_axis, data_axes=data_axes, executor=executor,
+                    param_specs=param_specs)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError, StageMismatchError
 from jaxaot.parallel import Action, Schedule, simulate
@@ -161,8 +162,13 @@ def test_meshes_the_compiled_step_cannot_use_are_refused():
     step = pipeline(stages, mse, schedule="interleaved", num_microbatches=2, mesh=one_axis, stage_axis="pipe")
     assert step.executor == "compiled"
     extra = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("stage", "model"))
-    with pytest.raises(InvalidValueError, match="neither the pipeline axis"):
-        pipeline(stages, mse, schedule="interleaved", num_microbatches=2, mesh=extra)
+    specs = [{"w": P("stage", None), "b": None}] * 2
+    step = pipeline(stages, mse, schedule="interleaved", num_microbatches=2, mesh=extra, param_specs=specs)
+    params = [{"w": jnp.ones((8, 8)), "b": jnp.ones(8)}] * 2
+    with pytest.raises(InvalidValueError, match="may only be sharded over the mesh's other axes"):
+        step(params, jnp.ones((4, 8)), jnp.ones((4, 8)))
+    with pytest.raises(InvalidInputError, match="param_specs needs the compiled executor"):
+        pipeline(stages, mse, devices=[jax.devices()[0]] * 2, executor="python", param_specs=specs)
     with pytest.raises(InvalidValueError, match="distinct jax devices.*executor='python'"):
         pipeline(stages, mse, schedule="gpipe", num_microbatches=2, devices=[jax.devices()[0]] * 2)
     with pytest.raises(InvalidValueError, match="executor must be one of"):
@@ -196,3 +202,24 @@ def test_lockstep_simulation_sums_the_slowest_action_of_each_tick(schedule):
                for tick in range(p.num_ticks) if tick in set(p.ticks))
     assert sim.step_time == pytest.approx(want)
     assert sim.step_time >= simulate(sched, times).step_time - 1e-9
+
+
+def test_stage_data_model_mesh_shards_each_stage_as_param_specs_say():
+    """Tensor parallelism inside stages: a (stage, data, model) mesh, column-parallel weights over 'model'."""
+    n = devices_available()
+    if n < 8:
+        pytest.skip(f"a 2 x 2 x 2 mesh needs 8 devices; {jax.device_count()} here")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("stage", "data", "model"))
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=16)
+    specs = [{"w": P(None, "model"), "b": P("model")}] * 2
+    step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=2, mesh=mesh, param_specs=specs)
+    packed = step.shard_params(params, x, t)
+    w = packed.entries[packed.layout.places[0][1][0]]  # the entry holding the (8, 8) weights
+    assert w.shape == (2, 1, 8, 8) and w.addressable_shards[0].data.shape == (1, 1, 8, 4)
+    loss, grads = step(packed, x, t)
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, 2)(params, x, t)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(step.unshard_params(grads), ref_grads, **TOL)
+    assert all(g.sharding == p.sharding for g, p in zip(grads.entries, packed.entries))
+    back = step.unshard_params(packed)
+    assert back[1]["w"].sharding.spec == P(None, "model") and len(back[1]["w"].devices()) == 4

@@ -189,6 +189,8 @@ ROWS = [
     _row("pipeline", "stage_axis", 3, InvalidInputError),
     _row("pipeline", "data_axes", 3, InvalidInputError),
     _row("pipeline", "data_axes", [0], InvalidInputError),
+    _row("pipeline", "param_specs", 3, InvalidInputError),
+    _row("pipeline", "param_specs", [None] * 5, InvalidInputError),
     _row("make_schedule", "schedule", "fastest", InvalidValueError),
     _row("make_schedule", "num_stages", 0, InvalidValueError),
     _row("make_schedule", "num_microbatches", -1, InvalidValueError),

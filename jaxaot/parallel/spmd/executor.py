@@ -71,20 +71,15 @@ def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str]) -> Axes:
             f"the mesh's axes are {names}, with no pipeline axis {stage_axis!r}: name one axis {stage_axis!r} "
             f"(Mesh(devices, ('stage', 'data'))), or pass stage_axis= naming the one to pipeline over.")
     data = tuple(a for a in data_axes if a in names)
-    other = [a for a in names if a != stage_axis and a not in data]
-    if other:
-        raise InvalidValueError(
-            f"the mesh's axes {other} are neither the pipeline axis {stage_axis!r} nor a data axis "
-            f"{tuple(data_axes)}: the compiled pipeline splits the batch over data axes and replicates the stages "
-            "over nothing else; name the axis 'data' (or pass data_axes=).")
-    return Axes(stage_axis, data, mesh.shape[stage_axis])
+    auto = tuple(a for a in names if a != stage_axis and a not in data)
+    return Axes(stage_axis, data, mesh.shape[stage_axis], auto)
 
 
 class CompiledExecutor:
     """Runs a pipeline as one compiled SPMD program (see the module docstring)."""
 
     def __init__(self, stages: Sequence[Stage], loss_fn: Callable, schedule: Schedule, num_microbatches: int,
-                 mesh: jax.sharding.Mesh, axes: Axes):
+                 mesh: jax.sharding.Mesh, axes: Axes, param_specs: Sequence[Any] | None = None):
         self.stages = list(stages)
         self.stage_fns = [st.fn for st in self.stages]
         self.loss_fn = loss_fn
@@ -98,6 +93,7 @@ class CompiledExecutor:
         self._compiled: dict[Any, Compiled] = {}
         self.hits = 0
         self._replicated = jax.sharding.NamedSharding(mesh, P())
+        self.param_specs = param_specs
 
     @property
     def data_size(self) -> int:
@@ -129,19 +125,24 @@ class CompiledExecutor:
         t0 = time.perf_counter()
         x = self.local_microbatch("inputs", inputs)
         t = self.local_microbatch("targets", targets)
-        specs = microbatch.stage_input_specs(self.stage_fns, self.loss_fn, param_avals, x, t)
+        specs_in = microbatch.stage_input_specs(self.stage_fns, self.loss_fn, param_avals, x, t)
         passes = []
-        for s, (stage, p, a) in enumerate(zip(self.stages, param_avals, specs)):
+        for s, (stage, p, a) in enumerate(zip(self.stages, param_avals, specs_in)):
             sp = stage.programs(p, a, t if stage.is_last else None)
             split = sp.split if s in self._split_stages else None
             passes.append(StagePasses(s, sp.training, sp.num_params, sp.num_activations,
                                       jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(a), split))
         t1 = time.perf_counter()
         loss_dtype = passes[-1].output_avals[0].dtype
-        step, lay = build_step(self.tick_plan, passes, self.mesh, self.axes, self.num_microbatches, loss_dtype)
+        specs = self._flat_specs(param_avals)
+        step, lay = build_step(self.tick_plan, passes, self.mesh, self.axes, self.num_microbatches, loss_dtype, specs)
+        shardings = [packing.entry_sharding(self.mesh, self.axes.stage, sp)
+                     for sp in (lay.params.specs or [None] * len(lay.params.entries))]
         text = f"params: {microbatch.describe(list(param_avals))}, inputs: {microbatch.describe(inputs)}, " \
                f"targets: {microbatch.describe(targets)}"
-        out = Compiled(jax.jit(step), lay, passes, list(specs), text, {"trace": t1 - t0})
+        jitted = jax.jit(step, in_shardings=(shardings, self._replicated, self._replicated),
+                         out_shardings=(self._replicated, shardings))
+        out = Compiled(jitted, lay, passes, list(specs_in), text, {"trace": t1 - t0})
         self._compiled[key] = out
         return out
 
@@ -172,7 +173,7 @@ class CompiledExecutor:
         if packed.layout != c.layouts.params:
             raise InvalidInputError("these StageParams were packed for another pipeline or signature: pack them "
                                     "with this step's shard_params for these inputs.")
-        args = (packed.entries, self.place(inputs), self.place(targets))
+        args = (list(packed.entries), self.place(inputs), self.place(targets))
         if c.executable is None:
             t0 = time.perf_counter()
             lowered = c.step.lower(*args)
@@ -185,6 +186,33 @@ class CompiledExecutor:
             return loss, grads
         return loss, packing.unpack(grads, self.stage_device, self.mesh, self.axes.stage)
 
+    def _flat_specs(self, param_avals: Sequence[Any]) -> list | None:
+        """Per stage, each parameter leaf's sharding over the automatic axes (from ``param_specs``)."""
+        if self.param_specs is None:
+            return None
+        if len(self.param_specs) != len(param_avals):
+            raise InvalidInputError(f"param_specs must hold one tree of PartitionSpecs per stage "
+                                    f"({len(param_avals)}), got {len(self.param_specs)}.")
+        out = []
+        for s, (spec, avals) in enumerate(zip(self.param_specs, param_avals)):
+            treedef = jax.tree_util.tree_structure(avals)
+            try:
+                flat = treedef.flatten_up_to(spec)
+            except (ValueError, TypeError) as e:
+                raise InvalidInputError(f"param_specs[{s}] does not match stage {s}'s parameters: {e}") from None
+            for leaf in flat:
+                if leaf is not None and not isinstance(leaf, P):
+                    raise InvalidInputError(f"param_specs[{s}] holds {leaf!r}: give a PartitionSpec (or None) per "
+                                            "parameter leaf.")
+                bad = [a for a in (leaf or ()) if a is not None and
+                       not set(a if isinstance(a, tuple) else (a,)) <= set(self.axes.auto)]
+                if bad:
+                    raise InvalidValueError(
+                        f"param_specs[{s}] shards over {bad}, but a stage's parameters may only be sharded over "
+                        f"the mesh's other axes {self.axes.auto} (not the pipeline or data axes).")
+            out.append(flat)
+        return out
+
     def signatures(self) -> list[Compiled]:
         """The compiled signatures, in the order they were first seen."""
         return list(self._compiled.values())
@@ -194,7 +222,7 @@ class CompiledExecutor:
         c = self.compiled(param_avals, inputs, targets)
         packed = params if isinstance(params, packing.StageParams) else packing.pack(
             params, c.layouts.params, self.stage_device, self.mesh, self.axes.stage)
-        return c.step.lower(packed.entries, self.place(inputs), self.place(targets))
+        return c.step.lower(list(packed.entries), self.place(inputs), self.place(targets))
 
 
 def _signature(param_avals: Sequence[Any], inputs: Any, targets: Any) -> Any:

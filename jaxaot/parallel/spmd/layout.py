@@ -44,11 +44,15 @@ class Layout:
       entries: ``(shape, dtype)`` of each entry, in first-seen order.
       widths: the number of leaves each entry's record holds.
       places: per stage, per leaf, its ``(entry, index)``.
+      specs: per entry, how its leaves are sharded over the mesh's automatic axes (a
+        ``PartitionSpec`` of the leaf's own dimensions; ``None``: replicated). Leaves that
+        differ only in this take different entries.
     """
 
     entries: tuple[Key, ...]
     widths: tuple[int, ...]
     places: tuple[tuple[tuple[int, int], ...], ...]
+    specs: tuple = ()
 
     @property
     def nbytes(self) -> int:
@@ -101,21 +105,24 @@ class Layout:
         return [jax.lax.dynamic_index_in_dim(b, slot, 0, keepdims=False) for b in buffers]
 
 
-def union(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | None = None) -> Layout:
+def union(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | None = None,
+          specs: Sequence[Sequence[Any]] | None = None) -> Layout:
     """The layout of ``per_stage`` leaf types (anything with ``shape`` and ``dtype``).
 
     ``groups`` lists the stages that share one record (their leaves take
     consecutive indices, in stage order); by default every stage has its own.
+    ``specs`` gives, per stage and leaf, its sharding over the automatic mesh axes (None: replicated).
     """
     groups = [[s] for s in range(len(per_stage))] if groups is None else groups
-    index: dict[Key, int] = {}
+    index: dict[Any, int] = {}
     widths: list[int] = []
     places: list[list[tuple[int, int]]] = [[] for _ in per_stage]
     for group in groups:
         used: dict[int, int] = {}
         for s in group:
-            for leaf in per_stage[s]:
-                key = (tuple(leaf.shape), np.dtype(leaf.dtype))
+            for i, leaf in enumerate(per_stage[s]):
+                spec = None if specs is None else _canonical(specs[s][i])
+                key = (tuple(leaf.shape), np.dtype(leaf.dtype), spec)
                 e = index.setdefault(key, len(index))
                 if e == len(widths):
                     widths.append(0)
@@ -123,4 +130,16 @@ def union(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | 
                 used[e] = j + 1
                 widths[e] = max(widths[e], j + 1)
                 places[s].append((e, j))
-    return Layout(tuple(index), tuple(widths), tuple(tuple(p) for p in places))
+    keys = list(index)
+    return Layout(tuple(k[:2] for k in keys), tuple(widths), tuple(tuple(p) for p in places),
+                  tuple(k[2] for k in keys))
+
+
+def _canonical(spec: Any) -> Any:
+    """A ``PartitionSpec`` without trailing Nones, or None when it shards nothing."""
+    if spec is None:
+        return None
+    parts = list(spec)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return jax.sharding.PartitionSpec(*parts) if parts else None

@@ -57,17 +57,9 @@ class StageParams:
         return cls(tuple(children), *aux)
 
 
-def sharding(mesh: jax.sharding.Mesh, stage_axis: str) -> jax.sharding.NamedSharding:
-    return jax.sharding.NamedSharding(mesh, P(stage_axis))
-
-
-def _stage_index(mesh: jax.sharding.Mesh, stage_axis: str) -> dict:
-    """``{device: its coordinate on the stage axis}``."""
-    axis = mesh.axis_names.index(stage_axis)
-    out = {}
-    for idx in np.ndindex(mesh.devices.shape):
-        out[mesh.devices[idx]] = idx[axis]
-    return out
+def entry_sharding(mesh: jax.sharding.Mesh, stage_axis: str, spec: Any = None) -> jax.sharding.NamedSharding:
+    """An entry's sharding: its first axis over the stage axis, its leaves' dimensions as ``spec`` says."""
+    return jax.sharding.NamedSharding(mesh, P(stage_axis, None, *(spec or ())))
 
 
 def pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], mesh: jax.sharding.Mesh,
@@ -75,42 +67,61 @@ def pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], me
     """``params`` (one tree per stage) as :class:`StageParams` (see the module docstring)."""
     flat = [jax.tree_util.tree_flatten(p) for p in params]
     num_devices = mesh.shape[stage_axis]
-    where = _stage_index(mesh, stage_axis)
-    target = sharding(mesh, stage_axis)
-    pieces: list[list] = [[] for _ in layout.entries]
-    for dev in mesh.devices.flat:
-        if dev.process_index != jax.process_index():
-            continue
-        d = where[dev]
-        cells: list[list] = [[None] * w for w in layout.widths]
-        for s in (s for s, dd in stage_device.items() if dd == d):
-            for (e, j), leaf in zip(layout.places[s], flat[s][0]):
-                cells[e][j] = leaf
-        for e, ((shape, dtype), row) in enumerate(zip(layout.entries, cells)):
-            pieces[e].append(_stack_on(dev, shape, dtype, row))
-    entries = tuple(jax.make_array_from_single_device_arrays((num_devices, w) + shape, target, pieces[e])
-                    for e, ((shape, _), w) in enumerate(zip(layout.entries, layout.widths)))
-    return StageParams(entries, layout, tuple(t for _, t in flat))
+    entries = []
+    for e, ((shape, dtype), width) in enumerate(zip(layout.entries, layout.widths)):
+        spec = layout.specs[e] if layout.specs else None
+        target = entry_sharding(mesh, stage_axis, spec)
+        global_shape = (num_devices, width) + tuple(shape)
+        pieces = []
+        for dev, index in target.addressable_devices_indices_map(global_shape).items():
+            d = index[0].start or 0
+            row: list = [None] * width
+            for s in (s for s, dd in stage_device.items() if dd == d):
+                for (ee, j), leaf in zip(layout.places[s], flat[s][0]):
+                    if ee == e:
+                        row[j] = leaf
+            pieces.append(_stack_on(dev, tuple(shape), dtype, row, _static(index[2:])))
+        entries.append(jax.make_array_from_single_device_arrays(global_shape, target, pieces))
+    return StageParams(tuple(entries), layout, tuple(t for _, t in flat))
 
 
-def _stack_on(device: Any, shape: tuple, dtype: Any, row: list) -> jax.Array:
-    """``row``'s leaves (None: zeros) stacked into ``[1, len(row), *shape]`` on ``device``."""
+def _static(index: Sequence[slice]) -> tuple:
+    return tuple((sl.start, sl.stop) for sl in index)
+
+
+def _stack_on(device: Any, shape: tuple, dtype: Any, row: list, index: tuple) -> jax.Array:
+    """``row``'s leaves (None: zeros) stacked into ``[1, len(row), *shape]`` on ``device``, cut to ``index``."""
     present = [jax.device_put(x, device) for x in row if x is not None]
     mask = tuple(x is not None for x in row)
     with jax.default_device(device):
-        return _stack(present, mask, shape, np.dtype(dtype))
+        return _stack(present, mask, shape, np.dtype(dtype), index)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _stack(present: list, mask: tuple, shape: tuple, dtype: Any) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _stack(present: list, mask: tuple, shape: tuple, dtype: Any, index: tuple) -> jax.Array:
     it = iter(present)
     rows = [next(it).astype(dtype) if m else jnp.zeros(shape, dtype) for m in mask]
-    return (jnp.stack(rows) if rows else jnp.zeros((0,) + shape, dtype))[None]
+    out = (jnp.stack(rows) if rows else jnp.zeros((0,) + shape, dtype))[None]
+    return out[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in index)]
+
+
+def _stage_index(mesh: jax.sharding.Mesh, stage_axis: str) -> dict:
+    """``{device: its coordinate on the stage axis}``."""
+    axis = mesh.axis_names.index(stage_axis)
+    return {mesh.devices[idx]: idx[axis] for idx in np.ndindex(mesh.devices.shape)}
+
+
+def _sub_mesh(mesh: jax.sharding.Mesh, stage_axis: str, d: int) -> jax.sharding.Mesh:
+    """The devices at coordinate ``d`` of the stage axis, as a mesh of the other axes."""
+    axis = mesh.axis_names.index(stage_axis)
+    names = tuple(n for n in mesh.axis_names if n != stage_axis)
+    return jax.sharding.Mesh(np.take(mesh.devices, d, axis=axis), names)
 
 
 def unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding.Mesh, stage_axis: str) -> list:
-    """Per-stage trees from ``packed``, each leaf on a device of its stage."""
+    """Per-stage trees from ``packed``, each leaf on its stage's devices (sharded as its entry says)."""
     where = _stage_index(mesh, stage_axis)
+    lay = packed.layout
     shard_of: list[dict[int, Any]] = []
     for x in packed.entries:
         by_stage: dict[int, Any] = {}
@@ -124,9 +135,21 @@ def unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding
             raise InvalidInputError(
                 f"stage {s}'s parameters live on devices of another process: across hosts, keep the packed "
                 "StageParams (step.shard_params) and pass them to the step as they are.")
-        leaves = [shard_of[e][d][0, j] for e, j in packed.layout.places[s]]
+        leaves = []
+        for e, j in lay.places[s]:
+            spec = lay.specs[e] if lay.specs else None
+            if spec is None:
+                leaves.append(shard_of[e][d][0, j])
+            else:  # sharded over the other axes: cut on the mesh, then onto the stage's sub-mesh
+                whole = _take(packed.entries[e], d, j, jax.sharding.NamedSharding(mesh, spec))
+                leaves.append(jax.device_put(whole, jax.sharding.NamedSharding(_sub_mesh(mesh, stage_axis, d), spec)))
         out.append(jax.tree_util.tree_unflatten(treedef, leaves))
     return out
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _take(x: jax.Array, d: int, j: int, sharding: Any) -> jax.Array:
+    return jax.lax.with_sharding_constraint(x[d, j], sharding)
 
 
 def stage_avals(packed: StageParams) -> list:

@@ -71,11 +71,14 @@ class Layouts:
     cotangents: L.Layout
 
 
-def layouts(passes: Sequence[StagePasses], stage_device: dict[int, int], num_devices: int) -> Layouts:
+def layouts(passes: Sequence[StagePasses], stage_device: dict[int, int], num_devices: int,
+            param_specs: Sequence[Sequence[Any]] | None = None) -> Layouts:
+    """The records of these stages; ``param_specs``: per stage and parameter leaf, its sharding over the
+    mesh's automatic axes (None: replicated)."""
     last = len(passes) - 1
     groups = [[s for s in range(len(passes)) if stage_device[s] == d] for d in range(num_devices)]
     return Layouts(
-        params=L.union([p.param_avals for p in passes], groups),
+        params=L.union([p.param_avals for p in passes], groups, param_specs),
         residuals=L.union([p.stored_residuals for p in passes]),
         weights=L.union([p.stored_weight_args for p in passes]),
         activations=L.union([p.output_avals if s < last else [] for s, p in enumerate(passes)]),
@@ -86,11 +89,14 @@ def layouts(passes: Sequence[StagePasses], stage_device: dict[int, int], num_dev
 
 @dataclasses.dataclass(frozen=True)
 class Axes:
-    """The mesh axes the step runs over: ``stage`` (the pipeline) and ``data`` (batch shards, maybe empty)."""
+    """The mesh axes the step runs over: ``stage`` (the pipeline), ``data`` (batch shards, maybe empty) and
+    ``auto`` (the rest: ``shard_map`` leaves them to XLA, which shards each stage's work over them as the
+    parameters' shardings there say: tensor or FSDP parallelism inside a stage)."""
 
     stage: str
     data: tuple[str, ...]
     num_devices: int
+    auto: tuple[str, ...] = ()
 
     @property
     def manual(self) -> frozenset:
@@ -173,10 +179,10 @@ def _branches(passes: Sequence[StagePasses], lay: Layouts, num_microbatches: int
 
 
 def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sharding.Mesh, axes: Axes,
-               num_microbatches: int, loss_dtype: Any):
+               num_microbatches: int, loss_dtype: Any, param_specs: Sequence[Sequence[Any]] | None = None):
     """``step(param_entries, inputs, targets) -> (loss, grad_entries)`` (see the module docstring; not jitted)."""
     sched = tick_plan.schedule
-    lay = layouts(passes, sched.stage_device(), sched.num_devices)
+    lay = layouts(passes, sched.stage_device(), sched.num_devices, param_specs)
     branches = _branches(passes, lay, num_microbatches, {(a.stage, a.op) for a in sched.actions})
     table = np.asarray(tick_plan.table)
     slots = tick_plan.slots
