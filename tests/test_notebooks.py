@@ -2,7 +2,8 @@
 
 The notebooks execute in a fresh IPython kernel (nbclient) in a temporary
 working directory; a cell that raises fails the test with the cell and its
-traceback. Run one with ``python -m pytest tests/test_notebooks.py -k quickstart``.
+traceback. Run one with ``python -m pytest tests/test_notebooks.py -k quickstart``. The pipeline
+notebook compiles for minutes on 2 cores: it runs in the slow suite (``-m slow``).
 (``python -m pytest --nbmake notebooks/`` runs them through nbmake instead.)
 """
 
@@ -35,7 +36,12 @@ def test_notebooks_exist():
     assert {p.name[:2] for p in NOTEBOOKS} >= {"01", "02", "03", "04", "05"}, NOTEBOOKS
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+#: Notebooks whose run compiles for minutes on 2 cores: in the slow suite.
+SLOW = {"06_pipeline_parallel"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p for p in NOTEBOOKS],
+                         ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",

@@ -77,7 +77,7 @@ def _scan_ref(x, n):
     return lax.scan(lambda v, _: (jnp.sin(v) * 1.2 + 0.1 * v ** 2, None), x, None, length=n)[0]
 
 
-@pytest.mark.parametrize("block", [3, 4])
+@pytest.mark.parametrize("block", [3, pytest.param(4, marks=pytest.mark.slow)])
 def test_blocked_online_schedule_matches_scan(block, monkeypatch):
     # Blocks of B steps per predicate check (the GPU default), forced on the CPU: trip counts
     # that are and are not multiples of B, zero, one, and lanes of different trip counts.

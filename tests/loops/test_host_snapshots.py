@@ -51,6 +51,7 @@ def test_snapshots_are_host_residuals():
     assert "<host>" not in str(device)
 
 
+@pytest.mark.slow
 def test_vmap_jvp_and_value_and_grad():
     w, b, _ = _inputs(2)
     xs = jax.random.normal(jax.random.key(3), (3, 4, 8))
@@ -98,6 +99,7 @@ def test_refusals():
     assert float(jax.grad(f)(1.0)) == 10.0  # c = 1, 2, 3, 4, 5 after five steps: d/dx sum = 0+1+2+3+4
 
 
+@pytest.mark.slow
 def test_device_memory_does_not_grow_with_the_bound():
     """Compiled device temporaries of the host schedule are flat in max_steps (CPU: host and
     device share memory, so this checks the device schedule's share: the innermost level)."""

@@ -66,8 +66,8 @@ CASES = [
     ("mlp", 4, "zero_bubble", 4),
     ("mlp", 2, "1f1b", 1),
     ("mlp", 2, "zero_bubble", 8),
-    ("gpt", 2, "zero_bubble", 4),
-    ("gpt", 4, "interleaved", 1),
+    pytest.param("gpt", 2, "zero_bubble", 4, marks=pytest.mark.slow),  # the compiled executor's tests run the GPT
+    pytest.param("gpt", 4, "interleaved", 1, marks=pytest.mark.slow),
 ]
 
 

@@ -96,10 +96,11 @@ CASES = {
     "gpt2_block_2h": (MODELS["gpt2_block_2h"].loss, MODELS["gpt2_block_2h"].make_args(jax.random.key(4)), (0, 1),
                       True),
 }
+SLOW_CASES = {"gpt2_block_2h", "transformer_block"}  # a minute or more of compiles each on 2 cores
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "gpt2_block_2h" else n
-                                  for n in CASES])  # the GPT-2 block compiles for about a minute on 2 cores
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n
+                                  for n in CASES])  # these compile for a minute or more on 2 cores
 def test_byte_budget_is_met_by_the_compiled_peak(name):
     loss, args, argnums, bf16 = CASES[name]
     low, high = _ends(loss, args, argnums)
@@ -159,7 +160,7 @@ def test_the_search_compiles_few_programs_and_caches_them():
 
 
 # --------------------------------------------------------------------------- the low end
-LOW_END = ["llama_block", "issue_block", "gru_scan", "gpt_scanned", "convnet_bn"]
+LOW_END = ["issue_block", "gru_scan"]  # the rest: slow (20 s and more of compiles each on 2 cores)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in LOW_END else (pytest.mark.slow,))
@@ -176,7 +177,8 @@ def test_smallest_plan_peaks_at_most_nothing_saveable(name):
     assert low <= reference + 8, (name, low, reference)
 
 
-@pytest.mark.parametrize("name", ["llama_block", "gru_scan", "convnet_bn", "gpt_scanned"])
+@pytest.mark.parametrize("name", [pytest.param("llama_block", marks=pytest.mark.slow), "gru_scan", "convnet_bn",
+                                  pytest.param("gpt_scanned", marks=pytest.mark.slow)])
 def test_plans_shaped_like_dots_saveable_are_correct(name):
     from jaxaot.partition.costs import FlopCosts
     from jaxaot.partition.mincut.rematerialize import _at_fraction

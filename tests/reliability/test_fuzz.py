@@ -48,7 +48,7 @@ def _fuzz_one(prog: Program, data) -> None:
     check_program(prog, pairs=[(data.draw(st.sampled_from(names), label=path), path) for path in paths_for(prog)])
 
 
-@pytest.mark.parametrize("shard", [0, 1])
+@pytest.mark.parametrize("shard", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_random_programs_match_jax(shard):
     @seed(SEED + shard)
     @_SETTINGS
@@ -61,6 +61,7 @@ def test_random_programs_match_jax(shard):
 
 
 # ---------------------------------------------------------------- named regressions and fixed programs
+@pytest.mark.slow
 def test_every_op_in_one_program_every_path_every_partitioner():
     check_program(Program("float32", (
         Op("cond", (0, 0), "int"), Op("checkpoint", (1, 0), True), Op("custom_jvp", (2,)),
@@ -70,7 +71,8 @@ def test_every_op_in_one_program_every_path_every_partitioner():
     ), n=2, seed=1))
 
 
-@pytest.mark.parametrize("mode,key", [("max_steps", "typed"), ("checkpoints", "raw"), ("unbounded", "typed")])
+@pytest.mark.parametrize("mode,key", [pytest.param("max_steps", "typed", marks=pytest.mark.slow),
+                                      pytest.param("checkpoints", "raw", marks=pytest.mark.slow), ("unbounded", "typed")])
 def test_while_loop_modes_with_rng(mode, key):
     prog = Program("float32", (Op("while", (0, 0)), Op("dropout", (1,)), Op("noise", (2,))),
                    key=key, loop_mode=mode, n=3, seed=2)
@@ -78,7 +80,7 @@ def test_while_loop_modes_with_rng(mode, key):
                                                             paths_for(prog))])
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", [pytest.param("bfloat16", marks=pytest.mark.slow), "float16"])
 def test_low_precision_dtypes(dtype):
     check_program(Program(dtype, (Op("dot", (0,)), Op("unary", (1,), "gelu"), Op("reduce", (2,), ("max", 0)),
                                   Op("binary", (3, 1), "safe_div"), Op("scan", (4,), False)), seed=3),
