@@ -53,7 +53,7 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # front-ends: export, pipelines, Flax
     ("jaxaot.artifacts", ("export", "load", "ExportedAOT", "LoadedAOT")),
     ("jaxaot.parallel", ("pipeline", "Pipeline", "PipelineReport", "Schedule", "Action", "OpTimes", "Simulation",
-                         "make_schedule", "simulate")),
+                         "make_schedule", "simulate", "simulate_lockstep", "StageParams")),
     ("jaxaot.nn", ("aot_module", "AOTModule", "AOTLinenModule", "CallMetadata", "InputInfo", "OutputInfo",
                    "ModuleLowered", "aot_export_module", "GraphSignature", "BackwardSignature")),
     # eager gradients: straight to the compiled programs, and compiled autograd of eager code
