@@ -182,7 +182,7 @@ class Pipeline:
     def compile(self, params: Any, inputs: Any, targets: Any) -> Any:
         """The compiled step's XLA executable for these arguments (``memory_analysis()``: per-device bytes)."""
         ex = self._require_compiled("compile")
-        return ex.lower(params, inputs, targets, self._param_avals(params)).compile()
+        return ex.executable(params, inputs, targets, self._param_avals(params))
 
     def peak_bytes(self, params: Any, inputs: Any, targets: Any) -> int | None:
         """The compiled step's peak device bytes, per device (None where the backend does not say)."""

@@ -223,3 +223,24 @@ def test_stage_data_model_mesh_shards_each_stage_as_param_specs_say():
     assert all(g.sharding == p.sharding for g, p in zip(grads.entries, packed.entries))
     back = step.unshard_params(packed)
     assert back[1]["w"].sharding.spec == P(None, "model") and len(back[1]["w"].devices()) == 4
+
+
+def test_compiled_pass_times_time_every_pass_of_every_stage():
+    """Stage 0 takes integer tokens: its forward must still be timed inside the loop, not hoisted out of it."""
+    mesh, num_stages = mesh_for("zero_bubble", data=False)
+
+    def embed(p, x):
+        return jnp.tanh(p["emb"][x] @ p["w"])
+
+    stages = [embed] + [mlp_stage] * (num_stages - 1)
+    k = jax.random.split(fresh_key(), num_stages + 1)
+    params = [{"emb": jax.random.normal(k[0], (32, 64)), "w": jax.random.normal(k[1], (64, 64)) / 8}]
+    params += [{"w": jax.random.normal(k[s + 1], (64, 64)) / 8, "b": jnp.zeros(64)} for s in range(1, num_stages)]
+    x = jax.random.randint(fresh_key(), (64,), 0, 32)
+    t = jax.random.normal(fresh_key(), (64, 64))
+    step = pipeline(stages, mse, schedule="zero_bubble", num_microbatches=2, mesh=mesh)
+    times = step.measure_op_times(params, x, t, repeats=3, source="compiled")
+    for field in ("forward", "backward_weight", "backward"):
+        assert all(v > 0 for v in getattr(times, field)), (field, times)
+    assert all(v >= 0 for v in times.backward_input)  # stage 0's B has no input gradient to compute
+    assert simulate_lockstep(step.schedule, times).step_time > 0

@@ -4,9 +4,9 @@ The compiled step inlines every stage's passes into one program, so their
 times there are what the simulator needs, not those of separately launched
 executables with the host's dispatch in between. :func:`pass_times` compiles,
 per stage and pass, one program that runs the pass ``n`` times in a
-``lax.fori_loop`` on one device (each iteration's input depends on the
-previous iteration's output through a scalar, so XLA can neither hoist nor
-merge them), and takes the time per pass from two loop lengths:
+``lax.fori_loop`` on one device (its arguments pass an optimization barrier
+with the loop's carry in every iteration, so XLA can neither hoist nor merge
+them), and takes the time per pass from two loop lengths:
 ``(T(2n) - T(n)) / n``, which cancels the launch and the first iteration.
 Each length runs ``repeats`` times, in turns, and the medians are used.
 
@@ -28,14 +28,19 @@ from jaxaot.parallel.spmd.passes import StagePasses
 
 
 def _looped(fn: Callable[..., list], n: int) -> Callable:
-    """``fn`` run ``n`` times in one program; the first argument tree is nudged by the carry each time."""
+    """``fn`` run ``n`` times in one program.
 
-    def run(first, *rest):
+    The arguments pass through ``lax.optimization_barrier`` together with the loop's carry in every
+    iteration, so XLA can neither hoist the pass out of the loop nor merge iterations (a barrier costs no
+    copy); the carry takes a zero-weighted sum of the outputs, so nothing is dead.
+    """
+
+    def run(*args):
         def body(_, carry):
-            nudged = jax.tree.map(lambda x: x + carry.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                                  else x, first)
-            outs = fn(nudged, *rest)
-            return sum(jnp.sum(o).astype(jnp.float32) for o in jax.tree.leaves(outs) if o is not None) * 0.0
+            args_now, _ = jax.lax.optimization_barrier((args, carry))
+            outs = fn(*args_now)
+            total = sum(jnp.sum(o).astype(jnp.float32) for o in jax.tree.leaves(outs) if o is not None)
+            return carry + total * 0.0
         return jax.lax.fori_loop(0, n, body, jnp.float32(0))
 
     return jax.jit(run)

@@ -174,12 +174,7 @@ class CompiledExecutor:
             raise InvalidInputError("these StageParams were packed for another pipeline or signature: pack them "
                                     "with this step's shard_params for these inputs.")
         args = (list(packed.entries), self.place(inputs), self.place(targets))
-        if c.executable is None:
-            t0 = time.perf_counter()
-            lowered = c.step.lower(*args)
-            t1 = time.perf_counter()
-            c.executable = lowered.compile()
-            c.seconds.update(lower=t1 - t0, compile_pipeline_step=time.perf_counter() - t1)
+        self._executable(c, args)
         loss, grads = c.executable(*args)
         grads = packing.StageParams(tuple(grads), packed.layout, packed.treedefs)
         if packed_in:
@@ -212,6 +207,24 @@ class CompiledExecutor:
                         f"the mesh's other axes {self.axes.auto} (not the pipeline or data axes).")
             out.append(flat)
         return out
+
+    @staticmethod
+    def _executable(c: Compiled, args: tuple) -> Any:
+        """``c``'s XLA executable, lowered and compiled at its first use (the times go to ``c.seconds``)."""
+        if c.executable is None:
+            t0 = time.perf_counter()
+            lowered = c.step.lower(*args)
+            t1 = time.perf_counter()
+            c.executable = lowered.compile()
+            c.seconds.update(lower=t1 - t0, compile_pipeline_step=time.perf_counter() - t1)
+        return c.executable
+
+    def executable(self, params: Any, inputs: Any, targets: Any, param_avals: Sequence[Any]) -> Any:
+        """The step's XLA executable for these arguments (compiled once per signature, shared with the step)."""
+        c = self.compiled(param_avals, inputs, targets)
+        packed = params if isinstance(params, packing.StageParams) else packing.pack(
+            params, c.layouts.params, self.stage_device, self.mesh, self.axes.stage)
+        return self._executable(c, (list(packed.entries), self.place(inputs), self.place(targets)))
 
     def signatures(self) -> list[Compiled]:
         """The compiled signatures, in the order they were first seen."""
