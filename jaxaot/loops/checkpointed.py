@@ -49,14 +49,16 @@ from jaxaot import _compat as C
 from jaxaot.loops.api import while_loop
 from jaxaot.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
+from jaxaot.loops import placement, sweep
 from jaxaot.loops.revolve import beta_table_jax, place, split_point_jax
 
 checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
 """The tangent map of a checkpointed loop: ``num_steps`` applications of the
 linearized body, each recomputing its residuals from the replayed primal state.
 
-Operands: ``num_steps, positions, slot_of, *snapshots, *known consts, *linear
-consts, *linear carry`` (level ``a``'s snapshot is in slot ``slot_of[a]``).
+Operands: ``num_steps, positions, slot_of, top, *snapshots, *known consts, *linear
+consts, *linear carry`` (level ``a <= top``'s snapshot is in slot ``slot_of[a]``; the
+snapshots have ``checkpoints + 1`` rows, the last a scratch slot).
 Params: ``known_body`` ``(known consts, primal carry) -> (primal carry,
 residuals)``, ``linear_body`` ``(residuals, linear consts, linear carry) ->
 linear carry``, ``checkpoints``, ``num_known_consts``, ``num_linear_consts``.
@@ -64,17 +66,25 @@ Its transpose is the revolve backward."""
 
 
 def _linear_split(args: Sequence[Any], params: dict):
-    """``(num_steps, positions, slot_of, snapshots, known consts, linear consts, linear carry)``."""
+    """``(num_steps, positions, slot_of, top, snapshots, known consts, linear consts, linear carry)``."""
     n_snap = len(C.out_avals_of(params["known_body"])) - _num_res(params)
-    sizes = [1, 1, 1, n_snap, params["num_known_consts"], params["num_linear_consts"]]
-    (n,), (pos,), (slot_of,), snaps, kc, lc, lt = C.split_list(args, sizes)
-    return n, pos, slot_of, snaps, kc, lc, lt
+    sizes = [1, 1, 1, 1, n_snap, params["num_known_consts"], params["num_linear_consts"]]
+    (n,), (pos,), (slot_of,), (top,), snaps, kc, lc, lt = C.split_list(args, sizes)
+    return n, pos, slot_of, top, snaps, kc, lc, lt
 
 
 def _num_res(params: dict) -> int:
     lin_in = len(C.in_avals_of(params["linear_body"]))
     n_lin_carry = len(C.out_avals_of(params["linear_body"]))
     return lin_in - params["num_linear_consts"] - n_lin_carry
+
+
+def _primal_body(params: dict) -> Any:
+    """The known body without its residuals: the program the forward loop runs, so a backward
+    advance compiles to the same kernels (XLA compiles identical kernels once)."""
+    body = params["known_body"]
+    n_out = len(C.out_avals_of(body)) - _num_res(params)
+    return C.dce_closed(body, [True] * n_out + [False] * _num_res(params), True)[0]
 
 
 def _step(params: dict, kc, x):
@@ -84,7 +94,7 @@ def _step(params: dict, kc, x):
 
 
 def _linear_impl(*args, **params):
-    n, _, _, snaps, kc, lc, lt = _linear_split(args, params)
+    n, _, _, _, snaps, kc, lc, lt = _linear_split(args, params)
 
     def body(state):
         i, x, t = state
@@ -102,9 +112,8 @@ def _linear_abstract_eval(*avals, **params):
         C.effects_of(params["known_body"]), C.effects_of(params["linear_body"]))
 
 
-def _vjp_step(params: dict, kc, x, lc_avals, ct):
-    """Cotangents ``(linear consts, linear carry)`` of one step at primal state ``x``."""
-    _, res = _step(params, kc, x)
+def _transpose_step(params: dict, res, lc_avals, ct):
+    """Cotangents ``(linear consts, linear carry)`` of one step with residuals ``res``."""
     lt_avals = C.out_avals_of(params["linear_body"])
     primals = [*res, *[C.UndefinedPrimal(a) for a in lc_avals], *[C.UndefinedPrimal(a) for a in lt_avals]]
     cts = C.backward_pass_closed(params["linear_body"], primals, ct)
@@ -112,6 +121,22 @@ def _vjp_step(params: dict, kc, x, lc_avals, ct):
     ct_lc = [C.instantiate_zeros(g) for g in cts[nres: nres + len(lc_avals)]]
     ct_lt = [C.instantiate_zeros(g) for g in cts[nres + len(lc_avals):]]
     return ct_lc, ct_lt
+
+
+def _stepper(params: dict, kc: Sequence[Any], lc_avals: Sequence[Any]) -> Any:
+    """:func:`jaxaot.loops.sweep.stepper` of this loop: the advance runs the known body without its
+    residuals (the forward's step), the VJP the known body with them and the linear body's
+    transpose; built alike in the forward and in the transpose, so XLA shares them."""
+    primal = _primal_body(params)
+
+    def advance(x):
+        return [strong(a) for a in C.eval_closed(primal, *kc, *x)]
+
+    def vjp(x, ct, acc):
+        g_lc, g_lt = _transpose_step(params, _step(params, kc, x)[1], lc_avals, ct)
+        return [strong(g) for g in g_lt], [strong(a + g) for a, g in zip(acc, g_lc)]
+
+    return sweep.stepper(advance, vjp)
 
 
 def _blocks(cond: Any, step: Any, state: Any, block: int, k: int) -> Any:
@@ -128,16 +153,34 @@ def _where(pred: Any, new: Sequence[Any], old: Sequence[Any]) -> list:
     return [jnp.where(pred, a, b) for a, b in zip(new, old)]
 
 
+def _split_table(params: dict) -> Any:
+    """The binomial table of the split points: cut to what ``max_steps`` needs for a bounded loop
+    (a constant of a few thousand entries), else computed on the device once per loop."""
+    k, bound = params["checkpoints"], params["max_steps"]
+    return placement.split_table(bound, k) if bound is not None else beta_table_jax(k)
+
+
+def _split(params: dict) -> Any:
+    """Revolve's split points for :func:`jaxaot.loops.sweep.reverse`: looked up in a table of every
+    split point of a bounded loop where it is small, else searched in the binomial table."""
+    k, bound = params["checkpoints"], params["max_steps"]
+    points = placement.split_points(bound, k) if bound is not None else None
+    return sweep.search_split(_split_table(params)) if points is None else sweep.lookup_split(points, max(bound, 2))
+
+
 def _linear_transpose(cts, *args, **params):
-    n, pos, slot_of, snaps, kc, lc, lt = _linear_split(args, params)
+    n, pos, slot_of, top, snaps, kc, lc, lt = _linear_split(args, params)
     k, block = params["checkpoints"], params["block"]
-    masked = block > 1
     lc_avals = [a.aval for a in lc]
     ct = [C.instantiate_zeros(c) for c in cts]
     acc = [jnp.zeros(a.shape, a.dtype) for a in lc_avals]
-    top = jnp.sum(pos >= 0).astype(jnp.int32) - 1
-    table = beta_table_jax(k)  # once, outside both loops: the program's size does not grow with k
-    buf = [jnp.concatenate([s, jnp.zeros((1, *s.shape[1:]), s.dtype)]) for s in snaps]  # + scratch slot
+    n_plain = 4 + len(snaps) + len(kc)
+    if block == 1:  # one loop, one body (jaxaot.loops.sweep)
+        ct, acc = sweep.reverse(_stepper(params, kc, lc_avals), n, pos, slot_of, top, snaps, ct, acc, k,
+                                _split(params))
+        return [None] * n_plain + list(acc) + list(ct)
+    table = jnp.asarray(_split_table(params))  # once, outside both loops
+    buf = list(snaps)  # k snapshot slots and the scratch slot
 
     def advance(state, fine):  # one recomputation step towards fine - 1 (a no-op once there)
         x, cur, top, pos, buf = state
@@ -146,7 +189,7 @@ def _linear_transpose(cts, *args, **params):
         p_top = read_row(pos, top)
         target = jnp.where(slots > 1, p_top + split_point_jax(fine - p_top, slots, k, table), -1)
         new = [strong(a) for a in _step(params, kc, x)[0]]
-        x = _where(go, new, x) if masked else new
+        x = _where(go, new, x)
         cur = cur + go.astype(jnp.int32)
         push = go & (cur == target)
         slot = jnp.where(push, read_row(slot_of, jnp.minimum(top + 1, k - 1)), k)
@@ -155,9 +198,8 @@ def _linear_transpose(cts, *args, **params):
         return x, cur, top + push.astype(jnp.int32), pos, buf
 
     def vjp(fine, top, pos, ct, acc, x, live):  # the VJP of step fine - 1 at its state x
-        ct_lc, new_ct = _vjp_step(params, kc, x, lc_avals, ct)
-        if masked:
-            ct_lc, new_ct = _where(live, ct_lc, [jnp.zeros_like(g) for g in ct_lc]), _where(live, new_ct, ct)
+        ct_lc, new_ct = _transpose_step(params, _step(params, kc, x)[1], lc_avals, ct)
+        ct_lc, new_ct = _where(live, ct_lc, [jnp.zeros_like(g) for g in ct_lc]), _where(live, new_ct, ct)
         fine = fine - live.astype(jnp.int32)
         pop = live & (read_row(pos, jnp.maximum(top, 0)) == fine)
         pos = jnp.where(pop & (jnp.arange(k) == top), -1, pos)
@@ -171,19 +213,19 @@ def _linear_transpose(cts, *args, **params):
         x, _, top, pos, buf = _blocks(lambda s: s[1] < fine - 1, lambda s, _: advance(s, fine),
                                       (top_state(top, buf), read_row(pos, top), top, pos, buf), block, k)
         fine, top, pos, ct, acc = vjp(fine, top, pos, ct, acc, x, jnp.bool_(True))
-        if masked:  # then the run of steps whose state is the top snapshot: no recomputation between them
-            def run_cond(s):
-                return (s[0] > 0) & (s[1] >= 0) & (read_row(s[2], jnp.maximum(s[1], 0)) == s[0] - 1)
 
-            def run_step(s, _):
-                return vjp(*s, top_state(s[1], buf), run_cond(s))
+        # then the run of steps whose state is the top snapshot: no recomputation between them
+        def run_cond(s):
+            return (s[0] > 0) & (s[1] >= 0) & (read_row(s[2], jnp.maximum(s[1], 0)) == s[0] - 1)
 
-            fine, top, pos, ct, acc = _blocks(run_cond, run_step, (fine, top, pos, ct, acc), block, k)
+        def run_step(s, _):
+            return vjp(*s, top_state(s[1], buf), run_cond(s))
+
+        fine, top, pos, ct, acc = _blocks(run_cond, run_step, (fine, top, pos, ct, acc), block, k)
         return fine, top, pos, buf, ct, acc
 
     state = (jnp.asarray(n, jnp.int32), top, pos, buf, ct, acc)
     _, _, _, _, ct, acc = while_loop(lambda s: s[0] > 0, outer, state, checkpoints=k)
-    n_plain = 3 + len(snaps) + len(kc)
     return [None] * n_plain + list(acc) + list(ct)
 
 
@@ -191,12 +233,12 @@ def _linear_jvp(primals, tangents, **params):
     """Linear in (linear consts, linear carry): their tangents go through the same
     map, which stays transposable. Tangents of the replayed primal inputs (forward
     mode over a linearization) take the plain loop's JVP instead."""
-    n, pos, slot_of, snaps, kc, lc, lt = _linear_split(primals, params)
-    _, _, _, d_snaps, d_kc, d_lc, d_lt = _linear_split(tangents, params)
+    n, pos, slot_of, top, snaps, kc, lc, lt = _linear_split(primals, params)
+    _, _, _, _, d_snaps, d_kc, d_lc, d_lt = _linear_split(tangents, params)
     if all(is_zero(t) for t in (*d_snaps, *d_kc)):
         d_lin = [C.instantiate_zeros(t) for t in (*d_lc, *d_lt)]
         return (checkpointed_linear_p.bind(*primals, **params),
-                checkpointed_linear_p.bind(n, pos, slot_of, *snaps, *kc, *d_lin, **params))
+                checkpointed_linear_p.bind(n, pos, slot_of, top, *snaps, *kc, *d_lin, **params))
     tangents = [C.instantiate_zeros(t) if not is_zero(t) or C.is_inexact(jnp.result_type(x))
                 else C.zeros_float0(jnp.shape(x)) for x, t in zip(primals, tangents)]
     out, d_out = jax.jvp(functools.partial(_linear_impl, **params), tuple(primals), tuple(tangents))
@@ -208,9 +250,9 @@ def _linear_batch(axis_data, args, dims, **params):
     the primitive, with a vmapped linear body; lanes that replay different primal
     states run the plain loop under vmap (correct, but not transposable)."""
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-    n, pos, slot_of, snaps, kc, lc, lt = _linear_split(args, params)
-    dn, dp, ds, d_snaps, d_kc, d_lc, d_lt = _linear_split(dims, params)
-    if any(d is not None for d in (dn, dp, ds, *d_snaps, *d_kc)):
+    n, pos, slot_of, top, snaps, kc, lc, lt = _linear_split(args, params)
+    dn, dp, ds, dt, d_snaps, d_kc, d_lc, d_lt = _linear_split(dims, params)
+    if any(d is not None for d in (dn, dp, ds, dt, *d_snaps, *d_kc)):
         out = C.vmap_like(functools.partial(_linear_impl, **params), axis_data, tuple(dims))(*args)
         return list(out), [0] * len(out)
     lc = [moveaxis(c, d, 0) if d is not None else c for c, d in zip(lc, d_lc)]
@@ -220,7 +262,8 @@ def _linear_batch(axis_data, args, dims, **params):
     vlin = C.vmap_like(functools.partial(C.eval_closed, params["linear_body"]), axis_data, tuple(in_axes))
     res_avals = C.in_avals_of(params["linear_body"])[:nres]
     linear_body = trace_flat(vlin, [*res_avals, *[jax.typeof(c) for c in lc], *[jax.typeof(t) for t in lt]])
-    out = checkpointed_linear_p.bind(n, pos, slot_of, *snaps, *kc, *lc, *lt, **dict(params, linear_body=linear_body))
+    out = checkpointed_linear_p.bind(n, pos, slot_of, top, *snaps, *kc, *lc, *lt,
+                                     **dict(params, linear_body=linear_body))
     return list(out), [0] * len(out)
 
 
@@ -248,6 +291,19 @@ def online_block(effects: Any = None) -> int:
 
 
 # --------------------------------------------------------------------------- partial eval
+def _placer(k: int) -> tuple:
+    """``(levels0, decide, finish)`` of the online placement (:func:`~jaxaot.loops.revolve.place`),
+    as :func:`jaxaot.loops.placement.recorder` gives them for a bounded loop."""
+    table = beta_table_jax(k + 1)  # once, outside the loop: the program's size does not grow with k
+
+    def decide(i, levels):
+        slot, *new = place(jnp, i, *levels, k, table)
+        return jnp.where(i == 0, 0, slot), tuple(new)  # the initial state is level 0, in slot 0
+
+    levels0 = (jnp.full((k,), -1, jnp.int32).at[0].set(0), jnp.arange(k, dtype=jnp.int32), jnp.ones((), jnp.int32))
+    return levels0, decide, lambda levels: (levels[0], levels[1], levels[2] - 1)
+
+
 def _scaled(known_body: Any, unknown_body: Any, num_kc: int, num_res: int) -> tuple[Any, Any]:
     """The bodies with one more known const, the overflow scale: the known body passes it on
     as its last residual, and the linear body multiplies its outputs by it (linear still)."""
@@ -280,13 +336,17 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
     consts_uk = [not C.is_known_pval(t) for t in consts]
     kc = [C.known_value(t) for t, u in zip(consts, consts_uk) if not u]
     kt = [C.known_value(t) for t, u in zip(carry, carry_uk) if not u]
-    n_known_out = len(C.out_avals_of(known_body)) - len(res_avals)
-    primal_body, _ = C.dce_closed(known_body, [True] * n_known_out + [False] * len(res_avals), True)
-
-    table = beta_table_jax(k + 1)  # once, outside the loop: the program's size does not grow with k
-    bound = loop.max_steps  # max_steps with checkpoints, too few for nested scans (jaxaot.loops.offline)
-
+    lin_consts = [t for t, u in zip(consts, consts_uk) if u]
+    lin_carry = [t for t, u in zip(carry, carry_uk) if u]
+    bound = loop.max_steps  # max_steps with checkpoints, no nested scans (jaxaot.loops.offline)
     block = online_block(C.join_effects(C.effects_of(known_body), C.effects_of(cond)))
+    if bound is not None:  # the overflow scale, a known const found after the forward
+        known_body, unknown_body = _scaled(known_body, unknown_body, len(kc), len(res_avals))
+    params = dict(known_body=known_body, linear_body=unknown_body, checkpoints=k, block=block, max_steps=bound,
+                  num_known_consts=len(kc) + (bound is not None), num_linear_consts=len(lin_consts))
+    fkc = [*kc, jnp.ones((), jnp.float32)] if bound is not None else kc  # the forward's: any scale
+    primal_body = _primal_body(params)  # the program the transpose advances with, too
+    levels0, decide, finish = _placer(k) if bound is None else placement.recorder(bound, k)
 
     def fcond(state):
         go = C.eval_closed(cond, *kc, *state[0])[0]
@@ -294,40 +354,32 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
 
     def fbody(state, start):
         # Store the state *before* the step: the state after the last step is never needed.
-        x, i, (pos, slot_of, m), snaps = state
-        new_slot, new_pos, new_slot_of, new_m = place(jnp, i, pos, slot_of, m, k, table)
+        x, i, levels, snaps = state
+        slot, new_levels = decide(i, levels)
         if block == 1:
-            snaps = [write_row(s, new_slot, a) for s, a in zip(snaps, x)]
-            return C.eval_closed(primal_body, *kc, *x), i + 1, (new_pos, new_slot_of, new_m), snaps
+            snaps = [write_row(s, slot, a) for s, a in zip(snaps, x)]
+            return C.eval_closed(primal_body, *fkc, *x), i + 1, new_levels, snaps
         # A step past the loop's end changes nothing, and runs the body on the block's
         # first state (one it ran on) rather than on the final state, where it may be invalid.
         go = fcond(state)
-        snaps = [write_row(s, jnp.where(go, new_slot, k), a) for s, a in zip(snaps, x)]
-        new = C.eval_closed(primal_body, *kc, *_where(go, x, start[0]))
-        levels = _where(go, (new_pos, new_slot_of, new_m), (pos, slot_of, m))
-        return _where(go, new, x), i + go.astype(jnp.int32), tuple(levels), snaps
+        snaps = [write_row(s, jnp.where(go, slot, k), a) for s, a in zip(snaps, x)]
+        new = C.eval_closed(primal_body, *fkc, *_where(go, x, start[0]))
+        return _where(go, new, x), i + go.astype(jnp.int32), tuple(_where(go, new_levels, levels)), snaps
 
-    snaps0 = [jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)).at[0].set(x) for x in kt]
-    levels0 = (jnp.full((k,), -1, jnp.int32).at[0].set(0), jnp.arange(k, dtype=jnp.int32), jnp.ones((), jnp.int32))
-    x, n, (pos, slot_of, _), snaps = _blocks(fcond, fbody, (kt, jnp.zeros((), jnp.int32), levels0, snaps0),
-                                             block, k)
-    snaps = [s[:k] for s in snaps]
+    snaps0 = [jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)) for x in kt]  # + scratch slot
+    x, n, levels, snaps = _blocks(fcond, fbody, (kt, jnp.zeros((), jnp.int32), levels0, snaps0), block, k)
+    pos, slot_of, top = finish(levels)
     if bound is not None:  # stopped at the bound while the loop still ran: NaN values and tangents
         overflowed = (n >= bound) & C.eval_closed(cond, *kc, *x)[0]
         check_overflow(overflowed, bound)
         scale = overflow_scale(overflowed)
         x = poison(scale, x)
-        known_body, unknown_body = _scaled(known_body, unknown_body, len(kc), len(res_avals))
         kc = [*kc, scale]
 
-    lin_consts = [t for t, u in zip(consts, consts_uk) if u]
-    lin_carry = [t for t, u in zip(carry, carry_uk) if u]
-    params = dict(known_body=known_body, linear_body=unknown_body, checkpoints=k, block=block,
-                  num_known_consts=len(kc), num_linear_consts=len(lin_consts))
     out_avals = C.out_avals_of(unknown_body)
     effs = C.join_effects(C.effects_of(known_body), C.effects_of(unknown_body))
-    lin_out = C.stage_unknown_eqn(trace, checkpointed_linear_p, [n, pos, slot_of, *snaps, *kc, *lin_consts, *lin_carry],
-                                  out_avals, params, effs)
+    lin_out = C.stage_unknown_eqn(trace, checkpointed_linear_p,
+                                  [n, pos, slot_of, top, *snaps, *kc, *lin_consts, *lin_carry], out_avals, params, effs)
     return C.merge_lists(carry_uk, list(x), lin_out)
 
 
