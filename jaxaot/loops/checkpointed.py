@@ -6,18 +6,22 @@ Partial evaluation of a ``checkpoints=k`` loop (:func:`partial_eval`, called fro
 * a known primal loop (a ``while_loop`` itself) that runs the iterations and,
   before each step, lets :func:`~jaxaot.loops.revolve.place` decide whether the
   state is stored: k snapshot slots plus one scratch slot, and the levels'
-  positions and slots, are its extra carries (memory: ``k + 1`` carries);
+  positions and slots, are its extra carries (memory: ``k + 1`` carries). With
+  ``max_steps`` the decisions, which depend on the step alone, are read from a
+  table made at trace time (:mod:`jaxaot.loops.placement`);
 * one :data:`checkpointed_linear_p` eqn, the tangent map: ``num_steps``
   applications of the linearized body, each recomputing its residuals from the
   primal state it replays (forward: two body evaluations per step, no stack).
 
 The transpose of :data:`checkpointed_linear_p` is the revolve backward: for each
 step, last first, it advances from the nearest stored snapshot to the step,
-storing new snapshots at :func:`~jaxaot.loops.revolve.split_point_jax` while slots
-are free, and takes that step's VJP. Its cost is the revolve count of
+storing new snapshots at revolve's split points while slots are free, and takes
+that step's VJP. Its cost is the revolve count of
 :func:`~jaxaot.loops.revolve.revolve_counts` (within 10% of the optimum for
-n >= 100) plus n VJPs. Both its loops are ``checkpoints=k`` while loops
-themselves, so reverse over reverse stays bounded.
+n >= 100) plus n VJPs. It runs as one loop, the advance and the VJP in the
+branches of a ``cond`` (:mod:`jaxaot.loops.sweep`), except in blocks (below).
+Its loops are ``checkpoints=k`` while loops themselves, so reverse over reverse
+stays bounded.
 
 On GPUs every loop iteration whose trip count is a run-time value waits for its
 predicate on the host, so the loops run in blocks of ``B`` steps per predicate
@@ -25,7 +29,8 @@ check (:func:`online_block`; 1 on CPUs and TPUs): a step past the end of a run
 changes nothing (selects), the forward's masked steps run the body on their
 block's first state (never past the loop's end), and the backward's outer
 iteration is a recomputation sweep, its VJP, then the run of VJP steps whose
-states are stored snapshots, each in blocks. For n=2000, k=40 and B=4 that is
+states are stored snapshots, each in blocks (a ``cond`` per iteration would
+wait on the host too). For n=2000, k=40 and B=4 that is
 2,763 predicate checks instead of 9,103, for 10% more forward evaluations (5,592
 against 5,101, all counted by :func:`~jaxaot.loops.revolve.revolve_counts`) and
 21% more VJPs (masked). A body with effects runs unblocked.
@@ -80,8 +85,8 @@ def _num_res(params: dict) -> int:
 
 
 def _primal_body(params: dict) -> Any:
-    """The known body without its residuals: the program the forward loop runs, so a backward
-    advance compiles to the same kernels (XLA compiles identical kernels once)."""
+    """The known body without its residuals: the step of the forward loop and of the backward's
+    advances."""
     body = params["known_body"]
     n_out = len(C.out_avals_of(body)) - _num_res(params)
     return C.dce_closed(body, [True] * n_out + [False] * _num_res(params), True)[0]
@@ -125,8 +130,8 @@ def _transpose_step(params: dict, res, lc_avals, ct):
 
 def _stepper(params: dict, kc: Sequence[Any], lc_avals: Sequence[Any]) -> Any:
     """:func:`jaxaot.loops.sweep.stepper` of this loop: the advance runs the known body without its
-    residuals (the forward's step), the VJP the known body with them and the linear body's
-    transpose; built alike in the forward and in the transpose, so XLA shares them."""
+    residuals (the forward loop's step), the VJP the known body with them and the linear body's
+    transpose."""
     primal = _primal_body(params)
 
     def advance(x):

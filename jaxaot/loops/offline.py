@@ -54,13 +54,27 @@ Where no plan fits (``checkpoints`` below about ``2 log2(max_steps)``, any
 ``checkpoints >= 1``), :func:`nested` is false and reverse mode is the binomial
 schedule of :mod:`jaxaot.loops.checkpointed` with its forward bounded by
 ``max_steps``: k snapshots, within 10% of revolve's optimal forward count for
-n >= 100, and a program whose size does not grow with N or k.
+n >= 100.
+
+The nested scans are for GPUs (:func:`schedule`). A CPU or a TPU waits for no
+predicate, and its compile time is the cost that counts: each level's scan holds
+its own copy of the body and of its VJP (four forward copies and one VJP for
+three levels, times the unrolled steps), and XLA:CPU compiles each as kernels of
+its own (a grad of three levels took 2-3x the time of ``max_steps`` alone to
+compile). There every bounded loop runs the binomial schedule instead, whose
+program holds the body once in the forward and once with its VJP in the backward
+(:mod:`jaxaot.loops.sweep`), its placement and split points read from tables
+made at trace time (:mod:`jaxaot.loops.placement`): about the compile time of
+``max_steps`` alone, fewer body evaluations than nested scans (within 10% of
+revolve's optimum), and ``k + 1`` stored carries. Snapshots in host memory
+(``checkpoint_memory="host"``) take the nested scans everywhere.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -141,22 +155,46 @@ def plan_for(max_steps: int, checkpoints: int, checkpoint_memory: str) -> tuple[
     return (plan_host if checkpoint_memory == "host" else plan)(max_steps, checkpoints)
 
 
+#: The schedule of a bounded loop on device memory: None lets :func:`schedule` decide by platform;
+#: ``"nested"`` or ``"binomial"`` forces one (``JAXAOT_OFFLINE_SCHEDULE`` in the environment too).
+SCHEDULE: str | None = None
+#: Platforms whose bounded loops run nested scans (their while loops wait on the host per iteration).
+NESTED_PLATFORMS = ("gpu", "cuda", "rocm")
+SCHEDULES = ("nested", "binomial")
+
+
+def schedule() -> str:
+    """``"nested"`` (nested scans, when a plan fits) or ``"binomial"`` for a bounded loop traced now:
+    :data:`SCHEDULE` if set (or ``JAXAOT_OFFLINE_SCHEDULE``), else nested scans on GPUs, where each
+    iteration of a run-time trip count waits for its predicate on the host, and the binomial
+    schedule elsewhere, whose program compiles in about the time of ``max_steps`` alone."""
+    chosen = SCHEDULE or os.environ.get("JAXAOT_OFFLINE_SCHEDULE", "")
+    if chosen:
+        if chosen not in SCHEDULES:
+            raise InvalidLoopOptionError(f"offline schedule must be one of {SCHEDULES}, got {chosen!r}.")
+        return chosen
+    return "nested" if jax.default_backend() in NESTED_PLATFORMS else "binomial"
+
+
 def nested(loop: Loop) -> bool:
-    """Whether ``loop`` (``max_steps`` and ``checkpoints``) differentiates as nested scans:
-    a plan fits. Otherwise its reverse mode is the binomial schedule of
-    :mod:`jaxaot.loops.checkpointed`, bounded by ``max_steps``."""
-    return plan_for(loop.max_steps, loop.checkpoints, loop.checkpoint_memory) is not None
+    """Whether ``loop`` (``max_steps`` and ``checkpoints``) differentiates as nested scans: a plan
+    fits, and the snapshots go to host memory or :func:`schedule` says so. Otherwise its reverse
+    mode is the binomial schedule of :mod:`jaxaot.loops.checkpointed`, bounded by ``max_steps``."""
+    if plan_for(loop.max_steps, loop.checkpoints, loop.checkpoint_memory) is None:
+        return False
+    return loop.checkpoint_memory == "host" or schedule() == "nested"
 
 
 def check_body(loop_name: str, max_steps: int, checkpoints: int, checkpoint_memory: str, effects: Any) -> None:
-    """Refuse the nested-scan schedule for a body with effects (masked steps would repeat them)."""
+    """Refuse a body with effects wherever a nested plan fits: the nested scans (on GPUs) would
+    repeat them in masked steps, and the options must mean the same program on every platform."""
     if plan_for(max_steps, checkpoints, checkpoint_memory) is None:
         return  # the binomial schedule runs no masked step
     if effects:
         raise InvalidLoopOptionError(
-            f"{loop_name}: max_steps with checkpoints runs the body in masked steps past the loop's end, so its "
-            f"effects ({', '.join(sorted(map(str, effects)))}) would repeat. Use checkpoints alone for a body with "
-            f"effects."
+            f"{loop_name}: max_steps with checkpoints runs the body in masked steps past the loop's end (nested "
+            f"scans, on GPUs), so its effects ({', '.join(sorted(map(str, effects)))}) would repeat. Use checkpoints "
+            f"alone for a body with effects."
         )
 
 

@@ -4,25 +4,25 @@ The transpose of a ``checkpoints=k`` loop (:mod:`jaxaot.loops.checkpointed`) rev
 ``n`` steps from the snapshots its forward stored: for each step, last first, it
 advances from the nearest snapshot to the step, storing new snapshots at revolve's
 split points while slots are free, and takes that step's VJP. Written as a sweep
-loop inside a loop of VJPs, each loop has its own copy of the body and its own
-bookkeeping.
+loop inside a loop of VJPs, each loop has its own copy of the body (the sweep's
+advance, the VJP's recomputation) and its own bookkeeping.
 
 :func:`reverse` runs it as a single loop. An iteration starts from the state
-after step ``cur`` (read back from the top snapshot after a VJP) and either
-advances it, one body evaluation, storing the result where revolve's split
-point says, or, when ``cur`` is the step to reverse next (``fine - 1``), takes
-that step's VJP (the body with its residuals, then the linear body's
-transpose). The two sit in the branches of one ``lax.cond``, so each iteration
+after step ``cur`` and either advances it, one body evaluation, storing the
+result where revolve's split point says, or, when ``cur`` is the step to reverse
+next (``fine - 1``), takes that step's VJP (the body with its residuals, then
+the linear body's transpose) and reads back the top snapshot to go on from. The
+two are the branches of one ``lax.cond`` (:func:`stepper`), so each iteration
 evaluates the body once, as the two loops did (the advances plus one per VJP),
-and the program holds the body's forward once (the advance, the same program
-as the forward loop's body) and its VJP once, whatever the number of levels.
+and the backward holds the body's forward once and its VJP once, whatever the
+number of revolve's levels.
 
-XLA:CPU compiles every fusion of a program as an LLVM module of its own, so
-the bookkeeping is kept to a few scalar ops: the split point is one lookup in a
-table of ``split_point(length, slots)`` for a bounded loop
-(:func:`~jaxaot.loops.placement.split_points`), else a binary search of the
-binomial table by dynamic slices (a compare-and-sum over a row is a reduction,
-two more kernels). The integer state travels as one int32 vector.
+XLA:CPU compiles every fusion as an LLVM module of its own, so the bookkeeping
+is a few scalar ops: the split point is one lookup in a table of
+``split_point(length, slots)`` for a bounded loop (:func:`lookup_split`), else a
+binary search of the binomial table by dynamic slices (:func:`search_split`; a
+compare-and-sum over a row is a reduction, two more kernels), and a push or a
+pop writes one level's position.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def lookup_split(points: np.ndarray, longest: int) -> Callable:
 
 
 def stepper(advance: Callable, vjp: Callable) -> Callable:
-    """``step(reversing, x, buf, slot, ct, acc) -> (y, ct, acc)``: the one step program of both loops.
+    """``step(reversing, x, buf, slot, ct, acc) -> (y, ct, acc)``: an iteration's body evaluation.
 
     Not ``reversing``: ``y = advance(x)``. ``reversing``: ``(ct, acc) = vjp(x, ct, acc)`` and ``y``
     is snapshot ``slot`` of ``buf``, the state the backward goes on from (read in the branch,
@@ -105,9 +105,7 @@ def reverse(step: Callable, n: Any, pos: Any, slot_of: Any, top: Any, buf: Seque
     (``acc`` plus theirs). The loop is a ``checkpoints=k`` loop itself, so reverse mode
     over this reverse mode stays bounded.
     """
-    levels = jnp.asarray(np.arange(k, dtype=np.int32))
     t0 = jnp.maximum(top, 0)
-    head = jnp.stack([jnp.asarray(n, jnp.int32), read_row(pos, t0), jnp.asarray(top, jnp.int32)])
     x0 = [strong(read_row(b, read_row(slot_of, t0))) for b in buf]
 
     def body(state):
@@ -123,11 +121,12 @@ def reverse(step: Callable, n: Any, pos: Any, slot_of: Any, top: Any, buf: Seque
         y, ct, acc = step(reversing, x, buf, read_row(slot_of, jnp.maximum(new_top, 0)), ct, acc)
         slot = jnp.where(push, read_row(slot_of, jnp.clip(top + 1, 0, k - 1)), k)
         buf = [write_row(b, slot, a) for b, a in zip(buf, y)]
-        pos = jnp.where(pop & (levels == top), -1, jnp.where(push & (levels == new_top), cur + 1, pos))
+        at = jnp.clip(jnp.where(push, new_top, top), 0, k - 1)  # one level changes: a push or a pop
+        pos = write_row(pos, at, jnp.where(push, cur + 1, jnp.where(pop, -1, read_row(pos, at))))
         cur = jnp.where(reversing, read_row(pos, jnp.maximum(new_top, 0)), cur + 1)
         return (fine, cur, new_top), pos, [strong(a) for a in y], buf, list(ct), list(acc)
 
-    state = ((head[0], head[1], head[2]), pos.astype(jnp.int32), x0, list(buf), [strong(c) for c in ct],
-             [strong(a) for a in acc])
+    head = (jnp.asarray(n, jnp.int32), read_row(pos, t0).astype(jnp.int32), jnp.asarray(top, jnp.int32))
+    state = (head, pos.astype(jnp.int32), x0, list(buf), [strong(c) for c in ct], [strong(a) for a in acc])
     *_, ct, acc = while_loop(lambda s: s[0][0] > 0, body, state, checkpoints=k)
     return list(ct), list(acc)

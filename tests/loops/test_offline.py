@@ -1,4 +1,7 @@
-"""``while_loop(..., max_steps=N, checkpoints=k)``: the offline schedule against ``lax.fori_loop`` references."""
+"""``while_loop(..., max_steps=N, checkpoints=k)``: the offline schedules against ``lax.fori_loop`` references.
+
+Both schedules run on the CPU here: nested scans (GPUs' default, ``offline.SCHEDULE = "nested"``) and
+the binomial schedule (the default elsewhere)."""
 
 from __future__ import annotations
 
@@ -15,11 +18,19 @@ from hypothesis import strategies as st
 import jaxaot
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 from jaxaot.loops import reraise_overflow
+from jaxaot.loops import offline
 from jaxaot.loops.offline import plan
 from jaxaot.loops.revolve import revolve_counts
 from loop_models import mlp_loss as _mlp_loss, mlp_ref as _mlp_ref, inputs as _inputs
 
 TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture(params=["nested", "binomial"])
+def schedule(request, monkeypatch):
+    """Each schedule of a bounded loop whose nested plan fits."""
+    monkeypatch.setattr(offline, "SCHEDULE", request.param)
+    return request.param
 
 
 @settings(max_examples=200, deadline=None)
@@ -38,7 +49,7 @@ def test_plan_fits_the_bound_and_the_memory(n, k):
 
 @pytest.mark.parametrize("n", [0, 1, 13, 40])
 @pytest.mark.parametrize("jit", [False, True])
-def test_gradients_match_fori_loop(n, jit):
+def test_gradients_match_fori_loop(n, jit, schedule):
     w, b, x = _inputs(n)
     g = jax.grad(_mlp_loss, argnums=(0, 1, 2))
     if jit:
@@ -48,7 +59,7 @@ def test_gradients_match_fori_loop(n, jit):
     chex.assert_trees_all_close(got, ref, **TOL)
 
 
-def test_four_levels_and_value_and_grad():
+def test_four_levels_and_value_and_grad(schedule):
     w, b, x = _inputs(3)
     assert plan(200, 16) == (4, 4, 4, 4)
     val, got = jax.jit(jax.value_and_grad(lambda *a: _mlp_loss(*a, 157, max_steps=200, checkpoints=16),
@@ -66,7 +77,7 @@ def test_forward_result_and_jvp_are_lax_while_loops():
     chex.assert_trees_all_close(got, ref, **TOL)
 
 
-def test_hessian_vector_product():
+def test_hessian_vector_product(schedule):
     w, b, x = _inputs(6)
     v = jax.random.normal(jax.random.key(7), x.shape)
     hvp = lambda f: jax.jvp(jax.grad(f), (x,), (v,))[1]  # noqa: E731
@@ -74,7 +85,7 @@ def test_hessian_vector_product():
                                 hvp(lambda x: _mlp_ref(w, b, x, 11)), **TOL)
 
 
-def test_vmap_lanes_of_different_lengths():
+def test_vmap_lanes_of_different_lengths(schedule):
     w, b, _ = _inputs(8)
     xs = jax.random.normal(jax.random.key(10), (3, 4, 8))
     ns = jnp.array([0, 7, 31], jnp.int32)
@@ -93,7 +104,7 @@ def _descent(a, **kw):
     return out[0]
 
 
-def test_masked_steps_are_nan_safe():
+def test_masked_steps_are_nan_safe(schedule):
     got = jax.grad(_descent)(jnp.float32(2.0), max_steps=32, checkpoints=12)
     ref = sum(np.sqrt(1.0 - 0.25 * i) for i in range(4))
     assert np.isfinite(got) and abs(float(got) - ref) < 1e-5
@@ -102,7 +113,7 @@ def test_masked_steps_are_nan_safe():
     chex.assert_trees_all_close(lanes, jnp.full((3,), ref), **TOL)
 
 
-def test_overflow_raises_loop_overflow_error():
+def test_overflow_raises_loop_overflow_error(schedule):
     w, b, x = _inputs(11)
     with pytest.raises(LoopOverflowError, match="max_steps=40"):
         jax.grad(_mlp_loss)(w, b, x, 41, max_steps=40, checkpoints=12)
@@ -148,7 +159,7 @@ def test_refusals():
         jaxaot.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12)
 
 
-def test_memory_stays_within_the_plan():
+def test_memory_stays_within_the_plan(schedule):
     """Compiled temporaries: the offline schedule keeps far less than stacking every step."""
     w, b, x = _inputs(12, width=64)
     x = jnp.tile(x, (16, 1))  # a (64, 64) carry, 16 KiB
@@ -161,9 +172,10 @@ def test_memory_stays_within_the_plan():
     assert offline * 4 < stacked, (offline, stacked)
 
 
-def test_a_large_body_is_not_unrolled():
+def test_a_large_body_is_not_unrolled(monkeypatch):
     # The innermost level unrolls small bodies (up to 16) but not large ones: the program holds
     # one body per level (the forward of each jax.checkpoint level), not 16 per level.
+    monkeypatch.setattr(offline, "SCHEDULE", "nested")
     ws = [jnp.full((4, 4), 0.1 * i) for i in range(40)]
 
     def step(x):

@@ -1,0 +1,136 @@
+"""A bounded loop's checkpointing read from tables: the placement and the split points against revolve's.
+
+``max_steps=N, checkpoints=k`` on a CPU runs the binomial schedule with its forward's snapshot
+decisions and its backward's split points made at trace time (``jaxaot.loops.placement``) and its
+backward as one loop (``jaxaot.loops.sweep``). The tables must be revolve's exactly, the gradients
+``lax.scan``'s, and the program's copies of the body must not grow with N or k.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxaot
+from jaxaot import _compat as C
+from jaxaot.loops import offline, placement, revolve
+from jaxaot.loops.api import while_loop
+
+
+def _online_decisions(n: int, k: int) -> tuple[list, list]:
+    """The steps and slots ``revolve.place`` stores, in NumPy, one decision per step."""
+    pos, slot_of, m = np.full(k, -1, np.int64), np.arange(k), 1
+    pos[0] = 0
+    steps, slots = [0], [0]
+    for i in range(1, n):
+        slot, pos, slot_of, m = revolve.place(np, i, pos, slot_of, m, k)
+        if slot != k:
+            steps.append(i)
+            slots.append(int(slot))
+    return steps, slots
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 10, 17, 40])
+def test_stored_steps_are_the_online_placements_decisions(k):
+    steps, slots, held = placement.stored_steps(1200, k)
+    want_steps, want_slots = _online_decisions(1200, k)
+    assert steps.tolist() == want_steps + [-1] and slots.tolist() == want_slots + [k]
+    assert held[0] == 1 and held.max() <= k and np.all(np.diff(held[:-1]) >= 0)
+
+
+@pytest.mark.parametrize("n,k", [(1, 3), (2, 2), (57, 3), (400, 10), (999, 40)])
+def test_the_forward_holds_what_the_online_placement_holds(n, k):
+    # The forward's recorder, run on the device for n steps, against revolve's own positions.
+    levels0, decide, finish = placement.recorder(1000, k)
+
+    def step(i, levels):
+        return decide(i, levels)[1]
+
+    pos, slot_of, top = jax.jit(lambda: finish(lax.fori_loop(0, n, step, levels0)))()
+    want = revolve.snapshots_after_forward(n, k)
+    assert pos.tolist() == want and int(top) == sum(p >= 0 for p in want) - 1
+    assert sorted(slot_of.tolist()) == list(range(k))
+
+
+@pytest.mark.parametrize("n,k", [(30, 3), (500, 10), (2000, 40), (100, 2), (7, 1)])
+def test_split_points_are_revolves(n, k):
+    points = placement.split_points(n, k).reshape(k + 1, n + 1)
+    for s in range(2, k + 1):
+        assert [int(points[s, length]) for length in range(2, n + 1)] == \
+            [revolve.split_point(length, s) for length in range(2, n + 1)]
+
+
+def _drift(x, n, **kw):
+    return while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.05 * jnp.tanh(c[1] @ c[2]), c[2]),
+                      (0, x, kw.pop("w")), **kw)[1]
+
+
+def _drift_scan(x, w, n):
+    return lax.scan(lambda v, _: (v + 0.05 * jnp.tanh(v @ w), None), x, None, length=n)[0]
+
+
+@pytest.mark.parametrize("bound,k,n", [(300, 3, 300), (300, 40, 211), (1000, 10, 1000), (64, 5, 0)])
+@pytest.mark.parametrize("search", [False, True])
+def test_gradients_equal_scans_with_either_split_point(bound, k, n, search, monkeypatch):
+    # search: no table of split points (a loop too long for one), a binary search of the binomial table
+    if search:
+        monkeypatch.setattr(placement, "MAX_SPLIT_POINTS", 0)
+    monkeypatch.setattr(offline, "SCHEDULE", "binomial")
+    kx, kw = jax.random.split(jax.random.key(bound * 7 + k))
+    x, w = jax.random.normal(kx, (3, 8)), jax.random.normal(kw, (8, 8)) / 3
+    loss = lambda x, w: jnp.sum(_drift(x, n, w=w, max_steps=bound, checkpoints=k) ** 2)  # noqa: E731
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    ref = jax.value_and_grad(lambda x, w: jnp.sum(_drift_scan(x, w, n) ** 2), argnums=(0, 1))(x, w)
+    chex.assert_trees_all_close(got, ref, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("n,k,bound", [(0, 3, 400), (1, 2, 10), (150, 3, 400), (257, 10, 1000), (640, 12, 640)])
+def test_body_evaluations_are_revolves_counts(n, k, bound):
+    # Effects are allowed where no nested plan fits; count the body's runs in the compiled gradient.
+    assert offline.plan(bound, k) is None
+    calls = [0]
+
+    def count():
+        calls[0] += 1
+
+    def body(c):
+        jax.debug.callback(count)
+        return c[0] + 1, jnp.sin(c[1]) * 1.1
+
+    g = jax.jit(jax.grad(lambda x: while_loop(lambda c: c[0] < n, body, (0, x), max_steps=bound,
+                                              checkpoints=k)[1])).lower(0.3).compile()
+    calls[0] = 0
+    got = g(0.3)
+    jax.effects_barrier()
+    c = revolve.revolve_counts(n, k)
+    assert calls[0] == c.forward + c.vjps  # the forward, the recomputation, one evaluation per VJP
+    if n >= 100:
+        assert c.ratio <= 1.10, c
+    ref = jax.grad(lambda x: lax.fori_loop(0, n, lambda i, v: jnp.sin(v) * 1.1, x))(0.3)
+    chex.assert_trees_all_close(got, ref, rtol=1e-5)
+
+
+def _body_copies(max_steps, checkpoints=None):
+    """How many times the gradient's program evaluates the body (its sinh) and its derivative (cosh)."""
+    def loss(x, w):
+        out = jaxaot.while_loop(lambda c: c[0] < 50, lambda c: (c[0] + 1, jnp.sinh(c[1] @ w) * 0.5), (0, x),
+                                max_steps=max_steps, checkpoints=checkpoints)
+        return jnp.sum(out[1])
+
+    closed = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(jnp.ones((2, 4)), jnp.eye(4))
+    names = [str(eqn.primitive) for eqn in C.iter_eqns(closed)]
+    return names.count("sinh"), names.count("cosh")
+
+
+def test_the_gradients_program_holds_the_body_a_fixed_number_of_times():
+    # The compile time of an XLA program grows with the copies of the body it holds. The binomial
+    # schedule holds three forwards (the forward loop's, the backward's advance, the VJP's
+    # recomputation) and one derivative, whatever N and k; max_steps alone holds one of each.
+    assert offline.schedule() == "binomial"
+    copies = {(n, k): _body_copies(n, k) for n in (100, 1000, 5000) for k in (3, 10, 40)}
+    assert set(copies.values()) == {(3, 1)}, copies
+    assert _body_copies(1000) == (1, 1)
