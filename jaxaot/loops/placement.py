@@ -87,10 +87,11 @@ def stored_steps(max_steps: int, checkpoints: int) -> tuple[np.ndarray, np.ndarr
     big = _INT32_MAX
     pos, slot_of, m = [0], list(range(k)), 1
     steps, slots, held = [0], [0], [1]
+    segs = _Segments(cost, k)
     static = None
     for i in range(1, max_steps):
         if static is None:
-            static = _static_costs(cost, pos, m, k)
+            static = segs.summary(m)
         own_before, d_best, j_best, before_last2 = static
         last = m - 1
         p_last = pos[last]
@@ -106,11 +107,13 @@ def stored_steps(max_steps: int, checkpoints: int) -> tuple[np.ndarray, np.ndarr
             slot = slot_of[m]
             pos.append(i)
             m += 1
+            segs.update(pos, m - 2)
         else:
             j = j_best if best == drop_mid else last
             slot = slot_of[j]
             pos = pos[:j] + pos[j + 1:] + [i]
             slot_of = slot_of[:j] + slot_of[j + 1:m] + [slot] + slot_of[m:]
+            segs.update(pos, j - 1)
         steps.append(i)
         slots.append(slot)
         held.append(m)
@@ -118,25 +121,43 @@ def stored_steps(max_steps: int, checkpoints: int) -> tuple[np.ndarray, np.ndarr
     return np.asarray(steps + [-1], np.int32), np.asarray(slots + [k], np.int32), np.asarray(held + [m], np.int32)
 
 
-def _static_costs(cost: _Costs, pos: list, m: int, k: int) -> tuple:
-    """The parts of the placement's costs that stay fixed until the next stored step:
-    ``(sum of own costs before the last level, least static part of dropping a middle
-    level, that level (0: none), own costs before the last two levels)``."""
-    own = [cost(pos[a + 1] - pos[a], k - a) for a in range(m - 1)]
-    shifted = [cost(pos[a + 1] - pos[a], k - a + 1) for a in range(m - 1)]
-    prefix = [0]
-    for c in own:
-        prefix.append(prefix[-1] + c)
-    d_best, j_best = None, 0
-    after = 0  # sum of shifted[a] for j < a < m - 1, built from the top
-    candidates = []
-    for j in range(m - 2, 0, -1):
-        candidates.append((prefix[j - 1] + cost(pos[j + 1] - pos[j - 1], k - j + 1) + after, j))
-        after += shifted[j]
-    for value, j in reversed(candidates):  # ascending j: the first of equal minima wins, as argmin's
-        if d_best is None or value < d_best:
-            d_best, j_best = value, j
-    return prefix[m - 1], d_best or 0, j_best, prefix[m - 2] if m >= 2 else 0
+class _Segments:
+    """The costs of the segments between held levels, kept up to date as levels change: level
+    ``a``'s own segment with its slots and with one more, and the segment a drop of level ``j``
+    would join (levels below a change keep theirs)."""
+
+    def __init__(self, cost: _Costs, k: int):
+        self.cost, self.k = cost, k
+        self.own, self.shifted, self.merged = [], [], [0]
+
+    def update(self, pos: list, first: int) -> None:
+        """Recompute the segments from level ``first`` up (``pos``: the levels now held)."""
+        cost, k, first = self.cost, self.k, max(first, 0)
+        del self.own[first:], self.shifted[first:], self.merged[max(first, 1):]
+        for a in range(first, len(pos) - 1):
+            length = pos[a + 1] - pos[a]
+            self.own.append(cost(length, k - a))
+            self.shifted.append(cost(length, k - a + 1))
+        for j in range(max(first, 1), len(pos) - 1):
+            self.merged.append(cost(pos[j + 1] - pos[j - 1], k - j + 1))
+
+    def summary(self, m: int) -> tuple:
+        """The parts of the placement's costs that stay fixed until the next stored step: ``(sum
+        of own costs before the last level, least static part of dropping a middle level, that
+        level (0: none), own costs before the last two levels)``."""
+        prefix = [0]
+        for c in self.own:
+            prefix.append(prefix[-1] + c)
+        d_best, j_best = None, 0
+        after = 0  # sum of shifted[a] for j < a < m - 1, built from the top
+        candidates = []
+        for j in range(m - 2, 0, -1):
+            candidates.append((prefix[j - 1] + self.merged[j] + after, j))
+            after += self.shifted[j]
+        for value, j in reversed(candidates):  # ascending j: the first of equal minima wins, as argmin's
+            if d_best is None or value < d_best:
+                d_best, j_best = value, j
+        return prefix[m - 1], d_best or 0, j_best, prefix[m - 2] if m >= 2 else 0
 
 
 @functools.lru_cache(maxsize=64)
