@@ -21,11 +21,19 @@ The revolve counts and the offline schedules' level sizes come from ``jaxaot.loo
 the online schedule's block size (steps per predicate check) from ``jaxaot.loops.checkpointed``.
 The table's last column is each variant's first gradient (lowering, compiling, one run).
 
+The compile table puts the offline mode (``max_steps=N, checkpoints=k``, k = 3, 10, 40) next to
+``max_steps=N`` alone on the same loop, for the ODE's small body and for a large one
+(:func:`large_step`, about 400 eqns): the first gradient (tracing, lowering, compiling, one run)
+and the compile alone, medians of fresh compiles (``jax.clear_caches()`` and the offline
+schedule's trace-time tables cleared between), round robin over the variants, and each one's
+ratio to ``max_steps``'s.
+
 Usage (from the repository root)::
 
     python -m benchmarks.bench_while_loop            # the GPU benchmark
     python -m benchmarks.bench_while_loop --small    # a quick CPU run, written to benchmarks/results/
     python -m benchmarks.bench_while_loop --long     # 100,000 steps, host-memory snapshots (GPU)
+    python -m benchmarks.bench_while_loop --compile-only --small   # the compile table alone
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from benchmarks.harness import result_path
-from jaxaot.loops import checkpointed, dynamic_capacity, offline, revolve, while_loop
+from jaxaot.loops import checkpointed, dynamic_capacity, offline, placement, revolve, while_loop
 
 plan, plan_host = offline.plan, offline.plan_host
 revolve_counts, worst_ratio = revolve.revolve_counts, revolve.worst_ratio
@@ -54,6 +62,18 @@ DT = 0.05
 
 def step(x, w, b):
     return x + DT * jnp.tanh(x @ w + b)
+
+
+def large_step(x, w, b):
+    """A larger body: three matmuls of the carry, each followed by a chain of elementwise ops on the
+    rows' means (about 400 eqns): cheap to run, long to compile, as a small physics step is."""
+    for j in range(w.shape[0]):
+        h = jnp.tanh(x @ w[j] + b)
+        s = jnp.mean(h, axis=1)
+        for i in range(16):
+            s = s + 0.01 * jnp.sin(s * (1.0 + 0.1 * i)) - 0.001 * s * s * s
+        x = x + DT * (h * s[:, None] - x)
+    return x
 
 
 def loss_scan(w, b, x, n_static: int, step_fn: Callable = step):
@@ -151,6 +171,70 @@ def program_size_vs_k(ks: list[int], steps: int = 20) -> list[str]:
     return lines
 
 
+def _first_gradient(fn: Callable, args: tuple) -> tuple[float, float]:
+    """``(first gradient s, compile s)`` of ``jit(fn)`` from cold caches: tracing, lowering,
+    compiling and one run, and the compile alone."""
+    jax.clear_caches()
+    for table in (placement.stored_steps, placement.split_points, placement.split_table):
+        table.cache_clear()  # the offline schedule's trace-time tables count as tracing
+    t0 = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    return time.perf_counter() - t0, t2 - t1
+
+
+def compile_vs_max_steps(lengths: list[int], ks: list[int], repeats: int, batch: int, width: int,
+                         large_lengths: list[int]) -> list[str]:
+    """The first gradient of ``max_steps=N, checkpoints=k`` against ``max_steps=N`` alone on the same
+    loop (the trip count N - 3, a run-time value), for the ODE's body and :func:`large_step`."""
+    keys = jax.random.split(jax.random.PRNGKey(2), 5)
+    bodies = {
+        "small": (step, jax.random.normal(keys[0], (width, width)) / jnp.sqrt(width),
+                  jax.random.normal(keys[1], (width,)) * 0.1, jax.random.normal(keys[2], (batch, width)), lengths),
+        "large": (large_step, jax.random.normal(keys[3], (3, 64, 64)) / 8, jnp.zeros((64,)) + 0.1,
+                  jax.random.normal(keys[4], (64, 64)), large_lengths),
+    }
+    lines = [f"# first gradient (tracing, lowering, compiling, one run) and compile alone, against max_steps=N "
+             f"alone; medians of {repeats} fresh compiles, round robin",
+             f"# small: the ODE above, batch {batch}, width {width}; large: large_step, a 64x64 carry, "
+             f"{_eqns(large_step, bodies['large'])} eqns; trip count N - 3",
+             f"{'body':6s} {'N':>5s} {'variant':30s} {'schedule':>16s} {'first s':>8s} {'x max_steps':>11s} "
+             f"{'compile s':>9s} {'x max_steps':>11s}"]
+    for name, (fn, w, b, x, ns) in bodies.items():
+        for n in ns:
+            grad = jax.grad(functools.partial(loss_jaxaot, step_fn=fn), argnums=(0, 1, 2))
+            variants = {f"max_steps={n}": dict(max_steps=n)}
+            variants.update({f"max_steps={n} checkpoints={k}": dict(max_steps=n, checkpoints=k) for k in ks})
+            times: dict[str, list] = {v: [] for v in variants}
+            args = (w, b, x, jnp.int32(n - 3))
+            for _ in range(repeats):
+                for v, kw in variants.items():
+                    times[v].append(_first_gradient(lambda w, b, x, m, kw=kw: grad(w, b, x, m, **kw), args))
+            base = [statistics.median(t[i] for t in times[f"max_steps={n}"]) for i in (0, 1)]
+            for v, kw in variants.items():
+                first, comp = (statistics.median(t[i] for t in times[v]) for i in (0, 1))
+                lines.append(f"{name:6s} {n:5d} {v:30s} {_schedule(kw):>16s} {first:8.2f} {first / base[0]:11.2f} "
+                             f"{comp:9.2f} {comp / base[1]:11.2f}")
+    return lines
+
+
+def _eqns(fn: Callable, body: tuple) -> int:
+    return len(jax.make_jaxpr(fn)(body[3], body[1], body[2]).jaxpr.eqns)
+
+
+def _schedule(kw: dict) -> str:
+    """The reverse mode a variant runs here: the stack, nested scans (their plan) or the binomial schedule."""
+    if "checkpoints" not in kw:
+        return "stack"
+    sizes = plan(kw["max_steps"], kw["checkpoints"])
+    if sizes is not None and offline.schedule() == "nested":
+        return "nested " + "x".join(map(str, sizes))
+    return "binomial"
+
+
 def per_evaluation(times: dict, base: float, steps: int, k: int) -> list[str]:
     """Time per body evaluation against scan's (scan: n forward + n VJPs), and the floor a
     run-time trip count sets on the GPU: one predicate read per while-loop iteration."""
@@ -158,10 +242,11 @@ def per_evaluation(times: dict, base: float, steps: int, k: int) -> list[str]:
     online = (counts.forward + counts.vjps,
               f"revolve forward + VJPs, blocks of {counts.block}, {counts.checks} predicate checks")
     sizes = plan(steps, k)
+    binomial = ("no nested plan fits: the bounded " if sizes is None else "the bounded binomial schedule: ") + online[1]
     evals = {f"jaxaot checkpoints={k}": online,
              f"jaxaot max_steps={steps} checkpoints={k} (offline)":
-                 ((len(sizes) + 1) * steps, f"{len(sizes)} forward + 1 VJP per step, plan {sizes}") if sizes
-                 else (online[0], "no nested plan fits: the bounded " + online[1])}
+                 ((len(sizes) + 1) * steps, f"{len(sizes)} forward + 1 VJP per step, plan {sizes}")
+                 if sizes and offline.schedule() == "nested" else (online[0], binomial)}
     lines = ["", "# cost per body evaluation, against lax.scan's (2 x steps evaluations)"]
     for name, (n_eval, what) in evals.items():
         if name in times:
@@ -339,7 +424,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long", action="store_true", help="the long-loop table (host-memory snapshots)")
     p.add_argument("--lengths", default="10000,100000", help="trip counts of the long-loop table")
     p.add_argument("--scan-limit", type=int, default=10000, help="longest loop lax.scan runs in --long")
+    p.add_argument("--compile-lengths", default="300,2000", help="N of the compile table, the ODE's body")
+    p.add_argument("--compile-large-lengths", default="300,1000", help="N of the compile table, large_step")
+    p.add_argument("--compile-ks", default="3,10,40", help="k of the compile table's offline rows")
+    p.add_argument("--compile-repeats", type=int, default=3, help="fresh compiles per variant (medians)")
+    p.add_argument("--compile-only", action="store_true", help="the compile table alone")
     a = p.parse_args(argv)
+
+    def compile_table() -> list[str]:
+        return compile_vs_max_steps([int(v) for v in a.compile_lengths.split(",")],
+                                    [int(v) for v in a.compile_ks.split(",")], a.compile_repeats, a.batch, a.width,
+                                    [int(v) for v in a.compile_large_lengths.split(",")])
+
     if a.long:
         if a.small:
             a.batch, a.width = 16, 64
@@ -348,10 +444,16 @@ def main(argv: list[str] | None = None) -> None:
         if a.out is None and a.small:
             a.out = str(result_path("while_loop_long"))
         a.small = False
+    elif a.compile_only:
+        if a.small:
+            a.batch, a.width = 16, 64
+        text = header() + "\n".join(compile_table()) + "\n"
+        a.small = False  # written only with --out
     else:
         if a.small:
             a.batch, a.width, a.steps, a.checkpoints, a.repeats, a.ks = 16, 64, 200, 16, 5, "2,10,100"
         text = run(a.batch, a.width, a.steps, a.checkpoints or 40, a.repeats, [int(v) for v in a.ks.split(",")])
+        text += "\n" + "\n".join(compile_table()) + "\n"
     print(text)
     out = a.out
     if out is None and a.small:
