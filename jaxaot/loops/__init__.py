@@ -9,8 +9,12 @@ Modules, bottom up (each imports only those before it):
   ``dynamic_capacity``;
 * :mod:`~jaxaot.loops.lowering`: the impl and lowering (blocked on GPUs);
 * :mod:`~jaxaot.loops.revolve`: the binomial checkpointing schedule;
+* :mod:`~jaxaot.loops.placement`: a bounded loop's placement and split points, made at trace time;
+* :mod:`~jaxaot.loops.offline`: ``max_steps`` with ``checkpoints`` as nested scans (GPUs), and
+  which schedule a bounded loop runs;
 * :mod:`~jaxaot.loops.api`: ``while_loop`` and ``while_loop_stack_output``;
 * :mod:`~jaxaot.loops.patch`: ``patch_while_loop``, the swap of ``jax.lax.while_loop``;
+* :mod:`~jaxaot.loops.sweep`: the revolve backward as one loop;
 * :mod:`~jaxaot.loops.checkpointed`: the reverse mode of ``checkpoints=k``;
 * :mod:`~jaxaot.loops.partial_eval`: how reverse mode splits a loop;
 * :mod:`~jaxaot.loops.rules`: every rule, registered in one block.
