@@ -214,8 +214,9 @@ class Pipeline:
 
     def cache_info(self) -> CacheInfo:
         """The step's signatures (``hits``: steps that found theirs, ``misses``: signatures traced) and, per
-        stage, its entries (``program``: ``stage0``, ...): what it compiled, the seconds and the reason; with
-        the compiled executor, an entry ``step`` per signature for the whole program.
+        stage, its entries (``program``: ``stage0``, ...): what it compiled, the seconds and the reason. With
+        the compiled executor, an entry ``step`` per signature holds the one executable, ``pipeline_step``;
+        the stages are traced and partitioned, then inlined into it, so their entries compile nothing.
 
         Example:
             >>> import jax, jax.numpy as jnp

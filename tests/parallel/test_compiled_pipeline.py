@@ -234,12 +234,14 @@ def test_compiled_pass_times_time_every_pass_of_every_stage():
 
     stages = [embed] + [mlp_stage] * (num_stages - 1)
     k = jax.random.split(fresh_key(), num_stages + 1)
-    params = [{"emb": jax.random.normal(k[0], (32, 64)), "w": jax.random.normal(k[1], (64, 64)) / 8}]
-    params += [{"w": jax.random.normal(k[s + 1], (64, 64)) / 8, "b": jnp.zeros(64)} for s in range(1, num_stages)]
-    x = jax.random.randint(fresh_key(), (64,), 0, 32)
-    t = jax.random.normal(fresh_key(), (64, 64))
+    width = 256  # passes of a fraction of a millisecond: well above the timer's noise
+    params = [{"emb": jax.random.normal(k[0], (32, width)), "w": jax.random.normal(k[1], (width, width)) / 16}]
+    params += [{"w": jax.random.normal(k[s + 1], (width, width)) / 16, "b": jnp.zeros(width)}
+               for s in range(1, num_stages)]
+    x = jax.random.randint(fresh_key(), (512,), 0, 32)
+    t = jax.random.normal(fresh_key(), (512, width))
     step = pipeline(stages, mse, schedule="zero_bubble", num_microbatches=2, mesh=mesh)
-    times = step.measure_op_times(params, x, t, repeats=3, source="compiled")
+    times = step.measure_op_times(params, x, t, repeats=5, source="compiled")
     for field in ("forward", "backward_weight", "backward"):
         assert all(v > 0 for v in getattr(times, field)), (field, times)
     assert all(v >= 0 for v in times.backward_input)  # stage 0's B has no input gradient to compute
