@@ -21,3 +21,21 @@ jax.config.update("jax_default_matmul_precision", "highest")
 def pytest_report_header(config):
     """The backend and device count the device-using tests size themselves from."""
     return f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices"
+
+
+def _slow_cases() -> set:
+    """The node ids listed in tests/slow_cases.txt (comments and blank lines left out)."""
+    from pathlib import Path
+
+    text = (Path(__file__).with_name("slow_cases.txt")).read_text()
+    return {line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Cases listed in tests/slow_cases.txt join the slow suite (the heaviest of each parametrized family)."""
+    import pytest
+
+    slow = _slow_cases()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
