@@ -14,7 +14,7 @@ models, with their ``*_args``), :func:`random_tree` / :func:`sds` /
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -280,3 +280,30 @@ def child_env() -> dict:
 
     root = str(Path(jaxaot.__file__).resolve().parents[1])
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+
+
+def body_runs_and_gradient(n: int, x: float, **loop_options) -> tuple[int, Any, Any]:
+    """``(body evaluations, gradient, lax.fori_loop's gradient)`` of one compiled ``jax.grad`` through
+    ``jaxaot.while_loop`` of ``n`` steps of ``v -> sin(v) * 1.1`` with ``loop_options``.
+
+    The body counts its runs with a ``jax.debug.callback``; tracing and compiling run none, so the
+    count is the execution's alone.
+    """
+    from jaxaot.loops.api import while_loop
+
+    calls = [0]
+
+    def count():
+        calls[0] += 1
+
+    def body(c):
+        jax.debug.callback(count)
+        return c[0] + 1, jnp.sin(c[1]) * 1.1
+
+    g = jax.jit(jax.grad(lambda v: while_loop(lambda c: c[0] < n, body, (0, v), **loop_options)[1]))
+    g = g.lower(x).compile()
+    calls[0] = 0
+    got = g(x)
+    jax.effects_barrier()
+    ref = jax.grad(lambda v: lax.fori_loop(0, n, lambda i, u: jnp.sin(u) * 1.1, v))(x)
+    return calls[0], got, ref

@@ -11,27 +11,14 @@ from jax import lax
 
 from jaxaot.loops import checkpointed, revolve
 from jaxaot.loops.api import while_loop
+from zoo import body_runs_and_gradient
 
 
 @pytest.mark.parametrize("n,k", [(0, 2), (1, 1), (9, 2), (40, 3)])
 def test_device_body_evaluations_match_the_schedule(n, k):
-    calls = [0]
-
-    def count():
-        calls[0] += 1
-
-    def body(c):
-        jax.debug.callback(count)
-        return c[0] + 1, jnp.sin(c[1]) * 1.1
-
-    g = jax.jit(jax.grad(lambda x: while_loop(lambda c: c[0] < n, body, (0, x), checkpoints=k)[1]))
-    g = g.lower(0.3).compile()  # tracing runs no callbacks; count only the execution
-    calls[0] = 0
-    got = g(0.3)
-    jax.effects_barrier()
+    runs, got, ref = body_runs_and_gradient(n, 0.3, checkpoints=k)
     c = revolve.revolve_counts(n, k)
-    assert calls[0] == c.forward + c.vjps
-    ref = jax.grad(lambda x: lax.fori_loop(0, n, lambda i, v: jnp.sin(v) * 1.1, x))(0.3)
+    assert runs == c.forward + c.vjps
     chex.assert_trees_all_close(got, ref, rtol=1e-5)
 
 

@@ -19,6 +19,7 @@ import jaxaot
 from jaxaot import _compat as C
 from jaxaot.loops import offline, placement, revolve
 from jaxaot.loops.api import while_loop
+from zoo import body_runs_and_gradient
 
 
 def _online_decisions(n: int, k: int) -> tuple[list, list]:
@@ -92,25 +93,11 @@ def test_gradients_equal_scans_with_either_split_point(bound, k, n, search, monk
 def test_body_evaluations_are_revolves_counts(n, k, bound):
     # Effects are allowed where no nested plan fits; count the body's runs in the compiled gradient.
     assert offline.plan(bound, k) is None
-    calls = [0]
-
-    def count():
-        calls[0] += 1
-
-    def body(c):
-        jax.debug.callback(count)
-        return c[0] + 1, jnp.sin(c[1]) * 1.1
-
-    g = jax.jit(jax.grad(lambda x: while_loop(lambda c: c[0] < n, body, (0, x), max_steps=bound,
-                                              checkpoints=k)[1])).lower(0.3).compile()
-    calls[0] = 0
-    got = g(0.3)
-    jax.effects_barrier()
+    runs, got, ref = body_runs_and_gradient(n, 0.3, max_steps=bound, checkpoints=k)
     c = revolve.revolve_counts(n, k)
-    assert calls[0] == c.forward + c.vjps  # the forward, the recomputation, one evaluation per VJP
+    assert runs == c.forward + c.vjps  # the forward, the recomputation, one evaluation per VJP
     if n >= 100:
         assert c.ratio <= 1.10, c
-    ref = jax.grad(lambda x: lax.fori_loop(0, n, lambda i, v: jnp.sin(v) * 1.1, x))(0.3)
     chex.assert_trees_all_close(got, ref, rtol=1e-5)
 
 

@@ -15,7 +15,7 @@ each one concept, importing only downward:
 """
 
 from jaxaot.parallel.spmd.layout import Layout, union
-from jaxaot.parallel.spmd.ticks import TickPlan, check_ring, describe, plan
+from jaxaot.parallel.spmd.ticks import TickPlan, check_ring, plan
 from jaxaot.parallel.spmd.passes import StagePasses
 from jaxaot.parallel.spmd.params import StageParams, pack, stage_avals, unpack
 from jaxaot.parallel.spmd.program import Axes, Layouts, build_step
@@ -23,4 +23,4 @@ from jaxaot.parallel.spmd.executor import CompiledExecutor, check_mesh
 from jaxaot.parallel.spmd.calibrate import pass_times
 
 __all__ = ["Axes", "CompiledExecutor", "Layout", "Layouts", "StageParams", "StagePasses", "TickPlan", "build_step",
-           "check_mesh", "check_ring", "describe", "pack", "pass_times", "plan", "stage_avals", "union", "unpack"]
+           "check_mesh", "check_ring", "pack", "pass_times", "plan", "stage_avals", "union", "unpack"]

@@ -34,7 +34,7 @@ import dataclasses
 import numpy as np
 
 from jaxaot.errors import ScheduleError
-from jaxaot.parallel.schedule import OPS, Action, Schedule, unit_slots
+from jaxaot.parallel.schedule import OPS, Schedule, unit_slots
 
 #: The table's columns, per tick and device.
 COLUMNS = ("branch", "microbatch", "res_read", "res_write", "w_read", "w_write", "act_read", "recv_act",
@@ -70,10 +70,6 @@ class TickPlan:
     @property
     def num_ticks(self) -> int:
         return self.table.shape[0]
-
-    def busy(self) -> np.ndarray:
-        """``[ticks, devices]``: True where a device runs an action."""
-        return self.table[:, :, COL["branch"]] != 0
 
 
 def check_ring(schedule: Schedule) -> None:
@@ -118,7 +114,6 @@ def plan(schedule: Schedule) -> TickPlan:
     at = {(a.op, a.stage, a.microbatch): t for a, t in zip(schedule.actions, ticks)}
     back = {(a.stage, a.microbatch): (a.op, t) for a, t in zip(schedule.actions, ticks) if a.op in ("B", "BW")}
     last = schedule.num_stages - 1
-    where = schedule.stage_device()
     per_device: dict[str, list[list]] = {k: [[] for _ in range(schedule.num_devices)] for k in KINDS}
     for a, t in zip(schedule.actions, ticks):
         s, m, d = a.stage, a.microbatch, a.device
@@ -138,11 +133,11 @@ def plan(schedule: Schedule) -> TickPlan:
             chosen, used = _colour(intervals)
             slot[kind].update(chosen)
             sizes[kind] = max(sizes[kind], used)
-    table = _table(schedule, ticks, slot, sizes, where)
+    table = _table(schedule, ticks, slot, sizes)
     return TickPlan(schedule, table, sizes, tuple(ticks))
 
 
-def _table(schedule: Schedule, ticks: list[int], slot: dict, sizes: dict, where: dict) -> np.ndarray:
+def _table(schedule: Schedule, ticks: list[int], slot: dict, sizes: dict) -> np.ndarray:
     trash = {k: sizes[k] for k in KINDS}
     t_end = max(ticks, default=-1) + 1
     table = np.zeros((t_end, schedule.num_devices, len(COLUMNS)), np.int32)
@@ -173,31 +168,4 @@ def _table(schedule: Schedule, ticks: list[int], slot: dict, sizes: dict, where:
                 row[COL["ct_read"]] = slot["cotangents"][(s, m)]
             if s > 0:  # the previous device stores the cotangent this backward sends
                 table[t, (a.device - 1) % d_count, COL["recv_ct"]] = slot["cotangents"][(s - 1, m)]
-    _check_one_message(schedule, ticks)
     return table
-
-
-def _check_one_message(schedule: Schedule, ticks: list[int]) -> None:
-    """Each device receives at most one message of each kind per tick (one action per device and tick)."""
-    seen: set[tuple[int, int]] = set()
-    for a, t in zip(schedule.actions, ticks):
-        if (a.device, t) in seen:
-            raise ScheduleError(f"{a} shares tick {t} with another action of device {a.device}")
-        seen.add((a.device, t))
-
-
-def describe(p: TickPlan) -> str:
-    """One row per device, one column per tick (``F3@1``: F of microbatch 3 on stage 1; ``.``: idle)."""
-    cells = [["."] * p.num_ticks for _ in range(p.schedule.num_devices)]
-    for a, t in zip(p.schedule.actions, p.ticks):
-        cells[a.device][t] = f"{a.op}{a.microbatch}@{a.stage}"
-    width = max((len(c) for row in cells for c in row), default=1)
-    return "\n".join(f"device {d} | " + " ".join(c.ljust(width) for c in row).rstrip() for d, row in enumerate(cells))
-
-
-def action_at(p: TickPlan, tick: int, device: int) -> Action | None:
-    """The action a device runs at a tick, or None when idle."""
-    for a, t in zip(p.schedule.actions, p.ticks):
-        if t == tick and a.device == device:
-            return a
-    return None
