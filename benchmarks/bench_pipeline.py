@@ -45,8 +45,12 @@ mesh of the same devices.
 On the CPU the devices are host devices sharing the machine's cores: the
 numbers show that everything runs and agrees, not pipeline speed-ups.
 
+``--profile SCHEDULE`` instead traces a few compiled steps of one schedule and
+prints each device's kernel time per tick by kind: compute, copies, fills,
+collectives (:mod:`benchmarks.pipeline_profile`).
+
 Usage (from the repository root): ``python -m benchmarks.bench_pipeline [--small] [--out FILE] [--rounds N]
-[--devices D] [--data N] [--measured 8,16]``. On the CPU, 8 host devices are forced (``XLA_FLAGS``) before jax
+[--devices D] [--data N] [--measured 8,16] [--profile SCHEDULE]``. On the CPU, 8 host devices are forced (``XLA_FLAGS``) before jax
 is imported.
 """
 
@@ -222,10 +226,6 @@ def op_times(size: Size, mesh: Mesh, num_stages: int) -> tuple[OpTimes, str]:
         rows.append((s, f"{f:.3f}", *((f"{b:.3f}", f"{w:.3f}") if split else ("-", "-")), f"{bw:.3f}",
                      f"{b + w:.3f}" if split else "-"))
     text = f"passes of the compiled {name!r} step\n" + table(rows)
-    if times.forward[0] == 0.0:  # the first stage's forward takes integer tokens
-        text += ("\nstage 0's F reads 0: the calibration loop varies only the floating-point leaves of a pass's first "
-                 "argument, and this forward's are integer tokens, so XLA may hoist it out of the loop; both "
-                 "simulations undercount it")
     return dataclasses.replace(times, transfer=0.0), text
 
 
@@ -407,6 +407,24 @@ def measured(size: Size, mesh: Mesh, schedules: dict[str, tuple[Schedule, OpTime
     return head + "\n" + table(rows) + "\ngoals (GPU runs; on the CPU only a shape check)\n" + "\n".join(goals)
 
 
+def profiled(size: Size, mesh: Mesh, name: str, m: int, steps: int) -> str:
+    """The per-tick breakdown of one compiled schedule's step (``--profile``; :mod:`benchmarks.pipeline_profile`)."""
+    from benchmarks.pipeline_profile import profile
+
+    times4, _ = op_times(size, mesh, NUM_DEVICES)
+    times8 = times4 if name != "interleaved" else op_times(size, mesh, 2 * NUM_DEVICES)[0]
+    sched, times = schedules_for(m, times4, times8)[name]
+    c = config(size, sched.num_stages, m)
+    step = pipeline(c.stages, cross_entropy, schedule=sched, num_microbatches=m, mesh=mesh)
+    packed = step.shard_params(c.params, c.inputs, c.targets)
+    x, t = jax.device_put((c.inputs, c.targets), NamedSharding(mesh, PartitionSpec()))
+    ticks = step._compiled.tick_plan.num_ticks
+    peak = step.peak_bytes(packed, x, t)
+    return (f"{name}, {m} microbatches, compiled peak {fmt_bytes(peak) if peak else '-'} / device\n"
+            + profile(functools.partial(step, packed, x, t), steps=steps, ticks=ticks,
+                      lockstep=simulate_lockstep(sched, times).step_time))
+
+
 def main(argv: list[str] | None = None) -> str:
     global NUM_DEVICES, DATA
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -419,6 +437,10 @@ def main(argv: list[str] | None = None) -> str:
                     "devices x N; each microbatch holds N times the sequences (default 1: a (stage,) mesh)")
     ap.add_argument("--measured", default=MEASURED_MICROBATCHES,
                     help=f"comma-separated microbatch counts to measure (default {MEASURED_MICROBATCHES})")
+    ap.add_argument("--profile", metavar="SCHEDULE", choices=(*SCHEDULES, "zero_bubble tuned"),
+                    help="only profile this schedule's compiled step (a jax.profiler trace of a few steps, with the "
+                    "device time per tick by kind), at the first --measured microbatch count")
+    ap.add_argument("--profile-steps", type=int, default=5, help="steps traced by --profile")
     a = ap.parse_args(argv)
     NUM_DEVICES, DATA = a.devices, a.data
     per_device = SIZES["small" if a.small else "gpu"]
@@ -428,6 +450,10 @@ def main(argv: list[str] | None = None) -> str:
     cpu = jax.devices()[0].platform == "cpu"
 
     def sections():
+        if a.profile:
+            m = int(a.measured.split(",")[0])
+            yield f"## profile of the compiled step\n" + profiled(size, mesh, a.profile, m, a.profile_steps)
+            return
         yield (f"## model\nGPT: {size.layers} layers, width {size.width}, {size.heads} heads, seq {size.seq}, "
                f"vocab {size.vocab}, {jnp.dtype(size.dtype).name}; microbatch {size.microbatch} sequences"
                + (f" ({per_device.microbatch} per data shard)" if DATA > 1 else "") + "; "

@@ -12,7 +12,9 @@
 # Settings (environment):
 #   ARGS_<BENCH>="..."  more arguments for one benchmark, e.g. ARGS_fused="--only llama_block --rounds 9"
 #   TIMEOUT=540         seconds each benchmark (and the test suite) may run
-#   TESTS="tests/..."   what --tests runs (default: the whole suite but the notebooks), with -n WORKERS (8)
+#   TESTS="tests/..."   what --tests runs (default: the whole suite but the notebooks), with -n WORKERS (16)
+#
+# --tests writes benchmarks/results/tests_<kind>[xN].txt: the machine, the summary line and every failure.
 #
 # With $OUT set (the folder a device machine sends back), $OUT/run_gpu.log is the whole console output
 # and $OUT/results_<kind>.tar.gz holds the results files and every run's log (run_gpu_logs/). The archive is rewritten
@@ -64,12 +66,22 @@ pack() {  # the results written so far and every log, into $OUT (when set)
 }
 
 if [ $tests -eq 1 ]; then
-  echo "== tests"
+  tag=$kind
+  [ "$devices" -gt 1 ] && tag=${kind}x$devices
+  echo "== tests -> $results/tests_$tag.txt"
+  start=$SECONDS
   # shellcheck disable=SC2086
-  timeout "${TIMEOUT:-540}" python3 -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} -q \
-    -n "${WORKERS:-8}" -p no:cacheprovider > "$logs/tests_$kind.txt" 2>&1
-  echo "tests: exit $?"
-  tail -15 "$logs/tests_$kind.txt"
+  timeout "${TIMEOUT:-540}" python3 -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} -q -rfEs \
+    -n "${WORKERS:-16}" -p no:cacheprovider > "$logs/tests_$tag.log" 2>&1
+  status=$?
+  {
+    echo "# python -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} -n ${WORKERS:-16}: exit $status after $((SECONDS - start)) s"
+    python3 -c "import jax; print('#', 'jax', jax.__version__, jax.device_count(), 'x', jax.devices()[0].device_kind)"
+    grep -E '^(FAILED|ERROR|SKIPPED)' "$logs/tests_$tag.log" | cut -c1-300
+    tail -1 "$logs/tests_$tag.log"
+  } > "$results/tests_$tag.txt"
+  written+=("$results/tests_$tag.txt")
+  cat "$results/tests_$tag.txt"
   pack
 fi
 

@@ -34,7 +34,7 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "JaxaotError", "InvalidInputError", "InvalidValueError", "InvalidOutputError", "ResidualsMismatchError",
         "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "MemoryBudgetError",
         "LoopFunctionError", "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError",
-        "LoopOverflowError",
+        "LoopOverflowError", "XlaCompileError",
         "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError", "ArtifactInputError",
         "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "CacheWarning")),
     ("jaxaot._config", ("config",)),

@@ -85,6 +85,12 @@ class LoopOverflowError(JaxaotError, RuntimeError):
     """A while loop ran more iterations than its ``max_steps`` (raised at run time)."""
 
 
+class XlaCompileError(JaxaotError, RuntimeError):
+    """XLA refused to compile one of jaxaot's programs (the message names the program, the platform and XLA's
+    error, and suggests workarounds). XLA's own failures show here: ``jax.jit`` of the same computation
+    usually fails the same way; ``__cause__`` holds XLA's exception."""
+
+
 class LossOutputError(JaxaotError, ValueError):
     """``aot_export_module(..., trace_joint=True)`` has no usable loss output.
 

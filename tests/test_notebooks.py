@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import jax
-import nbclient
-import nbformat
 import pytest
+
+nbclient = pytest.importorskip("nbclient", reason="the notebooks run in nbclient, which is not installed "
+                               "(pip install -e '.[test]')")
+nbformat = pytest.importorskip("nbformat", reason="the notebooks are read with nbformat, which is not installed")
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))

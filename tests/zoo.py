@@ -307,3 +307,18 @@ def body_runs_and_gradient(n: int, x: float, **loop_options) -> tuple[int, Any, 
     jax.effects_barrier()
     ref = jax.grad(lambda v: lax.fori_loop(0, n, lambda i, u: jnp.sin(u) * 1.1, v))(x)
     return calls[0], got, ref
+
+
+def kept_step(f: Any, args: tuple, kwargs: dict | None = None) -> Any:
+    """The :class:`~jaxaot.fusion.FusedChoice` of ``f``'s signature for ``args``, after ``jaxaot.value_and_grad``
+    ran it, checking that the signature keeps only the step that runs: the fused executable alone, or
+    the split forward and backward alone. Which one runs is the platform's choice (timed on accelerators),
+    so tests of the fused step's variants read the variant from the choice, which outlives a losing step.
+    """
+    programs = f.lookup(args, kwargs or {}).programs
+    (choice,) = programs.fused_choices.values()
+    assert choice.runs in ("fused", "split"), choice
+    suffix = choice.executable.removeprefix("fused").split("@")[0]  # the gradient mask's, as in "fused[0,1]"
+    kept = {choice.executable} if choice.runs == "fused" else {"forward" + suffix, "backward" + suffix}
+    assert set(programs.executables) == kept, (tuple(programs.executables), choice)
+    return choice

@@ -27,11 +27,14 @@ The algorithm, module by module (each imports only those before it):
 * ``variants``: :func:`fused_exe` compiles the step and, on an accelerator,
   each variant in turn, keeping one by compiled peak memory
   (:func:`choose_layouts`, :func:`choose_order`, :func:`choose_barrier`,
-  :func:`choose_rederive`, all on :func:`compiled_peak`).
+  :func:`choose_rederive`, all on :func:`compiled_peak`);
+* ``step_choice``: :func:`fused_choice` decides once whether the fused step or
+  the split executables run (:func:`budget_choice`, :func:`choose_step`), keeps
+  only the winner's executables, and records a :class:`FusedChoice`.
 
-Cost: one compilation per signature, up to five on an accelerator; run time is
-one executable call. Measurements behind each rule are in
-``docs/concepts/fused_step.md``.
+Cost: one compilation per signature, up to five on an accelerator plus the two
+split programs timed against it; run time is one executable call. Measurements
+behind each rule are in ``docs/concepts/fused_step.md``.
 """
 
 from jaxaot.fusion.interface import ProgramsLike, TrainingLike
@@ -42,14 +45,17 @@ from jaxaot.fusion.program import (
     barred_residuals, fused_program, library_kernel_residuals, pinned_layouts, read_orders, recomputation_inputs,
 )
 from jaxaot.fusion.variants import (
-    budget_choice, choose_barrier, choose_layouts, choose_order, choose_rederive, choose_step, compiled_peak,
-    default_barrier, fused_exe, run_fused, run_split,
+    choose_barrier, choose_layouts, choose_order, choose_rederive, compiled_peak, default_barrier, fused_exe,
+    fused_name,
+)
+from jaxaot.fusion.step_choice import (
+    FusedChoice, budget_choice, choose_step, fused_choice, is_decided, run_fused, run_split,
 )
 
 __all__ = [
-    "ProgramsLike", "RederivedBackward", "SlicedBackward", "TrainingLike", "barred_residuals", "budget_choice",
+    "FusedChoice", "ProgramsLike", "RederivedBackward", "SlicedBackward", "TrainingLike", "barred_residuals", "budget_choice",
     "choose_barrier", "choose_layouts", "choose_order", "choose_rederive", "choose_step", "compiled_peak",
-    "default_barrier", "eval_backward", "fused_exe", "fused_program", "library_kernel_residuals", "ordered_eqns",
+    "default_barrier", "eval_backward", "fused_choice", "fused_exe", "fused_name", "is_decided", "fused_program", "library_kernel_residuals", "ordered_eqns",
     "pinned_layouts", "read_orders", "recomputation_inputs", "rederive_backward", "residual_readers", "run_fused",
     "run_split", "slice_residual_reads",
 ]

@@ -25,12 +25,14 @@ class ProgramsLike(Protocol):
       computed_outputs: positions of the outputs the executables compute (the others are inputs).
       output_is_input: per output, the input leaf it returns unchanged, or None.
       executables: the compiled executables by name; the fused step stores its kept one here.
+      fused_choices: per fused step's name, its :class:`~jaxaot.fusion.FusedChoice` (fused or split, and why).
     """
 
     in_avals: Sequence[Any]
     computed_outputs: Sequence[int]
     output_is_input: Sequence[int | None]
     executables: dict[str, Any]
+    fused_choices: dict[str, Any]
 
     def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any],
                 aliased: set = frozenset()) -> Any:

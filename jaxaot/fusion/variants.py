@@ -2,63 +2,24 @@
 
 The options of :func:`~jaxaot.fusion.program.fused_program` (residual layouts,
 backward order, barrier, reductions derived again) each help on some models and
-cost on others, and which one is decided only by XLA's compiled program. So on
-an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`), :func:`fused_exe` compiles
-the step with XLA's layouts, then in turn:
-
-1. with the residuals' layouts pinned, kept by :func:`choose_layouts` unless
-   its peak is above XLA's choice by more than :data:`LAYOUT_PEAK_SLACK`;
-2. where the backward reads a recomputed matmul operand, in the consume-first
-   order (:mod:`jaxaot.fusion.ordering`), kept by :func:`choose_order` when it
-   lowers the peak by more than :data:`ORDER_PEAK_GAIN`;
-3. where the plan recomputes, without the barrier, kept by
-   :func:`choose_barrier` when its peak is no higher: the barrier exists for
-   memory, and where XLA's own schedule needs no more it only forbids fusions;
-4. where the backward can derive a saved reduction again
-   (:mod:`jaxaot.fusion.rederive`), doing so, kept by :func:`choose_rederive`
-   when it lowers the peak by more than :data:`REDERIVE_PEAK_GAIN`.
-
-The rules weigh peak memory only (:func:`compiled_peak`): step times of two
-compiles of one program differ by up to 1.6% on an H100, about as much as the
-variants move them, while the peaks they trade are deterministic. Under a byte
-``memory_budget`` (the partition's ``step_peak``) no variant over the budget is
-kept, and where the step is over the budget (the variants above change the
-program the planner measured) the planned program itself, without residual
-slices, is compiled and kept if it fits.
-
-Whether the fused step runs at all is decided by peak and by time
-(:func:`choose_step`): where its compiled peak is over a byte budget that the
-split programs fit, or where, timed on the first call (an accelerator, or any
-backend with :data:`step_timer` set), it runs more than :data:`STEP_TIME_SLACK`
-times the split executables of the same plan, :func:`run_fused` runs the split
-forward and backward instead. The split step is timed only where its
-programs' compiled peak is at most the fused step's (and a byte budget's), so
-timing never raises the process's peak above the step's own, and inputs a call
-donates or effects it would repeat are never timed. The executable's ``runs``
-(``"fused"`` or ``"split"``) and ``why`` attributes say which and why. What each
-rule gained and cost on the zoo's models is in ``docs/concepts/fused_step.md``.
-The executable's ``layouts``, ``order``, ``barrier`` and ``rederived``
-attributes say which variant was kept (the runtime reports them as
-``FusedChoice``). On CPU, whose layouts are row-major anyway, the step compiles
-once.
-
-Cost: one compilation per signature, up to five on an accelerator, and there
-the two split executables for the timing, whose ``STEP_TIME_ROUNDS`` interleaved
-calls of each step run once, on the first call. Functions with a ``jaxaot.while_loop`` whose stack the runtime sizes
-keep the split executables: the runtime checks the loop's trip count between
-the two.
+cost on others, and only XLA's compiled program tells which. On an accelerator
+(:data:`LAYOUT_CHOICE_PLATFORMS`) :func:`fused_exe` compiles the step with XLA's
+layouts, then in turn with the residuals' layouts pinned (:func:`choose_layouts`),
+in the consume-first backward order (:func:`choose_order`), without the barrier
+(:func:`choose_barrier`) and with reductions derived again
+(:func:`choose_rederive`), keeping a variant by compiled peak only; under a byte
+``memory_budget`` no variant over it is kept. On CPU, whose layouts are
+row-major anyway, the step compiles once. Whether the kept step runs at all, or
+the split executables do, is :mod:`jaxaot.fusion.step_choice`'s decision.
 """
 
 from __future__ import annotations
 
 import functools
-import statistics
-import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any
 
 import jax
 
-from jaxaot import _compat as C
 from jaxaot import _progress
 from jaxaot.fusion.interface import TrainingLike
 from jaxaot.fusion.ordering import ordered_eqns
@@ -108,7 +69,8 @@ def choose_layouts(auto_peak: int | None, pinned_peak: int | None) -> str:
     return "pinned" if pinned_peak <= auto_peak * (1 + LAYOUT_PEAK_SLACK) else "auto"
 
 
-def _platform(exe: Any) -> str | None:
+def platform_of(exe: Any) -> str | None:
+    """The platform (``"cpu"``, ``"gpu"``, ...) of a compiled executable's devices, or None if unknown."""
     shardings = jax.tree.leaves(getattr(exe, "input_shardings", None))
     devices = next(iter(shardings)).device_set if shardings else set()
     return next(iter(devices)).platform if devices else None
@@ -203,6 +165,12 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier
     return exe
 
 
+def fused_name(training: TrainingLike, value_leaf: int = 0) -> str:
+    """The fused step's name among the signature's executables: ``"fused"`` plus the gradient mask's suffix,
+    plus ``@leaf`` where the loss is not the first output."""
+    return "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
+
+
 def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
     """The fused step's executable for output ``value_leaf`` as the loss, compiled (through the
     persistent cache) on first use and stored in ``training.programs.executables``.
@@ -211,12 +179,10 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
     compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
     executable's ``layouts`` (``"auto"`` or ``"pinned"``), ``order`` (``"xla"`` or
     ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or ``"none"``) and ``rederived``
-    (the residuals derived again) attributes say which was kept; ``runs`` is ``"split"`` (and
-    ``why`` says so) where its peak is over the budget and the split programs' is not
-    (:func:`budget_choice`), else None until :func:`run_fused` times it.
+    (the residuals derived again) attributes say which was kept.
     """
     p = training.programs
-    name = "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
+    name = fused_name(training, value_leaf)
     exe = p.executables.get(name)
     if exe is None:
         returned = {i for i in p.output_is_input if i is not None}  # handed back as outputs: never donated
@@ -230,7 +196,7 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
             peak = compiled_peak(v) if v is not None else None
             return v is not None and (budget is None or peak is None or peak <= budget)
 
-        if _platform(exe) in LAYOUT_CHOICE_PLATFORMS:
+        if platform_of(exe) in LAYOUT_CHOICE_PLATFORMS:
             variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned)
             pinned = variant(barrier, layouts="pinned", order="xla")
             if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
@@ -253,135 +219,5 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
             planned = _compile_variant(training, name, value_leaf, barrier, returned, "auto", "xla", slices=False)
             if fits(planned):
                 exe = planned
-        exe.runs, exe.why = None, ""
-        chosen = budget_choice(part.step_peak, compiled_peak(exe))
-        if chosen is not None:
-            exe.runs, exe.why = chosen
         p.executables[name] = exe
     return exe
-
-
-def budget_choice(step_peak: Any, fused_peak: int | None) -> tuple[str, str] | None:
-    """``("split", why)`` where the fused step's compiled peak is over the plan's byte budget and the split
-    programs' is not (:class:`~jaxaot.partition.StepPeak`), else None (the fused step may run).
-
-    Example:
-        >>> from jaxaot.fusion import budget_choice
-        >>> from jaxaot.partition import StepPeak
-        >>> budget_choice(StepPeak(fused=900, forward=500, backward=800, budget=1000), 1100)[0]
-        'split'
-        >>> budget_choice(StepPeak(fused=900, forward=500, backward=800, budget=1000), 950) is None
-        True
-    """
-    budget = getattr(step_peak, "budget", None)
-    if budget is None or fused_peak is None or fused_peak <= budget:
-        return None
-    split = step_peak.split
-    if split is None or split > budget:
-        return None  # neither fits: the planner chose this plan for its fused step, which stays
-    return "split", (f"the fused step's compiled peak ({fused_peak} bytes) is over memory_budget ({budget} bytes) "
-                     f"and the split programs' ({split} bytes) is not")
-
-
-# --------------------------------------------------------------------------- fused or split, by time
-#: How much slower than the split executables of the same plan the fused step may time and still run.
-STEP_TIME_SLACK = 1.02
-#: Interleaved timed calls of each (after one untimed call of each), on the first call of a signature.
-STEP_TIME_ROUNDS = 5
-#: Backends where the fused/split choice is timed without a :data:`step_timer` (CPU timing is noise).
-TIME_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
-#: The timer of :func:`run_fused`'s choice: ``step_timer(which, run) -> seconds`` of one blocked call of
-#: ``run`` (``which``: ``"fused"`` or ``"split"``). None: wall-clock time on accelerators, and no timing on
-#: CPU, where timing is noise. Tests set it to drive the choice.
-step_timer: Callable[[str, Callable[[], Any]], float] | None = None
-
-
-def choose_step(fused_seconds: Sequence[float], split_seconds: Sequence[float],
-                slack: float = STEP_TIME_SLACK) -> tuple[str, str]:
-    """``("fused" or "split", why)``: the fused step unless its median time is more than ``slack`` times the
-    split executables' (the same plan, the same inputs).
-
-    Example:
-        >>> from jaxaot.fusion import choose_step
-        >>> choose_step([1.0, 1.01, 1.0], [1.0, 0.99, 1.0])[0], choose_step([1.1, 1.1], [1.0, 1.0])[0]
-        ('fused', 'split')
-    """
-    fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
-    ratio = fused / split if split > 0 else 1.0
-    if ratio <= slack:
-        return "fused", f"timed at {ratio:.3f}x the split executables"
-    return "split", f"the fused step timed {ratio:.3f}x the split executables (more than {slack}x)"
-
-
-class SplitRunner(TrainingLike, Protocol):
-    """What the split step needs of the runtime's training programs besides :class:`TrainingLike`."""
-
-    def forward(self, leaves: Sequence[Any], concrete: bool | None = None) -> tuple[list, list]: ...
-
-    def backward(self, residuals: Sequence[Any], cts: Sequence[Any], concrete_residuals: bool = False) -> list: ...
-
-    def unit_cotangents(self, leaf: int) -> list: ...
-
-    @property
-    def forward_exe(self) -> Any: ...
-
-    @property
-    def backward_exe(self) -> Any: ...
-
-
-def run_split(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
-    """``(outputs, grads)`` from the split forward and backward executables of the same plan."""
-    outs, residuals = training.forward(leaves, concrete=True)
-    return outs, training.backward(residuals, training.unit_cotangents(value_leaf), concrete_residuals=True)
-
-
-def _wall_seconds(which: str, run: Callable[[], Any]) -> float:
-    del which
-    t = time.perf_counter()
-    jax.block_until_ready(run())
-    return time.perf_counter() - t
-
-
-def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
-    """The fused step or the split one, by time (:func:`choose_step`), or why they are not timed."""
-    timer = step_timer
-    if timer is None:
-        if _platform(exe) not in TIME_CHOICE_PLATFORMS:
-            return "fused", "not timed: on CPU step times are noise"
-        timer = _wall_seconds
-    part = training.partition
-    budget = getattr(part.step_peak, "budget", None)
-    if budget is not None and (part.step_peak.split is None or part.step_peak.split > budget):
-        return "fused", "the split programs' peak is over memory_budget"
-    if getattr(training.programs, "donated_leaves", ()):
-        return "fused", "not timed: the step donates its inputs"
-    if C.jaxpr_of(training.joint.jaxpr).effects:
-        return "fused", "not timed: the step has effects, which each timed call would repeat"
-    split_peaks = [compiled_peak(training.forward_exe), compiled_peak(training.backward_exe)]
-    fused_peak = compiled_peak(exe)
-    if None not in split_peaks and fused_peak is not None and max(split_peaks) > fused_peak:
-        # Timing it would raise the process's peak above the step's; running it would raise the step's.
-        return "fused", f"not timed: the split programs peak higher ({max(split_peaks)} bytes, fused {fused_peak})"
-    runs = {"fused": lambda: exe(*leaves), "split": lambda: run_split(training, leaves, value_leaf)}
-    for run in runs.values():
-        jax.block_until_ready(run())  # compiles the split executables; warms both
-    times: dict[str, list[float]] = {"fused": [], "split": []}
-    for _ in range(STEP_TIME_ROUNDS):
-        for which, run in runs.items():
-            times[which].append(timer(which, run))
-    return choose_step(times["fused"], times["split"])
-
-
-def run_fused(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
-    """``(the function's outputs, grads of the differentiated inputs)`` from one fused call, or from the
-    split executables where the fused step cannot win (:func:`budget_choice`, :func:`choose_step`: decided
-    on the first call and kept in the executable's ``runs`` and ``why``)."""
-    p = training.programs
-    exe = fused_exe(training, value_leaf)
-    if getattr(exe, "runs", None) is None:
-        exe.runs, exe.why = _timed_choice(training, exe, leaves, value_leaf)
-    if exe.runs == "split":
-        return run_split(training, leaves, value_leaf)
-    outs = exe(*leaves)
-    n = len(p.computed_outputs)
-    return p.splice(leaves, outs[:n]), list(outs[n:])

@@ -269,7 +269,7 @@ class AOTFunction:
         """
         with self._lock:
             entries = tuple(
-                dataclasses.replace(info, executables=tuple(p.executables), fused=_fused_choices(p.executables),
+                dataclasses.replace(info, executables=tuple(p.executables), fused=tuple(p.fused_choices.values()),
                                     compiles=tuple(p.compiled), times=dict(p.times))
                 for info, p in zip(self._infos, list(self._cache.values()))
             )
@@ -277,13 +277,6 @@ class AOTFunction:
 
     def __repr__(self) -> str:
         return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"
-
-
-def _fused_choices(executables: dict) -> tuple[FusedChoice, ...]:
-    """The variant each fused step among ``executables`` kept (they carry ``layouts``, ``order``, ``barrier``,
-    ``rederived``)."""
-    return tuple(FusedChoice(name, exe.layouts, exe.order, exe.barrier, tuple(getattr(exe, "rederived", ())))
-                 for name, exe in executables.items() if getattr(exe, "layouts", None) is not None)
 
 
 def _abstract_call_error(name: str) -> Exception:

@@ -31,7 +31,7 @@ import jax
 
 from jaxaot import _display
 from jaxaot.compile import as_function
-from jaxaot.fusion import compiled_peak, fused_exe
+from jaxaot.fusion import compiled_peak, fused_choice, fused_exe
 from jaxaot.partition import Partition, Residual, StepPeak
 from jaxaot.runtime.training import TrainingPrograms
 from jaxaot.runtime.residual_table import ResidualTable
@@ -235,10 +235,8 @@ class AOTCompiled:
             True
         """
         tr = self.lowered._training
-        if _fuses(tr):
-            exe = fused_exe(tr)
-            if getattr(exe, "runs", None) != "split":
-                return compiled_peak(exe)
+        if _fuses(tr) and fused_choice(tr).runs != "split":
+            return compiled_peak(fused_exe(tr))
         peaks = [compiled_peak(self.executables[k]) for k in ("forward", "backward")]
         return None if None in peaks else max(peaks)
 

@@ -48,7 +48,7 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot.compile import Compiler, cached_compile
-from jaxaot.errors import InvalidValueError
+from jaxaot.errors import InvalidValueError, XlaCompileError
 from jaxaot.runtime import shardings as S
 from jaxaot.runtime.debug_nans import CheckedExecutable
 from jaxaot.runtime.options import Options, prune_outputs
@@ -73,6 +73,7 @@ class SignaturePrograms:
         set; such programs are compiled for their shardings
         (:mod:`~jaxaot.runtime.shardings`).
       times / executables: seconds per stage and the executables, by name.
+      fused_choices: per fused step, which step runs and why (:class:`~jaxaot.fusion.FusedChoice`).
       compiled: every name :meth:`compile` compiled, in order, variants of the fused step
         weighed and dropped included (``cache_info()`` reports it; a name twice would be a
         duplicate compile, which the lock rules out).
@@ -86,6 +87,7 @@ class SignaturePrograms:
         self.donated_leaves = tuple(donated)
         self.times: dict[str, float] = {}
         self.executables: dict[str, Any] = {}
+        self.fused_choices: dict[str, Any] = {}  # per fused step: FusedChoice (jaxaot.fusion.step_choice)
         self.compiled: list[str] = []  # every name compiled, in order (variants weighed included)
         t = time.perf_counter()
         self.primal, self.out_tree = trace_primal(flat_fn, avals, options.decompositions)
@@ -140,7 +142,11 @@ class SignaturePrograms:
                     t = time.perf_counter()
                     donate = [i for i in self.donated_leaves if i not in aliased]
                     options = {"donate_argnums": tuple(donate)} if donate else {}
-                    exe = CheckedExecutable(cached_compile(compiler, closed, list(avals), **options), closed)
+                    try:
+                        raw = cached_compile(compiler, closed, list(avals), **options)
+                    except jax.errors.JaxRuntimeError as e:
+                        raise xla_compile_error(name, avals, e) from e
+                    exe = CheckedExecutable(raw, closed)
                     self.times[f"compile_{name}"] = time.perf_counter() - t
                     self.compiled.append(name)
                     self.executables[name] = exe
@@ -176,3 +182,17 @@ class SignaturePrograms:
         if any(C.is_tracer(x) for x in leaves):
             return C.eval_closed(self.primal, *leaves)
         return self.splice(leaves, self.inference_exe(*leaves))
+
+
+def xla_compile_error(name: str, avals: Sequence[Any], error: Exception) -> XlaCompileError:
+    """The typed error for XLA's refusal to compile the program ``name``: XLA's first line, where, and what to try."""
+    devices = {d for a in avals for d in getattr(getattr(a, "sharding", None), "device_set", ()) or ()}
+    platform = next(iter(devices)).platform if devices else jax.default_backend()
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return XlaCompileError(
+        f"XLA could not compile jaxaot's {name!r} program on {platform}: {first}\n"
+        "This is the XLA compiler failing, not an error in your function: jax.jit(jax.value_and_grad(fn)) of the "
+        "same computation usually fails the same way (docs/guarantees.md lists known cases). To work around it, "
+        "try other shapes, another jax_default_matmul_precision, the split programs (value_and_grad(f, "
+        "fused=False)) or another partition_fn, or compute this step on the CPU (jax.device_put the inputs "
+        "to jax.devices('cpu')[0]).")

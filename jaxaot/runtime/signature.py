@@ -32,6 +32,7 @@ import jax
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, is_array_leaf, leaf_paths
+from jaxaot.fusion import FusedChoice
 from jaxaot.runtime.arguments import StaticArg, safe_repr
 
 _ArrayImpl = C.ArrayImpl
@@ -189,26 +190,6 @@ def _sharding_suffix(sharding: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class FusedChoice:
-    """How one fused training step (:mod:`jaxaot.fusion`) was compiled.
-
-    Attributes:
-      executable: its name among the signature's executables (``"fused[...]"``).
-      layouts: ``"auto"`` (XLA's residual layouts) or ``"pinned"``.
-      order: ``"xla"`` or ``"consume_first"`` (the backward's order).
-      barrier: which residuals pass ``optimization_barrier``: ``"all"``, ``"recomputed"`` or ``"none"``.
-      rederived: the residuals the step's backward derives again instead of taking them
-        (:mod:`jaxaot.fusion.rederive`), described as ``lower()``'s residual table does.
-    """
-
-    executable: str
-    layouts: str
-    order: str
-    barrier: str
-    rederived: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
 class CacheEntryInfo:
     """One compiled signature of a program: what was compiled for it, how long each stage took, and why.
 
@@ -218,7 +199,8 @@ class CacheEntryInfo:
         signature, in words (``x: shape (4, 3) → (5, 3)``, ``static argument `n`: 3 → 4``,
         ``Python branch at model.py:42 took the other side``).
       executables: the executables kept, by name (``inference``, ``forward``, ``backward``, ``fused``, ...).
-      fused: for each fused training step among them, the variant kept (:class:`FusedChoice`).
+      fused: for each fused training step compiled, the variant kept, whether it or the split
+        executables run, and why (:class:`~jaxaot.fusion.FusedChoice`).
       program: which of the callable's programs this entry belongs to: ``""`` for a callable with
         one, else ``"call"`` / ``"loss"`` (``aot_module``), ``"stage0"`` (pipelines), ``"step"`` /
         ``"backward"`` (compiled autograd), ...

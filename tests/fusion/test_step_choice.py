@@ -4,13 +4,14 @@ Two reasons make it run the split forward and backward of the same plan:
 
 * time: on the first call, timed (interleaved) against the split step, the fused
   step runs more than ``STEP_TIME_SLACK`` times longer. CPU timing is noise, so
-  there the choice is made only with ``variants.step_timer`` set: these tests
-  set it to a fake timer;
+  there the choice is made only with ``step_choice.step_timer`` set: these
+  tests set it to a fake timer, and fix which programs peak higher, so that
+  they state the same behaviour on every platform;
 * peak: its compiled peak is over the plan's byte budget and the split
   programs' is not.
 
-Either way the answers are JAX's, and the executable's ``runs`` and ``why`` say
-which step runs and why.
+Either way the answers are JAX's, the signature keeps only the executables of
+the step that runs, and its ``FusedChoice`` (``runs``, ``why``) says which and why.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot.fusion import budget_choice, choose_step, variants
+from jaxaot.fusion import budget_choice, choose_step, step_choice
 from jaxaot.partition import StepPeak
-from zoo import assert_trees_close, deep_mlp, deep_mlp_args
+from zoo import assert_trees_close, deep_mlp, deep_mlp_args, kept_step
 
 
-
-def _fused(f, args):
-    (exe,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]
-    return exe
+def _split_peaks(monkeypatch, factor: float) -> None:
+    """Make the split programs' compiled peaks ``factor`` times the fused step's (fused steps carry ``layouts``)."""
+    monkeypatch.setattr(step_choice, "compiled_peak",
+                        lambda exe: 1000 if hasattr(exe, "layouts") else int(factor * 1000))
 
 
 def _fake_timer(fused: float, split: float):
@@ -54,8 +55,9 @@ def test_choose_step_keeps_fused_within_the_slack():
 @pytest.mark.parametrize("fused_seconds, runs", [(1.5, "split"), (1.0, "fused")])
 def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
     timer, calls = _fake_timer(fused_seconds, 1.0)
-    monkeypatch.setattr(variants, "step_timer", timer)
-    args = deep_mlp_args(layers=3, width=32, batch=256)  # a batch at which the split programs peak lower
+    monkeypatch.setattr(step_choice, "step_timer", timer)
+    _split_peaks(monkeypatch, 0.5)
+    args = deep_mlp_args(layers=3, width=32, batch=256)
     f = jaxaot.aot_function(deep_mlp, partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition,
                                                                      memory_budget=0.5))
     vg = jaxaot.value_and_grad(f, argnums=(0, 1))
@@ -63,34 +65,38 @@ def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
         value, grads = vg(*args)
         ref_value, ref_grads = jax.value_and_grad(deep_mlp, argnums=(0, 1))(*args)
         assert_trees_close((value, grads), (ref_value, ref_grads))
-    exe = _fused(f, args)
-    assert exe.runs == runs and "timed" in exe.why
-    assert calls.count("fused") == calls.count("split") == variants.STEP_TIME_ROUNDS
-    assert {"forward", "backward"} <= set(f.cache_info().entries[0].executables)
+    choice = kept_step(f, args)
+    assert choice.runs == runs and "timed" in choice.why
+    assert calls.count("fused") == calls.count("split") == step_choice.STEP_TIME_ROUNDS
+    entry = f.cache_info().entries[0]
+    assert {"fused", "forward", "backward"} <= set(entry.compiles)  # both compiled, the loser dropped
+    assert entry.fused == (choice,)
 
 
 def test_split_programs_that_peak_higher_are_not_timed(monkeypatch):
     timer, calls = _fake_timer(2.0, 1.0)
-    monkeypatch.setattr(variants, "step_timer", timer)
-    args = deep_mlp_args(layers=3, width=32, batch=16)  # a batch at which the split backward peaks higher
+    monkeypatch.setattr(step_choice, "step_timer", timer)
+    _split_peaks(monkeypatch, 2.0)
+    args = deep_mlp_args(layers=3, width=32, batch=16)
     f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.min_cut_rematerialization_partition)
     assert_trees_close(jaxaot.value_and_grad(f)(*args)[1], jax.grad(deep_mlp)(*args))
-    exe = _fused(f, args)
-    assert exe.runs == "fused" and "peak higher" in exe.why and not calls
+    choice = kept_step(f, args)
+    assert choice.runs == "fused" and "peak higher" in choice.why and not calls
 
 
 def test_without_a_timer_the_cpu_runs_fused_untimed(monkeypatch):
-    monkeypatch.setattr(variants, "step_timer", None)
+    monkeypatch.setattr(step_choice, "step_timer", None)
+    monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", frozenset())  # as on CPU, on every platform
     args = deep_mlp_args(layers=2, width=16, batch=8)
     f = jaxaot.aot_function(deep_mlp)
     jaxaot.value_and_grad(f)(*args)
-    exe = _fused(f, args)
-    assert exe.runs == "fused" and "not timed" in exe.why
-    assert "forward" not in f.cache_info().entries[0].executables  # the split step was never compiled
+    choice = kept_step(f, args)
+    assert choice.runs == "fused" and "not timed" in choice.why
+    assert "forward" not in f.cache_info().entries[0].compiles  # the split step was never compiled
 
 
 def test_a_fused_step_over_the_byte_budget_runs_split(monkeypatch):
-    monkeypatch.setattr(variants, "step_timer", None)
+    monkeypatch.setattr(step_choice, "step_timer", None)
     args = deep_mlp_args(layers=3, width=32, batch=16)
 
     def squeezed(joint):  # a plan whose budget the split programs fit and the fused step does not
@@ -100,8 +106,8 @@ def test_a_fused_step_over_the_byte_budget_runs_split(monkeypatch):
     f = jaxaot.aot_function(deep_mlp, partition_fn=squeezed)
     vg = jaxaot.value_and_grad(f)
     assert_trees_close(vg(*args)[1], jax.grad(deep_mlp)(*args))
-    exe = _fused(f, args)
-    assert exe.runs == "split" and "memory_budget" in exe.why
+    choice = kept_step(f, args)
+    assert choice.runs == "split" and "memory_budget" in choice.why
     compiled = vg.lower(*args).compile()
     peaks = [jaxaot.partition.compiled_peak(compiled.executables[k]) for k in ("forward", "backward")]
     assert compiled.peak_bytes == max(peaks)

@@ -114,7 +114,10 @@ def _planned(fn, args, budget=None, partition_fn=None) -> tuple[int, int]:
 
 
 def _reference(fn, args):
-    return jax.jit(jax.value_and_grad(fn, argnums=tuple(range(len(args)))))(*args)
+    """Plain JAX's value and gradients, computed on the host CPU: XLA's GPU compiler refuses the
+    transformer block's gradient at these shapes (benchmarks/probes/xla_rank_mismatch.py)."""
+    host = jax.devices("cpu")[0]
+    return jax.jit(jax.value_and_grad(fn, argnums=tuple(range(len(args)))))(*jax.device_put(args, host))
 
 
 def _check_gradients(fn, args, policy, want=None):

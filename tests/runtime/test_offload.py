@@ -23,7 +23,7 @@ from jaxaot.fusion import fused_program
 from jaxaot.partition import DeviceModel
 from jaxaot.partition import min_cut_rematerialization_partition as mincut
 import zoo
-from zoo import assert_trees_close, deep_mlp
+from zoo import assert_trees_close, deep_mlp, kept_step
 
 # A host link fast enough that both models offload at budgets 1 and 0.5 (at 5 GB/s the
 # attention block's budget 0.5 is met by recomputing alone, and then nothing is offloaded).
@@ -103,7 +103,7 @@ def test_fused_step_moves_them_inside_its_one_program(name):
     got = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)  # every input: the full mask's programs
     assert_trees_close(got, jax.value_and_grad(fn, argnums=(0, 1))(*args), **TOL)
     training = f.lookup(args, {}).programs.training()
-    assert [n for n in training.programs.executables] == ["fused"]
+    kept_step(f, args)  # the fused step alone, or the split pair where it timed slower
     n = sum(r.offloaded for r in training.partition.residuals)
     puts = _device_puts(fused_program(training))
     assert puts.count((jax.memory.Space.Host,)) == n and puts.count((jax.memory.Space.Device,)) == n

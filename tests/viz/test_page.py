@@ -1,5 +1,7 @@
 """jaxaot.viz.to_html and AOTLowered._repr_html_: the graph inline, the summary, the table."""
 
+import html
+
 import pytest
 
 from jaxaot import viz
@@ -21,7 +23,8 @@ def test_repr_html(small, remat):
 
 def test_repr_html_without_dot(small, no_dot):
     out = small._repr_html_()
-    assert "<svg" in out and "<?xml" not in out and "built-in layout" in out and "dot was not found" in out
+    assert "<svg" in out and "<?xml" not in out and "built-in layout" in out
+    assert html.escape(viz.why_no_layout(), quote=False) in out  # what is missing here: Graphviz's dot, or its Python package
 
 
 def test_repr_html_loads_viz_on_first_display():

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.fusion import run_fused
+from jaxaot.fusion import is_decided, run_fused
 from jaxaot.loops import reraise_overflow
 from jaxaot.runtime import AOTFunction, TraceKind
 
@@ -102,7 +102,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
         with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
             if fused and not tr.joint.num_aux:
-                if getattr(programs.executables.get("fused" + tr.name_suffix), "runs", None) is None:
+                if not is_decided(programs, "fused" + tr.name_suffix):
                     # The first call of a signature compiles the step (on an accelerator, each variant
                     # weighed) and decides fused or split: once, however many threads call.
                     with programs.lock:

@@ -8,10 +8,13 @@ per stage and pass, one program that runs the pass ``n`` times in a
 with the loop's carry in every iteration, so XLA can neither hoist nor merge
 them), and takes the time per pass from two loop lengths:
 ``(T(2n) - T(n)) / n``, which cancels the launch and the first iteration.
-Each length runs ``repeats`` times, in turns, and the medians are used.
+``n`` grows per pass until the short loop runs :data:`MIN_LOOP_SECONDS`, so
+that the difference stands well above the host timer's jitter however fast
+the pass (microseconds on a GPU). Each length runs ``repeats`` times, in
+turns, and the medians are used.
 
-Costs: ``3 * num_stages`` to ``4 * num_stages`` small compilations and
-``3 * repeats * n`` passes per stage.
+Costs: two to four small compilations per pass (one more per growth of ``n``)
+and ``3 * repeats * n`` runs of each pass.
 """
 
 from __future__ import annotations
@@ -46,6 +49,34 @@ def _looped(fn: Callable[..., list], n: int) -> Callable:
     return jax.jit(run)
 
 
+#: How long the short loop of a pass must run: its difference with the long loop is then ``n`` passes of at
+#: least this, far above the timer's jitter (tens of microseconds on a loaded host).
+MIN_LOOP_SECONDS = 2e-3
+#: The most passes one loop runs (a pass of a nanosecond still ends within milliseconds).
+MAX_LOOP_PASSES = 1 << 16
+
+
+def _seconds(fn: Callable, args: Sequence[Any], repeats: int = 3) -> float:
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def _autoranged(fn: Callable[..., list], args: Sequence[Any], n: int) -> tuple[int, Callable]:
+    """``(n, fn looped n times)`` with ``n`` grown from the given one until the loop runs
+    :data:`MIN_LOOP_SECONDS` (or :data:`MAX_LOOP_PASSES`); compiled and warm."""
+    while True:
+        looped = _looped(fn, n)
+        jax.block_until_ready(looped(*args))  # compile
+        t = _seconds(looped, args)
+        if t >= MIN_LOOP_SECONDS or n >= MAX_LOOP_PASSES:
+            return n, looped
+        n = min(MAX_LOOP_PASSES, n * max(2, int(MIN_LOOP_SECONDS / max(t, 1e-7) * 1.5)))
+
+
 def _time(fns: dict, args: dict, repeats: int) -> dict:
     samples = {k: [] for k in fns}
     for _ in range(repeats):
@@ -58,7 +89,8 @@ def _time(fns: dict, args: dict, repeats: int) -> dict:
 
 def pass_times(passes: Sequence[StagePasses], params: Sequence[Sequence[Any]], inputs: Sequence[Any],
                targets: Sequence[Any], scale: float, *, n: int = 8, repeats: int = 5) -> OpTimes:
-    """F, B, W and BW per stage, from compiled loops of each pass (see the module docstring).
+    """F, B, W and BW per stage, from compiled loops of each pass (see the module docstring); ``n`` is the
+    shortest loop length tried.
 
     Args:
       passes: the stages' passes (one device's microbatch shapes).
@@ -85,15 +117,16 @@ def pass_times(passes: Sequence[StagePasses], params: Sequence[Sequence[Any]], i
             args[f"W{s}"] = (wstored, p)
             jobs[(f"W{s}", "W", s)] = lambda w, p, ps=ps: ps.backward_weight(p, w)
         acts = outs
-    short = {k: _looped(fn, n) for k, fn in jobs.items()}
-    long = {(k[0] + "+", *k[1:]): _looped(fn, 2 * n) for k, fn in jobs.items()}
+    lengths, short, long = {}, {}, {}
+    for k, fn in jobs.items():
+        lengths[k[0]], short[k] = _autoranged(fn, args[k[0]], n)
+        long[(k[0] + "+", *k[1:])] = _looped(fn, 2 * lengths[k[0]])
+        jax.block_until_ready(long[(k[0] + "+", *k[1:])](*args[k[0]]))  # compile
     args.update({k + "+": v for k, v in list(args.items())})
-    for fn, key in [(f, k) for k, f in {**short, **long}.items()]:
-        jax.block_until_ready(fn(*args[key[0]]))  # compile
     med = _time({**short, **long}, args, repeats)
     per: dict[str, list[float]] = {op: [0.0] * len(passes) for op in ("F", "B", "W", "BW")}
     for (name, op, s), t_short in ((k, v) for k, v in med.items() if not k[0].endswith("+")):
-        per[op][s] = max(0.0, (med[(name + "+", op, s)] - t_short) / n)
+        per[op][s] = max(0.0, (med[(name + "+", op, s)] - t_short) / lengths[name])
     for s, ps in enumerate(passes):
         if ps.split is None:  # not split by the schedule: B + W stand for BW
             per["B"][s], per["W"][s] = per["BW"][s] / 2, per["BW"][s] / 2
