@@ -6,8 +6,9 @@ compiled peak is over a byte ``memory_budget`` that the split programs fit
 and backward of the same plan (on an accelerator, or wherever :data:`step_timer`
 is set), it takes more than :data:`STEP_TIME_SLACK` times as long
 (:func:`choose_step`). The split step is timed only where its programs' compiled
-peak is at most the fused step's, so timing never raises the process's peak above
-the step's own; steps that donate inputs or have effects are never timed.
+peak is at most the fused step's, or the excess fits the device's free memory
+(:func:`free_device_bytes`), so timing never runs a device out of memory; steps
+that donate inputs or have effects are never timed.
 
 Once decided, the loser's executables are dropped (the split programs compiled
 only to be timed, or the fused step that lost), so a signature keeps one correct
@@ -136,6 +137,21 @@ def _wall_seconds(which: str, run: Callable[[], Any]) -> float:
     return time.perf_counter() - t
 
 
+def free_device_bytes(exe: Any) -> int | None:
+    """Bytes the executable's first device has free now (``memory_stats``: limit less in use), or None where the
+    backend does not say (CPU)."""
+    shardings = jax.tree.leaves(getattr(exe, "input_shardings", None))
+    devices = sorted(next(iter(shardings)).device_set, key=lambda d: d.id) if shardings else []
+    stats = devices[0].memory_stats() if devices and hasattr(devices[0], "memory_stats") else None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+#: The share of the device's free memory the split programs' extra peak may take to be timed.
+FREE_MEMORY_SHARE = 0.5
+
+
 def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
     """The fused step or the split one, by time (:func:`choose_step`), or why they are not timed."""
     timer = step_timer
@@ -154,8 +170,11 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
     split_peaks = [compiled_peak(training.forward_exe), compiled_peak(training.backward_exe)]
     fused_peak = compiled_peak(exe)
     if None not in split_peaks and fused_peak is not None and max(split_peaks) > fused_peak:
-        # Timing it would raise the process's peak above the step's; running it would raise the step's.
-        return "fused", f"not timed: the split programs peak higher ({max(split_peaks)} bytes, fused {fused_peak})"
+        free = free_device_bytes(exe)
+        if free is None or max(split_peaks) - fused_peak > FREE_MEMORY_SHARE * free:
+            # Timing them could run the device out of memory, and running them would raise the step's peak.
+            return "fused", (f"not timed: the split programs peak higher ({max(split_peaks)} bytes, fused "
+                             f"{fused_peak}) than the device has room for")
     runs = {"fused": lambda: exe(*leaves), "split": lambda: run_split(training, leaves, value_leaf)}
     for run in runs.values():
         jax.block_until_ready(run())  # warms both

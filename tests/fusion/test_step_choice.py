@@ -76,12 +76,34 @@ def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
 def test_split_programs_that_peak_higher_are_not_timed(monkeypatch):
     timer, calls = _fake_timer(2.0, 1.0)
     monkeypatch.setattr(step_choice, "step_timer", timer)
+    monkeypatch.setattr(step_choice, "free_device_bytes", lambda exe: 1500)  # room for less than the excess
     _split_peaks(monkeypatch, 2.0)
     args = deep_mlp_args(layers=3, width=32, batch=16)
     f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.min_cut_rematerialization_partition)
     assert_trees_close(jaxaot.value_and_grad(f)(*args)[1], jax.grad(deep_mlp)(*args))
     choice = kept_step(f, args)
     assert choice.runs == "fused" and "peak higher" in choice.why and not calls
+
+
+def test_split_programs_that_peak_higher_are_timed_where_the_device_has_room(monkeypatch):
+    timer, calls = _fake_timer(2.0, 1.0)
+    monkeypatch.setattr(step_choice, "step_timer", timer)
+    monkeypatch.setattr(step_choice, "free_device_bytes", lambda exe: 10_000)  # the 1000 bytes' excess fits
+    _split_peaks(monkeypatch, 2.0)
+    args = deep_mlp_args(layers=3, width=32, batch=16)
+    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    assert_trees_close(jaxaot.value_and_grad(f)(*args)[1], jax.grad(deep_mlp)(*args))
+    choice = kept_step(f, args)
+    assert choice.runs == "split" and "timed" in choice.why and calls
+
+
+def test_free_device_bytes_is_the_backend_s_word():
+    f = jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x)))
+    exe = f.lower(jnp.ones(3)).compile().executables["forward"]
+    free = step_choice.free_device_bytes(exe)
+    stats = jax.devices()[0].memory_stats()
+    assert (free is None) == (not stats or "bytes_limit" not in stats)
+    assert free is None or 0 <= free <= stats["bytes_limit"]
 
 
 def test_without_a_timer_the_cpu_runs_fused_untimed(monkeypatch):
