@@ -103,7 +103,7 @@ def replace_folder(target: Path | str, fill: Callable[[Path], None], replaceable
         if old_mode is None:
             os.rename(fresh, target)
         elif _exchange(fresh, target):
-            shutil.rmtree(fresh)  # now the old version
+            shutil.rmtree(fresh)  # the exchange left the old version here
         else:
             aside = _fresh_name(parent, target.name)
             os.rename(target, aside)

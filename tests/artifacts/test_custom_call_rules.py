@@ -3,7 +3,7 @@
 The attack: an artifact whose program calls ``lapack_sgetrf_ffi`` (allowlisted)
 on a 1024 x 1024 input with a 1-float result buffer passed a check of target
 names, then overwrote the heap on its first call (SIGSEGV; with a 1-int pivot
-buffer, "Mutex corrupt"). Now each call's operand and result types must be
+buffer, "Mutex corrupt"). Each call's operand and result types must be
 exactly those its kernel reads and writes; here that is checked three ways:
 
 * against ``jax``'s own lowering of every linear-algebra function, for each

@@ -4,7 +4,7 @@ The tables were read with ``Path.read_text``: a FIFO there hung ``jax.grad``
 under ``min_cut(memory_budget=0.5, op_costs="measured")``, a symlink to
 ``/dev/zero`` ate 4.3 GiB and raised ``MemoryError``, 200,000 nested ``[``
 escaped as ``RecursionError``, and a 0777 cache folder that the compile cache
-refuses was still used. Now each is ignored with a warning (and the table
+refuses was still used. Each is ignored with a warning (and the table
 rebuilt, or kept in memory where others could write its folder).
 """
 
