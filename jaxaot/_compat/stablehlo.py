@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -219,8 +220,9 @@ def default_platform() -> str:
     return _xb.canonicalize_platform(jax.default_backend())
 
 
+@functools.lru_cache(maxsize=None)
 def available_platforms() -> frozenset:
-    """The lowering platforms of every backend this process can run on."""
+    """The lowering platforms of every backend this process can run on (its backends are fixed once started)."""
     out = set()
     for name in ("cpu", "gpu", "cuda", "rocm", "tpu"):
         try:

@@ -82,8 +82,9 @@ def create_exclusive(path: Path | str, data: bytes) -> bool:
 def replace_folder(target: Path | str, fill: Callable[[Path], None], replaceable: Callable[[str], bool]) -> Path:
     """Make the folder ``target`` anew: ``fill(fresh)`` writes a fresh sibling folder, which then takes its place.
 
-    An existing ``target`` is replaced only if it is a directory whose entries
-    all satisfy ``replaceable(name)`` (an empty one, or an earlier version);
+    An existing ``target`` (or the folder a symlink there names) is replaced
+    only if it is a directory whose entries all satisfy ``replaceable(name)``
+    (an empty one, or an earlier version);
     anything else is refused with ``FileExistsError``, so no file of the user's
     is ever removed. Where the system can (Linux ``renameat2``), the two folders
     are exchanged in one step; elsewhere the old one is renamed aside first,
@@ -92,6 +93,8 @@ def replace_folder(target: Path | str, fill: Callable[[Path], None], replaceable
     umask's, for a new one).
     """
     target = Path(target)
+    if os.path.islink(target) and os.path.isdir(target):  # a link to a folder: make the folder it names anew
+        target = Path(os.path.realpath(target))
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(parent)

@@ -69,6 +69,8 @@ def mismatch(call: CustomCall) -> str | None:
         rule(call)
     except RuleError as err:
         return str(err)
+    except Exception as err:  # a call too odd for its rule's arithmetic is refused all the same
+        return f"its types cannot be checked ({type(err).__name__}: {err})"
     return None
 
 
@@ -82,6 +84,9 @@ def _matrix(call: CustomCall, i: int, dtypes: Sequence[str], square: bool = Fals
     if len(call.operands) <= i:
         raise RuleError(f"it has {len(call.operands)} operands; the kernel reads at least {i + 1}")
     x = call.operands[i]
+    if not x.static:
+        raise RuleError(f"operand {i} is {x}: a kernel's buffer must have static dimensions to be checked before "
+                        "it runs")
     if x.dtype not in dtypes or len(x.shape) < 2:
         raise RuleError(f"operand {i} is {x}, not a (batch of) {' or '.join(dtypes)} matrices")
     *batch, m, n = x.shape

@@ -22,16 +22,16 @@ which keys the cache exactly as ``jax.jit`` keys its own:
   :class:`~jaxaot.errors.StaticArgumentError` naming the argument; the function
   keeps working for every other value.
 
-An object mutated after a call so that its hash changed is a
-:class:`~jaxaot.errors.StaticArgumentError` (:func:`check_unmutated`):
-``jax.jit`` would run the program traced for its old state, which jaxaot will
-not do silently. ``tests/reliability/test_static_args.py`` compares each case
-with ``jax.jit``.
+An object mutated after a call so that its hash changed is a new value: the
+function is traced again for it, as ``jax.jit`` does (from jax 0.11; jax 0.10's
+``jax.jit`` runs the program traced for its old state). One mutated keeping its
+hash and equality runs its earlier program, under ``jax.jit`` and jaxaot alike.
+``tests/reliability/test_static_args.py`` compares each case with ``jax.jit``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
@@ -102,18 +102,6 @@ class StaticArg:
 
     def __repr__(self) -> str:
         return safe_repr(self.value)
-
-
-def check_unmutated(earlier: Iterable[tuple], static: tuple) -> None:
-    """Raise :class:`~jaxaot.errors.StaticArgumentError` if a static value of this call is an object that keyed
-    an earlier call under another hash: it was mutated since, and ``jax.jit`` would reuse that call's program."""
-    for old in earlier:
-        for a, b in zip(old, static):
-            if isinstance(a, StaticArg) and isinstance(b, StaticArg) and a.value is b.value and a._hash != b._hash:
-                raise StaticArgumentError(
-                    f"static argument arg[{b.index}] of type {type(b.value).__name__} was mutated since an earlier "
-                    f"call (its hash changed): jax.jit would run the program traced for its old state. Static "
-                    "arguments must not change: pass a new object (or an immutable one) instead.")
 
 
 def safe_repr(value: Any, limit: int = 200) -> str:

@@ -135,7 +135,6 @@ class AOTFunction:
         return AOTLowered(training)
 
     def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
-        arguments.check_unmutated((s.static for s in self._cache), sig.static)
         flat_fn = arguments.flat_function(self.fn, self.static_argnums, sig.static, sig.treedef)
         donated = arguments.donated_leaves(sig.treedef, len(sig.static), self.static_argnums, self.donate_argnums)
         avals = leaf_avals(leaves)

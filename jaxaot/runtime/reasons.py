@@ -234,7 +234,9 @@ def _static_change(old: tuple, new: tuple, names: ArgNames) -> str | None:
                 out.append(f"static argument: {safe_repr(a, 80)} → {safe_repr(b, 80)}")
             continue
         name = names(b.index)
-        if _static_differs((a,), (b,)):
+        if a.value is b.value and hash(a) != hash(b):
+            out.append(f"static argument `{name}` was mutated since an earlier call (its hash changed)")
+        elif _static_differs((a,), (b,)):
             out.append(f"static argument `{name}`: {safe_repr(a.value, 80)} → {safe_repr(b.value, 80)}")
     return "; ".join(out) or None
 

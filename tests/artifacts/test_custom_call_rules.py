@@ -268,3 +268,14 @@ def test_good_linear_algebra_artifacts_load_and_match_jax(tmp_path):
     g = jaxaot.load(jaxaot.export(f, a).save(tmp_path / "art"))
     np.testing.assert_allclose(g(a), f(a), rtol=1e-4)
     np.testing.assert_allclose(jax.grad(g)(a), jax.grad(f)(a), rtol=1e-3, atol=1e-4)
+
+
+def test_calls_too_odd_for_a_rule_are_refused_not_raised():
+    f32 = "float32"
+    odd = [C.CustomCall("lapack_sgetrf_ffi", (C.TensorType((None, 3), f32),), ()),
+           C.CustomCall("lapack_sgetrf_ffi", (C.TensorType((), "tuple", (C.TensorType((3, 3), f32),)),), ()),
+           C.CustomCall("lapack_sorgqr_ffi", (C.TensorType((4, 3), f32), C.TensorType((None,), f32)),
+                        (C.TensorType((4, 3), f32),)),
+           C.CustomCall("cusolver_gesvdj_ffi", (C.TensorType((4, 3), f32),), (), config={"full_matrices": "yes"}),
+           C.CustomCall("Sharding", (), ())]
+    assert all(isinstance(mismatch(c), str) for c in odd)

@@ -127,7 +127,8 @@ def test_a_planted_host_callback_is_refused(art):
         return f(x), jax.pure_callback(mine, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
     hijacked, _ = user(X)
-    assert len(seen) == 2 and not np.allclose(hijacked, _fn(X))
+    # The artifact's program got the user's callback's output (XLA may merge the two identical calls into one).
+    assert seen and np.allclose(hijacked, _fn(100 * X), rtol=1e-5) and not np.allclose(hijacked, _fn(X))
 
 
 HOST_CALLBACK_TARGETS = ["xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback", "xla_python_cpu_callback",

@@ -104,3 +104,11 @@ def test_saving_into_an_empty_folder_keeps_its_mode(tmp_path):
     jaxaot.export(_sin, X).save(d)
     assert d.stat().st_mode & 0o777 == 0o755
     _loads_as(d, _sin)
+
+
+def test_saving_through_a_symlink_makes_the_folder_it_names_anew(tmp_path):
+    real = jaxaot.export(_sin, X).save(tmp_path / "v1")
+    (tmp_path / "current").symlink_to(real)
+    jaxaot.export(_cos, X).save(tmp_path / "current")
+    assert (tmp_path / "current").is_symlink()
+    _loads_as(real, _cos)
