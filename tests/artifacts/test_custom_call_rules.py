@@ -91,11 +91,8 @@ def _check_lowering(platform: str, dtype: str, shape: tuple) -> set:
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_jax_s_own_lowering_keeps_every_rule(platform):
-    seen = set()
-    for shape in [(5, 4), (4, 5), (2, 3, 3)]:
-        seen |= _check_lowering(platform, "float32", shape)
-    seen |= _check_lowering(platform, "complex64", (4, 4))
-    assert len(seen) >= {"cpu": 12, "cuda": 9, "rocm": 8, "tpu": 5}[platform], seen
+    seen = _check_lowering(platform, "float32", (2, 5, 4)) | _check_lowering(platform, "complex64", (4, 5))
+    assert len(seen) >= {"cpu": 20, "cuda": 9, "rocm": 8, "tpu": 4}[platform], seen
 
 
 @pytest.mark.slow
@@ -260,9 +257,8 @@ def test_dynamic_dimensions_of_a_kernel_buffer_are_refused():
 
 
 def test_good_linear_algebra_artifacts_load_and_match_jax(tmp_path):
-    def f(a):
-        q, r = jnp.linalg.qr(a)
-        return jnp.sum(jnp.linalg.solve(a @ a.T + 3 * jnp.eye(4), q)) + jnp.sum(jnp.linalg.svd(a, compute_uv=False))
+    def f(a):  # LU factors and triangular solves in the forward and the backward
+        return jnp.sum(jnp.linalg.solve(a @ a.T + 3 * jnp.eye(4), a))
 
     a = jax.random.normal(jax.random.key(1), (4, 4), jnp.float32)
     g = jaxaot.load(jaxaot.export(f, a).save(tmp_path / "art"))
