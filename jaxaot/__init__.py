@@ -31,7 +31,8 @@ __version__ = "0.1.0"
 #: compile -> runtime, the while-loop primitives, the front-ends, and the eager gradients.
 _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jaxaot.errors", (
-        "JaxaotError", "InvalidInputError", "InvalidValueError", "InvalidOutputError", "ResidualsMismatchError",
+        "JaxaotError", "InvalidInputError", "InvalidValueError", "InvalidOutputError", "StaticArgumentError",
+        "ResidualsMismatchError",
         "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "MemoryBudgetError",
         "LoopFunctionError", "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError",
         "LoopOverflowError", "XlaCompileError",

@@ -16,6 +16,16 @@ class InvalidInputError(JaxaotError, TypeError):
     """A function argument, static argument or option is of the wrong kind."""
 
 
+class StaticArgumentError(InvalidInputError, ValueError):
+    """A static argument cannot key the compile cache: unhashable, or its ``__eq__`` raised or gave no truth value.
+
+    A ``ValueError``, as ``jax.jit`` raises for the same values, and an
+    :class:`InvalidInputError` (a ``TypeError``). A ``__hash__`` that raises
+    anything but a ``TypeError`` raises its own error, as under ``jax.jit``, with
+    a note naming the argument.
+    """
+
+
 class InvalidValueError(JaxaotError, ValueError):
     """An argument or option is of the right kind but has a value jaxaot does not accept.
 

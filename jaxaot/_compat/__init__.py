@@ -7,16 +7,18 @@ to jaxprs only through the small functions it re-exports, one module per concern
 
 * :mod:`.core`: jaxprs, eqns, compiled executables, tracers, dtypes, policies;
 * :mod:`.loop_support`: what the while-loop primitives need (rules, lowerings);
-* :mod:`.recording`: the trace compiled autograd records eager operations with.
+* :mod:`.recording`: the trace compiled autograd records eager operations with;
+* :mod:`.stablehlo`: exported programs read op by op, and this process's platforms.
 
 Each module lists in ``__all__`` the names the rest of jaxaot uses, and this
 package re-exports exactly those (``tests/test_architecture.py`` checks that
 every ``C.<name>`` used outside this package is one of them).
 """
 
-from jaxaot._compat import core, loop_support, recording
+from jaxaot._compat import core, loop_support, recording, stablehlo
 from jaxaot._compat.core import *  # noqa: F401,F403
 from jaxaot._compat.loop_support import *  # noqa: F401,F403
 from jaxaot._compat.recording import *  # noqa: F401,F403
+from jaxaot._compat.stablehlo import *  # noqa: F401,F403
 
-__all__ = sorted({*core.__all__, *loop_support.__all__, *recording.__all__})
+__all__ = sorted({*core.__all__, *loop_support.__all__, *recording.__all__, *stablehlo.__all__})

@@ -1,53 +1,59 @@
-"""What a loaded program may contain and what it must take: custom calls and the signature's types.
+"""What a loaded program may contain and what it must take: checked op by op before it can run.
 
 ``jax.export`` serializes StableHLO, which runs no Python by itself; but a
-program can name a *custom call*, and some targets run host code. A host
-callback (``jax.pure_callback``, ``io_callback``, ``jax.debug.print``) lowers to
-``stablehlo.custom_call @xla_ffi_python_cpu_callback`` whose only argument is an
-*index into the loading process's table of callbacks*: planted in an artifact,
-it segfaults when called eagerly and, inside a ``jax.jit`` that has callbacks of
-its own, calls one of the user's functions with the artifact's data.
-``jax.export`` refuses host callbacks at export, and so does
-:func:`jaxaot.export`, but nothing checks a deserialized program, so
-:func:`check_program` does, at load:
+program can name a *custom call*, and a custom call runs a kernel. Two kinds
+are dangerous in an artifact someone else wrote:
 
-* every custom-call target must be in :data:`EXPORTABLE_CUSTOM_CALLS`, the
-  targets ``jax.export`` lets an exported program contain (sharding
-  annotations, shape assertions, LAPACK/cuSOLVER kernels, Pallas kernels),
-  less ``tf.call_tf_function``, which runs TensorFlow on the host;
-* host callbacks (a target naming a callback) and host transfers (``send``,
-  ``recv``, ``infeed``, ``outfeed``) are refused unless the user passes
+* **Host callbacks** (``jax.pure_callback``, ``io_callback``,
+  ``jax.debug.print``) lower to ``stablehlo.custom_call
+  @xla_ffi_python_cpu_callback`` (``..._gpu_callback`` on GPUs, and older or
+  partitioned variants) whose only argument is an *index into the loading
+  process's table of callbacks*: planted in an artifact, it calls one of the
+  user's own functions with the artifact's data. Host transfers (``send``,
+  ``recv``, ``infeed``, ``outfeed``) reach the host too. Every such target is
+  refused by its name's family (:func:`is_host_callback`), whatever platform
+  the artifact was exported for, unless the user passes
   ``allow_callbacks=True`` to :func:`~jaxaot.load`.
+* **Kernels that trust their buffers** (LAPACK, cuSOLVER, ...): a call that
+  declares undersized results makes the kernel write outside them. Every
+  custom call must be of a target ``jax.export`` itself lets an exported
+  program contain (:data:`EXPORTABLE_CUSTOM_CALLS`) *and* satisfy that
+  target's type rule (:mod:`jaxaot.artifacts.custom_calls`): the operand and
+  result types, aliases and layouts its kernel reads and writes. Targets with
+  no rule (Pallas kernels) are refused unless ``allow_custom_calls`` names them.
 
-The program text is read with ``Exported.mlir_module()``, which prints each op
-on a line of its own, so ops are matched at the start of a line (a string in a
-location or attribute cannot hide or fake one). jaxaot's own loop-overflow
-checks are no callbacks in an artifact: :func:`~jaxaot.export` hoists them into
-boolean outputs (:class:`~jaxaot.artifacts.signature.RuntimeCheck`).
+The program is read with the MLIR bindings (:func:`jaxaot._compat.program_ops`),
+every op and nested region walked: nothing in a string or location can hide or
+fake an op. jaxaot's own loop-overflow checks are no callbacks in an artifact:
+:func:`~jaxaot.export` hoists them into boolean outputs
+(:class:`~jaxaot.artifacts.signature.RuntimeCheck`).
 
 :func:`check_signature` compares every program's own ``in_avals`` and
-``out_avals`` (shape and dtype) with what the manifest's signature says it
-takes and returns, so programs swapped inside an artifact, or a signature
-edited to disagree with them, are refused at load instead of failing later
-with a raw ``IndexError``.
+``out_avals`` (shape and dtype), and its input and output structure (a flat
+tuple in, a flat list out), with what the manifest's signature says, so
+programs swapped inside an artifact, a signature edited to disagree with them,
+or a program that returns a bare array where the signature says a 1-tuple, are
+refused at load instead of failing later with a raw ``IndexError`` or
+``TypeError``. :func:`check_platforms` refuses programs exported for no
+platform this process has.
 
-Cost: printing a program's StableHLO is linear in its size, once per load.
+Cost: one parse and walk of each program's StableHLO, linear in its size, per load.
 
 Example:
-    >>> from jaxaot.artifacts.audit import host_code, custom_call_targets
-    >>> text = '  %0 = stablehlo.custom_call @xla_ffi_python_cpu_callback(%arg0) : (tensor<3xf32>) -> tensor<3xf32>'
-    >>> sorted(custom_call_targets(text)), host_code(text)
-    (['xla_ffi_python_cpu_callback'], ['xla_ffi_python_cpu_callback'])
+    >>> from jaxaot.artifacts.audit import is_host_callback
+    >>> [is_host_callback(t) for t in ("xla_ffi_python_gpu_callback", "xla_python_cpu_callback", "lapack_sgetrf_ffi")]
+    [True, True, False]
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import jax
 
+from jaxaot import _compat as C
 from jaxaot._pytrees import dtype_name
+from jaxaot.artifacts.custom_calls import mismatch
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec
 from jaxaot.errors import ArtifactError
 
@@ -74,50 +80,47 @@ EXPORTABLE_CUSTOM_CALLS = frozenset({
     *(f"lapack_{t}{op}_ffi" for t in "cz" for op in ("ungqr", "heevd", "hetrd")),
 })
 
-_OP = re.compile(r'^[ \t]*(?:%[^=\n]*=[ \t]*)?"?([A-Za-z_][\w$]*\.[\w.$]+)"?', re.M)
-_PRETTY_TARGET = re.compile(r'custom_call"?[ \t]+@(?:"((?:[^"\\\n]|\\.)*)"|([\w.$-]+))')
-_GENERIC_TARGET = re.compile(r'call_target_name[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"')
-_HOST_TRANSFERS = ("send", "recv", "infeed", "outfeed")
-
-
-def custom_call_targets(text: str) -> set[str]:
-    """Every custom-call target in a program's StableHLO text (pretty or generic op syntax)."""
-    targets: set[str] = set()
-    for m in _OP.finditer(text):
-        if not m.group(1).endswith(".custom_call"):
-            continue
-        end = text.find("\n", m.start())
-        line = text[m.start(): end if end >= 0 else len(text)]
-        found = [a or b for a, b in _PRETTY_TARGET.findall(line)] + _GENERIC_TARGET.findall(line)
-        targets.update(found or ["<unnamed>"])
-    return targets
+#: Words that mark a custom-call target as host code, in any case: Python callbacks of every platform and
+#: version (``xla_python_cpu_callback``, ``xla_ffi_python_gpu_callback``, ``xla_ffi_partitioned_python_cpu_callback``,
+#: ...), TensorFlow calls and host compute.
+HOST_CODE_WORDS = ("callback", "python", "call_tf", "host_compute", "hostcompute")
+#: Ops that move data between the device and the host.
+HOST_TRANSFERS = frozenset(f"{d}.{op}" for d in ("stablehlo", "mhlo") for op in ("send", "recv", "infeed", "outfeed"))
 
 
 def is_host_callback(target: str) -> bool:
-    """Whether a custom-call target calls back into the host's Python (``xla_ffi_python_cpu_callback``, ...)."""
-    return "callback" in target.lower()
+    """Whether a custom-call target runs host code (a Python callback of any platform, TensorFlow, ...)."""
+    name = target.lower()
+    return any(word in name for word in HOST_CODE_WORDS)
 
 
-def host_code(text: str) -> list[str]:
-    """The host callbacks and host transfers (``send``/``recv``/``infeed``/``outfeed`` ops) of a program."""
-    found = sorted(t for t in custom_call_targets(text) if is_host_callback(t))
-    found += sorted({m.group(1) for m in _OP.finditer(text) if m.group(1).rsplit(".", 1)[1] in _HOST_TRANSFERS})
-    return found
+def host_code(ops: C.ProgramOps) -> list[str]:
+    """The host callbacks and host transfers of a program (:func:`~jaxaot._compat.program_ops`)."""
+    return (sorted({c.target for c in ops.custom_calls if is_host_callback(c.target)})
+            + sorted(ops.op_names & HOST_TRANSFERS))
 
 
-def check_program(name: str, exported: Any, where: str, *, allow_callbacks: bool, declared: bool = False) -> None:
-    """Raise :class:`ArtifactError` if the ``name`` program runs host code or calls an unknown custom target.
+def read_ops(name: str, exported: Any, where: str) -> C.ProgramOps:
+    """The ops of the ``name`` program, or an :class:`ArtifactError` when its StableHLO cannot be parsed."""
+    try:
+        return C.program_ops(exported)
+    except Exception as err:
+        raise ArtifactError(f"{where}: the {name} program's StableHLO cannot be read: {type(err).__name__}: {err}"
+                            ) from err
+
+
+def check_program(name: str, exported: Any, where: str, *, allow_callbacks: bool,
+                  allow_custom_calls: Collection[str] = (), declared: bool = False) -> None:
+    """Raise :class:`ArtifactError` unless every op of the ``name`` program may run here.
 
     ``declared``: whether the manifest says host callbacks were exported (it
     never is for jaxaot's own exports); a program with callbacks the manifest
     does not declare was altered after export, which the message says.
+    ``allow_custom_calls``: targets to let through unchecked (host callbacks
+    need ``allow_callbacks`` however they are named).
     """
-    try:
-        text = exported.mlir_module()
-    except Exception as err:
-        raise ArtifactError(f"{where}: the {name} program's StableHLO cannot be read: {type(err).__name__}: {err}"
-                            ) from err
-    host = host_code(text)
+    ops = read_ops(name, exported, where)
+    host = host_code(ops)
     if host and not allow_callbacks:
         how = ("the manifest declares them" if declared else
                "the manifest says none were exported: the program was altered after export")
@@ -125,12 +128,32 @@ def check_program(name: str, exported: Any, where: str, *, allow_callbacks: bool
             f"{where}: the {name} program calls host code ({', '.join(host)}); {how}. A host callback runs "
             "whatever this process registered under its index, not code from the artifact: refusing to load it. "
             "Pass jaxaot.load(..., allow_callbacks=True) only for an artifact you built yourself.")
-    unknown = sorted(t for t in custom_call_targets(text) if t not in EXPORTABLE_CUSTOM_CALLS
-                     and not is_host_callback(t))
+    checked = [c for c in ops.custom_calls if not is_host_callback(c.target) and c.target not in allow_custom_calls]
+    unknown = sorted({c.target for c in checked if c.target not in EXPORTABLE_CUSTOM_CALLS})
     if unknown:
         raise ArtifactError(
             f"{where}: the {name} program calls custom targets that jax.export does not produce "
-            f"({', '.join(unknown)}): refusing to load it (the artifact was altered after export).")
+            f"({', '.join(unknown)}): refusing to load it (the artifact was altered after export). Name them in "
+            "jaxaot.load(..., allow_custom_calls=...) only if you trust their kernels with this artifact.")
+    for call in checked:
+        why = mismatch(call)
+        if why is not None:
+            raise ArtifactError(
+                f"{where}: the {name} program's custom call {call.target} does not fit its type rule: {why}. "
+                "Its kernel would read or write outside its buffers: refusing to load it. Name the target in "
+                "jaxaot.load(..., allow_custom_calls=...) only if you built this artifact yourself.")
+
+
+def check_platforms(programs: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`ArtifactError` unless this process has a platform every program was exported for."""
+    here = C.available_platforms()
+    for name, program in programs.items():
+        exported_for = tuple(program.platforms)
+        if not set(exported_for) & here:
+            raise ArtifactError(
+                f"{where}: the {name} program was exported for {', '.join(exported_for)}, and this process runs "
+                f"on {', '.join(sorted(here))}: it cannot run here. Re-export it with "
+                f"jaxaot.export(..., platforms=({', '.join(repr(p) for p in sorted(here | set(exported_for)))})).")
 
 
 def check_signature(programs: Mapping[str, Any], signature: AOTSignature, where: str) -> None:
@@ -141,7 +164,8 @@ def check_signature(programs: Mapping[str, Any], signature: AOTSignature, where:
     ``bool[]`` per forward check. Backward: the cotangents of
     ``cotangent_outputs`` and the residuals, then a gradient per ``grad_inputs``.
     Each temporary that is saved has its residual's type; each saved input or
-    output, the residual's too.
+    output, the residual's too. Every program takes a flat tuple of arrays and
+    returns a flat list (or tuple) of them.
     """
     s = signature
     n_out, n_saved_in = len(s.out_specs), len(s.saved_inputs)
@@ -165,6 +189,23 @@ def check_signature(programs: Mapping[str, Any], signature: AOTSignature, where:
         program = programs[name]
         _check_avals(name, "inputs", list(program.in_avals), ins, where)
         _check_avals(name, "outputs", list(program.out_avals), outs, where)
+        _check_structure(name, program, where)
+
+
+def _check_structure(name: str, program: Any, where: str) -> None:
+    n_in, n_out = len(program.in_avals), len(program.out_avals)
+    leaves = list(range(n_out))
+    structures = {
+        "inputs": (program.in_tree, [jax.tree_util.tree_structure((tuple(range(n_in)), {}))]),
+        "outputs": (program.out_tree, [jax.tree_util.tree_structure(leaves),
+                                       jax.tree_util.tree_structure(tuple(leaves))]),
+    }
+    for what, (have, allowed) in structures.items():
+        if have not in allowed:
+            raise ArtifactError(
+                f"{where}: the {name} program's {what} are structured as {have}, not as the flat sequence of "
+                f"{n_in if what == 'inputs' else n_out} arrays the signature describes ({allowed[0]}): the "
+                "programs do not belong to this manifest (swapped or altered).")
 
 
 def _check_avals(name: str, what: str, avals: Sequence[Any], specs: Sequence[ArraySpec | None], where: str) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from jaxaot.artifacts import manifest
+from jaxaot.artifacts import manifest, signing
 from jaxaot.artifacts.signature import AOTSignature
 
 
@@ -30,10 +30,15 @@ class ExportedAOT:
     def platforms(self) -> tuple[str, ...]:
         return tuple(self.forward.platforms)
 
-    def save(self, path: str | Path) -> Path:
-        """Write the manifest and the serialized programs into the directory ``path``.
+    def save(self, path: str | Path, *, key: bytes | None = None) -> Path:
+        """Write the manifest and the serialized programs as the directory ``path``.
 
-        Files are written atomically, the manifest last (:mod:`jaxaot.artifacts.manifest`).
+        The files are written into a fresh folder that then takes the place of
+        ``path`` (:mod:`jaxaot.artifacts.manifest`): an interrupted re-save
+        leaves the earlier artifact whole. An existing ``path`` must be an empty
+        folder or an artifact. With ``key`` (at least 16 secret bytes) the
+        artifact is signed, and ``jaxaot.load(path, key=key)`` refuses it if
+        anything in it changes (:mod:`jaxaot.artifacts.signing`).
 
         Example:
             >>> import jax.numpy as jnp, jaxaot, tempfile
@@ -41,8 +46,9 @@ class ExportedAOT:
             >>> sorted(p.name for p in exp.save(tempfile.mkdtemp()).iterdir())
             ['backward.jaxexport', 'forward.jaxexport', 'inference.jaxexport', 'manifest.json']
         """
+        key = signing.check_key("save", key)
         programs = {name: getattr(self, name) for name in manifest.PROGRAMS}
-        return manifest.write(Path(path), self.name, programs, self.signature.to_json())
+        return manifest.write(Path(path), self.name, programs, self.signature.to_json(), key=key)
 
     def __repr__(self) -> str:
         s = self.signature

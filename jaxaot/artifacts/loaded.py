@@ -14,17 +14,17 @@ import dataclasses
 import functools
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import jax
 import numpy as np
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
-from jaxaot.artifacts import audit, manifest
+from jaxaot.artifacts import audit, manifest, signing
 from jaxaot.artifacts.exported import ExportedAOT
 from jaxaot.artifacts.options import check_load_options
-from jaxaot.artifacts.placement import check_call_devices, check_enough_devices
+from jaxaot.artifacts.placement import check_call_devices, check_call_platform, check_enough_devices
 from jaxaot.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import (
@@ -42,7 +42,8 @@ from jaxaot.runtime import (
 
 
 def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_callbacks: bool = False,
-         max_bytes: int | None = None) -> "LoadedAOT":
+         max_bytes: int | None = None, allow_custom_calls: Collection[str] | None = None,
+         key: bytes | None = None) -> "LoadedAOT":
     """Load a directory written by :meth:`ExportedAOT.save` (or wrap an ``ExportedAOT``).
 
     Needs neither the original function nor its module. An artifact exported
@@ -51,28 +52,41 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
 
     Loading reads JSON and ``jax.export`` flatbuffers only, every file a
     regular file inside the directory (:mod:`~jaxaot.artifacts.manifest`), and
-    audits the programs before they can run (:mod:`~jaxaot.artifacts.audit`):
-    no host callbacks or unknown custom calls, and each program's own input
-    and output types equal to what the manifest's signature says.
+    audits the programs op by op before they can run
+    (:mod:`~jaxaot.artifacts.audit`): no host callbacks, every custom call of a
+    target ``jax.export`` produces and of the types its kernel reads and writes
+    (:mod:`~jaxaot.artifacts.custom_calls`), each program's own input and output
+    types and structure equal to what the manifest's signature says, and
+    exported for a platform this process has. Without ``key`` it trusts the
+    artifact's source for what the programs compute; with it, anything changed
+    in the artifact is refused.
 
     Args:
       path: the artifact directory, or an in-memory ``ExportedAOT``.
-      check_versions: check the jax version that wrote it (the format and
-        jaxaot major version are always checked).
+      check_versions: check the jax and jaxlib versions that wrote it (the
+        format and jaxaot major version are always checked).
       allow_callbacks: load programs that call host callbacks. A callback
         calls whatever this process registered under its index: pass True
         only for an artifact you built yourself.
       max_bytes: the largest program file to read (default
         ``jaxaot.artifacts.manifest.MAX_PROGRAM_BYTES``, 4 GiB); the manifest
         is read up to the smaller of this and ``MAX_MANIFEST_BYTES``.
+      allow_custom_calls: custom-call targets to load without a type rule
+        (Pallas kernels: ``("tpu_custom_call",)``), only for an artifact you
+        built yourself: their kernels touch whatever memory they are told to.
+      key: the secret the artifact was saved with (``save(path, key=...)``):
+        its manifest and programs must be exactly what was signed.
 
     Raises:
-      ArtifactError: missing, unreadable, oversized or corrupt files (checksum
-        mismatch, a FIFO or a symlink out of the directory), a malformed
-        manifest (the message names the field), programs with host callbacks
-        or that do not fit the signature; a sharded artifact and a process
-        with fewer devices than it was exported for.
-      ArtifactVersionError: a manifest from an incompatible format, jaxaot or jax.
+      ArtifactError: missing, unreadable, oversized or corrupt files (size or
+        checksum mismatch, a FIFO or a symlink out of the directory), a
+        malformed manifest (the message names the field), programs with host
+        callbacks, with custom calls that break their type rule (the message
+        names the target and the mismatch) or that do not fit the signature,
+        programs exported for platforms this process does not have (naming
+        both), an unsigned or altered artifact when ``key`` is given; a sharded
+        artifact and a process with fewer devices than it was exported for.
+      ArtifactVersionError: a manifest from an incompatible format, jaxaot, jax or jaxlib.
 
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot, tempfile
@@ -83,10 +97,12 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
     """
     if isinstance(path, ExportedAOT):
         return LoadedAOT(path)
-    check_load_options(path, check_versions=check_versions, allow_callbacks=allow_callbacks, max_bytes=max_bytes)
+    allowed = check_load_options(path, check_versions=check_versions, allow_callbacks=allow_callbacks,
+                                 max_bytes=max_bytes, allow_custom_calls=allow_custom_calls)
+    key = signing.check_key("load", key)
     root = Path(path)
     where = str(root / manifest.MANIFEST)
-    info = manifest.read_manifest(root, max_bytes)
+    info = manifest.read_manifest(root, max_bytes, key=key)
     try:  # check_manifest and from_json see a dict: errors name the file here
         manifest.check_manifest(info, check_versions=check_versions)
         signature = AOTSignature.from_json(info["signature"])
@@ -99,8 +115,9 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
         raise ArtifactError(f"{where} is malformed: {type(err).__name__}: {err}") from err
     programs = {name: manifest.load_program(root, name, info["artifacts"][name], max_bytes)
                 for name in manifest.PROGRAMS}
+    audit.check_platforms(programs, where)
     for name, program in programs.items():
-        audit.check_program(name, program, where, allow_callbacks=allow_callbacks,
+        audit.check_program(name, program, where, allow_callbacks=allow_callbacks, allow_custom_calls=allowed,
                             declared=bool(info.get("host_callbacks")))
     audit.check_signature(programs, signature, where)
     return LoadedAOT(ExportedAOT(name=info.get("function", "exported"), signature=signature, **programs),
@@ -157,6 +174,8 @@ class LoadedAOT:
             check_enough_devices(where or f"the artifact of {self.__name__}", self.num_devices, self.signature.mesh)
         self._structures: dict[Any, Any] = {}
         self._calls = _CallLog(self)
+        exported_for = {p for prog in (exported.inference, exported.forward, exported.backward) for p in prog.platforms}
+        self._other_platforms = bool(C.available_platforms() - exported_for)  # else every array is on one of them
         s = self.signature
         self._call = custom_vjp_of(SplitPrograms(
             primal=self._infer, forward=self._forward, backward=self._backward,
@@ -245,6 +264,8 @@ class LoadedAOT:
     # -- programs
     def _run(self, program: Any, what: str, leaves: Sequence[Any]) -> list:
         check_call_devices(self.__name__, what, self.num_devices, self.signature.mesh, leaves)
+        if self._other_platforms:
+            check_call_platform(self.__name__, what, tuple(program.platforms), leaves)
         return list(program.call(*leaves))
 
     def _infer(self, leaves: Sequence[Any]) -> list:

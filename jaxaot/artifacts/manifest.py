@@ -6,14 +6,17 @@ Layout (``ExportedAOT.save``)::
     inference.jaxexport     # Exported.serialize() of each program
     forward.jaxexport
     backward.jaxexport
+    manifest.hmac           # only when signed: the manifest's HMAC-SHA256 under the key
 
 ``manifest.json`` holds ``format: "jaxaot-export"``, ``format_version``, the
 ``versions`` (jaxaot, jax, jaxlib) that wrote it, ``function``, ``platforms``,
 ``host_callbacks`` (whether any program calls host code: never, for jaxaot's
 exports), ``artifacts`` (per program: file, sha256, bytes, platforms, calling
 convention version, custom-call targets) and ``signature``
-(:meth:`~jaxaot.artifacts.signature.AOTSignature.to_json`). Files are written
-atomically, the manifest last.
+(:meth:`~jaxaot.artifacts.signature.AOTSignature.to_json`). A save writes a
+fresh folder, the manifest last (and ``manifest.hmac`` after it, when signed),
+and swaps it into place, so an interrupted re-save leaves the earlier artifact
+whole.
 
 Schema (:func:`check_manifest`): every field has its type checked before it is
 used, so a malformed manifest (``"artifacts": []``, ``"versions": null``, a
@@ -21,20 +24,26 @@ string where a number belongs) is an :class:`~jaxaot.errors.ArtifactError`
 naming the field, never a raw ``AttributeError``.
 
 Version policy (:func:`check_manifest`): the format version must match; the
-jaxaot major version must match; the writer's jax must be at least 0.10 and not
-newer (major.minor) than the reader's (``jax.export`` guarantees only that newer
-jax loads older artifacts); each program's calling convention version must be
-supported by the reader's jax. ``load(..., check_versions=False)`` skips the jax
-checks (not the format check).
+jaxaot major version must match; the writer's jax and jaxlib must each be at
+least 0.10 and not newer (major.minor) than the reader's (``jax.export``
+guarantees only that newer jax loads older artifacts, and the kernels its
+custom calls name live in jaxlib); each program's calling convention version
+must be supported by the reader's jax. ``load(..., check_versions=False)`` skips
+the jax and jaxlib checks (not the format check). The platforms the programs
+were exported for are checked at load too
+(:func:`~jaxaot.artifacts.audit.check_platforms`).
 
 Loading a hostile artifact can neither run code, nor hang, nor exhaust memory:
-the manifest is JSON; program files must be plain names inside the artifact
-directory (no ``..``, no absolute paths); every file, the manifest included, is
-read with :func:`~jaxaot._files.read_regular` (``O_NOFOLLOW | O_NONBLOCK``,
-``fstat``): a regular file, or a symlink that stays inside the artifact
-directory, of at most :data:`MAX_MANIFEST_BYTES` / :data:`MAX_PROGRAM_BYTES`
-(or ``load(..., max_bytes=...)``) whose size and sha256 match the manifest. A
-FIFO, device or socket is refused without blocking. The signature's shapes,
+the manifest is JSON nested at most :data:`MAX_MANIFEST_DEPTH` levels; program
+files must be plain names inside the artifact directory (no ``..``, no absolute
+paths); every file, the manifest included, is read with
+:func:`~jaxaot._files.read_regular` (``O_NOFOLLOW | O_NONBLOCK``, ``fstat``): a
+regular file, or a symlink that stays inside the artifact directory, of at most
+:data:`MAX_MANIFEST_BYTES` / :data:`MAX_PROGRAM_BYTES` (or ``load(...,
+max_bytes=...)``) whose size, compared before reading, and sha256, computed
+while reading, match the manifest. A FIFO, device or socket is refused without
+blocking. A signed artifact (``save(path, key=...)``) is checked against its
+key before its manifest is parsed (:mod:`~jaxaot.artifacts.signing`). The signature's shapes,
 indices and pytree depth are bounded
 (:meth:`~jaxaot.artifacts.signature.AOTSignature.validate`), and the programs
 are audited (:mod:`jaxaot.artifacts.audit`). ``docs/security.md`` states the
@@ -55,9 +64,12 @@ from typing import Any, Mapping
 import jax
 import jaxlib
 
-from jaxaot._files import FileTooLargeError, UnsafeFileError, atomic_write, read_regular
-from jaxaot.artifacts import audit
-from jaxaot.errors import ArtifactError, ArtifactVersionError
+from jaxaot._files import (
+    FileMismatchError, FileTooLargeError, UnsafeFileError, atomic_write, parse_json, read_regular, replace_folder,
+)
+from jaxaot.artifacts import audit, signing
+from jaxaot.artifacts.treedef_json import MAX_DEPTH as MAX_TREE_DEPTH
+from jaxaot.errors import ArtifactError, ArtifactVersionError, InvalidValueError
 
 FORMAT = "jaxaot-export"
 FORMAT_VERSION = 1
@@ -69,6 +81,8 @@ MAX_MANIFEST_BYTES = 64 << 20
 #: The largest program file ``load`` reads (raise it, or pass ``load(..., max_bytes=...)``, for artifacts
 #: with huge embedded constants).
 MAX_PROGRAM_BYTES = 4 << 30
+#: How deep the manifest's JSON may nest: a pytree structure nests two levels per pytree level.
+MAX_MANIFEST_DEPTH = 2 * MAX_TREE_DEPTH + 16
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -81,25 +95,33 @@ def library_versions() -> dict:
     }
 
 
-def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: dict) -> Path:
-    """Write the serialized ``programs`` (``jax.export.Exported`` by name) and their manifest into ``root``."""
+def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: dict, key: bytes | None = None
+          ) -> Path:
+    """Write the serialized ``programs`` (``jax.export.Exported`` by name) and their manifest as the folder ``root``.
+
+    Everything is written into a fresh folder beside ``root`` that then takes
+    its place (:func:`~jaxaot._files.replace_folder`): an interrupted save leaves
+    the earlier artifact at ``root`` whole and loadable. An existing ``root``
+    must be empty or an artifact (:func:`is_artifact_file`). With ``key``, the
+    manifest is signed (:mod:`~jaxaot.artifacts.signing`).
+    """
     require_flatbuffers()
-    root.mkdir(parents=True, exist_ok=True)
+    files = {}
     artifacts, host = {}, False
     for program in PROGRAMS:
         exp = programs[program]
         blob = bytes(exp.serialize())
         file = f"{program}.jaxexport"
-        atomic_write(root / file, blob)
-        text = exp.mlir_module()
-        host = host or bool(audit.host_code(text))
+        files[file] = blob
+        ops = audit.read_ops(program, exp, str(root))
+        host = host or bool(audit.host_code(ops))
         artifacts[program] = {
             "file": file,
             "sha256": hashlib.sha256(blob).hexdigest(),
             "bytes": len(blob),
             "platforms": list(exp.platforms),
             "calling_convention_version": int(exp.calling_convention_version),
-            "custom_calls": sorted(audit.custom_call_targets(text)),
+            "custom_calls": sorted({c.target for c in ops.custom_calls}),
         }
     manifest = {
         "format": FORMAT,
@@ -112,8 +134,24 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
         "artifacts": artifacts,
         "signature": signature_json,
     }
-    atomic_write(root / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return root
+    files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    if key is not None:
+        files[signing.SIGNATURE] = signing.sign(key, files[MANIFEST]).encode() + b"\n"
+
+    def fill(folder: Path) -> None:
+        for file, data in files.items():  # the manifest (and its tag) last
+            atomic_write(folder / file, data)
+
+    try:
+        return replace_folder(Path(root), fill, is_artifact_file)
+    except FileExistsError as err:
+        raise InvalidValueError(f"save: cannot write the artifact to {root}: {err.strerror}.") from None
+
+
+def is_artifact_file(name: str) -> bool:
+    """Whether a folder entry belongs to an artifact (a re-save may replace a folder holding only these)."""
+    return name in (MANIFEST, signing.SIGNATURE) or name.endswith(".jaxexport") or (
+        name.startswith(".") and name.endswith(".tmp"))
 
 
 # --------------------------------------------------------------------------- reading files
@@ -141,31 +179,47 @@ def artifact_path(root: Path, what: str, file: Any) -> Path:
     return path
 
 
-def read_file(path: Path, limit: int, what: str, limit_name: str) -> bytes:
-    """The bytes of an artifact file, through :func:`~jaxaot._files.read_regular`; every failure an ArtifactError."""
+def read_file(path: Path, limit: int, what: str, limit_name: str, size: int | None = None,
+              sha256: str | None = None) -> bytearray:
+    """The bytes of an artifact file, through :func:`~jaxaot._files.read_regular`; every failure an ArtifactError.
+
+    ``size`` and ``sha256`` (the manifest's) are checked as the file is opened
+    and read: a file of another size is refused before a byte of it is read.
+    """
     try:
-        return read_regular(path, limit)
+        return read_regular(path, limit, size=size, sha256=sha256)
     except FileNotFoundError:
         raise ArtifactError(f"{what} {path} is missing.") from None
     except FileTooLargeError as err:
         raise ArtifactError(f"{err}: refusing to read it; {limit_name}={limit} (raise it, or pass "
                             "jaxaot.load(..., max_bytes=...), if you trust this artifact).") from None
+    except FileMismatchError as err:
+        raise ArtifactError(f"{err.path} is corrupt: it {err.why} by the manifest. Re-export or re-copy it.") from None
     except UnsafeFileError as err:
         raise ArtifactError(f"refusing to read {what}: {err}.") from None
     except OSError as err:
         raise ArtifactError(f"cannot read {what} {path}: {err}") from err
 
 
-def read_manifest(root: Path, max_bytes: int | None = None) -> dict:
-    """The parsed ``manifest.json`` of an artifact directory (a JSON object of the jaxaot format)."""
+def read_manifest(root: Path, max_bytes: int | None = None, key: bytes | None = None) -> dict:
+    """The parsed ``manifest.json`` of an artifact directory (a JSON object of the jaxaot format).
+
+    With ``key``, its tag (``manifest.hmac``) is checked before the JSON is parsed.
+    """
     root = Path(root)
     if not os.path.lexists(root / MANIFEST):
         raise ArtifactError(f"{root} is not a jaxaot export: it has no {MANIFEST}.")
     path = artifact_path(root, "the manifest", MANIFEST)
     limit = MAX_MANIFEST_BYTES if max_bytes is None else min(max_bytes, MAX_MANIFEST_BYTES)
     text = read_file(path, limit, "the manifest", "MAX_MANIFEST_BYTES")
+    if key is not None:
+        if not os.path.lexists(root / signing.SIGNATURE):
+            raise ArtifactError(f"{root} is not signed (it has no {signing.SIGNATURE}), but a key was given: "
+                                "refusing to load it. Load it without key= only if you trust its source.")
+        tag = read_file(artifact_path(root, "the signature", signing.SIGNATURE), 256, "the signature", "256")
+        signing.verify(key, text, tag, str(root / MANIFEST))
     try:
-        manifest = json.loads(text)
+        manifest = parse_json(text, MAX_MANIFEST_DEPTH)
     except (ValueError, RecursionError) as err:
         raise ArtifactError(f"cannot read {path}: {type(err).__name__}: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -177,14 +231,11 @@ def load_program(root: Path, name: str, info: Mapping[str, Any], max_bytes: int 
     """The ``jax.export.Exported`` of program ``name``, read and checked against its manifest entry."""
     path = artifact_path(root, f"the {name} program's file", info.get("file"))
     limit = MAX_PROGRAM_BYTES if max_bytes is None else max_bytes
-    blob = read_file(path, limit, f"the {name} program", "MAX_PROGRAM_BYTES")
-    if len(blob) != info["bytes"]:
-        raise ArtifactError(f"{path} is corrupt: it has {len(blob)} bytes, the manifest says {info['bytes']}.")
-    if hashlib.sha256(blob).hexdigest() != info["sha256"]:
-        raise ArtifactError(f"{path} is corrupt: its sha256 differs from the manifest's. Re-export or re-copy it.")
+    blob = read_file(path, limit, f"the {name} program", "MAX_PROGRAM_BYTES", size=info["bytes"],
+                     sha256=info["sha256"])
     try:
         require_flatbuffers()
-        exported = jax.export.deserialize(bytearray(blob))
+        exported = jax.export.deserialize(blob)
     except ImportError:
         raise
     except Exception as err:
@@ -313,6 +364,17 @@ def _check_versions(manifest: Mapping[str, Any], check_versions: bool) -> None:
             "jax.export guarantees only that newer jax loads older artifacts. Upgrade jax here, re-export "
             "with the older jax, or pass check_versions=False to try anyway."
         )
+    if "jaxlib" in versions:
+        wlib, rlib = _version_tuple(versions["jaxlib"])[:2], _version_tuple(jaxlib.__version__)[:2]
+        if len(wlib) < 2 or wlib < MIN_JAX or wlib > rlib:
+            why = ("not a version to compare with this process's" if len(wlib) < 2 else
+                   "newer than this process's" if wlib > rlib else
+                   f"older than any jaxaot artifact's ({'.'.join(map(str, MIN_JAX))}), unlike this process's")
+            raise ArtifactVersionError(
+                f"artifact written with jaxlib {versions['jaxlib']}, {why} jaxlib {jaxlib.__version__}: its "
+                "programs' kernels (custom calls) are guaranteed to load only into the jaxlib that wrote them or a "
+                "newer one. Upgrade jaxlib here, re-export it, or pass check_versions=False to try anyway."
+            )
     lo, hi = jax.export.minimum_supported_calling_convention_version, jax.export.maximum_supported_calling_convention_version
     for name, info in manifest["artifacts"].items():
         ccv = info["calling_convention_version"]

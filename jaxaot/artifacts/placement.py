@@ -176,3 +176,20 @@ def check_call_devices(name: str, what: str, num_devices: int, mesh: MeshSpec | 
         f"{num_devices} devices first (mesh = f.mesh(); args = jax.device_put(args, f.in_shardings(mesh))), "
         + (f"or re-export the function on a mesh of {have} devices." if have > 1 else
            "or re-export the function from unsharded inputs to run it on one device."))
+
+
+def check_call_platform(name: str, what: str, platforms: Sequence[str], leaves: Sequence[Any]) -> None:
+    """Raise :class:`ArtifactError` when a loaded program gets arrays on a platform it was not exported for.
+
+    The platform is read off the first concrete array (under ``jax.jit`` the
+    caller's lowering decides, and ``jax.export`` checks it).
+    """
+    for x in leaves:
+        if isinstance(x, jax.Array) and not C.is_tracer(x):
+            here = C.platform_of(next(iter(x.devices())))
+            if here not in platforms:
+                raise ArtifactError(
+                    f"the {what} program of {name} was exported for {', '.join(platforms)}, but its inputs are on "
+                    f"{here}: it cannot run there. Put them on a {platforms[0]} device (jax.device_put(x, "
+                    f"jax.devices({platforms[0]!r})[0])), or re-export the function with platforms=(..., {here!r}).")
+            return

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot import _compat as C
+from jaxaot._files import parse_json
 
 _LENGTH = struct.Struct("<I")
 
@@ -40,11 +41,11 @@ def encode(exe: Any, n_in: int, n_out: int) -> bytes | None:
     return _LENGTH.pack(len(header)) + header + blob
 
 
-def decode(payload: bytes) -> jax.stages.Compiled | None:
+def decode(payload: bytes | memoryview) -> jax.stages.Compiled | None:
     """The executable :func:`encode` stored, loaded; None when the payload does not load."""
     try:
         (n,) = _LENGTH.unpack_from(payload)
-        header = json.loads(payload[_LENGTH.size: _LENGTH.size + n])
+        header = parse_json(payload[_LENGTH.size: _LENGTH.size + n], max_depth=2)
         blob = payload[_LENGTH.size + n:]
         devices = header.get("devices")
         return C.deserialize_executable(blob, _in_tree(int(header["n_in"])), _out_tree(int(header["n_out"])),

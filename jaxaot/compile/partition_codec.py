@@ -24,12 +24,15 @@ import json
 from typing import Any, Sequence
 
 from jaxaot import _compat as C
+from jaxaot._files import parse_json
 from jaxaot._pytrees import dtype_name
 from jaxaot.compile.store import FORMAT_VERSION
 from jaxaot.errors import PartitionError
 from jaxaot.partition import Partition, apply_offload, replay_joint, saved_vars, split_joint
 from jaxaot.tracing import JointGraph
 
+#: How deep a stored record's JSON may nest (positions, and a primal plan nested as deep as its scans).
+MAX_DEPTH = 256
 _COMPARED_FIELDS = ("num_outputs", "cotangent_outputs", "saved_inputs", "saved_outputs", "grad_inputs",
                     "residuals", "recomputed")
 
@@ -58,10 +61,10 @@ def encode(joint: JointGraph, part: Partition) -> bytes | None:
     return json.dumps(record, sort_keys=True).encode()
 
 
-def decode(joint: JointGraph, payload: bytes) -> Partition | None:
+def decode(joint: JointGraph, payload: bytes | memoryview) -> Partition | None:
     """The partition of ``joint`` that :func:`encode` stored; None if the payload does not rebuild it."""
     try:
-        record = json.loads(payload)
+        record = parse_json(payload, MAX_DEPTH)
         if record.get("format") != FORMAT_VERSION:
             return None
         plan = record.get("plan")

@@ -16,7 +16,8 @@ the caller rebuilds it. Files are written to a temporary file and
 see whole files only and concurrent writers of one key are safe.
 
 What the cache trusts: the per-user key file (:func:`key_path`; 32 random
-bytes, mode 0600, created on first use) and nothing else. An entry whose tag
+bytes, mode 0600, created on first use, in a folder of this user's that no one
+else can write) and nothing else. An entry whose tag
 does not verify with that key under its own name (truncated, corrupt, planted,
 swapped, or written with another user's key) is reported once and reads as
 absent *before* any of its bytes reach a deserialiser (executables are
@@ -28,11 +29,13 @@ group or others is refused with a warning, and the call compiles instead; below
 opened with ``O_NOFOLLOW | O_NONBLOCK`` and read only if ``fstat`` shows a
 regular file of this user that no one else can write (:func:`~jaxaot._files.read_regular`):
 a symlink, FIFO or device in its place is a miss with a warning, never a hang.
+Its header (magic and declared lengths) must match its size before the rest is
+read, into one buffer that the payload is a view of.
 I/O errors never fail a call. ``docs/security.md`` states the threat model.
 
 Example:
     >>> from jaxaot.compile import store
-    >>> store.unframe(store.frame(b"payload", "executables/abc", key=b"k"), "executables/abc", key=b"k")
+    >>> bytes(store.unframe(store.frame(b"payload", "executables/abc", key=b"k"), "executables/abc", key=b"k"))
     b'payload'
     >>> store.unframe(store.frame(b"payload", "executables/abc", key=b"k"), "executables/abd", key=b"k") is None
     True
@@ -46,14 +49,15 @@ import hashlib
 import hmac
 import os
 import secrets
-import stat
 import struct
-import tempfile
 import threading
 from pathlib import Path
 
 from jaxaot._config import config
-from jaxaot._files import UnsafeFileError, atomic_write, describe_mode, read_regular
+from jaxaot._files import (
+    FileMismatchError, UnsafeFileError, UnsafeFolderError, atomic_write, check_folder, check_folders,
+    create_exclusive, private, read_regular, untrusted,
+)
 from jaxaot.compile.cache_stats import count, warn_once
 
 #: The version of the directory layout: the directory name, the environment key and saved partitions carry it.
@@ -78,61 +82,42 @@ _key_lock = threading.Lock()
 def cache_root() -> Path | None:
     """``<jaxaot.config.cache_dir>/jaxaot-v2``, created 0700; None when the cache is off or not trusted.
 
-    Both directories are checked (:func:`untrusted`); a refused one warns once
-    (:class:`~jaxaot.errors.CacheWarning`): anyone who can write there could
-    plant, rename or swap entries.
+    Both directories are checked (:func:`~jaxaot._files.check_folder`); a
+    refused one warns once (:class:`~jaxaot.errors.CacheWarning`): anyone who
+    can write there could plant, rename or swap entries.
     """
     if not config.cache_dir:
         return None
-    base = Path(config.cache_dir)
-    root = base / f"jaxaot-v{FORMAT_VERSION}"
-    if not (_trusted_dir(base, follow=True) and _trusted_dir(root, follow=False)):
-        return None
-    return root if cache_key() is not None else None
+    root = trusted_folder(Path(config.cache_dir), f"jaxaot-v{FORMAT_VERSION}")
+    return root if root is not None and cache_key() is not None else None
 
 
 def entry_path(kind: str, key: str) -> Path | None:
     """Where the entry ``key`` of ``kind`` lives, its directory created and checked; None when not trusted."""
-    root = cache_root()
-    if root is None:
+    if cache_root() is None:
         return None
-    d = root / kind
-    return d / f"{key}.bin" if _trusted_dir(d, follow=False) else None
+    d = trusted_folder(Path(config.cache_dir), f"jaxaot-v{FORMAT_VERSION}", kind)
+    return None if d is None else d / f"{key}.bin"
 
 
-def _trusted_dir(d: Path, follow: bool) -> bool:
-    """Make ``d`` (0700) if absent and check it; a refusal warns once.
+def trusted_folder(base: Path, *names: str) -> Path | None:
+    """``base / names...``, each level made (0700) if absent and checked; None (warned once) when refused.
 
-    ``follow``: whether ``d`` itself may be a symlink (the configured
-    ``cache_dir`` may; the directories jaxaot makes below it may not).
+    ``base`` (the configured ``cache_dir``) may be a symlink; the folders jaxaot
+    makes below it may not.
     """
     try:
-        if not os.path.lexists(d):
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.stat(d) if follow else os.lstat(d)
+        return check_folders(base, *names, create=True)
+    except UnsafeFolderError as err:
+        d = err.path
+        if "not a directory" in err.why:
+            warn_once(d, f"jaxaot cache: cannot write to {d}: {err.why}; not caching.")
+        else:
+            warn_once(d, f"jaxaot cache: refusing to use {d}: {err.why}. Not caching; fix it with chmod 700 {d} "
+                         "(and make it yours), or choose another cache_dir.")
     except OSError as err:
+        d = Path(err.filename) if err.filename else base
         warn_once(d, f"jaxaot cache: cannot write to {d} ({err}); not caching.")
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        warn_once(d, f"jaxaot cache: cannot write to {d}: it is {describe_mode(st.st_mode)}, not a directory; "
-                     "not caching.")
-        return False
-    why = untrusted(st)
-    if why:
-        warn_once(d, f"jaxaot cache: refusing to use {d}: {why}. Not caching; fix it with chmod 700 {d} "
-                     "(and make it yours), or choose another cache_dir.")
-        return False
-    return True
-
-
-def untrusted(path_or_stat: Path | os.stat_result) -> str | None:
-    """Why a file or directory must not be trusted (owned by another user, writable by group/others), or None."""
-    st = path_or_stat if isinstance(path_or_stat, os.stat_result) else os.stat(path_or_stat)
-    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
-    if st.st_uid != uid:
-        return f"it is owned by uid {st.st_uid}, not by this user (uid {uid})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"it is writable by {'group' if st.st_mode & stat.S_IWGRP else 'others'} (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 
@@ -168,31 +153,27 @@ def cache_key() -> bytes | None:
 
 
 def _read_or_create_key(path: Path) -> bytes | None:
+    """The key at ``path``, created if absent; None when it is not a private file of this user.
+
+    Its folder is checked as the cache's are (:func:`~jaxaot._files.check_folder`):
+    whoever can write there could replace the key with one they know.
+    """
+    check_folder(path.parent, follow=True, create=True)
     if not os.path.lexists(path):
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cache-key.")  # mode 0600
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(_KEY_BYTES))
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)  # atomic, and never replaces a key another process made first
-            except FileExistsError:
-                pass
-        finally:
-            os.unlink(tmp)
+        create_exclusive(path, secrets.token_bytes(_KEY_BYTES))  # never replaces a key another process made
     try:
-        key = read_regular(path, _KEY_BYTES, check=lambda st: untrusted(st) or
-                           ("it is readable by group or others" if st.st_mode & 0o077 else None))
+        key = read_regular(path, _KEY_BYTES, size=_KEY_BYTES, check=private)
     except UnsafeFileError:
         return None
-    return key if len(key) == _KEY_BYTES else None
+    return bytes(key)
 
 
 # --------------------------------------------------------------------------- frames
-def _tag(key: bytes, name: bytes, payload: bytes) -> bytes:
-    return hmac.new(key, struct.pack("<Q", len(name)) + name + payload, hashlib.sha256).digest()
+def _tag(key: bytes, name: bytes | memoryview, payload: bytes | memoryview) -> bytes:
+    mac = hmac.new(key, struct.pack("<Q", len(name)), hashlib.sha256)
+    mac.update(name)
+    mac.update(payload)
+    return mac.digest()
 
 
 def frame(payload: bytes, name: str, key: bytes | None = None) -> bytes:
@@ -204,25 +185,35 @@ def frame(payload: bytes, name: str, key: bytes | None = None) -> bytes:
     return _HEADER.pack(_MAGIC, _tag(key, n, payload), len(n), len(payload)) + n + payload
 
 
-def read_frame(data: bytes, key: bytes | None = None) -> tuple[str, bytes] | None:
-    """``(name, payload)`` of a framed file whose tag verifies under ``key``; None when truncated or foreign."""
+def framed_size(header: bytes | memoryview) -> int | None:
+    """The size of the framed file that starts with ``header`` (its first bytes), or None if it is no frame."""
+    if len(header) < _HEADER.size:
+        return None
+    magic, _, n_name, n_payload = _HEADER.unpack_from(header)
+    return _HEADER.size + n_name + n_payload if magic == _MAGIC else None
+
+
+def read_frame(data: bytes | bytearray | memoryview, key: bytes | None = None) -> tuple[str, memoryview] | None:
+    """``(name, payload)`` of a framed file whose tag verifies under ``key``; None when truncated or foreign.
+
+    The payload is a view into ``data``, not a copy.
+    """
     key = cache_key() if key is None else key
-    if key is None or len(data) < _HEADER.size:
+    if key is None or framed_size(data) != len(data):
         return None
-    magic, tag, n_name, n_payload = _HEADER.unpack_from(data)
-    if magic != _MAGIC or _HEADER.size + n_name + n_payload != len(data):
-        return None
-    name = data[_HEADER.size:_HEADER.size + n_name]
-    payload = data[_HEADER.size + n_name:]
+    _, tag, n_name, _ = _HEADER.unpack_from(data)
+    view = memoryview(data)
+    name = view[_HEADER.size:_HEADER.size + n_name]
+    payload = view[_HEADER.size + n_name:]
     if not hmac.compare_digest(_tag(key, name, payload), tag):
         return None
     try:
-        return name.decode(), payload
+        return bytes(name).decode(), payload
     except UnicodeDecodeError:
         return None
 
 
-def unframe(data: bytes, name: str, key: bytes | None = None) -> bytes | None:
+def unframe(data: bytes | bytearray | memoryview, name: str, key: bytes | None = None) -> memoryview | None:
     """The payload of a framed file signed under ``key`` for ``name``; None otherwise."""
     got = read_frame(data, key)
     return got[1] if got is not None and got[0] == name else None
@@ -234,11 +225,18 @@ def entry_name(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
-def read(path: Path) -> bytes | None:
-    """The entry's payload; None when absent. A corrupt, foreign or unsafe entry warns once and reads as absent."""
+def read(path: Path) -> memoryview | None:
+    """The entry's payload (a view of the one buffer read); None when absent.
+
+    A corrupt, foreign or unsafe entry warns once and reads as absent. Its
+    header is checked against its size before the rest is read.
+    """
     try:
-        data = read_regular(path, MAX_ENTRY_BYTES, check=untrusted)
+        data = read_regular(path, MAX_ENTRY_BYTES, check=untrusted, header=(_HEADER.size, framed_size))
     except (FileNotFoundError, NotADirectoryError):
+        return None
+    except FileMismatchError:
+        corrupt(path, "it is truncated, or not a cache entry")
         return None
     except UnsafeFileError as err:
         corrupt(path, f"{err}; refusing to read it")

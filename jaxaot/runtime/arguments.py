@@ -7,13 +7,26 @@ leaves are the programs' inputs.
 
 Static values are user objects, and their ``__hash__`` and ``__eq__`` run
 inside the compile cache's dict lookups. Each is held in a :class:`StaticArg`,
-which hashes it once (a ``__hash__`` that raises is an
-:class:`~jaxaot.errors.InvalidInputError` naming the argument) and compares it
-only when the hashes agree; an ``__eq__`` that raises there becomes an
-:class:`~jaxaot.errors.InvalidInputError` naming the argument, as ``jax.jit``
-raises a ``ValueError``, and the function keeps working for every other
-value. An object mutated after a call so that its hash changed is a new
-value (the function is traced again for it), never the old program.
+which keys the cache exactly as ``jax.jit`` keys its own:
+
+* it hashes the value once: an unhashable value (a ``TypeError``) is a
+  :class:`~jaxaot.errors.StaticArgumentError` (a ``ValueError``, as
+  ``jax.jit`` raises), and any other error of ``__hash__`` propagates as itself,
+  with a note naming the argument;
+* two values are compared only when their hashes agree *and their types are
+  the same*: values of different types (``1`` and ``1.0``, or a value whose
+  ``__eq__`` returns ``NotImplemented`` and one whose ``__eq__`` raises) are
+  simply different, and each gets its own trace;
+* an ``__eq__`` that raises, or returns something without a truth value, when
+  the cache must compare two values of one type is a
+  :class:`~jaxaot.errors.StaticArgumentError` naming the argument; the function
+  keeps working for every other value.
+
+An object mutated after a call so that its hash changed is a new value: the
+function is traced again for it, as ``jax.jit`` does (from jax 0.11; jax 0.10's
+``jax.jit`` runs the program traced for its old state). One mutated keeping its
+hash and equality runs its earlier program, under ``jax.jit`` and jaxaot alike.
+``tests/reliability/test_static_args.py`` compares each case with ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from jaxaot.errors import InvalidInputError
+from jaxaot.errors import InvalidInputError, StaticArgumentError
 
 
 def normalize_argnums(name: str, argnums: int | Sequence[int]) -> tuple[int, ...]:
@@ -37,8 +50,9 @@ class StaticArg:
     """One static argument as the compile cache keys it: its position, its value and its hash (computed once).
 
     Two compare equal when their values do; the values' ``__eq__`` runs only
-    when their hashes agree (as in a dict), and the same object with another
-    hash (mutated since) is not equal to its earlier self.
+    when their hashes agree and their types are the same (as in ``jax.jit``),
+    and the same object with another hash (mutated since) is not equal to its
+    earlier self.
 
     Example:
         >>> StaticArg(1, (2, 3)) == StaticArg(1, (2, 3)), StaticArg(1, (2, 3)) == StaticArg(1, (2, 4))
@@ -46,7 +60,7 @@ class StaticArg:
         >>> StaticArg(1, [2, 3])
         Traceback (most recent call last):
         ...
-        jaxaot.errors.InvalidInputError: static argument arg[1] of type list is not hashable...
+        jaxaot.errors.StaticArgumentError: static argument arg[1] of type list is not hashable...
     """
 
     __slots__ = ("index", "value", "_hash")
@@ -56,17 +70,15 @@ class StaticArg:
         try:
             self._hash = hash(value)
         except TypeError as err:
-            raise InvalidInputError(
+            raise StaticArgumentError(
                 f"static argument arg[{index}] of type {type(value).__name__} is not hashable ({err}). Static "
-                "arguments key the compile cache: pass a hashable value (a tuple instead of a "
+                "arguments key the compile cache, as in jax.jit: pass a hashable value (a tuple instead of a "
                 "list, say) or pass it as an array argument instead."
             ) from None
-        except Exception as err:
-            raise InvalidInputError(
-                f"static argument arg[{index}] of type {type(value).__name__} cannot be hashed: its __hash__ "
-                f"raised {type(err).__name__}: {err}. Static arguments key the compile cache, as in jax.jit: "
-                "give it a __hash__ that returns an int, or pass it as an array argument instead."
-            ) from err
+        except Exception as err:  # the user's own error, as jax.jit raises it
+            err.add_note(f"raised by the __hash__ of static argument arg[{index}] (of type {type(value).__name__}): "
+                         "static arguments key the compile cache, as in jax.jit, so their __hash__ must return an int.")
+            raise
 
     def __hash__(self) -> int:
         return self._hash
@@ -76,12 +88,12 @@ class StaticArg:
             return NotImplemented
         if self.value is other.value:
             return self._hash == other._hash
-        if self._hash != other._hash:
+        if self._hash != other._hash or type(self.value) is not type(other.value):
             return False
         try:
             return bool(other.value == self.value)
         except Exception as err:
-            raise InvalidInputError(
+            raise StaticArgumentError(
                 f"static argument arg[{other.index}] of type {type(other.value).__name__} cannot be compared "
                 f"with the static value {safe_repr(self.value, 80)} of an earlier call (type "
                 f"{type(self.value).__name__}): __eq__ raised {type(err).__name__}: {err}. Static arguments key "

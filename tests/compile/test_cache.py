@@ -275,7 +275,7 @@ def test_concurrent_writers(tmp_path):
         if "executables" in str(p):
             assert executable_codec.decode(payload) is not None
         else:
-            assert json.loads(payload)["saved"]
+            assert json.loads(bytes(payload))["saved"]
 
 
 def counting_min_cut(joint):

@@ -218,6 +218,10 @@ ROWS = [
     _row("load", "allow_callbacks", "no", InvalidInputError),
     _row("load", "max_bytes", -1, InvalidValueError),
     _row("load", "max_bytes", "1GB", InvalidInputError),
+    _row("load", "allow_custom_calls", "tpu_custom_call", InvalidInputError),
+    _row("load", "allow_custom_calls", [7], InvalidInputError),
+    _row("load", "key", "a password", InvalidInputError),
+    _row("load", "key", b"short", InvalidValueError),
     # partitioners (jaxaot.partition)
     _row("min_cut_rematerialization_partition", "memory_budget", "0.5", InvalidValueError),
     _row("min_cut_rematerialization_partition", "memory_budget", None, InvalidInputError),

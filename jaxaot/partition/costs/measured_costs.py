@@ -21,7 +21,13 @@ The table lives as long as the process, shared per device kind
 set, in ``<cache_dir>/jaxaot-v2/op-costs/<environment>.json``: keyed by the
 device kind, jax and jaxlib versions, x64 and matmul precision, read once and
 rewritten atomically after each new measurement. The file holds numbers only
-(nothing in it is executed); one that fails to parse is ignored and rewritten.
+(nothing in it is executed). It is read as the compile cache's entries are
+(:func:`~jaxaot._files.read_regular`): every folder level must be this user's
+and writable by no one else (as the cache's are), and the file a regular file of
+this user of at most :data:`MAX_TABLE_BYTES` whose JSON nests at most
+:data:`MAX_TABLE_DEPTH` levels. A FIFO, a symlink (to ``/dev/zero``, say), a
+huge or deeply nested file is ignored with a warning and rewritten; in a folder
+others can write, the table is neither read nor written (it stays in memory).
 
 The partition's ``cost_note`` (printed by ``lower()``) says what was measured.
 
@@ -51,7 +57,7 @@ import jaxlib
 
 from jaxaot import _progress
 from jaxaot._config import config
-from jaxaot._files import atomic_write
+from jaxaot._files import UnsafeFolderError, atomic_write, check_folders, parse_json, read_regular, untrusted
 from jaxaot.errors import PartitionError
 from jaxaot.partition.costs import cost_model, op_profile
 from jaxaot.partition.costs.device_model import DeviceModel
@@ -59,6 +65,10 @@ from jaxaot.partition.costs.op_costs import FlopCosts, OpCosts
 
 #: Bumped when what a stored time means changes.
 TABLE_VERSION = 1
+#: The largest op-cost table read, in bytes (a table holds one number per distinct op).
+MAX_TABLE_BYTES = 64 << 20
+#: How deep a table's JSON may nest (it is ``{"environment": {...}, "seconds": {...}}``).
+MAX_TABLE_DEPTH = 4
 
 
 class MeasuredCosts:
@@ -77,7 +87,10 @@ class MeasuredCosts:
         self.device = jax.devices()[0] if device is None else device
         self._fallback = fallback
         self._path = _default_path(self.device) if path == "auto" else (Path(path) if path is not None else None)
-        self._table: dict[str, float] = _read(self._path) if self._path is not None else {}
+        self._folders = _folders(self._path, auto=path == "auto")
+        self._table: dict[str, float] = {}
+        if self._path is not None:
+            self._table, self._path = _read(self._path, self._folders)
         self._lock = threading.Lock()
         self.measured = 0  #: eqns timed by this object
         self.estimated: set[str] = set()  #: signatures that could not be timed (fallback used)
@@ -125,7 +138,8 @@ class MeasuredCosts:
             self._table[key] = t
             if self._path is not None and op_profile.is_portable(key):
                 portable = {k: v for k, v in self._table.items() if op_profile.is_portable(k)}
-                if not _write(self._path, {"environment": _environment(self.device), "seconds": portable}):
+                if not _write(self._path, self._folders,
+                              {"environment": _environment(self.device), "seconds": portable}):
                     self._path = None  # warned once; the table stays in memory
             return t
 
@@ -187,22 +201,40 @@ def _default_path(device: Any) -> Path | None:
     return Path(config.cache_dir) / "jaxaot-v2" / "op-costs" / f"{digest}.json"
 
 
-def _read(path: Path) -> dict[str, float]:
+def _folders(path: Path | None, auto: bool) -> tuple[Path, tuple[str, ...]] | None:
+    """The folder chain holding the table, as :func:`~jaxaot._files.check_folders` takes it."""
+    if path is None:
+        return None
+    if auto:
+        return Path(config.cache_dir), tuple(path.relative_to(config.cache_dir).parts[:-1])
+    return path.parent, ()
+
+
+def _read(path: Path, folders: tuple[Path, tuple[str, ...]]) -> tuple[dict[str, float], Path | None]:
+    """The table at ``path`` and the path to keep writing it to (None: a folder others can write)."""
     try:
-        record = json.loads(path.read_text())
+        check_folders(folders[0], *folders[1], create=False)
+        record = parse_json(read_regular(path, MAX_TABLE_BYTES, check=untrusted), MAX_TABLE_DEPTH)
         table = record["seconds"]
-        return {str(k): float(v) for k, v in table.items() if isinstance(v, (int, float)) and v > 0}
+        return {str(k): float(v) for k, v in table.items() if isinstance(v, (int, float)) and v > 0}, path
     except (FileNotFoundError, NotADirectoryError):
-        return {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return {}, path
+    except UnsafeFolderError as err:
+        warnings.warn(f"jaxaot: not using the op-cost table {path}: its folder {err}, so others could plant or "
+                      f"replace it. Ops are timed again, and the table kept in memory; fix it with chmod 700 "
+                      f"{err.path} (and make it yours).", RuntimeWarning, stacklevel=3)
+        return {}, None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as err:
         warnings.warn(f"jaxaot: ignoring the op-cost table {path} ({type(err).__name__}: {err}); "
-                      f"ops are timed again and the file rewritten.", RuntimeWarning, stacklevel=2)
-        return {}
+                      f"ops are timed again and the file rewritten.", RuntimeWarning, stacklevel=3)
+        return {}, path
 
 
-def _write(path: Path, record: dict) -> bool:
-    """Atomically (:func:`jaxaot._files.atomic_write`); an I/O error warns and returns False: the table is a cache."""
+def _write(path: Path, folders: tuple[Path, tuple[str, ...]], record: dict) -> bool:
+    """Atomically (:func:`jaxaot._files.atomic_write`) into checked folders; an I/O error or a folder others can
+    write warns and returns False: the table is a cache."""
     try:
+        check_folders(folders[0], *folders[1], create=True)
         atomic_write(path, json.dumps(record, sort_keys=True, indent=0).encode())
         return True
     except OSError as err:

@@ -1,0 +1,114 @@
+"""Saving an artifact: a re-save replaces the folder whole, an interrupted one leaves the old artifact loadable.
+
+The attack (or accident): a save killed half-way through a re-save left new
+programs beside the old manifest, and the artifact would not load; temporary
+files of killed writers stayed forever.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from jaxaot._files import STALE_SECONDS, writing
+from jaxaot.artifacts import manifest, signing
+from jaxaot.errors import InvalidValueError
+
+
+def _sin(x):
+    return jnp.sum(jnp.sin(x))
+
+
+def _cos(x):
+    return jnp.sum(jnp.cos(x))
+
+
+X = jnp.linspace(0.0, 1.0, 3)
+
+
+def _loads_as(d, fn) -> None:
+    f = jaxaot.load(d)
+    np.testing.assert_allclose(f(X), fn(X), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(f)(X), jax.grad(fn)(X), rtol=1e-6)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["swapped", "renamed-aside"])
+def test_a_re_save_replaces_the_whole_folder(tmp_path, monkeypatch, exchange):
+    if not exchange:  # systems without an atomic swap of two folders
+        monkeypatch.setattr(writing, "_exchange", lambda a, b: False)
+    d = jaxaot.export(_sin, X).save(tmp_path / "art", key=b"k" * 16)
+    assert (d / signing.SIGNATURE).exists()
+    jaxaot.export(_cos, X).save(d)
+    _loads_as(d, _cos)
+    assert not (d / signing.SIGNATURE).exists()  # nothing of the old version is left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+def test_an_interrupted_re_save_leaves_the_old_artifact_loadable(tmp_path, monkeypatch):
+    d = jaxaot.export(_sin, X).save(tmp_path / "art")
+    real, written = manifest.atomic_write, []
+
+    def dies_after_two(path, data):  # a save killed while writing its files
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(path)
+        real(path, data)
+
+    monkeypatch.setattr(manifest, "atomic_write", dies_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        jaxaot.export(_cos, X).save(d)
+    monkeypatch.undo()
+    assert written and all(p.parent != d for p in written)  # the new files went to a fresh folder
+    _loads_as(d, _sin)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+def test_a_killed_save_s_folder_is_swept_after_an_hour(tmp_path):
+    d = jaxaot.export(_sin, X).save(tmp_path / "art")
+    old = tmp_path / ".art.jaxaot-0123456789abcdef.tmp"  # what a save killed by SIGKILL leaves
+    young = tmp_path / ".art.jaxaot-fedcba9876543210.tmp"
+    mine = tmp_path / ".art.backup.tmp"  # not jaxaot's: never touched
+    for p in (old, young, mine):
+        p.mkdir()
+        (p / "forward.jaxexport").write_bytes(b"partial")
+    hour_ago = time.time() - STALE_SECONDS - 60
+    for p in (old, mine):
+        os.utime(p, (hour_ago, hour_ago))
+    jaxaot.export(_cos, X).save(d)
+    assert not old.exists() and young.exists() and mine.exists()
+    _loads_as(d, _cos)
+
+
+def test_saving_over_a_folder_of_other_files_is_refused_and_keeps_them(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidValueError, match=r"holds files that would be lost \(notes.txt\)"):
+        jaxaot.export(_sin, X).save(d)
+    assert [p.name for p in d.iterdir()] == ["notes.txt"]
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(InvalidValueError, match="not a folder"):
+        jaxaot.export(_sin, X).save(tmp_path / "file")
+
+
+def test_saving_into_an_empty_folder_keeps_its_mode(tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir()
+    d.chmod(0o755)
+    jaxaot.export(_sin, X).save(d)
+    assert d.stat().st_mode & 0o777 == 0o755
+    _loads_as(d, _sin)
+
+
+def test_saving_through_a_symlink_makes_the_folder_it_names_anew(tmp_path):
+    real = jaxaot.export(_sin, X).save(tmp_path / "v1")
+    (tmp_path / "current").symlink_to(real)
+    jaxaot.export(_cos, X).save(tmp_path / "current")
+    assert (tmp_path / "current").is_symlink()
+    _loads_as(real, _cos)
