@@ -103,7 +103,7 @@ class _Plans:
                 change = inputs_change(last_inputs.named(self.names), inputs.named(self.names))
                 if change:
                     return f"{head}: {change}"
-            if last_structure.key == structure.key:
+            if last_structure.token == structure.token:
                 return (f"{head}: the same program as the last step, but its executable was evicted (the cache "
                         "keeps the latest ones) or the parameter hooks differ")
             values = inputs.values_change(last_inputs) if last_inputs is not None else ""

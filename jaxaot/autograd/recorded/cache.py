@@ -142,6 +142,9 @@ class BackwardCache:
 
 #: The cache every compiled_grad uses.
 CACHE = BackwardCache()
+#: The programs that compute values Python looks at while a forward is recorded (:mod:`.force`), by
+#: structure; apart from :data:`CACHE`, so its counts and reasons are the steps' alone.
+LOOKS = BackwardCache()
 
 
 def stats() -> Stats:
@@ -166,5 +169,6 @@ def note_fallback(reason: str) -> None:
 
 
 def reset() -> None:
-    """Drop every compiled backward and zero the counters."""
+    """Drop every compiled step and backward (and the programs of looked-at values), and zero the counters."""
     CACHE.reset()
+    LOOKS.reset()
