@@ -441,7 +441,7 @@ def trace_context() -> Any:
 
 #: What compiled autograd (:mod:`jaxaot.autograd.recorded`) uses (``C.<name>``).
 __all__ = [
-    "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
+    "ById", "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
     "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
     "set_current_trace", "source_info", "stage_call", "stage_function", "trace_context", "typeof",
 ]

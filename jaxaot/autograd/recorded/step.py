@@ -43,6 +43,7 @@ class Recorded(NamedTuple):
     rest: list          #: leaves of the forward's other outputs; None where the step returns the value
     rest_vids: tuple    #: their value numbers, for the leaves that are recorded values
     tape: T.Tape        #: the tape (:mod:`.replay` judges what the recording depended on)
+    seconds: float = 0.0  #: how long recording took
 
     @property
     def program(self) -> T.Program:

@@ -142,7 +142,7 @@ class Tape:
       values: per value number, its concrete value, or None while unknown.
       avals: per value number, its aval.
       ops: the recorded operations, in order: ``(op, input numbers, output numbers, source info)``, ``op``
-        an :class:`~.ops.Op` (:attr:`eqns` has them as :class:`Eqn`\ s).
+        an :class:`~.ops.Op` (:attr:`eqns` has them as :class:`Eqn` objects).
       inputs: ``(value number, kind, aval key[, literal value])`` per input,
         ``kind`` one of ``diff``, ``arg`` (a runtime argument), ``lit``.
       args: the runtime values of the ``arg`` inputs, in order; ``arg_objects`` the objects the forward
@@ -185,7 +185,7 @@ class Tape:
     # -- what the tape holds, in the forms keys and programs need
     @property
     def eqns(self) -> list[Eqn]:
-        """The recorded operations as :class:`Eqn`\ s (made on demand)."""
+        """The recorded operations as :class:`Eqn` objects (made on demand)."""
         eqns = self._eqns
         for op, ins, outs, info in self.ops[len(eqns):]:
             eqns.append(Eqn(op.prim, op.params, ins, outs, op.staged, info))
