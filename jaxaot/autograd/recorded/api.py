@@ -228,7 +228,8 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
         eager = plans.mode == "eager"
         t = time.perf_counter()
         try:
-            recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays)
+            recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays,
+                                [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]])
         except C.Unrecordable as e:
             plans.mode = "vjp"
             note_fallback(f"compiled_grad({plans.name}): the forward cannot be recorded ({e}); running it under "

@@ -43,7 +43,8 @@ class Plan:
         """The value, from ``values`` (by value number; the plan's own operations' outputs are filled in when
         they run one by one, in ``trace``)."""
         if self.exe is not None:
-            return self.exe(*[values[v] for v in self.ins])
+            with C.set_current_trace(trace):  # JAX's fast dispatch path runs only outside any other trace
+                return self.exe(*[values[v] for v in self.ins])
         for e in self.eqns:
             outs = C.bind_on(trace, e.prim, [values[v] for v in e.ins], e.params, e.staged)
             for v, o in zip(e.outs, outs):

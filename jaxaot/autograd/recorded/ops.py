@@ -161,8 +161,11 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
     return (fn, x.aval, sig, kw, same, visible, _context(tape)), ops
 
 
-def call(tape: Any, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
-    """``fn(x, *args, **kwargs)`` recorded on ``tape``: replayed from its template, or run and templated."""
+def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
+    """``fn(x, *args, **kwargs)`` (the operation ``name``) recorded on ``tape``: replayed from its template,
+    or run and templated (in lazy recording; eager recording runs it as written)."""
+    if tape.eager or x._trace is not tape.trace:
+        return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     try:
         key, ops = signature(fn, x, args, kwargs, tape)
         template = TEMPLATES.get(key)

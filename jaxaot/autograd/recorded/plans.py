@@ -63,9 +63,10 @@ class Plans:
                 return (f"{head}: the same program as the last step, but its executable was evicted (the cache "
                         "keeps the latest ones) or the parameter hooks differ")
             values = inputs.values_change(last_inputs) if last_inputs is not None else ""
-            guard = miss.text() if miss is not None else ""
+            how = explain(last_structure, structure)
+            guard = miss.text() if miss is not None and miss.text() not in how else ""
             lead = "; ".join(t for t in (guard, values) if t)
-            return f"{head}: {lead + '; ' if lead else ''}{explain(last_structure, structure)}"
+            return f"{head}: {lead + '; ' if lead else ''}{how}"
 
         return reason
 

@@ -52,18 +52,20 @@ class Recorded(NamedTuple):
 
 
 def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool,
-           arg_leaves: Sequence[Any] | None = None) -> Recorded:
+           arg_leaves: Sequence[Any] | None = None, diff_avals: Sequence[Any] | None = None) -> Recorded:
     """Run ``forward(*diff)`` under a fresh tape; it returns ``(loss, rest)``.
 
     ``rest`` (auxiliary outputs, module state) may hold recorded values: the
     step returns them, concrete. With ``arg_leaves`` (the other arguments' arrays), the recording is
     *guarded* (:mod:`.replay`): those arrays reach the forward as recorded values too, as
-    ``forward(*diff, arg_values=[...])``, and the tape keeps what a replay needs.
+    ``forward(*diff, arg_values=[...])``, and the tape keeps what a replay needs. ``diff_avals``: the
+    differentiated leaves' avals, when the caller has them.
     """
     tape = T.Tape(eager, guarded=arg_leaves is not None)
     try:
         with C.set_current_trace(tape.trace):
-            tracers = [tape.diff_input(x) for x in diff_leaves]
+            avals = diff_avals if diff_avals is not None else [None] * len(diff_leaves)
+            tracers = [tape.diff_input(x, a) for x, a in zip(diff_leaves, avals)]
             diff = jax.tree_util.tree_unflatten(diff_tree, tracers)
             if arg_leaves is None:
                 loss, rest = forward(*diff)

@@ -216,9 +216,9 @@ class Tape:
         self.node = self.node.step((kind, aval, lit))
         return vid
 
-    def diff_input(self, value: Any) -> Any:
-        """A tracer for a differentiated leaf (call these first, in order)."""
-        return self.tracer(self._input("diff", C.typeof(value), value))
+    def diff_input(self, value: Any, aval: Any = None) -> Any:
+        """A tracer for a differentiated leaf (call these first, in order); ``aval``: its aval, if known."""
+        return self.tracer(self._input("diff", C.typeof(value) if aval is None else aval, value))
 
     def arg_input(self, value: Any) -> Any:
         """A tracer for an array argument handed to the forward as a recorded value (guarded recordings)."""
@@ -356,11 +356,8 @@ class Tape:
         op = O.Op(prim, params, tuple(out_avals), _staged_params_key(params, rules), True, (), by_content=True)
         return [self.tracer(v) for v in self.record(op, ins)]
 
-    def call(self, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
-        """An array operator, method or property of a recorded value (``x * 2``, ``x.mean()``): :mod:`.ops`."""
-        if self.eager or x._trace is not self.trace:
-            return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
-        return O.call(self, fn, x, args, kwargs)
+    #: An array operator, method or property of a recorded value (``x * 2``, ``x.mean()``): :func:`.ops.call`.
+    call = O.call
 
     def stage_value(self, val: Any) -> Any:
         return self.tracer(self.ref(val))
