@@ -27,8 +27,7 @@ import numpy as np
 from jaxaot import _compat as C
 from jaxaot.autograd.recorded.reasons import CallInputs, python_values
 from jaxaot.autograd.recorded.structure import literal_value_key
-from jaxaot.runtime import ArgNames
-from jaxaot.runtime.signature import leaf_key
+from jaxaot.runtime import ArgNames, leaf_key
 
 _ArrayImpl = C.ArrayImpl
 

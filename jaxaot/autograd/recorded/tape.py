@@ -163,7 +163,7 @@ class Tape:
         self.trace = C.RecordingTrace(self)
         self.values: list = []
         self.avals: list = []
-        self.shown: list[bool] = []  #: per value number, :meth:`visible`
+        self.shown: list[bool] = []  #: per value number, whether :meth:`known` shows it
         self.ops: list[tuple] = []
         self.inputs: list[tuple] = []
         self.args: list = []
@@ -187,8 +187,7 @@ class Tape:
     def eqns(self) -> list[Eqn]:
         """The recorded operations as :class:`Eqn` objects (made on demand)."""
         eqns = self._eqns
-        for op, ins, outs, info in self.ops[len(eqns):]:
-            eqns.append(Eqn(op.prim, op.params, ins, outs, op.staged, info))
+        eqns.extend(Eqn(op.prim, op.params, ins, outs, op.staged, info) for op, ins, outs, info in self.ops[len(eqns):])
         return eqns
 
     @property
@@ -199,8 +198,7 @@ class Tape:
     def eqn_key(self, i: int) -> tuple:
         """Operation ``i``'s part of the structure key: primitive, inputs, output avals, params."""
         op, ins, outs, _ = self.ops[i]
-        avals = self.avals
-        return (op.prim, ins, tuple([akey(avals[v]) for v in outs]), op.pkey)
+        return (op.prim, ins, tuple([akey(self.avals[v]) for v in outs]), op.pkey)
 
     # -- values
     def tracer(self, vid: int) -> Any:
@@ -231,7 +229,7 @@ class Tape:
         """The value number of ``x``: a tracer of this tape, or a constant made an input on first use."""
         if type(x) is _Tracer and x._trace is self.trace:
             return x.vid
-        vid = self._constant(x)
+        vid = _constant(self, x)
         if self.log is not None:
             self.log.append(("r", x, vid))
         return vid
@@ -240,42 +238,17 @@ class Tape:
         """:meth:`ref` of a scalar literal whose ``(value key, aval)`` is ``key`` (known to the caller)."""
         vid = self._by_literal.get(key)
         if vid is None:
-            vid = self._constant(x)
+            vid = _constant(self, x)
         if self.log is not None:
             self.log.append(("r", x, vid))
         return vid
 
-    def _constant(self, x: Any) -> int:
-        """A value the forward used that is no recorded value: a literal, or an array it closes over."""
-        if isinstance(x, C.Tracer):
-            raise C.Unrecordable(f"a {type(x).__name__} from another transformation reached the forward")
-        vid = self._by_id.get(id(x))  # arg_objects keeps x alive, so its id is not reused
-        if vid is not None:
-            return vid
-        lit = literal_value_key(x)
-        if lit is not None:
-            aval = C.typeof(x)
-            key = (lit, aval)
-            vid = self._by_literal.get(key)
-            if vid is None:
-                vid = self._by_literal[key] = self._input("lit", aval, x, lit)
-            return vid
-        value = jax.device_put(x) if isinstance(x, np.ndarray) else x  # NumPy is mutable: copy it now
-        vid = self._input("arg", C.typeof(value), value)
-        self._by_id[id(x)] = vid
-        self.constants.append(vid)
-        self.args.append(value)
-        self.arg_objects.append(x)
-        return vid
-
-    def visible(self, vid: int) -> bool:
-        """Whether JAX is shown the value of ``vid`` (:meth:`known`): a value computed for Python, a literal,
-        an array the forward closes over; never a differentiated input (``jax.grad`` shows none either),
-        and no argument of a guarded tape (as ``jit`` shows none)."""
-        return self.shown[vid]
-
     def known(self, vid: int) -> Any:
-        """The value if already known and :meth:`visible`, else None (JAX asks this opportunistically)."""
+        """The value if already known and shown to JAX, else None (JAX asks this opportunistically).
+
+        JAX is shown a value computed for Python, a literal, an array the forward closes over; never a
+        differentiated input (``jax.grad`` shows none either), and no argument of a guarded tape (as
+        ``jit`` shows none): :attr:`shown`."""
         if not self.shown[vid]:
             return None
         self.reads.add(vid)
@@ -367,12 +340,34 @@ class Tape:
         self.callbacks += 1
         vals = [self.force(a.vid, look=False) if type(a) is C.RecordingTracer and a._trace is self.trace else a
                 for a in args]
-        outs = C.bind_on(self.parent, prim, vals, params)
-        return [self.tracer(self.ref(o)) for o in outs]
+        return [self.tracer(self.ref(o)) for o in C.bind_on(self.parent, prim, vals, params)]
 
-    def output(self, x: Any) -> int:
-        """The value number of a forward output (a tracer, or a constant made an input)."""
-        return self.ref(x)
+    #: The value number of a forward output (a tracer, or a constant made an input).
+    output = ref
+
+
+def _constant(tape: Tape, x: Any) -> int:
+    """A value the forward used that is no recorded value: a literal, or an array it closes over."""
+    if isinstance(x, C.Tracer):
+        raise C.Unrecordable(f"a {type(x).__name__} from another transformation reached the forward")
+    vid = tape._by_id.get(id(x))  # arg_objects keeps x alive, so its id is not reused
+    if vid is not None:
+        return vid
+    lit = literal_value_key(x)
+    if lit is not None:
+        aval = C.typeof(x)
+        key = (lit, aval)
+        vid = tape._by_literal.get(key)
+        if vid is None:
+            vid = tape._by_literal[key] = tape._input("lit", aval, x, lit)
+        return vid
+    value = jax.device_put(x) if isinstance(x, np.ndarray) else x  # NumPy is mutable: copy it now
+    vid = tape._input("arg", C.typeof(value), value)
+    tape._by_id[id(x)] = vid
+    tape.constants.append(vid)
+    tape.args.append(value)
+    tape.arg_objects.append(x)
+    return vid
 
 
 class Program(NamedTuple):
