@@ -90,9 +90,10 @@ class Template:
             elif first == "r":
                 made.append(tape.ref(ops[ev[1]]))
             else:
-                made.extend(record(first, tuple([operands[s] if s >= 0 else made[-1 - s] for s in ev[1]]), info))
+                made += record(first, tuple([operands[s] if s >= 0 else made[-1 - s] for s in ev[1]]), info)
         r = self.result
-        return tape.tracer(operands[r] if r >= 0 else made[-1 - r])
+        vid = operands[r] if r >= 0 else made[-1 - r]
+        return _Tracer(tape.trace, tape.avals[vid], vid)
 
 
 def _scalar(t: type, a: Any) -> tuple:
@@ -164,7 +165,7 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
 def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
     """``fn(x, *args, **kwargs)`` (the operation ``name``) recorded on ``tape``: replayed from its template,
     or run and templated (in lazy recording; eager recording runs it as written)."""
-    if tape.eager or x._trace is not tape.trace:
+    if tape.eager:
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     try:
         key, ops = signature(fn, x, args, kwargs, tape)

@@ -293,13 +293,21 @@ class Tape:
         """Write one operation down (``info``: its source info, else the current one); its output numbers."""
         avals = self.avals
         first = len(avals)
-        n = len(op.out_avals)
-        outs = tuple(range(first, first + n))
-        avals.extend(op.out_avals)
-        self.values.extend([None] * n)
-        self.shown.extend([False] * n)
+        if len(op.out_avals) == 1:
+            outs = (first,)
+            avals.append(op.out_avals[0])
+            self.values.append(None)
+            self.shown.append(False)
+        else:
+            n = len(op.out_avals)
+            outs = tuple(range(first, first + n))
+            avals.extend(op.out_avals)
+            self.values.extend([None] * n)
+            self.shown.extend([False] * n)
         self.ops.append((op, ins, outs, C.source_info() if info is None else info))
-        self.node = self.node.step((op.edge, ins))
+        edge = (op.edge, ins)
+        node = self.node
+        self.node = node.children.get(edge) or node.step(edge)
         if self.log is not None:
             self.log.append(("e", op, ins, outs))
         if self.eager:
