@@ -6,6 +6,9 @@ inputs, replayed or recorded; the counts say which calls replayed.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -229,3 +232,13 @@ def test_eight_threads_replay_both_sides_of_a_branch():
 def test_replay_must_be_a_bool():
     with pytest.raises(jaxaot.InvalidInputError, match="replay"):
         jaxaot.compiled_value_and_grad(branchy, replay="yes")
+
+
+def test_the_concept_page_blocks_run():
+    page = Path(__file__).resolve().parents[3] / "docs" / "concepts" / "compiled_autograd.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - the page's own examples
+    assert len(namespace["runs"]) == 2
