@@ -127,9 +127,9 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         call = K.Call(args, kwargs, positions, diff, {*modules, *positions})
         _check_inexact(call, diff, positions)
         planned = plans.plan(call.diff_tree, diff, not single)
-        forward = _forward(fun, args, kwargs, modules, positions, has_aux, call)
+        forward = lambda: _forward(fun, args, kwargs, modules, positions, has_aux, call)  # noqa: E731
         if call.traced or not C.is_eval_trace(C.current_trace()):
-            value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
+            value, vjp_fn, (aux, states) = jax.vjp(forward(), *diff, has_aux=True)
             grads = PH.apply(planned, call.diff, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
         else:
             value, (aux, states), grads = _step(plans, call, forward, diff, planned, bool(modules))
@@ -144,9 +144,9 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     return value_and_grad
 
 
-def _step(plans: Plans, call: K.Call, forward: Callable, diff: tuple, planned: tuple, modules: bool) -> tuple:
+def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, planned: tuple, modules: bool) -> tuple:
     """``(value, rest, grads)`` of one eager step: replayed, recorded (and remembered for replay), or
-    captured under ``jax.vjp``."""
+    captured under ``jax.vjp`` (``make_forward()``: the forward, made when one runs)."""
     guarded = plans.replay and not modules and plans.mode == "lazy"
     miss = key = None
     if guarded:
@@ -162,6 +162,7 @@ def _step(plans: Plans, call: K.Call, forward: Callable, diff: tuple, planned: t
             return value, S.outputs(found.kept, found.rest_tree, outs), list(grads)
         miss = found
     reason = plans.reason(call, miss)
+    forward = make_forward()
     t = time.perf_counter()
     out = _recorded(plans, forward, call, planned, reason, arrays if guarded else None)
     if out is None:
@@ -291,19 +292,22 @@ def _resolve(nums: Sequence[int], nargs: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-#: dtype -> whether it is float or complex (checked on every call, for every differentiated leaf)
-_INEXACT: dict[Any, bool] = {}
+#: (number of differentiated leaves, the call's array types) seen to be float or complex where differentiated
+_INEXACT: dict[tuple, bool] = {}
 
 
 def _check_inexact(call: K.Call, diff: Sequence[Any], positions: Sequence[int]) -> None:
-    for t in call.types[:len(call.diff)]:
+    n = len(call.diff)
+    if _INEXACT.get((n, call.types)):  # the types seen before: checked then
+        return
+    for t in call.types[:n]:
         dtype = (t[0] if type(t) is tuple else t).dtype
-        ok = _INEXACT.get(dtype)
-        if ok is None:
-            ok = _INEXACT[dtype] = C.is_inexact(dtype)
-        if not ok:
+        if not C.is_inexact(dtype):
             break
     else:
+        if len(_INEXACT) >= 1024:
+            _INEXACT.clear()
+        _INEXACT[(n, call.types)] = True
         return
     for n, value in zip(positions, diff):  # the slow path, for the message
         for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:

@@ -50,11 +50,12 @@ def static_key(x: Any) -> Any:
 
 
 def _types(leaves: Sequence[Any]) -> tuple[tuple, bool]:
-    """Each array's type (:func:`jaxaot.runtime.signature.leaf_key`, with its common case inlined) and
-    whether any is a tracer."""
+    """Each array's type and whether any is a tracer: a ``jax.Array``'s aval (a committed one's device
+    placement is checked by the executable it is passed to), else
+    :func:`jaxaot.runtime.signature.leaf_key`."""
     types, traced = [], False
     for x in leaves:
-        if type(x) is _ArrayImpl and not x.committed:
+        if type(x) is _ArrayImpl:
             types.append(x.aval)
             continue
         if isinstance(x, C.Tracer):
@@ -67,7 +68,7 @@ class Call:
     """A call's arguments, flattened: ``diff`` leaves (of ``diff_tree``, one subtree per differentiated
     position), the ``others`` (the other positional arguments, then the keywords; ``other_tree``), which
     of those are :func:`is_array` (``array_at``), and every array's type (``types``: differentiated leaves
-    first; an aval, with the sharding when the array is committed)."""
+    first: an aval)."""
 
     __slots__ = ("positions", "diff", "diff_tree", "other_at", "kw_names", "others", "other_tree", "array_at",
                  "types", "traced", "values")
@@ -98,7 +99,7 @@ class Call:
         return [others[i] for i in self.array_at]
 
     def key(self, context: Any) -> tuple:
-        """What a replay is looked up by: the trees, every array's type, every static value (by
+        """What a replay is looked up by: the trees, every array's aval, every static value (by
         :func:`static_key`), and JAX's configuration ``context``."""
         arrays = set(self.array_at)
         statics = tuple([static_key(x) for i, x in enumerate(self.others) if i not in arrays])
