@@ -230,7 +230,7 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
         t = time.perf_counter()
         try:
             recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays,
-                                [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]])
+                                [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]], plans.trie.root())
         except C.Unrecordable as e:
             plans.mode = "vjp"
             note_fallback(f"compiled_grad({plans.name}): the forward cannot be recorded ({e}); running it under "

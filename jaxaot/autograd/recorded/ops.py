@@ -81,7 +81,6 @@ class Template:
     def apply(self, tape: Any, ops: list) -> Any:
         made: list[int] = []
         operands = [o.vid if type(o) is _Tracer else -1 for o in ops]
-        info = C.source_info()
         record = tape.record
         for ev in self.events:
             first = ev[0]
@@ -90,7 +89,7 @@ class Template:
             elif first == "r":
                 made.append(tape.ref(ops[ev[1]]))
             else:
-                made += record(first, tuple([operands[s] if s >= 0 else made[-1 - s] for s in ev[1]]), info)
+                made += record(first, tuple([operands[s] if s >= 0 else made[-1 - s] for s in ev[1]]))
         r = self.result
         vid = operands[r] if r >= 0 else made[-1 - r]
         return _Tracer(tape.trace, tape.avals[vid], vid)

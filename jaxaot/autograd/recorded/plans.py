@@ -16,6 +16,7 @@ from jaxaot.autograd.recorded import param_hooks as PH
 from jaxaot.autograd.recorded import replay as R
 from jaxaot.autograd.recorded.cache import Compiled
 from jaxaot.autograd.recorded.reasons import explain
+from jaxaot.autograd.recorded.structure import Trie
 from jaxaot.runtime import ArgNames, CacheEntryInfo, CacheInfo, inputs_change
 
 
@@ -34,6 +35,7 @@ class Plans:
         self.hooks = hooks
         self.replay = replay
         self.trees = R.Trees()
+        self.trie = Trie()  #: this function's structure trie (:mod:`.structure`)
         self.by_tree: dict[Any, tuple] = {}
         self.last: tuple | None = None
         self.mode = "lazy"  #: "lazy", "eager" (recording) or "vjp" (capture); see :mod:`.api`

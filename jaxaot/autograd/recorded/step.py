@@ -12,12 +12,14 @@ the one a fully jitted step has.
 
 Per step, besides running the executable, this costs recording the forward
 (one Python call per operation, nothing dispatched unless Python asks for a
-value) and hashing its key.
+value); the structure comes from the trie the recording stepped down, and the
+cache looks it up by identity.
 
 The returned loss and auxiliary outputs are the executable's: the gradients
 and the value come from one program. Values Python looked at during the
-forward (``if loss > 0``) were computed eagerly, op by op, and may differ
-from the compiled ones in the last bits, as eager and jitted JAX do.
+forward (``if loss > 0``) were computed by programs of their own
+(:mod:`.force`) and may differ from the compiled ones in the last bits, as
+eager and jitted JAX do.
 """
 
 from __future__ import annotations
@@ -52,16 +54,18 @@ class Recorded(NamedTuple):
 
 
 def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool,
-           arg_leaves: Sequence[Any] | None = None, diff_avals: Sequence[Any] | None = None) -> Recorded:
+           arg_leaves: Sequence[Any] | None = None, diff_avals: Sequence[Any] | None = None,
+           trie: Any = None) -> Recorded:
     """Run ``forward(*diff)`` under a fresh tape; it returns ``(loss, rest)``.
 
     ``rest`` (auxiliary outputs, module state) may hold recorded values: the
     step returns them, concrete. With ``arg_leaves`` (the other arguments' arrays), the recording is
     *guarded* (:mod:`.replay`): those arrays reach the forward as recorded values too, as
     ``forward(*diff, arg_values=[...])``, and the tape keeps what a replay needs. ``diff_avals``: the
-    differentiated leaves' avals, when the caller has them.
+    differentiated leaves' avals, when the caller has them; ``trie``: the root of the structure trie to
+    record in (:class:`~.structure.Node`; by default the process-wide one).
     """
-    tape = T.Tape(eager, guarded=arg_leaves is not None)
+    tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie)
     try:
         with C.set_current_trace(tape.trace):
             avals = diff_avals if diff_avals is not None else [None] * len(diff_leaves)

@@ -28,8 +28,8 @@ Costs and limits:
   callables (host callbacks) are keyed by the callable itself.
 * A recorded forward's key is also built incrementally (:class:`Node`): each
   recorded event (an input, an operation, a value computed for Python) steps
-  down a process-wide trie, whose edges are small (an operation's interned
-  description and its input numbers). A recording that ends on a trie node
+  down a trie (one per compiled function), whose edges are small (an
+  operation's interned description and its input numbers). A recording that ends on a trie node
   seen before gets that node's :class:`Structure` back, the same object, so
   the steady state builds no full key and the cache looks it up by identity
   (:attr:`Structure.token` hashes once). The trie keeps at most
@@ -214,15 +214,17 @@ class Node:
     """One point of a recording, in the trie of every recording seen: ``children`` by the next event.
 
     ``plan`` holds what a node learns once and reuses (a compiled program that
-    computes a value Python looks at there); ``structure`` the :class:`Structure`
-    of a recording that ends there.
+    computes a value Python looks at there); ``info`` where in the user's code the
+    operation that leads to it was recorded first (a traceback is not taken again
+    on every step); ``structure`` the :class:`Structure` of a recording that ends there.
     """
 
-    __slots__ = ("children", "plan", "structure")
+    __slots__ = ("children", "plan", "info", "structure")
 
     def __init__(self) -> None:
         self.children: dict = {}
         self.plan: Any = None
+        self.info: Any = None
         self.structure: Structure | None = None
 
     def step(self, edge: Any) -> "Node":
@@ -234,20 +236,40 @@ class Node:
         return child
 
 
-#: The most trie nodes kept; past it the trie restarts (recordings then build their keys again, once).
+#: The most trie nodes kept, over all tries; past it every trie restarts (recordings then build their
+#: keys again, once).
 MAX_NODES = 200_000
 _COUNT = [0]
-_ROOT = [Node()]
+_GENERATION = [0]
+
+
+class Trie:
+    """One trie's root (a compiled function's, or the process-wide one), restarted with all the others
+    when the nodes of all of them pass :data:`MAX_NODES`."""
+
+    __slots__ = ("node", "generation")
+
+    def __init__(self) -> None:
+        self.node, self.generation = Node(), _GENERATION[0]
+
+    def root(self) -> Node:
+        """Where a recording starts."""
+        if _COUNT[0] > MAX_NODES:
+            _COUNT[0] = 0
+            _GENERATION[0] += 1
+        if self.generation != _GENERATION[0]:
+            self.node, self.generation = Node(), _GENERATION[0]
+        return self.node
+
+
+_PROCESS = Trie()
 #: full key -> Structure, so a key built again after the trie restarted maps to the same structure.
 _STRUCTURES: dict[tuple, Structure] = {}
 
 
 def root() -> Node:
-    """The trie's root, where every recording starts."""
-    if _COUNT[0] > MAX_NODES:
-        _COUNT[0] = 0
-        _ROOT[0] = Node()
-    return _ROOT[0]
+    """The process-wide trie's root (recordings not made for a compiled function start there)."""
+    return _PROCESS.root()
 
 
 def interned(structure: Structure) -> Structure:

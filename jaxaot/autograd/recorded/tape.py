@@ -153,10 +153,11 @@ class Tape:
         structure; recompile reasons use them to say which Python branch went the other way.
       reads: value numbers whose value JAX itself read (``to_concrete_value``) and got (:meth:`visible`).
       callbacks: host callbacks run while recording.
-      node: where the recording is in the structure trie.
+      node: where the recording is in the structure trie (``trie``: its root, one per compiled
+        function; by default the process-wide one).
     """
 
-    def __init__(self, eager: bool = False, guarded: bool = False) -> None:
+    def __init__(self, eager: bool = False, guarded: bool = False, trie: Any = None) -> None:
         self.eager = eager
         self.guarded = guarded
         self.parent = C.current_trace()
@@ -177,7 +178,7 @@ class Tape:
         self.read_count = 0  #: values shown to JAX (an operation that was shown one is not templated)
         self.callbacks = 0
         self.log: list | None = None  #: events, while :mod:`.ops` watches an operation
-        self.node = root()
+        self.node = root() if trie is None else trie
         self.context: Any = None  #: JAX's configuration, as last seen, and its number (:mod:`.ops` keys by it)
         self.context_id: int | None = None
         self._eqns: list[Eqn] = []
@@ -290,7 +291,8 @@ class Tape:
 
     # -- recording (called by the trace)
     def record(self, op: O.Op, ins: tuple, info: Any = None) -> tuple:
-        """Write one operation down (``info``: its source info, else the current one); its output numbers."""
+        """Write one operation down; its output numbers. Its source info is the trie node's, taken (``info``,
+        else the current one) the first time the recording gets there."""
         avals = self.avals
         first = len(avals)
         if len(op.out_avals) == 1:
@@ -304,10 +306,12 @@ class Tape:
             avals.extend(op.out_avals)
             self.values.extend([None] * n)
             self.shown.extend([False] * n)
-        self.ops.append((op, ins, outs, C.source_info() if info is None else info))
         edge = (op.edge, ins)
         node = self.node
-        self.node = node.children.get(edge) or node.step(edge)
+        self.node = node = node.children.get(edge) or node.step(edge)
+        if node.info is None:  # first seen here: where in the user's code (kept for later steps)
+            node.info = C.source_info() if info is None else info
+        self.ops.append((op, ins, outs, node.info))
         if self.log is not None:
             self.log.append(("e", op, ins, outs))
         if self.eager:
