@@ -281,14 +281,6 @@ class Tape:
             plan = node.plan = F.plan(self, vid)
         return plan
 
-    def _run(self, index: int) -> None:
-        op, ins, outs, _ = self.ops[index]
-        values = self.values
-        results = C.bind_on(self.parent, op.prim, [values[v] for v in ins], op.params, op.staged)
-        for v, o in zip(outs, results):
-            values[v] = o
-            self.shown[v] = True
-
     # -- recording (called by the trace)
     def record(self, op: O.Op, ins: tuple, info: Any = None) -> tuple:
         """Write one operation down; its output numbers. Its source info is the trie node's, taken (``info``,
@@ -315,7 +307,7 @@ class Tape:
         if self.log is not None:
             self.log.append(("e", op, ins, outs))
         if self.eager:
-            self._run(len(self.ops) - 1)
+            _run(self, len(self.ops) - 1)
         return outs
 
     def primitive(self, prim: Any, args: Sequence[Any], params: dict) -> list:
@@ -356,6 +348,16 @@ class Tape:
 
     #: The value number of a forward output (a tracer, or a constant made an input).
     output = ref
+
+
+def _run(tape: Tape, index: int) -> None:
+    """Run operation ``index`` now (eager recording): its outputs become known and shown."""
+    op, ins, outs, _ = tape.ops[index]
+    values = tape.values
+    results = C.bind_on(tape.parent, op.prim, [values[v] for v in ins], op.params, op.staged)
+    for v, o in zip(outs, results):
+        values[v] = o
+        tape.shown[v] = True
 
 
 def _constant(tape: Tape, x: Any) -> int:
