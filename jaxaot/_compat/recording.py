@@ -434,9 +434,9 @@ for _name, (_kind, _attr) in forwarded_operations().items():
 RecordingTracer.__hash__ = None  # type: ignore[assignment]  # tracers stay unhashable, __eq__ notwithstanding
 
 
-def trace_context() -> Any:
-    """The configuration JAX's own tracing caches are keyed by (x64, dtype promotion, ...): hashable."""
-    return _config.trace_context()
+#: ``trace_context()``: the configuration JAX's own tracing caches are keyed by (x64, dtype promotion, ...),
+#: hashable (JAX's own function: it is read on every recorded operation).
+trace_context = _config.trace_context
 
 
 #: What compiled autograd (:mod:`jaxaot.autograd.recorded`) uses (``C.<name>``).

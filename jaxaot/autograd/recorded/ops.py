@@ -127,12 +127,14 @@ def _sig(a: Any, ops: list, trace: Any) -> Any:
     raise Unsupported
 
 
-def _context(tape: Any) -> int:
-    """A small number for JAX's configuration now (it may change inside the forward, under a ``with``)."""
-    ctx = C.trace_context()
-    if ctx != tape.context or tape.context_id is None:
-        tape.context = ctx
-        tape.context_id = _CONTEXTS.setdefault(ctx, len(_CONTEXTS))
+_trace_context = C.trace_context
+
+
+def _context(tape: Any, ctx: Any) -> int:
+    """A small number for JAX's configuration ``ctx`` (it may change inside the forward, under a ``with``),
+    kept on the tape with the configuration it was last read for."""
+    tape.context = ctx
+    tape.context_id = _CONTEXTS.setdefault(ctx, len(_CONTEXTS))
     return tape.context_id
 
 
@@ -144,21 +146,23 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
     conversion for unknown ones): which operands the tape shows (``tape.visible``) is part of the key,
     as is which operands are the same value."""
     trace, shown = tape.trace, tape.shown
+    ctx = _trace_context()
+    context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
     ops = [x]
     if not kwargs and len(args) == 1:  # the common case, a binary operator: no lists built
         a = args[0]
         t = type(a)
         if t is _Tracer and a._trace is trace:
             ops.append(a)
-            return (fn, x.aval, a.aval, a is x or a.vid == x.vid, shown[x.vid], shown[a.vid], _context(tape)), ops
+            return (fn, x.aval, a.aval, a is x or a.vid == x.vid, shown[x.vid], shown[a.vid], context), ops
         if t in _SCALARS:
-            return (fn, x.aval, _scalar(t, a), shown[x.vid], _context(tape)), ops
+            return (fn, x.aval, _scalar(t, a), shown[x.vid], context), ops
     sig = tuple([_sig(a, ops, trace) for a in args])
     kw = tuple(sorted((k, _sig(v, ops, trace)) for k, v in kwargs.items())) if kwargs else ()
     same = tuple([next(j for j, y in enumerate(ops) if y is o or (type(o) is _Tracer and type(y) is _Tracer
                                                                   and y.vid == o.vid)) for o in ops])
     visible = tuple([type(o) is _Tracer and shown[o.vid] for o in ops])
-    return (fn, x.aval, sig, kw, same, visible, _context(tape)), ops
+    return (fn, x.aval, sig, kw, same, visible, context), ops
 
 
 def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
