@@ -40,7 +40,7 @@ def _replays():
 
 
 #: The zoo entries the default suite replays; the rest run in the slow suite.
-CHEAP = ("mlp_gelu", "scan", "cond", "custom_jvp", "int_outputs")
+CHEAP = ("mlp_gelu", "cond", "custom_jvp", "int_outputs")
 
 
 @pytest.mark.parametrize("name", [n if n in CHEAP else pytest.param(n, marks=pytest.mark.slow) for n in ZOO])
