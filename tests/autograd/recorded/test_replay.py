@@ -242,3 +242,20 @@ def test_the_concept_page_blocks_run():
     for block in blocks:
         exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - the page's own examples
     assert len(namespace["runs"]) == 2
+
+
+def test_hooks_replay_as_they_were_traced():
+    def f(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(jaxaot.grad_hook(h, lambda g: 2.0 * g) ** 2)  # a new lambda each recorded step
+
+    def reference(w, x):
+        h, pull = jax.vjp(lambda w: jnp.tanh(x @ w), w)
+        return jnp.sum(h ** 2), jnp.clip(pull(4.0 * h)[0], -0.5, 0.5)
+
+    rng = np.random.default_rng(8)
+    vg = jaxaot.compiled_value_and_grad(f, replay=True, param_hooks={"*": lambda p, g: jnp.clip(g, -0.5, 0.5)})
+    for _ in range(3):
+        w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+        _close(vg(w, x), reference(w, x))
+    assert _replays() == 2
