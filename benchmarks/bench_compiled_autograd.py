@@ -1,7 +1,8 @@
-"""Compiled autograd against eager JAX, per-step jit of vjp_fn, and a fully jitted step.
+"""Compiled autograd against eager JAX, per-step jit of vjp_fn, and a fully jitted step; what recording costs.
 
-Workloads: an MLP, a small transformer block stack (both plain JAX) and a Flax
-nnx CNN, each an eager training step ``loss, grads = value_and_grad(loss)(params, batch)``.
+Workloads: an MLP (on CPU the 6 layers of width 64, batch 32, in two forms: Python looks at a
+value every step, ``if h.mean() > 10``, or at none), a small transformer block stack (plain JAX)
+and a Flax nnx CNN, each an eager training step ``loss, grads = value_and_grad(loss)(params, batch)``.
 
 Methods, timed per step (median over interleaved rounds; spread = min..max of the round medians;
 the sub-millisecond ones over 10x more steps per round):
@@ -9,8 +10,11 @@ the sub-millisecond ones over 10x more steps per round):
 * ``eager``: ``jax.value_and_grad`` run eagerly (``nnx.value_and_grad`` for the CNN);
 * ``jit(vjp_fn)``: eager ``jax.vjp``, then ``jax.jit(vjp_fn)(1.0)``, a new jit each step;
 * ``compiled``: ``jaxaot.compiled_value_and_grad`` after one warm-up step (for the CNN, on
-  the nnx module itself);
-* ``jit(vg)``: ``jax.jit(jax.value_and_grad(loss))``, the bound.
+  the nnx module itself): the forward is recorded every step;
+* ``replay``: the same with ``replay=True``: a step whose guards hold runs the recorded step
+  without the forward's Python (modules are not replayed: the CNN records every step);
+* ``jit(vg)``: ``jax.jit(jax.value_and_grad(loss))``, the bound (for the MLP that looks at a
+  value, of the same function with ``jnp.where`` in place of the Python branch).
 
 ``recompiles`` counts XLA backend compiles during the timed rounds (``jax.monitoring``).
 
@@ -20,6 +24,13 @@ computes loss and gradients in one XLA program. The backward line compares that
 executable's backward part (``executable - jit(loss)``) with the backward part of the
 jitted step (``jit(vg) - jit(loss)``); the executable is timed on the functional loss
 (for the CNN too), as ``jit(vg)`` is.
+
+The last section measures what a recording costs, piece by piece, on the MLP that looks at a
+value: one array operator (replayed from its template), one primitive, one jitted ``jax.numpy``
+function, ``jax.nn.gelu``, against eager dispatch of the operator; the structure key (the trie's
+node, against building and hashing the whole key); the compiled-step cache lookup; the argument
+handling of one call; the compiled look; the step's dispatch (a one-element program, through
+the executable and through ``jit``); and the whole recording.
 
 The executable alone is compiled through ``jaxaot.autograd.recorded.step`` (``record``,
 ``compile_step``), the module the compiled step itself uses; no face exports it.
@@ -34,13 +45,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 import jaxaot
 from benchmarks.harness import report
+from jaxaot.autograd.recorded import call as call_module
 from jaxaot.autograd.recorded import step as compiled_step
+from jaxaot.autograd.recorded import structure as structure_module
+from jaxaot.autograd.recorded import tape as tape_module
 
 _COMPILES = [0]
 
@@ -54,21 +69,37 @@ jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 
 # --------------------------------------------------------------------------- workloads
-def mlp(small: bool):
-    sizes = [64, 128, 128, 128, 10] if small else [512, 1024, 1024, 1024, 10]
+def mlp(small: bool, look: bool = False):
+    """On CPU the 6 layers of width 64, batch 32 (gelu); ``look``: Python reads ``h.mean() > 10`` after the
+    third layer every step (it is False for this data: the step's program is the same either way).
+
+    Returns ``(loss, params, batch, loss without the Python branch, for jit)``."""
+    sizes = [64] * 7 + [10] if small else [512, 1024, 1024, 1024, 10]
     keys = jax.random.split(jax.random.key(0), len(sizes) + 2)
     params = [(jax.random.normal(k, (a, b)) / a ** 0.5, jnp.zeros(b)) for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
     x = jax.random.normal(keys[-2], (32 if small else 256, sizes[0]))
     y = jax.random.normal(keys[-1], (x.shape[0], sizes[-1]))
 
-    def loss(params, x, y):
+    def body(params, x, y, branch):
         h = x
-        for w, b in params[:-1]:
+        for i, (w, b) in enumerate(params[:-1]):
             h = jax.nn.gelu(h @ w + b)
+            if i == 2:
+                h = branch(h)
         w, b = params[-1]
         return jnp.mean((h @ w + b - y) ** 2)
 
-    return loss, params, (x, y)
+    def python_branch(h):
+        return 0.5 * h if h.mean() > 10.0 else h
+
+    def traced_branch(h):
+        return jnp.where(h.mean() > 10.0, 0.5 * h, h)
+
+    if not look:
+        loss = lambda params, x, y: body(params, x, y, lambda h: h)
+        return loss, params, (x, y), loss
+    return (lambda params, x, y: body(params, x, y, python_branch)), params, (x, y), (
+        lambda params, x, y: body(params, x, y, traced_branch))
 
 
 def transformer(small: bool):
@@ -93,7 +124,7 @@ def transformer(small: bool):
             h = h + jax.nn.gelu(norm(h, p["ln2"]) @ p["up"]) @ p["down"]
         return jnp.mean((h - y) ** 2)
 
-    return loss, params, (x, y)
+    return loss, params, (x, y), loss
 
 
 def nnx_cnn(small: bool):
@@ -127,26 +158,31 @@ def nnx_cnn(small: bool):
 
 
 # --------------------------------------------------------------------------- methods
-def methods(loss, params, batch, module=None):
+def methods(loss, params, batch, jittable=None, module=None):
+    """The timed methods on one workload (``jittable``: ``loss`` without its Python branch, for ``jit``)."""
+    jittable = jittable or loss
     eager_vg = jax.value_and_grad(loss)
     compiled_vg = jaxaot.compiled_value_and_grad(loss)
+    replay_vg = jaxaot.compiled_value_and_grad(loss, replay=True)
     if module is not None:  # the CNN: eager and compiled take the nnx module itself
         module_loss, model, nnx_vg = module
         eager = lambda: nnx_vg(model, *batch)
         compiled_m = jaxaot.compiled_value_and_grad(module_loss)
-        compiled = lambda: compiled_m(model, *batch)
+        replay_m = jaxaot.compiled_value_and_grad(module_loss, replay=True)
+        compiled, replay = (lambda: compiled_m(model, *batch)), (lambda: replay_m(model, *batch))
     else:
         eager = lambda: eager_vg(params, *batch)
-        compiled = lambda: compiled_vg(params, *batch)
+        compiled, replay = (lambda: compiled_vg(params, *batch)), (lambda: replay_vg(params, *batch))
 
     def jit_vjp():
         value, vjp_fn = jax.vjp(lambda p: loss(p, *batch), params)
         return value, jax.jit(vjp_fn)(jnp.ones((), value.dtype))
 
-    jit_vg, jit_fwd = jax.jit(jax.value_and_grad(loss)), jax.jit(loss)
+    jit_vg, jit_fwd = jax.jit(jax.value_and_grad(jittable)), jax.jit(jittable)
     exe, leaves, args = step_executable(loss, params, batch)
     return {
-        "eager": eager, "jit(vjp_fn)": jit_vjp, "compiled": compiled, "jit(vg)": lambda: jit_vg(params, *batch),
+        "eager": eager, "jit(vjp_fn)": jit_vjp, "compiled": compiled, "replay": replay,
+        "jit(vg)": lambda: jit_vg(params, *batch),
         "_executable": lambda: exe(leaves, args), "_jit_fwd": lambda: jit_fwd(params, *batch),
     }
 
@@ -155,12 +191,12 @@ def step_executable(loss, params, batch):
     """The executable ``compiled_value_and_grad`` runs for ``loss`` (recorded and compiled once, here)."""
     leaves, tree = jax.tree_util.tree_flatten((params,))
     recorded = compiled_step.record(lambda p: (loss(p, *batch), None), leaves, tree, eager=False)
-    exe = compiled_step.compile_step(recorded.program, recorded.structure.key[2], (), leaves, recorded.args)
+    exe, _ = compiled_step.compile_step(recorded.program, recorded.structure.key[2], (), leaves, recorded.args)
     return exe, leaves, recorded.args
 
 
 #: Sub-millisecond methods, timed over this many times more steps per round (their medians feed differences).
-_FAST, _FAST_REPEATS = ("jit(vg)", "_executable", "_jit_fwd"), 10
+_FAST, _FAST_REPEATS = ("jit(vg)", "_executable", "_jit_fwd", "replay"), 10
 
 
 def time_rounds(fns: dict, rounds: int, steps: int) -> tuple[dict, dict]:
@@ -182,16 +218,18 @@ def time_rounds(fns: dict, rounds: int, steps: int) -> tuple[dict, dict]:
     return medians, compiles
 
 
-def section(name: str, fns: dict, rounds: int, steps: int) -> str:
+def section(name: str, fns: dict, rounds: int, steps: int, replayed: bool = True) -> str:
     medians, compiles = time_rounds(fns, rounds, steps)
     med = {k: statistics.median(v) for k, v in medians.items()}
     ms = lambda s: f"{s * 1e3:9.3f}"
     lines = [f"## {name}  ({rounds} interleaved rounds x {steps} steps; ms per step, median [min..max of rounds])",
-             f"{'method':<14}{'median':>9}  {'spread':<22}{'vs eager':>9}{'recompiles':>11}"]
-    for k in ("eager", "jit(vjp_fn)", "compiled", "jit(vg)"):
+             f"{'method':<14}{'median':>9}  {'spread':<22}{'vs eager':>9}{'vs jit(vg)':>11}{'recompiles':>11}"]
+    for k in ("eager", "jit(vjp_fn)", "compiled", "replay", "jit(vg)"):
         spread = f"[{min(medians[k]) * 1e3:.3f}..{max(medians[k]) * 1e3:.3f}]"
-        lines.append(f"{k:<14}{ms(med[k])}  {spread:<22}{med['eager'] / med[k]:8.2f}x{compiles[k]:>11}")
-    speedup = med["eager"] / med["compiled"]
+        lines.append(f"{k:<14}{ms(med[k])}  {spread:<22}{med['eager'] / med[k]:8.2f}x"
+                     f"{med[k] / med['jit(vg)']:10.2f}x{compiles[k]:>11}")
+    speedup, record_ratio = med["eager"] / med["compiled"], med["compiled"] / med["jit(vg)"]
+    replay_ratio = med["replay"] / med["jit(vg)"]
     lines.append(f"compiled step: recording {ms(max(med['compiled'] - med['_executable'], 0.0))} ms + executable "
                  f"{ms(med['_executable'])} ms (loss and gradients in one program)")
     jit_bwd = max(med["jit(vg)"] - med["_jit_fwd"], 1e-9)
@@ -199,9 +237,92 @@ def section(name: str, fns: dict, rounds: int, steps: int) -> str:
     ratio = exe_bwd / jit_bwd
     lines.append(f"backward: compiled step's backward part {ms(exe_bwd)} ms (executable - jit(loss)), jitted step's "
                  f"{ms(jit_bwd)} ms (jit(vg) - jit(loss)); ratio {ratio:.2f}x")
-    lines.append(f"targets: compiled >= 5x eager: {'met' if speedup >= 5 else 'NOT met'} ({speedup:.2f}x); "
-                 f"steady-state recompiles {compiles['compiled']}; "
-                 f"backward within 1.2x: {'met' if ratio <= 1.2 else 'NOT met'} ({ratio:.2f}x)")
+    met = lambda ok: "met" if ok else "NOT met"
+    replay_goal = (f"replay within 1.3x of jit(vg): {met(replay_ratio <= 1.3)} ({replay_ratio:.2f}x)" if replayed
+                   else "replay: not applicable (module arguments record every step)")
+    lines.append(f"goals: compiled >= 5x eager: {met(speedup >= 5)} ({speedup:.2f}x); recording within 3x of jit(vg): "
+                 f"{met(record_ratio <= 3)} ({record_ratio:.2f}x); {replay_goal}; steady-state recompiles "
+                 f"{compiles['compiled'] + compiles['replay']}; backward within 1.2x: {met(ratio <= 1.2)} ({ratio:.2f}x)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- recording costs
+def _per_unit(fn: Callable[[], Any], base: Callable[[], Any] | None, units: int, reps: int) -> float:
+    """Seconds per unit of ``fn`` (less ``base``, the same without the units), median of ``reps`` calls."""
+    def med(f):
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            jax.block_until_ready(f())
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    return max(med(fn) - (med(base) if base is not None else 0.0), 0.0) / units
+
+
+def _chain(op: Callable[[Any], Any], x: Any, n: int) -> Callable[[], Any]:
+    """Record ``n`` applications of ``op`` on a fresh tape (lazy: nothing runs)."""
+    def run():
+        tape = tape_module.Tape(eager=False)
+        with jaxaot._compat.set_current_trace(tape.trace):
+            y = tape.diff_input(x)
+            for _ in range(n):
+                y = op(y)
+        jaxaot._compat.invalidate(tape.trace)
+    return run
+
+
+def recording_costs(rounds: int) -> str:
+    """The per-piece cost table (module docstring) on the CPU MLP that looks at a value."""
+    loss, params, batch, _ = mlp(True, look=True)
+    x = jnp.ones((32, 64))
+    n = 64
+    leaves, tree = jax.tree_util.tree_flatten((params,))
+    forward = lambda p: (loss(p, *batch), None)
+    recorded = compiled_step.record(forward, leaves, tree, eager=False)
+    exe, _ = compiled_step.executable(recorded, (), leaves, lambda s: "benchmark")
+    tape = recorded.tape
+    outputs = recorded.structure.key[2]
+    look = next(lk.plan for lk in tape.looks if lk.plan is not None)
+    tiny = jaxaot.compiled_value_and_grad(lambda w: jnp.sum(w * w))
+    w1, tiny_jit = jnp.ones(()), jax.jit(jax.value_and_grad(lambda w: jnp.sum(w * w)))
+    tiny_rec = compiled_step.record(lambda w: (jnp.sum(w * w), None), [w1], jax.tree_util.tree_structure((w1,)), False)
+    tiny_exe, _ = compiled_step.executable(tiny_rec, (), [w1], lambda s: "benchmark")
+    tiny(w1)
+
+    def full_key():
+        key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs))
+        return hash(key), structure_module.interned(structure_module.Structure(key, None, kind="forward"))
+
+    rows = {
+        "operator x * 0.5, recorded (template)": (_chain(lambda y: y * 0.5, x, n), _chain(lambda y: y, x, 0), n),
+        "primitive lax.tanh, recorded": (_chain(jax.lax.tanh, x, n), _chain(lambda y: y, x, 0), n),
+        "jitted jnp.tanh, recorded": (_chain(jnp.tanh, x, n), _chain(lambda y: y, x, 0), n),
+        "jax.nn.gelu (11 operations), recorded": (_chain(jax.nn.gelu, x, n), _chain(lambda y: y, x, 0), n),
+        "operator x * 0.5, eager dispatch": (lambda: [x * 0.5 for _ in range(n)][-1], None, n),
+        "structure key: the trie's node": (lambda: tape_module.structure(tape, outputs), None, 1),
+        "structure key: whole key built, hashed": (full_key, None, 1),
+        "compiled-step cache lookup (hit)": (
+            lambda: compiled_step.executable(recorded, (), leaves, lambda s: ""), None, 1),
+        "argument handling of a call": (
+            lambda: call_module.Call((params, *batch), {}, (0,), (params,), {0}).key(None), None, 1),
+        "look: its compiled program": (lambda: look.run(tape.values, tape.parent), None, 1),
+        "step dispatch, executable (1-element program)": (lambda: tiny_exe([w1], []), None, 1),
+        "step dispatch, jit (1-element program)": (lambda: tiny_jit(w1), None, 1),
+        "whole step, 1-element program": (lambda: tiny(w1), None, 1),
+        "recording the MLP (one look)": (lambda: compiled_step.record(forward, leaves, tree, False), None, 1),
+        "the MLP's step executable": (lambda: exe(leaves, recorded.args), None, 1),
+    }
+    per = {k: [] for k in rows}
+    for _ in range(rounds):
+        for k, (fn, base, units) in rows.items():
+            per[k].append(_per_unit(fn, base, units, 30 if units > 1 else 200))
+    lines = [f"## recording costs, CPU MLP that looks at a value  ({rounds} interleaved rounds; us, median "
+             "[min..max of rounds])",
+             f"{'piece':<48}{'median':>10}  spread"]
+    for k, v in per.items():
+        lines.append(f"{k:<48}{statistics.median(v) * 1e6:10.2f}  [{min(v) * 1e6:.2f}..{max(v) * 1e6:.2f}]")
+    lines.append(f"the MLP's recording: {len(tape.ops)} operations, {len(tape.looks)} look")
     return "\n".join(lines)
 
 
@@ -216,14 +337,19 @@ def main() -> None:
     steps = args.steps or (5 if args.small else 10)
 
     def sections():
-        for name, build in (("MLP", mlp), ("transformer", transformer)):
-            loss, params, batch = build(args.small)
-            yield section(name, methods(loss, params, batch), rounds, steps)
+        for name, look in (("MLP, Python looks at a value each step", True), ("MLP, no look", False)):
+            loss, params, batch, jittable = mlp(args.small, look)
+            yield section(name, methods(loss, params, batch, jittable), rounds, steps)
+        loss, params, batch, _ = transformer(args.small)
+        yield section("transformer", methods(loss, params, batch), rounds, steps)
         loss, params, batch, module_loss, model, nnx_vg = nnx_cnn(args.small)
-        yield section("Flax nnx CNN", methods(loss, params, batch, (module_loss, model, nnx_vg)), rounds, steps)
+        yield section("Flax nnx CNN", methods(loss, params, batch, module=(module_loss, model, nnx_vg)), rounds, steps,
+                      replayed=False)
         s = jaxaot.compiled_autograd.stats()
-        yield (f"compiled_autograd.stats(): compiles={s.compiles} hits={s.hits} fallbacks={len(s.fallbacks)}"
-               + "".join(f"\n  fallback: {f}" for f in s.fallbacks))
+        yield (f"compiled_autograd.stats(): compiles={s.compiles} hits={s.hits} replays={s.replays} "
+               f"fallbacks={len(s.fallbacks)}" + "".join(f"\n  fallback: {f}" for f in s.fallbacks))
+        if args.small:
+            yield recording_costs(rounds)
 
     report("compiled autograd: eager forward, backward compiled once per structure", sections(), args.out)
 

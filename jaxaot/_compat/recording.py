@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 from jax.errors import ConcretizationTypeError
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import linear_util as _lu
 from jax._src import source_info_util as _siu
@@ -326,7 +327,15 @@ class RecordingTracer(_core.Tracer):
     JAX asks ``to_concrete_value`` opportunistically (to specialise code on
     known values), so it answers only when the value is already known. The
     conversions Python performs (``bool``, ``int``, ``float``, ``index``,
-    ``np.asarray``, ``item``, ``tolist``, printing) compute it.
+    ``np.asarray``, ``item``, ``tolist``, printing) compute it, through the
+    recorder's ``force(vid, how)`` (``how``: the conversion, so a recorder can
+    keep what Python received).
+
+    The array operators, methods and properties JAX forwards from every tracer
+    to ``jax.numpy`` (``x * 2``, ``x[0]``, ``x.mean()``, ``x.T``) go through the
+    recorder's ``call(name, jax_fn, tracer, args, kwargs)``, which may replay
+    what ``jax_fn`` recorded for the same operand types before instead of
+    running ``jax.numpy``'s Python again (:func:`forwarded_operations`).
     """
 
     __slots__ = ("vid",)
@@ -339,23 +348,23 @@ class RecordingTracer(_core.Tracer):
     def to_concrete_value(self):
         return self._trace.recorder.known(self.vid)
 
-    def _value(self):
-        return self._trace.recorder.force(self.vid)
+    def _value(self, how: str = "value"):
+        return self._trace.recorder.force(self.vid, how)
 
     def __bool__(self):
-        return bool(self._value())
+        return bool(self._value("bool"))
 
     def __int__(self):
-        return int(self._value())
+        return int(self._value("int"))
 
     def __float__(self):
-        return float(self._value())
+        return float(self._value("float"))
 
     def __complex__(self):
-        return complex(self._value())
+        return complex(self._value("complex"))
 
     def __index__(self):
-        return operator.index(self._value())
+        return operator.index(self._value("int"))
 
     def __hex__(self):
         return hex(self._value())
@@ -392,9 +401,47 @@ class RecordingTracer(_core.Tracer):
         return repr(self._value())
 
 
+def forwarded_operations() -> dict[str, tuple[str, Any]]:
+    """The operators, methods and properties every JAX tracer forwards to ``jax.numpy``, by attribute name:
+    ``(kind, function)``, ``kind`` one of ``operator``, ``method``, ``property`` (found by how JAX defines
+    them, so a JAX version that forwards more or fewer is followed as it is)."""
+    out = {}
+    for name, attr in vars(_core.Tracer).items():
+        fn = attr.fget if isinstance(attr, property) else attr
+        qual = getattr(fn, "__qualname__", "")
+        for kind, maker in (("operator", "_forward_operator_to_aval"), ("method", "_forward_method_to_aval"),
+                            ("property", "_forward_property_to_aval")):
+            if qual.startswith(maker + ".") and name not in ("__setitem__", "__deepcopy__", "__copy__"):
+                out[name] = (kind, attr)
+    return out
+
+
+def _recorded_operation(name: str, kind: str, attr: Any) -> Any:
+    if kind == "property":
+        fget = attr.fget
+        return property(lambda self: self._trace.recorder.call(name, fget, self, (), None))
+
+    def forwarded(self, *args, **kwargs):
+        return self._trace.recorder.call(name, attr, self, args, kwargs)
+
+    forwarded.__name__ = forwarded.__qualname__ = name
+    return forwarded
+
+
+for _name, (_kind, _attr) in forwarded_operations().items():
+    if _name not in vars(RecordingTracer):  # its own conversions (item, tolist, ...) stay
+        setattr(RecordingTracer, _name, _recorded_operation(_name, _kind, _attr))
+RecordingTracer.__hash__ = None  # type: ignore[assignment]  # tracers stay unhashable, __eq__ notwithstanding
+
+
+#: ``trace_context()``: the configuration JAX's own tracing caches are keyed by (x64, dtype promotion, ...),
+#: hashable (JAX's own function: it is read on every recorded operation).
+trace_context = _config.trace_context
+
+
 #: What compiled autograd (:mod:`jaxaot.autograd.recorded`) uses (``C.<name>``).
 __all__ = [
-    "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
+    "ById", "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
     "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
-    "set_current_trace", "source_info", "stage_call", "stage_function", "typeof",
+    "set_current_trace", "source_info", "stage_call", "stage_function", "trace_context", "typeof",
 ]

@@ -20,7 +20,7 @@ call and read.
 
 from jaxaot.runtime.shardings import is_abstract, is_multi_device, output_shardings, replicated
 from jaxaot.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
-from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind
+from jaxaot.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind, leaf_key
 from jaxaot.runtime.reasons import ArgNames, inputs_change, log_compile
 from jaxaot.runtime.training import TrainingPrograms
 from jaxaot.runtime.programs import SignaturePrograms
@@ -32,6 +32,6 @@ from jaxaot.runtime.function import AOTFunction, aot_function
 __all__ = [
     "AOTCompiled", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "FusedChoice", "ResidualRow",
     "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
-    "custom_vjp_of", "is_abstract", "is_multi_device", "output_shardings", "replicated", "scatter",
+    "custom_vjp_of", "is_abstract", "is_multi_device", "leaf_key", "output_shardings", "replicated", "scatter",
     "select_cotangents", "shape_and_dtype_name",
 ]

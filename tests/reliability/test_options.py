@@ -170,6 +170,8 @@ ROWS = [
     _row("compiled_value_and_grad", "argnums", 1.5, InvalidInputError),
     _row("compiled_value_and_grad", "param_hooks", ["w"], InvalidInputError),
     _row("compiled_value_and_grad", "has_aux", None, InvalidInputError),
+    _row("compiled_value_and_grad", "replay", "yes", InvalidInputError),
+    _row("compiled_grad", "replay", 1, InvalidInputError),
     # pipelines
     _row("pipeline", "stages", [], InvalidInputError),
     _row("pipeline", "stages", [_layer, 3], InvalidInputError),

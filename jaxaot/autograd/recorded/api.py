@@ -39,6 +39,11 @@ split as ``nnx.grad`` splits them (:mod:`.modules`): the gradient of a module
 is an ``nnx.State`` of its ``nnx.Param`` values, and the state the forward
 changes (batch statistics, RNG counters) is written back.
 
+With ``replay=True``, a call that Python could not tell apart from a recorded
+one (the same argument types and static values, the same outcomes of the values
+it looked at) runs the recorded step without running the forward's Python
+(:mod:`.replay`); any other call records as above.
+
 Called inside ``jit``/``vmap`` (or inside another compiled forward), there is
 nothing to run eagerly: the wrapper then behaves as ``jax.value_and_grad`` with
 the same parameter hooks, traced into the caller's program.
@@ -46,7 +51,6 @@ the same parameter hooks, traced into the caller's program.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -56,14 +60,15 @@ import numpy as np
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval
 from jaxaot.autograd.grad_of import grad_of
+from jaxaot.autograd.recorded import call as K
 from jaxaot.autograd.recorded import capture as CAP
 from jaxaot.autograd.recorded import modules as M
 from jaxaot.autograd.recorded import param_hooks as PH
+from jaxaot.autograd.recorded import replay as R
 from jaxaot.autograd.recorded import step as S
-from jaxaot.autograd.recorded.cache import Compiled, note_fallback
-from jaxaot.autograd.recorded.reasons import CallInputs, explain
+from jaxaot.autograd.recorded.cache import note_fallback, note_replay
+from jaxaot.autograd.recorded.plans import Plans, name_of
 from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
-from jaxaot.runtime import ArgNames, CacheEntryInfo, CacheInfo, inputs_change
 
 
 def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
@@ -74,79 +79,9 @@ def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
     return nums, single
 
 
-class _Plans:
-    """Per-function memo: param-hook plans by tree structure, the structure and inputs run last, the
-    running mode, and what this function compiled (its ``cache_info()``)."""
-
-    def __init__(self, fun: Callable, hooks: tuple) -> None:
-        self.name = _name(fun)
-        self.names = ArgNames.of(fun)
-        self.hooks = hooks
-        self.by_tree: dict[Any, tuple] = {}
-        self.last: tuple | None = None  #: (structure, CallInputs) of the last step
-        self.mode = "lazy"  #: "lazy", "eager" (recording) or "vjp" (capture); see the module docstring
-        self.lock = threading.Lock()
-        self.hits = 0
-        self.entries: list[CacheEntryInfo] = []
-
-    def reason(self, inputs: CallInputs) -> Callable[[Any], str]:
-        """``reason(structure)``: why this call's step compiles, against the last step."""
-        last_structure, last_inputs = self.last or (None, None)
-
-        def reason(structure: Any) -> str:
-            head = f"compiled_grad({self.name})"
-            if last_structure is None or last_structure.kind != structure.kind:
-                what = ("a step of {} recorded operations" if structure.kind == "forward"
-                        else "a backward of {} operations, captured under jax.vjp")
-                return f"{head}: first call ({what.format(len(structure.eqns))})"
-            if last_inputs is not None and last_inputs.avals != inputs.avals:
-                change = inputs_change(last_inputs.named(self.names), inputs.named(self.names))
-                if change:
-                    return f"{head}: {change}"
-            if last_structure.key == structure.key:
-                return (f"{head}: the same program as the last step, but its executable was evicted (the cache "
-                        "keeps the latest ones) or the parameter hooks differ")
-            values = inputs.values_change(last_inputs) if last_inputs is not None else ""
-            return f"{head}: {values + '; ' if values else ''}{explain(last_structure, structure)}"
-
-        return reason
-
-    def count(self, inputs: CallInputs, compiled: Compiled | None, structure: Any, record_seconds: float) -> None:
-        """Count one eager step: a hit, or an entry for what it compiled."""
-        if compiled is None:
-            self.hits += 1
-            return
-        program = "step" if structure.kind == "forward" else "backward"
-        times = {"record": record_seconds, **compiled.times}
-        with self.lock:
-            self.entries.append(CacheEntryInfo(inputs.text(self.names), compiled.reason, (program,),
-                                               program=program, compiles=(program,), times=times))
-
-    def cache_info(self) -> CacheInfo:
-        """What this function compiled: one entry per new structure of its step (``program`` ``step``, or
-        ``backward`` under vjp capture), with the seconds spent recording, tracing and in XLA and the reason.
-        A structure another function compiled first counts as a hit (the cache is shared)."""
-        with self.lock:
-            entries = tuple(self.entries)
-        return CacheInfo(self.hits, len(entries), entries)
-
-    def plan(self, treedef: Any, tree: Any, multiple: bool) -> tuple:
-        if not self.hooks:
-            return ()
-        planned = self.by_tree.get(treedef)
-        if planned is None:
-            planned = PH.plan(self.hooks, PH.leaf_path_texts(tree, multiple))
-            with self.lock:
-                self.by_tree[treedef] = planned
-        return planned
-
-
-def _name(fun: Any) -> str:
-    return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or type(fun).__name__
-
-
 def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
-                            param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None) -> Callable[..., Any]:
+                            param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
+                            replay: bool = False) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``; the forward runs as written, the step is compiled once per structure.
 
     Args:
@@ -156,6 +91,11 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
       param_hooks: ``{path pattern or predicate: fn(param, grad) -> grad}``, run
         on each matching parameter's full gradient inside the compiled backward
         (:mod:`jaxaot.autograd.recorded.param_hooks`).
+      replay: skip the forward's Python on a call whose arguments have the
+        types and static values of a recorded call, and whose looked-at values
+        (``if loss > 0``) take outcomes a recording took: the compiled step runs
+        directly, as ``jit`` runs (:mod:`jaxaot.autograd.recorded.replay`). The
+        forward's Python side effects then happen only when it is recorded.
 
     Returns:
       ``f(*args, **kwargs) -> (value, grad)`` (``((value, aux), grad)`` with
@@ -176,37 +116,26 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     nums, single = _check_argnums(argnums)
     if not isinstance(has_aux, bool):
         raise InvalidInputError(f"has_aux must be True or False, got {type(has_aux).__name__} {has_aux!r}.")
-    plans = _Plans(fun, PH.check_param_hooks(param_hooks))
+    if not isinstance(replay, bool):
+        raise InvalidInputError(f"replay must be True or False, got {type(replay).__name__} {replay!r}.")
+    plans = Plans(fun, PH.check_param_hooks(param_hooks), replay)
 
     def value_and_grad(*args: Any, **kwargs: Any):
         positions = _resolve(nums, len(args))
         modules = M.split_args(args, positions) if args else {}
         diff = tuple(modules[n].params if n in modules else args[n] for n in positions)
-        diff_leaves, diff_tree = jax.tree_util.tree_flatten(diff)
-        _check_inexact(diff, positions)
-        forward = _forward(fun, args, kwargs, modules, positions, has_aux)
-        planned = plans.plan(diff_tree, diff, not single)
-        if not C.is_eval_trace(C.current_trace()) or any(C.is_tracer(x) for x in jax.tree_util.tree_leaves(args)):
-            value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
-            grads = PH.apply(planned, diff_leaves, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
+        call = K.Call(args, kwargs, positions, diff, {*modules, *positions})
+        _check_inexact(call, diff, positions)
+        planned = plans.plan(call.diff_tree, diff, not single)
+        forward = lambda: _forward(fun, args, kwargs, modules, positions, has_aux, call)  # noqa: E731
+        if call.traced or not C.is_eval_trace(C.current_trace()):
+            value, vjp_fn, (aux, states) = jax.vjp(forward(), *diff, has_aux=True)
+            grads = PH.apply(planned, call.diff, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
         else:
-            inputs = CallInputs.of(args, kwargs, positions, {*modules, *positions}, diff_leaves, diff_tree,
-                                   plans.names)
-            reason = plans.reason(inputs)
-            t = time.perf_counter()
-            out = _recorded(plans, forward, diff_leaves, diff_tree, planned, reason)
-            if out is None:
-                value, vjp_fn, (aux, states) = jax.vjp(forward, *diff, has_aux=True)
-                captured = CAP.capture(vjp_fn, value.dtype)
-                recorded_in = time.perf_counter() - t
-                grads, structure, compiled = CAP.run_compiled(captured, planned, diff_leaves, reason)
-            else:
-                value, (aux, states), grads, structure, compiled, recorded_in = out
-            plans.last = (structure, inputs)
-            plans.count(inputs, compiled, structure, recorded_in)
+            value, (aux, states), grads = _step(plans, call, forward, diff, planned, bool(modules))
         for n, m in modules.items():
             m.write_back(states[n])
-        grad = jax.tree_util.tree_unflatten(diff_tree, grads)
+        grad = jax.tree_util.tree_unflatten(call.diff_tree, grads)
         grad = grad[0] if single else grad
         return ((value, aux), grad) if has_aux else (value, grad)
 
@@ -215,20 +144,61 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     return value_and_grad
 
 
-def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions: tuple, has_aux: bool):
-    """``forward(*diff) -> (value, (aux, module states))``: ``fun`` on the differentiated values."""
+def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, planned: tuple, modules: bool) -> tuple:
+    """``(value, rest, grads)`` of one eager step: replayed, recorded (and remembered for replay), or
+    captured under ``jax.vjp`` (``make_forward()``: the forward, made when one runs)."""
+    guarded = plans.replay and not modules and plans.mode == "lazy"
+    miss = key = None
+    if guarded:
+        key = call.key(C.trace_context())
+        arrays = [jax.device_put(x) if isinstance(x, np.ndarray) else x for x in call.arrays]
+        root = plans.trees.get(key)
+        found = R.run(root, call.diff, arrays) if root is not None else None
+        if isinstance(found, R.Step):
+            value, outs, grads = found.exe(call.diff, arrays)
+            plans.last = (found.structure, call.release())
+            plans.hits += 1
+            note_replay()
+            return value, S.outputs(found.kept, found.rest_tree, outs), list(grads)
+        miss = found
+    reason = plans.reason(call, miss)
+    forward = make_forward()
+    t = time.perf_counter()
+    out = _recorded(plans, forward, call, planned, reason, arrays if guarded else None)
+    if out is None:
+        value, vjp_fn, rest = jax.vjp(forward, *diff, has_aux=True)
+        captured = CAP.capture(vjp_fn, value.dtype)
+        recorded_in = time.perf_counter() - t
+        grads, structure, compiled = CAP.run_compiled(captured, planned, call.diff, reason)
+    else:
+        value, rest, grads, compiled, recorded, exe = out
+        recorded_in, structure = recorded.seconds, recorded.structure
+        if guarded and recorded.tape.guarded:
+            path, _ = R.judge(recorded)
+            if path is not None:
+                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree))
+    plans.count(call, compiled, structure, recorded_in, miss)
+    plans.last = (structure, call.release())
+    return value, rest, grads
 
-    def forward(*dvals):
-        call_args = list(args)
+
+def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions: tuple, has_aux: bool,
+             call: K.Call):
+    """``forward(*diff, arg_values=None) -> (value, (aux, module states))``: ``fun`` on the differentiated
+    values (and, for a guarded recording, on ``arg_values`` in place of the other arguments' arrays)."""
+
+    def forward(*dvals, arg_values=None):
+        call_args, call_kwargs = (list(args), kwargs) if arg_values is None else call.rebuild(args, kwargs,
+                                                                                              arg_values)
         for n, m in modules.items():
             call_args[n] = m.merge(dvals[positions.index(n)] if n in positions else None)
         for n, v in zip(positions, dvals):
             if n not in modules:
                 call_args[n] = v
-        out = fun(*call_args, **kwargs)
+        out = fun(*call_args, **call_kwargs)
         if has_aux:
             if not (isinstance(out, (tuple, list)) and len(out) == 2):
-                raise InvalidOutputError(f"{_name(fun)} was marked has_aux=True but returned a "
+                raise InvalidOutputError(f"{name_of(fun)} was marked has_aux=True but returned a "
                                          f"{type(out).__name__}, not a (value, aux) pair.")
             out, aux = out
         else:
@@ -244,10 +214,11 @@ _NEEDS_VALUES = (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBoole
                  jax.errors.TracerArrayConversionError, jax.errors.TracerIntegerConversionError)
 
 
-def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: Any, planned: tuple,
-              reason: Callable[[Any], str]) -> tuple | None:
-    """``(value, rest, grads, structure, compiled, seconds recording)`` from a recorded step, or None when the
-    function runs under vjp capture.
+def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, reason: Callable[[Any], str],
+              arrays: list | None) -> tuple | None:
+    """``(value, rest, grads, compiled, recorded, executable)`` from a recorded step, or None when the
+    function runs under vjp capture. ``arrays``: record guarded, with these in place of the other
+    arguments' arrays (lazy mode only).
 
     Moves the function to the next mode when its current one fails (module docstring): lazy recording
     to eager recording when JAX needed a value while recording or the recorded program did not compile
@@ -258,7 +229,8 @@ def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: An
         eager = plans.mode == "eager"
         t = time.perf_counter()
         try:
-            recorded = S.record(forward, diff_leaves, diff_tree, eager)
+            recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays,
+                                [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]], plans.trie.root())
         except C.Unrecordable as e:
             plans.mode = "vjp"
             note_fallback(f"compiled_grad({plans.name}): the forward cannot be recorded ({e}); running it under "
@@ -269,10 +241,12 @@ def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: An
                 raise
             failed = e
         else:
-            recorded_in = time.perf_counter() - t
+            recorded = recorded._replace(seconds=time.perf_counter() - t)
             try:
-                value, rest, grads, compiled = S.run(recorded, planned, diff_leaves, reason)
-                return value, rest, grads, recorded.structure, compiled, recorded_in
+                exe, compiled = S.executable(recorded, planned, call.diff, reason)
+                value, outs, grads = exe(list(call.diff), recorded.args)
+                rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
+                return value, rest, list(grads), compiled, recorded, exe
             except JaxaotError:
                 raise
             except Exception as e:
@@ -287,7 +261,8 @@ def _recorded(plans: _Plans, forward: Callable, diff_leaves: list, diff_tree: An
 
 
 def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
-                  param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None) -> Callable[..., Any]:
+                  param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
+                  replay: bool = False) -> Callable[..., Any]:
     """Like ``jax.grad``, with the eager forward and compiled backward of :func:`compiled_value_and_grad`.
 
     Example:
@@ -295,13 +270,15 @@ def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has
         >>> jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
-    return grad_of(compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks), fun, has_aux=has_aux)
+    vg = compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay)
+    return grad_of(vg, fun, has_aux=has_aux)
 
 
 def nnx_compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
-                      param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None) -> Callable[..., Any]:
+                      param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
+                      replay: bool = False) -> Callable[..., Any]:
     """:func:`compiled_grad` under the name Flax users look for; module arguments get an ``nnx.State``."""
-    return compiled_grad(fun, argnums, has_aux, param_hooks=param_hooks)
+    return compiled_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay)
 
 
 # --------------------------------------------------------------------------- checks
@@ -315,8 +292,24 @@ def _resolve(nums: Sequence[int], nargs: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _check_inexact(diff: Sequence[Any], positions: Sequence[int]) -> None:
-    for n, value in zip(positions, diff):
+#: (number of differentiated leaves, the call's array types) seen to be float or complex where differentiated
+_INEXACT: dict[tuple, bool] = {}
+
+
+def _check_inexact(call: K.Call, diff: Sequence[Any], positions: Sequence[int]) -> None:
+    n = len(call.diff)
+    if _INEXACT.get((n, call.types)):  # the types seen before: checked then
+        return
+    for t in call.types[:n]:
+        dtype = (t[0] if type(t) is tuple else t).dtype
+        if not C.is_inexact(dtype):
+            break
+    else:
+        if len(_INEXACT) >= 1024:
+            _INEXACT.clear()
+        _INEXACT[(n, call.types)] = True
+        return
+    for n, value in zip(positions, diff):  # the slow path, for the message
         for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
             dtype = jax.numpy.result_type(leaf)
             if not C.is_inexact(dtype):
@@ -330,8 +323,8 @@ def _check_inexact(diff: Sequence[Any], positions: Sequence[int]) -> None:
 def _check_scalar(out: Any, fun: Any) -> None:
     shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
     if shape is None:
-        raise InvalidOutputError(f"{_name(fun)} returned a {type(out).__name__}; compiled_grad needs a scalar "
+        raise InvalidOutputError(f"{name_of(fun)} returned a {type(out).__name__}; compiled_grad needs a scalar "
                                  "array output (use has_aux=True to return more).")
     if tuple(shape) != () or not jax.numpy.issubdtype(dtype, jax.numpy.floating):
-        raise InvalidOutputError(f"{_name(fun)} returned {format_aval(out)}; compiled_grad needs a real scalar "
+        raise InvalidOutputError(f"{name_of(fun)} returned {format_aval(out)}; compiled_grad needs a real scalar "
                                  "output, as jax.grad does (sum or mean it, or use jax.vjp).")

@@ -46,6 +46,8 @@ class Stats:
       entries: executables held now.
       fallbacks: one line per function that left lazy recording, saying why
         and for which mode (eager recording, or ``jax.vjp`` with a captured backward).
+      replays: steps that ran a compiled step without running the forward's Python (``replay=True``);
+        they count among the hits too.
     """
 
     compiles: int
@@ -53,6 +55,7 @@ class Stats:
     reasons: tuple[str, ...]
     entries: int
     fallbacks: tuple[str, ...] = ()
+    replays: int = 0
 
 
 class Compiled(NamedTuple):
@@ -85,6 +88,7 @@ class BackwardCache:
         self._hits = 0
         self._reasons: list[str] = []
         self._fallbacks: list[str] = []
+        self._replays = 0
 
     def get(self, key: Hashable, structure: Any, compile_fn: Callable[[], tuple[Any, dict]],
             reason_fn: Callable[[], str]) -> tuple[Any, Compiled | None]:
@@ -123,6 +127,11 @@ class BackwardCache:
         logger.info("compiled autograd: %s", reason)
         return entry.executable, Compiled(reason, times)
 
+    def note_replay(self) -> None:
+        with self._lock:
+            self._replays += 1
+            self._hits += 1
+
     def note_fallback(self, reason: str) -> None:
         with self._lock:
             self._fallbacks.append(reason)
@@ -130,18 +139,22 @@ class BackwardCache:
 
     def stats(self) -> Stats:
         with self._lock:
-            return Stats(self._compiles, self._hits, tuple(self._reasons), len(self._entries), tuple(self._fallbacks))
+            return Stats(self._compiles, self._hits, tuple(self._reasons), len(self._entries), tuple(self._fallbacks),
+                         self._replays)
 
     def reset(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._compiles = self._hits = 0
+            self._compiles = self._hits = self._replays = 0
             self._reasons.clear()
             self._fallbacks.clear()
 
 
 #: The cache every compiled_grad uses.
 CACHE = BackwardCache()
+#: The programs that compute values Python looks at while a forward is recorded (:mod:`.force`), by
+#: structure; apart from :data:`CACHE`, so its counts and reasons are the steps' alone.
+LOOKS = BackwardCache()
 
 
 def stats() -> Stats:
@@ -165,6 +178,12 @@ def note_fallback(reason: str) -> None:
     CACHE.note_fallback(reason)
 
 
+def note_replay() -> None:
+    """Count one replayed step (:mod:`.replay`)."""
+    CACHE.note_replay()
+
+
 def reset() -> None:
-    """Drop every compiled backward and zero the counters."""
+    """Drop every compiled step and backward (and the programs of looked-at values), and zero the counters."""
     CACHE.reset()
+    LOOKS.reset()

@@ -88,7 +88,7 @@ def run_compiled(captured: Captured, planned: Sequence[Any], params: Sequence[An
     """Gradients from the cached executable for ``captured``, the structure used, and on a miss what the
     compile cost and why (``reason(structure)``; None on a hit)."""
     params = list(params) if planned else []
-    key = (captured.structure.key, tuple(planned))
+    key = (captured.structure.token, tuple(planned))
     exe, compiled = CACHE.get(key, captured.structure, lambda: compile_backward(captured, planned, params),
                               lambda: reason(captured.structure))
     return list(exe(captured.residuals, params)), captured.structure, compiled

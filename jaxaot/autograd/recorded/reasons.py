@@ -56,9 +56,8 @@ class CallInputs(NamedTuple):
         leaves, other_tree = jax.tree_util.tree_flatten((*(args[i] for i in others), *kwargs.values()))
         keep = tuple(hasattr(x, "dtype") for x in leaves)
         avals = tuple((tuple(x.shape), x.dtype) for x in (*diff_leaves, *(x for x, k in zip(leaves, keep) if k)))
-        values = tuple((i, x) for i, x in enumerate(leaves) if type(x) in _PYTHON_VALUES)
         other_names = (*(names(i) for i in others), *kwargs)
-        return cls(positions, diff_tree, other_names, other_tree, keep, avals, values)
+        return cls(positions, diff_tree, other_names, other_tree, keep, avals, python_values(leaves))
 
     def named(self, names: ArgNames) -> list[tuple[str, jax.ShapeDtypeStruct]]:
         """``[(path, aval), ...]``: ``params['w']``, ``x``, ``mask``, in the order of :attr:`avals`."""
@@ -84,6 +83,11 @@ class CallInputs(NamedTuple):
 
 #: Python values that may steer the forward (loop counts, flags, modes): a reason names them when they change.
 _PYTHON_VALUES = (bool, int, float, complex, str)
+
+
+def python_values(leaves: Sequence[Any]) -> tuple:
+    """``(leaf index, value)`` of the Python scalars and strings among ``leaves``."""
+    return tuple((i, x) for i, x in enumerate(leaves) if type(x) in _PYTHON_VALUES)
 
 
 def _paths(treedef: Any) -> list:

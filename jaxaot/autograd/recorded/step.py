@@ -12,12 +12,14 @@ the one a fully jitted step has.
 
 Per step, besides running the executable, this costs recording the forward
 (one Python call per operation, nothing dispatched unless Python asks for a
-value) and hashing its key.
+value); the structure comes from the trie the recording stepped down, and the
+cache looks it up by identity.
 
 The returned loss and auxiliary outputs are the executable's: the gradients
 and the value come from one program. Values Python looked at during the
-forward (``if loss > 0``) were computed eagerly, op by op, and may differ
-from the compiled ones in the last bits, as eager and jitted JAX do.
+forward (``if loss > 0``) were computed by programs of their own
+(:mod:`.force`) and may differ from the compiled ones in the last bits, as
+eager and jitted JAX do.
 """
 
 from __future__ import annotations
@@ -37,25 +39,42 @@ from jaxaot.autograd.recorded.structure import Structure
 class Recorded(NamedTuple):
     """One recorded step: its program and structure, the runtime arguments, and the forward's other outputs."""
 
-    program: T.Program
     structure: Structure
     args: list
     rest_tree: Any
     rest: list          #: leaves of the forward's other outputs; None where the step returns the value
     rest_vids: tuple    #: their value numbers, for the leaves that are recorded values
+    tape: T.Tape        #: the tape (:mod:`.replay` judges what the recording depended on)
+    seconds: float = 0.0  #: how long recording took
+
+    @property
+    def program(self) -> T.Program:
+        """The recorded operations and inputs (made on demand: only a compile needs them)."""
+        return T.freeze(self.tape)
 
 
-def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool) -> Recorded:
+def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool,
+           arg_leaves: Sequence[Any] | None = None, diff_avals: Sequence[Any] | None = None,
+           trie: Any = None) -> Recorded:
     """Run ``forward(*diff)`` under a fresh tape; it returns ``(loss, rest)``.
 
     ``rest`` (auxiliary outputs, module state) may hold recorded values: the
-    step returns them, concrete.
+    step returns them, concrete. With ``arg_leaves`` (the other arguments' arrays), the recording is
+    *guarded* (:mod:`.replay`): those arrays reach the forward as recorded values too, as
+    ``forward(*diff, arg_values=[...])``, and the tape keeps what a replay needs. ``diff_avals``: the
+    differentiated leaves' avals, when the caller has them; ``trie``: the root of the structure trie to
+    record in (:class:`~.structure.Node`; by default the process-wide one).
     """
-    tape = T.Tape(eager)
+    tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie)
     try:
         with C.set_current_trace(tape.trace):
-            tracers = [tape.diff_input(x) for x in diff_leaves]
-            loss, rest = forward(*jax.tree_util.tree_unflatten(diff_tree, tracers))
+            avals = diff_avals if diff_avals is not None else [None] * len(diff_leaves)
+            tracers = [tape.diff_input(x, a) for x, a in zip(diff_leaves, avals)]
+            diff = jax.tree_util.tree_unflatten(diff_tree, tracers)
+            if arg_leaves is None:
+                loss, rest = forward(*diff)
+            else:
+                loss, rest = forward(*diff, arg_values=[tape.arg_input(x) for x in arg_leaves])
             loss_vid = tape.output(loss)
             leaves, rest_tree = jax.tree_util.tree_flatten(rest)
             vids, kept = [], []
@@ -67,9 +86,8 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
                     kept.append(leaf)
     finally:
         C.invalidate(tape.trace)
-    program = T.freeze(tape)
-    structure = T.structure(tape, (loss_vid, *vids), program)
-    return Recorded(program, structure, list(tape.args), rest_tree, kept, tuple(vids))
+    structure = T.structure(tape, (loss_vid, *vids))
+    return Recorded(structure, tape.args, rest_tree, kept, tuple(vids), tape)
 
 
 def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[Any], diff: Sequence[Any],
@@ -99,13 +117,22 @@ def run(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any],
         reason: Callable[[Structure], str]) -> tuple[Any, Any, list, Compiled | None]:
     """``(loss, rest, grads, compiled)`` from the cached executable of ``recorded`` (compiled on a miss:
     ``compiled`` then says why, ``reason(structure)``, and what it cost; None on a hit)."""
-    structure = recorded.structure
-    key = ("step", structure.key, tuple(planned))
-    outputs = structure.key[2]
-    exe, compiled = CACHE.get(key, structure,
-                              lambda: compile_step(recorded.program, outputs, planned, diff, recorded.args),
-                              lambda: reason(structure))
+    exe, compiled = executable(recorded, planned, diff, reason)
     value, outs, grads = exe(list(diff), recorded.args)
+    return value, outputs(recorded.rest, recorded.rest_tree, outs), list(grads), compiled
+
+
+def executable(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any],
+               reason: Callable[[Structure], str]) -> tuple[Any, Compiled | None]:
+    """The cached executable of ``recorded`` (compiled on a miss: see :func:`run`)."""
+    structure = recorded.structure
+    key = ("step", structure.token, tuple(planned))
+    return CACHE.get(key, structure,
+                     lambda: compile_step(recorded.program, structure.key[2], planned, diff, recorded.args),
+                     lambda: reason(structure))
+
+
+def outputs(kept: Sequence[Any], tree: Any, outs: Sequence[Any]) -> Any:
+    """The forward's other outputs: the step's ``outs`` where ``kept`` has None, the kept leaves elsewhere."""
     it = iter(outs)
-    rest = [next(it) if leaf is None else leaf for leaf in recorded.rest]
-    return value, jax.tree_util.tree_unflatten(recorded.rest_tree, rest), list(grads), compiled
+    return jax.tree_util.tree_unflatten(tree, [next(it) if leaf is None else leaf for leaf in kept])

@@ -26,6 +26,14 @@ Costs and limits:
   their own structure, memoized per jaxpr object and interned, so equal
   sub-structures compare by identity and hash once. Params that hold Python
   callables (host callbacks) are keyed by the callable itself.
+* A recorded forward's key is also built incrementally (:class:`Node`): each
+  recorded event (an input, an operation, a value computed for Python) steps
+  down a trie (one per compiled function), whose edges are small (an
+  operation's interned description and its input numbers). A recording that ends on a trie node
+  seen before gets that node's :class:`Structure` back, the same object, so
+  the steady state builds no full key and the cache looks it up by identity
+  (:attr:`Structure.token` hashes once). The trie keeps at most
+  :data:`MAX_NODES` nodes and starts afresh past that.
 * :mod:`.reasons` turns two structures into the reason for a recompile
   (:func:`~jaxaot.autograd.recorded.reasons.explain`); a recorded forward's
   :attr:`Structure.looks` (the values Python looked at) are kept for it,
@@ -38,6 +46,8 @@ import collections
 import dataclasses
 import threading
 from typing import Any
+
+import numpy as np
 
 from jaxaot import _compat as C
 
@@ -66,6 +76,11 @@ class Structure:
     vid_avals: tuple | None = None
     kind: str = "backward"
     looks: tuple = dataclasses.field(default=(), compare=False)
+    token: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.token is None:  # the key, hashed once: what caches look this structure up by
+            object.__setattr__(self, "token", _Interned(self.key))
 
     @property
     def inputs(self) -> tuple:
@@ -74,6 +89,27 @@ class Structure:
     @property
     def eqns(self) -> tuple:
         return self.key[1]
+
+
+def literal_value_key(x: Any) -> tuple | None:
+    """The value part of a scalar literal's key (a Python or NumPy scalar, a one-element NumPy array), or None
+    when ``x`` is no scalar literal. Floats by their exact bits (``-0.0`` and ``0.0`` differ)."""
+    t = type(x)
+    if t is float:
+        return ("f", x.hex())
+    if t is int:
+        return ("i", x)
+    if t is bool:
+        return ("b", x)
+    if t is complex:
+        return ("c", x.real.hex(), x.imag.hex())
+    if isinstance(x, (bool, int, float, complex)):  # a subclass (IntEnum, ...): by the value it carries
+        base = next(b for b in (bool, int, float, complex) if isinstance(x, b))
+        return literal_value_key(base(x))
+    if isinstance(x, (np.generic, np.ndarray)) and np.size(x) == 1:
+        a = np.asarray(x)
+        return ("a", a.dtype, a.shape, a.tobytes())
+    return None
 
 
 def aval_key(aval: Any) -> tuple:
@@ -172,6 +208,80 @@ def jaxpr_key(jaxpr: Any) -> tuple:
         params = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items())) if eqn.params else ()
         eqns.append((str(eqn.primitive), ins, tuple(outs), params))
     return (tuple(inputs), tuple(eqns), tuple(ref(v) for v in jaxpr.outvars))
+
+
+class Node:
+    """One point of a recording, in the trie of every recording seen: ``children`` by the next event.
+
+    ``plan`` holds what a node learns once and reuses (a compiled program that
+    computes a value Python looks at there); ``info`` where in the user's code the
+    operation that leads to it was recorded first (a traceback is not taken again
+    on every step); ``structure`` the :class:`Structure` of a recording that ends there.
+    """
+
+    __slots__ = ("children", "plan", "info", "structure")
+
+    def __init__(self) -> None:
+        self.children: dict = {}
+        self.plan: Any = None
+        self.info: Any = None
+        self.structure: Structure | None = None
+
+    def step(self, edge: Any) -> "Node":
+        """The node after ``edge`` (a hashable event), created on first use."""
+        child = self.children.get(edge)
+        if child is None:
+            _COUNT[0] += 1
+            child = self.children.setdefault(edge, Node())
+        return child
+
+
+#: The most trie nodes kept, over all tries; past it every trie restarts (recordings then build their
+#: keys again, once).
+MAX_NODES = 200_000
+_COUNT = [0]
+_GENERATION = [0]
+
+
+class Trie:
+    """One trie's root (a compiled function's, or the process-wide one), restarted with all the others
+    when the nodes of all of them pass :data:`MAX_NODES`."""
+
+    __slots__ = ("node", "generation")
+
+    def __init__(self) -> None:
+        self.node, self.generation = Node(), _GENERATION[0]
+
+    def root(self) -> Node:
+        """Where a recording starts."""
+        if _COUNT[0] > MAX_NODES:
+            _COUNT[0] = 0
+            _GENERATION[0] += 1
+        if self.generation != _GENERATION[0]:
+            self.node, self.generation = Node(), _GENERATION[0]
+        return self.node
+
+
+_PROCESS = Trie()
+#: full key -> Structure, so a key built again after the trie restarted maps to the same structure.
+_STRUCTURES: dict[tuple, Structure] = {}
+
+
+def root() -> Node:
+    """The process-wide trie's root (recordings not made for a compiled function start there)."""
+    return _PROCESS.root()
+
+
+def interned(structure: Structure) -> Structure:
+    """The structure with ``structure``'s key seen first (bounded: a dropped one is only re-hashed)."""
+    with _SUB_LOCK:
+        seen = _STRUCTURES.get(structure.key)
+        if seen is not None:
+            return seen
+        if len(_STRUCTURES) >= 4 * _SUB_MAX:
+            _STRUCTURES.clear()
+        _STRUCTURES[structure.key] = structure
+    return structure
 
 
 def structure_of(closed: Any) -> Structure:

@@ -1,0 +1,119 @@
+"""Recording cheaply: operator templates, the structure trie and the compiled looks give what jax.numpy gives.
+
+Each recording is compared with ``jax.value_and_grad`` on fresh random inputs,
+on its first step (``jax.numpy`` runs and is templated) and on later ones (the
+templates replay); the tapes must be the same, operation for operation.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from autograd_helpers import close as _close, rand as _rand
+from jaxaot import compiled_autograd
+from jaxaot.autograd.recorded import cache, ops, step
+
+
+def _record(f, *args):
+    leaves, tree = jax.tree_util.tree_flatten((args[0],))
+    return step.record(lambda a: (f(a, *args[1:]), None), leaves, tree, eager=False)
+
+
+def operators(w, x, s, i):
+    h = x @ w
+    h = (h + 1) * 0.5 - h / 3.0 + 2 ** h[:, :1] - (-h) ** 2 + h ** 2.5 * 0 + abs(h) % 1.5
+    h = h.T.reshape(-1, 2).astype(jnp.float32) * s + np.float32(0.25) * h.sum(0).mean()
+    h = jnp.where(h > 0, h, 0.1 * h)[:, ::-1] + h[i] + h[..., None][:, 0, 0][:, None] + h[1:3].sum()
+    return jnp.sum(h.max(axis=1, keepdims=True) * h.var() + h.std(0).sum() + jnp.tanh(h).min())
+
+
+def test_operators_methods_and_indexing_replay_exactly_what_jax_numpy_recorded():
+    rng = np.random.default_rng(0)
+    vg = jaxaot.compiled_value_and_grad(operators)
+    w, x = _rand(rng, 3, 4), _rand(rng, 5, 3)
+    first = _record(operators, w, x, 2.0, 1)
+    for _ in range(2):
+        w, x = _rand(rng, 3, 4), _rand(rng, 5, 3)
+        _close(vg(w, x, 2.0, 1), jax.value_and_grad(operators)(w, x, 2.0, 1), tol=1e-4)
+    again = _record(operators, w, x, 2.0, 1)
+    assert again.structure is first.structure  # the same tape: the trie's node gave its structure back
+    assert compiled_autograd.stats().compiles == 1
+    assert len(ops.TEMPLATES) > 10
+
+
+def test_scalars_are_keyed_by_exact_value_and_type():
+    f = lambda w, s: jnp.sum(w * jnp.arctan2(s * jnp.ones(()), -1.0))  # atan2(±0, -1) = ±pi
+    w = jnp.ones(2)
+    g = jaxaot.compiled_grad(f)
+    _close(g(w, 0.0), jnp.full(2, np.pi))
+    _close(g(w, -0.0), jnp.full(2, -np.pi))
+    _close(g(w, 0.0), jnp.full(2, np.pi))
+    ints = jaxaot.compiled_grad(lambda w, n: jnp.sum(w ** n))  # 3 and 3.0: integer_pow against pow
+    for n in (3, 3.0, 3, True):
+        _close(ints(w * 2, n), jax.grad(lambda w: jnp.sum(w ** n))(w * 2))
+
+
+def test_same_operands_and_known_values_are_part_of_the_signature():
+    def f(w, x):
+        a = x @ w
+        b = a * a  # the same operand twice
+        c = a * (a + 1.0)  # two different ones of the same type
+        return jnp.sum(b - c) + jnp.sum(w * w)
+
+    rng = np.random.default_rng(1)
+    vg = jaxaot.compiled_value_and_grad(f)
+    for _ in range(3):
+        w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+        _close(vg(w, x), jax.value_and_grad(f)(w, x))
+    assert compiled_autograd.stats().compiles == 1
+
+
+def test_a_configuration_change_inside_the_forward_is_seen():
+    def f(w):
+        a = w * 2  # standard promotion: weak int with f32
+        with jax.numpy_dtype_promotion("strict"):
+            try:
+                b = w + jnp.ones(3, jnp.bfloat16)  # refused under strict promotion
+            except jax.errors.JaxTypeError if hasattr(jax.errors, "JaxTypeError") else Exception:
+                b = w
+        return jnp.sum(a * b)
+
+    g = jaxaot.compiled_grad(f)
+    w = jnp.arange(3.0)
+    for _ in range(2):
+        _close(g(w), jax.grad(f)(w))
+
+
+def test_a_look_runs_one_compiled_program_once_per_structure():
+    def f(w, x):
+        h = jnp.tanh(x @ w)
+        if h.mean() > 0:  # a look: computed by one program, not three dispatches
+            return jnp.sum(h ** 2)
+        return jnp.sum(jnp.cos(h))
+
+    rng = np.random.default_rng(2)
+    vg = jaxaot.compiled_value_and_grad(f)
+    for _ in range(6):
+        w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+        _close(vg(w, x), jax.value_and_grad(f)(w, x))
+    assert cache.LOOKS.stats().compiles == 1
+    recorded = _record(f, w, x)
+    (look,) = recorded.tape.looks
+    assert look.how == "bool" and look.plan.exe is not None and len(look.plan.eqns) == 4  # x @ w, tanh, mean, >
+    compiled_autograd.reset()
+    assert cache.LOOKS.stats().entries == 0
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_tape_in_either_mode_gives_the_same_structure(eager):
+    rng = np.random.default_rng(3)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    f = lambda w, x: jnp.sum(jax.nn.gelu(x @ w) * 0.5)
+    leaves, tree = jax.tree_util.tree_flatten((w,))
+    a = step.record(lambda w: (f(w, x), None), leaves, tree, eager=eager)
+    b = step.record(lambda w: (f(w, x), None), leaves, tree, eager=eager)
+    assert a.structure.token == b.structure.token

@@ -1,0 +1,261 @@
+"""replay=True: the compiled step runs without the forward's Python while its guards hold, and never stale.
+
+Every loss and gradient is compared with ``jax.value_and_grad`` on fresh random
+inputs, replayed or recorded; the counts say which calls replayed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from autograd_helpers import close as _close, in_threads, rand as _rand
+from jaxaot import compiled_autograd
+from zoo import ZOO
+
+
+def _scalar(fn):
+    """``fn`` made a loss: the sum of squares of its float outputs."""
+
+    def loss(*args):
+        leaves = jax.tree_util.tree_leaves(fn(*args))
+        return sum(jnp.sum(jnp.square(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
+
+    return loss
+
+
+def _float_positions(args):
+    return tuple(i for i, a in enumerate(args)
+                 if all(jnp.issubdtype(jnp.result_type(x), jnp.floating) for x in jax.tree_util.tree_leaves(a)))
+
+
+def _replays():
+    return compiled_autograd.stats().replays
+
+
+#: The zoo entries the default suite replays; the rest run in the slow suite.
+CHEAP = ("mlp_gelu", "cond", "custom_jvp", "int_outputs")
+
+
+@pytest.mark.parametrize("name", [n if n in CHEAP else pytest.param(n, marks=pytest.mark.slow) for n in ZOO])
+def test_replay_matches_jax_on_the_zoo(name):
+    fn, make_args = ZOO[name]
+    loss = _scalar(fn)
+    args = make_args(jax.random.key(0))
+    nums = _float_positions(args)
+    vg = jaxaot.compiled_value_and_grad(loss, argnums=nums, replay=True)
+    for i in range(3):
+        args = make_args(jax.random.key(i))
+        _close(vg(*args), jax.value_and_grad(loss, argnums=nums)(*args), tol=1e-4)
+    assert _replays() == 2 and compiled_autograd.stats().compiles == 1
+
+
+def branchy(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    if h.mean() > 0:  # the guarded look
+        h = h * params["s"]
+    else:
+        h = jnp.sin(h) + params["s"]
+    return jnp.mean((h @ params["w2"]) ** 2)
+
+
+BRANCH_LINE = branchy.__code__.co_firstlineno + 2
+
+
+def _inputs(rng, sign):
+    p = {"w1": _rand(rng, 5, 8), "w2": _rand(rng, 8, 3), "s": _rand(rng, 8)}
+    x = _rand(rng, 4, 5)
+    taken = bool(jnp.tanh(x @ p["w1"]).mean() > 0)
+    return (p, x) if taken == sign else (p, -x)
+
+
+def test_a_branch_guard_replays_each_side_and_records_when_the_outcome_is_new():
+    rng = np.random.default_rng(0)
+    vg = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    for sign in (True, True, False, False, True):
+        args = _inputs(rng, sign)
+        _close(vg(*args), jax.value_and_grad(branchy)(*args))
+    s = compiled_autograd.stats()
+    assert (s.compiles, s.replays) == (2, 3)  # calls 2, 4 and 5 replayed
+    reason = vg.cache_info().entries[1].reason
+    assert f"Python branch at {__file__}:{BRANCH_LINE}" in reason, reason
+    assert reason.count("took the other side (the condition was True, now False)") == 1, reason
+
+
+def test_a_new_outcome_whose_step_exists_is_an_entry_naming_the_value():
+    rng = np.random.default_rng(1)
+    first = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    for sign in (True, False):
+        first(*_inputs(rng, sign))
+    other = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    for sign in (True, False, False):
+        args = _inputs(rng, sign)
+        _close(other(*args), jax.value_and_grad(branchy)(*args))
+    info = other.cache_info()
+    assert compiled_autograd.stats().compiles == 2 and info.hits == 2  # the shared steps; one replay
+    (entry,) = info.entries
+    assert entry.program == "replay" and entry.compiles == ()
+    assert entry.reason.startswith("compiled_grad(branchy): recorded again: Python branch at ")
+    assert "(the condition was True, now False)" in entry.reason
+
+
+def test_python_side_effects_run_every_step_unless_replay_is_asked_for(capsys):
+    counter = []
+
+    def f(w, x):
+        counter.append(1)
+        print("forward ran")
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    rng = np.random.default_rng(2)
+    for replay, runs in ((False, 4), (True, 1)):
+        counter.clear()
+        vg = jaxaot.compiled_value_and_grad(f, replay=replay)
+        for _ in range(4):
+            w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+            _close(vg(w, x), jax.value_and_grad(f)(w, x))
+        assert len(counter) == runs + 4  # jax.value_and_grad ran it four times too
+    assert capsys.readouterr().out.count("forward ran") == 4 + 1 + 8
+
+
+def test_loop_counts_and_values_python_read_are_guarded():
+    def looped(w, x, n):
+        for _ in range(n):  # a static argument: part of the key
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    def converge(w, x):
+        while float(jnp.abs(x).max()) > 0.5:  # Python reads a float: a new value records again
+            x = 0.5 * jnp.tanh(x @ w)
+        return jnp.sum(x ** 2)
+
+    def fixed(w, x, n):  # the reference: the trip count found on concrete values, then jax.value_and_grad
+        for _ in range(n):
+            x = 0.5 * jnp.tanh(x @ w)
+        return jnp.sum(x ** 2)
+
+    def trips(w, x):
+        n = 0
+        while float(jnp.abs(x).max()) > 0.5:
+            x, n = 0.5 * jnp.tanh(x @ w), n + 1
+        return n
+
+    rng = np.random.default_rng(3)
+    g = jaxaot.compiled_value_and_grad(looped, replay=True)
+    for n in (2, 3, 2, 3, 2):
+        w, x = _rand(rng, 4, 4), _rand(rng, 3, 4)
+        _close(g(w, x, n), jax.value_and_grad(looped)(w, x, n))
+    assert _replays() == 3
+    c = jaxaot.compiled_value_and_grad(converge, replay=True)
+    for _ in range(3):
+        w, x = _rand(rng, 4, 4), 3 * _rand(rng, 2, 4)
+        _close(c(w, x), jax.value_and_grad(fixed)(w, x, trips(w, x)))
+    assert _replays() == 3  # every float differed: each call recorded
+
+
+def test_what_the_arguments_do_not_fix_is_recorded_every_step(capsys):
+    box = [jnp.ones(3)]
+
+    def closes_over(w):
+        return jnp.sum(w * box[0])  # an array read from outside the arguments
+
+    def debug_prints(w):
+        jax.debug.print("w0 {}", w[0])  # a host callback
+        return jnp.sum(w ** 2)
+
+    rng = np.random.default_rng(4)
+    a = jaxaot.compiled_value_and_grad(closes_over, replay=True)
+    b = jaxaot.compiled_value_and_grad(debug_prints, replay=True)
+    for _ in range(3):
+        box[0] = _rand(rng, 3)
+        w = _rand(rng, 3)
+        _close(a(w), jax.value_and_grad(closes_over)(w))
+        _close(b(w), jax.value_and_grad(lambda w: jnp.sum(w ** 2))(w))
+    assert _replays() == 0
+    assert capsys.readouterr().out.count("w0") == 3
+
+
+def test_new_shapes_and_static_values_record_and_say_why():
+    def f(w, x, scale):
+        return jnp.sum(jnp.tanh(x @ w) * scale)
+
+    rng = np.random.default_rng(5)
+    vg = jaxaot.compiled_value_and_grad(f, replay=True)
+    for rows, scale in ((4, 1.0), (4, 1.0), (6, 1.0), (6, 2.0), (4, 1.0)):
+        w, x = _rand(rng, 3, 2), _rand(rng, rows, 3)
+        _close(vg(w, x, scale), jax.value_and_grad(f)(w, x, scale))
+    assert _replays() == 2
+    reasons = [e.reason for e in vg.cache_info().entries]
+    assert reasons[1].endswith("x: shape (4, 3) → (6, 3)") and "scale: 1.0 → 2.0" in reasons[2]
+
+
+def test_aux_outputs_numpy_arguments_and_keywords_replay():
+    def f(w, x, *, shift):
+        h = x @ w + shift
+        return jnp.sum(h ** 2), {"h": h, "tag": "ok"}
+
+    rng = np.random.default_rng(6)
+    vg = jaxaot.compiled_value_and_grad(f, has_aux=True, replay=True)
+    for _ in range(3):
+        w = _rand(rng, 3, 2)
+        x = rng.standard_normal((4, 3)).astype(np.float32)  # NumPy: an array argument like any other
+        shift = _rand(rng, 2)
+        (value, aux), g = vg(w, x, shift=shift)
+        (rv, raux), rg = jax.value_and_grad(f, has_aux=True)(w, x, shift=shift)
+        _close((value, aux["h"], g), (rv, raux["h"], rg))
+        assert aux["tag"] == "ok"
+    assert _replays() == 2
+
+
+def test_eight_threads_replay_both_sides_of_a_branch():
+    rng = np.random.default_rng(7)
+    inputs = [_inputs(rng, True), _inputs(rng, False)]
+    vg = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    for args in inputs:
+        vg(*args)
+
+    def step(i, k):
+        args = inputs[(i + k) % 2]
+        _close(vg(*args), jax.value_and_grad(branchy)(*args))
+
+    in_threads(step)
+    s = compiled_autograd.stats()
+    assert s.compiles == 2 and s.replays == 8 * 6
+
+
+def test_replay_must_be_a_bool():
+    with pytest.raises(jaxaot.InvalidInputError, match="replay"):
+        jaxaot.compiled_value_and_grad(branchy, replay="yes")
+
+
+def test_the_concept_page_blocks_run():
+    page = Path(__file__).resolve().parents[3] / "docs" / "concepts" / "compiled_autograd.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - the page's own examples
+    assert len(namespace["runs"]) == 2
+
+
+def test_hooks_replay_as_they_were_traced():
+    def f(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(jaxaot.grad_hook(h, lambda g: 2.0 * g) ** 2)  # a new lambda each recorded step
+
+    def reference(w, x):
+        h, pull = jax.vjp(lambda w: jnp.tanh(x @ w), w)
+        return jnp.sum(h ** 2), jnp.clip(pull(4.0 * h)[0], -0.5, 0.5)
+
+    rng = np.random.default_rng(8)
+    vg = jaxaot.compiled_value_and_grad(f, replay=True, param_hooks={"*": lambda p, g: jnp.clip(g, -0.5, 0.5)})
+    for _ in range(3):
+        w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+        _close(vg(w, x), reference(w, x))
+    assert _replays() == 2
