@@ -22,6 +22,7 @@ address every stage.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Sequence
@@ -59,6 +60,17 @@ class StageParams:
         return cls(tuple(children), *aux)
 
 
+@contextlib.contextmanager
+def outside_mesh_context():
+    """Leaves a ``jax.set_mesh`` context for the block: per-device work (records built on one device) and the
+    step's own shardings (on its mesh, every axis ``Auto``) do not belong to the user's context mesh."""
+    if jax.sharding.get_mesh().empty:
+        yield
+        return
+    with jax.set_mesh(None):
+        yield
+
+
 def entry_sharding(mesh: jax.sharding.Mesh, stage_axis: str, spec: Any = None) -> jax.sharding.NamedSharding:
     """An entry's sharding: its first axis over the stage axis, its leaves' dimensions as ``spec`` says."""
     return jax.sharding.NamedSharding(mesh, P(stage_axis, None, *(spec or ())))
@@ -67,6 +79,12 @@ def entry_sharding(mesh: jax.sharding.Mesh, stage_axis: str, spec: Any = None) -
 def pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], mesh: jax.sharding.Mesh,
          stage_axis: str) -> StageParams:
     """``params`` (one tree per stage) as :class:`StageParams` (see the module docstring)."""
+    with outside_mesh_context():
+        return _pack(params, layout, stage_device, mesh, stage_axis)
+
+
+def _pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], mesh: jax.sharding.Mesh,
+          stage_axis: str) -> StageParams:
     flat = [jax.tree_util.tree_flatten(p) for p in params]
     num_devices = mesh.shape[stage_axis]
     entries = []
@@ -124,6 +142,11 @@ def _sub_mesh(mesh: jax.sharding.Mesh, stage_axis: str, d: int) -> jax.sharding.
 
 def unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding.Mesh, stage_axis: str) -> list:
     """Per-stage trees from ``packed``, each leaf on its stage's devices (sharded as its entry says)."""
+    with outside_mesh_context():
+        return _unpack(packed, stage_device, mesh, stage_axis)
+
+
+def _unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding.Mesh, stage_axis: str) -> list:
     where = _stage_index(mesh, stage_axis)
     lay = packed.layout
     shard_of: list[dict[int, Any]] = []

@@ -68,6 +68,7 @@ class Layouts:
       residuals / weights: one microbatch's stored residuals / W arguments, per stage.
       activations: the message stage ``s`` sends forward (its outputs), keyed by ``s``.
       cotangents: the message stage ``s`` receives from ``s + 1`` (its outputs' cotangents), keyed by ``s``.
+      groups: per device, the stages it hosts.
     """
 
     params: L.Layout
@@ -75,6 +76,17 @@ class Layouts:
     weights: L.Layout
     activations: L.Layout
     cotangents: L.Layout
+    groups: tuple = ()
+
+    def ideal_bytes(self, slots: dict) -> int:
+        """The least a device of one SPMD program can hold, in bytes: the largest device's parameters and
+        their gradients, ``slots`` (the tick plan's, per kind) times the largest stage's residual and
+        W-argument records, and one message each way. Leaves only: no alignment, no temporaries, no inputs."""
+        def largest(lay: L.Layout, groups=None) -> int:
+            groups = groups or [[s] for s in range(len(lay.places))]
+            return max((sum(lay.stage_nbytes(s) for s in g) for g in groups), default=0)
+        return (2 * largest(self.params, self.groups) + slots["residuals"] * largest(self.residuals)
+                + slots["weights"] * largest(self.weights) + largest(self.activations) + largest(self.cotangents))
 
 
 def layouts(passes: Sequence[StagePasses], stage_device: dict[int, int], num_devices: int,
@@ -90,6 +102,7 @@ def layouts(passes: Sequence[StagePasses], stage_device: dict[int, int], num_dev
         activations=L.build([p.output_avals if s < last else [] for s, p in enumerate(passes)]),
         cotangents=L.build([[p.output_avals[i] for i in p.cotangent_outputs] if s < last else []
                             for s, p in enumerate(passes)]),
+        groups=tuple(tuple(g) for g in groups),
     )
 
 
