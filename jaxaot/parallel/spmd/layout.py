@@ -87,6 +87,11 @@ class Layout:
     def zeros(self, slots: int | None = None) -> list[jax.Array]:
         return [jnp.zeros(a.shape, a.dtype) for a in self.record_avals(slots)]
 
+    def empty(self, slots: int | None = None) -> list[jax.Array]:
+        """Buffers whose contents are never read before they are written: ``jax.lax.empty`` leaves them
+        uninitialized where the backend can (GPU, TPU; zeros on the CPU), so a step does not fill them."""
+        return [jax.lax.empty(a.shape, a.dtype) for a in self.record_avals(slots)]
+
     # -- leaves in records and buffers; ``slot`` None: ``buffers`` is one record
     def read(self, stage: int, buffers: Sequence[jax.Array], slot: Any = None) -> list[jax.Array]:
         """Stage ``stage``'s leaves from the record at ``slot`` of ``buffers``."""

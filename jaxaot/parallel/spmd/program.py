@@ -13,17 +13,18 @@ returning the mean microbatch loss and the packed gradients. Inside
 
 1. reads its row of the tick table (``lax.axis_index`` of the stage axis);
 2. per tick (``lax.scan`` over the table), runs its action: one ``lax.cond``
-   per stage and op the schedule runs, taken only where the row names it. The
-   taken branch reads its own leaves from the buffers it is given read-only
+   per op the schedule runs and, inside it, one per stage, taken only where
+   the row names that action (:func:`_phase`). The taken branch reads its
+   own leaves from the buffers it is given read-only
    (the residual or weight-argument slot, the activation or cotangent inbox,
    the parameters) and writes only what the action produces, in place: F its
    residuals and outgoing activation (or, on the last stage, the loss), B its
    W arguments and outgoing cotangent, BW and W their gradients, added to the
    accumulator leaf by leaf. A ``lax.cond`` with one writing branch and one
    that passes the buffers through keeps them in place; a switch whose
-   branches returned the buffers would copy them (see
-   ``tests/parallel/test_compiled_pipeline.py``, which checks the compiled
-   program for such copies);
+   branches returned the buffers would copy them
+   (``tests/parallel/test_compiled_pipeline_memory.py`` checks the compiled
+   program for copies of any buffer);
 3. sends its outgoing activation record one device forward and its cotangent
    record one device back (``lax.ppermute`` around the ring), and stores what
    it receives in its inbox at the slot the table names (a trash slot when
@@ -52,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxaot.parallel.schedule import OPS
 from jaxaot.parallel.spmd import layout as L
 from jaxaot.parallel.spmd.passes import StagePasses
 from jaxaot.parallel.spmd.ticks import COL, TickPlan, branch_of
@@ -201,6 +203,35 @@ def _counted(run):
     return counted
 
 
+def _phase(op: str, actions: list):
+    """``run(state, row, params, inputs, targets) -> what it writes of state``: the conds of ``op`` on each stage,
+    ``(branch, writes, run)`` in ``actions``, one after the other, inside one more cond taken only where the
+    row's action is an ``op`` (where there are several), so that a tick tests a few phases and the stages of
+    one, not every stage and op. Conds nested so, each with one writing branch, keep the buffers in place."""
+    own_keys = tuple(dict.fromkeys(k for _, keys, _ in actions for k in keys)) + ("taken",)
+    seen_keys = READS[op]
+    op_index = OPS.index(op)
+
+    def chain(own, seen, row, params, inputs, targets):
+        own = dict(own)
+        for branch, keys, run in actions:
+            mine = {k: own[k] for k in keys + ("taken",)}
+            own.update(jax.lax.cond(row[COL["branch"]] == branch, run, _keep, mine, seen, row, params, inputs,
+                                    targets))
+        return own
+
+    def phase(state, row, params, inputs, targets):
+        own = {k: state[k] for k in own_keys}
+        seen = {k: state[k] for k in seen_keys}
+        if len(actions) == 1:
+            return chain(own, seen, row, params, inputs, targets)
+        branch = row[COL["branch"]]
+        this_op = (branch > 0) & ((branch - 1) % len(OPS) == op_index)
+        return jax.lax.cond(this_op, chain, _keep, own, seen, row, params, inputs, targets)
+
+    return phase
+
+
 def _store(buffers: Sequence[jax.Array], slot: Any, record: Sequence[jax.Array]) -> list[jax.Array]:
     """``buffers`` with a whole received record written at ``slot``."""
     return [jax.lax.dynamic_update_index_in_dim(b, r, slot, 0) for b, r in zip(buffers, record)]
@@ -212,9 +243,9 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
     sched = tick_plan.schedule
     lay = layouts(passes, sched.stage_device(), sched.num_devices, param_specs)
     last = len(passes) - 1
-    used = sorted({(a.stage, a.op) for a in sched.actions}, key=lambda so: branch_of(*so))
-    actions = [(branch_of(s, op), writes(s, op, last), READS[op],
-                _counted(_action(passes, lay, num_microbatches, s, op))) for s, op in used]
+    used = {(a.stage, a.op) for a in sched.actions}
+    phases = [_phase(op, [(branch_of(s, op), writes(s, op, last), _counted(_action(passes, lay, num_microbatches, s, op)))
+                          for s in range(len(passes)) if (s, op) in used]) for op in OPS if any(o == op for _, o in used)]
     table = np.asarray(tick_plan.table)
     slots = tick_plan.slots
     d = axes.num_devices
@@ -226,12 +257,13 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
         params = [x[0] for x in param_entries]
         me = jax.lax.axis_index(axes.stage)
         state = {
-            "res": lay.residuals.zeros(slots["residuals"]),
-            "w": lay.weights.zeros(slots["weights"]),
-            "act_in": lay.activations.zeros(slots["activations"] + 1),  # + the trash slot
-            "ct_in": lay.cotangents.zeros(slots["cotangents"] + 1),
-            "act_out": lay.activations.zeros(),
-            "ct_out": lay.cotangents.zeros(),
+            # a slot is read only after it is written (a message's unused cells go to the trash slot)
+            "res": lay.residuals.empty(slots["residuals"]),
+            "w": lay.weights.empty(slots["weights"]),
+            "act_in": lay.activations.empty(slots["activations"] + 1),  # + the trash slot
+            "ct_in": lay.cotangents.empty(slots["cotangents"] + 1),
+            "act_out": lay.activations.empty(),
+            "ct_out": lay.cotangents.empty(),
             "acc": [jnp.zeros_like(x) for x in params],
             "loss": jnp.zeros((), loss_dtype),
             "taken": jnp.zeros((), jnp.int32),
@@ -240,11 +272,8 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
         def tick(state, rows):
             row = jax.lax.dynamic_index_in_dim(rows, me, 0, keepdims=False)
             state = dict(state)
-            for branch, own_keys, seen_keys, run in actions:
-                own = {k: state[k] for k in own_keys + ("taken",)}
-                seen = {k: state[k] for k in seen_keys}
-                state.update(jax.lax.cond(row[COL["branch"]] == branch, run, _keep, own, seen, row, params,
-                                          inputs, targets))
+            for phase in phases:
+                state.update(phase(state, row, params, inputs, targets))
             act_msg, ct_msg = state["act_out"], state["ct_out"]
             if d > 1:
                 act_msg = [jax.lax.ppermute(x, axes.stage, forward_ring) for x in act_msg]
