@@ -2,8 +2,9 @@
 
 ``shard_map`` over the mesh's pipeline axis, ``lax.ppermute`` carrying
 activations forward and cotangents back, one ``lax.scan`` over the schedule's
-ticks, a ``lax.switch`` over each stage's jaxaot-partitioned passes. Modules,
-each one concept, importing only downward:
+ticks, in each a ``lax.cond`` per op and stage that runs a stage's
+jaxaot-partitioned pass on its records in place. Modules, each one concept,
+importing only downward:
 
 * ``layout``: records, every stage's leaves in buffers of one shape on every device, sized by the largest stage;
 * ``ticks``: a schedule as a table of ticks, with every buffer slot allocated (:class:`TickPlan`);

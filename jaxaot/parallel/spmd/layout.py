@@ -90,7 +90,8 @@ class Layout:
     def empty(self, slots: int | None = None) -> list[jax.Array]:
         """Buffers whose contents are never read before they are written: ``jax.lax.empty`` leaves them
         uninitialized where the backend can (GPU, TPU; zeros on the CPU), so a step does not fill them."""
-        return [jax.lax.empty(a.shape, a.dtype) for a in self.record_avals(slots)]
+        empty = getattr(jax.lax, "empty", jnp.zeros)
+        return [empty(a.shape, a.dtype) for a in self.record_avals(slots)]
 
     # -- leaves in records and buffers; ``slot`` None: ``buffers`` is one record
     def read(self, stage: int, buffers: Sequence[jax.Array], slot: Any = None) -> list[jax.Array]:

@@ -244,8 +244,12 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
     lay = layouts(passes, sched.stage_device(), sched.num_devices, param_specs)
     last = len(passes) - 1
     used = {(a.stage, a.op) for a in sched.actions}
-    phases = [_phase(op, [(branch_of(s, op), writes(s, op, last), _counted(_action(passes, lay, num_microbatches, s, op)))
-                          for s in range(len(passes)) if (s, op) in used]) for op in OPS if any(o == op for _, o in used)]
+    phases = []
+    for op in OPS:
+        actions = [(branch_of(s, op), writes(s, op, last), _counted(_action(passes, lay, num_microbatches, s, op)))
+                   for s in range(len(passes)) if (s, op) in used]
+        if actions:
+            phases.append(_phase(op, actions))
     table = np.asarray(tick_plan.table)
     slots = tick_plan.slots
     d = axes.num_devices

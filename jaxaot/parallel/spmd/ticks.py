@@ -47,7 +47,7 @@ KINDS = ("residuals", "weights", "activations", "cotangents")
 
 
 def branch_of(stage: int, op: str) -> int:
-    """The ``lax.switch`` branch of ``op`` on ``stage`` (0 is idle)."""
+    """The table's code for ``op`` on ``stage`` (0 is idle): ``1 + len(OPS) * stage + OPS.index(op)``."""
     return 1 + len(OPS) * stage + _OP_INDEX[op]
 
 
