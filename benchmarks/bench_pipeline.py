@@ -29,12 +29,15 @@ sizes in f32, default: GPU sizes in bf16) cut into one stage per device
   median in percent; for compiled steps also the lockstep-simulated time and
   measured / simulated, the event-simulated bubble, the speedup over
   ``unpipelined`` next to the target ``0.9 x devices x (1 - bubble)``, the
-  compiled per-device peak bytes (``step.peak_bytes``) and the schedule's peak
-  live microbatches per stage. Every program's loss and gradients are checked
+  compiled per-device peak bytes (``step.peak_bytes``) next to the SPMD ideal
+  (``step.lower(...).ideal_peak_bytes``: the largest device's parameters and
+  gradients, peak live microbatches x the largest stage's record, one message
+  each way) and the schedule's peak live microbatches per stage. Every program's loss and gradients are checked
   against ``unpipelined`` first. A last list says which of the goals hold:
   compiled within 10% of the lockstep simulation, zero-bubble at least 5%
   faster than 1F1B (at 16 microbatches), speedup at least the target, faster
-  than the peer, every round within 5% of the median.
+  than the peer, every round within 5% of the median, every compiled peak within
+  1.25x of its ideal.
 
 With ``--data N`` each microbatch holds ``N`` times the sequences, split over
 the data axis, so every device's share is the ``--small`` / GPU microbatch; the
@@ -291,6 +294,7 @@ class Program:
     lockstep: float | None = None  # seconds
     bubble: float | None = None  # the event simulation's
     peak: int | None = None  # compiled per-device peak bytes
+    ideal: int | None = None  # the SPMD ideal per device
     live: str = "-"
 
 
@@ -340,6 +344,7 @@ def measured(size: Size, mesh: Mesh, schedules: dict[str, tuple[Schedule, OpTime
                                 lockstep=simulate_lockstep(sched, times).step_time,
                                 bubble=simulate(sched, times).bubble_fraction,
                                 peak=step.peak_bytes(packed, x, t),
+                                ideal=step.lower(packed, x, t).ideal_peak_bytes,
                                 live=",".join(map(str, sched.peak_live_microbatches()))))
         py = pipeline(c.stages, cross_entropy, schedule=sched, num_microbatches=m, devices=devices, executor="python")
         where = sched.stage_device()
@@ -362,7 +367,7 @@ def measured(size: Size, mesh: Mesh, schedules: dict[str, tuple[Schedule, OpTime
     total = NUM_DEVICES * DATA
 
     rows = [("program", "executor", "step ms", "min-max ms", "±%", "lockstep ms", "meas/sim", "bubble",
-             "speedup", "target", "peak/device", "peak live/stage", "grad err")]
+             "speedup", "target", "peak/device", "ideal/device", "peak/ideal", "peak live/stage", "grad err")]
     for p in programs:
         k = key(p)
         xs = samples[k]
@@ -373,7 +378,9 @@ def measured(size: Size, mesh: Mesh, schedules: dict[str, tuple[Schedule, OpTime
                      "-" if p.lockstep is None else f"{med[k] / p.lockstep:.2f}",
                      "-" if p.bubble is None else f"{p.bubble:.3f}",
                      f"{base / med[k]:.2f}x", "-" if target is None else f"{target:.2f}x",
-                     fmt_bytes(p.peak) if p.peak is not None else "-", p.live,
+                     fmt_bytes(p.peak) if p.peak is not None else "-",
+                     fmt_bytes(p.ideal) if p.ideal is not None else "-",
+                     f"{p.peak / p.ideal:.2f}" if p.peak and p.ideal else "-", p.live,
                      "-" if p.name == UNPIPELINED else f"{p.err:.1e}"))
 
     cm = {p.name: med[key(p)] for p in compiled}
@@ -383,6 +390,7 @@ def measured(size: Size, mesh: Mesh, schedules: dict[str, tuple[Schedule, OpTime
     peer = med[key(others[0])]
     short = [p.name for p in compiled if base / cm[p.name] < 0.9 * total * (1 - p.bubble)]
     noisy = [key(p) for p in programs if spread[key(p)] > 5]
+    heavy = [p.name for p in compiled if p.peak and p.ideal and p.peak > 1.25 * p.ideal]
     mark = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     goals = [
         f"- compiled within 10% of the lockstep simulation: {mark(all(0.9 <= r <= 1.1 for r in ratio.values()))} "
@@ -396,6 +404,8 @@ def measured(size: Size, mesh: Mesh, schedules: dict[str, tuple[Schedule, OpTime
         f"{cm[fastest] / peer:.2f}x the peer's time; compiled gpipe {cm['gpipe'] / peer:.2f}x)",
         f"- every round within 5% of its median: {mark(not noisy)}"
         + (f" (wider: {', '.join(noisy)})" if noisy else ""),
+        f"- compiled per-device peak within 1.25x of the SPMD ideal: {mark(not heavy)}"
+        + (f" (above: {', '.join(heavy)})" if heavy else ""),
     ]
     mesh_text = " x ".join(f"{n}={s}" for n, s in mesh.shape.items())
     head = (f"{m} microbatches of {size.microbatch} sequences; compiled: mesh {mesh_text} of "
@@ -420,7 +430,9 @@ def profiled(size: Size, mesh: Mesh, name: str, m: int, steps: int) -> str:
     x, t = jax.device_put((c.inputs, c.targets), NamedSharding(mesh, PartitionSpec()))
     ticks = step._compiled.tick_plan.num_ticks
     peak = step.peak_bytes(packed, x, t)
-    return (f"{name}, {m} microbatches, compiled peak {fmt_bytes(peak) if peak else '-'} / device\n"
+    ideal = step.lower(packed, x, t).ideal_peak_bytes
+    return (f"{name}, {m} microbatches, compiled peak {fmt_bytes(peak) if peak else '-'} / device, SPMD ideal "
+            f"{fmt_bytes(ideal)}\n"
             + profile(functools.partial(step, packed, x, t), steps=steps, ticks=ticks,
                       lockstep=simulate_lockstep(sched, times).step_time))
 

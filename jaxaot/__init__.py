@@ -37,7 +37,8 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "LoopFunctionError", "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError",
         "LoopOverflowError", "XlaCompileError",
         "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError", "ArtifactInputError",
-        "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "CacheWarning")),
+        "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "PipelineMemoryError",
+        "CacheWarning")),
     ("jaxaot._config", ("config",)),
     # stage 1: trace
     ("jaxaot.tracing", ("JointGraph", "trace_joint")),

@@ -157,6 +157,25 @@ class StageMismatchError(JaxaotError, TypeError):
     """
 
 
+class PipelineMemoryError(JaxaotError, RuntimeError):
+    """A compiled pipeline step needs more memory than a device has, found before the step first runs.
+
+    Raised instead of running into an out-of-memory error on one device while the others wait for it in
+    a collective. The message names the step's compiled per-device peak, the device's limit, what the
+    device holds already, and what to change (schedule, microbatches, the stages' ``memory_budget``).
+
+    Attributes:
+      peak: the step's compiled peak, in bytes per device (arguments included).
+      limit: the device's memory limit, in bytes (``Device.memory_stats()["bytes_limit"]``).
+      available: what the step may use there: the limit less what the device holds besides the step's arguments.
+      device: the device that does not fit it.
+    """
+
+    def __init__(self, message: str, peak: int = 0, limit: int = 0, available: int = 0, device: object = None):
+        super().__init__(message)
+        self.peak, self.limit, self.available, self.device = peak, limit, available, device
+
+
 class CacheWarning(UserWarning):
     """A persistent-cache entry was corrupt or could not be read or written.
 

@@ -30,6 +30,18 @@ def mlp_model(num_stages: int, key: jax.Array, batch: int = 16, width: int = 8):
     return [mlp_stage] * num_stages, mse, params, x, t
 
 
+def widening_stage(params, x):
+    return jnp.tanh(jnp.tanh(x @ params["w_in"]) @ params["w_out"])
+
+
+def widening_model(num_stages: int, key: jax.Array, batch: int = 512, io: int = 16):
+    """An MLP whose stage ``i`` has hidden width ``64 (i + 1)`` between ``io``-wide messages: stages whose
+    parameters and residuals all differ in shape, the last the largest."""
+    shapes = [{"w_in": sds(io, 64 * (i + 1)), "w_out": sds(64 * (i + 1), io)} for i in range(num_stages)]
+    params, x, t = random_tree(key, (shapes, sds(batch, io), sds(batch, io)), scale=0.3)
+    return [widening_stage] * num_stages, mse, params, x, t
+
+
 VOCAB, WIDTH, HEADS, SEQ = 16, 16, 2, 8
 
 

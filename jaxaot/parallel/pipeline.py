@@ -91,7 +91,7 @@ class Pipeline:
         self.executor = executor
         n = len(self.stage_fns)
         if executor == "compiled":
-            mesh = _mesh_for(mesh, devices, stage_axis, schedule, n, num_microbatches)
+            mesh = spmd.auto_mesh(_mesh_for(mesh, devices, stage_axis, schedule, n, num_microbatches))
             axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes))
             self.schedule = make_schedule(schedule, n, num_microbatches, axes.num_devices)
             self.mesh = mesh
@@ -164,15 +164,15 @@ class Pipeline:
         if self._compiled is not None:
             c = self._compiled.compiled(self._param_avals(params), inputs, targets)
             return PipelineReport(
-                schedule=self.schedule, placements=tuple(self.devices[d] for d in self._compiled.stage_device.values()),
-                input_specs=tuple(c.specs),
+                schedule=self.schedule, input_specs=tuple(c.specs),
+                placements=tuple(self.devices[d] for d in self._compiled.stage_device.values()),
                 residual_bytes=tuple(sum(_nbytes(a) for a in p.stored_residuals) for p in c.passes),
                 weight_pass_bytes=tuple(sum(_nbytes(a) for a in p.stored_weight_args) for p in c.passes),
-                peak_live_microbatches=tuple(self.schedule.peak_live_microbatches()))
+                peak_live_microbatches=tuple(self.schedule.peak_live_microbatches()),
+                ideal_peak_bytes=c.layouts.ideal_bytes(self._compiled.tick_plan.slots))
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
         return PipelineReport(
-            schedule=self.schedule,
-            placements=tuple(st.placement for st in self.stages),
+            schedule=self.schedule, placements=tuple(st.placement for st in self.stages),
             input_specs=tuple(self._specs[_key(placed, xs[0], ts[0])]),
             residual_bytes=tuple(p.residual_bytes for p in programs),
             weight_pass_bytes=tuple(p.split.live_bytes for p in programs),

@@ -20,6 +20,9 @@ class PipelineReport:
       weight_pass_bytes: bytes one microbatch keeps alive from its B to its W (the B/W split's handoff
         and the residuals W reads).
       peak_live_microbatches: the most microbatches whose residuals the schedule keeps alive at once.
+      ideal_peak_bytes: (compiled executor) the least one device of the SPMD step can hold: the largest
+        device's parameters and gradients, its peak live microbatches times the largest stage's residuals
+        (and W arguments), one message each way. ``step.peak_bytes`` compares with it.
     """
 
     schedule: Schedule
@@ -28,6 +31,7 @@ class PipelineReport:
     residual_bytes: tuple[int, ...]
     weight_pass_bytes: tuple[int, ...]
     peak_live_microbatches: tuple[int, ...]
+    ideal_peak_bytes: int | None = None
 
     @property
     def peak_residual_bytes(self) -> tuple[int, ...]:

@@ -91,7 +91,7 @@ def main(process_id: int, port: int) -> None:
             loss, grads = step(packed, x, t)
             entries = [np.asarray(e) for e in multihost_utils.process_allgather(grads.entries, tiled=True)]
             lay, where = grads.layout, step.schedule.stage_device()
-            got = [jax.tree_util.tree_unflatten(grads.treedefs[s], [entries[e][where[s], j] for e, j in lay.places[s]])
+            got = [jax.tree_util.tree_unflatten(grads.treedefs[s], lay.read(s, [e[where[s]] for e in entries]))
                    for s in range(STAGES)]
             want_loss, want_grads = reference(want_params, x, t)
             np.testing.assert_allclose(float(loss), want_loss, err_msg=f"{schedule} step {k} loss", **TOL)

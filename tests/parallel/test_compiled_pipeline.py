@@ -8,11 +8,14 @@ Meshes size themselves from ``jax.device_count()``: 4 stages where there are 8 d
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError, StageMismatchError
 from jaxaot.parallel import Action, Schedule, simulate
@@ -246,3 +249,48 @@ def test_compiled_pass_times_time_every_pass_of_every_stage():
         assert all(v > 0 for v in getattr(times, field)), (field, times)
     assert all(v >= 0 for v in times.backward_input)  # stage 0's B has no input gradient to compute
     assert simulate_lockstep(step.schedule, times).step_time > 0
+
+
+# --------------------------------------------------------------------------- meshes as users make them
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit", "Manual"])
+def test_meshes_of_every_axis_type_pipeline(axis_type):
+    """``jax.make_mesh`` makes Explicit axes by default on recent JAX; every axis type serves as a pipeline mesh,
+    with a tensor-parallel axis too. Inputs placed on the user's mesh and a ``jax.set_mesh`` context work as well
+    (JAX itself allows neither on a Manual mesh)."""
+    if devices_available() < 8:
+        pytest.skip(f"a 2 x 2 x 2 mesh needs 8 devices; {jax.device_count()} here")
+    kind = getattr(AxisType, axis_type)
+    mesh = jax.make_mesh((2, 2, 2), ("stage", "data", "model"), axis_types=(kind,) * 3)
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=16)
+    specs = [{"w": P(None, "model"), "b": P("model")}] * 2
+    step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=2, mesh=mesh, param_specs=specs)
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, 2)(params, x, t)
+    runs = [lambda: step(params, x, t)]
+    if kind != AxisType.Manual:
+        runs.append(lambda: step(params, *jax.device_put((x, t), NamedSharding(mesh, P()))))
+
+        def in_context():
+            with jax.set_mesh(mesh):
+                return step(params, x, t)
+        runs.append(in_context)
+    for run in runs:
+        loss, grads = run()
+        np.testing.assert_allclose(loss, ref_loss, **TOL)
+        assert_trees_close(grads, ref_grads, **TOL)
+    assert step.cache_info().misses == 1
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "pipeline.md"
+
+
+def test_the_pipeline_pages_first_example_runs():
+    """The first block of docs/concepts/pipeline.md, on the ``jax.make_mesh`` mesh it builds, as written."""
+    if devices_available() < 8:
+        pytest.skip(f"the example's 4 x 2 mesh needs 8 devices; {jax.device_count()} here")
+    block = re.search(r"## The step\n\n```python\n(.*?)```", DOCS.read_text(), flags=re.S).group(1)
+    names: dict = {}
+    exec(compile(block, str(DOCS), "exec"), names)
+    ref_loss, ref_grads = unpipelined([names["layer"]] * 4, names["loss_fn"], 8)(
+        names["params"], names["inputs"], names["targets"])
+    np.testing.assert_allclose(names["loss"], ref_loss, **TOL)
+    assert_trees_close(names["grads"], ref_grads, **TOL)

@@ -10,7 +10,9 @@ when ``executor="compiled"`` (the default). Per input signature it
    jaxaot partition, the B/W split where the schedule splits a backward)
    and wraps them as :class:`~jaxaot.parallel.spmd.passes.StagePasses`;
 3. builds the SPMD step (:mod:`jaxaot.parallel.spmd.program`) and jits it;
-   XLA compiles it at the first call.
+   XLA compiles it at the first call, and the compiled per-device peak is
+   checked against the devices' memory before it first runs
+   (:mod:`jaxaot.parallel.spmd.memory`).
 
 Parameters go in either as a list of per-stage trees (packed on every call:
 each device stacks its stages' leaves) or as the packed
@@ -33,10 +35,12 @@ from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot.parallel import microbatch
 from jaxaot.parallel.schedule import Schedule
 from jaxaot.parallel.spmd import params as packing
+from jaxaot.parallel.spmd.memory import check_fits
 from jaxaot.parallel.spmd.passes import StagePasses
 from jaxaot.parallel.spmd.program import Axes, Layouts, build_step
 from jaxaot.parallel.spmd.ticks import TickPlan, plan
 from jaxaot.parallel.stage import Stage
+from jaxaot.partition import compiled_peak, format_bytes
 
 P = jax.sharding.PartitionSpec
 
@@ -50,6 +54,7 @@ class Compiled:
       layouts / passes / specs: the records, the stages' passes, each stage's input activations.
       description: the signature in words; seconds: ``trace`` (stages traced and partitioned),
         ``lower`` and ``compile_pipeline_step``.
+      fits: whether the compiled peak was found to fit this process's devices (checked before the first run).
     """
 
     step: Callable
@@ -59,6 +64,17 @@ class Compiled:
     description: str
     seconds: dict
     executable: Any = None
+    fits: bool = False
+
+
+def auto_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+    """``mesh`` with every axis ``Auto``, as the step uses it: ``jax.make_mesh`` makes ``Explicit`` axes by
+    default on recent JAX, whose sharding-in-types rules would bind the stages' own code; the step shards
+    explicitly itself (``shard_map`` over the stage and data axes) and leaves the rest to XLA."""
+    auto = jax.sharding.AxisType.Auto
+    if all(t == auto for t in mesh.axis_types):
+        return mesh
+    return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(auto,) * len(mesh.axis_names))
 
 
 def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str]) -> Axes:
@@ -156,8 +172,10 @@ class CompiledExecutor:
         """``tree``'s leaves as arrays replicated over the mesh (any process holds the same values)."""
         out = []
         for x in jax.tree_util.tree_leaves(tree):
-            if isinstance(x, jax.Array) and x.sharding.device_set == set(self.mesh.devices.flat):
+            if isinstance(x, jax.Array) and x.sharding == self._replicated:
                 out.append(x)
+            elif isinstance(x, jax.Array) and x.sharding.device_set == set(self.mesh.devices.flat):
+                out.append(jax.device_put(x, self._replicated))  # onto the step's mesh (its axes all Auto)
             elif self._replicated.is_fully_addressable:
                 out.append(jax.device_put(x, self._replicated))
             else:
@@ -166,6 +184,10 @@ class CompiledExecutor:
         return out
 
     def __call__(self, params: Any, inputs: Any, targets: Any, param_avals: Sequence[Any]) -> tuple[Any, Any]:
+        with packing.outside_mesh_context():
+            return self._call(params, inputs, targets, param_avals)
+
+    def _call(self, params: Any, inputs: Any, targets: Any, param_avals: Sequence[Any]) -> tuple[Any, Any]:
         c = self.compiled(param_avals, inputs, targets)
         packed_in = isinstance(params, packing.StageParams)
         packed = params if packed_in else packing.pack(params, c.layouts.params, self.stage_device, self.mesh,
@@ -175,11 +197,24 @@ class CompiledExecutor:
                                     "with this step's shard_params for these inputs.")
         args = (list(packed.entries), self.place(inputs), self.place(targets))
         self._executable(c, args)
+        if not c.fits:
+            check_fits(compiled_peak(c.executable), [d for d in self.mesh.devices.flat if d.process_index ==
+                                                     jax.process_index()], args, self._peak_parts(c), self.schedule)
+            c.fits = True
         loss, grads = c.executable(*args)
         grads = packing.StageParams(tuple(grads), packed.layout, packed.treedefs)
         if packed_in:
             return loss, grads
         return loss, packing.unpack(grads, self.stage_device, self.mesh, self.axes.stage)
+
+    def _peak_parts(self, c: Compiled) -> str:
+        """What the step's buffers hold per device, in words."""
+        lay, slots = c.layouts, self.tick_plan.slots
+        parts = [f"{slots['residuals']} residual slots of {format_bytes(lay.residuals.nbytes)}"]
+        if slots["weights"]:
+            parts.append(f"{slots['weights']} W-argument slots of {format_bytes(lay.weights.nbytes)}")
+        parts.append(f"parameters and gradients {format_bytes(2 * lay.params.nbytes)}")
+        return ", ".join(parts) + ", the passes' temporaries, the inputs and targets"
 
     def _flat_specs(self, param_avals: Sequence[Any]) -> list | None:
         """Per stage, each parameter leaf's sharding over the automatic axes (from ``param_specs``)."""

@@ -1,39 +1,52 @@
-"""Records: the leaves of every stage's values in buffers of one shape on every device.
+"""Records: every stage's leaves in buffers of one shape on every device, sized by the largest stage.
 
 Inside ``shard_map`` every device runs the same program, so a buffer that
 holds "this device's stage's residuals" must have one shape on all devices,
-although stages differ (an embedding first, a head last). A :class:`Layout`
-is the union of the stages' leaves, grouped by ``(shape, dtype)``:
+although stages differ (an embedding first, a head last, layers of different
+widths). A :class:`Layout` packs each stage's leaves into **entries**, one
+array each, whose **cells** the leaves occupy:
 
-* an **entry** per distinct ``(shape, dtype)``, with a **width**: the most
-  leaves of that type one record holds;
-* per stage, each leaf's **place** ``(entry, index)`` in the record.
+* **flat** entries, one per dtype, with scalar cells: a leaf takes
+  ``leaf.size`` consecutive cells from its **start** (aligned to
+  :data:`ALIGN_BYTES`). Stages whose records are separate (one microbatch's
+  residuals, one message) all start at cell 0, so a record is as large as the
+  largest stage's leaves of that dtype, not the sum or the union of every stage's;
+* **stacked** entries, one per ``(shape, dtype, sharding)``, whose cells are
+  whole leaves: for parameters sharded over the mesh's automatic axes
+  (``param_specs``), since a sharding names the leaf's own dimensions.
 
-A record is then a tuple of arrays, one per entry, of shape
-``(width, *shape)``; a buffer of ``n`` records is one array per entry of shape
-``(n, width, *shape)``, written and read at a run-time slot with
-``dynamic_update_slice`` / ``dynamic_slice`` (in place inside the loop).
+A record is one array per entry, ``(width, *cell)``; a buffer of ``n``
+records is ``(n, width, *cell)``. Stages that share a record (the stages one
+device hosts, for its parameters) take consecutive cells.
 
-Stages that share a record (the stages one device hosts, for its parameters)
-take consecutive indices in an entry (``group`` below); stages whose records
-are separate (one microbatch's residuals) start at index 0 each. Identical
-stages cost nothing extra; a leaf type only one stage has is still allocated
-on every device (the price of one program for all).
+A pass reads just its own leaves (:meth:`Layout.read`: one slice per leaf,
+at a run-time slot) and writes just what it produced (:meth:`Layout.write`,
+:meth:`Layout.add`: one ``dynamic_update_slice`` per leaf, in place inside
+the compiled loop): no whole record is fetched, stored, packed or filled.
 
-Costs: building a layout is ``O(leaves)`` on the host; reading or writing a
-record is one slice per leaf.
+Costs: building a layout is ``O(leaves)`` on the host.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-Key = tuple[tuple[int, ...], Any]  # (shape, dtype)
+#: Where a flat entry's leaves start: a multiple of this many bytes (aligned, vectorised slices).
+ALIGN_BYTES = 128
+
+
+class Place(NamedTuple):
+    """A leaf's cells: ``count`` cells of entry ``entry`` from ``start``; ``shape``: the leaf's own."""
+
+    entry: int
+    start: int
+    count: int
+    shape: tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,98 +54,127 @@ class Layout:
     """Where each stage's leaves live in a record.
 
     Attributes:
-      entries: ``(shape, dtype)`` of each entry, in first-seen order.
-      widths: the number of leaves each entry's record holds.
-      places: per stage, per leaf, its ``(entry, index)``.
-      specs: per entry, how its leaves are sharded over the mesh's automatic axes (a
-        ``PartitionSpec`` of the leaf's own dimensions; ``None``: replicated). Leaves that
-        differ only in this take different entries.
+      entries: ``(cell shape, dtype)`` of each entry (a flat entry's cell shape is ``()``).
+      widths: the number of cells each entry's record holds.
+      places: per stage, per leaf, its :class:`Place`.
+      specs: per entry, how its cells are sharded over the mesh's automatic axes (a ``PartitionSpec`` of
+        the cell's dimensions; ``None``: replicated). Only stacked entries are sharded.
     """
 
-    entries: tuple[Key, ...]
+    entries: tuple
     widths: tuple[int, ...]
-    places: tuple[tuple[tuple[int, int], ...], ...]
+    places: tuple[tuple[Place, ...], ...]
     specs: tuple = ()
 
     @property
     def nbytes(self) -> int:
         """Bytes of one record."""
-        return sum(w * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                   for (shape, dtype), w in zip(self.entries, self.widths))
+        return sum(w * _size(shape) * np.dtype(dtype).itemsize for (shape, dtype), w in zip(self.entries, self.widths))
+
+    def stage_nbytes(self, stage: int) -> int:
+        """Bytes of ``stage``'s own leaves."""
+        return sum(_size(p.shape) * np.dtype(self.entries[p.entry][1]).itemsize for p in self.places[stage])
+
+    def leaf_avals(self, stage: int) -> list[jax.ShapeDtypeStruct]:
+        return [jax.ShapeDtypeStruct(p.shape, self.entries[p.entry][1]) for p in self.places[stage]]
 
     def record_avals(self, slots: int | None = None) -> list[jax.ShapeDtypeStruct]:
         """The record's arrays (``slots`` given: a buffer of that many records)."""
         lead = () if slots is None else (slots,)
-        return [jax.ShapeDtypeStruct(lead + (w,) + shape, dtype) for (shape, dtype), w in zip(self.entries, self.widths)]
+        return [jax.ShapeDtypeStruct(lead + (w,) + tuple(shape), dtype)
+                for (shape, dtype), w in zip(self.entries, self.widths)]
 
     def zeros(self, slots: int | None = None) -> list[jax.Array]:
         return [jnp.zeros(a.shape, a.dtype) for a in self.record_avals(slots)]
 
-    # -- records
-    def pack(self, stage: int, leaves: Sequence[Any]) -> list[jax.Array]:
-        """A record holding ``leaves`` (stage ``stage``'s), zeros elsewhere."""
-        cells: list[list[Any]] = [[None] * w for w in self.widths]
-        for (e, j), x in zip(self.places[stage], leaves):
-            cells[e][j] = x
-        out = []
-        for (shape, dtype), row in zip(self.entries, cells):
-            row = [jnp.zeros(shape, dtype) if x is None else jnp.asarray(x, dtype) for x in row]
-            out.append(jnp.stack(row) if row else jnp.zeros((0,) + shape, dtype))
-        return out
+    def empty(self, slots: int | None = None) -> list[jax.Array]:
+        """Buffers whose contents are never read before they are written: ``jax.lax.empty`` leaves them
+        uninitialized where the backend can (GPU, TPU; zeros on the CPU), so a step does not fill them."""
+        empty = getattr(jax.lax, "empty", jnp.zeros)
+        return [empty(a.shape, a.dtype) for a in self.record_avals(slots)]
 
-    def unpack(self, stage: int, record: Sequence[jax.Array]) -> list[jax.Array]:
-        """Stage ``stage``'s leaves from a record."""
-        return [record[e][j] for e, j in self.places[stage]]
-
-    # -- buffers of records
-    def read(self, stage: int, buffers: Sequence[jax.Array], slot: Any) -> list[jax.Array]:
+    # -- leaves in records and buffers; ``slot`` None: ``buffers`` is one record
+    def read(self, stage: int, buffers: Sequence[jax.Array], slot: Any = None) -> list[jax.Array]:
         """Stage ``stage``'s leaves from the record at ``slot`` of ``buffers``."""
-        return [jax.lax.dynamic_index_in_dim(buffers[e], slot, 0, keepdims=False)[j] for e, j in self.places[stage]]
+        return [self._read(buffers[p.entry], p, slot) for p in self.places[stage]]
 
-    def write(self, stage: int, buffers: Sequence[jax.Array], slot: Any, leaves: Sequence[Any]) -> list[jax.Array]:
-        """``buffers`` with stage ``stage``'s ``leaves`` written into the record at ``slot``."""
+    def write(self, stage: int, buffers: Sequence[jax.Array], leaves: Sequence[Any], slot: Any = None,
+              only: Sequence[bool] | None = None) -> list[jax.Array]:
+        """``buffers`` with stage ``stage``'s ``leaves`` written into the record at ``slot`` (a leaf that is
+        None, or not in ``only``, is left as it is)."""
         out = list(buffers)
-        for (e, j), x in zip(self.places[stage], leaves):
-            out[e] = out[e].at[slot, j].set(jnp.asarray(x, out[e].dtype))
+        for i, (p, x) in enumerate(zip(self.places[stage], leaves)):
+            if x is not None and (only is None or only[i]):
+                out[p.entry] = self._write(out[p.entry], p, slot, x)
         return out
 
-    def store(self, buffers: Sequence[jax.Array], slot: Any, record: Sequence[jax.Array]) -> list[jax.Array]:
-        """``buffers`` with a whole record written at ``slot``."""
-        return [jax.lax.dynamic_update_index_in_dim(b, r, slot, 0) for b, r in zip(buffers, record)]
+    def add(self, stage: int, buffers: Sequence[jax.Array], leaves: Sequence[Any]) -> list[jax.Array]:
+        """``buffers`` (one record) with stage ``stage``'s ``leaves`` added to its own (None: nothing added)."""
+        out = list(buffers)
+        for p, x in zip(self.places[stage], leaves):
+            if x is not None:
+                out[p.entry] = self._write(out[p.entry], p, None, self._read(out[p.entry], p, None) + x)
+        return out
 
-    def fetch(self, buffers: Sequence[jax.Array], slot: Any) -> list[jax.Array]:
-        """The whole record at ``slot``."""
-        return [jax.lax.dynamic_index_in_dim(b, slot, 0, keepdims=False) for b in buffers]
+    def _read(self, buf: jax.Array, p: Place, slot: Any) -> jax.Array:
+        if slot is None:
+            return jax.lax.slice_in_dim(buf, p.start, p.start + p.count, axis=0).reshape(p.shape)
+        cell = buf.shape[2:]
+        piece = jax.lax.dynamic_slice(buf, (slot, p.start) + (0,) * len(cell), (1, p.count) + cell)
+        return piece.reshape(p.shape)
+
+    def _write(self, buf: jax.Array, p: Place, slot: Any, x: Any) -> jax.Array:
+        cell = buf.shape[2:] if slot is not None else buf.shape[1:]
+        x = jnp.asarray(x, buf.dtype).reshape((p.count,) + cell)
+        if slot is None:
+            return jax.lax.dynamic_update_slice(buf, x, (p.start,) + (0,) * len(cell))
+        return jax.lax.dynamic_update_slice(buf, x[None], (slot, p.start) + (0,) * len(cell))
 
 
-def union(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | None = None,
+def build(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | None = None,
           specs: Sequence[Sequence[Any]] | None = None) -> Layout:
     """The layout of ``per_stage`` leaf types (anything with ``shape`` and ``dtype``).
 
-    ``groups`` lists the stages that share one record (their leaves take
-    consecutive indices, in stage order); by default every stage has its own.
-    ``specs`` gives, per stage and leaf, its sharding over the automatic mesh axes (None: replicated).
+    ``groups`` lists the stages that share one record (their leaves take consecutive cells, in stage
+    order); by default every stage has its own. ``specs`` gives, per stage and leaf, its sharding over
+    the automatic mesh axes (None: replicated): a sharded leaf takes a stacked entry, the rest flat ones.
     """
     groups = [[s] for s in range(len(per_stage))] if groups is None else groups
     index: dict[Any, int] = {}
+    keys: list[tuple] = []
     widths: list[int] = []
-    places: list[list[tuple[int, int]]] = [[] for _ in per_stage]
+    places: list[list[Place | None]] = [[None] * len(leaves) for leaves in per_stage]
     for group in groups:
         used: dict[int, int] = {}
         for s in group:
             for i, leaf in enumerate(per_stage[s]):
                 spec = None if specs is None else _canonical(specs[s][i])
-                key = (tuple(leaf.shape), np.dtype(leaf.dtype), spec)
+                dtype, shape = np.dtype(leaf.dtype), tuple(leaf.shape)
+                key = (dtype, None) if spec is None else (dtype, (shape, spec))
                 e = index.setdefault(key, len(index))
                 if e == len(widths):
+                    keys.append(key)
                     widths.append(0)
-                j = used.get(e, 0)
-                used[e] = j + 1
-                widths[e] = max(widths[e], j + 1)
-                places[s].append((e, j))
-    keys = list(index)
-    return Layout(tuple(k[:2] for k in keys), tuple(widths), tuple(tuple(p) for p in places),
-                  tuple(k[2] for k in keys))
+                if spec is None:
+                    start, count = _aligned(used.get(e, 0), dtype), _size(shape)
+                else:
+                    start, count = used.get(e, 0), 1
+                used[e] = start + count
+                widths[e] = max(widths[e], used[e])
+                places[s][i] = Place(e, start, count, shape)
+    entries = tuple(((), dtype) if rest is None else (rest[0], dtype) for dtype, rest in keys)
+    widths = [_aligned(w, dtype) if rest is None else w for w, (dtype, rest) in zip(widths, keys)]
+    return Layout(entries, tuple(widths), tuple(tuple(p) for p in places),
+                  tuple(None if rest is None else rest[1] for _, rest in keys))
+
+
+def _size(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _aligned(n: int, dtype: Any) -> int:
+    step = max(1, ALIGN_BYTES // np.dtype(dtype).itemsize)
+    return -(-n // step) * step
 
 
 def _canonical(spec: Any) -> Any:

@@ -2,16 +2,18 @@
 
 The compiled pipeline takes each parameter entry of its
 :class:`~jaxaot.parallel.spmd.layout.Layout` as one global array
-``[stage devices, width, *shape]``, sharded over the stage axis and
-replicated over the others: device ``d`` holds the parameters of the stages
-it hosts, nothing else. :class:`StageParams` is that packed form, a pytree
-(``jax.tree.map`` an optimizer update over it; padding cells get zero
-gradients and stay zero under the usual optimizers). It is also the only
-form that works across hosts, where no process can address every stage.
+``[stage devices, width, *cell]``, sharded over the stage axis and
+replicated over the others (a stacked entry's cells sharded as its spec
+says): device ``d`` holds the parameters of the stages it hosts, nothing
+else, in a record as large as the largest device's. :class:`StageParams` is
+that packed form, a pytree (``jax.tree.map`` an optimizer update over it;
+padding cells get zero gradients and stay zero under the usual optimizers).
+It is also the only form that works across hosts, where no process can
+address every stage.
 
 * :func:`pack`: per-stage trees (numpy or JAX arrays, on any device of this
   process) to :class:`StageParams`: each device gets only its stages' leaves,
-  stacked there (``jax.make_array_from_single_device_arrays``), so nothing is
+  put into its record there (``jax.make_array_from_single_device_arrays``), so nothing is
   gathered on one device. Under ``jax.distributed`` every process passes the
   full list and contributes its own devices' pieces.
 * :func:`unpack`: back to per-stage trees, each leaf on a device of its stage
@@ -20,6 +22,7 @@ form that works across hosts, where no process can address every stage.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Sequence
@@ -57,6 +60,17 @@ class StageParams:
         return cls(tuple(children), *aux)
 
 
+@contextlib.contextmanager
+def outside_mesh_context():
+    """Leaves a ``jax.set_mesh`` context for the block: per-device work (records built on one device) and the
+    step's own shardings (on its mesh, every axis ``Auto``) do not belong to the user's context mesh."""
+    if jax.sharding.get_mesh().empty:
+        yield
+        return
+    with jax.set_mesh(None):
+        yield
+
+
 def entry_sharding(mesh: jax.sharding.Mesh, stage_axis: str, spec: Any = None) -> jax.sharding.NamedSharding:
     """An entry's sharding: its first axis over the stage axis, its leaves' dimensions as ``spec`` says."""
     return jax.sharding.NamedSharding(mesh, P(stage_axis, None, *(spec or ())))
@@ -65,22 +79,29 @@ def entry_sharding(mesh: jax.sharding.Mesh, stage_axis: str, spec: Any = None) -
 def pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], mesh: jax.sharding.Mesh,
          stage_axis: str) -> StageParams:
     """``params`` (one tree per stage) as :class:`StageParams` (see the module docstring)."""
+    with outside_mesh_context():
+        return _pack(params, layout, stage_device, mesh, stage_axis)
+
+
+def _pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], mesh: jax.sharding.Mesh,
+          stage_axis: str) -> StageParams:
     flat = [jax.tree_util.tree_flatten(p) for p in params]
     num_devices = mesh.shape[stage_axis]
     entries = []
-    for e, ((shape, dtype), width) in enumerate(zip(layout.entries, layout.widths)):
+    for e, ((cell, dtype), width) in enumerate(zip(layout.entries, layout.widths)):
         spec = layout.specs[e] if layout.specs else None
         target = entry_sharding(mesh, stage_axis, spec)
-        global_shape = (num_devices, width) + tuple(shape)
+        global_shape = (num_devices, width) + tuple(cell)
         pieces = []
         for dev, index in target.addressable_devices_indices_map(global_shape).items():
             d = index[0].start or 0
-            row: list = [None] * width
+            leaves, where = [], []
             for s in (s for s, dd in stage_device.items() if dd == d):
-                for (ee, j), leaf in zip(layout.places[s], flat[s][0]):
-                    if ee == e:
-                        row[j] = leaf
-            pieces.append(_stack_on(dev, tuple(shape), dtype, row, _static(index[2:])))
+                for p, leaf in zip(layout.places[s], flat[s][0]):
+                    if p.entry == e:
+                        leaves.append(leaf)
+                        where.append((p.start, p.count))
+            pieces.append(_record_on(dev, tuple(cell), dtype, width, leaves, tuple(where), _static(index[2:])))
         entries.append(jax.make_array_from_single_device_arrays(global_shape, target, pieces))
     return StageParams(tuple(entries), layout, tuple(t for _, t in flat))
 
@@ -89,20 +110,21 @@ def _static(index: Sequence[slice]) -> tuple:
     return tuple((sl.start, sl.stop) for sl in index)
 
 
-def _stack_on(device: Any, shape: tuple, dtype: Any, row: list, index: tuple) -> jax.Array:
-    """``row``'s leaves (None: zeros) stacked into ``[1, len(row), *shape]`` on ``device``, cut to ``index``."""
-    present = [jax.device_put(x, device) for x in row if x is not None]
-    mask = tuple(x is not None for x in row)
+def _record_on(device: Any, cell: tuple, dtype: Any, width: int, leaves: list, where: tuple,
+               index: tuple) -> jax.Array:
+    """``leaves`` put at their ``(start, count)`` cells of a ``[1, width, *cell]`` record of zeros on
+    ``device``, cut to ``index`` (the device's piece of the cells)."""
+    present = [jax.device_put(x, device) for x in leaves]
     with jax.default_device(device):
-        return _stack(present, mask, shape, np.dtype(dtype), index)
+        return _record(present, cell, np.dtype(dtype), width, where, index)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _stack(present: list, mask: tuple, shape: tuple, dtype: Any, index: tuple) -> jax.Array:
-    it = iter(present)
-    rows = [next(it).astype(dtype) if m else jnp.zeros(shape, dtype) for m in mask]
-    out = (jnp.stack(rows) if rows else jnp.zeros((0,) + shape, dtype))[None]
-    return out[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in index)]
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _record(present: list, cell: tuple, dtype: Any, width: int, where: tuple, index: tuple) -> jax.Array:
+    out = jnp.zeros((width,) + cell, dtype)
+    for x, (start, count) in zip(present, where):
+        out = out.at[start:start + count].set(x.astype(dtype).reshape((count,) + cell))
+    return out[None][(slice(None), slice(None)) + tuple(slice(a, b) for a, b in index)]
 
 
 def _stage_index(mesh: jax.sharding.Mesh, stage_axis: str) -> dict:
@@ -120,6 +142,11 @@ def _sub_mesh(mesh: jax.sharding.Mesh, stage_axis: str, d: int) -> jax.sharding.
 
 def unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding.Mesh, stage_axis: str) -> list:
     """Per-stage trees from ``packed``, each leaf on its stage's devices (sharded as its entry says)."""
+    with outside_mesh_context():
+        return _unpack(packed, stage_device, mesh, stage_axis)
+
+
+def _unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding.Mesh, stage_axis: str) -> list:
     where = _stage_index(mesh, stage_axis)
     lay = packed.layout
     shard_of: list[dict[int, Any]] = []
@@ -136,12 +163,12 @@ def unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding
                 f"stage {s}'s parameters live on devices of another process: across hosts, keep the packed "
                 "StageParams (step.shard_params) and pass them to the step as they are.")
         leaves = []
-        for e, j in lay.places[s]:
-            spec = lay.specs[e] if lay.specs else None
+        for p in lay.places[s]:
+            spec = lay.specs[p.entry] if lay.specs else None
             if spec is None:
-                leaves.append(shard_of[e][d][0, j])
+                leaves.append(shard_of[p.entry][d][0, p.start:p.start + p.count].reshape(p.shape))
             else:  # sharded over the other axes: cut on the mesh, then onto the stage's sub-mesh
-                whole = _take(packed.entries[e], d, j, jax.sharding.NamedSharding(mesh, spec))
+                whole = _take(packed.entries[p.entry], d, p.start, jax.sharding.NamedSharding(mesh, spec))
                 leaves.append(jax.device_put(whole, jax.sharding.NamedSharding(_sub_mesh(mesh, stage_axis, d), spec)))
         out.append(jax.tree_util.tree_unflatten(treedef, leaves))
     return out
@@ -155,5 +182,4 @@ def _take(x: jax.Array, d: int, j: int, sharding: Any) -> jax.Array:
 def stage_avals(packed: StageParams) -> list:
     """Each stage's parameter tree as ``jax.ShapeDtypeStruct`` leaves."""
     lay = packed.layout
-    return [jax.tree_util.tree_unflatten(treedef, [jax.ShapeDtypeStruct(*lay.entries[e]) for e, _ in lay.places[s]])
-            for s, treedef in enumerate(packed.treedefs)]
+    return [jax.tree_util.tree_unflatten(treedef, lay.leaf_avals(s)) for s, treedef in enumerate(packed.treedefs)]

@@ -16,7 +16,7 @@ backward takes them from the parameters, which every tick has anyway. Only
 the rest (the stage's input activations, targets and the forward's
 temporaries) goes to the residual buffer; likewise for W's arguments.
 Gradients a stage does not produce (a parameter the loss does not reach)
-are zeros.
+are None: nothing is added for them.
 """
 
 from __future__ import annotations
@@ -85,11 +85,8 @@ class StagePasses:
         it = iter(stored)
         return [next(it) if p is None else params[p] for p in from_params]
 
-    def _zeros_like_params(self) -> list:
-        return [jnp.zeros(a.shape, a.dtype) for a in self.param_avals]
-
     def _param_grads(self, grads_by_position: Sequence[Any]) -> list:
-        return [jnp.zeros(a.shape, a.dtype) if k is None else grads_by_position[k].astype(a.dtype)
+        return [None if k is None else grads_by_position[k].astype(a.dtype)
                 for k, a in zip(self._param_grad, self.param_avals)]
 
     def _act_grads(self, grads_by_position: Sequence[Any]) -> list:
@@ -109,7 +106,7 @@ class StagePasses:
         return [jnp.asarray(c, self.output_avals[i].dtype) for c, i in zip(cts, self.cotangent_outputs)]
 
     def backward(self, params: Sequence[Any], stored: Sequence[Any], cts: Sequence[Any]) -> tuple[list, list]:
-        """BW: ``(param grads, activation grads per activation leaf, None where none)``."""
+        """BW: ``(param grads, activation grads)``, per parameter and activation leaf, None where none."""
         residuals = self._fill(stored, self._res_param, params)
         grads = C.eval_closed(self.part.backward, *self._cotangents(cts), *residuals)
         return self._param_grads(grads), self._act_grads(grads)
@@ -125,10 +122,9 @@ class StagePasses:
         return acts, [w for w, p in zip(wargs, self._w_param) if p is None]
 
     def backward_weight(self, params: Sequence[Any], stored: Sequence[Any]) -> list:
-        """W: the param grads."""
+        """W: the param grads (None where none)."""
         split = self.split
         wargs = self._fill(stored, self._w_param, params)
         outs = C.eval_closed(split.backward_weight, *wargs)
         by_input = dict(zip(split.weight_inputs, outs))
-        return [jnp.zeros(a.shape, a.dtype) if i not in by_input else by_input[i].astype(a.dtype)
-                for i, a in enumerate(self.param_avals)]
+        return [by_input[i].astype(a.dtype) if i in by_input else None for i, a in enumerate(self.param_avals)]

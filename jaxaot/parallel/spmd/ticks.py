@@ -18,13 +18,15 @@ here on the host, so that the program is a fixed-size loop driven by data:
 * **cotangent inbox**: a received cotangent, until the backward that takes it.
 
 Each kind is allocated per device by interval colouring (optimal for
-intervals), and every device gets the most any device needs, plus one
-**trash** slot that idle reads and unused writes go to. For residuals that
-count is the schedule's ``max(peak_live_microbatches())`` (per device), so the
+intervals), and every device gets the most any device needs. The table names
+one more, **trash** slot wherever a tick reads or writes nothing of a kind;
+the step gives its inboxes that slot (every tick receives a message, used or
+not) and runs no read or write of the others there. For residuals the count
+is the schedule's ``max(peak_live_microbatches())`` (per device), so the
 compiled program's buffers are what the schedule promises.
 
 Costs: ``O(actions log actions)`` on the host, once per pipeline; the table is
-``ticks x devices x 9`` int32.
+``ticks x devices x 10`` int32.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ KINDS = ("residuals", "weights", "activations", "cotangents")
 
 
 def branch_of(stage: int, op: str) -> int:
-    """The ``lax.switch`` branch of ``op`` on ``stage`` (0 is idle)."""
+    """The table's code for ``op`` on ``stage`` (0 is idle): ``1 + len(OPS) * stage + OPS.index(op)``."""
     return 1 + len(OPS) * stage + _OP_INDEX[op]
 
 
