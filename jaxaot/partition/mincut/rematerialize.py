@@ -42,13 +42,14 @@ def min_cut_rematerialization_partition(
     Args:
       joint: the joint graph (``aot_function`` passes it). Without it, the options are
         checked now and the configured partitioner is returned, to pass as ``partition_fn``.
-      memory_budget: a fraction in ``[0, 1]``, or bytes. A fraction: 1 bans recomputing
+      memory_budget: a fraction in ``[0, 1]``, or bytes, read by
+        :func:`~jaxaot.partition.budget.parse_memory_budget`. A fraction: 1 bans recomputing
         expensive eqns (matmuls, convolutions, large reductions, loops), 0 recomputes all it can
         and saves only inputs (or smaller values derived from them); in between, a knapsack
         (:mod:`jaxaot.partition.mincut.knapsack`) picks which expensive values to recompute,
-        cheapest seconds per saved byte first (``op_costs``). Bytes (a number above 1, or a
-        string such as ``"1.4GB"`` or ``"512MiB"``): the training step's compiled peak device
-        memory per device, fused and split alike; the plan is the one at the largest fraction
+        cheapest seconds per saved byte first (``op_costs``). Bytes (an int, a whole float such
+        as ``1.4e9``, or a string such as ``"1.4GB"`` or ``"512MiB"``): the training step's
+        compiled peak device memory per device; the plan is the one at the largest fraction
         whose compiled peak fits (:mod:`jaxaot.partition.budget.search`), and
         :class:`~jaxaot.errors.MemoryBudgetError` says when none does.
       rematerialize_scans: choose the per-iteration residuals of each top-level
@@ -70,7 +71,9 @@ def min_cut_rematerialization_partition(
         (:mod:`jaxaot.partition.budget.limits`).
 
     Raises:
-      InvalidValueError: a negative, NaN or infinite budget, zero bytes, an unreadable string.
+      InvalidValueError: a budget that means neither a fraction nor bytes: negative, NaN or
+        infinite, a float above 1 with a fractional part (``1.5``: ``"1.5GB"``?), zero bytes, an
+        unreadable string.
       InvalidInputError: a budget that is neither a number nor a string; ``rematerialize_scans`` not a bool.
       PartitionError: an unknown ``offload``, a ``device_model`` that is not a DeviceModel, an unknown ``op_costs``.
       MemoryBudgetError: no plan's compiled peak fits a byte budget.
@@ -122,7 +125,7 @@ def check_partitioner(partition_fn: Any) -> None:
         ...                                     memory_budget=-1))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        jaxaot.errors.InvalidValueError: memory_budget must be a fraction in [0, 1] or a positive ...
+        jaxaot.errors.InvalidValueError: memory_budget=-1 is negative: ...
     """
     if isinstance(partition_fn, functools.partial) and partition_fn.func is min_cut_rematerialization_partition:
         options = partition_fn.keywords
