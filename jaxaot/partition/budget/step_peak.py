@@ -5,8 +5,10 @@ peak, and only the compiler knows that: residual bytes are one term of it,
 and the forward's and backward's temporaries, the inputs, the gradients and
 XLA's schedule are the others (on a transformer block, residuals falling 4x
 moved the compiled peak 11%). So a plan is measured by compiling its
-programs with plain ``jax.jit(...).lower(avals).compile()`` and reading
-``memory_analysis()`` (:func:`compiled_peak`), per device on a mesh:
+programs with plain ``jax.jit(...).lower(avals).compile()`` (with
+:data:`MEASURE_OPTIONS`, which make the compile cheaper and keep its buffer
+assignment) and reading ``memory_analysis()`` (:func:`compiled_peak`), per
+device on a mesh:
 
 * ``fused``: the step as one program (:func:`fused_step`), as
   ``jaxaot.value_and_grad`` runs it (:mod:`jaxaot.fusion`): the forward, the
@@ -17,10 +19,12 @@ programs with plain ``jax.jit(...).lower(avals).compile()`` and reading
   the split step's peak is the larger (the residuals are the forward's outputs
   and the backward's arguments, so each counts them).
 
-Peaks are cached per program text and input types for the process
+The byte-budget search (:mod:`jaxaot.partition.budget.search`) measures the
+fused step only; :func:`measure_step_peak` measures the split programs too.
+Peaks are cached per program text, input types and options for the process
 (:func:`cache_size`), so a plan met again costs nothing. Cost of a measured
-plan: one XLA compile of the fused step (about a ``jit(value_and_grad)``), and
-two more, of about half that each, for the split programs.
+plan: one XLA compile of the fused step (about a ``jit(value_and_grad)``, half
+that on the CPU), and two more, of about half that each, for the split programs.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ class StepPeak:
 
     Attributes:
       fused: the step as one program (:func:`fused_step`).
-      forward / backward: the split programs (None on a mesh, where the residuals' shardings are
-        the compiled forward's to choose).
+      forward / backward: the split programs (None where not measured: on a mesh, where the
+        residuals' shardings are the compiled forward's to choose, and under a byte budget, whose
+        search measures the fused step only).
       budget: the byte budget the plan was chosen under, if any.
     """
 
@@ -155,22 +160,45 @@ def measure_step_peak(part: Partition, joint: JointGraph, *, split: bool = True,
 
 
 # --------------------------------------------------------------------------- compiled, cached
+#: XLA options the planner compiles its measurements with, per platform: those that make the compile
+#: cheaper and leave buffer assignment, so the peak, as the runtime's compile has it. On XLA:CPU the
+#: backend optimization level only changes LLVM's code generation (the zoo's peaks are equal at 0 and
+#: at the default), and a compile at 0 costs about half.
+MEASURE_OPTIONS: dict[str, dict[str, Any]] = {"cpu": {"xla_backend_optimization_level": 0}}
+
 _CACHE: collections.OrderedDict[str, int | None] = collections.OrderedDict()
 _CACHE_LIMIT = 1024
 _LOCK = threading.Lock()
 _COMPILES = [0]
 
 
+def measure_options(avals: Sequence[Any] = ()) -> dict[str, Any]:
+    """The compiler options of a measurement on the platform of ``avals`` (the default device's without a
+    sharding) (:data:`MEASURE_OPTIONS`)."""
+    platform = None
+    for a in avals:
+        sharding = getattr(a, "sharding", None)
+        devices = getattr(sharding, "device_set", None)
+        if devices:
+            platform = next(iter(devices)).platform
+            break
+    platform = platform or jax.devices()[0].platform
+    return dict(MEASURE_OPTIONS.get(platform, {}))
+
+
 def program_peak(closed: Any, avals: Sequence[Any]) -> int | None:
-    """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled once per process
-    per program text and input types; None where the backend cannot compile it or reports no peak."""
-    key = hashlib.sha256(f"{closed}\n{[_aval_key(a) for a in avals]}".encode()).hexdigest()
+    """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
+    :func:`measure_options`) once per process per program text and input types; None where the backend
+    cannot compile it or reports no peak."""
+    options = measure_options(avals)
+    key = hashlib.sha256(f"{closed}\n{[_aval_key(a) for a in avals]}\n{sorted(options.items())}".encode()).hexdigest()
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
     try:
-        exe = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*avals).compile()
+        lowered = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*avals)
+        exe = lowered.compile(compiler_options=options) if options else lowered.compile()
         peak = compiled_peak(exe)
     except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
         peak = None
