@@ -23,6 +23,9 @@ from zoo import assert_trees_close, deep_mlp, deep_mlp_args, transformer_block, 
 from zoo_models import MODELS
 
 mincut = jaxaot.min_cut_rematerialization_partition
+#: How far above the runtime's compiled peak the planner's measurement may lie (scratch of XLA:CPU's LLVM
+#: emitters, which the measurement options choose: 80 bytes at most on the zoo).
+MEASURE_SLACK = 256
 
 
 # --------------------------------------------------------------------------- parsing and validation
@@ -115,12 +118,14 @@ def test_byte_budget_is_met_by_the_compiled_peak(name):
         assert compiled.peak_bytes <= budget, (name, budget, compiled.peak_bytes)
         predicted = vg.lower(*args).predicted_peak
         assert predicted.budget == budget and predicted.fused <= budget
-        # The planner measured its own fused program. On accelerators the runtime also compiles variants of
-        # it (residual layouts, orders, the barrier: jaxaot.fusion.variants) and keeps one within the budget,
-        # whose peak may differ; where it tried none (CPU), the step it runs peaks as measured.
+        # On accelerators the runtime also compiles variants of the planned step (residual layouts, orders,
+        # the barrier: jaxaot.fusion.variants) and keeps one within the budget, whose peak may differ.
+        # The planner measured its own fused program, with cheaper compile options that keep the peak or
+        # raise it by a few bytes (test_measure_options_keep_the_peak); where the runtime tried no variant
+        # (CPU), the step it runs peaks as measured.
         (entry,) = [e for e in f.cache_info().entries if any(c.startswith("fused") for c in e.compiles)]
         if not any(c.startswith("fused") and ":" in c for c in entry.compiles):
-            assert predicted.fused == compiled.peak_bytes, (name, predicted, compiled.peak_bytes)
+            assert 0 <= predicted.fused - compiled.peak_bytes <= MEASURE_SLACK, (name, predicted, compiled.peak_bytes)
         assert "predicted peak" in str(vg.lower(*args)).splitlines()[0]
 
 
@@ -215,6 +220,29 @@ def test_the_plan_found_fits_and_beats_recomputing_everything(where):
 ])
 def test_predicted_peaks(saved, anchors, want):
     assert search.predict_peak(saved, anchors) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("name", ["gru_scan", "convnet_bn", pytest.param("gpt2_block_2h", marks=pytest.mark.slow),
+                                  pytest.param("vit_block", marks=pytest.mark.slow)])  # bf16, and 80 bytes above
+def test_measure_options_keep_the_peak(name):
+    """Each option set the planner may measure with gives the default compile's peak, or at most
+    MEASURE_SLACK bytes above it (never below: a plan that fits as measured fits as the runtime compiles it)."""
+    from jaxaot import _compat as C
+    from jaxaot.partition import compiled_peak
+    from jaxaot.partition.budget.step_peak import MEASURE_OPTIONS, fused_step
+
+    model = MODELS[name]
+    joint = jaxaot.trace_joint(model.loss, *model.make_args(jax.random.key(5)))
+    closed = fused_step(mincut(joint, memory_budget=0.0), joint)
+    lowered = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*joint.in_avals)
+    default = compiled_peak(lowered.compile())
+    for options in MEASURE_OPTIONS.get(jax.devices()[0].platform, ()):
+        try:
+            peak = compiled_peak(lowered.compile(compiler_options=options))
+        except Exception as err:  # an option this XLA does not know: the planner skips the set too
+            assert "option" in str(err).lower()
+            continue
+        assert 0 <= peak - default <= MEASURE_SLACK, (name, options, peak, default)
 
 
 # --------------------------------------------------------------------------- the low end
