@@ -26,10 +26,11 @@ little:
    ``dots_saveable`` (:mod:`jaxaot.partition.mincut.save_families`), which on
    an H200 16-head GPT-2 block reached ``dots_saveable``'s peak where no
    fraction did. Each measurement corrects the predictions. Once a plan fits,
-   :data:`MORE_AFTER_FIT` more is tried unless the fit is within
-   :data:`CLOSE_ENOUGH` of the budget: the fraction predicted to fit between
-   it and the lowest one that did not (a secant step), else the grid fraction
-   halfway (a bisection step); at most :data:`MAX_MEASURED` plans in all;
+   :data:`MORE_AFTER_FIT` more is tried where a grid fraction lies between it
+   and the lowest one that did not: the fraction predicted to fit (a secant
+   step), else the one halfway (a bisection step: peaks can stay flat over a
+   range of fractions, where a plan just under the budget is no sign that the
+   next one is over); at most :data:`MAX_MEASURED` plans in all;
 4. where no plan fits, the fractions ``k / 8`` are measured, lowest predicted
    first (peaks need not be monotone in the fraction: recomputation adds
    temporaries to the backward), up to :data:`MAX_MEASURED_REFUSING` plans;
@@ -67,10 +68,8 @@ from jaxaot.tracing import JointGraph
 GRID = 32
 #: At most this many plans are compiled while some plan fits (more only while none does).
 MAX_MEASURED = 4
-#: After the first plan that fits, at most this many more are compiled to find a faster one ...
+#: After the first plan that fits, at most this many more are compiled to find a faster one.
 MORE_AFTER_FIT = 1
-#: ... and none where that plan's peak is within this fraction of the budget already.
-CLOSE_ENOUGH = 0.05
 #: Where nothing fits, at most this many plans are compiled before the budget is refused.
 MAX_MEASURED_REFUSING = 10
 
@@ -225,8 +224,6 @@ def _improve(search: _Search, best: _Candidate | None) -> _Candidate | None:
     :data:`MAX_MEASURED` plans in all."""
     tries_after_fit = 0
     while len(search.measured) < MAX_MEASURED and (best is None or tries_after_fit < MORE_AFTER_FIT):
-        if best is not None and best.peak is not None and best.peak >= (1 - CLOSE_ENOUGH) * search.budget:
-            return best
         if best is None:
             _plan_next_fraction(search, None)
             pool = [c for c in search.by_key.values() if not c.measured and search.predicted(c) <= search.budget]
