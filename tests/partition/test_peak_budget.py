@@ -19,13 +19,11 @@ import pytest
 import jaxaot
 from jaxaot.partition import measure_step_peak, parse_memory_budget
 from jaxaot.partition.budget import compile_count, search
+from jaxaot.partition.budget.step_peak import INEXACT, MEASURE_SLACK
 from zoo import assert_trees_close, deep_mlp, deep_mlp_args, transformer_block, transformer_args
 from zoo_models import MODELS
 
 mincut = jaxaot.min_cut_rematerialization_partition
-#: How far above the runtime's compiled peak the planner's measurement may lie (scratch of XLA:CPU's LLVM
-#: emitters, which the measurement options choose: 80 bytes at most on the zoo).
-MEASURE_SLACK = 256
 
 
 # --------------------------------------------------------------------------- parsing and validation
@@ -209,6 +207,19 @@ def test_the_plan_found_fits_and_beats_recomputing_everything(where):
     assert cost(part) <= cost(mincut(joint, memory_budget=0.0, op_costs="flops")) + 1e-12
 
 
+def test_a_budget_at_the_exact_peak_is_met_though_the_cheap_measurement_lies_above():
+    """The cheap measurement may count a few bytes of emitter scratch the runtime's compile does not have
+    (the ConvNet: 32); a plan measured just over the budget is measured again exactly before it is refused."""
+    from jaxaot.partition.budget import fused_step, program_peak
+
+    model = MODELS["convnet_bn"]
+    joint = jaxaot.trace_joint(model.loss, *model.make_args(jax.random.key(2)))
+    one = mincut(joint, memory_budget=1.0)
+    exact = program_peak(fused_step(one, joint), joint.in_avals, exact=True)
+    part = mincut(joint, memory_budget=exact)
+    assert part.step_peak.fused == exact and str(part.backward) == str(one.backward)
+
+
 @pytest.mark.parametrize("saved, anchors, want", [
     (500, [], float("inf")),
     (600, [(1000, 5000)], 4600),  # one measured plan: a byte less saved, a byte off the peak
@@ -225,8 +236,8 @@ def test_predicted_peaks(saved, anchors, want):
 @pytest.mark.parametrize("name", ["gru_scan", "convnet_bn", pytest.param("gpt2_block_2h", marks=pytest.mark.slow),
                                   pytest.param("vit_block", marks=pytest.mark.slow)])  # bf16, and 80 bytes above
 def test_measure_options_keep_the_peak(name):
-    """Each option set the planner may measure with gives the default compile's peak, or at most
-    MEASURE_SLACK bytes above it (never below: a plan that fits as measured fits as the runtime compiles it)."""
+    """Each option set the planner may measure with gives the default compile's peak, or (the INEXACT ones) at
+    most MEASURE_SLACK bytes above it, never below: a plan that fits as measured fits as the runtime compiles it."""
     from jaxaot import _compat as C
     from jaxaot.partition import compiled_peak
     from jaxaot.partition.budget.step_peak import MEASURE_OPTIONS, fused_step
@@ -242,6 +253,8 @@ def test_measure_options_keep_the_peak(name):
         except Exception as err:  # an option this XLA does not know: the planner skips the set too
             assert "option" in str(err).lower()
             continue
+        if options not in INEXACT:
+            assert peak == default, (name, options, peak, default)
         assert 0 <= peak - default <= MEASURE_SLACK, (name, options, peak, default)
 
 
