@@ -219,7 +219,7 @@ ROWS = [
     _row("load", "max_bytes", -1, InvalidValueError),
     _row("load", "max_bytes", "1GB", InvalidInputError),
     # partitioners (jaxaot.partition)
-    _row("min_cut_rematerialization_partition", "memory_budget", "0.5", InvalidValueError),
+    _row("min_cut_rematerialization_partition", "memory_budget", "1.5", InvalidValueError),
     _row("min_cut_rematerialization_partition", "memory_budget", None, InvalidInputError),
     _row("min_cut_rematerialization_partition", "memory_budget", -1, InvalidValueError),
     _row("min_cut_rematerialization_partition", "memory_budget", math.nan, InvalidValueError),
@@ -230,7 +230,7 @@ ROWS = [
     _row("min_cut_rematerialization_partition", "rematerialize_scans", None, InvalidInputError),
     _row("remat_policy", "fn", 3, InvalidInputError),
     _row("remat_policy", "fn", "loss", InvalidInputError),
-    _row("remat_policy", "memory_budget", "half", InvalidInputError),
+    _row("remat_policy", "memory_budget", "half", InvalidValueError),
     _row("remat_policy", "partition_fn", 3, InvalidInputError),
     _row("remat_policy", "offload", "sometimes", PartitionError),
     _row("remat_policy", "device_model", 3, PartitionError),
