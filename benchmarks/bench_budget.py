@@ -1,42 +1,58 @@
-"""Byte-budget benchmark: does ``memory_budget`` = a JAX policy's peak fit that peak, no slower?
+"""Byte-budget benchmark: does ``memory_budget`` = a JAX policy's peak fit that peak, no slower, planned fast?
 
 For each model (the zoo of ``benchmarks/models.py`` and two models not in it:
 an 8-layer Llama by ``lax.scan`` in bf16, and a post-LN ReLU block with 12
 heads in float32) and each JAX checkpoint policy P (``dots_saveable``,
 ``dots_with_no_batch_dims_saveable``, ``nothing_saveable``, and
-``offload_dot_with_no_batch_dims`` where the backend has host memory), it
-measures P's step, ``jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=P)))``:
-its compiled peak (``memory_analysis``) and its time; then jaxaot with
-``memory_budget`` = that peak, run as ``jaxaot.value_and_grad`` of the
-``aot_function``: the compiled peak of the step it runs
-(``lower(...).compile().peak_bytes``) and its time. On a GPU each such pair
-also runs in fresh processes (the inputs, planning, then 3 steps) whose
-``peak_bytes_in_use`` is read: the memory each process actually needed.
+``offload_dot_with_no_batch_dims`` where the backend has host memory), placed
+as users place it, both
 
-Verdict per (model, P): ``met`` if jaxaot's compiled peak is at most P's and
-its time at most P's (the median of per-round ratios), ``within noise`` up to
-1.02x, ``SLOWER`` beyond, ``OVER`` if its peak is above P's, ``REFUSED`` if
-the planner raised ``MemoryBudgetError`` (its smallest peak is printed).
+* on the whole loss, ``jax.checkpoint(loss, policy=P)``, and
+* per layer, ``jax.checkpoint(layer, policy=P)`` inside the ``lax.scan`` or on
+  each block beneath the loss head (``Model.per_layer``),
 
-Per model, a (peak, time) Pareto table of every program: P's, jaxaot at each
-matched budget and at the fractions 0, 0.5 and 1, and ``jit(value_and_grad)``;
-medians over interleaved rounds, with the min-max; ``*`` marks the Pareto
-front. ``--plot DIR`` draws each model's plane with ``jaxaot.viz.plot_pareto``.
+it measures P's step, ``jax.jit(jax.value_and_grad(...))``: its compiled peak
+(``memory_analysis``) and its time; then jaxaot with ``memory_budget`` = that
+peak, run as ``jaxaot.value_and_grad`` of the ``aot_function``: the compiled
+peak of the step it runs (``lower(...).compile().peak_bytes``) and its time.
+
+Verdict per (model, P, placement): ``met`` if jaxaot's compiled peak is at most
+P's and its time at most P's (the median of per-round ratios), ``within
+noise`` up to 1.02x, ``SLOWER`` beyond, ``OVER`` if its peak is above P's,
+``REFUSED`` if the planner raised ``MemoryBudgetError`` (its smallest peak is
+printed).
+
+Per model, a (peak, time) Pareto table of every program: each P in both
+placements, jaxaot at each matched budget and at the fractions 0, 0.5 and 1,
+and ``jit(value_and_grad)``; medians over interleaved rounds, with the min-max;
+``*`` marks the Pareto front, and the summary says whether every JAX program
+is dominated by (or equal to) a jaxaot one.
+
+First steps: the first call (trace, plan, compile, run) of ``jit(value_and_grad)``
+and of jaxaot at every budget is timed in fresh processes with cold caches (no
+persistent cache), ``--first-rounds`` times each, interleaved (the median, and
+its ratio to ``jit(value_and_grad)``'s first step), and in the same process,
+where the backend reports it, ``peak_bytes_in_use`` after the first step
+against the compiled peak: the memory the process needed, planning included.
+``--first-only`` measures just that: the first steps at the fractions and at
+each per-layer policy's peak.
 
 Usage (from the repository root): ``python -m benchmarks.bench_budget [--small] [--only NAME ...]
-[--rounds N] [--iters N] [--out FILE] [--plot DIR] [--fresh-process on|off|auto]``
-(``--small``: CPU sizes and the models of ``SMALL_MODELS``, a few minutes on two cores; ``--only``
+[--rounds N] [--iters N] [--first-rounds N] [--out FILE] [--plot DIR]``
+(``--small``: CPU sizes and the models of ``SMALL_MODELS``, a quarter of an hour on two cores; ``--only``
 picks models of either size).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
+import time
 from typing import Any, Callable
 
 import jax
@@ -44,10 +60,11 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxaot
+from jaxaot._config import CACHE_DIR_ENV
 from benchmarks import models as zoo_models
 from benchmarks.bench_partitioners import input_sets
 from benchmarks.harness import fmt_bytes, median_time, peak_bytes, report, result_path, table
-from benchmarks.models import Draw, Model, layer_norm, rms_norm, rotary
+from benchmarks.models import Draw, Model, layer_norm, mean_square, rms_norm, rotary
 
 #: A jaxaot step within this factor of a policy's time ties it (two compiles of one program differ by ~2%).
 NOISE = 1.02
@@ -88,9 +105,11 @@ def llama_scanned(batch: int, seq: int, width: int, hidden: int, layers: int, dt
         h = rms_norm(x, p["mlp_norm"])
         return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"], None
 
-    def loss(p, x):
-        y, _ = lax.scan(layer, x, p)
-        return jnp.mean(y.astype(jnp.float32) ** 2)
+    def per_layer(wrap):
+        def loss(p, x):
+            y, _ = lax.scan(wrap(layer), x, p)
+            return mean_square(y)
+        return loss
 
     def make_args(key):
         r = Draw(key)
@@ -106,21 +125,23 @@ def llama_scanned(batch: int, seq: int, width: int, hidden: int, layers: int, dt
         return p, r.normal((batch, seq, width), dtype)
 
     label = f"llama {layers} layers by lax.scan, 8q/2kv heads ({batch}x{seq}x{width}, {jnp.dtype(dtype).name})"
-    return Model("llama_scanned", label, loss, make_args, (0, 1), dtype)
+    return Model("llama_scanned", label, per_layer(lambda f: f), make_args, (0, 1), dtype, per_layer)
 
 
 def postln_relu_block(batch: int, seq: int, width: int, heads: int, dtype: Any) -> Model:
     """A post-LN block (BERT's order): non-causal attention with ``heads`` heads, LayerNorm after each
     residual add, a ReLU MLP of width 4x; loss ``mean(y**2)`` in float32."""
 
-    def loss(p, x):
+    def block(p, x):
         b, t, d = x.shape
         q, k, v = (a.reshape(b, t, heads, d // heads) for a in jnp.split(x @ p["qkv"], 3, axis=-1))
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.asarray((d // heads) ** 0.5, x.dtype)
         a = jax.nn.softmax(s.astype(jnp.float32), axis=-1).astype(x.dtype)
         x = layer_norm(x + jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(b, t, d) @ p["proj"], p["ln1"], p["b1"])
-        x = layer_norm(x + jax.nn.relu(x @ p["fc"]) @ p["out"], p["ln2"], p["b2"])
-        return jnp.mean(x.astype(jnp.float32) ** 2)
+        return layer_norm(x + jax.nn.relu(x @ p["fc"]) @ p["out"], p["ln2"], p["b2"])
+
+    def per_layer(wrap):
+        return lambda p, x: mean_square(wrap(block)(p, x))
 
     def make_args(key):
         r = Draw(key)
@@ -131,7 +152,7 @@ def postln_relu_block(batch: int, seq: int, width: int, heads: int, dtype: Any) 
         return p, r.normal((batch, seq, width), dtype)
 
     label = f"post-LN ReLU block, {heads} heads ({batch}x{seq}x{width}, {jnp.dtype(dtype).name})"
-    return Model("postln_relu_block", label, loss, make_args, (0, 1), dtype)
+    return Model("postln_relu_block", label, per_layer(lambda f: f), make_args, (0, 1), dtype, per_layer)
 
 
 def all_models(size: str) -> dict[str, Model]:
@@ -155,7 +176,6 @@ class Program:
                  spec: str = ""):
         self.name, self.kind, self.peak, self.spec = name, kind, peak, spec
         self.times: list[float] = []
-        self.process_peak: int | None = None
         self.also: list[str] = []  # budgets whose plan is this one's
         self._i, self._sets, self._run = 0, sets, run
 
@@ -164,8 +184,14 @@ class Program:
         return self._run(*self._sets[self._i])
 
 
-def jax_step(model: Model, policy: Any) -> Callable[..., Any]:
-    loss = model.loss if policy is None else jax.checkpoint(model.loss, policy=policy)
+def jax_step(model: Model, policy: Any, per_layer: bool = False) -> Callable[..., Any]:
+    """``jit(value_and_grad)`` of the loss, under ``policy`` on the whole loss or on each layer."""
+    if policy is None:
+        loss = model.loss
+    elif per_layer:
+        loss = model.per_layer(functools.partial(jax.checkpoint, policy=policy))
+    else:
+        loss = jax.checkpoint(model.loss, policy=policy)
     return jax.jit(jax.value_and_grad(loss, argnums=model.argnums))
 
 
@@ -174,8 +200,17 @@ def jaxaot_step(model: Model, budget: float | int) -> Callable[..., Any]:
     return jaxaot.value_and_grad(jaxaot.aot_function(model.loss, partition_fn=pf), argnums=model.argnums)
 
 
-def jax_program(name: str, model: Model, sets: list[tuple], policy: Any, spec: str) -> Program | None:
-    step = jax_step(model, policy)
+def step_of(model: Model, spec: str) -> Callable[..., Any]:
+    """The step a spec names: ``jax:none``, ``jax:POLICY`` (whole loss), ``jax-layer:POLICY`` (per layer),
+    ``jaxaot:BUDGET`` (a JSON number, or a string with a unit)."""
+    kind, _, what = spec.partition(":")
+    if kind == "jaxaot":
+        return jaxaot_step(model, json.loads(what))
+    return jax_step(model, None if what == "none" else policies(True)[what], per_layer=kind == "jax-layer")
+
+
+def jax_program(name: str, model: Model, sets: list[tuple], spec: str) -> Program | None:
+    step = step_of(model, spec)
     try:
         peak = peak_bytes(step.lower(*sets[0]).compile())
         jax.block_until_ready(step(*sets[0]))
@@ -188,7 +223,8 @@ def jax_program(name: str, model: Model, sets: list[tuple], policy: Any, spec: s
 def jaxaot_program(name: str, model: Model, sets: list[tuple], budget: float | int,
                    seen: dict[str, Program]) -> Program | str:
     """jaxaot at ``budget``, or the refusal's text; plans equal to one in ``seen`` share its program."""
-    vg = jaxaot_step(model, budget)
+    spec = f"jaxaot:{json.dumps(budget)}"
+    vg = step_of(model, spec)
     try:
         low = vg.lower(*sets[0])
     except jaxaot.MemoryBudgetError as err:
@@ -198,7 +234,7 @@ def jaxaot_program(name: str, model: Model, sets: list[tuple], budget: float | i
         seen[key].also.append(name)
         return seen[key]
     jax.block_until_ready(vg(*sets[0]))
-    prog = Program(name, "jaxaot", vg, sets, low.compile().peak_bytes, f"jaxaot:{budget!r}")
+    prog = Program(name, "jaxaot", vg, sets, low.compile().peak_bytes, spec)
     seen[key] = prog
     return prog
 
@@ -212,28 +248,39 @@ def time_interleaved(progs: list[Program], rounds: int, iters: int) -> None:
             p.times.append(median_time(p.step, warmup=0, iters=iters, min_seconds=0))
 
 
-# --------------------------------------------------------------------------- the process's peak (GPU)
-def fresh_peak(model_name: str, size: str, spec: str) -> int | None:
-    """``peak_bytes_in_use`` of a fresh process that builds ``spec``'s step, plans it and runs 3 steps."""
+# --------------------------------------------------------------------------- first steps, fresh processes
+def fresh_first_step(model_name: str, size: str, spec: str) -> dict:
+    """A fresh process's first step of ``spec`` (seconds: trace, plan, compile, run) and its
+    ``peak_bytes_in_use`` after it (None where the backend does not report it); {} if it failed."""
     cmd = [sys.executable, "-m", "benchmarks.bench_budget", "--fresh", model_name, spec, "--size", size]
-    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # the allocator holds what the step asks
+    cold = (CACHE_DIR_ENV, "JAX_COMPILATION_CACHE_DIR")  # no persistent cache: a cold start
+    env = {k: v for k, v in os.environ.items() if k not in cold}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # the allocator holds what the step asks
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]).get("peak_bytes_in_use") if r.returncode == 0 and lines else None
+    return json.loads(lines[-1]) if r.returncode == 0 and lines else {}
 
 
 def fresh_main(model_name: str, spec: str, size: str) -> None:
+    """In a fresh process (cold caches): time the first step of ``spec``, then read the device's peak."""
     model = all_models(size)[model_name]
-    args = model.make_args(jax.random.key(0))
-    kind, _, what = spec.partition(":")
-    if kind == "jax":
-        step = jax_step(model, None if what == "none" else policies(True)[what])
-    else:
-        step = jaxaot_step(model, json.loads(what) if what[:1].isdigit() else what)
-    for _ in range(3):
-        jax.block_until_ready(step(*args))
+    args = jax.block_until_ready(model.make_args(jax.random.key(0)))
+    step = step_of(model, spec)
+    t, cpu = time.perf_counter(), time.process_time()
+    jax.block_until_ready(step(*args))
+    first, first_cpu = time.perf_counter() - t, time.process_time() - cpu
     stats = jax.devices()[0].memory_stats() or {}
-    print(json.dumps({"peak_bytes_in_use": stats.get("peak_bytes_in_use")}))
+    print(json.dumps({"first_step": first, "first_step_cpu": first_cpu,
+                      "peak_bytes_in_use": stats.get("peak_bytes_in_use")}))
+
+
+def first_steps(model: Model, size: str, specs: list[str], rounds: int) -> dict[str, list[dict]]:
+    """Each spec's fresh-process first steps, ``rounds`` times, interleaved."""
+    out: dict[str, list[dict]] = {s: [] for s in specs}
+    for _ in range(rounds):
+        for spec in specs:
+            out[spec].append(fresh_first_step(model.name, size, spec))
+    return out
 
 
 # --------------------------------------------------------------------------- one model
@@ -246,51 +293,85 @@ def _pareto(progs: list[Program]) -> set[int]:
     return {i for i, m, t in pts if not any(m2 <= m and t2 <= t and (m2, t2) != (m, t) for _, m2, t2 in pts)}
 
 
-def run_model(model: Model, size: str, rounds: int, iters: int, fresh: bool, plot: str | None
-              ) -> tuple[str, list[str]]:
-    """The model's Pareto table and verdict table, and the verdicts."""
+def _verdict(j: Program | str, p: Program) -> list[str]:
+    if isinstance(j, str):
+        return [fmt_bytes(p.peak), "-", "-", j]
+    r = [a / b for a, b in zip(j.times, p.times)]
+    fits = j.peak is not None and p.peak is not None and j.peak <= p.peak
+    verdict = "OVER" if not fits else "met" if _median(r) <= 1.0 else "within noise" if _median(r) <= NOISE \
+        else "SLOWER"
+    return [fmt_bytes(p.peak), fmt_bytes(j.peak), f"{_median(r):.3f} ({min(r):.3f}-{max(r):.3f})", verdict]
+
+
+class Outcome:
+    """What one model's run found, for the summary."""
+
+    def __init__(self):
+        self.verdicts: list[str] = []
+        self.jax_programs = 0
+        self.dominated = 0  # JAX programs some jaxaot program matches or beats in both peak and time
+        self.first_budget: list[float] = []  # first step / jit's, byte budgets
+        self.first_fraction: list[float] = []  # ... fractions
+        self.process_vs_compiled: list[float] = []  # process peak / compiled peak, byte budgets
+
+
+def run_model(model: Model, size: str, rounds: int, iters: int, first_rounds: int, plot: str | None,
+              outcome: Outcome) -> str:
+    """The model's Pareto, verdict and first-step tables."""
     args = model.make_args(jax.random.key(0))
     sets = input_sets(args)
     progs: list[Program] = []
-    ref = jax_program("jit(value_and_grad)", model, sets, None, "jax:none")
+    ref = jax_program("jit(value_and_grad)", model, sets, "jax:none")
     progs.append(ref)
-    by_policy: dict[str, Program] = {}
+    peers: dict[tuple[str, str], Program] = {}
     offload = any(m.kind == "pinned_host" for m in jax.devices()[0].addressable_memories())
-    for name, pol in policies(offload).items():
-        p = jax_program(name, model, sets, pol, f"jax:{name}")
-        if p is not None:
-            by_policy[name] = p
-            progs.append(p)
+    placements = ("whole", "per layer") if model.per_layer is not None else ("whole",)
+    for name in policies(offload):
+        for where in placements:
+            spec = f"jax:{name}" if where == "whole" else f"jax-layer:{name}"
+            p = jax_program(f"{name} ({where})", model, sets, spec)
+            if p is not None:
+                peers[(name, where)] = p
+                progs.append(p)
     seen: dict[str, Program] = {}
-    matched: dict[str, Program | str] = {}
-    for name, p in by_policy.items():
-        matched[name] = jaxaot_program(f"jaxaot at {name}'s peak", model, sets, p.peak, seen)
+    matched: dict[tuple[str, str], Program | str] = {}
+    budgets: dict[int, Program | str] = {}
+    for (name, where), p in peers.items():
+        if p.peak not in budgets:
+            budgets[p.peak] = jaxaot_program(f"jaxaot at {fmt_bytes(p.peak)} ({name}, {where})", model, sets,
+                                             p.peak, seen)
+        elif isinstance(budgets[p.peak], Program):
+            budgets[p.peak].also.append(f"at {name} ({where})")
+        matched[(name, where)] = budgets[p.peak]
     for f in FRACTIONS:
         jaxaot_program(f"jaxaot fraction {f:g}", model, sets, f, seen)
     progs += list(seen.values())
     time_interleaved(progs, rounds, iters)
-    if fresh:  # each policy and jaxaot at its peak, in a process of its own
-        for p in {id(q): q for q in [*by_policy.values(), *matched.values()] if isinstance(q, Program)}.values():
-            p.process_peak = fresh_peak(model.name, size, p.spec)
+
+    specs = ["jax:none", *[f"jaxaot:{json.dumps(b)}" for b in budgets], *[f"jaxaot:{json.dumps(f)}" for f in FRACTIONS]]
+    compiled = {p.spec: p.peak for p in progs}
+    compiled.update((f"jaxaot:{json.dumps(b)}", q.peak) for b, q in budgets.items() if isinstance(q, Program))
+    starts, first = first_step_table(model, size, specs, first_rounds, compiled, outcome)
     front = _pareto(progs)
-    rows = [["program", "kind", "compiled peak", "process peak", "time (ms)", "min-max", "x jit", "front", "same plan"]]
+    jit_first = first("jax:none")
+    rows = [["program", "kind", "compiled peak", "time (ms)", "min-max", "x jit", "first step (s)", "x jit",
+             "front", "same plan"]]
     for p in sorted(progs, key=lambda p: (p.peak or 0, _median(p.times))):
         t = _median(p.times)
-        rows.append([p.name, p.kind, fmt_bytes(p.peak), fmt_bytes(p.process_peak), f"{t * 1e3:.3f}",
+        rows.append([p.name, p.kind, fmt_bytes(p.peak), f"{t * 1e3:.3f}",
                      f"{min(p.times) * 1e3:.3f}-{max(p.times) * 1e3:.3f}", f"{t / _median(ref.times):.3f}",
-                     "*" if id(p) in front else "", ", ".join(p.also)])
-    verdicts = [["policy", "its peak", "jaxaot peak", "time ratio (min-max)", "verdict"]]
-    for name, p in by_policy.items():
-        j = matched[name]
-        if isinstance(j, str):
-            verdicts.append([name, fmt_bytes(p.peak), "-", "-", j])
-            continue
-        r = [a / b for a, b in zip(j.times, p.times)]
-        fits = j.peak is not None and p.peak is not None and j.peak <= p.peak
-        verdict = ("OVER" if not fits else "met" if _median(r) <= 1.0 else "within noise" if _median(r) <= NOISE
-                   else "SLOWER")
-        verdicts.append([name, fmt_bytes(p.peak), fmt_bytes(j.peak), f"{_median(r):.3f} ({min(r):.3f}-{max(r):.3f})",
-                         verdict])
+                     _seconds(first(p.spec)), _seconds(first(p.spec) / jit_first), "*" if id(p) in front else "",
+                     ", ".join(p.also)])
+    verdicts = [["policy", "placed", "its peak", "jaxaot peak", "time ratio (min-max)", "verdict"]]
+    for (name, where), p in peers.items():
+        v = _verdict(matched[(name, where)], p)
+        verdicts.append([name, where, *v])
+        outcome.verdicts.append(v[-1].split(" (")[0])
+    jaxaot_pts = [(q.peak, _median(q.times)) for q in seen.values() if q.peak is not None]
+    for p in peers.values():
+        outcome.jax_programs += 1
+        outcome.dominated += any(m <= p.peak and t <= _median(p.times) for m, t in jaxaot_pts)
+
     if plot:
         from jaxaot import viz
 
@@ -298,13 +379,83 @@ def run_model(model: Model, size: str, rounds: int, iters: int, fresh: bool, plo
         fig = viz.plot_pareto([(p.name.replace("jaxaot ", ""), p.peak, _median(p.times), p.kind) for p in progs
                                if p.peak is not None], title=model.label)
         fig.savefig(os.path.join(plot, f"budget_{model.name}.png"), dpi=120)
-    text = f"## {model.name}: {model.label}\n\n{table(rows)}\n\n{table(verdicts)}"
-    return text, [v[-1].split(" (")[0] for v in verdicts[1:]]
+    return f"## {model.name}: {model.label}\n\n{table(rows)}\n\n{table(verdicts)}\n\n{starts}"
 
 
-def summary(verdicts: list[str]) -> str:
-    counts = {v: verdicts.count(v) for v in ("met", "within noise", "SLOWER", "OVER", "REFUSED")}
-    return f"## summary: {len(verdicts)} policy/model pairs\n\n" + ", ".join(f"{k}: {n}" for k, n in counts.items())
+def _seconds(x: float) -> str:
+    return "-" if x != x else f"{x:.2f}"
+
+
+def first_step_table(model: Model, size: str, specs: list[str], rounds: int, compiled: dict[str, int | None],
+                     outcome: Outcome) -> tuple[str, Callable[[str], float]]:
+    """The first steps of ``specs`` (fresh processes, ``rounds`` each) as a table, and ``first(spec)``: a
+    spec's median first step (NaN if not measured). ``compiled`` gives specs' compiled peaks."""
+    firsts = first_steps(model, size, specs, rounds) if rounds else {}
+
+    def first(spec: str) -> float:
+        return _median([r["first_step"] for r in firsts.get(spec, []) if "first_step" in r])
+
+    def cpu(spec: str) -> float:
+        return _median([r["first_step_cpu"] for r in firsts.get(spec, []) if "first_step_cpu" in r])
+
+    jit_first = first("jax:none")
+    rows = [["first step of", "median (s)", "min-max", "x jit", "CPU time (s)", "x jit", "process peak",
+             "x compiled peak"]]
+    for spec in specs:
+        ts = [r["first_step"] for r in firsts.get(spec, []) if "first_step" in r]
+        if not ts:
+            rows.append([spec, "-", "-", "-", "-", "-", "-", "-"])
+            continue
+        ratio = _median(ts) / jit_first
+        proc = max((r.get("peak_bytes_in_use") or 0 for r in firsts[spec]), default=0) or None
+        peak = compiled.get(spec)
+        rows.append([spec, f"{_median(ts):.2f}", f"{min(ts):.2f}-{max(ts):.2f}", f"{ratio:.2f}",
+                     _seconds(cpu(spec)), _seconds(cpu(spec) / cpu("jax:none")), fmt_bytes(proc),
+                     f"{proc / peak:.3f}" if proc and peak else "-"])
+        if spec.startswith("jaxaot:"):
+            value = json.loads(spec.split(":", 1)[1])
+            (outcome.first_fraction if value <= 1 else outcome.first_budget).append(ratio)
+            if value > 1 and proc and peak:
+                outcome.process_vs_compiled.append(proc / peak)
+    return table(rows), first
+
+
+def first_only(model: Model, size: str, rounds: int, outcome: Outcome) -> str:
+    """First steps alone: ``jit(value_and_grad)``, jaxaot at the fractions and at each per-layer policy's peak
+    (each whole-loss policy's where the model has no layers)."""
+    args = model.make_args(jax.random.key(0))
+    budgets: dict[int, str] = {}
+    for name in policies(False):
+        spec = f"jax-layer:{name}" if model.per_layer is not None else f"jax:{name}"
+        peak = peak_bytes(step_of(model, spec).lower(*args).compile())
+        budgets.setdefault(peak, spec)
+    specs = ["jax:none", *[f"jaxaot:{json.dumps(b)}" for b in budgets], *[f"jaxaot:{json.dumps(f)}" for f in FRACTIONS]]
+    compiled = {}
+    for spec in specs[1:]:
+        try:
+            compiled[spec] = step_of(model, spec).lower(*args).compile().peak_bytes
+        except jaxaot.MemoryBudgetError:
+            compiled[spec] = None
+    text, _ = first_step_table(model, size, specs, rounds, compiled, outcome)
+    where = ", ".join(f"{fmt_bytes(b)} = {s.split(':')[1]}'s" for b, s in budgets.items())
+    return f"## {model.name}: {model.label} (first steps; byte budgets: {where})\n\n{text}"
+
+
+def summary(o: Outcome) -> str:
+    counts = {v: o.verdicts.count(v) for v in ("met", "within noise", "SLOWER", "OVER", "REFUSED")}
+    lines = [f"## summary: {len(o.verdicts)} policy/model pairs", ""]
+    if o.verdicts:
+        lines += [", ".join(f"{k}: {n}" for k, n in counts.items()),
+                  f"JAX programs matched or beaten in both compiled peak and time by a jaxaot program: "
+                  f"{o.dominated} of {o.jax_programs}"]
+    if o.first_budget:
+        lines.append(f"first step / jit(value_and_grad)'s: byte budgets {min(o.first_budget):.2f}-"
+                     f"{max(o.first_budget):.2f} (median {_median(o.first_budget):.2f}), fractions "
+                     f"{min(o.first_fraction):.2f}-{max(o.first_fraction):.2f}")
+    if o.process_vs_compiled:
+        lines.append(f"process peak / compiled peak, byte budgets: {min(o.process_vs_compiled):.3f}-"
+                     f"{max(o.process_vs_compiled):.3f}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -313,10 +464,11 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="model names (either size)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--first-rounds", type=int, default=None,
+                    help="fresh processes per program for its first step (0: none; default 2, 3 on GPUs)")
+    ap.add_argument("--first-only", action="store_true", help="first steps only (no step times, no Pareto)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, help="a directory for each model's Pareto plot (PNG)")
-    ap.add_argument("--fresh-process", choices=("on", "off", "auto"), default="auto",
-                    help="measure each step's peak_bytes_in_use in a fresh process (auto: on GPUs)")
     ap.add_argument("--fresh", nargs=2, metavar=("MODEL", "SPEC"), help=argparse.SUPPRESS)
     ap.add_argument("--size", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -328,18 +480,20 @@ def main() -> None:
     names = a.only or (list(SMALL_MODELS) if a.small else list(models))
     rounds = a.rounds or (3 if a.small else 9)
     iters = a.iters or (3 if a.small else 5)
-    fresh = a.fresh_process == "on" or (a.fresh_process == "auto" and jax.devices()[0].platform != "cpu")
-    verdicts: list[str] = []
+    first_rounds = a.first_rounds if a.first_rounds is not None else (2 if a.small else 3)
+    outcome = Outcome()
 
     def each():
         for name in names:
-            text, found = run_model(models[name], size, rounds, iters, fresh, a.plot)
-            verdicts.extend(found)
-            yield text
-        yield summary(verdicts)
+            if a.first_only:
+                yield first_only(models[name], size, first_rounds or 2, outcome)
+            else:
+                yield run_model(models[name], size, rounds, iters, first_rounds, a.plot, outcome)
+        yield summary(outcome)
 
-    title = (f"bench_budget ({size} sizes, {rounds} interleaved rounds of {iters} steps; byte budget = each JAX "
-             f"policy's compiled peak)")
+    title = (f"bench_budget ({size} sizes, {rounds} interleaved rounds of {iters} steps, {first_rounds} fresh "
+             f"processes per first step; byte budget = each JAX policy's compiled peak; first steps in wall time "
+             f"and in the process's CPU time, which other work on the machine moves less)")
     report(title, each(), a.out or str(result_path("budget")))
 
 

@@ -7,7 +7,9 @@ For every model of ``benchmarks/models.py`` it prints, from one run:
   1 and 0.95 (with the layouts and backward order the step chose; at budget 1 also
   in XLA's order where it chose consume-first, and taking every residual where it derived some
   again), of the split ``fused=False`` path at budget 1, and of
-  ``jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=dots_saveable)))``,
+  ``jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=dots_saveable)))``
+  and, where the model has layers (``Model.per_layer``), the same policy on each layer
+  (``jax.checkpoint(layer, policy=dots_saveable)`` inside the scan or on the block), as users place it,
   each as a ratio to ``jax.jit(jax.value_and_grad(loss))``: the median of the
   rounds' ratios (programs take turns round by round, each round the median of
   ``--iters`` steps, inputs rotating over three sets) with the min-max;
@@ -49,13 +51,23 @@ PARTITIONS = {"default": jaxaot.default_partition, "min-cut 1": _budget(1.0), "m
 
 
 def jax_references(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
-    """JAX's fused steps: ``jit(value_and_grad)`` and with ``checkpoint(dots_saveable)``, each with its executable."""
+    """JAX's fused steps: ``jit(value_and_grad)`` and with ``checkpoint(dots_saveable)`` on the whole loss and
+    (where the model has layers) on each layer, each with its executable."""
     loss, nums = model.loss, model.argnums
     jit = jax.jit(jax.value_and_grad(loss, argnums=nums))
     ckpt = jax.jit(jax.value_and_grad(jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable),
                                       argnums=nums))
     return {"jit(value_and_grad)": (jit, jit.lower(*args).compile()),
-            "jit(dots_saveable)": (ckpt, ckpt.lower(*args).compile())}
+            "jit(dots_saveable)": (ckpt, ckpt.lower(*args).compile()),
+            **_per_layer_dots(model, args)}
+
+
+def _per_layer_dots(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
+    if getattr(model, "per_layer", None) is None:
+        return {}
+    wrap = functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.dots_saveable)
+    step = jax.jit(jax.value_and_grad(model.per_layer(wrap), argnums=model.argnums))
+    return {"jit(dots_saveable per layer)": (step, step.lower(*args).compile())}
 
 
 def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:

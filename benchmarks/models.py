@@ -53,6 +53,10 @@ class Model:
       argnums: the positional arguments to differentiate (the floating ones;
         integer labels are not differentiated).
       dtype: the activation dtype.
+      per_layer: ``per_layer(wrap) -> loss``: the same loss with each layer passed through ``wrap``
+        (the ``lax.scan``'s step, each stage, or the block beneath the loss head), as users place
+        ``jax.checkpoint(layer, policy=...)``: ``per_layer(functools.partial(jax.checkpoint,
+        policy=...))``. None where the model has no layer to wrap.
     """
 
     name: str
@@ -61,6 +65,7 @@ class Model:
     make_args: Callable[[jax.Array], tuple]
     argnums: tuple[int, ...]
     dtype: Any
+    per_layer: Callable[[Callable], Callable[..., jax.Array]] | None = None
 
     def __iter__(self):
         """Unpacks as ``(loss, make_args)``, the shape of ``tests/zoo.py``'s entries."""
@@ -68,6 +73,15 @@ class Model:
 
 
 # --------------------------------------------------------------------------- helpers
+def mean_square(y: jax.Array) -> jax.Array:
+    """``mean(y**2)`` in float32: the loss head of the blocks without a vocabulary."""
+    return jnp.mean(y.astype(jnp.float32) ** 2)
+
+
+def _same(f: Callable) -> Callable:
+    return f
+
+
 class Draw:
     """Random arrays drawn by numpy from a generator seeded with a JAX key.
 
@@ -163,8 +177,15 @@ def rotary(x: jax.Array, base: float = 10000.0) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
 
-def llama_block_loss(p: dict, x: jax.Array, *, q_heads: int, kv_heads: int) -> jax.Array:
-    """One Llama block (RMSNorm, rotary, causal GQA, SwiGLU); loss ``mean(y**2)`` in float32."""
+def llama_block_loss(p: dict, x: jax.Array, *, q_heads: int, kv_heads: int, wrap: Callable = _same) -> jax.Array:
+    """One Llama block (RMSNorm, rotary, causal GQA, SwiGLU) passed through ``wrap``; loss ``mean(y**2)``
+    in float32."""
+    block = wrap(lambda p, x: llama_block_apply(p, x, q_heads=q_heads, kv_heads=kv_heads))
+    return mean_square(block(p, x))
+
+
+def llama_block_apply(p: dict, x: jax.Array, *, q_heads: int, kv_heads: int) -> jax.Array:
+    """One Llama block: RMSNorm, rotary, causal grouped-query attention, SwiGLU."""
     b, t, d = x.shape
     hd = d // q_heads
     g = q_heads // kv_heads
@@ -179,8 +200,7 @@ def llama_block_loss(p: dict, x: jax.Array, *, q_heads: int, kv_heads: int) -> j
     o = jnp.einsum("bhgqk,bkhd->bqhgd", a, v).reshape(b, t, d)
     x = x + o @ p["wo"]
     h = rms_norm(x, p["mlp_norm"])
-    y = x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
-    return jnp.mean(y.astype(jnp.float32) ** 2)
+    return x + (jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
 
 
 def llama_block(batch: int, seq: int, width: int, hidden: int, q_heads: int, kv_heads: int, dtype: Any) -> Model:
@@ -202,11 +222,11 @@ def llama_block(batch: int, seq: int, width: int, hidden: int, q_heads: int, kv_
         }
         return p, r.normal((batch, seq, width), dtype)
 
-    def loss(p, x):
-        return llama_block_loss(p, x, q_heads=q_heads, kv_heads=kv_heads)
+    def per_layer(wrap):
+        return lambda p, x: llama_block_loss(p, x, q_heads=q_heads, kv_heads=kv_heads, wrap=wrap)
 
     label = f"llama block GQA {q_heads}q/{kv_heads}kv ({batch}x{seq}x{width}, {jnp.dtype(dtype).name})"
-    return Model("llama_block", label, loss, make_args, (0, 1), dtype)
+    return Model("llama_block", label, per_layer(_same), make_args, (0, 1), dtype, per_layer)
 
 
 # --------------------------------------------------------------------------- GPT-2 block
@@ -223,12 +243,13 @@ def gpt2_block_apply(p: dict, x: jax.Array, heads: int) -> jax.Array:
     return x + h @ p["out_w"] + p["out_b"]
 
 
-def gpt2_block_loss(p: dict, x: jax.Array, labels: jax.Array | None = None, *, heads: int) -> jax.Array:
-    """The block, then (with labels) a final LN, a vocabulary head and float32 cross-entropy;
-    without labels ``mean(y**2)`` in float32."""
-    y = gpt2_block_apply(p, x, heads)
+def gpt2_block_loss(p: dict, x: jax.Array, labels: jax.Array | None = None, *, heads: int,
+                    wrap: Callable = _same) -> jax.Array:
+    """The block (passed through ``wrap``), then (with labels) a final LN, a vocabulary head and float32
+    cross-entropy; without labels ``mean(y**2)`` in float32."""
+    y = wrap(lambda p, x: gpt2_block_apply(p, x, heads))(p, x)
     if labels is None:
-        return jnp.mean(y.astype(jnp.float32) ** 2)
+        return mean_square(y)
     y = layer_norm(y, p["lnf_scale"], p["lnf_bias"])
     return cross_entropy(y @ p["head"], labels)
 
@@ -253,28 +274,34 @@ def gpt2_block(batch: int, seq: int, width: int, heads: int, vocab: int | None, 
                  head=r.dense((width, vocab), dtype))
         return p, x, r.labels((batch, seq), vocab)
 
-    if vocab is None:
-        def loss(p, x):
-            return gpt2_block_loss(p, x, heads=heads)
-    else:
-        def loss(p, x, labels):
-            return gpt2_block_loss(p, x, labels, heads=heads)
+    def per_layer(wrap):
+        if vocab is None:
+            return lambda p, x: gpt2_block_loss(p, x, heads=heads, wrap=wrap)
+        return lambda p, x, labels: gpt2_block_loss(p, x, labels, heads=heads, wrap=wrap)
 
     head = "mse loss" if vocab is None else f"vocab {vocab} f32 cross-entropy"
     label = f"gpt-2 block {heads} heads, {head} ({batch}x{seq}x{width}, {jnp.dtype(dtype).name})"
-    return Model(name or f"gpt2_block_{heads}h", label, loss, make_args, (0, 1), dtype)
+    return Model(name or f"gpt2_block_{heads}h", label, per_layer(_same), make_args, (0, 1), dtype, per_layer)
 
 
 # --------------------------------------------------------------------------- top-2 MoE
-def moe_mlp_loss(p: dict, x: jax.Array, *, group: int, capacity: int, aux_weight: float = 0.01) -> jax.Array:
+def moe_mlp_loss(p: dict, x: jax.Array, *, group: int, capacity: int, aux_weight: float = 0.01,
+                 wrap: Callable = _same) -> jax.Array:
     """Top-2 mixture-of-experts MLP, GShard-style one-hot dispatch with a fixed expert capacity.
 
     Tokens are split into groups of ``group``; in each, every token picks two
     experts from a float32 router softmax (gates renormalised over the two)
     and a token past an expert's ``capacity`` (per group) is dropped for that
     expert. Dispatch and combine are one-hot ``einsum``s, so every shape is
-    static. Loss: ``mean((x + moe(rmsnorm(x)))**2)`` plus the load-balancing term.
+    static. Loss: ``mean((x + moe(rmsnorm(x)))**2)`` plus the load-balancing term; ``wrap`` wraps the
+    layer (all but the loss).
     """
+    y, aux = wrap(lambda p, x: _moe_layer(p, x, group, capacity))(p, x)
+    return jnp.mean(y.astype(jnp.float32) ** 2) + aux_weight * aux
+
+
+def _moe_layer(p: dict, x: jax.Array, group: int, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """``(x + moe(rmsnorm(x)), the load-balancing term)``."""
     b, t, d = x.shape
     n_exp = p["router"].shape[-1]
     tok = rms_norm(x, p["norm"]).reshape(b * t // group, group, d)  # (G, S, d)
@@ -297,7 +324,7 @@ def moe_mlp_loss(p: dict, x: jax.Array, *, group: int, capacity: int, aux_weight
     expert_out = jnp.einsum("gecf,efd->gecd", h, p["w2"])
     y = jnp.einsum("gsec,gecd->gsd", combine.astype(x.dtype), expert_out).reshape(b, t, d)
     aux = n_exp * jnp.sum(probs.mean((0, 1)) * first.astype(jnp.float32).mean((0, 1)))
-    return jnp.mean((x + y).astype(jnp.float32) ** 2) + aux_weight * aux
+    return x + y, aux
 
 
 def moe_mlp(batch: int, seq: int, width: int, hidden: int, experts: int, group: int, dtype: Any,
@@ -317,30 +344,37 @@ def moe_mlp(batch: int, seq: int, width: int, hidden: int, experts: int, group: 
         }
         return p, r.normal((batch, seq, width), dtype)
 
-    def loss(p, x):
-        return moe_mlp_loss(p, x, group=group, capacity=capacity)
+    def per_layer(wrap):
+        return lambda p, x: moe_mlp_loss(p, x, group=group, capacity=capacity, wrap=wrap)
 
     label = (f"moe top-2 of {experts} experts, groups of {group}, capacity {capacity} ({batch}x{seq}x{width}, "
              f"{jnp.dtype(dtype).name})")
-    return Model("moe_top2", label, loss, make_args, (0, 1), dtype)
+    return Model("moe_top2", label, per_layer(_same), make_args, (0, 1), dtype, per_layer)
 
 
 # --------------------------------------------------------------------------- ViT block
-def vit_block_loss(p: dict, images: jax.Array, labels: jax.Array, *, patch: int, heads: int) -> jax.Array:
-    """Patch embedding (reshape + dense), class token, one pre-LN block with a gelu MLP, head, cross-entropy."""
+def vit_block_loss(p: dict, images: jax.Array, labels: jax.Array, *, patch: int, heads: int,
+                   wrap: Callable = _same) -> jax.Array:
+    """Patch embedding (reshape + dense), class token, one pre-LN block with a gelu MLP (passed through
+    ``wrap``), head, cross-entropy."""
     b, hh, ww, c = images.shape
     d = p["patch_w"].shape[-1]
     x = images.reshape(b, hh // patch, patch, ww // patch, patch, c).transpose(0, 1, 3, 2, 4, 5)
     x = x.reshape(b, (hh // patch) * (ww // patch), patch * patch * c) @ p["patch_w"] + p["patch_b"]
     x = jnp.concatenate([jnp.broadcast_to(p["cls"], (b, 1, d)), x], axis=1) + p["pos"]
-    t = x.shape[1]
+    x = wrap(lambda p, x: _vit_block(p, x, heads))(p, x)
+    cls = layer_norm(x[:, 0], p["lnf_scale"], p["lnf_bias"])
+    return cross_entropy(cls @ p["head"], labels)
+
+
+def _vit_block(p: dict, x: jax.Array, heads: int) -> jax.Array:
+    """The ViT's pre-LN block: non-causal attention, a gelu MLP."""
+    b, t, d = x.shape
     h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
     q, k, v = (a.reshape(b, t, heads, d // heads) for a in jnp.split(h @ p["qkv"], 3, axis=-1))
     x = x + causal_attention(q, k, v, causal=False).reshape(b, t, d) @ p["proj"]
     h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])
-    x = x + jax.nn.gelu(h @ p["fc1"] + p["fc1_b"]) @ p["fc2"]
-    cls = layer_norm(x[:, 0], p["lnf_scale"], p["lnf_bias"])
-    return cross_entropy(cls @ p["head"], labels)
+    return x + jax.nn.gelu(h @ p["fc1"] + p["fc1_b"]) @ p["fc2"]
 
 
 def vit_block(batch: int, image: int, channels: int, patch: int, width: int, heads: int, classes: int,
@@ -367,12 +401,12 @@ def vit_block(batch: int, image: int, channels: int, patch: int, width: int, hea
         images = r.normal((batch, image, image, channels), dtype)
         return p, images, r.labels((batch,), classes)
 
-    def loss(p, images, labels):
-        return vit_block_loss(p, images, labels, patch=patch, heads=heads)
+    def per_layer(wrap):
+        return lambda p, images, labels: vit_block_loss(p, images, labels, patch=patch, heads=heads, wrap=wrap)
 
     label = (f"vit block, {tokens} tokens of {patch}x{patch} patches ({batch}x{image}x{image}x{channels}, "
              f"width {width}, {jnp.dtype(dtype).name})")
-    return Model("vit_block", label, loss, make_args, (0, 1), dtype)
+    return Model("vit_block", label, per_layer(_same), make_args, (0, 1), dtype, per_layer)
 
 
 # --------------------------------------------------------------------------- ConvNet + batch norm
@@ -388,11 +422,14 @@ def batch_norm_train(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float
     return ((xf - mu) * lax.rsqrt(var + eps) * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
 
 
-def convnet_bn_loss(p: dict, images: jax.Array, labels: jax.Array) -> jax.Array:
-    """Three 3x3 conv + batch norm + relu stages (the second strided), global average pool, dense, cross-entropy."""
+def convnet_bn_loss(p: dict, images: jax.Array, labels: jax.Array, wrap: Callable = _same) -> jax.Array:
+    """Three 3x3 conv + batch norm + relu stages (the second strided; each passed through ``wrap``), global
+    average pool, dense, cross-entropy."""
     x = images
     for i, stride in enumerate((1, 2, 1)):
-        x = jax.nn.relu(batch_norm_train(_conv(x, p[f"conv{i}"], stride), p[f"bn{i}_scale"], p[f"bn{i}_bias"]))
+        stage = wrap(lambda w, scale, bias, x, stride=stride: jax.nn.relu(
+            batch_norm_train(_conv(x, w, stride), scale, bias)))
+        x = stage(p[f"conv{i}"], p[f"bn{i}_scale"], p[f"bn{i}_bias"], x)
     pooled = x.astype(jnp.float32).mean((1, 2)).astype(x.dtype)
     return cross_entropy(pooled @ p["head"], labels)
 
@@ -412,13 +449,17 @@ def convnet_bn(batch: int, image: int, channels: int, width: int, classes: int, 
         images = r.normal((batch, image, image, channels), dtype)
         return p, images, r.labels((batch,), classes)
 
+    def per_layer(wrap):
+        return lambda p, images, labels: convnet_bn_loss(p, images, labels, wrap=wrap)
+
     label = f"convnet + batch norm ({batch}x{image}x{image}x{channels}, width {width}, {jnp.dtype(dtype).name})"
-    return Model("convnet_bn", label, convnet_bn_loss, make_args, (0, 1), dtype)
+    return Model("convnet_bn", label, per_layer(_same), make_args, (0, 1), dtype, per_layer)
 
 
 # --------------------------------------------------------------------------- GRU by lax.scan
-def gru_scan_loss(p: dict, xs: jax.Array, targets: jax.Array) -> jax.Array:
-    """A GRU over ``xs: (time, batch, features)`` by ``lax.scan``, a readout per step, float32 MSE."""
+def gru_scan_loss(p: dict, xs: jax.Array, targets: jax.Array, wrap: Callable = _same) -> jax.Array:
+    """A GRU over ``xs: (time, batch, features)`` by ``lax.scan`` (its step passed through ``wrap``), a
+    readout per step, float32 MSE."""
     hidden = p["wh"].shape[0]
 
     def step(h, x):
@@ -431,7 +472,7 @@ def gru_scan_loss(p: dict, xs: jax.Array, targets: jax.Array) -> jax.Array:
         return h, h @ p["out"]
 
     h0 = jnp.zeros((xs.shape[1], hidden), xs.dtype)
-    _, ys = lax.scan(step, h0, xs)
+    _, ys = lax.scan(wrap(step), h0, xs)
     return jnp.mean((ys.astype(jnp.float32) - targets.astype(jnp.float32)) ** 2)
 
 
@@ -448,8 +489,11 @@ def gru_scan(steps: int, batch: int, features: int, hidden: int, dtype: Any) -> 
         xs = r.normal((steps, batch, features), dtype)
         return p, xs, r.normal((steps, batch, features), dtype)
 
+    def per_layer(wrap):
+        return lambda p, xs, targets: gru_scan_loss(p, xs, targets, wrap=wrap)
+
     label = f"gru by lax.scan ({steps} steps, batch {batch}, {features}->{hidden}, {jnp.dtype(dtype).name})"
-    return Model("gru_scan", label, gru_scan_loss, make_args, (0, 1, 2), dtype)
+    return Model("gru_scan", label, per_layer(_same), make_args, (0, 1, 2), dtype, per_layer)
 
 
 # --------------------------------------------------------------------------- reused from demo_models
@@ -466,8 +510,15 @@ def gpt_scanned(batch: int, seq: int, width: int, heads: int, dtype: Any, layers
     def loss(p, x):
         return demo.gpt_loss(p, x, heads=heads)
 
+    def per_layer(wrap):  # demo.gpt_loss with its scan's step wrapped
+        def wrapped(p, x):
+            step = wrap(lambda h, q: (demo.block_apply(q, h, heads), None))
+            h, _ = lax.scan(step, x, p)
+            return mean_square(h)
+        return wrapped
+
     label = f"gpt {layers} layers scanned ({batch}x{seq}x{width}, {jnp.dtype(dtype).name})"
-    return Model("gpt_scanned", label, loss, make_args, (0, 1), dtype)
+    return Model("gpt_scanned", label, loss, make_args, (0, 1), dtype, per_layer)
 
 
 def transformer_block(batch: int, seq: int, width: int, heads: int, dtype: Any) -> Model:
@@ -478,11 +529,11 @@ def transformer_block(batch: int, seq: int, width: int, heads: int, dtype: Any) 
         shapes = jax.eval_shape(lambda: demo.block_init(jax.random.key(0), width=width, heads=heads, dtype=dtype))
         return r.like(shapes), r.normal((batch, seq, width), dtype)
 
-    def loss(p, x):
-        return jnp.mean(demo.block_apply(p, x, heads).astype(jnp.float32) ** 2)
+    def per_layer(wrap):
+        return lambda p, x: mean_square(wrap(lambda p, x: demo.block_apply(p, x, heads))(p, x))
 
     label = f"transformer block ({batch}x{seq}x{width}, {jnp.dtype(dtype).name})"
-    return Model("transformer_block", label, loss, make_args, (0, 1), dtype)
+    return Model("transformer_block", label, per_layer(_same), make_args, (0, 1), dtype, per_layer)
 
 
 # --------------------------------------------------------------------------- the zoo

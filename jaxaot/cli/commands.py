@@ -151,26 +151,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def budget_value(text: str) -> float | str:
-    """``--budget`` as ``memory_budget`` takes it: a plain number as a float (a fraction, or bytes
-    above 1), anything else as the string (``"1.4GB"``), which the partitioner reads and checks.
-
-    Example:
-        >>> budget_value("0.5"), budget_value("2e9"), budget_value("1.4GB")
-        (0.5, 2000000000.0, '1.4GB')
-    """
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def partitioner(args: argparse.Namespace) -> tuple[str, Any]:
     """``(name, partition_fn)`` for ``inspect``'s ``--partition``, ``--budget`` and ``--offload``.
 
     ``--budget`` or ``--offload`` without ``--partition`` choose the min-cut, the
     partitioner they configure. The min-cut checks its options here, before any
-    tracing: an unreadable budget is a :class:`UsageError` naming ``--budget``.
+    tracing: an unreadable budget is a :class:`UsageError` naming ``--budget``. The text goes to the
+    partitioner as given: ``memory_budget`` reads a plain number in a string as that number
+    (:func:`jaxaot.partition.parse_memory_budget`), so ``--budget 0.5`` is the fraction and
+    ``--budget 2e9`` two billion bytes, as in Python.
     """
     tuned = args.budget is not None or args.offload is not None
     name = args.partition or ("min_cut" if tuned else "default")
@@ -181,7 +170,7 @@ def partitioner(args: argparse.Namespace) -> tuple[str, Any]:
         return name, jaxaot.default_partition
     options: dict[str, Any] = {}
     if args.budget is not None:
-        options["memory_budget"] = budget_value(args.budget)
+        options["memory_budget"] = args.budget
     if args.offload is not None:
         options["offload"] = "auto" if args.offload == "auto" else False
     if not options:
@@ -211,8 +200,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.target} does not trace at the given arguments: {type(e).__name__}: "
                          f"{_first_line(e)} (--traceback shows where)") from e
     if args.json:
-        budget = None if args.budget is None else budget_value(args.budget)
-        print(json.dumps(inspect_document(low, target=args.target, partition=name, budget=budget,
+        print(json.dumps(inspect_document(low, target=args.target, partition=name, budget=args.budget,
                                           offload=args.offload), indent=2))
     else:
         print(low)

@@ -41,9 +41,11 @@ jax_enable_x64 before tracing, and say so on stderr.
 the min-cut partitioner's options (either one chooses --partition min_cut):
   --budget 0.5      a fraction in [0, 1]: 0 recomputes every expensive eqn
                     the backward can, 1 none (the default)
-  --budget 1.4GB    bytes (B, kB, MB, GB, KiB, MiB, GiB; or a plain number
-                    above 1): the training step's compiled peak device memory,
-                    which the planner fits, compiling candidate plans
+  --budget 1.4GB    bytes (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB; or a whole
+                    number: 4096, 2e9): the training step's compiled peak
+                    device memory per device, which the planner fits
+                  (read as Python's memory_budget reads them; 1.5 is refused:
+                   did you mean 1.5GB?)
   --offload auto    also move saved values to host memory where the copies
                     hide behind compute (nothing moves on the CPU backend)
 
@@ -94,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--partition", choices=("default", "min_cut"), default=None,
                    help="partitioner (default: default, or min_cut with --budget or --offload)")
     i.add_argument("--budget", metavar="BUDGET", default=None,
-                   help="the min-cut's memory_budget: a fraction in [0, 1] or bytes such as 1.4GB (see below)")
+                   help="the min-cut's memory_budget: a fraction in [0, 1] or bytes such as 1.4GB or 2e9 (see below)")
     i.add_argument("--offload", choices=("auto", "off"), default=None,
                    help="the min-cut's host offload: auto moves saved values to host memory where it pays "
                    "(default: off)")

@@ -11,8 +11,11 @@ rewrites the joint graph without saying how) is not stored. Offloaded
 residuals (:mod:`jaxaot.partition.offload`) are stored as their positions and
 re-applied with :func:`~jaxaot.partition.offload.apply_offload`.
 
+A plan chosen under a byte budget keeps its measured peaks (``step_peak``),
+which the runtime holds its fused step to.
+
 The payload is JSON: ``{"format", "saved", "summary", "plan", "offloaded",
-"offload_note", "cost_note"}``; ``summary``
+"offload_note", "cost_note", "step_peak"}``; ``summary``
 (saved counts and residual avals) checks that a decoded partition is the one
 that was stored.
 """
@@ -28,7 +31,7 @@ from jaxaot._files import parse_json
 from jaxaot._pytrees import dtype_name
 from jaxaot.compile.store import FORMAT_VERSION
 from jaxaot.errors import PartitionError
-from jaxaot.partition import Partition, apply_offload, replay_joint, saved_vars, split_joint
+from jaxaot.partition import Partition, StepPeak, apply_offload, replay_joint, saved_vars, split_joint
 from jaxaot.tracing import JointGraph
 
 #: How deep a stored record's JSON may nest (positions, and a primal plan nested as deep as its scans).
@@ -57,7 +60,8 @@ def encode(joint: JointGraph, part: Partition) -> bytes | None:
     if not _same_partition(rebuilt, part):
         return None
     record = {"format": FORMAT_VERSION, "saved": [pos[v] for v in saved], "summary": _summary(part), "plan": plan,
-              "offloaded": offloaded, "offload_note": part.offload_note, "cost_note": part.cost_note}
+              "offloaded": offloaded, "offload_note": part.offload_note, "cost_note": part.cost_note,
+              "step_peak": None if part.step_peak is None else dataclasses.asdict(part.step_peak)}
     return json.dumps(record, sort_keys=True).encode()
 
 
@@ -74,6 +78,10 @@ def decode(joint: JointGraph, payload: bytes | memoryview) -> Partition | None:
             part = dataclasses.replace(part, primal_plan=plan, split_from=source)
         part = apply_offload(part, record.get("offloaded", []), record.get("offload_note", ""))
         part = dataclasses.replace(part, cost_note=str(record.get("cost_note", "")))
+        peak = record.get("step_peak")
+        if peak is not None:
+            part = dataclasses.replace(part, step_peak=StepPeak(**{k: None if v is None else int(v)
+                                                                   for k, v in peak.items()}))
     except Exception:
         return None
     return part if _summary(part) == record["summary"] else None

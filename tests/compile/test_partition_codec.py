@@ -55,3 +55,13 @@ def test_an_offloaded_partition_round_trips():
     assert [r.offloaded for r in back.residuals] == [r.offloaded for r in part.residuals]
     assert str(back.forward) == str(part.forward) and str(back.backward) == str(part.backward)
     assert back.device_saved_bytes == part.device_saved_bytes
+
+
+def test_a_byte_budget_plan_keeps_its_measured_peak():
+    """The runtime holds its fused step to ``step_peak.budget``: a cached plan must carry it."""
+    joint = _joint()
+    part = min_cut_rematerialization_partition(joint, memory_budget="1MB")
+    assert part.step_peak is not None and part.step_peak.budget == 10**6
+    back = partition_codec.decode(joint, partition_codec.encode(joint, part))
+    assert back.step_peak == part.step_peak
+    assert partition_codec.decode(joint, partition_codec.encode(joint, jaxaot.default_partition(joint))).step_peak is None

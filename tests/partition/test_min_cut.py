@@ -194,8 +194,10 @@ def test_rejects_budget_out_of_range():
     joint = jaxaot.trace_joint(jnp.sin, jnp.ones(3))
     with pytest.raises(jaxaot.InvalidValueError):
         mincut(joint, memory_budget=-0.5)
-    with pytest.raises(jaxaot.MemoryBudgetError):  # above 1: bytes, and 1 byte fits no step
+    with pytest.raises(jaxaot.InvalidValueError, match="1.5GB"):  # above 1 but not whole bytes: refused, asking
         mincut(joint, memory_budget=1.5)
+    with pytest.raises(jaxaot.MemoryBudgetError):  # an int above 1: bytes, and 2 bytes fit no step
+        mincut(joint, memory_budget=2)
 
 
 def test_random_bits_are_recomputed_not_saved():

@@ -18,7 +18,8 @@ import pytest
 
 import jaxaot
 from jaxaot.partition import measure_step_peak, parse_memory_budget
-from jaxaot.partition.budget import compile_count
+from jaxaot.partition.budget import compile_count, search
+from jaxaot.partition.budget.step_peak import INEXACT, MEASURE_SLACK
 from zoo import assert_trees_close, deep_mlp, deep_mlp_args, transformer_block, transformer_args
 from zoo_models import MODELS
 
@@ -36,8 +37,8 @@ def test_budgets_parse(value, expected):
     assert (b.fraction, b.nbytes) == expected
 
 
-@pytest.mark.parametrize("bad", [-0.1, -5, float("nan"), float("inf"), -float("inf"), "lots", "0GB", "0.2B",
-                                 "12", "1.5XB", "GB", "-1GB", "nanGB"])
+@pytest.mark.parametrize("bad", [-0.1, -5, float("nan"), float("inf"), -float("inf"), "lots", "0GB", "0.2B", 1.5,
+                                 "1.5", "1.5XB", "GB", "-1GB", "nanGB"])
 def test_bad_budgets_are_refused_at_construction(bad):
     with pytest.raises(jaxaot.InvalidValueError, match="memory_budget"):
         mincut(memory_budget=bad)
@@ -70,8 +71,8 @@ def test_configured_partitioner_keys_and_runs_like_a_partial():
 
 
 # --------------------------------------------------------------------------- the budget is met
-def _check_grads(loss, args, argnums, partition_fn, bf16=False):
-    f = jaxaot.aot_function(loss, partition_fn=partition_fn)
+def _check_grads(loss, args, argnums, partition_fn, bf16=False, f=None):
+    f = f or jaxaot.aot_function(loss, partition_fn=partition_fn)
     vg = jaxaot.value_and_grad(f, argnums=argnums)
     value, grads = vg(*args)
     ref_value, ref_grads = jax.value_and_grad(loss, argnums=argnums)(*args)
@@ -105,15 +106,24 @@ def test_byte_budget_is_met_by_the_compiled_peak(name):
     loss, args, argnums, bf16 = CASES[name]
     low, high = _ends(loss, args, argnums)
     for budget in sorted({max(low, high), (low + high) // 2}):
+        f = jaxaot.aot_function(loss, partition_fn=mincut(memory_budget=budget))
         try:
-            vg = _check_grads(loss, args, argnums, mincut(memory_budget=budget), bf16)
+            vg = _check_grads(loss, args, argnums, None, bf16, f=f)
         except jaxaot.MemoryBudgetError as err:  # only below both ends may nothing fit
             assert budget < min(low, high) and err.smallest_peak > budget
             continue
         compiled = vg.lower(*args).compile()
         assert compiled.peak_bytes <= budget, (name, budget, compiled.peak_bytes)
         predicted = vg.lower(*args).predicted_peak
-        assert predicted.budget == budget and predicted.fused == compiled.peak_bytes
+        assert predicted.budget == budget and predicted.fused <= budget
+        # On accelerators the runtime also compiles variants of the planned step (residual layouts, orders,
+        # the barrier: jaxaot.fusion.variants) and keeps one within the budget, whose peak may differ.
+        # The planner measured its own fused program, with cheaper compile options that keep the peak or
+        # raise it by a few bytes (test_measure_options_keep_the_peak); where the runtime tried no variant
+        # (CPU), the step it runs peaks as measured.
+        (entry,) = [e for e in f.cache_info().entries if any(c.startswith("fused") for c in e.compiles)]
+        if not any(c.startswith("fused") and ":" in c for c in entry.compiles):
+            assert 0 <= predicted.fused - compiled.peak_bytes <= MEASURE_SLACK, (name, predicted, compiled.peak_bytes)
         assert "predicted peak" in str(vg.lower(*args)).splitlines()[0]
 
 
@@ -153,10 +163,99 @@ def test_the_search_compiles_few_programs_and_caches_them():
     before = compile_count()
     part = mincut(joint, memory_budget=(low + high) // 2)
     first = compile_count() - before
-    assert 1 <= first <= 20, first
+    assert 1 <= first <= search.MAX_MEASURED, first
     again = mincut(joint, memory_budget=(low + high) // 2)
     assert compile_count() - before == first  # every peak measured before comes from the cache
     assert again.step_peak == part.step_peak
+    assert part.step_peak.forward is None and part.step_peak.backward is None  # the fused step only
+
+
+def test_a_budget_the_fraction_1_plan_fits_costs_one_compile():
+    args = deep_mlp_args(layers=3, width=48, batch=200)
+    joint = jaxaot.trace_joint(deep_mlp, *args)
+    one = mincut(joint, memory_budget=1.0)
+    top = measure_step_peak(one, joint, split=False).fused
+    search_compiles = []
+    for budget in (top, top * 2):
+        from jaxaot.partition.budget import step_peak
+        step_peak._CACHE.clear()
+        before = compile_count()
+        part = mincut(joint, memory_budget=budget)
+        search_compiles.append(compile_count() - before)
+        assert part.step_peak.fused == top and str(part.backward) == str(one.backward)
+    assert search_compiles == [1, 1]
+
+
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
+def test_the_plan_found_fits_and_beats_recomputing_everything(where):
+    """Between the two ends' peaks: a measured plan that fits, from at most MAX_MEASURED compiles, recomputing
+    no more (by the knapsack's costs) than the fraction 0 plan, which fits too here."""
+    from jaxaot.partition.budget import step_peak
+    from jaxaot.partition.costs import FlopCosts
+
+    args = deep_mlp_args(layers=4, width=64, batch=256)
+    joint = jaxaot.trace_joint(deep_mlp, *args)
+    low, high = _ends(deep_mlp, args, (0, 1))
+    budget = int(low + where * (high - low))
+    step_peak._CACHE.clear()
+    before = compile_count()
+    part = mincut(joint, memory_budget=budget, op_costs="flops")
+    assert compile_count() - before <= search.MAX_MEASURED
+    assert part.step_peak.fused <= budget
+    assert part.step_peak.fused == measure_step_peak(part, joint, split=False).fused
+    cost = lambda p: sum(FlopCosts().seconds(e) for e in p.recomputed.eqns)  # noqa: E731
+    assert cost(part) <= cost(mincut(joint, memory_budget=0.0, op_costs="flops")) + 1e-12
+
+
+def test_a_budget_at_the_exact_peak_is_met_though_the_cheap_measurement_lies_above():
+    """The cheap measurement may count a few bytes of emitter scratch the runtime's compile does not have
+    (the ConvNet: 32); a plan measured just over the budget is measured again exactly before it is refused."""
+    from jaxaot.partition.budget import fused_step, program_peak
+
+    model = MODELS["convnet_bn"]
+    joint = jaxaot.trace_joint(model.loss, *model.make_args(jax.random.key(2)))
+    one = mincut(joint, memory_budget=1.0)
+    exact = program_peak(fused_step(one, joint), joint.in_avals, exact=True)
+    part = mincut(joint, memory_budget=exact)
+    assert part.step_peak.fused == exact and str(part.backward) == str(one.backward)
+
+
+@pytest.mark.parametrize("saved, anchors, want", [
+    (500, [], float("inf")),
+    (600, [(1000, 5000)], 4600),  # one measured plan: a byte less saved, a byte off the peak
+    (600, [(1000, 5000), (200, 3000)], 4000),  # between two: linear
+    (100, [(1000, 5000), (200, 3000)], 2750),  # below: along the nearest segment
+    (100, [(1000, 5000), (200, 5000)], 5000),  # the peak did not move with the bytes: it stays
+    (1200, [(1000, 4000), (200, 5000)], 4000),  # a falling segment is not extrapolated upward
+    (200, [(200, 3000), (200, 3500), (1000, 5000)], 3500),  # equal bytes: the higher peak counts
+])
+def test_predicted_peaks(saved, anchors, want):
+    assert search.predict_peak(saved, anchors) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("name", ["gru_scan", "convnet_bn", pytest.param("gpt2_block_2h", marks=pytest.mark.slow),
+                                  pytest.param("vit_block", marks=pytest.mark.slow)])  # bf16, and 80 bytes above
+def test_measure_options_keep_the_peak(name):
+    """Each option set the planner may measure with gives the default compile's peak, or (the INEXACT ones) at
+    most MEASURE_SLACK bytes above it, never below: a plan that fits as measured fits as the runtime compiles it."""
+    from jaxaot import _compat as C
+    from jaxaot.partition import compiled_peak
+    from jaxaot.partition.budget.step_peak import MEASURE_OPTIONS, fused_step
+
+    model = MODELS[name]
+    joint = jaxaot.trace_joint(model.loss, *model.make_args(jax.random.key(5)))
+    closed = fused_step(mincut(joint, memory_budget=0.0), joint)
+    lowered = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*joint.in_avals)
+    default = compiled_peak(lowered.compile())
+    for options in MEASURE_OPTIONS.get(jax.devices()[0].platform, ()):
+        try:
+            peak = compiled_peak(lowered.compile(compiler_options=options))
+        except Exception as err:  # an option this XLA does not know: the planner skips the set too
+            assert "option" in str(err).lower()
+            continue
+        if options not in INEXACT:
+            assert peak == default, (name, options, peak, default)
+        assert 0 <= peak - default <= MEASURE_SLACK, (name, options, peak, default)
 
 
 # --------------------------------------------------------------------------- the low end

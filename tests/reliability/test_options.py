@@ -225,7 +225,7 @@ ROWS = [
     _row("load", "key", "a password", InvalidInputError),
     _row("load", "key", b"short", InvalidValueError),
     # partitioners (jaxaot.partition)
-    _row("min_cut_rematerialization_partition", "memory_budget", "0.5", InvalidValueError),
+    _row("min_cut_rematerialization_partition", "memory_budget", "1.5", InvalidValueError),
     _row("min_cut_rematerialization_partition", "memory_budget", None, InvalidInputError),
     _row("min_cut_rematerialization_partition", "memory_budget", -1, InvalidValueError),
     _row("min_cut_rematerialization_partition", "memory_budget", math.nan, InvalidValueError),
@@ -236,7 +236,7 @@ ROWS = [
     _row("min_cut_rematerialization_partition", "rematerialize_scans", None, InvalidInputError),
     _row("remat_policy", "fn", 3, InvalidInputError),
     _row("remat_policy", "fn", "loss", InvalidInputError),
-    _row("remat_policy", "memory_budget", "half", InvalidInputError),
+    _row("remat_policy", "memory_budget", "half", InvalidValueError),
     _row("remat_policy", "partition_fn", 3, InvalidInputError),
     _row("remat_policy", "offload", "sometimes", PartitionError),
     _row("remat_policy", "device_model", 3, PartitionError),

@@ -5,8 +5,10 @@ peak, and only the compiler knows that: residual bytes are one term of it,
 and the forward's and backward's temporaries, the inputs, the gradients and
 XLA's schedule are the others (on a transformer block, residuals falling 4x
 moved the compiled peak 11%). So a plan is measured by compiling its
-programs with plain ``jax.jit(...).lower(avals).compile()`` and reading
-``memory_analysis()`` (:func:`compiled_peak`), per device on a mesh:
+programs with plain ``jax.jit(...).lower(avals).compile()`` (with
+:data:`MEASURE_OPTIONS`, which make the compile cheaper and keep its peak, or
+raise it by a few bytes) and reading ``memory_analysis()`` (:func:`compiled_peak`), per
+device on a mesh:
 
 * ``fused``: the step as one program (:func:`fused_step`), as
   ``jaxaot.value_and_grad`` runs it (:mod:`jaxaot.fusion`): the forward, the
@@ -17,10 +19,12 @@ programs with plain ``jax.jit(...).lower(avals).compile()`` and reading
   the split step's peak is the larger (the residuals are the forward's outputs
   and the backward's arguments, so each counts them).
 
-Peaks are cached per program text and input types for the process
+The byte-budget search (:mod:`jaxaot.partition.budget.search`) measures the
+fused step only; :func:`measure_step_peak` measures the split programs too.
+Peaks are cached per program text, input types and options for the process
 (:func:`cache_size`), so a plan met again costs nothing. Cost of a measured
-plan: one XLA compile of the fused step (about a ``jit(value_and_grad)``), and
-two more, of about half that each, for the split programs.
+plan: one XLA compile of the fused step (about a ``jit(value_and_grad)``, a
+quarter of that on the CPU), and two more, of about half that each, for the split programs.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ class StepPeak:
 
     Attributes:
       fused: the step as one program (:func:`fused_step`).
-      forward / backward: the split programs (None on a mesh, where the residuals' shardings are
-        the compiled forward's to choose).
+      forward / backward: the split programs (None where not measured: on a mesh, where the
+        residuals' shardings are the compiled forward's to choose, and under a byte budget, whose
+        search measures the fused step only).
       budget: the byte budget the plan was chosen under, if any.
     """
 
@@ -155,23 +160,77 @@ def measure_step_peak(part: Partition, joint: JointGraph, *, split: bool = True,
 
 
 # --------------------------------------------------------------------------- compiled, cached
+#: XLA options the planner compiles its measurements with, per platform, in order of preference: the
+#: first a backend accepts is used for the process. They make the compile cheaper and keep its buffer
+#: assignment, so the peak, as the runtime's compile has it, or above it by at most
+#: :data:`MEASURE_SLACK` bytes (never below), the sets that may be above listed in :data:`INEXACT`.
+#: On XLA:CPU the backend optimization level only changes LLVM's code generation (on the zoo the peaks
+#: are equal at 0 and at the default, for 0.55x the compile's time); the older LLVM emitters instead of
+#: the fusion emitters cost 0.15x-0.35x the default compile and add up to 80 bytes of scratch to the
+#: temporaries (32 on the GPT-2 blocks) (``tests/partition/test_peak_budget.py`` checks both on the zoo).
+MEASURE_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
+    "cpu": ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
+            {"xla_backend_optimization_level": 0}),
+}
+#: The option sets of :data:`MEASURE_OPTIONS` whose peak may lie above the runtime's compile's.
+INEXACT = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},)
+#: How far above the runtime compile's peak an :data:`INEXACT` measurement may lie, in bytes: a plan measured
+#: within this of a budget is measured again exactly (``program_peak(..., exact=True)``).
+MEASURE_SLACK = 256
+
 _CACHE: collections.OrderedDict[str, int | None] = collections.OrderedDict()
 _CACHE_LIMIT = 1024
 _LOCK = threading.Lock()
 _COMPILES = [0]
+_REFUSED: set[str] = set()  # option sets a backend refused, by their text
 
 
-def program_peak(closed: Any, avals: Sequence[Any]) -> int | None:
-    """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled once per process
-    per program text and input types; None where the backend cannot compile it or reports no peak."""
-    key = hashlib.sha256(f"{closed}\n{[_aval_key(a) for a in avals]}".encode()).hexdigest()
+def _platform(avals: Sequence[Any]) -> str:
+    for a in avals:
+        devices = getattr(getattr(a, "sharding", None), "device_set", None)
+        if devices:
+            return next(iter(devices)).platform
+    return jax.devices()[0].platform
+
+
+def measure_options(avals: Sequence[Any] = (), exact: bool = False) -> tuple[dict[str, Any], ...]:
+    """The compiler option sets a measurement on the platform of ``avals`` (the default device's without
+    a sharding) tries, in order, the last the backend's defaults (:data:`MEASURE_OPTIONS`); with ``exact``,
+    only those that keep the runtime compile's peak."""
+    sets = [o for o in MEASURE_OPTIONS.get(_platform(avals), ())
+            if str(sorted(o.items())) not in _REFUSED and not (exact and o in INEXACT)]
+    return (*[dict(o) for o in sets], {})
+
+
+def _compile(lowered: Any, options: Sequence[dict[str, Any]]) -> Any:
+    """``lowered`` compiled with the first of ``options`` the backend accepts."""
+    for opts in options:
+        if not opts:
+            return lowered.compile()
+        try:
+            return lowered.compile(compiler_options=opts)
+        except Exception as err:  # noqa: BLE001 - an option this XLA does not know: the next set, and never again
+            if "option" not in str(err).lower():
+                raise
+            with _LOCK:
+                _REFUSED.add(str(sorted(opts.items())))
+    raise AssertionError("unreachable")  # pragma: no cover - the last set is the defaults
+
+
+def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> int | None:
+    """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
+    :func:`measure_options`) once per process per program text and input types; None where the backend
+    cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
+    above the runtime compile's peak, never below."""
+    options = measure_options(avals, exact)
+    key = hashlib.sha256(f"{closed}\n{[_aval_key(a) for a in avals]}\n{options[0]}".encode()).hexdigest()
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
     try:
-        exe = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*avals).compile()
-        peak = compiled_peak(exe)
+        lowered = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*avals)
+        peak = compiled_peak(_compile(lowered, options))
     except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
         peak = None
     with _LOCK:

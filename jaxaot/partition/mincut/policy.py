@@ -76,7 +76,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
@@ -86,7 +85,8 @@ from jax import ad_checkpoint
 
 from jaxaot import _compat as C
 from jaxaot._pytrees import format_aval, nbytes
-from jaxaot.errors import InvalidInputError, InvalidValueError
+from jaxaot.errors import InvalidInputError
+from jaxaot.partition.budget import MemoryBudget, parse_memory_budget
 from jaxaot.partition.core import EqnKind, Partition, classify_eqns
 from jaxaot.partition.costs import HOST_MEMORY_KIND
 from jaxaot.partition.mincut.rematerialize import min_cut_rematerialization_partition
@@ -167,7 +167,7 @@ class RematPolicy:
       saved_keys: the keys (:func:`eqn_key`) of the eqns whose outputs JAX saves.
       exact: whether JAX, under this policy, saves exactly the plan's values.
       approximations: one sentence per way in which it does not (empty when exact).
-      memory_budget: the min-cut's budget (None for a custom ``partition_fn``).
+      memory_budget: the min-cut's budget, a fraction or bytes (None for a custom ``partition_fn``).
       planned_residuals / planned_bytes: how many values, and bytes, the plan
         saves that are not inputs of the function.
       policy_residuals / policy_bytes: the same for what JAX will save under this
@@ -180,7 +180,7 @@ class RematPolicy:
     saved_keys: frozenset
     exact: bool
     approximations: tuple[str, ...] = ()
-    memory_budget: float | None = None
+    memory_budget: float | int | None = None
     planned_residuals: int = 0
     planned_bytes: int = 0
     policy_residuals: int | None = None
@@ -251,7 +251,7 @@ def _bytes(vs: Sequence[Any]) -> int:
     return sum(nbytes(v.aval) for v in vs)
 
 
-def _policy_from_plan(plan: _Plan, primal_plan: Any, memory_budget: float | None) -> RematPolicy:
+def _policy_from_plan(plan: _Plan, primal_plan: Any, memory_budget: float | int | None) -> RematPolicy:
     jaxpr = C.jaxpr_of(plan.joint.jaxpr)
     kinds = classify_eqns(plan.joint)
     producer = {v: e for e, k in zip(jaxpr.eqns, kinds) if k is not EqnKind.BACKWARD for v in e.outvars}
@@ -358,24 +358,10 @@ def _replay(joint: JointGraph, kinds: Sequence[EqnKind], saved_keys: frozenset) 
 
 
 # --------------------------------------------------------------------------- public entry point
-def _budget(memory_budget: Any) -> float:
-    """``memory_budget`` as a float in [0, 1], or the typed error."""
-    try:
-        if isinstance(memory_budget, (bool, str, bytes)):
-            raise TypeError
-        budget = float(memory_budget)
-    except (TypeError, ValueError):
-        raise InvalidInputError(
-            f"memory_budget must be a number in [0, 1], got {type(memory_budget).__name__}.") from None
-    if math.isnan(budget) or not 0.0 <= budget <= 1.0:
-        raise InvalidValueError(f"memory_budget must lie in [0, 1], got {memory_budget!r}.")
-    return budget
-
-
 def remat_policy(
     fn: Callable[..., Any],
     *example_args: Any,
-    memory_budget: float = 1.0,
+    memory_budget: float | int | str = 1.0,
     partition_fn: Callable[[JointGraph], Partition] | None = None,
     offload: bool | str = False,
     device_model: Any = None,
@@ -388,8 +374,10 @@ def remat_policy(
       fn: the function to checkpoint; traced at ``example_args`` /
         ``example_kwargs`` (arrays or ``jax.ShapeDtypeStruct``); every inexact
         input is differentiated.
-      memory_budget: the min-cut's budget, in ``[0, 1]``
-        (:func:`~jaxaot.min_cut_rematerialization_partition`).
+      memory_budget: the min-cut's budget: a fraction in ``[0, 1]``, or bytes of the step's compiled
+        peak (``"1.4GB"``), read as every entry point reads it
+        (:func:`~jaxaot.partition.budget.parse_memory_budget`,
+        :func:`~jaxaot.min_cut_rematerialization_partition`).
       partition_fn: another partitioner to export instead (then leave
         ``memory_budget`` at 1).
       op_costs: what prices recomputation below budget 1 (the min-cut's option:
@@ -405,20 +393,21 @@ def remat_policy(
 
     Raises:
       InvalidInputError: ``fn`` or ``partition_fn`` is not callable, the budget
-        is not a number, or both a budget and a ``partition_fn`` are given.
-      InvalidValueError: the budget lies outside ``[0, 1]``.
+        is neither a number nor a string, or both a budget and a ``partition_fn`` are given.
+      InvalidValueError: the budget means neither a fraction nor bytes (negative, ``1.5``, ``"0GB"``).
+      MemoryBudgetError: no plan's compiled peak fits a byte budget.
     """
     if not callable(fn):
         raise InvalidInputError(
             f"remat_policy expects a callable fn (the function to checkpoint), got {type(fn).__name__} {fn!r}: "
             f"pass the function, then its example arguments: remat_policy(loss, w, x, memory_budget=0.5).")
-    budget = _budget(memory_budget)
+    budget = parse_memory_budget(memory_budget)
     if partition_fn is not None:
         if not callable(partition_fn):
             raise InvalidInputError(f"partition_fn must be callable (a JointGraph -> Partition function, "
                                     f"jaxaot.default_partition say), got {type(partition_fn).__name__} "
                                     f"{partition_fn!r}.")
-        if budget != 1.0:
+        if budget != MemoryBudget(fraction=1.0):
             raise InvalidInputError("pass memory_budget or partition_fn, not both: the budget is the min-cut's.")
     joint = trace_joint(fn, *example_args, **example_kwargs)
     partition = partition_fn or functools.partial(min_cut_rematerialization_partition, memory_budget=budget,
@@ -427,4 +416,4 @@ def remat_policy(
     if not isinstance(part, Partition):
         raise InvalidInputError(f"partition_fn returned {type(part).__name__}, not a jaxaot Partition.")
     plan = _read_plan(joint, part)
-    return _policy_from_plan(plan, part.primal_plan, None if partition_fn is not None else budget)
+    return _policy_from_plan(plan, part.primal_plan, None if partition_fn is not None else budget.value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +28,8 @@ from jaxaot.partition.core import Partition, split_joint
 from jaxaot.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
 from jaxaot.partition.mincut import scan_remat
 from jaxaot.partition.mincut.save_families import FAMILIES, restricted
-from jaxaot.partition.mincut.saved_values import build_flow_graph, choose_saved_values, offloaded_saved_nodes
+from jaxaot.partition.mincut.plan_memo import PlanMemo, memoized
+from jaxaot.partition.mincut.saved_values import build_flow_graph, choose_saved_nodes, offloaded_saved_nodes
 from jaxaot.partition.offload import (
     OffloadPlan, Timeline, apply_offload, check_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
 from jaxaot.tracing import JointGraph
@@ -42,13 +44,14 @@ def min_cut_rematerialization_partition(
     Args:
       joint: the joint graph (``aot_function`` passes it). Without it, the options are
         checked now and the configured partitioner is returned, to pass as ``partition_fn``.
-      memory_budget: a fraction in ``[0, 1]``, or bytes. A fraction: 1 bans recomputing
+      memory_budget: a fraction in ``[0, 1]``, or bytes, read by
+        :func:`~jaxaot.partition.budget.parse_memory_budget`. A fraction: 1 bans recomputing
         expensive eqns (matmuls, convolutions, large reductions, loops), 0 recomputes all it can
         and saves only inputs (or smaller values derived from them); in between, a knapsack
         (:mod:`jaxaot.partition.mincut.knapsack`) picks which expensive values to recompute,
-        cheapest seconds per saved byte first (``op_costs``). Bytes (a number above 1, or a
-        string such as ``"1.4GB"`` or ``"512MiB"``): the training step's compiled peak device
-        memory per device, fused and split alike; the plan is the one at the largest fraction
+        cheapest seconds per saved byte first (``op_costs``). Bytes (an int, a whole float such
+        as ``1.4e9``, or a string such as ``"1.4GB"`` or ``"512MiB"``): the training step's
+        compiled peak device memory per device; the plan is the one at the largest fraction
         whose compiled peak fits (:mod:`jaxaot.partition.budget.search`), and
         :class:`~jaxaot.errors.MemoryBudgetError` says when none does.
       rematerialize_scans: choose the per-iteration residuals of each top-level
@@ -70,7 +73,9 @@ def min_cut_rematerialization_partition(
         (:mod:`jaxaot.partition.budget.limits`).
 
     Raises:
-      InvalidValueError: a negative, NaN or infinite budget, zero bytes, an unreadable string.
+      InvalidValueError: a budget that means neither a fraction nor bytes: negative, NaN or
+        infinite, a float above 1 with a fractional part (``1.5``: ``"1.5GB"``?), zero bytes, an
+        unreadable string.
       InvalidInputError: a budget that is neither a number nor a string; ``rematerialize_scans`` not a bool.
       PartitionError: an unknown ``offload``, a ``device_model`` that is not a DeviceModel, an unknown ``op_costs``.
       MemoryBudgetError: no plan's compiled peak fits a byte budget.
@@ -97,9 +102,11 @@ def min_cut_rematerialization_partition(
                                  device_model=device_model, op_costs=op_costs)
     model = resolve_model(offload, device_model)
     costs = resolve_costs(op_costs, model, model_given=device_model is not None)
+    memo = PlanMemo() if budget.in_bytes else None  # a byte budget plans several fractions
+
     def plan_at(fraction: float, family: str | None = None) -> Partition:
         return _at_fraction(joint, fraction, rematerialize_scans=rematerialize_scans, model=model, costs=costs,
-                            family=family)
+                            family=family, memo=memo)
 
     with byte_limit(measurement_limit(joint, budget.nbytes)):
         if budget.in_bytes:
@@ -122,7 +129,7 @@ def check_partitioner(partition_fn: Any) -> None:
         ...                                     memory_budget=-1))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        jaxaot.errors.InvalidValueError: memory_budget must be a fraction in [0, 1] or a positive ...
+        jaxaot.errors.InvalidValueError: memory_budget=-1 is negative: ...
     """
     if isinstance(partition_fn, functools.partial) and partition_fn.func is min_cut_rematerialization_partition:
         options = partition_fn.keywords
@@ -151,23 +158,30 @@ def check_op_costs(op_costs: Any) -> None:
 
 
 def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans: bool, model: DeviceModel | None,
-                 costs: OpCosts, family: str | None = None) -> Partition:
+                 costs: OpCosts, family: str | None = None, memo: PlanMemo | None = None) -> Partition:
     """The min-cut at the fraction ``memory_budget`` (see :func:`min_cut_rematerialization_partition`), its
-    saved values restricted to ``family``'s (:mod:`jaxaot.partition.mincut.save_families`) if given."""
-    part = split_joint(joint, choose_saved_values(joint, memory_budget, restricted(None, joint, family), costs))
+    saved values restricted to ``family``'s (:mod:`jaxaot.partition.mincut.save_families`) if given.
+    ``memo`` keeps what plans of ``joint`` at other fractions share (:mod:`~jaxaot.partition.mincut.plan_memo`)."""
+
+    def saved_values(g: JointGraph, saveable: Callable[[Any], bool] | None = None) -> list:
+        graph = memoized(memo, "flow_graph", g, family,
+                         lambda: build_flow_graph(g, restricted(saveable, g, family), costs))
+        return [graph.values[i] for i in choose_saved_nodes(graph, memory_budget)]
+
+    part = split_joint(joint, saved_values(joint))
     source, plan = joint, None
     if rematerialize_scans:
-        def in_body(body: JointGraph, saveable: Callable[[Any], bool] | None = None) -> list:
-            return choose_saved_values(body, memory_budget, restricted(saveable, body, family), costs)
-
+        in_body: Callable = saved_values
         if model is not None and not model.scan_offload_note:
             in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model, costs=costs)
-        _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body)
-        rejoint = scan_remat.replay_joint(joint, plan) if plan else None
+        _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body, memo=memo, retrace=False)
+        rejoint = None
+        if plan:
+            rejoint = memoized(memo, "replayed", joint, json.dumps(plan, sort_keys=True),
+                               lambda: scan_remat.replay_joint(joint, plan))
         if rejoint is not None and (rejoint.differentiable, rejoint.needs_cotangent) == (
                 joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
-            repart = split_joint(rejoint, choose_saved_values(rejoint, memory_budget,
-                                                              restricted(None, rejoint, family), costs))
+            repart = split_joint(rejoint, saved_values(rejoint))
             # Scan bodies may only save values they can name (not JAX's linearization
             # temporaries), which is almost never worse; keep whichever saves less.
             if repart.device_saved_bytes <= part.device_saved_bytes:

@@ -42,6 +42,7 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot import _compat as C
+from jaxaot.partition.mincut.plan_memo import PlanMemo, memoized
 from jaxaot.tracing import JointGraph, build_joint
 
 @dataclasses.dataclass(frozen=True)
@@ -136,9 +137,10 @@ def body_joint(body: Any, names: dict) -> JointGraph:
     return build_joint(tagged, _flat_tree(len(avals)), _flat_tree(len(jaxpr.outvars)), avals)
 
 
-def choose_body_names(body: Any, choose: Chooser, names: dict) -> BodyChoice | None:
-    """Which of ``names`` (var -> name) the min-cut saves and offloads per iteration (None: leave the scan alone)."""
-    joint = body_joint(body, names)
+def choose_body_names(body: Any, choose: Chooser, names: dict, memo: PlanMemo | None = None) -> BodyChoice | None:
+    """Which of ``names`` (var -> name) the min-cut saves and offloads per iteration (None: leave the scan alone).
+    ``memo`` keeps the body's joint graph for the next call (:mod:`~jaxaot.partition.mincut.plan_memo`)."""
+    joint = memoized(memo, "body_joint", body, frozenset(names.values()), lambda: body_joint(body, names))
     bj = C.jaxpr_of(joint.jaxpr)
     wanted = set(names.values())
     tag_of = {e.outvars[0]: e.params["name"] for e, bwd in zip(bj.eqns, joint.is_backward)
@@ -179,7 +181,8 @@ def _checkpointed(body: Any, keep: dict, host: frozenset = frozenset()) -> Calla
     return jax.checkpoint(lambda *a: evaluate(body, a, keep), policy=policy, prevent_cse=False)
 
 
-def plan_scan(eqn: Any, choose: Chooser, path: str = "") -> tuple[Callable, dict] | None:
+def plan_scan(eqn: Any, choose: Chooser, path: str = "", memo: PlanMemo | None = None
+              ) -> tuple[Callable, dict] | None:
     """The checkpointed body function to run ``eqn`` with and its replayable plan, or None.
 
     The plan (JSON-able) names the saved body values by position, so
@@ -188,10 +191,10 @@ def plan_scan(eqn: Any, choose: Chooser, path: str = "") -> tuple[Callable, dict
     body = eqn.params["jaxpr"]
     if C.jaxpr_of(body).effects or eqn.params["length"] == 0:
         return None
-    body, nested = rewrite_primal_planned(body, _device_only(choose), path)  # innermost scans first
+    body, nested = rewrite_primal_planned(body, _device_only(choose), path, memo)  # innermost scans first
     tags = _body_tags(body, path)
     try:
-        chosen = choose_body_names(body, choose, tags)
+        chosen = choose_body_names(body, choose, tags, memo)
     except Exception:  # noqa: BLE001 - a body we cannot analyse keeps JAX's own residuals
         return None
     if chosen is None:
@@ -214,16 +217,20 @@ def _retrace(closed: Any, bodies: dict) -> Any:
     return jax.make_jaxpr(lambda *a: evaluate(closed, a, scans=bodies))(*_avals(jaxpr.invars))
 
 
-def rewrite_primal_planned(closed: Any, choose: Chooser, path: str = "") -> tuple[Any, dict]:
-    """:func:`rewrite_primal` and its plan: ``{scan ordinal (str): plan}`` (empty: unchanged)."""
+def rewrite_primal_planned(closed: Any, choose: Chooser, path: str = "", memo: PlanMemo | None = None,
+                           retrace: bool = True) -> tuple[Any, dict]:
+    """:func:`rewrite_primal` and its plan: ``{scan ordinal (str): plan}`` (empty: unchanged).
+
+    ``retrace=False`` returns ``closed`` itself with the plan, for a caller that only replays the plan
+    (:func:`replay_joint`); ``memo`` keeps the bodies' joint graphs."""
     bodies, plan = {}, {}
     for k, eqn in enumerate(_scan_eqns(closed)):
-        planned = plan_scan(eqn, choose, f"{path}.{k}")
+        planned = plan_scan(eqn, choose, f"{path}.{k}", memo)
         if planned is not None:
             bodies[id(eqn)], plan[str(k)] = planned
     if not bodies:
         return closed, {}
-    return _retrace(closed, bodies), plan
+    return (_retrace(closed, bodies) if retrace else closed), plan
 
 
 def rewrite_primal(closed: Any, choose: Chooser) -> Any:
