@@ -56,6 +56,7 @@ from jaxaot.loops.capacity import is_bounded, unbounded_error
 from jaxaot.loops.common import (
     INT,
     LOOP_PRIMITIVES,
+    as_operand,
     broadcast_lanes,
     counted_loop,
     counted_loop_p,
@@ -230,7 +231,7 @@ def _has_io_effect(loop: Any) -> bool:
 def _batch(prim, axis_data, args, dims, **params):
     loop = loop_of(prim, params)
     size = axis_data.size
-    n, consts, carry, xs = loop.split(args)
+    n, consts, carry, xs = loop.split([as_operand(a, av) for a, av in zip(args, loop.operand_avals())])
     nd, cd, td, xd = loop.split(dims)
     cb = [d is not None for d in cd]
     xb = [d is not None for d in xd]
