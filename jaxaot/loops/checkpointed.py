@@ -186,6 +186,7 @@ def _linear_transpose(cts, *args, **params):
         return [None] * n_plain + list(acc) + list(ct)
     table = jnp.asarray(_split_table(params))  # once, outside both loops
     buf = list(snaps)  # k snapshot slots and the scratch slot
+    primal = _primal_body(params)  # the advance needs no residuals
 
     def advance(state, fine):  # one recomputation step towards fine - 1 (a no-op once there)
         x, cur, top, pos, buf = state
@@ -193,13 +194,13 @@ def _linear_transpose(cts, *args, **params):
         slots = k - top
         p_top = read_row(pos, top)
         target = jnp.where(slots > 1, p_top + split_point_jax(fine - p_top, slots, k, table), -1)
-        new = [strong(a) for a in _step(params, kc, x)[0]]
+        new = [strong(a) for a in C.eval_closed(primal, *kc, *x)]
         x = _where(go, new, x)
         cur = cur + go.astype(jnp.int32)
         push = go & (cur == target)
         slot = jnp.where(push, read_row(slot_of, jnp.minimum(top + 1, k - 1)), k)
         buf = [write_row(b, slot, a) for b, a in zip(buf, x)]
-        pos = jnp.where(push & (jnp.arange(k) == top + 1), cur, pos)
+        pos = jnp.where(push & (jnp.arange(k, dtype=jnp.int32) == top + 1), cur, pos)
         return x, cur, top + push.astype(jnp.int32), pos, buf
 
     def vjp(fine, top, pos, ct, acc, x, live):  # the VJP of step fine - 1 at its state x
@@ -207,7 +208,7 @@ def _linear_transpose(cts, *args, **params):
         ct_lc, new_ct = _where(live, ct_lc, [jnp.zeros_like(g) for g in ct_lc]), _where(live, new_ct, ct)
         fine = fine - live.astype(jnp.int32)
         pop = live & (read_row(pos, jnp.maximum(top, 0)) == fine)
-        pos = jnp.where(pop & (jnp.arange(k) == top), -1, pos)
+        pos = jnp.where(pop & (jnp.arange(k, dtype=jnp.int32) == top), -1, pos)
         return fine, top - pop.astype(jnp.int32), pos, new_ct, [a + g for a, g in zip(acc, ct_lc)]
 
     def top_state(top, buf):  # level 0 (the initial state) once every level is popped: a state the loop ran on

@@ -262,7 +262,7 @@ def _batch(prim, axis_data, args, dims, **params):
     lane_mask = []
     if n_batched:
         n = moveaxis(n, nd, 0)
-        lane_mask = [jnp.arange(loop.length)[:, None] < n[None, :]]
+        lane_mask = [jnp.arange(loop.length, dtype=INT)[:, None] < n[None, :]]
         n = jnp.max(n)
 
     def body(*a):
