@@ -34,7 +34,7 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "JaxaotError", "InvalidInputError", "InvalidValueError", "InvalidOutputError", "ResidualsMismatchError",
         "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "MemoryBudgetError",
         "LoopFunctionError", "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError",
-        "LoopOverflowError",
+        "LoopOverflowError", "LoopRewriteError",
         "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError", "ArtifactInputError",
         "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "CacheWarning")),
     ("jaxaot._config", ("config",)),
@@ -66,6 +66,7 @@ _MODULES = {
     "errors": "jaxaot.errors",
     "compilers": "jaxaot.compile.compilers",
     "primitives": "jaxaot.loops.common",
+    "loops": "jaxaot.loops",
     "viz": "jaxaot.viz",
     "nn": "jaxaot.nn",
     "parallel": "jaxaot.parallel",
@@ -96,7 +97,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static tools see the names the table above loads lazily
-    from jaxaot import errors, nn, parallel  # noqa: F401
+    from jaxaot import errors, loops, nn, parallel  # noqa: F401
     from jaxaot._config import config  # noqa: F401
     from jaxaot.artifacts import ExportedAOT, LoadedAOT, export, load  # noqa: F401
     from jaxaot.autograd import (  # noqa: F401

@@ -51,6 +51,7 @@ from jaxaot import _compat as C
 from jaxaot.loops import checkpointed
 from jaxaot.loops.capacity import is_bounded, stack_capacity
 from jaxaot.loops.common import (
+    LOOP_PRIMITIVES,
     Loop,
     counted_loop,
     counted_loop_p,
@@ -128,10 +129,50 @@ def _hoist(known_body: Any, num_consts: int, num_outs: int, num_res: int):
     return hoist, loop_body, list(dep[num_outs:])
 
 
+# --------------------------------------------------------------------------- nested loops
+_LOOP_NAMES = frozenset(str(p) for p in LOOP_PRIMITIVES)
+
+
+def _runs_a_loop(eqn: Any) -> bool:
+    """Whether ``eqn`` runs a jaxaot loop (and has no effects, which ``jax.checkpoint`` may refuse)."""
+    if C.is_effectful(eqn):
+        return False
+    return str(eqn.primitive) in _LOOP_NAMES or any(str(e.primitive) in _LOOP_NAMES
+                                                    for sub in C.eqn_subjaxprs(eqn) for e in C.iter_eqns(sub))
+
+
+def recompute_inner_loops(body: Any) -> Any:
+    """``body`` with every eqn that runs a loop of its own (directly or inside a call) under
+    ``jax.checkpoint``: reverse mode then stores that inner loop's inputs per outer iteration and
+    runs its forward again, with its own stack, in the outer backward's step, instead of keeping
+    every inner stack for every outer iteration (``N_outer * N_inner`` rows; ``N ** depth`` for a
+    nest of loops of one ``max_steps``). Each nesting level costs one more forward evaluation of
+    the loops inside it. ``body`` itself when it runs no inner loop."""
+    jaxpr = C.jaxpr_of(body)
+    if not any(_runs_a_loop(e) for e in jaxpr.eqns):
+        return body
+
+    def run(*args):
+        env = dict(zip(jaxpr.constvars, C.consts_of(body)))
+        env.update(zip(jaxpr.invars, args))
+        for eqn in jaxpr.eqns:
+            invals = [v.val if C.is_literal(v) else env[v] for v in eqn.invars]
+            if _runs_a_loop(eqn):
+                outs = jax.checkpoint(lambda *a, eqn=eqn: C.bind_eqn(eqn, a), prevent_cse=False)(*invals)
+            else:
+                outs = C.bind_eqn(eqn, invals)
+            env.update((v, x) for v, x in zip(eqn.outvars, outs) if not C.is_drop_var(v))
+        return [v.val if C.is_literal(v) else env[v] for v in jaxpr.outvars]
+
+    return trace_flat(run, C.in_avals_of(body))
+
+
 # --------------------------------------------------------------------------- the rules
 def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     """The partial-eval rule: a known stacking loop and a staged linear counted loop."""
     loop = loop_of(prim, params)
+    if prim is while_loop_p:  # inner loops: recomputed in the outer backward (nested checkpointing)
+        loop = loop.replace(body=recompute_inner_loops(loop.body))
     uk = [not C.is_known_pval(t) for t in tracers]
     n_uk, consts_uk, carry_uk, xs_uk = loop.split(uk)
     if (loop.counted and n_uk) or not any(uk):
