@@ -247,12 +247,19 @@ def stage_unknown_eqn(trace: Any, prim: Any, in_tracers: Sequence[Any], out_aval
     return out_tracers
 
 
+def tracing_into(trace: Any) -> Any:
+    """A context in which binds (and jnp ops) on ``trace``'s tracers go to ``trace``: a partial-eval rule
+    that builds its result from other loops, each split by its own rule."""
+    return _core.set_current_trace(trace)
+
+
 def is_known_pval(tracer: Any) -> bool:
     return tracer.pval.is_known()
 
 
 def known_value(tracer: Any) -> Any:
-    return tracer.pval.get_known()
+    """The known value of a partial-eval tracer (a rule may also return known values as they are)."""
+    return tracer.pval.get_known() if isinstance(tracer, _pe.JaxprTracer) else tracer
 
 
 def is_jaxpr_var(x: Any) -> bool:
@@ -266,7 +273,7 @@ __all__ = [
     "hoist_consts", "in_avals_of", "instantiate_zeros", "is_jaxpr_var", "is_known_pval", "is_undefined_primal",
     "join_effects", "jvp_jaxpr", "known_value", "lax_fori_loop", "lax_while_loop", "lower_fun", "merge_lists",
     "custom_rule_params", "in_jaxaot_own_loop", "intercept_while_binds", "jaxaot_own_loops", "lax_while_p",
-    "loop_options_scope", "replace_eqns", "weakref_lru_cache", "while_parts",
+    "loop_options_scope", "replace_eqns", "tracing_into", "weakref_lru_cache", "while_parts",
     "new_eqn", "new_loop_primitive", "out_avals_of", "partial_eval_jaxpr_custom_rules",
     "partial_eval_jaxpr_nounits", "primitive_jvps", "primitive_transposes", "register_lowering", "split_list",
     "stage_unknown_eqn", "vmap_like",

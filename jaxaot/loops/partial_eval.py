@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.loops import checkpointed
+from jaxaot.loops import checkpointed, segments
 from jaxaot.loops.capacity import is_bounded, stack_capacity
 from jaxaot.loops.common import (
     LOOP_PRIMITIVES,
@@ -182,6 +182,9 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
         return trace.default_process_primitive(prim, tracers, params)
     if not is_bounded(loop):
         return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
+    steps = segments.applies(loop)
+    if steps is not None:  # a CPU's max_steps stack in segments (jaxaot.loops.segments)
+        return _segmented(loop, trace, tracers, consts_uk, carry_uk, steps)
     known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
     if prim is while_loop_p and loop.checkpoints is not None:
         return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
@@ -252,6 +255,18 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
                                       lin_loop.params(), lin_loop.effects())
     u_t_out, u_y_out = C.split_list(out_tracers, [u_m])
     return [*C.merge_lists(carry_uk, k_t_out, u_t_out), *C.merge_lists(ys_uk, k_y_out, u_y_out), *extra]
+
+
+def _segmented(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],
+               carry_uk: Sequence[bool], steps: int) -> list:
+    cond = _known_cond(loop, consts_uk, carry_uk)
+    _, consts, carry, _ = loop.split(tracers)
+    known_consts = [C.known_value(t) for t in pick(consts_uk, consts, False)]
+
+    def still_running(out):
+        return C.eval_closed(cond, *known_consts, *[C.known_value(t) for t in pick(carry_uk, out, False)])[0]
+
+    return segments.run(loop, steps, consts, carry, trace, still_running)
 
 
 def _stage_whole(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],

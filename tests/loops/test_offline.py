@@ -19,7 +19,7 @@ import jaxaot
 from jaxaot import _compat as C
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 from jaxaot.loops import reraise_overflow
-from jaxaot.loops import offline
+from jaxaot.loops import offline, segments
 from jaxaot.loops.offline import plan
 from jaxaot.loops.revolve import revolve_counts
 from loop_models import mlp_loss as _mlp_loss, mlp_ref as _mlp_ref, inputs as _inputs
@@ -160,8 +160,9 @@ def test_refusals():
         jaxaot.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12)
 
 
-def test_memory_stays_within_the_plan(schedule):
+def test_memory_stays_within_the_plan(schedule, monkeypatch):
     """Compiled temporaries: the offline schedule keeps far less than stacking every step."""
+    monkeypatch.setattr(segments, "SEGMENTS", False)  # one stack of max_steps rows (no CPU segments)
     w, b, x = _inputs(12, width=64)
     x = jnp.tile(x, (16, 1))  # a (64, 64) carry, 16 KiB
 

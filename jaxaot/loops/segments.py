@@ -1,0 +1,123 @@
+"""``max_steps=N`` on CPUs: a stack whose cost follows the steps run, not N.
+
+Reverse mode of ``max_steps=N`` stacks each iteration's residuals in N rows
+(:mod:`jaxaot.loops.partial_eval`). The backward visits only the n steps run, but
+the stack is a fresh buffer of N rows on every call, and a CPU pays for each page
+of it the first time it is written (zeroing it, at about 1 ms per MiB on a
+2-core machine): a 40-step loop's gradient took 2.4 ms at N=512 and 120 ms at
+N=16384 with 12 KiB of residuals per step. So on CPUs reverse mode runs the loop in
+segments of ``S = max(64, ceil(sqrt(N)))`` steps (:func:`segment_steps`):
+
+* the first S steps stack their residuals, as before (a loop that stops within
+  them costs what it did, on a stack of S rows);
+* past them, the loop runs on in segments of S steps, an outer loop of at most
+  ``ceil((N - S) / S)`` iterations whose body is a loop of at most S steps:
+  reverse mode of that nest stores one carry per segment and runs each segment's
+  forward again, with its own stack of S rows, in the backward
+  (:func:`~jaxaot.loops.partial_eval.recompute_inner_loops`).
+
+Memory is ``2 S`` rows of residuals and ``N / S`` carries, at most; time is the
+steps run, plus one more forward evaluation of each step past the first S. GPUs
+and TPUs zero a stack at their memory's bandwidth (0.1 ms for 200 MiB on an
+H100), so they keep one stack of N rows and no recomputation
+(``JAXAOT_STACK_SEGMENTS=1`` or ``0`` forces either; :data:`SEGMENTS`). A body
+with effects keeps one stack too (recomputation would repeat them). The forward
+result, the overflow check at N and the gradients are those of one stack.
+
+Example:
+    >>> segment_steps(100), segment_steps(4096), segment_steps(16384), segment_steps(10**6)
+    (None, 64, 128, 1000)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxaot import _compat as C
+from jaxaot.loops.common import INT, Loop, trace_flat, while_loop_p
+from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
+
+#: Whether bounded stacks run in segments: None lets :func:`segments_here` decide by platform.
+SEGMENTS: bool | None = None
+#: The fewest steps per segment: shorter segments cost more loop iterations than the zeroing they save.
+MIN_SEGMENT = 64
+_PLATFORMS = ("cpu",)
+
+
+def segments_here() -> bool:
+    """:data:`SEGMENTS` if set (or ``JAXAOT_STACK_SEGMENTS``), else whether the default backend is a CPU."""
+    if SEGMENTS is not None:
+        return bool(SEGMENTS)
+    forced = os.environ.get("JAXAOT_STACK_SEGMENTS", "")
+    if forced:
+        return forced not in ("0", "false", "False")
+    return jax.default_backend() in _PLATFORMS
+
+
+def segment_steps(max_steps: int) -> int | None:
+    """Steps per segment for a ``max_steps`` stack, or None when one stack of ``max_steps`` rows is
+    as cheap (``max_steps`` at most twice a segment)."""
+    steps = max(MIN_SEGMENT, math.isqrt(max_steps - 1) + 1)
+    return steps if max_steps > 2 * steps else None
+
+
+def applies(loop: Loop) -> int | None:
+    """The segment length for reverse-differentiating ``loop`` here, or None for one stack."""
+    if loop.prim is not while_loop_p or loop.max_steps is None or loop.checkpoints is not None:
+        return None
+    if loop.effects() or not segments_here():
+        return None
+    return segment_steps(loop.max_steps)
+
+
+def _with_counter(loop: Loop, extra: int, stop: Any) -> tuple[Any, Any]:
+    """``(body, cond)`` over ``(consts, counter, extra ints, carry)``: the loop's own, the counter
+    incremented per step, and the condition also requiring ``stop(counter, extras)``."""
+    k = loop.num_consts
+
+    def body(*a):
+        consts, (i, *ints), carry = a[:k], a[k:k + 1 + extra], a[k + 1 + extra:]
+        return [i + 1, *ints, *C.eval_closed(loop.body, *consts, *carry)]
+
+    def cond(*a):
+        consts, (i, *ints), carry = a[:k], a[k:k + 1 + extra], a[k + 1 + extra:]
+        return [C.eval_closed(loop.cond, *consts, *carry)[0] & stop(i, *ints)]
+
+    avals = [*loop.const_avals, *[C.ShapedArray((), INT)] * (1 + extra), *loop.carry_avals]
+    return trace_flat(body, avals), trace_flat(cond, avals)
+
+
+def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], trace: Any,
+        still_running: Any) -> list:
+    """The loop's outputs, its forward run as a first segment of ``steps`` steps and an outer loop of
+    segments of ``steps`` (see the module docstring), bound on the partial-eval ``trace`` so that each
+    loop's own reverse mode splits it. ``still_running(outputs)`` is the loop's condition on the
+    known outputs: true past ``max_steps`` is an overflow (NaN values and gradients)."""
+    k, n_max = loop.num_consts, loop.max_steps
+    first_body, first_cond = _with_counter(loop, 0, lambda i: i < steps)
+    seg_body, seg_cond = _with_counter(loop, 1, lambda i, end: i < end)
+    first = Loop(while_loop_p, first_body, first_cond, k, 1 + loop.num_carry, max_steps=steps)
+    segment = Loop(while_loop_p, seg_body, seg_cond, k, 2 + loop.num_carry, max_steps=steps)
+
+    def outer_body(*a):
+        consts, (i,), carry = a[:k], a[k:k + 1], a[k + 1:]
+        i, _, *carry = segment.bind([*consts, i, jnp.minimum(i + steps, n_max), *carry])
+        return [i, *carry]
+
+    outer_cond = _with_counter(loop, 0, lambda i: i < n_max)[1]
+    avals = [*loop.const_avals, C.ShapedArray((), INT), *loop.carry_avals]
+    outer = Loop(while_loop_p, trace_flat(outer_body, avals), outer_cond, k, 1 + loop.num_carry,
+                 max_steps=-(-(n_max - steps) // steps))
+    with C.tracing_into(trace):
+        i, *carry = first.bind([*consts, jnp.zeros((), INT), *carry])
+        i, *carry = outer.bind([*consts, i, *carry])
+    overflowed = (C.known_value(i) >= n_max) & still_running(carry)
+    check_overflow(overflowed, n_max)
+    scale = overflow_scale(overflowed)
+    with C.tracing_into(trace):
+        return poison(scale, carry)
