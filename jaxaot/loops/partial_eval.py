@@ -182,10 +182,10 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
         return trace.default_process_primitive(prim, tracers, params)
     if not is_bounded(loop):
         return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
-    steps = segments.applies(loop)
-    if steps is not None:  # a CPU's max_steps stack in segments (jaxaot.loops.segments)
-        return _segmented(loop, trace, tracers, consts_uk, carry_uk, steps)
     known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
+    steps = segments.applies(loop, res_avals)
+    if steps is not None:  # a CPU's large max_steps stack in segments (jaxaot.loops.segments)
+        return _segmented(loop, trace, tracers, consts_uk, carry_uk, steps)
     if prim is while_loop_p and loop.checkpoints is not None:
         return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
                                          known_body, unknown_body, res_avals)

@@ -5,8 +5,9 @@ Reverse mode of ``max_steps=N`` stacks each iteration's residuals in N rows
 the stack is a fresh buffer of N rows on every call, and a CPU pays for each page
 of it the first time it is written (zeroing it, at about 1 ms per MiB on a
 2-core machine): a 40-step loop's gradient took 2.4 ms at N=512 and 120 ms at
-N=16384 with 12 KiB of residuals per step. So on CPUs reverse mode runs the loop in
-segments of ``S = max(64, ceil(sqrt(N)))`` steps (:func:`segment_steps`):
+N=16384 with 12 KiB of residuals per step. So on CPUs reverse mode runs a loop
+whose stack would exceed :data:`MIN_STACK_BYTES` (1 MiB) in segments of
+``S = max(64, ceil(sqrt(N)))`` steps (:func:`segment_steps`):
 
 * the first S steps stack their residuals, as before (a loop that stops within
   them costs what it did, on a stack of S rows);
@@ -22,7 +23,8 @@ and TPUs zero a stack at their memory's bandwidth (0.1 ms for 200 MiB on an
 H100), so they keep one stack of N rows and no recomputation
 (``JAXAOT_STACK_SEGMENTS=1`` or ``0`` forces either; :data:`SEGMENTS`). A body
 with effects keeps one stack too (recomputation would repeat them). The forward
-result, the overflow check at N and the gradients are those of one stack.
+result and the overflow check at N are those of one stack, and so are the gradients,
+up to rounding (the closed-over arrays' cotangents are summed per segment).
 
 Example:
     >>> segment_steps(100), segment_steps(4096), segment_steps(16384), segment_steps(10**6)
@@ -46,6 +48,8 @@ from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
 SEGMENTS: bool | None = None
 #: The fewest steps per segment: shorter segments cost more loop iterations than the zeroing they save.
 MIN_SEGMENT = 64
+#: A stack of at most this many bytes stays one stack (zeroing it costs about 1 ms on a 2-core CPU).
+MIN_STACK_BYTES = 1 << 20
 _PLATFORMS = ("cpu",)
 
 
@@ -66,13 +70,17 @@ def segment_steps(max_steps: int) -> int | None:
     return steps if max_steps > 2 * steps else None
 
 
-def applies(loop: Loop) -> int | None:
-    """The segment length for reverse-differentiating ``loop`` here, or None for one stack."""
+def applies(loop: Loop, residual_avals: Sequence[Any]) -> int | None:
+    """The segment length for reverse-differentiating ``loop``, whose steps keep ``residual_avals``, here;
+    None for one stack: on GPUs and TPUs, for a body with effects, and for a stack of at most
+    :data:`MIN_STACK_BYTES` (cheap to zero, and one stack compiles faster: its program holds the body
+    once, the segments' three times)."""
     if loop.prim is not while_loop_p or loop.max_steps is None or loop.checkpoints is not None:
         return None
     if loop.effects() or not segments_here():
         return None
-    return segment_steps(loop.max_steps)
+    row = sum(math.prod(a.shape) * a.dtype.itemsize for a in residual_avals)
+    return segment_steps(loop.max_steps) if loop.max_steps * row > MIN_STACK_BYTES else None
 
 
 def _with_counter(loop: Loop, extra: int, stop: Any) -> tuple[Any, Any]:
