@@ -171,7 +171,7 @@ def recompute_inner_loops(body: Any) -> Any:
 def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     """The partial-eval rule: a known stacking loop and a staged linear counted loop."""
     loop = loop_of(prim, params)
-    if prim is while_loop_p:  # inner loops: recomputed in the outer backward (nested checkpointing)
+    if not loop.counted:  # inner loops: recomputed in the outer backward (nested checkpointing)
         loop = loop.replace(body=recompute_inner_loops(loop.body))
     uk = [not C.is_known_pval(t) for t in tracers]
     n_uk, consts_uk, carry_uk, xs_uk = loop.split(uk)

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxaot import _compat as C
-from jaxaot.loops.common import INT, Loop, trace_flat, while_loop_p
+from jaxaot.loops.common import INT, Loop, stack_loop, trace_flat, while_loop_p
 from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
 
 #: Whether bounded stacks run in segments: None lets :func:`segments_here` decide by platform.
@@ -83,20 +83,18 @@ def applies(loop: Loop, residual_avals: Sequence[Any]) -> int | None:
     return segment_steps(loop.max_steps) if loop.max_steps * row > MIN_STACK_BYTES else None
 
 
-def _with_counter(loop: Loop, extra: int, stop: Any) -> tuple[Any, Any]:
-    """``(body, cond)`` over ``(consts, counter, extra ints, carry)``: the loop's own, the counter
-    incremented per step, and the condition also requiring ``stop(counter, extras)``."""
+def _with_counter(loop: Loop, stop: Any) -> tuple[Any, Any]:
+    """``(body, cond)`` over ``(consts, counter, carry)``: the loop's own, the counter incremented per step,
+    and the condition also requiring ``stop(counter)``."""
     k = loop.num_consts
 
     def body(*a):
-        consts, (i, *ints), carry = a[:k], a[k:k + 1 + extra], a[k + 1 + extra:]
-        return [i + 1, *ints, *C.eval_closed(loop.body, *consts, *carry)]
+        return [a[k] + 1, *C.eval_closed(loop.body, *a[:k], *a[k + 1:])]
 
     def cond(*a):
-        consts, (i, *ints), carry = a[:k], a[k:k + 1 + extra], a[k + 1 + extra:]
-        return [C.eval_closed(loop.cond, *consts, *carry)[0] & stop(i, *ints)]
+        return [C.eval_closed(loop.cond, *a[:k], *a[k + 1:])[0] & stop(a[k])]
 
-    avals = [*loop.const_avals, *[C.ShapedArray((), INT)] * (1 + extra), *loop.carry_avals]
+    avals = [*loop.const_avals, C.ShapedArray((), INT), *loop.carry_avals]
     return trace_flat(body, avals), trace_flat(cond, avals)
 
 
@@ -104,26 +102,23 @@ def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], tra
         still_running: Any) -> list:
     """The loop's outputs, its forward run as a first segment of ``steps`` steps and an outer loop of
     segments of ``steps`` (see the module docstring), bound on the partial-eval ``trace`` so that each
-    loop's own reverse mode splits it. ``still_running(outputs)`` is the loop's condition on the
-    known outputs: true past ``max_steps`` is an overflow (NaN values and gradients)."""
-    k, n_max = loop.num_consts, loop.max_steps
-    first_body, first_cond = _with_counter(loop, 0, lambda i: i < steps)
-    seg_body, seg_cond = _with_counter(loop, 1, lambda i, end: i < end)
-    first = Loop(while_loop_p, first_body, first_cond, k, 1 + loop.num_carry, max_steps=steps)
-    segment = Loop(while_loop_p, seg_body, seg_cond, k, 2 + loop.num_carry, max_steps=steps)
+    loop's own reverse mode splits it. The segments are stacking loops (``while_loop_stack_output``
+    with no stacked output), bounded by their length: none checks an overflow of its own.
+    ``still_running(outputs)`` is the loop's condition on the known outputs: true past ``max_steps``
+    is an overflow (NaN values and gradients)."""
+    k, n_max, m = loop.num_consts, loop.max_steps, loop.num_carry
+    body, cond = _with_counter(loop, lambda i: i < n_max)
+    segment = stack_loop(cond, body, k, 1 + m, steps)
 
     def outer_body(*a):
-        consts, (i,), carry = a[:k], a[k:k + 1], a[k + 1:]
-        i, _, *carry = segment.bind([*consts, i, jnp.minimum(i + steps, n_max), *carry])
+        i, *carry = segment.split_out(segment.bind(list(a)))[0]
         return [i, *carry]
 
-    outer_cond = _with_counter(loop, 0, lambda i: i < n_max)[1]
     avals = [*loop.const_avals, C.ShapedArray((), INT), *loop.carry_avals]
-    outer = Loop(while_loop_p, trace_flat(outer_body, avals), outer_cond, k, 1 + loop.num_carry,
-                 max_steps=-(-(n_max - steps) // steps))
+    outer = stack_loop(cond, trace_flat(outer_body, avals), k, 1 + m, -(-(n_max - steps) // steps))
     with C.tracing_into(trace):
-        i, *carry = first.bind([*consts, jnp.zeros((), INT), *carry])
-        i, *carry = outer.bind([*consts, i, *carry])
+        i, *carry = segment.split_out(segment.bind([*consts, jnp.zeros((), INT), *carry]))[0]
+        i, *carry = outer.split_out(outer.bind([*consts, i, *carry]))[0]
     overflowed = (C.known_value(i) >= n_max) & still_running(carry)
     check_overflow(overflowed, n_max)
     scale = overflow_scale(overflowed)
