@@ -9,7 +9,7 @@ jaxpr and replaces every ``while`` eqn by a :data:`~jaxaot.loops.common.while_lo
 eqn with the given :class:`LoopOptions`, inside the jaxprs of ``pjit``, ``cond``,
 ``scan``, ``jax.checkpoint``, ``custom_jvp``/``custom_vjp`` (their primal, and
 the jaxprs their JVP and forward rules make) and other loops too
-(:func:`rewrite_jaxpr`). The forward is unchanged; reverse mode now works. The
+(:func:`rewrite_jaxpr`). The forward is unchanged, and reverse mode works. The
 options sit in the rewritten program's params, so a jit cache keyed by it never
 serves another options' program.
 

@@ -3,14 +3,14 @@
 Reverse mode of ``max_steps=N`` stacks each iteration's residuals in N rows
 (:mod:`jaxaot.loops.partial_eval`). The backward visits only the n steps run, but
 the stack is a fresh buffer of N rows on every call, and a CPU pays for each page
-of it the first time it is written (zeroing it, at about 1 ms per MiB on a
-2-core machine): a 40-step loop's gradient took 2.4 ms at N=512 and 120 ms at
-N=16384 with 12 KiB of residuals per step. So on CPUs reverse mode runs a loop
-whose stack would exceed :data:`MIN_STACK_BYTES` (1 MiB) in segments of
-``S = max(64, ceil(sqrt(N)))`` steps (:func:`segment_steps`):
+of it the first time it is written (zeroing it): for a short loop with a generous
+bound that is most of the gradient's time (``docs/benchmarks.md``, while-loop
+section). So on CPUs reverse mode runs a loop whose stack would exceed
+:data:`MIN_STACK_BYTES` (1 MiB) in segments of ``S = max(64, ceil(sqrt(N)))``
+steps (:func:`segment_steps`):
 
-* the first S steps stack their residuals, as before (a loop that stops within
-  them costs what it did, on a stack of S rows);
+* the first S steps stack their residuals, as one stack does (a loop that stops within
+  them costs what one stack's would, on S rows);
 * past them, the loop runs on in segments of S steps, an outer loop of at most
   ``ceil((N - S) / S)`` iterations whose body is a loop of at most S steps:
   reverse mode of that nest stores one carry per segment and runs each segment's
@@ -19,8 +19,8 @@ whose stack would exceed :data:`MIN_STACK_BYTES` (1 MiB) in segments of
 
 Memory is ``2 S`` rows of residuals and ``N / S`` carries, at most; time is the
 steps run, plus one more forward evaluation of each step past the first S. GPUs
-and TPUs zero a stack at their memory's bandwidth (0.1 ms for 200 MiB on an
-H100), so they keep one stack of N rows and no recomputation
+and TPUs zero a stack at their memory's bandwidth, so they keep one stack of N
+rows and no recomputation
 (``JAXAOT_STACK_SEGMENTS=1`` or ``0`` forces either; :data:`SEGMENTS`). A body
 with effects keeps one stack too (recomputation would repeat them). The forward
 result and the overflow check at N are those of one stack, and so are the gradients,
@@ -48,7 +48,7 @@ from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
 SEGMENTS: bool | None = None
 #: The fewest steps per segment: shorter segments cost more loop iterations than the zeroing they save.
 MIN_SEGMENT = 64
-#: A stack of at most this many bytes stays one stack (zeroing it costs about 1 ms on a 2-core CPU).
+#: A stack of at most this many bytes stays one stack: cheap to zero, and its program holds the body once.
 MIN_STACK_BYTES = 1 << 20
 _PLATFORMS = ("cpu",)
 
