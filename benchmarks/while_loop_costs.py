@@ -6,6 +6,9 @@
 * Small bodies: ``checkpoints=k`` on a 2-element linear ODE of 600 steps, k = 10 and 90, against
   Equinox's ``while_loop(kind="checkpointed")`` (the loop diffrax and optimistix use) in the same run.
 
+Both tables also time ``lax.scan`` with one ``jax.debug.callback``: a bounded loop's overflow check
+is one host callback per call, which on a CPU sets the floor of a small gradient's time.
+
 Every variant is compiled first, then timed in interleaved rounds (medians, min-max spread).
 """
 
@@ -65,6 +68,12 @@ def steps_run_table(rounds: int, batch: int = 16, width: int = 64, steps: int = 
     built = {f"lax.scan(length={steps})": _compiled(
         lambda x, n: jax.grad(lambda x: jnp.sum(lax.scan(lambda c, _: (step(c), None), x, None, length=steps)[0] ** 2))(x),
         args)}
+    def scan_grad(x):
+        return jax.grad(lambda x: jnp.sum(lax.scan(lambda c, _: (step(c), None), x, None, length=steps)[0] ** 2))(x)
+
+    # the floor of a bounded loop's gradient here: its overflow check is one host callback per call
+    built["lax.scan + one jax.debug.callback"] = _compiled(
+        lambda x, n: (jax.debug.callback(lambda v: None, n), scan_grad(x))[1], args)
     for bound in bounds:
         built[f"jaxaot max_steps={bound}"] = _compiled(lambda x, n, bound=bound: jax.grad(loss)(x, n, bound), args)
         built[f"jaxaot max_steps={bound}, one stack"] = _compiled(lambda x, n, bound=bound: jax.grad(loss)(x, n, bound),
@@ -98,6 +107,8 @@ def small_body_table(rounds: int, steps: int = 600, ks: tuple[int, ...] = (10, 9
     args = (jnp.float32(1.0), jnp.array([1.0, 0.0]))
     fns = {f"lax.scan(length={steps})": lambda p, x: jax.grad(
         lambda p: jnp.sum(lax.scan(lambda c, _: (step(c, p), None), x, None, length=steps)[0]))(p)}
+    fns["lax.scan + one jax.debug.callback"] = lambda p, x: (jax.debug.callback(lambda v: None, p),
+                                                              fns[f"lax.scan(length={steps})"](p, x))[1]
     for k in ks:
         fns[f"jaxaot checkpoints={k}"] = lambda p, x, k=k: jax.grad(loss)(p, x, checkpoints=k)
         fns[f"jaxaot max_steps={steps}, checkpoints={k}"] = lambda p, x, k=k: jax.grad(loss)(

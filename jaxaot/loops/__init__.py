@@ -13,6 +13,7 @@ Modules, bottom up (each imports only those before it):
 * :mod:`~jaxaot.loops.offline`: ``max_steps`` with ``checkpoints`` as nested scans (GPUs), and
   which schedule a bounded loop runs;
 * :mod:`~jaxaot.loops.api`: ``while_loop`` and ``while_loop_stack_output``;
+* :mod:`~jaxaot.loops.segments`: ``max_steps`` stacks in segments on CPUs;
 * :mod:`~jaxaot.loops.sweep`: the revolve backward as one loop;
 * :mod:`~jaxaot.loops.checkpointed`: the reverse mode of ``checkpoints=k``;
 * :mod:`~jaxaot.loops.partial_eval`: how reverse mode splits a loop;

@@ -9,16 +9,16 @@ section). So on CPUs reverse mode runs a loop whose stack would exceed
 :data:`MIN_STACK_BYTES` (1 MiB) in segments of ``S = max(64, ceil(sqrt(N)))``
 steps (:func:`segment_steps`):
 
-* the first S steps stack their residuals, as one stack does (a loop that stops within
-  them costs what one stack's would, on S rows);
+* the first :data:`MIN_SEGMENT` (64) steps stack their residuals, as one stack does
+  (a loop that stops within them costs what one stack's would, on 64 rows);
 * past them, the loop runs on in segments of S steps, an outer loop of at most
-  ``ceil((N - S) / S)`` iterations whose body is a loop of at most S steps:
+  ``ceil((N - 64) / S)`` iterations whose body is a loop of at most S steps:
   reverse mode of that nest stores one carry per segment and runs each segment's
   forward again, with its own stack of S rows, in the backward
   (:func:`~jaxaot.loops.partial_eval.recompute_inner_loops`).
 
-Memory is ``2 S`` rows of residuals and ``N / S`` carries, at most; time is the
-steps run, plus one more forward evaluation of each step past the first S. GPUs
+Memory is ``64 + S`` rows of residuals and ``N / S`` carries, at most; time is the
+steps run, plus one more forward evaluation of each step past the first 64. GPUs
 and TPUs zero a stack at their memory's bandwidth, so they keep one stack of N
 rows and no recomputation
 (``JAXAOT_STACK_SEGMENTS=1`` or ``0`` forces either; :data:`SEGMENTS`). A body
@@ -108,6 +108,7 @@ def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], tra
     is an overflow (NaN values and gradients)."""
     k, n_max, m = loop.num_consts, loop.max_steps, loop.num_carry
     body, cond = _with_counter(loop, lambda i: i < n_max)
+    first = stack_loop(cond, body, k, 1 + m, MIN_SEGMENT)  # a short loop's whole stack: no longer than needed
     segment = stack_loop(cond, body, k, 1 + m, steps)
 
     def outer_body(*a):
@@ -115,9 +116,9 @@ def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], tra
         return [i, *carry]
 
     avals = [*loop.const_avals, C.ShapedArray((), INT), *loop.carry_avals]
-    outer = stack_loop(cond, trace_flat(outer_body, avals), k, 1 + m, -(-(n_max - steps) // steps))
+    outer = stack_loop(cond, trace_flat(outer_body, avals), k, 1 + m, -(-(n_max - MIN_SEGMENT) // steps))
     with C.tracing_into(trace):
-        i, *carry = segment.split_out(segment.bind([*consts, jnp.zeros((), INT), *carry]))[0]
+        i, *carry = first.split_out(first.bind([*consts, jnp.zeros((), INT), *carry]))[0]
         i, *carry = outer.split_out(outer.bind([*consts, i, *carry]))[0]
     overflowed = (C.known_value(i) >= n_max) & still_running(carry)
     check_overflow(overflowed, n_max)
