@@ -36,9 +36,7 @@ MODES = {
 #: (x64, carry dtype)
 CONFIGS = [(False, "float32"), (True, "float32"), (True, "float64")]
 #: The default suite's cases (each compiles a gradient and its vmap: 2-14 s); the rest are slow.
-DEFAULT = {("max_steps", True, "float32"), ("max_steps", True, "float64"), ("checkpoints", True, "float32"),
-           ("bounded_binomial", True, "float64"), ("bounded_nested", True, "float32"),
-           ("host_snapshots", True, "float32")}
+DEFAULT = {("max_steps", True, "float64"), ("checkpoints", True, "float32"), ("bounded_binomial", True, "float64")}
 CASES = [pytest.param(m, x, d, id=f"{m}-x64-{d}" if x else f"{m}-{d}",
                       marks=() if (m, x, d) in DEFAULT else pytest.mark.slow)
          for m in sorted(MODES) for x, d in CONFIGS]

@@ -44,7 +44,8 @@ def _unrolled(a, n):
     return lax.scan(lambda c, _: (_step(c, a), None), (0, a), None, length=n)[0][1]
 
 
-@pytest.mark.parametrize("mode", [dict(max_steps=64), dict(checkpoints=3), dict(max_steps=64, checkpoints=4)])
+@pytest.mark.parametrize("mode", [dict(max_steps=64), pytest.param(dict(checkpoints=3), marks=pytest.mark.slow),
+                                  pytest.param(dict(max_steps=64, checkpoints=4), marks=pytest.mark.slow)])
 def test_a_jitted_library_loop_differentiates_as_its_unrolled_steps(mode):
     a = jnp.float32(_rng().uniform(2.0, 6.0))
     library = jax.jit(lambda a: _solve(a)[1])
@@ -117,6 +118,7 @@ def test_bfgs_of_jax_scipy_optimize():
     np.testing.assert_allclose(got, fd, rtol=1e-5, atol=1e-8, err_msg=f"seed {_SEED}")
 
 
+@pytest.mark.slow  # 6 s
 def test_fori_loop_with_dynamic_bounds_under_vmap_and_grad():
     xs = jnp.asarray(_rng().uniform(0.5, 1.5, 3), jnp.float32)
     ns = jnp.array([2, 5, 0], jnp.int32)
@@ -128,6 +130,7 @@ def test_fori_loop_with_dynamic_bounds_under_vmap_and_grad():
     np.testing.assert_allclose(jax.grad(lambda xs: jax.vmap(f)(xs, ns).sum())(xs), ref, rtol=1e-5)
 
 
+@pytest.mark.slow  # 4 s
 def test_a_loop_vmapped_before_the_rewrite():
     # vmap inside fn: lax batches the predicate, and the rewrite keeps finished lanes as they are.
     a = jnp.asarray(_rng().uniform(2.0, 6.0, 4), jnp.float32)
