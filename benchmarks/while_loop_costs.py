@@ -62,15 +62,15 @@ def steps_run_table(rounds: int, batch: int = 16, width: int = 64, steps: int = 
         return c + 0.05 * jnp.tanh(c @ w + b)
 
     def loss(x, n, bound):
-        return jnp.sum(while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1])), (0, x), max_steps=bound)[1] ** 2)
+        out = while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, step(c[1])), (0, x), max_steps=bound)
+        return jnp.sum(out[1] ** 2)
 
     args = (x, jnp.int32(steps))
-    built = {f"lax.scan(length={steps})": _compiled(
-        lambda x, n: jax.grad(lambda x: jnp.sum(lax.scan(lambda c, _: (step(c), None), x, None, length=steps)[0] ** 2))(x),
-        args)}
+
     def scan_grad(x):
         return jax.grad(lambda x: jnp.sum(lax.scan(lambda c, _: (step(c), None), x, None, length=steps)[0] ** 2))(x)
 
+    built = {f"lax.scan(length={steps})": _compiled(lambda x, n: scan_grad(x), args)}
     # the floor of a bounded loop's gradient here: its overflow check is one host callback per call
     built["lax.scan + one jax.debug.callback"] = _compiled(
         lambda x, n: (jax.debug.callback(lambda v: None, n), scan_grad(x))[1], args)

@@ -143,7 +143,8 @@ def custom_rule_params(prim: Any, params: dict, rewrite: Any) -> dict | None:
     return None
 
 
-from jax._src.util import weakref_lru_cache  # noqa: E402,F401  (re-exported: a cache keyed weakly by its first argument)
+# re-exported: a cache keyed weakly by its first argument
+from jax._src.util import weakref_lru_cache  # noqa: E402,F401
 
 
 def vmap_like(fn: Any, axis_data: Any, in_axes: Any, out_axes: Any = 0) -> Any:

@@ -103,8 +103,7 @@ def while_loop_params(params: dict, options: LoopOptions, where: str = "") -> di
 
         def new_body(*a):
             return C.eval_closed(body, *a[nc:])
-    loop = Loop(while_loop_p, trace_flat(new_body, avals), trace_flat(new_cond, avals[:nc + nb]
-                                                                       + avals[nc + nb:]), nc + nb,
+    loop = Loop(while_loop_p, trace_flat(new_body, avals), trace_flat(new_cond, avals), nc + nb,
                 len(C.out_avals_of(body)), max_steps=options.max_steps, checkpoints=options.checkpoints,
                 checkpoint_memory=options.checkpoint_memory)
     if options.max_steps is not None and options.checkpoints is not None:
@@ -136,8 +135,9 @@ def _rewrite_open_with_consts(jaxpr: Any, consts: Sequence[Any], options: LoopOp
 #: jaxprs obey rules of their own (a Pallas kernel, ``custom_vmap``'s batching rule): a ``while`` there is
 #: left alone, and :func:`check_rewritten` refuses the program.
 TRANSPARENT = frozenset({
-    "pjit", "jit", "closed_call", "core_call", "cond", "scan", "while", "checkpoint", "remat", "remat2", "custom_jvp_call",
-    "custom_vjp_call", "shard_map", "custom_linear_solve", "while_loop", "while_loop_stack_output", "counted_loop",
+    "pjit", "jit", "closed_call", "core_call", "cond", "scan", "while", "checkpoint", "remat", "remat2",
+    "custom_jvp_call", "custom_vjp_call", "shard_map", "custom_linear_solve", "while_loop", "while_loop_stack_output",
+    "counted_loop",
 })
 
 

@@ -180,8 +180,9 @@ def test_refusals():
 
 @pytest.mark.slow  # 40 s: a fresh process compiles BFGS's three nested loops
 def test_bfgs_at_500_steps_runs_within_a_gigabyte():
-    # The device's peak (the process's on a CPU). Each nested loop's forward is recomputed in its outer loop's backward, so memory is linear in
-    # each bound, not 500**3 rows (jaxaot.loops.partial_eval.recompute_inner_loops).
+    # The device's peak (the process's on a CPU). Each nested loop's forward is recomputed in its outer
+    # loop's backward, so memory is linear in each bound, not 500**3 rows
+    # (jaxaot.loops.partial_eval.recompute_inner_loops).
     script = textwrap.dedent("""
         import resource, jax, jax.numpy as jnp, jaxaot
         from jax.scipy.optimize import minimize
