@@ -10,6 +10,10 @@ The variants are compiled first and then timed in interleaved rounds (medians,
 min-max spread). A second table gives compile time and StableHLO size of a
 ``checkpoints=k`` gradient against k.
 
+``--costs`` runs the cost tables of :mod:`benchmarks.while_loop_costs` instead: a 40-step loop's
+gradient against ``max_steps`` (the time must follow the steps run), and ``checkpoints=k`` on a
+small body against Equinox's checkpointed loop.
+
 ``--long`` runs the long-loop table instead: 10,000 and 100,000 steps with the
 offline schedule's snapshots in host memory (``checkpoint_memory="host"``)
 against the same schedule on the device and, where it fits, ``lax.scan``;
@@ -33,6 +37,7 @@ Usage (from the repository root)::
     python -m benchmarks.bench_while_loop            # the GPU benchmark
     python -m benchmarks.bench_while_loop --small    # a quick CPU run, written to benchmarks/results/
     python -m benchmarks.bench_while_loop --long     # 100,000 steps, host-memory snapshots (GPU)
+    python -m benchmarks.bench_while_loop --costs    # steps run and small bodies (CPU), to benchmarks/results/
     python -m benchmarks.bench_while_loop --compile-only --small   # the compile table alone
 """
 
@@ -429,6 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile-ks", default="3,10,40", help="k of the compile table's offline rows")
     p.add_argument("--compile-repeats", type=int, default=3, help="fresh compiles per variant (medians)")
     p.add_argument("--compile-only", action="store_true", help="the compile table alone")
+    p.add_argument("--costs", action="store_true", help="the cost tables: steps run, small bodies")
     a = p.parse_args(argv)
 
     def compile_table() -> list[str]:
@@ -436,7 +442,15 @@ def main(argv: list[str] | None = None) -> None:
                                     [int(v) for v in a.compile_ks.split(",")], a.compile_repeats, a.batch, a.width,
                                     [int(v) for v in a.compile_large_lengths.split(",")])
 
-    if a.long:
+    if a.costs:
+        from benchmarks import while_loop_costs
+
+        rounds = max(a.repeats, 30)
+        text = header() + "\n".join([*while_loop_costs.steps_run_table(rounds), "",
+                                      *while_loop_costs.small_body_table(rounds)]) + "\n"
+        a.out = a.out or str(result_path("while_loop_costs"))
+        a.small = False
+    elif a.long:
         if a.small:
             a.batch, a.width = 16, 64
         k = a.checkpoints or 1000

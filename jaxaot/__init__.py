@@ -35,7 +35,7 @@ _EXPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "ResidualsMismatchError",
         "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError", "MemoryBudgetError",
         "LoopFunctionError", "LoopCarryMismatchError", "InvalidLoopOptionError", "ReverseModeBoundError",
-        "LoopOverflowError", "XlaCompileError",
+        "LoopOverflowError", "LoopRewriteError", "XlaCompileError",
         "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError", "ArtifactInputError",
         "HookOutputError", "ShardingMismatchError", "ScheduleError", "StageMismatchError", "PipelineMemoryError",
         "CacheWarning")),
@@ -68,6 +68,7 @@ _MODULES = {
     "errors": "jaxaot.errors",
     "compilers": "jaxaot.compile.compilers",
     "primitives": "jaxaot.loops.common",
+    "loops": "jaxaot.loops",
     "viz": "jaxaot.viz",
     "nn": "jaxaot.nn",
     "parallel": "jaxaot.parallel",
@@ -98,7 +99,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static tools see the names the table above loads lazily
-    from jaxaot import errors, nn, parallel  # noqa: F401
+    from jaxaot import errors, loops, nn, parallel  # noqa: F401
     from jaxaot._config import config  # noqa: F401
     from jaxaot.artifacts import ExportedAOT, LoadedAOT, export, load  # noqa: F401
     from jaxaot.autograd import (  # noqa: F401

@@ -101,6 +101,12 @@ class XlaCompileError(JaxaotError, RuntimeError):
     usually fails the same way; ``__cause__`` holds XLA's exception."""
 
 
+class LoopRewriteError(JaxaotError, NotImplementedError):
+    """A ``lax.while_loop`` that :func:`jaxaot.loops.differentiable` (or ``patch_while_loop``) cannot
+    replace: it sits where the transform cannot reach (the message names the primitive that holds it
+    and its source line)."""
+
+
 class LossOutputError(JaxaotError, ValueError):
     """``aot_export_module(..., trace_joint=True)`` has no usable loss output.
 

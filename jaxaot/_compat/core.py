@@ -337,7 +337,7 @@ JIT_COMPILE_EVENTS = {
 __all__ = [
     "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr",
     "Primitive", "Tracer",
-    "bind_eqn", "check_jaxpr", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
+    "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
     "dim_value", "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
     "executable_device_ids", "float0", "has_jvp_rule", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
     "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",

@@ -6,7 +6,10 @@ with getattr where JAX has moved them between versions.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+import functools
+import threading
+from typing import Any, Iterator, Sequence
 
 import jax
 from jax._src import core as _core
@@ -44,8 +47,104 @@ fancy_primitive_batchers = _batching.fancy_primitive_batchers
 # swaps ``jaxaot.while_loop`` into them (``jaxaot.patch_while_loop``) gets no recursion.
 from jax._src.lax.control_flow import loops as _lax_loops  # noqa: E402
 
-lax_while_loop = _lax_loops.while_loop
-lax_fori_loop = _lax_loops.fori_loop
+#: JAX's ``while`` primitive, which every ``lax.while_loop`` (public or internal, ``fori_loop`` with
+#: dynamic bounds included) binds.
+lax_while_p = _lax_loops.while_p
+_JAX_BIND = type(lax_while_p).bind  # the class's bind, whatever an instance attribute says
+_BYPASS = threading.local()
+
+
+@contextlib.contextmanager
+def jaxaot_own_loops() -> Iterator[None]:
+    """jaxaot's own ``while`` binds (its lowerings run ``lax.while_loop``): never rewritten."""
+    depth = getattr(_BYPASS, "depth", 0)
+    _BYPASS.depth = depth + 1
+    try:
+        yield
+    finally:
+        _BYPASS.depth = depth
+
+
+def in_jaxaot_own_loop() -> bool:
+    return getattr(_BYPASS, "depth", 0) > 0
+
+
+def lax_while_loop(*args: Any, **kwargs: Any) -> Any:
+    with jaxaot_own_loops():
+        return _lax_loops.while_loop(*args, **kwargs)
+
+
+def lax_fori_loop(*args: Any, **kwargs: Any) -> Any:
+    with jaxaot_own_loops():
+        return _lax_loops.fori_loop(*args, **kwargs)
+
+
+def intercept_while_binds(hook: Any) -> None:
+    """Route every bind of JAX's ``while`` primitive through ``hook(bind, *args, **params)``, where
+    ``bind`` is JAX's own (idempotent: a second call replaces the hook)."""
+    def bind(*args: Any, **params: Any) -> Any:
+        if in_jaxaot_own_loop():
+            return _JAX_BIND(lax_while_p, *args, **params)
+        return hook(functools.partial(_JAX_BIND, lax_while_p), *args, **params)
+
+    lax_while_p.bind = bind
+
+
+def while_parts(params: dict) -> tuple[int, Any, int, Any]:
+    """``(cond_nconsts, cond_jaxpr, body_nconsts, body_jaxpr)`` of a ``while`` eqn's params."""
+    return params["cond_nconsts"], params["cond_jaxpr"], params["body_nconsts"], params["body_jaxpr"]
+
+
+# The jit-cache key of programs traced under ``patch_while_loop``: a config state JAX includes in
+# every jit and tracing cache key, so no cache serves a program traced under other loop options.
+from jax._src import config as _config  # noqa: E402
+
+_LOOP_OPTIONS = _config.config_states.get("jaxaot_loop_options") or _config.State(
+    "jaxaot_loop_options", "", "The while-loop options of jaxaot.patch_while_loop (part of every jit key).",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def loop_options_scope(key: str) -> Any:
+    """A context in which the jit and tracing caches are keyed by ``key`` too."""
+    return _LOOP_OPTIONS(key)
+
+
+def replace_eqns(jaxpr: Any, eqns: Sequence[Any]) -> Any:
+    """An open jaxpr with the same binders and other ``eqns``."""
+    return jaxpr.replace(eqns=list(eqns))
+
+
+def custom_rule_params(prim: Any, params: dict, rewrite: Any) -> dict | None:
+    """The params of a ``custom_jvp_call`` / ``custom_vjp_call`` eqn whose JVP / forward rule thunks pass
+    the jaxprs they make through ``rewrite(jaxpr, consts) -> (jaxpr, consts)`` (open jaxprs); None for
+    another primitive, or a version whose thunks are unknown here. The ``custom_vjp`` backward rule is a
+    Python function, not a jaxpr, and is kept."""
+    from jax._src import linear_util as _lu
+    from jaxaot._compat.core import custom_jvp_call_p, custom_vjp_call_p
+
+    new = dict(params)
+    if prim is custom_jvp_call_p and "jvp_jaxpr_fun" in params:
+        old = params["jvp_jaxpr_fun"]
+
+        def jvp_thunk(*zeros):
+            jaxpr, consts, out_zeros = old.call_wrapped(*zeros)
+            return (*rewrite(jaxpr, consts), out_zeros)
+
+        new["jvp_jaxpr_fun"] = _lu.wrap_init(jvp_thunk, debug_info=old.debug_info)
+        return new
+    if prim is custom_vjp_call_p and "fwd_jaxpr_thunk" in params:
+        old = params["fwd_jaxpr_thunk"]
+
+        def fwd_thunk(*zeros):
+            return rewrite(*old.call_wrapped(*zeros))
+
+        new["fwd_jaxpr_thunk"] = _lu.wrap_init(fwd_thunk, debug_info=old.debug_info)
+        return new
+    return None
+
+
+# re-exported: a cache keyed weakly by its first argument
+from jax._src.util import weakref_lru_cache  # noqa: E402,F401
 
 
 def vmap_like(fn: Any, axis_data: Any, in_axes: Any, out_axes: Any = 0) -> Any:
@@ -149,12 +248,19 @@ def stage_unknown_eqn(trace: Any, prim: Any, in_tracers: Sequence[Any], out_aval
     return out_tracers
 
 
+def tracing_into(trace: Any) -> Any:
+    """A context in which binds (and jnp ops) on ``trace``'s tracers go to ``trace``: a partial-eval rule
+    that builds its result from other loops, each split by its own rule."""
+    return _core.set_current_trace(trace)
+
+
 def is_known_pval(tracer: Any) -> bool:
     return tracer.pval.is_known()
 
 
 def known_value(tracer: Any) -> Any:
-    return tracer.pval.get_known()
+    """The known value of a partial-eval tracer (a rule may also return known values as they are)."""
+    return tracer.pval.get_known() if isinstance(tracer, _pe.JaxprTracer) else tracer
 
 
 def is_jaxpr_var(x: Any) -> bool:
@@ -167,6 +273,8 @@ __all__ = [
     "custom_partial_eval_rules", "dce_closed", "dce_rules", "effects_of", "fancy_primitive_batchers", "has_effects",
     "hoist_consts", "in_avals_of", "instantiate_zeros", "is_jaxpr_var", "is_known_pval", "is_undefined_primal",
     "join_effects", "jvp_jaxpr", "known_value", "lax_fori_loop", "lax_while_loop", "lower_fun", "merge_lists",
+    "custom_rule_params", "in_jaxaot_own_loop", "intercept_while_binds", "jaxaot_own_loops", "lax_while_p",
+    "loop_options_scope", "replace_eqns", "tracing_into", "weakref_lru_cache", "while_parts",
     "new_eqn", "new_loop_primitive", "out_avals_of", "partial_eval_jaxpr_custom_rules",
     "partial_eval_jaxpr_nounits", "primitive_jvps", "primitive_transposes", "register_lowering", "split_list",
     "stage_unknown_eqn", "vmap_like",

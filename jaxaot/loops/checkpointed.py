@@ -49,13 +49,14 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxaot import _compat as C
 from jaxaot.loops.api import while_loop
 from jaxaot.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot.loops.overflow import check_overflow, overflow_scale, poison
-from jaxaot.loops import placement, sweep
-from jaxaot.loops.revolve import beta_table_jax, place, split_point_jax
+from jaxaot.loops import placement, revolve, sweep
+from jaxaot.loops.revolve import MAX_REPS, beta_table_jax, place, split_point_jax
 
 checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
 """The tangent map of a checkpointed loop: ``num_steps`` applications of the
@@ -165,12 +166,15 @@ def _split_table(params: dict) -> Any:
     return placement.split_table(bound, k) if bound is not None else beta_table_jax(k)
 
 
-def _split(params: dict) -> Any:
-    """Revolve's split points for :func:`jaxaot.loops.sweep.reverse`: looked up in a table of every
-    split point of a bounded loop where it is small, else searched in the binomial table."""
+def _split(params: dict, longest: int | None = None) -> Any:
+    """Revolve's split points for :func:`jaxaot.loops.sweep.reverse`: read from a table of every split
+    point (one lookup) for a bounded loop, or segments of at most ``longest`` steps, where that table
+    is small; else searched in the binomial table (a dozen dynamic slices, each a kernel of its own
+    on a CPU: several times the lookup's time per iteration)."""
     k, bound = params["checkpoints"], params["max_steps"]
-    points = placement.split_points(bound, k) if bound is not None else None
-    return sweep.search_split(_split_table(params)) if points is None else sweep.lookup_split(points, max(bound, 2))
+    longest = bound if longest is None else longest
+    points = placement.split_points(longest, k) if longest is not None else None
+    return sweep.search_split(_split_table(params)) if points is None else sweep.lookup_split(points, max(longest, 2))
 
 
 def _linear_transpose(cts, *args, **params):
@@ -181,11 +185,20 @@ def _linear_transpose(cts, *args, **params):
     acc = [jnp.zeros(a.shape, a.dtype) for a in lc_avals]
     n_plain = 4 + len(snaps) + len(kc)
     if block == 1:  # one loop, one body (jaxaot.loops.sweep)
-        ct, acc = sweep.reverse(_stepper(params, kc, lc_avals), n, pos, slot_of, top, snaps, ct, acc, k,
-                                _split(params))
+        def reverse(split, ct, acc):
+            return sweep.reverse(_stepper(params, kc, lc_avals), n, pos, slot_of, top, snaps, ct, acc, k, split)
+
+        if params["max_steps"] is not None or k > TABLE_CHECKPOINTS:
+            ct, acc = reverse(_split(params), ct, acc)
+        else:  # an unbounded loop's split points: looked up while its segments are short (no longer than
+            # the loop), searched past that; a lax.cond per step would cost more than the lookup saves
+            short = online_table_steps(k)
+            ct, acc = lax.cond(n <= short, functools.partial(reverse, _split(params, short)),
+                               functools.partial(reverse, _split(params)), ct, acc)
         return [None] * n_plain + list(acc) + list(ct)
     table = jnp.asarray(_split_table(params))  # once, outside both loops
     buf = list(snaps)  # k snapshot slots and the scratch slot
+    primal = _primal_body(params)  # the advance needs no residuals
 
     def advance(state, fine):  # one recomputation step towards fine - 1 (a no-op once there)
         x, cur, top, pos, buf = state
@@ -193,13 +206,13 @@ def _linear_transpose(cts, *args, **params):
         slots = k - top
         p_top = read_row(pos, top)
         target = jnp.where(slots > 1, p_top + split_point_jax(fine - p_top, slots, k, table), -1)
-        new = [strong(a) for a in _step(params, kc, x)[0]]
+        new = [strong(a) for a in C.eval_closed(primal, *kc, *x)]
         x = _where(go, new, x)
         cur = cur + go.astype(jnp.int32)
         push = go & (cur == target)
         slot = jnp.where(push, read_row(slot_of, jnp.minimum(top + 1, k - 1)), k)
         buf = [write_row(b, slot, a) for b, a in zip(buf, x)]
-        pos = jnp.where(push & (jnp.arange(k) == top + 1), cur, pos)
+        pos = jnp.where(push & (jnp.arange(k, dtype=jnp.int32) == top + 1), cur, pos)
         return x, cur, top + push.astype(jnp.int32), pos, buf
 
     def vjp(fine, top, pos, ct, acc, x, live):  # the VJP of step fine - 1 at its state x
@@ -207,7 +220,7 @@ def _linear_transpose(cts, *args, **params):
         ct_lc, new_ct = _where(live, ct_lc, [jnp.zeros_like(g) for g in ct_lc]), _where(live, new_ct, ct)
         fine = fine - live.astype(jnp.int32)
         pop = live & (read_row(pos, jnp.maximum(top, 0)) == fine)
-        pos = jnp.where(pop & (jnp.arange(k) == top), -1, pos)
+        pos = jnp.where(pop & (jnp.arange(k, dtype=jnp.int32) == top), -1, pos)
         return fine, top - pop.astype(jnp.int32), pos, new_ct, [a + g for a, g in zip(acc, ct_lc)]
 
     def top_state(top, buf):  # level 0 (the initial state) once every level is popped: a state the loop ran on
@@ -296,10 +309,27 @@ def online_block(effects: Any = None) -> int:
 
 
 # --------------------------------------------------------------------------- partial eval
-def _placer(k: int) -> tuple:
+#: Up to this many snapshots, an unbounded ``checkpoints=k`` loop reads its placement and split points
+#: from tables made at trace time (constants of at most about 0.3 MB, :func:`online_table_steps`);
+#: above, the program's size does not grow with k, and each step decides on the device (O(k) work).
+TABLE_CHECKPOINTS = 128
+
+
+def online_table_steps(k: int) -> int:
+    """How many steps of an unbounded ``checkpoints=k`` forward (k up to :data:`TABLE_CHECKPOINTS`) read
+    their placement from a table made at trace time (:func:`jaxaot.loops.placement.recorder`, up to
+    0.3 s of Python, once per k), and the longest loop whose backward looks its split points up in a
+    table (:func:`jaxaot.loops.placement.split_points`, ``(k + 1) * (steps + 1)`` int16): 4096 steps
+    up to k=31, down to 1024 at k=127; past them each step decides online, O(k) work
+    (:func:`~jaxaot.loops.revolve.place`), and the backward searches the binomial table."""
+    return max(1024, min(4096, (1 << 17) // (k + 1)))
+
+
+def _placer(k: int, needed: Any) -> tuple:
     """``(levels0, decide, finish)`` of the online placement (:func:`~jaxaot.loops.revolve.place`),
-    as :func:`jaxaot.loops.placement.recorder` gives them for a bounded loop."""
-    table = beta_table_jax(k + 1)  # once, outside the loop: the program's size does not grow with k
+    as :func:`jaxaot.loops.placement.recorder` gives them for a bounded loop. Its binomial table is
+    computed once, outside the loop (the program's size does not grow with k), when ``needed``."""
+    table = lax.cond(needed, lambda: beta_table_jax(k + 1), lambda: jnp.zeros((k + 2, MAX_REPS + 1), jnp.int32))
 
     def decide(i, levels):
         slot, *new = place(jnp, i, *levels, k, table)
@@ -351,29 +381,47 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
                   num_known_consts=len(kc) + (bound is not None), num_linear_consts=len(lin_consts))
     fkc = [*kc, jnp.ones((), jnp.float32)] if bound is not None else kc  # the forward's: any scale
     primal_body = _primal_body(params)  # the program the transpose advances with, too
-    levels0, decide, finish = _placer(k) if bound is None else placement.recorder(bound, k)
 
     def fcond(state):
         go = C.eval_closed(cond, *kc, *state[0])[0]
         return go if bound is None else go & (state[1] < bound)
 
-    def fbody(state, start):
-        # Store the state *before* the step: the state after the last step is never needed.
-        x, i, levels, snaps = state
-        slot, new_levels = decide(i, levels)
-        if block == 1:
-            snaps = [write_row(s, slot, a) for s, a in zip(snaps, x)]
-            return C.eval_closed(primal_body, *fkc, *x), i + 1, new_levels, snaps
-        # A step past the loop's end changes nothing, and runs the body on the block's
-        # first state (one it ran on) rather than on the final state, where it may be invalid.
-        go = fcond(state)
-        snaps = [write_row(s, jnp.where(go, slot, k), a) for s, a in zip(snaps, x)]
-        new = C.eval_closed(primal_body, *fkc, *_where(go, x, start[0]))
-        return _where(go, new, x), i + go.astype(jnp.int32), tuple(_where(go, new_levels, levels)), snaps
+    def forward(state, decide, limit):
+        """The forward loop from ``state`` while the loop runs and the step is below ``limit``."""
+        def running(state):
+            return fcond(state) if limit is None else fcond(state) & (state[1] < limit)
+
+        def fbody(state, start):
+            # Store the state *before* the step: the state after the last step is never needed.
+            x, i, levels, snaps = state
+            slot, new_levels = decide(i, levels)
+            if block == 1:
+                snaps = [write_row(s, slot, a) for s, a in zip(snaps, x)]
+                return C.eval_closed(primal_body, *fkc, *x), i + 1, new_levels, snaps
+            # A step past the loop's end changes nothing, and runs the body on the block's
+            # first state (one it ran on) rather than on the final state, where it may be invalid.
+            go = running(state)
+            snaps = [write_row(s, jnp.where(go, slot, k), a) for s, a in zip(snaps, x)]
+            new = C.eval_closed(primal_body, *fkc, *_where(go, x, start[0]))
+            return _where(go, new, x), i + go.astype(jnp.int32), tuple(_where(go, new_levels, levels)), snaps
+
+        return _blocks(running, fbody, state, block, k)
 
     snaps0 = [jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)) for x in kt]  # + scratch slot
-    x, n, levels, snaps = _blocks(fcond, fbody, (kt, jnp.zeros((), jnp.int32), levels0, snaps0), block, k)
-    pos, slot_of, top = finish(levels)
+    # The placement's decisions depend on the step alone: read from a table made at trace time for
+    # the bound, or, without one, for the first online_table_steps(k) steps, and decided online
+    # (revolve.place, O(k) work per step) past them.
+    state = (kt, jnp.zeros((), jnp.int32), None, snaps0)
+    if bound is not None or k <= TABLE_CHECKPOINTS:
+        levels0, decide, finish = placement.recorder(bound or online_table_steps(k), k)
+        x, n, levels, snaps = forward(state[:2] + (levels0, snaps0), decide,
+                                      None if bound is not None else online_table_steps(k))
+        pos, slot_of, top = finish(levels)
+        state = (x, n, (pos, slot_of, top + 1), snaps)
+    if bound is None:  # past the table (usually not one step), or k above TABLE_CHECKPOINTS: online
+        levels0, decide, finish = _placer(k, fcond(state))
+        x, n, levels, snaps = forward(state[:2] + (state[2] or levels0, state[3]), decide, None)
+        pos, slot_of, top = finish(levels)
     if bound is not None:  # stopped at the bound while the loop still ran: NaN values and tangents
         overflowed = (n >= bound) & C.eval_closed(cond, *kc, *x)[0]
         check_overflow(overflowed, bound)

@@ -148,7 +148,16 @@ def moveaxis(x: Any, src: int, dst: int) -> Any:
 
 def broadcast_lanes(x: Any, size: int, axis: int = 0) -> Any:
     """``x`` repeated ``size`` times along a new batch axis."""
-    return jnp.broadcast_to(jnp.expand_dims(x, axis), (*x.shape[:axis], size, *x.shape[axis:]))
+    shape = jnp.shape(x)
+    return jnp.broadcast_to(jnp.expand_dims(x, axis), (*shape[:axis], size, *shape[axis:]))
+
+
+def as_operand(x: Any, aval: Any) -> Any:
+    """``x`` as an array of ``aval``'s dtype: a rule may get a jaxpr literal (a Python or typed
+    scalar, in a loop nested in another loop's body) where the loop has an array operand."""
+    if isinstance(x, (jax.Array, C.Tracer)):
+        return x
+    return jnp.asarray(x, aval.dtype)
 
 
 def forwarded_carries(body: Any, num_consts: int, num_carry: int) -> list[bool]:
@@ -229,6 +238,12 @@ class Loop:
     @property
     def x_row_avals(self) -> list:
         return C.in_avals_of(self.body)[self.num_consts + self.num_carry:]
+
+    def operand_avals(self) -> list:
+        """The avals of the operands (``[num_steps] + consts + carry + stacked xs``)."""
+        body_in = C.in_avals_of(self.body)
+        xs = [stacked_aval(a, self.length) for a in self.x_row_avals]
+        return ([C.ShapedArray((), INT)] if self.counted else []) + body_in[: self.num_consts + self.num_carry] + xs
 
     def split(self, args: Sequence[Any]) -> tuple[Any, list, list, list]:
         """``(num_steps or None, consts, carry, xs)`` of an operand list."""

@@ -48,9 +48,10 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot import _compat as C
-from jaxaot.loops import checkpointed
+from jaxaot.loops import checkpointed, segments
 from jaxaot.loops.capacity import is_bounded, stack_capacity
 from jaxaot.loops.common import (
+    LOOP_PRIMITIVES,
     Loop,
     counted_loop,
     counted_loop_p,
@@ -128,10 +129,50 @@ def _hoist(known_body: Any, num_consts: int, num_outs: int, num_res: int):
     return hoist, loop_body, list(dep[num_outs:])
 
 
+# --------------------------------------------------------------------------- nested loops
+_LOOP_NAMES = frozenset(str(p) for p in LOOP_PRIMITIVES)
+
+
+def _runs_a_loop(eqn: Any) -> bool:
+    """Whether ``eqn`` runs a jaxaot loop (and has no effects, which ``jax.checkpoint`` may refuse)."""
+    if C.is_effectful(eqn):
+        return False
+    return str(eqn.primitive) in _LOOP_NAMES or any(str(e.primitive) in _LOOP_NAMES
+                                                    for sub in C.eqn_subjaxprs(eqn) for e in C.iter_eqns(sub))
+
+
+def recompute_inner_loops(body: Any) -> Any:
+    """``body`` with every eqn that runs a loop of its own (directly or inside a call) under
+    ``jax.checkpoint``: reverse mode then stores that inner loop's inputs per outer iteration and
+    runs its forward again, with its own stack, in the outer backward's step, instead of keeping
+    every inner stack for every outer iteration (``N_outer * N_inner`` rows; ``N ** depth`` for a
+    nest of loops of one ``max_steps``). Each nesting level costs one more forward evaluation of
+    the loops inside it. ``body`` itself when it runs no inner loop."""
+    jaxpr = C.jaxpr_of(body)
+    if not any(_runs_a_loop(e) for e in jaxpr.eqns):
+        return body
+
+    def run(*args):
+        env = dict(zip(jaxpr.constvars, C.consts_of(body)))
+        env.update(zip(jaxpr.invars, args))
+        for eqn in jaxpr.eqns:
+            invals = [v.val if C.is_literal(v) else env[v] for v in eqn.invars]
+            if _runs_a_loop(eqn):
+                outs = jax.checkpoint(lambda *a, eqn=eqn: C.bind_eqn(eqn, a), prevent_cse=False)(*invals)
+            else:
+                outs = C.bind_eqn(eqn, invals)
+            env.update((v, x) for v, x in zip(eqn.outvars, outs) if not C.is_drop_var(v))
+        return [v.val if C.is_literal(v) else env[v] for v in jaxpr.outvars]
+
+    return trace_flat(run, C.in_avals_of(body))
+
+
 # --------------------------------------------------------------------------- the rules
 def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     """The partial-eval rule: a known stacking loop and a staged linear counted loop."""
     loop = loop_of(prim, params)
+    if not loop.counted:  # inner loops: recomputed in the outer backward (nested checkpointing)
+        loop = loop.replace(body=recompute_inner_loops(loop.body))
     uk = [not C.is_known_pval(t) for t in tracers]
     n_uk, consts_uk, carry_uk, xs_uk = loop.split(uk)
     if (loop.counted and n_uk) or not any(uk):
@@ -142,6 +183,9 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     if not is_bounded(loop):
         return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
     known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
+    steps = segments.applies(loop, res_avals)
+    if steps is not None:  # a CPU's large max_steps stack in segments (jaxaot.loops.segments)
+        return _segmented(loop, trace, tracers, consts_uk, carry_uk, steps)
     if prim is while_loop_p and loop.checkpoints is not None:
         return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
                                          known_body, unknown_body, res_avals)
@@ -211,6 +255,18 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
                                       lin_loop.params(), lin_loop.effects())
     u_t_out, u_y_out = C.split_list(out_tracers, [u_m])
     return [*C.merge_lists(carry_uk, k_t_out, u_t_out), *C.merge_lists(ys_uk, k_y_out, u_y_out), *extra]
+
+
+def _segmented(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],
+               carry_uk: Sequence[bool], steps: int) -> list:
+    cond = _known_cond(loop, consts_uk, carry_uk)
+    _, consts, carry, _ = loop.split(tracers)
+    known_consts = [C.known_value(t) for t in pick(consts_uk, consts, False)]
+
+    def still_running(out):
+        return C.eval_closed(cond, *known_consts, *[C.known_value(t) for t in pick(carry_uk, out, False)])[0]
+
+    return segments.run(loop, steps, consts, carry, trace, still_running)
 
 
 def _stage_whole(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],

@@ -1,24 +1,27 @@
-"""``patch_while_loop``: give a library's ``lax.while_loop`` reverse mode for a block.
+"""``patch_while_loop``: :func:`~jaxaot.loops.rewrite.differentiable` as a context manager.
 
-A library that keeps its solver in ``jax.lax.while_loop`` (a Newton solver, an
+A library that keeps its solver in ``lax.while_loop`` (a Newton solver, an
 optimizer, a physics engine's constraint solver) cannot be reverse-differentiated:
 ``lax.while_loop`` refuses the transpose. Inside ``with patch_while_loop(...)``
-the attribute ``jax.lax.while_loop`` is :func:`jaxaot.while_loop` with the given
-``max_steps`` / ``checkpoints``, so every call the library makes *while the block
-runs* (tracing included: call ``jax.grad``/``jax.jit`` inside the block, or
-trace there) builds a jaxaot loop. The forward results are unchanged.
+every ``while`` the block traces becomes jaxaot's loop with the given options,
+through the rewrite :func:`~jaxaot.loops.rewrite.differentiable` applies to a
+traced program (:func:`~jaxaot.loops.rewrite.while_loop_params`):
 
-jaxaot itself never reads the public ``jax.lax.while_loop`` / ``fori_loop``
-attributes at run time (it binds JAX's implementation once, at import, in
-:mod:`jaxaot._compat`), so the swap cannot make jaxaot call itself. What it
-cannot reach: code that bound the function before the block (``from jax.lax
-import while_loop`` at the library's import), and ``lax.fori_loop`` /
-``lax.scan``, which call JAX's loop directly (a ``fori_loop`` with static bounds
-is a scan, and differentiates already).
+* it is JAX's ``while`` primitive whose binds are rewritten, not the name
+  ``jax.lax.while_loop``, so every caller is reached: ``jax.lax.while_loop``,
+  JAX's internal loop (``jax.scipy.optimize``), ``fori_loop`` with dynamic
+  bounds, code that bound ``from jax.lax import while_loop`` at import;
+* the options are part of every jit and tracing cache key inside the block (a
+  JAX config state), so a library's ``jax.jit`` entry point traced before the
+  block, or in a block with other options, is traced again rather than served
+  from its cache.
 
-Costs are those of the mode chosen (README, "Choosing a while_loop mode"); the
-swap itself costs nothing. It is process-wide while it lasts: another thread
-tracing a ``lax.while_loop`` meanwhile gets the jaxaot loop too (same forward).
+Trace (``jax.grad``, ``jax.jit``, the first call of a jitted function) inside
+the block; a program traced there keeps its loops when called after it. Costs
+are those of the mode chosen (``docs/concepts/loops.md``); the hook costs a
+thread-local read per ``while`` bind. The options apply to the thread that
+entered the block; blocks nest (the innermost options apply). jaxaot's own
+lowerings, which run ``lax.while_loop``, are never rewritten.
 
 Example:
     >>> import jax, jaxaot
@@ -33,48 +36,60 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-import jax
+from jaxaot import _compat as C
+from jaxaot.loops.common import while_loop_p
+from jaxaot.loops.rewrite import LoopOptions, while_loop_params
 
-from jaxaot.loops.api import while_loop
-from jaxaot.loops.common import check_options
-from jaxaot.loops.offline import check_body
+_STATE = threading.local()
+_INSTALL = threading.Lock()
+_installed = False
 
-_LOCK = threading.Lock()
+
+def _active() -> LoopOptions | None:
+    stack = getattr(_STATE, "stack", None)
+    return stack[-1] if stack else None
+
+
+def _bind(jax_bind: Callable, *args: Any, **params: Any) -> Any:
+    """A bind of JAX's ``while``: jaxaot's loop inside a block of this thread, JAX's otherwise."""
+    options = _active()
+    if options is None:
+        return jax_bind(*args, **params)
+    return while_loop_p.bind(*args, **while_loop_params(params, options))
+
+
+def _install() -> None:
+    global _installed
+    with _INSTALL:
+        if not _installed:
+            C.intercept_while_binds(_bind)
+            _installed = True
 
 
 def patch_while_loop(*, max_steps: int | None = None, checkpoints: int | None = None,
                      checkpoint_memory: str = "device") -> contextlib.AbstractContextManager[None]:
-    """Swap ``jax.lax.while_loop`` for ``jaxaot.while_loop(max_steps=..., checkpoints=..., checkpoint_memory=...)``
-    for the duration of the block; the previous function is restored on exit, also
-    when the block raises. Blocks nest (the innermost options apply).
+    """A block in which every ``lax.while_loop`` traced is ``jaxaot.while_loop(max_steps=...,
+    checkpoints=..., checkpoint_memory=...)`` (see the module docstring).
 
     The options are checked here, when ``patch_while_loop(...)`` is called (not when the
     block is entered): :class:`~jaxaot.errors.InvalidLoopOptionError` names a bad one.
     """
-    check_options(max_steps, checkpoints, checkpoint_memory, who="patch_while_loop")
-    if max_steps is not None and checkpoints is not None:
-        check_body("patch_while_loop", max_steps, checkpoints, checkpoint_memory, effects=None)
-    replacement = functools.partial(while_loop, max_steps=max_steps, checkpoints=checkpoints,
-                                    checkpoint_memory=checkpoint_memory)
-    functools.update_wrapper(replacement, while_loop)
-    return _swapped(replacement)
+    return _patched(LoopOptions(max_steps, checkpoints, checkpoint_memory).check("patch_while_loop"))
 
 
 @contextlib.contextmanager
-def _swapped(replacement: Callable) -> Iterator[None]:
-    """``jax.lax.while_loop`` is ``replacement`` inside the block, the previous function again after it."""
-    with _LOCK:
-        previous = jax.lax.while_loop
-        jax.lax.while_loop = replacement
+def _patched(options: LoopOptions) -> Iterator[None]:
+    _install()
+    stack = _STATE.__dict__.setdefault("stack", [])
+    stack.append(options)
     try:
-        yield
+        with C.loop_options_scope(options.key()):
+            yield
     finally:
-        with _LOCK:
-            jax.lax.while_loop = previous
+        stack.pop()
 
 
 __all__ = ["patch_while_loop"]

@@ -178,13 +178,13 @@ def place(xp, i, pos, slot_of, m, k: int, table=None):
     slots = xp.concatenate([k - a, k - a + 1, k - a, k - a + 1])
     costs = xp.where(xp.concatenate([valid] * 4), segment_cost(xp, lengths, slots, k, table), 0)
     own, shifted, longer, merged = (costs[q * k:(q + 1) * k] for q in range(4))
-    before = xp.cumsum(own) - own
-    after = xp.sum(shifted) - xp.cumsum(shifted)
+    before = xp.cumsum(own, dtype=own.dtype) - own  # sums keep the dtype (int32 sums are int64 under x64)
+    after = xp.sum(shifted, dtype=own.dtype) - xp.cumsum(shifted, dtype=own.dtype)
     big = _INT32_MAX
     skip = before[m - 1] + longer[m - 1]
-    append = xp.where(m < k, xp.sum(own), big)
+    append = xp.where(m < k, xp.sum(own, dtype=own.dtype), big)
     drop = xp.where((a >= 1) & valid, xp.roll(before, 1) + merged + after, big)[1:]
-    choice = xp.argmin(xp.concatenate([xp.stack([skip, append]), drop]))
+    choice = xp.argmin(xp.concatenate([xp.stack([skip, append]), drop])).astype(pos.dtype)  # int64 under x64
     j = choice - 1  # the dropped level, when choice >= 2
     freed = slot_of[xp.clip(j, 0, k - 1)]
     new_pos = xp.where(a < j, pos, xp.where(a < m - 1, xp.roll(pos, -1), xp.where(a == m - 1, i, -1)))
@@ -193,7 +193,7 @@ def place(xp, i, pos, slot_of, m, k: int, table=None):
     slot = xp.where(is_drop, freed, xp.where(is_append, slot_of[xp.minimum(m, k - 1)], k))
     pos = xp.where(is_drop, new_pos, xp.where(is_append & (a == m), i, pos))
     slot_of = xp.where(is_drop, new_slot, slot_of)
-    return slot, pos, slot_of, m + is_append
+    return slot, pos, slot_of, m + is_append.astype(pos.dtype)
 
 
 def online_placement(k: int):
@@ -356,6 +356,6 @@ def split_point_jax(length, slots, k: int, table=None):
     table = beta_table_jax(k) if table is None else table
     row = read_row(table, jnp.clip(slots, 0, k))
     r = jnp.minimum(_searchsorted(row, length), MAX_REPS)
-    b_s = read_row(row, jnp.maximum(r - 2, 0)) * (r >= 2)
+    b_s = jnp.where(r >= 2, read_row(row, jnp.maximum(r - 2, 0)), 0)
     b_s1 = read_row(read_row(table, jnp.clip(slots - 1, 0, k)), r)
     return jnp.clip(jnp.maximum(b_s, length - b_s1), 1, length - 1)

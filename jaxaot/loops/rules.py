@@ -56,6 +56,7 @@ from jaxaot.loops.capacity import is_bounded, unbounded_error
 from jaxaot.loops.common import (
     INT,
     LOOP_PRIMITIVES,
+    as_operand,
     broadcast_lanes,
     counted_loop,
     counted_loop_p,
@@ -187,7 +188,7 @@ def _no_transpose(prim, cts, *args, **params):
 
 
 # --------------------------------------------------------------------------- batching
-def _lane_select(p, new, old):
+def lane_select(p, new, old):
     return jnp.where(p.reshape(p.shape + (1,) * (new.ndim - 1)), new, old)
 
 
@@ -209,7 +210,7 @@ def _batched_carries(loop: Any, axis_data: Any, cb: Sequence[bool], tb: Sequence
         tb = new
 
 
-def _gate(p: Any, x: Any) -> Any:
+def gate(p: Any, x: Any) -> Any:
     """``x``, whose derivative is cut on the lanes where ``p`` is false.
 
     The forward value is ``x`` (XLA folds the select of equal operands). In reverse
@@ -219,7 +220,7 @@ def _gate(p: Any, x: Any) -> Any:
     """
     if not C.is_inexact(x.dtype):
         return x
-    return _lane_select(p, x, jax.lax.stop_gradient(x))
+    return lane_select(p, x, jax.lax.stop_gradient(x))
 
 
 def _has_io_effect(loop: Any) -> bool:
@@ -230,7 +231,7 @@ def _has_io_effect(loop: Any) -> bool:
 def _batch(prim, axis_data, args, dims, **params):
     loop = loop_of(prim, params)
     size = axis_data.size
-    n, consts, carry, xs = loop.split(args)
+    n, consts, carry, xs = loop.split([as_operand(a, av) for a, av in zip(args, loop.operand_avals())])
     nd, cd, td, xd = loop.split(dims)
     cb = [d is not None for d in cd]
     xb = [d is not None for d in xd]
@@ -261,26 +262,26 @@ def _batch(prim, axis_data, args, dims, **params):
     lane_mask = []
     if n_batched:
         n = moveaxis(n, nd, 0)
-        lane_mask = [jnp.arange(loop.length)[:, None] < n[None, :]]
+        lane_mask = [jnp.arange(loop.length, dtype=INT)[:, None] < n[None, :]]
         n = jnp.max(n)
 
     def body(*a):
         c, t, xr, extra = C.split_list(a, [k, m, nx])
         live = vcond(*c, *t)[0] if pred_batched else (extra[0] if n_batched else None)
         if live is not None:  # finished lanes: no derivative through the body (NaN-safe)
-            outs = vbody(*[_gate(live, x) if b else x for x, b in zip(c, cb)],
-                         *[_gate(live, x) if b else x for x, b in zip(t, tb)],
-                         *[_gate(live, x) if b else x for x, b in zip(xr, xb)])
+            outs = vbody(*[gate(live, x) if b else x for x, b in zip(c, cb)],
+                         *[gate(live, x) if b else x for x, b in zip(t, tb)],
+                         *[gate(live, x) if b else x for x, b in zip(xr, xb)])
         else:
             outs = vbody(*c, *t, *xr)
         new_t, y = outs[:m], outs[m:]
         if pred_batched:
             p = live
-            new_t = [_lane_select(p, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]
+            new_t = [lane_select(p, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]
         if n_batched:
             (mask,) = extra
-            new_t = [_lane_select(mask, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]
-            y = [_lane_select(mask, a_, jnp.zeros_like(a_)) for a_ in y]
+            new_t = [lane_select(mask, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]
+            y = [lane_select(mask, a_, jnp.zeros_like(a_)) for a_ in y]
         counter = [t_extra + p.astype(INT) for t_extra in extra] if count_lanes else []
         return [*new_t, *counter, *y]
 

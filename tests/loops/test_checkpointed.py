@@ -22,6 +22,19 @@ def test_device_body_evaluations_match_the_schedule(n, k):
     chex.assert_trees_all_close(got, ref, rtol=1e-5)
 
 
+@pytest.mark.parametrize("table_steps,table_checkpoints", [
+    pytest.param(16, 128, id="past_the_table"), pytest.param(4096, 2, id="k_above_the_tables", marks=pytest.mark.slow)])
+def test_body_evaluations_without_the_trace_time_tables(table_steps, table_checkpoints, monkeypatch):
+    # Past online_table_steps(k) steps the placement is decided online and the backward searches its
+    # split points (the loop is longer than the lookup's); above TABLE_CHECKPOINTS every step decides online.
+    monkeypatch.setattr(checkpointed, "online_table_steps", lambda k: table_steps)
+    monkeypatch.setattr(checkpointed, "TABLE_CHECKPOINTS", table_checkpoints)
+    runs, got, ref = body_runs_and_gradient(40, 0.3, checkpoints=3)
+    c = revolve.revolve_counts(40, 3)
+    assert runs == c.forward + c.vjps
+    chex.assert_trees_all_close(got, ref, rtol=1e-5)
+
+
 def _ck_loop(x, n=6):
     return while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.sin(c[1]) * 1.2 + 0.1 * c[1] ** 2), (0, x),
                       checkpoints=2)[1]

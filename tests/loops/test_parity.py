@@ -65,13 +65,17 @@ def _io_callback(wl, x, pred_on_carry):
 
 
 def _debug_callback_batched(wl, x):
+    # vmap of jax.debug.callback calls it once per lane, as separate unordered effects
+    # (jax/_src/debugging.py, debug_batching_rule), so the order of one iteration's lanes is not
+    # defined (GPUs differ from CPUs): each iteration's values compare as a sorted multiset.
     seen = []
     out = jax.vmap(lambda x: wl(lambda c: c < 3.0,
                                 lambda c: jax.debug.callback(lambda v: seen.append(np.asarray(v)), c) or c + x,
                                 0.0))(x)
     jax.block_until_ready(out)
     jax.effects_barrier()
-    return out, jnp.asarray(np.stack(seen))
+    per_iteration = np.stack(seen).reshape(-1, x.shape[0])
+    return out, jnp.asarray(np.sort(per_iteration, axis=1))
 
 
 def _effects(wl, x):

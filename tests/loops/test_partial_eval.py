@@ -50,3 +50,27 @@ def test_loop_invariant_residuals_are_hoisted_not_stacked():
     assert stacked and all(s == (5,) for s in stacked)  # per-iteration scalars only, no (5, 64) rows
     ref = jax.grad(lambda w: lax.fori_loop(0, 3, lambda i, c: body(c, w), 0.5))(w)
     chex.assert_trees_all_close(jax.grad(f)(w), ref, rtol=1e-5)
+
+
+def _nest(x, depth, max_steps):
+    """``depth`` nested 3-step loops, each of bound ``max_steps``."""
+    def body(c):
+        y = jnp.sin(c[1]) * 1.01 + 0.01
+        return c[0] + 1, _nest(y, depth - 1, max_steps) if depth > 1 else y
+
+    return while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=max_steps)[1]
+
+
+def _nest_ref(x, depth):
+    step = lambda i, y: jnp.sin(y) * 1.01 + 0.01  # noqa: E731
+    return lax.fori_loop(0, 3, lambda i, y: _nest_ref(step(i, y), depth - 1) if depth > 1 else step(i, y), x)
+
+
+def test_inner_loops_are_recomputed_not_stacked_per_outer_iteration():
+    # Three nested loops of max_steps=128 and a 64-float carry: stacking every inner loop's rows for
+    # every outer iteration would take 128**3 rows (512 MiB); recomputed, each level keeps its own.
+    x = jax.random.normal(jax.random.key(3), (64,))
+    g = jax.jit(jax.grad(lambda x: _nest(x, 3, 128).sum()))
+    temp = g.lower(x).compile().memory_analysis().temp_size_in_bytes
+    assert temp < 4 * 3 * 128 * 64 * 4, temp  # a few rows of each level's 128, not 128**3
+    chex.assert_trees_all_close(g(x), jax.grad(lambda x: _nest_ref(x, 3).sum())(x), rtol=1e-5)

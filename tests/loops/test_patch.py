@@ -15,7 +15,9 @@ import pytest
 from jax import lax
 
 import jaxaot
-from jaxaot.errors import InvalidLoopOptionError
+import jaxaot.loops
+from jaxaot import _compat as C
+from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 
 
 # --------------------------------------------------------------------------- the "library"
@@ -83,26 +85,65 @@ def test_patched_projected_gradient_solver_matches_unrolled_scan():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_patch_restores_lax_while_loop_even_on_error():
-    original = jax.lax.while_loop
+def _loop_options(fn, *args):
+    """``(max_steps, checkpoints)`` of each loop in ``fn``'s program; ``"lax"`` for a ``lax.while_loop``."""
+    eqns = C.iter_eqns(jax.make_jaxpr(fn)(*args))
+    return [(e.params["max_steps"], e.params["checkpoints"]) if str(e.primitive) == "while_loop" else "lax"
+            for e in eqns if str(e.primitive) in ("while", "while_loop")]
+
+
+def test_blocks_nest_and_end_even_on_error():
+    x = jnp.float32(_rng().uniform(1.0, 3.0))
     with pytest.raises(ZeroDivisionError):
         with jaxaot.patch_while_loop(max_steps=8):
-            assert jax.lax.while_loop is not original
-            with jaxaot.patch_while_loop(checkpoints=2):  # nests
-                assert jax.lax.while_loop.keywords == dict(max_steps=None, checkpoints=2, checkpoint_memory="device")
-            assert jax.lax.while_loop.keywords == dict(max_steps=8, checkpoints=None, checkpoint_memory="device")
+            assert _loop_options(newton_solve, x, x) == [(8, None)]
+            with jaxaot.patch_while_loop(checkpoints=2):  # the innermost options apply
+                assert _loop_options(newton_solve, x, x) == [(None, 2)]
+            assert _loop_options(newton_solve, x, x) == [(8, None)]
             1 / 0
-    assert jax.lax.while_loop is original
+    assert _loop_options(newton_solve, x, x) == ["lax"]
 
 
 def test_patch_checks_its_options():
+    x = jnp.float32(1.5)
     with jaxaot.patch_while_loop(max_steps=8, checkpoints=2):  # any k: the bounded binomial schedule
-        assert jax.lax.while_loop.keywords == dict(max_steps=8, checkpoints=2, checkpoint_memory="device")
+        assert _loop_options(newton_solve, x, x) == [(8, 2)]
     with jaxaot.patch_while_loop(max_steps=8, checkpoints=6):  # nested scans fit
-        assert jax.lax.while_loop.keywords == dict(max_steps=8, checkpoints=6, checkpoint_memory="device")
+        assert _loop_options(newton_solve, x, x) == [(8, 6)]
     with pytest.raises(InvalidLoopOptionError, match="positive"):
-        with jaxaot.patch_while_loop(max_steps=0):
-            pass
+        jaxaot.patch_while_loop(max_steps=0)  # refused when called, before any block
+
+
+def test_no_jit_cache_serves_another_blocks_program():
+    # A library's jitted entry point: traced once before the block (lax's loop), then in blocks of
+    # other options. Each block traces it again (the options are part of every jit key).
+    a, b = (jnp.float32(v) for v in _rng().uniform(0.5, 2.0, 2))
+    solve = jax.jit(lambda a, b: newton_solve(a, b)[1])
+    n = int(newton_solve(a, b)[0])
+    ref = jax.grad(lambda a: _unrolled(newton_step(a, b), (0, b), n)[1])(a)
+    solve(a, b)  # a plain forward call first: its program has lax's loop
+    with jaxaot.patch_while_loop(max_steps=64):
+        np.testing.assert_allclose(jax.grad(solve)(a, b), ref, rtol=1e-4)
+    with jaxaot.patch_while_loop(max_steps=n - 1):  # too few steps: an overflow, never the 64-step program
+        with pytest.raises(LoopOverflowError), jaxaot.loops.reraise_overflow():
+            jax.block_until_ready(jax.grad(solve)(a, b))
+    with pytest.raises(ValueError, match="Reverse-mode differentiation does not work"):
+        jax.grad(solve)(a, b)  # after the blocks: lax's loop again
+
+
+def test_every_caller_of_jaxs_while_is_reached():
+    # Code that bound JAX's loop before the block, JAX's internal loop, and fori_loop with dynamic bounds.
+    from jax._src.lax.control_flow.loops import while_loop as internal_while_loop
+
+    x = jnp.float32(_rng().uniform(0.5, 1.5))
+    n = jnp.int32(5)
+    ref = jax.grad(lambda x: _unrolled(lambda c: jnp.sin(c) * 1.1, x, 5))(x)
+    with jaxaot.patch_while_loop(max_steps=16):
+        g1 = jax.grad(lambda x: internal_while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.sin(c[1]) * 1.1),
+                                                    (0, x))[1])(x)
+        g2 = jax.grad(lambda x: lax.fori_loop(0, n, lambda i, c: jnp.sin(c) * 1.1, x))(x)
+    np.testing.assert_allclose(g1, ref, rtol=1e-5)
+    np.testing.assert_allclose(g2, ref, rtol=1e-5)
 
 
 def test_swapped_in_directly_there_is_no_recursion(monkeypatch):

@@ -17,7 +17,7 @@ from jax import lax
 
 import jaxaot
 from jaxaot import _compat as C
-from jaxaot.loops import offline, placement, revolve
+from jaxaot.loops import checkpointed, offline, placement, revolve
 from jaxaot.loops.api import while_loop
 from zoo import body_runs_and_gradient
 
@@ -113,11 +113,32 @@ def _body_copies(max_steps, checkpoints=None):
     return names.count("sinh"), names.count("cosh")
 
 
-def test_the_gradients_program_holds_the_body_a_fixed_number_of_times():
-    # The compile time of an XLA program grows with the copies of the body it holds. The binomial
-    # schedule holds three forwards (the forward loop's, the backward's advance, the VJP's
-    # recomputation) and one derivative, whatever N and k; max_steps alone holds one of each.
-    assert offline.schedule() == "binomial"
+def test_the_platforms_schedule_of_a_bounded_loop(monkeypatch):
+    # GPUs run nested scans (no host round trip per iteration) and, where no nested plan fits, the
+    # binomial schedule in blocks of GPU_BLOCK steps per predicate check; other platforms run the
+    # binomial schedule one step per check. The overrides force either anywhere.
+    monkeypatch.setattr(offline, "SCHEDULE", None)
+    monkeypatch.setattr(checkpointed, "ONLINE_BLOCK", None)
+    monkeypatch.delenv("JAXAOT_OFFLINE_SCHEDULE", raising=False)
+    monkeypatch.delenv("JAXAOT_ONLINE_BLOCK", raising=False)
+    gpu = jax.default_backend() in offline.NESTED_PLATFORMS
+    assert offline.schedule() == ("nested" if gpu else "binomial")
+    assert checkpointed.online_block() == (checkpointed.GPU_BLOCK if gpu else 1)
+    monkeypatch.setenv("JAXAOT_OFFLINE_SCHEDULE", "binomial" if gpu else "nested")
+    assert offline.schedule() == ("binomial" if gpu else "nested")
+
+
+@pytest.mark.parametrize("block", [1, checkpointed.GPU_BLOCK], ids=["one_step_per_check", "gpu_blocks"])
+def test_the_gradients_program_holds_the_body_a_fixed_number_of_times(block, monkeypatch):
+    # The compile time of an XLA program grows with the copies of the body it holds, which must not
+    # grow with N or k. The binomial schedule (every platform's where no nested plan fits, forced
+    # here where one does) holds, one step per check (CPUs, TPUs), three forwards (the forward
+    # loop's, the backward's advance, the VJP's recomputation) and one derivative; in blocks
+    # (GPUs), four forwards (the forward loop's, the recomputation sweep's, and the recomputation
+    # of the VJP after a sweep and of the run of VJPs from stored snapshots) and those two VJPs'
+    # derivatives. max_steps alone holds one of each.
+    monkeypatch.setattr(offline, "SCHEDULE", "binomial")
+    monkeypatch.setattr(checkpointed, "ONLINE_BLOCK", block)
     copies = {(n, k): _body_copies(n, k) for n in (100, 1000, 5000) for k in (3, 10, 40)}
-    assert set(copies.values()) == {(3, 1)}, copies
+    assert set(copies.values()) == {(3, 1) if block == 1 else (4, 2)}, copies
     assert _body_copies(1000) == (1, 1)
