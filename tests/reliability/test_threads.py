@@ -101,8 +101,8 @@ def test_one_aot_function_from_eight_threads(warm):
     assert sum(compiler.calls.values()) == 3 * len(SIZES), compiler.calls  # each program compiled once
 
 
-def _compiles_by_signature(info):
-    return {e.signature: sorted(e.compiles) for e in info.entries}
+def _fused_compiles_by_signature(info):
+    return {e.signature: sorted(c for c in e.compiles if c.startswith("fused")) for e in info.entries}
 
 
 def test_jaxaot_value_and_grad_from_eight_threads():
@@ -129,9 +129,13 @@ def test_jaxaot_value_and_grad_from_eight_threads():
     info = vg.cache_info()
     assert info.misses == len(SIZES) and info.duplicates == ()  # no name compiled twice for a signature
     assert sum(compiler.calls.values()) == info.compiles  # every compilation is one cache_info() reports
-    assert _compiles_by_signature(info) == _compiles_by_signature(serial.cache_info())  # as one thread compiles
+    # As one thread compiles the step and its variants; whether the split pair is timed (and so compiled)
+    # also depends on the device's free memory at that moment, so it is compared as a decision, not by name.
+    assert _fused_compiles_by_signature(info) == _fused_compiles_by_signature(serial.cache_info())
     for e in info.entries:
-        assert e.compiles[0] == "fused" and e.executables[0] == "fused"
+        (choice,) = e.fused
+        kept = {"fused"} if choice.runs == "fused" else {"forward", "backward"}
+        assert e.compiles[0] == "fused" and set(e.executables) == kept, e
         assert all(v.startswith("fused:") for v in e.variants), e  # variants of the step, each counted once
         assert set(e.compiles) - set(e.variants) <= {"fused", "forward", "backward"}, e
         if jax.default_backend() == "cpu":  # no variants, no timing: the step alone

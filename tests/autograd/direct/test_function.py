@@ -38,8 +38,9 @@ def test_fast_path_runs_compiled_executables_only():
     choice = kept_step(f, (w,))  # the step that runs, and nothing else
     assert f.cache_info().entries[0].fused == (choice,)
     assert_trees_close(vg(w), jax.value_and_grad(lambda w: jnp.sum(jnp.sin(w)))(w))
-    jaxaot.value_and_grad(f, fused=False)(w)
-    assert f.cache_info().entries[0].executables == ("fused", "forward", "backward")
+    jaxaot.value_and_grad(f, fused=False)(w)  # the split pair, asked for: compiled (again) and kept beside
+    assert set(f.cache_info().entries[0].executables) == {"forward", "backward"} | {
+        choice.executable for _ in range(choice.runs == "fused")}
 
 
 def test_falls_back_under_jit_and_for_plain_functions():
