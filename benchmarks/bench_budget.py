@@ -60,7 +60,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxaot
-from jaxaot._config import CACHE_DIR_ENV
+from jaxaot._src.config import CACHE_DIR_ENV
 from benchmarks import models as zoo_models
 from benchmarks.bench_partitioners import input_sets
 from benchmarks.harness import fmt_bytes, median_time, peak_bytes, report, result_path, table
@@ -196,7 +196,7 @@ def jax_step(model: Model, policy: Any, per_layer: bool = False) -> Callable[...
 
 
 def jaxaot_step(model: Model, budget: float | int) -> Callable[..., Any]:
-    pf = jaxaot.min_cut_rematerialization_partition(memory_budget=budget)
+    pf = jaxaot.partition.min_cut_rematerialization_partition(memory_budget=budget)
     return jaxaot.value_and_grad(jaxaot.aot_function(model.loss, partition_fn=pf), argnums=model.argnums)
 
 
@@ -227,7 +227,7 @@ def jaxaot_program(name: str, model: Model, sets: list[tuple], budget: float | i
     vg = step_of(model, spec)
     try:
         low = vg.lower(*sets[0])
-    except jaxaot.MemoryBudgetError as err:
+    except jaxaot.errors.MemoryBudgetError as err:
         return f"REFUSED (smallest peak {fmt_bytes(err.smallest_peak)})"
     key = f"{low.forward}\n--\n{low.backward}"
     if key in seen:
@@ -434,7 +434,7 @@ def first_only(model: Model, size: str, rounds: int, outcome: Outcome) -> str:
     for spec in specs[1:]:
         try:
             compiled[spec] = step_of(model, spec).lower(*args).compile().peak_bytes
-        except jaxaot.MemoryBudgetError:
+        except jaxaot.errors.MemoryBudgetError:
             compiled[spec] = None
     text, _ = first_step_table(model, size, specs, rounds, compiled, outcome)
     where = ", ".join(f"{fmt_bytes(b)} = {s.split(':')[1]}'s" for b, s in budgets.items())

@@ -40,8 +40,8 @@ def child(size: str, partitioner: str) -> dict:
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot.cli import demo_models as examples
-    from jaxaot.compile import stats
+    from jaxaot._src.cli import demo_models as examples
+    from jaxaot._src.compile import stats
 
     sz = SIZES[size]
     dtype = jnp.dtype(sz["dtype"])
@@ -49,8 +49,8 @@ def child(size: str, partitioner: str) -> dict:
     x = jax.random.normal(jax.random.key(1), (sz["batch"], sz["seq"], sz["width"]), dtype)
     jax.block_until_ready((params, x))
     loss = functools.partial(examples.gpt_loss, heads=sz["heads"])
-    partition_fn = {"default": jaxaot.default_partition,
-                    "min_cut": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5)}
+    partition_fn = {"default": jaxaot.partition.default_partition,
+                    "min_cut": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5)}
     t = time.perf_counter()
     f = jaxaot.aot_function(loss, partition_fn=partition_fn[partitioner])
     grads = jax.block_until_ready(jax.grad(f)(params, x))

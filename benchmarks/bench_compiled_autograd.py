@@ -32,7 +32,7 @@ node, against building and hashing the whole key); the compiled-step cache looku
 handling of one call; the compiled look; the step's dispatch (a one-element program, through
 the executable and through ``jit``); and the whole recording.
 
-The executable alone is compiled through ``jaxaot.autograd.recorded.step`` (``record``,
+The executable alone is compiled through ``jaxaot._src.autograd.recorded.step`` (``record``,
 ``compile_step``), the module the compiled step itself uses; no face exports it.
 
 Usage (from the repository root; CPU: ``--small``)::
@@ -52,10 +52,10 @@ import jax.numpy as jnp
 
 import jaxaot
 from benchmarks.harness import report
-from jaxaot.autograd.recorded import call as call_module
-from jaxaot.autograd.recorded import step as compiled_step
-from jaxaot.autograd.recorded import structure as structure_module
-from jaxaot.autograd.recorded import tape as tape_module
+from jaxaot._src.autograd.recorded import call as call_module
+from jaxaot._src.autograd.recorded import step as compiled_step
+from jaxaot._src.autograd.recorded import structure as structure_module
+from jaxaot._src.autograd.recorded import tape as tape_module
 
 _COMPILES = [0]
 
@@ -264,11 +264,11 @@ def _chain(op: Callable[[Any], Any], x: Any, n: int) -> Callable[[], Any]:
     """Record ``n`` applications of ``op`` on a fresh tape (lazy: nothing runs)."""
     def run():
         tape = tape_module.Tape(eager=False)
-        with jaxaot._compat.set_current_trace(tape.trace):
+        with jaxaot._src.compat.set_current_trace(tape.trace):
             y = tape.diff_input(x)
             for _ in range(n):
                 y = op(y)
-        jaxaot._compat.invalidate(tape.trace)
+        jaxaot._src.compat.invalidate(tape.trace)
     return run
 
 

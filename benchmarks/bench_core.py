@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot.cli import demo_models as examples
+from jaxaot._src.cli import demo_models as examples
 
 from benchmarks.harness import fmt_bytes, header, loop_time, median_time, table, tree_nbytes
 

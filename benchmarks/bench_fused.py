@@ -40,14 +40,14 @@ import numpy as np
 import jaxaot
 from benchmarks.harness import fmt_bytes, peak_bytes, report, table
 from benchmarks.models import zoo
-from jaxaot.fusion import fused_program
+from jaxaot._src.fusion import fused_program
 
 
 def _budget(b: float) -> Callable:
-    return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=b)
+    return functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=b)
 
 
-PARTITIONS = {"default": jaxaot.default_partition, "min-cut 1": _budget(1.0), "min-cut 0.95": _budget(0.95)}
+PARTITIONS = {"default": jaxaot.partition.default_partition, "min-cut 1": _budget(1.0), "min-cut 0.95": _budget(0.95)}
 
 
 def jax_references(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
@@ -98,7 +98,7 @@ def programs(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
 def fused_variant(f: Any, nums: Any, args: tuple, barrier: str, layouts: str = "auto",
                   order: str = "xla", rederive: bool = False) -> tuple[Callable, Any]:
     """``(step, executable)`` of one variant of ``f``'s fused step: the residuals ``barrier`` names behind
-    the optimization barrier, with ``layouts``, ``order`` and ``rederive`` (:func:`jaxaot.fusion.fused_program`),
+    the optimization barrier, with ``layouts``, ``order`` and ``rederive`` (:func:`jaxaot._src.fusion.fused_program`),
     whatever the step would choose."""
     nums = (nums,) if isinstance(nums, int) else tuple(nums)
     programs, leaves, _ = f.lookup(args, {})

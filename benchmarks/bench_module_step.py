@@ -10,8 +10,8 @@ optimizer.update(model, grads)`` (optax adam), in these variants:
 * ``aot + nnx.vg``: ``aot_module``, eager ``nnx.value_and_grad`` (JAX's eager autodiff around it);
 * ``aot + jaxaot.vg``: ``aot_module``, ``jaxaot.value_and_grad`` (one compiled step), eager update;
 * ``aot + jaxaot.vg + jit upd``: the same, the update under ``nnx.cached_partial(nnx.jit(...))``;
-* ``aot + jaxaot.vg + jaxaot opt``: the same, the optimizer a ``jaxaot.nn.Optimizer`` (the eager step);
-* ``aot + nnx.vg + jaxaot opt``: ``nnx.value_and_grad`` with a ``jaxaot.nn.Optimizer``;
+* ``aot + jaxaot.vg + jaxaot opt``: the same, the optimizer a ``jaxaot._src.nn.Optimizer`` (the eager step);
+* ``aot + nnx.vg + jaxaot opt``: ``nnx.value_and_grad`` with a ``jaxaot._src.nn.Optimizer``;
 * ``aot + patched nnx.vg + jaxaot opt``: the same inside ``jaxaot.patch_value_and_grad()``;
 * ``jaxaot.vg alone``: the loss and gradients only, no update.
 
@@ -192,7 +192,7 @@ def variants(factory: Callable[[], nnx.Module], names: list[str] | None = None) 
 
     def setup(aot: bool, opt_cls=nnx.Optimizer):
         m = factory()
-        m = jaxaot.aot_module(m) if aot else m
+        m = jaxaot.nn.aot_module(m) if aot else m
         return m, opt_cls(m, optax.adam(1e-3), wrt=nnx.Param)
 
     def jit_step(model, opt, x, y):
@@ -229,9 +229,9 @@ def variants(factory: Callable[[], nnx.Module], names: list[str] | None = None) 
         "aot + nnx.vg": eager(nnx.value_and_grad, aot=True),
         "aot + jaxaot.vg": eager(jaxaot.value_and_grad, aot=True),
         "aot + jaxaot.vg + jit upd": eager(jaxaot.value_and_grad, aot=True, jit_update=True),
-        EAGER_STEP: eager(jaxaot.value_and_grad, aot=True, opt_cls=jaxaot.nn.Optimizer),
-        "aot + nnx.vg + jaxaot opt": eager(nnx.value_and_grad, aot=True, opt_cls=jaxaot.nn.Optimizer),
-        "aot + patched nnx.vg + jaxaot opt": eager(_patched_nnx_vg, aot=True, opt_cls=jaxaot.nn.Optimizer),
+        EAGER_STEP: eager(jaxaot.value_and_grad, aot=True, opt_cls=jaxaot._src.nn.Optimizer),
+        "aot + nnx.vg + jaxaot opt": eager(nnx.value_and_grad, aot=True, opt_cls=jaxaot._src.nn.Optimizer),
+        "aot + patched nnx.vg + jaxaot opt": eager(_patched_nnx_vg, aot=True, opt_cls=jaxaot._src.nn.Optimizer),
         "jaxaot.vg alone": eager(jaxaot.value_and_grad, aot=True, update=False),
     }
     unknown = set(names or ()) - set(builders)
@@ -324,7 +324,7 @@ def main() -> None:
                                 f"{med[EAGER_STEP] / med[CACHED]:.2f}x"])
             yield text
         if summary:
-            yield ("## the eager step (aot_module + jaxaot.value_and_grad + jaxaot.nn.Optimizer) vs "
+            yield ("## the eager step (aot_module + jaxaot.value_and_grad + jaxaot._src.nn.Optimizer) vs "
                    "nnx.cached_partial(nnx.jit(step))\n\n"
                    + table([["model", "cached ms", "eager step ms", "ratio"], *summary]))
 

@@ -17,7 +17,7 @@ whose programs, timing and verdict this reuses):
     MLP's up projections) go to host, the other such matmuls are saved.
 
 * jaxaot: the min-cut with ``offload=True`` (the device measured once,
-  ``jaxaot.DeviceModel.measure()``) at budgets 0, 0.5 and 1, and per JAX policy
+  ``jaxaot.partition.DeviceModel.measure()``) at budgets 0, 0.5 and 1, and per JAX policy
   the largest budget whose plan keeps at most the policy's device bytes
   (bisection on ``device_saved_bytes``).
 
@@ -205,7 +205,7 @@ def bench_model(model: zoo_models.Model, device_model: Any, *, rounds: int, iter
         fused_jax_.append(fused_jax(name, loss, m, sets, pol))
         fused_jax_[-1].device_bytes, fused_jax_[-1].host_bytes = split_jax[-1].device_bytes, split_jax[-1].host_bytes
     extra = {}
-    joint = jaxaot.trace_joint(model.loss, *sets[0])
+    joint = jaxaot.partition.trace_joint(model.loss, *sets[0])
     for p in split_jax:
         b = matched_budget(model, sets[0], p.device_bytes, device_model=device_model, joint=joint)
         if b is not None and b not in BUDGETS:
@@ -261,9 +261,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--synthetic-link", type=float, default=None,
                     help="plan with a made-up host link of this many GB/s (CPU: check the programs only)")
     a = ap.parse_args(argv)
-    device_model = jaxaot.DeviceModel.measure()
+    device_model = jaxaot.partition.DeviceModel.measure()
     if a.synthetic_link:
-        device_model = jaxaot.DeviceModel(host_bandwidth=a.synthetic_link * 1e9, device_flops=device_model.device_flops,
+        device_model = jaxaot.partition.DeviceModel(host_bandwidth=a.synthetic_link * 1e9, device_flops=device_model.device_flops,
                                           device_bandwidth=device_model.device_bandwidth)
     zoo = zoo_models.zoo("small" if a.small else "gpu")
     summary: list = []

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxaot
-from jaxaot.cli import demo_models as examples
+from jaxaot._src.cli import demo_models as examples
 
 from benchmarks.harness import fmt_bytes, loop_time, median_time, peak_bytes, report, table, tree_nbytes
 
@@ -174,10 +174,10 @@ def methods(loss: Callable, args: tuple) -> list[Result]:
     ckpt = jax.checkpoint(loss, policy=jax.checkpoint_policies.dots_saveable)
     sets = input_sets(args)
     return [
-        jaxaot_method("jaxaot (min-cut)", loss, sets, jaxaot.min_cut_rematerialization_partition),
+        jaxaot_method("jaxaot (min-cut)", loss, sets, jaxaot.partition.min_cut_rematerialization_partition),
         jaxaot_method("jaxaot (min-cut, budget 0.95)", loss, sets,
-                      functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.95)),
-        jaxaot_method("jaxaot (default)", loss, sets, jaxaot.default_partition),
+                      functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.95)),
+        jaxaot_method("jaxaot (default)", loss, sets, jaxaot.partition.default_partition),
         split_method("jax.fwd_and_bwd", loss, sets),
         split_method("checkpoint(dots_saveable)", ckpt, sets),
         fused_method(loss, sets),

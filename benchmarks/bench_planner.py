@@ -156,11 +156,11 @@ OP_COSTS = "auto"
 
 
 def partitioner(budget: float, device_model: Any = None) -> Callable:
-    """The min-cut at ``budget``; with a ``jaxaot.DeviceModel``, offloading as it plans."""
+    """The min-cut at ``budget``; with a ``jaxaot.partition.DeviceModel``, offloading as it plans."""
     if device_model is None:
-        return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget,
+        return functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget,
                                  op_costs=OP_COSTS)
-    return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget, offload=True,
+    return functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget, offload=True,
                              device_model=device_model, op_costs=OP_COSTS)
 
 
@@ -170,7 +170,7 @@ def matched_budget(model: zoo_models.Model, args: tuple, target: int, steps: int
     if even budget 0 keeps more. Budget sweeps are monotone, so bisection finds it. The joint graph is
     traced once (or given: ``joint``); each probe is one partition (what ``lower().device_saved_bytes``
     reports)."""
-    joint = jaxaot.trace_joint(model.loss, *args) if joint is None else joint
+    joint = jaxaot.partition.trace_joint(model.loss, *args) if joint is None else joint
 
     def saved(budget: float) -> int:
         return partitioner(budget, device_model)(joint).device_saved_bytes
@@ -317,7 +317,7 @@ def bench_model(model: zoo_models.Model, *, gpu: bool, rounds: int, iters: int,
         except Exception as e:  # noqa: BLE001 - e.g. no pinned host memory on this backend
             failed.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     extra = {}
-    joint = jaxaot.trace_joint(model.loss, *sets[0])
+    joint = jaxaot.partition.trace_joint(model.loss, *sets[0])
     for p in progs:
         if p.policy not in (None, EVERYTHING):
             b = matched_budget(model, sets[0], p.device_bytes, joint=joint)

@@ -1,7 +1,7 @@
 """Sharding benchmark: jaxaot's split on a mesh against ``jax.jit(jax.value_and_grad)`` with the same shardings.
 
 The model is the 12-layer GPT whose layers are stacked with ``lax.scan``
-(``jaxaot.cli.demo_models.gpt_init`` / ``gpt_loss``, as in ``bench_partitioners.py``),
+(``jaxaot._src.cli.demo_models.gpt_init`` / ``gpt_loss``, as in ``bench_partitioners.py``),
 on a 1-D mesh ``("data",)`` over every device, in two layouts:
 
 * **data parallel**: the batch split over ``data``, params replicated;
@@ -55,7 +55,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxaot  # noqa: E402
-from jaxaot.cli import demo_models as examples  # noqa: E402
+from jaxaot._src.cli import demo_models as examples  # noqa: E402
 from benchmarks.harness import fmt_bytes, median_time, report, table  # noqa: E402
 
 #: (batch, seq, width, heads) and dtype of the 12-layer GPT; the batch must split over the devices.
@@ -141,7 +141,7 @@ def _program_peak(memory: dict) -> int | None:
 
 def jaxaot_programs(label: str, loss: Callable, sets: list[tuple]) -> list[Program]:
     """The split (forward + backward) and fused (``jaxaot.value_and_grad``) steps of one min-cut aot_function."""
-    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     one = jnp.ones((), jnp.float32)
 
     def split(p: Any, x: jax.Array) -> Any:

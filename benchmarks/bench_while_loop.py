@@ -20,9 +20,9 @@ against the same schedule on the device and, where it fits, ``lax.scan``;
 device and host bytes come from the compiled programs' memory analysis, and the
 allocator's peak is read after each host-memory run (it must not grow with n).
 
-The revolve counts and the offline schedules' level sizes come from ``jaxaot.loops.revolve`` and
-``jaxaot.loops.offline`` (the schedules the loops run; the loops face exports the loop itself);
-the online schedule's block size (steps per predicate check) from ``jaxaot.loops.checkpointed``.
+The revolve counts and the offline schedules' level sizes come from ``jaxaot._src.loops.revolve`` and
+``jaxaot._src.loops.offline`` (the schedules the loops run; the loops face exports the loop itself);
+the online schedule's block size (steps per predicate check) from ``jaxaot._src.loops.checkpointed``.
 The table's last column is each variant's first gradient (lowering, compiling, one run).
 
 The compile table puts the offline mode (``max_steps=N, checkpoints=k``, k = 3, 10, 40) next to
@@ -57,7 +57,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from benchmarks.harness import result_path
-from jaxaot.loops import checkpointed, dynamic_capacity, offline, placement, revolve, while_loop
+from jaxaot._src.loops import checkpointed, dynamic_capacity, offline, placement, revolve, while_loop
 
 plan, plan_host = offline.plan, offline.plan_host
 revolve_counts, worst_ratio = revolve.revolve_counts, revolve.worst_ratio

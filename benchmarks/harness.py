@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jax
 
-from jaxaot.fusion import compiled_peak
+from jaxaot._src.fusion import compiled_peak
 
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"

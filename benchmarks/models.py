@@ -16,7 +16,7 @@ activations (2, 8 and 16 heads), a top-2
 mixture-of-experts MLP with static-shaped one-hot dispatch, a ViT block, a
 ConvNet with train-mode batch norm, a GRU by ``lax.scan``, the 12-layer GPT
 stacked with ``lax.scan`` and the pre-LN transformer block of
-:mod:`jaxaot.cli.demo_models` (the last two reused from there).
+:mod:`jaxaot._src.cli.demo_models` (the last two reused from there).
 
 Example:
     >>> import jax
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxaot.cli import demo_models as demo
+from jaxaot._src.cli import demo_models as demo
 
 SIZES = ("tiny", "small", "gpu")
 
@@ -118,7 +118,7 @@ class Draw:
 
     def like(self, shapes: Any) -> Any:
         """Parameters shaped like ``shapes`` (a pytree of ``jax.ShapeDtypeStruct``, e.g. an
-        ``eval_shape`` of :mod:`jaxaot.cli.demo_models`' inits): leaves named ``scale`` near 1,
+        ``eval_shape`` of :mod:`jaxaot._src.cli.demo_models`' inits): leaves named ``scale`` near 1,
         ``bias`` small, matrices (stacked or not) scaled by ``1/sqrt(shape[-2])``."""
 
         def leaf(path, s):
@@ -498,7 +498,7 @@ def gru_scan(steps: int, batch: int, features: int, hidden: int, dtype: Any) -> 
 
 # --------------------------------------------------------------------------- reused from demo_models
 def gpt_scanned(batch: int, seq: int, width: int, heads: int, dtype: Any, layers: int = 12) -> Model:
-    """The 12-layer GPT of :mod:`jaxaot.cli.demo_models`, layers stacked with ``lax.scan``
+    """The 12-layer GPT of :mod:`jaxaot._src.cli.demo_models`, layers stacked with ``lax.scan``
     (parameters shaped by ``demo.gpt_init``, drawn by :class:`Draw`)."""
 
     def make_args(key):
@@ -522,7 +522,7 @@ def gpt_scanned(batch: int, seq: int, width: int, heads: int, dtype: Any, layers
 
 
 def transformer_block(batch: int, seq: int, width: int, heads: int, dtype: Any) -> Model:
-    """The pre-LN block of :mod:`jaxaot.cli.demo_models` (bench_partitioners' "transformer block")."""
+    """The pre-LN block of :mod:`jaxaot._src.cli.demo_models` (bench_partitioners' "transformer block")."""
 
     def make_args(key):
         r = Draw(key)

@@ -38,7 +38,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from benchmarks.models import layer_norm
-from jaxaot.cli import demo_models
+from jaxaot._src.cli import demo_models
 
 AXIS = "stage"
 

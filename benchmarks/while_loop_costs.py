@@ -2,7 +2,7 @@
 
 * Steps run: a 40-step loop's ``jit(grad)`` with ``max_steps=N`` for N = 512, 4096, 16384 against
   ``lax.scan(length=40)``: the gradient's time should follow the 40 steps, not N. Each N also runs
-  with one stack of N rows (``jaxaot.loops.segments.SEGMENTS = False``, the GPU's choice).
+  with one stack of N rows (``jaxaot._src.loops.segments.SEGMENTS = False``, the GPU's choice).
 * Small bodies: ``checkpoints=k`` on a 2-element linear ODE of 600 steps, k = 10 and 90, against
   Equinox's ``while_loop(kind="checkpointed")`` (the loop diffrax and optimistix use) in the same run.
 
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxaot.loops import segments, while_loop
+from jaxaot._src.loops import segments, while_loop
 
 
 def _compiled(fn: Callable, args: tuple, one_stack: bool = False) -> tuple[Any, float]:

@@ -70,7 +70,7 @@ def _notebook_progress(app):
 
     from sphinx.util import logging as sphinx_logging
 
-    from jaxaot import _progress
+    from jaxaot._src import progress as _progress
 
     log = sphinx_logging.getLogger("jaxaot.docs")
     state = {"notebooks": [], "started": {}}

@@ -10,8 +10,8 @@ import jaxaot
 
 
 def mlp_loss(w, b, x, n, **kw):
-    """``sum(x_n ** 2)`` for ``x <- x + 0.1 tanh(x w + b)`` run n times by ``jaxaot.while_loop(**kw)``."""
-    out = jaxaot.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.1 * jnp.tanh(c[1] @ w + b)),
+    """``sum(x_n ** 2)`` for ``x <- x + 0.1 tanh(x w + b)`` run n times by ``jaxaot.loops.while_loop(**kw)``."""
+    out = jaxaot.loops.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.1 * jnp.tanh(c[1] @ w + b)),
                             (jnp.int32(0), x), **kw)
     return jnp.sum(out[1] ** 2)
 

@@ -12,7 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxaot.cli import demo_models
+from jaxaot._src.cli import demo_models
 from zoo import layer_norm, random_tree, sds
 
 

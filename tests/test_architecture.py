@@ -19,20 +19,24 @@ import jaxaot
 
 ROOT = Path(jaxaot.__file__).resolve().parent
 
+#: The public modules: the package and its faces. Everything else is under ``jaxaot._src``.
+PUBLIC_FACES = ("jaxaot", "jaxaot.errors", "jaxaot.partition", "jaxaot.compilers", "jaxaot.loops", "jaxaot.nn",
+                "jaxaot.parallel", "jaxaot.export", "jaxaot.viz")
+
 #: The layers, lowest first. A module may import its own layer (acyclically) and those below.
 LAYERS = [
-    {"jaxaot.errors", "jaxaot._config", "jaxaot._compat", "jaxaot._pytrees", "jaxaot._files", "jaxaot._display",
-     "jaxaot._progress"},
-    {"jaxaot.loops"},        # the while-loop primitives: JAX-level, below every stage
-    {"jaxaot.tracing"},      # stage 1
-    {"jaxaot.partition"},    # stage 2
-    {"jaxaot.compile"},      # stage 3
-    {"jaxaot.fusion"},       # the fused step's planning, on the compiled stages
-    {"jaxaot.runtime"},      # stage 4
-    {"jaxaot.artifacts", "jaxaot.nn", "jaxaot.parallel"},  # front-ends on the runtime
-    {"jaxaot.autograd"},     # eager gradients of aot functions and modules, and compiled autograd
-    {"jaxaot.viz"},          # pictures of what the runtime built
-    {"jaxaot.cli", "jaxaot"},  # the command, and the package face
+    {"jaxaot.errors", "jaxaot._src", "jaxaot._src.config", "jaxaot._src.compat", "jaxaot._src.pytrees",
+     "jaxaot._src.files", "jaxaot._src.display", "jaxaot._src.progress", "jaxaot._src.deprecations"},
+    {"jaxaot._src.loops"},        # the while-loop primitives: JAX-level, below every stage
+    {"jaxaot._src.tracing"},      # stage 1
+    {"jaxaot._src.partition"},    # stage 2
+    {"jaxaot._src.compile"},      # stage 3
+    {"jaxaot._src.fusion"},       # the fused step's planning, on the compiled stages
+    {"jaxaot._src.runtime"},      # stage 4
+    {"jaxaot._src.artifacts", "jaxaot._src.nn", "jaxaot._src.parallel"},  # front-ends on the runtime
+    {"jaxaot._src.autograd"},     # eager gradients of aot functions and modules, and compiled autograd
+    {"jaxaot._src.viz"},          # pictures of what the runtime built
+    {*PUBLIC_FACES, "jaxaot._src.cli"},  # the public faces, and the command written on them
 ]
 
 #: Optional dependencies that may only be imported inside functions (they are extras).
@@ -67,8 +71,8 @@ def _is_type_checking(node: ast.AST) -> bool:
 
 
 def _face_names(face: str) -> set[str]:
-    """The names a package's face binds: ``simulate`` in ``jaxaot.parallel`` is the function its face
-    imports (``from jaxaot.parallel.simulate import simulate``), ``compilers`` in ``jaxaot.compile``
+    """The names a package's face binds: ``simulate`` in ``jaxaot._src.parallel`` is the function its face
+    imports (``from jaxaot._src.parallel.simulate import simulate``), ``compilers`` in ``jaxaot._src.compile``
     the submodule its face re-exports."""
     out = set()
     for node in ast.parse(MODULES[face].read_text()).body:
@@ -86,7 +90,7 @@ def _import_names(node: ast.AST, importer: str) -> list[str]:
 
     ``from jaxaot.<sub> import name`` from another subpackage is an import of the face when the face
     binds ``name`` (it runs the face, whatever ``name`` is); the root package's foundation modules
-    (``from jaxaot import _compat as C``) are themselves.
+    (``from jaxaot._src import compat as C``) are themselves.
     """
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -130,14 +134,16 @@ def _imports(module: str) -> list[tuple[str, bool]]:
 def _layer(module: str) -> int:
     for rank, layer in enumerate(LAYERS):
         for prefix in layer:
-            if module == prefix or (prefix != "jaxaot" and module.startswith(prefix + ".")):
+            if module == prefix or (prefix not in ("jaxaot", "jaxaot._src") and module.startswith(prefix + ".")):
                 return rank
     raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
 
 
 def _package(module: str) -> str:
-    """The top-level subpackage (or foundation module) ``module`` belongs to: ``jaxaot.<sub>``."""
-    return ".".join(module.split(".")[:2])
+    """The subpackage (or foundation module) ``module`` belongs to: ``jaxaot._src.<sub>``, or the public
+    face ``jaxaot.<face>``."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if parts[1:2] == ["_src"] else parts[:2])
 
 
 def _is_face(module: str) -> bool:
@@ -173,7 +179,7 @@ def test_imports_run_down_the_pipeline():
 
 def _on_demand() -> set[str]:
     """Modules loaded only when code needs them: every jaxaot module importing one does so inside a
-    function, or is itself loaded on demand (``jaxaot.autograd.direct.module``, say, which the gradient
+    function, or is itself loaded on demand (``jaxaot._src.autograd.direct.module``, say, which the gradient
     imports once it is handed an ``aot_module``)."""
     importers: dict[str, list[tuple[str, bool]]] = {m: [] for m in MODULES}
     for m, t, top in _edges():
@@ -191,25 +197,26 @@ def _on_demand() -> set[str]:
 
 def test_imports_inside_functions_stay_in_their_package_or_are_optional():
     """A lazy import is of an optional dependency, or of a module of the importer's own subpackage
-    (``jaxaot.cli.main`` defers ``jaxaot.cli.commands`` so that ``--help`` imports no JAX)."""
+    (``jaxaot._src.cli.main`` defers ``jaxaot._src.cli.commands`` so that ``--help`` imports no JAX)."""
     deferred = sorted({(m, t) for m in MODULES for t, top in _imports(m)
-                       if not top and t not in OPTIONAL and _package(t) != _package(m)})
+                       if not top and t not in OPTIONAL and _package(t) != _package(m) and m not in PUBLIC_FACES})
     assert not deferred, f"imports inside functions: {deferred}"
 
 
 def test_optional_dependencies_load_only_where_used():
-    """Flax, Graphviz, ... are imported at module level only by the Flax front-end (``jaxaot.nn``,
+    """Flax, Graphviz, ... are imported at module level only by the Flax front-end (``jaxaot._src.nn``,
     which ``jaxaot`` loads on first use of its names) and by modules loaded on demand; importing
-    ``jaxaot.nn`` from elsewhere counts as importing Flax."""
+    ``jaxaot._src.nn`` from elsewhere counts as importing Flax."""
     on_demand = _on_demand()
     eager = sorted({(m, t) for m in MODULES for t, top in _imports(m)
-                    if top and (t in OPTIONAL or _package(t) == "jaxaot.nn")
-                    and _package(m) != "jaxaot.nn" and m not in on_demand})
+                    if top and (t in OPTIONAL or _package(t) == "jaxaot._src.nn")
+                    and _package(m) != "jaxaot._src.nn" and m not in on_demand
+                    and (m == "jaxaot" or m not in PUBLIC_FACES)})
     assert not eager, f"optional dependencies imported at module level: {eager}"
 
 
 def test_imports_across_subpackages_go_through_faces():
-    """``from jaxaot.partition import Partition``, not ``from jaxaot.partition.core.split import Partition``:
+    """``from jaxaot._src.partition import Partition``, not ``from jaxaot._src.partition.core.split import Partition``:
     another subpackage is imported through its face (``jaxaot.<sub>`` or a sub-folder's ``__init__``);
     foundation modules are imported directly, as themselves."""
     bypass = sorted({(m, t) for m, t, _ in _edges()
@@ -231,7 +238,7 @@ def test_modules_hold_one_concept(module):
 def test_internal_jax_apis_only_in_compat():
     offenders = []
     for m, path in MODULES.items():
-        if m == "jaxaot._compat" or m.startswith("jaxaot._compat."):
+        if m == "jaxaot._src.compat" or m.startswith("jaxaot._src.compat."):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
@@ -242,16 +249,16 @@ def test_internal_jax_apis_only_in_compat():
 
 
 def _compat_uses(tree: ast.AST) -> set[str]:
-    """The names a module takes from ``jaxaot._compat``: ``C.<name>`` (``C`` however it is bound)
-    and ``from jaxaot._compat import <name>``."""
+    """The names a module takes from ``jaxaot._src.compat``: ``C.<name>`` (``C`` however it is bound)
+    and ``from jaxaot._src.compat import <name>``."""
     aliases, names = set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "jaxaot":
-            aliases |= {a.asname or a.name for a in node.names if a.name == "_compat"}
-        elif isinstance(node, ast.ImportFrom) and node.module == "jaxaot._compat":
+        if isinstance(node, ast.ImportFrom) and node.module == "jaxaot._src":
+            aliases |= {a.asname or a.name for a in node.names if a.name == "compat"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "jaxaot._src.compat":
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.Import):
-            aliases |= {a.asname for a in node.names if a.name == "jaxaot._compat" and a.asname}
+            aliases |= {a.asname for a in node.names if a.name == "jaxaot._src.compat" and a.asname}
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
             names.add(node.attr)
@@ -259,11 +266,11 @@ def _compat_uses(tree: ast.AST) -> set[str]:
 
 
 def test_compat_exports_what_jaxaot_uses():
-    """``jaxaot._compat.__all__`` lists every name the rest of jaxaot takes from it, and only names it has."""
-    from jaxaot import _compat
+    """``jaxaot._src.compat.__all__`` lists every name the rest of jaxaot takes from it, and only names it has."""
+    from jaxaot._src import compat as _compat
 
     exported = set(_compat.__all__)
     assert all(hasattr(_compat, n) for n in exported), sorted(n for n in exported if not hasattr(_compat, n))
-    missing = sorted({(m, n) for m, path in MODULES.items() if _package(m) != "jaxaot._compat"
+    missing = sorted({(m, n) for m, path in MODULES.items() if _package(m) != "jaxaot._src.compat"
                       for n in _compat_uses(ast.parse(path.read_text())) if n not in exported})
-    assert not missing, f"names used from jaxaot._compat but not in its __all__: {missing}"
+    assert not missing, f"names used from jaxaot._src.compat but not in its __all__: {missing}"

@@ -1,4 +1,4 @@
-"""jaxaot._progress: logger lines (captured with caplog), tqdm bars on a terminal, and silence when asked."""
+"""jaxaot._src.progress: logger lines (captured with caplog), tqdm bars on a terminal, and silence when asked."""
 
 import logging
 import sys
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from jaxaot import _progress
+from jaxaot._src import progress as _progress
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_export_for_several_platforms_reports_each_program(info):
 
     import jaxaot
 
-    jaxaot.export(lambda x: jnp.sin(x).sum(), jnp.ones(4), platforms=("cpu", "cuda"))
+    jaxaot.export.export(lambda x: jnp.sin(x).sum(), jnp.ones(4), platforms=("cpu", "cuda"))
     got = [m for m in lines(info) if m.startswith("exporting")]
     assert len(got) == 3 and got[0].startswith("exporting: 1/3") and "cpu, cuda" in got[0], got
     assert got[-1].startswith("exporting: 3/3") and "backward" in got[-1]
@@ -146,7 +146,7 @@ def test_op_timing_reports_each_op_timed(info):
     import jax
     import jax.numpy as jnp
 
-    from jaxaot.partition import MeasuredCosts
+    from jaxaot._src.partition import MeasuredCosts
 
     costs = MeasuredCosts(jax.devices()[0], path=None)
     dot = jax.make_jaxpr(jnp.dot)(jnp.ones((64, 64)), jnp.ones((64, 64))).jaxpr.eqns[0]
@@ -159,11 +159,11 @@ def test_fused_variant_compiles_report_each_variant(info, monkeypatch):
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})  # CPU too
     f = jaxaot.aot_function(lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2),
-                            partition_fn=jaxaot.min_cut_rematerialization_partition(memory_budget=0.0))
+                            partition_fn=jaxaot.partition.min_cut_rematerialization_partition(memory_budget=0.0))
     jaxaot.value_and_grad(f)(jnp.ones(100))
     got = [m for m in lines(info) if m.startswith("compiling fused variant")]
     assert got and got[0].startswith("compiling fused variant: 1/4 (pinned layouts, xla order"), got

@@ -245,7 +245,7 @@ def random_cotangents(key, outs):
 def backward_inputs(part, args, key):
     """``(cotangents, residuals)`` for the partition ``part``'s backward: its forward run on ``args``,
     a random cotangent per differentiated output."""
-    from jaxaot import _compat as C
+    from jaxaot._src import compat as C
 
     leaves = jax.tree.leaves(args)
     fwd = C.eval_closed(part.forward, *leaves)
@@ -284,12 +284,12 @@ def child_env() -> dict:
 
 def body_runs_and_gradient(n: int, x: float, **loop_options) -> tuple[int, Any, Any]:
     """``(body evaluations, gradient, lax.fori_loop's gradient)`` of one compiled ``jax.grad`` through
-    ``jaxaot.while_loop`` of ``n`` steps of ``v -> sin(v) * 1.1`` with ``loop_options``.
+    ``jaxaot.loops.while_loop`` of ``n`` steps of ``v -> sin(v) * 1.1`` with ``loop_options``.
 
     The body counts its runs with a ``jax.debug.callback``; tracing and compiling run none, so the
     count is the execution's alone.
     """
-    from jaxaot.loops.api import while_loop
+    from jaxaot._src.loops.api import while_loop
 
     calls = [0]
 
@@ -310,7 +310,7 @@ def body_runs_and_gradient(n: int, x: float, **loop_options) -> tuple[int, Any, 
 
 
 def kept_step(f: Any, args: tuple, kwargs: dict | None = None) -> Any:
-    """The :class:`~jaxaot.fusion.FusedChoice` of ``f``'s signature for ``args``, after ``jaxaot.value_and_grad``
+    """The :class:`~jaxaot._src.fusion.FusedChoice` of ``f``'s signature for ``args``, after ``jaxaot.value_and_grad``
     ran it, checking that the signature keeps only the step that runs: the fused executable alone, or
     the split forward and backward alone. Which one runs is the platform's choice (timed on accelerators),
     so tests of the fused step's variants read the variant from the choice, which outlives a losing step.

@@ -33,7 +33,7 @@ def compile_all(model, args, budget: float, layouts: str | None) -> dict:
     """Program name -> compiled executable: JAX's two fused steps, jaxaot's chosen one, and its plan
     behind the full barrier in both backward orders (``layouts``: the residual layouts, default the chosen)."""
     exes = {name: exe for name, (_, exe) in jax_references(model, args).items()}
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     f = jaxaot.aot_function(model.loss, partition_fn=pf)
     jaxaot.value_and_grad(f, argnums=model.argnums)(*args)
     (chosen,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]

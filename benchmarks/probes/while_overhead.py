@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxaot import while_loop
+from jaxaot.loops import while_loop
 
 DT = 0.05
 FLAG_SETS = {

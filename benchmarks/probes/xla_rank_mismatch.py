@@ -86,8 +86,8 @@ def jaxaot_programs() -> None:
     budgets = {"default": None, "min_cut": 1.0, "budget 0.5": 0.5, "budget 0": 0.0, "budget 64KiB": "64KiB"}
     for precision in ("default", "highest"):
         for name, budget in budgets.items():
-            pf = (jaxaot.default_partition if budget is None
-                  else functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget))
+            pf = (jaxaot.partition.default_partition if budget is None
+                  else functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget))
             with jax.default_matmul_precision(precision):
                 f = jaxaot.aot_function(block, partition_fn=pf)
                 fused = outcome(lambda: jaxaot.value_and_grad(f, argnums=argnums)(*a))

@@ -1,4 +1,4 @@
-"""jaxaot.export / ExportedAOT.save / jaxaot.load.
+"""jaxaot.export / ExportedAOT.save / jaxaot.export.load.
 
 The round trips load each artifact in a fresh Python process that never sees
 the original function (it runs from an empty directory and imports only
@@ -31,9 +31,9 @@ from jaxaot.errors import (
     NotExportableError,
     ResidualsMismatchError,
 )
-from jaxaot.cli.demo_models import mlp_loss
+from jaxaot._src.cli.demo_models import mlp_loss
 from zoo import assert_trees_close, child_env
-from jaxaot.artifacts import LoadedAOT, treedef_from_json, treedef_to_json
+from jaxaot._src.artifacts import LoadedAOT, treedef_from_json, treedef_to_json
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -84,7 +84,7 @@ def _while_loss(w, x):
         i, h = c
         return i + 1, jnp.tanh(h @ w)
 
-    _, h = jaxaot.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=8)
+    _, h = jaxaot.loops.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=8)
     return jnp.sum(h**2)
 
 
@@ -109,7 +109,7 @@ _CHILD = textwrap.dedent(
     import jaxaot
 
     for job in json.load(open(sys.argv[1])):
-        f = jaxaot.load(job["dir"])
+        f = jaxaot.export.load(job["dir"])
         with np.load(job["inputs"]) as data:
             leaves = [jnp.asarray(data[f"a{i}"]) for i in range(len(data.files))]
         args = jax.tree_util.tree_unflatten(f.signature.in_tree, leaves)
@@ -148,7 +148,7 @@ def roundtrip(tmp_path_factory):
     jobs, expected = [], {}
     for name, (make, options, runs) in _cases().items():
         fn, example = make(0)
-        directory = jaxaot.export(fn, *example, **options).save(root / name)
+        directory = jaxaot.export.export(fn, *example, **options).save(root / name)
         for r, run in enumerate(runs):
             seed, *size = run if isinstance(run, tuple) else (run,)
             fn, args = make(seed, *size)  # fresh random inputs, maybe another batch size
@@ -189,7 +189,7 @@ def test_multiplatform_artifact_runs_its_cpu_part(roundtrip):
 @pytest.fixture(scope="module")
 def mlp_export():
     fn, args = _mlp(0)
-    return fn, args, jaxaot.export(fn, *args)
+    return fn, args, jaxaot.export.export(fn, *args)
 
 
 def test_signature_describes_the_contract(mlp_export):
@@ -209,7 +209,7 @@ def test_signature_describes_the_contract(mlp_export):
 @pytest.mark.smoke
 def test_load_in_process_under_jit_and_explicit_split(mlp_export):
     fn, _, exp = mlp_export
-    f = jaxaot.load(exp)
+    f = jaxaot.export.load(exp)
     assert isinstance(f, LoadedAOT)
     _, args = _mlp(21)
     out_ref, grads_ref = _reference(fn, args)
@@ -220,10 +220,10 @@ def test_load_in_process_under_jit_and_explicit_split(mlp_export):
 
 def test_symbolic_residuals(tmp_path):
     fn, args = _mlp(0)
-    exp = jaxaot.export(fn, *args, dynamic_shapes=(None, ("b, ...", "b, ...")))
+    exp = jaxaot.export.export(fn, *args, dynamic_shapes=(None, ("b, ...", "b, ...")))
     assert exp.signature.in_specs[-1].shape == ("b", 8)
     assert any("b" in r.shape for r in exp.signature.residual_specs)
-    f = jaxaot.load(exp.save(tmp_path / "a"))
+    f = jaxaot.export.load(exp.save(tmp_path / "a"))
     with pytest.raises(ArtifactInputError, match=r"arg\[1\]\[1\]: dimension 'b' is 3 here but 2 in arg\[1\]\[0\]"):
         f(args[0], (jnp.ones((2, 8)), jnp.ones((3, 8))))
 
@@ -239,14 +239,14 @@ def test_symbolic_residuals(tmp_path):
 )
 def test_loaded_refuses_wrong_inputs(tmp_path, mlp_export, bad, message):
     _, (params, (x, y)), exp = mlp_export
-    f = jaxaot.load(exp.save(tmp_path / "a"))
+    f = jaxaot.export.load(exp.save(tmp_path / "a"))
     with pytest.raises(ArtifactInputError, match=message):
         f(*bad(params, x, y))
 
 
 def test_backward_refuses_wrong_residuals_and_cotangents(mlp_export):
     _, args, exp = mlp_export
-    f = jaxaot.load(exp)
+    f = jaxaot.export.load(exp)
     _, res = f.forward(*args)
     with pytest.raises(ResidualsMismatchError):
         f.backward(tuple(res.arrays), jnp.float32(1))
@@ -276,16 +276,16 @@ def test_incompatible_manifest_is_refused(tmp_path, mlp_export, edit, message):
     directory = mlp_export[2].save(tmp_path / "a")
     _edit_manifest(directory, edit)
     with pytest.raises(ArtifactVersionError, match=message):
-        jaxaot.load(directory)
+        jaxaot.export.load(directory)
 
 
 def test_version_check_can_be_skipped_for_jax_only(tmp_path, mlp_export):
     directory = mlp_export[2].save(tmp_path / "a")
     _edit_manifest(directory, lambda m: m["versions"].update(jax="99.1.0"))
-    assert isinstance(jaxaot.load(directory, check_versions=False), LoadedAOT)
+    assert isinstance(jaxaot.export.load(directory, check_versions=False), LoadedAOT)
     _edit_manifest(directory, lambda m: m.update(format_version=0))
     with pytest.raises(ArtifactVersionError):
-        jaxaot.load(directory, check_versions=False)
+        jaxaot.export.load(directory, check_versions=False)
 
 
 def test_corrupt_or_missing_artifacts(tmp_path, mlp_export):
@@ -294,9 +294,9 @@ def test_corrupt_or_missing_artifacts(tmp_path, mlp_export):
     blob[len(blob) // 2] ^= 0xFF
     (directory / "forward.jaxexport").write_bytes(bytes(blob))
     with pytest.raises(ArtifactError, match="forward.jaxexport is corrupt"):
-        jaxaot.load(directory)
+        jaxaot.export.load(directory)
     with pytest.raises(ArtifactError, match="no manifest.json"):
-        jaxaot.load(tmp_path)
+        jaxaot.export.load(tmp_path)
 
 
 def _debug_callback(x):
@@ -328,7 +328,7 @@ def _pure_callback_in_loop(x):
 )
 def test_host_callbacks_are_refused_at_export(fn, primitive):
     with pytest.raises(NotExportableError, match=rf"host callback \({primitive}\) at .*test_export.py:\d+") as e:
-        jaxaot.export(fn, jnp.ones(3))
+        jaxaot.export.export(fn, jnp.ones(3))
     assert fn.__name__ in str(e.value)
 
 
@@ -337,7 +337,7 @@ def test_unsupported_pytree_node_is_named():
 
     _, state = nnx.split(nnx.eval_shape(lambda: nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
     with pytest.raises(NotExportableError, match=r"arg\[0\] is a flax.*State pytree node.*to_pure_dict"):
-        jaxaot.export(lambda s, x: jnp.sum(x @ s["kernel"].value), state, jnp.ones((1, 2)))
+        jaxaot.export.export(lambda s, x: jnp.sum(x @ s["kernel"].value), state, jnp.ones((1, 2)))
 
 
 Point = collections.namedtuple("Point", ["x", "y"])
@@ -365,7 +365,7 @@ def test_treedef_json_roundtrip(tree):
 
 def test_namedtuple_outputs_reload_as_namedtuples(tmp_path):
     fn = lambda x: Point(jnp.sin(x), jnp.cos(x).sum())  # noqa: E731
-    f = jaxaot.load(jaxaot.export(fn, jnp.ones(3)).save(tmp_path / "a"))
+    f = jaxaot.export.load(jaxaot.export.export(fn, jnp.ones(3)).save(tmp_path / "a"))
     out = f(jnp.zeros(3))
     assert type(out).__name__ == "Point" and out._fields == ("x", "y")
     chex.assert_trees_all_close(tuple(out), tuple(fn(jnp.zeros(3))))
@@ -375,25 +375,25 @@ def test_export_an_aot_function_keeps_its_options():
     import functools
 
     aot = jaxaot.aot_function(lambda x, n: jnp.sum(jnp.sin(x) ** n), static_argnums=1,
-                              partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition,
+                              partition_fn=functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
                                                              memory_budget=0.0))
-    exp = jaxaot.export(aot, jnp.ones(5), 3)
+    exp = jaxaot.export.export(aot, jnp.ones(5), 3)
     assert exp.signature.static_args == "(3,)"
     assert [p for p in exp.signature.in_paths] == ["arg[0]"]
     assert exp.signature.residual_specs == (exp.signature.in_specs[0],)  # min-cut at 0 saves only the input
     x = _normal(np.random.default_rng(3), 5)
-    chex.assert_trees_all_close(jax.grad(jaxaot.load(exp))(x), jax.grad(lambda x: jnp.sum(jnp.sin(x) ** 3))(x), **TOL)
+    chex.assert_trees_all_close(jax.grad(jaxaot.export.load(exp))(x), jax.grad(lambda x: jnp.sum(jnp.sin(x) ** 3))(x), **TOL)
     assert aot.cache_info().misses == 0  # exporting left the caller's AOTFunction alone
 
 
 def test_while_loop_overflow_check_survives_export():
     def fn(x):
-        _, h = jaxaot.while_loop(lambda c: c[0] < 20, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x), max_steps=8)
+        _, h = jaxaot.loops.while_loop(lambda c: c[0] < 20, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x), max_steps=8)
         return jnp.sum(h)
 
-    exp = jaxaot.export(fn, jnp.ones(3))
+    exp = jaxaot.export.export(fn, jnp.ones(3))
     assert [c.max_steps for c in exp.signature.forward_checks] == [8]
-    f = jaxaot.load(exp)
+    f = jaxaot.export.load(exp)
     chex.assert_trees_all_close(f(jnp.ones(3)), fn(jnp.ones(3)), **TOL)
     with pytest.raises(LoopOverflowError, match="max_steps=8"):
         jax.grad(f)(jnp.ones(3))
@@ -407,12 +407,12 @@ def test_symbolic_batch_exports_under_every_partitioner(budget):
     def loss(w, x, y):
         return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
 
-    pf = None if budget is None else functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    pf = None if budget is None else functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     k = jax.random.split(jax.random.key(np.random.randint(1 << 30)), 6)
     w = 0.3 * jax.random.normal(k[0], (16, 4))
-    exp = jaxaot.export(loss, w, jnp.ones((8, 16)), jnp.ones((8, 4)), dynamic_shapes=(None, "b, ...", "b, ..."),
+    exp = jaxaot.export.export(loss, w, jnp.ones((8, 16)), jnp.ones((8, 4)), dynamic_shapes=(None, "b, ...", "b, ..."),
                         partition_fn=pf)
-    f = jaxaot.load(exp)
+    f = jaxaot.export.load(exp)
     for i, b in enumerate((3, 11)):
         x, y = jax.random.normal(k[1 + 2 * i], (b, 16)), jax.random.normal(k[2 + 2 * i], (b, 4))
         assert_trees_close(jax.value_and_grad(f, argnums=(0, 1))(w, x, y),

@@ -1,4 +1,4 @@
-"""jaxaot.export / jaxaot.load of functions called with sharded inputs.
+"""jaxaot.export / jaxaot.export.load of functions called with sharded inputs.
 
 Each case exports an ``aot_function`` called with arrays on a ``(data=N/2, model=2)``
 mesh (``Auto`` or ``Explicit`` axes), serializes it (to a directory, or each
@@ -29,7 +29,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxaot
-from jaxaot.artifacts import ExportedAOT, LoadedAOT, MeshSpec
+from jaxaot._src.artifacts import ExportedAOT, LoadedAOT, MeshSpec
 from jaxaot.errors import ArtifactError, NotExportableError
 from zoo import assert_trees_close, child_env
 
@@ -104,10 +104,10 @@ def _args(mesh, specs: dict, seed: int = 0) -> tuple:
 def _reload(exp: ExportedAOT, how: str, tmp: Any) -> LoadedAOT:
     """Serialize ``exp`` (a directory, or each program to bytes) and load it back."""
     if how == "dir":
-        return jaxaot.load(exp.save(tmp / "artifact"))
+        return jaxaot.export.load(exp.save(tmp / "artifact"))
     programs = {p: jax.export.deserialize(bytearray(getattr(exp, p).serialize()))
                 for p in ("inference", "forward", "backward")}
-    return jaxaot.load(ExportedAOT(signature=exp.signature, name=exp.name, **programs))
+    return jaxaot.export.load(ExportedAOT(signature=exp.signature, name=exp.name, **programs))
 
 
 _CASES: dict[tuple, Case] = {}
@@ -126,10 +126,10 @@ def _build(model: str, axis: AxisType, how: str, tmp: Any) -> Case:
     mesh = _mesh(axis)
     loss = make(NamedSharding(mesh, P("data", None)) if axis == AxisType.Explicit else None)
     # the Megatron MLP under the min-cut partitioner, the data-parallel one under the default
-    options = {} if model == "dp" else {"partition_fn": jaxaot.min_cut_rematerialization_partition}
+    options = {} if model == "dp" else {"partition_fn": jaxaot.partition.min_cut_rematerialization_partition}
     aot = jaxaot.aot_function(loss, **options)
     args = _args(mesh, specs)
-    exp = jaxaot.export(aot, *args)
+    exp = jaxaot.export.export(aot, *args)
     return Case(mesh, loss, aot, args, exp, _reload(exp, how, tmp))
 
 
@@ -241,8 +241,8 @@ _LOAD_WITH_FEWER_DEVICES = textwrap.dedent(
     import jax, jaxaot
     assert jax.device_count() == int(sys.argv[2]), jax.device_count()
     try:
-        jaxaot.load(sys.argv[1])
-    except jaxaot.ArtifactError as e:
+        jaxaot.export.load(sys.argv[1])
+    except jaxaot.errors.ArtifactError as e:
         print("REFUSED:", e)
     """
 )
@@ -274,22 +274,22 @@ def test_manifest_records_mesh_and_partition_specs(tmp_path_factory, tmp_path):
     sig["mesh"]["axis_sizes"] = [HALF, -2]
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=r"mesh axis 'model' has size -2"):
-        jaxaot.load(directory)
+        jaxaot.export.load(directory)
     sig["mesh"]["axis_sizes"] = [HALF, 2]
     sig["in_specs"][0]["sharding"] = [{"not": "an axis"}]
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=r"partition spec entry"):
-        jaxaot.load(directory)
+        jaxaot.export.load(directory)
 
 
 def test_unsharded_artifact_records_no_mesh_and_runs_on_sharded_inputs(tmp_path_factory):
     c = _dp_auto(tmp_path_factory)
     host = jax.device_get(c.args)
-    exp = jaxaot.export(c.loss, *host)
+    exp = jaxaot.export.export(c.loss, *host)
     assert exp.forward.nr_devices == 1 and exp.signature.mesh is None
     assert all(s.sharding is None and "sharding" not in s.to_json() for s in exp.signature.in_specs)
     assert "mesh" not in exp.signature.to_json()
-    f = jaxaot.load(exp)
+    f = jaxaot.export.load(exp)
     with pytest.raises(ArtifactError, match="exported from unsharded inputs"):
         f.mesh()
     assert_trees_close(jax.grad(f)(*c.args), jax.grad(c.loss)(*host), **TOL)  # one-device programs run anywhere
@@ -298,12 +298,12 @@ def test_unsharded_artifact_records_no_mesh_and_runs_on_sharded_inputs(tmp_path_
 def test_sharded_inputs_with_dynamic_shapes_are_refused(tmp_path_factory):
     c = _dp_auto(tmp_path_factory)
     with pytest.raises(NotExportableError, match=r"sharded inputs and symbolic dimensions"):
-        jaxaot.export(c.loss, *c.args, dynamic_shapes=(None, "b, ...", "b, ..."))
+        jaxaot.export.export(c.loss, *c.args, dynamic_shapes=(None, "b, ...", "b, ..."))
 
 
 def test_replicated_residual_policy_carries_into_the_export(tmp_path_factory):
     c = _dp_auto(tmp_path_factory)
-    exp = jaxaot.export(jaxaot.aot_function(c.loss, residual_sharding="replicated"), *c.args)
+    exp = jaxaot.export.export(jaxaot.aot_function(c.loss, residual_sharding="replicated"), *c.args)
     s = exp.signature
     temporaries = [spec for spec, i in zip(s.residual_specs[len(s.saved_inputs):], s.saved_outputs)
                    if i >= s.num_outputs]
@@ -311,4 +311,4 @@ def test_replicated_residual_policy_carries_into_the_export(tmp_path_factory):
     # The default policy keeps the batch-split temporaries split (on two devices "data" has one: nothing splits).
     producer = c.exported.signature
     assert HALF == 1 or any(any(spec.sharding or ()) for spec in producer.residual_specs[len(producer.saved_inputs):])
-    assert_trees_close(jax.grad(jaxaot.load(exp))(*c.args), jax.grad(c.loss)(*c.args), **TOL)
+    assert_trees_close(jax.grad(jaxaot.export.load(exp))(*c.args), jax.grad(c.loss)(*c.args), **TOL)

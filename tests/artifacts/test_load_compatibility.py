@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from jaxaot.errors import ArtifactError, ArtifactVersionError
 
 
@@ -36,15 +36,15 @@ def _edit(d, change):
 
 
 def test_a_platform_this_process_lacks_is_refused_at_load(tmp_path):
-    d = jaxaot.export(_fn, X, platforms=(FOREIGN,)).save(tmp_path / "art")
+    d = jaxaot.export.export(_fn, X, platforms=(FOREIGN,)).save(tmp_path / "art")
     with pytest.raises(ArtifactError, match=rf"exported for {FOREIGN}, and this process runs on {', '.join(HERE)}: "
                                             r"it cannot run here"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_an_artifact_for_several_platforms_loads_where_one_of_them_is(tmp_path):
-    d = jaxaot.export(_fn, X, platforms=(FOREIGN, C.default_platform())).save(tmp_path / "art")  # X's platform
-    f = jaxaot.load(d)
+    d = jaxaot.export.export(_fn, X, platforms=(FOREIGN, C.default_platform())).save(tmp_path / "art")  # X's platform
+    f = jaxaot.export.load(d)
     np.testing.assert_allclose(f(X), _fn(X), rtol=1e-6)
     np.testing.assert_allclose(jax.grad(f)(X), jax.grad(_fn)(X), rtol=1e-6)
 
@@ -53,7 +53,7 @@ def test_an_artifact_for_several_platforms_loads_where_one_of_them_is(tmp_path):
 def test_arrays_on_a_platform_the_program_lacks_are_refused_at_the_call(tmp_path):
     default = C.default_platform()
     other = next(p for p in HERE if p != default)
-    f = jaxaot.load(jaxaot.export(_fn, X, platforms=(other,)).save(tmp_path / "art"))
+    f = jaxaot.export.load(jaxaot.export.export(_fn, X, platforms=(other,)).save(tmp_path / "art"))
     with pytest.raises(ArtifactError, match=rf"exported for {other}, but its inputs are on {default}"):
         f(jax.device_put(X, jax.devices()[0]))
     np.testing.assert_allclose(f(jax.device_put(X, jax.devices(other)[0])), _fn(X), rtol=1e-6)
@@ -61,18 +61,18 @@ def test_arrays_on_a_platform_the_program_lacks_are_refused_at_the_call(tmp_path
 
 @pytest.fixture
 def art(tmp_path):
-    return jaxaot.export(_fn, X).save(tmp_path / "art")
+    return jaxaot.export.export(_fn, X).save(tmp_path / "art")
 
 
 @pytest.mark.parametrize("written", ["99.1.0", "0.4.30", "unknown"])
 def test_a_jaxlib_this_one_cannot_stand_in_for_is_refused(art, written):
     _edit(art, lambda m: m["versions"].__setitem__("jaxlib", written))
     with pytest.raises(ArtifactVersionError, match=rf"written with jaxlib {written}, .*jaxlib {jaxlib.__version__}"):
-        jaxaot.load(art)
-    f = jaxaot.load(art, check_versions=False)  # the user's call: the programs themselves are unchanged
+        jaxaot.export.load(art)
+    f = jaxaot.export.load(art, check_versions=False)  # the user's call: the programs themselves are unchanged
     np.testing.assert_allclose(f(X), _fn(X), rtol=1e-6)
 
 
 def test_an_older_jaxlib_of_the_supported_range_loads(art):
     _edit(art, lambda m: m["versions"].__setitem__("jaxlib", "0.10.0"))
-    np.testing.assert_allclose(jaxaot.load(art)(X), _fn(X), rtol=1e-6)
+    np.testing.assert_allclose(jaxaot.export.load(art)(X), _fn(X), rtol=1e-6)

@@ -1,4 +1,4 @@
-"""``jaxaot.load`` of a hostile artifact can neither run code nor exhaust memory."""
+"""``jaxaot.export.load`` of a hostile artifact can neither run code nor exhaust memory."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.artifacts import manifest as manifest_mod
-from jaxaot.artifacts import treedef_json
+from jaxaot._src.artifacts import manifest as manifest_mod
+from jaxaot._src.artifacts import treedef_json
 from jaxaot.errors import ArtifactError, ArtifactInputError
 
 
@@ -32,7 +32,7 @@ def _args(seed=0):
 
 @pytest.fixture(scope="module")
 def good_artifact(tmp_path_factory):
-    return jaxaot.export(_fn, *_args()).save(tmp_path_factory.mktemp("good") / "art")
+    return jaxaot.export.export(_fn, *_args()).save(tmp_path_factory.mktemp("good") / "art")
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def artifact(good_artifact, tmp_path):
 
 
 def _check_still_loads(d: Path) -> None:
-    f = jaxaot.load(d)
+    f = jaxaot.export.load(d)
     args = _args(1)
     want_v, want_g = jax.value_and_grad(_fn)(*args)
     got_v, got_g = jax.value_and_grad(f)(*args)
@@ -72,7 +72,7 @@ def test_path_traversal_in_file_names_is_refused(artifact, tmp_path, bad_name):
     edit(lambda m: m["artifacts"]["forward"].__setitem__("file", bad_name))
     with pytest.raises(ArtifactError, match=r"forward program's file .* not a plain file name|"
                                             r"'artifacts.forward.file' is (an integer|null), not a string"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_symlink_out_of_the_artifact_is_refused(artifact, tmp_path):
@@ -81,7 +81,7 @@ def test_symlink_out_of_the_artifact_is_refused(artifact, tmp_path):
     shutil.move(d / "forward.jaxexport", outside)
     (d / "forward.jaxexport").symlink_to(outside)
     with pytest.raises(ArtifactError, match="symlink out of the artifact"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 @pytest.mark.parametrize("shape,match", [
@@ -92,7 +92,7 @@ def test_huge_or_malformed_declared_shapes_are_refused(artifact, shape, match):
     d, edit = artifact
     edit(lambda m: m["signature"]["in_specs"][0].__setitem__("shape", shape))
     with pytest.raises(ArtifactError, match=match) as err:
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     assert "in_specs[0]" in str(err.value) and "manifest.json" in str(err.value)
 
 
@@ -104,7 +104,7 @@ def test_huge_but_bounded_declared_shapes_allocate_nothing(artifact):
     edit(lambda m: m["signature"]["in_specs"][0].__setitem__("shape", [1 << 48, 1 << 48]))
     with pytest.raises(ArtifactError, match=r"input 0 of the inference program is float32\[3\], the signature "
                                             r"says float32\[281474976710656,281474976710656\]"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB
 
 
@@ -126,7 +126,7 @@ def test_deeply_nested_treedefs_are_refused(artifact, depth, match):
         deep = '{"kind": "list", "children": [' * depth + '{"kind": "leaf"}' + "]}" * depth
         (d / "manifest.json").write_text(text.replace('"in_structure": ', f'"in_structure": {deep}, "x": ', 1))
     with pytest.raises(ArtifactError, match=match):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_too_many_tree_nodes_are_refused(monkeypatch, artifact):
@@ -135,7 +135,7 @@ def test_too_many_tree_nodes_are_refused(monkeypatch, artifact):
     edit(lambda m: m["signature"].__setitem__(
         "out_structure", {"kind": "list", "children": [{"kind": "none"}] * 100 + [{"kind": "leaf"}]}))
     with pytest.raises(ArtifactError, match="more than 50 nodes"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_namedtuple_names_cannot_inject_code(artifact, tmp_path):
@@ -145,11 +145,11 @@ def test_namedtuple_names_cannot_inject_code(artifact, tmp_path):
     edit(lambda m: m["signature"].__setitem__("out_structure", {
         "kind": "namedtuple", "module": "os", "qualname": "T", "fields": [payload], "children": [{"kind": "leaf"}]}))
     with pytest.raises(ArtifactError):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     edit(lambda m: m["signature"].__setitem__("out_structure", {
         "kind": "namedtuple", "module": "os", "qualname": payload, "fields": ["a"], "children": [{"kind": "leaf"}]}))
     with pytest.raises(ArtifactError):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     assert not marker.exists()
 
 
@@ -159,24 +159,24 @@ def test_out_of_range_indices_are_refused_at_load(artifact, field, value):
     d, edit = artifact
     edit(lambda m: m["signature"].__setitem__(field, value))
     with pytest.raises(ArtifactError, match=field):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_structure_and_specs_must_agree(artifact):
     d, edit = artifact
     edit(lambda m: m["signature"].__setitem__("in_structure", {"kind": "tuple", "children": [{"kind": "leaf"}]}))
     with pytest.raises(ArtifactError, match="in_structure has 1 leaves but there are 3 specs"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_oversized_files_are_refused_before_they_are_read(artifact, monkeypatch):
     d, _ = artifact
     monkeypatch.setattr(manifest_mod, "MAX_PROGRAM_BYTES", 100)
     with pytest.raises(ArtifactError, match="MAX_PROGRAM_BYTES=100"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     monkeypatch.setattr(manifest_mod, "MAX_MANIFEST_BYTES", 100)
     with pytest.raises(ArtifactError, match="more than the limit of 100.*MAX_MANIFEST_BYTES=100"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_a_file_larger_than_declared_is_refused(artifact):
@@ -184,7 +184,7 @@ def test_a_file_larger_than_declared_is_refused(artifact):
     with open(d / "backward.jaxexport", "ab") as f:
         f.write(b"\0" * 1024)
     with pytest.raises(ArtifactError, match=r"backward.jaxexport is corrupt: it has \d+ bytes"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_a_huge_program_file_is_refused_before_it_is_read(artifact):
@@ -196,6 +196,6 @@ def test_a_huge_program_file_is_refused_before_it_is_read(artifact):
     before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
     with pytest.raises(ArtifactError, match=rf"forward.jaxexport is corrupt: it has {2 << 30} bytes, not the "
                                             rf"{declared} declared by the manifest"):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     assert time.perf_counter() - start < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.artifacts import audit
+from jaxaot._src.artifacts import audit
 from jaxaot.errors import ArtifactError
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from reliability.hostile import deadline, program_from_text, with_host_callback, write_program
 
 
@@ -37,7 +37,7 @@ X = jnp.linspace(0.0, 1.0, 3)
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    return jaxaot.export(_fn, jnp.ones(3)).save(tmp_path_factory.mktemp("good") / "art")
+    return jaxaot.export.export(_fn, jnp.ones(3)).save(tmp_path_factory.mktemp("good") / "art")
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def art(good, tmp_path):
 
 
 def _works(d: Path, **kw) -> None:
-    f = jaxaot.load(d, **kw)
+    f = jaxaot.export.load(d, **kw)
     np.testing.assert_allclose(f(X), _fn(X), rtol=1e-6)
     np.testing.assert_allclose(jax.grad(f)(X), jnp.cos(X), rtol=1e-6)
 
@@ -63,7 +63,7 @@ def test_a_fifo_in_place_of_a_file_is_refused_in_seconds(art, good, name):
     (art / name).unlink()
     os.mkfifo(art / name)
     with deadline(30), pytest.raises(ArtifactError, match=rf"{name} is a FIFO, not a regular file"):
-        jaxaot.load(art)
+        jaxaot.export.load(art)
     (art / name).unlink()
     shutil.copy(good / name, art / name)
     _works(art)
@@ -73,7 +73,7 @@ def test_a_directory_in_place_of_a_program_is_refused(art):
     (art / "inference.jaxexport").unlink()
     (art / "inference.jaxexport").mkdir()
     with pytest.raises(ArtifactError, match="inference.jaxexport is a directory, not a regular file"):
-        jaxaot.load(art)
+        jaxaot.export.load(art)
 
 
 def test_a_manifest_symlinked_out_of_the_artifact_is_refused(art, tmp_path):
@@ -81,7 +81,7 @@ def test_a_manifest_symlinked_out_of_the_artifact_is_refused(art, tmp_path):
     shutil.move(art / "manifest.json", outside)
     (art / "manifest.json").symlink_to(outside)
     with pytest.raises(ArtifactError, match="manifest.json is a symlink out of the artifact directory"):
-        jaxaot.load(art)
+        jaxaot.export.load(art)
 
 
 def test_symlinks_that_stay_inside_the_artifact_load(art):
@@ -94,7 +94,7 @@ def test_symlinks_that_stay_inside_the_artifact_load(art):
 
 def test_the_size_cap_is_a_load_argument(art):
     with pytest.raises(ArtifactError, match=r"more than the limit of 1000: .*max_bytes"):
-        jaxaot.load(art, max_bytes=1000)
+        jaxaot.export.load(art, max_bytes=1000)
     _works(art, max_bytes=10 << 20)
 
 
@@ -108,14 +108,14 @@ def _callback_target_here() -> str:
 
 def test_a_planted_host_callback_is_refused(art):
     target = _callback_target_here()
-    exported = jaxaot.load(art).exported
+    exported = jaxaot.export.load(art).exported
     write_program(art, "inference", with_host_callback(exported.inference, target))
     with pytest.raises(ArtifactError, match=rf"the inference program calls host code \({target}\); "
                                             r"the manifest says none were exported"):
-        jaxaot.load(art)
+        jaxaot.export.load(art)
     # The control: let through, the planted callback runs whatever this process registered under
     # index 0 - here the user's own pure_callback, fed the artifact's data.
-    f = jaxaot.load(art, allow_callbacks=True)
+    f = jaxaot.export.load(art, allow_callbacks=True)
     seen = []
 
     def mine(v):
@@ -159,12 +159,12 @@ def test_a_callback_in_a_nested_region_is_found():
 
 
 def test_an_unknown_custom_call_is_refused(art):
-    exported = jaxaot.load(art).exported
+    exported = jaxaot.export.load(art).exported
     planted = with_host_callback(exported.forward, "my_native_kernel")
     write_program(art, "forward", planted)
     with pytest.raises(ArtifactError, match=r"forward program calls custom targets that jax.export does not produce "
                                             r"\(my_native_kernel\)"):
-        jaxaot.load(art, allow_callbacks=True)
+        jaxaot.export.load(art, allow_callbacks=True)
 
 
 def test_the_manifest_records_custom_calls_and_no_callbacks(art):
@@ -204,7 +204,7 @@ def test_programs_swapped_inside_an_artifact_are_refused_at_load(art, a, b):
     m["artifacts"][a], m["artifacts"][b] = m["artifacts"][b], m["artifacts"][a]  # each keeps a valid sha256
     (art / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match=r"the programs do not belong to this manifest \(swapped or altered\)"):
-        jaxaot.load(art)
+        jaxaot.export.load(art)
 
 
 def test_a_signature_that_disagrees_with_its_programs_is_refused(art, good):
@@ -213,7 +213,7 @@ def test_a_signature_that_disagrees_with_its_programs_is_refused(art, good):
     (art / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match=r"output 0 of the inference program is float32\[\], the signature says "
                                             r"float16\[\]"):
-        jaxaot.load(art)
+        jaxaot.export.load(art)
     _works(good)
 
 
@@ -224,5 +224,5 @@ def test_a_program_returning_a_bare_array_for_a_1_tuple_is_refused(art, good):
     write_program(art, "inference", bare)
     with pytest.raises(ArtifactError, match=r"the inference program's outputs are structured as PyTreeDef\(\*\), not "
                                             r"as the flat sequence of 1 arrays"):
-        jaxaot.load(art)
+        jaxaot.export.load(art)
     _works(good)

@@ -1,7 +1,7 @@
 """Every malformed manifest is a typed error: a table of mutations, each an ArtifactError (or subclass).
 
 The attack: ``"artifacts": []``, ``"artifacts": {"forward": "forward.jaxexport"}`` or
-``"versions": []`` raised a raw ``AttributeError`` from ``jaxaot.load``.
+``"versions": []`` raised a raw ``AttributeError`` from ``jaxaot.export.load``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _fn(w, x):
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    return jaxaot.export(_fn, jnp.ones((3, 2)), jnp.ones((4, 3))).save(tmp_path_factory.mktemp("good") / "art")
+    return jaxaot.export.export(_fn, jnp.ones((3, 2)), jnp.ones((4, 3))).save(tmp_path_factory.mktemp("good") / "art")
 
 
 def _set(path: str, value):
@@ -156,7 +156,7 @@ def test_the_table_is_large():
 def test_every_malformed_manifest_is_a_typed_error(good, tmp_path, name):
     d = _mutated(good, tmp_path, MUTATIONS[name])
     with pytest.raises(ArtifactError) as err:  # ArtifactVersionError is a subclass
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     assert type(err.value) in (ArtifactError, ArtifactVersionError)
     assert "Traceback" not in str(err.value) and len(str(err.value)) < 2000
 
@@ -168,11 +168,11 @@ def test_manifests_that_are_not_json_objects_are_typed_errors(good, tmp_path, te
     shutil.copytree(good, d)
     (d / "manifest.json").write_text(text, errors="surrogateescape")
     with pytest.raises(ArtifactError):
-        jaxaot.load(d)
+        jaxaot.export.load(d)
 
 
 def test_the_untouched_artifact_still_loads_and_is_right(good):
-    f = jaxaot.load(good)
+    f = jaxaot.export.load(good)
     w, x = jnp.ones((3, 2)) / 3, jnp.linspace(0.0, 1.0, 12).reshape(4, 3)
     got, want = jax.value_and_grad(lambda w: f(w, x)[0])(w), jax.value_and_grad(lambda w: _fn(w, x)[0])(w)
     for a, b in zip(got, want):

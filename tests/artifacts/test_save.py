@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._files import STALE_SECONDS, writing
-from jaxaot.artifacts import manifest, signing
+from jaxaot._src.files import STALE_SECONDS, writing
+from jaxaot._src.artifacts import manifest, signing
 from jaxaot.errors import InvalidValueError
 
 
@@ -33,7 +33,7 @@ X = jnp.linspace(0.0, 1.0, 3)
 
 
 def _loads_as(d, fn) -> None:
-    f = jaxaot.load(d)
+    f = jaxaot.export.load(d)
     np.testing.assert_allclose(f(X), fn(X), rtol=1e-6)
     np.testing.assert_allclose(jax.grad(f)(X), jax.grad(fn)(X), rtol=1e-6)
 
@@ -42,16 +42,16 @@ def _loads_as(d, fn) -> None:
 def test_a_re_save_replaces_the_whole_folder(tmp_path, monkeypatch, exchange):
     if not exchange:  # systems without an atomic swap of two folders
         monkeypatch.setattr(writing, "_exchange", lambda a, b: False)
-    d = jaxaot.export(_sin, X).save(tmp_path / "art", key=b"k" * 16)
+    d = jaxaot.export.export(_sin, X).save(tmp_path / "art", key=b"k" * 16)
     assert (d / signing.SIGNATURE).exists()
-    jaxaot.export(_cos, X).save(d)
+    jaxaot.export.export(_cos, X).save(d)
     _loads_as(d, _cos)
     assert not (d / signing.SIGNATURE).exists()  # nothing of the old version is left behind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
 
 def test_an_interrupted_re_save_leaves_the_old_artifact_loadable(tmp_path, monkeypatch):
-    d = jaxaot.export(_sin, X).save(tmp_path / "art")
+    d = jaxaot.export.export(_sin, X).save(tmp_path / "art")
     real, written = manifest.atomic_write, []
 
     def dies_after_two(path, data):  # a save killed while writing its files
@@ -62,7 +62,7 @@ def test_an_interrupted_re_save_leaves_the_old_artifact_loadable(tmp_path, monke
 
     monkeypatch.setattr(manifest, "atomic_write", dies_after_two)
     with pytest.raises(KeyboardInterrupt):
-        jaxaot.export(_cos, X).save(d)
+        jaxaot.export.export(_cos, X).save(d)
     monkeypatch.undo()
     assert written and all(p.parent != d for p in written)  # the new files went to a fresh folder
     _loads_as(d, _sin)
@@ -70,7 +70,7 @@ def test_an_interrupted_re_save_leaves_the_old_artifact_loadable(tmp_path, monke
 
 
 def test_a_killed_save_s_folder_is_swept_after_an_hour(tmp_path):
-    d = jaxaot.export(_sin, X).save(tmp_path / "art")
+    d = jaxaot.export.export(_sin, X).save(tmp_path / "art")
     old = tmp_path / ".art.jaxaot-0123456789abcdef.tmp"  # what a save killed by SIGKILL leaves
     young = tmp_path / ".art.jaxaot-fedcba9876543210.tmp"
     mine = tmp_path / ".art.backup.tmp"  # not jaxaot's: never touched
@@ -80,7 +80,7 @@ def test_a_killed_save_s_folder_is_swept_after_an_hour(tmp_path):
     hour_ago = time.time() - STALE_SECONDS - 60
     for p in (old, mine):
         os.utime(p, (hour_ago, hour_ago))
-    jaxaot.export(_cos, X).save(d)
+    jaxaot.export.export(_cos, X).save(d)
     assert not old.exists() and young.exists() and mine.exists()
     _loads_as(d, _cos)
 
@@ -90,25 +90,25 @@ def test_saving_over_a_folder_of_other_files_is_refused_and_keeps_them(tmp_path)
     d.mkdir()
     (d / "notes.txt").write_text("mine")
     with pytest.raises(InvalidValueError, match=r"holds files that would be lost \(notes.txt\)"):
-        jaxaot.export(_sin, X).save(d)
+        jaxaot.export.export(_sin, X).save(d)
     assert [p.name for p in d.iterdir()] == ["notes.txt"]
     (tmp_path / "file").write_text("mine")
     with pytest.raises(InvalidValueError, match="not a folder"):
-        jaxaot.export(_sin, X).save(tmp_path / "file")
+        jaxaot.export.export(_sin, X).save(tmp_path / "file")
 
 
 def test_saving_into_an_empty_folder_keeps_its_mode(tmp_path):
     d = tmp_path / "shared"
     d.mkdir()
     d.chmod(0o755)
-    jaxaot.export(_sin, X).save(d)
+    jaxaot.export.export(_sin, X).save(d)
     assert d.stat().st_mode & 0o777 == 0o755
     _loads_as(d, _sin)
 
 
 def test_saving_through_a_symlink_makes_the_folder_it_names_anew(tmp_path):
-    real = jaxaot.export(_sin, X).save(tmp_path / "v1")
+    real = jaxaot.export.export(_sin, X).save(tmp_path / "v1")
     (tmp_path / "current").symlink_to(real)
-    jaxaot.export(_cos, X).save(tmp_path / "current")
+    jaxaot.export.export(_cos, X).save(tmp_path / "current")
     assert (tmp_path / "current").is_symlink()
     _loads_as(real, _cos)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.artifacts import signing
+from jaxaot._src.artifacts import signing
 from jaxaot.errors import ArtifactError, InvalidInputError, InvalidValueError
 from reliability.hostile import write_program
 
@@ -37,7 +37,7 @@ def _x(seed=0):
 
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory):
-    return jaxaot.export(_fn, _x()).save(tmp_path_factory.mktemp("signed") / "art", key=KEY)
+    return jaxaot.export.export(_fn, _x()).save(tmp_path_factory.mktemp("signed") / "art", key=KEY)
 
 
 @pytest.fixture
@@ -60,8 +60,8 @@ def _grad_is_right(f) -> bool:
 
 def test_a_signed_artifact_loads_with_its_key_and_without(signed):
     assert (signed / signing.SIGNATURE).is_file()
-    assert _grad_is_right(jaxaot.load(signed, key=KEY))
-    assert _grad_is_right(jaxaot.load(signed))  # unsigned loading trusts the source, as before
+    assert _grad_is_right(jaxaot.export.load(signed, key=KEY))
+    assert _grad_is_right(jaxaot.export.load(signed))  # unsigned loading trusts the source, as before
 
 
 def test_permuted_saved_outputs_are_refused_with_the_key(art):
@@ -69,18 +69,18 @@ def test_permuted_saved_outputs_are_refused_with_the_key(art):
     assert len(saved) >= 2
     _edit(art, lambda m: m["signature"].__setitem__("saved_outputs", [saved[1], saved[0], *saved[2:]]))
     # The attack, without a key: it loads, and the gradients are wrong.
-    assert not _grad_is_right(jaxaot.load(art))
+    assert not _grad_is_right(jaxaot.export.load(art))
     with pytest.raises(ArtifactError, match=r"manifest.json does not match its signature \(manifest.hmac\) under the "
                                             r"key given"):
-        jaxaot.load(art, key=KEY)
+        jaxaot.export.load(art, key=KEY)
 
 
 def test_a_swapped_program_is_refused_with_the_key(art):
-    other = jaxaot.export(lambda x: jnp.sum(jnp.sin(2 * x) * jnp.exp(x)), _x()).forward
+    other = jaxaot.export.export(lambda x: jnp.sum(jnp.sin(2 * x) * jnp.exp(x)), _x()).forward
     write_program(art, "forward", other)  # the manifest's sha256 and size fixed up, as an attacker can
-    assert not _grad_is_right(jaxaot.load(art))
+    assert not _grad_is_right(jaxaot.export.load(art))
     with pytest.raises(ArtifactError, match="does not match its signature"):
-        jaxaot.load(art, key=KEY)
+        jaxaot.export.load(art, key=KEY)
 
 
 def test_a_program_changed_behind_the_manifest_is_refused_with_or_without_the_key(art):
@@ -89,34 +89,34 @@ def test_a_program_changed_behind_the_manifest_is_refused_with_or_without_the_ke
     for key in (KEY, None):
         with pytest.raises(ArtifactError, match="forward.jaxexport is corrupt: it has a sha256 other than the one "
                                                 "declared by the manifest"):
-            jaxaot.load(art, key=key)
+            jaxaot.export.load(art, key=key)
 
 
 def test_another_key_or_no_signature_is_refused(art, tmp_path):
     with pytest.raises(ArtifactError, match="does not match its signature"):
-        jaxaot.load(art, key=secrets.token_bytes(32))
+        jaxaot.export.load(art, key=secrets.token_bytes(32))
     (art / signing.SIGNATURE).unlink()
     with pytest.raises(ArtifactError, match=r"is not signed \(it has no manifest.hmac\), but a key was given"):
-        jaxaot.load(art, key=KEY)
-    unsigned = jaxaot.export(_fn, _x()).save(tmp_path / "unsigned")
+        jaxaot.export.load(art, key=KEY)
+    unsigned = jaxaot.export.export(_fn, _x()).save(tmp_path / "unsigned")
     assert not (unsigned / signing.SIGNATURE).exists()
     with pytest.raises(ArtifactError, match="is not signed"):
-        jaxaot.load(unsigned, key=KEY)
+        jaxaot.export.load(unsigned, key=KEY)
 
 
 def test_the_signature_is_checked_before_the_manifest_is_parsed(art):
     (art / "manifest.json").write_text("[" * 100_000)  # would be a NestingError if parsed
     with pytest.raises(ArtifactError, match="does not match its signature"):
-        jaxaot.load(art, key=KEY)
+        jaxaot.export.load(art, key=KEY)
 
 
 @pytest.mark.parametrize("key,error", [("secret-string-of-32-characters!!", InvalidInputError), (b"short", InvalidValueError)])
 def test_keys_are_bytes_of_at_least_16(tmp_path, key, error):
-    exp = jaxaot.export(_fn, _x())
+    exp = jaxaot.export.export(_fn, _x())
     with pytest.raises(error, match="key"):
         exp.save(tmp_path / "a", key=key)
     with pytest.raises(error, match="key"):
-        jaxaot.load(tmp_path / "a", key=key)
+        jaxaot.export.load(tmp_path / "a", key=key)
     assert not (tmp_path / "a").exists()
 
 

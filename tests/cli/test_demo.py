@@ -11,9 +11,9 @@ import pytest
 
 import jaxaot
 from jaxaot import viz
-from jaxaot.cli import demo as demo_mod
-from jaxaot.cli import demo_models as examples
-from jaxaot.cli import main as cli
+from jaxaot._src.cli import demo as demo_mod
+from jaxaot._src.cli import demo_models as examples
+from jaxaot._src.cli import main as cli
 
 SMALL = ["--width", "16", "--depth", "2", "--batch", "4", "--rounds", "3"]
 
@@ -31,7 +31,7 @@ def test_demo_default_writes_to_a_fresh_temporary_folder(tmp_path, monkeypatch, 
         assert (out / "split.html").exists() and (out / "artifact" / "manifest.json").exists()
         assert str(out / "split.html") in captured.out
         params, data = examples.mlp_init(jax.random.key(0), width=16, depth=2, batch=4)
-        got = jax.grad(jaxaot.load(out / "artifact"))(params, data)
+        got = jax.grad(jaxaot.export.load(out / "artifact"))(params, data)
         want = jax.grad(examples.mlp_loss)(params, data)
         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)

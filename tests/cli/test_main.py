@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import jaxaot
-from jaxaot._pytrees import short_dtype_names
-from jaxaot.cli import main as cli
-from jaxaot.cli.commands import UsageError, load_object
-from jaxaot.cli.shapes import parse_shapes
+from jaxaot._src.pytrees import short_dtype_names
+from jaxaot._src.cli import main as cli
+from jaxaot._src.cli.commands import UsageError, load_object
+from jaxaot._src.cli.shapes import parse_shapes
 from jaxaot.errors import InvalidValueError
 
 CLI_DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -43,15 +43,15 @@ def test_inspect_plain_shapes(tmp_path, monkeypatch, capsys):
 
 def test_inspect_pytree_shapes_as_json(capsys):
     spec = '[[{"w": "f32[16, 16]", "b": "f32[16]"}], ["f32[4,16]", "f32[4,16]"]]'
-    assert cli.main(["inspect", "jaxaot.cli.demo_models:mlp_loss", "--shapes", spec, "--partition", "min_cut"]) == 0
+    assert cli.main(["inspect", "jaxaot._src.cli.demo_models:mlp_loss", "--shapes", spec, "--partition", "min_cut"]) == 0
     out = capsys.readouterr().out
     assert "== residuals ==" in out and "f32[16,16]" in out and "f32[4,16]" in out
 
 
 @pytest.mark.smoke
 def test_inspect_example_args(capsys):
-    assert cli.main(["inspect", "jaxaot.cli.demo_models:mlp_loss",
-                     "--args", "jaxaot.cli.demo_models:mlp_example_args"]) == 0
+    assert cli.main(["inspect", "jaxaot._src.cli.demo_models:mlp_loss",
+                     "--args", "jaxaot._src.cli.demo_models:mlp_example_args"]) == 0
     out = capsys.readouterr().out
     assert "== residuals ==" in out and "f32[4,16]" in out
 
@@ -91,26 +91,26 @@ def test_documented_commands_name_only_real_targets():
     (["inspect", "os.path:join", "--shapes", "q8[2]"], "cannot read shape 'q8\\[2\\]'"),
     (["inspect", "os", "--shapes", "f32[2]"], "expected MODULE:FUNCTION, got 'os'"),
     (["inspect", "os:sep", "--shapes", "f32[2]"], "os:sep is not callable"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[2,2]"],
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[2,2]"],
      "tanh_loss takes 2 positional arguments \\(w, x\\) but was given 1"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]"],
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]"],
      "does not trace at the given arguments: TypeError"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--args", "jaxaot.cli.demo_models:tanh_loss"],
-     "calling jaxaot.cli.demo_models:tanh_loss\\(\\) raised TypeError"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--args", "jaxaot.cli.demo_models:mlp_init"],
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--args", "jaxaot._src.cli.demo_models:tanh_loss"],
+     "calling jaxaot._src.cli.demo_models:tanh_loss\\(\\) raised TypeError"),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--args", "jaxaot._src.cli.demo_models:mlp_init"],
      "raised TypeError"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", '{"w": 3}'], "neither a \"dtype\\[dims\\]\""),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", '{"w": 3}'], "neither a \"dtype\\[dims\\]\""),
     (["demo", "--width", "0"], "--width must be at least 1"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "1.2xB"],
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "1.2xB"],
      "--budget 1.2xB: memory_budget '1.2xB' has an unknown unit 'xB'"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "-1"],
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "-1"],
      "--budget -1: memory_budget='-1' is negative"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "1.5"],
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "1.5"],
      "--budget 1.5: memory_budget='1.5' is above 1, so it is not a fraction.*Did you mean '1.5GB'"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--partition", "default",
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--partition", "default",
       "--offload", "auto"], "--budget and --offload configure the min-cut partitioner"),
-    (["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "16B"],
-     "no plan of jaxaot.cli.demo_models:tanh_loss fits --budget 16B: memory_budget=16 bytes"),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "16B"],
+     "no plan of jaxaot._src.cli.demo_models:tanh_loss fits --budget 16B: memory_budget=16 bytes"),
 ])
 def test_user_errors_are_one_line_and_exit_2(argv, msg, capsys):
     assert cli.main(argv) == 2
@@ -121,7 +121,7 @@ def test_user_errors_are_one_line_and_exit_2(argv, msg, capsys):
 
 
 def test_inspect_json_with_a_byte_budget(capsys):
-    argv = ["inspect", "jaxaot.cli.demo_models:mlp_loss", "--args", "jaxaot.cli.demo_models:mlp_example_args",
+    argv = ["inspect", "jaxaot._src.cli.demo_models:mlp_loss", "--args", "jaxaot._src.cli.demo_models:mlp_example_args",
             "--budget", "8KiB", "--offload", "auto", "--json"]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
@@ -131,11 +131,11 @@ def test_inspect_json_with_a_byte_budget(capsys):
     assert doc["saved_bytes"] == sum(r["nbytes"] for r in doc["residuals"]) > 0
     assert doc["added_bytes"] + doc["input_bytes"] == doc["saved_bytes"]
     assert set(doc["times"]) >= {"trace", "partition"} and all(isinstance(e, str) for e in doc["recomputed"])
-    assert "lowering jaxaot.cli.demo_models:mlp_loss: done (" in captured.err
+    assert "lowering jaxaot._src.cli.demo_models:mlp_loss: done (" in captured.err
 
 
 def test_inspect_json_matches_the_text(capsys):
-    argv = ["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16, 4] f32[8, 16]"]
+    argv = ["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16, 4] f32[8, 16]"]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert cli.main([*argv, "--json"]) == 0
@@ -147,7 +147,7 @@ def test_inspect_json_matches_the_text(capsys):
 
 def test_traceback_flag_shows_the_cause():
     with pytest.raises(UsageError, match="does not trace") as info:
-        cli.main(["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]", "--traceback"])
+        cli.main(["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]", "--traceback"])
     assert isinstance(info.value.__cause__, TypeError)
 
 
@@ -161,7 +161,7 @@ def test_argparse_errors_exit_2(capsys):
 
 def test_f64_turns_on_x64_and_says_so():
     # A subprocess: jax_enable_x64 is process-wide and must not leak into other tests.
-    r = subprocess.run([sys.executable, "-m", "jaxaot.cli", "inspect", "jaxaot.cli.demo_models:tanh_loss",
+    r = subprocess.run([sys.executable, "-m", "jaxaot._src.cli", "inspect", "jaxaot._src.cli.demo_models:tanh_loss",
                         "--shapes", "f64[16, 4] f64[8, 16]"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "turned on jax_enable_x64" in r.stderr and "float64" in r.stderr
@@ -204,7 +204,7 @@ def test_help_lists_the_dtypes_parse_shapes_reads():
 
 def test_help_for_each_command():
     for sub in ([], ["demo"], ["inspect"], ["version"]):
-        r = subprocess.run([sys.executable, "-m", "jaxaot.cli", *sub, "--help"], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "jaxaot._src.cli", *sub, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "usage: jaxaot" in r.stdout
 
 

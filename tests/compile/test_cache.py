@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.compile import cache, compilers, executable_codec, store
+from jaxaot._src.compile import cache, compilers, executable_codec, store
 from jaxaot.errors import CacheWarning
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -28,7 +28,7 @@ CALLS = {"partition": 0, "compile": 0}
 
 def counting_partition(joint):
     CALLS["partition"] += 1
-    return jaxaot.default_partition(joint)
+    return jaxaot.partition.default_partition(joint)
 
 
 def counting_xla(closed, avals, **kwargs):
@@ -97,11 +97,11 @@ def test_cache_off_writes_nothing(tmp_path):
 
 
 def test_keys_follow_shapes_partitioner_options_and_consts(cache_dir):
-    mincut = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.2)
+    mincut = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.2)
     _run(partition_fn=mincut)
-    _run(partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.8))
+    _run(partition_fn=functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.8))
     assert cache.stats().partition_misses == 2
-    _run(partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.2))
+    _run(partition_fn=functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.2))
     assert cache.stats().partition_hits == 1
     _reset_counts()
     _run(batch=5)  # another input shape
@@ -194,12 +194,12 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
     import numpy as np, jax, jax.numpy as jnp
     import jaxaot
-    from jaxaot.compile import cache
+    from jaxaot._src.compile import cache
 
     calls = {"partition": 0}
     def counting_partition(joint):
         calls["partition"] += 1
-        return jaxaot.default_partition(joint)
+        return jaxaot.partition.default_partition(joint)
 
     def loss(w, x):
         return jnp.mean(jnp.tanh(x @ w) ** 2)
@@ -280,7 +280,7 @@ def test_concurrent_writers(tmp_path):
 
 def counting_min_cut(joint):
     CALLS["partition"] += 1
-    return jaxaot.min_cut_rematerialization_partition(joint)
+    return jaxaot.partition.min_cut_rematerialization_partition(joint)
 
 
 def scanned_loss(w, x):
@@ -294,7 +294,7 @@ def scanned_loss(w, x):
 def test_min_cut_scan_rewrite_is_replayed_not_rechosen(cache_dir):
     # min-cut rewrites scan bodies (per-iteration remat) before splitting; the cache stores
     # the rewrite plan, so a second process-alike AOTFunction neither partitions nor compiles.
-    assert jaxaot.min_cut_rematerialization_partition(jaxaot.trace_joint(scanned_loss, *_inputs())).primal_plan
+    assert jaxaot.partition.min_cut_rematerialization_partition(jaxaot.partition.trace_joint(scanned_loss, *_inputs())).primal_plan
     first = _run(scanned_loss, partition_fn=counting_min_cut)
     assert cache.stats().partition_misses == 1 and CALLS["partition"] == 1
     _reset_counts()
@@ -308,7 +308,7 @@ def test_min_cut_scan_rewrite_is_replayed_not_rechosen(cache_dir):
 
 def test_a_partitioner_that_returns_no_partition_is_named_and_nothing_is_stored(cache_dir):
     f = jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x)), partition_fn=lambda joint: None)
-    with pytest.raises(jaxaot.PartitionError, match="returned a NoneType, not a jaxaot.Partition"):
+    with pytest.raises(jaxaot.errors.PartitionError, match="returned a NoneType, not a jaxaot.partition.Partition"):
         jax.grad(f)(jnp.ones(3))
     assert not _files(cache_dir, "partitions")
     g = jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x)))   # the cache keeps working

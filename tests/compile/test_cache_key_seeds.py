@@ -16,14 +16,14 @@ import textwrap
 import numpy as np
 from zoo import child_env
 
-from jaxaot.compile import cache_keys
+from jaxaot._src.compile import cache_keys
 
 _CHILD = textwrap.dedent(
     """
     import dataclasses, enum, functools, json
     import jax, jax.numpy as jnp
     import jaxaot
-    from jaxaot.compile import cache_keys, compilers
+    from jaxaot._src.compile import cache_keys, compilers
 
     class Mode(enum.Enum):
         FAST = 1
@@ -34,13 +34,13 @@ _CHILD = textwrap.dedent(
 
     def set_partitioner(joint):
         _ = NAMES, WEIGHTS, NESTED
-        return jaxaot.default_partition(joint)
+        return jaxaot.partition.default_partition(joint)
 
     def closing(names, weights, nested):
         def partition(joint):
             if str(joint) in {"never", "a", "b", "c", "d"}:  # a frozenset constant in the code
                 return None
-            return jaxaot.default_partition(joint) if (names, weights, nested) else None
+            return jaxaot.partition.default_partition(joint) if (names, weights, nested) else None
         return partition
 
     @dataclasses.dataclass(frozen=True)
@@ -49,16 +49,16 @@ _CHILD = textwrap.dedent(
         budgets: dict
 
         def __call__(self, joint):
-            return jaxaot.default_partition(joint)
+            return jaxaot.partition.default_partition(joint)
 
     def loss(w, x):
         return jnp.sum(jnp.tanh(x @ w) ** 2)
 
-    joint = jaxaot.trace_joint(loss, jnp.ones((3, 2)), jnp.ones((4, 3)))
+    joint = jaxaot.partition.trace_joint(loss, jnp.ones((3, 2)), jnp.ones((4, 3)))
     partitioners = {
         "module_globals": set_partitioner,
         "closure": closing(NAMES, WEIGHTS, NESTED),
-        "partial_kw": functools.partial(lambda joint, ops=None: jaxaot.default_partition(joint), ops=NAMES),
+        "partial_kw": functools.partial(lambda joint, ops=None: jaxaot.partition.default_partition(joint), ops=NAMES),
         "dataclass": Configured(frozenset(NAMES), {"b": 1.0, "a": {2, 3}}),
     }
     keys = {name: cache_keys.partition_key(p, joint) for name, p in partitioners.items()}

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxaot
-from jaxaot.compile import cache_keys, compilers
+from jaxaot._src.compile import cache_keys, compilers
 
 
 def counting_partition(joint):
-    return jaxaot.default_partition(joint)
+    return jaxaot.partition.default_partition(joint)
 
 
 def counting_xla(closed, avals, **kwargs):

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxaot.compile import Compiler, compilers
+from jaxaot._src.compile import Compiler, compilers
 
 AVALS = [jax.ShapeDtypeStruct((3,), jnp.float32)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxaot.compile import compilers, executable_codec
+from jaxaot._src.compile import compilers, executable_codec
 
 AVALS = [jax.ShapeDtypeStruct((3,), jnp.float32)]
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._files import STALE_SECONDS, FileMismatchError, FileTooLargeError, read_regular
-from jaxaot.compile import cache, compilers, store
+from jaxaot._src.files import STALE_SECONDS, FileMismatchError, FileTooLargeError, read_regular
+from jaxaot._src.compile import cache, compilers, store
 from jaxaot.errors import CacheWarning
 from reliability.hostile import deadline
 

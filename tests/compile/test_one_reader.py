@@ -1,9 +1,9 @@
-"""Every file jaxaot reads goes through one reader, ``jaxaot._files.read_regular``.
+"""Every file jaxaot reads goes through one reader, ``jaxaot._src.files.read_regular``.
 
 The attack this closes: the op-cost tables were read with ``Path.read_text``,
 skipping every check the cache makes (a FIFO there hung ``jax.grad``, a symlink
 to ``/dev/zero`` ate 4 GiB). The test reads the package's source: no module
-but ``jaxaot._files`` opens, reads or maps a file, or makes a temporary one.
+but ``jaxaot._src.files`` opens, reads or maps a file, or makes a temporary one.
 """
 
 from __future__ import annotations
@@ -55,4 +55,4 @@ def test_no_module_but_the_one_reader_opens_a_file():
         found = file_reads(path.read_text())
         if found:
             offenders[str(rel)] = found
-    assert not offenders, f"files opened outside jaxaot._files (use read_regular / atomic_write): {offenders}"
+    assert not offenders, f"files opened outside jaxaot._src.files (use read_regular / atomic_write): {offenders}"

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.partition.costs import measured_costs
-from jaxaot.partition.costs.measured_costs import MAX_TABLE_BYTES, MeasuredCosts
+from jaxaot._src.partition.costs import measured_costs
+from jaxaot._src.partition.costs.measured_costs import MAX_TABLE_BYTES, MeasuredCosts
 from reliability.hostile import deadline
 
 
@@ -126,7 +126,7 @@ def test_a_fifo_table_does_not_hang_a_measured_min_cut_gradient(table):
     _fifo(table)
     measured_costs._SHARED.clear()
     w, x = jax.random.normal(jax.random.key(0), (8, 8)), jax.random.normal(jax.random.key(1), (4, 8))
-    part = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="measured")
+    part = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="measured")
     with deadline(120), pytest.warns(RuntimeWarning, match="is a FIFO"):
         got = jax.grad(jaxaot.aot_function(_loss, partition_fn=part))(w, x)
     np.testing.assert_allclose(got, jax.grad(_loss)(w, x), rtol=1e-5, atol=1e-6)

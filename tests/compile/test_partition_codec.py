@@ -8,17 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxaot
-from jaxaot.compile import partition_codec
-from jaxaot.partition import DeviceModel, min_cut_rematerialization_partition
+from jaxaot._src.compile import partition_codec
+from jaxaot._src.partition import DeviceModel, min_cut_rematerialization_partition
 
 
 def _joint():
-    return jaxaot.trace_joint(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2), jnp.ones((6, 3)), jnp.ones((4, 6)))
+    return jaxaot.partition.trace_joint(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2), jnp.ones((6, 3)), jnp.ones((4, 6)))
 
 
 def test_a_partition_round_trips():
     joint = _joint()
-    part = jaxaot.default_partition(joint)
+    part = jaxaot.partition.default_partition(joint)
     payload = partition_codec.encode(joint, part)
     assert json.loads(payload)["saved"]
     back = partition_codec.decode(joint, payload)
@@ -28,7 +28,7 @@ def test_a_partition_round_trips():
 
 def test_payloads_that_do_not_rebuild_decode_to_none():
     joint = _joint()
-    record = json.loads(partition_codec.encode(joint, jaxaot.default_partition(joint)))
+    record = json.loads(partition_codec.encode(joint, jaxaot.partition.default_partition(joint)))
     for bad in ({**record, "format": 0}, {**record, "saved": [["x", 0]]}, {**record, "saved": [["e", 99999, 0]]},
                 {**record, "summary": {}}):
         assert partition_codec.decode(joint, json.dumps(bad).encode()) is None
@@ -45,7 +45,7 @@ def test_an_offloaded_partition_round_trips():
             x = jnp.tanh(x @ w)
         return jnp.mean(x ** 2)
 
-    joint = jaxaot.trace_joint(loss, ws, x)
+    joint = jaxaot.partition.trace_joint(loss, ws, x)
     part = min_cut_rematerialization_partition(joint, offload=True,
                                                device_model=DeviceModel(host_bandwidth=1e12, device_flops=1e12))
     assert any(r.offloaded for r in part.residuals)
@@ -64,4 +64,4 @@ def test_a_byte_budget_plan_keeps_its_measured_peak():
     assert part.step_peak is not None and part.step_peak.budget == 10**6
     back = partition_codec.decode(joint, partition_codec.encode(joint, part))
     assert back.step_peak == part.step_peak
-    assert partition_codec.decode(joint, partition_codec.encode(joint, jaxaot.default_partition(joint))).step_peak is None
+    assert partition_codec.decode(joint, partition_codec.encode(joint, jaxaot.partition.default_partition(joint))).step_peak is None

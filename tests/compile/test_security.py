@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.compile import cache, compilers, executable_codec, store
+from jaxaot._src.compile import cache, compilers, executable_codec, store
 from jaxaot.errors import CacheWarning
 
 CALLS = {"compile": 0}

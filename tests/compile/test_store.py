@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import jaxaot
-from jaxaot._config import Config
-from jaxaot.compile import store
+from jaxaot._src.config import Config
+from jaxaot._src.compile import store
 
 
 def test_cache_dir_defaults_to_the_environment(monkeypatch):
@@ -53,7 +53,7 @@ def test_the_documented_stats_spelling_works_in_a_fresh_process():
 
     from zoo import child_env
 
-    code = "import jaxaot.compile; s = jaxaot.compile.stats(); print(type(s).__name__, s.executable_hits)"
+    code = "import jaxaot._src.compile; s = jaxaot._src.compile.stats(); print(type(s).__name__, s.executable_hits)"
     run = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["CacheStats", "0"]

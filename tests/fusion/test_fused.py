@@ -11,14 +11,14 @@ import pytest
 
 import jaxaot
 import zoo
-from jaxaot import _compat as C
-from jaxaot.fusion import fused_exe, fused_program, recomputation_inputs
+from jaxaot._src import compat as C
+from jaxaot._src.fusion import fused_exe, fused_program, recomputation_inputs
 from zoo import assert_trees_close, kept_step
 
 PARTITIONERS = {
-    "default": jaxaot.default_partition,
-    "min_cut": jaxaot.min_cut_rematerialization_partition,
-    "min_cut_0": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0),
+    "default": jaxaot.partition.default_partition,
+    "min_cut": jaxaot.partition.min_cut_rematerialization_partition,
+    "min_cut_0": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.0),
 }
 LOSSES = ["mlp_gelu", "attention", "scan", "conv", "cond", "checkpoint"]
 
@@ -49,7 +49,7 @@ def test_fused_value_and_grad_equals_jax(name, partitioner):
 def test_split_mode_runs_the_two_executables_and_agrees():
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(1))
-    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     split = jaxaot.value_and_grad(f, fused=False)(*args)
     names = f.cache_info().entries[0].executables
     assert names and all(n.startswith(("forward", "backward")) for n in names)
@@ -74,7 +74,7 @@ def test_has_aux_and_argnums():
 def test_the_backward_reads_residuals_through_a_barrier():
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(3))
-    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     closed = fused_program(_training(f, args))
     assert "optimization_barrier" in [e.primitive.name for e in closed.jaxpr.eqns]
 
@@ -94,12 +94,12 @@ def test_a_partition_that_recomputes_nothing_has_no_barrier():
 
 
 def test_default_partition_passes_only_what_its_recomputation_reads():
-    from jaxaot.fusion import default_barrier
+    from jaxaot._src.fusion import default_barrier
 
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(6))
     assert default_barrier(_training(jaxaot.aot_function(fn), args)) == "recomputed"
-    min_cut = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    min_cut = jaxaot.aot_function(fn, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     assert default_barrier(_training(min_cut, args)) == "all"
 
 
@@ -109,7 +109,7 @@ def test_only_residuals_the_recomputation_reads_pass_the_barrier(budget):
     the barrier, none that only cotangent eqns read; both forms give JAX's gradients."""
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(5))
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     f = jaxaot.aot_function(fn, partition_fn=pf)
     tr = _training(f, args)
     n_ct = len(tr.partition.cotangent_outputs)
@@ -151,7 +151,7 @@ def _loss(ws, x):
 @pytest.mark.parametrize("budget", [0.0, 0.5, 1.0])
 def test_fused_peak_is_no_more_than_jax_fused_step(budget):
     ws, x = _deep_mlp(4)
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     f = jaxaot.aot_function(_loss, partition_fn=pf)
     assert_trees_close(jaxaot.value_and_grad(f)(ws, x), jax.value_and_grad(_loss)(ws, x), rtol=1e-4, atol=1e-6)
     mine = fused_exe(_training(f, (ws, x))).memory_analysis()
@@ -164,7 +164,7 @@ def test_fused_peak_is_no_more_than_jax_fused_step(budget):
 @pytest.mark.parametrize("choice", ["auto", "pinned"])
 def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
     # Both layout choices (CPU standing in for an accelerator): row-major pins sharded residuals.
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: choice)
@@ -176,7 +176,7 @@ def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
     ws, x = _deep_mlp(5, layers=2, width=16, batch=32)
     ws = [jax.device_put(w, NamedSharding(mesh, P(None, "data"))) for w in ws]
     x = jax.device_put(x, NamedSharding(mesh, P("data")))
-    f = jaxaot.aot_function(_loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(_loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     (value, grads) = jaxaot.value_and_grad(f)(ws, x)
     assert_trees_close((value, grads), jax.jit(jax.value_and_grad(_loss))(ws, x), rtol=1e-4, atol=1e-6)
     for g, w in zip(grads, ws):
@@ -188,7 +188,7 @@ def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
 def test_pinned_pins_every_residual_of_two_or_more_dims():
     fn, make_args = zoo.ZOO["attention"]
     args = make_args(_key(11))
-    f = jaxaot.aot_function(lambda *a: jnp.sum(fn(*a)), partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(lambda *a: jnp.sum(fn(*a)), partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, args)
     part = tr.partition
     residuals = [tr.programs.in_avals[i] for i in part.saved_inputs] + \
@@ -209,12 +209,12 @@ def _grouped_attention(q, k, v):
 
 
 def test_pinned_keeps_a_transposed_residual_in_the_order_the_backward_reads_it():
-    from jaxaot.fusion import read_orders
+    from jaxaot._src.fusion import read_orders
 
     ks = jax.random.split(_key(12), 3)
     args = (jax.random.normal(ks[0], (2, 8, 2, 2, 4)), jax.random.normal(ks[1], (2, 8, 2, 4)),
             jax.random.normal(ks[2], (2, 8, 2, 4)))
-    f = jaxaot.aot_function(_grouped_attention, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(_grouped_attention, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, args)
     part = tr.partition
     orders = read_orders(part.backward, len(part.cotangent_outputs))
@@ -236,9 +236,9 @@ def test_pinned_leaves_an_input_read_transposed_row_major():
         return jnp.sum(jnp.sin(x.T) * c)
 
     args = (jax.random.normal(_key(14), (4, 6)), jax.random.normal(_key(15), (6, 4)))
-    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, args)
-    from jaxaot.fusion import read_orders
+    from jaxaot._src.fusion import read_orders
 
     assert 0 in read_orders(tr.partition.backward, len(tr.partition.cotangent_outputs))
     assert len(tr.partition.saved_inputs) > 0  # position 0 is an input
@@ -252,14 +252,14 @@ def test_pinned_leaves_an_input_read_transposed_row_major():
 
 def test_an_unknown_layouts_value_is_refused():
     fn, make_args = zoo.ZOO["mlp_gelu"]
-    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, make_args(_key(13)))
     with pytest.raises(jaxaot.errors.InvalidValueError, match="pinned"):
         fused_program(tr, layouts="row_major")  # the name before read orders
 
 
 def test_read_orders_leave_residuals_read_otherwise():
-    from jaxaot.fusion import read_orders
+    from jaxaot._src.fusion import read_orders
 
     def bwd(g, a, b, c, d):  # a: two transposes; b: a transpose and a sum; c: one, twice; d: also returned
         return a.T * g + jnp.transpose(a[None], (1, 0, 2))[:, 0], b.T * g + b.sum(), c.T * g + c.T, d.T * g, d
@@ -272,7 +272,7 @@ def test_read_orders_leave_residuals_read_otherwise():
 @pytest.mark.parametrize("name", ["attention", "conv", "scan"])
 def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
     # CPU stands in for an accelerator: both programs compile, one is kept under the fused name.
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     if choice != "measured":
@@ -280,7 +280,7 @@ def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatc
     fn, make_args = zoo.ZOO[name]
     args = make_args(_key(hash((name, choice)) % 991))
     loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
-    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     argnums = tuple(range(len(args)))
     got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
     assert_trees_close(got, jax.value_and_grad(loss, argnums=argnums)(*args), rtol=1e-4, atol=1e-5)
@@ -289,7 +289,7 @@ def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatc
 
 
 def test_layout_choice_rule():
-    from jaxaot.fusion.variants import LAYOUT_PEAK_SLACK, choose_layouts
+    from jaxaot._src.fusion.variants import LAYOUT_PEAK_SLACK, choose_layouts
 
     assert choose_layouts(10_000, 10_000) == "pinned"
     assert choose_layouts(10_000, int(10_000 * (1 + LAYOUT_PEAK_SLACK))) == "pinned"
@@ -298,7 +298,7 @@ def test_layout_choice_rule():
 
 
 def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     real = variants.fused_program
@@ -311,7 +311,7 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     monkeypatch.setattr(variants, "fused_program", refusing)
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(5))
-    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     got = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
     assert_trees_close(got, jax.value_and_grad(fn, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
     assert kept_step(f, args).layouts == "auto"
@@ -319,7 +319,7 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
 
 # --------------------------------------------------------------------------- backward order
 def test_order_choice_rule():
-    from jaxaot.fusion.variants import ORDER_PEAK_GAIN, choose_order
+    from jaxaot._src.fusion.variants import ORDER_PEAK_GAIN, choose_order
 
     assert choose_order(10_000, 10_000) == "xla"
     assert choose_order(10_000, int(10_000 * (1 - ORDER_PEAK_GAIN / 2))) == "xla"
@@ -331,7 +331,7 @@ def test_order_choice_rule():
 @pytest.mark.parametrize("name", ["attention", "mlp_gelu"])
 def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
     # CPU stands in for an accelerator: the consume-first candidate compiles, one executable is kept.
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(variants, "choose_barrier", lambda barrier, kept, free: barrier)  # the order is under test
@@ -340,7 +340,7 @@ def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch
     fn, make_args = zoo.ZOO[name]
     args = make_args(_key(hash((name, choice, 3)) % 991))
     loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5)
     f = jaxaot.aot_function(loss, partition_fn=pf)
     argnums = tuple(range(len(args)))
     got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
@@ -350,12 +350,12 @@ def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch
 
 
 def test_row_major_leaves_convolution_operands_to_the_backend():
-    from jaxaot.fusion import library_kernel_residuals
+    from jaxaot._src.fusion import library_kernel_residuals
 
     fn, make_args = zoo.ZOO["conv"]
     args = make_args(_key(13))
     loss = lambda *a: jnp.sum(jnp.tanh(fn(*a)))  # noqa: E731
-    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, args)
     part = tr.partition
     fwd = C.jaxpr_of(part.forward)
@@ -374,7 +374,7 @@ def test_row_major_leaves_convolution_operands_to_the_backend():
 
 # --------------------------------------------------------------------------- the barrier
 def test_barrier_choice_rule():
-    from jaxaot.fusion import choose_barrier
+    from jaxaot._src.fusion import choose_barrier
 
     assert choose_barrier("all", 10_000, 10_000) == "none"
     assert choose_barrier("all", 10_000, 9_000) == "none"
@@ -386,7 +386,7 @@ def test_barrier_choice_rule():
 @pytest.mark.parametrize("name", ["attention", "conv", "scan"])
 def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, name, choice):
     # CPU stands in for an accelerator: the step without the barrier compiles too, one executable is kept.
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     seen, real = [], variants.choose_barrier
@@ -399,7 +399,7 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
     fn, make_args = zoo.ZOO[name]
     args = make_args(_key(hash((name, choice, 7)) % 991))
     loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.0)
     f = jaxaot.aot_function(loss, partition_fn=pf)
     argnums = tuple(range(len(args)))
     got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
@@ -416,7 +416,7 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
 
 
 def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(variants, "choose_barrier", lambda *a: pytest.fail("no barrier to weigh"))
@@ -431,7 +431,7 @@ def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
 def test_cache_info_reports_each_fused_step_s_variant():
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(23))
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.0)
     f = jaxaot.aot_function(fn, partition_fn=pf)
     jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
     (entry,) = f.cache_info().entries

@@ -1,4 +1,4 @@
-"""The consume-first backward order (jaxaot.fusion.ordering): same values, the intended barriers."""
+"""The consume-first backward order (jaxaot._src.fusion.ordering): same values, the intended barriers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot import _compat as C
-from jaxaot.fusion import fused_program, ordering
+from jaxaot._src import compat as C
+from jaxaot._src.fusion import fused_program, ordering
 import zoo
 from zoo import assert_trees_close, backward_inputs
 
@@ -18,8 +18,8 @@ _KEY = jax.random.key(20261126)
 
 
 def _partition(fn, args, budget):
-    joint = jaxaot.trace_joint(fn, *args)
-    return jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget)
+    joint = jaxaot.partition.trace_joint(fn, *args)
+    return jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=budget)
 
 
 @pytest.mark.parametrize("budget", [0.0, 0.5, 1.0])
@@ -53,7 +53,7 @@ def test_recomputed_softmax_feeding_a_matmul_is_ordered():
 
 def test_no_recomputation_no_order():
     q, k, v = (jax.random.normal(jax.random.fold_in(_KEY, i), (16, 8)) for i in range(3))
-    part = jaxaot.default_partition(jaxaot.trace_joint(_attention_loss, q, k, v))
+    part = jaxaot.partition.default_partition(jaxaot.partition.trace_joint(_attention_loss, q, k, v))
     assert ordering.ordered_eqns(part.backward, len(part.cotangent_outputs)) == {}
 
 
@@ -71,7 +71,7 @@ def test_a_transposed_weight_is_not_ordered():
 def test_fused_program_consume_first_adds_barriers_and_matches_jax():
     q, k, v = (jax.random.normal(jax.random.fold_in(_KEY, 10 + i), (16, 8)) for i in range(3))
     f = jaxaot.aot_function(_attention_loss, partition_fn=functools.partial(
-        jaxaot.min_cut_rematerialization_partition, memory_budget=1.0))
+        jaxaot.partition.min_cut_rematerialization_partition, memory_budget=1.0))
     programs, leaves, _ = f.lookup((q, k, v), {})
     tr = programs.training((True, True, True))
     count = lambda c: sum(e.primitive.name == "optimization_barrier" for e in c.jaxpr.eqns)  # noqa: E731

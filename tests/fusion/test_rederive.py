@@ -1,4 +1,4 @@
-"""Order-free reductions the fused step's backward derives again (jaxaot.fusion.rederive)."""
+"""Order-free reductions the fused step's backward derives again (jaxaot._src.fusion.rederive)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 import jaxaot
 import zoo
-from jaxaot import _compat as C
-from jaxaot.fusion import fused_program, rederive_backward
-from jaxaot.fusion.rederive import ORDER_FREE
+from jaxaot._src import compat as C
+from jaxaot._src.fusion import fused_program, rederive_backward
+from jaxaot._src.fusion.rederive import ORDER_FREE
 from zoo import assert_trees_close, backward_inputs, kept_step
 from zoo_models import MODELS
 
@@ -25,7 +25,7 @@ def _key(*parts):
 
 
 def _partition(fn, args, budget=1.0):
-    return jaxaot.min_cut_rematerialization_partition(jaxaot.trace_joint(fn, *args), memory_budget=budget)
+    return jaxaot.partition.min_cut_rematerialization_partition(jaxaot.partition.trace_joint(fn, *args), memory_budget=budget)
 
 
 def _same_backward(part, lean, args, key):
@@ -121,7 +121,7 @@ def test_zoo_backwards_are_unchanged(name, budget):
 def test_zoo_model_fused_steps_that_derive_again_equal_jax(name, budget):
     model = MODELS[name]
     args = model.make_args(_key(name, budget, "model"))
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     f = jaxaot.aot_function(model.loss, partition_fn=pf)
     tr = f.lookup(args, {}).programs.training()
     got = C.eval_closed(fused_program(tr, rederive=True), *jax.tree.leaves(args))
@@ -143,7 +143,7 @@ def test_the_gpt2_blocks_of_the_zoo_derive_their_row_max():
 @pytest.mark.parametrize("choice", [True, False, "measured"])
 def test_the_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, choice):
     # CPU stands in for an accelerator: the step deriving the max again compiles too, one is kept.
-    from jaxaot.fusion import variants
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     seen, real = [], variants.choose_rederive
@@ -154,7 +154,7 @@ def test_the_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, 
 
     monkeypatch.setattr(variants, "choose_rederive", rule)
     args = _attention_args(_key("choice", str(choice)))
-    f = jaxaot.aot_function(_attention, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(_attention, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     argnums = tuple(range(len(args)))
     got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
     assert_trees_close(got, jax.value_and_grad(_attention, argnums=argnums)(*args), rtol=1e-4, atol=1e-5)
@@ -168,7 +168,7 @@ def test_the_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, 
 
 
 def test_choose_rederive_rule():
-    from jaxaot.fusion.variants import REDERIVE_PEAK_GAIN, choose_rederive
+    from jaxaot._src.fusion.variants import REDERIVE_PEAK_GAIN, choose_rederive
 
     assert not choose_rederive(10_000, 10_000)
     assert not choose_rederive(10_000, int(10_000 * (1 - REDERIVE_PEAK_GAIN / 2)))

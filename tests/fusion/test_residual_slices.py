@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxaot
-from jaxaot import _compat as C
-from jaxaot.fusion import fused_program, slice_residual_reads
+from jaxaot._src import compat as C
+from jaxaot._src.fusion import fused_program, slice_residual_reads
 from zoo import assert_trees_close
 
 
@@ -82,7 +82,7 @@ def test_positions_and_outputs_keep_the_residual_whole_and_unread_slices_are_not
 @pytest.mark.parametrize("budget", [1.0, 0.5])
 def test_fused_step_with_sliced_residuals_equals_jax(order, budget):
     w, x = _args(hash((order, budget)) % 991)
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     f = jaxaot.aot_function(fused_qkv_attention, partition_fn=pf)
     tr = _training(f, (w, x))
     want = jax.value_and_grad(fused_qkv_attention, argnums=(0, 1))(w, x)
@@ -95,7 +95,7 @@ def test_fused_step_with_sliced_residuals_equals_jax(order, budget):
 
 def test_the_projection_output_passes_the_barrier_as_three_slices():
     w, x = _args(3)
-    f = jaxaot.aot_function(fused_qkv_attention, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fused_qkv_attention, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, (w, x))
     fwd = C.jaxpr_of(tr.partition.forward)
     saved = [fwd.outvars[i].aval.shape for i in tr.partition.saved_outputs]
@@ -108,7 +108,7 @@ def test_the_projection_output_passes_the_barrier_as_three_slices():
 
 def test_value_and_grad_runs_the_sliced_step():
     w, x = _args(5)
-    f = jaxaot.aot_function(fused_qkv_attention, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fused_qkv_attention, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     got = jaxaot.value_and_grad(f, argnums=(0, 1))(w, x)
     assert_trees_close(got, jax.value_and_grad(fused_qkv_attention, argnums=(0, 1))(w, x), rtol=1e-4, atol=1e-6)
 
@@ -141,7 +141,7 @@ def test_sliced_fused_step_on_a_mesh_keeps_gradient_shardings():
     w, x = _args(9, n=16, d=8)
     w = jax.device_put(w, NamedSharding(mesh, P(None, "data")))
     x = jax.device_put(x, NamedSharding(mesh, P("data")))
-    f = jaxaot.aot_function(fused_qkv_attention, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fused_qkv_attention, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     got = jaxaot.value_and_grad(f, argnums=(0, 1))(w, x)
     want = jax.jit(jax.value_and_grad(fused_qkv_attention, argnums=(0, 1)))(w, x)
     assert_trees_close(got, want, rtol=1e-4, atol=1e-5)

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot.fusion import budget_choice, choose_step, step_choice
-from jaxaot.partition import StepPeak
+from jaxaot._src.fusion import budget_choice, choose_step, step_choice
+from jaxaot._src.partition import StepPeak
 from zoo import assert_trees_close, deep_mlp, deep_mlp_args, kept_step
 
 
@@ -58,7 +58,7 @@ def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
     monkeypatch.setattr(step_choice, "step_timer", timer)
     _split_peaks(monkeypatch, 0.5)
     args = deep_mlp_args(layers=3, width=32, batch=256)
-    f = jaxaot.aot_function(deep_mlp, partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition,
+    f = jaxaot.aot_function(deep_mlp, partition_fn=functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
                                                                      memory_budget=0.5))
     vg = jaxaot.value_and_grad(f, argnums=(0, 1))
     for _ in range(2):  # decided once, on the first call
@@ -79,7 +79,7 @@ def test_split_programs_that_peak_higher_are_not_timed(monkeypatch):
     monkeypatch.setattr(step_choice, "free_device_bytes", lambda exe: 1500)  # room for less than the excess
     _split_peaks(monkeypatch, 2.0)
     args = deep_mlp_args(layers=3, width=32, batch=16)
-    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     assert_trees_close(jaxaot.value_and_grad(f)(*args)[1], jax.grad(deep_mlp)(*args))
     choice = kept_step(f, args)
     assert choice.runs == "fused" and "peak higher" in choice.why and not calls
@@ -91,7 +91,7 @@ def test_split_programs_that_peak_higher_are_timed_where_the_device_has_room(mon
     monkeypatch.setattr(step_choice, "free_device_bytes", lambda exe: 10_000)  # the 1000 bytes' excess fits
     _split_peaks(monkeypatch, 2.0)
     args = deep_mlp_args(layers=3, width=32, batch=16)
-    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     assert_trees_close(jaxaot.value_and_grad(f)(*args)[1], jax.grad(deep_mlp)(*args))
     choice = kept_step(f, args)
     assert choice.runs == "split" and "timed" in choice.why and calls
@@ -122,7 +122,7 @@ def test_a_fused_step_over_the_byte_budget_runs_split(monkeypatch):
     args = deep_mlp_args(layers=3, width=32, batch=16)
 
     def squeezed(joint):  # a plan whose budget the split programs fit and the fused step does not
-        part = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=0.5)
+        part = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=0.5)
         return dataclasses.replace(part, step_peak=StepPeak(fused=1, forward=1, backward=1, budget=1))
 
     f = jaxaot.aot_function(deep_mlp, partition_fn=squeezed)
@@ -131,7 +131,7 @@ def test_a_fused_step_over_the_byte_budget_runs_split(monkeypatch):
     choice = kept_step(f, args)
     assert choice.runs == "split" and "memory_budget" in choice.why
     compiled = vg.lower(*args).compile()
-    peaks = [jaxaot.partition.compiled_peak(compiled.executables[k]) for k in ("forward", "backward")]
+    peaks = [jaxaot._src.partition.compiled_peak(compiled.executables[k]) for k in ("forward", "backward")]
     assert compiled.peak_bytes == max(peaks)
 
 

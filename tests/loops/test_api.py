@@ -1,4 +1,4 @@
-"""jaxaot.while_loop / while_loop_stack_output against lax.while_loop and lax.scan.
+"""jaxaot.loops.while_loop / while_loop_stack_output against lax.while_loop and lax.scan.
 
 Everything here goes through the public functions, in the three memory modes of
 reverse mode (``max_steps``, ``checkpoints``, ``dynamic_capacity``).
@@ -29,9 +29,9 @@ from jaxaot.errors import (
     LoopOverflowError,
     ReverseModeBoundError,
 )
-from jaxaot.loops.api import while_loop, while_loop_stack_output
-from jaxaot.loops.capacity import dynamic_capacity
-from jaxaot.loops.overflow import reraise_overflow
+from jaxaot._src.loops.api import while_loop, while_loop_stack_output
+from jaxaot._src.loops.capacity import dynamic_capacity
+from jaxaot._src.loops.overflow import reraise_overflow
 
 MODES = {
     "max_steps": dict(max_steps=16),
@@ -455,4 +455,4 @@ def test_stack_output_needs_max_steps():
 
 
 def test_public_names():
-    assert jaxaot.while_loop is while_loop and jaxaot.while_loop_stack_output is while_loop_stack_output
+    assert jaxaot.loops.while_loop is while_loop and jaxaot.loops.while_loop_stack_output is while_loop_stack_output

@@ -8,8 +8,8 @@ import jax
 import pytest
 
 from jaxaot.errors import InvalidLoopOptionError, ReverseModeBoundError
-from jaxaot.loops.api import while_loop
-from jaxaot.loops.capacity import dynamic_capacity
+from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.capacity import dynamic_capacity
 
 
 def _unbounded(x, n=3):

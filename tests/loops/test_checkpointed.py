@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxaot.loops import checkpointed, revolve
-from jaxaot.loops.api import while_loop
+from jaxaot._src.loops import checkpointed, revolve
+from jaxaot._src.loops.api import while_loop
 from zoo import body_runs_and_gradient
 
 

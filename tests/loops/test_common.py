@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxaot import _compat as C
-from jaxaot.loops.api import while_loop, while_loop_stack_output
-from jaxaot.loops.common import LOOP_PRIMITIVES, counted_loop, loop_of
+from jaxaot._src import compat as C
+from jaxaot._src.loops.api import while_loop, while_loop_stack_output
+from jaxaot._src.loops.common import LOOP_PRIMITIVES, counted_loop, loop_of
 
 
 def _loop_eqns(closed):

@@ -19,8 +19,8 @@ import pytest
 from jax import lax
 
 import jaxaot
-import jaxaot.loops
-from jaxaot.loops import checkpointed, offline
+import jaxaot._src.loops
+from jaxaot._src.loops import checkpointed, offline
 
 _SEED = int(np.random.SeedSequence().entropy % 2**31)
 
@@ -64,7 +64,7 @@ def test_gradients_under_strict_promotion_equal_lax_forward_mode(mode, x64, dtyp
     xs = np.random.default_rng(_SEED).uniform(0.2, 0.9, 3)
     with _configured(x64, schedule, block):
         x = jnp.asarray(xs, dtype)
-        loop = lambda x: _loop(lambda c, b, i: jaxaot.while_loop(c, b, i, **options), x)  # noqa: E731
+        loop = lambda x: _loop(lambda c, b, i: jaxaot.loops.while_loop(c, b, i, **options), x)  # noqa: E731
         ref_out, ref_dot = jax.vmap(lambda x: jax.jvp(lambda x: _loop(lax.while_loop, x), (x,), (jnp.ones_like(x),)))(x)
         grad = jax.grad(lambda x: loop(x)[1])
         out, g0, grads = jax.jit(lambda x: (jax.vmap(loop)(x), grad(x[0]), jax.vmap(grad)(x)))(x)  # one compile
@@ -82,13 +82,13 @@ def test_gradients_under_strict_promotion_equal_lax_forward_mode(mode, x64, dtyp
 def test_stacked_outputs_and_dynamic_capacity_under_strict_promotion(x64, dtype):
     with _configured(x64, None, None):
         x = jnp.asarray(0.5, dtype)
-        stacked, n = jaxaot.while_loop_stack_output(lambda c: c[1] < 5.0, lambda c: (c[0] + 1, c[1] * 1.3 + x),
+        stacked, n = jaxaot.loops.while_loop_stack_output(lambda c: c[1] < 5.0, lambda c: (c[0] + 1, c[1] * 1.3 + x),
                                                     (0, x), max_steps=16)
         rows = lax.scan(lambda c, _: ((c[0] + 1, c[1] * 1.3 + x),) * 2, (0, x), None, length=int(n))[1]
         assert stacked[1].dtype == x.dtype and n.dtype == jnp.int32
         np.testing.assert_allclose(stacked[1][: int(n)], rows[1], rtol=1e-6)
-        with jaxaot.loops.dynamic_capacity(32):
-            g = jax.grad(lambda x: _loop(jaxaot.while_loop, x)[1])(x)
+        with jaxaot._src.loops.dynamic_capacity(32):
+            g = jax.grad(lambda x: _loop(jaxaot.loops.while_loop, x)[1])(x)
         ref = jax.jvp(lambda x: _loop(lax.while_loop, x)[1], (x,), (jnp.ones_like(x),))[1]
         assert g.dtype == x.dtype
         np.testing.assert_allclose(g, ref, rtol=1e-5)

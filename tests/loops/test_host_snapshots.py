@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import jaxaot
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
-from jaxaot.loops import reraise_overflow
-from jaxaot.loops.offline import MAX_UNROLL, plan_host
+from jaxaot._src.loops import reraise_overflow
+from jaxaot._src.loops.offline import MAX_UNROLL, plan_host
 from loop_models import mlp_loss as _loss, mlp_ref as _ref, inputs as _inputs
 
 TOL = dict(rtol=2e-5, atol=2e-6)
@@ -79,7 +79,7 @@ def test_overflow_and_patch():
                                  (0, x))
         return jnp.sum(out[1] ** 2)
 
-    with jaxaot.patch_while_loop(max_steps=64, checkpoints=6, checkpoint_memory="host"):
+    with jaxaot.loops.patch_while_loop(max_steps=64, checkpoints=6, checkpoint_memory="host"):
         got = jax.grad(library)(w)
     chex.assert_trees_all_close(got, jax.grad(_ref)(w, b, x, 30), **TOL)
 
@@ -87,14 +87,14 @@ def test_overflow_and_patch():
 def test_refusals():
     body = lambda c: c + 1.0  # noqa: E731
     with pytest.raises(InvalidLoopOptionError, match="checkpoint_memory must be one of"):
-        jaxaot.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12, checkpoint_memory="gpu")
+        jaxaot.loops.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12, checkpoint_memory="gpu")
     with pytest.raises(InvalidLoopOptionError, match="needs both max_steps"):
-        jaxaot.while_loop(lambda c: c < 5.0, body, 0.0, checkpoints=12, checkpoint_memory="host")
+        jaxaot.loops.while_loop(lambda c: c < 5.0, body, 0.0, checkpoints=12, checkpoint_memory="host")
     with pytest.raises(InvalidLoopOptionError, match="needs both max_steps"):
-        with jaxaot.patch_while_loop(max_steps=40, checkpoint_memory="host"):
+        with jaxaot.loops.patch_while_loop(max_steps=40, checkpoint_memory="host"):
             pass
     # too few host snapshots for nested scans: the binomial schedule, its k + 1 snapshots on the device
-    f = lambda x: jaxaot.while_loop(lambda c: c < 5.0, lambda c: c * x + 1.0, 0.0,  # noqa: E731
+    f = lambda x: jaxaot.loops.while_loop(lambda c: c < 5.0, lambda c: c * x + 1.0, 0.0,  # noqa: E731
                                     max_steps=100_000, checkpoints=5, checkpoint_memory="host")
     assert float(jax.grad(f)(1.0)) == 10.0  # c = 1, 2, 3, 4, 5 after five steps: d/dx sum = 0+1+2+3+4
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxaot.loops.common import counted_loop, stack_loop
-from jaxaot.loops.lowering import run_loop
+from jaxaot._src.loops.common import counted_loop, stack_loop
+from jaxaot._src.loops.lowering import run_loop
 
 LENGTH = 40  # long enough to block (blocks of 6) and to speculate (blocks of 8)
 

@@ -5,7 +5,7 @@ line search as a masked scan whose *condition* reads a tolerance ``2 sqrt(rows_0
 rows_2)``: at a state where that product is 0 the tolerance's derivative is
 infinite. Reverse mode must never transpose that dead tangent (``0 * inf = nan``);
 the linear body is dead-code-eliminated before reverse mode
-(``jaxaot.loops.partial_eval._prune_residuals``).
+(``jaxaot._src.loops.partial_eval._prune_residuals``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _solver_step(c):
 
 @pytest.mark.parametrize("mode", MODES, ids=str)
 def test_a_tangent_that_only_feeds_a_condition_is_never_transposed(mode):
-    f = lambda x: jaxaot.while_loop(lambda c: c[0] < 3, _solver_step, (0, x), **mode)[1]  # noqa: E731
+    f = lambda x: jaxaot.loops.while_loop(lambda c: c[0] < 3, _solver_step, (0, x), **mode)[1]  # noqa: E731
     ref = jax.grad(lambda x: lax.fori_loop(0, 3, lambda i, c: _solver_step(c), (0, x))[1])(0.5)
     chex.assert_trees_all_close(jax.jit(jax.grad(f))(0.5), ref, rtol=1e-6)
     if mode == dict(checkpoints=3):  # eager too: no jit, no DCE pass of JAX's before the transpose
@@ -90,7 +90,7 @@ def test_mjx_contact_gradients_equal_the_masked_scan_in_every_mode():
             jax.lax.while_loop = lax_loop
         out = []
         for mode in MODES:
-            with jaxaot.patch_while_loop(**mode):
+            with jaxaot.loops.patch_while_loop(**mode):
                 out.append(jax.grad(loss)(v))
         return ref, out
 

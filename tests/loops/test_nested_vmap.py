@@ -87,7 +87,7 @@ def test_vmap_of_nested_loops_is_lax_while_loop(depth, batched, shift):
         f = functools.partial(_nest, wl, depth, batched, shift)
         return jax.vmap(f)(x), jax.vmap(lambda x: jax.jvp(f, (x,), (jnp.ones_like(x),)))(x)
 
-    (got, (got_y, got_t)), (ref, (ref_y, ref_t)) = run(jaxaot.while_loop), run(lax.while_loop)
+    (got, (got_y, got_t)), (ref, (ref_y, ref_t)) = run(jaxaot.loops.while_loop), run(lax.while_loop)
     assert jax.typeof(got) == jax.typeof(ref)
     np.testing.assert_allclose(got, ref, rtol=1e-6, err_msg=f"seed {_SEED}")
     np.testing.assert_allclose(got_y, ref_y, rtol=1e-6, err_msg=f"seed {_SEED}")
@@ -107,6 +107,6 @@ def test_reverse_mode_of_vmapped_nested_loops_is_the_forward_derivative(depth, b
     x = _lanes()
     ref = jax.vmap(lambda x: jax.jvp(functools.partial(_nest, lax.while_loop, depth, batched, 1), (x,),
                                      (jnp.ones_like(x),))[1])(x)
-    f = functools.partial(_nest, functools.partial(jaxaot.while_loop, **mode), depth, batched, 1)
+    f = functools.partial(_nest, functools.partial(jaxaot.loops.while_loop, **mode), depth, batched, 1)
     np.testing.assert_allclose(jax.vmap(jax.grad(f))(x), ref, rtol=1e-5, err_msg=f"seed {_SEED}")
     np.testing.assert_allclose(jax.grad(lambda x: jax.vmap(f)(x).sum())(x), ref, rtol=1e-5, err_msg=f"seed {_SEED}")

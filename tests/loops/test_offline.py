@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
-from jaxaot.loops import reraise_overflow
-from jaxaot.loops import offline, segments
-from jaxaot.loops.offline import plan
-from jaxaot.loops.revolve import revolve_counts
+from jaxaot._src.loops import reraise_overflow
+from jaxaot._src.loops import offline, segments
+from jaxaot._src.loops.offline import plan
+from jaxaot._src.loops.revolve import revolve_counts
 from loop_models import mlp_loss as _mlp_loss, mlp_ref as _mlp_ref, inputs as _inputs
 
 TOL = dict(rtol=2e-5, atol=2e-6)
@@ -100,7 +100,7 @@ def test_vmap_lanes_of_different_lengths(schedule):
 
 def _descent(a, **kw):
     """Step size shrinks to exactly 0; the body's sqrt is singular there (the loop stops first)."""
-    out = jaxaot.while_loop(lambda c: c[1] > 0.0, lambda c: (c[0] + jnp.sqrt(c[1]) * a, jnp.maximum(c[1] - 0.25, 0.0)),
+    out = jaxaot.loops.while_loop(lambda c: c[1] > 0.0, lambda c: (c[0] + jnp.sqrt(c[1]) * a, jnp.maximum(c[1] - 0.25, 0.0)),
                             (jnp.float32(0.0), jnp.float32(1.0)), **kw)
     return out[0]
 
@@ -125,7 +125,7 @@ def test_overflow_raises_loop_overflow_error(schedule):
 
 
 def _slow_drift(x, n, **kw):  # a cheap body whose gradient stays away from 0 and inf for 10,000 steps
-    return jaxaot.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 1e-3 * jnp.cos(c[1])), (0, x), **kw)[1]
+    return jaxaot.loops.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 1e-3 * jnp.cos(c[1])), (0, x), **kw)[1]
 
 
 def _slow_drift_scan(x, n):
@@ -148,7 +148,7 @@ def test_binomial_schedule_overflow_and_effects():
         jax.grad(f)(0.3, 17)
     assert np.isnan(jax.jit(jax.grad(f))(0.3, 17))
     body = lambda c: (jax.debug.callback(lambda: None) or c[0] + 1, c[1] * 1.5)  # noqa: E731
-    g = jax.grad(lambda x: jaxaot.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=16, checkpoints=2)[1])
+    g = jax.grad(lambda x: jaxaot.loops.while_loop(lambda c: c[0] < 5, body, (0, x), max_steps=16, checkpoints=2)[1])
     assert float(g(1.0)) == 1.5 ** 5  # no masked steps, so effects are allowed
 
 
@@ -157,7 +157,7 @@ def test_refusals():
         jax.debug.print("step {}", c)
         return c + 1.0
     with pytest.raises(InvalidLoopOptionError, match="effects"):
-        jaxaot.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12)
+        jaxaot.loops.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12)
 
 
 def test_memory_stays_within_the_plan(schedule, monkeypatch):
@@ -186,7 +186,7 @@ def test_a_large_body_is_not_unrolled(monkeypatch):
         return x
 
     def loss(x, **kw):
-        return jnp.sum(jaxaot.while_loop(lambda c: c[0] < 30, lambda c: (c[0] + 1, step(c[1])), (0, x), **kw)[1])
+        return jnp.sum(jaxaot.loops.while_loop(lambda c: c[0] < 30, lambda c: (c[0] + 1, step(c[1])), (0, x), **kw)[1])
 
     def program(fn, x):  # jaxaot's program: the body's tanhs and the scans' unroll factors
         eqns = list(C.iter_eqns(jax.make_jaxpr(fn)(x)))
@@ -205,6 +205,6 @@ def test_a_large_body_is_not_unrolled(monkeypatch):
     # dynamic-update-slice fusion, evaluates the body's tanhs there a second time. CPUs keep one copy.
     again = 1 if jax.default_backend() == "gpu" else 0
     assert compiled(big, jnp.ones((2, 4))) == (levels + again) * len(ws)
-    small = jax.grad(lambda x: jaxaot.while_loop(lambda c: c[0] < 30, lambda c: (c[0] + 1, jnp.tanh(c[1])),
+    small = jax.grad(lambda x: jaxaot.loops.while_loop(lambda c: c[0] < 30, lambda c: (c[0] + 1, jnp.tanh(c[1])),
                                                  (0, x), max_steps=100, checkpoints=16)[1])
     assert max(program(small, 1.0)[1]) == 5 and compiled(small, 1.0) > 3 * levels  # a small body is unrolled

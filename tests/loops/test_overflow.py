@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from jaxaot.errors import LoopOverflowError
-from jaxaot.loops.api import while_loop, while_loop_stack_output
-from jaxaot.loops.overflow import overflow_check_max_steps, raise_if_overflowed, reraise_overflow
+from jaxaot._src.loops.api import while_loop, while_loop_stack_output
+from jaxaot._src.loops.overflow import overflow_check_max_steps, raise_if_overflowed, reraise_overflow
 
 
 def _checks(closed):
@@ -62,7 +62,7 @@ def quiet(capfd, caplog):
 @pytest.mark.parametrize("mode", [dict(max_steps=2), dict(max_steps=4, checkpoints=4), dict(max_steps=4, checkpoints=2)])
 def test_overflow_raises_a_loop_overflow_error_and_prints_nothing(mode, quiet):
     limit = mode["max_steps"]
-    with jaxaot.patch_while_loop(**mode):
+    with jaxaot.loops.patch_while_loop(**mode):
         with pytest.raises(LoopOverflowError, match=f"max_steps={limit}"):  # eager: raised in Python
             jax.grad(_grow)(1.0)
         with pytest.raises(LoopOverflowError, match=f"max_steps={limit}"):
@@ -80,7 +80,7 @@ def test_compiled_overflow_poisons_values_and_gradients_with_nan(mode, quiet):
     # handling is involved), the loop's outputs and gradients are NaN, and the runtime's
     # scope raises. A bare jit, outside any scope, gets the NaN.
     def f(x):
-        return jaxaot.while_loop(lambda s: s[0] < 10.0, lambda s: (s[0] * x, s[1] + 1, s[2] * 2.0), (x, 0, x), **mode)
+        return jaxaot.loops.while_loop(lambda s: s[0] < 10.0, lambda s: (s[0] * x, s[1] + 1, s[2] * 2.0), (x, 0, x), **mode)
 
     value_and_grad = jax.jit(jax.value_and_grad(lambda x: f(x)[0] + f(x)[2], has_aux=False))
     value, grad = value_and_grad(1.5)

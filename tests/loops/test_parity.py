@@ -1,8 +1,8 @@
 """Parity with ``lax.while_loop``: a table of lax's own behaviours, run through both.
 
-Without ``max_steps`` / ``checkpoints``, ``jaxaot.while_loop`` must do what
+Without ``max_steps`` / ``checkpoints``, ``jaxaot.loops.while_loop`` must do what
 ``lax.while_loop`` does, the same way: each case below is one function of the
-loop implementation, run with ``lax.while_loop`` and with ``jaxaot.while_loop`` on
+loop implementation, run with ``lax.while_loop`` and with ``jaxaot.loops.while_loop`` on
 the same fresh random inputs; values, dtypes and weak types must agree. The error
 cases must raise an instance of the class lax raises.
 """
@@ -147,7 +147,7 @@ def _leaves_equal(a, b):
 def test_behaves_like_lax_while_loop(name):
     fn, shapes = CASES[name]
     args = [_rand(*s) for s in shapes]
-    _leaves_equal(fn(jaxaot.while_loop, *args), fn(lax.while_loop, *args))
+    _leaves_equal(fn(jaxaot.loops.while_loop, *args), fn(lax.while_loop, *args))
 
 
 #: name -> function of the loop implementation that lax refuses
@@ -173,12 +173,12 @@ def test_raises_the_class_lax_raises(name):
     with pytest.raises(Exception) as lax_error:
         ERRORS[name](lax.while_loop)
     with pytest.raises(type(lax_error.value)):
-        ERRORS[name](jaxaot.while_loop)
+        ERRORS[name](jaxaot.loops.while_loop)
 
 
 def test_unbounded_linearize_stages_the_loop_and_refuses_only_its_transpose():
     x = _rand()
-    y, f = jax.linearize(lambda x: _until(jaxaot.while_loop, x)[1], x)
+    y, f = jax.linearize(lambda x: _until(jaxaot.loops.while_loop, x)[1], x)
     y_ref, f_ref = jax.linearize(lambda x: _until(lax.while_loop, x)[1], x)
     np.testing.assert_allclose(f(2.0), f_ref(2.0), rtol=1e-6)
     with pytest.raises(ReverseModeBoundError, match="max_steps=N"):

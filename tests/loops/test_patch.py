@@ -15,8 +15,8 @@ import pytest
 from jax import lax
 
 import jaxaot
-import jaxaot.loops
-from jaxaot import _compat as C
+import jaxaot._src.loops
+from jaxaot._src import compat as C
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 
 
@@ -64,7 +64,7 @@ def test_patched_newton_solver_matches_unrolled_scan(mode):
     a, b = (jnp.float32(v) for v in _rng().uniform(0.5, 2.0, 2))
     n = int(newton_solve(a, b)[0])
     ref = lambda a, b: _unrolled(newton_step(a, b), (0, b), n)[1]  # noqa: E731
-    with jaxaot.patch_while_loop(**mode):
+    with jaxaot.loops.patch_while_loop(**mode):
         x, g = jax.jit(jax.value_and_grad(lambda a, b: newton_solve(a, b)[1], argnums=(0, 1)))(a, b)
     np.testing.assert_allclose(x, ref(a, b), rtol=1e-6)
     np.testing.assert_allclose(g, jax.grad(ref, argnums=(0, 1))(a, b), rtol=1e-4)
@@ -77,7 +77,7 @@ def test_patched_projected_gradient_solver_matches_unrolled_scan():
     n = int(pgd_solve(A, y)[0])
     init = (0, jnp.zeros(4), jnp.float32(jnp.inf))
     ref = lambda A, y: jnp.sum(_unrolled(pgd_step(A, y, -0.5, 0.5, 0.1), init, n)[1] ** 2)  # noqa: E731
-    with jaxaot.patch_while_loop(max_steps=256):
+    with jaxaot.loops.patch_while_loop(max_steps=256):
         loss = jax.jit(lambda A, y: jnp.sum(pgd_solve(A, y)[1] ** 2))
         g = jax.grad(loss, argnums=(0, 1))(A, y)
     np.testing.assert_allclose(loss(A, y), ref(A, y), rtol=1e-5)
@@ -95,9 +95,9 @@ def _loop_options(fn, *args):
 def test_blocks_nest_and_end_even_on_error():
     x = jnp.float32(_rng().uniform(1.0, 3.0))
     with pytest.raises(ZeroDivisionError):
-        with jaxaot.patch_while_loop(max_steps=8):
+        with jaxaot.loops.patch_while_loop(max_steps=8):
             assert _loop_options(newton_solve, x, x) == [(8, None)]
-            with jaxaot.patch_while_loop(checkpoints=2):  # the innermost options apply
+            with jaxaot.loops.patch_while_loop(checkpoints=2):  # the innermost options apply
                 assert _loop_options(newton_solve, x, x) == [(None, 2)]
             assert _loop_options(newton_solve, x, x) == [(8, None)]
             1 / 0
@@ -106,12 +106,12 @@ def test_blocks_nest_and_end_even_on_error():
 
 def test_patch_checks_its_options():
     x = jnp.float32(1.5)
-    with jaxaot.patch_while_loop(max_steps=8, checkpoints=2):  # any k: the bounded binomial schedule
+    with jaxaot.loops.patch_while_loop(max_steps=8, checkpoints=2):  # any k: the bounded binomial schedule
         assert _loop_options(newton_solve, x, x) == [(8, 2)]
-    with jaxaot.patch_while_loop(max_steps=8, checkpoints=6):  # nested scans fit
+    with jaxaot.loops.patch_while_loop(max_steps=8, checkpoints=6):  # nested scans fit
         assert _loop_options(newton_solve, x, x) == [(8, 6)]
     with pytest.raises(InvalidLoopOptionError, match="positive"):
-        jaxaot.patch_while_loop(max_steps=0)  # refused when called, before any block
+        jaxaot.loops.patch_while_loop(max_steps=0)  # refused when called, before any block
 
 
 def test_no_jit_cache_serves_another_blocks_program():
@@ -122,10 +122,10 @@ def test_no_jit_cache_serves_another_blocks_program():
     n = int(newton_solve(a, b)[0])
     ref = jax.grad(lambda a: _unrolled(newton_step(a, b), (0, b), n)[1])(a)
     solve(a, b)  # a plain forward call first: its program has lax's loop
-    with jaxaot.patch_while_loop(max_steps=64):
+    with jaxaot.loops.patch_while_loop(max_steps=64):
         np.testing.assert_allclose(jax.grad(solve)(a, b), ref, rtol=1e-4)
-    with jaxaot.patch_while_loop(max_steps=n - 1):  # too few steps: an overflow, never the 64-step program
-        with pytest.raises(LoopOverflowError), jaxaot.loops.reraise_overflow():
+    with jaxaot.loops.patch_while_loop(max_steps=n - 1):  # too few steps: an overflow, never the 64-step program
+        with pytest.raises(LoopOverflowError), jaxaot._src.loops.reraise_overflow():
             jax.block_until_ready(jax.grad(solve)(a, b))
     with pytest.raises(ValueError, match="Reverse-mode differentiation does not work"):
         jax.grad(solve)(a, b)  # after the blocks: lax's loop again
@@ -138,7 +138,7 @@ def test_every_caller_of_jaxs_while_is_reached():
     x = jnp.float32(_rng().uniform(0.5, 1.5))
     n = jnp.int32(5)
     ref = jax.grad(lambda x: _unrolled(lambda c: jnp.sin(c) * 1.1, x, 5))(x)
-    with jaxaot.patch_while_loop(max_steps=16):
+    with jaxaot.loops.patch_while_loop(max_steps=16):
         g1 = jax.grad(lambda x: internal_while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.sin(c[1]) * 1.1),
                                                     (0, x))[1])(x)
         g2 = jax.grad(lambda x: lax.fori_loop(0, n, lambda i, c: jnp.sin(c) * 1.1, x))(x)
@@ -148,10 +148,10 @@ def test_every_caller_of_jaxs_while_is_reached():
 
 def test_swapped_in_directly_there_is_no_recursion(monkeypatch):
     # What users do by hand: the attribute replaced for good, jaxaot's own loops included.
-    monkeypatch.setattr(jax.lax, "while_loop", jaxaot.while_loop)
+    monkeypatch.setattr(jax.lax, "while_loop", jaxaot.loops.while_loop)
     monkeypatch.setattr(jax.lax, "fori_loop", lambda *a, **k: pytest.fail("jaxaot called jax.lax.fori_loop"))
     x = jnp.float32(_rng().uniform(0.5, 1.5))
-    f = lambda x: jaxaot.while_loop(lambda c: c[1] < 9.0, lambda c: (c[0] + 1, c[1] * 1.5 + x), (0, x),  # noqa: E731
+    f = lambda x: jaxaot.loops.while_loop(lambda c: c[1] < 9.0, lambda c: (c[0] + 1, c[1] * 1.5 + x), (0, x),  # noqa: E731
                                     checkpoints=3)[1]
     n = int(lax.while_loop(lambda c: c[1] < 9.0, lambda c: (c[0] + 1, c[1] * 1.5 + x), (0, x))[0])
     ref = lambda x: _unrolled(lambda c: (c[0] + 1, c[1] * 1.5 + x), (0, x), n)[1]  # noqa: E731
@@ -175,7 +175,7 @@ def test_real_library_solver_under_patch():
     lam = jnp.float32(rng.uniform(0.1, 0.5))
     with pytest.raises(ValueError):
         jax.grad(fit)(lam, False)  # lax.while_loop refuses reverse mode
-    with jaxaot.patch_while_loop(max_steps=64):
+    with jaxaot.loops.patch_while_loop(max_steps=64):
         got, g = jax.value_and_grad(fit)(lam, False)
     want, g_ref = jax.value_and_grad(fit)(lam, True)
     np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -1,8 +1,8 @@
 """A bounded loop's checkpointing read from tables: the placement and the split points against revolve's.
 
 ``max_steps=N, checkpoints=k`` on a CPU runs the binomial schedule with its forward's snapshot
-decisions and its backward's split points made at trace time (``jaxaot.loops.placement``) and its
-backward as one loop (``jaxaot.loops.sweep``). The tables must be revolve's exactly, the gradients
+decisions and its backward's split points made at trace time (``jaxaot._src.loops.placement``) and its
+backward as one loop (``jaxaot._src.loops.sweep``). The tables must be revolve's exactly, the gradients
 ``lax.scan``'s, and the program's copies of the body must not grow with N or k.
 """
 
@@ -16,9 +16,9 @@ import pytest
 from jax import lax
 
 import jaxaot
-from jaxaot import _compat as C
-from jaxaot.loops import checkpointed, offline, placement, revolve
-from jaxaot.loops.api import while_loop
+from jaxaot._src import compat as C
+from jaxaot._src.loops import checkpointed, offline, placement, revolve
+from jaxaot._src.loops.api import while_loop
 from zoo import body_runs_and_gradient
 
 
@@ -104,7 +104,7 @@ def test_body_evaluations_are_revolves_counts(n, k, bound):
 def _body_copies(max_steps, checkpoints=None):
     """How many times the gradient's program evaluates the body (its sinh) and its derivative (cosh)."""
     def loss(x, w):
-        out = jaxaot.while_loop(lambda c: c[0] < 50, lambda c: (c[0] + 1, jnp.sinh(c[1] @ w) * 0.5), (0, x),
+        out = jaxaot.loops.while_loop(lambda c: c[0] < 50, lambda c: (c[0] + 1, jnp.sinh(c[1] @ w) * 0.5), (0, x),
                                 max_steps=max_steps, checkpoints=checkpoints)
         return jnp.sum(out[1])
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxaot.loops import revolve
-from jaxaot.loops.api import while_loop
-from jaxaot.loops.checkpointed import TABLE_CHECKPOINTS
+from jaxaot._src.loops import revolve
+from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.checkpointed import TABLE_CHECKPOINTS
 
 
 @functools.lru_cache(maxsize=None)

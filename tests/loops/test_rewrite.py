@@ -1,4 +1,4 @@
-"""``jaxaot.loops.differentiable``: every ``lax.while_loop`` of a traced program replaced by jaxaot's.
+"""``jaxaot._src.loops.differentiable``: every ``lax.while_loop`` of a traced program replaced by jaxaot's.
 
 Library-style code runs its loops through ``lax.while_loop`` inside jitted entry
 points, control flow, ``jax.checkpoint`` and custom derivatives; JAX's own
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from jaxaot.errors import InvalidLoopOptionError, LoopFunctionError, LoopOverflowError, LoopRewriteError
-from jaxaot.loops import differentiable, reraise_overflow
+from jaxaot._src.loops import differentiable, reraise_overflow
 
 _SEED = int(np.random.SeedSequence().entropy % 2**31)
 
@@ -181,7 +181,7 @@ def test_refusals():
 @pytest.mark.slow  # 40 s: a fresh process compiles BFGS's three nested loops
 def test_bfgs_at_500_steps_needs_megabytes_not_gigabytes():
     # Each nested loop's forward is recomputed in its outer loop's backward, so memory is linear in each
-    # bound, not 500**3 rows (jaxaot.loops.partial_eval.recompute_inner_loops): the compiled program's
+    # bound, not 500**3 rows (jaxaot._src.loops.partial_eval.recompute_inner_loops): the compiled program's
     # memory stays far below 1 GiB, and so does the fresh process's peak (compiling it included; 0.6 GiB
     # on a 2-core CPU, where XLA's compiler holds most of it), or the accelerator's allocator's peak.
     script = textwrap.dedent("""
@@ -191,7 +191,7 @@ def test_bfgs_at_500_steps_needs_megabytes_not_gigabytes():
             objective = lambda x: jnp.sum((x - p) ** 2 * jnp.arange(1, 1 + p.size)) + 0.1 * jnp.sum(x ** 4)
             return minimize(objective, 0 * p, method="BFGS").x.sum()
         p = jnp.linspace(-0.5, 0.5, 8)
-        compiled = jax.jit(jax.grad(jaxaot.loops.differentiable(fitted, max_steps=500))).lower(p).compile()
+        compiled = jax.jit(jax.grad(jaxaot._src.loops.differentiable(fitted, max_steps=500))).lower(p).compile()
         m = compiled.memory_analysis()
         assert bool(jnp.all(jnp.isfinite(compiled(p))))
         stats = jax.devices()[0].memory_stats()

@@ -11,7 +11,7 @@ from jax import lax
 
 import jaxaot
 from jaxaot.errors import LoopOverflowError
-from jaxaot.loops import segments
+from jaxaot._src.loops import segments
 
 _SEED = int(np.random.SeedSequence().entropy % 2**31)
 
@@ -22,7 +22,7 @@ def _inputs():
 
 
 def _loss(w, x, n, max_steps):
-    out = jaxaot.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.05 * jnp.tanh(c[1] @ w)), (0, x),
+    out = jaxaot.loops.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.05 * jnp.tanh(c[1] @ w)), (0, x),
                             max_steps=max_steps)
     return jnp.sum(out[1] ** 2)
 
@@ -92,8 +92,8 @@ def test_where_segments_apply(monkeypatch):
     assert not segments.segments_here()
     monkeypatch.setenv("JAXAOT_STACK_SEGMENTS", "1")
     body = lambda c: (jax.debug.callback(lambda: None) or c[0] + 1, c[1] * 1.5)  # noqa: E731
-    eqn = jax.make_jaxpr(lambda x: jaxaot.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=1000))(1.0).eqns[0]
-    loop = jaxaot.primitives.loop_of(eqn.primitive, eqn.params)
+    eqn = jax.make_jaxpr(lambda x: jaxaot.loops.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=1000))(1.0).eqns[0]
+    loop = jaxaot._src.loops.common.loop_of(eqn.primitive, eqn.params)
     big = [jax.ShapeDtypeStruct((1024,), jnp.float32)]  # 4 KiB per step: a 4 MiB stack
     assert segments.applies(loop, big) is None  # effects: one stack
     assert segments.applies(loop.replace(body=jax.make_jaxpr(lambda c: (c[0] + 1, c[1] * 1.5))((0, 1.0))), big) == 64

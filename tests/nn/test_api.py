@@ -16,12 +16,12 @@ from zoo import child_env
 
 
 def test_bad_module_and_options_raise_documented_errors():
-    with pytest.raises(jaxaot.InvalidInputError, match="expects a flax.nnx.Module or a flax.linen.Module"):
-        jaxaot.aot_module(lambda x: x)
-    with pytest.raises(jaxaot.InvalidInputError, match="has no method 'nope'"):
-        jaxaot.aot_module(Block(), method="nope")
-    with pytest.raises(jaxaot.InvalidInputError, match="static_argnums must be non-negative"):
-        jaxaot.aot_module(Block(), static_argnums=-1)
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="expects a flax.nnx.Module or a flax.linen.Module"):
+        jaxaot.nn.aot_module(lambda x: x)
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="has no method 'nope'"):
+        jaxaot.nn.aot_module(Block(), method="nope")
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="static_argnums must be non-negative"):
+        jaxaot.nn.aot_module(Block(), static_argnums=-1)
 
 
 class _Scaled(nnx.Module):
@@ -36,7 +36,7 @@ class _Scaled(nnx.Module):
 def test_static_argnums_takes_what_jax_jit_takes(nums):
     """An int (numpy integers too) or any iterable of them, as ``jax.jit``; duplicates are one position."""
     model = _Scaled()
-    aot = jaxaot.aot_module(model, static_argnums=nums)
+    aot = jaxaot.nn.aot_module(model, static_argnums=nums)
     assert jnp.allclose(aot(X, 2.0), model(X, 2.0))
     assert aot.cache_info().entries[0].signature.endswith("arg[1]=2.0>")
 
@@ -44,7 +44,7 @@ def test_static_argnums_takes_what_jax_jit_takes(nums):
 @pytest.mark.parametrize("names", ["train", ["train"], ("train",), iter(["train"])])
 def test_static_argnames_takes_what_jax_jit_takes(names):
     model = _Scaled()
-    aot = jaxaot.aot_module(model, static_argnames=names)
+    aot = jaxaot.nn.aot_module(model, static_argnames=names)
     assert jnp.allclose(aot(X, 2.0, train=False), model(X, 2.0, train=False))
 
 
@@ -56,13 +56,13 @@ def test_static_argnames_takes_what_jax_jit_takes(names):
     ("static_argnames", None, "got NoneType None"),
 ])
 def test_bad_static_arguments_name_the_option_the_value_and_what_to_pass(option, bad, words):
-    with pytest.raises(jaxaot.InvalidInputError) as raised:
-        jaxaot.aot_module(_Scaled(), **{option: bad})
+    with pytest.raises(jaxaot.errors.InvalidInputError) as raised:
+        jaxaot.nn.aot_module(_Scaled(), **{option: bad})
     text = str(raised.value)
     assert text.startswith(option) and words in text and ("Pass" in text or "name them" in text), text
 
 
 def test_flax_loads_only_when_a_module_api_is_used():
     code = ("import sys, jaxaot; assert 'flax' not in sys.modules, 'import jaxaot imported flax'; "
-            "jaxaot.aot_module; assert 'flax' in sys.modules; from jaxaot import GraphSignature")
+            "jaxaot.nn.aot_module; assert 'flax' in sys.modules; from jaxaot import GraphSignature")
     subprocess.run([sys.executable, "-c", code], check=True, env=child_env(), timeout=300)

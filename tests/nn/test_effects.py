@@ -21,7 +21,7 @@ class Effectful(nnx.Module):
 
 def test_effects_once_per_call_aot_module():
     rec = Recorder()
-    aot = jaxaot.aot_module(Effectful(rec))
+    aot = jaxaot.nn.aot_module(Effectful(rec))
     for _ in range(2):
         aot(X)
         assert sorted(rec.take()) == sorted(FWD)

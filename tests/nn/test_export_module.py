@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from flax_models import X, batch, linen_model
 
 
@@ -29,7 +29,7 @@ Y = jnp.ones((4, 4))
 
 
 def test_export_forward_signature():
-    jaxpr, sig = jaxaot.aot_export_module(LossNet(), (X, Y), trace_joint=False)
+    jaxpr, sig = jaxaot.nn.aot_export_module(LossNet(), (X, Y), trace_joint=False)
     assert sig.parameters == ("bn.bias", "bn.scale", "lin.bias", "lin.kernel")
     assert sig.buffers == ("bn.mean", "bn.var", "drop.rngs.count", "drop.rngs.key")
     assert sig.inputs_to_parameters == {"in0": "bn.bias", "in1": "bn.scale", "in2": "lin.bias", "in3": "lin.kernel"}
@@ -45,7 +45,7 @@ def test_export_forward_signature():
 
 def test_export_joint_signature_and_values():
     model = LossNet()
-    jaxpr, sig = jaxaot.aot_export_module(model, (X, Y), trace_joint=True, output_loss_index=0)
+    jaxpr, sig = jaxaot.nn.aot_export_module(model, (X, Y), trace_joint=True, output_loss_index=0)
     bw = sig.backward_signature
     assert bw.loss_output == "out3"
     assert bw.gradients_to_parameters == {"out5": "bn.bias", "out6": "bn.scale", "out7": "lin.bias",
@@ -64,7 +64,7 @@ def test_export_joint_signature_and_values():
 
 
 def test_export_gradients_to_user_inputs():
-    _, sig = jaxaot.aot_export_module(LossNet(), (X, Y), trace_joint=True, output_loss_index=0,
+    _, sig = jaxaot.nn.aot_export_module(LossNet(), (X, Y), trace_joint=True, output_loss_index=0,
                                       grad_user_inputs=True)
     assert sig.backward_signature.gradients_to_user_inputs == {"out9": "in8", "out10": "in9"}
 
@@ -73,7 +73,7 @@ def test_export_linen_signature():
     module = linen_model("cnn")
     x, _ = batch("cnn", 0)
     variables = module.init(jax.random.key(0), x, train=False)
-    _, sig = jaxaot.aot_export_module(module, (x,), kwargs={"train": True}, variables=variables,
+    _, sig = jaxaot.nn.aot_export_module(module, (x,), kwargs={"train": True}, variables=variables,
                                       rngs={"dropout": jax.random.key(2)}, trace_joint=False)
     assert sig.buffers == ("batch_stats.BatchNorm_0.mean", "batch_stats.BatchNorm_0.var")
     assert set(sig.buffers_to_mutate.values()) == set(sig.buffers)
@@ -90,8 +90,8 @@ def test_export_linen_signature():
     ],
 )
 def test_export_loss_errors(kwargs, message):
-    with pytest.raises(jaxaot.LossOutputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        jaxaot.aot_export_module(LossNet(), (X, Y), trace_joint=True, **kwargs)
+    with pytest.raises(jaxaot.errors.LossOutputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        jaxaot.nn.aot_export_module(LossNet(), (X, Y), trace_joint=True, **kwargs)
 
 
 def test_export_non_scalar_loss_and_loss_without_parameters():
@@ -102,19 +102,19 @@ def test_export_non_scalar_loss_and_loss_without_parameters():
         def __call__(self, x):
             return self.lin(x), (x**2).sum()
 
-    with pytest.raises(jaxaot.LossOutputError, match=r"to be a scalar, but it has shape \(4, 2\)"):
-        jaxaot.aot_export_module(Bad(), (X,), trace_joint=True, output_loss_index=0)
-    with pytest.raises(jaxaot.LossOutputError, match="the output at index 0 requires gradients"):
-        jaxaot.aot_export_module(Bad(), (X,), trace_joint=True, output_loss_index=1)
+    with pytest.raises(jaxaot.errors.LossOutputError, match=r"to be a scalar, but it has shape \(4, 2\)"):
+        jaxaot.nn.aot_export_module(Bad(), (X,), trace_joint=True, output_loss_index=0)
+    with pytest.raises(jaxaot.errors.LossOutputError, match="the output at index 0 requires gradients"):
+        jaxaot.nn.aot_export_module(Bad(), (X,), trace_joint=True, output_loss_index=1)
 
     class Detached(Bad):
         def __call__(self, x):
             return jax.lax.stop_gradient(self.lin(x)), (x**2).sum()
 
-    with pytest.raises(jaxaot.LossOutputError, match="was marked as the loss, but it does not require gradients"):
-        jaxaot.aot_export_module(Detached(), (X,), trace_joint=True, output_loss_index=1)
+    with pytest.raises(jaxaot.errors.LossOutputError, match="was marked as the loss, but it does not require gradients"):
+        jaxaot.nn.aot_export_module(Detached(), (X,), trace_joint=True, output_loss_index=1)
 
 
 def test_export_linen_needs_variables():
-    with pytest.raises(jaxaot.InvalidInputError, match="needs its variables"):
-        jaxaot.aot_export_module(linen_model("cnn"), (X,), trace_joint=False)
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="needs its variables"):
+        jaxaot.nn.aot_export_module(linen_model("cnn"), (X,), trace_joint=False)

@@ -20,7 +20,7 @@ def linen_train(name: str, aot: bool):
     module = linen_model(name)
     x0, _ = batch(name, 0)
     variables = module.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x0, train=False)
-    apply = jaxaot.aot_module(module, static_argnames="train").apply if aot else module.apply
+    apply = jaxaot.nn.aot_module(module, static_argnames="train").apply if aot else module.apply
     params, others = variables["params"], {k: v for k, v in variables.items() if k != "params"}
     tx = optax.adam(1e-2)
     opt_state = tx.init(params)
@@ -53,7 +53,7 @@ def test_eval_mode_linen_returns_inputs():
     module = linen_model("cnn")
     x, _ = batch("cnn", 0)
     variables = module.init(jax.random.key(0), x, train=False)
-    aot = jaxaot.aot_module(module, static_argnames="train")
+    aot = jaxaot.nn.aot_module(module, static_argnames="train")
     out, updates = aot.apply(variables, x, train=False, mutable=["batch_stats"])
     ref_out, ref_updates = module.apply(variables, x, train=False, mutable=["batch_stats"])
     chex.assert_trees_all_close(out, ref_out, **TOL)
@@ -63,15 +63,15 @@ def test_eval_mode_linen_returns_inputs():
 
 
 def test_apply_rejects_variables_that_are_not_a_mapping():
-    with pytest.raises(jaxaot.InvalidInputError, match="variables mapping"):
-        jaxaot.aot_module(linen_model("cnn")).apply([1, 2], X)
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="variables mapping"):
+        jaxaot.nn.aot_module(linen_model("cnn")).apply([1, 2], X)
 
 
 def test_init_is_the_wrapped_modules():
     module = linen_model("cnn")
     x, _ = batch("cnn", 0)
     keys = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
-    aot = jaxaot.aot_module(module, static_argnames="train")
+    aot = jaxaot.nn.aot_module(module, static_argnames="train")
     ref = module.init(keys, x, train=False)
     got = aot.init(keys, x, train=False)
     assert jax.tree.structure(got) == jax.tree.structure(ref)
@@ -94,7 +94,7 @@ class _SetupParent(nn.Module):
 
     def setup(self):
         self.pre = nn.Dense(8)
-        self.block = jaxaot.aot_module(_Block(), static_argnames="train") if self.aot else _Block()
+        self.block = jaxaot.nn.aot_module(_Block(), static_argnames="train") if self.aot else _Block()
         self.head = nn.Dense(5)
 
     def __call__(self, x, train: bool):
@@ -107,7 +107,7 @@ class _CompactParent(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool):
         block = _Block()
-        block = jaxaot.aot_module(block, static_argnames="train") if self.aot else block
+        block = jaxaot.nn.aot_module(block, static_argnames="train") if self.aot else block
         return nn.Dense(5)(block(nn.relu(nn.Dense(8)(x)), train=train))
 
 
@@ -147,5 +147,5 @@ def test_submodule_keeps_the_variables_and_trains_as_the_plain_parent(parent):
     chex.assert_trees_all_close(final, ref_final, **TOL)
     chex.assert_trees_all_close(out, ref_out, **TOL)
     # The parent builds its wrapper on every apply: equal wrappers share one compiled program.
-    info = jaxaot.aot_module(_Block(), static_argnames="train").cache_info()
+    info = jaxaot.nn.aot_module(_Block(), static_argnames="train").cache_info()
     assert info.misses == 2  # training (traced: forward and backward) and evaluation (inference)

@@ -10,7 +10,7 @@ from flax_models import X, Block
 
 
 def test_call_metadata_of_a_training_call():
-    lowered = jaxaot.aot_module(Block()).lower(X)
+    lowered = jaxaot.nn.aot_module(Block()).lower(X)
     meta = lowered.meta
     kinds = {i.name: (i.kind, i.differentiable, i.mutated) for i in meta.inputs}
     assert kinds["lin.kernel"] == ("parameter", True, False)
@@ -46,7 +46,7 @@ def test_call_metadata_aliases_and_duplicates():
             return x, y, y, self.w[...]
 
     model = Aliases()
-    aot = jaxaot.aot_module(model)
+    aot = jaxaot.nn.aot_module(model)
     meta = aot.lower(jnp.ones(3)).meta
     names = [i.name for i in meta.inputs]
     x_out, y, y_dup, w_out = meta.outputs

@@ -40,7 +40,7 @@ class Net(nnx.Module):
         rngs = nnx.Rngs(seed)
         self.embed = nnx.Linear(IN, WIDTH, rngs=rngs)
         body = Body(rngs)
-        self.body = jaxaot.aot_module(body) if aot else body
+        self.body = jaxaot.nn.aot_module(body) if aot else body
         self.norm = nnx.LayerNorm(WIDTH, rngs=rngs)
         self.head = nnx.Linear(WIDTH, CLASSES, rngs=rngs)
 
@@ -74,7 +74,7 @@ def test_state_paths_and_structure_equal_the_plain_models():
     assert keys(mixed) == keys(plain)
     # And at the top level: the wrapper's state is the wrapped module's.
     body = Body(nnx.Rngs(0))
-    assert flat(nnx.state(jaxaot.aot_module(body))) == flat(nnx.state(body))
+    assert flat(nnx.state(jaxaot.nn.aot_module(body))) == flat(nnx.state(body))
 
 
 def test_split_merge_round_trip_keeps_the_compiled_programs():
@@ -83,7 +83,7 @@ def test_split_merge_round_trip_keeps_the_compiled_programs():
     ref = model(x)
     graphdef, state = nnx.split(model)
     merged = nnx.merge(graphdef, state)
-    assert isinstance(merged.body, jaxaot.AOTModule)
+    assert isinstance(merged.body, jaxaot.nn.AOTModule)
     assert merged.body.program is model.body.program  # the same compiled programs, no recompilation
     misses = model.body.cache_info().misses
     chex.assert_trees_all_close(merged(x), model(x), **TOL)
@@ -98,7 +98,7 @@ def test_split_merge_round_trip_keeps_the_compiled_programs():
 
 def _train(kind: str, aot: bool, steps: int = 4):
     model = Net(aot)
-    opt_cls = jaxaot.nn.Optimizer if kind == "jaxaot" else nnx.Optimizer
+    opt_cls = jaxaot._src.nn.Optimizer if kind == "jaxaot" else nnx.Optimizer
     opt = opt_cls(model, optax.adam(1e-2), wrt=nnx.Param)
 
     def step(m, o, x, y):
@@ -115,7 +115,7 @@ def _train(kind: str, aot: bool, steps: int = 4):
 @pytest.mark.parametrize("kind", ["jit", "eager", "jaxaot"])
 def test_training_matches_the_plain_model(kind):
     """Under nnx.jit, eager nnx.value_and_grad + nnx.Optimizer, and jaxaot.value_and_grad +
-    jaxaot.nn.Optimizer: the same losses, state and optimizer state as the plain model."""
+    jaxaot._src.nn.Optimizer: the same losses, state and optimizer state as the plain model."""
     ref_losses, ref_state, ref_opt = _train(kind, aot=False)
     losses, state, opt_state = _train(kind, aot=True)
     chex.assert_trees_all_close(losses, ref_losses, **TOL)
@@ -129,7 +129,7 @@ def test_orbax_checkpoint_restores_and_training_resumes(tmp_path):
 
     def make(aot):
         model = Net(aot)
-        return model, jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+        return model, jaxaot._src.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
     def train(model, opt, steps):
         return [float(_step(model, opt, *data(i))) for i in steps]
@@ -166,7 +166,7 @@ def test_pickle_and_deepcopy():
     x, _ = data(1)
     ref = model(x)
     for other in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
-        assert isinstance(other.body, jaxaot.AOTModule)
+        assert isinstance(other.body, jaxaot.nn.AOTModule)
         assert flat(nnx.state(other)) == flat(nnx.state(model))
         chex.assert_trees_all_close(other(x), ref, **TOL)  # batch statistics of the same history
         assert other.body.wrapped is not model.body.wrapped
@@ -177,8 +177,8 @@ def test_pickle_and_deepcopy():
 def test_attributes_train_eval_and_write_back_reach_the_wrapped_module():
     body = Body(nnx.Rngs(0))
     model = Net(aot=True)
-    model.body = jaxaot.aot_module(body)
-    drop = jaxaot.aot_module(nnx.Dropout(0.5, rngs=nnx.Rngs(1)))
+    model.body = jaxaot.nn.aot_module(body)
+    drop = jaxaot.nn.aot_module(nnx.Dropout(0.5, rngs=nnx.Rngs(1)))
     assert model.body.bn is body.bn and model.body.up.kernel is body.up.kernel
     model.eval()
     drop.eval()

@@ -17,7 +17,7 @@ STEPS = 20
 
 def nnx_train(name: str, aot: bool):
     model = nnx_model(name)
-    m = jaxaot.aot_module(model) if aot else model
+    m = jaxaot.nn.aot_module(model) if aot else model
     opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
 
     def loss_fn(mm, x, y):
@@ -47,7 +47,7 @@ def test_nnx_training_matches_eager(name):
 def test_inference_only_builds_inference_executable():
     model = Block()
     model.eval()
-    aot = jaxaot.aot_module(model)
+    aot = jaxaot.nn.aot_module(model)
     for _ in range(3):
         aot(X)
     info = aot.cache_info()
@@ -60,7 +60,7 @@ def test_nnx_grad_and_jax_grad_over_split_state():
     # computes for it is rounding noise of about 1e-6 (it varies with the CPU's vector width).
     grad_tol = dict(TOL, atol=max(TOL["atol"], 1e-5))
     ref, model = Block(), Block()
-    aot = jaxaot.aot_module(model)
+    aot = jaxaot.nn.aot_module(model)
     g_ref = nnx.grad(block_loss)(ref, X)
     g = nnx.grad(block_loss)(aot, X)
     chex.assert_trees_all_close(g, g_ref, **grad_tol)
@@ -81,7 +81,7 @@ def test_nnx_grad_and_jax_grad_over_split_state():
 
 def test_train_step_under_nnx_jit():
     ref, model = Block(), Block()
-    aot = jaxaot.aot_module(model)
+    aot = jaxaot.nn.aot_module(model)
 
     def make_step(m):
         opt = nnx.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
@@ -111,7 +111,7 @@ def test_custom_method_and_static_argnames():
             return self.lin(x) * (2.0 if double else 1.0)
 
     ref, model = Scaled(), Scaled()
-    aot = jaxaot.aot_module(model, method="score", static_argnames="double")
+    aot = jaxaot.nn.aot_module(model, method="score", static_argnames="double")
     chex.assert_trees_all_close(aot(X, double=True), ref.score(X, double=True), **TOL)
     chex.assert_trees_all_close(aot(X, double=False), ref.score(X, double=False), **TOL)
     assert float(model.count[...]) == 2.0

@@ -12,7 +12,7 @@ from flax_models import TOL, X, Block, assert_states_equal
 
 def test_state_after_one_call_equals_eager():
     ref, model = Block(), Block()
-    aot = jaxaot.aot_module(model)
+    aot = jaxaot.nn.aot_module(model)
     chex.assert_trees_all_close(aot(X), ref(X), **TOL)
     assert_states_equal(nnx.state(model), nnx.state(ref))
     assert int(model.calls[...]) == 1 and int(model.drop.rngs.count[...]) == 1
@@ -23,7 +23,7 @@ def test_state_after_one_call_equals_eager():
 
 def test_eval_mode_leaves_batch_stats_unchanged():
     model = Block()
-    aot = jaxaot.aot_module(model)
+    aot = jaxaot.nn.aot_module(model)
     aot(X)  # one training call so the statistics are not the initial ones
     aot.eval()
     before = nnx.state(model, nnx.BatchStat)
@@ -52,5 +52,5 @@ def test_sow_creates_state_like_eager():
 
     ref, model = Sower(), Sower()
     ref(X)
-    jaxaot.aot_module(model)(X)
+    jaxaot.nn.aot_module(model)(X)
     assert_states_equal(nnx.state(model), nnx.state(ref))

@@ -83,7 +83,7 @@ def main(process_id: int, port: int) -> None:
     params, x, t = host_data()
     losses = []
     for schedule in ("1f1b", "zero_bubble"):
-        step = jaxaot.pipeline([stage_fn] * STAGES, loss_fn, schedule=schedule, num_microbatches=MICROBATCHES,
+        step = jaxaot.parallel.pipeline([stage_fn] * STAGES, loss_fn, schedule=schedule, num_microbatches=MICROBATCHES,
                                mesh=mesh)
         packed = step.shard_params(params, x, t)
         want_params = params

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _compat as C
-from jaxaot.cli import demo_models
+from jaxaot._src import compat as C
+from jaxaot._src.cli import demo_models
 from jaxaot.errors import PartitionError
-from jaxaot.partition import BWSplit, split_backward
+from jaxaot._src.partition import BWSplit, split_backward
 from zoo import assert_trees_close, key_stream, random_tree, sds
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -53,12 +53,12 @@ def side_params_args(key):
 
 STAGES = {"mlp": (mlp_stage, mlp_args), "block": (block_stage, block_args),
           "side_params": (side_params_stage, side_params_args)}
-PARTITIONERS = {"default": jaxaot.default_partition, "min_cut": jaxaot.min_cut_rematerialization_partition}
+PARTITIONERS = {"default": jaxaot.partition.default_partition, "min_cut": jaxaot.partition.min_cut_rematerialization_partition}
 
 
 # --------------------------------------------------------------------------- helpers
-def split_stage(fn, params, x, partition_fn, **options) -> tuple[jaxaot.Partition, BWSplit]:
-    joint = jaxaot.trace_joint(fn, params, x)
+def split_stage(fn, params, x, partition_fn, **options) -> tuple[jaxaot.partition.Partition, BWSplit]:
+    joint = jaxaot.partition.trace_joint(fn, params, x)
     part = partition_fn(joint)
     n = len(jax.tree_util.tree_leaves(params))
     return part, split_backward(part, activations=[n], **options)
@@ -115,14 +115,14 @@ def test_w_keeps_no_more_than_the_naive_handoff(stage, partitioner):
 
 def test_min_cut_recomputes_cheap_values_to_keep_fewer_bytes():
     params, x = mlp_args(fresh_key())
-    _, bw = split_stage(mlp_stage, params, x, jaxaot.min_cut_rematerialization_partition)
+    _, bw = split_stage(mlp_stage, params, x, jaxaot.partition.min_cut_rematerialization_partition)
     assert bw.live_bytes < bw.naive_bytes
     assert len(bw.recomputed) > 0
 
 
 def test_side_params_go_to_w_and_b_does_not_need_them():
     params, x = side_params_args(fresh_key())
-    part, bw = split_stage(side_params_stage, params, x, jaxaot.default_partition)
+    part, bw = split_stage(side_params_stage, params, x, jaxaot.partition.default_partition)
     ct = random_tree(fresh_key(), sds(4, 8))
     reference, _, merged = run_split(side_params_stage, part, bw, params, x, ct)
     grads = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure((params, x)), merged)
@@ -139,7 +139,7 @@ def scaled_weight_stage(params, x):
 
 def test_weights_saved_as_residuals_cost_nothing():
     params, x = random_tree(fresh_key(), ({"s": sds(8, 8), "w": sds(8, 8)}, sds(4, 8)), scale=1.0)
-    part, bw = split_stage(scaled_weight_stage, params, x, jaxaot.default_partition)
+    part, bw = split_stage(scaled_weight_stage, params, x, jaxaot.partition.default_partition)
     invars = C.jaxpr_of(part.backward).invars
     kept = [invars[i].aval for i in bw.kept]
     assert sum(a.size * 4 for a in kept) - bw.kept_bytes == 2 * 8 * 8 * 4  # w and s are kept, and free
@@ -150,13 +150,13 @@ def test_weights_saved_as_residuals_cost_nothing():
 
 def test_every_gradient_in_b_leaves_w_empty():
     params, x = mlp_args(fresh_key())
-    part = jaxaot.default_partition(jaxaot.trace_joint(mlp_stage, params, x))
+    part = jaxaot.partition.default_partition(jaxaot.partition.trace_joint(mlp_stage, params, x))
     bw = split_backward(part, activations=part.grad_inputs)
     assert bw.weight_inputs == () and bw.live_bytes == 0 and bw.num_handoff == 0
 
 
 def test_activations_must_be_differentiated_inputs():
     params, x = mlp_args(fresh_key())
-    part = jaxaot.default_partition(jaxaot.trace_joint(mlp_stage, params, x))
+    part = jaxaot.partition.default_partition(jaxaot.partition.trace_joint(mlp_stage, params, x))
     with pytest.raises(PartitionError, match=r"activations \[99\]"):
         split_backward(part, activations=[99])

@@ -18,10 +18,10 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError, StageMismatchError
-from jaxaot.parallel import Action, Schedule, simulate
-from jaxaot.parallel.pipeline import pipeline
-from jaxaot.parallel.simulate import OpTimes, simulate_lockstep
-from jaxaot.parallel.spmd import StageParams, plan
+from jaxaot._src.parallel import Action, Schedule, simulate
+from jaxaot._src.parallel.pipeline import pipeline
+from jaxaot._src.parallel.simulate import OpTimes, simulate_lockstep
+from jaxaot._src.parallel.spmd import StageParams, plan
 from pipeline_models import gpt_model, mlp_model, mlp_stage, mse, unpipelined
 from zoo import assert_trees_close, key_stream
 
@@ -193,7 +193,7 @@ def test_meshes_the_compiled_step_cannot_use_are_refused():
 # --------------------------------------------------------------------------- the simulator of the compiled step
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_lockstep_simulation_sums_the_slowest_action_of_each_tick(schedule):
-    from jaxaot.parallel import make_schedule
+    from jaxaot._src.parallel import make_schedule
     rng = np.random.default_rng(len(schedule))
     stages, devices = (8, 4) if schedule == "interleaved" else (4, 4)
     sched = make_schedule(schedule, stages, 8, devices)

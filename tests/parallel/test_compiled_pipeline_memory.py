@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.parallel.pipeline import pipeline
-from jaxaot.parallel.spmd import memory
+from jaxaot._src.parallel.pipeline import pipeline
+from jaxaot._src.parallel.spmd import memory
 from pipeline_models import unpipelined, widening_model
 from zoo import assert_trees_close, key_stream
 
@@ -100,7 +100,7 @@ def test_a_step_that_does_not_fit_raises_before_it_runs(monkeypatch):
         return limit, 0
 
     monkeypatch.setattr(memory, "device_memory", fake_memory)
-    with pytest.raises(jaxaot.PipelineMemoryError, match=r"needs .* on each device.*'1f1b'.*memory_budget") as e:
+    with pytest.raises(jaxaot.errors.PipelineMemoryError, match=r"needs .* on each device.*'1f1b'.*memory_budget") as e:
         gpipe(params, x, t)
     assert (e.value.peak, e.value.limit) == (big, limit) and e.value.device in mesh.devices.flat
     assert isinstance(e.value, RuntimeError)

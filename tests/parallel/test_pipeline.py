@@ -1,4 +1,4 @@
-"""jaxaot.pipeline's Python executor: every schedule's loss and gradients equal jax.value_and_grad's.
+"""jaxaot.parallel.pipeline's Python executor: every schedule's loss and gradients equal jax.value_and_grad's.
 
 (The compiled executor, the default, has tests/parallel/test_compiled_pipeline.py.)
 
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, StageMismatchError
-from jaxaot.parallel.pipeline import Pipeline, PipelineReport, pipeline
-from jaxaot.parallel.simulate import OpTimes, simulate
+from jaxaot._src.parallel.pipeline import Pipeline, PipelineReport, pipeline
+from jaxaot._src.parallel.simulate import OpTimes, simulate
 from pipeline_models import MODELS, mlp_model, mlp_stage, mse, unpipelined
 from zoo import assert_trees_close, key_stream
 

@@ -1,4 +1,4 @@
-"""jaxaot.parallel.schedule: built-in schedules are valid, validation names the first break, memory is as counted."""
+"""jaxaot._src.parallel.schedule: built-in schedules are valid, validation names the first break, memory is as counted."""
 
 import dataclasses
 import re
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, ScheduleError
-from jaxaot.parallel.builtin import gpipe, interleaved, make_schedule, one_f_one_b, tuned_zero_bubble, zero_bubble
-from jaxaot.parallel.schedule import OPS, SCHEDULES, Action, Schedule, dependencies, provides
-from jaxaot.parallel.simulate import OpTimes, simulate
+from jaxaot._src.parallel.builtin import gpipe, interleaved, make_schedule, one_f_one_b, tuned_zero_bubble, zero_bubble
+from jaxaot._src.parallel.schedule import OPS, SCHEDULES, Action, Schedule, dependencies, provides
+from jaxaot._src.parallel.simulate import OpTimes, simulate
 
 ONE_STAGE_PER_DEVICE = {"gpipe": gpipe, "1f1b": one_f_one_b, "zero_bubble": zero_bubble}
 SIZES = [(p, m) for p in range(1, 7) for m in range(1, 17)]

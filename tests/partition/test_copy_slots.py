@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import pytest
 
-from jaxaot.partition import DeviceModel
-from jaxaot.partition.costs import copy_slots
+from jaxaot._src.partition import DeviceModel
+from jaxaot._src.partition.costs import copy_slots
 
 
 def schedule(*ops: str) -> str:

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
-from jaxaot.partition import Recompute
-from jaxaot.partition.costs import cost_model
-from jaxaot.partition.mincut import knapsack
+from jaxaot._src.partition import Recompute
+from jaxaot._src.partition.costs import cost_model
+from jaxaot._src.partition.mincut import knapsack
 
 
 def _flat(eqns):
@@ -138,13 +138,13 @@ def test_activations_and_stop_gradient_are_cheap_in_the_joint_graph(approximate)
     ``one_minus_square``; softmax's max goes through ``stop_gradient``): none is saved at budget 1
     for being unknown."""
     import jaxaot
-    from jaxaot.partition import EqnKind, classify_eqns
+    from jaxaot._src.partition import EqnKind, classify_eqns
 
     def f(x):
         return jnp.sum(jax.nn.gelu(x, approximate=approximate) * jax.nn.softmax(x, axis=-1))
 
-    joint = jaxaot.trace_joint(f, jnp.ones((4, 8)))
-    eqns = [e for e, k in zip(jaxaot._compat.jaxpr_of(joint.jaxpr).eqns, classify_eqns(joint))
+    joint = jaxaot.partition.trace_joint(f, jnp.ones((4, 8)))
+    eqns = [e for e, k in zip(jaxaot._src.compat.jaxpr_of(joint.jaxpr).eqns, classify_eqns(joint))
             if k is EqnKind.FORWARD]
     costly = {e.primitive.name for e in eqns if cost_model.classify(e) is not Recompute.CHEAP}
     assert costly <= {"reduce_max", "reduce_sum"}, costly  # softmax's reductions over a short axis

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from zoo import ZOO, assert_trees_close, random_cotangents
 
 
@@ -32,7 +32,7 @@ def fwd_and_bwd_bytes(fn, args):
 def test_never_saves_more_than_fwd_and_bwd(name):
     fn, make_args = ZOO[name]
     args = make_args(_key())
-    part = jaxaot.default_partition(jaxaot.trace_joint(fn, *args))
+    part = jaxaot.partition.default_partition(jaxaot.partition.trace_joint(fn, *args))
     C.check_jaxpr(part.forward)
     C.check_jaxpr(part.backward)
     assert part.saved_bytes <= fwd_and_bwd_bytes(fn, args)
@@ -43,7 +43,7 @@ def test_saved_values_are_unique_and_typed():
         h = jnp.tanh(x @ w)
         return h, (h * h).sum()
 
-    part = jaxaot.default_partition(jaxaot.trace_joint(f, jnp.ones((2, 3)), jnp.ones((3, 4))))
+    part = jaxaot.partition.default_partition(jaxaot.partition.trace_joint(f, jnp.ones((2, 3)), jnp.ones((3, 4))))
     assert part.num_outputs == 2
     srcs = [(r.source, r.index) for r in part.residuals]
     assert len(srcs) == len(set(srcs))
@@ -54,20 +54,20 @@ def test_saved_values_are_unique_and_typed():
 
 
 def test_constants_are_recomputed_not_saved():
-    part = jaxaot.default_partition(jaxaot.trace_joint(lambda x, unused: jnp.sin(x).sum(), jnp.ones(3), jnp.ones(1000)))
+    part = jaxaot.partition.default_partition(jaxaot.partition.trace_joint(lambda x, unused: jnp.sin(x).sum(), jnp.ones(3), jnp.ones(1000)))
     assert part.saved_bytes == 3 * 4  # only x: the zeros for `unused` are made in the backward
 
 
 def test_split_joint_refuses_insufficient_saves():
-    joint = jaxaot.trace_joint(lambda x: jnp.sin(x).sum(), jnp.ones(3))
-    with pytest.raises(jaxaot.PartitionError, match="neither saves nor can recompute"):
-        from jaxaot.partition import split_joint
+    joint = jaxaot.partition.trace_joint(lambda x: jnp.sin(x).sum(), jnp.ones(3))
+    with pytest.raises(jaxaot.errors.PartitionError, match="neither saves nor can recompute"):
+        from jaxaot._src.partition import split_joint
 
         split_joint(joint, [])
 
 
 # --------------------------------------------------------------------------- differentiate
-def run_gradient(g: jaxaot.Gradient, inputs, cts_all):
+def run_gradient(g: jaxaot.partition.Gradient, inputs, cts_all):
     f_outs = C.eval_closed(g.f, *inputs)
     df_args = (
         [cts_all[i] for i in g.df_input_vjps]
@@ -82,7 +82,7 @@ def run_gradient(g: jaxaot.Gradient, inputs, cts_all):
 def test_differentiate_reproduces_vjp(name):
     fn, make_args = ZOO[name]
     args = make_args(_key())
-    g = jaxaot.differentiate(fn, *args)
+    g = jaxaot.partition.differentiate(fn, *args)
     inputs = jax.tree_util.tree_leaves(args)
     out_ref, vjp_ref = jax.vjp(fn, *args)
     ct = random_cotangents(_key(), out_ref)
@@ -102,7 +102,7 @@ def test_bookkeeping_fields():
         return y, n * 2
 
     x, w = jnp.ones((2, 3)), jnp.ones((3, 4))
-    g = jaxaot.differentiate(f, x, w, jnp.int32(1))
+    g = jaxaot.partition.differentiate(f, x, w, jnp.int32(1))
     assert g.f_real_outputs == 2
     assert g.df_input_vjps == (0,)  # the int output takes no cotangent
     assert g.df_output_vjps == (0, 1)
@@ -115,11 +115,11 @@ def test_bookkeeping_fields():
 
 
 def test_unused_cotangent_is_not_materialised():
-    g = jaxaot.differentiate(lambda x: (jnp.sin(x), jnp.argmax(x)), jnp.ones(3))
+    g = jaxaot.partition.differentiate(lambda x: (jnp.sin(x), jnp.argmax(x)), jnp.ones(3))
     assert g.df_input_vjps == (0,)
     assert all(v.aval.dtype != jax.dtypes.float0 for v in g.df.jaxpr.invars)
 
 
 def test_not_callable():
     with pytest.raises(TypeError, match="callable"):
-        jaxaot.differentiate(None, jnp.ones(2))
+        jaxaot.partition.differentiate(None, jnp.ones(2))

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.cli import main as cli
-from jaxaot.cli import demo_models
+from jaxaot._src.cli import main as cli
+from jaxaot._src.cli import demo_models
 from jaxaot.errors import InvalidInputError, InvalidValueError
-from jaxaot.partition import MemoryBudget, parse_memory_budget, remat_policy
+from jaxaot._src.partition import MemoryBudget, parse_memory_budget, remat_policy
 
-mincut = jaxaot.min_cut_rematerialization_partition
+mincut = jaxaot.partition.min_cut_rematerialization_partition
 
 F, B = MemoryBudget, (lambda n: MemoryBudget(nbytes=n))
 #: (input, answer): a MemoryBudget, or (error type, a regex of its message).
@@ -72,7 +72,7 @@ def _plan(part) -> tuple:
 @pytest.fixture(scope="module")
 def reference():
     """The min-cut's own plans of ``tanh_loss``, per parsed budget."""
-    joint = jaxaot.trace_joint(demo_models.tanh_loss, *_w_x())
+    joint = jaxaot.partition.trace_joint(demo_models.tanh_loss, *_w_x())
     cache = {}
 
     def plan(budget: MemoryBudget):
@@ -92,7 +92,7 @@ def test_the_parser(value, answer):
 def test_the_min_cut_configured_and_applied(value, answer, reference):
     joint, plan = reference
     _check(answer, lambda: mincut(memory_budget=value))
-    _check(answer, lambda: jaxaot.partition.check_partitioner(functools.partial(mincut, memory_budget=value)))
+    _check(answer, lambda: jaxaot._src.partition.check_partitioner(functools.partial(mincut, memory_budget=value)))
     part = _check(answer, lambda: functools.partial(mincut, memory_budget=value)(joint))
     if part is not None:
         assert _plan(part) == plan(answer)
@@ -112,9 +112,9 @@ def test_aot_module_and_pipeline_stages(value, answer):
     from flax import nnx
 
     pf = functools.partial(mincut, memory_budget=value)
-    _check(answer, lambda: jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), partition_fn=pf))
+    _check(answer, lambda: jaxaot.nn.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), partition_fn=pf))
     stage = lambda p, x: jnp.tanh(x @ p)  # noqa: E731
-    _check(answer, lambda: jaxaot.pipeline([stage, stage], lambda y, t: jnp.mean((y - t) ** 2), num_microbatches=2,
+    _check(answer, lambda: jaxaot.parallel.pipeline([stage, stage], lambda y, t: jnp.mean((y - t) ** 2), num_microbatches=2,
                                            devices=[jax.devices()[0]] * 2, partition_fn=pf, executor="python"))
 
 
@@ -134,7 +134,7 @@ def test_the_command_line(value, answer, reference, capsys):
     """``--budget`` takes text: a number's ``str`` means what the number means."""
     _, plan = reference
     text = value if isinstance(value, str) else str(value)
-    argv = ["inspect", "jaxaot.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", f"--budget={text}",
+    argv = ["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", f"--budget={text}",
             "--json"]
     code = cli.main(argv)
     out, err = capsys.readouterr()

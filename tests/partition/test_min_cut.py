@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from jax import lax
 
 import jaxaot
-from jaxaot.partition import min_cut_rematerialization_partition as mincut
-from jaxaot.partition.mincut import flow_graph, saved_values, scan_remat
+from jaxaot._src.partition import min_cut_rematerialization_partition as mincut
+from jaxaot._src.partition.mincut import flow_graph, saved_values, scan_remat
 from zoo import ZOO, assert_trees_close, random_cotangents
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -129,8 +129,8 @@ def test_matches_vjp(name, budget):
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_never_saves_more_than_default_and_sweeps_are_monotone(name):
     fn, make_args = ALL[name]
-    joint = jaxaot.trace_joint(fn, *make_args(fresh_key()))
-    default = jaxaot.default_partition(joint).saved_bytes
+    joint = jaxaot.partition.trace_joint(fn, *make_args(fresh_key()))
+    default = jaxaot.partition.default_partition(joint).saved_bytes
     sweep = [mincut(joint, memory_budget=b).saved_bytes for b in BUDGETS]
     assert sweep[0] <= default
     assert all(a >= b for a, b in zip(sweep, sweep[1:])), sweep
@@ -169,7 +169,7 @@ def test_conv_operands_are_saved_not_rematerialized():
     relu = [r for r in low.saved if r.producer == "custom_jvp_call" and r.aval.shape == shape]
     assert len(relu) == 1 and not any("custom_jvp_call(" in r for r in low.recomputed)
     # Below budget 1 it is the first value the knapsack gives up: cheap to rebuild.
-    part = mincut(jaxaot.trace_joint(conv_net, *args), memory_budget=0.9)
+    part = mincut(jaxaot.partition.trace_joint(conv_net, *args), memory_budget=0.9)
     assert not any(r.producer == "custom_jvp_call" for r in part.residuals)
     assert any("custom_jvp_call(" in r for r in part.recomputed)
     assert part.saved_activation_bytes <= low.partition.saved_activation_bytes - relu[0].nbytes
@@ -178,31 +178,31 @@ def test_conv_operands_are_saved_not_rematerialized():
 
 def test_budget_zero_saves_only_inputs():
     fn, make_args = ZOO["mlp_gelu"]
-    part = mincut(jaxaot.trace_joint(fn, *make_args(fresh_key())), memory_budget=0.0)
+    part = mincut(jaxaot.partition.trace_joint(fn, *make_args(fresh_key())), memory_budget=0.0)
     assert {r.source for r in part.residuals} == {"input"}
     assert any("= dot_general(" in r for r in part.recomputed)
 
 
 def test_budget_interpolates_between_extremes():
-    joint = jaxaot.trace_joint(unrolled_blocks, *blocks_args(fresh_key(), layers=6))
+    joint = jaxaot.partition.trace_joint(unrolled_blocks, *blocks_args(fresh_key(), layers=6))
     sweep = [mincut(joint, memory_budget=b).saved_activation_bytes for b in np.linspace(1, 0, 11)]
     assert sweep[0] > sweep[-1] == 0
     assert len(set(sweep)) > 2, sweep  # intermediate budgets give intermediate partitions
 
 
 def test_rejects_budget_out_of_range():
-    joint = jaxaot.trace_joint(jnp.sin, jnp.ones(3))
-    with pytest.raises(jaxaot.InvalidValueError):
+    joint = jaxaot.partition.trace_joint(jnp.sin, jnp.ones(3))
+    with pytest.raises(jaxaot.errors.InvalidValueError):
         mincut(joint, memory_budget=-0.5)
-    with pytest.raises(jaxaot.InvalidValueError, match="1.5GB"):  # above 1 but not whole bytes: refused, asking
+    with pytest.raises(jaxaot.errors.InvalidValueError, match="1.5GB"):  # above 1 but not whole bytes: refused, asking
         mincut(joint, memory_budget=1.5)
-    with pytest.raises(jaxaot.MemoryBudgetError):  # an int above 1: bytes, and 2 bytes fit no step
+    with pytest.raises(jaxaot.errors.MemoryBudgetError):  # an int above 1: bytes, and 2 bytes fit no step
         mincut(joint, memory_budget=2)
 
 
 def test_random_bits_are_recomputed_not_saved():
     args = dropout_args(fresh_key())
-    part = mincut(jaxaot.trace_joint(dropout_mlp, *args))
+    part = mincut(jaxaot.partition.trace_joint(dropout_mlp, *args))
     # Neither the random bits nor the keep mask is saved: only the key (an input) is.
     assert not any(r.aval.dtype == jnp.bool_ or jnp.issubdtype(r.aval.dtype, jnp.unsignedinteger)
                    for r in part.residuals if r.source != "input"), [str(r) for r in part.residuals]
@@ -261,10 +261,10 @@ def test_callback_inside_scan_not_duplicated():
 # --------------------------------------------------------------------------- scan
 def test_scanned_layers_save_what_unrolled_layers_save():
     params, x = blocks_args(fresh_key(), layers=4, d=16)
-    scanned = mincut(jaxaot.trace_joint(scanned_blocks, params, x))
-    unrolled = mincut(jaxaot.trace_joint(unrolled_blocks, params, x))
-    one = mincut(jaxaot.trace_joint(unrolled_blocks, jax.tree.map(lambda a: a[:1], params), x))
-    default = jaxaot.default_partition(jaxaot.trace_joint(scanned_blocks, params, x))
+    scanned = mincut(jaxaot.partition.trace_joint(scanned_blocks, params, x))
+    unrolled = mincut(jaxaot.partition.trace_joint(unrolled_blocks, params, x))
+    one = mincut(jaxaot.partition.trace_joint(unrolled_blocks, jax.tree.map(lambda a: a[:1], params), x))
+    default = jaxaot.partition.default_partition(jaxaot.partition.trace_joint(scanned_blocks, params, x))
     # Equal on jax 0.10; on jax 0.11 (GPU machine) the scanned model saved 10% more, one extra
     # per-iteration value, which the bound below still covers.
     assert scanned.saved_bytes <= 1.15 * unrolled.saved_bytes
@@ -278,12 +278,12 @@ def test_budget_below_one_recomputes_inside_scanned_layers_not_the_scan(budget):
     # The budget is spent once, on each layer's residuals; recomputing the scan
     # itself would re-run the whole forward in the backward.
     args = blocks_args(fresh_key(), layers=4, d=16)
-    joint = jaxaot.trace_joint(scanned_blocks, *args)
+    joint = jaxaot.partition.trace_joint(scanned_blocks, *args)
     part = mincut(joint, memory_budget=budget)
     assert not any("= scan[" in r or "= scan(" in r for r in part.recomputed)
     assert part.saved_activation_bytes < mincut(joint).saved_activation_bytes
     # As for unrolled layers: some matmul of each layer is recomputed, within its body.
-    assert part.saved_activation_bytes <= mincut(jaxaot.trace_joint(unrolled_blocks, *args),
+    assert part.saved_activation_bytes <= mincut(jaxaot.partition.trace_joint(unrolled_blocks, *args),
                                                  memory_budget=budget).saved_activation_bytes + 4 * args[1].nbytes
     check_against_vjp(scanned_blocks, args, budget)
     # Budget 0 still recomputes everything it can, loops included: only inputs are saved.
@@ -292,7 +292,7 @@ def test_budget_below_one_recomputes_inside_scanned_layers_not_the_scan(budget):
 
 def test_scan_rewrite_can_be_disabled():
     params, x = blocks_args(fresh_key())
-    joint = jaxaot.trace_joint(scanned_blocks, params, x)
+    joint = jaxaot.partition.trace_joint(scanned_blocks, params, x)
     plain = mincut(joint, rematerialize_scans=False)
     assert plain.saved_bytes > mincut(joint).saved_bytes
     check_against_vjp(scanned_blocks, (params, x), 1.0)
@@ -314,7 +314,7 @@ def test_scan_rewrite_keeps_decompositions_and_runtime_loop_counts():
 
     def f(w, xs):
         h = jnp.tanh(lax.scan(lambda h, x: (jnp.sin(h @ w + x), None), jnp.zeros(4), xs)[0])
-        h = jaxaot.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h))[1]
+        h = jaxaot.loops.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h))[1]
         return jnp.sum(h ** 2)
 
     def ref(w, xs):
@@ -330,7 +330,7 @@ def test_scan_rewrite_keeps_decompositions_and_runtime_loop_counts():
     assert low.partition.split_from.num_aux == low.joint.num_aux >= 1
     assert "tanh" not in str(low.forward) + str(low.backward)
     # Inside a scan body the loop's trip count is a value of that body: a clear error.
-    nested = jaxaot.aot_function(lambda w, xs: jnp.sum(lax.scan(lambda h, x: (jaxaot.while_loop(
+    nested = jaxaot.aot_function(lambda w, xs: jnp.sum(lax.scan(lambda h, x: (jaxaot.loops.while_loop(
         lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, h + x))[1], None), jnp.zeros(4), xs)[0]))
     with pytest.raises(jaxaot.errors.ReverseModeBoundError, match="max_steps"):
         jax.grad(nested, argnums=1)(w, xs)
@@ -347,11 +347,11 @@ def test_jaxaot_while_loops_are_expensive_nodes(budget):
     def f(w, x):
         h = jnp.tanh(x @ w)
         body = lambda c: (jnp.sin(c[0] @ w), c[1] + 1)  # noqa: E731
-        return jnp.sum(jaxaot.while_loop(lambda c: c[1] < 3, body, (h, 0), max_steps=5)[0] ** 2)
+        return jnp.sum(jaxaot.loops.while_loop(lambda c: c[1] < 3, body, (h, 0), max_steps=5)[0] ** 2)
 
     args = (jnp.eye(4) * 0.5, jax.random.normal(fresh_key(), (2, 4)))
     check_against_vjp(f, args, budget)
-    part = mincut(jaxaot.trace_joint(f, *args), memory_budget=budget)
+    part = mincut(jaxaot.partition.trace_joint(f, *args), memory_budget=budget)
     loop_residuals = [r for r in part.residuals if "loop" in r.producer]
     assert bool(loop_residuals) == (budget == 1.0)  # saved at budget 1, recomputed at 0
 
@@ -367,7 +367,7 @@ def test_capacities_fit_int32_and_keep_order():
 
 
 def test_graph_without_backward_needs():
-    joint = jaxaot.trace_joint(lambda x: (x * 2.0).sum(), jnp.ones(3))
+    joint = jaxaot.partition.trace_joint(lambda x: (x * 2.0).sum(), jnp.ones(3))
     part = mincut(joint)
     assert part.saved_bytes == 0
 
@@ -430,9 +430,9 @@ def test_random_programs(program, budget):
     ks = jax.random.split(fresh_key(), 3)
     args = (jax.random.normal(ks[0], (4, 4)), jax.random.normal(ks[1], SHAPE), jax.random.normal(ks[2], SHAPE))
     check_against_vjp(fn, args, budget)
-    joint = jaxaot.trace_joint(fn, *args)
+    joint = jaxaot.partition.trace_joint(fn, *args)
     sweep = [mincut(joint, memory_budget=b).saved_bytes for b in BUDGETS]
-    assert sweep[0] <= jaxaot.default_partition(joint).saved_bytes
+    assert sweep[0] <= jaxaot.partition.default_partition(joint).saved_bytes
     assert all(a >= b for a, b in zip(sweep, sweep[1:])), sweep
 
 
@@ -447,7 +447,7 @@ def long_chain(ws, x):
 
 @pytest.mark.slow
 def test_partitioning_20k_eqns_is_fast():
-    joint = jaxaot.trace_joint(long_chain, [jnp.eye(16) * 0.1] * 8, jnp.ones((4, 16)))
+    joint = jaxaot.partition.trace_joint(long_chain, [jnp.eye(16) * 0.1] * 8, jnp.ones((4, 16)))
     assert len(joint.eqns) >= 20_000
     for budget in (1.0, 0.5):
         t = time.perf_counter()
@@ -455,4 +455,4 @@ def test_partitioning_20k_eqns_is_fast():
         elapsed = time.perf_counter() - t
         print(f"min-cut partition of {len(joint.eqns)} eqns, budget {budget}: {elapsed * 1e3:.0f} ms")
         assert elapsed < 1.0
-        assert part.saved_bytes < jaxaot.default_partition(joint).saved_bytes / 5
+        assert part.saved_bytes < jaxaot.partition.default_partition(joint).saved_bytes / 5

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from jaxaot.errors import PartitionError
-from jaxaot.partition import DeviceModel, Timeline, offload
-from jaxaot.partition import min_cut_rematerialization_partition as mincut
+from jaxaot._src.partition import DeviceModel, Timeline, offload
+from jaxaot._src.partition import min_cut_rematerialization_partition as mincut
 from zoo import deep_mlp, deep_mlp_args, transformer_args, transformer_block
 
 BUDGETS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -36,7 +36,7 @@ MODELS = {"deep_mlp": (deep_mlp, deep_mlp_args), "transformer_block": (transform
 @functools.lru_cache(maxsize=None)
 def joint_of(name):
     fn, make_args = MODELS[name]
-    return jaxaot.trace_joint(fn, *make_args())
+    return jaxaot.partition.trace_joint(fn, *make_args())
 
 
 def offloaded_residuals(part):
@@ -103,7 +103,7 @@ def test_largest_residuals_go_first():
     args = (jax.random.normal(ks[0], (256, 1024)) / 16, jax.random.normal(ks[1], (1024, 256)) / 32,
             jax.random.normal(ks[2], (256, 256)) / 16, jax.random.normal(ks[3], (256, 256)) / 16,
             jax.random.normal(ks[4], (256, 256)))
-    joint = jaxaot.trace_joint(widening, *args)
+    joint = jaxaot.partition.trace_joint(widening, *args)
     saved = offload.saved_vars(mincut(joint))
     unit = Timeline.of(joint, FAST)
     large = [v for v in saved if v in unit.produced and v.aval.shape == (256, 1024)]
@@ -167,7 +167,7 @@ def test_bad_headroom_is_refused(bad):
 
 
 def test_a_measured_device_plans_with_headroom():
-    from jaxaot.partition.costs import MEASURED_HEADROOM
+    from jaxaot._src.partition.costs import MEASURED_HEADROOM
     assert MEASURED_HEADROOM > 1 and DeviceModel.measure().headroom == MEASURED_HEADROOM
 
 
@@ -235,7 +235,7 @@ def test_offloading_replaces_recomputation_below_budget_one():
 
 def test_offload_partition_post_pass_keeps_the_saved_set():
     joint = joint_of("transformer_block")
-    part = jaxaot.default_partition(joint)
+    part = jaxaot.partition.default_partition(joint)
     moved = offload.offload_partition(joint, part, FAST)
     assert [r.aval for r in moved.residuals] == [r.aval for r in part.residuals]
     assert offloaded_residuals(moved) and moved.device_saved_bytes < part.saved_bytes

@@ -20,9 +20,9 @@ import pytest
 
 import jaxaot
 from jaxaot.errors import PartitionError
-from jaxaot.partition import DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Timeline, resolve_costs
-from jaxaot.partition.costs import cost_model, op_profile
-from jaxaot.partition.mincut import knapsack, saved_values
+from jaxaot._src.partition import DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Timeline, resolve_costs
+from jaxaot._src.partition.costs import cost_model, op_profile
+from jaxaot._src.partition.mincut import knapsack, saved_values
 from zoo import assert_trees_close
 from zoo_models import MODELS
 
@@ -63,7 +63,7 @@ def first_recomputed_width(joint, costs):
 
 
 def test_flop_costs_reproduce_the_flop_order():
-    joint = jaxaot.trace_joint(MODELS["llama_block"].loss, *MODELS["llama_block"].make_args(jax.random.key(0)))
+    joint = jaxaot.partition.trace_joint(MODELS["llama_block"].loss, *MODELS["llama_block"].make_args(jax.random.key(0)))
     graph = saved_values.build_flow_graph(joint)
     never, candidates = saved_values._candidates(graph, recompute_loops=False)
     flops = np.array([cost_model.flops(graph.producers[i]) for i in candidates])
@@ -75,13 +75,13 @@ def test_flop_costs_reproduce_the_flop_order():
 
 def test_costs_that_rank_otherwise_change_the_plan_and_keep_the_gradients():
     args = branch_args(jax.random.key(np.random.randint(1 << 20)))
-    joint = jaxaot.trace_joint(two_branches, *args)
+    joint = jaxaot.partition.trace_joint(two_branches, *args)
     assert first_recomputed_width(joint, FlopCosts()) == 32  # a FLOP tie: the smaller value first
     assert first_recomputed_width(joint, WideIsCheap()) == 64  # measured otherwise: the cheaper one first
     expected = jax.value_and_grad(two_branches, argnums=(0, 1, 2))(*args)
     plans = {}
     for name, costs in [("flops", "flops"), ("synthetic", WideIsCheap())]:
-        part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs=costs)
+        part_fn = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5, op_costs=costs)
         plans[name] = tuple(sorted(r.aval.shape for r in part_fn(joint).residuals))
         f = jaxaot.aot_function(two_branches, partition_fn=part_fn)
         assert_trees_close(jaxaot.value_and_grad(f, argnums=(0, 1, 2))(*args), expected)
@@ -90,10 +90,10 @@ def test_costs_that_rank_otherwise_change_the_plan_and_keep_the_gradients():
 
 def test_budget_one_prices_nothing():
     costs = WideIsCheap()
-    joint = jaxaot.trace_joint(two_branches, *branch_args(jax.random.key(1)))
-    part = jaxaot.min_cut_rematerialization_partition(joint, op_costs=costs)
+    joint = jaxaot.partition.trace_joint(two_branches, *branch_args(jax.random.key(1)))
+    part = jaxaot.partition.min_cut_rematerialization_partition(joint, op_costs=costs)
     assert costs.asked == [] and part.cost_note == ""
-    part = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=0.5, op_costs=costs)
+    part = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=0.5, op_costs=costs)
     assert costs.asked and part.cost_note == "recompute costs: synthetic"
 
 
@@ -163,12 +163,12 @@ def test_resolve_costs():
     synthetic = WideIsCheap()
     assert resolve_costs(synthetic) is synthetic
     with pytest.raises(PartitionError, match="op_costs must be"):
-        jaxaot.min_cut_rematerialization_partition(
-            jaxaot.trace_joint(two_branches, *branch_args(jax.random.key(2))), op_costs="fast")
+        jaxaot.partition.min_cut_rematerialization_partition(
+            jaxaot.partition.trace_joint(two_branches, *branch_args(jax.random.key(2))), op_costs="fast")
 
 
 def test_the_offload_timeline_uses_the_costs():
-    joint = jaxaot.trace_joint(two_branches, *branch_args(jax.random.key(3)))
+    joint = jaxaot.partition.trace_joint(two_branches, *branch_args(jax.random.key(3)))
     model = DeviceModel(host_bandwidth=1e9, device_flops=1e12)
     plain, priced = Timeline.of(joint, model), Timeline.of(joint, model, WideIsCheap())
     assert priced.forward_seconds > plain.forward_seconds  # the 32-wide matmul is 100x slower
@@ -179,13 +179,13 @@ def test_the_offload_timeline_uses_the_costs():
 def test_measured_budgets_stay_monotone_and_match_jax(name):
     model = MODELS[name]
     args = model.make_args(jax.random.key(np.random.randint(1 << 20)))
-    joint = jaxaot.trace_joint(model.loss, *args)
+    joint = jaxaot.partition.trace_joint(model.loss, *args)
     costs = MeasuredCosts(CPU, path=None, fallback=FlopCosts())
-    sizes = [jaxaot.min_cut_rematerialization_partition(joint, memory_budget=b, op_costs=costs).saved_bytes
+    sizes = [jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=b, op_costs=costs).saved_bytes
              for b in (0.0, 0.25, 0.5, 0.75, 1.0)]
     assert sizes == sorted(sizes) and costs.measured > 0
     if name == "llama_block":  # float32: compare gradients at float32 tolerances
-        part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs=costs)
+        part_fn = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5, op_costs=costs)
         f = jaxaot.aot_function(model.loss, partition_fn=part_fn)
         argnums = tuple(range(len(args)))
         assert_trees_close(jaxaot.value_and_grad(f, argnums=argnums)(*args),
@@ -195,16 +195,16 @@ def test_measured_budgets_stay_monotone_and_match_jax(name):
 def test_lower_prints_the_cost_note():
     args = branch_args(jax.random.key(4))
     f = jaxaot.aot_function(two_branches, partition_fn=functools.partial(
-        jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="flops"))
+        jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="flops"))
     text = str(f.lower(*args).residuals)
     assert "recompute costs: FLOP estimates" in text
 
 
 def test_the_cost_note_survives_the_persistent_cache(tmp_path):
-    from jaxaot.compile import cache
+    from jaxaot._src.compile import cache
 
     args = branch_args(jax.random.key(5))
-    part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="flops")
+    part_fn = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5, op_costs="flops")
     with jaxaot.config.override(cache_dir=str(tmp_path)):
         cache.reset_stats()
         texts = [str(jaxaot.aot_function(two_branches, partition_fn=part_fn).lower(*args).residuals) for _ in range(2)]
@@ -227,17 +227,17 @@ def test_the_last_step_is_the_cheapest_that_reaches_the_budget():
     """Just below budget 1 the greedy's first item (the 64-wide matmul, cheapest per byte) saves
     more than asked; recomputing the 32-wide one reaches the target in fewer seconds."""
     args = branch_args(jax.random.key(np.random.randint(1 << 20)))
-    joint = jaxaot.trace_joint(two_branches, *args)
+    joint = jaxaot.partition.trace_joint(two_branches, *args)
     costs = WideIsCheapPerByte()
     graph = saved_values.build_flow_graph(joint, costs=costs)
     prefix = saved_values.recompute_prefix(graph, 0.9)
     assert prefix.k == 1 and graph.values[prefix.order[0]].aval.shape == (32, 64)  # the prefix would recompute this
-    shapes = {b: sorted(tuple(r.aval.shape) for r in jaxaot.min_cut_rematerialization_partition(
+    shapes = {b: sorted(tuple(r.aval.shape) for r in jaxaot.partition.min_cut_rematerialization_partition(
         joint, memory_budget=b, op_costs=costs).residuals) for b in (1.0, 0.9, 0.5, 0.0)}
     assert (32, 32) in shapes[1.0] and (32, 64) in shapes[1.0]
     assert (32, 32) not in shapes[0.9] and (32, 64) in shapes[0.9]  # the cheaper last step instead
     assert (32, 64) not in shapes[0.5]
-    part_fn = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.9, op_costs=costs)
+    part_fn = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.9, op_costs=costs)
     f = jaxaot.aot_function(two_branches, partition_fn=part_fn)
     assert_trees_close(jaxaot.value_and_grad(f, argnums=(0, 1, 2))(*args),
                        jax.value_and_grad(two_branches, argnums=(0, 1, 2))(*args))

@@ -3,7 +3,7 @@
 The oracle is XLA:CPU's memory analysis of the executables jaxaot runs
 (``f.lower(...).compile().peak_bytes``). Per model: the plan under a byte budget
 peaks at or below it, gradients equal ``jax.grad``'s at every budget, a budget
-below the smallest reachable peak raises :class:`jaxaot.MemoryBudgetError`
+below the smallest reachable peak raises :class:`jaxaot.errors.MemoryBudgetError`
 naming that peak (which is then accepted), and the function keeps working.
 """
 
@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.partition import measure_step_peak, parse_memory_budget
-from jaxaot.partition.budget import compile_count, search
-from jaxaot.partition.budget.step_peak import INEXACT, MEASURE_SLACK
+from jaxaot._src.partition import measure_step_peak, parse_memory_budget
+from jaxaot._src.partition.budget import compile_count, search
+from jaxaot._src.partition.budget.step_peak import INEXACT, MEASURE_SLACK
 from zoo import assert_trees_close, deep_mlp, deep_mlp_args, transformer_block, transformer_args
 from zoo_models import MODELS
 
-mincut = jaxaot.min_cut_rematerialization_partition
+mincut = jaxaot.partition.min_cut_rematerialization_partition
 
 
 # --------------------------------------------------------------------------- parsing and validation
@@ -40,23 +40,23 @@ def test_budgets_parse(value, expected):
 @pytest.mark.parametrize("bad", [-0.1, -5, float("nan"), float("inf"), -float("inf"), "lots", "0GB", "0.2B", 1.5,
                                  "1.5", "1.5XB", "GB", "-1GB", "nanGB"])
 def test_bad_budgets_are_refused_at_construction(bad):
-    with pytest.raises(jaxaot.InvalidValueError, match="memory_budget"):
+    with pytest.raises(jaxaot.errors.InvalidValueError, match="memory_budget"):
         mincut(memory_budget=bad)
 
 
 @pytest.mark.parametrize("bad", [True, None, [1e9], b"1GB"])
 def test_budgets_of_the_wrong_kind_are_refused(bad):
-    with pytest.raises(jaxaot.InvalidInputError, match="memory_budget"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="memory_budget"):
         mincut(memory_budget=bad)
 
 
 def test_bad_budget_in_a_partial_is_refused_when_applied_and_when_built():
-    joint = jaxaot.trace_joint(jnp.sin, jnp.ones(3))
+    joint = jaxaot.partition.trace_joint(jnp.sin, jnp.ones(3))
     pf = functools.partial(mincut, memory_budget=float("nan"))
-    with pytest.raises(jaxaot.InvalidValueError):
+    with pytest.raises(jaxaot.errors.InvalidValueError):
         pf(joint)
     # aot_function checks a configured min-cut when it is built, before any tracing
-    with pytest.raises(jaxaot.InvalidValueError, match="0GB"):
+    with pytest.raises(jaxaot.errors.InvalidValueError, match="0GB"):
         jaxaot.aot_function(lambda x: jnp.sin(x).sum(), partition_fn=functools.partial(mincut, memory_budget="0GB"))
     f = jaxaot.aot_function(lambda x: jnp.sin(x).sum(), partition_fn=functools.partial(mincut, memory_budget="1GB"))
     assert float(f(jnp.ones(3))) == pytest.approx(float(jnp.sin(1.0) * 3))  # a good budget still runs
@@ -109,7 +109,7 @@ def test_byte_budget_is_met_by_the_compiled_peak(name):
         f = jaxaot.aot_function(loss, partition_fn=mincut(memory_budget=budget))
         try:
             vg = _check_grads(loss, args, argnums, None, bf16, f=f)
-        except jaxaot.MemoryBudgetError as err:  # only below both ends may nothing fit
+        except jaxaot.errors.MemoryBudgetError as err:  # only below both ends may nothing fit
             assert budget < min(low, high) and err.smallest_peak > budget
             continue
         compiled = vg.lower(*args).compile()
@@ -117,7 +117,7 @@ def test_byte_budget_is_met_by_the_compiled_peak(name):
         predicted = vg.lower(*args).predicted_peak
         assert predicted.budget == budget and predicted.fused <= budget
         # On accelerators the runtime also compiles variants of the planned step (residual layouts, orders,
-        # the barrier: jaxaot.fusion.variants) and keeps one within the budget, whose peak may differ.
+        # the barrier: jaxaot._src.fusion.variants) and keeps one within the budget, whose peak may differ.
         # The planner measured its own fused program, with cheaper compile options that keep the peak or
         # raise it by a few bytes (test_measure_options_keep_the_peak); where the runtime tried no variant
         # (CPU), the step it runs peaks as measured.
@@ -130,11 +130,11 @@ def test_byte_budget_is_met_by_the_compiled_peak(name):
 def test_budget_below_the_smallest_peak_raises_and_the_function_keeps_working():
     args = deep_mlp_args(layers=4, width=64, batch=256)
     big = deep_mlp_args(layers=4, width=64, batch=1024)
-    joint = jaxaot.trace_joint(deep_mlp, *args)
-    with pytest.raises(jaxaot.MemoryBudgetError) as caught:
+    joint = jaxaot.partition.trace_joint(deep_mlp, *args)
+    with pytest.raises(jaxaot.errors.MemoryBudgetError) as caught:
         mincut(joint, memory_budget="1KiB")
     err = caught.value
-    assert isinstance(err, jaxaot.PartitionError) and isinstance(err, ValueError)
+    assert isinstance(err, jaxaot.errors.PartitionError) and isinstance(err, ValueError)
     assert err.budget == 1024 and err.smallest_peak > 1024 and err.holders
     assert str(err.smallest_peak) in str(err) and "zoo.py" in str(err)  # the peak, and what holds it, by line
     # The smallest peak is reachable: asked for exactly it, the planner finds a plan.
@@ -142,10 +142,10 @@ def test_budget_below_the_smallest_peak_raises_and_the_function_keeps_working():
     vg = jaxaot.value_and_grad(f)
     vg(*args)
     assert vg.lower(*args).compile().peak_bytes <= err.smallest_peak
-    with pytest.raises(jaxaot.MemoryBudgetError):  # four times the batch: no plan fits
+    with pytest.raises(jaxaot.errors.MemoryBudgetError):  # four times the batch: no plan fits
         vg(*big)
     assert_trees_close(vg(*args)[1], jax.grad(deep_mlp)(*args))  # the function keeps working
-    with pytest.raises(jaxaot.MemoryBudgetError):  # and raises the same error again, not a broken state
+    with pytest.raises(jaxaot.errors.MemoryBudgetError):  # and raises the same error again, not a broken state
         vg(*big)
 
 
@@ -158,7 +158,7 @@ def test_gradients_equal_jax_at_every_budget():
 
 def test_the_search_compiles_few_programs_and_caches_them():
     args = deep_mlp_args(layers=5, width=64, batch=384)
-    joint = jaxaot.trace_joint(deep_mlp, *args)
+    joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     low, high = _ends(deep_mlp, args, (0, 1))
     before = compile_count()
     part = mincut(joint, memory_budget=(low + high) // 2)
@@ -172,12 +172,12 @@ def test_the_search_compiles_few_programs_and_caches_them():
 
 def test_a_budget_the_fraction_1_plan_fits_costs_one_compile():
     args = deep_mlp_args(layers=3, width=48, batch=200)
-    joint = jaxaot.trace_joint(deep_mlp, *args)
+    joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     one = mincut(joint, memory_budget=1.0)
     top = measure_step_peak(one, joint, split=False).fused
     search_compiles = []
     for budget in (top, top * 2):
-        from jaxaot.partition.budget import step_peak
+        from jaxaot._src.partition.budget import step_peak
         step_peak._CACHE.clear()
         before = compile_count()
         part = mincut(joint, memory_budget=budget)
@@ -190,11 +190,11 @@ def test_a_budget_the_fraction_1_plan_fits_costs_one_compile():
 def test_the_plan_found_fits_and_beats_recomputing_everything(where):
     """Between the two ends' peaks: a measured plan that fits, from at most MAX_MEASURED compiles, recomputing
     no more (by the knapsack's costs) than the fraction 0 plan, which fits too here."""
-    from jaxaot.partition.budget import step_peak
-    from jaxaot.partition.costs import FlopCosts
+    from jaxaot._src.partition.budget import step_peak
+    from jaxaot._src.partition.costs import FlopCosts
 
     args = deep_mlp_args(layers=4, width=64, batch=256)
-    joint = jaxaot.trace_joint(deep_mlp, *args)
+    joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     low, high = _ends(deep_mlp, args, (0, 1))
     budget = int(low + where * (high - low))
     step_peak._CACHE.clear()
@@ -210,10 +210,10 @@ def test_the_plan_found_fits_and_beats_recomputing_everything(where):
 def test_a_budget_at_the_exact_peak_is_met_though_the_cheap_measurement_lies_above():
     """The cheap measurement may count a few bytes of emitter scratch the runtime's compile does not have
     (the ConvNet: 32); a plan measured just over the budget is measured again exactly before it is refused."""
-    from jaxaot.partition.budget import fused_step, program_peak
+    from jaxaot._src.partition.budget import fused_step, program_peak
 
     model = MODELS["convnet_bn"]
-    joint = jaxaot.trace_joint(model.loss, *model.make_args(jax.random.key(2)))
+    joint = jaxaot.partition.trace_joint(model.loss, *model.make_args(jax.random.key(2)))
     one = mincut(joint, memory_budget=1.0)
     exact = program_peak(fused_step(one, joint), joint.in_avals, exact=True)
     part = mincut(joint, memory_budget=exact)
@@ -238,12 +238,12 @@ def test_predicted_peaks(saved, anchors, want):
 def test_measure_options_keep_the_peak(name):
     """Each option set the planner may measure with gives the default compile's peak, or (the INEXACT ones) at
     most MEASURE_SLACK bytes above it, never below: a plan that fits as measured fits as the runtime compiles it."""
-    from jaxaot import _compat as C
-    from jaxaot.partition import compiled_peak
-    from jaxaot.partition.budget.step_peak import MEASURE_OPTIONS, fused_step
+    from jaxaot._src import compat as C
+    from jaxaot._src.partition import compiled_peak
+    from jaxaot._src.partition.budget.step_peak import MEASURE_OPTIONS, fused_step
 
     model = MODELS[name]
-    joint = jaxaot.trace_joint(model.loss, *model.make_args(jax.random.key(5)))
+    joint = jaxaot.partition.trace_joint(model.loss, *model.make_args(jax.random.key(5)))
     closed = fused_step(mincut(joint, memory_budget=0.0), joint)
     lowered = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*joint.in_avals)
     default = compiled_peak(lowered.compile())
@@ -269,7 +269,7 @@ def test_smallest_plan_peaks_at_most_nothing_saveable(name):
     args = model.make_args(jax.random.key(7))
     policy = jax.checkpoint_policies.nothing_saveable
     jitted = jax.jit(jax.value_and_grad(jax.checkpoint(model.loss, policy=policy), argnums=model.argnums))
-    reference = jaxaot.partition.compiled_peak(jitted.lower(*args).compile())
+    reference = jaxaot._src.partition.compiled_peak(jitted.lower(*args).compile())
     low = min(_ends(model.loss, args, model.argnums))
     # XLA:CPU's peak_memory_in_bytes of two programs with equal temporaries, arguments and outputs can differ
     # by a word (the ViT block: 4 bytes in 37 KB); nothing more is allowed.
@@ -279,8 +279,8 @@ def test_smallest_plan_peaks_at_most_nothing_saveable(name):
 @pytest.mark.parametrize("name", [pytest.param("llama_block", marks=pytest.mark.slow), "gru_scan", "convnet_bn",
                                   pytest.param("gpt_scanned", marks=pytest.mark.slow)])
 def test_plans_shaped_like_dots_saveable_are_correct(name):
-    from jaxaot.partition.costs import FlopCosts
-    from jaxaot.partition.mincut.rematerialize import _at_fraction
+    from jaxaot._src.partition.costs import FlopCosts
+    from jaxaot._src.partition.mincut.rematerialize import _at_fraction
 
     model = MODELS[name]
     args = model.make_args(jax.random.key(11))
@@ -292,11 +292,11 @@ def test_plans_shaped_like_dots_saveable_are_correct(name):
 
 
 def test_check_partitioner_checks_a_partial_before_any_joint_graph():
-    from jaxaot.partition import check_partitioner
+    from jaxaot._src.partition import check_partitioner
 
     check_partitioner(functools.partial(mincut, memory_budget="1.4GB", op_costs="flops"))
-    check_partitioner(jaxaot.default_partition)  # not the min-cut: unchecked
-    with pytest.raises(jaxaot.InvalidValueError):
+    check_partitioner(jaxaot.partition.default_partition)  # not the min-cut: unchecked
+    with pytest.raises(jaxaot.errors.InvalidValueError):
         check_partitioner(functools.partial(mincut, memory_budget="0GB"))
-    with pytest.raises(jaxaot.PartitionError):
+    with pytest.raises(jaxaot.errors.PartitionError):
         check_partitioner(functools.partial(mincut, offload="always"))

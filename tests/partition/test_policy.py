@@ -18,9 +18,9 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from jaxaot.errors import InvalidInputError, InvalidValueError
-from jaxaot.partition import RematPolicy, remat_policy, split_joint
+from jaxaot._src.partition import RematPolicy, remat_policy, split_joint
 from zoo import ZOO, assert_trees_close, mlp_gelu, transformer_args, transformer_block
 
 
@@ -106,8 +106,8 @@ def _jax_saved(fn, args, policy) -> tuple[int, int]:
 
 def _planned(fn, args, budget=None, partition_fn=None) -> tuple[int, int]:
     """(count, bytes) of the partition's non-input residuals."""
-    joint = jaxaot.trace_joint(fn, *args)
-    partition = partition_fn or functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+    joint = jaxaot.partition.trace_joint(fn, *args)
+    partition = partition_fn or functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     part = partition(joint)
     res = [r for r in part.residuals if r.source != "input"]
     return len(res), sum(r.nbytes for r in res)
@@ -200,7 +200,7 @@ def test_values_only_the_backward_computes_are_reported():
     # The default partition saves rev(kernel), which jax.checkpoint computes in the backward.
     fn, make_args = MODELS["conv_relu"]
     args, want = _fresh("conv_relu")
-    p = remat_policy(fn, *args, partition_fn=jaxaot.default_partition)
+    p = remat_policy(fn, *args, partition_fn=jaxaot.partition.default_partition)
     assert not p.exact and any("2 rev eqns" in a and "computes in the backward" in a for a in p.approximations)
     assert _jax_saved(fn, args, p) == (p.policy_residuals, p.policy_bytes)
     _check_gradients(fn, args, p, want)
@@ -268,7 +268,7 @@ def test_budgets_that_mean_neither_a_fraction_nor_bytes(budget):
     (dict(memory_budget=True), "memory_budget"),
     (dict(memory_budget=None), "memory_budget"),
     (dict(partition_fn=3), "partition_fn"),
-    (dict(partition_fn=jaxaot.default_partition, memory_budget=0.5), "not both"),
+    (dict(partition_fn=jaxaot.partition.default_partition, memory_budget=0.5), "not both"),
     (dict(partition_fn=lambda joint: "a partition"), "not a jaxaot Partition"),
 ])
 def test_bad_options(kwargs, match):
@@ -283,7 +283,7 @@ def test_not_callable():
 
 def test_a_plan_with_offloaded_residuals_exports_as_a_policy():
     """Offloaded residuals are saved values to a checkpoint policy (JAX keeps them on the device)."""
-    from jaxaot.partition import DeviceModel
+    from jaxaot._src.partition import DeviceModel
 
     def fn(ws, x):
         for w in ws:
@@ -294,9 +294,9 @@ def test_a_plan_with_offloaded_residuals_exports_as_a_policy():
     # Large enough to offload (values under 64 KiB stay on the device).
     ws, x = [jax.random.normal(k, (128, 128)) / 11 for k in ks[:3]], jax.random.normal(ks[3], (512, 128))
     fast = DeviceModel(host_bandwidth=1e12, device_flops=1e12)
-    pf = functools.partial(jaxaot.min_cut_rematerialization_partition, offload=True, device_model=fast)
-    assert any(r.offloaded for r in pf(jaxaot.trace_joint(fn, ws, x)).residuals)
-    p = jaxaot.remat_policy(fn, ws, x, partition_fn=pf)
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, offload=True, device_model=fast)
+    assert any(r.offloaded for r in pf(jaxaot.partition.trace_joint(fn, ws, x)).residuals)
+    p = jaxaot.partition.remat_policy(fn, ws, x, partition_fn=pf)
     got = jax.jit(jax.value_and_grad(jax.checkpoint(fn, policy=p)))(ws, x)
     assert_trees_close(got, jax.value_and_grad(fn)(ws, x), rtol=1e-4, atol=1e-4)
 
@@ -317,10 +317,10 @@ def _widening_args(seed=3):
 
 @pytest.mark.parametrize("budget", [1.0, 0.5])
 def test_offloading_plan_exports_as_offloadable_answers(budget):
-    from jaxaot.partition import DeviceModel
+    from jaxaot._src.partition import DeviceModel
     link = DeviceModel(host_bandwidth=2e10, device_flops=1e12)  # synthetic: the CPU has no separate host memory
     args = _widening_args()
-    part = jaxaot.min_cut_rematerialization_partition(jaxaot.trace_joint(_widening_mlp, *args), memory_budget=budget,
+    part = jaxaot.partition.min_cut_rematerialization_partition(jaxaot.partition.trace_joint(_widening_mlp, *args), memory_budget=budget,
                                                       offload=True, device_model=link)
     p = remat_policy(_widening_mlp, *args, memory_budget=budget, offload=True, device_model=link)
     assert p.exact and p.offloaded_keys and p.offloaded_keys <= p.saved_keys
@@ -335,7 +335,7 @@ def test_offloading_plan_exports_as_offloadable_answers(budget):
 
 
 def test_shared_keys_of_offloaded_and_device_values_keep_them_on_the_device():
-    from jaxaot.partition import DeviceModel
+    from jaxaot._src.partition import DeviceModel
     link = DeviceModel(host_bandwidth=2e10, device_flops=1e12)
     ks = jax.random.split(jax.random.key(4), 7)
     params, x = [jax.random.normal(k, (256, 256)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (256, 256))

@@ -2,7 +2,7 @@
 
 jax 0.10.2's CPU backend runs ``pinned_host`` programs for real (host-to-host
 copies), so the offloaded programs run here; a synthetic
-:class:`~jaxaot.partition.costs.device_model.DeviceModel` forces offloading, since the
+:class:`~jaxaot._src.partition.costs.device_model.DeviceModel` forces offloading, since the
 measured CPU model has no separate host memory.
 """
 
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.compile.partition_codec import decode, encode
-from jaxaot.partition import DeviceModel, Timeline
-from jaxaot.partition import min_cut_rematerialization_partition as mincut
-from jaxaot.partition.costs import MIN_OVERLAP
-from jaxaot.partition.offload import scan_offload
+from jaxaot._src.compile.partition_codec import decode, encode
+from jaxaot._src.partition import DeviceModel, Timeline
+from jaxaot._src.partition import min_cut_rematerialization_partition as mincut
+from jaxaot._src.partition.costs import MIN_OVERLAP
+from jaxaot._src.partition.offload import scan_offload
 from zoo import assert_trees_close
 from zoo_models import MODELS
 
@@ -53,7 +53,7 @@ def scan_residuals(part):
 
 # --------------------------------------------------------------------------- the plan
 def _body_timeline(model):
-    joint = jaxaot.trace_joint(lambda w, h: jnp.sum(jax.nn.gelu(jnp.tanh(h @ w) @ w.T)),
+    joint = jaxaot.partition.trace_joint(lambda w, h: jnp.sum(jax.nn.gelu(jnp.tanh(h @ w) @ w.T)),
                                jnp.ones((256, 256)), jnp.ones((256, 256)))
     tl = Timeline.of(joint, model)
     return tl, list(tl.produced)
@@ -93,7 +93,7 @@ def test_body_plan_offloads_nothing_on_a_slow_link_or_without_scan_overlap():
 
 def test_low_overlap_offloads_nothing_anywhere_and_says_why():
     model = DeviceModel(host_bandwidth=2e10, device_flops=1e11, overlap=MIN_OVERLAP / 2, scan_overlap=0.0)
-    part = mincut(jaxaot.trace_joint(layers, *layers_args()), offload=True, device_model=model)
+    part = mincut(jaxaot.partition.trace_joint(layers, *layers_args()), offload=True, device_model=model)
     assert not any(r.offloaded for r in part.residuals)
     assert "hid only" in part.offload_note
 
@@ -103,7 +103,7 @@ def test_low_overlap_offloads_nothing_anywhere_and_says_why():
 def test_scan_bodies_offload_and_gradients_equal_jax(budget):
     args = layers_args()
     part_fn = functools.partial(mincut, memory_budget=budget, offload=True, device_model=FAST)
-    part = part_fn(jaxaot.trace_joint(layers, *args))
+    part = part_fn(jaxaot.partition.trace_joint(layers, *args))
     host = [r for r in scan_residuals(part) if r.offloaded]
     assert host and all(r.in_joint_host for r in host)
     assert part.device_saved_bytes == part.saved_bytes - sum(r.nbytes for r in part.residuals if r.offloaded)
@@ -118,7 +118,7 @@ def test_scan_bodies_offload_and_gradients_equal_jax(budget):
 
 
 def test_scan_offload_lowers_device_bytes_and_budget_sweeps_stay_monotone():
-    joint = jaxaot.trace_joint(layers, *layers_args())
+    joint = jaxaot.partition.trace_joint(layers, *layers_args())
     budgets = [1.0, 0.75, 0.5, 0.25, 0.0]
     with_offload = [mincut(joint, memory_budget=b, offload=True, device_model=FAST).device_saved_bytes for b in budgets]
     without = [mincut(joint, memory_budget=b).device_saved_bytes for b in budgets]
@@ -128,7 +128,7 @@ def test_scan_offload_lowers_device_bytes_and_budget_sweeps_stay_monotone():
 
 
 def test_without_scan_overlap_only_the_top_level_may_offload():
-    part = mincut(jaxaot.trace_joint(layers, *layers_args()), offload=True, device_model=NO_SCAN_OVERLAP)
+    part = mincut(jaxaot.partition.trace_joint(layers, *layers_args()), offload=True, device_model=NO_SCAN_OVERLAP)
     assert not any(r.in_joint_host for r in part.residuals)
 
 
@@ -141,7 +141,7 @@ def test_lower_marks_scan_offloaded_residuals():
 
 
 def test_the_cache_codec_replays_the_offloaded_scan_plan():
-    joint = jaxaot.trace_joint(layers, *layers_args())
+    joint = jaxaot.partition.trace_joint(layers, *layers_args())
     part = mincut(joint, offload=True, device_model=FAST)
     assert any("offloaded" in rec for rec in part.primal_plan.values())
     again = decode(joint, encode(joint, part))
@@ -162,7 +162,7 @@ def test_nested_scans_offload_only_at_the_top_level():
     pf = functools.partial(mincut, offload=True, device_model=FAST)
     g = jaxaot.aot_function(nested, partition_fn=pf)
     close(jaxaot.value_and_grad(g)(*args), jax.value_and_grad(nested)(*args))
-    plan = pf(jaxaot.trace_joint(nested, *args)).primal_plan
+    plan = pf(jaxaot.partition.trace_joint(nested, *args)).primal_plan
     assert plan and all(rec["nested"] for rec in plan.values())
     for rec in plan.values():
         assert all("offloaded" not in inner for inner in rec["nested"].values())
@@ -193,20 +193,20 @@ def policy_offloaded(ws, h):
 
 @pytest.mark.parametrize("partition", ["default", "min_cut"])
 def test_user_offload_policy_in_a_scan_runs_split_and_fused(partition):
-    pf = jaxaot.default_partition if partition == "default" else mincut
+    pf = jaxaot.partition.default_partition if partition == "default" else mincut
     args = layers_args(n=4, width=64)
     g = jaxaot.aot_function(policy_offloaded, partition_fn=pf)
     want = jax.value_and_grad(policy_offloaded)(*args)
     for fused in (True, False):  # split: the backward is compiled for the host-memory residual
         close(jaxaot.value_and_grad(g, fused=fused)(*args), want)
-    part = pf(jaxaot.trace_joint(policy_offloaded, *args))
+    part = pf(jaxaot.partition.trace_joint(policy_offloaded, *args))
     if partition == "default":
         (host,) = [r for r in part.residuals if r.offloaded]
         assert host.in_joint_host and part.device_saved_bytes == part.saved_bytes - host.nbytes
 
 
 def test_host_values_cost_the_min_cut_no_device_bytes():
-    from jaxaot._pytrees import device_nbytes, in_host_memory, nbytes
+    from jaxaot._src.pytrees import device_nbytes, in_host_memory, nbytes
     x = jax.device_put(jnp.ones(8), jax.memory.Space.Host)
     aval = jax.typeof(x) if hasattr(jax, "typeof") else x.aval
     assert in_host_memory(aval) and device_nbytes(aval) == 0 and nbytes(aval) == 32

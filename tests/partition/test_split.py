@@ -22,7 +22,7 @@ def test_min_cut_saving_a_typed_prng_key_sizes_and_prints_it(budget):
     seed = np.random.default_rng().integers(1 << 30)
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     w, x = jax.random.normal(k1, (8, 4)), jax.random.normal(k2, (5, 8))
-    partition_fn = lambda joint: jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget)
+    partition_fn = lambda joint: jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=budget)
     f = jaxaot.aot_function(_dropout_loss, partition_fn=partition_fn)
     low = f.lower(w, k3, x)
     keys = [r for r in low.saved if jax.dtypes.issubdtype(r.aval.dtype, jax.dtypes.prng_key)]

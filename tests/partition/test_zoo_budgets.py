@@ -60,8 +60,8 @@ def fresh_key() -> jax.Array:
 def partition_fn(budget: float | None) -> Callable:
     """``default_partition`` for ``None``, else the min-cut at ``memory_budget=budget``."""
     if budget is None:
-        return jaxaot.default_partition
-    return functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+        return jaxaot.partition.default_partition
+    return functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
 
 
 def _label(budget: float | None) -> str:
@@ -170,8 +170,8 @@ def test_matches_jax(name: str, budget: float | None) -> None:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch) -> None:
-    # What an accelerator may choose (jaxaot.fusion.choose_layouts), forced here on CPU.
-    from jaxaot.fusion import variants
+    # What an accelerator may choose (jaxaot._src.fusion.choose_layouts), forced here on CPU.
+    from jaxaot._src.fusion import variants
 
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: "pinned")
@@ -189,10 +189,10 @@ def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_budget_sweep_is_monotone(name: str) -> None:
     model = MODELS[name]
-    joint = jaxaot.trace_joint(model.loss, *model.make_args(fresh_key()))
-    sweep = [jaxaot.min_cut_rematerialization_partition(joint, memory_budget=b).saved_bytes for b in SWEEP]
+    joint = jaxaot.partition.trace_joint(model.loss, *model.make_args(fresh_key()))
+    sweep = [jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=b).saved_bytes for b in SWEEP]
     assert all(a <= b for a, b in zip(sweep, sweep[1:])), dict(zip(SWEEP, sweep))
-    default = jaxaot.default_partition(joint).saved_bytes
+    default = jaxaot.partition.default_partition(joint).saved_bytes
     assert sweep[-1] <= default, (sweep[-1], default)
     # Every model here has matmuls that budget 1 saves and budget 0 recomputes.
     assert sweep[0] < sweep[-1], dict(zip(SWEEP, sweep))
@@ -202,8 +202,8 @@ def test_lowered_saved_bytes_is_the_partitions() -> None:
     # What the benchmarks read (AOTLowered.saved_bytes) is what the sweep above compares.
     model = MODELS["llama_block"]
     args = model.make_args(fresh_key())
-    joint = jaxaot.trace_joint(model.loss, *args)
+    joint = jaxaot.partition.trace_joint(model.loss, *args)
     for budget in (0.0, 0.5, 1.0):
         low = jaxaot.aot_function(model.loss, partition_fn=partition_fn(budget)).lower(*args)
-        want = jaxaot.min_cut_rematerialization_partition(joint, memory_budget=budget).saved_bytes
+        want = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=budget).saved_bytes
         assert low.saved_bytes == want == sum(r.nbytes for r in low.saved)

@@ -38,10 +38,10 @@ OPS = {
     "custom_vjp": 2, "dropout": 1, "noise": 1, "int_scale": 1,
 }
 PARTITIONERS = {
-    "default": jaxaot.default_partition,
-    "min_cut_1": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=1.0),
-    "min_cut_0.5": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5),
-    "min_cut_0": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0),
+    "default": jaxaot.partition.default_partition,
+    "min_cut_1": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=1.0),
+    "min_cut_0.5": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5),
+    "min_cut_0": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.0),
 }
 PATHS = ("eager_value_and_grad", "jax_grad", "jit", "vmap", "forward_backward", "export_load",
          "compiled_autograd")
@@ -184,7 +184,7 @@ def _apply(prog: Program, op: Op, i: int, pool: list, x, w, b, n, mask, key):
             v, k = carry
             return v * jnp.asarray(0.8, dt) + jnp.asarray(0.2, dt) * jnp.sin(v) * cf, k + 1
 
-        out, _ = jaxaot.while_loop(lambda carry: carry[1] < n, body, (a, jnp.int32(0)), **opts)
+        out, _ = jaxaot.loops.while_loop(lambda carry: carry[1] < n, body, (a, jnp.int32(0)), **opts)
         return out
     if op.name == "checkpoint":
         policy = jax.checkpoint_policies.dots_saveable if op.param else None
@@ -320,7 +320,7 @@ def check_program(prog: Program, partitioners=tuple(PARTITIONERS), paths: tuple[
                 got = (value, tuple(grads[i] for i in GRAD_ARGS))
             elif path == "export_load":
                 with tempfile.TemporaryDirectory() as d:
-                    loaded = jaxaot.load(jaxaot.export(f, *args).save(os.path.join(d, "a")))
+                    loaded = jaxaot.export.load(jaxaot.export.export(f, *args).save(os.path.join(d, "a")))
                     got = jax.value_and_grad(loaded, argnums=GRAD_ARGS)(*args)
             else:
                 raise ValueError(path)

@@ -136,7 +136,7 @@ def test_residuals_of_another_signature_under_jit():
 
 def test_stale_residuals_after_a_loop_outgrew_its_stack():
     def fn(x, n):
-        return jaxaot.while_loop(lambda c: c[1] < n, lambda c: (jnp.sin(c[0]) + x, c[1] + 1), (x, 0))[0].sum()
+        return jaxaot.loops.while_loop(lambda c: c[1] < n, lambda c: (jnp.sin(c[0]) + x, c[1] + 1), (x, 0))[0].sum()
 
     f = jaxaot.aot_function(fn)
     _, old = f.forward(jnp.ones(3), 4)
@@ -174,17 +174,17 @@ def test_primitive_without_differentiation_rule():
 
 
 @pytest.mark.parametrize("call,error,names", [
-    (lambda: jaxaot.while_loop(3, lambda c: c, 1.0, max_steps=3), E.LoopFunctionError, "cond_fun must be callable"),
-    (lambda: jaxaot.while_loop(lambda c: c < 3, None, 1.0), E.LoopFunctionError, "body_fun must be callable"),
-    (lambda: jaxaot.while_loop(lambda c: jnp.ones(3) > 0, lambda c: c + 1, 1.0), E.LoopFunctionError,
+    (lambda: jaxaot.loops.while_loop(3, lambda c: c, 1.0, max_steps=3), E.LoopFunctionError, "cond_fun must be callable"),
+    (lambda: jaxaot.loops.while_loop(lambda c: c < 3, None, 1.0), E.LoopFunctionError, "body_fun must be callable"),
+    (lambda: jaxaot.loops.while_loop(lambda c: jnp.ones(3) > 0, lambda c: c + 1, 1.0), E.LoopFunctionError,
      r"cond_fun must return a boolean scalar.*bool\[3\]"),
-    (lambda: jaxaot.while_loop(lambda c: c < 3, lambda c: (c, c), 1.0), E.LoopCarryMismatchError,
+    (lambda: jaxaot.loops.while_loop(lambda c: c < 3, lambda c: (c, c), 1.0), E.LoopCarryMismatchError,
      "body_fun must return a carry with the structure of init_val"),
-    (lambda: jaxaot.while_loop(lambda c: c < 3, lambda c: c + 1, 1.0, max_steps=-1), E.InvalidLoopOptionError,
+    (lambda: jaxaot.loops.while_loop(lambda c: c < 3, lambda c: c + 1, 1.0, max_steps=-1), E.InvalidLoopOptionError,
      "max_steps must be a positive int, got -1"),
-    (lambda: jaxaot.while_loop(lambda c: c < 3, lambda c: c + 1, 1.0, checkpoints=0), E.InvalidLoopOptionError,
+    (lambda: jaxaot.loops.while_loop(lambda c: c < 3, lambda c: c + 1, 1.0, checkpoints=0), E.InvalidLoopOptionError,
      "checkpoints"),
-    (lambda: jax.grad(lambda x: jaxaot.while_loop(lambda c: c < 3, lambda c: c * 2, x))(1.0),
+    (lambda: jax.grad(lambda x: jaxaot.loops.while_loop(lambda c: c < 3, lambda c: c * 2, x))(1.0),
      E.ReverseModeBoundError, "max_steps=N"),
 ])
 def test_bad_loop_functions(call, error, names):
@@ -193,7 +193,7 @@ def test_bad_loop_functions(call, error, names):
 
 
 def test_loop_overflow_at_run_time_then_works():
-    f = jaxaot.aot_function(lambda x, n: jaxaot.while_loop(
+    f = jaxaot.aot_function(lambda x, n: jaxaot.loops.while_loop(
         lambda c: c[1] < n, lambda c: (c[0] * 1.1, c[1] + 1), (x, 0), max_steps=4)[0].sum())
     with pytest.raises(E.LoopOverflowError, match="max_steps=4"):
         jax.grad(f)(jnp.ones(2), 9)
@@ -211,13 +211,13 @@ def test_loop_overflow_at_run_time_then_works():
 def test_bad_export_inputs(fn, args, error, names):
     f = jaxaot.aot_function(fn)
     with pytest.raises(error, match=names):
-        jaxaot.export(f, *args)
+        jaxaot.export.export(f, *args)
 
 
 # ------------------------------------------------------------------ artifacts
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    return jaxaot.export(loss, P, X).save(tmp_path_factory.mktemp("art") / "a")
+    return jaxaot.export.export(loss, P, X).save(tmp_path_factory.mktemp("art") / "a")
 
 
 def _copy(saved, tmp_path, edit=None):
@@ -268,13 +268,13 @@ def _flip(name):
 def test_corrupt_truncated_and_incompatible_artifacts(saved, tmp_path, edit, error, names):
     d = _copy(saved, tmp_path, edit)
     with pytest.raises(error, match=names) as err:
-        jaxaot.load(d)
+        jaxaot.export.load(d)
     assert str(d) in str(err.value) or re.search("jax|format", str(err.value))
-    _works(jaxaot.load(saved))  # a good copy next to it is unaffected
+    _works(jaxaot.export.load(saved))  # a good copy next to it is unaffected
 
 
 def test_loaded_artifact_refuses_bad_inputs_then_works(saved):
-    f = jaxaot.load(saved)
+    f = jaxaot.export.load(saved)
     out, res = f.forward(P, X)
     cases = [
         (lambda: f(P, jnp.ones((4, 4))), E.ArtifactInputError, r"arg\[1\]: expected float32\[4,3\]"),
@@ -322,16 +322,16 @@ def test_compiled_autograd_refuses_integer_inputs():
 def test_patch_while_loop_with_a_bad_option_is_refused_and_restores_lax():
     before = jax.lax.while_loop
     with pytest.raises(E.InvalidLoopOptionError, match="checkpoints"):
-        with jaxaot.patch_while_loop(max_steps=4, checkpoints=0):
+        with jaxaot.loops.patch_while_loop(max_steps=4, checkpoints=0):
             pass
     assert jax.lax.while_loop is before
     # a bound with few checkpoints is an offline schedule (any k >= 1): its gradient is scan's
-    with jaxaot.patch_while_loop(max_steps=4, checkpoints=2):
+    with jaxaot.loops.patch_while_loop(max_steps=4, checkpoints=2):
         g = jax.grad(lambda a: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])),
                                                   (0, a))[1])(0.7)
     assert jax.lax.while_loop is before
     assert jnp.allclose(g, jax.grad(lambda a: jnp.sin(jnp.sin(jnp.sin(a))))(0.7), rtol=1e-6)
-    with jaxaot.patch_while_loop(max_steps=8):
+    with jaxaot.loops.patch_while_loop(max_steps=8):
         y = jax.lax.while_loop(lambda c: c < 3.0, lambda c: c + 1.0, 0.0)
     assert float(y) == 3.0 and jax.lax.while_loop is before
 
@@ -339,5 +339,5 @@ def test_patch_while_loop_with_a_bad_option_is_refused_and_restores_lax():
 def test_viz_bad_format_then_works():
     low = jaxaot.aot_function(loss).lower(P, X)
     with pytest.raises(E.InvalidValueError, match="format must be"):
-        jaxaot.viz.render(low, format="png")
-    assert "<table" in jaxaot.viz.residual_table_html(low)
+        jaxaot._src.viz.render(low, format="png")
+    assert "<table" in jaxaot._src.viz.residual_table_html(low)

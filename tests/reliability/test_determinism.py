@@ -18,8 +18,8 @@ import jaxaot
 
 NAMES = ("mlp_gelu", "attention", "scan", "checkpoint", "pytree_outputs")
 PARTITIONERS = {
-    "default": jaxaot.default_partition,
-    "min_cut_0": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.0),
+    "default": jaxaot.partition.default_partition,
+    "min_cut_0": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.0),
 }
 
 
@@ -97,7 +97,7 @@ def test_bit_identical_across_export_and_load(name, tmp_path):
     fn, make_args = ZOO[name]
     args = make_args(jax.random.key(11))
     f = jaxaot.aot_function(fn)
-    loaded = jaxaot.load(jaxaot.export(f, *args).save(tmp_path / "a"))
+    loaded = jaxaot.export.load(jaxaot.export.export(f, *args).save(tmp_path / "a"))
     out, res = f.forward(*args)
     cts = random_cotangents(jax.random.key(12), out)
     lout, lres = loaded.forward(*args)

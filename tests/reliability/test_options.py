@@ -45,7 +45,7 @@ def _mse(y, t):
 
 @functools.cache
 def _artifact() -> str:
-    return jaxaot.export(_loss, X).save(tempfile.mkdtemp() + "/artifact")
+    return jaxaot.export.export(_loss, X).save(tempfile.mkdtemp() + "/artifact")
 
 
 def _nnx_linear():
@@ -62,7 +62,7 @@ def _bounded(kw: dict) -> dict:
 def _loop(**kw):
     kw = _bounded(kw)
     cond, body = kw.pop("cond_fun", lambda c: c[0] < 3), kw.pop("body_fun", lambda c: (c[0] + 1, jnp.sin(c[1])))
-    return jax.grad(lambda x: jnp.sum(jaxaot.while_loop(cond, body, (0, x), **kw)[1]))(X)
+    return jax.grad(lambda x: jnp.sum(jaxaot.loops.while_loop(cond, body, (0, x), **kw)[1]))(X)
 
 
 def _under_patch(patch):
@@ -82,28 +82,28 @@ def _pipeline_options(kw: dict) -> dict:
 #: constructor -> (build(**options), use(the built object)): ``use`` runs a good one.
 BUILD = {
     "aot_function": (lambda **kw: jaxaot.aot_function(kw.pop("fn", _loss), **kw), lambda f: jax.grad(f)(X)),
-    "aot_module": (lambda **kw: jaxaot.aot_module(kw.pop("module", None) or _nnx_linear(), **kw), lambda m: m(X)),
+    "aot_module": (lambda **kw: jaxaot.nn.aot_module(kw.pop("module", None) or _nnx_linear(), **kw), lambda m: m(X)),
     "value_and_grad": (lambda **kw: jaxaot.value_and_grad(kw.pop("fun", jaxaot.aot_function(_loss)), **kw),
                        lambda vg: vg(X)),
     "grad": (lambda **kw: jaxaot.grad(kw.pop("fun", jaxaot.aot_function(_loss)), **kw), lambda g: g(X)),
     "compiled_grad": (lambda **kw: jaxaot.compiled_grad(kw.pop("fun", _loss), **kw), lambda g: g(X)),
     "compiled_value_and_grad": (lambda **kw: jaxaot.compiled_value_and_grad(kw.pop("fun", _loss), **kw),
                                 lambda vg: vg(X)),
-    "pipeline": (lambda **kw: jaxaot.pipeline(**_pipeline_options(kw)),
+    "pipeline": (lambda **kw: jaxaot.parallel.pipeline(**_pipeline_options(kw)),
                  lambda step: step([jnp.eye(3), jnp.eye(3)], X, jnp.zeros((4, 3)))),
-    "make_schedule": (lambda **kw: jaxaot.make_schedule(**{"schedule": "1f1b", "num_stages": 2,
+    "make_schedule": (lambda **kw: jaxaot.parallel.make_schedule(**{"schedule": "1f1b", "num_stages": 2,
                                                            "num_microbatches": 4, **kw}), lambda s: s.validate()),
-    "export": (lambda **kw: jaxaot.export(kw.pop("fn", _loss), X, **kw), lambda e: jaxaot.load(e)(X)),
-    "load": (lambda **kw: jaxaot.load(kw.pop("path", None) or _artifact(), **kw), lambda f: f(X)),
-    "remat_policy": (lambda **kw: jaxaot.remat_policy(kw.pop("fn", _loss), X, **kw),
+    "export": (lambda **kw: jaxaot.export.export(kw.pop("fn", _loss), X, **kw), lambda e: jaxaot.export.load(e)(X)),
+    "load": (lambda **kw: jaxaot.export.load(kw.pop("path", None) or _artifact(), **kw), lambda f: f(X)),
+    "remat_policy": (lambda **kw: jaxaot.partition.remat_policy(kw.pop("fn", _loss), X, **kw),
                      lambda p: jax.grad(jax.checkpoint(_loss, policy=p))(X)),
     "min_cut_rematerialization_partition": (
-        lambda **kw: jaxaot.min_cut_rematerialization_partition(**kw),
+        lambda **kw: jaxaot.partition.min_cut_rematerialization_partition(**kw),
         lambda p: jax.grad(jaxaot.aot_function(_loss, partition_fn=p))(X)),
-    "DeviceModel": (lambda **kw: jaxaot.DeviceModel(**{"host_bandwidth": 1e10, "device_flops": 1e12, **kw}),
-                    lambda d: jaxaot.min_cut_rematerialization_partition(device_model=d)),
+    "DeviceModel": (lambda **kw: jaxaot.partition.DeviceModel(**{"host_bandwidth": 1e10, "device_flops": 1e12, **kw}),
+                    lambda d: jaxaot.partition.min_cut_rematerialization_partition(device_model=d)),
     "while_loop": (lambda **kw: _loop(**kw), lambda grads: grads),
-    "patch_while_loop": (lambda **kw: jaxaot.patch_while_loop(**_bounded(kw)), _under_patch),
+    "patch_while_loop": (lambda **kw: jaxaot.loops.patch_while_loop(**_bounded(kw)), _under_patch),
 }
 
 
@@ -198,7 +198,7 @@ ROWS = [
     _row("make_schedule", "num_microbatches", -1, InvalidValueError),
     _row("make_schedule", "num_devices", 0, InvalidValueError),
     _row("make_schedule", "schedule", None, InvalidInputError),
-    # Flax modules (jaxaot.nn)
+    # Flax modules (jaxaot._src.nn)
     _row("aot_module", "module", 3, InvalidInputError),
     _row("aot_module", "method", 3, InvalidInputError),
     _row("aot_module", "method", "no_such_method", InvalidInputError),
@@ -211,7 +211,7 @@ ROWS = [
     _row("aot_module", "static_argnums", [0, "1"], InvalidInputError),
     _row("aot_module", "static_argnames", 3, InvalidInputError),
     _row("aot_module", "static_argnames", [1], InvalidInputError),
-    # export and load (jaxaot.artifacts)
+    # export and load (jaxaot._src.artifacts)
     _row("export", "partition_fn", 3, InvalidInputError),
     _row("export", "dynamic_shapes", 3, InvalidInputError),
     _row("export", "platforms", 3, InvalidInputError),
@@ -224,7 +224,7 @@ ROWS = [
     _row("load", "allow_custom_calls", [7], InvalidInputError),
     _row("load", "key", "a password", InvalidInputError),
     _row("load", "key", b"short", InvalidValueError),
-    # partitioners (jaxaot.partition)
+    # partitioners (jaxaot._src.partition)
     _row("min_cut_rematerialization_partition", "memory_budget", "1.5", InvalidValueError),
     _row("min_cut_rematerialization_partition", "memory_budget", None, InvalidInputError),
     _row("min_cut_rematerialization_partition", "memory_budget", -1, InvalidValueError),
@@ -254,7 +254,7 @@ ROWS = [
     _row("DeviceModel", "scan_overlap", math.nan, InvalidValueError),
     _row("DeviceModel", "has_host_memory", "yes", InvalidInputError),
     _row("DeviceModel", "note", 3, InvalidInputError),
-    # while loops (jaxaot.loops)
+    # while loops (jaxaot._src.loops)
     _row("while_loop", "cond_fun", 3, LoopFunctionError),
     _row("while_loop", "body_fun", None, LoopFunctionError),
     _row("while_loop", "max_steps", 0, InvalidLoopOptionError),
@@ -298,14 +298,14 @@ def test_the_table_covers_every_option_of_every_constructor():
 
 def test_a_partitioner_that_returns_no_partition_is_named():
     f = jaxaot.aot_function(_loss, partition_fn=lambda joint: "a plan")
-    with pytest.raises(PartitionError, match="partition_fn .*<lambda> returned a str, not a jaxaot.Partition"):
+    with pytest.raises(PartitionError, match="partition_fn .*<lambda> returned a str, not a jaxaot.partition.Partition"):
         jax.grad(f)(X)
 
 
 def test_a_configured_min_cut_is_checked_when_aot_function_is_built():
-    bad = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget="half")
+    bad = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget="half")
     with pytest.raises(InvalidValueError, match="memory_budget 'half'"):
         jaxaot.aot_function(_loss, partition_fn=bad)
-    good = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5)
+    good = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5)
     f = jaxaot.aot_function(_loss, partition_fn=good)
     assert jnp.allclose(jax.grad(f)(X), jax.grad(_loss)(X), rtol=1e-5)

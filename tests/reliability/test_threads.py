@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.compile import compilers
+from jaxaot._src.compile import compilers
 
 THREADS = 8
 SIZES = (3, 4, 5, 6)  # one signature each
@@ -167,11 +167,11 @@ def test_aot_module_from_eight_threads():
 
     # What one thread compiles doing all of it, in order: the threads must compile no more.
     serial_compiler = CountingCompiler()
-    serial = jaxaot.aot_module(block, fw_compiler=serial_compiler)
+    serial = jaxaot.nn.aot_module(block, fw_compiler=serial_compiler)
     for i in range(THREADS):
         make_work(serial)(i)
     compiler = CountingCompiler()
-    aot = jaxaot.aot_module(block, fw_compiler=compiler)
+    aot = jaxaot.nn.aot_module(block, fw_compiler=compiler)
     _hammer(make_work(aot))
     assert aot.cache_info().misses == serial.cache_info().misses
     assert compiler.calls == serial_compiler.calls
@@ -181,7 +181,7 @@ def test_aot_module_from_eight_threads():
 def test_loaded_artifact_from_eight_threads():
     w, x = _inputs(4, 0)
     with tempfile.TemporaryDirectory() as d:
-        loaded = jaxaot.load(jaxaot.export(loss, w, x).save(d + "/a"))
+        loaded = jaxaot.export.load(jaxaot.export.export(loss, w, x).save(d + "/a"))
 
     def work(i):
         for _ in range(3):

@@ -97,7 +97,7 @@ def test_a_partitioner_returning_no_partition_is_a_partition_error_naming_it():
         return None
 
     f = jaxaot.aot_function(lambda x: jnp.sin(x).sum(), partition_fn=no_plan)
-    with pytest.raises(PartitionError, match="partition_fn .*no_plan returned a NoneType, not a jaxaot.Partition"):
+    with pytest.raises(PartitionError, match="partition_fn .*no_plan returned a NoneType, not a jaxaot.partition.Partition"):
         jax.grad(f)(jnp.ones(3))
     with pytest.raises(PartitionError, match="no_plan"):  # nothing half-built was kept
         jax.grad(f)(jnp.ones(3))
@@ -130,7 +130,7 @@ def _grad():
 def _module_loss():
     from flax import nnx
 
-    model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    model = jaxaot.nn.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
     vg = jaxaot.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))
     return vg, lambda: vg(model, X)
 
@@ -140,7 +140,7 @@ def _linen():
 
     dense = nn.Dense(2)
     variables = dense.init(jax.random.key(0), X)
-    m = jaxaot.aot_module(dense)
+    m = jaxaot.nn.aot_module(dense)
     return m, lambda: m.apply(variables, X)
 
 
@@ -155,7 +155,7 @@ def _compiled_value_and_grad():
 
 
 def _pipeline():
-    from jaxaot.parallel.pipeline import pipeline
+    from jaxaot._src.parallel.pipeline import pipeline
 
     # the compiled executor: two stages interleaved on one device (any device count has one)
     step = pipeline([lambda w, x: jnp.tanh(x @ w)] * 2, lambda y, t: jnp.mean((y - t) ** 2),
@@ -164,7 +164,7 @@ def _pipeline():
 
 
 def _python_pipeline():
-    from jaxaot.parallel.pipeline import pipeline
+    from jaxaot._src.parallel.pipeline import pipeline
 
     step = pipeline([lambda w, x: jnp.tanh(x @ w)] * 2, lambda y, t: jnp.mean((y - t) ** 2), schedule="1f1b",
                     num_microbatches=2, devices=[jax.devices()[0]] * 2, executor="python")
@@ -172,7 +172,7 @@ def _python_pipeline():
 
 
 def _loaded():
-    f = jaxaot.load(jaxaot.export(_loss, W, X))
+    f = jaxaot.export.load(jaxaot.export.export(_loss, W, X))
     return f, lambda: jax.value_and_grad(f)(W, X)
 
 
@@ -182,7 +182,7 @@ def _loaded():
 def test_every_callable_reports_what_it_compiled(build):
     """Every entry names what it compiled; a compiled pipeline's stages are traced and partitioned, then
     inlined into its one ``pipeline_step`` executable (the ``step`` entry), so they compile nothing of their own."""
-    from jaxaot.parallel.pipeline import Pipeline
+    from jaxaot._src.parallel.pipeline import Pipeline
 
     jaxaot.compiled_autograd.reset()
     obj, call = build()
@@ -209,8 +209,8 @@ def test_fifty_steps_of_an_aot_module_show_the_loss_program():
     from flax import nnx
     import optax
 
-    model = jaxaot.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
-    optimizer = jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    model = jaxaot.nn.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    optimizer = jaxaot._src.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     loss_fn = lambda m, x: jnp.sum(m(x) ** 2)  # noqa: E731
     for _ in range(50):
         _, grads = jaxaot.value_and_grad(loss_fn)(model, X)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot.runtime import programs
+from jaxaot._src.runtime import programs
 from zoo import assert_trees_close
 
 
@@ -27,7 +27,7 @@ def test_an_xla_refusal_is_typed_and_the_function_keeps_working(monkeypatch):
     w, x = jax.random.normal(jax.random.key(1), (4, 3)), jax.random.normal(jax.random.key(2), (5, 4))
     f = jaxaot.aot_function(fn)
     monkeypatch.setattr(programs, "cached_compile", _refusing(programs.cached_compile, "tanh"))
-    with pytest.raises(jaxaot.XlaCompileError) as info:
+    with pytest.raises(jaxaot.errors.XlaCompileError) as info:
         f(w, x)
     assert isinstance(info.value, RuntimeError) and isinstance(info.value.__cause__, jax.errors.JaxRuntimeError)
     message = str(info.value)

@@ -43,7 +43,7 @@ def test_effects_forward_and_backward_api():
 
 def test_effects_never_recomputed_by_a_remat_partitioner():
     rec = Recorder()
-    aot = jaxaot.aot_function(effectful(rec), partition_fn=jaxaot.min_cut_rematerialization_partition)
+    aot = jaxaot.aot_function(effectful(rec), partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     jax.grad(aot)(jnp.arange(3.0))
     assert sorted(rec.take()) == sorted(FWD + ["bwd"])
 

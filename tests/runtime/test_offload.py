@@ -19,9 +19,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxaot
-from jaxaot.fusion import fused_program
-from jaxaot.partition import DeviceModel
-from jaxaot.partition import min_cut_rematerialization_partition as mincut
+from jaxaot._src.fusion import fused_program
+from jaxaot._src.partition import DeviceModel
+from jaxaot._src.partition import min_cut_rematerialization_partition as mincut
 import zoo
 from zoo import assert_trees_close, deep_mlp, kept_step
 

@@ -151,7 +151,7 @@ def test_forward_hot_path_follows_signature_changes():
     # Eager forward/backward takes a hot path for the last signature; every change
     # of shape, dtype, weak type, structure or leaf kind must still find its own entry.
     fn = lambda p, x: jnp.sum(jnp.tanh(x @ p["w"]) * p["b"])  # noqa: E731
-    f = jaxaot.aot_function(fn, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(fn, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     keys = jax.random.split(jax.random.key(np.random.randint(1 << 20)), 6)
 
     def args(n, dtype=jnp.float32):
@@ -272,7 +272,7 @@ def test_decompositions_reach_loop_and_cond_bodies():
 
     ks = jax.random.split(fresh_key(), 2)
     ws, x = jax.random.normal(ks[0], (3, 4, 4)) * 0.5, jax.random.normal(ks[1], (2, 4))
-    for partition_fn in (jaxaot.default_partition, jaxaot.min_cut_rematerialization_partition):
+    for partition_fn in (jaxaot.partition.default_partition, jaxaot.partition.min_cut_rematerialization_partition):
         f = jaxaot.aot_function(fn, decompositions={jax.lax.tanh_p: tanh_decomp}, partition_fn=partition_fn)
         want, vjp = jax.vjp(fn, ws, x)
         got, f_vjp = jax.vjp(f, ws, x)
@@ -284,29 +284,29 @@ def test_decompositions_reach_loop_and_cond_bodies():
 
 # --------------------------------------------------------------------------- bad input
 def test_non_callable():
-    with pytest.raises(jaxaot.InvalidInputError, match="callable"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="callable"):
         jaxaot.aot_function(3)
     with pytest.raises(TypeError, match="callable"):
-        jaxaot.trace_joint("nope")
+        jaxaot.partition.trace_joint("nope")
 
 
 def test_bad_leaf_named_by_path():
     f = jaxaot.aot_function(lambda d: d["a"] * 2)
-    with pytest.raises(jaxaot.InvalidInputError, match=r"\['b'\].*str"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match=r"\['b'\].*str"):
         f({"a": jnp.ones(2), "b": "hello"})
     assert_trees_close(f({"a": jnp.ones(2)}), 2 * jnp.ones(2))  # still works
 
 
 def test_unhashable_static_arg():
     f = jaxaot.aot_function(lambda x, s: x * len(s), static_argnums=1)
-    with pytest.raises(jaxaot.InvalidInputError, match="not hashable"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="not hashable"):
         f(jnp.ones(2), [1, 2])
     assert_trees_close(f(jnp.ones(2), (1, 2)), 2 * jnp.ones(2))
 
 
 def test_output_leaf_not_array():
     f = jaxaot.aot_function(lambda x: (x, "label"))
-    with pytest.raises(jaxaot.InvalidOutputError, match=r"output\[1\].*str"):
+    with pytest.raises(jaxaot.errors.InvalidOutputError, match=r"output\[1\].*str"):
         f(jnp.ones(2))
 
 
@@ -314,41 +314,41 @@ def test_backward_with_foreign_residuals():
     f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
     g = jaxaot.aot_function(lambda x: jnp.cos(x).sum())
     _, res = g.forward(jnp.ones(3))
-    with pytest.raises(jaxaot.ResidualsMismatchError, match="another function"):
+    with pytest.raises(jaxaot.errors.ResidualsMismatchError, match="another function"):
         f.backward(res, jnp.float32(1))
     _, res3 = f.forward(jnp.ones(3))
     bad = jax.tree_util.tree_map(lambda a: jnp.ones((7,), a.dtype), res3)
-    with pytest.raises(jaxaot.ResidualsMismatchError, match=r"residual 0 is float32\[7\]"):
+    with pytest.raises(jaxaot.errors.ResidualsMismatchError, match=r"residual 0 is float32\[7\]"):
         f.backward(bad, jnp.float32(1))
-    with pytest.raises(jaxaot.ResidualsMismatchError, match="Residuals"):
+    with pytest.raises(jaxaot.errors.ResidualsMismatchError, match="Residuals"):
         f.backward([jnp.ones(3)], jnp.float32(1))
 
 
 def test_backward_with_bad_cotangents():
     f = jaxaot.aot_function(lambda x: (jnp.sin(x), jnp.argmax(x)))
     _, res = f.forward(jnp.ones(3))
-    with pytest.raises(jaxaot.CotangentMismatchError, match=r"output\[0\] is float32\[4\].*float32\[3\]"):
+    with pytest.raises(jaxaot.errors.CotangentMismatchError, match=r"output\[0\] is float32\[4\].*float32\[3\]"):
         f.backward(res, (jnp.ones(4), None))
-    with pytest.raises(jaxaot.CotangentMismatchError, match=r"int32\[3\]"):
+    with pytest.raises(jaxaot.errors.CotangentMismatchError, match=r"int32\[3\]"):
         f.backward(res, (jnp.ones(3, jnp.int32), None))
-    with pytest.raises(jaxaot.CotangentMismatchError, match="structure"):
+    with pytest.raises(jaxaot.errors.CotangentMismatchError, match="structure"):
         f.backward(res, jnp.ones(3))
     (g,) = f.backward(res, (jnp.ones(3), None))
     assert_trees_close(g, jnp.cos(jnp.ones(3)), **TOL)
 
 
 def test_missing_differentiation_rule_names_primitive_and_line():
-    p = jaxaot._compat.Primitive("no_rule_prim")
+    p = jaxaot._src.compat.Primitive("no_rule_prim")
     p.def_impl(lambda x: x * 2)
     p.def_abstract_eval(lambda x: x)
-    jaxaot._compat.register_lowering(p, jaxaot._compat.lower_fun(lambda x: x * 2, multiple_results=False))
+    jaxaot._src.compat.register_lowering(p, jaxaot._src.compat.lower_fun(lambda x: x * 2, multiple_results=False))
 
     def user_fn(x):
         return p.bind(jnp.sin(x)).sum()
 
     f = jaxaot.aot_function(user_fn)
     assert_trees_close(f(jnp.ones(3)), 2 * jnp.sin(jnp.ones(3)).sum(), **TOL)  # inference works
-    with pytest.raises(jaxaot.NoDifferentiationRuleError, match=r"no_rule_prim.*test_runtime.py:\d+.*user_fn"):
+    with pytest.raises(jaxaot.errors.NoDifferentiationRuleError, match=r"no_rule_prim.*test_runtime.py:\d+.*user_fn"):
         jax.grad(f)(jnp.ones(3))
 
 
@@ -373,7 +373,7 @@ def test_lower_from_shapes_alone_then_call_reuses_it():
     f(w, x)
     jaxaot.value_and_grad(f, argnums=(0, 1), fused=False)(w, x)  # the split executables compile() built
     assert len(calls) == 3 and f.cache_info().misses == 1
-    with pytest.raises(jaxaot.InvalidInputError, match="ShapeDtypeStruct"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="ShapeDtypeStruct"):
         f(jax.ShapeDtypeStruct((3, 2), jnp.float32), x)
 
 
@@ -392,7 +392,7 @@ def _unbounded(x, w, steps):
     def body(c):
         return jnp.tanh(c[0] * w) + 0.5 * c[0], c[1] + 1
 
-    y, _ = jaxaot.while_loop(lambda c: c[1] < steps, body, (x, 0))
+    y, _ = jaxaot.loops.while_loop(lambda c: c[1] < steps, body, (x, 0))
     return jnp.sum(y**2)
 
 
@@ -420,7 +420,7 @@ def test_unbounded_loop_stale_residuals_and_traced_use():
     x, w = jnp.ones(3) * 0.1, jnp.float32(0.5)
     _, res = f.forward(x, w, jnp.int32(2))
     out, res_big = f.forward(x, w, jnp.int32(200))  # outgrows the stack: programs rebuilt
-    with pytest.raises(jaxaot.ResidualsMismatchError, match="run forward again"):
+    with pytest.raises(jaxaot.errors.ResidualsMismatchError, match="run forward again"):
         f.backward(res, jnp.float32(1))
     gx, gw, _ = f.backward(res_big, jnp.float32(1))
     assert_trees_close((gx, gw), jax.grad(_scanned, argnums=(0, 1))(x, w, 200), rtol=1e-4, atol=1e-4)

@@ -26,9 +26,9 @@ from zoo import assert_trees_close
 
 AUTO = jax.sharding.AxisType.Auto
 PARTITIONERS = {
-    "default": jaxaot.default_partition,
-    "min_cut": jaxaot.min_cut_rematerialization_partition,
-    "min_cut_0.5": functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=0.5),
+    "default": jaxaot.partition.default_partition,
+    "min_cut": jaxaot.partition.min_cut_rematerialization_partition,
+    "min_cut_0.5": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5),
 }
 
 N = max(n for n in (1, 2, 4, 8) if n <= jax.device_count())  # 8 host CPUs (tests/conftest.py), or the GPUs
@@ -164,7 +164,7 @@ def test_value_and_grad_matches_jit_under_the_same_shardings(case, partitioner):
 @needs_two
 def test_batch_sharded_residuals_stay_sharded_and_are_counted_per_device():
     loss, args = data_parallel(1)
-    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     _, res = f.forward(*args)
     temporaries = res.arrays[len(res.training.partition.saved_inputs):]  # activations, batch first
     assert temporaries and all(a.sharding.shard_shape(a.shape)[0] == 16 // N for a in temporaries)
@@ -185,7 +185,7 @@ def test_lower_shows_input_shardings_before_compiling():
 def test_collectives_are_never_recomputed_whatever_the_budget():
     loss, args = shard_mapped(3)
     for budget in (0.0, 0.5, 1.0):
-        pf = functools.partial(jaxaot.min_cut_rematerialization_partition, memory_budget=budget)
+        pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
         low = jaxaot.aot_function(loss, partition_fn=pf).lower(*args)
         assert not any("psum" in r or "shard_map" in r for r in low.recomputed), low.recomputed
 
@@ -204,7 +204,7 @@ def test_explicit_axes_mesh():
     w = jax.device_put(jax.random.normal(ks[0], (8, 4)), NamedSharding(mesh, P()))
     x = jax.device_put(jax.random.normal(ks[1], (16, 8)), NamedSharding(mesh, P("data")))
     loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
-    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     with jax.set_mesh(mesh):
         got = jaxaot.value_and_grad(f)(w, x), jax.jit(jax.grad(f))(w, x)
         want = jax.jit(jax.value_and_grad(loss))(w, x), jax.jit(jax.grad(loss))(w, x)
@@ -271,7 +271,7 @@ def test_inputs_on_different_meshes_raise_a_typed_error_naming_both():
 @needs_two
 def test_resharded_residuals_are_refused_and_the_function_keeps_working():
     loss, args = data_parallel(9)
-    f = jaxaot.aot_function(loss, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     out, res = f.forward(*args)
     leaves, treedef = jax.tree_util.tree_flatten(res)
     i = next(k for k, a in enumerate(leaves) if not a.sharding.is_fully_replicated)
@@ -310,7 +310,7 @@ def test_flax_nnx_model_with_partitioned_params_through_aot_module():
         model = MLP(nnx.Rngs(int(np.random.SeedSequence(12).generate_state(1)[0] % 1000)))
     x = jax.device_put(jax.random.normal(_key(13), (16, 8)), NamedSharding(mesh, P("data")))
     loss = lambda m, x: jnp.mean(m(x) ** 2)  # noqa: E731
-    compiled = jaxaot.aot_module(model, partition_fn=jaxaot.min_cut_rematerialization_partition)
+    compiled = jaxaot.nn.aot_module(model, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     value, grads = nnx.value_and_grad(loss)(compiled, x)
     ref_value, ref_grads = nnx.jit(nnx.value_and_grad(loss))(model, x)
     assert_trees_close(value, ref_value, rtol=1e-4, atol=1e-5)

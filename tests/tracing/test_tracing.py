@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot import _compat as C
+from jaxaot._src import compat as C
 from zoo import ZOO, assert_trees_close, random_cotangents
 
 
@@ -18,7 +18,7 @@ def _key():
 def test_joint_computes_vjp(name):
     fn, make_args = ZOO[name]
     args = make_args(_key())
-    joint = jaxaot.trace_joint(fn, *args)
+    joint = jaxaot.partition.trace_joint(fn, *args)
     C.check_jaxpr(joint.jaxpr)
     out_ref, vjp_ref = jax.vjp(fn, *args)
     ct = random_cotangents(_key(), out_ref)
@@ -37,7 +37,7 @@ def test_metadata():
     def f(x, n, d):
         return {"y": jnp.sin(x) * n, "i": n + 1, "same": d["z"]}
 
-    joint = jaxaot.trace_joint(f, jnp.ones(3), jnp.int32(2), {"z": jnp.ones(2)})
+    joint = jaxaot.partition.trace_joint(f, jnp.ones(3), jnp.int32(2), {"z": jnp.ones(2)})
     assert joint.differentiable == (True, False, True)
     # outputs flatten as i, same, y
     assert joint.needs_cotangent == (False, True, True)
@@ -55,16 +55,16 @@ def test_metadata():
 
 
 def test_kwargs_are_inputs():
-    joint = jaxaot.trace_joint(lambda x, *, w: (x * w).sum(), jnp.ones(2), w=jnp.ones(2))
+    joint = jaxaot.partition.trace_joint(lambda x, *, w: (x * w).sum(), jnp.ones(2), w=jnp.ones(2))
     assert joint.num_primals == 2 and joint.num_grads == 2
 
 
 def test_inner_jit_is_inlined():
     inner = jax.jit(lambda a, b: a @ b)
-    joint = jaxaot.trace_joint(lambda a, b: jnp.tanh(inner(a, b)).sum(), jnp.ones((2, 3)), jnp.ones((3, 2)))
+    joint = jaxaot.partition.trace_joint(lambda a, b: jnp.tanh(inner(a, b)).sum(), jnp.ones((2, 3)), jnp.ones((3, 2)))
     assert all(e.primitive not in C.INLINABLE_CALLS for e in joint.eqns)
 
 
 def test_bad_leaf():
-    with pytest.raises(jaxaot.InvalidInputError, match=r"arg\[0\]\[1\] is a object"):
-        jaxaot.trace_joint(lambda t: t[0], (jnp.ones(2), object()))
+    with pytest.raises(jaxaot.errors.InvalidInputError, match=r"arg\[0\]\[1\] is a object"):
+        jaxaot.partition.trace_joint(lambda t: t[0], (jnp.ones(2), object()))

@@ -9,7 +9,7 @@ import pytest
 
 import jaxaot
 from jaxaot import viz
-from jaxaot.cli import demo_models as examples
+from jaxaot._src.cli import demo_models as examples
 
 
 def tanh_loss(w, x):
@@ -26,7 +26,7 @@ def small():
 def remat():
     """min-cut at budget 0 saves only the input and recomputes sin/exp in the backward."""
     f = jaxaot.aot_function(lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2),
-                            partition_fn=functools.partial(jaxaot.min_cut_rematerialization_partition,
+                            partition_fn=functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
                                                            memory_budget=0.0))
     return f.lower(jnp.ones(100))
 

@@ -1,4 +1,4 @@
-"""jaxaot.viz's short texts: byte sizes, source locations, avals."""
+"""jaxaot._src.viz's short texts: byte sizes, source locations, avals."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""jaxaot.viz.split_graph: nodes, edges, recomputed eqns, collapsing large graphs."""
+"""jaxaot._src.viz.split_graph: nodes, edges, recomputed eqns, collapsing large graphs."""
 
 import types
 

@@ -1,4 +1,4 @@
-"""jaxaot.viz's Graphviz layout: DOT source, SVG node classes, and the fallbacks without Graphviz."""
+"""jaxaot._src.viz's Graphviz layout: DOT source, SVG node classes, and the fallbacks without Graphviz."""
 
 import re
 import shutil

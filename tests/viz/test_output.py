@@ -1,4 +1,4 @@
-"""jaxaot.viz.render: formats, files, and the HTML page written instead of an SVG without dot."""
+"""jaxaot._src.viz.render: formats, files, and the HTML page written instead of an SVG without dot."""
 
 import pytest
 

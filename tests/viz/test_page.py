@@ -1,4 +1,4 @@
-"""jaxaot.viz.to_html and AOTLowered._repr_html_: the graph inline, the summary, the table."""
+"""jaxaot._src.viz.to_html and AOTLowered._repr_html_: the graph inline, the summary, the table."""
 
 import html
 
@@ -34,8 +34,8 @@ def test_repr_html_loads_viz_on_first_display():
 
     code = ("import sys, jax.numpy as jnp, jaxaot\n"
             "low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))\n"
-            "assert 'jaxaot.viz' not in sys.modules\n"
-            "assert '<table' in low.residuals._repr_html_() and 'jaxaot.viz' in sys.modules\n"
+            "assert 'jaxaot._src.viz' not in sys.modules\n"
+            "assert '<table' in low.residuals._repr_html_() and 'jaxaot._src.viz' in sys.modules\n"
             "assert low._repr_html_().startswith('<div class=\"jaxaot-split\">')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})

@@ -1,4 +1,4 @@
-"""jaxaot.viz.plot_budget_sweep: saved bytes and step time against memory_budget."""
+"""jaxaot._src.viz.plot_budget_sweep: saved bytes and step time against memory_budget."""
 
 import pytest
 

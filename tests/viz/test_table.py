@@ -1,4 +1,4 @@
-"""jaxaot.viz.residual_table_html: one row per saved value, the total, the recomputed eqns."""
+"""jaxaot._src.viz.residual_table_html: one row per saved value, the total, the recomputed eqns."""
 
 import html
 import re
@@ -33,7 +33,7 @@ def test_offloaded_residuals_are_marked_and_totalled():
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot.partition import DeviceModel
+    from jaxaot._src.partition import DeviceModel
 
     def fn(ws, x):
         for w in ws:
@@ -43,10 +43,10 @@ def test_offloaded_residuals_are_marked_and_totalled():
     ws, x = [jnp.full((128, 128), 0.01)] * 3, jnp.ones((512, 128))  # residuals over offload's 64 KiB floor
     fast = DeviceModel(host_bandwidth=1e12, device_flops=1e12)
     low = jaxaot.aot_function(fn, partition_fn=functools.partial(
-        jaxaot.min_cut_rematerialization_partition, offload=True, device_model=fast)).lower(ws, x)
+        jaxaot.partition.min_cut_rematerialization_partition, offload=True, device_model=fast)).lower(ws, x)
     page = viz.residual_table_html(low)
     assert page.count("<td>offloaded</td>") == sum(r.offloaded for r in low.partition.residuals) > 0
     assert "offloaded to host memory" in page
     cpu = jaxaot.aot_function(fn, partition_fn=functools.partial(
-        jaxaot.min_cut_rematerialization_partition, offload="auto")).lower(ws, x)
+        jaxaot.partition.min_cut_rematerialization_partition, offload="auto")).lower(ws, x)
     assert cpu.partition.offload_note and cpu.partition.offload_note in viz.residual_table_html(cpu)

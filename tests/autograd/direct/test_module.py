@@ -16,7 +16,7 @@ from jaxaot.errors import InvalidOutputError
 
 def _train(name: str, vg, aot: bool, steps: int = 4, **kw):
     model = nnx_model(name)
-    m = jaxaot.aot_module(model) if aot else model
+    m = jaxaot.nn.aot_module(model) if aot else model
     opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
     losses = []
 
@@ -72,13 +72,13 @@ def test_grad_structure_aux_and_position():
         out = model(xx)
         return jnp.mean((out - yy) ** 2), {"out": out}
 
-    ref = nnx.value_and_grad(loss_fn, argnums=1, has_aux=True)(x, jaxaot.aot_module(_mlp()), y)
-    got = jaxaot.value_and_grad(loss_fn, argnums=1, has_aux=True)(x, jaxaot.aot_module(_mlp()), y)
+    ref = nnx.value_and_grad(loss_fn, argnums=1, has_aux=True)(x, jaxaot.nn.aot_module(_mlp()), y)
+    got = jaxaot.value_and_grad(loss_fn, argnums=1, has_aux=True)(x, jaxaot.nn.aot_module(_mlp()), y)
     assert jax.tree.structure(got) == jax.tree.structure(ref)
     chex.assert_trees_all_close(got, ref, **TOL)
     # argnums=(1,): gradients in a 1-tuple, as nnx returns them
-    grads = jaxaot.grad(loss_fn, argnums=(1,), has_aux=True)(x, jaxaot.aot_module(_mlp()), y)[0]
-    ref_tuple = nnx.grad(loss_fn, argnums=(1,), has_aux=True)(x, jaxaot.aot_module(_mlp()), y)[0]
+    grads = jaxaot.grad(loss_fn, argnums=(1,), has_aux=True)(x, jaxaot.nn.aot_module(_mlp()), y)[0]
+    ref_tuple = nnx.grad(loss_fn, argnums=(1,), has_aux=True)(x, jaxaot.nn.aot_module(_mlp()), y)[0]
     assert isinstance(grads, tuple) and jax.tree.structure(grads) == jax.tree.structure(ref_tuple)
     chex.assert_trees_all_close(grads, ref_tuple, **TOL)
     chex.assert_trees_all_close(grads[0], ref[1], **TOL)
@@ -86,7 +86,7 @@ def test_grad_structure_aux_and_position():
 
 def test_under_jit_and_with_other_flax_objects_it_is_nnx_value_and_grad():
     x, y = _data(2)
-    m = jaxaot.aot_module(_mlp())
+    m = jaxaot.nn.aot_module(_mlp())
     other = _mlp(seed=3)  # a second module as an argument: nnx's own path
 
     def loss_fn(model, xx, yy, extra=None):
@@ -103,7 +103,7 @@ def test_under_jit_and_with_other_flax_objects_it_is_nnx_value_and_grad():
 
 def test_bad_outputs_raise_and_the_module_keeps_working():
     x, y = _data(4)
-    m = jaxaot.aot_module(_mlp())
+    m = jaxaot.nn.aot_module(_mlp())
     with pytest.raises(InvalidOutputError, match="pair"):
         jaxaot.value_and_grad(lambda mm, xx: jnp.sum(mm(xx)), has_aux=True)(m, x)
     with pytest.raises(TypeError):  # as jax.grad: the loss must be a scalar
@@ -126,7 +126,7 @@ def test_state_created_by_the_call_is_written_back():
             return h
 
     x = jax.random.normal(jax.random.key(5), (4, 3))
-    ref_model, model = Sower(), jaxaot.aot_module(Sower())
+    ref_model, model = Sower(), jaxaot.nn.aot_module(Sower())
     nnx.value_and_grad(lambda mm: jnp.sum(mm(x) ** 2))(ref_model)
     jaxaot.value_and_grad(lambda mm: jnp.sum(mm(x) ** 2))(model)
     chex.assert_trees_all_close(model.h.get_value(), ref_model.h.get_value(), **TOL)
@@ -135,7 +135,7 @@ def test_state_created_by_the_call_is_written_back():
 def test_the_split_is_kept_across_steps_and_redone_when_the_module_changes(monkeypatch):
     """Steps reuse the module's split (no graph walk per step); a submodule replaced between steps is
     seen: the gradients and the update are those nnx computes for the changed model."""
-    from jaxaot.nn import split_cache
+    from jaxaot._src.nn import split_cache
 
     built = []
 
@@ -146,9 +146,9 @@ def test_the_split_is_kept_across_steps_and_redone_when_the_module_changes(monke
 
     monkeypatch.setattr(split_cache, "ModuleSplit", Counting)
     x, y = _data(6)
-    ref, m = _mlp(), jaxaot.aot_module(_mlp())
+    ref, m = _mlp(), jaxaot.nn.aot_module(_mlp())
     ref_opt = nnx.Optimizer(ref, optax.sgd(0.1), wrt=nnx.Param)
-    opt = jaxaot.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
+    opt = jaxaot._src.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
 
     def loss_fn(model, xx, yy):
         return jnp.mean((model(xx) - yy) ** 2)

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 import jaxaot
-from jaxaot.autograd.direct import module as module_step
-from jaxaot.autograd.direct.flax_functions import FLAX_GRAD, FLAX_VALUE_AND_GRAD
+from jaxaot._src.autograd.direct import module as module_step
+from jaxaot._src.autograd.direct.flax_functions import FLAX_GRAD, FLAX_VALUE_AND_GRAD
 from flax_models import TOL, assert_states_equal, batch, nnx_model, xent
 
 
@@ -21,7 +21,7 @@ def _loss(m, x, y):
 
 def _train(aot: bool, patched: bool, steps: int = 3):
     model = nnx_model("cnn")
-    m = jaxaot.aot_module(model) if aot else model
+    m = jaxaot.nn.aot_module(model) if aot else model
     opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
     losses = []
     ctx = jaxaot.patch_value_and_grad() if patched else _nothing()
@@ -66,7 +66,7 @@ def test_training_matches_flax_and_takes_the_compiled_step(spy):
 
 def test_grad_has_aux_and_decorator_form(spy):
     x, y = batch("cnn", 0)
-    ref_model, model = nnx_model("cnn"), jaxaot.aot_module(nnx_model("cnn"))
+    ref_model, model = nnx_model("cnn"), jaxaot.nn.aot_module(nnx_model("cnn"))
 
     def loss_aux(m, x, y):
         logits = m(x)
@@ -75,7 +75,7 @@ def test_grad_has_aux_and_decorator_form(spy):
     ref_g, ref_aux = nnx.grad(loss_aux, has_aux=True)(ref_model, x, y)
     with jaxaot.patch_value_and_grad():
         g, aux = nnx.grad(loss_aux, has_aux=True)(model, x, y)
-        g2 = nnx.grad(argnums=0)(_loss)(jaxaot.aot_module(nnx_model("cnn")), x, y)
+        g2 = nnx.grad(argnums=0)(_loss)(jaxaot.nn.aot_module(nnx_model("cnn")), x, y)
     chex.assert_trees_all_equal(aux, ref_aux)
     assert_states_equal(g, ref_g, **TOL)
     assert_states_equal(g2, ref_g, **TOL)
@@ -89,8 +89,8 @@ def test_falls_back_to_flax(spy):
     with jaxaot.patch_value_and_grad():
         plain = nnx.value_and_grad(_loss)(nnx_model("cnn"), x, y)
         diff_state = nnx.value_and_grad(_loss, argnums=nnx.DiffState(0, nnx.Param))(
-            jaxaot.aot_module(nnx_model("cnn")), x, y)
-        allow_int = nnx.value_and_grad(_loss, allow_int=True)(jaxaot.aot_module(nnx_model("cnn")), x, y)
+            jaxaot.nn.aot_module(nnx_model("cnn")), x, y)
+        allow_int = nnx.value_and_grad(_loss, allow_int=True)(jaxaot.nn.aot_module(nnx_model("cnn")), x, y)
     chex.assert_trees_all_close(plain[0], ref[0], **TOL)
     assert_states_equal(plain[1], ref[1], **TOL)
     for loss, grads in (diff_state, allow_int):
@@ -104,7 +104,7 @@ def test_under_nnx_jit_and_restored_on_error():
     ref_loss, ref_grads = FLAX_VALUE_AND_GRAD(_loss)(nnx_model("cnn"), x, y)
     with jaxaot.patch_value_and_grad():
         loss, grads = nnx.jit(lambda m, x, y: nnx.value_and_grad(_loss)(m, x, y))(
-            jaxaot.aot_module(nnx_model("cnn")), x, y)
+            jaxaot.nn.aot_module(nnx_model("cnn")), x, y)
     chex.assert_trees_all_close(loss, ref_loss, **TOL)
     assert_states_equal(grads, ref_grads, **TOL)
     with pytest.raises(ZeroDivisionError):
@@ -120,9 +120,9 @@ def test_one_tuple_argnums_give_a_tuple_of_gradients(spy):
     x, y = batch("cnn", 3)
     ref_loss, ref_grads = FLAX_VALUE_AND_GRAD(_loss, argnums=(0,))(nnx_model("cnn"), x, y)
     assert isinstance(ref_grads, tuple) and len(ref_grads) == 1
-    loss, grads = jaxaot.value_and_grad(_loss, argnums=(0,))(jaxaot.aot_module(nnx_model("cnn")), x, y)
+    loss, grads = jaxaot.value_and_grad(_loss, argnums=(0,))(jaxaot.nn.aot_module(nnx_model("cnn")), x, y)
     with jaxaot.patch_value_and_grad():
-        g_only = nnx.grad(_loss, argnums=(0,))(jaxaot.aot_module(nnx_model("cnn")), x, y)
+        g_only = nnx.grad(_loss, argnums=(0,))(jaxaot.nn.aot_module(nnx_model("cnn")), x, y)
     for got in (grads, g_only):
         assert isinstance(got, tuple) and len(got) == 1
         assert_states_equal(got[0], ref_grads[0], **TOL)

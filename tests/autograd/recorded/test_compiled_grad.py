@@ -62,7 +62,7 @@ def test_aot_function_regions_and_while_loop_inside():
 
     def f(w, v, x):
         h = region(w, x)
-        h = jaxaot.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1] * v)), (0, h), max_steps=4)[1]
+        h = jaxaot.loops.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1] * v)), (0, h), max_steps=4)[1]
         return jnp.sum(h ** 2) + jnp.sum(region(w, x * 2.0))
 
     rng = np.random.default_rng(2)
@@ -135,15 +135,15 @@ def test_bad_argnums_and_integer_inputs_raise_typed_errors_then_work():
     f = lambda w, n: jnp.sum(w * n)
     w = jnp.arange(3.0)
     g = jaxaot.compiled_grad(f, argnums=2)
-    with pytest.raises(jaxaot.InvalidInputError, match="argnums=2 is out of range"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="argnums=2 is out of range"):
         g(w, 2)
-    with pytest.raises(jaxaot.InvalidInputError, match="argnums"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="argnums"):
         jaxaot.compiled_grad(f, argnums="0")
     gi = jaxaot.compiled_grad(f, argnums=1)
-    with pytest.raises(jaxaot.InvalidInputError, match="argument 1 has dtype int32"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="argument 1 has dtype int32"):
         gi(w, jnp.int32(2))
     _close(gi(w, jnp.float32(2)), jax.grad(f, argnums=1)(w, jnp.float32(2)))
-    with pytest.raises(jaxaot.InvalidOutputError, match="real scalar"):
+    with pytest.raises(jaxaot.errors.InvalidOutputError, match="real scalar"):
         jaxaot.compiled_grad(lambda w: w * 2)(w)
     _close(jaxaot.compiled_grad(f)(w, 2.0), jax.grad(f)(w, 2.0))
 

@@ -10,7 +10,7 @@ import pytest
 import jaxaot
 from autograd_helpers import close as _close, rand as _rand
 from jaxaot import compiled_autograd
-from jaxaot.autograd.recorded import capture
+from jaxaot._src.autograd.recorded import capture
 
 
 def _loss(w, x, hook):
@@ -96,16 +96,16 @@ def test_bad_hooks_raise_typed_errors_and_the_next_call_works():
     rng = np.random.default_rng(4)
     w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
     g = jaxaot.compiled_grad(_loss)
-    with pytest.raises(jaxaot.InvalidInputError, match="must be callable"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="must be callable"):
         g(w, x, "not a hook")
-    with pytest.raises(jaxaot.HookOutputError, match=r"f32\[4\].*f32\[4,2\]"):
+    with pytest.raises(jaxaot.errors.HookOutputError, match=r"f32\[4\].*f32\[4,2\]"):
         g(w, x, lambda c: c.sum(axis=1))
-    with pytest.raises(jaxaot.HookOutputError, match=r"f16\[4,2\].*f32\[4,2\]"):
+    with pytest.raises(jaxaot.errors.HookOutputError, match=r"f16\[4,2\].*f32\[4,2\]"):
         g(w, x, lambda c: c.astype(jnp.float16))
-    with pytest.raises(jaxaot.HookOutputError, match="param hook"):
+    with pytest.raises(jaxaot.errors.HookOutputError, match="param hook"):
         jaxaot.compiled_grad(_loss, param_hooks={"*": lambda p, c: c[0]})(w, x, lambda c: c)
-    with pytest.raises(jaxaot.InvalidInputError, match="matches no differentiated parameter"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="matches no differentiated parameter"):
         jaxaot.compiled_grad(_loss, param_hooks={"nope": lambda p, c: c})(w, x, lambda c: c)
-    with pytest.raises(jaxaot.InvalidInputError, match="must be callable"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="must be callable"):
         jaxaot.compiled_grad(_loss, param_hooks={"*": 3})
     _close(g(w, x, lambda c: c), jax.grad(_loss)(w, x, lambda c: c))

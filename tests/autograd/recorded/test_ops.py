@@ -15,7 +15,7 @@ import pytest
 import jaxaot
 from autograd_helpers import close as _close, rand as _rand
 from jaxaot import compiled_autograd
-from jaxaot.autograd.recorded import cache, ops, step
+from jaxaot._src.autograd.recorded import cache, ops, step
 
 
 def _record(f, *args):

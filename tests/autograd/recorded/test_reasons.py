@@ -103,6 +103,6 @@ def test_cache_info_counts_this_function_s_hits_and_compiles():
 
 
 def test_has_aux_must_be_a_bool():
-    with pytest.raises(jaxaot.InvalidInputError, match="has_aux"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="has_aux"):
         jaxaot.compiled_grad(lambda x: x.sum(), has_aux="yes")
     assert float(jaxaot.compiled_grad(lambda x: jnp.sum(x * x))(jnp.ones(2))[0]) == 2.0

@@ -14,7 +14,7 @@ import pytest
 import jaxaot
 from autograd_helpers import close as _close, in_threads, rand as _rand
 from jaxaot import compiled_autograd
-from jaxaot.autograd.recorded import step, tape
+from jaxaot._src.autograd.recorded import step, tape
 
 
 def _no_fallback():
@@ -51,7 +51,7 @@ def test_a_forward_that_looks_at_no_value_dispatches_nothing_before_the_step():
     recorded = step.record(lambda w: (f(w, x), None), leaves, tree, eager=False)
     assert len(recorded.program.eqns) >= 3
     t = tape.Tape(eager=False)
-    with jaxaot._compat.set_current_trace(t.trace):
+    with jaxaot._src.compat.set_current_trace(t.trace):
         y = jnp.sin(t.diff_input(w)) * 2.0
     assert t.known(y.vid) is None  # recorded, not run
     np.testing.assert_allclose(np.asarray(y), np.sin(np.asarray(w)) * 2.0, rtol=1e-6)  # run on request
@@ -107,7 +107,7 @@ def test_aot_function_regions_and_while_loop_are_single_operations():
 
     def f(w, v, x):
         h = region(w, x)
-        h = jaxaot.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, inner(c[1], v)), (0, h), max_steps=3)[1]
+        h = jaxaot.loops.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, inner(c[1], v)), (0, h), max_steps=3)[1]
         return jnp.sum(h ** 2) + jnp.sum(region(w, 2.0 * x))
 
     rng = np.random.default_rng(4)

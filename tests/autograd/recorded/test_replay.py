@@ -230,7 +230,7 @@ def test_eight_threads_replay_both_sides_of_a_branch():
 
 
 def test_replay_must_be_a_bool():
-    with pytest.raises(jaxaot.InvalidInputError, match="replay"):
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="replay"):
         jaxaot.compiled_value_and_grad(branchy, replay="yes")
 
 

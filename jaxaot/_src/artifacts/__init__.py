@@ -1,0 +1,23 @@
+"""Export the split programs with ``jax.export`` and load them without the source.
+
+Modules, each one concept: ``treedef_json`` (pytree structures as JSON),
+``placement`` (a sharded artifact's mesh, partition specs and device-count
+checks), ``signature`` (the calling contract: array specs, residual wiring,
+run-time checks), ``manifest`` (the directory layout, schema, version policy and safe
+file reading), ``audit`` (what a loaded program may call and must take),
+``exported`` (:class:`ExportedAOT`, in memory), ``loaded`` (:func:`load`,
+:class:`LoadedAOT`) and ``export`` (:func:`export`, the driver).
+"""
+
+from jaxaot._src.artifacts.treedef_json import treedef_from_json, treedef_to_json
+from jaxaot._src.artifacts.placement import MeshSpec
+from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot._src.artifacts.manifest import check_manifest, read_manifest
+from jaxaot._src.artifacts.exported import ExportedAOT
+from jaxaot._src.artifacts.loaded import ExportedResiduals, LoadedAOT, load
+from jaxaot._src.artifacts.export import export
+
+__all__ = [
+    "AOTSignature", "ArraySpec", "ExportedAOT", "ExportedResiduals", "LoadedAOT", "MeshSpec", "RuntimeCheck",
+    "check_manifest", "export", "load", "read_manifest", "treedef_from_json", "treedef_to_json",
+]

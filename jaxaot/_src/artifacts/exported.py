@@ -1,0 +1,56 @@
+"""``ExportedAOT``: the three exported programs of a function and their signature, in memory."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from jaxaot._src.artifacts import manifest, signing
+from jaxaot._src.artifacts.signature import AOTSignature
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportedAOT:
+    """The exported inference, forward and backward programs and their signature.
+
+    Attributes:
+      inference / forward / backward: ``jax.export.Exported`` objects.
+      signature: the :class:`~jaxaot._src.artifacts.signature.AOTSignature`.
+      name: the function's name.
+    """
+
+    inference: Any
+    forward: Any
+    backward: Any
+    signature: AOTSignature
+    name: str = "exported"
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        return tuple(self.forward.platforms)
+
+    def save(self, path: str | Path, *, key: bytes | None = None) -> Path:
+        """Write the manifest and the serialized programs as the directory ``path``.
+
+        The files are written into a fresh folder that then takes the place of
+        ``path`` (:mod:`jaxaot._src.artifacts.manifest`): an interrupted re-save
+        leaves the earlier artifact whole. An existing ``path`` must be an empty
+        folder or an artifact. With ``key`` (at least 16 secret bytes) the
+        artifact is signed, and ``jaxaot.export.load(path, key=key)`` refuses it if
+        anything in it changes (:mod:`jaxaot._src.artifacts.signing`).
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot, tempfile
+            >>> exp = jaxaot.export.export(lambda x: jnp.sin(x).sum(), jnp.ones(3))
+            >>> sorted(p.name for p in exp.save(tempfile.mkdtemp()).iterdir())
+            ['backward.jaxexport', 'forward.jaxexport', 'inference.jaxexport', 'manifest.json']
+        """
+        key = signing.check_key("save", key)
+        programs = {name: getattr(self, name) for name in manifest.PROGRAMS}
+        return manifest.write(Path(path), self.name, programs, self.signature.to_json(), key=key)
+
+    def __repr__(self) -> str:
+        s = self.signature
+        return (f"ExportedAOT({self.name}: {len(s.in_specs)} inputs, {s.num_outputs} outputs, "
+                f"{len(s.residual_specs)} residuals, platforms={self.platforms})")

@@ -1,0 +1,435 @@
+"""Load an artifact and run it without the source: ``load`` and ``LoadedAOT``.
+
+A :class:`LoadedAOT` checks its inputs against the signature (symbolic dims
+bind consistently across leaves), runs the exported programs, turns the
+hoisted loop-overflow flags back into :class:`~jaxaot.errors.LoopOverflowError`,
+and reaches JAX's autodiff through the same ``custom_vjp`` wiring as
+:class:`~jaxaot.AOTFunction` (:mod:`jaxaot._src.runtime.vjp`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import functools
+import threading
+from pathlib import Path
+from typing import Any, Collection, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import format_aval
+from jaxaot._src.artifacts import audit, manifest, signing
+from jaxaot._src.artifacts.exported import ExportedAOT
+from jaxaot._src.artifacts.options import check_load_options
+from jaxaot._src.artifacts.placement import check_call_devices, check_call_platform, check_enough_devices
+from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot._src.artifacts.treedef_json import treedef_to_json
+from jaxaot.errors import (
+    ArtifactError,
+    ArtifactInputError,
+    CotangentMismatchError,
+    LoopOverflowError,
+    NotExportableError,
+    ResidualsMismatchError,
+)
+from jaxaot._src.runtime import (
+    CacheEntryInfo, CacheInfo, SplitPrograms, custom_vjp_of, inputs_change, log_compile, scatter, select_cotangents,
+    shape_and_dtype_name,
+)
+
+
+def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_callbacks: bool = False,
+         max_bytes: int | None = None, allow_custom_calls: Collection[str] | None = None,
+         key: bytes | None = None) -> "LoadedAOT":
+    """Load a directory written by :meth:`ExportedAOT.save` (or wrap an ``ExportedAOT``).
+
+    Needs neither the original function nor its module. An artifact exported
+    from sharded inputs needs as many devices as its mesh has (``f.mesh()``
+    builds that mesh here, ``f.in_shardings(mesh)`` says where each input goes).
+
+    Loading reads JSON and ``jax.export`` flatbuffers only, every file a
+    regular file inside the directory (:mod:`~jaxaot._src.artifacts.manifest`), and
+    audits the programs op by op before they can run
+    (:mod:`~jaxaot._src.artifacts.audit`): no host callbacks, every custom call of a
+    target ``jax.export`` produces and of the types its kernel reads and writes
+    (:mod:`~jaxaot._src.artifacts.custom_calls`), each program's own input and output
+    types and structure equal to what the manifest's signature says, and
+    exported for a platform this process has. Without ``key`` it trusts the
+    artifact's source for what the programs compute; with it, anything changed
+    in the artifact is refused.
+
+    Args:
+      path: the artifact directory, or an in-memory ``ExportedAOT``.
+      check_versions: check the jax and jaxlib versions that wrote it (the
+        format and jaxaot major version are always checked).
+      allow_callbacks: load programs that call host callbacks. A callback
+        calls whatever this process registered under its index: pass True
+        only for an artifact you built yourself.
+      max_bytes: the largest program file to read (default
+        ``jaxaot._src.artifacts.manifest.MAX_PROGRAM_BYTES``, 4 GiB); the manifest
+        is read up to the smaller of this and ``MAX_MANIFEST_BYTES``.
+      allow_custom_calls: custom-call targets to load without a type rule
+        (Pallas kernels: ``("tpu_custom_call",)``), only for an artifact you
+        built yourself: their kernels touch whatever memory they are told to.
+      key: the secret the artifact was saved with (``save(path, key=...)``):
+        its manifest and programs must be exactly what was signed.
+
+    Raises:
+      ArtifactError: missing, unreadable, oversized or corrupt files (size or
+        checksum mismatch, a FIFO or a symlink out of the directory), a
+        malformed manifest (the message names the field), programs with host
+        callbacks, with custom calls that break their type rule (the message
+        names the target and the mismatch) or that do not fit the signature,
+        programs exported for platforms this process does not have (naming
+        both), an unsigned or altered artifact when ``key`` is given; a sharded
+        artifact and a process with fewer devices than it was exported for.
+      ArtifactVersionError: a manifest from an incompatible format, jaxaot, jax or jaxlib.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot, tempfile
+        >>> d = jaxaot.export.export(lambda x: jnp.sin(x).sum(), jnp.ones(3)).save(tempfile.mkdtemp())
+        >>> f = jaxaot.export.load(d)
+        >>> round(float(jax.grad(f)(jnp.zeros(3))[0]), 3)
+        1.0
+    """
+    if isinstance(path, ExportedAOT):
+        return LoadedAOT(path)
+    allowed = check_load_options(path, check_versions=check_versions, allow_callbacks=allow_callbacks,
+                                 max_bytes=max_bytes, allow_custom_calls=allow_custom_calls)
+    key = signing.check_key("load", key)
+    root = Path(path)
+    where = str(root / manifest.MANIFEST)
+    info = manifest.read_manifest(root, max_bytes, key=key)
+    try:  # check_manifest and from_json see a dict: errors name the file here
+        manifest.check_manifest(info, check_versions=check_versions)
+        signature = AOTSignature.from_json(info["signature"])
+        signature.validate(where)
+    except ArtifactError as err:
+        if where in str(err):
+            raise
+        raise type(err)(f"{where}: {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, OverflowError) as err:
+        raise ArtifactError(f"{where} is malformed: {type(err).__name__}: {err}") from err
+    programs = {name: manifest.load_program(root, name, info["artifacts"][name], max_bytes)
+                for name in manifest.PROGRAMS}
+    audit.check_platforms(programs, where)
+    for name, program in programs.items():
+        audit.check_program(name, program, where, allow_callbacks=allow_callbacks, allow_custom_calls=allowed,
+                            declared=bool(info.get("host_callbacks")))
+    audit.check_signature(programs, signature, where)
+    return LoadedAOT(ExportedAOT(name=info.get("function", "exported"), signature=signature, **programs),
+                     where=str(root))
+
+
+@jax.tree_util.register_pytree_node_class
+class ExportedResiduals:
+    """What :meth:`LoadedAOT.forward` hands to :meth:`LoadedAOT.backward`.
+
+    ``arrays`` are the residuals in the backward's order; ``input_shapes`` (the
+    concrete input shapes) size the ``float0`` gradients of integer inputs.
+    """
+
+    def __init__(self, arrays: Sequence[Any], input_shapes: Sequence[tuple[int, ...]]):
+        self.arrays = tuple(arrays)
+        self.input_shapes = tuple(tuple(s) for s in input_shapes)
+
+    def tree_flatten(self):
+        return self.arrays, self.input_shapes
+
+    @classmethod
+    def tree_unflatten(cls, input_shapes, arrays):
+        return cls(arrays, input_shapes)
+
+    def __repr__(self) -> str:
+        return f"ExportedResiduals({len(self.arrays)} arrays)"
+
+
+class LoadedAOT:
+    """A function rebuilt from exported programs: call it, differentiate it, or split it.
+
+    ``jax.grad`` / ``jax.vjp`` run the exported forward and backward (a
+    ``jax.custom_vjp``); :meth:`forward` / :meth:`backward` expose the split.
+    Inputs are checked against the signature first (:class:`ArtifactInputError`).
+
+    A sharded artifact (``num_devices > 1``) takes arrays on a mesh of
+    ``num_devices`` devices, placed anyhow (each program reshards its inputs to
+    the shardings it was exported for); its outputs, residuals and gradients
+    come back with the exported shardings. Arrays on another number of devices
+    are refused with an :class:`ArtifactError` naming both counts.
+
+    Attributes:
+      num_devices: how many devices the programs were exported for (1: any).
+    """
+
+    def __init__(self, exported: ExportedAOT, where: str | None = None):
+        self.exported = exported
+        self.signature = exported.signature
+        self.__name__ = exported.name
+        self.num_devices = max(int(getattr(p, "nr_devices", 1)) for p in (exported.inference, exported.forward,
+                                                                             exported.backward))
+        if self.num_devices > 1:
+            check_enough_devices(where or f"the artifact of {self.__name__}", self.num_devices, self.signature.mesh)
+        self._structures: dict[Any, Any] = {}
+        self._calls = _CallLog(self)
+        exported_for = {p for prog in (exported.inference, exported.forward, exported.backward) for p in prog.platforms}
+        self._other_platforms = bool(C.available_platforms() - exported_for)  # else every array is on one of them
+        s = self.signature
+        self._call = custom_vjp_of(SplitPrograms(
+            primal=self._infer, forward=self._forward, backward=self._backward,
+            num_inputs=len(s.in_specs), grad_inputs=tuple(s.grad_inputs),
+            cotangent_outputs=tuple(s.cotangent_outputs),
+            cotangent_dtypes=tuple(s.out_specs[i].dtype for i in s.cotangent_outputs),
+        ))
+
+    @property
+    def inference(self) -> Any:
+        return self.exported.inference
+
+    def cache_info(self) -> CacheInfo:
+        """The input shapes it ran for: one entry per shape (``jax.export`` programs compile per concrete
+        shape on their first call), with the programs run for it and the reason, against the nearest
+        shape seen before; nothing is traced or partitioned here, so ``times`` is empty.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.export.load(jaxaot.export.export(lambda x: jnp.sin(x).sum(), jnp.ones(3)))
+            >>> _ = f(jnp.ones(3)); _ = f(jnp.zeros(3))
+            >>> info = f.cache_info()
+            >>> info.hits, info.misses, info.entries[0].executables
+            (1, 1, ('inference',))
+        """
+        return self._calls.info()
+
+    def __call__(self, *args: Any) -> Any:
+        leaves = self._check_inputs(args)
+        return jax.tree_util.tree_unflatten(self.signature.out_tree, self._call(*leaves))
+
+    def forward(self, *args: Any) -> tuple[Any, ExportedResiduals]:
+        """Run the exported forward: ``(outputs, residuals)``.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.export.load(jaxaot.export.export(lambda x: jnp.sin(x).sum(), jnp.ones(3)))
+            >>> y, res = f.forward(jnp.zeros(3))
+            >>> (dx,) = f.backward(res, jnp.float32(1.0))
+            >>> dx.tolist()
+            [1.0, 1.0, 1.0]
+        """
+        leaves = self._check_inputs(args)
+        outs, residuals = self._forward(leaves)
+        shapes = [np.shape(x) for x in leaves]
+        return jax.tree_util.tree_unflatten(self.signature.out_tree, outs), ExportedResiduals(residuals, shapes)
+
+    def backward(self, residuals: ExportedResiduals, cotangents: Any) -> tuple:
+        """Run the exported backward: gradients shaped like the positional arguments.
+
+        ``cotangents`` has the outputs' structure (leaves of integer outputs are
+        ignored and may be None); integer inputs get ``float0`` zeros.
+        """
+        if not isinstance(residuals, ExportedResiduals):
+            raise ResidualsMismatchError(
+                f"backward expects the ExportedResiduals returned by {self.__name__}.forward, "
+                f"got {type(residuals).__name__}."
+            )
+        self._check_residuals(residuals.arrays)
+        grads = self._backward(residuals.arrays, self._check_cotangents(cotangents))
+        float0s = [C.zeros_float0(s) for s in residuals.input_shapes]
+        return jax.tree_util.tree_unflatten(self.signature.in_tree, scatter(self.signature.grad_inputs, grads, float0s))
+
+    # -- placement
+    def mesh(self, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+        """A mesh of the exported shape (axis names, sizes and types) over ``devices`` (default: the first ones).
+
+        Raises :class:`ArtifactError` for an artifact exported without a mesh.
+        """
+        if self.signature.mesh is None:
+            raise ArtifactError(f"{self.__name__} was exported from unsharded inputs: it has no mesh and runs on "
+                                "any one device (or any mesh).")
+        return self.signature.mesh.make(devices)
+
+    def in_shardings(self, mesh: jax.sharding.Mesh | None = None) -> Any:
+        """Where each positional argument goes on ``mesh`` (default :meth:`mesh`): a pytree of ``NamedSharding``.
+
+        ``jax.device_put(args, f.in_shardings(mesh))`` places arguments for a call.
+        Inputs the export left unsharded are replicated.
+        """
+        mesh = self.mesh() if mesh is None else mesh
+        everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        flat = [everywhere if s is None else s for s in self.exported.forward.in_shardings_jax(mesh)]
+        return jax.tree_util.tree_unflatten(self.signature.in_tree, flat)
+
+    # -- programs
+    def _run(self, program: Any, what: str, leaves: Sequence[Any]) -> list:
+        check_call_devices(self.__name__, what, self.num_devices, self.signature.mesh, leaves)
+        if self._other_platforms:
+            check_call_platform(self.__name__, what, tuple(program.platforms), leaves)
+        return list(program.call(*leaves))
+
+    def _infer(self, leaves: Sequence[Any]) -> list:
+        self._calls.ran(_shapes(leaves), "inference")
+        outs = self._run(self.exported.inference, "inference", leaves)
+        n = self.signature.num_outputs
+        _run_checks(outs[n:], self.signature.inference_checks)
+        return outs[:n]
+
+    def _forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
+        s = self.signature
+        outs = self._run(self.exported.forward, "forward", leaves)
+        n = s.num_outputs + s.num_temporaries
+        _run_checks(outs[n:], s.forward_checks)
+        residuals = [leaves[i] for i in s.saved_inputs] + [outs[i] for i in s.saved_outputs]
+        self._calls.ran(_shapes(leaves), "forward", _shapes(residuals))
+        return outs[: s.num_outputs], residuals
+
+    def _backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
+        self._calls.ran_backward(_shapes(residuals))
+        return self._run(self.exported.backward, "backward", [*cts, *residuals])
+
+    # -- checks
+    def _structure(self, treedef: Any) -> Any:
+        # Compared as JSON: a namedtuple of the same name and fields matches.
+        st = self._structures.get(treedef)
+        if st is None:
+            try:
+                st = treedef_to_json(treedef, "arg")
+            except NotExportableError:
+                st = repr(treedef)
+            self._structures[treedef] = st
+        return st
+
+    def _check_inputs(self, args: tuple) -> list:
+        s = self.signature
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        if self._structure(treedef) != s.in_structure:
+            raise ArtifactInputError(
+                f"{self.__name__} takes positional arguments structured as {s.in_tree} "
+                f"(leaves {', '.join(s.in_paths)}), got {treedef}."
+            )
+        bound: dict[str, tuple[int, str]] = {}
+        for path, spec, x in zip(s.in_paths, s.in_specs, leaves):
+            _check_leaf(path, spec, x, bound, ArtifactInputError)
+        self._calls.look_up(_shapes(leaves))
+        return leaves
+
+    def _check_residuals(self, arrays: Sequence[Any]) -> None:
+        specs = self.signature.residual_specs
+        if len(arrays) != len(specs):
+            raise ResidualsMismatchError(f"expected {len(specs)} residuals, got {len(arrays)}.")
+        bound: dict[str, tuple[int, str]] = {}
+        for i, (spec, x) in enumerate(zip(specs, arrays)):
+            _check_leaf(f"residual {i}", spec, x, bound, ResidualsMismatchError)
+
+    def _check_cotangents(self, cotangents: Any) -> list:
+        s = self.signature
+        flat, tree = jax.tree_util.tree_flatten(cotangents, is_leaf=lambda x: x is None)
+        if len(flat) != s.num_outputs:
+            raise CotangentMismatchError(f"cotangents have structure {tree} but the outputs have {s.out_tree}.")
+        def check(what: str, i: int, ct: Any) -> None:
+            _check_leaf(what, s.out_specs[i], ct, {}, CotangentMismatchError)
+
+        return select_cotangents(flat, s.cotangent_outputs, s.out_paths, check)
+
+    def __repr__(self) -> str:
+        return f"<LoadedAOT {self.__name__}: {', '.join(f'{p}: {s}' for p, s in zip(self.signature.in_paths, self.signature.in_specs))}>"
+
+
+def _shapes(leaves: Sequence[Any]) -> tuple:
+    return tuple(tuple(np.shape(x)) for x in leaves)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    """An input as the signature names it (a dtype name, typed PRNG keys included) for the call log's text."""
+    shape: tuple
+    dtype: str
+
+
+class _CallLog:
+    """What :meth:`LoadedAOT.cache_info` reports: the input shapes seen (each a compile of the programs it ran,
+    by JAX, on their first call) and lookups that found theirs."""
+
+    def __init__(self, loaded: LoadedAOT):
+        self.loaded, self.hits, self.lock = loaded, 0, threading.Lock()
+        self.entries: dict[tuple, tuple[str, list[str]]] = {}  # input shapes -> (reason, programs run)
+        self.by_residuals: dict[tuple, tuple] = {}  # residual shapes -> input shapes (the backward's entry)
+
+    def look_up(self, shapes: tuple) -> None:
+        if shapes in self.entries:
+            self.hits += 1
+            return
+        with self.lock:
+            if shapes not in self.entries:
+                named = self._named(shapes)
+                old = min(self.entries, key=lambda k: sum(a != b for a, b in zip(k, shapes)), default=None)
+                reason = "first call" if old is None else inputs_change(self._named(old), named) or "new shapes"
+                self.entries[shapes] = (reason, [])
+                log_compile(self.loaded.__name__, self._text(named), reason)
+
+    def ran(self, shapes: tuple, program: str, residuals: tuple | None = None) -> None:
+        entry = self.entries.get(shapes)
+        if entry is not None and program not in entry[1]:
+            with self.lock:
+                if program not in entry[1]:
+                    entry[1].append(program)
+        if residuals is not None and residuals not in self.by_residuals:
+            self.by_residuals[residuals] = shapes
+
+    def ran_backward(self, residuals: tuple) -> None:
+        shapes = self.by_residuals.get(residuals)
+        if shapes is not None:
+            self.ran(shapes, "backward")
+
+    def _named(self, shapes: tuple) -> list:
+        s = self.loaded.signature
+        return [(p, _Leaf(tuple(shape), spec.dtype)) for p, spec, shape in zip(s.in_paths, s.in_specs, shapes)]
+
+    @staticmethod
+    def _text(named: list) -> str:
+        return ", ".join(f"{p}: {format_aval(a)}" for p, a in named)
+
+    def info(self) -> CacheInfo:
+        with self.lock:
+            items = [(k, reason, tuple(run)) for k, (reason, run) in self.entries.items()]
+        entries = tuple(CacheEntryInfo(self._text(self._named(k)), reason, run, compiles=run) for k, reason, run in items)
+        return CacheInfo(self.hits, len(entries), entries)
+
+
+def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exception]) -> None:
+    """Raise ``error`` unless ``x`` has ``spec``'s dtype and shape (binding symbolic dims)."""
+    got = shape_and_dtype_name(x)
+    if got is None:
+        raise error(f"{path} is a {type(x).__name__}, not an array: expected {spec}.")
+    shape, dtype = got
+    mismatch = dtype != spec.dtype or len(shape) != len(spec.shape)
+    for want, have in zip(spec.shape, shape):
+        if isinstance(want, int):
+            mismatch = mismatch or want != have
+        elif str(want).isidentifier():  # a plain dimension variable: bind it
+            first = bound.setdefault(want, (have, path))
+            if first[0] != have:
+                raise error(
+                    f"{path}: dimension '{want}' is {have} here but {first[0]} in {first[1]} "
+                    f"(expected {spec}, got {dtype}[{','.join(map(str, shape))}])."
+                )
+    if mismatch:
+        raise error(f"{path}: expected {spec}, got {dtype}[{','.join(map(str, shape))}].")
+
+
+def _raise_overflow(check: RuntimeCheck, flag: Any) -> None:
+    if np.any(np.asarray(flag)):
+        raise LoopOverflowError(
+            f"while_loop needed more than max_steps={check.max_steps} iterations (raised by the exported "
+            "forward). Its reverse mode stacks at most max_steps carries: re-export with a larger max_steps, "
+            "or with checkpoints=k instead."
+        )
+
+
+def _run_checks(flags: Sequence[Any], checks: Sequence[RuntimeCheck]) -> None:
+    for flag, check in zip(flags, checks):
+        if C.is_tracer(flag):  # under jit: check when the program runs
+            jax.debug.callback(functools.partial(_raise_overflow, check), flag)
+        else:
+            _raise_overflow(check, flag)

@@ -1,0 +1,177 @@
+"""``jaxaot.value_and_grad`` and ``jaxaot.grad``: eager gradients that go straight to compiled programs.
+
+They take the arguments of ``jax.value_and_grad`` / ``jax.grad`` and dispatch on
+what is differentiated:
+
+* an ``aot_function``: its compiled forward and backward run directly on
+  concrete arguments (:mod:`jaxaot._src.autograd.direct.function`);
+* a plain function whose one differentiated argument (``argnums`` an int or a
+  1-tuple) is an ``aot_module``: the function is compiled with the module into
+  one step, with ``nnx.value_and_grad``'s results
+  (:mod:`jaxaot._src.autograd.direct.module`); any other ``nnx.Module`` there (a
+  plain model holding ``aot_module`` submodules, say): ``nnx.value_and_grad``;
+* anything else: ``jax.value_and_grad`` itself.
+
+Whether an argument is a Flax module is decided per call. No module can exist
+before Flax is imported, so until then the check is one dictionary look-up,
+and ``jaxaot.value_and_grad`` of plain functions never imports Flax.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxaot._src.autograd.grad_of import grad_of
+from jaxaot._src.autograd.direct.function import function_value_and_grad
+from jaxaot.errors import InvalidInputError
+from jaxaot._src.runtime import AOTFunction, CacheInfo
+
+
+_MODULE_STEP: list = []  # the module step, once imported
+
+
+def _module_step() -> Any:
+    """:mod:`jaxaot._src.autograd.direct.module` once Flax is loaded (else None: no Flax module exists)."""
+    if _MODULE_STEP:
+        return _MODULE_STEP[0]
+    if "flax" not in sys.modules:
+        return None
+    # Deferred, within this package: the module step imports Flax and jaxaot._src.nn.
+    from jaxaot._src.autograd.direct import module
+
+    _MODULE_STEP.append(module)
+    return module
+
+
+def _built_on_first_call(build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """``build()``'s function, built when first called: a training loop that writes
+    ``jaxaot.value_and_grad(loss_fn)(model, ...)`` builds the gradient every step, and the
+    module's compiled step never needs JAX's."""
+    built: list = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not built:
+            built.append(build())
+        return built[0](*args, **kwargs)
+
+    return call
+
+
+def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
+                    fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """``fallback`` (a ``value_and_grad`` of ``fun``), except when the one differentiated argument
+    (``argnums`` an int or a 1-tuple) is an ``nnx.Module``: then the call is an ``aot_module``'s compiled
+    step, or ``nnx.value_and_grad`` for other modules, and with a 1-tuple ``argnums`` the gradients
+    come in a 1-tuple, as JAX and Flax return them.
+    :func:`value_and_grad` and :func:`~jaxaot.patch_value_and_grad` dispatch through it."""
+    as_tuple = isinstance(argnums, (tuple, list))
+    position = argnums[0] if as_tuple and len(argnums) == 1 else argnums
+    if isinstance(position, bool) or not isinstance(position, int):  # DiffState, several argnums: not ours
+        return fallback
+    ran: "weakref.WeakSet[AOTFunction]" = weakref.WeakSet()  # the loss programs this gradient ran
+    last: list = [None]
+
+    def vg(*args: Any, **kwargs: Any):
+        step = _module_step()
+        if step is not None and 0 <= position < len(args):
+            if step.is_aot_module(args[position]):
+                program = args[position].loss_program
+                if program is not last[0]:
+                    last[0] = program
+                    ran.add(program)
+                out, grads = step.module_value_and_grad(fun, position, args, kwargs, has_aux, fused)
+                return out, ((grads,) if as_tuple else grads)
+            if step.is_flax_module(args[position]):  # a plain module (it may hold aot_module submodules)
+                return step.FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
+        return fallback(*args, **kwargs)
+
+    def cache_info() -> CacheInfo:
+        """The compile caches of the ``aot_module`` loss programs this gradient ran (``program``: ``loss``)."""
+        programs = list(ran)
+        labels = ["loss"] if len(programs) == 1 else [f"loss[{k}]" for k in range(len(programs))]
+        return CacheInfo.combine({label: p.cache_info() for label, p in zip(labels, programs)})
+
+    vg.cache_info = cache_info
+    return vg
+
+
+def _nothing_compiled() -> CacheInfo:
+    """``cache_info()`` of a gradient that compiles nothing itself (``jax.value_and_grad`` runs it)."""
+    return CacheInfo(0, 0, ())
+
+
+def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who: str = "value_and_grad") -> None:
+    """:class:`~jaxaot.errors.InvalidInputError` naming the first option of :func:`value_and_grad` of the
+    wrong kind: ``fun`` not callable, ``argnums`` not an int or a non-empty sequence of ints, ``has_aux``
+    or ``fused`` not a bool."""
+    if not callable(fun):
+        raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
+        raise InvalidInputError(f"argnums of {who} must be an int or a non-empty sequence of ints, got {argnums!r}.")
+    for name, value in (("has_aux", has_aux), ("fused", fused)):
+        if not isinstance(value, bool):
+            raise InvalidInputError(f"{name} of {who} must be True or False, got {type(value).__name__} {value!r}.")
+
+
+def value_and_grad(
+    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *, fused: bool = True
+) -> Callable[..., Any]:
+    """Like ``jax.value_and_grad``, with an eager fast path for :class:`~jaxaot.AOTFunction`.
+
+    For a plain ``fun`` whose differentiated argument is a ``jaxaot.nn.aot_module``
+    (``loss_fn(aot_model, x, y)``), it behaves as ``nnx.value_and_grad``: the
+    gradient is an ``nnx.State`` of the module's parameters, and the state the
+    call changes is written back. Eagerly, ``fun`` is then traced once per
+    signature together with the module and runs as one compiled step (Python
+    side effects in ``fun`` happen when it is traced, as in the module's own
+    call); under ``jit`` it is ``nnx.value_and_grad``.
+
+    Args:
+      fun, argnums, has_aux: as ``jax.value_and_grad``'s.
+      fused: run one executable that computes the forward and then the
+        backward, keeping the partition's plan (``docs/concepts/fused_step.md``);
+        False runs the split forward and backward executables. ``cache_info()``
+        lists which were compiled (``fused`` or ``forward``/``backward``).
+
+    The result has ``cache_info()``: the ``aot_function``'s, or that of the ``aot_module``
+    loss programs it ran (labelled ``loss``); for other functions, which ``jax.value_and_grad``
+    runs, nothing.
+
+    Raises:
+      InvalidInputError: ``fun`` is not callable, ``argnums`` is not an int or a non-empty
+        sequence of ints, ``has_aux`` or ``fused`` is not a bool.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
+        >>> loss, dw = jaxaot.value_and_grad(f)(jnp.ones((3, 2)), jnp.ones((4, 3)))
+        >>> dw.shape
+        (3, 2)
+    """
+    check_gradient_options(fun, argnums, has_aux, fused)
+    if isinstance(fun, AOTFunction):
+        return function_value_and_grad(fun, argnums, has_aux, fused)
+    vg = module_dispatch(fun, argnums, has_aux, fused,
+                         _built_on_first_call(lambda: jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)))
+    if not hasattr(vg, "cache_info"):
+        vg.cache_info = _nothing_compiled
+    return vg
+
+
+def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+         fused: bool = True) -> Callable[..., Any]:
+    """Like ``jax.grad``, with the eager fast path of :func:`value_and_grad`.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda x: jnp.sum(x ** 2))
+        >>> jaxaot.grad(f)(jnp.arange(3.0)).tolist()
+        [0.0, 2.0, 4.0]
+    """
+    check_gradient_options(fun, argnums, has_aux, fused, "grad")
+    return grad_of(value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused), fun, has_aux=has_aux)

@@ -1,0 +1,133 @@
+"""The eager gradient of an ``aot_function``: straight to its compiled executables.
+
+``jax.value_and_grad(aot_fn)`` works, but in eager mode JAX's own autodiff
+machinery (linearize, ``custom_vjp`` bookkeeping, transposition) costs about as
+much per call as the executables themselves on small functions.
+:func:`function_value_and_grad` runs the compiled forward and backward directly
+when every argument is a concrete array (one fused executable by default,
+:func:`jaxaot._src.fusion.run_fused`; ``docs/concepts/fused_step.md``), and defers to
+``jax.value_and_grad`` otherwise (under ``jit`` or ``vmap``, integer inputs, a
+loss that is not a real scalar).
+
+Costs per call: the function's signature look-up, one executable call (two
+when split), and the unflattening of the results; which program a signature
+runs is decided once, on its first call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.fusion import is_decided, run_fused
+from jaxaot._src.loops import reraise_overflow
+from jaxaot._src.runtime import AOTFunction, TraceKind
+
+
+def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
+    """Whether the outputs are what ``jax.grad`` differentiates: a real scalar, or a ``(scalar, aux)`` pair.
+
+    Anything else goes to ``jax.value_and_grad`` itself, which raises its own error.
+    """
+    tree = jax.tree_util.tree_unflatten(programs.out_tree, list(range(programs.out_tree.num_leaves)))
+    if has_aux:
+        if not (isinstance(tree, (tuple, list)) and len(tree) == 2 and isinstance(tree[0], int)):
+            return False
+    elif not isinstance(tree, int):
+        return False
+    aval = C.out_avals_of(programs.primal)[0]
+    return aval.shape == () and bool(jax.numpy.issubdtype(aval.dtype, jax.numpy.floating))
+
+
+def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], bool]:
+    if isinstance(argnums, int):
+        return (argnums,), True
+    return tuple(argnums), False
+
+
+def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_aux: bool,
+                            fused: bool) -> Callable[..., Any]:
+    """``jax.value_and_grad(fun, argnums, has_aux)`` of an ``aot_function``, run eagerly on its executables.
+
+    ``fused``: one executable computes the forward and then the backward,
+    keeping the partition's plan; False runs the split forward and backward
+    executables. The result has a ``lower(*args)`` giving the
+    :class:`~jaxaot.AOTLowered` of the programs it runs, and ``cache_info()``,
+    ``fun``'s (:meth:`AOTFunction.cache_info <jaxaot.AOTFunction.cache_info>`).
+
+    A signature's first call holds its lock while the fused step compiles and
+    is chosen (:func:`~jaxaot._src.fusion.run_fused`), so threads calling together
+    compile each variant once: the step's name is in the signature's
+    ``compiled`` once, its variants each once.
+    """
+    fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
+    nums, single = _normalize_argnums(argnums)
+
+    def training_for(programs, leaves, args):
+        # The flat leaves are the dynamic arguments' leaves in order (then kwargs'):
+        # mark the ranges of the picked arguments, by position (the same array may be
+        # passed twice, once differentiated and once not).
+        mask, start = [False] * len(leaves), 0
+        for i, a in enumerate(args):
+            if i in fun.static_argnums:
+                continue
+            size = len(jax.tree_util.tree_leaves(a))
+            if i in nums:
+                mask[start:start + size] = [True] * size
+            start += size
+        return programs.training(tuple(mask))
+
+    # id(programs) -> (programs, training or None): what each signature runs. The
+    # differentiated leaves are fixed by the signature, so this is decided once per signature.
+    plans: dict[int, tuple[Any, Any]] = {}
+
+    def plan_for(programs, leaves, args):
+        plan = plans.get(id(programs))
+        if plan is None:
+            ok = all(n < len(args) and n not in fun.static_argnums for n in nums) and all(
+                C.is_inexact(jax.numpy.result_type(x)) for n in nums for x in jax.tree_util.tree_leaves(args[n]))
+            ok = ok and _is_real_scalar_loss(programs, has_aux)
+            plan = plans[id(programs)] = (programs, training_for(programs, leaves, args) if ok else None)
+        return plan[1]
+
+    def vg(*args: Any, **kwargs: Any):
+        programs, leaves, kind = fun.lookup(args, kwargs)
+        if kind is not TraceKind.CONCRETE:
+            return fallback(*args, **kwargs)
+        tr = plan_for(programs, leaves, args)
+        if tr is None:
+            return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
+        value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
+        with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
+            if fused and not tr.joint.num_aux:
+                if not is_decided(programs, "fused" + tr.name_suffix):
+                    # The first call of a signature compiles the step (on an accelerator, each variant
+                    # weighed) and decides fused or split: once, however many threads call.
+                    with programs.lock:
+                        outs, grads = run_fused(tr, leaves, value_leaf)
+                else:
+                    outs, grads = run_fused(tr, leaves, value_leaf)
+            else:
+                outs, residuals = tr.forward(leaves, concrete=True)
+                grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
+        dyn, _ = tr.input_grads_tree(grads)
+        dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
+        picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
+        out_tree = jax.tree_util.tree_unflatten(programs.out_tree, outs)
+        grad = picked[0] if single else picked
+        if has_aux:
+            value, aux = out_tree
+            return (value, aux), grad
+        return out_tree, grad
+
+    def lower(*args: Any, **kwargs: Any):
+        """The :class:`AOTLowered` of the programs this gradient runs."""
+        programs, leaves, _ = fun.lookup(args, kwargs)
+        return fun.lowered(training_for(programs, leaves, args))
+
+    vg.__wrapped__ = fun
+    vg.lower = lower
+    vg.cache_info = fun.cache_info
+    return vg

@@ -1,0 +1,91 @@
+"""The eager gradient of a loss of an ``aot_module``: one compiled step.
+
+Eager ``nnx.value_and_grad(loss_fn)(aot_model, x, y)`` works, but every step
+pays for Flax's graph traversals, JAX's eager linearization of the loss around
+the module (each op of ``loss_fn`` dispatched and linearized one at a time),
+the ``custom_vjp`` bookkeeping of the module's call and an eager transposition.
+On small and medium models that costs more than the compiled programs
+themselves (a 3-layer MLP on a CPU: 23 ms per step against 9 ms for the whole
+step under ``nnx.jit``; ``docs/concepts/modules.md``).
+
+:func:`module_value_and_grad` is what :func:`jaxaot.value_and_grad` runs when
+its differentiated argument is an :class:`~jaxaot._src.nn.AOTModule`. The module
+compiles ``loss_fn`` as one more call of itself, through its own options
+(partitioner, compilers): its ``loss_program`` is the ``aot_function`` of the
+pure loss, whose inputs and write-back :class:`~jaxaot._src.nn.loss_call.PreparedLoss`
+handles. The gradient then runs as that of an ``aot_function``
+(:func:`~jaxaot._src.autograd.direct.function.function_value_and_grad`): one fused
+executable, forward then backward with the partition's plan, on the module's
+state and the batch. The module's split is kept between steps
+(:mod:`jaxaot._src.nn.split_cache`), so a step walks Flax's graph only when the
+module's structure changed. Under a trace (``jit``, ``vmap``), or when another
+argument holds Flax objects, it is ``nnx.value_and_grad`` itself (as it is for
+a plain module, which may hold ``aot_module`` submodules:
+:mod:`jaxaot._src.autograd.direct.api` sends those to Flax directly).
+
+This module imports Flax; :mod:`jaxaot._src.autograd.direct.api` imports it only once
+a Flax module is differentiated.
+
+Example:
+    >>> import jax.numpy as jnp, jaxaot
+    >>> from flax import nnx
+    >>> model = jaxaot.nn.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+    >>> loss_fn = lambda m, x: jnp.sum(m(x) ** 2)
+    >>> loss, grads = jaxaot.value_and_grad(loss_fn)(model, jnp.ones((4, 3)))
+    >>> grads["kernel"][...].shape
+    (3, 2)
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable
+
+from flax import nnx
+
+from jaxaot._src.autograd.direct.flax_functions import FLAX_VALUE_AND_GRAD
+from jaxaot._src.autograd.direct.function import function_value_and_grad
+from jaxaot._src.nn import AOTModule, PreparedLoss
+from jaxaot._src.runtime import AOTFunction
+
+#: Per loss program, the fused and split ``value_and_grad`` of it (each keeps its per-signature plans).
+_GRADIENTS: "weakref.WeakKeyDictionary[AOTFunction, dict]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _gradient_of(program: AOTFunction, fused: bool) -> Callable[..., Any]:
+    per_mode = _GRADIENTS.get(program)
+    vg = None if per_mode is None else per_mode.get(fused)
+    if vg is None:
+        with _LOCK:
+            per_mode = _GRADIENTS.setdefault(program, {})
+            vg = per_mode.get(fused)
+            if vg is None:
+                vg = per_mode[fused] = function_value_and_grad(program, argnums=1, has_aux=True, fused=fused)
+    return vg
+
+
+def is_aot_module(x: Any) -> bool:
+    """Whether ``x`` is an ``aot_module`` (an :class:`~jaxaot._src.nn.AOTModule`)."""
+    return isinstance(x, AOTModule)
+
+
+def is_flax_module(x: Any) -> bool:
+    """Whether ``x`` is an ``nnx.Module`` (a plain one may hold ``aot_module`` submodules)."""
+    return isinstance(x, nnx.Module)
+
+
+def module_value_and_grad(fun: Callable[..., Any], position: int, args: tuple, kwargs: dict, has_aux: bool,
+                          fused: bool) -> Any:
+    """``nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)``, as one compiled step.
+
+    ``args[position]`` is an :class:`~jaxaot._src.nn.AOTModule`.
+    """
+    model = args[position]
+    loss = PreparedLoss.of(model, fun, position, args, kwargs, has_aux)
+    if loss is None:
+        return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
+    (value, (aux, delta)), grads = _gradient_of(model.loss_program, fused)(*loss.inputs, **kwargs)
+    grads = loss.finish(delta, grads)
+    return ((value, aux), grads) if has_aux else (value, grads)

@@ -1,0 +1,330 @@
+"""``compiled_grad`` and ``compiled_value_and_grad``: the forward runs as written, the step is compiled.
+
+The model is PyTorch's compiled autograd, in JAX terms. Each call:
+
+1. *records* ``fun``'s forward (:mod:`.tape`): it runs as written, Python
+   control flow, prints, ``aot_function`` regions, ``jaxaot.loops.while_loop`` and
+   plain JAX mixed, but JAX operations are written down rather than
+   dispatched one by one. Values Python looks at (``if loss > 0``,
+   ``float(x)``, ``print(x)``) are computed on demand, eagerly;
+2. looks the recorded program's structure up in the process-wide cache
+   (:mod:`.cache`), compiling ``jit(value_and_grad(program))`` on a miss and
+   recording why (which input or operation changed, old vs new);
+3. runs that executable (:mod:`.step`): one call computes the loss, the
+   auxiliary outputs and the gradients.
+
+Steps that take the same path through the forward reuse one executable; a new
+path (another branch, another loop length, other shapes) compiles once.
+
+Three ways of running, per wrapped function, each a fallback of the one before
+(``compiled_autograd.stats().fallbacks`` says when and why one was taken):
+
+* **lazy recording** (the default): nothing is dispatched until Python needs a
+  value or the compiled step runs;
+* **eager recording**, when lazy recording failed (JAX itself asked for a
+  value it could not have, as boolean-mask indexing does, or the recorded
+  program did not compile): every operation runs as it is recorded, so JAX
+  sees the values it sees eagerly. The function keeps this mode;
+* **vjp capture** (:mod:`.capture`), when the forward does something a tape
+  cannot hold (``pmap``, mutable references, side effects inside a ``jit``
+  region): ``jax.vjp`` runs the forward, the transposed program is captured and
+  compiled once per structure. The function keeps this mode.
+
+A failed attempt has run part of the forward's Python code; its prints and
+other host side effects happen again when the next mode reruns it.
+
+Arguments follow ``jax.grad``: ``argnums`` picks the differentiated positional
+arguments, whose leaves must be float or complex. ``nnx.Module`` arguments are
+split as ``nnx.grad`` splits them (:mod:`.modules`): the gradient of a module
+is an ``nnx.State`` of its ``nnx.Param`` values, and the state the forward
+changes (batch statistics, RNG counters) is written back.
+
+With ``replay=True``, a call that Python could not tell apart from a recorded
+one (the same argument types and static values, the same outcomes of the values
+it looked at) runs the recorded step without running the forward's Python
+(:mod:`.replay`); any other call records as above.
+
+Called inside ``jit``/``vmap`` (or inside another compiled forward), there is
+nothing to run eagerly: the wrapper then behaves as ``jax.value_and_grad`` with
+the same parameter hooks, traced into the caller's program.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import format_aval
+from jaxaot._src.autograd.grad_of import grad_of
+from jaxaot._src.autograd.recorded import call as K
+from jaxaot._src.autograd.recorded import capture as CAP
+from jaxaot._src.autograd.recorded import modules as M
+from jaxaot._src.autograd.recorded import param_hooks as PH
+from jaxaot._src.autograd.recorded import replay as R
+from jaxaot._src.autograd.recorded import step as S
+from jaxaot._src.autograd.recorded.cache import note_fallback, note_replay
+from jaxaot._src.autograd.recorded.plans import Plans, name_of
+from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
+
+
+def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
+    single = isinstance(argnums, int) and not isinstance(argnums, bool)
+    nums = (argnums,) if single else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if not nums or any(not isinstance(n, int) or isinstance(n, bool) for n in nums):
+        raise InvalidInputError(f"argnums must be an int or a non-empty tuple of ints, got {argnums!r}.")
+    return nums, single
+
+
+def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+                            param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
+                            replay: bool = False) -> Callable[..., Any]:
+    """Like ``jax.value_and_grad``; the forward runs as written, the step is compiled once per structure.
+
+    Args:
+      fun: the function; its (first) output must be a real scalar.
+      argnums: position or positions of the differentiated arguments.
+      has_aux: ``fun`` returns ``(value, aux)``.
+      param_hooks: ``{path pattern or predicate: fn(param, grad) -> grad}``, run
+        on each matching parameter's full gradient inside the compiled backward
+        (:mod:`jaxaot._src.autograd.recorded.param_hooks`).
+      replay: skip the forward's Python on a call whose arguments have the
+        types and static values of a recorded call, and whose looked-at values
+        (``if loss > 0``) take outcomes a recording took: the compiled step runs
+        directly, as ``jit`` runs (:mod:`jaxaot._src.autograd.recorded.replay`). The
+        forward's Python side effects then happen only when it is recorded.
+
+    Returns:
+      ``f(*args, **kwargs) -> (value, grad)`` (``((value, aux), grad)`` with
+      ``has_aux``), as ``jax.value_and_grad``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot
+        >>> def loss(w, x):
+        ...     y = jnp.tanh(x @ w)
+        ...     return jnp.sum(y ** 2) if y.mean() > 0 else jnp.sum(y)  # a Python branch on data
+        >>> vg = jaxaot.compiled_value_and_grad(loss)
+        >>> value, g = vg(jnp.ones((3, 2)), jnp.ones((4, 3)))
+        >>> bool(jnp.allclose(g, jax.grad(loss)(jnp.ones((3, 2)), jnp.ones((4, 3)))))
+        True
+    """
+    if not callable(fun):
+        raise InvalidInputError(f"compiled_value_and_grad needs a callable fun, got a {type(fun).__name__}.")
+    nums, single = _check_argnums(argnums)
+    if not isinstance(has_aux, bool):
+        raise InvalidInputError(f"has_aux must be True or False, got {type(has_aux).__name__} {has_aux!r}.")
+    if not isinstance(replay, bool):
+        raise InvalidInputError(f"replay must be True or False, got {type(replay).__name__} {replay!r}.")
+    plans = Plans(fun, PH.check_param_hooks(param_hooks), replay)
+
+    def value_and_grad(*args: Any, **kwargs: Any):
+        positions = _resolve(nums, len(args))
+        modules = M.split_args(args, positions) if args else {}
+        diff = tuple(modules[n].params if n in modules else args[n] for n in positions)
+        call = K.Call(args, kwargs, positions, diff, {*modules, *positions})
+        _check_inexact(call, diff, positions)
+        planned = plans.plan(call.diff_tree, diff, not single)
+        forward = lambda: _forward(fun, args, kwargs, modules, positions, has_aux, call)  # noqa: E731
+        if call.traced or not C.is_eval_trace(C.current_trace()):
+            value, vjp_fn, (aux, states) = jax.vjp(forward(), *diff, has_aux=True)
+            grads = PH.apply(planned, call.diff, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
+        else:
+            value, (aux, states), grads = _step(plans, call, forward, diff, planned, bool(modules))
+        for n, m in modules.items():
+            m.write_back(states[n])
+        grad = jax.tree_util.tree_unflatten(call.diff_tree, grads)
+        grad = grad[0] if single else grad
+        return ((value, aux), grad) if has_aux else (value, grad)
+
+    value_and_grad.__wrapped__ = fun
+    value_and_grad.cache_info = plans.cache_info
+    return value_and_grad
+
+
+def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, planned: tuple, modules: bool) -> tuple:
+    """``(value, rest, grads)`` of one eager step: replayed, recorded (and remembered for replay), or
+    captured under ``jax.vjp`` (``make_forward()``: the forward, made when one runs)."""
+    guarded = plans.replay and not modules and plans.mode == "lazy"
+    miss = key = None
+    if guarded:
+        key = call.key(C.trace_context())
+        arrays = [jax.device_put(x) if isinstance(x, np.ndarray) else x for x in call.arrays]
+        root = plans.trees.get(key)
+        found = R.run(root, call.diff, arrays) if root is not None else None
+        if isinstance(found, R.Step):
+            value, outs, grads = found.exe(call.diff, arrays)
+            plans.last = (found.structure, call.release())
+            plans.hits += 1
+            note_replay()
+            return value, S.outputs(found.kept, found.rest_tree, outs), list(grads)
+        miss = found
+    reason = plans.reason(call, miss)
+    forward = make_forward()
+    t = time.perf_counter()
+    out = _recorded(plans, forward, call, planned, reason, arrays if guarded else None)
+    if out is None:
+        value, vjp_fn, rest = jax.vjp(forward, *diff, has_aux=True)
+        captured = CAP.capture(vjp_fn, value.dtype)
+        recorded_in = time.perf_counter() - t
+        grads, structure, compiled = CAP.run_compiled(captured, planned, call.diff, reason)
+    else:
+        value, rest, grads, compiled, recorded, exe = out
+        recorded_in, structure = recorded.seconds, recorded.structure
+        if guarded and recorded.tape.guarded:
+            path, _ = R.judge(recorded)
+            if path is not None:
+                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree))
+    plans.count(call, compiled, structure, recorded_in, miss)
+    plans.last = (structure, call.release())
+    return value, rest, grads
+
+
+def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions: tuple, has_aux: bool,
+             call: K.Call):
+    """``forward(*diff, arg_values=None) -> (value, (aux, module states))``: ``fun`` on the differentiated
+    values (and, for a guarded recording, on ``arg_values`` in place of the other arguments' arrays)."""
+
+    def forward(*dvals, arg_values=None):
+        call_args, call_kwargs = (list(args), kwargs) if arg_values is None else call.rebuild(args, kwargs,
+                                                                                              arg_values)
+        for n, m in modules.items():
+            call_args[n] = m.merge(dvals[positions.index(n)] if n in positions else None)
+        for n, v in zip(positions, dvals):
+            if n not in modules:
+                call_args[n] = v
+        out = fun(*call_args, **call_kwargs)
+        if has_aux:
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise InvalidOutputError(f"{name_of(fun)} was marked has_aux=True but returned a "
+                                         f"{type(out).__name__}, not a (value, aux) pair.")
+            out, aux = out
+        else:
+            aux = None
+        _check_scalar(out, fun)
+        return out, (aux, {n: m.state_after(call_args[n]) for n, m in modules.items()})
+
+    return forward
+
+
+#: What JAX raises when it needs a value that lazy recording has not computed (eager recording has it).
+_NEEDS_VALUES = (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
+                 jax.errors.TracerArrayConversionError, jax.errors.TracerIntegerConversionError)
+
+
+def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, reason: Callable[[Any], str],
+              arrays: list | None) -> tuple | None:
+    """``(value, rest, grads, compiled, recorded, executable)`` from a recorded step, or None when the
+    function runs under vjp capture. ``arrays``: record guarded, with these in place of the other
+    arguments' arrays (lazy mode only).
+
+    Moves the function to the next mode when its current one fails (module docstring): lazy recording
+    to eager recording when JAX needed a value while recording or the recorded program did not compile
+    (``fori_loop`` bounds JAX would have specialised on); either to vjp capture when the forward cannot
+    be recorded. Other errors are the forward's own and propagate.
+    """
+    while plans.mode != "vjp":
+        eager = plans.mode == "eager"
+        t = time.perf_counter()
+        try:
+            recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays,
+                                [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]], plans.trie.root())
+        except C.Unrecordable as e:
+            plans.mode = "vjp"
+            note_fallback(f"compiled_grad({plans.name}): the forward cannot be recorded ({e}); running it under "
+                          "jax.vjp with a captured backward from now on")
+            continue
+        except _NEEDS_VALUES as e:
+            if eager:
+                raise
+            failed = e
+        else:
+            recorded = recorded._replace(seconds=time.perf_counter() - t)
+            try:
+                exe, compiled = S.executable(recorded, planned, call.diff, reason)
+                value, outs, grads = exe(list(call.diff), recorded.args)
+                rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
+                return value, rest, list(grads), compiled, recorded, exe
+            except JaxaotError:
+                raise
+            except Exception as e:
+                if eager:
+                    raise
+                failed = e
+        plans.mode = "eager"
+        first = (str(failed).strip().splitlines() or [""])[0]
+        note_fallback(f"compiled_grad({plans.name}): lazy recording failed ({type(failed).__name__}: "
+                      f"{first[:200]}); recording eagerly from now on")
+    return None
+
+
+def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+                  param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
+                  replay: bool = False) -> Callable[..., Any]:
+    """Like ``jax.grad``, with the eager forward and compiled backward of :func:`compiled_value_and_grad`.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))(jnp.arange(3.0)).tolist()
+        [0.0, 2.0, 4.0]
+    """
+    vg = compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay)
+    return grad_of(vg, fun, has_aux=has_aux)
+
+
+def nnx_compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+                      param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
+                      replay: bool = False) -> Callable[..., Any]:
+    """:func:`compiled_grad` under the name Flax users look for; module arguments get an ``nnx.State``."""
+    return compiled_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay)
+
+
+# --------------------------------------------------------------------------- checks
+def _resolve(nums: Sequence[int], nargs: int) -> tuple[int, ...]:
+    out = []
+    for n in nums:
+        if not -nargs <= n < nargs:
+            raise InvalidInputError(f"argnums={n} is out of range: the function got {nargs} positional "
+                                    f"argument(s). Pass argnums below {nargs}, or pass the argument positionally.")
+        out.append(n % nargs)
+    return tuple(out)
+
+
+#: (number of differentiated leaves, the call's array types) seen to be float or complex where differentiated
+_INEXACT: dict[tuple, bool] = {}
+
+
+def _check_inexact(call: K.Call, diff: Sequence[Any], positions: Sequence[int]) -> None:
+    n = len(call.diff)
+    if _INEXACT.get((n, call.types)):  # the types seen before: checked then
+        return
+    for t in call.types[:n]:
+        dtype = (t[0] if type(t) is tuple else t).dtype
+        if not C.is_inexact(dtype):
+            break
+    else:
+        if len(_INEXACT) >= 1024:
+            _INEXACT.clear()
+        _INEXACT[(n, call.types)] = True
+        return
+    for n, value in zip(positions, diff):  # the slow path, for the message
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            dtype = jax.numpy.result_type(leaf)
+            if not C.is_inexact(dtype):
+                where = f"argument {n}{jax.tree_util.keystr(path)}"
+                raise InvalidInputError(
+                    f"{where} has dtype {np.dtype(dtype).name if dtype != C.float0 else 'float0'}; compiled_grad "
+                    "differentiates float and complex inputs only. Leave it out of argnums, or convert it "
+                    "(x.astype(jnp.float32)).")
+
+
+def _check_scalar(out: Any, fun: Any) -> None:
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is None:
+        raise InvalidOutputError(f"{name_of(fun)} returned a {type(out).__name__}; compiled_grad needs a scalar "
+                                 "array output (use has_aux=True to return more).")
+    if tuple(shape) != () or not jax.numpy.issubdtype(dtype, jax.numpy.floating):
+        raise InvalidOutputError(f"{name_of(fun)} returned {format_aval(out)}; compiled_grad needs a real scalar "
+                                 "output, as jax.grad does (sum or mean it, or use jax.vjp).")

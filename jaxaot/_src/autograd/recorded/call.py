@@ -1,0 +1,128 @@
+"""One call's arguments, split once: differentiated leaves, other arrays, static values, and their key.
+
+Every step of :func:`~jaxaot.compiled_value_and_grad` needs its arguments in
+several forms: the differentiated leaves (the step's first input), the other
+arguments' arrays (its second, and, for a guarded recording, recorded values
+the forward receives), the static values among them (Python numbers, strings,
+other objects), the key a replay is looked up by (:mod:`.replay`), and, when
+a step compiles, the inputs named for its reason
+(:class:`~jaxaot._src.autograd.recorded.reasons.CallInputs`). :class:`Call` flattens
+the arguments once and derives each form on demand, so the common call pays
+for two ``tree_flatten``\\ s and one pass over the leaves.
+
+A leaf is an *array* when it is a ``jax.Array`` or a NumPy array of more than
+one element (these are inputs of the step); anything else (a Python or NumPy
+scalar, a one-element NumPy array, a string, ``None``, any other object) is
+*static*: scalars are literals of the recorded program, keyed by value, and
+other objects are keyed by identity.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot._src import compat as C
+from jaxaot._src.autograd.recorded.reasons import CallInputs, python_values
+from jaxaot._src.autograd.recorded.structure import literal_value_key
+from jaxaot._src.runtime import ArgNames, leaf_key
+
+_ArrayImpl = C.ArrayImpl
+
+
+def is_array(x: Any) -> bool:
+    """Whether a leaf is an input array of the step (else a static value)."""
+    return type(x) is _ArrayImpl or isinstance(x, jax.Array) or (
+        isinstance(x, np.ndarray) and literal_value_key(x) is None)
+
+
+def static_key(x: Any) -> Any:
+    """A static leaf's part of a key: a scalar by its exact value, a string or ``None`` by value, any other
+    object by identity (``C.ById``: the object is kept alive with the key)."""
+    lit = literal_value_key(x)
+    if lit is not None:
+        return lit
+    if type(x) in (str, type(None)):
+        return (type(x), x)
+    return C.ById(x)
+
+
+def _types(leaves: Sequence[Any]) -> tuple[tuple, bool]:
+    """Each array's type and whether any is a tracer: a ``jax.Array``'s aval (a committed one's device
+    placement is checked by the executable it is passed to), else
+    :func:`jaxaot._src.runtime.signature.leaf_key`."""
+    types, traced = [], False
+    for x in leaves:
+        if type(x) is _ArrayImpl:
+            types.append(x.aval)
+            continue
+        if isinstance(x, C.Tracer):
+            traced = True
+        types.append(leaf_key(x))
+    return tuple(types), traced
+
+
+class Call:
+    """A call's arguments, flattened: ``diff`` leaves (of ``diff_tree``, one subtree per differentiated
+    position), the ``others`` (the other positional arguments, then the keywords; ``other_tree``), which
+    of those are :func:`is_array` (``array_at``), and every array's type (``types``: differentiated leaves
+    first: an aval)."""
+
+    __slots__ = ("positions", "diff", "diff_tree", "other_at", "kw_names", "others", "other_tree", "array_at",
+                 "types", "traced", "values")
+
+    def __init__(self, args: tuple, kwargs: dict, positions: tuple, diff_values: tuple, skip: Any) -> None:
+        self.positions = positions
+        self.diff, self.diff_tree = jax.tree_util.tree_flatten(diff_values)
+        self.other_at = tuple(i for i in range(len(args)) if i not in skip)
+        self.kw_names = tuple(kwargs)
+        self.others, self.other_tree = jax.tree_util.tree_flatten(
+            (*(args[i] for i in self.other_at), *kwargs.values()))
+        self.array_at = tuple(i for i, x in enumerate(self.others) if is_array(x))
+        others = self.others
+        types, traced = _types([*self.diff, *(others[i] for i in self.array_at)])
+        self.types, self.traced = types, traced  #: ``traced``: some leaf is a tracer (the call is being traced)
+        self.values: tuple | None = None
+
+    def release(self) -> "Call":
+        """Let the arguments go (keeping what :meth:`inputs` needs): a function keeps its last call."""
+        self.values = python_values(self.others)
+        self.diff = self.others = None
+        return self
+
+    @property
+    def arrays(self) -> list:
+        """The other arguments' arrays, in order."""
+        others = self.others
+        return [others[i] for i in self.array_at]
+
+    def key(self, context: Any) -> tuple:
+        """What a replay is looked up by: the trees, every array's aval, every static value (by
+        :func:`static_key`), and JAX's configuration ``context``."""
+        arrays = set(self.array_at)
+        statics = tuple([static_key(x) for i, x in enumerate(self.others) if i not in arrays])
+        return (self.positions, self.diff_tree, self.other_tree, self.kw_names, self.array_at, self.types, statics,
+                context)
+
+    def rebuild(self, args: tuple, kwargs: dict, arrays: Sequence[Any]) -> tuple[list, dict]:
+        """``args`` and ``kwargs`` with the other arguments' arrays replaced by ``arrays`` (in order)."""
+        leaves = list(self.others)
+        for i, x in zip(self.array_at, arrays):
+            leaves[i] = x
+        rebuilt = jax.tree_util.tree_unflatten(self.other_tree, leaves)
+        call_args = list(args)
+        for i, value in zip(self.other_at, rebuilt):
+            call_args[i] = value
+        return call_args, dict(zip(self.kw_names, rebuilt[len(self.other_at):]))
+
+    def inputs(self, names: ArgNames) -> CallInputs:
+        """The call's inputs named as a compile reason names them (:class:`CallInputs`; no array is kept)."""
+        avals = tuple((tuple(a.shape), a.dtype) for a in (t[0] if type(t) is tuple else t for t in self.types))
+        keep = [False] * self.other_tree.num_leaves
+        for i in self.array_at:
+            keep[i] = True
+        other_names = (*(names(i) for i in self.other_at), *self.kw_names)
+        values = self.values if self.others is None else python_values(self.others)
+        return CallInputs(self.positions, self.diff_tree, other_names, self.other_tree, tuple(keep), avals, values)

@@ -1,0 +1,103 @@
+"""A value Python looks at during a lazy recording, computed by one compiled program.
+
+When the forward asks for a value (``if loss > 0``, ``float(x)``), the
+operations it depends on and whose values are not known yet must run. Running
+them one by one costs one dispatch each, the eager cost the recording exists
+to avoid. Instead they run as one program: :func:`plan` cuts it out of the tape
+(those operations, fed by the known values they read, literals folded in) and
+compiles it once per structure, in a cache of its own
+(:data:`~jaxaot._src.autograd.recorded.cache.LOOKS`, emptied by
+:func:`~jaxaot._src.autograd.recorded.cache.reset`). The
+tape keeps the :class:`Plan` on its trie node
+(:class:`~jaxaot._src.autograd.recorded.structure.Node`), so a step that reaches
+the same point of the same recording calls the executable without looking
+anything up; :mod:`.replay` calls the same executables to check its guards,
+so a replayed step sees the very values a recording would.
+
+A program that does not compile (JAX would have specialised an operation on
+a value it cannot see) runs its operations one by one instead, as eager JAX
+would; such a plan has no executable, and a recording that used one is not
+replayed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.autograd.recorded.cache import LOOKS
+
+
+class Plan:
+    """How to compute one value from known ones: ``exe(*values[ins])``, or the operations one by one."""
+
+    __slots__ = ("exe", "ins", "vid", "eqns")
+
+    def __init__(self, exe: Any, ins: tuple, vid: int, eqns: tuple) -> None:
+        self.exe, self.ins, self.vid, self.eqns = exe, ins, vid, eqns
+
+    def run(self, values: list, trace: Any) -> Any:
+        """The value, from ``values`` (by value number; the plan's own operations' outputs are filled in when
+        they run one by one, in ``trace``)."""
+        if self.exe is not None:
+            with C.set_current_trace(trace):  # JAX's fast dispatch path runs only outside any other trace
+                return self.exe(*[values[v] for v in self.ins])
+        for e in self.eqns:
+            outs = C.bind_on(trace, e.prim, [values[v] for v in e.ins], e.params, e.staged)
+            for v, o in zip(e.outs, outs):
+                values[v] = o
+        return values[self.vid]
+
+
+def needed(tape: Any, vid: int) -> tuple[list[int], set[int]]:
+    """The operations ``vid`` depends on whose values are unknown (in order), and the known values they read."""
+    values, eqns = tape.values, tape.eqns
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outs}
+    ops, reads, stack = set(), set(), [producer[vid]]
+    while stack:
+        i = stack.pop()
+        if i in ops:
+            continue
+        ops.add(i)
+        for v in eqns[i].ins:
+            if values[v] is None:
+                stack.append(producer[v])
+            else:
+                reads.add(v)
+    return sorted(ops), reads
+
+
+def plan(tape: Any, vid: int) -> Plan:
+    """The :class:`Plan` computing ``vid`` on ``tape``, its program compiled on first sight of its structure."""
+    order, reads = needed(tape, vid)
+    lit_keys = {e[0]: e[3] for e in tape.inputs if e[1] == "lit" and e[0] in reads}
+    literals = {v: tape.values[v] for v in lit_keys}
+    feed = tuple(sorted(v for v in reads if v not in literals))
+    akeys = tape.akeys
+    key = ("force", tuple(tape.eqn_key(i) for i in order), tuple((v, akeys[v]) for v in feed),
+           tuple(sorted(lit_keys.items())), vid)
+    eqns = tuple(tape.eqns[i] for i in order)
+    fed = [tape.values[v] for v in feed]
+    try:
+        exe, _ = LOOKS.get(key, None, lambda: _compile(eqns, feed, literals, vid, fed),
+                            lambda: f"a value Python looked at, computed by one program of {len(order)} operations")
+    except Exception:  # noqa: BLE001 - not compilable: the operations run one by one (the plan says so)
+        exe = None
+    return Plan(exe, feed, vid, eqns)
+
+
+def _compile(eqns: Sequence[Any], feed: tuple, literals: dict, vid: int, fed: list) -> tuple[Any, dict]:
+    def run(*xs):
+        env = dict(zip(feed, xs))
+        env.update(literals)
+        for e in eqns:
+            outs = C.bind_on(None, e.prim, [env[v] for v in e.ins], e.params, e.staged, e.source_info)
+            env.update(zip(e.outs, outs))
+        return env[vid]
+
+    t = time.perf_counter()
+    exe = jax.jit(run).lower(*fed).compile()
+    return exe, {"compile_look": time.perf_counter() - t}

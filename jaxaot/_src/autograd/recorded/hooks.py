@@ -1,0 +1,209 @@
+"""Gradient hooks: functions of a cotangent that run inside the backward pass.
+
+``jaxaot.grad_hook(x, hook)`` returns ``x`` unchanged; in the backward pass the
+cotangent that reaches ``x`` is replaced by ``hook(cotangent)``. This is
+PyTorch's ``Tensor.register_hook`` in JAX terms: values are immutable, so
+instead of registering on a tensor the hook wraps the value in an identity
+``jax.custom_vjp`` whose backward rule calls the hook. Because the rule is
+ordinary JAX code, the hook is *traced* into whatever backward program is
+built around it: the joint graph of an :func:`~jaxaot.aot_function`, the
+backward captured by :func:`~jaxaot.compiled_grad`, or plain ``jax.grad``. It
+is never a host callback unless the hook itself makes one
+(``jax.debug.callback``).
+
+The hook sees the *total* cotangent of the returned value: JAX sums the
+contributions of every use before it transposes the identity.
+
+Several hooks on one value run in registration order. ``grad_hook(x, [h1, h2])``
+says so directly; ``grad_hook(grad_hook(x, h1), h2)`` gives the same result:
+the second call sees that its argument is the output of the first and wraps
+the first call's *input* with ``[h1, h2]`` (plain nesting would run ``h2``
+first, as the backward pass runs in reverse). That bookkeeping keeps a
+reference to the last few hooked outputs (:data:`_RECENT`), bounded, so it
+costs no memory that grows with the number of steps.
+
+A hook must return a cotangent of the same structure, shapes and dtypes as the
+one it got; anything else raises :class:`~jaxaot.errors.HookOutputError` while
+the backward is being traced, naming the hook, what it got and what it returned.
+
+Inside a forward recorded by :func:`~jaxaot.compiled_grad` (:mod:`.tape`), each
+hook is traced once, at once, on the cotangent's shape and dtype, into a small
+program (each step, as a captured backward is traced each step), and the
+identity's backward evaluates those programs in order. The recorded step is then keyed
+by what the hooks *do*, not by which Python function objects they are: a hook
+written as a ``lambda`` inside the forward, new on every step, does not
+recompile. Values the hooks close over (forward values included) become
+inputs of the identity, with a zero gradient.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import format_aval
+from jaxaot._src.autograd.recorded.structure import structure_of
+from jaxaot.errors import HookOutputError, InvalidInputError
+
+Hook = Callable[[Any], Any]
+
+#: id(hooked output) -> (that output, the hooked input, the hooks, their traced programs or None).
+_RECENT: "collections.OrderedDict[int, tuple[Any, Any, tuple[Hook, ...], Any]]" = collections.OrderedDict()
+_RECENT_MAX = 1024
+_RECENT_LOCK = threading.Lock()
+
+
+def hook_name(hook: Any) -> str:
+    """A readable name for a hook in error messages."""
+    name = getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or type(hook).__name__
+    return f"{getattr(hook, '__module__', '') or ''}.{name}".lstrip(".")
+
+
+def check_like(expected: Any, got: Any, what: str) -> None:
+    """Raise :class:`HookOutputError` unless ``got`` has ``expected``'s structure, shapes and dtypes."""
+    exp_leaves, exp_tree = jax.tree_util.tree_flatten(expected)
+    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+    if exp_tree != got_tree:
+        raise HookOutputError(f"{what} returned a value of structure {got_tree}, but the cotangent it got has "
+                              f"structure {exp_tree}: return a cotangent of the same structure.")
+    for i, (e, g) in enumerate(zip(exp_leaves, got_leaves)):
+        if not (hasattr(g, "shape") and hasattr(g, "dtype")) or (tuple(g.shape), g.dtype) != (tuple(e.shape), e.dtype):
+            got_text = format_aval(g) if hasattr(g, "shape") and hasattr(g, "dtype") else type(g).__name__
+            where = f" (leaf {i})" if len(exp_leaves) > 1 else ""
+            raise HookOutputError(
+                f"{what} returned {got_text}{where}, but the cotangent it got is {format_aval(e)}: a hook must return "
+                "a cotangent of the same shape and dtype (cast with .astype, reshape, or broadcast it back).")
+
+
+def as_hooks(hook: Any) -> tuple[Hook, ...]:
+    """``hook`` (a callable, or a sequence of callables) as a tuple, each checked callable."""
+    hooks = tuple(hook) if isinstance(hook, (list, tuple)) else (hook,)
+    if not hooks:
+        raise InvalidInputError("grad_hook got an empty list of hooks: pass a callable cotangent -> cotangent.")
+    for h in hooks:
+        if not callable(h):
+            raise InvalidInputError(
+                f"grad_hook's hook must be callable (cotangent -> cotangent), got a {type(h).__name__}: {h!r}.")
+    return hooks
+
+
+@functools.lru_cache(maxsize=256)
+def _identity_with_hooks(hooks: tuple[Hook, ...]) -> Callable[[Any], Any]:
+    """The identity ``custom_vjp`` whose backward applies ``hooks`` in order (one per hook tuple)."""
+
+    @jax.custom_vjp
+    def identity(x):
+        return x
+
+    def fwd(x):
+        return x, None
+
+    def bwd(_, ct):
+        for h in hooks:
+            new = h(ct)
+            check_like(ct, new, f"gradient hook {hook_name(h)}")
+            ct = new
+        return (ct,)
+
+    identity.defvjp(fwd, bwd)
+    return identity
+
+
+#: structures of traced hook programs -> the identity custom_vjp that evaluates them (bounded).
+_PROGRAMS: "collections.OrderedDict[tuple, Callable]" = collections.OrderedDict()
+_PROGRAMS_MAX = 256
+
+
+def _identity_with_programs(traced: Sequence[tuple[Any, list]]) -> Callable[[list, list], list]:
+    """The identity ``custom_vjp`` of ``(leaves, consts)`` whose backward runs the hook programs in order."""
+    programs = tuple(p for p, _ in traced)
+    key = tuple(structure_of(p).key for p in programs)
+    with _RECENT_LOCK:
+        identity = _PROGRAMS.get(key)
+        if identity is not None:
+            _PROGRAMS.move_to_end(key)
+            return identity
+    counts = [len(c) for _, c in traced]
+
+    @jax.custom_vjp
+    def identity(xs, consts):
+        return xs
+
+    def fwd(xs, consts):
+        return xs, consts
+
+    def bwd(consts, cts):
+        start = 0
+        for program, n in zip(programs, counts):
+            cts = C.eval_closed(program, *consts[start:start + n], *cts)
+            start += n
+        return cts, [None] * len(consts)
+
+    identity.defvjp(fwd, bwd)
+    with _RECENT_LOCK:
+        identity = _PROGRAMS.setdefault(key, identity)
+        while len(_PROGRAMS) > _PROGRAMS_MAX:
+            _PROGRAMS.popitem(last=False)
+    return identity
+
+
+def _trace_hooks(x: Any, hooks: Sequence[Hook]) -> list[tuple[Any, list]]:
+    """Each hook traced on ``x``'s cotangent: ``(program, consts)`` per hook (each hook called once)."""
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    avals = [C.typeof(leaf).to_tangent_aval() for leaf in leaves]
+    out = []
+    for h in hooks:
+        def one(*cts, h=h):
+            ct = jax.tree_util.tree_unflatten(tree, list(cts))
+            new = h(ct)
+            check_like(ct, new, f"gradient hook {hook_name(h)}")
+            return jax.tree_util.tree_leaves(new)
+
+        out.append(C.stage_function(one, avals))
+    return out
+
+
+def _apply_traced(x: Any, traced: Sequence[tuple[Any, list]]) -> Any:
+    """:func:`grad_hook` inside a recorded forward: the identity whose backward runs ``traced``."""
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    consts = [c for _, cs in traced for c in cs]
+    return jax.tree_util.tree_unflatten(tree, _identity_with_programs(traced)(list(leaves), consts))
+
+
+def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
+    """``x`` unchanged; in the backward pass its cotangent becomes ``hook(cotangent)``.
+
+    Args:
+      x: an array or pytree of arrays (concrete or traced).
+      hook: ``cotangent -> cotangent`` (same structure, shapes and dtypes), or a
+        list of them, run in order. Hooks are traced into the backward program.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot
+        >>> f = lambda x: jnp.sum(jaxaot.grad_hook(x, lambda g: 2 * g) ** 2)
+        >>> jax.grad(f)(jnp.arange(3.0)).tolist()
+        [0.0, 4.0, 8.0]
+    """
+    hooks = as_hooks(hook)
+    base, earlier, traced = x, (), None
+    with _RECENT_LOCK:
+        prev = _RECENT.get(id(x))
+        if prev is not None and prev[0] is x:  # x came from grad_hook: extend its hooks, keep the order
+            base, earlier, traced = prev[1], prev[2], prev[3]
+    if C.current_recording_trace() is not None:  # a recorded forward: trace each hook once, now
+        traced = (traced if traced is not None else _trace_hooks(base, earlier)) + _trace_hooks(base, hooks)
+        hooks = earlier + hooks
+        hooked = _apply_traced(base, traced)
+    else:
+        hooks, traced = earlier + hooks, None
+        hooked = _identity_with_hooks(hooks)(base)
+    with _RECENT_LOCK:
+        _RECENT[id(hooked)] = (hooked, base, hooks, traced)
+        while len(_RECENT) > _RECENT_MAX:
+            _RECENT.popitem(last=False)
+    return hooked

@@ -1,0 +1,237 @@
+"""Array operators on recorded values, replayed from what ``jax.numpy`` recorded for the same operand types.
+
+``x * 0.5`` on a recorded value runs ``jax.numpy``'s Python (argument checks,
+dtype promotion, broadcasting, a ``jit`` call) before a single operation
+reaches the tape: tens of microseconds, for an operation the tape writes
+down in a few. What ``jax.numpy`` does depends only on what it is given: the
+operands' avals, Python scalars' types and values, static arguments, and
+JAX's configuration. So the first time an operator, method or property
+(:func:`jaxaot._src.compat.recording.forwarded_operations`) meets a given
+:func:`signature`, :func:`call` runs it and keeps what it recorded as a
+:class:`Template`: the constants it made inputs and the operations it wrote,
+with each operand referred to by position. Later calls with the same
+signature replay the template onto the tape: the same events in the same
+order, so the tape (and its structure key) is exactly what running
+``jax.numpy`` would have made.
+
+An operation is templated only when nothing it did depended on values: JAX
+was shown no value (``to_concrete_value``: it may ask, and then specialises
+on the answer, so which operands the tape would show is part of the
+signature), Python looked at none, it ran no host callback, staged no custom
+rule (whose closures are per call) and made no array constant of its own.
+Otherwise it runs as written, every time. Templates
+are process-wide (:data:`TEMPLATES`, bounded).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxaot._src import compat as C
+from jaxaot._src.autograd.recorded.structure import aval_key, literal_value_key
+
+#: signature -> :class:`Template` (cleared when it reaches :data:`MAX_TEMPLATES`).
+TEMPLATES: dict[tuple, "Template"] = {}
+MAX_TEMPLATES = 4096
+#: JAX configurations seen (:func:`jaxaot._src.compat.trace_context`), each a small number for signatures.
+_CONTEXTS: dict[Any, int] = {}
+
+_Tracer = C.RecordingTracer
+_SCALARS = frozenset({int, float, bool, complex, str, type(None), types.EllipsisType})
+
+
+class Op:
+    """One kind of recorded operation: primitive, params, output avals, params key.
+
+    ``edge`` is what the structure trie steps by (with the input numbers): the object itself, when it is
+    interned (the same primitive on the same avals and params gets the same ``Op``), else a content key.
+    """
+
+    __slots__ = ("prim", "params", "out_avals", "pkey", "staged", "effects", "edge")
+
+    def __init__(self, prim: Any, params: dict, out_avals: tuple, pkey: tuple, staged: bool, effects: Any,
+                 by_content: bool = False) -> None:
+        self.prim, self.params, self.out_avals, self.pkey = prim, params, out_avals, pkey
+        self.staged, self.effects = staged, effects
+        self.edge = (prim, pkey, tuple(map(aval_key, out_avals))) if by_content else self
+
+
+class Unsupported(Exception):
+    """An argument no signature can describe (the operation runs as written)."""
+
+
+class Template:
+    """What one operation recorded: ``events`` and which value it returned.
+
+    An event is ``("r", i)`` (operand ``i``, an array, made an input), ``("l", key, value)`` (a literal
+    made an input) or ``(op, specs)`` (an operation on the values ``specs`` name). A spec is an int: a
+    non-negative one is operand ``i``; ``-1 - j`` the ``j``-th value the template made (constants
+    and operation outputs, in order).
+    """
+
+    __slots__ = ("events", "result")
+
+    def __init__(self, events: tuple, result: int) -> None:
+        self.events, self.result = events, result
+
+    def apply(self, tape: Any, ops: list) -> Any:
+        made: list[int] = []
+        operands = [o.vid if type(o) is _Tracer else -1 for o in ops]
+        record = tape.record
+        for ev in self.events:
+            first = ev[0]
+            if first == "l":
+                made.append(tape.ref_literal(ev[1], ev[2]))
+            elif first == "r":
+                made.append(tape.ref(ops[ev[1]]))
+            else:
+                made += record(first, tuple([operands[s] if s >= 0 else made[-1 - s] for s in ev[1]]))
+        r = self.result
+        vid = operands[r] if r >= 0 else made[-1 - r]
+        return _Tracer(tape.trace, tape.avals[vid], vid)
+
+
+def _scalar(t: type, a: Any) -> tuple:
+    """A Python scalar's part of a signature: its type and exact value (``-0.0`` is not ``0.0``)."""
+    if t is float:
+        return (t, a.hex())
+    if t is complex:
+        return (t, a.real.hex(), a.imag.hex())
+    return (t, a)
+
+
+def _sig(a: Any, ops: list, trace: Any) -> Any:
+    t = type(a)
+    if t is _Tracer:
+        if a._trace is not trace:
+            raise Unsupported
+        ops.append(a)
+        return a.aval
+    if t in _SCALARS:
+        return _scalar(t, a)
+    if t is tuple or t is list:
+        return (t, *(_sig(x, ops, trace) for x in a))
+    if t is slice:
+        return (slice, _sig(a.start, ops, trace), _sig(a.stop, ops, trace), _sig(a.step, ops, trace))
+    if isinstance(a, np.generic):
+        return (t, a.dtype, a.tobytes())
+    if isinstance(a, (np.dtype, type)):
+        return ("dtype", a)
+    if isinstance(a, jax.Array) and not isinstance(a, C.Tracer):
+        ops.append(a)
+        return ("array", C.typeof(a))
+    raise Unsupported
+
+
+_trace_context = C.trace_context
+
+
+def _context(tape: Any, ctx: Any) -> int:
+    """A small number for JAX's configuration ``ctx`` (it may change inside the forward, under a ``with``),
+    kept on the tape with the configuration it was last read for."""
+    tape.context = ctx
+    tape.context_id = _CONTEXTS.setdefault(ctx, len(_CONTEXTS))
+    return tape.context_id
+
+
+def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> tuple[tuple, list]:
+    """``(key, operands)`` of one call: what ``jax.numpy``'s behaviour depends on, and the recorded values
+    and arrays it takes (``x`` first). Raises :class:`Unsupported` for arguments it cannot describe.
+
+    Besides types and static values, JAX may ask whether a recorded value is known (it skips a
+    conversion for unknown ones): which operands the tape shows (``tape.visible``) is part of the key,
+    as is which operands are the same value."""
+    trace, shown = tape.trace, tape.shown
+    ctx = _trace_context()
+    context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
+    ops = [x]
+    if not kwargs and len(args) == 1:  # the common case, a binary operator: no lists built
+        a = args[0]
+        t = type(a)
+        if t is _Tracer and a._trace is trace:
+            ops.append(a)
+            return (fn, x.aval, a.aval, a is x or a.vid == x.vid, shown[x.vid], shown[a.vid], context), ops
+        if t in _SCALARS:
+            return (fn, x.aval, _scalar(t, a), shown[x.vid], context), ops
+    sig = tuple([_sig(a, ops, trace) for a in args])
+    kw = tuple(sorted((k, _sig(v, ops, trace)) for k, v in kwargs.items())) if kwargs else ()
+    same = tuple([next(j for j, y in enumerate(ops) if y is o or (type(o) is _Tracer and type(y) is _Tracer
+                                                                  and y.vid == o.vid)) for o in ops])
+    visible = tuple([type(o) is _Tracer and shown[o.vid] for o in ops])
+    return (fn, x.aval, sig, kw, same, visible, context), ops
+
+
+def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
+    """``fn(x, *args, **kwargs)`` (the operation ``name``) recorded on ``tape``: replayed from its template,
+    or run and templated (in lazy recording; eager recording runs it as written)."""
+    if tape.eager:
+        return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
+    try:
+        key, ops = signature(fn, x, args, kwargs, tape)
+        template = TEMPLATES.get(key)
+    except (Unsupported, TypeError):  # TypeError: something unhashable in the signature
+        return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
+    if template is not None:
+        return template.apply(tape, ops)
+    outer = tape.log
+    if outer is None:
+        tape.log = []
+    start = len(tape.log)
+    before = (len(tape.looks), tape.read_count, tape.callbacks)
+    try:
+        out = fn(x, *args, **kwargs) if kwargs else fn(x, *args)
+        events = tape.log[start:]
+    finally:
+        if outer is None:
+            tape.log = None
+    if before == (len(tape.looks), tape.read_count, tape.callbacks) and type(out) is _Tracer and out._trace is tape.trace:
+        template = _template(events, ops, out.vid)
+        if template is not None:
+            if len(TEMPLATES) >= MAX_TEMPLATES:
+                TEMPLATES.clear()
+            TEMPLATES[key] = template
+    return out
+
+
+def _template(events: list, ops: list, result: int) -> Template | None:
+    """The :class:`Template` of one call's events, or None when something in them depended on more than
+    the signature."""
+    where: dict[int, int] = {}
+    for i, o in enumerate(ops):
+        if type(o) is _Tracer:
+            where.setdefault(o.vid, i)
+    out: list = []
+    made = 0
+    for ev in events:
+        if ev[0] == "r":
+            _, obj, vid = ev
+            i = next((i for i, o in enumerate(ops) if o is obj), None)
+            if i is not None:
+                out.append(("r", i))
+            else:
+                lit = literal_value_key(obj)
+                if lit is None:
+                    return None  # an array constant of the operation's own: new each call
+                out.append(("l", (lit, C.typeof(obj)), obj))
+            where[vid] = -1 - made
+            made += 1
+        else:
+            _, op, ins, outs = ev
+            if op.staged:
+                return None  # custom rules close over per-call state
+            specs = []
+            for v in ins:
+                spec = where.get(v)
+                if spec is None:
+                    return None  # a value the signature does not name
+                specs.append(spec)
+            out.append((op, tuple(specs)))
+            for v in outs:
+                where[v] = -1 - made
+                made += 1
+    spec = where.get(result)
+    return None if spec is None else Template(tuple(out), spec)

@@ -1,0 +1,188 @@
+"""Replay: the compiled step of a recording proven static, called without running the forward's Python.
+
+With ``replay=True``, :func:`~jaxaot.compiled_value_and_grad` records the
+forward *guarded* (:mod:`.tape`): the other arguments' arrays reach it as
+recorded values, as under ``jit``, and JAX is shown no argument's value. What
+such a recording did is then fixed by what Python could see: the call's key
+(:meth:`~jaxaot._src.autograd.recorded.call.Call.key`: trees, avals, static
+values, JAX's configuration) and what Python received from each value it
+looked at (``bool(x)``: the branch taken; ``int(n)``; ``float(x)``; the whole
+array for ``np.asarray`` or printing). :func:`judge` turns a recording into
+that path, or says why it cannot be replayed; :func:`remember` adds the path
+to the function's guard tree (:class:`Guard`, one per key); :func:`run`
+walks it on a new call: each looked-at value is computed by the very
+executable the recording used (:mod:`.force`), its outcome picks the branch,
+and the leaf's step executable computes loss and gradients. An outcome the
+tree has not seen is a :class:`Miss`: the caller records again, never
+replays a path that was not recorded.
+
+A recording is not replayed when it depended on more than that: an array it
+closes over or reads from a global (its value may change between calls), a
+host callback (``jax.debug.print`` prints once per recorded step), a value
+JAX computed one by one because its program did not compile, an array among
+the auxiliary outputs that is no recorded value, Flax modules among the
+arguments (their state is written back every step), or eager recording.
+
+What replay changes, by design (``docs/concepts/compiled_autograd.md``): the
+forward's Python side effects (prints, counters, appends, Python RNG) happen
+only when it is recorded; Python values it closes over (a global learning
+rate) and static arguments' mutable contents are those of the recording, as
+under ``jit``; non-array auxiliary outputs are the recording's.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot._src import compat as C
+
+#: The most guard trees (keys) per function, and recorded paths per tree; past either, it starts afresh.
+MAX_KEYS = 64
+MAX_PATHS = 64
+
+
+class Step(NamedTuple):
+    """A recorded path's end: the step executable and what the call returns besides its outputs."""
+
+    exe: Any
+    structure: Any
+    kept: list       #: the forward's other outputs' leaves: None where the step returns them
+    rest_tree: Any
+
+
+class Guard:
+    """A point of a guard tree: a value Python looked at (``vid``, ``how`` it was converted, the ``plan``
+    computing it, where) with one child per outcome seen, or, at a path's end, its :class:`Step`."""
+
+    __slots__ = ("vid", "how", "plan", "source_info", "children", "step", "last")
+
+    def __init__(self) -> None:
+        self.vid: int | None = None
+        self.how = ""
+        self.plan: Any = None
+        self.source_info: Any = None
+        self.children: dict = {}
+        self.step: Step | None = None
+        self.last: Any = None  #: the outcome taken last (for the reason when another one comes)
+
+
+class Miss(NamedTuple):
+    """A call whose guard failed: a looked-at value gave an outcome no recording took."""
+
+    guard: Guard
+    was: Any
+    now: Any
+
+    def text(self) -> str:
+        """Which value changed, in words."""
+        src = C.recorded_source(self.guard.source_info)
+        where = f" at {src}" if src else ""
+        how = self.guard.how
+        if self.was is None or self.now is None:
+            return f"the value Python looked at{where} changed"
+        if how == "bool":
+            return f"Python branch{where} took the other side (the condition was {self.was}, now {self.now})"
+        if how == "int":
+            return f"Python read {self.was} → {self.now}{where}"
+        if how in ("float", "complex"):
+            return f"Python read {self.was:.6g} → {self.now:.6g}{where}"
+        return f"the value Python looked at{where} changed"
+
+
+def received(value: Any, how: str) -> Any:
+    """What Python received of ``value``: its truth, its int, float or complex, or (``value``) the whole
+    array as ``(dtype, shape, bytes)``."""
+    if how == "bool":
+        return bool(value)
+    if how == "int":
+        return int(value)
+    if how == "float":
+        return float(value)
+    if how == "complex":
+        return complex(value)
+    a = np.asarray(value)
+    return (a.dtype, a.shape, a.tobytes())
+
+
+def judge(recorded: Any) -> tuple[list | None, str]:
+    """``(path, "")`` for a recording that may be replayed, the path being ``(vid, how, plan, source info,
+    outcome)`` per value Python looked at; else ``(None, why not)``."""
+    tape = recorded.tape
+    if not tape.guarded or tape.eager:
+        return None, "it was not recorded guarded"
+    if tape.callbacks:
+        return None, "the forward runs host callbacks"
+    if tape.constants:
+        return None, "the forward uses arrays it closes over or reads from globals"
+    if any(leaf is not None and isinstance(leaf, (jax.Array, np.ndarray)) for leaf in recorded.rest):
+        return None, "an auxiliary output is an array that is no recorded value"
+    path = []
+    for look in tape.looks:
+        kind = tape.kinds.get(look.vid)
+        if kind == "lit":
+            continue  # a constant of the recording: the same every time
+        if look.plan is not None and look.plan.exe is None:
+            return None, "a value Python looked at did not compile into one program"
+        how = "value" if look.vid in tape.reads else look.how
+        path.append((look.vid, how, look.plan, look.source_info, received(tape.values[look.vid], how)))
+    return path, ""
+
+
+class Trees:
+    """A function's guard trees, by call key (thread-safe to extend; read without locking)."""
+
+    def __init__(self) -> None:
+        self.roots: dict[tuple, Guard] = {}
+        self.paths: dict[tuple, int] = {}
+        self.lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return bool(self.roots)
+
+    def get(self, key: tuple) -> Guard | None:
+        return self.roots.get(key)
+
+    def remember(self, key: tuple, path: Sequence[tuple], step: Step) -> None:
+        """Add one recorded path (from :func:`judge`) ending in ``step``."""
+        with self.lock:
+            if len(self.roots) >= MAX_KEYS and key not in self.roots:
+                self.roots.clear()
+                self.paths.clear()
+            if self.paths.get(key, 0) >= MAX_PATHS:
+                del self.roots[key]
+                self.paths[key] = 0
+            node = self.roots.setdefault(key, Guard())
+            self.paths[key] = self.paths.get(key, 0) + 1
+            for vid, how, plan, info, outcome in path:
+                if node.step is not None or node.vid != vid or node.how != how or node.plan is not plan:
+                    # a new point, or a recording that looked elsewhere here: this path replaces what was
+                    node.vid, node.how, node.plan, node.source_info = vid, how, plan, info
+                    node.children, node.step = {}, None
+                node.last = outcome
+                node = node.children.setdefault(outcome, Guard())
+            node.vid, node.children, node.step = None, {}, step
+
+
+def run(root: Guard, diff: Sequence[Any], arrays: Sequence[Any]) -> Step | Miss:
+    """Walk ``root``'s tree for a call with these differentiated leaves and other arrays: the
+    :class:`Step` of the path its looked-at values take, or the :class:`Miss` where none was recorded."""
+    env = {i: x for i, x in enumerate((*diff, *arrays))}  # the inputs' value numbers, as recorded
+    node = root
+    while node.step is None:
+        if node.vid is None:
+            return Miss(node, None, None)
+        value = env.get(node.vid)
+        if value is None:
+            plan = node.plan
+            value = env[node.vid] = plan.exe(*[env[v] for v in plan.ins])
+        outcome = received(value, node.how)
+        child = node.children.get(outcome)
+        if child is None:
+            return Miss(node, node.last, outcome)
+        node.last = outcome
+        node = child
+    return node.step

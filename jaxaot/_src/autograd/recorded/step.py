@@ -1,0 +1,138 @@
+"""The compiled step of a recorded forward: ``jit(value_and_grad(replay))``, compiled once per structure.
+
+:func:`record` runs the user's forward under a :class:`~.tape.Tape`; the
+tape's :class:`~.structure.Structure` selects an executable from the
+process-wide cache (:mod:`.cache`), compiled on a miss with the recorded reason.
+That executable is the whole training step for this path through the forward:
+it replays the tape from the differentiated leaves and the other inputs, and
+returns the loss, the auxiliary outputs and the gradients (with the
+post-accumulate hooks of :mod:`.param_hooks` applied). XLA sees forward and
+backward together, as in ``jax.jit(jax.value_and_grad(f))``: the backward is
+the one a fully jitted step has.
+
+Per step, besides running the executable, this costs recording the forward
+(one Python call per operation, nothing dispatched unless Python asks for a
+value); the structure comes from the trie the recording stepped down, and the
+cache looks it up by identity.
+
+The returned loss and auxiliary outputs are the executable's: the gradients
+and the value come from one program. Values Python looked at during the
+forward (``if loss > 0``) were computed by programs of their own
+(:mod:`.force`) and may differ from the compiled ones in the last bits, as
+eager and jitted JAX do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.autograd.recorded import param_hooks as PH
+from jaxaot._src.autograd.recorded import tape as T
+from jaxaot._src.autograd.recorded.cache import CACHE, Compiled
+from jaxaot._src.autograd.recorded.structure import Structure
+
+
+class Recorded(NamedTuple):
+    """One recorded step: its program and structure, the runtime arguments, and the forward's other outputs."""
+
+    structure: Structure
+    args: list
+    rest_tree: Any
+    rest: list          #: leaves of the forward's other outputs; None where the step returns the value
+    rest_vids: tuple    #: their value numbers, for the leaves that are recorded values
+    tape: T.Tape        #: the tape (:mod:`.replay` judges what the recording depended on)
+    seconds: float = 0.0  #: how long recording took
+
+    @property
+    def program(self) -> T.Program:
+        """The recorded operations and inputs (made on demand: only a compile needs them)."""
+        return T.freeze(self.tape)
+
+
+def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool,
+           arg_leaves: Sequence[Any] | None = None, diff_avals: Sequence[Any] | None = None,
+           trie: Any = None) -> Recorded:
+    """Run ``forward(*diff)`` under a fresh tape; it returns ``(loss, rest)``.
+
+    ``rest`` (auxiliary outputs, module state) may hold recorded values: the
+    step returns them, concrete. With ``arg_leaves`` (the other arguments' arrays), the recording is
+    *guarded* (:mod:`.replay`): those arrays reach the forward as recorded values too, as
+    ``forward(*diff, arg_values=[...])``, and the tape keeps what a replay needs. ``diff_avals``: the
+    differentiated leaves' avals, when the caller has them; ``trie``: the root of the structure trie to
+    record in (:class:`~.structure.Node`; by default the process-wide one).
+    """
+    tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie)
+    try:
+        with C.set_current_trace(tape.trace):
+            avals = diff_avals if diff_avals is not None else [None] * len(diff_leaves)
+            tracers = [tape.diff_input(x, a) for x, a in zip(diff_leaves, avals)]
+            diff = jax.tree_util.tree_unflatten(diff_tree, tracers)
+            if arg_leaves is None:
+                loss, rest = forward(*diff)
+            else:
+                loss, rest = forward(*diff, arg_values=[tape.arg_input(x) for x in arg_leaves])
+            loss_vid = tape.output(loss)
+            leaves, rest_tree = jax.tree_util.tree_flatten(rest)
+            vids, kept = [], []
+            for leaf in leaves:
+                if type(leaf) is C.RecordingTracer and leaf._trace is tape.trace:
+                    vids.append(leaf.vid)
+                    kept.append(None)
+                else:
+                    kept.append(leaf)
+    finally:
+        C.invalidate(tape.trace)
+    structure = T.structure(tape, (loss_vid, *vids))
+    return Recorded(structure, tape.args, rest_tree, kept, tuple(vids), tape)
+
+
+def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[Any], diff: Sequence[Any],
+                 args: Sequence[Any]) -> tuple[Any, dict]:
+    """The executable ``(diff leaves, args) -> (loss, recorded outputs, grads)`` of ``program``, and the
+    seconds spent tracing it (``trace_step``: the replay under ``value_and_grad``) and in XLA (``compile_step``)."""
+    loss_vid, rest = outputs[0], list(outputs[1:])
+
+    def step(diff, args):
+        def loss(diff):
+            env = T.replay(program, diff, args)
+            return env[loss_vid], [env[v] for v in rest]
+
+        (value, outs), grads = jax.value_and_grad(loss, has_aux=True)(diff)
+        if planned:
+            grads = PH.apply(planned, diff, grads)
+        return value, outs, grads
+
+    t = time.perf_counter()
+    lowered = jax.jit(step).lower(list(diff), list(args))
+    t_lower = time.perf_counter()
+    exe = lowered.compile()
+    return exe, {"trace_step": t_lower - t, "compile_step": time.perf_counter() - t_lower}
+
+
+def run(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any],
+        reason: Callable[[Structure], str]) -> tuple[Any, Any, list, Compiled | None]:
+    """``(loss, rest, grads, compiled)`` from the cached executable of ``recorded`` (compiled on a miss:
+    ``compiled`` then says why, ``reason(structure)``, and what it cost; None on a hit)."""
+    exe, compiled = executable(recorded, planned, diff, reason)
+    value, outs, grads = exe(list(diff), recorded.args)
+    return value, outputs(recorded.rest, recorded.rest_tree, outs), list(grads), compiled
+
+
+def executable(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any],
+               reason: Callable[[Structure], str]) -> tuple[Any, Compiled | None]:
+    """The cached executable of ``recorded`` (compiled on a miss: see :func:`run`)."""
+    structure = recorded.structure
+    key = ("step", structure.token, tuple(planned))
+    return CACHE.get(key, structure,
+                     lambda: compile_step(recorded.program, structure.key[2], planned, diff, recorded.args),
+                     lambda: reason(structure))
+
+
+def outputs(kept: Sequence[Any], tree: Any, outs: Sequence[Any]) -> Any:
+    """The forward's other outputs: the step's ``outs`` where ``kept`` has None, the kept leaves elsewhere."""
+    it = iter(outs)
+    return jax.tree_util.tree_unflatten(tree, [next(it) if leaf is None else leaf for leaf in kept])

@@ -1,0 +1,289 @@
+"""The structure of a recorded forward or a captured backward: what decides whether an executable fits it.
+
+Two programs have the same :class:`Structure` when they have the same
+inputs (shapes, dtypes, weak types), the same equations in the same order
+(primitive, params, literal values, output avals) and the same wiring (which
+value feeds which equation). Object identity plays no part: each step's
+program is recorded afresh with fresh arrays, and the same program shape must
+map to the same executable. The same key serves the forward tapes of
+:mod:`.tape` (``kind="forward"``: inputs numbered among all values, as they
+were met) and the backward jaxprs of :mod:`.capture` (``kind="backward"``).
+
+This is the role PyTorch's compiled autograd gives to the autograd graph's
+node signatures; in JAX the natural unit is the jaxpr equation. The key is a
+plain nested tuple, built in one pass over the equations (no printing, no
+hashing of array contents), so Python's dict does the lookup; equal hashes
+are confirmed by full tuple equality, so a collision can cost a lookup but
+never a wrong executable.
+
+Costs and limits:
+
+* Literal values are part of the key. A Python float computed from data and
+  used in the forward (``x * float(loss)``) becomes a literal of the
+  recorded program, so such code compiles once per distinct value. Keep
+  such values as arrays.
+* Params that hold jaxprs (loop bodies, calls, ``jit`` regions) are keyed by
+  their own structure, memoized per jaxpr object and interned, so equal
+  sub-structures compare by identity and hash once. Params that hold Python
+  callables (host callbacks) are keyed by the callable itself.
+* A recorded forward's key is also built incrementally (:class:`Node`): each
+  recorded event (an input, an operation, a value computed for Python) steps
+  down a trie (one per compiled function), whose edges are small (an
+  operation's interned description and its input numbers). A recording that ends on a trie node
+  seen before gets that node's :class:`Structure` back, the same object, so
+  the steady state builds no full key and the cache looks it up by identity
+  (:attr:`Structure.token` hashes once). The trie keeps at most
+  :data:`MAX_NODES` nodes and starts afresh past that.
+* :mod:`.reasons` turns two structures into the reason for a recompile
+  (:func:`~jaxaot._src.autograd.recorded.reasons.explain`); a recorded forward's
+  :attr:`Structure.looks` (the values Python looked at) are kept for it,
+  outside the key.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+from jaxaot._src import compat as C
+
+#: id(sub-jaxpr) -> (the jaxpr, its key): sub-jaxprs recur across steps (loop bodies are cached by JAX).
+_SUB_KEYS: "collections.OrderedDict[int, tuple[Any, tuple]]" = collections.OrderedDict()
+_SUB_MAX = 512
+_SUB_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    """A program's key, plus what :func:`explain` needs to say how two keys differ.
+
+    Attributes:
+      key: the hashable key (inputs, equations, outputs).
+      jaxpr: what it was computed from, a jaxpr or a tape (with ``eqns`` carrying
+        ``source_info``), for source lines in reasons.
+      vid_avals: for tapes, the aval key of every value by its number.
+      kind: ``"backward"`` (a captured backward) or ``"forward"`` (a recorded forward).
+      looks: for tapes, the values Python looked at while recording (:class:`~.tape.Look`), not part
+        of the key: which side a Python branch took shows only through the equations that follow.
+    """
+
+    key: tuple
+    jaxpr: Any
+    vid_avals: tuple | None = None
+    kind: str = "backward"
+    looks: tuple = dataclasses.field(default=(), compare=False)
+    token: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.token is None:  # the key, hashed once: what caches look this structure up by
+            object.__setattr__(self, "token", _Interned(self.key))
+
+    @property
+    def inputs(self) -> tuple:
+        return self.key[0]
+
+    @property
+    def eqns(self) -> tuple:
+        return self.key[1]
+
+
+def literal_value_key(x: Any) -> tuple | None:
+    """The value part of a scalar literal's key (a Python or NumPy scalar, a one-element NumPy array), or None
+    when ``x`` is no scalar literal. Floats by their exact bits (``-0.0`` and ``0.0`` differ)."""
+    t = type(x)
+    if t is float:
+        return ("f", x.hex())
+    if t is int:
+        return ("i", x)
+    if t is bool:
+        return ("b", x)
+    if t is complex:
+        return ("c", x.real.hex(), x.imag.hex())
+    if isinstance(x, (bool, int, float, complex)):  # a subclass (IntEnum, ...): by the value it carries
+        base = next(b for b in (bool, int, float, complex) if isinstance(x, b))
+        return literal_value_key(base(x))
+    if isinstance(x, (np.generic, np.ndarray)) and np.size(x) == 1:
+        a = np.asarray(x)
+        return ("a", a.dtype, a.shape, a.tobytes())
+    return None
+
+
+def aval_key(aval: Any) -> tuple:
+    """``(shape, dtype, weak_type)`` of an aval."""
+    return (tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False)))
+
+
+_aval_key = aval_key
+
+
+class _Interned:
+    """A sub-jaxpr's key, interned: equal keys are one object, hashed once."""
+
+    __slots__ = ("key", "_hash")
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self._hash = hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: Any) -> bool:
+        return self is other or (isinstance(other, _Interned) and self._hash == other._hash and self.key == other.key)
+
+
+#: sub-jaxpr key -> its interned object (bounded: a dropped one is only a slower comparison).
+_INTERNED: dict[tuple, _Interned] = {}
+
+
+def _literal_key(lit: Any) -> tuple:
+    val = lit.val
+    if hasattr(val, "shape"):  # a 0-d array: its item and dtype
+        val = (val.item(), str(val.dtype)) if getattr(val, "size", 2) == 1 else ("array", repr(val))
+    return ("lit", _aval_key(lit.aval), val)
+
+
+def param_key(value: Any) -> Any:
+    """A hashable key of one equation param (jaxprs by structure)."""
+    return _param_key(value)
+
+
+def _param_key(value: Any) -> Any:
+    if isinstance(value, (C.ClosedJaxpr, C.Jaxpr)):
+        return ("jaxpr", _sub_key(value))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, *(_param_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", *((k, _param_key(v)) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))))
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", type(value).__qualname__, repr(value))
+    return value
+
+
+def _sub_key(jaxpr: Any) -> _Interned:
+    with _SUB_LOCK:
+        hit = _SUB_KEYS.get(id(jaxpr))
+        if hit is not None and hit[0] is jaxpr:
+            _SUB_KEYS.move_to_end(id(jaxpr))
+            return hit[1]
+    consts = C.consts_of(jaxpr)
+    full = (tuple(_aval_key(C.shaped_abstractify(c)) for c in consts), jaxpr_key(C.jaxpr_of(jaxpr)))
+    with _SUB_LOCK:
+        key = _INTERNED.get(full)
+        if key is None:
+            if len(_INTERNED) >= 4 * _SUB_MAX:
+                _INTERNED.clear()
+            key = _INTERNED[full] = _Interned(full)
+        _SUB_KEYS[id(jaxpr)] = (jaxpr, key)
+        while len(_SUB_KEYS) > _SUB_MAX:
+            _SUB_KEYS.popitem(last=False)
+    return key
+
+
+def jaxpr_key(jaxpr: Any) -> tuple:
+    """``(inputs, eqns, outputs)`` of an open jaxpr, vars numbered in order of definition."""
+    ids: dict[Any, int] = {}
+    inputs = []
+    for v in (*jaxpr.constvars, *jaxpr.invars):
+        ids[v] = len(ids)
+        inputs.append(_aval_key(v.aval))
+
+    def ref(v: Any) -> Any:
+        return _literal_key(v) if C.is_literal(v) else ids[v]
+
+    eqns = []
+    for eqn in jaxpr.eqns:
+        ins = tuple(ref(v) for v in eqn.invars)
+        outs = []
+        for v in eqn.outvars:
+            if not C.is_drop_var(v):
+                ids[v] = len(ids)
+            outs.append(_aval_key(v.aval))
+        params = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items())) if eqn.params else ()
+        eqns.append((str(eqn.primitive), ins, tuple(outs), params))
+    return (tuple(inputs), tuple(eqns), tuple(ref(v) for v in jaxpr.outvars))
+
+
+class Node:
+    """One point of a recording, in the trie of every recording seen: ``children`` by the next event.
+
+    ``plan`` holds what a node learns once and reuses (a compiled program that
+    computes a value Python looks at there); ``info`` where in the user's code the
+    operation that leads to it was recorded first (a traceback is not taken again
+    on every step); ``structure`` the :class:`Structure` of a recording that ends there.
+    """
+
+    __slots__ = ("children", "plan", "info", "structure")
+
+    def __init__(self) -> None:
+        self.children: dict = {}
+        self.plan: Any = None
+        self.info: Any = None
+        self.structure: Structure | None = None
+
+    def step(self, edge: Any) -> "Node":
+        """The node after ``edge`` (a hashable event), created on first use."""
+        child = self.children.get(edge)
+        if child is None:
+            _COUNT[0] += 1
+            child = self.children.setdefault(edge, Node())
+        return child
+
+
+#: The most trie nodes kept, over all tries; past it every trie restarts (recordings then build their
+#: keys again, once).
+MAX_NODES = 200_000
+_COUNT = [0]
+_GENERATION = [0]
+
+
+class Trie:
+    """One trie's root (a compiled function's, or the process-wide one), restarted with all the others
+    when the nodes of all of them pass :data:`MAX_NODES`."""
+
+    __slots__ = ("node", "generation")
+
+    def __init__(self) -> None:
+        self.node, self.generation = Node(), _GENERATION[0]
+
+    def root(self) -> Node:
+        """Where a recording starts."""
+        if _COUNT[0] > MAX_NODES:
+            _COUNT[0] = 0
+            _GENERATION[0] += 1
+        if self.generation != _GENERATION[0]:
+            self.node, self.generation = Node(), _GENERATION[0]
+        return self.node
+
+
+_PROCESS = Trie()
+#: full key -> Structure, so a key built again after the trie restarted maps to the same structure.
+_STRUCTURES: dict[tuple, Structure] = {}
+
+
+def root() -> Node:
+    """The process-wide trie's root (recordings not made for a compiled function start there)."""
+    return _PROCESS.root()
+
+
+def interned(structure: Structure) -> Structure:
+    """The structure with ``structure``'s key seen first (bounded: a dropped one is only re-hashed)."""
+    with _SUB_LOCK:
+        seen = _STRUCTURES.get(structure.key)
+        if seen is not None:
+            return seen
+        if len(_STRUCTURES) >= 4 * _SUB_MAX:
+            _STRUCTURES.clear()
+        _STRUCTURES[structure.key] = structure
+    return structure
+
+
+def structure_of(closed: Any) -> Structure:
+    """The :class:`Structure` of a closed jaxpr whose consts were hoisted to inputs."""
+    return Structure(jaxpr_key(C.jaxpr_of(closed)), closed)

@@ -1,0 +1,428 @@
+"""One step's forward, written down as it runs: the tape a compiled step replays.
+
+Under :class:`~jaxaot._src.compat.recording.RecordingTrace`, every operation of
+the forward reaches a :class:`Tape` instead of being dispatched. The tape
+numbers values in order of creation (inputs, then each operation's outputs as
+they come) and keeps, per operation, its primitive, params and the numbers of
+its inputs. Python sees tracers with shapes and dtypes.
+
+Values are computed only when needed, in one of two modes:
+
+* **lazy** (the default): nothing runs while recording. When Python asks for a
+  value (``bool``, ``float``, ``int``, printing, ``np.asarray``, a host
+  callback's arguments), the operations it depends on and whose values are not
+  known yet run as one compiled program (:mod:`.force`), and that value
+  becomes known. A forward that never looks at a value runs no operation at
+  all before the compiled step;
+* **eager**: each operation runs as soon as it is recorded, as plain JAX would.
+  Every value is known, so JAX specialises code on values exactly as it does
+  eagerly (boolean-mask indexing, ``jnp.arange(n)`` on a traced ``n``).
+
+What is recorded and how:
+
+* a plain primitive (``jit`` regions included, as one operation holding their
+  jaxpr; loops and conds likewise) as itself;
+* an array operator, method or property (``x * 2``, ``x[0]``, ``x.mean()``),
+  in lazy mode, from what ``jax.numpy`` recorded for the same operand types
+  (:mod:`.ops`): the same operations, without running its Python again;
+* a ``custom_jvp``/``custom_vjp`` call (``jax.nn.relu``, :func:`~jaxaot.grad_hook`,
+  :func:`~jaxaot.aot_function` regions) staged by JAX into its single equation,
+  its custom rule kept (the rule's identity goes into the key);
+* a host callback (``jax.debug.print``, ``pure_callback``) runs at once on
+  concrete arguments and is not recorded: its outputs become inputs of the step;
+* inputs: the differentiated leaves, then every other array the forward uses
+  (batch, closed-over arrays; NumPy arrays are copied to the device), and
+  Python or NumPy scalars as literals (their value is part of the key).
+
+Each event (an input, an operation, a value computed for Python) also steps
+down the trie of :class:`~jaxaot._src.autograd.recorded.structure.Node`: the
+structure key is built incrementally, and a recording that ends where one
+ended before gets its :class:`~jaxaot._src.autograd.recorded.structure.Structure`
+back without building a key (:func:`structure`). :func:`replay` re-applies the
+operations in any trace (the compiled step traces it under
+``jax.value_and_grad``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from jaxaot._src import compat as C
+from jaxaot._src.autograd.recorded import force as F
+from jaxaot._src.autograd.recorded import ops as O
+from jaxaot._src.autograd.recorded.structure import Structure, aval_key, interned, literal_value_key, param_key, root
+
+_SIMPLE = (int, str, bool, type(None), float)
+_Tracer = C.RecordingTracer
+
+
+class Look(NamedTuple):
+    """A value Python looked at while the forward was recorded (``if loss > 0``, ``int(n)``)."""
+
+    after: int         #: how many operations were recorded before it
+    source_info: Any   #: where (JAX's source info; ``C.recorded_source`` writes it as ``file:line (function)``)
+    value: Any         #: the value, when it is a scalar (else None)
+    vid: int = -1      #: its value number
+    how: str = "value"  #: what Python made of it: ``bool``, ``int``, ``float``, ``complex`` or the whole ``value``
+    plan: Any = None   #: the :class:`~.force.Plan` that computed it (None: it was an input or known already)
+
+
+class Eqn(NamedTuple):
+    """One recorded operation (``staged``: ``params`` are an equation's, from ``C.stage_call``)."""
+
+    prim: Any
+    params: dict
+    ins: tuple
+    outs: tuple
+    staged: bool
+    source_info: Any
+
+
+#: (primitive, input avals, params items) -> :class:`~.ops.Op`, for params that hash (jaxprs by
+#: identity): the same ``jit`` region binds the same param objects every step, so one lookup replaces
+#: its abstract evaluation and the walk of its jaxpr.
+_MEMO: dict[tuple, O.Op] = {}
+_MEMO_MAX = 4096
+#: primitive -> whether it is a host callback (the check reads its name)
+_CALLBACK: dict[Any, bool] = {}
+
+
+def _params_key(params: dict) -> tuple:
+    return tuple((k, v if type(v) in _SIMPLE else param_key(v)) for k, v in params.items())
+
+
+def _op(prim: Any, avals: list, params: dict) -> O.Op:
+    """The :class:`~.ops.Op` of one primitive application (its output avals, effects and params key)."""
+    try:
+        memo = (prim, *avals, *params.items())
+        hit = _MEMO.get(memo)
+    except TypeError:  # an unhashable param: described afresh, keyed by content
+        out, effects = C.abstract_eval(prim, avals, params)
+        return O.Op(prim, params, tuple(out), _params_key(params), False, effects, by_content=True)
+    if hit is None:
+        out, effects = C.abstract_eval(prim, avals, params)
+        hit = O.Op(prim, params, tuple(out), _params_key(params), False, effects)
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        _MEMO[memo] = hit
+    return hit
+
+
+def _staged_params_key(params: dict, rules: dict) -> tuple:
+    """A staged equation's params without its rule thunks (new per call), plus the rules' identities."""
+    kept = tuple((k, param_key(v)) for k, v in params.items() if not C.is_rule_param(v))
+    return kept + tuple(sorted(rules.items()))
+
+
+#: aval -> its key (avals are interned by JAX, so this is an identity lookup)
+_AKEYS: dict[Any, tuple] = {}
+
+
+def akey(aval: Any) -> tuple:
+    """:func:`~.structure.aval_key`, memoized."""
+    key = _AKEYS.get(aval)
+    if key is None:
+        if len(_AKEYS) >= 4096:
+            _AKEYS.clear()
+        key = _AKEYS[aval] = aval_key(aval)
+    return key
+
+
+class Tape:
+    """The recorder behind a :class:`~jaxaot._src.compat.recording.RecordingTrace` (one per step).
+
+    Attributes:
+      eager: run each operation as it is recorded (else only on demand).
+      guarded: keep what replaying the recording needs (:mod:`.replay`): JAX is shown no argument's
+        value, so that nothing recorded depends on one.
+      values: per value number, its concrete value, or None while unknown.
+      avals: per value number, its aval.
+      ops: the recorded operations, in order: ``(op, input numbers, output numbers, source info)``, ``op``
+        an :class:`~.ops.Op` (:attr:`eqns` has them as :class:`Eqn` objects).
+      inputs: ``(value number, kind, aval key[, literal value])`` per input,
+        ``kind`` one of ``diff``, ``arg`` (a runtime argument), ``lit``.
+      args: the runtime values of the ``arg`` inputs, in order; ``arg_objects`` the objects the forward
+        used (a NumPy array before its copy to the device); ``constants`` the value numbers of those it
+        reached other than as an argument handed over as a recorded value (closures, globals).
+      looks: per value Python looked at (``bool``, ``int``, ``float``, printing), a :class:`Look`:
+        where, after how many operations, and the value when it is a scalar. Not part of the
+        structure; recompile reasons use them to say which Python branch went the other way.
+      reads: value numbers whose value JAX itself read (``to_concrete_value``) and got (:meth:`visible`).
+      callbacks: host callbacks run while recording.
+      node: where the recording is in the structure trie (``trie``: its root, one per compiled
+        function; by default the process-wide one).
+    """
+
+    def __init__(self, eager: bool = False, guarded: bool = False, trie: Any = None) -> None:
+        self.eager = eager
+        self.guarded = guarded
+        self.parent = C.current_trace()
+        self.trace = C.RecordingTrace(self)
+        self.values: list = []
+        self.avals: list = []
+        self.shown: list[bool] = []  #: per value number, whether :meth:`known` shows it
+        self.ops: list[tuple] = []
+        self.inputs: list[tuple] = []
+        self.args: list = []
+        self.arg_objects: list = []
+        self.kinds: dict[int, str] = {}
+        self.constants: list[int] = []
+        self._by_id: dict[int, int] = {}
+        self._by_literal: dict[tuple, int] = {}
+        self.looks: list[Look] = []
+        self.reads: set[int] = set()
+        self.read_count = 0  #: values shown to JAX (an operation that was shown one is not templated)
+        self.callbacks = 0
+        self.log: list | None = None  #: events, while :mod:`.ops` watches an operation
+        self.node = root() if trie is None else trie
+        self.context: Any = None  #: JAX's configuration, as last seen, and its number (:mod:`.ops` keys by it)
+        self.context_id: int | None = None
+        self._eqns: list[Eqn] = []
+
+    # -- what the tape holds, in the forms keys and programs need
+    @property
+    def eqns(self) -> list[Eqn]:
+        """The recorded operations as :class:`Eqn` objects (made on demand)."""
+        eqns = self._eqns
+        eqns.extend(Eqn(op.prim, op.params, ins, outs, op.staged, info) for op, ins, outs, info in self.ops[len(eqns):])
+        return eqns
+
+    @property
+    def akeys(self) -> list[tuple]:
+        """Per value number, its aval key."""
+        return [akey(a) for a in self.avals]
+
+    def eqn_key(self, i: int) -> tuple:
+        """Operation ``i``'s part of the structure key: primitive, inputs, output avals, params."""
+        op, ins, outs, _ = self.ops[i]
+        return (op.prim, ins, tuple([akey(self.avals[v]) for v in outs]), op.pkey)
+
+    # -- values
+    def tracer(self, vid: int) -> Any:
+        return _Tracer(self.trace, self.avals[vid], vid)
+
+    def _input(self, kind: str, aval: Any, value: Any, lit: tuple | None = None) -> int:
+        vid = len(self.avals)
+        self.avals.append(aval)
+        self.values.append(value)
+        self.shown.append(kind == "lit" or (kind == "arg" and not self.guarded))
+        self.kinds[vid] = kind
+        self.inputs.append((vid, kind, akey(aval)) if lit is None else (vid, kind, akey(aval), lit))
+        self.node = self.node.step((kind, aval, lit))
+        return vid
+
+    def diff_input(self, value: Any, aval: Any = None) -> Any:
+        """A tracer for a differentiated leaf (call these first, in order); ``aval``: its aval, if known."""
+        return self.tracer(self._input("diff", C.typeof(value) if aval is None else aval, value))
+
+    def arg_input(self, value: Any) -> Any:
+        """A tracer for an array argument handed to the forward as a recorded value (guarded recordings)."""
+        vid = self._input("arg", C.typeof(value), value)
+        self.args.append(value)
+        self.arg_objects.append(value)
+        return self.tracer(vid)
+
+    def ref(self, x: Any) -> int:
+        """The value number of ``x``: a tracer of this tape, or a constant made an input on first use."""
+        if type(x) is _Tracer and x._trace is self.trace:
+            return x.vid
+        vid = _constant(self, x)
+        if self.log is not None:
+            self.log.append(("r", x, vid))
+        return vid
+
+    def ref_literal(self, key: tuple, x: Any) -> int:
+        """:meth:`ref` of a scalar literal whose ``(value key, aval)`` is ``key`` (known to the caller)."""
+        vid = self._by_literal.get(key)
+        if vid is None:
+            vid = _constant(self, x)
+        if self.log is not None:
+            self.log.append(("r", x, vid))
+        return vid
+
+    def known(self, vid: int) -> Any:
+        """The value if already known and shown to JAX, else None (JAX asks this opportunistically).
+
+        JAX is shown a value computed for Python, a literal, an array the forward closes over; never a
+        differentiated input (``jax.grad`` shows none either), and no argument of a guarded tape (as
+        ``jit`` shows none): :attr:`shown`."""
+        if not self.shown[vid]:
+            return None
+        self.reads.add(vid)
+        self.read_count += 1
+        return self.values[vid]
+
+    def force(self, vid: int, how: str = "value", look: bool = True) -> Any:
+        """The concrete value of ``vid``, computing what it depends on that has not run yet.
+
+        ``how``: what Python makes of it (``bool``, ``int``, ``float``, ``complex``, the whole ``value``).
+        ``look``: Python itself asked (a :class:`Look` is kept), not a host callback's argument.
+        """
+        value, plan = self.values[vid], None
+        if value is None:
+            plan = self._plan(vid)
+            value = plan.run(self.values, self.parent)
+            self.values[vid] = value
+            self.shown[vid] = True
+        if look:
+            self.looks.append(Look(len(self.ops), C.source_info(),
+                                   value if getattr(value, "size", 2) == 1 else None, vid, how, plan))
+        return value
+
+    def _plan(self, vid: int) -> F.Plan:
+        """The compiled program computing ``vid`` from the known values, once per point of the trie."""
+        self.node = node = self.node.step(("force", vid))
+        plan = node.plan
+        if plan is None:
+            plan = node.plan = F.plan(self, vid)
+        return plan
+
+    # -- recording (called by the trace)
+    def record(self, op: O.Op, ins: tuple, info: Any = None) -> tuple:
+        """Write one operation down; its output numbers. Its source info is the trie node's, taken (``info``,
+        else the current one) the first time the recording gets there."""
+        avals = self.avals
+        first = len(avals)
+        if len(op.out_avals) == 1:
+            outs = (first,)
+            avals.append(op.out_avals[0])
+            self.values.append(None)
+            self.shown.append(False)
+        else:
+            n = len(op.out_avals)
+            outs = tuple(range(first, first + n))
+            avals.extend(op.out_avals)
+            self.values.extend([None] * n)
+            self.shown.extend([False] * n)
+        edge = (op.edge, ins)
+        node = self.node
+        self.node = node = node.children.get(edge) or node.step(edge)
+        if node.info is None:  # first seen here: where in the user's code (kept for later steps)
+            node.info = C.source_info() if info is None else info
+        self.ops.append((op, ins, outs, node.info))
+        if self.log is not None:
+            self.log.append(("e", op, ins, outs))
+        if self.eager:
+            _run(self, len(self.ops) - 1)
+        return outs
+
+    def primitive(self, prim: Any, args: Sequence[Any], params: dict) -> list:
+        callback = _CALLBACK.get(prim)
+        if callback is None:
+            callback = _CALLBACK[prim] = C.is_callback_primitive(prim)
+        if callback:
+            return self._callback(prim, args, params)
+        trace, ref = self.trace, self.ref
+        ins = tuple([x.vid if type(x) is _Tracer and x._trace is trace else ref(x) for x in args])
+        avals = self.avals
+        op = _op(prim, [avals[v] for v in ins], params)
+        if op.effects:
+            raise C.Unrecordable(f"{prim} has side effects ({', '.join(map(str, op.effects))})")
+        return [_Tracer(trace, avals[v], v) for v in self.record(op, ins)]
+
+    def staged(self, args: Sequence[Any], stage: Any, rules: dict) -> list:
+        ins = tuple(self.ref(a) for a in args)
+        prim, params, consts, out_avals, effects = stage([self.avals[v] for v in ins])
+        if effects:
+            raise C.Unrecordable(f"{prim} has side effects ({', '.join(map(str, effects))})")
+        ins = (*(self.ref(c) for c in consts), *ins)
+        op = O.Op(prim, params, tuple(out_avals), _staged_params_key(params, rules), True, (), by_content=True)
+        return [self.tracer(v) for v in self.record(op, ins)]
+
+    #: An array operator, method or property of a recorded value (``x * 2``, ``x.mean()``): :func:`.ops.call`.
+    call = O.call
+
+    def stage_value(self, val: Any) -> Any:
+        return self.tracer(self.ref(val))
+
+    def _callback(self, prim: Any, args: Sequence[Any], params: dict) -> list:
+        """Run a host callback now, on concrete arguments; its outputs become inputs of the step."""
+        self.callbacks += 1
+        vals = [self.force(a.vid, look=False) if type(a) is C.RecordingTracer and a._trace is self.trace else a
+                for a in args]
+        return [self.tracer(self.ref(o)) for o in C.bind_on(self.parent, prim, vals, params)]
+
+    #: The value number of a forward output (a tracer, or a constant made an input).
+    output = ref
+
+
+def _run(tape: Tape, index: int) -> None:
+    """Run operation ``index`` now (eager recording): its outputs become known and shown."""
+    op, ins, outs, _ = tape.ops[index]
+    values = tape.values
+    results = C.bind_on(tape.parent, op.prim, [values[v] for v in ins], op.params, op.staged)
+    for v, o in zip(outs, results):
+        values[v] = o
+        tape.shown[v] = True
+
+
+def _constant(tape: Tape, x: Any) -> int:
+    """A value the forward used that is no recorded value: a literal, or an array it closes over."""
+    if isinstance(x, C.Tracer):
+        raise C.Unrecordable(f"a {type(x).__name__} from another transformation reached the forward")
+    vid = tape._by_id.get(id(x))  # arg_objects keeps x alive, so its id is not reused
+    if vid is not None:
+        return vid
+    lit = literal_value_key(x)
+    if lit is not None:
+        aval = C.typeof(x)
+        key = (lit, aval)
+        vid = tape._by_literal.get(key)
+        if vid is None:
+            vid = tape._by_literal[key] = tape._input("lit", aval, x, lit)
+        return vid
+    value = jax.device_put(x) if isinstance(x, np.ndarray) else x  # NumPy is mutable: copy it now
+    vid = tape._input("arg", C.typeof(value), value)
+    tape._by_id[id(x)] = vid
+    tape.constants.append(vid)
+    tape.args.append(value)
+    tape.arg_objects.append(x)
+    return vid
+
+
+class Program(NamedTuple):
+    """What a compiled step needs of a tape: its operations and inputs, none of one step's arrays."""
+
+    eqns: list
+    inputs: list
+    literals: dict
+    num_values: int
+
+
+def freeze(tape: Tape) -> Program:
+    """The :class:`Program` of a finished tape (literal values kept: they are part of its key)."""
+    literals = {e[0]: tape.values[e[0]] for e in tape.inputs if e[1] == "lit"}
+    return Program(list(tape.eqns), list(tape.inputs), literals, len(tape.avals))
+
+
+def structure(tape: Tape, outputs: Sequence[int]) -> Structure:
+    """The :class:`Structure` of a finished tape whose step returns the values ``outputs``: the trie node's,
+    or built (and interned) when the recording ends where none ended before."""
+    leaf = tape.node.step(("out", tuple(outputs)))
+    found = leaf.structure
+    if found is None:
+        key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs))
+        found = leaf.structure = interned(Structure(key, freeze(tape), vid_avals=tuple(tape.akeys),
+                                                    kind="forward"))
+    return dataclasses.replace(found, looks=tuple(tape.looks)) if tape.looks else found
+
+
+def replay(program: Program, diff: Sequence[Any], args: Sequence[Any]) -> list:
+    """Every value of ``program``, recomputed from new differentiated leaves and arguments in the current trace.
+
+    Literals keep the recorded values (they are part of the structure).
+    """
+    env: list = [None] * program.num_values
+    diff_it, arg_it = iter(diff), iter(args)
+    for entry in program.inputs:
+        vid, kind = entry[0], entry[1]
+        env[vid] = next(diff_it) if kind == "diff" else next(arg_it) if kind == "arg" else program.literals[vid]
+    for e in program.eqns:
+        outs = C.bind_on(None, e.prim, [env[v] for v in e.ins], e.params, e.staged, e.source_info)
+        for v, o in zip(e.outs, outs):
+            env[v] = o
+    return env

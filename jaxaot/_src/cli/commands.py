@@ -1,0 +1,214 @@
+"""The ``jaxaot`` commands themselves: ``demo``, ``inspect`` and ``version``.
+
+:mod:`jaxaot._src.cli.main` reads the arguments and imports this module only once a
+command runs, so ``--help`` never pays for importing JAX. A mistake of the
+user's (a module that does not import, an unreadable shape, a wrong number of
+arguments, a function JAX cannot trace at those shapes, a ``--budget`` that is
+unreadable or that no plan fits) ends the command with one line on stderr and
+exit status 2; ``--traceback`` shows the whole story. While a command runs, the
+``jaxaot`` logger's progress lines show on stderr (:func:`jaxaot._src.progress.to_stderr`;
+none under ``JAXAOT_QUIET=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import sys
+import tempfile
+from typing import Any, Callable
+
+import jax
+import jaxlib
+
+import jaxaot
+from jaxaot._src import progress as _progress
+from jaxaot._src.cli.demo import demo_report
+from jaxaot._src.cli.inspect_json import inspect_document
+from jaxaot._src.cli.shapes import needs_x64, parse_shapes
+from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, MemoryBudgetError
+
+#: The exit status of a command that stopped on a user error (argparse's, for its own errors).
+USAGE_ERROR = 2
+
+
+class UsageError(InvalidValueError):
+    """A command cannot run as asked; the message is the whole explanation (one line)."""
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names; a usage error becomes one line on stderr and status 2.
+
+    Usage errors are :class:`UsageError` and the ``InvalidValueError`` of an unreadable ``--shapes``.
+    """
+    try:
+        with _progress.to_stderr():
+            return COMMANDS[args.command](args)
+    except InvalidValueError as e:
+        if getattr(args, "traceback", False):
+            raise
+        print(f"jaxaot {args.command}: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+# --------------------------------------------------------------------------- loading user code
+def load_object(target: str, what: str = "MODULE:FUNCTION") -> Callable:
+    """``package.module:function`` -> the function (the current folder is importable).
+
+    Raises :class:`UsageError` when ``target`` names no callable.
+
+    Example:
+        >>> load_object("jaxaot._src.cli.demo_models:mlp_loss").__name__
+        'mlp_loss'
+        >>> load_object("jaxaot._src.cli.demo_models")
+        Traceback (most recent call last):
+        ...
+        jaxaot._src.cli.commands.UsageError: expected MODULE:FUNCTION, got 'jaxaot._src.cli.demo_models'
+    """
+    mod_name, colon, attr = target.partition(":")
+    if not colon or not mod_name or not attr:
+        raise UsageError(f"expected {what}, got {target!r}")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # as `python -m` does: modules in the current folder import
+    try:
+        obj = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise UsageError(f"cannot import {mod_name!r}: {e}") from e
+    except Exception as e:  # the user's module raised while importing
+        raise UsageError(f"importing {mod_name!r} raised {type(e).__name__}: {_first_line(e)}") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{target} is not callable")
+    return obj
+
+
+def example_args(target: str) -> tuple:
+    """Call ``--args MODULE:FUNCTION`` with no arguments; its result is the tuple of positional arguments."""
+    make = load_object(target)
+    try:
+        got = make()
+    except Exception as e:
+        raise UsageError(f"calling {target}() raised {type(e).__name__}: {_first_line(e)}") from e
+    if not isinstance(got, (tuple, list)):
+        raise UsageError(f"{target}() must return the positional arguments as a tuple (one argument: a "
+                         f"1-tuple), got a {type(got).__name__}")
+    return tuple(got)
+
+
+def check_arity(fn: Callable, target: str, args: tuple) -> None:
+    """Raise :class:`UsageError` if ``fn`` cannot take ``len(args)`` positional arguments."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or an object without a readable signature
+        return
+    try:
+        sig.bind(*args)
+    except TypeError:
+        params = [p.name for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        raise UsageError(f"{target} takes {len(params)} positional argument{'s' * (len(params) != 1)} "
+                         f"({', '.join(params)}) but was given {len(args)}") from None
+
+
+def enable_x64_for(args: Any) -> None:
+    """Turn on ``jax_enable_x64`` when ``args`` hold 64-bit dtypes, saying so: JAX would trace them as 32-bit."""
+    wide = needs_x64(args)
+    if wide and not jax.config.jax_enable_x64:
+        jax.config.update("jax_enable_x64", True)
+        print(f"jaxaot: the arguments hold {', '.join(wide)}: turned on jax_enable_x64, as JAX would otherwise "
+              "trace them as 32-bit", file=sys.stderr)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_version(args: argparse.Namespace) -> int:
+    dev = jax.devices()[0]
+    print(f"jaxaot {jaxaot.__version__}")
+    print(f"jax    {jax.__version__}")
+    print(f"jaxlib {jaxlib.__version__}")
+    kind = getattr(dev, "device_kind", dev.platform)
+    print(f"backend {jax.default_backend()} ({kind}, {jax.device_count()} devices)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    out = args.out
+    if out is None:
+        out = tempfile.mkdtemp(prefix="jaxaot-demo-")
+        print(f"jaxaot demo: writing to {out} (a new temporary folder; choose one with --out DIR)", file=sys.stderr)
+    for name in ("width", "depth", "batch", "rounds"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    print(demo_report(args.width, args.depth, args.batch, out, rounds=args.rounds))
+    return 0
+
+
+def partitioner(args: argparse.Namespace) -> tuple[str, Any]:
+    """``(name, partition_fn)`` for ``inspect``'s ``--partition``, ``--budget`` and ``--offload``.
+
+    ``--budget`` or ``--offload`` without ``--partition`` choose the min-cut, the
+    partitioner they configure. The min-cut checks its options here, before any
+    tracing: an unreadable budget is a :class:`UsageError` naming ``--budget``. The text goes to the
+    partitioner as given: ``memory_budget`` reads a plain number in a string as that number
+    (:func:`jaxaot._src.partition.parse_memory_budget`), so ``--budget 0.5`` is the fraction and
+    ``--budget 2e9`` two billion bytes, as in Python.
+    """
+    tuned = args.budget is not None or args.offload is not None
+    name = args.partition or ("min_cut" if tuned else "default")
+    if name == "default":
+        if tuned:
+            raise UsageError("--budget and --offload configure the min-cut partitioner: drop --partition default "
+                             "or use --partition min_cut")
+        return name, jaxaot.partition.default_partition
+    options: dict[str, Any] = {}
+    if args.budget is not None:
+        options["memory_budget"] = args.budget
+    if args.offload is not None:
+        options["offload"] = "auto" if args.offload == "auto" else False
+    if not options:
+        return name, jaxaot.partition.min_cut_rematerialization_partition
+    try:
+        return name, jaxaot.partition.min_cut_rematerialization_partition(**options)
+    except (InvalidValueError, InvalidInputError) as e:
+        flag = "--budget" if args.budget is not None else "--offload"
+        raise UsageError(f"{flag} {getattr(args, flag[2:])}: {_first_line(e)}") from e
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.x64 and not jax.config.jax_enable_x64:
+        jax.config.update("jax_enable_x64", True)  # before --args builds its arrays
+    name, partition_fn = partitioner(args)
+    fn = load_object(args.target)
+    call_args = parse_shapes(args.shapes) if args.shapes is not None else example_args(args.args)
+    enable_x64_for(call_args)
+    check_arity(fn, args.target, call_args)
+    aot = jaxaot.aot_function(fn, partition_fn=partition_fn)
+    try:
+        with _progress.task(f"lowering {args.target}"):
+            low = aot.lower(*call_args)
+    except MemoryBudgetError as e:  # before its base class: the function traced, the budget is the problem
+        raise UsageError(f"no plan of {args.target} fits --budget {args.budget}: {_first_line(e)}") from e
+    except (JaxaotError, TypeError, ValueError) as e:  # the function does not trace at these arguments
+        raise UsageError(f"{args.target} does not trace at the given arguments: {type(e).__name__}: "
+                         f"{_first_line(e)} (--traceback shows where)") from e
+    if args.json:
+        print(json.dumps(inspect_document(low, target=args.target, partition=name, budget=args.budget,
+                                          offload=args.offload), indent=2))
+    else:
+        print(low)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": cmd_demo,
+    "inspect": cmd_inspect,
+    "version": cmd_version,
+}

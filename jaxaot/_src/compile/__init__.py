@@ -1,0 +1,17 @@
+"""Stage 3, compile: turn each program into an executable, through the persistent cache.
+
+``compilers`` holds the compilers (:class:`Compiler` is their protocol);
+``cache`` holds the two hooks the runtime calls, :func:`cached_partition` and
+:func:`cached_compile`, which go to disk when ``jaxaot.config.cache_dir`` is
+set; :func:`stats` counts their hits and misses.
+"""
+
+from jaxaot._src.compile import compilers
+from jaxaot._src.compile.cache import cached_compile, cached_partition
+from jaxaot._src.compile.cache_stats import CacheStats, reset_stats, stats
+from jaxaot._src.compile.compilers import Compiler, as_function, nop, print_jaxpr, xla
+
+__all__ = [
+    "CacheStats", "Compiler", "as_function", "cached_compile", "cached_partition", "compilers", "nop", "print_jaxpr",
+    "reset_stats", "stats", "xla",
+]

@@ -1,0 +1,118 @@
+"""The persistent compile cache: partitions and compiled executables on disk.
+
+Turn it on with ``jaxaot.config.cache_dir = "/path"`` (or the environment
+variable ``JAXAOT_CACHE_DIR``). The runtime then asks this module, instead of
+the partitioner and the compiler, through two hooks: :func:`cached_partition`
+and :func:`cached_compile`. A warm process still traces (the trace is the key)
+but runs neither the partitioner nor XLA.
+
+What is stored, under ``<cache_dir>/jaxaot-v2/`` (framed, signed and
+written atomically by :mod:`~jaxaot._src.compile.store`, named by a key from
+:mod:`~jaxaot._src.compile.cache_keys`):
+
+* ``partitions/<key>.bin``: the saved set of a partition
+  (:mod:`~jaxaot._src.compile.partition_codec`).
+* ``executables/<key>.bin``: a serialized ``jax.stages.Compiled``
+  (:mod:`~jaxaot._src.compile.executable_codec`). Programs with host callbacks or
+  effects are never stored: their callbacks must run.
+
+A corrupt entry is reported once (:class:`~jaxaot.errors.CacheWarning`) and
+rebuilt; cache I/O errors never fail a call. :func:`stats` counts what happened.
+
+Deserialising an executable can run code (``jax.experimental.serialize_executable``
+uses pickle), so every entry is signed with a per-user key, for the key it is
+stored under, and an entry whose signature fails (or that was signed for
+another key: moved, renamed or swapped) is never deserialised; directories
+owned by another user or writable by group/others are refused (see
+:mod:`~jaxaot._src.compile.store`). A loaded executable must still fit its call:
+its input and output types are compared with the program's, and one that
+differs is evicted and rebuilt (:func:`~jaxaot._src.compile.executable_codec.misfit`),
+so a bad entry costs a compile, never a wrong answer or an error in every call.
+
+Example:
+    >>> import jax, jax.numpy as jnp, jaxaot, tempfile
+    >>> from jaxaot._src.compile import cache
+    >>> with jaxaot.config.override(cache_dir=tempfile.mkdtemp()):
+    ...     _ = jax.grad(jaxaot.aot_function(lambda x: jnp.sin(x).sum()))(jnp.ones(3))
+    ...     _ = jax.grad(jaxaot.aot_function(lambda x: jnp.sin(x).sum()))(jnp.ones(3))
+    >>> cache.stats().executable_hits >= 2
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jaxaot._src import compat as C
+from jaxaot._src.compile import executable_codec, partition_codec, store
+from jaxaot._src.compile.cache_keys import executable_key, partition_key
+from jaxaot._src.compile.cache_stats import CacheStats, count, reset_stats, stats
+from jaxaot._src.compile.compilers import Compiler
+from jaxaot._src.partition import Partition, Partitioner
+from jaxaot._src.tracing import JointGraph
+
+__all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "stats"]
+
+
+def cached_partition(partition_fn: Partitioner, joint: JointGraph) -> Partition:
+    """``partition_fn(joint)``, from the cache when an entry exists (runtime hook)."""
+    if store.cache_root() is None:
+        return partition_fn(joint)
+    key = partition_key(partition_fn, joint)
+    path = None if key is None else store.entry_path("partitions", key)
+    if path is None:
+        count("skipped")
+        return partition_fn(joint)
+    payload = store.read(path)
+    if payload is not None:
+        part = partition_codec.decode(joint, payload)
+        if part is not None:
+            count("partition_hits")
+            return part
+        store.corrupt(path, "its saved set does not rebuild a valid partition of this joint graph")
+    count("partition_misses")
+    part = partition_fn(joint)
+    if not isinstance(part, Partition):
+        return part  # nothing to store: the runtime refuses it, naming the partitioner
+    record = partition_codec.encode(joint, part)
+    if record is None:
+        count("skipped")
+    else:
+        store.write(path, record)
+    return part
+
+
+def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **options: Any) -> Any:
+    """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook)."""
+    if store.cache_root() is None:
+        return compiler(closed, avals, **options)
+    key = None if _runs_host_code(closed) else executable_key(compiler, closed, avals, options)
+    path = None if key is None else store.entry_path("executables", key)
+    if path is None:
+        count("skipped")
+        return compiler(closed, avals, **options)
+    payload = store.read(path)
+    if payload is not None:
+        exe = executable_codec.decode(payload)
+        if exe is None:
+            store.corrupt(path, "the serialized executable could not be loaded")
+        else:
+            misfit = executable_codec.misfit(exe, avals, [v.aval for v in C.jaxpr_of(closed).outvars])
+            if misfit is None:
+                count("executable_hits")
+                return exe
+            store.evict(path, f"it does not fit its call: {misfit}")
+    count("executable_misses")
+    exe = compiler(closed, avals, **options)
+    blob = executable_codec.encode(exe, len(avals), len(C.jaxpr_of(closed).outvars))
+    if blob is None:
+        count("skipped")
+    else:
+        store.write(path, blob)
+    return exe
+
+
+def _runs_host_code(closed: Any) -> bool:
+    # A serialized executable cannot carry a Python callback; effects (ordered
+    # callbacks, prints) must run, so such programs are always compiled afresh.
+    return bool(C.jaxpr_of(closed).effects) or any(C.is_host_callback(e) for e in C.iter_eqns(closed))

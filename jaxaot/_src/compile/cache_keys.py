@@ -1,0 +1,306 @@
+"""What names a cache entry: a program, a partitioner or compiler, and the environment.
+
+A key is a sha256 (hex) over, in order: the kind of entry, the environment
+(jaxaot/jax/jaxlib versions, platform, device kind and count, ``XLA_FLAGS``,
+x64 and matmul precision), the partitioner's or compiler's identity (module,
+qualname, bytecode hash, defaults, closure values, ``functools.partial``
+arguments), the program (:func:`program_fingerprint`: its text plus the bytes
+of its consts and literals), the input avals (shape, dtype, weak type,
+sharding: the mesh's axis names, shape and device order, and the spec), and
+the options (donation).
+
+Every value is written in a canonical form (:func:`value_identity`): sets
+sorted, dicts by key, floats by their bits, so a key is the same in every
+process whatever ``PYTHONHASHSEED``. A value whose identity cannot be written
+down (an object array, a structure nested too deep) makes the key None: the
+entry is then not cached. A repr with an object address makes the key differ
+in each process: the entry is then never hit, which is safe.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxaot._src.compile import cache_keys
+    >>> closed = jax.make_jaxpr(jnp.sin)(1.0)
+    >>> avals = [jax.ShapeDtypeStruct((), jnp.float32)]
+    >>> len(cache_keys.executable_key(print, closed, avals, {}))
+    64
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import os
+import re
+import struct
+import sys
+from typing import Any, Iterable, Sequence
+
+import jax
+import jaxlib
+import numpy as np
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import dtype_name
+from jaxaot._src.compile.compilers import Compiler
+from jaxaot._src.compile.store import FORMAT_VERSION, FRAME_VERSION
+from jaxaot._src.partition import Partitioner
+from jaxaot._src.tracing import JointGraph
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_FROZENSET = re.compile(r"frozenset\(\{([^{}]*)\}\)")
+_MAX_DEPTH = 8
+
+
+class _Unkeyable(Exception):
+    """A value whose identity cannot be written down (the entry is then not cached)."""
+
+
+# --------------------------------------------------------------------------- keys
+def partition_key(partition_fn: Partitioner, joint: JointGraph) -> str | None:
+    """The key of ``partition_fn(joint)``; None when it cannot be keyed."""
+    return _digest(_partition_key_parts(partition_fn, joint))
+
+
+def executable_key(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict) -> str | None:
+    """The key of ``compiler(closed, avals, **options)``; None when it cannot be keyed."""
+    return _digest(_executable_key_parts(compiler, closed, avals, options))
+
+
+def _partition_key_parts(partition_fn: Partitioner, joint: JointGraph) -> Iterable[Any]:
+    yield "partition"
+    yield from environment()
+    yield callable_identity(partition_fn)
+    yield program_fingerprint(joint.jaxpr)
+    yield avals_key(joint.in_avals)
+    yield repr((joint.differentiable, joint.needs_cotangent, joint.num_outputs))
+
+
+def _executable_key_parts(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict) -> Iterable[Any]:
+    yield "executable"
+    yield from environment()
+    yield callable_identity(compiler)
+    yield program_fingerprint(closed)
+    yield avals_key(avals)
+    yield value_identity(dict(sorted(options.items())))
+
+
+def _digest(parts: Iterable[Any]) -> str | None:
+    h = hashlib.sha256()
+    try:
+        for p in parts:
+            b = p if isinstance(p, bytes) else str(p).encode()
+            h.update(struct.pack("<Q", len(b)))
+            h.update(b)
+    except _Unkeyable:
+        return None
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> tuple[str, ...]:
+    """What a compiled executable depends on besides its program (fixed per process)."""
+    dev = jax.devices()[0]
+    # Looked up, not imported: jaxaot's __init__ imports this package.
+    jaxaot_version = getattr(sys.modules.get("jaxaot"), "__version__", "?")
+    return (
+        f"cache-format={FORMAT_VERSION}.{FRAME_VERSION}",
+        f"jaxaot={jaxaot_version}",
+        f"jax={jax.__version__}",
+        f"jaxlib={jaxlib.__version__}",
+        f"platform={dev.platform}",
+        f"device_kind={getattr(dev, 'device_kind', '?')}",
+        f"device_count={jax.device_count()}",
+        f"xla_flags={os.environ.get('XLA_FLAGS', '')}",
+        f"x64={getattr(jax.config, 'jax_enable_x64', None)}",
+        f"matmul_precision={getattr(jax.config, 'jax_default_matmul_precision', None)}",
+    )
+
+
+# --------------------------------------------------------------------------- programs
+def program_fingerprint(closed: Any) -> str:
+    """sha256 of a closed jaxpr: its text plus the bytes of every const and literal.
+
+    The text does not show const values (nor all of a large literal), so those
+    are hashed separately, in program order, sub-jaxprs included.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot._src.compile.cache_keys import program_fingerprint
+        >>> a = program_fingerprint(jax.make_jaxpr(lambda x: x + jnp.arange(3.0))(1.0))
+        >>> b = program_fingerprint(jax.make_jaxpr(lambda x: x + jnp.arange(3.0) * 2)(1.0))
+        >>> a == b
+        False
+    """
+    h = hashlib.sha256(canonical_text(closed).encode())
+    for value in _program_values(closed):
+        h.update(_array_identity(value).encode())
+    return h.hexdigest()
+
+
+def canonical_text(closed: Any) -> str:
+    """``str(closed)`` without what differs between processes for the same program.
+
+    Object addresses (``<function f at 0x7f..>`` in callback params) are blanked;
+    frozenset elements, printed in hash order (``PYTHONHASHSEED``), are sorted.
+    """
+    text = _ADDRESS.sub(" at 0x?", str(closed))
+    return _FROZENSET.sub(lambda m: "frozenset({" + ", ".join(sorted(m.group(1).split(", "))) + "})", text)
+
+
+def _program_values(closed: Any) -> Iterable[Any]:
+    """The consts of ``closed``, then per eqn (depth first) its literals and the consts of its sub-jaxprs."""
+    yield from C.consts_of(closed)
+    for eqn in C.iter_eqns(closed):
+        yield from (v.val for v in eqn.invars if C.is_literal(v))
+        for sub in C.eqn_subjaxprs(eqn):
+            yield from C.consts_of(sub)
+
+
+def avals_key(avals: Sequence[Any]) -> str:
+    """Shape, dtype, weak type and sharding of each input (mesh shape, axis names and device order)."""
+    return ";".join(
+        f"{tuple(str(d) for d in a.shape)}{_dtype_key(a.dtype)}"
+        f"{'w' if getattr(a, 'weak_type', False) else ''}@{sharding_key(getattr(a, 'sharding', None))}"
+        for a in avals
+    )
+
+
+def sharding_key(sharding: Any) -> str:
+    """A sharding's repr (mesh axis names and sizes, spec, memory kind) plus its devices, in mesh order."""
+    if sharding is None:
+        return "None"
+    mesh = getattr(sharding, "mesh", None)
+    ids = getattr(mesh, "device_ids", None)
+    if ids is None:
+        ids = sorted(d.id for d in getattr(sharding, "device_set", ()))
+    return f"{sharding!r}:devices={np.asarray(ids).tolist()}"
+
+
+def _dtype_key(dtype: Any) -> str:
+    """numpy's ``'<f4'`` spelling; the name of an extended dtype (``key<fry>``), which numpy cannot read."""
+    try:
+        return np.dtype(dtype).str
+    except TypeError:
+        return dtype_name(dtype)
+
+
+# --------------------------------------------------------------------------- values
+def value_identity(value: Any, depth: int = 0) -> str:
+    """A canonical text that names ``value`` across processes (arrays by content hash).
+
+    Canonical means independent of ``PYTHONHASHSEED`` and of object addresses
+    where it can be: sets and frozensets list their elements sorted, dicts their
+    items sorted by key, floats are written by their bits (``-0.0`` and NaN
+    payloads included), and each scalar carries its type (``1``, ``1.0`` and
+    ``True`` differ). Dataclass instances are their type and fields, enum
+    members their type and name. Anything else is its type and ``repr``.
+
+    Example:
+        >>> from jaxaot._src.compile.cache_keys import value_identity
+        >>> value_identity({"b": {2, 1}, "a": 0.5})
+        "dict(str:'a':float:3fe0000000000000,str:'b':set(int:1,int:2))"
+    """
+    if depth > _MAX_DEPTH:
+        raise _Unkeyable("too deep")
+    if value is None or isinstance(value, (bool, str, bytes)) or type(value) is int:
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, enum.Enum):
+        return f"{_type_name(value)}.{value.name}"
+    if isinstance(value, float):
+        return f"{_type_name(value)}:{struct.pack('>d', value).hex()}"
+    if isinstance(value, complex):
+        return f"{_type_name(value)}:{struct.pack('>dd', value.real, value.imag).hex()}"
+    if isinstance(value, int):
+        return f"{_type_name(value)}:{int(value)}"
+    if isinstance(value, (np.ndarray, jax.Array, np.generic)):
+        return _array_identity(value)
+    if isinstance(value, (tuple, list)):
+        inner = ",".join(value_identity(v, depth + 1) for v in value)
+        return f"{_type_name(value)}({inner})"
+    if isinstance(value, (set, frozenset)):
+        inner = ",".join(sorted(value_identity(v, depth + 1) for v in value))
+        return f"{_type_name(value)}({inner})"
+    if isinstance(value, dict):
+        items = sorted(f"{value_identity(k, depth + 1)}:{value_identity(v, depth + 1)}" for k, v in value.items())
+        return f"{_type_name(value)}({','.join(items)})"
+    if callable(value):
+        return callable_identity(value, depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _dataclass_identity(value, depth)
+    return f"{type(value).__module__}.{type(value).__qualname__}:{value!r}"
+
+
+def _type_name(value: Any) -> str:
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _dataclass_identity(value: Any, depth: int) -> str:
+    fields = ",".join(f"{f.name}={value_identity(getattr(value, f.name), depth + 1)}"
+                      for f in dataclasses.fields(value))
+    return f"{_type_name(value)}({fields})"
+
+
+def callable_identity(fn: Any, depth: int = 0) -> str:
+    """Module, qualname, bytecode hash, defaults and closure values of a callable.
+
+    ``functools.partial`` objects add their arguments, so
+    ``partial(min_cut_rematerialization_partition, memory_budget=0.5)`` and
+    ``memory_budget=0.7`` key differently. A callable dataclass instance is its
+    fields plus the identity of its class's ``__call__``. Every value is
+    written canonically (:func:`value_identity`).
+
+    Example:
+        >>> import functools, jaxaot
+        >>> from jaxaot._src.compile.cache_keys import callable_identity
+        >>> p = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5)
+        >>> "memory_budget" in callable_identity(p)
+        True
+    """
+    if depth > _MAX_DEPTH:
+        raise _Unkeyable("too deep")
+    if isinstance(fn, functools.partial):
+        args = value_identity(fn.args, depth + 1)
+        kw = value_identity(dict(fn.keywords), depth + 1)
+        return f"partial({callable_identity(fn.func, depth + 1)},{args},{kw})"
+    if hasattr(fn, "__func__") and hasattr(fn, "__self__"):  # bound method
+        return f"method({callable_identity(fn.__func__, depth + 1)},{value_identity(fn.__self__, depth + 1)})"
+    code = getattr(fn, "__code__", None)
+    if code is None:  # builtins, callable objects
+        if dataclasses.is_dataclass(fn) and not isinstance(fn, type):
+            call = getattr(type(fn), "__call__", None)
+            return f"{_dataclass_identity(fn, depth)}:{callable_identity(call, depth + 1)}"
+        return f"{type(fn).__module__}.{type(fn).__qualname__}:{getattr(fn, '__qualname__', None)}:{fn!r}"
+    parts = [
+        f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', None)}",
+        _code_hash(code),
+        value_identity(getattr(fn, "__defaults__", None), depth + 1),
+        value_identity(getattr(fn, "__kwdefaults__", None), depth + 1),
+    ]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            parts.append(value_identity(cell.cell_contents, depth + 1))
+        except ValueError:  # an empty cell
+            parts.append("<empty>")
+    return "fn(" + ",".join(parts) + ")"
+
+
+def _code_hash(code: Any) -> str:
+    # Constants canonically: ``x in {"a", "b"}`` compiles to a frozenset constant.
+    h = hashlib.sha256(code.co_code)
+    for c in code.co_consts:
+        h.update(_code_hash(c).encode() if hasattr(c, "co_code") else value_identity(c).encode())
+    h.update(repr(code.co_names).encode())
+    return h.hexdigest()[:16]
+
+
+def _array_identity(value: Any) -> str:
+    try:
+        a = np.asarray(value)
+    except Exception:
+        raise _Unkeyable(type(value).__name__) from None
+    if a.dtype == object:
+        raise _Unkeyable(type(value).__name__)
+    return f"{a.dtype.str}{a.shape}:{hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}"

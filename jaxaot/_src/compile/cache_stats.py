@@ -1,0 +1,79 @@
+"""What the persistent cache did in this process: hit/miss/corrupt counts, and its warnings.
+
+The counts are process-wide and thread-safe. Every :class:`~jaxaot.errors.CacheWarning`
+goes through :func:`warn_once`, so a bad file (or an unwritable directory) is
+reported once per process, not once per call.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import warnings
+from pathlib import Path
+
+from jaxaot.errors import CacheWarning
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """Counts since the process started (or :func:`reset_stats`).
+
+    ``skipped`` counts partitions and programs that cannot be cached (a
+    partitioner ``split_joint`` cannot reproduce, a result that is not a
+    serialisable ``jax.stages.Compiled``, host callbacks, unhashable consts,
+    an entry directory that is refused). ``corrupt`` counts entries read and
+    refused: truncated, badly signed, signed for another key (moved, renamed or
+    swapped), not a private regular file, or an executable that does not fit
+    its call; each is rebuilt.
+    """
+
+    partition_hits: int = 0
+    partition_misses: int = 0
+    executable_hits: int = 0
+    executable_misses: int = 0
+    corrupt: int = 0
+    skipped: int = 0
+
+
+_counts: collections.Counter = collections.Counter()
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def stats() -> CacheStats:
+    """The hit/miss/corrupt counts of this process.
+
+    Example:
+        >>> from jaxaot._src.compile import cache
+        >>> isinstance(cache.stats().executable_misses, int)
+        True
+    """
+    with _lock:
+        return CacheStats(**{f.name: _counts[f.name] for f in dataclasses.fields(CacheStats)})
+
+
+def reset_stats() -> None:
+    """Zero the counts and forget which files were already warned about."""
+    with _lock:
+        _counts.clear()
+        _warned.clear()
+
+
+def count(name: str) -> None:
+    """Add one to the :class:`CacheStats` field ``name``."""
+    with _lock:
+        _counts[name] += 1
+
+
+def warn_once(path: Path | str, message: str) -> None:
+    """Issue a :class:`~jaxaot.errors.CacheWarning` about ``path``, unless one was issued already.
+
+    ``stacklevel=4`` points it past the cache's own frames, at the runtime's call.
+    """
+    with _lock:
+        if str(path) in _warned:
+            return
+        _warned.add(str(path))
+    warnings.warn(message, CacheWarning, stacklevel=4)

@@ -1,0 +1,239 @@
+"""Writing files and folders whole: readers see the old version or the new one, never a mix.
+
+* :func:`atomic_write` writes a private temporary file beside the target and
+  ``os.replace``-s it into place: whatever was at the path (a symlink, a FIFO)
+  is replaced, never written through, and concurrent writers are safe (the
+  last one wins).
+* :func:`create_exclusive` does the same but never replaces a file that is
+  there (the first of several racing writers wins): the cache key.
+* :func:`replace_folder` fills a fresh sibling folder and swaps it into place
+  (a saved artifact): an interrupted re-save leaves the old folder whole.
+
+A writer killed between creating its temporary file and renaming it leaves the
+temporary behind (``.<name>.jaxaot-<random>.tmp``). Each write sweeps its folder of
+this user's temporaries older than :data:`STALE_SECONDS` (:func:`sweep_stale`):
+no live writer takes an hour over one file.
+
+Example:
+    >>> import pathlib, tempfile
+    >>> from jaxaot._src.files import atomic_write
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
+    >>> atomic_write(path, b"one"); atomic_write(path, b"two")
+    >>> path.read_bytes(), [p.name for p in path.parent.iterdir()]
+    (b'two', ['f'])
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import secrets
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+#: Temporary files and folders older than this (seconds) are a killed writer's, and are removed.
+STALE_SECONDS = 3600
+_MARK = "jaxaot-"
+_TEMP = re.compile(r"\..+\.jaxaot-[A-Za-z0-9_]+\.tmp")
+
+
+def atomic_write(path: Path | str, data: bytes | bytearray | memoryview) -> None:
+    """Write ``data`` to ``path`` through a temporary file (mode 0600) in the same folder and ``os.replace``.
+
+    The folder is created (0700) if absent, and swept of stale temporaries.
+    Raises ``OSError``.
+    """
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sweep_stale(path.parent)
+    tmp = _write_temporary(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def create_exclusive(path: Path | str, data: bytes) -> bool:
+    """Create ``path`` (mode 0600) holding ``data`` unless something is there already; whether this call made it.
+
+    The file appears whole (written to a temporary file, then hard-linked into
+    place), and a file another process made first is never replaced.
+    """
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sweep_stale(path.parent)
+    tmp = _write_temporary(path, data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        _unlink(tmp)
+
+
+def replace_folder(target: Path | str, fill: Callable[[Path], None], replaceable: Callable[[str], bool]) -> Path:
+    """Make the folder ``target`` anew: ``fill(fresh)`` writes a fresh sibling folder, which then takes its place.
+
+    An existing ``target`` (or the folder a symlink there names) is replaced
+    only if it is a directory whose entries all satisfy ``replaceable(name)``
+    (an empty one, or an earlier version);
+    anything else is refused with ``FileExistsError``, so no file of the user's
+    is ever removed. Where the system can (Linux ``renameat2``), the two folders
+    are exchanged in one step; elsewhere the old one is renamed aside first,
+    which leaves a moment without either. A failure in ``fill`` leaves
+    ``target`` as it was. The fresh folder gets the old one's mode (or the
+    umask's, for a new one).
+    """
+    target = Path(target)
+    if os.path.islink(target) and os.path.isdir(target):  # a link to a folder: make the folder it names anew
+        target = Path(os.path.realpath(target))
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(parent)
+    old_mode = _replaceable_mode(target, replaceable)
+    fresh = _fresh_folder(parent, target.name, old_mode)
+    try:
+        fill(fresh)
+        _fsync_folder(fresh)
+        if old_mode is None:
+            os.rename(fresh, target)
+        elif _exchange(fresh, target):
+            shutil.rmtree(fresh)  # the exchange left the old version here
+        else:
+            aside = _fresh_name(parent, target.name)
+            os.rename(target, aside)
+            os.rename(fresh, target)
+            shutil.rmtree(aside, ignore_errors=True)
+        _fsync_folder(parent)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    return target
+
+
+def sweep_stale(folder: Path | str, max_age: float = STALE_SECONDS) -> int:
+    """Remove this user's temporaries (``.<name>.jaxaot-<random>.tmp`` files and folders) older than ``max_age`` seconds
+    from ``folder``; how many. Errors are ignored: sweeping never fails a write."""
+    removed, now = 0, time.time()
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not _TEMP.fullmatch(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if (uid is not None and st.st_uid != uid) or now - st.st_mtime < max_age:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(entry.path)
+            elif stat.S_ISREG(st.st_mode):
+                os.unlink(entry.path)
+            else:
+                continue
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+# --------------------------------------------------------------------------- helpers
+def _write_temporary(path: Path, data: bytes | bytearray | memoryview) -> str:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{_MARK}", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _replaceable_mode(target: Path, replaceable: Callable[[str], bool]) -> int | None:
+    """The mode of the folder at ``target`` if it may be replaced; None if nothing is there."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FileExistsError(errno.EEXIST, "it is not a folder: refusing to replace it", str(target))
+    others = sorted(name for name in os.listdir(target) if not replaceable(name))
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise FileExistsError(errno.EEXIST, f"it holds files that would be lost ({shown}): refusing to replace "
+                              "it; choose an empty or new folder", str(target))
+    return stat.S_IMODE(st.st_mode)
+
+
+def _fresh_name(parent: Path, name: str) -> Path:
+    return parent / f".{name}.{_MARK}{secrets.token_hex(8)}.tmp"
+
+
+def _fresh_folder(parent: Path, name: str, mode: int | None) -> Path:
+    while True:
+        fresh = _fresh_name(parent, name)
+        try:
+            os.mkdir(fresh, 0o777 if mode is None else 0o700)  # 0o777: the umask decides, as for mkdir
+        except FileExistsError:
+            continue
+        if mode is not None:
+            os.chmod(fresh, mode)
+        return fresh
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # pragma: no cover - platforms that cannot open folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (``renameat2(RENAME_EXCHANGE)``); False where the system cannot."""
+    renameat2 = getattr(_libc(), "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+_LIBC: list = []
+
+
+def _libc():
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:  # pragma: no cover - no C library to load
+            _LIBC.append(None)
+    return _LIBC[0]

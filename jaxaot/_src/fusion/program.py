@@ -1,0 +1,208 @@
+"""The fused training step's program: forward and backward in one jaxpr that keeps the partition's plan.
+
+Two executables cost a training step twice: two launches, and XLA can neither
+fuse nor choose layouts across the boundary. When the caller only wants
+``value_and_grad`` of a scalar loss, there is no boundary to keep, so
+:func:`fused_program` builds one program::
+
+    outputs, residuals = forward(inputs)             # the partition's forward
+    residuals' = optimization_barrier(residuals)
+    grads = backward(unit cotangents, residuals')    # the partition's backward
+
+The barrier is how ``jax.checkpoint`` lowers: the backward sees only the
+residuals, through a value XLA cannot look through, so the eqns it recomputes
+are not merged with the forward's copies (which would keep alive what the plan
+chose not to save). The peak memory is then the plan's, not the fused
+``jax.jit(jax.value_and_grad)``'s. ``barrier`` says which residuals pass it:
+``"all"``, ``"recomputed"`` (only those the recomputation reads, the backward's
+eqns that no cotangent reaches: :func:`recomputation_inputs`) or ``"none"``; a
+partition that recomputes nothing has no barrier (:func:`barred_residuals`).
+
+The cotangent of the loss (1, and 0 for auxiliary outputs) is a constant of the
+program; on a mesh the gradients are pinned to their inputs' shardings.
+Residuals the partition offloaded make the same trip inside the one program:
+its forward part copies them to ``pinned_host`` and its backward part copies
+them back, so between the two they cost the device no memory.
+
+The program's other options, each a variant the step may compile
+(:mod:`jaxaot._src.fusion.variants` chooses among them by compiled peak memory):
+
+* ``layouts="pinned"``: between two executables every residual is row-major;
+  inside one program XLA chooses their layouts for the forward and the backward
+  together, and on some models pays for its choice in transposes. Pinned, each
+  residual keeps the row-major layout, or, where the backward reads a forward
+  value only through one transpose (attention scores as their matmul wrote
+  them), that transpose's order (:func:`read_orders`), so the transpose is a
+  bitcast. Operands of library kernels (cuDNN convolutions) stay the backend's
+  (:func:`library_kernel_residuals`). See ``docs/concepts/fused_step.md``,
+  "Residual layouts".
+* ``order="consume_first"``: recomputed matmul operands are used before their
+  residuals are read again (:mod:`jaxaot._src.fusion.ordering`).
+* ``slices``: a residual behind the barrier that the backward only slices (an
+  attention block's fused QKV projection) passes it as its slices, so each is
+  freed after its last reader (:mod:`jaxaot._src.fusion.residual_slices`).
+* ``rederive``: a residual the backward can derive again through an order-free
+  reduction (a softmax's row max) is dropped (:mod:`jaxaot._src.fusion.rederive`).
+
+Cost: building the program is one trace of the forward and the backward
+(``jax.make_jaxpr``) plus a linear pass over the backward's eqns per option.
+
+Example:
+    >>> import jax, jax.numpy as jnp, jaxaot
+    >>> f = jaxaot.aot_function(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2))
+    >>> w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
+    >>> _ = jaxaot.value_and_grad(f)(w, x)
+    >>> [name for name in f.cache_info().entries[0].executables]
+    ['fused[0]']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot.errors import InvalidValueError
+from jaxaot._src.fusion.interface import TrainingLike
+from jaxaot._src.fusion.ordering import eval_backward
+from jaxaot._src.fusion.rederive import rederive_backward
+from jaxaot._src.fusion.residual_slices import residual_readers, slice_residual_reads
+from jaxaot._src.partition import materializes_operands
+
+
+def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
+    """Positions (among the residuals) of the backward's residual inputs that its recomputed eqns read.
+
+    An eqn is recomputation when no cotangent reaches it (a call or loop counts
+    as one eqn). Costs one pass over the backward's top-level eqns.
+    """
+    jaxpr = C.jaxpr_of(backward)
+    reached = set(map(id, jaxpr.invars[:num_cotangents]))
+    position = {id(v): i for i, v in enumerate(jaxpr.invars[num_cotangents:])}
+    read: set[int] = set()
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if not C.is_literal(v)]
+        if any(id(v) in reached for v in ins):
+            reached.update(id(v) for v in eqn.outvars)
+        else:
+            read.update(position[id(v)] for v in ins if id(v) in position)
+    return read
+
+
+def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
+    """Positions (among the residuals) of those a library kernel (a cuDNN convolution,
+    :func:`jaxaot._src.partition.materializes_operands`) reads or writes, in the forward or the
+    backward (top-level eqns). The backend picks such a kernel's operand layouts (NHWC for cuDNN);
+    pinning them row-major adds a transpose on each side (measured 1.10x the step time against 1.03x
+    on a ConvNet: ``docs/concepts/fused_step.md``, "Residual layouts").
+    """
+    fwd, bwd = C.jaxpr_of(part.forward), C.jaxpr_of(part.backward)
+    touched = {id(v) for j in (fwd, bwd) for e in j.eqns if materializes_operands(e)
+               for v in (*e.invars, *e.outvars) if not C.is_literal(v)}
+    residual_vars = bwd.invars[num_cotangents:]
+    produced = [fwd.invars[i] for i in part.saved_inputs] + [fwd.outvars[i] for i in part.saved_outputs]
+    return {i for i, (a, b) in enumerate(zip(produced, residual_vars)) if id(a) in touched or id(b) in touched}
+
+
+def read_orders(backward: Any, num_cotangents: int) -> dict[int, tuple[int, ...]]:
+    """``{position among the residuals: major-to-minor order}`` for the residuals that the backward
+    reads only through transposes of one permutation (and does not return): stored in that order,
+    each transpose reads them row-major (a bitcast). Top-level eqns; the others are absent.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jaxaot._src.fusion import read_orders
+        >>> bwd = jax.make_jaxpr(lambda g, s, w: (g * s.T, w @ g))(jnp.ones((3, 2)), jnp.ones((2, 3)),
+        ...                                                         jnp.ones((3, 3)))
+        >>> read_orders(bwd, 1)  # s is read only as s.T; w by a matmul
+        {0: (1, 0)}
+    """
+    out = {}
+    for i, eqns in enumerate(residual_readers(backward, num_cotangents)):
+        perms = {tuple(e.params["permutation"]) if e is not None and e.primitive.name == "transpose" else None
+                 for e in eqns}
+        if len(perms) == 1 and None not in perms:
+            out[i] = perms.pop()
+    return out
+
+
+def pinned_layouts(part: Any, num_cotangents: int) -> dict[int, tuple[int, ...] | None]:
+    """``{position among the residuals: major-to-minor order}`` of the residuals ``layouts="pinned"``
+    pins: every one but those a library kernel reads or writes (:func:`library_kernel_residuals`),
+    row-major (None) unless the backward reads a forward value only transposed (:func:`read_orders`).
+    Inputs arrive row-major and stay alive: another order would be a second, transposed copy."""
+    library = library_kernel_residuals(part, num_cotangents)
+    orders = read_orders(part.backward, num_cotangents)
+    n_in, n = len(part.saved_inputs), len(part.saved_inputs) + len(part.saved_outputs)
+    return {i: orders.get(i) if i >= n_in else None for i in range(n) if i not in library}
+
+
+def barred_residuals(part: Any, barrier: str) -> set[int]:
+    """Positions (among the residuals of the partition ``part``) that ``barrier`` passes through
+    ``optimization_barrier``: none when nothing is recomputed or ``barrier="none"`` (XLA may then
+    optimize across, as in ``jit(value_and_grad)``), those the recomputation reads for
+    ``"recomputed"``, every one for ``"all"``."""
+    if not part.recomputed or barrier == "none":
+        return set()
+    if barrier == "recomputed":
+        return recomputation_inputs(part.backward, len(part.cotangent_outputs))
+    return set(range(len(part.saved_inputs) + len(part.saved_outputs)))
+
+
+def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
+                  order: str = "xla", slices: bool = True, rederive: bool = False) -> Any:
+    """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
+
+    ``training`` is the runtime's training programs of one gradient mask (:class:`TrainingLike`);
+    ``value_leaf`` the output whose cotangent is 1 (the loss); ``barrier``
+    which residuals pass through ``optimization_barrier``: ``"all"``,
+    ``"recomputed"`` (those the recomputation reads) or ``"none"`` (XLA may
+    then merge recomputed eqns with the forward's, saving more than the plan);
+    ``layouts``: ``"auto"`` lets XLA choose the residuals' layouts,
+    ``"pinned"`` pins them (:func:`pinned_layouts`): to the layout they have between two
+    executables (row-major), or, where the backward reads a forward value only through one
+    transpose, to that transpose's order;
+    ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
+    recomputed matmul operand be used before its residuals are read again
+    (:mod:`jaxaot._src.fusion.ordering`); ``slices``: residuals behind the barrier that the backward
+    only slices pass it as their slices (:mod:`jaxaot._src.fusion.residual_slices`); ``rederive``: the
+    backward derives again the residuals it can through an order-free reduction, and they are not
+    passed (:mod:`jaxaot._src.fusion.rederive`).
+    """
+    p, part, joint = training.programs, training.partition, training.joint
+    cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
+    pins = training.placement.grad_pins()
+    n_res = len(part.saved_inputs) + len(part.saved_outputs)
+    lean = rederive_backward(part, len(cts)) if rederive else None
+    passed = lean.kept if lean is not None else tuple(range(n_res))
+    barred = barred_residuals(part, barrier)
+    behind = {j for j, k in enumerate(passed) if k in barred}
+
+    if layouts not in ("auto", "pinned"):
+        raise InvalidValueError(f'layouts must be "auto" or "pinned", got {layouts!r}.')
+    layout_of = pinned_layouts(part, len(cts)) if layouts == "pinned" else {}
+    backward = lean.backward if lean is not None else part.backward
+    sliced = slice_residual_reads(backward, len(cts), behind) if slices and behind else None
+    backward = sliced.backward if sliced is not None else backward
+
+    def step(*leaves: Any) -> list:
+        fwd = C.eval_closed(part.forward, *leaves)
+        residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
+        residuals = [C.pin_layout(r, layout_of[i]) if i in layout_of else r for i, r in enumerate(residuals)]
+        residuals = [residuals[k] for k in passed]
+        owner = list(range(len(residuals)))
+        if sliced is not None:
+            residuals, owner = sliced.expand(residuals)
+        kept = [r for r, i in zip(residuals, owner) if i in behind]
+        kept = iter(jax.lax.optimization_barrier(kept) if kept else [])
+        residuals = [next(kept) if i in behind else r for r, i in zip(residuals, owner)]
+        unit = [jax.numpy.full(a.shape, 1 if i == value_leaf else 0, a.dtype) for i, a in cts]
+        if order == "consume_first" and part.recomputed:
+            grads = eval_backward(backward, len(cts), *unit, *residuals)
+        else:
+            grads = C.eval_closed(backward, *unit, *residuals)
+        grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]
+        return [fwd[i] for i in p.computed_outputs] + grads
+
+    return jax.make_jaxpr(step)(*p.in_avals)

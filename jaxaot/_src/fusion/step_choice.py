@@ -1,0 +1,230 @@
+"""Fused or split: which step ``jaxaot.value_and_grad`` runs for a signature, decided once, and only its programs kept.
+
+The fused step (:func:`~jaxaot._src.fusion.variants.fused_exe`) runs unless its
+compiled peak is over a byte ``memory_budget`` that the split programs fit
+(:func:`budget_choice`), or, timed on the first call against the split forward
+and backward of the same plan (on an accelerator, or wherever :data:`step_timer`
+is set), it takes more than :data:`STEP_TIME_SLACK` times as long
+(:func:`choose_step`). The split step is timed only where its programs' compiled
+peak is at most the fused step's, or the excess fits the device's free memory
+(:func:`free_device_bytes`), so timing never runs a device out of memory; steps
+that donate inputs or have effects are never timed.
+
+Once decided, the loser's executables are dropped (the split programs compiled
+only to be timed, or the fused step that lost), so a signature keeps one correct
+program. Its :class:`FusedChoice` says what was compiled, which step runs and
+why; the dropped compiles stay listed in ``cache_info()``'s ``compiles``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.fusion.interface import TrainingLike
+from jaxaot._src.fusion.variants import fused_exe, fused_name, platform_of
+from jaxaot._src.partition import compiled_peak
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedChoice:
+    """How one fused training step was compiled, and whether it runs.
+
+    Attributes:
+      executable: its name among the signature's executables (``"fused[...]"``).
+      layouts: ``"auto"`` (XLA's residual layouts) or ``"pinned"``.
+      order: ``"xla"`` or ``"consume_first"`` (the backward's order).
+      barrier: which residuals pass ``optimization_barrier``: ``"all"``, ``"recomputed"`` or ``"none"``.
+      rederived: the residuals the step's backward derives again instead of taking them
+        (:mod:`jaxaot._src.fusion.rederive`), described as ``lower()``'s residual table does.
+      runs: ``"fused"`` (the step is kept and runs), ``"split"`` (the split forward and backward run, and
+        the fused executable is dropped), or None before the first call decides (a step compiled by
+        ``lower(...).compile()``).
+      why: the reason for ``runs``, in words.
+    """
+
+    executable: str
+    layouts: str
+    order: str
+    barrier: str
+    rederived: tuple[str, ...] = ()
+    runs: str | None = None
+    why: str = ""
+
+
+def budget_choice(step_peak: Any, fused_peak: int | None) -> tuple[str, str] | None:
+    """``("split", why)`` where the fused step's compiled peak is over the plan's byte budget and the split
+    programs' is not (:class:`~jaxaot._src.partition.StepPeak`), else None (the fused step may run).
+
+    Example:
+        >>> from jaxaot._src.fusion import budget_choice
+        >>> from jaxaot._src.partition import StepPeak
+        >>> budget_choice(StepPeak(fused=900, forward=500, backward=800, budget=1000), 1100)[0]
+        'split'
+        >>> budget_choice(StepPeak(fused=900, forward=500, backward=800, budget=1000), 950) is None
+        True
+    """
+    budget = getattr(step_peak, "budget", None)
+    if budget is None or fused_peak is None or fused_peak <= budget:
+        return None
+    split = step_peak.split
+    if split is None or split > budget:
+        return None  # neither fits: the planner chose this plan for its fused step, which stays
+    return "split", (f"the fused step's compiled peak ({fused_peak} bytes) is over memory_budget ({budget} bytes) "
+                     f"and the split programs' ({split} bytes) is not")
+
+
+#: How much slower than the split executables of the same plan the fused step may time and still run.
+STEP_TIME_SLACK = 1.02
+#: Interleaved timed calls of each (after one untimed call of each), on the first call of a signature.
+STEP_TIME_ROUNDS = 5
+#: Backends where the fused/split choice is timed without a :data:`step_timer` (CPU timing is noise).
+TIME_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
+#: The timer of the choice: ``step_timer(which, run) -> seconds`` of one blocked call of ``run``
+#: (``which``: ``"fused"`` or ``"split"``). None: wall-clock time on accelerators, and no timing on CPU,
+#: where timing is noise. Tests set it to drive the choice.
+step_timer: Callable[[str, Callable[[], Any]], float] | None = None
+
+
+def choose_step(fused_seconds: Sequence[float], split_seconds: Sequence[float],
+                slack: float = STEP_TIME_SLACK) -> tuple[str, str]:
+    """``("fused" or "split", why)``: the fused step unless its median time is more than ``slack`` times the
+    split executables' (the same plan, the same inputs).
+
+    Example:
+        >>> from jaxaot._src.fusion import choose_step
+        >>> choose_step([1.0, 1.01, 1.0], [1.0, 0.99, 1.0])[0], choose_step([1.1, 1.1], [1.0, 1.0])[0]
+        ('fused', 'split')
+    """
+    fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
+    ratio = fused / split if split > 0 else 1.0
+    if ratio <= slack:
+        return "fused", f"timed at {ratio:.3f}x the split executables"
+    return "split", f"the fused step timed {ratio:.3f}x the split executables (more than {slack}x)"
+
+
+class SplitRunner(TrainingLike, Protocol):
+    """What the split step needs of the runtime's training programs besides :class:`TrainingLike`."""
+
+    def forward(self, leaves: Sequence[Any], concrete: bool | None = None) -> tuple[list, list]: ...
+
+    def backward(self, residuals: Sequence[Any], cts: Sequence[Any], concrete_residuals: bool = False) -> list: ...
+
+    def unit_cotangents(self, leaf: int) -> list: ...
+
+    @property
+    def forward_exe(self) -> Any: ...
+
+    @property
+    def backward_exe(self) -> Any: ...
+
+
+def run_split(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
+    """``(outputs, grads)`` from the split forward and backward executables of the same plan."""
+    outs, residuals = training.forward(leaves, concrete=True)
+    return outs, training.backward(residuals, training.unit_cotangents(value_leaf), concrete_residuals=True)
+
+
+def _wall_seconds(which: str, run: Callable[[], Any]) -> float:
+    del which
+    t = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - t
+
+
+def free_device_bytes(exe: Any) -> int | None:
+    """Bytes the executable's first device has free now (``memory_stats``: limit less in use), or None where the
+    backend does not say (CPU)."""
+    shardings = jax.tree.leaves(getattr(exe, "input_shardings", None))
+    devices = sorted(next(iter(shardings)).device_set, key=lambda d: d.id) if shardings else []
+    stats = devices[0].memory_stats() if devices and hasattr(devices[0], "memory_stats") else None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+#: The share of the device's free memory the split programs' extra peak may take to be timed.
+FREE_MEMORY_SHARE = 0.5
+
+
+def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
+    """The fused step or the split one, by time (:func:`choose_step`), or why they are not timed."""
+    timer = step_timer
+    if timer is None:
+        if platform_of(exe) not in TIME_CHOICE_PLATFORMS:
+            return "fused", "not timed: on CPU step times are noise"
+        timer = _wall_seconds
+    part = training.partition
+    budget = getattr(part.step_peak, "budget", None)
+    if budget is not None and (part.step_peak.split is None or part.step_peak.split > budget):
+        return "fused", "the split programs' peak is over memory_budget"
+    if getattr(training.programs, "donated_leaves", ()):
+        return "fused", "not timed: the step donates its inputs"
+    if C.jaxpr_of(training.joint.jaxpr).effects:
+        return "fused", "not timed: the step has effects, which each timed call would repeat"
+    split_peaks = [compiled_peak(training.forward_exe), compiled_peak(training.backward_exe)]
+    fused_peak = compiled_peak(exe)
+    if None not in split_peaks and fused_peak is not None and max(split_peaks) > fused_peak:
+        free = free_device_bytes(exe)
+        if free is None or max(split_peaks) - fused_peak > FREE_MEMORY_SHARE * free:
+            # Timing them could run the device out of memory, and running them would raise the step's peak.
+            return "fused", (f"not timed: the split programs peak higher ({max(split_peaks)} bytes, fused "
+                             f"{fused_peak}) than the device has room for")
+    runs = {"fused": lambda: exe(*leaves), "split": lambda: run_split(training, leaves, value_leaf)}
+    for run in runs.values():
+        jax.block_until_ready(run())  # warms both
+    times: dict[str, list[float]] = {"fused": [], "split": []}
+    for _ in range(STEP_TIME_ROUNDS):
+        for which, run in runs.items():
+            times[which].append(timer(which, run))
+    return choose_step(times["fused"], times["split"])
+
+
+def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None = None) -> FusedChoice:
+    """The signature's :class:`FusedChoice` for this gradient mask and loss, decided on first use.
+
+    Compiles the fused step if it is not yet. With a byte budget the fused step overshoots and the split
+    programs fit, the split step runs. Else, given the call's ``leaves``, the two are timed where
+    :func:`_timed_choice` times them; without ``leaves`` (``lower(...).compile()``) an undecided choice
+    (``runs=None``) is returned and the first call decides. Deciding drops the loser's executables.
+    """
+    p = training.programs
+    name = fused_name(training, value_leaf)
+    known = p.fused_choices.get(name)
+    if known is not None and (known.runs is not None or leaves is None):
+        return known
+    exe = fused_exe(training, value_leaf)
+    before = set(p.executables)
+    chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
+    if chosen is None and leaves is not None:
+        chosen = _timed_choice(training, exe, leaves, value_leaf)
+    runs, why = chosen if chosen is not None else (None, "")
+    choice = p.fused_choices[name] = FusedChoice(name, exe.layouts, exe.order, exe.barrier, exe.rederived, runs, why)
+    if runs == "split":
+        p.executables.pop(name, None)
+    elif runs == "fused":
+        for timed_only in set(p.executables) - before:  # the split programs compiled for the timing alone
+            p.executables.pop(timed_only)
+    return choice
+
+
+def is_decided(programs: Any, name: str) -> bool:
+    """Whether the fused step ``name`` of a signature's ``programs`` has its choice (no lock needed to run it)."""
+    choice = programs.fused_choices.get(name)
+    return choice is not None and choice.runs is not None
+
+
+def run_fused(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
+    """``(the function's outputs, grads of the differentiated inputs)``: one fused call, or the split
+    executables where :func:`fused_choice` chose them (decided on the first call)."""
+    if fused_choice(training, value_leaf, leaves).runs == "split":
+        return run_split(training, leaves, value_leaf)
+    p = training.programs
+    outs = fused_exe(training, value_leaf)(*leaves)
+    n = len(p.computed_outputs)
+    return p.splice(leaves, outs[:n]), list(outs[n:])

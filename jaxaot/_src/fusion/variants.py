@@ -1,0 +1,223 @@
+"""Which variant of the fused step to keep: each compiled, the one with the lowest compiled peak memory kept.
+
+The options of :func:`~jaxaot._src.fusion.program.fused_program` (residual layouts,
+backward order, barrier, reductions derived again) each help on some models and
+cost on others, and only XLA's compiled program tells which. On an accelerator
+(:data:`LAYOUT_CHOICE_PLATFORMS`) :func:`fused_exe` compiles the step with XLA's
+layouts, then in turn with the residuals' layouts pinned (:func:`choose_layouts`),
+in the consume-first backward order (:func:`choose_order`), without the barrier
+(:func:`choose_barrier`) and with reductions derived again
+(:func:`choose_rederive`), keeping a variant by compiled peak only; under a byte
+``memory_budget`` no variant over it is kept. On CPU, whose layouts are
+row-major anyway, the step compiles once. Whether the kept step runs at all, or
+the split executables do, is :mod:`jaxaot._src.fusion.step_choice`'s decision.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+
+from jaxaot._src import progress as _progress
+from jaxaot._src.fusion.interface import TrainingLike
+from jaxaot._src.fusion.ordering import ordered_eqns
+from jaxaot._src.fusion.program import barred_residuals, fused_program
+from jaxaot._src.fusion.rederive import rederive_backward
+from jaxaot._src.partition import compiled_peak, default_partition
+
+
+def default_barrier(training: TrainingLike) -> str:
+    """``"recomputed"`` for the default partition, else ``"all"``.
+
+    The default partition saves what ``jax.vjp`` saves and recomputes only
+    constants; behind a full barrier its residuals measured 1.19x
+    ``jit(value_and_grad)``'s step time and 1.35x its peak on an H200 Llama
+    block, against 1.04x and 1.00x with ``"recomputed"``. For other partitions,
+    letting XLA see the residuals the recomputation does not read measured worse
+    (1.039x against 1.010x on the same block), so every one passes the barrier.
+    """
+    return "recomputed" if training.options.partition_fn is default_partition else "all"
+
+
+#: Backends whose layout assignment can differ from row-major inside one program (CPU's does not).
+LAYOUT_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
+#: How much more peak memory the row-major step may need and still be chosen (see :func:`choose_layouts`).
+LAYOUT_PEAK_SLACK = 0.005
+
+
+def choose_layouts(auto_peak: int | None, pinned_peak: int | None) -> str:
+    """``"pinned"`` unless pinning the residuals' layouts costs more than
+    :data:`LAYOUT_PEAK_SLACK` of XLA's own choice in peak memory (or a peak is unknown): ``"auto"``.
+
+    Inside one program XLA picks the residuals' layouts for forward and backward together. On an
+    H200 ViT block it picked batch-minor layouts for the residual stream and paid nine more
+    transpose kernels than the two split executables (fused min-cut 1.075x ``jit(value_and_grad)``,
+    pinned 0.953x, peak 0.97x); on the Llama block 1.056x against 0.953x at equal peak. Where XLA's
+    layouts serve a consumer (the MoE's dispatch einsums) pinning costs a transposed copy, which
+    shows as peak memory (1.14x there), so that case keeps XLA's choice
+    (``docs/concepts/fused_step.md``, "Residual layouts").
+
+    Example:
+        >>> from jaxaot._src.fusion import choose_layouts
+        >>> choose_layouts(1000, 1004), choose_layouts(1000, 1100), choose_layouts(None, 10)
+        ('pinned', 'auto', 'auto')
+    """
+    if auto_peak is None or pinned_peak is None:
+        return "auto"
+    return "pinned" if pinned_peak <= auto_peak * (1 + LAYOUT_PEAK_SLACK) else "auto"
+
+
+def platform_of(exe: Any) -> str | None:
+    """The platform (``"cpu"``, ``"gpu"``, ...) of a compiled executable's devices, or None if unknown."""
+    shardings = jax.tree.leaves(getattr(exe, "input_shardings", None))
+    devices = next(iter(shardings)).device_set if shardings else set()
+    return next(iter(devices)).platform if devices else None
+
+
+#: How much lower the consume-first step's compiled peak must be to be chosen (see :func:`choose_order`).
+ORDER_PEAK_GAIN = 0.01
+
+
+def choose_order(xla_peak: int | None, ordered_peak: int | None) -> str:
+    """``"consume_first"`` when that backward order (:mod:`jaxaot._src.fusion.ordering`) lowers the
+    compiled peak by more than :data:`ORDER_PEAK_GAIN`, else ``"xla"``.
+
+    The order costs one more read of the residuals it sequences, so it is kept only where
+    XLA's own order (a recomputed matmul operand merged into a later kernel) raised the peak.
+
+    Example:
+        >>> from jaxaot._src.fusion import choose_order
+        >>> choose_order(1000, 995), choose_order(1000, 900), choose_order(None, 10)
+        ('xla', 'consume_first', 'xla')
+    """
+    if xla_peak is None or ordered_peak is None:
+        return "xla"
+    return "consume_first" if ordered_peak < xla_peak * (1 - ORDER_PEAK_GAIN) else "xla"
+
+
+def choose_barrier(barrier: str, barriered_peak: int | None, free_peak: int | None) -> str:
+    """``"none"`` when the step without the optimization barrier compiles to a peak no higher than
+    with it, else ``barrier``.
+
+    The barrier is there so that XLA keeps no more than the plan saves. Where XLA's own schedule of
+    the same step, free to merge recomputation with the forward, needs no more memory at its peak,
+    the barrier buys nothing and costs the fusions it forbids: on an H100 ConvNet with batch norm the
+    barriered min-cut step ran 1.045x ``jit(value_and_grad)`` at 1.055x its peak, the free one ran as
+    ``jit(value_and_grad)`` (``docs/concepts/fused_step.md``, "The barrier, weighed").
+
+    Example:
+        >>> from jaxaot._src.fusion import choose_barrier
+        >>> choose_barrier("all", 1000, 950), choose_barrier("all", 1000, 1001), choose_barrier("all", None, 5)
+        ('none', 'all', 'all')
+    """
+    if barriered_peak is None or free_peak is None:
+        return barrier
+    return "none" if free_peak <= barriered_peak else barrier
+
+
+#: How much lower the compiled peak must be for the step that derives reductions again (see
+#: :func:`choose_rederive`).
+REDERIVE_PEAK_GAIN = 0.005
+
+
+def choose_rederive(peak: int | None, rederived_peak: int | None) -> bool:
+    """Whether to keep the step whose backward derives order-free reductions again
+    (:mod:`jaxaot._src.fusion.rederive`): when its compiled peak is lower by more than
+    :data:`REDERIVE_PEAK_GAIN`.
+
+    Deriving a max again is one more pass over a value the backward recomputes anyway, free where
+    XLA fuses it into that value's readers and a read where it does not; kept only for memory. On
+    an H100 16-head GPT-2 block the peak fell from 1.001x to 0.983x ``dots_saveable``'s, and the
+    2-head block's rose 1.060x (``docs/concepts/fused_step.md``, "Reductions derived again").
+
+    Example:
+        >>> from jaxaot._src.fusion import choose_rederive
+        >>> choose_rederive(1000, 980), choose_rederive(1000, 998), choose_rederive(None, 10)
+        (True, False, False)
+    """
+    if peak is None or rederived_peak is None:
+        return False
+    return rederived_peak < peak * (1 - REDERIVE_PEAK_GAIN)
+
+
+def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier: str, returned: set,
+                     layouts: str, order: str, rederived: tuple[int, ...] = (), slices: bool = True) -> Any:
+    """The step compiled with this ``barrier``, ``layouts``, ``order``, residual positions
+    ``rederived`` (which it carries as attributes, the last as the residuals' descriptions) and
+    ``slices``, or None where the backend refuses it."""
+    p = training.programs
+    key = f"{name}:{layouts}:{order}:{barrier}:{len(rederived)}:{slices}"
+    _progress.step("compiling fused variant", total=4, key=name, owner=p,
+                   detail=f"{layouts} layouts, {order} order, barrier {barrier}" + ", rederived" * bool(rederived))
+    try:
+        exe = p.compile(key, training.options.fw_compiler,
+                        fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order,
+                                      slices=slices, rederive=bool(rederived)),
+                        p.in_avals, aliased=returned)
+    except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
+        return None
+    finally:
+        p.executables.pop(key, None)
+    exe.layouts, exe.order, exe.barrier = layouts, order, barrier
+    exe.rederived = tuple(str(training.partition.residuals[k]) for k in rederived)
+    return exe
+
+
+def fused_name(training: TrainingLike, value_leaf: int = 0) -> str:
+    """The fused step's name among the signature's executables: ``"fused"`` plus the gradient mask's suffix,
+    plus ``@leaf`` where the loss is not the first output."""
+    return "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
+
+
+def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
+    """The fused step's executable for output ``value_leaf`` as the loss, compiled (through the
+    persistent cache) on first use and stored in ``training.programs.executables``.
+
+    On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the variants of the module docstring are
+    compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
+    executable's ``layouts`` (``"auto"`` or ``"pinned"``), ``order`` (``"xla"`` or
+    ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or ``"none"``) and ``rederived``
+    (the residuals derived again) attributes say which was kept.
+    """
+    p = training.programs
+    name = fused_name(training, value_leaf)
+    exe = p.executables.get(name)
+    if exe is None:
+        returned = {i for i in p.output_is_input if i is not None}  # handed back as outputs: never donated
+        barrier, part = default_barrier(training), training.partition
+        exe = p.compile(name, training.options.fw_compiler, fused_program(training, value_leaf, barrier=barrier),
+                        p.in_avals, aliased=returned)
+        exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
+        budget = getattr(part.step_peak, "budget", None)
+
+        def fits(v: Any) -> bool:
+            peak = compiled_peak(v) if v is not None else None
+            return v is not None and (budget is None or peak is None or peak <= budget)
+
+        if platform_of(exe) in LAYOUT_CHOICE_PLATFORMS:
+            variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned)
+            pinned = variant(barrier, layouts="pinned", order="xla")
+            if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
+                exe = pinned
+            if part.recomputed and ordered_eqns(part.backward, len(part.cotangent_outputs)):
+                ordered = variant(barrier, layouts=exe.layouts, order="consume_first")
+                if fits(ordered) and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
+                    exe = ordered
+            if barred_residuals(part, barrier):
+                free = variant("none", layouts=exe.layouts, order="xla")
+                if fits(free) and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
+                    exe = free
+            rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if part.recomputed else ()
+            if rederived:
+                lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=rederived)
+                if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
+                    exe = lean
+        if not fits(exe):
+            # Over the budget: the program the planner measured (no residual slices, XLA's layouts and order).
+            planned = _compile_variant(training, name, value_leaf, barrier, returned, "auto", "xla", slices=False)
+            if fits(planned):
+                exe = planned
+        p.executables[name] = exe
+    return exe

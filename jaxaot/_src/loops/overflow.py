@@ -1,0 +1,169 @@
+"""The overflow of a bounded loop: never silent, on any platform.
+
+A ``max_steps=N`` loop under reverse mode stacks at most N iterations; one that
+needs more has *overflowed*: its forward stopped at N, so its outputs and
+gradients are wrong. :func:`check_overflow` makes that impossible to miss, and
+does not depend on how a platform treats an exception raised in a host callback
+(the CPU's runtime re-raises it after logging a traceback; GPUs log it and run on):
+
+* **concrete flag** (eager ``jax.grad``, no ``jit``): :class:`LoopOverflowError`
+  is raised right there, in Python: nothing is printed first.
+* **traced flag** (under ``jit``, inside ``aot_function``'s programs): the loop's
+  inexact outputs, and through :func:`poison` its gradients, become NaN on the
+  device (one multiply by a scalar that is 1 or NaN), and a
+  ``jax.debug.callback`` that never raises records the overflow on the host (one
+  device-to-host copy of a boolean per run). :func:`reraise_overflow`, which
+  ``aot_function`` and ``jaxaot.value_and_grad`` run their calls in, waits for
+  the call's effects on exit and raises :class:`LoopOverflowError` if an overflow
+  was recorded meanwhile. A bare ``jax.jit`` outside it returns NaN, never
+  plausible numbers.
+
+The wait (``jax.effects_barrier``) starts once a program with a check has been
+traced in the process; until then :func:`reraise_overflow` costs nothing.
+Overflows are counted process-wide, so a scope also reports an overflow of
+another thread's program that finished while it was open.
+
+``jax.export`` cannot serialize host callbacks, so :mod:`jaxaot._src.artifacts`
+replaces each check by an extra boolean output; :func:`overflow_check_max_steps`
+is how it recognises one (and reads its ``max_steps``) among a program's eqns.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> closed = jax.make_jaxpr(lambda f: check_overflow(f, max_steps=8))(jnp.bool_(False))
+    >>> [overflow_check_max_steps(e) for e in closed.jaxpr.eqns]
+    [8]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxaot._src import compat as C
+from jaxaot.errors import LoopOverflowError
+
+#: How deep :func:`overflow_check_max_steps` looks into the closures around the callback.
+_MAX_WRAPPER_DEPTH = 4
+_MESSAGE_START = "while_loop needed more than max_steps="
+
+
+def _message(max_steps: int) -> str:
+    return (f"{_MESSAGE_START}{max_steps} iterations, the bound of its reverse mode: "
+            f"raise max_steps, or use checkpoints=k alone (any trip count).")
+
+
+def raise_if_overflowed(overflowed: Any, max_steps: int) -> None:
+    """Raise :class:`LoopOverflowError` if ``overflowed`` (a concrete value) is true."""
+    if np.any(np.asarray(overflowed)):
+        raise LoopOverflowError(_message(max_steps))
+
+
+class _Recorded:
+    """The overflows host callbacks recorded: a process-wide count and the last message."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.message = ""
+        self.traced = False  # whether any program with a check was traced (reraise_overflow then waits)
+
+    def record(self, overflowed: Any, max_steps: int) -> None:
+        if np.any(np.asarray(overflowed)):
+            with self.lock:
+                self.count += 1
+                self.message = _message(max_steps)
+
+
+_RECORDED = _Recorded()
+
+
+def record_overflow(overflowed: Any, max_steps: int) -> None:
+    """The host callback of a traced check: count an overflow, never raise."""
+    _RECORDED.record(overflowed, max_steps)
+
+
+def check_overflow(overflowed: Any, max_steps: int) -> None:
+    """Raise :class:`LoopOverflowError` now if ``overflowed`` is concrete and true;
+    for a traced flag, record it at run time (see the module docstring)."""
+    try:
+        over = bool(overflowed)
+    except jax.errors.ConcretizationTypeError:  # traced (jit, vmap): checked at run time
+        _RECORDED.traced = True
+        jax.debug.callback(functools.partial(record_overflow, max_steps=max_steps), overflowed)
+    else:
+        raise_if_overflowed(over, max_steps)
+
+
+def overflow_scale(overflowed: Any) -> Any:
+    """A float32 scalar (or one per lane): NaN where ``overflowed``, else 1."""
+    return jnp.where(jax.lax.stop_gradient(overflowed), jnp.float32(np.nan), jnp.float32(1.0))
+
+
+def poison(scale: Any, values: Sequence[Any]) -> list:
+    """``values`` times ``scale`` (from :func:`overflow_scale`): the inexact ones become
+    NaN on overflow, and so does every derivative through them (a multiply, not a
+    select, so a tangent map stays linear); integer values pass unchanged."""
+    return [x * scale.astype(jnp.result_type(x)).reshape(scale.shape + (1,) * (jnp.ndim(x) - scale.ndim))
+            if C.is_inexact(jnp.result_type(x)) else x for x in values]
+
+
+@contextlib.contextmanager
+def reraise_overflow() -> Iterator[None]:
+    """Raise :class:`LoopOverflowError` on leaving the block if a ``max_steps`` loop run
+    inside it overflowed (its results are NaN; other errors pass through unchanged).
+
+    On exit it waits for the block's programs and their callbacks
+    (``jax.effects_barrier``), once any overflow check was traced in the process.
+
+    Example:
+        >>> import jax, jaxaot
+        >>> f = jax.jit(jax.grad(lambda x: jaxaot.loops.while_loop(lambda c: c < 9.0, lambda c: c + x, 0.0, max_steps=2)))
+        >>> try:
+        ...     with reraise_overflow():
+        ...         g = f(1.0)
+        ... except LoopOverflowError as e:
+        ...     print(str(e)[:37])
+        while_loop needed more than max_steps
+        >>> bool(jax.numpy.isnan(g))  # a bare jit gets NaN
+        True
+    """
+    start = _RECORDED.count
+    yield
+    if not _RECORDED.traced:
+        return
+    jax.effects_barrier()
+    with _RECORDED.lock:
+        overflowed, message = _RECORDED.count != start, _RECORDED.message
+    if overflowed:
+        raise LoopOverflowError(message)
+
+
+def overflow_check_max_steps(eqn: Any) -> int | None:
+    """``max_steps`` if ``eqn`` is the callback of :func:`check_overflow`, else None."""
+    if str(eqn.primitive) != "debug_callback" or len(eqn.invars) != 1:
+        return None
+    return _find_check(eqn.params.get("callback"), 0)
+
+
+def _find_check(obj: Any, depth: int) -> int | None:
+    # jax.debug.callback wraps the callback in closures; look a few levels in.
+    if depth > _MAX_WRAPPER_DEPTH or obj is None:
+        return None
+    if isinstance(obj, functools.partial):
+        if obj.func is record_overflow and "max_steps" in obj.keywords:
+            return int(obj.keywords["max_steps"])
+        return _find_check(obj.func, depth + 1)
+    for cell in getattr(obj, "__closure__", None) or ():
+        try:
+            found = _find_check(cell.cell_contents, depth + 1) if callable(cell.cell_contents) else None
+        except ValueError:  # an empty cell
+            found = None
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,317 @@
+"""Partial evaluation of the loop primitives: how reverse mode splits a loop.
+
+Note [while_loop autograd]
+--------------------------
+Forward mode (JVP) is a loop of the same kind over primal and tangent carries
+(:mod:`jaxaot._src.loops.rules`). Reverse mode goes through partial evaluation of that
+JVP loop (:func:`partial_eval`): the known (primal) half becomes a *stacking
+loop* that runs the primal iterations and stacks, for each, the residuals the
+tangent map needs (loop-invariant residuals are hoisted out and computed once,
+as ``lax.scan`` does); the unknown half becomes a *linear* ``counted_loop`` that
+applies the tangent map ``num_steps`` times, reading the stacked residuals.
+Transposing that counted loop gives a counted loop running the iterations in
+reverse, accumulating the cotangents of the carries and of the closed-over
+consts: the backward runs ``num_steps`` iterations, never the stack capacity. A
+loop with zero iterations transposes to the identity on the carries and zeros
+for the consts.
+
+Before either, the unknown body is dead-code-eliminated and the residuals it no
+longer reads are dropped (:func:`_prune_residuals`): a tangent that reaches no
+output (that of a tolerance a line search's condition reads, say) is never
+transposed, so an infinite derivative there cannot turn a zero cotangent into NaN.
+
+Costs: the forward runs each iteration once; memory is ``capacity`` rows of the
+varying residuals. The stack needs that capacity before the trip count is
+known: :func:`~jaxaot._src.loops.capacity.stack_capacity` takes ``max_steps``, the
+length of a stacking or counted loop, or the innermost
+:func:`~jaxaot._src.loops.capacity.dynamic_capacity`. ``checkpoints=k`` stores k carry
+snapshots instead and replays segments in the backward
+(:func:`jaxaot._src.loops.checkpointed.partial_eval`).
+
+A loop whose condition, or a counted loop whose trip count, depends on an
+unknown value is staged whole (it cannot be transposed; see
+:mod:`jaxaot._src.loops.rules`). Under ``jax.checkpoint``, :func:`partial_eval_custom`
+keeps the known part in the forward and recomputes the whole loop in the
+backward, whose partial evaluation then splits it as above.
+
+Example:
+    >>> import jax, jaxaot
+    >>> f = lambda x: jaxaot.loops.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, x), max_steps=8)[1]
+    >>> float(jax.grad(f)(1.0))
+    8.0
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.loops import checkpointed, segments
+from jaxaot._src.loops.capacity import is_bounded, stack_capacity
+from jaxaot._src.loops.common import (
+    LOOP_PRIMITIVES,
+    Loop,
+    counted_loop,
+    counted_loop_p,
+    either,
+    loop_of,
+    pick,
+    stack_loop,
+    trace_flat,
+    while_loop_p,
+)
+from jaxaot._src.loops.overflow import poison
+
+
+# --------------------------------------------------------------------------- splitting the bodies
+def _carry_unknowns(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool], xs_uk: Sequence[bool]):
+    """Fixpoint of which carries are unknown, and the body's partial evaluation for it:
+    ``(carry_uk, (known body, unknown body, out_uk, residual avals))``."""
+    carry_uk = list(carry_uk)
+    for _ in range(1 + loop.num_carry):
+        split = C.partial_eval_jaxpr_nounits(
+            loop.body, [*consts_uk, *carry_uk, *xs_uk], [*carry_uk, *([False] * loop.num_ys)])
+        out_uk = split[2]
+        if out_uk[: loop.num_carry] == carry_uk:
+            return carry_uk, split
+        carry_uk = either(carry_uk, out_uk[: loop.num_carry])
+    raise AssertionError("carry fixpoint not reached")
+
+
+def _cond_unknown(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool]) -> bool:
+    if loop.cond is None:
+        return False
+    _, _, (uk,), _ = C.partial_eval_jaxpr_nounits(loop.cond, [*consts_uk, *carry_uk], False)
+    return bool(uk)
+
+
+def _known_cond(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool]) -> Any:
+    """The condition on the known consts and carries (None for a counted loop)."""
+    if loop.cond is None:
+        return None
+    known, _, _, _ = C.partial_eval_jaxpr_nounits(loop.cond, [*consts_uk, *carry_uk], False)
+    return known
+
+
+def _prune_residuals(known_body: Any, unknown_body: Any, res_avals: Sequence[Any]) -> tuple[Any, Any, list]:
+    """Dead-code-eliminate the unknown (linear) body, and drop from the known body the
+    residuals it no longer reads: ``(known body, unknown body, residual avals)``.
+
+    The linear body may hold tangents that reach no output: those of values that only
+    feed a condition (a line search's acceptance tolerance, say). Transposing them
+    anyway would multiply zero cotangents by their derivatives, which can be
+    infinite (``sqrt`` at 0): ``0 * inf = nan``. Without them, every cotangent the
+    backward computes reaches an input, and fewer residuals are stored or recomputed.
+    """
+    num_res = len(res_avals)
+    n_in, n_out = len(C.in_avals_of(unknown_body)), len(C.out_avals_of(unknown_body))
+    unknown_body, used = C.dce_closed(unknown_body, [True] * n_out, [False] * num_res + [True] * (n_in - num_res))
+    keep = list(used[:num_res])
+    if all(keep):
+        return known_body, unknown_body, list(res_avals)
+    n_known_out = len(C.out_avals_of(known_body)) - num_res
+    known_body, _ = C.dce_closed(known_body, [True] * n_known_out + keep, True)
+    return known_body, unknown_body, pick(keep, res_avals)
+
+
+def _hoist(known_body: Any, num_consts: int, num_outs: int, num_res: int):
+    """Split ``known_body`` into a consts-only part and a per-iteration part.
+
+    Returns ``(hoist, loop_body, loop_dep)``: ``hoist(consts) -> (invariant residuals,
+    loop consts)``, ``loop_body(loop consts, carry, xs) -> (outs, varying residuals)``
+    and, per residual, whether it varies with the iteration (and so is stacked).
+    """
+    n_in = len(C.in_avals_of(known_body))
+    hoist, loop_body, dep, _ = C.partial_eval_jaxpr_nounits(
+        known_body, [False] * num_consts + [True] * (n_in - num_consts), [True] * num_outs + [False] * num_res)
+    return hoist, loop_body, list(dep[num_outs:])
+
+
+# --------------------------------------------------------------------------- nested loops
+_LOOP_NAMES = frozenset(str(p) for p in LOOP_PRIMITIVES)
+
+
+def _runs_a_loop(eqn: Any) -> bool:
+    """Whether ``eqn`` runs a jaxaot loop (and has no effects, which ``jax.checkpoint`` may refuse)."""
+    if C.is_effectful(eqn):
+        return False
+    return str(eqn.primitive) in _LOOP_NAMES or any(str(e.primitive) in _LOOP_NAMES
+                                                    for sub in C.eqn_subjaxprs(eqn) for e in C.iter_eqns(sub))
+
+
+def recompute_inner_loops(body: Any) -> Any:
+    """``body`` with every eqn that runs a loop of its own (directly or inside a call) under
+    ``jax.checkpoint``: reverse mode then stores that inner loop's inputs per outer iteration and
+    runs its forward again, with its own stack, in the outer backward's step, instead of keeping
+    every inner stack for every outer iteration (``N_outer * N_inner`` rows; ``N ** depth`` for a
+    nest of loops of one ``max_steps``). Each nesting level costs one more forward evaluation of
+    the loops inside it. ``body`` itself when it runs no inner loop."""
+    jaxpr = C.jaxpr_of(body)
+    if not any(_runs_a_loop(e) for e in jaxpr.eqns):
+        return body
+
+    def run(*args):
+        env = dict(zip(jaxpr.constvars, C.consts_of(body)))
+        env.update(zip(jaxpr.invars, args))
+        for eqn in jaxpr.eqns:
+            invals = [v.val if C.is_literal(v) else env[v] for v in eqn.invars]
+            if _runs_a_loop(eqn):
+                outs = jax.checkpoint(lambda *a, eqn=eqn: C.bind_eqn(eqn, a), prevent_cse=False)(*invals)
+            else:
+                outs = C.bind_eqn(eqn, invals)
+            env.update((v, x) for v, x in zip(eqn.outvars, outs) if not C.is_drop_var(v))
+        return [v.val if C.is_literal(v) else env[v] for v in jaxpr.outvars]
+
+    return trace_flat(run, C.in_avals_of(body))
+
+
+# --------------------------------------------------------------------------- the rules
+def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
+    """The partial-eval rule: a known stacking loop and a staged linear counted loop."""
+    loop = loop_of(prim, params)
+    if not loop.counted:  # inner loops: recomputed in the outer backward (nested checkpointing)
+        loop = loop.replace(body=recompute_inner_loops(loop.body))
+    uk = [not C.is_known_pval(t) for t in tracers]
+    n_uk, consts_uk, carry_uk, xs_uk = loop.split(uk)
+    if (loop.counted and n_uk) or not any(uk):
+        return trace.default_process_primitive(prim, tracers, params)
+    carry_uk, (known_body, unknown_body, out_uk, res_avals) = _carry_unknowns(loop, consts_uk, carry_uk, xs_uk)
+    if _cond_unknown(loop, consts_uk, carry_uk):
+        return trace.default_process_primitive(prim, tracers, params)
+    if not is_bounded(loop):
+        return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
+    known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
+    steps = segments.applies(loop, res_avals)
+    if steps is not None:  # a CPU's large max_steps stack in segments (jaxaot._src.loops.segments)
+        return _segmented(loop, trace, tracers, consts_uk, carry_uk, steps)
+    if prim is while_loop_p and loop.checkpoints is not None:
+        return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
+                                         known_body, unknown_body, res_avals)
+    ys_uk = out_uk[loop.num_carry:]
+    length, on_overflow = stack_capacity(loop)
+    k, m = loop.num_consts, loop.num_carry
+    kc_n, kt_n = k - sum(consts_uk), m - sum(carry_uk)
+    num_res = len(res_avals)
+    num_known_outs = kt_n + loop.num_ys - sum(ys_uk)
+
+    n, consts, carry, xs = loop.split(tracers)
+    k_consts, k_carry, k_xs = ([C.known_value(t) for t in pick(uks, ts, False)]
+                               for ts, uks in ((consts, consts_uk), (carry, carry_uk), (xs, xs_uk)))
+
+    # The known loop: hoisted residuals once, the varying ones stacked per iteration.
+    hoist, loop_body, res_dep = _hoist(known_body, kc_n, num_known_outs, num_res)
+    hoisted = C.eval_closed(hoist, *k_consts)
+    n_inv = len(res_dep) - sum(res_dep)
+    inv_res, loop_consts = hoisted[:n_inv], hoisted[n_inv:]
+    n_lc = len(loop_consts)
+    cond = _known_cond(loop, consts_uk, carry_uk)
+    if cond is not None:  # the known loop's consts are (cond consts, loop consts)
+        cond_k, lb = cond, loop_body
+        cond_in = C.in_avals_of(cond_k)
+        cond = trace_flat(lambda *a: C.eval_closed(cond_k, *a[:kc_n], *a[kc_n + n_lc:]),
+                          [*cond_in[:kc_n], *C.in_avals_of(lb)[:n_lc], *cond_in[kc_n:]])
+        loop_body = trace_flat(lambda *a: C.eval_closed(lb, *a[kc_n:]), [*cond_in[:kc_n], *C.in_avals_of(lb)])
+        loop_consts = [*k_consts, *loop_consts]
+    if loop.counted:
+        known_loop = counted_loop(loop_body, len(loop_consts), kt_n, length, loop.reverse)
+    else:
+        known_loop = stack_loop(cond, loop_body, len(loop_consts), kt_n, length)
+    known_outs = known_loop.bind(known_loop.join(C.known_value(n) if loop.counted else None,
+                                                 loop_consts, k_carry, k_xs))
+    k_t_out, k_rest, extra = C.split_list(known_outs, [kt_n, known_loop.num_ys])
+    k_y_out, ext_res = k_rest[: num_known_outs - kt_n], k_rest[num_known_outs - kt_n:]
+    scale = None
+    if loop.counted:
+        num_steps = C.known_value(n)
+    else:
+        num_steps, overflowed = extra
+        scale = on_overflow(num_steps, overflowed)
+        extra = extra if loop.stacks else []
+    if scale is not None:  # an overflow makes the outputs NaN, and (below) every tangent
+        k_t_out = poison(scale, k_t_out)
+        inv_res, res_dep = [*inv_res, scale], [*res_dep, False]
+        n_inv += 1
+
+    # The unknown loop: a linear counted loop over the stacked residuals.
+    ub = unknown_body
+    u_k, u_m = sum(consts_uk), sum(carry_uk)
+
+    def linear_body(*a):
+        inv, uc, ut, ux, ext = C.split_list(a, [n_inv, u_k, u_m, sum(xs_uk)])
+        if scale is None:
+            return C.eval_closed(ub, *C.merge_lists(res_dep, inv, ext), *uc, *ut, *ux)
+        out = C.eval_closed(ub, *C.merge_lists(res_dep[:-1], inv[:-1], ext), *uc, *ut, *ux)
+        return [*poison(inv[-1], out[:u_m]), *out[u_m:]]
+
+    u_in = C.in_avals_of(ub)
+    res_in, rest_in = [*u_in[:num_res], *([jax.typeof(scale)] if scale is not None else [])], u_in[num_res:]
+    lin_body = trace_flat(linear_body, [*pick(res_dep, res_in, False), *rest_in, *pick(res_dep, res_in)])
+    lin_loop = counted_loop(lin_body, n_inv + u_k, u_m, length, loop.reverse)
+    in_tracers = lin_loop.join(num_steps, [*inv_res, *pick(consts_uk, consts)], pick(carry_uk, carry),
+                               [*pick(xs_uk, xs), *ext_res])
+    out_tracers = C.stage_unknown_eqn(trace, counted_loop_p, in_tracers, lin_loop.out_avals(),
+                                      lin_loop.params(), lin_loop.effects())
+    u_t_out, u_y_out = C.split_list(out_tracers, [u_m])
+    return [*C.merge_lists(carry_uk, k_t_out, u_t_out), *C.merge_lists(ys_uk, k_y_out, u_y_out), *extra]
+
+
+def _segmented(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],
+               carry_uk: Sequence[bool], steps: int) -> list:
+    cond = _known_cond(loop, consts_uk, carry_uk)
+    _, consts, carry, _ = loop.split(tracers)
+    known_consts = [C.known_value(t) for t in pick(consts_uk, consts, False)]
+
+    def still_running(out):
+        return C.eval_closed(cond, *known_consts, *[C.known_value(t) for t in pick(carry_uk, out, False)])[0]
+
+    return segments.run(loop, steps, consts, carry, trace, still_running)
+
+
+def _stage_whole(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],
+                 carry_uk: Sequence[bool], known_body: Any, res_avals: Sequence[Any]) -> list:
+    """What ``lax.while_loop`` does for an unbounded loop: a known loop computes the
+    known carries, and the whole loop is staged into the unknown part (which
+    recomputes the primal carries it needs); linearize works, the transpose of the
+    staged loop is refused with :func:`~jaxaot._src.loops.capacity.unbounded_error`."""
+    n_known_outs = len(C.out_avals_of(known_body)) - len(res_avals)
+    body, _ = C.dce_closed(known_body, [True] * n_known_outs + [False] * len(res_avals), True)
+    known_loop = loop.replace(body=body, cond=_known_cond(loop, consts_uk, carry_uk),
+                              num_consts=loop.num_consts - sum(consts_uk),
+                              num_carry=loop.num_carry - sum(carry_uk))
+    _, consts, carry, _ = loop.split(tracers)
+    known_in = [C.known_value(t) for t in [*pick(consts_uk, consts, False), *pick(carry_uk, carry, False)]]
+    known_out = known_loop.bind(known_in) if known_loop.num_carry else []
+    staged = trace.default_process_primitive(loop.prim, tracers, loop.params())
+    return C.merge_lists(carry_uk, known_out, pick(carry_uk, staged))
+
+
+def partial_eval_custom(prim: Any, saveable: Any, unks_in: Sequence[bool], inst_in: Sequence[bool], eqn: Any):
+    """The ``jax.checkpoint`` rule: the known loop runs in the forward; the staged
+    (backward) part recomputes the loop whole, its residuals being only its inputs.
+    Splitting it into stacking and linear loops happens later, when remat's
+    transpose partially evaluates the staged eqn with :func:`partial_eval`."""
+    del saveable
+    loop = loop_of(prim, eqn.params)
+    new_inst = [x for x, inst in zip(eqn.invars, inst_in) if C.is_jaxpr_var(x) and not inst]
+    n_out = len(eqn.outvars)
+    stage_all = (None, eqn, [True] * n_out, [True] * n_out, new_inst)
+    n_uk, consts_uk, carry_uk, xs_uk = loop.split(unks_in)
+    if loop.counted and n_uk:
+        return stage_all
+    carry_uk, (known_body, _, out_uk, res_avals) = _carry_unknowns(loop, consts_uk, carry_uk, xs_uk)
+    if _cond_unknown(loop, consts_uk, carry_uk) or not any(out_uk):
+        return stage_all
+    n_known_outs = len(C.out_avals_of(known_body)) - len(res_avals)
+    known_body, _ = C.dce_closed(known_body, [True] * n_known_outs + [False] * len(res_avals), True)
+    ys_uk = out_uk[loop.num_carry:]
+    known_loop = loop.replace(body=known_body, cond=_known_cond(loop, consts_uk, carry_uk),
+                              num_consts=loop.num_consts - sum(consts_uk),
+                              num_carry=loop.num_carry - sum(carry_uk))
+    unks = ([False] if loop.counted else []) + [*consts_uk, *carry_uk, *xs_uk]
+    known_in = [v for v, u in zip(eqn.invars, unks) if not u]
+    out_uk_all = [*carry_uk, *ys_uk, *([False] * loop.num_extra)]
+    known_out = [v for v, u in zip(eqn.outvars, out_uk_all) if not u]
+    eqn_known = C.new_eqn(known_in, known_out, prim, known_loop.params(), known_loop.effects(), eqn)
+    return eqn_known, eqn, out_uk_all, [True] * n_out, new_inst

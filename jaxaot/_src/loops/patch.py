@@ -1,0 +1,95 @@
+"""``patch_while_loop``: :func:`~jaxaot._src.loops.rewrite.differentiable` as a context manager.
+
+A library that keeps its solver in ``lax.while_loop`` (a Newton solver, an
+optimizer, a physics engine's constraint solver) cannot be reverse-differentiated:
+``lax.while_loop`` refuses the transpose. Inside ``with patch_while_loop(...)``
+every ``while`` the block traces becomes jaxaot's loop with the given options,
+through the rewrite :func:`~jaxaot._src.loops.rewrite.differentiable` applies to a
+traced program (:func:`~jaxaot._src.loops.rewrite.while_loop_params`):
+
+* it is JAX's ``while`` primitive whose binds are rewritten, not the name
+  ``jax.lax.while_loop``, so every caller is reached: ``jax.lax.while_loop``,
+  JAX's internal loop (``jax.scipy.optimize``), ``fori_loop`` with dynamic
+  bounds, code that bound ``from jax.lax import while_loop`` at import;
+* the options are part of every jit and tracing cache key inside the block (a
+  JAX config state), so a library's ``jax.jit`` entry point traced before the
+  block, or in a block with other options, is traced again rather than served
+  from its cache.
+
+Trace (``jax.grad``, ``jax.jit``, the first call of a jitted function) inside
+the block; a program traced there keeps its loops when called after it. Costs
+are those of the mode chosen (``docs/concepts/loops.md``); the hook costs a
+thread-local read per ``while`` bind. The options apply to the thread that
+entered the block; blocks nest (the innermost options apply). jaxaot's own
+lowerings, which run ``lax.while_loop``, are never rewritten.
+
+Example:
+    >>> import jax, jaxaot
+    >>> def library_sqrt(a):  # stands in for third-party code
+    ...     return jax.lax.while_loop(lambda x: abs(x * x - a) > 1e-5, lambda x: 0.5 * (x + a / x), a)
+    >>> with jaxaot.loops.patch_while_loop(max_steps=64):
+    ...     g = jax.grad(library_sqrt)(4.0)
+    >>> round(float(g), 3)
+    0.25
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+from jaxaot._src import compat as C
+from jaxaot._src.loops.common import while_loop_p
+from jaxaot._src.loops.rewrite import LoopOptions, while_loop_params
+
+_STATE = threading.local()
+_INSTALL = threading.Lock()
+_installed = False
+
+
+def _active() -> LoopOptions | None:
+    stack = getattr(_STATE, "stack", None)
+    return stack[-1] if stack else None
+
+
+def _bind(jax_bind: Callable, *args: Any, **params: Any) -> Any:
+    """A bind of JAX's ``while``: jaxaot's loop inside a block of this thread, JAX's otherwise."""
+    options = _active()
+    if options is None:
+        return jax_bind(*args, **params)
+    return while_loop_p.bind(*args, **while_loop_params(params, options))
+
+
+def _install() -> None:
+    global _installed
+    with _INSTALL:
+        if not _installed:
+            C.intercept_while_binds(_bind)
+            _installed = True
+
+
+def patch_while_loop(*, max_steps: int | None = None, checkpoints: int | None = None,
+                     checkpoint_memory: str = "device") -> contextlib.AbstractContextManager[None]:
+    """A block in which every ``lax.while_loop`` traced is ``jaxaot.loops.while_loop(max_steps=...,
+    checkpoints=..., checkpoint_memory=...)`` (see the module docstring).
+
+    The options are checked here, when ``patch_while_loop(...)`` is called (not when the
+    block is entered): :class:`~jaxaot.errors.InvalidLoopOptionError` names a bad one.
+    """
+    return _patched(LoopOptions(max_steps, checkpoints, checkpoint_memory).check("patch_while_loop"))
+
+
+@contextlib.contextmanager
+def _patched(options: LoopOptions) -> Iterator[None]:
+    _install()
+    stack = _STATE.__dict__.setdefault("stack", [])
+    stack.append(options)
+    try:
+        with C.loop_options_scope(options.key()):
+            yield
+    finally:
+        stack.pop()
+
+
+__all__ = ["patch_while_loop"]

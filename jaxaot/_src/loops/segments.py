@@ -1,0 +1,127 @@
+"""``max_steps=N`` on CPUs: a stack whose cost follows the steps run, not N.
+
+Reverse mode of ``max_steps=N`` stacks each iteration's residuals in N rows
+(:mod:`jaxaot._src.loops.partial_eval`). The backward visits only the n steps run, but
+the stack is a fresh buffer of N rows on every call, and a CPU pays for each page
+of it the first time it is written (zeroing it): for a short loop with a generous
+bound that is most of the gradient's time (``docs/benchmarks.md``, while-loop
+section). So on CPUs reverse mode runs a loop whose stack would exceed
+:data:`MIN_STACK_BYTES` (1 MiB) in segments of ``S = max(64, ceil(sqrt(N)))``
+steps (:func:`segment_steps`):
+
+* the first :data:`MIN_SEGMENT` (64) steps stack their residuals, as one stack does
+  (a loop that stops within them costs what one stack's would, on 64 rows);
+* past them, the loop runs on in segments of S steps, an outer loop of at most
+  ``ceil((N - 64) / S)`` iterations whose body is a loop of at most S steps:
+  reverse mode of that nest stores one carry per segment and runs each segment's
+  forward again, with its own stack of S rows, in the backward
+  (:func:`~jaxaot._src.loops.partial_eval.recompute_inner_loops`).
+
+Memory is ``64 + S`` rows of residuals and ``N / S`` carries, at most; time is the
+steps run, plus one more forward evaluation of each step past the first 64. GPUs
+and TPUs zero a stack at their memory's bandwidth, so they keep one stack of N
+rows and no recomputation
+(``JAXAOT_STACK_SEGMENTS=1`` or ``0`` forces either; :data:`SEGMENTS`). A body
+with effects keeps one stack too (recomputation would repeat them). The forward
+result and the overflow check at N are those of one stack, and so are the gradients,
+up to rounding (the closed-over arrays' cotangents are summed per segment).
+
+Example:
+    >>> segment_steps(100), segment_steps(4096), segment_steps(16384), segment_steps(10**6)
+    (None, 64, 128, 1000)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxaot._src import compat as C
+from jaxaot._src.loops.common import INT, Loop, stack_loop, trace_flat, while_loop_p
+from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
+
+#: Whether bounded stacks run in segments: None lets :func:`segments_here` decide by platform.
+SEGMENTS: bool | None = None
+#: The fewest steps per segment: shorter segments cost more loop iterations than the zeroing they save.
+MIN_SEGMENT = 64
+#: A stack of at most this many bytes stays one stack: cheap to zero, and its program holds the body once.
+MIN_STACK_BYTES = 1 << 20
+_PLATFORMS = ("cpu",)
+
+
+def segments_here() -> bool:
+    """:data:`SEGMENTS` if set (or ``JAXAOT_STACK_SEGMENTS``), else whether the default backend is a CPU."""
+    if SEGMENTS is not None:
+        return bool(SEGMENTS)
+    forced = os.environ.get("JAXAOT_STACK_SEGMENTS", "")
+    if forced:
+        return forced not in ("0", "false", "False")
+    return jax.default_backend() in _PLATFORMS
+
+
+def segment_steps(max_steps: int) -> int | None:
+    """Steps per segment for a ``max_steps`` stack, or None when one stack of ``max_steps`` rows is
+    as cheap (``max_steps`` at most twice a segment)."""
+    steps = max(MIN_SEGMENT, math.isqrt(max_steps - 1) + 1)
+    return steps if max_steps > 2 * steps else None
+
+
+def applies(loop: Loop, residual_avals: Sequence[Any]) -> int | None:
+    """The segment length for reverse-differentiating ``loop``, whose steps keep ``residual_avals``, here;
+    None for one stack: on GPUs and TPUs, for a body with effects, and for a stack of at most
+    :data:`MIN_STACK_BYTES` (cheap to zero, and one stack compiles faster: its program holds the body
+    once, the segments' three times)."""
+    if loop.prim is not while_loop_p or loop.max_steps is None or loop.checkpoints is not None:
+        return None
+    if loop.effects() or not segments_here():
+        return None
+    row = sum(math.prod(a.shape) * a.dtype.itemsize for a in residual_avals)
+    return segment_steps(loop.max_steps) if loop.max_steps * row > MIN_STACK_BYTES else None
+
+
+def _with_counter(loop: Loop, stop: Any) -> tuple[Any, Any]:
+    """``(body, cond)`` over ``(consts, counter, carry)``: the loop's own, the counter incremented per step,
+    and the condition also requiring ``stop(counter)``."""
+    k = loop.num_consts
+
+    def body(*a):
+        return [a[k] + 1, *C.eval_closed(loop.body, *a[:k], *a[k + 1:])]
+
+    def cond(*a):
+        return [C.eval_closed(loop.cond, *a[:k], *a[k + 1:])[0] & stop(a[k])]
+
+    avals = [*loop.const_avals, C.ShapedArray((), INT), *loop.carry_avals]
+    return trace_flat(body, avals), trace_flat(cond, avals)
+
+
+def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], trace: Any,
+        still_running: Any) -> list:
+    """The loop's outputs, its forward run as a first segment of ``steps`` steps and an outer loop of
+    segments of ``steps`` (see the module docstring), bound on the partial-eval ``trace`` so that each
+    loop's own reverse mode splits it. The segments are stacking loops (``while_loop_stack_output``
+    with no stacked output), bounded by their length: none checks an overflow of its own.
+    ``still_running(outputs)`` is the loop's condition on the known outputs: true past ``max_steps``
+    is an overflow (NaN values and gradients)."""
+    k, n_max, m = loop.num_consts, loop.max_steps, loop.num_carry
+    body, cond = _with_counter(loop, lambda i: i < n_max)
+    first = stack_loop(cond, body, k, 1 + m, MIN_SEGMENT)  # a short loop's whole stack: no longer than needed
+    segment = stack_loop(cond, body, k, 1 + m, steps)
+
+    def outer_body(*a):
+        i, *carry = segment.split_out(segment.bind(list(a)))[0]
+        return [i, *carry]
+
+    avals = [*loop.const_avals, C.ShapedArray((), INT), *loop.carry_avals]
+    outer = stack_loop(cond, trace_flat(outer_body, avals), k, 1 + m, -(-(n_max - MIN_SEGMENT) // steps))
+    with C.tracing_into(trace):
+        i, *carry = first.split_out(first.bind([*consts, jnp.zeros((), INT), *carry]))[0]
+        i, *carry = outer.split_out(outer.bind([*consts, i, *carry]))[0]
+    overflowed = (C.known_value(i) >= n_max) & still_running(carry)
+    check_overflow(overflowed, n_max)
+    scale = overflow_scale(overflowed)
+    with C.tracing_into(trace):
+        return poison(scale, carry)

@@ -1,0 +1,251 @@
+"""One prepared module call: its static arguments and the program arguments the runtime compiles.
+
+Both wrappers (:class:`jaxaot._src.nn.nnx.AOTModule`, :class:`jaxaot._src.nn.linen.AOTLinenModule`)
+compile a pure function of the form::
+
+    pure(static: CallStatic, params, state: FrozenState, *extra, *args, **kwargs)
+        -> (outputs, StateDelta | None)
+
+with ``aot_function(pure, static_argnums=0)``. :class:`CallStatic` is everything
+about a call that is a compile-time constant (it keys the compile cache);
+:class:`ModuleCall` is one call split into that static part and the dynamic
+program arguments. It runs the program and rebuilds the new state
+(:meth:`ModuleCall.run_rebuilt`), lowers it with its :class:`CallMetadata`
+(:meth:`ModuleCall.lower`), and exposes the pure function for export
+(:meth:`ModuleCall.pure`). This is the within-package interface the wrappers
+give :mod:`jaxaot._src.nn.export_module`; none of it is public API.
+
+Example:
+    >>> static, args, kwargs = CallStatic.split((1.0, "relu"), {"train": True}, (1,), ("train",),
+    ...                                          graphdef=None, method="__call__")
+    >>> static, args, kwargs
+    (<linen method='__call__' arg[1]='relu' train=True>, (1.0,), {})
+    >>> static.merge(args, kwargs)
+    ((1.0, 'relu'), {'train': True})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+from flax import nnx
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import describe_path
+from jaxaot.errors import InvalidInputError
+from jaxaot._src.nn.metadata import ModuleLowered, build_metadata, user_input_names
+from jaxaot._src.nn.state import FrozenState, leaf_fqns
+from jaxaot._src.runtime import AOTFunction
+
+#: What ``method=`` names: a method name, or ``fn(module, *args, **kwargs)``.
+Method = str | Callable[..., Any]
+
+_FLAX_OBJECTS = (nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
+
+
+# --------------------------------------------------------------------------- statics
+def check_static(name: str, value: Any) -> None:
+    """Raise :class:`InvalidInputError` unless ``value`` can key the compile cache."""
+    try:
+        hash(value)
+    except TypeError:
+        raise InvalidInputError(
+            f"static argument {name} of type {type(value).__name__} is not hashable. Static arguments key the "
+            "compile cache: pass a hashable value (a tuple instead of a list, say)."
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CallStatic:
+    """Compile-time constants of one call; they key the compile cache (hashable).
+
+    ``graphdef`` is the nnx module's structure, or the Linen module (unbound:
+    Linen modules compare by their fields); ``static_args`` are ``(position, value)`` pairs,
+    ``static_kwargs`` sorted ``(name, value)`` pairs; ``mutable`` and
+    ``capture_intermediates`` are linen's ``apply`` options; ``param_tree``
+    (nnx) is the parameters' tree structure, the parameters travelling as
+    their flat leaves. The hash is computed once, at construction: hashing a
+    ``GraphDef`` walks all of it, so a call that reuses its ``CallStatic``
+    (:mod:`jaxaot._src.nn.split_cache`) pays it once.
+    """
+
+    graphdef: Any
+    method: Any
+    static_args: tuple
+    static_kwargs: tuple
+    mutable: Any = False
+    capture_intermediates: Any = False
+    param_tree: Any = None
+    _hash: int = dataclasses.field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.graphdef, self.method, self.static_args, self.static_kwargs,
+                                                self.mutable, self.capture_intermediates, self.param_tree)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @classmethod
+    def split(cls, args: tuple, kwargs: dict, argnums: Sequence[int], argnames: Sequence[str], *,
+              graphdef: Any, method: Any, mutable: Any = False, capture_intermediates: Any = False,
+              param_tree: Any = None, cache: Callable[[Any, Callable[[], Any]], Any] | None = None,
+              ) -> tuple["CallStatic", tuple, dict]:
+        """``(statics, dynamic positional, dynamic keyword)`` of a call.
+
+        ``cache(key, build)``, when given, returns a :class:`CallStatic` built
+        earlier for the same method and static values (``build()`` otherwise).
+
+        Raises:
+          InvalidInputError: a static position is past the arguments, a static
+            value is unhashable, or a dynamic argument holds an nnx Module or Variable.
+        """
+        for i in argnums:
+            if i >= len(args):
+                raise InvalidInputError(
+                    f"static_argnums contains {i}, but the module was called with {len(args)} positional arguments."
+                )
+        s_args = tuple((i, args[i]) for i in argnums)
+        s_kwargs = tuple(sorted((k, kwargs[k]) for k in argnames if k in kwargs))
+        for i, v in s_args:
+            check_static(f"arg[{i}]", v)
+        for k, v in s_kwargs:
+            check_static(f"kwarg[{k!r}]", v)
+        d_args = tuple(a for i, a in enumerate(args) if i not in argnums) if argnums else args
+        d_kwargs = {k: v for k, v in kwargs.items() if k not in argnames} if argnames else kwargs
+        _check_no_flax_objects(d_args, d_kwargs)
+        for name, value in (("method", method), ("mutable", mutable), ("capture_intermediates", capture_intermediates)):
+            check_static(name, value)
+
+        def build() -> "CallStatic":
+            return cls(graphdef, method, s_args, s_kwargs, mutable, capture_intermediates, param_tree)
+
+        static = build() if cache is None else cache((method, s_args, s_kwargs), build)
+        return static, d_args, d_kwargs
+
+    def merge(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The full ``(args, kwargs)`` of the call: the dynamic ones with the statics put back."""
+        full = list(args)
+        for i, v in self.static_args:  # in increasing position
+            full.insert(i, v)
+        return tuple(full), {**kwargs, **dict(self.static_kwargs)}
+
+    def __repr__(self) -> str:  # the graphdef's own repr runs to pages
+        if self.graphdef is None or hasattr(self.graphdef, "nodes"):  # an nnx GraphDef
+            owner = "linen" if self.graphdef is None else getattr(_root_type(self.graphdef), "__name__", "nnx")
+        else:  # a Linen module
+            owner = type(self.graphdef).__name__
+        parts = [owner, f"method={getattr(self.method, '__name__', self.method)!r}"]
+        parts += [f"arg[{i}]={v!r}" for i, v in self.static_args]
+        parts += [f"{k}={v!r}" for k, v in self.static_kwargs]
+        if self.mutable is not False:
+            parts.append(f"mutable={self.mutable!r}")
+        return f"<{' '.join(parts)}>"
+
+
+def _root_type(graphdef: Any) -> Any:
+    nodes = getattr(graphdef, "nodes", None)
+    return getattr(nodes[0], "type", None) if nodes else None
+
+
+def _check_no_flax_objects(args: tuple, kwargs: dict) -> None:
+    if not kwargs and all(type(a) is C.ArrayImpl for a in args):  # the common case: arrays only
+        return
+
+    def is_flax(x):
+        return isinstance(x, _FLAX_OBJECTS)
+
+    for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs), is_leaf=is_flax)[0]:
+        if is_flax(leaf):
+            raise InvalidInputError(
+                f"{describe_path('input', path)} is a {type(leaf).__name__}: aot_module writes back only the "
+                "state of the module it wraps. Make it a submodule (or an attribute) of that module, or pass "
+                "plain arrays."
+            )
+
+
+# --------------------------------------------------------------------------- one call
+class ModuleCall:
+    """One module call, prepared for its program.
+
+    Args:
+      program: the :class:`jaxaot.AOTFunction` of the wrapper's pure function.
+      static: the call's :class:`CallStatic`.
+      state: ``(params, other state)`` as the module holds them (trees).
+      args, kwargs: the dynamic user arguments.
+      extra: ``(label, value)`` program inputs before the user's (linen's ``("rngs", rngs)``).
+      freeze: freeze the other state (see :mod:`jaxaot._src.nn.state`); None: when
+        any input is traced, i.e. when the call may be differentiated.
+      leaves, rest_tree: ``(parameter leaves, other state leaves)`` and the other
+        state's tree structure when the caller has them
+        (:class:`~jaxaot._src.nn.split_cache.ModuleSplit`), else read from ``state``.
+
+    With ``static.param_tree`` set (nnx), the parameters go into the program as
+    their flat leaves (a list, which the runtime flattens in C++), else as the tree.
+    """
+
+    def __init__(self, program: AOTFunction, static: CallStatic, state: tuple, args: tuple, kwargs: dict, *,
+                 extra: Sequence[tuple[str, Any]] = (), freeze: bool | None = None,
+                 leaves: tuple[list, list] | None = None, rest_tree: Any = None):
+        self.program = program
+        self.static = static
+        self.state = state
+        self.extra = tuple(extra)
+        self.args = args
+        self.kwargs = kwargs
+        if leaves is None:
+            leaves = (jax.tree_util.tree_leaves(state[0]), jax.tree_util.tree_leaves(state[1]))
+        self.state_leaves = leaves[0] + leaves[1]
+        if freeze is None:
+            freeze = any(map(C.is_tracer, self.state_leaves)) or any(
+                map(C.is_tracer, jax.tree_util.tree_leaves((self._extra_values, args, kwargs))))
+        self.params_input = leaves[0] if static.param_tree is not None else state[0]
+        if rest_tree is None:
+            rest_tree = jax.tree_util.tree_structure(state[1])
+        self.frozen = FrozenState.of_leaves(rest_tree, leaves[1], freeze)
+
+    @property
+    def _extra_values(self) -> tuple:
+        return tuple(v for _, v in self.extra)
+
+    @property
+    def dynamic(self) -> tuple[tuple, dict]:
+        """``(positional, keyword)`` program arguments after the static one."""
+        return (self.params_input, self.frozen, *self._extra_values, *self.args), self.kwargs
+
+    @property
+    def user_inputs(self) -> Any:
+        """The user's inputs as a tree: ``(args, kwargs)``, after the extra ones (``(rngs, (args, kwargs))``)."""
+        user = (self.args, self.kwargs)
+        return (*self._extra_values, user) if self.extra else user
+
+    def input_names(self) -> list[tuple[str, str]]:
+        """``(name, kind)`` per flat program input: parameters, state, then user inputs."""
+        params, state = self.state
+        names = [(n, "parameter") for n in leaf_fqns(params)] + [(n, "state") for n in leaf_fqns(state)]
+        return names + user_input_names([*self.extra, ("input", (self.args, self.kwargs))])
+
+    def flat_inputs(self) -> list:
+        """The flat program inputs a :class:`~jaxaot._src.nn.state.StateDelta` indexes: state leaves, then the user's."""
+        return self.state_leaves + jax.tree_util.tree_leaves(((*self._extra_values, *self.args), self.kwargs))
+
+    def pure(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """The program's pure function with this call's statics, on other dynamic arguments (for tracing)."""
+        return self.program.fn(self.static, *args, **kwargs)
+
+    def run(self) -> tuple[Any, Any]:
+        """Run the program: ``(outputs, StateDelta or None)`` (None: the call returns no state)."""
+        args, kwargs = self.dynamic
+        return self.program(self.static, *args, **kwargs)
+
+    def run_rebuilt(self) -> tuple[Any, Any]:
+        """Run the program: ``(outputs, new (params, other state))``, the state None if the call returns none."""
+        out, delta = self.run()
+        return out, (None if delta is None else delta.rebuild(self.flat_inputs()))
+
+    def lower(self) -> ModuleLowered:
+        """``program.lower`` for this call, with the :class:`CallMetadata` of its inputs and outputs."""
+        args, kwargs = self.dynamic
+        lowered = self.program.lower(self.static, *args, **kwargs)
+        return ModuleLowered(lowered, build_metadata(lowered, self.input_names()))

@@ -1,0 +1,228 @@
+"""``AOTLinenModule``: a ``flax.linen`` module whose ``apply`` runs through :func:`jaxaot.aot_function`.
+
+Linen is functional already: ``apply(variables, ..., mutable=[...])`` returns
+the updated collections. The wrapper compiles ``apply`` as the pure function
+:func:`~jaxaot._src.nn.pure.linen_pure`
+``(static, params, state, rngs, *args, **kwargs) -> (out, StateDelta | None)``
+where ``params`` is the ``"params"`` collection, ``state`` the others (frozen
+when traced) and ``static`` holds the module (unbound: Linen modules compare by
+their fields), ``method``, ``mutable`` and ``capture_intermediates``; it
+returns what linen returns.
+
+The wrapper is itself a Linen module whose variables are the wrapped module's,
+in the same collections and at the same paths:
+
+* at the top level, ``init`` is the wrapped module's and ``apply`` takes those
+  variables (``apply`` calls the program directly, without binding a scope);
+* as a submodule of a plain Linen module (assigned in ``setup`` or built inline
+  in a ``compact`` method), it shares its scope with the wrapped module
+  (``nn.share_scope``), so the parent's variables are those of the same parent
+  holding the wrapped module. Initializing runs the wrapped module as is; every
+  other call reads the scope's variables, runs the program with the parent's
+  ``mutable`` collections and a key per RNG stream the parent was given
+  (``make_rng``), and writes the returned collections into the scope.
+
+Wrappers of equal modules (same fields) with the same options share their
+programs, so a parent that builds ``aot_module(Block())`` in ``setup`` compiles
+once, not on every ``apply``.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import linen as nn
+    >>> dense = AOTLinenModule.of(nn.Dense(2), (), ())
+    >>> variables = dense.init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> jax.tree.structure(variables) == jax.tree.structure(nn.Dense(2).init(jax.random.key(0), jnp.ones((1, 3))))
+    True
+    >>> dense.apply(variables, jnp.ones((1, 3))).shape
+    (1, 2)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping
+
+from flax import linen as nn
+
+from jaxaot.errors import InvalidInputError
+from jaxaot._src.nn.call import CallStatic, ModuleCall
+from jaxaot._src.nn.metadata import ModuleLowered
+from jaxaot._src.nn.pure import linen_pure
+from jaxaot._src.runtime import AOTFunction, CacheInfo, aot_function
+
+
+def _normalize_mutable(mutable: Any) -> Any:
+    # Hashable and canonical, so that equal filters share a compiled entry.
+    if isinstance(mutable, (list, tuple, set, frozenset)):
+        return tuple(sorted(mutable))
+    return mutable
+
+
+def _as_state_pair(variables: Mapping[str, Any]) -> tuple:
+    # (params, other collections): the pair the pure function takes and its delta describes.
+    return variables.get("params"), {k: v for k, v in variables.items() if k != "params"}
+
+
+def _from_state_pair(params: Any, others: dict) -> dict:
+    return {**({"params": params} if params is not None else {}), **others}
+
+
+def _unbound(module: nn.Module) -> nn.Module:
+    """``module`` as a root (no parent, no name): the program's static part, equal for equal fields."""
+    return module if module.parent is None and module.name is None else module.clone(parent=None, name=None)
+
+
+class LinenPrograms:
+    """One wrapped Linen module's program and options; hashable by identity, shared by equal wrappers."""
+
+    def __init__(self, static_argnums: tuple, static_argnames: tuple, aot_kwargs: dict):
+        self.static_argnums = static_argnums
+        self.static_argnames = static_argnames
+        self.aot_kwargs = dict(aot_kwargs)
+        self.program: AOTFunction = aot_function(linen_pure, static_argnums=0, **self.aot_kwargs)
+
+    def __copy__(self) -> "LinenPrograms":
+        return self
+
+    def __deepcopy__(self, memo: Any) -> "LinenPrograms":
+        return self
+
+    def __reduce__(self) -> tuple:
+        return LinenPrograms, (self.static_argnums, self.static_argnames, self.aot_kwargs)
+
+
+_SHARED: dict[Any, LinenPrograms] = {}
+_LOCK = threading.Lock()
+
+
+def _programs_for(module: nn.Module, static_argnums: tuple, static_argnames: tuple,
+                  aot_kwargs: dict) -> LinenPrograms:
+    """The programs of ``module`` (unbound) with these options: built once per equal module and options."""
+    options = tuple(sorted((k, v if _hashable(v) else ("id", id(v))) for k, v in aot_kwargs.items()))
+    key = (module, static_argnums, static_argnames, options)
+    with _LOCK:
+        programs = _SHARED.get(key)
+        if programs is None:
+            programs = _SHARED[key] = LinenPrograms(static_argnums, static_argnames, aot_kwargs)
+    return programs
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+class AOTLinenModule(nn.Module):
+    """A Linen module whose ``apply`` runs through :func:`jaxaot.aot_function`; its variables are ``wrapped``'s.
+
+    Build one with :func:`aot_module`. ``init`` is the wrapped module's;
+    ``apply`` has linen's signature and return value: ``out``, or
+    ``(out, updated_collections)`` when ``mutable`` is set. As a submodule of a
+    plain Linen module it compiles the wrapped module's ``__call__`` and keeps
+    the parent's variable paths (module docstring).
+    """
+
+    wrapped: nn.Module
+    programs: Any = None
+
+    @classmethod
+    def of(cls, module: nn.Module, static_argnums: tuple, static_argnames: tuple,
+           **aot_kwargs: Any) -> "AOTLinenModule":
+        """The wrapper of ``module`` (``aot_kwargs`` as in :func:`jaxaot.aot_function`)."""
+        return cls(module, _programs_for(_unbound(module), static_argnums, static_argnames, aot_kwargs))
+
+    def setup(self) -> None:
+        nn.share_scope(self, self.wrapped)
+
+    # ------------------------------------------------------------------ as a submodule
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.is_initializing():
+            return self.wrapped(*args, **kwargs)
+        scope = self.scope
+        mutable = _normalize_mutable(scope.mutable) or False
+        rngs = {name: self.make_rng(name) for name in sorted(scope.rngs)} or None
+        call = self._prepare(dict(self.variables), args, kwargs, rngs=rngs, mutable=mutable,
+                             module=_unbound(self.wrapped))
+        out, new_state = call.run_rebuilt()
+        if new_state is None:
+            return out
+        for collection, tree in _from_state_pair(*new_state).items():
+            for name, value in tree.items():
+                scope.put_variable(collection, name, value)
+        return out
+
+    # ------------------------------------------------------------------ at the top level
+    def init(self, rngs: Any, *args: Any, **kwargs: Any) -> Any:
+        """``wrapped.init(rngs, *args, **kwargs)``: the wrapped module's variables."""
+        return self.wrapped.init(rngs, *args, **kwargs)
+
+    def init_with_output(self, rngs: Any, *args: Any, **kwargs: Any) -> Any:
+        """``wrapped.init_with_output(rngs, *args, **kwargs)``."""
+        return self.wrapped.init_with_output(rngs, *args, **kwargs)
+
+    def _prepare(self, variables: Mapping[str, Any], args: tuple, kwargs: dict, *, rngs: Any = None,
+                 method: Any = None, mutable: Any = False, capture_intermediates: Any = False,
+                 freeze: bool | None = None, module: nn.Module | None = None) -> ModuleCall:
+        if not isinstance(variables, Mapping):
+            raise InvalidInputError(
+                f"apply expects the variables mapping ({{'params': ...}}), got {type(variables).__name__}."
+            )
+        programs = self.programs
+        static, args, kwargs = CallStatic.split(
+            args, kwargs, programs.static_argnums, programs.static_argnames,
+            graphdef=_unbound(self.wrapped) if module is None else module, method=method,
+            mutable=_normalize_mutable(mutable), capture_intermediates=capture_intermediates)
+        return ModuleCall(programs.program, static, _as_state_pair(variables), args, kwargs,
+                          extra=(("rngs", rngs),), freeze=freeze)
+
+    def prepare_call(self, variables: Mapping[str, Any], args: tuple, kwargs: dict, *, rngs: Any = None,
+                     method: Any = None, mutable: Any = False, capture_intermediates: Any = False,
+                     freeze: bool | None = None) -> ModuleCall:
+        """Within :mod:`jaxaot._src.nn` (``apply``, ``lower``, ``aot_export_module``): this call, prepared.
+
+        The keywords are ``apply``'s; ``freeze`` is as in :class:`ModuleCall`.
+        """
+        return self._prepare(variables, args, kwargs, rngs=rngs, method=method, mutable=mutable,
+                             capture_intermediates=capture_intermediates, freeze=freeze)
+
+    def apply(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,
+              mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> Any:
+        """``module.apply(variables, *args, rngs=..., method=..., mutable=..., **kwargs)``, compiled.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, jaxaot
+            >>> from flax import linen as nn
+            >>> bn = nn.BatchNorm(use_running_average=False)
+            >>> variables = bn.init(jax.random.key(0), jnp.ones((2, 3)))
+            >>> y, updates = jaxaot.nn.aot_module(bn).apply(variables, jnp.ones((2, 3)), mutable=["batch_stats"])
+            >>> sorted(updates)
+            ['batch_stats']
+        """
+        call = self.prepare_call(variables, args, kwargs, rngs=rngs, method=method, mutable=mutable,
+                                 capture_intermediates=capture_intermediates)
+        out, new_state = call.run_rebuilt()
+        return out if new_state is None else (out, _from_state_pair(*new_state))
+
+    def lower(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,
+              mutable: Any = False, capture_intermediates: Any = False, **kwargs: Any) -> ModuleLowered:
+        """Build everything for this ``apply`` signature (as traced) and describe it (see :class:`AOTModule.lower`)."""
+        call = self.prepare_call(variables, args, kwargs, rngs=rngs, method=method, mutable=mutable,
+                                 capture_intermediates=capture_intermediates, freeze=True)
+        return call.lower()
+
+    def cache_info(self) -> CacheInfo:
+        """The compile cache of the underlying :class:`jaxaot.AOTFunction` (shared by equal wrappers).
+
+        Example:
+            >>> import jax, jax.numpy as jnp, jaxaot
+            >>> from flax import linen as nn
+            >>> m = jaxaot.nn.aot_module(nn.Dense(7))
+            >>> variables = m.init(jax.random.key(0), jnp.ones((1, 3)))
+            >>> _ = m.apply(variables, jnp.ones((1, 3)))
+            >>> m.cache_info().entries[0].executables
+            ('inference',)
+        """
+        return self.programs.program.cache_info()

@@ -1,0 +1,63 @@
+"""The compiled programs of one ``aot_module`` and the options they were built with.
+
+An :class:`~jaxaot._src.nn.nnx.AOTModule` keeps its compiled programs outside the
+Flax state: :class:`ModulePrograms` travels in the module's graph-node metadata
+(``nnx.graphdef``), so ``nnx.split`` / ``nnx.merge``, ``nnx.clone`` and every
+Flax transformation hand the programs to the module they rebuild, while
+``nnx.state`` holds only the wrapped module's Variables.
+
+Being graph metadata, it is hashable, and by identity: two wrappers share a
+compile cache exactly when they share this object (copies of one wrapper do;
+``copy.deepcopy`` shares it as well, since the programs hold no state of the
+module). Pickling keeps the options and builds fresh programs on load, which
+compile again on their first call.
+
+Example:
+    >>> programs = ModulePrograms("__call__", (), (), {})
+    >>> import copy, pickle
+    >>> copy.deepcopy(programs) is programs, pickle.loads(pickle.dumps(programs)).method
+    (True, '__call__')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxaot._src.nn.call import Method
+from jaxaot._src.nn.pure import nnx_loss_pure, nnx_pure
+from jaxaot._src.runtime import AOTFunction, aot_function
+
+
+class ModulePrograms:
+    """The module call's program and its loss program (:mod:`jaxaot._src.nn.loss_call`), with their options.
+
+    Attributes:
+      method, static_argnums, static_argnames: as given to :func:`~jaxaot.nn.aot_module`.
+      aot_kwargs: the :func:`jaxaot.aot_function` options (compilers, partitioner, decompositions).
+      program: the ``aot_function`` of :func:`~jaxaot._src.nn.pure.nnx_pure`.
+      loss_program: the ``aot_function`` of :func:`~jaxaot._src.nn.pure.nnx_loss_pure`.
+    """
+
+    def __init__(self, method: Method, static_argnums: tuple, static_argnames: tuple, aot_kwargs: dict):
+        self.method = method
+        self.static_argnums = static_argnums
+        self.static_argnames = static_argnames
+        self.aot_kwargs = dict(aot_kwargs)
+        self.program: AOTFunction = aot_function(nnx_pure, static_argnums=0, **self.aot_kwargs)
+        self.loss_program: AOTFunction = aot_function(nnx_loss_pure, static_argnums=0, **self.aot_kwargs)
+
+    # Identity semantics (object's __eq__ and __hash__): the graphdefs of copies compare equal.
+    def __copy__(self) -> "ModulePrograms":
+        return self
+
+    def __deepcopy__(self, memo: Any) -> "ModulePrograms":
+        return self
+
+    def __reduce__(self) -> tuple:
+        return ModulePrograms, (self.method, self.static_argnums, self.static_argnames, self.aot_kwargs)
+
+    def __repr__(self) -> str:
+        return f"ModulePrograms(method={getattr(self.method, '__name__', self.method)!r})"
+
+
+__all__ = ["ModulePrograms"]

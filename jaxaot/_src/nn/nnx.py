@@ -1,0 +1,145 @@
+"""``AOTModule``: a ``flax.nnx`` module whose call runs through :func:`jaxaot.aot_function`.
+
+The call becomes the pure function :func:`~jaxaot._src.nn.pure.nnx_pure`
+``(static, params, state, *args, **kwargs) -> (out, StateDelta)``, which
+reports the Variables whose values the call replaced (batch statistics, RNG
+counts, user Variables, ``sow``\\ n intermediates). :class:`AOTModule` writes
+them back into the wrapped module after each call, leaving it as eager Flax
+would. ``jaxaot.value_and_grad(loss_fn)(aot_model, ...)`` runs the module's
+loss as one compiled step (:mod:`jaxaot._src.nn.loss_call`, :mod:`jaxaot._src.autograd`).
+
+The wrapper is a :class:`~jaxaot._src.nn.proxy.ProxyModule`: its attributes, Flax
+state and pytree are the wrapped module's, so it mixes with plain Flax state
+(a submodule of an ordinary ``nnx.Module``, ``nnx.split`` / ``nnx.merge``,
+``nnx.Optimizer``, Orbax checkpoints) with the paths the wrapped module would
+have. Its compiled programs (:class:`~jaxaot._src.nn.module_programs.ModulePrograms`)
+travel in the graph's static part, so a merged copy calls them too.
+
+Eager calls reuse the module's split (:class:`~jaxaot._src.nn.split_cache.SplitCache`):
+while the module's structure is unchanged, a call reads its Variables from a
+list and writes the changed ones back into them, without walking Flax's graph.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> bn = nnx.BatchNorm(2, rngs=nnx.Rngs(0))
+    >>> aot_bn = wrap_nnx(bn, "__call__", (), ())
+    >>> _ = aot_bn(jnp.array([[0.0, 1.0], [2.0, 3.0]]))
+    >>> bool(jnp.allclose(bn.mean[...], jnp.array([0.01, 0.02])))   # momentum 0.99: 1% of the batch mean
+    True
+    >>> aot_bn.mean is bn.mean   # the wrapped module's attributes are the wrapper's
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+
+from jaxaot.errors import InvalidInputError
+from jaxaot._src.nn.call import CallStatic, Method, ModuleCall, check_static
+from jaxaot._src.nn.metadata import ModuleLowered
+from jaxaot._src.nn.module_programs import ModulePrograms
+from jaxaot._src.nn.proxy import ProxyModule
+from jaxaot._src.nn.pure import inlining, invoke
+from jaxaot._src.nn.split_cache import split_of, write_back
+from jaxaot._src.runtime import AOTFunction, CacheInfo
+
+
+class AOTModule(ProxyModule):
+    """An ``nnx.Module`` whose call runs through :func:`jaxaot.aot_function`.
+
+    Build one with :func:`aot_module`. Its attributes, state and graph are the
+    wrapped module's (``aot_model.kernel`` is ``module.kernel``; ``nnx.state``
+    of a model holding it has the paths the model holding ``module`` has), and
+    it writes mutated state back into the wrapped module after each call.
+    """
+
+    @property
+    def wrapped(self) -> nnx.Module:
+        """The wrapped module (whose state the calls read and write)."""
+        return self._jaxaot_inner
+
+    @property
+    def programs(self) -> ModulePrograms:
+        """The compiled programs and their options (shared by the module's copies)."""
+        return self._jaxaot_extra
+
+    @property
+    def program(self) -> AOTFunction:
+        """The ``aot_function`` of the module's call."""
+        return self._jaxaot_extra.program
+
+    @property
+    def loss_program(self) -> AOTFunction:
+        """The ``aot_function`` of a loss of the module (:func:`jaxaot.value_and_grad`)."""
+        return self._jaxaot_extra.loss_program
+
+    def prepare_call(self, args: tuple, kwargs: dict, *, freeze: bool | None = None) -> ModuleCall:
+        """Within :mod:`jaxaot._src.nn` (``__call__``, ``lower``, ``aot_export_module``): this call, prepared.
+
+        ``freeze`` is as in :class:`ModuleCall`.
+        """
+        programs = self._jaxaot_extra
+        split = split_of(self, self._jaxaot_inner)
+        static, args, kwargs = CallStatic.split(args, kwargs, programs.static_argnums, programs.static_argnames,
+                                                graphdef=split.graphdef, method=programs.method,
+                                                param_tree=split.param_tree, cache=split.static)
+        return ModuleCall(programs.program, static, (split.params, split.rest), args, kwargs, freeze=freeze,
+                          leaves=split.leaves(), rest_tree=split.rest_tree)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inner = self._jaxaot_inner
+        if inlining():  # traced into a loss program (jaxaot.value_and_grad): one program for both
+            return invoke(inner, self._jaxaot_extra.method, args, kwargs)
+        call = self.prepare_call(args, kwargs)
+        out, delta = call.run()
+        if delta.sources:
+            write_back(inner, self._jaxaot_split, delta, call.flat_inputs)
+        return out
+
+    def lower(self, *args: Any, **kwargs: Any) -> ModuleLowered:
+        """Build everything for this call signature (as traced, i.e. training) and describe it.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> from flax import nnx
+            >>> bn = jaxaot.nn.aot_module(nnx.BatchNorm(3, rngs=nnx.Rngs(0)))
+            >>> meta = bn.lower(jnp.ones((2, 3))).meta
+            >>> [(i.name, i.kind, i.mutated) for i in meta.inputs][2:]
+            [('mean', 'state', True), ('var', 'state', True), ('arg[0]', 'user_input', False)]
+        """
+        return self.prepare_call(args, kwargs, freeze=True).lower()
+
+    def cache_info(self) -> CacheInfo:
+        """The compile caches of the module's programs: its call (entries labelled ``call``) and the
+        losses :func:`jaxaot.value_and_grad` compiled with it (``loss``).
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> from flax import nnx
+            >>> model = jaxaot.nn.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+            >>> _ = model(jnp.ones((1, 3)))
+            >>> _ = jaxaot.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))(model, jnp.ones((1, 3)))
+            >>> info = model.cache_info()
+            >>> info.misses, [e.program for e in info.entries]
+            (2, ['call', 'loss'])
+        """
+        programs = self._jaxaot_extra
+        return CacheInfo.combine({"call": programs.program.cache_info(), "loss": programs.loss_program.cache_info()})
+
+
+def wrap_nnx(module: nnx.Module, method: Method, static_argnums: tuple, static_argnames: tuple,
+             **aot_kwargs: Any) -> AOTModule:
+    """An :class:`AOTModule` of ``module`` (``aot_kwargs`` as in :func:`jaxaot.aot_function`).
+
+    Raises:
+      InvalidInputError: ``method`` is not a method of ``module`` nor a hashable callable.
+    """
+    if isinstance(method, str) and not callable(getattr(module, method, None)):
+        raise InvalidInputError(f"{type(module).__name__} has no method {method!r}.")
+    if not isinstance(method, str) and not callable(method):
+        raise InvalidInputError(f"method must be a method name or a callable, got {type(method).__name__}.")
+    check_static("method", method)
+    return AOTModule(module, ModulePrograms(method, static_argnums, static_argnames, aot_kwargs))

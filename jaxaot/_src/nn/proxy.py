@@ -1,0 +1,174 @@
+"""A Flax module that is another module's attributes, state and graph, plus hidden static data.
+
+:class:`ProxyModule` is how an :class:`~jaxaot._src.nn.nnx.AOTModule` mixes with
+plain Flax state: it wraps a module and presents the wrapped module's
+attributes as its own, to Python and to Flax alike.
+
+* **Python**: attribute reads, writes and deletions go to the wrapped module
+  (``proxy.kernel`` is ``module.kernel``; ``proxy.eval()`` reaches every
+  ``deterministic`` flag, the wrapped module's own included).
+* **Flax graph**: the proxy is a graph node whose children are the wrapped
+  module's (Flax's graph-node protocol: ``flatten``, ``set_key``,
+  ``pop_key``, ``create_empty``, ``clear``, ``init``, each forwarded to the
+  wrapped module's own). ``nnx.state``, ``nnx.split``, ``nnx.Optimizer``
+  and Orbax checkpoints therefore see exactly the wrapped module's paths:
+  a model holding ``proxy`` at ``sub`` has the state of the same model
+  holding ``module`` there.
+* **JAX pytree** (Flax modules are pytrees): the same children, the same keys.
+
+The hidden data (``extra``: hashable, compiled programs say) rides in the node's
+metadata, i.e. in the ``GraphDef`` and the pytree's static part, never in the
+state. ``nnx.merge``, ``nnx.clone``, ``copy.deepcopy`` and every Flax
+transformation rebuild a proxy around a rebuilt wrapped module with the same
+``extra``; ``pickle`` stores the wrapped module and ``extra`` (which picks how
+it is pickled).
+
+Costs: one extra Python call per node visit in Flax's traversals (each hook
+calls the wrapped module's). What it cannot do: the wrapped module object is
+not itself a graph node of the proxy's graph, so a model holding both the
+wrapped module and its proxy sees their Variables twice (shared, at the first
+path) and ``nnx.merge`` gives the proxy its own copy of the wrapped module.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> lin = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    >>> proxy = ProxyModule(lin, "extra data")
+    >>> proxy.kernel is lin.kernel
+    True
+    >>> sorted(nnx.to_flat_state(nnx.state(proxy)).paths) == sorted(nnx.to_flat_state(nnx.state(lin)).paths)
+    True
+    >>> merged = nnx.merge(*nnx.split(proxy))
+    >>> type(merged).__name__, merged.proxy_extra, type(merged.proxy_target).__name__
+    ('ProxyModule', 'extra data', 'Linear')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+from flax import nnx
+
+#: The proxy's own attributes: the wrapped module, the hidden data, Flax's bookkeeping, and caches
+#: (``_jaxaot_split``, :mod:`jaxaot._src.nn.split_cache`) that pickling leaves out.
+_OWN = frozenset({"_jaxaot_inner", "_jaxaot_extra", "_pytree__nodes", "_jaxaot_split"})
+_PICKLED = ("_pytree__nodes", "_jaxaot_inner", "_jaxaot_extra")
+
+
+class ProxyModule(nnx.Module):
+    """``module``'s attributes, Flax graph and pytree, with ``extra`` (hashable) in the node's static part."""
+
+    def __init__(self, module: nnx.Module, extra: Any):
+        if not isinstance(module, nnx.Module):
+            raise TypeError(f"ProxyModule wraps an nnx.Module, got {type(module).__name__}.")
+        object.__setattr__(self, "_jaxaot_inner", module)
+        object.__setattr__(self, "_jaxaot_extra", extra)
+
+    @classmethod
+    def _wrap(cls, module: Any, extra: Any) -> "ProxyModule":
+        """A proxy built without ``__init__`` (as Flax rebuilds nodes): around a possibly empty module."""
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "_pytree__nodes", cls._pytree__nodes)
+        object.__setattr__(obj, "_jaxaot_inner", module)
+        object.__setattr__(obj, "_jaxaot_extra", extra)
+        return obj
+
+    @property
+    def proxy_target(self) -> nnx.Module:
+        """The wrapped module."""
+        return self._jaxaot_inner
+
+    @property
+    def proxy_extra(self) -> Any:
+        """The hidden static data."""
+        return self._jaxaot_extra
+
+    # ------------------------------------------------------------------ Python attributes
+    @property
+    def _pytree__state(self) -> Any:  # Flax's trace-level bookkeeping: the wrapped module's
+        return self._jaxaot_inner._pytree__state
+
+    @_pytree__state.setter
+    def _pytree__state(self, value: Any) -> None:  # set by Flax's constructor; the wrapped module's stands
+        pass
+
+    def __getattr__(self, name: str) -> Any:  # only for names the proxy itself lacks
+        if name.startswith("_jaxaot_") or name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            inner = object.__getattribute__(self, "_jaxaot_inner")
+        except AttributeError:  # being unpickled or rebuilt: nothing to forward to yet
+            raise AttributeError(name) from None
+        return getattr(inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._jaxaot_inner, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._jaxaot_inner, name)
+
+    def __getstate__(self) -> dict:  # pickle: the wrapped module and the hidden data, no caches
+        own = vars(self)
+        return {k: own[k] for k in _PICKLED if k in own}
+
+    def __dir__(self) -> Iterable[str]:
+        return sorted(set(super().__dir__()) | set(dir(self._jaxaot_inner)))
+
+    # ------------------------------------------------------------------ Flax graph node
+    def _graph_node_flatten(self):
+        inner = self._jaxaot_inner
+        nodes, meta = inner._graph_node_flatten()
+        return nodes, (type(self), self._jaxaot_extra, type(inner), meta)
+
+    def _graph_node_set_key(self, key: Any, value: Any) -> None:
+        self._jaxaot_inner._graph_node_set_key(key, value)
+
+    def _graph_node_pop_key(self, key: Any) -> Any:
+        return self._jaxaot_inner._graph_node_pop_key(key)
+
+    @staticmethod
+    def _graph_node_create_empty(meta: tuple) -> "ProxyModule":
+        cls, extra, inner_type, inner_meta = meta
+        return cls._wrap(inner_type._graph_node_create_empty(inner_meta), extra)
+
+    def _graph_node_clear(self) -> None:
+        self._jaxaot_inner._graph_node_clear()
+
+    def _graph_node_init(self, attributes: Iterable[tuple[Any, Any]]) -> None:
+        self._jaxaot_inner._graph_node_init(attributes)
+
+    # ------------------------------------------------------------------ JAX pytree
+    def _pytree__flatten_with_paths(self):
+        inner = self._jaxaot_inner
+        children, aux = inner._pytree__flatten_with_paths()
+        return children, (self._jaxaot_extra, type(inner), aux)
+
+    def _pytree__flatten(self):
+        inner = self._jaxaot_inner
+        children, aux = inner._pytree__flatten()
+        return children, (self._jaxaot_extra, type(inner), aux)
+
+    @classmethod
+    def _pytree__unflatten(cls, static: tuple, children: Iterable[Any]) -> "ProxyModule":
+        extra, inner_type, aux = static
+        return cls._wrap(inner_type._pytree__unflatten(aux, children), extra)
+
+    # ------------------------------------------------------------------ display
+    def _proxy_label(self) -> str:
+        return f"{type(self).__name__}[{type(self._jaxaot_inner).__name__}]"
+
+    def __nnx_repr__(self):
+        items = iter(self._jaxaot_inner.__nnx_repr__())
+        first = next(items)
+        yield dataclasses.replace(first, type=self._proxy_label()) if dataclasses.is_dataclass(first) else first
+        yield from items
+
+    def __treescope_repr__(self, path: Any, subtree_renderer: Any) -> Any:
+        return self._jaxaot_inner.__treescope_repr__(path, subtree_renderer)
+
+
+__all__ = ["ProxyModule"]

@@ -1,0 +1,120 @@
+"""A pipeline's batch as microbatches, and the check that its stages fit together.
+
+* :func:`check_batch` / :func:`split`: ``inputs`` and ``targets`` are pytrees
+  whose leaves are split along axis 0 into ``num_microbatches`` equal parts,
+  by one compiled program per tree on the device the tree lives on (a reshape
+  and ``num_microbatches`` slices, no copy through the host).
+* :func:`stage_input_specs`: before the first step of an input signature,
+  ``jax.eval_shape`` runs the stages' shapes through the chain, so a stage
+  whose output does not fit the next stage (or the loss) is reported as a
+  :class:`~jaxaot.errors.StageMismatchError` naming both stages and the shapes,
+  before anything is compiled or run. Costs one abstract trace per stage.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxaot._src.pytrees import format_aval, leaf_paths
+from jaxaot.errors import InvalidValueError, StageMismatchError
+
+#: What ``jax.eval_shape`` raises for arguments a function cannot take.
+_TRACE_ERRORS = (TypeError, ValueError, IndexError)
+
+
+def describe(tree: Any) -> str:
+    """``f32[4,16]`` for one array, the pytree of such strings otherwise."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    texts = [format_aval(x) for x in leaves]
+    if treedef.num_nodes == 1 and len(texts) == 1:
+        return texts[0]
+    return str(jax.tree_util.tree_unflatten(treedef, texts)).replace("'", "")
+
+
+def check_batch(name: str, tree: Any, num_microbatches: int) -> None:
+    """Raise :class:`~jaxaot.errors.InvalidValueError` unless every leaf of ``tree`` splits in ``num_microbatches``."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not leaves:
+        raise InvalidValueError(f"the pipeline's {name} hold no arrays: they must be split into microbatches.")
+    for path, x in zip(leaf_paths(treedef, name), leaves):
+        shape = jnp.shape(x)
+        if not shape or shape[0] % num_microbatches:
+            raise InvalidValueError(
+                f"{path} has shape {tuple(shape)}, whose axis 0 does not split into num_microbatches="
+                f"{num_microbatches} equal microbatches: make the batch a multiple of {num_microbatches}.")
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _split(tree: Any, num_microbatches: int) -> list:
+    def part(x: jax.Array, i: int) -> jax.Array:
+        return x.reshape(num_microbatches, x.shape[0] // num_microbatches, *x.shape[1:])[i]
+
+    return [jax.tree_util.tree_map(functools.partial(part, i=i), tree) for i in range(num_microbatches)]
+
+
+def split(tree: Any, num_microbatches: int) -> list:
+    """``tree`` as ``num_microbatches`` trees, each leaf cut along axis 0 (on the leaves' device)."""
+    if num_microbatches == 1:
+        return [tree]
+    return _split(tree, num_microbatches)
+
+
+def stage_input_specs(stage_fns: Sequence[Callable], loss_fn: Callable, params: Sequence[Any],
+                      inputs: Any, targets: Any) -> list:
+    """Per stage, the shapes of the activations it takes (stage 0: ``inputs``), checked end to end.
+
+    Args:
+      stage_fns: the stage functions; params: one parameter tree per stage.
+      inputs / targets: one microbatch (arrays or ``jax.ShapeDtypeStruct``).
+
+    Raises:
+      StageMismatchError: a stage does not take what the previous one returns,
+        the first stage does not take the inputs, ``loss_fn`` does not take the
+        last stage's output and the targets, or the loss is not a float scalar.
+    """
+    specs = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), inputs)]
+    for s, fn in enumerate(stage_fns):
+        try:
+            out = jax.eval_shape(fn, params[s], specs[s])
+        except _TRACE_ERRORS as e:
+            raise _mismatch(stage_fns, params, specs, s, e) from e
+        specs.append(out)
+    last = len(stage_fns) - 1
+    try:
+        loss = jax.eval_shape(loss_fn, specs[-1], targets)
+    except _TRACE_ERRORS as e:
+        raise StageMismatchError(
+            f"stage {last} (the last) returns {describe(specs[-1])}, which loss_fn does not take with targets "
+            f"{describe(targets)} (one microbatch): {_first_line(e)}") from e
+    leaves = jax.tree_util.tree_leaves(loss)
+    if len(leaves) != 1 or leaves[0].shape != () or not jnp.issubdtype(leaves[0].dtype, jnp.floating):
+        raise StageMismatchError(
+            f"loss_fn returns {describe(loss)} on stage {last}'s output: it must return one float scalar, "
+            "the loss of one microbatch.")
+    return specs[:-1]
+
+
+def _mismatch(stage_fns: Sequence[Callable], params: Sequence[Any], specs: list, s: int,
+              error: Exception) -> StageMismatchError:
+    if s == 0:
+        return StageMismatchError(
+            f"stage 0 does not take the pipeline's inputs {describe(specs[0])} (one microbatch): {_first_line(error)}")
+    hint = ""
+    if jax.tree_util.tree_structure(specs[s - 1]) == jax.tree_util.tree_structure(specs[s]):
+        try:  # a common design: stages that keep their input's shape
+            jax.eval_shape(stage_fns[s], params[s], specs[s - 1])
+            hint = f"; stage {s} does take {describe(specs[s - 1])}, what stage {s - 1} takes"
+        except _TRACE_ERRORS:
+            pass
+    return StageMismatchError(
+        f"stage {s - 1} returns {describe(specs[s])}, which stage {s} does not take as its input "
+        f"({_first_line(error)}){hint}.")
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0].rstrip(".") if text else type(error).__name__

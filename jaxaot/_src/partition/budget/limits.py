@@ -1,0 +1,60 @@
+"""How many device bytes plan-time measurement may hold.
+
+Planning times ops on the device (measured per-op costs on accelerators,
+:mod:`jaxaot._src.partition.costs.op_profile`). Those programs allocate their own
+inputs and outputs, and must not raise the process's device peak above what
+the step itself will need, nor above a byte ``memory_budget``.
+:func:`measurement_limit` is that allowance:
+
+* the step holds, beside its inputs (which the process holds already), at least
+  the largest expensive eqn's operands and results: a matmul's or a
+  convolution's are written to memory, whatever XLA fuses around them. So a
+  timing program may hold that many bytes; larger eqns are timed at smaller
+  shapes and scaled (:mod:`jaxaot._src.partition.costs.op_scaling`);
+* under a byte budget, at most the budget less what the device holds now
+  (``memory_stats()["bytes_in_use"]`` where the backend reports it).
+
+The planner applies it with :func:`jaxaot._src.partition.costs.byte_limit` around
+every plan. Cost: one pass over the joint graph's top-level eqns.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import device_nbytes
+from jaxaot._src.partition.costs import Recompute, classify
+from jaxaot._src.tracing import JointGraph
+
+
+def bytes_in_use(device=None) -> int:
+    """Bytes the device holds now, where the backend reports it (0 elsewhere: the CPU)."""
+    device = jax.devices()[0] if device is None else device
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - backends without memory statistics
+        return 0
+    return int(stats.get("bytes_in_use", 0))
+
+
+def measurement_limit(joint: JointGraph, budget: int | None = None) -> int:
+    """The device bytes one timing program may hold while planning ``joint`` (module docstring)."""
+    jaxpr = C.jaxpr_of(joint.jaxpr)
+    inputs = set(jaxpr.invars[: joint.num_primals])
+    largest = 0
+    for eqn in jaxpr.eqns:
+        if classify(eqn) is Recompute.CHEAP:
+            continue
+        held = [v for v in (*eqn.invars, *eqn.outvars) if not C.is_literal(v) and v not in inputs]
+        largest = max(largest, sum(_nbytes(v) for v in held))
+    if budget is not None:
+        largest = min(largest, max(budget - bytes_in_use(), 0))
+    return largest
+
+
+def _nbytes(v) -> int:
+    try:
+        return int(device_nbytes(v.aval))
+    except Exception:  # noqa: BLE001 - tokens, opaque dtypes
+        return 0

@@ -1,0 +1,327 @@
+"""The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
+
+A byte ``memory_budget`` asks for the training step's compiled peak device
+memory (:mod:`jaxaot._src.partition.budget.step_peak`) to stay at or below it. The
+planner already has a knob that trades time for memory: the fraction budget,
+which recomputes more as it falls, at the top level and in every ``lax.scan``
+body alike. Only XLA knows a plan's peak, and measuring one costs a compile of
+the step (about a ``jit(value_and_grad)``), while planning a fraction costs
+about a tenth of that. So :func:`plan_under_peak` plans freely and compiles
+little:
+
+1. the fraction 1 plan is measured: if it fits, nothing need be recomputed
+   (one compile);
+2. otherwise every other plan's peak is *predicted* from the plans measured so
+   far (:func:`predict_peak`): linear in the plan's device saved bytes between
+   the nearest measured plans, and along the nearest segment beyond them
+   (slope 1 from a single measured plan: a byte less saved, a byte off the
+   peak). Saved bytes fall with the fraction about linearly (the fraction
+   interpolates the cut's bytes), so the fraction whose plan should just fit
+   is read off the plans made so far, on a grid of :data:`GRID` steps, and
+   planned;
+3. the best candidate predicted to fit is measured (where none is, the
+   fraction 0 plan), best meaning the least recomputation (the knapsack's op
+   costs), then the larger fraction. Candidates are the fractions' plans and,
+   where the budget forces recomputation, plans shaped like JAX's
+   ``dots_saveable`` (:mod:`jaxaot._src.partition.mincut.save_families`), which on
+   an H200 16-head GPT-2 block reached ``dots_saveable``'s peak where no
+   fraction did. Each measurement corrects the predictions. Once a plan fits,
+   :data:`MORE_AFTER_FIT` more is tried where a grid fraction lies between it
+   and the lowest one that did not: the fraction predicted to fit (a secant
+   step), else the one halfway (a bisection step: peaks can stay flat over a
+   range of fractions, where a plan just under the budget is no sign that the
+   next one is over); at most :data:`MAX_MEASURED` plans in all;
+4. where no plan fits, the fractions ``k / 8`` are measured, lowest predicted
+   first (peaks need not be monotone in the fraction: recomputation adds
+   temporaries to the backward), up to :data:`MAX_MEASURED_REFUSING` plans;
+   where none fits, :class:`~jaxaot.errors.MemoryBudgetError` names the
+   smallest peak measured and the largest values live at it
+   (:func:`~jaxaot._src.partition.budget.live_values.peak_holders`).
+
+A plan fits when its fused step, the program ``jaxaot.value_and_grad`` runs,
+peaks within the budget. Only measured plans are returned, so the guarantee is
+the compiler's; the prediction only decides which plans to compile, and the
+fraction found may be a grid step or two below the largest that fits. The
+split programs are not compiled (``StepPeak.forward`` and ``backward`` stay
+None), so the runtime keeps the fused step (:mod:`jaxaot._src.fusion.variants`).
+
+Cost: one to four compiles of the step, on the CPU at reduced backend
+optimization (:data:`~jaxaot._src.partition.budget.step_peak.MEASURE_OPTIONS`, half
+a compile each), and a few fractions planned, what they share built once
+(:mod:`jaxaot._src.partition.mincut.plan_memo`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+from jaxaot.errors import MemoryBudgetError
+from jaxaot._src.partition.budget.live_values import peak_holders
+from jaxaot._src.partition.budget.parse import format_bytes
+from jaxaot._src.partition.budget.step_peak import MEASURE_SLACK, StepPeak, fused_step, program_peak
+from jaxaot._src.partition.core import Partition
+from jaxaot._src.tracing import JointGraph
+
+#: Fractions are planned on this grid (``k / GRID``).
+GRID = 32
+#: At most this many plans are compiled while some plan fits (more only while none does).
+MAX_MEASURED = 4
+#: After the first plan that fits, at most this many more are compiled to find a faster one.
+MORE_AFTER_FIT = 1
+#: Where nothing fits, at most this many plans are compiled before the budget is refused.
+MAX_MEASURED_REFUSING = 10
+
+#: ``plan_at(fraction, family)``: the planner at a fraction budget, ``family`` None or one of the
+#: policy-shaped families (:mod:`jaxaot._src.partition.mincut.save_families`).
+PlanAt = Callable[[float, "str | None"], Partition]
+
+
+def _plan_key(part: Partition) -> tuple:
+    """What makes two plans the same program pair: the residuals, where they live, the programs' text."""
+    return (tuple((r.source, r.index, r.offloaded) for r in part.residuals), str(part.primal_plan),
+            len(part.recomputed), str(part.forward), str(part.backward))
+
+
+def predict_peak(saved: int, anchors: Sequence[tuple[int, int]]) -> float:
+    """A plan's compiled peak predicted from its device saved bytes and ``anchors``, the
+    ``(saved bytes, compiled peak)`` of plans measured: linear between the nearest anchors, and beyond
+    them along the nearest segment (its slope at least 0), or with slope 1 from a single anchor.
+    Where two anchors save equal bytes the higher peak counts. ``inf`` without anchors.
+
+    Example:
+        >>> from jaxaot._src.partition.budget.search import predict_peak
+        >>> predict_peak(600, [(1000, 5000)]), predict_peak(600, [(1000, 5000), (200, 3000)])
+        (4600, 4000.0)
+    """
+    points: dict[int, int] = {}
+    for s, p in anchors:
+        points[s] = max(p, points.get(s, p))
+    xs = sorted(points)
+    if not xs:
+        return math.inf
+    if len(xs) == 1:
+        return points[xs[0]] - (xs[0] - saved)
+    if saved in points:
+        return float(points[saved])
+    if saved < xs[0] or saved > xs[-1]:  # beyond: along the nearest segment, from its nearest end
+        a, b = (xs[0], xs[1]) if saved < xs[0] else (xs[-1], xs[-2])
+        return points[a] + max((points[b] - points[a]) / (b - a), 0.0) * (saved - a)
+    b = next(x for x in xs if x > saved)
+    a = max(x for x in xs if x < saved)
+    return points[a] + (points[b] - points[a]) / (b - a) * (saved - a)
+
+
+@dataclasses.dataclass
+class _Candidate:
+    part: Partition
+    fraction: float
+    family: str | None
+    seconds: float
+    peak: int | None = None
+    measured: bool = False
+
+    @property
+    def saved(self) -> int:
+        return int(self.part.device_saved_bytes)
+
+
+class _Search:
+    """The candidates of one search, each plan once, and the measured ones' peaks."""
+
+    def __init__(self, joint: JointGraph, budget: int, plan_at: PlanAt, seconds: Callable[[Partition], float]):
+        self.joint, self.budget, self.plan_at, self.seconds = joint, budget, plan_at, seconds
+        self.by_key: dict[tuple, _Candidate] = {}
+        self.fractions: dict[float, _Candidate] = {}  # fraction -> its plan (family None)
+
+    def plan(self, fraction: float, family: str | None = None) -> _Candidate:
+        if family is None and fraction in self.fractions:
+            return self.fractions[fraction]
+        part = self.plan_at(fraction, family)
+        key = _plan_key(part)
+        found = self.by_key.get(key)
+        if found is None:
+            found = self.by_key[key] = _Candidate(part, fraction, family, float(self.seconds(part)))
+        elif family is None and found.family is None:
+            found.fraction = max(found.fraction, fraction)
+        if family is None:
+            self.fractions[fraction] = found
+        return found
+
+    def measure(self, c: _Candidate) -> None:
+        """The candidate's fused peak, measured cheaply, and again exactly where that lies just over the
+        budget (within the cheap measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`)."""
+        if not c.measured:
+            closed = fused_step(c.part, self.joint)
+            c.peak = program_peak(closed, self.joint.in_avals)
+            if c.peak is not None and self.budget < c.peak <= self.budget + MEASURE_SLACK:
+                c.peak = program_peak(closed, self.joint.in_avals, exact=True)
+            c.measured = True
+
+    def fits(self, c: _Candidate) -> bool:
+        return c.measured and (c.peak is None or c.peak <= self.budget)
+
+    @property
+    def measured(self) -> list[_Candidate]:
+        return [c for c in self.by_key.values() if c.measured]
+
+    def predicted(self, c: _Candidate) -> float:
+        if c.measured:
+            return -math.inf if c.peak is None else c.peak
+        return predict_peak(c.saved, [(m.saved, m.peak) for m in self.measured if m.peak is not None])
+
+    @staticmethod
+    def rank(c: _Candidate) -> tuple:
+        return (c.seconds, -c.fraction)
+
+    def next_fraction(self, below: float, above: float) -> float | None:
+        """The largest grid fraction strictly between ``above`` and ``below`` whose plan's saved bytes,
+        read off the fractions planned so far, are predicted to fit (None if none is)."""
+        known = sorted((f, c.saved) for f, c in self.fractions.items())
+        for k in range(math.ceil(below * GRID) - 1, math.floor(above * GRID), -1):
+            f = k / GRID
+            if f in self.fractions:
+                continue
+            saved = _interpolate(known, f)
+            if predict_peak(saved, [(m.saved, m.peak) for m in self.measured if m.peak is not None]) <= self.budget:
+                return f
+        return None
+
+
+def _interpolate(known: Sequence[tuple[float, int]], f: float) -> float:
+    """Saved bytes at fraction ``f``, linear between the nearest planned fractions."""
+    lo = max((p for p in known if p[0] <= f), default=known[0])
+    hi = min((p for p in known if p[0] >= f), default=known[-1])
+    if hi[0] == lo[0]:
+        return float(lo[1])
+    return lo[1] + (hi[1] - lo[1]) * (f - lo[0]) / (hi[0] - lo[0])
+
+
+def plan_under_peak(joint: JointGraph, budget: int, plan_at: PlanAt, families: Sequence[str] = (),
+                    seconds: Callable[[Partition], float] | None = None) -> Partition:
+    """The fastest plan found whose compiled fused-step peak is at most ``budget`` bytes (module docstring).
+
+    ``plan_at(fraction, family)`` is the planner at a fraction budget (the min-cut with its other options),
+    ``family`` None for the fraction's own plans; ``seconds(part)`` estimates a plan's recomputation (the
+    rank among plans that fit; default: all equal, the larger fraction wins). The returned partition carries
+    its :class:`StepPeak` (``step_peak``: the fused peak measured, with ``budget``). Raises
+    :class:`MemoryBudgetError` when no plan measured fits.
+    """
+    search = _Search(joint, budget, plan_at, seconds or (lambda part: 0.0))
+    top = search.plan(1.0)
+    search.measure(top)
+    if search.fits(top):
+        return _found(top, budget)
+    search.plan(0.0)
+    for family in families:
+        search.plan(1.0, family)
+    best = _improve(search, None)
+    if best is None:
+        best = _refusing(search)
+    return _found(best, budget)
+
+
+def _improve(search: _Search, best: _Candidate | None) -> _Candidate | None:
+    """Until a plan fits: measure the best candidate predicted to fit (the fraction 0 plan where none is).
+    Then at most :data:`MORE_AFTER_FIT` more, each the best-ranked of the fraction plan above (predicted to
+    fit, else halfway to the lowest failing one) and the family plans predicted to fit; at most
+    :data:`MAX_MEASURED` plans in all."""
+    tries_after_fit = 0
+    while len(search.measured) < MAX_MEASURED and (best is None or tries_after_fit < MORE_AFTER_FIT):
+        if best is None:
+            _plan_next_fraction(search, None)
+            pool = [c for c in search.by_key.values() if not c.measured and search.predicted(c) <= search.budget]
+            bottom = search.plan(0.0)
+            if not pool and not bottom.measured:
+                pool = [bottom]
+        else:
+            f = _improvement_fraction(search, best)
+            pool = [c for c in search.by_key.values() if not c.measured and c.family is not None
+                    and search.predicted(c) <= search.budget]
+            if f is not None:
+                pool.append(search.plan(f))
+            pool = [c for c in pool if not c.measured and search.rank(c) < search.rank(best)]
+        if not pool:
+            return best
+        chosen = min(pool, key=search.rank)
+        search.measure(chosen)
+        if best is not None:
+            tries_after_fit += 1
+        if search.fits(chosen) and (best is None or search.rank(chosen) < search.rank(best)):
+            best = chosen
+    return best
+
+
+def _lowest_failing(search: _Search) -> float:
+    return min((c.fraction for c in search.measured if not search.fits(c) and c.family is None), default=1.0)
+
+
+def _plan_next_fraction(search: _Search, best: _Candidate | None) -> float | None:
+    """Plan grid fractions from the top of the gap between ``best`` and the lowest failing plan down, until
+    one's plan, not measured yet, is predicted to fit (its saved bytes read off the plans made so far); that
+    fraction, or None."""
+    below = _lowest_failing(search)
+    above = best.fraction if best is not None and best.family is None else -1.0 / GRID
+    while True:
+        f = search.next_fraction(below, above)
+        if f is None:
+            return None
+        c = search.plan(f)
+        if not c.measured and search.predicted(c) <= search.budget:
+            return f
+        below = f
+        if best is not None and best.family is None:
+            above = best.fraction  # raised where this fraction's plan is best's
+
+
+def _improvement_fraction(search: _Search, best: _Candidate) -> float | None:
+    """The fraction to try above ``best``: the largest predicted to fit (the secant between the plan that fits
+    and the lowest failing one), else the grid fraction halfway to the lowest failing one; None where no grid
+    fraction lies between."""
+    predicted = _plan_next_fraction(search, best)
+    if predicted is not None or best.family is not None:
+        return predicted
+    failing = _lowest_failing(search)
+    halfway = math.floor((best.fraction + failing) / 2 * GRID) / GRID
+    return halfway if best.fraction < halfway < failing else None
+
+
+def _refusing(search: _Search) -> _Candidate:
+    """Where no plan is predicted to fit: measure the plans predicted lowest, then the grid's
+    fractions ``k / 8``, until one fits (then improve on it) or :data:`MAX_MEASURED_REFUSING` were measured."""
+    for k in range(8, -1, -1):
+        search.plan(k / 8)
+    while len(search.measured) < MAX_MEASURED_REFUSING:
+        pool = [c for c in search.by_key.values() if not c.measured]
+        if not pool:
+            break
+        chosen = min(pool, key=lambda c: (search.predicted(c), search.rank(c)))
+        search.measure(chosen)
+        if search.fits(chosen):
+            return _improve(search, chosen) or chosen
+    raise _nothing_fits(search)
+
+
+def _found(c: _Candidate, budget: int) -> Partition:
+    return dataclasses.replace(c.part, step_peak=StepPeak(c.peak, budget=budget))
+
+
+def _nothing_fits(search: _Search) -> MemoryBudgetError:
+    """The error naming the smallest peak measured and what is live there."""
+    def reach(c: _Candidate) -> int:
+        return c.peak if c.peak is not None else 1 << 62
+
+    smallest = min(search.measured, key=reach)
+    peak = reach(smallest)
+    _, holders = peak_holders(smallest.part)
+    lines = "\n".join(f"  {format_bytes(n):>11}  {what}" for n, what in holders)
+    budget = search.budget
+    return MemoryBudgetError(
+        f"memory_budget={budget} bytes ({format_bytes(budget)}) is below the smallest compiled peak the planner "
+        f"reaches for this step: {peak} bytes ({format_bytes(peak)}), with {len(smallest.part.residuals)} "
+        f"residuals ({format_bytes(smallest.part.device_saved_bytes)} on the device) and "
+        f"{len(smallest.part.recomputed)} eqns recomputed. The largest values live at that peak (in program "
+        f"order) are:\n{lines}\nRaise the budget to at least {peak} bytes, or shrink what holds the peak "
+        f"(a smaller batch or sequence, fewer inputs on the device).",
+        budget=budget, smallest_peak=peak, holders=tuple(holders))

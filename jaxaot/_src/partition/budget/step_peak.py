@@ -1,0 +1,256 @@
+"""The compiled peak device memory of a partition's training step, measured by XLA.
+
+A byte ``memory_budget`` bounds what the step needs on the device at its
+peak, and only the compiler knows that: residual bytes are one term of it,
+and the forward's and backward's temporaries, the inputs, the gradients and
+XLA's schedule are the others (on a transformer block, residuals falling 4x
+moved the compiled peak 11%). So a plan is measured by compiling its
+programs with plain ``jax.jit(...).lower(avals).compile()`` (with
+:data:`MEASURE_OPTIONS`, which make the compile cheaper and keep its peak, or
+raise it by a few bytes) and reading ``memory_analysis()`` (:func:`compiled_peak`), per
+device on a mesh:
+
+* ``fused``: the step as one program (:func:`fused_step`), as
+  ``jaxaot.value_and_grad`` runs it (:mod:`jaxaot._src.fusion`): the forward, the
+  residuals through ``optimization_barrier`` where anything is recomputed, the
+  backward with unit cotangents. All cotangents are ones, so XLA cannot fold a
+  zero cotangent away: the model's peak is at least the runtime's;
+* ``forward`` and ``backward``: the two split programs, each compiled alone;
+  the split step's peak is the larger (the residuals are the forward's outputs
+  and the backward's arguments, so each counts them).
+
+The byte-budget search (:mod:`jaxaot._src.partition.budget.search`) measures the
+fused step only; :func:`measure_step_peak` measures the split programs too.
+Peaks are cached per program text, input types and options for the process
+(:func:`cache_size`), so a plan met again costs nothing. Cost of a measured
+plan: one XLA compile of the fused step (about a ``jit(value_and_grad)``, a
+quarter of that on the CPU), and two more, of about half that each, for the split programs.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import threading
+from typing import Any, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.partition.budget.parse import format_bytes
+from jaxaot._src.partition.core import Partition
+from jaxaot._src.partition.costs import HOST_MEMORY_KIND
+from jaxaot._src.tracing import JointGraph
+
+
+def compiled_peak(exe: Any) -> int | None:
+    """Peak device bytes of a compiled executable, where the backend reports it (XLA:CPU's
+    ``peak_memory_in_bytes`` leaves out temporaries: then the sum of the parts, arguments and
+    outputs included, less the aliased bytes)."""
+    try:
+        ma = exe.memory_analysis()
+    except Exception:  # noqa: BLE001  (backends without memory analysis)
+        return None
+    if ma is None:
+        return None
+    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)
+    if peak >= ma.temp_size_in_bytes and peak:
+        return peak
+    return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPeak:
+    """The compiled peaks of one plan's programs, in bytes per device (None: not measured or not reported).
+
+    Attributes:
+      fused: the step as one program (:func:`fused_step`).
+      forward / backward: the split programs (None where not measured: on a mesh, where the
+        residuals' shardings are the compiled forward's to choose, and under a byte budget, whose
+        search measures the fused step only).
+      budget: the byte budget the plan was chosen under, if any.
+    """
+
+    fused: int | None
+    forward: int | None = None
+    backward: int | None = None
+    budget: int | None = None
+
+    @property
+    def split(self) -> int | None:
+        """The split step's peak: the larger of the forward's and the backward's."""
+        known = [p for p in (self.forward, self.backward) if p is not None]
+        return max(known) if known else None
+
+    @property
+    def peak(self) -> int | None:
+        """The larger of the fused and the split step's peaks: what the plan needs either way."""
+        known = [p for p in (self.fused, self.split) if p is not None]
+        return max(known) if known else None
+
+    def fits(self, budget: int) -> bool:
+        """Whether every measured peak is at most ``budget`` bytes (a plan nothing measured fits)."""
+        return all(p is None or p <= budget for p in (self.fused, self.forward, self.backward))
+
+    def __str__(self) -> str:
+        text = f"fused {format_bytes(self.fused)}"
+        if self.split is not None:
+            text += f", split {format_bytes(self.split)} (forward {format_bytes(self.forward)}, " \
+                    f"backward {format_bytes(self.backward)})"
+        return text + (f"; budget {format_bytes(self.budget)}" if self.budget is not None else "")
+
+
+def cotangent_avals(part: Partition, joint: JointGraph) -> list:
+    """The backward's cotangent inputs, as ``jax.ShapeDtypeStruct``."""
+    return [jax.ShapeDtypeStruct(joint.out_avals[i].shape, joint.out_avals[i].dtype) for i in part.cotangent_outputs]
+
+
+def fused_step(part: Partition, joint: JointGraph) -> Any:
+    """The closed jaxpr ``inputs -> (outputs..., grads...)`` of the step as one program (module docstring)."""
+    cts = cotangent_avals(part, joint)
+
+    def step(*leaves: Any) -> list:
+        fwd = C.eval_closed(part.forward, *leaves)
+        residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
+        if part.recomputed and residuals:
+            residuals = list(jax.lax.optimization_barrier(residuals))
+        ones = [jax.numpy.ones(a.shape, a.dtype) for a in cts]
+        return list(fwd[: part.num_outputs]) + list(C.eval_closed(part.backward, *ones, *residuals))
+
+    return jax.make_jaxpr(step)(*_plain(joint.in_avals))
+
+
+def _plain(avals: Sequence[Any]) -> list:
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
+
+
+def on_mesh(joint: JointGraph) -> bool:
+    """Whether any input is laid out over more than one device."""
+    for a in joint.in_avals:
+        sharding = getattr(a, "sharding", None)
+        if sharding is not None and len(getattr(sharding, "device_set", ())) > 1:
+            return True
+    return False
+
+
+def backward_avals(part: Partition, joint: JointGraph) -> list:
+    """The split backward's inputs: cotangents, then residuals (offloaded ones in host memory)."""
+    host = None
+    avals = cotangent_avals(part, joint)
+    for r in part.residuals:
+        if r.offloaded:
+            if host is None:
+                host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=HOST_MEMORY_KIND)
+            avals.append(jax.ShapeDtypeStruct(r.aval.shape, r.aval.dtype, sharding=host))
+        else:
+            avals.append(jax.ShapeDtypeStruct(r.aval.shape, r.aval.dtype))
+    return avals
+
+
+def measure_step_peak(part: Partition, joint: JointGraph, *, split: bool = True, budget: int | None = None
+                      ) -> StepPeak:
+    """The :class:`StepPeak` of ``part``: its fused step, and with ``split`` its two programs (off a mesh)."""
+    fused = program_peak(fused_step(part, joint), joint.in_avals)
+    forward = backward = None
+    if split and not on_mesh(joint):
+        forward = program_peak(part.forward, joint.in_avals)
+        backward = program_peak(part.backward, backward_avals(part, joint))
+    return StepPeak(fused, forward, backward, budget)
+
+
+# --------------------------------------------------------------------------- compiled, cached
+#: XLA options the planner compiles its measurements with, per platform, in order of preference: the
+#: first a backend accepts is used for the process. They make the compile cheaper and keep its buffer
+#: assignment, so the peak, as the runtime's compile has it, or above it by at most
+#: :data:`MEASURE_SLACK` bytes (never below), the sets that may be above listed in :data:`INEXACT`.
+#: On XLA:CPU the backend optimization level only changes LLVM's code generation (on the zoo the peaks
+#: are equal at 0 and at the default, for 0.55x the compile's time); the older LLVM emitters instead of
+#: the fusion emitters cost 0.15x-0.35x the default compile and add up to 80 bytes of scratch to the
+#: temporaries (32 on the GPT-2 blocks) (``tests/partition/test_peak_budget.py`` checks both on the zoo).
+MEASURE_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
+    "cpu": ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
+            {"xla_backend_optimization_level": 0}),
+}
+#: The option sets of :data:`MEASURE_OPTIONS` whose peak may lie above the runtime's compile's.
+INEXACT = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},)
+#: How far above the runtime compile's peak an :data:`INEXACT` measurement may lie, in bytes: a plan measured
+#: within this of a budget is measured again exactly (``program_peak(..., exact=True)``).
+MEASURE_SLACK = 256
+
+_CACHE: collections.OrderedDict[str, int | None] = collections.OrderedDict()
+_CACHE_LIMIT = 1024
+_LOCK = threading.Lock()
+_COMPILES = [0]
+_REFUSED: set[str] = set()  # option sets a backend refused, by their text
+
+
+def _platform(avals: Sequence[Any]) -> str:
+    for a in avals:
+        devices = getattr(getattr(a, "sharding", None), "device_set", None)
+        if devices:
+            return next(iter(devices)).platform
+    return jax.devices()[0].platform
+
+
+def measure_options(avals: Sequence[Any] = (), exact: bool = False) -> tuple[dict[str, Any], ...]:
+    """The compiler option sets a measurement on the platform of ``avals`` (the default device's without
+    a sharding) tries, in order, the last the backend's defaults (:data:`MEASURE_OPTIONS`); with ``exact``,
+    only those that keep the runtime compile's peak."""
+    sets = [o for o in MEASURE_OPTIONS.get(_platform(avals), ())
+            if str(sorted(o.items())) not in _REFUSED and not (exact and o in INEXACT)]
+    return (*[dict(o) for o in sets], {})
+
+
+def _compile(lowered: Any, options: Sequence[dict[str, Any]]) -> Any:
+    """``lowered`` compiled with the first of ``options`` the backend accepts."""
+    for opts in options:
+        if not opts:
+            return lowered.compile()
+        try:
+            return lowered.compile(compiler_options=opts)
+        except Exception as err:  # noqa: BLE001 - an option this XLA does not know: the next set, and never again
+            if "option" not in str(err).lower():
+                raise
+            with _LOCK:
+                _REFUSED.add(str(sorted(opts.items())))
+    raise AssertionError("unreachable")  # pragma: no cover - the last set is the defaults
+
+
+def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> int | None:
+    """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
+    :func:`measure_options`) once per process per program text and input types; None where the backend
+    cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
+    above the runtime compile's peak, never below."""
+    options = measure_options(avals, exact)
+    key = hashlib.sha256(f"{closed}\n{[_aval_key(a) for a in avals]}\n{options[0]}".encode()).hexdigest()
+    with _LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    try:
+        lowered = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*avals)
+        peak = compiled_peak(_compile(lowered, options))
+    except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
+        peak = None
+    with _LOCK:
+        _COMPILES[0] += 1
+        _CACHE[key] = peak
+        while len(_CACHE) > _CACHE_LIMIT:
+            _CACHE.popitem(last=False)
+    return peak
+
+
+def _aval_key(a: Any) -> str:
+    sharding = getattr(a, "sharding", None)
+    return f"{a.dtype}{list(a.shape)}{getattr(a, 'weak_type', False)}{sharding if sharding is not None else ''}"
+
+
+def compile_count() -> int:
+    """How many programs :func:`program_peak` has compiled in this process (cache hits excluded)."""
+    return _COMPILES[0]
+
+
+def cache_size() -> int:
+    """How many program peaks are cached."""
+    return len(_CACHE)

@@ -1,0 +1,91 @@
+"""What one eqn costs to run: the :class:`OpCosts` protocol and its FLOP estimate, :class:`FlopCosts`.
+
+The min-cut's knapsack (:mod:`jaxaot._src.partition.mincut.knapsack`) trades bytes for
+recomputation below ``memory_budget=1``: it recomputes first the values that
+cost least *per byte saved*. The offload planner's timeline
+(:class:`~jaxaot._src.partition.offload.host_offload.Timeline`) needs how long each eqn runs, to
+know what compute a copy can hide behind. Both ask an :class:`OpCosts`.
+
+Two implementations:
+
+* :class:`FlopCosts`: ``flops / device_flops``, or, for eqns XLA does not fuse
+  away, the bytes they move over ``device_bandwidth`` when that is slower (a
+  roofline). With the default rates (no bandwidth) the knapsack's order is
+  FLOPs per byte, which is what it was before measured costs existed.
+* :class:`~jaxaot._src.partition.costs.measured_costs.MeasuredCosts`: each distinct
+  expensive eqn timed once on the device and cached (per device kind, on disk
+  with ``jaxaot.config.cache_dir``). FLOP counts ignore dtypes (an f32 matmul
+  runs at a fraction of a bf16 one's rate), memory-bound shapes (a matmul that
+  contracts 64 elements is paced by its output's bytes, not its FLOPs) and
+  convolution algorithms; a measurement sees all three. That is what the
+  min-cut uses on accelerators by default (``op_costs="auto"``).
+
+Any object with ``seconds(eqn) -> float`` and a ``note`` string is an
+:class:`OpCosts`: pass it as ``min_cut_rematerialization_partition(op_costs=...)``.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxaot._src.partition import FlopCosts, OpCosts
+    >>> eqn = jax.make_jaxpr(jnp.dot)(jnp.ones((64, 32)), jnp.ones((32, 16))).jaxpr.eqns[0]
+    >>> FlopCosts(device_flops=1e9).seconds(eqn)  # 2 * 64 * 16 * 32 FLOPs at 1 GFLOP/s
+    6.5536e-05
+    >>> isinstance(FlopCosts(), OpCosts)
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
+
+from jaxaot._src.pytrees import nbytes as aval_nbytes
+from jaxaot._src.partition.costs import cost_model
+
+#: The FLOP/s :class:`FlopCosts` assumes when given none; only ratios matter to the knapsack.
+NOMINAL_FLOPS = 1e12
+
+
+@runtime_checkable
+class OpCosts(Protocol):
+    """The extension point: seconds one run of an eqn takes on the device the plan is for.
+
+    ``seconds`` must be positive and deterministic for equal eqns within one plan
+    (the knapsack sorts by it). ``note`` says where the costs came from; the
+    partition carries it (``Partition.cost_note``) and ``lower()`` prints it.
+    """
+
+    note: str
+
+    def seconds(self, eqn: Any) -> float:
+        """Seconds one run of ``eqn`` takes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopCosts:
+    """Costs estimated from FLOP counts (:func:`jaxaot._src.partition.costs.cost_model.flops`).
+
+    Attributes:
+      device_flops: FLOP/s of the device.
+      device_bandwidth: bytes/s of its memory; eqns that are not fusible
+        (``cost_model.Recompute.CHEAP``) then cost at least their operands' and
+        results' bytes over it. None: FLOPs alone.
+    """
+
+    device_flops: float = NOMINAL_FLOPS
+    device_bandwidth: float | None = None
+
+    @property
+    def note(self) -> str:
+        return "recompute costs: FLOP estimates" + (" and bytes moved" if self.device_bandwidth else "")
+
+    def seconds(self, eqn: Any) -> float:
+        """``flops / device_flops``, or bytes moved over ``device_bandwidth`` where that is slower.
+
+        Fusible eqns count FLOPs alone: XLA fuses them into their neighbours'
+        kernels, whose traffic is counted there.
+        """
+        t = cost_model.flops(eqn) / self.device_flops
+        if self.device_bandwidth and cost_model.classify(eqn) is not cost_model.Recompute.CHEAP:
+            moved = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "shape"))
+            t = max(t, moved / self.device_bandwidth)
+        return t

@@ -1,0 +1,235 @@
+"""The min-cut rematerialization partitioner: the cut, scan bodies and offload put together.
+
+:func:`min_cut_rematerialization_partition` is what ``aot_function`` runs when
+asked for the min-cut. It
+
+1. cuts the joint graph (:mod:`jaxaot._src.partition.mincut.saved_values`) under the budget;
+2. plans each top-level ``lax.scan`` body with the same cut
+   (:mod:`jaxaot._src.partition.mincut.scan_remat`) and keeps the rewritten program when it
+   saves no more device bytes;
+3. with ``offload``, moves what can hide its copies to host memory: inside scan
+   bodies per iteration (:mod:`jaxaot._src.partition.offload.scan_offload`), at the top level
+   between the programs (:mod:`jaxaot._src.partition.offload.host_offload`), both meeting the
+   budget by offloading before recomputing (:func:`~jaxaot._src.partition.mincut.saved_values.offloaded_saved_nodes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxaot.errors import InvalidInputError, PartitionError
+from jaxaot._src.partition.budget import measurement_limit, parse_memory_budget, plan_under_peak
+from jaxaot._src.partition.core import Partition, split_joint
+from jaxaot._src.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
+from jaxaot._src.partition.mincut import scan_remat
+from jaxaot._src.partition.mincut.save_families import FAMILIES, restricted
+from jaxaot._src.partition.mincut.plan_memo import PlanMemo, memoized
+from jaxaot._src.partition.mincut.saved_values import build_flow_graph, choose_saved_nodes, offloaded_saved_nodes
+from jaxaot._src.partition.offload import (
+    OffloadPlan, Timeline, apply_offload, check_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
+from jaxaot._src.tracing import JointGraph
+
+
+def min_cut_rematerialization_partition(
+    joint: JointGraph | None = None, *, memory_budget: float | int | str = 1.0, rematerialize_scans: bool = True,
+    offload: bool | str = False, device_model: DeviceModel | None = None, op_costs: str | OpCosts = "auto",
+) -> Partition | Callable[[JointGraph], Partition]:
+    """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
+
+    Args:
+      joint: the joint graph (``aot_function`` passes it). Without it, the options are
+        checked now and the configured partitioner is returned, to pass as ``partition_fn``.
+      memory_budget: a fraction in ``[0, 1]``, or bytes, read by
+        :func:`~jaxaot._src.partition.budget.parse_memory_budget`. A fraction: 1 bans recomputing
+        expensive eqns (matmuls, convolutions, large reductions, loops), 0 recomputes all it can
+        and saves only inputs (or smaller values derived from them); in between, a knapsack
+        (:mod:`jaxaot._src.partition.mincut.knapsack`) picks which expensive values to recompute,
+        cheapest seconds per saved byte first (``op_costs``). Bytes (an int, a whole float such
+        as ``1.4e9``, or a string such as ``"1.4GB"`` or ``"512MiB"``): the training step's
+        compiled peak device memory per device; the plan is the one at the largest fraction
+        whose compiled peak fits (:mod:`jaxaot._src.partition.budget.search`), and
+        :class:`~jaxaot.errors.MemoryBudgetError` says when none does.
+      rematerialize_scans: choose the per-iteration residuals of each top-level
+        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot._src.partition.mincut.scan_remat`).
+      offload: False, True or ``"auto"``: also move saved values to host memory
+        where the copies overlap compute (:mod:`jaxaot._src.partition.offload.host_offload`); the
+        budget then counts device bytes and is met offloading before recomputing.
+        Without host memory (the CPU backend) nothing moves and ``offload_note`` says why.
+      device_model: the :class:`~jaxaot._src.partition.costs.device_model.DeviceModel` to plan
+        with (default: measured on the default device, once per process).
+      op_costs: what recomputing an eqn costs, for the knapsack and the offload
+        timeline: ``"auto"`` (default: measured on GPUs and TPUs, FLOP estimates
+        on CPUs or at a given ``device_model``'s rates), ``"measured"`` (each distinct expensive eqn timed once per
+        device kind and cached, :mod:`jaxaot._src.partition.costs.measured_costs`),
+        ``"flops"``, or an :class:`~jaxaot._src.partition.costs.op_costs.OpCosts`. At
+        ``memory_budget=1`` without offload nothing is priced (nothing is traded).
+        ``Partition.cost_note`` says which were used. Timing ops holds at most as many
+        device bytes as the step's largest expensive eqn, or the byte budget
+        (:mod:`jaxaot._src.partition.budget.limits`).
+
+    Raises:
+      InvalidValueError: a budget that means neither a fraction nor bytes: negative, NaN or
+        infinite, a float above 1 with a fractional part (``1.5``: ``"1.5GB"``?), zero bytes, an
+        unreadable string.
+      InvalidInputError: a budget that is neither a number nor a string; ``rematerialize_scans`` not a bool.
+      PartitionError: an unknown ``offload``, a ``device_model`` that is not a DeviceModel, an unknown ``op_costs``.
+      MemoryBudgetError: no plan's compiled peak fits a byte budget.
+
+    Example:
+        >>> import functools, jax.numpy as jnp, jaxaot
+        >>> f = lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2)
+        >>> joint = jaxaot.partition.trace_joint(f, jnp.ones(1000))
+        >>> [r.source for r in jaxaot.partition.min_cut_rematerialization_partition(joint).residuals]
+        ['input']
+        >>> len(jaxaot.partition.default_partition(joint).residuals)
+        3
+        >>> pf = jaxaot.partition.min_cut_rematerialization_partition(memory_budget="64KiB")  # checked now
+        >>> pf(joint).step_peak.peak <= 64 * 1024
+        True
+    """
+    budget = parse_memory_budget(memory_budget)
+    check_rematerialize_scans(rematerialize_scans)
+    check_offload(offload, device_model)
+    check_op_costs(op_costs)
+    if joint is None:
+        return functools.partial(min_cut_rematerialization_partition, memory_budget=memory_budget,
+                                 rematerialize_scans=rematerialize_scans, offload=offload,
+                                 device_model=device_model, op_costs=op_costs)
+    model = resolve_model(offload, device_model)
+    costs = resolve_costs(op_costs, model, model_given=device_model is not None)
+    memo = PlanMemo() if budget.in_bytes else None  # a byte budget plans several fractions
+
+    def plan_at(fraction: float, family: str | None = None) -> Partition:
+        return _at_fraction(joint, fraction, rematerialize_scans=rematerialize_scans, model=model, costs=costs,
+                            family=family, memo=memo)
+
+    with byte_limit(measurement_limit(joint, budget.nbytes)):
+        if budget.in_bytes:
+            families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
+            return plan_under_peak(joint, budget.nbytes, plan_at, families,
+                                   seconds=lambda part: sum(costs.seconds(e) for e in part.recomputed.eqns))
+        return plan_at(budget.fraction)
+
+
+def check_partitioner(partition_fn: Any) -> None:
+    """Check, before any joint graph exists, the options of a min-cut partitioner configured with
+    ``functools.partial`` (:func:`min_cut_rematerialization_partition` called without a joint graph
+    checks its own); other partitioners pass unchecked. For ``aot_function(partition_fn=...)``.
+
+    Example:
+        >>> import functools, jaxaot
+        >>> from jaxaot._src.partition import check_partitioner
+        >>> check_partitioner(functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget="1GB"))
+        >>> check_partitioner(functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
+        ...                                     memory_budget=-1))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        jaxaot.errors.InvalidValueError: memory_budget=-1 is negative: ...
+    """
+    if isinstance(partition_fn, functools.partial) and partition_fn.func is min_cut_rematerialization_partition:
+        options = partition_fn.keywords
+        parse_memory_budget(options.get("memory_budget", 1.0))
+        check_rematerialize_scans(options.get("rematerialize_scans", True))
+        check_offload(options.get("offload", False), options.get("device_model"))
+        check_op_costs(options.get("op_costs", "auto"))
+
+
+def check_rematerialize_scans(rematerialize_scans: Any) -> None:
+    """Refuse a ``rematerialize_scans`` that is not a bool (``"yes"`` would read as True)."""
+    if not isinstance(rematerialize_scans, (bool, np.bool_)):
+        raise InvalidInputError(
+            f"rematerialize_scans must be True or False, got {type(rematerialize_scans).__name__} "
+            f"{rematerialize_scans!r}: True (default) plans each top-level lax.scan body with the same min-cut, "
+            f"False keeps the per-iteration residuals the scan's own rule saves.")
+
+
+def check_op_costs(op_costs: Any) -> None:
+    """Refuse an ``op_costs`` that :func:`~jaxaot._src.partition.costs.resolve_costs` would refuse, before any work."""
+    if isinstance(op_costs, str) and op_costs in ("auto", "measured", "flops"):
+        return
+    if isinstance(op_costs, str) or not (hasattr(op_costs, "seconds") and hasattr(op_costs, "note")):
+        raise PartitionError(f"op_costs must be 'auto', 'measured', 'flops' or an OpCosts (an object with "
+                             f"seconds(eqn) and note), got {op_costs!r}.")
+
+
+def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans: bool, model: DeviceModel | None,
+                 costs: OpCosts, family: str | None = None, memo: PlanMemo | None = None) -> Partition:
+    """The min-cut at the fraction ``memory_budget`` (see :func:`min_cut_rematerialization_partition`), its
+    saved values restricted to ``family``'s (:mod:`jaxaot._src.partition.mincut.save_families`) if given.
+    ``memo`` keeps what plans of ``joint`` at other fractions share (:mod:`~jaxaot._src.partition.mincut.plan_memo`)."""
+
+    def saved_values(g: JointGraph, saveable: Callable[[Any], bool] | None = None) -> list:
+        graph = memoized(memo, "flow_graph", g, family,
+                         lambda: build_flow_graph(g, restricted(saveable, g, family), costs))
+        return [graph.values[i] for i in choose_saved_nodes(graph, memory_budget)]
+
+    part = split_joint(joint, saved_values(joint))
+    source, plan = joint, None
+    if rematerialize_scans:
+        in_body: Callable = saved_values
+        if model is not None and not model.scan_offload_note:
+            in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model, costs=costs)
+        _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body, memo=memo, retrace=False)
+        rejoint = None
+        if plan:
+            rejoint = memoized(memo, "replayed", joint, json.dumps(plan, sort_keys=True),
+                               lambda: scan_remat.replay_joint(joint, plan))
+        if rejoint is not None and (rejoint.differentiable, rejoint.needs_cotangent) == (
+                joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
+            repart = split_joint(rejoint, saved_values(rejoint))
+            # Scan bodies may only save values they can name (not JAX's linearization
+            # temporaries), which is almost never worse; keep whichever saves less.
+            if repart.device_saved_bytes <= part.device_saved_bytes:
+                part, source = repart, rejoint
+        if source is joint:
+            plan = None
+    if model is not None:
+        part = _offload(source, part, memory_budget, model, costs)
+    if memory_budget < 1 or model is not None:
+        part = dataclasses.replace(part, cost_note=costs.note)
+    return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
+
+
+def _offloading_cut(joint: JointGraph, memory_budget: float, model: DeviceModel, planner: Callable,
+                    saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None,
+                    ) -> tuple[list, OffloadPlan]:
+    """The saved vars of ``joint`` meeting the budget offloading before recomputing, and the offload plan.
+
+    ``planner(timeline, saved vars, model, sizes) -> OffloadPlan`` decides what may go
+    (:func:`~jaxaot._src.partition.offload.plan_offload` between the programs,
+    :func:`~jaxaot._src.partition.offload.plan_body_offload` per scan iteration).
+    """
+    costs = model.flop_costs if costs is None else costs
+    graph = build_flow_graph(joint, saveable, costs)
+    timeline = Timeline.of(joint, model, costs)
+    sizes = dict(zip(graph.values, graph.nbytes.tolist()))
+    saved, chosen = offloaded_saved_nodes(
+        graph, memory_budget, lambda nodes: planner(timeline, [graph.values[i] for i in nodes], model, sizes))
+    return [graph.values[i] for i in saved], chosen
+
+
+def _offload(source: JointGraph, part: Partition, memory_budget: float, model: DeviceModel,
+             costs: OpCosts | None = None) -> Partition:
+    """``source``'s partition meeting the budget, offloading what overlaps compute (:func:`offloaded_saved_nodes`)."""
+    if model.offload_note:
+        return dataclasses.replace(part, offload_note=model.offload_note)
+    saved, chosen = _offloading_cut(source, memory_budget, model, plan_offload, costs=costs)
+    split = split_joint(source, saved)
+    position = {v: j for j, v in enumerate(saved_vars(split))}
+    note = "" if any(r.offloaded for r in split.residuals) else chosen.note  # scan bodies offloaded some
+    return apply_offload(split, [position[v] for v in chosen.offloaded if v in position], note)
+
+
+def choose_body(joint: JointGraph, *, memory_budget: float, model: DeviceModel,
+                saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None) -> scan_remat.BodyChoice:
+    """A scan body's saved values and those it offloads per iteration (:mod:`jaxaot._src.partition.offload.scan_offload`).
+
+    The budget's device bytes are met offloading before recomputing, as at the top level.
+    """
+    saved, chosen = _offloading_cut(joint, memory_budget, model, plan_body_offload, saveable, costs)
+    return scan_remat.BodyChoice(tuple(saved), chosen.offloaded)

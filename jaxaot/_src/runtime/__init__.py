@@ -1,0 +1,37 @@
+"""Stage 4, runtime: ``aot_function`` and the per-signature programs it runs.
+
+Modules, each one concept, bottom up (the face imports them in this order):
+``shardings`` (what a sharded signature's programs are compiled for),
+``vjp`` (the ``custom_vjp`` wiring shared with loaded artifacts: :class:`SplitPrograms`,
+:func:`custom_vjp_of`), ``signature`` (what selects a program, why a call
+recompiled), ``arguments`` (static values apart, the rest flattened),
+``options``, ``placement`` (where one training program's values live),
+``training`` (:class:`TrainingPrograms`, one differentiated mask's joint graph,
+partition and executables), ``programs`` (:class:`SignaturePrograms`, the stage
+driver), ``residuals``, ``residual_table``, ``checks`` (what ``backward``
+checks), ``lowered`` (``AOTLowered``) and ``function`` (``AOTFunction``,
+``aot_function``).
+
+:class:`SignaturePrograms` and :class:`TrainingPrograms` are the interface
+the stages above use (export, pipelines, the fused step of
+:mod:`jaxaot._src.fusion`): :mod:`jaxaot._src.runtime.programs` lists what they may
+call and read.
+"""
+
+from jaxaot._src.runtime.shardings import is_abstract, is_multi_device, output_shardings, replicated
+from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
+from jaxaot._src.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind, leaf_key
+from jaxaot._src.runtime.reasons import ArgNames, inputs_change, log_compile
+from jaxaot._src.runtime.training import TrainingPrograms
+from jaxaot._src.runtime.programs import SignaturePrograms
+from jaxaot._src.runtime.residuals import Residuals
+from jaxaot._src.runtime.residual_table import ResidualRow, ResidualTable
+from jaxaot._src.runtime.lowered import AOTCompiled, AOTLowered
+from jaxaot._src.runtime.function import AOTFunction, aot_function
+
+__all__ = [
+    "AOTCompiled", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "FusedChoice", "ResidualRow",
+    "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
+    "custom_vjp_of", "is_abstract", "is_multi_device", "leaf_key", "output_shardings", "replicated", "scatter",
+    "select_cotangents", "shape_and_dtype_name",
+]

@@ -1,0 +1,364 @@
+"""``aot_function`` and ``AOTFunction``: trace -> partition -> compile, per input signature.
+
+Per input signature an :class:`AOTFunction` keeps one
+:class:`~jaxaot._src.runtime.SignaturePrograms`: the traced programs and up
+to three executables, each built the first time it is needed:
+
+* *inference*: the primal program, for calls that differentiate nothing;
+* *forward*: outputs plus the saved values (residuals);
+* *backward*: gradients from cotangents and residuals.
+
+Eager ``jax.grad`` reaches the forward and backward executables through a
+``jax.custom_vjp`` whose rules receive concrete arrays. Under any other trace
+(``jit``, ``vmap``, ``jvp``, higher-order ``grad``) the same partitioned
+programs are evaluated in that trace, so everything composes.
+
+Front-ends (the eager gradients, export, Flax modules) use two methods:
+:meth:`AOTFunction.lookup` (the programs of a call's signature, its leaves and
+its :class:`~jaxaot._src.runtime.signature.TraceKind`) and :meth:`AOTFunction.lowered`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import flatten_checked
+from jaxaot._src.compile import Compiler, compilers
+from jaxaot.errors import InvalidInputError
+from jaxaot._src.loops import reraise_overflow
+from jaxaot._src.partition import Partitioner, default_partition
+from jaxaot._src.runtime import arguments, checks, reasons
+from jaxaot._src.runtime.lowered import AOTLowered
+from jaxaot._src.runtime.options import Options, check_options
+from jaxaot._src.runtime.programs import SignaturePrograms
+from jaxaot._src.runtime.training import TrainingPrograms
+from jaxaot._src.runtime.residuals import Residuals
+from jaxaot._src.runtime.shardings import check_same_devices, context_mesh
+from jaxaot._src.runtime.signature import (
+    CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_signature, leaf_avals, lookup_keys,
+)
+
+_ArrayImpl = C.ArrayImpl
+
+
+class Lookup(NamedTuple):
+    """What :meth:`AOTFunction.lookup` finds for a call."""
+
+    programs: SignaturePrograms
+    leaves: list
+    kind: TraceKind
+
+
+class _HotPath(NamedTuple):
+    """The last eager forward's signature, checked in one pass by the next call."""
+
+    treedef: Any
+    avals: tuple
+    training: TrainingPrograms
+
+
+def _overflow_as_loop_error(method: Callable) -> Callable:
+    """``method`` raising :class:`~jaxaot.errors.LoopOverflowError` when a ``max_steps``
+    loop it ran overflowed (:func:`jaxaot._src.loops.reraise_overflow`)."""
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with reraise_overflow():
+            return method(*args, **kwargs)
+
+    return run
+
+
+class AOTFunction:
+    """A function compiled ahead of time into separate forward and backward executables.
+
+    Build one with :func:`aot_function`. Calling it behaves like calling the
+    original function, under every JAX transformation.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda x: jnp.sum(x ** 3))
+        >>> jax.grad(f)(jnp.arange(3.0)).tolist()
+        [0.0, 3.0, 12.0]
+    """
+
+    def __init__(self, fn: Callable[..., Any], fw_compiler: Compiler | None, bw_compiler: Compiler | None,
+                 partition_fn: Partitioner, inference_compiler: Compiler | None,
+                 decompositions: Mapping[Any, Callable] | None, static_argnums: Sequence[int],
+                 donate_argnums: Sequence[int], out_shardings: Any = None, residual_sharding: str = "producer"):
+        self.fn = fn
+        self.fw_compiler = fw_compiler or compilers.xla
+        self.bw_compiler = bw_compiler or self.fw_compiler
+        self.inference_compiler = inference_compiler or self.fw_compiler
+        self.partition_fn = partition_fn
+        self.decompositions = dict(decompositions) if decompositions else None
+        self.static_argnums = tuple(sorted(static_argnums))
+        self.donate_argnums = tuple(sorted(donate_argnums))
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", "aot_function")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.options = Options(self.__name__, self.fw_compiler, self.bw_compiler, self.inference_compiler,
+                               partition_fn, self.decompositions, out_shardings, residual_sharding)
+        self._cache: dict[Signature, SignaturePrograms] = {}
+        self._infos: list[CacheEntryInfo] = []
+        self._hits = 0
+        self._names: reasons.ArgNames | None = None  # the positional arguments' names, read on the first miss
+        self._hot: _HotPath | None = None
+        self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
+
+    # -- the interface of front-ends
+    def lookup(self, args: tuple, kwargs: dict) -> Lookup:
+        """The programs of this call's signature (traced on a miss), its flat leaves and its trace kind.
+
+        One pass over the leaves: this is the hot path of every call.
+        """
+        static, leaves, treedef = arguments.split_static(self.__name__, self.static_argnums, args, kwargs)
+        keys, kind = lookup_keys(leaves, lambda: flatten_checked((args, kwargs), "input", InvalidInputError))
+        sig = Signature(treedef, keys, static, context_mesh())
+        programs = self._cache.get(sig)
+        if programs is None:
+            with self._lock:  # double-checked: another thread may have traced it meanwhile
+                programs = self._cache.get(sig)
+                if programs is None:
+                    return Lookup(self._new_programs(sig, leaves), leaves, kind)
+        self._hits += 1
+        return Lookup(programs, leaves, kind)
+
+    def lowered(self, training: TrainingPrograms) -> AOTLowered:
+        """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled."""
+        return AOTLowered(training)
+
+    def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
+        flat_fn = arguments.flat_function(self.fn, self.static_argnums, sig.static, sig.treedef)
+        donated = arguments.donated_leaves(sig.treedef, len(sig.static), self.static_argnums, self.donate_argnums)
+        avals = leaf_avals(leaves)
+        check_same_devices(sig.treedef, leaves, avals)
+        names = self._arg_names()
+        reason = reasons.describe_change(reasons.nearest(list(self._cache), sig, self._paths), sig, self._paths, names)
+        programs = SignaturePrograms(self.options, sig, flat_fn, avals, donated)
+        self._cache[sig] = programs
+        text = describe_signature(sig, self._paths(sig), [names(s.index) for s in sig.static])
+        self._infos.append(CacheEntryInfo(text, reason, ()))
+        reasons.log_compile(self.__name__, text, reason)
+        return programs
+
+    def _arg_names(self) -> reasons.ArgNames:
+        if self._names is None:
+            self._names = reasons.ArgNames.of(self.fn)
+        return self._names
+
+    def _paths(self, sig: Signature) -> list[str]:
+        """The leaves of ``sig`` by parameter name and pytree path (``params['w']``)."""
+        return reasons.signature_paths(sig.treedef, len(sig.static), self.static_argnums, self._arg_names())
+
+    # -- calling
+    @_overflow_as_loop_error
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        programs, leaves, kind = self.lookup(args, kwargs)
+        if kind is TraceKind.ABSTRACT:
+            raise _abstract_call_error(self.__name__)
+        if kind is TraceKind.CONCRETE:
+            outs = programs.infer(leaves)
+        elif kind is TraceKind.FORWARD_MODE:
+            # jax.custom_vjp refuses forward mode: inline the primal program instead.
+            outs = C.eval_closed(programs.primal, *leaves)
+        else:
+            # Concrete leaves are not being differentiated: leave them out of the joint.
+            mask = tuple(C.is_tracer(x) for x in leaves)
+            outs = programs.training(mask).custom_vjp(*leaves)
+        return jax.tree_util.tree_unflatten(programs.out_tree, outs)
+
+    @_overflow_as_loop_error
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, Residuals]:
+        """Run the compiled forward: ``(outputs, residuals)``.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+            >>> y, res = f.forward(jnp.ones(3))
+            >>> (dx,) = f.backward(res, jnp.float32(1.0))
+        """
+        hot = self._hot
+        if hot is not None:
+            # A training loop calls with one signature: compare it with the last
+            # one's in a single pass and run the executable directly. The
+            # executable itself refuses other devices (ValueError).
+            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+            tr = hot.training
+            same_mesh = tr.programs.signature.mesh is context_mesh()
+            if treedef == hot.treedef and tr.eager_forward is not None and same_mesh and all(
+                    type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)):
+                try:
+                    outs, residuals = tr.eager_forward(leaves)
+                except ValueError:
+                    pass  # a sharding the last signature did not have: look it up
+                else:
+                    self._hits += 1
+                    return (jax.tree_util.tree_unflatten(tr.programs.out_tree, outs),
+                            Residuals(residuals, tr, checked=True))
+        programs, leaves, kind = self.lookup(args, kwargs)
+        if kind is TraceKind.ABSTRACT:
+            raise _abstract_call_error(self.__name__)
+        concrete = kind is TraceKind.CONCRETE
+        tr = programs.training()
+        outs, residuals = tr.forward(leaves, concrete=concrete)
+        if (concrete and tr.eager_forward is not None and not self.static_argnums
+                and all(type(x) is _ArrayImpl for x in leaves)):
+            self._hot = _HotPath(programs.signature.treedef, tuple(x.aval for x in leaves), tr)
+        return jax.tree_util.tree_unflatten(programs.out_tree, outs), Residuals(residuals, tr, checked=concrete)
+
+    @_overflow_as_loop_error
+    def backward(self, residuals: Residuals, cotangents: Any) -> Any:
+        """Run the compiled backward on residuals from :meth:`forward`.
+
+        ``cotangents`` has the structure of the outputs (leaves of integer
+        outputs are ignored and may be ``None``). Returns gradients shaped like
+        the positional arguments (a tuple), or ``(args, kwargs)`` gradients when
+        the call had keyword arguments; non-differentiable leaves get ``float0``
+        zeros, as in ``jax.vjp``.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda w, x: jnp.sum(w * x))
+            >>> out, res = f.forward(jnp.ones(2), jnp.arange(2.0))
+            >>> dw, dx = f.backward(res, jnp.float32(1.0))
+            >>> dw.tolist()
+            [0.0, 1.0]
+        """
+        tr = checks.check_residuals_origin(self.__name__, self.options, residuals)
+        if not residuals.checked:
+            checks.check_residual_arrays(tr, residuals.arrays)
+        cts = checks.user_cotangents(tr, cotangents)
+        grads = tr.backward(residuals.arrays, cts, concrete_residuals=residuals.checked)
+        dyn, kwargs = tr.input_grads_tree(grads)
+        return (dyn, kwargs) if kwargs else dyn
+
+    # -- introspection
+    def lower(self, *args: Any, **kwargs: Any) -> AOTLowered:
+        """Trace and partition for this signature (nothing compiles): the first of JAX's stages.
+
+        ``.compile()`` on the result compiles the three programs. Inputs may be
+        ``jax.ShapeDtypeStruct`` as well as arrays.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+            >>> low = f.lower(jnp.ones(3))
+            >>> low.saved_bytes
+            12
+        """
+        programs = self.lookup(args, kwargs).programs
+        return self.lowered(programs.training())
+
+    def cache_info(self) -> CacheInfo:
+        """Compiled signatures: per signature the executables kept, every compilation (fused-step variants
+        included), the seconds spent tracing, partitioning and in XLA, and why it was (re)compiled.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda params, x: jnp.sum(x @ params["w"]))
+            >>> _ = f({"w": jnp.ones((3, 2))}, jnp.ones((4, 3))); _ = f({"w": jnp.ones((5, 2))}, jnp.ones((4, 5)))
+            >>> f.cache_info().entries[1].reason
+            "params['w']: shape (3, 2) → (5, 2); x: shape (4, 3) → (4, 5)"
+        """
+        with self._lock:
+            entries = tuple(
+                dataclasses.replace(info, executables=tuple(p.executables), fused=tuple(p.fused_choices.values()),
+                                    compiles=tuple(p.compiled), times=dict(p.times))
+                for info, p in zip(self._infos, list(self._cache.values()))
+            )
+            return CacheInfo(hits=self._hits, misses=len(self._cache), entries=entries)
+
+    def __repr__(self) -> str:
+        return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"
+
+
+def _abstract_call_error(name: str) -> Exception:
+    return InvalidInputError(
+        f"{name} was called with jax.ShapeDtypeStruct inputs: those describe arrays without values. "
+        "Use .lower(...) to compile from shapes alone, or pass arrays to run it."
+    )
+
+
+def aot_function(
+    fn: Callable[..., Any],
+    fw_compiler: Compiler | None = None,
+    bw_compiler: Compiler | None = None,
+    partition_fn: Partitioner | None = default_partition,
+    *,
+    inference_compiler: Compiler | None = None,
+    decompositions: Mapping[Any, Callable] | None = None,
+    static_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] = (),
+    out_shardings: Any = None,
+    residual_sharding: str = "producer",
+) -> AOTFunction:
+    """Compile ``fn`` ahead of time into separate forward and backward executables.
+
+    Args:
+      fn: a function of pytrees of arrays returning a pytree of arrays.
+      fw_compiler: compiles the forward program; default :func:`jaxaot.compilers.xla`.
+      bw_compiler: compiles the backward program; default ``fw_compiler``.
+      partition_fn: chooses what the forward saves; default (or None) :func:`default_partition`.
+        Its result must be a :class:`~jaxaot.partition.Partition` (a :class:`~jaxaot.errors.PartitionError`
+        naming it otherwise, at the first call that partitions).
+      inference_compiler: compiles the inference program; default ``fw_compiler``.
+      decompositions: ``{primitive: python_fn}`` applied while tracing, so the
+        partitioner sees the decomposed operations; they reach into loop and
+        cond bodies, not into ``custom_jvp``/``custom_vjp`` functions (whose
+        derivative rules are written for the original operations).
+      static_argnums: positional arguments that are compile-time constants.
+      donate_argnums: positional arguments whose buffers the executables may reuse.
+      out_shardings: a ``jax.sharding.Sharding``, or a pytree prefix of the
+        outputs with one (or None) per output, pinning where the outputs live,
+        as ``jax.jit``'s ``out_shardings``; default: wherever XLA's SPMD
+        partitioner puts them.
+      residual_sharding: where a sharded forward keeps its residuals:
+        ``"producer"`` (default) leaves each as the forward produced it;
+        ``"replicated"`` keeps a full copy on every device of the mesh.
+
+    Sharded inputs (committed ``jax.Array``s on several devices, or any input
+    under a ``jax.set_mesh`` context) compile every program for their shardings:
+    see :mod:`jaxaot._src.runtime.shardings`.
+
+    Raises:
+      InvalidInputError: ``fn`` or a compiler or partitioner is not callable, ``decompositions`` is not a
+        dict of primitives to functions, ``static_argnums``/``donate_argnums`` are not (non-negative)
+        ints or overlap, ``out_shardings`` holds something other than Shardings, ``residual_sharding``
+        is not a string.
+      InvalidValueError: ``residual_sharding`` is not a policy.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
+        >>> w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
+        >>> loss, dw = jax.value_and_grad(f)(w, x)
+        >>> dw.shape
+        (3, 2)
+    """
+    if not callable(fn):
+        raise InvalidInputError(f"aot_function expects a callable fn, got {type(fn).__name__}: {fn!r}.")
+    check_options(fw_compiler=fw_compiler, bw_compiler=bw_compiler, inference_compiler=inference_compiler,
+                  partition_fn=partition_fn, decompositions=decompositions, out_shardings=out_shardings,
+                  residual_sharding=residual_sharding)
+    static = _argnums("static_argnums", static_argnums)
+    donate = _argnums("donate_argnums", donate_argnums)
+    if set(static) & set(donate):
+        raise InvalidInputError(f"arguments {sorted(set(static) & set(donate))} cannot be both static and donated.")
+    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn or default_partition, inference_compiler,
+                       decompositions, static, donate, out_shardings, residual_sharding)
+
+
+def _argnums(name: str, value: Any) -> tuple[int, ...]:
+    """``static_argnums`` / ``donate_argnums`` checked: an int or a sequence of ints, none negative, no bools."""
+    items = (value,) if isinstance(value, int) or not isinstance(value, (tuple, list, range)) else tuple(value)
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in items):
+        raise InvalidInputError(f"{name} must be non-negative ints (argument positions): an int or a sequence of "
+                                f"ints, got {value!r}.")
+    return arguments.normalize_argnums(name, items)

@@ -1,0 +1,280 @@
+"""The stages of one signature, shaped like JAX's: ``lower()`` then ``compile()``.
+
+``aot_fn.lower(*args)`` traces, builds the joint graph, partitions and returns
+an :class:`AOTLowered`: the programs as jaxprs, every saved value in a
+:class:`~jaxaot._src.runtime.residual_table.ResidualTable`, the recomputed eqns, the
+time each stage took, and each program's StableHLO (:meth:`AOTLowered.as_text`).
+Nothing is compiled until :meth:`AOTLowered.compile`, which returns an
+:class:`AOTCompiled` holding the executables the function itself then runs,
+with the backend's memory and cost analyses as plain dicts, and the compiled
+peak of the training step ``jaxaot.value_and_grad`` runs
+(:attr:`AOTCompiled.peak_bytes`). Under a byte ``memory_budget`` the planner
+measured that peak already, and ``str(lowered)`` prints it beside the residual
+bytes (:attr:`AOTLowered.predicted_peak`).
+
+Example:
+    >>> import jax.numpy as jnp, jaxaot
+    >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
+    >>> sorted(low.compile_times)  # nothing compiled yet
+    ['joint', 'partition', 'trace']
+    >>> compiled = low.compile()
+    >>> sorted(compiled.memory_analysis()["forward"])[:2]
+    ['alias_size_in_bytes', 'argument_size_in_bytes']
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+import jax
+
+from jaxaot._src import display as _display
+from jaxaot._src.compile import as_function
+from jaxaot._src.fusion import compiled_peak, fused_choice, fused_exe
+from jaxaot._src.partition import Partition, Residual, StepPeak
+from jaxaot._src.runtime.training import TrainingPrograms
+from jaxaot._src.runtime.residual_table import ResidualTable
+from jaxaot._src.tracing import JointGraph
+
+PROGRAMS = ("inference", "forward", "backward")
+
+
+def _stage_times(training: TrainingPrograms) -> dict[str, float]:
+    """This training's stage times under plain names (``joint``, ``compile_forward``, ...).
+
+    The runtime keys the programs of a partial differentiation mask ``forward[0,2]``
+    (the differentiated input leaves); one split's report drops that suffix.
+    """
+    suffix = training.name_suffix
+    out = {}
+    for key, seconds in training.programs.times.items():
+        if key == "trace" or key == "compile_inference":
+            out[key] = seconds
+        elif suffix and key.endswith(suffix):
+            out[key[: -len(suffix)]] = seconds
+        elif not suffix and "[" not in key:
+            out[key] = seconds
+    return out
+
+
+class AOTLowered:
+    """Everything jaxaot built for one input signature, before compiling (from ``aot_fn.lower``).
+
+    Attributes:
+      joint: the :class:`~jaxaot.partition.JointGraph`.
+      partition: the :class:`~jaxaot.partition.Partition`.
+      inference / forward / backward: closed jaxprs of the three programs.
+      residuals: the saved values as a :class:`ResidualTable` (inputs labelled by
+        pytree path; ``added_bytes`` apart from the inputs' bytes; each ``saved``
+        or ``offloaded`` to host memory, and ``offload_note`` why none was).
+      saved: the :class:`~jaxaot.partition.Residual` of each saved value; ``saved_bytes`` their bytes.
+      recomputed: forward eqns the backward recomputes.
+      compile_times: seconds spent in each stage so far (``trace``, ``joint``, ``partition``).
+    """
+
+    def __init__(self, training: TrainingPrograms):
+        self._training = training
+        self.joint: JointGraph = training.joint
+        self.partition: Partition = training.partition
+        self.inference = training.programs.inference_program
+        self.compile_times: Mapping[str, float] = _stage_times(training)
+
+    @property
+    def forward(self) -> Any:
+        return self.partition.forward
+
+    @property
+    def backward(self) -> Any:
+        return self.partition.backward
+
+    @property
+    def saved(self) -> tuple[Residual, ...]:
+        return self.partition.residuals
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.partition.saved_bytes
+
+    @property
+    def device_saved_bytes(self) -> int:
+        """Saved bytes that stay in device memory: ``saved_bytes`` less those offloaded to host memory."""
+        return self.partition.device_saved_bytes
+
+    @property
+    def recomputed(self) -> tuple[str, ...]:
+        return tuple(self.partition.recomputed)
+
+    @functools.cached_property
+    def residuals(self) -> ResidualTable:
+        return ResidualTable.of(self.partition, self.joint, self._training.placement.known_residuals())
+
+    def residual_table(self) -> str:
+        """The residual table as text (``str(self.residuals)``)."""
+        return str(self.residuals)
+
+    def as_text(self) -> dict[str, str]:
+        """Each program's StableHLO, as ``jax.jit(...).lower(...).as_text()`` prints it.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> text = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3)).as_text()
+            >>> sorted(text), "stablehlo.sine" in text["forward"]
+            (['backward', 'forward', 'inference'], True)
+        """
+        tr = self._training
+        avals = {"inference": tr.programs.in_avals, "forward": tr.programs.in_avals,
+                 "backward": tr.backward_avals()}
+        programs = {"inference": self.inference, "forward": tr.forward_program, "backward": tr.backward_program}
+        return {name: jax.jit(as_function(programs[name]), keep_unused=True).lower(*avals[name]).as_text()
+                for name in PROGRAMS}
+
+    def compile(self) -> "AOTCompiled":
+        """Compile the three programs (through the persistent cache); the function then runs these executables."""
+        tr = self._training
+        executables = {"inference": tr.programs.inference_exe, "forward": tr.forward_exe,
+                       "backward": tr.backward_exe}
+        return AOTCompiled(self, executables, _stage_times(tr))
+
+    # Conveniences of earlier versions, where lower() compiled: they compile now, on first use.
+    @functools.cached_property
+    def _compiled(self) -> "AOTCompiled":
+        return self.compile()
+
+    @property
+    def executables(self) -> Mapping[str, Any]:
+        """The compiled executables (compiles them): ``self.compile().executables``."""
+        return self._compiled.executables
+
+    def memory_analysis(self) -> dict[str, dict[str, int] | None]:
+        """``self.compile().memory_analysis()``."""
+        return self._compiled.memory_analysis()
+
+    def cost_analysis(self) -> dict[str, dict[str, float] | None]:
+        """``self.compile().cost_analysis()``."""
+        return self._compiled.cost_analysis()
+
+    @property
+    def predicted_peak(self) -> StepPeak | None:
+        """The compiled peaks the planner measured for this plan under a byte ``memory_budget``
+        (:class:`~jaxaot._src.partition.StepPeak`: fused and split, with the budget), else None."""
+        return self.partition.step_peak
+
+    def __str__(self) -> str:
+        times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
+        t = self.residuals
+        offloaded = f", {t.offloaded_bytes} offloaded to host" if t.offloaded_bytes else ""
+        peak = self.predicted_peak
+        predicted = "" if peak is None or peak.fused is None else (
+            f", predicted peak {peak.fused} bytes ({peak})")
+        parts = [
+            f"== forward: {len(t)} residuals, {t.added_bytes} bytes added, {t.input_bytes} bytes of inputs"
+            f"{offloaded}{predicted} ==",
+            str(self.forward),
+            "== backward ==",
+            str(self.backward),
+            "== residuals ==",
+            str(t),
+        ]
+        if self.recomputed:
+            parts += ["== recomputed in backward ==", *self.recomputed]
+        parts.append(f"== times: {times} ==")
+        return "\n".join(parts)
+
+    def __repr__(self) -> str:
+        return f"<AOTLowered: {len(self.saved)} residuals, {self.saved_bytes} bytes saved>"
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter's view: the split as a graph plus the residual table, drawn by the renderer
+        :mod:`jaxaot._src.viz` registers (:func:`jaxaot._src.viz.to_html`; see :mod:`jaxaot._src.display`)."""
+        return _display.render(_display.LOWERED, self)
+
+
+class AOTCompiled:
+    """The compiled split of one signature (from ``aot_fn.lower(...).compile()``).
+
+    Attributes:
+      lowered: the :class:`AOTLowered` it was compiled from.
+      executables: ``inference``, ``forward`` and ``backward`` executables.
+      compile_times: seconds per stage, compilations included.
+    """
+
+    def __init__(self, lowered: AOTLowered, executables: Mapping[str, Any], compile_times: Mapping[str, float]):
+        self.lowered = lowered
+        self.executables = dict(executables)
+        self.compile_times = dict(compile_times)
+
+    @functools.cached_property
+    def residuals(self) -> ResidualTable:
+        """The residual table; on a mesh, with each residual's sharding as the compiled forward gave it."""
+        tr = self.lowered._training
+        return ResidualTable.of(tr.partition, tr.joint, tr.placement.known_residuals())
+
+    def __str__(self) -> str:
+        return str(self.residuals)
+
+    def memory_analysis(self) -> dict[str, dict[str, int] | None]:
+        """Per executable, the backend's memory analysis as a dict of byte counts (None where unavailable)."""
+        return {k: _safe(lambda e=e: _stats_dict(e.memory_analysis())) for k, e in self.executables.items()}
+
+    def cost_analysis(self) -> dict[str, dict[str, float] | None]:
+        """Per executable, the backend's cost analysis as a dict (``flops``, ``bytes accessed``, ...)."""
+        return {k: _safe(lambda e=e: _cost_dict(e.cost_analysis())) for k, e in self.executables.items()}
+
+    @functools.cached_property
+    def peak_bytes(self) -> int | None:
+        """The compiled peak device memory, per device, of the step ``jaxaot.value_and_grad`` runs: the fused
+        step's (:func:`jaxaot._src.fusion.fused_exe`, compiled here if not yet) where the first output is a real
+        scalar loss and the fused step runs, else the larger of the forward's and the backward's. None
+        where the backend reports no memory analysis.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> f = jaxaot.aot_function(lambda w, x: jnp.sum(jnp.tanh(x @ w)))
+            >>> f.lower(jnp.ones((8, 8)), jnp.ones((4, 8))).compile().peak_bytes > 0
+            True
+        """
+        tr = self.lowered._training
+        if _fuses(tr) and fused_choice(tr).runs != "split":
+            return compiled_peak(fused_exe(tr))
+        peaks = [compiled_peak(self.executables[k]) for k in ("forward", "backward")]
+        return None if None in peaks else max(peaks)
+
+    def as_text(self) -> dict[str, str]:
+        """Each executable's optimized HLO, as ``jax.jit(...).lower(...).compile().as_text()`` prints it
+        (scheduled by XLA: where copies to host memory start and end, for one); the StableHLO is
+        ``self.lowered.as_text()``.
+        """
+        return {k: _safe(lambda e=e: e.as_text()) for k, e in self.executables.items()}
+
+    def __repr__(self) -> str:
+        return f"<AOTCompiled: {', '.join(self.executables)}>"
+
+
+def _fuses(training: TrainingPrograms) -> bool:
+    """Whether ``jaxaot.value_and_grad`` runs this training as one fused step: a real scalar first output,
+    and no loop whose stack the runtime sizes between the programs."""
+    joint = training.joint
+    loss = joint.out_avals[0] if joint.out_avals else None
+    return (loss is not None and tuple(loss.shape) == () and jax.numpy.issubdtype(loss.dtype, jax.numpy.floating)
+            and not joint.num_aux)
+
+
+def _stats_dict(stats: Any) -> dict[str, int] | None:
+    if stats is None:
+        return None
+    return {k: int(getattr(stats, k)) for k in dir(stats)
+            if k.endswith("_in_bytes") and isinstance(getattr(stats, k), int)}
+
+
+def _cost_dict(cost: Any) -> dict[str, float] | None:
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per device
+        cost = cost[0] if cost else None
+    return None if cost is None else {str(k): float(v) for k, v in dict(cost).items()}
+
+
+def _safe(f: Callable[[], Any]) -> Any:
+    try:
+        return f()
+    except Exception:  # backends without analyses raise various errors
+        return None

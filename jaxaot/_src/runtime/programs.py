@@ -1,0 +1,198 @@
+"""The stage driver: the programs and executables of one input signature, built the first time each is needed.
+
+:class:`SignaturePrograms` holds, for one :class:`~jaxaot._src.runtime.signature.Signature`,
+the traced primal program and the *inference* executable (the primal program
+for calls that differentiate nothing), and per differentiated mask a
+:class:`~jaxaot._src.runtime.TrainingPrograms` (the joint graph, its partition, the
+forward and backward executables). Each stage runs lazily, once, under
+:attr:`~SignaturePrograms.lock`, and records its time in
+:attr:`~SignaturePrograms.times`: tracing, the joint graph, partitioning
+(through the persistent cache) and each compilation (likewise).
+
+**The interface the other stages use.**
+:meth:`AOTFunction.lookup <jaxaot.AOTFunction.lookup>` returns a call's
+``SignaturePrograms`` (``lookup(args, kwargs).programs``), tracing on first
+use and compiling nothing. From there, ``jaxaot._src.artifacts`` (export),
+``jaxaot._src.parallel`` (pipeline stages) and ``jaxaot._src.fusion`` (the fused step,
+through its ``TrainingLike`` and ``ProgramsLike`` protocols) may:
+
+* call ``programs.training(mask)`` for the :class:`~jaxaot._src.runtime.TrainingPrograms`
+  of a mask (default: every inexact input), and
+  ``programs.compile(name, compiler, closed, avals, aliased)`` to compile a
+  program of their own beside the runtime's, cached under ``name`` in
+  ``programs.executables`` (a pipeline's B and W halves, the fused step);
+* read, never write, ``programs``' ``signature``, ``in_avals``, ``primal``,
+  ``out_tree``, ``output_is_input``, ``computed_outputs``, ``sharded``,
+  ``mesh``, ``executables``, ``compiled`` and ``times``, and use ``splice(leaves, computed)``
+  to put the outputs that are inputs back;
+* on a ``TrainingPrograms``: read ``programs``, ``options``, ``mask``,
+  ``name_suffix``, ``joint``, ``partition`` and ``placement``; call
+  ``forward(leaves, concrete)`` (outputs and residuals), ``backward(residuals,
+  cotangents)``, ``backward_avals()``, ``forward_exe`` / ``backward_exe`` (the
+  compiled executables), ``unit_cotangents(leaf)`` and
+  ``input_grads_tree(grads)``.
+
+Everything else (the underscored attributes, the loop-capacity rebuild) is the
+runtime's own. A rebuild (a ``jaxaot.loops.while_loop`` that outgrew its stack)
+replaces ``joint``, ``partition`` and ``placement`` and bumps ``generation``:
+read them again after a forward rather than keeping them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.compile import Compiler, cached_compile
+from jaxaot.errors import InvalidValueError, XlaCompileError
+from jaxaot._src.runtime import shardings as S
+from jaxaot._src.runtime.debug_nans import CheckedExecutable
+from jaxaot._src.runtime.options import Options, prune_outputs
+from jaxaot._src.runtime.signature import Signature
+from jaxaot._src.runtime.training import TrainingPrograms
+from jaxaot._src.tracing import trace_primal
+
+
+class SignaturePrograms:
+    """The primal program and inference executable of one signature, and its training programs.
+
+    Made by the :class:`~jaxaot.AOTFunction` on a signature's first call; see the module
+    docstring for what other stages may use.
+
+    Attributes:
+      signature: the :class:`~jaxaot._src.runtime.signature.Signature`.
+      in_avals: the input leaves' ``ShapeDtypeStruct`` (shardings kept).
+      primal: the flat primal program; ``out_tree`` its output structure.
+      output_is_input: per output, the input it returns unchanged (or None);
+        such outputs skip the executables.
+      sharded: whether an input spans several devices or a mesh context was
+        set; such programs are compiled for their shardings
+        (:mod:`~jaxaot._src.runtime.shardings`).
+      times / executables: seconds per stage and the executables, by name.
+      fused_choices: per fused step, which step runs and why (:class:`~jaxaot._src.fusion.FusedChoice`).
+      compiled: every name :meth:`compile` compiled, in order, variants of the fused step
+        weighed and dropped included (``cache_info()`` reports it; a name twice would be a
+        duplicate compile, which the lock rules out).
+      lock: guards the lazy builds of this signature and its training programs.
+    """
+
+    def __init__(self, options: Options, sig: Signature, flat_fn: Callable, avals: list, donated: Sequence[int]):
+        self.options = options
+        self.signature = sig
+        self.in_avals = avals
+        self.donated_leaves = tuple(donated)
+        self.times: dict[str, float] = {}
+        self.executables: dict[str, Any] = {}
+        self.fused_choices: dict[str, Any] = {}  # per fused step: FusedChoice (jaxaot._src.fusion.step_choice)
+        self.compiled: list[str] = []  # every name compiled, in order (variants weighed included)
+        t = time.perf_counter()
+        self.primal, self.out_tree = trace_primal(flat_fn, avals, options.decompositions)
+        self.times["trace"] = time.perf_counter() - t
+        primal = C.jaxpr_of(self.primal)
+        positions = {v: i for i, v in enumerate(primal.invars)}
+        self.output_is_input = [None if C.is_literal(v) else positions.get(v) for v in primal.outvars]
+        self.computed_outputs = [i for i, src in enumerate(self.output_is_input) if src is None]
+        self.no_aliases = len(self.computed_outputs) == len(primal.outvars)
+        self.inexact = tuple(C.is_inexact(a.dtype) for a in avals)
+        self.sharded = S.is_sharded(avals, sig.mesh)
+        self.mesh = S.mesh_of(avals) if self.sharded else None
+        self.out_shardings = self._flat_out_shardings(options.out_shardings)
+        self._training: dict[tuple[bool, ...], TrainingPrograms] = {}
+        # Guards the lazy builds of this signature (and of its TrainingPrograms); taken only
+        # on a miss, so each stage is built once however many threads ask.
+        self.lock = threading.RLock()
+
+    def _flat_out_shardings(self, out_shardings: Any) -> list:
+        """Per output leaf, the sharding ``out_shardings`` pins it to (None: XLA chooses)."""
+        n = self.out_tree.num_leaves
+        if out_shardings is None:
+            return [None] * n
+        is_sharding = lambda x: x is None or isinstance(x, jax.sharding.Sharding)  # noqa: E731
+        try:
+            full = jax.tree.broadcast(out_shardings, jax.tree_util.tree_unflatten(self.out_tree, [0] * n),
+                                      is_leaf=is_sharding)
+        except (ValueError, TypeError) as e:
+            raise InvalidValueError(
+                f"out_shardings of {self.options.name} must be a sharding or a pytree prefix of the outputs "
+                f"({self.out_tree}): {e}") from None
+        return jax.tree_util.tree_leaves(full, is_leaf=is_sharding)
+
+    def training(self, mask: Sequence[bool] | None = None) -> TrainingPrograms:
+        """The training programs when the inputs in ``mask`` are differentiated (default: every inexact one)."""
+        key = self.inexact if mask is None else tuple(m and d for m, d in zip(mask, self.inexact))
+        tr = self._training.get(key)
+        if tr is None:
+            with self.lock:
+                tr = self._training.get(key)
+                if tr is None:
+                    tr = self._training[key] = TrainingPrograms(self, key)
+        return tr
+
+    def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any], aliased: set = frozenset()):
+        """The executable ``name``, compiled (through the persistent cache) on first use."""
+        exe = self.executables.get(name)
+        if exe is None:
+            with self.lock:
+                exe = self.executables.get(name)
+                if exe is None:
+                    t = time.perf_counter()
+                    donate = [i for i in self.donated_leaves if i not in aliased]
+                    options = {"donate_argnums": tuple(donate)} if donate else {}
+                    try:
+                        raw = cached_compile(compiler, closed, list(avals), **options)
+                    except jax.errors.JaxRuntimeError as e:
+                        raise xla_compile_error(name, avals, e) from e
+                    exe = CheckedExecutable(raw, closed)
+                    self.times[f"compile_{name}"] = time.perf_counter() - t
+                    self.compiled.append(name)
+                    self.executables[name] = exe
+        return exe
+
+    @property
+    def inference_program(self) -> Any:
+        """The primal program less the outputs that are inputs (pinned to ``out_shardings``)."""
+        pruned = prune_outputs(self.primal, self.computed_outputs)
+        return S.constrain_outputs(pruned, [self.out_shardings[i] for i in self.computed_outputs])
+
+    @property
+    def inference_exe(self):
+        exe = self.executables.get("inference")
+        if exe is None:
+            aliased = {i for i in self.output_is_input if i is not None}
+            exe = self.compile("inference", self.options.inference_compiler, self.inference_program,
+                               self.in_avals, aliased)
+        return exe
+
+    def splice(self, leaves: Sequence[Any], computed: Sequence[Any]) -> list:
+        """Full outputs from the computed ones: outputs that are inputs skip the executable."""
+        if self.no_aliases:
+            return list(computed)
+        it = iter(computed)
+        return [next(it) if src is None else leaves[src] for src in self.output_is_input]
+
+    def infer(self, leaves: Sequence[Any]) -> list:
+        """Outputs for concrete leaves or tracers that differentiate nothing."""
+        exe = self.executables.get("inference")
+        if exe is not None:  # the hot path: concrete arrays, already compiled
+            return self.splice(leaves, exe(*leaves))
+        if any(C.is_tracer(x) for x in leaves):
+            return C.eval_closed(self.primal, *leaves)
+        return self.splice(leaves, self.inference_exe(*leaves))
+
+
+def xla_compile_error(name: str, avals: Sequence[Any], error: Exception) -> XlaCompileError:
+    """The typed error for XLA's refusal to compile the program ``name``: XLA's first line, where, and what to try."""
+    devices = {d for a in avals for d in getattr(getattr(a, "sharding", None), "device_set", ()) or ()}
+    platform = next(iter(devices)).platform if devices else jax.default_backend()
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return XlaCompileError(
+        f"XLA could not compile jaxaot's {name!r} program on {platform}: {first}\n"
+        "This is the XLA compiler failing, not an error in your function: jax.jit(jax.value_and_grad(fn)) of the "
+        "same computation usually fails the same way (docs/guarantees.md lists known cases). To work around it, "
+        "try other shapes, another jax_default_matmul_precision, the split programs (value_and_grad(f, "
+        "fused=False)) or another partition_fn, or compute this step on the CPU (jax.device_put the inputs "
+        "to jax.devices('cpu')[0]).")

@@ -1,0 +1,250 @@
+"""Why a call compiled, in plain words: the argument by pytree path, what changed, old → new.
+
+A recompile reason names what a user wrote, not what the compiler saw: the
+argument by the parameter name of the function and its pytree path
+(``params['w2']``), and the change in words: ``shape (4, 8) → (5, 8)``,
+``dtype float32 → bfloat16``, ``new argument y``, ``static argument `n`: 3 → 4``.
+The runtime (:meth:`AOTFunction.cache_info <jaxaot.AOTFunction.cache_info>`),
+compiled autograd and loaded artifacts describe their inputs through
+:func:`inputs_change`, so their reasons read alike; each reason is also logged
+at INFO level on the ``jaxaot`` logger (:func:`log_compile`).
+
+A new signature is described against the compiled one nearest to it
+(:func:`nearest`: fewest changed leaves, the latest on ties), so a call that
+alternates between two shapes is described by the leaf that differs, not by
+the whole history. Costs: one pass over both signatures' leaves, on a miss
+only. Nothing here raises: a reason is text about a call that is already
+being compiled (static values whose ``__eq__`` or ``__repr__`` raise count as
+changed and print as a stand-in, :class:`~jaxaot._src.runtime.arguments.StaticArg`).
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> old = [("x", jax.ShapeDtypeStruct((4, 8), jnp.float32))]
+    >>> inputs_change(old, [("x", jax.ShapeDtypeStruct((5, 8), jnp.bfloat16))])
+    'x: shape (4, 8) → (5, 8), dtype float32 → bfloat16'
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxaot._src.pytrees import dtype_name, format_aval, leaf_paths
+from jaxaot._src.runtime.arguments import StaticArg, safe_repr
+from jaxaot._src.runtime.signature import Signature, key_parts, sharding_text
+
+logger = logging.getLogger("jaxaot")
+
+FIRST_CALL = "first call"
+
+
+def log_compile(what: str, signature: str, reason: str) -> None:
+    """Log one compile of ``what`` (a function's name) and its reason at INFO on the ``jaxaot`` logger."""
+    logger.info("%s: compiling for %s: %s", what, signature or "no inputs", reason)
+
+
+# --------------------------------------------------------------------------- argument names
+class ArgNames:
+    """The names of a function's positional arguments: its parameter names, ``args[2]`` past them
+    for a ``*args`` parameter, ``arg[i]`` where the function cannot be inspected.
+
+    Example:
+        >>> names = ArgNames.of(lambda params, x, *rest: None)
+        >>> names(0), names(1), names(3)
+        ('params', 'x', 'rest[1]')
+    """
+
+    def __init__(self, names: Sequence[str] = (), var: str | None = None):
+        self.names, self.var = tuple(names), var
+
+    @classmethod
+    def of(cls, fn: Callable) -> "ArgNames":
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # builtins, some C callables
+            return cls()
+        names: list[str] = []
+        for p in params:
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                names.append(p.name)
+            elif p.kind is p.VAR_POSITIONAL:
+                return cls(names, p.name)
+        return cls(names)
+
+    def __call__(self, i: int) -> str:
+        if i < len(self.names):
+            return self.names[i]
+        if self.var is not None:
+            return f"{self.var}[{i - len(self.names)}]"
+        return f"arg[{i}]"
+
+
+def signature_paths(treedef: Any, num_static: int, static_argnums: Sequence[int], names: ArgNames) -> list[str]:
+    """Each leaf of a ``(dynamic args, kwargs)`` treedef as the user wrote it: ``params['w2']``, ``scale``.
+
+    Dynamic argument ``k`` is the positional argument at the ``k``-th position that is not static.
+    """
+    dummy = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+    n_dyn = len(dummy[0]) if isinstance(dummy, tuple) and dummy and isinstance(dummy[0], tuple) else 0
+    positions = [i for i in range(num_static + n_dyn) if i not in static_argnums]
+    out = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]:
+        head = getattr(path[0], "idx", None) if path else None
+        if head == 0 and len(path) > 1:
+            k = path[1].idx
+            out.append(names(positions[k] if k < len(positions) else k) + jax.tree_util.keystr(tuple(path[2:])))
+        elif head == 1 and len(path) > 1:
+            out.append(str(getattr(path[1], "key", path[1])) + jax.tree_util.keystr(tuple(path[2:])))
+        else:
+            out.append("input" + jax.tree_util.keystr(tuple(path)))
+    return out
+
+
+# --------------------------------------------------------------------------- leaf changes
+def aval_change(a: Any, b: Any) -> str:
+    """What differs between two avals (shape, dtype, weak type), in words; ``""`` when nothing does."""
+    parts = []
+    if tuple(a.shape) != tuple(b.shape):
+        parts.append(f"shape {tuple(a.shape)} → {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        parts.append(f"dtype {dtype_name(a.dtype)} → {dtype_name(b.dtype)}")
+    weak_a, weak_b = bool(getattr(a, "weak_type", False)), bool(getattr(b, "weak_type", False))
+    if weak_a != weak_b:
+        parts.append("a Python scalar (weakly typed) → an array" if weak_a else
+                     "an array → a Python scalar (weakly typed)")
+    return ", ".join(parts)
+
+
+def inputs_change(old: Sequence[tuple[str, Any]], new: Sequence[tuple[str, Any]],
+                  shardings: tuple[Sequence[Any], Sequence[Any]] | None = None) -> str:
+    """What changed between two calls' inputs, each ``[(path, aval), ...]``: changed leaves by path,
+    new arguments and leaves, leaves no longer passed; ``""`` when they agree.
+
+    ``shardings``: optionally, each call's leaf shardings (None: the default device), compared too.
+    """
+    old_at = {p: (a, None if shardings is None else shardings[0][i]) for i, (p, a) in enumerate(old)}
+    new_paths = {p for p, _ in new}
+    old_args = {_argument(p) for p in old_at}
+    out = []
+    for i, (path, b) in enumerate(new):
+        if path not in old_at:
+            arg = _argument(path)
+            out.append(f"new argument {arg}" if arg not in old_args else f"{path} is new ({format_aval(b)})")
+            old_args.add(arg)  # one line per new argument
+            continue
+        a, sa = old_at[path]
+        text = aval_change(a, b)
+        sb = None if shardings is None else shardings[1][i]
+        if not text and sa != sb:
+            text = f"sharding {sharding_text(sa)} → {sharding_text(sb)}"
+        if text:
+            out.append(f"{path}: {text}")
+    gone = [p for p in old_at if p not in new_paths]
+    out += [f"{p} is no longer passed" for p in gone]
+    return "; ".join(dict.fromkeys(out))
+
+
+def _argument(path: str) -> str:
+    """The top-level argument of a path: ``params`` of ``params['w2']``."""
+    cut = min((i for i in (path.find("["), path.find(".")) if i > 0), default=len(path))
+    return path[:cut]
+
+
+# --------------------------------------------------------------------------- signatures
+def _differences(old: Signature, new: Signature, paths: Callable[[Signature], list[str]]) -> int:
+    """How far ``old`` is from ``new``: leaves changed, added or gone (by path where the structures
+    differ), plus 100 for other static values and 1000 for another mesh."""
+    d = (0 if old.mesh == new.mesh else 1000) + (100 if _static_differs(old.static, new.static) else 0)
+    if old.treedef == new.treedef:
+        return d + sum(ka != kb for ka, kb in zip(old.leaves, new.leaves))
+    a, b = dict(zip(paths(old), old.leaves)), dict(zip(paths(new), new.leaves))
+    return d + 1 + sum(a.get(p) != b.get(p) for p in a.keys() | b.keys())
+
+
+def nearest(compiled: Sequence[Signature], new: Signature, paths: Callable[[Signature], list[str]],
+            look_back: int = 32) -> Signature | None:
+    """The compiled signature nearest to ``new`` among the latest ``look_back`` (the latest on ties);
+    ``paths`` names a signature's leaves (:func:`signature_paths`)."""
+    best, best_d = None, None
+    for sig in reversed(compiled[-look_back:]):
+        d = _differences(sig, new, paths)
+        if best_d is None or d < best_d:
+            best, best_d = sig, d
+    return best
+
+
+def describe_change(old: Signature | None, new: Signature, paths: Callable[[Signature], list[str]],
+                    names: ArgNames | None = None) -> str:
+    """Why ``new`` needs its own programs, against the compiled signature ``old`` (None: the first call).
+
+    ``paths(sig)`` names a signature's leaves (:func:`signature_paths`); ``names`` the positional
+    arguments, for static ones. Only a reason text: it never raises, whatever the static values'
+    ``__eq__`` or ``__repr__`` do.
+    """
+    if old is None:
+        return FIRST_CALL
+    names = names or ArgNames()
+    parts = []
+    static = _static_change(old.static, new.static, names)
+    if static:
+        parts.append(static)
+    if old.mesh != new.mesh:
+        parts.append(f"mesh context changed: {old.mesh} → {new.mesh}")
+    old_paths, new_paths = paths(old), paths(new)
+    olds = [(p, key_parts(k)) for p, k in zip(old_paths, old.leaves)]
+    news = [(p, key_parts(k)) for p, k in zip(new_paths, new.leaves)]
+    leaves = inputs_change([(p, a) for p, (a, _) in olds], [(p, a) for p, (a, _) in news],
+                           ([s for _, (_, s) in olds], [s for _, (_, s) in news]))
+    if leaves:
+        parts.append(leaves)
+    elif old.treedef != new.treedef:
+        parts.append(_structure_change(old, new, old_paths, new_paths))
+    return "; ".join(parts) or "new signature"
+
+
+def _structure_change(old: Signature, new: Signature, old_paths: list[str], new_paths: list[str]) -> str:
+    """Same leaves by name, another structure: an argument passed by keyword instead of by position
+    (or the reverse), else the two structures."""
+    was = {p: raw.startswith("kwarg") for p, raw in zip(old_paths, leaf_paths(old.treedef, "input"))}
+    now = {p: raw.startswith("kwarg") for p, raw in zip(new_paths, leaf_paths(new.treedef, "input"))}
+    moved = {_argument(p): kw for p, kw in now.items() if p in was and was[p] != kw}
+    if moved:
+        return "; ".join(f"{a} is now passed by {'keyword' if kw else 'position'}" for a, kw in moved.items())
+    return f"pytree structure of the inputs changed: {old.treedef} → {new.treedef}"
+
+
+def _static_differs(old: tuple, new: tuple) -> bool:
+    try:
+        return bool(old != new)
+    except Exception:  # an __eq__ that raises: the values count as different
+        return True
+
+
+def _static_change(old: tuple, new: tuple, names: ArgNames) -> str | None:
+    """Why two calls' static arguments differ (one clause per argument), or None when they are equal."""
+    if len(old) != len(new):
+        return f"static arguments changed: {static_text(old)} → {static_text(new)}"
+    out = []
+    for a, b in zip(old, new):
+        if not (isinstance(a, StaticArg) and isinstance(b, StaticArg)):
+            if _static_differs((a,), (b,)):
+                out.append(f"static argument: {safe_repr(a, 80)} → {safe_repr(b, 80)}")
+            continue
+        name = names(b.index)
+        if a.value is b.value and hash(a) != hash(b):
+            out.append(f"static argument `{name}` was mutated since an earlier call (its hash changed)")
+        elif _static_differs((a,), (b,)):
+            out.append(f"static argument `{name}`: {safe_repr(a.value, 80)} → {safe_repr(b.value, 80)}")
+    return "; ".join(out) or None
+
+
+def static_text(static: tuple) -> str:
+    """Static values as a tuple's text, each through :func:`~jaxaot._src.runtime.arguments.safe_repr`."""
+    return repr(tuple(s if isinstance(s, StaticArg) else safe_repr(s) for s in static))
+
+
+__all__ = ["ArgNames", "FIRST_CALL", "aval_change", "describe_change", "inputs_change", "log_compile", "nearest",
+           "signature_paths", "static_text"]

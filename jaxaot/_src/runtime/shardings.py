@@ -1,0 +1,187 @@
+"""The shardings a signature's programs are compiled for, and the checks that keep them honest.
+
+jaxaot distributes nothing itself: a program whose inputs are committed to
+several devices (``jax.sharding.NamedSharding`` on a ``jax.sharding.Mesh``), or
+that is traced under a mesh context (``jax.set_mesh``), is compiled by XLA's
+SPMD partitioner for exactly those shardings. This module decides what the
+executables of such a *sharded* signature are compiled for:
+
+* the **forward** takes the inputs' own shardings; XLA chooses its outputs'
+  shardings (a user's ``with_sharding_constraint`` inside the function pins
+  them), unless the function was built with ``out_shardings``;
+* its **residuals** keep the shardings the compiled forward gave them (read off
+  ``Compiled.output_shardings``), or are replicated under
+  ``residual_sharding="replicated"``; the **backward** is compiled for exactly
+  those, so nothing is resharded between the two;
+* **gradients** are constrained to their parameters' shardings, as
+  ``jax.grad`` of a sharded function returns them;
+* **cotangents** are compiled for the shardings of the outputs they belong to.
+
+Costs: reading the residual shardings needs the compiled forward, so the
+backward of a sharded signature is compiled after the forward (it always is
+when it runs). Unsharded signatures take none of these paths.
+
+Errors name the leaf and both shardings: arrays committed to different device
+sets (:class:`~jaxaot.errors.ShardingMismatchError`), and residuals whose
+shardings differ from what the backward was compiled for
+(:class:`~jaxaot.errors.ResidualsMismatchError`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import leaf_paths_or_positions
+from jaxaot.errors import InvalidValueError, ResidualsMismatchError, ShardingMismatchError
+
+#: The residual-sharding policies ``aot_function(residual_sharding=...)`` accepts.
+RESIDUAL_SHARDING_POLICIES = ("producer", "replicated")
+
+
+def context_mesh() -> Any:
+    """The abstract mesh of the enclosing ``jax.set_mesh`` context, or None outside one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty else mesh
+
+
+def is_abstract(sharding: Any) -> bool:
+    """Whether ``sharding`` is on an abstract mesh (inside ``jit``: no devices yet)."""
+    return isinstance(getattr(sharding, "mesh", None), jax.sharding.AbstractMesh)
+
+
+def is_multi_device(sharding: Any) -> bool:
+    """Whether ``sharding`` spans more than one device (None and single devices do not)."""
+    if sharding is None or C.single_device_of(sharding) is not None:
+        return False
+    if is_abstract(sharding):
+        return sharding.mesh.size > 1
+    return len(sharding.device_set) > 1
+
+
+def is_sharded(avals: Sequence[jax.ShapeDtypeStruct], mesh: Any) -> bool:
+    """Whether a signature is *placed*: an input is committed to devices other than the default one
+    (several devices, or one that is not ``jax.devices()[0]``), or a mesh context is set.
+
+    Such signatures compile every program for where their inputs live.
+    """
+    if mesh is not None:
+        return True
+    default = jax.devices()[0]
+    for a in avals:
+        s = a.sharding
+        if s is not None and (is_multi_device(s) or C.single_device_of(s) not in (None, default)):
+            return True
+    return False
+
+
+def check_policy(policy: str) -> str:
+    """``policy`` if it is a residual-sharding policy, else a typed error listing them."""
+    if policy not in RESIDUAL_SHARDING_POLICIES:
+        raise InvalidValueError(
+            f"residual_sharding must be one of {RESIDUAL_SHARDING_POLICIES}, got {policy!r}: 'producer' keeps "
+            "the sharding the forward gave each residual, 'replicated' copies every residual to every device.")
+    return policy
+
+
+def check_same_devices(treedef: Any, leaves: Sequence[Any], avals: Sequence[jax.ShapeDtypeStruct]) -> None:
+    """Raise :class:`~jaxaot.errors.ShardingMismatchError` when committed inputs live on different devices.
+
+    JAX's ``jit`` refuses such a call as well; this names both leaves and both
+    shardings, before anything is traced.
+    """
+    first = None
+    for i, a in enumerate(avals):
+        if a.sharding is None or is_abstract(a.sharding):
+            continue
+        devices = a.sharding.device_set
+        if first is None:
+            first = (i, a.sharding, devices)
+        elif devices != first[2]:
+            paths = leaf_paths_or_positions(treedef, "input", len(leaves))
+            raise ShardingMismatchError(
+                f"{paths[first[0]]} is committed to {_describe(first[1])} but {paths[i]} to "
+                f"{_describe(a.sharding)}: every input of one call must live on the same devices (one mesh). "
+                "Move them with jax.device_put(x, sharding) onto one mesh first.")
+
+
+def _describe(sharding: Any) -> str:
+    ids = sorted(d.id for d in sharding.device_set)
+    return f"{sharding} (devices {ids})"
+
+
+def output_shardings(executable: Any) -> list | None:
+    """The flat output shardings of a compiled program, or None if its compiler does not say."""
+    exe = getattr(executable, "executable", executable)  # a CheckedExecutable wraps the Compiled
+    shardings = getattr(exe, "output_shardings", None)
+    if shardings is None:
+        return None
+    return list(jax.tree_util.tree_leaves(shardings, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding)))
+
+
+def mesh_of(avals: Sequence[jax.ShapeDtypeStruct]) -> Any:
+    """The ``jax.sharding.Mesh`` of the first input with a ``NamedSharding``, else the context's, else None."""
+    for a in avals:
+        mesh = getattr(a.sharding, "mesh", None)
+        if isinstance(mesh, jax.sharding.Mesh):
+            return mesh
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # under jit only the abstract mesh is known
+        mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty else mesh
+
+
+def replicated(mesh: Any) -> Any:
+    """A full copy on every device of ``mesh`` (None without a mesh: nothing is pinned)."""
+    return None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def with_sharding(aval: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+    """``aval`` as a ``ShapeDtypeStruct`` carrying ``sharding``."""
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=getattr(aval, "weak_type", False))
+
+
+def constrain_outputs(closed: Any, shardings: Sequence[Any]) -> Any:
+    """``closed`` with each output pinned to ``shardings[i]`` (None leaves that output free).
+
+    The pin is a ``with_sharding_constraint`` at the end of the program, so it
+    holds for any compiler and under any trace.
+    """
+    if all(s is None for s in shardings):
+        return closed
+    in_avals = [with_sharding(a, None) for a in C.in_avals_of(closed)]
+
+    def pinned(*args: Any) -> list:
+        outs = C.eval_closed(closed, *args)
+        return [o if s is None else jax.lax.with_sharding_constraint(o, s) for o, s in zip(outs, shardings)]
+
+    return jax.make_jaxpr(pinned)(*in_avals)
+
+
+def check_residual_shardings(arrays: Sequence[Any], expected: Sequence[Any], labels: Sequence[str]) -> None:
+    """Raise :class:`~jaxaot.errors.ResidualsMismatchError` when a residual's sharding is not the compiled one."""
+    for x, want, label in zip(arrays, expected, labels):
+        got = getattr(x, "sharding", None)
+        if want is None or got is None or C.is_tracer(x):
+            continue
+        if not got.is_equivalent_to(want, x.ndim):
+            raise ResidualsMismatchError(
+                f"residual {label} has sharding {got}, but the backward was compiled for {want}: pass the "
+                "residuals exactly as forward returned them (do not reshard or move them between the two).")
+
+
+def reshard_cotangents(cts: Sequence[Any], expected: Sequence[Any]) -> list:
+    """Cotangents placed where the backward was compiled to take them (a copy only where they differ).
+
+    ``jax.vjp``'s backward accepts a cotangent of any sharding; so does this.
+    """
+    out = []
+    for ct, want in zip(cts, expected):
+        got = getattr(ct, "sharding", None)
+        if want is not None and got is not None and not C.is_tracer(ct) and not got.is_equivalent_to(want, ct.ndim):
+            ct = jax.device_put(ct, want)
+        out.append(ct)
+    return out

@@ -1,0 +1,294 @@
+"""The programs of one differentiated mask: joint graph, partition, forward and backward executables.
+
+Which inputs are differentiated changes the joint graph (``jax.grad(f,
+argnums=0)`` differentiates fewer inputs than ``jax.vjp``), so each mask of a
+:class:`~jaxaot._src.runtime.SignaturePrograms` gets its own :class:`TrainingPrograms`:
+the joint graph, its :class:`~jaxaot.partition.Partition`, and the *forward* (outputs
+plus residuals) and *backward* (gradients from cotangents and residuals)
+executables. Each stage is built once, on first read, under the signature's
+lock, and its time recorded in the signature's ``times``.
+
+A ``jaxaot.loops.while_loop`` without a bound, at the top level of the function,
+reports its trip count as an extra forward output; the runtime starts its
+stack at :data:`INITIAL_LOOP_CAPACITY` rows and, when a run needed more,
+doubles it, rebuilds the joint graph, the partition and both executables, and
+runs the forward again (``generation`` counts rebuilds, so stale residuals are
+refused). Costs: each rebuild is a trace, a partition and a compilation.
+
+What other stages may use is listed in :mod:`jaxaot._src.runtime.programs`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.compile import cached_partition
+from jaxaot.errors import PartitionError, ReverseModeBoundError
+from jaxaot._src.loops import dynamic_capacity
+from jaxaot._src.partition import Partition
+from jaxaot._src.runtime import shardings as S
+from jaxaot._src.runtime.options import prune_outputs
+from jaxaot._src.runtime.placement import Placement
+from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, read_only_float0s, scatter
+from jaxaot._src.tracing import JointGraph, build_joint
+
+#: The first stack capacity of while loops whose stack the runtime sizes (doubled on overflow).
+INITIAL_LOOP_CAPACITY = 32
+
+_ArrayImpl = C.ArrayImpl
+
+
+class TrainingPrograms:
+    """Joint graph, partition and forward/backward executables for one differentiated mask.
+
+    Made by :meth:`SignaturePrograms.training <jaxaot._src.runtime.SignaturePrograms.training>`, never directly.
+
+    Attributes:
+      programs: the ``SignaturePrograms`` it belongs to.
+      options: the function's ``Options`` (partitioner, compilers, shardings).
+      mask: which input leaves are differentiated.
+      name_suffix: ``""`` for the full mask, else ``[i,j]`` naming the differentiated
+        leaves; executables and times are keyed ``forward[0]``, ``backward[0]``.
+      joint / partition: the joint graph and its partition (built on first read).
+      placement: where residuals and gradients live (``Placement``).
+      generation: bumped each time a loop outgrew its stack and all was rebuilt.
+    """
+
+    def __init__(self, programs: Any, mask: tuple[bool, ...]):
+        self.programs = programs
+        self.options = programs.options
+        self.mask = mask
+        self.name_suffix = "" if mask == programs.inexact else f"[{','.join(str(i) for i, m in enumerate(mask) if m)}]"
+        self.forward_name, self.backward_name = "forward" + self.name_suffix, "backward" + self.name_suffix
+        self.capacity = INITIAL_LOOP_CAPACITY
+        self.generation = 0
+        self._custom_vjp: Callable | None = None
+        self._float0s: list | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._joint: JointGraph | None = None
+        self._partition: Partition | None = None
+        self._unit_cts: dict[int, list] = {}
+        self.placement = Placement(self)
+        self.eager_forward: Callable | None = None  # the hot path, once it can be built
+        for name in (self.forward_name, self.backward_name):
+            self.programs.executables.pop(name, None)
+
+    # -- the stages, each built once
+    @property
+    def joint(self) -> JointGraph:
+        if self._joint is None:
+            with self.programs.lock:
+                if self._joint is None:
+                    self._build_joint()
+        return self._joint
+
+    def _build_joint(self) -> None:
+        p = self.programs
+        t = time.perf_counter()
+        self._joint = build_joint(
+            p.primal, p.signature.treedef, p.out_tree, p.in_avals, self.options.decompositions, self.mask,
+            aux_outputs=lambda: dynamic_capacity(self.capacity),
+        )
+        p.times["joint" + self.name_suffix] = time.perf_counter() - t
+
+    @property
+    def partition(self) -> Partition:
+        if self._partition is None:
+            with self.programs.lock:
+                if self._partition is None:
+                    joint = self.joint
+                    t = time.perf_counter()
+                    self._partition = _checked(cached_partition(self.options.partition_fn, joint),
+                                               self.options.partition_fn)
+                    self.programs.times["partition" + self.name_suffix] = time.perf_counter() - t
+        return self._partition
+
+    @property
+    def forward_program(self) -> Any:
+        """The partition's forward, less the outputs that are inputs (pinned as :class:`Placement` says)."""
+        p, part = self.programs, self.partition
+        n_fwd, n_user = len(C.jaxpr_of(part.forward).outvars), len(p.output_is_input)
+        pruned = prune_outputs(part.forward, p.computed_outputs + list(range(n_user, n_fwd)))
+        return S.constrain_outputs(pruned, self.placement.forward_pins())
+
+    @property
+    def backward_program(self) -> Any:
+        """The partition's backward; in a sharded signature, each grad pinned to its input's sharding."""
+        return S.constrain_outputs(self.partition.backward, self.placement.grad_pins())
+
+    @property
+    def forward_exe(self):
+        p = self.programs
+        exe = p.executables.get(self.forward_name)
+        if exe is None:
+            aliased = set(self.partition.saved_inputs) | {i for i in p.output_is_input if i is not None}
+            exe = p.compile(self.forward_name, self.options.fw_compiler, self.forward_program, p.in_avals, aliased)
+        return exe
+
+    @property
+    def backward_exe(self):
+        exe = self.programs.executables.get(self.backward_name)
+        if exe is None:
+            exe = self.programs.compile(self.backward_name, self.options.bw_compiler, self.backward_program,
+                                        self.backward_avals())
+        return exe
+
+    def backward_avals(self) -> list:
+        """The backward's inputs: the selected cotangents, then the residuals (with their shardings, memory kinds)."""
+        part = self.partition
+        cts = [jax.ShapeDtypeStruct(self.joint.out_avals[i].shape, self.joint.out_avals[i].dtype)
+               for i in part.cotangent_outputs]
+        avals = cts + [r.aval for r in part.residuals]
+        if not self.programs.sharded:
+            return self.placement.host_residuals(avals)  # offloaded residuals arrive in host memory
+        return [S.with_sharding(a, s) for a, s in zip(avals, self.placement.backward_inputs())]
+
+    # -- running
+    def forward(self, leaves: Sequence[Any], concrete: bool | None = None) -> tuple[list, list]:
+        """Run the forward: ``(the function's outputs, residual arrays in backward order)``.
+
+        ``concrete``: whether no leaf is a tracer, when the caller already knows.
+        """
+        if concrete and self.eager_forward is not None:
+            return self.eager_forward(leaves)
+        if self.joint.num_aux:  # a loop may outgrow its stack and rebuild everything: one thread at a time
+            with self.programs.lock:
+                return self._forward(leaves, concrete)
+        return self._forward(leaves, concrete)
+
+    def _forward(self, leaves: Sequence[Any], concrete: bool | None) -> tuple[list, list]:
+        n_user = len(self.programs.output_is_input)
+        if concrete is None:
+            concrete = not any(C.is_tracer(x) for x in leaves)
+        if not concrete:
+            if self.joint.num_aux:
+                raise _unbounded_loop_error(self.options.name)
+            fwd_outs = C.eval_closed(self.partition.forward, *leaves)
+        else:
+            fwd_outs = self._run_forward(leaves)
+            n_aux = self.joint.num_aux
+            while n_aux and max(int(t) for t in fwd_outs[n_user:n_user + n_aux]) > self.capacity:
+                # A while loop outgrew its stack: double the capacity, rebuild and rerun.
+                self.capacity *= 2
+                self.generation += 1
+                self._reset()
+                fwd_outs = self._run_forward(leaves)
+                n_aux = self.joint.num_aux
+        part = self.partition
+        residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
+        if self.eager_forward is None and not self.joint.num_aux and self.programs.no_aliases:
+            with self.programs.lock:
+                if self.eager_forward is None:
+                    self.eager_forward = _eager_forward(self)
+        return fwd_outs[:n_user], residuals
+
+    def _run_forward(self, leaves: Sequence[Any]) -> list:
+        computed = self.forward_exe(*leaves)
+        n_real = len(self.programs.computed_outputs)
+        return self.programs.splice(leaves, computed[:n_real]) + list(computed[n_real:])
+
+    def backward(self, residuals: Sequence[Any], cts: Sequence[Any], concrete_residuals: bool = False) -> list:
+        """Grads for the differentiated inputs, from residuals and the selected cotangents."""
+        args = [*cts, *residuals]
+        if concrete_residuals:  # only the cotangents can be tracers; arrays are the common case
+            traced = not all(type(x) is _ArrayImpl for x in cts) and any(C.is_tracer(x) for x in cts)
+        else:
+            traced = any(C.is_tracer(x) for x in args)
+        if traced:
+            return C.eval_closed(self.backward_program, *args)
+        exe = self.programs.executables.get(self.backward_name) or self.backward_exe
+        if self.programs.sharded:
+            args = [*S.reshard_cotangents(cts, self.placement.backward_inputs()), *residuals]
+        return list(exe(*args))
+
+    def unit_cotangents(self, leaf: int) -> list:
+        """Cotangents 1 for output ``leaf`` (a scalar) and 0 elsewhere, made once on device."""
+        cts = self._unit_cts.get(leaf)
+        if cts is None:  # racing threads build equal lists; either may be kept
+            outs = self.partition.cotangent_outputs
+            cts = [jax.numpy.full(self.joint.out_avals[i].shape, 1 if i == leaf else 0, self.joint.out_avals[i].dtype)
+                   for i in outs]
+            if self.programs.sharded:
+                cts = S.reshard_cotangents(cts, self.placement.backward_inputs())
+            self._unit_cts[leaf] = cts
+        return cts
+
+    def input_grads_tree(self, grads: Sequence[Any]) -> Any:
+        """``(args, kwargs)``-shaped grads; float0 zeros for non-differentiated leaves."""
+        if self._float0s is None:
+            self._float0s = read_only_float0s(self.programs.in_avals)
+        grad_inputs = self.partition.grad_inputs
+        if len(grad_inputs) == len(self._float0s):  # every input differentiated: grads are in order
+            return jax.tree_util.tree_unflatten(self.programs.signature.treedef, grads)
+        return jax.tree_util.tree_unflatten(self.programs.signature.treedef,
+                                            scatter(grad_inputs, grads, self._float0s))
+
+    @property
+    def custom_vjp(self) -> Callable:
+        """The ``jax.custom_vjp`` through which JAX's autodiff reaches the executables."""
+        if self._custom_vjp is None:
+            with self.programs.lock:
+                if self._custom_vjp is None:
+                    self._custom_vjp = _custom_vjp(self)
+        return self._custom_vjp
+
+
+def _eager_forward(tr: TrainingPrograms) -> Callable[[Sequence[Any]], tuple[list, list]]:
+    """The hot path of an eager forward, once compiled: one executable call and two gathers.
+
+    Only for programs whose outputs are all computed and that size no loop
+    stack at run time (those check the loop's trip counts after each run).
+    """
+    exe, part = tr.forward_exe, tr.partition
+    n_user = len(tr.programs.output_is_input)
+    saved_in, saved_out = part.saved_inputs, part.saved_outputs
+
+    def run(leaves):
+        outs = exe(*leaves)
+        return outs[:n_user], [leaves[i] for i in saved_in] + [outs[i] for i in saved_out]
+
+    return run
+
+
+def _custom_vjp(tr: TrainingPrograms) -> Callable:
+    """``tr``'s ``jax.custom_vjp``: JAX's autodiff runs its forward and backward executables."""
+    # What the joint graph will differentiate, read off the primal program: a
+    # call under jit that differentiates nothing never builds the joint graph.
+    primal = tr.programs.primal
+    out_avals = C.out_avals_of(primal)
+    cts = tuple(i for i, a in enumerate(out_avals) if C.is_inexact(a.dtype))
+    return custom_vjp_of(SplitPrograms(
+        primal=lambda leaves: C.eval_closed(primal, *leaves),  # only ever traced
+        forward=tr.forward,
+        backward=tr.backward,
+        num_inputs=len(tr.programs.in_avals),
+        grad_inputs=tuple(i for i, m in enumerate(tr.mask) if m),
+        cotangent_outputs=cts,
+        cotangent_dtypes=tuple(out_avals[i].dtype for i in cts),
+    ))
+
+
+def _checked(part: Any, partition_fn: Callable) -> Partition:
+    """``part`` if it is a :class:`~jaxaot.partition.Partition`, else a :class:`~jaxaot.errors.PartitionError` naming
+    the partitioner (nothing is kept: the next call partitions again)."""
+    if isinstance(part, Partition):
+        return part
+    name = getattr(partition_fn, "__qualname__", None) or repr(partition_fn)
+    raise PartitionError(
+        f"partition_fn {name} returned a {type(part).__name__}, not a jaxaot.partition.Partition. A partitioner takes the "
+        "JointGraph and returns the Partition it chose (jaxaot.partition.default_partition(joint), say): return one.")
+
+
+def _unbounded_loop_error(name: str) -> Exception:
+    return ReverseModeBoundError(
+        f"{name} contains a jaxaot.loops.while_loop without max_steps or checkpoints and is being "
+        "reverse-differentiated inside another transformation (jit, vmap, or a higher-order grad). "
+        "The runtime can size the loop's stack only when the aot_function is called eagerly: "
+        "pass max_steps=N or checkpoints=k to the while_loop."
+    )

@@ -1,0 +1,13 @@
+"""Stage 1, trace: a user function to its primal jaxpr and its joint forward+backward jaxpr.
+
+``primal``: :func:`trace_primal` (the flat primal program, with the user's
+``decompositions`` inlined) and :func:`flatten_program`; ``joint``:
+:class:`JointGraph` and :func:`build_joint` (forward and backward in one
+jaxpr, built from the primal program for a differentiated mask), and
+:func:`trace_joint`, the same from a function and example arguments.
+"""
+
+from jaxaot._src.tracing.primal import Decompositions, flatten_program, trace_primal
+from jaxaot._src.tracing.joint import JointGraph, build_joint, in_backward_scope, trace_joint
+
+__all__ = ["Decompositions", "JointGraph", "build_joint", "flatten_program", "in_backward_scope", "trace_joint", "trace_primal"]

@@ -1,0 +1,30 @@
+"""The picture of a split: Graphviz's layout where ``dot`` runs, else the built-in one, with a note.
+
+:func:`draw_svg` is what every renderer asks for a picture (:func:`jaxaot._src.viz.render`,
+the Jupyter view, ``jaxaot demo``): Graphviz's drawing (:func:`jaxaot._src.viz.layout.to_svg`)
+when the ``graphviz`` package and its ``dot`` binary are there and succeed, else
+:func:`~jaxaot._src.viz.plain_svg.plain_svg`'s, whose note says why and how to get
+Graphviz's. Both colour the nodes alike (:data:`~jaxaot._src.viz.styles.STYLES`).
+
+Example:
+    >>> import jax.numpy as jnp, jaxaot
+    >>> from jaxaot._src.viz import layout_available, split_graph
+    >>> svg, note = draw_svg(split_graph(jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))))
+    >>> "<svg" in svg and (note == "") == layout_available()
+    True
+"""
+
+from __future__ import annotations
+
+from jaxaot._src.viz.layout import to_svg
+from jaxaot._src.viz.model import SplitGraph
+from jaxaot._src.viz.plain_svg import plain_svg
+
+
+def draw_svg(graph: SplitGraph, title: str = "") -> tuple[str, str]:
+    """``(svg, note)``: Graphviz's SVG and ``""``, or the built-in layout's SVG and why it was used."""
+    svg, why = to_svg(graph, title)
+    if svg is not None:
+        return svg, ""
+    note = f"drawn with jaxaot's built-in layout: {why}"
+    return plain_svg(graph, title=title, note=note), note
