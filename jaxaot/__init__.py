@@ -45,7 +45,8 @@ _FACES = ("errors", "partition", "compilers", "loops", "nn", "parallel", "export
 __all__ = [*_FACES, *_CORE]
 
 
-def __getattr__(name: str):
+def _load(name: str) -> object:
+    """The public name ``name``, imported on first use (PEP 562); an old name from its new face."""
     if name in _CORE:
         value = getattr(_importlib.import_module(_CORE[name]), name)
     elif name in _FACES:
@@ -56,6 +57,10 @@ def __getattr__(name: str):
         return moved_name(name)  # a name's old home, with a warning; else AttributeError
     globals()[name] = value
     return value
+
+
+if not _typing.TYPE_CHECKING:  # static tools see only the names bound below, not whatever this resolves
+    __getattr__ = _load
 
 
 def __dir__() -> list[str]:

@@ -188,3 +188,14 @@ class CacheWarning(UserWarning):
     The cache never fails a call: the entry is rebuilt (or caching is skipped)
     and the warning is issued once per file.
     """
+
+
+__all__ = [
+    "JaxaotError", "InvalidInputError", "StaticArgumentError", "InvalidValueError", "InvalidOutputError",
+    "ResidualsMismatchError", "CotangentMismatchError", "NoDifferentiationRuleError", "PartitionError",
+    "MemoryBudgetError", "ShardingMismatchError", "LoopFunctionError", "LoopCarryMismatchError",
+    "InvalidLoopOptionError", "ReverseModeBoundError", "LoopOverflowError", "XlaCompileError",
+    "LoopRewriteError", "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError",
+    "ArtifactInputError", "HookOutputError", "ScheduleError", "StageMismatchError", "PipelineMemoryError",
+    "CacheWarning",
+]

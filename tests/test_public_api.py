@@ -1,0 +1,125 @@
+"""The public surface: a small core in ``jaxaot`` and one face per domain, every name explicit, visible to
+type checkers, and with one home."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import jaxaot
+from jaxaot._src import deprecations
+
+FACES = ("errors", "partition", "compilers", "loops", "nn", "parallel", "export", "viz")
+ROOT = Path(jaxaot.__file__).resolve().parent
+
+
+def _face(name: str):
+    return importlib.import_module(f"jaxaot.{name}")
+
+
+def test_the_surface_is_small():
+    assert len(jaxaot.__all__) <= 45, jaxaot.__all__
+    for face in FACES:
+        assert len(_face(face).__all__) <= 30, (face, _face(face).__all__)
+
+
+def test_dir_shows_only_public_names():
+    assert dir(jaxaot) == sorted(jaxaot.__all__)
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_every_face_name_is_bound_explicitly(face):
+    """``from jaxaot._src.x import a as a`` (or a definition in the face itself): what type checkers
+    take as a re-export; and each listed name resolves."""
+    tree = ast.parse((ROOT / f"{face}.py").read_text())
+    bound = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            bound |= {a.asname for a in node.names if a.asname and (a.asname == a.name or face == "compilers")}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+    module = _face(face)
+    assert set(module.__all__) <= bound, sorted(set(module.__all__) - bound)
+    assert all(hasattr(module, n) for n in module.__all__)
+
+
+def test_every_top_level_name_is_visible_to_type_checkers():
+    """Each name of ``jaxaot.__all__`` is bound as ``x as x`` under ``TYPE_CHECKING`` (the runtime loads it
+    lazily) and resolves."""
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test).endswith("TYPE_CHECKING")
+                 and not isinstance(n.test, ast.UnaryOp))
+    bound = {a.asname for n in ast.walk(block) if isinstance(n, ast.ImportFrom) for a in n.names
+             if a.asname == a.name}
+    assert set(jaxaot.__all__) == bound
+    assert all(getattr(jaxaot, n) is not None for n in jaxaot.__all__)
+
+
+def test_each_object_has_one_public_home():
+    homes: dict[int, list[str]] = {}
+    for face, module in [("jaxaot", jaxaot)] + [(f"jaxaot.{f}", _face(f)) for f in FACES]:
+        for name in module.__all__:
+            value = getattr(module, name)
+            if not isinstance(value, type(jaxaot)):
+                homes.setdefault(id(value), []).append(f"{face}.{name}")
+    assert not [h for h in homes.values() if len(h) > 1]
+
+
+def test_old_top_level_names_warn_once_and_resolve_to_their_face():
+    for name, face in deprecations.MOVED.items():
+        deprecations._WARNED.discard(name)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(jaxaot, name)
+            again = getattr(jaxaot, name)
+        assert value is again is getattr(importlib.import_module(face), name)
+        assert [w.category for w in caught] == [DeprecationWarning], name
+        assert f"{face}.{name}" in str(caught[0].message)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        jaxaot.no_such_name  # noqa: B018
+
+
+def test_calling_the_export_face_warns_and_exports():
+    import jax.numpy as jnp
+
+    f = jaxaot.aot_function(lambda w, x: (x @ w).sum())
+    args = (jnp.ones((3, 2)), jnp.ones((4, 3)))
+    deprecations._WARNED.discard("export")
+    with pytest.warns(DeprecationWarning, match="jaxaot.export.export"):
+        exported = jaxaot.export(f, *args)
+    assert isinstance(exported, jaxaot.export.ExportedAOT)
+
+
+MYPY_CONFIG = """[mypy]
+ignore_missing_imports = True
+follow_imports = silent
+[mypy-jax.*,jaxlib.*,flax.*,numpy.*,scipy.*,chex.*,optax.*,orbax.*,ml_dtypes.*]
+follow_imports = skip
+"""
+
+
+@pytest.mark.skipif(shutil.which("mypy") is None and importlib.util.find_spec("mypy") is None,
+                    reason="mypy is not installed (it comes with the [test] extra)")
+def test_mypy_resolves_every_public_name(tmp_path):
+    lines = ["import jaxaot"] + [f"import jaxaot.{f}" for f in FACES]
+    lines += [f"reveal_type(jaxaot.{n})" for n in jaxaot.__all__]
+    lines += [f"reveal_type(jaxaot.{f}.{n})" for f in FACES for n in _face(f).__all__]
+    lines += ["reveal_type(jaxaot.not_a_public_name)"]  # the check itself: this one must be an error
+    (tmp_path / "check.py").write_text("\n".join(lines) + "\n")
+    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--no-error-summary",
+         "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "check.py")],
+        capture_output=True, text=True, cwd=ROOT.parent, timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT.parent)})
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "not_a_public_name" in errors[0], out.stdout[-3000:] + out.stderr[-2000:]
+    revealed = [line for line in out.stdout.splitlines() if "Revealed type" in line]
+    assert len(revealed) == len(lines) - len(FACES) - 1
