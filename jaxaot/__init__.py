@@ -23,9 +23,12 @@ import importlib as _importlib
 import typing as _typing
 import warnings as _warnings
 
+from jaxaot._src import deprecations as _deprecations
 from jaxaot._src import display as _display
 
 __version__ = "0.1.0"
+
+_deprecations.install()  # the old layout's import paths resolve, for one release, with a warning
 
 # The runtime's objects draw themselves in Jupyter through jaxaot._src.viz, which loads on the first display.
 _display.add_loader(lambda: _importlib.import_module("jaxaot._src.viz"))
@@ -52,9 +55,7 @@ def _load(name: str) -> object:
     elif name in _FACES:
         value = _importlib.import_module(f"jaxaot.{name}")
     else:
-        from jaxaot._src.deprecations import moved_name
-
-        return moved_name(name)  # a name's old home, with a warning; else AttributeError
+        return _deprecations.moved_name(name)  # a name's old home, with a warning; else AttributeError
     globals()[name] = value
     return value
 

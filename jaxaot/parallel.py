@@ -1,5 +1,8 @@
 """Pipeline parallelism: schedules, their simulator, and ``pipeline``, one SPMD program over a mesh."""
 
+import typing as _typing
+
+from jaxaot._src import deprecations as _deprecations
 from jaxaot._src.parallel import (
     pipeline as pipeline,
     Pipeline as Pipeline,
@@ -24,3 +27,8 @@ __all__ = [
     "one_f_one_b", "interleaved", "zero_bubble", "tuned_zero_bubble", "OpTimes", "Simulation", "simulate",
     "simulate_lockstep",
 ]
+
+# The old layout's paths, for one release: ``import jaxaot.parallel.<module>`` and names its package exported.
+__path__: list[str] = []
+if not _typing.TYPE_CHECKING:
+    __getattr__ = _deprecations.face_getattr("jaxaot.parallel", "jaxaot._src.parallel")

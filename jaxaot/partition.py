@@ -1,5 +1,8 @@
 """Stages 1 and 2: the joint forward+backward graph and the partitioners that split it."""
 
+import typing as _typing
+
+from jaxaot._src import deprecations as _deprecations
 from jaxaot._src.tracing import (
     JointGraph as JointGraph,
     trace_joint as trace_joint,
@@ -29,3 +32,8 @@ __all__ = [
     "MemoryBudget", "parse_memory_budget", "StepPeak", "DeviceModel", "OpCosts", "FlopCosts",
     "MeasuredCosts",
 ]
+
+# The old layout's paths, for one release: ``import jaxaot.partition.<module>`` and names its package exported.
+__path__: list[str] = []
+if not _typing.TYPE_CHECKING:
+    __getattr__ = _deprecations.face_getattr("jaxaot.partition", "jaxaot._src.partition")

@@ -1,5 +1,8 @@
 """Pictures of the forward/backward split, the residuals, budget sweeps and pipeline schedules."""
 
+import typing as _typing
+
+from jaxaot._src import deprecations as _deprecations
 from jaxaot._src.viz import (
     render as render,
     split_graph as split_graph,
@@ -25,3 +28,8 @@ __all__ = [
     "to_digraph", "to_html", "layout_available", "why_no_layout", "residual_table_html",
     "plot_budget_sweep", "plot_pareto", "plot_schedule",
 ]
+
+# The old layout's paths, for one release: ``import jaxaot.viz.<module>`` and names its package exported.
+__path__: list[str] = []
+if not _typing.TYPE_CHECKING:
+    __getattr__ = _deprecations.face_getattr("jaxaot.viz", "jaxaot._src.viz")

@@ -123,3 +123,25 @@ def test_mypy_resolves_every_public_name(tmp_path):
     assert len(errors) == 1 and "not_a_public_name" in errors[0], out.stdout[-3000:] + out.stderr[-2000:]
     revealed = [line for line in out.stdout.splitlines() if "Revealed type" in line]
     assert len(revealed) == len(lines) - len(FACES) - 1
+
+
+def test_old_import_paths_resolve_to_the_moved_modules_with_a_warning():
+    from jaxaot._src.partition.mincut import knapsack
+    from jaxaot._src.runtime import function
+
+    for key in ("jaxaot.runtime", "jaxaot.runtime.function", "jaxaot.partition.mincut", "jaxaot.partition.FlowGraph"):
+        deprecations._WARNED.discard(key)
+        sys.modules.pop(key, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import jaxaot.runtime.function as old_function
+        from jaxaot.partition.mincut import knapsack as old_knapsack
+        from jaxaot.partition import FlowGraph
+    assert old_function.aot_function is function.aot_function
+    assert old_knapsack is knapsack
+    assert FlowGraph is importlib.import_module("jaxaot._src.partition").FlowGraph
+    assert all(w.category is DeprecationWarning for w in caught) and len(caught) == 4, [str(w.message) for w in caught]
+    with pytest.raises(ImportError, match="jaxaot.runtime.no_such_module"):
+        importlib.import_module("jaxaot.runtime.no_such_module")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        jaxaot.partition.no_such_name  # noqa: B018
