@@ -13,6 +13,7 @@ from jaxaot._src.partition import (
     Residual as Residual,
     default_partition as default_partition,
     min_cut_rematerialization_partition as min_cut_rematerialization_partition,
+    MinCutOptions as MinCutOptions,
     remat_policy as remat_policy,
     RematPolicy as RematPolicy,
     Gradient as Gradient,
@@ -28,7 +29,7 @@ from jaxaot._src.partition import (
 
 __all__ = [
     "JointGraph", "trace_joint", "Partition", "Partitioner", "Residual", "default_partition",
-    "min_cut_rematerialization_partition", "remat_policy", "RematPolicy", "Gradient", "differentiate",
+    "min_cut_rematerialization_partition", "MinCutOptions", "remat_policy", "RematPolicy", "Gradient", "differentiate",
     "MemoryBudget", "parse_memory_budget", "StepPeak", "DeviceModel", "OpCosts", "FlopCosts",
     "MeasuredCosts",
 ]

@@ -92,7 +92,7 @@ def test_the_parser(value, answer):
 def test_the_min_cut_configured_and_applied(value, answer, reference):
     joint, plan = reference
     _check(answer, lambda: mincut(memory_budget=value))
-    _check(answer, lambda: jaxaot._src.partition.check_partitioner(functools.partial(mincut, memory_budget=value)))
+    _check(answer, lambda: jaxaot._src.partition.as_partitioner(functools.partial(mincut, memory_budget=value)))
     part = _check(answer, lambda: functools.partial(mincut, memory_budget=value)(joint))
     if part is not None:
         assert _plan(part) == plan(answer)

@@ -63,8 +63,13 @@ def test_bad_budget_in_a_partial_is_refused_when_applied_and_when_built():
 
 
 def test_configured_partitioner_keys_and_runs_like_a_partial():
+    from jaxaot._src.compile.cache_keys import callable_identity
+
     pf = mincut(memory_budget="64KiB", op_costs="flops")
-    assert pf.keywords["memory_budget"] == "64KiB"
+    assert pf.memory_budget.nbytes == 64 * 1024
+    same = functools.partial(mincut, memory_budget=65536, op_costs="flops")
+    assert callable_identity(jaxaot.aot_function(deep_mlp, partition_fn=same).partition_fn) == callable_identity(pf)
+    assert callable_identity(pf) != callable_identity(mincut(memory_budget="65KiB", op_costs="flops"))
     f = jaxaot.aot_function(deep_mlp, partition_fn=pf)
     args = deep_mlp_args(layers=2, width=32, batch=32)
     assert_trees_close(jax.grad(f)(*args), jax.grad(deep_mlp)(*args))
@@ -291,12 +296,16 @@ def test_plans_shaped_like_dots_saveable_are_correct(name):
     _check_grads(model.loss, args, model.argnums, dots_family, bf16=model.dtype != jnp.float32)
 
 
-def test_check_partitioner_checks_a_partial_before_any_joint_graph():
-    from jaxaot._src.partition import check_partitioner
+def test_as_partitioner_checks_a_partial_before_any_joint_graph():
+    from jaxaot._src.partition import as_partitioner
 
-    check_partitioner(functools.partial(mincut, memory_budget="1.4GB", op_costs="flops"))
-    check_partitioner(jaxaot.partition.default_partition)  # not the min-cut: unchecked
+    options = as_partitioner(functools.partial(mincut, memory_budget="1.4GB", op_costs="flops"))
+    assert options == mincut(memory_budget=1.4e9, op_costs="flops")  # one meaning: the same options
+    assert isinstance(options, jaxaot.partition.MinCutOptions) and options.memory_budget.nbytes == 1_400_000_000
+    assert as_partitioner(jaxaot.partition.default_partition) is jaxaot.partition.default_partition
     with pytest.raises(jaxaot.errors.InvalidValueError):
-        check_partitioner(functools.partial(mincut, memory_budget="0GB"))
+        as_partitioner(functools.partial(mincut, memory_budget="0GB"))
     with pytest.raises(jaxaot.errors.PartitionError):
-        check_partitioner(functools.partial(mincut, offload="always"))
+        as_partitioner(functools.partial(mincut, offload="always"))
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="keywords"):
+        as_partitioner(functools.partial(mincut, None))

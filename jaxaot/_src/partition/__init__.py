@@ -39,7 +39,7 @@ from jaxaot._src.partition.budget import (
     MemoryBudget, StepPeak, compiled_peak, format_bytes, measure_step_peak, parse_memory_budget, peak_holders,
     plan_under_peak)
 from jaxaot._src.partition.mincut import (
-    FlowGraph, RematPolicy, build_flow_graph, check_partitioner, choose_saved_values,
+    FlowGraph, RematPolicy, MinCutOptions, as_partitioner, build_flow_graph, choose_saved_values,
     min_cut_rematerialization_partition, remat_policy, replay_joint)
 from jaxaot._src.partition.bw import BWSplit, split_backward
 
@@ -64,7 +64,7 @@ __all__ = [
     "Timeline",
     "apply_offload",
     "build_flow_graph",
-    "check_partitioner",
+    "MinCutOptions", "as_partitioner",
     "choose_saved_values",
     "classify",
     "classify_eqns",

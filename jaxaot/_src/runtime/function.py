@@ -32,7 +32,7 @@ from jaxaot._src.pytrees import flatten_checked
 from jaxaot._src.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.loops import reraise_overflow
-from jaxaot._src.partition import Partitioner, default_partition
+from jaxaot._src.partition import Partitioner, as_partitioner, default_partition
 from jaxaot._src.runtime import arguments, checks, reasons
 from jaxaot._src.runtime.lowered import AOTLowered
 from jaxaot._src.runtime.options import Options, check_options
@@ -351,7 +351,8 @@ def aot_function(
     donate = _argnums("donate_argnums", donate_argnums)
     if set(static) & set(donate):
         raise InvalidInputError(f"arguments {sorted(set(static) & set(donate))} cannot be both static and donated.")
-    return AOTFunction(fn, fw_compiler, bw_compiler, partition_fn or default_partition, inference_compiler,
+    partitioner = as_partitioner(partition_fn or default_partition)  # a min-cut's options, as one MinCutOptions
+    return AOTFunction(fn, fw_compiler, bw_compiler, partitioner, inference_compiler,
                        decompositions, static, donate, out_shardings, residual_sharding)
 
 

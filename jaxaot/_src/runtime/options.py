@@ -14,7 +14,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.compile import Compiler
-from jaxaot._src.partition import Partitioner, check_partitioner
+from jaxaot._src.partition import Partitioner, as_partitioner
 from jaxaot._src.runtime import shardings as S
 from jaxaot._src.tracing import Decompositions
 
@@ -55,7 +55,7 @@ def check_options(*, fw_compiler: Any = None, bw_compiler: Any = None, inference
         if c is not None and not callable(c):
             raise InvalidInputError(f"{name} must be callable ({what}), got {type(c).__name__} {c!r}.")
     if partition_fn is not None:
-        check_partitioner(partition_fn)  # a configured min-cut's budget, offload and op costs, now
+        as_partitioner(partition_fn)  # a configured min-cut's budget, offload and op costs, now
     if decompositions is not None:
         if not isinstance(decompositions, Mapping):
             raise InvalidInputError(f"decompositions must be a dict {{primitive: python_fn}}, got "

@@ -18,7 +18,7 @@ from jaxaot._src.partition.mincut.saved_values import (
     build_flow_graph, choose_saved_nodes, choose_saved_values, offloaded_saved_nodes)
 from jaxaot._src.partition.mincut.scan_remat import BodyChoice, replay_joint, rewrite_primal, rewrite_primal_planned
 from jaxaot._src.partition.mincut.save_families import FAMILIES, family_saveable
-from jaxaot._src.partition.mincut.rematerialize import check_partitioner, min_cut_rematerialization_partition
+from jaxaot._src.partition.mincut.rematerialize import MinCutOptions, as_partitioner, min_cut_rematerialization_partition
 from jaxaot._src.partition.mincut.policy import RematPolicy, remat_policy
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
     "NEVER",
     "RematPolicy",
     "build_flow_graph",
-    "check_partitioner",
+    "MinCutOptions", "as_partitioner",
     "choose_saved_nodes",
     "choose_saved_values",
     "cut_value",

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, PartitionError
-from jaxaot._src.partition.budget import measurement_limit, parse_memory_budget, plan_under_peak
+from jaxaot._src.partition.budget import MemoryBudget, measurement_limit, parse_memory_budget, plan_under_peak
 from jaxaot._src.partition.core import Partition, split_joint
 from jaxaot._src.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
 from jaxaot._src.partition.mincut import scan_remat
@@ -38,12 +38,13 @@ from jaxaot._src.tracing import JointGraph
 def min_cut_rematerialization_partition(
     joint: JointGraph | None = None, *, memory_budget: float | int | str = 1.0, rematerialize_scans: bool = True,
     offload: bool | str = False, device_model: DeviceModel | None = None, op_costs: str | OpCosts = "auto",
-) -> Partition | Callable[[JointGraph], Partition]:
+) -> Partition | MinCutOptions:
     """Save the fewest bytes that let the backward recompute only cheap, fusible eqns.
 
     Args:
       joint: the joint graph (``aot_function`` passes it). Without it, the options are
-        checked now and the configured partitioner is returned, to pass as ``partition_fn``.
+        checked now and the configured partitioner (a :class:`MinCutOptions`) is returned, to pass
+        as ``partition_fn``.
       memory_budget: a fraction in ``[0, 1]``, or bytes, read by
         :func:`~jaxaot._src.partition.budget.parse_memory_budget`. A fraction: 1 bans recomputing
         expensive eqns (matmuls, convolutions, large reductions, loops), 0 recomputes all it can
@@ -92,51 +93,69 @@ def min_cut_rematerialization_partition(
         >>> pf(joint).step_peak.peak <= 64 * 1024
         True
     """
-    budget = parse_memory_budget(memory_budget)
-    check_rematerialize_scans(rematerialize_scans)
-    check_offload(offload, device_model)
-    check_op_costs(op_costs)
-    if joint is None:
-        return functools.partial(min_cut_rematerialization_partition, memory_budget=memory_budget,
-                                 rematerialize_scans=rematerialize_scans, offload=offload,
-                                 device_model=device_model, op_costs=op_costs)
-    model = resolve_model(offload, device_model)
-    costs = resolve_costs(op_costs, model, model_given=device_model is not None)
-    memo = PlanMemo() if budget.in_bytes else None  # a byte budget plans several fractions
-
-    def plan_at(fraction: float, family: str | None = None) -> Partition:
-        return _at_fraction(joint, fraction, rematerialize_scans=rematerialize_scans, model=model, costs=costs,
-                            family=family, memo=memo)
-
-    with byte_limit(measurement_limit(joint, budget.nbytes)):
-        if budget.in_bytes:
-            families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
-            return plan_under_peak(joint, budget.nbytes, plan_at, families,
-                                   seconds=lambda part: sum(costs.seconds(e) for e in part.recomputed.eqns))
-        return plan_at(budget.fraction)
+    options = MinCutOptions(parse_memory_budget(memory_budget), rematerialize_scans, offload, device_model, op_costs)
+    return options if joint is None else options(joint)
 
 
-def check_partitioner(partition_fn: Any) -> None:
-    """Check, before any joint graph exists, the options of a min-cut partitioner configured with
-    ``functools.partial`` (:func:`min_cut_rematerialization_partition` called without a joint graph
-    checks its own); other partitioners pass unchecked. For ``aot_function(partition_fn=...)``.
+@dataclasses.dataclass(frozen=True)
+class MinCutOptions:
+    """The min-cut partitioner with its options, checked once: what
+    ``min_cut_rematerialization_partition(**options)`` returns without a joint graph, and what
+    :func:`as_partitioner` makes of ``functools.partial(min_cut_rematerialization_partition, **options)``.
+    Calling it on a joint graph plans; its fields key the persistent cache."""
+
+    memory_budget: MemoryBudget
+    rematerialize_scans: bool = True
+    offload: bool | str = False
+    device_model: DeviceModel | None = None
+    op_costs: str | OpCosts = "auto"
+
+    def __post_init__(self) -> None:
+        check_rematerialize_scans(self.rematerialize_scans)
+        check_offload(self.offload, self.device_model)
+        check_op_costs(self.op_costs)
+
+    def __call__(self, joint: JointGraph) -> Partition:
+        budget = self.memory_budget
+        model = resolve_model(self.offload, self.device_model)
+        costs = resolve_costs(self.op_costs, model, model_given=self.device_model is not None)
+        memo = PlanMemo() if budget.in_bytes else None  # a byte budget plans several fractions
+
+        def plan_at(fraction: float, family: str | None = None) -> Partition:
+            return _at_fraction(joint, fraction, rematerialize_scans=self.rematerialize_scans, model=model,
+                                costs=costs, family=family, memo=memo)
+
+        with byte_limit(measurement_limit(joint, budget.nbytes)):
+            if budget.in_bytes:
+                families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
+                return plan_under_peak(joint, budget.nbytes, plan_at, families,
+                                       seconds=lambda part: sum(costs.seconds(e) for e in part.recomputed.eqns))
+            return plan_at(budget.fraction)
+
+
+def as_partitioner(partition_fn: Any) -> Any:
+    """``partition_fn`` as ``aot_function`` keeps it: ``functools.partial(min_cut_rematerialization_partition,
+    **options)`` becomes its :class:`MinCutOptions`, its options checked now, before any joint graph
+    exists; every other partitioner is returned as it is.
 
     Example:
         >>> import functools, jaxaot
-        >>> from jaxaot._src.partition import check_partitioner
-        >>> check_partitioner(functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget="1GB"))
-        >>> check_partitioner(functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
-        ...                                     memory_budget=-1))  # doctest: +ELLIPSIS
+        >>> from jaxaot._src.partition import as_partitioner
+        >>> as_partitioner(functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
+        ...                                  memory_budget="1GB")).memory_budget
+        MemoryBudget(nbytes=1000000000)
+        >>> as_partitioner(functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
+        ...                                  memory_budget=-1))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        ...
+            ...
         jaxaot.errors.InvalidValueError: memory_budget=-1 is negative: ...
     """
     if isinstance(partition_fn, functools.partial) and partition_fn.func is min_cut_rematerialization_partition:
-        options = partition_fn.keywords
-        parse_memory_budget(options.get("memory_budget", 1.0))
-        check_rematerialize_scans(options.get("rematerialize_scans", True))
-        check_offload(options.get("offload", False), options.get("device_model"))
-        check_op_costs(options.get("op_costs", "auto"))
+        if partition_fn.args:
+            raise InvalidInputError("functools.partial(min_cut_rematerialization_partition, ...) takes its options "
+                                    "as keywords (memory_budget=..., offload=...), not positional arguments.")
+        return min_cut_rematerialization_partition(**partition_fn.keywords)
+    return partition_fn
 
 
 def check_rematerialize_scans(rematerialize_scans: Any) -> None:
