@@ -14,7 +14,8 @@ Example:
 The core lives here; each domain has one face: :mod:`jaxaot.partition`,
 :mod:`jaxaot.compilers`, :mod:`jaxaot.loops`, :mod:`jaxaot.nn`,
 :mod:`jaxaot.parallel`, :mod:`jaxaot.export`, :mod:`jaxaot.viz`,
-:mod:`jaxaot.errors` and ``jaxaot.config``. Names load on first use (PEP 562).
+:mod:`jaxaot.errors` and ``jaxaot.config``; :func:`compare` measures jaxaot's
+training steps of a function next to JAX's. Names load on first use (PEP 562).
 """
 
 from __future__ import annotations as _annotations
@@ -40,6 +41,7 @@ _CORE: dict[str, str] = {
                      "Residuals"), "jaxaot._src.runtime"),
     **dict.fromkeys(("value_and_grad", "grad", "patch_value_and_grad", "compiled_grad", "compiled_value_and_grad",
                      "nnx_compiled_grad", "grad_hook", "compiled_autograd"), "jaxaot._src.autograd"),
+    "compare": "jaxaot._src.compare",
 }
 
 #: The public faces, reachable as attributes (``jaxaot.loops``) and importable (``import jaxaot.loops``).
@@ -79,6 +81,7 @@ if _typing.TYPE_CHECKING:  # static tools see the names the table above loads la
         nnx_compiled_grad as nnx_compiled_grad, patch_value_and_grad as patch_value_and_grad,
         value_and_grad as value_and_grad,
     )
+    from jaxaot._src.compare import compare as compare
     from jaxaot._src.config import config as config
     from jaxaot._src.runtime import (
         AOTCompiled as AOTCompiled, AOTFunction as AOTFunction, AOTLowered as AOTLowered, CacheInfo as CacheInfo,

@@ -26,7 +26,8 @@ PUBLIC_FACES = ("jaxaot", "jaxaot.errors", "jaxaot.partition", "jaxaot.compilers
 #: The layers, lowest first. A module may import its own layer (acyclically) and those below.
 LAYERS = [
     {"jaxaot.errors", "jaxaot._src", "jaxaot._src.config", "jaxaot._src.compat", "jaxaot._src.pytrees",
-     "jaxaot._src.files", "jaxaot._src.display", "jaxaot._src.progress", "jaxaot._src.deprecations"},
+     "jaxaot._src.files", "jaxaot._src.display", "jaxaot._src.progress", "jaxaot._src.deprecations",
+     "jaxaot._src.tables"},
     {"jaxaot._src.loops"},        # the while-loop primitives: JAX-level, below every stage
     {"jaxaot._src.tracing"},      # stage 1
     {"jaxaot._src.partition"},    # stage 2
@@ -35,8 +36,9 @@ LAYERS = [
     {"jaxaot._src.runtime"},      # stage 4
     {"jaxaot._src.artifacts", "jaxaot._src.nn", "jaxaot._src.parallel"},  # front-ends on the runtime
     {"jaxaot._src.autograd"},     # eager gradients of aot functions and modules, and compiled autograd
+    {"jaxaot._src.compare"},      # jaxaot's training steps measured next to JAX's
     {"jaxaot._src.viz"},          # pictures of what the runtime built
-    {*PUBLIC_FACES, "jaxaot._src.cli"},  # the public faces, and the command written on them
+    {*PUBLIC_FACES, "jaxaot.__main__", "jaxaot._src.cli"},  # the public faces, and the command written on them
 ]
 
 #: Optional dependencies that may only be imported inside functions (they are extras).

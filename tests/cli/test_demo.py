@@ -1,6 +1,9 @@
-"""``jaxaot demo``: the report, its timings' spread, the gradient check, and what it writes where."""
+"""``jaxaot demo``: the report, its timings' spread, the gradient check, its JSON, and what it writes where
+(and leaves behind when it fails)."""
 
+import json
 import re
+import tempfile
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -11,7 +14,7 @@ import pytest
 
 import jaxaot
 from jaxaot import viz
-from jaxaot._src.cli import demo as demo_mod
+from jaxaot._src.cli import commands
 from jaxaot._src.cli import demo_models as examples
 from jaxaot._src.cli import main as cli
 
@@ -69,13 +72,67 @@ def test_demo_report_gives_median_and_spread_and_checks_gradients(tmp_path, monk
         e.get("fill") for g in nodes for e in g)
 
 
-def test_time_rounds_takes_turns():
-    calls = []
-    ms = demo_mod.time_rounds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=2, calls=1)
-    assert calls == ["a", "a", "b", "b", "a", "b", "a", "b"]  # warm-up, then one call each per round
-    assert len(ms["a"]) == len(ms["b"]) == 2
+def test_demo_json_with_a_budget(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JAXAOT_QUIET", "1")
+    out = tmp_path / "new" / "demo"
+    assert cli.main(["demo", *SMALL, "--budget", "0.5", "--json", "--out", str(out)]) == 0
+    doc = json.loads(capsys.readouterr().out)  # stdout holds the document alone
+    assert doc["model"] == {"name": "gelu MLP", "width": 16, "depth": 2, "batch": 4} and doc["budget"] == "0.5"
+    assert [p["name"] for p in doc["programs"]] == ["aot", "min_cut", "split", "fused"]
+    assert doc["programs"][1]["label"] == "jaxaot (min-cut partition, --budget 0.5)"
+    for p in doc["programs"]:
+        assert p["step_ms"]["min"] <= p["step_ms"]["median"] <= p["step_ms"]["max"], p
+        assert (p["residual_bytes"] is None) == (p["name"] == "fused"), p
+    assert doc["max_abs_diff"] < 1e-5 and doc["predicted_peak"] is None  # a fraction: no peak to fit
+    assert all(Path(f).exists() for f in doc["files"]) and (Path(doc["export"]) / "manifest.json").exists()
 
 
-@pytest.mark.parametrize("values, want", [([2.0], "2.00 (2.00-2.00)"), ([4.0, 1.0, 3.0, 2.0], "2.50 (1.00-4.00)")])
-def test_spread(values, want):
-    assert demo_mod._spread(values, "{:.2f}") == want
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+    """An empty folder as the temporary folders' parent and as the current folder: what a demo leaves shows."""
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    monkeypatch.chdir(root)
+    return root
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--width", "0"], "--width must be at least 1, got 0"),
+    (["--rounds", "-1"], "--rounds must be at least 1, got -1"),
+    (["--budget", "1.5"], "--budget 1.5: memory_budget='1.5' is above 1.*Did you mean '1.5GB'"),
+    (["--budget", "lots"], "--budget lots: memory_budget 'lots' is not a number"),
+    (["--out", "afile/sub"], "--out afile/sub: .*afile is a file, not a folder"),
+])
+def test_bad_flags_leave_nothing_behind(temp_root, argv, msg, capsys):
+    (temp_root / "afile").write_text("")
+    assert cli.main(["demo", *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"jaxaot demo: error: {msg}.*\n", err, flags=re.S), err
+    assert [p.name for p in temp_root.iterdir()] == ["afile"]
+
+
+@pytest.mark.parametrize("out", [None, "made/here"])
+@pytest.mark.parametrize("failure", [RuntimeError("the demo broke"), KeyboardInterrupt()])
+def test_a_failed_demo_removes_the_folders_it_made(temp_root, monkeypatch, out, failure):
+    seen = []
+
+    def failing_report(width, depth, batch, out_dir, **kwargs):
+        Path(out_dir, "artifact").mkdir(parents=True)  # part-way through writing
+        seen.append(Path(out_dir).resolve())
+        raise failure
+
+    monkeypatch.setattr(commands, "demo_report", failing_report)
+    with pytest.raises(type(failure)):
+        cli.main(["demo", *SMALL, *(["--out", out] if out else [])])
+    assert seen and not seen[0].exists()
+    assert list(temp_root.iterdir()) == []
+
+
+def test_an_existing_out_folder_stays_when_the_demo_fails(temp_root, monkeypatch):
+    (temp_root / "mine").mkdir()
+    (temp_root / "mine" / "notes.txt").write_text("keep")
+    monkeypatch.setattr(commands, "demo_report", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("broke")))
+    with pytest.raises(RuntimeError):
+        cli.main(["demo", "--out", "mine"])
+    assert (temp_root / "mine" / "notes.txt").read_text() == "keep"

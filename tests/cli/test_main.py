@@ -8,13 +8,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import jaxaot
 from jaxaot._src.pytrees import short_dtype_names
 from jaxaot._src.cli import main as cli
 from jaxaot._src.cli.commands import UsageError, load_object
-from jaxaot._src.cli.shapes import parse_shapes
+from jaxaot._src.cli.shapes import example_arrays, needs_x64, parse_shapes
 from jaxaot.errors import InvalidValueError
 
 CLI_DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -68,14 +70,36 @@ def test_documented_inspect_examples_run_as_written(capsys):
     assert len(commands) >= 2, "docs/cli.md shows jaxaot inspect with --shapes and with --args"
     assert any("--shapes" in c for c in commands) and any("--args" in c for c in commands)
     assert any("--budget" in c for c in commands) and any("--json" in c for c in commands)
+    assert any("--compare" in c and "--json" in c for c in commands)
+    assert any("--compare" in c and "--json" not in c for c in commands)
     for command in commands:
         argv = shlex.split(command)[1:]
         assert cli.main(argv) == 0, command
         out = capsys.readouterr().out
-        if "--json" in argv:
+        if "--compare" in argv:
+            _check_comparison(out, argv)
+        elif "--json" in argv:
             assert json.loads(out)["residuals"], command
         else:
             assert "== residuals ==" in out, command
+
+
+def _check_comparison(out: str, argv: list[str]) -> None:
+    """``inspect --compare``'s output: jaxaot at the budgets asked for next to JAX's three policies and jit."""
+    budgets = [argv[argv.index("--budget") + 1]] if "--budget" in argv else ["1.0", "0.5", "0.0"]
+    names = [f"jaxaot memory_budget={b}" for b in budgets] + ["jax.jit(jax.value_and_grad)"] + [
+        f"jax.checkpoint({p})" for p in ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable")]
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 5
+    if "--json" in argv:
+        doc = json.loads(out)
+        assert doc["target"] == argv[1] and doc["rounds"] == rounds
+        assert [r["name"] for r in doc["rows"]] == names
+        assert all(r["peak_bytes"] > 0 and len(r["times"]) == rounds and r["max_abs_diff"] < 1e-4
+                   for r in doc["rows"]), doc["rows"]
+    else:
+        rows = [line for line in out.splitlines() if line.startswith(("jaxaot memory_budget", "jax."))]
+        assert [line.split("  ")[0] for line in rows] == names, out
+        assert f"over {rounds} rounds" in out
 
 
 def test_documented_commands_name_only_real_targets():
@@ -101,6 +125,16 @@ def test_documented_commands_name_only_real_targets():
      "raised TypeError"),
     (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", '{"w": 3}'], "neither a \"dtype\\[dims\\]\""),
     (["demo", "--width", "0"], "--width must be at least 1"),
+    (["demo", "--budget=-1GB"], "--budget -1GB: memory_budget='-1GB' is negative"),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--rounds", "3"],
+     "--rounds times the steps of --compare: add --compare"),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--compare",
+      "--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--compare",
+      "--offload", "auto"], "--compare measures the min-cut partitioner .*: drop --offload"),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--compare",
+      "--budget", "2.5"], "--budget 2.5: memory_budget='2.5' is above 1"),
+    (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "double[2]"], "unknown dtype 'double'"),
     (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "1.2xB"],
      "--budget 1.2xB: memory_budget '1.2xB' has an unknown unit 'xB'"),
     (["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]", "--budget", "-1"],
@@ -161,7 +195,7 @@ def test_argparse_errors_exit_2(capsys):
 
 def test_f64_turns_on_x64_and_says_so():
     # A subprocess: jax_enable_x64 is process-wide and must not leak into other tests.
-    r = subprocess.run([sys.executable, "-m", "jaxaot._src.cli", "inspect", "jaxaot._src.cli.demo_models:tanh_loss",
+    r = subprocess.run([sys.executable, "-m", "jaxaot", "inspect", "jaxaot._src.cli.demo_models:tanh_loss",
                         "--shapes", "f64[16, 4] f64[8, 16]"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "turned on jax_enable_x64" in r.stderr and "float64" in r.stderr
@@ -172,6 +206,35 @@ def test_parse_shapes_plain():
     got = parse_shapes("f32[8, 16] bf16[3]  i32[] bool[2,2] f32[ 4 ,2 ]")
     assert [(s.shape, s.dtype.name) for s in got] == [((8, 16), "float32"), ((3,), "bfloat16"), ((), "int32"),
                                                       ((2, 2), "bool"), ((4, 2), "float32")]
+
+
+def test_dtypes_without_a_width_are_32_bit():
+    got = parse_shapes("float[16,4] int[3] uint[] complex[2] float64[1] int64[1]")
+    assert [s.dtype.name for s in got] == ["float32", "int32", "uint32", "complex64", "float64", "int64"]
+    assert needs_x64(got[:4]) == [] and needs_x64(got) == ["float64", "int64"]
+    for name in ("double", "long", "f8", "d", "single"):  # NumPy's aliases: refused, not read as 64-bit
+        with pytest.raises(InvalidValueError, match=f"unknown dtype '{name}'"):
+            parse_shapes(f"{name}[2]")
+
+
+def test_float_shapes_leave_x64_off(capsys):
+    assert not jax.config.jax_enable_x64
+    try:
+        assert cli.main(["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "float[16, 4] float[8, 16]"]) == 0
+        assert not jax.config.jax_enable_x64
+    finally:
+        jax.config.update("jax_enable_x64", False)  # process-wide: never leak into other tests
+    captured = capsys.readouterr()
+    assert "jax_enable_x64" not in captured.err and "f32[8,4]" in captured.out and "f64[" not in captured.out
+
+
+def test_example_arrays_fill_shapes_and_keep_arrays():
+    w, (n, m), x = example_arrays([jax.ShapeDtypeStruct((3, 2), jnp.bfloat16),
+                                   [jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.bool_)],
+                                   jnp.arange(3.0)])
+    assert (w.shape, w.dtype) == ((3, 2), jnp.bfloat16) and bool(jnp.all(jnp.isfinite(w))) and float(jnp.std(w)) > 0
+    assert n.dtype == jnp.int32 and not bool(jnp.any(n)) and m.dtype == jnp.bool_ and not bool(jnp.any(m))
+    assert x.tolist() == [0.0, 1.0, 2.0]
 
 
 def test_parse_shapes_json():
@@ -204,7 +267,7 @@ def test_help_lists_the_dtypes_parse_shapes_reads():
 
 def test_help_for_each_command():
     for sub in ([], ["demo"], ["inspect"], ["version"]):
-        r = subprocess.run([sys.executable, "-m", "jaxaot._src.cli", *sub, "--help"], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "jaxaot", *sub, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "usage: jaxaot" in r.stdout
 
 
@@ -213,6 +276,22 @@ def test_inspect_help_documents_both_argument_forms(capsys):
         cli.main(["inspect", "--help"])
     out = capsys.readouterr().out
     assert "--args MODULE:FUNCTION" in out and '"w": "f32[8,16]"' in out and "jax_enable_x64" in out
+
+
+def test_python_m_jaxaot_help_imports_no_jax():
+    code = textwrap.dedent("""
+        import runpy, sys
+        sys.argv = ["jaxaot", "--help"]
+        try:
+            runpy.run_module("jaxaot", run_name="__main__")
+        except SystemExit as e:
+            assert e.code == 0
+        assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
+        print("no jax")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("no jax"), r.stderr
+    assert "usage: jaxaot" in r.stdout
 
 
 def test_parser_imports_no_jax():

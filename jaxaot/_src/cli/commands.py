@@ -5,7 +5,9 @@ command runs, so ``--help`` never pays for importing JAX. A mistake of the
 user's (a module that does not import, an unreadable shape, a wrong number of
 arguments, a function JAX cannot trace at those shapes, a ``--budget`` that is
 unreadable or that no plan fits) ends the command with one line on stderr and
-exit status 2; ``--traceback`` shows the whole story. While a command runs, the
+exit status 2; ``--traceback`` shows the whole story. ``demo`` checks every
+argument before it creates a folder, and removes the folders it created when it
+fails or is interrupted. While a command runs, the
 ``jaxaot`` logger's progress lines show on stderr (:func:`jaxaot._src.progress.to_stderr`;
 none under ``JAXAOT_QUIET=1``).
 """
@@ -13,11 +15,15 @@ none under ``JAXAOT_QUIET=1``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import inspect
 import json
+import os
+import shutil
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -27,7 +33,8 @@ import jaxaot
 from jaxaot._src import progress as _progress
 from jaxaot._src.cli.demo import demo_report
 from jaxaot._src.cli.inspect_json import inspect_document
-from jaxaot._src.cli.shapes import needs_x64, parse_shapes
+from jaxaot._src.cli.shapes import example_arrays, needs_x64, parse_shapes
+from jaxaot._src.compare import DEFAULT_BUDGETS, compare
 from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, MemoryBudgetError
 
 #: The exit status of a command that stopped on a user error (argparse's, for its own errors).
@@ -140,15 +147,60 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    out = args.out
-    if out is None:
-        out = tempfile.mkdtemp(prefix="jaxaot-demo-")
-        print(f"jaxaot demo: writing to {out} (a new temporary folder; choose one with --out DIR)", file=sys.stderr)
     for name in ("width", "depth", "batch", "rounds"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    print(demo_report(args.width, args.depth, args.batch, out, rounds=args.rounds))
+    if args.budget is not None:
+        budget_partitioner(args.budget)
+    out, made = output_folder(args.out)  # every argument is checked: only now is anything created
+    done = False
+    try:
+        report = demo_report(args.width, args.depth, args.batch, out, rounds=args.rounds, budget=args.budget)
+        done = True
+    except MemoryBudgetError as e:
+        raise UsageError(f"no plan of the demo's MLP fits --budget {args.budget}: {_first_line(e)}") from e
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {e}") from e
+    finally:
+        if not done and made is not None:
+            shutil.rmtree(made, ignore_errors=True)  # a failed or interrupted demo leaves nothing behind
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0
+
+
+def output_folder(out: str | None) -> tuple[str, Path | None]:
+    """``(the demo's output folder, the folder to remove if the demo fails)``.
+
+    Without ``--out``, a new temporary folder (said on stderr), removed on failure; with it, the
+    first of its folders that does not exist yet (None if it exists). Raises :class:`UsageError`
+    for an ``--out`` that is a file or in a folder this process cannot write to.
+    """
+    if out is None:
+        made = tempfile.mkdtemp(prefix="jaxaot-demo-")
+        print(f"jaxaot demo: writing to {made} (a new temporary folder; choose one with --out DIR)", file=sys.stderr)
+        return made, Path(made)
+    path = Path(out).absolute()
+    first_missing = None
+    while not path.exists():
+        first_missing, path = path, path.parent
+    if not path.is_dir():
+        raise UsageError(f"--out {out}: {path} is a file, not a folder")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: cannot write in {path}")
+    return out, first_missing
+
+
+def budget_partitioner(budget: str) -> Any:
+    """The min-cut partitioner at ``--budget``, checked now; :class:`UsageError` naming ``--budget`` if unreadable.
+
+    The text goes to the partitioner as given: ``memory_budget`` reads a plain number in a
+    string as that number (:func:`jaxaot._src.partition.parse_memory_budget`), so ``--budget
+    0.5`` is the fraction and ``--budget 2e9`` two billion bytes, as in Python.
+    """
+    try:
+        return jaxaot.partition.min_cut_rematerialization_partition(memory_budget=budget)
+    except (InvalidValueError, InvalidInputError) as e:
+        raise UsageError(f"--budget {budget}: {_first_line(e)}") from e
 
 
 def partitioner(args: argparse.Namespace) -> tuple[str, Any]:
@@ -156,10 +208,8 @@ def partitioner(args: argparse.Namespace) -> tuple[str, Any]:
 
     ``--budget`` or ``--offload`` without ``--partition`` choose the min-cut, the
     partitioner they configure. The min-cut checks its options here, before any
-    tracing: an unreadable budget is a :class:`UsageError` naming ``--budget``. The text goes to the
-    partitioner as given: ``memory_budget`` reads a plain number in a string as that number
-    (:func:`jaxaot._src.partition.parse_memory_budget`), so ``--budget 0.5`` is the fraction and
-    ``--budget 2e9`` two billion bytes, as in Python.
+    tracing: an unreadable budget is a :class:`UsageError` naming ``--budget``
+    (read as :func:`budget_partitioner` reads it).
     """
     tuned = args.budget is not None or args.offload is not None
     name = args.partition or ("min_cut" if tuned else "default")
@@ -183,6 +233,10 @@ def partitioner(args: argparse.Namespace) -> tuple[str, Any]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.rounds is not None and not args.compare:
+        raise UsageError("--rounds times the steps of --compare: add --compare")
+    if args.compare:
+        check_compare_options(args)
     if args.x64 and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)  # before --args builds its arrays
     name, partition_fn = partitioner(args)
@@ -190,21 +244,53 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     call_args = parse_shapes(args.shapes) if args.shapes is not None else example_args(args.args)
     enable_x64_for(call_args)
     check_arity(fn, args.target, call_args)
+    if args.compare:
+        return inspect_compare(args, fn, call_args)
     aot = jaxaot.aot_function(fn, partition_fn=partition_fn)
-    try:
+    with _user_errors(args):
         with _progress.task(f"lowering {args.target}"):
             low = aot.lower(*call_args)
-    except MemoryBudgetError as e:  # before its base class: the function traced, the budget is the problem
-        raise UsageError(f"no plan of {args.target} fits --budget {args.budget}: {_first_line(e)}") from e
-    except (JaxaotError, TypeError, ValueError) as e:  # the function does not trace at these arguments
-        raise UsageError(f"{args.target} does not trace at the given arguments: {type(e).__name__}: "
-                         f"{_first_line(e)} (--traceback shows where)") from e
     if args.json:
         print(json.dumps(inspect_document(low, target=args.target, partition=name, budget=args.budget,
                                           offload=args.offload), indent=2))
     else:
         print(low)
     return 0
+
+
+def check_compare_options(args: argparse.Namespace) -> None:
+    """:class:`UsageError` for options ``--compare`` does not take: it compares the min-cut at budgets with JAX."""
+    if args.offload is not None or args.partition == "default":
+        raise UsageError("--compare measures the min-cut partitioner at --budget (default: "
+                         f"{', '.join(map(str, DEFAULT_BUDGETS))}) next to JAX's programs: drop "
+                         f"{'--offload' if args.offload is not None else '--partition default'}")
+    if args.rounds is not None and args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
+
+
+def inspect_compare(args: argparse.Namespace, fn: Callable, call_args: tuple) -> int:
+    """``inspect --compare``: :func:`jaxaot.compare` of ``fn`` at the arguments (``--shapes`` made arrays)."""
+    budgets = DEFAULT_BUDGETS if args.budget is None else (args.budget,)
+    with _user_errors(args):
+        result = compare(fn, *example_arrays(call_args), budgets=budgets,
+                         rounds=5 if args.rounds is None else args.rounds)
+    if args.json:
+        print(json.dumps({"target": args.target, **result.to_dict()}, indent=2))
+    else:
+        print(result)
+    return 0
+
+
+@contextlib.contextmanager
+def _user_errors(args: argparse.Namespace) -> Any:
+    """Errors of the user's function at the given arguments, or of its budget, as :class:`UsageError`."""
+    try:
+        yield
+    except MemoryBudgetError as e:  # before its base class: the function traced, the budget is the problem
+        raise UsageError(f"no plan of {args.target} fits --budget {args.budget}: {_first_line(e)}") from e
+    except (JaxaotError, TypeError, ValueError) as e:  # the function does not trace at these arguments
+        raise UsageError(f"{args.target} does not trace at the given arguments: {type(e).__name__}: "
+                         f"{_first_line(e)} (--traceback shows where)") from e
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

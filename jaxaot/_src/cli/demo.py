@@ -1,17 +1,18 @@
 """``jaxaot demo``: compile an embedded MLP's training step with jaxaot and compare with plain JAX.
 
-The report is a table of residual bytes and step times for jaxaot's two
-partitioners next to ``jax.fwd_and_bwd`` and ``jax.jit(jax.value_and_grad)``,
-a gradient check, and (with an output folder) the rendered split and the
-exported forward/backward programs. Its progress goes through
-:mod:`jaxaot._src.progress` (on stderr under the ``jaxaot`` command).
+The report (a :class:`DemoReport`) holds residual bytes and step times for
+jaxaot's two partitioners next to ``jax.fwd_and_bwd`` and
+``jax.jit(jax.value_and_grad)``, a gradient check, and (with an output folder)
+the rendered split and the exported forward/backward programs; it prints as
+text or as JSON. Its progress goes through :mod:`jaxaot._src.progress` (on
+stderr under the ``jaxaot`` command).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -21,26 +22,115 @@ import jax.numpy as jnp
 
 import jaxaot
 from jaxaot._src import progress as _progress, viz
+from jaxaot._src.compare import max_abs_diff, time_rounds
 from jaxaot._src.viz import why_no_layout
 from jaxaot._src.cli import demo_models
-from jaxaot._src.cli.console import table
+from jaxaot._src.tables import median_spread, table
+
+#: The programs of the report: key, label.
+PROGRAMS = (("aot", "jaxaot (default partition)"), ("min_cut", "jaxaot (min-cut partition)"),
+            ("split", "jax.fwd_and_bwd"), ("fused", "jax.jit(jax.value_and_grad)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoProgram:
+    """One program of the demo: its residual bytes (None for the fused reference) and milliseconds per step,
+    one per round, with the ratio to the reference's step within each round."""
+
+    key: str
+    label: str
+    residual_bytes: int | None
+    times_ms: tuple[float, ...]
+    ratios: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoReport:
+    """What ``jaxaot demo`` measured and wrote; ``str()`` is the text report, :meth:`to_dict` the JSON one."""
+
+    width: int
+    depth: int
+    batch: int
+    rounds: int
+    budget: str | None
+    backend: str
+    programs: tuple[DemoProgram, ...]
+    max_abs_diff: float
+    residual_counts: tuple[int, int]  # the default partition's, the min-cut's
+    compile_seconds: float
+    predicted_peak: Any = None  # the min-cut plan's StepPeak under a byte budget
+    files: tuple[str, ...] = ()
+    export: str | None = None  # the exported artifact's folder
+    export_note: str = ""
+
+    def __str__(self) -> str:
+        rows = [("program", "residual bytes", "step ms: median (min-max)", "vs jit(value_and_grad)")]
+        for p in self.programs:
+            saved = "(fused)" if p.residual_bytes is None else f"{p.residual_bytes / 1024:.1f} KiB"
+            ratio = "1.00x (the reference)" if p.key == "fused" else median_spread(p.ratios, "{:.2f}x")
+            rows.append((p.label, saved, median_spread(p.times_ms, "{:.3f}"), ratio))
+        lines = [
+            table(rows),
+            "",
+            f"step times over {self.rounds} rounds; each ratio compares the two programs within a round",
+            f"gradients match jax.value_and_grad: max abs difference {self.max_abs_diff:.2e}",
+            f"jaxaot saved {self.residual_counts[0]} residuals (default partition), {self.residual_counts[1]} "
+            f"(min-cut); tracing, partitioning and compiling both took {self.compile_seconds:.2f} s",
+        ]
+        if self.predicted_peak is not None:
+            lines.append(f"the min-cut plan under --budget {self.budget}: compiled peak {self.predicted_peak}")
+        if self.files:
+            lines.append("wrote " + ", ".join(self.files))
+        if self.export_note:
+            lines.append(self.export_note)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``jaxaot demo --json``)."""
+        peak = self.predicted_peak
+        return {
+            "model": {"name": "gelu MLP", "width": self.width, "depth": self.depth, "batch": self.batch},
+            "backend": self.backend,
+            "budget": self.budget,
+            "rounds": self.rounds,
+            "programs": [{"name": p.key, "label": p.label, "residual_bytes": p.residual_bytes,
+                          "step_ms": _stats(p.times_ms), "vs_fused": _stats(p.ratios)} for p in self.programs],
+            "max_abs_diff": self.max_abs_diff,
+            "residuals": {"default": self.residual_counts[0], "min_cut": self.residual_counts[1]},
+            "compile_seconds": self.compile_seconds,
+            "predicted_peak": None if peak is None else {
+                "fused": peak.fused, "forward": peak.forward, "backward": peak.backward, "budget": peak.budget},
+            "files": list(self.files),
+            "export": self.export,
+            "export_note": self.export_note,
+        }
+
+
+def _stats(values: tuple[float, ...]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str | Path | None = None,
-                *, rounds: int = 7) -> str:
+                *, rounds: int = 7, budget: str | float | None = None) -> DemoReport:
     """Compile the embedded MLP's training step with jaxaot and compare with plain JAX.
 
     Progress goes to :mod:`jaxaot._src.progress`; the report is returned. Step
     times are the median and the min-max over ``rounds`` rounds, in each of
-    which every program runs in turn. With ``out_dir``, also write
-    :func:`demo_artifacts` and :func:`demo_export` there (and say on stderr, in
-    one line, how to get Graphviz's picture when it is missing).
+    which every program runs in turn. ``budget`` is the min-cut's
+    ``memory_budget`` (read by :func:`jaxaot._src.partition.parse_memory_budget`; default 1).
+    With ``out_dir``, also write :func:`demo_artifacts` and :func:`demo_export`
+    there (and say on stderr, in one line, how to get Graphviz's picture when it is missing).
+
+    Raises:
+      MemoryBudgetError: no plan of the MLP fits a byte ``budget``.
     """
     params, data = demo_models.mlp_init(jax.random.key(0), width=width, depth=depth, batch=batch)
     loss = demo_models.mlp_loss
     _progress.note(f"jaxaot demo: {depth}-layer gelu MLP, width {width}, batch {batch}, on {jax.default_backend()}")
+    min_cut = jaxaot.partition.min_cut_rematerialization_partition
     vg = jaxaot.value_and_grad(jaxaot.aot_function(loss))
-    vg_mc = jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition))
+    vg_mc = jaxaot.value_and_grad(jaxaot.aot_function(
+        loss, partition_fn=min_cut if budget is None else min_cut(memory_budget=budget)))
     with _progress.task("tracing, partitioning and compiling with jaxaot") as compiling:
         low = vg.lower(params, data)
         low_mc = vg_mc.lower(params, data)
@@ -52,11 +142,7 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
         _, res = fwd(params, data)
         jax.block_until_ready(fused(params, data))
     want = fused(params, data)[1]
-    err = max(
-        float(jnp.max(jnp.abs(a - b)))
-        for got in (vg(params, data)[1], vg_mc(params, data)[1])
-        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want))
-    )
+    err = max(max_abs_diff(vg(params, data)[1], want), max_abs_diff(vg_mc(params, data)[1], want))
     programs = {
         "aot": lambda: vg(params, data),
         "min_cut": lambda: vg_mc(params, data),
@@ -64,34 +150,25 @@ def demo_report(width: int = 256, depth: int = 4, batch: int = 64, out_dir: str 
         "fused": lambda: fused(params, data),
     }
     with _progress.task(f"timing ({rounds} rounds)"):
-        ms = time_rounds(programs, rounds=rounds)
-    jax_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(res))
-    rows = [("program", "residual bytes", "step ms: median (min-max)", "vs jit(value_and_grad)")]
-    for name, label, saved in (("aot", "jaxaot (default partition)", _kib(low.saved_bytes)),
-                               ("min_cut", "jaxaot (min-cut partition)", _kib(low_mc.saved_bytes)),
-                               ("split", "jax.fwd_and_bwd", _kib(jax_bytes)),
-                               ("fused", "jax.jit(jax.value_and_grad)", "(fused)")):
-        ratios = [a / b for a, b in zip(ms[name], ms["fused"])]
-        ratio = "1.00x (the reference)" if name == "fused" else _spread(ratios, "{:.2f}x")
-        rows.append((label, saved, _spread(ms[name], "{:.3f}"), ratio))
-    lines = [
-        table(rows),
-        "",
-        f"step times over {rounds} rounds; each ratio compares the two programs within a round",
-        f"gradients match jax.value_and_grad: max abs difference {err:.2e}",
-        f"jaxaot saved {len(low.saved)} residuals (default partition), {len(low_mc.saved)} (min-cut); "
-        f"tracing, partitioning and compiling both took {compiling.seconds:.2f} s",
-    ]
-    if out_dir is not None:
-        missing = why_no_layout()
-        if missing:
-            print(f"jaxaot demo: drawing the split with jaxaot's built-in layout: {missing}", file=sys.stderr)
-        with _progress.task(f"writing the picture of the split and the exported programs to {out_dir}"):
-            paths = demo_artifacts(out_dir, low)
-            exported = demo_export(out_dir, loss, params, data)
-        lines.append("wrote " + ", ".join(str(p) for p in paths))
-        lines.append(exported)
-    return "\n".join(lines)
+        ms = {k: [t * 1e3 for t in v] for k, v in time_rounds(programs, rounds=rounds, calls=5).items()}
+    saved = {"aot": low.saved_bytes, "min_cut": low_mc.saved_bytes, "fused": None,
+             "split": sum(x.nbytes for x in jax.tree_util.tree_leaves(res))}
+    labels = dict(PROGRAMS)
+    if budget is not None:
+        labels["min_cut"] = f"jaxaot (min-cut partition, --budget {budget})"
+    rows = tuple(DemoProgram(key, labels[key], saved[key], tuple(ms[key]),
+                             tuple(a / b for a, b in zip(ms[key], ms["fused"]))) for key, _ in PROGRAMS)
+    report = DemoReport(width, depth, batch, rounds, None if budget is None else str(budget), jax.default_backend(),
+                        rows, err, (len(low.saved), len(low_mc.saved)), compiling.seconds, low_mc.predicted_peak)
+    if out_dir is None:
+        return report
+    missing = why_no_layout()
+    if missing:
+        print(f"jaxaot demo: drawing the split with jaxaot's built-in layout: {missing}", file=sys.stderr)
+    with _progress.task(f"writing the picture of the split and the exported programs to {out_dir}"):
+        paths = demo_artifacts(out_dir, low)
+        exported, note = demo_export(out_dir, loss, params, data)
+    return dataclasses.replace(report, files=tuple(str(p) for p in paths), export=exported, export_note=note)
 
 
 def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
@@ -104,8 +181,8 @@ def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxaot
         >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
-        >>> paths = demo_artifacts(tempfile.mkdtemp(), low)
-        >>> paths[0].name
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     demo_artifacts(folder, low)[0].name
         'split.html'
     """
     out_dir = Path(out_dir)
@@ -117,52 +194,12 @@ def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
     return paths
 
 
-def demo_export(out_dir: str | Path, fn: Callable, *args: Any) -> str:
-    """Export ``fn``'s forward/backward programs to ``out_dir/artifact``; say what was written."""
+def demo_export(out_dir: str | Path, fn: Callable, *args: Any) -> tuple[str | None, str]:
+    """Export ``fn``'s forward/backward programs to ``out_dir/artifact``: ``(its folder or None, what was done)``."""
     path = Path(out_dir) / "artifact"
     try:
         jaxaot.export.export(fn, *args).save(path)
     except ImportError as err:  # the 'export' extra is not installed
-        return f"no exported artifact: {err}"
-    return f"exported the forward/backward programs to {path} (reload with jaxaot.export.load({str(path)!r}))"
-
-
-def _kib(n: int) -> str:
-    # One unit for the whole column, so the rows compare at a glance.
-    return f"{n / 1024:.1f} KiB"
-
-
-def time_rounds(programs: dict[str, Callable[[], Any]], *, rounds: int = 7, calls: int = 5) -> dict[str, list[float]]:
-    """Milliseconds per call of each program, one number per round.
-
-    After two warm-up calls each, the programs take turns: in every round each
-    runs ``calls`` times back to back (blocking on each result), so a slow
-    moment of the machine hits all of them alike.
-
-    Example:
-        >>> ms = time_rounds({"add": lambda: jnp.ones(3) + 1}, rounds=3, calls=2)
-        >>> len(ms["add"]), all(t > 0 for t in ms["add"])
-        (3, True)
-    """
-    for fn in programs.values():
-        for _ in range(2):
-            jax.block_until_ready(fn())
-    out: dict[str, list[float]] = {name: [] for name in programs}
-    for _ in range(rounds):
-        for name, fn in programs.items():
-            t = time.perf_counter()
-            for _ in range(calls):
-                jax.block_until_ready(fn())
-            out[name].append((time.perf_counter() - t) / calls * 1e3)
-    return out
-
-
-def _spread(values: list[float], fmt: str) -> str:
-    """``median (min-max)`` of ``values``.
-
-    Example:
-        >>> _spread([3.0, 1.0, 2.0], "{:.1f}")
-        '2.0 (1.0-3.0)'
-    """
-    v = sorted(values)
-    return f"{fmt.format(statistics.median(v))} ({fmt.format(v[0])}-{fmt.format(v[-1])})"
+        return None, f"no exported artifact: {err}"
+    return str(path), (f"exported the forward/backward programs to {path} (reload with "
+                       f"jaxaot.export.load({str(path)!r}))")

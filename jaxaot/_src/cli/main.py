@@ -10,6 +10,8 @@ Example:
     $ jaxaot inspect jaxaot._src.cli.demo_models:mlp_loss --args jaxaot._src.cli.demo_models:mlp_example_args
     $ jaxaot inspect jaxaot._src.cli.demo_models:mlp_loss --args jaxaot._src.cli.demo_models:mlp_example_args \
           --budget 0.5 --json
+    $ jaxaot inspect jaxaot._src.cli.demo_models:mlp_loss --args jaxaot._src.cli.demo_models:mlp_example_args \
+          --compare
     $ jaxaot version
 """
 
@@ -35,8 +37,10 @@ arguments, one of:
       FUNCTION() returns example arguments as a tuple (arrays or
       jax.ShapeDtypeStruct leaves), e.g. jaxaot._src.cli.demo_models:mlp_example_args
 
-dtypes: {', '.join(DTYPES)}. 64-bit dtypes (f64, i64, u64, c128) turn on
-jax_enable_x64 before tracing, and say so on stderr.
+dtypes: {', '.join(DTYPES)}, or their full names (float32, int64, ...).
+float, int, uint and complex mean JAX's default widths: float32, int32,
+uint32, complex64. Only a dtype named 64-bit (f64, float64, i64, int64, u64,
+c128) turns on jax_enable_x64 before tracing, and says so on stderr.
 
 the min-cut partitioner's options (either one chooses --partition min_cut):
   --budget 0.5      a fraction in [0, 1]: 0 recomputes every expensive eqn
@@ -53,6 +57,14 @@ the min-cut partitioner's options (either one chooses --partition min_cut):
 times as one JSON document on stdout; progress stays on stderr
 (JAXAOT_QUIET=1 silences it).
 
+--compare measures instead of printing the split: the gradient step of the
+first argument, jaxaot's min-cut at each budget (--budget, else 1, 0.5 and 0)
+next to jax.jit(jax.value_and_grad(f)) and jax.checkpoint(f, policy=P) for
+JAX's dots_saveable, dots_with_no_batch_dims_saveable and nothing_saveable:
+each step's compiled peak memory and its time per call (median and min-max
+over --rounds rounds, default 5), as a table or, with --json, as JSON.
+--shapes arguments become arrays for it: normal random floats, zero ints.
+
 examples:
   jaxaot inspect jaxaot._src.cli.demo_models:tanh_loss --shapes "f32[16, 4] f32[8, 16]"
   jaxaot inspect jaxaot._src.cli.demo_models:mlp_loss --args jaxaot._src.cli.demo_models:mlp_example_args
@@ -60,6 +72,7 @@ examples:
       --shapes '[[{{"w": "f32[16,16]", "b": "f32[16]"}}], ["f32[4,16]", "f32[4,16]"]]'
   jaxaot inspect jaxaot._src.cli.demo_models:mlp_loss \\
       --args jaxaot._src.cli.demo_models:mlp_example_args --budget 0.5 --json
+  jaxaot inspect jaxaot._src.cli.demo_models:tanh_loss --shapes "f32[16, 4] f32[8, 16]" --compare
 
 A user error (an import that fails, an unreadable shape, a wrong number of
 arguments, a function that does not trace at these shapes, an unreadable
@@ -83,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", metavar="DIR", default=None,
                    help="where to write the rendered split (split.html, and split.svg with Graphviz) and the "
                    "exported forward/backward programs (artifact/); default: a new temporary folder, printed")
+    d.add_argument("--budget", metavar="BUDGET", default=None,
+                   help="the min-cut's memory_budget: a fraction in [0, 1] or bytes such as 64KiB or 2e9 "
+                   "(read as in Python, as inspect reads it; default 1)")
+    d.add_argument("--json", action="store_true", help="print the report as one JSON document on stdout")
     i = sub.add_parser("inspect", help="print the forward/backward split of MODULE:FUNCTION",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=INSPECT_EPILOG,
                        description="Trace MODULE:FUNCTION at the given arguments, partition it and print "
@@ -100,7 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--offload", choices=("auto", "off"), default=None,
                    help="the min-cut's host offload: auto moves saved values to host memory where it pays "
                    "(default: off)")
-    i.add_argument("--json", action="store_true", help="print the split as JSON on stdout (see below)")
+    i.add_argument("--json", action="store_true", help="print the split (or the comparison) as JSON on stdout "
+                   "(see below)")
+    i.add_argument("--compare", action="store_true", help="measure jaxaot's steps next to JAX's: compiled peak "
+                   "and step time (see below)")
+    i.add_argument("--rounds", type=int, default=None, help="timing rounds of --compare (default 5)")
     i.add_argument("--x64", action="store_true", help="turn on jax_enable_x64 before anything is built")
     i.add_argument("--traceback", action="store_true", help="on a user error, show the traceback too")
     sub.add_parser("version", help="print jaxaot, jax, jaxlib versions and the backend",

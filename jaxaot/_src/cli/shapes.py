@@ -9,6 +9,10 @@ Two forms, told apart by the first character:
   array (``"f32[8,16]"``), a list is a list node and an object is a dict node:
   ``'[{"w": "f32[8,16]", "b": "f32[16]"}, "f32[4,8]"]'``.
 
+A dtype is a short name (``f32``), a full one (``float32``), or ``float``,
+``int``, ``uint`` or ``complex``, which mean JAX's default 32-bit widths
+(:func:`read_dtype`): only a dtype named 64-bit needs ``jax_enable_x64``.
+
 Example:
     >>> [(s.shape, s.dtype.name) for s in parse_shapes("f32[8, 16] i32[]")]
     [((8, 16), 'float32'), ((), 'int32')]
@@ -74,16 +78,66 @@ def parse_shape(tok: str) -> jax.ShapeDtypeStruct:
     if not m:
         raise InvalidValueError(f"cannot read shape {tok!r}: write dtype[dims], e.g. f32[8,16] or i32[] "
                                 f"(dtype one of {', '.join(short_dtype_names())})")
-    dtype = dtype_from_short(m["dtype"])
+    dtype = read_dtype(m["dtype"])
     if dtype is None:
         raise InvalidValueError(f"cannot read shape {tok!r}: unknown dtype {m['dtype']!r}; use one of "
-                                f"{', '.join(short_dtype_names())}")
+                                f"{', '.join(short_dtype_names())} (or a full name: float32, int64, ...)")
     dims = m["dims"].replace(" ", "").split(",")
     if dims[-1] == "" and len(dims) > 1:
         dims.pop()  # a trailing comma: f32[8,]
     if "" in dims and len(dims) > 1:
         raise InvalidValueError(f"cannot read shape {tok!r}: an empty dimension between commas")
     return jax.ShapeDtypeStruct(tuple(int(d) for d in dims if d), dtype)
+
+
+def read_dtype(name: str) -> Any:
+    """The dtype ``name`` names in ``--shapes``, or None.
+
+    A short name (``f32``), a full one (``float32``, ``bfloat16``), or one without a width:
+    ``float``, ``int``, ``uint`` and ``complex`` are JAX's default widths (float32, int32,
+    uint32, complex64), as ``jnp.zeros(3, float)`` gives without x64, so only a 64-bit dtype
+    named as such turns on ``jax_enable_x64``. NumPy's other aliases (``double``, ``long``,
+    ``f8``) are not read: their widths differ between NumPy and JAX.
+
+    Example:
+        >>> [read_dtype(n).name for n in ("f32", "float", "int", "int64", "bf16")]
+        ['float32', 'float32', 'int32', 'int64', 'bfloat16']
+        >>> read_dtype("double") is None
+        True
+    """
+    name = _DEFAULT_WIDTH.get(name, name)
+    dtype = dtype_from_short(name)
+    if dtype is None or (name not in short_dtype_names() and name != dtype.name):
+        return None
+    return dtype
+
+
+#: The dtypes a name without a width means: JAX's defaults without x64.
+_DEFAULT_WIDTH = {"float": "float32", "int": "int32", "uint": "uint32", "complex": "complex64"}
+
+
+def example_arrays(args: Any, seed: int = 0) -> Any:
+    """``args`` with each ``jax.ShapeDtypeStruct`` leaf made an array of its shape and dtype (arrays stay).
+
+    Floating and complex leaves get standard normal values, integers and booleans zeros (valid indices
+    and masks), so that a step can run on them: ``jaxaot inspect --compare`` times the steps.
+
+    Example:
+        >>> w, n = example_arrays([jax.ShapeDtypeStruct((2, 3), np.float32), jax.ShapeDtypeStruct((), np.int32)])
+        >>> w.shape, w.dtype.name, int(n)
+        ((2, 3), 'float32', 0)
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+    out = []
+    for key, leaf in zip(keys, leaves):
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            if jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+                leaf = jax.random.normal(key, leaf.shape).astype(leaf.dtype)
+            else:
+                leaf = jax.numpy.zeros(leaf.shape, leaf.dtype)
+        out.append(leaf)
+    return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def needs_x64(args: Any) -> list[str]:

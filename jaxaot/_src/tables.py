@@ -1,7 +1,4 @@
-"""What the ``jaxaot`` command prints around its results: plain-text tables.
-
-Progress lines go through :mod:`jaxaot._src.progress`, which the command shows on
-stderr (:func:`jaxaot._src.progress.to_stderr`).
+"""Plain-text tables, as the ``jaxaot`` command and :func:`jaxaot.compare` print them.
 
 Example:
     >>> print(table([("name", "bytes"), ("w", 12), ("bias", 4)]))
@@ -9,10 +6,13 @@ Example:
     ----  -----
     w        12
     bias      4
+    >>> median_spread([3.0, 1.0, 2.0], "{:.1f}")
+    '2.0 (1.0-3.0)'
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Sequence
 
 
@@ -26,3 +26,9 @@ def table(rows: Sequence[Sequence[Any]]) -> str:
     out = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def median_spread(values: Sequence[float], fmt: str) -> str:
+    """``median (min-max)`` of ``values``, each formatted with ``fmt``: a measurement and its spread in one cell."""
+    v = sorted(values)
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(v[0])}-{fmt.format(v[-1])})"
