@@ -60,7 +60,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxaot
-from jaxaot._src.config import CACHE_DIR_ENV
+from jaxaot._src.config import SETTINGS
 from benchmarks import models as zoo_models
 from benchmarks.bench_partitioners import input_sets
 from benchmarks.harness import fmt_bytes, median_time, peak_bytes, report, result_path, table
@@ -253,7 +253,7 @@ def fresh_first_step(model_name: str, size: str, spec: str) -> dict:
     """A fresh process's first step of ``spec`` (seconds: trace, plan, compile, run) and its
     ``peak_bytes_in_use`` after it (None where the backend does not report it); {} if it failed."""
     cmd = [sys.executable, "-m", "benchmarks.bench_budget", "--fresh", model_name, spec, "--size", size]
-    cold = (CACHE_DIR_ENV, "JAX_COMPILATION_CACHE_DIR")  # no persistent cache: a cold start
+    cold = (SETTINGS["cache_dir"].env, "JAX_COMPILATION_CACHE_DIR")  # no persistent cache: a cold start
     env = {k: v for k, v in os.environ.items() if k not in cold}
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # the allocator holds what the step asks
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)

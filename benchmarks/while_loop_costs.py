@@ -2,7 +2,7 @@
 
 * Steps run: a 40-step loop's ``jit(grad)`` with ``max_steps=N`` for N = 512, 4096, 16384 against
   ``lax.scan(length=40)``: the gradient's time should follow the 40 steps, not N. Each N also runs
-  with one stack of N rows (``jaxaot._src.loops.segments.SEGMENTS = False``, the GPU's choice).
+  with one stack of N rows (``jaxaot.config.stack_segments = False``, the GPU's choice).
 * Small bodies: ``checkpoints=k`` on a 2-element linear ODE of 600 steps, k = 10 and 90, against
   Equinox's ``while_loop(kind="checkpointed")`` (the loop diffrax and optimistix use) in the same run.
 
@@ -22,17 +22,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxaot._src.loops import segments, while_loop
+import jaxaot
+from jaxaot._src.loops import while_loop
 
 
 def _compiled(fn: Callable, args: tuple, one_stack: bool = False) -> tuple[Any, float]:
     """``(compiled, temporaries MiB)``; ``one_stack`` traces with one stack of max_steps rows."""
-    old = segments.SEGMENTS
-    segments.SEGMENTS = False if one_stack else old
-    try:
+    with jaxaot.config.override(**({"stack_segments": False} if one_stack else {})):
         compiled = jax.jit(fn).lower(*args).compile()
-    finally:
-        segments.SEGMENTS = old
     jax.block_until_ready(compiled(*args))
     return compiled, compiled.memory_analysis().temp_size_in_bytes / 2**20
 

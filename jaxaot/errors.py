@@ -30,7 +30,8 @@ class InvalidValueError(JaxaotError, ValueError):
     """An argument or option is of the right kind but has a value jaxaot does not accept.
 
     An unknown ``group_by`` or ``format``, an empty list of rows to plot, a
-    ``--shapes`` spec the ``jaxaot`` command cannot read.
+    ``--shapes`` spec the ``jaxaot`` command cannot read, a ``jaxaot.config``
+    setting of the wrong kind or value (set, or read from its environment variable).
     """
 
 

@@ -7,12 +7,19 @@ import types
 import pytest
 
 from jaxaot._src import progress as _progress
+from jaxaot._src.config import config
 
 
 @pytest.fixture
-def info(caplog, monkeypatch):
-    """The jaxaot logger at INFO, every line shown (no throttling), no terminal, JAXAOT_QUIET unset."""
-    monkeypatch.delenv(_progress.QUIET_ENV, raising=False)
+def loud():
+    """``jaxaot.config.quiet`` off."""
+    with config.override(quiet=False):
+        yield
+
+
+@pytest.fixture
+def info(caplog, monkeypatch, loud):
+    """The jaxaot logger at INFO, every line shown (no throttling), no terminal, not quiet."""
     monkeypatch.setattr(_progress, "INTERVAL", 0.0)
     monkeypatch.setattr(_progress, "_use_bar", lambda: False)
     caplog.set_level(logging.INFO, logger="jaxaot")
@@ -69,17 +76,16 @@ def test_track_and_task(info):
     assert t.seconds >= 0
 
 
-def test_silent_under_jaxaot_quiet(info, monkeypatch):
-    monkeypatch.setenv("JAXAOT_QUIET", "1")
-    _progress.step("timing ops", 1, 2)
-    list(_progress.track(range(3), "reading"))
-    with _progress.task("compiling") as t:
-        pass
+def test_silent_under_config_quiet(info):
+    with config.override(quiet=True):
+        _progress.step("timing ops", 1, 2)
+        list(_progress.track(range(3), "reading"))
+        with _progress.task("compiling") as t:
+            pass
     assert lines(info) == [] and t.seconds >= 0
 
 
-def test_silent_when_logging_is_off(caplog, monkeypatch):
-    monkeypatch.delenv(_progress.QUIET_ENV, raising=False)
+def test_silent_when_logging_is_off(caplog, loud):
     caplog.set_level(logging.WARNING, logger="jaxaot")
     assert not _progress.enabled()
     _progress.step("timing ops", 1, 2)
@@ -102,8 +108,7 @@ class FakeBar:
         self.closed = True
 
 
-def test_tqdm_bar_on_a_terminal(caplog, monkeypatch):
-    monkeypatch.delenv(_progress.QUIET_ENV, raising=False)
+def test_tqdm_bar_on_a_terminal(caplog, monkeypatch, loud):
     caplog.set_level(logging.INFO, logger="jaxaot")
     FakeBar.made = []
     monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
@@ -118,8 +123,7 @@ def test_tqdm_bar_on_a_terminal(caplog, monkeypatch):
     assert lines(caplog) == []  # a bar instead of lines
 
 
-def test_to_stderr_shows_lines_and_restores_the_logger(capsys, monkeypatch):
-    monkeypatch.delenv(_progress.QUIET_ENV, raising=False)
+def test_to_stderr_shows_lines_and_restores_the_logger(capsys, loud):
     logger = logging.getLogger("jaxaot")
     before = (logger.level, logger.propagate, list(logger.handlers))
     with _progress.to_stderr():

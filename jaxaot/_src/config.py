@@ -1,42 +1,264 @@
 """Process-wide jaxaot settings: ``jaxaot.config``.
 
+Every setting is a typed attribute of :data:`config`, checked when it is set: a
+wrong value raises :class:`~jaxaot.errors.InvalidValueError` at once and leaves
+the old value in place. Each has an environment variable (``JAXAOT_`` and the
+name in capitals), read once, when a :class:`Config` is made (for
+:data:`config`, when jaxaot is imported), and checked the same way. The modules
+that use a setting read it from :data:`config` at the moment they need it, so a
+change takes effect at the next trace or compile; the settings that shape
+programs (:attr:`Setting.traced`) are part of JAX's cache keys, so a function
+``jax.jit`` compiled under other values is traced again. ``docs/config.md``
+tables them all.
+
 Example:
     >>> import jaxaot
-    >>> with jaxaot.config.override(cache_dir=None):
-    ...     jaxaot.config.cache_dir is None
-    True
+    >>> with jaxaot.config.override(cache_dir=None, quiet=True):
+    ...     jaxaot.config.cache_dir, jaxaot.config.quiet
+    (None, True)
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import numbers
 import os
-from typing import Any, Iterator
+import threading
+from typing import Any, Callable, Iterator, Mapping
 
-#: The environment variable that sets the default ``cache_dir``.
-CACHE_DIR_ENV = "JAXAOT_CACHE_DIR"
+from jaxaot.errors import InvalidValueError
+
+#: The schedules a bounded ``checkpoints=k`` loop can run (:mod:`jaxaot._src.loops.offline`).
+OFFLINE_SCHEDULES = ("nested", "binomial")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
-def _cache_dir_from_env() -> str | None:
-    return os.environ.get(CACHE_DIR_ENV) or None
+class _Refused(Exception):
+    """Why a value is refused (the caller names the setting or the variable)."""
 
 
-@dataclasses.dataclass
+# --------------------------------------------------------------------------- checks: value -> value stored
+def _path(what_none: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            raise _Refused(f"expected a path (str or os.PathLike) or None ({what_none}), got {type(value).__name__}")
+        text = os.fspath(value)
+        if not isinstance(text, str):
+            raise _Refused(f"expected a text path, got a {type(text).__name__} path; decode it first")
+        if not text:
+            raise _Refused(f"an empty path; give None for {what_none}")
+        return value
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Refused(f"expected True or False, got {type(value).__name__}")
+    return value
+
+
+def _bool_or_none(value: Any) -> bool | None:
+    return None if value is None else _bool(value)
+
+
+def _positive_int_or_none(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _Refused(f"expected a positive int or None, got {type(value).__name__}")
+    if value < 1:
+        raise _Refused("expected a positive number of steps; None lets the platform decide")
+    return int(value)
+
+
+def _schedule_or_none(value: Any) -> str | None:
+    if value is not None and value not in OFFLINE_SCHEDULES:
+        raise _Refused(f"expected one of {OFFLINE_SCHEDULES} or None (the platform decides)")
+    return value
+
+
+# --------------------------------------------------------------------------- parsers: environment text -> value
+def _text(text: str) -> str:
+    return text
+
+
+def _flag(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise _Refused(f"expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise _Refused("expected an integer") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting: its name, type (as docs/config.md shows it), default, check, and how its variable reads.
+
+    ``traced``: the programs jaxaot traces or lowers depend on it, so JAX's caches are keyed by it
+    (:mod:`jaxaot._src.compat.loop_support` watches these).
+    """
+
+    name: str
+    type: str
+    default: Any
+    check: Callable[[Any], Any]
+    parse: Callable[[str], Any]
+    doc: str
+    traced: bool = False
+
+    @property
+    def env(self) -> str:
+        """The environment variable that sets it when a :class:`Config` is made."""
+        return "JAXAOT_" + self.name.upper()
+
+    def checked(self, value: Any) -> Any:
+        """``value`` as stored, or :class:`~jaxaot.errors.InvalidValueError` saying what is wrong."""
+        try:
+            return self.check(value)
+        except _Refused as why:
+            raise InvalidValueError(f"jaxaot.config.{self.name} = {value!r}: {why}. {self.doc}") from None
+
+    def from_env(self, environ: Mapping[str, str]) -> Any:
+        """The value ``environ`` gives (the default when the variable is unset or empty)."""
+        text = environ.get(self.env, "")
+        if not text.strip():
+            return self.default
+        try:
+            return self.check(self.parse(text))
+        except _Refused as why:
+            raise InvalidValueError(f"environment variable {self.env}={text!r}: {why}. {self.doc} "
+                                    f"Fix or unset {self.env}.") from None
+
+
+#: Every setting, by name.
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("cache_dir", "path or `None`", None, _path("no cache"), _text,
+            "The folder of the persistent compile cache; None turns the cache off."),
+    Setting("cache_key_file", "path or `None`", None, _path("$XDG_CONFIG_HOME/jaxaot/cache-key"), _text,
+            "The file holding the key that signs cache entries; None: $XDG_CONFIG_HOME/jaxaot/cache-key."),
+    Setting("quiet", "bool", False, _bool, _flag,
+            "Whether progress output is silenced."),
+    Setting("online_block", "positive int or `None`", None, _positive_int_or_none, _integer,
+            "Steps per predicate check of a checkpoints=k loop's schedule; None: 4 on GPUs, 1 elsewhere.", True),
+    Setting("offline_schedule", '`"nested"`, `"binomial"` or `None`', None, _schedule_or_none, _text,
+            "The schedule of a bounded checkpoints=k loop, 'nested' or 'binomial'; None: nested on GPUs, "
+            "binomial elsewhere.", True),
+    Setting("blocked_loops", "bool", False, _bool, _flag,
+            "Whether loops lower in blocks of a constant trip count on every platform (GPUs always do).", True),
+    Setting("stack_segments", "bool or `None`", None, _bool_or_none, _flag,
+            "Whether a max_steps loop's large stack runs in segments; None: on CPUs only.", True),
+)}
+
+
+def _setting(name: str) -> Setting:
+    try:
+        return SETTINGS[name]
+    except KeyError:
+        raise AttributeError(f"jaxaot.config has no setting {name!r}; the settings are {', '.join(SETTINGS)}.") \
+            from None
+
+
 class Config:
     """Mutable settings, read at the moment they are needed (not captured).
 
+    ``Config(**values)`` takes the settings given, the rest from the environment.
+
     Attributes:
-      cache_dir: directory of the persistent compile cache (partitions and
-        compiled executables, see :mod:`jaxaot._src.compile.cache`); ``None`` turns it off.
-        Defaults to the ``JAXAOT_CACHE_DIR`` environment variable.
+      cache_dir: the folder of the persistent compile cache (partitions, compiled
+        executables, measured op costs); ``None`` turns the cache off. ``JAXAOT_CACHE_DIR``.
+      cache_key_file: the file of the per-user key that signs cache entries (made,
+        mode 0600, on first use); ``None``: ``$XDG_CONFIG_HOME/jaxaot/cache-key``.
+        ``JAXAOT_CACHE_KEY_FILE``.
+      quiet: silences all progress output. ``JAXAOT_QUIET``.
+      online_block: steps per predicate check of an unbounded ``checkpoints=k``
+        loop's schedule (read when the loop is traced); ``None``: 4 on GPUs, 1
+        elsewhere. ``JAXAOT_ONLINE_BLOCK``.
+      offline_schedule: ``"nested"`` or ``"binomial"``, the schedule of a
+        ``max_steps`` with ``checkpoints`` loop (read when it is traced); ``None``:
+        nested on GPUs, binomial elsewhere. ``JAXAOT_OFFLINE_SCHEDULE``.
+      blocked_loops: lower loops in blocks of a constant trip count on every
+        platform, as on GPUs (read when a loop is lowered). ``JAXAOT_BLOCKED_LOOPS``.
+      stack_segments: run a ``max_steps`` loop's large stack in segments (read
+        when the loop is differentiated); ``None``: on CPUs only. ``JAXAOT_STACK_SEGMENTS``.
     """
 
-    cache_dir: str | os.PathLike | None = dataclasses.field(default_factory=_cache_dir_from_env)
+    cache_dir: str | os.PathLike | None
+    cache_key_file: str | os.PathLike | None
+    quiet: bool
+    online_block: int | None
+    offline_schedule: str | None
+    blocked_loops: bool
+    stack_segments: bool | None
+
+    def __init__(self, **values: Any) -> None:
+        for name in values:
+            _setting(name)
+        base = {s.name: s.checked(values[s.name]) if s.name in values else s.from_env(os.environ)
+                for s in SETTINGS.values()}
+        # _base: the values set outside any override; _layers: the overrides in force, oldest first.
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_layers", [])
+        object.__setattr__(self, "_lock", threading.RLock())
+        object.__setattr__(self, "_watchers", [])
+        self.__dict__.update(base)
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not settings
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _setting(name)
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        value = _setting(name).checked(value)
+        with self._lock:
+            owner = next((layer for _, layer in reversed(self._layers) if name in layer), self._base)
+            owner[name] = value
+            self._refresh(name)
+            self._changed()
+
+    def __delattr__(self, name: str) -> None:
+        _setting(name)
+        raise AttributeError(f"jaxaot.config.{name} cannot be deleted; set it (None where that means the default).")
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *SETTINGS} - {"_base", "_layers", "_lock", "_watchers"})
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in SETTINGS) + ")"
+
+    def watch(self, fn: Callable[["Config"], None]) -> None:
+        """Call ``fn(self)`` at once and after every change of a setting (under the settings' lock, so the calls
+        see the changes in the order they happen)."""
+        with self._lock:
+            self._watchers.append(fn)
+            fn(self)
+
+    def _changed(self) -> None:
+        for fn in self._watchers:
+            fn(self)
+
+    def _refresh(self, name: str) -> None:
+        """The value of ``name`` in force: the newest override's that sets it, else the base one."""
+        self.__dict__[name] = next((layer[name] for _, layer in reversed(self._layers) if name in layer),
+                                   self._base[name])
 
     @contextlib.contextmanager
     def override(self, **changes: Any) -> Iterator["Config"]:
-        """Set some fields for the duration of a ``with`` block, then restore them.
+        """Set some settings for the duration of a ``with`` block, then restore them (also on an exception).
+
+        Every change is checked before any applies. Overrides nest, and overrides
+        entered and left by several threads in any order restore what was set
+        outside them; a setting assigned inside an override lasts until it ends.
 
         Example:
             >>> import jaxaot
@@ -44,17 +266,21 @@ class Config:
             ...     str(jaxaot.config.cache_dir)
             '/tmp/jaxaot-cache'
         """
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise AttributeError(f"jaxaot.config has no setting {sorted(unknown)}")
-        old = {k: getattr(self, k) for k in changes}
-        for k, v in changes.items():
-            setattr(self, k, v)
+        layer = {name: _setting(name).checked(value) for name, value in changes.items()}
+        token = object()
+        with self._lock:
+            self._layers.append((token, layer))
+            for name in layer:
+                self._refresh(name)
+            self._changed()
         try:
             yield self
         finally:
-            for k, v in old.items():
-                setattr(self, k, v)
+            with self._lock:
+                self._layers[:] = [(t, d) for t, d in self._layers if t is not token]
+                for name in layer:
+                    self._refresh(name)
+                self._changed()
 
 
 config = Config()

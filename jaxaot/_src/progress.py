@@ -7,8 +7,9 @@ step's variants, exporting programs, the demo's stages. The stages call
 long step in :func:`task`, or say one thing with :func:`note`); this module
 decides how, if at all, to show it:
 
-* nothing under ``JAXAOT_QUIET=1``, nor while the ``jaxaot`` logger would drop
-  INFO records (no handler anywhere, or a level above INFO): a library stays
+* nothing under ``jaxaot.config.quiet`` (``JAXAOT_QUIET=1``), nor while the
+  ``jaxaot`` logger would drop INFO records (no handler anywhere, or a level
+  above INFO): a library stays
   silent until its user turns logging on (``logging.basicConfig(level="INFO")``);
   the ``jaxaot`` command does, on stderr (:func:`to_stderr`);
 * a ``tqdm`` bar per task where ``tqdm`` is installed (the optional ``progress``
@@ -16,7 +17,7 @@ decides how, if at all, to show it:
 * else a logger line, ``"timing ops: 12/40 (dot_general ...)"``, at most one
   per :data:`INTERVAL` seconds per task besides its first and last.
 
-Costs: a disabled call checks an environment variable and the logger's level;
+Costs: a disabled call checks ``jaxaot.config.quiet`` and the logger's level;
 an enabled one formats one line. Nothing here imports JAX.
 
 Example:
@@ -29,19 +30,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import sys
 import threading
 import time
 import weakref
 from typing import Any, Callable, Hashable, Iterable, Iterator, TypeVar
 
+from jaxaot._src.config import config
+
 T = TypeVar("T")
 
 #: The logger progress lines go to (the package's own).
 LOGGER = logging.getLogger("jaxaot")
-#: The environment variable that silences all progress output when set to anything but ``""``/``0``.
-QUIET_ENV = "JAXAOT_QUIET"
 #: Seconds between two logger lines of one task (its first and last line always show).
 INTERVAL = 1.0
 #: What marks this module's records (``record.jaxaot_progress``), which :func:`to_stderr` shows alone.
@@ -62,16 +62,15 @@ class _Task:
 
 
 def quiet() -> bool:
-    """Whether ``JAXAOT_QUIET`` asks for silence.
+    """Whether ``jaxaot.config.quiet`` asks for silence.
 
     Example:
-        >>> import os
-        >>> os.environ["JAXAOT_QUIET"] = "1"; quiet()
+        >>> from jaxaot._src.config import config
+        >>> with config.override(quiet=True):
+        ...     quiet()
         True
-        >>> del os.environ["JAXAOT_QUIET"]; quiet()
-        False
     """
-    return os.environ.get(QUIET_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return config.quiet
 
 
 def enabled() -> bool:

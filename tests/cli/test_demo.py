@@ -23,11 +23,11 @@ SMALL = ["--width", "16", "--depth", "2", "--batch", "4", "--rounds", "3"]
 
 def test_demo_default_writes_to_a_fresh_temporary_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("JAXAOT_QUIET", "1")
-    assert cli.main(["demo", *SMALL]) == 0
+    with jaxaot.config.override(quiet=True):
+        assert cli.main(["demo", *SMALL]) == 0
     captured = capsys.readouterr()
     assert list(tmp_path.iterdir()) == []  # nothing in the current folder
-    assert " ..." not in captured.err and "done (" not in captured.err  # no progress under JAXAOT_QUIET=1
+    assert " ..." not in captured.err and "done (" not in captured.err  # no progress under config.quiet
     out = Path(re.search(r"writing to (\S+) \(a new temporary folder", captured.err)[1])
     try:
         assert out.is_dir() and out.name.startswith("jaxaot-demo-")
@@ -43,9 +43,9 @@ def test_demo_default_writes_to_a_fresh_temporary_folder(tmp_path, monkeypatch, 
 
 
 def test_demo_report_gives_median_and_spread_and_checks_gradients(tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv("JAXAOT_QUIET", raising=False)
     monkeypatch.setattr(shutil, "which", lambda name: None)  # as if Graphviz's dot were not installed
-    assert cli.main(["demo", *SMALL, "--out", str(tmp_path)]) == 0
+    with jaxaot.config.override(quiet=False):
+        assert cli.main(["demo", *SMALL, "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "step ms: median (min-max)" in captured.out and "step times over 3 rounds" in captured.out
     for label in ("jaxaot (default partition)", "jaxaot (min-cut partition)", "jax.fwd_and_bwd"):

@@ -31,9 +31,8 @@ def counting_xla(closed, avals, **kwargs):
 
 
 @pytest.fixture
-def secure_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(store.KEY_FILE_ENV, str(tmp_path / "keys" / "key"))
-    with jaxaot.config.override(cache_dir=str(tmp_path / "cache")):
+def secure_cache(tmp_path):
+    with jaxaot.config.override(cache_dir=str(tmp_path / "cache"), cache_key_file=str(tmp_path / "keys" / "key")):
         _reset()
         yield tmp_path / "cache" / f"jaxaot-v{store.FORMAT_VERSION}"
     cache.reset_stats()

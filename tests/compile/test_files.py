@@ -40,9 +40,8 @@ def _run():
 
 
 @pytest.fixture
-def secure_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(store.KEY_FILE_ENV, str(tmp_path / "keys" / "key"))
-    with jaxaot.config.override(cache_dir=str(tmp_path / "cache")):
+def secure_cache(tmp_path):
+    with jaxaot.config.override(cache_dir=str(tmp_path / "cache"), cache_key_file=str(tmp_path / "keys" / "key")):
         cache.reset_stats()
         yield tmp_path / "cache" / f"jaxaot-v{store.FORMAT_VERSION}"
     cache.reset_stats()

@@ -50,9 +50,8 @@ def _run():
 
 
 @pytest.fixture
-def secure_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(store.KEY_FILE_ENV, str(tmp_path / "keys" / "key-a"))
-    with jaxaot.config.override(cache_dir=str(tmp_path / "cache")):
+def secure_cache(tmp_path):
+    with jaxaot.config.override(cache_dir=str(tmp_path / "cache"), cache_key_file=str(tmp_path / "keys" / "key-a")):
         cache.reset_stats()
         yield tmp_path / "cache"
     cache.reset_stats()
@@ -118,11 +117,11 @@ def test_planted_pickle_payload_is_never_executed(secure_cache, tmp_path):
             assert store.unframe(p.read_bytes(), store.entry_name(p)) is not None
 
 
-def test_entries_signed_with_another_users_key_are_refused_and_rebuilt(secure_cache, tmp_path, monkeypatch):
+def test_entries_signed_with_another_users_key_are_refused_and_rebuilt(secure_cache, tmp_path):
     _run()
     before = {p: p.read_bytes() for p in (secure_cache).rglob("*.bin")}
     assert len(before) == 3  # a partition, a forward and a backward
-    monkeypatch.setenv(store.KEY_FILE_ENV, str(tmp_path / "keys" / "key-b"))  # another user's key
+    jaxaot.config.cache_key_file = str(tmp_path / "keys" / "key-b")  # another user's key (until secure_cache ends)
     cache.reset_stats()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -172,10 +171,9 @@ def test_a_readable_key_file_is_refused(secure_cache, tmp_path):
     assert cache.stats() == cache.CacheStats() and CALLS["compile"] == 2
 
 
-def test_concurrent_first_use_agrees_on_one_key(tmp_path, monkeypatch):
+def test_concurrent_first_use_agrees_on_one_key(tmp_path):
     import threading
 
-    monkeypatch.setenv(store.KEY_FILE_ENV, str(tmp_path / "k" / "key"))
     results = []
 
     def make():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import jaxaot
 from jaxaot._src.loops import checkpointed, revolve
 from jaxaot._src.loops.api import while_loop
 from zoo import body_runs_and_gradient
@@ -81,17 +82,19 @@ def _scan_ref(x, n):
 def test_blocked_online_schedule_matches_scan(block, monkeypatch):
     # Blocks of B steps per predicate check (the GPU default), forced on the CPU: trip counts
     # that are and are not multiples of B, zero, one, and lanes of different trip counts.
-    monkeypatch.setattr(checkpointed, "ONLINE_BLOCK", block)
     loop = lambda x, n, k: while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.sin(c[1]) * 1.2 + 0.1 * c[1] ** 2),  # noqa: E731
                                       (0, x), checkpoints=k)[1]
-    g = jax.jit(jax.grad(loop), static_argnums=2)
-    for n, k in [(0, 2), (1, 2), (block, 2), (3 * block + 1, 2), (4 * block, 3), (37, 3)]:
-        chex.assert_trees_all_close(g(0.3, n, k), jax.grad(_scan_ref)(0.3, n), rtol=1e-5, custom_message=f"n={n} k={k}")
-    xs, ns = jnp.linspace(0.1, 0.5, 5), jnp.array([0, 1, block, 2 * block + 1, 11])
-    lanes = jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(lambda x, n: loop(x, n, 3))(xs, ns))))(xs)
-    chex.assert_trees_all_close(lanes, jnp.stack([jax.grad(_scan_ref)(x, int(n)) for x, n in zip(xs, ns)]), rtol=1e-5)
-    per_lane = jax.jit(jax.vmap(jax.grad(lambda x, n: loop(x, n, 2))))(xs, ns)
-    chex.assert_trees_all_close(per_lane, lanes, rtol=1e-5)
+    with jaxaot.config.override(online_block=block):
+        g = jax.jit(jax.grad(loop), static_argnums=2)
+        for n, k in [(0, 2), (1, 2), (block, 2), (3 * block + 1, 2), (4 * block, 3), (37, 3)]:
+            chex.assert_trees_all_close(g(0.3, n, k), jax.grad(_scan_ref)(0.3, n), rtol=1e-5,
+                                        custom_message=f"n={n} k={k}")
+        xs, ns = jnp.linspace(0.1, 0.5, 5), jnp.array([0, 1, block, 2 * block + 1, 11])
+        lanes = jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(lambda x, n: loop(x, n, 3))(xs, ns))))(xs)
+        chex.assert_trees_all_close(lanes, jnp.stack([jax.grad(_scan_ref)(x, int(n)) for x, n in zip(xs, ns)]),
+                                    rtol=1e-5)
+        per_lane = jax.jit(jax.vmap(jax.grad(lambda x, n: loop(x, n, 2))))(xs, ns)
+        chex.assert_trees_all_close(per_lane, lanes, rtol=1e-5)
 
 
 def test_blocked_counts_and_checks():
@@ -101,9 +104,9 @@ def test_blocked_counts_and_checks():
     assert revolve.revolve_counts(40, 3, block=1) == revolve.revolve_counts(40, 3)
 
 
-def test_blocks_only_for_bodies_without_effects(monkeypatch):
-    monkeypatch.setattr(checkpointed, "ONLINE_BLOCK", None)
-    assert checkpointed.online_block() == (checkpointed.GPU_BLOCK if jax.default_backend() == "gpu" else 1)
-    monkeypatch.setattr(checkpointed, "ONLINE_BLOCK", 4)
-    assert checkpointed.online_block() == 4
-    assert checkpointed.online_block(jax.make_jaxpr(lambda: jax.debug.print("x"))().effects) == 1
+def test_blocks_only_for_bodies_without_effects():
+    with jaxaot.config.override(online_block=None):
+        assert checkpointed.online_block() == (checkpointed.GPU_BLOCK if jax.default_backend() == "gpu" else 1)
+    with jaxaot.config.override(online_block=4):
+        assert checkpointed.online_block() == 4
+        assert checkpointed.online_block(jax.make_jaxpr(lambda: jax.debug.print("x"))().effects) == 1

@@ -20,7 +20,6 @@ from jax import lax
 
 import jaxaot
 import jaxaot._src.loops
-from jaxaot._src.loops import checkpointed, offline
 
 _SEED = int(np.random.SeedSequence().entropy % 2**31)
 
@@ -44,13 +43,9 @@ CASES = [pytest.param(m, x, d, id=f"{m}-x64-{d}" if x else f"{m}-{d}",
 
 @contextlib.contextmanager
 def _configured(x64: bool, schedule, block):
-    old_schedule, old_block = offline.SCHEDULE, checkpointed.ONLINE_BLOCK
-    offline.SCHEDULE, checkpointed.ONLINE_BLOCK = schedule, block
-    try:
+    with jaxaot.config.override(offline_schedule=schedule, online_block=block):
         with jax.enable_x64(x64), jax.numpy_dtype_promotion("strict"):
             yield
-    finally:
-        offline.SCHEDULE, checkpointed.ONLINE_BLOCK = old_schedule, old_block
 
 
 def _loop(wl, x):

@@ -1,7 +1,7 @@
 """``while_loop(..., max_steps=N, checkpoints=k)``: the offline schedules against ``lax.fori_loop`` references.
 
-Both schedules run on the CPU here: nested scans (GPUs' default, ``offline.SCHEDULE = "nested"``) and
-the binomial schedule (the default elsewhere)."""
+Both schedules run on the CPU here: nested scans (GPUs' default, ``jaxaot.config.offline_schedule = "nested"``)
+and the binomial schedule (the default elsewhere)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import jaxaot
 from jaxaot._src import compat as C
 from jaxaot.errors import InvalidLoopOptionError, LoopOverflowError
 from jaxaot._src.loops import reraise_overflow
-from jaxaot._src.loops import offline, segments
 from jaxaot._src.loops.offline import plan
 from jaxaot._src.loops.revolve import revolve_counts
 from loop_models import mlp_loss as _mlp_loss, mlp_ref as _mlp_ref, inputs as _inputs
@@ -28,10 +27,24 @@ TOL = dict(rtol=2e-5, atol=2e-6)
 
 
 @pytest.fixture(params=["nested", "binomial"])
-def schedule(request, monkeypatch):
+def schedule(request):
     """Each schedule of a bounded loop whose nested plan fits."""
-    monkeypatch.setattr(offline, "SCHEDULE", request.param)
-    return request.param
+    with jaxaot.config.override(offline_schedule=request.param):
+        yield request.param
+
+
+@pytest.fixture
+def nested():
+    """Nested scans, as on GPUs."""
+    with jaxaot.config.override(offline_schedule="nested"):
+        yield
+
+
+@pytest.fixture
+def one_stack():
+    """One stack of max_steps rows (no CPU segments), as on GPUs."""
+    with jaxaot.config.override(stack_segments=False):
+        yield
 
 
 @settings(max_examples=200, deadline=None)
@@ -160,9 +173,8 @@ def test_refusals():
         jaxaot.loops.while_loop(lambda c: c < 5.0, body, 0.0, max_steps=40, checkpoints=12)
 
 
-def test_memory_stays_within_the_plan(schedule, monkeypatch):
+def test_memory_stays_within_the_plan(schedule, one_stack):
     """Compiled temporaries: the offline schedule keeps far less than stacking every step."""
-    monkeypatch.setattr(segments, "SEGMENTS", False)  # one stack of max_steps rows (no CPU segments)
     w, b, x = _inputs(12, width=64)
     x = jnp.tile(x, (16, 1))  # a (64, 64) carry, 16 KiB
 
@@ -174,10 +186,9 @@ def test_memory_stays_within_the_plan(schedule, monkeypatch):
     assert offline * 4 < stacked, (offline, stacked)
 
 
-def test_a_large_body_is_not_unrolled(monkeypatch):
+def test_a_large_body_is_not_unrolled(nested):
     # The innermost level unrolls small bodies (up to 16) but not large ones: the program holds
     # one body per level (the forward of each jax.checkpoint level), not 16 per level.
-    monkeypatch.setattr(offline, "SCHEDULE", "nested")
     ws = [jnp.full((4, 4), 0.1 * i) for i in range(40)]
 
     def step(x):

@@ -80,11 +80,11 @@ def test_gradients_equal_scans_with_either_split_point(bound, k, n, search, monk
     # search: no table of split points (a loop too long for one), a binary search of the binomial table
     if search:
         monkeypatch.setattr(placement, "MAX_SPLIT_POINTS", 0)
-    monkeypatch.setattr(offline, "SCHEDULE", "binomial")
     kx, kw = jax.random.split(jax.random.key(bound * 7 + k))
     x, w = jax.random.normal(kx, (3, 8)), jax.random.normal(kw, (8, 8)) / 3
     loss = lambda x, w: jnp.sum(_drift(x, n, w=w, max_steps=bound, checkpoints=k) ** 2)  # noqa: E731
-    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    with jaxaot.config.override(offline_schedule="binomial"):
+        got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
     ref = jax.value_and_grad(lambda x, w: jnp.sum(_drift_scan(x, w, n) ** 2), argnums=(0, 1))(x, w)
     chex.assert_trees_all_close(got, ref, rtol=2e-5, atol=2e-6)
 
@@ -113,23 +113,20 @@ def _body_copies(max_steps, checkpoints=None):
     return names.count("sinh"), names.count("cosh")
 
 
-def test_the_platforms_schedule_of_a_bounded_loop(monkeypatch):
+def test_the_platforms_schedule_of_a_bounded_loop():
     # GPUs run nested scans (no host round trip per iteration) and, where no nested plan fits, the
     # binomial schedule in blocks of GPU_BLOCK steps per predicate check; other platforms run the
-    # binomial schedule one step per check. The overrides force either anywhere.
-    monkeypatch.setattr(offline, "SCHEDULE", None)
-    monkeypatch.setattr(checkpointed, "ONLINE_BLOCK", None)
-    monkeypatch.delenv("JAXAOT_OFFLINE_SCHEDULE", raising=False)
-    monkeypatch.delenv("JAXAOT_ONLINE_BLOCK", raising=False)
+    # binomial schedule one step per check. The settings force either anywhere.
     gpu = jax.default_backend() in offline.NESTED_PLATFORMS
-    assert offline.schedule() == ("nested" if gpu else "binomial")
-    assert checkpointed.online_block() == (checkpointed.GPU_BLOCK if gpu else 1)
-    monkeypatch.setenv("JAXAOT_OFFLINE_SCHEDULE", "binomial" if gpu else "nested")
-    assert offline.schedule() == ("binomial" if gpu else "nested")
+    with jaxaot.config.override(offline_schedule=None, online_block=None):
+        assert offline.schedule() == ("nested" if gpu else "binomial")
+        assert checkpointed.online_block() == (checkpointed.GPU_BLOCK if gpu else 1)
+    with jaxaot.config.override(offline_schedule="binomial" if gpu else "nested"):
+        assert offline.schedule() == ("binomial" if gpu else "nested")
 
 
 @pytest.mark.parametrize("block", [1, checkpointed.GPU_BLOCK], ids=["one_step_per_check", "gpu_blocks"])
-def test_the_gradients_program_holds_the_body_a_fixed_number_of_times(block, monkeypatch):
+def test_the_gradients_program_holds_the_body_a_fixed_number_of_times(block):
     # The compile time of an XLA program grows with the copies of the body it holds, which must not
     # grow with N or k. The binomial schedule (every platform's where no nested plan fits, forced
     # here where one does) holds, one step per check (CPUs, TPUs), three forwards (the forward
@@ -137,8 +134,7 @@ def test_the_gradients_program_holds_the_body_a_fixed_number_of_times(block, mon
     # (GPUs), four forwards (the forward loop's, the recomputation sweep's, and the recomputation
     # of the VJP after a sweep and of the run of VJPs from stored snapshots) and those two VJPs'
     # derivatives. max_steps alone holds one of each.
-    monkeypatch.setattr(offline, "SCHEDULE", "binomial")
-    monkeypatch.setattr(checkpointed, "ONLINE_BLOCK", block)
-    copies = {(n, k): _body_copies(n, k) for n in (100, 1000, 5000) for k in (3, 10, 40)}
+    with jaxaot.config.override(offline_schedule="binomial", online_block=block):
+        copies = {(n, k): _body_copies(n, k) for n in (100, 1000, 5000) for k in (3, 10, 40)}
     assert set(copies.values()) == {(3, 1) if block == 1 else (4, 2)}, copies
     assert _body_copies(1000) == (1, 1)

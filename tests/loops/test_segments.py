@@ -33,23 +33,24 @@ def _scan_loss(w, x, n):
 
 @pytest.fixture
 def segmented(monkeypatch):
-    monkeypatch.setattr(segments, "SEGMENTS", True)
     monkeypatch.setattr(segments, "MIN_STACK_BYTES", 0)  # the small test body's stack too
+    with jaxaot.config.override(stack_segments=True):
+        yield
 
 
 def test_the_segment_length():
     assert [segments.segment_steps(n) for n in (128, 129, 4096, 4097, 16384)] == [None, 64, 64, 65, 128]
 
 
-def test_gradients_at_every_segment_boundary_equal_one_stacks_and_scans(segmented, monkeypatch):
+def test_gradients_at_every_segment_boundary_equal_one_stacks_and_scans(segmented):
     w, x = _inputs()
     grad = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1)), static_argnums=3)
     for n in (0, 1, 63, 64, 65, 128, 129, 200, 300):  # S = 64 for N = 300: a first segment and 4 more
         got = grad(w, x, jnp.int32(n), 300)
         want = jax.value_and_grad(_scan_loss, argnums=(0, 1))(w, x, n)
         chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-4, custom_message=f"n={n} seed {_SEED}")
-    monkeypatch.setattr(segments, "SEGMENTS", False)
-    one_stack = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1)), static_argnums=3)(w, x, jnp.int32(200), 300)
+    with jaxaot.config.override(stack_segments=False):
+        one_stack = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1)), static_argnums=3)(w, x, jnp.int32(200), 300)
     got = grad(w, x, jnp.int32(200), 300)
     chex.assert_trees_all_close(got, one_stack, rtol=1e-5, atol=1e-4)  # the consts' sums regrouped per segment
 
@@ -70,7 +71,7 @@ def test_lanes_of_different_lengths(segmented):
     chex.assert_trees_all_close(lanes, want, rtol=1e-5, atol=1e-4)
 
 
-def test_memory_is_a_few_segments_not_max_steps_rows(segmented, monkeypatch):
+def test_memory_is_a_few_segments_not_max_steps_rows(segmented):
     # N = 16384, S = 128: two segments' residuals and 127 carries, against 16384 rows of residuals
     w, x = _inputs()
 
@@ -79,23 +80,22 @@ def test_memory_is_a_few_segments_not_max_steps_rows(segmented, monkeypatch):
         return g.lower(w, x, jnp.int32(40), 16384).compile().memory_analysis().temp_size_in_bytes
 
     in_segments = temp()
-    monkeypatch.setattr(segments, "SEGMENTS", False)
-    one_stack = temp()
+    with jaxaot.config.override(stack_segments=False):
+        one_stack = temp()
     assert one_stack > 16384 * x.size * 4 and 20 * in_segments < one_stack, (in_segments, one_stack)
 
 
-def test_where_segments_apply(monkeypatch):
-    monkeypatch.setattr(segments, "SEGMENTS", None)
-    monkeypatch.delenv("JAXAOT_STACK_SEGMENTS", raising=False)
-    assert segments.segments_here() == (jax.default_backend() == "cpu")  # GPUs zero a stack at full bandwidth
-    monkeypatch.setenv("JAXAOT_STACK_SEGMENTS", "0")
-    assert not segments.segments_here()
-    monkeypatch.setenv("JAXAOT_STACK_SEGMENTS", "1")
+def test_where_segments_apply():
+    with jaxaot.config.override(stack_segments=None):
+        assert segments.segments_here() == (jax.default_backend() == "cpu")  # GPUs zero a stack at full bandwidth
+    with jaxaot.config.override(stack_segments=False):
+        assert not segments.segments_here()
     body = lambda c: (jax.debug.callback(lambda: None) or c[0] + 1, c[1] * 1.5)  # noqa: E731
     eqn = jax.make_jaxpr(lambda x: jaxaot.loops.while_loop(lambda c: c[0] < 3, body, (0, x), max_steps=1000))(1.0).eqns[0]
     loop = jaxaot._src.loops.common.loop_of(eqn.primitive, eqn.params)
     big = [jax.ShapeDtypeStruct((1024,), jnp.float32)]  # 4 KiB per step: a 4 MiB stack
-    assert segments.applies(loop, big) is None  # effects: one stack
-    assert segments.applies(loop.replace(body=jax.make_jaxpr(lambda c: (c[0] + 1, c[1] * 1.5))((0, 1.0))), big) == 64
-    assert segments.applies(loop.replace(body=jax.make_jaxpr(lambda c: (c[0] + 1, c[1] * 1.5))((0, 1.0))), big[:0]) \
-        is None  # a small stack: one
+    pure = loop.replace(body=jax.make_jaxpr(lambda c: (c[0] + 1, c[1] * 1.5))((0, 1.0)))
+    with jaxaot.config.override(stack_segments=True):
+        assert segments.applies(loop, big) is None  # effects: one stack
+        assert segments.applies(pure, big) == 64
+        assert segments.applies(pure, big[:0]) is None  # a small stack: one

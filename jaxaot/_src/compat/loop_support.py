@@ -109,6 +109,25 @@ def loop_options_scope(key: str) -> Any:
     return _LOOP_OPTIONS(key)
 
 
+# The jit-cache key of the jaxaot settings that shape traced or lowered programs (``Setting.traced``:
+# the loops' schedules and lowerings), kept equal to their values in force, so a program traced under
+# other values is traced again rather than served from a cache.
+from jaxaot._src.config import SETTINGS as _SETTINGS, Config as _Config, config as _jaxaot_config  # noqa: E402
+
+_TRACED_SETTINGS = _config.config_states.get("jaxaot_traced_settings") or _config.State(
+    "jaxaot_traced_settings", "", "The jaxaot settings that shape traced programs (part of every jit key).",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def _key_traced_settings(settings: _Config) -> None:
+    key = repr(tuple(getattr(settings, s.name) for s in _SETTINGS.values() if s.traced))
+    if _TRACED_SETTINGS.value != key:
+        _TRACED_SETTINGS._set(key)
+
+
+_jaxaot_config.watch(_key_traced_settings)
+
+
 def replace_eqns(jaxpr: Any, eqns: Sequence[Any]) -> Any:
     """An open jaxpr with the same binders and other ``eqns``."""
     return jaxpr.replace(eqns=list(eqns))

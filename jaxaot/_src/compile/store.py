@@ -71,8 +71,6 @@ _HEADER = struct.Struct("<8s32sQQ")
 KINDS = ("executables", "partitions")
 #: The largest entry :func:`read` reads.
 MAX_ENTRY_BYTES = 16 << 30
-#: The environment variable naming the key file (default ``$XDG_CONFIG_HOME/jaxaot/cache-key``).
-KEY_FILE_ENV = "JAXAOT_CACHE_KEY_FILE"
 _KEY_BYTES = 32
 _keys: dict[str, bytes] = {}
 _key_lock = threading.Lock()
@@ -123,10 +121,9 @@ def trusted_folder(base: Path, *names: str) -> Path | None:
 
 # --------------------------------------------------------------------------- the key
 def key_path() -> Path:
-    """The per-user key file: ``$JAXAOT_CACHE_KEY_FILE``, else ``$XDG_CONFIG_HOME/jaxaot/cache-key``."""
-    explicit = os.environ.get(KEY_FILE_ENV)
-    if explicit:
-        return Path(explicit)
+    """The per-user key file: ``jaxaot.config.cache_key_file``, else ``$XDG_CONFIG_HOME/jaxaot/cache-key``."""
+    if config.cache_key_file is not None:
+        return Path(config.cache_key_file)
     home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(home) / "jaxaot" / "cache-key"
 
@@ -146,7 +143,7 @@ def cache_key() -> bytes | None:
             why = None if key is not None else "it is not a private file of this user holding a key"
         if key is None:
             warn_once(path, f"jaxaot cache: cannot use the key file {path} ({why}); not caching. "
-                            f"Delete it (a new one is created) or set {KEY_FILE_ENV}.")
+                            "Delete it (a new one is created) or set jaxaot.config.cache_key_file.")
             return None
         _keys[str(path)] = key
         return key

@@ -44,7 +44,6 @@ else (tangents or lanes of the replayed primal state) runs the plain loop
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Sequence
 
 import jax
@@ -52,6 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxaot._src import compat as C
+from jaxaot._src.config import config
 from jaxaot._src.loops.api import while_loop
 from jaxaot._src.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
@@ -286,8 +286,6 @@ def _linear_batch(axis_data, args, dims, **params):
 
 
 # --------------------------------------------------------------------------- blocks
-#: Steps per predicate check of the online schedule's loops; None: :func:`online_block` decides.
-ONLINE_BLOCK: int | None = None
 #: The blocks on GPUs, where each check is a wait for the predicate on the host (18-25 us on
 #: an H100): a run of L steps then costs about ``L / B`` waits plus ``(B - 1) / 2`` masked
 #: steps; ``B = sqrt(2 L wait / step)`` balances them, 4 for runs of about 8 steps of about
@@ -296,15 +294,13 @@ GPU_BLOCK = 4
 
 
 def online_block(effects: Any = None) -> int:
-    """Steps per predicate check for a ``checkpoints=k`` loop traced now: :data:`ONLINE_BLOCK` if
-    set (``JAXAOT_ONLINE_BLOCK`` in the environment), else :data:`GPU_BLOCK` when the default
-    backend is a GPU, else 1 (CPUs and TPUs check a predicate without a host round trip). 1 for
-    a body with effects (a masked step would repeat them)."""
+    """Steps per predicate check for a ``checkpoints=k`` loop traced now: ``jaxaot.config.online_block``
+    if set, else :data:`GPU_BLOCK` when the default backend is a GPU, else 1 (CPUs and TPUs check a
+    predicate without a host round trip). 1 for a body with effects (a masked step would repeat them)."""
     if effects:
         return 1
-    block = ONLINE_BLOCK or int(os.environ.get("JAXAOT_ONLINE_BLOCK", "0") or 0)
-    if block:
-        return int(block)
+    if config.online_block is not None:
+        return config.online_block
     return GPU_BLOCK if jax.default_backend() in ("gpu", "cuda", "rocm") else 1
 
 

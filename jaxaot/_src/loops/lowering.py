@@ -23,12 +23,12 @@ So on GPUs (``blocked=True``):
   might never stop), speculate.
 
 CPU and TPU run while loops without a host round trip per iteration, so they keep
-the plain loop; ``JAXAOT_BLOCKED_LOOPS=1`` selects the blocked form everywhere (tests).
+the plain loop; ``jaxaot.config.blocked_loops`` selects the blocked form everywhere
+(read when a loop is lowered; tests use it).
 """
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -37,12 +37,11 @@ import numpy as np
 from jax import lax
 
 from jaxaot._src import compat as C
+from jaxaot._src.config import config
 from jaxaot._src.loops.common import INT, Loop, loop_of, read_row, strong, while_loop_p, write_row
 
 #: Platforms whose lowering runs the blocked loops.
 BLOCKED_PLATFORMS = ("cuda", "rocm")
-#: Whether the default lowering (other platforms) is blocked too.
-BLOCK_EVERYWHERE = os.environ.get("JAXAOT_BLOCKED_LOOPS", "") not in ("", "0")
 _MIN_BLOCKED_LENGTH = 16
 _SPECULATE_BLOCK = 8
 _UNBOUNDED_LOOPS = ("while", "while_loop", "while_loop_stack_output")
@@ -94,13 +93,14 @@ def run_loop(loop: Loop, args: Sequence[Any], blocked: bool = False) -> list:
     return outs
 
 
-def lowering_rule(prim: Any, blocked: bool) -> Callable:
-    """The MLIR lowering of ``prim`` (blocked or not)."""
+def lowering_rule(prim: Any, blocked: bool | None) -> Callable:
+    """The MLIR lowering of ``prim``: blocked or not, or (None) as ``jaxaot.config.blocked_loops`` says
+    when the loop is lowered."""
     return C.lower_fun(partial(_run_prim, prim, blocked=blocked), multiple_results=True)
 
 
-def _run_prim(prim: Any, *args: Any, blocked: bool, **params: Any) -> list:
-    return run_loop(loop_of(prim, params), args, blocked)
+def _run_prim(prim: Any, *args: Any, blocked: bool | None, **params: Any) -> list:
+    return run_loop(loop_of(prim, params), args, config.blocked_loops if blocked is None else blocked)
 
 
 def _block_size(length: int) -> int:

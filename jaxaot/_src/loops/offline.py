@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -83,6 +82,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot._src import compat as C
+from jaxaot._src.config import config
 from jaxaot.errors import InvalidLoopOptionError
 from jaxaot._src.loops.common import Loop, zero_tangent
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
@@ -155,24 +155,17 @@ def plan_for(max_steps: int, checkpoints: int, checkpoint_memory: str) -> tuple[
     return (plan_host if checkpoint_memory == "host" else plan)(max_steps, checkpoints)
 
 
-#: The schedule of a bounded loop on device memory: None lets :func:`schedule` decide by platform;
-#: ``"nested"`` or ``"binomial"`` forces one (``JAXAOT_OFFLINE_SCHEDULE`` in the environment too).
-SCHEDULE: str | None = None
 #: Platforms whose bounded loops run nested scans (their while loops wait on the host per iteration).
 NESTED_PLATFORMS = ("gpu", "cuda", "rocm")
-SCHEDULES = ("nested", "binomial")
 
 
 def schedule() -> str:
     """``"nested"`` (nested scans, when a plan fits) or ``"binomial"`` for a bounded loop traced now:
-    :data:`SCHEDULE` if set (or ``JAXAOT_OFFLINE_SCHEDULE``), else nested scans on GPUs, where each
-    iteration of a run-time trip count waits for its predicate on the host, and the binomial
-    schedule elsewhere, whose program compiles in about the time of ``max_steps`` alone."""
-    chosen = SCHEDULE or os.environ.get("JAXAOT_OFFLINE_SCHEDULE", "")
-    if chosen:
-        if chosen not in SCHEDULES:
-            raise InvalidLoopOptionError(f"offline schedule must be one of {SCHEDULES}, got {chosen!r}.")
-        return chosen
+    ``jaxaot.config.offline_schedule`` if set, else nested scans on GPUs, where each iteration of a
+    run-time trip count waits for its predicate on the host, and the binomial schedule elsewhere,
+    whose program compiles in about the time of ``max_steps`` alone."""
+    if config.offline_schedule is not None:
+        return config.offline_schedule
     return "nested" if jax.default_backend() in NESTED_PLATFORMS else "binomial"
 
 

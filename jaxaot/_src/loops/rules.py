@@ -352,7 +352,7 @@ def _dce(prim, used_outputs, eqn):
 # --------------------------------------------------------------------------- registration
 for _p in LOOP_PRIMITIVES:
     _p.def_effectful_abstract_eval(partial(_abstract_eval, _p))
-    C.register_lowering(_p, lowering.lowering_rule(_p, blocked=lowering.BLOCK_EVERYWHERE))
+    C.register_lowering(_p, lowering.lowering_rule(_p, blocked=None))
     for _platform in lowering.BLOCKED_PLATFORMS:
         C.register_lowering(_p, lowering.lowering_rule(_p, blocked=True), platform=_platform)
     C.primitive_jvps[_p] = partial(_jvp, _p)

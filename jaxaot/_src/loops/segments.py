@@ -21,7 +21,7 @@ Memory is ``64 + S`` rows of residuals and ``N / S`` carries, at most; time is t
 steps run, plus one more forward evaluation of each step past the first 64. GPUs
 and TPUs zero a stack at their memory's bandwidth, so they keep one stack of N
 rows and no recomputation
-(``JAXAOT_STACK_SEGMENTS=1`` or ``0`` forces either; :data:`SEGMENTS`). A body
+(``jaxaot.config.stack_segments`` forces either). A body
 with effects keeps one stack too (recomputation would repeat them). The forward
 result and the overflow check at N are those of one stack, and so are the gradients,
 up to rounding (the closed-over arrays' cotangents are summed per segment).
@@ -34,18 +34,16 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from jaxaot._src import compat as C
+from jaxaot._src.config import config
 from jaxaot._src.loops.common import INT, Loop, stack_loop, trace_flat, while_loop_p
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
 
-#: Whether bounded stacks run in segments: None lets :func:`segments_here` decide by platform.
-SEGMENTS: bool | None = None
 #: The fewest steps per segment: shorter segments cost more loop iterations than the zeroing they save.
 MIN_SEGMENT = 64
 #: A stack of at most this many bytes stays one stack: cheap to zero, and its program holds the body once.
@@ -54,12 +52,9 @@ _PLATFORMS = ("cpu",)
 
 
 def segments_here() -> bool:
-    """:data:`SEGMENTS` if set (or ``JAXAOT_STACK_SEGMENTS``), else whether the default backend is a CPU."""
-    if SEGMENTS is not None:
-        return bool(SEGMENTS)
-    forced = os.environ.get("JAXAOT_STACK_SEGMENTS", "")
-    if forced:
-        return forced not in ("0", "false", "False")
+    """``jaxaot.config.stack_segments`` if set, else whether the default backend is a CPU."""
+    if config.stack_segments is not None:
+        return config.stack_segments
     return jax.default_backend() in _PLATFORMS
 
 
