@@ -1,19 +1,10 @@
 """The compiled pipeline: a whole schedule as one SPMD program on JAX's own engine.
 
-``shard_map`` over the mesh's pipeline axis, ``lax.ppermute`` carrying
-activations forward and cotangents back, one ``lax.scan`` over the schedule's
-ticks, in each a ``lax.cond`` per op and stage that runs a stage's
-jaxaot-partitioned pass on its records in place. Modules, each one concept,
-importing only downward:
-
-* ``layout``: records, every stage's leaves in buffers of one shape on every device, sized by the largest stage;
-* ``ticks``: a schedule as a table of ticks, with every buffer slot allocated (:class:`TickPlan`);
-* ``passes``: one stage's F, B, W and BW as traceable functions of its partition (:class:`StagePasses`);
-* ``params``: per-stage parameter trees packed over the stage axis (:class:`StageParams`);
-* ``program``: the SPMD step itself (:func:`build_step`);
-* ``memory``: whether a compiled step fits its devices, checked before it first runs (:func:`check_fits`);
-* ``executor``: per input signature, trace the stages and compile the step (:class:`CompiledExecutor`);
-* ``calibrate``: the passes' times inside compiled loops, for the lockstep simulator (:func:`pass_times`).
+``shard_map`` over the mesh's pipeline axis, one ``lax.scan`` over the schedule's
+ticks, a ``lax.cond`` per op and stage running a stage's jaxaot-partitioned pass on
+its records in place, and ``lax.ppermute`` carrying activations forward and
+cotangents back. :class:`CompiledExecutor` traces the stages and compiles the step
+once per input signature, and checks it fits the devices before it first runs.
 """
 
 from jaxaot._src.parallel.spmd.layout import Layout, Place, build
