@@ -16,7 +16,7 @@ from jaxaot._src.partition.costs import (
     kernels_beside_copies, materializes_operands, resolve_costs)
 from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
 from jaxaot._src.partition.budget import (
-    MemoryBudget, StepPeak, compiled_peak, format_bytes, measure_step_peak, parse_memory_budget, peak_holders,
+    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, parse_memory_budget, peak_holders,
     plan_under_peak)
 from jaxaot._src.partition.mincut import (
     FlowGraph, RematPolicy, build_flow_graph, check_partitioner, choose_saved_values,
@@ -52,7 +52,6 @@ __all__ = [
     "default_partition",
     "differentiate",
     "flops",
-    "format_bytes",
     "kernels_beside_copies",
     "materializes_operands",
     "measure_step_peak",

@@ -19,7 +19,7 @@ Example:
 """
 
 from jaxaot._src import display as _display
-from jaxaot._src.viz.formatting import aval_str, format_bytes, short_source
+from jaxaot._src.viz.formatting import aval_str, short_source
 from jaxaot._src.viz.styles import STYLES, Style
 from jaxaot._src.viz.model import EQN_KINDS, GROUP_LEVELS, Node, SplitGraph
 from jaxaot._src.viz.program import backward_is_cotangent_dependent
@@ -49,7 +49,6 @@ __all__ = [
     "backward_is_cotangent_dependent",
     "collapse",
     "draw_svg",
-    "format_bytes",
     "layout_available",
     "plain_svg",
     "plot_budget_sweep",

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Sequence
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
-from jaxaot._src.viz.formatting import format_bytes, short_source
+from jaxaot._src.units import format_bytes
+from jaxaot._src.viz.formatting import short_source
 from jaxaot._src.viz.grouping import collapse
 from jaxaot._src.viz.model import GROUP_LEVELS, Node, SplitGraph
 from jaxaot._src.viz.program import backward_is_cotangent_dependent, input_names, output_names, unwrap

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from jaxaot._src.viz.formatting import format_bytes
+from jaxaot._src.units import format_bytes
 from jaxaot._src.viz.graph import split_graph
 from jaxaot._src.viz.layout import inline_svg
 from jaxaot._src.viz.model import SplitGraph

@@ -27,7 +27,8 @@ from jaxaot._src.parallel.spmd.passes import StagePasses
 from jaxaot._src.parallel.spmd.program import Axes, Layouts, build_step
 from jaxaot._src.parallel.spmd.ticks import TickPlan, plan
 from jaxaot._src.parallel.stage import Stage
-from jaxaot._src.partition import compiled_peak, format_bytes
+from jaxaot._src.partition import compiled_peak
+from jaxaot._src.units import format_bytes
 
 P = jax.sharding.PartitionSpec
 

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot.errors import PipelineMemoryError
-from jaxaot._src.partition import format_bytes
 from jaxaot._src.parallel.schedule import Schedule
+from jaxaot._src.units import format_bytes
 
 
 def device_memory(device: Any) -> tuple[int, int] | None:

@@ -7,7 +7,7 @@ whose peak fits (:func:`plan_under_peak`) or a :class:`~jaxaot.errors.MemoryBudg
 (``docs/concepts/memory_planner.md``, "Byte budgets").
 """
 
-from jaxaot._src.partition.budget.parse import MemoryBudget, format_bytes, parse_memory_budget
+from jaxaot._src.partition.budget.parse import MemoryBudget, parse_memory_budget
 from jaxaot._src.partition.budget.step_peak import (
     StepPeak, compile_count, compiled_peak, fused_step, measure_step_peak, program_peak)
 from jaxaot._src.partition.budget.live_values import peak_holders
@@ -20,7 +20,6 @@ __all__ = [
     "bytes_in_use",
     "compile_count",
     "compiled_peak",
-    "format_bytes",
     "fused_step",
     "measure_step_peak",
     "measurement_limit",

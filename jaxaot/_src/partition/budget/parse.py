@@ -133,20 +133,3 @@ def _parse_text(text: str) -> MemoryBudget:
             f"memory_budget {shown} is {nbytes:g} bytes: a byte budget must be at least 1 byte (for the fraction "
             f"0, recompute everything, pass 0.0).")
     return MemoryBudget(nbytes=int(nbytes))
-
-
-def format_bytes(n: float | None) -> str:
-    """``n`` bytes in the largest binary unit that keeps it at least 1, for messages.
-
-    Example:
-        >>> from jaxaot._src.partition.budget import format_bytes
-        >>> format_bytes(1536), format_bytes(3 * 2**30), format_bytes(12)
-        ('1.50 KiB', '3.00 GiB', '12 B')
-    """
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"  # pragma: no cover

@@ -18,10 +18,10 @@ from typing import Callable, Sequence
 
 from jaxaot.errors import MemoryBudgetError
 from jaxaot._src.partition.budget.live_values import peak_holders
-from jaxaot._src.partition.budget.parse import format_bytes
 from jaxaot._src.partition.budget.step_peak import MEASURE_SLACK, StepPeak, fused_step, program_peak
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.tracing import JointGraph
+from jaxaot._src.units import format_bytes
 
 #: Fractions are planned on this grid (``k / GRID``).
 GRID = 32

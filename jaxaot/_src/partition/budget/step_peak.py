@@ -20,10 +20,10 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.partition.budget.parse import format_bytes
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND
 from jaxaot._src.tracing import JointGraph
+from jaxaot._src.units import format_bytes
 
 
 def compiled_peak(exe: Any) -> int | None:
