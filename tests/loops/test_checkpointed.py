@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 from jaxaot._src.loops import checkpointed, revolve
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 from zoo import body_runs_and_gradient
 
 

@@ -23,7 +23,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import dtype_name
 from jaxaot._src.artifacts.custom_calls import mismatch
-from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec
+from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec
 from jaxaot.errors import ArtifactError
 
 #: Custom-call targets an exported program may contain: those ``jax.export`` itself allows without a

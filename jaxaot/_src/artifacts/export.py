@@ -2,7 +2,7 @@
 
 :func:`export` traces, builds the joint and partitions as the runtime does, then
 exports three StableHLO programs (``inference``, ``forward`` with the residuals,
-``backward``) and the :class:`~jaxaot._src.artifacts.signature.AOTSignature` that
+``backward``) and the :class:`~jaxaot._src.artifacts.aot_signature.AOTSignature` that
 ties them together; :func:`~jaxaot.export.load` makes a function of them whose
 ``jax.grad`` runs the exported forward and backward. A loop's overflow check
 becomes a boolean output (``jax.export`` refuses callbacks); ``dynamic_shapes``
@@ -29,9 +29,9 @@ from jaxaot._src import progress as _progress
 from jaxaot._src.pytrees import flatten_checked, shape_dtype_struct
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.loaded import LoadedAOT
-from jaxaot._src.artifacts.options import check_platforms
-from jaxaot._src.artifacts.placement import MeshSpec
-from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot._src.artifacts.export_options import check_platforms
+from jaxaot._src.artifacts.mesh_spec import MeshSpec
+from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import InvalidInputError, NotExportableError
 from jaxaot._src.loops import overflow_check_max_steps

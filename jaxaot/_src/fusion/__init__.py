@@ -13,7 +13,7 @@ from jaxaot._src.fusion.interface import ProgramsLike, TrainingLike
 from jaxaot._src.fusion.ordering import eval_backward, ordered_eqns
 from jaxaot._src.fusion.rederive import RederivedBackward, rederive_backward
 from jaxaot._src.fusion.residual_slices import SlicedBackward, residual_readers, slice_residual_reads
-from jaxaot._src.fusion.program import (
+from jaxaot._src.fusion.fused_jaxpr import (
     barred_residuals, fused_program, library_kernel_residuals, pinned_layouts, read_orders, recomputation_inputs,
 )
 from jaxaot._src.fusion.variants import (

@@ -1,6 +1,6 @@
 """Which variant of the fused step to keep: each compiled, the one with the lowest compiled peak memory kept.
 
-The options of :func:`~jaxaot._src.fusion.program.fused_program` each help on some
+The options of :func:`~jaxaot._src.fusion.fused_jaxpr.fused_program` each help on some
 models and cost on others, and only XLA's compiled program tells which. On an
 accelerator :func:`fused_exe` compiles the step, then each variant in turn (pinned
 layouts, consume-first order, no barrier, reductions derived again), keeping one
@@ -18,7 +18,7 @@ import jax
 from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.ordering import ordered_eqns
-from jaxaot._src.fusion.program import barred_residuals, fused_program
+from jaxaot._src.fusion.fused_jaxpr import barred_residuals, fused_program
 from jaxaot._src.fusion.rederive import rederive_backward
 from jaxaot._src.partition import compiled_peak, default_partition
 

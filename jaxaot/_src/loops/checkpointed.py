@@ -2,7 +2,7 @@
 
 Partial evaluation splits such a loop into a primal loop that stores at most k
 snapshots, placed online by :func:`~jaxaot._src.loops.revolve.place` (or read from a
-trace-time table, :mod:`jaxaot._src.loops.placement`), and one
+trace-time table, :mod:`jaxaot._src.loops.schedule_tables`), and one
 :data:`checkpointed_linear_p` eqn, the tangent map, recomputing each step's
 residuals. Its transpose is the revolve backward, one loop
 (:mod:`jaxaot._src.loops.sweep`) whose loops are ``checkpoints=k`` loops themselves,
@@ -21,10 +21,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxaot._src import compat as C
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
-from jaxaot._src.loops import placement, revolve, sweep
+from jaxaot._src.loops import revolve, schedule_tables, sweep
 from jaxaot._src.loops.revolve import MAX_REPS, beta_table_jax, place, split_point_jax
 
 checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
@@ -132,7 +132,7 @@ def _split_table(params: dict) -> Any:
     """The binomial table of the split points: cut to what ``max_steps`` needs for a bounded loop
     (a constant of a few thousand entries), else computed on the device once per loop."""
     k, bound = params["checkpoints"], params["max_steps"]
-    return placement.split_table(bound, k) if bound is not None else beta_table_jax(k)
+    return schedule_tables.split_table(bound, k) if bound is not None else beta_table_jax(k)
 
 
 def _split(params: dict, longest: int | None = None) -> Any:
@@ -142,7 +142,7 @@ def _split(params: dict, longest: int | None = None) -> Any:
     on a CPU: several times the lookup's time per iteration)."""
     k, bound = params["checkpoints"], params["max_steps"]
     longest = bound if longest is None else longest
-    points = placement.split_points(longest, k) if longest is not None else None
+    points = schedule_tables.split_points(longest, k) if longest is not None else None
     return sweep.search_split(_split_table(params)) if points is None else sweep.lookup_split(points, max(longest, 2))
 
 
@@ -286,9 +286,9 @@ TABLE_CHECKPOINTS = 128
 
 def online_table_steps(k: int) -> int:
     """How many steps of an unbounded ``checkpoints=k`` forward (k up to :data:`TABLE_CHECKPOINTS`) read
-    their placement from a table made at trace time (:func:`jaxaot._src.loops.placement.recorder`, once
+    their placement from a table made at trace time (:func:`jaxaot._src.loops.schedule_tables.recorder`, once
     per k), and the longest loop whose backward looks its split points up in a
-    table (:func:`jaxaot._src.loops.placement.split_points`, ``(k + 1) * (steps + 1)`` int16): 4096 steps
+    table (:func:`jaxaot._src.loops.schedule_tables.split_points`, ``(k + 1) * (steps + 1)`` int16): 4096 steps
     up to k=31, down to 1024 at k=127; past them each step decides online, O(k) work
     (:func:`~jaxaot._src.loops.revolve.place`), and the backward searches the binomial table."""
     return max(1024, min(4096, (1 << 17) // (k + 1)))
@@ -296,7 +296,7 @@ def online_table_steps(k: int) -> int:
 
 def _placer(k: int, needed: Any) -> tuple:
     """``(levels0, decide, finish)`` of the online placement (:func:`~jaxaot._src.loops.revolve.place`),
-    as :func:`jaxaot._src.loops.placement.recorder` gives them for a bounded loop. Its binomial table is
+    as :func:`jaxaot._src.loops.schedule_tables.recorder` gives them for a bounded loop. Its binomial table is
     computed once, outside the loop (the program's size does not grow with k), when ``needed``."""
     table = lax.cond(needed, lambda: beta_table_jax(k + 1), lambda: jnp.zeros((k + 2, MAX_REPS + 1), jnp.int32))
 
@@ -382,7 +382,7 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
     # (revolve.place, O(k) work per step) past them.
     state = (kt, jnp.zeros((), jnp.int32), None, snaps0)
     if bound is not None or k <= TABLE_CHECKPOINTS:
-        levels0, decide, finish = placement.recorder(bound or online_table_steps(k), k)
+        levels0, decide, finish = schedule_tables.recorder(bound or online_table_steps(k), k)
         x, n, levels, snaps = forward(state[:2] + (levels0, snaps0), decide,
                                       None if bound is not None else online_table_steps(k))
         pos, slot_of, top = finish(levels)

@@ -8,7 +8,7 @@ the loss of a module prepared as one more call (for :func:`jaxaot.value_and_grad
 and :class:`Optimizer`, whose eager update is one compiled call.
 """
 
-from jaxaot._src.nn.api import aot_module
+from jaxaot._src.nn.wrap_module import aot_module
 from jaxaot._src.nn.export_module import BackwardSignature, GraphSignature, aot_export_module
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.loss_call import LossCall, PreparedLoss

@@ -30,8 +30,8 @@ from flax import linen as nn
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import abstractify
 from jaxaot.errors import InvalidInputError, LossOutputError
-from jaxaot._src.nn.api import aot_module
-from jaxaot._src.nn.call import ModuleCall
+from jaxaot._src.nn.wrap_module import aot_module
+from jaxaot._src.nn.module_call import ModuleCall
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.nnx import AOTModule
 from jaxaot._src.tracing import flatten_program

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from flax import linen as nn
 
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.nn.call import CallStatic, ModuleCall
+from jaxaot._src.nn.module_call import CallStatic, ModuleCall
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.pure import linen_pure
 from jaxaot._src.runtime import AOTFunction, CacheInfo, aot_function

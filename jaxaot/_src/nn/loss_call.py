@@ -26,7 +26,7 @@ import jax
 from flax import nnx
 
 from jaxaot._src import compat as C
-from jaxaot._src.nn.call import _FLAX_OBJECTS, CallStatic, check_static
+from jaxaot._src.nn.module_call import _FLAX_OBJECTS, CallStatic, check_static
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.nn.state import FrozenState
 from jaxaot._src.nn.traversal import remember

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxaot._src.nn.call import Method
+from jaxaot._src.nn.module_call import Method
 from jaxaot._src.nn.pure import nnx_loss_pure, nnx_pure
 from jaxaot._src.runtime import AOTFunction, aot_function
 

@@ -26,7 +26,7 @@ from typing import Any
 from flax import nnx
 
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.nn.call import CallStatic, Method, ModuleCall, check_static
+from jaxaot._src.nn.module_call import CallStatic, Method, ModuleCall, check_static
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.module_programs import ModulePrograms
 from jaxaot._src.nn.proxy import ProxyModule

@@ -21,7 +21,7 @@ import numpy as np
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.parallel import microbatch, op_times, spmd
 from jaxaot._src.parallel.builtin import make_schedule
-from jaxaot._src.parallel.executor import run_schedule
+from jaxaot._src.parallel.python_executor import run_schedule
 from jaxaot._src.parallel.report import PipelineReport
 from jaxaot._src.parallel.simulate import OpTimes
 from jaxaot._src.parallel.stage import Placement, Stage, StagePrograms, float0_like

@@ -12,7 +12,7 @@ from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, selec
 from jaxaot._src.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind, leaf_key
 from jaxaot._src.runtime.reasons import ArgNames, inputs_change, log_compile
 from jaxaot._src.runtime.training import TrainingPrograms
-from jaxaot._src.runtime.programs import SignaturePrograms
+from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.residuals import Residuals
 from jaxaot._src.runtime.residual_table import ResidualRow, ResidualTable
 from jaxaot._src.runtime.lowered import AOTCompiled, AOTLowered

@@ -27,7 +27,7 @@ from jaxaot._src.partition import Partitioner, default_partition
 from jaxaot._src.runtime import arguments, checks, reasons
 from jaxaot._src.runtime.lowered import AOTLowered
 from jaxaot._src.runtime.options import Options, check_options
-from jaxaot._src.runtime.programs import SignaturePrograms
+from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.training import TrainingPrograms
 from jaxaot._src.runtime.residuals import Residuals
 from jaxaot._src.runtime.shardings import check_same_devices, context_mesh

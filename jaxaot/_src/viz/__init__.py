@@ -22,10 +22,10 @@ from jaxaot._src import display as _display
 from jaxaot._src.viz.formatting import aval_str, short_source
 from jaxaot._src.viz.styles import STYLES, Style
 from jaxaot._src.viz.model import EQN_KINDS, GROUP_LEVELS, Node, SplitGraph
-from jaxaot._src.viz.program import backward_is_cotangent_dependent
+from jaxaot._src.viz.lowered_parts import backward_is_cotangent_dependent
 from jaxaot._src.viz.grouping import collapse
 from jaxaot._src.viz.graph import split_graph
-from jaxaot._src.viz.layout import layout_available, to_digraph, why_no_layout
+from jaxaot._src.viz.graphviz_layout import layout_available, to_digraph, why_no_layout
 from jaxaot._src.viz.plain_svg import plain_svg
 from jaxaot._src.viz.picture import draw_svg
 from jaxaot._src.viz.table import residual_table_html

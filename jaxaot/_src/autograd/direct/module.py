@@ -27,7 +27,7 @@ from typing import Any, Callable
 from flax import nnx
 
 from jaxaot._src.autograd.direct.flax_functions import FLAX_VALUE_AND_GRAD
-from jaxaot._src.autograd.direct.function import function_value_and_grad
+from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot._src.nn import AOTModule, PreparedLoss
 from jaxaot._src.runtime import AOTFunction
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.autograd.recorded.reasons import CallInputs, python_values
+from jaxaot._src.autograd.recorded.step_reasons import CallInputs, python_values
 from jaxaot._src.autograd.recorded.structure import literal_value_key
 from jaxaot._src.runtime import ArgNames, leaf_key
 

@@ -17,7 +17,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import param_hooks as PH
-from jaxaot._src.autograd.recorded.cache import CACHE, Compiled
+from jaxaot._src.autograd.recorded.step_cache import CACHE, Compiled
 from jaxaot._src.autograd.recorded.structure import Structure, structure_of
 
 

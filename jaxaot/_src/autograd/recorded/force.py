@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.autograd.recorded.cache import LOOKS
+from jaxaot._src.autograd.recorded.step_cache import LOOKS
 
 
 class Plan:

@@ -1,7 +1,7 @@
 """The compiled step of a recorded forward: ``jit(value_and_grad(replay))``, compiled once per structure.
 
 :func:`record` runs the forward under a :class:`~.tape.Tape`; its structure picks
-an executable from the cache (:mod:`.cache`) that replays the tape and returns
+an executable from the cache (:mod:`.step_cache`) that replays the tape and returns
 loss, auxiliary outputs and gradients (post-accumulate hooks applied), the
 backward a fully jitted step has. Values Python looked at were computed by
 programs of their own (:mod:`.force`) and may differ from the compiled ones in
@@ -18,7 +18,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import tape as T
-from jaxaot._src.autograd.recorded.cache import CACHE, Compiled
+from jaxaot._src.autograd.recorded.step_cache import CACHE, Compiled
 from jaxaot._src.autograd.recorded.structure import Structure
 
 

@@ -11,9 +11,9 @@ from jaxaot._src.parallel.spmd.layout import Layout, Place, build
 from jaxaot._src.parallel.spmd.ticks import TickPlan, check_ring, plan
 from jaxaot._src.parallel.spmd.passes import StagePasses
 from jaxaot._src.parallel.spmd.params import StageParams, pack, stage_avals, unpack
-from jaxaot._src.parallel.spmd.program import Axes, Layouts, build_step
+from jaxaot._src.parallel.spmd.tick_loop import Axes, Layouts, build_step
 from jaxaot._src.parallel.spmd.memory import check_fits
-from jaxaot._src.parallel.spmd.executor import CompiledExecutor, auto_mesh, check_mesh
+from jaxaot._src.parallel.spmd.compiled_executor import CompiledExecutor, auto_mesh, check_mesh
 from jaxaot._src.parallel.spmd.calibrate import pass_times
 
 __all__ = ["Axes", "CompiledExecutor", "Layout", "Layouts", "Place", "StageParams", "StagePasses", "TickPlan",

@@ -2,7 +2,7 @@
 
 They take ``jax.value_and_grad``'s arguments and dispatch on what is
 differentiated: an ``aot_function`` runs its compiled forward and backward
-(:mod:`jaxaot._src.autograd.direct.function`); a loss whose one differentiated
+(:mod:`jaxaot._src.autograd.direct.function_grad`); a loss whose one differentiated
 argument is an ``aot_module`` is compiled with the module into one step
 (:mod:`jaxaot._src.autograd.direct.module`); anything else goes to JAX or Flax
 itself. Flax is imported only once a Flax module is seen.
@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src.autograd.grad_of import grad_of
-from jaxaot._src.autograd.direct.function import function_value_and_grad
+from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.runtime import AOTFunction, CacheInfo
 

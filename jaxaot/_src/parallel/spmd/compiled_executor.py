@@ -24,7 +24,7 @@ from jaxaot._src.parallel.schedule import Schedule
 from jaxaot._src.parallel.spmd import params as packing
 from jaxaot._src.parallel.spmd.memory import check_fits
 from jaxaot._src.parallel.spmd.passes import StagePasses
-from jaxaot._src.parallel.spmd.program import Axes, Layouts, build_step
+from jaxaot._src.parallel.spmd.tick_loop import Axes, Layouts, build_step
 from jaxaot._src.parallel.spmd.ticks import TickPlan, plan
 from jaxaot._src.parallel.stage import Stage
 from jaxaot._src.partition import compiled_peak

@@ -24,7 +24,7 @@ import functools
 import threading
 from typing import Any, Callable, Iterator
 
-from jaxaot._src.autograd.direct.api import module_dispatch
+from jaxaot._src.autograd.direct.dispatch import module_dispatch
 
 _LOCK = threading.Lock()
 _DEFAULTS = dict(holomorphic=False, allow_int=False, reduce_axes=(), graph=None, graph_updates=None)
@@ -33,7 +33,7 @@ _DEFAULTS = dict(holomorphic=False, allow_int=False, reduce_axes=(), graph=None,
 def _dispatching(flax_fn: Callable[..., Any], flax_value_and_grad: Callable[..., Any],
                  value: bool) -> Callable[..., Any]:
     """``flax_fn`` (``nnx.value_and_grad`` if ``value`` else ``nnx.grad``), with the compiled step
-    for an ``aot_module`` argument (dispatched by :func:`jaxaot._src.autograd.direct.api.module_dispatch`)."""
+    for an ``aot_module`` argument (dispatched by :func:`jaxaot._src.autograd.direct.dispatch.module_dispatch`)."""
 
     @functools.wraps(flax_fn)
     def transform(f: Any = None, *, argnums: Any = 0, has_aux: bool = False, **options: Any) -> Any:

@@ -30,7 +30,7 @@ from flax import nnx
 
 from jaxaot._src.compile import Compiler
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.nn.call import Method
+from jaxaot._src.nn.module_call import Method
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.nnx import AOTModule, wrap_nnx
 from jaxaot._src.partition import Partitioner, default_partition

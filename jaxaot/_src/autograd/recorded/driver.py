@@ -1,7 +1,7 @@
 """``compiled_grad`` and ``compiled_value_and_grad``: the forward runs as written, the step is compiled.
 
 Each call records the forward (:mod:`.tape`: Python runs as written, JAX operations
-are written down), looks its structure up in the process-wide cache (:mod:`.cache`,
+are written down), looks its structure up in the process-wide cache (:mod:`.step_cache`,
 compiling ``jit(value_and_grad)`` of it on a miss, with the reason), and runs that
 one executable for loss, auxiliary outputs and gradients (:mod:`.step`). Lazy
 recording falls back to eager recording, then to capturing ``jax.vjp``'s backward
@@ -27,7 +27,7 @@ from jaxaot._src.autograd.recorded import modules as M
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import replay as R
 from jaxaot._src.autograd.recorded import step as S
-from jaxaot._src.autograd.recorded.cache import note_fallback, note_replay
+from jaxaot._src.autograd.recorded.step_cache import note_fallback, note_replay
 from jaxaot._src.autograd.recorded.plans import Plans, name_of
 from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
 
