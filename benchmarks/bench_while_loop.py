@@ -57,7 +57,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from benchmarks.harness import result_path
-from jaxaot._src.loops import checkpointed, dynamic_capacity, offline, placement, revolve, while_loop
+from jaxaot._src.loops import checkpointed, dynamic_capacity, offline, revolve, schedule_tables, while_loop
 
 plan, plan_host = offline.plan, offline.plan_host
 revolve_counts, worst_ratio = revolve.revolve_counts, revolve.worst_ratio
@@ -180,7 +180,7 @@ def _first_gradient(fn: Callable, args: tuple) -> tuple[float, float]:
     """``(first gradient s, compile s)`` of ``jit(fn)`` from cold caches: tracing, lowering,
     compiling and one run, and the compile alone."""
     jax.clear_caches()
-    for table in (placement.stored_steps, placement.split_points, placement.split_table):
+    for table in (schedule_tables.stored_steps, schedule_tables.split_points, schedule_tables.split_table):
         table.cache_clear()  # the offline schedule's trace-time tables count as tracing
     t0 = time.perf_counter()
     lowered = jax.jit(fn).lower(*args)

@@ -8,6 +8,8 @@ not execute. Imports under ``if TYPE_CHECKING:`` never run and are left out.
 from __future__ import annotations
 
 import ast
+import collections
+import re
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ PUBLIC_FACES = ("jaxaot", "jaxaot.errors", "jaxaot.partition", "jaxaot.compilers
 LAYERS = [
     {"jaxaot.errors", "jaxaot._src", "jaxaot._src.config", "jaxaot._src.compat", "jaxaot._src.pytrees",
      "jaxaot._src.files", "jaxaot._src.display", "jaxaot._src.progress", "jaxaot._src.deprecations",
-     "jaxaot._src.tables"},
+     "jaxaot._src.tables", "jaxaot._src.units"},
     {"jaxaot._src.loops"},        # the while-loop primitives: JAX-level, below every stage
     {"jaxaot._src.tracing"},      # stage 1
     {"jaxaot._src.partition"},    # stage 2
@@ -235,6 +237,81 @@ def test_modules_hold_one_concept(module):
         if isinstance(node, ast.ClassDef):
             size = node.end_lineno - node.lineno + 1
             assert size <= 220, f"class {module}.{node.name} has {size} lines"
+
+
+#: File names several modules under ``jaxaot._src`` may share: a package's face, and modules that
+#: mirror each other in parallel packages on purpose (a reader who finds one looks for its twin under
+#: the same name). Any other shared name leaves ``placement.py`` or ``api.py`` to say nothing of what
+#: a module holds: name the concept instead.
+SHARED_FILE_NAMES = frozenset({"__init__.py"})
+
+
+def test_module_file_names_are_unique():
+    by_name = collections.defaultdict(list)
+    for module, path in MODULES.items():
+        if module.startswith("jaxaot._src.") and path.name not in SHARED_FILE_NAMES:
+            by_name[path.name].append(module)
+    shared = {name: sorted(mods) for name, mods in by_name.items() if len(mods) > 1}
+    assert not shared, f"modules sharing a file name (name each for its concept): {shared}"
+
+
+#: The longest module docstring, in lines, an ``Example:`` section left out: what the module holds and why.
+MAX_DOCSTRING_LINES = 12
+
+
+def _prose_lines(doc: str) -> list[str]:
+    """``doc``'s lines less its ``Example:`` section (that line and the indented block under it)."""
+    out, in_example = [], False
+    for line in doc.strip("\n").splitlines():
+        if re.fullmatch(r"Examples?:\s*", line):
+            in_example = True
+            continue
+        if in_example and line.strip() and not line[0].isspace():
+            in_example = False
+        if not in_example:
+            out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+def test_the_line_count_leaves_the_example_out():
+    doc = "Summary.\n\nWhy.\n\nExample:\n    >>> 1\n    1\n\nAfter.\n"
+    assert _prose_lines(doc) == ["Summary.", "", "Why.", "", "After."]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_docstrings_are_short(module):
+    """A module docstring says what the module holds and why in a few lines; the rest belongs to the
+    functions and classes, and to the docs."""
+    doc = ast.get_docstring(ast.parse(MODULES[module].read_text()), clean=False) or ""
+    lines = len(_prose_lines(doc))
+    assert lines <= MAX_DOCSTRING_LINES, (f"{module}'s docstring has {lines} lines besides its example: say what "
+                                          f"the module holds and why in at most {MAX_DOCSTRING_LINES}")
+
+
+#: Accelerator models: a measurement taken on one belongs in docs/benchmarks.md, not in the code.
+DEVICE_MODELS = re.compile(r"\b(?:H100|H200|A100|V100)\b|\bTPU ?v\d")
+
+
+def test_no_device_models_in_the_package():
+    hits = []
+    for path in sorted(ROOT.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{path.relative_to(ROOT.parent)}:{n}: {line.strip()[:100]}"
+                 for n, line in enumerate(text.splitlines(), 1) if DEVICE_MODELS.search(line)]
+    assert not hits, "accelerator models named in the package (measurements go to docs/benchmarks.md):\n" + \
+        "\n".join(hits[:40])
+
+
+def test_the_device_model_pattern_catches_them():
+    assert len(DEVICE_MODELS.findall("on an H100, an A100, a TPU v5e and a TPU v4")) == 4
+    assert not DEVICE_MODELS.findall("TPUs, GPUs, the H matrix, 100 steps")
 
 
 def test_internal_jax_apis_only_in_compat():

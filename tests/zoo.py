@@ -289,7 +289,7 @@ def body_runs_and_gradient(n: int, x: float, **loop_options) -> tuple[int, Any, 
     The body counts its runs with a ``jax.debug.callback``; tracing and compiling run none, so the
     count is the execution's alone.
     """
-    from jaxaot._src.loops.api import while_loop
+    from jaxaot._src.loops.wrappers import while_loop
 
     calls = [0]
 

@@ -1,21 +1,11 @@
 """Rich displays of lower-layer objects, drawn by a higher layer: renderers by kind.
 
-Jupyter shows an object through its ``_repr_html_``. The runtime's
 :class:`~jaxaot.AOTLowered` and :class:`~jaxaot.ResidualTable` are drawn by
-:mod:`jaxaot._src.viz`, which sits above the runtime (it reads what the runtime
-built, and pulls in the optional graphviz and matplotlib). So the runtime asks
-this registry instead of importing viz: :mod:`jaxaot._src.viz` registers one renderer
-per kind of object when it is imported (:func:`register`), and the objects'
-hooks call :func:`render`.
-
-The pictures must appear even when the user never imported :mod:`jaxaot._src.viz`.
-The package face ``jaxaot`` (the top layer) installs a *loader* that imports it
-(:func:`add_loader`); :func:`render` runs the pending loaders the first time it
-finds no renderer for a kind, so viz loads on first display and never at
-``import jaxaot``. A kind no loader registers renders as None, which Jupyter
-takes as "no HTML" and shows the text ``repr`` instead.
-
-Costs: a dict look-up per display; the loaders run once per process.
+:mod:`jaxaot._src.viz`, which sits above the runtime, so their ``_repr_html_``
+asks this registry instead of importing viz: viz registers a renderer per kind
+(:func:`register`), and ``jaxaot`` adds a loader that imports viz on the first
+display (:func:`add_loader`), never at ``import jaxaot``. A kind with no renderer
+renders as None, and Jupyter shows the text ``repr``.
 
 Example:
     >>> from jaxaot._src import display as _display

@@ -1,24 +1,11 @@
 """Progress of long work: a ``tqdm`` bar on a terminal, else INFO lines on the ``jaxaot`` logger.
 
-Work that can take more than a couple of seconds says what it is doing and how
-far along it is: timing ops for measured recompute costs, compiling the fused
-step's variants, exporting programs, the demo's stages. The stages call
-:func:`step` once per unit of work (or wrap a loop in :func:`track`, or a single
-long step in :func:`task`, or say one thing with :func:`note`); this module
-decides how, if at all, to show it:
-
-* nothing under ``jaxaot.config.quiet`` (``JAXAOT_QUIET=1``), nor while the
-  ``jaxaot`` logger would drop INFO records (no handler anywhere, or a level
-  above INFO): a library stays
-  silent until its user turns logging on (``logging.basicConfig(level="INFO")``);
-  the ``jaxaot`` command does, on stderr (:func:`to_stderr`);
-* a ``tqdm`` bar per task where ``tqdm`` is installed (the optional ``progress``
-  extra) and stderr is a terminal;
-* else a logger line, ``"timing ops: 12/40 (dot_general ...)"``, at most one
-  per :data:`INTERVAL` seconds per task besides its first and last.
-
-Costs: a disabled call checks ``jaxaot.config.quiet`` and the logger's level;
-an enabled one formats one line. Nothing here imports JAX.
+Work that can take more than a couple of seconds (timing ops, compiling the fused
+step's variants, exporting, the demo) calls :func:`step`, :func:`track`,
+:func:`task` or :func:`note`; this module decides how to show it: nothing under
+``jaxaot.config.quiet`` or while the ``jaxaot`` logger would drop INFO (a library stays
+silent until its user turns logging on), a ``tqdm`` bar where it is installed and
+stderr is a terminal, else rate-limited logger lines. It imports no JAX.
 
 Example:
     >>> [x for x in track(range(3), "counting")]  # lines on the jaxaot logger, if it shows INFO

@@ -29,7 +29,7 @@ from jaxaot.errors import (
     LoopOverflowError,
     ReverseModeBoundError,
 )
-from jaxaot._src.loops.api import while_loop, while_loop_stack_output
+from jaxaot._src.loops.wrappers import while_loop, while_loop_stack_output
 from jaxaot._src.loops.capacity import dynamic_capacity
 from jaxaot._src.loops.overflow import reraise_overflow
 

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from jaxaot.errors import InvalidLoopOptionError, ReverseModeBoundError
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.capacity import dynamic_capacity
 
 

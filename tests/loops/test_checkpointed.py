@@ -11,7 +11,7 @@ from jax import lax
 
 import jaxaot
 from jaxaot._src.loops import checkpointed, revolve
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 from zoo import body_runs_and_gradient
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxaot._src import compat as C
-from jaxaot._src.loops.api import while_loop, while_loop_stack_output
+from jaxaot._src.loops.wrappers import while_loop, while_loop_stack_output
 from jaxaot._src.loops.common import LOOP_PRIMITIVES, counted_loop, loop_of
 
 

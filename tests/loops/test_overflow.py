@@ -12,7 +12,7 @@ import pytest
 import jaxaot
 from jaxaot._src import compat as C
 from jaxaot.errors import LoopOverflowError
-from jaxaot._src.loops.api import while_loop, while_loop_stack_output
+from jaxaot._src.loops.wrappers import while_loop, while_loop_stack_output
 from jaxaot._src.loops.overflow import overflow_check_max_steps, raise_if_overflowed, reraise_overflow
 
 

@@ -9,7 +9,7 @@ from jax import lax
 
 from jaxaot._src import compat as C
 from jaxaot._src.loops.common import counted_loop_p, while_loop_p, while_loop_stack_output_p
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 
 
 def _loop(x, n=3, **kw):

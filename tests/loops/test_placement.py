@@ -1,7 +1,7 @@
 """A bounded loop's checkpointing read from tables: the placement and the split points against revolve's.
 
 ``max_steps=N, checkpoints=k`` on a CPU runs the binomial schedule with its forward's snapshot
-decisions and its backward's split points made at trace time (``jaxaot._src.loops.placement``) and its
+decisions and its backward's split points made at trace time (``jaxaot._src.loops.schedule_tables``) and its
 backward as one loop (``jaxaot._src.loops.sweep``). The tables must be revolve's exactly, the gradients
 ``lax.scan``'s, and the program's copies of the body must not grow with N or k.
 """
@@ -17,8 +17,8 @@ from jax import lax
 
 import jaxaot
 from jaxaot._src import compat as C
-from jaxaot._src.loops import checkpointed, offline, placement, revolve
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops import checkpointed, offline, revolve, schedule_tables
+from jaxaot._src.loops.wrappers import while_loop
 from zoo import body_runs_and_gradient
 
 
@@ -37,7 +37,7 @@ def _online_decisions(n: int, k: int) -> tuple[list, list]:
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 10, 17, 40])
 def test_stored_steps_are_the_online_placements_decisions(k):
-    steps, slots, held = placement.stored_steps(1200, k)
+    steps, slots, held = schedule_tables.stored_steps(1200, k)
     want_steps, want_slots = _online_decisions(1200, k)
     assert steps.tolist() == want_steps + [-1] and slots.tolist() == want_slots + [k]
     assert held[0] == 1 and held.max() <= k and np.all(np.diff(held[:-1]) >= 0)
@@ -46,7 +46,7 @@ def test_stored_steps_are_the_online_placements_decisions(k):
 @pytest.mark.parametrize("n,k", [(1, 3), (2, 2), (57, 3), (400, 10), (999, 40)])
 def test_the_forward_holds_what_the_online_placement_holds(n, k):
     # The forward's recorder, run on the device for n steps, against revolve's own positions.
-    levels0, decide, finish = placement.recorder(1000, k)
+    levels0, decide, finish = schedule_tables.recorder(1000, k)
 
     def step(i, levels):
         return decide(i, levels)[1]
@@ -59,7 +59,7 @@ def test_the_forward_holds_what_the_online_placement_holds(n, k):
 
 @pytest.mark.parametrize("n,k", [(30, 3), (500, 10), (2000, 40), (100, 2), (7, 1)])
 def test_split_points_are_revolves(n, k):
-    points = placement.split_points(n, k).reshape(k + 1, n + 1)
+    points = schedule_tables.split_points(n, k).reshape(k + 1, n + 1)
     for s in range(2, k + 1):
         assert [int(points[s, length]) for length in range(2, n + 1)] == \
             [revolve.split_point(length, s) for length in range(2, n + 1)]
@@ -79,7 +79,7 @@ def _drift_scan(x, w, n):
 def test_gradients_equal_scans_with_either_split_point(bound, k, n, search, monkeypatch):
     # search: no table of split points (a loop too long for one), a binary search of the binomial table
     if search:
-        monkeypatch.setattr(placement, "MAX_SPLIT_POINTS", 0)
+        monkeypatch.setattr(schedule_tables, "MAX_SPLIT_POINTS", 0)
     kx, kw = jax.random.split(jax.random.key(bound * 7 + k))
     x, w = jax.random.normal(kx, (3, 8)), jax.random.normal(kw, (8, 8)) / 3
     loss = lambda x, w: jnp.sum(_drift(x, n, w=w, max_steps=bound, checkpoints=k) ** 2)  # noqa: E731

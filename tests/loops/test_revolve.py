@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 
 from jaxaot._src.loops import revolve
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.checkpointed import TABLE_CHECKPOINTS
 
 

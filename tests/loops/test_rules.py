@@ -11,7 +11,7 @@ from jax import lax
 
 from jaxaot._src import compat as C
 from jaxaot._src.loops.common import counted_loop_p, while_loop_p, while_loop_stack_output_p
-from jaxaot._src.loops.api import while_loop, while_loop_stack_output
+from jaxaot._src.loops.wrappers import while_loop, while_loop_stack_output
 
 
 def _loop(x, n=3, **kw):

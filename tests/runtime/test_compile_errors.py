@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxaot
-from jaxaot._src.runtime import programs
+from jaxaot._src.runtime import signature_programs
 from zoo import assert_trees_close
 
 
@@ -26,7 +26,7 @@ def test_an_xla_refusal_is_typed_and_the_function_keeps_working(monkeypatch):
     fn = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
     w, x = jax.random.normal(jax.random.key(1), (4, 3)), jax.random.normal(jax.random.key(2), (5, 4))
     f = jaxaot.aot_function(fn)
-    monkeypatch.setattr(programs, "cached_compile", _refusing(programs.cached_compile, "tanh"))
+    monkeypatch.setattr(signature_programs, "cached_compile", _refusing(signature_programs.cached_compile, "tanh"))
     with pytest.raises(jaxaot.errors.XlaCompileError) as info:
         f(w, x)
     assert isinstance(info.value, RuntimeError) and isinstance(info.value.__cause__, jax.errors.JaxRuntimeError)

@@ -1,8 +1,8 @@
 """Export the split programs with ``jax.export`` and load them without the source.
 
 Modules, each one concept: ``treedef_json`` (pytree structures as JSON),
-``placement`` (a sharded artifact's mesh, partition specs and device-count
-checks), ``signature`` (the calling contract: array specs, residual wiring,
+``mesh_spec`` (a sharded artifact's mesh, partition specs and device-count
+checks), ``aot_signature`` (the calling contract: array specs, residual wiring,
 run-time checks), ``manifest`` (the directory layout, schema, version policy and safe
 file reading), ``audit`` (what a loaded program may call and must take),
 ``exported`` (:class:`ExportedAOT`, in memory), ``loaded`` (:func:`load`,
@@ -10,8 +10,8 @@ file reading), ``audit`` (what a loaded program may call and must take),
 """
 
 from jaxaot._src.artifacts.treedef_json import treedef_from_json, treedef_to_json
-from jaxaot._src.artifacts.placement import MeshSpec
-from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot._src.artifacts.mesh_spec import MeshSpec
+from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.manifest import check_manifest, read_manifest
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.loaded import ExportedResiduals, LoadedAOT, load

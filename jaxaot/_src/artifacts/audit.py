@@ -1,43 +1,12 @@
 """What a loaded program may contain and what it must take: checked op by op before it can run.
 
-``jax.export`` serializes StableHLO, which runs no Python by itself; but a
-program can name a *custom call*, and a custom call runs a kernel. Two kinds
-are dangerous in an artifact someone else wrote:
-
-* **Host callbacks** (``jax.pure_callback``, ``io_callback``,
-  ``jax.debug.print``) lower to ``stablehlo.custom_call
-  @xla_ffi_python_cpu_callback`` (``..._gpu_callback`` on GPUs, and older or
-  partitioned variants) whose only argument is an *index into the loading
-  process's table of callbacks*: planted in an artifact, it calls one of the
-  user's own functions with the artifact's data. Host transfers (``send``,
-  ``recv``, ``infeed``, ``outfeed``) reach the host too. Every such target is
-  refused by its name's family (:func:`is_host_callback`), whatever platform
-  the artifact was exported for, unless the user passes
-  ``allow_callbacks=True`` to :func:`~jaxaot.export.load`.
-* **Kernels that trust their buffers** (LAPACK, cuSOLVER, ...): a call that
-  declares undersized results makes the kernel write outside them. Every
-  custom call must be of a target ``jax.export`` itself lets an exported
-  program contain (:data:`EXPORTABLE_CUSTOM_CALLS`) *and* satisfy that
-  target's type rule (:mod:`jaxaot._src.artifacts.custom_calls`): the operand and
-  result types, aliases and layouts its kernel reads and writes. Targets with
-  no rule (Pallas kernels) are refused unless ``allow_custom_calls`` names them.
-
-The program is read with the MLIR bindings (:func:`jaxaot._src.compat.program_ops`),
-every op and nested region walked: nothing in a string or location can hide or
-fake an op. jaxaot's own loop-overflow checks are no callbacks in an artifact:
-:func:`~jaxaot.export` hoists them into boolean outputs
-(:class:`~jaxaot._src.artifacts.signature.RuntimeCheck`).
-
-:func:`check_signature` compares every program's own ``in_avals`` and
-``out_avals`` (shape and dtype), and its input and output structure (a flat
-tuple in, a flat list out), with what the manifest's signature says, so
-programs swapped inside an artifact, a signature edited to disagree with them,
-or a program that returns a bare array where the signature says a 1-tuple, are
-refused at load instead of failing later with a raw ``IndexError`` or
-``TypeError``. :func:`check_platforms` refuses programs exported for no
-platform this process has.
-
-Cost: one parse and walk of each program's StableHLO, linear in its size, per load.
+Someone else's artifact can name a host callback or host transfer (refused by
+name, :func:`is_host_callback`, unless ``allow_callbacks=True``) or a kernel
+that trusts its buffers (each custom call must satisfy its target's type rule,
+:mod:`jaxaot._src.artifacts.custom_calls`). The StableHLO is walked op by op with
+the MLIR bindings, so nothing in a string can hide an op. :func:`check_signature`
+and :func:`check_platforms` compare each program with the manifest and with this
+process, so a swapped program or an edited signature is refused at load.
 
 Example:
     >>> from jaxaot._src.artifacts.audit import is_host_callback
@@ -54,7 +23,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import dtype_name
 from jaxaot._src.artifacts.custom_calls import mismatch
-from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec
+from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec
 from jaxaot.errors import ArtifactError
 
 #: Custom-call targets an exported program may contain: those ``jax.export`` itself allows without a

@@ -1,34 +1,13 @@
 """What each custom call a loaded program may make must take and return: one type rule per target.
 
-A custom call runs a kernel that trusts its buffers: LAPACK's ``getrf`` on CPU
-writes ``m * n`` factors, ``min(m, n)`` pivots and one status per matrix into
-whatever result buffers the program declares. A crafted artifact that declares
-a 1-float result for a 1024 x 1024 input passes a check of target names and
-then overwrites the process's heap on its first call. So every target a loaded
-program calls must have a rule here (:data:`RULES`), and the call must satisfy
-it: the rule derives, from the operands (and the attributes that change what
-the kernel writes, such as an SVD's mode), the exact types of every operand and
-result the kernel reads and writes, which are the types ``jax``'s own lowering
-gives it. Aliased results must have their operand's type, layouts must be the
-ones the kernel expects (column-major matrices for LAPACK and cuSOLVER), and
-dimensions must be static: a dynamic dimension of a kernel's buffer cannot be
-checked before the program runs.
-
-Families:
-
-* LAPACK on CPU (``lapack_<s|d|c|z><op>_ffi``) and cuSOLVER / hipSOLVER on GPU
-  (``cusolver_<op>_ffi``), with the dtype their name or operand fixes;
-* GPU helpers: LU pivots to a permutation, threefry random bits, cuSPARSE's
-  tridiagonal solve;
-* TPU linear algebra that XLA expands (``Qr``, ``Eigh``, ``LuDecomposition``,
-  ``ProductOfElementaryHouseholderReflectors``), in the flat or the older tuple form;
-* annotations with no kernel (``Sharding``, ``SPMD*``, memory placement, shape
-  assertions, ``AllocateBuffer``) and ops that StableHLO or XLA turn into
-  verified HLO (``ApproxTopK``, ``stablehlo.dynamic_*``).
-
-Pallas kernels (``tpu_custom_call``, ``mosaic_gpu_v2``) carry device code of the
-artifact's author: no rule can bound what they touch, so they have none and are
-refused unless ``jaxaot.export.load(..., allow_custom_calls=...)`` names them.
+A custom call runs a kernel that trusts its buffers: a crafted artifact that
+declares a result smaller than the kernel writes would overwrite the loading
+process's memory. So every target a loaded program calls must have a rule here
+(:data:`RULES`: LAPACK, cuSOLVER, GPU helpers, TPU linear algebra, annotations),
+and the call must match it: the rule derives, from the operands and attributes,
+the exact operand and result types, aliases and layouts ``jax``'s own lowering
+gives the kernel. Pallas kernels have no rule: they are refused unless
+``jaxaot.export.load(..., allow_custom_calls=...)`` names them.
 
 Example:
     >>> from jaxaot._src.compat import CustomCall, TensorType

@@ -1,46 +1,13 @@
 """Export the partitioned programs with ``jax.export``; reload them without the source.
 
-:func:`export` runs the runtime's pipeline (trace -> joint -> partition) on
-abstract inputs and exports three StableHLO programs with ``jax.export``:
-
-* ``inference``: ``(inputs...) -> (outputs...)``;
-* ``forward``: ``(inputs...) -> (outputs..., temporaries...)``;
-* ``backward``: ``(cotangents..., saved inputs..., saved outputs...) -> (grads...)``.
-
-This is the :class:`~jaxaot.partition.Partition` contract, recorded in the
-:class:`~jaxaot._src.artifacts.signature.AOTSignature`; nothing is re-emitted.
-:func:`~jaxaot.export.load` turns a saved directory into a
-:class:`~jaxaot.export.LoadedAOT` whose ``jax.grad`` runs the exported forward and
-backward.
-
-``jax.export`` refuses host callbacks; ``jaxaot.loops.while_loop``'s reverse mode
-checks its stack with one. Such a check becomes an extra boolean output (a
-:class:`~jaxaot._src.artifacts.signature.RuntimeCheck`) that the loaded function
-inspects; any other callback is a :class:`~jaxaot.errors.NotExportableError`.
-
-``dynamic_shapes`` is the ``shapes_specs`` argument of
-``jax.export.symbolic_args_specs``: a pytree prefix of the (non-static) positional
-arguments whose entries are shape strings such as ``"b, 16"`` or ``"b, ..."``
-(``...`` keeps the remaining dims of the example argument), or None (static).
-Alternatively pass ``jax.ShapeDtypeStruct`` arguments with symbolic shapes made
-in one ``jax.export.SymbolicScope``. Static arguments of an :class:`~jaxaot.AOTFunction`
-(``static_argnums``) are baked in: the loaded function takes the others only.
-
-**Sharded inputs.** Example arguments committed to several devices (a
-``NamedSharding`` on a mesh, ``Auto`` or ``Explicit`` axes; or
-``jax.ShapeDtypeStruct`` leaves carrying one) make a *sharded* artifact: each
-program is exported for the shardings the runtime compiles it for
-(:mod:`jaxaot._src.runtime.shardings`). The forward takes the inputs' shardings and
-is pinned to the output and residual shardings of the compiled forward (so
-exporting compiles it); the backward takes the residuals in exactly those and
-returns each gradient in its parameter's sharding; the inference program
-returns its outputs as the forward does. ``jax.export`` records them all, with
-the device count (``Exported.nr_devices``); the manifest adds the mesh and each
-array's partition spec (:mod:`jaxaot._src.artifacts.placement`). Such an artifact
-runs only on as many devices as it was exported for. Sharded inputs and
-``dynamic_shapes`` do not combine (the residual shardings need a compiled
-forward). Single-device placements are not recorded: an unsharded artifact
-runs on any device.
+:func:`export` traces, builds the joint and partitions as the runtime does, then
+exports three StableHLO programs (``inference``, ``forward`` with the residuals,
+``backward``) and the :class:`~jaxaot._src.artifacts.aot_signature.AOTSignature` that
+ties them together; :func:`~jaxaot.export.load` makes a function of them whose
+``jax.grad`` runs the exported forward and backward. A loop's overflow check
+becomes a boolean output (``jax.export`` refuses callbacks); ``dynamic_shapes``
+gives symbolic dimensions; example arguments sharded over several devices make
+an artifact that runs on that many devices.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
@@ -62,9 +29,9 @@ from jaxaot._src import progress as _progress
 from jaxaot._src.pytrees import flatten_checked, shape_dtype_struct
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.loaded import LoadedAOT
-from jaxaot._src.artifacts.options import check_platforms
-from jaxaot._src.artifacts.placement import MeshSpec
-from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot._src.artifacts.export_options import check_platforms
+from jaxaot._src.artifacts.mesh_spec import MeshSpec
+from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import InvalidInputError, NotExportableError
 from jaxaot._src.loops import overflow_check_max_steps

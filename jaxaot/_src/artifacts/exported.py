@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot._src.artifacts import manifest, signing
-from jaxaot._src.artifacts.signature import AOTSignature
+from jaxaot._src.artifacts.aot_signature import AOTSignature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,7 +16,7 @@ class ExportedAOT:
 
     Attributes:
       inference / forward / backward: ``jax.export.Exported`` objects.
-      signature: the :class:`~jaxaot._src.artifacts.signature.AOTSignature`.
+      signature: the :class:`~jaxaot._src.artifacts.aot_signature.AOTSignature`.
       name: the function's name.
     """
 

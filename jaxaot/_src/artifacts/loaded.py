@@ -23,9 +23,9 @@ from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
 from jaxaot._src.artifacts import audit, manifest, signing
 from jaxaot._src.artifacts.exported import ExportedAOT
-from jaxaot._src.artifacts.options import check_load_options
-from jaxaot._src.artifacts.placement import check_call_devices, check_call_platform, check_enough_devices
-from jaxaot._src.artifacts.signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot._src.artifacts.export_options import check_load_options
+from jaxaot._src.artifacts.mesh_spec import check_call_devices, check_call_platform, check_enough_devices
+from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import (
     ArtifactError,

@@ -1,53 +1,13 @@
 """The saved form of an artifact: its directory layout, manifest schema, version policy and file reading.
 
-Layout (``ExportedAOT.save``)::
-
-    manifest.json           # see below
-    inference.jaxexport     # Exported.serialize() of each program
-    forward.jaxexport
-    backward.jaxexport
-    manifest.hmac           # only when signed: the manifest's HMAC-SHA256 under the key
-
-``manifest.json`` holds ``format: "jaxaot-export"``, ``format_version``, the
-``versions`` (jaxaot, jax, jaxlib) that wrote it, ``function``, ``platforms``,
-``host_callbacks`` (whether any program calls host code: never, for jaxaot's
-exports), ``artifacts`` (per program: file, sha256, bytes, platforms, calling
-convention version, custom-call targets) and ``signature``
-(:meth:`~jaxaot._src.artifacts.signature.AOTSignature.to_json`). A save writes a
-fresh folder, the manifest last (and ``manifest.hmac`` after it, when signed),
-and swaps it into place, so an interrupted re-save leaves the earlier artifact
-whole.
-
-Schema (:func:`check_manifest`): every field has its type checked before it is
-used, so a malformed manifest (``"artifacts": []``, ``"versions": null``, a
-string where a number belongs) is an :class:`~jaxaot.errors.ArtifactError`
-naming the field, never a raw ``AttributeError``.
-
-Version policy (:func:`check_manifest`): the format version must match; the
-jaxaot major version must match; the writer's jax and jaxlib must each be at
-least 0.10 and not newer (major.minor) than the reader's (``jax.export``
-guarantees only that newer jax loads older artifacts, and the kernels its
-custom calls name live in jaxlib); each program's calling convention version
-must be supported by the reader's jax. ``load(..., check_versions=False)`` skips
-the jax and jaxlib checks (not the format check). The platforms the programs
-were exported for are checked at load too
-(:func:`~jaxaot._src.artifacts.audit.check_platforms`).
-
-Loading a hostile artifact can neither run code, nor hang, nor exhaust memory:
-the manifest is JSON nested at most :data:`MAX_MANIFEST_DEPTH` levels; program
-files must be plain names inside the artifact directory (no ``..``, no absolute
-paths); every file, the manifest included, is read with
-:func:`~jaxaot._src.files.read_regular` (``O_NOFOLLOW | O_NONBLOCK``, ``fstat``): a
-regular file, or a symlink that stays inside the artifact directory, of at most
-:data:`MAX_MANIFEST_BYTES` / :data:`MAX_PROGRAM_BYTES` (or ``load(...,
-max_bytes=...)``) whose size, compared before reading, and sha256, computed
-while reading, match the manifest. A FIFO, device or socket is refused without
-blocking. A signed artifact (``save(path, key=...)``) is checked against its
-key before its manifest is parsed (:mod:`~jaxaot._src.artifacts.signing`). The signature's shapes,
-indices and pytree depth are bounded
-(:meth:`~jaxaot._src.artifacts.signature.AOTSignature.validate`), and the programs
-are audited (:mod:`jaxaot._src.artifacts.audit`). ``docs/security.md`` states the
-threat model.
+An artifact is a folder: ``manifest.json``, one ``<program>.jaxexport`` per
+program and, when signed, ``manifest.hmac``. A save writes a fresh folder and
+swaps it in, so an interrupted save leaves the earlier artifact whole.
+:func:`check_manifest` checks every field's type and the versions (format,
+jaxaot's major version, a writer's jax and jaxlib no newer than the reader's)
+before anything is used. Every file is read bounded and checked against its
+recorded size and sha256, so a hostile artifact can neither run code, hang nor
+exhaust memory (``docs/security.md``).
 """
 
 from __future__ import annotations

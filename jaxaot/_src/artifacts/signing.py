@@ -1,15 +1,10 @@
 """Signed artifacts: an HMAC binds the manifest, and through its checksums the programs, to a key.
 
-``export(...).save(path, key=k)`` writes ``manifest.hmac`` beside the manifest:
-HMAC-SHA256 under ``k`` of the manifest's exact bytes. The manifest holds each
-program's size and sha256, so the tag covers the programs too.
-``jaxaot.export.load(path, key=k)`` checks the tag before it parses a byte of the
-manifest: a manifest edited in any way (its ``saved_outputs`` permuted between
-two values of one type, say, which no type check can see), a program swapped
-for another, or an artifact signed with another key, is refused.
-
-Without ``key``, loading works as always and trusts the artifact's source for
-what its programs compute (``docs/security.md``).
+``save(path, key=k)`` writes ``manifest.hmac``, HMAC-SHA256 under ``k`` of the
+manifest's exact bytes (which hold each program's sha256). ``load(path, key=k)``
+checks it before parsing the manifest, so any edit, a swapped program or another
+key is refused. Without ``key``, loading trusts the artifact's source
+(``docs/security.md``).
 
 Example:
     >>> tag = sign(b"k" * 32, b'{"format": "jaxaot-export"}')

@@ -1,16 +1,11 @@
 """Pytree structures as JSON, never pickles: how an artifact describes its inputs and outputs.
 
-A node is ``{"kind": K, ...}`` with K one of ``leaf``; ``none``; ``tuple`` /
-``list`` with ``children``; ``dict`` / ``ordered_dict`` with ``keys`` (str or
-int) and ``children``; ``namedtuple`` with ``module``, ``qualname``, ``fields``
-and ``children`` (reloaded as a new namedtuple class of that name and fields:
-no code is imported). Other custom nodes (``flax.nnx.State``, dataclasses)
-cannot be described: :func:`treedef_to_json` raises
-:class:`~jaxaot.errors.NotExportableError`; pass plain containers instead,
-e.g. ``nnx.to_pure_dict(state)``.
-
-Reading is bounded: a structure nested deeper than :data:`MAX_DEPTH` or with
-more than :data:`MAX_NODES` nodes is refused (:class:`~jaxaot.errors.ArtifactError`).
+A node is ``{"kind": K, ...}`` for leaves, ``None``, tuples, lists, dicts,
+ordered dicts and namedtuples (reloaded as a new class of that name and fields:
+no code is imported). Other custom nodes (``flax.nnx.State``, dataclasses) raise
+:class:`~jaxaot.errors.NotExportableError`: pass plain containers instead, e.g.
+``nnx.to_pure_dict(state)``. Reading refuses structures deeper than
+:data:`MAX_DEPTH` or larger than :data:`MAX_NODES`.
 """
 
 from __future__ import annotations

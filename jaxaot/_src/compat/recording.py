@@ -1,28 +1,13 @@
 """JAX internals for recording an eager forward as a tape (part of :mod:`jaxaot._src.compat`).
 
-Compiled autograd (:mod:`jaxaot._src.autograd.recorded`) runs a user's forward under its own
-JAX *trace*: every primitive the forward applies reaches
-:meth:`RecordingTrace.process_primitive` instead of being dispatched, and is
-handed to a *recorder* (``jaxaot._src.autograd.recorded.tape.Tape``) that writes it down and
-returns tracers for its outputs. Python sees :class:`RecordingTracer`\\ s: they
-have shapes and dtypes, and a concrete value whenever Python asks for one
-(``bool``, ``float``, ``int``, ``print``, ``np.asarray``, ``.item()``), which the
-recorder computes on demand.
-
-What lives here, and nothing else (the recorder is plain Python):
-
-* :class:`RecordingTrace` and :class:`RecordingTracer`;
-* :func:`abstract_eval`: output avals of one primitive application;
-* :func:`stage_call`: one ``custom_jvp``/``custom_vjp``/call primitive, staged
-  by JAX's own tracer into a single equation (its rules stay attached), plus
-  :func:`rule_key`, a hashable identity of such a rule;
-* :func:`bind_on` and :func:`stage_function`: apply a recorded equation in a
-  given trace; trace a Python function to a jaxpr (consts as inputs).
-
-The Trace/Tracer API is the same in jax 0.10 and 0.11 for what is used here
-(``process_primitive``, ``process_custom_jvp_call``, ``process_custom_vjp_call``,
-``stage_value``, ``to_concrete_value``); ``process_call`` is gone in 0.11 and
-is kept for 0.10.
+Compiled autograd runs a user's forward under its own JAX trace: every primitive
+reaches :meth:`RecordingTrace.process_primitive` and is handed to a recorder (the
+tape, plain Python) that writes it down and returns :class:`RecordingTracer`\\ s,
+which have shapes and dtypes, and a value when Python asks for one. Besides the
+trace: :func:`abstract_eval`, :func:`stage_call` (a custom rule staged into one
+equation) with :func:`rule_key`, :func:`bind_on` and :func:`stage_function`. The
+Trace API used here is the same in jax 0.10 and 0.11, except ``process_call``
+(kept for 0.10).
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """The persistent compile cache: partitions and compiled executables on disk.
 
-Turn it on with ``jaxaot.config.cache_dir = "/path"`` (or the environment
-variable ``JAXAOT_CACHE_DIR``). The runtime then asks this module, instead of
-the partitioner and the compiler, through two hooks: :func:`cached_partition`
-and :func:`cached_compile`. A warm process still traces (the trace is the key)
-but runs neither the partitioner nor XLA.
-
-What is stored, under ``<cache_dir>/jaxaot-v2/`` (framed, signed and
-written atomically by :mod:`~jaxaot._src.compile.store`, named by a key from
-:mod:`~jaxaot._src.compile.cache_keys`):
-
-* ``partitions/<key>.bin``: the saved set of a partition
-  (:mod:`~jaxaot._src.compile.partition_codec`).
-* ``executables/<key>.bin``: a serialized ``jax.stages.Compiled``
-  (:mod:`~jaxaot._src.compile.executable_codec`). Programs with host callbacks or
-  effects are never stored: their callbacks must run.
-
-A corrupt entry is reported once (:class:`~jaxaot.errors.CacheWarning`) and
-rebuilt; cache I/O errors never fail a call. :func:`stats` counts what happened.
-
-Deserialising an executable can run code (``jax.experimental.serialize_executable``
-uses pickle), so every entry is signed with a per-user key, for the key it is
-stored under, and an entry whose signature fails (or that was signed for
-another key: moved, renamed or swapped) is never deserialised; directories
-owned by another user or writable by group/others are refused (see
-:mod:`~jaxaot._src.compile.store`). A loaded executable must still fit its call:
-its input and output types are compared with the program's, and one that
-differs is evicted and rebuilt (:func:`~jaxaot._src.compile.executable_codec.misfit`),
-so a bad entry costs a compile, never a wrong answer or an error in every call.
+With ``jaxaot.config.cache_dir`` (or ``JAXAOT_CACHE_DIR``) set, the runtime asks
+:func:`cached_partition` and :func:`cached_compile` instead of the partitioner and
+XLA, so a warm process only traces. Entries are framed, signed and written
+atomically by :mod:`~jaxaot._src.compile.store`, under keys from
+:mod:`~jaxaot._src.compile.cache_keys`; programs with callbacks or effects are never
+stored. A corrupt, foreign or misfitting entry is reported once and rebuilt, and
+cache I/O never fails a call: a bad entry costs a compile, never a wrong answer.
+:func:`stats` counts what happened.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot, tempfile

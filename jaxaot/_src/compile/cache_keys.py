@@ -1,20 +1,11 @@
 """What names a cache entry: a program, a partitioner or compiler, and the environment.
 
-A key is a sha256 (hex) over, in order: the kind of entry, the environment
-(jaxaot/jax/jaxlib versions, platform, device kind and count, ``XLA_FLAGS``,
-x64 and matmul precision), the partitioner's or compiler's identity (module,
-qualname, bytecode hash, defaults, closure values, ``functools.partial``
-arguments), the program (:func:`program_fingerprint`: its text plus the bytes
-of its consts and literals), the input avals (shape, dtype, weak type,
-sharding: the mesh's axis names, shape and device order, and the spec), and
-the options (donation).
-
-Every value is written in a canonical form (:func:`value_identity`): sets
-sorted, dicts by key, floats by their bits, so a key is the same in every
-process whatever ``PYTHONHASHSEED``. A value whose identity cannot be written
-down (an object array, a structure nested too deep) makes the key None: the
-entry is then not cached. A repr with an object address makes the key differ
-in each process: the entry is then never hit, which is safe.
+A key is a sha256 over the entry's kind, the environment (versions, platform,
+devices, ``XLA_FLAGS``, precision), the partitioner's or compiler's identity
+(code, defaults, closures), the program with its consts, the input avals and
+shardings, and the options. Values are written canonically (:func:`value_identity`)
+so a key is the same in every process; a value that cannot be written down makes
+the key None (not cached).
 
 Example:
     >>> import jax, jax.numpy as jnp

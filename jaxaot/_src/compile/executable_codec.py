@@ -1,16 +1,11 @@
 """A compiled program as a cache entry: a serialized ``jax.stages.Compiled``.
 
-The payload is ``len(header) | header | blob``: a JSON header with the numbers
-of inputs and outputs and the ids of the devices it runs on (a program
-compiled for one device of eight is loaded onto that one), then the bytes of ``jax.experimental.serialize_executable``.
-Only flat programs (what :func:`~jaxaot._src.compile.compilers.xla` compiles: a
-tuple of inputs in, a list of outputs out) are stored, so the header is all
-it takes to rebuild their pytrees. Other compilers' results are not stored.
-
-Loading an executable unpickles it: :mod:`~jaxaot._src.compile.store` hands this module
-only payloads whose signature verified with this user's key, for the key they
-are looked up under. :func:`misfit` then compares the loaded executable's own
-input and output types with the program's.
+The payload is a JSON header (input and output counts, device ids) and the bytes
+of ``jax.experimental.serialize_executable``. Only flat programs (what
+:func:`~jaxaot._src.compile.compilers.xla` compiles) are stored, so the header is
+enough to rebuild their pytrees. Loading unpickles, so :mod:`~jaxaot._src.compile.store`
+hands over only payloads signed with this user's key; :func:`misfit` then compares
+the executable's input and output types with the program's.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """A partition as a cache entry: its saved set, as positions of vars in the joint graph.
 
-A position is ``["i", k]`` (input k), ``["c", k]`` (const k) or ``["e", k, j]``
-(output j of eqn k). :func:`~jaxaot._src.partition.split_joint` rebuilds the
-:class:`~jaxaot._src.partition.Partition` from them. Any saved set gives correct
-gradients, so a stale entry can cost memory or time but never correctness. A
-partitioner that rewrote the primal (min-cut's per-iteration scan remat) also
-leaves its ``primal_plan``, which is replayed on the joint graph before the
-split; a partition that neither can reproduce exactly (a partitioner that
-rewrites the joint graph without saying how) is not stored. Offloaded
-residuals (:mod:`jaxaot._src.partition.offload`) are stored as their positions and
-re-applied with :func:`~jaxaot._src.partition.offload.apply_offload`.
-
-A plan chosen under a byte budget keeps its measured peaks (``step_peak``),
-which the runtime holds its fused step to.
-
-The payload is JSON: ``{"format", "saved", "summary", "plan", "offloaded",
-"offload_note", "cost_note", "step_peak"}``; ``summary``
-(saved counts and residual avals) checks that a decoded partition is the one
-that was stored.
+A position is ``["i", k]`` (input), ``["c", k]`` (const) or ``["e", k, j]`` (an
+eqn's output); :func:`~jaxaot._src.partition.split_joint` rebuilds the partition
+from them, after replaying a primal rewrite (``primal_plan``) and re-applying
+offloads. Any saved set gives correct gradients, so a stale entry costs memory or
+time, never correctness; a partition that cannot be reproduced is not stored. The
+payload is JSON, with a summary that checks the decoded partition.
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """The persistent cache's files: where they live, how they are framed, signed, read and written.
 
-Entries live under ``<jaxaot.config.cache_dir>/jaxaot-v2/<kind>/<key>.bin``
-(:func:`entry_path`). Every file is::
-
-    magic | HMAC-SHA256(user key, len(name) | name | payload) | len(name) | len(payload) | name | payload
-
-where ``name`` is ``<kind>/<key>``, the entry's identity: ``key`` is a sha256
-over the program, the partitioner or compiler, the input types and the
-environment (:mod:`~jaxaot._src.compile.cache_keys`). The tag thus binds the payload
-to the one key it was stored under: an entry moved, renamed or swapped into
-another key's file fails verification (the name it carries is not the one
-asked for) and reads as absent, with a :class:`~jaxaot.errors.CacheWarning`;
-the caller rebuilds it. Files are written to a temporary file and
-``os.replace``-d into place (:func:`~jaxaot._src.files.atomic_write`), so readers
-see whole files only and concurrent writers of one key are safe.
-
-What the cache trusts: the per-user key file (:func:`key_path`; 32 random
-bytes, mode 0600, created on first use, in a folder of this user's that no one
-else can write) and nothing else. An entry whose tag
-does not verify with that key under its own name (truncated, corrupt, planted,
-swapped, or written with another user's key) is reported once and reads as
-absent *before* any of its bytes reach a deserialiser (executables are
-pickles). Every directory the cache reads or writes (``cache_dir``,
-``jaxaot-v2``, ``executables``, ``partitions``) is created 0700 and checked
-on each use: like ssh with its keys, one owned by another user or writable by
-group or others is refused with a warning, and the call compiles instead; below
-``cache_dir`` a symlink in place of a directory is refused too. An entry is
-opened with ``O_NOFOLLOW | O_NONBLOCK`` and read only if ``fstat`` shows a
-regular file of this user that no one else can write (:func:`~jaxaot._src.files.read_regular`):
-a symlink, FIFO or device in its place is a miss with a warning, never a hang.
-Its header (magic and declared lengths) must match its size before the rest is
-read, into one buffer that the payload is a view of.
-I/O errors never fail a call. ``docs/security.md`` states the threat model.
+Each entry, ``<cache_dir>/jaxaot-v2/<kind>/<key>.bin``, is framed with an
+HMAC-SHA256 under a per-user key over its name and payload, so an entry moved,
+renamed, swapped, truncated or planted fails verification and reads as absent
+(with a :class:`~jaxaot.errors.CacheWarning`) before any byte reaches a
+deserialiser (executables are pickles). Folders must be this user's and writable
+by no one else; files are written atomically and read with
+:func:`~jaxaot._src.files.read_regular`. I/O errors never fail a call
+(``docs/security.md``).
 
 Example:
     >>> from jaxaot._src.compile import store

@@ -1,17 +1,10 @@
 """Files jaxaot reads and writes: one safe way for every store (compile cache, artifacts, the key, op-cost tables).
 
-* :mod:`.reading`: :func:`read_regular`, the only reader of such files
-  (``O_NOFOLLOW | O_NONBLOCK``, a regular file, its size compared with the
-  declared or largest size before reading, the sha256 streamed);
-* :mod:`.bounded_json`: :func:`parse_json`, JSON with a bound on its nesting;
-* :mod:`.folders`: :func:`check_folder` / :func:`check_folders`, which folders
-  may hold files read back (this user's, writable by no one else);
-* :mod:`.writing`: :func:`atomic_write`, :func:`create_exclusive` and
-  :func:`replace_folder`, which never leave a partial file or folder, and sweep
-  the temporaries of killed writers.
-
-``tests/compile/test_one_reader.py`` checks that no other module of jaxaot
-opens or reads a file.
+One reader (:func:`read_regular`: no symlinks, FIFOs or oversized files), JSON
+with bounded nesting (:func:`parse_json`), the folders trusted to hold files read
+back (:func:`check_folder`), and writers that never leave a partial file or folder
+(:func:`atomic_write`, :func:`create_exclusive`, :func:`replace_folder`).
+``tests/compile/test_one_reader.py`` checks that no other module opens a file.
 """
 
 from jaxaot._src.files.bounded_json import NestingError, json_depth, parse_json

@@ -1,23 +1,11 @@
 """Reading a file jaxaot did not just write: one safe reader for cache entries, artifacts, the key and op-cost tables.
 
 :func:`read_regular` opens with ``O_NOFOLLOW | O_NONBLOCK`` and checks the open
-descriptor with ``fstat`` before reading a byte:
-
-* a symlink (as the last component) is refused without being followed;
-* a FIFO or device cannot block the reader (opening a FIFO without a writer
-  would wait forever, reading one waits for data), and a directory or socket is
-  refused: only a regular file is read;
-* ``check(stat)`` may refuse the file too (the cache refuses files of another
-  user, or writable by others, this way);
-* the size ``fstat`` reports is compared with the declared size (``size=``) or
-  the cap (``max_bytes``) first, so a 2 GiB file declared as 2 KB is refused
-  without reading it.
-
-Checking the descriptor, not the path, leaves no window between the check and
-the read. The bytes go straight into one buffer of the file's size (no chunks
-joined into a second copy), hashed as they arrive when a ``sha256`` is
-declared; a file that grows or shrinks while being read is refused. Each
-refusal is an :class:`UnsafeFileError`.
+descriptor (``fstat``), not the path, before reading a byte: only a regular file
+is read (a symlink, FIFO, device or directory is refused without blocking), a
+caller's ``check`` may refuse it, and its size must match the declared size or
+stay under the cap. The bytes go into one buffer, hashed as they arrive; a file
+that changes size meanwhile is refused. Each refusal is an :class:`UnsafeFileError`.
 
 Example:
     >>> import os, pathlib, tempfile

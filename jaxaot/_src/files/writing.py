@@ -1,18 +1,10 @@
 """Writing files and folders whole: readers see the old version or the new one, never a mix.
 
-* :func:`atomic_write` writes a private temporary file beside the target and
-  ``os.replace``-s it into place: whatever was at the path (a symlink, a FIFO)
-  is replaced, never written through, and concurrent writers are safe (the
-  last one wins).
-* :func:`create_exclusive` does the same but never replaces a file that is
-  there (the first of several racing writers wins): the cache key.
-* :func:`replace_folder` fills a fresh sibling folder and swaps it into place
-  (a saved artifact): an interrupted re-save leaves the old folder whole.
-
-A writer killed between creating its temporary file and renaming it leaves the
-temporary behind (``.<name>.jaxaot-<random>.tmp``). Each write sweeps its folder of
-this user's temporaries older than :data:`STALE_SECONDS` (:func:`sweep_stale`):
-no live writer takes an hour over one file.
+:func:`atomic_write` writes a private temporary file and ``os.replace``-s it into
+place (never writing through a symlink; the last writer wins);
+:func:`create_exclusive` never replaces an existing file (the first writer wins);
+:func:`replace_folder` fills a fresh sibling folder and swaps it in. Temporaries
+left by killed writers are swept once older than :data:`STALE_SECONDS`.
 
 Example:
     >>> import pathlib, tempfile

@@ -1,35 +1,13 @@
 """Consume-first ordering: the fused step's backward uses a recomputed matmul operand before anything else reads its residuals.
 
-A partition's backward recomputes some forward values from the residuals (the
-eqns no cotangent reaches). When such a value is an operand of a matmul or a
-convolution, it is written to memory. Inside one program XLA may merge its
-recomputation with a later kernel that reads the same residuals (a sibling
-multi-output fusion): the residual is read once, but the recomputed value is
-then produced only when that later kernel runs, next to that kernel's own
-outputs. On an attention block whose plan saves the scores and the softmax
-statistics, the recomputed probabilities (the value gradient's operand) came
-out of the score gradient's kernel: two 256 MB buffers at once, beside the
-scores and the probabilities' cotangent, and the fused step's peak rose 1.28x
-above ``dots_saveable``'s (``docs/concepts/fused_step.md``, "Backward order").
-
-:func:`eval_backward` evaluates the backward in its own order, except that
-each matmul or convolution that reads a recomputed value (and a value a
-cotangent reaches) runs as soon as its operands exist, and the residuals that
-value was recomputed from then pass an ``optimization_barrier`` together with
-the matmul's result. Recomputed values are computed when first read, and the
-cheap ones computed from those residuals before the barrier are computed again
-from its outputs for later readers. Every later reader of the residuals then
-depends on the matmul, so XLA computes the recomputed operand, consumes it and
-can free it before any later kernel reads the residuals again, and cannot fuse
-the two. (Computing recomputed values where the backward lists them, before
-the barrier, left later readers on the old residuals, and XLA merged the
-operand into the score gradient's row reduction instead: 1.159x.) On an H100
-the 16-head GPT-2 block's fused peak went from 1.281x to 1.019x
-``dots_saveable``'s.
-
-Cost: the residuals are read once more (the merged kernel read them once for
-both), and the cheap recomputation after a barrier runs twice; one barrier per
-such matmul.
+Inside one program XLA may merge the recomputation of a matmul's operand into a
+later kernel that reads the same residuals, so the recomputed value is produced
+only when that kernel runs, beside its outputs, and the peak rises
+(``docs/concepts/fused_step.md``, "Backward order"). :func:`eval_backward` runs each
+such matmul as soon as its operands exist and passes its residuals through an
+``optimization_barrier`` with its result, so later readers depend on it and the
+operand can be freed first. The cost: one more read of those residuals, and
+cheap recomputation after a barrier runs twice.
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """Order-free reductions the fused step's backward derives again instead of taking them as residuals.
 
-A softmax subtracts its row max before the exponential. The min-cut at budget 1
-will not recompute a reduction whose output is far smaller than its input (it is
-a whole pass over that input), so it saves the max beside the row sum even when
-the backward recomputes the scores the max was taken over. Inside one program
-that pass costs nothing extra on an accelerator: XLA fuses the max into the
-kernel that reads the recomputed scores anyway, which is what
-``jax.checkpoint(policy=dots_saveable)``'s step does (it keeps only the sums).
-Saving the max instead keeps it alive across the step and, in XLA's own order,
-changes how XLA fuses the probabilities' recomputation: on the 16-head GPT-2
-block the fused step's peak was 1.281x ``dots_saveable``'s in XLA's order and
-1.001x in the consume-first order, against 0.983x with the max derived again
-(``docs/concepts/fused_step.md``, "Reductions derived again").
-
-:func:`rederive_backward` finds the residuals that a short chain of eqns
-computes from values the backward already has (it recomputes them or takes
-them as residuals), where the chain holds at least one *order-free* reduction
-(:data:`ORDER_FREE`: max, min, argmax, argmin) and otherwise only cheap,
-fusible eqns (:func:`jaxaot._src.partition.classify`). It returns the
-backward with those chains inserted before the residual's first reader and the
-residual dropped from its inputs. Only order-free reductions qualify because
-they give the forward's value bit for bit in any fusion; a sum computed again in
-another kernel may differ in its last bits from the one the forward used.
-
-The saved set only shrinks, so the step still keeps no more than the plan; the
-fused step compiles this variant on an accelerator and keeps it where the
-compiled peak falls (:func:`jaxaot._src.fusion.choose_rederive`). A chain
-needs the forward's and the backward's variables to be the same objects, as
-:func:`jaxaot._src.partition.split_joint` builds them; a partition rewritten
-since (offloaded residuals' copies) simply yields nothing here.
-
-Cost: one pass over the backward's eqns and a walk of at most
-:data:`MAX_CHAIN` forward eqns per residual.
+The min-cut saves a softmax's row max beside its sum even when the backward
+recomputes the scores the max was taken over; saving it keeps it alive across the
+step and can change how XLA fuses the recomputation, where deriving it again is
+fused for free (``docs/concepts/fused_step.md``, "Reductions derived again").
+:func:`rederive_backward` drops residuals that a short chain of cheap eqns with an
+order-free reduction (:data:`ORDER_FREE`: max, min, argmax, argmin, bit for bit
+in any fusion, unlike a sum) derives from values the backward has. The saved set
+only shrinks; the variant is kept where the compiled peak falls.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Residuals the backward reads only through static slices pass the fused step's barrier as those slices.
 
-An attention block whose query, key and value come from one projection saves
-that projection's output (it is a matmul's result, in memory anyway), and its
-backward splits it again. Inside one program the split's outputs are fused into
-their readers, so the whole output stays alive until the last of them has run:
-on the 16-head GPT-2 block, the query and key gradients read their slices after
-the score gradient, and the value's third of the buffer (16 MB) is still held at
-the step's peak, where ``jax.checkpoint(policy=dots_saveable)`` has already
-copied the two slices it needs out of it.
-
-:func:`slice_residual_reads` moves such slicing eqns from the backward to the end of
-the forward: the backward takes the slices as residuals of their own, the
-forward computes them before the barrier, and each slice is freed after its
-last reader. The bytes saved are the same; the forward writes them once more
-(a copy of the sliced residual). On an H100 the 16-head block's peak fell from
-1.019x to 1.001x ``dots_saveable``'s, and its step time moved less than two
-compiles of one program differ (``docs/concepts/fused_step.md``, "Sliced residuals").
-
-Cost: one pass over the backward's top-level eqns; in the step, one copy of each
-sliced residual's read slices.
+An attention block's fused QKV projection is saved whole and split again in the
+backward; inside one program the split fuses into its readers, so the whole buffer
+stays alive until the last of them has run. :func:`slice_residual_reads` moves such
+slicing eqns to the end of the forward, so each slice is a residual of its own,
+freed after its last reader (``docs/concepts/fused_step.md``, "Sliced residuals").
+The bytes saved are the same; the forward copies the slices once.
 """
 
 from __future__ import annotations

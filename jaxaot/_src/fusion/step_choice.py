@@ -1,19 +1,11 @@
 """Fused or split: which step ``jaxaot.value_and_grad`` runs for a signature, decided once, and only its programs kept.
 
-The fused step (:func:`~jaxaot._src.fusion.variants.fused_exe`) runs unless its
-compiled peak is over a byte ``memory_budget`` that the split programs fit
-(:func:`budget_choice`), or, timed on the first call against the split forward
-and backward of the same plan (on an accelerator, or wherever :data:`step_timer`
-is set), it takes more than :data:`STEP_TIME_SLACK` times as long
-(:func:`choose_step`). The split step is timed only where its programs' compiled
-peak is at most the fused step's, or the excess fits the device's free memory
-(:func:`free_device_bytes`), so timing never runs a device out of memory; steps
-that donate inputs or have effects are never timed.
-
-Once decided, the loser's executables are dropped (the split programs compiled
-only to be timed, or the fused step that lost), so a signature keeps one correct
-program. Its :class:`FusedChoice` says what was compiled, which step runs and
-why; the dropped compiles stay listed in ``cache_info()``'s ``compiles``.
+The fused step runs unless its compiled peak is over a byte ``memory_budget`` that
+the split programs fit (:func:`budget_choice`), or, timed on the first call, it
+takes more than :data:`STEP_TIME_SLACK` times the split step (:func:`choose_step`;
+timed only where that cannot run the device out of memory). The loser's
+executables are dropped; the :class:`FusedChoice` says what was compiled, which
+step runs and why.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Which variant of the fused step to keep: each compiled, the one with the lowest compiled peak memory kept.
 
-The options of :func:`~jaxaot._src.fusion.program.fused_program` (residual layouts,
-backward order, barrier, reductions derived again) each help on some models and
-cost on others, and only XLA's compiled program tells which. On an accelerator
-(:data:`LAYOUT_CHOICE_PLATFORMS`) :func:`fused_exe` compiles the step with XLA's
-layouts, then in turn with the residuals' layouts pinned (:func:`choose_layouts`),
-in the consume-first backward order (:func:`choose_order`), without the barrier
-(:func:`choose_barrier`) and with reductions derived again
-(:func:`choose_rederive`), keeping a variant by compiled peak only; under a byte
-``memory_budget`` no variant over it is kept. On CPU, whose layouts are
-row-major anyway, the step compiles once. Whether the kept step runs at all, or
-the split executables do, is :mod:`jaxaot._src.fusion.step_choice`'s decision.
+The options of :func:`~jaxaot._src.fusion.fused_jaxpr.fused_program` each help on some
+models and cost on others, and only XLA's compiled program tells which. On an
+accelerator :func:`fused_exe` compiles the step, then each variant in turn (pinned
+layouts, consume-first order, no barrier, reductions derived again), keeping one
+by compiled peak, never one over a byte ``memory_budget``. On CPU, whose layouts
+are row-major anyway, the step compiles once.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ import jax
 from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.ordering import ordered_eqns
-from jaxaot._src.fusion.program import barred_residuals, fused_program
+from jaxaot._src.fusion.fused_jaxpr import barred_residuals, fused_program
 from jaxaot._src.fusion.rederive import rederive_backward
 from jaxaot._src.partition import compiled_peak, default_partition
 
@@ -32,11 +27,10 @@ def default_barrier(training: TrainingLike) -> str:
     """``"recomputed"`` for the default partition, else ``"all"``.
 
     The default partition saves what ``jax.vjp`` saves and recomputes only
-    constants; behind a full barrier its residuals measured 1.19x
-    ``jit(value_and_grad)``'s step time and 1.35x its peak on an H200 Llama
-    block, against 1.04x and 1.00x with ``"recomputed"``. For other partitions,
-    letting XLA see the residuals the recomputation does not read measured worse
-    (1.039x against 1.010x on the same block), so every one passes the barrier.
+    constants; behind a full barrier its residuals cost step time and peak
+    memory that ``"recomputed"`` does not. For other partitions, letting XLA
+    see the residuals the recomputation does not read ran slower, so every one
+    passes the barrier.
     """
     return "recomputed" if training.options.partition_fn is default_partition else "all"
 
@@ -51,13 +45,11 @@ def choose_layouts(auto_peak: int | None, pinned_peak: int | None) -> str:
     """``"pinned"`` unless pinning the residuals' layouts costs more than
     :data:`LAYOUT_PEAK_SLACK` of XLA's own choice in peak memory (or a peak is unknown): ``"auto"``.
 
-    Inside one program XLA picks the residuals' layouts for forward and backward together. On an
-    H200 ViT block it picked batch-minor layouts for the residual stream and paid nine more
-    transpose kernels than the two split executables (fused min-cut 1.075x ``jit(value_and_grad)``,
-    pinned 0.953x, peak 0.97x); on the Llama block 1.056x against 0.953x at equal peak. Where XLA's
-    layouts serve a consumer (the MoE's dispatch einsums) pinning costs a transposed copy, which
-    shows as peak memory (1.14x there), so that case keeps XLA's choice
-    (``docs/concepts/fused_step.md``, "Residual layouts").
+    Inside one program XLA picks the residuals' layouts for forward and backward together, and on
+    some models pays for its choice in transpose kernels the split executables do not run. Where
+    XLA's layouts serve a consumer (an MoE's dispatch einsums) pinning costs a transposed copy,
+    which shows as peak memory, so that case keeps XLA's choice (``docs/concepts/fused_step.md``,
+    "Residual layouts").
 
     Example:
         >>> from jaxaot._src.fusion import choose_layouts
@@ -103,9 +95,8 @@ def choose_barrier(barrier: str, barriered_peak: int | None, free_peak: int | No
 
     The barrier is there so that XLA keeps no more than the plan saves. Where XLA's own schedule of
     the same step, free to merge recomputation with the forward, needs no more memory at its peak,
-    the barrier buys nothing and costs the fusions it forbids: on an H100 ConvNet with batch norm the
-    barriered min-cut step ran 1.045x ``jit(value_and_grad)`` at 1.055x its peak, the free one ran as
-    ``jit(value_and_grad)`` (``docs/concepts/fused_step.md``, "The barrier, weighed").
+    the barrier buys nothing and costs the fusions it forbids (``docs/concepts/fused_step.md``,
+    "The barrier, weighed").
 
     Example:
         >>> from jaxaot._src.fusion import choose_barrier
@@ -128,9 +119,9 @@ def choose_rederive(peak: int | None, rederived_peak: int | None) -> bool:
     :data:`REDERIVE_PEAK_GAIN`.
 
     Deriving a max again is one more pass over a value the backward recomputes anyway, free where
-    XLA fuses it into that value's readers and a read where it does not; kept only for memory. On
-    an H100 16-head GPT-2 block the peak fell from 1.001x to 0.983x ``dots_saveable``'s, and the
-    2-head block's rose 1.060x (``docs/concepts/fused_step.md``, "Reductions derived again").
+    XLA fuses it into that value's readers and a read where it does not; kept only for memory, as
+    it lowers the peak on some blocks and raises it on others (``docs/concepts/fused_step.md``,
+    "Reductions derived again").
 
     Example:
         >>> from jaxaot._src.fusion import choose_rederive

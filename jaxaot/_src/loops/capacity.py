@@ -1,20 +1,10 @@
 """How many rows a loop's reverse-mode stack gets, and ``dynamic_capacity``.
 
-Reverse mode stacks one row of residuals per iteration (Note [while_loop
-autograd] in :mod:`jaxaot._src.loops.partial_eval`), so it needs a capacity before
-the trip count is known. :func:`stack_capacity` picks it per loop:
-
-* a stacking or counted loop: its own length;
-* ``while_loop(max_steps=N)``: N rows; an overflow is a
-  :class:`~jaxaot.errors.LoopOverflowError`, or NaN outputs and gradients where
-  it is found only at run time (:mod:`jaxaot._src.loops.overflow`);
-* no bound, inside :func:`dynamic_capacity`: the innermost context's capacity;
-  the forward stops there, and the loop reports its trip count (or
-  ``capacity + 1`` for "needed more") to the context;
-* no bound otherwise: :class:`~jaxaot.errors.ReverseModeBoundError`.
-
-The contexts form a per-thread stack, so tracing in two threads, or nested
-``aot_function`` calls, do not see each other's capacities.
+Reverse mode stacks one row of residuals per iteration, so it needs a capacity
+before the trip count is known. :func:`stack_capacity` takes a stacking or counted
+loop's own length, ``max_steps``, or the innermost :func:`dynamic_capacity`
+context's capacity (the loop then reports the trip count it needed); with none,
+:class:`~jaxaot.errors.ReverseModeBoundError`. The contexts are per thread.
 """
 
 from __future__ import annotations

@@ -1,44 +1,13 @@
 """``while_loop(..., checkpoints=k)``: the reverse mode that stores k carries.
 
-Partial evaluation of a ``checkpoints=k`` loop (:func:`partial_eval`, called from
-:mod:`jaxaot._src.loops.partial_eval`) splits it into
-
-* a known primal loop (a ``while_loop`` itself) that runs the iterations and,
-  before each step, lets :func:`~jaxaot._src.loops.revolve.place` decide whether the
-  state is stored: k snapshot slots plus one scratch slot, and the levels'
-  positions and slots, are its extra carries (memory: ``k + 1`` carries). With
-  ``max_steps`` the decisions, which depend on the step alone, are read from a
-  table made at trace time (:mod:`jaxaot._src.loops.placement`);
-* one :data:`checkpointed_linear_p` eqn, the tangent map: ``num_steps``
-  applications of the linearized body, each recomputing its residuals from the
-  primal state it replays (forward: two body evaluations per step, no stack).
-
-The transpose of :data:`checkpointed_linear_p` is the revolve backward: for each
-step, last first, it advances from the nearest stored snapshot to the step,
-storing new snapshots at revolve's split points while slots are free, and takes
-that step's VJP. Its cost is the revolve count of
-:func:`~jaxaot._src.loops.revolve.revolve_counts` (within 10% of the optimum for
-n >= 100) plus n VJPs. It runs as one loop, the advance and the VJP in the
-branches of a ``cond`` (:mod:`jaxaot._src.loops.sweep`), except in blocks (below).
-Its loops are ``checkpoints=k`` while loops themselves, so reverse over reverse
-stays bounded.
-
-On GPUs every loop iteration whose trip count is a run-time value waits for its
-predicate on the host, so the loops run in blocks of ``B`` steps per predicate
-check (:func:`online_block`; 1 on CPUs and TPUs): a step past the end of a run
-changes nothing (selects), the forward's masked steps run the body on their
-block's first state (never past the loop's end), and the backward's outer
-iteration is a recomputation sweep, its VJP, then the run of VJP steps whose
-states are stored snapshots, each in blocks (a ``cond`` per iteration would
-wait on the host too). For n=2000, k=40 and B=4 that is
-2,763 predicate checks instead of 9,103, for 10% more forward evaluations (5,592
-against 5,101, all counted by :func:`~jaxaot._src.loops.revolve.revolve_counts`) and
-21% more VJPs (masked). A body with effects runs unblocked.
-
-Its JVP is linear in the linear operands (the tangent map applied again); vmap
-over the linear operands keeps the primitive with a vmapped linear body. Anything
-else (tangents or lanes of the replayed primal state) runs the plain loop
-(:func:`_linear_impl`) under the transformation: correct, but not transposable.
+Partial evaluation splits such a loop into a primal loop that stores at most k
+snapshots, placed online by :func:`~jaxaot._src.loops.revolve.place` (or read from a
+trace-time table, :mod:`jaxaot._src.loops.schedule_tables`), and one
+:data:`checkpointed_linear_p` eqn, the tangent map, recomputing each step's
+residuals. Its transpose is the revolve backward, one loop
+(:mod:`jaxaot._src.loops.sweep`) whose loops are ``checkpoints=k`` loops themselves,
+so reverse over reverse stays bounded. On GPUs, where each run-time predicate is a
+host round trip, the loops check it once per block of steps (:func:`online_block`).
 """
 
 from __future__ import annotations
@@ -52,10 +21,10 @@ from jax import lax
 
 from jaxaot._src import compat as C
 from jaxaot._src.config import config
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
-from jaxaot._src.loops import placement, revolve, sweep
+from jaxaot._src.loops import revolve, schedule_tables, sweep
 from jaxaot._src.loops.revolve import MAX_REPS, beta_table_jax, place, split_point_jax
 
 checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
@@ -163,7 +132,7 @@ def _split_table(params: dict) -> Any:
     """The binomial table of the split points: cut to what ``max_steps`` needs for a bounded loop
     (a constant of a few thousand entries), else computed on the device once per loop."""
     k, bound = params["checkpoints"], params["max_steps"]
-    return placement.split_table(bound, k) if bound is not None else beta_table_jax(k)
+    return schedule_tables.split_table(bound, k) if bound is not None else beta_table_jax(k)
 
 
 def _split(params: dict, longest: int | None = None) -> Any:
@@ -173,7 +142,7 @@ def _split(params: dict, longest: int | None = None) -> Any:
     on a CPU: several times the lookup's time per iteration)."""
     k, bound = params["checkpoints"], params["max_steps"]
     longest = bound if longest is None else longest
-    points = placement.split_points(longest, k) if longest is not None else None
+    points = schedule_tables.split_points(longest, k) if longest is not None else None
     return sweep.search_split(_split_table(params)) if points is None else sweep.lookup_split(points, max(longest, 2))
 
 
@@ -286,10 +255,10 @@ def _linear_batch(axis_data, args, dims, **params):
 
 
 # --------------------------------------------------------------------------- blocks
-#: The blocks on GPUs, where each check is a wait for the predicate on the host (18-25 us on
-#: an H100): a run of L steps then costs about ``L / B`` waits plus ``(B - 1) / 2`` masked
-#: steps; ``B = sqrt(2 L wait / step)`` balances them, 4 for runs of about 8 steps of about
-#: 20 us (the recomputation sweeps and VJP runs of n=2000, k=40).
+#: The blocks on GPUs, where each check is a wait for the predicate on the host: a run of L
+#: steps then costs about ``L / B`` waits plus ``(B - 1) / 2`` masked steps;
+#: ``B = sqrt(2 L wait / step)`` balances them, 4 for runs of about 8 steps each about as long
+#: as a wait (the recomputation sweeps and VJP runs of n=2000, k=40).
 GPU_BLOCK = 4
 
 
@@ -313,9 +282,9 @@ TABLE_CHECKPOINTS = 128
 
 def online_table_steps(k: int) -> int:
     """How many steps of an unbounded ``checkpoints=k`` forward (k up to :data:`TABLE_CHECKPOINTS`) read
-    their placement from a table made at trace time (:func:`jaxaot._src.loops.placement.recorder`, up to
-    0.3 s of Python, once per k), and the longest loop whose backward looks its split points up in a
-    table (:func:`jaxaot._src.loops.placement.split_points`, ``(k + 1) * (steps + 1)`` int16): 4096 steps
+    their placement from a table made at trace time (:func:`jaxaot._src.loops.schedule_tables.recorder`, once
+    per k), and the longest loop whose backward looks its split points up in a
+    table (:func:`jaxaot._src.loops.schedule_tables.split_points`, ``(k + 1) * (steps + 1)`` int16): 4096 steps
     up to k=31, down to 1024 at k=127; past them each step decides online, O(k) work
     (:func:`~jaxaot._src.loops.revolve.place`), and the backward searches the binomial table."""
     return max(1024, min(4096, (1 << 17) // (k + 1)))
@@ -323,7 +292,7 @@ def online_table_steps(k: int) -> int:
 
 def _placer(k: int, needed: Any) -> tuple:
     """``(levels0, decide, finish)`` of the online placement (:func:`~jaxaot._src.loops.revolve.place`),
-    as :func:`jaxaot._src.loops.placement.recorder` gives them for a bounded loop. Its binomial table is
+    as :func:`jaxaot._src.loops.schedule_tables.recorder` gives them for a bounded loop. Its binomial table is
     computed once, outside the loop (the program's size does not grow with k), when ``needed``."""
     table = lax.cond(needed, lambda: beta_table_jax(k + 1), lambda: jnp.zeros((k + 2, MAX_REPS + 1), jnp.int32))
 
@@ -409,7 +378,7 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
     # (revolve.place, O(k) work per step) past them.
     state = (kt, jnp.zeros((), jnp.int32), None, snaps0)
     if bound is not None or k <= TABLE_CHECKPOINTS:
-        levels0, decide, finish = placement.recorder(bound or online_table_steps(k), k)
+        levels0, decide, finish = schedule_tables.recorder(bound or online_table_steps(k), k)
         x, n, levels, snaps = forward(state[:2] + (levels0, snaps0), decide,
                                       None if bound is not None else online_table_steps(k))
         pos, slot_of, top = finish(levels)

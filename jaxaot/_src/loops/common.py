@@ -1,26 +1,11 @@
 """The loop primitives, the :class:`Loop` view of their parameters, and shared helpers.
 
-Three primitives share one set of rules (:mod:`jaxaot._src.loops.rules`); the loop's
-kind selects the details:
-
-* ``while_loop_p``: ``lax.while_loop`` with two extra parameters that say how
-  to reverse-differentiate it (``max_steps``, ``checkpoints``).
-* ``while_loop_stack_output_p``: a cond-driven loop that also stacks a
-  per-iteration output into arrays of ``max_steps`` rows and returns its trip
-  count ``num_steps`` and whether it stopped only because the stack was full.
-* ``counted_loop_p``: runs exactly ``num_steps`` (an operand) iterations, reading
-  row ``i`` of stacked inputs and writing row ``i`` of stacked outputs, forwards
-  or in reverse. It is what reverse mode produces: a scan whose length is a
-  run-time value.
-
-Operands are ``[num_steps] (counted only) + consts + carry + xs``; the body jaxpr
-maps ``(consts, carry, xs rows) -> (carry, ys rows)`` and the cond jaxpr maps
-``(consts, carry) -> bool[]``. A :class:`Loop` reads an eqn's parameters the same
-way for all three (:func:`loop_of`), splits and joins operand lists, computes
-output avals, and rebuilds parameters and binds after a rule changed the bodies.
-
-The helpers below are the few list, aval and tracing operations every rule
-uses. Nothing here registers a rule: importing :mod:`jaxaot._src.loops` does.
+Three primitives share one set of rules: ``while_loop_p`` (``lax.while_loop`` plus
+``max_steps`` and ``checkpoints``), ``while_loop_stack_output_p`` (a cond-driven
+loop stacking a per-iteration output) and ``counted_loop_p`` (``num_steps``
+iterations over stacked rows, what reverse mode produces). A :class:`Loop` reads
+any of their eqns the same way (:func:`loop_of`), splits operand lists and rebuilds
+params after a rule changed the bodies. Nothing here registers a rule.
 
 Example:
     >>> import jax

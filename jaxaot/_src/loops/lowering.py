@@ -1,30 +1,11 @@
 """Running the loop primitives: one ``lax.while_loop``, or blocks of them on GPUs.
 
-:func:`run_loop` is the impl and the MLIR lowering of all three primitives
-(registered in :mod:`jaxaot._src.loops.rules`). A ``while_loop_p`` is a plain
-``lax.while_loop``; the stacking and counted loops add an iteration counter and
-write row ``i`` (``num_steps - 1 - i`` in reverse) of their stacked outputs.
-
-A while loop whose trip count XLA cannot infer costs, on a GPU, a device-to-host
-copy of its predicate and a stream synchronisation per iteration (XLA's WhileThunk
-evaluates the condition on the host); a loop with a constant trip count does not.
-So on GPUs (``blocked=True``):
-
-* a counted loop runs as ``num_steps // B`` blocks of a constant-trip-count inner
-  loop of ``B = sqrt(length)`` iterations, then a remainder loop of fewer than B
-  iterations: about ``2 * sqrt(length)`` synchronisations instead of
-  ``num_steps``, no extra work (:func:`_blocked_counted`);
-* a stacking loop, whose trip count depends on its condition, runs
-  ``_SPECULATE_BLOCK`` iterations per outer step speculatively: an iteration
-  after the condition turned false leaves the carry, the counter and the stack
-  unchanged (selects), so at most ``_SPECULATE_BLOCK - 1`` body evaluations are
-  wasted (:func:`_speculative_stack`). Only bodies and conditions without
-  effects, and without cond-driven loops of their own (which, run past the end,
-  might never stop), speculate.
-
-CPU and TPU run while loops without a host round trip per iteration, so they keep
-the plain loop; ``jaxaot.config.blocked_loops`` selects the blocked form everywhere
-(read when a loop is lowered; tests use it).
+:func:`run_loop` is the impl and lowering of all three primitives. On a GPU, a
+while loop whose trip count XLA cannot infer copies its predicate to the host and
+synchronises every iteration, so there (``blocked=True``) a counted loop runs as
+blocks of constant trip count, and a stacking loop runs a few iterations per
+check speculatively (a step past the end changes nothing). CPUs and TPUs keep the
+plain loop; ``jaxaot.config.blocked_loops`` selects the blocked form everywhere.
 """
 
 from __future__ import annotations

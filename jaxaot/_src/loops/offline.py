@@ -1,73 +1,13 @@
 """``while_loop(..., max_steps=N, checkpoints=k)``: an offline checkpointing schedule.
 
-When the trip count has a bound N known at trace time, the schedule needs no
-decisions at run time: the loop's differentiation runs as ``L`` nested scans of
-static lengths ``sizes = (c_1, ..., c_L)`` (``c_1 * ... * c_L >= N``), each
-level but the innermost under ``jax.checkpoint``, so JAX's own reverse mode of
-``scan`` and ``checkpoint`` does the work. Each step is *masked*: it applies the
-body only while the loop is still running (``where``, not a branch) and keeps
-the carry after the loop's end; whole top-level chunks past the end are skipped
-by one ``lax.cond`` each (with host snapshots, chunks of the innermost level:
-see :func:`run`). The innermost level is unrolled (up to
-:data:`MAX_UNROLL` bodies, fewer for a large body: :func:`unroll_for`), so most
-steps of a small body run outside any loop.
-
-Why not the online schedule (``checkpoints=k`` alone)? On a GPU, every
-iteration of a while loop whose trip count is a run-time value waits for its
-predicate on the host (about 24 us per iteration on an H100, measured with an
-empty body, ``benchmarks/probes/while_overhead.py``), and the online backward
-runs about ``n + forward recomputations`` such iterations. Scans of static length
-never wait.
-
-Costs, for a loop that runs n <= N steps:
-
-* memory: ``c_1 + ... + c_{L-1}`` carries plus ``c_L`` steps' residuals; the
-  plan keeps ``sum(sizes) <= k`` (:func:`plan`);
-* time: ``L`` body evaluations plus one body VJP per step, over
-  ``ceil(n / (c_2 ... c_L)) * c_2 ... c_L`` steps (the chunks the loop reaches);
-  revolve's online optimum needs fewer evaluations (about 2.5 per step at
-  N=2000, k=40 against 3 here) but pays a host round trip per iteration;
-* a loop that needs more than N steps is a
-  :class:`~jaxaot.errors.LoopOverflowError` under differentiation, its results
-  NaN where that is found only at run time (:mod:`jaxaot._src.loops.overflow`).
-
-``checkpoint_memory="host"`` moves the snapshots to host memory: every level
-but the innermost saves its chunks' starting carries through JAX's own offload
-policy (``save_and_offload_only_these_names`` to ``pinned_host``), and the
-innermost level is at most :data:`MAX_UNROLL` steps (:func:`plan_host`), so the
-device holds ``MAX_UNROLL`` steps' residuals and a few carries, whatever N and k
-are; ``k`` then counts host snapshots. Each snapshot crosses the host link twice
-(out in its forward, back for its level's recomputation). On a backend without
-a host memory space (CPU) the placement annotations are no-ops and host and
-device memory are the same.
-
-Masked steps evaluate the body on the loop's *initial* carry (a value the loop
-already evaluated it on, unless it ran zero steps), never on the final one, so a
-body whose derivative is singular at the final state (``sqrt(0)`` once an ODE's
-step reaches 0) contributes exactly zero, not NaN. A body with effects would run
-them in masked steps: :func:`check_body` refuses it.
-
-Only differentiation takes this path (:func:`jvp`, the loop primitive's JVP rule
-for this mode); the plain loop (no differentiation) is ``lax.while_loop``'s.
-
-Where no plan fits (``checkpoints`` below about ``2 log2(max_steps)``, any
-``checkpoints >= 1``), :func:`nested` is false and reverse mode is the binomial
-schedule of :mod:`jaxaot._src.loops.checkpointed` with its forward bounded by
-``max_steps``: k snapshots, within 10% of revolve's optimal forward count for
-n >= 100.
-
-The nested scans are for GPUs (:func:`schedule`). A CPU or a TPU waits for no
-predicate, and its compile time is the cost that counts: each level's scan holds
-its own copy of the body and of its VJP (four forward copies and one VJP for
-three levels, times the unrolled steps), and XLA:CPU compiles each as kernels of
-its own (a grad of three levels took 2-3x the time of ``max_steps`` alone to
-compile). There every bounded loop runs the binomial schedule instead, whose
-program holds the body once in the forward and once with its VJP in the backward
-(:mod:`jaxaot._src.loops.sweep`), its placement and split points read from tables
-made at trace time (:mod:`jaxaot._src.loops.placement`): about the compile time of
-``max_steps`` alone, fewer body evaluations than nested scans (within 10% of
-revolve's optimum), and ``k + 1`` stored carries. Snapshots in host memory
-(``checkpoint_memory="host"``) take the nested scans everywhere.
+With the bound N known at trace time, reverse mode needs no run-time decisions:
+the loop runs as nested scans of static lengths (at most k snapshots in all), each
+level but the innermost under ``jax.checkpoint``, every step masked past the loop's
+end, so on a GPU no iteration waits for a predicate on the host.
+``checkpoint_memory="host"`` keeps the snapshots in host memory. On CPUs and TPUs,
+where compile time is the cost that counts, a bounded loop runs the binomial
+schedule of :mod:`jaxaot._src.loops.checkpointed` instead (:func:`schedule`), as it
+does where no nested plan fits.
 """
 
 from __future__ import annotations
@@ -89,8 +29,8 @@ from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
 
 
 #: The innermost level's steps are unrolled up to this many: a GPU runs each iteration of even
-#: a static-length loop as separate launches, so one unrolled level cuts the step's cost by a
-#: third (n=2000, 256x1024 carry, H100: 158 ms -> 120 ms). The program holds that many bodies.
+#: a static-length loop as separate launches, so one unrolled level cuts the step's cost
+#: (``docs/concepts/loops.md``). The program holds that many bodies.
 MAX_UNROLL = 16
 #: ... and to at most about this many eqns of body and condition in all (sub-jaxprs counted):
 #: a large body (a physics step's solver) is not unrolled, so the program, and its compile

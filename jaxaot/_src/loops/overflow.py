@@ -1,31 +1,12 @@
 """The overflow of a bounded loop: never silent, on any platform.
 
-A ``max_steps=N`` loop under reverse mode stacks at most N iterations; one that
-needs more has *overflowed*: its forward stopped at N, so its outputs and
-gradients are wrong. :func:`check_overflow` makes that impossible to miss, and
-does not depend on how a platform treats an exception raised in a host callback
-(the CPU's runtime re-raises it after logging a traceback; GPUs log it and run on):
-
-* **concrete flag** (eager ``jax.grad``, no ``jit``): :class:`LoopOverflowError`
-  is raised right there, in Python: nothing is printed first.
-* **traced flag** (under ``jit``, inside ``aot_function``'s programs): the loop's
-  inexact outputs, and through :func:`poison` its gradients, become NaN on the
-  device (one multiply by a scalar that is 1 or NaN), and a
-  ``jax.debug.callback`` that never raises records the overflow on the host (one
-  device-to-host copy of a boolean per run). :func:`reraise_overflow`, which
-  ``aot_function`` and ``jaxaot.value_and_grad`` run their calls in, waits for
-  the call's effects on exit and raises :class:`LoopOverflowError` if an overflow
-  was recorded meanwhile. A bare ``jax.jit`` outside it returns NaN, never
-  plausible numbers.
-
-The wait (``jax.effects_barrier``) starts once a program with a check has been
-traced in the process; until then :func:`reraise_overflow` costs nothing.
-Overflows are counted process-wide, so a scope also reports an overflow of
-another thread's program that finished while it was open.
-
-``jax.export`` cannot serialize host callbacks, so :mod:`jaxaot._src.artifacts`
-replaces each check by an extra boolean output; :func:`overflow_check_max_steps`
-is how it recognises one (and reads its ``max_steps``) among a program's eqns.
+A ``max_steps=N`` loop that needs more than N iterations has wrong outputs and
+gradients. :func:`check_overflow` raises :class:`LoopOverflowError` at once when the
+flag is concrete; under ``jit`` it makes the outputs and gradients NaN on the device
+and records the overflow on the host, and :func:`reraise_overflow` (around
+``aot_function`` calls) raises it on exit. For ``jax.export``,
+:func:`overflow_check_max_steps` finds each check so the artifact can return it as
+an output instead.
 
 Example:
     >>> import jax, jax.numpy as jnp

@@ -2,37 +2,12 @@
 
 Note [while_loop autograd]
 --------------------------
-Forward mode (JVP) is a loop of the same kind over primal and tangent carries
-(:mod:`jaxaot._src.loops.rules`). Reverse mode goes through partial evaluation of that
-JVP loop (:func:`partial_eval`): the known (primal) half becomes a *stacking
-loop* that runs the primal iterations and stacks, for each, the residuals the
-tangent map needs (loop-invariant residuals are hoisted out and computed once,
-as ``lax.scan`` does); the unknown half becomes a *linear* ``counted_loop`` that
-applies the tangent map ``num_steps`` times, reading the stacked residuals.
-Transposing that counted loop gives a counted loop running the iterations in
-reverse, accumulating the cotangents of the carries and of the closed-over
-consts: the backward runs ``num_steps`` iterations, never the stack capacity. A
-loop with zero iterations transposes to the identity on the carries and zeros
-for the consts.
-
-Before either, the unknown body is dead-code-eliminated and the residuals it no
-longer reads are dropped (:func:`_prune_residuals`): a tangent that reaches no
-output (that of a tolerance a line search's condition reads, say) is never
-transposed, so an infinite derivative there cannot turn a zero cotangent into NaN.
-
-Costs: the forward runs each iteration once; memory is ``capacity`` rows of the
-varying residuals. The stack needs that capacity before the trip count is
-known: :func:`~jaxaot._src.loops.capacity.stack_capacity` takes ``max_steps``, the
-length of a stacking or counted loop, or the innermost
-:func:`~jaxaot._src.loops.capacity.dynamic_capacity`. ``checkpoints=k`` stores k carry
-snapshots instead and replays segments in the backward
-(:func:`jaxaot._src.loops.checkpointed.partial_eval`).
-
-A loop whose condition, or a counted loop whose trip count, depends on an
-unknown value is staged whole (it cannot be transposed; see
-:mod:`jaxaot._src.loops.rules`). Under ``jax.checkpoint``, :func:`partial_eval_custom`
-keeps the known part in the forward and recomputes the whole loop in the
-backward, whose partial evaluation then splits it as above.
+Reverse mode partially evaluates the JVP loop: the known half is a stacking loop
+that runs the primal and stacks the residuals each iteration needs (invariant ones
+hoisted), the unknown half a linear ``counted_loop`` over them, which transposes to
+a counted loop running ``num_steps`` iterations in reverse. Tangents that reach no
+output are pruned first, so they are never transposed. ``checkpoints=k`` stores
+snapshots instead (:mod:`jaxaot._src.loops.checkpointed`).
 
 Example:
     >>> import jax, jaxaot

@@ -1,27 +1,11 @@
 """``patch_while_loop``: :func:`~jaxaot._src.loops.rewrite.differentiable` as a context manager.
 
-A library that keeps its solver in ``lax.while_loop`` (a Newton solver, an
-optimizer, a physics engine's constraint solver) cannot be reverse-differentiated:
-``lax.while_loop`` refuses the transpose. Inside ``with patch_while_loop(...)``
-every ``while`` the block traces becomes jaxaot's loop with the given options,
-through the rewrite :func:`~jaxaot._src.loops.rewrite.differentiable` applies to a
-traced program (:func:`~jaxaot._src.loops.rewrite.while_loop_params`):
-
-* it is JAX's ``while`` primitive whose binds are rewritten, not the name
-  ``jax.lax.while_loop``, so every caller is reached: ``jax.lax.while_loop``,
-  JAX's internal loop (``jax.scipy.optimize``), ``fori_loop`` with dynamic
-  bounds, code that bound ``from jax.lax import while_loop`` at import;
-* the options are part of every jit and tracing cache key inside the block (a
-  JAX config state), so a library's ``jax.jit`` entry point traced before the
-  block, or in a block with other options, is traced again rather than served
-  from its cache.
-
-Trace (``jax.grad``, ``jax.jit``, the first call of a jitted function) inside
-the block; a program traced there keeps its loops when called after it. Costs
-are those of the mode chosen (``docs/concepts/loops.md``); the hook costs a
-thread-local read per ``while`` bind. The options apply to the thread that
-entered the block; blocks nest (the innermost options apply). jaxaot's own
-lowerings, which run ``lax.while_loop``, are never rewritten.
+A library that keeps its solver in ``lax.while_loop`` cannot be reverse-differentiated.
+Inside ``with patch_while_loop(...)``, every ``while`` the block traces becomes
+jaxaot's loop with the given options: JAX's ``while`` primitive's binds are
+rewritten, so every caller is reached, and the options join the jit cache keys, so
+an entry point traced outside the block is traced again. Options apply to the
+entering thread; blocks nest; jaxaot's own lowerings are never rewritten.
 
 Example:
     >>> import jax, jaxaot

@@ -1,32 +1,12 @@
 """Binomial (revolve) checkpointing: the schedule, in Python and in JAX.
 
-Reverse mode of a loop of n steps needs every step's state, in reverse order.
-Storing only k of them and recomputing the rest costs at least
-``t(n, k) = r*n - C(k + r, r - 1)`` forward steps (Griewank & Walther's revolve;
-``r`` is the smallest integer with ``C(k + r, k) >= n``), the first sweep included.
-
-The forward does not know n, so it places snapshots *online* (:func:`place`):
-at every step it keeps, drops or replaces a snapshot, whichever would be cheapest
-if the loop stopped right there, scoring a placement by the exact cost of the
-backward that follows it. The backward knows n and the stored positions, and
-reverses each segment with the optimal offline schedule for the snapshot slots
-still free (:func:`split_point`). A decision is one batched binary search of a
-binomial table (a dozen one-element gathers per lane), moves no snapshot, and
-writes one carry (a skipped state goes to a scratch slot). In JAX the table is
-computed on the device once per loop (:func:`beta_table_jax`), so the
-program's size does not grow with k.
-
-Measured with :func:`revolve_counts` (``forward / optimum``): at most 1.092 for
-every n >= 100 (every k in 2..40 up to n = 5,000; k = 2, 5, 10, 40 up to
-n = 200,000), at most 1.05 for n >= 1000, and 1.01 on average; n=2000, k=40
-costs 5101 steps against 5097. Below n = 100 the optimum is a few dozen steps and
-integer effects dominate: no online schedule can stay within 10% there (for
-k = 2 every one exceeds 1.15x somewhere in n = 20..40, see
-``tests/loops/test_revolve.py``).
-
-:func:`revolve_counts` runs the same schedule in NumPy and returns the counts, for
-tests and the benchmark. The loops that run it on device are in
-:mod:`jaxaot._src.loops.checkpointed`.
+Reversing n steps with k stored states costs at least Griewank and Walther's
+``t(n, k)`` forward steps. The forward does not know n, so :func:`place` places
+snapshots online, greedily by the exact cost of the backward that would follow;
+the backward knows n and reverses each segment optimally (:func:`split_point`). The
+binomial table is computed on the device (:func:`beta_table_jax`), so the program
+does not grow with k. :func:`revolve_counts` runs the schedule in NumPy for tests
+and benchmarks.
 
 Example:
     >>> c = revolve_counts(1000, 10)
@@ -159,7 +139,7 @@ def place(xp, i, pos, slot_of, m, k: int, table=None):
     append the state (later levels move down one and gain a slot), or skip it. Take
     the one that is cheapest if the loop stopped right after this step. This greedy,
     myopic rule stays within 10% of the offline optimum for every n >= 100 we
-    checked (see the module docstring), and within 2.5% for large n.
+    checked (``tests/loops/test_revolve.py``), and within 2.5% for large n.
 
     ``slot_of[a]`` is the buffer slot holding level ``a`` (slots ``m..k-1`` free),
     so a decision writes one slot and never moves snapshots. Returns ``(slot,

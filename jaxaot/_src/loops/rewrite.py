@@ -1,29 +1,11 @@
 """``lax.while_loop`` in traced programs replaced by jaxaot's loop: :func:`differentiable`.
 
-A library reaches JAX's ``while`` primitive however it spells its loop
-(``jax.lax.while_loop``, JAX's internal ``while_loop`` as ``jax.scipy.optimize``
-calls it, ``fori_loop`` with dynamic bounds, Equinox's ``lax`` loops), and often
-from inside a ``jax.jit`` whose cache was filled before. So jaxaot works on the
-traced program, not on Python names: :func:`differentiable` traces ``fn`` to a
-jaxpr and replaces every ``while`` eqn by a :data:`~jaxaot._src.loops.common.while_loop_p`
-eqn with the given :class:`LoopOptions`, inside the jaxprs of ``pjit``, ``cond``,
-``scan``, ``jax.checkpoint``, ``custom_jvp``/``custom_vjp`` (their primal, and
-the jaxprs their JVP and forward rules make) and other loops too
-(:func:`rewrite_jaxpr`). The forward is unchanged, and reverse mode works. The
-options sit in the rewritten program's params, so a jit cache keyed by it never
-serves another options' program.
-
-A ``while`` inside a primitive whose jaxprs follow rules of their own (a Pallas
-kernel, ``custom_vmap``, whose batching rule is opaque Python; :data:`TRANSPARENT`
-lists those the rewrite enters) is a :class:`~jaxaot.errors.LoopRewriteError`
-naming the primitive that holds it and its source line. A ``custom_vjp``'s
-backward rule is Python, traced only when transposed: its loops stay lax's
-(they are reverse-differentiated only for second derivatives).
-
-A ``while`` that ``vmap`` batched before the rewrite has a per-lane predicate
-(lax selects the lanes in its lowering): the rewrite keeps a finished lane's
-carry with a select and cuts its derivative, as jaxaot's own batching rule does
-(:mod:`jaxaot._src.loops.rules`).
+Libraries reach JAX's ``while`` primitive however they spell their loops, often
+from inside a ``jax.jit`` cached before, so the rewrite works on the traced program:
+:func:`differentiable` replaces every ``while`` eqn, inside nested jaxprs too
+(:func:`rewrite_jaxpr`), by a :data:`~jaxaot._src.loops.common.while_loop_p` with the
+given :class:`LoopOptions`. A ``while`` inside a primitive with rules of its own (a
+Pallas kernel, ``custom_vmap``) is a :class:`~jaxaot.errors.LoopRewriteError`.
 
 Example:
     >>> import jax, jax.numpy as jnp

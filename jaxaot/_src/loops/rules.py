@@ -1,36 +1,10 @@
 """The rules of the loop primitives, and their one registration block.
 
-The primitives and their operand layout are described in
-:mod:`jaxaot._src.loops.common`; this module gives them every transformation JAX
-applies, for all three at once (a :class:`~jaxaot._src.loops.common.Loop` hides
-their differences):
-
-* abstract eval: the carries, the stacked ys and, for a stacking loop,
-  ``(num_steps, overflowed)``; impl and lowering: :mod:`jaxaot._src.loops.lowering`.
-* JVP: for ``max_steps`` with ``checkpoints``, the JVP of the offline schedule's
-  nested scans (:mod:`jaxaot._src.loops.offline`). Otherwise the same kind of loop
-  over primal and nonzero tangent carries (a
-  fixpoint finds which carries' tangents are nonzero). Forward mode costs one
-  JVP of the body per iteration and keeps the primitive, so vmap and reverse
-  mode still see a loop.
-* partial eval (reverse mode): :mod:`jaxaot._src.loops.partial_eval`, which holds
-  Note [while_loop autograd].
-* transpose: a ``counted_loop`` transposes to a counted loop running the other
-  way, whose carries are the carry cotangents plus accumulators for the
-  cotangents of the linear consts; its cost is one body transpose per
-  iteration actually run (``num_steps``, not the capacity). The cond-driven
-  loops refuse: their trip count is unknown to the backward pass.
-* batching: only carries that a batched value reaches get a batch axis (a
-  fixpoint), so ``jax.jacfwd`` leaves primal carries unbatched. When the
-  condition (or the trip count) is batched, lanes stop at different steps: the
-  loop runs until every lane stopped, and selects keep a stopped lane's carry
-  (a stacking loop also counts each lane's steps). Read-only carries (the body
-  returns them unchanged) stay unbatched even then, as ``lax.while_loop``
-  keeps them (it moves them to the consts); an unordered ``io_callback`` under
-  a batched condition is refused, as lax refuses it.
-* DCE: drops unused carries (a fixpoint over what the condition and the used
-  outputs need), consts and xs; ``jax.checkpoint``'s partial eval:
-  :func:`~jaxaot._src.loops.partial_eval.partial_eval_custom`.
+Every transformation JAX applies, for all three primitives at once: abstract eval,
+JVP (a loop of the same kind over nonzero tangent carries, or the offline
+schedule's), partial eval (:mod:`jaxaot._src.loops.partial_eval`), transpose of a
+``counted_loop`` (the cond-driven loops refuse: their trip count is unknown to the
+backward), batching (lanes that stop early keep their carry by selects) and DCE.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot

@@ -1,30 +1,11 @@
 """``max_steps=N`` on CPUs: a stack whose cost follows the steps run, not N.
 
-Reverse mode of ``max_steps=N`` stacks each iteration's residuals in N rows
-(:mod:`jaxaot._src.loops.partial_eval`). The backward visits only the n steps run, but
-the stack is a fresh buffer of N rows on every call, and a CPU pays for each page
-of it the first time it is written (zeroing it): for a short loop with a generous
-bound that is most of the gradient's time (``docs/benchmarks.md``, while-loop
-section). So on CPUs reverse mode runs a loop whose stack would exceed
-:data:`MIN_STACK_BYTES` (1 MiB) in segments of ``S = max(64, ceil(sqrt(N)))``
-steps (:func:`segment_steps`):
-
-* the first :data:`MIN_SEGMENT` (64) steps stack their residuals, as one stack does
-  (a loop that stops within them costs what one stack's would, on 64 rows);
-* past them, the loop runs on in segments of S steps, an outer loop of at most
-  ``ceil((N - 64) / S)`` iterations whose body is a loop of at most S steps:
-  reverse mode of that nest stores one carry per segment and runs each segment's
-  forward again, with its own stack of S rows, in the backward
-  (:func:`~jaxaot._src.loops.partial_eval.recompute_inner_loops`).
-
-Memory is ``64 + S`` rows of residuals and ``N / S`` carries, at most; time is the
-steps run, plus one more forward evaluation of each step past the first 64. GPUs
-and TPUs zero a stack at their memory's bandwidth, so they keep one stack of N
-rows and no recomputation
-(``jaxaot.config.stack_segments`` forces either). A body
-with effects keeps one stack too (recomputation would repeat them). The forward
-result and the overflow check at N are those of one stack, and so are the gradients,
-up to rounding (the closed-over arrays' cotangents are summed per segment).
+A CPU pays for zeroing each page of a fresh N-row stack, which for a short loop
+with a generous bound is most of the gradient's time. So on CPUs a loop whose stack
+would exceed :data:`MIN_STACK_BYTES` stacks its first :data:`MIN_SEGMENT` steps, then
+runs on in segments of about ``sqrt(N)`` steps, recomputed in the backward: memory
+and time follow the steps run. GPUs and TPUs keep one stack; ``jaxaot.config.stack_segments``
+forces either.
 
 Example:
     >>> segment_steps(100), segment_steps(4096), segment_steps(16384), segment_steps(10**6)

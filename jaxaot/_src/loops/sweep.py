@@ -1,28 +1,12 @@
 """The revolve backward as one loop: one body evaluation per iteration, the VJP under a ``cond``.
 
-The transpose of a ``checkpoints=k`` loop (:mod:`jaxaot._src.loops.checkpointed`) reverses
-``n`` steps from the snapshots its forward stored: for each step, last first, it
-advances from the nearest snapshot to the step, storing new snapshots at revolve's
-split points while slots are free, and takes that step's VJP. Written as a sweep
-loop inside a loop of VJPs, each loop has its own copy of the body (the sweep's
-advance, the VJP's recomputation) and its own bookkeeping.
-
-:func:`reverse` runs it as a single loop. An iteration starts from the state
-after step ``cur`` and either advances it, one body evaluation, storing the
-result where revolve's split point says, or, when ``cur`` is the step to reverse
-next (``fine - 1``), takes that step's VJP (the body with its residuals, then
-the linear body's transpose) and reads back the top snapshot to go on from. The
-two are the branches of one ``lax.cond`` (:func:`stepper`), so each iteration
-evaluates the body once, as the two loops did (the advances plus one per VJP),
-and the backward holds the body's forward once and its VJP once, whatever the
-number of revolve's levels.
-
-XLA:CPU compiles every fusion as an LLVM module of its own, so the bookkeeping
-is a few scalar ops: the split point is one lookup in a table of
-``split_point(length, slots)`` for a bounded loop (:func:`lookup_split`), else a
-binary search of the binomial table by dynamic slices (:func:`search_split`; a
-compare-and-sum over a row is a reduction, two more kernels), and a push or a
-pop writes one level's position.
+The transpose of a ``checkpoints=k`` loop advances from the nearest snapshot to
+each step, last first, and takes its VJP. :func:`reverse` runs both as one loop
+whose iteration either advances one step or takes the VJP, the branches of one
+``lax.cond`` (:func:`stepper`), so the backward holds the body's forward and VJP
+once each, however many levels revolve uses. Its bookkeeping is a few scalar ops
+(:func:`lookup_split`, :func:`search_split`), since XLA:CPU compiles every fusion on
+its own.
 """
 
 from __future__ import annotations
@@ -33,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxaot._src.loops.api import while_loop
+from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.common import read_row, strong, write_row
 
 #: Entries of the carried int32 vector before the snapshot positions.

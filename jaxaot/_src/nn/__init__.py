@@ -1,22 +1,14 @@
 """Flax support: ``aot_module`` and module export (imports flax).
 
-Modules, bottom up: ``state`` (state in transit, write-back delta, dotted
-names), ``metadata`` (:class:`CallMetadata`), ``call`` (one prepared call),
-``pure`` (the module call as a pure function), ``module_programs`` (an
-``aot_module``'s compiled programs and options), ``proxy`` (a module that is
-another module's attributes, state and graph: how an ``aot_module`` mixes with
-plain Flax state), ``split_cache`` (a module's split, kept while its structure
-is unchanged), ``traversal`` (the parameters a compiled gradient found, reused
-by the optimizer), ``loss_call`` (a loss function of the module prepared as one
-more call of it: :class:`PreparedLoss`, which the compiled eager step of
-:func:`jaxaot.value_and_grad` in :mod:`jaxaot._src.autograd` runs), ``nnx`` /
-``linen`` (the two wrappers), ``api`` (``aot_module``), ``export_module``
-(``aot_export_module``), ``update_cache`` (what the optimizer's update compiled:
-its ``cache_info()``) and ``optimizer`` (:class:`Optimizer`, its compiled eager
-update).
+A Flax module's call becomes a pure function of its parameters and state, compiled
+with :func:`jaxaot.aot_function`, its changed state written back after each call, so
+a wrapped module behaves as eager Flax would and mixes with plain Flax state.
+Besides the wrappers (``nnx``, ``linen``): module export (``aot_export_module``),
+the loss of a module prepared as one more call (for :func:`jaxaot.value_and_grad`),
+and :class:`Optimizer`, whose eager update is one compiled call.
 """
 
-from jaxaot._src.nn.api import aot_module
+from jaxaot._src.nn.wrap_module import aot_module
 from jaxaot._src.nn.export_module import BackwardSignature, GraphSignature, aot_export_module
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.loss_call import LossCall, PreparedLoss

@@ -1,15 +1,9 @@
 """``aot_export_module``: a Flax module as one jaxpr plus a :class:`GraphSignature`.
 
-The exported program is functional, in PyTorch's calling convention:
-
-* inputs: parameters, then state ("buffers"), then user inputs (flat);
-* outputs: mutated state (new values), then user outputs, then, with
-  ``trace_joint=True``, the gradients of the loss output (parameters first).
-
-Names follow the program's positions: input ``in{i}`` is ``jaxpr.invars[i]`` and
-output ``out{j}`` is ``jaxpr.outvars[j]``; parameters and buffers are named by
-their dotted paths (``bn.mean``; linen buffers keep their collection,
-``batch_stats.BatchNorm_0.mean``).
+The exported program is functional, in PyTorch's calling convention: inputs are
+parameters, state ("buffers") and user inputs; outputs are the mutated state, the
+user outputs and, with ``trace_joint=True``, the loss's gradients. Positions are
+named ``in{i}`` / ``out{j}``, parameters and buffers by their dotted paths.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -36,8 +30,8 @@ from flax import linen as nn
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import abstractify
 from jaxaot.errors import InvalidInputError, LossOutputError
-from jaxaot._src.nn.api import aot_module
-from jaxaot._src.nn.call import ModuleCall
+from jaxaot._src.nn.wrap_module import aot_module
+from jaxaot._src.nn.module_call import ModuleCall
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.nnx import AOTModule
 from jaxaot._src.tracing import flatten_program

@@ -1,30 +1,12 @@
 """``AOTLinenModule``: a ``flax.linen`` module whose ``apply`` runs through :func:`jaxaot.aot_function`.
 
-Linen is functional already: ``apply(variables, ..., mutable=[...])`` returns
-the updated collections. The wrapper compiles ``apply`` as the pure function
-:func:`~jaxaot._src.nn.pure.linen_pure`
-``(static, params, state, rngs, *args, **kwargs) -> (out, StateDelta | None)``
-where ``params`` is the ``"params"`` collection, ``state`` the others (frozen
-when traced) and ``static`` holds the module (unbound: Linen modules compare by
-their fields), ``method``, ``mutable`` and ``capture_intermediates``; it
-returns what linen returns.
-
-The wrapper is itself a Linen module whose variables are the wrapped module's,
-in the same collections and at the same paths:
-
-* at the top level, ``init`` is the wrapped module's and ``apply`` takes those
-  variables (``apply`` calls the program directly, without binding a scope);
-* as a submodule of a plain Linen module (assigned in ``setup`` or built inline
-  in a ``compact`` method), it shares its scope with the wrapped module
-  (``nn.share_scope``), so the parent's variables are those of the same parent
-  holding the wrapped module. Initializing runs the wrapped module as is; every
-  other call reads the scope's variables, runs the program with the parent's
-  ``mutable`` collections and a key per RNG stream the parent was given
-  (``make_rng``), and writes the returned collections into the scope.
-
-Wrappers of equal modules (same fields) with the same options share their
-programs, so a parent that builds ``aot_module(Block())`` in ``setup`` compiles
-once, not on every ``apply``.
+Linen is functional already, so the wrapper compiles ``apply`` as
+:func:`~jaxaot._src.nn.pure.linen_pure`, with the ``"params"`` collection as
+parameters and the others as state. The wrapper is itself a Linen module with the
+wrapped module's variables at the same paths: at the top level, or as a submodule
+sharing its scope (``nn.share_scope``) and writing the returned collections back.
+Wrappers of equal modules with the same options share their programs, so building
+one in ``setup`` compiles once.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -45,7 +27,7 @@ from typing import Any, Mapping
 from flax import linen as nn
 
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.nn.call import CallStatic, ModuleCall
+from jaxaot._src.nn.module_call import CallStatic, ModuleCall
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.pure import linen_pure
 from jaxaot._src.runtime import AOTFunction, CacheInfo, aot_function

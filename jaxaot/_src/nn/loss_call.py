@@ -1,32 +1,12 @@
 """A loss function of an ``AOTModule``, prepared as one more call of the module.
 
-``jaxaot.value_and_grad(loss_fn)(aot_model, x, y)`` (:mod:`jaxaot._src.autograd`)
-compiles ``loss_fn`` together with the module and runs its gradient as one
-executable (``docs/concepts/modules.md``, "The eager training step"). This module
-is the Flax side of that step, as :class:`~jaxaot._src.nn.call.ModuleCall` is for the
-module's own call:
-
-* :class:`LossCall` treats ``loss_fn`` as a method of the module (hashable: it
-  keys the compile cache), so the module's loss program, the pure function
-  :func:`~jaxaot._src.nn.pure.nnx_loss_pure`, returns ``(loss, (aux, state delta))``;
-  inside it ``loss_fn`` gets the rebuilt module wrapped as an ``AOTModule``,
-  whose calls then join the loss program;
-* :meth:`PreparedLoss.of` reads the module's state through its kept split
-  (:mod:`jaxaot._src.nn.split_cache`) into the loss program's inputs (its static
-  part, the parameters' flat leaves, the frozen state, the other arguments),
-  or says the call must go through ``nnx.value_and_grad`` itself: traced
-  inputs (under ``jit``, ``vmap``), or other arguments holding Flax objects;
-* :meth:`PreparedLoss.finish` writes the state the call changed back into the
-  module's own Variables, shapes the gradients as ``nnx.value_and_grad`` does
-  (an ``nnx.State`` of the parameters) and remembers the parameters behind them
-  for :class:`~jaxaot._src.nn.optimizer.Optimizer` (:mod:`jaxaot._src.nn.traversal`).
-
-Costs per step, once the split is kept: the split's identity check (one pass
-over the graph's attribute dicts), reading the Variables, the signature look-up
-(the ``CallStatic`` and its hash are the split's, built once), the executable
-call, the write-back of the changed Variables and the gradients' ``nnx.State``.
-``loss_fn`` is traced once per signature, as the module's call is: Python side
-effects in it happen at trace time.
+``jaxaot.value_and_grad(loss_fn)(aot_model, ...)`` compiles ``loss_fn`` with the
+module into one step (``docs/concepts/modules.md``). This is the Flax side:
+:class:`LossCall` treats ``loss_fn`` as a hashable method of the module;
+:meth:`PreparedLoss.of` reads the module's state through its kept split into the
+loss program's inputs (or says ``nnx.value_and_grad`` must run, under a trace);
+:meth:`PreparedLoss.finish` writes changed state back and shapes the gradients as
+``nnx.value_and_grad`` does. ``loss_fn`` is traced once per signature.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -46,7 +26,7 @@ import jax
 from flax import nnx
 
 from jaxaot._src import compat as C
-from jaxaot._src.nn.call import _FLAX_OBJECTS, CallStatic, check_static
+from jaxaot._src.nn.module_call import _FLAX_OBJECTS, CallStatic, check_static
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.nn.state import FrozenState
 from jaxaot._src.nn.traversal import remember

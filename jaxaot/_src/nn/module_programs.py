@@ -1,16 +1,10 @@
 """The compiled programs of one ``aot_module`` and the options they were built with.
 
-An :class:`~jaxaot._src.nn.nnx.AOTModule` keeps its compiled programs outside the
-Flax state: :class:`ModulePrograms` travels in the module's graph-node metadata
-(``nnx.graphdef``), so ``nnx.split`` / ``nnx.merge``, ``nnx.clone`` and every
-Flax transformation hand the programs to the module they rebuild, while
-``nnx.state`` holds only the wrapped module's Variables.
-
-Being graph metadata, it is hashable, and by identity: two wrappers share a
-compile cache exactly when they share this object (copies of one wrapper do;
-``copy.deepcopy`` shares it as well, since the programs hold no state of the
-module). Pickling keeps the options and builds fresh programs on load, which
-compile again on their first call.
+:class:`ModulePrograms` travels in the module's graph metadata, not its state, so
+``nnx.split`` / ``nnx.merge``, ``nnx.clone`` and Flax transformations hand the
+programs to the module they rebuild. It is hashed by identity: wrappers share a
+compile cache exactly when they share it. Pickling keeps the options and compiles
+again after loading.
 
 Example:
     >>> programs = ModulePrograms("__call__", (), (), {})
@@ -23,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxaot._src.nn.call import Method
+from jaxaot._src.nn.module_call import Method
 from jaxaot._src.nn.pure import nnx_loss_pure, nnx_pure
 from jaxaot._src.runtime import AOTFunction, aot_function
 

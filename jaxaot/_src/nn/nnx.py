@@ -1,23 +1,11 @@
 """``AOTModule``: a ``flax.nnx`` module whose call runs through :func:`jaxaot.aot_function`.
 
-The call becomes the pure function :func:`~jaxaot._src.nn.pure.nnx_pure`
-``(static, params, state, *args, **kwargs) -> (out, StateDelta)``, which
-reports the Variables whose values the call replaced (batch statistics, RNG
-counts, user Variables, ``sow``\\ n intermediates). :class:`AOTModule` writes
-them back into the wrapped module after each call, leaving it as eager Flax
-would. ``jaxaot.value_and_grad(loss_fn)(aot_model, ...)`` runs the module's
-loss as one compiled step (:mod:`jaxaot._src.nn.loss_call`, :mod:`jaxaot._src.autograd`).
-
-The wrapper is a :class:`~jaxaot._src.nn.proxy.ProxyModule`: its attributes, Flax
-state and pytree are the wrapped module's, so it mixes with plain Flax state
-(a submodule of an ordinary ``nnx.Module``, ``nnx.split`` / ``nnx.merge``,
-``nnx.Optimizer``, Orbax checkpoints) with the paths the wrapped module would
-have. Its compiled programs (:class:`~jaxaot._src.nn.module_programs.ModulePrograms`)
-travel in the graph's static part, so a merged copy calls them too.
-
-Eager calls reuse the module's split (:class:`~jaxaot._src.nn.split_cache.SplitCache`):
-while the module's structure is unchanged, a call reads its Variables from a
-list and writes the changed ones back into them, without walking Flax's graph.
+The call becomes :func:`~jaxaot._src.nn.pure.nnx_pure`, which reports the Variables
+it replaced (batch statistics, RNG counts, ``sow``\\ n values); :class:`AOTModule`
+writes them back, leaving the module as eager Flax would. The wrapper is a
+:class:`~jaxaot._src.nn.proxy.ProxyModule`, so its attributes, state and paths are
+the wrapped module's and it mixes with plain Flax state; eager calls reuse the
+module's kept split instead of walking Flax's graph.
 
 Example:
     >>> import jax.numpy as jnp
@@ -38,7 +26,7 @@ from typing import Any
 from flax import nnx
 
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.nn.call import CallStatic, Method, ModuleCall, check_static
+from jaxaot._src.nn.module_call import CallStatic, Method, ModuleCall, check_static
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.module_programs import ModulePrograms
 from jaxaot._src.nn.proxy import ProxyModule

@@ -1,25 +1,12 @@
 """``jaxaot._src.nn.Optimizer``: ``nnx.Optimizer`` whose eager ``update`` is one compiled call.
 
-In an eager training loop, ``nnx.Optimizer.update`` runs the optax
-transformation one operation at a time: Adam dispatches about ten small
-operations per parameter, which on a GPU costs more than the model's whole
-compiled training step (a 3-layer MLP on an H200: 13 ms for the update against
-1.6 ms for ``jaxaot.value_and_grad`` of the loss). :class:`Optimizer` keeps
-``nnx.Optimizer``'s constructor, state and results and runs the arithmetic of
-``update`` (``tx.update``, ``optax.apply_updates`` and the step count) as one
-``jax.jit`` program, compiled once per optax transformation and state structure;
-:meth:`Optimizer.cache_info` says what it compiled and why, as ``cache_info()``
-of every callable jaxaot returns does (:mod:`jaxaot._src.nn.update_cache`).
-Flax's own graph traversals (reading the parameters and the optimizer state,
-writing the new values back) stay eager, so the write-back is exactly
-``nnx.Optimizer``'s; when ``grads`` is the very object a
-:func:`jaxaot.value_and_grad` of ``model`` just returned, the parameters that
-gradient's split found are reused instead of walking the module again
-(:mod:`jaxaot._src.nn.traversal`).
-
-Under a trace (``nnx.jit``, ``jax.jit``, ``vmap``), or when ``update``'s keyword
-arguments hold anything but arrays (``optax.scale_by_backtracking_linesearch``'s
-``value_fn``, say), it is ``nnx.Optimizer.update`` itself.
+Eagerly, ``nnx.Optimizer.update`` dispatches the optax transformation one small
+operation per parameter at a time, which can cost more than the compiled training
+step. :class:`Optimizer` keeps ``nnx.Optimizer``'s constructor, state and results
+and runs the arithmetic of ``update`` as one ``jax.jit`` program, compiled once per
+transformation and state structure (:meth:`Optimizer.cache_info`). Flax's
+write-back stays eager, exactly ``nnx.Optimizer``'s. Under a trace, or with
+non-array keyword arguments, it is ``nnx.Optimizer.update`` itself.
 
 Example:
     >>> import jax.numpy as jnp, optax, jaxaot

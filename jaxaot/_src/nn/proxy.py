@@ -1,33 +1,11 @@
 """A Flax module that is another module's attributes, state and graph, plus hidden static data.
 
 :class:`ProxyModule` is how an :class:`~jaxaot._src.nn.nnx.AOTModule` mixes with
-plain Flax state: it wraps a module and presents the wrapped module's
-attributes as its own, to Python and to Flax alike.
-
-* **Python**: attribute reads, writes and deletions go to the wrapped module
-  (``proxy.kernel`` is ``module.kernel``; ``proxy.eval()`` reaches every
-  ``deterministic`` flag, the wrapped module's own included).
-* **Flax graph**: the proxy is a graph node whose children are the wrapped
-  module's (Flax's graph-node protocol: ``flatten``, ``set_key``,
-  ``pop_key``, ``create_empty``, ``clear``, ``init``, each forwarded to the
-  wrapped module's own). ``nnx.state``, ``nnx.split``, ``nnx.Optimizer``
-  and Orbax checkpoints therefore see exactly the wrapped module's paths:
-  a model holding ``proxy`` at ``sub`` has the state of the same model
-  holding ``module`` there.
-* **JAX pytree** (Flax modules are pytrees): the same children, the same keys.
-
-The hidden data (``extra``: hashable, compiled programs say) rides in the node's
-metadata, i.e. in the ``GraphDef`` and the pytree's static part, never in the
-state. ``nnx.merge``, ``nnx.clone``, ``copy.deepcopy`` and every Flax
-transformation rebuild a proxy around a rebuilt wrapped module with the same
-``extra``; ``pickle`` stores the wrapped module and ``extra`` (which picks how
-it is pickled).
-
-Costs: one extra Python call per node visit in Flax's traversals (each hook
-calls the wrapped module's). What it cannot do: the wrapped module object is
-not itself a graph node of the proxy's graph, so a model holding both the
-wrapped module and its proxy sees their Variables twice (shared, at the first
-path) and ``nnx.merge`` gives the proxy its own copy of the wrapped module.
+plain Flax state: attribute access, Flax's graph-node protocol and the pytree all
+forward to the wrapped module, so ``nnx.state``, ``nnx.split``, ``nnx.Optimizer``
+and checkpoints see the wrapped module's paths. The hidden ``extra`` (compiled
+programs, say) rides in the node's metadata, never in the state. A model holding
+both the wrapped module and its proxy sees their Variables twice.
 
 Example:
     >>> import jax.numpy as jnp

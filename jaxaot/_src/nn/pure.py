@@ -1,7 +1,7 @@
 """The module call as a pure function of its state, for :func:`jaxaot.aot_function`.
 
 :func:`nnx_pure` merges the module from its graphdef (in the
-:class:`~jaxaot._src.nn.call.CallStatic`) and state, calls it, and reports the
+:class:`~jaxaot._src.nn.module_call.CallStatic`) and state, calls it, and reports the
 Variables whose values the call replaced (batch statistics, RNG counts, user
 Variables, ``sow``\\ n intermediates) as a :class:`~jaxaot._src.nn.state.StateDelta`.
 :func:`nnx_loss_pure` is the same for a loss function of the module
@@ -19,7 +19,7 @@ import jax
 from flax import nnx
 
 from jaxaot.errors import InvalidOutputError
-from jaxaot._src.nn.call import CallStatic, Method
+from jaxaot._src.nn.module_call import CallStatic, Method
 from jaxaot._src.nn.state import FrozenState, StateDelta, flat_inputs
 
 

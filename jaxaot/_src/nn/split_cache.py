@@ -1,31 +1,12 @@
 """A module's split, kept while its structure is unchanged: Flax's graph is walked once, not per call.
 
-An eager call of an ``aot_module`` needs the module's state as program inputs
-and, after the call, the Variables to write the changed state into.
-``nnx.split(module, nnx.Param, ...)`` finds both by walking Flax's graph,
-and the compile cache then hashes the resulting ``GraphDef``: on a
-transformer block on a CPU that is about 2 ms and 0.4 ms, more than many
-steps' arithmetic. ``nnx.cached_partial`` avoids it by assuming the structure
-never changes. :class:`ModuleSplit` keeps the split and checks cheaply, on
-each use, that it still describes the module:
-
-* at split time it records, for every graph node (modules, ``nnx.List`` /
-  ``nnx.Dict``, the ``Rngs``, plain lists and dicts), its attribute dict and
-  the identity of every value in it;
-* :meth:`ModuleSplit.unchanged` compares those identities (one C-level pass
-  per node): an attribute assigned, added or deleted anywhere, a submodule or
-  Variable replaced, a list appended to, and the split is rebuilt.
-
-What it does not see: changes inside a Variable's metadata
-(``set_metadata``) and in-place changes of immutable-looking static values;
-neither is part of an ordinary training loop. Values are read from the live
-Variables on every call, so new values (an optimizer's update, a restored
-checkpoint written with ``nnx.update``) never need a new split.
-
-The split also carries what the programs key their compile cache on, built once:
-the graphdef and the parameter and state tree structures, and a
-:class:`~jaxaot._src.nn.call.CallStatic` per method and static arguments, whose hash
-is computed once (hashing a ``GraphDef`` walks all of it).
+``nnx.split`` and hashing its ``GraphDef`` on every eager call can cost more than a
+step's arithmetic. :class:`ModuleSplit` keeps the split, with the cache keys built
+once, and checks on each use, by the identities of every graph node's attributes,
+that it still describes the module (:meth:`ModuleSplit.unchanged`); any assignment
+or replaced Variable rebuilds it (a change inside a Variable's metadata goes unseen).
+Values are read from the live Variables on every call, so an update never needs a
+new split.
 
 Example:
     >>> from flax import nnx

@@ -1,16 +1,9 @@
 """Module state in transit: frozen state leaves, the write-back delta, dotted names.
 
-A module call becomes a pure function of its state. Two pytree nodes carry
-that state through :func:`jaxaot.aot_function`:
-
-* :class:`FrozenState` holds the non-differentiable state going in. When the
-  call is traced, floating leaves travel bitcast to unsigned integers of their
-  width, so the runtime neither differentiates them nor gives them cotangents.
-* :class:`StateDelta` holds the state the call leaves behind. Only changed
-  leaves are program outputs; a leaf that is literally another input is
-  recorded as that input's position and taken back from it after the call.
-
-State leaves are named by :func:`fqn`, their dotted key path (``bn.mean``).
+:class:`FrozenState` carries the non-differentiable state in (floating leaves bitcast
+to unsigned integers when traced, so they get no cotangents); :class:`StateDelta`
+carries the changed state out (a leaf that is another input is taken back from it).
+:func:`fqn` names a leaf by its dotted key path (``bn.mean``).
 
 Example:
     >>> import jax.numpy as jnp

@@ -1,22 +1,11 @@
 """The parameters behind a compiled module gradient, remembered for the optimizer's update.
 
-An eager training step calls :func:`jaxaot.value_and_grad` on an
-:class:`~jaxaot._src.nn.nnx.AOTModule` and then ``optimizer.update(model, grads)``.
-Both need the module's parameter Variables: the gradient finds them in the
-module's kept split (:mod:`jaxaot._src.nn.split_cache`), and ``nnx.Optimizer.update``
-walks the module's graph again (``nnx.state(model, wrt)``), which on a GPU is a few hundred
-microseconds of a step of a couple of milliseconds.
-
-:func:`remember` records, for the gradients object a compiled gradient returned,
-the module it differentiated and the live parameter Variables that its split
-found (its :class:`~jaxaot._src.nn.split_cache.ModuleSplit`: the Variables in the
-gradients' leaf order, with their tree structure); :func:`recall` hands them
-back to :class:`~jaxaot._src.nn.optimizer.Optimizer` when it is given *that same
-gradients object* and *that same module*, and the module's structure is still
-the one split (a submodule re-assigned in between, and the optimizer walks the
-module as ``nnx.Optimizer`` does). Each record lives as long as its gradients
-object (a weak reference to it keys the record). The optimizer uses the record
-only when it filters on ``nnx.Param``, the filter the gradient's split uses.
+After :func:`jaxaot.value_and_grad` of an ``AOTModule``, ``optimizer.update(model,
+grads)`` would walk the module's graph again for the parameters the gradient's split
+already found. :func:`remember` records them for that gradients object;
+:func:`recall` hands them to :class:`~jaxaot._src.nn.optimizer.Optimizer` when given
+the same gradients and module, the module's structure unchanged, and the filter
+``nnx.Param``. A record lives as long as its gradients object.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """What :class:`jaxaot._src.nn.Optimizer`'s compiled update compiled: its ``cache_info()``.
 
-The optimizer's eager update is one ``jax.jit`` program (:mod:`jaxaot._src.nn.optimizer`),
-keyed by the optax transformation, the parameters' and optimizer state's structure
-and every input's shape and dtype. Whether a call compiled is read off JAX itself:
-``jax.monitoring`` reports the trace, lowering and XLA compile of that program, by
-its name, on the calling thread; :class:`UpdateCache` listens while each update
-runs. A call that reported none is a hit, one that did a miss, whose entry gives
-the inputs as the optimizer names them (``params['layers'][0]['kernel']: f32[3,4]``,
-``opt_state[0].mu[...]``, ``step``, ``kwargs['value']``), the seconds of each stage
-and, against the nearest signature this optimizer compiled, why
-(``params['kernel']: shape (3, 2) → (5, 2)``), in the runtime's words
-(:func:`jaxaot._src.runtime.inputs_change`); it is also logged at INFO on the
-``jaxaot`` logger.
-
-The compiled programs are shared: a second optimizer with the same optax
-transformation (the same object) and inputs of the same shapes finds the first
-one's executable, and its call counts as a hit with nothing compiled. Costs: on
-a hit, a thread-local list set and reset around the call; the names and the
-reason are made on a miss only.
+Whether an update compiled is read off JAX itself: :class:`UpdateCache` listens to
+``jax.monitoring``'s trace, lowering and compile events of that program while the
+update runs. A miss's entry names the inputs as the optimizer does
+(``params['kernel']: f32[3,2]``), each stage's seconds and why it compiled, in the
+runtime's words, and is logged at INFO. Programs are shared between optimizers with
+the same transformation object and input shapes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """A pipeline's batch as microbatches, and the check that its stages fit together.
 
-* :func:`check_batch` / :func:`split`: ``inputs`` and ``targets`` are pytrees
-  whose leaves are split along axis 0 into ``num_microbatches`` equal parts,
-  by one compiled program per tree on the device the tree lives on (a reshape
-  and ``num_microbatches`` slices, no copy through the host).
-* :func:`stage_input_specs`: before the first step of an input signature,
-  ``jax.eval_shape`` runs the stages' shapes through the chain, so a stage
-  whose output does not fit the next stage (or the loss) is reported as a
-  :class:`~jaxaot.errors.StageMismatchError` naming both stages and the shapes,
-  before anything is compiled or run. Costs one abstract trace per stage.
+:func:`split` splits the leaves of ``inputs`` and ``targets`` along axis 0 on their
+own device; :func:`stage_input_specs` runs the stages' shapes through the chain
+with ``jax.eval_shape`` before anything compiles, so a stage that does not fit the
+next raises :class:`~jaxaot.errors.StageMismatchError` naming both.
 """
 
 from __future__ import annotations

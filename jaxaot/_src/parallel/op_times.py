@@ -1,14 +1,9 @@
 """Per-stage pass times for the simulator, measured on the stages' own executables.
 
-:func:`measure` runs microbatch 0 through every pass of every stage once
-(which compiles), then times every pass ``repeats`` times; each sample
-dispatches the pass ``back_to_back`` times and blocks once, as a running
-pipeline dispatches asynchronously (1 times a lone blocking call, which adds
-the host's launch and synchronisation gap to every pass). The passes take
-turns round by round, so drift of the machine hits all alike, and each time
-is the median over rounds. ``transfer[s]`` is the slower of moving stage
-``s``'s input activations from stage ``s-1`` and its output gradients from
-stage ``s+1`` (0 where both live on one device).
+:func:`measure` compiles and runs every pass of every stage, then times each
+``repeats`` times, dispatching it ``back_to_back`` times per sample as a running
+pipeline does; passes take turns round by round, so machine drift hits all alike,
+and the median is kept. ``transfer[s]`` is the slower of stage ``s``'s two moves.
 """
 
 from __future__ import annotations

@@ -1,50 +1,13 @@
 """``jaxaot.parallel.pipeline``: pipeline-parallel training steps, compiled as one SPMD program.
 
-A model cut into stages, ``stage_fn(params_i, activations) -> activations``,
-and a ``loss_fn(last_activations, targets) -> scalar``, becomes a training step
-
-.. code-block:: python
-
-    mesh = jax.make_mesh((4, 2), ("stage", "data"))
-    step = jaxaot.parallel.pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=8, mesh=mesh)
-    loss, grads = step(params, inputs, targets)   # params, grads: one entry per stage
-
-whose ``loss`` is the mean of the microbatches' losses and whose ``grads`` are
-its gradients, as ``jax.value_and_grad`` of the unpipelined composition gives
-them. How:
-
-1. **Stages.** Each stage is a :func:`jaxaot.aot_function` (the last one of
-   ``loss_fn(stage_fn(p, a), t)``); jaxaot traces and partitions it, and splits
-   its backward into B and W where the schedule defers weight gradients.
-2. **Executor** ``"compiled"`` (the default, :mod:`jaxaot._src.parallel.spmd`): the
-   whole schedule is one jitted ``shard_map`` program over the mesh's pipeline
-   axis (``stage_axis``, default ``"stage"``): a loop over the schedule's ticks
-   in which each device runs its stage's passes, ``lax.ppermute`` carries
-   activations forward and cotangents back, and gradients accumulate on the
-   device. Other mesh axes named in ``data_axes`` (default ``("data",)``)
-   split each microbatch: data parallelism inside every stage, gradients
-   averaged over them; the mesh's remaining axes shard each stage's work as
-   ``param_specs`` shards its parameters (tensor or FSDP parallelism inside a
-   stage, by XLA's SPMD partitioner). Without ``mesh``, ``devices`` (distinct devices, one
-   per schedule device) or the first ``num_devices`` of ``jax.devices()``
-   form a one-axis mesh. It runs unchanged across hosts under
-   ``jax.distributed`` (pass the packed :meth:`Pipeline.shard_params`).
-3. **Executor** ``"python"`` (:mod:`jaxaot._src.parallel.executor`): the stages'
-   separately compiled executables, dispatched action by action from Python,
-   activations moved with ``jax.device_put``. It serves what the compiled
-   program cannot: several stages' "devices" on one physical device
-   (``devices=[d, d]``), a stage per sub-mesh (``devices=[mesh0, mesh1]``),
-   stages whose ``jaxaot.loops.while_loop`` has no ``max_steps`` (the stack grows at
-   run time), partitions that offload residuals to host memory, and custom
-   schedules whose stages do not sit on a ring of devices. The compiled
-   executor refuses these with a typed error that says so.
-4. **Microbatches.** ``inputs`` and ``targets`` (pytrees) are split along axis 0;
-   at the first call of each input signature, ``jax.eval_shape`` checks that
-   every stage takes what the previous one returns
-   (:class:`~jaxaot.errors.StageMismatchError` otherwise).
-
-Costs (compiled): per input signature, one trace and partition per stage and
-one XLA compilation of the whole step; per step, one program launch.
+Stages ``stage_fn(params_i, activations)`` and a ``loss_fn`` become a step
+``loss, grads = step(params, inputs, targets)`` equal to ``jax.value_and_grad`` of
+the unpipelined composition over the mean microbatch loss. Each stage is an
+:func:`jaxaot.aot_function`, its backward split into B and W where the schedule
+defers weight gradients. The ``"compiled"`` executor (default,
+:mod:`jaxaot._src.parallel.spmd`) runs the whole schedule as one ``shard_map``
+program, with data and tensor parallelism on the mesh's other axes; the
+``"python"`` executor dispatches each stage's executables, for what that cannot run.
 """
 
 from __future__ import annotations
@@ -58,7 +21,7 @@ import numpy as np
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.parallel import microbatch, op_times, spmd
 from jaxaot._src.parallel.builtin import make_schedule
-from jaxaot._src.parallel.executor import run_schedule
+from jaxaot._src.parallel.python_executor import run_schedule
 from jaxaot._src.parallel.report import PipelineReport
 from jaxaot._src.parallel.simulate import OpTimes
 from jaxaot._src.parallel.stage import Placement, Stage, StagePrograms, float0_like

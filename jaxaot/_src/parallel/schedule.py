@@ -1,45 +1,12 @@
 """Pipeline-parallel schedules as data: which device runs which pass of which microbatch, in what order.
 
-A pipeline cuts a model into ``num_stages`` consecutive stages, puts each stage
-on one device and splits the batch into ``num_microbatches`` microbatches.
-Stage ``s`` runs these passes on microbatch ``m``:
-
-* ``F``, the forward: needs ``F(s-1, m)``'s activation; saves residuals;
-* ``B``, the backward to the input: needs ``F(s, m)``'s residuals and the
-  cotangent from the backward of ``(s+1, m)``; the previous stage waits for it;
-* ``W``, the backward to the weights: needs only ``B(s, m)`` and nothing waits
-  for it, so a schedule may defer it to fill idle time;
-* ``BW``, B and W fused into one pass (what ``jax.vjp`` runs).
-
-A :class:`Schedule` is a tuple of :class:`Action` in a **global issue order**
-that respects every dependency. It is an issue order, not a timeline: each
-device runs its own subsequence (:meth:`Schedule.per_device`) in that order,
-and a real runtime dispatches the actions in the global order, so it never
-waits on a pass not yet issued and no device deadlocks.
-:meth:`Schedule.validate` checks this in one pass and names the first break.
-
-The built-in schedules (:mod:`jaxaot._src.parallel.builtin`), for ``p`` stages, ``m`` microbatches and the same times
-on every stage; "live" counts the microbatches whose residuals a stage holds
-(:meth:`Schedule.peak_live_microbatches`):
-
-* :func:`gpipe`: all forwards, then all fused backwards. Bubble
-  ``(p-1)/(m+p-1)`` of the step; every stage holds all ``m`` microbatches.
-* :func:`one_f_one_b` (PipeDream-flush): stage ``i`` warms up with ``p-i-1``
-  forwards, alternates F and BW, drains. GPipe's bubble, but stage ``i`` holds
-  at most ``p-i`` microbatches.
-* :func:`interleaved` (Megatron-LM): ``v`` smaller stages per device, which
-  cuts the idle time ``v``-fold (``m`` a multiple of the devices), for ``v``
-  times more transfers.
-* :func:`zero_bubble` (ZB-H1, arXiv 2401.10241): 1F1B with the backward split
-  and W deferred into the drain. With ``t_F = t_B = t_W`` and ``m >= p`` a
-  device idles ``p-1`` passes, not 1F1B's ``3(p-1)``, at 1F1B's peak memory.
-  Where a split backward costs more than the fused one (``t_B + t_W > t_BW``,
-  as separately compiled programs do), splitting only the last microbatches
-  keeps most of the gain: ``split=`` says how many, and
-  ``make_schedule(..., op_times=...)`` picks it by simulation.
-
-Building a schedule makes ``2 p m`` or ``3 p m`` actions and merges them into
-the issue order in ``O(p (m + p))``; validating costs ``O(number of actions)``.
+Stage ``s`` runs ``F`` (forward), ``B`` (backward to the input), ``W`` (backward to
+the weights, deferrable) or ``BW`` (both) on each microbatch. A :class:`Schedule`
+is a tuple of :class:`Action` in a global issue order that respects every
+dependency, so a runtime dispatching in that order never deadlocks;
+:meth:`Schedule.validate` checks it and names the first break. The built-in
+schedules (GPipe, 1F1B, interleaved, zero-bubble) are in
+:mod:`jaxaot._src.parallel.builtin`.
 
 Example:
     >>> from jaxaot._src.parallel.builtin import one_f_one_b

@@ -1,24 +1,10 @@
 """Predicts a pipeline schedule's step time and idle time (bubble) from per-stage pass times.
 
-The model is an event simulation of the schedule's issue order: each device
-runs its own actions one at a time, in order, and an action starts at the
-latest of
-
-* the moment its device finishes its previous action, and
-* for each pass it depends on (see :mod:`jaxaot._src.parallel.schedule`), that pass's
-  end, plus ``transfer`` when that pass ran on another device (the activation or
-  cotangent has to move).
-
-Its duration is the stage's ``forward``, ``backward_input`` (B),
-``backward_weight`` (W) or fused ``backward`` (BW) time. The step time is the
-last end; a device's busy time is the sum of its actions' durations, and the
-bubble fraction is ``1 - sum(busy) / (num_devices * step_time)``: the share of
-device time spent idle.
-
-What it leaves out: transfers overlap compute freely (a device never waits to
-*send*); memory does not slow anything; dispatch costs nothing; times do not
-vary between microbatches. One pass over the actions in issue order suffices
-(every dependency comes earlier), so simulating costs ``O(number of actions)``.
+An event simulation of the issue order: each action starts when its device is
+free and the passes it depends on have ended (plus ``transfer`` across devices),
+and lasts its stage's pass time. The bubble fraction is the share of device time
+spent idle. It leaves out send contention, memory and dispatch, and costs one pass
+over the actions.
 
 Example:
     >>> from jaxaot._src.parallel.builtin import gpipe

@@ -1,26 +1,10 @@
 """One pipeline stage on its device: its ``aot_function`` and, per input signature, its four executables.
 
-A stage is ``stage_fn(params, activations) -> activations`` (the last one
-``loss_fn(stage_fn(params, activations), targets)``, a scalar), compiled with
-:func:`jaxaot.aot_function`. Per input signature, :class:`StagePrograms` runs
-the passes a pipeline schedule asks for (:mod:`jaxaot._src.parallel.schedule`):
-
-* ``F``: the stage's compiled forward, through the runtime's
-  :meth:`~jaxaot._src.runtime.TrainingPrograms.forward`: outputs and residuals;
-* ``BW``: the fused backward (the partition's backward program);
-* ``B`` and ``W``: the two halves of :func:`jaxaot._src.partition.split_backward`,
-  B returning the activation gradients at once and what W needs, W the weight
-  gradients later.
-
-All three backward executables are compiled through
-:meth:`~jaxaot._src.runtime.SignaturePrograms.compile` (so they share the
-persistent compile cache) for the shardings of the arrays of their first call,
-i.e. for the stage's device; each is compiled once, on its first use.
-
-Leaves are flat in ``jax.tree_util`` order of ``((params, activations[, targets]), {})``:
-the parameters' leaves first, then the activations', then the targets'.
-Parameters and (except on the first stage) activations are differentiated;
-targets and the first stage's inputs are not.
+:class:`StagePrograms` runs the passes a schedule asks for: ``F`` (the compiled
+forward, with residuals), ``BW`` (the partition's backward), and ``B`` and ``W``
+(the halves of :func:`jaxaot._src.partition.split_backward`). The backwards compile
+through the runtime, so they share the persistent compile cache, once each on first
+use. Leaves are flat: parameters, then activations, then targets.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """Stage 2, partition: decide what the forward saves for the backward, and split the joint graph.
 
 A :class:`Partitioner` chooses the saved values; :func:`split_joint` is the one
-mechanism that turns a choice into a :class:`Partition` (the forward and
-backward programs and the :class:`Residual` table). Each sub-package holds one
-concept, lowest first (imports run only downward, through each one's face):
-
-* ``core``: the split itself: :class:`Partition`, :class:`Residual`, the
-  :class:`Partitioner` protocol, :func:`split_joint`, and
-  :func:`default_partition` / :func:`differentiate` (what ``jax.vjp`` saves);
-* ``costs``: what an eqn costs to recompute (:class:`Recompute`,
-  :func:`classify`), modelled (:class:`FlopCosts`) or measured once per device
-  kind (:class:`MeasuredCosts`); what copies to host memory cost
-  (:class:`DeviceModel`, measured once); per-device bytes on a mesh;
-* ``offload``: the third choice beside saving and recomputing: large residuals
-  whose copies to host memory and back hide behind compute, between the
-  programs (:func:`apply_offload`) and per scan iteration;
-* ``budget``: byte budgets: a plan's compiled step peak (:class:`StepPeak`,
-  :func:`compiled_peak`), what holds it, and the fastest plan whose peak fits
-  (:func:`plan_under_peak`);
-* ``mincut``: the flow network and its cut (:class:`FlowGraph`), the memory
-  budget's knapsack, the per-iteration plan of each ``lax.scan`` body,
-  :func:`min_cut_rematerialization_partition` putting them together, and
-  :func:`remat_policy`, the plan as a ``jax.checkpoint`` policy;
-* ``bw``: the backward split into input-gradient and weight-gradient programs
-  for pipeline schedules (:func:`split_backward`), a cut of the same network.
-
-``docs/concepts/memory_planner.md`` explains the min-cut, its budgets (fractions
-and bytes) and the offload planner; ``docs/concepts/pipeline.md`` the B/W split.
+mechanism that turns a choice into a :class:`Partition` (forward and backward
+programs and the :class:`Residual` table). Sub-packages, lowest first: ``core``
+(the split, and what ``jax.vjp`` saves), ``costs`` (what eqns and copies cost),
+``offload`` (residuals moved to host memory), ``budget`` (byte budgets on the
+compiled peak), ``mincut`` (the min-cut partitioner) and ``bw`` (the backward's
+B/W split for pipelines); ``docs/concepts/memory_planner.md`` explains them.
 """
 
 from jaxaot._src.partition.core import (
@@ -36,7 +16,7 @@ from jaxaot._src.partition.costs import (
     kernels_beside_copies, materializes_operands, resolve_costs)
 from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
 from jaxaot._src.partition.budget import (
-    MemoryBudget, StepPeak, compiled_peak, format_bytes, measure_step_peak, parse_memory_budget, peak_holders,
+    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, parse_memory_budget, peak_holders,
     plan_under_peak)
 from jaxaot._src.partition.mincut import (
     FlowGraph, RematPolicy, MinCutOptions, as_partitioner, build_flow_graph, choose_saved_values,
@@ -72,7 +52,6 @@ __all__ = [
     "default_partition",
     "differentiate",
     "flops",
-    "format_bytes",
     "kernels_beside_copies",
     "materializes_operands",
     "measure_step_peak",

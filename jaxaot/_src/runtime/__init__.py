@@ -1,21 +1,10 @@
 """Stage 4, runtime: ``aot_function`` and the per-signature programs it runs.
 
-Modules, each one concept, bottom up (the face imports them in this order):
-``shardings`` (what a sharded signature's programs are compiled for),
-``vjp`` (the ``custom_vjp`` wiring shared with loaded artifacts: :class:`SplitPrograms`,
-:func:`custom_vjp_of`), ``signature`` (what selects a program, why a call
-recompiled), ``arguments`` (static values apart, the rest flattened),
-``options``, ``placement`` (where one training program's values live),
-``training`` (:class:`TrainingPrograms`, one differentiated mask's joint graph,
-partition and executables), ``programs`` (:class:`SignaturePrograms`, the stage
-driver), ``residuals``, ``residual_table``, ``checks`` (what ``backward``
-checks), ``lowered`` (``AOTLowered``) and ``function`` (``AOTFunction``,
-``aot_function``).
-
-:class:`SignaturePrograms` and :class:`TrainingPrograms` are the interface
-the stages above use (export, pipelines, the fused step of
-:mod:`jaxaot._src.fusion`): :mod:`jaxaot._src.runtime.programs` lists what they may
-call and read.
+:class:`AOTFunction` keeps, per input signature, a :class:`SignaturePrograms`
+(traced programs and executables, built lazily) and per differentiated mask a
+:class:`TrainingPrograms` (joint graph, partition, forward and backward). Those
+two are the interface the stages above use (export, pipelines, the fused step);
+:class:`SignaturePrograms` lists what they may call and read.
 """
 
 from jaxaot._src.runtime.shardings import is_abstract, is_multi_device, output_shardings, replicated
@@ -23,7 +12,7 @@ from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, selec
 from jaxaot._src.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind, leaf_key
 from jaxaot._src.runtime.reasons import ArgNames, inputs_change, log_compile
 from jaxaot._src.runtime.training import TrainingPrograms
-from jaxaot._src.runtime.programs import SignaturePrograms
+from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.residuals import Residuals
 from jaxaot._src.runtime.residual_table import ResidualRow, ResidualTable
 from jaxaot._src.runtime.lowered import AOTCompiled, AOTLowered

@@ -1,32 +1,12 @@
 """A call's arguments as the runtime sees them: static values apart, the rest flattened.
 
-``static_argnums`` name positional arguments that are compile-time constants:
-they key the compile cache and are passed back into the user function as they
-are. Everything else, ``(dynamic positional args, kwargs)``, is one pytree whose
-leaves are the programs' inputs.
-
-Static values are user objects, and their ``__hash__`` and ``__eq__`` run
-inside the compile cache's dict lookups. Each is held in a :class:`StaticArg`,
-which keys the cache exactly as ``jax.jit`` keys its own:
-
-* it hashes the value once: an unhashable value (a ``TypeError``) is a
-  :class:`~jaxaot.errors.StaticArgumentError` (a ``ValueError``, as
-  ``jax.jit`` raises), and any other error of ``__hash__`` propagates as itself,
-  with a note naming the argument;
-* two values are compared only when their hashes agree *and their types are
-  the same*: values of different types (``1`` and ``1.0``, or a value whose
-  ``__eq__`` returns ``NotImplemented`` and one whose ``__eq__`` raises) are
-  simply different, and each gets its own trace;
-* an ``__eq__`` that raises, or returns something without a truth value, when
-  the cache must compare two values of one type is a
-  :class:`~jaxaot.errors.StaticArgumentError` naming the argument; the function
-  keeps working for every other value.
-
-An object mutated after a call so that its hash changed is a new value: the
-function is traced again for it, as ``jax.jit`` does (from jax 0.11; jax 0.10's
-``jax.jit`` runs the program traced for its old state). One mutated keeping its
-hash and equality runs its earlier program, under ``jax.jit`` and jaxaot alike.
-``tests/reliability/test_static_args.py`` compares each case with ``jax.jit``.
+Values named by ``static_argnums`` key the compile cache; the rest is one pytree
+whose leaves are the programs' inputs. Each static value is held in a
+:class:`StaticArg`, which keys the cache as ``jax.jit`` does: hashed once (an
+unhashable value is a :class:`~jaxaot.errors.StaticArgumentError`), compared only
+with values of the same type and hash, and an ``__eq__`` that raises is an error
+naming the argument. ``tests/reliability/test_static_args.py`` compares each case
+with ``jax.jit``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """``aot_function`` and ``AOTFunction``: trace -> partition -> compile, per input signature.
 
 Per input signature an :class:`AOTFunction` keeps one
-:class:`~jaxaot._src.runtime.SignaturePrograms`: the traced programs and up
-to three executables, each built the first time it is needed:
-
-* *inference*: the primal program, for calls that differentiate nothing;
-* *forward*: outputs plus the saved values (residuals);
-* *backward*: gradients from cotangents and residuals.
-
-Eager ``jax.grad`` reaches the forward and backward executables through a
-``jax.custom_vjp`` whose rules receive concrete arrays. Under any other trace
-(``jit``, ``vmap``, ``jvp``, higher-order ``grad``) the same partitioned
-programs are evaluated in that trace, so everything composes.
-
-Front-ends (the eager gradients, export, Flax modules) use two methods:
-:meth:`AOTFunction.lookup` (the programs of a call's signature, its leaves and
-its :class:`~jaxaot._src.runtime.signature.TraceKind`) and :meth:`AOTFunction.lowered`.
+:class:`~jaxaot._src.runtime.SignaturePrograms` with up to three executables, each
+built when first needed: *inference*, *forward* (outputs and residuals) and
+*backward*. Eager ``jax.grad`` reaches them through a ``jax.custom_vjp``; under any
+other trace the same partitioned programs are evaluated in that trace, so
+everything composes. Front-ends use :meth:`AOTFunction.lookup` and
+:meth:`AOTFunction.lowered`.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ from jaxaot._src.partition import Partitioner, as_partitioner, default_partition
 from jaxaot._src.runtime import arguments, checks, reasons
 from jaxaot._src.runtime.lowered import AOTLowered
 from jaxaot._src.runtime.options import Options, check_options
-from jaxaot._src.runtime.programs import SignaturePrograms
+from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.training import TrainingPrograms
 from jaxaot._src.runtime.residuals import Residuals
 from jaxaot._src.runtime.shardings import check_same_devices, context_mesh

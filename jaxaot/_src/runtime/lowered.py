@@ -1,16 +1,10 @@
 """The stages of one signature, shaped like JAX's: ``lower()`` then ``compile()``.
 
-``aot_fn.lower(*args)`` traces, builds the joint graph, partitions and returns
-an :class:`AOTLowered`: the programs as jaxprs, every saved value in a
-:class:`~jaxaot._src.runtime.residual_table.ResidualTable`, the recomputed eqns, the
-time each stage took, and each program's StableHLO (:meth:`AOTLowered.as_text`).
-Nothing is compiled until :meth:`AOTLowered.compile`, which returns an
-:class:`AOTCompiled` holding the executables the function itself then runs,
-with the backend's memory and cost analyses as plain dicts, and the compiled
-peak of the training step ``jaxaot.value_and_grad`` runs
-(:attr:`AOTCompiled.peak_bytes`). Under a byte ``memory_budget`` the planner
-measured that peak already, and ``str(lowered)`` prints it beside the residual
-bytes (:attr:`AOTLowered.predicted_peak`).
+``aot_fn.lower(*args)`` traces, partitions and returns an :class:`AOTLowered`: the
+programs, the :class:`~jaxaot._src.runtime.residual_table.ResidualTable`, the
+recomputed eqns, each stage's time and StableHLO. :meth:`AOTLowered.compile`
+returns an :class:`AOTCompiled` holding the executables the function then runs,
+the backend's memory and cost analyses, and the training step's compiled peak.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot

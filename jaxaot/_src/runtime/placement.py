@@ -1,24 +1,11 @@
 """Where one training program's values live on a mesh: the pins and shardings of its two executables.
 
-A :class:`Placement` belongs to one :class:`~jaxaot._src.runtime.TrainingPrograms`
-and answers, for a sharded signature (:mod:`jaxaot._src.runtime.shardings`):
-
-* :meth:`~Placement.forward_pins`: per forward output, the sharding it is pinned
-  to (``out_shardings`` for the function's outputs, every device for residuals
-  under ``residual_sharding="replicated"``), None where XLA chooses;
-* :meth:`~Placement.grad_pins`: per gradient, its input's sharding;
-* :meth:`~Placement.backward_inputs`: per backward input (cotangents, then
-  residuals) the sharding it is compiled for: saved inputs keep their own, the
-  forward's outputs take what the compiled forward gave them
-  (``Compiled.output_shardings``), so this compiles the forward;
-* :meth:`~Placement.known_residuals`: the same without compiling, None where
-  XLA has yet to choose (what ``lower()`` shows);
-* :meth:`~Placement.host_residuals`: residuals the partition offloaded
-  (:mod:`jaxaot._src.partition.offload`) arrive in ``pinned_host`` memory, and the
-  backward is compiled for that memory kind (on a mesh the compiled forward's
-  output shardings carry it; pinned residuals keep it).
-
-An unsharded signature gets Nones throughout and pins nothing.
+A :class:`Placement` belongs to one :class:`~jaxaot._src.runtime.TrainingPrograms` and
+answers, for a sharded signature, what each forward output is pinned to, each
+gradient's sharding, what each backward input is compiled for (which compiles the
+forward, to read its output shardings), the same known without compiling (for
+``lower()``), and which residuals arrive in ``pinned_host`` memory. An unsharded
+signature gets Nones throughout.
 """
 
 from __future__ import annotations

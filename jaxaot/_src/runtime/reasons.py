@@ -1,21 +1,10 @@
 """Why a call compiled, in plain words: the argument by pytree path, what changed, old → new.
 
-A recompile reason names what a user wrote, not what the compiler saw: the
-argument by the parameter name of the function and its pytree path
-(``params['w2']``), and the change in words: ``shape (4, 8) → (5, 8)``,
-``dtype float32 → bfloat16``, ``new argument y``, ``static argument `n`: 3 → 4``.
-The runtime (:meth:`AOTFunction.cache_info <jaxaot.AOTFunction.cache_info>`),
-compiled autograd and loaded artifacts describe their inputs through
-:func:`inputs_change`, so their reasons read alike; each reason is also logged
-at INFO level on the ``jaxaot`` logger (:func:`log_compile`).
-
-A new signature is described against the compiled one nearest to it
-(:func:`nearest`: fewest changed leaves, the latest on ties), so a call that
-alternates between two shapes is described by the leaf that differs, not by
-the whole history. Costs: one pass over both signatures' leaves, on a miss
-only. Nothing here raises: a reason is text about a call that is already
-being compiled (static values whose ``__eq__`` or ``__repr__`` raise count as
-changed and print as a stand-in, :class:`~jaxaot._src.runtime.arguments.StaticArg`).
+A reason names what the user wrote: the argument by parameter name and pytree path
+and the change (``params['w2']: shape (4, 8) → (5, 8)``), against the nearest
+compiled signature (:func:`nearest`), so alternating shapes read as the leaf that
+differs. The runtime, compiled autograd and artifacts all describe inputs through
+:func:`inputs_change` and log at INFO (:func:`log_compile`). Nothing here raises.
 
 Example:
     >>> import jax, jax.numpy as jnp

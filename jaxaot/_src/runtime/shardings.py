@@ -1,30 +1,12 @@
 """The shardings a signature's programs are compiled for, and the checks that keep them honest.
 
-jaxaot distributes nothing itself: a program whose inputs are committed to
-several devices (``jax.sharding.NamedSharding`` on a ``jax.sharding.Mesh``), or
-that is traced under a mesh context (``jax.set_mesh``), is compiled by XLA's
-SPMD partitioner for exactly those shardings. This module decides what the
-executables of such a *sharded* signature are compiled for:
-
-* the **forward** takes the inputs' own shardings; XLA chooses its outputs'
-  shardings (a user's ``with_sharding_constraint`` inside the function pins
-  them), unless the function was built with ``out_shardings``;
-* its **residuals** keep the shardings the compiled forward gave them (read off
-  ``Compiled.output_shardings``), or are replicated under
-  ``residual_sharding="replicated"``; the **backward** is compiled for exactly
-  those, so nothing is resharded between the two;
-* **gradients** are constrained to their parameters' shardings, as
-  ``jax.grad`` of a sharded function returns them;
-* **cotangents** are compiled for the shardings of the outputs they belong to.
-
-Costs: reading the residual shardings needs the compiled forward, so the
-backward of a sharded signature is compiled after the forward (it always is
-when it runs). Unsharded signatures take none of these paths.
-
-Errors name the leaf and both shardings: arrays committed to different device
-sets (:class:`~jaxaot.errors.ShardingMismatchError`), and residuals whose
-shardings differ from what the backward was compiled for
-(:class:`~jaxaot.errors.ResidualsMismatchError`).
+jaxaot distributes nothing itself: a signature whose inputs are committed to several
+devices, or traced under a mesh, is compiled by XLA's SPMD partitioner for those
+shardings. The forward takes the inputs' shardings; residuals keep what the compiled
+forward gave them (or are replicated), and the backward is compiled for exactly
+those, so nothing is resharded; gradients take their parameters' shardings. A
+mismatch is a :class:`~jaxaot.errors.ShardingMismatchError` or
+:class:`~jaxaot.errors.ResidualsMismatchError` naming the leaf and both shardings.
 """
 
 from __future__ import annotations

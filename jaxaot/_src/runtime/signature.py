@@ -1,24 +1,11 @@
 """Input signatures: what selects a compiled program, and what ``cache_info()`` reports about it.
 
-A :class:`Signature` is the pytree structure of ``(args, kwargs)``, one key per
-leaf and the static arguments. A leaf's key is its aval (shape, dtype, weak
-type), plus its sharding when the array is committed to anything other than
-the default device; tracers and ``jax.ShapeDtypeStruct`` inputs key the same
-way, so tracing a signature under ``jit`` reuses what eager calls built.
-
-:func:`lookup_keys` computes the keys and the :class:`TraceKind` of a call in
-one pass over the leaves: it runs on every call, so it is the runtime's hot
-path and is kept cheap (one ``type`` check for the common case of an
-uncommitted ``jax.Array``).
-
-:class:`CacheInfo` is what ``cache_info()`` of every callable jaxaot returns
-reports (``aot_function``, ``aot_module``, the eager gradients, compiled
-autograd, pipelines, loaded artifacts): hits, misses and one
-:class:`CacheEntryInfo` per compiled signature, with the executables kept, every
-compilation made (fused-step variants included), the seconds spent tracing,
-partitioning and in XLA, and the reason it compiled, written by
-:mod:`jaxaot._src.runtime.reasons` (``x: shape (3,) → (4,)``). Front-ends with
-several programs label each entry with its ``program`` (:meth:`CacheInfo.combine`).
+A :class:`Signature` is the pytree structure of ``(args, kwargs)``, one key per leaf
+(aval, plus sharding when committed elsewhere than the default device) and the
+static arguments; tracers key the same, so ``jit`` reuses what eager calls built.
+:func:`lookup_keys` runs on every call, so it is kept cheap. :class:`CacheInfo` is
+what every jaxaot callable's ``cache_info()`` reports: hits, misses, and per
+signature the executables, compiles, stage times and the reason it compiled.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The programs of one differentiated mask: joint graph, partition, forward and backward executables.
 
-Which inputs are differentiated changes the joint graph (``jax.grad(f,
-argnums=0)`` differentiates fewer inputs than ``jax.vjp``), so each mask of a
-:class:`~jaxaot._src.runtime.SignaturePrograms` gets its own :class:`TrainingPrograms`:
-the joint graph, its :class:`~jaxaot.partition.Partition`, and the *forward* (outputs
-plus residuals) and *backward* (gradients from cotangents and residuals)
-executables. Each stage is built once, on first read, under the signature's
-lock, and its time recorded in the signature's ``times``.
-
-A ``jaxaot.loops.while_loop`` without a bound, at the top level of the function,
-reports its trip count as an extra forward output; the runtime starts its
-stack at :data:`INITIAL_LOOP_CAPACITY` rows and, when a run needed more,
-doubles it, rebuilds the joint graph, the partition and both executables, and
-runs the forward again (``generation`` counts rebuilds, so stale residuals are
-refused). Costs: each rebuild is a trace, a partition and a compilation.
-
-What other stages may use is listed in :mod:`jaxaot._src.runtime.programs`.
+Which inputs are differentiated changes the joint graph, so each mask gets its own
+:class:`TrainingPrograms`, each stage built once on first read. An unbounded
+``jaxaot.loops.while_loop`` reports its trip count; when a run needed more than the
+stack's rows (from :data:`INITIAL_LOOP_CAPACITY`), the capacity doubles and the
+joint, partition and executables are rebuilt (``generation`` counts rebuilds, so
+stale residuals are refused).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The wiring between a split pair of programs and JAX's autodiff, shared by every runtime.
 
-Both :class:`~jaxaot.AOTFunction` and functions loaded from artifacts
-(:class:`~jaxaot.export.LoadedAOT`) hold a forward program (outputs plus residuals)
-and a backward program (gradients from the selected cotangents and the
-residuals). The same few steps connect such a pair to ``jax.grad``/``jax.vjp``
-and check what users hand to an explicit ``backward``:
-
-* :func:`custom_vjp_of`: the ``jax.custom_vjp`` whose rules run the pair;
-* :func:`scatter`: the backward returns gradients of the differentiated inputs
-  only; place them among the others (``None`` for ``custom_vjp``, ``float0``
-  zeros for users);
-* :func:`select_cotangents`: check user cotangents against the outputs and keep
-  those the backward takes.
+:class:`~jaxaot.AOTFunction` and loaded artifacts both hold a forward (outputs and
+residuals) and a backward program. :func:`custom_vjp_of` connects such a pair to
+``jax.grad``; :func:`scatter` places the differentiated inputs' gradients among the
+others; :func:`select_cotangents` checks user cotangents for an explicit
+``backward``.
 """
 
 from __future__ import annotations

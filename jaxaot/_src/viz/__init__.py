@@ -1,42 +1,11 @@
 """Pictures of the forward/backward split: a graph, a residual table, budget-sweep plots.
 
-The graph shows the joint program as the partitioner split it: the forward
-program's eqns, the values it saves for the backward (the residuals), and the
-backward program's eqns, where those that recompute forward values are marked
-apart from the ones that compute gradients. Colours:
-
-* forward eqns: blue;  saved values (residuals): green boxes on the boundary;
-* recomputed eqns: purple, dashed;  backward eqns: orange;
-* inputs, outputs, cotangents and gradients: grey ellipses.
-
-Graphviz's ``dot`` lays the graph out. Without it (or without the ``graphviz``
-Python package) every renderer draws it with a built-in layered layout in pure
-Python (:func:`plain_svg`: the same colours, simpler routing) and says so.
-Large programs are collapsed so they stay readable: one node per eqn while
-that fits in ``max_nodes``, else one node per source line, else one per function.
-
-Modules, each importing only those above it:
-
-* ``formatting``: byte sizes and source locations as short text;
-* ``styles``: the colour and shape of each kind of node;
-* ``model``: :class:`Node`, :class:`SplitGraph` and the node kinds;
-* ``program``: what is read from a lowered function (partition, names, recomputed eqns);
-* ``grouping``: :func:`collapse`, one node per source line or function;
-* ``graph``: :func:`split_graph`;
-* ``layout``: Graphviz (:func:`to_digraph`, :func:`layout_available`, :func:`why_no_layout`);
-* ``plain_layout``: a layered layout in pure Python, for when Graphviz is missing;
-* ``plain_svg``: :func:`plain_svg`, that layout drawn as SVG;
-* ``picture``: :func:`draw_svg`, Graphviz's picture or else the built-in one;
-* ``table``: :func:`residual_table_html`;
-* ``page``: :func:`to_html`, the Jupyter view;
-* ``output``: :func:`render`, to text or a file;
-* ``plots``: :func:`plot_budget_sweep` and :func:`plot_pareto` (matplotlib);
-* ``schedule_plot``: :func:`plot_schedule`, a pipeline schedule's timeline (matplotlib).
-
-Importing this package registers :func:`to_html` and :func:`residual_table_html`
-in :mod:`jaxaot._src.display`, through which ``AOTLowered._repr_html_`` and
-``ResidualTable._repr_html_`` draw themselves in Jupyter (the package face
-``jaxaot`` imports this package on the first such display).
+The graph shows the forward's eqns (blue), the residuals (green), the backward's
+recomputation (purple, dashed) and gradient eqns (orange), laid out by Graphviz's
+``dot`` or, without it, by a built-in layered layout (:func:`plain_svg`); large
+programs collapse to one node per source line or function. Importing this package
+registers the Jupyter views in :mod:`jaxaot._src.display`; ``jaxaot`` imports it on
+the first display.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot, jaxaot._src.viz
@@ -50,13 +19,13 @@ Example:
 """
 
 from jaxaot._src import display as _display
-from jaxaot._src.viz.formatting import aval_str, format_bytes, short_source
+from jaxaot._src.viz.formatting import aval_str, short_source
 from jaxaot._src.viz.styles import STYLES, Style
 from jaxaot._src.viz.model import EQN_KINDS, GROUP_LEVELS, Node, SplitGraph
-from jaxaot._src.viz.program import backward_is_cotangent_dependent
+from jaxaot._src.viz.lowered_parts import backward_is_cotangent_dependent
 from jaxaot._src.viz.grouping import collapse
 from jaxaot._src.viz.graph import split_graph
-from jaxaot._src.viz.layout import layout_available, to_digraph, why_no_layout
+from jaxaot._src.viz.graphviz_layout import layout_available, to_digraph, why_no_layout
 from jaxaot._src.viz.plain_svg import plain_svg
 from jaxaot._src.viz.picture import draw_svg
 from jaxaot._src.viz.table import residual_table_html
@@ -80,7 +49,6 @@ __all__ = [
     "backward_is_cotangent_dependent",
     "collapse",
     "draw_svg",
-    "format_bytes",
     "layout_available",
     "plain_svg",
     "plot_budget_sweep",

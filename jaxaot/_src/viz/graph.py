@@ -14,10 +14,11 @@ from typing import Any, Iterable, Sequence
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
-from jaxaot._src.viz.formatting import format_bytes, short_source
+from jaxaot._src.units import format_bytes
+from jaxaot._src.viz.formatting import short_source
 from jaxaot._src.viz.grouping import collapse
 from jaxaot._src.viz.model import GROUP_LEVELS, Node, SplitGraph
-from jaxaot._src.viz.program import backward_is_cotangent_dependent, input_names, output_names, unwrap
+from jaxaot._src.viz.lowered_parts import backward_is_cotangent_dependent, input_names, output_names, unwrap
 
 
 def split_graph(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") -> SplitGraph:

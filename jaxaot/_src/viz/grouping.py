@@ -20,7 +20,8 @@ import collections
 from typing import Sequence
 
 from jaxaot.errors import InvalidValueError
-from jaxaot._src.viz.formatting import format_bytes, short_source
+from jaxaot._src.units import format_bytes
+from jaxaot._src.viz.formatting import short_source
 from jaxaot._src.viz.model import EQN_KINDS, GROUP_LEVELS, Node, SplitGraph
 
 

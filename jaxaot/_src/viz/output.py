@@ -15,7 +15,7 @@ from typing import Any
 
 from jaxaot.errors import InvalidValueError
 from jaxaot._src.viz.graph import split_graph
-from jaxaot._src.viz.layout import to_digraph
+from jaxaot._src.viz.graphviz_layout import to_digraph
 from jaxaot._src.viz.page import graph_html, standalone_page
 from jaxaot._src.viz.picture import draw_svg
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from jaxaot._src.viz.formatting import format_bytes
+from jaxaot._src.units import format_bytes
 from jaxaot._src.viz.graph import split_graph
-from jaxaot._src.viz.layout import inline_svg
+from jaxaot._src.viz.graphviz_layout import inline_svg
 from jaxaot._src.viz.model import SplitGraph
 from jaxaot._src.viz.picture import draw_svg
-from jaxaot._src.viz.program import unwrap
+from jaxaot._src.viz.lowered_parts import unwrap
 from jaxaot._src.viz.styles import LEGEND_KINDS, STYLES
 from jaxaot._src.viz.table import residual_table_html
 

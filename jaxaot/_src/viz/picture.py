@@ -1,7 +1,7 @@
 """The picture of a split: Graphviz's layout where ``dot`` runs, else the built-in one, with a note.
 
 :func:`draw_svg` is what every renderer asks for a picture (:func:`jaxaot._src.viz.render`,
-the Jupyter view, ``jaxaot demo``): Graphviz's drawing (:func:`jaxaot._src.viz.layout.to_svg`)
+the Jupyter view, ``jaxaot demo``): Graphviz's drawing (:func:`jaxaot._src.viz.graphviz_layout.to_svg`)
 when the ``graphviz`` package and its ``dot`` binary are there and succeed, else
 :func:`~jaxaot._src.viz.plain_svg.plain_svg`'s, whose note says why and how to get
 Graphviz's. Both colour the nodes alike (:data:`~jaxaot._src.viz.styles.STYLES`).
@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from jaxaot._src.viz.layout import to_svg
+from jaxaot._src.viz.graphviz_layout import to_svg
 from jaxaot._src.viz.model import SplitGraph
 from jaxaot._src.viz.plain_svg import plain_svg
 

@@ -1,24 +1,9 @@
 """A layered layout of the split graph in pure Python, for when Graphviz's ``dot`` is not there.
 
-The picture keeps Graphviz's arrangement (:mod:`jaxaot._src.viz.layout`): the forward
-program on top, the saved values in one row on the boundary, the backward
-program below. The steps, as in Sugiyama's layered drawing but without its
-refinements:
-
-1. *layers*: a forward-side node sits one layer below its lowest forward-side
-   predecessor (inputs on top); every saved value sits in the row just below the
-   forward side; a backward-side node sits one layer below its lowest
-   predecessor on the backward side or in the saved row;
-2. *order*: within each layer nodes start in program order, then move to the
-   mean position of their predecessors (two downward sweeps of the barycenter
-   heuristic), which untangles most crossings of a chain-like program;
-3. *coordinates*: each layer is packed left to right and centred; boxes are
-   sized from their labels (a fixed width per character, so no font metrics).
-
-Edges are drawn straight from one box to the next by the SVG writer
-(:mod:`jaxaot._src.viz.plain_svg`); long edges may cross boxes. Cost:
-``O((nodes + edges) * layers)`` for ``split_graph``'s at most ``max_nodes``
-nodes: milliseconds.
+It keeps Graphviz's arrangement (forward on top, saved values in one row, backward
+below) with a plain Sugiyama-style drawing: layers by longest path on each side,
+order within a layer by two barycenter sweeps, boxes packed and sized from their
+labels. Edges are straight (:mod:`jaxaot._src.viz.plain_svg`) and may cross boxes.
 
 Example:
     >>> from jaxaot._src.viz.model import Node, SplitGraph

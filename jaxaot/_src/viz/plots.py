@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from jaxaot.errors import InvalidValueError
-from jaxaot._src.viz.formatting import byte_scale
+from jaxaot._src.units import byte_scale
 
 
 def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence[float] | None = None,

@@ -15,8 +15,9 @@ from typing import Any
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
 from jaxaot._src.runtime import ResidualTable
-from jaxaot._src.viz.formatting import format_bytes, short_source
-from jaxaot._src.viz.program import backward_is_cotangent_dependent, unwrap
+from jaxaot._src.units import format_bytes
+from jaxaot._src.viz.formatting import short_source
+from jaxaot._src.viz.lowered_parts import backward_is_cotangent_dependent, unwrap
 
 _COLUMNS = ("#", "value", "shape", "dtype", "bytes", "where", "producer", "source line")
 

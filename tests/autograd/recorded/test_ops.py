@@ -15,7 +15,7 @@ import pytest
 import jaxaot
 from autograd_helpers import close as _close, rand as _rand
 from jaxaot import compiled_autograd
-from jaxaot._src.autograd.recorded import cache, ops, step
+from jaxaot._src.autograd.recorded import ops, step, step_cache
 
 
 def _record(f, *args):
@@ -100,12 +100,12 @@ def test_a_look_runs_one_compiled_program_once_per_structure():
     for _ in range(6):
         w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
         _close(vg(w, x), jax.value_and_grad(f)(w, x))
-    assert cache.LOOKS.stats().compiles == 1
+    assert step_cache.LOOKS.stats().compiles == 1
     recorded = _record(f, w, x)
     (look,) = recorded.tape.looks
     assert look.how == "bool" and look.plan.exe is not None and len(look.plan.eqns) == 4  # x @ w, tanh, mean, >
     compiled_autograd.reset()
-    assert cache.LOOKS.stats().entries == 0
+    assert step_cache.LOOKS.stats().entries == 0
 
 
 @pytest.mark.parametrize("eager", [False, True])

@@ -1,30 +1,12 @@
 """The eager gradient of a loss of an ``aot_module``: one compiled step.
 
-Eager ``nnx.value_and_grad(loss_fn)(aot_model, x, y)`` works, but every step
-pays for Flax's graph traversals, JAX's eager linearization of the loss around
-the module (each op of ``loss_fn`` dispatched and linearized one at a time),
-the ``custom_vjp`` bookkeeping of the module's call and an eager transposition.
-On small and medium models that costs more than the compiled programs
-themselves (a 3-layer MLP on a CPU: 23 ms per step against 9 ms for the whole
-step under ``nnx.jit``; ``docs/concepts/modules.md``).
-
-:func:`module_value_and_grad` is what :func:`jaxaot.value_and_grad` runs when
-its differentiated argument is an :class:`~jaxaot._src.nn.AOTModule`. The module
-compiles ``loss_fn`` as one more call of itself, through its own options
-(partitioner, compilers): its ``loss_program`` is the ``aot_function`` of the
-pure loss, whose inputs and write-back :class:`~jaxaot._src.nn.loss_call.PreparedLoss`
-handles. The gradient then runs as that of an ``aot_function``
-(:func:`~jaxaot._src.autograd.direct.function.function_value_and_grad`): one fused
-executable, forward then backward with the partition's plan, on the module's
-state and the batch. The module's split is kept between steps
-(:mod:`jaxaot._src.nn.split_cache`), so a step walks Flax's graph only when the
-module's structure changed. Under a trace (``jit``, ``vmap``), or when another
-argument holds Flax objects, it is ``nnx.value_and_grad`` itself (as it is for
-a plain module, which may hold ``aot_module`` submodules:
-:mod:`jaxaot._src.autograd.direct.api` sends those to Flax directly).
-
-This module imports Flax; :mod:`jaxaot._src.autograd.direct.api` imports it only once
-a Flax module is differentiated.
+Eager ``nnx.value_and_grad(loss_fn)(aot_model, ...)`` pays, every step, for Flax's
+graph traversals and JAX's op-by-op linearization around the module, which on
+small and medium models costs more than the compiled programs. What
+:func:`module_value_and_grad` runs instead: the module compiles ``loss_fn`` as one
+more call of itself (its ``loss_program``), and the gradient runs as that of an
+``aot_function``, on the module's cached split. Under a trace it is
+``nnx.value_and_grad`` itself. This module imports Flax.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -45,7 +27,7 @@ from typing import Any, Callable
 from flax import nnx
 
 from jaxaot._src.autograd.direct.flax_functions import FLAX_VALUE_AND_GRAD
-from jaxaot._src.autograd.direct.function import function_value_and_grad
+from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot._src.nn import AOTModule, PreparedLoss
 from jaxaot._src.runtime import AOTFunction
 

@@ -1,20 +1,10 @@
 """One call's arguments, split once: differentiated leaves, other arrays, static values, and their key.
 
-Every step of :func:`~jaxaot.compiled_value_and_grad` needs its arguments in
-several forms: the differentiated leaves (the step's first input), the other
-arguments' arrays (its second, and, for a guarded recording, recorded values
-the forward receives), the static values among them (Python numbers, strings,
-other objects), the key a replay is looked up by (:mod:`.replay`), and, when
-a step compiles, the inputs named for its reason
-(:class:`~jaxaot._src.autograd.recorded.reasons.CallInputs`). :class:`Call` flattens
-the arguments once and derives each form on demand, so the common call pays
-for two ``tree_flatten``\\ s and one pass over the leaves.
-
-A leaf is an *array* when it is a ``jax.Array`` or a NumPy array of more than
-one element (these are inputs of the step); anything else (a Python or NumPy
-scalar, a one-element NumPy array, a string, ``None``, any other object) is
-*static*: scalars are literals of the recorded program, keyed by value, and
-other objects are keyed by identity.
+A compiled step needs its arguments in several forms (its inputs, the replay key,
+the inputs named for a recompile reason); :class:`Call` flattens them once and
+derives each form on demand. A ``jax.Array`` or a NumPy array of more than one
+element is an input of the step; anything else is static: scalars are literals
+keyed by value, other objects are keyed by identity.
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.autograd.recorded.reasons import CallInputs, python_values
+from jaxaot._src.autograd.recorded.step_reasons import CallInputs, python_values
 from jaxaot._src.autograd.recorded.structure import literal_value_key
 from jaxaot._src.runtime import ArgNames, leaf_key
 

@@ -1,32 +1,10 @@
 """Capture one step's backward as a jaxpr and run it through the compiled-backward cache.
 
-This is compiled autograd's fallback (:mod:`.api`), for forwards a tape
-cannot record (:mod:`.tape`): the forward runs under an eager ``jax.vjp``.
-
-After an eager ``jax.vjp``, the returned ``vjp_fn`` holds a linear program and
-its residuals (the forward's saved values, as concrete arrays). Calling it
-eagerly would transpose and run that program one primitive at a time; calling
-``jax.jit(vjp_fn)`` would compile anew every step, because each step's
-``vjp_fn`` is a new object holding new arrays.
-
-Instead, :func:`capture` traces ``vjp_fn`` with ``jax.make_jaxpr``. That runs
-JAX's transposition once, symbolically, and yields the *transposed* program:
-the backward, including ``grad_hook`` bodies and the backwards of
-``aot_function`` regions. The residuals appear as the jaxpr's consts; they are
-hoisted to leading inputs (``_compat.hoist_consts``), so the program no longer
-depends on this step's values and its :class:`~.structure.Structure` is the
-same for every step that took the same path through the forward. The
-executable compiled for that structure is then called with the residuals as
-arguments.
-
-The output cotangent of ``value_and_grad`` is always one; it is traced as a
-literal (``jnp.ones`` inside the trace) so XLA can fold it, as it does in a
-fully jitted step.
-
-Costs per step, besides running the executable: the symbolic transposition
-(one Python pass over the linear program) and the structure key (one more
-pass, no printing). Both are linear in the number of backward equations and
-much cheaper than dispatching each of them.
+The fallback for forwards a tape cannot record: the forward runs under eager
+``jax.vjp``, and :func:`capture` traces the returned ``vjp_fn`` to its transposed
+jaxpr, with the residuals hoisted from consts to inputs. The program then no
+longer depends on this step's values, so every step that took the same path
+reuses one compiled backward instead of transposing eagerly or compiling anew.
 """
 
 from __future__ import annotations
@@ -39,7 +17,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import param_hooks as PH
-from jaxaot._src.autograd.recorded.cache import CACHE, Compiled
+from jaxaot._src.autograd.recorded.step_cache import CACHE, Compiled
 from jaxaot._src.autograd.recorded.structure import Structure, structure_of
 
 

@@ -1,23 +1,10 @@
 """A value Python looks at during a lazy recording, computed by one compiled program.
 
-When the forward asks for a value (``if loss > 0``, ``float(x)``), the
-operations it depends on and whose values are not known yet must run. Running
-them one by one costs one dispatch each, the eager cost the recording exists
-to avoid. Instead they run as one program: :func:`plan` cuts it out of the tape
-(those operations, fed by the known values they read, literals folded in) and
-compiles it once per structure, in a cache of its own
-(:data:`~jaxaot._src.autograd.recorded.cache.LOOKS`, emptied by
-:func:`~jaxaot._src.autograd.recorded.cache.reset`). The
-tape keeps the :class:`Plan` on its trie node
-(:class:`~jaxaot._src.autograd.recorded.structure.Node`), so a step that reaches
-the same point of the same recording calls the executable without looking
-anything up; :mod:`.replay` calls the same executables to check its guards,
-so a replayed step sees the very values a recording would.
-
-A program that does not compile (JAX would have specialised an operation on
-a value it cannot see) runs its operations one by one instead, as eager JAX
-would; such a plan has no executable, and a recording that used one is not
-replayed.
+When the forward asks for a value (``if loss > 0``), the not yet computed
+operations it depends on run as one program (:func:`plan`), compiled once per
+structure and kept on the tape's trie node, instead of one dispatch each.
+:mod:`.replay` calls the same executables, so a replayed step sees the values a
+recording would. A program that does not compile runs op by op, as eager JAX.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.autograd.recorded.cache import LOOKS
+from jaxaot._src.autograd.recorded.step_cache import LOOKS
 
 
 class Plan:

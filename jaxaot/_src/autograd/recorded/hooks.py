@@ -1,39 +1,13 @@
 """Gradient hooks: functions of a cotangent that run inside the backward pass.
 
-``jaxaot.grad_hook(x, hook)`` returns ``x`` unchanged; in the backward pass the
-cotangent that reaches ``x`` is replaced by ``hook(cotangent)``. This is
-PyTorch's ``Tensor.register_hook`` in JAX terms: values are immutable, so
-instead of registering on a tensor the hook wraps the value in an identity
-``jax.custom_vjp`` whose backward rule calls the hook. Because the rule is
-ordinary JAX code, the hook is *traced* into whatever backward program is
-built around it: the joint graph of an :func:`~jaxaot.aot_function`, the
-backward captured by :func:`~jaxaot.compiled_grad`, or plain ``jax.grad``. It
-is never a host callback unless the hook itself makes one
-(``jax.debug.callback``).
-
-The hook sees the *total* cotangent of the returned value: JAX sums the
-contributions of every use before it transposes the identity.
-
-Several hooks on one value run in registration order. ``grad_hook(x, [h1, h2])``
-says so directly; ``grad_hook(grad_hook(x, h1), h2)`` gives the same result:
-the second call sees that its argument is the output of the first and wraps
-the first call's *input* with ``[h1, h2]`` (plain nesting would run ``h2``
-first, as the backward pass runs in reverse). That bookkeeping keeps a
-reference to the last few hooked outputs (:data:`_RECENT`), bounded, so it
-costs no memory that grows with the number of steps.
-
-A hook must return a cotangent of the same structure, shapes and dtypes as the
-one it got; anything else raises :class:`~jaxaot.errors.HookOutputError` while
-the backward is being traced, naming the hook, what it got and what it returned.
-
-Inside a forward recorded by :func:`~jaxaot.compiled_grad` (:mod:`.tape`), each
-hook is traced once, at once, on the cotangent's shape and dtype, into a small
-program (each step, as a captured backward is traced each step), and the
-identity's backward evaluates those programs in order. The recorded step is then keyed
-by what the hooks *do*, not by which Python function objects they are: a hook
-written as a ``lambda`` inside the forward, new on every step, does not
-recompile. Values the hooks close over (forward values included) become
-inputs of the identity, with a zero gradient.
+``jaxaot.grad_hook(x, hook)`` returns ``x``; in the backward, the total cotangent
+reaching ``x`` becomes ``hook(cotangent)`` (PyTorch's ``Tensor.register_hook``).
+The hook is an identity ``custom_vjp``, so it is traced into whatever backward is
+built around it, never a host callback by itself. Several hooks run in
+registration order, nested calls included; a hook returning another structure,
+shape or dtype raises :class:`~jaxaot.errors.HookOutputError`. In a recorded
+forward, steps are keyed by what the hooks do, so a new lambda per step does not
+recompile.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Flax nnx modules as arguments of :func:`~jaxaot.compiled_grad`, the way ``nnx.grad`` treats them.
 
-An ``nnx.Module`` is a mutable Python object, not a pytree of arrays JAX can
-differentiate. ``nnx.grad`` splits each module argument into its graph
-definition, its ``nnx.Param`` state (differentiated) and the rest (batch
-statistics, RNG counters), calls the function on a module merged back from
-those parts, and writes the rest, as the function left it, back into the
-caller's module. The gradient is an ``nnx.State`` shaped like the ``Param``
-state.
-
-This module does the same around compiled autograd's recorded forward (or
-its ``jax.vjp`` fallback). The state the forward leaves behind is returned as
-an auxiliary output of the compiled step (of the vjp), so it comes back as
-concrete arrays (never tracers) before it is written into the caller's module.
-
-Flax is an optional dependency: it is imported inside these functions (and
-only once an argument is seen to be an nnx module: ``flax.nnx`` must already
-be imported for a user to hold one), so ``import jaxaot`` does not load flax.
+Each module argument is split into its ``nnx.Param`` state (differentiated) and
+the rest; the forward runs on a module merged back, and the rest it leaves
+(batch statistics, RNG counters) comes back from the compiled step as concrete
+arrays and is written into the caller's module. Flax is imported only once an
+argument is seen to be an nnx module.
 """
 
 from __future__ import annotations

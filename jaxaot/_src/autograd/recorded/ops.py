@@ -1,26 +1,11 @@
 """Array operators on recorded values, replayed from what ``jax.numpy`` recorded for the same operand types.
 
-``x * 0.5`` on a recorded value runs ``jax.numpy``'s Python (argument checks,
-dtype promotion, broadcasting, a ``jit`` call) before a single operation
-reaches the tape: tens of microseconds, for an operation the tape writes
-down in a few. What ``jax.numpy`` does depends only on what it is given: the
-operands' avals, Python scalars' types and values, static arguments, and
-JAX's configuration. So the first time an operator, method or property
-(:func:`jaxaot._src.compat.recording.forwarded_operations`) meets a given
-:func:`signature`, :func:`call` runs it and keeps what it recorded as a
-:class:`Template`: the constants it made inputs and the operations it wrote,
-with each operand referred to by position. Later calls with the same
-signature replay the template onto the tape: the same events in the same
-order, so the tape (and its structure key) is exactly what running
-``jax.numpy`` would have made.
-
-An operation is templated only when nothing it did depended on values: JAX
-was shown no value (``to_concrete_value``: it may ask, and then specialises
-on the answer, so which operands the tape would show is part of the
-signature), Python looked at none, it ran no host callback, staged no custom
-rule (whose closures are per call) and made no array constant of its own.
-Otherwise it runs as written, every time. Templates
-are process-wide (:data:`TEMPLATES`, bounded).
+Running ``jax.numpy``'s Python for every ``x * 0.5`` on a recorded value costs
+far more than writing the operation down. What it records depends only on what
+it is given, so the first call with a given :func:`signature` keeps its recording
+as a :class:`Template` that later calls replay onto the tape, exactly as running
+``jax.numpy`` would. Operations that depended on values (or ran callbacks, or
+made constants) are never templated. Templates are process-wide and bounded.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Post-accumulate hooks: ``fn(param, grad) -> grad`` on each parameter's total gradient.
 
-PyTorch's ``register_post_accumulate_grad_hook`` runs once a parameter's
-``.grad`` is complete. In JAX the complete gradient of a differentiated leaf is
-simply the backward program's output for it, so a post-accumulate hook is a
-function applied to that output, traced into the same compiled backward. Uses:
-per-parameter clipping or noise, or an optimizer update done inside the
-backward (the hook returns the new parameter, which the caller then gets in
-place of the gradient).
-
-``param_hooks`` maps a *path pattern* or a *predicate* to a hook:
-
-* a string is matched (``fnmatch``) against each differentiated leaf's path,
-  written with ``/`` between keys: ``"layers/0/w"``, ``"*/kernel"``. With a tuple
-  ``argnums`` the path starts with the argument's position (``"0/w"``). A
-  trailing ``/value`` (Flax variables) may be left out. A string that matches
-  no leaf is an error (a typo would otherwise silently do nothing);
-* a callable key is a predicate ``path -> bool`` on the same path text.
-
-Every matching hook runs, in the mapping's order; each must return an array of
-the gradient's shape and dtype (:class:`~jaxaot.errors.HookOutputError`).
+PyTorch's ``register_post_accumulate_grad_hook`` in JAX terms: a function of a
+differentiated leaf's complete gradient, traced into the compiled backward (for
+clipping, noise, or an update done inside the backward). ``param_hooks`` maps a
+path pattern (``fnmatch`` on ``"layers/0/w"``; one matching nothing is an error)
+or a predicate on the path to a hook; every matching hook runs, in order.
 """
 
 from __future__ import annotations

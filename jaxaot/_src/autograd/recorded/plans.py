@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import replay as R
-from jaxaot._src.autograd.recorded.cache import Compiled
-from jaxaot._src.autograd.recorded.reasons import explain
+from jaxaot._src.autograd.recorded.step_cache import Compiled
+from jaxaot._src.autograd.recorded.step_reasons import explain
 from jaxaot._src.autograd.recorded.structure import Trie
 from jaxaot._src.runtime import ArgNames, CacheEntryInfo, CacheInfo, inputs_change
 
@@ -38,7 +38,7 @@ class Plans:
         self.trie = Trie()  #: this function's structure trie (:mod:`.structure`)
         self.by_tree: dict[Any, tuple] = {}
         self.last: tuple | None = None
-        self.mode = "lazy"  #: "lazy", "eager" (recording) or "vjp" (capture); see :mod:`.api`
+        self.mode = "lazy"  #: "lazy", "eager" (recording) or "vjp" (capture); see :mod:`.driver`
         self.lock = threading.Lock()
         self.hits = 0
         self.entries: list[CacheEntryInfo] = []

@@ -1,33 +1,12 @@
 """Replay: the compiled step of a recording proven static, called without running the forward's Python.
 
-With ``replay=True``, :func:`~jaxaot.compiled_value_and_grad` records the
-forward *guarded* (:mod:`.tape`): the other arguments' arrays reach it as
-recorded values, as under ``jit``, and JAX is shown no argument's value. What
-such a recording did is then fixed by what Python could see: the call's key
-(:meth:`~jaxaot._src.autograd.recorded.call.Call.key`: trees, avals, static
-values, JAX's configuration) and what Python received from each value it
-looked at (``bool(x)``: the branch taken; ``int(n)``; ``float(x)``; the whole
-array for ``np.asarray`` or printing). :func:`judge` turns a recording into
-that path, or says why it cannot be replayed; :func:`remember` adds the path
-to the function's guard tree (:class:`Guard`, one per key); :func:`run`
-walks it on a new call: each looked-at value is computed by the very
-executable the recording used (:mod:`.force`), its outcome picks the branch,
-and the leaf's step executable computes loss and gradients. An outcome the
-tree has not seen is a :class:`Miss`: the caller records again, never
-replays a path that was not recorded.
-
-A recording is not replayed when it depended on more than that: an array it
-closes over or reads from a global (its value may change between calls), a
-host callback (``jax.debug.print`` prints once per recorded step), a value
-JAX computed one by one because its program did not compile, an array among
-the auxiliary outputs that is no recorded value, Flax modules among the
-arguments (their state is written back every step), or eager recording.
-
-What replay changes, by design (``docs/concepts/compiled_autograd.md``): the
-forward's Python side effects (prints, counters, appends, Python RNG) happen
-only when it is recorded; Python values it closes over (a global learning
-rate) and static arguments' mutable contents are those of the recording, as
-under ``jit``; non-array auxiliary outputs are the recording's.
+With ``replay=True`` the forward is recorded guarded: JAX sees no argument's
+value, so the recording is fixed by the call's key and the outcomes of the values
+Python looked at. :func:`judge` turns a recording into that path (or says why it
+cannot be replayed), :func:`remember` adds it to the function's :class:`Guard`
+tree, and :func:`run` walks the tree on a new call; an unseen outcome is a
+:class:`Miss` and the caller records. As under ``jit``, the forward's Python side
+effects happen only when it is recorded (``docs/concepts/compiled_autograd.md``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """The compiled step of a recorded forward: ``jit(value_and_grad(replay))``, compiled once per structure.
 
-:func:`record` runs the user's forward under a :class:`~.tape.Tape`; the
-tape's :class:`~.structure.Structure` selects an executable from the
-process-wide cache (:mod:`.cache`), compiled on a miss with the recorded reason.
-That executable is the whole training step for this path through the forward:
-it replays the tape from the differentiated leaves and the other inputs, and
-returns the loss, the auxiliary outputs and the gradients (with the
-post-accumulate hooks of :mod:`.param_hooks` applied). XLA sees forward and
-backward together, as in ``jax.jit(jax.value_and_grad(f))``: the backward is
-the one a fully jitted step has.
-
-Per step, besides running the executable, this costs recording the forward
-(one Python call per operation, nothing dispatched unless Python asks for a
-value); the structure comes from the trie the recording stepped down, and the
-cache looks it up by identity.
-
-The returned loss and auxiliary outputs are the executable's: the gradients
-and the value come from one program. Values Python looked at during the
-forward (``if loss > 0``) were computed by programs of their own
-(:mod:`.force`) and may differ from the compiled ones in the last bits, as
-eager and jitted JAX do.
+:func:`record` runs the forward under a :class:`~.tape.Tape`; its structure picks
+an executable from the cache (:mod:`.step_cache`) that replays the tape and returns
+loss, auxiliary outputs and gradients (post-accumulate hooks applied), the
+backward a fully jitted step has. Values Python looked at were computed by
+programs of their own (:mod:`.force`) and may differ from the compiled ones in
+the last bits, as eager and jitted JAX do.
 """
 
 from __future__ import annotations
@@ -32,7 +18,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import tape as T
-from jaxaot._src.autograd.recorded.cache import CACHE, Compiled
+from jaxaot._src.autograd.recorded.step_cache import CACHE, Compiled
 from jaxaot._src.autograd.recorded.structure import Structure
 
 

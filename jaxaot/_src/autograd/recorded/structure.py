@@ -1,43 +1,12 @@
 """The structure of a recorded forward or a captured backward: what decides whether an executable fits it.
 
-Two programs have the same :class:`Structure` when they have the same
-inputs (shapes, dtypes, weak types), the same equations in the same order
-(primitive, params, literal values, output avals) and the same wiring (which
-value feeds which equation). Object identity plays no part: each step's
-program is recorded afresh with fresh arrays, and the same program shape must
-map to the same executable. The same key serves the forward tapes of
-:mod:`.tape` (``kind="forward"``: inputs numbered among all values, as they
-were met) and the backward jaxprs of :mod:`.capture` (``kind="backward"``).
-
-This is the role PyTorch's compiled autograd gives to the autograd graph's
-node signatures; in JAX the natural unit is the jaxpr equation. The key is a
-plain nested tuple, built in one pass over the equations (no printing, no
-hashing of array contents), so Python's dict does the lookup; equal hashes
-are confirmed by full tuple equality, so a collision can cost a lookup but
-never a wrong executable.
-
-Costs and limits:
-
-* Literal values are part of the key. A Python float computed from data and
-  used in the forward (``x * float(loss)``) becomes a literal of the
-  recorded program, so such code compiles once per distinct value. Keep
-  such values as arrays.
-* Params that hold jaxprs (loop bodies, calls, ``jit`` regions) are keyed by
-  their own structure, memoized per jaxpr object and interned, so equal
-  sub-structures compare by identity and hash once. Params that hold Python
-  callables (host callbacks) are keyed by the callable itself.
-* A recorded forward's key is also built incrementally (:class:`Node`): each
-  recorded event (an input, an operation, a value computed for Python) steps
-  down a trie (one per compiled function), whose edges are small (an
-  operation's interned description and its input numbers). A recording that ends on a trie node
-  seen before gets that node's :class:`Structure` back, the same object, so
-  the steady state builds no full key and the cache looks it up by identity
-  (:attr:`Structure.token` hashes once). The trie keeps at most
-  :data:`MAX_NODES` nodes and starts afresh past that.
-* :mod:`.reasons` turns two structures into the reason for a recompile
-  (:func:`~jaxaot._src.autograd.recorded.reasons.explain`); a recorded forward's
-  :attr:`Structure.looks` (the values Python looked at) are kept for it,
-  outside the key.
+Two programs share a :class:`Structure` when they have the same inputs, equations
+(primitive, params, literals, output avals) and wiring, whatever the objects: the
+key is a nested tuple built in one pass, so a dict looks it up and a hash
+collision costs a comparison, never a wrong executable. Literal values are part of
+the key (keep data-dependent scalars as arrays). A recording builds its key
+incrementally down a bounded trie of :class:`Node`, so a path seen before gets
+its ``Structure`` back without building a key.
 """
 
 from __future__ import annotations

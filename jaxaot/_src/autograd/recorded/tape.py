@@ -1,46 +1,12 @@
 """One step's forward, written down as it runs: the tape a compiled step replays.
 
-Under :class:`~jaxaot._src.compat.recording.RecordingTrace`, every operation of
-the forward reaches a :class:`Tape` instead of being dispatched. The tape
-numbers values in order of creation (inputs, then each operation's outputs as
-they come) and keeps, per operation, its primitive, params and the numbers of
-its inputs. Python sees tracers with shapes and dtypes.
-
-Values are computed only when needed, in one of two modes:
-
-* **lazy** (the default): nothing runs while recording. When Python asks for a
-  value (``bool``, ``float``, ``int``, printing, ``np.asarray``, a host
-  callback's arguments), the operations it depends on and whose values are not
-  known yet run as one compiled program (:mod:`.force`), and that value
-  becomes known. A forward that never looks at a value runs no operation at
-  all before the compiled step;
-* **eager**: each operation runs as soon as it is recorded, as plain JAX would.
-  Every value is known, so JAX specialises code on values exactly as it does
-  eagerly (boolean-mask indexing, ``jnp.arange(n)`` on a traced ``n``).
-
-What is recorded and how:
-
-* a plain primitive (``jit`` regions included, as one operation holding their
-  jaxpr; loops and conds likewise) as itself;
-* an array operator, method or property (``x * 2``, ``x[0]``, ``x.mean()``),
-  in lazy mode, from what ``jax.numpy`` recorded for the same operand types
-  (:mod:`.ops`): the same operations, without running its Python again;
-* a ``custom_jvp``/``custom_vjp`` call (``jax.nn.relu``, :func:`~jaxaot.grad_hook`,
-  :func:`~jaxaot.aot_function` regions) staged by JAX into its single equation,
-  its custom rule kept (the rule's identity goes into the key);
-* a host callback (``jax.debug.print``, ``pure_callback``) runs at once on
-  concrete arguments and is not recorded: its outputs become inputs of the step;
-* inputs: the differentiated leaves, then every other array the forward uses
-  (batch, closed-over arrays; NumPy arrays are copied to the device), and
-  Python or NumPy scalars as literals (their value is part of the key).
-
-Each event (an input, an operation, a value computed for Python) also steps
-down the trie of :class:`~jaxaot._src.autograd.recorded.structure.Node`: the
-structure key is built incrementally, and a recording that ends where one
-ended before gets its :class:`~jaxaot._src.autograd.recorded.structure.Structure`
-back without building a key (:func:`structure`). :func:`replay` re-applies the
-operations in any trace (the compiled step traces it under
-``jax.value_and_grad``).
+Under :class:`~jaxaot._src.compat.recording.RecordingTrace`, each operation reaches
+a :class:`Tape` instead of being dispatched. Lazily (the default) values are
+computed only when Python asks for one (:mod:`.force`); eagerly, each operation
+runs as it is recorded, so JAX specialises on values as it does eagerly. Array
+operators replay ``jax.numpy``'s recording (:mod:`.ops`); custom rules are staged
+as one equation; host callbacks run at once. Each event steps down the structure
+trie, and :func:`replay` re-applies the operations in any trace.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Per-pass times of the compiled pipeline's own stage programs, for the lockstep simulator.
 
-The compiled step inlines every stage's passes into one program, so their
-times there are what the simulator needs, not those of separately launched
-executables with the host's dispatch in between. :func:`pass_times` compiles,
-per stage and pass, one program that runs the pass ``n`` times in a
-``lax.fori_loop`` on one device (its arguments pass an optimization barrier
-with the loop's carry in every iteration, so XLA can neither hoist nor merge
-them), and takes the time per pass from two loop lengths:
-``(T(2n) - T(n)) / n``, which cancels the launch and the first iteration.
-``n`` grows per pass until the short loop runs :data:`MIN_LOOP_SECONDS`, so
-that the difference stands well above the host timer's jitter however fast
-the pass (microseconds on a GPU). Each length runs ``repeats`` times, in
-turns, and the medians are used.
-
-Costs: two to four small compilations per pass (one more per growth of ``n``)
-and ``3 * repeats * n`` runs of each pass.
+Inside the compiled step the passes are inlined, so the simulator needs their
+times there, not those of separate launches. :func:`pass_times` runs each pass
+``n`` times in a ``lax.fori_loop`` behind an optimization barrier, and takes
+``(T(2n) - T(n)) / n``, which cancels the launch; ``n`` grows until the loop runs
+:data:`MIN_LOOP_SECONDS`, well above the timer's jitter. Medians over ``repeats``.
 """
 
 from __future__ import annotations
@@ -50,7 +40,7 @@ def _looped(fn: Callable[..., list], n: int) -> Callable:
 
 
 #: How long the short loop of a pass must run: its difference with the long loop is then ``n`` passes of at
-#: least this, far above the timer's jitter (tens of microseconds on a loaded host).
+#: least this, far above the timer's jitter on a loaded host.
 MIN_LOOP_SECONDS = 2e-3
 #: The most passes one loop runs (a pass of a nanosecond still ends within milliseconds).
 MAX_LOOP_PASSES = 1 << 16

@@ -1,30 +1,11 @@
 """Records: every stage's leaves in buffers of one shape on every device, sized by the largest stage.
 
-Inside ``shard_map`` every device runs the same program, so a buffer that
-holds "this device's stage's residuals" must have one shape on all devices,
-although stages differ (an embedding first, a head last, layers of different
-widths). A :class:`Layout` packs each stage's leaves into **entries**, one
-array each, whose **cells** the leaves occupy:
-
-* **flat** entries, one per dtype, with scalar cells: a leaf takes
-  ``leaf.size`` consecutive cells from its **start** (aligned to
-  :data:`ALIGN_BYTES`). Stages whose records are separate (one microbatch's
-  residuals, one message) all start at cell 0, so a record is as large as the
-  largest stage's leaves of that dtype, not the sum or the union of every stage's;
-* **stacked** entries, one per ``(shape, dtype, sharding)``, whose cells are
-  whole leaves: for parameters sharded over the mesh's automatic axes
-  (``param_specs``), since a sharding names the leaf's own dimensions.
-
-A record is one array per entry, ``(width, *cell)``; a buffer of ``n``
-records is ``(n, width, *cell)``. Stages that share a record (the stages one
-device hosts, for its parameters) take consecutive cells.
-
-A pass reads just its own leaves (:meth:`Layout.read`: one slice per leaf,
-at a run-time slot) and writes just what it produced (:meth:`Layout.write`,
-:meth:`Layout.add`: one ``dynamic_update_slice`` per leaf, in place inside
-the compiled loop): no whole record is fetched, stored, packed or filled.
-
-Costs: building a layout is ``O(leaves)`` on the host.
+Inside ``shard_map`` a buffer must have one shape on all devices although stages
+differ. A :class:`Layout` packs each stage's leaves into entries: flat entries, one
+per dtype, where every stage starts at cell 0 (a record is as large as the largest
+stage, not the sum), and stacked entries of whole leaves for parameters sharded
+over automatic axes. A pass reads and writes just its own leaves in place
+(:meth:`Layout.read`, :meth:`Layout.write`): no whole record is copied.
 """
 
 from __future__ import annotations

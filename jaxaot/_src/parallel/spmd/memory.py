@@ -1,16 +1,10 @@
 """Whether a compiled pipeline step fits its devices, checked before it first runs.
 
-A step that does not fit fails on one device with an out-of-memory error
-while the other devices wait for it in the tick's ``ppermute``: a hang, not an
-error. So before the first run of each signature, :func:`check_fits` compares
-the step's compiled per-device peak (arguments included) with what each of
-this process's devices can give it: its ``memory_stats()["bytes_limit"]`` less
-what it holds besides the step's own arguments. Where it does not fit, it
-raises :class:`~jaxaot.errors.PipelineMemoryError` naming the peak, the limit,
-where the peak comes from and what to change. Backends that report no limit
-(the CPU) or no peak are not checked.
-
-Costs: one ``memory_stats()`` call per device and a pass over the arguments' shards.
+A step that runs out of memory on one device hangs the others in the tick's
+``ppermute``, so :func:`check_fits` compares the compiled per-device peak with what
+each device can give it and raises :class:`~jaxaot.errors.PipelineMemoryError`
+naming the peak, the limit and what to change. Backends that report no limit (the
+CPU) are not checked.
 """
 
 from __future__ import annotations
@@ -20,8 +14,8 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot.errors import PipelineMemoryError
-from jaxaot._src.partition import format_bytes
 from jaxaot._src.parallel.schedule import Schedule
+from jaxaot._src.units import format_bytes
 
 
 def device_memory(device: Any) -> tuple[int, int] | None:

@@ -1,23 +1,10 @@
 """Per-stage parameter trees packed into arrays sharded over the stage axis, and back.
 
-The compiled pipeline takes each parameter entry of its
-:class:`~jaxaot._src.parallel.spmd.layout.Layout` as one global array
-``[stage devices, width, *cell]``, sharded over the stage axis and
-replicated over the others (a stacked entry's cells sharded as its spec
-says): device ``d`` holds the parameters of the stages it hosts, nothing
-else, in a record as large as the largest device's. :class:`StageParams` is
-that packed form, a pytree (``jax.tree.map`` an optimizer update over it;
-padding cells get zero gradients and stay zero under the usual optimizers).
-It is also the only form that works across hosts, where no process can
-address every stage.
-
-* :func:`pack`: per-stage trees (numpy or JAX arrays, on any device of this
-  process) to :class:`StageParams`: each device gets only its stages' leaves,
-  put into its record there (``jax.make_array_from_single_device_arrays``), so nothing is
-  gathered on one device. Under ``jax.distributed`` every process passes the
-  full list and contributes its own devices' pieces.
-* :func:`unpack`: back to per-stage trees, each leaf on a device of its stage
-  (this process must address every stage).
+:class:`StageParams` is one global array per parameter entry of the
+:class:`~jaxaot._src.parallel.spmd.layout.Layout`, sharded over the stage axis, so
+each device holds only its stages' parameters; it is a pytree an optimizer can map
+over, and the only form that works across hosts. :func:`pack` builds it from
+per-stage trees without gathering on one device; :func:`unpack` goes back.
 """
 
 from __future__ import annotations

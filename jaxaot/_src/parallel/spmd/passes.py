@@ -1,22 +1,11 @@
 """One stage's passes as traceable functions of leaves, from its jaxaot partition.
 
-The compiled pipeline inlines each stage's programs into one SPMD program, so
-it needs them as functions it can trace, not as executables. A
-:class:`StagePasses` wraps one stage's :class:`~jaxaot._src.partition.Partition`
-(its forward and backward jaxprs, as the min-cut or any partitioner chose
-them) and its B/W split (:func:`jaxaot._src.partition.split_backward`):
-
-* :meth:`forward`: ``(params, activations[, targets]) -> (outputs, stored residuals)``;
-* :meth:`backward`: BW, ``(params, stored residuals, cotangents) -> (param grads, activation grads)``;
-* :meth:`backward_input`: B, ``-> (activation grads, stored weight arguments)``;
-* :meth:`backward_weight`: W, ``(params, stored weight arguments) -> param grads``.
-
-Residuals that *are* parameters are never stored per microbatch: the
-backward takes them from the parameters, which every tick has anyway. Only
-the rest (the stage's input activations, targets and the forward's
-temporaries) goes to the residual buffer; likewise for W's arguments.
-Gradients a stage does not produce (a parameter the loss does not reach)
-are None: nothing is added for them.
+The compiled pipeline inlines each stage's programs, so it needs them as functions
+to trace, not executables. :class:`StagePasses` wraps a stage's
+:class:`~jaxaot._src.partition.Partition` and its B/W split as ``forward``,
+``backward`` (BW), ``backward_input`` (B) and ``backward_weight`` (W). Residuals
+that are parameters are never stored per microbatch; gradients a stage does not
+produce are None.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """A schedule as a table of ticks: what each device does at each step of the compiled pipeline.
 
-The compiled pipeline (:mod:`jaxaot._src.parallel.spmd.program`) is one loop over
-**ticks**. In a tick every device runs at most one action of the schedule (its
-stage's F, B, W or BW of one microbatch), then every device sends one
-activation message to the next device and one cotangent message to the
-previous one (``lax.ppermute`` around the ring), and stores what it receives.
-An action runs at the earliest tick after its device's previous action and
-after the ticks of the passes it depends on (a message sent in tick ``t`` is
-there from tick ``t + 1``): the schedule's own issue order, on a unit clock.
-
-Everything that lives across ticks sits in a buffer of **slots**, allocated
-here on the host, so that the program is a fixed-size loop driven by data:
-
-* **residuals**: from a stage's ``F(m)`` to its ``B(m)`` or ``BW(m)``;
-* **weight arguments**: what ``W(m)`` needs, from ``B(m)`` to ``W(m)``;
-* **activation inbox**: a received activation, until the ``F`` that takes it;
-* **cotangent inbox**: a received cotangent, until the backward that takes it.
-
-Each kind is allocated per device by interval colouring (optimal for
-intervals), and every device gets the most any device needs. The table names
-one more, **trash** slot wherever a tick reads or writes nothing of a kind;
-the step gives its inboxes that slot (every tick receives a message, used or
-not) and runs no read or write of the others there. For residuals the count
-is the schedule's ``max(peak_live_microbatches())`` (per device), so the
-compiled program's buffers are what the schedule promises.
-
-Costs: ``O(actions log actions)`` on the host, once per pipeline; the table is
-``ticks x devices x 10`` int32.
+In a tick every device runs at most one action, then sends one activation forward
+and one cotangent back; an action runs at the earliest tick its device and its
+inputs allow, the schedule's issue order on a unit clock. Everything that lives
+across ticks (residuals, weight arguments, the two inboxes) gets buffer slots
+allocated here on the host by interval colouring, plus a trash slot, so the program
+is a fixed-size loop driven by data and its buffers are what the schedule promises.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """How many device bytes plan-time measurement may hold.
 
-Planning times ops on the device (measured per-op costs on accelerators,
-:mod:`jaxaot._src.partition.costs.op_profile`). Those programs allocate their own
-inputs and outputs, and must not raise the process's device peak above what
-the step itself will need, nor above a byte ``memory_budget``.
-:func:`measurement_limit` is that allowance:
-
-* the step holds, beside its inputs (which the process holds already), at least
-  the largest expensive eqn's operands and results: a matmul's or a
-  convolution's are written to memory, whatever XLA fuses around them. So a
-  timing program may hold that many bytes; larger eqns are timed at smaller
-  shapes and scaled (:mod:`jaxaot._src.partition.costs.op_scaling`);
-* under a byte budget, at most the budget less what the device holds now
-  (``memory_stats()["bytes_in_use"]`` where the backend reports it).
-
-The planner applies it with :func:`jaxaot._src.partition.costs.byte_limit` around
-every plan. Cost: one pass over the joint graph's top-level eqns.
+Planning times ops on the device, and those programs must not raise the process's
+device peak above what the step itself needs, nor above a byte ``memory_budget``.
+:func:`measurement_limit` is that allowance: the largest expensive eqn's operands
+and results (the step writes those to memory anyway; larger eqns are timed at
+smaller shapes and scaled), and under a byte budget at most the budget less what
+the device holds now.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """What holds a step's peak: the largest values live at it, by source line.
 
-XLA reports how high a program peaks, not what is alive there. To tell the user
-what to change when no plan fits a budget, :func:`peak_holders` replays the
-step (the forward's eqns in program order, then the backward's, each
-recomputation just before the gradient eqn that first needs it, as XLA
-schedules it) and keeps
-each value alive from the eqn that makes it to its last reader: inputs for the
-whole step (the caller holds them), the forward's results to the end of the
-forward, residuals to their last reader in the backward, gradients to the end.
-Where the live bytes are highest, it lists the largest values, each named by the
-source line of the eqn that made it (``input[i]`` for inputs, ``cotangent[i]``
-for cotangents). A loop or call counts as one eqn (its body's temporaries are
-not seen). XLA's schedule may still differ; the listing says what
-dominates, and the compiled peak stays the number the budget is held to.
-Cost: one pass over the two programs' top-level eqns.
+XLA reports how high a program peaks, not what is alive there. To say what to
+change when no plan fits, :func:`peak_holders` replays the step's top-level eqns in
+XLA's usual order, keeps each value alive to its last reader, and lists the largest
+values live where the bytes are highest, by the source line that made them. XLA's
+schedule may differ; the compiled peak stays the number a budget is held to.
 """
 
 from __future__ import annotations

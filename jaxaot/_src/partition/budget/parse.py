@@ -1,26 +1,11 @@
 """What a ``memory_budget`` means: a fraction of the planner's range, or the step's peak device bytes.
 
-Every entry point that takes a ``memory_budget`` (the min-cut partitioner, so
-``aot_function``, ``aot_module`` and the pipeline's stages through their
-``partition_fn``; ``remat_policy``; the ``jaxaot inspect --budget`` flag) reads
-it with :func:`parse_memory_budget`, so one value has one meaning everywhere:
-
-* a float in ``[0, 1]``: a *fraction*, interpolating the min-cut's saved bytes
-  between recomputing every expensive eqn (0) and none (1)
-  (:mod:`jaxaot._src.partition.mincut.saved_values`);
-* an int: *bytes*, the training step's compiled peak device memory per device,
-  which the planner then fits (:mod:`jaxaot._src.partition.budget.search`). The ints
-  0 and 1 are the fraction's ends, as ``0.0`` and ``1.0`` (no step fits in 0 or
-  1 byte);
-* a float above 1 that is a whole number (``1.4e9``): bytes, as the int;
-* a string: bytes with a unit (``"1.4GB"``, ``"512MiB"``, ``"800 kB"``), or a
-  plain number read as that number would be (``"0.5"`` a fraction, ``"1e3"``
-  1000 bytes), which is how the command line passes it.
-
-Anything else raises a typed error saying what was wrong: a negative value is
-negative; a float above 1 with a fractional part (``1.5``) asks whether
-``"1.5GB"`` was meant; NaN, infinities, zero bytes, less than a byte, unknown
-units, booleans and other types are refused.
+Every entry point reads ``memory_budget`` with :func:`parse_memory_budget`, so one
+value means one thing everywhere: a float in ``[0, 1]`` (or the ints 0 and 1) is a
+fraction of the min-cut's range of saved bytes; other ints, whole floats above 1
+and strings with a unit (``"1.4GB"``, ``"512MiB"``) are bytes of the step's
+compiled peak per device. Anything else raises a typed error saying what was
+wrong (``1.5`` asks whether ``"1.5GB"`` was meant).
 
 Example:
     >>> from jaxaot._src.partition.budget import parse_memory_budget
@@ -148,20 +133,3 @@ def _parse_text(text: str) -> MemoryBudget:
             f"memory_budget {shown} is {nbytes:g} bytes: a byte budget must be at least 1 byte (for the fraction "
             f"0, recompute everything, pass 0.0).")
     return MemoryBudget(nbytes=int(nbytes))
-
-
-def format_bytes(n: float | None) -> str:
-    """``n`` bytes in the largest binary unit that keeps it at least 1, for messages.
-
-    Example:
-        >>> from jaxaot._src.partition.budget import format_bytes
-        >>> format_bytes(1536), format_bytes(3 * 2**30), format_bytes(12)
-        ('1.50 KiB', '3.00 GiB', '12 B')
-    """
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"  # pragma: no cover

@@ -1,54 +1,13 @@
 """The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
 
-A byte ``memory_budget`` asks for the training step's compiled peak device
-memory (:mod:`jaxaot._src.partition.budget.step_peak`) to stay at or below it. The
-planner already has a knob that trades time for memory: the fraction budget,
-which recomputes more as it falls, at the top level and in every ``lax.scan``
-body alike. Only XLA knows a plan's peak, and measuring one costs a compile of
-the step (about a ``jit(value_and_grad)``), while planning a fraction costs
-about a tenth of that. So :func:`plan_under_peak` plans freely and compiles
-little:
-
-1. the fraction 1 plan is measured: if it fits, nothing need be recomputed
-   (one compile);
-2. otherwise every other plan's peak is *predicted* from the plans measured so
-   far (:func:`predict_peak`): linear in the plan's device saved bytes between
-   the nearest measured plans, and along the nearest segment beyond them
-   (slope 1 from a single measured plan: a byte less saved, a byte off the
-   peak). Saved bytes fall with the fraction about linearly (the fraction
-   interpolates the cut's bytes), so the fraction whose plan should just fit
-   is read off the plans made so far, on a grid of :data:`GRID` steps, and
-   planned;
-3. the best candidate predicted to fit is measured (where none is, the
-   fraction 0 plan), best meaning the least recomputation (the knapsack's op
-   costs), then the larger fraction. Candidates are the fractions' plans and,
-   where the budget forces recomputation, plans shaped like JAX's
-   ``dots_saveable`` (:mod:`jaxaot._src.partition.mincut.save_families`), which on
-   an H200 16-head GPT-2 block reached ``dots_saveable``'s peak where no
-   fraction did. Each measurement corrects the predictions. Once a plan fits,
-   :data:`MORE_AFTER_FIT` more is tried where a grid fraction lies between it
-   and the lowest one that did not: the fraction predicted to fit (a secant
-   step), else the one halfway (a bisection step: peaks can stay flat over a
-   range of fractions, where a plan just under the budget is no sign that the
-   next one is over); at most :data:`MAX_MEASURED` plans in all;
-4. where no plan fits, the fractions ``k / 8`` are measured, lowest predicted
-   first (peaks need not be monotone in the fraction: recomputation adds
-   temporaries to the backward), up to :data:`MAX_MEASURED_REFUSING` plans;
-   where none fits, :class:`~jaxaot.errors.MemoryBudgetError` names the
-   smallest peak measured and the largest values live at it
-   (:func:`~jaxaot._src.partition.budget.live_values.peak_holders`).
-
-A plan fits when its fused step, the program ``jaxaot.value_and_grad`` runs,
-peaks within the budget. Only measured plans are returned, so the guarantee is
-the compiler's; the prediction only decides which plans to compile, and the
-fraction found may be a grid step or two below the largest that fits. The
-split programs are not compiled (``StepPeak.forward`` and ``backward`` stay
-None), so the runtime keeps the fused step (:mod:`jaxaot._src.fusion.variants`).
-
-Cost: one to four compiles of the step, on the CPU at reduced backend
-optimization (:data:`~jaxaot._src.partition.budget.step_peak.MEASURE_OPTIONS`, half
-a compile each), and a few fractions planned, what they share built once
-(:mod:`jaxaot._src.partition.mincut.plan_memo`).
+Only XLA knows a plan's peak, and measuring one costs a compile of the step, far
+more than planning a fraction. So :func:`plan_under_peak` plans freely and compiles
+little: it measures the fraction 1 plan, predicts other plans' peaks from their
+saved bytes (:func:`predict_peak`), measures the least-recomputing candidate
+predicted to fit (fractions, and plans shaped like ``dots_saveable``), and refines
+with secant and bisection steps, up to :data:`MAX_MEASURED`. Only measured plans
+are returned, so the guarantee is the compiler's; where none fits,
+:class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest peak.
 """
 
 from __future__ import annotations
@@ -59,10 +18,10 @@ from typing import Callable, Sequence
 
 from jaxaot.errors import MemoryBudgetError
 from jaxaot._src.partition.budget.live_values import peak_holders
-from jaxaot._src.partition.budget.parse import format_bytes
 from jaxaot._src.partition.budget.step_peak import MEASURE_SLACK, StepPeak, fused_step, program_peak
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.tracing import JointGraph
+from jaxaot._src.units import format_bytes
 
 #: Fractions are planned on this grid (``k / GRID``).
 GRID = 32

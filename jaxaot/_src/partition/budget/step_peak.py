@@ -1,30 +1,12 @@
 """The compiled peak device memory of a partition's training step, measured by XLA.
 
-A byte ``memory_budget`` bounds what the step needs on the device at its
-peak, and only the compiler knows that: residual bytes are one term of it,
-and the forward's and backward's temporaries, the inputs, the gradients and
-XLA's schedule are the others (on a transformer block, residuals falling 4x
-moved the compiled peak 11%). So a plan is measured by compiling its
-programs with plain ``jax.jit(...).lower(avals).compile()`` (with
-:data:`MEASURE_OPTIONS`, which make the compile cheaper and keep its peak, or
-raise it by a few bytes) and reading ``memory_analysis()`` (:func:`compiled_peak`), per
-device on a mesh:
-
-* ``fused``: the step as one program (:func:`fused_step`), as
-  ``jaxaot.value_and_grad`` runs it (:mod:`jaxaot._src.fusion`): the forward, the
-  residuals through ``optimization_barrier`` where anything is recomputed, the
-  backward with unit cotangents. All cotangents are ones, so XLA cannot fold a
-  zero cotangent away: the model's peak is at least the runtime's;
-* ``forward`` and ``backward``: the two split programs, each compiled alone;
-  the split step's peak is the larger (the residuals are the forward's outputs
-  and the backward's arguments, so each counts them).
-
-The byte-budget search (:mod:`jaxaot._src.partition.budget.search`) measures the
-fused step only; :func:`measure_step_peak` measures the split programs too.
-Peaks are cached per program text, input types and options for the process
-(:func:`cache_size`), so a plan met again costs nothing. Cost of a measured
-plan: one XLA compile of the fused step (about a ``jit(value_and_grad)``, a
-quarter of that on the CPU), and two more, of about half that each, for the split programs.
+A byte budget bounds the step's peak, of which residuals are one term among
+temporaries, inputs, gradients and XLA's schedule, so only the compiler knows it.
+A plan is measured by compiling its fused step (:func:`fused_step`, as
+``jaxaot.value_and_grad`` runs it) and, in :func:`measure_step_peak`, the split
+programs, with plain ``jax.jit`` and :data:`MEASURE_OPTIONS` (a cheaper compile with
+the same peak), reading ``memory_analysis()`` (:func:`compiled_peak`). Peaks are
+cached per program and input types for the process.
 """
 
 from __future__ import annotations
@@ -38,10 +20,10 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.partition.budget.parse import format_bytes
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND
 from jaxaot._src.tracing import JointGraph
+from jaxaot._src.units import format_bytes
 
 
 def compiled_peak(exe: Any) -> int | None:
@@ -165,9 +147,10 @@ def measure_step_peak(part: Partition, joint: JointGraph, *, split: bool = True,
 #: assignment, so the peak, as the runtime's compile has it, or above it by at most
 #: :data:`MEASURE_SLACK` bytes (never below), the sets that may be above listed in :data:`INEXACT`.
 #: On XLA:CPU the backend optimization level only changes LLVM's code generation (on the zoo the peaks
-#: are equal at 0 and at the default, for 0.55x the compile's time); the older LLVM emitters instead of
-#: the fusion emitters cost 0.15x-0.35x the default compile and add up to 80 bytes of scratch to the
-#: temporaries (32 on the GPT-2 blocks) (``tests/partition/test_peak_budget.py`` checks both on the zoo).
+#: are equal at 0 and at the default, for a fraction of the compile's time); the older LLVM emitters
+#: instead of the fusion emitters make the compile cheaper still and add a few bytes of scratch to the
+#: temporaries (``tests/partition/test_peak_budget.py`` checks both on the zoo; ``docs/benchmarks.md``,
+#: Findings, has the times).
 MEASURE_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
     "cpu": ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
             {"xla_backend_optimization_level": 0}),

@@ -1,46 +1,12 @@
 """The B/W split: a stage's backward as an input-gradient program B and a weight-gradient program W.
 
-Zero-bubble pipeline schedules (Qi et al., *Zero Bubble Pipeline Parallelism*,
-arXiv 2401.10241) run a stage's backward in two parts: **B** computes the
-gradients of the stage's *activations* (its inputs from the previous stage),
-which the previous stage waits for, and **W** computes the gradients of its
-*weights*, which nothing waits for until the optimizer step, so a schedule can
-defer W into what would otherwise be a pipeline bubble. Between B and W of one
-microbatch, whatever W still needs stays alive: :func:`split_backward` chooses
-that set to be small.
-
-Algorithm, on a :class:`~jaxaot._src.partition.core.split.Partition`'s backward
-``(cotangents..., residuals...) -> grads``:
-
-1. **B's eqns** are the backward slice of the activation gradients (plus
-   effectful eqns that nothing reads, which must run once): B computes these
-   and nothing else.
-2. **W's own eqns** are those the weight gradients need that B does not
-   compute (the ``x^T @ dy`` matmuls above all). They always run in W.
-3. **What crosses from B to W** is a minimum cut of the flow network of
-   :mod:`jaxaot._src.partition.mincut.flow_graph`, built by the min-cut's own
-   :class:`~jaxaot._src.partition.mincut.FlowGraphBuilder` over B's side: a vertex pair per
-   backward input and per value B computes, of capacity its bytes; an infinite
-   edge per data dependency; values that W's own eqns (or the weight
-   gradients) read connect to the sink; backward inputs, and values whose
-   recomputation :mod:`jaxaot._src.partition.costs.cost_model` does not call CHEAP
-   (matmuls, large reductions, loops, effects), connect to the source. The cut
-   values are what W receives: backward inputs W reads directly (*kept*:
-   residuals or cotangents it keeps alive) and values B returns as extra
-   outputs (the *handoff*). W recomputes everything on the sink side of the
-   cut, and only CHEAP eqns can be there: W never repeats a matmul B ran.
-   Among cuts of equal bytes, the one closest to the sink (least recomputation)
-   wins, and backward inputs are preferred over handoff values.
-
-Residuals that are the *weights* themselves (saved primal inputs among the
-weight indices) are alive anyway, for the whole step: they cost nothing in the
-cut. Every other byte counts, whether a kept residual or a handoff value.
-
-Costs: two reverse passes over the backward's eqns and one max-flow
-(``scipy.sparse.csgraph.maximum_flow``) over ``2n + 2`` vertices, ``n`` the
-number of backward inputs and values B computes: the same machinery, and
-about the same time, as the min-cut partitioner on a graph of that size. At
-run time W re-executes only fusible elementwise work.
+Zero-bubble pipeline schedules (arXiv 2401.10241) run B, the gradients of the
+stage's activations that the previous stage waits for, first, and defer W, the
+weight gradients, into pipeline bubbles. What W still needs stays alive between
+them, so :func:`split_backward` makes it small: B is the backward slice of the
+activation gradients, and what crosses to W is a minimum cut of the min-cut's own
+flow network (:mod:`jaxaot._src.partition.mincut.flow_graph`), so W recomputes only
+cheap eqns, never a matmul B ran. Weights themselves cost nothing in the cut.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot

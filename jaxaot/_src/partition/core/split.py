@@ -1,16 +1,10 @@
 """Stage 2's product: a :class:`Partition`, and the one mechanism that builds it.
 
-A partitioner decides *which values the forward saves*; everything else follows
-mechanically and lives here (:func:`split_joint`): the forward program computes
-the outputs and the saved values, the backward program computes the gradients
-from the cotangents and the saved values, recomputing whatever forward values it
-needs that were not saved.
-
-The backward's signature follows TorchScript's ``differentiate()``:
-``(cotangents..., saved inputs..., saved forward outputs...) -> grads``. Saved
-values that are primal inputs are captured as inputs (the forward never re-emits
-them); saved values that are also real outputs are captured from the outputs
-(never emitted twice).
+A partitioner decides which values the forward saves; :func:`split_joint` does the
+rest: the forward computes the outputs and saved values, the backward computes the
+gradients from the cotangents and saved values, recomputing what was not saved. The
+backward's signature follows TorchScript's ``differentiate()``: ``(cotangents...,
+saved inputs..., saved forward outputs...) -> grads``, no value emitted twice.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """What values and eqns cost: modelled, and measured on the device.
 
-The cuts (:mod:`jaxaot._src.partition.mincut`, :mod:`jaxaot._src.partition.bw`) and the
-offload planner (:mod:`jaxaot._src.partition.offload`) ask these; nothing here knows
-about partitions.
-
-Modules:
-
-* ``cost_model``: which eqns may be recomputed (:class:`Recompute`: cheap, expensive, never), and their FLOPs;
-* ``op_costs``: the :class:`OpCosts` protocol, what one eqn costs to run, and its FLOP estimate :class:`FlopCosts`;
-* ``op_scaling``: a byte limit on timing, and an eqn at smaller shapes to time within it;
-* ``op_profile``: timing one eqn on one device, in a chain of copies;
-* ``measured_costs``: :class:`MeasuredCosts`, each distinct expensive eqn timed once per device kind and cached;
-* ``device_model``: :class:`DeviceModel`, the host link, the device's speed and how much of a copy compute hides;
-* ``copy_slots``: how many copies to and from host memory the compiler keeps in flight at once;
-* ``device_bytes``: per-device bytes of a sharded program's values (:func:`device_fractions`).
+The cuts and the offload planner ask these; nothing here knows about partitions.
+Which eqns may be recomputed (:class:`Recompute`), what one eqn costs to run
+(:class:`OpCosts`: FLOP estimates or :class:`MeasuredCosts`, timed once per device
+kind), what copies to host memory cost (:class:`DeviceModel`), and per-device
+bytes of a sharded program's values (:func:`device_fractions`).
 """
 
 from jaxaot._src.partition.costs.cost_model import Recompute, classify, flops, is_alias, is_loop, materializes_operands

@@ -1,24 +1,13 @@
 """How many copies to and from host memory XLA keeps in flight at once in one program.
 
-XLA's latency-hiding scheduler treats asynchronous copies (``copy-start`` ...
-``copy-done``, which offloading's ``device_put`` to ``pinned_host`` and back
-become) as a resource with a fixed number of slots (``copy_overlap_limit`` in
-its scheduler config; on an H100 with jax 0.11.2 the compiled programs kept 2).
-A copy beyond them has to wait for a slot, and the scheduler, which does not
-know how long each copy takes, frees one by ending some copy early. On the
-GPT-2 block, offloading the 32 MB attention scores beside the softmax's two
-64 KiB statistics made the step 1.25x slower, while each alone cost nothing
-(``docs/benchmarks.md``, Findings); in such a plan's compiled backward the
-large copy's ``copy-start`` and ``copy-done`` were adjacent, no kernel between
-them (:func:`kernels_beside_copies`). So the
-offload planner moves at most this many values
-(:attr:`~jaxaot._src.partition.costs.device_model.DeviceModel.copy_slots`), the largest.
-
-:func:`measure_copy_slots` reads the number off the device's own compiler: it
-compiles (does not run) one program whose eight host-memory inputs are copied
-to the device beside a chain of matmuls, and counts the copies its schedule
-keeps in flight at once (:func:`copies_in_flight`). One compile, well under a
-second.
+XLA's latency-hiding scheduler gives asynchronous copies a fixed number of slots; a
+copy beyond them waits for one, and the scheduler frees a slot by ending some copy
+early, so its time is no longer hidden (``docs/benchmarks.md``, Findings). So the
+offload planner moves at most that many values
+(:attr:`~jaxaot._src.partition.costs.device_model.DeviceModel.copy_slots`).
+:func:`measure_copy_slots` compiles (does not run) one program with eight host
+copies beside compute and counts the copies its schedule keeps in flight
+(:func:`copies_in_flight`).
 
 Example:
     >>> schedule = '''ENTRY %main (a: f32[4]) -> f32[4] {

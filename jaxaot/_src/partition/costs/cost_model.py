@@ -1,33 +1,12 @@
 """What the min-cut partitioner may recompute, and what recomputing costs.
 
-Every forward eqn falls in one of three :class:`Recompute` classes:
-
-* ``CHEAP``: elementwise, broadcast, reshape, convert, select, iota, gathers,
-  cheap reductions and counter-based RNG (``random_bits``/``threefry`` on a
-  saved key is deterministic). XLA fuses these into their backward consumers,
-  so recomputing them costs bandwidth we already pay, not extra kernels.
-* ``EXPENSIVE``: matmuls, convolutions, large reductions, loops, conds,
-  sorts, linear algebra, and any primitive we do not know. A custom_jvp or
-  custom_vjp call is one opaque node, as cheap as its primal body (so
-  ``jax.nn.relu`` is CHEAP). Banned at ``memory_budget=1``; a knapsack may allow
-  recomputing them below that.
-* ``NEVER``: effectful eqns, callbacks and custom calls: running them twice is
-  observable (or their cost is unknowable), so they are saved, whatever the budget.
-  So are collectives (``psum``, ``all_gather``, ``reduce_scatter``, ``ppermute``,
-  ``all_to_all``...) and any call, loop or ``shard_map`` whose body contains one:
-  recomputing them would repeat the communication.
-
-Primitives are matched by name, so primitives of modules that may not exist
-yet (jaxaot's ``while_loop``/``while_loop_stack_output``) are classified too,
-and so are those of a newer JAX (``one_minus_square``, the derivative of
-``tanh`` in jax 0.11, which ``jax.nn.gelu`` uses). A primitive the lists miss is
-EXPENSIVE: saved rather than recomputed at budget 1, never wrong, but it can cost
-time and bytes; :func:`classify` tells how a graph's eqns are classed under the
-installed JAX.
-
-Shapes with symbolic dimensions (``jaxaot.export.export(..., dynamic_shapes=...)``)
-are costed at a representative size, :data:`jaxaot._src.pytrees.SYMBOLIC_DIM_SIZE`
-elements per symbol: the min-cut then chooses for that instance.
+Every forward eqn is one :class:`Recompute` class: ``CHEAP`` (fusible: elementwise,
+reshapes, gathers, cheap reductions, counter-based RNG), ``EXPENSIVE`` (matmuls,
+convolutions, large reductions, loops, anything unknown; recomputed only below
+``memory_budget=1``) or ``NEVER`` (effects, callbacks, custom calls, collectives:
+repeating them is observable). Primitives are matched by name, so newer JAX's are
+classed too; :func:`classify` says how a graph's eqns are classed. Symbolic
+dimensions are costed at :data:`jaxaot._src.pytrees.SYMBOLIC_DIM_SIZE`.
 
 Example:
     >>> import jax, jax.numpy as jnp

@@ -1,25 +1,11 @@
 """Per-device bytes of a sharded program's values: what the partitioner's budget counts.
 
-On a mesh, a residual sharded eight ways costs each device an eighth of its
-bytes, and the memory budget is per device. The joint graph knows the
-shardings of its inputs (and, under a mesh with explicit axes, of every value:
-they are part of its type) but not where XLA's SPMD partitioner will put the
-intermediates of an ``Auto`` mesh. This module estimates them with a forward
-propagation of *shard counts*, one per dimension (how many pieces that
-dimension is cut into), eqn by eqn:
-
-* inputs: from their shardings (``Sharding.shard_shape``);
-* ``with_sharding_constraint``, ``shard_map`` outputs and values whose type
-  carries an explicit sharding: exactly what they say;
-* elementwise eqns take the largest count of their same-shaped operands;
-  ``broadcast_in_dim``, ``transpose``, ``reshape`` (the dimensions it keeps),
-  reductions and ``dot_general`` map their operands' counts to the output's
-  dimensions (a sharded contraction dimension yields a replicated output);
-* anything else is taken as replicated, which only over-counts its bytes.
-
-A value's *device fraction* is ``1 / prod(counts)``. The estimate is an upper
-bound where XLA shards more than the rules see. Cost: one pass over the eqns;
-unsharded programs skip it (:func:`device_fractions` returns None).
+The memory budget is per device, and a residual sharded eight ways costs a device
+an eighth of its bytes. The joint graph knows its inputs' shardings but not where
+XLA will put an ``Auto`` mesh's intermediates, so this propagates per-dimension
+shard counts eqn by eqn (shardings, constraints, elementwise, broadcasts, reshapes,
+reductions, matmuls; anything else replicated). The estimate only over-counts.
+Unsharded programs skip it (:func:`device_fractions` returns None).
 
 Example:
     >>> import jax, jax.numpy as jnp

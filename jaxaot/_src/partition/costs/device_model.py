@@ -1,24 +1,12 @@
 """What offloading costs on one device: :class:`DeviceModel`, measured once per device kind.
 
-A :class:`DeviceModel` gives the host link's bandwidth (bytes/s,
-each direction), the device's FLOP/s (and optionally its memory bandwidth), a
-latency per transfer and whether the backend has a host memory kind at all.
-:meth:`DeviceModel.measure` times, once per device kind and process, a
-matmul, a copy kernel run 8 times in one program, and in-program copies of a
-64 MiB array to and from ``pinned_host`` (a tiny copy's time, mostly dispatch,
-subtracted) and of 8 tiny ones (the latency). Then it runs each copy beside a
-chain of matmuls about as long, in one program, to see how much of the copy
-compute hides (``overlap``), and the gradient of a scan whose body offloads a
-value by JAX's own policy against one that saves it (``scan_overlap``), and
-compiles one program to count the copies its schedule keeps in flight at once
-(``copy_slots``, :mod:`jaxaot._src.partition.costs.copy_slots`). On an
-H100 with jax 0.11.2 copies between programs hid 84-100% of their time, copies
-inside a scan 12-15%, so the planner offloads there only outside scans
-(``docs/concepts/memory_planner.md``). About a second on this project's CPU
-runner, a few seconds on a GPU (two small gradient programs compile). On
-the CPU backend "device" arrays already live in host memory, so offloading
-would free nothing: ``has_host_memory`` is False and nothing is offloaded, and
-the partition says so (``Partition.offload_note``).
+A :class:`DeviceModel` gives the host link's bandwidth, the device's FLOP/s, a
+latency per transfer, how much of a copy compute hides between programs
+(``overlap``) and inside a scan (``scan_overlap``), the copies XLA keeps in flight
+(``copy_slots``) and whether the backend has host memory at all.
+:meth:`DeviceModel.measure` times these in-program, once per device kind and
+process. On CPU, arrays already live in host memory, so nothing is offloaded and
+the partition says so.
 
 Example:
     >>> from jaxaot._src.partition import DeviceModel
@@ -52,11 +40,9 @@ from jaxaot._src.partition.costs.op_costs import FlopCosts
 #: Below this overlap (:attr:`DeviceModel.overlap`) copies are not hidden enough to plan with: nothing is offloaded.
 MIN_OVERLAP = 0.5
 
-#: The :attr:`DeviceModel.headroom` of a measured device. On an H100 GPT-2 block (jax 0.11.2), values
-#: whose timeline windows held 1.0-1.3 copies cost 3-6% of the step offloaded alone (a 48 MiB qkv
-#: projection: 1.0x the copy out, 1.3x back) and those with 1.4x or more cost nothing (the 32 MiB attention
-#: scores: 1.4x / 2.0x); without a margin, a window of 1.0 to 1.3 copies was chosen or not as the measured
-#: bandwidth varied between runs (``docs/concepts/memory_planner.md``, "Offloading to host memory").
+#: The :attr:`DeviceModel.headroom` of a measured device: values whose timeline windows held barely
+#: more than their copies still cost step time offloaded, and without a margin such a value was chosen
+#: or not as the measured bandwidth varied between runs (``docs/benchmarks.md``, "Copy headroom").
 MEASURED_HEADROOM = 1.25
 
 #: The memory kind offloaded residuals live in.

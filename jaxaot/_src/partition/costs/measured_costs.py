@@ -1,35 +1,12 @@
 """Measured per-op costs: each distinct expensive eqn timed once per device kind, and cached.
 
 :class:`MeasuredCosts` is the :class:`~jaxaot._src.partition.costs.op_costs.OpCosts` the
-min-cut uses on accelerators (``op_costs="auto"``, :func:`resolve_costs`).
-``seconds(eqn)``:
-
-* for fusible eqns (``cost_model.Recompute.CHEAP``) returns its fallback's FLOP
-  estimate: XLA fuses them into their neighbours, so a kernel of their own is
-  not what they cost;
-* otherwise looks the eqn's :func:`~jaxaot._src.partition.costs.op_profile.signature` up
-  in its table, and times it on the device the first time
-  (:func:`~jaxaot._src.partition.costs.op_profile.profile_seconds`); an eqn that cannot be
-  timed gets the fallback's estimate (and says so in ``note``);
-* less an empty kernel's time (:func:`~jaxaot._src.partition.costs.op_profile.launch_seconds`,
-  measured once; never below 1% of the op's): recomputed in a backward, a small
-  op runs inside a fused kernel that runs anyway, and standalone its launch
-  would rank a 32 KB reduction as costly per byte as a large matmul.
-
-The table lives as long as the process, shared per device kind
-(:meth:`MeasuredCosts.for_device`), and, when ``jaxaot.config.cache_dir`` is
-set, in ``<cache_dir>/jaxaot-v2/op-costs/<environment>.json``: keyed by the
-device kind, jax and jaxlib versions, x64 and matmul precision, read once and
-rewritten atomically after each new measurement. The file holds numbers only
-(nothing in it is executed). It is read as the compile cache's entries are
-(:func:`~jaxaot._src.files.read_regular`): every folder level must be this user's
-and writable by no one else (as the cache's are), and the file a regular file of
-this user of at most :data:`MAX_TABLE_BYTES` whose JSON nests at most
-:data:`MAX_TABLE_DEPTH` levels. A FIFO, a symlink (to ``/dev/zero``, say), a
-huge or deeply nested file is ignored with a warning and rewritten; in a folder
-others can write, the table is neither read nor written (it stays in memory).
-
-The partition's ``cost_note`` (printed by ``lower()``) says what was measured.
+min-cut uses on accelerators (:func:`resolve_costs`): fusible eqns get a FLOP
+estimate, others are timed on the device once
+(:func:`~jaxaot._src.partition.costs.op_profile.profile_seconds`), less an empty kernel's
+time, since a recomputed small op runs inside a kernel that runs anyway. The table
+is shared per device kind and, with ``jaxaot.config.cache_dir``, kept on disk as
+numbers only, read as safely as the compile cache's entries.
 
 Example:
     >>> import jax, jax.numpy as jnp

@@ -1,27 +1,11 @@
 """What one eqn costs to run: the :class:`OpCosts` protocol and its FLOP estimate, :class:`FlopCosts`.
 
-The min-cut's knapsack (:mod:`jaxaot._src.partition.mincut.knapsack`) trades bytes for
-recomputation below ``memory_budget=1``: it recomputes first the values that
-cost least *per byte saved*. The offload planner's timeline
-(:class:`~jaxaot._src.partition.offload.host_offload.Timeline`) needs how long each eqn runs, to
-know what compute a copy can hide behind. Both ask an :class:`OpCosts`.
-
-Two implementations:
-
-* :class:`FlopCosts`: ``flops / device_flops``, or, for eqns XLA does not fuse
-  away, the bytes they move over ``device_bandwidth`` when that is slower (a
-  roofline). With the default rates (no bandwidth) the knapsack's order is
-  FLOPs per byte, which is what it was before measured costs existed.
-* :class:`~jaxaot._src.partition.costs.measured_costs.MeasuredCosts`: each distinct
-  expensive eqn timed once on the device and cached (per device kind, on disk
-  with ``jaxaot.config.cache_dir``). FLOP counts ignore dtypes (an f32 matmul
-  runs at a fraction of a bf16 one's rate), memory-bound shapes (a matmul that
-  contracts 64 elements is paced by its output's bytes, not its FLOPs) and
-  convolution algorithms; a measurement sees all three. That is what the
-  min-cut uses on accelerators by default (``op_costs="auto"``).
-
-Any object with ``seconds(eqn) -> float`` and a ``note`` string is an
-:class:`OpCosts`: pass it as ``min_cut_rematerialization_partition(op_costs=...)``.
+The min-cut's knapsack recomputes first what costs least per byte saved, and the
+offload planner's timeline needs how long each eqn runs: both ask an
+:class:`OpCosts`, any object with ``seconds(eqn)`` and a ``note``.
+:class:`FlopCosts` is a roofline of FLOPs and bytes; measured costs
+(:class:`~jaxaot._src.partition.costs.measured_costs.MeasuredCosts`, the default on
+accelerators) also see dtypes, memory-bound shapes and convolution algorithms.
 
 Example:
     >>> import jax, jax.numpy as jnp

@@ -1,29 +1,11 @@
 """Timing one eqn on one device: what :class:`~jaxaot._src.partition.costs.measured_costs.MeasuredCosts` stores.
 
-:func:`profile_seconds` compiles two programs per eqn: the eqn alone, and
-``copies`` of it in a chain. Each copy has inputs of its own (XLA would merge
-copies of one computation on the same buffers), reads them through an
-``optimization_barrier`` together with the previous copy's outputs (so they
-run one after another where the backend honours barriers), and returns its
-outputs (XLA drops what no output needs). Copies are fewer when their inputs
-and outputs would pass :data:`MAX_CHAIN_BYTES`. ``(chain - alone) / (copies - 1)`` is
-one run's time with dispatch and synchronisation subtracted (each program's
-best of ``repeats``). On a GPU a call costs 10-50 us however small the kernel,
-so a single call would rank a 5 us reduction with a 40 us matmul.
-
-Inputs are constants of the eqn's avals put on the device (0.5, or 0 for
-integers and booleans): the eqns this measures (matmuls, convolutions,
-reductions, sorts) take the same time whatever their
-values. Eqns whose time depends on values (``while`` loops, ``cond``), that
-have effects, or whose shapes are symbolic or dtypes opaque (PRNG keys) are not
-measured, nor are loops: a ``scan`` of layers is the whole forward, with every
-layer's stacked outputs, too large to time in copies, and its body's eqns are
-priced where the body is planned. :func:`measurable` says which.
-
-Under a byte limit, fewer copies, or smaller shapes scaled up
-(:mod:`jaxaot._src.partition.costs.op_scaling`). Cost: two XLA compiles and ``2 * (repeats + 1)`` runs per distinct eqn,
-tens of milliseconds each on a GPU. :func:`signature` is what makes two eqns
-the same one.
+On an accelerator a single call's dispatch can outweigh a small kernel, so
+:func:`profile_seconds` compiles the eqn alone and a chain of copies of it (each on
+its own inputs, ordered by optimization barriers) and takes the difference per
+copy. Inputs are constants, since the eqns measured take the same time whatever
+their values; loops, conds, effects, symbolic shapes and opaque dtypes are not
+measured (:func:`measurable`). :func:`signature` says when two eqns are the same.
 
 Example:
     >>> import jax, jax.numpy as jnp

@@ -1,20 +1,10 @@
 """An eqn at smaller shapes, for timing it within a byte limit.
 
-Timing an eqn (:mod:`jaxaot._src.partition.costs.op_profile`) allocates its inputs
-and outputs, several times over in the chained program. At plan time that must
-not raise the process's device peak above the step's own, or above a byte
-``memory_budget`` (:func:`byte_limit`). An eqn too large for the limit is timed
-at smaller shapes and its time scaled up: :func:`shrunk` shrinks one dimension
-size ``S`` everywhere it occurs among the eqn's inputs (a batch or sequence
-axis: shrinking it in every operand keeps a matmul's or a convolution's operands
-compatible) until the eqn's bytes fit, re-traces the eqn on those inputs, and
-returns the ratio of FLOPs (bytes where FLOPs are not modelled) by which to
-scale its time. Matmuls, convolutions and reductions are linear in a batch axis
-once the device is busy, which at the sizes that need shrinking it is. Eqns
-whose params name sizes (a ``reshape``'s ``new_sizes``) do not re-trace at
-other shapes and are estimated instead.
-
-Cost: up to one trace (``jax.make_jaxpr`` of the eqn alone) per size tried.
+Timing must not raise the device peak above the step's own or a byte budget
+(:func:`byte_limit`). An eqn too large is timed at smaller shapes:
+:func:`shrunk` shrinks one dimension size everywhere it occurs among the inputs (a
+batch axis, so operands stay compatible), re-traces the eqn and returns the FLOP
+ratio to scale its time by. Eqns whose params name sizes are estimated instead.
 
 Example:
     >>> import jax, jax.numpy as jnp

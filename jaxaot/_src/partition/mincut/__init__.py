@@ -1,15 +1,10 @@
 """The min-cut rematerialization partitioner: which forward values to save, which to recompute.
 
-Modules, lowest first:
-
-* ``flow_graph``: the flow network (:class:`FlowGraph`), its one builder and its minimum cut
-  closest to the sink; the B/W split (:mod:`jaxaot._src.partition.bw`) cuts the same network;
-* ``knapsack``: below ``memory_budget=1``, which expensive values to recompute, in which order;
-* ``saved_values``: the joint graph's forward as a flow graph, and its cut under a memory budget;
-* ``scan_remat``: the per-iteration plan of each ``lax.scan``'s body, by the same cut;
-* ``save_families``: plans shaped like JAX's ``dots_saveable`` (only matmul outputs saveable), for byte budgets;
-* ``rematerialize``: :func:`min_cut_rematerialization_partition`, the above and offload put together;
-* ``policy``: :func:`remat_policy`, the plan as a ``jax.checkpoint`` policy.
+The flow network and its cut (:class:`FlowGraph`, shared with the B/W split), the
+memory budget's knapsack, the forward's cut under a budget, the per-iteration plan
+of each ``lax.scan`` body, plans shaped like ``dots_saveable``, all put together in
+:func:`min_cut_rematerialization_partition`, and the plan as a ``jax.checkpoint``
+policy (:func:`remat_policy`).
 """
 
 from jaxaot._src.partition.mincut.flow_graph import (

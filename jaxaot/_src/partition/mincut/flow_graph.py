@@ -1,30 +1,12 @@
 """The flow network of a cut, its one builder, and its minimum cut closest to the sink.
 
-Both cuts of this stage are cuts of the same network: the min-cut partitioner's
-(what the forward saves for the backward, :mod:`~jaxaot._src.partition.mincut.saved_values`)
-and the B/W split's (what the input-gradient program hands the weight-gradient
-program, :mod:`jaxaot._src.partition.bw`). A :class:`FlowGraph` has
-
-* a vertex pair ``v_in -> v_out`` per value, of capacity its bytes (cutting it
-  = saving ``v``; infinite when ``v`` may not be saved);
-* ``u_out -> v_in`` of infinite capacity when ``v``'s eqn reads ``u``;
-* ``source -> v_in`` (infinite) for the values a cut may not recompute (the
-  caller's ``banned``: inputs, and values :mod:`jaxaot._src.partition.costs` does not
-  call cheap);
-* ``v_out -> sink`` (infinite) for the values the far side reads.
-
-:class:`FlowGraphBuilder` makes one: inputs first, then an eqn at a time, each
-of its outputs a node of the eqn's :class:`~jaxaot._src.partition.costs.Recompute`
-class, depending on the nodes the eqn reads. The callers decide which eqns
-count, which nodes are needed and what each node weighs.
-
-:func:`min_cut` takes the cut whose sink side is largest (least
-recomputation among the cheapest). Capacities are scaled to int32
-(:func:`scaled_capacities`) because that is what
-``scipy.sparse.csgraph.maximum_flow`` computes in; among cuts of equal bytes
-the tie-break prefers the caller's *preferred* nodes (values in memory anyway).
-Cost: one max-flow over ``2n + 2`` vertices and one breadth-first search of its
-residual graph.
+Both cuts of this stage, what the forward saves and what B hands W, cut the same
+network: a vertex pair per value of capacity its bytes (cutting it saves it),
+infinite edges along data dependencies, from the source to what may not be
+recomputed, and to the sink from what the far side reads.
+:class:`FlowGraphBuilder` builds one; :func:`min_cut` takes the cut with the largest
+sink side (least recomputation), preferring values in memory anyway among equal
+bytes.
 
 Example:
     >>> import jax, jax.numpy as jnp, numpy as np

@@ -1,19 +1,11 @@
 """The memory-budget knapsack: which expensive values to recompute, in which order.
 
-Below ``memory_budget=1`` the min-cut partitioner may recompute values it
-normally bans (matmuls, large reductions; loops only at 0). Each such value is an item
-with a weight (the bytes that recomputing it can save) and a value (the seconds
-recomputing it costs). A knapsack keeps the most seconds-per-byte banned and
-recomputes the rest.
-
-We solve it greedily, by seconds per byte (measured per-op costs on
-accelerators, FLOP estimates elsewhere: :mod:`jaxaot._src.partition.costs.op_costs`), and
-take the smallest *prefix* of that order that reaches the budget's bytes
-(:func:`smallest_feasible_prefix`), but choose its last step among cheaper
-completions (:func:`cheapest_last_step`): the greedy's next item can save far
-more than the budget asks. Budget sweeps stay monotone in bytes (see that
-function). The byte cost of a set is measured exactly (a min-cut per probe),
-not summed per item, because recomputing one value changes what its neighbours cost.
+Below ``memory_budget=1`` the min-cut may recompute values it normally bans. They
+are ordered by seconds per byte saved (:mod:`jaxaot._src.partition.costs.op_costs`),
+and the smallest prefix that reaches the budget is recomputed
+(:func:`smallest_feasible_prefix`), its last step the cheapest that does
+(:func:`cheapest_last_step`). Bytes are measured with a min-cut per probe, since
+recomputing one value changes what its neighbours cost.
 
 Example:
     >>> import numpy as np

@@ -1,64 +1,12 @@
 """The planner's plan as a ``jax.checkpoint`` policy: :func:`remat_policy`.
 
-``remat_policy(fn, *example_args)`` runs the min-cut partitioner on ``fn``'s
-joint graph and returns a :class:`RematPolicy`, a callable
-``policy(prim, *avals, **params) -> bool`` for ``jax.checkpoint(fn, policy=p)``,
-so code that keeps ``jax.jit(jax.value_and_grad(jax.checkpoint(fn, policy=p)))``
-gets the planner's save/recompute choice.
-
-How jax.checkpoint consults a policy. ``jax.checkpoint`` JVPs its body (so the
-primitives that the JVP rules add, such as ``cos`` for ``sin``, are there), then
-partially evaluates it: every eqn whose inputs are all primal (known) values is
-computed in the forward, and the policy is asked about it, with the primitive,
-its input avals and its params. ``True`` makes its outputs residuals *if* the
-tangent part needs them; ``False`` makes the backward recompute the eqn, whose
-own inputs are then needed instead (recursively). Inputs of the checkpointed
-function are always available. The policy is a pure function of
-``(primitive, avals, params)``: JAX caches partial evaluations per policy, so a
-policy that counted calls would see some traces and not others.
-
-The algorithm. The joint graph that :func:`~jaxaot.partition.trace_joint` builds holds the
-same primal eqns (JAX's linearization runs the same JVP rules), so each forward
-eqn gets a *key*: its primitive, its input shapes and dtypes, and its params that
-are plain data (numbers, strings, dtypes, enums, tuples of them; jaxprs and
-callables are left out; a ``checkpoint_name`` eqn's key holds its name, so named
-values are told apart as by ``save_only_these_names``). The plan saves some
-values and recomputes some eqns; the policy answers ``True`` exactly for the
-keys of eqns whose outputs the plan saves (``saved_keys``). Eqns neither saved
-nor recomputed by the plan never reach the policy's decision. A primal input
-needs no key (JAX always has it), and eqns of the joint's backward that read
-only primal values (``rev`` of a convolution's kernel, say) are ones the policy
-never sees: JAX computes them in the backward.
-
-When it is exact. When no key is shared by an eqn the plan saves and one it
-recomputes, and none of the cases below applies, JAX saves exactly the plan's
-values. The policy checks this itself by replaying JAX's rule on the joint graph
-(walk back from what the backward reads, stopping at eqns the policy saves):
-``exact`` is True when the replayed residuals are the plan's. When it
-approximates:
-
-* eqns sharing a key have mixed decisions (two ``mul`` of the same shapes, one
-  saved and one recomputed): the policy saves them all, so JAX never recomputes
-  more than the plan, and its residuals form another cut that recomputes only
-  what the plan may; they may weigh more than the plan's (never less than the
-  min-cut's, the lightest such cut), and ``policy_bytes`` predicts them;
-* the plan saves a value that only the backward computes under
-  ``jax.checkpoint`` (a transpose's ``rev``): JAX saves that value's operands;
-* the function has loops, conds, calls or nested checkpoints (primitives whose
-  bodies JAX partially evaluates by their own rule) or the min-cut rewrote its
-  scans: the policy answers for body eqns by the same keys, but the plan made
-  no decision about them, and ``policy_bytes`` is None.
-
-Offloading. With ``offload=True`` (or an offloading ``partition_fn``) the
-values the plan moves to host memory between the programs get
-``jax.ad_checkpoint.Offloadable("device", "pinned_host")`` for their keys, so
-JAX offloads them too; a key that also produces a value the plan keeps on the
-device keeps them all there (an approximation). Values a scan body offloads
-follow the rewritten scans, which a policy cannot express (see below).
-
-Each approximation is a sentence in ``approximations``. The plan differentiates
-every inexact input (as :func:`~jaxaot.partition.trace_joint`); ``jax.grad`` of fewer
-arguments still gets a valid policy, made for the larger problem.
+``remat_policy(fn, *example_args)`` runs the min-cut on ``fn``'s joint graph and
+returns a :class:`RematPolicy` for ``jax.checkpoint(fn, policy=p)``, so jitted code
+gets the planner's choice. The policy answers ``True`` for the keys (primitive,
+input avals, plain params) of eqns whose outputs the plan saves. Where keys are
+shared by saved and recomputed eqns, or the function has loops and calls, it
+approximates, never recomputing more than the plan: ``exact`` says whether JAX's
+replayed residuals are the plan's, and ``approximations`` says why not.
 
 Example:
     >>> import jax, jax.numpy as jnp

@@ -1,16 +1,10 @@
 """The min-cut rematerialization partitioner: the cut, scan bodies and offload put together.
 
-:func:`min_cut_rematerialization_partition` is what ``aot_function`` runs when
-asked for the min-cut. It
-
-1. cuts the joint graph (:mod:`jaxaot._src.partition.mincut.saved_values`) under the budget;
-2. plans each top-level ``lax.scan`` body with the same cut
-   (:mod:`jaxaot._src.partition.mincut.scan_remat`) and keeps the rewritten program when it
-   saves no more device bytes;
-3. with ``offload``, moves what can hide its copies to host memory: inside scan
-   bodies per iteration (:mod:`jaxaot._src.partition.offload.scan_offload`), at the top level
-   between the programs (:mod:`jaxaot._src.partition.offload.host_offload`), both meeting the
-   budget by offloading before recomputing (:func:`~jaxaot._src.partition.mincut.saved_values.offloaded_saved_nodes`).
+:func:`min_cut_rematerialization_partition` cuts the joint graph under the budget
+(:mod:`jaxaot._src.partition.mincut.saved_values`), plans each top-level ``lax.scan``
+body with the same cut (:mod:`jaxaot._src.partition.mincut.scan_remat`), and with
+``offload`` moves what can hide its copies to host memory, offloading before
+recomputing to meet the budget.
 """
 
 from __future__ import annotations

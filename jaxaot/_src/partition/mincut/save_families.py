@@ -1,24 +1,11 @@
 """Plans shaped like JAX's ``dots_saveable``: the min-cut with only matmul outputs saveable.
 
-The fraction budget orders plans by seconds per saved byte, and its plans save
-whatever the cut finds cheapest in bytes: often a fusible value beside a
-matmul (a softmax's input, a norm's output) rather than the matmul's own
-result. On an accelerator the compiled peak depends on more than the residual
-bytes: which values the backward recomputes decides which temporaries it holds
-at once. On an H200 16-head GPT-2 block no fraction reached
-``jax.checkpoint(dots_saveable)``'s peak, while the min-cut restricted to
-saving matmul outputs matched it to the byte
-(``docs/concepts/memory_planner.md``, "Byte budgets"). So the byte-budget search
-(:mod:`jaxaot._src.partition.budget.search`) also measures this family, ``"dots"``:
-values saveable only where a ``dot_general`` made them (``dots_saveable``'s
-choice), planned at fraction 1 (nothing expensive recomputed).
-
-Primal inputs stay saveable. Values the fraction forbids recomputing that no
-matmul made (a softmax's row statistics, a norm's mean) are not: as under
-``dots_saveable``, the backward recomputes them from the saved matmul outputs
-(:func:`~jaxaot._src.partition.split_joint` recomputes whatever is not saved, so
-every saved set is a valid plan). :func:`family_saveable` gives the predicate
-over a joint graph's vars. Cost: one pass over the joint graph's eqns.
+The fraction budget's plans save whatever is cheapest in bytes, often a fusible
+value beside a matmul rather than its result, and on an accelerator that can leave
+the compiled peak above ``dots_saveable``'s (``docs/concepts/memory_planner.md``,
+"Byte budgets"). So the byte-budget search also measures the ``"dots"`` family:
+values saveable only where a ``dot_general`` made them (and primal inputs), planned
+at fraction 1. :func:`family_saveable` gives the predicate.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot

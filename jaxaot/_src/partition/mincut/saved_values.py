@@ -1,39 +1,12 @@
 """What the forward saves: the min-cut of a joint graph's forward, under a memory budget.
 
-The min-cut behind the rematerialization partitioner (functorch's, for jaxprs;
-assembled in :mod:`~jaxaot._src.partition.mincut.rematerialize`). Which forward values
-should the forward save? Any set that separates the primal inputs from the
-backward works: the backward recomputes the rest. The cheapest such set is a
-minimum cut of the flow network of :mod:`~jaxaot._src.partition.mincut.flow_graph`
-over the forward values (:func:`build_flow_graph`):
-
-* a vertex pair ``v_in -> v_out`` per forward value, of capacity = its bytes
-  (cutting it = saving ``v``);
-* ``u_out -> v_in`` of infinite capacity when ``v``'s eqn reads ``u``;
-* ``source -> v_in`` (infinite) for primal inputs and for values whose
-  recomputation is banned (:mod:`jaxaot._src.partition.costs.cost_model`): they can only be saved.
-  Besides expensive eqns, that bans values that a convolution reads in both
-  halves (:func:`jaxaot._src.partition.costs.materializes_operands`): the forward writes
-  them to memory anyway, and recomputing them would cost the backward a kernel;
-* ``v_out -> sink`` (infinite) for values the backward reads.
-
-Among the cuts of minimum bytes we take the one closest to the sink (fewest
-recomputed eqns), and among equal bytes we prefer saving values that are in
-memory anyway: inputs, outputs, and the outputs of unfused kernels (a matmul's
-result rather than its transpose, which the forward would write a second time).
-On a mesh, capacities are per-device bytes
-(:mod:`jaxaot._src.partition.costs.device_bytes`): the budget is what one device holds,
-and collectives are never recomputed.
-
-Below ``memory_budget=1`` the banned-but-recomputable values are unbanned in
-:func:`jaxaot._src.partition.mincut.knapsack.recompute_order` (seconds per saved byte, by
-:mod:`jaxaot._src.partition.costs.op_costs`), as few as reach the budget, the last step the
-cheapest that does (:func:`jaxaot._src.partition.mincut.knapsack.cheapest_last_step`). Loops are
-not among them (only budget 0 recomputes a loop): recomputing a scan of layers
-would run the whole forward again, and the budget already reaches into each
-scan's body, where the same knapsack picks what each iteration recomputes.
-Cost: a max-flow per knapsack probe, ``O(log k)`` probes for the prefix and
-``O(k)`` for its last step, ``k`` the budget's items.
+functorch's min-cut, for jaxprs: any set of values separating the primal inputs from
+the backward can be saved, the rest recomputed, and the cheapest is a minimum cut of
+:mod:`~jaxaot._src.partition.mincut.flow_graph`'s network (:func:`build_flow_graph`).
+Expensive values, and values a convolution reads in both halves, are banned from
+recomputation; among cuts of equal bytes the one closest to the sink wins, saving
+values in memory anyway. On a mesh capacities are per-device bytes. Below
+``memory_budget=1`` the knapsack unbans as few as reach the budget.
 
 Example:
     >>> import functools, jax, jax.numpy as jnp, jaxaot

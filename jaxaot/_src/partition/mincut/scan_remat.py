@@ -1,23 +1,11 @@
 """Per-iteration residuals of ``lax.scan`` chosen by the same min-cut.
 
-To the partitioner a ``scan`` is one opaque node: JAX's own scan partial
-evaluation decides what each iteration saves, and it saves everything its
-linearization keeps. Models stack their layers with ``scan``, so that would
-forfeit the min-cut's savings on exactly the bulk of the program.
-
-This pass rewrites each top-level ``scan`` of a *primal* program before its
-joint graph is built: it builds the joint graph of the scan body alone, runs
-the min-cut on it (allowing only values it can name to be saved), then wraps
-the body in ``jax.checkpoint`` with ``save_only_these_names`` naming exactly
-those values. JAX's scan+remat partial evaluation then stacks only those per
-iteration and the backward scan recomputes the rest. Nested scans are
-rewritten innermost first. Bodies with effects are left alone.
-
-A chooser may also offload some of a top-level body's saved values
-(:class:`BodyChoice`, :mod:`jaxaot._src.partition.offload.scan_offload`): the body's policy
-is then ``save_and_offload_only_these_names``, and JAX stacks those values in
-``pinned_host`` memory, each iteration's slice copied out as it is produced and
-back as the backward scan reaches it.
+To the partitioner a ``scan`` is one node, and JAX's scan saves everything its
+linearization keeps, which would forfeit the min-cut on the bulk of a layer-stacked
+model. So each top-level ``scan`` of the primal program gets its body cut on its own
+and wrapped in ``jax.checkpoint`` with ``save_only_these_names`` (or, with values to
+offload, ``save_and_offload_only_these_names``: :class:`BodyChoice`). Nested scans
+are rewritten innermost first; bodies with effects are left alone.
 
 Example:
     >>> import jax, jax.numpy as jnp

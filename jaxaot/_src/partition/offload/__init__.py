@@ -1,14 +1,9 @@
 """Offloading residuals to host memory: the third choice beside saving and recomputing.
 
-Costed with :mod:`jaxaot._src.partition.costs` (a :class:`~jaxaot._src.partition.costs.DeviceModel`
-and an :class:`~jaxaot._src.partition.costs.OpCosts`); the min-cut
-(:mod:`jaxaot._src.partition.mincut`) calls both planners.
-
-Modules:
-
-* ``host_offload``: between the forward and backward programs: the :class:`Timeline`,
-  :func:`plan_offload` and the program rewrite :func:`apply_offload`;
-* ``scan_offload``: inside ``lax.scan`` bodies, per iteration (:func:`plan_body_offload`).
+Between the forward and backward programs (:func:`plan_offload`,
+:func:`apply_offload`) and per iteration inside ``lax.scan`` bodies
+(:func:`plan_body_offload`), costed with :mod:`jaxaot._src.partition.costs`; the min-cut
+calls both planners.
 """
 
 from jaxaot._src.partition.offload.host_offload import (

@@ -1,61 +1,13 @@
 """Offloading residuals to host memory: the third choice beside saving and recomputing.
 
-A saved value may also travel to host memory (``memory_kind="pinned_host"``)
-at the end of the forward and come back at the start of the backward: it then
-costs the device no memory between the two, and the step no time as long as
-both copies hide behind compute. This module decides which values go
-(:func:`plan_offload`) and rewrites a :class:`~jaxaot._src.partition.Partition`'s
-programs to move them (:func:`apply_offload`); the min-cut partitioner calls
-both (``min_cut_rematerialization_partition(offload=...)``).
-
-**The device** is a :class:`~jaxaot._src.partition.costs.device_model.DeviceModel`
-(:mod:`jaxaot._src.partition.costs.device_model`): the host link, the device's speed, and
-how much of a copy compute hides. Where the backend has no separate host memory
-(the CPU), or copies hide too little, nothing is offloaded, and the partition
-says so (``Partition.offload_note``).
-
-**The timeline** (:class:`Timeline`). The joint graph's forward eqns, in order,
-each take what the partition's :class:`~jaxaot._src.partition.costs.op_costs.OpCosts` say:
-measured on accelerators, else ``max(flops / device_flops, bytes /
-device_bandwidth)`` (:func:`jaxaot._src.partition.costs.cost_model.flops`; fusible eqns
-count FLOPs alone), and so do its backward eqns. A
-value is *produced* when its eqn ends; the forward lasts ``forward_seconds``.
-The backward *needs* a saved value at the start of the first backward eqn that
-reads it, or reads a value recomputed from it (recomputation chains stop at
-saved values), and the backward's own recomputation is taken to cost nothing
-(so needs come no later than they would).
-
-**The plan** (:func:`plan_offload`). Candidates are the saved *temporaries*
-(not primal inputs nor real outputs, which are alive anyway) of at least
-``min_bytes`` and of a numeric dtype. Largest first, a candidate is offloaded
-when, with those already chosen, both copy queues still fit:
-
-* to host, in production order, one at a time: each copy starts when its value
-  is produced and the previous copy is done, and lasts ``latency + bytes /
-  host_bandwidth``; the last must end by the end of the forward;
-* to device, in order of need, one at a time from the backward's start: each
-  must arrive by the time it is needed.
-
-So only copies that overlap compute are chosen (the forward's early, large
-activations; the last layer's are needed first by the backward and stay).
-And no more values than the compiler keeps copies in flight at once
-(``DeviceModel.copy_slots``, 2 on an H100: :mod:`jaxaot._src.partition.costs.copy_slots`):
-XLA's scheduler ends a further copy early to free a slot, so its time is not
-hidden at all (a third, 64 KiB value made the GPT-2 block's step 1.25x slower).
-Cost: ``O(c^2 log c)`` for ``c`` candidates plus one pass over the eqns.
-
-**The budget.** Offloaded bytes leave the device, so the device bytes
-(``Partition.device_saved_bytes``, what the memory budget counts) are the saved
-bytes less the offloaded ones. The min-cut then meets a budget by offloading
-instead of recomputing where it can (:func:`jaxaot._src.partition.mincut.saved_values.offloaded_saved_nodes`).
-
-**The programs** (:func:`apply_offload`). The forward ends with a
-``jax.device_put(x, jax.memory.Space.Host)`` eqn per offloaded value and the
-backward starts with one back to ``jax.memory.Space.Device`` (on GPUs XLA turns
-them into asynchronous copies scheduled around compute, as for JAX's own
-``offload`` checkpoint policies); the runtime compiles the backward for
-``pinned_host`` residuals. Every consumer of the partition (the split and fused
-executables, tracing under ``jit``/``vmap``) moves the same values.
+A saved value moved to ``pinned_host`` after the forward and back before the
+backward costs the device no memory in between, and no time while both copies hide
+behind compute. :func:`plan_offload` picks the largest saved temporaries whose
+copies, queued one at a time each way on the :class:`Timeline` of the eqns' costs,
+finish before the forward ends and before the backward needs them, and no more
+than the compiler keeps in flight (``DeviceModel.copy_slots``).
+:func:`apply_offload` rewrites the programs with ``jax.device_put`` to and from host;
+the min-cut meets a budget by offloading before recomputing.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot

@@ -1,34 +1,11 @@
 """Offloading inside ``lax.scan`` bodies: which per-iteration residuals go to host memory.
 
-A scanned model (layers stacked with ``lax.scan``) saves its residuals inside
-the scan: each iteration writes one slice of a stacked buffer, and the backward
-scan reads the slices in reverse. The top-level offload pass
-(:mod:`jaxaot._src.partition.offload.host_offload`) sees only the finished stacks, at the scan's
-end, when nothing is left to hide their copies behind. So the min-cut plans each
-scan body on its own (:mod:`jaxaot._src.partition.mincut.scan_remat`), and this module
-chooses which of the body's saved values travel to host memory; the body's
-``jax.checkpoint`` policy then offloads them by name, and JAX stacks them in
-``pinned_host`` memory.
-
-**The steady state.** An iteration's offloaded slices are copied out while the
-next iterations compute, and copied back while the backward scan works on the
-iterations after them (in its order). Copies queue one at a time per direction,
-so the plan keeps an iteration's copies within one iteration's compute, each way::
-
-    sum((latency + bytes / host_bandwidth) * headroom / scan_overlap)  <=  min(forward seconds, backward seconds)
-
-per iteration (``scan_overlap``: how much of such copies compute hides, measured
-by :meth:`~jaxaot._src.partition.costs.device_model.DeviceModel.measure` with JAX's own
-offload policy in a scan; under one half nothing is offloaded in scan bodies;
-``headroom``: the margin a measured device plans with, ``DeviceModel.headroom``),
-the seconds taken from :class:`~jaxaot._src.partition.offload.host_offload.Timeline`
-of the body's joint graph (the backward's recomputation not counted, so the
-window is, if anything, short). Candidates are the saved values the body
-computes (not its inputs: those cannot be named), of at least ``min_bytes`` and
-a numeric dtype, largest first. Only the last iteration's copies have no
-compute after them; the backward's first iteration waits for them.
-
-Cost: one pass over the body's eqns and a sort of its saved values.
+The top-level pass sees a scan's stacked residuals only at its end, when nothing is
+left to hide copies behind. So this chooses which of a scan body's saved values
+travel to host (the body's ``jax.checkpoint`` policy offloads them by name): in the
+steady state an iteration's copies must fit within one iteration's compute each
+way, scaled by how much of such copies compute hides (``scan_overlap``, nothing
+offloaded under one half) and the device's ``headroom``.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot

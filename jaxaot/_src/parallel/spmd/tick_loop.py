@@ -1,47 +1,13 @@
 """The whole pipeline step as one SPMD program: ``shard_map`` over the stage axis, a loop over ticks.
 
-:func:`build_step` turns a :class:`~jaxaot._src.parallel.spmd.ticks.TickPlan` and
-every stage's :class:`~jaxaot._src.parallel.spmd.passes.StagePasses` into one
-function, jitted by the caller, of
-
-* the packed parameters (one array per parameter entry, ``[stages-devices, width, *cell]``,
-  sharded over the stage axis, replicated over the data axes),
-* the inputs and targets, ``[num_microbatches, microbatch, ...]`` per leaf,
-
-returning the mean microbatch loss and the packed gradients. Inside
-``shard_map`` each device:
-
-1. reads its row of the tick table (``lax.axis_index`` of the stage axis);
-2. per tick (``lax.scan`` over the table), runs its action: one ``lax.cond``
-   per op the schedule runs and, inside it, one per stage, taken only where
-   the row names that action (:func:`_phase`). The taken branch reads its
-   own leaves from the buffers it is given read-only
-   (the residual or weight-argument slot, the activation or cotangent inbox,
-   the parameters) and writes only what the action produces, in place: F its
-   residuals and outgoing activation (or, on the last stage, the loss), B its
-   W arguments and outgoing cotangent, BW and W their gradients, added to the
-   accumulator leaf by leaf. A ``lax.cond`` with one writing branch and one
-   that passes the buffers through keeps them in place; a switch whose
-   branches returned the buffers would copy them
-   (``tests/parallel/test_compiled_pipeline_memory.py`` checks the compiled
-   program for copies of any buffer);
-3. sends its outgoing activation record one device forward and its cotangent
-   record one device back (``lax.ppermute`` around the ring), and stores what
-   it receives in its inbox at the slot the table names (a trash slot when
-   nothing arrives);
-4. after the last tick, sums the loss over the stage axis and averages loss
-   and gradients over the data axes (``lax.psum`` / ``lax.pmean``).
-
-The program is the same on every device and its size does not grow with the
-microbatch count: the schedule is data (the table), the stages' programs
-appear once each. Records are sized by the largest stage
-(:mod:`~jaxaot._src.parallel.spmd.layout`) and buffers hold the plan's slot
-counts, so the residual memory of a device is the schedule's peak live
-microbatches times the largest stage's residual record.
-
-Per tick every device waits for the slowest: the step takes the sum over
-ticks of the longest action in each
-(:func:`jaxaot._src.parallel.simulate.simulate_lockstep` predicts it).
+:func:`build_step` turns a :class:`~jaxaot._src.parallel.spmd.ticks.TickPlan` and the
+stages' :class:`~jaxaot._src.parallel.spmd.passes.StagePasses` into one function of
+the packed parameters, inputs and targets. Each device scans the tick table, runs
+its action under a ``lax.cond`` that writes its buffers in place (a switch would
+copy them), and passes records around the ring with ``lax.ppermute``; loss and
+gradients are reduced over the stage and data axes at the end. The program does
+not grow with the microbatch count, and each tick waits for its slowest device
+(:func:`jaxaot._src.parallel.simulate.simulate_lockstep`).
 """
 
 from __future__ import annotations

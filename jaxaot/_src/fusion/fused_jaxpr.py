@@ -1,51 +1,12 @@
 """The fused training step's program: forward and backward in one jaxpr that keeps the partition's plan.
 
-Two executables cost a training step twice: two launches, and XLA can neither
-fuse nor choose layouts across the boundary. When the caller only wants
-``value_and_grad`` of a scalar loss, there is no boundary to keep, so
-:func:`fused_program` builds one program::
-
-    outputs, residuals = forward(inputs)             # the partition's forward
-    residuals' = optimization_barrier(residuals)
-    grads = backward(unit cotangents, residuals')    # the partition's backward
-
-The barrier is how ``jax.checkpoint`` lowers: the backward sees only the
-residuals, through a value XLA cannot look through, so the eqns it recomputes
-are not merged with the forward's copies (which would keep alive what the plan
-chose not to save). The peak memory is then the plan's, not the fused
-``jax.jit(jax.value_and_grad)``'s. ``barrier`` says which residuals pass it:
-``"all"``, ``"recomputed"`` (only those the recomputation reads, the backward's
-eqns that no cotangent reaches: :func:`recomputation_inputs`) or ``"none"``; a
-partition that recomputes nothing has no barrier (:func:`barred_residuals`).
-
-The cotangent of the loss (1, and 0 for auxiliary outputs) is a constant of the
-program; on a mesh the gradients are pinned to their inputs' shardings.
-Residuals the partition offloaded make the same trip inside the one program:
-its forward part copies them to ``pinned_host`` and its backward part copies
-them back, so between the two they cost the device no memory.
-
-The program's other options, each a variant the step may compile
-(:mod:`jaxaot._src.fusion.variants` chooses among them by compiled peak memory):
-
-* ``layouts="pinned"``: between two executables every residual is row-major;
-  inside one program XLA chooses their layouts for the forward and the backward
-  together, and on some models pays for its choice in transposes. Pinned, each
-  residual keeps the row-major layout, or, where the backward reads a forward
-  value only through one transpose (attention scores as their matmul wrote
-  them), that transpose's order (:func:`read_orders`), so the transpose is a
-  bitcast. Operands of library kernels (cuDNN convolutions) stay the backend's
-  (:func:`library_kernel_residuals`). See ``docs/concepts/fused_step.md``,
-  "Residual layouts".
-* ``order="consume_first"``: recomputed matmul operands are used before their
-  residuals are read again (:mod:`jaxaot._src.fusion.ordering`).
-* ``slices``: a residual behind the barrier that the backward only slices (an
-  attention block's fused QKV projection) passes it as its slices, so each is
-  freed after its last reader (:mod:`jaxaot._src.fusion.residual_slices`).
-* ``rederive``: a residual the backward can derive again through an order-free
-  reduction (a softmax's row max) is dropped (:mod:`jaxaot._src.fusion.rederive`).
-
-Cost: building the program is one trace of the forward and the backward
-(``jax.make_jaxpr``) plus a linear pass over the backward's eqns per option.
+:func:`fused_program` builds ``forward``, then the residuals through an
+``optimization_barrier`` (as ``jax.checkpoint`` lowers, so XLA cannot merge the
+backward's recomputation with the forward and keep what the plan chose not to
+save), then ``backward`` with unit cotangents: one launch, and XLA fuses across
+the boundary. Offloaded residuals go to host and back inside the program. Its
+options (``barrier``, pinned ``layouts``, ``order``, ``slices``, ``rederive``) are
+the variants :mod:`jaxaot._src.fusion.variants` chooses among.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
@@ -94,8 +55,8 @@ def library_kernel_residuals(part: Any, num_cotangents: int) -> set[int]:
     """Positions (among the residuals) of those a library kernel (a cuDNN convolution,
     :func:`jaxaot._src.partition.materializes_operands`) reads or writes, in the forward or the
     backward (top-level eqns). The backend picks such a kernel's operand layouts (NHWC for cuDNN);
-    pinning them row-major adds a transpose on each side (measured 1.10x the step time against 1.03x
-    on a ConvNet: ``docs/concepts/fused_step.md``, "Residual layouts").
+    pinning them row-major adds a transpose on each side (``docs/concepts/fused_step.md``, "Residual
+    layouts").
     """
     fwd, bwd = C.jaxpr_of(part.forward), C.jaxpr_of(part.backward)
     touched = {id(v) for j in (fwd, bwd) for e in j.eqns if materializes_operands(e)

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import jax
 
 from jaxaot._src.pytrees import dtype_name, leaf_paths
-from jaxaot._src.artifacts.placement import MeshSpec, spec_from_json, spec_to_json, validate_spec
+from jaxaot._src.artifacts.mesh_spec import MeshSpec, spec_from_json, spec_to_json, validate_spec
 from jaxaot._src.artifacts.treedef_json import treedef_from_json
 from jaxaot.errors import ArtifactError
 
@@ -33,7 +33,7 @@ class ArraySpec:
     """Shape (ints, or strings for symbolic dims), dtype and, in a sharded artifact, partition spec of one array.
 
     ``sharding`` is the ``PartitionSpec`` the program takes or returns the array
-    in, on the artifact's mesh (:class:`~jaxaot._src.artifacts.placement.MeshSpec`):
+    in, on the artifact's mesh (:class:`~jaxaot._src.artifacts.mesh_spec.MeshSpec`):
     a tuple of None, axis names and tuples of axis names; None when unsharded.
     """
 
@@ -135,7 +135,7 @@ class AOTSignature:
       forward_checks / inference_checks: :class:`RuntimeCheck` flags the program
         returns after its other outputs.
       static_args: repr of the static arguments baked in, if any.
-      mesh: the :class:`~jaxaot._src.artifacts.placement.MeshSpec` of a sharded
+      mesh: the :class:`~jaxaot._src.artifacts.mesh_spec.MeshSpec` of a sharded
         artifact (its programs run on exactly ``mesh.num_devices`` devices), else None.
     """
 

@@ -1,18 +1,11 @@
 """Where a sharded artifact runs: its mesh, its arrays' partition specs, and the device-count checks.
 
-``jax.export`` records each program's input and output shardings (as
-``NamedSharding`` on an abstract mesh) and the number of devices it was lowered
-for (``Exported.nr_devices``); a program exported for N > 1 devices runs only
-where its inputs live on exactly N devices. The manifest repeats what a reader
-needs without deserializing anything: the mesh (:class:`MeshSpec`) and each
-array's partition spec (``ArraySpec.sharding``, see :func:`spec_to_json`).
-
-Device counts are checked twice, each time with an :class:`~jaxaot.errors.ArtifactError`
-that names both counts and says what to do: when an artifact is loaded into a
-process with fewer devices than it needs (:func:`check_enough_devices`), and
-when a loaded program is called with arrays on another number of devices
-(:func:`check_call_devices`), where ``jax.export`` alone says only that the call
-"is not allowed".
+The manifest repeats what ``jax.export`` records about shardings (the mesh,
+:class:`MeshSpec`, and each array's partition spec) so a reader needs to
+deserialize nothing. Device counts are checked at load
+(:func:`check_enough_devices`) and at each call (:func:`check_call_devices`),
+with an :class:`~jaxaot.errors.ArtifactError` naming both counts, where
+``jax.export`` alone says only that the call "is not allowed".
 """
 
 from __future__ import annotations

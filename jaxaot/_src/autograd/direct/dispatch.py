@@ -1,20 +1,11 @@
 """``jaxaot.value_and_grad`` and ``jaxaot.grad``: eager gradients that go straight to compiled programs.
 
-They take the arguments of ``jax.value_and_grad`` / ``jax.grad`` and dispatch on
-what is differentiated:
-
-* an ``aot_function``: its compiled forward and backward run directly on
-  concrete arguments (:mod:`jaxaot._src.autograd.direct.function`);
-* a plain function whose one differentiated argument (``argnums`` an int or a
-  1-tuple) is an ``aot_module``: the function is compiled with the module into
-  one step, with ``nnx.value_and_grad``'s results
-  (:mod:`jaxaot._src.autograd.direct.module`); any other ``nnx.Module`` there (a
-  plain model holding ``aot_module`` submodules, say): ``nnx.value_and_grad``;
-* anything else: ``jax.value_and_grad`` itself.
-
-Whether an argument is a Flax module is decided per call. No module can exist
-before Flax is imported, so until then the check is one dictionary look-up,
-and ``jaxaot.value_and_grad`` of plain functions never imports Flax.
+They take ``jax.value_and_grad``'s arguments and dispatch on what is
+differentiated: an ``aot_function`` runs its compiled forward and backward
+(:mod:`jaxaot._src.autograd.direct.function_grad`); a loss whose one differentiated
+argument is an ``aot_module`` is compiled with the module into one step
+(:mod:`jaxaot._src.autograd.direct.module`); anything else goes to JAX or Flax
+itself. Flax is imported only once a Flax module is seen.
 """
 
 from __future__ import annotations
@@ -26,7 +17,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src.autograd.grad_of import grad_of
-from jaxaot._src.autograd.direct.function import function_value_and_grad
+from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.runtime import AOTFunction, CacheInfo
 

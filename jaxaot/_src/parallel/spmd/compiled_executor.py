@@ -1,24 +1,11 @@
 """The compiled pipeline executor: per input signature, trace the stages and compile the whole step once.
 
-:class:`CompiledExecutor` serves :class:`jaxaot._src.parallel.pipeline.Pipeline`
-when ``executor="compiled"`` (the default). Per input signature it
-
-1. computes one device's microbatch (the batch divided by the microbatch
-   count and by the data axes' size) and checks the stages chain on it
-   (:func:`jaxaot._src.parallel.microbatch.stage_input_specs`);
-2. traces and partitions each stage with its own ``aot_function`` (the
-   jaxaot partition, the B/W split where the schedule splits a backward)
-   and wraps them as :class:`~jaxaot._src.parallel.spmd.passes.StagePasses`;
-3. builds the SPMD step (:mod:`jaxaot._src.parallel.spmd.program`) and jits it;
-   XLA compiles it at the first call, and the compiled per-device peak is
-   checked against the devices' memory before it first runs
-   (:mod:`jaxaot._src.parallel.spmd.memory`).
-
-Parameters go in either as a list of per-stage trees (packed on every call:
-each device stacks its stages' leaves) or as the packed
-:class:`~jaxaot._src.parallel.spmd.params.StageParams` (``step.shard_params``),
-which the gradients then come back as. Inputs and targets are replicated
-over the stage axis and split over the data axes inside the program.
+:class:`CompiledExecutor` serves ``executor="compiled"``: per input signature it
+checks the stages chain on one device's microbatch, traces and partitions each
+stage (:class:`~jaxaot._src.parallel.spmd.passes.StagePasses`), builds and jits the
+SPMD step, and checks its compiled peak against the devices' memory before the
+first run. Parameters go in as per-stage trees or packed
+:class:`~jaxaot._src.parallel.spmd.params.StageParams`, and gradients come back alike.
 """
 
 from __future__ import annotations
@@ -37,10 +24,11 @@ from jaxaot._src.parallel.schedule import Schedule
 from jaxaot._src.parallel.spmd import params as packing
 from jaxaot._src.parallel.spmd.memory import check_fits
 from jaxaot._src.parallel.spmd.passes import StagePasses
-from jaxaot._src.parallel.spmd.program import Axes, Layouts, build_step
+from jaxaot._src.parallel.spmd.tick_loop import Axes, Layouts, build_step
 from jaxaot._src.parallel.spmd.ticks import TickPlan, plan
 from jaxaot._src.parallel.stage import Stage
-from jaxaot._src.partition import compiled_peak, format_bytes
+from jaxaot._src.partition import compiled_peak
+from jaxaot._src.units import format_bytes
 
 P = jax.sharding.PartitionSpec
 

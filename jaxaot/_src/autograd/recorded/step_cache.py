@@ -1,24 +1,11 @@
 """The process-wide cache of compiled steps and backwards, its counters and its recompile reasons.
 
-One cache serves every :func:`~jaxaot.compiled_grad`: an entry is keyed by the
-recorded forward's (or captured backward's)
-:class:`~jaxaot._src.autograd.recorded.structure.Structure` plus what the executable bakes
-in besides the program (the parameter hooks), so two functions with the same
-program share one executable.
-
-Thread safety: lookups and counters take one lock; a missing entry is created
-under it and compiled outside it by the thread that created it, while other
-threads asking for the same key wait on the entry's event. Each structure is
-therefore compiled once however many threads step the same function. A
-compile that fails removes its entry, so the next call tries again.
-
-The cache holds at most :data:`MAX_ENTRIES` executables and drops the least
-recently used; a structure that comes back after being dropped compiles again
-(and says so in its reason).
-
-``jaxaot.compiled_autograd.stats()`` and ``reset()`` are this module's
-:func:`stats` and :func:`reset`; every compile's reason is also logged at
-INFO level on the ``jaxaot`` logger.
+An entry is keyed by a recording's :class:`~jaxaot._src.autograd.recorded.structure.Structure`
+plus what the executable bakes in (parameter hooks), so functions with the same
+program share one executable. It is thread-safe (each structure compiles once,
+other threads wait for it; a failed compile leaves no entry) and holds at most
+:data:`MAX_ENTRIES`, least recently used dropped. :func:`stats` and :func:`reset`
+are ``jaxaot.compiled_autograd.stats()`` and ``reset()``.
 """
 
 from __future__ import annotations

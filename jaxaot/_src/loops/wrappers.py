@@ -1,30 +1,13 @@
 """``while_loop`` you can differentiate in reverse mode, and its stacking variant.
 
-``jaxaot.loops.while_loop`` is a drop-in replacement for ``jax.lax.while_loop`` with the
-same forward semantics; ``max_steps`` / ``checkpoints`` only say how its reverse
-mode stores the carries (see Note [while_loop autograd] in
-:mod:`jaxaot._src.loops.partial_eval`):
-
-* ``max_steps=N``: stack up to N iterations' residuals; a loop that runs longer
-  is a :class:`~jaxaot.errors.LoopOverflowError` under reverse mode (NaN results
-  where it is found only at run time: :mod:`jaxaot._src.loops.overflow`).
-* ``checkpoints=k``: keep k carry snapshots and recompute between them
-  (binomial checkpointing, :mod:`jaxaot._src.loops.checkpointed`), any trip count.
-* both: the trip count is at most N, and reverse mode runs an offline schedule
-  of nested scans within k snapshots (:mod:`jaxaot._src.loops.offline`): no host
-  round trip per iteration on GPUs; more than N iterations is a
-  :class:`~jaxaot.errors.LoopOverflowError` under differentiation, as above. With
-  ``checkpoint_memory="host"`` its snapshots live in host memory and device
-  memory does not grow with N.
-* neither: only inside :func:`~jaxaot._src.loops.capacity.dynamic_capacity` (which the
-  runtime uses to size the stack itself); elsewhere reverse mode raises
-  :class:`~jaxaot.errors.ReverseModeBoundError`.
-
-Both functions check their arguments, trace ``cond_fun`` and ``body_fun`` once
-on the carry's avals (twice when a weakly typed init leaf must take the body's
-dtype, as ``lax.while_loop`` does), turn closed-over arrays into explicit
-operands (deduplicated, so a const both functions use is passed once) and bind
-the primitive. Under ``jax.disable_jit`` they run the Python loop instead.
+``jaxaot.loops.while_loop`` is a drop-in for ``jax.lax.while_loop`` with the same
+forward; ``max_steps`` and ``checkpoints`` only say how reverse mode stores the
+carries (Note [while_loop autograd] in :mod:`jaxaot._src.loops.partial_eval`):
+stack up to N iterations, keep k snapshots and recompute, or both (an offline
+schedule, :mod:`jaxaot._src.loops.offline`). A loop that needs more than
+``max_steps`` is a :class:`~jaxaot.errors.LoopOverflowError`, never silent; with
+neither bound, reverse mode needs :func:`~jaxaot._src.loops.capacity.dynamic_capacity`.
+Under ``jax.disable_jit`` the Python loop runs.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot

@@ -1,19 +1,11 @@
 """One prepared module call: its static arguments and the program arguments the runtime compiles.
 
-Both wrappers (:class:`jaxaot._src.nn.nnx.AOTModule`, :class:`jaxaot._src.nn.linen.AOTLinenModule`)
-compile a pure function of the form::
-
-    pure(static: CallStatic, params, state: FrozenState, *extra, *args, **kwargs)
-        -> (outputs, StateDelta | None)
-
-with ``aot_function(pure, static_argnums=0)``. :class:`CallStatic` is everything
-about a call that is a compile-time constant (it keys the compile cache);
-:class:`ModuleCall` is one call split into that static part and the dynamic
-program arguments. It runs the program and rebuilds the new state
-(:meth:`ModuleCall.run_rebuilt`), lowers it with its :class:`CallMetadata`
-(:meth:`ModuleCall.lower`), and exposes the pure function for export
-(:meth:`ModuleCall.pure`). This is the within-package interface the wrappers
-give :mod:`jaxaot._src.nn.export_module`; none of it is public API.
+Both wrappers compile ``pure(static, params, state, *extra, *args, **kwargs) ->
+(outputs, StateDelta | None)`` with ``aot_function(pure, static_argnums=0)``.
+:class:`CallStatic` is what about a call is a compile-time constant (it keys the
+compile cache); :class:`ModuleCall` is one call split into that and the program
+arguments, and runs, lowers or exposes the program for export. Internal to the
+package.
 
 Example:
     >>> static, args, kwargs = CallStatic.split((1.0, "relu"), {"train": True}, (1,), ("train",),

@@ -1,29 +1,11 @@
 """``jaxaot.patch_value_and_grad``: ``nnx.value_and_grad`` / ``nnx.grad`` take the compiled step.
 
-``nnx.value_and_grad(loss_fn)(aot_model, x, y)`` works on a
-:func:`~jaxaot.nn.aot_module` as on any module, but eagerly it goes through JAX's
-autodiff one operation at a time: Flax splits the module, JAX linearizes every
-operation of ``loss_fn`` around the module's call and transposes them, and the
-module's own call goes through ``custom_vjp`` (about 10x the step under
-``nnx.jit``; ``docs/concepts/modules.md``). :func:`jaxaot.value_and_grad`
-instead compiles ``loss_fn`` with the module into one executable
-(:mod:`jaxaot._src.autograd.direct.module`). Code written against Flax's names can have the
-same without edits: inside ``with jaxaot.patch_value_and_grad():`` the
-attributes ``flax.nnx.value_and_grad`` and ``flax.nnx.grad`` dispatch
-
-* to the compiled step when the one differentiated argument (``argnums`` an
-  int or a 1-tuple) is an ``aot_module`` and the other options are Flax's defaults; the
-  results are ``nnx.value_and_grad``'s (``nnx.grad``: the gradients, or
-  ``(gradients, aux)`` with ``has_aux``);
-* to Flax's own function otherwise (plain modules, ``DiffState`` argnums,
-  ``holomorphic``, ``allow_int``, ``reduce_axes``, ``graph`` options), and under
-  ``jit`` / ``vmap`` traces, where the compiled step falls back by itself.
-
-jaxaot binds Flax's functions once, before the first swap
-(:mod:`jaxaot._src.autograd.direct.flax_functions`), so its own fallbacks never reach
-the swapped attributes. As with :func:`jaxaot.loops.patch_while_loop`, code that bound
-``from flax.nnx import value_and_grad`` before the block is not reached, and the
-swap is process-wide while it lasts.
+Code written against Flax's names gets :func:`jaxaot.value_and_grad`'s compiled
+step without edits: inside the ``with`` block, ``flax.nnx.value_and_grad`` and
+``flax.nnx.grad`` dispatch to it when the one differentiated argument is an
+``aot_module`` with Flax's default options, and to Flax's own functions otherwise.
+As with :func:`jaxaot.loops.patch_while_loop`, names bound before the block are
+not reached, and the swap is process-wide while it lasts.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -42,7 +24,7 @@ import functools
 import threading
 from typing import Any, Callable, Iterator
 
-from jaxaot._src.autograd.direct.api import module_dispatch
+from jaxaot._src.autograd.direct.dispatch import module_dispatch
 
 _LOCK = threading.Lock()
 _DEFAULTS = dict(holomorphic=False, allow_int=False, reduce_axes=(), graph=None, graph_updates=None)
@@ -51,7 +33,7 @@ _DEFAULTS = dict(holomorphic=False, allow_int=False, reduce_axes=(), graph=None,
 def _dispatching(flax_fn: Callable[..., Any], flax_value_and_grad: Callable[..., Any],
                  value: bool) -> Callable[..., Any]:
     """``flax_fn`` (``nnx.value_and_grad`` if ``value`` else ``nnx.grad``), with the compiled step
-    for an ``aot_module`` argument (dispatched by :func:`jaxaot._src.autograd.direct.api.module_dispatch`)."""
+    for an ``aot_module`` argument (dispatched by :func:`jaxaot._src.autograd.direct.dispatch.module_dispatch`)."""
 
     @functools.wraps(flax_fn)
     def transform(f: Any = None, *, argnums: Any = 0, has_aux: bool = False, **options: Any) -> Any:

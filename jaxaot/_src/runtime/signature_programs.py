@@ -1,41 +1,9 @@
 """The stage driver: the programs and executables of one input signature, built the first time each is needed.
 
-:class:`SignaturePrograms` holds, for one :class:`~jaxaot._src.runtime.signature.Signature`,
-the traced primal program and the *inference* executable (the primal program
-for calls that differentiate nothing), and per differentiated mask a
-:class:`~jaxaot._src.runtime.TrainingPrograms` (the joint graph, its partition, the
-forward and backward executables). Each stage runs lazily, once, under
-:attr:`~SignaturePrograms.lock`, and records its time in
-:attr:`~SignaturePrograms.times`: tracing, the joint graph, partitioning
-(through the persistent cache) and each compilation (likewise).
-
-**The interface the other stages use.**
-:meth:`AOTFunction.lookup <jaxaot.AOTFunction.lookup>` returns a call's
-``SignaturePrograms`` (``lookup(args, kwargs).programs``), tracing on first
-use and compiling nothing. From there, ``jaxaot._src.artifacts`` (export),
-``jaxaot._src.parallel`` (pipeline stages) and ``jaxaot._src.fusion`` (the fused step,
-through its ``TrainingLike`` and ``ProgramsLike`` protocols) may:
-
-* call ``programs.training(mask)`` for the :class:`~jaxaot._src.runtime.TrainingPrograms`
-  of a mask (default: every inexact input), and
-  ``programs.compile(name, compiler, closed, avals, aliased)`` to compile a
-  program of their own beside the runtime's, cached under ``name`` in
-  ``programs.executables`` (a pipeline's B and W halves, the fused step);
-* read, never write, ``programs``' ``signature``, ``in_avals``, ``primal``,
-  ``out_tree``, ``output_is_input``, ``computed_outputs``, ``sharded``,
-  ``mesh``, ``executables``, ``compiled`` and ``times``, and use ``splice(leaves, computed)``
-  to put the outputs that are inputs back;
-* on a ``TrainingPrograms``: read ``programs``, ``options``, ``mask``,
-  ``name_suffix``, ``joint``, ``partition`` and ``placement``; call
-  ``forward(leaves, concrete)`` (outputs and residuals), ``backward(residuals,
-  cotangents)``, ``backward_avals()``, ``forward_exe`` / ``backward_exe`` (the
-  compiled executables), ``unit_cotangents(leaf)`` and
-  ``input_grads_tree(grads)``.
-
-Everything else (the underscored attributes, the loop-capacity rebuild) is the
-runtime's own. A rebuild (a ``jaxaot.loops.while_loop`` that outgrew its stack)
-replaces ``joint``, ``partition`` and ``placement`` and bumps ``generation``:
-read them again after a forward rather than keeping them.
+:class:`SignaturePrograms` holds a signature's traced primal program, its inference
+executable and, per differentiated mask, a :class:`~jaxaot._src.runtime.TrainingPrograms`;
+each stage runs once, lazily, under its lock, and records its time. It is the
+interface the other stages use; the class says what they may call and read.
 """
 
 from __future__ import annotations
@@ -60,8 +28,21 @@ from jaxaot._src.tracing import trace_primal
 class SignaturePrograms:
     """The primal program and inference executable of one signature, and its training programs.
 
-    Made by the :class:`~jaxaot.AOTFunction` on a signature's first call; see the module
-    docstring for what other stages may use.
+    Made by the :class:`~jaxaot.AOTFunction` on a signature's first call
+    (:meth:`AOTFunction.lookup <jaxaot.AOTFunction.lookup>` returns it, compiling nothing).
+
+    What other stages (export, pipeline stages, the fused step through its ``TrainingLike``
+    and ``ProgramsLike`` protocols) may use: call ``training(mask)`` (default: every inexact
+    input) and ``compile(name, compiler, closed, avals, aliased)``, a program of their own
+    cached under ``name`` in ``executables``; read, never write, ``signature``, ``in_avals``,
+    ``primal``, ``out_tree``, ``output_is_input``, ``computed_outputs``, ``sharded``, ``mesh``,
+    ``executables``, ``compiled`` and ``times``, and call ``splice(leaves, computed)``. On a
+    :class:`~jaxaot._src.runtime.TrainingPrograms`: read ``programs``, ``options``, ``mask``,
+    ``name_suffix``, ``joint``, ``partition`` and ``placement`` (a loop-capacity rebuild
+    replaces the last three: read them again after a forward); call ``forward(leaves,
+    concrete)``, ``backward(residuals, cotangents)``, ``backward_avals()``, ``forward_exe`` /
+    ``backward_exe``, ``unit_cotangents(leaf)`` and ``input_grads_tree(grads)``. Everything
+    else is the runtime's own.
 
     Attributes:
       signature: the :class:`~jaxaot._src.runtime.signature.Signature`.

@@ -1,29 +1,11 @@
 """Running one training step of a pipeline: a schedule's actions, dispatched in issue order.
 
-:func:`run_schedule` walks :attr:`Schedule.actions <jaxaot._src.parallel.schedule.Schedule.actions>`
-once, in order (every action's inputs come from earlier ones), and for each
-calls one compiled executable of its stage (:mod:`jaxaot._src.parallel.stage`):
-
-* ``F(s, m)`` runs the stage's forward on the microbatch's activations, keeps
-  the residuals, and sends the outputs to stage ``s+1``'s device with
-  ``jax.device_put`` (the last stage's output is the microbatch's loss);
-* ``BW(s, m)`` runs the fused backward and ``B(s, m)`` the input half of the
-  B/W split; either frees the microbatch's residuals and sends the activation
-  gradients to stage ``s-1``'s device; B keeps only what W needs;
-* ``W(s, m)`` runs the weight half;
-* weight gradients are summed per stage into one accumulator, on the stage's device.
-
-Nothing blocks: every executable call and every transfer is dispatched
-asynchronously, so the devices overlap as the schedule allows and the host
-runs ahead (the loss and gradients come back as arrays still being computed).
-The walk counts, per stage, how many microbatches' residual sets are alive
-at once (from ``F`` to ``B`` or ``BW``, the schedule's definition in
-:meth:`~jaxaot._src.parallel.schedule.Schedule.peak_live_microbatches`); that count
-is taken from the dictionaries that actually hold the residuals.
-
-Costs: one executable call per action, one transfer per stage boundary and
-microbatch in each direction, and one small compiled add per gradient
-contribution; host work is ``O(number of actions)``.
+:func:`run_schedule` walks the schedule's actions once, in order, calling one
+compiled executable of the action's stage per action (F, B, W or BW,
+:mod:`jaxaot._src.parallel.stage`) and moving activations and cotangents between
+stage devices with ``jax.device_put``. Nothing blocks, so devices overlap as the
+schedule allows. The walk counts each stage's live residual sets from the
+dictionaries that hold them, to check the schedule's memory promise.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """``aot_module``: compile a Flax module's call ahead of time, writing its state back.
 
-A Flax module's call is turned into a pure function
-``(static, params, state, *args, **kwargs) -> (out, delta)`` and compiled with
-``aot_function``:
-
-* *parameters* (``nnx.Param``; linen's ``"params"`` collection) are the
-  differentiable inputs;
-* the rest of the *state* (``BatchStat``, ``RngCount``/``RngKey``, user
-  ``nnx.Variable``\\ s; linen's other collections) is non-differentiable input;
-* *delta* holds the state the call changed. Only changed leaves leave the
-  program, and a changed leaf that is literally another input is not an output
-  at all: the wrapper takes that input back (the module-level counterpart of
-  the runtime's ``output_is_input``). After each call the wrapper writes the
-  delta back, leaving the module as eager Flax would.
-
-The runtime differentiates inexact inputs (traced ones, where it can tell) and
-gives every inexact output a cotangent. Whenever the call is traced (under
-``grad``, ``jit``, ...), floating-point state therefore travels bitcast to an
-unsigned integer of the same width: it gets no gradient even under ``jit``, and
-mutated state outputs take no cotangent. Eager inference calls pass state as is
-(no extra copies) and build only the inference executable.
-
-:class:`CallMetadata` (PyTorch's ``ViewAndMutationMeta`` in JAX terms) describes
-each input and output of the compiled program; ``aot_model.lower(...)`` returns it.
-
-This module only checks the options and picks the wrapper:
-:mod:`jaxaot._src.nn.nnx` (``AOTModule``) or :mod:`jaxaot._src.nn.linen` (``AOTLinenModule``).
+The call becomes ``(static, params, state, *args, **kwargs) -> (out, delta)``,
+compiled with ``aot_function``: parameters are the differentiable inputs, the rest
+of the state a non-differentiable input (bitcast to unsigned integers when traced,
+so it never gets a gradient), and ``delta`` the state the call changed, written
+back after each call. :class:`CallMetadata` describes each input and output. This
+module checks the options and picks the wrapper (:mod:`jaxaot._src.nn.nnx` or
+:mod:`jaxaot._src.nn.linen`).
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -49,7 +30,7 @@ from flax import nnx
 
 from jaxaot._src.compile import Compiler
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.nn.call import Method
+from jaxaot._src.nn.module_call import Method
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.nnx import AOTModule, wrap_nnx
 from jaxaot._src.partition import Partitioner, default_partition

@@ -1,17 +1,11 @@
 """The eager gradient of an ``aot_function``: straight to its compiled executables.
 
-``jax.value_and_grad(aot_fn)`` works, but in eager mode JAX's own autodiff
-machinery (linearize, ``custom_vjp`` bookkeeping, transposition) costs about as
-much per call as the executables themselves on small functions.
-:func:`function_value_and_grad` runs the compiled forward and backward directly
-when every argument is a concrete array (one fused executable by default,
-:func:`jaxaot._src.fusion.run_fused`; ``docs/concepts/fused_step.md``), and defers to
-``jax.value_and_grad`` otherwise (under ``jit`` or ``vmap``, integer inputs, a
-loss that is not a real scalar).
-
-Costs per call: the function's signature look-up, one executable call (two
-when split), and the unflattening of the results; which program a signature
-runs is decided once, on its first call.
+Eagerly, JAX's autodiff bookkeeping around an ``aot_function`` (linearize,
+``custom_vjp``, transposition) can cost as much as the executables on small
+functions. :func:`function_value_and_grad` runs the compiled forward and backward
+directly (one fused executable by default, ``docs/concepts/fused_step.md``) when
+every argument is concrete, and defers to ``jax.value_and_grad`` otherwise (under
+a trace, integer inputs, a loss that is not a real scalar).
 """
 
 from __future__ import annotations

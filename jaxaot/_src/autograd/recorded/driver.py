@@ -1,52 +1,13 @@
 """``compiled_grad`` and ``compiled_value_and_grad``: the forward runs as written, the step is compiled.
 
-The model is PyTorch's compiled autograd, in JAX terms. Each call:
-
-1. *records* ``fun``'s forward (:mod:`.tape`): it runs as written, Python
-   control flow, prints, ``aot_function`` regions, ``jaxaot.loops.while_loop`` and
-   plain JAX mixed, but JAX operations are written down rather than
-   dispatched one by one. Values Python looks at (``if loss > 0``,
-   ``float(x)``, ``print(x)``) are computed on demand, eagerly;
-2. looks the recorded program's structure up in the process-wide cache
-   (:mod:`.cache`), compiling ``jit(value_and_grad(program))`` on a miss and
-   recording why (which input or operation changed, old vs new);
-3. runs that executable (:mod:`.step`): one call computes the loss, the
-   auxiliary outputs and the gradients.
-
-Steps that take the same path through the forward reuse one executable; a new
-path (another branch, another loop length, other shapes) compiles once.
-
-Three ways of running, per wrapped function, each a fallback of the one before
-(``compiled_autograd.stats().fallbacks`` says when and why one was taken):
-
-* **lazy recording** (the default): nothing is dispatched until Python needs a
-  value or the compiled step runs;
-* **eager recording**, when lazy recording failed (JAX itself asked for a
-  value it could not have, as boolean-mask indexing does, or the recorded
-  program did not compile): every operation runs as it is recorded, so JAX
-  sees the values it sees eagerly. The function keeps this mode;
-* **vjp capture** (:mod:`.capture`), when the forward does something a tape
-  cannot hold (``pmap``, mutable references, side effects inside a ``jit``
-  region): ``jax.vjp`` runs the forward, the transposed program is captured and
-  compiled once per structure. The function keeps this mode.
-
-A failed attempt has run part of the forward's Python code; its prints and
-other host side effects happen again when the next mode reruns it.
-
-Arguments follow ``jax.grad``: ``argnums`` picks the differentiated positional
-arguments, whose leaves must be float or complex. ``nnx.Module`` arguments are
-split as ``nnx.grad`` splits them (:mod:`.modules`): the gradient of a module
-is an ``nnx.State`` of its ``nnx.Param`` values, and the state the forward
-changes (batch statistics, RNG counters) is written back.
-
-With ``replay=True``, a call that Python could not tell apart from a recorded
-one (the same argument types and static values, the same outcomes of the values
-it looked at) runs the recorded step without running the forward's Python
-(:mod:`.replay`); any other call records as above.
-
-Called inside ``jit``/``vmap`` (or inside another compiled forward), there is
-nothing to run eagerly: the wrapper then behaves as ``jax.value_and_grad`` with
-the same parameter hooks, traced into the caller's program.
+Each call records the forward (:mod:`.tape`: Python runs as written, JAX operations
+are written down), looks its structure up in the process-wide cache (:mod:`.step_cache`,
+compiling ``jit(value_and_grad)`` of it on a miss, with the reason), and runs that
+one executable for loss, auxiliary outputs and gradients (:mod:`.step`). Lazy
+recording falls back to eager recording, then to capturing ``jax.vjp``'s backward
+(:mod:`.capture`), when the forward needs it. Arguments follow ``jax.grad``;
+``nnx.Module`` arguments as ``nnx.grad`` (:mod:`.modules`); ``replay=True`` skips
+the forward's Python for calls proven the same (:mod:`.replay`).
 """
 
 from __future__ import annotations
@@ -66,7 +27,7 @@ from jaxaot._src.autograd.recorded import modules as M
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import replay as R
 from jaxaot._src.autograd.recorded import step as S
-from jaxaot._src.autograd.recorded.cache import note_fallback, note_replay
+from jaxaot._src.autograd.recorded.step_cache import note_fallback, note_replay
 from jaxaot._src.autograd.recorded.plans import Plans, name_of
 from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
 

@@ -1,23 +1,11 @@
 """Why compiled autograd compiled a step, in words a user recognises.
 
-A step recompiles when its recorded forward (or captured backward) has a new
-:class:`~.structure.Structure`. The reason says, in this order of preference:
-
-1. which argument changed, by parameter name and pytree path, and how
-   (``x: shape (4, 8) → (5, 8)``, ``params['w2']: dtype float32 → bfloat16``,
-   ``new argument mask``): :class:`CallInputs` names a call's inputs and
-   :func:`jaxaot._src.runtime.inputs_change` compares two calls' (the runtime's
-   wording);
-2. otherwise, what the forward did differently (:func:`explain`): the Python
-   branch that went the other way, found among the values Python looked at
-   while the forward was recorded (``Python branch at model.py:42 (loss) took
-   the other side (the condition was True, now False)``), then the first
-   operation that differs, by the source line that wrote it; or an array the
-   forward closes over, or a Python scalar it used, that changed.
-
-Costs: naming a call's inputs flattens its non-differentiated arguments (one
-``tree_flatten``, every call); the paths and the words are made on a compile
-only.
+A step compiles when its recording has a new structure. The reason names, first,
+the argument that changed by name and pytree path (:class:`CallInputs`, in the
+runtime's wording); otherwise what the forward did differently (:func:`explain`):
+the Python branch that went the other way, the first operation that differs by
+source line, or a closed-over array or scalar that changed. The words are made
+only when a step compiles.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The online placement of :mod:`jaxaot._src.loops.revolve`, precomputed for a bounded loop.
 
-The forward of ``checkpoints=k`` decides at every step whether to store the
-state (:func:`~jaxaot._src.loops.revolve.place`). Those decisions depend on the step
-number alone, never on the data or on the trip count, so with a bound
-``max_steps=N`` they can be made once, at trace time: :func:`stored_steps`
-lists the steps whose state is stored, the slot each goes to and how many
-snapshots are then held, and :func:`recorder` is the forward's reading of it
-(one table entry per step instead of the placement's batched binary searches,
-a few hundred ops that XLA compiles into dozens of kernels). The backward reads
-revolve's split points from :func:`split_points`, every one up to N (a binary
-search of :func:`split_table`, a binomial table cut to what N needs, where that
-table would be too large), instead of searching one of ``MAX_REPS + 1`` columns
-computed on the device.
-
-:func:`stored_steps` runs the same greedy rule as ``place`` in plain Python,
-incrementally: between two stored steps only the costs of the last segment
-change, so a step costs four table lookups and a stored step a few more (about
-10 ms for N = 2000, 0.35 s for N = 100,000 at k = 40), and its decisions equal
+The forward of ``checkpoints=k`` decides at every step whether to store the state,
+from the step number alone, so with ``max_steps=N`` the decisions can be made once
+at trace time: :func:`stored_steps` (the same greedy rule as
+:func:`~jaxaot._src.loops.revolve.place`, in incremental Python) and :func:`recorder`
+replace the device's binary searches with one table read per step, and
+:func:`split_points` gives the backward's split points. Their decisions equal
 ``place``'s at every step (``tests/loops/test_placement.py``).
 
 Example:
@@ -180,8 +169,8 @@ def split_table(max_steps: int, checkpoints: int) -> np.ndarray:
                       np.int64).astype(np.int32)
 
 
-#: Most entries of a :func:`split_points` table (1 MiB of int16): XLA compiles a constant of that
-#: size in about 15 ms; longer loops with more checkpoints search :func:`split_table` instead.
+#: Most entries of a :func:`split_points` table (1 MiB of int16), a constant XLA compiles quickly;
+#: longer loops with more checkpoints search :func:`split_table` instead.
 MAX_SPLIT_POINTS = 1 << 19
 
 
