@@ -1,25 +1,10 @@
 """``jaxaot.compare``: jaxaot's training steps next to JAX's on your own function, by compiled peak and step time.
 
-For a loss ``fn`` and example arguments, :func:`compare` builds and runs
-
-* jaxaot at each ``memory_budget`` of ``budgets``: ``jaxaot.value_and_grad`` of
-  ``aot_function(fn, partition_fn=min_cut_rematerialization_partition(memory_budget=b))``;
-* ``jax.jit(jax.value_and_grad(fn))``, the reference each ratio is taken against;
-* ``jax.jit(jax.value_and_grad(jax.checkpoint(fn, policy=P)))`` for each of JAX's
-  ``jax.checkpoint_policies`` named in ``policies``.
-
-Each :class:`Row` holds the step's compiled peak device memory per device
-(:func:`~jaxaot._src.partition.compiled_peak` of the executable; for jaxaot, of
-the step ``value_and_grad`` runs: :attr:`jaxaot.AOTCompiled.peak_bytes`), its
-seconds per call on the default device, one number per round (the programs
-take turns within each round, so a slow moment of the machine hits them all
-alike: :func:`time_rounds`), and the largest absolute difference of its value
-and gradient from the reference's, so that a program computing something else
-shows. ``str()`` of the :class:`Comparison` is a table; nothing is printed.
-
-Costs: one XLA compile per JAX row; per jaxaot row, tracing, planning, the
-fused step's compile, and (for the peak) the forward, backward and inference
-programs' compiles; then ``2 + rounds * calls`` steps per row.
+Rows: jaxaot's min-cut at each budget, ``jax.jit(jax.value_and_grad(fn))`` (the
+reference) and ``jax.checkpoint(fn, policy=P)`` per named JAX policy. Each :class:`Row`
+holds the step's compiled peak per device, its seconds per call over interleaved
+rounds, and its largest difference from the reference's value and gradient, so a
+program computing something else shows. Nothing is printed: ``str()`` is a table.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
@@ -43,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxaot._src.autograd import value_and_grad
-from jaxaot._src.partition import compiled_peak, format_bytes, min_cut_rematerialization_partition
+from jaxaot._src.partition import compiled_peak, min_cut_rematerialization_partition
+from jaxaot._src.units import format_bytes
 from jaxaot._src import progress as _progress
 from jaxaot._src.runtime import aot_function
 from jaxaot._src.tables import median_spread, table

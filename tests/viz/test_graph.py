@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from jaxaot import viz
+from jaxaot._src import viz
 
 
 def test_node_kinds_for_known_function(small):

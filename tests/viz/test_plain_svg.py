@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from jaxaot import viz
+from jaxaot._src import viz
 from jaxaot._src.viz.plain_layout import layered_layout, layers
 
 SVG = "{http://www.w3.org/2000/svg}"

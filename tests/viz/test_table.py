@@ -3,7 +3,7 @@
 import html
 import re
 
-from jaxaot import viz
+from jaxaot._src import viz
 
 
 def test_residual_table_lists_every_residual(block):

@@ -1,17 +1,9 @@
 """What ``jaxaot inspect --shapes`` reads: abstract arguments, flat or as pytrees.
 
-Two forms, told apart by the first character:
-
-* a plain list, one ``dtype[dims]`` per positional argument, separated by
-  spaces: ``"f32[8,16] f32[4, 8]"`` (spaces inside the brackets are fine);
-* JSON, for pytree arguments: a JSON list holds the positional arguments, any
-  other JSON value is the only positional argument. Inside it, a string is one
-  array (``"f32[8,16]"``), a list is a list node and an object is a dict node:
-  ``'[{"w": "f32[8,16]", "b": "f32[16]"}, "f32[4,8]"]'``.
-
-A dtype is a short name (``f32``), a full one (``float32``), or ``float``,
-``int``, ``uint`` or ``complex``, which mean JAX's default 32-bit widths
-(:func:`read_dtype`): only a dtype named 64-bit needs ``jax_enable_x64``.
+Either one ``dtype[dims]`` per positional argument, separated by spaces, or JSON
+for pytrees (a string is an array, a list a list node, an object a dict node).
+``float``, ``int``, ``uint`` and ``complex`` mean 32-bit widths (:func:`read_dtype`):
+only a dtype named 64-bit needs ``jax_enable_x64``.
 
 Example:
     >>> [(s.shape, s.dtype.name) for s in parse_shapes("f32[8, 16] i32[]")]
