@@ -21,11 +21,12 @@ from jaxaot._src.partition import (
     OpCosts as OpCosts,
     FlopCosts as FlopCosts,
     MeasuredCosts as MeasuredCosts,
+    split_backward as split_backward,
 )
 
 __all__ = [
     "JointGraph", "trace_joint", "Partition", "Partitioner", "Residual", "default_partition",
     "min_cut_rematerialization_partition", "remat_policy", "RematPolicy", "Gradient", "differentiate",
     "MemoryBudget", "parse_memory_budget", "StepPeak", "DeviceModel", "OpCosts", "FlopCosts",
-    "MeasuredCosts",
+    "MeasuredCosts", "split_backward",
 ]

@@ -36,7 +36,7 @@ LAYERS = [
     {"jaxaot._src.artifacts", "jaxaot._src.nn", "jaxaot._src.parallel"},  # front-ends on the runtime
     {"jaxaot._src.autograd"},     # eager gradients of aot functions and modules, and compiled autograd
     {"jaxaot._src.viz"},          # pictures of what the runtime built
-    {*PUBLIC_FACES, "jaxaot._src.cli"},  # the public faces, and the command written on them
+    {*PUBLIC_FACES, "jaxaot._src.cli", "jaxaot.__main__"},  # the public faces, and the command written on them
 ]
 
 #: Optional dependencies that may only be imported inside functions (they are extras).
