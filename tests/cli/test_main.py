@@ -63,7 +63,19 @@ def _documented_commands(prefix: str) -> list[str]:
     return [line.split(" #")[0].strip() for line in lines if line.strip().startswith(prefix)]
 
 
-def test_documented_inspect_examples_run_as_written(capsys):
+@pytest.fixture
+def documented_model(tmp_path, monkeypatch):
+    """The page's ``model.py`` (its ``python file=model.py`` block) in the current folder, importable as ``model``."""
+    block = re.search(r"```python file=model.py\n(.*?)```", CLI_DOCS.read_text(), flags=re.S).group(1)
+    (tmp_path / "model.py").write_text(block)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "model", raising=False)
+    yield
+    sys.modules.pop("model", None)
+
+
+def test_documented_inspect_examples_run_as_written(capsys, documented_model):
     commands = _documented_commands("jaxaot inspect")
     assert len(commands) >= 2, "docs/cli.md shows jaxaot inspect with --shapes and with --args"
     assert any("--shapes" in c for c in commands) and any("--args" in c for c in commands)
@@ -78,7 +90,7 @@ def test_documented_inspect_examples_run_as_written(capsys):
             assert "== residuals ==" in out, command
 
 
-def test_documented_commands_name_only_real_targets():
+def test_documented_commands_name_only_real_targets(documented_model):
     for command in _documented_commands("jaxaot "):
         for word in shlex.split(command):
             if re.fullmatch(r"[\w.]+:[\w.]+", word):
