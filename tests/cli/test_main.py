@@ -153,7 +153,7 @@ def test_inspect_json_matches_the_text(capsys):
     assert cli.main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["partition"] == "default" and doc["budget"] is None and doc["predicted_peak"] is None
-    assert f"{len(doc['residuals'])} residuals, {doc['added_bytes']} bytes added" in text
+    assert f"{len(doc['residuals'])} residuals, {doc['saved_bytes']} bytes saved ({doc['added_bytes']} added" in text
     assert all(r["label"] in text for r in doc["residuals"])
 
 
