@@ -48,7 +48,9 @@ templates_path = ["_templates"]
 autosummary_generate = True
 autosummary_imported_members = True
 autosummary_ignore_module_all = False  # a module's public names are its __all__
-autosummary_context = {"top_level": list(jaxaot.__all__)}
+# The core's names, not the faces (the modules jaxaot.<name>): a face naming one links to its page under jaxaot.
+autosummary_context = {"top_level": [n for n in jaxaot.__all__
+                                     if getattr(getattr(jaxaot, n), "__name__", None) != f"jaxaot.{n}"]}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": True}

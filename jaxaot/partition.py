@@ -25,13 +25,14 @@ from jaxaot._src.partition import (
     OpCosts as OpCosts,
     FlopCosts as FlopCosts,
     MeasuredCosts as MeasuredCosts,
+    split_backward as split_backward,
 )
 
 __all__ = [
     "JointGraph", "trace_joint", "Partition", "Partitioner", "Residual", "default_partition",
     "min_cut_rematerialization_partition", "MinCutOptions", "remat_policy", "RematPolicy", "Gradient", "differentiate",
     "MemoryBudget", "parse_memory_budget", "StepPeak", "DeviceModel", "OpCosts", "FlopCosts",
-    "MeasuredCosts",
+    "MeasuredCosts", "split_backward",
 ]
 
 # The old layout's paths, for one release: ``import jaxaot.partition.<module>`` and names its package exported.

@@ -65,7 +65,19 @@ def _documented_commands(prefix: str) -> list[str]:
     return [line.split(" #")[0].strip() for line in lines if line.strip().startswith(prefix)]
 
 
-def test_documented_inspect_examples_run_as_written(capsys):
+@pytest.fixture
+def documented_model(tmp_path, monkeypatch):
+    """The page's ``model.py`` (its ``python file=model.py`` block) in the current folder, importable as ``model``."""
+    block = re.search(r"```python file=model.py\n(.*?)```", CLI_DOCS.read_text(), flags=re.S).group(1)
+    (tmp_path / "model.py").write_text(block)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "model", raising=False)
+    yield
+    sys.modules.pop("model", None)
+
+
+def test_documented_inspect_examples_run_as_written(capsys, documented_model):
     commands = _documented_commands("jaxaot inspect")
     assert len(commands) >= 2, "docs/cli.md shows jaxaot inspect with --shapes and with --args"
     assert any("--shapes" in c for c in commands) and any("--args" in c for c in commands)
@@ -102,7 +114,7 @@ def _check_comparison(out: str, argv: list[str]) -> None:
         assert f"over {rounds} rounds" in out
 
 
-def test_documented_commands_name_only_real_targets():
+def test_documented_commands_name_only_real_targets(documented_model):
     for command in _documented_commands("jaxaot "):
         for word in shlex.split(command):
             if re.fullmatch(r"[\w.]+:[\w.]+", word):
@@ -175,7 +187,7 @@ def test_inspect_json_matches_the_text(capsys):
     assert cli.main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["partition"] == "default" and doc["budget"] is None and doc["predicted_peak"] is None
-    assert f"{len(doc['residuals'])} residuals, {doc['added_bytes']} bytes added" in text
+    assert f"{len(doc['residuals'])} residuals, {doc['saved_bytes']} bytes saved ({doc['added_bytes']} added" in text
     assert all(r["label"] in text for r in doc["residuals"])
 
 

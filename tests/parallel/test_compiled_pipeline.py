@@ -287,7 +287,7 @@ def test_the_pipeline_pages_first_example_runs():
     """The first block of docs/concepts/pipeline.md, on the ``jax.make_mesh`` mesh it builds, as written."""
     if devices_available() < 8:
         pytest.skip(f"the example's 4 x 2 mesh needs 8 devices; {jax.device_count()} here")
-    block = re.search(r"## The step\n\n```python\n(.*?)```", DOCS.read_text(), flags=re.S).group(1)
+    block = re.search(r"## The step\n\n```python[^\n]*\n(.*?)```", DOCS.read_text(), flags=re.S).group(1)
     names: dict = {}
     exec(compile(block, str(DOCS), "exec"), names)
     ref_loss, ref_grads = unpipelined([names["layer"]] * 4, names["loss_fn"], 8)(

@@ -135,7 +135,7 @@ def test_without_scan_overlap_only_the_top_level_may_offload():
 def test_lower_marks_scan_offloaded_residuals():
     pf = functools.partial(mincut, offload=True, device_model=FAST)
     low = jaxaot.aot_function(layers, partition_fn=pf).lower(*layers_args())
-    text = str(low)
+    text = low.details()
     assert "offloaded" in text and "bytes offloaded to host memory" in text
     assert low.device_saved_bytes < low.saved_bytes
 

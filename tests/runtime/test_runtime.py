@@ -230,7 +230,7 @@ def test_lower_reports():
     assert set(low.compile_times) == {"trace", "joint", "partition"}
     assert set(low.executables) == {"inference", "forward", "backward"}  # compiles, on first use
     assert set(low.compile().compile_times) >= {"trace", "joint", "partition", "compile_forward", "compile_backward"}
-    text = str(low)
+    text = low.details()
     assert "== forward" in text and "== backward ==" in text and "tanh" in text
     ma = low.memory_analysis()
     assert set(ma) == {"inference", "forward", "backward"}

@@ -254,7 +254,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(inspect_document(low, target=args.target, partition=name, budget=args.budget,
                                           offload=args.offload), indent=2))
     else:
-        print(low)
+        print(low.details())
     return 0
 
 

@@ -32,6 +32,8 @@ from jaxaot._src.runtime.residual_table import ResidualTable
 from jaxaot._src.tracing import JointGraph
 
 PROGRAMS = ("inference", "forward", "backward")
+#: Rows of the residual table a summary (``str()``) shows; ``details()`` shows them all.
+SUMMARY_ROWS = 5
 
 
 def _stage_times(training: TrainingPrograms) -> dict[str, float]:
@@ -130,7 +132,7 @@ class AOTLowered:
                        "backward": tr.backward_exe}
         return AOTCompiled(self, executables, _stage_times(tr))
 
-    # Conveniences of earlier versions, where lower() compiled: they compile now, on first use.
+    # Shortcuts to the compiled stage: each compiles on first use.
     @functools.cached_property
     def _compiled(self) -> "AOTCompiled":
         return self.compile()
@@ -154,25 +156,29 @@ class AOTLowered:
         (:class:`~jaxaot._src.partition.StepPeak`: fused and split, with the budget), else None."""
         return self.partition.step_peak
 
-    def __str__(self) -> str:
-        times = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.compile_times.items())
+    def _totals(self) -> str:
         t = self.residuals
         offloaded = f", {t.offloaded_bytes} offloaded to host" if t.offloaded_bytes else ""
         peak = self.predicted_peak
-        predicted = "" if peak is None or peak.fused is None else (
-            f", predicted peak {peak.fused} bytes ({peak})")
-        parts = [
-            f"== forward: {len(t)} residuals, {t.added_bytes} bytes added, {t.input_bytes} bytes of inputs"
-            f"{offloaded}{predicted} ==",
-            str(self.forward),
-            "== backward ==",
-            str(self.backward),
-            "== residuals ==",
-            str(t),
-        ]
+        predicted = "" if peak is None or peak.fused is None else f", predicted peak {peak.fused} bytes ({peak})"
+        return f"{_count(len(t))}, {_bytes(t)}{offloaded}{predicted}"
+
+    def __str__(self) -> str:
+        """A summary of at most 15 lines: the totals, the programs' sizes, the largest residuals, the
+        partitioner's notes and the stage times; :meth:`details` prints everything."""
+        sizes = f"forward {_eqns(self.forward)} eqns, backward {_eqns(self.backward)} eqns"
+        lines = [f"AOTLowered: {self._totals()}",
+                 f"programs: {sizes}; {len(self.recomputed)} forward eqns recomputed in the backward"]
+        return "\n".join(lines + _summary_rows(self.residuals) + [_times(self.compile_times)])
+
+    def details(self) -> str:
+        """Everything: both programs' jaxprs, every residual with its source line, the recomputed eqns
+        and the stage times (what ``jaxaot inspect`` prints)."""
+        parts = [f"== forward: {self._totals()} ==", str(self.forward), "== backward ==", str(self.backward),
+                 "== residuals ==", str(self.residuals)]
         if self.recomputed:
             parts += ["== recomputed in backward ==", *self.recomputed]
-        parts.append(f"== times: {times} ==")
+        parts.append(f"== {_times(self.compile_times)} ==")
         return "\n".join(parts)
 
     def __repr__(self) -> str:
@@ -204,8 +210,25 @@ class AOTCompiled:
         tr = self.lowered._training
         return ResidualTable.of(tr.partition, tr.joint, tr.placement.known_residuals())
 
+    def _head(self) -> list[str]:
+        t = self.residuals
+        per_device = "" if t.device_nbytes is None or not any(r.sharding for r in t) else (
+            f", {t.device_nbytes} bytes per device")
+        peaks = [f"{k} {compiled_peak(self.executables[k])} bytes" for k in ("forward", "backward")
+                 if k in self.executables]
+        if "peak_bytes" in self.__dict__ and self.peak_bytes is not None:  # known: computing it may compile
+            peaks.append(f"training step {self.peak_bytes} bytes")
+        return [f"AOTCompiled: {', '.join(self.executables)}; {_count(len(t))}, {_bytes(t)}{per_device}",
+                f"compiled peak: {', '.join(peaks)}"]
+
     def __str__(self) -> str:
-        return str(self.residuals)
+        """A summary of at most 15 lines: executables, residual bytes, compiled peaks, the largest residuals
+        (with their shardings on a mesh); :meth:`details` lists every residual."""
+        return "\n".join(self._head() + _summary_rows(self.residuals) + [_times(self.compile_times)])
+
+    def details(self) -> str:
+        """The summary's totals, every residual with its source line, and the stage times."""
+        return "\n".join(self._head() + ["== residuals ==", str(self.residuals), _times(self.compile_times)])
 
     def memory_analysis(self) -> dict[str, dict[str, int] | None]:
         """Per executable, the backend's memory analysis as a dict of byte counts (None where unavailable)."""
@@ -243,6 +266,30 @@ class AOTCompiled:
 
     def __repr__(self) -> str:
         return f"<AOTCompiled: {', '.join(self.executables)}>"
+
+
+def _count(n: int) -> str:
+    return f"{n} residual{'' if n == 1 else 's'}"
+
+
+def _bytes(t: ResidualTable) -> str:
+    return f"{t.nbytes} bytes saved ({t.added_bytes} added by the forward, {t.input_bytes} of inputs)"
+
+
+def _eqns(program: Any) -> int:
+    return len(program.jaxpr.eqns)
+
+
+def _times(times: Mapping[str, float]) -> str:
+    return "times: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items())
+
+
+def _summary_rows(table: ResidualTable) -> list[str]:
+    """The largest residuals, a line counting those left out, and the partitioner's notes."""
+    rows = table.largest(SUMMARY_ROWS)
+    left = len(table) - max(len(rows) - 1, 0)
+    more = [f"... {left} more: .details() lists every residual"] if left else []
+    return (["largest residuals:"] if rows else []) + rows + more + table.notes()
 
 
 def _fuses(training: TrainingPrograms) -> bool:

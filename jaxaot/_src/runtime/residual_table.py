@@ -138,7 +138,8 @@ class ResidualTable(Sequence[ResidualRow]):
         """One dict per row (``label``, ``kind``, ``shape``, ``dtype``, ``nbytes``, ``producer``, ``source_line``)."""
         return [r.as_dict() for r in self._rows]
 
-    def __str__(self) -> str:
+    def _rows_text(self, indices: Sequence[int]) -> list[str]:
+        """The header and the rows at ``indices`` (numbered as in the whole table), columns aligned."""
         sharded = any(r.sharding for r in self._rows)
         offloaded = self.offloaded_bytes > 0 or any(r.offloaded for r in self._rows)
         header = ("#", "value", "shape", "dtype", "bytes") + (("sharding", "per device") if sharded else ()) + (
@@ -149,20 +150,29 @@ class ResidualTable(Sequence[ResidualRow]):
                if sharded else ())
             + ((r.placement,) if offloaded else ())
             + (r.producer, r.source_line)
-            for i, r in enumerate(self._rows)]
+            for i, r in ((i, self._rows[i]) for i in indices)]
         widths = [max(len(row[c]) for row in cells) for c in range(len(header))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+        return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+
+    def notes(self) -> list[str]:
+        """The partitioner's notes: why nothing was offloaded, what priced recomputation."""
+        return [note for note in (self.offload_note, self.cost_note) if note]
+
+    def largest(self, top: int = 5) -> list[str]:
+        """The header and the ``top`` largest rows, those the forward adds first (inputs are alive anyway),
+        in table order; empty for an empty table."""
+        order = sorted(range(len(self._rows)), key=lambda i: (self._rows[i].kind == "input", -self._rows[i].nbytes, i))
+        return self._rows_text(sorted(order[:top])) if self._rows else []
+
+    def __str__(self) -> str:
+        lines = self._rows_text(range(len(self._rows)))
         lines.append(f"{self.nbytes} bytes saved: {self.input_bytes} of inputs (alive anyway), "
                      f"{self.added_bytes} added by the forward")
-        if sharded and self.device_nbytes is not None:
+        if any(r.sharding for r in self._rows) and self.device_nbytes is not None:
             lines.append(f"{self.device_nbytes} bytes per device")
-        if offloaded:
+        if self.offloaded_bytes > 0 or any(r.offloaded for r in self._rows):
             lines.append(f"{self.offloaded_bytes} bytes offloaded to host memory, {self.device_bytes} in device memory")
-        if self.offload_note:
-            lines.append(self.offload_note)
-        if self.cost_note:
-            lines.append(self.cost_note)
-        return "\n".join(lines)
+        return "\n".join(lines + self.notes())
 
     def __repr__(self) -> str:
         return f"ResidualTable({len(self)} values, {self.added_bytes} bytes added, {self.input_bytes} of inputs)"
