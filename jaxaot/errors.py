@@ -103,8 +103,8 @@ class XlaCompileError(JaxaotError, RuntimeError):
 
 
 class LoopRewriteError(JaxaotError, NotImplementedError):
-    """A ``lax.while_loop`` that :func:`jaxaot._src.loops.differentiable` (or ``patch_while_loop``) cannot
-    replace: it sits where the transform cannot reach (the message names the primitive that holds it
+    """A ``lax.while_loop`` that :func:`jaxaot.loops.differentiable` (or :func:`jaxaot.loops.patch_while_loop`)
+    cannot replace: it sits where the transform cannot reach (the message names the primitive that holds it
     and its source line)."""
 
 

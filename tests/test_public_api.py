@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
+import re
 import shutil
 import subprocess
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -145,3 +148,69 @@ def test_old_import_paths_resolve_to_the_moved_modules_with_a_warning():
         importlib.import_module("jaxaot.runtime.no_such_module")
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         jaxaot.partition.no_such_name  # noqa: B018
+
+
+def _public_objects() -> list[tuple[str, object]]:
+    """Every public object by its public name: the core's names and each face's ``__all__``."""
+    objects = [(f"jaxaot.{n}", getattr(jaxaot, n)) for n in jaxaot.__all__ if n not in FACES]
+    return objects + [(f"jaxaot.{f}.{n}", getattr(_face(f), n)) for f in FACES for n in _face(f).__all__]
+
+
+def _docstrings(name: str, obj: object):
+    """``(name, docstring)`` for ``obj`` and what ``help(obj)`` shows with it: a class's methods and
+    properties (inherited ones included, private ones left out), a module's functions and classes, an
+    instance's class (``jaxaot.config``). Plain values (a dict of styles) have no docstring of their own."""
+    if isinstance(obj, types.ModuleType):
+        yield name, obj.__doc__
+        for attr, value in vars(obj).items():
+            if (not attr.startswith("_") and getattr(value, "__module__", None) == obj.__name__
+                    and (inspect.isfunction(value) or inspect.isclass(value))):
+                yield from _docstrings(f"{name}.{attr}", value)
+        return
+    if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+        if not type(obj).__module__.startswith("jaxaot"):
+            return
+        obj = type(obj)
+    yield name, obj.__doc__
+    if inspect.isclass(obj):
+        for attr in dir(obj):
+            if attr.startswith("_") and not attr.startswith("__"):
+                continue
+            member = inspect.getattr_static(obj, attr)
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            if isinstance(member, property) or inspect.isfunction(member):
+                yield f"{name}.{attr}", member.__doc__
+
+
+def _public_docstrings() -> list[tuple[str, str]]:
+    modules = [("jaxaot", jaxaot)] + [(f"jaxaot.{f}", _face(f)) for f in FACES]
+    found = [(name, module.__doc__ or "") for name, module in modules]
+    return found + [(n, d) for name, obj in _public_objects() for n, d in _docstrings(name, obj) if d]
+
+
+def test_the_docstring_walk_reaches_methods_properties_and_the_config():
+    names = {name for name, _ in _public_docstrings()}
+    assert {"jaxaot.partition.DeviceModel.flop_costs", "jaxaot.nn.Optimizer.cache_info",
+            "jaxaot.parallel.Pipeline.__call__", "jaxaot.compiled_autograd.stats", "jaxaot.config"} <= names
+
+
+def test_public_docstrings_send_readers_only_to_public_names():
+    """What ``help()`` shows of a public object names no ``jaxaot._src`` module, function or class: a reader
+    is pointed at the public name, or at the page of the docs that explains the concept."""
+    offenders = sorted({name for name, doc in _public_docstrings() if "jaxaot._src" in doc})
+    assert not offenders, f"docstrings naming jaxaot._src (use the public name or a docs page): {offenders}"
+
+
+def test_public_docstrings_name_no_missing_or_old_public_names():
+    """A ``jaxaot.<name>`` or ``jaxaot.<face>.<name>`` in a public docstring is a public name (or an
+    attribute of one): not an internal one of a face, nor an old top-level name such as ``jaxaot.while_loop``."""
+    objects = {name for name, _ in _public_objects()}
+    allowed = objects | {"jaxaot"} | {f"jaxaot.{f}" for f in FACES}
+    offenders = set()
+    for name, doc in _public_docstrings():
+        for match in re.finditer(r"jaxaot(?:\.\w+)+", doc):
+            ref = match.group(0)
+            if not (ref.startswith("jaxaot._src") or ref in allowed or any(ref.startswith(o + ".") for o in objects)):
+                offenders.add(f"{name}: {ref}")
+    assert not offenders, f"docstrings naming what is not public: {sorted(offenders)}"

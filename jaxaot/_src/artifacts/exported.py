@@ -16,7 +16,8 @@ class ExportedAOT:
 
     Attributes:
       inference / forward / backward: ``jax.export.Exported`` objects.
-      signature: the :class:`~jaxaot._src.artifacts.aot_signature.AOTSignature`.
+      signature: the calling contract: the input and output structures and specs, which inputs
+        get gradients, which values the backward captures.
       name: the function's name.
     """
 
@@ -34,11 +35,11 @@ class ExportedAOT:
         """Write the manifest and the serialized programs as the directory ``path``.
 
         The files are written into a fresh folder that then takes the place of
-        ``path`` (:mod:`jaxaot._src.artifacts.manifest`): an interrupted re-save
+        ``path``: an interrupted re-save
         leaves the earlier artifact whole. An existing ``path`` must be an empty
         folder or an artifact. With ``key`` (at least 16 secret bytes) the
         artifact is signed, and ``jaxaot.export.load(path, key=key)`` refuses it if
-        anything in it changes (:mod:`jaxaot._src.artifacts.signing`).
+        anything in it changes (``docs/security.md``, "What loading an artifact checks").
 
         Example:
             >>> import jax.numpy as jnp, jaxaot, tempfile

@@ -44,20 +44,19 @@ from jaxaot._src.runtime import (
 def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_callbacks: bool = False,
          max_bytes: int | None = None, allow_custom_calls: Collection[str] | None = None,
          key: bytes | None = None) -> "LoadedAOT":
-    """Load a directory written by :meth:`ExportedAOT.save` (or wrap an ``ExportedAOT``).
+    """Load a directory written by :meth:`jaxaot.export.ExportedAOT.save` (or wrap an ``ExportedAOT``).
 
     Needs neither the original function nor its module. An artifact exported
     from sharded inputs needs as many devices as its mesh has (``f.mesh()``
     builds that mesh here, ``f.in_shardings(mesh)`` says where each input goes).
 
     Loading reads JSON and ``jax.export`` flatbuffers only, every file a
-    regular file inside the directory (:mod:`~jaxaot._src.artifacts.manifest`), and
-    audits the programs op by op before they can run
-    (:mod:`~jaxaot._src.artifacts.audit`): no host callbacks, every custom call of a
-    target ``jax.export`` produces and of the types its kernel reads and writes
-    (:mod:`~jaxaot._src.artifacts.custom_calls`), each program's own input and output
-    types and structure equal to what the manifest's signature says, and
-    exported for a platform this process has. Without ``key`` it trusts the
+    regular file inside the directory, and audits the programs op by op before
+    they can run: no host callbacks, every custom call of a target ``jax.export``
+    produces and of the types its kernel reads and writes, each program's own
+    input and output types and structure equal to what the manifest's signature
+    says, and exported for a platform this process has (``docs/security.md``,
+    "What loading an artifact checks"). Without ``key`` it trusts the
     artifact's source for what the programs compute; with it, anything changed
     in the artifact is refused.
 
@@ -68,9 +67,8 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
       allow_callbacks: load programs that call host callbacks. A callback
         calls whatever this process registered under its index: pass True
         only for an artifact you built yourself.
-      max_bytes: the largest program file to read (default
-        ``jaxaot._src.artifacts.manifest.MAX_PROGRAM_BYTES``, 4 GiB); the manifest
-        is read up to the smaller of this and ``MAX_MANIFEST_BYTES``.
+      max_bytes: the largest program file to read (default 4 GiB); the manifest
+        is read up to the smaller of this and 64 MiB.
       allow_custom_calls: custom-call targets to load without a type rule
         (Pallas kernels: ``("tpu_custom_call",)``), only for an artifact you
         built yourself: their kernels touch whatever memory they are told to.

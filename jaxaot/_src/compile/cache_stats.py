@@ -18,7 +18,7 @@ from jaxaot.errors import CacheWarning
 
 @dataclasses.dataclass(frozen=True)
 class CacheStats:
-    """Counts since the process started (or :func:`reset_stats`).
+    """Counts since the process started (or :func:`jaxaot.compilers.reset_cache_stats`).
 
     ``skipped`` counts partitions and programs that cannot be cached (a
     partitioner ``split_joint`` cannot reproduce, a result that is not a
@@ -46,8 +46,8 @@ def stats() -> CacheStats:
     """The hit/miss/corrupt counts of this process.
 
     Example:
-        >>> from jaxaot._src.compile import cache
-        >>> isinstance(cache.stats().executable_misses, int)
+        >>> import jaxaot
+        >>> isinstance(jaxaot.compilers.cache_stats().executable_misses, int)
         True
     """
     with _lock:

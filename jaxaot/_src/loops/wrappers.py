@@ -199,9 +199,9 @@ def while_loop(
 
     Runs ``while cond_fun(val): val = body_fun(val)`` and returns ``val``; arrays that
     the functions close over get gradients. ``max_steps`` / ``checkpoints`` choose
-    how reverse mode stores the iterations (see the module docstring), and
+    how reverse mode stores the iterations (``docs/concepts/loops.md``, "Choosing a mode"), and
     ``checkpoint_memory="host"`` keeps the offline schedule's snapshots in host
-    memory (:mod:`jaxaot._src.loops.offline`); the forward result never depends on them.
+    memory (``docs/concepts/loops.md``, "Host snapshots"); the forward result never depends on them.
 
     Example:
         >>> import jax, jaxaot
@@ -240,7 +240,7 @@ def while_loop_stack_output(
     carry after iteration ``i`` for ``i < num_steps`` (later rows are unspecified).
     Running more than ``max_steps`` iterations raises
     :class:`~jaxaot.errors.LoopOverflowError` (under ``jit``: the inexact rows are
-    NaN, and :func:`~jaxaot._src.loops.reraise_overflow` raises; :mod:`jaxaot._src.loops.overflow`).
+    NaN, and :func:`~jaxaot.loops.reraise_overflow` raises; see ``docs/concepts/loops.md``, "Overflow").
 
     Example:
         >>> import jaxaot

@@ -163,9 +163,12 @@ class AOTLinenModule(nn.Module):
     def prepare_call(self, variables: Mapping[str, Any], args: tuple, kwargs: dict, *, rngs: Any = None,
                      method: Any = None, mutable: Any = False, capture_intermediates: Any = False,
                      freeze: bool | None = None) -> ModuleCall:
-        """Within :mod:`jaxaot._src.nn` (``apply``, ``lower``, ``aot_export_module``): this call, prepared.
+        """This call, prepared for the module's program: what ``apply``, ``lower`` and
+        :func:`~jaxaot.nn.aot_export_module` run first.
 
-        The keywords are ``apply``'s; ``freeze`` is as in :class:`ModuleCall`.
+        The keywords are ``apply``'s. ``freeze``: pass the state other than the parameters in
+        frozen, so that it gets no cotangents; None: when any input is traced, i.e. when the call
+        may be differentiated.
         """
         return self._prepare(variables, args, kwargs, rngs=rngs, method=method, mutable=mutable,
                              capture_intermediates=capture_intermediates, freeze=freeze)

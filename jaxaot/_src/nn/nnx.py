@@ -65,9 +65,11 @@ class AOTModule(ProxyModule):
         return self._jaxaot_extra.loss_program
 
     def prepare_call(self, args: tuple, kwargs: dict, *, freeze: bool | None = None) -> ModuleCall:
-        """Within :mod:`jaxaot._src.nn` (``__call__``, ``lower``, ``aot_export_module``): this call, prepared.
+        """This call, prepared for the module's program: what ``__call__``, ``lower`` and
+        :func:`~jaxaot.nn.aot_export_module` run first.
 
-        ``freeze`` is as in :class:`ModuleCall`.
+        ``freeze``: pass the state other than the parameters in frozen, so that it gets no
+        cotangents; None: when any input is traced, i.e. when the call may be differentiated.
         """
         programs = self._jaxaot_extra
         split = split_of(self, self._jaxaot_inner)

@@ -1,4 +1,4 @@
-"""``jaxaot._src.nn.Optimizer``: ``nnx.Optimizer`` whose eager ``update`` is one compiled call.
+"""``jaxaot.nn.Optimizer``: ``nnx.Optimizer`` whose eager ``update`` is one compiled call.
 
 Eagerly, ``nnx.Optimizer.update`` dispatches the optax transformation one small
 operation per parameter at a time, which can cost more than the compiled training
@@ -12,7 +12,7 @@ Example:
     >>> import jax.numpy as jnp, optax, jaxaot
     >>> from flax import nnx
     >>> model = jaxaot.nn.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
-    >>> optimizer = jaxaot._src.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    >>> optimizer = jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     >>> loss, grads = jaxaot.value_and_grad(lambda m, x: jnp.sum(m(x) ** 2))(model, jnp.ones((4, 3)))
     >>> _ = optimizer.update(model, grads)
     >>> int(optimizer.step[...])
@@ -106,7 +106,7 @@ class Optimizer(nnx.Optimizer):
 
 
     def cache_info(self) -> CacheInfo:
-        """What this optimizer's compiled :meth:`update` compiled (:mod:`jaxaot._src.nn.update_cache`).
+        """What this optimizer's compiled :meth:`update` compiled, as a :class:`jaxaot.CacheInfo`.
 
         One entry per compile of the update program, its ``signature`` the inputs by name
         (``params[...]``, ``grads[...]``, ``opt_state[...]``, ``step``, ``kwargs[...]``), its
@@ -119,7 +119,7 @@ class Optimizer(nnx.Optimizer):
             >>> import jax.numpy as jnp, optax, jaxaot
             >>> from flax import nnx
             >>> model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
-            >>> optimizer = jaxaot._src.nn.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+            >>> optimizer = jaxaot.nn.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
             >>> for _ in range(3):
             ...     _ = optimizer.update(model, nnx.grad(lambda m: jnp.sum(m(jnp.ones((1, 3)))))(model))
             >>> info = optimizer.cache_info()

@@ -152,7 +152,7 @@ def zero_bubble(num_stages: int, num_microbatches: int, split: int | None = None
 
 
 def tuned_zero_bubble(num_stages: int, num_microbatches: int, op_times: OpTimes) -> Schedule:
-    """The :func:`zero_bubble` whose ``split`` :func:`~jaxaot._src.parallel.simulate.simulate` finds fastest.
+    """The :func:`zero_bubble` whose ``split`` :func:`~jaxaot.parallel.simulate` finds fastest.
 
     Tries ``split`` = 0, 1, 2, 4, ... and every microbatch; ties go to fewer
     splits (less memory held for W). Costs one simulation per candidate,

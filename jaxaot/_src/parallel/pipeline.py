@@ -5,7 +5,7 @@ Stages ``stage_fn(params_i, activations)`` and a ``loss_fn`` become a step
 the unpipelined composition over the mean microbatch loss. Each stage is an
 :func:`jaxaot.aot_function`, its backward split into B and W where the schedule
 defers weight gradients. The ``"compiled"`` executor (default,
-:mod:`jaxaot._src.parallel.spmd`) runs the whole schedule as one ``shard_map``
+``docs/concepts/pipeline.md``) runs the whole schedule as one ``shard_map``
 program, with data and tensor parallelism on the mesh's other axes; the
 ``"python"`` executor dispatches each stage's executables, for what that cannot run.
 """
@@ -35,8 +35,8 @@ class Pipeline:
     """A pipeline-parallel training step; build it with :func:`pipeline`.
 
     Attributes:
-      stages: the :class:`~jaxaot._src.parallel.stage.Stage` objects, in order.
-      schedule: the :class:`~jaxaot._src.parallel.schedule.Schedule` each step runs.
+      stages: the stages, in order: each function's :func:`jaxaot.aot_function` (``aot``), on its device.
+      schedule: the :class:`~jaxaot.parallel.Schedule` each step runs.
       num_microbatches: how many microbatches a batch is split into.
       executor: ``"compiled"`` or ``"python"``.
       mesh: the compiled executor's mesh (None for ``"python"``).
@@ -85,7 +85,7 @@ class Pipeline:
     def __call__(self, params: Any, inputs: Any, targets: Any) -> tuple[jax.Array, Any]:
         """One training step: ``(mean microbatch loss, per-stage gradients)``; nothing blocks.
 
-        With the compiled executor, ``params`` may be the packed :class:`~jaxaot._src.parallel.spmd.StageParams`
+        With the compiled executor, ``params`` may be the packed :class:`~jaxaot.parallel.StageParams`
         of :meth:`shard_params`; the gradients then come back packed the same way.
         """
         if self._compiled is not None:
@@ -153,13 +153,13 @@ class Pipeline:
 
     def measure_op_times(self, params: Sequence[Any], inputs: Any, targets: Any, *, repeats: int = 5,
                          back_to_back: int = 4, source: str | None = None) -> OpTimes:
-        """Per-stage F, B, W, BW (and transfer) times, for :mod:`~jaxaot._src.parallel.simulate`.
+        """Per-stage F, B, W, BW (and transfer) times: the :class:`~jaxaot.parallel.OpTimes` the simulators take.
 
         ``source="compiled"`` (the compiled executor's default): the passes as the compiled step inlines
-        them, each timed in a compiled loop on one device (:mod:`jaxaot._src.parallel.spmd.calibrate`; no
-        transfers), for :func:`~jaxaot._src.parallel.simulate.simulate_lockstep`. ``source="executables"`` (the
-        Python executor's): the stages' own executables on their devices, ``back_to_back`` dispatches per
-        sample, and the transfers between devices (:mod:`jaxaot._src.parallel.op_times`).
+        them, each timed in a compiled loop on one device (no transfers), for
+        :func:`~jaxaot.parallel.simulate_lockstep`. ``source="executables"`` (the Python executor's): the
+        stages' own executables on their devices, ``back_to_back`` dispatches per sample, and the transfers
+        between devices, for :func:`~jaxaot.parallel.simulate`.
         """
         source = source or ("compiled" if self._compiled is not None else "executables")
         if source not in ("compiled", "executables"):
@@ -183,7 +183,6 @@ class Pipeline:
 
         Example:
             >>> import jax, jax.numpy as jnp
-            >>> from jaxaot._src.parallel.pipeline import pipeline
             >>> layer = lambda w, x: jnp.tanh(x @ w)
             >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2), schedule="gpipe",
             ...                 num_microbatches=2, devices=[jax.devices()[0]] * 2, executor="python")
@@ -309,7 +308,7 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
              devices: Sequence[Placement] | None = None, partition_fn: Partitioner | None = None, *,
              mesh: jax.sharding.Mesh | None = None, stage_axis: str = "stage", data_axes: Sequence[str] = ("data",),
              executor: str = "compiled", param_specs: Sequence[Any] | None = None) -> Pipeline:
-    """A pipeline-parallel training step (see the module docstring).
+    """A pipeline-parallel training step (``docs/concepts/pipeline.md``).
 
     Args:
       stages: ``stage_fn(params_i, activations) -> activations``, in order.
@@ -317,7 +316,7 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
         axes, each device's share of a microbatch gets it and the results are averaged: the microbatch's
         loss when ``loss_fn`` is a mean over examples, as the usual losses are.
       schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zero_bubble"`` or a
-        :class:`~jaxaot._src.parallel.schedule.Schedule`.
+        :class:`~jaxaot.parallel.Schedule`.
       num_microbatches: the batch (axis 0 of every input and target leaf) is split in this many.
       devices: one device per schedule device (``executor="python"``: a device or sub-mesh each, repeats
         allowed); default ``jax.devices()[:num_devices]``.
@@ -329,7 +328,8 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
       param_specs: per stage, a tree of ``PartitionSpec`` (or None) matching its parameters: how each leaf
         is sharded over the mesh's other axes, e.g. ``P(None, "model")`` for a column-parallel weight.
         Default: replicated over them.
-      executor: ``"compiled"`` (one SPMD program) or ``"python"`` (see the module docstring for when).
+      executor: ``"compiled"`` (one SPMD program, with data and tensor parallelism on the mesh's other
+        axes) or ``"python"`` (dispatches each stage's executables, for what one program cannot run).
 
     Returns:
       a :class:`Pipeline`: ``step(params, inputs, targets) -> (loss, grads)``, plus ``step.lower(...)``,
@@ -342,11 +342,10 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
         meshes or shardings, ``executor`` is not a str, ``mesh`` is not a Mesh, the axis names are not str.
       InvalidValueError: ``executor`` is unknown, the mesh lacks the pipeline axis, devices repeat under the
         compiled executor, ``param_specs`` shards over the pipeline or data axes; see also
-        :func:`~jaxaot._src.parallel.builtin.make_schedule` (and its ScheduleError).
+        :func:`~jaxaot.parallel.make_schedule` (and its :class:`~jaxaot.errors.ScheduleError`).
 
     Example:
-        >>> import jax, jax.numpy as jnp, jaxaot
-        >>> from jaxaot._src.parallel.pipeline import pipeline
+        >>> import jax, jax.numpy as jnp
         >>> layer = lambda w, x: jnp.tanh(x @ w)
         >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2),
         ...                 schedule="gpipe", num_microbatches=2, devices=[jax.devices()[0]] * 2, executor="python")

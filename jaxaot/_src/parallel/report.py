@@ -10,10 +10,10 @@ from jaxaot._src.parallel.schedule import Schedule
 
 @dataclasses.dataclass(frozen=True)
 class PipelineReport:
-    """What :meth:`Pipeline.lower` finds, per stage, for one input signature (nothing is run).
+    """What :meth:`jaxaot.parallel.Pipeline.lower` finds, per stage, for one input signature (nothing is run).
 
     Attributes:
-      schedule: the :class:`~jaxaot._src.parallel.schedule.Schedule` the step runs.
+      schedule: the :class:`~jaxaot.parallel.Schedule` the step runs.
       placements: each stage's device (or mesh).
       input_specs: each stage's input activations for one microbatch (``jax.ShapeDtypeStruct`` trees).
       residual_bytes: bytes of one microbatch's residuals, parameters left out (alive anyway).

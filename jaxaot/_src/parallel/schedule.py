@@ -56,8 +56,8 @@ class Schedule:
     """A pipeline schedule: every pass of every microbatch through every stage, in a global issue order.
 
     Attributes:
-      actions: the actions, in an order that respects every dependency (see the
-        module docstring); each device runs its own subsequence in this order.
+      actions: the actions, in an order that respects every dependency (``docs/concepts/pipeline.md``,
+        "Schedules are data"); each device runs its own subsequence in this order.
       num_stages, num_microbatches, num_devices: the pipeline's sizes.
       name: what built it (``"gpipe"``, ``"1f1b"``, ... or ``"custom"``).
 

@@ -7,7 +7,7 @@ spent idle. It leaves out send contention, memory and dispatch, and costs one pa
 over the actions.
 
 Example:
-    >>> from jaxaot._src.parallel.builtin import gpipe
+    >>> from jaxaot.parallel import gpipe
     >>> sim = simulate(gpipe(4, 8), OpTimes.uniform(4))
     >>> sim.step_time, round(sim.bubble_fraction, 4), 3 / (8 + 4 - 1)
     (33.0, 0.2727, 0.2727272727272727)
@@ -58,7 +58,7 @@ class OpTimes:
                    per_stage(transfer))
 
     def stage_times(self, num_stages: int) -> dict[str, tuple[float, ...]]:
-        """Each op's time per stage (keys :data:`~jaxaot._src.parallel.schedule.OPS` and ``"transfer"``).
+        """Each op's time per stage (keys ``"F"``, ``"B"``, ``"W"``, ``"BW"`` and ``"transfer"``).
 
         Raises:
           InvalidValueError: a tuple's length is not ``num_stages``, or a time is
@@ -102,7 +102,11 @@ class Simulation:
 
 
 def simulate(schedule: Schedule, times: OpTimes) -> Simulation:
-    """Runs ``schedule`` in the event model of the module docstring and returns its timeline.
+    """Runs ``schedule`` in an event model and returns its timeline.
+
+    Each action starts when its device is free and the passes it depends on have
+    ended (plus ``transfer`` across devices), and lasts its stage's pass time
+    (``docs/concepts/pipeline.md``, "The simulator").
 
     Args:
       schedule: a schedule; it is validated first.
@@ -113,7 +117,7 @@ def simulate(schedule: Schedule, times: OpTimes) -> Simulation:
       InvalidValueError: ``times`` does not fit the schedule's stages.
 
     Example:
-        >>> from jaxaot._src.parallel.builtin import one_f_one_b
+        >>> from jaxaot.parallel import OpTimes, one_f_one_b
         >>> sim = simulate(one_f_one_b(2, 2), OpTimes.uniform(2, transfer=0.5))
         >>> [(str(a), start) for a, start, _ in sim.timeline[:3]]
         [('F(stage=0, microbatch=0)', 0.0), ('F(stage=0, microbatch=1)', 1.0), ('F(stage=1, microbatch=0)', 1.5)]
@@ -141,16 +145,16 @@ def simulate(schedule: Schedule, times: OpTimes) -> Simulation:
 
 
 def simulate_lockstep(schedule: Schedule, times: OpTimes) -> Simulation:
-    """The compiled pipeline's timeline: actions on a shared clock of ticks (:mod:`jaxaot._src.parallel.spmd.ticks`).
+    """The compiled pipeline's timeline: actions on a shared clock of ticks (``docs/concepts/pipeline.md``).
 
     In the compiled step every device runs at most one action per tick and
     then exchanges messages with its neighbours, so a tick lasts as long as its
     slowest action plus one transfer (when there are several devices). Each
-    action takes the tick :func:`~jaxaot._src.parallel.schedule.unit_slots` gives
-    it; the step time is the sum of the ticks.
+    action takes the earliest tick its device and its inputs allow, every pass
+    counted as one tick; the step time is the sum of the ticks.
 
     Example:
-        >>> from jaxaot._src.parallel.builtin import one_f_one_b
+        >>> from jaxaot.parallel import OpTimes, one_f_one_b, simulate_lockstep
         >>> times = OpTimes(forward=1.0, backward_input=1.0, backward_weight=1.0)
         >>> simulate_lockstep(one_f_one_b(2, 2), times).step_time  # 6 ticks, 4 of them with a BW (2.0)
         10.0

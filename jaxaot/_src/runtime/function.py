@@ -316,7 +316,7 @@ def aot_function(
 
     Sharded inputs (committed ``jax.Array``s on several devices, or any input
     under a ``jax.set_mesh`` context) compile every program for their shardings:
-    see :mod:`jaxaot._src.runtime.shardings`.
+    see ``docs/concepts/sharding.md``.
 
     Raises:
       InvalidInputError: ``fn`` or a compiler or partitioner is not callable, ``decompositions`` is not a

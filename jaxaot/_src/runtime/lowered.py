@@ -153,7 +153,7 @@ class AOTLowered:
     @property
     def predicted_peak(self) -> StepPeak | None:
         """The compiled peaks the planner measured for this plan under a byte ``memory_budget``
-        (:class:`~jaxaot._src.partition.StepPeak`: fused and split, with the budget), else None."""
+        (:class:`~jaxaot.partition.StepPeak`: fused and split, with the budget), else None."""
         return self.partition.step_peak
 
     def _totals(self) -> str:

@@ -55,7 +55,7 @@ def to_digraph(graph: SplitGraph, *, title: str = "") -> Any:
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
-        >>> from jaxaot._src.viz import split_graph
+        >>> from jaxaot.viz import STYLES, split_graph, to_digraph
         >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
         >>> src = to_digraph(split_graph(low)).source
         >>> STYLES["saved"].fill in src and "cluster_forward" in src

@@ -29,7 +29,7 @@ class Node:
 
     Attributes:
       id: unique within the graph.
-      kind: ``"forward"``, ``"saved"``, ``"backward"``, ... (a key of ``jaxaot._src.viz.STYLES``).
+      kind: ``"forward"``, ``"saved"``, ``"backward"``, ... (a key of :data:`jaxaot.viz.STYLES`).
       label: the text shown, lines separated by ``\\n``.
       tooltip: the longer description (SVG hover text).
       source: the eqn's ``file:line:col (function)``, for eqn nodes.

@@ -31,12 +31,12 @@ def render(lowered: Any, path: str | Path | None = None, format: str = "svg", *,
       path: where to write; ``None`` returns the text instead.
       format: ``"svg"`` (the graph), ``"html"`` (a standalone page: graph,
         legend and residual table) or ``"dot"`` (Graphviz source; needs no binary).
-      max_nodes, group_by: see :func:`jaxaot._src.viz.split_graph`.
+      max_nodes, group_by: see :func:`jaxaot.viz.split_graph`.
       title: a caption for the graph.
 
     Without Graphviz's ``dot`` (or the ``graphviz`` package), ``"svg"`` and
     ``"html"`` draw the graph with jaxaot's built-in layered layout
-    (:mod:`jaxaot._src.viz.plain_svg`: the same colours, simpler routing) and say so:
+    (:func:`jaxaot.viz.plain_svg`: the same colours, simpler routing) and say so:
     the picture's last line names what is missing, and ``"svg"`` warns
     (``UserWarning``) with how to get Graphviz's picture.
 

@@ -34,8 +34,8 @@ def plot_schedule(schedule: Schedule, times: OpTimes | Simulation | None = None,
 
     Args:
       schedule: the schedule to draw.
-      times: the passes' times (:class:`~jaxaot._src.parallel.simulate.OpTimes`, in
-        seconds), or a :class:`~jaxaot._src.parallel.simulate.Simulation` of this
+      times: the passes' times (:class:`~jaxaot.parallel.OpTimes`, in
+        seconds), or a :class:`~jaxaot.parallel.Simulation` of this
         schedule already run; by default every F, B and W takes one unit (and a
         BW two).
       title: the figure's title; the step time and bubble fraction follow it.
@@ -48,8 +48,8 @@ def plot_schedule(schedule: Schedule, times: OpTimes | Simulation | None = None,
       ScheduleError: the schedule is invalid.
 
     Example:
-        >>> from jaxaot._src.parallel.builtin import zero_bubble
-        >>> from jaxaot._src.parallel.simulate import OpTimes
+        >>> from jaxaot.parallel import OpTimes, zero_bubble
+        >>> from jaxaot.viz import plot_schedule
         >>> fig = plot_schedule(zero_bubble(2, 3), OpTimes.uniform(2, 1e-3, 1e-3, 5e-4))
         >>> [t.get_text() for t in fig.axes[0].get_yticklabels()], fig.axes[0].get_xlabel()
         (['device 0', 'device 1'], 'time (s)')

@@ -51,11 +51,11 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
       has_aux: ``fun`` returns ``(value, aux)``.
       param_hooks: ``{path pattern or predicate: fn(param, grad) -> grad}``, run
         on each matching parameter's full gradient inside the compiled backward
-        (:mod:`jaxaot._src.autograd.recorded.param_hooks`).
+        (``docs/concepts/compiled_autograd.md``, "Hooks").
       replay: skip the forward's Python on a call whose arguments have the
         types and static values of a recorded call, and whose looked-at values
         (``if loss > 0``) take outcomes a recording took: the compiled step runs
-        directly, as ``jit`` runs (:mod:`jaxaot._src.autograd.recorded.replay`). The
+        directly, as ``jit`` runs (``docs/concepts/compiled_autograd.md``, "Replay"). The
         forward's Python side effects then happen only when it is recorded.
 
     Returns:

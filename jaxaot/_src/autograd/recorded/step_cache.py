@@ -1,6 +1,6 @@
 """The process-wide cache of compiled steps and backwards, its counters and its recompile reasons.
 
-An entry is keyed by a recording's :class:`~jaxaot._src.autograd.recorded.structure.Structure`
+An entry is keyed by a recording's structure (its inputs, equations and wiring)
 plus what the executable bakes in (parameter hooks), so functions with the same
 program share one executable. It is thread-safe (each structure compiles once,
 other threads wait for it; a failed compile leaves no entry) and holds at most

@@ -55,8 +55,8 @@ class Residual:
       index: the primal input index, or the forward output index.
       producer: the primitive that computed it (``"input"`` for inputs).
       source_line: the user's ``file:line (function)`` of that eqn.
-      offloaded: whether it waits in host memory between the programs
-        (:mod:`jaxaot._src.partition.offload.host_offload`) rather than on the device.
+      offloaded: whether it waits in host memory between the programs rather than on the device
+        (``docs/concepts/memory_planner.md``, "Offloading to host memory").
       in_joint_host: offloaded by the joint graph itself (its value is already in
         host memory there: a JAX offload policy's residual, or a scan body's
         offloaded values stacked by JAX), so the programs add no copies for it.
@@ -98,11 +98,11 @@ class Partition:
       recomputed: the forward eqns the backward recomputes (printed form).
       primal_plan / split_from: see below; None for partitions of the joint as traced.
       offload_note: why nothing was offloaded when offloading was asked for
-        (:mod:`jaxaot._src.partition.offload.host_offload`), else empty.
+        (``docs/concepts/memory_planner.md``, "Offloading to host memory"), else empty.
       cost_note: what priced recomputation when the plan traded bytes for it
-        (:mod:`jaxaot._src.partition.costs.op_costs`: measured or FLOP-estimated), else empty.
+        (an :class:`~jaxaot.partition.OpCosts`: measured or FLOP-estimated), else empty.
       step_peak: for a plan chosen under a byte ``memory_budget``, the compiled peaks of its step
-        and the budget (:class:`~jaxaot._src.partition.budget.StepPeak`), else None.
+        and the budget (:class:`~jaxaot.partition.StepPeak`), else None.
     """
 
     forward: Any

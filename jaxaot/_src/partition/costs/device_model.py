@@ -69,9 +69,9 @@ class DeviceModel:
         it overlaps, and below :data:`MIN_OVERLAP` nothing is offloaded.
       note: why ``has_host_memory`` is False (the partition's ``offload_note``).
       scan_overlap: the same fraction for copies made inside a ``lax.scan``
-        body, one slice per iteration (:mod:`jaxaot._src.partition.offload.scan_offload`).
+        body, one slice per iteration (``docs/concepts/memory_planner.md``, "Offloading to host memory").
       copy_slots: how many copies the compiler keeps in flight at once in one
-        program (:mod:`jaxaot._src.partition.costs.copy_slots`): the planner offloads at
+        program (read off a small compiled program's schedule): the planner offloads at
         most this many values, the largest (None: no limit).
       headroom: how much longer than a copy (after ``overlap``) the compute
         beside it must last for the planner to count it hidden (1: exactly as
@@ -159,14 +159,14 @@ class DeviceModel:
     def eqn_seconds(self, eqn: Any) -> float:
         """Seconds the device spends on ``eqn``: FLOPs, or bytes moved where that is slower.
 
-        Fusible eqns (``cost_model.Recompute.CHEAP``) count FLOPs alone: XLA
+        Fusible eqns (elementwise, reshapes, gathers, cheap reductions) count FLOPs alone: XLA
         fuses them into their neighbours' kernels, whose traffic is counted.
         """
         return self.flop_costs.seconds(eqn)
 
     @property
     def flop_costs(self) -> FlopCosts:
-        """This device's rates as an :class:`~jaxaot._src.partition.costs.op_costs.OpCosts` (FLOP estimates)."""
+        """This device's rates as a :class:`~jaxaot.partition.FlopCosts` (FLOP estimates)."""
         return FlopCosts(self.device_flops, self.device_bandwidth)
 
     @classmethod

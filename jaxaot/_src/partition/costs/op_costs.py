@@ -46,12 +46,12 @@ class OpCosts(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class FlopCosts:
-    """Costs estimated from FLOP counts (:func:`jaxaot._src.partition.costs.cost_model.flops`).
+    """Costs estimated from each eqn's FLOP count (a matmul's or convolution's from its shapes).
 
     Attributes:
       device_flops: FLOP/s of the device.
-      device_bandwidth: bytes/s of its memory; eqns that are not fusible
-        (``cost_model.Recompute.CHEAP``) then cost at least their operands' and
+      device_bandwidth: bytes/s of its memory; eqns that XLA does not fuse into their neighbours
+        (matmuls, convolutions, large reductions, loops) then cost at least their operands' and
         results' bytes over it. None: FLOPs alone.
     """
 

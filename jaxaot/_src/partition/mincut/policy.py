@@ -324,7 +324,7 @@ def remat_policy(
         input is differentiated.
       memory_budget: the min-cut's budget: a fraction in ``[0, 1]``, or bytes of the step's compiled
         peak (``"1.4GB"``), read as every entry point reads it
-        (:func:`~jaxaot._src.partition.budget.parse_memory_budget`,
+        (:func:`~jaxaot.partition.parse_memory_budget`,
         :func:`~jaxaot.partition.min_cut_rematerialization_partition`).
       partition_fn: another partitioner to export instead (then leave
         ``memory_budget`` at 1).

@@ -40,32 +40,33 @@ def min_cut_rematerialization_partition(
         checked now and the configured partitioner (a :class:`MinCutOptions`) is returned, to pass
         as ``partition_fn``.
       memory_budget: a fraction in ``[0, 1]``, or bytes, read by
-        :func:`~jaxaot._src.partition.budget.parse_memory_budget`. A fraction: 1 bans recomputing
+        :func:`~jaxaot.partition.parse_memory_budget`. A fraction: 1 bans recomputing
         expensive eqns (matmuls, convolutions, large reductions, loops), 0 recomputes all it can
         and saves only inputs (or smaller values derived from them); in between, a knapsack
-        (:mod:`jaxaot._src.partition.mincut.knapsack`) picks which expensive values to recompute,
+        (``docs/concepts/memory_planner.md``, "The memory budget") picks which expensive values to recompute,
         cheapest seconds per saved byte first (``op_costs``). Bytes (an int, a whole float such
         as ``1.4e9``, or a string such as ``"1.4GB"`` or ``"512MiB"``): the training step's
         compiled peak device memory per device; the plan is the one at the largest fraction
-        whose compiled peak fits (:mod:`jaxaot._src.partition.budget.search`), and
+        whose compiled peak fits (``docs/concepts/memory_planner.md``, "Byte budgets: the step's
+        compiled peak"), and
         :class:`~jaxaot.errors.MemoryBudgetError` says when none does.
       rematerialize_scans: choose the per-iteration residuals of each top-level
-        ``lax.scan`` with the same min-cut on its body (:mod:`jaxaot._src.partition.mincut.scan_remat`).
+        ``lax.scan`` with the same min-cut on its body (``docs/concepts/memory_planner.md``, "Loops of layers").
       offload: False, True or ``"auto"``: also move saved values to host memory
-        where the copies overlap compute (:mod:`jaxaot._src.partition.offload.host_offload`); the
+        where the copies overlap compute (``docs/concepts/memory_planner.md``, "Offloading to host memory"); the
         budget then counts device bytes and is met offloading before recomputing.
         Without host memory (the CPU backend) nothing moves and ``offload_note`` says why.
-      device_model: the :class:`~jaxaot._src.partition.costs.device_model.DeviceModel` to plan
+      device_model: the :class:`~jaxaot.partition.DeviceModel` to plan
         with (default: measured on the default device, once per process).
       op_costs: what recomputing an eqn costs, for the knapsack and the offload
         timeline: ``"auto"`` (default: measured on GPUs and TPUs, FLOP estimates
         on CPUs or at a given ``device_model``'s rates), ``"measured"`` (each distinct expensive eqn timed once per
-        device kind and cached, :mod:`jaxaot._src.partition.costs.measured_costs`),
-        ``"flops"``, or an :class:`~jaxaot._src.partition.costs.op_costs.OpCosts`. At
+        device kind and cached, :class:`~jaxaot.partition.MeasuredCosts`),
+        ``"flops"`` (:class:`~jaxaot.partition.FlopCosts`), or an :class:`~jaxaot.partition.OpCosts`. At
         ``memory_budget=1`` without offload nothing is priced (nothing is traded).
         ``Partition.cost_note`` says which were used. Timing ops holds at most as many
         device bytes as the step's largest expensive eqn, or the byte budget
-        (:mod:`jaxaot._src.partition.budget.limits`).
+        (``docs/concepts/memory_planner.md``, "Measuring within the budget").
 
     Raises:
       InvalidValueError: a budget that means neither a fraction nor bytes: negative, NaN or
