@@ -159,7 +159,7 @@ def split_backward(partition: Partition, activations: Iterable[int], *, recomput
     """Split ``partition``'s backward into B (activation gradients) and W (weight gradients).
 
     Args:
-      partition: a stage's :class:`~jaxaot._src.partition.core.split.Partition` (any partitioner's).
+      partition: a stage's :class:`~jaxaot.partition.Partition` (any partitioner's).
       activations: primal input indices (among ``partition.grad_inputs``) whose
         gradients B computes, those the previous pipeline stage waits for; every
         other gradient input is a weight, computed by W.
