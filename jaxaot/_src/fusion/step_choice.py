@@ -33,7 +33,8 @@ class FusedChoice:
       order: ``"xla"`` or ``"consume_first"`` (the backward's order).
       barrier: which residuals pass ``optimization_barrier``: ``"all"``, ``"recomputed"`` or ``"none"``.
       rederived: the residuals the step's backward derives again instead of taking them
-        (:mod:`jaxaot._src.fusion.rederive`), described as ``lower()``'s residual table does.
+        (the fused-step guide, ``docs/concepts/fused_step.md``), described as ``lower()``'s residual
+        table does.
       runs: ``"fused"`` (the step is kept and runs), ``"split"`` (the split forward and backward run, and
         the fused executable is dropped), or None before the first call decides (a step compiled by
         ``lower(...).compile()``).

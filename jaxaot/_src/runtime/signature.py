@@ -187,7 +187,7 @@ class CacheEntryInfo:
         ``Python branch at model.py:42 took the other side``).
       executables: the executables kept, by name (``inference``, ``forward``, ``backward``, ``fused``, ...).
       fused: for each fused training step compiled, the variant kept, whether it or the split
-        executables run, and why (:class:`~jaxaot._src.fusion.FusedChoice`).
+        executables run, and why (:class:`~jaxaot.FusedChoice`).
       program: which of the callable's programs this entry belongs to: ``""`` for a callable with
         one, else ``"call"`` / ``"loss"`` (``aot_module``), ``"stage0"`` (pipelines), ``"step"`` /
         ``"backward"`` (compiled autograd), ...
