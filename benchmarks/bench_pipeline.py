@@ -12,8 +12,8 @@ sizes in f32, default: GPU sizes in bf16) cut into one stage per device
   into twice as many (from the interleaved step; its backwards are fused);
 * **simulated**: each schedule's step time for 4, 8 and 16 microbatches from
   those times, in the lockstep model of the compiled step
-  (``jaxaot._src.parallel.simulate.simulate_lockstep``: every tick lasts its slowest
-  pass) and in the asynchronous event model (``jaxaot._src.parallel.simulate``,
+  (``jaxaot._src.parallel.simulator.simulate_lockstep``: every tick lasts its slowest
+  pass) and in the asynchronous event model (``jaxaot._src.parallel.simulator``,
   whose bubble fraction is the schedule's ideal idle share); transfers cost 0,
   the microbatch size is fixed, so the global batch grows with the microbatch
   count;
@@ -78,7 +78,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from jaxaot._src.cli import demo_models  # noqa: E402
 from jaxaot._src.parallel import OpTimes, Schedule, make_schedule, pipeline, simulate  # noqa: E402
-from jaxaot._src.parallel.simulate import simulate_lockstep  # noqa: E402
+from jaxaot._src.parallel.simulator import simulate_lockstep  # noqa: E402
 from benchmarks.harness import fmt_bytes, report, table  # noqa: E402
 from benchmarks.models import layer_norm  # noqa: E402
 from benchmarks.pipeline_peer import timed_peer  # noqa: E402

@@ -76,7 +76,7 @@ def _is_type_checking(node: ast.AST) -> bool:
 
 def _face_names(face: str) -> set[str]:
     """The names a package's face binds: ``simulate`` in ``jaxaot._src.parallel`` is the function its face
-    imports (``from jaxaot._src.parallel.simulate import simulate``), ``compilers`` in ``jaxaot._src.compile``
+    imports (``from jaxaot._src.parallel.simulator import simulate``), ``compilers`` in ``jaxaot._src.compile``
     the submodule its face re-exports."""
     out = set()
     for node in ast.parse(MODULES[face].read_text()).body:

@@ -19,8 +19,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError, StageMismatchError
 from jaxaot._src.parallel import Action, Schedule, simulate
-from jaxaot._src.parallel.pipeline import pipeline
-from jaxaot._src.parallel.simulate import OpTimes, simulate_lockstep
+from jaxaot._src.parallel.training_pipeline import pipeline
+from jaxaot._src.parallel.simulator import OpTimes, simulate_lockstep
 from jaxaot._src.parallel.spmd import StageParams, plan
 from pipeline_models import gpt_model, mlp_model, mlp_stage, mse, unpipelined
 from zoo import assert_trees_close, key_stream

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._src.parallel.pipeline import pipeline
+from jaxaot._src.parallel.training_pipeline import pipeline
 from jaxaot._src.parallel.spmd import memory
 from pipeline_models import unpipelined, widening_model
 from zoo import assert_trees_close, key_stream

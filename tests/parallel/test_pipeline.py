@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, StageMismatchError
-from jaxaot._src.parallel.pipeline import Pipeline, PipelineReport, pipeline
-from jaxaot._src.parallel.simulate import OpTimes, simulate
+from jaxaot._src.parallel.training_pipeline import Pipeline, PipelineReport, pipeline
+from jaxaot._src.parallel.simulator import OpTimes, simulate
 from pipeline_models import MODELS, mlp_model, mlp_stage, mse, unpipelined
 from zoo import assert_trees_close, key_stream
 

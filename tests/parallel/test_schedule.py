@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, ScheduleError
 from jaxaot._src.parallel.builtin import gpipe, interleaved, make_schedule, one_f_one_b, tuned_zero_bubble, zero_bubble
 from jaxaot._src.parallel.schedule import OPS, SCHEDULES, Action, Schedule, dependencies, provides
-from jaxaot._src.parallel.simulate import OpTimes, simulate
+from jaxaot._src.parallel.simulator import OpTimes, simulate
 
 ONE_STAGE_PER_DEVICE = {"gpipe": gpipe, "1f1b": one_f_one_b, "zero_bubble": zero_bubble}
 SIZES = [(p, m) for p in range(1, 7) for m in range(1, 17)]

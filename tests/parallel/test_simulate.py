@@ -1,4 +1,4 @@
-"""jaxaot._src.parallel.simulate: textbook bubbles in closed form, and a timeline that respects every dependency."""
+"""jaxaot._src.parallel.simulator: textbook bubbles in closed form, and a timeline that respects every dependency."""
 
 import pytest
 from hypothesis import given, settings
@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from jaxaot.errors import InvalidValueError, ScheduleError
 from jaxaot._src.parallel.builtin import gpipe, interleaved, one_f_one_b, zero_bubble
 from jaxaot._src.parallel.schedule import Action, Schedule, dependencies, provides
-from jaxaot._src.parallel.simulate import OpTimes, Simulation, simulate
+from jaxaot._src.parallel.simulator import OpTimes, Simulation, simulate
 
 SIZES = [(p, m) for p in range(1, 7) for m in range(1, 17)]
 

@@ -155,7 +155,7 @@ def _compiled_value_and_grad():
 
 
 def _pipeline():
-    from jaxaot._src.parallel.pipeline import pipeline
+    from jaxaot._src.parallel.training_pipeline import pipeline
 
     # the compiled executor: two stages interleaved on one device (any device count has one)
     step = pipeline([lambda w, x: jnp.tanh(x @ w)] * 2, lambda y, t: jnp.mean((y - t) ** 2),
@@ -164,7 +164,7 @@ def _pipeline():
 
 
 def _python_pipeline():
-    from jaxaot._src.parallel.pipeline import pipeline
+    from jaxaot._src.parallel.training_pipeline import pipeline
 
     step = pipeline([lambda w, x: jnp.tanh(x @ w)] * 2, lambda y, t: jnp.mean((y - t) ** 2), schedule="1f1b",
                     num_microbatches=2, devices=[jax.devices()[0]] * 2, executor="python")
@@ -182,7 +182,7 @@ def _loaded():
 def test_every_callable_reports_what_it_compiled(build):
     """Every entry names what it compiled; a compiled pipeline's stages are traced and partitioned, then
     inlined into its one ``pipeline_step`` executable (the ``step`` entry), so they compile nothing of their own."""
-    from jaxaot._src.parallel.pipeline import Pipeline
+    from jaxaot._src.parallel.training_pipeline import Pipeline
 
     jaxaot.compiled_autograd.reset()
     obj, call = build()

@@ -6,7 +6,7 @@ from jaxaot import viz
 from jaxaot.errors import ScheduleError
 from jaxaot._src.parallel.schedule import Action, Schedule
 from jaxaot._src.parallel.builtin import gpipe, interleaved, one_f_one_b, zero_bubble
-from jaxaot._src.parallel.simulate import OpTimes, simulate
+from jaxaot._src.parallel.simulator import OpTimes, simulate
 
 
 @pytest.mark.parametrize("schedule", [gpipe(3, 4), one_f_one_b(4, 6), zero_bubble(3, 5), interleaved(2, 4, 3)],

@@ -15,7 +15,7 @@ from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, Runtime
 from jaxaot._src.artifacts.manifest import check_manifest, read_manifest
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.loaded import ExportedResiduals, LoadedAOT, load
-from jaxaot._src.artifacts.export import export
+from jaxaot._src.artifacts.exporting import export
 
 __all__ = [
     "AOTSignature", "ArraySpec", "ExportedAOT", "ExportedResiduals", "LoadedAOT", "MeshSpec", "RuntimeCheck",

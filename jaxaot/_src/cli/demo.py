@@ -176,7 +176,7 @@ def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
 
     ``split.html`` (the graph of the split, its legend and the residual table)
     and ``split.svg`` (the graph alone), laid out by Graphviz's ``dot`` where it
-    is installed, else by jaxaot's built-in layout (:func:`jaxaot._src.viz.plain_svg`).
+    is installed, else by jaxaot's built-in layout (:func:`jaxaot._src.viz.plain_drawing`).
 
     Example:
         >>> import tempfile, jax.numpy as jnp, jaxaot

@@ -9,11 +9,11 @@ the entry point.
 """
 
 from jaxaot._src.parallel.schedule import Action, Schedule
-from jaxaot._src.parallel.simulate import OpTimes, Simulation, simulate, simulate_lockstep
+from jaxaot._src.parallel.simulator import OpTimes, Simulation, simulate, simulate_lockstep
 from jaxaot._src.parallel.builtin import gpipe, interleaved, make_schedule, one_f_one_b, tuned_zero_bubble, zero_bubble
 from jaxaot._src.parallel.report import PipelineReport
 from jaxaot._src.parallel.spmd import StageParams
-from jaxaot._src.parallel.pipeline import Pipeline, pipeline
+from jaxaot._src.parallel.training_pipeline import Pipeline, pipeline
 
 __all__ = [
     "Action",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError
 from jaxaot._src.parallel.schedule import SCHEDULES, Action, Schedule, check_sizes, dependencies, provides
-from jaxaot._src.parallel.simulate import OpTimes, simulate
+from jaxaot._src.parallel.simulator import OpTimes, simulate
 
 
 # ---------------------------------------------------------------- built-in schedules

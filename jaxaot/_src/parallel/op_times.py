@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from jaxaot._src.parallel.simulate import OpTimes
+from jaxaot._src.parallel.simulator import OpTimes
 from jaxaot._src.parallel.stage import Stage, StagePrograms
 
 

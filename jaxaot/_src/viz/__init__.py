@@ -26,7 +26,7 @@ from jaxaot._src.viz.lowered_parts import backward_is_cotangent_dependent
 from jaxaot._src.viz.grouping import collapse
 from jaxaot._src.viz.graph import split_graph
 from jaxaot._src.viz.graphviz_layout import layout_available, to_digraph, why_no_layout
-from jaxaot._src.viz.plain_svg import plain_svg
+from jaxaot._src.viz.plain_drawing import plain_svg
 from jaxaot._src.viz.picture import draw_svg
 from jaxaot._src.viz.table import residual_table_html
 from jaxaot._src.viz.page import to_html

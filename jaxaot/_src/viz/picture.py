@@ -3,7 +3,7 @@
 :func:`draw_svg` is what every renderer asks for a picture (:func:`jaxaot._src.viz.render`,
 the Jupyter view, ``jaxaot demo``): Graphviz's drawing (:func:`jaxaot._src.viz.graphviz_layout.to_svg`)
 when the ``graphviz`` package and its ``dot`` binary are there and succeed, else
-:func:`~jaxaot._src.viz.plain_svg.plain_svg`'s, whose note says why and how to get
+:func:`~jaxaot._src.viz.plain_drawing.plain_svg`'s, whose note says why and how to get
 Graphviz's. Both colour the nodes alike (:data:`~jaxaot._src.viz.styles.STYLES`).
 
 Example:
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from jaxaot._src.viz.graphviz_layout import to_svg
 from jaxaot._src.viz.model import SplitGraph
-from jaxaot._src.viz.plain_svg import plain_svg
+from jaxaot._src.viz.plain_drawing import plain_svg
 
 
 def draw_svg(graph: SplitGraph, title: str = "") -> tuple[str, str]:

@@ -3,7 +3,7 @@
 It keeps Graphviz's arrangement (forward on top, saved values in one row, backward
 below) with a plain Sugiyama-style drawing: layers by longest path on each side,
 order within a layer by two barycenter sweeps, boxes packed and sized from their
-labels. Edges are straight (:mod:`jaxaot._src.viz.plain_svg`) and may cross boxes.
+labels. Edges are straight (:mod:`jaxaot._src.viz.plain_drawing`) and may cross boxes.
 
 Example:
     >>> from jaxaot._src.viz.model import Node, SplitGraph

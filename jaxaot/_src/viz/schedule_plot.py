@@ -1,7 +1,7 @@
 """A picture of a pipeline schedule: one row per device, one box per pass, placed by the simulator.
 
 Each box is an action of the :class:`~jaxaot._src.parallel.schedule.Schedule`, from
-its start to its end in :func:`~jaxaot._src.parallel.simulate.simulate`'s timeline,
+its start to its end in :func:`~jaxaot._src.parallel.simulator.simulate`'s timeline,
 coloured by op (F, B, W, BW) and labelled with its microbatch; where a device
 runs several stages (``interleaved``), its later stages are drawn lighter. The
 gaps are the bubble.

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxaot._src.parallel.simulate import OpTimes
+from jaxaot._src.parallel.simulator import OpTimes
 from jaxaot._src.parallel.spmd.passes import StagePasses
 
 

@@ -7,7 +7,7 @@ its action under a ``lax.cond`` that writes its buffers in place (a switch would
 copy them), and passes records around the ring with ``lax.ppermute``; loss and
 gradients are reduced over the stage and data axes at the end. The program does
 not grow with the microbatch count, and each tick waits for its slowest device
-(:func:`jaxaot._src.parallel.simulate.simulate_lockstep`).
+(:func:`jaxaot._src.parallel.simulator.simulate_lockstep`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from jaxaot._src.parallel import microbatch, op_times, spmd
 from jaxaot._src.parallel.builtin import make_schedule
 from jaxaot._src.parallel.python_executor import run_schedule
 from jaxaot._src.parallel.report import PipelineReport
-from jaxaot._src.parallel.simulate import OpTimes
+from jaxaot._src.parallel.simulator import OpTimes
 from jaxaot._src.parallel.stage import Placement, Stage, StagePrograms, float0_like
 from jaxaot._src.partition import Partitioner, compiled_peak, default_partition
 from jaxaot._src.runtime import CacheEntryInfo, CacheInfo
