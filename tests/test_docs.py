@@ -52,7 +52,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -60,7 +59,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from zoo import child_env
+from zoo import child_env, free_port, run_processes
 
 import jaxaot
 
@@ -107,12 +106,6 @@ def test_blocks_are_found_with_their_options():
 PAGES_WITH_CODE = [p for p in PAGES if python_blocks(p.read_text())]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _run_here(page: Path, blocks: list[Block]) -> None:
     """Run the blocks in this process, in one namespace; restore the settings a page may change."""
     namespace: dict = {"__name__": "__main__"}
@@ -146,23 +139,11 @@ def _run_program(page: Path, block: Block, processes: int, cwd: Path) -> None:
     """Run one block as a program of ``processes`` processes at once (RANK, COORDINATOR set)."""
     program = cwd / "train.py"
     program.write_text(block.code)
-    env = dict(child_env(), JAX_PLATFORMS="cpu", COORDINATOR=f"localhost:{_free_port()}")
+    env = dict(child_env(), JAX_PLATFORMS="cpu", COORDINATOR=f"localhost:{free_port()}")
     env.pop("XLA_FLAGS", None)
     env.pop("JAXAOT_CACHE_DIR", None)  # each process compiles for itself
-    procs = [subprocess.Popen([sys.executable, str(program)], cwd=cwd, env=dict(env, RANK=str(i)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(processes)]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=PROGRAM_TIMEOUT_S)
-            results.append((p.returncode, out, err))
-    finally:
-        for p in procs:  # a process left waiting for its peers must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for i, (rc, out, err) in enumerate(results):
-        assert rc == 0, f"{page.name}:{block.line}, process {i} exited {rc}\n{out[-2000:]}\n{err[-4000:]}"
+    run_processes([[sys.executable, str(program)]] * processes, cwd, [dict(env, RANK=str(i)) for i in range(processes)],
+                  PROGRAM_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(DOCS).with_suffix("")))

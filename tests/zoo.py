@@ -282,6 +282,38 @@ def child_env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
 
 
+def free_port() -> int:
+    """A localhost TCP port nobody listens on now: a ``jax.distributed`` coordinator's."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(commands: list[list[str]], cwd: Any, envs: list[dict], timeout: float) -> list[str]:
+    """Start one process per command (with its environment) at once, wait for all, and return their
+    stdouts after checking each exited 0; a process left waiting for its peers is killed, never left
+    behind the test."""
+    import subprocess
+
+    procs = [subprocess.Popen(c, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c, e in zip(commands, envs)]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for i, (rc, out, err) in enumerate(results):
+        assert rc == 0, f"process {i} of {commands[i]} exited {rc}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
+    return [out for _, out, _ in results]
+
+
 def body_runs_and_gradient(n: int, x: float, **loop_options) -> tuple[int, Any, Any]:
     """``(body evaluations, gradient, lax.fori_loop's gradient)`` of one compiled ``jax.grad`` through
     ``jaxaot.loops.while_loop`` of ``n`` steps of ``v -> sin(v) * 1.1`` with ``loop_options``.

@@ -8,45 +8,26 @@ device. The test only launches them and reads their verdicts.
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
-from zoo import child_env
+from zoo import child_env, free_port, run_processes
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 PIPELINE_WORKER = Path(__file__).with_name("pipeline_multihost_worker.py")
 TIMEOUT_S = 120
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def _run_two(worker: Path, tmp_path: Path) -> list[str]:
     """Launch two workers of ``worker`` and return their stdout, after checking both said OK."""
-    port = _free_port()
+    port = free_port()
     env = dict(child_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     env.pop("JAXAOT_CACHE_DIR", None)  # each worker compiles for its own process: no shared cache
-    procs = [subprocess.Popen([sys.executable, str(worker), str(i), str(port)], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=TIMEOUT_S)
-            results.append((p.returncode, out, err))
-    finally:
-        for p in procs:  # a worker left waiting for its peer must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for i, (rc, out, err) in enumerate(results):
-        assert rc == 0, f"worker {i} exited {rc}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
+    outs = run_processes([[sys.executable, str(worker), str(i), str(port)] for i in range(2)], tmp_path, [env] * 2,
+                         TIMEOUT_S)
+    for i, out in enumerate(outs):
         assert f"OK process {i}: 8 devices in 2 processes" in out, out
-    return [out for _, out, _ in results]
+    return outs
 
 
 def test_two_processes_agree_with_jit_and_one_device(tmp_path):
