@@ -73,6 +73,25 @@ def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
     assert entry.fused == (choice,)
 
 
+def test_a_timed_fused_win_drops_the_split_pair_and_its_hot_path(monkeypatch):
+    timer, _ = _fake_timer(1.0, 1.0)
+    monkeypatch.setattr(step_choice, "step_timer", timer)
+    _split_peaks(monkeypatch, 0.5)
+    args = deep_mlp_args(layers=2, width=16, batch=8)
+    f = jaxaot.aot_function(deep_mlp)
+    jaxaot.value_and_grad(f)(*args)
+    choice = kept_step(f, args)
+    assert choice.runs == "fused"
+    suffix = choice.executable.removeprefix("fused")
+    (tr,) = f.lookup(args, {}).programs._training.values()
+    assert tr.eager_forward is None  # nothing keeps the timed forward alive
+    got = jaxaot.value_and_grad(f, fused=False)(*args)  # the split pair, asked for: compiled again, kept beside
+    assert_trees_close(got, jax.value_and_grad(deep_mlp)(*args))
+    entry = f.cache_info().entries[0]
+    assert set(entry.executables) == {name + suffix for name in ("fused", "forward", "backward")}
+    assert entry.compiles.count("forward" + suffix) == 2
+
+
 def test_split_programs_that_peak_higher_are_not_timed(monkeypatch):
     timer, calls = _fake_timer(2.0, 1.0)
     monkeypatch.setattr(step_choice, "step_timer", timer)

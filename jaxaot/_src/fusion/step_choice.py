@@ -116,6 +116,8 @@ class SplitRunner(TrainingLike, Protocol):
     @property
     def backward_exe(self) -> Any: ...
 
+    def drop_executables(self, names: set) -> None: ...
+
 
 def run_split(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
     """``(outputs, grads)`` from the split forward and backward executables of the same plan."""
@@ -201,8 +203,7 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     if runs == "split":
         p.executables.pop(name, None)
     elif runs == "fused":
-        for timed_only in set(p.executables) - before:  # the split programs compiled for the timing alone
-            p.executables.pop(timed_only)
+        training.drop_executables(set(p.executables) - before)  # the split programs compiled for the timing alone
     return choice
 
 

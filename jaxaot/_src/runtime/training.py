@@ -129,6 +129,14 @@ class TrainingPrograms:
                                         self.backward_avals())
         return exe
 
+    def drop_executables(self, names: set) -> None:
+        """Forget the executables ``names`` (a fused step's timed-only split pair): the hot path holding
+        the forward goes too, so nothing keeps a dropped executable alive or runs it."""
+        for name in names:
+            self.programs.executables.pop(name, None)
+        if self.forward_name in names:
+            self.eager_forward = None
+
     def backward_avals(self) -> list:
         """The backward's inputs: the selected cotangents, then the residuals (with their shardings, memory kinds)."""
         part = self.partition
