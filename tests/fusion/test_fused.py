@@ -435,8 +435,8 @@ def test_cache_info_reports_each_fused_step_s_variant():
     f = jaxaot.aot_function(fn, partition_fn=pf)
     jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
     (entry,) = f.cache_info().entries
-    (choice,) = entry.fused
-    assert choice.executable in entry.executables and choice.executable.startswith("fused")
+    choice = kept_step(f, args)  # the fused step or, where timing chose it (accelerators), the split pair
+    assert entry.fused == (choice,) and choice.executable.startswith("fused")
     on_cpu = jax.default_backend() == "cpu"  # CPU compiles one variant: XLA's layouts and order, every residual barred
     assert (choice.layouts, choice.order, choice.barrier) == ("auto", "xla", "all") or not on_cpu
     split = jaxaot.aot_function(fn, partition_fn=pf)
