@@ -88,6 +88,26 @@ def test_a_branch_guard_replays_each_side_and_records_when_the_outcome_is_new():
     assert reason.count("took the other side (the condition was True, now False)") == 1, reason
 
 
+def test_a_step_run_ahead_is_kept_only_when_its_looks_agree(monkeypatch):
+    from jaxaot._src.autograd.recorded import replay
+
+    looks_run = []
+    walk = replay.run
+    monkeypatch.setattr(replay, "run", lambda *a: looks_run.append(1) or walk(*a))
+    rng = np.random.default_rng(2)
+    vg = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    for sign in (True, False):  # both sides recorded; the second call's ahead run (True) was dropped
+        vg(*_inputs(rng, sign))
+    for _ in range(replay.WALK_AFTER_MISS):  # after a dropped run, calls look value by value for a while
+        vg(*_inputs(rng, False))
+    assert len(looks_run) == 1 + replay.WALK_AFTER_MISS
+    for sign in (False,) * 3 + (True, False) * 3:  # the same side runs ahead and is kept; the others never stale
+        args = _inputs(rng, sign)
+        _close(vg(*args), jax.value_and_grad(branchy)(*args))
+    assert len(looks_run) == 1 + replay.WALK_AFTER_MISS + 6  # 3 kept; the first True dropped, the 5 after it walk
+    assert compiled_autograd.stats().compiles == 2 and _replays() == replay.WALK_AFTER_MISS + 9
+
+
 def test_a_new_outcome_whose_step_exists_is_an_entry_naming_the_value():
     rng = np.random.default_rng(1)
     first = jaxaot.compiled_value_and_grad(branchy, replay=True)

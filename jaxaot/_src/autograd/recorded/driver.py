@@ -114,9 +114,16 @@ def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, plann
         key = call.key(C.trace_context())
         arrays = [jax.device_put(x) if isinstance(x, np.ndarray) else x for x in call.arrays]
         root = plans.trees.get(key)
-        found = R.run(root, call.diff, arrays) if root is not None else None
+        found = ran = None
+        if root is not None:
+            ahead = R.expected(root)  # the last call's step, run ahead of its looks and kept if they agree
+            if ahead is not None:
+                ran = ahead.exe(call.diff, arrays)
+                found = ahead if R.confirms(ahead, ran[1], root) else None
+            if found is None:
+                found, ran = R.run(root, call.diff, arrays), None
         if isinstance(found, R.Step):
-            value, outs, grads = found.exe(call.diff, arrays)
+            value, outs, grads = ran if ran is not None else found.exe(call.diff, arrays)
             plans.last = (found.structure, call.release())
             plans.hits += 1
             note_replay()
@@ -137,7 +144,8 @@ def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, plann
         if guarded and recorded.tape.guarded:
             path, _ = R.judge(recorded)
             if path is not None:
-                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree))
+                outcomes = tuple((how, outcome) for _, how, _, _, outcome in path)
+                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree, outcomes))
     plans.count(call, compiled, structure, recorded_in, miss)
     plans.last = (structure, call.release())
     return value, rest, grads

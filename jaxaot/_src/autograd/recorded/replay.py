@@ -5,8 +5,12 @@ value, so the recording is fixed by the call's key and the outcomes of the value
 Python looked at. :func:`judge` turns a recording into that path (or says why it
 cannot be replayed), :func:`remember` adds it to the function's :class:`Guard`
 tree, and :func:`run` walks the tree on a new call; an unseen outcome is a
-:class:`Miss` and the caller records. As under ``jit``, the forward's Python side
-effects happen only when it is recorded (``docs/concepts/compiled_autograd.md``).
+:class:`Miss` and the caller records. A guarded step also returns the values
+Python looked at, so a call first runs the step the last call took
+(:func:`expected`) and keeps it only if those values give the same outcomes
+(:func:`confirms`): one dispatch where the looks would each take one. As under
+``jit``, the forward's Python side effects happen only when it is recorded
+(``docs/concepts/compiled_autograd.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from jaxaot._src import compat as C
 #: The most guard trees (keys) per function, and recorded paths per tree; past either, it starts afresh.
 MAX_KEYS = 64
 MAX_PATHS = 64
+#: Calls that walk the tree look by look after a step run ahead gave other outcomes than its path's.
+WALK_AFTER_MISS = 8
 
 
 class Step(NamedTuple):
@@ -31,13 +37,14 @@ class Step(NamedTuple):
     structure: Any
     kept: list       #: the forward's other outputs' leaves: None where the step returns them
     rest_tree: Any
+    outcomes: tuple = ()  #: ``(how, outcome)`` per looked-at value, the last of the step's outputs
 
 
 class Guard:
     """A point of a guard tree: a value Python looked at (``vid``, ``how`` it was converted, the ``plan``
     computing it, where) with one child per outcome seen, or, at a path's end, its :class:`Step`."""
 
-    __slots__ = ("vid", "how", "plan", "source_info", "children", "step", "last")
+    __slots__ = ("vid", "how", "plan", "source_info", "children", "step", "last", "walks")
 
     def __init__(self) -> None:
         self.vid: int | None = None
@@ -47,6 +54,7 @@ class Guard:
         self.children: dict = {}
         self.step: Step | None = None
         self.last: Any = None  #: the outcome taken last (for the reason when another one comes)
+        self.walks = 0  #: (at a root) calls left that walk the tree before a step runs ahead again
 
 
 class Miss(NamedTuple):
@@ -87,6 +95,11 @@ def received(value: Any, how: str) -> Any:
     return (a.dtype, a.shape, a.tobytes())
 
 
+def guarded_looks(tape: Any) -> list:
+    """The looks a replay checks (the tape's, less those at literals): in the guarded step's outputs, last."""
+    return [look for look in tape.looks if tape.kinds.get(look.vid) != "lit"]
+
+
 def judge(recorded: Any) -> tuple[list | None, str]:
     """``(path, "")`` for a recording that may be replayed, the path being ``(vid, how, plan, source info,
     outcome)`` per value Python looked at; else ``(None, why not)``."""
@@ -100,10 +113,7 @@ def judge(recorded: Any) -> tuple[list | None, str]:
     if any(leaf is not None and isinstance(leaf, (jax.Array, np.ndarray)) for leaf in recorded.rest):
         return None, "an auxiliary output is an array that is no recorded value"
     path = []
-    for look in tape.looks:
-        kind = tape.kinds.get(look.vid)
-        if kind == "lit":
-            continue  # a constant of the recording: the same every time
+    for look in guarded_looks(tape):
         if look.plan is not None and look.plan.exe is None:
             return None, "a value Python looked at did not compile into one program"
         how = "value" if look.vid in tape.reads else look.how
@@ -144,6 +154,31 @@ class Trees:
                 node.last = outcome
                 node = node.children.setdefault(outcome, Guard())
             node.vid, node.children, node.step = None, {}, step
+
+
+def expected(root: Guard) -> Step | None:
+    """The step at the end of the outcomes the last call took (None while calls walk after a miss)."""
+    if root.walks:
+        root.walks -= 1
+        return None
+    node = root
+    while node.step is None:
+        if node.vid is None:
+            return None
+        node = node.children.get(node.last)
+        if node is None:
+            return None
+    return node.step
+
+
+def confirms(step: Step, outs: Sequence[Any], root: Guard) -> bool:
+    """Whether the looked-at values ``step`` returned (the last of ``outs``) take its path's outcomes;
+    if not, the next :data:`WALK_AFTER_MISS` calls of ``root`` walk the tree instead of running ahead."""
+    looked = outs[len(outs) - len(step.outcomes):]
+    if all(received(value, how) == outcome for value, (how, outcome) in zip(looked, step.outcomes)):
+        return True
+    root.walks = WALK_AFTER_MISS
+    return False
 
 
 def run(root: Guard, diff: Sequence[Any], arrays: Sequence[Any]) -> Step | Miss:

@@ -18,6 +18,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import tape as T
+from jaxaot._src.autograd.recorded.replay import guarded_looks
 from jaxaot._src.autograd.recorded.step_cache import CACHE, Compiled
 from jaxaot._src.autograd.recorded.structure import Structure
 
@@ -47,7 +48,8 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
     ``rest`` (auxiliary outputs, module state) may hold recorded values: the
     step returns them, concrete. With ``arg_leaves`` (the other arguments' arrays), the recording is
     *guarded* (:mod:`.replay`): those arrays reach the forward as recorded values too, as
-    ``forward(*diff, arg_values=[...])``, and the tape keeps what a replay needs. ``diff_avals``: the
+    ``forward(*diff, arg_values=[...])``, the tape keeps what a replay needs, and the step returns the
+    values Python looked at after the forward's other outputs (:func:`~.replay.confirms`). ``diff_avals``: the
     differentiated leaves' avals, when the caller has them; ``trie``: the root of the structure trie to
     record in (:class:`~.structure.Node`; by default the process-wide one).
     """
@@ -72,7 +74,8 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
                     kept.append(leaf)
     finally:
         C.invalidate(tape.trace)
-    structure = T.structure(tape, (loss_vid, *vids))
+    looked = [look.vid for look in guarded_looks(tape)] if tape.guarded else []  # checked by a replay ahead
+    structure = T.structure(tape, (loss_vid, *vids, *looked))
     return Recorded(structure, tape.args, rest_tree, kept, tuple(vids), tape)
 
 
