@@ -55,6 +55,10 @@ def test_scalars_are_keyed_by_exact_value_and_type():
     ints = jaxaot.compiled_grad(lambda w, n: jnp.sum(w ** n))  # 3 and 3.0: integer_pow against pow
     for n in (3, 3.0, 3, True):
         _close(ints(w * 2, n), jax.grad(lambda w: jnp.sum(w ** n))(w * 2))
+    scaled = jaxaot.compiled_value_and_grad(lambda w, c: jnp.sum(c * w * w))  # NumPy scalars: type and bytes
+    for c in (np.float32(0.5), np.float32(-0.0), np.float16(0.5), np.float32(0.5), np.int8(3), np.bool_(True)):
+        _close(scaled(w * 3, c), jax.value_and_grad(lambda w: jnp.sum(c * w * w))(w * 3))
+        assert scaled(w * 3, c)[0].dtype == (c * jnp.ones(2)).dtype
 
 
 def test_same_operands_and_known_values_are_part_of_the_signature():

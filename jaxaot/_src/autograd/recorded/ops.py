@@ -27,6 +27,8 @@ _CONTEXTS: dict[Any, int] = {}
 
 _Tracer = C.RecordingTracer
 _SCALARS = frozenset({int, float, bool, complex, str, type(None), types.EllipsisType})
+#: NumPy's scalar types (each has one dtype: the type and the bytes are the value).
+_NUMPY_SCALARS = frozenset(np.dtype(c).type for c in "?bhilqBHILQefdgFDG")
 
 
 class Op:
@@ -142,6 +144,8 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
             return (fn, x.aval, a.aval, a is x or a.vid == x.vid, shown[x.vid], shown[a.vid], context), ops
         if t in _SCALARS:
             return (fn, x.aval, _scalar(t, a), shown[x.vid], context), ops
+        if t in _NUMPY_SCALARS:  # np.float32(0.5) * x, as jax.nn's functions write their constants
+            return (fn, x.aval, (t, a.tobytes()), shown[x.vid], context), ops
     sig = tuple([_sig(a, ops, trace) for a in args])
     kw = tuple(sorted((k, _sig(v, ops, trace)) for k, v in kwargs.items())) if kwargs else ()
     same = tuple([next(j for j, y in enumerate(ops) if y is o or (type(o) is _Tracer and type(y) is _Tracer
