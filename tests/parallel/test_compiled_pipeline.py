@@ -294,3 +294,18 @@ def test_the_pipeline_pages_first_example_runs():
         names["params"], names["inputs"], names["targets"])
     np.testing.assert_allclose(names["loss"], ref_loss, **TOL)
     assert_trees_close(names["grads"], ref_grads, **TOL)
+
+
+def test_without_a_mesh_the_schedule_is_built_once_and_sizes_the_mesh(monkeypatch):
+    from jaxaot._src.parallel import training_pipeline
+
+    built = []
+    make = training_pipeline.make_schedule
+    monkeypatch.setattr(training_pipeline, "make_schedule", lambda *a, **k: built.append(a) or make(*a, **k))
+    stages = [mlp_stage] * 2
+    if jax.device_count() >= 2:
+        pipe = pipeline(stages, mse, "gpipe", num_microbatches=2)
+        assert len(built) == 1 and pipe.mesh.devices.size == 2 == pipe.schedule.num_devices
+    many = jax.device_count() + 1
+    with pytest.raises(InvalidValueError, match=f"needs {many} devices, but JAX has {jax.device_count()}"):
+        pipeline([mlp_stage] * many, mse, "1f1b", num_microbatches=2)

@@ -54,9 +54,14 @@ class Pipeline:
         self.executor = executor
         n = len(self.stage_fns)
         if executor == "compiled":
-            mesh = spmd.auto_mesh(_mesh_for(mesh, devices, stage_axis, schedule, n, num_microbatches))
+            built = None
+            if mesh is None and devices is None:  # the schedule says how many devices: the first that many
+                built = make_schedule(schedule, n, num_microbatches)
+                devices = _first_devices_for(built, stage_axis)
+            mesh = spmd.auto_mesh(_mesh_for(mesh, devices, stage_axis))
             axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes))
-            self.schedule = make_schedule(schedule, n, num_microbatches, axes.num_devices)
+            self.schedule = (built if built is not None and built.num_devices == axes.num_devices
+                             else make_schedule(schedule, n, num_microbatches, axes.num_devices))
             self.mesh = mesh
             where = self.schedule.stage_device()
             first = _stage_devices(mesh, stage_axis)
@@ -281,21 +286,23 @@ def _stage_devices(mesh: jax.sharding.Mesh, stage_axis: str) -> dict[int, Any]:
     return out
 
 
-def _mesh_for(mesh: Any, devices: Any, stage_axis: str, schedule: Any, num_stages: int, num_microbatches: int) -> Any:
-    """The compiled executor's mesh: ``mesh``, or one axis over ``devices`` or the first devices JAX has."""
+def _first_devices_for(schedule: Any, stage_axis: str) -> list:
+    """The first ``schedule.num_devices`` devices JAX has, for a compiled executor given no mesh or devices."""
+    wanted, available = schedule.num_devices, jax.devices()
+    if len(available) < wanted:
+        raise InvalidValueError(
+            f"the {schedule.name!r} schedule of {schedule.num_stages} stages needs {wanted} devices, but JAX has "
+            f"{len(available)}: pass a mesh with a {stage_axis!r} axis of that many, or executor='python' with "
+            "devices=[...] (a device may appear more than once).")
+    return available[:wanted]
+
+
+def _mesh_for(mesh: Any, devices: Any, stage_axis: str) -> Any:
+    """The compiled executor's mesh: ``mesh``, or one axis over ``devices``."""
     if mesh is not None:
         if devices is not None:
             raise InvalidInputError("pass mesh= or devices=, not both: the mesh names the devices.")
         return mesh
-    if devices is None:
-        wanted = make_schedule(schedule, num_stages, num_microbatches).num_devices
-        available = jax.devices()
-        if len(available) < wanted:
-            raise InvalidValueError(
-                f"the {getattr(schedule, 'name', schedule)!r} schedule of {num_stages} stages needs {wanted} "
-                f"devices, but JAX has {len(available)}: pass a mesh with a {stage_axis!r} axis of that many, or "
-                "executor='python' with devices=[...] (a device may appear more than once).")
-        devices = available[:wanted]
     if any(not isinstance(d, jax.Device) for d in devices) or len(set(devices)) != len(devices):
         raise InvalidValueError(
             "the compiled executor runs one schedule device per physical device, on a mesh: devices must be "
