@@ -214,3 +214,48 @@ def test_public_docstrings_name_no_missing_or_old_public_names():
             if not (ref.startswith("jaxaot._src") or ref in allowed or any(ref.startswith(o + ".") for o in objects)):
                 offenders.add(f"{name}: {ref}")
     assert not offenders, f"docstrings naming what is not public: {sorted(offenders)}"
+
+
+def _unbound_names(source: str) -> set[str]:
+    """Names an example's code reads that it neither imports nor assigns, nor are builtins."""
+    tree = ast.parse(source)
+    bound = set(dir(__builtins__) if isinstance(__builtins__, types.ModuleType) else __builtins__)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.comprehension):
+            bound |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
+
+
+def test_public_examples_import_what_they_use():
+    """A public docstring's example runs as a user would paste it: every name it uses is imported or defined
+    in it, not taken from the defining module's globals (which doctest lends it)."""
+    import doctest
+
+    def ours(name: str) -> bool:  # a docstring jaxaot wrote (AOTLinenModule inherits Flax's methods)
+        obj: object = importlib.import_module("jaxaot")
+        for part in name.split(".")[1:]:
+            obj = inspect.getattr_static(obj, part, None) if inspect.isclass(obj) else getattr(obj, part, None)
+        obj = getattr(obj, "fget", None) or getattr(obj, "__func__", None) or obj
+        return (getattr(obj, "__module__", None) or type(obj).__module__).startswith("jaxaot")
+
+    parser = doctest.DocTestParser()
+    offenders = {}
+    for name, doc in _public_docstrings():
+        if not ours(name):
+            continue
+        examples = parser.get_examples(doc or "")
+        if examples:
+            unbound = _unbound_names("\n".join(e.source for e in examples))
+            if unbound:
+                offenders[name] = sorted(unbound)
+    assert not offenders, f"examples using names they do not import: {offenders}"

@@ -44,7 +44,7 @@ def dynamic_capacity(capacity: int) -> Iterator[list]:
     Example:
         >>> import jax, jaxaot
         >>> f = lambda x: jaxaot.loops.while_loop(lambda c: c < 5.0, lambda c: c + x, 0.0)
-        >>> with dynamic_capacity(8) as trips:
+        >>> with jaxaot.loops.dynamic_capacity(8) as trips:
         ...     g = jax.jit(lambda x: jax.vjp(f, x)[1](1.0))(1.0)  # trips are this trace's values
         >>> len(trips)
         1

@@ -106,9 +106,9 @@ def reraise_overflow() -> Iterator[None]:
         >>> import jax, jaxaot
         >>> f = jax.jit(jax.grad(lambda x: jaxaot.loops.while_loop(lambda c: c < 9.0, lambda c: c + x, 0.0, max_steps=2)))
         >>> try:
-        ...     with reraise_overflow():
+        ...     with jaxaot.loops.reraise_overflow():
         ...         g = f(1.0)
-        ... except LoopOverflowError as e:
+        ... except jaxaot.errors.LoopOverflowError as e:
         ...     print(str(e)[:37])
         while_loop needed more than max_steps
         >>> bool(jax.numpy.isnan(g))  # a bare jit gets NaN

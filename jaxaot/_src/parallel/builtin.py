@@ -39,6 +39,7 @@ def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
     stage holds all microbatches' residuals before its first backward.
 
     Example:
+        >>> from jaxaot.parallel import gpipe
         >>> print(gpipe(2, 2))
         device 0 | F0  F1  .   .   BW1 BW0
         device 1 | .   F0  F1  BW1 BW0 .
@@ -71,6 +72,7 @@ def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
     more than ``num_stages - i`` microbatches' residuals.
 
     Example:
+        >>> from jaxaot.parallel import one_f_one_b
         >>> one_f_one_b(4, 8).peak_live_microbatches()
         [4, 3, 2, 1]
     """
@@ -93,6 +95,7 @@ def interleaved(num_devices: int, num_microbatches: int, virtual_stages: int = 2
     microbatches than devices there is one group of them all.
 
     Example:
+        >>> from jaxaot.parallel import interleaved
         >>> s = interleaved(num_devices=2, num_microbatches=4, virtual_stages=2)
         >>> s.num_stages, s.stage_device()
         (4, {0: 0, 1: 1, 2: 0, 3: 1})
@@ -124,6 +127,7 @@ def zero_bubble(num_stages: int, num_microbatches: int, split: int | None = None
     difference. Its peak of live microbatches is 1F1B's.
 
     Example:
+        >>> from jaxaot.parallel import zero_bubble
         >>> print(zero_bubble(2, 2))
         device 0 | F0 F1 .  B0 W0 B1 W1
         device 1 | .  F0 B0 F1 B1 W0 W1
@@ -159,6 +163,7 @@ def tuned_zero_bubble(num_stages: int, num_microbatches: int, op_times: OpTimes)
     ``O(log m)`` of them.
 
     Example:
+        >>> from jaxaot.parallel import OpTimes, tuned_zero_bubble
         >>> split_costs = OpTimes(forward=1.0, backward_input=1.0, backward_weight=1.0, backward=1.5)
         >>> tuned = tuned_zero_bubble(2, 8, split_costs)
         >>> sum(a.op == "BW" for a in tuned.actions)   # all but the last stage's last: 1.5 < 1 + 1
@@ -194,6 +199,7 @@ def make_schedule(schedule: str | Schedule, num_stages: int, num_microbatches: i
       ScheduleError: a given Schedule is invalid or built for other sizes.
 
     Example:
+        >>> from jaxaot.parallel import make_schedule
         >>> make_schedule("1f1b", 4, 8).name
         '1f1b'
         >>> make_schedule("interleaved", 4, 8).num_devices

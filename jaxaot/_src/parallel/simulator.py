@@ -38,6 +38,7 @@ class OpTimes:
         to the receiving action's stage.
 
     Example:
+        >>> from jaxaot.parallel import OpTimes
         >>> OpTimes.uniform(2, forward=1.0).stage_times(2)["BW"]
         (2.0, 2.0)
     """
@@ -117,7 +118,7 @@ def simulate(schedule: Schedule, times: OpTimes) -> Simulation:
       InvalidValueError: ``times`` does not fit the schedule's stages.
 
     Example:
-        >>> from jaxaot.parallel import OpTimes, one_f_one_b
+        >>> from jaxaot.parallel import OpTimes, one_f_one_b, simulate
         >>> sim = simulate(one_f_one_b(2, 2), OpTimes.uniform(2, transfer=0.5))
         >>> [(str(a), start) for a, start, _ in sim.timeline[:3]]
         [('F(stage=0, microbatch=0)', 0.0), ('F(stage=0, microbatch=1)', 1.0), ('F(stage=1, microbatch=0)', 1.5)]

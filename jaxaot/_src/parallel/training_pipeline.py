@@ -187,6 +187,7 @@ class Pipeline:
         the stages are traced and partitioned, then inlined into it, so their entries compile nothing.
 
         Example:
+            >>> from jaxaot.parallel import pipeline
             >>> import jax, jax.numpy as jnp
             >>> layer = lambda w, x: jnp.tanh(x @ w)
             >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2), schedule="gpipe",
@@ -352,9 +353,9 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
         :func:`~jaxaot.parallel.make_schedule` (and its :class:`~jaxaot.errors.ScheduleError`).
 
     Example:
-        >>> import jax, jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp, jaxaot
         >>> layer = lambda w, x: jnp.tanh(x @ w)
-        >>> step = pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2),
+        >>> step = jaxaot.parallel.pipeline([layer, layer], lambda y, t: jnp.mean((y - t) ** 2),
         ...                 schedule="gpipe", num_microbatches=2, devices=[jax.devices()[0]] * 2, executor="python")
         >>> ws = [jnp.eye(3), jnp.eye(3)]
         >>> loss, grads = step(ws, jnp.ones((4, 3)), jnp.zeros((4, 3)))

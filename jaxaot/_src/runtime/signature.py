@@ -275,6 +275,7 @@ class CacheInfo:
         """One report of several programs': counts summed, each entry labelled by its part (``program``).
 
         Example:
+            >>> from jaxaot import CacheEntryInfo, CacheInfo
             >>> a = CacheInfo(2, 1, (CacheEntryInfo("x: f32[3]", "first call", ("fused",)),))
             >>> CacheInfo.combine({"call": CacheInfo(0, 0, ()), "loss": a}).entries[0].program
             'loss'

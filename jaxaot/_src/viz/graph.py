@@ -32,6 +32,7 @@ def split_graph(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") ->
       group_by: ``"eqn"``, ``"line"``, ``"function"`` or ``"auto"``.
 
     Example:
+        >>> from jaxaot.viz import split_graph
         >>> import jax.numpy as jnp, jaxaot
         >>> low = jaxaot.aot_function(lambda x: (x * x).sum()).lower(jnp.ones(3))
         >>> g = split_graph(low)

@@ -29,6 +29,7 @@ def layout_available() -> bool:
     """Whether the ``graphviz`` package and Graphviz's ``dot`` binary are both present.
 
     Example:
+        >>> from jaxaot.viz import layout_available
         >>> isinstance(layout_available(), bool)
         True
     """

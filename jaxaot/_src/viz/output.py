@@ -44,6 +44,7 @@ def render(lowered: Any, path: str | Path | None = None, format: str = "svg", *,
       the SVG/HTML/DOT text if ``path`` is None, else the :class:`~pathlib.Path` written.
 
     Example:
+        >>> from jaxaot.viz import render
         >>> import jax.numpy as jnp, jaxaot, tempfile, os
         >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
         >>> render(low, format="dot").startswith("digraph split")

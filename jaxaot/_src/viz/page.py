@@ -28,6 +28,7 @@ def to_html(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") -> str
     graph is drawn with the built-in layout, whose last line says why.
 
     Example:
+        >>> from jaxaot.viz import to_html
         >>> import jax.numpy as jnp, jaxaot
         >>> low = jaxaot.aot_function(lambda x: jnp.sin(x).sum()).lower(jnp.ones(3))
         >>> frag = to_html(low)

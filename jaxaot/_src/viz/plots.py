@@ -32,6 +32,7 @@ def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence
     ``%matplotlib inline`` (or importing pyplot) makes it display itself.
 
     Example:
+        >>> from jaxaot.viz import plot_budget_sweep
         >>> fig = plot_budget_sweep([(0.0, 4096, 0.002), (0.5, 8192, 0.0015), (1.0, 16384, 0.0012)],
         ...                         reference=(20000, 0.0011), reference_label="default partition")
         >>> [ax.get_ylabel() for ax in fig.axes]
@@ -75,6 +76,7 @@ def plot_pareto(rows: Iterable[Sequence[Any]], *, title: str = "") -> Any:
     front is the dashed line through those points.
 
     Example:
+        >>> from jaxaot.viz import plot_pareto
         >>> fig = plot_pareto([("dots", 4096, 0.0012, "jax"), ("nothing", 2048, 0.002, "jax"),
         ...                    ("budget 3 KiB", 3000, 0.0013, "jaxaot")])
         >>> ax = fig.axes[0]

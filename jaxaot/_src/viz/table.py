@@ -34,6 +34,7 @@ def residual_table_html(lowered: Any) -> str:
     an ``AOTLowered``, a ``ModuleLowered``, a ``Partition`` or a ``ResidualTable``.
 
     Example:
+        >>> from jaxaot.viz import residual_table_html
         >>> import jax.numpy as jnp, jaxaot
         >>> low = jaxaot.aot_function(lambda x: jnp.tanh(x).sum()).lower(jnp.ones(3))
         >>> t = residual_table_html(low)
