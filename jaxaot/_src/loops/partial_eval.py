@@ -24,7 +24,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.loops import checkpointed, segments
-from jaxaot._src.loops.capacity import is_bounded, stack_capacity
+from jaxaot._src.loops.capacity import stack_capacity
 from jaxaot._src.loops.common import (
     LOOP_PRIMITIVES,
     Loop,
@@ -38,6 +38,7 @@ from jaxaot._src.loops.common import (
     while_loop_p,
 )
 from jaxaot._src.loops.overflow import poison
+from jaxaot._src.loops.reverse_mode import reverse_mode
 
 
 # --------------------------------------------------------------------------- splitting the bodies
@@ -155,13 +156,13 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     carry_uk, (known_body, unknown_body, out_uk, res_avals) = _carry_unknowns(loop, consts_uk, carry_uk, xs_uk)
     if _cond_unknown(loop, consts_uk, carry_uk):
         return trace.default_process_primitive(prim, tracers, params)
-    if not is_bounded(loop):
+    if reverse_mode(loop) == "unbounded":
         return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
     known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
-    steps = segments.applies(loop, res_avals)
-    if steps is not None:  # a CPU's large max_steps stack in segments (jaxaot._src.loops.segments)
-        return _segmented(loop, trace, tracers, consts_uk, carry_uk, steps)
-    if prim is while_loop_p and loop.checkpoints is not None:
+    mode = reverse_mode(loop, res_avals)
+    if mode == "segments":  # a CPU's large max_steps stack in segments (jaxaot._src.loops.segments)
+        return _segmented(loop, trace, tracers, consts_uk, carry_uk, segments.applies(loop, res_avals))
+    if mode in ("checkpointed", "nested"):  # a nested loop's JVP is scans: here only when staged as it is
         return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
                                          known_body, unknown_body, res_avals)
     ys_uk = out_uk[loop.num_carry:]

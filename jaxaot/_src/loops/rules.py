@@ -26,7 +26,8 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot.errors import LoopFunctionError, ReverseModeBoundError
 from jaxaot._src.loops import lowering, offline
-from jaxaot._src.loops.capacity import is_bounded, unbounded_error
+from jaxaot._src.loops.capacity import unbounded_error
+from jaxaot._src.loops.reverse_mode import reverse_mode
 from jaxaot._src.loops.common import (
     INT,
     LOOP_PRIMITIVES,
@@ -58,7 +59,7 @@ def _abstract_eval(prim, *avals, **params):
 # --------------------------------------------------------------------------- JVP
 def _jvp(prim, primals, tangents, **params):
     loop = loop_of(prim, params)
-    if prim is while_loop_p and loop.max_steps is not None and loop.checkpoints is not None and offline.nested(loop):
+    if reverse_mode(loop) == "nested":
         return offline.jvp(loop, primals, tangents)  # nested scans: JAX differentiates them
     n, consts, carry, xs = loop.split(primals)
     _, cdot, tdot, xdot = loop.split(tangents)
@@ -153,7 +154,7 @@ def _transpose_counted(cts, *args, **params):
 
 
 def _no_transpose(prim, cts, *args, **params):
-    if params and not is_bounded(loop_of(prim, params)):
+    if params and reverse_mode(loop_of(prim, params)) == "unbounded":
         raise unbounded_error()
     raise ReverseModeBoundError(
         f"{prim} cannot be transposed directly: its condition depends on a differentiated "
