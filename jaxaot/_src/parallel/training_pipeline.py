@@ -48,22 +48,17 @@ class Pipeline:
                  devices: Sequence[Placement] | None, partition_fn: Partitioner, *, mesh: Any = None,
                  stage_axis: str = "stage", data_axes: Sequence[str] = ("data",), executor: str = "compiled",
                  param_specs: Sequence[Any] | None = None):
-        self.stage_fns = list(stage_fns)
-        self.loss_fn = loss_fn
-        self.num_microbatches = num_microbatches
+        self.stage_fns, self.loss_fn, self.num_microbatches = list(stage_fns), loss_fn, num_microbatches
         self.executor = executor
         n = len(self.stage_fns)
         if executor == "compiled":
-            built = None
-            if mesh is None and devices is None:  # the schedule says how many devices: the first that many
-                built = make_schedule(schedule, n, num_microbatches)
-                devices = _first_devices_for(built, stage_axis)
+            built = make_schedule(schedule, n, num_microbatches) if mesh is None and devices is None else None
+            devices = devices if built is None else _first_devices_for(built, stage_axis)  # as many as it needs
             mesh = spmd.auto_mesh(_mesh_for(mesh, devices, stage_axis))
             axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes))
             self.schedule = (built if built is not None and built.num_devices == axes.num_devices
                              else make_schedule(schedule, n, num_microbatches, axes.num_devices))
             self.mesh = mesh
-            where = self.schedule.stage_device()
             first = _stage_devices(mesh, stage_axis)
             self.devices = [first[d] for d in range(self.schedule.num_devices)]
         else:
@@ -73,7 +68,7 @@ class Pipeline:
             self.schedule = make_schedule(schedule, n, num_microbatches, None if devices is None else len(devices))
             self.mesh = None
             self.devices = list(devices) if devices is not None else _first_devices(self.schedule)
-            where = self.schedule.stage_device()
+        where = self.schedule.stage_device()
         self.stages = [Stage(s, fn, self.devices[where[s]], partition_fn, loss_fn if s == n - 1 else None)
                        for s, fn in enumerate(self.stage_fns)]
         if param_specs is not None and executor != "compiled":

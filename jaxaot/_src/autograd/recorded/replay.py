@@ -1,16 +1,13 @@
 """Replay: the compiled step of a recording proven static, called without running the forward's Python.
 
-With ``replay=True`` the forward is recorded guarded: JAX sees no argument's
-value, so the recording is fixed by the call's key and the outcomes of the values
-Python looked at. :func:`judge` turns a recording into that path (or says why it
-cannot be replayed), :func:`remember` adds it to the function's :class:`Guard`
-tree, and :func:`run` walks the tree on a new call; an unseen outcome is a
-:class:`Miss` and the caller records. A guarded step also returns the values
-Python looked at, so a call first runs the step the last call took
-(:func:`expected`) and keeps it only if those values give the same outcomes
-(:func:`confirms`): one dispatch where the looks would each take one. As under
-``jit``, the forward's Python side effects happen only when it is recorded
-(``docs/concepts/compiled_autograd.md``).
+With ``replay=True`` the forward is recorded guarded: JAX sees no argument's value, so
+the recording is fixed by the call's key and the outcomes of the values Python looked
+at. :func:`judge` turns a recording into that path, :func:`remember` adds it to the
+function's :class:`Guard` tree. A call runs the step the last call took ahead of its
+looks and keeps it if the looked-at values it returns agree (:func:`expected`,
+:func:`confirms`); else :func:`run` walks the tree, and an unseen outcome is a
+:class:`Miss` that records. As under ``jit``, the forward's Python side effects
+happen only when it is recorded (``docs/concepts/compiled_autograd.md``).
 """
 
 from __future__ import annotations
