@@ -136,6 +136,8 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
     ctx = _trace_context()
     context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
     ops = [x]
+    if not args and not kwargs:  # a method of no arguments (x.sum(), x.T)
+        return (fn, x.aval, shown[x.vid], context), ops
     if not kwargs and len(args) == 1:  # the common case, a binary operator: no lists built
         a = args[0]
         t = type(a)
