@@ -12,7 +12,8 @@ import pytest
 import jaxaot
 import zoo
 from jaxaot._src import compat as C
-from jaxaot._src.fusion import fused_exe, fused_program, recomputation_inputs
+from jaxaot._src.fusion import fused_exe, fused_program
+from jaxaot._src.partition.step import recomputation_inputs
 from zoo import assert_trees_close, kept_step
 
 PARTITIONERS = {
@@ -209,7 +210,7 @@ def _grouped_attention(q, k, v):
 
 
 def test_pinned_keeps_a_transposed_residual_in_the_order_the_backward_reads_it():
-    from jaxaot._src.fusion import read_orders
+    from jaxaot._src.partition.step import read_orders
 
     ks = jax.random.split(_key(12), 3)
     args = (jax.random.normal(ks[0], (2, 8, 2, 2, 4)), jax.random.normal(ks[1], (2, 8, 2, 4)),
@@ -238,7 +239,7 @@ def test_pinned_leaves_an_input_read_transposed_row_major():
     args = (jax.random.normal(_key(14), (4, 6)), jax.random.normal(_key(15), (6, 4)))
     f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, args)
-    from jaxaot._src.fusion import read_orders
+    from jaxaot._src.partition.step import read_orders
 
     assert 0 in read_orders(tr.partition.backward, len(tr.partition.cotangent_outputs))
     assert len(tr.partition.saved_inputs) > 0  # position 0 is an input
@@ -259,7 +260,7 @@ def test_an_unknown_layouts_value_is_refused():
 
 
 def test_read_orders_leave_residuals_read_otherwise():
-    from jaxaot._src.fusion import read_orders
+    from jaxaot._src.partition.step import read_orders
 
     def bwd(g, a, b, c, d):  # a: two transposes; b: a transpose and a sum; c: one, twice; d: also returned
         return a.T * g + jnp.transpose(a[None], (1, 0, 2))[:, 0], b.T * g + b.sum(), c.T * g + c.T, d.T * g, d
@@ -350,7 +351,7 @@ def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch
 
 
 def test_row_major_leaves_convolution_operands_to_the_backend():
-    from jaxaot._src.fusion import library_kernel_residuals
+    from jaxaot._src.partition.step import library_kernel_residuals
 
     fn, make_args = zoo.ZOO["conv"]
     args = make_args(_key(13))

@@ -1,6 +1,6 @@
 """Which variant of the fused step to keep: each compiled, the one with the lowest compiled peak memory kept.
 
-The options of :func:`~jaxaot._src.fusion.fused_jaxpr.fused_program` each help on some
+The options of :func:`fused_program` (the partition's step program) each help on some
 models and cost on others, and only XLA's compiled program tells which. On an
 accelerator :func:`fused_exe` compiles the step, then each variant in turn (pinned
 layouts, consume-first order, no barrier, reductions derived again), keeping one
@@ -17,10 +17,19 @@ import jax
 
 from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
-from jaxaot._src.fusion.ordering import ordered_eqns
-from jaxaot._src.fusion.fused_jaxpr import barred_residuals, fused_program
-from jaxaot._src.fusion.rederive import rederive_backward
-from jaxaot._src.partition import compiled_peak, default_partition
+from jaxaot._src.partition import (
+    barred_residuals, compiled_peak, default_partition, ordered_eqns, rederive_backward, step_program)
+
+
+def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
+                  order: str = "xla", slices: bool = True, rederive: bool = False) -> Any:
+    """:func:`~jaxaot._src.partition.step.step_program` of one gradient mask's programs (``training``): its
+    partition, inputs and computed outputs, the loss at ``value_leaf``, the gradients where the placement
+    pins them, and the variant's options."""
+    p = training.programs
+    return step_program(training.partition, p.in_avals, training.joint.out_avals, computed_outputs=p.computed_outputs,
+                        value_leaf=value_leaf, grad_pins=training.placement.grad_pins(), barrier=barrier,
+                        layouts=layouts, order=order, slices=slices, rederive=rederive)
 
 
 def default_barrier(training: TrainingLike) -> str:
@@ -73,7 +82,7 @@ ORDER_PEAK_GAIN = 0.01
 
 
 def choose_order(xla_peak: int | None, ordered_peak: int | None) -> str:
-    """``"consume_first"`` when that backward order (:mod:`jaxaot._src.fusion.ordering`) lowers the
+    """``"consume_first"`` when that backward order (:mod:`jaxaot._src.partition.step.ordering`) lowers the
     compiled peak by more than :data:`ORDER_PEAK_GAIN`, else ``"xla"``.
 
     The order costs one more read of the residuals it sequences, so it is kept only where
@@ -115,7 +124,7 @@ REDERIVE_PEAK_GAIN = 0.005
 
 def choose_rederive(peak: int | None, rederived_peak: int | None) -> bool:
     """Whether to keep the step whose backward derives order-free reductions again
-    (:mod:`jaxaot._src.fusion.rederive`): when its compiled peak is lower by more than
+    (:mod:`jaxaot._src.partition.step.rederive`): when its compiled peak is lower by more than
     :data:`REDERIVE_PEAK_GAIN`.
 
     Deriving a max again is one more pass over a value the backward recomputes anyway, free where

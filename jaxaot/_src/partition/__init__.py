@@ -4,9 +4,10 @@ A :class:`Partitioner` chooses the saved values; :func:`split_joint` is the one
 mechanism that turns a choice into a :class:`Partition` (forward and backward
 programs and the :class:`Residual` table). Sub-packages, lowest first: ``core``
 (the split, and what ``jax.vjp`` saves), ``costs`` (what eqns and copies cost),
-``offload`` (residuals moved to host memory), ``budget`` (byte budgets on the
-compiled peak), ``mincut`` (the min-cut partitioner) and ``bw`` (the backward's
-B/W split for pipelines); ``docs/concepts/memory_planner.md`` explains them.
+``offload`` (residuals moved to host memory), ``step`` (the training step as one
+program), ``budget`` (byte budgets on its compiled peak), ``mincut`` (the min-cut
+partitioner) and ``bw`` (the backward's B/W split for pipelines);
+``docs/concepts/memory_planner.md`` explains them.
 """
 
 from jaxaot._src.partition.core import (
@@ -15,6 +16,7 @@ from jaxaot._src.partition.costs import (
     HOST_MEMORY_KIND, DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Recompute, classify, flops,
     kernels_beside_copies, materializes_operands, resolve_costs)
 from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
+from jaxaot._src.partition.step import barred_residuals, ordered_eqns, rederive_backward, step_program
 from jaxaot._src.partition.budget import (
     MemoryBudget, StepPeak, compiled_peak, measure_step_peak, parse_memory_budget, peak_holders,
     plan_under_peak)
@@ -43,6 +45,7 @@ __all__ = [
     "StepPeak",
     "Timeline",
     "apply_offload",
+    "barred_residuals",
     "build_flow_graph",
     "MinCutOptions", "as_partitioner",
     "choose_saved_values",
@@ -56,13 +59,16 @@ __all__ = [
     "materializes_operands",
     "measure_step_peak",
     "min_cut_rematerialization_partition",
+    "ordered_eqns",
     "parse_memory_budget",
     "peak_holders",
     "plan_under_peak",
+    "rederive_backward",
     "remat_policy",
     "replay_joint",
     "resolve_costs",
     "saved_vars",
     "split_backward",
     "split_joint",
+    "step_program",
 ]

@@ -2,8 +2,8 @@
 
 A byte budget bounds the step's peak, of which residuals are one term among
 temporaries, inputs, gradients and XLA's schedule, so only the compiler knows it.
-A plan is measured by compiling its fused step (:func:`fused_step`, as
-``jaxaot.value_and_grad`` runs it) and, in :func:`measure_step_peak`, the split
+A plan is measured by compiling its fused step (:func:`fused_step`, the program
+``jaxaot.value_and_grad`` runs) and, in :func:`measure_step_peak`, the split
 programs, with plain ``jax.jit`` and :data:`MEASURE_OPTIONS` (a cheaper compile with
 the same peak), reading ``memory_analysis()`` (:func:`compiled_peak`). Peaks are
 cached per program and input types for the process.
@@ -22,6 +22,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND
+from jaxaot._src.partition.step import step_program
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes
 
@@ -89,18 +90,11 @@ def cotangent_avals(part: Partition, joint: JointGraph) -> list:
 
 
 def fused_step(part: Partition, joint: JointGraph) -> Any:
-    """The closed jaxpr ``inputs -> (outputs..., grads...)`` of the step as one program (module docstring)."""
-    cts = cotangent_avals(part, joint)
-
-    def step(*leaves: Any) -> list:
-        fwd = C.eval_closed(part.forward, *leaves)
-        residuals = [leaves[i] for i in part.saved_inputs] + [fwd[i] for i in part.saved_outputs]
-        if part.recomputed and residuals:
-            residuals = list(jax.lax.optimization_barrier(residuals))
-        ones = [jax.numpy.ones(a.shape, a.dtype) for a in cts]
-        return list(fwd[: part.num_outputs]) + list(C.eval_closed(part.backward, *ones, *residuals))
-
-    return jax.make_jaxpr(step)(*_plain(joint.in_avals))
+    """The closed jaxpr ``inputs -> (outputs..., grads...)`` of the step as one program: the fused step
+    ``jaxaot.value_and_grad`` runs for a min-cut plan (:func:`~jaxaot._src.partition.step.step_program`, every
+    residual behind the barrier), before any variant of an accelerator's."""
+    return step_program(part, _plain(joint.in_avals), joint.out_avals, computed_outputs=range(part.num_outputs),
+                        barrier="all")
 
 
 def _plain(avals: Sequence[Any]) -> list:

@@ -1,12 +1,12 @@
-"""The fused training step's program: forward and backward in one jaxpr that keeps the partition's plan.
+"""A partition's training step as one program: forward and backward in one jaxpr that keeps the plan.
 
-:func:`fused_program` builds ``forward``, then the residuals through an
+:func:`step_program` builds ``forward``, then the residuals through an
 ``optimization_barrier`` (as ``jax.checkpoint`` lowers, so XLA cannot merge the
 backward's recomputation with the forward and keep what the plan chose not to
 save), then ``backward`` with unit cotangents: one launch, and XLA fuses across
-the boundary. Offloaded residuals go to host and back inside the program. Its
-options (``barrier``, pinned ``layouts``, ``order``, ``slices``, ``rederive``) are
-the variants :mod:`jaxaot._src.fusion.variants` chooses among.
+the boundary. Its options (``barrier``, pinned ``layouts``, ``order``, ``slices``,
+``rederive``) are the variants the runtime's fused step chooses among; a byte
+budget's search measures the same program.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
@@ -19,17 +19,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 
 from jaxaot._src import compat as C
 from jaxaot.errors import InvalidValueError
-from jaxaot._src.fusion.interface import TrainingLike
-from jaxaot._src.fusion.ordering import eval_backward
-from jaxaot._src.fusion.rederive import rederive_backward
-from jaxaot._src.fusion.residual_slices import residual_readers, slice_residual_reads
-from jaxaot._src.partition import materializes_operands
+from jaxaot._src.partition.costs import materializes_operands
+from jaxaot._src.partition.step.ordering import eval_backward
+from jaxaot._src.partition.step.rederive import rederive_backward
+from jaxaot._src.partition.step.residual_slices import residual_readers, slice_residual_reads
 
 
 def recomputation_inputs(backward: Any, num_cotangents: int) -> set[int]:
@@ -73,7 +72,7 @@ def read_orders(backward: Any, num_cotangents: int) -> dict[int, tuple[int, ...]
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot._src.fusion import read_orders
+        >>> from jaxaot._src.partition.step import read_orders
         >>> bwd = jax.make_jaxpr(lambda g, s, w: (g * s.T, w @ g))(jnp.ones((3, 2)), jnp.ones((2, 3)),
         ...                                                         jnp.ones((3, 3)))
         >>> read_orders(bwd, 1)  # s is read only as s.T; w by a matmul
@@ -111,11 +110,14 @@ def barred_residuals(part: Any, barrier: str) -> set[int]:
     return set(range(len(part.saved_inputs) + len(part.saved_outputs)))
 
 
-def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
-                  order: str = "xla", slices: bool = True, rederive: bool = False) -> Any:
-    """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step (see the module docstring).
+def step_program(part: Any, in_avals: Sequence[Any], out_avals: Sequence[Any], *, computed_outputs: Sequence[int],
+                 value_leaf: int = 0, grad_pins: Sequence[Any] | None = None, barrier: str = "all",
+                 layouts: str = "auto", order: str = "xla", slices: bool = True, rederive: bool = False) -> Any:
+    """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step of the partition ``part``.
 
-    ``training`` is the runtime's training programs of one gradient mask (:class:`TrainingLike`);
+    ``in_avals``: the inputs'; ``out_avals``: the joint graph's outputs' (the cotangents' types);
+    ``computed_outputs``: the outputs the step returns (the others are inputs returned unchanged);
+    ``grad_pins``: per gradient, a sharding it is constrained to, or None;
     ``value_leaf`` the output whose cotangent is 1 (the loss); ``barrier``
     which residuals pass through ``optimization_barrier``: ``"all"``,
     ``"recomputed"`` (those the recomputation reads) or ``"none"`` (XLA may
@@ -126,14 +128,13 @@ def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "a
     transpose, to that transpose's order;
     ``order``: ``"xla"`` leaves the backward's order to XLA, ``"consume_first"`` makes every
     recomputed matmul operand be used before its residuals are read again
-    (:mod:`jaxaot._src.fusion.ordering`); ``slices``: residuals behind the barrier that the backward
-    only slices pass it as their slices (:mod:`jaxaot._src.fusion.residual_slices`); ``rederive``: the
+    (:mod:`jaxaot._src.partition.step.ordering`); ``slices``: residuals behind the barrier that the backward
+    only slices pass it as their slices (:mod:`jaxaot._src.partition.step.residual_slices`); ``rederive``: the
     backward derives again the residuals it can through an order-free reduction, and they are not
-    passed (:mod:`jaxaot._src.fusion.rederive`).
+    passed (:mod:`jaxaot._src.partition.step.rederive`).
     """
-    p, part, joint = training.programs, training.partition, training.joint
-    cts = [(i, joint.out_avals[i]) for i in part.cotangent_outputs]
-    pins = training.placement.grad_pins()
+    cts = [(i, out_avals[i]) for i in part.cotangent_outputs]
+    pins = list(grad_pins) if grad_pins is not None else [None] * len(C.jaxpr_of(part.backward).outvars)
     n_res = len(part.saved_inputs) + len(part.saved_outputs)
     lean = rederive_backward(part, len(cts)) if rederive else None
     passed = lean.kept if lean is not None else tuple(range(n_res))
@@ -164,6 +165,6 @@ def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "a
         else:
             grads = C.eval_closed(backward, *unit, *residuals)
         grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]
-        return [fwd[i] for i in p.computed_outputs] + grads
+        return [fwd[i] for i in computed_outputs] + grads
 
-    return jax.make_jaxpr(step)(*p.in_avals)
+    return jax.make_jaxpr(step)(*in_avals)

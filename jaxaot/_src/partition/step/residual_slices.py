@@ -70,7 +70,7 @@ def slice_residual_reads(backward: Any, num_cotangents: int, positions: set[int]
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot._src.fusion import slice_residual_reads
+        >>> from jaxaot._src.partition.step import slice_residual_reads
         >>> def bwd(g, qkv):
         ...     q, k, v = jnp.split(qkv, 3, axis=-1)
         ...     return g * q + k, g * v

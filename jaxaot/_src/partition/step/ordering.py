@@ -17,7 +17,7 @@ from typing import Any
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.partition import Recompute, classify
+from jaxaot._src.partition.costs import Recompute, classify
 
 #: Primitives whose recomputed operands are ordered (XLA writes their operands to memory).
 MATERIALIZING = frozenset({"dot_general", "conv_general_dilated"})
@@ -92,7 +92,7 @@ def eval_backward(backward: Any, num_cotangents: int, *args: Any) -> list:
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from jaxaot._src.fusion import eval_backward
+        >>> from jaxaot._src.partition.step import eval_backward
         >>> def bwd(g, s, w):  # exp(s) recomputed: a matmul operand, and read again after it
         ...     dw = jnp.exp(s).T @ g
         ...     return dw, (g @ w.T) * jnp.exp(s)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import jaxaot
 from jaxaot._src import compat as C
-from jaxaot._src.fusion import fused_program, slice_residual_reads
+from jaxaot._src.fusion import fused_program
+from jaxaot._src.partition.step import slice_residual_reads
 from zoo import assert_trees_close
 
 

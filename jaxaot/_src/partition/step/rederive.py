@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from jaxaot._src import compat as C
-from jaxaot._src.partition import Recompute, classify
+from jaxaot._src.partition.costs import Recompute, classify
 
 #: Reductions whose result does not depend on the order of evaluation.
 ORDER_FREE = frozenset({"reduce_max", "reduce_min", "argmax", "argmin"})
@@ -82,7 +82,7 @@ def rederive_backward(part: Any, num_cotangents: int) -> RederivedBackward:
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
-        >>> from jaxaot._src.fusion import rederive_backward
+        >>> from jaxaot._src.partition.step import rederive_backward
         >>> def f(w, x):
         ...     s = x @ w
         ...     return jnp.sum(jnp.exp(s - jnp.max(s, axis=1, keepdims=True)) ** 2)

@@ -1,4 +1,4 @@
-"""The consume-first backward order (jaxaot._src.fusion.ordering): same values, the intended barriers."""
+"""The consume-first backward order (jaxaot._src.partition.step.ordering): same values, the intended barriers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 import jaxaot
 from jaxaot._src import compat as C
-from jaxaot._src.fusion import fused_program, ordering
+from jaxaot._src.fusion import fused_program
+from jaxaot._src.partition.step import ordering
 import zoo
 from zoo import assert_trees_close, backward_inputs
 

@@ -1,4 +1,4 @@
-"""Order-free reductions the fused step's backward derives again (jaxaot._src.fusion.rederive)."""
+"""Order-free reductions the fused step's backward derives again (jaxaot._src.partition.step.rederive)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import jaxaot
 import zoo
 from jaxaot._src import compat as C
-from jaxaot._src.fusion import fused_program, rederive_backward
-from jaxaot._src.fusion.rederive import ORDER_FREE
+from jaxaot._src.fusion import fused_program
+from jaxaot._src.partition.step import rederive_backward
+from jaxaot._src.partition.step.rederive import ORDER_FREE
 from zoo import assert_trees_close, backward_inputs, kept_step
 from zoo_models import MODELS
 
