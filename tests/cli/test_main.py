@@ -290,25 +290,32 @@ def test_inspect_help_documents_both_argument_forms(capsys):
     assert "--args MODULE:FUNCTION" in out and '"w": "f32[8,16]"' in out and "jax_enable_x64" in out
 
 
+def _run_without_jax(code: str) -> str:
+    """Run ``code`` in a fresh interpreter, then check that it imported no JAX module; its output."""
+    code = textwrap.dedent(code) + textwrap.dedent("""
+        assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
+        print("no jax")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("no jax"), r.stderr
+    return r.stdout
+
+
 def test_python_m_jaxaot_help_imports_no_jax():
-    code = textwrap.dedent("""
+    out = _run_without_jax("""
         import runpy, sys
         sys.argv = ["jaxaot", "--help"]
         try:
             runpy.run_module("jaxaot", run_name="__main__")
         except SystemExit as e:
             assert e.code == 0
-        assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
-        print("no jax")
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip().endswith("no jax"), r.stderr
-    assert "usage: jaxaot" in r.stdout
+    assert "usage: jaxaot" in out
 
 
 def test_parser_imports_no_jax():
     # Loaded from its file, so that only the parser module runs (importing the jaxaot package imports jax).
-    code = textwrap.dedent(f"""
+    _run_without_jax(f"""
         import importlib.util, sys
         spec = importlib.util.spec_from_file_location("cli_main", {str(Path(cli.__file__))!r})
         mod = importlib.util.module_from_spec(spec)
@@ -318,8 +325,4 @@ def test_parser_imports_no_jax():
                 mod.main([*argv, "--help"])
             except SystemExit as e:
                 assert e.code == 0
-        assert "jax" not in sys.modules, sorted(m for m in sys.modules if m.startswith("jax"))
-        print("no jax")
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip().endswith("no jax"), r.stderr
