@@ -201,7 +201,7 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     runs, why = chosen if chosen is not None else (None, "")
     choice = p.fused_choices[name] = FusedChoice(name, exe.layouts, exe.order, exe.barrier, exe.rederived, runs, why)
     if runs == "split":
-        p.executables.pop(name, None)
+        training.drop_executables({name})
     elif runs == "fused":
         training.drop_executables(set(p.executables) - before)  # the split programs compiled for the timing alone
     return choice

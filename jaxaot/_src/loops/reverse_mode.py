@@ -26,12 +26,12 @@ def reverse_mode(loop: Loop, residual_avals: Sequence[Any] | None = None) -> str
     """The :data:`MODES` entry ``loop`` is differentiated with. ``residual_avals`` (a step's residuals,
     once partial evaluation knows them) decide between ``"segments"`` and ``"stack"``; without them a
     stacking loop is ``"stack"``."""
-    bounded_and_checkpointed = loop.prim is while_loop_p and loop.checkpoints is not None
-    if bounded_and_checkpointed and loop.max_steps is not None and offline.nested(loop):
+    checkpointed_while = loop.prim is while_loop_p and loop.checkpoints is not None
+    if checkpointed_while and loop.max_steps is not None and offline.nested(loop):
         return "nested"
     if not is_bounded(loop):
         return "unbounded"
-    if bounded_and_checkpointed:
+    if checkpointed_while:
         return "checkpointed"
     if residual_avals is not None and segments.applies(loop, residual_avals) is not None:
         return "segments"

@@ -53,7 +53,7 @@ class Pipeline:
         n = len(self.stage_fns)
         if executor == "compiled":
             built = make_schedule(schedule, n, num_microbatches) if mesh is None and devices is None else None
-            devices = devices if built is None else _first_devices_for(built, stage_axis)  # as many as it needs
+            devices = devices if built is None else _first_devices(built, _NO_MESH.format(stage_axis))
             mesh = spmd.auto_mesh(_mesh_for(mesh, devices, stage_axis))
             axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes))
             self.schedule = (built if built is not None and built.num_devices == axes.num_devices
@@ -263,13 +263,18 @@ def _nbytes(aval: Any) -> int:
     return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
 
 
-def _first_devices(schedule: Any) -> list:
+#: What to pass instead, when a compiled pipeline given no mesh finds too few devices.
+_NO_MESH = "pass a mesh with a {!r} axis of that many, or executor='python' with devices=[...]"
+
+
+def _first_devices(schedule: Any, remedy: str = "pass devices=[...] with executor='python'") -> list:
+    """The first ``schedule.num_devices`` devices JAX has (for a pipeline given no mesh or devices), or an error
+    that says what to pass instead (``remedy``)."""
     available = jax.devices()
     if len(available) < schedule.num_devices:
         raise InvalidValueError(
             f"the {schedule.name!r} schedule of {schedule.num_stages} stages needs {schedule.num_devices} devices, "
-            f"but JAX has {len(available)}: pass devices=[...] with executor='python' (a device may appear more "
-            "than once).")
+            f"but JAX has {len(available)}: {remedy} (a device may appear more than once).")
     return available[:schedule.num_devices]
 
 
@@ -280,17 +285,6 @@ def _stage_devices(mesh: jax.sharding.Mesh, stage_axis: str) -> dict[int, Any]:
     for idx in np.ndindex(mesh.devices.shape):
         out.setdefault(idx[axis], mesh.devices[idx])
     return out
-
-
-def _first_devices_for(schedule: Any, stage_axis: str) -> list:
-    """The first ``schedule.num_devices`` devices JAX has, for a compiled executor given no mesh or devices."""
-    wanted, available = schedule.num_devices, jax.devices()
-    if len(available) < wanted:
-        raise InvalidValueError(
-            f"the {schedule.name!r} schedule of {schedule.num_stages} stages needs {wanted} devices, but JAX has "
-            f"{len(available)}: pass a mesh with a {stage_axis!r} axis of that many, or executor='python' with "
-            "devices=[...] (a device may appear more than once).")
-    return available[:wanted]
 
 
 def _mesh_for(mesh: Any, devices: Any, stage_axis: str) -> Any:
