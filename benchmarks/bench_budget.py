@@ -280,6 +280,7 @@ def first_steps(model: Model, size: str, specs: list[str], rounds: int) -> dict[
     for _ in range(rounds):
         for spec in specs:
             out[spec].append(fresh_first_step(model.name, size, spec))
+            print(f"# {model.name} first step of {spec}: {out[spec][-1]}", file=sys.stderr, flush=True)
     return out
 
 
@@ -433,7 +434,10 @@ def first_only(model: Model, size: str, rounds: int, outcome: Outcome) -> str:
     compiled = {}
     for spec in specs[1:]:
         try:
+            t = time.perf_counter()
             compiled[spec] = step_of(model, spec).lower(*args).compile().peak_bytes
+            print(f"# {model.name} {spec}: compiled peak {compiled[spec]} B, planned and compiled in "
+                  f"{time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         except jaxaot.errors.MemoryBudgetError:
             compiled[spec] = None
     text, _ = first_step_table(model, size, specs, rounds, compiled, outcome)

@@ -50,7 +50,8 @@ def _device_events(path: str) -> tuple[dict[str, list[float]], list[str]]:
             continue
         for line in plane.lines:
             lines.append(f"{plane.name}/{line.name}")
-            if "stream" not in line.name.lower() or "memcpy" in line.name.lower():
+            name = line.name.lower()  # "Stream #14(Compute,MemcpyD2D)": one stream, kernels and copies
+            if "stream" not in name or ("memcpy" in name and "compute" not in name):
                 continue
             for ev in line.events:
                 op = str(dict(ev.stats).get("hlo_op", ""))  # a command buffer's kernels share its op

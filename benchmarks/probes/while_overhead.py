@@ -12,9 +12,13 @@ Writes the optimized HLO of the ``checkpoints=k`` gradient to ``$OUT/ckpt_hlo.tx
 (count the kernels per loop body), and, with ``--flags``, runs again in a child process
 per XLA flag set (command buffers around while loops).
 
+With ``--trace``, each gradient also runs under ``jax.profiler.trace``: its device time (the
+sum of its kernels), kernel launches per call and its most expensive kernels, so the wall time
+splits into device work and the gaps between kernels (launches, predicate waits).
+
 Usage (from the repository root)::
 
-    python -m benchmarks.probes.while_overhead [--flags] [--small] [--n 2000] [--k 40] [--rounds 7]
+    python -m benchmarks.probes.while_overhead [--flags] [--trace] [--small] [--n 2000] [--k 40] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -76,7 +80,28 @@ def cases(n_static: int, k: int):
     }
 
 
-def run(batch: int, width: int, n: int, k: int, rounds: int, label: str) -> str:
+def kernels(compiled: dict, args: tuple, calls: int = 3, top: int = 12) -> str:
+    """Each gradient's device time and kernel launches per call, from a profiler trace, and its
+    ``top`` kernels by device time."""
+    from benchmarks.probes.kernel_times import _trace  # noqa: PLC0415 - only with --trace
+    out = []
+    for name, c in compiled.items():
+        if not name.startswith("grad"):
+            continue
+        events, lines = _trace(c, args, calls)
+        if not events:
+            out.append(f"### {name}: no kernel events; device lines seen: {', '.join(lines) or 'none'}")
+            continue
+        busy = sum(map(sum, events.values())) / calls
+        out.append(f"### {name}: device {busy * 1e3:.2f} ms/call, {sum(map(len, events.values())) / calls:.0f} "
+                   f"kernels/call")
+        for kname, ts in sorted(events.items(), key=lambda kv: -sum(kv[1]))[:top]:
+            out.append(f"  {kname[:60]:60s} {sum(ts) / calls * 1e3:9.3f} ms {len(ts) / calls:8.0f} calls "
+                       f"{sum(ts) / len(ts) * 1e6:7.2f} us each")
+    return "\n".join(out)
+
+
+def run(batch: int, width: int, n: int, k: int, rounds: int, label: str, trace: bool = False) -> str:
     key = jax.random.key(0)
     kw, kx = jax.random.split(key)
     w = jax.random.normal(kw, (width, width), jnp.float32) / width ** 0.5
@@ -101,6 +126,8 @@ def run(batch: int, width: int, n: int, k: int, rounds: int, label: str) -> str:
     for name, ts in times.items():
         med = statistics.median(ts) * 1e3
         lines.append(f"{name:40s} {med:9.2f} {med * 1e3 / n:9.2f} {min(ts) * 1e3:8.2f}-{max(ts) * 1e3:8.2f}")
+    if trace:
+        lines.append(kernels(compiled, args))
     return "\n".join(lines)
 
 
@@ -112,9 +139,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--trace", action="store_true", help="device time and kernels per gradient (profiler)")
     args = ap.parse_args()
     batch, width = (32, 128) if args.small else (256, 1024)
-    print(run(batch, width, args.n, args.k, args.rounds, args.child), flush=True)
+    print(run(batch, width, args.n, args.k, args.rounds, args.child, args.trace), flush=True)
     if args.flags:
         for label, flags in FLAG_SETS.items():
             if label == "default":
