@@ -97,6 +97,21 @@ def test_blocked_online_schedule_matches_scan(block, monkeypatch):
         chex.assert_trees_all_close(per_lane, lanes, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block", [1, 4])
+def test_past_the_split_point_table_the_backward_searches(block):
+    # An unbounded loop looks its split points up while it is no longer than online_table_steps(k) and
+    # searches the binomial table past that (a lax.cond on the trip count): both branches, one loop and blocks.
+    loop = lambda p, x, n: while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 1e-3 * jnp.sin(p * c[1])),  # noqa: E731
+                                      (0, x), checkpoints=3)[1]
+    ref = lambda p, x, n: lax.scan(lambda c, _: (c + 1e-3 * jnp.sin(p * c), None), x, None, length=n)[0]  # noqa: E731
+    x = jax.random.uniform(jax.random.key(block), (3,))
+    with jaxaot.config.override(online_block=block):
+        g = jax.jit(jax.grad(lambda p, x, n: jnp.sum(loop(p, x, n) ** 2), argnums=(0, 1)))
+        for n in (29, checkpointed.online_table_steps(3) + 37):
+            want = jax.grad(lambda p, x: jnp.sum(ref(p, x, n) ** 2), argnums=(0, 1))(1.3, x)
+            chex.assert_trees_all_close(g(1.3, x, n), want, rtol=2e-5, custom_message=f"n={n}")
+
+
 def test_blocked_counts_and_checks():
     # Blocks trade predicate checks (host waits on a GPU) for masked steps past each run's end.
     plain, blocked = revolve.revolve_counts(2000, 40), revolve.revolve_counts(2000, 40, block=4)

@@ -13,11 +13,20 @@ import jaxaot
 from jaxaot._src import compat as C
 from jaxaot.errors import LoopOverflowError
 from jaxaot._src.loops.wrappers import while_loop, while_loop_stack_output
+from jaxaot._src.loops import overflow
 from jaxaot._src.loops.overflow import overflow_check_max_steps, raise_if_overflowed, reraise_overflow
 
 
 def _checks(closed):
-    return [m for m in map(overflow_check_max_steps, C.iter_eqns(closed)) if m is not None]
+    """Each check's max_steps, once: a check is a cond whose true branch holds its callback."""
+    found, inside = [], set()
+    for eqn in C.iter_eqns(closed):
+        m = overflow_check_max_steps(eqn) if id(eqn) not in inside else None
+        if m is not None:
+            found.append(m)
+            if str(eqn.primitive) == "cond":
+                inside.add(id(eqn.params["branches"][1].jaxpr.eqns[0]))
+    return found
 
 
 def test_raise_if_overflowed_names_max_steps():
@@ -32,6 +41,22 @@ def test_reverse_mode_and_stack_output_checks_are_recognised():
     assert _checks(jax.make_jaxpr(f)(1.0)) == []  # the forward alone checks nothing
     g = lambda x: while_loop_stack_output(lambda c: c < 3.0, lambda c: c + x, 0.0, max_steps=4)  # noqa: E731
     assert _checks(jax.make_jaxpr(g)(1.0)) == [4]
+
+
+def test_the_host_is_called_only_when_the_loop_overflows(monkeypatch):
+    calls = []
+    monkeypatch.setattr(overflow, "record_overflow", lambda flag, max_steps: calls.append(max_steps))
+
+    def f(x, n):
+        return while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * x), (0, x), max_steps=5)[1]
+
+    g = jax.jit(jax.grad(f))
+    np.testing.assert_allclose(g(1.1, 3), jax.grad(lambda x: x ** 4)(1.1), rtol=1e-6)
+    jax.effects_barrier()
+    assert calls == []  # three steps of five: no host round trip
+    assert np.isnan(g(1.1, 9))
+    jax.effects_barrier()
+    assert calls == [5]
 
 
 def test_other_callbacks_are_not_overflow_checks():

@@ -119,6 +119,18 @@ def test_split_point_agrees_in_python_and_jax(k):
     assert [int(g) for g in got] == [revolve.split_point(n, s) for n, s in cases]
 
 
+@pytest.mark.parametrize("k", [2, 5])
+def test_the_backward_s_split_functions_agree_with_split_point(k):
+    """The lookup table (segments up to 60 steps) and the binary search, as the one-loop backward reads them."""
+    from jaxaot._src.loops import schedule_tables, sweep
+    cases = [(length, slots) for length in (2, 3, 10, 57, 60) for slots in range(2, k + 1)]
+    want = [revolve.split_point(n, s) for n, s in cases]
+    for split in (sweep.lookup_split(schedule_tables.split_points(60, k), 60),
+                  sweep.search_split(revolve.beta_table_jax(k))):
+        got = jax.jit(jax.vmap(split))(*map(jnp.asarray, zip(*cases)))
+        assert [int(g) for g in got] == want
+
+
 @pytest.mark.parametrize("k", [1, 7, 60])
 def test_device_table_equals_numpy_table(k):
     """The on-device binomial table (running sums, saturating at int32 max) is NumPy's, bit for bit."""

@@ -189,7 +189,7 @@ def test_bfgs_at_500_steps_needs_megabytes_not_gigabytes():
             objective = lambda x: jnp.sum((x - p) ** 2 * jnp.arange(1, 1 + p.size)) + 0.1 * jnp.sum(x ** 4)
             return minimize(objective, 0 * p, method="BFGS").x.sum()
         p = jnp.linspace(-0.5, 0.5, 8)
-        compiled = jax.jit(jax.grad(jaxaot._src.loops.differentiable(fitted, max_steps=500))).lower(p).compile()
+        compiled = jax.jit(jax.grad(jaxaot.loops.differentiable(fitted, max_steps=500))).lower(p).compile()
         m = compiled.memory_analysis()
         assert bool(jnp.all(jnp.isfinite(compiled(p))))
         stats = jax.devices()[0].memory_stats()

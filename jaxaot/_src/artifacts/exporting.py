@@ -34,7 +34,7 @@ from jaxaot._src.artifacts.mesh_spec import MeshSpec
 from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.treedef_json import treedef_to_json
 from jaxaot.errors import InvalidInputError, NotExportableError
-from jaxaot._src.loops import overflow_check_max_steps
+from jaxaot._src.loops import overflow_check
 from jaxaot._src.partition import Partitioner, default_partition
 from jaxaot._src.runtime import (
     AOTFunction, SignaturePrograms, TrainingPrograms, aot_function, is_abstract, is_multi_device, output_shardings,
@@ -266,12 +266,16 @@ def _hoist_checks(closed: Any, what: str, name: str) -> tuple[Any, tuple[Runtime
     checks its stack with one. Such a check becomes a boolean output that the
     loaded function inspects; any other callback is a :class:`NotExportableError`.
     """
-    hoist = []
+    hoist, inside = [], set()  # the checks (a cond, or a callback alone), and the callbacks in their conds
     for eqn, depth in C.iter_eqns(closed, with_depth=True):
-        if not C.is_host_callback(eqn):
+        check = overflow_check(eqn) if str(eqn.primitive) == "cond" else None
+        if check is not None:
+            inside.add(id(eqn.params["branches"][1].jaxpr.eqns[0]))
+        elif not C.is_host_callback(eqn) or id(eqn) in inside:
             continue
-        max_steps = overflow_check_max_steps(eqn)
-        if max_steps is None:
+        else:
+            check = overflow_check(eqn)
+        if check is None:
             raise NotExportableError(
                 f"the {what} program of {name} calls a host callback ({eqn.primitive}) at {C.eqn_source(eqn)}. "
                 "jax.export cannot serialize host callbacks (jax.debug.callback, jax.debug.print, io_callback, "
@@ -283,12 +287,12 @@ def _hoist_checks(closed: Any, what: str, name: str) -> tuple[Any, tuple[Runtime
                 f"loop or call ({C.eqn_source(eqn)}); only top-level checks can be exported. Use checkpoints=k "
                 "(no run-time check) for nested loops."
             )
-        hoist.append((eqn, max_steps))
+        hoist.append((eqn, check))
     if not hoist:
         return closed, ()
     j = C.jaxpr_of(closed)
     skip = {id(e) for e, _ in hoist}
     eqns = [e for e in j.eqns if id(e) not in skip]
-    flags = [e.invars[0] for e, _ in hoist]
+    flags = [flag for _, (_, flag) in hoist]
     new = C.make_closed_jaxpr(j.constvars, j.invars, [*j.outvars, *flags], eqns, C.consts_of(closed))
-    return new, tuple(RuntimeCheck("loop_overflow", int(m)) for _, m in hoist)
+    return new, tuple(RuntimeCheck("loop_overflow", int(m)) for _, (m, _) in hoist)

@@ -136,14 +136,20 @@ def _split_table(params: dict) -> Any:
 
 
 def _split(params: dict, longest: int | None = None) -> Any:
-    """Revolve's split points for :func:`jaxaot._src.loops.sweep.reverse`: read from a table of every split
-    point (one lookup) for a bounded loop, or segments of at most ``longest`` steps, where that table
-    is small; else searched in the binomial table (a dozen dynamic slices, each a kernel of its own
-    on a CPU: several times the lookup's time per iteration)."""
+    """Revolve's split points ``split(length, slots)``: read from a table of every split point (one
+    lookup) for a bounded loop, or segments of at most ``longest`` steps, where that table is small;
+    else searched in the binomial table: by a binary search of a dozen dynamic slices in one loop
+    (:func:`jaxaot._src.loops.sweep.search_split`, cheap scalar ops on a CPU), by one compare-and-count
+    over a row in blocks (:func:`~jaxaot._src.loops.revolve.split_point_jax`, one kernel on a GPU)."""
     k, bound = params["checkpoints"], params["max_steps"]
     longest = bound if longest is None else longest
     points = schedule_tables.split_points(longest, k) if longest is not None else None
-    return sweep.search_split(_split_table(params)) if points is None else sweep.lookup_split(points, max(longest, 2))
+    if points is not None:
+        return sweep.lookup_split(points, max(longest, 2))
+    if params["block"] == 1:
+        return sweep.search_split(_split_table(params))
+    table = jnp.asarray(_split_table(params))
+    return lambda length, slots: split_point_jax(length, slots, k, table)
 
 
 def _linear_transpose(cts, *args, **params):
@@ -153,19 +159,28 @@ def _linear_transpose(cts, *args, **params):
     ct = [C.instantiate_zeros(c) for c in cts]
     acc = [jnp.zeros(a.shape, a.dtype) for a in lc_avals]
     n_plain = 4 + len(snaps) + len(kc)
-    if block == 1:  # one loop, one body (jaxaot._src.loops.sweep)
-        def reverse(split, ct, acc):
-            return sweep.reverse(_stepper(params, kc, lc_avals), n, pos, slot_of, top, snaps, ct, acc, k, split)
 
-        if params["max_steps"] is not None or k > TABLE_CHECKPOINTS:
-            ct, acc = reverse(_split(params), ct, acc)
-        else:  # an unbounded loop's split points: looked up while its segments are short (no longer than
-            # the loop), searched past that; a lax.cond per step would cost more than the lookup saves
-            short = online_table_steps(k)
-            ct, acc = lax.cond(n <= short, functools.partial(reverse, _split(params, short)),
-                               functools.partial(reverse, _split(params)), ct, acc)
-        return [None] * n_plain + list(acc) + list(ct)
-    table = jnp.asarray(_split_table(params))  # once, outside both loops
+    def reverse(ct, acc, longest=None):  # the split points made here: a branch not taken computes none
+        split = _split(params, longest)
+        if block == 1:  # one loop, one body (jaxaot._src.loops.sweep)
+            return sweep.reverse(_stepper(params, kc, lc_avals), n, pos, slot_of, top, snaps, ct, acc, k, split)
+        return _blocked_reverse(params, n, pos, slot_of, top, snaps, kc, lc_avals, ct, acc, split)
+
+    if params["max_steps"] is not None or k > TABLE_CHECKPOINTS:
+        ct, acc = reverse(ct, acc)
+    else:  # an unbounded loop's split points: looked up while its segments are short (no longer than
+        # the loop), searched past that; a lax.cond per step would cost more than the lookup saves
+        short = online_table_steps(k)
+        ct, acc = lax.cond(n <= short, functools.partial(reverse, longest=short), reverse, ct, acc)
+    return [None] * n_plain + list(acc) + list(ct)
+
+
+def _blocked_reverse(params: dict, n: Any, pos: Any, slot_of: Any, top: Any, snaps: Sequence[Any], kc: Sequence[Any],
+                     lc_avals: Sequence[Any], ct: list, acc: list, split: Any) -> tuple[list, list]:
+    """The revolve backward in blocks of ``params["block"]`` steps per predicate check (GPUs): a loop over
+    the VJPs whose iteration advances from the top snapshot in one blocked loop, then takes the VJPs of
+    the run of steps stored there in another. ``split`` is :func:`_split`'s."""
+    k, block = params["checkpoints"], params["block"]
     buf = list(snaps)  # k snapshot slots and the scratch slot
     primal = _primal_body(params)  # the advance needs no residuals
 
@@ -174,7 +189,7 @@ def _linear_transpose(cts, *args, **params):
         go = cur < fine - 1
         slots = k - top
         p_top = read_row(pos, top)
-        target = jnp.where(slots > 1, p_top + split_point_jax(fine - p_top, slots, k, table), -1)
+        target = jnp.where(slots > 1, p_top + split(jnp.maximum(fine - p_top, 2), jnp.clip(slots, 2, k)), -1)
         new = [strong(a) for a in C.eval_closed(primal, *kc, *x)]
         x = _where(go, new, x)
         cur = cur + go.astype(jnp.int32)
@@ -213,7 +228,9 @@ def _linear_transpose(cts, *args, **params):
 
     state = (jnp.asarray(n, jnp.int32), top, pos, buf, ct, acc)
     _, _, _, _, ct, acc = while_loop(lambda s: s[0] > 0, outer, state, checkpoints=k)
-    return [None] * n_plain + list(acc) + list(ct)
+    return list(ct), list(acc)
+
+
 
 
 def _linear_jvp(primals, tangents, **params):

@@ -11,8 +11,8 @@ an output instead.
 Example:
     >>> import jax, jax.numpy as jnp
     >>> closed = jax.make_jaxpr(lambda f: check_overflow(f, max_steps=8))(jnp.bool_(False))
-    >>> [overflow_check_max_steps(e) for e in closed.jaxpr.eqns]
-    [8]
+    >>> [overflow_check_max_steps(e) for e in closed.jaxpr.eqns][-1]  # a cond whose true branch records it
+    8
 """
 
 from __future__ import annotations
@@ -71,14 +71,27 @@ def record_overflow(overflowed: Any, max_steps: int) -> None:
 
 def check_overflow(overflowed: Any, max_steps: int) -> None:
     """Raise :class:`LoopOverflowError` now if ``overflowed`` is concrete and true;
-    for a traced flag, record it at run time (see the module docstring)."""
+    for a traced flag, record it at run time (see the module docstring).
+
+    The host callback sits in the true branch of a ``lax.cond`` on the flag, so a call
+    that does not overflow pays for no host round trip (on a CPU one callback costs
+    more than a small loop's whole gradient); under ``vmap`` both branches run."""
     try:
         over = bool(overflowed)
     except jax.errors.ConcretizationTypeError:  # traced (jit, vmap): checked at run time
         _RECORDED.traced = True
-        jax.debug.callback(functools.partial(record_overflow, max_steps=max_steps), overflowed)
+        jax.lax.cond(jnp.any(overflowed), functools.partial(_record_on_host, max_steps=max_steps), _no_overflow,
+                     overflowed)
     else:
         raise_if_overflowed(over, max_steps)
+
+
+def _record_on_host(overflowed: Any, max_steps: int) -> None:
+    jax.debug.callback(functools.partial(record_overflow, max_steps=max_steps), overflowed)
+
+
+def _no_overflow(overflowed: Any) -> None:
+    del overflowed
 
 
 def overflow_scale(overflowed: Any) -> Any:
@@ -125,11 +138,25 @@ def reraise_overflow() -> Iterator[None]:
         raise LoopOverflowError(message)
 
 
-def overflow_check_max_steps(eqn: Any) -> int | None:
-    """``max_steps`` if ``eqn`` is the callback of :func:`check_overflow`, else None."""
+def overflow_check(eqn: Any) -> tuple[int, Any] | None:
+    """``(max_steps, the overflow flag's var)`` if ``eqn`` is a check of :func:`check_overflow`: its ``cond``
+    (or its callback alone), else None."""
+    if str(eqn.primitive) == "cond":
+        branches = eqn.params.get("branches", ())
+        if len(branches) != 2 or branches[0].jaxpr.eqns or len(branches[1].jaxpr.eqns) != 1 or len(eqn.invars) != 2:
+            return None
+        found = overflow_check(branches[1].jaxpr.eqns[0])
+        return None if found is None else (found[0], eqn.invars[1])
     if str(eqn.primitive) != "debug_callback" or len(eqn.invars) != 1:
         return None
-    return _find_check(eqn.params.get("callback"), 0)
+    max_steps = _find_check(eqn.params.get("callback"), 0)
+    return None if max_steps is None else (max_steps, eqn.invars[0])
+
+
+def overflow_check_max_steps(eqn: Any) -> int | None:
+    """``max_steps`` if ``eqn`` is a check of :func:`check_overflow` (:func:`overflow_check`), else None."""
+    found = overflow_check(eqn)
+    return None if found is None else found[0]
 
 
 def _find_check(obj: Any, depth: int) -> int | None:
