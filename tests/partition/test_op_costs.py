@@ -251,3 +251,23 @@ def test_loops_are_estimated_not_timed():
     costs = MeasuredCosts(CPU, path=None, fallback=FlopCosts())
     assert not op_profile.measurable(scan)
     assert costs.seconds(scan) == FlopCosts().seconds(scan) and costs.measured == 0
+
+
+def test_fallback_costs_measure_compute_rates_alone(monkeypatch):
+    """MeasuredCosts' FLOP fallback measures the device's compute rates, never the host-memory probes."""
+    from jaxaot._src.partition.costs import device_model
+
+    def no_host_probes(device, rates=None):
+        raise AssertionError("the full device model was measured")
+
+    monkeypatch.setattr(device_model, "_measure", no_host_probes)
+    monkeypatch.setattr(device_model, "_RATES", {})
+    fallback = MeasuredCosts(jax.devices()[0], path=None).fallback
+    assert 0 < fallback.device_flops < np.inf and 0 < fallback.device_bandwidth < np.inf
+    assert DeviceModel.compute_costs() is fallback  # once per device kind
+    monkeypatch.undo()
+    monkeypatch.setattr(device_model, "_MEASURED", {})
+    monkeypatch.setattr(device_model, "_RATES", {device_model._key(jax.devices()[0]):
+                                                 fallback})
+    model = DeviceModel.measure()  # the full model, later: the same rates, not timed again
+    assert model.flop_costs == fallback

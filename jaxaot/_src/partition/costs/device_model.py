@@ -173,13 +173,29 @@ class DeviceModel:
     def measure(cls, device: Any = None) -> "DeviceModel":
         """The model of ``device`` (default: ``jax.devices()[0]``), measured once per device kind and process."""
         device = jax.devices()[0] if device is None else device
-        key = (device.platform, getattr(device, "device_kind", "?"))
+        key = _key(device)
         with _MEASURED_LOCK:
             model = _MEASURED.get(key)
             if model is None:
                 with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
-                    model = _MEASURED[key] = _measure(device)
+                    model = _MEASURED[key] = _measure(device, _RATES.get(key))
+                _RATES.setdefault(key, model.flop_costs)
         return model
+
+    @staticmethod
+    def compute_costs(device: Any = None) -> FlopCosts:
+        """``device``'s FLOP and memory rates alone as a :class:`FlopCosts`, measured once per device kind and
+        process (or read off a :meth:`measure`-d model): what estimating an eqn needs, without the host-memory
+        probes (their compiles, and their buffers beside the caller's arrays)."""
+        device = jax.devices()[0] if device is None else device
+        key = _key(device)
+        with _MEASURED_LOCK:
+            costs = _RATES.get(key)
+            if costs is None:
+                with jax.ensure_compile_time_eval():
+                    _, _, flops, bandwidth = _compute_probes(device)
+                costs = _RATES[key] = FlopCosts(flops, bandwidth)
+        return costs
 
 
 def _check_number(name: str, value: Any, ok: Callable[[float], bool], what: str) -> None:
@@ -198,7 +214,12 @@ def _check_rate(name: str, value: Any, what: str) -> None:
 
 
 _MEASURED: dict[tuple[str, str], DeviceModel] = {}
+_RATES: dict[tuple[str, str], FlopCosts] = {}
 _MEASURED_LOCK = threading.Lock()
+
+
+def _key(device: Any) -> tuple[str, str]:
+    return device.platform, getattr(device, "device_kind", "?")
 
 
 def host_memory_note(device: Any) -> str:
@@ -230,19 +251,29 @@ def _per_step_seconds(step: Callable[[Any], Any], x: Any, n: int) -> float:
     return max((best_seconds(lambda: loop(x)) - best_seconds(lambda: one(x))) / (n - 1), 1e-9)
 
 
-def _measure(device: Any) -> DeviceModel:
-    note = host_memory_note(device)
+def _compute_probes(device: Any, rates: FlopCosts | None = None) -> tuple[Any, Any, float, float]:
+    """``(copy probe, matmul probe, FLOP/s, device bytes/s)``, the rates timed unless ``rates`` (measured before)
+    give them. The sizes are fixed per platform (about 384 MiB of probes on a GPU, alive together)."""
     cpu = device.platform == "cpu"
-    nbytes = _MEASURE_BYTES // (8 if cpu else 1)
+    nbytes, n = (_MEASURE_BYTES // 8, 512) if cpu else (_MEASURE_BYTES, 8192)
     on_device = jax.sharding.SingleDeviceSharding(device)
-    on_host = on_device.with_memory_kind(HOST_MEMORY_KIND)
     x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
-    n, dtype = (512, jnp.float32) if cpu else (8192, jnp.bfloat16)
-    a = jax.device_put(jnp.ones((n, n), dtype), on_device)
+    a = jax.device_put(jnp.ones((n, n), jnp.float32 if cpu else jnp.bfloat16), on_device)
+    if rates is not None:
+        return x, a, rates.device_flops, rates.device_bandwidth
     matmul = jax.jit(lambda a: a @ a)
     flops = 2.0 * n**3 / best_seconds(lambda: matmul(a))
     # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
     device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
+    return x, a, flops, device_bandwidth
+
+
+def _measure(device: Any, rates: FlopCosts | None = None) -> DeviceModel:
+    note = host_memory_note(device)
+    x, a, flops, device_bandwidth = _compute_probes(device, rates)
+    nbytes, n = x.nbytes, a.shape[0]
+    on_device = jax.sharding.SingleDeviceSharding(device)
+    on_host = on_device.with_memory_kind(HOST_MEMORY_KIND)
     bandwidth, latency, overlap, scan_overlap, slots = 1.0, 0.0, 1.0, 1.0, None
     if HOST_MEMORY_KIND in {m.kind for m in device.addressable_memories()}:
         # In-program copies, as the offloaded programs make them; a tiny copy's time (dispatch) is subtracted.

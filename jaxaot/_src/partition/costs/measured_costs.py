@@ -55,7 +55,7 @@ class MeasuredCosts:
       device: the device to time on (default ``jax.devices()[0]``).
       fallback: the :class:`OpCosts` for fusible eqns and eqns that cannot be
         timed (default: FLOP estimates at ``device``'s measured rates,
-        :meth:`DeviceModel.measure`).
+        :meth:`DeviceModel.compute_costs`: no host-memory probes).
       path: the JSON file to persist the table in; ``"auto"`` (default) picks
         one under ``jaxaot.config.cache_dir`` when that is set, None keeps it in memory.
     """
@@ -75,7 +75,7 @@ class MeasuredCosts:
     @property
     def fallback(self) -> OpCosts:
         if self._fallback is None:
-            self._fallback = DeviceModel.measure(self.device).flop_costs
+            self._fallback = DeviceModel.compute_costs(self.device)
         return self._fallback
 
     @property
