@@ -59,6 +59,22 @@ def test_the_host_is_called_only_when_the_loop_overflows(monkeypatch):
     assert calls == [5]
 
 
+def test_under_vmap_only_the_lane_that_overflows_is_nan_and_the_overflow_is_raised():
+    def f(x, n):
+        return while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * x), (0, x), max_steps=5)[1]
+
+    g = jax.jit(jax.vmap(jax.grad(f)))
+    xs = jax.random.uniform(jax.random.key(3), (3,), minval=0.5, maxval=1.5)
+    with reraise_overflow():
+        ok = g(xs, jnp.array([1, 3, 4]))
+    np.testing.assert_allclose(ok, [(n + 1) * x ** n for x, n in zip(xs.tolist(), (1, 3, 4))], rtol=1e-5)
+    bad = g(xs, jnp.array([1, 9, 4]))  # a bare jit: the overflowing lane is NaN, the others are right
+    assert np.isnan(bad[1]) and np.allclose(bad[::2], ok[::2])
+    with pytest.raises(LoopOverflowError, match="max_steps=5"):
+        with reraise_overflow():
+            g(xs, jnp.array([1, 9, 4]))
+
+
 def test_other_callbacks_are_not_overflow_checks():
     def f(x):
         jax.debug.callback(lambda v: None, x)
