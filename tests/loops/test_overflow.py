@@ -14,16 +14,16 @@ from jaxaot._src import compat as C
 from jaxaot.errors import LoopOverflowError
 from jaxaot._src.loops.wrappers import while_loop, while_loop_stack_output
 from jaxaot._src.loops import overflow
-from jaxaot._src.loops.overflow import overflow_check_max_steps, raise_if_overflowed, reraise_overflow
+from jaxaot._src.loops.overflow import overflow_check, raise_if_overflowed, reraise_overflow
 
 
 def _checks(closed):
     """Each check's max_steps, once: a check is a cond whose true branch holds its callback."""
     found, inside = [], set()
     for eqn in C.iter_eqns(closed):
-        m = overflow_check_max_steps(eqn) if id(eqn) not in inside else None
-        if m is not None:
-            found.append(m)
+        check = overflow_check(eqn) if id(eqn) not in inside else None
+        if check is not None:
+            found.append(check[0])
             if str(eqn.primitive) == "cond":
                 inside.add(id(eqn.params["branches"][1].jaxpr.eqns[0]))
     return found

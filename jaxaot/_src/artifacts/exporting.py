@@ -266,15 +266,11 @@ def _hoist_checks(closed: Any, what: str, name: str) -> tuple[Any, tuple[Runtime
     checks its stack with one. Such a check becomes a boolean output that the
     loaded function inspects; any other callback is a :class:`NotExportableError`.
     """
-    hoist, inside = [], set()  # the checks (a cond, or a callback alone), and the callbacks in their conds
+    hoist, inside = [], set()  # the checks found, and the callbacks inside their conds
     for eqn, depth in C.iter_eqns(closed, with_depth=True):
-        check = overflow_check(eqn) if str(eqn.primitive) == "cond" else None
-        if check is not None:
-            inside.add(id(eqn.params["branches"][1].jaxpr.eqns[0]))
-        elif not C.is_host_callback(eqn) or id(eqn) in inside:
+        check = overflow_check(eqn) if id(eqn) not in inside else None
+        if check is None and (id(eqn) in inside or not C.is_host_callback(eqn)):
             continue
-        else:
-            check = overflow_check(eqn)
         if check is None:
             raise NotExportableError(
                 f"the {what} program of {name} calls a host callback ({eqn.primitive}) at {C.eqn_source(eqn)}. "
@@ -287,6 +283,8 @@ def _hoist_checks(closed: Any, what: str, name: str) -> tuple[Any, tuple[Runtime
                 f"loop or call ({C.eqn_source(eqn)}); only top-level checks can be exported. Use checkpoints=k "
                 "(no run-time check) for nested loops."
             )
+        if str(eqn.primitive) == "cond":
+            inside.add(id(eqn.params["branches"][1].jaxpr.eqns[0]))
         hoist.append((eqn, check))
     if not hoist:
         return closed, ()

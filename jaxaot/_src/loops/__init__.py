@@ -17,6 +17,7 @@ from jaxaot._src.loops.patch import patch_while_loop
 from jaxaot._src.loops.rewrite import differentiable
 
 __all__ = [
-    "differentiable", "dynamic_capacity", "overflow_check", "overflow_check_max_steps", "patch_while_loop", "reraise_overflow",
+    "differentiable", "dynamic_capacity", "overflow_check", "overflow_check_max_steps", "patch_while_loop",
+    "reraise_overflow",
     "while_loop", "while_loop_stack_output",
 ]

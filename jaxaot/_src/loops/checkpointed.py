@@ -231,8 +231,6 @@ def _blocked_reverse(params: dict, n: Any, pos: Any, slot_of: Any, top: Any, sna
     return list(ct), list(acc)
 
 
-
-
 def _linear_jvp(primals, tangents, **params):
     """Linear in (linear consts, linear carry): their tangents go through the same
     map, which stays transposable. Tangents of the replayed primal inputs (forward

@@ -5,13 +5,13 @@ gradients. :func:`check_overflow` raises :class:`LoopOverflowError` at once when
 flag is concrete; under ``jit`` it makes the outputs and gradients NaN on the device
 and records the overflow on the host, and :func:`reraise_overflow` (around
 ``aot_function`` calls) raises it on exit. For ``jax.export``,
-:func:`overflow_check_max_steps` finds each check so the artifact can return it as
+:func:`overflow_check` finds each check so the artifact can return it as
 an output instead.
 
 Example:
     >>> import jax, jax.numpy as jnp
     >>> closed = jax.make_jaxpr(lambda f: check_overflow(f, max_steps=8))(jnp.bool_(False))
-    >>> [overflow_check_max_steps(e) for e in closed.jaxpr.eqns][-1]  # a cond whose true branch records it
+    >>> overflow_check(closed.jaxpr.eqns[-1])[0]  # a cond whose true branch records the overflow
     8
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot.errors import LoopOverflowError
 
-#: How deep :func:`overflow_check_max_steps` looks into the closures around the callback.
+#: How deep :func:`overflow_check` looks into the closures around the callback.
 _MAX_WRAPPER_DEPTH = 4
 _MESSAGE_START = "while_loop needed more than max_steps="
 
