@@ -153,6 +153,48 @@ def test_profile_seconds_ranks_a_large_matmul_above_a_small_one():
     assert op_profile.profile_seconds(large, CPU) > 4 * op_profile.profile_seconds(small, CPU)  # 4096x the FLOPs
 
 
+def test_profile_many_compiles_together_and_ranks_like_profile_seconds():
+    small, large = (jax.make_jaxpr(jnp.dot)(jnp.ones((n, n)), jnp.ones((n, n))).jaxpr.eqns[0] for n in (32, 512))
+    sin = jax.make_jaxpr(jnp.sin)(jnp.ones(8)).jaxpr.eqns[0]
+    loop = jax.make_jaxpr(lambda x: jax.lax.fori_loop(0, 3, lambda i, c: c @ c, x))(jnp.ones((4, 4))).jaxpr.eqns[0]
+    times = op_profile.profile_many([small, loop, large, sin], CPU, threads=2)
+    assert times[1] is None and times[3] > 0  # a loop is not timed; a fusible eqn alone is
+    assert times[2] > 4 * times[0]  # 4096x the FLOPs
+
+
+def test_prefetch_times_each_distinct_eqn_once_then_seconds_reads_the_table(tmp_path, monkeypatch):
+    calls = []
+    real = op_profile.profile_many
+    monkeypatch.setattr(op_profile, "profile_many", lambda eqns, *a, **k: calls.append(len(eqns)) or real(eqns, *a, **k))
+    costs = MeasuredCosts(CPU, path=tmp_path / "costs.json", fallback=FlopCosts())
+    eqns = jax.make_jaxpr(lambda a, b, c: (jnp.sin(a @ b), a @ b + 1, a @ c, jnp.sum(c, axis=0)))(
+        jnp.ones((64, 64)), jnp.ones((64, 64)), jnp.ones((64, 128))).jaxpr.eqns
+    timed = {op_profile.signature(e) for e in eqns
+             if cost_model.classify(e) is not cost_model.Recompute.CHEAP and op_profile.measurable(e)}
+
+    @jax.jit
+    def traced(x):  # a partitioner may price eqns while a caller traces
+        costs.prefetch(eqns)
+        return x
+
+    traced(1.0)
+    assert calls == [len(timed) + 1] and costs.measured == len(timed) >= 2  # and the empty kernel
+    times = [costs.seconds(e) for e in eqns]
+    assert costs.measured == len(timed) and calls == [len(timed) + 1] and all(t >= 0 for t in times)
+    costs.prefetch(eqns)  # nothing left to time
+    assert calls == [len(timed) + 1]
+    assert set(json.loads((tmp_path / "costs.json").read_text())["seconds"]) == timed | {"<empty kernel>"}
+
+
+def test_a_budget_plan_prefetches_its_knapsack_items():
+    joint = jaxaot.partition.trace_joint(two_branches, *branch_args(jax.random.key(3)))
+    costs = MeasuredCosts(CPU, path=None, fallback=FlopCosts())
+    seen = []
+    costs.prefetch = lambda eqns: seen.append([e.primitive.name for e in eqns])
+    jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=0.5, op_costs=costs)
+    assert seen and "dot_general" in seen[0]
+
+
 def test_resolve_costs():
     on_accelerator = jax.devices()[0].platform != "cpu"
     assert isinstance(resolve_costs("auto"), MeasuredCosts if on_accelerator else FlopCosts)

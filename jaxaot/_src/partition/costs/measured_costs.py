@@ -99,6 +99,27 @@ class MeasuredCosts:
         """What an empty kernel measures on this device (subtracted from every op's time)."""
         return self._raw(_LAUNCH, lambda: op_profile.launch_seconds(self.device), counts=False) or 0.0
 
+    def prefetch(self, eqns: Any) -> None:
+        """Time every eqn of ``eqns`` that :meth:`seconds` would time and has not, together: their programs
+        compiled concurrently, then timed one by one (:func:`~jaxaot._src.partition.costs.op_profile.profile_many`).
+        A planner calls it with the eqns it is about to price, so their compiles overlap."""
+        with self._lock:
+            todo: dict[str, Any] = {}
+            for eqn in eqns:
+                if cost_model.classify(eqn) is cost_model.Recompute.CHEAP or not op_profile.measurable(eqn):
+                    continue
+                key = op_profile.signature(eqn)
+                if key not in self._table and key not in self.estimated:
+                    todo.setdefault(key, eqn)
+            if not todo:
+                return
+            if _LAUNCH not in self._table:
+                todo[_LAUNCH] = op_profile.launch_eqn()
+            _progress.step("timing ops", self.measured + 1, detail=f"{len(todo)} ops, compiled together")
+            times = op_profile.profile_many(list(todo.values()), self.device)
+            for key, t in zip(todo, times):
+                self._store(key, t, counts=key != _LAUNCH)
+
     def _raw(self, key: str, measure: Callable[[], float | None], counts: bool = True) -> float | None:
         """The table's time for ``key``, ``measure()``-d now if absent (None: cannot be timed)."""
         with self._lock:
@@ -107,18 +128,21 @@ class MeasuredCosts:
             if key in self.estimated:
                 return None
             _progress.step("timing ops", self.measured + 1, detail=key.split("{")[0][:80])
-            t = measure()
-            if t is None:
-                self.estimated.add(key)
-                return None
-            self.measured += counts
-            self._table[key] = t
-            if self._path is not None and op_profile.is_portable(key):
-                portable = {k: v for k, v in self._table.items() if op_profile.is_portable(k)}
-                if not _write(self._path, self._folders,
-                              {"environment": _environment(self.device), "seconds": portable}):
-                    self._path = None  # warned once; the table stays in memory
-            return t
+            return self._store(key, measure(), counts)
+
+    def _store(self, key: str, t: float | None, counts: bool = True) -> float | None:
+        """Keep ``t`` for ``key`` (None: cannot be timed), on disk too where the table has a file."""
+        if t is None:
+            self.estimated.add(key)
+            return None
+        self.measured += counts
+        self._table[key] = t
+        if self._path is not None and op_profile.is_portable(key):
+            portable = {k: v for k, v in self._table.items() if op_profile.is_portable(k)}
+            if not _write(self._path, self._folders,
+                          {"environment": _environment(self.device), "seconds": portable}):
+                self._path = None  # warned once; the table stays in memory
+        return t
 
     @classmethod
     def for_device(cls, device: Any = None) -> "MeasuredCosts":

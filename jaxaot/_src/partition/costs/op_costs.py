@@ -36,6 +36,8 @@ class OpCosts(Protocol):
     ``seconds`` must be positive and deterministic for equal eqns within one plan
     (the knapsack sorts by it). ``note`` says where the costs came from; the
     partition carries it (``Partition.cost_note``) and ``lower()`` prints it.
+    An optional ``prefetch(eqns)`` is called with the eqns about to be priced, before
+    their ``seconds``, for costs that measure many eqns faster together.
     """
 
     note: str

@@ -21,7 +21,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import concurrent.futures
+import dataclasses
+import os
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -75,15 +78,21 @@ def is_portable(key: str) -> bool:
     return " at 0x" not in key
 
 
+#: Inputs up to this many bytes are filled on the host and copied over (no compile per shape); larger ones
+#: are filled on the device.
+HOST_FILL_BYTES = 64 << 20
+
+
+def _filled(aval: Any, device: Any) -> Any:
+    dtype = aval.dtype
+    fill = 0.5 if jnp.issubdtype(dtype, np.inexact) else 0
+    if aval.size * dtype.itemsize <= HOST_FILL_BYTES:
+        return jax.device_put(np.full(aval.shape, fill, dtype), device)
+    return jax.device_put(jnp.full(aval.shape, fill, dtype), device)
+
+
 def _inputs(eqn: Any, device: Any) -> list:
-    out = []
-    for v in eqn.invars:
-        if C.is_literal(v):
-            continue
-        dtype = v.aval.dtype
-        fill = 0.5 if jnp.issubdtype(dtype, np.inexact) else 0
-        out.append(jax.device_put(jnp.full(v.aval.shape, fill, dtype), device))
-    return out
+    return [_filled(v.aval, device) for v in eqn.invars if not C.is_literal(v)]
 
 
 def _chain(eqn: Any, copies: int):
@@ -103,14 +112,70 @@ def _chain(eqn: Any, copies: int):
     return jax.jit(run)
 
 
+@dataclasses.dataclass
+class Timing:
+    """How one eqn is timed (:func:`plan_timing`): the eqn run (``eqn`` itself, or at smaller shapes with
+    ``factor`` the ratio to scale its time by), in chains of ``copies``; ``one`` and ``many``, the compiled
+    chains of one and of ``copies`` runs, once compiled."""
+
+    eqn: Any
+    factor: float
+    copies: int
+    one: Any = None
+    many: Any = None
+
+
+def plan_timing(eqn: Any, *, copies: int = COPIES) -> Timing | None:
+    """How :func:`profile_seconds` times ``eqn`` under the current byte limit
+    (:func:`~jaxaot._src.partition.costs.op_scaling.byte_limit`); None where it cannot."""
+    if not measurable(eqn):
+        return None
+    limit = op_scaling.current_limit()
+    limit = MAX_CHAIN_BYTES if limit is None else min(limit, MAX_CHAIN_BYTES)
+    nbytes = op_scaling.footprint(eqn)
+    factor = 1.0
+    if 2 * nbytes > limit:
+        small, factor = op_scaling.shrunk(eqn, limit // 2)
+        if small is None or not measurable(small):
+            return None
+        eqn, nbytes = small, op_scaling.footprint(small)
+    return Timing(eqn, factor, max(2, min(copies, limit // max(nbytes, 1))))
+
+
+def _lowered(timing: Timing, device: Any) -> tuple[Any, Any]:
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, sharding=sharding)
+             for v in timing.eqn.invars if not C.is_literal(v)]
+    with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
+        return _chain(timing.eqn, 1).lower(avals), _chain(timing.eqn, timing.copies).lower(*[avals] * timing.copies)
+
+
+def _compiled(timing: Timing, one: Any, many: Any) -> Timing:
+    return dataclasses.replace(timing, one=one.compile(), many=many.compile())
+
+
+def run_timing(timing: Timing, device: Any, repeats: int = 3) -> float:
+    """Seconds one run of the planned eqn takes (scaled to the eqn planned for), from compiled chains."""
+    with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
+        inputs = [_inputs(timing.eqn, device) for _ in range(timing.copies)]
+        alone = best_seconds(lambda: timing.one(inputs[0]), repeats)
+        chained = best_seconds(lambda: timing.many(*inputs), repeats)
+    # Never below a hundredth of the per-call share: timer noise must not make an eqn free.
+    return max((chained - alone) / (timing.copies - 1), alone / (100 * timing.copies), 1e-9) * timing.factor
+
+
 def launch_seconds(device: Any) -> float:
     """What :func:`profile_seconds` gives an empty kernel (one add on one float) on ``device``.
 
     The part of a standalone op's time that fusion removes in context: a small
     reduction recomputed in a backward runs inside a kernel that runs anyway.
     """
-    eqn = jax.make_jaxpr(lambda x: x + 1.0)(jnp.ones((1,), jnp.float32)).jaxpr.eqns[0]
-    return profile_seconds(eqn, device) or 0.0
+    return profile_seconds(launch_eqn(), device) or 0.0
+
+
+def launch_eqn() -> Any:
+    """The empty kernel :func:`launch_seconds` times: one add on one float."""
+    return jax.make_jaxpr(lambda x: x + 1.0)(jax.ShapeDtypeStruct((1,), jnp.float32)).jaxpr.eqns[0]
 
 
 def profile_seconds(eqn: Any, device: Any, *, copies: int = COPIES, repeats: int = 3) -> float | None:
@@ -124,25 +189,51 @@ def profile_seconds(eqn: Any, device: Any, *, copies: int = COPIES, repeats: int
     Raises nothing: an eqn that fails to compile or run here (too large for the
     device, say) returns None, and the caller estimates it instead.
     """
-    if not measurable(eqn):
-        return None
-    limit = op_scaling.current_limit()
-    limit = MAX_CHAIN_BYTES if limit is None else min(limit, MAX_CHAIN_BYTES)
-    nbytes = op_scaling.footprint(eqn)
-    if 2 * nbytes > limit:
-        small, factor = op_scaling.shrunk(eqn, limit // 2)
-        if small is None:
+    return profile_many([eqn], device, copies=copies, repeats=repeats, threads=1)[0]
+
+
+#: At most this many chains compile at once in :func:`profile_many`.
+MAX_COMPILE_THREADS = 8
+
+
+def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repeats: int = 3,
+                 threads: int | None = None) -> list[float | None]:
+    """:func:`profile_seconds` of each of ``eqns``: their chains lowered here, compiled concurrently on up to
+    ``threads`` threads (default: the cores, at most :data:`MAX_COMPILE_THREADS`), then timed one after
+    another, so no timing shares the device with a compile.
+
+    A small program's compile is mostly one core's work, so the compiles of many eqns overlap where
+    each alone would not use the machine; the timings stay sequential, each eqn's inputs alive only
+    while it is timed.
+    """
+    plans = [plan_timing(e, copies=copies) for e in eqns]
+    lowered = {}
+    for k, p in enumerate(plans):  # here: tracing reads this thread's configuration (x64, say)
+        try:
+            lowered[k] = _lowered(p, device) if p is not None else None
+        except Exception:  # noqa: BLE001 - params this backend cannot lower: estimated instead
+            pass
+    jobs = [k for k, low in lowered.items() if low is not None]
+    threads = min(len(jobs), threads or min(os.cpu_count() or 1, MAX_COMPILE_THREADS))
+
+    def compiled(k: int) -> Timing | None:
+        try:
+            return _compiled(plans[k], *lowered[k])
+        except Exception:  # noqa: BLE001 - unsupported on this backend: estimated instead
             return None
-        seconds = profile_seconds(small, device, copies=copies, repeats=repeats)
-        return None if seconds is None else seconds * factor
-    copies = max(2, min(copies, limit // max(nbytes, 1)))
-    try:
-        with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
-            inputs = [_inputs(eqn, device) for _ in range(copies)]
-            one, many = _chain(eqn, 1), _chain(eqn, copies)
-            alone = best_seconds(lambda: one(inputs[0]), repeats)
-            chained = best_seconds(lambda: many(*inputs), repeats)
-    except Exception:  # noqa: BLE001 - out of memory, unsupported on this backend: estimate instead
-        return None
-    # Never below a hundredth of the per-call share: timer noise must not make an eqn free.
-    return max((chained - alone) / (copies - 1), alone / (100 * copies), 1e-9)
+
+    if threads > 1:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            ready = dict(zip(jobs, pool.map(compiled, jobs)))
+    else:
+        ready = {k: compiled(k) for k in jobs}
+    out: list[float | None] = [None] * len(eqns)
+    for k, timing in ready.items():
+        if timing is None:
+            continue
+        try:
+            out[k] = run_timing(timing, device, repeats)
+        except Exception:  # noqa: BLE001 - out of memory on this device: estimated instead
+            out[k] = None
+        ready[k] = None  # its executables go with it
+    return out

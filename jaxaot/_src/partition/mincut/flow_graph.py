@@ -69,6 +69,9 @@ class FlowGraph:
     def recompute_seconds(self, nodes: np.ndarray) -> np.ndarray:
         """What recomputing each of ``nodes`` costs (:attr:`costs`; 0 without a producer)."""
         eqns = [self.producers[i] if i < len(self.producers) else None for i in nodes]
+        prefetch = getattr(self.costs, "prefetch", None)  # optional: costs that time eqns time them together
+        if prefetch is not None:
+            prefetch([e for e in eqns if e is not None])
         return np.fromiter((0.0 if e is None else self.costs.seconds(e) for e in eqns), np.float64, len(eqns))
 
     @property
