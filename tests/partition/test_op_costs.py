@@ -313,3 +313,23 @@ def test_fallback_costs_measure_compute_rates_alone(monkeypatch):
                                                  fallback})
     model = DeviceModel.measure()  # the full model, later: the same rates, not timed again
     assert model.flop_costs == fallback
+
+
+def test_rate_probes_run_one_at_a_time(monkeypatch):
+    """The rate probes' buffers never sit beside each other: the matmul's are freed before the copy's exist."""
+    from jaxaot._src.partition.costs import device_model
+
+    before = {id(a) for a in jax.live_arrays()}
+    alive = []
+    real = device_model._per_step_seconds
+
+    def counted(step, x, n):
+        alive.append(sum(a.nbytes for a in jax.live_arrays() if id(a) not in before))
+        return real(step, x, n)
+
+    monkeypatch.setattr(device_model, "_per_step_seconds", counted)
+    flops, bandwidth = device_model._rates(jax.devices()[0])
+    n = device_model.RATE_MATMUL.get(jax.devices()[0].platform, device_model.RATE_MATMUL_ACCELERATOR)
+    copy = device_model._MEASURE_BYTES // (8 if jax.devices()[0].platform == "cpu" else 1)
+    assert flops > 0 and bandwidth > 0 and len(alive) == 2
+    assert alive[0] <= n * n * 4 and alive[1] == copy  # only the probe being timed

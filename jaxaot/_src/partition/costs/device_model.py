@@ -193,7 +193,7 @@ class DeviceModel:
             costs = _RATES.get(key)
             if costs is None:
                 with jax.ensure_compile_time_eval():
-                    _, _, flops, bandwidth = _compute_probes(device)
+                    flops, bandwidth = _rates(device)
                 costs = _RATES[key] = FlopCosts(flops, bandwidth)
         return costs
 
@@ -251,26 +251,44 @@ def _per_step_seconds(step: Callable[[Any], Any], x: Any, n: int) -> float:
     return max((best_seconds(lambda: loop(x)) - best_seconds(lambda: one(x))) / (n - 1), 1e-9)
 
 
-def _compute_probes(device: Any, rates: FlopCosts | None = None) -> tuple[Any, Any, float, float]:
-    """``(copy probe, matmul probe, FLOP/s, device bytes/s)``, the rates timed unless ``rates`` (measured before)
-    give them. The sizes are fixed per platform (about 384 MiB of probes on a GPU, alive together)."""
+#: The rate probes' matmul size per platform: ``n x n`` operands (bf16 on accelerators), ``RATE_STEPS`` in a row.
+RATE_MATMUL = {"cpu": 512}
+RATE_MATMUL_ACCELERATOR = 4096
+#: Steps of each rate probe in one program (dispatch and sync paid once).
+RATE_STEPS = 8
+
+
+def _rates(device: Any) -> tuple[float, float]:
+    """``(FLOP/s, device bytes/s)`` of ``device``: a chain of matmuls, then a chain of copies, each probe's
+    buffers freed before the next is made (a fixed size per platform, so every process plans with the same
+    kind of measurement; at most about 100 MiB alive on an accelerator)."""
+    cpu = device.platform == "cpu"
+    on_device = jax.sharding.SingleDeviceSharding(device)
+    n = RATE_MATMUL.get(device.platform, RATE_MATMUL_ACCELERATOR)
+    eye = jax.device_put(np.eye(n, dtype=np.float32 if cpu else jnp.bfloat16), on_device)
+    flops = 2.0 * n**3 / _per_step_seconds(lambda c: (c[0] @ c[1], c[1]), (eye, eye), RATE_STEPS)
+    del eye
+    nbytes = _MEASURE_BYTES // 8 if cpu else _MEASURE_BYTES
+    x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
+    # Device memory: a copy kernel run in a chain (a single call is mostly dispatch on a GPU).
+    bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, RATE_STEPS)
+    return flops, bandwidth
+
+
+def _offload_probes(device: Any) -> tuple[Any, Any]:
+    """The host-memory probes' payload (a 64 MiB copy, 8 MiB on a CPU) and matmul operand (8192 x 8192 bf16)."""
     cpu = device.platform == "cpu"
     nbytes, n = (_MEASURE_BYTES // 8, 512) if cpu else (_MEASURE_BYTES, 8192)
     on_device = jax.sharding.SingleDeviceSharding(device)
     x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
     a = jax.device_put(jnp.ones((n, n), jnp.float32 if cpu else jnp.bfloat16), on_device)
-    if rates is not None:
-        return x, a, rates.device_flops, rates.device_bandwidth
-    matmul = jax.jit(lambda a: a @ a)
-    flops = 2.0 * n**3 / best_seconds(lambda: matmul(a))
-    # Device memory: a copy kernel run 8 times in one program (a single call is mostly dispatch on a GPU).
-    device_bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, 8)
-    return x, a, flops, device_bandwidth
+    return x, a
 
 
 def _measure(device: Any, rates: FlopCosts | None = None) -> DeviceModel:
     note = host_memory_note(device)
-    x, a, flops, device_bandwidth = _compute_probes(device, rates)
+    flops, device_bandwidth = (rates.device_flops, rates.device_bandwidth) if rates is not None else _rates(device)
+    x, a = _offload_probes(device)
     nbytes, n = x.nbytes, a.shape[0]
     on_device = jax.sharding.SingleDeviceSharding(device)
     on_host = on_device.with_memory_kind(HOST_MEMORY_KIND)
