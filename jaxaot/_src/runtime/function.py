@@ -23,7 +23,7 @@ from jaxaot._src.pytrees import flatten_checked
 from jaxaot._src.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.loops import reraise_overflow
-from jaxaot._src.partition import Partitioner, as_partitioner, default_partition
+from jaxaot._src.partition import Partitioner, default_partition
 from jaxaot._src.runtime import arguments, checks, reasons
 from jaxaot._src.runtime.lowered import AOTLowered
 from jaxaot._src.runtime.options import Options, check_options
@@ -335,14 +335,16 @@ def aot_function(
     """
     if not callable(fn):
         raise InvalidInputError(f"aot_function expects a callable fn, got {type(fn).__name__}: {fn!r}.")
-    check_options(fw_compiler=fw_compiler, bw_compiler=bw_compiler, inference_compiler=inference_compiler,
-                  partition_fn=partition_fn, decompositions=decompositions, out_shardings=out_shardings,
-                  residual_sharding=residual_sharding)
+    partitioner = check_options(
+        fw_compiler=fw_compiler, bw_compiler=bw_compiler, inference_compiler=inference_compiler,
+        partition_fn=partition_fn, decompositions=decompositions, out_shardings=out_shardings,
+        residual_sharding=residual_sharding)
     static = _argnums("static_argnums", static_argnums)
     donate = _argnums("donate_argnums", donate_argnums)
     if set(static) & set(donate):
         raise InvalidInputError(f"arguments {sorted(set(static) & set(donate))} cannot be both static and donated.")
-    partitioner = as_partitioner(partition_fn or default_partition)  # a min-cut's options, as one MinCutOptions
+    if not partition_fn:
+        partitioner = default_partition  # a configured min-cut is one MinCutOptions, read by check_options
     return AOTFunction(fn, fw_compiler, bw_compiler, partitioner, inference_compiler,
                        decompositions, static, donate, out_shardings, residual_sharding)
 

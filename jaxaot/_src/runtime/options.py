@@ -37,11 +37,13 @@ class Options:
 
 def check_options(*, fw_compiler: Any = None, bw_compiler: Any = None, inference_compiler: Any = None,
                   partition_fn: Any = None, decompositions: Any = None, out_shardings: Any = None,
-                  residual_sharding: Any = "producer") -> None:
+                  residual_sharding: Any = "producer") -> Partitioner | None:
     """Raise :class:`~jaxaot.errors.InvalidInputError` (a wrong kind) or
     :class:`~jaxaot.errors.InvalidValueError` (a wrong value) naming the first bad option.
 
-    None means the default for each, as in :func:`jaxaot.aot_function`.
+    None means the default for each, as in :func:`jaxaot.aot_function`. Returns ``partition_fn`` as
+    :func:`~jaxaot._src.partition.as_partitioner` reads it (a configured min-cut's options, checked here
+    once), or None without one.
 
     Example:
         >>> check_options(partition_fn="min_cut")
@@ -54,8 +56,7 @@ def check_options(*, fw_compiler: Any = None, bw_compiler: Any = None, inference
                           ("partition_fn", partition_fn, "a JointGraph -> Partition function")):
         if c is not None and not callable(c):
             raise InvalidInputError(f"{name} must be callable ({what}), got {type(c).__name__} {c!r}.")
-    if partition_fn is not None:
-        as_partitioner(partition_fn)  # a configured min-cut's budget, offload and op costs, now
+    partitioner = None if partition_fn is None else as_partitioner(partition_fn)  # a min-cut's budget, now
     if decompositions is not None:
         if not isinstance(decompositions, Mapping):
             raise InvalidInputError(f"decompositions must be a dict {{primitive: python_fn}}, got "
@@ -77,6 +78,7 @@ def check_options(*, fw_compiler: Any = None, bw_compiler: Any = None, inference
         raise InvalidInputError(f"residual_sharding must be a string, one of {S.RESIDUAL_SHARDING_POLICIES}, got "
                                 f"{type(residual_sharding).__name__}.")
     S.check_policy(residual_sharding)
+    return partitioner
 
 
 def prune_outputs(closed: Any, keep: Sequence[int]) -> Any:

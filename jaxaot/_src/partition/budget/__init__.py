@@ -3,7 +3,7 @@
 What a ``memory_budget`` means (:func:`parse_memory_budget`), a plan's compiled
 peak (:class:`StepPeak`), the values that hold it (:func:`peak_holders`), the device
 bytes plan-time timing may hold (:func:`measurement_limit`), and the fastest plan
-whose peak fits (:func:`plan_under_peak`) or a :class:`~jaxaot.errors.MemoryBudgetError`
+whose peak fits (:func:`peak_search`) or a :class:`~jaxaot.errors.MemoryBudgetError`
 (``docs/concepts/memory_planner.md``, "Byte budgets").
 """
 
@@ -12,7 +12,7 @@ from jaxaot._src.partition.budget.step_peak import (
     StepPeak, compile_count, compiled_peak, fused_step, measure_step_peak, program_peak)
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.limits import bytes_in_use, measurement_limit
-from jaxaot._src.partition.budget.search import plan_under_peak
+from jaxaot._src.partition.budget.search import peak_search
 
 __all__ = [
     "MemoryBudget",
@@ -25,6 +25,6 @@ __all__ = [
     "measurement_limit",
     "parse_memory_budget",
     "peak_holders",
-    "plan_under_peak",
+    "peak_search",
     "program_peak",
 ]

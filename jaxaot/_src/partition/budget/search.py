@@ -1,12 +1,13 @@
 """The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
 
 Only XLA knows a plan's peak, and measuring one costs a compile of the step, far
-more than planning a fraction. So :func:`plan_under_peak` plans freely and compiles
+more than planning a fraction. So :func:`peak_search` plans freely and compiles
 little: it measures the fraction 1 plan, predicts other plans' peaks from their
 saved bytes (:func:`predict_peak`), measures the least-recomputing candidate
 predicted to fit (fractions, and plans shaped like ``dots_saveable``), and refines
-with secant and bisection steps, up to :data:`MAX_MEASURED`. Only measured plans
-are returned, so the guarantee is the compiler's; where none fits,
+with secant and bisection steps, up to :data:`MAX_MEASURED`. The search only decides:
+it asks its driver (the min-cut) for each plan and is handed it back. Only measured
+plans are returned, so the guarantee is the compiler's; where none fits,
 :class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest peak.
 """
 
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence
+from typing import Generator, Sequence
 
 from jaxaot.errors import MemoryBudgetError
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.step_peak import MEASURE_SLACK, StepPeak, fused_step, program_peak
 from jaxaot._src.partition.core import Partition
+from jaxaot._src.partition.costs import OpCosts
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes
 
@@ -32,9 +34,11 @@ MORE_AFTER_FIT = 1
 #: Where nothing fits, at most this many plans are compiled before the budget is refused.
 MAX_MEASURED_REFUSING = 10
 
-#: ``plan_at(fraction, family)``: the planner at a fraction budget, ``family`` None or one of the
-#: policy-shaped families (:mod:`jaxaot._src.partition.mincut.save_families`).
-PlanAt = Callable[[float, "str | None"], Partition]
+#: What the search asks its driver for, ``(fraction, family)``: the min-cut's plan at a fraction budget,
+#: ``family`` None or one of the policy-shaped families (:mod:`jaxaot._src.partition.mincut.save_families`).
+Request = tuple[float, "str | None"]
+#: :func:`peak_search`: yields requests, is sent each one's plan, returns the plan chosen.
+PeakSearch = Generator[Request, Partition, Partition]
 
 
 def _plan_key(part: Partition) -> tuple:
@@ -89,19 +93,20 @@ class _Candidate:
 class _Search:
     """The candidates of one search, each plan once, and the measured ones' peaks."""
 
-    def __init__(self, joint: JointGraph, budget: int, plan_at: PlanAt, seconds: Callable[[Partition], float]):
-        self.joint, self.budget, self.plan_at, self.seconds = joint, budget, plan_at, seconds
+    def __init__(self, joint: JointGraph, budget: int, costs: OpCosts | None):
+        self.joint, self.budget, self.costs = joint, budget, costs
         self.by_key: dict[tuple, _Candidate] = {}
         self.fractions: dict[float, _Candidate] = {}  # fraction -> its plan (family None)
 
-    def plan(self, fraction: float, family: str | None = None) -> _Candidate:
+    def plan(self, fraction: float, family: str | None = None) -> Generator[Request, Partition, _Candidate]:
+        """The candidate of the plan at ``fraction`` (in ``family``), asked of the driver unless planned already."""
         if family is None and fraction in self.fractions:
             return self.fractions[fraction]
-        part = self.plan_at(fraction, family)
+        part = yield fraction, family
         key = _plan_key(part)
         found = self.by_key.get(key)
         if found is None:
-            found = self.by_key[key] = _Candidate(part, fraction, family, float(self.seconds(part)))
+            found = self.by_key[key] = _Candidate(part, fraction, family, self.seconds(part))
         elif family is None and found.family is None:
             found.fraction = max(found.fraction, fraction)
         if family is None:
@@ -117,6 +122,10 @@ class _Search:
             if c.peak is not None and self.budget < c.peak <= self.budget + MEASURE_SLACK:
                 c.peak = program_peak(closed, self.joint.in_avals, exact=True)
             c.measured = True
+
+    def seconds(self, part: Partition) -> float:
+        """The plan's recomputation, priced by ``costs`` (0 without: all plans rank alike)."""
+        return 0.0 if self.costs is None else float(sum(self.costs.seconds(e) for e in part.recomputed.eqns))
 
     def fits(self, c: _Candidate) -> bool:
         return c.measured and (c.peak is None or c.peak <= self.budget)
@@ -157,31 +166,49 @@ def _interpolate(known: Sequence[tuple[float, int]], f: float) -> float:
     return lo[1] + (hi[1] - lo[1]) * (f - lo[0]) / (hi[0] - lo[0])
 
 
-def plan_under_peak(joint: JointGraph, budget: int, plan_at: PlanAt, families: Sequence[str] = (),
-                    seconds: Callable[[Partition], float] | None = None) -> Partition:
+def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
+                costs: OpCosts | None = None) -> PeakSearch:
     """The fastest plan found whose compiled fused-step peak is at most ``budget`` bytes (module docstring).
 
-    ``plan_at(fraction, family)`` is the planner at a fraction budget (the min-cut with its other options),
-    ``family`` None for the fraction's own plans; ``seconds(part)`` estimates a plan's recomputation (the
-    rank among plans that fit; default: all equal, the larger fraction wins). The returned partition carries
-    its :class:`StepPeak` (``step_peak``: the fused peak measured, with ``budget``). Raises
-    :class:`MemoryBudgetError` when no plan measured fits.
+    A generator: it yields each plan it needs as a :data:`Request` ``(fraction, family)``, ``family`` None
+    for the fraction's own plans and each of ``families`` at the fraction 1, and is sent that plan (the
+    min-cut with its other options); it never asks twice for a fraction's own plan. ``costs`` prices a
+    plan's recomputation (the rank among plans that fit; None: all equal, the larger fraction wins). Its
+    return value is the plan chosen, carrying its :class:`StepPeak` (``step_peak``: the fused peak
+    measured, with ``budget``). Raises :class:`MemoryBudgetError` when no plan measured fits.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> from jaxaot._src.partition.budget import peak_search
+        >>> joint = jaxaot.partition.trace_joint(lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2), jnp.ones(1000))
+        >>> search, asked = peak_search(joint, 10**6), []
+        >>> request = next(search)
+        >>> while True:
+        ...     asked.append(request)
+        ...     plan = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=request[0])
+        ...     try:
+        ...         request = search.send(plan)
+        ...     except StopIteration as done:
+        ...         chosen = done.value
+        ...         break
+        >>> asked, chosen.step_peak.peak <= 10**6
+        ([(1.0, None)], True)
     """
-    search = _Search(joint, budget, plan_at, seconds or (lambda part: 0.0))
-    top = search.plan(1.0)
+    search = _Search(joint, budget, costs)
+    top = yield from search.plan(1.0)
     search.measure(top)
     if search.fits(top):
         return _found(top, budget)
-    search.plan(0.0)
+    yield from search.plan(0.0)
     for family in families:
-        search.plan(1.0, family)
-    best = _improve(search, None)
+        yield from search.plan(1.0, family)
+    best = yield from _improve(search, None)
     if best is None:
-        best = _refusing(search)
+        best = yield from _refusing(search)
     return _found(best, budget)
 
 
-def _improve(search: _Search, best: _Candidate | None) -> _Candidate | None:
+def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, _Candidate | None]:
     """Until a plan fits: measure the best candidate predicted to fit (the fraction 0 plan where none is).
     Then at most :data:`MORE_AFTER_FIT` more, each the best-ranked of the fraction plan above (predicted to
     fit, else halfway to the lowest failing one) and the family plans predicted to fit; at most
@@ -189,17 +216,17 @@ def _improve(search: _Search, best: _Candidate | None) -> _Candidate | None:
     tries_after_fit = 0
     while len(search.measured) < MAX_MEASURED and (best is None or tries_after_fit < MORE_AFTER_FIT):
         if best is None:
-            _plan_next_fraction(search, None)
+            yield from _plan_next_fraction(search, None)
             pool = [c for c in search.by_key.values() if not c.measured and search.predicted(c) <= search.budget]
-            bottom = search.plan(0.0)
+            bottom = yield from search.plan(0.0)
             if not pool and not bottom.measured:
                 pool = [bottom]
         else:
-            f = _improvement_fraction(search, best)
+            f = yield from _improvement_fraction(search, best)
             pool = [c for c in search.by_key.values() if not c.measured and c.family is not None
                     and search.predicted(c) <= search.budget]
             if f is not None:
-                pool.append(search.plan(f))
+                pool.append((yield from search.plan(f)))
             pool = [c for c in pool if not c.measured and search.rank(c) < search.rank(best)]
         if not pool:
             return best
@@ -216,7 +243,7 @@ def _lowest_failing(search: _Search) -> float:
     return min((c.fraction for c in search.measured if not search.fits(c) and c.family is None), default=1.0)
 
 
-def _plan_next_fraction(search: _Search, best: _Candidate | None) -> float | None:
+def _plan_next_fraction(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, float | None]:
     """Plan grid fractions from the top of the gap between ``best`` and the lowest failing plan down, until
     one's plan, not measured yet, is predicted to fit (its saved bytes read off the plans made so far); that
     fraction, or None."""
@@ -226,7 +253,7 @@ def _plan_next_fraction(search: _Search, best: _Candidate | None) -> float | Non
         f = search.next_fraction(below, above)
         if f is None:
             return None
-        c = search.plan(f)
+        c = yield from search.plan(f)
         if not c.measured and search.predicted(c) <= search.budget:
             return f
         below = f
@@ -234,11 +261,11 @@ def _plan_next_fraction(search: _Search, best: _Candidate | None) -> float | Non
             above = best.fraction  # raised where this fraction's plan is best's
 
 
-def _improvement_fraction(search: _Search, best: _Candidate) -> float | None:
+def _improvement_fraction(search: _Search, best: _Candidate) -> Generator[Request, Partition, float | None]:
     """The fraction to try above ``best``: the largest predicted to fit (the secant between the plan that fits
     and the lowest failing one), else the grid fraction halfway to the lowest failing one; None where no grid
     fraction lies between."""
-    predicted = _plan_next_fraction(search, best)
+    predicted = yield from _plan_next_fraction(search, best)
     if predicted is not None or best.family is not None:
         return predicted
     failing = _lowest_failing(search)
@@ -246,11 +273,11 @@ def _improvement_fraction(search: _Search, best: _Candidate) -> float | None:
     return halfway if best.fraction < halfway < failing else None
 
 
-def _refusing(search: _Search) -> _Candidate:
+def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
     """Where no plan is predicted to fit: measure the plans predicted lowest, then the grid's
     fractions ``k / 8``, until one fits (then improve on it) or :data:`MAX_MEASURED_REFUSING` were measured."""
     for k in range(8, -1, -1):
-        search.plan(k / 8)
+        yield from search.plan(k / 8)
     while len(search.measured) < MAX_MEASURED_REFUSING:
         pool = [c for c in search.by_key.values() if not c.measured]
         if not pool:
@@ -258,7 +285,7 @@ def _refusing(search: _Search) -> _Candidate:
         chosen = min(pool, key=lambda c: (search.predicted(c), search.rank(c)))
         search.measure(chosen)
         if search.fits(chosen):
-            return _improve(search, chosen) or chosen
+            return (yield from _improve(search, chosen)) or chosen
     raise _nothing_fits(search)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, PartitionError
-from jaxaot._src.partition.budget import MemoryBudget, measurement_limit, parse_memory_budget, plan_under_peak
+from jaxaot._src.partition.budget import MemoryBudget, measurement_limit, parse_memory_budget, peak_search
 from jaxaot._src.partition.core import Partition, split_joint
 from jaxaot._src.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
 from jaxaot._src.partition.mincut import scan_remat
@@ -111,21 +111,26 @@ class MinCutOptions:
         check_op_costs(self.op_costs)
 
     def __call__(self, joint: JointGraph) -> Partition:
-        budget = self.memory_budget
+        budget = self.memory_budget  # read as data from here on: fraction or nbytes, parsed at construction
         model = resolve_model(self.offload, self.device_model)
         costs = resolve_costs(self.op_costs, model, model_given=self.device_model is not None)
-        memo = PlanMemo() if budget.in_bytes else None  # a byte budget plans several fractions
+        memo = PlanMemo() if budget.nbytes is not None else None  # a byte budget plans several fractions
 
         def plan_at(fraction: float, family: str | None = None) -> Partition:
             return _at_fraction(joint, fraction, rematerialize_scans=self.rematerialize_scans, model=model,
                                 costs=costs, family=family, memo=memo)
 
         with byte_limit(measurement_limit(joint, budget.nbytes)):
-            if budget.in_bytes:
-                families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
-                return plan_under_peak(joint, budget.nbytes, plan_at, families,
-                                       seconds=lambda part: sum(costs.seconds(e) for e in part.recomputed.eqns))
-            return plan_at(budget.fraction)
+            if budget.nbytes is None:
+                return plan_at(budget.fraction)
+            families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
+            search = peak_search(joint, budget.nbytes, families, costs)
+            request = next(search)
+            while True:  # the search decides which plans to make; they are made here and handed to it
+                try:
+                    request = search.send(plan_at(*request))
+                except StopIteration as done:
+                    return done.value
 
 
 def as_partitioner(partition_fn: Any) -> Any:
