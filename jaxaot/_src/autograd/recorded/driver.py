@@ -180,7 +180,9 @@ def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, plann
             path, _ = R.judge(recorded)
             if path is not None:
                 outcomes = tuple((how, outcome) for _, how, _, _, outcome in path)
-                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree, outcomes))
+                early = bool(outcomes) and next(iter(value.devices())).platform != "cpu"
+                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree, outcomes,
+                                                       early))
                 _add_quick(plans, key, plans.trees.get(key), call, quick)
     plans.count(call, compiled, structure, recorded_in, miss)
     plans.last = (structure, call.release())

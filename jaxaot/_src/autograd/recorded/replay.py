@@ -35,6 +35,7 @@ class Step(NamedTuple):
     kept: list       #: the forward's other outputs' leaves: None where the step returns them
     rest_tree: Any
     outcomes: tuple = ()  #: ``(how, outcome)`` per looked-at value, the last of the step's outputs
+    fetch_early: bool = False  #: start the looked-at values' copies to the host at once (off a CPU device)
 
 
 class Guard:
@@ -198,7 +199,7 @@ def confirms(step: Step, outs: Sequence[Any], root: Guard) -> bool:
     """Whether the looked-at values ``step`` returned (the last of ``outs``) take its path's outcomes;
     if not, the next :data:`WALK_AFTER_MISS` calls of ``root`` walk the tree instead of running ahead."""
     looked = outs[len(outs) - len(step.outcomes):]
-    if len(looked) > 1:  # fetch them together
+    if len(looked) > 1 or step.fetch_early:  # copies queued behind the step, together
         for value in looked:
             value.copy_to_host_async()
     for value, (how, outcome) in zip(looked, step.outcomes):
