@@ -332,8 +332,6 @@ JIT_COMPILE_EVENTS = {
 }
 
 
-#: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
-#: ``saved_residuals`` serve the tests.
 _TO_NUMPY = getattr(ArrayImpl, "_single_device_array_to_np_array_did_copy", None)
 
 
@@ -341,11 +339,15 @@ def host_value(x: Any) -> np.ndarray:
     """``np.asarray(x)`` of a device array, fetched by JAX's own direct path when the array is whole on each
     of its devices (what ``np.asarray`` does, less the Python around it: a replayed step reads its
     looked-at values so)."""
-    if _TO_NUMPY is not None and type(x) is ArrayImpl and x._npy_value is None and x.is_fully_replicated:
-        return _TO_NUMPY(x)[0]
+    if (_TO_NUMPY is not None and type(x) is ArrayImpl and x._npy_value is None and x.is_fully_replicated
+            and x.sharding.has_addressable_devices):
+        out = _TO_NUMPY(x)  # (the array, whether it was copied)
+        return out[0] if type(out) is tuple else out
     return np.asarray(x)
 
 
+#: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
+#: ``saved_residuals`` serve the tests.
 __all__ = [
     "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr",
     "Primitive", "Tracer",
