@@ -332,6 +332,20 @@ JIT_COMPILE_EVENTS = {
 }
 
 
+_TO_NUMPY = getattr(ArrayImpl, "_single_device_array_to_np_array_did_copy", None)
+
+
+def host_value(x: Any) -> np.ndarray:
+    """``np.asarray(x)`` of a device array, fetched by JAX's own direct path when the array is whole on each
+    of its devices (what ``np.asarray`` does, less the Python around it: a replayed step reads its
+    looked-at values so)."""
+    if (_TO_NUMPY is not None and type(x) is ArrayImpl and x._npy_value is None and x.is_fully_replicated
+            and x.sharding.has_addressable_devices):
+        out = _TO_NUMPY(x)  # (the array, whether it was copied)
+        return out[0] if type(out) is tuple else out
+    return np.asarray(x)
+
+
 #: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
 #: ``saved_residuals`` serve the tests.
 __all__ = [
@@ -339,7 +353,7 @@ __all__ = [
     "Primitive", "Tracer",
     "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
     "dim_value", "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
-    "executable_device_ids", "float0", "has_jvp_rule", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
+    "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
     "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
     "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
     "single_device_of", "trace_of", "zeros_float0",

@@ -24,6 +24,8 @@ from jax._src import linear_util as _lu
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import partial_eval as _pe
 
+from jaxaot._src.compat.core import ArrayImpl as _ArrayImpl, host_value as _host_value
+
 
 class Unrecordable(Exception):
     """The forward did something a recording trace cannot write down (the caller falls back)."""
@@ -336,17 +338,21 @@ class RecordingTracer(_core.Tracer):
     def _value(self, how: str = "value"):
         return self._trace.recorder.force(self.vid, how)
 
+    def _scalar(self, how: str):
+        value = self._trace.recorder.force(self.vid, how)
+        return _host_value(value) if type(value) is _ArrayImpl and not value.shape else value
+
     def __bool__(self):
-        return bool(self._value("bool"))
+        return bool(self._scalar("bool"))
 
     def __int__(self):
-        return int(self._value("int"))
+        return int(self._scalar("int"))
 
     def __float__(self):
-        return float(self._value("float"))
+        return float(self._scalar("float"))
 
     def __complex__(self):
-        return complex(self._value("complex"))
+        return complex(self._scalar("complex"))
 
     def __index__(self):
         return operator.index(self._value("int"))

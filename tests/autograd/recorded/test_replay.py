@@ -279,3 +279,74 @@ def test_hooks_replay_as_they_were_traced():
         w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
         _close(vg(w, x), reference(w, x))
     assert _replays() == 2
+
+
+def test_replay_with_a_look_equals_recording_and_jax_on_fresh_inputs(monkeypatch):
+    from jaxaot._src.autograd.recorded import call
+
+    made = []
+    new_call = call.Call.__init__
+    monkeypatch.setattr(call.Call, "__init__", lambda self, *a: made.append(1) or new_call(self, *a))
+    rng = np.random.default_rng(9)
+    replayed = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    recorded = jaxaot.compiled_value_and_grad(branchy)
+    signs = (True, True, False, True, False, False, True, True)
+    for sign in signs:
+        args = _inputs(rng, sign)
+        out = replayed(*args)
+        _close(out, recorded(*args), tol=1e-6)
+        _close(out, jax.value_and_grad(branchy)(*args))
+    # two steps each (a guarded recording's step returns the looked-at value too)
+    assert compiled_autograd.stats().compiles == 4 and _replays() == len(signs) - 2
+    # the recording function splits every call; the replaying one only the two it recorded (a replay is
+    # found by one flatten of the arguments)
+    assert len(made) == len(signs) + 2
+
+
+def test_a_quick_replay_whose_guard_fails_records_again_and_is_never_stale():
+    def scaled(w, x, *, scale, bias=None):
+        h = jnp.tanh(x @ w) * scale
+        if bias is not None:
+            h = h + bias
+        while float(jnp.max(jnp.abs(h))) > 1.0:  # a value Python reads: each new one records again
+            h = 0.5 * h
+        return jnp.sum(h ** 2)
+
+    def trips(w, x, scale, bias):
+        h = jnp.tanh(x @ w) * scale + (0.0 if bias is None else bias)
+        n = 0
+        while float(jnp.max(jnp.abs(h))) > 1.0:
+            h, n = 0.5 * h, n + 1
+        return n
+
+    def reference(w, x, scale, bias):
+        n = trips(w, x, scale, bias)
+
+        def f(w):
+            h = jnp.tanh(x @ w) * scale + (0.0 if bias is None else bias)
+            return jnp.sum((0.5 ** n * h) ** 2)
+
+        return jax.value_and_grad(f)(w)
+
+    rng = np.random.default_rng(10)
+    vg = jaxaot.compiled_value_and_grad(scaled, replay=True)
+    w, x, bias = _rand(rng, 3, 2), _rand(rng, 4, 3), _rand(rng, 2)
+    calls = [(w, x, 0.5, None), (w, x, 0.5, None), (w, x, 0.5, bias), (w, x, 0.5, None), (w, 9 * x, 0.5, None),
+             (w, x, 3.0, None), (w, x, 0.5, None), (w, x.astype(jnp.float16), 0.5, None), (w, x, 0.5, None)]
+    for w_, x_, scale, b in calls:
+        kwargs = {"scale": scale} if b is None else {"bias": b, "scale": scale}
+        _close(vg(w_, x_, **kwargs), reference(w_, x_, scale, b), tol=1e-3)
+    # replayed: calls 2, 4, 7 and 9; a new float Python read (9 * x) and the new static values and dtype record
+    assert _replays() == 4
+    reasons = [e.reason for e in vg.cache_info().entries]
+    assert any("Python read" in r for r in reasons), reasons
+
+
+def test_host_value_reads_what_numpy_reads():
+    from jaxaot._src import compat as C
+
+    rng = np.random.default_rng(11)
+    for x in (jnp.float32(rng.standard_normal()), jnp.asarray(rng.standard_normal((3, 2)), jnp.bfloat16),
+              jnp.asarray(rng.integers(0, 9, 4)), jnp.asarray(True), jnp.ones(()) * np.nan):
+        got, want = C.host_value(x), np.asarray(x)
+        assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()

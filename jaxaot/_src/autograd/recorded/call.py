@@ -4,7 +4,9 @@ A compiled step needs its arguments in several forms (its inputs, the replay key
 the inputs named for a recompile reason); :class:`Call` flattens them once and
 derives each form on demand. A ``jax.Array`` or a NumPy array of more than one
 element is an input of the step; anything else is static: scalars are literals
-keyed by value, other objects are keyed by identity.
+keyed by value, other objects are keyed by identity. A replayed call needs less:
+:func:`quick_key` keys it from one flatten, and :func:`leaf_positions` says once
+per key where its differentiated leaves and arrays are among the flattened ones.
 """
 
 from __future__ import annotations
@@ -116,3 +118,42 @@ class Call:
         other_names = (*(names(i) for i in self.other_at), *self.kw_names)
         values = self.values if self.others is None else python_values(self.others)
         return CallInputs(self.positions, self.diff_tree, other_names, self.other_tree, tuple(keep), avals, values)
+
+
+def quick_key(args: tuple, kwargs: dict, context: Any) -> tuple[tuple, list] | None:
+    """``(key, leaves)`` of a call from one flatten of its arguments: their tree, the keywords' order,
+    each leaf's aval (a device array) or :func:`static_key`, and ``context``; None when some leaf is
+    another kind of array or a tracer. Equal keys mean equal :meth:`Call.key` (the converse may fail)."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs) if kwargs else args)
+    if set(map(type, leaves)) <= _ONLY_ARRAYS:  # the common case: device arrays alone
+        return (tree, tuple(kwargs), tuple([x.aval for x in leaves]), context), leaves
+    parts = []
+    for x in leaves:
+        if type(x) is _ArrayImpl:
+            parts.append(x.aval)
+        elif isinstance(x, (C.Tracer, jax.Array, np.ndarray)):
+            return None
+        else:
+            parts.append(static_key(x))
+    return (tree, tuple(kwargs), tuple(parts), context), leaves
+
+
+_ONLY_ARRAYS = frozenset({_ArrayImpl})
+
+
+def leaf_positions(args: tuple, kwargs: dict, call: Call) -> tuple[tuple, tuple] | None:
+    """Where ``call``'s differentiated leaves and other arrays are among the leaves :func:`quick_key`
+    flattens (the same for every call of that key), or None when a pytree node cannot hold indices."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs) if kwargs else args)
+    try:
+        at = jax.tree_util.tree_unflatten(tree, list(range(len(leaves))))
+    except Exception:  # noqa: BLE001 - a node that checks its children's types: no quick replay
+        return None
+    at_args, at_kwargs = at if kwargs else (at, {})
+    diff = jax.tree_util.tree_leaves(tuple(at_args[n] for n in call.positions))
+    others = jax.tree_util.tree_leaves((*(at_args[i] for i in call.other_at), *(at_kwargs[k] for k in kwargs)))
+    arrays = tuple(others[i] for i in call.array_at)
+    if len(diff) != len(call.diff) or any(leaves[i] is not x for i, x in zip((*diff, *arrays),
+                                                                             (*call.diff, *call.arrays))):
+        return None
+    return tuple(diff), arrays

@@ -82,6 +82,18 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     plans = Plans(fun, PH.check_param_hooks(param_hooks), replay)
 
     def value_and_grad(*args: Any, **kwargs: Any):
+        quick = miss = None
+        if (plans.replay and plans.mode == "lazy" and C.is_eval_trace(C.current_trace())
+                and not any(map(M.is_nnx_module, args))):
+            quick = K.quick_key(args, kwargs, C.trace_context())
+            known = plans.trees.quick.get(quick[0]) if quick is not None else None
+            if known is not None:  # a call of a replayed key: no Call, no key, no module checks
+                leaves = quick[1]
+                out = _replay(plans, known.root, [leaves[i] for i in known.diff_at],
+                              [leaves[i] for i in known.array_at], known.call)
+                if type(out) is not R.Miss:
+                    return _returned(out[0], out[1], out[2], known.diff_tree, has_aux, single)
+                miss = out
         positions = _resolve(nums, len(args))
         modules = M.split_args(args, positions) if args else {}
         diff = tuple(modules[n].params if n in modules else args[n] for n in positions)
@@ -93,42 +105,65 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
             value, vjp_fn, (aux, states) = jax.vjp(forward(), *diff, has_aux=True)
             grads = PH.apply(planned, call.diff, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
         else:
-            value, (aux, states), grads = _step(plans, call, forward, diff, planned, bool(modules))
+            quick = (quick[0], args, kwargs) if quick is not None else None
+            value, (aux, states), grads = _step(plans, call, forward, diff, planned, bool(modules), miss, quick)
         for n, m in modules.items():
             m.write_back(states[n])
-        grad = jax.tree_util.tree_unflatten(call.diff_tree, grads)
-        grad = grad[0] if single else grad
-        return ((value, aux), grad) if has_aux else (value, grad)
+        return _returned(value, (aux, None), grads, call.diff_tree, has_aux, single)
 
     value_and_grad.__wrapped__ = fun
     value_and_grad.cache_info = plans.cache_info
     return value_and_grad
 
 
-def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, planned: tuple, modules: bool) -> tuple:
+def _returned(value: Any, rest: tuple, grads: Sequence[Any], diff_tree: Any, has_aux: bool, single: bool) -> tuple:
+    """What ``value_and_grad`` returns, from the step's loss, ``(aux, module states)`` and gradient leaves."""
+    grad = jax.tree_util.tree_unflatten(diff_tree, grads)
+    grad = grad[0] if single else grad
+    return ((value, rest[0]), grad) if has_aux else (value, grad)
+
+
+def _replay(plans: Plans, root: R.Guard, diff: list, arrays: list, call: K.Call) -> tuple | R.Miss:
+    """``(value, rest, grads)`` of a replayed step of ``root``'s tree (the step the last call took, run ahead
+    and kept if its looks agree, else the one its looked-at values lead to), or the :class:`~.replay.Miss`
+    where no recording took an outcome. ``call``: the call, kept for the reason of a later compile."""
+    ahead = R.expected(root)
+    found = None
+    if ahead is not None:
+        ran = ahead.exe(diff, arrays)
+        if R.confirms(ahead, ran[1], root):
+            found = ahead
+    if found is None:
+        found = R.run(root, diff, arrays)
+        if type(found) is R.Miss:
+            return found
+        ran = found.exe(diff, arrays)
+    value, outs, grads = ran
+    plans.last = (found.structure, call)
+    plans.hits += 1
+    note_replay()
+    return value, S.outputs(found.kept, found.rest_tree, outs), list(grads)
+
+
+def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, planned: tuple, modules: bool,
+          miss: R.Miss | None = None, quick: tuple | None = None) -> tuple:
     """``(value, rest, grads)`` of one eager step: replayed, recorded (and remembered for replay), or
-    captured under ``jax.vjp`` (``make_forward()``: the forward, made when one runs)."""
+    captured under ``jax.vjp`` (``make_forward()``: the forward, made when one runs). ``miss``: the guard
+    that failed in a quick replay of this call (it records); ``quick``: its quick key, args and kwargs,
+    under which a replayable key is found from then on."""
     guarded = plans.replay and not modules and plans.mode == "lazy"
-    miss = key = None
+    key = None
     if guarded:
         key = call.key(C.trace_context())
         arrays = [jax.device_put(x) if isinstance(x, np.ndarray) else x for x in call.arrays]
         root = plans.trees.get(key)
-        found = ran = None
-        if root is not None:
-            ahead = R.expected(root)  # the last call's step, run ahead of its looks and kept if they agree
-            if ahead is not None:
-                ran = ahead.exe(call.diff, arrays)
-                found = ahead if R.confirms(ahead, ran[1], root) else None
-            if found is None:
-                found, ran = R.run(root, call.diff, arrays), None
-        if isinstance(found, R.Step):
-            value, outs, grads = ran if ran is not None else found.exe(call.diff, arrays)
-            plans.last = (found.structure, call.release())
-            plans.hits += 1
-            note_replay()
-            return value, S.outputs(found.kept, found.rest_tree, outs), list(grads)
-        miss = found
+        if root is not None and miss is None:
+            out = _replay(plans, root, call.diff, arrays, call)
+            if type(out) is not R.Miss:
+                _add_quick(plans, key, root, call, quick)
+                call.release()
+                return out
+            miss = out
     reason = plans.reason(call, miss)
     forward = make_forward()
     t = time.perf_counter()
@@ -145,10 +180,22 @@ def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, plann
             path, _ = R.judge(recorded)
             if path is not None:
                 outcomes = tuple((how, outcome) for _, how, _, _, outcome in path)
-                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree, outcomes))
+                early = bool(outcomes) and next(iter(value.devices())).platform != "cpu"
+                plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree, outcomes,
+                                                       early))
+                _add_quick(plans, key, plans.trees.get(key), call, quick)
     plans.count(call, compiled, structure, recorded_in, miss)
     plans.last = (structure, call.release())
     return value, rest, grads
+
+
+def _add_quick(plans: Plans, key: tuple, root: R.Guard | None, call: K.Call, quick: tuple | None) -> None:
+    """Find ``root`` by the call's quick key from the next call on (``quick``: that key, args, kwargs)."""
+    if quick is None or root is None or quick[0] in plans.trees.quick:
+        return
+    at = K.leaf_positions(quick[1], quick[2], call)
+    if at is not None:
+        plans.trees.add_quick(key, quick[0], R.Quick(root, at[0], at[1], call.diff_tree, call))
 
 
 def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions: tuple, has_aux: bool,

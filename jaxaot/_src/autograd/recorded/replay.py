@@ -35,6 +35,7 @@ class Step(NamedTuple):
     kept: list       #: the forward's other outputs' leaves: None where the step returns them
     rest_tree: Any
     outcomes: tuple = ()  #: ``(how, outcome)`` per looked-at value, the last of the step's outputs
+    fetch_early: bool = False  #: start the looked-at values' copies to the host at once (off a CPU device)
 
 
 class Guard:
@@ -80,6 +81,8 @@ class Miss(NamedTuple):
 def received(value: Any, how: str) -> Any:
     """What Python received of ``value``: its truth, its int, float or complex, or (``value``) the whole
     array as ``(dtype, shape, bytes)``."""
+    if type(value) is C.ArrayImpl and not value.shape:  # a scalar: converted on the host, as JAX would
+        value = C.host_value(value)
     if how == "bool":
         return bool(value)
     if how == "int":
@@ -118,12 +121,25 @@ def judge(recorded: Any) -> tuple[list | None, str]:
     return path, ""
 
 
+class Quick(NamedTuple):
+    """A call key's guard tree, found by :func:`~.call.quick_key`: where the differentiated leaves and the
+    other arrays are among the flattened arguments, their tree, and a call of that key (its arrays let
+    go) for the reasons of later compiles."""
+
+    root: Guard
+    diff_at: tuple
+    array_at: tuple
+    diff_tree: Any
+    call: Any
+
+
 class Trees:
-    """A function's guard trees, by call key (thread-safe to extend; read without locking)."""
+    """A function's guard trees, by call key, and by quick key (thread-safe to extend; read without locking)."""
 
     def __init__(self) -> None:
         self.roots: dict[tuple, Guard] = {}
         self.paths: dict[tuple, int] = {}
+        self.quick: dict[tuple, Quick] = {}
         self.lock = threading.Lock()
 
     def __bool__(self) -> bool:
@@ -132,15 +148,26 @@ class Trees:
     def get(self, key: tuple) -> Guard | None:
         return self.roots.get(key)
 
+    def add_quick(self, key: tuple, quick_key: tuple, entry: Quick) -> None:
+        """Find ``entry.root``, the tree of ``key``, by ``quick_key`` too, while that tree is kept."""
+        with self.lock:
+            if self.roots.get(key) is not entry.root:
+                return
+            if len(self.quick) >= MAX_KEYS:
+                self.quick = {}
+            self.quick[quick_key] = entry
+
     def remember(self, key: tuple, path: Sequence[tuple], step: Step) -> None:
         """Add one recorded path (from :func:`judge`) ending in ``step``."""
         with self.lock:
             if len(self.roots) >= MAX_KEYS and key not in self.roots:
                 self.roots.clear()
                 self.paths.clear()
+                self.quick = {}
             if self.paths.get(key, 0) >= MAX_PATHS:
                 del self.roots[key]
                 self.paths[key] = 0
+                self.quick = {}
             node = self.roots.setdefault(key, Guard())
             self.paths[key] = self.paths.get(key, 0) + 1
             for vid, how, plan, info, outcome in path:
@@ -172,10 +199,14 @@ def confirms(step: Step, outs: Sequence[Any], root: Guard) -> bool:
     """Whether the looked-at values ``step`` returned (the last of ``outs``) take its path's outcomes;
     if not, the next :data:`WALK_AFTER_MISS` calls of ``root`` walk the tree instead of running ahead."""
     looked = outs[len(outs) - len(step.outcomes):]
-    if all(received(value, how) == outcome for value, (how, outcome) in zip(looked, step.outcomes)):
-        return True
-    root.walks = WALK_AFTER_MISS
-    return False
+    if len(looked) > 1 or step.fetch_early:  # copies queued behind the step, together
+        for value in looked:
+            value.copy_to_host_async()
+    for value, (how, outcome) in zip(looked, step.outcomes):
+        if received(value, how) != outcome:
+            root.walks = WALK_AFTER_MISS
+            return False
+    return True
 
 
 def run(root: Guard, diff: Sequence[Any], arrays: Sequence[Any]) -> Step | Miss:
