@@ -53,6 +53,12 @@ def deep_mlp_args(layers=8, width=256, batch=256, seed=0):
     return [jax.random.normal(k, (width, width)) / 16 for k in ks[:-1]], jax.random.normal(ks[-1], (batch, width))
 
 
+def scanned_mlp(ws, x):
+    """:func:`deep_mlp` with its layers stacked (``ws``: ``(layers, width, width)``) and run by ``lax.scan``."""
+    x, _ = lax.scan(lambda h, w: (jax.nn.gelu(h @ w), None), x, ws)
+    return jnp.mean(x ** 2)
+
+
 def transformer_block(p, x, heads=4):
     """A pre-norm transformer block (fused QKV projection, ``heads``-head softmax attention, gelu MLP, parameter-free
     norms) on ``x`` of shape ``(batch, seq, width)``; the mean square of its output."""

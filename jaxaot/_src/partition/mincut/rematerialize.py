@@ -193,7 +193,7 @@ def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans
         in_body: Callable = saved_values
         if model is not None and not model.scan_offload_note:
             in_body = functools.partial(choose_body, memory_budget=memory_budget, model=model, costs=costs)
-        _, plan = scan_remat.rewrite_primal_planned(joint.primal, in_body, memo=memo, retrace=False)
+        _, plan = _plan_scans(scan_remat.plan_scans(joint.primal, memo=memo, retrace=False), in_body)
         rejoint = None
         if plan:
             rejoint = memoized(memo, "replayed", joint, json.dumps(plan, sort_keys=True),
@@ -212,6 +212,22 @@ def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans
     if memory_budget < 1 or model is not None:
         part = dataclasses.replace(part, cost_note=costs.note)
     return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
+
+
+def _plan_scans(planning: scan_remat.ScanPlanning, choose: Callable) -> tuple[Any, dict]:
+    """Run the scan planning, answering each body it asks for with ``choose(joint, saveable=...)``; its
+    result. An exception choosing raises goes back to the planning, which leaves that scan alone."""
+    try:
+        request = next(planning)
+        while True:  # the planning rewrites the scans; their bodies are cut here, under the budget
+            try:
+                chosen = choose(request.joint, saveable=request.saveable)
+            except Exception as e:  # noqa: BLE001 - handed back, as the planning decides
+                request = planning.throw(e)
+            else:
+                request = planning.send(chosen)
+    except StopIteration as done:
+        return done.value
 
 
 def _offloading_cut(joint: JointGraph, memory_budget: float, model: DeviceModel, planner: Callable,

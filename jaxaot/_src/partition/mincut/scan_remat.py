@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import jax
 from jax.ad_checkpoint import checkpoint_name
@@ -46,17 +46,25 @@ class BodyChoice:
     offloaded: tuple = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class BodyRequest:
+    """What :func:`plan_scans` asks its driver for one scan body: the min-cut of ``joint`` (the body's
+    joint graph) saving only values ``saveable`` accepts. The answer is what a :data:`Chooser` returns."""
+
+    joint: JointGraph
+    saveable: Callable[[Any], bool]
+
+
 #: ``choose(joint, saveable=...) -> saved vars | BodyChoice`` (the min-cut's chooser).
 Chooser = Callable[..., Any]
+#: :func:`plan_scans`: yields a :class:`BodyRequest` per scan body, is sent each one's answer (saved vars or a
+#: :class:`BodyChoice`, or thrown the exception choosing raised), returns ``(rewritten program, plan)``.
+ScanPlanning = Generator[BodyRequest, Any, tuple[Any, dict]]
 
 
 def _as_choice(chosen: Any) -> BodyChoice:
     return chosen if isinstance(chosen, BodyChoice) else BodyChoice(tuple(chosen))
 
-
-def _device_only(choose: Chooser) -> Chooser:
-    """``choose`` without offloading (nested bodies: their stacks would live inside the outer body)."""
-    return lambda joint, **kw: BodyChoice(_as_choice(choose(joint, **kw)).saved)
 
 _TAG = "jaxaot_scan"
 
@@ -125,16 +133,21 @@ def body_joint(body: Any, names: dict) -> JointGraph:
     return build_joint(tagged, _flat_tree(len(avals)), _flat_tree(len(jaxpr.outvars)), avals)
 
 
-def choose_body_names(body: Any, choose: Chooser, names: dict, memo: PlanMemo | None = None) -> BodyChoice | None:
-    """Which of ``names`` (var -> name) the min-cut saves and offloads per iteration (None: leave the scan alone).
-    ``memo`` keeps the body's joint graph for the next call (:mod:`~jaxaot._src.partition.mincut.plan_memo`)."""
+def _body_names(body: Any, names: dict, memo: PlanMemo | None, device_only: bool
+                ) -> Generator[BodyRequest, Any, BodyChoice | None]:
+    """Which of ``names`` (var -> name) the min-cut saves and offloads per iteration (None: leave the scan
+    alone), asked of the driver; ``device_only`` drops the offloaded ones (nested bodies: their stacks would
+    live inside the outer body). ``memo`` keeps the body's joint graph for the next plan
+    (:mod:`~jaxaot._src.partition.mincut.plan_memo`)."""
     joint = memoized(memo, "body_joint", body, frozenset(names.values()), lambda: body_joint(body, names))
     bj = C.jaxpr_of(joint.jaxpr)
     wanted = set(names.values())
     tag_of = {e.outvars[0]: e.params["name"] for e, bwd in zip(bj.eqns, joint.is_backward)
               if not bwd and e.primitive.name == "name" and e.params.get("name") in wanted}
     inputs = set(bj.invars[: joint.num_primals])
-    chosen = _as_choice(choose(joint, saveable=lambda v: v in tag_of or v in inputs))
+    chosen = _as_choice((yield BodyRequest(joint, lambda v: v in tag_of or v in inputs)))
+    if device_only:
+        chosen = BodyChoice(chosen.saved)
     if any(v not in tag_of and v not in inputs for v in chosen.saved):
         return None  # pragma: no cover - the min-cut saved a value it could not name
     return BodyChoice(frozenset(tag_of[v] for v in chosen.saved if v in tag_of),
@@ -169,8 +182,8 @@ def _checkpointed(body: Any, keep: dict, host: frozenset = frozenset()) -> Calla
     return jax.checkpoint(lambda *a: evaluate(body, a, keep), policy=policy, prevent_cse=False)
 
 
-def plan_scan(eqn: Any, choose: Chooser, path: str = "", memo: PlanMemo | None = None
-              ) -> tuple[Callable, dict] | None:
+def _plan_scan(eqn: Any, path: str, memo: PlanMemo | None, device_only: bool
+               ) -> Generator[BodyRequest, Any, tuple[Callable, dict] | None]:
     """The checkpointed body function to run ``eqn`` with and its replayable plan, or None.
 
     The plan (JSON-able) names the saved body values by position, so
@@ -179,10 +192,10 @@ def plan_scan(eqn: Any, choose: Chooser, path: str = "", memo: PlanMemo | None =
     body = eqn.params["jaxpr"]
     if C.jaxpr_of(body).effects or eqn.params["length"] == 0:
         return None
-    body, nested = rewrite_primal_planned(body, _device_only(choose), path, memo)  # innermost scans first
+    body, nested = yield from plan_scans(body, path, memo, device_only=True)  # innermost scans first
     tags = _body_tags(body, path)
     try:
-        chosen = choose_body_names(body, choose, tags, memo)
+        chosen = yield from _body_names(body, tags, memo, device_only)
     except Exception:  # noqa: BLE001 - a body we cannot analyse keeps JAX's own residuals
         return None
     if chosen is None:
@@ -205,15 +218,20 @@ def _retrace(closed: Any, bodies: dict) -> Any:
     return jax.make_jaxpr(lambda *a: evaluate(closed, a, scans=bodies))(*_avals(jaxpr.invars))
 
 
-def rewrite_primal_planned(closed: Any, choose: Chooser, path: str = "", memo: PlanMemo | None = None,
-                           retrace: bool = True) -> tuple[Any, dict]:
-    """:func:`rewrite_primal` and its plan: ``{scan ordinal (str): plan}`` (empty: unchanged).
+def plan_scans(closed: Any, path: str = "", memo: PlanMemo | None = None, retrace: bool = True,
+               device_only: bool = False) -> ScanPlanning:
+    """Each top-level scan of ``closed`` with its body checkpointed to save the min-cut's choice, and the plan:
+    ``{scan ordinal (str): plan}`` (empty: unchanged).
 
+    A generator (:data:`ScanPlanning`): it asks its driver for each body's choice, innermost scans first, as
+    a :class:`BodyRequest`, and is sent the answer; an exception choosing raised, thrown back in, leaves that
+    scan to JAX's own residuals. The driver holds the budget; the rewrite never calls back into it.
     ``retrace=False`` returns ``closed`` itself with the plan, for a caller that only replays the plan
-    (:func:`replay_joint`); ``memo`` keeps the bodies' joint graphs."""
+    (:func:`replay_joint`); ``memo`` keeps the bodies' joint graphs; ``device_only`` offloads nothing.
+    """
     bodies, plan = {}, {}
     for k, eqn in enumerate(_scan_eqns(closed)):
-        planned = plan_scan(eqn, choose, f"{path}.{k}", memo)
+        planned = yield from _plan_scan(eqn, f"{path}.{k}", memo, device_only)
         if planned is not None:
             bodies[id(eqn)], plan[str(k)] = planned
     if not bodies:
@@ -221,19 +239,36 @@ def rewrite_primal_planned(closed: Any, choose: Chooser, path: str = "", memo: P
     return (_retrace(closed, bodies) if retrace else closed), plan
 
 
+def rewrite_primal_planned(closed: Any, choose: Chooser, path: str = "", memo: PlanMemo | None = None,
+                           retrace: bool = True) -> tuple[Any, dict]:
+    """:func:`plan_scans` with each body's choice made by ``choose``: the rewritten program and its plan."""
+    planning = plan_scans(closed, path, memo, retrace)
+    try:
+        request = next(planning)
+        while True:
+            try:
+                chosen = choose(request.joint, saveable=request.saveable)
+            except Exception as e:  # noqa: BLE001 - handed back: the planner leaves that scan alone
+                request = planning.throw(e)
+            else:
+                request = planning.send(chosen)
+    except StopIteration as done:
+        return done.value
+
+
 def rewrite_primal(closed: Any, choose: Chooser) -> Any:
     """``closed`` with each top-level scan's body checkpointed to save the min-cut's choice.
 
     Returns ``closed`` itself when there is nothing to rewrite.
 
-    The min-cut partitioner calls :func:`rewrite_primal_planned` itself and
+    The min-cut partitioner drives :func:`plan_scans` itself, answering each body's request, and
     re-traces the joint graph, so no runtime hook is needed.
     """
     return rewrite_primal_planned(closed, choose)[0]
 
 
 def replay(closed: Any, plan: dict, path: str = "") -> Any:
-    """Apply a plan from :func:`rewrite_primal_planned` again, without choosing anything.
+    """Apply a plan from :func:`plan_scans` again, without choosing anything.
 
     Tracing is deterministic, so the positions in the plan name the same body
     values; the persistent cache uses this to rebuild a min-cut partition.
