@@ -97,6 +97,37 @@ def test_blocked_online_schedule_matches_scan(block, monkeypatch):
         chex.assert_trees_all_close(per_lane, lanes, rtol=1e-5)
 
 
+def _three_carries(p, x, y, n, wl):
+    """An int counter, a vector and a scalar carry: the blocks pack each step's integers into one
+    vector and store every carry in its own snapshot buffer."""
+    def body(c):
+        i, x, y = c
+        return i + 1, x * jnp.cos(p * y) + 0.1 * jnp.sin(x), y + 0.05 * jnp.sum(x ** 2)
+    return wl(lambda c: c[0] < n, body, (jnp.int32(0), x, y))
+
+
+@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_blocked_schedule_with_one_or_two_snapshots_and_several_carries(k):
+    # k=1 (no split points: every step recomputed from the initial state) and k=2, trip counts
+    # below, at and past a block of 2, several carries; gradients in all of them equal lax.scan's.
+    def loss(p, x, y, n, k):
+        _, x, y = _three_carries(p, x, y, n, lambda c, b, i: while_loop(c, b, i, checkpoints=k))
+        return jnp.sum(x ** 2) + y
+
+    def ref(p, x, y, n):
+        _, x, y = _three_carries(p, x, y, n, lambda c, b, i: lax.scan(lambda s, _: (b(s), None), i, length=n)[0])
+        return jnp.sum(x ** 2) + y
+
+    rng = np.random.default_rng(7)
+    x, y = jnp.asarray(rng.normal(size=3), jnp.float32), jnp.float32(0.2)
+    with jaxaot.config.override(online_block=2):
+        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=4)
+        want = jax.jit(jax.grad(ref, argnums=(0, 1, 2)), static_argnums=3)
+        for n in (0, 1, 2, 7):
+            chex.assert_trees_all_close(g(0.7, x, y, n, k), want(0.7, x, y, n), rtol=1e-5,
+                                        custom_message=f"n={n} k={k}")
+
+
 @pytest.mark.parametrize("block", [1, 4])
 def test_past_the_split_point_table_the_backward_searches(block):
     # An unbounded loop looks its split points up while it is no longer than online_table_steps(k) and
