@@ -61,8 +61,8 @@ def forward(running: Callable, decide: Callable, advance: Callable, state: tuple
 
     The integers (``i``, the placement's ``levels``, the step's flag and slot) are one int32 vector.
     A step past the loop's end changes nothing, and runs the body on the block's first state (one
-    it ran on) rather than on the final state, where it may be invalid. The body reads its state
-    back from the slot just written, so the write comes first and the old state is not copied.
+    it ran on) rather than on the final state, where it may be invalid. The snapshot written is the
+    body's input, so nothing but the masked selects reads the old state (no copy of it).
     """
     x, i, levels, snaps = state
     leaves, tree = jax.tree.flatten((i, levels))
@@ -85,10 +85,10 @@ def forward(running: Callable, decide: Callable, advance: Callable, state: tuple
         slot, new = decide(i, levels)
         v = lax.optimization_barrier(pack(go, jnp.where(go, slot, k), (i + go.astype(i.dtype), jax.tree.map(
             lambda a, b: jnp.where(go, a, b), new, levels))))
-        snaps = [write_row(b, v[1], a) for b, a in zip(snaps, x)]
         run = v[0] > 0
-        y = advance(where(run, [read_row(b, v[1]) for b in snaps], start[0]))
-        return where(run, y, x), v, snaps
+        x_in = where(run, x, start[0])  # what the slot gets: past the end, the scratch slot
+        snaps = [write_row(b, v[1], a) for b, a in zip(snaps, x_in)]
+        return where(run, advance(x_in), x), v, snaps
 
     state = (list(x), pack(jnp.bool_(False), jnp.int32(k), (i, levels)), list(snaps))
     x, v, snaps = blocks(lambda s: running((s[0], unpack(s[1])[0])), step, state, block, k)
