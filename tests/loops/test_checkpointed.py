@@ -128,6 +128,24 @@ def test_blocked_schedule_with_one_or_two_snapshots_and_several_carries(k):
                                         custom_message=f"n={n} k={k}")
 
 
+@pytest.mark.slow
+def test_blocked_schedule_reverse_over_reverse_equals_scans():
+    # Reverse over reverse through the blocks: the blocked backward's loops are checkpoints=k loops.
+    step = lambda c: (c[0] + 1, jnp.sin(c[1]) * 1.1 + 0.05 * c[1] ** 2)  # noqa: E731
+    loss = lambda x, n: jnp.sum(while_loop(lambda c: c[0] < n, step, (0, x), checkpoints=2)[1] ** 2)  # noqa: E731
+    ref = lambda x, n: jnp.sum(lax.scan(lambda c, _: (step(c), None), (0, x), None, length=n)[0][1] ** 2)  # noqa: E731
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.normal(size=3), jnp.float32)
+
+    def second_order(f):
+        return lambda x, n: jax.grad(lambda x: jnp.sum(jnp.sin(jax.grad(f)(x, n))))(x)
+
+    with jaxaot.config.override(online_block=3):
+        got, want = jax.jit(second_order(loss)), jax.jit(second_order(ref), static_argnums=1)
+        for n in (0, 4, 11):
+            chex.assert_trees_all_close(got(x, n), want(x, n), rtol=1e-5, custom_message=f"n={n}")
+
+
 @pytest.mark.parametrize("block", [1, 4])
 def test_past_the_split_point_table_the_backward_searches(block):
     # An unbounded loop looks its split points up while it is no longer than online_table_steps(k) and

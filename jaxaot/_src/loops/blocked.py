@@ -1,4 +1,4 @@
-"""The revolve backward in blocks of steps per predicate check (GPUs), and the blocks themselves.
+"""``checkpoints=k`` loops in blocks of steps per predicate check (GPUs): the forward and the revolve backward.
 
 On a GPU each run-time predicate of a while loop is a wait on the host, so the
 ``checkpoints=k`` loops check theirs once per block of steps (:func:`blocks`), each
@@ -26,6 +26,9 @@ from jaxaot._src.loops.wrappers import while_loop
 #: its VJP is live) and the snapshot slot it writes or reads.
 FINE, CUR, TOP, FLAG, SLOT = range(5)
 _POS = 5
+#: The entries of the forward's vector before the step number and the placement's levels: whether
+#: the step runs, the snapshot slot it writes.
+_RUNS, _WRITES = range(2)
 
 
 def blocks(cond: Any, step: Any, state: Any, block: int, k: int) -> Any:
@@ -67,12 +70,12 @@ def forward(running: Callable, decide: Callable, advance: Callable, state: tuple
     x, i, levels, snaps = state
     leaves, tree = jax.tree.flatten((i, levels))
 
-    def pack(go, slot, ints):
+    def pack(go, slot, ints):  # the _RUNS and _WRITES entries, then the integers' leaves
         flat = [jnp.ravel(a).astype(jnp.int32) for a in jax.tree.leaves(ints)]
         return jnp.concatenate([jnp.stack([go.astype(jnp.int32), slot.astype(jnp.int32)]), *flat])
 
     def unpack(v):
-        parts, at = [], 2
+        parts, at = [], _WRITES + 1
         for a in leaves:
             parts.append(v[at:at + a.size].reshape(a.shape).astype(a.dtype))
             at += a.size
@@ -85,9 +88,9 @@ def forward(running: Callable, decide: Callable, advance: Callable, state: tuple
         slot, new = decide(i, levels)
         v = lax.optimization_barrier(pack(go, jnp.where(go, slot, k), (i + go.astype(i.dtype), jax.tree.map(
             lambda a, b: jnp.where(go, a, b), new, levels))))
-        run = v[0] > 0
+        run = v[_RUNS] > 0
         x_in = where(run, x, start[0])  # what the slot gets: past the end, the scratch slot
-        snaps = [write_row(b, v[1], a) for b, a in zip(snaps, x_in)]
+        snaps = [write_row(b, v[_WRITES], a) for b, a in zip(snaps, x_in)]
         return where(run, advance(x_in), x), v, snaps
 
     state = (list(x), pack(jnp.bool_(False), jnp.int32(k), (i, levels)), list(snaps))

@@ -7,7 +7,8 @@ trace-time table, :mod:`jaxaot._src.loops.schedule_tables`), and one
 residuals. Its transpose is the revolve backward, one loop
 (:mod:`jaxaot._src.loops.sweep`) whose loops are ``checkpoints=k`` loops themselves,
 so reverse over reverse stays bounded. On GPUs, where each run-time predicate is a
-host round trip, the loops check it once per block of steps (:func:`online_block`).
+host round trip, the loops check it once per block of steps (:func:`online_block`,
+:mod:`jaxaot._src.loops.blocked`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from jax import lax
 
 from jaxaot._src import compat as C
 from jaxaot._src.config import config
-from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
 from jaxaot._src.loops import blocked, revolve, schedule_tables, sweep
