@@ -20,11 +20,12 @@ With ``--body-ops``, it only compiles the ``checkpoints=k`` gradient and prints 
 of each while loop's body in its optimized HLO, by kind (on a GPU each is a kernel launch per
 iteration); on other platforms the loops are lowered as on a GPU (``blocked_loops`` and
 ``online_block=GPU_BLOCK``). ``--hlo FILE`` counts a saved HLO text (``ckpt_hlo.txt``) instead.
+``--unroll`` unrolls the blocks' steps in the program (``jaxaot._src.loops.blocked.UNROLL_BLOCKS``).
 
 Usage (from the repository root)::
 
-    python -m benchmarks.probes.while_overhead [--flags] [--trace] [--small] [--n 2000] [--k 40] [--rounds 7]
-    python -m benchmarks.probes.while_overhead --body-ops [--small] [--hlo FILE]
+    python -m benchmarks.probes.while_overhead [--flags] [--trace] [--unroll] [--small] [--n 2000] [--k 40] [--rounds 7]
+    python -m benchmarks.probes.while_overhead --body-ops [--small] [--hlo FILE] [--unroll]
 """
 
 from __future__ import annotations
@@ -198,7 +199,12 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="device time and kernels per gradient (profiler)")
     ap.add_argument("--body-ops", action="store_true", help="only the ops per while body of the gradient's HLO")
     ap.add_argument("--hlo", help="with --body-ops: count this saved HLO text instead of compiling")
+    ap.add_argument("--unroll", action="store_true", help="unroll the blocks' steps of checkpoints=k loops")
     args = ap.parse_args()
+    if args.unroll:
+        from jaxaot._src.loops import blocked  # noqa: PLC0415 - an internal switch, for measuring
+        blocked.UNROLL_BLOCKS = True
+        print("# the blocks' steps unrolled (blocked.UNROLL_BLOCKS)", flush=True)
     batch, width = (32, 128) if args.small else (256, 1024)
     if args.body_ops:
         if args.hlo:
@@ -216,6 +222,7 @@ def main() -> None:
             env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
             cmd = [sys.executable, "-m", "benchmarks.probes.while_overhead", "--child", label, "--n", str(args.n), "--k", str(args.k),
                    "--rounds", str(args.rounds)] + (["--small"] if args.small else [])
+            cmd += ["--unroll"] if args.unroll else []
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
             print(res.stdout if res.returncode == 0 else f"## flags: {label}: failed\n{res.stderr[-2000:]}", flush=True)
 

@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import jaxaot
-from jaxaot._src.loops import checkpointed, revolve
+from jaxaot._src.loops import blocked, checkpointed, revolve
 from jaxaot._src.loops.wrappers import while_loop
 from zoo import body_runs_and_gradient
 
@@ -106,10 +106,13 @@ def _three_carries(p, x, y, n, wl):
     return wl(lambda c: c[0] < n, body, (jnp.int32(0), x, y))
 
 
-@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_blocked_schedule_with_one_or_two_snapshots_and_several_carries(k):
+@pytest.mark.parametrize("k,unroll", [(1, False), pytest.param(2, False, marks=pytest.mark.slow),
+                                      pytest.param(2, True, id="2-unrolled", marks=pytest.mark.slow)])
+def test_blocked_schedule_with_one_or_two_snapshots_and_several_carries(k, unroll, monkeypatch):
     # k=1 (no split points: every step recomputed from the initial state) and k=2, trip counts
-    # below, at and past a block of 2, several carries; gradients in all of them equal lax.scan's.
+    # below, at and past a block of 2, several carries; gradients in all of them equal lax.scan's,
+    # the blocks' steps looped or unrolled.
+    monkeypatch.setattr(blocked, "UNROLL_BLOCKS", unroll)
     def loss(p, x, y, n, k):
         _, x, y = _three_carries(p, x, y, n, lambda c, b, i: while_loop(c, b, i, checkpoints=k))
         return jnp.sum(x ** 2) + y
