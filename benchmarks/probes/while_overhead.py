@@ -16,15 +16,24 @@ With ``--trace``, each gradient also runs under ``jax.profiler.trace``: its devi
 sum of its kernels), kernel launches per call and its most expensive kernels, so the wall time
 splits into device work and the gaps between kernels (launches, predicate waits).
 
+With ``--body-ops``, it only compiles the ``checkpoints=k`` gradient and prints the top-level ops
+of each while loop's body in its optimized HLO, by kind (on a GPU each is a kernel launch per
+iteration); on other platforms the loops are lowered as on a GPU (``blocked_loops`` and
+``online_block=GPU_BLOCK``). ``--hlo FILE`` counts a saved HLO text (``ckpt_hlo.txt``) instead.
+``--unroll`` unrolls the blocks' steps in the program (``jaxaot._src.loops.blocked.UNROLL_BLOCKS``).
+
 Usage (from the repository root)::
 
-    python -m benchmarks.probes.while_overhead [--flags] [--trace] [--small] [--n 2000] [--k 40] [--rounds 7]
+    python -m benchmarks.probes.while_overhead [--flags] [--trace] [--unroll] [--small] [--n 2000] [--k 40] [--rounds 7]
+    python -m benchmarks.probes.while_overhead --body-ops [--small] [--hlo FILE] [--unroll]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -131,6 +140,54 @@ def run(batch: int, width: int, n: int, k: int, rounds: int, label: str, trace: 
     return "\n".join(lines)
 
 
+#: HLO instructions that launch nothing: tuple plumbing, constants, views.
+_FREE_OPS = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast"}
+
+
+def _computations(text: str) -> dict:
+    """Each computation of an HLO module's text: its instructions as ``(opcode, line)``."""
+    comps, cur = {}, None
+    for line in text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if head and not line.startswith(" "):
+            cur = comps.setdefault(head.group(1), [])
+        elif line.startswith("}"):
+            cur = None
+        elif cur is not None:
+            op = re.match(r"\s*(?:ROOT )?%?[\w.\-]+ = .+? ([\w\-]+)\(", line)
+            if op:
+                cur.append((op.group(1), line))
+    return comps
+
+
+def body_ops(text: str) -> str:
+    """A table of each while loop's body: its trip count where XLA knows it, and its top-level ops
+    by kind (the condition's in the last column)."""
+    comps = _computations(text)
+    rows = [f"{'while body':44s} {'trip':>5s} {'ops':>4s}  by kind; condition"]
+    for name, ops in comps.items():
+        for op, line in ops:
+            if op != "while":
+                continue
+            body, cond = (re.search(rf"{key}=%?([\w.\-]+)", line).group(1) for key in ("body", "condition"))
+            trip = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+            kinds = collections.Counter(o for o, _ in comps[body] if o not in _FREE_OPS)
+            cond_ops = sum(o not in _FREE_OPS for o, _ in comps[cond])
+            rows.append(f"{body[:44]:44s} {trip.group(1) if trip else '-':>5s} {sum(kinds.values()):4d}  "
+                        f"{dict(sorted(kinds.items()))}; {cond_ops}")
+    return "\n".join(rows)
+
+
+def compiled_gradient_hlo(batch: int, width: int, n: int, k: int) -> str:
+    """The optimized HLO of the ``checkpoints=k`` gradient, its loops lowered as on a GPU."""
+    import jaxaot  # noqa: PLC0415
+    from jaxaot._src.loops.checkpointed import GPU_BLOCK  # noqa: PLC0415 - the GPU's block size
+    w, b, x = jnp.eye(width), jnp.zeros((width,)), jnp.ones((batch, width))
+    grad = cases(n, k)[f"grad checkpoints={k}"]
+    with jaxaot.config.override(blocked_loops=True, online_block=GPU_BLOCK):
+        return jax.jit(grad).lower(w, b, x, jnp.int32(n)).compile().as_text()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--flags", action="store_true", help="also run under each XLA flag set, in child processes")
@@ -140,8 +197,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--trace", action="store_true", help="device time and kernels per gradient (profiler)")
+    ap.add_argument("--body-ops", action="store_true", help="only the ops per while body of the gradient's HLO")
+    ap.add_argument("--hlo", help="with --body-ops: count this saved HLO text instead of compiling")
+    ap.add_argument("--unroll", action="store_true", help="unroll the blocks' steps of checkpoints=k loops")
     args = ap.parse_args()
+    if args.unroll:
+        from jaxaot._src.loops import blocked  # noqa: PLC0415 - an internal switch, for measuring
+        blocked.UNROLL_BLOCKS = True
+        print("# the blocks' steps unrolled (blocked.UNROLL_BLOCKS)", flush=True)
     batch, width = (32, 128) if args.small else (256, 1024)
+    if args.body_ops:
+        if args.hlo:
+            with open(args.hlo) as f:
+                text = f.read()
+        else:
+            text = compiled_gradient_hlo(batch, width, args.n, args.k)
+        print(body_ops(text), flush=True)
+        return
     print(run(batch, width, args.n, args.k, args.rounds, args.child, args.trace), flush=True)
     if args.flags:
         for label, flags in FLAG_SETS.items():
@@ -150,6 +222,7 @@ def main() -> None:
             env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
             cmd = [sys.executable, "-m", "benchmarks.probes.while_overhead", "--child", label, "--n", str(args.n), "--k", str(args.k),
                    "--rounds", str(args.rounds)] + (["--small"] if args.small else [])
+            cmd += ["--unroll"] if args.unroll else []
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
             print(res.stdout if res.returncode == 0 else f"## flags: {label}: failed\n{res.stderr[-2000:]}", flush=True)
 

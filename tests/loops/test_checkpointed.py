@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import jaxaot
-from jaxaot._src.loops import checkpointed, revolve
+from jaxaot._src.loops import blocked, checkpointed, revolve
 from jaxaot._src.loops.wrappers import while_loop
 from zoo import body_runs_and_gradient
 
@@ -95,6 +95,58 @@ def test_blocked_online_schedule_matches_scan(block, monkeypatch):
                                     rtol=1e-5)
         per_lane = jax.jit(jax.vmap(jax.grad(lambda x, n: loop(x, n, 2))))(xs, ns)
         chex.assert_trees_all_close(per_lane, lanes, rtol=1e-5)
+
+
+def _three_carries(p, x, y, n, wl):
+    """An int counter, a vector and a scalar carry: the blocks pack each step's integers into one
+    vector and store every carry in its own snapshot buffer."""
+    def body(c):
+        i, x, y = c
+        return i + 1, x * jnp.cos(p * y) + 0.1 * jnp.sin(x), y + 0.05 * jnp.sum(x ** 2)
+    return wl(lambda c: c[0] < n, body, (jnp.int32(0), x, y))
+
+
+@pytest.mark.parametrize("k,unroll", [(1, False), pytest.param(2, False, marks=pytest.mark.slow),
+                                      pytest.param(2, True, id="2-unrolled", marks=pytest.mark.slow)])
+def test_blocked_schedule_with_one_or_two_snapshots_and_several_carries(k, unroll, monkeypatch):
+    # k=1 (no split points: every step recomputed from the initial state) and k=2, trip counts
+    # below, at and past a block of 2, several carries; gradients in all of them equal lax.scan's,
+    # the blocks' steps looped or unrolled.
+    monkeypatch.setattr(blocked, "UNROLL_BLOCKS", unroll)
+    def loss(p, x, y, n, k):
+        _, x, y = _three_carries(p, x, y, n, lambda c, b, i: while_loop(c, b, i, checkpoints=k))
+        return jnp.sum(x ** 2) + y
+
+    def ref(p, x, y, n):
+        _, x, y = _three_carries(p, x, y, n, lambda c, b, i: lax.scan(lambda s, _: (b(s), None), i, length=n)[0])
+        return jnp.sum(x ** 2) + y
+
+    rng = np.random.default_rng(7)
+    x, y = jnp.asarray(rng.normal(size=3), jnp.float32), jnp.float32(0.2)
+    with jaxaot.config.override(online_block=2):
+        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=4)
+        want = jax.jit(jax.grad(ref, argnums=(0, 1, 2)), static_argnums=3)
+        for n in (0, 1, 2, 7):
+            chex.assert_trees_all_close(g(0.7, x, y, n, k), want(0.7, x, y, n), rtol=1e-5,
+                                        custom_message=f"n={n} k={k}")
+
+
+@pytest.mark.slow
+def test_blocked_schedule_reverse_over_reverse_equals_scans():
+    # Reverse over reverse through the blocks: the blocked backward's loops are checkpoints=k loops.
+    step = lambda c: (c[0] + 1, jnp.sin(c[1]) * 1.1 + 0.05 * c[1] ** 2)  # noqa: E731
+    loss = lambda x, n: jnp.sum(while_loop(lambda c: c[0] < n, step, (0, x), checkpoints=2)[1] ** 2)  # noqa: E731
+    ref = lambda x, n: jnp.sum(lax.scan(lambda c, _: (step(c), None), (0, x), None, length=n)[0][1] ** 2)  # noqa: E731
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.normal(size=3), jnp.float32)
+
+    def second_order(f):
+        return lambda x, n: jax.grad(lambda x: jnp.sum(jnp.sin(jax.grad(f)(x, n))))(x)
+
+    with jaxaot.config.override(online_block=3):
+        got, want = jax.jit(second_order(loss)), jax.jit(second_order(ref), static_argnums=1)
+        for n in (0, 4, 11):
+            chex.assert_trees_all_close(got(x, n), want(x, n), rtol=1e-5, custom_message=f"n={n}")
 
 
 @pytest.mark.parametrize("block", [1, 4])

@@ -7,7 +7,8 @@ trace-time table, :mod:`jaxaot._src.loops.schedule_tables`), and one
 residuals. Its transpose is the revolve backward, one loop
 (:mod:`jaxaot._src.loops.sweep`) whose loops are ``checkpoints=k`` loops themselves,
 so reverse over reverse stays bounded. On GPUs, where each run-time predicate is a
-host round trip, the loops check it once per block of steps (:func:`online_block`).
+host round trip, the loops check it once per block of steps (:func:`online_block`,
+:mod:`jaxaot._src.loops.blocked`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from jax import lax
 
 from jaxaot._src import compat as C
 from jaxaot._src.config import config
-from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
-from jaxaot._src.loops import revolve, schedule_tables, sweep
+from jaxaot._src.loops import blocked, revolve, schedule_tables, sweep
 from jaxaot._src.loops.revolve import MAX_REPS, beta_table_jax, place, split_point_jax
 
 checkpointed_linear_p = C.new_loop_primitive("checkpointed_linear_loop")
@@ -114,20 +114,6 @@ def _stepper(params: dict, kc: Sequence[Any], lc_avals: Sequence[Any]) -> Any:
     return sweep.stepper(advance, vjp)
 
 
-def _blocks(cond: Any, step: Any, state: Any, block: int, k: int) -> Any:
-    """``while cond(state): state = step(state, start)``, checking ``cond`` once per ``block``
-    steps. ``step`` must leave the state unchanged once ``cond`` fails (masked), and
-    gets the state its block started from (which ``cond`` held for). Either way the
-    loop is a ``checkpoints=k`` loop, so reverse over reverse stays bounded."""
-    if block == 1:
-        return while_loop(cond, lambda s: step(s, s), state, checkpoints=k)
-    return while_loop(cond, lambda s: C.lax_fori_loop(0, block, lambda _, t: step(t, s), s), state, checkpoints=k)
-
-
-def _where(pred: Any, new: Sequence[Any], old: Sequence[Any]) -> list:
-    return [jnp.where(pred, a, b) for a, b in zip(new, old)]
-
-
 def _split_table(params: dict) -> Any:
     """The binomial table of the split points: cut to what ``max_steps`` needs for a bounded loop
     (a constant of a few thousand entries), else computed on the device once per loop."""
@@ -164,7 +150,10 @@ def _linear_transpose(cts, *args, **params):
         split = _split(params, longest)
         if block == 1:  # one loop, one body (jaxaot._src.loops.sweep)
             return sweep.reverse(_stepper(params, kc, lc_avals), n, pos, slot_of, top, snaps, ct, acc, k, split)
-        return _blocked_reverse(params, n, pos, slot_of, top, snaps, kc, lc_avals, ct, acc, split)
+        primal = _primal_body(params)  # the advance needs no residuals
+        return blocked.reverse(lambda x: C.eval_closed(primal, *kc, *x),
+                               lambda x, ct: _transpose_step(params, _step(params, kc, x)[1], lc_avals, ct),
+                               n, pos, slot_of, top, snaps, ct, acc, k, block, split)
 
     if params["max_steps"] is not None or k > TABLE_CHECKPOINTS:
         ct, acc = reverse(ct, acc)
@@ -173,62 +162,6 @@ def _linear_transpose(cts, *args, **params):
         short = online_table_steps(k)
         ct, acc = lax.cond(n <= short, functools.partial(reverse, longest=short), reverse, ct, acc)
     return [None] * n_plain + list(acc) + list(ct)
-
-
-def _blocked_reverse(params: dict, n: Any, pos: Any, slot_of: Any, top: Any, snaps: Sequence[Any], kc: Sequence[Any],
-                     lc_avals: Sequence[Any], ct: list, acc: list, split: Any) -> tuple[list, list]:
-    """The revolve backward in blocks of ``params["block"]`` steps per predicate check (GPUs): a loop over
-    the VJPs whose iteration advances from the top snapshot in one blocked loop, then takes the VJPs of
-    the run of steps stored there in another. ``split`` is :func:`_split`'s."""
-    k, block = params["checkpoints"], params["block"]
-    buf = list(snaps)  # k snapshot slots and the scratch slot
-    primal = _primal_body(params)  # the advance needs no residuals
-
-    def advance(state, fine):  # one recomputation step towards fine - 1 (a no-op once there)
-        x, cur, top, pos, buf = state
-        go = cur < fine - 1
-        slots = k - top
-        p_top = read_row(pos, top)
-        target = jnp.where(slots > 1, p_top + split(jnp.maximum(fine - p_top, 2), jnp.clip(slots, 2, k)), -1)
-        new = [strong(a) for a in C.eval_closed(primal, *kc, *x)]
-        x = _where(go, new, x)
-        cur = cur + go.astype(jnp.int32)
-        push = go & (cur == target)
-        slot = jnp.where(push, read_row(slot_of, jnp.minimum(top + 1, k - 1)), k)
-        buf = [write_row(b, slot, a) for b, a in zip(buf, x)]
-        pos = jnp.where(push & (jnp.arange(k, dtype=jnp.int32) == top + 1), cur, pos)
-        return x, cur, top + push.astype(jnp.int32), pos, buf
-
-    def vjp(fine, top, pos, ct, acc, x, live):  # the VJP of step fine - 1 at its state x
-        ct_lc, new_ct = _transpose_step(params, _step(params, kc, x)[1], lc_avals, ct)
-        ct_lc, new_ct = _where(live, ct_lc, [jnp.zeros_like(g) for g in ct_lc]), _where(live, new_ct, ct)
-        fine = fine - live.astype(jnp.int32)
-        pop = live & (read_row(pos, jnp.maximum(top, 0)) == fine)
-        pos = jnp.where(pop & (jnp.arange(k, dtype=jnp.int32) == top), -1, pos)
-        return fine, top - pop.astype(jnp.int32), pos, new_ct, [a + g for a, g in zip(acc, ct_lc)]
-
-    def top_state(top, buf):  # level 0 (the initial state) once every level is popped: a state the loop ran on
-        return [read_row(b, read_row(slot_of, jnp.maximum(top, 0))) for b in buf]
-
-    def outer(state):
-        fine, top, pos, buf, ct, acc = state
-        x, _, top, pos, buf = _blocks(lambda s: s[1] < fine - 1, lambda s, _: advance(s, fine),
-                                      (top_state(top, buf), read_row(pos, top), top, pos, buf), block, k)
-        fine, top, pos, ct, acc = vjp(fine, top, pos, ct, acc, x, jnp.bool_(True))
-
-        # then the run of steps whose state is the top snapshot: no recomputation between them
-        def run_cond(s):
-            return (s[0] > 0) & (s[1] >= 0) & (read_row(s[2], jnp.maximum(s[1], 0)) == s[0] - 1)
-
-        def run_step(s, _):
-            return vjp(*s, top_state(s[1], buf), run_cond(s))
-
-        fine, top, pos, ct, acc = _blocks(run_cond, run_step, (fine, top, pos, ct, acc), block, k)
-        return fine, top, pos, buf, ct, acc
-
-    state = (jnp.asarray(n, jnp.int32), top, pos, buf, ct, acc)
-    _, _, _, _, ct, acc = while_loop(lambda s: s[0] > 0, outer, state, checkpoints=k)
-    return list(ct), list(acc)
 
 
 def _linear_jvp(primals, tangents, **params):
@@ -371,21 +304,20 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
         def running(state):
             return fcond(state) if limit is None else fcond(state) & (state[1] < limit)
 
-        def fbody(state, start):
+        def advance(x):
+            return C.eval_closed(primal_body, *fkc, *x)
+
+        if block > 1:
+            return blocked.forward(running, decide, advance, state, block, k)
+
+        def fbody(state, _):
             # Store the state *before* the step: the state after the last step is never needed.
             x, i, levels, snaps = state
             slot, new_levels = decide(i, levels)
-            if block == 1:
-                snaps = [write_row(s, slot, a) for s, a in zip(snaps, x)]
-                return C.eval_closed(primal_body, *fkc, *x), i + 1, new_levels, snaps
-            # A step past the loop's end changes nothing, and runs the body on the block's
-            # first state (one it ran on) rather than on the final state, where it may be invalid.
-            go = running(state)
-            snaps = [write_row(s, jnp.where(go, slot, k), a) for s, a in zip(snaps, x)]
-            new = C.eval_closed(primal_body, *fkc, *_where(go, x, start[0]))
-            return _where(go, new, x), i + go.astype(jnp.int32), tuple(_where(go, new_levels, levels)), snaps
+            snaps = [write_row(s, slot, a) for s, a in zip(snaps, x)]
+            return advance(x), i + 1, new_levels, snaps
 
-        return _blocks(running, fbody, state, block, k)
+        return blocked.blocks(running, fbody, state, 1, k)
 
     snaps0 = [jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)) for x in kt]  # + scratch slot
     # The placement's decisions depend on the step alone: read from a table made at trace time for
