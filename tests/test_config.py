@@ -40,6 +40,7 @@ VALUES = {
     "online_block": ([(1, 1), (7, 7), (np.int32(2), 2), (None, None)], [0, -3, 2.5, True, "4"]),
     "offline_schedule": ([("nested", "nested"), ("binomial", "binomial"), (None, None)], ["fast", "Nested", 1]),
     "blocked_loops": ([(True, True), (False, False)], [None, 1, "true"]),
+    "unroll_blocks": ([(True, True), (False, False)], [None, 0, "no"]),
     "stack_segments": ([(True, True), (False, False), (None, None)], [0, "1", []]),
 }
 #: name -> (environment text, value; text it refuses). Paths take any text.
@@ -50,6 +51,7 @@ ENV = {
     "online_block": ([("3", 3), (" 12 ", 12)], ["x", "0", "-1", "1.5"]),
     "offline_schedule": ([("nested", "nested"), ("binomial", "binomial")], ["fast"]),
     "blocked_loops": ([("true", True), ("no", False)], ["2"]),
+    "unroll_blocks": ([("off", False), ("1", True)], ["twice"]),
     "stack_segments": ([("0", False), ("1", True)], ["none"]),
 }
 

@@ -20,12 +20,12 @@ With ``--body-ops``, it only compiles the ``checkpoints=k`` gradient and prints 
 of each while loop's body in its optimized HLO, by kind (on a GPU each is a kernel launch per
 iteration); on other platforms the loops are lowered as on a GPU (``blocked_loops`` and
 ``online_block=GPU_BLOCK``). ``--hlo FILE`` counts a saved HLO text (``ckpt_hlo.txt``) instead.
-``--unroll`` unrolls the blocks' steps in the program (``jaxaot._src.loops.blocked.UNROLL_BLOCKS``).
+``--looped`` keeps the blocks' steps in a loop (``jaxaot.config.unroll_blocks=False``; they are unrolled by default).
 
 Usage (from the repository root)::
 
-    python -m benchmarks.probes.while_overhead [--flags] [--trace] [--unroll] [--small] [--n 2000] [--k 40] [--rounds 7]
-    python -m benchmarks.probes.while_overhead --body-ops [--small] [--hlo FILE] [--unroll]
+    python -m benchmarks.probes.while_overhead [--flags] [--trace] [--looped] [--small] [--n 2000] [--k 40] [--rounds 7]
+    python -m benchmarks.probes.while_overhead --body-ops [--small] [--hlo FILE] [--looped]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+import jaxaot
 from jaxaot.loops import while_loop
 
 DT = 0.05
@@ -117,9 +118,11 @@ def run(batch: int, width: int, n: int, k: int, rounds: int, label: str, trace: 
     b = jnp.zeros((width,), jnp.float32)
     x = jax.random.normal(kx, (batch, width), jnp.float32)
     args = (w, b, x, jnp.int32(n))
-    compiled = {}
+    compiled, compile_seconds = {}, {}
     for name, fn in cases(n, k).items():
+        t = time.perf_counter()
         compiled[name] = jax.jit(fn).lower(*args).compile()
+        compile_seconds[name] = time.perf_counter() - t
         jax.block_until_ready(compiled[name](*args))
         if name.startswith("grad checkpoints") and os.environ.get("OUT") and label == "default":
             with open(os.path.join(os.environ["OUT"], "ckpt_hlo.txt"), "w") as f:
@@ -131,10 +134,11 @@ def run(batch: int, width: int, n: int, k: int, rounds: int, label: str, trace: 
             jax.block_until_ready(c(*args))
             times[name].append(time.perf_counter() - t0)
     lines = [f"## flags: {label}  ({jax.devices()[0].device_kind}, jax {jax.__version__}, n={n}, k={k})",
-             f"{'case':40s} {'ms':>9s} {'us/iter':>9s} {'spread ms':>18s}"]
+             f"{'case':40s} {'ms':>9s} {'us/iter':>9s} {'spread ms':>18s} {'compile s':>9s}"]
     for name, ts in times.items():
         med = statistics.median(ts) * 1e3
-        lines.append(f"{name:40s} {med:9.2f} {med * 1e3 / n:9.2f} {min(ts) * 1e3:8.2f}-{max(ts) * 1e3:8.2f}")
+        lines.append(f"{name:40s} {med:9.2f} {med * 1e3 / n:9.2f} {min(ts) * 1e3:8.2f}-{max(ts) * 1e3:8.2f} "
+                     f"{compile_seconds[name]:9.2f}")
     if trace:
         lines.append(kernels(compiled, args))
     return "\n".join(lines)
@@ -199,12 +203,11 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="device time and kernels per gradient (profiler)")
     ap.add_argument("--body-ops", action="store_true", help="only the ops per while body of the gradient's HLO")
     ap.add_argument("--hlo", help="with --body-ops: count this saved HLO text instead of compiling")
-    ap.add_argument("--unroll", action="store_true", help="unroll the blocks' steps of checkpoints=k loops")
+    ap.add_argument("--looped", action="store_true", help="keep the blocks' steps of checkpoints=k loops in a loop")
     args = ap.parse_args()
-    if args.unroll:
-        from jaxaot._src.loops import blocked  # noqa: PLC0415 - an internal switch, for measuring
-        blocked.UNROLL_BLOCKS = True
-        print("# the blocks' steps unrolled (blocked.UNROLL_BLOCKS)", flush=True)
+    if args.looped:
+        jaxaot.config.unroll_blocks = False
+        print("# the blocks' steps in a loop (jaxaot.config.unroll_blocks=False)", flush=True)
     batch, width = (32, 128) if args.small else (256, 1024)
     if args.body_ops:
         if args.hlo:
@@ -222,7 +225,7 @@ def main() -> None:
             env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
             cmd = [sys.executable, "-m", "benchmarks.probes.while_overhead", "--child", label, "--n", str(args.n), "--k", str(args.k),
                    "--rounds", str(args.rounds)] + (["--small"] if args.small else [])
-            cmd += ["--unroll"] if args.unroll else []
+            cmd += ["--looped"] if args.looped else []
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
             print(res.stdout if res.returncode == 0 else f"## flags: {label}: failed\n{res.stderr[-2000:]}", flush=True)
 

@@ -155,6 +155,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "binomial elsewhere.", True),
     Setting("blocked_loops", "bool", False, _bool, _flag,
             "Whether loops lower in blocks of a constant trip count on every platform (GPUs always do).", True),
+    Setting("unroll_blocks", "bool", True, _bool, _flag,
+            "Whether a blocked loop's steps are unrolled within each block: fewer kernels per step, longer "
+            "compiles.", True),
     Setting("stack_segments", "bool or `None`", None, _bool_or_none, _flag,
             "Whether a max_steps loop's large stack runs in segments; None: on CPUs only.", True),
 )}
@@ -188,6 +191,9 @@ class Config:
         nested on GPUs, binomial elsewhere. ``JAXAOT_OFFLINE_SCHEDULE``.
       blocked_loops: lower loops in blocks of a constant trip count on every
         platform, as on GPUs (read when a loop is lowered). ``JAXAOT_BLOCKED_LOOPS``.
+      unroll_blocks: unroll the steps of each block of a blocked ``checkpoints=k``
+        loop (read when the loop is traced): fewer kernels per step, a program that
+        holds each blocked body ``online_block`` times. ``JAXAOT_UNROLL_BLOCKS``.
       stack_segments: run a ``max_steps`` loop's large stack in segments (read
         when the loop is differentiated); ``None``: on CPUs only. ``JAXAOT_STACK_SEGMENTS``.
     """
@@ -198,6 +204,7 @@ class Config:
     online_block: int | None
     offline_schedule: str | None
     blocked_loops: bool
+    unroll_blocks: bool
     stack_segments: bool | None
 
     def __init__(self, **values: Any) -> None:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxaot._src import compat as C
+from jaxaot._src.config import config
 from jaxaot._src.loops.common import read_row, strong, write_row
 from jaxaot._src.loops.wrappers import while_loop
 
@@ -31,13 +32,6 @@ _POS = 5
 _RUNS, _WRITES = range(2)
 
 
-#: Whether a block's steps are unrolled in the program: no loop counter and no copy of the carried
-#: integers per step, and XLA fuses across steps (about 35% fewer ops per step), for a program that
-#: holds each blocked loop's body ``block`` times (longer compiles). Off: the program's size does not
-#: grow with the block.
-UNROLL_BLOCKS = False
-
-
 def blocks(cond: Any, step: Any, state: Any, block: int, k: int) -> Any:
     """``while cond(state): state = step(state, start)``, checking ``cond`` once per ``block``
     steps. ``step`` must leave the state unchanged once ``cond`` fails (masked), and
@@ -45,7 +39,7 @@ def blocks(cond: Any, step: Any, state: Any, block: int, k: int) -> Any:
     loop is a ``checkpoints=k`` loop, so reverse over reverse stays bounded."""
     if block == 1:
         return while_loop(cond, lambda s: step(s, s), state, checkpoints=k)
-    unroll = block if UNROLL_BLOCKS else 1
+    unroll = block if config.unroll_blocks else 1  # no loop counter or carry copy per step; a longer compile
     return while_loop(cond, lambda s: C.lax_fori_loop(0, block, lambda _, t: step(t, s), s, unroll=unroll), state,
                       checkpoints=k)
 

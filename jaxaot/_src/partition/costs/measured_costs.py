@@ -101,8 +101,8 @@ class MeasuredCosts:
 
     def prefetch(self, eqns: Any) -> None:
         """Time every eqn of ``eqns`` that :meth:`seconds` would time and has not, together: their programs
-        compiled concurrently, then timed one by one (:func:`~jaxaot._src.partition.costs.op_profile.profile_many`).
-        A planner calls it with the eqns it is about to price, so their compiles overlap."""
+        compiled concurrently, then timed one by one. A planner calls it with the eqns it is about to
+        price, so their compiles overlap."""
         with self._lock:
             todo: dict[str, Any] = {}
             for eqn in eqns:
