@@ -20,10 +20,6 @@ from jax import lax
 from jaxaot._src.loops.wrappers import while_loop
 from jaxaot._src.loops.common import read_row, strong, write_row
 
-#: Entries of the carried int32 vector before the snapshot positions.
-_FINE, _CUR, _TOP, _RESTORE, _HEAD = range(5)
-
-
 def search_split(table: Any) -> Callable:
     """``split(length, slots)``: ``revolve.split_point`` from a binomial table (rows ``beta(s, .)``,
     ``s`` up to the slots), the repetition number found by a binary search of dynamic slices."""
