@@ -268,21 +268,25 @@ def _rates(device: Any) -> tuple[float, float]:
     eye = jax.device_put(np.eye(n, dtype=np.float32 if cpu else jnp.bfloat16), on_device)
     flops = 2.0 * n**3 / _per_step_seconds(lambda c: (c[0] @ c[1], c[1]), (eye, eye), RATE_STEPS)
     del eye
-    nbytes = _MEASURE_BYTES // 8 if cpu else _MEASURE_BYTES
-    x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
+    x = _copy_payload(device)
+    nbytes = x.nbytes
     # Device memory: a copy kernel run in a chain (a single call is mostly dispatch on a GPU).
     bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, RATE_STEPS)
     return flops, bandwidth
 
 
+def _copy_payload(device: Any) -> Any:
+    """The copy probes' payload on ``device``: 64 MiB of float32 (8 MiB on a CPU)."""
+    nbytes = _MEASURE_BYTES // 8 if device.platform == "cpu" else _MEASURE_BYTES
+    return jax.device_put(np.zeros(nbytes // 4, np.float32), jax.sharding.SingleDeviceSharding(device))
+
+
 def _offload_probes(device: Any) -> tuple[Any, Any]:
-    """The host-memory probes' payload (a 64 MiB copy, 8 MiB on a CPU) and matmul operand (8192 x 8192 bf16)."""
+    """The host-memory probes' payload (:func:`_copy_payload`) and matmul operand (8192 x 8192 bf16)."""
     cpu = device.platform == "cpu"
-    nbytes, n = (_MEASURE_BYTES // 8, 512) if cpu else (_MEASURE_BYTES, 8192)
+    n = 512 if cpu else 8192
     on_device = jax.sharding.SingleDeviceSharding(device)
-    x = jax.device_put(np.zeros(nbytes // 4, np.float32), on_device)
-    a = jax.device_put(jnp.ones((n, n), jnp.float32 if cpu else jnp.bfloat16), on_device)
-    return x, a
+    return _copy_payload(device), jax.device_put(jnp.ones((n, n), jnp.float32 if cpu else jnp.bfloat16), on_device)
 
 
 def _measure(device: Any, rates: FlopCosts | None = None) -> DeviceModel:

@@ -118,7 +118,8 @@ class MeasuredCosts:
             _progress.step("timing ops", self.measured + 1, detail=f"{len(todo)} ops, compiled together")
             times = op_profile.profile_many(list(todo.values()), self.device)
             for key, t in zip(todo, times):
-                self._store(key, t, counts=key != _LAUNCH)
+                self._store(key, t, counts=key != _LAUNCH, write=False)
+            self._write()  # the table once for the batch
 
     def _raw(self, key: str, measure: Callable[[], float | None], counts: bool = True) -> float | None:
         """The table's time for ``key``, ``measure()``-d now if absent (None: cannot be timed)."""
@@ -130,19 +131,23 @@ class MeasuredCosts:
             _progress.step("timing ops", self.measured + 1, detail=key.split("{")[0][:80])
             return self._store(key, measure(), counts)
 
-    def _store(self, key: str, t: float | None, counts: bool = True) -> float | None:
-        """Keep ``t`` for ``key`` (None: cannot be timed), on disk too where the table has a file."""
+    def _store(self, key: str, t: float | None, counts: bool = True, write: bool = True) -> float | None:
+        """Keep ``t`` for ``key`` (None: cannot be timed), and with ``write`` the table on disk where it has a file."""
         if t is None:
             self.estimated.add(key)
             return None
         self.measured += counts
         self._table[key] = t
-        if self._path is not None and op_profile.is_portable(key):
+        if write and op_profile.is_portable(key):
+            self._write()
+        return t
+
+    def _write(self) -> None:
+        if self._path is not None:
             portable = {k: v for k, v in self._table.items() if op_profile.is_portable(k)}
             if not _write(self._path, self._folders,
                           {"environment": _environment(self.device), "seconds": portable}):
                 self._path = None  # warned once; the table stays in memory
-        return t
 
     @classmethod
     def for_device(cls, device: Any = None) -> "MeasuredCosts":
