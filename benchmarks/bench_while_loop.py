@@ -442,41 +442,43 @@ def main(argv: list[str] | None = None) -> None:
                                     [int(v) for v in a.compile_ks.split(",")], a.compile_repeats, a.batch, a.width,
                                     [int(v) for v in a.compile_large_lengths.split(",")])
 
+    def emit(text: str, final: bool = True) -> None:
+        """Print ``text`` (when ``final``) and write it where it goes: a run cut short keeps its finished tables."""
+        if final:
+            print(text)
+        out = a.out or (str(result_path("while_loop")) if a.small else None)
+        if out:
+            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+            with open(out, "w") as f:
+                f.write(text)
+
     if a.costs:
         from benchmarks import while_loop_costs
 
         rounds = max(a.repeats, 30)
-        text = header() + "\n".join([*while_loop_costs.steps_run_table(rounds), "",
-                                      *while_loop_costs.small_body_table(rounds)]) + "\n"
         a.out = a.out or str(result_path("while_loop_costs"))
         a.small = False
+        emit(header() + "\n".join([*while_loop_costs.steps_run_table(rounds), "",
+                                    *while_loop_costs.small_body_table(rounds)]) + "\n")
     elif a.long:
         if a.small:
             a.batch, a.width = 16, 64
-        k = a.checkpoints or 1000
-        text = long_run(a.batch, a.width, [int(v) for v in a.lengths.split(",")], k, a.repeats, a.scan_limit)
-        if a.out is None and a.small:
-            a.out = str(result_path("while_loop_long"))
+            a.out = a.out or str(result_path("while_loop_long"))
         a.small = False
+        emit(long_run(a.batch, a.width, [int(v) for v in a.lengths.split(",")], a.checkpoints or 1000, a.repeats,
+                      a.scan_limit))
     elif a.compile_only:
         if a.small:
             a.batch, a.width = 16, 64
-        text = header() + "\n".join(compile_table()) + "\n"
         a.small = False  # written only with --out
+        emit(header() + "\n".join(compile_table()) + "\n")
     else:
         if a.small:
             a.batch, a.width, a.steps, a.checkpoints, a.repeats, a.ks = 16, 64, 200, 16, 5, "2,10,100"
         text = run(a.batch, a.width, a.steps, a.checkpoints or 40, a.repeats, [int(v) for v in a.ks.split(",")])
-        text += "\n" + "\n".join(compile_table()) + "\n"
-    print(text)
-    out = a.out
-    if out is None and a.small:
-        out = str(result_path("while_loop"))
-    if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            f.write(text)
-
+        print(text, flush=True)
+        emit(text, final=False)
+        emit(text + "\n" + "\n".join(compile_table()) + "\n")
 
 if __name__ == "__main__":
     main()

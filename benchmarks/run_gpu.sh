@@ -70,14 +70,24 @@ if [ $tests -eq 1 ]; then
   [ "$devices" -gt 1 ] && tag=${kind}x$devices
   echo "== tests -> $results/tests_$tag.txt"
   start=$SECONDS
+  # -v names each test as it ends: at the time limit, the tests that never ended are listed.
   # shellcheck disable=SC2086
-  timeout "${TIMEOUT:-540}" python3 -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} -q -rfEs \
-    -n "${WORKERS:-16}" -p no:cacheprovider > "$logs/tests_$tag.log" 2>&1
+  timeout -k 30 "${TIMEOUT:-540}" python3 -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} -v -rfEs \
+    --durations=20 -n "${WORKERS:-16}" -p no:cacheprovider > "$logs/tests_$tag.log" 2>&1
   status=$?
   {
     echo "# python -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} -n ${WORKERS:-16}: exit $status after $((SECONDS - start)) s"
     python3 -c "import jax; print('#', 'jax', jax.__version__, jax.device_count(), 'x', jax.devices()[0].device_kind)"
     grep -E '^(FAILED|ERROR|SKIPPED)' "$logs/tests_$tag.log" | cut -c1-300
+    if [ $status -eq 124 ] || [ $status -eq 137 ]; then
+      grep -oE '(FAILED|ERROR) tests/[^ ]+' "$logs/tests_$tag.log" | sort -u
+      # shellcheck disable=SC2086
+      python3 -m pytest ${TESTS:-tests --ignore=tests/test_notebooks.py} --collect-only -q -p no:cacheprovider 2>/dev/null \
+        | grep '::' | sort > "$logs/collected.txt"
+      grep -oE '(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) tests/[^ ]+' "$logs/tests_$tag.log" | cut -d' ' -f2 | sort -u \
+        | comm -23 "$logs/collected.txt" - | sed 's/^/# not finished: /'
+    fi
+    sed -n '/slowest .*durations/,/^$/p' "$logs/tests_$tag.log" | grep -E '^[0-9.]+s ' | sed 's/^/# slow: /'
     tail -1 "$logs/tests_$tag.log"
   } > "$results/tests_$tag.txt"
   written+=("$results/tests_$tag.txt")
