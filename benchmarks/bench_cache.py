@@ -8,6 +8,12 @@ where the time goes (trace, joint, partition, forward/backward compile — a
 warm "compile" is loading the serialized executable) and the whole process's
 wall time (Python and JAX imports included).
 
+The peer is ``jax.jit(jax.grad(loss))`` with JAX's own persistent compilation
+cache in the same folder (``jit`` rows); each jaxaot row's last column is its
+first gradient over ``jit``'s in the same cache state. ``min_cut_bytes`` plans
+a byte budget halfway between the compiled peaks of the min-cut's fraction 0
+and fraction 1 plans (found once, in a process of its own, before the runs).
+
 Usage (from the repository root): ``python -m benchmarks.bench_cache [--small] [--repeats N] [--out FILE]``
 (``--small``: the CPU-sized model of bench_partitioners, 12 layers 2x64x64 f32;
 default: 12 layers 8x1024x768 bf16, the GPU size). The target: a warm start 10x faster than a cold one.
@@ -30,32 +36,68 @@ import time
 
 SIZES = {"small": dict(batch=2, seq=64, width=64, heads=4, dtype="float32"),
          "full": dict(batch=8, seq=1024, width=768, heads=12, dtype="bfloat16")}
-PARTITIONERS = ("default", "min_cut")
+PARTITIONERS = ("jit", "default", "min_cut", "min_cut_bytes")
 
 
 # --------------------------------------------------------------------------- child
-def child(size: str, partitioner: str) -> dict:
-    """One process: build the model, then time aot_function -> first gradient."""
+def _model(size: str):
+    """``(loss, params, x)`` of the GPT at ``size``, its arrays built and blocked on."""
     import jax
     import jax.numpy as jnp
 
-    import jaxaot
     from jaxaot._src.cli import demo_models as examples
-    from jaxaot._src.compile import stats
 
     sz = SIZES[size]
     dtype = jnp.dtype(sz["dtype"])
     params = examples.gpt_init(jax.random.key(0), layers=12, width=sz["width"], heads=sz["heads"], dtype=dtype)
     x = jax.random.normal(jax.random.key(1), (sz["batch"], sz["seq"], sz["width"]), dtype)
     jax.block_until_ready((params, x))
-    loss = functools.partial(examples.gpt_loss, heads=sz["heads"])
-    partition_fn = {"default": jaxaot.partition.default_partition,
-                    "min_cut": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5)}
-    t = time.perf_counter()
-    f = jaxaot.aot_function(loss, partition_fn=partition_fn[partitioner])
-    grads = jax.block_until_ready(jax.grad(f)(params, x))
-    seconds = time.perf_counter() - t
-    times = dict(f.lookup((params, x), {}).programs.times)
+    return functools.partial(examples.gpt_loss, heads=sz["heads"]), params, x
+
+
+def middle_budget(size: str) -> int:
+    """Bytes halfway between the compiled peaks of the min-cut's fraction 0 and fraction 1 plans."""
+    import jaxaot
+    from jaxaot._src.partition.budget import fused_step, program_peak
+
+    loss, params, x = _model(size)
+    joint = jaxaot.partition.trace_joint(loss, params, x)
+    top, bottom = (program_peak(fused_step(jaxaot.partition.min_cut_rematerialization_partition(
+        joint, memory_budget=b), joint), joint.in_avals, exact=True) for b in (1.0, 0.0))
+    return (top + bottom) // 2
+
+
+def child(size: str, partitioner: str, budget: int | None = None) -> dict:
+    """One process: build the model, then time aot_function (or ``jit``) -> first gradient."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxaot
+    from jaxaot._src.compile import stats
+
+    loss, params, x = _model(size)
+    cache_dir = os.environ.get("JAXAOT_CACHE_DIR")
+    if partitioner == "jit":
+        if cache_dir is not None:  # JAX's own persistent cache, every compile kept
+            jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir, "jax"))
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        t = time.perf_counter()
+        grads = jax.block_until_ready(jax.jit(jax.grad(loss))(params, x))
+        seconds = time.perf_counter() - t
+        times: dict = {}
+    else:
+        partition_fn = {
+            "default": jaxaot.partition.default_partition,
+            "min_cut": functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5),
+            "min_cut_bytes": functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
+                                               memory_budget=budget),
+        }[partitioner]
+        t = time.perf_counter()
+        f = jaxaot.aot_function(loss, partition_fn=partition_fn)
+        grads = jax.block_until_ready(jax.grad(f)(params, x))
+        seconds = time.perf_counter() - t
+        times = dict(f.lookup((params, x), {}).programs.times)
     phase = lambda prefix: sum(v for k, v in times.items() if k.startswith(prefix))  # noqa: E731
     return {
         "first_grad_s": seconds,
@@ -69,7 +111,7 @@ def child(size: str, partitioner: str) -> dict:
 
 
 # --------------------------------------------------------------------------- parent
-def run_child(size: str, partitioner: str, cache_dir: str | None) -> dict:
+def run_child(size: str, partitioner: str, cache_dir: str | None, budget: int | None = None) -> dict:
     env = dict(os.environ)
     env.pop("JAXAOT_CACHE_DIR", None)
     if cache_dir is not None:
@@ -77,8 +119,8 @@ def run_child(size: str, partitioner: str, cache_dir: str | None) -> dict:
     t = time.perf_counter()
     root = str(pathlib.Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cache", "--child", size, partitioner], env=env,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cache", "--child", size, partitioner,
+                           "--budget", str(budget)], env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"child failed:\n{proc.stderr[-4000:]}")
@@ -87,34 +129,49 @@ def run_child(size: str, partitioner: str, cache_dir: str | None) -> dict:
     return result
 
 
-def measure(size: str, partitioner: str, repeats: int) -> dict[str, list[dict]]:
-    runs: dict[str, list[dict]] = {"off": [], "cold": [], "warm": []}
+MODES = ("off", "cold", "warm")
+
+
+def measure(size: str, partitioners: list[str], repeats: int, budget: int | None) -> dict[str, dict[str, list[dict]]]:
+    """Per partitioner, per mode, the runs: the partitioners round robin within each repeat, so that
+    ``jit`` and jaxaot meet the same machine load."""
+    runs: dict[str, dict[str, list[dict]]] = {p: {m: [] for m in MODES} for p in partitioners}
+    failed: dict[str, str] = {}
     for _ in range(repeats):
-        runs["off"].append(run_child(size, partitioner, None))
-        cache_dir = tempfile.mkdtemp(prefix="jaxaot-bench-cache-")
-        try:
-            runs["cold"].append(run_child(size, partitioner, cache_dir))
-            runs["warm"].append(run_child(size, partitioner, cache_dir))
-        finally:
-            shutil.rmtree(cache_dir, ignore_errors=True)
-    # Cached executables must compute what fresh ones do; GPU reductions are not
-    # bitwise deterministic across processes, so compare with a tolerance.
-    checks = [r["checksum"] for rs in runs.values() for r in rs]
-    if max(checks) - min(checks) > 1e-3 * max(abs(c) for c in checks):
-        raise RuntimeError(f"gradients differ between runs: {checks}")
-    return runs
+        for p in partitioners:
+            if p in failed:
+                continue
+            cache_dir = tempfile.mkdtemp(prefix="jaxaot-bench-cache-")
+            try:
+                runs[p]["off"].append(run_child(size, p, None, budget))
+                runs[p]["cold"].append(run_child(size, p, cache_dir, budget))
+                runs[p]["warm"].append(run_child(size, p, cache_dir, budget))
+            except RuntimeError as err:  # one partitioner failing must not lose the others' numbers
+                failed[p] = str(err)
+            finally:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+    for p, rs in runs.items():
+        # Cached executables must compute what fresh ones do; GPU reductions are not
+        # bitwise deterministic across processes, so compare with a tolerance.
+        checks = [r["checksum"] for mode in rs.values() for r in mode]
+        if p not in failed and max(checks) - min(checks) > 1e-3 * max(abs(c) for c in checks):
+            failed[p] = f"RuntimeError: gradients differ between runs: {checks}"
+    return {p: rs for p, rs in runs.items() if p not in failed}, failed
 
 
-def rows(partitioner: str, runs: dict[str, list[dict]]) -> list[list[str]]:
-    med = lambda mode, k: statistics.median(r[k] for r in runs[mode])  # noqa: E731
+def rows(partitioner: str, runs: dict[str, list[dict]], jit: dict[str, list[dict]] | None) -> list[list[str]]:
+    med = lambda mode, k, rs=runs: statistics.median(r[k] for r in rs[mode])  # noqa: E731
     cold = med("cold", "first_grad_s")
     out = []
-    for mode in ("off", "cold", "warm"):
+    for mode in MODES:
         st = runs[mode][-1]["stats"]
-        hits = f"{st['partition_hits']}/{st['executable_hits']}" if mode != "off" else "-"
+        hits = f"{st['partition_hits']}/{st['executable_hits']}" if mode != "off" and partitioner != "jit" else "-"
+        spread = f"{min(r['first_grad_s'] for r in runs[mode]):.3f}-{max(r['first_grad_s'] for r in runs[mode]):.3f}"
+        vs_jit = f"{med(mode, 'first_grad_s') / med(mode, 'first_grad_s', jit):.2f}x" if jit else "-"
         out.append([
             f"{partitioner} / {mode}",
             f"{med(mode, 'first_grad_s'):.3f}",
+            spread,
             f"{cold / med(mode, 'first_grad_s'):.1f}x",
             f"{med(mode, 'trace_s'):.3f}",
             f"{med(mode, 'partition_s'):.3f}",
@@ -122,6 +179,7 @@ def rows(partitioner: str, runs: dict[str, list[dict]]) -> list[list[str]]:
             f"{med(mode, 'compile_bwd_s'):.3f}",
             hits,
             f"{med(mode, 'process_s'):.2f}",
+            vs_jit,
         ])
     return out
 
@@ -133,35 +191,53 @@ def main() -> None:
     ap.add_argument("--partitioners", default=",".join(PARTITIONERS))
     ap.add_argument("--out", help="write the report here too (default: benchmarks/results/cache_<device>.txt)")
     ap.add_argument("--child", nargs=2, metavar=("SIZE", "PARTITIONER"), help=argparse.SUPPRESS)
+    ap.add_argument("--budget", help=argparse.SUPPRESS)
+    ap.add_argument("--middle-budget", metavar="SIZE", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child)))
+        print(json.dumps(child(*args.child, budget=None if args.budget in (None, "None") else int(args.budget))))
+        return
+    if args.middle_budget:
+        print(middle_budget(args.middle_budget))
         return
 
     from benchmarks.harness import header, result_path, table
 
     size = "small" if args.small else "full"
     sz = SIZES[size]
+    partitioners = args.partitioners.split(",")
+    budget = None
+    if "min_cut_bytes" in partitioners:
+        root = str(pathlib.Path(__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        env.pop("JAXAOT_CACHE_DIR", None)
+        found = subprocess.run([sys.executable, "-m", "benchmarks.bench_cache", "--middle-budget", size], env=env,
+                               capture_output=True, text=True, timeout=1800, check=True)
+        budget = int(found.stdout.strip().splitlines()[-1])
     report = [header("bench_cache: persistent compile cache, cold vs warm start").rstrip(),
               f"# command: python -m benchmarks.bench_cache {' '.join(sys.argv[1:])}",
               f"# model: examples.gpt_loss, 12 layers scanned, {sz['batch']}x{sz['seq']}x{sz['width']} "
-              f"{sz['dtype']}, {sz['heads']} heads; min_cut uses memory_budget=0.5",
-              f"# each number: median of {args.repeats} fresh processes. first grad = aot_function(...) -> "
-              "first jax.grad result (blocked on); speedup = cold / this",
-              "# off = cache disabled; cold = empty cache; warm = the cache cold filled; "
-              "hits = partition/executable cache hits; process = whole subprocess wall time incl. imports",
+              f"{sz['dtype']}, {sz['heads']} heads; min_cut uses memory_budget=0.5"
+              + (f", min_cut_bytes memory_budget={budget} bytes" if budget is not None else ""),
+              f"# each number: median of {args.repeats} fresh processes (spread: min-max), the partitioners round "
+              "robin. first grad = aot_function(...) (or jax.jit) -> first jax.grad result (blocked on); "
+              "speedup = cold / this; x jit = this / jit's first grad in the same cache state",
+              "# off = cache disabled; cold = empty cache; warm = the cache cold filled (jit: JAX's own "
+              "persistent compilation cache); hits = partition/executable cache hits; process = whole subprocess "
+              "wall time incl. imports",
               ""]
-    all_rows = [["partitioner / cache", "first grad s", "speedup", "trace+joint s", "partition s",
-                 "fwd compile s", "bwd compile s", "hits", "process s"]]
+    all_rows = [["partitioner / cache", "first grad s", "spread", "speedup", "trace+joint s", "partition s",
+                 "fwd compile s", "bwd compile s", "hits", "process s", "x jit"]]
+    runs, failed = measure(size, partitioners, args.repeats, budget)
     failures = []
-    for partitioner in args.partitioners.split(","):
-        try:
-            all_rows += rows(partitioner, measure(size, partitioner, args.repeats))
-        except RuntimeError as err:  # one partitioner failing must not lose the others' numbers
-            lines = str(err).strip().splitlines()
+    for partitioner in partitioners:
+        if partitioner in failed:
+            lines = failed[partitioner].strip().splitlines()
             last = next((ln for ln in reversed(lines) if re.match(r"\w+(Error|Exception)\b", ln)), lines[-1])
             failures.append(f"# {partitioner}: FAILED: {last}")
-            all_rows.append([f"{partitioner} / -", "failed", *["-"] * 7])
+            all_rows.append([f"{partitioner} / -", "failed", *["-"] * 9])
+        else:
+            all_rows += rows(partitioner, runs[partitioner], runs.get("jit"))
     report.append(table(all_rows))
     report += failures
     text = "\n".join(report) + "\n"
