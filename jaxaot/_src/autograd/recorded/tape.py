@@ -61,16 +61,17 @@ def _params_key(params: dict) -> tuple:
     return tuple((k, v if type(v) in _SIMPLE else param_key(v)) for k, v in params.items())
 
 
-def _op(prim: Any, avals: list, params: dict) -> O.Op:
-    """The :class:`~.ops.Op` of one primitive application (its output avals, effects and params key)."""
+def _op(prim: Any, ins: tuple, avals: list, params: dict) -> O.Op:
+    """The :class:`~.ops.Op` of one primitive application to the values ``ins`` (its output avals, effects
+    and params key)."""
     try:
-        memo = (prim, *avals, *params.items())
+        memo = (prim, *[avals[v] for v in ins], *params.items())
         hit = _MEMO.get(memo)
     except TypeError:  # an unhashable param: described afresh, keyed by content
-        out, effects = C.abstract_eval(prim, avals, params)
+        out, effects = C.abstract_eval(prim, [avals[v] for v in ins], params)
         return O.Op(prim, params, tuple(out), _params_key(params), False, effects, by_content=True)
     if hit is None:
-        out, effects = C.abstract_eval(prim, avals, params)
+        out, effects = C.abstract_eval(prim, [avals[v] for v in ins], params)
         hit = O.Op(prim, params, tuple(out), _params_key(params), False, effects)
         if len(_MEMO) >= _MEMO_MAX:
             _MEMO.clear()
@@ -204,8 +205,8 @@ class Tape:
     def ref_literal(self, key: tuple, x: Any) -> int:
         """:meth:`ref` of a scalar literal whose ``(value key, aval)`` is ``key`` (known to the caller)."""
         vid = self._by_literal.get(key)
-        if vid is None:
-            vid = _constant(self, x)
+        if vid is None:  # first use on this tape (what _constant does for a literal, its key known)
+            vid = self._by_literal[key] = self._input("lit", key[1], x, key[0])
         if self.log is not None:
             self.log.append(("r", x, vid))
         return vid
@@ -253,9 +254,10 @@ class Tape:
         else the current one) the first time the recording gets there."""
         avals = self.avals
         first = len(avals)
-        if len(op.out_avals) == 1:
+        one = op.out_aval
+        if one is not None:
             outs = (first,)
-            avals.append(op.out_avals[0])
+            avals.append(one)
             self.values.append(None)
             self.shown.append(False)
         else:
@@ -265,11 +267,12 @@ class Tape:
             self.values.extend([None] * n)
             self.shown.extend([False] * n)
         edge = (op.edge, ins)
-        node = self.node
-        self.node = node = node.children.get(edge) or node.step(edge)
-        if node.info is None:  # first seen here: where in the user's code (kept for later steps)
-            node.info = C.source_info() if info is None else info
-        self.ops.append((op, ins, outs, node.info))
+        node = self.node.children.get(edge) or self.node.step(edge)
+        self.node = node
+        where = node.info
+        if where is None:  # first seen here: where in the user's code (kept for later steps)
+            where = node.info = C.source_info() if info is None else info
+        self.ops.append((op, ins, outs, where))
         if self.log is not None:
             self.log.append(("e", op, ins, outs))
         if self.eager:
@@ -282,13 +285,20 @@ class Tape:
             callback = _CALLBACK[prim] = C.is_callback_primitive(prim)
         if callback:
             return self._callback(prim, args, params)
-        trace, ref = self.trace, self.ref
-        ins = tuple([x.vid if type(x) is _Tracer and x._trace is trace else ref(x) for x in args])
-        avals = self.avals
-        op = _op(prim, [avals[v] for v in ins], params)
+        trace, avals = self.trace, self.avals
+        if len(args) == 1:
+            x = args[0]
+            ins = (x.vid if type(x) is _Tracer and x._trace is trace else self.ref(x),)
+        else:
+            ins = tuple([x.vid if type(x) is _Tracer and x._trace is trace else self.ref(x) for x in args])
+        op = _op(prim, ins, avals, params)
         if op.effects:
             raise C.Unrecordable(f"{prim} has side effects ({', '.join(map(str, op.effects))})")
-        return [_Tracer(trace, avals[v], v) for v in self.record(op, ins)]
+        outs = self.record(op, ins)
+        if len(outs) == 1:
+            v = outs[0]
+            return [_Tracer(trace, avals[v], v)]
+        return [_Tracer(trace, avals[v], v) for v in outs]
 
     def staged(self, args: Sequence[Any], stage: Any, rules: dict) -> list:
         ins = tuple(self.ref(a) for a in args)
