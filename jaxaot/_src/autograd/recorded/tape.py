@@ -149,6 +149,8 @@ class Tape:
         self.context: Any = None  #: JAX's configuration, as last seen, and its number (:mod:`.ops` keys by it)
         self.context_id: int | None = None
         self._eqns: list[Eqn] = []
+        self.known_at: dict[int, tuple] = {}  #: value number -> (order, trie node) where it became known
+        self.started: dict = {}  #: plans started ahead (:func:`.force.start_ahead`), by plan
 
     # -- what the tape holds, in the forms keys and programs need
     @property
@@ -179,7 +181,8 @@ class Tape:
         self.shown.append(kind == "lit" or (kind == "arg" and not self.guarded))
         self.kinds[vid] = kind
         self.inputs.append((vid, kind, akey(aval)) if lit is None else (vid, kind, akey(aval), lit))
-        self.node = self.node.step((kind, aval, lit))
+        self.node = node = self.node.step((kind, aval, lit))
+        F.known(self, vid, node)
         return vid
 
     def diff_input(self, value: Any, aval: Any = None) -> Any:
@@ -232,9 +235,11 @@ class Tape:
         value, plan = self.values[vid], None
         if value is None:
             plan = self._plan(vid)
-            value = plan.run(self.values, self.parent)
+            started = self.started.pop(plan, None) if self.started else None
+            value = plan.run(self.values, self.parent) if started is None else started[0]
             self.values[vid] = value
             self.shown[vid] = True
+            F.known(self, vid, self.node)
         if look:
             self.looks.append(Look(len(self.ops), C.source_info(),
                                    value if getattr(value, "size", 2) == 1 else None, vid, how, plan))
@@ -246,6 +251,7 @@ class Tape:
         plan = node.plan
         if plan is None:
             plan = node.plan = F.plan(self, vid)
+            F.place_ahead(plan, self.known_at)
         return plan
 
     # -- recording (called by the trace)
@@ -284,21 +290,13 @@ class Tape:
         if callback is None:
             callback = _CALLBACK[prim] = C.is_callback_primitive(prim)
         if callback:
-            return self._callback(prim, args, params)
-        trace, avals = self.trace, self.avals
-        if len(args) == 1:
-            x = args[0]
-            ins = (x.vid if type(x) is _Tracer and x._trace is trace else self.ref(x),)
-        else:
-            ins = tuple([x.vid if type(x) is _Tracer and x._trace is trace else self.ref(x) for x in args])
+            return _callback(self, prim, args, params)
+        trace, avals, ref = self.trace, self.avals, self.ref
+        ins = tuple([x.vid if type(x) is _Tracer and x._trace is trace else ref(x) for x in args])
         op = _op(prim, ins, avals, params)
         if op.effects:
             raise C.Unrecordable(f"{prim} has side effects ({', '.join(map(str, op.effects))})")
-        outs = self.record(op, ins)
-        if len(outs) == 1:
-            v = outs[0]
-            return [_Tracer(trace, avals[v], v)]
-        return [_Tracer(trace, avals[v], v) for v in outs]
+        return [_Tracer(trace, avals[v], v) for v in self.record(op, ins)]
 
     def staged(self, args: Sequence[Any], stage: Any, rules: dict) -> list:
         ins = tuple(self.ref(a) for a in args)
@@ -315,15 +313,16 @@ class Tape:
     def stage_value(self, val: Any) -> Any:
         return self.tracer(self.ref(val))
 
-    def _callback(self, prim: Any, args: Sequence[Any], params: dict) -> list:
-        """Run a host callback now, on concrete arguments; its outputs become inputs of the step."""
-        self.callbacks += 1
-        vals = [self.force(a.vid, look=False) if type(a) is C.RecordingTracer and a._trace is self.trace else a
-                for a in args]
-        return [self.tracer(self.ref(o)) for o in C.bind_on(self.parent, prim, vals, params)]
-
     #: The value number of a forward output (a tracer, or a constant made an input).
     output = ref
+
+
+def _callback(tape: Tape, prim: Any, args: Sequence[Any], params: dict) -> list:
+    """Run a host callback now, on concrete arguments; its outputs become inputs of the step."""
+    tape.callbacks += 1
+    vals = [tape.force(a.vid, look=False) if type(a) is C.RecordingTracer and a._trace is tape.trace else a
+            for a in args]
+    return [tape.tracer(tape.ref(o)) for o in C.bind_on(tape.parent, prim, vals, params)]
 
 
 def _run(tape: Tape, index: int) -> None:
