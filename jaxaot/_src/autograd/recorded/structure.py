@@ -51,6 +51,12 @@ class Structure:
         if self.token is None:  # the key, hashed once: what caches look this structure up by
             object.__setattr__(self, "token", _Interned(self.key))
 
+    def with_looks(self, looks: tuple) -> "Structure":
+        """``dataclasses.replace(self, looks=looks)``, without running ``__init__`` again (once per recording)."""
+        new = object.__new__(Structure)
+        new.__dict__.update(self.__dict__, looks=looks)
+        return new
+
     @property
     def inputs(self) -> tuple:
         return self.key[0]

@@ -11,7 +11,6 @@ trie, and :func:`replay` re-applies the operations in any trace.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -383,7 +382,7 @@ def structure(tape: Tape, outputs: Sequence[int]) -> Structure:
         key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs))
         found = leaf.structure = interned(Structure(key, freeze(tape), vid_avals=tuple(tape.akeys),
                                                     kind="forward"))
-    return dataclasses.replace(found, looks=tuple(tape.looks)) if tape.looks else found
+    return found.with_looks(tuple(tape.looks)) if tape.looks else found
 
 
 def replay(program: Program, diff: Sequence[Any], args: Sequence[Any]) -> list:
