@@ -412,8 +412,12 @@ def _recorded_operation(name: str, kind: str, attr: Any) -> Any:
         fget = attr.fget
         return property(lambda self: self._trace.recorder.call(name, fget, self, (), None))
 
-    def forwarded(self, *args, **kwargs):
-        return self._trace.recorder.call(name, attr, self, args, kwargs)
+    if kind == "operator":  # operators take no keywords: none are collected
+        def forwarded(self, *args):
+            return self._trace.recorder.call(name, attr, self, args, None)
+    else:
+        def forwarded(self, *args, **kwargs):
+            return self._trace.recorder.call(name, attr, self, args, kwargs)
 
     forwarded.__name__ = forwarded.__qualname__ = name
     return forwarded

@@ -101,6 +101,42 @@ def test_python_loop_until_a_value_converges():
     _no_fallback()
 
 
+def test_a_look_seen_before_starts_ahead_and_python_gets_the_same_value(monkeypatch):
+    from jaxaot._src.autograd.recorded import force
+
+    runs, started = [], []
+    run, start = force.Plan.run, force.start_ahead
+    monkeypatch.setattr(force.Plan, "run", lambda self, *a: runs.append(self) or run(self, *a))
+    monkeypatch.setattr(force, "start_ahead", lambda node, values, trace, out: (
+        start(node, values, trace, out), started.append(len(out))))
+    seen = []
+
+    def f(w, x, look):
+        h = jnp.tanh(x @ w)
+        if look:  # a Python flag: the same recording up to here either way
+            m = float(h.mean())
+            seen.append(m)
+            h = h * 2.0 if m > 0 else h
+        return jnp.sum(jnp.sin(h) ** 2)
+
+    rng = np.random.default_rng(14)
+    vg = jaxaot.compiled_value_and_grad(f)
+    for i, look in enumerate([True, True, True, False, True]):
+        w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+        runs.clear(), started.clear()
+        m = float(jnp.tanh(x @ w).mean())
+        doubled = look and m > 0
+        reference = jax.value_and_grad(lambda w: jnp.sum(jnp.sin(jnp.tanh(x @ w) * (2.0 if doubled else 1.0)) ** 2))
+        _close(vg(w, x, look), reference(w), tol=1e-5)
+        if look:
+            np.testing.assert_allclose(seen[-1], m, rtol=1e-5, atol=1e-6)
+        # the first step compiles the look's program; the next two start it as soon as w and x are known
+        # and take its result; the step without the look started it for nothing, and the last runs it
+        # when Python looks, as the first did
+        assert (len(runs), sum(started)) == [(1, 0), (0, 1), (0, 1), (0, 1), (1, 0)][i]
+    _no_fallback()
+
+
 def test_aot_function_regions_and_while_loop_are_single_operations():
     region = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w))
     inner = jax.jit(lambda h, v: jnp.sin(h * v))

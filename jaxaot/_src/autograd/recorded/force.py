@@ -39,6 +39,49 @@ class Plan:
         return values[self.vid]
 
 
+def place_ahead(plan: Plan, known_at: dict) -> None:
+    """Keep ``plan`` on the trie node from which all its inputs are known (``known_at``: value number ->
+    ``(order, node)`` where it became known), so that later recordings start it there (:func:`start_ahead`)."""
+    if plan.exe is None or not plan.ins:
+        return
+    at = [known_at.get(v) for v in plan.ins]
+    if any(a is None for a in at):
+        return
+    node = max(at, key=lambda a: a[0])[1]
+    node.ahead += (plan,)
+
+
+def known(tape: Any, vid: int, node: Any) -> None:
+    """``vid``'s value became known on ``tape`` at trie ``node``: start the plans kept there (lazy recording)."""
+    known_at = tape.known_at
+    known_at[vid] = (len(known_at), node)
+    if node.ahead and not tape.eager:
+        start_ahead(node, tape.values, tape.parent, tape.started)
+
+
+def start_ahead(node: Any, values: list, trace: Any, started: dict) -> None:
+    """Start the plans ``node`` keeps (:func:`place_ahead`) on the known ``values``: the program runs while
+    the forward is recorded further, and Python, when it looks, gets the result at once. ``started``: plan ->
+    ``(result, node)``. The same program on the same values: the value Python gets is the one it would."""
+    for plan in node.ahead:
+        ins = [values[v] for v in plan.ins]
+        if any(x is None for x in ins):
+            continue
+        try:
+            with C.set_current_trace(trace):
+                started[plan] = (plan.exe(*ins), node)
+        except Exception:  # noqa: BLE001 - it runs again when Python looks, and raises there
+            continue
+
+
+def unused(started: dict) -> None:
+    """Drop the plans started ahead that a recording never asked for from their nodes (the recording went
+    another way after them; they would start for nothing again)."""
+    for plan, (_, node) in started.items():
+        node.ahead = tuple(p for p in node.ahead if p is not plan)
+    started.clear()
+
+
 def needed(tape: Any, vid: int) -> tuple[list[int], set[int]]:
     """The operations ``vid`` depends on whose values are unknown (in order), and the known values they read."""
     values, eqns = tape.values, tape.eqns

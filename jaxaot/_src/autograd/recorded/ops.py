@@ -10,6 +10,7 @@ made constants) are never templated. Templates are process-wide and bounded.
 
 from __future__ import annotations
 
+import operator
 import types
 from typing import Any
 
@@ -38,11 +39,12 @@ class Op:
     interned (the same primitive on the same avals and params gets the same ``Op``), else a content key.
     """
 
-    __slots__ = ("prim", "params", "out_avals", "pkey", "staged", "effects", "edge")
+    __slots__ = ("prim", "params", "out_avals", "out_aval", "pkey", "staged", "effects", "edge")
 
     def __init__(self, prim: Any, params: dict, out_avals: tuple, pkey: tuple, staged: bool, effects: Any,
                  by_content: bool = False) -> None:
         self.prim, self.params, self.out_avals, self.pkey = prim, params, out_avals, pkey
+        self.out_aval = out_avals[0] if len(out_avals) == 1 else None  #: the one output's aval (None: not one)
         self.staged, self.effects = staged, effects
         self.edge = (prim, pkey, tuple(map(aval_key, out_avals))) if by_content else self
 
@@ -60,26 +62,52 @@ class Template:
     and operation outputs, in order).
     """
 
-    __slots__ = ("events", "result")
+    __slots__ = ("events", "result", "steps", "at")
 
-    def __init__(self, events: tuple, result: int) -> None:
+    def __init__(self, events: tuple, result: int, operands: int) -> None:
         self.events, self.result = events, result
+        self.steps = tuple(_step(ev, operands) for ev in events)
+        self.at = result if result >= 0 else operands - 1 - result  #: the result's place among the values
 
-    def apply(self, tape: Any, ops: list) -> Any:
-        made: list[int] = []
-        operands = [o.vid if type(o) is _Tracer else -1 for o in ops]
+    def apply(self, tape: Any, vids: tuple, ops: list | None) -> Any:
+        """Replay onto ``tape``; ``vids``: the operands' value numbers (-1: not a recorded value), ``ops``
+        the operands themselves (read only by ``("r", i)`` events)."""
+        values = list(vids)  # the operands' value numbers, then each value the template makes
         record = tape.record
-        for ev in self.events:
-            first = ev[0]
-            if first == "l":
-                made.append(tape.ref_literal(ev[1], ev[2]))
-            elif first == "r":
-                made.append(tape.ref(ops[ev[1]]))
+        for kind, a, b in self.steps:
+            if kind is _OP1:
+                values += record(a, (values[b],))
+            elif kind is _OPN:
+                values += record(a, b(values))
+            elif kind is _OPV:
+                values += record(a, vids)
+            elif kind is _LIT:
+                values.append(tape.ref_literal(a, b))
             else:
-                made += record(first, tuple([operands[s] if s >= 0 else made[-1 - s] for s in ev[1]]))
-        r = self.result
-        vid = operands[r] if r >= 0 else made[-1 - r]
+                values.append(tape.ref(ops[a]))
+        vid = values[self.at]
         return _Tracer(tape.trace, tape.avals[vid], vid)
+
+
+#: What a template's step does (:func:`_step`).
+_OP1, _OPN, _OPV, _LIT, _REF = "op1", "opn", "opv", "lit", "ref"
+
+
+def _step(ev: tuple, operands: int) -> tuple:
+    """One event as ``(kind, a, b)``: an operation ``a`` on one value (``b``: its place among the operands
+    and the values made), on several (``b`` takes them from that list), on the operands in order, a literal
+    (``a`` its key, ``b`` its value) or an operand made an input (``a``: which)."""
+    first = ev[0]
+    if first == "l":
+        return (_LIT, ev[1], ev[2])
+    if first == "r":
+        return (_REF, ev[1], None)
+    at = tuple(s if s >= 0 else operands - 1 - s for s in ev[1])
+    if len(at) == 1:
+        return (_OP1, first, at[0])
+    if at == tuple(range(operands)):
+        return (_OPV, first, None)
+    return (_OPN, first, operator.itemgetter(*at))
 
 
 def _scalar(t: type, a: Any) -> tuple:
@@ -125,9 +153,10 @@ def _context(tape: Any, ctx: Any) -> int:
     return tape.context_id
 
 
-def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> tuple[tuple, list]:
-    """``(key, operands)`` of one call: what ``jax.numpy``'s behaviour depends on, and the recorded values
-    and arrays it takes (``x`` first). Raises :class:`Unsupported` for arguments it cannot describe.
+def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> tuple[tuple, Any, tuple]:
+    """``(key, operands, numbers)`` of one call: what ``jax.numpy``'s behaviour depends on, the recorded
+    values and arrays it takes (``x`` first) and their value numbers (-1 for an array). Raises
+    :class:`Unsupported` for arguments it cannot describe.
 
     Besides types and static values, JAX may ask whether a recorded value is known (it skips a
     conversion for unknown ones): which operands the tape shows (``tape.visible``) is part of the key,
@@ -135,25 +164,30 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
     trace, shown = tape.trace, tape.shown
     ctx = _trace_context()
     context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
+    xv = x.vid
+    if not kwargs:
+        if not args:  # a method of no arguments (x.sum(), x.T)
+            return (fn, x.aval, shown[xv], context), (x,), (xv,)
+        if len(args) == 1:  # the common case, a binary operator: no lists built
+            a = args[0]
+            t = type(a)
+            if t is _Tracer and a._trace is trace:
+                av = a.vid
+                return (fn, x.aval, a.aval, a is x or av == xv, shown[xv], shown[av], context), (x, a), (xv, av)
+            if t is float:
+                return (fn, x.aval, (float, a.hex()), shown[xv], context), (x,), (xv,)
+            if t in _SCALARS:
+                return (fn, x.aval, _scalar(t, a), shown[xv], context), (x,), (xv,)
+            if t in _NUMPY_SCALARS:  # np.float32(0.5) * x, as jax.nn's functions write their constants
+                return (fn, x.aval, (t, a.tobytes()), shown[xv], context), (x,), (xv,)
     ops = [x]
-    if not args and not kwargs:  # a method of no arguments (x.sum(), x.T)
-        return (fn, x.aval, shown[x.vid], context), ops
-    if not kwargs and len(args) == 1:  # the common case, a binary operator: no lists built
-        a = args[0]
-        t = type(a)
-        if t is _Tracer and a._trace is trace:
-            ops.append(a)
-            return (fn, x.aval, a.aval, a is x or a.vid == x.vid, shown[x.vid], shown[a.vid], context), ops
-        if t in _SCALARS:
-            return (fn, x.aval, _scalar(t, a), shown[x.vid], context), ops
-        if t in _NUMPY_SCALARS:  # np.float32(0.5) * x, as jax.nn's functions write their constants
-            return (fn, x.aval, (t, a.tobytes()), shown[x.vid], context), ops
     sig = tuple([_sig(a, ops, trace) for a in args])
     kw = tuple(sorted((k, _sig(v, ops, trace)) for k, v in kwargs.items())) if kwargs else ()
     same = tuple([next(j for j, y in enumerate(ops) if y is o or (type(o) is _Tracer and type(y) is _Tracer
                                                                   and y.vid == o.vid)) for o in ops])
     visible = tuple([type(o) is _Tracer and shown[o.vid] for o in ops])
-    return (fn, x.aval, sig, kw, same, visible, context), ops
+    vids = tuple([o.vid if type(o) is _Tracer else -1 for o in ops])
+    return (fn, x.aval, sig, kw, same, visible, context), ops, vids
 
 
 def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
@@ -162,12 +196,12 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
     if tape.eager:
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     try:
-        key, ops = signature(fn, x, args, kwargs, tape)
+        key, ops, vids = signature(fn, x, args, kwargs, tape)
         template = TEMPLATES.get(key)
     except (Unsupported, TypeError):  # TypeError: something unhashable in the signature
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     if template is not None:
-        return template.apply(tape, ops)
+        return template.apply(tape, vids, ops)
     outer = tape.log
     if outer is None:
         tape.log = []
@@ -225,4 +259,4 @@ def _template(events: list, ops: list, result: int) -> Template | None:
                 where[v] = -1 - made
                 made += 1
     spec = where.get(result)
-    return None if spec is None else Template(tuple(out), spec)
+    return None if spec is None else Template(tuple(out), spec, len(ops))

@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.autograd.recorded import force as F
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import tape as T
 from jaxaot._src.autograd.recorded.replay import guarded_looks
@@ -74,6 +75,8 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
                     kept.append(leaf)
     finally:
         C.invalidate(tape.trace)
+        if tape.started:  # plans started ahead that this recording never asked for
+            F.unused(tape.started)
     looked = [look.vid for look in guarded_looks(tape)] if tape.guarded else []  # checked by a replay ahead
     structure = T.structure(tape, (loss_vid, *vids, *looked))
     return Recorded(structure, tape.args, rest_tree, kept, tuple(vids), tape)

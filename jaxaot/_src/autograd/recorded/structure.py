@@ -51,6 +51,12 @@ class Structure:
         if self.token is None:  # the key, hashed once: what caches look this structure up by
             object.__setattr__(self, "token", _Interned(self.key))
 
+    def with_looks(self, looks: tuple) -> "Structure":
+        """``dataclasses.replace(self, looks=looks)``, without running ``__init__`` again (once per recording)."""
+        new = object.__new__(Structure)
+        new.__dict__.update(self.__dict__, looks=looks)
+        return new
+
     @property
     def inputs(self) -> tuple:
         return self.key[0]
@@ -183,16 +189,19 @@ class Node:
     """One point of a recording, in the trie of every recording seen: ``children`` by the next event.
 
     ``plan`` holds what a node learns once and reuses (a compiled program that
-    computes a value Python looks at there); ``info`` where in the user's code the
-    operation that leads to it was recorded first (a traceback is not taken again
-    on every step); ``structure`` the :class:`Structure` of a recording that ends there.
+    computes a value Python looks at there); ``ahead`` the plans whose inputs are all
+    known from this node on (a recording starts them here, before Python looks);
+    ``info`` where in the user's code the operation that leads to it was recorded
+    first (a traceback is not taken again on every step); ``structure`` the
+    :class:`Structure` of a recording that ends there.
     """
 
-    __slots__ = ("children", "plan", "info", "structure")
+    __slots__ = ("children", "plan", "ahead", "info", "structure")
 
     def __init__(self) -> None:
         self.children: dict = {}
         self.plan: Any = None
+        self.ahead: tuple = ()
         self.info: Any = None
         self.structure: Structure | None = None
 

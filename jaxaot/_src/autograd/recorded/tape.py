@@ -11,7 +11,6 @@ trie, and :func:`replay` re-applies the operations in any trace.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -61,16 +60,17 @@ def _params_key(params: dict) -> tuple:
     return tuple((k, v if type(v) in _SIMPLE else param_key(v)) for k, v in params.items())
 
 
-def _op(prim: Any, avals: list, params: dict) -> O.Op:
-    """The :class:`~.ops.Op` of one primitive application (its output avals, effects and params key)."""
+def _op(prim: Any, ins: tuple, avals: list, params: dict) -> O.Op:
+    """The :class:`~.ops.Op` of one primitive application to the values ``ins`` (its output avals, effects
+    and params key)."""
     try:
-        memo = (prim, *avals, *params.items())
+        memo = (prim, *[avals[v] for v in ins], *params.items())
         hit = _MEMO.get(memo)
     except TypeError:  # an unhashable param: described afresh, keyed by content
-        out, effects = C.abstract_eval(prim, avals, params)
+        out, effects = C.abstract_eval(prim, [avals[v] for v in ins], params)
         return O.Op(prim, params, tuple(out), _params_key(params), False, effects, by_content=True)
     if hit is None:
-        out, effects = C.abstract_eval(prim, avals, params)
+        out, effects = C.abstract_eval(prim, [avals[v] for v in ins], params)
         hit = O.Op(prim, params, tuple(out), _params_key(params), False, effects)
         if len(_MEMO) >= _MEMO_MAX:
             _MEMO.clear()
@@ -148,6 +148,8 @@ class Tape:
         self.context: Any = None  #: JAX's configuration, as last seen, and its number (:mod:`.ops` keys by it)
         self.context_id: int | None = None
         self._eqns: list[Eqn] = []
+        self.known_at: dict[int, tuple] = {}  #: value number -> (order, trie node) where it became known
+        self.started: dict = {}  #: plans started ahead (:func:`.force.start_ahead`), by plan
 
     # -- what the tape holds, in the forms keys and programs need
     @property
@@ -178,7 +180,8 @@ class Tape:
         self.shown.append(kind == "lit" or (kind == "arg" and not self.guarded))
         self.kinds[vid] = kind
         self.inputs.append((vid, kind, akey(aval)) if lit is None else (vid, kind, akey(aval), lit))
-        self.node = self.node.step((kind, aval, lit))
+        self.node = node = self.node.step((kind, aval, lit))
+        F.known(self, vid, node)
         return vid
 
     def diff_input(self, value: Any, aval: Any = None) -> Any:
@@ -204,8 +207,8 @@ class Tape:
     def ref_literal(self, key: tuple, x: Any) -> int:
         """:meth:`ref` of a scalar literal whose ``(value key, aval)`` is ``key`` (known to the caller)."""
         vid = self._by_literal.get(key)
-        if vid is None:
-            vid = _constant(self, x)
+        if vid is None:  # first use on this tape (what _constant does for a literal, its key known)
+            vid = self._by_literal[key] = self._input("lit", key[1], x, key[0])
         if self.log is not None:
             self.log.append(("r", x, vid))
         return vid
@@ -231,9 +234,11 @@ class Tape:
         value, plan = self.values[vid], None
         if value is None:
             plan = self._plan(vid)
-            value = plan.run(self.values, self.parent)
+            started = self.started.pop(plan, None) if self.started else None
+            value = plan.run(self.values, self.parent) if started is None else started[0]
             self.values[vid] = value
             self.shown[vid] = True
+            F.known(self, vid, self.node)
         if look:
             self.looks.append(Look(len(self.ops), C.source_info(),
                                    value if getattr(value, "size", 2) == 1 else None, vid, how, plan))
@@ -245,6 +250,7 @@ class Tape:
         plan = node.plan
         if plan is None:
             plan = node.plan = F.plan(self, vid)
+            F.place_ahead(plan, self.known_at)
         return plan
 
     # -- recording (called by the trace)
@@ -253,9 +259,10 @@ class Tape:
         else the current one) the first time the recording gets there."""
         avals = self.avals
         first = len(avals)
-        if len(op.out_avals) == 1:
+        one = op.out_aval
+        if one is not None:
             outs = (first,)
-            avals.append(op.out_avals[0])
+            avals.append(one)
             self.values.append(None)
             self.shown.append(False)
         else:
@@ -265,11 +272,12 @@ class Tape:
             self.values.extend([None] * n)
             self.shown.extend([False] * n)
         edge = (op.edge, ins)
-        node = self.node
-        self.node = node = node.children.get(edge) or node.step(edge)
-        if node.info is None:  # first seen here: where in the user's code (kept for later steps)
-            node.info = C.source_info() if info is None else info
-        self.ops.append((op, ins, outs, node.info))
+        node = self.node.children.get(edge) or self.node.step(edge)
+        self.node = node
+        where = node.info
+        if where is None:  # first seen here: where in the user's code (kept for later steps)
+            where = node.info = C.source_info() if info is None else info
+        self.ops.append((op, ins, outs, where))
         if self.log is not None:
             self.log.append(("e", op, ins, outs))
         if self.eager:
@@ -281,11 +289,10 @@ class Tape:
         if callback is None:
             callback = _CALLBACK[prim] = C.is_callback_primitive(prim)
         if callback:
-            return self._callback(prim, args, params)
-        trace, ref = self.trace, self.ref
+            return _callback(self, prim, args, params)
+        trace, avals, ref = self.trace, self.avals, self.ref
         ins = tuple([x.vid if type(x) is _Tracer and x._trace is trace else ref(x) for x in args])
-        avals = self.avals
-        op = _op(prim, [avals[v] for v in ins], params)
+        op = _op(prim, ins, avals, params)
         if op.effects:
             raise C.Unrecordable(f"{prim} has side effects ({', '.join(map(str, op.effects))})")
         return [_Tracer(trace, avals[v], v) for v in self.record(op, ins)]
@@ -305,15 +312,16 @@ class Tape:
     def stage_value(self, val: Any) -> Any:
         return self.tracer(self.ref(val))
 
-    def _callback(self, prim: Any, args: Sequence[Any], params: dict) -> list:
-        """Run a host callback now, on concrete arguments; its outputs become inputs of the step."""
-        self.callbacks += 1
-        vals = [self.force(a.vid, look=False) if type(a) is C.RecordingTracer and a._trace is self.trace else a
-                for a in args]
-        return [self.tracer(self.ref(o)) for o in C.bind_on(self.parent, prim, vals, params)]
-
     #: The value number of a forward output (a tracer, or a constant made an input).
     output = ref
+
+
+def _callback(tape: Tape, prim: Any, args: Sequence[Any], params: dict) -> list:
+    """Run a host callback now, on concrete arguments; its outputs become inputs of the step."""
+    tape.callbacks += 1
+    vals = [tape.force(a.vid, look=False) if type(a) is C.RecordingTracer and a._trace is tape.trace else a
+            for a in args]
+    return [tape.tracer(tape.ref(o)) for o in C.bind_on(tape.parent, prim, vals, params)]
 
 
 def _run(tape: Tape, index: int) -> None:
@@ -374,7 +382,7 @@ def structure(tape: Tape, outputs: Sequence[int]) -> Structure:
         key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs))
         found = leaf.structure = interned(Structure(key, freeze(tape), vid_avals=tuple(tape.akeys),
                                                     kind="forward"))
-    return dataclasses.replace(found, looks=tuple(tape.looks)) if tape.looks else found
+    return found.with_looks(tuple(tape.looks)) if tape.looks else found
 
 
 def replay(program: Program, diff: Sequence[Any], args: Sequence[Any]) -> list:
