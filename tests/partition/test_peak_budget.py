@@ -9,7 +9,9 @@ naming that peak (which is then accepted), and the function keeps working.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -313,3 +315,50 @@ def test_as_partitioner_checks_a_partial_before_any_joint_graph():
         as_partitioner(functools.partial(mincut, offload="always"))
     with pytest.raises(jaxaot.errors.InvalidInputError, match="keywords"):
         as_partitioner(functools.partial(mincut, None))
+
+
+# --------------------------------------------------------------------------- the search's order, on plans made up
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """A made-up plan: what the search reads of one (saved bytes, recompute seconds) and its peak."""
+    device_saved_bytes: int
+    recompute: float
+    peak: int
+    family: str | None = None
+    step_peak: object = None
+
+
+def _drive(curve, families, budget, monkeypatch):
+    """``peak_search`` over ``curve`` (fraction -> plan) and ``families`` (name -> plan): the plan chosen (or the
+    MemoryBudgetError's smallest peak) and the peaks compiled, in order."""
+    compiled = []
+    monkeypatch.setattr(search, "_plan_key", lambda p: (p.device_saved_bytes, p.recompute, p.family))
+    monkeypatch.setattr(search, "fused_step", lambda part, joint: part)
+    monkeypatch.setattr(search, "program_peak", lambda part, avals, exact=False: compiled.append(part) or part.peak)
+    monkeypatch.setattr(search._Search, "seconds", lambda self, part: part.recompute)
+    monkeypatch.setattr(search, "_nothing_fits", lambda s: ValueError(min(c.peak for c in s.measured)))
+    run = search.peak_search(types.SimpleNamespace(in_avals=()), budget, tuple(families))
+    try:
+        fraction, family = next(run)
+        while True:
+            fraction, family = run.send(families[family] if family else curve(fraction))
+    except StopIteration as done:
+        return done.value, compiled
+    except ValueError as refused:
+        return refused.args[0], compiled
+
+
+def test_a_family_plan_below_a_flat_curve_is_measured_before_the_fractions_between_failing_ones(monkeypatch):
+    """Every fraction's plan peaks alike (the peak is in what no plan saves or frees), the dots-shaped plan a
+    little lower: with fraction 1, one plan near it and fraction 0 measured, all flat, the family plan is
+    measured next, not each fraction plan between them."""
+    def curve(f):  # four steps of saved bytes, recomputing less as more is saved, one peak
+        k = min(int(f * 4), 3)
+        return _Plan(1000 + 500 * k + (500 if f == 1.0 else 0), 4.0 - k - f, 10_000)
+
+    families = {"dots": _Plan(1010, 3.9, 9_000, "dots")}
+    chosen, compiled = _drive(curve, families, 9_500, monkeypatch)
+    assert chosen.family == "dots" and chosen.step_peak.fused == 9_000
+    assert len(compiled) <= 4 and [p.peak for p in compiled[:-1]] == [10_000] * (len(compiled) - 1)
+    refused, compiled = _drive(curve, families, 8_000, monkeypatch)  # below every plan: refused, as before
+    assert refused == 9_000 and len(compiled) == len(set(compiled))

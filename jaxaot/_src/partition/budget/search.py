@@ -274,15 +274,17 @@ def _improvement_fraction(search: _Search, best: _Candidate) -> Generator[Reques
 
 
 def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
-    """Where no plan is predicted to fit: measure the plans predicted lowest, then the grid's
-    fractions ``k / 8``, until one fits (then improve on it) or :data:`MAX_MEASURED_REFUSING` were measured."""
+    """Where no plan is predicted to fit: measure the plans predicted lowest, among the family plans and the grid's
+    fractions ``k / 8``, until one fits (then improve on it) or :data:`MAX_MEASURED_REFUSING` were measured.
+    Among equal predictions the family plans go first: a fraction plan's peak is read off its neighbours on the
+    same curve, a family plan's off a curve that is not its own (a flat one says least about them)."""
     for k in range(8, -1, -1):
         yield from search.plan(k / 8)
     while len(search.measured) < MAX_MEASURED_REFUSING:
         pool = [c for c in search.by_key.values() if not c.measured]
         if not pool:
             break
-        chosen = min(pool, key=lambda c: (search.predicted(c), search.rank(c)))
+        chosen = min(pool, key=lambda c: (search.predicted(c), c.family is None, search.rank(c)))
         search.measure(chosen)
         if search.fits(chosen):
             return (yield from _improve(search, chosen)) or chosen
