@@ -144,18 +144,6 @@ def _byte_budget(f, args) -> str:
     return f"{(top + bottom) // 2}B"
 
 
-def _spread_args(f, shapes) -> tuple:
-    """The first of ``shapes`` (``deep_mlp_args`` keywords) whose fraction 0 and 1 plans peak apart on this
-    backend: XLA may schedule a small step's recomputation so that both plans peak alike."""
-    peaks = {}
-    for shape in shapes:
-        args = deep_mlp_args(**shape)
-        top, bottom = peaks[str(shape)] = _peaks(f, args)
-        if top > bottom:
-            return args
-    raise AssertionError(f"no shape whose plans at fractions 1 and 0 peak apart: {peaks}")
-
-
 def _trace(f, args, budget, **options) -> tuple[BudgetCalls, BudgetCalls]:
     """The budget's calls building ``f``'s function with the min-cut at ``budget``, and planning its first
     gradient (checked against ``jax.grad``)."""
@@ -191,11 +179,13 @@ def _one_way(reading: BudgetCalls, planning: BudgetCalls) -> tuple[list[str], li
 
 @pytest.mark.parametrize("kind", ["bytes", "fraction"])
 def test_the_budget_runs_down_at_most_eight_files(kind):
-    shapes = [dict(layers=2, width=64, batch=256), dict(layers=6, width=128, batch=1024),
-              dict(layers=12, width=256, batch=2048)]
-    args = _spread_args(deep_mlp, shapes) if kind == "bytes" else deep_mlp_args(**shapes[0])
-    budget = _byte_budget(deep_mlp, args) if kind == "bytes" else 13 / 32
-    _, plan, shown = _one_way(*_trace(deep_mlp, args, budget))
+    """On the CPU backend wherever the test runs: the route is the same code on every backend, but a byte
+    budget the search must work for needs plans that peak apart, and XLA:GPU, recomputing an unscanned
+    MLP's layers together, peaks the fraction 0 plan as high as the fraction 1 plan or higher."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        args = deep_mlp_args(layers=2, width=64, batch=256)
+        budget = _byte_budget(deep_mlp, args) if kind == "bytes" else 13 / 32
+        _, plan, shown = _one_way(*_trace(deep_mlp, args, budget))
     if kind == "fraction":  # the fraction reaches the cut itself
         assert "partition/mincut/saved_values.py" in plan, shown
 
