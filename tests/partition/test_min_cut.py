@@ -456,3 +456,23 @@ def test_partitioning_20k_eqns_is_fast():
         print(f"min-cut partition of {len(joint.eqns)} eqns, budget {budget}: {elapsed * 1e3:.0f} ms")
         assert elapsed < 1.0
         assert part.saved_bytes < jaxaot.partition.default_partition(joint).saved_bytes / 5
+
+
+def test_scipy_is_imported_by_the_first_cut_only():
+    """A process that never solves a min-cut (the default partition here) does not import SciPy; the first cut does."""
+    import subprocess
+    import sys
+
+    from zoo import child_env
+
+    code = ("import sys, jax, jax.numpy as jnp, jaxaot\n"
+            "x = jnp.ones(8)\n"
+            "jax.grad(jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x) ** 2)))(x)\n"
+            "before = any(m.startswith('scipy') for m in sys.modules)\n"
+            "cut = jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x) ** 2),\n"
+            "                          partition_fn=jaxaot.partition.min_cut_rematerialization_partition)\n"
+            "jax.grad(cut)(x)\n"
+            "print(before, 'scipy.sparse.csgraph' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["False", "True"], r.stdout

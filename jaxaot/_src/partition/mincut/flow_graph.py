@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
-from scipy.sparse import csr_array
-from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from jaxaot._src import compat as C
 from jaxaot.errors import PartitionError
 from jaxaot._src.partition.costs import FlopCosts, OpCosts, Recompute, classify, is_loop
+
+if TYPE_CHECKING:
+    from scipy.sparse import csr_array
 
 # maximum_flow computes in int32: finite capacities sum to at most _LIMIT and
 # "infinite" is one more, so no flow and no cut overflows.
@@ -105,8 +106,9 @@ class FlowGraph:
         # Reverse dependency graph plus a virtual root pointing at every needed node.
         rows = np.concatenate([self.dep_dst, np.full(int(self.needed.sum()), n)])
         cols = np.concatenate([self.dep_src, np.flatnonzero(self.needed)])
-        g = csr_array((np.ones(len(rows), np.int8), (rows, cols)), shape=(n + 1, n + 1))
-        reach = breadth_first_order(g, n, directed=True, return_predecessors=False)
+        sparse, csgraph = _scipy()
+        g = sparse.csr_array((np.ones(len(rows), np.int8), (rows, cols)), shape=(n + 1, n + 1))
+        reach = csgraph.breadth_first_order(g, n, directed=True, return_predecessors=False)
         mask = np.zeros(n + 1, bool)
         mask[reach] = True
         return mask[:n]
@@ -232,6 +234,16 @@ class Cut:
     saved: np.ndarray
 
 
+def _scipy() -> tuple[Any, Any]:
+    """``scipy.sparse`` and ``scipy.sparse.csgraph``, imported on the first cut: a process that never
+    solves one (the default partition, a min-cut plan read from the compile cache) never pays their
+    import (about 0.4 s)."""
+    import scipy.sparse
+    import scipy.sparse.csgraph
+
+    return scipy.sparse, scipy.sparse.csgraph
+
+
 def _network(graph: FlowGraph, banned: np.ndarray) -> csr_array:
     rows, cols, caps = graph.base_edges
     # A value that cannot be saved cannot be banned either (no finite cut would remain).
@@ -240,14 +252,14 @@ def _network(graph: FlowGraph, banned: np.ndarray) -> csr_array:
     rows = np.concatenate([rows, np.full(len(ban), graph.source)])
     cols = np.concatenate([cols, 2 * ban])
     caps = np.concatenate([caps, np.full(len(ban), INF)])
-    return csr_array((caps.astype(np.int32), (rows, cols)), shape=(size, size))
+    return _scipy()[0].csr_array((caps.astype(np.int32), (rows, cols)), shape=(size, size))
 
 
 def cut_value(graph: FlowGraph, banned: np.ndarray) -> int:
     """The scaled bytes of the minimum cut when ``banned`` nodes may not be recomputed."""
     if not graph.needed.any():
         return 0
-    return int(maximum_flow(_network(graph, banned), graph.source, graph.sink).flow_value)
+    return int(_scipy()[1].maximum_flow(_network(graph, banned), graph.source, graph.sink).flow_value)
 
 
 def min_cut(graph: FlowGraph, banned: np.ndarray) -> Cut:
@@ -260,13 +272,14 @@ def min_cut(graph: FlowGraph, banned: np.ndarray) -> Cut:
     if not graph.needed.any():
         return Cut(0, np.zeros(0, np.int64))
     net = _network(graph, banned)
-    result = maximum_flow(net, graph.source, graph.sink)
+    csgraph = _scipy()[1]
+    result = csgraph.maximum_flow(net, graph.source, graph.sink)
     if result.flow_value >= INF:  # pragma: no cover - excluded by construction
         raise PartitionError("min-cut: the backward needs a value that can be neither saved nor recomputed.")
     residual = (net - result.flow).tocsr()
     residual.data = (residual.data > 0).astype(np.int8)
     residual.eliminate_zeros()
-    reach = breadth_first_order(residual.T.tocsr(), graph.sink, directed=True, return_predecessors=False)
+    reach = csgraph.breadth_first_order(residual.T.tocsr(), graph.sink, directed=True, return_predecessors=False)
     sink_side = np.zeros(net.shape[0], bool)
     sink_side[reach] = True
     saved = np.flatnonzero(~sink_side[0:-2:2] & sink_side[1:-2:2])
