@@ -310,6 +310,16 @@ def run_processes(commands: list[list[str]], cwd: Any, envs: list[dict], timeout
         for p in procs:
             out, err = p.communicate(timeout=timeout)
             results.append((p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        errs = [p.communicate()[1] for p in procs]
+        tails = [f"process {i} ({'killed' if p.returncode < 0 else f'exited {p.returncode}'}):\n{err[-2000:]}"
+                 for i, (p, err) in enumerate(zip(procs, errs))]
+        raise AssertionError(f"{len(procs)} processes still running after {timeout} s (one waiting for its peers, "
+                             "or a coordinator port taken by another process?); their stderr:\n"
+                             + "\n".join(tails)) from None
     finally:
         for p in procs:
             if p.poll() is None:
