@@ -132,9 +132,10 @@ def run_child(size: str, partitioner: str, cache_dir: str | None, budget: int | 
 MODES = ("off", "cold", "warm")
 
 
-def measure(size: str, partitioners: list[str], repeats: int, budget: int | None) -> dict[str, dict[str, list[dict]]]:
-    """Per partitioner, per mode, the runs: the partitioners round robin within each repeat, so that
-    ``jit`` and jaxaot meet the same machine load."""
+def measure(size: str, partitioners: list[str], repeats: int, budget: int | None
+            ) -> tuple[dict[str, dict[str, list[dict]]], dict[str, str]]:
+    """Per partitioner, per mode, the runs (the partitioners round robin within each repeat, so that ``jit``
+    and jaxaot meet the same machine load), and per partitioner that failed, why."""
     runs: dict[str, dict[str, list[dict]]] = {p: {m: [] for m in MODES} for p in partitioners}
     failed: dict[str, str] = {}
     for _ in range(repeats):

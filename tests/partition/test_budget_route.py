@@ -127,19 +127,13 @@ def route(calls: list[tuple[str, str | None, str]]) -> tuple[list[str], list[str
     return files, back
 
 
-def _peaks(f, args) -> tuple[int, int]:
-    """The compiled peaks of ``f``'s fused steps planned at fractions 1 and 0."""
-    joint = jaxaot.partition.trace_joint(f, *args)
-    top, bottom = (program_peak(fused_step(jaxaot.partition.min_cut_rematerialization_partition(
-        joint, memory_budget=b), joint), joint.in_avals) for b in (1.0, 0.0))
-    return top, bottom
-
-
 def _byte_budget(f, args) -> str:
     """A byte budget the search must work for: halfway between the compiled peaks of the fraction 0 and
     fraction 1 plans (on a GPU temporaries hold most of a small step's peak, so a fixed share of the
     top's peak may lie below every plan)."""
-    top, bottom = _peaks(f, args)
+    joint = jaxaot.partition.trace_joint(f, *args)
+    top, bottom = (program_peak(fused_step(jaxaot.partition.min_cut_rematerialization_partition(
+        joint, memory_budget=b), joint), joint.in_avals) for b in (1.0, 0.0))
     assert top > bottom, (top, bottom)
     return f"{(top + bottom) // 2}B"
 
