@@ -4,9 +4,14 @@ Runs one ``bench_budget`` spec's first step (trace, plan, compile, run) in this 
 prints its wall time, then every backend compile grouped by the jaxaot frames that led to it
 (the innermost four), with their count and seconds, most expensive first.
 
+With ``--peaks`` (a backend reporting ``memory_stats``), a thread samples the device's
+``peak_bytes_in_use`` while the step runs and prints each rise with the jaxaot frames the main
+thread was in at the time, so the plan-time work that raises the process peak above the
+step's compiled peak is named.
+
 Usage (from the repository root; run it in a fresh process per spec)::
 
-    python -m benchmarks.probes.first_step MODEL SPEC [--size gpu|small|tiny]
+    python -m benchmarks.probes.first_step MODEL SPEC [--size gpu|small|tiny] [--peaks]
 
 (SPEC as ``bench_budget``'s: ``jax:none``, ``jaxaot:1.0``, ``jaxaot:<bytes>``.)
 """
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
+import threading
 import time
 import traceback
 
@@ -41,17 +48,76 @@ def _counted(compile_fn):
     return wrapped
 
 
+def _frames(frame) -> str:
+    names = [f"{f.filename.split('jaxaot/_src/')[-1]}:{f.name}" for f in traceback.extract_stack(frame)
+             if "jaxaot/_src" in f.filename]
+    return " < ".join(reversed(names[-4:])) or "(outside jaxaot)"
+
+
+class PeakSampler(threading.Thread):
+    """Samples ``peak_bytes_in_use`` of ``device`` and keeps each rise with the main thread's frames."""
+
+    def __init__(self, device) -> None:
+        super().__init__(daemon=True)
+        self.device, self.main = device, threading.main_thread().ident
+        self.rises: list[tuple[int, int, str]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        last = (self.device.memory_stats() or {}).get("peak_bytes_in_use", 0)
+        while not self.done.is_set():
+            stats = self.device.memory_stats() or {}
+            peak = stats.get("peak_bytes_in_use", 0)
+            if peak > last:
+                frame = sys._current_frames().get(self.main)
+                self.rises.append((peak, stats.get("bytes_in_use", 0), _frames(frame) if frame else "?"))
+                last = peak
+            time.sleep(0.0005)
+
+
+def _log_timings() -> list[str]:
+    """Wraps the op timings so each logs its eqn, planned bytes, the byte limit and the device peak after it."""
+    from jaxaot._src.partition.costs import op_profile, op_scaling
+
+    lines: list[str] = []
+    run_timing = op_profile.run_timing
+
+    def logged(timing, device, repeats=3):
+        before = (device.memory_stats() or {}).get("bytes_in_use", 0)
+        try:
+            return run_timing(timing, device, repeats)
+        finally:
+            stats = device.memory_stats() or {}
+            eqn = timing.eqn
+            held = [op_profile.held_bytes(e) for e in (timing.one, timing.many)]
+            lines.append(f"  {eqn.primitive.name:24s} {op_scaling.footprint(eqn) / 2**20:8.1f} MiB x {timing.copies}"
+                         f" (x{timing.factor:.2f})  limit {op_scaling.current_limit()}  compiled one/chain "
+                         f"{[round((h or 0) / 2**20, 1) for h in held]} MiB  in use before "
+                         f"{before / 2**20:8.1f} MiB  peak after {stats.get('peak_bytes_in_use', 0) / 2**20:8.1f} MiB"
+                         f"  {eqn.params.get('preferred_element_type', '')} "
+                         f"{[f'{v.aval.dtype}{list(v.aval.shape)}' for v in (*eqn.invars, *eqn.outvars)]}")
+
+    op_profile.run_timing = logged
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("spec")
     ap.add_argument("--size", default="gpu")
+    ap.add_argument("--peaks", action="store_true", help="sample the device's peak memory and name its rises")
     a = ap.parse_args()
     name = "backend_compile_and_load" if hasattr(compiler, "backend_compile_and_load") else "backend_compile"
     setattr(compiler, name, _counted(getattr(compiler, name)))
     model = all_models(a.size)[a.model]
     args = jax.block_until_ready(model.make_args(jax.random.key(0)))
     step = step_of(model, a.spec)
+    sampler = PeakSampler(jax.devices()[0]) if a.peaks else None
+    timings = _log_timings() if a.peaks else []
+    before = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    if sampler is not None:
+        sampler.start()
     t = time.perf_counter()
     jax.block_until_ready(step(*args))
     wall = time.perf_counter() - t
@@ -59,6 +125,23 @@ def main() -> None:
           f"{sum(_counts.values())} compiles, {sum(_seconds.values()):.2f} s compiling")
     for key, secs in sorted(_seconds.items(), key=lambda kv: -kv[1]):
         print(f"{secs:8.2f} s {_counts[key]:4d}x  {key}")
+    if sampler is not None:
+        time.sleep(0.01)
+        sampler.done.set()
+        sampler.join()
+        compiled = step.lower(*args).compile()
+        peak = compiled.peak_bytes if hasattr(compiled, "peak_bytes") else compiled.memory_analysis().peak_memory_in_bytes
+        final = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+        if final is None:
+            print("# this backend reports no peak_bytes_in_use")
+            return
+        print(f"# process peak {final} B after the first step ({final / peak:.3f}x the step's compiled peak "
+              f"{peak} B); {before} B before it (the inputs)")
+        big = [r for r in sampler.rises if r[0] > 1.01 * peak] or sampler.rises[-12:]
+        for pk, inuse, where in big:
+            print(f"  peak {pk / 2**20:9.1f} MiB ({pk / peak:.3f}x)  in use {inuse / 2**20:9.1f} MiB  {where}")
+        print("# op timings: eqn, bytes per copy x copies (shrunk by), the byte limit, the device peak after")
+        print("\n".join(timings))
 
 
 if __name__ == "__main__":

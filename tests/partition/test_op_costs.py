@@ -162,6 +162,34 @@ def test_profile_many_compiles_together_and_ranks_like_profile_seconds():
     assert times[2] > 4 * times[0]  # 4096x the FLOPs
 
 
+def test_a_timed_chain_holds_no_more_than_the_byte_limit_xla_temporaries_included(monkeypatch):
+    # A cumulative sum's chain holds XLA temporaries beside the operands and results the plan counts:
+    # under a limit the plan's 8 copies fit but the compiled chain does not, fewer copies are timed.
+    from jaxaot._src.partition.costs import op_scaling
+    eqn = jax.make_jaxpr(lambda x: jax.lax.cumsum(x, 0))(jnp.ones((512, 512))).jaxpr.eqns[0]
+    limit = 8 * op_profile._run_bytes(eqn) + 1024
+    held, run_timing = [], op_profile.run_timing
+
+    def recorded(timing, device, repeats=3):
+        held.append((timing.copies, op_profile.held_bytes(timing.many)))
+        return run_timing(timing, device, repeats)
+
+    monkeypatch.setattr(op_profile, "run_timing", recorded)
+    with op_scaling.byte_limit(limit):
+        assert op_profile.plan_timing(eqn).copies == 8
+        seconds = op_profile.profile_many([eqn], CPU)[0]
+    assert seconds is not None and seconds > 0
+    [(copies, nbytes)] = held
+    if nbytes is not None:  # a backend that reports its buffers: the chain kept to the limit
+        assert 2 <= copies < 8 and nbytes <= limit
+    held.clear()
+    limit = op_profile._run_bytes(eqn) + 1024  # two runs do not fit: timed at smaller shapes, kept to the limit
+    with op_scaling.byte_limit(limit):
+        assert op_profile.profile_many([eqn], CPU)[0] > 0
+    [(copies, nbytes)] = held
+    assert nbytes is None or nbytes <= limit
+
+
 def test_prefetch_times_each_distinct_eqn_once_then_seconds_reads_the_table(tmp_path, monkeypatch):
     calls = []
     real = op_profile.profile_many

@@ -115,14 +115,16 @@ def _chain(eqn: Any, copies: int):
 @dataclasses.dataclass
 class Timing:
     """How one eqn is timed (:func:`plan_timing`): the eqn run (``eqn`` itself, or at smaller shapes with
-    ``factor`` the ratio to scale its time by), in chains of ``copies``; ``one`` and ``many``, the compiled
-    chains of one and of ``copies`` runs, once compiled."""
+    ``factor`` the ratio to scale its time by), in chains of ``copies``, holding at most ``limit`` device
+    bytes (None: no limit); ``one`` and ``many``, the compiled chains of one and of ``copies`` runs, once
+    compiled."""
 
     eqn: Any
     factor: float
     copies: int
     one: Any = None
     many: Any = None
+    limit: int | None = None
 
 
 def plan_timing(eqn: Any, *, copies: int = COPIES) -> Timing | None:
@@ -132,14 +134,20 @@ def plan_timing(eqn: Any, *, copies: int = COPIES) -> Timing | None:
         return None
     limit = op_scaling.current_limit()
     limit = MAX_CHAIN_BYTES if limit is None else min(limit, MAX_CHAIN_BYTES)
-    nbytes = op_scaling.footprint(eqn)
+    nbytes = _run_bytes(eqn)
     factor = 1.0
     if 2 * nbytes > limit:
-        small, factor = op_scaling.shrunk(eqn, limit // 2)
+        small, factor = op_scaling.shrunk(eqn, limit // 4)  # a run holds at most twice its footprint
         if small is None or not measurable(small):
             return None
-        eqn, nbytes = small, op_scaling.footprint(small)
-    return Timing(eqn, factor, max(2, min(copies, limit // max(nbytes, 1))))
+        eqn, nbytes = small, _run_bytes(small)
+    return Timing(eqn, factor, max(2, min(copies, limit // max(nbytes, 1))), limit=limit)
+
+
+def _run_bytes(eqn: Any) -> int:
+    """What one run of ``eqn`` holds in a timing: its inputs, and its outputs twice (:func:`held_bytes`)."""
+    outs = sum(v.aval.size * v.aval.dtype.itemsize for v in eqn.outvars)
+    return op_scaling.footprint(eqn) + int(outs)
 
 
 def _lowered(timing: Timing, device: Any) -> tuple[Any, Any]:
@@ -150,8 +158,52 @@ def _lowered(timing: Timing, device: Any) -> tuple[Any, Any]:
         return _chain(timing.eqn, 1).lower(avals), _chain(timing.eqn, timing.copies).lower(*[avals] * timing.copies)
 
 
-def _compiled(timing: Timing, one: Any, many: Any) -> Timing:
-    return dataclasses.replace(timing, one=one.compile(), many=many.compile())
+def held_bytes(exe: Any) -> int | None:
+    """Device bytes timing a compiled program may hold, from XLA's buffer assignment (None: not reported):
+    its arguments and temporaries, and its outputs twice, less what outputs reuse of the arguments.
+
+    Timing calls a program again right after the last call's results are dropped, and the device
+    allocator may hand those back only later: on a GPU a chain's timing peaked one set of outputs
+    above its buffer assignment (``docs/benchmarks.md``, Findings).
+    """
+    try:
+        ma = exe.memory_analysis()
+    except Exception:  # noqa: BLE001  (backends without memory analysis)
+        return None
+    if ma is None:
+        return None
+    return int(ma.argument_size_in_bytes + 2 * ma.output_size_in_bytes + ma.temp_size_in_bytes
+               - ma.alias_size_in_bytes)
+
+
+def _compiled(timing: Timing, one: Any, many: Any) -> Timing | None:
+    """``timing`` with its chains compiled, and None where they would hold more than its limit (XLA's
+    temporaries, which :func:`~jaxaot._src.partition.costs.op_scaling.footprint` cannot see). A chain of
+    ``copies`` over the limit comes back with fewer copies and ``many`` None, for :func:`_refit` to
+    lower again (on the caller's thread, whose configuration tracing reads)."""
+    one, many = one.compile(), many.compile()
+    if timing.limit is None:
+        return dataclasses.replace(timing, one=one, many=many)
+    alone, chained = held_bytes(one), held_bytes(many)
+    if alone is not None and 2 * alone > timing.limit:
+        return None  # two runs, the fewest a chain times, would hold more than planning may
+    if chained is not None and chained > timing.limit:
+        copies = timing.limit * timing.copies // chained
+        return dataclasses.replace(timing, one=one, many=None, copies=copies) if copies >= 2 else None
+    return dataclasses.replace(timing, one=one, many=many)
+
+
+def _refit(timing: Timing, device: Any) -> Timing | None:
+    """A timing :func:`_compiled` cut to fewer copies, its chain lowered and compiled again (fewer copies
+    each time, as XLA's temporaries need not grow in step with them) until it keeps to the limit; None
+    where two copies do not."""
+    while timing.copies >= 2:
+        many = _lowered(timing, device)[1].compile()
+        held = held_bytes(many)
+        if held is None or held <= timing.limit:
+            return dataclasses.replace(timing, many=many)
+        timing = dataclasses.replace(timing, copies=min(timing.copies - 1, timing.limit * timing.copies // held))
+    return None
 
 
 def run_timing(timing: Timing, device: Any, repeats: int = 3) -> float:
@@ -229,9 +281,11 @@ def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repe
         ready = {k: compiled(k) for k in jobs}
     out: list[float | None] = [None] * len(eqns)
     for k, timing in ready.items():
-        if timing is None:
-            continue
         try:
+            if timing is not None and timing.many is None:
+                timing = _refit(timing, device)
+            if timing is None:
+                continue
             out[k] = run_timing(timing, device, repeats)
         except Exception:  # noqa: BLE001 - out of memory on this device: estimated instead
             out[k] = None
