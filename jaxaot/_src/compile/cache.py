@@ -27,8 +27,8 @@ from jaxaot._src import compat as C
 from jaxaot._src.compile import executable_codec, partition_codec, store
 from jaxaot._src.compile.cache_keys import executable_key, partition_key
 from jaxaot._src.compile.cache_stats import CacheStats, count, reset_stats, stats
-from jaxaot._src.compile.compilers import Compiler
-from jaxaot._src.partition import Partition, Partitioner
+from jaxaot._src.compile.compilers import Compiler, xla
+from jaxaot._src.partition import Partition, Partitioner, measured_executables
 from jaxaot._src.tracing import JointGraph
 
 __all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "stats"]
@@ -63,14 +63,15 @@ def cached_partition(partition_fn: Partitioner, joint: JointGraph) -> Partition:
 
 
 def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **options: Any) -> Any:
-    """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook)."""
+    """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook), else the
+    byte-budget search's executable of the same program where it holds one (:func:`_compile`)."""
     if store.cache_root() is None:
-        return compiler(closed, avals, **options)
+        return _compile(compiler, closed, avals, options)
     key = None if _runs_host_code(closed) else executable_key(compiler, closed, avals, options)
     path = None if key is None else store.entry_path("executables", key)
     if path is None:
         count("skipped")
-        return compiler(closed, avals, **options)
+        return _compile(compiler, closed, avals, options)
     payload = store.read(path)
     if payload is not None:
         exe = executable_codec.decode(payload)
@@ -83,13 +84,24 @@ def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **opti
                 return exe
             store.evict(path, f"it does not fit its call: {misfit}")
     count("executable_misses")
-    exe = compiler(closed, avals, **options)
+    exe = _compile(compiler, closed, avals, options)
     blob = executable_codec.encode(exe, len(avals), len(C.jaxpr_of(closed).outvars))
     if blob is None:
         count("skipped")
     else:
         store.write(path, blob)
     return exe
+
+
+def _compile(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> Any:
+    """``compiler(closed, avals, **options)``; for :func:`~jaxaot._src.compile.compilers.xla`, the executable a
+    byte budget's search compiled of the same program to measure it, where it holds one (the same
+    ``jax.jit(...).lower(avals).compile()`` with the backend's own options and nothing donated)."""
+    if compiler is xla and set(options) <= {"donate_argnums"}:
+        exe = measured_executables.take(closed, avals, {}, options.get("donate_argnums", ()))
+        if exe is not None:
+            return exe
+    return compiler(closed, avals, **options)
 
 
 def _runs_host_code(closed: Any) -> bool:
