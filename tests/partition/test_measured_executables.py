@@ -76,8 +76,8 @@ def test_the_chosen_plan_s_fused_step_compiles_once(monkeypatch, compiles):
     assert_trees_close(vg(*args), jax.value_and_grad(scanned_mlp, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
     measured = compile_count() - before
     assert measured >= 2  # the search measured several plans, and kept only the chosen one's executable
-    now = measured_executables.counts()
-    assert (now.kept - held.kept, now.taken - held.taken, now.held) == (measured, 1, 0)
+    after = measured_executables.counts()
+    assert (after.kept - held.kept, after.taken - held.taken, after.held) == (measured, 1, 0)
     assert len(compiles) == len(set(compiles)), "a program compiled twice"
     if jax.default_backend() == "cpu":  # one fused program, no variants: the measurements were all the compiles
         assert len(compiles) == measured

@@ -43,7 +43,7 @@ class HeldCounts:
       kept: executables handed to :func:`keep`.
       taken: executables :func:`take` handed out (each a compile the runtime did not repeat).
       dropped: executables released by their search or pushed out by newer ones.
-      held: executables held now.
+      held: executables held at the call.
     """
 
     kept: int

@@ -205,7 +205,7 @@ def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
     chosen = None
     try:
         chosen = yield from _choose(search, families)
-    finally:  # the runtime may take the chosen plan's executable; the others go now
+    finally:  # the runtime may take the chosen plan's executable; the others are released here
         search.release(chosen)
     return _found(chosen, budget)
 
