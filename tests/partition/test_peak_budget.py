@@ -334,7 +334,8 @@ def _drive(curve, families, budget, monkeypatch):
     compiled = []
     monkeypatch.setattr(search, "_plan_key", lambda p: (p.device_saved_bytes, p.recompute, p.family))
     monkeypatch.setattr(search, "fused_step", lambda part, joint: part)
-    monkeypatch.setattr(search, "program_peak", lambda part, avals, exact=False: compiled.append(part) or part.peak)
+    monkeypatch.setattr(search, "program_peak",
+                        lambda part, avals, exact=False, keep=False: compiled.append(part) or part.peak)
     monkeypatch.setattr(search._Search, "seconds", lambda self, part: part.recompute)
     monkeypatch.setattr(search, "_nothing_fits", lambda s: ValueError(min(c.peak for c in s.measured)))
     run = search.peak_search(types.SimpleNamespace(in_avals=()), budget, tuple(families))

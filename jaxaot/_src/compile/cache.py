@@ -21,14 +21,15 @@ Example:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 from jaxaot._src import compat as C
 from jaxaot._src.compile import executable_codec, partition_codec, store
 from jaxaot._src.compile.cache_keys import executable_key, partition_key
 from jaxaot._src.compile.cache_stats import CacheStats, count, reset_stats, stats
-from jaxaot._src.compile.compilers import Compiler
-from jaxaot._src.partition import Partition, Partitioner
+from jaxaot._src.compile.compilers import Compiler, xla
+from jaxaot._src.partition import Partition, Partitioner, measured_executables
 from jaxaot._src.tracing import JointGraph
 
 __all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "stats"]
@@ -63,33 +64,62 @@ def cached_partition(partition_fn: Partitioner, joint: JointGraph) -> Partition:
 
 
 def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **options: Any) -> Any:
-    """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook)."""
+    """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook), else the
+    byte-budget search's executable of the same program where it holds one (:func:`_measured`)."""
+    path = _executable_path(compiler, closed, avals, options)
+    if path is not None:
+        exe = _read_executable(path, closed, avals)
+        if exe is not None:
+            count("executable_hits")
+            return exe
+        count("executable_misses")
+    exe = _measured(compiler, closed, avals, options)
+    if exe is None:
+        exe = compiler(closed, avals, **options)
+    if path is not None:
+        blob = executable_codec.encode(exe, len(avals), len(C.jaxpr_of(closed).outvars))
+        if blob is None:
+            count("skipped")
+        else:
+            store.write(path, blob)
+    return exe
+
+
+def _executable_path(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> Path | None:
+    """Where the cache keeps this compile's executable; None without a cache, or where it cannot be kept
+    (counted as skipped)."""
     if store.cache_root() is None:
-        return compiler(closed, avals, **options)
+        return None
     key = None if _runs_host_code(closed) else executable_key(compiler, closed, avals, options)
     path = None if key is None else store.entry_path("executables", key)
     if path is None:
         count("skipped")
-        return compiler(closed, avals, **options)
+    return path
+
+
+def _read_executable(path: Path, closed: Any, avals: Sequence[Any]) -> Any | None:
+    """The executable stored at ``path`` where it loads and fits this call; a bad entry is reported and dropped."""
     payload = store.read(path)
-    if payload is not None:
-        exe = executable_codec.decode(payload)
-        if exe is None:
-            store.corrupt(path, "the serialized executable could not be loaded")
-        else:
-            misfit = executable_codec.misfit(exe, avals, [v.aval for v in C.jaxpr_of(closed).outvars])
-            if misfit is None:
-                count("executable_hits")
-                return exe
-            store.evict(path, f"it does not fit its call: {misfit}")
-    count("executable_misses")
-    exe = compiler(closed, avals, **options)
-    blob = executable_codec.encode(exe, len(avals), len(C.jaxpr_of(closed).outvars))
-    if blob is None:
-        count("skipped")
-    else:
-        store.write(path, blob)
+    if payload is None:
+        return None
+    exe = executable_codec.decode(payload)
+    if exe is None:
+        store.corrupt(path, "the serialized executable could not be loaded")
+        return None
+    misfit = executable_codec.misfit(exe, avals, [v.aval for v in C.jaxpr_of(closed).outvars])
+    if misfit is not None:
+        store.evict(path, f"it does not fit its call: {misfit}")
+        return None
     return exe
+
+
+def _measured(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> Any | None:
+    """For :func:`~jaxaot._src.compile.compilers.xla`, the executable a byte budget's search compiled of the same
+    program to measure it, where it holds one (the same ``jax.jit(...).lower(avals).compile()``, with the
+    backend's own options, donating the same inputs); else None."""
+    if compiler is not xla or not set(options) <= {"donate_argnums"}:
+        return None
+    return measured_executables.take(closed, avals, {}, options.get("donate_argnums", ()))
 
 
 def _runs_host_code(closed: Any) -> bool:

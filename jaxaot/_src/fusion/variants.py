@@ -173,7 +173,9 @@ def fused_name(training: TrainingLike, value_leaf: int = 0) -> str:
 
 def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
     """The fused step's executable for output ``value_leaf`` as the loss, compiled (through the
-    persistent cache) on first use and stored in ``training.programs.executables``.
+    persistent cache) on first use and stored in ``training.programs.executables``. Under a byte budget
+    the first compile is the search's own of the chosen plan, where it measured this very program
+    with the backend's own options (:func:`~jaxaot._src.compile.cached_compile`).
 
     On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the variants of the module docstring are
     compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The

@@ -18,8 +18,8 @@ from jaxaot._src.partition.costs import (
 from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
 from jaxaot._src.partition.step import barred_residuals, ordered_eqns, rederive_backward, step_program
 from jaxaot._src.partition.budget import (
-    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, parse_memory_budget, peak_holders,
-    peak_search)
+    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, measured_executables, parse_memory_budget,
+    peak_holders, peak_search)
 from jaxaot._src.partition.mincut import (
     FlowGraph, RematPolicy, MinCutOptions, as_partitioner, build_flow_graph, choose_saved_values,
     min_cut_rematerialization_partition, remat_policy, replay_joint)
@@ -58,6 +58,7 @@ __all__ = [
     "kernels_beside_copies",
     "materializes_operands",
     "measure_step_peak",
+    "measured_executables",
     "min_cut_rematerialization_partition",
     "ordered_eqns",
     "parse_memory_budget",

@@ -4,8 +4,11 @@ What a ``memory_budget`` means (:func:`parse_memory_budget`), a plan's compiled
 peak (:class:`StepPeak`), the values that hold it (:func:`peak_holders`), the device
 bytes plan-time timing may hold (:func:`measurement_limit`), and the fastest plan
 whose peak fits (:func:`peak_search`) or a :class:`~jaxaot.errors.MemoryBudgetError`
-(``docs/concepts/memory_planner.md``, "Byte budgets").
+(``docs/concepts/memory_planner.md``, "Byte budgets"), and the chosen plan's measuring
+executable, held for the runtime to run (:mod:`.measured_executables`).
 """
+
+from jaxaot._src.partition.budget import measured_executables
 
 from jaxaot._src.partition.budget.parse import MemoryBudget, parse_memory_budget
 from jaxaot._src.partition.budget.step_peak import (
@@ -22,6 +25,7 @@ __all__ = [
     "compiled_peak",
     "fused_step",
     "measure_step_peak",
+    "measured_executables",
     "measurement_limit",
     "parse_memory_budget",
     "peak_holders",

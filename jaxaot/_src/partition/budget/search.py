@@ -9,15 +9,17 @@ with secant and bisection steps, up to :data:`MAX_MEASURED`. The search only dec
 it asks its driver (the min-cut) for each plan and is handed it back. Only measured
 plans are returned, so the guarantee is the compiler's; where none fits,
 :class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest peak.
+Of the measuring executables only the chosen plan's stays held, for the runtime.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Generator, Sequence
+from typing import Any, Generator, Sequence
 
 from jaxaot.errors import MemoryBudgetError
+from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.step_peak import MEASURE_SLACK, StepPeak, fused_step, program_peak
 from jaxaot._src.partition.core import Partition
@@ -84,6 +86,7 @@ class _Candidate:
     seconds: float
     peak: int | None = None
     measured: bool = False
+    program: Any = None  # the fused step measured, whose executable may be held for the runtime
 
     @property
     def saved(self) -> int:
@@ -117,11 +120,15 @@ class _Search:
         """The candidate's fused peak, measured cheaply, and again exactly where that lies just over the
         budget (within the cheap measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`)."""
         if not c.measured:
-            closed = fused_step(c.part, self.joint)
-            c.peak = program_peak(closed, self.joint.in_avals)
+            c.program = fused_step(c.part, self.joint)
+            c.peak = program_peak(c.program, self.joint.in_avals, keep=True)
             if c.peak is not None and self.budget < c.peak <= self.budget + MEASURE_SLACK:
-                c.peak = program_peak(closed, self.joint.in_avals, exact=True)
+                c.peak = program_peak(c.program, self.joint.in_avals, exact=True, keep=True)
             c.measured = True
+
+    def release(self, chosen: _Candidate | None) -> None:
+        """Stop holding the executables of the plans measured but not ``chosen``."""
+        measured_executables.release(c.program for c in self.measured if c is not chosen)
 
     def seconds(self, part: Partition) -> float:
         """The plan's recomputation, priced by ``costs`` (0 without: all plans rank alike)."""
@@ -195,17 +202,27 @@ def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
         ([(1.0, None)], True)
     """
     search = _Search(joint, budget, costs)
+    chosen = None
+    try:
+        chosen = yield from _choose(search, families)
+    finally:  # the runtime may take the chosen plan's executable; the others are released here
+        search.release(chosen)
+    return _found(chosen, budget)
+
+
+def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Partition, _Candidate]:
+    """:func:`peak_search`'s choice among the candidates of ``search``."""
     top = yield from search.plan(1.0)
     search.measure(top)
     if search.fits(top):
-        return _found(top, budget)
+        return top
     yield from search.plan(0.0)
     for family in families:
         yield from search.plan(1.0, family)
     best = yield from _improve(search, None)
     if best is None:
         best = yield from _refusing(search)
-    return _found(best, budget)
+    return best
 
 
 def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, _Candidate | None]:

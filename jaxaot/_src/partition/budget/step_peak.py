@@ -6,7 +6,8 @@ A plan is measured by compiling its fused step (:func:`fused_step`, the program
 ``jaxaot.value_and_grad`` runs) and, in :func:`measure_step_peak`, the split
 programs, with plain ``jax.jit`` and :data:`MEASURE_OPTIONS` (a cheaper compile with
 the same peak), reading ``memory_analysis()`` (:func:`compiled_peak`). Peaks are
-cached per program and input types for the process.
+cached per program and input types for the process; an executable compiled with
+the backend's own options may be held for the runtime (:mod:`.measured_executables`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND
 from jaxaot._src.partition.step import step_program
@@ -92,9 +94,17 @@ def cotangent_avals(part: Partition, joint: JointGraph) -> list:
 def fused_step(part: Partition, joint: JointGraph) -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of the step as one program: the fused step
     ``jaxaot.value_and_grad`` runs for a min-cut plan (:func:`~jaxaot._src.partition.step.step_program`, every
-    residual behind the barrier), before any variant of an accelerator's."""
-    return step_program(part, _plain(joint.in_avals), joint.out_avals, computed_outputs=range(part.num_outputs),
+    residual behind the barrier, the outputs it computes), before any variant of an accelerator's."""
+    return step_program(part, _plain(joint.in_avals), joint.out_avals, computed_outputs=computed_outputs(joint),
                         barrier="all")
+
+
+def computed_outputs(joint: JointGraph) -> list[int]:
+    """The outputs the runtime's executables compute: those of the primal program that are not its inputs
+    (an input returned unchanged is handed back without passing through an executable)."""
+    primal = C.jaxpr_of(joint.primal)
+    inputs = set(primal.invars)
+    return [i for i, v in enumerate(primal.outvars) if C.is_literal(v) or v not in inputs]
 
 
 def _plain(avals: Sequence[Any]) -> list:
@@ -179,13 +189,13 @@ def measure_options(avals: Sequence[Any] = (), exact: bool = False) -> tuple[dic
     return (*[dict(o) for o in sets], {})
 
 
-def _compile(lowered: Any, options: Sequence[dict[str, Any]]) -> Any:
-    """``lowered`` compiled with the first of ``options`` the backend accepts."""
+def _compile(lowered: Any, options: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """``lowered`` compiled with the first of ``options`` the backend accepts, and those options."""
     for opts in options:
         if not opts:
-            return lowered.compile()
+            return lowered.compile(), opts
         try:
-            return lowered.compile(compiler_options=opts)
+            return lowered.compile(compiler_options=opts), opts
         except Exception as err:  # noqa: BLE001 - an option this XLA does not know: the next set, and never again
             if "option" not in str(err).lower():
                 raise
@@ -194,22 +204,32 @@ def _compile(lowered: Any, options: Sequence[dict[str, Any]]) -> Any:
     raise AssertionError("unreachable")  # pragma: no cover - the last set is the defaults
 
 
-def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> int | None:
+def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False) -> int | None:
     """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
     :func:`measure_options`) once per process per program text and input types; None where the backend
     cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
-    above the runtime compile's peak, never below."""
+    above the runtime compile's peak, never below. With ``keep``, an executable compiled with the backend's
+    own options, as the runtime compiles (:func:`jaxaot.compilers.xla`), is held for the runtime to take
+    (:mod:`~jaxaot._src.partition.budget.measured_executables`)."""
     options = measure_options(avals, exact)
-    key = hashlib.sha256(f"{closed}\n{[_aval_key(a) for a in avals]}\n{options[0]}".encode()).hexdigest()
+    text = str(closed)
+    key = hashlib.sha256(f"{text}\n{[_aval_key(a) for a in avals]}\n{options[0]}".encode()).hexdigest()
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
+
+    def run(*args: Any) -> list:  # the runtime's compile evaluates the program the same way
+        return C.eval_closed(closed, *args)
+
     try:
-        lowered = jax.jit(lambda *a: C.eval_closed(closed, *a), keep_unused=True).lower(*avals)
-        peak = compiled_peak(_compile(lowered, options))
+        exe, used = _compile(jax.jit(run, keep_unused=True).lower(*avals), options)
+        peak = compiled_peak(exe)
     except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
         peak = None
+    else:
+        if keep and not used:
+            measured_executables.keep(closed, avals, used, exe, text=text)
     with _LOCK:
         _COMPILES[0] += 1
         _CACHE[key] = peak
