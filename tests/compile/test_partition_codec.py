@@ -6,6 +6,7 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxaot
 from jaxaot._src.compile import partition_codec
@@ -69,3 +70,16 @@ def test_a_byte_budget_plan_keeps_its_measured_peak():
     back = _decode(joint, partition_codec.encode(joint, part))
     assert back.step_peak == part.step_peak
     assert _decode(joint, partition_codec.encode(joint, jaxaot.partition.default_partition(joint))).step_peak is None
+
+
+def test_the_joint_graphs_own_errors_are_raised_not_blamed_on_the_entry():
+    """An entry without a rewrite needs the caller's joint graph: a failure building it is the caller's error,
+    raised, not a corrupt entry (which would be evicted and rebuilt)."""
+    joint = _joint()
+    payload = partition_codec.encode(joint, jaxaot.partition.default_partition(joint))
+
+    def broken():
+        raise ValueError("the joint graph could not be traced")
+
+    with pytest.raises(ValueError, match="could not be traced"):
+        partition_codec.decode(joint.recipe, payload, broken)

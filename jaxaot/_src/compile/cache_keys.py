@@ -6,9 +6,9 @@ devices, ``XLA_FLAGS``, precision), the partitioner's or compiler's identity
 shardings, and the options. A partition is keyed by what its joint graph is a
 function of (:class:`~jaxaot._src.tracing.JointRecipe`: the primal program,
 differentiated inputs, decompositions, runtime aux outputs) and JAX's trace
-context, so it is found without building the joint graph. Values are written canonically (:func:`value_identity`)
-so a key is the same in every process; a value that cannot be written down makes
-the key None (not cached).
+context, so it is found without building the joint graph. Values are written
+canonically (:func:`value_identity`) so a key is the same in every process; a
+value that cannot be written down makes the key None (not cached).
 
 Example:
     >>> import jax, jax.numpy as jnp

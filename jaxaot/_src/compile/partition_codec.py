@@ -65,7 +65,11 @@ def decode(recipe: JointRecipe, payload: bytes | memoryview, joint: Callable[[],
         if record.get("format") != FORMAT_VERSION:
             return None
         plan = record.get("plan")
-        source = joint() if plan is None else replay_joint(recipe, plan)
+    except Exception:
+        return None
+    traced = joint() if plan is None else None  # outside the try: its errors are the caller's, not the entry's
+    try:
+        source = traced if plan is None else replay_joint(recipe, plan)
         part = split_joint(source, _vars_at(C.jaxpr_of(source.jaxpr), record["saved"]))
         if plan is not None:
             part = dataclasses.replace(part, primal_plan=plan, split_from=source)
@@ -77,7 +81,7 @@ def decode(recipe: JointRecipe, payload: bytes | memoryview, joint: Callable[[],
                                                                    for k, v in peak.items()}))
     except Exception:
         return None
-    return part if _summary(part) == record["summary"] else None
+    return part if _summary(part) == record.get("summary") else None
 
 
 def _split_source(joint: JointGraph, plan: Any) -> JointGraph:
