@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._src.compile import cache, compilers, executable_codec, store
+from jaxaot._src.compile import cache, cache_keys, compilers, executable_codec, store
 from jaxaot.errors import CacheWarning
 
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -304,6 +304,47 @@ def test_min_cut_scan_rewrite_is_replayed_not_rechosen(cache_dir):
     chex.assert_trees_all_close(second, first, **TOL)
     want = jax.value_and_grad(scanned_loss, argnums=(0, 1))(*_inputs())
     chex.assert_trees_all_close(second[:2], want, **TOL)
+
+
+def _count_joint_builds(monkeypatch) -> list:
+    """Counts every joint graph jaxaot builds: each jaxaot module's reference to ``build_joint`` is wrapped,
+    but the cache key's (it hashes the builder's code)."""
+    from jaxaot._src.tracing import joint as joint_module
+
+    original, calls = joint_module.build_joint, []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        if name.startswith("jaxaot") and name != cache_keys.__name__ and getattr(module, "build_joint", None) is original:
+            monkeypatch.setattr(module, "build_joint", counting)
+    return calls
+
+
+@pytest.mark.parametrize("memory_budget", [0.5, "1MB"])
+def test_a_warm_min_cut_start_builds_one_joint_graph(cache_dir, monkeypatch, memory_budget):
+    # The entry is keyed by the primal program, so a hit replays the scan rewrite straight from it:
+    # the joint graph as traced is built only when something shows it (lower()).
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=memory_budget)
+    args = _inputs(3)
+    cold_f = jaxaot.aot_function(scanned_loss, partition_fn=pf)
+    cold = jax.value_and_grad(cold_f, argnums=(0, 1))(*args)
+    assert cold_f.lower(*args).partition.primal_plan  # the min-cut rewrote the scans
+    _reset_counts()
+    builds = _count_joint_builds(monkeypatch)
+    warm_f = jaxaot.aot_function(scanned_loss, partition_fn=pf)
+    warm = jax.value_and_grad(warm_f, argnums=(0, 1))(*args)
+    assert cache.stats() == cache.CacheStats(partition_hits=1, executable_hits=2)
+    assert len(builds) == 1  # the replayed rewrite's joint graph, not the original's first
+    chex.assert_trees_all_close(warm, cold, **TOL)
+    chex.assert_trees_all_close(warm, jax.value_and_grad(scanned_loss, argnums=(0, 1))(*args), **TOL)
+    warm_low, cold_low = warm_f.lower(*args), cold_f.lower(*args)
+    assert len(builds) == 2  # shown: built now
+    assert str(warm_low.joint) == str(cold_low.joint)
+    assert str(warm_low.partition.forward) == str(cold_low.partition.forward)
 
 
 def test_a_partitioner_that_returns_no_partition_is_named_and_nothing_is_stored(cache_dir):

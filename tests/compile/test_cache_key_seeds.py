@@ -61,7 +61,7 @@ _CHILD = textwrap.dedent(
         "partial_kw": functools.partial(lambda joint, ops=None: jaxaot.partition.default_partition(joint), ops=NAMES),
         "dataclass": Configured(frozenset(NAMES), {"b": 1.0, "a": {2, 3}}),
     }
-    keys = {name: cache_keys.partition_key(p, joint) for name, p in partitioners.items()}
+    keys = {name: cache_keys.partition_key(p, joint.recipe) for name, p in partitioners.items()}
     closed = jax.make_jaxpr(loss)(jnp.ones((3, 2)), jnp.ones((4, 3)))
     avals = [jax.ShapeDtypeStruct((3, 2), jnp.float32), jax.ShapeDtypeStruct((4, 3), jnp.float32)]
     keys["executable"] = cache_keys.executable_key(

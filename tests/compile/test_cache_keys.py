@@ -69,3 +69,30 @@ def test_unkeyable_values_give_no_key():
     assert key == cache_keys.executable_key(compilers.xla, closed, avals, {})
     assert key != cache_keys.executable_key(compilers.xla, closed, avals, {"donate_argnums": (0,)})
     assert cache_keys.executable_key(compilers.xla, closed, avals, {"opt": np.array([object()])}) is None
+
+
+def test_partition_keys_follow_what_the_joint_graph_is_built_from():
+    """A partition is keyed by its joint graph's recipe: every argument that changes the joint changes the key."""
+    from jaxaot._src.loops import dynamic_capacity
+    from jaxaot._src.tracing import JointRecipe
+
+    def recipe(fn=lambda w, x: jnp.sum(jnp.tanh(x @ w)), **fields):
+        avals = (jax.ShapeDtypeStruct((3, 2), jnp.float32), jax.ShapeDtypeStruct((4, 3), jnp.float32))
+        return JointRecipe(jax.make_jaxpr(fn)(*avals), None, None, avals, **fields)
+
+    key = functools.partial(cache_keys.partition_key, counting_partition)
+    base = key(recipe())
+    assert base is not None and base == key(recipe())  # traced again: the same key
+    others = [
+        key(recipe(lambda w, x: jnp.sum(jnp.sin(x @ w)))),                     # another primal program
+        key(recipe(differentiated=(True, False))),                             # another differentiated mask
+        key(recipe(decompositions={jax.lax.tanh_p: lambda x: 2 * jax.nn.sigmoid(2 * x) - 1})),
+        key(recipe(aux_outputs=functools.partial(dynamic_capacity, 32))),      # the runtime's loop stack
+        key(recipe(aux_outputs=functools.partial(dynamic_capacity, 64))),
+        cache_keys.partition_key(jaxaot.partition.min_cut_rematerialization_partition, recipe()),
+    ]
+    with jax.numpy_dtype_promotion("strict"):  # JAX's trace context
+        others.append(key(recipe()))
+    assert None not in others and len({base, *others}) == len(others) + 1
+    unkeyable = recipe(aux_outputs=functools.partial(dynamic_capacity, np.array([None], dtype=object)))
+    assert key(unkeyable) is None

@@ -144,7 +144,7 @@ def test_the_cache_codec_replays_the_offloaded_scan_plan():
     joint = jaxaot.partition.trace_joint(layers, *layers_args())
     part = mincut(joint, offload=True, device_model=FAST)
     assert any("offloaded" in rec for rec in part.primal_plan.values())
-    again = decode(joint, encode(joint, part))
+    again = decode(joint.recipe, encode(joint, part), lambda: joint)
     assert [(r.aval, r.offloaded, r.in_joint_host) for r in again.residuals] == \
         [(r.aval, r.offloaded, r.in_joint_host) for r in part.residuals]
     assert str(again.forward) == str(part.forward) and str(again.backward) == str(part.backward)

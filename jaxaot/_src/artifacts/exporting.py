@@ -170,7 +170,7 @@ def _signature(in_structure: dict, programs: SignaturePrograms, training: Traini
     """The :class:`AOTSignature` of a signature's programs and its (full-mask) training programs."""
     part = training.partition
     n_cts = len(part.cotangent_outputs)
-    out_avals = training.joint.out_avals
+    out_avals = training.out_avals
     return AOTSignature(
         in_structure=in_structure,
         out_structure=treedef_to_json(programs.out_tree, "output"),

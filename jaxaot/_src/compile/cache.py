@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jaxaot._src import compat as C
 from jaxaot._src.compile import executable_codec, partition_codec, store
@@ -30,32 +30,37 @@ from jaxaot._src.compile.cache_keys import executable_key, partition_key
 from jaxaot._src.compile.cache_stats import CacheStats, count, reset_stats, stats
 from jaxaot._src.compile.compilers import Compiler, xla
 from jaxaot._src.partition import Partition, Partitioner, measured_executables
-from jaxaot._src.tracing import JointGraph
+from jaxaot._src.tracing import JointGraph, JointRecipe
 
 __all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "stats"]
 
 
-def cached_partition(partition_fn: Partitioner, joint: JointGraph) -> Partition:
-    """``partition_fn(joint)``, from the cache when an entry exists (runtime hook)."""
+def cached_partition(partition_fn: Partitioner, recipe: JointRecipe, joint: Callable[[], JointGraph]) -> Partition:
+    """``partition_fn(joint())``, from the cache when an entry exists (runtime hook).
+
+    ``joint()`` returns the joint graph of ``recipe``. The entry is keyed by the
+    recipe, not the joint graph, so a hit that replays a primal rewrite (the
+    min-cut's scan remat) never calls ``joint``: a warm start traces one joint graph.
+    """
     if store.cache_root() is None:
-        return partition_fn(joint)
-    key = partition_key(partition_fn, joint)
+        return partition_fn(joint())
+    key = partition_key(partition_fn, recipe)
     path = None if key is None else store.entry_path("partitions", key)
     if path is None:
         count("skipped")
-        return partition_fn(joint)
+        return partition_fn(joint())
     payload = store.read(path)
     if payload is not None:
-        part = partition_codec.decode(joint, payload)
+        part = partition_codec.decode(recipe, payload, joint)
         if part is not None:
             count("partition_hits")
             return part
         store.corrupt(path, "its saved set does not rebuild a valid partition of this joint graph")
     count("partition_misses")
-    part = partition_fn(joint)
+    part = partition_fn(joint())
     if not isinstance(part, Partition):
         return part  # nothing to store: the runtime refuses it, naming the partitioner
-    record = partition_codec.encode(joint, part)
+    record = partition_codec.encode(joint(), part)
     if record is None:
         count("skipped")
     else:

@@ -3,9 +3,12 @@
 A key is a sha256 over the entry's kind, the environment (versions, platform,
 devices, ``XLA_FLAGS``, precision), the partitioner's or compiler's identity
 (code, defaults, closures), the program with its consts, the input avals and
-shardings, and the options. Values are written canonically (:func:`value_identity`)
-so a key is the same in every process; a value that cannot be written down makes
-the key None (not cached).
+shardings, and the options. A partition is keyed by what its joint graph is a
+function of (:class:`~jaxaot._src.tracing.JointRecipe`: the primal program,
+differentiated inputs, decompositions, runtime aux outputs) and JAX's trace
+context, so it is found without building the joint graph. Values are written
+canonically (:func:`value_identity`) so a key is the same in every process; a
+value that cannot be written down makes the key None (not cached).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -37,7 +40,7 @@ from jaxaot._src.pytrees import dtype_name
 from jaxaot._src.compile.compilers import Compiler
 from jaxaot._src.compile.store import FORMAT_VERSION, FRAME_VERSION
 from jaxaot._src.partition import Partitioner
-from jaxaot._src.tracing import JointGraph
+from jaxaot._src.tracing import JointRecipe, build_joint
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _FROZENSET = re.compile(r"frozenset\(\{([^{}]*)\}\)")
@@ -49,9 +52,9 @@ class _Unkeyable(Exception):
 
 
 # --------------------------------------------------------------------------- keys
-def partition_key(partition_fn: Partitioner, joint: JointGraph) -> str | None:
-    """The key of ``partition_fn(joint)``; None when it cannot be keyed."""
-    return _digest(_partition_key_parts(partition_fn, joint))
+def partition_key(partition_fn: Partitioner, recipe: JointRecipe) -> str | None:
+    """The key of ``partition_fn(recipe.build())``; None when it cannot be keyed."""
+    return _digest(_partition_key_parts(partition_fn, recipe))
 
 
 def executable_key(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict) -> str | None:
@@ -59,13 +62,17 @@ def executable_key(compiler: Compiler, closed: Any, avals: Sequence[Any], option
     return _digest(_executable_key_parts(compiler, closed, avals, options))
 
 
-def _partition_key_parts(partition_fn: Partitioner, joint: JointGraph) -> Iterable[Any]:
+def _partition_key_parts(partition_fn: Partitioner, recipe: JointRecipe) -> Iterable[Any]:
     yield "partition"
     yield from environment()
+    yield trace_context_key()
     yield callable_identity(partition_fn)
-    yield program_fingerprint(joint.jaxpr)
-    yield avals_key(joint.in_avals)
-    yield repr((joint.differentiable, joint.needs_cotangent, joint.num_outputs))
+    yield callable_identity(build_joint)
+    yield program_fingerprint(recipe.primal)
+    yield avals_key(recipe.in_avals)
+    yield value_identity(recipe.differentiated)
+    yield value_identity(recipe.decompositions)
+    yield value_identity(recipe.aux_outputs)
 
 
 def _executable_key_parts(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict) -> Iterable[Any]:
@@ -107,6 +114,24 @@ def environment() -> tuple[str, ...]:
         f"x64={getattr(jax.config, 'jax_enable_x64', None)}",
         f"matmul_precision={getattr(jax.config, 'jax_default_matmul_precision', None)}",
     )
+
+
+def trace_context_key() -> str:
+    """JAX's trace context, written canonically: what tracing depends on besides the program.
+
+    It is the configuration JAX keys its own tracing caches by (x64, dtype
+    promotion, the mesh and named axes in scope, jaxaot's traced settings and
+    loop options). Values without a canonical text (JAX's axis environment)
+    are written by their fields; object addresses are blanked.
+    """
+    return ";".join(_ADDRESS.sub(" at 0x?", _context_value(v)) for v in C.trace_context())
+
+
+def _context_value(value: Any) -> str:
+    slots = [s for s in getattr(type(value), "__slots__", ()) if not s.startswith("__")]
+    if slots and _ADDRESS.search(repr(value)):
+        return f"{_type_name(value)}({','.join(f'{s}={value_identity(getattr(value, s, None), 1)}' for s in slots)})"
+    return value_identity(value)
 
 
 # --------------------------------------------------------------------------- programs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jaxaot._src import compat as C
 from jaxaot._src.files import parse_json
@@ -20,7 +20,7 @@ from jaxaot._src.pytrees import dtype_name
 from jaxaot._src.compile.store import FORMAT_VERSION
 from jaxaot.errors import PartitionError
 from jaxaot._src.partition import Partition, StepPeak, apply_offload, replay_joint, saved_vars, split_joint
-from jaxaot._src.tracing import JointGraph
+from jaxaot._src.tracing import JointGraph, JointRecipe
 
 #: How deep a stored record's JSON may nest (positions, and a primal plan nested as deep as its scans).
 MAX_DEPTH = 256
@@ -53,14 +53,23 @@ def encode(joint: JointGraph, part: Partition) -> bytes | None:
     return json.dumps(record, sort_keys=True).encode()
 
 
-def decode(joint: JointGraph, payload: bytes | memoryview) -> Partition | None:
-    """The partition of ``joint`` that :func:`encode` stored; None if the payload does not rebuild it."""
+def decode(recipe: JointRecipe, payload: bytes | memoryview, joint: Callable[[], JointGraph]) -> Partition | None:
+    """The partition of ``recipe``'s joint graph that :func:`encode` stored; None if the payload does not rebuild it.
+
+    ``joint()`` returns that joint graph; it is called only for an entry without a
+    primal rewrite (one with a rewrite is split from the joint graph of the replayed
+    rewrite, built from ``recipe`` alone).
+    """
     try:
         record = parse_json(payload, MAX_DEPTH)
         if record.get("format") != FORMAT_VERSION:
             return None
         plan = record.get("plan")
-        source = _split_source(joint, plan)
+    except Exception:
+        return None
+    traced = joint() if plan is None else None  # outside the try: its errors are the caller's, not the entry's
+    try:
+        source = traced if plan is None else replay_joint(recipe, plan)
         part = split_joint(source, _vars_at(C.jaxpr_of(source.jaxpr), record["saved"]))
         if plan is not None:
             part = dataclasses.replace(part, primal_plan=plan, split_from=source)
@@ -72,11 +81,11 @@ def decode(joint: JointGraph, payload: bytes | memoryview) -> Partition | None:
                                                                    for k, v in peak.items()}))
     except Exception:
         return None
-    return part if _summary(part) == record["summary"] else None
+    return part if _summary(part) == record.get("summary") else None
 
 
 def _split_source(joint: JointGraph, plan: Any) -> JointGraph:
-    """The joint graph a partition is split from: ``joint``, or it with a primal rewrite replayed."""
+    """The joint graph a partition is split from: ``joint``, or its primal with a rewrite replayed."""
     return joint if plan is None else replay_joint(joint, plan)
 
 

@@ -14,7 +14,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 from jaxaot._src.compile import Compiler
 from jaxaot._src.partition import Partition
-from jaxaot._src.tracing import JointGraph
 
 
 class ProgramsLike(Protocol):
@@ -65,7 +64,8 @@ class TrainingLike(Protocol):
       options: :class:`StepOptions`.
       placement: :class:`GradPins`.
       name_suffix: what the mask adds to executable names (``""`` for the full mask).
-      joint / partition: the joint graph and its partition, built on first read.
+      partition: the partition, built on first read.
+      out_avals: the joint graph's outputs (read off the graph the partition was split from).
     """
 
     programs: ProgramsLike
@@ -74,7 +74,7 @@ class TrainingLike(Protocol):
     name_suffix: str
 
     @property
-    def joint(self) -> JointGraph: ...
+    def out_avals(self) -> tuple: ...
 
     @property
     def partition(self) -> Partition: ...

@@ -160,7 +160,7 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
         return "fused", "the split programs' peak is over memory_budget"
     if getattr(training.programs, "donated_leaves", ()):
         return "fused", "not timed: the step donates its inputs"
-    if C.jaxpr_of(training.joint.jaxpr).effects:
+    if C.jaxpr_of(part.forward).effects or C.jaxpr_of(part.backward).effects:
         return "fused", "not timed: the step has effects, which each timed call would repeat"
     split_peaks = [compiled_peak(training.forward_exe), compiled_peak(training.backward_exe)]
     fused_peak = compiled_peak(exe)

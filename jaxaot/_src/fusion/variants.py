@@ -27,7 +27,7 @@ def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "a
     partition, inputs and computed outputs, the loss at ``value_leaf``, the gradients where the placement
     pins them, and the variant's options."""
     p = training.programs
-    return step_program(training.partition, p.in_avals, training.joint.out_avals, computed_outputs=p.computed_outputs,
+    return step_program(training.partition, p.in_avals, training.out_avals, computed_outputs=p.computed_outputs,
                         value_leaf=value_leaf, grad_pins=training.placement.grad_pins(), barrier=barrier,
                         layouts=layouts, order=order, slices=slices, rederive=rederive)
 

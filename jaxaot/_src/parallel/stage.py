@@ -80,7 +80,7 @@ class StagePrograms:
 
     def output_specs(self) -> list[jax.ShapeDtypeStruct]:
         """The outputs' shapes and dtypes (flat)."""
-        return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.training.joint.out_avals]
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.training.out_avals]
 
     # -- the passes
     def forward(self, leaves: Sequence[Any]) -> tuple[list, list]:

@@ -64,7 +64,7 @@ def check_residual_arrays(tr: TrainingPrograms, arrays: Sequence[Any]) -> None:
 
 def user_cotangents(tr: TrainingPrograms, cotangents: Any) -> list:
     """The cotangents the backward takes, from a pytree shaped like the outputs."""
-    out_tree, out_avals, selected = tr.programs.out_tree, tr.joint.out_avals, tr.partition.cotangent_outputs
+    out_tree, out_avals, selected = tr.programs.out_tree, tr.out_avals, tr.partition.cotangent_outputs
     if type(cotangents) is _ArrayImpl and out_tree.num_leaves == 1:
         # One array output (a loss): the common case, checked without a flatten.
         aval = out_avals[0]

@@ -38,8 +38,8 @@ class SignaturePrograms:
     ``primal``, ``out_tree``, ``output_is_input``, ``computed_outputs``, ``sharded``, ``mesh``,
     ``executables``, ``compiled`` and ``times``, and call ``splice(leaves, computed)``. On a
     :class:`~jaxaot._src.runtime.TrainingPrograms`: read ``programs``, ``options``, ``mask``,
-    ``name_suffix``, ``joint``, ``partition`` and ``placement`` (a loop-capacity rebuild
-    replaces the last three: read them again after a forward); call ``forward(leaves,
+    ``name_suffix``, ``joint``, ``partition``, ``out_avals``, ``num_aux`` and ``placement`` (a
+    loop-capacity rebuild replaces the last five: read them again after a forward); call ``forward(leaves,
     concrete)``, ``backward(residuals, cotangents)``, ``backward_avals()``, ``forward_exe`` /
     ``backward_exe``, ``unit_cotangents(leaf)`` and ``input_grads_tree(grads)``. Everything
     else is the runtime's own.

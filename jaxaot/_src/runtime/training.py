@@ -5,11 +5,14 @@ Which inputs are differentiated changes the joint graph, so each mask gets its o
 ``jaxaot.loops.while_loop`` reports its trip count; when a run needed more than the
 stack's rows (from :data:`INITIAL_LOOP_CAPACITY`), the capacity doubles and the
 joint, partition and executables are rebuilt (``generation`` counts rebuilds, so
-stale residuals are refused).
+stale residuals are refused). The partition cache is keyed by the joint graph's
+recipe and the hot path reads the graph the partition was split from, so a
+cached partition that replays a primal rewrite never traces the original joint.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Sequence
 
@@ -24,7 +27,7 @@ from jaxaot._src.runtime import shardings as S
 from jaxaot._src.runtime.options import prune_outputs
 from jaxaot._src.runtime.placement import Placement
 from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, read_only_float0s, scatter
-from jaxaot._src.tracing import JointGraph, build_joint
+from jaxaot._src.tracing import JointGraph, JointRecipe
 
 #: The first stack capacity of while loops whose stack the runtime sizes (doubled on overflow).
 INITIAL_LOOP_CAPACITY = 32
@@ -43,7 +46,11 @@ class TrainingPrograms:
       mask: which input leaves are differentiated.
       name_suffix: ``""`` for the full mask, else ``[i,j]`` naming the differentiated
         leaves; executables and times are keyed ``forward[0]``, ``backward[0]``.
-      joint / partition: the joint graph and its partition (built on first read).
+      joint / partition: the joint graph and its partition (built on first read; a cached
+        partition that replays a primal rewrite needs no ``joint``).
+      recipe: what the joint graph is a function of, the partition's cache key.
+      out_avals / num_aux: the joint graph's outputs and how many trailing ones are loop
+        trip counts, read off the graph the partition was split from (the same outputs).
       placement: where residuals and gradients live (``Placement``).
       generation: bumped each time a loop outgrew its stack and all was rebuilt.
     """
@@ -75,29 +82,39 @@ class TrainingPrograms:
         if self._joint is None:
             with self.programs.lock:
                 if self._joint is None:
-                    self._build_joint()
+                    t = time.perf_counter()
+                    self._joint = self.recipe.build()
+                    self.programs.times["joint" + self.name_suffix] = time.perf_counter() - t
         return self._joint
 
-    def _build_joint(self) -> None:
+    @property
+    def recipe(self) -> JointRecipe:
+        """The arguments the joint graph is built from (at the present loop capacity)."""
         p = self.programs
-        t = time.perf_counter()
-        self._joint = build_joint(
-            p.primal, p.signature.treedef, p.out_tree, p.in_avals, self.options.decompositions, self.mask,
-            aux_outputs=lambda: dynamic_capacity(self.capacity),
-        )
-        p.times["joint" + self.name_suffix] = time.perf_counter() - t
+        return JointRecipe(p.primal, p.signature.treedef, p.out_tree, tuple(p.in_avals), self.options.decompositions,
+                           self.mask, functools.partial(dynamic_capacity, self.capacity))
 
     @property
     def partition(self) -> Partition:
         if self._partition is None:
             with self.programs.lock:
                 if self._partition is None:
-                    joint = self.joint
-                    t = time.perf_counter()
-                    self._partition = _checked(cached_partition(self.options.partition_fn, joint),
-                                               self.options.partition_fn)
-                    self.programs.times["partition" + self.name_suffix] = time.perf_counter() - t
+                    had_joint, t = self._joint is not None, time.perf_counter()
+                    part = cached_partition(self.options.partition_fn, self.recipe, lambda: self.joint)
+                    seconds = time.perf_counter() - t
+                    if not had_joint and self._joint is not None:  # a miss built the joint: counted apart
+                        seconds -= self.programs.times.get("joint" + self.name_suffix, 0.0)
+                    self._partition = _checked(part, self.options.partition_fn)
+                    self.programs.times["partition" + self.name_suffix] = seconds
         return self._partition
+
+    @property
+    def out_avals(self) -> tuple:
+        return _split_source(self).out_avals
+
+    @property
+    def num_aux(self) -> int:
+        return _split_source(self).num_aux
 
     @property
     def forward_program(self) -> Any:
@@ -140,8 +157,8 @@ class TrainingPrograms:
     def backward_avals(self) -> list:
         """The backward's inputs: the selected cotangents, then the residuals (with their shardings, memory kinds)."""
         part = self.partition
-        cts = [jax.ShapeDtypeStruct(self.joint.out_avals[i].shape, self.joint.out_avals[i].dtype)
-               for i in part.cotangent_outputs]
+        out_avals = self.out_avals
+        cts = [jax.ShapeDtypeStruct(out_avals[i].shape, out_avals[i].dtype) for i in part.cotangent_outputs]
         avals = cts + [r.aval for r in part.residuals]
         if not self.programs.sharded:
             return self.placement.host_residuals(avals)  # offloaded residuals arrive in host memory
@@ -155,7 +172,7 @@ class TrainingPrograms:
         """
         if concrete and self.eager_forward is not None:
             return self.eager_forward(leaves)
-        if self.joint.num_aux:  # a loop may outgrow its stack and rebuild everything: one thread at a time
+        if self.num_aux:  # a loop may outgrow its stack and rebuild everything: one thread at a time
             with self.programs.lock:
                 return self._forward(leaves, concrete)
         return self._forward(leaves, concrete)
@@ -165,22 +182,22 @@ class TrainingPrograms:
         if concrete is None:
             concrete = not any(C.is_tracer(x) for x in leaves)
         if not concrete:
-            if self.joint.num_aux:
+            if self.num_aux:
                 raise _unbounded_loop_error(self.options.name)
             fwd_outs = C.eval_closed(self.partition.forward, *leaves)
         else:
             fwd_outs = self._run_forward(leaves)
-            n_aux = self.joint.num_aux
+            n_aux = self.num_aux
             while n_aux and max(int(t) for t in fwd_outs[n_user:n_user + n_aux]) > self.capacity:
                 # A while loop outgrew its stack: double the capacity, rebuild and rerun.
                 self.capacity *= 2
                 self.generation += 1
                 self._reset()
                 fwd_outs = self._run_forward(leaves)
-                n_aux = self.joint.num_aux
+                n_aux = self.num_aux
         part = self.partition
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
-        if self.eager_forward is None and not self.joint.num_aux and self.programs.no_aliases:
+        if self.eager_forward is None and not self.num_aux and self.programs.no_aliases:
             with self.programs.lock:
                 if self.eager_forward is None:
                     self.eager_forward = _eager_forward(self)
@@ -210,8 +227,8 @@ class TrainingPrograms:
         cts = self._unit_cts.get(leaf)
         if cts is None:  # racing threads build equal lists; either may be kept
             outs = self.partition.cotangent_outputs
-            cts = [jax.numpy.full(self.joint.out_avals[i].shape, 1 if i == leaf else 0, self.joint.out_avals[i].dtype)
-                   for i in outs]
+            out_avals = self.out_avals
+            cts = [jax.numpy.full(out_avals[i].shape, 1 if i == leaf else 0, out_avals[i].dtype) for i in outs]
             if self.programs.sharded:
                 cts = S.reshard_cotangents(cts, self.placement.backward_inputs())
             self._unit_cts[leaf] = cts
@@ -235,6 +252,14 @@ class TrainingPrograms:
                 if self._custom_vjp is None:
                     self._custom_vjp = _custom_vjp(self)
         return self._custom_vjp
+
+
+def _split_source(tr: TrainingPrograms) -> JointGraph:
+    """The joint graph ``tr``'s partition was split from: the joint as traced, or a rewrite's from the cache."""
+    if tr._joint is not None:
+        return tr._joint
+    source = tr.partition.split_from
+    return tr.joint if source is None else source
 
 
 def _eager_forward(tr: TrainingPrograms) -> Callable[[Sequence[Any]], tuple[list, list]]:

@@ -3,11 +3,12 @@
 ``primal``: :func:`trace_primal` (the flat primal program, with the user's
 ``decompositions`` inlined) and :func:`flatten_program`; ``joint``:
 :class:`JointGraph` and :func:`build_joint` (forward and backward in one
-jaxpr, built from the primal program for a differentiated mask), and
+jaxpr, built from the primal program for a differentiated mask),
+:class:`JointRecipe` (those arguments, built on demand), and
 :func:`trace_joint`, the same from a function and example arguments.
 """
 
 from jaxaot._src.tracing.primal import Decompositions, flatten_program, trace_primal
-from jaxaot._src.tracing.joint import JointGraph, build_joint, in_backward_scope, trace_joint
+from jaxaot._src.tracing.joint import JointGraph, JointRecipe, build_joint, in_backward_scope, trace_joint
 
-__all__ = ["Decompositions", "JointGraph", "build_joint", "flatten_program", "in_backward_scope", "trace_joint", "trace_primal"]
+__all__ = ["Decompositions", "JointGraph", "JointRecipe", "build_joint", "flatten_program", "in_backward_scope", "trace_joint", "trace_primal"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -48,10 +47,11 @@ class JointGraph:
       num_aux: how many trailing outputs are not the function's but the runtime's
         (trip counts of while loops whose stack the runtime sizes); they are
         integers, so they take no cotangent. ``out_tree`` describes the others.
+      recipe: the arguments it was built from (a ``JointRecipe``; None when built by hand).
       rebuild: ``rebuild(primal) -> JointGraph`` builds the joint graph of another
         primal program of the same signature with the same options (decompositions,
         differentiated inputs, runtime aux outputs): for passes that rewrite the
-        primal, such as the min-cut's scan rematerialization.
+        primal, such as the min-cut's scan rematerialization. None when built by hand.
     """
 
     jaxpr: Any
@@ -65,7 +65,11 @@ class JointGraph:
     is_backward: tuple[bool, ...]
     output_is_input: tuple[int | None, ...]
     num_aux: int = 0
-    rebuild: Callable[[Any], "JointGraph"] | None = dataclasses.field(default=None, compare=False, repr=False)
+    recipe: "JointRecipe | None" = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def rebuild(self) -> Callable[[Any], "JointGraph"] | None:
+        return None if self.recipe is None else self.recipe.rebuild
 
     @property
     def num_primals(self) -> int:
@@ -211,7 +215,8 @@ def build_joint(
         is_backward=_backward_mask(jaxpr, len(in_avals)),
         output_is_input=output_is_input,
         num_aux=num_aux,
-        rebuild=functools.partial(_rebuild, in_tree, out_tree, in_avals, decompositions, differentiated, aux_outputs),
+        recipe=JointRecipe(primal, in_tree, out_tree, in_avals, decompositions,
+                           None if differentiated is None else tuple(differentiated), aux_outputs),
     )
 
 
@@ -228,8 +233,47 @@ def _check_aux_at_top_level(aux: Sequence[Any]) -> None:
         )
 
 
-def _rebuild(in_tree, out_tree, in_avals, decompositions, differentiated, aux_outputs, primal) -> JointGraph:
-    return build_joint(primal, in_tree, out_tree, in_avals, decompositions, differentiated, aux_outputs)
+@dataclasses.dataclass(frozen=True)
+class JointRecipe:
+    """What a joint graph is a function of: :func:`build_joint`'s arguments, not yet built.
+
+    The compile cache keys a partition by it, so a warm start finds its entry
+    without building the joint graph, and a cached scan rewrite is replayed with
+    ``rebuild`` straight from the primal program. ``aux_outputs`` must be keyable
+    (a function or a ``functools.partial`` of one) for the partition to be cached.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> primal = jax.make_jaxpr(lambda x: jnp.sin(x).sum())(jnp.ones(3))
+        >>> recipe = JointRecipe(primal, None, None, (jax.ShapeDtypeStruct((3,), jnp.float32),))
+        >>> recipe.build().num_grads
+        1
+    """
+
+    primal: Any
+    in_tree: Any
+    out_tree: Any
+    in_avals: tuple
+    decompositions: Decompositions | None = None
+    differentiated: tuple[bool, ...] | None = None
+    aux_outputs: Callable[[], Any] | None = None
+
+    def build(self) -> JointGraph:
+        """The joint graph (traced now)."""
+        return build_joint(self.primal, self.in_tree, self.out_tree, self.in_avals, self.decompositions,
+                           self.differentiated, self.aux_outputs)
+
+    def rebuild(self, primal: Any) -> JointGraph:
+        """The joint graph of ``primal``, a program of the same signature, with the same options."""
+        return dataclasses.replace(self, primal=primal).build()
+
+    @classmethod
+    def of(cls, joint: JointGraph) -> "JointRecipe":
+        """``joint``'s recipe; for a joint graph built by hand, its primal with every differentiable input."""
+        if joint.recipe is not None:
+            return joint.recipe
+        return cls(joint.primal, joint.in_tree, joint.out_tree, tuple(joint.in_avals),
+                   differentiated=tuple(joint.differentiable))
 
 
 def trace_joint(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JointGraph:

@@ -95,7 +95,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
         with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
-            if fused and not tr.joint.num_aux:
+            if fused and not tr.num_aux:
                 if not is_decided(programs, "fused" + tr.name_suffix):
                     # The first call of a signature compiles the step (on an accelerator, each variant
                     # weighed) and decides fused or split: once, however many threads call.

@@ -32,8 +32,7 @@ class StagePasses:
     def __init__(self, index: int, training: Any, num_params: int, num_activations: int, param_avals: Sequence[Any],
                  activation_avals: Sequence[Any], split: Any | None):
         part = training.partition
-        joint = training.joint
-        if getattr(joint, "num_aux", 0):
+        if training.num_aux:
             raise InvalidInputError(
                 f"stage {index} runs a jaxaot.loops.while_loop without max_steps, whose stack grows at run time; the "
                 "compiled pipeline needs fixed shapes: give the loop max_steps, or pass executor='python'.")
@@ -48,8 +47,8 @@ class StagePasses:
         self.num_activations = num_activations
         self.param_avals = list(param_avals)
         self.activation_avals = list(activation_avals)
-        self.num_outputs = len(joint.out_avals)
-        self.output_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in joint.out_avals]
+        self.num_outputs = len(training.out_avals)
+        self.output_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in training.out_avals]
         self.cotangent_outputs = tuple(part.cotangent_outputs)
         grad_position = {leaf: k for k, leaf in enumerate(part.grad_inputs)}
         self._param_grad = [grad_position.get(i) for i in range(num_params)]

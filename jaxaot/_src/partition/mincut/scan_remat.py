@@ -31,7 +31,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot._src import compat as C
 from jaxaot._src.partition.mincut.plan_memo import PlanMemo, memoized
-from jaxaot._src.tracing import JointGraph, build_joint
+from jaxaot._src.tracing import JointGraph, JointRecipe, build_joint
 
 @dataclasses.dataclass(frozen=True)
 class BodyChoice:
@@ -294,13 +294,13 @@ def replay(closed: Any, plan: dict, path: str = "") -> Any:
     return _retrace(closed, bodies)
 
 
-def replay_joint(joint: JointGraph, plan: dict) -> JointGraph:
+def replay_joint(joint: JointGraph | JointRecipe, plan: dict) -> JointGraph:
     """The joint graph of ``joint``'s primal with a scan-remat ``plan`` replayed.
 
     Tracing is deterministic, so replaying the plan gives the joint graph the
     min-cut split, without running the min-cut (the compile cache relies on it).
+    A :class:`~jaxaot._src.tracing.JointRecipe` will do for ``joint``: the
+    replay needs its primal program and options, never the joint graph itself.
     """
-    rewritten = replay(joint.primal, plan)
-    if joint.rebuild is not None:  # same decompositions and runtime aux outputs as the original
-        return joint.rebuild(rewritten)
-    return build_joint(rewritten, joint.in_tree, joint.out_tree, joint.in_avals, differentiated=joint.differentiable)
+    recipe = joint if isinstance(joint, JointRecipe) else JointRecipe.of(joint)
+    return recipe.rebuild(replay(recipe.primal, plan))  # same decompositions and runtime aux outputs
