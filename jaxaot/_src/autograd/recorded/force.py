@@ -59,6 +59,15 @@ def known(tape: Any, vid: int, node: Any) -> None:
         start_ahead(node, tape.values, tape.parent, tape.started)
 
 
+def known_all(tape: Any, vids: Sequence[int], node: Any) -> None:
+    """:func:`known` of several values that became known together, at trie ``node``."""
+    known_at = tape.known_at
+    for vid in vids:
+        known_at[vid] = (len(known_at), node)
+    if node.ahead and not tape.eager:
+        start_ahead(node, tape.values, tape.parent, tape.started)
+
+
 def start_ahead(node: Any, values: list, trace: Any, started: dict) -> None:
     """Start the plans ``node`` keeps (:func:`place_ahead`) on the known ``values``: the program runs while
     the forward is recorded further, and Python, when it looks, gets the result at once. ``started``: plan ->

@@ -191,8 +191,8 @@ class Node:
     ``plan`` holds what a node learns once and reuses (a compiled program that
     computes a value Python looks at there); ``ahead`` the plans whose inputs are all
     known from this node on (a recording starts them here, before Python looks);
-    ``info`` where in the user's code the operation that leads to it was recorded
-    first (a traceback is not taken again on every step); ``structure`` the
+    ``info`` where in the user's code the operation (or the look at a value) that
+    leads to it was recorded first (a traceback is not taken again on every step); ``structure`` the
     :class:`Structure` of a recording that ends there.
     """
 

@@ -188,6 +188,23 @@ class Tape:
         """A tracer for a differentiated leaf (call these first, in order); ``aval``: its aval, if known."""
         return self.tracer(self._input("diff", C.typeof(value) if aval is None else aval, value))
 
+    def diff_inputs(self, values: Sequence[Any], avals: Sequence[Any]) -> list:
+        """Tracers for the differentiated leaves ``values`` of avals ``avals`` (the first inputs, all at once:
+        the inputs :meth:`diff_input` makes one by one, in one step of the trie)."""
+        first, n = len(self.avals), len(values)
+        vids = range(first, first + n)
+        self.avals.extend(avals)
+        self.values.extend(values)
+        self.shown.extend([False] * n)
+        kinds, inputs = self.kinds, self.inputs
+        for vid, aval in zip(vids, avals):
+            kinds[vid] = "diff"
+            inputs.append((vid, "diff", akey(aval)))
+        self.node = node = self.node.step(("diff", tuple(avals)))
+        F.known_all(self, vids, node)
+        trace = self.trace
+        return [_Tracer(trace, aval, vid) for vid, aval in zip(vids, avals)]
+
     def arg_input(self, value: Any) -> Any:
         """A tracer for an array argument handed to the forward as a recorded value (guarded recordings)."""
         vid = self._input("arg", C.typeof(value), value)
@@ -240,8 +257,13 @@ class Tape:
             self.shown[vid] = True
             F.known(self, vid, self.node)
         if look:
-            self.looks.append(Look(len(self.ops), C.source_info(),
-                                   value if getattr(value, "size", 2) == 1 else None, vid, how, plan))
+            where = self.node.info if plan is not None else None  # a look computed here before: its place
+            if where is None:
+                where = C.source_info()
+                if plan is not None:
+                    self.node.info = where
+            self.looks.append(Look(len(self.ops), where, value if getattr(value, "size", 2) == 1 else None, vid,
+                                   how, plan))
         return value
 
     def _plan(self, vid: int) -> F.Plan:
