@@ -39,6 +39,16 @@ class Plan:
         return values[self.vid]
 
 
+def look_source(node: Any, plan: Plan | None) -> Any:
+    """Where in the user's code a look is: a computed look's trie ``node`` keeps it from its first time there
+    (``plan``: the look's, None when the value was known and the trie did not move)."""
+    if plan is None:
+        return C.source_info()
+    if node.info is None:
+        node.info = C.source_info()
+    return node.info
+
+
 def place_ahead(plan: Plan, known_at: dict) -> None:
     """Keep ``plan`` on the trie node from which all its inputs are known (``known_at``: value number ->
     ``(order, node)`` where it became known), so that later recordings start it there (:func:`start_ahead`)."""
