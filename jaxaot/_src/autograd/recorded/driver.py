@@ -3,7 +3,8 @@
 Each call records the forward (:mod:`.tape`: Python runs as written, JAX operations
 are written down), looks its structure up in the process-wide cache (:mod:`.step_cache`,
 compiling ``jit(value_and_grad)`` of it on a miss, with the reason), and runs that
-one executable for loss, auxiliary outputs and gradients (:mod:`.step`). Lazy
+one executable for loss, auxiliary outputs and gradients (:mod:`.step`), started
+before the forward runs when the last two calls ran it (:mod:`.ahead`). Lazy
 recording falls back to eager recording, then to capturing ``jax.vjp``'s backward
 (:mod:`.capture`), when the forward needs it. Arguments follow ``jax.grad``;
 ``nnx.Module`` arguments as ``nnx.grad`` (:mod:`.modules`); ``replay=True`` skips
