@@ -145,3 +145,16 @@ def test_misses_in_a_row_wait_twice_as_long_each_time():
     calls = [call(1) for _ in range(8)]  # waits out its last miss, learns 1, then starts it and uses it
     assert calls == [(False, False)] * 5 + [(True, True)] * 3
     assert state.backoff == 1  # after a hit, a miss waits one call again
+
+
+def test_the_setting_off_starts_no_step(taken):
+    rng = np.random.default_rng(3)
+    vg = jaxaot.compiled_value_and_grad(mlp)
+    params = [(_rand(rng, 4, 4), _rand(rng, 4)) for _ in range(2)]
+    x, y = _rand(rng, 3, 4), _rand(rng, 3, 4)
+    with jaxaot.config.override(start_steps_ahead=False):
+        for _ in range(4):
+            _same_bits(vg(params, x, y), _after(mlp, params, x, y))
+    assert taken == [0, 0]
+    _same_bits(vg(params, x, y), _after(mlp, params, x, y))  # on again: the executable two calls ran starts
+    assert taken == [1, 0]

@@ -9,6 +9,7 @@ Python records. The recording decides: when it ends at that executable, on the
 same arrays, the started run's outputs are the step's (the same program on the
 same inputs); else they are dropped, the step runs as usual, and the function
 waits a while (longer after each miss) before it starts one ahead again.
+``jaxaot.config.start_steps_ahead = False`` starts none.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import operator
 import weakref
 from typing import Any, NamedTuple, Sequence
+
+from jaxaot._src.config import config
 
 #: The most calls a function waits, after a miss, before it starts a step ahead again.
 MAX_WAIT = 64
@@ -46,7 +49,7 @@ class Ahead:
         """Start the expected step on ``diff`` (differentiated leaves) and ``arrays`` (the call's other arrays);
         None when none is expected or its arrays are gone."""
         exe = self.exe
-        if exe is None:
+        if exe is None or not config.start_steps_ahead:
             return None
         args = _expected(self.sources, arrays)
         if args is None:
