@@ -5,7 +5,8 @@ value every step, ``if h.mean() > 10``, or at none), a small transformer block s
 and a Flax nnx CNN, each an eager training step ``loss, grads = value_and_grad(loss)(params, batch)``.
 
 Methods, timed per step (median over interleaved rounds; spread = min..max of the round medians;
-the sub-millisecond ones over 10x more steps per round):
+the sub-millisecond ones over 10x more steps per round, each method's turn in a round after one
+untimed step):
 
 * ``eager``: ``jax.value_and_grad`` run eagerly (``nnx.value_and_grad`` for the CNN);
 * ``jit(vjp_fn)``: eager ``jax.vjp``, then ``jax.jit(vjp_fn)(1.0)``, a new jit each step;
@@ -18,19 +19,24 @@ the sub-millisecond ones over 10x more steps per round):
 
 ``recompiles`` counts XLA backend compiles during the timed rounds (``jax.monitoring``).
 
-A compiled step is two parts, timed apart: *recording* the forward (Python runs it;
-JAX operations are written down, not dispatched) and the cached *executable*, which
-computes loss and gradients in one XLA program. The backward line compares that
-executable's backward part (``executable - jit(loss)``) with the backward part of the
-jitted step (``jit(vg) - jit(loss)``); the executable is timed on the functional loss
-(for the CNN too), as ``jit(vg)`` is.
+A compiled step is two parts: *recording* the forward (Python runs it; JAX operations
+are written down, not dispatched) and the cached *executable*, which computes loss and
+gradients in one XLA program, started before the recording once two calls in a row ran
+it (``jaxaot.config.start_steps_ahead``). The step line times the compiled step with the
+setting off too (interleaved), and each part alone, back to back. The backward line
+compares the executable's backward part (``executable - jit(loss)``) with the backward
+part of the jitted step (``jit(vg) - jit(loss)``); the executable is timed on the
+functional loss (for the CNN too), as ``jit(vg)`` is.
 
 The last section measures what a recording costs, piece by piece, on the MLP that looks at a
-value: one array operator (replayed from its template), one primitive, one jitted ``jax.numpy``
-function, ``jax.nn.gelu``, against eager dispatch of the operator; the structure key (the trie's
-node, against building and hashing the whole key); the compiled-step cache lookup; the argument
-handling of one call; the compiled look; the step's dispatch (a one-element program, through
-the executable and through ``jit``); and the whole recording.
+value: array operators replayed from their templates (``x * 0.5``, ``x ** 3``, a NumPy scalar
+times ``x``), a primitive, a jitted ``jax.numpy`` function, ``jax.nn.gelu``'s dtype promotion
+and ``jax.nn.gelu``, against eager dispatch of an operator; the argument handling of one
+call; the tape and its differentiated inputs; the MLP's forward under a recorder that writes
+nothing down (JAX's and the user's Python alone) against its recording; the look's program
+alone; the structure key (the trie's node, against building and hashing the whole key); the
+compiled-step cache lookup; the step's dispatch (a one-element program, through the executable
+and through ``jit``); the MLP's executable and whole step.
 
 The executable alone is compiled through ``jaxaot._src.autograd.recorded.step`` (``record``,
 ``compile_step``), the module the compiled step itself uses; no face exports it.
@@ -49,9 +55,12 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax._src.numpy import util as numpy_util  # a benchmark may reach into JAX: it times JAX's own promotion
 
 import jaxaot
 from benchmarks.harness import report
+from jaxaot._src import compat
 from jaxaot._src.autograd.recorded import call as call_module
 from jaxaot._src.autograd.recorded import step as compiled_step
 from jaxaot._src.autograd.recorded import structure as structure_module
@@ -179,20 +188,30 @@ def methods(loss, params, batch, jittable=None, module=None):
         return value, jax.jit(vjp_fn)(jnp.ones((), value.dtype))
 
     jit_vg, jit_fwd = jax.jit(jax.value_and_grad(jittable)), jax.jit(jittable)
-    exe, leaves, args = step_executable(loss, params, batch)
+    def compiled_after():  # the same, its executable run after the recording
+        with jaxaot.config.override(start_steps_ahead=False):
+            return compiled()
+
+    exe, leaves, args, record = step_executable(loss, params, batch)
     return {
-        "eager": eager, "jit(vjp_fn)": jit_vjp, "compiled": compiled, "replay": replay,
-        "jit(vg)": lambda: jit_vg(params, *batch),
-        "_executable": lambda: exe(leaves, args), "_jit_fwd": lambda: jit_fwd(params, *batch),
+        "eager": eager, "jit(vjp_fn)": jit_vjp, "compiled": compiled, "_compiled_after": compiled_after,
+        "replay": replay, "jit(vg)": lambda: jit_vg(params, *batch),
+        "_executable": lambda: exe(leaves, args), "_record": record, "_jit_fwd": lambda: jit_fwd(params, *batch),
     }
 
 
 def step_executable(loss, params, batch):
-    """The executable ``compiled_value_and_grad`` runs for ``loss`` (recorded and compiled once, here)."""
+    """The executable ``compiled_value_and_grad`` runs for ``loss`` (recorded and compiled once, here), its
+    arguments, and a function recording the forward alone."""
     leaves, tree = jax.tree_util.tree_flatten((params,))
-    recorded = compiled_step.record(lambda p: (loss(p, *batch), None), leaves, tree, eager=False)
+    forward = lambda p: (loss(p, *batch), None)  # noqa: E731
+    recorded = compiled_step.record(forward, leaves, tree, eager=False)
     exe, _ = compiled_step.compile_step(recorded.program, recorded.structure.key[2], (), leaves, recorded.args)
-    return exe, leaves, recorded.args
+
+    def record():
+        compiled_step.record(forward, leaves, tree, eager=False)
+
+    return exe, leaves, recorded.args, record
 
 
 #: Sub-millisecond methods, timed over this many times more steps per round (their medians feed differences).
@@ -208,6 +227,7 @@ def time_rounds(fns: dict, rounds: int, steps: int) -> tuple[dict, dict]:
     compiles = {k: 0 for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            jax.block_until_ready(fn())  # one step untimed: the first after another method's is the coldest
             before, times = _COMPILES[0], []
             for _ in range(steps * (_FAST_REPEATS if name in _FAST else 1)):
                 t = time.perf_counter()
@@ -230,8 +250,11 @@ def section(name: str, fns: dict, rounds: int, steps: int, replayed: bool = True
                      f"{med[k] / med['jit(vg)']:10.2f}x{compiles[k]:>11}")
     speedup, record_ratio = med["eager"] / med["compiled"], med["compiled"] / med["jit(vg)"]
     replay_ratio = med["replay"] / med["jit(vg)"]
-    lines.append(f"compiled step: recording {ms(max(med['compiled'] - med['_executable'], 0.0))} ms + executable "
-                 f"{ms(med['_executable'])} ms (loss and gradients in one program)")
+    lines.append(f"compiled step: {ms(med['compiled'])} ms with its executable started ahead, "
+                 f"{ms(med['_compiled_after'])} ms run after its recording "
+                 f"[{min(medians['_compiled_after']) * 1e3:.3f}..{max(medians['_compiled_after']) * 1e3:.3f}]; "
+                 f"its recording alone {ms(med['_record'])} ms, its executable alone {ms(med['_executable'])} ms "
+                 "(back to back; loss and gradients in one program)")
     jit_bwd = max(med["jit(vg)"] - med["_jit_fwd"], 1e-9)
     exe_bwd = max(med["_executable"] - med["_jit_fwd"], 0.0)
     ratio = exe_bwd / jit_bwd
@@ -264,11 +287,62 @@ def _chain(op: Callable[[Any], Any], x: Any, n: int) -> Callable[[], Any]:
     """Record ``n`` applications of ``op`` on a fresh tape (lazy: nothing runs)."""
     def run():
         tape = tape_module.Tape(eager=False)
-        with jaxaot._src.compat.set_current_trace(tape.trace):
+        with compat.set_current_trace(tape.trace):
             y = tape.diff_input(x)
             for _ in range(n):
                 y = op(y)
-        jaxaot._src.compat.invalidate(tape.trace)
+        compat.invalidate(tape.trace)
+    return run
+
+
+class NullRecorder:
+    """A recorder that writes nothing down: each operation gives tracers of its output avals (memoized), each
+    look a false ``bool``. The forward's Python under it is JAX's and the user's alone, the floor of a
+    recording (what the tape adds is the rest)."""
+
+    eager = False
+
+    def __init__(self, avals: dict) -> None:
+        self.trace = compat.RecordingTrace(self)
+        self.avals = avals  #: operation -> its output avals, kept by the caller from one recorder to the next
+
+    def tracer(self, aval: Any) -> Any:
+        return compat.RecordingTracer(self.trace, aval, 0)
+
+    def known(self, vid: int) -> Any:
+        return None
+
+    def force(self, vid: int, how: str = "value", look: bool = True) -> Any:
+        return np.bool_(False) if how == "bool" else np.float32(0.0)
+
+    def primitive(self, prim: Any, args: Any, params: dict) -> list:
+        avals = [compat.typeof(a) for a in args]
+        key = (prim, *avals, *params.items())
+        out = self.avals.get(key)
+        if out is None:
+            out = self.avals[key] = compat.abstract_eval(prim, avals, params)[0]
+        return [self.tracer(a) for a in out]
+
+    def call(self, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None) -> Any:
+        key = (fn, x.aval, *(compat.typeof(a) if isinstance(a, jax.Array) else (type(a), a) for a in args))
+        out = self.avals.get(key)
+        if out is None:
+            out = self.avals[key] = fn(x, *args, **(kwargs or {})).aval
+        return self.tracer(out)
+
+    def stage_value(self, val: Any) -> Any:
+        return self.tracer(compat.typeof(val))
+
+
+def _null_forward(forward: Callable, leaves: list, tree: Any) -> Callable[[], Any]:
+    """``forward`` on the leaves, under a :class:`NullRecorder` (one per call)."""
+    avals, memo = [compat.typeof(x) for x in leaves], {}
+
+    def run():
+        null = NullRecorder(memo)
+        with compat.set_current_trace(null.trace):
+            forward(*jax.tree_util.tree_unflatten(tree, [null.tracer(a) for a in avals]))
+        compat.invalidate(null.trace)
     return run
 
 
@@ -278,7 +352,7 @@ def recording_costs(rounds: int) -> str:
     x = jnp.ones((32, 64))
     n = 64
     leaves, tree = jax.tree_util.tree_flatten((params,))
-    forward = lambda p: (loss(p, *batch), None)
+    forward = lambda p: (loss(p, *batch), None)  # noqa: E731
     recorded = compiled_step.record(forward, leaves, tree, eager=False)
     exe, _ = compiled_step.executable(recorded, (), leaves, lambda s: "benchmark")
     tape = recorded.tape
@@ -289,29 +363,44 @@ def recording_costs(rounds: int) -> str:
     tiny_rec = compiled_step.record(lambda w: (jnp.sum(w * w), None), [w1], jax.tree_util.tree_structure((w1,)), False)
     tiny_exe, _ = compiled_step.executable(tiny_rec, (), [w1], lambda s: "benchmark")
     tiny(w1)
+    step_vg = jaxaot.compiled_value_and_grad(loss)
+    half = np.float32(0.5)
 
     def full_key():
         key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs))
         return hash(key), structure_module.interned(structure_module.Structure(key, None, kind="forward"))
 
+    def inputs():
+        fresh = tape_module.Tape(eager=False)
+        with compat.set_current_trace(fresh.trace):
+            fresh.diff_inputs(leaves, [compat.typeof(v) for v in leaves])
+        compat.invalidate(fresh.trace)
+
+    none = _chain(lambda y: y, x, 0)
     rows = {
-        "operator x * 0.5, recorded (template)": (_chain(lambda y: y * 0.5, x, n), _chain(lambda y: y, x, 0), n),
-        "primitive lax.tanh, recorded": (_chain(jax.lax.tanh, x, n), _chain(lambda y: y, x, 0), n),
-        "jitted jnp.tanh, recorded": (_chain(jnp.tanh, x, n), _chain(lambda y: y, x, 0), n),
-        "jax.nn.gelu (11 operations), recorded": (_chain(jax.nn.gelu, x, n), _chain(lambda y: y, x, 0), n),
+        "operator x * 0.5, recorded (template)": (_chain(lambda y: y * 0.5, x, n), none, n),
+        "x ** 3, recorded (template: integer_pow)": (_chain(lambda y: y ** 3, x, n), none, n),
+        "np.float32(0.5) * x, recorded (template)": (_chain(lambda y: half * y, x, n), none, n),
+        "primitive lax.tanh, recorded": (_chain(jax.lax.tanh, x, n), none, n),
+        "jitted jnp.tanh, recorded": (_chain(jnp.tanh, x, n), none, n),
+        "promote_args_inexact of a recorded value": (
+            _chain(lambda y: numpy_util.promote_args_inexact("gelu", y)[0], x, n), none, n),
+        "jax.nn.gelu (11 operations), recorded": (_chain(jax.nn.gelu, x, n), none, n),
         "operator x * 0.5, eager dispatch": (lambda: [x * 0.5 for _ in range(n)][-1], None, n),
+        "argument handling of a call": (lambda: call_module.Call((params, *batch), {}, (0,), (params,), {0}), None, 1),
+        "a tape and its 14 differentiated inputs": (inputs, None, 1),
+        "the MLP's forward, nothing written down": (_null_forward(forward, leaves, tree), None, 1),
+        "recording the MLP (one look)": (lambda: compiled_step.record(forward, leaves, tree, False), None, 1),
+        "look: its compiled program, alone": (lambda: look.run(tape.values, tape.parent), None, 1),
         "structure key: the trie's node": (lambda: tape_module.structure(tape, outputs), None, 1),
         "structure key: whole key built, hashed": (full_key, None, 1),
         "compiled-step cache lookup (hit)": (
             lambda: compiled_step.executable(recorded, (), leaves, lambda s: ""), None, 1),
-        "argument handling of a call": (
-            lambda: call_module.Call((params, *batch), {}, (0,), (params,), {0}).key(None), None, 1),
-        "look: its compiled program": (lambda: look.run(tape.values, tape.parent), None, 1),
         "step dispatch, executable (1-element program)": (lambda: tiny_exe([w1], []), None, 1),
         "step dispatch, jit (1-element program)": (lambda: tiny_jit(w1), None, 1),
         "whole step, 1-element program": (lambda: tiny(w1), None, 1),
-        "recording the MLP (one look)": (lambda: compiled_step.record(forward, leaves, tree, False), None, 1),
         "the MLP's step executable": (lambda: exe(leaves, recorded.args), None, 1),
+        "the MLP's whole recorded step": (lambda: step_vg(params, *batch), None, 1),
     }
     per = {k: [] for k in rows}
     for _ in range(rounds):

@@ -42,6 +42,7 @@ VALUES = {
     "blocked_loops": ([(True, True), (False, False)], [None, 1, "true"]),
     "unroll_blocks": ([(True, True), (False, False)], [None, 0, "no"]),
     "stack_segments": ([(True, True), (False, False), (None, None)], [0, "1", []]),
+    "start_steps_ahead": ([(True, True), (False, False)], [None, 1, "yes"]),
 }
 #: name -> (environment text, value; text it refuses). Paths take any text.
 ENV = {
@@ -53,6 +54,7 @@ ENV = {
     "blocked_loops": ([("true", True), ("no", False)], ["2"]),
     "unroll_blocks": ([("off", False), ("1", True)], ["twice"]),
     "stack_segments": ([("0", False), ("1", True)], ["none"]),
+    "start_steps_ahead": ([("off", False), ("on", True)], ["later"]),
 }
 
 

@@ -160,6 +160,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "compiles.", True),
     Setting("stack_segments", "bool or `None`", None, _bool_or_none, _flag,
             "Whether a max_steps loop's large stack runs in segments; None: on CPUs only.", True),
+    Setting("start_steps_ahead", "bool", True, _bool, _flag,
+            "Whether compiled_value_and_grad starts a step's executable before its forward is recorded, once two "
+            "calls in a row ran it."),
 )}
 
 
@@ -196,6 +199,9 @@ class Config:
         holds each blocked body ``online_block`` times. ``JAXAOT_UNROLL_BLOCKS``.
       stack_segments: run a ``max_steps`` loop's large stack in segments (read
         when the loop is differentiated); ``None``: on CPUs only. ``JAXAOT_STACK_SEGMENTS``.
+      start_steps_ahead: a ``compiled_value_and_grad`` call starts its step's
+        executable before its forward is recorded, once two calls in a row ran it
+        (read at each call). ``JAXAOT_START_STEPS_AHEAD``.
     """
 
     cache_dir: str | os.PathLike | None
@@ -206,6 +212,7 @@ class Config:
     blocked_loops: bool
     unroll_blocks: bool
     stack_segments: bool | None
+    start_steps_ahead: bool
 
     def __init__(self, **values: Any) -> None:
         for name in values:

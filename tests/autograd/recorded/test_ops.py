@@ -45,6 +45,26 @@ def test_operators_methods_and_indexing_replay_exactly_what_jax_numpy_recorded()
     assert len(ops.TEMPLATES) > 10
 
 
+def test_a_call_made_again_at_the_same_point_appends_what_its_template_appended(monkeypatch):
+    applied = []
+    apply = ops.Template.apply
+    monkeypatch.setattr(ops.Template, "apply", lambda self, *a: applied.append(self) or apply(self, *a))
+    rng = np.random.default_rng(4)
+    w, x = _rand(rng, 3, 4), _rand(rng, 5, 3)
+    tapes, applies = [], []
+    for _ in range(3):  # jax.numpy runs and is templated; the templates are applied; their calls are appended
+        applied.clear()
+        tapes.append(_record(operators, w, x, 2.0, 1).tape)
+        applies.append(list(applied))
+    # the third recording applied only the templates of calls that made a literal new to the tape (an input)
+    assert all(any(kind == "lit" for kind, *_ in t.steps) for t in applies[2]) and len(applies[2]) < len(applies[1])
+    for tape in tapes[1:]:
+        assert [e[:3] for e in tape.ops] == [e[:3] for e in tapes[0].ops]  # the same operations, one by one
+        assert (tape.avals, tape.inputs, tape.node) == (tapes[0].avals, tapes[0].inputs, tapes[0].node)
+    f = jax.jit(lambda w, x: jax.value_and_grad(operators)(w, x, 2.0, 1))  # and what they compute
+    _close(jaxaot.compiled_value_and_grad(operators)(w, x, 2.0, 1), f(w, x), tol=1e-4)
+
+
 def test_scalars_are_keyed_by_exact_value_and_type():
     f = lambda w, s: jnp.sum(w * jnp.arctan2(s * jnp.ones(()), -1.0))  # atan2(±0, -1) = ±pi
     w = jnp.ones(2)

@@ -3,7 +3,8 @@
 Each call records the forward (:mod:`.tape`: Python runs as written, JAX operations
 are written down), looks its structure up in the process-wide cache (:mod:`.step_cache`,
 compiling ``jit(value_and_grad)`` of it on a miss, with the reason), and runs that
-one executable for loss, auxiliary outputs and gradients (:mod:`.step`). Lazy
+one executable for loss, auxiliary outputs and gradients (:mod:`.step`), started
+before the forward runs when the last two calls ran it (:mod:`.ahead`). Lazy
 recording falls back to eager recording, then to capturing ``jax.vjp``'s backward
 (:mod:`.capture`), when the forward needs it. Arguments follow ``jax.grad``;
 ``nnx.Module`` arguments as ``nnx.grad`` (:mod:`.modules`); ``replay=True`` skips
@@ -243,24 +244,33 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
     """
     while plans.mode != "vjp":
         eager = plans.mode == "eager"
+        given = call.arrays if arrays is None or eager else arrays  # the arrays the step may read, by position
+        started = None if eager else plans.ahead.start(call.diff, given)
         t = time.perf_counter()
         try:
             recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays,
                                 [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]], plans.trie.root())
         except C.Unrecordable as e:
+            plans.ahead.drop()
             plans.mode = "vjp"
             note_fallback(f"compiled_grad({plans.name}): the forward cannot be recorded ({e}); running it under "
                           "jax.vjp with a captured backward from now on")
             continue
         except _NEEDS_VALUES as e:
+            plans.ahead.drop()
             if eager:
                 raise
             failed = e
+        except BaseException:
+            plans.ahead.drop()
+            raise
         else:
             recorded = recorded._replace(seconds=time.perf_counter() - t)
             try:
                 exe, compiled = S.executable(recorded, planned, call.diff, reason)
-                value, outs, grads = exe(list(call.diff), recorded.args)
+                ran = None if eager else plans.ahead.finish(started, exe, recorded.args,
+                                                                   recorded.tape.arg_objects, given)
+                value, outs, grads = exe(list(call.diff), recorded.args) if ran is None else ran
                 rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
                 return value, rest, list(grads), compiled, recorded, exe
             except JaxaotError:

@@ -39,6 +39,16 @@ class Plan:
         return values[self.vid]
 
 
+def look_source(node: Any, plan: Plan | None) -> Any:
+    """Where in the user's code a look is: a computed look's trie ``node`` keeps it from its first time there
+    (``plan``: the look's, None when the value was known and the trie did not move)."""
+    if plan is None:
+        return C.source_info()
+    if node.info is None:
+        node.info = C.source_info()
+    return node.info
+
+
 def place_ahead(plan: Plan, known_at: dict) -> None:
     """Keep ``plan`` on the trie node from which all its inputs are known (``known_at``: value number ->
     ``(order, node)`` where it became known), so that later recordings start it there (:func:`start_ahead`)."""
@@ -55,6 +65,15 @@ def known(tape: Any, vid: int, node: Any) -> None:
     """``vid``'s value became known on ``tape`` at trie ``node``: start the plans kept there (lazy recording)."""
     known_at = tape.known_at
     known_at[vid] = (len(known_at), node)
+    if node.ahead and not tape.eager:
+        start_ahead(node, tape.values, tape.parent, tape.started)
+
+
+def known_all(tape: Any, vids: Sequence[int], node: Any) -> None:
+    """:func:`known` of several values that became known together, at trie ``node``."""
+    known_at = tape.known_at
+    for vid in vids:
+        known_at[vid] = (len(known_at), node)
     if node.ahead and not tape.eager:
         start_ahead(node, tape.values, tape.parent, tape.started)
 

@@ -4,8 +4,9 @@ Running ``jax.numpy``'s Python for every ``x * 0.5`` on a recorded value costs
 far more than writing the operation down. What it records depends only on what
 it is given, so the first call with a given :func:`signature` keeps its recording
 as a :class:`Template` that later calls replay onto the tape, exactly as running
-``jax.numpy`` would. Operations that depended on values (or ran callbacks, or
-made constants) are never templated. Templates are process-wide and bounded.
+``jax.numpy`` would; a call a recording made at the same point of the structure trie
+before appends what it appended there. Operations that depended on values (or ran
+callbacks, or made constants) are never templated. Templates are process-wide and bounded.
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
     except (Unsupported, TypeError):  # TypeError: something unhashable in the signature
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     if template is not None:
+        if tape.log is None and -1 not in vids:  # recorded values and scalars only: the trie node fixes the rest
+            return _at_node(tape, key, vids, template, ops)
         return template.apply(tape, vids, ops)
     outer = tape.log
     if outer is None:
@@ -219,6 +222,31 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
             if len(TEMPLATES) >= MAX_TEMPLATES:
                 TEMPLATES.clear()
             TEMPLATES[key] = template
+    return out
+
+
+def _at_node(tape: Any, key: tuple, vids: tuple, template: Template, ops: list) -> Any:
+    """``template`` applied to ``tape``, or, for a call the recording made at this trie node before, what it
+    appended then, appended again: the node fixes every value number, aval and literal the template reads,
+    so the same operations follow (a call that made a literal new to the tape, an input, is applied anew)."""
+    node = tape.node
+    calls = node.calls
+    hit = calls.get((key, vids)) if calls is not None else None
+    if hit is not None:
+        made, avals, end, vid = hit
+        n = len(avals)
+        tape.ops.extend(made)
+        tape.avals.extend(avals)
+        tape.values.extend([None] * n)
+        tape.shown.extend([False] * n)
+        tape.node = end
+        return _Tracer(tape.trace, tape.avals[vid], vid)
+    at_ops, at_values, at_inputs = len(tape.ops), len(tape.avals), len(tape.inputs)
+    out = template.apply(tape, vids, ops)
+    if len(tape.inputs) == at_inputs:
+        if calls is None:
+            calls = node.calls = {}
+        calls[(key, vids)] = (tuple(tape.ops[at_ops:]), tuple(tape.avals[at_values:]), tape.node, out.vid)
     return out
 
 

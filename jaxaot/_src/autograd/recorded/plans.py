@@ -13,6 +13,7 @@ import threading
 from typing import Any, Callable
 
 from jaxaot._src.autograd.recorded import param_hooks as PH
+from jaxaot._src.autograd.recorded.ahead import Ahead
 from jaxaot._src.autograd.recorded import replay as R
 from jaxaot._src.autograd.recorded.step_cache import Compiled
 from jaxaot._src.autograd.recorded.step_reasons import explain
@@ -39,6 +40,7 @@ class Plans:
         self.by_tree: dict[Any, tuple] = {}
         self.last: tuple | None = None
         self.mode = "lazy"  #: "lazy", "eager" (recording) or "vjp" (capture); see :mod:`.driver`
+        self.ahead = Ahead()  #: the step started before its recording ends (:mod:`.ahead`)
         self.lock = threading.Lock()
         self.hits = 0
         self.entries: list[CacheEntryInfo] = []

@@ -57,8 +57,8 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
     tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie)
     try:
         with C.set_current_trace(tape.trace):
-            avals = diff_avals if diff_avals is not None else [None] * len(diff_leaves)
-            tracers = [tape.diff_input(x, a) for x, a in zip(diff_leaves, avals)]
+            avals = diff_avals if diff_avals is not None else [C.typeof(x) for x in diff_leaves]
+            tracers = tape.diff_inputs(diff_leaves, avals)
             diff = jax.tree_util.tree_unflatten(diff_tree, tracers)
             if arg_leaves is None:
                 loss, rest = forward(*diff)

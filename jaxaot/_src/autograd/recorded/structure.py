@@ -191,12 +191,13 @@ class Node:
     ``plan`` holds what a node learns once and reuses (a compiled program that
     computes a value Python looks at there); ``ahead`` the plans whose inputs are all
     known from this node on (a recording starts them here, before Python looks);
-    ``info`` where in the user's code the operation that leads to it was recorded
-    first (a traceback is not taken again on every step); ``structure`` the
-    :class:`Structure` of a recording that ends there.
+    ``info`` where in the user's code the operation (or the look at a value) that
+    leads to it was recorded first (a traceback is not taken again on every step); ``structure`` the
+    :class:`Structure` of a recording that ends there; ``calls`` the array operators replayed from
+    their templates there, by call, with what each appended (:mod:`.ops`).
     """
 
-    __slots__ = ("children", "plan", "ahead", "info", "structure")
+    __slots__ = ("children", "plan", "ahead", "info", "structure", "calls")
 
     def __init__(self) -> None:
         self.children: dict = {}
@@ -204,6 +205,7 @@ class Node:
         self.ahead: tuple = ()
         self.info: Any = None
         self.structure: Structure | None = None
+        self.calls: dict | None = None
 
     def step(self, edge: Any) -> "Node":
         """The node after ``edge`` (a hashable event), created on first use."""

@@ -186,7 +186,11 @@ class Tape:
 
     def diff_input(self, value: Any, aval: Any = None) -> Any:
         """A tracer for a differentiated leaf (call these first, in order); ``aval``: its aval, if known."""
-        return self.tracer(self._input("diff", C.typeof(value) if aval is None else aval, value))
+        return self.diff_inputs([value], [C.typeof(value) if aval is None else aval])[0]
+
+    def diff_inputs(self, values: Sequence[Any], avals: Sequence[Any]) -> list:
+        """Tracers for the differentiated leaves ``values`` of avals ``avals`` (the first inputs)."""
+        return [_Tracer(self.trace, aval, vid) for vid, aval in zip(_diff_inputs(self, values, avals), avals)]
 
     def arg_input(self, value: Any) -> Any:
         """A tracer for an array argument handed to the forward as a recorded value (guarded recordings)."""
@@ -240,7 +244,7 @@ class Tape:
             self.shown[vid] = True
             F.known(self, vid, self.node)
         if look:
-            self.looks.append(Look(len(self.ops), C.source_info(),
+            self.looks.append(Look(len(self.ops), F.look_source(self.node, plan),
                                    value if getattr(value, "size", 2) == 1 else None, vid, how, plan))
         return value
 
@@ -314,6 +318,22 @@ class Tape:
 
     #: The value number of a forward output (a tracer, or a constant made an input).
     output = ref
+
+
+def _diff_inputs(tape: Tape, values: Sequence[Any], avals: Sequence[Any]) -> range:
+    """The value numbers of differentiated leaves made inputs of ``tape`` together, in one step of the trie
+    (the inputs :meth:`Tape._input` would make one by one)."""
+    first, n = len(tape.avals), len(values)
+    vids = range(first, first + n)
+    tape.avals.extend(avals)
+    tape.values.extend(values)
+    tape.shown.extend([False] * n)
+    for vid, aval in zip(vids, avals):
+        tape.kinds[vid] = "diff"
+        tape.inputs.append((vid, "diff", akey(aval)))
+    tape.node = node = tape.node.step(("diff", tuple(avals)))
+    F.known_all(tape, vids, node)
+    return vids
 
 
 def _callback(tape: Tape, prim: Any, args: Sequence[Any], params: dict) -> list:

@@ -1,0 +1,120 @@
+"""A recorded step's executable started before its recording ends, on the arrays it is expected to read.
+
+A function whose forward records the same way call after call runs one step
+executable each call, after its recording. Once two calls in a row ran the same
+one, the next call starts it at once, on its differentiated leaves and on the
+arrays the step read last time (the call's own array arguments by position,
+any other array by identity, held weakly), so that the device computes while
+Python records. The recording decides: when it ends at that executable, on the
+same arrays, the started run's outputs are the step's (the same program on the
+same inputs); else they are dropped, the step runs as usual, and the function
+waits a while (longer after each miss) before it starts one ahead again.
+``jaxaot.config.start_steps_ahead = False`` starts none.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from typing import Any, NamedTuple, Sequence
+
+from jaxaot._src.config import config
+
+#: The most calls a function waits, after a miss, before it starts a step ahead again.
+MAX_WAIT = 64
+
+
+class Started(NamedTuple):
+    """A step started ahead: its executable, the arrays it was given, and its outputs (not waited for)."""
+
+    exe: Any
+    args: list
+    out: Any
+
+
+class Ahead:
+    """One function's step started ahead (module docstring): the executable the last call ran, where its
+    arrays came from, and how many calls to wait after a miss."""
+
+    __slots__ = ("exe", "sources", "last", "wait", "backoff")
+
+    def __init__(self) -> None:
+        self.exe: Any = None          #: the executable to start (None: start none)
+        self.sources: tuple = ()      #: per array it reads: the call's array at that index, or a weak reference
+        self.last: Any = None         #: the executable the last recorded call ran
+        self.wait = 0                 #: calls left before one starts ahead again
+        self.backoff = 1              #: calls to wait after the next miss
+
+    def start(self, diff: Sequence[Any], arrays: Sequence[Any]) -> Started | None:
+        """Start the expected step on ``diff`` (differentiated leaves) and ``arrays`` (the call's other arrays);
+        None when none is expected or its arrays are gone."""
+        exe = self.exe
+        if exe is None or not config.start_steps_ahead:
+            return None
+        args = _expected(self.sources, arrays)
+        if args is None:
+            return None
+        try:
+            return Started(exe, args, exe(list(diff), args))
+        except Exception:  # noqa: BLE001 - the step runs again after its recording, and raises there
+            return None
+
+    def finish(self, started: Started | None, exe: Any, args: Sequence[Any], objects: Sequence[Any],
+               arrays: Sequence[Any]) -> Any:
+        """The outputs of ``started`` when the recording ended at its executable on the same ``args`` (None:
+        run ``exe``). Learns what the next call starts: ``exe`` once two calls in a row ran it. ``objects``: what
+        the forward used for each of ``args`` (a NumPy array, where the step reads its copy on the device)."""
+        if started is not None:
+            if started.exe is exe and len(args) == len(started.args) and all(map(operator.is_, args, started.args)):
+                self.backoff = 1
+                return started.out  # the same executable on the same arrays: what it starts next time too
+            self.wait, self.backoff = self.backoff, min(2 * self.backoff, MAX_WAIT)
+        stable = exe is self.last
+        self.last = exe
+        if self.wait:
+            self.wait -= 1
+            self.exe = None
+        elif stable:
+            sources = _sources(args, objects, arrays)
+            self.exe, self.sources = (exe, sources) if sources is not None else (None, ())
+        else:
+            self.exe = None
+        return None
+
+    def drop(self) -> None:
+        """The recording failed: start nothing until two calls in a row run one executable again."""
+        self.exe = self.last = None
+
+
+def _sources(args: Sequence[Any], objects: Sequence[Any], arrays: Sequence[Any]) -> tuple | None:
+    """Where each of ``args`` came from: the index of the same object among ``arrays``, else a weak reference
+    to it; None when one is a copy the recording made (of a NumPy array, new at each call) or cannot be
+    referenced weakly."""
+    out = []
+    for a, o in zip(args, objects, strict=True):
+        at = next((i for i, x in enumerate(arrays) if x is a), None)
+        if at is None:
+            if o is not a:
+                return None
+            try:
+                at = weakref.ref(a)
+            except TypeError:
+                return None
+        out.append(at)
+    return tuple(out)
+
+
+def _expected(sources: tuple, arrays: Sequence[Any]) -> list | None:
+    """The arrays ``sources`` name in this call, or None when one of them is gone."""
+    out = []
+    for s in sources:
+        if type(s) is int:
+            if s >= len(arrays):
+                return None
+            out.append(arrays[s])
+        else:
+            a = s()
+            if a is None:
+                return None
+            out.append(a)
+    return out
