@@ -217,4 +217,5 @@ def test_the_executable_taken_is_stored_and_read_back_by_the_persistent_cache(mo
         hits = cache.stats().executable_hits
         warm = jaxaot.aot_function(scanned_mlp, partition_fn=mincut(memory_budget=budget))
         assert_trees_close(jaxaot.value_and_grad(warm, argnums=(0, 1))(*args), want, rtol=1e-4, atol=1e-5)
-        assert cache.stats().executable_hits == hits + 1 and not compiles  # the plan and its step, from disk
+        read = cache.stats().executable_hits - hits  # the plan and its step from disk (on accelerators its variants too)
+        assert not compiles and (read == 1 if jax.default_backend() == "cpu" else read >= 1)
