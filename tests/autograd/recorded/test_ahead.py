@@ -111,6 +111,17 @@ def test_arrays_the_forward_closes_over_are_followed_by_identity(taken):
     assert taken == before
 
 
+def test_numpy_differentiated_leaves_start_no_step(taken):
+    f = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
+    vg = jaxaot.compiled_value_and_grad(f)
+    rng = np.random.default_rng(4)
+    w, x = np.array(_rand(rng, 3, 2)), _rand(rng, 4, 3)
+    for _ in range(4):
+        _close(vg(w, x), jax.value_and_grad(f)(w, x))
+        w += 0.5  # the caller changes its array in place between calls
+    assert taken == [0, 0]
+
+
 def test_a_forward_that_raises_starts_nothing_until_it_runs_twice_again(taken):
     def f(w, fail):
         if fail:

@@ -18,6 +18,7 @@ import operator
 import weakref
 from typing import Any, NamedTuple, Sequence
 
+from jaxaot._src.compat import ArrayImpl as _ArrayImpl
 from jaxaot._src.config import config
 
 #: The most calls a function waits, after a miss, before it starts a step ahead again.
@@ -46,11 +47,11 @@ class Ahead:
         self.backoff = 1              #: calls to wait after the next miss
 
     def start(self, diff: Sequence[Any], arrays: Sequence[Any]) -> Started | None:
-        """Start the expected step on ``diff`` (differentiated leaves) and ``arrays`` (the call's other arrays);
-        None when none is expected or its arrays are gone."""
+        """Start the expected step on ``diff`` (differentiated leaves, device arrays) and ``arrays`` (the call's
+        other arrays); None when none is expected, a leaf is no device array, or an array it read is gone."""
         exe = self.exe
-        if exe is None or not config.start_steps_ahead:
-            return None
+        if exe is None or not config.start_steps_ahead or any(type(x) is not _ArrayImpl for x in diff):
+            return None  # (a NumPy leaf could change before the recording reads it)
         args = _expected(self.sources, arrays)
         if args is None:
             return None

@@ -198,12 +198,17 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     try:
         key, ops, vids = signature(fn, x, args, kwargs, tape)
+        at = (key, vids)
+        calls = tape.node.calls
+        made = calls.get(at) if calls is not None and tape.log is None else None
+        if made is not None:  # made at this point of the trie before
+            return _append(tape, made)
         template = TEMPLATES.get(key)
     except (Unsupported, TypeError):  # TypeError: something unhashable in the signature
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     if template is not None:
         if tape.log is None and -1 not in vids:  # recorded values and scalars only: the trie node fixes the rest
-            return _at_node(tape, key, vids, template, ops)
+            return _applied(tape, at, template, vids, ops)
         return template.apply(tape, vids, ops)
     outer = tape.log
     if outer is None:
@@ -225,29 +230,32 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
     return out
 
 
-def _at_node(tape: Any, key: tuple, vids: tuple, template: Template, ops: list) -> Any:
-    """``template`` applied to ``tape``, or, for a call the recording made at this trie node before, what it
-    appended then, appended again: the node fixes every value number, aval and literal the template reads,
-    so the same operations follow (a call that made a literal new to the tape, an input, is applied anew)."""
+def _applied(tape: Any, at: tuple, template: Template, vids: tuple, ops: list) -> Any:
+    """``template`` applied to ``tape``; what it appended is kept on the trie node by ``at`` (the call's key and
+    operands), for :func:`_append`: the node fixes every value number, aval and literal the template reads, so
+    the same call there appends the same operations (one that made a literal new to the tape, an input, is
+    applied anew each time)."""
     node = tape.node
-    calls = node.calls
-    hit = calls.get((key, vids)) if calls is not None else None
-    if hit is not None:
-        made, avals, end, vid = hit
-        n = len(avals)
-        tape.ops.extend(made)
-        tape.avals.extend(avals)
-        tape.values.extend([None] * n)
-        tape.shown.extend([False] * n)
-        tape.node = end
-        return _Tracer(tape.trace, tape.avals[vid], vid)
     at_ops, at_values, at_inputs = len(tape.ops), len(tape.avals), len(tape.inputs)
     out = template.apply(tape, vids, ops)
     if len(tape.inputs) == at_inputs:
-        if calls is None:
-            calls = node.calls = {}
-        calls[(key, vids)] = (tuple(tape.ops[at_ops:]), tuple(tape.avals[at_values:]), tape.node, out.vid)
+        n = len(tape.avals) - at_values
+        if node.calls is None:
+            node.calls = {}
+        node.calls[at] = (tuple(tape.ops[at_ops:]), tuple(tape.avals[at_values:]), (None,) * n, (False,) * n,
+                          tape.node, out.vid)
     return out
+
+
+def _append(tape: Any, made: tuple) -> Any:
+    """Append what a call appended at this trie node before (:func:`_applied`); its result."""
+    ops, avals, nones, falses, end, vid = made
+    tape.ops.extend(ops)
+    tape.avals.extend(avals)
+    tape.values.extend(nones)
+    tape.shown.extend(falses)
+    tape.node = end
+    return _Tracer(tape.trace, tape.avals[vid], vid)
 
 
 def _template(events: list, ops: list, result: int) -> Template | None:
