@@ -217,7 +217,7 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
                 if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
                     exe = lean
         if not fits(exe):
-            # Over the budget: the program the planner measured (no residual slices, XLA's layouts and order).
+            # Over the budget: the step without residual slices, in XLA's own layouts and order.
             planned = _compile_variant(training, name, value_leaf, barrier, returned, "auto", "xla", slices=False)
             if fits(planned):
                 exe = planned
