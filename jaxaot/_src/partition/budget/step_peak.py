@@ -23,7 +23,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.core import Partition
-from jaxaot._src.partition.costs import HOST_MEMORY_KIND
+from jaxaot._src.partition.costs import HOST_MEMORY_KIND, op_profile
 from jaxaot._src.partition.step import step_program
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes
@@ -33,10 +33,7 @@ def compiled_peak(exe: Any) -> int | None:
     """Peak device bytes of a compiled executable, where the backend reports it (XLA:CPU's
     ``peak_memory_in_bytes`` leaves out temporaries: then the sum of the parts, arguments and
     outputs included, less the aliased bytes)."""
-    try:
-        ma = exe.memory_analysis()
-    except Exception:  # noqa: BLE001  (backends without memory analysis)
-        return None
+    ma = op_profile.memory_analysis(exe)
     if ma is None:
         return None
     peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)

@@ -158,6 +158,15 @@ def _lowered(timing: Timing, device: Any) -> tuple[Any, Any]:
         return _chain(timing.eqn, 1).lower(avals), _chain(timing.eqn, timing.copies).lower(*[avals] * timing.copies)
 
 
+def memory_analysis(exe: Any) -> Any | None:
+    """XLA's buffer assignment of a compiled executable (``memory_analysis()``), or None where the backend
+    reports none."""
+    try:
+        return exe.memory_analysis()
+    except Exception:  # noqa: BLE001  (backends without memory analysis)
+        return None
+
+
 def held_bytes(exe: Any) -> int | None:
     """Device bytes timing a compiled program may hold, from XLA's buffer assignment (None: not reported):
     its arguments and temporaries, and its outputs twice, less what outputs reuse of the arguments.
@@ -166,10 +175,7 @@ def held_bytes(exe: Any) -> int | None:
     allocator may hand those back only later: on a GPU a chain's timing peaked one set of outputs
     above its buffer assignment (``docs/benchmarks.md``, Findings).
     """
-    try:
-        ma = exe.memory_analysis()
-    except Exception:  # noqa: BLE001  (backends without memory analysis)
-        return None
+    ma = memory_analysis(exe)
     if ma is None:
         return None
     return int(ma.argument_size_in_bytes + 2 * ma.output_size_in_bytes + ma.temp_size_in_bytes
