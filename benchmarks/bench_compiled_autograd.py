@@ -415,29 +415,39 @@ def recording_costs(rounds: int) -> str:
     return "\n".join(lines)
 
 
+#: The sections ``--only`` picks from: the MLP with a look and without, the transformer, the CNN, and (with
+#: ``--small``) the recording's cost table.
+SECTIONS = ("mlp_look", "mlp", "transformer", "cnn", "costs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="CPU-sized models and fewer rounds")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS, help="the sections to run")
     args = ap.parse_args()
     rounds = args.rounds or (5 if args.small else 7)
     steps = args.steps or (5 if args.small else 10)
 
     def sections():
-        for name, look in (("MLP, Python looks at a value each step", True), ("MLP, no look", False)):
-            loss, params, batch, jittable = mlp(args.small, look)
-            yield section(name, methods(loss, params, batch, jittable), rounds, steps)
-        loss, params, batch, _ = transformer(args.small)
-        yield section("transformer", methods(loss, params, batch), rounds, steps)
-        loss, params, batch, module_loss, model, nnx_vg = nnx_cnn(args.small)
-        yield section("Flax nnx CNN", methods(loss, params, batch, module=(module_loss, model, nnx_vg)), rounds, steps,
-                      replayed=False)
+        for key, name, look in (("mlp_look", "MLP, Python looks at a value each step", True),
+                                ("mlp", "MLP, no look", False)):
+            if key in args.only:
+                loss, params, batch, jittable = mlp(args.small, look)
+                yield section(name, methods(loss, params, batch, jittable), rounds, steps)
+        if "transformer" in args.only:
+            loss, params, batch, _ = transformer(args.small)
+            yield section("transformer", methods(loss, params, batch), rounds, steps)
+        if "cnn" in args.only:
+            loss, params, batch, module_loss, model, nnx_vg = nnx_cnn(args.small)
+            yield section("Flax nnx CNN", methods(loss, params, batch, module=(module_loss, model, nnx_vg)), rounds,
+                          steps, replayed=False)
         s = jaxaot.compiled_autograd.stats()
         yield (f"compiled_autograd.stats(): compiles={s.compiles} hits={s.hits} replays={s.replays} "
                f"fallbacks={len(s.fallbacks)}" + "".join(f"\n  fallback: {f}" for f in s.fallbacks))
-        if args.small:
+        if args.small and "costs" in args.only:
             yield recording_costs(rounds)
 
     report("compiled autograd: eager forward, backward compiled once per structure", sections(), args.out)
