@@ -14,7 +14,7 @@ import pytest
 
 import jaxaot
 from autograd_helpers import close as _close, rand as _rand
-from jaxaot._src.autograd.recorded import ahead, step
+from jaxaot._src.autograd.recorded import ahead, force, step
 
 
 @pytest.fixture
@@ -23,8 +23,8 @@ def taken(monkeypatch):
     counts = [0, 0]
     finish = ahead.Ahead.finish
 
-    def counted(self, started, exe, args, objects, arrays):
-        out = finish(self, started, exe, args, objects, arrays)
+    def counted(self, started, exe, args, objects, arrays, looks=None):
+        out = finish(self, started, exe, args, objects, arrays, looks)
         if started is not None:
             counts[out is None] += 1
         return out
@@ -169,3 +169,66 @@ def test_the_setting_off_starts_no_step(taken):
     assert taken == [0, 0]
     _same_bits(vg(params, x, y), _after(mlp, params, x, y))  # on again: the executable two calls ran starts
     assert taken == [1, 0]
+
+
+@pytest.fixture
+def look_programs(monkeypatch):
+    """``[looks given by a started step, look programs run when Python looked, look programs started ahead]``."""
+    counts = [0, 0, 0]
+    look, run, start = ahead.Started.look, force.Plan.run, force.start_ahead
+
+    def served(self, plan, args):
+        out = look(self, plan, args)
+        counts[0] += out is not None
+        return out
+
+    def ran(self, values, trace):
+        counts[1] += 1
+        return run(self, values, trace)
+
+    def started(node, values, trace, begun, step=None):
+        before = len(begun)
+        start(node, values, trace, begun, step)
+        counts[2] += len(begun) - before
+
+    monkeypatch.setattr(ahead.Started, "look", served)
+    monkeypatch.setattr(force.Plan, "run", ran)
+    monkeypatch.setattr(force, "start_ahead", started)
+    return counts
+
+
+def test_a_started_step_gives_the_values_python_looks_at(taken, look_programs):
+    def f(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(h ** 2) if h.mean() > -1.0 else jnp.sum(jnp.sin(h))
+
+    rng = np.random.default_rng(6)
+    vg = jaxaot.compiled_value_and_grad(f)
+    for _ in range(6):
+        w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+        got = vg(w, x)
+        _close(got, jax.value_and_grad(f)(w, x))
+        _same_bits(got, _after(f, w, x))
+    # the first two calls compute the look with its own program; from the third the started step gives it
+    assert taken == [4, 0] and look_programs[0] == 4
+    assert look_programs[1] + look_programs[2] <= 2 + 6  # (and each _after's recording one)
+
+
+def test_a_look_after_an_array_the_step_was_not_given_runs_its_own_program(taken, look_programs):
+    rng = np.random.default_rng(7)
+    held = {"w2": _rand(rng, 2, 2)}
+
+    def f(w, x):
+        h = jnp.tanh(x @ w) @ held["w2"]
+        return jnp.sum(h ** 2) if h.mean() > -10.0 else jnp.sum(h)
+
+    vg = jaxaot.compiled_value_and_grad(f)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    for k in range(5):
+        vg(w, x)
+    served = look_programs[0]
+    old, held["w2"] = held["w2"], 100.0 * _rand(rng, 2, 2)  # read before the look: its value is not the step's
+    got = vg(w, x)
+    _close(got, jax.value_and_grad(f)(w, x))
+    _same_bits(got, _after(f, w, x))
+    assert look_programs[0] == served and taken[1] == 1 and old is not held["w2"]

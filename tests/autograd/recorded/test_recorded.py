@@ -107,8 +107,8 @@ def test_a_look_seen_before_starts_ahead_and_python_gets_the_same_value(monkeypa
     runs, started = [], []
     run, start = force.Plan.run, force.start_ahead
     monkeypatch.setattr(force.Plan, "run", lambda self, *a: runs.append(self) or run(self, *a))
-    monkeypatch.setattr(force, "start_ahead", lambda node, values, trace, out: (
-        start(node, values, trace, out), started.append(len(out))))
+    monkeypatch.setattr(force, "start_ahead", lambda node, values, trace, out, step=None: (
+        start(node, values, trace, out, step), started.append(len(out))))
     seen = []
 
     def f(w, x, look):
@@ -130,10 +130,11 @@ def test_a_look_seen_before_starts_ahead_and_python_gets_the_same_value(monkeypa
         _close(vg(w, x, look), reference(w), tol=1e-5)
         if look:
             np.testing.assert_allclose(seen[-1], m, rtol=1e-5, atol=1e-6)
-        # the first step compiles the look's program; the next two start it as soon as w and x are known
-        # and take its result; the step without the look started it for nothing, and the last runs it
-        # when Python looks, as the first did
-        assert (len(runs), sum(started)) == [(1, 0), (0, 1), (0, 1), (0, 1), (1, 0)][i]
+        # the first step compiles the look's program; the second starts it as soon as w and x are known and
+        # takes its result; the third takes it from the step started ahead (the first two ran one step), and
+        # branches the other way, so the fourth starts no step and starts the look's program for nothing (its
+        # recording does not look); the last runs it when Python looks, as the first did
+        assert (len(runs), sum(started)) == [(1, 0), (0, 1), (0, 0), (0, 1), (1, 0)][i]
     _no_fallback()
 
 

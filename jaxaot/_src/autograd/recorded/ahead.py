@@ -10,6 +10,12 @@ same arrays, the started run's outputs are the step's (the same program on the
 same inputs); else they are dropped, the step runs as usual, and the function
 waits a while (longer after each miss) before it starts one ahead again.
 ``jaxaot.config.start_steps_ahead = False`` starts none.
+
+A step returns the scalars Python looked at while its forward was recorded. When
+the recording looks at one of them again, at the same point of its structure, with
+every array recorded so far the one the started step was given, the value comes
+from the started step's outputs (:meth:`Started.look`): no program of its own is
+dispatched, and none waits behind the step on the device.
 """
 
 from __future__ import annotations
@@ -26,22 +32,33 @@ MAX_WAIT = 64
 
 
 class Started(NamedTuple):
-    """A step started ahead: its executable, the arrays it was given, and its outputs (not waited for)."""
+    """A step started ahead: its executable, the arrays it was given, its outputs (not waited for), and
+    where among them the values Python looked at are (a look's plan -> index among the recorded outputs)."""
 
     exe: Any
     args: list
     out: Any
+    looks: dict
+
+    def look(self, plan: Any, args: Sequence[Any]) -> Any:
+        """The value ``plan`` computes, from this step's outputs, when the step returns it and the arrays a
+        recording read so far (``args``, in order) are the first of those the step was given; else None."""
+        k = self.looks.get(plan)
+        if k is None or len(args) > len(self.args) or not all(map(operator.is_, args, self.args)):
+            return None
+        return self.out[1][k]
 
 
 class Ahead:
     """One function's step started ahead (module docstring): the executable the last call ran, where its
     arrays came from, and how many calls to wait after a miss."""
 
-    __slots__ = ("exe", "sources", "last", "wait", "backoff")
+    __slots__ = ("exe", "sources", "looks", "last", "wait", "backoff")
 
     def __init__(self) -> None:
         self.exe: Any = None          #: the executable to start (None: start none)
         self.sources: tuple = ()      #: per array it reads: the call's array at that index, or a weak reference
+        self.looks: dict = {}         #: a look's plan -> its value's index among the step's recorded outputs
         self.last: Any = None         #: the executable the last recorded call ran
         self.wait = 0                 #: calls left before one starts ahead again
         self.backoff = 1              #: calls to wait after the next miss
@@ -56,15 +73,16 @@ class Ahead:
         if args is None:
             return None
         try:
-            return Started(exe, args, exe(list(diff), args))
+            return Started(exe, args, exe(list(diff), args), self.looks)
         except Exception:  # noqa: BLE001 - the step runs again after its recording, and raises there
             return None
 
     def finish(self, started: Started | None, exe: Any, args: Sequence[Any], objects: Sequence[Any],
-               arrays: Sequence[Any]) -> Any:
+               arrays: Sequence[Any], looks: dict | None = None) -> Any:
         """The outputs of ``started`` when the recording ended at its executable on the same ``args`` (None:
         run ``exe``). Learns what the next call starts: ``exe`` once two calls in a row ran it. ``objects``: what
-        the forward used for each of ``args`` (a NumPy array, where the step reads its copy on the device)."""
+        the forward used for each of ``args`` (a NumPy array, where the step reads its copy on the device);
+        ``looks``: where the step returns the values Python looked at (:attr:`Started.looks`)."""
         if started is not None:
             if started.exe is exe and len(args) == len(started.args) and all(map(operator.is_, args, started.args)):
                 self.backoff = 1
@@ -78,6 +96,7 @@ class Ahead:
         elif stable:
             sources = _sources(args, objects, arrays)
             self.exe, self.sources = (exe, sources) if sources is not None else (None, ())
+            self.looks = looks or {}
         else:
             self.exe = None
         return None

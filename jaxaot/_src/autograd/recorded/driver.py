@@ -249,7 +249,8 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
         t = time.perf_counter()
         try:
             recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays,
-                                [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]], plans.trie.root())
+                                [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]], plans.trie.root(),
+                                started)
         except C.Unrecordable as e:
             plans.ahead.drop()
             plans.mode = "vjp"
@@ -268,8 +269,8 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
             recorded = recorded._replace(seconds=time.perf_counter() - t)
             try:
                 exe, compiled = S.executable(recorded, planned, call.diff, reason)
-                ran = None if eager else plans.ahead.finish(started, exe, recorded.args,
-                                                                   recorded.tape.arg_objects, given)
+                ran = None if eager else plans.ahead.finish(started, exe, recorded.args, recorded.tape.arg_objects,
+                                                            given, S.look_outputs(recorded))
                 value, outs, grads = exe(list(call.diff), recorded.args) if ran is None else ran
                 rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
                 return value, rest, list(grads), compiled, recorded, exe

@@ -66,7 +66,7 @@ def known(tape: Any, vid: int, node: Any) -> None:
     known_at = tape.known_at
     known_at[vid] = (len(known_at), node)
     if node.ahead and not tape.eager:
-        start_ahead(node, tape.values, tape.parent, tape.started)
+        start_ahead(node, tape.values, tape.parent, tape.started, tape.ahead)
 
 
 def known_all(tape: Any, vids: Sequence[int], node: Any) -> None:
@@ -75,14 +75,18 @@ def known_all(tape: Any, vids: Sequence[int], node: Any) -> None:
     for vid in vids:
         known_at[vid] = (len(known_at), node)
     if node.ahead and not tape.eager:
-        start_ahead(node, tape.values, tape.parent, tape.started)
+        start_ahead(node, tape.values, tape.parent, tape.started, tape.ahead)
 
 
-def start_ahead(node: Any, values: list, trace: Any, started: dict) -> None:
+def start_ahead(node: Any, values: list, trace: Any, started: dict, step: Any = None) -> None:
     """Start the plans ``node`` keeps (:func:`place_ahead`) on the known ``values``: the program runs while
     the forward is recorded further, and Python, when it looks, gets the result at once. ``started``: plan ->
-    ``(result, node)``. The same program on the same values: the value Python gets is the one it would."""
+    ``(result, node)``. The same program on the same values: the value Python gets is the one it would.
+    Plans whose value the ``step`` started ahead returns start none (the step gives it, :mod:`.ahead`)."""
+    served = step.looks if step is not None else ()
     for plan in node.ahead:
+        if plan in served:
+            continue
         ins = [values[v] for v in plan.ins]
         if any(x is None for x in ins):
             continue

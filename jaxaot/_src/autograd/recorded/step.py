@@ -43,7 +43,7 @@ class Recorded(NamedTuple):
 
 def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool,
            arg_leaves: Sequence[Any] | None = None, diff_avals: Sequence[Any] | None = None,
-           trie: Any = None) -> Recorded:
+           trie: Any = None, ahead: Any = None) -> Recorded:
     """Run ``forward(*diff)`` under a fresh tape; it returns ``(loss, rest)``.
 
     ``rest`` (auxiliary outputs, module state) may hold recorded values: the
@@ -52,9 +52,14 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
     ``forward(*diff, arg_values=[...])``, the tape keeps what a replay needs, and the step returns the
     values Python looked at after the forward's other outputs (:func:`~.replay.confirms`). ``diff_avals``: the
     differentiated leaves' avals, when the caller has them; ``trie``: the root of the structure trie to
-    record in (:class:`~.structure.Node`; by default the process-wide one).
+    record in (:class:`~.structure.Node`; by default the process-wide one); ``ahead``: the step started
+    ahead of this recording (:class:`~.ahead.Started`), whose outputs may give the values Python looks at.
+
+    The step returns the values Python looked at after the forward's other outputs: in a guarded
+    recording those a replay checks, else the scalars a program of their own computed (a step started
+    ahead gives them to the next recording).
     """
-    tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie)
+    tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie, ahead=ahead)
     try:
         with C.set_current_trace(tape.trace):
             avals = diff_avals if diff_avals is not None else [C.typeof(x) for x in diff_leaves]
@@ -77,9 +82,23 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
         C.invalidate(tape.trace)
         if tape.started:  # plans started ahead that this recording never asked for
             F.unused(tape.started)
-    looked = [look.vid for look in guarded_looks(tape)] if tape.guarded else []  # checked by a replay ahead
+    looked = [look.vid for look in (guarded_looks(tape) if tape.guarded else computed_scalars(tape))]
     structure = T.structure(tape, (loss_vid, *vids, *looked))
     return Recorded(structure, tape.args, rest_tree, kept, tuple(vids), tape)
+
+
+def computed_scalars(tape: T.Tape) -> list:
+    """The looks at scalars that a program of their own computed (:mod:`.force`), in order."""
+    return [look for look in tape.looks if look.plan is not None and look.plan.exe is not None
+            and look.value is not None]
+
+
+def look_outputs(recorded: Recorded) -> dict:
+    """Where the step of ``recorded`` returns the values its looks' plans computed: plan -> index among the
+    step's recorded outputs (the forward's other outputs first)."""
+    outs = recorded.structure.key[2][1:]
+    return {look.plan: outs.index(look.vid) for look in recorded.tape.looks
+            if look.plan is not None and look.vid in outs}
 
 
 def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[Any], diff: Sequence[Any],

@@ -121,10 +121,13 @@ class Tape:
       callbacks: host callbacks run while recording.
       node: where the recording is in the structure trie (``trie``: its root, one per compiled
         function; by default the process-wide one).
+      ahead: the step started ahead of this recording (:class:`~.ahead.Started`), or None: it gives the
+        values Python looks at that it returns (:meth:`force`).
     """
 
-    def __init__(self, eager: bool = False, guarded: bool = False, trie: Any = None) -> None:
+    def __init__(self, eager: bool = False, guarded: bool = False, trie: Any = None, ahead: Any = None) -> None:
         self.eager = eager
+        self.ahead = ahead
         self.guarded = guarded
         self.parent = C.current_trace()
         self.trace = C.RecordingTrace(self)
@@ -239,7 +242,12 @@ class Tape:
         if value is None:
             plan = self._plan(vid)
             started = self.started.pop(plan, None) if self.started else None
-            value = plan.run(self.values, self.parent) if started is None else started[0]
+            if started is not None:
+                value = started[0]
+            elif self.ahead is not None and (value := self.ahead.look(plan, self.args)) is not None:
+                pass
+            else:
+                value = plan.run(self.values, self.parent)
             self.values[vid] = value
             self.shown[vid] = True
             F.known(self, vid, self.node)
