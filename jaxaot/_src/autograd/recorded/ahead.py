@@ -73,9 +73,12 @@ class Ahead:
         if args is None:
             return None
         try:
-            return Started(exe, args, exe(list(diff), args), self.looks)
+            out = exe(list(diff), args)
         except Exception:  # noqa: BLE001 - the step runs again after its recording, and raises there
             return None
+        for k in self.looks.values():  # the copies to the host queue behind the step: ready when Python looks
+            out[1][k].copy_to_host_async()
+        return Started(exe, args, out, self.looks)
 
     def finish(self, started: Started | None, exe: Any, args: Sequence[Any], objects: Sequence[Any],
                arrays: Sequence[Any], looks: dict | None = None) -> Any:

@@ -92,9 +92,12 @@ def start_ahead(node: Any, values: list, trace: Any, started: dict, step: Any = 
             continue
         try:
             with C.set_current_trace(trace):
-                started[plan] = (plan.exe(*ins), node)
+                out = plan.exe(*ins)
         except Exception:  # noqa: BLE001 - it runs again when Python looks, and raises there
             continue
+        if getattr(out, "size", 2) == 1:
+            out.copy_to_host_async()  # queued behind the program: on the host when Python looks
+        started[plan] = (out, node)
 
 
 def unused(started: dict) -> None:
