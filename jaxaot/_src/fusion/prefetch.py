@@ -66,20 +66,21 @@ def speculates(compiler: Any, avals: Sequence[Any], platforms: Iterable[str]) ->
 
 
 class Prefetch:
-    """Compiles of fused step variants begun on workers, each taken at most once; :meth:`close` drops the rest.
+    """Compiles begun on workers by key (a fused step's :class:`Variant`, a split program's name), each taken at
+    most once; :meth:`close` drops the rest.
 
-    ``build(variant)`` returns a variant's program and ``start(program)`` its begun compile (a future), or
+    ``build(key)`` returns what a key compiles (a program) and ``start(built)`` its begun compile (a future), or
     None where it compiles on the calling thread.
     """
 
-    def __init__(self, build: Callable[[Variant], Any], start: Callable[[Any], concurrent.futures.Future | None]):
+    def __init__(self, build: Callable[[Any], Any], start: Callable[[Any], concurrent.futures.Future | None]):
         self._build, self._start = build, start
-        self._begun: dict[Variant, tuple[Any, concurrent.futures.Future]] = {}
-        self._seen: set[Variant] = set()
+        self._begun: dict[Any, tuple[Any, concurrent.futures.Future]] = {}
+        self._seen: set = set()
 
-    def begin(self, variants: Iterable[Variant]) -> None:
-        """Lower each variant not yet begun (on this thread) and begin its compile on a worker."""
-        for v in variants:
+    def begin(self, keys: Iterable[Any]) -> None:
+        """Build each key not yet begun (lowering on this thread) and begin its compile on a worker."""
+        for v in keys:
             if v in self._seen:
                 continue
             self._seen.add(v)
@@ -91,12 +92,12 @@ class Prefetch:
             if future is not None:
                 self._begun[v] = (program, future)
 
-    def take(self, variant: Variant) -> tuple[Any, concurrent.futures.Future | None]:
-        """``(program, its begun compile)`` for ``variant``, no longer held; ``(None, None)`` where none was begun."""
-        return self._begun.pop(variant, (None, None))
+    def take(self, key: Any) -> tuple[Any, concurrent.futures.Future | None]:
+        """``(what it built, its begun compile)`` for ``key``, no longer held; ``(None, None)`` where none was begun."""
+        return self._begun.pop(key, (None, None))
 
     def close(self) -> None:
         """Drop the compiles not taken: those not started are cancelled, running ones waited for (so none
         runs beside what follows, a timed step) and their executables let go."""
-        begun, self._begun = list(self._begun.values()), {}
+        begun, self._begun, self._seen = list(self._begun.values()), {}, set()
         workers.settle(future for _, future in begun)
