@@ -152,3 +152,31 @@ def test_programs_compiled_on_workers_keep_the_calling_thread_s_x64_and_matmul_p
     assert_trees_close(got, want, rtol=1e-10, atol=1e-12)
     text = programs.executables[choice.executable].as_text()
     assert "f64[" in text and "operand_precision={highest,highest}" in text
+
+
+@needs_two_cores
+def test_xla_s_refusal_on_a_worker_raises_for_the_step_and_passes_over_a_variant(monkeypatch, accelerator):
+    programs, real_lower, real_compile = {}, cache.lower_xla, cache.compile_lowered
+
+    def lower(closed, avals, **options):
+        lowered = real_lower(closed, avals, **options)
+        programs[id(lowered)] = closed
+        return lowered
+
+    def refusing(lowered):
+        pinned = any("layout" in e.primitive.name for e in programs[id(lowered)].jaxpr.eqns)
+        if refused == "all" or (refused == "pinned" and pinned):
+            raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: refused here")
+        return real_compile(lowered)
+
+    monkeypatch.setattr(cache, "lower_xla", lower)
+    monkeypatch.setattr(cache, "compile_lowered", refusing)
+    refused = "all"
+    f, loss, args = _step(seed=13)
+    with pytest.raises(jaxaot.errors.XlaCompileError, match="'fused'"):
+        _run(f, args)
+    refused = "pinned"  # each variant with pinned layouts is refused: XLA's layouts are kept
+    g, _, _ = _step(seed=13)
+    got, choice, _, _ = _run(g, args)
+    assert choice.layouts == "auto"
+    assert_trees_close(got, jax.value_and_grad(loss, argnums=tuple(range(len(args))))(*args), rtol=1e-4, atol=1e-5)
