@@ -18,7 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 #: The most compiles that run at once.
 MAX_THREADS = 8
@@ -35,6 +35,11 @@ def threads() -> int:
     except (AttributeError, OSError):  # pragma: no cover - platforms without affinity
         cores = os.cpu_count() or 1
     return max(1, min(cores, MAX_THREADS))
+
+
+def overlaps() -> bool:
+    """Whether work handed to :func:`submit` from this thread runs beside it (not on a worker, more than one core)."""
+    return not getattr(_LOCAL, "worker", False) and threads() > 1
 
 
 def _run(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -56,3 +61,10 @@ def submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futu
         if _POOL is None:
             _POOL = concurrent.futures.ThreadPoolExecutor(threads(), thread_name_prefix="jaxaot-compile")
         return _POOL.submit(_run, fn, args, kwargs)
+
+
+def settle(futures: Iterable[concurrent.futures.Future]) -> None:
+    """Cancel the work of ``futures`` not started and wait for the rest, keeping none of their results or errors."""
+    for future in futures:
+        if not future.cancel():
+            future.exception()  # waits; an error of work nobody needs is nobody's

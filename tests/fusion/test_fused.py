@@ -304,10 +304,10 @@ def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     real = variants.fused_program
 
-    def refusing(training, value_leaf=0, barrier="all", layouts="auto", order="xla"):
+    def refusing(training, value_leaf=0, barrier="all", layouts="auto", order="xla", **options):
         if layouts == "pinned":
             raise NotImplementedError("no layouts here")
-        return real(training, value_leaf, barrier, layouts, order)
+        return real(training, value_leaf, barrier, layouts, order, **options)
 
     monkeypatch.setattr(variants, "fused_program", refusing)
     fn, make_args = zoo.ZOO["mlp_gelu"]

@@ -7,11 +7,11 @@ set; :func:`stats` counts their hits and misses.
 """
 
 from jaxaot._src.compile import compilers
-from jaxaot._src.compile.cache import cached_compile, cached_partition
+from jaxaot._src.compile.cache import cached_compile, cached_partition, start_compile
 from jaxaot._src.compile.cache_stats import CacheStats, reset_stats, stats
 from jaxaot._src.compile.compilers import Compiler, as_function, nop, print_jaxpr, xla
 
 __all__ = [
     "CacheStats", "Compiler", "as_function", "cached_compile", "cached_partition", "compilers", "nop", "print_jaxpr",
-    "reset_stats", "stats", "xla",
+    "reset_stats", "start_compile", "stats", "xla",
 ]

@@ -21,18 +21,20 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jaxaot._src import compat as C
+from jaxaot._src import workers
 from jaxaot._src.compile import executable_codec, partition_codec, store
 from jaxaot._src.compile.cache_keys import executable_key, partition_key
 from jaxaot._src.compile.cache_stats import CacheStats, count, reset_stats, stats
-from jaxaot._src.compile.compilers import Compiler, xla
+from jaxaot._src.compile.compilers import Compiler, lower_xla, xla
 from jaxaot._src.partition import Partition, Partitioner, measured_executables
 from jaxaot._src.tracing import JointGraph, JointRecipe
 
-__all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "stats"]
+__all__ = ["CacheStats", "cached_compile", "cached_partition", "reset_stats", "start_compile", "stats"]
 
 
 def cached_partition(partition_fn: Partitioner, recipe: JointRecipe, joint: Callable[[], JointGraph]) -> Partition:
@@ -68,9 +70,13 @@ def cached_partition(partition_fn: Partitioner, recipe: JointRecipe, joint: Call
     return part
 
 
-def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **options: Any) -> Any:
+def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], *,
+                   pending: concurrent.futures.Future | None = None, **options: Any) -> Any:
     """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook), else the
-    byte-budget search's executable of the same program where it holds one (:func:`_measured`)."""
+    byte-budget search's executable of the same program where it holds one (:func:`_measured`).
+
+    ``pending``: :func:`start_compile`'s compile of this very call, waited for instead of calling the
+    compiler (its error raised as the compiler's would be)."""
     path = _executable_path(compiler, closed, avals, options)
     if path is not None:
         exe = _read_executable(path, closed, avals)
@@ -80,7 +86,7 @@ def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **opti
         count("executable_misses")
     exe = _measured(compiler, closed, avals, options)
     if exe is None:
-        exe = compiler(closed, avals, **options)
+        exe = pending.result() if pending is not None else compiler(closed, avals, **options)
     if path is not None:
         blob = executable_codec.encode(exe, len(avals), len(C.jaxpr_of(closed).outvars))
         if blob is None:
@@ -88,6 +94,39 @@ def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **opti
         else:
             store.write(path, blob)
     return exe
+
+
+def start_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], **options: Any
+                  ) -> concurrent.futures.Future | None:
+    """:func:`cached_compile`'s compile of the same call, lowered on this thread and compiled on a worker
+    (:mod:`jaxaot._src.workers`), for its ``pending``; None where it would not compile: a compiler other than
+    :func:`~jaxaot._src.compile.compilers.xla` (compiled on the calling thread as ever), an entry in the
+    cache or the search's executable of this program, work that cannot run beside this thread, or a program
+    that does not lower (the compile then raises where it ran before)."""
+    if compiler is not xla or not set(options) <= {"donate_argnums"} or not workers.overlaps():
+        return None
+    if _stored(compiler, closed, avals, options) or measured_executables.holds(
+            closed, avals, {}, options.get("donate_argnums", ())):
+        return None
+    try:
+        lowered = lower_xla(closed, avals, **options)
+    except Exception:  # noqa: BLE001 - raised again by the compile that needs this program
+        return None
+    return workers.submit(compile_lowered, lowered)
+
+
+def compile_lowered(lowered: Any) -> Any:
+    """``lowered.compile()``: what :func:`start_compile` runs on a worker."""
+    return lowered.compile()
+
+
+def _stored(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> bool:
+    """Whether the cache has an entry for this compile (read by :func:`cached_compile`, not here)."""
+    if store.cache_root() is None or _runs_host_code(closed):
+        return False
+    key = executable_key(compiler, closed, avals, options)
+    path = None if key is None else store.entry_path("executables", key)
+    return path is not None and path.exists()
 
 
 def _executable_path(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> Path | None:

@@ -55,8 +55,16 @@ def xla(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,
     The result is a ``jax.stages.Compiled``: it has ``memory_analysis()`` and
     ``cost_analysis()``, and refuses inputs of another shape or dtype.
     """
+    return lower_xla(closed_jaxpr, example_avals, donate_argnums=donate_argnums).compile()
+
+
+def lower_xla(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,
+              donate_argnums: Sequence[int] = ()) -> jax.stages.Lowered:
+    """:func:`xla`'s program lowered, not yet compiled. Lowering reads the calling thread's JAX configuration
+    (x64, matmul precision, the mesh in context); ``compile()`` of the result reads none, so it may run on a
+    worker thread (:mod:`jaxaot._src.workers`)."""
     jitted = jax.jit(as_function(closed_jaxpr), donate_argnums=tuple(donate_argnums), keep_unused=True)
-    return jitted.lower(*example_avals).compile()
+    return jitted.lower(*example_avals)
 
 
 def nop(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,

@@ -11,6 +11,7 @@ behind each rule are in ``docs/concepts/fused_step.md``.
 """
 
 from jaxaot._src.fusion.interface import ProgramsLike, TrainingLike
+from jaxaot._src.fusion.prefetch import Prefetch
 from jaxaot._src.fusion.variants import (
     choose_barrier, choose_layouts, choose_order, choose_rederive, compiled_peak, default_barrier, fused_exe,
     fused_name, fused_program,
@@ -20,7 +21,7 @@ from jaxaot._src.fusion.step_choice import (
 )
 
 __all__ = [
-    "FusedChoice", "ProgramsLike", "TrainingLike", "budget_choice", "choose_barrier", "choose_layouts", "choose_order",
+    "FusedChoice", "Prefetch", "ProgramsLike", "TrainingLike", "budget_choice", "choose_barrier", "choose_layouts", "choose_order",
     "choose_rederive", "choose_step", "compiled_peak", "default_barrier", "fused_choice", "fused_exe", "fused_name",
     "fused_program", "is_decided", "run_fused", "run_split",
 ]

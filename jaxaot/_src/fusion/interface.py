@@ -34,8 +34,14 @@ class ProgramsLike(Protocol):
     fused_choices: dict[str, Any]
 
     def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any],
-                aliased: set = frozenset()) -> Any:
-        """The executable ``name`` of ``closed``, compiled on first use (inputs in ``aliased`` not donated)."""
+                aliased: set = frozenset(), pending: Any = None) -> Any:
+        """The executable ``name`` of ``closed``, compiled on first use (inputs in ``aliased`` not donated);
+        ``pending``: that compile, begun by :meth:`start_compile` of the same arguments."""
+        ...
+
+    def start_compile(self, compiler: Compiler, closed: Any, avals: Sequence[Any],
+                      aliased: set = frozenset()) -> Any:
+        """A future of ``closed``'s compile, begun on a worker, or None where :meth:`compile` compiles it."""
         ...
 
     def splice(self, leaves: Sequence[Any], computed: Sequence[Any]) -> list:

@@ -5,7 +5,8 @@ the split programs fit (:func:`budget_choice`), or, timed on the first call, it
 takes more than :data:`STEP_TIME_SLACK` times the split step (:func:`choose_step`;
 timed only where that cannot run the device out of memory). The loser's
 executables are dropped; the :class:`FusedChoice` says what was compiled, which
-step runs and why.
+step runs and why. On an accelerator the split programs' compiles begin beside the fused step's
+(:mod:`~jaxaot._src.fusion.prefetch`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.fusion.interface import TrainingLike
+from jaxaot._src.fusion.prefetch import speculates
 from jaxaot._src.fusion.variants import fused_exe, fused_name, platform_of
 from jaxaot._src.partition import compiled_peak
 
@@ -118,6 +120,10 @@ class SplitRunner(TrainingLike, Protocol):
 
     def drop_executables(self, names: set) -> None: ...
 
+    def start_split_compiles(self) -> None: ...
+
+    def drop_split_compiles(self) -> None: ...
+
 
 def run_split(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
     """``(outputs, grads)`` from the split forward and backward executables of the same plan."""
@@ -180,6 +186,18 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
     return choose_step(times["fused"], times["split"])
 
 
+def _split_ahead(training: SplitRunner) -> bool:
+    """Whether the first call's choice will compile the split programs on an accelerator (the conditions of
+    :func:`_timed_choice` read before compiling), so their compiles begin beside the fused step's."""
+    p, part = training.programs, training.partition
+    budget = getattr(part.step_peak, "budget", None)
+    return (speculates(training.options.fw_compiler, p.in_avals, TIME_CHOICE_PLATFORMS)
+            and training.options.bw_compiler is training.options.fw_compiler
+            and (budget is None or (part.step_peak.split is not None and part.step_peak.split <= budget))
+            and not getattr(p, "donated_leaves", ())
+            and not (C.jaxpr_of(part.forward).effects or C.jaxpr_of(part.backward).effects))
+
+
 def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None = None) -> FusedChoice:
     """The signature's :class:`FusedChoice` for this gradient mask and loss, decided on first use.
 
@@ -193,11 +211,15 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     known = p.fused_choices.get(name)
     if known is not None and (known.runs is not None or leaves is None):
         return known
-    exe = fused_exe(training, value_leaf)
-    before = set(p.executables)
-    chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
-    if chosen is None and leaves is not None:
-        chosen = _timed_choice(training, exe, leaves, value_leaf)
+    ahead = training.start_split_compiles if leaves is not None and _split_ahead(training) else None
+    try:
+        exe = fused_exe(training, value_leaf, meanwhile=ahead)
+        before = set(p.executables)
+        chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
+        if chosen is None and leaves is not None:
+            chosen = _timed_choice(training, exe, leaves, value_leaf)
+    finally:
+        training.drop_split_compiles()
     runs, why = chosen if chosen is not None else (None, "")
     choice = p.fused_choices[name] = FusedChoice(name, exe.layouts, exe.order, exe.barrier, exe.rederived, runs, why)
     if runs == "split":

@@ -11,12 +11,13 @@ are row-major anyway, the step compiles once.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
 from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
+from jaxaot._src.fusion.prefetch import Prefetch, Variant, speculates
 from jaxaot._src.partition import (
     barred_residuals, compiled_peak, default_partition, ordered_eqns, rederive_backward, step_program)
 
@@ -142,20 +143,28 @@ def choose_rederive(peak: int | None, rederived_peak: int | None) -> bool:
     return rederived_peak < peak * (1 - REDERIVE_PEAK_GAIN)
 
 
+def _variant_program(training: TrainingLike, value_leaf: int, v: Variant) -> Any:
+    """:func:`fused_program` of the options of ``v``."""
+    return fused_program(training, value_leaf, barrier=v.barrier, layouts=v.layouts, order=v.order,
+                         slices=v.slices, rederive=bool(v.rederived))
+
+
 def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier: str, returned: set,
-                     layouts: str, order: str, rederived: tuple[int, ...] = (), slices: bool = True) -> Any:
+                     layouts: str, order: str, rederived: tuple[int, ...] = (), slices: bool = True,
+                     prefetch: Prefetch | None = None) -> Any:
     """The step compiled with this ``barrier``, ``layouts``, ``order``, residual positions
     ``rederived`` (which it carries as attributes, the last as the residuals' descriptions) and
-    ``slices``, or None where the backend refuses it."""
+    ``slices``, or None where the backend refuses it. Its compile is taken from ``prefetch`` where begun there."""
     p = training.programs
     key = f"{name}:{layouts}:{order}:{barrier}:{len(rederived)}:{slices}"
+    v = Variant(barrier, layouts, order, tuple(rederived), slices)
     _progress.step("compiling fused variant", total=4, key=name, owner=p,
                    detail=f"{layouts} layouts, {order} order, barrier {barrier}" + ", rederived" * bool(rederived))
+    program, pending = prefetch.take(v) if prefetch is not None else (None, None)
     try:
         exe = p.compile(key, training.options.fw_compiler,
-                        fused_program(training, value_leaf, barrier=barrier, layouts=layouts, order=order,
-                                      slices=slices, rederive=bool(rederived)),
-                        p.in_avals, aliased=returned)
+                        program if program is not None else _variant_program(training, value_leaf, v),
+                        p.in_avals, aliased=returned, pending=pending)
     except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
         return None
     finally:
@@ -165,13 +174,44 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier
     return exe
 
 
+def _weighed(part: Any, barrier: str) -> tuple[bool, bool, bool, tuple[int, ...]]:
+    """Which variants the chain weighs: pinned layouts (always), the consume-first order, no barrier, and the
+    residual positions derived again (empty: none)."""
+    ordered = bool(part.recomputed and ordered_eqns(part.backward, len(part.cotangent_outputs)))
+    rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if part.recomputed else ()
+    return True, ordered, bool(barred_residuals(part, barrier)), tuple(rederived)
+
+
+def _still_weighed(kept: Any, barrier: str, weighed: tuple, after: int) -> list[Variant]:
+    """The variants the chain asks for from its step ``after`` on (0: pinned layouts, 1: order, 2: barrier,
+    3: reductions derived again), ``kept`` the step kept so far, where each later comparison goes as its rule
+    goes on equal peaks (:data:`_ON_EQUAL_PEAKS`): the likely way, as a variant mostly changes the peak little."""
+    pinned, ordered, free, rederived = weighed
+    layouts, kept_barrier, out = kept.layouts, kept.barrier, []
+    if after <= 0 and pinned:
+        out.append(Variant(barrier, "pinned", "xla"))
+        layouts = _ON_EQUAL_PEAKS["layouts"]
+    if after <= 1 and ordered:
+        out.append(Variant(barrier, layouts, "consume_first"))  # the order kept shapes no later variant
+    if after <= 2 and free:
+        out.append(Variant("none", layouts, "xla"))
+        kept_barrier = "none" if _ON_EQUAL_PEAKS["barrier"] == "none" else kept_barrier
+    if after <= 3 and rederived:
+        out.append(Variant(kept_barrier, layouts, "xla", rederived))
+    return out
+
+
+#: What the layout and barrier rules choose where the variant's peak equals the kept step's.
+_ON_EQUAL_PEAKS = {"layouts": choose_layouts(1, 1), "barrier": choose_barrier("all", 1, 1)}
+
+
 def fused_name(training: TrainingLike, value_leaf: int = 0) -> str:
     """The fused step's name among the signature's executables: ``"fused"`` plus the gradient mask's suffix,
     plus ``@leaf`` where the loss is not the first output."""
     return "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
 
 
-def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
+def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[], None] | None = None) -> Any:
     """The fused step's executable for output ``value_leaf`` as the loss, compiled (through the
     persistent cache) on first use and stored in ``training.programs.executables``. Under a byte budget
     the first compile is the search's own of the chosen plan, where it measured this very program
@@ -181,45 +221,84 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0) -> Any:
     compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
     executable's ``layouts`` (``"auto"`` or ``"pinned"``), ``order`` (``"xla"`` or
     ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or ``"none"``) and ``rederived``
-    (the residuals derived again) attributes say which was kept.
+    (the residuals derived again) attributes say which was kept. There the compiles are begun together on
+    worker threads (:mod:`~jaxaot._src.fusion.prefetch`), the chain of choices unchanged.
+    ``meanwhile()`` is called once the step's own compiles are begun, before they are waited for (the
+    first call begins the split programs' compiles there).
     """
     p = training.programs
     name = fused_name(training, value_leaf)
     exe = p.executables.get(name)
     if exe is None:
         returned = {i for i in p.output_is_input if i is not None}  # handed back as outputs: never donated
-        barrier, part = default_barrier(training), training.partition
-        exe = p.compile(name, training.options.fw_compiler, fused_program(training, value_leaf, barrier=barrier),
-                        p.in_avals, aliased=returned)
-        exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
-        budget = getattr(part.step_peak, "budget", None)
-
-        def fits(v: Any) -> bool:
-            peak = compiled_peak(v) if v is not None else None
-            return v is not None and (budget is None or peak is None or peak <= budget)
-
-        if platform_of(exe) in LAYOUT_CHOICE_PLATFORMS:
-            variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned)
-            pinned = variant(barrier, layouts="pinned", order="xla")
-            if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
-                exe = pinned
-            if part.recomputed and ordered_eqns(part.backward, len(part.cotangent_outputs)):
-                ordered = variant(barrier, layouts=exe.layouts, order="consume_first")
-                if fits(ordered) and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
-                    exe = ordered
-            if barred_residuals(part, barrier):
-                free = variant("none", layouts=exe.layouts, order="xla")
-                if fits(free) and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
-                    exe = free
-            rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if part.recomputed else ()
-            if rederived:
-                lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=rederived)
-                if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
-                    exe = lean
-        if not fits(exe):
-            # Over the budget: the step without residual slices, in XLA's own layouts and order.
-            planned = _compile_variant(training, name, value_leaf, barrier, returned, "auto", "xla", slices=False)
-            if fits(planned):
-                exe = planned
+        compiler = training.options.fw_compiler
+        prefetch = None
+        if speculates(compiler, p.in_avals, LAYOUT_CHOICE_PLATFORMS):
+            prefetch = Prefetch(functools.partial(_variant_program, training, value_leaf),
+                                functools.partial(p.start_compile, compiler, avals=p.in_avals, aliased=returned))
+        try:
+            exe = _chosen(training, name, value_leaf, returned, prefetch, meanwhile)
+        finally:
+            if prefetch is not None:
+                prefetch.close()
         p.executables[name] = exe
+    elif meanwhile is not None:
+        meanwhile()
+    return exe
+
+
+def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, prefetch: Prefetch | None,
+            meanwhile: Callable[[], None] | None) -> Any:
+    """The fused step :func:`fused_exe` keeps: compiled, then weighed against each variant in turn."""
+    p, part = training.programs, training.partition
+    barrier = default_barrier(training)
+    base = Variant(barrier)
+    weighed = _weighed(part, barrier) if prefetch is not None else None
+    if prefetch is not None:
+        prefetch.begin([base, *_still_weighed(base, barrier, weighed, 0)])
+    if meanwhile is not None:
+        meanwhile()
+    program, pending = prefetch.take(base) if prefetch is not None else (None, None)
+    exe = p.compile(name, training.options.fw_compiler,
+                    program if program is not None else _variant_program(training, value_leaf, base),
+                    p.in_avals, aliased=returned, pending=pending)
+    exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
+    budget = getattr(part.step_peak, "budget", None)
+
+    def fits(v: Any) -> bool:
+        peak = compiled_peak(v) if v is not None else None
+        return v is not None and (budget is None or peak is None or peak <= budget)
+
+    if platform_of(exe) in LAYOUT_CHOICE_PLATFORMS:
+        variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned,
+                                    prefetch=prefetch)
+        weighed = weighed or _weighed(part, barrier)
+
+        def ahead(step: int) -> None:  # where a choice went another way, the later variants it now asks for
+            if prefetch is not None:
+                prefetch.begin(_still_weighed(exe, barrier, weighed, step))
+
+        pinned = variant(barrier, layouts="pinned", order="xla")
+        if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
+            exe = pinned
+        if weighed[1]:
+            ahead(1)
+            ordered = variant(barrier, layouts=exe.layouts, order="consume_first")
+            if fits(ordered) and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
+                exe = ordered
+        if weighed[2]:
+            ahead(2)
+            free = variant("none", layouts=exe.layouts, order="xla")
+            if fits(free) and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
+                exe = free
+        if weighed[3]:
+            ahead(3)
+            lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=weighed[3])
+            if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
+                exe = lean
+    if not fits(exe):
+        # Over the budget: the step without residual slices, in XLA's own layouts and order.
+        planned = _compile_variant(training, name, value_leaf, barrier, returned, "auto", "xla", slices=False)
+        if fits(planned):
+            exe = planned
     return exe

@@ -8,6 +8,7 @@ interface the other stages use; the class says what they may call and read.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -15,7 +16,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.compile import Compiler, cached_compile
+from jaxaot._src.compile import Compiler, cached_compile, start_compile
 from jaxaot.errors import InvalidValueError, XlaCompileError
 from jaxaot._src.runtime import shardings as S
 from jaxaot._src.runtime.debug_nans import CheckedExecutable
@@ -33,16 +34,17 @@ class SignaturePrograms:
 
     What other stages (export, pipeline stages, the fused step through its ``TrainingLike``
     and ``ProgramsLike`` protocols) may use: call ``training(mask)`` (default: every inexact
-    input) and ``compile(name, compiler, closed, avals, aliased)``, a program of their own
-    cached under ``name`` in ``executables``; read, never write, ``signature``, ``in_avals``,
+    input) and ``compile(name, compiler, closed, avals, aliased, pending)``, a program of their own
+    cached under ``name`` in ``executables`` (``start_compile(compiler, closed, avals, aliased)``
+    begins it on a worker); read, never write, ``signature``, ``in_avals``,
     ``primal``, ``out_tree``, ``output_is_input``, ``computed_outputs``, ``sharded``, ``mesh``,
     ``executables``, ``compiled`` and ``times``, and call ``splice(leaves, computed)``. On a
     :class:`~jaxaot._src.runtime.TrainingPrograms`: read ``programs``, ``options``, ``mask``,
     ``name_suffix``, ``joint``, ``partition``, ``out_avals``, ``num_aux`` and ``placement`` (a
     loop-capacity rebuild replaces the last five: read them again after a forward); call ``forward(leaves,
     concrete)``, ``backward(residuals, cotangents)``, ``backward_avals()``, ``forward_exe`` /
-    ``backward_exe``, ``unit_cotangents(leaf)`` and ``input_grads_tree(grads)``. Everything
-    else is the runtime's own.
+    ``backward_exe``, ``start_split_compiles()`` / ``drop_split_compiles()``, ``unit_cotangents(leaf)``
+    and ``input_grads_tree(grads)``. Everything else is the runtime's own.
 
     Attributes:
       signature: the :class:`~jaxaot._src.runtime.signature.Signature`.
@@ -113,18 +115,29 @@ class SignaturePrograms:
                     tr = self._training[key] = TrainingPrograms(self, key)
         return tr
 
-    def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any], aliased: set = frozenset()):
-        """The executable ``name``, compiled (through the persistent cache) on first use."""
+    def _donation(self, aliased: set) -> dict:
+        donate = [i for i in self.donated_leaves if i not in aliased]
+        return {"donate_argnums": tuple(donate)} if donate else {}
+
+    def start_compile(self, compiler: Compiler, closed: Any, avals: Sequence[Any],
+                      aliased: set = frozenset()) -> concurrent.futures.Future | None:
+        """A compile of ``closed`` begun on a worker (lowered on this thread), handed later to :meth:`compile`
+        as its ``pending``; None where it compiles there as ever (:func:`~jaxaot._src.compile.start_compile`)."""
+        return start_compile(compiler, closed, list(avals), **self._donation(aliased))
+
+    def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any], aliased: set = frozenset(),
+                pending: concurrent.futures.Future | None = None):
+        """The executable ``name``, compiled (through the persistent cache) on first use; ``pending``: that
+        compile, begun by :meth:`start_compile` of the same arguments, waited for."""
         exe = self.executables.get(name)
         if exe is None:
             with self.lock:
                 exe = self.executables.get(name)
                 if exe is None:
                     t = time.perf_counter()
-                    donate = [i for i in self.donated_leaves if i not in aliased]
-                    options = {"donate_argnums": tuple(donate)} if donate else {}
+                    options = self._donation(aliased)
                     try:
-                        raw = cached_compile(compiler, closed, list(avals), **options)
+                        raw = cached_compile(compiler, closed, list(avals), pending=pending, **options)
                     except jax.errors.JaxRuntimeError as e:
                         raise xla_compile_error(name, avals, e) from e
                     exe = CheckedExecutable(raw, closed)

@@ -21,6 +21,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.compile import cached_partition
 from jaxaot.errors import PartitionError, ReverseModeBoundError
+from jaxaot._src.fusion import Prefetch
 from jaxaot._src.loops import dynamic_capacity
 from jaxaot._src.partition import Partition
 from jaxaot._src.runtime import shardings as S
@@ -73,6 +74,9 @@ class TrainingPrograms:
         self._unit_cts: dict[int, list] = {}
         self.placement = Placement(self)
         self.eager_forward: Callable | None = None  # the hot path, once it can be built
+        # The split programs' compiles begun ahead: by name, their compile's arguments and future.
+        self.split_begun = Prefetch(functools.partial(_split_compile, self),
+                                    lambda args: self.programs.start_compile(*args))
         for name in (self.forward_name, self.backward_name):
             self.programs.executables.pop(name, None)
 
@@ -131,20 +135,20 @@ class TrainingPrograms:
 
     @property
     def forward_exe(self):
-        p = self.programs
-        exe = p.executables.get(self.forward_name)
-        if exe is None:
-            aliased = set(self.partition.saved_inputs) | {i for i in p.output_is_input if i is not None}
-            exe = p.compile(self.forward_name, self.options.fw_compiler, self.forward_program, p.in_avals, aliased)
-        return exe
+        return _split_exe(self, self.forward_name)
 
     @property
     def backward_exe(self):
-        exe = self.programs.executables.get(self.backward_name)
-        if exe is None:
-            exe = self.programs.compile(self.backward_name, self.options.bw_compiler, self.backward_program,
-                                        self.backward_avals())
-        return exe
+        return _split_exe(self, self.backward_name)
+
+    def start_split_compiles(self) -> None:
+        """Begin the forward's and backward's compiles on worker threads (lowered on this one) where not
+        compiled: :attr:`forward_exe` and :attr:`backward_exe` then wait for them instead of compiling."""
+        self.split_begun.begin({self.forward_name, self.backward_name} - set(self.programs.executables))
+
+    def drop_split_compiles(self) -> None:
+        """Drop the compiles :meth:`start_split_compiles` began that no executable took (waiting for running ones)."""
+        self.split_begun.close()
 
     def drop_executables(self, names: set) -> None:
         """Forget the executables ``names`` (a fused step's timed-only split pair): the hot path holding
@@ -252,6 +256,24 @@ class TrainingPrograms:
                 if self._custom_vjp is None:
                     self._custom_vjp = _custom_vjp(self)
         return self._custom_vjp
+
+
+def _split_compile(tr: TrainingPrograms, name: str) -> tuple:
+    """``(compiler, program, avals, aliased)`` of the compile of ``tr``'s split executable ``name``."""
+    p = tr.programs
+    if name == tr.forward_name:
+        aliased = set(tr.partition.saved_inputs) | {i for i in p.output_is_input if i is not None}
+        return tr.options.fw_compiler, tr.forward_program, p.in_avals, aliased
+    return tr.options.bw_compiler, tr.backward_program, tr.backward_avals(), set()
+
+
+def _split_exe(tr: TrainingPrograms, name: str) -> Any:
+    """``tr``'s split executable ``name``, compiled on first use (its compile begun ahead taken, where one was)."""
+    exe = tr.programs.executables.get(name)
+    if exe is None:
+        args, pending = tr.split_begun.take(name)
+        exe = tr.programs.compile(name, *(args or _split_compile(tr, name)), pending=pending)
+    return exe
 
 
 def _split_source(tr: TrainingPrograms) -> JointGraph:

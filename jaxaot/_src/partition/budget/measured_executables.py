@@ -101,6 +101,18 @@ def take(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Se
     return None
 
 
+def holds(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int] = ()) -> bool:
+    """Whether :func:`take` would hand out an executable for these arguments now (nothing is taken)."""
+    key = _key(avals, options, donated)
+    n_out = len(C.jaxpr_of(closed).outvars)
+    with _LOCK:
+        maybe = [h for h in _HELD.values() if h.key == key and len(C.jaxpr_of(h.closed).outvars) == n_out]
+    if not maybe:
+        return False
+    digest = _digest(str(closed))
+    return any(h.digest == digest and _same_values(h.closed, closed) for h in maybe)
+
+
 def release(closeds: Iterable[Any]) -> None:
     """Stop holding the executables measured from ``closeds`` (a search's plans it did not choose)."""
     with _LOCK:
