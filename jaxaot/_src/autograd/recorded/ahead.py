@@ -1,21 +1,15 @@
 """A recorded step's executable started before its recording ends, on the arrays it is expected to read.
 
-A function whose forward records the same way call after call runs one step
-executable each call, after its recording. Once two calls in a row ran the same
-one, the next call starts it at once, on its differentiated leaves and on the
-arrays the step read last time (the call's own array arguments by position,
-any other array by identity, held weakly), so that the device computes while
-Python records. The recording decides: when it ends at that executable, on the
-same arrays, the started run's outputs are the step's (the same program on the
-same inputs); else they are dropped, the step runs as usual, and the function
-waits a while (longer after each miss) before it starts one ahead again.
+Once two calls in a row ran the same step executable, the next call starts it at
+once, on its differentiated leaves and the arrays the step read last time (the
+call's arrays by position, others by identity, held weakly), so that the device
+computes while Python records. When the recording ends at that executable on the
+same arrays, the started run's outputs are the step's; else they are dropped, and
+the function waits a while (longer after each miss) before starting one again.
+The step also returns the scalars Python looked at: a look at the same point, on
+the arrays the step was given, takes its value from the started run
+(:meth:`Started.look`) instead of a program of its own.
 ``jaxaot.config.start_steps_ahead = False`` starts none.
-
-A step returns the scalars Python looked at while its forward was recorded. When
-the recording looks at one of them again, at the same point of its structure, with
-every array recorded so far the one the started step was given, the value comes
-from the started step's outputs (:meth:`Started.look`): no program of its own is
-dispatched, and none waits behind the step on the device.
 """
 
 from __future__ import annotations

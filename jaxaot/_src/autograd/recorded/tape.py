@@ -121,14 +121,11 @@ class Tape:
       callbacks: host callbacks run while recording.
       node: where the recording is in the structure trie (``trie``: its root, one per compiled
         function; by default the process-wide one).
-      ahead: the step started ahead of this recording (:class:`~.ahead.Started`), or None: it gives the
-        values Python looks at that it returns (:meth:`force`).
+      ahead: the step started ahead (:class:`~.ahead.Started`), giving the looks it returns, or None.
     """
 
     def __init__(self, eager: bool = False, guarded: bool = False, trie: Any = None, ahead: Any = None) -> None:
-        self.eager = eager
-        self.ahead = ahead
-        self.guarded = guarded
+        self.eager, self.ahead, self.guarded = eager, ahead, guarded
         self.parent = C.current_trace()
         self.trace = C.RecordingTrace(self)
         self.values: list = []
@@ -241,13 +238,7 @@ class Tape:
         value, plan = self.values[vid], None
         if value is None:
             plan = self._plan(vid)
-            started = self.started.pop(plan, None) if self.started else None
-            if started is not None:
-                value = started[0]
-            elif self.ahead is not None and (value := self.ahead.look(plan, self.args)) is not None:
-                pass
-            else:
-                value = plan.run(self.values, self.parent)
+            value = _computed(self, plan)
             self.values[vid] = value
             self.shown[vid] = True
             F.known(self, vid, self.node)
@@ -360,6 +351,15 @@ def _run(tape: Tape, index: int) -> None:
     for v, o in zip(outs, results):
         values[v] = o
         tape.shown[v] = True
+
+
+def _computed(tape: Tape, plan: F.Plan) -> Any:
+    """The value ``plan`` computes: its run started ahead, else the step started ahead's output, else run now."""
+    started = tape.started.pop(plan, None) if tape.started else None
+    if started is not None:
+        return started[0]
+    value = tape.ahead.look(plan, tape.args) if tape.ahead is not None else None
+    return plan.run(tape.values, tape.parent) if value is None else value
 
 
 def _constant(tape: Tape, x: Any) -> int:
