@@ -2,7 +2,7 @@
 
 Runs one ``bench_budget`` spec's first step (trace, plan, compile, run) in this process and
 prints its wall time, then every backend compile grouped by the jaxaot frames that led to it
-(the innermost four), with their count and seconds, most expensive first.
+(the innermost four; on a worker thread, its two and the submitting thread's three), with their count and seconds, most expensive first.
 
 With ``--peaks`` (a backend reporting ``memory_stats``), a thread samples the device's
 ``peak_bytes_in_use`` while the step runs and prints each rise with the jaxaot frames the main
@@ -32,6 +32,7 @@ import jax
 from jax._src import compiler  # a probe may reach into JAX: it counts the backend's compiles
 
 from benchmarks.bench_budget import all_models, step_of
+from jaxaot._src import workers
 from jaxaot._src.partition import measured_executables
 from jaxaot._src.partition.budget import step_peak
 
@@ -39,11 +40,39 @@ _seconds: collections.Counter = collections.Counter()
 _counts: collections.Counter = collections.Counter()
 
 
+_origin = threading.local()  # on a compile thread: the jaxaot frames of the thread that handed it its work
+
+
+def _jaxaot_frames(stack) -> list[str]:
+    return [f"{f.filename.split('jaxaot/_src/')[-1]}:{f.name}" for f in stack
+            if "jaxaot/_src" in f.filename and not f.filename.endswith("workers.py")]
+
+
+def _carrying(submit):
+    """``workers.submit`` whose work, on its thread, knows the frames that submitted it."""
+    def wrapped(fn, *args, **kwargs):
+        frames = getattr(_origin, "frames", []) + _jaxaot_frames(traceback.extract_stack()[:-1])
+
+        def run(*a, **k):
+            _origin.frames = frames
+            try:
+                return fn(*a, **k)
+            finally:
+                _origin.frames = []
+        return submit(run, *args, **kwargs)
+    return wrapped
+
+
+#: Frames that hand a compile over, left out of the submitting thread's (they say nothing of who asked).
+_PASSING = ("step_peak.py:start_peak", "step_peak.py:program_peak", "search.py:start", "search.py:measure")
+
+
 def _counted(compile_fn):
     def wrapped(*args, **kwargs):
-        frames = [f"{f.filename.split('jaxaot/_src/')[-1]}:{f.name}" for f in traceback.extract_stack()
-                  if "jaxaot/_src" in f.filename]
-        key = " < ".join(reversed(frames[-4:])) or "(outside jaxaot)"
+        origin, here = getattr(_origin, "frames", []), _jaxaot_frames(traceback.extract_stack())
+        origin = [f for f in origin if not f.endswith(_PASSING)]
+        frames = origin[-3:] + here[-2:] if origin else here[-4:]  # on a compile thread: who handed it over
+        key = " < ".join(reversed(frames)) or "(outside jaxaot)"
         t = time.perf_counter()
         try:
             return compile_fn(*args, **kwargs)
@@ -119,6 +148,7 @@ def main() -> None:
         step_peak.MEASURE_OPTIONS = {}
     name = "backend_compile_and_load" if hasattr(compiler, "backend_compile_and_load") else "backend_compile"
     setattr(compiler, name, _counted(getattr(compiler, name)))
+    workers.submit = _carrying(workers.submit)
     model = all_models(a.size)[a.model]
     args = jax.block_until_ready(model.make_args(jax.random.key(0)))
     step = step_of(model, a.spec)
