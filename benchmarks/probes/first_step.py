@@ -2,7 +2,8 @@
 
 Runs one ``bench_budget`` spec's first step (trace, plan, compile, run) in this process and
 prints its wall time, then every backend compile grouped by the jaxaot frames that led to it
-(the innermost four; on a worker thread, its two and the submitting thread's three), with their count and seconds, most expensive first.
+(the innermost four; on a worker thread, its two and the submitting thread's three), with
+their count and seconds, most expensive first.
 
 With ``--peaks`` (a backend reporting ``memory_stats``), a thread samples the device's
 ``peak_bytes_in_use`` while the step runs and prints each rise with the jaxaot frames the main
