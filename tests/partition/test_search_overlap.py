@@ -23,7 +23,7 @@ from jaxaot._src.partition import MeasuredCosts, measure_step_peak, measured_exe
 from jaxaot._src.partition.budget import search, step_peak
 from jaxaot._src.partition.costs import op_profile
 from jaxaot._src.partition.mincut import rematerialize
-from zoo import assert_trees_close, scanned_mlp, transformer_args, transformer_block
+from zoo import assert_trees_close, deep_mlp, deep_mlp_args, scanned_mlp
 
 mincut = jaxaot.partition.min_cut_rematerialization_partition
 
@@ -35,12 +35,8 @@ def _mlp_args(seed, dtype=jnp.float32):
     return (jax.random.normal(k1, (3, 32, 32), dtype) / 7, jax.random.normal(k2, (64, 32), dtype))
 
 
-def _transformer_loss(p, x):
-    return jnp.mean(transformer_block(p, x) ** 2)
-
-
-def _tf_args(seed):
-    return transformer_args(batch=2, seq=16, width=32, seed=seed)
+def _deep_args(seed):
+    return deep_mlp_args(layers=4, width=64, batch=256, seed=seed)
 
 
 def _between_the_ends(loss, args, op_costs="auto"):
@@ -87,9 +83,9 @@ def _run(mode, loss, budget, args, monkeypatch):
                 taken=after.taken - before.taken, held=after.held)
 
 
-@pytest.mark.parametrize("name", ["scanned_mlp", pytest.param("transformer_block", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["scanned_mlp", pytest.param("deep_mlp", marks=pytest.mark.slow)])
 def test_overlapping_chooses_as_measuring_in_turn(name, monkeypatch):
-    loss, make = {"scanned_mlp": (scanned_mlp, _mlp_args), "transformer_block": (_transformer_loss, _tf_args)}[name]
+    loss, make = {"scanned_mlp": (scanned_mlp, _mlp_args), "deep_mlp": (deep_mlp, _deep_args)}[name]
     budget = _between_the_ends(loss, make(0))
     args = make(1)
     runs = {mode: _run(mode, loss, budget, args, monkeypatch) for mode in MODES}
