@@ -68,7 +68,7 @@ def _defaults(monkeypatch):
 def test_the_chosen_plan_s_fused_step_compiles_once(monkeypatch, compiles):
     budget = _between_the_ends(scanned_mlp, _args(0))
     _defaults(monkeypatch)
-    monkeypatch.setattr(search, "SPECULATE_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
     compiles.clear()
     before, held = compile_count(), measured_executables.counts()
     f = jaxaot.aot_function(scanned_mlp, partition_fn=mincut(memory_budget=budget))

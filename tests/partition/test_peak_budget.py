@@ -168,7 +168,7 @@ def test_gradients_equal_jax_at_every_budget():
 
 
 def test_the_search_compiles_few_programs_and_caches_them(monkeypatch):
-    monkeypatch.setattr(search, "SPECULATE_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
     args = deep_mlp_args(layers=5, width=64, batch=384)
     joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     low, high = _ends(deep_mlp, args, (0, 1))
@@ -183,7 +183,7 @@ def test_the_search_compiles_few_programs_and_caches_them(monkeypatch):
 
 
 def test_a_budget_the_fraction_1_plan_fits_costs_one_compile(monkeypatch):
-    monkeypatch.setattr(search, "SPECULATE_FROM_THREADS", float("inf"))  # no plan compiled ahead of need
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))  # no plan compiled ahead of need
     args = deep_mlp_args(layers=3, width=48, batch=200)
     joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     one = mincut(joint, memory_budget=1.0)
@@ -210,7 +210,7 @@ def test_the_plan_found_fits_and_beats_recomputing_everything(where, monkeypatch
     joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     low, high = _ends(deep_mlp, args, (0, 1))
     budget = int(low + where * (high - low))
-    monkeypatch.setattr(search, "SPECULATE_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
     step_peak._CACHE.clear()
     before = compile_count()
     part = mincut(joint, memory_budget=budget, op_costs="flops")

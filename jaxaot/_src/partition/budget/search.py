@@ -5,9 +5,9 @@ Only XLA knows a plan's peak, and measuring one costs a compile of the step. So
 saved bytes (:func:`predict_peak`), measures the least-recomputing candidate predicted to
 fit (fractions, and plans shaped like ``dots_saveable``), and refines with secant and
 bisection steps, up to :data:`MAX_MEASURED`. It only decides: it asks its driver (the
-min-cut) for each plan. Compiles run on worker threads while the driver plans (the
-fraction 1 plan's while the plans compared with it are made and priced); decisions read
-the peaks one at a time, so the choice is that of measuring in turn. Only measured plans
+min-cut) for each plan. Compiles run on worker threads; with cores to spare the search
+works ahead (:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one at a time, so
+the choice is that of measuring in turn. Only measured plans
 are returned; where none fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is
 live at the smallest peak. Of the measuring executables only the chosen one stays held.
 """
@@ -38,12 +38,13 @@ MORE_AFTER_FIT = 1
 #: Where nothing fits, at most this many plans are compiled before the budget is refused.
 MAX_MEASURED_REFUSING = 10
 
-#: With at least this many compile threads (:func:`jaxaot._src.workers.threads`), the fraction 0 plan compiles
-#: alongside the top plan, before the top plan's peak says whether it is needed: a compile that may go unread,
-#: where there are cores to spare for it.
-SPECULATE_FROM_THREADS = 4
-#: Whether the search overlaps its compiles with its planning; the plans asked for, measured and chosen are
-#: the same either way (the tests compare).
+#: With at least this many compile threads (:func:`jaxaot._src.workers.threads`) the search works ahead, on
+#: cores to spare: while the fraction 1 plan compiles, it makes and prices the plans compared with it and
+#: compiles the fraction 0 plan, before that plan's peak says whether they are needed; where nothing fits, it
+#: compiles the next plan in line alongside each. At most one compile goes unread at a time.
+AHEAD_FROM_THREADS = 4
+#: Whether the search may work ahead; the plans asked for, measured and chosen are the same either way
+#: (the tests compare).
 _CONCURRENT = True
 
 #: What the search asks its driver for, ``(fraction, family)``: the min-cut's plan at a fraction budget,
@@ -238,14 +239,13 @@ def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
 def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Partition, _Candidate]:
     """:func:`peak_search`'s choice among the candidates of ``search``."""
     top = yield from search.plan(1.0, priced=False)
-    ahead = _overlapping()
+    ahead = _ahead()
     if ahead:
         search.start(top)
     search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)
     if ahead:  # planned while the top plan compiles (on accelerators the op timings run now): needed unless it fits
         yield from _plan_alternatives(search, families)
-        if workers.threads() >= SPECULATE_FROM_THREADS:  # measured next where no other plan is predicted to fit
-            search.start(search.fractions[0.0])
+        search.start(search.fractions[0.0])  # measured next where no other plan is predicted to fit
     search.measure(top)
     if search.fits(top):
         return top
@@ -265,9 +265,9 @@ def _plan_alternatives(search: _Search, families: Sequence[str]) -> Generator[Re
         yield from search.plan(1.0, family)
 
 
-def _overlapping() -> bool:
-    """Whether the search plans and compiles at once (:data:`_CONCURRENT`, and a worker thread to compile on)."""
-    return _CONCURRENT and workers.threads() > 1
+def _ahead() -> bool:
+    """Whether the search works ahead (:data:`AHEAD_FROM_THREADS`)."""
+    return _CONCURRENT and workers.threads() >= AHEAD_FROM_THREADS
 
 
 def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, _Candidate | None]:
@@ -348,8 +348,7 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
             break
         order = sorted(pool, key=lambda c: (search.predicted(c), c.family is None, search.rank(c)))
         chosen = order[0]
-        if len(order) > 1 and len(search.measured) + 1 < MAX_MEASURED_REFUSING and _overlapping() \
-                and workers.threads() >= SPECULATE_FROM_THREADS:
+        if len(order) > 1 and len(search.measured) + 1 < MAX_MEASURED_REFUSING and _ahead():
             search.start(order[1])  # measured next unless this one fits or its peak reorders the rest
         search.measure(chosen)
         if search.fits(chosen):
