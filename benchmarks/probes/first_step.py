@@ -2,9 +2,9 @@
 
 Runs one ``bench_budget`` spec's first step (trace, plan, compile, run) in this process and
 prints its wall time, then every backend compile grouped by the jaxaot frames that led to it
-(the innermost four; for a compile on a worker thread, those that submitted it), with their count
-and seconds, most expensive first. Compiles on workers overlap, so their seconds add up to more
-than the wall time they took.
+(the innermost four; on a worker thread, its two and the submitting thread's three), with
+their count and seconds, most expensive first. Compiles on workers overlap, so their seconds
+add up to more than the wall time they took.
 
 With ``--peaks`` (a backend reporting ``memory_stats``), a thread samples the device's
 ``peak_bytes_in_use`` while the step runs and prints each rise with the jaxaot frames the main
@@ -40,41 +40,47 @@ from jaxaot._src.partition.budget import step_peak
 
 _seconds: collections.Counter = collections.Counter()
 _counts: collections.Counter = collections.Counter()
-_worker = threading.local()  # on a compile worker: the jaxaot frames that submitted its work
 
 
-def _site(stack) -> str:
-    frames = [f"{f.filename.split('jaxaot/_src/')[-1]}:{f.name}" for f in stack if "jaxaot/_src" in f.filename]
-    return " < ".join(reversed(frames[-4:])) or "(outside jaxaot)"
+_origin = threading.local()  # on a compile thread: the jaxaot frames of the thread that handed it its work
+
+
+def _jaxaot_frames(stack) -> list[str]:
+    return [f"{f.filename.split('jaxaot/_src/')[-1]}:{f.name}" for f in stack
+            if "jaxaot/_src" in f.filename and not f.filename.endswith("workers.py")]
+
+
+def _carrying(submit):
+    """``workers.submit`` whose work, on its thread, knows the frames that submitted it."""
+    def wrapped(fn, *args, **kwargs):
+        frames = getattr(_origin, "frames", []) + _jaxaot_frames(traceback.extract_stack()[:-1])
+
+        def run(*a, **k):
+            _origin.frames = frames
+            try:
+                return fn(*a, **k)
+            finally:
+                _origin.frames = []
+        return submit(run, *args, **kwargs)
+    return wrapped
+
+
+#: Frames that hand a compile over, left out of the submitting thread's (they say nothing of who asked).
+_PASSING = ("step_peak.py:start_peak", "step_peak.py:program_peak", "search.py:start", "search.py:measure")
 
 
 def _counted(compile_fn):
     def wrapped(*args, **kwargs):
-        site = getattr(_worker, "site", None)
-        key = f"(on a worker) {site}" if site is not None else _site(traceback.extract_stack())
+        origin, here = getattr(_origin, "frames", []), _jaxaot_frames(traceback.extract_stack())
+        origin = [f for f in origin if not f.endswith(_PASSING)]
+        frames = origin[-3:] + here[-2:] if origin else here[-4:]  # on a compile thread: who handed it over
+        key = " < ".join(reversed(frames)) or "(outside jaxaot)"
         t = time.perf_counter()
         try:
             return compile_fn(*args, **kwargs)
         finally:
             _seconds[key] += time.perf_counter() - t
             _counts[key] += 1
-    return wrapped
-
-
-def _attributed(submit):
-    """``workers.submit`` that names, on the worker, the frames that submitted the work (compiles begun ahead
-    are counted by where they were begun)."""
-    def wrapped(fn, *args, **kwargs):
-        site = _site(traceback.extract_stack()[:-1])
-
-        def run(*a, **k):
-            _worker.site = site
-            try:
-                return fn(*a, **k)
-            finally:
-                _worker.site = None
-
-        return submit(run, *args, **kwargs)
     return wrapped
 
 
@@ -144,7 +150,7 @@ def main() -> None:
         step_peak.MEASURE_OPTIONS = {}
     name = "backend_compile_and_load" if hasattr(compiler, "backend_compile_and_load") else "backend_compile"
     setattr(compiler, name, _counted(getattr(compiler, name)))
-    workers.submit = _attributed(workers.submit)
+    workers.submit = _carrying(workers.submit)
     model = all_models(a.size)[a.model]
     args = jax.block_until_ready(model.make_args(jax.random.key(0)))
     step = step_of(model, a.spec)
@@ -157,7 +163,7 @@ def main() -> None:
     jax.block_until_ready(step(*args))
     wall = time.perf_counter() - t
     print(f"# {a.model} {a.spec} ({jax.devices()[0].device_kind}): first step {wall:.2f} s, "
-          f"{sum(_counts.values())} compiles, {sum(_seconds.values()):.2f} s compiling (summed over threads)")
+          f"{sum(_counts.values())} compiles, {sum(_seconds.values()):.2f} s compiling")
     held = measured_executables.counts()
     print(f"# measuring executables: {held.kept} held by the search, {held.taken} taken by the runtime")
     for key, secs in sorted(_seconds.items(), key=lambda kv: -kv[1]):

@@ -167,7 +167,8 @@ def test_gradients_equal_jax_at_every_budget():
         _check_grads(deep_mlp, args, (0, 1), mincut(memory_budget=budget))
 
 
-def test_the_search_compiles_few_programs_and_caches_them():
+def test_the_search_compiles_few_programs_and_caches_them(monkeypatch):
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
     args = deep_mlp_args(layers=5, width=64, batch=384)
     joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     low, high = _ends(deep_mlp, args, (0, 1))
@@ -181,7 +182,8 @@ def test_the_search_compiles_few_programs_and_caches_them():
     assert part.step_peak.forward is None and part.step_peak.backward is None  # the fused step only
 
 
-def test_a_budget_the_fraction_1_plan_fits_costs_one_compile():
+def test_a_budget_the_fraction_1_plan_fits_costs_one_compile(monkeypatch):
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))  # no plan compiled ahead of need
     args = deep_mlp_args(layers=3, width=48, batch=200)
     joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     one = mincut(joint, memory_budget=1.0)
@@ -198,7 +200,7 @@ def test_a_budget_the_fraction_1_plan_fits_costs_one_compile():
 
 
 @pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
-def test_the_plan_found_fits_and_beats_recomputing_everything(where):
+def test_the_plan_found_fits_and_beats_recomputing_everything(where, monkeypatch):
     """Between the two ends' peaks: a measured plan that fits, from at most MAX_MEASURED compiles, recomputing
     no more (by the knapsack's costs) than the fraction 0 plan, which fits too here."""
     from jaxaot._src.partition.budget import step_peak
@@ -208,6 +210,7 @@ def test_the_plan_found_fits_and_beats_recomputing_everything(where):
     joint = jaxaot.partition.trace_joint(deep_mlp, *args)
     low, high = _ends(deep_mlp, args, (0, 1))
     budget = int(low + where * (high - low))
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))  # counted: the compiles the search reads
     step_peak._CACHE.clear()
     before = compile_count()
     part = mincut(joint, memory_budget=budget, op_costs="flops")
@@ -336,6 +339,8 @@ def _drive(curve, families, budget, monkeypatch):
     monkeypatch.setattr(search, "fused_step", lambda part, joint: part)
     monkeypatch.setattr(search, "program_peak",
                         lambda part, avals, exact=False, keep=False: compiled.append(part) or part.peak)
+    monkeypatch.setattr(search, "start_peak", lambda part, avals, exact=False: types.SimpleNamespace(
+        peak=lambda keep=False: compiled.append(part) or part.peak))  # a peak counts when the search reads it
     monkeypatch.setattr(search._Search, "seconds", lambda self, part: part.recompute)
     monkeypatch.setattr(search, "_nothing_fits", lambda s: ValueError(min(c.peak for c in s.measured)))
     run = search.peak_search(types.SimpleNamespace(in_avals=()), budget, tuple(families))

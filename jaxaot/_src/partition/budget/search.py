@@ -1,15 +1,15 @@
 """The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
 
-Only XLA knows a plan's peak, and measuring one costs a compile of the step, far
-more than planning a fraction. So :func:`peak_search` plans freely and compiles
-little: it measures the fraction 1 plan, predicts other plans' peaks from their
-saved bytes (:func:`predict_peak`), measures the least-recomputing candidate
-predicted to fit (fractions, and plans shaped like ``dots_saveable``), and refines
-with secant and bisection steps, up to :data:`MAX_MEASURED`. The search only decides:
-it asks its driver (the min-cut) for each plan and is handed it back. Only measured
-plans are returned, so the guarantee is the compiler's; where none fits,
-:class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest peak.
-Of the measuring executables only the chosen plan's stays held, for the runtime.
+Only XLA knows a plan's peak, and measuring one costs a compile of the step. So
+:func:`peak_search` measures the fraction 1 plan, predicts other plans' peaks from their
+saved bytes (:func:`predict_peak`), measures the least-recomputing candidate predicted to
+fit (fractions, and plans shaped like ``dots_saveable``), and refines with secant and
+bisection steps, up to :data:`MAX_MEASURED`. It only decides: it asks its driver (the
+min-cut) for each plan. Compiles run on worker threads; with cores to spare the search
+works ahead (:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one at a time, so
+the choice is that of measuring in turn. Only measured plans
+are returned; where none fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is
+live at the smallest peak. Of the measuring executables only the chosen one stays held.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import math
 from typing import Any, Generator, Sequence
 
 from jaxaot.errors import MemoryBudgetError
+from jaxaot._src import workers
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.budget.live_values import peak_holders
-from jaxaot._src.partition.budget.step_peak import MEASURE_SLACK, StepPeak, fused_step, program_peak
+from jaxaot._src.partition.budget.step_peak import (
+    MEASURE_SLACK, PendingPeak, StepPeak, fused_step, program_peak, start_peak)
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import OpCosts
 from jaxaot._src.tracing import JointGraph
@@ -35,6 +37,15 @@ MAX_MEASURED = 4
 MORE_AFTER_FIT = 1
 #: Where nothing fits, at most this many plans are compiled before the budget is refused.
 MAX_MEASURED_REFUSING = 10
+
+#: With at least this many compile threads (:func:`jaxaot._src.workers.threads`) the search works ahead, on
+#: cores to spare: while the fraction 1 plan compiles, it makes and prices the plans compared with it and
+#: compiles the fraction 0 plan, before that plan's peak says whether they are needed; where nothing fits, it
+#: compiles the next plan in line alongside each. At most one compile goes unread at a time.
+AHEAD_FROM_THREADS = 4
+#: Whether the search may work ahead; the plans asked for, measured and chosen are the same either way
+#: (the tests compare).
+_CONCURRENT = True
 
 #: What the search asks its driver for, ``(fraction, family)``: the min-cut's plan at a fraction budget,
 #: ``family`` None or one of the policy-shaped families (:mod:`jaxaot._src.partition.mincut.save_families`).
@@ -83,10 +94,11 @@ class _Candidate:
     part: Partition
     fraction: float
     family: str | None
-    seconds: float
+    seconds: float | None  # its recomputation priced (None: not yet, :meth:`_Search.rank` prices it)
     peak: int | None = None
     measured: bool = False
     program: Any = None  # the fused step measured, whose executable may be held for the runtime
+    pending: PendingPeak | None = None  # its compile, begun (:meth:`_Search.start`) and not yet read
 
     @property
     def saved(self) -> int:
@@ -101,34 +113,47 @@ class _Search:
         self.by_key: dict[tuple, _Candidate] = {}
         self.fractions: dict[float, _Candidate] = {}  # fraction -> its plan (family None)
 
-    def plan(self, fraction: float, family: str | None = None) -> Generator[Request, Partition, _Candidate]:
-        """The candidate of the plan at ``fraction`` (in ``family``), asked of the driver unless planned already."""
+    def plan(self, fraction: float, family: str | None = None, priced: bool = True
+             ) -> Generator[Request, Partition, _Candidate]:
+        """The candidate of the plan at ``fraction`` (in ``family``), asked of the driver unless planned already;
+        its recomputation priced now, or with ``priced`` False when first ranked."""
         if family is None and fraction in self.fractions:
             return self.fractions[fraction]
         part = yield fraction, family
         key = _plan_key(part)
         found = self.by_key.get(key)
         if found is None:
-            found = self.by_key[key] = _Candidate(part, fraction, family, self.seconds(part))
+            found = self.by_key[key] = _Candidate(part, fraction, family, self.seconds(part) if priced else None)
         elif family is None and found.family is None:
             found.fraction = max(found.fraction, fraction)
         if family is None:
             self.fractions[fraction] = found
         return found
 
+    def start(self, c: _Candidate) -> None:
+        """Begin measuring the candidate: its fused step lowered here, compiled on a worker thread. Whether
+        it counts as measured is :meth:`measure`'s to say: a compile begun and never read changes nothing
+        but the cache of peaks."""
+        if not c.measured and c.pending is None:
+            c.program = fused_step(c.part, self.joint)
+            c.pending = start_peak(c.program, self.joint.in_avals)
+
     def measure(self, c: _Candidate) -> None:
         """The candidate's fused peak, measured cheaply, and again exactly where that lies just over the
         budget (within the cheap measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`)."""
         if not c.measured:
-            c.program = fused_step(c.part, self.joint)
-            c.peak = program_peak(c.program, self.joint.in_avals, keep=True)
+            self.start(c)
+            c.peak, c.pending = c.pending.peak(keep=True), None
             if c.peak is not None and self.budget < c.peak <= self.budget + MEASURE_SLACK:
                 c.peak = program_peak(c.program, self.joint.in_avals, exact=True, keep=True)
             c.measured = True
 
     def release(self, chosen: _Candidate | None) -> None:
-        """Stop holding the executables of the plans measured but not ``chosen``."""
+        """Stop holding the executables of the plans measured but not ``chosen``, and let go of the compiles
+        begun and not read (their executables were never held)."""
         measured_executables.release(c.program for c in self.measured if c is not chosen)
+        for c in self.by_key.values():
+            c.pending = None
 
     def seconds(self, part: Partition) -> float:
         """The plan's recomputation, priced by ``costs`` (0 without: all plans rank alike)."""
@@ -146,8 +171,9 @@ class _Search:
             return -math.inf if c.peak is None else c.peak
         return predict_peak(c.saved, [(m.saved, m.peak) for m in self.measured if m.peak is not None])
 
-    @staticmethod
-    def rank(c: _Candidate) -> tuple:
+    def rank(self, c: _Candidate) -> tuple:
+        if c.seconds is None:
+            c.seconds = self.seconds(c.part)
         return (c.seconds, -c.fraction)
 
     def next_fraction(self, below: float, above: float) -> float | None:
@@ -212,17 +238,36 @@ def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
 
 def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Partition, _Candidate]:
     """:func:`peak_search`'s choice among the candidates of ``search``."""
-    top = yield from search.plan(1.0)
+    top = yield from search.plan(1.0, priced=False)
+    ahead = _ahead()
+    if ahead:
+        search.start(top)
+    search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)
+    if ahead:  # planned while the top plan compiles (on accelerators the op timings run now): needed unless it fits
+        yield from _plan_alternatives(search, families)
+        search.start(search.fractions[0.0])  # measured next where no other plan is predicted to fit
     search.measure(top)
     if search.fits(top):
         return top
-    yield from search.plan(0.0)
-    for family in families:
-        yield from search.plan(1.0, family)
+    if not ahead:
+        yield from _plan_alternatives(search, families)
     best = yield from _improve(search, None)
     if best is None:
         best = yield from _refusing(search)
     return best
+
+
+def _plan_alternatives(search: _Search, families: Sequence[str]) -> Generator[Request, Partition, None]:
+    """Plan what the search compares with the top plan once it does not fit: the fraction 0 plan and the
+    family plans."""
+    yield from search.plan(0.0)
+    for family in families:
+        yield from search.plan(1.0, family)
+
+
+def _ahead() -> bool:
+    """Whether the search works ahead (:data:`AHEAD_FROM_THREADS`)."""
+    return _CONCURRENT and workers.threads() >= AHEAD_FROM_THREADS
 
 
 def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, _Candidate | None]:
@@ -301,7 +346,10 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
         pool = [c for c in search.by_key.values() if not c.measured]
         if not pool:
             break
-        chosen = min(pool, key=lambda c: (search.predicted(c), c.family is None, search.rank(c)))
+        order = sorted(pool, key=lambda c: (search.predicted(c), c.family is None, search.rank(c)))
+        chosen = order[0]
+        if len(order) > 1 and len(search.measured) + 1 < MAX_MEASURED_REFUSING and _ahead():
+            search.start(order[1])  # measured next unless this one fits or its peak reorders the rest
         search.measure(chosen)
         if search.fits(chosen):
             return (yield from _improve(search, chosen)) or chosen

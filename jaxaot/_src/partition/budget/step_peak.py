@@ -13,6 +13,7 @@ the backend's own options may be held for the runtime (:mod:`.measured_executabl
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import threading
@@ -21,6 +22,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src import workers
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND, op_profile
@@ -201,38 +203,102 @@ def _compile(lowered: Any, options: Sequence[dict[str, Any]]) -> tuple[Any, dict
     raise AssertionError("unreachable")  # pragma: no cover - the last set is the defaults
 
 
-def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False) -> int | None:
-    """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
-    :func:`measure_options`) once per process per program text and input types; None where the backend
-    cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
-    above the runtime compile's peak, never below. With ``keep``, an executable compiled with the backend's
-    own options, as the runtime compiles (:func:`jaxaot.compilers.xla`), is held for the runtime to take
-    (:mod:`~jaxaot._src.partition.budget.measured_executables`)."""
+class PendingPeak:
+    """A program's compiled peak (:func:`program_peak`) as it is measured: compiling on a worker thread
+    (:mod:`jaxaot._src.workers`) or known already. :meth:`peak` waits for it. Whoever started the compile
+    may :meth:`peak` it with ``keep``; a request that found the same program compiling or cached shares the
+    peak alone, as a cache hit does."""
+
+    def __init__(self, closed: Any, avals: Sequence[Any], text: str, future: Any = None, peak: int | None = None,
+                 owner: bool = False):
+        self._closed, self._avals, self._text = closed, avals, text
+        self._future, self._peak, self._owner = future, peak, owner
+
+    def done(self) -> bool:
+        """Whether :meth:`peak` would return without waiting."""
+        return self._future is None or self._future.done()
+
+    def peak(self, keep: bool = False) -> int | None:
+        """The peak, waited for; with ``keep`` (read on the calling thread, whose default device and matmul
+        precision key it) the executable is held for the runtime where this request compiled it with the
+        backend's own options. The executable is let go after the first call."""
+        if self._future is not None:
+            peak, exe, used = self._future.result()
+            self._future, self._peak = None, peak
+            if keep and self._owner and exe is not None and not used:
+                measured_executables.keep(self._closed, self._avals, used, exe, text=self._text)
+        return self._peak
+
+
+_INFLIGHT: dict[str, Any] = {}  # key -> the future of its compile, while it runs
+
+
+def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> PendingPeak:
+    """:func:`program_peak` begun: the program lowered here (lowering reads this thread's configuration), its
+    compile handed to a worker; a program of the same key compiling already, or cached, is not compiled again."""
     options = measure_options(avals, exact)
     text = str(closed)
     key = hashlib.sha256(f"{text}\n{[_aval_key(a) for a in avals]}\n{options[0]}".encode()).hexdigest()
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
-            return _CACHE[key]
+            return PendingPeak(closed, avals, text, peak=_CACHE[key])
+        if key in _INFLIGHT:
+            return PendingPeak(closed, avals, text, future=_INFLIGHT[key])
 
     def run(*args: Any) -> list:  # the runtime's compile evaluates the program the same way
         return C.eval_closed(closed, *args)
 
     try:
-        exe, used = _compile(jax.jit(run, keep_unused=True).lower(*avals), options)
+        lowered = jax.jit(run, keep_unused=True).lower(*avals)
+    except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
+        _record(key, None)
+        return PendingPeak(closed, avals, text, peak=None)
+    with _LOCK:
+        if key in _CACHE or key in _INFLIGHT:  # another thread measured or began it while this one lowered
+            found = _CACHE.get(key), _INFLIGHT.get(key)
+        else:
+            found, future = None, _INFLIGHT.setdefault(key, concurrent.futures.Future())
+    if found is not None:
+        return PendingPeak(closed, avals, text, peak=found[0], future=found[1])
+    workers.submit(_measured, key, lowered, options, future)
+    return PendingPeak(closed, avals, text, future=future, owner=True)
+
+
+def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], future: Any) -> None:
+    """Sets ``future`` to ``(peak, executable, options used)`` of ``lowered`` (None, None, None where it does
+    not compile), the peak cached first."""
+    try:
+        exe, used = _compile(lowered, options)
         peak = compiled_peak(exe)
     except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
-        peak = None
-    else:
-        if keep and not used:
-            measured_executables.keep(closed, avals, used, exe, text=text)
+        exe, used, peak = None, None, None
+    except BaseException as err:  # an interrupt: whoever waits is told
+        with _LOCK:
+            _INFLIGHT.pop(key, None)
+        future.set_exception(err)
+        raise
+    _record(key, peak, compiled=True)
+    future.set_result((peak, exe, used))
+
+
+def _record(key: str, peak: int | None, compiled: bool = False) -> None:
     with _LOCK:
-        _COMPILES[0] += 1
+        _COMPILES[0] += compiled
         _CACHE[key] = peak
+        _INFLIGHT.pop(key, None)
         while len(_CACHE) > _CACHE_LIMIT:
             _CACHE.popitem(last=False)
-    return peak
+
+
+def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False) -> int | None:
+    """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
+    :func:`measure_options`) once per process per program text and input types; None where the backend
+    cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
+    above the runtime compile's peak, never below. With ``keep``, an executable compiled with the backend's
+    own options, as the runtime compiles (:func:`jaxaot.compilers.xla`), is held for the runtime to take
+    (:mod:`~jaxaot._src.partition.budget.measured_executables`). :func:`start_peak` begins one without waiting."""
+    return start_peak(closed, avals, exact).peak(keep)
 
 
 def _aval_key(a: Any) -> str:

@@ -21,9 +21,7 @@ Example:
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import os
 from typing import Any, Sequence
 
 import jax
@@ -31,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot._src import compat as C
+from jaxaot._src import workers
 from jaxaot._src.partition.costs import cost_model, op_scaling
 from jaxaot._src.partition.costs.device_model import best_seconds
 
@@ -250,15 +249,11 @@ def profile_seconds(eqn: Any, device: Any, *, copies: int = COPIES, repeats: int
     return profile_many([eqn], device, copies=copies, repeats=repeats, threads=1)[0]
 
 
-#: At most this many chains compile at once in :func:`profile_many`.
-MAX_COMPILE_THREADS = 8
-
-
 def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repeats: int = 3,
                  threads: int | None = None) -> list[float | None]:
-    """:func:`profile_seconds` of each of ``eqns``: their chains lowered here, compiled concurrently on up to
-    ``threads`` threads (default: the cores, at most :data:`MAX_COMPILE_THREADS`), then timed one after
-    another, so no timing shares the device with a compile.
+    """:func:`profile_seconds` of each of ``eqns``: their chains lowered here, compiled concurrently on the
+    process's compile threads (:mod:`jaxaot._src.workers`; ``threads=1``: here, one after another), then
+    timed one after another, so no timing shares the device with one of these compiles.
 
     A small program's compile is mostly one core's work, so the compiles of many eqns overlap where
     each alone would not use the machine; the timings stay sequential, each eqn's inputs alive only
@@ -272,7 +267,6 @@ def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repe
         except Exception:  # noqa: BLE001 - params this backend cannot lower: estimated instead
             pass
     jobs = [k for k, low in lowered.items() if low is not None]
-    threads = min(len(jobs), threads or min(os.cpu_count() or 1, MAX_COMPILE_THREADS))
 
     def compiled(k: int) -> Timing | None:
         try:
@@ -280,11 +274,12 @@ def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repe
         except Exception:  # noqa: BLE001 - unsupported on this backend: estimated instead
             return None
 
-    if threads > 1:
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            ready = dict(zip(jobs, pool.map(compiled, jobs)))
-    else:
+    if threads == 1 or len(jobs) < 2:
         ready = {k: compiled(k) for k in jobs}
+    else:
+        futures = {k: workers.submit(compiled, k) for k in jobs}
+        ready = {k: f.result() for k, f in futures.items()}
+        del futures
     out: list[float | None] = [None] * len(eqns)
     for k, timing in ready.items():
         try:
