@@ -155,7 +155,7 @@ def test_programs_compiled_on_workers_keep_the_calling_thread_s_x64_and_matmul_p
 
 
 @needs_two_cores
-def test_xla_s_refusal_on_a_worker_raises_for_the_step_and_passes_over_a_variant(monkeypatch, accelerator):
+def test_xla_s_refusal_on_a_worker_raises_for_its_program_and_passes_over_a_variant(monkeypatch, accelerator):
     programs, real_lower, real_compile = {}, cache.lower_xla, cache.compile_lowered
 
     def lower(closed, avals, **options):
@@ -171,9 +171,9 @@ def test_xla_s_refusal_on_a_worker_raises_for_the_step_and_passes_over_a_variant
 
     monkeypatch.setattr(cache, "lower_xla", lower)
     monkeypatch.setattr(cache, "compile_lowered", refusing)
-    refused = "all"
+    refused = "all"  # every compile on a worker (the step itself compiles first, on this thread)
     f, loss, args = _step(seed=13)
-    with pytest.raises(jaxaot.errors.XlaCompileError, match="'fused'"):
+    with pytest.raises(jaxaot.errors.XlaCompileError, match="'forward'"):  # the split pair the first call times
         _run(f, args)
     refused = "pinned"  # each variant with pinned layouts is refused: XLA's layouts are kept
     g, _, _ = _step(seed=13)

@@ -2,7 +2,8 @@
 
 On an accelerator :func:`~jaxaot._src.fusion.fused_exe` compiles the step and then
 each variant it weighs, and the first call times the split programs against it.
-Each compile takes seconds; they are independent, so :class:`Prefetch` lowers each
+Each compile takes seconds; after the step's own (which autotunes the matrix
+products the others share), they are independent, so :class:`Prefetch` lowers each
 program on the calling thread (lowering reads its JAX configuration) and hands the
 XLA compile to :mod:`jaxaot._src.workers`. The decision chain then runs as it
 would without it, taking a begun compile where one of its very program exists and

@@ -254,15 +254,16 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
     barrier = default_barrier(training)
     base = Variant(barrier)
     weighed = _weighed(part, barrier) if prefetch is not None else None
+    # The step compiles alone first: its GEMMs autotune once, on an idle device, and the variants' and split
+    # programs' compiles, begun together after it, find them tuned (begun together from the start, each
+    # autotuned the same GEMMs beside the others, and the whole took longer than compiling in turn).
+    exe = p.compile(name, training.options.fw_compiler, _variant_program(training, value_leaf, base), p.in_avals,
+                    aliased=returned)
+    exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
     if prefetch is not None:
-        prefetch.begin([base, *_still_weighed(base, barrier, weighed, 0)])
+        prefetch.begin(_still_weighed(base, barrier, weighed, 0))
     if meanwhile is not None:
         meanwhile()
-    program, pending = prefetch.take(base) if prefetch is not None else (None, None)
-    exe = p.compile(name, training.options.fw_compiler,
-                    program if program is not None else _variant_program(training, value_leaf, base),
-                    p.in_avals, aliased=returned, pending=pending)
-    exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
     budget = getattr(part.step_peak, "budget", None)
 
     def fits(v: Any) -> bool:
