@@ -142,14 +142,17 @@ def test_a_compiler_of_the_user_compiles_on_the_calling_thread(monkeypatch, acce
 
 
 @needs_two_cores
-def test_programs_compiled_on_workers_keep_the_calling_thread_s_x64_and_matmul_precision(accelerator,
+def test_programs_compiled_on_workers_keep_the_calling_thread_s_x64_and_matmul_precision(monkeypatch, accelerator,
                                                                                        worker_compiles):
+    # the pinned variant, compiled on a worker, is the step kept (the step itself compiles on this thread)
+    monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: "pinned")
     with jax.enable_x64(True), jax.default_matmul_precision("highest"):
         f, loss, args = _step(seed=11)
         args = jax.tree.map(lambda x: x.astype(jnp.float64), args)
         got, choice, _, programs = _run(f, args)
         want = jax.value_and_grad(loss, argnums=tuple(range(len(args))))(*args)
     assert worker_compiles and all(c["thread"] != threading.get_ident() for c in worker_compiles)
+    assert choice.layouts == "pinned"
     assert {x.dtype for x in jax.tree.leaves(got)} == {jnp.dtype(jnp.float64)}
     assert_trees_close(got, want, rtol=1e-10, atol=1e-12)
     text = programs.executables[choice.executable].as_text()
