@@ -253,14 +253,15 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
     p, part = training.programs, training.partition
     barrier = default_barrier(training)
     base = Variant(barrier)
-    weighed = _weighed(part, barrier) if prefetch is not None else None
     # The step compiles alone first: its GEMMs autotune once, on an idle device, and the variants' and split
     # programs' compiles, begun together after it, find them tuned (begun together from the start, each
     # autotuned the same GEMMs beside the others, and the whole took longer than compiling in turn).
     exe = p.compile(name, training.options.fw_compiler, _variant_program(training, value_leaf, base), p.in_avals,
                     aliased=returned)
     exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
-    if prefetch is not None:
+    choosing = platform_of(exe) in LAYOUT_CHOICE_PLATFORMS
+    weighed = _weighed(part, barrier) if choosing else None
+    if prefetch is not None and choosing:
         prefetch.begin(_still_weighed(base, barrier, weighed, 0))
     if meanwhile is not None:
         meanwhile()
@@ -270,10 +271,9 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
         peak = compiled_peak(v) if v is not None else None
         return v is not None and (budget is None or peak is None or peak <= budget)
 
-    if platform_of(exe) in LAYOUT_CHOICE_PLATFORMS:
+    if choosing:
         variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned,
                                     prefetch=prefetch)
-        weighed = weighed or _weighed(part, barrier)
 
         def ahead(step: int) -> None:  # where a choice went another way, the later variants it now asks for
             if prefetch is not None:

@@ -84,6 +84,16 @@ def keep(closed: Any, avals: Sequence[Any], options: dict[str, Any], exe: Any, *
 def take(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int] = ()) -> Any | None:
     """The executable held for the same program as ``closed`` on ``avals`` with these XLA ``options`` and
     ``donated`` inputs, no longer held; None where there is none (its text is read only where the rest matches)."""
+    return _match(closed, avals, options, donated, take=True)
+
+
+def holds(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int] = ()) -> bool:
+    """Whether :func:`take` would hand out an executable for these arguments now (nothing is taken)."""
+    return _match(closed, avals, options, donated, take=False) is not None
+
+
+def _match(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int], take: bool) -> Any:
+    """The held executable of the same program (dropped from the held ones with ``take``), or None."""
     key = _key(avals, options, donated)
     n_out = len(C.jaxpr_of(closed).outvars)
     with _LOCK:
@@ -95,22 +105,11 @@ def take(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Se
         for k in maybe:
             h = _HELD.get(k)
             if h is not None and h.digest == digest and _same_values(h.closed, closed):
-                del _HELD[k]
-                _COUNTS["taken"] += 1
+                if take:
+                    del _HELD[k]
+                    _COUNTS["taken"] += 1
                 return h.exe
     return None
-
-
-def holds(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int] = ()) -> bool:
-    """Whether :func:`take` would hand out an executable for these arguments now (nothing is taken)."""
-    key = _key(avals, options, donated)
-    n_out = len(C.jaxpr_of(closed).outvars)
-    with _LOCK:
-        maybe = [h for h in _HELD.values() if h.key == key and len(C.jaxpr_of(h.closed).outvars) == n_out]
-    if not maybe:
-        return False
-    digest = _digest(str(closed))
-    return any(h.digest == digest and _same_values(h.closed, closed) for h in maybe)
 
 
 def release(closeds: Iterable[Any]) -> None:
