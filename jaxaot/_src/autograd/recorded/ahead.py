@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from jaxaot._src.compat import ArrayImpl as _ArrayImpl
 from jaxaot._src.config import config
@@ -75,11 +75,12 @@ class Ahead:
         return Started(exe, args, out, self.looks)
 
     def finish(self, started: Started | None, exe: Any, args: Sequence[Any], objects: Sequence[Any],
-               arrays: Sequence[Any], looks: dict | None = None) -> Any:
+               arrays: Sequence[Any], looks: Callable[[], dict] | None = None) -> Any:
         """The outputs of ``started`` when the recording ended at its executable on the same ``args`` (None:
         run ``exe``). Learns what the next call starts: ``exe`` once two calls in a row ran it. ``objects``: what
         the forward used for each of ``args`` (a NumPy array, where the step reads its copy on the device);
-        ``looks``: where the step returns the values Python looked at (:attr:`Started.looks`)."""
+        ``looks()``: where the step returns the values Python looked at (:attr:`Started.looks`), read only
+        when the next call is to start ``exe``."""
         if started is not None:
             if started.exe is exe and len(args) == len(started.args) and all(map(operator.is_, args, started.args)):
                 self.backoff = 1
@@ -93,7 +94,7 @@ class Ahead:
         elif stable:
             sources = _sources(args, objects, arrays)
             self.exe, self.sources = (exe, sources) if sources is not None else (None, ())
-            self.looks = looks or {}
+            self.looks = looks() if looks is not None and self.exe is not None else {}
         else:
             self.exe = None
         return None
