@@ -18,10 +18,10 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
-import jax
 
 from jaxaot._src import workers
 from jaxaot._src.compile import xla
+from jaxaot._src.partition import program_platform
 
 #: Whether compiles are begun ahead on accelerators (a switch for tests: off, the chain compiles in turn).
 ENABLED = True
@@ -46,24 +46,11 @@ class Variant:
     slices: bool = True
 
 
-def expected_platform(avals: Sequence[Any]) -> str | None:
-    """The platform a program of ``avals`` compiles for, read before compiling it: the devices of the first
-    input with a sharding, else the default device (``jax_default_device``, else the default backend)."""
-    for aval in avals:
-        devices = getattr(getattr(aval, "sharding", None), "device_set", None)
-        if devices:
-            return next(iter(devices)).platform
-    device = jax.config.jax_default_device
-    if device is None:
-        return jax.default_backend()
-    return device if isinstance(device, str) else getattr(device, "platform", None)
-
-
 def speculates(compiler: Any, avals: Sequence[Any], platforms: Iterable[str]) -> bool:
     """Whether compiles for ``avals`` are begun ahead: :data:`ENABLED`, XLA's own compiler (another compiles on
     the calling thread), workers that run beside this thread, and a platform in ``platforms``."""
     return (ENABLED and compiler is xla and workers.overlaps()
-            and expected_platform(avals) in frozenset(platforms))
+            and program_platform(avals) in frozenset(platforms))
 
 
 class Prefetch:

@@ -19,7 +19,7 @@ from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_off
 from jaxaot._src.partition.step import barred_residuals, ordered_eqns, rederive_backward, step_program
 from jaxaot._src.partition.budget import (
     MemoryBudget, StepPeak, compiled_peak, measure_step_peak, measured_executables, parse_memory_budget,
-    peak_holders, peak_search)
+    peak_holders, peak_search, program_platform)
 from jaxaot._src.partition.mincut import (
     FlowGraph, RematPolicy, MinCutOptions, as_partitioner, build_flow_graph, choose_saved_values,
     min_cut_rematerialization_partition, remat_policy, replay_joint)
@@ -64,6 +64,7 @@ __all__ = [
     "parse_memory_budget",
     "peak_holders",
     "peak_search",
+    "program_platform",
     "rederive_backward",
     "remat_policy",
     "replay_joint",

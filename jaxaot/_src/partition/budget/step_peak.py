@@ -171,19 +171,24 @@ _COMPILES = [0]
 _REFUSED: set[str] = set()  # option sets a backend refused, by their text
 
 
-def _platform(avals: Sequence[Any]) -> str:
-    for a in avals:
-        devices = getattr(getattr(a, "sharding", None), "device_set", None)
+def program_platform(avals: Sequence[Any]) -> str | None:
+    """The platform a program of ``avals`` compiles for, read before compiling it: the devices of the first
+    input with a sharding, else the default device (``jax_default_device``, else the default backend)."""
+    for aval in avals:
+        devices = getattr(getattr(aval, "sharding", None), "device_set", None)
         if devices:
             return next(iter(devices)).platform
-    return jax.devices()[0].platform
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else getattr(device, "platform", None)
 
 
 def measure_options(avals: Sequence[Any] = (), exact: bool = False) -> tuple[dict[str, Any], ...]:
     """The compiler option sets a measurement on the platform of ``avals`` (the default device's without
     a sharding) tries, in order, the last the backend's defaults (:data:`MEASURE_OPTIONS`); with ``exact``,
     only those that keep the runtime compile's peak."""
-    sets = [o for o in MEASURE_OPTIONS.get(_platform(avals), ())
+    sets = [o for o in MEASURE_OPTIONS.get(program_platform(avals), ())
             if str(sorted(o.items())) not in _REFUSED and not (exact and o in INEXACT)]
     return (*[dict(o) for o in sets], {})
 
