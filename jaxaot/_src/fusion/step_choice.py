@@ -160,14 +160,9 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
         if platform_of(exe) not in TIME_CHOICE_PLATFORMS:
             return "fused", "not timed: on CPU step times are noise"
         timer = _wall_seconds
-    part = training.partition
-    budget = getattr(part.step_peak, "budget", None)
-    if budget is not None and (part.step_peak.split is None or part.step_peak.split > budget):
-        return "fused", "the split programs' peak is over memory_budget"
-    if getattr(training.programs, "donated_leaves", ()):
-        return "fused", "not timed: the step donates its inputs"
-    if C.jaxpr_of(part.forward).effects or C.jaxpr_of(part.backward).effects:
-        return "fused", "not timed: the step has effects, which each timed call would repeat"
+    untimed = _untimed(training)
+    if untimed is not None:
+        return "fused", untimed
     split_peaks = [compiled_peak(training.forward_exe), compiled_peak(training.backward_exe)]
     fused_peak = compiled_peak(exe)
     if None not in split_peaks and fused_peak is not None and max(split_peaks) > fused_peak:
@@ -186,16 +181,25 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
     return choose_step(times["fused"], times["split"])
 
 
-def _split_ahead(training: SplitRunner) -> bool:
-    """Whether the first call's choice will compile the split programs on an accelerator (the conditions of
-    :func:`_timed_choice` read before compiling), so their compiles begin beside the fused step's."""
-    p, part = training.programs, training.partition
+def _untimed(training: SplitRunner) -> str | None:
+    """Why fused and split are not timed, known before either compiles; None where they may be."""
+    part = training.partition
     budget = getattr(part.step_peak, "budget", None)
-    return (speculates(training.options.fw_compiler, p.in_avals, TIME_CHOICE_PLATFORMS)
+    if budget is not None and (part.step_peak.split is None or part.step_peak.split > budget):
+        return "the split programs' peak is over memory_budget"
+    if getattr(training.programs, "donated_leaves", ()):
+        return "not timed: the step donates its inputs"
+    if C.jaxpr_of(part.forward).effects or C.jaxpr_of(part.backward).effects:
+        return "not timed: the step has effects, which each timed call would repeat"
+    return None
+
+
+def _split_ahead(training: SplitRunner) -> bool:
+    """Whether the first call's choice will compile the split programs on an accelerator (:func:`_untimed` and
+    the platform read before compiling), so their compiles begin beside the fused step's."""
+    return (speculates(training.options.fw_compiler, training.programs.in_avals, TIME_CHOICE_PLATFORMS)
             and training.options.bw_compiler is training.options.fw_compiler
-            and (budget is None or (part.step_peak.split is not None and part.step_peak.split <= budget))
-            and not getattr(p, "donated_leaves", ())
-            and not (C.jaxpr_of(part.forward).effects or C.jaxpr_of(part.backward).effects))
+            and _untimed(training) is None)
 
 
 def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None = None) -> FusedChoice:
