@@ -34,7 +34,7 @@ import jax
 from jax._src import compiler  # a probe may reach into JAX: it counts the backend's compiles
 
 from benchmarks.bench_budget import all_models, step_of
-from jaxaot._src import workers
+from jaxaot._src import allowance, workers
 from jaxaot._src.partition import measured_executables
 from jaxaot._src.partition.budget import step_peak
 
@@ -127,7 +127,7 @@ def _log_timings() -> list[str]:
             eqn = timing.eqn
             held = [op_profile.held_bytes(e) for e in (timing.one, timing.many)]
             lines.append(f"  {eqn.primitive.name:24s} {op_scaling.footprint(eqn) / 2**20:8.1f} MiB x {timing.copies}"
-                         f" (x{timing.factor:.2f})  limit {op_scaling.current_limit()}  compiled one/chain "
+                         f" (x{timing.factor:.2f})  limit {allowance.current_limit()}  compiled one/chain "
                          f"{[round((h or 0) / 2**20, 1) for h in held]} MiB  in use before "
                          f"{before / 2**20:8.1f} MiB  peak after {stats.get('peak_bytes_in_use', 0) / 2**20:8.1f} MiB"
                          f"  {eqn.params.get('preferred_element_type', '')} "

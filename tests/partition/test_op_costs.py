@@ -165,7 +165,7 @@ def test_profile_many_compiles_together_and_ranks_like_profile_seconds():
 def test_a_timed_chain_holds_no_more_than_the_byte_limit_xla_temporaries_included(monkeypatch):
     # A cumulative sum's chain holds XLA temporaries beside the operands and results the plan counts:
     # under a limit the plan's 8 copies fit but the compiled chain does not, fewer copies are timed.
-    from jaxaot._src.partition.costs import op_scaling
+    from jaxaot._src import allowance
     eqn = jax.make_jaxpr(lambda x: jax.lax.cumsum(x, 0))(jnp.ones((512, 512))).jaxpr.eqns[0]
     limit = 8 * op_profile._run_bytes(eqn) + 1024
     held, run_timing = [], op_profile.run_timing
@@ -175,7 +175,7 @@ def test_a_timed_chain_holds_no_more_than_the_byte_limit_xla_temporaries_include
         return run_timing(timing, device, repeats)
 
     monkeypatch.setattr(op_profile, "run_timing", recorded)
-    with op_scaling.byte_limit(limit):
+    with allowance.byte_limit(limit):
         assert op_profile.plan_timing(eqn).copies == 8
         seconds = op_profile.profile_many([eqn], CPU)[0]
     assert seconds is not None and seconds > 0
@@ -184,7 +184,7 @@ def test_a_timed_chain_holds_no_more_than_the_byte_limit_xla_temporaries_include
         assert 2 <= copies < 8 and nbytes <= limit
     held.clear()
     limit = op_profile._run_bytes(eqn) + 1024  # two runs do not fit: timed at smaller shapes, kept to the limit
-    with op_scaling.byte_limit(limit):
+    with allowance.byte_limit(limit):
         assert op_profile.profile_many([eqn], CPU)[0] > 0
     [(copies, nbytes)] = held
     assert nbytes is None or nbytes <= limit

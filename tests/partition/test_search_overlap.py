@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._src import workers
+from jaxaot._src import allowance, workers
 from jaxaot._src.partition import MeasuredCosts, measure_step_peak, measured_executables
 from jaxaot._src.partition.budget import search, step_peak
 from jaxaot._src.partition.costs import op_profile
@@ -79,7 +80,7 @@ def _run(mode, loss, budget, args, monkeypatch):
         part = f.lookup(args, {}).programs.training().partition
         after = measured_executables.counts()
     return dict(asked=asked, read=read, peak=part.step_peak, forward=str(part.forward),
-                backward=str(part.backward), out=out, kept=after.kept - before.kept,
+                backward=str(part.backward), out=out, kept=after.kept - before.kept, inflight=len(step_peak._INFLIGHT),
                 taken=after.taken - before.taken, held=after.held, compiles=step_peak.compile_count() - compiles)
 
 
@@ -102,6 +103,7 @@ def test_working_ahead_chooses_as_measuring_in_turn(name, monkeypatch):
         assert (run["kept"], run["taken"], run["held"]) == (len(run["read"]), 1, 0), mode
         ahead = mode == "ahead" or (mode != "in turn" and workers.threads() >= search.AHEAD_FROM_THREADS)
         assert 0 <= run["compiles"] - len(run["read"]) <= ahead, mode  # at most one compile unread
+        assert run["inflight"] == 0, mode  # and none compiles on past the plan
 
 
 def test_the_top_plan_compiles_while_the_ops_are_timed(monkeypatch):
@@ -178,3 +180,48 @@ def test_a_program_asked_for_twice_at_once_compiles_once(monkeypatch):
     assert second.peak(keep=True) == first.peak() > 0 and len(compiled) == 1
     assert measured_executables.counts().held == 0  # the joiner holds nothing; the starter did not ask to
     assert step_peak.program_peak(closed, avals) == first.peak() and len(compiled) == 1  # cached
+
+
+def test_compiles_and_timings_keep_together_to_the_byte_budget(monkeypatch):
+    """Under a byte budget the search's compiles (standing in for a GPU's, whose autotuner holds device buffers:
+    here each holds 60% of the budget) and the op timings take their bytes from one allowance: two compiles
+    never run at once, what runs at once never holds more than the budget, and the plans asked for, the peaks
+    read and the choice are those of measuring in turn."""
+    budget = _between_the_ends(scanned_mlp, _mlp_args(6))
+    args = _mlp_args(7)
+    want = _run("in turn", scanned_mlp, budget, args, monkeypatch)
+    spans, lock = [], threading.Lock()
+    real_holding = allowance.holding
+
+    def holding(nbytes):
+        return _Noted(real_holding(nbytes), int(nbytes), spans, lock)
+
+    monkeypatch.setattr(step_peak, "compile_bytes", lambda closed, platform: int(0.6 * budget))
+    for module in (step_peak, op_profile):
+        monkeypatch.setattr(module, "holding", holding)
+    got = _run("ahead", scanned_mlp, budget, args, monkeypatch)
+    for what in ("asked", "read", "peak", "forward", "backward"):
+        assert got[what] == want[what], what
+    compiles = [s for s in spans if s[2] == int(0.6 * budget)]
+    assert len(compiles) == got["compiles"] >= 2 and got["inflight"] == 0
+    for start, end, nbytes in spans:  # at each admission, what is held beside it
+        beside = sum(n for s, e, n in spans if s <= start < e)
+        assert beside <= budget or beside == nbytes, (nbytes, beside, budget)
+    assert_trees_close(got["out"], jax.value_and_grad(scanned_mlp, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
+
+
+class _Noted:
+    """A hold that notes ``(admitted, released, bytes)`` in ``spans`` (monotonic clock)."""
+
+    def __init__(self, inner, nbytes, spans, lock):
+        self.inner, self.nbytes, self.spans, self.lock = inner, nbytes, spans, lock
+
+    def __enter__(self):
+        self.inner.__enter__()
+        self.start = time.monotonic()
+
+    def __exit__(self, *exc):
+        end = time.monotonic()
+        with self.lock:
+            self.spans.append((self.start, end, self.nbytes))
+        return self.inner.__exit__(*exc)

@@ -14,7 +14,7 @@ from jaxaot._src.partition.budget.parse import MemoryBudget, parse_memory_budget
 from jaxaot._src.partition.budget.step_peak import (
     StepPeak, compile_count, compiled_peak, fused_step, measure_step_peak, program_peak, program_platform)
 from jaxaot._src.partition.budget.live_values import peak_holders
-from jaxaot._src.partition.budget.limits import bytes_in_use, measurement_limit
+from jaxaot._src.partition.budget.limits import bytes_in_use, measurement_limit, measuring_within
 from jaxaot._src.partition.budget.search import peak_search
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "measure_step_peak",
     "measured_executables",
     "measurement_limit",
+    "measuring_within",
     "parse_memory_budget",
     "peak_holders",
     "peak_search",

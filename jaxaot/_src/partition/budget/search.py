@@ -150,9 +150,12 @@ class _Search:
 
     def release(self, chosen: _Candidate | None) -> None:
         """Stop holding the executables of the plans measured but not ``chosen``, and let go of the compiles
-        begun and not read (their executables were never held)."""
+        begun and not read (their executables were never held), once they end: none runs on beside the
+        runtime's compile and first step, holding device memory there."""
         measured_executables.release(c.program for c in self.measured if c is not chosen)
         for c in self.by_key.values():
+            if c.pending is not None:
+                c.pending.settle()
             c.pending = None
 
     def seconds(self, part: Partition) -> float:

@@ -23,9 +23,11 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src import workers
+from jaxaot._src.allowance import holding
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND, op_profile
+from jaxaot._src.partition.costs.compile_bytes import compile_bytes
 from jaxaot._src.partition.step import step_program
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes
@@ -223,6 +225,12 @@ class PendingPeak:
         """Whether :meth:`peak` would return without waiting."""
         return self._future is None or self._future.done()
 
+    def settle(self) -> None:
+        """Wait for the compile to end, keeping nothing of it (nobody reads it: it must not run beside what
+        the caller does next, and hold device memory there)."""
+        if self._future is not None:
+            concurrent.futures.wait([self._future])  # never cancelled: others may wait for the same compile
+
     def peak(self, keep: bool = False) -> int | None:
         """The peak, waited for; with ``keep`` (read on the calling thread, whose default device and matmul
         precision key it) the executable is held for the runtime where this request compiled it with the
@@ -266,15 +274,17 @@ def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> Pendin
             found, future = None, _INFLIGHT.setdefault(key, concurrent.futures.Future())
     if found is not None:
         return PendingPeak(closed, avals, text, peak=found[0], future=found[1])
-    workers.submit(_measured, key, lowered, options, future)
+    workers.submit(_measured, key, lowered, options, future, compile_bytes(closed, program_platform(avals)))
     return PendingPeak(closed, avals, text, future=future, owner=True)
 
 
-def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], future: Any) -> None:
+def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], future: Any, nbytes: int = 0) -> None:
     """Sets ``future`` to ``(peak, executable, options used)`` of ``lowered`` (None, None, None where it does
-    not compile), the peak cached first."""
+    not compile), the peak cached first. The compile holds ``nbytes`` of the plan-time allowance
+    (:mod:`jaxaot._src.allowance`)."""
     try:
-        exe, used = _compile(lowered, options)
+        with holding(nbytes):
+            exe, used = _compile(lowered, options)
         peak = compiled_peak(exe)
     except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
         exe, used, peak = None, None, None

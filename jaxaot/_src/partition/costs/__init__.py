@@ -9,7 +9,7 @@ bytes of a sharded program's values (:func:`device_fractions`).
 
 from jaxaot._src.partition.costs.cost_model import Recompute, classify, flops, is_alias, is_loop, materializes_operands
 from jaxaot._src.partition.costs.op_costs import FlopCosts, OpCosts
-from jaxaot._src.partition.costs.op_scaling import byte_limit
+from jaxaot._src.allowance import byte_limit
 from jaxaot._src.partition.costs.device_model import (
     HOST_MEMORY_KIND, MEASURED_HEADROOM, MIN_OVERLAP, DeviceModel, best_seconds, host_memory_note)
 from jaxaot._src.partition.costs.measured_costs import MeasuredCosts, resolve_costs

@@ -34,6 +34,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
+from jaxaot._src.allowance import holding
+from jaxaot._src.partition.costs.compile_bytes import REDZONE_BYTES
 from jaxaot._src.partition.costs.copy_slots import measure_copy_slots
 from jaxaot._src.partition.costs.op_costs import FlopCosts
 
@@ -177,7 +179,8 @@ class DeviceModel:
         with _MEASURED_LOCK:
             model = _MEASURED.get(key)
             if model is None:
-                with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
+                # The partitioner may run while a caller traces.
+                with holding(probe_bytes(device, offload=True)), jax.ensure_compile_time_eval():
                     model = _MEASURED[key] = _measure(device, _RATES.get(key))
                 _RATES.setdefault(key, model.flop_costs)
         return model
@@ -192,7 +195,7 @@ class DeviceModel:
         with _MEASURED_LOCK:
             costs = _RATES.get(key)
             if costs is None:
-                with jax.ensure_compile_time_eval():
+                with holding(probe_bytes(device)), jax.ensure_compile_time_eval():
                     flops, bandwidth = _rates(device)
                 costs = _RATES[key] = FlopCosts(flops, bandwidth)
         return costs
@@ -273,6 +276,20 @@ def _rates(device: Any) -> tuple[float, float]:
     # Device memory: a copy kernel run in a chain (a single call is mostly dispatch on a GPU).
     bandwidth = 2 * nbytes / _per_step_seconds(lambda v: jax.lax.optimization_barrier(v * 0.5 + 1.0), x, RATE_STEPS)
     return flops, bandwidth
+
+
+def probe_bytes(device: Any, offload: bool = False) -> int:
+    """Device bytes the rate probes hold at most, their compiles' autotuning included (with ``offload``, the
+    host-memory probes' too): what they take of the plan-time allowance (:mod:`jaxaot._src.allowance`)."""
+    cpu = device.platform == "cpu"
+    payload = _MEASURE_BYTES // 8 if cpu else _MEASURE_BYTES
+    n = RATE_MATMUL.get(device.platform, RATE_MATMUL_ACCELERATOR)
+    item = 4 if cpu else 2
+    held = 4 * n * n * item + 3 * payload + (0 if cpu else 6 * REDZONE_BYTES)
+    if offload:
+        m = 512 if cpu else 8192
+        held += 4 * m * m * item + 3 * payload
+    return held
 
 
 def _copy_payload(device: Any) -> Any:

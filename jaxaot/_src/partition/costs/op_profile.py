@@ -30,7 +30,9 @@ import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src import workers
+from jaxaot._src.allowance import current_limit, holding
 from jaxaot._src.partition.costs import cost_model, op_scaling
+from jaxaot._src.partition.costs.compile_bytes import eqns_bytes
 from jaxaot._src.partition.costs.device_model import best_seconds
 
 #: Runs of the eqn in the chained program.
@@ -128,10 +130,10 @@ class Timing:
 
 def plan_timing(eqn: Any, *, copies: int = COPIES) -> Timing | None:
     """How :func:`profile_seconds` times ``eqn`` under the current byte limit
-    (:func:`~jaxaot._src.partition.costs.op_scaling.byte_limit`); None where it cannot."""
+    (:func:`~jaxaot._src.allowance.byte_limit`); None where it cannot."""
     if not measurable(eqn):
         return None
-    limit = op_scaling.current_limit()
+    limit = current_limit()
     limit = MAX_CHAIN_BYTES if limit is None else min(limit, MAX_CHAIN_BYTES)
     nbytes = _run_bytes(eqn)
     factor = 1.0
@@ -203,7 +205,8 @@ def _refit(timing: Timing, device: Any) -> Timing | None:
     each time, as XLA's temporaries need not grow in step with them) until it keeps to the limit; None
     where two copies do not."""
     while timing.copies >= 2:
-        many = _lowered(timing, device)[1].compile()
+        with holding(eqns_bytes([timing.eqn], device.platform)):
+            many = _lowered(timing, device)[1].compile()
         held = held_bytes(many)
         if held is None or held <= timing.limit:
             return dataclasses.replace(timing, many=many)
@@ -212,8 +215,11 @@ def _refit(timing: Timing, device: Any) -> Timing | None:
 
 
 def run_timing(timing: Timing, device: Any, repeats: int = 3) -> float:
-    """Seconds one run of the planned eqn takes (scaled to the eqn planned for), from compiled chains."""
-    with jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
+    """Seconds one run of the planned eqn takes (scaled to the eqn planned for), from compiled chains, holding
+    what the chain holds of the plan-time allowance (:mod:`jaxaot._src.allowance`) meanwhile."""
+    held = held_bytes(timing.many)
+    held = timing.limit if held is None else held
+    with holding(held or 0), jax.ensure_compile_time_eval():  # the partitioner may run while a caller traces
         inputs = [_inputs(timing.eqn, device) for _ in range(timing.copies)]
         alone = best_seconds(lambda: timing.one(inputs[0]), repeats)
         chained = best_seconds(lambda: timing.many(*inputs), repeats)
@@ -238,7 +244,7 @@ def launch_eqn() -> Any:
 def profile_seconds(eqn: Any, device: Any, *, copies: int = COPIES, repeats: int = 3) -> float | None:
     """Seconds one run of ``eqn`` takes on ``device``; None when it cannot be timed.
 
-    Under a byte limit (:func:`~jaxaot._src.partition.costs.op_scaling.byte_limit`, which the
+    Under a byte limit (:func:`~jaxaot._src.allowance.byte_limit`, which the
     planner sets to the step's own size or a byte budget) the chained program holds at most
     that many bytes: fewer copies, and below two copies the eqn is timed at smaller shapes and
     its time scaled (:func:`~jaxaot._src.partition.costs.op_scaling.shrunk`).
@@ -270,7 +276,8 @@ def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repe
 
     def compiled(k: int) -> Timing | None:
         try:
-            return _compiled(plans[k], *lowered[k])
+            with holding(eqns_bytes([plans[k].eqn], device.platform)):
+                return _compiled(plans[k], *lowered[k])
         except Exception:  # noqa: BLE001 - unsupported on this backend: estimated instead
             return None
 

@@ -1,7 +1,7 @@
 """An eqn at smaller shapes, for timing it within a byte limit.
 
 Timing must not raise the device peak above the step's own or a byte budget
-(:func:`byte_limit`). An eqn too large is timed at smaller shapes:
+(:func:`~jaxaot._src.allowance.byte_limit`). An eqn too large is timed at smaller shapes:
 :func:`shrunk` shrinks one dimension size everywhere it occurs among the inputs (a
 batch axis, so operands stay compatible), re-traces the eqn and returns the FLOP
 ratio to scale its time by. Eqns whose params name sizes are estimated instead.
@@ -17,35 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.partition.costs import cost_model
-
-_LIMIT: contextvars.ContextVar[int | None] = contextvars.ContextVar("jaxaot_profile_bytes", default=None)
-
-
-@contextlib.contextmanager
-def byte_limit(nbytes: int | None) -> Iterator[None]:
-    """Within the block, timing an eqn allocates at most ``nbytes`` device bytes (None: no limit;
-    nested limits keep the smaller)."""
-    outer = _LIMIT.get()
-    token = _LIMIT.set(nbytes if outer is None else (outer if nbytes is None else min(outer, nbytes)))
-    try:
-        yield
-    finally:
-        _LIMIT.reset(token)
-
-
-def current_limit() -> int | None:
-    """The byte limit :func:`byte_limit` set (None: none)."""
-    return _LIMIT.get()
-
 
 def footprint(eqn: Any) -> int:
     """Bytes of ``eqn``'s array inputs and outputs: what one run of it holds."""

@@ -17,9 +17,10 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, PartitionError
-from jaxaot._src.partition.budget import MemoryBudget, measurement_limit, parse_memory_budget, peak_search
+from jaxaot._src.partition.budget import (
+    MemoryBudget, measuring_within, parse_memory_budget, peak_search)
 from jaxaot._src.partition.core import Partition, split_joint
-from jaxaot._src.partition.costs import DeviceModel, OpCosts, byte_limit, resolve_costs
+from jaxaot._src.partition.costs import DeviceModel, OpCosts, resolve_costs
 from jaxaot._src.partition.mincut import scan_remat
 from jaxaot._src.partition.mincut.save_families import FAMILIES, restricted
 from jaxaot._src.partition.mincut.plan_memo import PlanMemo, memoized
@@ -120,7 +121,7 @@ class MinCutOptions:
             return _at_fraction(joint, fraction, rematerialize_scans=self.rematerialize_scans, model=model,
                                 costs=costs, family=family, memo=memo)
 
-        with byte_limit(measurement_limit(joint, budget.nbytes)):
+        with measuring_within(joint, budget.nbytes):
             if budget.nbytes is None:
                 return plan_at(budget.fraction)
             families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way

@@ -1,0 +1,61 @@
+"""Device bytes a compile holds while it runs, for the plan-time allowance (:mod:`jaxaot._src.allowance`).
+
+A CPU compile holds no device memory. A GPU compile autotunes its matrix products
+and convolutions: it runs candidate kernels on buffers of each one's operands and
+result (and a second result to check candidates against), every buffer padded by
+red zones. One is tuned at a time, so the largest counts. The estimate is read off
+the jaxpr before lowering, and only over-counts what XLA fuses away.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxaot._src.partition.costs.compile_bytes import compile_bytes
+    >>> closed = jax.make_jaxpr(jnp.dot)(jnp.ones((256, 128)), jnp.ones((128, 64)))
+    >>> compile_bytes(closed, "cpu"), compile_bytes(closed, "gpu") > 256 * 128 * 4
+    (0, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import device_nbytes
+
+#: Primitives a GPU compile autotunes.
+TUNED = frozenset({"dot_general", "conv_general_dilated"})
+#: Red-zone bytes around each buffer an autotuner allocates (XLA's default padding, both ends).
+REDZONE_BYTES = 2 * (8 << 20)
+#: Platforms whose compiles hold no device memory.
+UNTUNED_PLATFORMS = frozenset({"cpu"})
+
+
+def _nbytes(v: Any) -> int:
+    try:
+        return int(device_nbytes(v.aval))
+    except Exception:  # noqa: BLE001 - tokens, opaque dtypes
+        return 0
+
+
+def eqn_bytes(eqn: Any) -> int:
+    """What autotuning ``eqn`` holds: its operands, its result twice, each buffer with red zones; 0 for an
+    eqn not tuned."""
+    if eqn.primitive.name not in TUNED:
+        return 0
+    ins = [v for v in eqn.invars if not C.is_literal(v)]
+    return (sum(_nbytes(v) for v in ins) + 2 * sum(_nbytes(v) for v in eqn.outvars)
+            + REDZONE_BYTES * (len(ins) + 2 * len(eqn.outvars)))
+
+
+def eqns_bytes(eqns: Iterable[Any], platform: str) -> int:
+    """The device bytes a compile of these eqns holds on ``platform``: the largest eqn's autotuning."""
+    if platform in UNTUNED_PLATFORMS:
+        return 0
+    return max((eqn_bytes(e) for e in eqns), default=0)
+
+
+def compile_bytes(closed: Any, platform: str) -> int:
+    """The device bytes compiling the (closed) jaxpr ``closed`` holds on ``platform``, its sub-jaxprs (loop
+    bodies, calls) included (module docstring)."""
+    if platform in UNTUNED_PLATFORMS:
+        return 0
+    return eqns_bytes(C.iter_eqns(closed), platform)
