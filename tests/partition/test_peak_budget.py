@@ -340,7 +340,8 @@ def _drive(curve, families, budget, monkeypatch):
     monkeypatch.setattr(search, "program_peak",
                         lambda part, avals, exact=False, keep=False: compiled.append(part) or part.peak)
     monkeypatch.setattr(search, "start_peak", lambda part, avals, exact=False: types.SimpleNamespace(
-        peak=lambda keep=False: compiled.append(part) or part.peak))  # a peak counts when the search reads it
+        peak=lambda keep=False: compiled.append(part) or part.peak,  # a peak counts when the search reads it
+        settle=lambda: None))
     monkeypatch.setattr(search._Search, "seconds", lambda self, part: part.recompute)
     monkeypatch.setattr(search, "_nothing_fits", lambda s: ValueError(min(c.peak for c in s.measured)))
     run = search.peak_search(types.SimpleNamespace(in_avals=()), budget, tuple(families))
