@@ -218,4 +218,6 @@ def test_fifty_steps_of_an_aot_module_show_the_loss_program():
     info = model.cache_info()
     assert (info.hits, info.misses) == (49, 1)
     (entry,) = info.entries
-    assert entry.program == "loss" and entry.reason == "first call" and "fused[0,1]" in entry.executables[0]
+    # the step that runs: the fused one, or (where the first call timed the two on an accelerator) the split
+    runs = "fused[0,1]" if any("fused[0,1]" in e for e in entry.executables) else "forward[0,1]"
+    assert entry.program == "loss" and entry.reason == "first call" and runs in entry.executables[0]
