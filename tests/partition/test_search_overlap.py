@@ -225,3 +225,33 @@ class _Noted:
         with self.lock:
             self.spans.append((self.start, end, self.nbytes))
         return self.inner.__exit__(*exc)
+
+
+def test_a_compile_let_go_of_before_it_begins_is_not_made(monkeypatch):
+    """A plan's compile waiting for room in the allowance when its search ends is dropped, not made (and its
+    peak not cached); one that another request shares is made, and both read its peak."""
+    monkeypatch.setattr(step_peak, "_CACHE", collections.OrderedDict())
+    monkeypatch.setattr(step_peak, "MEASURE_OPTIONS", {})
+    monkeypatch.setattr(step_peak, "compile_bytes", lambda closed, platform: 50)
+    compiled = []
+    real_compile = step_peak._compile
+    monkeypatch.setattr(step_peak, "_compile", lambda lowered, options: compiled.append(1) or
+                        real_compile(lowered, options))
+    avals = [jax.ShapeDtypeStruct((16, 16), jnp.float32)]
+    alone, shared = (jax.make_jaxpr(lambda x, k=k: jnp.sin(x * k) @ x)(jnp.ones((16, 16))) for k in (2.0, 3.0))
+    with allowance.allowance(100):
+        with allowance.holding(100):  # no room: both compiles wait
+            first = step_peak.start_peak(alone, avals)
+            second = step_peak.start_peak(shared, avals)
+            joined = step_peak.start_peak(shared, avals)
+            assert not first.done() and not second.done()
+            settled = [threading.Thread(target=p.settle) for p in (first, second)]
+            for t in settled:
+                t.start()
+            time.sleep(0.2)
+        for t in settled:
+            t.join(timeout=60)
+    assert len(compiled) == 1 and not step_peak._INFLIGHT  # the shared one only
+    assert joined.peak() > 0 and step_peak.program_peak(shared, avals) == joined.peak() and len(compiled) == 1
+    step_peak.program_peak(alone, avals)  # not cached: measured now
+    assert len(compiled) == 2

@@ -217,8 +217,8 @@ class PendingPeak:
     peak alone, as a cache hit does."""
 
     def __init__(self, closed: Any, avals: Sequence[Any], text: str, future: Any = None, peak: int | None = None,
-                 owner: bool = False):
-        self._closed, self._avals, self._text = closed, avals, text
+                 owner: bool = False, key: str = ""):
+        self._closed, self._avals, self._text, self._key = closed, avals, text, key
         self._future, self._peak, self._owner = future, peak, owner
 
     def done(self) -> bool:
@@ -226,9 +226,12 @@ class PendingPeak:
         return self._future is None or self._future.done()
 
     def settle(self) -> None:
-        """Wait for the compile to end, keeping nothing of it (nobody reads it: it must not run beside what
-        the caller does next, and hold device memory there)."""
+        """Let go of the compile, read by nobody: not begun where no other request shares it, else waited for
+        (it must not run beside what the caller does next, holding device memory there)."""
         if self._future is not None:
+            if self._owner:
+                with _LOCK:
+                    _ABANDONED.add(self._key)
             concurrent.futures.wait([self._future])  # never cancelled: others may wait for the same compile
 
     def peak(self, keep: bool = False) -> int | None:
@@ -244,6 +247,8 @@ class PendingPeak:
 
 
 _INFLIGHT: dict[str, Any] = {}  # key -> the future of its compile, while it runs
+_SHARED: dict[str, int] = {}  # key -> how many requests joined its compile in flight
+_ABANDONED: set[str] = set()  # keys whose owner let go of the compile (:meth:`PendingPeak.settle`)
 
 
 def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> PendingPeak:
@@ -257,6 +262,7 @@ def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> Pendin
             _CACHE.move_to_end(key)
             return PendingPeak(closed, avals, text, peak=_CACHE[key])
         if key in _INFLIGHT:
+            _SHARED[key] = _SHARED.get(key, 0) + 1
             return PendingPeak(closed, avals, text, future=_INFLIGHT[key])
 
     def run(*args: Any) -> list:  # the runtime's compile evaluates the program the same way
@@ -270,20 +276,27 @@ def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> Pendin
     with _LOCK:
         if key in _CACHE or key in _INFLIGHT:  # another thread measured or began it while this one lowered
             found = _CACHE.get(key), _INFLIGHT.get(key)
+            if found[1] is not None:
+                _SHARED[key] = _SHARED.get(key, 0) + 1
         else:
             found, future = None, _INFLIGHT.setdefault(key, concurrent.futures.Future())
     if found is not None:
         return PendingPeak(closed, avals, text, peak=found[0], future=found[1])
     workers.submit(_measured, key, lowered, options, future, compile_bytes(closed, program_platform(avals)))
-    return PendingPeak(closed, avals, text, future=future, owner=True)
+    return PendingPeak(closed, avals, text, future=future, owner=True, key=key)
 
 
 def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], future: Any, nbytes: int = 0) -> None:
     """Sets ``future`` to ``(peak, executable, options used)`` of ``lowered`` (None, None, None where it does
     not compile), the peak cached first. The compile holds ``nbytes`` of the plan-time allowance
-    (:mod:`jaxaot._src.allowance`)."""
+    (:mod:`jaxaot._src.allowance`). A compile its owner let go of (:meth:`PendingPeak.settle`) before it
+    began, and nobody shares, is not made."""
     try:
+        if _abandoned(key, future):
+            return
         with holding(nbytes):
+            if _abandoned(key, future):
+                return
             exe, used = _compile(lowered, options)
         peak = compiled_peak(exe)
     except Exception:  # noqa: BLE001 - a program this backend refuses has no peak to plan with
@@ -291,10 +304,24 @@ def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], future:
     except BaseException as err:  # an interrupt: whoever waits is told
         with _LOCK:
             _INFLIGHT.pop(key, None)
+            _ABANDONED.discard(key)
+            _SHARED.pop(key, None)
         future.set_exception(err)
         raise
     _record(key, peak, compiled=True)
     future.set_result((peak, exe, used))
+
+
+def _abandoned(key: str, future: Any) -> bool:
+    """Whether the compile of ``key`` was let go of by its owner and shared by nobody: then it is dropped (its
+    future resolved with nothing, no peak recorded)."""
+    with _LOCK:
+        if key not in _ABANDONED or _SHARED.get(key):
+            return False
+        _ABANDONED.discard(key)
+        _INFLIGHT.pop(key, None)
+    future.set_result((None, None, None))
+    return True
 
 
 def _record(key: str, peak: int | None, compiled: bool = False) -> None:
@@ -302,6 +329,8 @@ def _record(key: str, peak: int | None, compiled: bool = False) -> None:
         _COMPILES[0] += compiled
         _CACHE[key] = peak
         _INFLIGHT.pop(key, None)
+        _ABANDONED.discard(key)
+        _SHARED.pop(key, None)
         while len(_CACHE) > _CACHE_LIMIT:
             _CACHE.popitem(last=False)
 
