@@ -178,10 +178,14 @@ class DeviceModel:
         key = _key(device)
         with _MEASURED_LOCK:
             model = _MEASURED.get(key)
+        if model is not None:
+            return model
+        # The probes' bytes are taken before the lock (whoever holds bytes never waits for the lock), and
+        # the partitioner may run while a caller traces.
+        with holding(probe_bytes(device, offload=True)), _MEASURED_LOCK, jax.ensure_compile_time_eval():
+            model = _MEASURED.get(key)
             if model is None:
-                # The partitioner may run while a caller traces.
-                with holding(probe_bytes(device, offload=True)), jax.ensure_compile_time_eval():
-                    model = _MEASURED[key] = _measure(device, _RATES.get(key))
+                model = _MEASURED[key] = _measure(device, _RATES.get(key))
                 _RATES.setdefault(key, model.flop_costs)
         return model
 
@@ -194,10 +198,12 @@ class DeviceModel:
         key = _key(device)
         with _MEASURED_LOCK:
             costs = _RATES.get(key)
+        if costs is not None:
+            return costs
+        with holding(probe_bytes(device)), _MEASURED_LOCK, jax.ensure_compile_time_eval():  # as in measure
+            costs = _RATES.get(key)
             if costs is None:
-                with holding(probe_bytes(device)), jax.ensure_compile_time_eval():
-                    flops, bandwidth = _rates(device)
-                costs = _RATES[key] = FlopCosts(flops, bandwidth)
+                costs = _RATES[key] = FlopCosts(*_rates(device))
         return costs
 
 
