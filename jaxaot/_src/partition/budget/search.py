@@ -247,8 +247,7 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
         search.start(top)
     search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)
     if ahead:  # planned while the top plan compiles (on accelerators the op timings run now): needed unless it fits
-        yield from _plan_alternatives(search, families)
-        search.start(search.fractions[0.0])  # measured next where no other plan is predicted to fit
+        yield from _plan_alternatives(search, families, begun=search.start)
     search.measure(top)
     if search.fits(top):
         return top
@@ -260,10 +259,14 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     return best
 
 
-def _plan_alternatives(search: _Search, families: Sequence[str]) -> Generator[Request, Partition, None]:
+def _plan_alternatives(search: _Search, families: Sequence[str], begun: Any = None
+                       ) -> Generator[Request, Partition, None]:
     """Plan what the search compares with the top plan once it does not fit: the fraction 0 plan and the
-    family plans."""
-    yield from search.plan(0.0)
+    family plans. ``begun`` (working ahead: :meth:`_Search.start`) is handed the fraction 0 plan as soon as
+    it is made, the one measured next where no other plan is predicted to fit."""
+    bottom = yield from search.plan(0.0)
+    if begun is not None:
+        begun(bottom)
     for family in families:
         yield from search.plan(1.0, family)
 
