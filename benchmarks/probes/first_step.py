@@ -6,6 +6,10 @@ prints its wall time, then every backend compile grouped by the jaxaot frames th
 their count and seconds, most expensive first. Compiles on workers overlap, so their seconds
 add up to more than the wall time they took.
 
+With ``--wall``, a thread samples the main thread's jaxaot frames every few milliseconds and prints
+where its wall time went (the innermost two frames, waiting for a worker's compile included), and each
+group of compiles' first start and last end: the first step's critical path.
+
 With ``--peaks`` (a backend reporting ``memory_stats``), a thread samples the device's
 ``peak_bytes_in_use`` while the step runs and prints each rise with the jaxaot frames the main
 thread was in at the time, so the plan-time work that raises the process peak above the
@@ -13,7 +17,7 @@ step's compiled peak is named.
 
 Usage (from the repository root; run it in a fresh process per spec)::
 
-    python -m benchmarks.probes.first_step MODEL SPEC [--size gpu|small|tiny] [--peaks] [--measure-defaults]
+    python -m benchmarks.probes.first_step MODEL SPEC [--size gpu|small|tiny] [--wall] [--peaks] [--measure-defaults]
 
 (SPEC as ``bench_budget``'s: ``jax:none``, ``jaxaot:1.0``, ``jaxaot:<bytes>``.) ``--measure-defaults``
 makes a byte budget's search measure with the backend's own compiler options, as on accelerators
@@ -40,6 +44,7 @@ from jaxaot._src.partition.budget import step_peak
 
 _seconds: collections.Counter = collections.Counter()
 _counts: collections.Counter = collections.Counter()
+_spans: dict[str, list[float]] = {}  # compile group -> [first start, last end] (perf_counter)
 
 
 _origin = threading.local()  # on a compile thread: the jaxaot frames of the thread that handed it its work
@@ -79,8 +84,11 @@ def _counted(compile_fn):
         try:
             return compile_fn(*args, **kwargs)
         finally:
-            _seconds[key] += time.perf_counter() - t
+            end = time.perf_counter()
+            _seconds[key] += end - t
             _counts[key] += 1
+            span = _spans.setdefault(key, [t, end])
+            span[0], span[1] = min(span[0], t), max(span[1], end)
     return wrapped
 
 
@@ -109,6 +117,33 @@ class PeakSampler(threading.Thread):
                 self.rises.append((peak, stats.get("bytes_in_use", 0), _frames(frame) if frame else "?"))
                 last = peak
             time.sleep(0.0005)
+
+
+class WallSampler(threading.Thread):
+    """Counts the main thread's innermost two jaxaot frames every ``interval`` seconds: where its wall time goes."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.main, self.interval = threading.main_thread().ident, interval
+        self.seen: collections.Counter = collections.Counter()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            frame = sys._current_frames().get(self.main)
+            names = ([f"{f.filename.split('jaxaot/_src/')[-1]}:{f.name}" for f in traceback.extract_stack(frame)
+                      if "jaxaot/_src" in f.filename] if frame else [])
+            self.seen[" < ".join(reversed(names[-2:])) or "(outside jaxaot)"] += 1
+            time.sleep(self.interval)
+
+    def report(self, wall: float, start: float) -> list[str]:
+        total = max(sum(self.seen.values()), 1)
+        lines = ["# the main thread's wall time, by its innermost jaxaot frames (share of the first step)"]
+        lines += [f"{wall * n / total:8.2f} s {100 * n / total:5.1f}%  {key}" for key, n in self.seen.most_common(14)]
+        lines.append("# compiles by group: first start and last end, seconds after the first step began")
+        lines += [f"{a - start:7.2f} - {b - start:7.2f}  {key}" for key, (a, b) in sorted(_spans.items(),
+                                                                                       key=lambda kv: kv[1][0])]
+        return lines
 
 
 def _log_timings() -> list[str]:
@@ -143,6 +178,7 @@ def main() -> None:
     ap.add_argument("spec")
     ap.add_argument("--size", default="gpu")
     ap.add_argument("--peaks", action="store_true", help="sample the device's peak memory and name its rises")
+    ap.add_argument("--wall", action="store_true", help="sample where the main thread's wall time goes")
     ap.add_argument("--measure-defaults", action="store_true",
                     help="a byte budget's search measures with the backend's own compiler options")
     a = ap.parse_args()
@@ -159,15 +195,23 @@ def main() -> None:
     before = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
     if sampler is not None:
         sampler.start()
+    walls = WallSampler() if a.wall else None
+    if walls is not None:
+        walls.start()
     t = time.perf_counter()
     jax.block_until_ready(step(*args))
     wall = time.perf_counter() - t
+    if walls is not None:
+        walls.done.set()
+        walls.join()
     print(f"# {a.model} {a.spec} ({jax.devices()[0].device_kind}): first step {wall:.2f} s, "
           f"{sum(_counts.values())} compiles, {sum(_seconds.values()):.2f} s compiling")
     held = measured_executables.counts()
     print(f"# measuring executables: {held.kept} held by the search, {held.taken} taken by the runtime")
     for key, secs in sorted(_seconds.items(), key=lambda kv: -kv[1]):
         print(f"{secs:8.2f} s {_counts[key]:4d}x  {key}")
+    if walls is not None:
+        print("\n".join(walls.report(wall, t)))
     if sampler is not None:
         time.sleep(0.01)
         sampler.done.set()
