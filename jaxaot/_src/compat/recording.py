@@ -427,6 +427,10 @@ for _name, (_kind, _attr) in forwarded_operations().items():
     if _name not in vars(RecordingTracer):  # its own conversions (item, tolist, ...) stay
         setattr(RecordingTracer, _name, _recorded_operation(_name, _kind, _attr))
 RecordingTracer.__hash__ = None  # type: ignore[assignment]  # tracers stay unhashable, __eq__ notwithstanding
+# JAX finds a value's aval through this table (``typeof``, and each argument of a ``jit`` call): an entry of
+# its own spares a recorded value the walk up its classes to ``Tracer``'s, as JAX's own tracers are spared it.
+if getattr(_core, "pytype_aval_mappings", None) is not None:
+    _core.pytype_aval_mappings[RecordingTracer] = operator.attrgetter("aval")
 
 
 #: ``trace_context()``: the configuration JAX's own tracing caches are keyed by (x64, dtype promotion, ...),

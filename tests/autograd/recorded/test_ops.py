@@ -16,6 +16,7 @@ import jaxaot
 from autograd_helpers import close as _close, rand as _rand
 from jaxaot import compiled_autograd
 from jaxaot._src.autograd.recorded import ops, step, step_cache
+from jaxaot._src.autograd.recorded.structure import Trie
 
 
 def _record(f, *args):
@@ -141,3 +142,67 @@ def test_a_tape_in_either_mode_gives_the_same_structure(eager):
     a = step.record(lambda w: (f(w, x), None), leaves, tree, eager=eager)
     b = step.record(lambda w: (f(w, x), None), leaves, tree, eager=eager)
     assert a.structure.token == b.structure.token
+
+
+#: The operands ``h * c`` meets at one point of the trie (``h``, ``g``: recorded values made before).
+_OPERANDS = {
+    "float": lambda h, g: 0.5, "minus zero": lambda h, g: -0.0, "int": lambda h, g: 2, "bool": lambda h, g: True,
+    "float32": lambda h, g: np.float32(0.5), "float16": lambda h, g: np.float16(0.5), "same": lambda h, g: h,
+    "other": lambda h, g: g, "int8": lambda h, g: np.int8(3),
+}
+
+
+def _at_one_point(w, v, kind):
+    h, g = jnp.sin(w), jnp.cos(v)  # the same operations before, whatever ``kind``: one trie node
+    return jnp.sum(h * _OPERANDS[kind](h, g)) + jnp.sum(h.T * g.T)
+
+
+def test_calls_made_at_one_point_of_the_trie_are_told_apart_by_their_operands():
+    rng = np.random.default_rng(5)
+    order = list(_OPERANDS) * 2
+    rng.shuffle(order)
+    for kind in order:  # each kind met at the node after the others: what it appended there must be its own
+        w, v = _rand(rng, 3, 2), _rand(rng, 3, 2)
+        fresh = step.record(lambda p: (_at_one_point(*p, kind), None), [w, v],
+                            jax.tree_util.tree_structure(((w, v),)), eager=False, trie=Trie().root())
+        shared = _record(lambda p, k: _at_one_point(*p, k), (w, v), kind)
+        assert shared.structure.token == fresh.structure.token, kind  # the same tape as jax.numpy's, afresh
+        value, grads = jaxaot.compiled_value_and_grad(lambda p: _at_one_point(*p, kind))((w, v))
+        want = jax.value_and_grad(lambda p: _at_one_point(*p, kind))((w, v))
+        _close((value, grads), want, tol=1e-5)
+        assert value.dtype == want[0].dtype
+
+
+def test_the_configuration_is_part_of_a_call_made_again_at_one_point():
+    raised = []
+
+    def f(w, v, mode):
+        h, g = jnp.sin(w), jnp.cos(v)
+        with jax.numpy_rank_promotion(mode):
+            try:
+                y = h + g[0]  # a rank promotion: refused under "raise"
+            except ValueError:
+                raised.append(mode)
+                y = h
+        return jnp.sum(y * y)
+
+    rng = np.random.default_rng(6)
+    vg = jaxaot.compiled_value_and_grad(f, argnums=(0, 1))
+    for mode in ("allow", "allow", "raise", "allow", "raise"):
+        w, v = _rand(rng, 3, 2), _rand(rng, 3, 2)
+        _close(vg(w, v, mode), jax.value_and_grad(f, argnums=(0, 1))(w, v, mode))
+    assert raised.count("raise") == 4 and "allow" not in raised  # each recording and jax.value_and_grad's
+
+
+def test_a_call_made_again_with_other_dtypes_or_shapes_is_recorded_for_them():
+    f = lambda w, c: jnp.sum(jnp.tanh(w) * c + w.T.sum() * 2)  # noqa: E731
+    vg = jaxaot.compiled_value_and_grad(f)
+    rng = np.random.default_rng(7)
+    for dtype, shape, c in ((jnp.float32, (3, 2), 0.5), (jnp.float16, (3, 2), 0.5), (jnp.float32, (2, 3), 0.5),
+                            (jnp.float32, (3, 2), np.float16(2)), (jnp.float16, (3, 2), np.float32(2))):
+        w = _rand(rng, *shape).astype(dtype)
+        for _ in range(2):
+            value, grad = vg(w, c)
+            want = jax.value_and_grad(f)(w, c)
+            _close((value, grad), want, tol=1e-2 if dtype == jnp.float16 else 1e-5)
+            assert (value.dtype, grad.dtype) == (want[0].dtype, want[1].dtype)

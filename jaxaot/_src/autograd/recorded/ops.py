@@ -154,6 +154,30 @@ def _context(tape: Any, ctx: Any) -> int:
     return tape.context_id
 
 
+def _common(fn: Any, x: Any, args: tuple, tape: Any) -> tuple | None:
+    """``(key, numbers)`` of :func:`signature` for the calls most operators make (no keywords; no argument,
+    or one that is a recorded value of this tape or a scalar), built without lists; None for other calls."""
+    ctx = _trace_context()
+    context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
+    shown, xv = tape.shown, x.vid
+    if not args:  # a method of no arguments (x.sum(), x.T)
+        return (fn, x.aval, shown[xv], context), (xv,)
+    if len(args) != 1:
+        return None
+    a = args[0]
+    t = type(a)
+    if t is _Tracer and a._trace is tape.trace:
+        av = a.vid
+        return (fn, x.aval, a.aval, a is x or av == xv, shown[xv], shown[av], context), (xv, av)
+    if t is float:
+        return (fn, x.aval, (float, a.hex()), shown[xv], context), (xv,)
+    if t in _SCALARS:
+        return (fn, x.aval, _scalar(t, a), shown[xv], context), (xv,)
+    if t in _NUMPY_SCALARS:  # np.float32(0.5) * x, as jax.nn's functions write their constants
+        return (fn, x.aval, (t, a.tobytes()), shown[xv], context), (xv,)
+    return None
+
+
 def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> tuple[tuple, Any, tuple]:
     """``(key, operands, numbers)`` of one call: what ``jax.numpy``'s behaviour depends on, the recorded
     values and arrays it takes (``x`` first) and their value numbers (-1 for an array). Raises
@@ -162,25 +186,16 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
     Besides types and static values, JAX may ask whether a recorded value is known (it skips a
     conversion for unknown ones): which operands the tape shows (``tape.visible``) is part of the key,
     as is which operands are the same value."""
-    trace, shown = tape.trace, tape.shown
-    ctx = _trace_context()
-    context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
-    xv = x.vid
     if not kwargs:
-        if not args:  # a method of no arguments (x.sum(), x.T)
-            return (fn, x.aval, shown[xv], context), (x,), (xv,)
-        if len(args) == 1:  # the common case, a binary operator: no lists built
-            a = args[0]
-            t = type(a)
-            if t is _Tracer and a._trace is trace:
-                av = a.vid
-                return (fn, x.aval, a.aval, a is x or av == xv, shown[xv], shown[av], context), (x, a), (xv, av)
-            if t is float:
-                return (fn, x.aval, (float, a.hex()), shown[xv], context), (x,), (xv,)
-            if t in _SCALARS:
-                return (fn, x.aval, _scalar(t, a), shown[xv], context), (x,), (xv,)
-            if t in _NUMPY_SCALARS:  # np.float32(0.5) * x, as jax.nn's functions write their constants
-                return (fn, x.aval, (t, a.tobytes()), shown[xv], context), (x,), (xv,)
+        common = _common(fn, x, args, tape)
+        if common is not None:
+            key, vids = common
+            return key, ((x, args[0]) if len(vids) == 2 else (x,)), vids
+    trace, shown = tape.trace, tape.shown
+    context = tape.context_id  # set by _common, which every call without keywords reached
+    if kwargs:
+        ctx = _trace_context()
+        context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
     ops = [x]
     sig = tuple([_sig(a, ops, trace) for a in args])
     kw = tuple(sorted((k, _sig(v, ops, trace)) for k, v in kwargs.items())) if kwargs else ()
@@ -196,10 +211,17 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
     or run and templated (in lazy recording; eager recording runs it as written)."""
     if tape.eager:
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
+    calls = tape.node.calls
+    if calls is not None and not kwargs and tape.log is None:  # the common call made here before: no lists
+        try:
+            made = calls.get(_common(fn, x, args, tape))
+        except TypeError:  # something unhashable in the key
+            made = None
+        if made is not None:
+            return _append(tape, made)
     try:
         key, ops, vids = signature(fn, x, args, kwargs, tape)
         at = (key, vids)
-        calls = tape.node.calls
         made = calls.get(at) if calls is not None and tape.log is None else None
         if made is not None:  # made at this point of the trie before
             return _append(tape, made)
