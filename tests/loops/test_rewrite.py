@@ -141,7 +141,8 @@ def test_the_options_are_part_of_the_program():
     a = jnp.float32(_rng().uniform(2.0, 6.0))
     library = jax.jit(lambda a: _solve(a)[1])
     n = int(_solve(a)[0])
-    roomy, tight = (jax.jit(jax.grad(differentiable(library, max_steps=m))) for m in (64, n - 1))
+    # tight: well below the trip count (a jitted loop may round its way to one step fewer or more than eagerly)
+    roomy, tight = (jax.jit(jax.grad(differentiable(library, max_steps=m))) for m in (64, max(n // 2, 1)))
     np.testing.assert_allclose(roomy(a), jax.grad(lambda a: _unrolled(a, n))(a), rtol=2e-5)
     with pytest.raises(LoopOverflowError), reraise_overflow():
         jax.block_until_ready(tight(a))  # never the 64-step program
