@@ -158,6 +158,14 @@ def device_nbytes(aval: Any) -> int:
     return 0 if in_host_memory(aval) else nbytes(aval)
 
 
+def var_device_nbytes(v: Any) -> int:
+    """:func:`device_nbytes` of a jaxpr variable's value; 0 for those with none (tokens, opaque dtypes)."""
+    try:
+        return int(device_nbytes(v.aval))
+    except Exception:  # noqa: BLE001 - tokens, opaque dtypes
+        return 0
+
+
 # --------------------------------------------------------------------------- printing
 def dtype_name(dtype: Any) -> str:
     """``float32``, ``bfloat16``, ``key<fry>``: the dtype's own name."""

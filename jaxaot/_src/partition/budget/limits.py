@@ -17,7 +17,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.allowance import allowance, byte_limit
-from jaxaot._src.pytrees import device_nbytes
+from jaxaot._src.pytrees import var_device_nbytes
 from jaxaot._src.partition.budget.step_peak import program_platform
 from jaxaot._src.partition.costs import Recompute, classify
 from jaxaot._src.partition.costs.compile_bytes import UNTUNED_PLATFORMS
@@ -43,7 +43,7 @@ def measurement_limit(joint: JointGraph, budget: int | None = None) -> int:
         if classify(eqn) is Recompute.CHEAP:
             continue
         held = [v for v in (*eqn.invars, *eqn.outvars) if not C.is_literal(v) and v not in inputs]
-        largest = max(largest, sum(_nbytes(v) for v in held))
+        largest = max(largest, sum(var_device_nbytes(v) for v in held))
     if budget is not None:
         room = max(budget - bytes_in_use(), 0)
         if program_platform(joint.in_avals) not in UNTUNED_PLATFORMS:
@@ -63,9 +63,3 @@ def measuring_within(joint: JointGraph, budget: int | None) -> Iterator[None]:
         with allowance(budget - bytes_in_use()):
             yield
 
-
-def _nbytes(v) -> int:
-    try:
-        return int(device_nbytes(v.aval))
-    except Exception:  # noqa: BLE001 - tokens, opaque dtypes
-        return 0

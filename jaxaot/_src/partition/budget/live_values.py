@@ -13,15 +13,9 @@ import collections
 from typing import Any
 
 from jaxaot._src import compat as C
-from jaxaot._src.pytrees import device_nbytes, format_aval
+from jaxaot._src.pytrees import format_aval, var_device_nbytes
 from jaxaot._src.partition.core import Partition
 
-
-def _nbytes(v: Any) -> int:
-    try:
-        return int(device_nbytes(v.aval))
-    except Exception:  # noqa: BLE001 - tokens, opaque dtypes
-        return 0
 
 
 def _just_in_time(jaxpr: Any, num_cotangents: int) -> list[int]:
@@ -65,7 +59,7 @@ def _replay(jaxpr: Any, order: list[int], live: dict, labels: dict, keep: set, b
         source = C.eqn_source(eqn)
         for v in eqn.outvars:
             if not C.is_drop_var(v):
-                live[v] = _nbytes(v)
+                live[v] = var_device_nbytes(v)
                 labels[v] = f"{format_aval(v.aval)} {eqn.primitive.name} @ {source}"
         total = sum(live.values())
         if total > best[0]:
@@ -85,7 +79,7 @@ def peak_holders(part: Partition, top: int = 5) -> tuple[int, list[tuple[int, st
     live: dict = {}
     labels: dict = {}
     for i, v in enumerate(fwd.invars):
-        live[v], labels[v] = _nbytes(v), f"input[{i}] {format_aval(v.aval)}"
+        live[v], labels[v] = var_device_nbytes(v), f"input[{i}] {format_aval(v.aval)}"
     inputs = set(fwd.invars)
     best = _replay(fwd, list(range(len(fwd.eqns))), live, labels,
                    inputs | set(v for v in fwd.outvars if not C.is_literal(v)), (sum(live.values()), dict(live)))
@@ -98,10 +92,10 @@ def peak_holders(part: Partition, top: int = 5) -> tuple[int, list[tuple[int, st
     for k, (v, r, res) in enumerate(zip(produced, bwd.invars[n_ct:], part.residuals)):
         if r in held and k < n_in:
             continue  # the input itself
-        held[r] = 0 if k < n_in or res.offloaded else _nbytes(r)
+        held[r] = 0 if k < n_in or res.offloaded else var_device_nbytes(r)
         labels[r] = labels.get(v, str(v))
     for j, v in enumerate(bwd.invars[:n_ct]):
-        held[v], labels[v] = _nbytes(v), f"cotangent[{j}] {format_aval(v.aval)}"
+        held[v], labels[v] = var_device_nbytes(v), f"cotangent[{j}] {format_aval(v.aval)}"
     keep = inputs | {v for v in bwd.outvars if not C.is_literal(v)}
     best = _replay(bwd, _just_in_time(bwd, n_ct), held, labels, keep, best)
     total, snapshot = best

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from jaxaot._src import compat as C
-from jaxaot._src.pytrees import device_nbytes
+from jaxaot._src.pytrees import var_device_nbytes
 
 #: Primitives a GPU compile autotunes.
 TUNED = frozenset({"dot_general", "conv_general_dilated"})
@@ -29,12 +29,6 @@ REDZONE_BYTES = 2 * (8 << 20)
 UNTUNED_PLATFORMS = frozenset({"cpu"})
 
 
-def _nbytes(v: Any) -> int:
-    try:
-        return int(device_nbytes(v.aval))
-    except Exception:  # noqa: BLE001 - tokens, opaque dtypes
-        return 0
-
 
 def eqn_bytes(eqn: Any) -> int:
     """What autotuning ``eqn`` holds: its operands, its result twice, each buffer with red zones; 0 for an
@@ -42,7 +36,7 @@ def eqn_bytes(eqn: Any) -> int:
     if eqn.primitive.name not in TUNED:
         return 0
     ins = [v for v in eqn.invars if not C.is_literal(v)]
-    return (sum(_nbytes(v) for v in ins) + 2 * sum(_nbytes(v) for v in eqn.outvars)
+    return (sum(var_device_nbytes(v) for v in ins) + 2 * sum(var_device_nbytes(v) for v in eqn.outvars)
             + REDZONE_BYTES * (len(ins) + 2 * len(eqn.outvars)))
 
 
