@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 from jaxaot.errors import MemoryBudgetError
 from jaxaot._src import workers
@@ -259,7 +259,7 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     return best
 
 
-def _plan_alternatives(search: _Search, families: Sequence[str], begun: Any = None
+def _plan_alternatives(search: _Search, families: Sequence[str], begun: Callable[[_Candidate], None] | None = None
                        ) -> Generator[Request, Partition, None]:
     """Plan what the search compares with the top plan once it does not fit: the fraction 0 plan and the
     family plans. ``begun`` (working ahead: :meth:`_Search.start`) is handed the fraction 0 plan as soon as

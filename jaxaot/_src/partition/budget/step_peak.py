@@ -216,10 +216,10 @@ class PendingPeak:
     may :meth:`peak` it with ``keep``; a request that found the same program compiling or cached shares the
     peak alone, as a cache hit does."""
 
-    def __init__(self, closed: Any, avals: Sequence[Any], text: str, future: Any = None, peak: int | None = None,
-                 owner: bool = False, key: str = ""):
-        self._closed, self._avals, self._text, self._key = closed, avals, text, key
-        self._future, self._peak, self._owner = future, peak, owner
+    def __init__(self, closed: Any, avals: Sequence[Any], text: str, inflight: _Inflight | None = None,
+                 peak: int | None = None, owner: bool = False):
+        self._closed, self._avals, self._text, self._inflight = closed, avals, text, inflight
+        self._future, self._peak, self._owner = inflight.future if inflight else None, peak, owner
 
     def done(self) -> bool:
         """Whether :meth:`peak` would return without waiting."""
@@ -231,7 +231,7 @@ class PendingPeak:
         if self._future is not None:
             if self._owner:
                 with _LOCK:
-                    _ABANDONED.add(self._key)
+                    self._inflight.abandoned = True
             concurrent.futures.wait([self._future])  # never cancelled: others may wait for the same compile
 
     def peak(self, keep: bool = False) -> int | None:
@@ -246,9 +246,17 @@ class PendingPeak:
         return self._peak
 
 
-_INFLIGHT: dict[str, Any] = {}  # key -> the future of its compile, while it runs
-_SHARED: dict[str, int] = {}  # key -> how many requests joined its compile in flight
-_ABANDONED: set[str] = set()  # keys whose owner let go of the compile (:meth:`PendingPeak.settle`)
+@dataclasses.dataclass
+class _Inflight:
+    """A compile running for :func:`start_peak`: its future, how many other requests joined it, and whether its
+    owner let go of it (:meth:`PendingPeak.settle`)."""
+
+    future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+    shared: int = 0
+    abandoned: bool = False
+
+
+_INFLIGHT: dict[str, _Inflight] = {}  # key -> its compile, while it runs
 
 
 def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> PendingPeak:
@@ -262,8 +270,8 @@ def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> Pendin
             _CACHE.move_to_end(key)
             return PendingPeak(closed, avals, text, peak=_CACHE[key])
         if key in _INFLIGHT:
-            _SHARED[key] = _SHARED.get(key, 0) + 1
-            return PendingPeak(closed, avals, text, future=_INFLIGHT[key])
+            _INFLIGHT[key].shared += 1
+            return PendingPeak(closed, avals, text, _INFLIGHT[key])
 
     def run(*args: Any) -> list:  # the runtime's compile evaluates the program the same way
         return C.eval_closed(closed, *args)
@@ -277,25 +285,27 @@ def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> Pendin
         if key in _CACHE or key in _INFLIGHT:  # another thread measured or began it while this one lowered
             found = _CACHE.get(key), _INFLIGHT.get(key)
             if found[1] is not None:
-                _SHARED[key] = _SHARED.get(key, 0) + 1
+                found[1].shared += 1
         else:
-            found, future = None, _INFLIGHT.setdefault(key, concurrent.futures.Future())
+            found, inflight = None, _INFLIGHT.setdefault(key, _Inflight())
     if found is not None:
-        return PendingPeak(closed, avals, text, peak=found[0], future=found[1])
-    workers.submit(_measured, key, lowered, options, future, compile_bytes(closed, program_platform(avals)))
-    return PendingPeak(closed, avals, text, future=future, owner=True, key=key)
+        return PendingPeak(closed, avals, text, found[1], peak=found[0])
+    workers.submit(_measured, key, lowered, options, inflight, compile_bytes(closed, program_platform(avals)))
+    return PendingPeak(closed, avals, text, inflight, owner=True)
 
 
-def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], future: Any, nbytes: int = 0) -> None:
-    """Sets ``future`` to ``(peak, executable, options used)`` of ``lowered`` (None, None, None where it does
+def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], inflight: _Inflight,
+              nbytes: int = 0) -> None:
+    """Sets the compile's future to ``(peak, executable, options used)`` of ``lowered`` (None, None, None where it does
     not compile), the peak cached first. The compile holds ``nbytes`` of the plan-time allowance
     (:mod:`jaxaot._src.allowance`). A compile its owner let go of (:meth:`PendingPeak.settle`) before it
     began, and nobody shares, is not made."""
+    future = inflight.future
     try:
-        if _abandoned(key, future):
+        if _abandoned(key, inflight):
             return
         with holding(nbytes):
-            if _abandoned(key, future):
+            if _abandoned(key, inflight):
                 return
             exe, used = _compile(lowered, options)
         peak = compiled_peak(exe)
@@ -304,23 +314,20 @@ def _measured(key: str, lowered: Any, options: Sequence[dict[str, Any]], future:
     except BaseException as err:  # an interrupt: whoever waits is told
         with _LOCK:
             _INFLIGHT.pop(key, None)
-            _ABANDONED.discard(key)
-            _SHARED.pop(key, None)
         future.set_exception(err)
         raise
     _record(key, peak, compiled=True)
     future.set_result((peak, exe, used))
 
 
-def _abandoned(key: str, future: Any) -> bool:
+def _abandoned(key: str, inflight: _Inflight) -> bool:
     """Whether the compile of ``key`` was let go of by its owner and shared by nobody: then it is dropped (its
     future resolved with nothing, no peak recorded)."""
     with _LOCK:
-        if key not in _ABANDONED or _SHARED.get(key):
+        if not inflight.abandoned or inflight.shared:
             return False
-        _ABANDONED.discard(key)
         _INFLIGHT.pop(key, None)
-    future.set_result((None, None, None))
+    inflight.future.set_result((None, None, None))
     return True
 
 
@@ -329,8 +336,6 @@ def _record(key: str, peak: int | None, compiled: bool = False) -> None:
         _COMPILES[0] += compiled
         _CACHE[key] = peak
         _INFLIGHT.pop(key, None)
-        _ABANDONED.discard(key)
-        _SHARED.pop(key, None)
         while len(_CACHE) > _CACHE_LIMIT:
             _CACHE.popitem(last=False)
 
