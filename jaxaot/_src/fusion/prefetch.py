@@ -18,7 +18,6 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
-
 from jaxaot._src import workers
 from jaxaot._src.compile import xla
 from jaxaot._src.partition import program_platform
