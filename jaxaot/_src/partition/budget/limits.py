@@ -62,4 +62,3 @@ def measuring_within(joint: JointGraph, budget: int | None) -> Iterator[None]:
             return
         with allowance(budget - bytes_in_use()):
             yield
-

@@ -17,7 +17,6 @@ from jaxaot._src.pytrees import format_aval, var_device_nbytes
 from jaxaot._src.partition.core import Partition
 
 
-
 def _just_in_time(jaxpr: Any, num_cotangents: int) -> list[int]:
     """The backward's eqns with each recomputation emitted just before the first gradient eqn that needs it
     (as XLA schedules them), gradient eqns (those a cotangent reaches) in program order."""

@@ -17,8 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, PartitionError
-from jaxaot._src.partition.budget import (
-    MemoryBudget, measuring_within, parse_memory_budget, peak_search)
+from jaxaot._src.partition.budget import MemoryBudget, measuring_within, parse_memory_budget, peak_search
 from jaxaot._src.partition.core import Partition, split_joint
 from jaxaot._src.partition.costs import DeviceModel, OpCosts, resolve_costs
 from jaxaot._src.partition.mincut import scan_remat
