@@ -416,6 +416,43 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
     assert (choice_info.layouts, choice_info.order, choice_info.barrier) == (only.layouts, only.order, want)
 
 
+@pytest.mark.parametrize("name", ["attention", "mlp_gelu"])
+def test_under_a_byte_budget_the_chain_weighs_only_the_variants_that_may_speed_the_step(monkeypatch, name):
+    # CPU stands in for an accelerator. At fraction 0 the chain weighs the consume-first order too; under a byte
+    # budget the step fits already, so only pinned layouts and no barrier are compiled, and none is kept over it.
+    from jaxaot._src.fusion import variants
+    from jaxaot._src.partition import compiled_peak, measure_step_peak
+
+    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    compiled, real = [], variants._compile_variant
+
+    def spy(training, name_, value_leaf, barrier, returned, layouts, order, rederived=(), **kw):
+        compiled.append((layouts, order, barrier, len(rederived)))
+        return real(training, name_, value_leaf, barrier, returned, layouts, order, rederived, **kw)
+
+    monkeypatch.setattr(variants, "_compile_variant", spy)
+    fn, make_args = zoo.ZOO[name]
+    args = make_args(_key(hash((name, 23)) % 997))
+    loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
+    argnums = tuple(range(len(args)))
+    want = jax.value_and_grad(loss, argnums=argnums)(*args)
+    mincut = jaxaot.partition.min_cut_rematerialization_partition
+    joint = jaxaot.partition.trace_joint(loss, *args)
+    budget = measure_step_peak(mincut(joint, memory_budget=0.0), joint, split=False).fused
+    weighed = {}
+    for b in (0.0, budget):
+        compiled.clear()
+        f = jaxaot.aot_function(loss, partition_fn=functools.partial(mincut, memory_budget=b))
+        assert_trees_close(jaxaot.value_and_grad(f, argnums=argnums)(*args), want, rtol=1e-4, atol=1e-5)
+        weighed[b] = list(compiled)
+        if b == budget:
+            choice = kept_step(f, args)
+            assert compiled_peak(f.lookup(args, {}).programs.executables[choice.executable]) <= budget
+    assert any(order == "consume_first" for _, order, _, _ in weighed[0.0])
+    assert weighed[budget] and all(order == "xla" and not k for _, order, _, k in weighed[budget])
+    assert {layouts for layouts, *_ in weighed[budget]} == {"pinned"}
+
+
 def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
     from jaxaot._src.fusion import variants
 

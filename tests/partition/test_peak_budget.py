@@ -331,15 +331,16 @@ class _Plan:
     step_peak: object = None
 
 
-def _drive(curve, families, budget, monkeypatch):
+def _drive(curve, families, budget, monkeypatch, started=None):
     """``peak_search`` over ``curve`` (fraction -> plan) and ``families`` (name -> plan): the plan chosen (or the
-    MemoryBudgetError's smallest peak) and the peaks compiled, in order."""
-    compiled = []
+    MemoryBudgetError's smallest peak) and the peaks compiled, in order (``started``: each compile begun is
+    appended to it)."""
+    compiled, started = [], [] if started is None else started
     monkeypatch.setattr(search, "_plan_key", lambda p: (p.device_saved_bytes, p.recompute, p.family))
     monkeypatch.setattr(search, "fused_step", lambda part, joint: part)
     monkeypatch.setattr(search, "program_peak",
                         lambda part, avals, exact=False, keep=False: compiled.append(part) or part.peak)
-    monkeypatch.setattr(search, "start_peak", lambda part, avals, exact=False: types.SimpleNamespace(
+    monkeypatch.setattr(search, "start_peak", lambda part, avals, exact=False: started.append(part) or types.SimpleNamespace(
         peak=lambda keep=False: compiled.append(part) or part.peak,  # a peak counts when the search reads it
         settle=lambda: None))
     monkeypatch.setattr(search._Search, "seconds", lambda self, part: part.recompute)
@@ -369,3 +370,31 @@ def test_a_family_plan_below_a_flat_curve_is_measured_before_the_fractions_betwe
     assert len(compiled) <= 4 and [p.peak for p in compiled[:-1]] == [10_000] * (len(compiled) - 1)
     refused, compiled = _drive(curve, families, 8_000, monkeypatch)  # below every plan: refused, as before
     assert refused == 9_000 and len(compiled) == len(set(compiled))
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_plans_are_compiled_ahead_only_where_compiles_do_not_share_a_device(platform, monkeypatch):
+    """Working ahead, the search compiles the fraction 0 plan while it reads the fraction 1 plan's peak. A GPU
+    compile autotunes on the device, so there the search compiles only what it reads; on either, the same plans
+    are read and chosen."""
+    rng = np.random.default_rng()
+    top, slope = int(rng.integers(20_000, 30_000)), float(rng.uniform(1.0, 2.0))
+
+    def curve(f):  # saved bytes and peak rise with the fraction; recomputation falls
+        saved = 1_000 + int(9_000 * f)
+        return _Plan(saved, 1.0 - f, top - int(slope * (10_000 - saved)))
+
+    budget = (top + curve(0.0).peak) // 2
+    runs = {}
+    for where in ("cpu", platform):
+        started = []
+        monkeypatch.setattr(search, "AHEAD_FROM_THREADS", 1)
+        monkeypatch.setattr(search, "program_platform", lambda avals, where=where: where)
+        chosen, read = _drive(curve, {}, budget, monkeypatch, started)
+        assert chosen.step_peak.fused <= budget and read[0] == curve(1.0) and len(read) == len(set(read))
+        runs[where] = chosen, read, started
+    assert runs["cpu"][:2] == runs[platform][:2]
+    cpu_started, started = runs["cpu"][2], runs[platform][2]
+    assert curve(0.0) in cpu_started and curve(0.0) not in runs["cpu"][1]  # begun ahead on a CPU, never read
+    if platform == "gpu":
+        assert started == runs[platform][1]  # each compile begun is read, in the order begun

@@ -4,8 +4,10 @@ The options of :func:`fused_program` (the partition's step program) each help on
 models and cost on others, and only XLA's compiled program tells which. On an
 accelerator :func:`fused_exe` compiles the step, then each variant in turn (pinned
 layouts, consume-first order, no barrier, reductions derived again), keeping one
-by compiled peak, never one over a byte ``memory_budget``. On CPU, whose layouts
-are row-major anyway, the step compiles once.
+by compiled peak, never one over a byte ``memory_budget``. Under a byte budget the
+step already fits, and only the variants that may also speed it up (pinned layouts,
+no barrier) are weighed. On CPU, whose layouts are row-major anyway, the step
+compiles once.
 """
 
 from __future__ import annotations
@@ -174,11 +176,14 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier
     return exe
 
 
-def _weighed(part: Any, barrier: str) -> tuple[bool, bool, bool, tuple[int, ...]]:
+def _weighed(part: Any, barrier: str, budgeted: bool = False) -> tuple[bool, bool, bool, tuple[int, ...]]:
     """Which variants the chain weighs: pinned layouts (always), the consume-first order, no barrier, and the
-    residual positions derived again (empty: none)."""
-    ordered = bool(part.recomputed and ordered_eqns(part.backward, len(part.cotangent_outputs)))
-    rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if part.recomputed else ()
+    residual positions derived again (empty: none). Under a byte budget (``budgeted``) the step already fits
+    it, so the two that only lower the peak, at a cost in step time (the order, reductions derived again),
+    are not weighed: their compiles would lengthen the first step for memory the budget does not ask for."""
+    peaky = part.recomputed and not budgeted
+    ordered = bool(peaky and ordered_eqns(part.backward, len(part.cotangent_outputs)))
+    rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if peaky else ()
     return True, ordered, bool(barred_residuals(part, barrier)), tuple(rederived)
 
 
@@ -260,12 +265,12 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
                     aliased=returned)
     exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
     choosing = platform_of(exe) in LAYOUT_CHOICE_PLATFORMS
-    weighed = _weighed(part, barrier) if choosing else None
+    budget = getattr(part.step_peak, "budget", None)
+    weighed = _weighed(part, barrier, budget is not None) if choosing else None
     if prefetch is not None and choosing:
         prefetch.begin(_still_weighed(base, barrier, weighed, 0))
     if meanwhile is not None:
         meanwhile()
-    budget = getattr(part.step_peak, "budget", None)
 
     def fits(v: Any) -> bool:
         peak = compiled_peak(v) if v is not None else None

@@ -350,3 +350,38 @@ def test_host_value_reads_what_numpy_reads():
               jnp.asarray(rng.integers(0, 9, 4)), jnp.asarray(True), jnp.ones(()) * np.nan):
         got, want = C.host_value(x), np.asarray(x)
         assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def test_off_a_cpu_the_looked_at_values_are_read_from_host_memory(monkeypatch):
+    """Off a CPU the step also returns the values Python looked at in pinned host memory, and a replay reads them
+    there (CPU stands in: its pinned host memory kind exists too). Same losses and gradients as recording and
+    JAX, each side of the branch replayed, and the copies are the step's last outputs."""
+    from jaxaot._src.autograd.recorded import replay, step
+
+    received = []  # what replays read their guards from
+    real = replay.confirms
+
+    def confirms(found, outs, root):
+        received.extend(outs[len(outs) - len(found.outcomes):])
+        return real(found, outs, root)
+
+    monkeypatch.setattr(replay, "confirms", confirms)
+    monkeypatch.setattr(step, "HOST_COPY_PLATFORMS", step.HOST_COPY_PLATFORMS | {"cpu"})
+    rng = np.random.default_rng()
+    replayed = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    recorded = jaxaot.compiled_value_and_grad(branchy)
+    signs = (True, True, False, False, True, False)
+    for sign in signs:
+        args = _inputs(rng, sign)
+        out = replayed(*args)
+        _close(out, recorded(*args), tol=1e-6)
+        _close(out, jax.value_and_grad(branchy)(*args))
+    assert _replays() == len(signs) - 2 and compiled_autograd.stats().compiles == 2
+    assert received and {v.sharding.memory_kind for v in received} == {"pinned_host"}
+    monkeypatch.setattr(step, "HOST_COPY_PLATFORMS", frozenset())  # a CPU as it is: device memory, read there
+    received.clear()
+    again = jaxaot.compiled_value_and_grad(branchy, replay=True)
+    for sign in signs:
+        args = _inputs(rng, sign)
+        _close(again(*args), jax.value_and_grad(branchy)(*args))
+    assert received and {v.sharding.memory_kind for v in received} == {"device"}

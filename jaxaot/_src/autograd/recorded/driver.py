@@ -181,7 +181,8 @@ def _step(plans: Plans, call: K.Call, make_forward: Callable, diff: tuple, plann
             path, _ = R.judge(recorded)
             if path is not None:
                 outcomes = tuple((how, outcome) for _, how, _, _, outcome in path)
-                early = bool(outcomes) and next(iter(value.devices())).platform != "cpu"
+                early = (bool(outcomes) and next(iter(value.devices())).platform != "cpu"
+                         and not S.host_copies(recorded, call.diff))
                 plans.trees.remember(key, path, R.Step(exe, structure, recorded.rest, recorded.rest_tree, outcomes,
                                                        early))
                 _add_quick(plans, key, plans.trees.get(key), call, quick)

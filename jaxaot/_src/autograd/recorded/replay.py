@@ -35,7 +35,8 @@ class Step(NamedTuple):
     kept: list       #: the forward's other outputs' leaves: None where the step returns them
     rest_tree: Any
     outcomes: tuple = ()  #: ``(how, outcome)`` per looked-at value, the last of the step's outputs
-    fetch_early: bool = False  #: start the looked-at values' copies to the host at once (off a CPU device)
+    fetch_early: bool = False  #: start the looked-at values' copies to the host at once (off a CPU device, where
+    #: the step does not return them in host memory: :func:`~.step.host_copies`)
 
 
 class Guard:
@@ -196,7 +197,8 @@ def expected(root: Guard) -> Step | None:
 
 
 def confirms(step: Step, outs: Sequence[Any], root: Guard) -> bool:
-    """Whether the looked-at values ``step`` returned (the last of ``outs``) take its path's outcomes;
+    """Whether the looked-at values ``step`` returned (the last of ``outs``: off a CPU, their copies in host
+    memory) take its path's outcomes;
     if not, the next :data:`WALK_AFTER_MISS` calls of ``root`` walk the tree instead of running ahead."""
     looked = outs[len(outs) - len(step.outcomes):]
     if len(looked) > 1 or step.fetch_early:  # copies queued behind the step, together

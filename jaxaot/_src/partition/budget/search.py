@@ -23,7 +23,7 @@ from jaxaot._src import workers
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.step_peak import (
-    MEASURE_SLACK, PendingPeak, StepPeak, fused_step, program_peak, start_peak)
+    MEASURE_SLACK, PendingPeak, StepPeak, fused_step, program_peak, program_platform, start_peak)
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import OpCosts
 from jaxaot._src.tracing import JointGraph
@@ -39,10 +39,15 @@ MORE_AFTER_FIT = 1
 MAX_MEASURED_REFUSING = 10
 
 #: With at least this many compile threads (:func:`jaxaot._src.workers.threads`) the search works ahead, on
-#: cores to spare: while the fraction 1 plan compiles, it makes and prices the plans compared with it and
-#: compiles the fraction 0 plan, before that plan's peak says whether they are needed; where nothing fits, it
-#: compiles the next plan in line alongside each. At most one compile goes unread at a time.
+#: cores to spare: while the fraction 1 plan compiles, it makes and prices the plans compared with it and, on
+#: a platform of :data:`COMPILES_AHEAD_ON`, compiles the fraction 0 plan, before that plan's peak says whether
+#: they are needed; where nothing fits, it compiles the next plan in line alongside each. At most one compile
+#: goes unread at a time.
 AHEAD_FROM_THREADS = 4
+#: Platforms whose compiles run side by side on the host's cores alone. A GPU compile autotunes its kernels
+#: on the device, so two of them contend there: measured on an H200, a plan compiled beside one begun ahead
+#: took 3.6 s against 1.7 s alone, and a plan begun ahead that the search never read slowed the ones it read.
+COMPILES_AHEAD_ON = frozenset({"cpu"})
 #: Whether the search may work ahead; the plans asked for, measured and chosen are the same either way
 #: (the tests compare).
 _CONCURRENT = True
@@ -247,7 +252,7 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
         search.start(top)
     search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)
     if ahead:  # planned while the top plan compiles (on accelerators the op timings run now): needed unless it fits
-        yield from _plan_alternatives(search, families, begun=search.start)
+        yield from _plan_alternatives(search, families, begun=search.start if _compiles_ahead(search) else None)
     search.measure(top)
     if search.fits(top):
         return top
@@ -274,6 +279,11 @@ def _plan_alternatives(search: _Search, families: Sequence[str], begun: Callable
 def _ahead() -> bool:
     """Whether the search works ahead (:data:`AHEAD_FROM_THREADS`)."""
     return _CONCURRENT and workers.threads() >= AHEAD_FROM_THREADS
+
+
+def _compiles_ahead(search: _Search) -> bool:
+    """Whether the search also compiles plans before it knows it needs them (:data:`COMPILES_AHEAD_ON`)."""
+    return _ahead() and program_platform(search.joint.in_avals) in COMPILES_AHEAD_ON
 
 
 def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, _Candidate | None]:
@@ -354,7 +364,7 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
             break
         order = sorted(pool, key=lambda c: (search.predicted(c), c.family is None, search.rank(c)))
         chosen = order[0]
-        if len(order) > 1 and len(search.measured) + 1 < MAX_MEASURED_REFUSING and _ahead():
+        if len(order) > 1 and len(search.measured) + 1 < MAX_MEASURED_REFUSING and _compiles_ahead(search):
             search.start(order[1])  # measured next unless this one fits or its peak reorders the rest
         search.measure(chosen)
         if search.fits(chosen):
