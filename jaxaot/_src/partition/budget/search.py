@@ -45,8 +45,8 @@ MAX_MEASURED_REFUSING = 10
 #: goes unread at a time.
 AHEAD_FROM_THREADS = 4
 #: Platforms whose compiles run side by side on the host's cores alone. A GPU compile autotunes its kernels
-#: on the device, so two of them contend there: measured on an H200, a plan compiled beside one begun ahead
-#: took 3.6 s against 1.7 s alone, and a plan begun ahead that the search never read slowed the ones it read.
+#: on the device, so two of them contend there: a plan begun ahead that the search never read slowed the ones
+#: it read (``docs/concepts/memory_planner.md``).
 COMPILES_AHEAD_ON = frozenset({"cpu"})
 #: Whether the search may work ahead; the plans asked for, measured and chosen are the same either way
 #: (the tests compare).
