@@ -1,7 +1,9 @@
 """Persistent compile cache benchmark: cold vs warm start of a GPT-shaped model.
 
 Measures the time from ``jaxaot.aot_function(...)`` to the first gradient
-(``jax.grad``, blocked on) in a fresh process, with an empty cache (cold) and
+(``jax.grad``, blocked on; with ``--step value_and_grad``, ``jaxaot.value_and_grad``'s
+fused step, whose variants and fused-or-split choice an accelerator weighs on the first
+call) in a fresh process, with an empty cache (cold) and
 with the cache that process filled (warm). Every run is its own subprocess;
 the parameters are built (and blocked on) and jaxaot's runtime, which loads on
 first use, is imported before the clock starts, as ``jax.jit`` is with jax. Also shows
@@ -9,13 +11,13 @@ where the time goes (trace, joint, partition, forward/backward compile — a
 warm "compile" is loading the serialized executable) and the whole process's
 wall time (Python and JAX imports included).
 
-The peer is ``jax.jit(jax.grad(loss))`` with JAX's own persistent compilation
+The peer is ``jax.jit(jax.grad(loss))`` (``jax.jit(jax.value_and_grad(loss))``) with JAX's own persistent compilation
 cache in the same folder (``jit`` rows); each jaxaot row's last column is its
 first gradient over ``jit``'s in the same cache state. ``min_cut_bytes`` plans
 a byte budget halfway between the compiled peaks of the min-cut's fraction 0
 and fraction 1 plans (found once, in a process of its own, before the runs).
 
-Usage (from the repository root): ``python -m benchmarks.bench_cache [--small] [--repeats N] [--out FILE]``
+Usage (from the repository root): ``python -m benchmarks.bench_cache [--small] [--repeats N] [--step S] [--out FILE]``
 (``--small``: the CPU-sized model of bench_partitioners, 12 layers 2x64x64 f32;
 default: 12 layers 8x1024x768 bf16, the GPU size). The target: a warm start 10x faster than a cold one.
 """
@@ -68,8 +70,9 @@ def middle_budget(size: str) -> int:
     return (top + bottom) // 2
 
 
-def child(size: str, partitioner: str, budget: int | None = None) -> dict:
-    """One process: build the model, then time aot_function (or ``jit``) -> first gradient."""
+def child(size: str, partitioner: str, budget: int | None = None, step: str = "grad") -> dict:
+    """One process: build the model, then time aot_function (or ``jit``) -> first gradient (``step``: ``"grad"``,
+    ``jax.grad``'s split programs, or ``"value_and_grad"``, ``jaxaot.value_and_grad``'s fused step)."""
     import jax
     import jax.numpy as jnp
 
@@ -84,7 +87,7 @@ def child(size: str, partitioner: str, budget: int | None = None) -> dict:
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         t = time.perf_counter()
-        grads = jax.block_until_ready(jax.jit(jax.grad(loss))(params, x))
+        grads = jax.block_until_ready(jax.jit(getattr(jax, step)(loss))(params, x))
         seconds = time.perf_counter() - t
         times: dict = {}
     else:
@@ -97,7 +100,7 @@ def child(size: str, partitioner: str, budget: int | None = None) -> dict:
         aot_function = jaxaot.aot_function  # imports the runtime (the whole process's time counts it)
         t = time.perf_counter()
         f = aot_function(loss, partition_fn=partition_fn)
-        grads = jax.block_until_ready(jax.grad(f)(params, x))
+        grads = jax.block_until_ready((jax.grad if step == "grad" else jaxaot.value_and_grad)(f)(params, x))
         seconds = time.perf_counter() - t
         times = dict(f.lookup((params, x), {}).programs.times)
     phase = lambda prefix: sum(v for k, v in times.items() if k.startswith(prefix))  # noqa: E731
@@ -105,7 +108,7 @@ def child(size: str, partitioner: str, budget: int | None = None) -> dict:
         "first_grad_s": seconds,
         "trace_s": phase("trace") + phase("joint"),
         "partition_s": phase("partition"),
-        "compile_fwd_s": phase("compile_forward"),
+        "compile_fwd_s": phase("compile_forward") + phase("compile_fused"),  # the fused step counts as forward
         "compile_bwd_s": phase("compile_backward"),
         "stats": stats().__dict__,
         "checksum": float(sum(jnp.sum(g.astype(jnp.float32)) for g in jax.tree_util.tree_leaves(grads))),
@@ -113,7 +116,8 @@ def child(size: str, partitioner: str, budget: int | None = None) -> dict:
 
 
 # --------------------------------------------------------------------------- parent
-def run_child(size: str, partitioner: str, cache_dir: str | None, budget: int | None = None) -> dict:
+def run_child(size: str, partitioner: str, cache_dir: str | None, budget: int | None = None,
+              step: str = "grad") -> dict:
     env = dict(os.environ)
     env.pop("JAXAOT_CACHE_DIR", None)
     if cache_dir is not None:
@@ -122,7 +126,8 @@ def run_child(size: str, partitioner: str, cache_dir: str | None, budget: int | 
     root = str(pathlib.Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_cache", "--child", size, partitioner,
-                           "--budget", str(budget)], env=env, capture_output=True, text=True, timeout=1800)
+                           "--budget", str(budget), "--step", step], env=env, capture_output=True, text=True,
+                          timeout=1800)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"child failed:\n{proc.stderr[-4000:]}")
@@ -134,7 +139,7 @@ def run_child(size: str, partitioner: str, cache_dir: str | None, budget: int | 
 MODES = ("off", "cold", "warm")
 
 
-def measure(size: str, partitioners: list[str], repeats: int, budget: int | None
+def measure(size: str, partitioners: list[str], repeats: int, budget: int | None, step: str = "grad"
             ) -> tuple[dict[str, dict[str, list[dict]]], dict[str, str]]:
     """Per partitioner, per mode, the runs (the partitioners round robin within each repeat, so that ``jit``
     and jaxaot meet the same machine load), and per partitioner that failed, why."""
@@ -146,9 +151,9 @@ def measure(size: str, partitioners: list[str], repeats: int, budget: int | None
                 continue
             cache_dir = tempfile.mkdtemp(prefix="jaxaot-bench-cache-")
             try:
-                runs[p]["off"].append(run_child(size, p, None, budget))
-                runs[p]["cold"].append(run_child(size, p, cache_dir, budget))
-                runs[p]["warm"].append(run_child(size, p, cache_dir, budget))
+                runs[p]["off"].append(run_child(size, p, None, budget, step))
+                runs[p]["cold"].append(run_child(size, p, cache_dir, budget, step))
+                runs[p]["warm"].append(run_child(size, p, cache_dir, budget, step))
             except RuntimeError as err:  # one partitioner failing must not lose the others' numbers
                 failed[p] = str(err)
             finally:
@@ -192,13 +197,17 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="CPU-sized model (12 layers, 2x64x64, f32)")
     ap.add_argument("--repeats", type=int, default=3, help="processes per mode (medians are reported)")
     ap.add_argument("--partitioners", default=",".join(PARTITIONERS))
-    ap.add_argument("--out", help="write the report here too (default: benchmarks/results/cache_<device>.txt)")
+    ap.add_argument("--step", choices=("grad", "value_and_grad"), default="grad",
+                    help="jax.grad's split programs, or jaxaot.value_and_grad's fused step (jit: value_and_grad)")
+    ap.add_argument("--out", help="write the report here too (default: benchmarks/results/cache_<device>.txt; "
+                    "cache_fused_<device>.txt for --step value_and_grad)")
     ap.add_argument("--child", nargs=2, metavar=("SIZE", "PARTITIONER"), help=argparse.SUPPRESS)
     ap.add_argument("--budget", help=argparse.SUPPRESS)
     ap.add_argument("--middle-budget", metavar="SIZE", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, budget=None if args.budget in (None, "None") else int(args.budget))))
+        print(json.dumps(child(*args.child, budget=None if args.budget in (None, "None") else int(args.budget),
+                               step=args.step)))
         return
     if args.middle_budget:
         print(middle_budget(args.middle_budget))
@@ -208,6 +217,7 @@ def main() -> None:
 
     size = "small" if args.small else "full"
     sz = SIZES[size]
+    step_name = "jax.grad" if args.step == "grad" else "jaxaot.value_and_grad (jit: jax.value_and_grad)"
     partitioners = args.partitioners.split(",")
     budget = None
     if "min_cut_bytes" in partitioners:
@@ -223,7 +233,7 @@ def main() -> None:
               f"{sz['dtype']}, {sz['heads']} heads; min_cut uses memory_budget=0.5"
               + (f", min_cut_bytes memory_budget={budget} bytes" if budget is not None else ""),
               f"# each number: median of {args.repeats} fresh processes (spread: min-max), the partitioners round "
-              "robin. first grad = aot_function(...) (or jax.jit) -> first jax.grad result (blocked on); "
+              f"robin. first grad = aot_function(...) (or jax.jit) -> first {step_name} result (blocked on); "
               "speedup = cold / this; x jit = this / jit's first grad in the same cache state",
               "# off = cache disabled; cold = empty cache; warm = the cache cold filled (jit: JAX's own "
               "persistent compilation cache); hits = partition/executable cache hits; process = whole subprocess "
@@ -231,7 +241,7 @@ def main() -> None:
               ""]
     all_rows = [["partitioner / cache", "first grad s", "spread", "speedup", "trace+joint s", "partition s",
                  "fwd compile s", "bwd compile s", "hits", "process s", "x jit"]]
-    runs, failed = measure(size, partitioners, args.repeats, budget)
+    runs, failed = measure(size, partitioners, args.repeats, budget, args.step)
     failures = []
     for partitioner in partitioners:
         if partitioner in failed:
@@ -245,7 +255,7 @@ def main() -> None:
     report += failures
     text = "\n".join(report) + "\n"
     print(text)
-    out = args.out or result_path("cache")
+    out = args.out or result_path("cache" if args.step == "grad" else "cache_fused")
     pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(out).write_text(text)
     print(f"wrote {out}")

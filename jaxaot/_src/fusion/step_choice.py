@@ -21,7 +21,8 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import speculates
-from jaxaot._src.fusion.variants import fused_exe, fused_name, platform_of
+from jaxaot._src.fusion.recalled import recall, remember
+from jaxaot._src.fusion.variants import LAYOUT_CHOICE_PLATFORMS, fused_exe, fused_name, platform_of
 from jaxaot._src.partition import compiled_peak
 
 
@@ -215,16 +216,24 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     known = p.fused_choices.get(name)
     if known is not None and (known.runs is not None or leaves is None):
         return known
-    ahead = training.start_split_compiles if leaves is not None and _split_ahead(training) else None
+    recalled, program = (None, None) if name in p.executables else recall(
+        training, value_leaf, LAYOUT_CHOICE_PLATFORMS | TIME_CHOICE_PLATFORMS)
+    ahead = (training.start_split_compiles if leaves is not None and recalled is None and _split_ahead(training)
+             else None)
     try:
-        exe = fused_exe(training, value_leaf, meanwhile=ahead)
+        exe = fused_exe(training, value_leaf, meanwhile=ahead, variant=recalled and recalled.variant,
+                        program=program)
         before = set(p.executables)
         chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
+        if chosen is None and recalled is not None:
+            chosen = recalled.runs, f"{recalled.why} (the choice of an earlier process, from the persistent cache)"
         if chosen is None and leaves is not None:
             chosen = _timed_choice(training, exe, leaves, value_leaf)
     finally:
         training.drop_split_compiles()
     runs, why = chosen if chosen is not None else (None, "")
+    if runs is not None and recalled is None:
+        remember(training, value_leaf, program, exe, runs, why)
     choice = p.fused_choices[name] = FusedChoice(name, exe.layouts, exe.order, exe.barrier, exe.rederived, runs, why)
     if runs == "split":
         training.drop_executables({name})

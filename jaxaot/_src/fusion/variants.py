@@ -21,7 +21,8 @@ from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import Prefetch, Variant, speculates
 from jaxaot._src.partition import (
-    barred_residuals, compiled_peak, default_partition, ordered_eqns, rederive_backward, step_program)
+    barred_residuals, compiled_peak, default_partition, measured_executables, ordered_eqns, rederive_backward,
+    step_program)
 
 
 def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
@@ -171,7 +172,7 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier
         return None
     finally:
         p.executables.pop(key, None)
-    exe.layouts, exe.order, exe.barrier = layouts, order, barrier
+    exe.layouts, exe.order, exe.barrier, exe.variant = layouts, order, barrier, v
     exe.rederived = tuple(str(training.partition.residuals[k]) for k in rederived)
     return exe
 
@@ -216,7 +217,8 @@ def fused_name(training: TrainingLike, value_leaf: int = 0) -> str:
     return "fused" + training.name_suffix + ("" if value_leaf == 0 else f"@{value_leaf}")
 
 
-def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[], None] | None = None) -> Any:
+def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[], None] | None = None,
+              variant: Variant | None = None, program: Any = None) -> Any:
     """The fused step's executable for output ``value_leaf`` as the loss, compiled (through the
     persistent cache) on first use and stored in ``training.programs.executables``. Under a byte budget
     the first compile is the search's own of the chosen plan, where it measured this very program
@@ -229,7 +231,9 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
     (the residuals derived again) attributes say which was kept. There the compiles are begun together on
     worker threads (:mod:`~jaxaot._src.fusion.prefetch`), the chain of choices unchanged.
     ``meanwhile()`` is called once the step's own compiles are begun, before they are waited for (the
-    first call begins the split programs' compiles there).
+    first call begins the split programs' compiles there). ``variant``: the one a process kept before
+    (:mod:`~jaxaot._src.fusion.recalled`), compiled alone where it fits; ``program``: the step's base program,
+    where the caller built it.
     """
     p = training.programs
     name = fused_name(training, value_leaf)
@@ -242,7 +246,7 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
             prefetch = Prefetch(functools.partial(_variant_program, training, value_leaf),
                                 functools.partial(p.start_compile, compiler, avals=p.in_avals, aliased=returned))
         try:
-            exe = _chosen(training, name, value_leaf, returned, prefetch, meanwhile)
+            exe = _chosen(training, name, value_leaf, returned, prefetch, meanwhile, variant, program)
         finally:
             if prefetch is not None:
                 prefetch.close()
@@ -253,28 +257,40 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
 
 
 def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, prefetch: Prefetch | None,
-            meanwhile: Callable[[], None] | None) -> Any:
-    """The fused step :func:`fused_exe` keeps: compiled, then weighed against each variant in turn."""
+            meanwhile: Callable[[], None] | None, variant: Variant | None = None, program: Any = None) -> Any:
+    """The fused step :func:`fused_exe` keeps: compiled, then weighed against each variant in turn (``variant``:
+    the one kept before, alone where it fits)."""
     p, part = training.programs, training.partition
     barrier = default_barrier(training)
     base = Variant(barrier)
+    budget = getattr(part.step_peak, "budget", None)
+
+    def fits(v: Any) -> bool:
+        peak = compiled_peak(v) if v is not None else None
+        return v is not None and (budget is None or peak is None or peak <= budget)
+
+    if variant is not None and variant != base:
+        kept = _compile_variant(training, name, value_leaf, variant.barrier, returned, variant.layouts,
+                                variant.order, variant.rederived, slices=variant.slices)
+        if fits(kept):
+            if program is not None:  # a byte budget's measurement of the base step, never taken now
+                measured_executables.release([program])
+            return kept
     # The step compiles alone first: its GEMMs autotune once, on an idle device, and the variants' and split
     # programs' compiles, begun together after it, find them tuned (begun together from the start, each
     # autotuned the same GEMMs beside the others, and the whole took longer than compiling in turn).
-    exe = p.compile(name, training.options.fw_compiler, _variant_program(training, value_leaf, base), p.in_avals,
+    exe = p.compile(name, training.options.fw_compiler,
+                    program if program is not None else _variant_program(training, value_leaf, base), p.in_avals,
                     aliased=returned)
-    exe.layouts, exe.order, exe.barrier, exe.rederived = "auto", "xla", barrier, ()
+    exe.layouts, exe.order, exe.barrier, exe.rederived, exe.variant = "auto", "xla", barrier, (), base
+    if variant is not None and fits(exe):
+        return exe  # the base step, kept before
     choosing = platform_of(exe) in LAYOUT_CHOICE_PLATFORMS
-    budget = getattr(part.step_peak, "budget", None)
     weighed = _weighed(part, barrier, budget is not None) if choosing else None
     if prefetch is not None and choosing:
         prefetch.begin(_still_weighed(base, barrier, weighed, 0))
     if meanwhile is not None:
         meanwhile()
-
-    def fits(v: Any) -> bool:
-        peak = compiled_peak(v) if v is not None else None
-        return v is not None and (budget is None or peak is None or peak <= budget)
 
     if choosing:
         variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned,
