@@ -84,7 +84,7 @@ def test_a_second_process_recalls_the_choice_and_weighs_nothing(accelerator, tmp
     assert seen["timed"] == 0 and len(seen["variants"]) <= 1  # the kept variant alone (none: the base step)
     assert (warm.layouts, warm.order, warm.barrier, warm.rederived, warm.runs) == (
         cold.layouts, cold.order, cold.barrier, cold.rederived, cold.runs)
-    assert "earlier process" in warm.why
+    assert "recalled from the persistent cache" in warm.why
 
 
 def test_no_cache_or_a_cpu_keeps_no_choice(tmp_path, monkeypatch):
@@ -110,4 +110,4 @@ def test_a_record_that_does_not_parse_is_reported_and_the_choice_made_again(acce
         assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
         assert any(issubclass(w.category, CacheWarning) and "does not parse" in str(w.message) for w in caught)
         assert seen["timed"] > 0 and kept_step(f, args).runs == "fused"  # timed again, and kept again
-        assert "earlier process" not in kept_step(f, args).why
+        assert "recalled" not in kept_step(f, args).why

@@ -226,7 +226,7 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
         before = set(p.executables)
         chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
         if chosen is None and recalled is not None:
-            chosen = recalled.runs, f"{recalled.why} (the choice of an earlier process, from the persistent cache)"
+            chosen = recalled.runs, f"{recalled.why} (recalled from the persistent cache)"
         if chosen is None and leaves is not None:
             chosen = _timed_choice(training, exe, leaves, value_leaf)
     finally:

@@ -273,7 +273,7 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
         kept = _compile_variant(training, name, value_leaf, variant.barrier, returned, variant.layouts,
                                 variant.order, variant.rederived, slices=variant.slices)
         if fits(kept):
-            if program is not None:  # a byte budget's measurement of the base step, never taken now
+            if program is not None:  # a byte budget's measurement of the base step, which this step does not take
                 measured_executables.release([program])
             return kept
     # The step compiles alone first: its GEMMs autotune once, on an idle device, and the variants' and split
