@@ -221,8 +221,8 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     ahead = (training.start_split_compiles if leaves is not None and recalled is None and _split_ahead(training)
              else None)
     try:
-        exe = fused_exe(training, value_leaf, meanwhile=ahead, variant=recalled and recalled.variant,
-                        program=program)
+        exe = fused_exe(training, value_leaf, meanwhile=ahead,
+                        variant=recalled.variant if recalled is not None else None, program=program)
         before = set(p.executables)
         chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
         if chosen is None and recalled is not None:
