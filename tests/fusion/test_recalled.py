@@ -82,6 +82,8 @@ def test_a_second_process_recalls_the_choice_and_weighs_nothing(accelerator, tmp
         assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
         warm = kept_step(second, args)
     assert seen["timed"] == 0 and len(seen["variants"]) <= 1  # the kept variant alone (none: the base step)
+    if runs == "split":  # the split pair alone: the fused step is not compiled
+        assert not seen["variants"] and warm.executable not in second.lookup(args, {}).programs.executables
     assert (warm.layouts, warm.order, warm.barrier, warm.rederived, warm.runs) == (
         cold.layouts, cold.order, cold.barrier, cold.rederived, cold.runs)
     assert "recalled from the persistent cache" in warm.why

@@ -47,8 +47,11 @@ def recall(training: TrainingLike, value_leaf: int, platforms: frozenset) -> tup
     if program is None:
         return None, None
     record = recall_choice(training.options.fw_compiler, program, training.programs.in_avals,
-                                 fused_name(training, value_leaf))
-    return _parsed(record), program
+                           fused_name(training, value_leaf))
+    recalled = _parsed(record)
+    if recalled is not None and not all(0 <= k < len(training.partition.residuals) for k in recalled.variant.rederived):
+        recalled = None  # names residuals this plan does not have
+    return recalled, program
 
 
 def remember(training: TrainingLike, value_leaf: int, program: Any, exe: Any, runs: str, why: str) -> None:

@@ -6,7 +6,8 @@ takes more than :data:`STEP_TIME_SLACK` times the split step (:func:`choose_step
 timed only where that cannot run the device out of memory). The loser's
 executables are dropped; the :class:`FusedChoice` says what was compiled, which
 step runs and why. On an accelerator the split programs' compiles begin beside the fused step's
-(:mod:`~jaxaot._src.fusion.prefetch`).
+(:mod:`~jaxaot._src.fusion.prefetch`), and with a persistent cache the choice is kept for later
+processes, which run it untimed (:mod:`~jaxaot._src.fusion.recalled`).
 """
 
 from __future__ import annotations
@@ -218,6 +219,12 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
         return known
     recalled, program = (None, None) if name in p.executables else recall(
         training, value_leaf, LAYOUT_CHOICE_PLATFORMS | TIME_CHOICE_PLATFORMS)
+    if recalled is not None and recalled.runs == "split":  # the split pair runs: the fused step is not compiled
+        v = recalled.variant
+        rederived = tuple(str(training.partition.residuals[k]) for k in v.rederived)
+        why = f"{recalled.why} (recalled from the persistent cache)"
+        choice = p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, rederived, "split", why)
+        return choice
     ahead = (training.start_split_compiles if leaves is not None and recalled is None and _split_ahead(training)
              else None)
     try:
