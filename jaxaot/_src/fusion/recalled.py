@@ -62,7 +62,7 @@ def remember(training: TrainingLike, value_leaf: int, program: Any, exe: Any, ru
     record = {"variant": {"barrier": v.barrier, "layouts": v.layouts, "order": v.order,
                           "rederived": list(v.rederived), "slices": v.slices}, "runs": runs, "why": why}
     remember_choice(training.options.fw_compiler, program, training.programs.in_avals,
-                          fused_name(training, value_leaf), record)
+                    fused_name(training, value_leaf), record)
 
 
 def _parsed(record: dict | None) -> Recalled | None:
