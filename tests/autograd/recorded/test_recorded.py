@@ -5,6 +5,8 @@ Every gradient is compared with ``jax.grad`` (or ``nnx.grad``) on fresh random i
 
 from __future__ import annotations
 
+import gc
+
 
 import jax
 import jax.numpy as jnp
@@ -361,3 +363,41 @@ def test_eight_threads_with_branches_compile_each_structure_once():
     assert structures == {True, False}
     assert s.compiles == 3 and s.hits == 8 * 6 - 3
     _no_fallback()
+
+
+def test_a_finished_recording_is_freed_by_reference_counting_and_an_escaped_tracer_still_answers():
+    """A recording is no reference cycle once it ends: the tape, its trace and the arrays they hold (the step's
+    outputs, the looked-at values) go as the step returns, not at the cycle collector's next pass; a tracer that
+    escaped still keeps its recording, and answers as before."""
+    escaped = []
+
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        if h.mean() > -2.0:  # a look, every step
+            h = h * 2.0
+        escaped[:] = [h.sum()]
+        return jnp.sum(h ** 2)
+
+    rng = np.random.default_rng()
+    w, x = _rand(rng, 5, 4), _rand(rng, 3, 5)
+    vg = jaxaot.compiled_value_and_grad(loss)
+    for _ in range(3):
+        _close(vg(w, x), jax.value_and_grad(loss)(w, x))
+    escaped.clear()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            vg(w, x)
+        escaped.clear()
+        gc.collect()
+        cyclic = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not cyclic & {"Tape", "RecordingTrace", "ArrayImpl", "Started"}, cyclic
+    vg(w, x)
+    (leaked,) = escaped
+    assert float(leaked) == pytest.approx(float(jnp.sum(jnp.tanh(x @ w) * 2.0)), rel=1e-5)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jnp.sin(leaked)

@@ -81,6 +81,9 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
                     kept.append(leaf)
     finally:
         C.invalidate(tape.trace)
+        # A tracer that escaped keeps the trace and, through it, the tape; the tape lets go of the trace, so a
+        # finished recording is no cycle: refcounting frees it, and the arrays it holds, as the step returns.
+        tape.trace = None
         if tape.started:  # plans started ahead that this recording never asked for
             F.unused(tape.started)
     looked = [look.vid for look in (guarded_looks(tape) if tape.guarded else computed_scalars(tape))]
