@@ -74,13 +74,15 @@ def _per_layer_dots(model: Any, args: tuple) -> dict[str, tuple[Callable, Any]]:
     return {"jit(dots_saveable per layer)": (step, step.lower(*args).compile())}
 
 
-def programs(model: Any, args: tuple, runs: dict[str, str] | None = None) -> dict[str, tuple[Callable, Any]]:
-    """name -> (step(args), compiled executable for memory analysis or None); ``runs`` (when given)
-    gets, for each ``jaxaot.value_and_grad`` row, the step it chose (``fused`` or ``split``)."""
+def programs(model: Any, args: tuple, choices: dict[str, Any] | None = None) -> dict[str, tuple[Callable, Any]]:
+    """name -> (step(args), compiled executable for memory analysis or None); ``choices`` (when given)
+    gets, for each ``jaxaot.value_and_grad`` row, its fused step's ``FusedChoice`` (the variant kept, and
+    whether it or the split pair runs)."""
     loss, nums = model.loss, model.argnums
     out = jax_references(model, args)
     again = jax.jit(jax.value_and_grad(lambda *a: loss(*a), argnums=nums))  # a second compile: the noise floor
     out["jit(value_and_grad), compiled again"] = (again, again.lower(*args).compile())
+    kept: dict[str, Any] = {}
     for name, pf in PARTITIONS.items():
         f = jaxaot.aot_function(loss, partition_fn=pf)
         vg = jaxaot.value_and_grad(f, argnums=nums)
@@ -88,13 +90,14 @@ def programs(model: Any, args: tuple, runs: dict[str, str] | None = None) -> dic
         tr = f.lookup(args, {}).programs
         fused = [e for n, e in tr.executables.items() if n.startswith("fused")]
         out[f"jaxaot fused {name}"] = (vg, fused[0] if fused else None)
-        if runs is not None:
-            runs[f"jaxaot fused {name}"] = " ".join(str(c.runs) for c in tr.fused_choices.values())
+        kept[f"jaxaot fused {name}"] = next(iter(tr.fused_choices.values()))
+    if choices is not None:
+        choices.update(kept)
     f = jaxaot.aot_function(loss, partition_fn=_budget(1.0))
-    chosen = out["jaxaot fused min-cut 1"][1]
-    if getattr(chosen, "order", "xla") != "xla":  # the same step in XLA's order, for comparison
+    chosen = kept["jaxaot fused min-cut 1"]
+    if chosen.order != "xla":  # the same step in XLA's order, for comparison
         out["jaxaot fused min-cut 1, XLA's order"] = fused_variant(f, nums, args, "all", chosen.layouts, "xla")
-    if getattr(chosen, "rederived", ()):  # the same step taking every residual, in both orders
+    if chosen.rederived:  # the same step taking every residual, in both orders
         for order in ("xla", "consume_first"):
             out[f"jaxaot fused min-cut 1, nothing derived again, {order}"] = fused_variant(
                 f, nums, args, chosen.barrier, chosen.layouts, order)
@@ -185,21 +188,20 @@ def probe_main(doc: str, title: str, probe: Callable[..., str], argv: list[str] 
 
 def bench_model(model: Any, rounds: int, iters: int) -> str:
     sets = [model.make_args(jax.random.key(i)) for i in range(3)]
-    runs: dict[str, str] = {}
-    progs = programs(model, sets[0], runs)
+    choices: dict[str, Any] = {}
+    progs = programs(model, sets[0], choices)
     err, times, ref, dots_peak = measure(progs, model, sets, rounds, iters)
     rows = [["program", "runs", "step ms", "x jit(v&g)", "(min-max)", "peak", "x dots_saveable peak", "layouts",
              "order", "barrier", "derived again"]]
     for name, (_, exe) in progs.items():
-        derived = getattr(exe, "rederived", None)
-        rows.append([name, runs.get(name, "-"), f"{statistics.median(times[name]) * 1e3:.3f}",
+        c = choices.get(name)
+        rows.append([name, "-" if c is None else str(c.runs), f"{statistics.median(times[name]) * 1e3:.3f}",
                      *ratio_cells(times[name], ref, exe, dots_peak),
-                     getattr(exe, "layouts", "-"), getattr(exe, "order", "-"), getattr(exe, "barrier", "-"),
-                     "-" if derived is None else str(len(derived))])
+                     *(["-"] * 4 if c is None else [c.layouts, c.order, c.barrier, str(len(c.rederived))])])
     chosen = [c / s for c, s in zip(times["jaxaot fused min-cut 1"], times["jaxaot split min-cut 1"])]
     verdict = "met" if statistics.median(chosen) <= 1.02 else "NOT met"
-    goal = (f"goal: value_and_grad at min-cut 1 (runs {runs['jaxaot fused min-cut 1']}) within 1.02x the split step: "
-            f"{verdict} ({statistics.median(chosen):.3f}, {min(chosen):.2f}-{max(chosen):.2f} over the rounds)")
+    goal = (f"goal: value_and_grad at min-cut 1 (runs {choices['jaxaot fused min-cut 1'].runs}) within 1.02x the "
+            f"split step: {verdict} ({statistics.median(chosen):.3f}, {min(chosen):.2f}-{max(chosen):.2f} over the rounds)")
     return f"## {model.label}  (max relative grad error {err:.1e})\n" + table(rows) + "\n" + goal
 
 

@@ -40,7 +40,7 @@ def keeps_choices() -> bool:
 
 def _path(compiler: Compiler, closed: Any, avals: Sequence[Any], name: str) -> Path | None:
     """Where the choice for the fused step ``name`` of program ``closed`` lives; None without a cache."""
-    if store.cache_root() is None:
+    if not keeps_choices():
         return None
     key = executable_key(compiler, closed, list(avals), {"fused_step_choice": name})
     return None if key is None else store.entry_path("choices", key)

@@ -23,7 +23,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import speculates
 from jaxaot._src.fusion.recalled import recall, remember
-from jaxaot._src.fusion.variants import LAYOUT_CHOICE_PLATFORMS, fused_exe, fused_name, platform_of
+from jaxaot._src.fusion.variants import LAYOUT_CHOICE_PLATFORMS, described, fused_exe, fused_name, platform_of
 from jaxaot._src.partition import compiled_peak
 
 
@@ -220,11 +220,10 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     recalled, program = (None, None) if name in p.executables else recall(
         training, value_leaf, LAYOUT_CHOICE_PLATFORMS | TIME_CHOICE_PLATFORMS)
     if recalled is not None and recalled.runs == "split":  # the split pair runs: the fused step is not compiled
-        v = recalled.variant
-        rederived = tuple(str(training.partition.residuals[k]) for k in v.rederived)
-        why = f"{recalled.why} (recalled from the persistent cache)"
-        choice = p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, rederived, "split", why)
-        return choice
+        v, why = recalled.variant, f"{recalled.why} (recalled from the persistent cache)"
+        p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, described(training, v.rederived),
+                                            "split", why)
+        return p.fused_choices[name]
     ahead = (training.start_split_compiles if leaves is not None and recalled is None and _split_ahead(training)
              else None)
     try:
@@ -241,7 +240,8 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     runs, why = chosen if chosen is not None else (None, "")
     if runs is not None and recalled is None:
         remember(training, value_leaf, program, exe, runs, why)
-    choice = p.fused_choices[name] = FusedChoice(name, exe.layouts, exe.order, exe.barrier, exe.rederived, runs, why)
+    v = exe.variant
+    choice = p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, exe.rederived, runs, why)
     if runs == "split":
         training.drop_executables({name})
     elif runs == "fused":

@@ -172,9 +172,13 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier
         return None
     finally:
         p.executables.pop(key, None)
-    exe.layouts, exe.order, exe.barrier, exe.variant = layouts, order, barrier, v
-    exe.rederived = tuple(str(training.partition.residuals[k]) for k in rederived)
+    exe.variant, exe.rederived = v, described(training, rederived)
     return exe
+
+
+def described(training: TrainingLike, rederived: tuple[int, ...]) -> tuple[str, ...]:
+    """The residuals at positions ``rederived`` as ``lower()``'s residual table describes them."""
+    return tuple(str(training.partition.residuals[k]) for k in rederived)
 
 
 def _weighed(part: Any, barrier: str, budgeted: bool = False) -> tuple[bool, bool, bool, tuple[int, ...]]:
@@ -188,7 +192,7 @@ def _weighed(part: Any, barrier: str, budgeted: bool = False) -> tuple[bool, boo
     return True, ordered, bool(barred_residuals(part, barrier)), tuple(rederived)
 
 
-def _still_weighed(kept: Any, barrier: str, weighed: tuple, after: int) -> list[Variant]:
+def _still_weighed(kept: Variant, barrier: str, weighed: tuple, after: int) -> list[Variant]:
     """The variants the chain asks for from its step ``after`` on (0: pinned layouts, 1: order, 2: barrier,
     3: reductions derived again), ``kept`` the step kept so far, where each later comparison goes as its rule
     goes on equal peaks (:data:`_ON_EQUAL_PEAKS`): the likely way, as a variant mostly changes the peak little."""
@@ -226,9 +230,9 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
 
     On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the variants of the module docstring are
     compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
-    executable's ``layouts`` (``"auto"`` or ``"pinned"``), ``order`` (``"xla"`` or
-    ``"consume_first"``), ``barrier`` (``"all"``, ``"recomputed"`` or ``"none"``) and ``rederived``
-    (the residuals derived again) attributes say which was kept. There the compiles are begun together on
+    executable's ``variant`` (its :class:`~jaxaot._src.fusion.prefetch.Variant`: layouts, order, barrier,
+    residual positions derived again, slices) and ``rederived`` (those residuals, described) say which was
+    kept. There the compiles are begun together on
     worker threads (:mod:`~jaxaot._src.fusion.prefetch`), the chain of choices unchanged.
     ``meanwhile()`` is called once the step's own compiles are begun, before they are waited for (the
     first call begins the split programs' compiles there). ``variant``: the one a process kept before
@@ -282,7 +286,7 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
     exe = p.compile(name, training.options.fw_compiler,
                     program if program is not None else _variant_program(training, value_leaf, base), p.in_avals,
                     aliased=returned)
-    exe.layouts, exe.order, exe.barrier, exe.rederived, exe.variant = "auto", "xla", barrier, (), base
+    exe.variant, exe.rederived = base, ()
     if variant is not None and fits(exe):
         return exe  # the base step, kept before
     choosing = platform_of(exe) in LAYOUT_CHOICE_PLATFORMS
@@ -298,24 +302,24 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
 
         def ahead(step: int) -> None:  # where a choice went another way, the later variants it now asks for
             if prefetch is not None:
-                prefetch.begin(_still_weighed(exe, barrier, weighed, step))
+                prefetch.begin(_still_weighed(exe.variant, barrier, weighed, step))
 
         pinned = variant(barrier, layouts="pinned", order="xla")
         if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
             exe = pinned
         if weighed[1]:
             ahead(1)
-            ordered = variant(barrier, layouts=exe.layouts, order="consume_first")
+            ordered = variant(barrier, layouts=exe.variant.layouts, order="consume_first")
             if fits(ordered) and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
                 exe = ordered
         if weighed[2]:
             ahead(2)
-            free = variant("none", layouts=exe.layouts, order="xla")
+            free = variant("none", layouts=exe.variant.layouts, order="xla")
             if fits(free) and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
                 exe = free
         if weighed[3]:
             ahead(3)
-            lean = variant(exe.barrier, layouts=exe.layouts, order="xla", rederived=weighed[3])
+            lean = variant(exe.variant.barrier, layouts=exe.variant.layouts, order="xla", rederived=weighed[3])
             if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
                 exe = lean
     if not fits(exe):

@@ -10,6 +10,7 @@ the last bits, as eager and jitted JAX do.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -117,8 +118,12 @@ def host_copies(recorded: Recorded, diff: Sequence[Any]) -> int:
 
 def _copies_to_host(device: Any) -> bool:
     """Whether programs on ``device`` copy their looked-at values to pinned host memory (:func:`host_copies`)."""
-    if device.platform not in HOST_COPY_PLATFORMS:
-        return False
+    return device.platform in HOST_COPY_PLATFORMS and _has_pinned_host(device)
+
+
+@functools.cache
+def _has_pinned_host(device: Any) -> bool:
+    """Whether ``device`` addresses pinned host memory (asked once per device)."""
     try:
         return any(m.kind == "pinned_host" for m in device.addressable_memories())
     except Exception:  # noqa: BLE001 - a backend without memory kinds
