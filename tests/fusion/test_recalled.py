@@ -89,10 +89,16 @@ def test_a_second_process_recalls_the_choice_and_weighs_nothing(accelerator, tmp
     assert "recalled from the persistent cache" in warm.why
 
 
-def test_no_cache_or_a_cpu_keeps_no_choice(tmp_path, monkeypatch):
-    loss, args, argnums = _case("mlp_gelu", 5)
+def test_a_platform_that_chooses_nothing_keeps_no_choice(tmp_path, monkeypatch):
+    for module in (variants, step_choice):  # as on a CPU, on every platform: no variant weighed, nothing timed
+        monkeypatch.setattr(module, "LAYOUT_CHOICE_PLATFORMS", frozenset())
+    monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", frozenset())
+    loss, args, argnums = _case("mlp_gelu", np.random.default_rng().integers(1 << 20))
+    want = jax.value_and_grad(loss, argnums=argnums)(*args)
     with jaxaot.config.override(cache_dir=str(tmp_path)):
-        _step(loss, args, argnums)  # a CPU makes no choice to keep
+        f, got = _step(loss, args, argnums)
+    assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
+    assert "recalled" not in kept_step(f, args).why
     assert not (tmp_path / f"jaxaot-v{store.FORMAT_VERSION}" / "choices").exists()
 
 
