@@ -329,17 +329,23 @@ class _Plan:
     peak: int
     family: str | None = None
     step_peak: object = None
+    exact: int | None = None  # the runtime compile's peak, where the cheap measurement (``peak``) lies above it
 
 
-def _drive(curve, families, budget, monkeypatch, started=None):
+def _drive(curve, families, budget, monkeypatch, started=None, exacts=None):
     """``peak_search`` over ``curve`` (fraction -> plan) and ``families`` (name -> plan): the plan chosen (or the
     MemoryBudgetError's smallest peak) and the peaks compiled, in order (``started``: each compile begun is
-    appended to it)."""
-    compiled, started = [], [] if started is None else started
+    appended to it; ``exacts``: each exact measurement)."""
+    compiled, started, exacts = [], [] if started is None else started, [] if exacts is None else exacts
+
+    def exactly(part, avals, exact=False, keep=False):
+        compiled.append(part)
+        exacts.append(part)
+        return part.peak if part.exact is None else part.exact
+
     monkeypatch.setattr(search, "_plan_key", lambda p: (p.device_saved_bytes, p.recompute, p.family))
     monkeypatch.setattr(search, "fused_step", lambda part, joint: part)
-    monkeypatch.setattr(search, "program_peak",
-                        lambda part, avals, exact=False, keep=False: compiled.append(part) or part.peak)
+    monkeypatch.setattr(search, "program_peak", exactly)
     monkeypatch.setattr(search, "start_peak", lambda part, avals, exact=False: started.append(part) or types.SimpleNamespace(
         peak=lambda keep=False: compiled.append(part) or part.peak,  # a peak counts when the search reads it
         settle=lambda: None))
@@ -370,6 +376,36 @@ def test_a_family_plan_below_a_flat_curve_is_measured_before_the_fractions_betwe
     assert len(compiled) <= 4 and [p.peak for p in compiled[:-1]] == [10_000] * (len(compiled) - 1)
     refused, compiled = _drive(curve, families, 8_000, monkeypatch)  # below every plan: refused, as before
     assert refused == 9_000 and len(compiled) == len(set(compiled))
+
+
+@pytest.mark.parametrize("mid_fits", [True, False])
+@pytest.mark.parametrize("bottom_fits_exactly", [True, False])
+def test_a_plan_just_over_the_budget_is_measured_exactly_only_where_it_would_be_chosen(
+        mid_fits, bottom_fits_exactly, monkeypatch):
+    """A cheap measurement may lie up to MEASURE_SLACK bytes above the runtime compile's peak. The fraction 0 plan
+    measured that little over the budget counts as fitting until it would be chosen: where a plan that recomputes
+    less fits (measured next, as after any fit), its exact compile is never made; where it would be chosen, it
+    is measured exactly first, and chosen only if it fits so."""
+    rng = np.random.default_rng()
+    budget = int(rng.integers(50_000, 60_000))
+    over = int(rng.integers(1, search.MEASURE_SLACK + 1))
+    bottom = _Plan(1_000, 1.0, budget + over, exact=budget - int(rng.integers(0, 100)) if bottom_fits_exactly else None)
+    mid = _Plan(1_500, 0.5, budget - int(rng.integers(0, 100)) if mid_fits else budget + 1_000)
+    top = _Plan(4_000, 0.0, 3 * budget)
+    monkeypatch.setattr(search, "measure_options", lambda avals, exact=False: (search.INEXACT[0], {}))
+
+    def curve(f):
+        return bottom if f < 0.5 else mid if f < 1.0 else top
+
+    exacts = []
+    chosen, compiled = _drive(curve, {}, budget, monkeypatch, exacts=exacts)
+    assert compiled[:3] == [top, bottom, mid]
+    if mid_fits:
+        assert chosen == dataclasses.replace(mid, step_peak=chosen.step_peak) and not exacts
+    elif bottom_fits_exactly:
+        assert exacts == [bottom] and chosen.step_peak.fused == bottom.exact <= budget
+    else:
+        assert exacts == [bottom] and chosen == budget + over  # refused: nothing fits, the smallest peak named
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])

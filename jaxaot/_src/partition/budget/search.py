@@ -23,7 +23,8 @@ from jaxaot._src import workers
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.step_peak import (
-    MEASURE_SLACK, PendingPeak, StepPeak, fused_step, program_peak, program_platform, start_peak)
+    INEXACT, MEASURE_SLACK, PendingPeak, StepPeak, fused_step, measure_options, program_peak, program_platform,
+    start_peak)
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import OpCosts
 from jaxaot._src.tracing import JointGraph
@@ -104,6 +105,7 @@ class _Candidate:
     measured: bool = False
     program: Any = None  # the fused step measured, whose executable may be held for the runtime
     pending: PendingPeak | None = None  # its compile, begun (:meth:`_Search.start`) and not yet read
+    near: bool = False  # measured cheaply just over the budget: fits until measured exactly (:meth:`_Search.exact`)
 
     @property
     def saved(self) -> int:
@@ -117,6 +119,7 @@ class _Search:
         self.joint, self.budget, self.costs = joint, budget, costs
         self.by_key: dict[tuple, _Candidate] = {}
         self.fractions: dict[float, _Candidate] = {}  # fraction -> its plan (family None)
+        self.slack = MEASURE_SLACK if measure_options(joint.in_avals)[0] in INEXACT else 0  # cheap peaks' excess
 
     def plan(self, fraction: float, family: str | None = None, priced: bool = True
              ) -> Generator[Request, Partition, _Candidate]:
@@ -144,14 +147,20 @@ class _Search:
             c.pending = start_peak(c.program, self.joint.in_avals)
 
     def measure(self, c: _Candidate) -> None:
-        """The candidate's fused peak, measured cheaply, and again exactly where that lies just over the
-        budget (within the cheap measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`)."""
+        """The candidate's fused peak, measured cheaply. Where that lies just over the budget (within the cheap
+        measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`) the candidate is ``near``:
+        it counts as fitting until it is about to be chosen, and only then measured exactly (:meth:`exact`), so
+        that a better plan measured meanwhile spares that compile."""
         if not c.measured:
             self.start(c)
             c.peak, c.pending = c.pending.peak(keep=True), None
-            if c.peak is not None and self.budget < c.peak <= self.budget + MEASURE_SLACK:
-                c.peak = program_peak(c.program, self.joint.in_avals, exact=True, keep=True)
+            c.near = c.peak is not None and self.budget < c.peak <= self.budget + self.slack
             c.measured = True
+
+    def exact(self, c: _Candidate) -> None:
+        """Measure the ``near`` candidate again, exactly (the runtime's own compile, held for it)."""
+        c.peak = program_peak(c.program, self.joint.in_avals, exact=True, keep=True)
+        c.near = False
 
     def release(self, chosen: _Candidate | None) -> None:
         """Stop holding the executables of the plans measured but not ``chosen``, and let go of the compiles
@@ -168,7 +177,7 @@ class _Search:
         return 0.0 if self.costs is None else float(sum(self.costs.seconds(e) for e in part.recomputed.eqns))
 
     def fits(self, c: _Candidate) -> bool:
-        return c.measured and (c.peak is None or c.peak <= self.budget)
+        return c.measured and (c.peak is None or c.peak <= self.budget or c.near)
 
     @property
     def measured(self) -> list[_Candidate]:
@@ -239,6 +248,10 @@ def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
     chosen = None
     try:
         chosen = yield from _choose(search, families)
+        while chosen.near:  # measured exactly only now that it would be chosen
+            search.exact(chosen)
+            if not search.fits(chosen):
+                chosen = yield from _resume(search)
     finally:  # the runtime may take the chosen plan's executable; the others are released here
         search.release(chosen)
     return _found(chosen, budget)
@@ -259,6 +272,17 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     if not ahead:
         yield from _plan_alternatives(search, families)
     best = yield from _improve(search, None)
+    if best is None:
+        best = yield from _refusing(search)
+    return best
+
+
+def _resume(search: _Search) -> Generator[Request, Partition, _Candidate]:
+    """The choice once a ``near`` plan proved over the budget: the best-ranked plan measured that fits, else the
+    search goes on as where nothing fit."""
+    best = min((c for c in search.measured if search.fits(c)), key=search.rank, default=None)
+    if best is None:
+        best = yield from _improve(search, None)
     if best is None:
         best = yield from _refusing(search)
     return best

@@ -163,7 +163,7 @@ MEASURE_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
 #: The option sets of :data:`MEASURE_OPTIONS` whose peak may lie above the runtime's compile's.
 INEXACT = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},)
 #: How far above the runtime compile's peak an :data:`INEXACT` measurement may lie, in bytes: a plan measured
-#: within this of a budget is measured again exactly (``program_peak(..., exact=True)``).
+#: within this over a budget is measured again exactly (``program_peak(..., exact=True)``) where it would be chosen.
 MEASURE_SLACK = 256
 
 _CACHE: collections.OrderedDict[str, int | None] = collections.OrderedDict()
