@@ -232,3 +232,37 @@ def test_a_look_after_an_array_the_step_was_not_given_runs_its_own_program(taken
     _close(got, jax.value_and_grad(f)(w, x))
     _same_bits(got, _after(f, w, x))
     assert look_programs[0] == served and taken[1] == 1 and old is not held["w2"]
+
+
+def test_off_a_cpu_python_reads_a_started_step_s_look_from_host_memory(taken, monkeypatch):
+    """Off a CPU the step returns the looked-at values in pinned host memory too (CPU stands in: its pinned host
+    memory kind exists). A look a started step gives is read there by Python, and the recording goes on from the
+    value in device memory: the same losses and gradients as the step run after the recording and as JAX."""
+    monkeypatch.setattr(step, "HOST_COPY_PLATFORMS", step.HOST_COPY_PLATFORMS | {"cpu"})
+    given = []
+    look = ahead.Started.look
+
+    def served(self, plan, args):
+        out = look(self, plan, args)
+        if out is not None:
+            given.append(out)
+        return out
+
+    monkeypatch.setattr(ahead.Started, "look", served)
+
+    def f(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(h ** 2) * h.mean() if h.mean() > 0.0 else jnp.sum(jnp.sin(h))
+
+    rng = np.random.default_rng()
+    vg = jaxaot.compiled_value_and_grad(f)
+    w = _rand(rng, 3, 2)
+    for sign in (1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 1.0):
+        x = _rand(rng, 4, 3)
+        x = x * sign * jnp.sign(jnp.mean(jnp.tanh(x @ w)))  # the branch the sign asks for
+        got = vg(w, x)
+        _close(got, jax.value_and_grad(f)(w, x))
+        _same_bits(got, _after(f, w, x))
+    assert given and taken[0] >= 2
+    assert {value.sharding.memory_kind for value, _ in given} == {"device"}
+    assert {read.sharding.memory_kind for _, read in given} == {"pinned_host"}

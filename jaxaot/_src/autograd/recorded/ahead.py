@@ -8,7 +8,8 @@ same arrays, the started run's outputs are the step's; else they are dropped, an
 the function waits a while (longer after each miss) before starting one again.
 The step also returns the scalars Python looked at: a look at the same point, on
 the arrays the step was given, takes its value from the started run
-(:meth:`Started.look`) instead of a program of its own.
+(:meth:`Started.look`) instead of a program of its own, and Python reads it from
+the step's copy in pinned host memory where the step returns one (off a CPU).
 ``jaxaot.config.start_steps_ahead = False`` starts none.
 """
 
@@ -27,20 +28,24 @@ MAX_WAIT = 64
 
 class Started(NamedTuple):
     """A step started ahead: its executable, the arrays it was given, its outputs (not waited for), and
-    where among them the values Python looked at are (a look's plan -> index among the recorded outputs)."""
+    where among them the values Python looked at are (a look's plan -> index among the recorded outputs, and
+    index of its copy in pinned host memory or None)."""
 
     exe: Any
     args: list
     out: Any
     looks: dict
 
-    def look(self, plan: Any, args: Sequence[Any]) -> Any:
-        """The value ``plan`` computes, from this step's outputs, when the step returns it and the arrays a
-        recording read so far (``args``, in order) are the first of those the step was given; else None."""
-        k = self.looks.get(plan)
-        if k is None or len(args) > len(self.args) or not all(map(operator.is_, args, self.args)):
+    def look(self, plan: Any, args: Sequence[Any]) -> tuple[Any, Any] | None:
+        """``(value, what Python reads)`` of ``plan`` from this step's outputs, when the step returns it and the
+        arrays a recording read so far (``args``, in order) are the first of those the step was given; else None.
+        Python reads the value's copy in pinned host memory where the step returns one, and the recording keeps
+        the value in device memory, where the later operations read it."""
+        found = self.looks.get(plan)
+        if found is None or len(args) > len(self.args) or not all(map(operator.is_, args, self.args)):
             return None
-        return self.out[1][k]
+        k, h = found
+        return self.out[1][k], self.out[1][k if h is None else h]
 
 
 class Ahead:
@@ -52,7 +57,7 @@ class Ahead:
     def __init__(self) -> None:
         self.exe: Any = None          #: the executable to start (None: start none)
         self.sources: tuple = ()      #: per array it reads: the call's array at that index, or a weak reference
-        self.looks: dict = {}         #: a look's plan -> its value's index among the step's recorded outputs
+        self.looks: dict = {}         #: a look's plan -> its value's and host copy's indices (:attr:`Started.looks`)
         self.last: Any = None         #: the executable the last recorded call ran
         self.wait = 0                 #: calls left before one starts ahead again
         self.backoff = 1              #: calls to wait after the next miss
@@ -70,8 +75,9 @@ class Ahead:
             out = exe(list(diff), args)
         except Exception:  # noqa: BLE001 - the step runs again after its recording, and raises there
             return None
-        for k in self.looks.values():  # the copies to the host queue behind the step: ready when Python looks
-            out[1][k].copy_to_host_async()
+        for k, h in self.looks.values():  # the copies to the host queue behind the step: ready when Python looks
+            if h is None:
+                out[1][k].copy_to_host_async()
         return Started(exe, args, out, self.looks)
 
     def finish(self, started: Started | None, exe: Any, args: Sequence[Any], objects: Sequence[Any],

@@ -271,7 +271,7 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
             try:
                 exe, compiled = S.executable(recorded, planned, call.diff, reason)
                 ran = None if eager else plans.ahead.finish(started, exe, recorded.args, recorded.tape.arg_objects,
-                                                            given, lambda: S.look_outputs(recorded))
+                                                            given, lambda: S.look_outputs(recorded, S.host_copies(recorded, call.diff)))
                 value, outs, grads = exe(list(call.diff), recorded.args) if ran is None else ran
                 rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
                 return value, rest, list(grads), compiled, recorded, exe

@@ -98,12 +98,19 @@ def computed_scalars(tape: T.Tape) -> list:
             and look.value is not None]
 
 
-def look_outputs(recorded: Recorded) -> dict:
-    """Where the step of ``recorded`` returns the values its looks' plans computed: plan -> index among the
-    step's recorded outputs (the forward's other outputs first)."""
+def look_outputs(recorded: Recorded, host: int = 0) -> dict:
+    """Where the step of ``recorded`` returns the values its looks' plans computed: plan -> ``(index among the
+    step's recorded outputs (the forward's other outputs first), index of its copy in pinned host memory or
+    None)``; ``host``: how many such copies the step returns (:func:`host_copies`), of its last outputs."""
     outs = recorded.structure.key[2][1:]
-    return {look.plan: outs.index(look.vid) for look in recorded.tape.looks
-            if look.plan is not None and look.vid in outs}
+    copied = outs[len(outs) - host:] if host else []
+    out = {}
+    for look in recorded.tape.looks:
+        if look.plan is not None and look.vid in outs:
+            j = copied.index(look.vid) if look.vid in copied else None
+            out[look.plan] = ((outs.index(look.vid), None) if j is None
+                              else (len(outs) - host + j, len(outs) + j))
+    return out
 
 
 def host_copies(recorded: Recorded, diff: Sequence[Any]) -> int:

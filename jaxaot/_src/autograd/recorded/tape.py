@@ -236,16 +236,19 @@ class Tape:
         ``look``: Python itself asked (a :class:`Look` is kept), not a host callback's argument.
         """
         value, plan = self.values[vid], None
+        read = value
         if value is None:
             plan = self._plan(vid)
-            value = _computed(self, plan)
+            value, read = _computed(self, plan)
             self.values[vid] = value
             self.shown[vid] = True
             F.known(self, vid, self.node)
-        if look:
-            self.looks.append(Look(len(self.ops), F.look_source(self.node, plan),
-                                   value if getattr(value, "size", 2) == 1 else None, vid, how, plan))
-        return value
+        if not look:
+            return value
+        read = value if how == "value" else read  # the whole value may go on into JAX: the device's
+        self.looks.append(Look(len(self.ops), F.look_source(self.node, plan),
+                               read if getattr(read, "size", 2) == 1 else None, vid, how, plan))
+        return read
 
     def _plan(self, vid: int) -> F.Plan:
         """The compiled program computing ``vid`` from the known values, once per point of the trie."""
@@ -353,13 +356,17 @@ def _run(tape: Tape, index: int) -> None:
         tape.shown[v] = True
 
 
-def _computed(tape: Tape, plan: F.Plan) -> Any:
-    """The value ``plan`` computes: its run started ahead, else the step started ahead's output, else run now."""
+def _computed(tape: Tape, plan: F.Plan) -> tuple[Any, Any]:
+    """``(value, what Python reads)`` of ``plan``: its run started ahead, else the step started ahead's output
+    (read from its copy in host memory where the step returns one: :meth:`~.ahead.Started.look`), else run now."""
     started = tape.started.pop(plan, None) if tape.started else None
     if started is not None:
-        return started[0]
-    value = tape.ahead.look(plan, tape.args) if tape.ahead is not None else None
-    return plan.run(tape.values, tape.parent) if value is None else value
+        return started[0], started[0]
+    found = tape.ahead.look(plan, tape.args) if tape.ahead is not None else None
+    if found is None:
+        value = plan.run(tape.values, tape.parent)
+        return value, value
+    return found
 
 
 def _constant(tape: Tape, x: Any) -> int:
