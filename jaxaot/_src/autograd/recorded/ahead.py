@@ -7,9 +7,8 @@ computes while Python records. When the recording ends at that executable on the
 same arrays, the started run's outputs are the step's; else they are dropped, and
 the function waits a while (longer after each miss) before starting one again.
 The step also returns the scalars Python looked at: a look at the same point, on
-the arrays the step was given, takes its value from the started run
-(:meth:`Started.look`) instead of a program of its own, and Python reads it from
-the step's copy in pinned host memory where the step returns one (off a CPU).
+the arrays the step was given, takes its value from the started run (:meth:`Started.look`;
+off a CPU Python reads the step's copy in pinned host memory), not a program of its own.
 ``jaxaot.config.start_steps_ahead = False`` starts none.
 """
 

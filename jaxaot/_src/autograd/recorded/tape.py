@@ -105,8 +105,7 @@ class Tape:
       eager: run each operation as it is recorded (else only on demand).
       guarded: keep what replaying the recording needs (:mod:`.replay`): JAX is shown no argument's
         value, so that nothing recorded depends on one.
-      values: per value number, its concrete value, or None while unknown.
-      avals: per value number, its aval.
+      values, avals: per value number, its concrete value (None while unknown) and its aval.
       ops: the recorded operations, in order: ``(op, input numbers, output numbers, source info)``, ``op``
         an :class:`~.ops.Op` (:attr:`eqns` has them as :class:`Eqn` objects).
       inputs: ``(value number, kind, aval key[, literal value])`` per input,
@@ -114,9 +113,9 @@ class Tape:
       args: the runtime values of the ``arg`` inputs, in order; ``arg_objects`` the objects the forward
         used (a NumPy array before its copy to the device); ``constants`` the value numbers of those it
         reached other than as an argument handed over as a recorded value (closures, globals).
-      looks: per value Python looked at (``bool``, ``int``, ``float``, printing), a :class:`Look`:
-        where, after how many operations, and the value when it is a scalar. Not part of the
-        structure; recompile reasons use them to say which Python branch went the other way.
+      looks: per value Python looked at (``bool``, ``int``, ``float``, printing), a :class:`Look`: where, after
+        how many operations, and the value Python read when a scalar. Not part of the structure;
+        recompile reasons use them to say which Python branch went the other way.
       reads: value numbers whose value JAX itself read (``to_concrete_value``) and got (:meth:`visible`).
       callbacks: host callbacks run while recording.
       node: where the recording is in the structure trie (``trie``: its root, one per compiled
@@ -243,12 +242,11 @@ class Tape:
             self.values[vid] = value
             self.shown[vid] = True
             F.known(self, vid, self.node)
-        if not look:
-            return value
-        read = value if how == "value" else read  # the whole value may go on into JAX: the device's
-        self.looks.append(Look(len(self.ops), F.look_source(self.node, plan),
-                               read if getattr(read, "size", 2) == 1 else None, vid, how, plan))
-        return read
+        if look:  # Python reads the whole value from the device's memory: it may go on into JAX
+            read = value if how == "value" else read
+            self.looks.append(Look(len(self.ops), F.look_source(self.node, plan),
+                                   read if getattr(read, "size", 2) == 1 else None, vid, how, plan))
+        return read if look else value
 
     def _plan(self, vid: int) -> F.Plan:
         """The compiled program computing ``vid`` from the known values, once per point of the trie."""
