@@ -270,8 +270,9 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
             recorded = recorded._replace(seconds=time.perf_counter() - t)
             try:
                 exe, compiled = S.executable(recorded, planned, call.diff, reason)
+                looks = lambda: S.look_outputs(recorded, S.host_copies(recorded, call.diff))  # noqa: E731
                 ran = None if eager else plans.ahead.finish(started, exe, recorded.args, recorded.tape.arg_objects,
-                                                            given, lambda: S.look_outputs(recorded, S.host_copies(recorded, call.diff)))
+                                                            given, looks)
                 value, outs, grads = exe(list(call.diff), recorded.args) if ran is None else ran
                 rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
                 return value, rest, list(grads), compiled, recorded, exe
