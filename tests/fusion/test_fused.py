@@ -251,12 +251,14 @@ def test_pinned_leaves_an_input_read_transposed_row_major():
     assert_trees_close(got[1:], jax.tree.leaves(want[1]), rtol=1e-5, atol=1e-6)
 
 
-def test_an_unknown_layouts_value_is_refused():
+@pytest.mark.parametrize("option, value, allowed", [("layouts", "row_major", "pinned"), ("barrier", "some", "recomputed"),
+                                                    ("order", "consume", "consume_first")])
+def test_an_unknown_step_option_is_refused_naming_the_values_it_takes(option, value, allowed):
     fn, make_args = zoo.ZOO["mlp_gelu"]
     f = jaxaot.aot_function(fn, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
     tr = _training(f, make_args(_key(13)))
-    with pytest.raises(jaxaot.errors.InvalidValueError, match="pinned"):
-        fused_program(tr, layouts="row_major")  # the name before read orders
+    with pytest.raises(jaxaot.errors.InvalidValueError, match=f"{option} must be one of .*'{allowed}'.*{value!r}"):
+        fused_program(tr, **{option: value})
 
 
 def test_read_orders_leave_residuals_read_otherwise():

@@ -19,9 +19,9 @@ from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import Variant
 from jaxaot._src.fusion.variants import default_barrier, fused_name, fused_program
 from jaxaot._src.partition import program_platform
+from jaxaot._src.partition.step import BARRIERS, LAYOUTS, ORDERS
 
-_BARRIERS, _LAYOUTS, _ORDERS, _RUNS = ("all", "recomputed", "none"), ("auto", "pinned"), ("xla", "consume_first"), (
-    "fused", "split")
+_RUNS = ("fused", "split")
 
 
 class Recalled(NamedTuple):
@@ -73,6 +73,6 @@ def _parsed(record: dict | None) -> Recalled | None:
                           bool(v["slices"]))
     except (TypeError, KeyError, ValueError):
         return None
-    ok = (variant.barrier in _BARRIERS and variant.layouts in _LAYOUTS and variant.order in _ORDERS
+    ok = (variant.barrier in BARRIERS and variant.layouts in LAYOUTS and variant.order in ORDERS
           and runs in _RUNS and isinstance(why, str))
     return Recalled(variant, runs, why) if ok else None

@@ -87,6 +87,10 @@ def read_orders(backward: Any, num_cotangents: int) -> dict[int, tuple[int, ...]
     return out
 
 
+#: The values of :func:`step_program`'s options ``barrier``, ``layouts`` and ``order``.
+BARRIERS, LAYOUTS, ORDERS = ("all", "recomputed", "none"), ("auto", "pinned"), ("xla", "consume_first")
+
+
 def pinned_layouts(part: Any, num_cotangents: int) -> dict[int, tuple[int, ...] | None]:
     """``{position among the residuals: major-to-minor order}`` of the residuals ``layouts="pinned"``
     pins: every one but those a library kernel reads or writes (:func:`library_kernel_residuals`),
@@ -141,8 +145,10 @@ def step_program(part: Any, in_avals: Sequence[Any], out_avals: Sequence[Any], *
     barred = barred_residuals(part, barrier)
     behind = {j for j, k in enumerate(passed) if k in barred}
 
-    if layouts not in ("auto", "pinned"):
-        raise InvalidValueError(f'layouts must be "auto" or "pinned", got {layouts!r}.')
+    for name, value, allowed in (("barrier", barrier, BARRIERS), ("layouts", layouts, LAYOUTS),
+                                 ("order", order, ORDERS)):
+        if value not in allowed:
+            raise InvalidValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}.")
     layout_of = pinned_layouts(part, len(cts)) if layouts == "pinned" else {}
     backward = lean.backward if lean is not None else part.backward
     sliced = slice_residual_reads(backward, len(cts), behind) if slices and behind else None
