@@ -428,9 +428,9 @@ def test_under_a_byte_budget_the_chain_weighs_only_the_variants_that_may_speed_t
     monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
     compiled, real = [], variants._compile_variant
 
-    def spy(training, name_, value_leaf, barrier, returned, layouts, order, rederived=(), **kw):
-        compiled.append((layouts, order, barrier, len(rederived)))
-        return real(training, name_, value_leaf, barrier, returned, layouts, order, rederived, **kw)
+    def spy(training, name_, value_leaf, v, returned, **kw):
+        compiled.append((v.layouts, v.order, v.barrier, len(v.rederived)))
+        return real(training, name_, value_leaf, v, returned, **kw)
 
     monkeypatch.setattr(variants, "_compile_variant", spy)
     fn, make_args = zoo.ZOO[name]

@@ -40,9 +40,9 @@ def accelerator(monkeypatch):
 
     real = variants._compile_variant
 
-    def compiled(training, name, value_leaf, barrier, returned, layouts, order, rederived=(), **kw):
-        seen["variants"].append((layouts, order, barrier, len(rederived)))
-        return real(training, name, value_leaf, barrier, returned, layouts, order, rederived, **kw)
+    def compiled(training, name, value_leaf, v, returned, **kw):
+        seen["variants"].append((v.layouts, v.order, v.barrier, len(v.rederived)))
+        return real(training, name, value_leaf, v, returned, **kw)
 
     monkeypatch.setattr(step_choice, "step_timer", timer)
     monkeypatch.setattr(variants, "_compile_variant", compiled)

@@ -152,17 +152,16 @@ def _variant_program(training: TrainingLike, value_leaf: int, v: Variant) -> Any
                          slices=v.slices, rederive=bool(v.rederived))
 
 
-def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier: str, returned: set,
-                     layouts: str, order: str, rederived: tuple[int, ...] = (), slices: bool = True,
+def _compile_variant(training: TrainingLike, name: str, value_leaf: int, v: Variant, returned: set,
                      prefetch: Prefetch | None = None) -> Any:
-    """The step compiled with this ``barrier``, ``layouts``, ``order``, residual positions
-    ``rederived`` (which it carries as attributes, the last as the residuals' descriptions) and
-    ``slices``, or None where the backend refuses it. Its compile is taken from ``prefetch`` where begun there."""
+    """The step of variant ``v`` compiled (carrying ``v`` as its ``variant`` and the residuals it derives again,
+    described, as ``rederived``), or None where the backend refuses it. Its compile is taken from ``prefetch``
+    where begun there."""
     p = training.programs
-    key = f"{name}:{layouts}:{order}:{barrier}:{len(rederived)}:{slices}"
-    v = Variant(barrier, layouts, order, tuple(rederived), slices)
+    key = f"{name}:{v.layouts}:{v.order}:{v.barrier}:{len(v.rederived)}:{v.slices}"
     _progress.step("compiling fused variant", total=4, key=name, owner=p,
-                   detail=f"{layouts} layouts, {order} order, barrier {barrier}" + ", rederived" * bool(rederived))
+                   detail=f"{v.layouts} layouts, {v.order} order, barrier {v.barrier}"
+                   + ", rederived" * bool(v.rederived))
     program, pending = prefetch.take(v) if prefetch is not None else (None, None)
     try:
         exe = p.compile(key, training.options.fw_compiler,
@@ -172,7 +171,7 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, barrier
         return None
     finally:
         p.executables.pop(key, None)
-    exe.variant, exe.rederived = v, described(training, rederived)
+    exe.variant, exe.rederived = v, described(training, v.rederived)
     return exe
 
 
@@ -274,8 +273,7 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
         return v is not None and (budget is None or peak is None or peak <= budget)
 
     if variant is not None and variant != base:
-        kept = _compile_variant(training, name, value_leaf, variant.barrier, returned, variant.layouts,
-                                variant.order, variant.rederived, slices=variant.slices)
+        kept = _compile_variant(training, name, value_leaf, variant, returned)
         if fits(kept):
             if program is not None:  # a byte budget's measurement of the base step, which this step does not take
                 measured_executables.release([program])
@@ -297,34 +295,33 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
         meanwhile()
 
     if choosing:
-        variant = functools.partial(_compile_variant, training, name, value_leaf, returned=returned,
-                                    prefetch=prefetch)
+        weigh = functools.partial(_compile_variant, training, name, value_leaf, returned=returned, prefetch=prefetch)
 
         def ahead(step: int) -> None:  # where a choice went another way, the later variants it now asks for
             if prefetch is not None:
                 prefetch.begin(_still_weighed(exe.variant, barrier, weighed, step))
 
-        pinned = variant(barrier, layouts="pinned", order="xla")
+        pinned = weigh(Variant(barrier, "pinned"))
         if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
             exe = pinned
         if weighed[1]:
             ahead(1)
-            ordered = variant(barrier, layouts=exe.variant.layouts, order="consume_first")
+            ordered = weigh(Variant(barrier, exe.variant.layouts, "consume_first"))
             if fits(ordered) and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
                 exe = ordered
         if weighed[2]:
             ahead(2)
-            free = variant("none", layouts=exe.variant.layouts, order="xla")
+            free = weigh(Variant("none", exe.variant.layouts))
             if fits(free) and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
                 exe = free
         if weighed[3]:
             ahead(3)
-            lean = variant(exe.variant.barrier, layouts=exe.variant.layouts, order="xla", rederived=weighed[3])
+            lean = weigh(Variant(exe.variant.barrier, exe.variant.layouts, rederived=weighed[3]))
             if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
                 exe = lean
     if not fits(exe):
         # Over the budget: the step without residual slices, in XLA's own layouts and order.
-        planned = _compile_variant(training, name, value_leaf, barrier, returned, "auto", "xla", slices=False)
+        planned = _compile_variant(training, name, value_leaf, Variant(barrier, slices=False), returned)
         if fits(planned):
             exe = planned
     return exe
