@@ -251,7 +251,7 @@ def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
         while chosen.near:  # measured exactly only now that it would be chosen
             search.exact(chosen)
             if not search.fits(chosen):
-                chosen = yield from _resume(search)
+                chosen = yield from _settled(search)
     finally:  # the runtime may take the chosen plan's executable; the others are released here
         search.release(chosen)
     return _found(chosen, budget)
@@ -271,15 +271,12 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
         return top
     if not ahead:
         yield from _plan_alternatives(search, families)
-    best = yield from _improve(search, None)
-    if best is None:
-        best = yield from _refusing(search)
-    return best
+    return (yield from _settled(search))
 
 
-def _resume(search: _Search) -> Generator[Request, Partition, _Candidate]:
-    """The choice once a ``near`` plan proved over the budget: the best-ranked plan measured that fits, else the
-    search goes on as where nothing fit."""
+def _settled(search: _Search) -> Generator[Request, Partition, _Candidate]:
+    """The best-ranked plan measured that fits, else the search goes on until one fits (or refuses the budget): after
+    the top plan, and again where a ``near`` plan proved over the budget."""
     best = min((c for c in search.measured if search.fits(c)), key=search.rank, default=None)
     if best is None:
         best = yield from _improve(search, None)
