@@ -11,6 +11,8 @@
 #
 # Settings (environment):
 #   ARGS_<BENCH>="..."  more arguments for one benchmark, e.g. ARGS_fused="--only llama_block --rounds 9"
+#   NAME_<BENCH>=...    its results file's name before _<kind>.txt, where the arguments measure another table,
+#                       e.g. NAME_cache=cache_fused with ARGS_cache="--step value_and_grad"
 #   TIMEOUT=540         seconds each benchmark (and the test suite) may run
 #   TESTS="tests/..."   what --tests runs (default: the whole suite but the notebooks), with -n WORKERS (16)
 #
@@ -34,7 +36,7 @@ benches=()
 for arg in "$@"; do
   case "$arg" in
     --tests) tests=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) benches+=("$arg") ;;
   esac
 done
@@ -108,7 +110,8 @@ for b in "${benches[@]}"; do
     [ "$b" = pipeline ] && [ "$devices" -gt 1 ] && extra+=(--devices "$devices")
   fi
   var=ARGS_$b
-  out=$results/${b}_$tag.txt
+  name=NAME_$b
+  out=$results/${!name:-$b}_$tag.txt
   echo "== $b -> $out"
   start=$SECONDS
   # shellcheck disable=SC2086
