@@ -35,9 +35,12 @@ its ratio to ``jit(value_and_grad)``'s first step), and in the same process,
 where the backend reports it, ``peak_bytes_in_use`` after the first step
 against the compiled peak of the program that process ran (its plan is its own:
 the op timings that price plans differ between processes): the memory the
-process needed, planning included.
+process needed, planning included. On an accelerator, where a fraction's
+first call returns before the fused step's variants compile, the process then
+calls the step until the choice is made: "choice made" is the seconds from
+the first call's start, and "calls" how many calls after it that took.
 ``--first-only`` measures just that: the first steps at the fractions and at
-each per-layer policy's peak.
+each per-layer policy's peak (with ``--no-budgets``, at the fractions alone).
 
 Usage (from the repository root): ``python -m benchmarks.bench_budget [--small] [--only NAME ...]
 [--rounds N] [--iters N] [--first-rounds N] [--out FILE] [--plot DIR]``
@@ -272,8 +275,26 @@ def fresh_main(model_name: str, spec: str, size: str) -> None:
     jax.block_until_ready(step(*args))
     first, first_cpu = time.perf_counter() - t, time.process_time() - cpu
     stats = jax.devices()[0].memory_stats() or {}
-    print(json.dumps({"first_step": first, "first_step_cpu": first_cpu,
+    chosen, calls = _chosen_after(step, args, t)
+    f = getattr(step, "__wrapped__", None)
+    phases = {k: round(v, 2) for k, v in f.lookup(args, {}).programs.times.items()} if hasattr(f, "lookup") else {}
+    print(json.dumps({"first_step": first, "first_step_cpu": first_cpu, "chosen_after": chosen, "calls": calls,
+                      "phases": phases,
                       "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "compiled_peak": _ran_peak(step, args)}))
+
+
+def _chosen_after(step: Callable, args: tuple, start: float, limit: float = 120.0) -> tuple[float, int]:
+    """``(seconds from ``start`` until the fused step's choice is made, the calls after the first that it took)``:
+    on an accelerator a jaxaot step's first call returns before its variants compile
+    (``jaxaot.config.tune_in_background``), and the calls that follow make the choice."""
+    f = getattr(step, "__wrapped__", None)
+    undecided = lambda: hasattr(f, "cache_info") and any(  # noqa: E731
+        c.runs is None for e in f.cache_info().entries for c in getattr(e, "fused", ()))
+    calls = 0
+    while undecided() and time.perf_counter() - start < limit:
+        jax.block_until_ready(step(*args))
+        calls += 1
+    return time.perf_counter() - start, calls
 
 
 def _ran_peak(step: Callable, args: tuple) -> int | None:
@@ -413,19 +434,23 @@ def first_step_table(model: Model, size: str, specs: list[str], rounds: int, com
         return _median([r["first_step_cpu"] for r in firsts.get(spec, []) if "first_step_cpu" in r])
 
     jit_first = first("jax:none")
-    rows = [["first step of", "median (s)", "min-max", "x jit", "CPU time (s)", "x jit", "process peak",
-             "x compiled peak"]]
+    rows = [["first step of", "median (s)", "min-max", "x jit", "CPU time (s)", "x jit", "choice made (s)",
+             "calls", "process peak", "x compiled peak"]]
     for spec in specs:
         ts = [r["first_step"] for r in firsts.get(spec, []) if "first_step" in r]
         if not ts:
-            rows.append([spec, "-", "-", "-", "-", "-", "-", "-"])
+            rows.append([spec, *["-"] * 9])
             continue
+        made = [r["chosen_after"] for r in firsts[spec] if r.get("calls")]
+        calls = [r["calls"] for r in firsts[spec] if r.get("calls")]
         ratio = _median(ts) / jit_first
         proc = max((r.get("peak_bytes_in_use") or 0 for r in firsts[spec]), default=0) or None
         own = [r["compiled_peak"] for r in firsts[spec] if r.get("compiled_peak")]  # the process's own plan
         peak = max(own) if own else compiled.get(spec)
         rows.append([spec, f"{_median(ts):.2f}", f"{min(ts):.2f}-{max(ts):.2f}", f"{ratio:.2f}",
-                     _seconds(cpu(spec)), _seconds(cpu(spec) / cpu("jax:none")), fmt_bytes(proc),
+                     _seconds(cpu(spec)), _seconds(cpu(spec) / cpu("jax:none")),
+                     _seconds(_median(made)) if made else "-", str(int(_median(calls))) if calls else "-",
+                     fmt_bytes(proc),
                      f"{proc / peak:.3f}" if proc and peak else "-"])
         if spec.startswith("jaxaot:"):
             value = json.loads(spec.split(":", 1)[1])
@@ -435,12 +460,12 @@ def first_step_table(model: Model, size: str, specs: list[str], rounds: int, com
     return table(rows), first
 
 
-def first_only(model: Model, size: str, rounds: int, outcome: Outcome) -> str:
-    """First steps alone: ``jit(value_and_grad)``, jaxaot at the fractions and at each per-layer policy's peak
-    (each whole-loss policy's where the model has no layers)."""
+def first_only(model: Model, size: str, rounds: int, outcome: Outcome, budgets_too: bool = True) -> str:
+    """First steps alone: ``jit(value_and_grad)``, jaxaot at the fractions and (``budgets_too``) at each
+    per-layer policy's peak (each whole-loss policy's where the model has no layers)."""
     args = model.make_args(jax.random.key(0))
     budgets: dict[int, str] = {}
-    for name in policies(False):
+    for name in policies(False) if budgets_too else ():
         spec = f"jax-layer:{name}" if model.per_layer is not None else f"jax:{name}"
         peak = peak_bytes(step_of(model, spec).lower(*args).compile())
         budgets.setdefault(peak, spec)
@@ -456,7 +481,7 @@ def first_only(model: Model, size: str, rounds: int, outcome: Outcome) -> str:
             compiled[spec] = None
     text, _ = first_step_table(model, size, specs, rounds, compiled, outcome)
     where = ", ".join(f"{fmt_bytes(b)} = {s.split(':')[1]}'s" for b, s in budgets.items())
-    return f"## {model.name}: {model.label} (first steps; byte budgets: {where})\n\n{text}"
+    return f"## {model.name}: {model.label} (first steps; byte budgets: {where or 'none'})\n\n{text}"
 
 
 def summary(o: Outcome) -> str:
@@ -485,6 +510,7 @@ def main() -> None:
     ap.add_argument("--first-rounds", type=int, default=None,
                     help="fresh processes per program for its first step (0: none; default 2, 3 on GPUs)")
     ap.add_argument("--first-only", action="store_true", help="first steps only (no step times, no Pareto)")
+    ap.add_argument("--no-budgets", action="store_true", help="with --first-only: jit and the fractions alone")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, help="a directory for each model's Pareto plot (PNG)")
     ap.add_argument("--fresh", nargs=2, metavar=("MODEL", "SPEC"), help=argparse.SUPPRESS)
@@ -494,6 +520,7 @@ def main() -> None:
     if a.fresh:
         fresh_main(*a.fresh, size)
         return
+    jaxaot.config.tune_in_background = False  # steady-state steps: each signature's first call makes its choices
     models = all_models(size)
     names = a.only or (list(SMALL_MODELS) if a.small else list(models))
     rounds = a.rounds or (3 if a.small else 9)
@@ -504,7 +531,7 @@ def main() -> None:
     def each():
         for name in names:
             if a.first_only:
-                yield first_only(models[name], size, first_rounds or 2, outcome)
+                yield first_only(models[name], size, first_rounds or 2, outcome, budgets_too=not a.no_budgets)
             else:
                 yield run_model(models[name], size, rounds, iters, first_rounds, a.plot, outcome)
         yield summary(outcome)

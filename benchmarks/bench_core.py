@@ -118,6 +118,7 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="CPU-sized models")
     ap.add_argument("--out", help="also write the report to this file")
     a = ap.parse_args(argv)
+    jaxaot.config.tune_in_background = False  # steady-state steps: each signature's first call makes its choices
     parts = [header("bench_core: jaxaot default partition vs plain JAX")]
     for name, (loss, args) in models(a.small).items():
         parts.append(bench_model(name, loss, args))

@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=5)
     a = ap.parse_args(argv)
+    jaxaot.config.tune_in_background = False  # steady-state steps: each signature's first call makes its choices
     jax.config.update("jax_default_matmul_precision", "default")
     only = a.only.split(",") if a.only else None
     models = [m for n, m in zoo("small" if a.small else "gpu").items() if not only or any(o in n for o in only)]

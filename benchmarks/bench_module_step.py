@@ -313,6 +313,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", help="only these variants (eager nnx still checks the losses)")
     ap.add_argument("--out", help="default: benchmarks/results/module_step_<device>.txt")
     args = ap.parse_args()
+    jaxaot.config.tune_in_background = False  # steady-state steps: each signature's first call makes its choices
     chosen = {k: v for k, v in models(args.small).items() if not args.models or any(m in k for m in args.models)}
     summary: list[list[str]] = []
 

@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--synthetic-link", type=float, default=None,
                     help="plan with a made-up host link of this many GB/s (CPU: check the programs only)")
     a = ap.parse_args(argv)
+    jaxaot.config.tune_in_background = False  # steady-state steps: each signature's first call makes its choices
     device_model = jaxaot.partition.DeviceModel.measure()
     if a.synthetic_link:
         device_model = jaxaot.partition.DeviceModel(host_bandwidth=a.synthetic_link * 1e9, device_flops=device_model.device_flops,

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxaot._src import allowance
-from jaxaot._src.partition.costs import compile_bytes
+from jaxaot._src.partition.costs import autotune_bytes
 
 
 def _hold_in_thread(nbytes, order, name, release):
@@ -112,6 +112,6 @@ def test_a_gpu_compile_holds_its_largest_matrix_product_s_autotuning(in_scan):
     else:
         closed = jax.make_jaxpr(lambda x, w: jnp.sin(x @ w).sum())(x, w)
     # operands, the result twice, each buffer with red zones
-    want = 4 * (64 * 128 + 128 * 256 + 2 * 64 * 256) + 4 * compile_bytes.REDZONE_BYTES
-    assert compile_bytes.compile_bytes(closed, "gpu") == want
-    assert compile_bytes.compile_bytes(closed, "cpu") == 0
+    want = 4 * (64 * 128 + 128 * 256 + 2 * 64 * 256) + 4 * autotune_bytes.REDZONE_BYTES
+    assert autotune_bytes.compile_bytes(closed, "gpu") == want
+    assert autotune_bytes.compile_bytes(closed, "cpu") == 0

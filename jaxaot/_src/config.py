@@ -163,6 +163,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("start_steps_ahead", "bool", True, _bool, _flag,
             "Whether compiled_value_and_grad starts a step's executable before its forward is recorded, once two "
             "calls in a row ran it."),
+    Setting("tune_in_background", "bool", True, _bool, _flag,
+            "Whether value_and_grad's first call on an accelerator runs the fused step once it compiles and weighs "
+            "its variants and the split programs over the calls that follow; False: the first call weighs them."),
 )}
 
 
@@ -202,6 +205,12 @@ class Config:
       start_steps_ahead: a ``compiled_value_and_grad`` call starts its step's
         executable before its forward is recorded, once two calls in a row ran it
         (read at each call). ``JAXAOT_START_STEPS_AHEAD``.
+      tune_in_background: ``jaxaot.value_and_grad``'s first call of a signature on
+        an accelerator returns as soon as the fused step compiles; its variants and
+        the split programs compile on worker threads, and the calls that follow
+        make the choices with them (read at the first call; without a byte
+        budget). False: the first call makes every choice before it returns.
+        ``JAXAOT_TUNE_IN_BACKGROUND``.
     """
 
     cache_dir: str | os.PathLike | None
@@ -213,6 +222,7 @@ class Config:
     unroll_blocks: bool
     stack_segments: bool | None
     start_steps_ahead: bool
+    tune_in_background: bool
 
     def __init__(self, **values: Any) -> None:
         for name in values:

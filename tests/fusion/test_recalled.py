@@ -21,7 +21,7 @@ import zoo
 from jaxaot._src.compile import store
 from jaxaot._src.fusion import step_choice, variants
 from jaxaot.errors import CacheWarning
-from zoo import assert_trees_close, kept_step
+from zoo import assert_trees_close, finish_tuning, kept_step
 
 
 @pytest.fixture
@@ -59,7 +59,9 @@ def _case(name, seed):
 def _step(loss, args, argnums, budget=0.0):
     pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=budget)
     f = jaxaot.aot_function(loss, partition_fn=pf)
-    return f, jaxaot.value_and_grad(f, argnums=argnums)(*args)
+    got = jaxaot.value_and_grad(f, argnums=argnums)(*args)
+    finish_tuning(f, args)  # the choice the calls that follow make, made (and kept)
+    return f, got
 
 
 @pytest.mark.parametrize("runs", ["fused", "split"])

@@ -5,7 +5,8 @@ backward, so the runtime can run one executable (:func:`run_fused`) instead of
 two. This package plans it at compile time: the partition's step program
 (:func:`fused_program`, built by ``jaxaot._src.partition.step``, which a byte budget's
 search measures too), the variant kept by compiled peak (:func:`fused_exe`), and
-whether the fused or the split step runs (:func:`fused_choice`). It reads the
+whether the fused or the split step runs (:func:`fused_choice`), on an accelerator
+weighed over the calls that follow the first (:class:`Tuning`). It reads the
 runtime's programs only through the protocols of ``interface``; the reasons
 behind each rule are in ``docs/concepts/fused_step.md``.
 """
@@ -17,11 +18,12 @@ from jaxaot._src.fusion.variants import (
     fused_name, fused_program,
 )
 from jaxaot._src.fusion.step_choice import (
-    FusedChoice, budget_choice, choose_step, fused_choice, is_decided, run_fused, run_split,
+    FusedChoice, budget_choice, choose_step, fused_choice, is_decided, run_split,
 )
+from jaxaot._src.fusion.tuning import Tuning, run_fused
 
 __all__ = [
-    "FusedChoice", "Prefetch", "ProgramsLike", "TrainingLike", "budget_choice", "choose_barrier", "choose_layouts", "choose_order",
-    "choose_rederive", "choose_step", "compiled_peak", "default_barrier", "fused_choice", "fused_exe", "fused_name",
-    "fused_program", "is_decided", "run_fused", "run_split",
+    "FusedChoice", "Prefetch", "ProgramsLike", "TrainingLike", "Tuning", "budget_choice", "choose_barrier",
+    "choose_layouts", "choose_order", "choose_rederive", "choose_step", "compiled_peak", "default_barrier",
+    "fused_choice", "fused_exe", "fused_name", "fused_program", "is_decided", "run_fused", "run_split",
 ]

@@ -25,6 +25,8 @@ class ProgramsLike(Protocol):
       output_is_input: per output, the input leaf it returns unchanged, or None.
       executables: the compiled executables by name; the fused step stores its kept one here.
       fused_choices: per fused step's name, its :class:`~jaxaot._src.fusion.FusedChoice` (fused or split, and why).
+      tunings: per fused step's name whose choice the calls that follow its first make, its
+        :class:`~jaxaot._src.fusion.Tuning`.
     """
 
     in_avals: Sequence[Any]
@@ -32,6 +34,7 @@ class ProgramsLike(Protocol):
     output_is_input: Sequence[int | None]
     executables: dict[str, Any]
     fused_choices: dict[str, Any]
+    tunings: dict[str, Any]
 
     def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any],
                 aliased: set = frozenset(), pending: Any = None) -> Any:

@@ -83,6 +83,14 @@ class Prefetch:
         """``(what it built, its begun compile)`` for ``key``, no longer held; ``(None, None)`` where none was begun."""
         return self._begun.pop(key, (None, None))
 
+    def ready(self) -> bool:
+        """Whether every compile begun and not yet taken has finished (taking one then waits for nothing)."""
+        return all(future.done() for _, future in self._begun.values())
+
+    def wait(self) -> None:
+        """Wait until every compile begun and not yet taken has finished."""
+        concurrent.futures.wait([future for _, future in self._begun.values()])
+
     def close(self) -> None:
         """Drop the compiles not taken: those not started are cancelled, running ones waited for (so none
         runs beside what follows, a timed step) and their executables let go."""

@@ -41,7 +41,7 @@ class FusedChoice:
         table does.
       runs: ``"fused"`` (the step is kept and runs), ``"split"`` (the split forward and backward run, and
         the fused executable is dropped), or None before the first call decides (a step compiled by
-        ``lower(...).compile()``).
+        ``lower(...).compile()``), or while the calls after it still weigh it (``jaxaot.config.tune_in_background``).
       why: the reason for ``runs``, in words.
     """
 
@@ -155,13 +155,11 @@ def free_device_bytes(exe: Any) -> int | None:
 FREE_MEMORY_SHARE = 0.5
 
 
-def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
-    """The fused step or the split one, by time (:func:`choose_step`), or why they are not timed."""
-    timer = step_timer
-    if timer is None:
-        if platform_of(exe) not in TIME_CHOICE_PLATFORMS:
-            return "fused", "not timed: on CPU step times are noise"
-        timer = _wall_seconds
+def timing_refused(training: SplitRunner, exe: Any) -> tuple[str, str] | None:
+    """``("fused", why)`` where the fused step ``exe`` and the split one are not timed (the platform, the step, or
+    the device's room for the split programs, which this compiles), else None."""
+    if step_timer is None and platform_of(exe) not in TIME_CHOICE_PLATFORMS:
+        return "fused", "not timed: on CPU step times are noise"
     untimed = _untimed(training)
     if untimed is not None:
         return "fused", untimed
@@ -173,13 +171,28 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
             # Timing them could run the device out of memory, and running them would raise the step's peak.
             return "fused", (f"not timed: the split programs peak higher ({max(split_peaks)} bytes, fused "
                              f"{fused_peak}) than the device has room for")
+    return None
+
+
+def timed(which: str, run: Callable[[], Any]) -> tuple[float, Any]:
+    """``(seconds, result)`` of one blocked call of ``run``, by :data:`step_timer` (wall-clock time without one)."""
+    box: list = []
+    seconds = (step_timer or _wall_seconds)(which, lambda: box.append(run()) or box[-1])
+    return seconds, box[-1]
+
+
+def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
+    """The fused step or the split one, by time (:func:`choose_step`), or why they are not timed."""
+    refused = timing_refused(training, exe)
+    if refused is not None:
+        return refused
     runs = {"fused": lambda: exe(*leaves), "split": lambda: run_split(training, leaves, value_leaf)}
     for run in runs.values():
         jax.block_until_ready(run())  # warms both
     times: dict[str, list[float]] = {"fused": [], "split": []}
     for _ in range(STEP_TIME_ROUNDS):
         for which, run in runs.items():
-            times[which].append(timer(which, run))
+            times[which].append(timed(which, run)[0])
     return choose_step(times["fused"], times["split"])
 
 
@@ -204,18 +217,24 @@ def _split_ahead(training: SplitRunner) -> bool:
             and _untimed(training) is None)
 
 
-def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None = None) -> FusedChoice:
+def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None = None,
+                 tune: Callable[[Any, Any, set], bool] | None = None) -> FusedChoice:
     """The signature's :class:`FusedChoice` for this gradient mask and loss, decided on first use.
 
     Compiles the fused step if it is not yet. With a byte budget the fused step overshoots and the split
     programs fit, the split step runs. Else, given the call's ``leaves``, the two are timed where
     :func:`_timed_choice` times them; without ``leaves`` (``lower(...).compile()``) an undecided choice
     (``runs=None``) is returned and the first call decides. Deciding drops the loser's executables.
+    ``tune(weighing, program, before)``: given with a call's ``leaves`` and without a byte budget, where the
+    variants compile on workers, it is offered the variants' :class:`~jaxaot._src.fusion.variants.Weighing`,
+    the step's base program and the executables compiled before the split pair; where it takes them (returns
+    True, holding them in ``p.tunings[name]``), the step is returned once it compiles, undecided, and the calls
+    that follow decide.
     """
     p = training.programs
     name = fused_name(training, value_leaf)
     known = p.fused_choices.get(name)
-    if known is not None and (known.runs is not None or leaves is None):
+    if known is not None and (known.runs is not None or leaves is None or name in p.tunings):
         return known
     recalled, program = (None, None) if name in p.executables else recall(
         training, value_leaf, LAYOUT_CHOICE_PLATFORMS | TIME_CHOICE_PLATFORMS)
@@ -226,9 +245,19 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
         return p.fused_choices[name]
     ahead = (training.start_split_compiles if leaves is not None and recalled is None and _split_ahead(training)
              else None)
+    later = None
+    if tune is not None and leaves is not None and recalled is None and (
+            getattr(training.partition.step_peak, "budget", None) is None):
+        def later(weighing: Any) -> bool:
+            return tune(weighing, program, set(p.executables))
     try:
         exe = fused_exe(training, value_leaf, meanwhile=ahead,
-                        variant=recalled.variant if recalled is not None else None, program=program)
+                        variant=recalled.variant if recalled is not None else None, program=program, later=later)
+        if name in p.tunings:  # decided over the calls that follow, the split programs' compiles going on
+            v = exe.variant
+            p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, exe.rederived, None,
+                                                "weighed over the calls that follow the first")
+            return p.fused_choices[name]
         before = set(p.executables)
         chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
         if chosen is None and recalled is not None:
@@ -236,9 +265,20 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
         if chosen is None and leaves is not None:
             chosen = _timed_choice(training, exe, leaves, value_leaf)
     finally:
-        training.drop_split_compiles()
+        if name not in p.tunings:
+            training.drop_split_compiles()
+    return settle(training, value_leaf, exe, chosen, program if recalled is None else None, before)
+
+
+def settle(training: SplitRunner, value_leaf: int, exe: Any, chosen: tuple[str, str] | None, program: Any,
+           before: set) -> FusedChoice:
+    """Record the fused step ``exe``'s choice (``chosen``: ``(runs, why)``, None: undecided), kept in the
+    persistent cache where ``program`` (its base program) is given, and drop the loser's executables (of the
+    split pair, those not in ``before``)."""
+    p = training.programs
+    name = fused_name(training, value_leaf)
     runs, why = chosen if chosen is not None else (None, "")
-    if runs is not None and recalled is None:
+    if runs is not None:
         remember(training, value_leaf, program, exe, runs, why)
     v = exe.variant
     choice = p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, exe.rederived, runs, why)
@@ -255,12 +295,11 @@ def is_decided(programs: Any, name: str) -> bool:
     return choice is not None and choice.runs is not None
 
 
-def run_fused(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
-    """``(the function's outputs, grads of the differentiated inputs)``: one fused call, or the split
-    executables where :func:`fused_choice` chose them (decided on the first call)."""
-    if fused_choice(training, value_leaf, leaves).runs == "split":
-        return run_split(training, leaves, value_leaf)
+def fused_outputs(training: SplitRunner, exe: Any, leaves: list) -> tuple[list, list]:
+    """``(the function's outputs, grads)`` of one call of the fused executable ``exe``."""
     p = training.programs
-    outs = fused_exe(training, value_leaf)(*leaves)
+    outs = exe(*leaves)
     n = len(p.computed_outputs)
     return p.splice(leaves, outs[:n]), list(outs[n:])
+
+

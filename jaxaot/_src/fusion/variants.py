@@ -13,7 +13,7 @@ compiles once.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Generator, Iterator
 
 import jax
 
@@ -153,16 +153,21 @@ def _variant_program(training: TrainingLike, value_leaf: int, v: Variant) -> Any
 
 
 def _compile_variant(training: TrainingLike, name: str, value_leaf: int, v: Variant, returned: set,
-                     prefetch: Prefetch | None = None) -> Any:
+                     prefetch: Prefetch | None = None) -> Iterator[Any]:
     """The step of variant ``v`` compiled (carrying ``v`` as its ``variant`` and the residuals it derives again,
-    described, as ``rederived``), or None where the backend refuses it. Its compile is taken from ``prefetch``
-    where begun there."""
+    described, as ``rederived``), or None where the backend refuses it: a generator that yields its compile's
+    future while that runs on a worker (begun with ``prefetch``, where there is one) and returns the executable."""
     p = training.programs
     key = f"{name}:{v.layouts}:{v.order}:{v.barrier}:{len(v.rederived)}:{v.slices}"
     _progress.step("compiling fused variant", total=4, key=name, owner=p,
                    detail=f"{v.layouts} layouts, {v.order} order, barrier {v.barrier}"
                    + ", rederived" * bool(v.rederived))
-    program, pending = prefetch.take(v) if prefetch is not None else (None, None)
+    program, pending = None, None
+    if prefetch is not None:
+        prefetch.begin([v])
+        program, pending = prefetch.take(v)
+    if pending is not None and not pending.done():
+        yield pending
     try:
         exe = p.compile(key, training.options.fw_compiler,
                         program if program is not None else _variant_program(training, value_leaf, v),
@@ -221,7 +226,8 @@ def fused_name(training: TrainingLike, value_leaf: int = 0) -> str:
 
 
 def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[], None] | None = None,
-              variant: Variant | None = None, program: Any = None) -> Any:
+              variant: Variant | None = None, program: Any = None,
+              later: Callable[["Weighing"], bool] | None = None) -> Any:
     """The fused step's executable for output ``value_leaf`` as the loss, compiled (through the
     persistent cache) on first use and stored in ``training.programs.executables``. Under a byte budget
     the first compile is the search's own of the chosen plan, where it measured this very program
@@ -236,7 +242,9 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
     ``meanwhile()`` is called once the step's own compiles are begun, before they are waited for (the
     first call begins the split programs' compiles there). ``variant``: the one a process kept before
     (:mod:`~jaxaot._src.fusion.recalled`), compiled alone where it fits; ``program``: the step's base program,
-    where the caller built it.
+    where the caller built it. ``later``: where given and the variants' compiles run on workers, the step
+    is returned as soon as it compiles where ``later`` takes the :class:`Weighing` of its variants (returns
+    True), which the calls that follow go on with (:mod:`~jaxaot._src.fusion.tuning`).
     """
     p = training.programs
     name = fused_name(training, value_leaf)
@@ -248,21 +256,75 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
         if speculates(compiler, p.in_avals, LAYOUT_CHOICE_PLATFORMS):
             prefetch = Prefetch(functools.partial(_variant_program, training, value_leaf),
                                 functools.partial(p.start_compile, compiler, avals=p.in_avals, aliased=returned))
+        kept = _Kept()
+        chain = _chain(training, name, value_leaf, returned, prefetch, meanwhile, kept, variant, program)
+        weighing = Weighing(chain, kept, prefetch)
         try:
-            exe = _chosen(training, name, value_leaf, returned, prefetch, meanwhile, variant, program)
-        finally:
-            if prefetch is not None:
-                prefetch.close()
-        p.executables[name] = exe
+            weighing.poll(wait=later is None or prefetch is None)
+        except BaseException:
+            weighing.close()
+            raise
+        if not weighing.done and not later(weighing):
+            weighing.poll(wait=True)
+        exe = p.executables[name] = weighing.exe
     elif meanwhile is not None:
         meanwhile()
     return exe
 
 
-def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, prefetch: Prefetch | None,
-            meanwhile: Callable[[], None] | None, variant: Variant | None = None, program: Any = None) -> Any:
+class _Kept:
+    """The step the chain keeps so far (``exe``), read while the chain waits for a compile."""
+
+    exe: Any = None
+
+
+class Weighing:
+    """A fused step's variant chain (:func:`fused_exe`), driven to its end at once or over several calls.
+
+    Attributes:
+      exe: the step kept so far; the chain's choice once :attr:`done`.
+      done: whether every variant is weighed.
+    """
+
+    def __init__(self, chain: Generator[Any, None, Any], kept: _Kept, prefetch: Prefetch | None):
+        self._chain, self._kept, self._prefetch = chain, kept, prefetch
+        self._pending: Any = None
+        self.done = False
+
+    @property
+    def exe(self) -> Any:
+        return self._kept.exe
+
+    def poll(self, wait: bool = False) -> bool:
+        """Go on with the chain while the compile it waits for has finished (every one, with ``wait``);
+        whether it is :attr:`done`. The compiles nobody took are dropped when it is."""
+        if self.done:
+            return True
+        try:
+            while True:
+                if self._pending is not None:
+                    if not wait and not self._pending.done():
+                        return False
+                    self._pending.exception()  # waits; its error is raised, or passed over, where it is taken
+                self._pending = self._chain.send(None)
+        except StopIteration as stop:
+            self._kept.exe, self.done = stop.value, True
+            self.close()
+        return True
+
+    def close(self) -> None:
+        """Drop the compiles begun that the chain did not take (waiting for running ones)."""
+        self._chain.close()
+        if self._prefetch is not None:
+            self._prefetch.close()
+
+
+def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, prefetch: Prefetch | None,
+           meanwhile: Callable[[], None] | None, kept: _Kept, variant: Variant | None = None,
+           program: Any = None) -> Generator[Any, None, Any]:
     """The fused step :func:`fused_exe` keeps: compiled, then weighed against each variant in turn (``variant``:
-    the one kept before, alone where it fits)."""
+    the one kept before, alone where it fits). A generator: it yields each compile's future it waits for
+    (``kept.exe``: the step kept meanwhile) and returns the step kept."""
     p, part = training.programs, training.partition
     barrier = default_barrier(training)
     base = Variant(barrier)
@@ -273,17 +335,17 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
         return v is not None and (budget is None or peak is None or peak <= budget)
 
     if variant is not None and variant != base:
-        kept = _compile_variant(training, name, value_leaf, variant, returned)
-        if fits(kept):
+        recalled = yield from _compile_variant(training, name, value_leaf, variant, returned)
+        if fits(recalled):
             if program is not None:  # a byte budget's measurement of the base step, which this step does not take
                 measured_executables.release([program])
-            return kept
+            return recalled
     # The step compiles alone first: its GEMMs autotune once, on an idle device, and the variants' and split
     # programs' compiles, begun together after it, find them tuned (begun together from the start, each
     # autotuned the same GEMMs beside the others, and the whole took longer than compiling in turn).
-    exe = p.compile(name, training.options.fw_compiler,
-                    program if program is not None else _variant_program(training, value_leaf, base), p.in_avals,
-                    aliased=returned)
+    exe = kept.exe = p.compile(name, training.options.fw_compiler,
+                               program if program is not None else _variant_program(training, value_leaf, base),
+                               p.in_avals, aliased=returned)
     exe.variant, exe.rederived = base, ()
     if variant is not None and fits(exe):
         return exe  # the base step, kept before
@@ -301,27 +363,27 @@ def _chosen(training: TrainingLike, name: str, value_leaf: int, returned: set, p
             if prefetch is not None:
                 prefetch.begin(_still_weighed(exe.variant, barrier, weighed, step))
 
-        pinned = weigh(Variant(barrier, "pinned"))
+        pinned = yield from weigh(Variant(barrier, "pinned"))
         if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
-            exe = pinned
+            exe = kept.exe = pinned
         if weighed[1]:
             ahead(1)
-            ordered = weigh(Variant(barrier, exe.variant.layouts, "consume_first"))
+            ordered = yield from weigh(Variant(barrier, exe.variant.layouts, "consume_first"))
             if fits(ordered) and choose_order(compiled_peak(exe), compiled_peak(ordered)) != "xla":
-                exe = ordered
+                exe = kept.exe = ordered
         if weighed[2]:
             ahead(2)
-            free = weigh(Variant("none", exe.variant.layouts))
+            free = yield from weigh(Variant("none", exe.variant.layouts))
             if fits(free) and choose_barrier(barrier, compiled_peak(exe), compiled_peak(free)) == "none":
-                exe = free
+                exe = kept.exe = free
         if weighed[3]:
             ahead(3)
-            lean = weigh(Variant(exe.variant.barrier, exe.variant.layouts, rederived=weighed[3]))
+            lean = yield from weigh(Variant(exe.variant.barrier, exe.variant.layouts, rederived=weighed[3]))
             if fits(lean) and choose_rederive(compiled_peak(exe), compiled_peak(lean)):
-                exe = lean
+                exe = kept.exe = lean
     if not fits(exe):
         # Over the budget: the step without residual slices, in XLA's own layouts and order.
-        planned = _compile_variant(training, name, value_leaf, Variant(barrier, slices=False), returned)
+        planned = yield from _compile_variant(training, name, value_leaf, Variant(barrier, slices=False), returned)
         if fits(planned):
-            exe = planned
+            exe = kept.exe = planned
     return exe

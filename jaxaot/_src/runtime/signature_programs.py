@@ -57,6 +57,8 @@ class SignaturePrograms:
         (:mod:`~jaxaot._src.runtime.shardings`).
       times / executables: seconds per stage and the executables, by name.
       fused_choices: per fused step, which step runs and why (:class:`~jaxaot._src.fusion.FusedChoice`).
+      tunings: per fused step still weighed by the calls that follow its first, its
+        :class:`~jaxaot._src.fusion.Tuning`.
       compiled: every name :meth:`compile` compiled, in order, variants of the fused step
         weighed and dropped included (``cache_info()`` reports it; a name twice would be a
         duplicate compile, which the lock rules out).
@@ -71,6 +73,7 @@ class SignaturePrograms:
         self.times: dict[str, float] = {}
         self.executables: dict[str, Any] = {}
         self.fused_choices: dict[str, Any] = {}  # per fused step: FusedChoice (jaxaot._src.fusion.step_choice)
+        self.tunings: dict[str, Any] = {}  # per fused step weighed over later calls: Tuning (jaxaot._src.fusion)
         self.compiled: list[str] = []  # every name compiled, in order (variants weighed included)
         t = time.perf_counter()
         self.primal, self.out_tree = trace_primal(flat_fn, avals, options.decompositions)

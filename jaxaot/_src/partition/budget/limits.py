@@ -20,7 +20,7 @@ from jaxaot._src.allowance import allowance, byte_limit
 from jaxaot._src.pytrees import var_device_nbytes
 from jaxaot._src.partition.budget.step_peak import program_platform
 from jaxaot._src.partition.costs import Recompute, classify
-from jaxaot._src.partition.costs.compile_bytes import UNTUNED_PLATFORMS
+from jaxaot._src.partition.costs.autotune_bytes import UNTUNED_PLATFORMS
 from jaxaot._src.tracing import JointGraph
 
 

@@ -27,7 +27,7 @@ from jaxaot._src.allowance import holding
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND, op_profile
-from jaxaot._src.partition.costs.compile_bytes import compile_bytes
+from jaxaot._src.partition.costs.autotune_bytes import compile_bytes
 from jaxaot._src.partition.step import step_program
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes

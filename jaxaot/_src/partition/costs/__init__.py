@@ -15,6 +15,7 @@ from jaxaot._src.partition.costs.device_model import (
 from jaxaot._src.partition.costs.measured_costs import MeasuredCosts, resolve_costs
 from jaxaot._src.partition.costs.copy_slots import copies_in_flight, kernels_beside_copies, measure_copy_slots
 from jaxaot._src.partition.costs.device_bytes import device_fractions
+from jaxaot._src.partition.costs.autotune_bytes import compile_bytes
 
 __all__ = [
     "DeviceModel",
@@ -28,6 +29,7 @@ __all__ = [
     "best_seconds",
     "byte_limit",
     "classify",
+    "compile_bytes",
     "copies_in_flight",
     "device_fractions",
     "flops",

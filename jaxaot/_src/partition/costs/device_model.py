@@ -35,7 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.allowance import holding
-from jaxaot._src.partition.costs.compile_bytes import REDZONE_BYTES
+from jaxaot._src.partition.costs.autotune_bytes import REDZONE_BYTES
 from jaxaot._src.partition.costs.copy_slots import measure_copy_slots
 from jaxaot._src.partition.costs.op_costs import FlopCosts
 

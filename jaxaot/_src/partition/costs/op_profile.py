@@ -32,7 +32,7 @@ from jaxaot._src import compat as C
 from jaxaot._src import workers
 from jaxaot._src.allowance import current_limit, holding
 from jaxaot._src.partition.costs import cost_model, op_scaling
-from jaxaot._src.partition.costs.compile_bytes import eqns_bytes
+from jaxaot._src.partition.costs.autotune_bytes import eqns_bytes
 from jaxaot._src.partition.costs.device_model import best_seconds
 
 #: Runs of the eqn in the chained program.

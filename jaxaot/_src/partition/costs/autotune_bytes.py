@@ -8,7 +8,7 @@ the jaxpr before lowering, and only over-counts what XLA fuses away.
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from jaxaot._src.partition.costs.compile_bytes import compile_bytes
+    >>> from jaxaot._src.partition.costs.autotune_bytes import compile_bytes
     >>> closed = jax.make_jaxpr(jnp.dot)(jnp.ones((256, 128)), jnp.ones((128, 64)))
     >>> compile_bytes(closed, "cpu"), compile_bytes(closed, "gpu") > 256 * 128 * 4
     (0, True)
