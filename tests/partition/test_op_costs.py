@@ -97,6 +97,40 @@ def test_budget_one_prices_nothing():
     assert costs.asked and part.cost_note == "recompute costs: synthetic"
 
 
+class RandomCosts:
+    """Made-up prices, a fresh random order of the knapsack's items on each draw."""
+
+    note = "recompute costs: random"
+
+    def __init__(self, seed):
+        self.rng, self.asked = np.random.default_rng(seed), []
+
+    def seconds(self, eqn):
+        self.asked.append(eqn.primitive.name)
+        return float(self.rng.exponential())
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_budget_zero_prices_nothing_and_cuts_as_every_priced_order_would(name):
+    # Every candidate unbanned, the cut closest to the sink recomputes only what the least bytes need, so the
+    # knapsack's prefix in any price order (random here) that reaches those bytes leaves the same cut.
+    loss, make_args = MODELS[name]
+    joint = jaxaot.partition.trace_joint(loss, *make_args(jax.random.key(np.random.randint(1 << 20))))
+    costs = RandomCosts(np.random.randint(1 << 20))
+    graph = saved_values.build_flow_graph(joint, costs=costs)
+    unpriced = saved_values.min_cut(graph, saved_values.budget_bans(graph, saved_values.recompute_prefix(graph, 0.0)))
+    assert costs.asked == []
+    never, candidates = saved_values._candidates(graph, recompute_loops=True)
+    for _ in range(3):
+        priced = saved_values._priced_prefix(graph, never, candidates, 0.0)
+        cut = saved_values.min_cut(graph, saved_values.budget_bans(graph, priced))
+        np.testing.assert_array_equal(np.sort(cut.saved), np.sort(unpriced.saved))
+    assert len(candidates) == 0 or costs.asked  # the priced prefixes did ask
+    asked = len(costs.asked)
+    part = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=0.0, op_costs=costs)
+    assert len(costs.asked) == asked and part.cost_note == ""  # the partitioner at budget 0 prices nothing either
+
+
 def test_measured_costs_time_each_distinct_eqn_once_and_persist(tmp_path):
     path = tmp_path / "costs.json"
     costs = MeasuredCosts(CPU, path=path, fallback=FlopCosts())

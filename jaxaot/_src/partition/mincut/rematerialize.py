@@ -209,7 +209,7 @@ def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans
             plan = None
     if model is not None:
         part = _offload(source, part, memory_budget, model, costs)
-    if memory_budget < 1 or model is not None:
+    if 0 < memory_budget < 1 or model is not None:  # only between 0 and 1 does the knapsack price eqns
         part = dataclasses.replace(part, cost_note=costs.note)
     return part if plan is None else dataclasses.replace(part, primal_plan=plan, split_from=source)
 

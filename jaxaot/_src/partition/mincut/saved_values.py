@@ -134,8 +134,9 @@ class BudgetPrefix:
     Attributes:
       never: bool per node, never recomputed (inputs, collectives, loops above budget 0).
       order: the budget-unbannable nodes, in knapsack order (cheapest seconds per byte first).
-      k: the smallest prefix of ``order`` whose cut meets the budget (0 at budget 1).
-      target: the budget's bytes, in the cut's scaled units (None at budget 1: nothing priced).
+      k: the smallest prefix of ``order`` whose cut meets the budget (0 at budget 1, all at budget 0).
+      target: the budget's bytes, in the cut's scaled units (None at budgets 1 and 0: nothing priced, and
+        ``order`` is not ranked).
       seconds: what recomputing each node of ``order`` costs (empty when unpriced).
     """
 
@@ -156,10 +157,23 @@ class BudgetPrefix:
 
 
 def recompute_prefix(graph: FlowGraph, memory_budget: float) -> BudgetPrefix:
-    """The knapsack order under ``memory_budget`` and its smallest prefix that meets the budget."""
+    """The knapsack order under ``memory_budget`` and its smallest prefix that meets the budget.
+
+    At budget 1 every candidate stays banned, and at budget 0 every one is unbanned: neither asks what
+    recomputing one costs. At 0 the cut closest to the sink recomputes only candidates that the least
+    bytes need (one recomputed that the floor could do without would leave a cut of equal bytes nearer the
+    sink), so the knapsack's ban of others, in any order, would leave this very cut.
+    """
     never, order = _candidates(graph, recompute_loops=memory_budget <= 0)
     if memory_budget >= 1 or len(order) == 0:
         return BudgetPrefix(never, order, 0)  # all banned: the order does not matter, and nothing is priced
+    if memory_budget <= 0:
+        return BudgetPrefix(never, order, len(order))  # all unbanned: nothing is priced
+    return _priced_prefix(graph, never, order, memory_budget)
+
+
+def _priced_prefix(graph: FlowGraph, never: np.ndarray, order: np.ndarray, memory_budget: float) -> BudgetPrefix:
+    """The knapsack's prefix: ``order`` priced and ranked, the smallest prefix reaching the budget's bytes."""
     order, seconds = _ordered(graph, order)
     optimal, floor = cut_value(graph, _banned(never, order, 0)), cut_value(graph, never)
     target = floor + memory_budget * (optimal - floor)
@@ -169,8 +183,8 @@ def recompute_prefix(graph: FlowGraph, memory_budget: float) -> BudgetPrefix:
 
 def budget_bans(graph: FlowGraph, prefix: BudgetPrefix) -> np.ndarray:
     """The nodes the budget's cut may not recompute: ``prefix``'s, its last step the cheapest
-    (:func:`jaxaot._src.partition.mincut.knapsack.cheapest_last_step`)."""
-    if prefix.k == 0:
+    (:func:`jaxaot._src.partition.mincut.knapsack.cheapest_last_step`); unpriced, the first ``k``."""
+    if prefix.target is None:
         return prefix.banned()
     chosen = knapsack.cheapest_last_step(lambda items: cut_value(graph, prefix.banned(items)),
                                          prefix.seconds, prefix.k, prefix.target)
