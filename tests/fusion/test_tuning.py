@@ -182,3 +182,27 @@ def test_a_device_without_room_for_a_compile_beside_the_step_decides_on_the_firs
     programs = _checked_call(g, loss, draws())
     assert "fused" in programs.tunings
     zoo.finish_tuning(g, draws())
+
+
+def test_an_error_of_a_later_choice_is_raised_once_and_the_step_kept_so_far_goes_on(monkeypatch, accelerator,
+                                                                                   gate):
+    raised = []
+
+    def failing(auto, pinned):
+        raised.append(True)
+        raise RuntimeError("a layout rule that fails")
+
+    monkeypatch.setattr(variants, "choose_layouts", failing)
+    f, loss, draws = _case("mlp_gelu", np.random.default_rng().integers(1 << 20))
+    programs = _checked_call(f, loss, draws())
+    tuning_ = programs.tunings["fused"]
+    gate.set()
+    with pytest.raises(RuntimeError, match="a layout rule that fails"):
+        tuning_.wait()
+    tuning_.wait()  # raised once: the chain has ended, the split programs' compiles go on
+    calls = 0
+    while programs.tunings:  # the split programs and the timing go on with the step kept so far
+        _checked_call(f, loss, draws())
+        calls += 1
+        assert calls <= len(tuning._TIMED_ORDER) + 1
+    assert raised == [True] and kept_step(f, draws()).layouts == "auto"

@@ -50,10 +50,9 @@ class Tuning:
             return fused_outputs(tr, exe, leaves)
         exe = tr.programs.executables[self.name] = self.weighing.exe
         if not self._timing:
-            chosen = budget_choice(tr.partition.step_peak, compiled_peak(exe))
-            if chosen is None and not tr.split_begun.ready():
+            if not tr.split_begun.ready():
                 return fused_outputs(tr, exe, leaves)  # the split programs still compile
-            chosen = chosen or timing_refused(tr, exe)
+            chosen = budget_choice(tr.partition.step_peak, compiled_peak(exe)) or timing_refused(tr, exe)
             if chosen is not None:
                 self._settle(chosen)
                 return run_fused_choice(tr, leaves, self.value_leaf)

@@ -13,7 +13,7 @@ compiles once.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator
 
 import jax
 
@@ -153,7 +153,7 @@ def _variant_program(training: TrainingLike, value_leaf: int, v: Variant) -> Any
 
 
 def _compile_variant(training: TrainingLike, name: str, value_leaf: int, v: Variant, returned: set,
-                     prefetch: Prefetch | None = None) -> Iterator[Any]:
+                     prefetch: Prefetch | None = None) -> Generator[Any, None, Any]:
     """The step of variant ``v`` compiled (carrying ``v`` as its ``variant`` and the residuals it derives again,
     described, as ``rederived``), or None where the backend refuses it: a generator that yields its compile's
     future while that runs on a worker (begun with ``prefetch``, where there is one) and returns the executable."""
@@ -261,11 +261,11 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
         weighing = Weighing(chain, kept, prefetch)
         try:
             weighing.poll(wait=later is None or prefetch is None)
+            if not weighing.done and not later(weighing):
+                weighing.poll(wait=True)
         except BaseException:
             weighing.close()
             raise
-        if not weighing.done and not later(weighing):
-            weighing.poll(wait=True)
         exe = p.executables[name] = weighing.exe
     elif meanwhile is not None:
         meanwhile()
@@ -310,6 +310,10 @@ class Weighing:
         except StopIteration as stop:
             self._kept.exe, self.done = stop.value, True
             self.close()
+        except BaseException:
+            self.done = True  # the chain ended in an error, raised here once: the step kept so far stays
+            self.close()
+            raise
         return True
 
     def close(self) -> None:
