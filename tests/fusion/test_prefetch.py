@@ -21,7 +21,7 @@ import jaxaot
 import zoo
 from jaxaot._src import workers
 from jaxaot._src.compile import cache
-from jaxaot._src.fusion import prefetch, step_choice, variants
+from jaxaot._src.fusion import prefetch, variants
 from zoo import assert_trees_close, kept_step
 
 needs_two_cores = pytest.mark.skipif(workers.threads() < 2, reason="compiles overlap only with two or more cores")
@@ -29,19 +29,6 @@ needs_two_cores = pytest.mark.skipif(workers.threads() < 2, reason="compiles ove
 
 def _key(seed):
     return jax.random.key(np.random.SeedSequence(seed).generate_state(1)[0])
-
-
-@pytest.fixture
-def accelerator(monkeypatch):
-    """The accelerator's choices on CPU: variants weighed, and fused and split timed (as equals: fused runs)."""
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", step_choice.TIME_CHOICE_PLATFORMS | {"cpu"})
-
-    def timer(which, run):
-        jax.block_until_ready(run())
-        return 1.0
-
-    monkeypatch.setattr(step_choice, "step_timer", timer)
 
 
 @pytest.fixture

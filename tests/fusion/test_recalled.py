@@ -24,31 +24,6 @@ from jaxaot.errors import CacheWarning
 from zoo import assert_trees_close, finish_tuning, kept_step
 
 
-@pytest.fixture
-def accelerator(monkeypatch):
-    """The accelerator's choices on CPU; the timer's verdict is ``verdict[0]`` ("fused" or "split"), and each
-    variant compiled and each timing is counted in ``seen``."""
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", step_choice.TIME_CHOICE_PLATFORMS | {"cpu"})
-    seen = {"variants": [], "timed": 0}
-    verdict = ["fused"]
-
-    def timer(which, run):
-        seen["timed"] += 1
-        jax.block_until_ready(run())
-        return 1.0 if which == verdict[0] else 2.0
-
-    real = variants._compile_variant
-
-    def compiled(training, name, value_leaf, v, returned, **kw):
-        seen["variants"].append((v.layouts, v.order, v.barrier, len(v.rederived)))
-        return real(training, name, value_leaf, v, returned, **kw)
-
-    monkeypatch.setattr(step_choice, "step_timer", timer)
-    monkeypatch.setattr(variants, "_compile_variant", compiled)
-    return seen, verdict
-
-
 def _case(name, seed):
     fn, make_args = zoo.ZOO[name]
     args = make_args(jax.random.key(seed))

@@ -31,22 +31,6 @@ def _key(seed):
 
 
 @pytest.fixture
-def accelerator(monkeypatch):
-    """The accelerator's choices on CPU; the timer's verdict is ``verdict[0]`` and its calls are counted."""
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", step_choice.TIME_CHOICE_PLATFORMS | {"cpu"})
-    seen, verdict = {"timed": 0}, ["fused"]
-
-    def timer(which, run):
-        seen["timed"] += 1
-        jax.block_until_ready(run())
-        return 1.0 if which == verdict[0] else 2.0
-
-    monkeypatch.setattr(step_choice, "step_timer", timer)
-    return seen, verdict
-
-
-@pytest.fixture
 def gate(monkeypatch):
     """Compiles on worker threads wait until the event is set (at most a minute: nothing hangs)."""
     opened, real, caller = threading.Event(), cache.compile_lowered, threading.get_ident()
