@@ -190,3 +190,29 @@ def test_an_error_of_a_later_choice_is_raised_once_and_the_step_kept_so_far_goes
         calls += 1
         assert calls <= len(tuning._TIMED_ORDER) + 1
     assert raised == [True] and kept_step(f, draws()).layouts == "auto"
+
+
+def test_a_step_that_donates_its_inputs_is_weighed_later_and_never_timed(accelerator, gate):
+    seen, _ = accelerator
+    fn, make_args = zoo.ZOO["mlp_gelu"]
+    loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
+    pf = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.0)
+    f = jaxaot.aot_function(loss, partition_fn=pf, donate_argnums=0)
+    rng = np.random.default_rng()
+    draws = lambda: make_args(_key(int(rng.integers(1 << 30))))  # noqa: E731
+    argnums = (0,)
+
+    def call():  # the reference first: the donated input is gone after the step
+        args = draws()
+        want = jax.value_and_grad(loss, argnums=argnums)(*args)
+        assert_trees_close(jaxaot.value_and_grad(f, argnums=argnums)(*args), want, rtol=1e-4, atol=1e-5)
+        return f.lookup(draws(), {}).programs
+
+    programs = call()
+    (tuning_,) = programs.tunings.values()  # one gradient mask's step: the first argument's leaves
+    gate.set()
+    tuning_.wait()
+    programs = call()  # the chain done: a step that donates is not timed, so this call decides
+    (choice,) = f.cache_info().entries[0].fused
+    assert not programs.tunings and choice.runs == "fused" and "donates" in choice.why and seen["timed"] == 0
+    call()
