@@ -117,4 +117,6 @@ def run_fused(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple
     tuning = p.tunings.get(choice.executable)
     if tuning is not None:
         return tuning.run(leaves)
-    return run_fused_choice(training, leaves, value_leaf)
+    if choice.runs == "split":
+        return run_split(training, leaves, value_leaf)
+    return fused_outputs(training, fused_exe(training, value_leaf), leaves)
