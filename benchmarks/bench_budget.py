@@ -68,7 +68,7 @@ import jaxaot
 from jaxaot._src.config import SETTINGS
 from benchmarks import models as zoo_models
 from benchmarks.bench_partitioners import input_sets
-from benchmarks.harness import fmt_bytes, median_time, peak_bytes, report, result_path, table
+from benchmarks.harness import fmt_bytes, median_time, peak_bytes, report, result_path, table, weighing
 from benchmarks.models import Draw, Model, layer_norm, mean_square, rms_norm, rotary
 
 #: A jaxaot step within this factor of a policy's time ties it (two compiles of one program differ by ~2%).
@@ -288,10 +288,8 @@ def _chosen_after(step: Callable, args: tuple, start: float, limit: float = 120.
     on an accelerator a jaxaot step's first call returns before its variants compile
     (``jaxaot.config.tune_in_background``), and the calls that follow make the choice."""
     f = getattr(step, "__wrapped__", None)
-    undecided = lambda: hasattr(f, "cache_info") and any(  # noqa: E731
-        c.runs is None for e in f.cache_info().entries for c in getattr(e, "fused", ()))
     calls = 0
-    while undecided() and time.perf_counter() - start < limit:
+    while weighing(f) and time.perf_counter() - start < limit:
         jax.block_until_ready(step(*args))
         calls += 1
     return time.perf_counter() - start, calls

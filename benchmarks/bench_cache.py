@@ -97,13 +97,15 @@ def child(size: str, partitioner: str, budget: int | None = None, step: str = "g
             "min_cut_bytes": functools.partial(jaxaot.partition.min_cut_rematerialization_partition,
                                                memory_budget=budget),
         }[partitioner]
+        from benchmarks.harness import weighing
+
         aot_function = jaxaot.aot_function  # imports the runtime (the whole process's time counts it)
         t = time.perf_counter()
         f = aot_function(loss, partition_fn=partition_fn)
         run = (jax.grad if step == "grad" else jaxaot.value_and_grad)(f)
         grads = jax.block_until_ready(run(params, x))
         seconds = time.perf_counter() - t
-        while any(c.runs is None for e in f.cache_info().entries for c in e.fused) and time.perf_counter() - t < 300:
+        while weighing(f) and time.perf_counter() - t < 300:
             jax.block_until_ready(run(params, x))  # as training goes on: the calls that follow choose, and it is kept
         times = dict(f.lookup((params, x), {}).programs.times)
     phase = lambda prefix: sum(v for k, v in times.items() if k.startswith(prefix))  # noqa: E731

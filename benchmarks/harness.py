@@ -86,6 +86,13 @@ def loop_time(fn: Callable[[], Any], *, n: int = 200, repeats: int = 5) -> float
     return best
 
 
+def weighing(f: Any) -> bool:
+    """Whether an ``aot_function``'s fused step is still weighed by the calls after its first (its choice not
+    yet made: ``jaxaot.config.tune_in_background``); False for anything without ``cache_info``."""
+    info = getattr(f, "cache_info", None)
+    return info is not None and any(c.runs is None for e in info().entries for c in e.fused)
+
+
 def tree_nbytes(tree: Any) -> int:
     return sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
 

@@ -23,6 +23,7 @@ import jax
 
 import jaxaot
 from benchmarks.bench_budget import all_models
+from benchmarks.harness import weighing
 
 
 def main() -> None:
@@ -41,12 +42,11 @@ def main() -> None:
         t = time.perf_counter()
         jax.block_until_ready(vg(*args))
         first = time.perf_counter() - t
-        undecided = lambda: any(c.runs is None for e in f.cache_info().entries for c in e.fused)  # noqa: E731
-        weighing: list[float] = []
-        while undecided() and len(weighing) < 5000:
+        while_weighing: list[float] = []
+        while weighing(f) and len(while_weighing) < 5000:
             s = time.perf_counter()
             jax.block_until_ready(vg(*args))
-            weighing.append(time.perf_counter() - s)
+            while_weighing.append(time.perf_counter() - s)
         decided = time.perf_counter() - t
         after = []
         for _ in range(20):
@@ -56,7 +56,7 @@ def main() -> None:
     (c,) = f.cache_info().entries[0].fused
     ms = lambda xs: round(1e3 * statistics.median(xs), 3) if xs else None  # noqa: E731
     print(json.dumps(dict(mode=a.mode, model=a.model, budget=a.fraction, first_s=round(first, 2),
-                          calls=len(weighing), decided_s=round(decided, 2), step_ms_while=ms(weighing),
+                          calls=len(while_weighing), decided_s=round(decided, 2), step_ms_while=ms(while_weighing),
                           step_ms_after=ms(after),
                           choice=[c.layouts, c.order, c.barrier, len(c.rederived), c.runs, c.why])))
 

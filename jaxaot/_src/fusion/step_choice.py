@@ -254,10 +254,8 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
         exe = fused_exe(training, value_leaf, meanwhile=ahead,
                         variant=recalled.variant if recalled is not None else None, program=program, later=later)
         if name in p.tunings:  # decided over the calls that follow, the split programs' compiles going on
-            v = exe.variant
-            p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, exe.rederived, None,
-                                                "weighed over the calls that follow the first")
-            return p.fused_choices[name]
+            return settle(training, value_leaf, exe, (None, "weighed over the calls that follow the first"), None,
+                          set(p.executables))
         before = set(p.executables)
         chosen = budget_choice(training.partition.step_peak, compiled_peak(exe))
         if chosen is None and recalled is not None:
@@ -272,9 +270,9 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
 
 def settle(training: SplitRunner, value_leaf: int, exe: Any, chosen: tuple[str, str] | None, program: Any,
            before: set) -> FusedChoice:
-    """Record the fused step ``exe``'s choice (``chosen``: ``(runs, why)``, None: undecided), kept in the
-    persistent cache where ``program`` (its base program) is given, and drop the loser's executables (of the
-    split pair, those not in ``before``)."""
+    """Record the fused step ``exe``'s choice (``chosen``: ``(runs, why)``, ``runs`` None or ``chosen`` None:
+    undecided), kept in the persistent cache where ``program`` (its base program) is given, and drop the loser's
+    executables (of the split pair, those not in ``before``)."""
     p = training.programs
     name = fused_name(training, value_leaf)
     runs, why = chosen if chosen is not None else (None, "")
@@ -301,5 +299,3 @@ def fused_outputs(training: SplitRunner, exe: Any, leaves: list) -> tuple[list, 
     outs = exe(*leaves)
     n = len(p.computed_outputs)
     return p.splice(leaves, outs[:n]), list(outs[n:])
-
-

@@ -16,8 +16,8 @@ from typing import Any
 
 from jaxaot._src.config import config
 from jaxaot._src.fusion.step_choice import (
-    STEP_TIME_ROUNDS, SplitRunner, budget_choice, choose_step, free_device_bytes, fused_choice, fused_outputs,
-    run_split, settle, timed, timing_refused)
+    STEP_TIME_ROUNDS, FusedChoice, SplitRunner, budget_choice, choose_step, free_device_bytes, fused_choice,
+    fused_outputs, run_split, settle, timed, timing_refused)
 from jaxaot._src.fusion.variants import Weighing, fused_exe, fused_name, platform_of
 from jaxaot._src.partition import compiled_peak
 from jaxaot._src.partition.costs import compile_bytes
@@ -54,8 +54,7 @@ class Tuning:
                 return fused_outputs(tr, exe, leaves)  # the split programs still compile
             chosen = budget_choice(tr.partition.step_peak, compiled_peak(exe)) or timing_refused(tr, exe)
             if chosen is not None:
-                self._settle(chosen)
-                return run_fused_choice(tr, leaves, self.value_leaf)
+                return run_decided(tr, self._settle(chosen), leaves, self.value_leaf)
             self._timing = True
         which = _TIMED_ORDER[self.calls]
         run = (lambda: fused_outputs(tr, exe, leaves)) if which == "fused" else (
@@ -76,11 +75,11 @@ class Tuning:
         self.weighing.poll(wait=True)
         self.training.split_begun.wait()
 
-    def _settle(self, chosen: tuple[str, str]) -> None:
+    def _settle(self, chosen: tuple[str, str]) -> FusedChoice:
         tr = self.training
         del tr.programs.tunings[self.name]
         tr.drop_split_compiles()
-        settle(tr, self.value_leaf, self.weighing.exe, chosen, self._program, self._before)
+        return settle(tr, self.value_leaf, self.weighing.exe, chosen, self._program, self._before)
 
 
 def has_room(exe: Any) -> bool:
@@ -94,9 +93,9 @@ def has_room(exe: Any) -> bool:
     return (compiled_peak(exe) or 0) + compile_bytes(exe.program, platform_of(exe) or "") <= free
 
 
-def run_fused_choice(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
-    """``(outputs, grads)`` of the choice made: one fused call, or the split executables."""
-    if fused_choice(training, value_leaf).runs == "split":
+def run_decided(training: SplitRunner, choice: FusedChoice, leaves: list, value_leaf: int = 0) -> tuple[list, list]:
+    """``(outputs, grads)`` of the step ``choice`` decided on: one fused call, or the split executables."""
+    if choice.runs == "split":
         return run_split(training, leaves, value_leaf)
     return fused_outputs(training, fused_exe(training, value_leaf), leaves)
 
@@ -117,6 +116,4 @@ def run_fused(training: SplitRunner, leaves: list, value_leaf: int = 0) -> tuple
     tuning = p.tunings.get(choice.executable)
     if tuning is not None:
         return tuning.run(leaves)
-    if choice.runs == "split":
-        return run_split(training, leaves, value_leaf)
-    return fused_outputs(training, fused_exe(training, value_leaf), leaves)
+    return run_decided(training, choice, leaves, value_leaf)

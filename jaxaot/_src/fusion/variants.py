@@ -256,9 +256,8 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
         if speculates(compiler, p.in_avals, LAYOUT_CHOICE_PLATFORMS):
             prefetch = Prefetch(functools.partial(_variant_program, training, value_leaf),
                                 functools.partial(p.start_compile, compiler, avals=p.in_avals, aliased=returned))
-        kept = _Kept()
-        chain = _chain(training, name, value_leaf, returned, prefetch, meanwhile, kept, variant, program)
-        weighing = Weighing(chain, kept, prefetch)
+        weighing = Weighing(prefetch, lambda kept: _chain(training, name, value_leaf, returned, prefetch, meanwhile,
+                                                           kept, variant, program))
         try:
             weighing.poll(wait=later is None or prefetch is None)
             if not weighing.done and not later(weighing):
@@ -272,28 +271,21 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
     return exe
 
 
-class _Kept:
-    """The step the chain keeps so far (``exe``), read while the chain waits for a compile."""
-
-    exe: Any = None
-
-
 class Weighing:
     """A fused step's variant chain (:func:`fused_exe`), driven to its end at once or over several calls.
+
+    ``chain(self)`` makes the chain, which writes the step it keeps to :attr:`exe` as it goes.
 
     Attributes:
       exe: the step kept so far; the chain's choice once :attr:`done`.
       done: whether every variant is weighed.
     """
 
-    def __init__(self, chain: Generator[Any, None, Any], kept: _Kept, prefetch: Prefetch | None):
-        self._chain, self._kept, self._prefetch = chain, kept, prefetch
-        self._pending: Any = None
+    def __init__(self, prefetch: Prefetch | None, chain: Callable[["Weighing"], Generator[Any, None, Any]]):
+        self.exe: Any = None
         self.done = False
-
-    @property
-    def exe(self) -> Any:
-        return self._kept.exe
+        self._prefetch, self._pending = prefetch, None
+        self._chain = chain(self)
 
     def poll(self, wait: bool = False) -> bool:
         """Go on with the chain while the compile it waits for has finished (every one, with ``wait``);
@@ -308,7 +300,7 @@ class Weighing:
                     self._pending.exception()  # waits; its error is raised, or passed over, where it is taken
                 self._pending = self._chain.send(None)
         except StopIteration as stop:
-            self._kept.exe, self.done = stop.value, True
+            self.exe, self.done = stop.value, True
             self.close()
         except BaseException:
             self.done = True  # the chain ended in an error, raised here once: the step kept so far stays
@@ -324,7 +316,7 @@ class Weighing:
 
 
 def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, prefetch: Prefetch | None,
-           meanwhile: Callable[[], None] | None, kept: _Kept, variant: Variant | None = None,
+           meanwhile: Callable[[], None] | None, kept: Weighing, variant: Variant | None = None,
            program: Any = None) -> Generator[Any, None, Any]:
     """The fused step :func:`fused_exe` keeps: compiled, then weighed against each variant in turn (``variant``:
     the one kept before, alone where it fits). A generator: it yields each compile's future it waits for
