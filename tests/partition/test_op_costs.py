@@ -395,3 +395,63 @@ def test_rate_probes_run_one_at_a_time(monkeypatch):
     copy = device_model._MEASURE_BYTES // (8 if jax.devices()[0].platform == "cpu" else 1)
     assert flops > 0 and bandwidth > 0 and len(alive) == 2
     assert alive[0] <= n * n * 4 and alive[1] == copy  # only the probe being timed
+
+
+class _Lowered:
+    """A lowered program that records the options each compile asks for (with ``refuse``, refusing any)."""
+
+    def __init__(self, refuse: bool = False):
+        self.calls, self.refuse = [], refuse
+
+    def compile(self, compiler_options=None):
+        self.calls.append(compiler_options)
+        if compiler_options and self.refuse:
+            raise ValueError("No such compile option: 'xla_gpu_autotune_level'")
+        return "compiled"
+
+
+@pytest.mark.parametrize("platform", ["gpu", "cuda", "rocm", "cpu", "tpu"])
+def test_timing_programs_compile_untuned_where_the_platform_autotunes(platform):
+    from jaxaot._src.partition.costs.autotune_bytes import UNTUNED_OPTIONS, compile_untuned
+
+    low = _Lowered()
+    assert compile_untuned(low, platform) == "compiled"
+    gpu = platform in ("gpu", "cuda", "rocm")
+    assert low.calls == [{"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False} if gpu else None]
+    assert (platform in UNTUNED_OPTIONS) == gpu
+
+
+def test_an_xla_refusing_the_options_compiles_with_its_defaults():
+    from jaxaot._src.partition.costs.autotune_bytes import UNTUNED_OPTIONS, compile_untuned
+
+    low = _Lowered(refuse=True)
+    assert compile_untuned(low, "gpu") == "compiled"
+    assert low.calls == [dict(UNTUNED_OPTIONS["gpu"]), None]
+
+
+def test_op_and_rate_timings_compile_untuned_on_this_backend(monkeypatch):
+    """Every program that times an op or a rate compiles through ``compile_untuned``; on a platform with
+    options, XLA takes them and the untuned program computes what ``jit`` does."""
+    from jaxaot._src.partition.costs import autotune_bytes, device_model
+
+    device = jax.devices()[0]
+    seen = []
+
+    def spy(lowered, platform):
+        seen.append(platform)
+        return autotune_bytes.compile_untuned(lowered, platform)
+
+    monkeypatch.setattr(op_profile, "compile_untuned", spy)
+    monkeypatch.setattr(device_model, "compile_untuned", spy)
+    big = 512 if device.platform == "cpu" else 2048  # apart by more than a GPU's launch noise
+    small, large = (jax.make_jaxpr(jnp.dot)(jnp.ones((n, n)), jnp.ones((n, n))).jaxpr.eqns[0] for n in (64, big))
+    times = op_profile.profile_many([small, large], device, threads=2)
+    assert seen == [device.platform] * 4 and times[1] > times[0] > 0
+    seen.clear()
+    flops, bandwidth = device_model._rates(device)
+    assert seen == [device.platform] * 4 and flops > 0 and bandwidth > 0
+    options = autotune_bytes.UNTUNED_OPTIONS.get(device.platform)
+    if options:  # the options are XLA's own: a compile with them is not refused
+        a, b = (jax.random.normal(k, (256, 256)) for k in jax.random.split(jax.random.key(7)))
+        untuned = jax.jit(jnp.dot).lower(a, b).compile(compiler_options=dict(options))
+        np.testing.assert_allclose(untuned(a, b), jax.jit(jnp.dot)(a, b), rtol=2e-2, atol=1e-2)

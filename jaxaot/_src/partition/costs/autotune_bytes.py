@@ -4,7 +4,8 @@ A CPU compile holds no device memory. A GPU compile autotunes its matrix product
 and convolutions: it runs candidate kernels on buffers of each one's operands and
 result (and a second result to check candidates against), every buffer padded by
 red zones. One is tuned at a time, so the largest counts. The estimate is read off
-the jaxpr before lowering, and only over-counts what XLA fuses away.
+the jaxpr before lowering, and only over-counts what XLA fuses away. A program that
+only times ops compiles untuned (:func:`compile_untuned`).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -16,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import var_device_nbytes
@@ -27,6 +28,10 @@ TUNED = frozenset({"dot_general", "conv_general_dilated"})
 REDZONE_BYTES = 2 * (8 << 20)
 #: Platforms whose compiles hold no device memory.
 UNTUNED_PLATFORMS = frozenset({"cpu"})
+#: XLA options a timing program compiles with, per platform: on a GPU no autotuning, and cuBLAS (whose own
+#: heuristic picks a kernel without running candidates) for every matrix product.
+UNTUNED_OPTIONS: Mapping[str, Mapping[str, Any]] = {
+    p: {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False} for p in ("gpu", "cuda", "rocm")}
 
 
 def eqn_bytes(eqn: Any) -> int:
@@ -50,3 +55,19 @@ def compile_bytes(closed: Any, platform: str) -> int:
     """The device bytes compiling the (closed) jaxpr ``closed`` holds on ``platform``, its sub-jaxprs (loop
     bodies, calls) included (module docstring)."""
     return eqns_bytes(C.iter_eqns(closed), platform)  # on an untuned platform, no eqn is read
+
+
+def compile_untuned(lowered: Any, platform: str) -> Any:
+    """``lowered.compile()`` with :data:`UNTUNED_OPTIONS`: what a program that times ops or rates compiles as.
+
+    Autotuning a timing program's matrix products is most of its compile, and was most of a fraction's
+    planning on a GPU, for kernels whose times cuBLAS's own choice matched within the timings' noise
+    (``docs/benchmarks.md``, "Op timings"). An XLA that refuses the options compiles with its defaults.
+    """
+    options = UNTUNED_OPTIONS.get(platform)
+    if options:
+        try:
+            return lowered.compile(compiler_options=dict(options))
+        except Exception:  # noqa: BLE001 - an XLA without these options: the default compile below
+            pass
+    return lowered.compile()

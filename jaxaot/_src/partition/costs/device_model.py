@@ -35,7 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.allowance import holding
-from jaxaot._src.partition.costs.autotune_bytes import REDZONE_BYTES
+from jaxaot._src.partition.costs.autotune_bytes import REDZONE_BYTES, compile_untuned
 from jaxaot._src.partition.costs.copy_slots import measure_copy_slots
 from jaxaot._src.partition.costs.op_costs import FlopCosts
 
@@ -254,9 +254,11 @@ def best_seconds(fn: Callable[[], Any], repeats: int = 3) -> float:
 
 
 def _per_step_seconds(step: Callable[[Any], Any], x: Any, n: int) -> float:
-    """Seconds per call of ``step`` run ``n`` times in one program (dispatch and sync paid once, not per step)."""
-    loop = jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, x: step(x), x))
-    one = jax.jit(step)
+    """Seconds per call of ``step`` run ``n`` times in one program (dispatch and sync paid once, not per step),
+    both programs compiled untuned (:func:`~jaxaot._src.partition.costs.autotune_bytes.compile_untuned`)."""
+    platform = next(iter(jax.tree.leaves(x)[0].devices())).platform
+    loop = compile_untuned(jax.jit(lambda x: jax.lax.fori_loop(0, n, lambda i, x: step(x), x)).lower(x), platform)
+    one = compile_untuned(jax.jit(step).lower(x), platform)
     return max((best_seconds(lambda: loop(x)) - best_seconds(lambda: one(x))) / (n - 1), 1e-9)
 
 

@@ -32,7 +32,7 @@ from jaxaot._src import compat as C
 from jaxaot._src import workers
 from jaxaot._src.allowance import current_limit, holding
 from jaxaot._src.partition.costs import cost_model, op_scaling
-from jaxaot._src.partition.costs.autotune_bytes import eqns_bytes
+from jaxaot._src.partition.costs.autotune_bytes import compile_untuned, eqns_bytes
 from jaxaot._src.partition.costs.device_model import best_seconds
 
 #: Runs of the eqn in the chained program.
@@ -183,12 +183,13 @@ def held_bytes(exe: Any) -> int | None:
                - ma.alias_size_in_bytes)
 
 
-def _compiled(timing: Timing, one: Any, many: Any) -> Timing | None:
-    """``timing`` with its chains compiled, and None where they would hold more than its limit (XLA's
-    temporaries, which :func:`~jaxaot._src.partition.costs.op_scaling.footprint` cannot see). A chain of
-    ``copies`` over the limit comes back with fewer copies and ``many`` None, for :func:`_refit` to
-    lower again (on the caller's thread, whose configuration tracing reads)."""
-    one, many = one.compile(), many.compile()
+def _compiled(timing: Timing, one: Any, many: Any, platform: str) -> Timing | None:
+    """``timing`` with its chains compiled untuned
+    (:func:`~jaxaot._src.partition.costs.autotune_bytes.compile_untuned`), and None where they would hold
+    more than its limit (XLA's temporaries, which :func:`~jaxaot._src.partition.costs.op_scaling.footprint`
+    cannot see). A chain of ``copies`` over the limit comes back with fewer copies and ``many`` None, for
+    :func:`_refit` to lower again (on the caller's thread, whose configuration tracing reads)."""
+    one, many = compile_untuned(one, platform), compile_untuned(many, platform)
     if timing.limit is None:
         return dataclasses.replace(timing, one=one, many=many)
     alone, chained = held_bytes(one), held_bytes(many)
@@ -206,7 +207,7 @@ def _refit(timing: Timing, device: Any) -> Timing | None:
     where two copies do not."""
     while timing.copies >= 2:
         with holding(eqns_bytes([timing.eqn], device.platform)):
-            many = _lowered(timing, device)[1].compile()
+            many = compile_untuned(_lowered(timing, device)[1], device.platform)
         held = held_bytes(many)
         if held is None or held <= timing.limit:
             return dataclasses.replace(timing, many=many)
@@ -277,7 +278,7 @@ def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repe
     def compiled(k: int) -> Timing | None:
         try:
             with holding(eqns_bytes([plans[k].eqn], device.platform)):
-                return _compiled(plans[k], *lowered[k])
+                return _compiled(plans[k], *lowered[k], device.platform)
         except Exception:  # noqa: BLE001 - unsupported on this backend: estimated instead
             return None
 
