@@ -398,20 +398,29 @@ def test_rate_probes_run_one_at_a_time(monkeypatch):
 
 
 class _Lowered:
-    """A lowered program that records the options each compile asks for (with ``refuse``, refusing any)."""
+    """A lowered program that records the options each compile asks for (with ``refuse``, refusing any; with
+    ``broken``, every compile)."""
 
-    def __init__(self, refuse: bool = False):
-        self.calls, self.refuse = [], refuse
+    def __init__(self, refuse: bool = False, broken: bool = False):
+        self.calls, self.refuse, self.broken = [], refuse, broken
 
     def compile(self, compiler_options=None):
         self.calls.append(compiler_options)
-        if compiler_options and self.refuse:
+        if self.broken or (compiler_options and self.refuse):
             raise ValueError("No such compile option: 'xla_gpu_autotune_level'")
         return "compiled"
 
 
+@pytest.fixture
+def fresh_refusals(monkeypatch):
+    """No platform's refusal of the untuned options remembered (and none left behind)."""
+    from jaxaot._src.partition.costs import autotune_bytes
+
+    monkeypatch.setattr(autotune_bytes, "_REFUSED", set())
+
+
 @pytest.mark.parametrize("platform", ["gpu", "cuda", "rocm", "cpu", "tpu"])
-def test_timing_programs_compile_untuned_where_the_platform_autotunes(platform):
+def test_timing_programs_compile_untuned_where_the_platform_autotunes(platform, fresh_refusals):
     from jaxaot._src.partition.costs.autotune_bytes import UNTUNED_OPTIONS, compile_untuned
 
     low = _Lowered()
@@ -421,12 +430,35 @@ def test_timing_programs_compile_untuned_where_the_platform_autotunes(platform):
     assert (platform in UNTUNED_OPTIONS) == gpu
 
 
-def test_an_xla_refusing_the_options_compiles_with_its_defaults():
-    from jaxaot._src.partition.costs.autotune_bytes import UNTUNED_OPTIONS, compile_untuned
+def test_an_xla_refusing_the_options_compiles_with_its_defaults_from_then_on(fresh_refusals):
+    from jaxaot._src.partition.costs import autotune_bytes
 
+    dot = jax.make_jaxpr(jnp.dot)(jnp.ones((256, 128)), jnp.ones((128, 64))).jaxpr.eqns[0]
+    assert autotune_bytes.untuned("gpu") and autotune_bytes.untuned_bytes([dot], "gpu") == 0
+    broken = _Lowered(broken=True)  # a program no compile takes: its error, and the options still used
+    with pytest.raises(ValueError):
+        autotune_bytes.compile_untuned(broken, "gpu")
+    assert autotune_bytes.untuned("gpu") and len(broken.calls) == 2
     low = _Lowered(refuse=True)
-    assert compile_untuned(low, "gpu") == "compiled"
-    assert low.calls == [dict(UNTUNED_OPTIONS["gpu"]), None]
+    assert autotune_bytes.compile_untuned(low, "gpu") == "compiled"
+    assert low.calls == [dict(autotune_bytes.UNTUNED_OPTIONS["gpu"]), None]
+    assert not autotune_bytes.untuned("gpu")  # from then on: defaults, whose autotuning holds device bytes
+    assert autotune_bytes.untuned_bytes([dot], "gpu") == autotune_bytes.eqns_bytes([dot], "gpu") > 0
+    again = _Lowered(refuse=True)
+    autotune_bytes.compile_untuned(again, "gpu")
+    assert again.calls == [None] and autotune_bytes.untuned("cuda")  # asked once; other platforms keep theirs
+
+
+def test_untuned_rate_probes_hold_no_autotuning(fresh_refusals):
+    from jaxaot._src.partition.costs import autotune_bytes, device_model
+
+    class Gpu:
+        platform = "gpu"
+
+    alone, offload = device_model.probe_bytes(Gpu()), device_model.probe_bytes(Gpu(), offload=True)
+    autotune_bytes._REFUSED.add("gpu")
+    assert device_model.probe_bytes(Gpu()) == alone + 6 * autotune_bytes.REDZONE_BYTES
+    assert device_model.probe_bytes(Gpu(), offload=True) == offload  # the host-memory probes' compiles autotune
 
 
 def test_op_and_rate_timings_compile_untuned_on_this_backend(monkeypatch):
@@ -451,7 +483,8 @@ def test_op_and_rate_timings_compile_untuned_on_this_backend(monkeypatch):
     flops, bandwidth = device_model._rates(device)
     assert seen == [device.platform] * 4 and flops > 0 and bandwidth > 0
     options = autotune_bytes.UNTUNED_OPTIONS.get(device.platform)
-    if options:  # the options are XLA's own: a compile with them is not refused
+    assert autotune_bytes.untuned(device.platform) == (options is not None)  # this XLA took them
+    if options:  # and a program compiled with them computes what jit's does
         a, b = (jax.random.normal(k, (256, 256)) for k in jax.random.split(jax.random.key(7)))
         untuned = jax.jit(jnp.dot).lower(a, b).compile(compiler_options=dict(options))
         np.testing.assert_allclose(untuned(a, b), jax.jit(jnp.dot)(a, b), rtol=2e-2, atol=1e-2)

@@ -57,17 +57,34 @@ def compile_bytes(closed: Any, platform: str) -> int:
     return eqns_bytes(C.iter_eqns(closed), platform)  # on an untuned platform, no eqn is read
 
 
+def untuned_bytes(eqns: Iterable[Any], platform: str) -> int:
+    """The device bytes a :func:`compile_untuned` of these eqns holds on ``platform``: none where the platform
+    takes :data:`UNTUNED_OPTIONS`, else their autotuning (:func:`eqns_bytes`)."""
+    return 0 if untuned(platform) else eqns_bytes(eqns, platform)
+
+
+def untuned(platform: str) -> bool:
+    """Whether :func:`compile_untuned` compiles without autotuning on ``platform``: it has options, and this
+    process's XLA has not refused them."""
+    return platform in UNTUNED_OPTIONS and platform not in _REFUSED
+
+
+_REFUSED: set[str] = set()  # platforms whose XLA refused UNTUNED_OPTIONS (their defaults compiled instead)
+
+
 def compile_untuned(lowered: Any, platform: str) -> Any:
     """``lowered.compile()`` with :data:`UNTUNED_OPTIONS`: what a program that times ops or rates compiles as.
 
     Autotuning a timing program's matrix products is most of its compile, and was most of a fraction's
     planning on a GPU, for kernels whose times cuBLAS's own choice matched within the timings' noise
-    (``docs/benchmarks.md``, "Op timings"). An XLA that refuses the options compiles with its defaults.
+    (``docs/benchmarks.md``, "Op timings"). Where XLA refuses the options and compiles the program with its
+    defaults, the process compiles with its defaults from then on (:func:`untuned`).
     """
-    options = UNTUNED_OPTIONS.get(platform)
-    if options:
-        try:
-            return lowered.compile(compiler_options=dict(options))
-        except Exception:  # noqa: BLE001 - an XLA without these options: the default compile below
-            pass
-    return lowered.compile()
+    if not untuned(platform):
+        return lowered.compile()
+    try:
+        return lowered.compile(compiler_options=dict(UNTUNED_OPTIONS[platform]))
+    except Exception:  # noqa: BLE001 - an XLA without these options: its defaults, from now on
+        exe = lowered.compile()  # a program no compile takes raises here
+        _REFUSED.add(platform)
+        return exe

@@ -35,7 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.allowance import holding
-from jaxaot._src.partition.costs.autotune_bytes import REDZONE_BYTES, compile_untuned
+from jaxaot._src.partition.costs.autotune_bytes import REDZONE_BYTES, compile_untuned, untuned
 from jaxaot._src.partition.costs.copy_slots import measure_copy_slots
 from jaxaot._src.partition.costs.op_costs import FlopCosts
 
@@ -288,12 +288,14 @@ def _rates(device: Any) -> tuple[float, float]:
 
 def probe_bytes(device: Any, offload: bool = False) -> int:
     """Device bytes the rate probes hold at most, their compiles' autotuning included (with ``offload``, the
-    host-memory probes' too): what they take of the plan-time allowance (:mod:`jaxaot._src.allowance`)."""
+    host-memory probes' too, whose compiles autotune): what they take of the plan-time allowance
+    (:mod:`jaxaot._src.allowance`). The rate probes alone compile untuned where the platform allows."""
     cpu = device.platform == "cpu"
     payload = _MEASURE_BYTES // 8 if cpu else _MEASURE_BYTES
     n = RATE_MATMUL.get(device.platform, RATE_MATMUL_ACCELERATOR)
     item = 4 if cpu else 2
-    held = 4 * n * n * item + 3 * payload + (0 if cpu else 6 * REDZONE_BYTES)
+    tuned = not cpu and (offload or not untuned(device.platform))
+    held = 4 * n * n * item + 3 * payload + (6 * REDZONE_BYTES if tuned else 0)
     if offload:
         m = 512 if cpu else 8192
         held += 4 * m * m * item + 3 * payload

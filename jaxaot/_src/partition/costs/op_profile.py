@@ -32,7 +32,7 @@ from jaxaot._src import compat as C
 from jaxaot._src import workers
 from jaxaot._src.allowance import current_limit, holding
 from jaxaot._src.partition.costs import cost_model, op_scaling
-from jaxaot._src.partition.costs.autotune_bytes import compile_untuned, eqns_bytes
+from jaxaot._src.partition.costs.autotune_bytes import compile_untuned, untuned_bytes
 from jaxaot._src.partition.costs.device_model import best_seconds
 
 #: Runs of the eqn in the chained program.
@@ -206,7 +206,7 @@ def _refit(timing: Timing, device: Any) -> Timing | None:
     each time, as XLA's temporaries need not grow in step with them) until it keeps to the limit; None
     where two copies do not."""
     while timing.copies >= 2:
-        with holding(eqns_bytes([timing.eqn], device.platform)):
+        with holding(untuned_bytes([timing.eqn], device.platform)):
             many = compile_untuned(_lowered(timing, device)[1], device.platform)
         held = held_bytes(many)
         if held is None or held <= timing.limit:
@@ -277,7 +277,7 @@ def profile_many(eqns: Sequence[Any], device: Any, *, copies: int = COPIES, repe
 
     def compiled(k: int) -> Timing | None:
         try:
-            with holding(eqns_bytes([plans[k].eqn], device.platform)):
+            with holding(untuned_bytes([plans[k].eqn], device.platform)):
                 return _compiled(plans[k], *lowered[k], device.platform)
         except Exception:  # noqa: BLE001 - unsupported on this backend: estimated instead
             return None
