@@ -434,19 +434,19 @@ def test_an_xla_refusing_the_options_compiles_with_its_defaults_from_then_on(fre
     from jaxaot._src.partition.costs import autotune_bytes
 
     dot = jax.make_jaxpr(jnp.dot)(jnp.ones((256, 128)), jnp.ones((128, 64))).jaxpr.eqns[0]
-    assert autotune_bytes.untuned("gpu") and autotune_bytes.untuned_bytes([dot], "gpu") == 0
+    assert autotune_bytes.compiles_untuned("gpu") and autotune_bytes.untuned_bytes([dot], "gpu") == 0
     broken = _Lowered(broken=True)  # a program no compile takes: its error, and the options still used
     with pytest.raises(ValueError):
         autotune_bytes.compile_untuned(broken, "gpu")
-    assert autotune_bytes.untuned("gpu") and len(broken.calls) == 2
+    assert autotune_bytes.compiles_untuned("gpu") and len(broken.calls) == 2
     low = _Lowered(refuse=True)
     assert autotune_bytes.compile_untuned(low, "gpu") == "compiled"
     assert low.calls == [dict(autotune_bytes.UNTUNED_OPTIONS["gpu"]), None]
-    assert not autotune_bytes.untuned("gpu")  # from then on: defaults, whose autotuning holds device bytes
+    assert not autotune_bytes.compiles_untuned("gpu")  # from then on: defaults, whose autotuning holds device bytes
     assert autotune_bytes.untuned_bytes([dot], "gpu") == autotune_bytes.eqns_bytes([dot], "gpu") > 0
     again = _Lowered(refuse=True)
     autotune_bytes.compile_untuned(again, "gpu")
-    assert again.calls == [None] and autotune_bytes.untuned("cuda")  # asked once; other platforms keep theirs
+    assert again.calls == [None] and autotune_bytes.compiles_untuned("cuda")  # asked once; other platforms keep theirs
 
 
 def test_untuned_rate_probes_hold_no_autotuning(fresh_refusals):
@@ -483,11 +483,11 @@ def test_op_and_rate_timings_compile_untuned_on_this_backend(monkeypatch):
     flops, bandwidth = device_model._rates(device)
     assert seen == [device.platform] * 4 and flops > 0 and bandwidth > 0
     options = autotune_bytes.UNTUNED_OPTIONS.get(device.platform)
-    assert autotune_bytes.untuned(device.platform) == (options is not None)  # this XLA took them
+    assert autotune_bytes.compiles_untuned(device.platform) == (options is not None)  # this XLA took them
     if options:  # and a program compiled with them computes what jit's does
         a, b = (jax.random.normal(k, (256, 256)) for k in jax.random.split(jax.random.key(7)))
-        untuned = jax.jit(jnp.dot).lower(a, b).compile(compiler_options=dict(options))
-        np.testing.assert_allclose(untuned(a, b), jax.jit(jnp.dot)(a, b), rtol=2e-2, atol=1e-2)
+        dot = jax.jit(jnp.dot).lower(a, b).compile(compiler_options=dict(options))
+        np.testing.assert_allclose(dot(a, b), jax.jit(jnp.dot)(a, b), rtol=2e-2, atol=1e-2)
 
 
 def test_a_table_timed_untuned_is_kept_apart_from_one_timed_with_defaults(tmp_path, monkeypatch, fresh_refusals):

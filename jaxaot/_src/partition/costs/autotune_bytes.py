@@ -60,10 +60,10 @@ def compile_bytes(closed: Any, platform: str) -> int:
 def untuned_bytes(eqns: Iterable[Any], platform: str) -> int:
     """The device bytes a :func:`compile_untuned` of these eqns holds on ``platform``: none where the platform
     takes :data:`UNTUNED_OPTIONS`, else their autotuning (:func:`eqns_bytes`)."""
-    return 0 if untuned(platform) else eqns_bytes(eqns, platform)
+    return 0 if compiles_untuned(platform) else eqns_bytes(eqns, platform)
 
 
-def untuned(platform: str) -> bool:
+def compiles_untuned(platform: str) -> bool:
     """Whether :func:`compile_untuned` compiles without autotuning on ``platform``: it has options, and this
     process's XLA has not refused them."""
     return platform in UNTUNED_OPTIONS and platform not in _REFUSED
@@ -80,7 +80,7 @@ def compile_untuned(lowered: Any, platform: str) -> Any:
     (``docs/benchmarks.md``, "Op timings"). Where XLA refuses the options and compiles the program with its
     defaults, the process compiles with its defaults from then on (:func:`untuned`).
     """
-    if not untuned(platform):
+    if not compiles_untuned(platform):
         return lowered.compile()
     try:
         return lowered.compile(compiler_options=dict(UNTUNED_OPTIONS[platform]))

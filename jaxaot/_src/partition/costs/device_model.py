@@ -35,7 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.allowance import holding
-from jaxaot._src.partition.costs.autotune_bytes import REDZONE_BYTES, compile_untuned, untuned
+from jaxaot._src.partition.costs.autotune_bytes import REDZONE_BYTES, compile_untuned, compiles_untuned
 from jaxaot._src.partition.costs.copy_slots import measure_copy_slots
 from jaxaot._src.partition.costs.op_costs import FlopCosts
 
@@ -294,7 +294,7 @@ def probe_bytes(device: Any, offload: bool = False) -> int:
     payload = _MEASURE_BYTES // 8 if cpu else _MEASURE_BYTES
     n = RATE_MATMUL.get(device.platform, RATE_MATMUL_ACCELERATOR)
     item = 4 if cpu else 2
-    tuned = not cpu and (offload or not untuned(device.platform))
+    tuned = not cpu and (offload or not compiles_untuned(device.platform))
     held = 4 * n * n * item + 3 * payload + (6 * REDZONE_BYTES if tuned else 0)
     if offload:
         m = 512 if cpu else 8192

@@ -37,7 +37,7 @@ from jaxaot._src.config import config
 from jaxaot._src.files import UnsafeFolderError, atomic_write, check_folders, parse_json, read_regular, untrusted
 from jaxaot.errors import PartitionError
 from jaxaot._src.partition.costs import cost_model, op_profile
-from jaxaot._src.partition.costs.autotune_bytes import untuned
+from jaxaot._src.partition.costs.autotune_bytes import compiles_untuned
 from jaxaot._src.partition.costs.device_model import DeviceModel
 from jaxaot._src.partition.costs.op_costs import FlopCosts, OpCosts
 
@@ -195,7 +195,7 @@ def resolve_costs(op_costs: Any, model: DeviceModel | None = None, *, model_give
 # --------------------------------------------------------------------------- the file
 def _environment(device: Any) -> dict:
     return {"table": TABLE_VERSION, "platform": device.platform,
-            "compile": "untuned" if untuned(device.platform) else "default",  # how the timed programs compiled
+            "compile": "untuned" if compiles_untuned(device.platform) else "default",  # how its programs compile
             "device_kind": getattr(device, "device_kind", "?"), "jax": jax.__version__,
             "jaxlib": jaxlib.__version__, "x64": bool(jax.config.jax_enable_x64),
             "matmul_precision": str(jax.config.jax_default_matmul_precision)}
