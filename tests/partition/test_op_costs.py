@@ -449,6 +449,24 @@ def test_an_xla_refusing_the_options_compiles_with_its_defaults_from_then_on(fre
     assert again.calls == [None] and autotune_bytes.compiles_untuned("cuda")  # asked once; other platforms keep theirs
 
 
+def test_a_convolution_s_timing_keeps_xla_s_defaults(fresh_refusals):
+    """Matrix products time untuned on a GPU; a convolution's program compiles, and holds, as XLA's defaults
+    have it (the library's heuristic algorithm was not measured against the autotuned one)."""
+    from jaxaot._src.partition.costs import autotune_bytes
+
+    dot = jax.make_jaxpr(jnp.dot)(jnp.ones((256, 128)), jnp.ones((128, 64))).jaxpr.eqns[0]
+    conv = jax.make_jaxpr(lambda x, k: jax.lax.conv(x, k, (1, 1), "SAME"))(
+        jnp.ones((2, 3, 16, 16)), jnp.ones((4, 3, 3, 3))).jaxpr.eqns[0]
+    assert conv.primitive.name in autotune_bytes.KEEP_TUNED
+    low, kept = _Lowered(), _Lowered()
+    autotune_bytes.compile_untuned(low, "gpu", [dot])
+    autotune_bytes.compile_untuned(kept, "gpu", [conv])
+    assert low.calls == [dict(autotune_bytes.UNTUNED_OPTIONS["gpu"])] and kept.calls == [None]
+    assert autotune_bytes.untuned_bytes([dot], "gpu") == 0
+    assert autotune_bytes.untuned_bytes([conv], "gpu") == autotune_bytes.eqns_bytes([conv], "gpu") > 0
+    assert autotune_bytes.compiles_untuned("gpu") and autotune_bytes.compiles_untuned("gpu", [conv]) is False
+
+
 def test_untuned_rate_probes_hold_no_autotuning(fresh_refusals):
     from jaxaot._src.partition.costs import autotune_bytes, device_model
 
@@ -469,9 +487,9 @@ def test_op_and_rate_timings_compile_untuned_on_this_backend(monkeypatch):
     device = jax.devices()[0]
     seen = []
 
-    def spy(lowered, platform):
+    def spy(lowered, platform, eqns=()):
         seen.append(platform)
-        return autotune_bytes.compile_untuned(lowered, platform)
+        return autotune_bytes.compile_untuned(lowered, platform, eqns)
 
     monkeypatch.setattr(op_profile, "compile_untuned", spy)
     monkeypatch.setattr(device_model, "compile_untuned", spy)

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import var_device_nbytes
@@ -32,6 +32,9 @@ UNTUNED_PLATFORMS = frozenset({"cpu"})
 #: heuristic picks a kernel without running candidates) for every matrix product.
 UNTUNED_OPTIONS: Mapping[str, Mapping[str, Any]] = {
     p: {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False} for p in ("gpu", "cuda", "rocm")}
+#: Primitives whose timing programs keep XLA's defaults: a convolution's algorithm, left to the library's
+#: heuristic, was not measured against the autotuned one, as matrix products' kernels were.
+KEEP_TUNED = frozenset({"conv_general_dilated"})
 
 
 def eqn_bytes(eqn: Any) -> int:
@@ -57,30 +60,32 @@ def compile_bytes(closed: Any, platform: str) -> int:
     return eqns_bytes(C.iter_eqns(closed), platform)  # on an untuned platform, no eqn is read
 
 
-def untuned_bytes(eqns: Iterable[Any], platform: str) -> int:
-    """The device bytes a :func:`compile_untuned` of these eqns holds on ``platform``: none where the platform
-    takes :data:`UNTUNED_OPTIONS`, else their autotuning (:func:`eqns_bytes`)."""
-    return 0 if compiles_untuned(platform) else eqns_bytes(eqns, platform)
+def untuned_bytes(eqns: Sequence[Any], platform: str) -> int:
+    """The device bytes a :func:`compile_untuned` of a program timing ``eqns`` holds on ``platform``: none
+    where it compiles untuned, else their autotuning (:func:`eqns_bytes`)."""
+    return 0 if compiles_untuned(platform, eqns) else eqns_bytes(eqns, platform)
 
 
-def compiles_untuned(platform: str) -> bool:
-    """Whether :func:`compile_untuned` compiles without autotuning on ``platform``: it has options, and this
-    process's XLA has not refused them."""
-    return platform in UNTUNED_OPTIONS and platform not in _REFUSED
+def compiles_untuned(platform: str, eqns: Sequence[Any] = ()) -> bool:
+    """Whether :func:`compile_untuned` compiles a program timing ``eqns`` without autotuning on ``platform``:
+    the platform has options, this process's XLA has not refused them, and no eqn is :data:`KEEP_TUNED`."""
+    return (platform in UNTUNED_OPTIONS and platform not in _REFUSED
+            and not any(e.primitive.name in KEEP_TUNED for e in eqns))
 
 
 _REFUSED: set[str] = set()  # platforms whose XLA refused UNTUNED_OPTIONS (their defaults compiled instead)
 
 
-def compile_untuned(lowered: Any, platform: str) -> Any:
-    """``lowered.compile()`` with :data:`UNTUNED_OPTIONS`: what a program that times ops or rates compiles as.
+def compile_untuned(lowered: Any, platform: str, eqns: Sequence[Any] = ()) -> Any:
+    """``lowered.compile()`` with :data:`UNTUNED_OPTIONS` where :func:`compiles_untuned`: what a program that
+    times ``eqns`` (or the device's rates) compiles as.
 
     Autotuning a timing program's matrix products is most of its compile, and was most of a fraction's
     planning on a GPU, for kernels whose times cuBLAS's own choice matched within the timings' noise
     (``docs/benchmarks.md``, "Op timings"). Where XLA refuses the options and compiles the program with its
     defaults, the process compiles with its defaults from then on (:func:`untuned`).
     """
-    if not compiles_untuned(platform):
+    if not compiles_untuned(platform, eqns):
         return lowered.compile()
     try:
         return lowered.compile(compiler_options=dict(UNTUNED_OPTIONS[platform]))

@@ -189,7 +189,7 @@ def _compiled(timing: Timing, one: Any, many: Any, platform: str) -> Timing | No
     more than its limit (XLA's temporaries, which :func:`~jaxaot._src.partition.costs.op_scaling.footprint`
     cannot see). A chain of ``copies`` over the limit comes back with fewer copies and ``many`` None, for
     :func:`_refit` to lower again (on the caller's thread, whose configuration tracing reads)."""
-    one, many = compile_untuned(one, platform), compile_untuned(many, platform)
+    one, many = compile_untuned(one, platform, [timing.eqn]), compile_untuned(many, platform, [timing.eqn])
     if timing.limit is None:
         return dataclasses.replace(timing, one=one, many=many)
     alone, chained = held_bytes(one), held_bytes(many)
@@ -207,7 +207,7 @@ def _refit(timing: Timing, device: Any) -> Timing | None:
     where two copies do not."""
     while timing.copies >= 2:
         with holding(untuned_bytes([timing.eqn], device.platform)):
-            many = compile_untuned(_lowered(timing, device)[1], device.platform)
+            many = compile_untuned(_lowered(timing, device)[1], device.platform, [timing.eqn])
         held = held_bytes(many)
         if held is None or held <= timing.limit:
             return dataclasses.replace(timing, many=many)
