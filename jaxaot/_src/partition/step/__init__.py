@@ -15,7 +15,8 @@ from jaxaot._src.partition.step.step_program import (
 )
 
 __all__ = [
-    "BARRIERS", "LAYOUTS", "ORDERS", "RederivedBackward", "SlicedBackward", "barred_residuals", "eval_backward", "library_kernel_residuals",
+    "BARRIERS", "LAYOUTS", "ORDERS", "RederivedBackward", "SlicedBackward", "barred_residuals", "eval_backward",
+    "library_kernel_residuals",
     "ordered_eqns", "pinned_layouts", "read_orders", "recomputation_inputs", "rederive_backward",
     "residual_readers", "slice_residual_reads", "step_program",
 ]
