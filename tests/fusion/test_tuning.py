@@ -21,6 +21,7 @@ import zoo
 from jaxaot._src import workers
 from jaxaot._src.compile import cache
 from jaxaot._src.fusion import step_choice, tuning, variants
+from jaxaot._src.partition import compiled_peak, measure_step_peak
 from zoo import assert_trees_close, kept_step
 
 pytestmark = pytest.mark.skipif(workers.threads() < 2, reason="compiles run on workers only with two or more cores")
@@ -107,6 +108,28 @@ def test_under_a_byte_budget_the_first_call_makes_every_choice(accelerator, gate
     f, loss, draws = _case("mlp_gelu", np.random.default_rng().integers(1 << 20), budget=1 << 40)
     programs = _checked_call(f, loss, draws())
     assert not programs.tunings and programs.fused_choices["fused"].runs in ("fused", "split")
+
+
+@pytest.mark.parametrize("name", ["attention", "mlp_gelu"])
+def test_under_a_byte_budget_the_step_runs_pinned_as_measured_and_weighs_only_the_barrier(accelerator, gate, name):
+    seen, _ = accelerator
+    gate.set()
+    fn, make_args = zoo.ZOO[name]
+    args = make_args(_key(np.random.default_rng().integers(1 << 20)))
+    loss = lambda *a: sum(jnp.sum(jnp.tanh(y)) for y in jax.tree.leaves(fn(*a)))  # noqa: E731
+    argnums = tuple(range(len(args)))
+    # A budget between the fraction 0 and fraction 1 plans' peaks, as the search measures them: pinned.
+    joint = jaxaot.partition.trace_joint(loss, *args)
+    mincut = jaxaot.partition.min_cut_rematerialization_partition
+    low, high = (measure_step_peak(mincut(joint, memory_budget=b), joint, split=False).fused
+                 for b in (0.0, 1.0))
+    f = jaxaot.aot_function(loss, partition_fn=functools.partial(mincut, memory_budget=(low + high) // 2))
+    programs = _checked_call(f, loss, args)
+    choice = programs.fused_choices["fused"]
+    assert choice.layouts == "pinned" and not programs.tunings
+    # The step is the search's pinned executable: neither XLA's layouts nor pinned ones compile again.
+    assert all(layouts == "pinned" and barrier == "none" for layouts, _, barrier, _ in seen["variants"])
+    assert choice.runs == "fused" and compiled_peak(programs.executables["fused"]) <= (low + high) // 2
 
 
 def test_a_platform_that_weighs_no_variant_has_nothing_to_tune(monkeypatch, gate):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import warnings
 
 import jax
@@ -375,6 +376,44 @@ def test_fallback_costs_measure_compute_rates_alone(monkeypatch):
                                                  fallback})
     model = DeviceModel.measure()  # the full model, later: the same rates, not timed again
     assert model.flop_costs == fallback
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.5, 1.0, "bytes"])
+def test_a_planner_that_prices_eqns_measures_the_rates_on_a_worker_first(monkeypatch, budget):
+    """Where the min-cut will price eqns (a fraction strictly between 0 and 1, a byte budget), the device's rate
+    probes begin on a worker thread before its cuts; fractions 0 and 1 price nothing and measure no rates."""
+    import threading
+    from jaxaot._src.partition.costs import device_model
+
+    calls, running = [], []
+    real = device_model._rates
+
+    def rates(device):
+        calls.append(threading.current_thread().name)
+        running.append(1)
+        try:
+            return real(device)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(device_model, "_rates", rates)
+    monkeypatch.setattr(device_model, "_RATES", {})
+    x = jax.random.normal(jax.random.key(int(np.random.default_rng().integers(1 << 30))), (64, 64))
+    loss = lambda w: jnp.sum(jnp.tanh(jnp.tanh(w @ w) @ w))  # noqa: E731
+    joint = jaxaot.partition.trace_joint(loss, x)
+    if budget == "bytes":
+        fraction_one = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=1.0)
+        budget = 10 * fraction_one.saved_bytes + (1 << 20)  # fits: the search prices the plan it measures
+    costs = MeasuredCosts(jax.devices()[0], path=None)
+    part = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=budget, op_costs=costs)
+    assert part.residuals is not None
+    priced = budget not in (0.0, 1.0)
+    assert len(calls) <= int(priced) and not running  # at most once, where priced, and ended with the plan
+    if priced and budget != 0.5:  # a byte budget's plan measured here recomputes nothing: the probes may be dropped
+        return
+    assert len(calls) == int(priced)
+    if priced and len(os.sched_getaffinity(0)) > 1:
+        assert calls[0].startswith("jaxaot-compile")  # on a worker, beside the cuts
 
 
 def test_rate_probes_run_one_at_a_time(monkeypatch):

@@ -5,9 +5,9 @@ models and cost on others, and only XLA's compiled program tells which. On an
 accelerator :func:`fused_exe` compiles the step, then each variant in turn (pinned
 layouts, consume-first order, no barrier, reductions derived again), keeping one
 by compiled peak, never one over a byte ``memory_budget``. Under a byte budget the
-step already fits, and only the variants that may also speed it up (pinned layouts,
-no barrier) are weighed. On CPU, whose layouts are row-major anyway, the step
-compiles once.
+step is the search's, which already fits with pinned layouts, and only the barrier,
+which may also speed it up, is weighed. On CPU, whose layouts are row-major anyway,
+the step compiles once.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import Prefetch, Variant, speculates
 from jaxaot._src.partition import (
-    barred_residuals, compiled_peak, default_partition, measured_executables, ordered_eqns, rederive_backward,
-    step_program)
+    LAYOUT_CHOICE_PLATFORMS, barred_residuals, compiled_peak, default_partition, measured_executables,
+    measured_layouts, ordered_eqns, rederive_backward, step_program)
 
 
 def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "all", layouts: str = "auto",
@@ -48,8 +48,14 @@ def default_barrier(training: TrainingLike) -> str:
     return "recomputed" if training.options.partition_fn is default_partition else "all"
 
 
-#: Backends whose layout assignment can differ from row-major inside one program (CPU's does not).
-LAYOUT_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
+def base_variant(training: TrainingLike) -> Variant:
+    """The variant the chain compiles first, and the persistent cache keys its choice by: the default barrier,
+    in XLA's own layouts, or under a byte budget in those the search measured the step with (the executable
+    the runtime takes from it)."""
+    budgeted = getattr(training.partition.step_peak, "budget", None) is not None
+    return Variant(default_barrier(training), measured_layouts(training.programs.in_avals) if budgeted else "auto")
+
+
 #: How much more peak memory the row-major step may need and still be chosen (see :func:`choose_layouts`).
 LAYOUT_PEAK_SLACK = 0.005
 
@@ -185,15 +191,16 @@ def described(training: TrainingLike, rederived: tuple[int, ...]) -> tuple[str, 
     return tuple(str(training.partition.residuals[k]) for k in rederived)
 
 
-def _weighed(part: Any, barrier: str, budgeted: bool = False) -> tuple[bool, bool, bool, tuple[int, ...]]:
-    """Which variants the chain weighs: pinned layouts (always), the consume-first order, no barrier, and the
-    residual positions derived again (empty: none). Under a byte budget (``budgeted``) the step already fits
-    it, so the two that only lower the peak, at a cost in step time (the order, reductions derived again),
-    are not weighed: their compiles would lengthen the first step for memory the budget does not ask for."""
+def _weighed(part: Any, base: Variant, budgeted: bool = False) -> tuple[bool, bool, bool, tuple[int, ...]]:
+    """Which variants the chain weighs against ``base``: pinned layouts (unless ``base`` has them), the
+    consume-first order, no barrier, and the residual positions derived again (empty: none). Under a byte
+    budget (``budgeted``) the step already fits it, so the two that only lower the peak, at a cost in step
+    time (the order, reductions derived again), are not weighed: their compiles would lengthen the first step
+    for memory the budget does not ask for."""
     peaky = part.recomputed and not budgeted
     ordered = bool(peaky and ordered_eqns(part.backward, len(part.cotangent_outputs)))
     rederived = rederive_backward(part, len(part.cotangent_outputs)).rederived if peaky else ()
-    return True, ordered, bool(barred_residuals(part, barrier)), tuple(rederived)
+    return base.layouts != "pinned", ordered, bool(barred_residuals(part, base.barrier)), tuple(rederived)
 
 
 def _still_weighed(kept: Variant, barrier: str, weighed: tuple, after: int) -> list[Variant]:
@@ -322,9 +329,8 @@ def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, pr
     the one kept before, alone where it fits). A generator: it yields each compile's future it waits for
     (``kept.exe``: the step kept meanwhile) and returns the step kept."""
     p, part = training.programs, training.partition
-    barrier = default_barrier(training)
-    base = Variant(barrier)
-    budget = getattr(part.step_peak, "budget", None)
+    base = base_variant(training)
+    barrier, budget = base.barrier, getattr(part.step_peak, "budget", None)
 
     def fits(v: Any) -> bool:
         peak = compiled_peak(v) if v is not None else None
@@ -346,7 +352,7 @@ def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, pr
     if variant is not None and fits(exe):
         return exe  # the base step, kept before
     choosing = platform_of(exe) in LAYOUT_CHOICE_PLATFORMS
-    weighed = _weighed(part, barrier, budget is not None) if choosing else None
+    weighed = _weighed(part, base, budget is not None) if choosing else None
     if prefetch is not None and choosing:
         prefetch.begin(_still_weighed(base, barrier, weighed, 0))
     if meanwhile is not None:
@@ -359,9 +365,10 @@ def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, pr
             if prefetch is not None:
                 prefetch.begin(_still_weighed(exe.variant, barrier, weighed, step))
 
-        pinned = yield from weigh(Variant(barrier, "pinned"))
-        if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
-            exe = kept.exe = pinned
+        if weighed[0]:
+            pinned = yield from weigh(Variant(barrier, "pinned"))
+            if fits(pinned) and choose_layouts(compiled_peak(exe), compiled_peak(pinned)) == "pinned":
+                exe = kept.exe = pinned
         if weighed[1]:
             ahead(1)
             ordered = yield from weigh(Variant(barrier, exe.variant.layouts, "consume_first"))

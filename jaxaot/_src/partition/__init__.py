@@ -16,9 +16,10 @@ from jaxaot._src.partition.costs import (
     HOST_MEMORY_KIND, DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Recompute, classify, flops,
     kernels_beside_copies, materializes_operands, resolve_costs)
 from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
-from jaxaot._src.partition.step import barred_residuals, ordered_eqns, rederive_backward, step_program
+from jaxaot._src.partition.step import (
+    LAYOUT_CHOICE_PLATFORMS, barred_residuals, ordered_eqns, rederive_backward, step_program)
 from jaxaot._src.partition.budget import (
-    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, measured_executables, parse_memory_budget,
+    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, measured_executables, measured_layouts, parse_memory_budget,
     peak_holders, peak_search, program_platform)
 from jaxaot._src.partition.mincut import (
     FlowGraph, RematPolicy, MinCutOptions, as_partitioner, build_flow_graph, choose_saved_values,
@@ -34,6 +35,7 @@ __all__ = [
     "FlowGraph",
     "Gradient",
     "HOST_MEMORY_KIND",
+    "LAYOUT_CHOICE_PLATFORMS",
     "MeasuredCosts",
     "MemoryBudget",
     "OpCosts",
@@ -59,6 +61,7 @@ __all__ = [
     "materializes_operands",
     "measure_step_peak",
     "measured_executables",
+    "measured_layouts",
     "min_cut_rematerialization_partition",
     "ordered_eqns",
     "parse_memory_budget",

@@ -12,7 +12,8 @@ from jaxaot._src.partition.budget import measured_executables
 
 from jaxaot._src.partition.budget.parse import MemoryBudget, parse_memory_budget
 from jaxaot._src.partition.budget.step_peak import (
-    StepPeak, compile_count, compiled_peak, fused_step, measure_step_peak, program_peak, program_platform)
+    StepPeak, compile_count, compiled_peak, fused_step, measure_step_peak, measured_layouts, program_peak,
+    program_platform)
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.limits import bytes_in_use, measurement_limit, measuring_within
 from jaxaot._src.partition.budget.search import peak_search
@@ -26,6 +27,7 @@ __all__ = [
     "fused_step",
     "measure_step_peak",
     "measured_executables",
+    "measured_layouts",
     "measurement_limit",
     "measuring_within",
     "parse_memory_budget",

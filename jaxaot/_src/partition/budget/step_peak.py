@@ -28,7 +28,7 @@ from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND, op_profile
 from jaxaot._src.partition.costs.autotune_bytes import compile_bytes
-from jaxaot._src.partition.step import step_program
+from jaxaot._src.partition.step import LAYOUT_CHOICE_PLATFORMS, step_program
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes
 
@@ -94,10 +94,19 @@ def cotangent_avals(part: Partition, joint: JointGraph) -> list:
 
 def fused_step(part: Partition, joint: JointGraph) -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of the step as one program: the fused step
-    ``jaxaot.value_and_grad`` runs for a min-cut plan (:func:`~jaxaot._src.partition.step.step_program`, every
-    residual behind the barrier, the outputs it computes), before any variant of an accelerator's."""
+    ``jaxaot.value_and_grad`` runs for a min-cut plan under a byte budget
+    (:func:`~jaxaot._src.partition.step.step_program`, every residual behind the barrier, the outputs it
+    computes, the residuals' layouts :func:`measured_layouts`), before any other variant of an accelerator's."""
     return step_program(part, _plain(joint.in_avals), joint.out_avals, computed_outputs=computed_outputs(joint),
-                        barrier="all")
+                        barrier="all", layouts=measured_layouts(joint.in_avals))
+
+
+def measured_layouts(avals: Sequence[Any]) -> str:
+    """The residuals' layouts of the fused step a byte budget's search measures and the runtime then runs:
+    ``"pinned"`` where the backend chooses layouts inside a program (:data:`LAYOUT_CHOICE_PLATFORMS`), else
+    ``"auto"``. Off a budget an accelerator's step keeps pinned layouts unless pinning raises its compiled
+    peak; a plan measured pinned fits the budget as it runs, so that comparison costs no compile there."""
+    return "pinned" if program_platform(avals) in LAYOUT_CHOICE_PLATFORMS else "auto"
 
 
 def computed_outputs(joint: JointGraph) -> list[int]:

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -33,6 +34,7 @@ import jax
 import jaxlib
 
 from jaxaot._src import progress as _progress
+from jaxaot._src import workers
 from jaxaot._src.config import config
 from jaxaot._src.files import UnsafeFolderError, atomic_write, check_folders, parse_json, read_regular, untrusted
 from jaxaot.errors import PartitionError
@@ -94,6 +96,13 @@ class MeasuredCosts:
         if raw is None:
             return self.fallback.seconds(eqn)
         return max(raw - self.empty_kernel_seconds, raw / 100)
+
+    def start_rates(self) -> concurrent.futures.Future | None:
+        """Begin measuring the device's rates (the default :attr:`fallback`) on a worker thread, and return its
+        future (None where a fallback is set): a planner about to price eqns calls it before its cuts, so the
+        rate probes run beside them rather than before its first timing, and waits for it before it returns
+        (:meth:`DeviceModel.compute_costs` measures once per process; a second caller waits for the first)."""
+        return None if self._fallback is not None else workers.submit(DeviceModel.compute_costs, self.device)
 
     @property
     def empty_kernel_seconds(self) -> float:

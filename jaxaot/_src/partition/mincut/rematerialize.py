@@ -17,9 +17,10 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, PartitionError
+from jaxaot._src import workers
 from jaxaot._src.partition.budget import MemoryBudget, measuring_within, parse_memory_budget, peak_search
 from jaxaot._src.partition.core import Partition, split_joint
-from jaxaot._src.partition.costs import DeviceModel, OpCosts, resolve_costs
+from jaxaot._src.partition.costs import DeviceModel, MeasuredCosts, OpCosts, resolve_costs
 from jaxaot._src.partition.mincut import scan_remat
 from jaxaot._src.partition.mincut.save_families import FAMILIES, restricted
 from jaxaot._src.partition.mincut.plan_memo import PlanMemo, memoized
@@ -120,17 +121,22 @@ class MinCutOptions:
             return _at_fraction(joint, fraction, rematerialize_scans=self.rematerialize_scans, model=model,
                                 costs=costs, family=family, memo=memo)
 
+        priced = isinstance(costs, MeasuredCosts) and (budget.nbytes is not None or 0 < budget.fraction < 1)
         with measuring_within(joint, budget.nbytes):
-            if budget.nbytes is None:
-                return plan_at(budget.fraction)
-            families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
-            search = peak_search(joint, budget.nbytes, families, costs)
-            request = next(search)
-            while True:  # the search decides which plans to make; they are made here and handed to it
-                try:
-                    request = search.send(plan_at(*request))
-                except StopIteration as done:
-                    return done.value
+            rates = costs.start_rates() if priced else None  # the device's rate probes run beside the cuts
+            try:
+                if budget.nbytes is None:
+                    return plan_at(budget.fraction)
+                families = FAMILIES if model is None else ()  # offloading plans meet the budget their own way
+                search = peak_search(joint, budget.nbytes, families, costs)
+                request = next(search)
+                while True:  # the search decides which plans to make; they are made here and handed to it
+                    try:
+                        request = search.send(plan_at(*request))
+                    except StopIteration as done:
+                        return done.value
+            finally:  # the probes end within the allowance, before any step runs
+                workers.settle([rates] if rates is not None else [])
 
 
 def as_partitioner(partition_fn: Any) -> Any:

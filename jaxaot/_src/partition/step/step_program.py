@@ -89,6 +89,9 @@ def read_orders(backward: Any, num_cotangents: int) -> dict[int, tuple[int, ...]
 
 #: The values of :func:`step_program`'s options ``barrier``, ``layouts`` and ``order``.
 BARRIERS, LAYOUTS, ORDERS = ("all", "recomputed", "none"), ("auto", "pinned"), ("xla", "consume_first")
+#: Backends whose layout assignment can differ from row-major inside one program (CPU's does not), where
+#: ``layouts`` matters.
+LAYOUT_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 
 
 def pinned_layouts(part: Any, num_cotangents: int) -> dict[int, tuple[int, ...] | None]:
