@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import warnings
 
 import jax
@@ -21,6 +20,7 @@ import pytest
 
 import jaxaot
 from jaxaot.errors import PartitionError
+from jaxaot._src import workers
 from jaxaot._src.partition import DeviceModel, FlopCosts, MeasuredCosts, OpCosts, Timeline, resolve_costs
 from jaxaot._src.partition.costs import cost_model, op_profile
 from jaxaot._src.partition.mincut import knapsack, saved_values
@@ -412,7 +412,7 @@ def test_a_planner_that_prices_eqns_measures_the_rates_on_a_worker_first(monkeyp
     if priced and budget != 0.5:  # a byte budget's plan measured here recomputes nothing: the probes may be dropped
         return
     assert len(calls) == int(priced)
-    if priced and len(os.sched_getaffinity(0)) > 1:
+    if priced and workers.threads() > 1:
         assert calls[0].startswith("jaxaot-compile")  # on a worker, beside the cuts
 
 

@@ -19,8 +19,8 @@ from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_off
 from jaxaot._src.partition.step import (
     LAYOUT_CHOICE_PLATFORMS, barred_residuals, ordered_eqns, rederive_backward, step_program)
 from jaxaot._src.partition.budget import (
-    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, measured_executables, measured_layouts, parse_memory_budget,
-    peak_holders, peak_search, program_platform)
+    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, measured_executables, measured_layouts,
+    parse_memory_budget, peak_holders, peak_search, program_platform)
 from jaxaot._src.partition.mincut import (
     FlowGraph, RematPolicy, MinCutOptions, as_partitioner, build_flow_graph, choose_saved_values,
     min_cut_rematerialization_partition, remat_policy, replay_joint)
