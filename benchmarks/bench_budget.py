@@ -40,7 +40,8 @@ first call returns before the fused step's variants compile, the process then
 calls the step until the choice is made: "choice made" is the seconds from
 the first call's start, and "calls" how many calls after it that took.
 ``--first-only`` measures just that: the first steps at the fractions and at
-each per-layer policy's peak (with ``--no-budgets``, at the fractions alone).
+each per-layer policy's peak (with ``--no-budgets``, at the fractions alone), into
+``results/budget_first_<device>.txt`` by default, apart from the full table.
 
 Usage (from the repository root): ``python -m benchmarks.bench_budget [--small] [--only NAME ...]
 [--rounds N] [--iters N] [--first-rounds N] [--out FILE] [--plot DIR]``
@@ -529,7 +530,7 @@ def main() -> None:
     title = (f"bench_budget ({size} sizes, {rounds} interleaved rounds of {iters} steps, {first_rounds} fresh "
              f"processes per first step; byte budget = each JAX policy's compiled peak; first steps in wall time "
              f"and in the process's CPU time, which other work on the machine moves less)")
-    report(title, each(), a.out or str(result_path("budget")))
+    report(title, each(), a.out or str(result_path("budget_first" if a.first_only else "budget")))
 
 
 if __name__ == "__main__":

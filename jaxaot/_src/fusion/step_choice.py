@@ -24,7 +24,7 @@ from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import speculates
 from jaxaot._src.fusion.recalled import recall, remember
 from jaxaot._src.fusion.variants import LAYOUT_CHOICE_PLATFORMS, described, fused_exe, fused_name, platform_of
-from jaxaot._src.partition import compiled_peak
+from jaxaot._src.partition import budget_of, compiled_peak
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +199,7 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
 def _untimed(training: SplitRunner) -> str | None:
     """Why fused and split are not timed, known before either compiles; None where they may be."""
     part = training.partition
-    budget = getattr(part.step_peak, "budget", None)
+    budget = budget_of(part)
     if budget is not None and (part.step_peak.split is None or part.step_peak.split > budget):
         return "the split programs' peak is over memory_budget"
     if getattr(training.programs, "donated_leaves", ()):
@@ -247,7 +247,7 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
              else None)
     later = None
     if tune is not None and leaves is not None and recalled is None and (
-            getattr(training.partition.step_peak, "budget", None) is None):
+            budget_of(training.partition) is None):
         def later(weighing: Any) -> bool:
             return tune(weighing, program, set(p.executables))
     try:

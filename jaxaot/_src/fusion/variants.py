@@ -21,7 +21,7 @@ from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import Prefetch, Variant, speculates
 from jaxaot._src.partition import (
-    LAYOUT_CHOICE_PLATFORMS, barred_residuals, compiled_peak, default_partition, measured_executables,
+    LAYOUT_CHOICE_PLATFORMS, barred_residuals, budget_of, compiled_peak, default_partition, measured_executables,
     measured_layouts, ordered_eqns, rederive_backward, step_program)
 
 
@@ -52,7 +52,7 @@ def base_variant(training: TrainingLike) -> Variant:
     """The variant the chain compiles first, and the persistent cache keys its choice by: the default barrier,
     in XLA's own layouts, or under a byte budget in those the search measured the step with (the executable
     the runtime takes from it)."""
-    budgeted = getattr(training.partition.step_peak, "budget", None) is not None
+    budgeted = budget_of(training.partition) is not None
     return Variant(default_barrier(training), measured_layouts(training.programs.in_avals) if budgeted else "auto")
 
 
@@ -330,7 +330,7 @@ def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, pr
     (``kept.exe``: the step kept meanwhile) and returns the step kept."""
     p, part = training.programs, training.partition
     base = base_variant(training)
-    barrier, budget = base.barrier, getattr(part.step_peak, "budget", None)
+    barrier, budget = base.barrier, budget_of(part)
 
     def fits(v: Any) -> bool:
         peak = compiled_peak(v) if v is not None else None

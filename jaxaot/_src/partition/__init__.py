@@ -19,7 +19,7 @@ from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_off
 from jaxaot._src.partition.step import (
     LAYOUT_CHOICE_PLATFORMS, barred_residuals, ordered_eqns, rederive_backward, step_program)
 from jaxaot._src.partition.budget import (
-    MemoryBudget, StepPeak, compiled_peak, measure_step_peak, measured_executables, measured_layouts,
+    MemoryBudget, StepPeak, budget_of, compiled_peak, measure_step_peak, measured_executables, measured_layouts,
     parse_memory_budget, peak_holders, peak_search, program_platform)
 from jaxaot._src.partition.mincut import (
     FlowGraph, RematPolicy, MinCutOptions, as_partitioner, build_flow_graph, choose_saved_values,
@@ -48,6 +48,7 @@ __all__ = [
     "Timeline",
     "apply_offload",
     "barred_residuals",
+    "budget_of",
     "build_flow_graph",
     "MinCutOptions", "as_partitioner",
     "choose_saved_values",

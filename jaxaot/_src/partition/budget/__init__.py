@@ -12,7 +12,7 @@ from jaxaot._src.partition.budget import measured_executables
 
 from jaxaot._src.partition.budget.parse import MemoryBudget, parse_memory_budget
 from jaxaot._src.partition.budget.step_peak import (
-    StepPeak, compile_count, compiled_peak, fused_step, measure_step_peak, measured_layouts, program_peak,
+    StepPeak, budget_of, compile_count, compiled_peak, fused_step, measure_step_peak, measured_layouts, program_peak,
     program_platform)
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.limits import bytes_in_use, measurement_limit, measuring_within
@@ -21,6 +21,7 @@ from jaxaot._src.partition.budget.search import peak_search
 __all__ = [
     "MemoryBudget",
     "StepPeak",
+    "budget_of",
     "bytes_in_use",
     "compile_count",
     "compiled_peak",

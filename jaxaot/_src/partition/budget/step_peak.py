@@ -87,6 +87,11 @@ class StepPeak:
         return text + (f"; budget {format_bytes(self.budget)}" if self.budget is not None else "")
 
 
+def budget_of(part: Partition) -> int | None:
+    """The byte budget ``part`` was chosen under (its :class:`StepPeak`'s), or None."""
+    return getattr(part.step_peak, "budget", None)
+
+
 def cotangent_avals(part: Partition, joint: JointGraph) -> list:
     """The backward's cotangent inputs, as ``jax.ShapeDtypeStruct``."""
     return [jax.ShapeDtypeStruct(joint.out_avals[i].shape, joint.out_avals[i].dtype) for i in part.cotangent_outputs]

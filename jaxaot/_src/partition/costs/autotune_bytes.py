@@ -83,7 +83,7 @@ def compile_untuned(lowered: Any, platform: str, eqns: Sequence[Any] = ()) -> An
     Autotuning a timing program's matrix products is most of its compile, and was most of a fraction's
     planning on a GPU, for kernels whose times cuBLAS's own choice matched within the timings' noise
     (``docs/benchmarks.md``, "Op timings"). Where XLA refuses the options and compiles the program with its
-    defaults, the process compiles with its defaults from then on (:func:`untuned`).
+    defaults, the process compiles with its defaults from then on (:func:`compiles_untuned` says so).
     """
     if not compiles_untuned(platform, eqns):
         return lowered.compile()
