@@ -1,15 +1,14 @@
 """The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
 
 Only XLA knows a plan's peak, and measuring one costs a compile of the step. So
-:func:`peak_search` measures the fraction 1 plan, predicts other plans' peaks from their
-saved bytes (:func:`predict_peak`), measures the least-recomputing candidate predicted to
-fit (fractions, and plans shaped like ``dots_saveable``), and refines with secant and
-bisection steps, up to :data:`MAX_MEASURED`. It only decides: it asks its driver (the
-min-cut) for each plan. Compiles run on worker threads; with cores to spare the search
-works ahead (:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one at a time, so
-the choice is that of measuring in turn. Only measured plans
-are returned; where none fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is
-live at the smallest peak. Of the measuring executables only the chosen one stays held.
+:func:`peak_search` measures the fraction 1 plan, predicts the fractions' other plans'
+peaks from their saved bytes (:func:`predict_peak`), measures the least-recomputing plan
+that may fit (predicted to, or shaped like ``dots_saveable`` with its floor within the
+budget), and refines with secant and bisection steps, up to :data:`MAX_MEASURED`. It asks
+its driver (the min-cut) for each plan. Compiles run on worker threads, ahead where cores
+are spare (:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one at a time. Only
+measured plans are returned; where none fits, :class:`~jaxaot.errors.MemoryBudgetError`
+names what is live at the smallest peak. Only the chosen plan's executable stays held.
 """
 
 from __future__ import annotations
@@ -186,7 +185,21 @@ class _Search:
     def predicted(self, c: _Candidate) -> float:
         if c.measured:
             return -math.inf if c.peak is None else c.peak
-        return predict_peak(c.saved, [(m.saved, m.peak) for m in self.measured if m.peak is not None])
+        return predict_peak(c.saved, self.anchors(c.family is not None))
+
+    def anchors(self, families: bool = False) -> list[tuple[int, int]]:
+        """``(saved bytes, peak)`` of the plans measured: the fractions' alone, or (``families``) all. A family
+        plan's peak is off the fractions' curve: read as one of its points, it bends the curve where no fraction
+        plan lies."""
+        return [(m.saved, m.peak) for m in self.measured if m.peak is not None and (families or m.family is None)]
+
+    def may_fit(self, c: _Candidate) -> bool:
+        """Whether the unmeasured candidate is worth a compile: predicted to fit, or a family plan whose floor
+        fits. A family plan's peak is not on the fractions' curve (what it recomputes decides which
+        temporaries the backward holds at once), so only its floor (``held_bytes``) rules it out."""
+        if self.predicted(c) <= self.budget:
+            return True
+        return c.family is not None and c.part.held_bytes <= self.budget
 
     def rank(self, c: _Candidate) -> tuple:
         if c.seconds is None:
@@ -202,7 +215,7 @@ class _Search:
             if f in self.fractions:
                 continue
             saved = _interpolate(known, f)
-            if predict_peak(saved, [(m.saved, m.peak) for m in self.measured if m.peak is not None]) <= self.budget:
+            if predict_peak(saved, self.anchors()) <= self.budget:
                 return f
         return None
 
@@ -316,14 +329,13 @@ def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Par
     while len(search.measured) < MAX_MEASURED and (best is None or tries_after_fit < MORE_AFTER_FIT):
         if best is None:
             yield from _plan_next_fraction(search, None)
-            pool = [c for c in search.by_key.values() if not c.measured and search.predicted(c) <= search.budget]
+            pool = [c for c in search.by_key.values() if not c.measured and search.may_fit(c)]
             bottom = yield from search.plan(0.0)
             if not pool and not bottom.measured:
                 pool = [bottom]
         else:
             f = yield from _improvement_fraction(search, best)
-            pool = [c for c in search.by_key.values() if not c.measured and c.family is not None
-                    and search.predicted(c) <= search.budget]
+            pool = [c for c in search.by_key.values() if not c.measured and c.family is not None and search.may_fit(c)]
             if f is not None:
                 pool.append((yield from search.plan(f)))
             pool = [c for c in pool if not c.measured and search.rank(c) < search.rank(best)]

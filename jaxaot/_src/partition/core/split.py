@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 from jaxaot._src import compat as C
-from jaxaot._src.pytrees import format_aval, in_host_memory, nbytes, shape_dtype_struct
+from jaxaot._src.pytrees import format_aval, in_host_memory, nbytes, shape_dtype_struct, var_device_nbytes
 from jaxaot.errors import PartitionError
 from jaxaot._src.tracing import JointGraph
 
@@ -132,6 +132,14 @@ class Partition:
     def device_saved_bytes(self) -> int:
         """Bytes of the saved values that stay in device memory (``saved_bytes`` less the offloaded ones)."""
         return sum(r.nbytes for r in self.residuals if not r.offloaded)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes on the device where the forward hands over to the backward: the device residuals and the inputs
+        not saved (a fused step of this plan peaks at least this high)."""
+        saved = set(self.saved_inputs)
+        unsaved = [v for i, v in enumerate(C.jaxpr_of(self.forward).invars) if i not in saved]
+        return self.device_saved_bytes + sum(var_device_nbytes(v) for v in unsaved)
 
     @property
     def saved_activation_bytes(self) -> int:
