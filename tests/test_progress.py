@@ -8,6 +8,7 @@ import pytest
 
 from jaxaot._src import progress as _progress
 from jaxaot._src.config import config
+from platforms import layouts_chosen
 
 
 @pytest.fixture
@@ -163,9 +164,8 @@ def test_fused_variant_compiles_report_each_variant(info, monkeypatch):
     import jax.numpy as jnp
 
     import jaxaot
-    from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})  # CPU too
+    layouts_chosen(monkeypatch)  # CPU too
     f = jaxaot.aot_function(lambda x: jnp.sum(jnp.exp(jnp.sin(x)) ** 2),
                             partition_fn=jaxaot.partition.min_cut_rematerialization_partition(memory_budget=0.0))
     jaxaot.value_and_grad(f)(jnp.ones(100))

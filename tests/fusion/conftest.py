@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from jaxaot._src.fusion import step_choice, variants
-from jaxaot._src.partition.budget import step_peak
+from platforms import layouts_chosen
 
 
 @pytest.fixture
@@ -15,8 +15,7 @@ def accelerator(monkeypatch):
     fused and split timed by a fake timer whose
     verdict is ``verdict[0]`` (``"fused"`` or ``"split"``). Each variant compiled and each timing is counted
     in ``seen``. Returns ``(seen, verdict)``."""
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
-    monkeypatch.setattr(step_peak, "LAYOUT_CHOICE_PLATFORMS", step_peak.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", step_choice.TIME_CHOICE_PLATFORMS | {"cpu"})
     seen, verdict = {"variants": [], "timed": 0}, ["fused"]
 

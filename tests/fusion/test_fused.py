@@ -14,6 +14,7 @@ import zoo
 from jaxaot._src import compat as C
 from jaxaot._src.fusion import fused_exe, fused_program
 from jaxaot._src.partition.step import recomputation_inputs
+from platforms import layouts_chosen
 from zoo import assert_trees_close, kept_step
 
 PARTITIONERS = {
@@ -167,7 +168,7 @@ def test_sharded_fused_step_keeps_gradient_shardings(monkeypatch, choice):
     # Both layout choices (CPU standing in for an accelerator): row-major pins sharded residuals.
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: choice)
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -277,7 +278,7 @@ def test_layout_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatc
     # CPU stands in for an accelerator: both programs compile, one is kept under the fused name.
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     if choice != "measured":
         monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: choice)
     fn, make_args = zoo.ZOO[name]
@@ -303,7 +304,7 @@ def test_layout_choice_rule():
 def test_a_refused_layout_keeps_xla_s_choice(monkeypatch):
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     real = variants.fused_program
 
     def refusing(training, value_leaf=0, barrier="all", layouts="auto", order="xla", **options):
@@ -336,7 +337,7 @@ def test_order_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch
     # CPU stands in for an accelerator: the consume-first candidate compiles, one executable is kept.
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     monkeypatch.setattr(variants, "choose_barrier", lambda barrier, kept, free: barrier)  # the order is under test
     if choice != "measured":
         monkeypatch.setattr(variants, "choose_order", lambda xla, ordered: choice)
@@ -391,7 +392,7 @@ def test_barrier_choice_on_an_accelerator_keeps_one_correct_executable(monkeypat
     # CPU stands in for an accelerator: the step without the barrier compiles too, one executable is kept.
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     seen, real = [], variants.choose_barrier
 
     def rule(barrier, kept, free):
@@ -425,7 +426,7 @@ def test_under_a_byte_budget_the_chain_weighs_only_the_variants_that_may_speed_t
     from jaxaot._src.fusion import variants
     from jaxaot._src.partition import compiled_peak, measure_step_peak
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     compiled, real = [], variants._compile_variant
 
     def spy(training, name_, value_leaf, v, returned, **kw):
@@ -459,7 +460,7 @@ def test_under_a_byte_budget_the_chain_weighs_only_the_variants_that_may_speed_t
 def test_a_step_that_recomputes_nothing_has_no_barrier_to_weigh(monkeypatch):
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     monkeypatch.setattr(variants, "choose_barrier", lambda *a: pytest.fail("no barrier to weigh"))
     fn, make_args = zoo.ZOO["mlp_gelu"]
     args = make_args(_key(17))

@@ -19,8 +19,9 @@ import pytest
 import jaxaot
 import zoo
 from jaxaot._src.compile import store
-from jaxaot._src.fusion import step_choice, variants
+from jaxaot._src.fusion import step_choice
 from jaxaot.errors import CacheWarning
+from platforms import layouts_chosen
 from zoo import assert_trees_close, finish_tuning, kept_step
 
 
@@ -67,8 +68,7 @@ def test_a_second_process_recalls_the_choice_and_weighs_nothing(accelerator, tmp
 
 
 def test_a_platform_that_chooses_nothing_keeps_no_choice(tmp_path, monkeypatch):
-    for module in (variants, step_choice):  # as on a CPU, on every platform: no variant weighed, nothing timed
-        monkeypatch.setattr(module, "LAYOUT_CHOICE_PLATFORMS", frozenset())
+    layouts_chosen(monkeypatch, False)  # as on a CPU, on every platform: no variant weighed, nothing timed
     monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", frozenset())
     loss, args, argnums = _case("mlp_gelu", np.random.default_rng().integers(1 << 20))
     want = jax.value_and_grad(loss, argnums=argnums)(*args)

@@ -22,6 +22,7 @@ from jaxaot._src import workers
 from jaxaot._src.compile import cache
 from jaxaot._src.fusion import step_choice, tuning, variants
 from jaxaot._src.partition import compiled_peak, measure_step_peak
+from platforms import layouts_chosen
 from zoo import assert_trees_close, kept_step
 
 pytestmark = pytest.mark.skipif(workers.threads() < 2, reason="compiles run on workers only with two or more cores")
@@ -133,7 +134,7 @@ def test_under_a_byte_budget_the_step_runs_pinned_as_measured_and_weighs_only_th
 
 
 def test_a_platform_that_weighs_no_variant_has_nothing_to_tune(monkeypatch, gate):
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", frozenset())  # as on a CPU, on every platform
+    layouts_chosen(monkeypatch, False)  # as on a CPU, on every platform
     monkeypatch.setattr(step_choice, "TIME_CHOICE_PLATFORMS", frozenset())
     monkeypatch.setattr(step_choice, "step_timer", None)
     gate.set()

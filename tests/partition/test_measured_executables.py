@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import jaxaot
+import platforms
 from jaxaot._src.fusion import fused_exe, run_fused
 from jaxaot._src.partition import measure_step_peak, measured_executables
 from jaxaot._src.partition.budget import compile_count, search, step_peak
@@ -206,11 +207,9 @@ def test_at_most_a_few_executables_are_held():
 def test_the_executable_taken_is_stored_and_read_back_by_the_persistent_cache(monkeypatch, compiles, tmp_path,
                                                                              layouts_chosen):
     from jaxaot._src.compile import cache
-    from jaxaot._src.fusion import step_choice, variants
 
     if layouts_chosen:  # as on an accelerator: the search measures pinned layouts, the cache keys the step by them
-        for module in (step_peak, variants, step_choice):
-            monkeypatch.setattr(module, "LAYOUT_CHOICE_PLATFORMS", module.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+        platforms.layouts_chosen(monkeypatch)
     budget = _between_the_ends(scanned_mlp, _args(10))
     _defaults(monkeypatch)
     args = _args(11)

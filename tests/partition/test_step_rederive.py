@@ -15,6 +15,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.fusion import fused_program
 from jaxaot._src.partition.step import rederive_backward
 from jaxaot._src.partition.step.rederive import ORDER_FREE
+from platforms import layouts_chosen
 from zoo import assert_trees_close, backward_inputs, kept_step
 from zoo_models import MODELS
 
@@ -146,7 +147,7 @@ def test_the_choice_on_an_accelerator_keeps_one_correct_executable(monkeypatch, 
     # CPU stands in for an accelerator: the step deriving the max again compiles too, one is kept.
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     seen, real = [], variants.choose_rederive
 
     def rule(peak, lean_peak):

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 import jaxaot
+from platforms import layouts_chosen
 from zoo import assert_trees_close, kept_step
 from zoo_models import MODELS
 
@@ -173,7 +174,7 @@ def test_fused_step_with_row_major_residuals_matches_jax(name: str, monkeypatch)
     # What an accelerator may choose (jaxaot._src.fusion.choose_layouts), forced here on CPU.
     from jaxaot._src.fusion import variants
 
-    monkeypatch.setattr(variants, "LAYOUT_CHOICE_PLATFORMS", variants.LAYOUT_CHOICE_PLATFORMS | {"cpu"})
+    layouts_chosen(monkeypatch)
     monkeypatch.setattr(variants, "choose_layouts", lambda auto, pinned: "pinned")
     monkeypatch.setattr(variants, "choose_barrier", lambda barrier, kept, free: barrier)  # the barriered step
     model = MODELS[name]

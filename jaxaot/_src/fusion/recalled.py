@@ -1,7 +1,7 @@
 """A fused step's choice recalled from the persistent cache, and kept there once made.
 
 Where the runtime weighs variants or times fused against split
-(:data:`~jaxaot._src.fusion.variants.LAYOUT_CHOICE_PLATFORMS`,
+(:func:`~jaxaot._src.partition.layout_choice_platforms`,
 :data:`~jaxaot._src.fusion.step_choice.TIME_CHOICE_PLATFORMS`), a process with
 ``jaxaot.config.cache_dir`` keeps what its first call chose: the variant kept and
 whether the fused or the split step runs. A later process of the same program on the

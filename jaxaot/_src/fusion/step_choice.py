@@ -23,8 +23,8 @@ from jaxaot._src import compat as C
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import speculates
 from jaxaot._src.fusion.recalled import recall, remember
-from jaxaot._src.fusion.variants import LAYOUT_CHOICE_PLATFORMS, described, fused_exe, fused_name, platform_of
-from jaxaot._src.partition import budget_of, compiled_peak
+from jaxaot._src.fusion.variants import described, fused_exe, fused_name, platform_of
+from jaxaot._src.partition import budget_of, compiled_peak, layout_choice_platforms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +237,7 @@ def fused_choice(training: SplitRunner, value_leaf: int = 0, leaves: list | None
     if known is not None and (known.runs is not None or leaves is None or name in p.tunings):
         return known
     recalled, program = (None, None) if name in p.executables else recall(
-        training, value_leaf, LAYOUT_CHOICE_PLATFORMS | TIME_CHOICE_PLATFORMS)
+        training, value_leaf, layout_choice_platforms() | TIME_CHOICE_PLATFORMS)
     if recalled is not None and recalled.runs == "split":  # the split pair runs: the fused step is not compiled
         v, why = recalled.variant, f"{recalled.why} (recalled from the persistent cache)"
         p.fused_choices[name] = FusedChoice(name, v.layouts, v.order, v.barrier, described(training, v.rederived),

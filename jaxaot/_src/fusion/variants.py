@@ -21,7 +21,7 @@ from jaxaot._src import progress as _progress
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import Prefetch, Variant, speculates
 from jaxaot._src.partition import (
-    LAYOUT_CHOICE_PLATFORMS, barred_residuals, budget_of, compiled_peak, default_partition, measured_executables,
+    barred_residuals, budget_of, compiled_peak, default_partition, layout_choice_platforms, measured_executables,
     measured_layouts, ordered_eqns, rederive_backward, step_program)
 
 
@@ -240,7 +240,7 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
     the first compile is the search's own of the chosen plan, where it measured this very program
     with the backend's own options (:func:`~jaxaot._src.compile.cached_compile`).
 
-    On an accelerator (:data:`LAYOUT_CHOICE_PLATFORMS`) the variants of the module docstring are
+    On an accelerator (:func:`~jaxaot._src.partition.layout_choice_platforms`) the variants of the module docstring are
     compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
     executable's ``variant`` (its :class:`~jaxaot._src.fusion.prefetch.Variant`: layouts, order, barrier,
     residual positions derived again, slices) and ``rederived`` (those residuals, described) say which was
@@ -260,7 +260,7 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
         returned = {i for i in p.output_is_input if i is not None}  # handed back as outputs: never donated
         compiler = training.options.fw_compiler
         prefetch = None
-        if speculates(compiler, p.in_avals, LAYOUT_CHOICE_PLATFORMS):
+        if speculates(compiler, p.in_avals, layout_choice_platforms()):
             prefetch = Prefetch(functools.partial(_variant_program, training, value_leaf),
                                 functools.partial(p.start_compile, compiler, avals=p.in_avals, aliased=returned))
         weighing = Weighing(prefetch, lambda kept: _chain(training, name, value_leaf, returned, prefetch, meanwhile,
@@ -351,7 +351,7 @@ def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, pr
     exe.variant, exe.rederived = base, ()
     if variant is not None and fits(exe):
         return exe  # the base step, kept before
-    choosing = platform_of(exe) in LAYOUT_CHOICE_PLATFORMS
+    choosing = platform_of(exe) in layout_choice_platforms()
     weighed = _weighed(part, base, budget is not None) if choosing else None
     if prefetch is not None and choosing:
         prefetch.begin(_still_weighed(base, barrier, weighed, 0))

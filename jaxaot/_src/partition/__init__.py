@@ -17,7 +17,7 @@ from jaxaot._src.partition.costs import (
     kernels_beside_copies, materializes_operands, resolve_costs)
 from jaxaot._src.partition.offload import DEFAULT_MIN_BYTES, Timeline, apply_offload, saved_vars
 from jaxaot._src.partition.step import (
-    LAYOUT_CHOICE_PLATFORMS, barred_residuals, ordered_eqns, rederive_backward, step_program)
+    barred_residuals, layout_choice_platforms, ordered_eqns, rederive_backward, step_program)
 from jaxaot._src.partition.budget import (
     MemoryBudget, StepPeak, budget_of, compiled_peak, measure_step_peak, measured_executables, measured_layouts,
     parse_memory_budget, peak_holders, peak_search, program_platform)
@@ -35,7 +35,6 @@ __all__ = [
     "FlowGraph",
     "Gradient",
     "HOST_MEMORY_KIND",
-    "LAYOUT_CHOICE_PLATFORMS",
     "MeasuredCosts",
     "MemoryBudget",
     "OpCosts",
@@ -59,6 +58,7 @@ __all__ = [
     "differentiate",
     "flops",
     "kernels_beside_copies",
+    "layout_choice_platforms",
     "materializes_operands",
     "measure_step_peak",
     "measured_executables",

@@ -28,7 +28,7 @@ from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import HOST_MEMORY_KIND, op_profile
 from jaxaot._src.partition.costs.autotune_bytes import compile_bytes
-from jaxaot._src.partition.step import LAYOUT_CHOICE_PLATFORMS, step_program
+from jaxaot._src.partition.step import layout_choice_platforms, step_program
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes
 
@@ -108,10 +108,10 @@ def fused_step(part: Partition, joint: JointGraph) -> Any:
 
 def measured_layouts(avals: Sequence[Any]) -> str:
     """The residuals' layouts of the fused step a byte budget's search measures and the runtime then runs:
-    ``"pinned"`` where the backend chooses layouts inside a program (:data:`LAYOUT_CHOICE_PLATFORMS`), else
+    ``"pinned"`` where the backend chooses layouts inside a program (:func:`~jaxaot._src.partition.step.layout_choice_platforms`), else
     ``"auto"``. Off a budget an accelerator's step keeps pinned layouts unless pinning raises its compiled
     peak; a plan measured pinned fits the budget as it runs, so that comparison costs no compile there."""
-    return "pinned" if program_platform(avals) in LAYOUT_CHOICE_PLATFORMS else "auto"
+    return "pinned" if program_platform(avals) in layout_choice_platforms() else "auto"
 
 
 def computed_outputs(joint: JointGraph) -> list[int]:

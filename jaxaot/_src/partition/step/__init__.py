@@ -10,14 +10,14 @@ from jaxaot._src.partition.step.ordering import eval_backward, ordered_eqns
 from jaxaot._src.partition.step.rederive import RederivedBackward, rederive_backward
 from jaxaot._src.partition.step.residual_slices import SlicedBackward, residual_readers, slice_residual_reads
 from jaxaot._src.partition.step.step_program import (
-    BARRIERS, LAYOUT_CHOICE_PLATFORMS, LAYOUTS, ORDERS, barred_residuals, library_kernel_residuals,
+    BARRIERS, LAYOUTS, ORDERS, barred_residuals, layout_choice_platforms, library_kernel_residuals,
     pinned_layouts, read_orders, recomputation_inputs, step_program,
 )
 
 __all__ = [
-    "BARRIERS", "LAYOUT_CHOICE_PLATFORMS", "LAYOUTS", "ORDERS", "RederivedBackward", "SlicedBackward",
+    "BARRIERS", "LAYOUTS", "ORDERS", "RederivedBackward", "SlicedBackward",
     "barred_residuals", "eval_backward",
-    "library_kernel_residuals",
+    "layout_choice_platforms", "library_kernel_residuals",
     "ordered_eqns", "pinned_layouts", "read_orders", "recomputation_inputs", "rederive_backward",
     "residual_readers", "slice_residual_reads", "step_program",
 ]

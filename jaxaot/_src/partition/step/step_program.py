@@ -94,6 +94,12 @@ BARRIERS, LAYOUTS, ORDERS = ("all", "recomputed", "none"), ("auto", "pinned"), (
 LAYOUT_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 
 
+def layout_choice_platforms() -> frozenset[str]:
+    """:data:`LAYOUT_CHOICE_PLATFORMS`, read when asked: the one place every layer reads it from, so that a test
+    standing the CPU in for an accelerator changes it here alone."""
+    return LAYOUT_CHOICE_PLATFORMS
+
+
 def pinned_layouts(part: Any, num_cotangents: int) -> dict[int, tuple[int, ...] | None]:
     """``{position among the residuals: major-to-minor order}`` of the residuals ``layouts="pinned"``
     pins: every one but those a library kernel reads or writes (:func:`library_kernel_residuals`),
