@@ -9,14 +9,23 @@ Each runs ``--rounds`` times under ``jax.profiler.trace``; the trace is read bac
 ``--top`` most expensive kernels with the output shape the optimized HLO gives them, so two
 programs' schedules can be compared where their step times differ.
 
-Usage: ``python -m benchmarks.probes.kernel_times MODEL [MODEL ...] [--rounds 20] [--top 25] [--out FILE]``
-(MODEL: a name of ``benchmarks/models.py``'s zoo; ``--small`` for CPU sizes).
+With ``--budget B`` (a ``memory_budget``: a fraction, bytes, or a string with a unit) it compares instead
+``jit(value_and_grad)``, JAX's ``dots_saveable`` steps (on the whole loss and per layer), the step
+``jaxaot.value_and_grad`` keeps at that budget, and the same plan's fused step in the other residual
+layouts (pinned where XLA's were kept, XLA's where pinned ones were), each with its compiled peak: where
+pinning layouts costs a budget's step time, the kernels that differ say why.
+
+Usage: ``python -m benchmarks.probes.kernel_times MODEL [MODEL ...] [--budget B] [--rounds 20] [--top 25]
+[--out FILE]`` (MODEL: a name of ``benchmarks/models.py``'s zoo or ``bench_budget``'s two models;
+``--small`` for CPU sizes).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import glob
+import json
 import os
 import re
 import tempfile
@@ -26,8 +35,9 @@ import jax
 from jax.profiler import ProfileData
 
 import jaxaot
-from benchmarks.bench_fused import PARTITIONS, fused_variant, jax_references, probe_main
-from benchmarks.harness import table
+from benchmarks.bench_budget import all_models
+from benchmarks.bench_fused import PARTITIONS, fused_variant, jax_references
+from benchmarks.harness import fmt_bytes, peak_bytes, report, table
 
 
 def _shapes(hlo: str) -> dict[str, str]:
@@ -71,10 +81,9 @@ def _trace(step: Any, args: tuple, steps: int) -> tuple[dict[str, list[float]], 
         return _device_events(path)
 
 
-def probe(model: Any, steps: int, top: int) -> str:
-    args = model.make_args(jax.random.key(0))
-    refs = jax_references(model, args)
-    progs = {"jit(value_and_grad)": refs["jit(value_and_grad)"]}
+def _partition_steps(model: Any, args: tuple) -> dict[str, tuple[Any, Any]]:
+    """The default partition's and the min-cut 1's steps (as chosen, and in both backward orders)."""
+    progs = {}
     for label, pf in (("default partition", None), ("min-cut 1 as chosen", PARTITIONS["min-cut 1"])):
         f = jaxaot.aot_function(model.loss) if pf is None else jaxaot.aot_function(model.loss, partition_fn=pf)
         vg = jaxaot.value_and_grad(f, argnums=model.argnums)
@@ -84,13 +93,39 @@ def probe(model: Any, steps: int, top: int) -> str:
         if pf is not None:
             for order in ("xla", "consume_first"):
                 progs[f"min-cut 1, {order}"] = fused_variant(f, model.argnums, args, "all", exe.layouts, order)
-    rows = [["program", "device ms/step", "kernels/step"]]
+    return progs
+
+
+def _budget_steps(model: Any, args: tuple, budget: Any) -> dict[str, tuple[Any, Any]]:
+    """The step kept at ``budget`` and its plan's fused step in the other residual layouts."""
+    pf = jaxaot.partition.min_cut_rematerialization_partition(memory_budget=budget)
+    f = jaxaot.aot_function(model.loss, partition_fn=pf)
+    vg = jaxaot.value_and_grad(f, argnums=model.argnums)
+    vg(*args)  # a byte budget's first call makes every choice
+    (exe,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]
+    v = exe.variant
+    other = "auto" if v.layouts == "pinned" else "pinned"
+    return {f"budget {budget}, kept ({v.layouts}, {v.order}, barrier {v.barrier})": (vg, exe),
+            f"the same plan, {other} layouts": fused_variant(f, model.argnums, args, v.barrier, other, v.order,
+                                                             bool(v.rederived))}
+
+
+def probe(model: Any, steps: int, top: int, budget: Any = None) -> str:
+    args = model.make_args(jax.random.key(0))
+    refs = jax_references(model, args)
+    progs = {"jit(value_and_grad)": refs["jit(value_and_grad)"]}
+    if budget is None:
+        progs.update(_partition_steps(model, args))
+    else:
+        progs.update((k, v) for k, v in refs.items() if "dots_saveable" in k)
+        progs.update(_budget_steps(model, args, budget))
+    rows = [["program", "device ms/step", "kernels/step", "compiled peak"]]
     sections, seen = [], []
     for name, (step, exe) in progs.items():
         events, lines = _trace(step, args, steps)
         seen = seen or lines
         rows.append([name, f"{sum(map(sum, events.values())) / steps * 1e3:.3f}",
-                     f"{sum(map(len, events.values())) / steps:.0f}"])
+                     f"{sum(map(len, events.values())) / steps:.0f}", fmt_bytes(peak_bytes(exe)) if exe else "-"])
         shapes = _shapes(exe.as_text()) if exe is not None else {}
         ks = sorted(events.items(), key=lambda kv: -sum(kv[1]))[:top]
         body = [["kernel", "us/step", "calls/step", "output"]]
@@ -101,8 +136,23 @@ def probe(model: Any, steps: int, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    probe_main(__doc__, "kernel_times: device time per kernel of fused steps",
-               lambda model, rounds, iters, top: probe(model, rounds, top), argv, rounds=20, top=25)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--small", action="store_true", help="CPU sizes")
+    ap.add_argument("--budget", help="a memory_budget: compare the step kept there (a JSON number, or bytes with a unit)")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", help="also write the report to this file")
+    a = ap.parse_args(argv)
+    budget = None
+    if a.budget is not None:
+        try:
+            budget = json.loads(a.budget)
+        except json.JSONDecodeError:
+            budget = a.budget
+    models = all_models("small" if a.small else "gpu")
+    report("kernel_times: device time per kernel of fused steps",
+           (probe(models[m], a.rounds, a.top, budget) for m in a.models), a.out)
 
 
 if __name__ == "__main__":

@@ -240,8 +240,8 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
     the first compile is the search's own of the chosen plan, where it measured this very program
     with the backend's own options (:func:`~jaxaot._src.compile.cached_compile`).
 
-    On an accelerator (:func:`~jaxaot._src.partition.layout_choice_platforms`) the variants of the module docstring are
-    compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
+    On an accelerator (:func:`~jaxaot._src.partition.layout_choice_platforms`) the variants of the module
+    docstring are compiled in turn, each weighed against the one kept so far, none kept over a byte budget. The
     executable's ``variant`` (its :class:`~jaxaot._src.fusion.prefetch.Variant`: layouts, order, barrier,
     residual positions derived again, slices) and ``rederived`` (those residuals, described) say which was
     kept. There the compiles are begun together on

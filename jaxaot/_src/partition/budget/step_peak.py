@@ -108,9 +108,10 @@ def fused_step(part: Partition, joint: JointGraph) -> Any:
 
 def measured_layouts(avals: Sequence[Any]) -> str:
     """The residuals' layouts of the fused step a byte budget's search measures and the runtime then runs:
-    ``"pinned"`` where the backend chooses layouts inside a program (:func:`~jaxaot._src.partition.step.layout_choice_platforms`), else
-    ``"auto"``. Off a budget an accelerator's step keeps pinned layouts unless pinning raises its compiled
-    peak; a plan measured pinned fits the budget as it runs, so that comparison costs no compile there."""
+    ``"pinned"`` where the backend chooses layouts inside a program
+    (:func:`~jaxaot._src.partition.step.layout_choice_platforms`), else ``"auto"``. Off a budget an
+    accelerator's step keeps pinned layouts unless pinning raises its compiled peak; a plan measured pinned fits
+    the budget as it runs, so that comparison costs no compile there."""
     return "pinned" if program_platform(avals) in layout_choice_platforms() else "auto"
 
 
