@@ -34,7 +34,11 @@ def test_consume_first_backward_computes_the_same_gradients(name, budget):
     cts, residuals = backward_inputs(part, args, key)
     want = C.eval_closed(part.backward, *cts, *residuals)
     got = jax.jit(lambda *xs: ordering.eval_backward(part.backward, len(cts), *xs))(*cts, *residuals)
-    assert_trees_close(got, want, rtol=1e-4, atol=1e-5)  # float32 rounding of other fusions
+    # Float32 rounding of other fusions, bounded against the gradients' own scale: a sum over the batch can
+    # cancel to an element far smaller than the terms it rounded (1.6e-4 of a 0.27 element on fresh inputs).
+    scale = max([float(jnp.max(jnp.abs(w))) for w in jax.tree.leaves(want)
+                 if jnp.issubdtype(w.dtype, jnp.floating) and w.size] + [1e-3])
+    assert_trees_close(got, want, rtol=1e-4, atol=3e-4 * scale)
 
 
 def _attention_loss(q, k, v):
