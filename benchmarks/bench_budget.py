@@ -69,7 +69,8 @@ import jaxaot
 from jaxaot._src.config import SETTINGS
 from benchmarks import models as zoo_models
 from benchmarks.bench_partitioners import input_sets
-from benchmarks.harness import fmt_bytes, median_time, peak_bytes, report, result_path, table, weighing
+from benchmarks.harness import (
+    TimeUp, fmt_bytes, median_time, peak_bytes, raise_on_sigterm, report, result_path, table, weighing)
 from benchmarks.models import Draw, Model, layer_norm, mean_square, rms_norm, rotary
 
 #: A jaxaot step within this factor of a policy's time ties it (two compiles of one program differ by ~2%).
@@ -307,14 +308,24 @@ def _ran_peak(step: Callable, args: tuple) -> int | None:
         return None
 
 
-def first_steps(model: Model, size: str, specs: list[str], rounds: int) -> dict[str, list[dict]]:
-    """Each spec's fresh-process first steps, ``rounds`` times, interleaved."""
+#: The models the time limit stopped (:class:`~benchmarks.harness.TimeUp`): the rest are not begun.
+_STOPPED: list[str] = []
+
+
+def first_steps(model: Model, size: str, specs: list[str], rounds: int) -> tuple[dict[str, list[dict]], str]:
+    """Each spec's fresh-process first steps, ``rounds`` times, interleaved, and a note: empty, or where the time
+    limit came first, how many processes ended before it (their results are kept)."""
     out: dict[str, list[dict]] = {s: [] for s in specs}
-    for _ in range(rounds):
-        for spec in specs:
-            out[spec].append(fresh_first_step(model.name, size, spec))
-            print(f"# {model.name} first step of {spec}: {out[spec][-1]}", file=sys.stderr, flush=True)
-    return out
+    try:
+        for _ in range(rounds):
+            for spec in specs:
+                out[spec].append(fresh_first_step(model.name, size, spec))
+                print(f"# {model.name} first step of {spec}: {out[spec][-1]}", file=sys.stderr, flush=True)
+    except TimeUp:
+        _STOPPED.append(model.name)
+        done = sum(map(len, out.values()))
+        return out, f"(stopped at the time limit: {done} of {rounds * len(specs)} fresh processes ended)"
+    return out, ""
 
 
 # --------------------------------------------------------------------------- one model
@@ -424,7 +435,7 @@ def first_step_table(model: Model, size: str, specs: list[str], rounds: int, com
                      outcome: Outcome) -> tuple[str, Callable[[str], float]]:
     """The first steps of ``specs`` (fresh processes, ``rounds`` each) as a table, and ``first(spec)``: a
     spec's median first step (NaN if not measured). ``compiled`` gives specs' compiled peaks."""
-    firsts = first_steps(model, size, specs, rounds) if rounds else {}
+    firsts, note = first_steps(model, size, specs, rounds) if rounds else ({}, "")
 
     def first(spec: str) -> float:
         return _median([r["first_step"] for r in firsts.get(spec, []) if "first_step" in r])
@@ -456,7 +467,7 @@ def first_step_table(model: Model, size: str, specs: list[str], rounds: int, com
             (outcome.first_fraction if value <= 1 else outcome.first_budget).append(ratio)
             if value > 1 and proc and peak:
                 outcome.process_vs_compiled.append(proc / peak)
-    return table(rows), first
+    return table(rows) + (f"\n{note}" if note else ""), first
 
 
 def first_only(model: Model, size: str, rounds: int, outcome: Outcome, budgets_too: bool = True) -> str:
@@ -511,6 +522,7 @@ def main() -> None:
     if a.fresh:
         fresh_main(*a.fresh, size)
         return
+    raise_on_sigterm()  # stopped by `timeout`, the run still writes what it measured
     jaxaot.config.tune_in_background = False  # steady-state steps: each signature's first call makes its choices
     models = all_models(size)
     names = a.only or (list(SMALL_MODELS) if a.small else list(models))
@@ -521,10 +533,17 @@ def main() -> None:
 
     def each():
         for name in names:
-            if a.first_only:
-                yield first_only(models[name], size, first_rounds or 2, outcome, budgets_too=not a.no_budgets)
-            else:
-                yield run_model(models[name], size, rounds, iters, first_rounds, a.plot, outcome)
+            if _STOPPED:
+                yield f"## {name}: not run (the time limit came first)"
+                continue
+            try:
+                if a.first_only:
+                    yield first_only(models[name], size, first_rounds or 2, outcome, budgets_too=not a.no_budgets)
+                else:
+                    yield run_model(models[name], size, rounds, iters, first_rounds, a.plot, outcome)
+            except TimeUp:
+                _STOPPED.append(name)
+                yield f"## {name}: stopped at the time limit before its tables"
         yield summary(outcome)
 
     title = (f"bench_budget ({size} sizes, {rounds} interleaved rounds of {iters} steps, {first_rounds} fresh "

@@ -7,6 +7,7 @@ import os
 import pathlib
 import platform
 import re
+import signal
 import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -44,6 +45,21 @@ def header(title: str) -> str:
         f"# jax {jax.__version__}  jaxlib {jax.lib.__version__ if hasattr(jax.lib, '__version__') else '?'}  "
         f"python {platform.python_version()}\n"
     )
+
+
+class TimeUp(Exception):
+    """A run's time limit came (``timeout``'s SIGTERM, after :func:`raise_on_sigterm`): a benchmark catches it
+    and keeps what it measured."""
+
+
+def raise_on_sigterm() -> None:
+    """From now on the first SIGTERM raises :class:`TimeUp` in the main thread (a second ends the process), so a
+    benchmark that ``timeout`` stops still writes its tables; ``benchmarks/run_gpu.sh`` keeps the file."""
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise TimeUp(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def report(title: str, sections: Iterable[str], out: str | None = None) -> str:

@@ -13,7 +13,8 @@
 #   ARGS_<BENCH>="..."  more arguments for one benchmark, e.g. ARGS_fused="--only llama_block --rounds 9"
 #   NAME_<BENCH>=...    its results file's name before _<kind>.txt, where the arguments measure another table,
 #                       e.g. NAME_cache=cache_fused with ARGS_cache="--step value_and_grad"
-#   TIMEOUT=540         seconds each benchmark (and the test suite) may run
+#   TIMEOUT=540         seconds each benchmark (and the test suite) may run; one that catches timeout's SIGTERM
+#                       (bench_budget) writes its results file with what it measured, and the file is kept
 #   TESTS="tests/..."   what --tests runs (default: the whole suite but the notebooks), with -n WORKERS (16)
 #
 # --tests writes benchmarks/results/tests_<kind>[xN].txt: the machine, the summary line and every failure.
@@ -114,12 +115,13 @@ for b in "${benches[@]}"; do
   out=$results/${!name:-$b}_$tag.txt
   echo "== $b -> $out"
   start=$SECONDS
+  rm -f "$out"  # a file there afterwards is this run's: a benchmark stopped by timeout may write what it measured
   # shellcheck disable=SC2086
   timeout "${TIMEOUT:-540}" python3 -m "benchmarks.$script" "${extra[@]}" ${!var:-} --out "$out" \
     > "$logs/${b}_$tag.log" 2>&1
   status=$?
   echo "$b: exit $status after $((SECONDS - start)) s"
-  if [ $status -eq 0 ] && [ -f "$out" ]; then
+  if [ -f "$out" ] && { [ $status -eq 0 ] || [ $status -eq 124 ]; }; then
     written+=("$out")
     grep -v '^#' "$out" | head -60
   else
