@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from jaxaot._src.compile import keeps_choices, recall_choice, remember_choice
 from jaxaot._src.fusion.interface import TrainingLike
 from jaxaot._src.fusion.prefetch import Variant
-from jaxaot._src.fusion.variants import base_variant, fused_name, fused_program
+from jaxaot._src.fusion.variants import base_variant, fused_name, variant_program
 from jaxaot._src.partition import program_platform
 from jaxaot._src.partition.step import BARRIERS, LAYOUTS, ORDERS
 
@@ -37,8 +37,7 @@ def _keyed(training: TrainingLike, value_leaf: int, platforms: frozenset) -> Any
     p = training.programs
     if not keeps_choices() or program_platform(p.in_avals) not in platforms:
         return None
-    base = base_variant(training)
-    return fused_program(training, value_leaf, barrier=base.barrier, layouts=base.layouts)
+    return variant_program(training, value_leaf, base_variant(training))
 
 
 def recall(training: TrainingLike, value_leaf: int, platforms: frozenset) -> tuple[Recalled | None, Any]:

@@ -152,8 +152,9 @@ def choose_rederive(peak: int | None, rederived_peak: int | None) -> bool:
     return rederived_peak < peak * (1 - REDERIVE_PEAK_GAIN)
 
 
-def _variant_program(training: TrainingLike, value_leaf: int, v: Variant) -> Any:
-    """:func:`fused_program` of the options of ``v``."""
+def variant_program(training: TrainingLike, value_leaf: int, v: Variant) -> Any:
+    """:func:`fused_program` of the options of ``v``: the one place a variant becomes a program, so the chain's
+    compiles and the persistent cache's key (:mod:`~jaxaot._src.fusion.recalled`) are the same program."""
     return fused_program(training, value_leaf, barrier=v.barrier, layouts=v.layouts, order=v.order,
                          slices=v.slices, rederive=bool(v.rederived))
 
@@ -176,7 +177,7 @@ def _compile_variant(training: TrainingLike, name: str, value_leaf: int, v: Vari
         yield pending
     try:
         exe = p.compile(key, training.options.fw_compiler,
-                        program if program is not None else _variant_program(training, value_leaf, v),
+                        program if program is not None else variant_program(training, value_leaf, v),
                         p.in_avals, aliased=returned, pending=pending)
     except Exception:  # noqa: BLE001  (a layout this backend cannot pin: keep XLA's choice)
         return None
@@ -261,7 +262,7 @@ def fused_exe(training: TrainingLike, value_leaf: int = 0, meanwhile: Callable[[
         compiler = training.options.fw_compiler
         prefetch = None
         if speculates(compiler, p.in_avals, layout_choice_platforms()):
-            prefetch = Prefetch(functools.partial(_variant_program, training, value_leaf),
+            prefetch = Prefetch(functools.partial(variant_program, training, value_leaf),
                                 functools.partial(p.start_compile, compiler, avals=p.in_avals, aliased=returned))
         weighing = Weighing(prefetch, lambda kept: _chain(training, name, value_leaf, returned, prefetch, meanwhile,
                                                            kept, variant, program))
@@ -346,7 +347,7 @@ def _chain(training: TrainingLike, name: str, value_leaf: int, returned: set, pr
     # programs' compiles, begun together after it, find them tuned (begun together from the start, each
     # autotuned the same GEMMs beside the others, and the whole took longer than compiling in turn).
     exe = kept.exe = p.compile(name, training.options.fw_compiler,
-                               program if program is not None else _variant_program(training, value_leaf, base),
+                               program if program is not None else variant_program(training, value_leaf, base),
                                p.in_avals, aliased=returned)
     exe.variant, exe.rederived = base, ()
     if variant is not None and fits(exe):
