@@ -70,7 +70,7 @@ from jaxaot._src.config import SETTINGS
 from benchmarks import models as zoo_models
 from benchmarks.bench_partitioners import input_sets
 from benchmarks.harness import (
-    TimeUp, fmt_bytes, median_time, peak_bytes, raise_on_sigterm, report, result_path, table, weighing)
+    TimeUp, fmt_bytes, median_time, peak_bytes, raise_on_sigterm, report, result_path, table, time_is_up, weighing)
 from benchmarks.models import Draw, Model, layer_norm, mean_square, rms_norm, rotary
 
 #: A jaxaot step within this factor of a policy's time ties it (two compiles of one program differ by ~2%).
@@ -308,10 +308,6 @@ def _ran_peak(step: Callable, args: tuple) -> int | None:
         return None
 
 
-#: The models the time limit stopped (:class:`~benchmarks.harness.TimeUp`): the rest are not begun.
-_STOPPED: list[str] = []
-
-
 def first_steps(model: Model, size: str, specs: list[str], rounds: int) -> tuple[dict[str, list[dict]], str]:
     """Each spec's fresh-process first steps, ``rounds`` times, interleaved, and a note: empty, or where the time
     limit came first, how many processes ended before it (their results are kept)."""
@@ -322,7 +318,6 @@ def first_steps(model: Model, size: str, specs: list[str], rounds: int) -> tuple
                 out[spec].append(fresh_first_step(model.name, size, spec))
                 print(f"# {model.name} first step of {spec}: {out[spec][-1]}", file=sys.stderr, flush=True)
     except TimeUp:
-        _STOPPED.append(model.name)
         done = sum(map(len, out.values()))
         return out, f"(stopped at the time limit: {done} of {rounds * len(specs)} fresh processes ended)"
     return out, ""
@@ -533,7 +528,7 @@ def main() -> None:
 
     def each():
         for name in names:
-            if _STOPPED:
+            if time_is_up():
                 yield f"## {name}: not run (the time limit came first)"
                 continue
             try:
@@ -542,7 +537,6 @@ def main() -> None:
                 else:
                     yield run_model(models[name], size, rounds, iters, first_rounds, a.plot, outcome)
             except TimeUp:
-                _STOPPED.append(name)
                 yield f"## {name}: stopped at the time limit before its tables"
         yield summary(outcome)
 

@@ -52,14 +52,23 @@ class TimeUp(Exception):
     and keeps what it measured."""
 
 
+_TIME_UP = [False]
+
+
 def raise_on_sigterm() -> None:
     """From now on the first SIGTERM raises :class:`TimeUp` in the main thread (a second ends the process), so a
     benchmark that ``timeout`` stops still writes its tables; ``benchmarks/run_gpu.sh`` keeps the file."""
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _TIME_UP[0] = True
         raise TimeUp(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def time_is_up() -> bool:
+    """Whether :class:`TimeUp` was raised: what is left to measure is not begun."""
+    return _TIME_UP[0]
 
 
 def report(title: str, sections: Iterable[str], out: str | None = None) -> str:
