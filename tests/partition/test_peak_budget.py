@@ -482,3 +482,30 @@ def test_plans_are_compiled_ahead_only_where_compiles_do_not_share_a_device(plat
     assert curve(0.0) in cpu_started and curve(0.0) not in runs["cpu"][1]  # begun ahead on a CPU, never read
     if platform == "gpu":
         assert started == runs[platform][1]  # each compile begun is read, in the order begun
+
+
+@pytest.mark.parametrize("floor_over", [True, False])
+def test_a_plan_whose_floor_is_over_the_budget_is_never_compiled(floor_over, monkeypatch):
+    """After a plan fits, the search may try the fraction halfway to the lowest failing one though no prediction
+    says it fits (a curve can bend). A plan's floor (the bytes held at the hand-over to the backward) never
+    lies above its compiled peak, so where that floor is over the budget the plan is not compiled."""
+    rng = np.random.default_rng()
+    budget = int(rng.integers(50_000, 60_000))
+    top = _Plan(40_000, 0.0, 3 * budget)
+    bottom = _Plan(5_000, 2.0, budget - int(rng.integers(100, 1_000)))
+
+    def curve(f):  # halfway between the fraction 0 plan (fits) and the fraction 1 plan (far over)
+        if f == 0.0:
+            return bottom
+        if f == 1.0:
+            return top
+        saved = int(5_000 + 35_000 * f)
+        return _Plan(saved, 2.0 * (1 - f), budget - 10, held=budget + 1 if floor_over else saved)
+
+    chosen, compiled = _drive(curve, {}, budget, monkeypatch)
+    assert compiled[:2] == [top, bottom]
+    if floor_over:
+        assert compiled == [top, bottom] and chosen.step_peak.fused == bottom.peak
+    else:  # halfway is measured, fits and recomputes less: chosen
+        assert len(compiled) == 3 and chosen.step_peak.fused == budget - 10 and chosen.recompute < bottom.recompute
+

@@ -1,14 +1,14 @@
 """The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
 
-Only XLA knows a plan's peak, and measuring one costs a compile of the step. So
-:func:`peak_search` measures the fraction 1 plan, predicts the fractions' other plans'
-peaks from their saved bytes (:func:`predict_peak`), measures the least-recomputing plan
-that may fit (predicted to, or shaped like ``dots_saveable`` with its floor within the
-budget), and refines with secant and bisection steps, up to :data:`MAX_MEASURED`. It asks
-its driver (the min-cut) for each plan. Compiles run on worker threads, ahead where cores
-are spare (:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one at a time. Only
-measured plans are returned; where none fits, :class:`~jaxaot.errors.MemoryBudgetError`
-names what is live at the smallest peak. Only the chosen plan's executable stays held.
+Only XLA knows a plan's peak, and measuring one costs a compile of the step. So :func:`peak_search`
+measures the fraction 1 plan, predicts the other fraction plans' peaks from their saved bytes
+(:func:`predict_peak`), measures the least-recomputing plan that may fit (predicted to, or shaped like
+``dots_saveable``), and refines with secant and bisection steps, up to :data:`MAX_MEASURED`. Past the fraction
+1 plan, one whose floor (the bytes held at the hand-over to the backward, never above its peak) is over the
+budget is compiled only where nothing fits. Compiles run on worker threads, ahead where cores are spare
+(:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one at a time. Where no plan fits,
+:class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest peak. Only the chosen plan's
+executable stays held.
 """
 
 from __future__ import annotations
@@ -193,13 +193,17 @@ class _Search:
         plan lies."""
         return [(m.saved, m.peak) for m in self.measured if m.peak is not None and (families or m.family is None)]
 
+    def floor_fits(self, c: _Candidate) -> bool:
+        """Whether the plan's floor fits: the bytes every fused step of it holds at the hand-over to the backward
+        (``held_bytes``, never above its compiled peak). A plan whose floor is over cannot fit, whatever the
+        predictions say."""
+        return c.part.held_bytes <= self.budget
+
     def may_fit(self, c: _Candidate) -> bool:
-        """Whether the unmeasured candidate is worth a compile: predicted to fit, or a family plan whose floor
-        fits. A family plan's peak is not on the fractions' curve (what it recomputes decides which
-        temporaries the backward holds at once), so only its floor (``held_bytes``) rules it out."""
-        if self.predicted(c) <= self.budget:
-            return True
-        return c.family is not None and c.part.held_bytes <= self.budget
+        """Whether the unmeasured candidate is worth a compile: its floor fits (:meth:`floor_fits`), and it is
+        predicted to fit or is a family plan. A family plan's peak is not on the fractions' curve (what it
+        recomputes decides which temporaries the backward holds at once), so only its floor rules it out."""
+        return self.floor_fits(c) and (c.family is not None or self.predicted(c) <= self.budget)
 
     def rank(self, c: _Candidate) -> tuple:
         if c.seconds is None:
@@ -321,10 +325,10 @@ def _compiles_ahead(search: _Search) -> bool:
 
 
 def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, _Candidate | None]:
-    """Until a plan fits: measure the best candidate predicted to fit (the fraction 0 plan where none is).
+    """Until a plan fits: measure the best candidate that may fit (the fraction 0 plan where none may).
     Then at most :data:`MORE_AFTER_FIT` more, each the best-ranked of the fraction plan above (predicted to
-    fit, else halfway to the lowest failing one) and the family plans predicted to fit; at most
-    :data:`MAX_MEASURED` plans in all."""
+    fit, else halfway to the lowest failing one) and the family plans that may fit; at most
+    :data:`MAX_MEASURED` plans in all, and none whose floor is over the budget (:meth:`_Search.floor_fits`)."""
     tries_after_fit = 0
     while len(search.measured) < MAX_MEASURED and (best is None or tries_after_fit < MORE_AFTER_FIT):
         if best is None:
@@ -338,7 +342,7 @@ def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Par
             pool = [c for c in search.by_key.values() if not c.measured and c.family is not None and search.may_fit(c)]
             if f is not None:
                 pool.append((yield from search.plan(f)))
-            pool = [c for c in pool if not c.measured and search.rank(c) < search.rank(best)]
+            pool = [c for c in pool if not c.measured and search.floor_fits(c) and search.rank(c) < search.rank(best)]
         if not pool:
             return best
         chosen = min(pool, key=search.rank)
@@ -365,7 +369,7 @@ def _plan_next_fraction(search: _Search, best: _Candidate | None) -> Generator[R
         if f is None:
             return None
         c = yield from search.plan(f)
-        if not c.measured and search.predicted(c) <= search.budget:
+        if not c.measured and search.may_fit(c):
             return f
         below = f
         if best is not None and best.family is None:
