@@ -12,6 +12,7 @@ from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, selec
 from jaxaot._src.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind, leaf_key
 from jaxaot._src.runtime.reasons import ArgNames, inputs_change, log_compile
 from jaxaot._src.runtime.training import TrainingPrograms
+from jaxaot._src.runtime.hot_path import HotPath, hot_leaves, hot_path
 from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.residuals import Residuals
 from jaxaot._src.runtime.residual_table import ResidualRow, ResidualTable
@@ -19,8 +20,9 @@ from jaxaot._src.runtime.lowered import AOTCompiled, AOTLowered
 from jaxaot._src.runtime.function import AOTFunction, aot_function
 
 __all__ = [
-    "AOTCompiled", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo", "FusedChoice", "ResidualRow",
+    "AOTCompiled", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo",
+    "FusedChoice", "HotPath", "ResidualRow",
     "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
-    "custom_vjp_of", "is_abstract", "is_multi_device", "leaf_key", "output_shardings", "replicated", "scatter",
+    "custom_vjp_of", "hot_leaves", "hot_path", "is_abstract", "is_multi_device", "leaf_key", "output_shardings", "replicated", "scatter",
     "select_cotangents", "shape_and_dtype_name",
 ]

@@ -25,6 +25,7 @@ from jaxaot.errors import InvalidInputError
 from jaxaot._src.loops import reraise_overflow
 from jaxaot._src.partition import Partitioner, default_partition
 from jaxaot._src.runtime import arguments, checks, reasons
+from jaxaot._src.runtime.hot_path import HotPath, hot_leaves, hot_path
 from jaxaot._src.runtime.lowered import AOTLowered
 from jaxaot._src.runtime.options import Options, check_options
 from jaxaot._src.runtime.signature_programs import SignaturePrograms
@@ -35,7 +36,6 @@ from jaxaot._src.runtime.signature import (
     CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_signature, leaf_avals, lookup_keys,
 )
 
-_ArrayImpl = C.ArrayImpl
 
 
 class Lookup(NamedTuple):
@@ -44,14 +44,6 @@ class Lookup(NamedTuple):
     programs: SignaturePrograms
     leaves: list
     kind: TraceKind
-
-
-class _HotPath(NamedTuple):
-    """The last eager forward's signature, checked in one pass by the next call."""
-
-    treedef: Any
-    avals: tuple
-    training: TrainingPrograms
 
 
 def _overflow_as_loop_error(method: Callable) -> Callable:
@@ -100,7 +92,7 @@ class AOTFunction:
         self._infos: list[CacheEntryInfo] = []
         self._hits = 0
         self._names: reasons.ArgNames | None = None  # the positional arguments' names, read on the first miss
-        self._hot: _HotPath | None = None
+        self._hot: HotPath | None = None
         self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
 
     # -- the interface of front-ends
@@ -120,6 +112,10 @@ class AOTFunction:
                     return Lookup(self._new_programs(sig, leaves), leaves, kind)
         self._hits += 1
         return Lookup(programs, leaves, kind)
+
+    def note_hit(self) -> None:
+        """Count a call that ran a :class:`HotPath` as a cache hit (:meth:`cache_info`)."""
+        self._hits += 1
 
     def lowered(self, training: TrainingPrograms) -> AOTLowered:
         """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled."""
@@ -176,32 +172,27 @@ class AOTFunction:
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
         """
         hot = self._hot
-        if hot is not None:
-            # A training loop calls with one signature: compare it with the last
-            # one's in a single pass and run the executable directly. The
-            # executable itself refuses other devices (ValueError).
-            leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        leaves = hot_leaves(hot, args, kwargs)
+        if leaves is not None:
+            # A training loop calls with one signature: run the executable directly. The executable itself
+            # refuses other devices (ValueError).
             tr = hot.training
-            same_mesh = tr.programs.signature.mesh is context_mesh()
-            if treedef == hot.treedef and tr.eager_forward is not None and same_mesh and all(
-                    type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)):
-                try:
-                    outs, residuals = tr.eager_forward(leaves)
-                except ValueError:
-                    pass  # a sharding the last signature did not have: look it up
-                else:
-                    self._hits += 1
-                    return (jax.tree_util.tree_unflatten(tr.programs.out_tree, outs),
-                            Residuals(residuals, tr, checked=True))
+            try:
+                outs, residuals = tr.eager_forward(leaves)
+            except ValueError:
+                pass  # a sharding the last signature did not have: look it up
+            else:
+                self.note_hit()
+                return (jax.tree_util.tree_unflatten(tr.programs.out_tree, outs),
+                        Residuals(residuals, tr, checked=True))
         programs, leaves, kind = self.lookup(args, kwargs)
         if kind is TraceKind.ABSTRACT:
             raise _abstract_call_error(self.__name__)
         concrete = kind is TraceKind.CONCRETE
         tr = programs.training()
         outs, residuals = tr.forward(leaves, concrete=concrete)
-        if (concrete and tr.eager_forward is not None and not self.static_argnums
-                and all(type(x) is _ArrayImpl for x in leaves)):
-            self._hot = _HotPath(programs.signature.treedef, tuple(x.aval for x in leaves), tr)
+        if concrete and tr.eager_forward is not None:
+            self._hot = hot_path(tr, leaves, static=bool(self.static_argnums)) or self._hot
         return jax.tree_util.tree_unflatten(programs.out_tree, outs), Residuals(residuals, tr, checked=concrete)
 
     @_overflow_as_loop_error

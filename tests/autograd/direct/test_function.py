@@ -100,3 +100,45 @@ def test_outputs_behave_exactly_as_jax_grad(name, entry):
             ours(jaxaot.aot_function(fn), has_aux=has_aux)(x)
         return
     assert_trees_close(ours(jaxaot.aot_function(fn), has_aux=has_aux)(x), want)
+
+
+def test_a_repeated_signature_runs_its_step_directly_and_follows_every_change():
+    """A training loop calls with one signature: once its fused step is decided, the next call with that
+    signature runs it without the lookup (as jit's dispatch does), counted as a hit. Every change of shape,
+    dtype, weak type, structure, leaf kind or differentiated arguments still finds its own entry, and each call
+    equals jax.value_and_grad on fresh inputs."""
+    def fn(p, x):
+        return jnp.sum(jnp.tanh(x @ p["w"]) * p["b"])
+
+    f = jaxaot.aot_function(fn)
+    vg, vg_both = jaxaot.value_and_grad(f), jaxaot.value_and_grad(f, argnums=(0, 1))
+
+    def args(n, dtype=jnp.float32):
+        return {"w": _normal(4, n).astype(dtype), "b": _normal(n).astype(dtype)}, _normal(3, 4).astype(dtype)
+
+    calls = [(vg, args(5)), (vg, args(5)), (vg, args(5)), (vg, args(7)), (vg, args(5)),
+             (vg, args(5, jnp.float16)), (vg_both, args(5)), (vg, args(5))]
+    w0, x0 = calls[0][1][0]["w"], calls[0][1][1]
+    calls.append((vg, ({"w": w0, "b": jnp.asarray(1.0)}, x0)))  # a weak-typed scalar leaf
+    calls.append((vg, ({"w": w0, "b": np.ones(5, np.float32)}, x0)))  # a numpy leaf
+    calls.append((vg, ({"w": w0, "b": _normal(5), "c": _normal(1)}, x0)))  # another structure
+    for step, a in calls:
+        want = jax.value_and_grad(fn, argnums=0 if step is vg else (0, 1))(*a)
+        tol = 1e-2 if a[1].dtype == jnp.float16 else 1e-5
+        assert_trees_close(step(*a), want, rtol=tol, atol=tol)
+    info = f.cache_info()
+    # f32[5], f32[7], f16[5], f32[] b, the extra leaf; the numpy leaf has f32[5]'s signature (found by lookup).
+    assert info.misses == 5, [e.signature for e in info.entries]
+    assert info.hits == len(calls) - info.misses
+
+
+def test_the_direct_step_refuses_arrays_on_other_devices_and_looks_them_up():
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+    fn = lambda w, x: jnp.sum(jnp.sin(x @ w))  # noqa: E731
+    vg = jaxaot.value_and_grad(jaxaot.aot_function(fn))
+    for device in (jax.devices()[0], jax.devices()[0], jax.devices()[1], jax.devices()[0]):
+        w, x = jax.device_put((_normal(4, 3), _normal(2, 4)), device)
+        value, grad = vg(w, x)
+        assert_trees_close((value, grad), jax.value_and_grad(fn)(w, x))
+        assert grad.devices() == {device}

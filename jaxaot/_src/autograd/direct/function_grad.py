@@ -15,9 +15,9 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.fusion import is_decided, run_fused
+from jaxaot._src.fusion import fused_exe, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
-from jaxaot._src.runtime import AOTFunction, TraceKind
+from jaxaot._src.runtime import AOTFunction, TraceKind, hot_leaves, hot_path
 
 
 def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
@@ -86,7 +86,22 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             plan = plans[id(programs)] = (programs, training_for(programs, leaves, args) if ok else None)
         return plan[1]
 
+    # The last call's signature, where it ran the fused executable decided on: the next call with that signature
+    # runs it straight away (hot_leaves), as jit's dispatch does, without the lookup and the choice.
+    hot: list = [None]
+
     def vg(*args: Any, **kwargs: Any):
+        h = hot[0]
+        leaves = hot_leaves(h, args, kwargs)
+        if leaves is not None:
+            try:
+                with reraise_overflow():
+                    outs, grads = fused_outputs(h.training, h.runs, leaves)
+            except ValueError:
+                pass  # a sharding the last signature did not have: look it up
+            else:
+                fun.note_hit()
+                return _results(h.training, outs, grads, len(args))
         programs, leaves, kind = fun.lookup(args, kwargs)
         if kind is not TraceKind.CONCRETE:
             return fallback(*args, **kwargs)
@@ -96,20 +111,27 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
         with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
             if fused and not tr.num_aux:
-                if not is_decided(programs, "fused" + tr.name_suffix):
+                name = "fused" + tr.name_suffix
+                if not is_decided(programs, name):
                     # The first call of a signature compiles the step (on an accelerator, each variant
                     # weighed) and decides fused or split: once, however many threads call.
                     with programs.lock:
                         outs, grads = run_fused(tr, leaves, value_leaf)
                 else:
                     outs, grads = run_fused(tr, leaves, value_leaf)
+                if is_decided(programs, name) and programs.fused_choices[name].runs == "fused":
+                    hot[0] = hot_path(tr, leaves, fused_exe(tr, value_leaf), bool(fun.static_argnums)) or hot[0]
             else:
                 outs, residuals = tr.forward(leaves, concrete=True)
                 grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
+        return _results(tr, outs, grads, len(args))
+
+    def _results(tr: Any, outs: list, grads: list, n_args: int) -> Any:
+        """``(value, grad)`` (``((value, aux), grad)`` with ``has_aux``) from the flat outputs and grads."""
         dyn, _ = tr.input_grads_tree(grads)
-        dyn_pos = [i for i in range(len(args)) if i not in fun.static_argnums]
+        dyn_pos = [i for i in range(n_args) if i not in fun.static_argnums]
         picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
-        out_tree = jax.tree_util.tree_unflatten(programs.out_tree, outs)
+        out_tree = jax.tree_util.tree_unflatten(tr.programs.out_tree, outs)
         grad = picked[0] if single else picked
         if has_aux:
             value, aux = out_tree

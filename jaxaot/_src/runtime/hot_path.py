@@ -1,0 +1,69 @@
+"""A signature a training loop calls again and again, checked by the next call in one pass over its leaves.
+
+The full lookup of a call (its signature's key, hashed; the programs found; the fused step's choice) costs
+tens of microseconds of Python, beside ``jit``'s dispatch in C++. A :class:`HotPath` keeps the last concrete
+call's signature and what it ran: a call with the same structure, abstract values and mesh runs that
+directly (:func:`hot_leaves`). Anything else (a tracer, a NumPy leaf, another shape or dtype or weak type)
+goes to the lookup, and an array committed to other devices is refused by the executable itself
+(``ValueError``), after which the caller looks it up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.runtime.shardings import context_mesh
+from jaxaot._src.runtime.training import TrainingPrograms
+
+_ArrayImpl = C.ArrayImpl
+
+
+class HotPath(NamedTuple):
+    """The last concrete call's signature and what it ran.
+
+    Attributes:
+      treedef: the call's ``(args, kwargs)`` structure.
+      avals: each leaf's abstract value (every leaf a concrete array).
+      mesh: the abstract mesh in context (:func:`~jaxaot._src.runtime.shardings.context_mesh`).
+      training: the programs it runs.
+      runs: what runs them (a gradient's fused executable), or None.
+    """
+
+    treedef: Any
+    avals: tuple
+    mesh: Any
+    training: TrainingPrograms
+    runs: Any = None
+
+
+def hot_path(training: TrainingPrograms, leaves: list, runs: Any = None, static: bool = False) -> HotPath | None:
+    """The :class:`HotPath` of a concrete call with ``leaves`` that ran ``training``; None where its signature
+    cannot be checked in one pass (``static`` arguments, leaves that are not plain arrays)."""
+    if static or not all(type(x) is _ArrayImpl for x in leaves):
+        return None
+    sig = training.programs.signature
+    return HotPath(sig.treedef, tuple(x.aval for x in leaves), sig.mesh, training, runs)
+
+
+def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
+    """The call's flat leaves where it has ``hot``'s signature as far as one pass tells (structure, each leaf a
+    concrete array of the same abstract value, the same mesh in context), else None.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+        >>> tr = f.lookup((jnp.ones(3),), {}).programs.training()
+        >>> hot = hot_path(tr, [jnp.ones(3)])
+        >>> hot_leaves(hot, (jnp.zeros(3),), {}) is not None, hot_leaves(hot, (jnp.zeros(4),), {})
+        (True, None)
+    """
+    if hot is None:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    if treedef == hot.treedef and hot.mesh is context_mesh() and all(
+            type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)):
+        return leaves
+    return None
