@@ -11,9 +11,15 @@ programs' schedules can be compared where their step times differ.
 
 With ``--budget B`` (a ``memory_budget``: a fraction, bytes, or a string with a unit) it compares instead
 ``jit(value_and_grad)``, JAX's ``dots_saveable`` steps (on the whole loss and per layer), the step
-``jaxaot.value_and_grad`` keeps at that budget, and the same plan's fused step in the other residual
-layouts (pinned where XLA's were kept, XLA's where pinned ones were), each with its compiled peak: where
-pinning layouts costs a budget's step time, the kernels that differ say why.
+``jaxaot.value_and_grad`` keeps at that budget (and its executable called directly, without the Python of
+the call), and the same plan's fused step in the other residual layouts (pinned where XLA's were kept,
+XLA's where pinned ones were) and without the barrier, each with its compiled peak: where a budget's step
+is slower, the kernels that differ say why.
+
+Each program's row gives its step blocked on (the median of ``--rounds`` calls, each waited for, as
+``bench_budget`` times), the device's span per step over calls dispatched back to back (first kernel's
+start to last kernel's end), and the kernels' own time: the span less the kernels is the device idle
+between kernels, the blocked step less the span the host's part (the call's Python, launch and wait).
 
 Usage: ``python -m benchmarks.probes.kernel_times MODEL [MODEL ...] [--budget B] [--rounds 20] [--top 25]
 [--out FILE]`` (MODEL: a name of ``benchmarks/models.py``'s zoo or ``bench_budget``'s two models;
@@ -37,7 +43,7 @@ from jax.profiler import ProfileData
 import jaxaot
 from benchmarks.bench_budget import all_models
 from benchmarks.bench_fused import PARTITIONS, fused_variant, jax_references
-from benchmarks.harness import fmt_bytes, peak_bytes, report, table
+from benchmarks.harness import fmt_bytes, median_time, peak_bytes, report, table
 
 
 def _shapes(hlo: str) -> dict[str, str]:
@@ -50,11 +56,11 @@ def _shapes(hlo: str) -> dict[str, str]:
     return out
 
 
-def _device_events(path: str) -> tuple[dict[str, list[float]], list[str]]:
-    """``({kernel's hlo op (or name): [durations in s]}, the device lines seen)`` from a trace's
-    device planes."""
+def _device_events(path: str) -> tuple[dict[str, list[float]], list[str], float]:
+    """``({kernel's hlo op (or name): [durations in s]}, the device lines seen, seconds from the first
+    kernel's start to the last one's end)`` from a trace's device planes."""
     out: dict[str, list[float]] = collections.defaultdict(list)
-    lines = []
+    lines, starts, ends = [], [], []
     for plane in ProfileData.from_file(path).planes:
         if not plane.name.startswith("/device:"):
             continue
@@ -66,11 +72,14 @@ def _device_events(path: str) -> tuple[dict[str, list[float]], list[str]]:
             for ev in line.events:
                 op = str(dict(ev.stats).get("hlo_op", ""))  # a command buffer's kernels share its op
                 out[ev.name if not op or op.startswith("command_buffer") else op].append(ev.duration_ns * 1e-9)
-    return out, lines
+                starts.append(ev.start_ns)
+                ends.append(ev.end_ns)
+    return out, lines, (max(ends) - min(starts)) * 1e-9 if starts else 0.0
 
 
-def _trace(step: Any, args: tuple, steps: int) -> tuple[dict[str, list[float]], list[str]]:
-    """One program's device events over ``steps`` calls, traced alone."""
+def _trace(step: Any, args: tuple, steps: int) -> tuple[dict[str, list[float]], list[str], float]:
+    """One program's device events over ``steps`` calls dispatched back to back, traced alone
+    (:func:`_device_events`)."""
     jax.block_until_ready(step(*args))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
@@ -105,9 +114,15 @@ def _budget_steps(model: Any, args: tuple, budget: Any) -> dict[str, tuple[Any, 
     (exe,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]
     v = exe.variant
     other = "auto" if v.layouts == "pinned" else "pinned"
-    return {f"budget {budget}, kept ({v.layouts}, {v.order}, barrier {v.barrier})": (vg, exe),
-            f"the same plan, {other} layouts": fused_variant(f, model.argnums, args, v.barrier, other, v.order,
-                                                             bool(v.rederived))}
+    leaves = f.lookup(args, {}).leaves
+    out = {f"budget {budget}, kept ({v.layouts}, {v.order}, barrier {v.barrier})": (vg, exe),
+           "the kept executable, called directly": (lambda *_: exe(*leaves), exe),
+           f"the same plan, {other} layouts": fused_variant(f, model.argnums, args, v.barrier, other, v.order,
+                                                            bool(v.rederived))}
+    if v.barrier != "none":
+        out["the same plan, no barrier"] = fused_variant(f, model.argnums, args, "none", v.layouts, v.order,
+                                                         bool(v.rederived))
+    return out
 
 
 def probe(model: Any, steps: int, top: int, budget: Any = None) -> str:
@@ -119,12 +134,14 @@ def probe(model: Any, steps: int, top: int, budget: Any = None) -> str:
     else:
         progs.update((k, v) for k, v in refs.items() if "dots_saveable" in k)
         progs.update(_budget_steps(model, args, budget))
-    rows = [["program", "device ms/step", "kernels/step", "compiled peak"]]
+    rows = [["program", "blocked ms/step", "device span ms/step", "kernel ms/step", "kernels/step", "compiled peak"]]
     sections, seen = [], []
     for name, (step, exe) in progs.items():
-        events, lines = _trace(step, args, steps)
+        events, lines, span = _trace(step, args, steps)
+        blocked = median_time(lambda: step(*args), warmup=2, iters=steps, min_seconds=0)
         seen = seen or lines
-        rows.append([name, f"{sum(map(sum, events.values())) / steps * 1e3:.3f}",
+        rows.append([name, f"{blocked * 1e3:.3f}", f"{span / steps * 1e3:.3f}",
+                     f"{sum(map(sum, events.values())) / steps * 1e3:.3f}",
                      f"{sum(map(len, events.values())) / steps:.0f}", fmt_bytes(peak_bytes(exe)) if exe else "-"])
         shapes = _shapes(exe.as_text()) if exe is not None else {}
         ks = sorted(events.items(), key=lambda kv: -sum(kv[1]))[:top]
