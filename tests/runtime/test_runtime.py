@@ -495,3 +495,18 @@ def test_residual_table_labels_inputs_by_path_and_counts_added_bytes_apart():
     assert "arg[0]['w1']" in str(table) or "arg[0]['w2']" in str(table)
     assert "<table" in table._repr_html_()
     assert low.residual_table() == str(table)
+
+
+def test_forward_hot_path_whose_forward_was_dropped_looks_it_up():
+    """The hot path holds the training programs, not their forward: where that forward is dropped (a fused step
+    that won its timing drops the split pair), the next call with the same signature builds it again."""
+    fn = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
+    f = jaxaot.aot_function(fn)
+    w, x = jax.random.normal(jax.random.key(np.random.randint(1 << 20)), (2, 4, 3))[0], jnp.ones((5, 4))
+    f.forward(w, x)
+    tr = f.lookup((w, x), {}).programs.training()
+    tr.drop_executables({tr.forward_name})
+    assert tr.eager_forward is None
+    out, res = f.forward(w, x)
+    assert_trees_close(out, fn(w, x))
+    assert_trees_close(f.backward(res, jnp.ones_like(out)), jax.grad(fn, argnums=(0, 1))(w, x))

@@ -37,7 +37,6 @@ from jaxaot._src.runtime.signature import (
 )
 
 
-
 class Lookup(NamedTuple):
     """What :meth:`AOTFunction.lookup` finds for a call."""
 
@@ -173,9 +172,9 @@ class AOTFunction:
         """
         hot = self._hot
         leaves = hot_leaves(hot, args, kwargs)
-        if leaves is not None:
-            # A training loop calls with one signature: run the executable directly. The executable itself
-            # refuses other devices (ValueError).
+        if leaves is not None and hot.training.eager_forward is not None:
+            # A training loop calls with one signature: run the executable directly (unless it was dropped since,
+            # with the split pair a fused step beat). The executable itself refuses other devices (ValueError).
             tr = hot.training
             try:
                 outs, residuals = tr.eager_forward(leaves)
