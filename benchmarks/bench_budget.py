@@ -70,7 +70,8 @@ from jaxaot._src.config import SETTINGS
 from benchmarks import models as zoo_models
 from benchmarks.bench_partitioners import input_sets
 from benchmarks.harness import (
-    TimeUp, fmt_bytes, median_time, peak_bytes, raise_on_sigterm, report, result_path, table, time_is_up, weighing)
+    TimeUp, fmt_bytes, median_time, peak_bytes, provisional, raise_on_sigterm, report, result_path, table, time_is_up,
+    weighing)
 from benchmarks.models import Draw, Model, layer_norm, mean_square, rms_norm, rotary
 
 #: A jaxaot step within this factor of a policy's time ties it (two compiles of one program differ by ~2%).
@@ -288,10 +289,11 @@ def fresh_main(model_name: str, spec: str, size: str) -> None:
 def _chosen_after(step: Callable, args: tuple, start: float, limit: float = 120.0) -> tuple[float, int]:
     """``(seconds from ``start`` until the fused step's choice is made, the calls after the first that it took)``:
     on an accelerator a jaxaot step's first call returns before its variants compile
-    (``jaxaot.config.tune_in_background``), and the calls that follow make the choice."""
+    (``jaxaot.config.tune_in_background``), and the calls that follow make the choice; on CPU a byte budget's
+    first calls run the search's executable until the runtime's own compile replaces it."""
     f = getattr(step, "__wrapped__", None)
     calls = 0
-    while weighing(f) and time.perf_counter() - start < limit:
+    while (weighing(f) or provisional(f, args)) and time.perf_counter() - start < limit:
         jax.block_until_ready(step(*args))
         calls += 1
     return time.perf_counter() - start, calls

@@ -118,6 +118,18 @@ def weighing(f: Any) -> bool:
     return info is not None and any(c.runs is None for e in info().entries for c in e.fused)
 
 
+def provisional(f: Any, args: tuple) -> bool:
+    """Whether an ``aot_function``'s step for ``args`` still runs an executable the byte-budget search compiled with
+    cheaper options, its runtime compile going on on a worker (CPU); False for anything without ``lookup``."""
+    from jaxaot._src.compile.cache import Provisional
+
+    lookup = getattr(f, "lookup", None)
+    if lookup is None:
+        return False
+    exes = lookup(args, {}).programs.executables.values()
+    return any(isinstance(getattr(e, "executable", None), Provisional) and not e.executable.final.done() for e in exes)
+
+
 def tree_nbytes(tree: Any) -> int:
     return sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
 

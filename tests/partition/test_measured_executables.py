@@ -3,13 +3,15 @@
 The search compiles each plan it measures; where it compiled with the backend's own
 options (on CPU the tests set them, as on accelerators), the runtime's compile of the
 chosen plan's fused step is the same XLA work and takes the measuring executable
-instead. Counted here by the HLO each ``Lowered.compile`` compiles; gradients are
+instead; where it compiled with cheaper ones (CPU), that executable runs until the
+runtime's own compile, on a worker, replaces it. Counted here by the HLO each ``Lowered.compile`` compiles; gradients are
 checked against ``jax.value_and_grad`` on fresh random inputs.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,7 @@ import pytest
 import jaxaot
 import platforms
 from jaxaot._src.fusion import fused_exe, run_fused
-from jaxaot._src.partition import measure_step_peak, measured_executables
+from jaxaot._src.partition import compiled_peak, measure_step_peak, measured_executables
 from jaxaot._src.partition.budget import compile_count, search, step_peak
 from zoo import assert_trees_close, scanned_mlp
 
@@ -88,19 +90,48 @@ def test_the_chosen_plan_s_fused_step_compiles_once(monkeypatch, compiles):
     assert vg.lower(*fresh).compile().peak_bytes <= budget
 
 
-def test_the_real_measuring_options_are_not_reused(compiles):
+def test_a_plan_measured_with_cheaper_options_runs_until_the_runtime_s_compile_replaces_it(monkeypatch, compiles):
+    """On CPU the search measures with cheaper options than the runtime's: the chosen plan's executable is held as
+    provisional and runs the first steps while the runtime's own compile of the same program finishes on a worker,
+    which then replaces it. Every step equals jax.value_and_grad."""
     if jax.default_backend() not in step_peak.MEASURE_OPTIONS:
         pytest.skip(f"{jax.default_backend()} has no cheaper measuring options: its measurements compile as the "
                     f"runtime does")
+    from jaxaot._src.compile.cache import Provisional
+
     budget = _between_the_ends(scanned_mlp, _args(3))
     compiles.clear()
-    held = measured_executables.counts()
+    held, taken = measured_executables.counts(), []
+    real_take = measured_executables.take_provisional
+    monkeypatch.setattr(measured_executables, "take_provisional", lambda *a: taken.append(real_take(*a)) or taken[-1])
     f = jaxaot.aot_function(scanned_mlp, partition_fn=mincut(memory_budget=budget))
+    vg = jaxaot.value_and_grad(f, argnums=(0, 1))
+    want = jax.value_and_grad(scanned_mlp, argnums=(0, 1))
     args = _args(4)
-    got = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
-    assert_trees_close(got, jax.value_and_grad(scanned_mlp, argnums=(0, 1))(*args), rtol=1e-4, atol=1e-5)
-    assert measured_executables.counts().kept == held.kept  # compiled with other options: never held
-    assert len(compiles) > len(set(compiles))  # the chosen plan, measured cheaply, is compiled again to run
+    assert_trees_close(vg(*args), want(*args), rtol=1e-4, atol=1e-5)
+    after = measured_executables.counts()
+    assert after.taken == held.taken + 1 and after.held == 0  # the chosen plan's taken, the others released
+    (exe,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]
+    provisional, (cheap,) = exe.executable, taken
+    assert isinstance(provisional, Provisional) and cheap is not None
+    final = provisional.final.result()  # the runtime's own compile, on a worker
+    assert provisional.executable is final is not cheap
+    assert len(compiles) > len(set(compiles))  # the chosen plan, measured cheaply, compiled again to run
+    assert compiled_peak(final) <= compiled_peak(cheap) <= budget
+    for seed in (5, 6):  # the runtime's executable runs the steps that follow
+        fresh = _args(seed)
+        assert_trees_close(vg(*fresh), want(*fresh), rtol=1e-4, atol=1e-5)
+
+
+def test_a_provisional_executable_stays_where_the_runtime_s_compile_fails():
+    from jaxaot._src.compile.cache import Provisional
+
+    failed, done = concurrent.futures.Future(), concurrent.futures.Future()
+    kept = Provisional(lambda *a: ("cheap", a), failed)
+    swapped = Provisional(lambda *a: ("cheap", a), done)
+    failed.set_exception(RuntimeError("compile failed"))
+    done.set_result(lambda *a: ("final", a))
+    assert kept(1) == ("cheap", (1,)) and swapped(1) == ("final", (1,))
 
 
 def _returns_an_input(w, x):

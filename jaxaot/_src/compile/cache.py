@@ -85,6 +85,8 @@ def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], *,
             return exe
         count("executable_misses")
     exe = _measured(compiler, closed, avals, options)
+    if exe is None and path is None and pending is None:
+        exe = _provisional(compiler, closed, avals, options)
     if exe is None:
         exe = pending.result() if pending is not None else compiler(closed, avals, **options)
     if path is not None:
@@ -164,6 +166,41 @@ def _measured(compiler: Compiler, closed: Any, avals: Sequence[Any], options: di
     if compiler is not xla or not set(options) <= {"donate_argnums"}:
         return None
     return measured_executables.take(closed, avals, {}, options.get("donate_argnums", ()))
+
+
+def _provisional(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> Any | None:
+    """Where a byte budget's search measured this very program with cheaper options (on CPU), that executable,
+    run until this compile, begun on a worker, finishes (:class:`Provisional`); else None."""
+    if compiler is not xla or not set(options) <= {"donate_argnums"} or not workers.overlaps():
+        return None
+    exe = measured_executables.take_provisional(closed, avals, {}, options.get("donate_argnums", ()))
+    if exe is None:
+        return None
+    try:
+        lowered = lower_xla(closed, avals, **options)
+    except Exception:  # noqa: BLE001 - raised again by the compile below, on the calling thread
+        return None
+    return Provisional(exe, workers.submit(compile_lowered, lowered))
+
+
+class Provisional:
+    """An executable compiled with cheaper options, standing for the runtime's own compile of the same program
+    until that finishes on a worker: then calls and attributes go to the runtime's (whose peak is the same or a
+    few bytes lower, whose code is faster). Where that compile fails, the cheaper one stays."""
+
+    def __init__(self, exe: Any, final: concurrent.futures.Future):
+        self.executable, self.final = exe, final
+        final.add_done_callback(self._swap)
+
+    def _swap(self, done: concurrent.futures.Future) -> None:
+        if done.exception() is None:
+            self.executable = done.result()
+
+    def __call__(self, *args: Any) -> Any:
+        return self.executable(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.executable, name)
 
 
 def _runs_host_code(closed: Any) -> bool:

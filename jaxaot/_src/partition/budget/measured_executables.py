@@ -4,9 +4,10 @@ Measuring a plan compiles its fused step. Where that compile used the backend's 
 options, its executable is the one the runtime would compile for the chosen plan, so
 :func:`keep` holds it and :func:`take` hands it, once, to a compile of the same
 program (text, consts and literals), input types, compiler options and donation,
-under the same default device and matmul precision. The search :func:`release`\\ s
-the plans it did not choose; at most :data:`LIMIT` executables are held, the oldest
-dropped first, so none outlives a few searches.
+under the same default device and matmul precision. One compiled with cheaper options
+(on CPU) is held as *provisional*: :func:`take_provisional` hands it to a runtime that
+runs it while its own compile finishes. The search :func:`release`\\ s the plans it did
+not choose; at most :data:`LIMIT` executables are held, the oldest dropped first.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class _Held:
     digest: str  # sha256 of its text
     key: tuple  # input types, compiler options, donation, context
     exe: Any
+    provisional: bool = False  # compiled with cheaper options than the runtime's (its peak the same or above)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +71,13 @@ def _digest(text: str) -> str:
 
 
 def keep(closed: Any, avals: Sequence[Any], options: dict[str, Any], exe: Any, *, donated: Sequence[int] = (),
-         text: str | None = None) -> None:
+         text: str | None = None, provisional: bool = False) -> None:
     """Hold ``exe``, compiled from ``closed`` on ``avals`` with XLA ``options`` and ``donated`` inputs
-    (``text``: ``str(closed)``, where the caller has it), dropping the oldest beyond :data:`LIMIT`."""
-    held = _Held(closed, _digest(str(closed) if text is None else text), _key(avals, options, donated), exe)
+    (``text``: ``str(closed)``, where the caller has it), dropping the oldest beyond :data:`LIMIT`. With
+    ``provisional``, ``exe`` was compiled with cheaper options and stands for a compile with ``options``:
+    only :func:`take_provisional` hands it out."""
+    held = _Held(closed, _digest(str(closed) if text is None else text), _key(avals, options, donated), exe,
+                 provisional)
     with _LOCK:
         _HELD[id(closed)] = held
         _COUNTS["kept"] += 1
@@ -87,17 +92,27 @@ def take(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Se
     return _match(closed, avals, options, donated, take=True)
 
 
+def take_provisional(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int] = ()
+                     ) -> Any | None:
+    """As :func:`take`, the provisional executable held for these arguments (compiled with cheaper options: its
+    code is slower, its peak the same or a few bytes above), no longer held; None where there is none."""
+    return _match(closed, avals, options, donated, take=True, provisional=True)
+
+
 def holds(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int] = ()) -> bool:
     """Whether :func:`take` would hand out an executable for these arguments now (nothing is taken)."""
     return _match(closed, avals, options, donated, take=False) is not None
 
 
-def _match(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int], take: bool) -> Any:
-    """The held executable of the same program (dropped from the held ones with ``take``), or None."""
+def _match(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int], take: bool,
+           provisional: bool = False) -> Any:
+    """The held executable of the same program, provisional or not (dropped from the held ones with ``take``),
+    or None."""
     key = _key(avals, options, donated)
     n_out = len(C.jaxpr_of(closed).outvars)
     with _LOCK:
-        maybe = [k for k, h in _HELD.items() if h.key == key and len(C.jaxpr_of(h.closed).outvars) == n_out]
+        maybe = [k for k, h in _HELD.items() if h.key == key and h.provisional == provisional
+                 and len(C.jaxpr_of(h.closed).outvars) == n_out]
     if not maybe:
         return None
     digest = _digest(str(closed))

@@ -251,13 +251,14 @@ class PendingPeak:
 
     def peak(self, keep: bool = False) -> int | None:
         """The peak, waited for; with ``keep`` (read on the calling thread, whose default device and matmul
-        precision key it) the executable is held for the runtime where this request compiled it with the
-        backend's own options. The executable is let go after the first call."""
+        precision key it) the executable is held for the runtime where this request compiled it: as the runtime's
+        own where compiled with the backend's own options, else as provisional (the runtime runs it while its own
+        compile finishes). The executable is let go after the first call."""
         if self._future is not None:
             peak, exe, used = self._future.result()
             self._future, self._peak = None, peak
-            if keep and self._owner and exe is not None and not used:
-                measured_executables.keep(self._closed, self._avals, used, exe, text=self._text)
+            if keep and self._owner and exe is not None:
+                measured_executables.keep(self._closed, self._avals, {}, exe, text=self._text, provisional=bool(used))
         return self._peak
 
 
