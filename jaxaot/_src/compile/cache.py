@@ -73,7 +73,8 @@ def cached_partition(partition_fn: Partitioner, recipe: JointRecipe, joint: Call
 def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], *,
                    pending: concurrent.futures.Future | None = None, **options: Any) -> Any:
     """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook), else the
-    byte-budget search's executable of the same program where it holds one (:func:`_measured`).
+    byte-budget search's executable of the same program where it holds one (:func:`_measured`), else, without a
+    cache entry to write, its cheaper one standing for this compile until it finishes (:func:`_provisional`).
 
     ``pending``: :func:`start_compile`'s compile of this very call, waited for instead of calling the
     compiler (its error raised as the compiler's would be)."""
