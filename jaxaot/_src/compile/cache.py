@@ -73,8 +73,8 @@ def cached_partition(partition_fn: Partitioner, recipe: JointRecipe, joint: Call
 def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], *,
                    pending: concurrent.futures.Future | None = None, **options: Any) -> Any:
     """``compiler(closed, avals, **options)``, from the cache when an entry exists (runtime hook), else the
-    byte-budget search's executable of the same program where it holds one (:func:`_measured`), else, without a
-    cache entry to write, its cheaper one standing for this compile until it finishes (:func:`_provisional`).
+    byte-budget search's executable of the same program where it holds one, or, without a cache entry to write,
+    its cheaper one standing for this compile until it finishes (:func:`_measured`).
 
     ``pending``: :func:`start_compile`'s compile of this very call, waited for instead of calling the
     compiler (its error raised as the compiler's would be)."""
@@ -85,9 +85,7 @@ def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], *,
             count("executable_hits")
             return exe
         count("executable_misses")
-    exe = _measured(compiler, closed, avals, options)
-    if exe is None and path is None and pending is None:
-        exe = _provisional(compiler, closed, avals, options)
+    exe = _measured(compiler, closed, avals, options, provisional=path is None and pending is None)
     if exe is None:
         exe = pending.result() if pending is not None else compiler(closed, avals, **options)
     if path is not None:
@@ -160,26 +158,25 @@ def _read_executable(path: Path, closed: Any, avals: Sequence[Any]) -> Any | Non
     return exe
 
 
-def _measured(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> Any | None:
+def _measured(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any],
+              provisional: bool = False) -> Any | None:
     """For :func:`~jaxaot._src.compile.compilers.xla`, the executable a byte budget's search compiled of the same
     program to measure it, where it holds one (the same ``jax.jit(...).lower(avals).compile()``, with the
-    backend's own options, donating the same inputs); else None."""
+    backend's own options, donating the same inputs); else, with ``provisional`` and where it measured it with
+    cheaper options (on CPU), that executable, run until this compile, begun on a worker, finishes
+    (:class:`Provisional`); else None."""
     if compiler is not xla or not set(options) <= {"donate_argnums"}:
         return None
-    return measured_executables.take(closed, avals, {}, options.get("donate_argnums", ()))
-
-
-def _provisional(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict[str, Any]) -> Any | None:
-    """Where a byte budget's search measured this very program with cheaper options (on CPU), that executable,
-    run until this compile, begun on a worker, finishes (:class:`Provisional`); else None."""
-    if compiler is not xla or not set(options) <= {"donate_argnums"} or not workers.overlaps():
-        return None
-    exe = measured_executables.take_provisional(closed, avals, {}, options.get("donate_argnums", ()))
+    donated = options.get("donate_argnums", ())
+    exe = measured_executables.take(closed, avals, {}, donated)
+    if exe is not None or not provisional or not workers.overlaps():
+        return exe
+    exe = measured_executables.take_provisional(closed, avals, {}, donated)
     if exe is None:
         return None
     try:
         lowered = lower_xla(closed, avals, **options)
-    except Exception:  # noqa: BLE001 - raised again by the compile below, on the calling thread
+    except Exception:  # noqa: BLE001 - raised again by the compile the caller makes, on the calling thread
         return None
     return Provisional(exe, workers.submit(compile_lowered, lowered))
 

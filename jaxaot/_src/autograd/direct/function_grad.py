@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.fusion import fused_exe, fused_outputs, is_decided, run_fused
+from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
 from jaxaot._src.runtime import AOTFunction, TraceKind, hot_leaves, hot_path
 
@@ -86,6 +86,8 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             plan = plans[id(programs)] = (programs, training_for(programs, leaves, args) if ok else None)
         return plan[1]
 
+    # Each picked argument's position among the dynamic ones (plan_for checks that none is static).
+    picks = tuple(n - sum(s < n for s in fun.static_argnums) for n in nums)
     # The last call's signature, where it ran the fused executable decided on: the next call with that signature
     # runs it straight away (hot_leaves), as jit's dispatch does, without the lookup and the choice.
     hot: list = [None]
@@ -101,7 +103,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
                 pass  # a sharding the last signature did not have: look it up
             else:
                 fun.note_hit()
-                return _results(h.training, outs, grads, len(args))
+                return _results(h.training, outs, grads)
         programs, leaves, kind = fun.lookup(args, kwargs)
         if kind is not TraceKind.CONCRETE:
             return fallback(*args, **kwargs)
@@ -111,7 +113,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
         with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
             if fused and not tr.num_aux:
-                name = "fused" + tr.name_suffix
+                name = fused_name(tr, value_leaf)
                 if not is_decided(programs, name):
                     # The first call of a signature compiles the step (on an accelerator, each variant
                     # weighed) and decides fused or split: once, however many threads call.
@@ -124,13 +126,12 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             else:
                 outs, residuals = tr.forward(leaves, concrete=True)
                 grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
-        return _results(tr, outs, grads, len(args))
+        return _results(tr, outs, grads)
 
-    def _results(tr: Any, outs: list, grads: list, n_args: int) -> Any:
+    def _results(tr: Any, outs: list, grads: list) -> Any:
         """``(value, grad)`` (``((value, aux), grad)`` with ``has_aux``) from the flat outputs and grads."""
         dyn, _ = tr.input_grads_tree(grads)
-        dyn_pos = [i for i in range(n_args) if i not in fun.static_argnums]
-        picked = tuple(dyn[dyn_pos.index(n)] for n in nums)
+        picked = tuple(dyn[i] for i in picks)
         out_tree = jax.tree_util.tree_unflatten(tr.programs.out_tree, outs)
         grad = picked[0] if single else picked
         if has_aux:
