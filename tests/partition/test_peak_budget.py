@@ -21,6 +21,7 @@ import pytest
 import jaxaot
 from jaxaot._src.partition import measure_step_peak, parse_memory_budget
 from jaxaot._src.partition.budget import compile_count, search
+from jaxaot._src.partition.budget.predict import predict_peak
 from jaxaot._src.partition.budget.step_peak import INEXACT, MEASURE_SLACK, fused_step, program_peak
 from zoo import assert_trees_close, deep_mlp, deep_mlp_args, transformer_block, transformer_args
 from zoo_models import MODELS
@@ -244,7 +245,7 @@ def test_a_budget_at_the_exact_peak_is_met_though_the_cheap_measurement_lies_abo
     (200, [(200, 3000), (200, 3500), (1000, 5000)], 3500),  # equal bytes: the higher peak counts
 ])
 def test_predicted_peaks(saved, anchors, want):
-    assert search.predict_peak(saved, anchors) == pytest.approx(want)
+    assert predict_peak(saved, anchors) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("name", ["gru_scan", "convnet_bn", pytest.param("gpt2_block_2h", marks=pytest.mark.slow),
@@ -354,10 +355,10 @@ class _Plan:
         return self.device_saved_bytes if self.held is None else self.held
 
 
-def _drive(curve, families, budget, monkeypatch, started=None, exacts=None):
+def _drive(curve, families, budget, monkeypatch, started=None, exacts=None, previewed=None):
     """``peak_search`` over ``curve`` (fraction -> plan) and ``families`` (name -> plan): the plan chosen (or the
     MemoryBudgetError's smallest peak) and the peaks compiled, in order (``started``: each compile begun is
-    appended to it; ``exacts``: each exact measurement)."""
+    appended to it; ``exacts``: each exact measurement; ``previewed``: each preview begun)."""
     compiled, started, exacts = [], [] if started is None else started, [] if exacts is None else exacts
 
     def exactly(part, avals, exact=False, keep=False):
@@ -368,9 +369,15 @@ def _drive(curve, families, budget, monkeypatch, started=None, exacts=None):
     monkeypatch.setattr(search, "_plan_key", lambda p: (p.device_saved_bytes, p.recompute, p.family))
     monkeypatch.setattr(search, "fused_step", lambda part, joint: part)
     monkeypatch.setattr(search, "program_peak", exactly)
-    monkeypatch.setattr(search, "start_peak", lambda part, avals, exact=False: started.append(part) or types.SimpleNamespace(
-        peak=lambda keep=False: compiled.append(part) or part.peak,  # a peak counts when the search reads it
-        settle=lambda: None))
+    def begun(part, avals, exact=False, preview=False):
+        started.append(part)
+        if preview and previewed is not None:
+            previewed.append(part)
+        return types.SimpleNamespace(  # a peak counts when the search reads it; a preview's is the plan's ``exact``
+            peak=lambda keep=False: compiled.append(part) or (part.exact if preview and part.exact else part.peak),
+            settle=lambda: None)
+
+    monkeypatch.setattr(search, "start_peak", begun)
     monkeypatch.setattr(search._Search, "seconds", lambda self, part: part.recompute)
     monkeypatch.setattr(search, "_nothing_fits", lambda s: ValueError(min(c.peak for c in s.measured)))
     run = search.peak_search(types.SimpleNamespace(in_avals=()), budget, tuple(families))
@@ -509,3 +516,97 @@ def test_a_plan_whose_floor_is_over_the_budget_is_never_compiled(floor_over, mon
     else:  # halfway is measured, fits and recomputes less: chosen
         assert len(compiled) == 3 and chosen.step_peak.fused == budget - 10 and chosen.recompute < bottom.recompute
 
+
+
+@pytest.mark.parametrize("bottom_near", [True, False])
+def test_next_to_a_plan_on_the_budgets_edge_the_plan_just_above_is_tried(bottom_near, monkeypatch):
+    """Peaks flatten towards the least-saving plans: the fraction 0 plan and the few above it may peak alike. Where
+    the fraction 0 plan is measured cheaply just over the budget (``near``), the search tries the next plan above
+    it, not the one halfway to the fraction 1 plan, and where that fits its exact measurement is spared. Where the
+    fraction 0 plan fits outright, the halfway plan is tried, as in a bisection."""
+    rng = np.random.default_rng()
+    budget = int(rng.integers(50_000, 60_000))
+    over = int(rng.integers(1, search.MEASURE_SLACK + 1))
+    bottom = _Plan(1_000, 2.0, budget + over if bottom_near else budget - 500, exact=budget + over)
+    step = int(rng.integers(1, 8))  # the grid fraction, in 32nds, where the plan first changes
+    plateau = _Plan(1_200, 1.5, budget)
+    top = _Plan(40_000, 0.0, 3 * budget)
+    monkeypatch.setattr(search, "measure_options", lambda avals, exact=False: (search.INEXACT[0], {}))
+
+    def curve(f):  # flat at the bottom, then far over
+        if f < step / search.GRID:
+            return bottom
+        return plateau if f < 0.25 else top if f == 1.0 else _Plan(int(40_000 * f), 1.0 - f, 2 * budget)
+
+    exacts = []
+    chosen, compiled = _drive(curve, {}, budget, monkeypatch, exacts=exacts)
+    assert compiled[:2] == [top, bottom] and not exacts
+    if bottom_near:
+        assert compiled == [top, bottom, plateau] and chosen.step_peak.fused == budget
+    else:
+        assert len(compiled) == 3 and compiled[2] not in (plateau, bottom) and chosen.step_peak.fused == budget - 500
+
+
+@pytest.mark.parametrize("floor_over", [True, False])
+def test_a_fraction_1_plan_that_cannot_fit_is_only_previewed(floor_over, monkeypatch):
+    """Where the platform has a cheaper preview compile (a GPU's, without autotuning) and the fraction 1 plan's floor
+    is over the budget, that plan's peak only anchors the predictions: it is previewed, never compiled as the runtime
+    compiles it, never chosen, and the plan chosen is the one chosen with its exact peak. Where its floor fits, it
+    may fit: it is measured as the runtime compiles it."""
+    rng = np.random.default_rng()
+    budget = int(rng.integers(50_000, 60_000))
+    held = budget + 1 if floor_over else budget // 2
+
+    def curve_with(top):
+        def curve(f):  # peaks rise with saved bytes: some fraction above 0 fits
+            if f == 1.0:
+                return top
+            saved = int(2_000 + 38_000 * f)
+            return _Plan(saved, 1.0 - f, budget - 30_000 + saved)
+        return curve
+
+    monkeypatch.setattr(search, "previews", lambda avals: True)
+    off = int(rng.integers(-budget // 20, budget // 20))  # what a preview reads off the runtime's peak
+    choices = {}
+    for reads in (0, off):
+        top = _Plan(40_000, 0.0, 3 * budget, held=held, exact=3 * budget + reads if reads else None)
+        previewed, started = [], []
+        chosen, compiled = _drive(curve_with(top), {}, budget, monkeypatch, started=started, previewed=previewed)
+        assert previewed == ([top] if floor_over else []) and started.count(top) == 1
+        assert compiled[0] == top and chosen.step_peak.fused <= budget and chosen.device_saved_bytes < 40_000
+        choices[reads] = chosen.device_saved_bytes, len(compiled)
+    monkeypatch.setattr(search, "previews", lambda avals: False)  # the top plan measured as it runs
+    again, compiled_again = _drive(curve_with(_Plan(40_000, 0.0, 3 * budget, held=held)), {}, budget, monkeypatch)
+    assert (again.device_saved_bytes, len(compiled_again)) == choices[0]  # a preview reading true: the same search
+
+
+def test_a_previewed_plan_anchors_the_search_and_its_executable_is_never_kept(monkeypatch):
+    """The preview path, run on the CPU with a stand-in option set (a GPU's turns autotuning off). A scanned GPT over
+    a long sequence saves every layer's attention scores at fraction 1, more than the fraction 0 plan's whole peak:
+    with a budget between the two, the fraction 1 plan is compiled only as a preview, which keeps no executable,
+    and the plan chosen meets the budget with gradients equal to JAX's."""
+    from benchmarks import models
+    from jaxaot._src.partition.budget import measured_executables, step_peak
+    model = models.gpt_scanned(1, 256, 32, 4, jnp.float32, layers=4)
+    args = model.make_args(jax.random.key(int(np.random.default_rng().integers(1 << 30))))
+    if not step_peak.previews(()):  # a GPU has its own preview; elsewhere a stand-in option set
+        monkeypatch.setitem(step_peak.PREVIEW_OPTIONS, jax.default_backend(), ({"xla_backend_optimization_level": 0},))
+    joint = jaxaot.partition.trace_joint(model.loss, *args)
+    top, bottom = (mincut(joint, memory_budget=b) for b in (1.0, 0.0))
+    bottom_peak = program_peak(fused_step(bottom, joint), joint.in_avals, exact=True)
+    assert bottom_peak < top.held_bytes
+    budget = (bottom_peak + top.held_bytes) // 2
+    previewed, kept = [], []
+    real_start, real_keep = step_peak.start_peak, measured_executables.keep
+
+    def start(closed, avals, exact=False, preview=False):
+        if preview:
+            previewed.append(closed)
+        return real_start(closed, avals, exact, preview)
+
+    monkeypatch.setattr(search, "start_peak", start)
+    monkeypatch.setattr(measured_executables, "keep",
+                        lambda closed, *a, **k: kept.append(closed) or real_keep(closed, *a, **k))
+    vg = _check_grads(model.loss, args, model.argnums, mincut(memory_budget=budget))
+    assert len(previewed) == 1 and kept and all(c is not previewed[0] for c in kept)
+    assert vg.lower(*args).compile().peak_bytes <= budget

@@ -1,14 +1,14 @@
 """The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
 
 Only XLA knows a plan's peak, and measuring one costs a compile of the step. So :func:`peak_search`
-measures the fraction 1 plan, predicts the other fraction plans' peaks from their saved bytes
-(:func:`predict_peak`), measures the least-recomputing plan that may fit (predicted to, or shaped like
-``dots_saveable``), and refines with secant and bisection steps, up to :data:`MAX_MEASURED`. Past the fraction
-1 plan, one whose floor (the bytes held at the hand-over to the backward, never above its peak) is over the
-budget is compiled only where nothing fits. Compiles run on worker threads, ahead where cores are spare
-(:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one at a time. Where no plan fits,
-:class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest peak. Only the chosen plan's
-executable stays held.
+measures the fraction 1 plan (a cheaper preview where its floor is over the budget), predicts the others'
+peaks from their saved bytes (:func:`predict_peak`), measures the least-recomputing plan that may fit
+(predicted to, or shaped like ``dots_saveable``), and refines with secant and bisection steps, up to
+:data:`MAX_MEASURED`. Past the fraction 1 plan, one whose floor (the bytes held at the hand-over to the
+backward, never above its peak) is over the budget is compiled only where nothing fits. Compiles run on
+worker threads, ahead where cores are spare (:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one
+at a time. Where no plan fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest
+peak. Only the chosen plan's executable stays held.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from jaxaot.errors import MemoryBudgetError
 from jaxaot._src import workers
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.budget.live_values import peak_holders
+from jaxaot._src.partition.budget.predict import interpolate, predict_peak
 from jaxaot._src.partition.budget.step_peak import (
-    INEXACT, MEASURE_SLACK, PendingPeak, StepPeak, fused_step, measure_options, program_peak, program_platform,
-    start_peak)
+    INEXACT, MEASURE_SLACK, PendingPeak, StepPeak, fused_step, measure_options, previews, program_peak,
+    program_platform, start_peak)
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import OpCosts
 from jaxaot._src.tracing import JointGraph
@@ -65,35 +66,6 @@ def _plan_key(part: Partition) -> tuple:
             len(part.recomputed), str(part.forward), str(part.backward))
 
 
-def predict_peak(saved: int, anchors: Sequence[tuple[int, int]]) -> float:
-    """A plan's compiled peak predicted from its device saved bytes and ``anchors``, the
-    ``(saved bytes, compiled peak)`` of plans measured: linear between the nearest anchors, and beyond
-    them along the nearest segment (its slope at least 0), or with slope 1 from a single anchor.
-    Where two anchors save equal bytes the higher peak counts. ``inf`` without anchors.
-
-    Example:
-        >>> from jaxaot._src.partition.budget.search import predict_peak
-        >>> predict_peak(600, [(1000, 5000)]), predict_peak(600, [(1000, 5000), (200, 3000)])
-        (4600, 4000.0)
-    """
-    points: dict[int, int] = {}
-    for s, p in anchors:
-        points[s] = max(p, points.get(s, p))
-    xs = sorted(points)
-    if not xs:
-        return math.inf
-    if len(xs) == 1:
-        return points[xs[0]] - (xs[0] - saved)
-    if saved in points:
-        return float(points[saved])
-    if saved < xs[0] or saved > xs[-1]:  # beyond: along the nearest segment, from its nearest end
-        a, b = (xs[0], xs[1]) if saved < xs[0] else (xs[-1], xs[-2])
-        return points[a] + max((points[b] - points[a]) / (b - a), 0.0) * (saved - a)
-    b = next(x for x in xs if x > saved)
-    a = max(x for x in xs if x < saved)
-    return points[a] + (points[b] - points[a]) / (b - a) * (saved - a)
-
-
 @dataclasses.dataclass
 class _Candidate:
     part: Partition
@@ -105,6 +77,7 @@ class _Candidate:
     program: Any = None  # the fused step measured, whose executable may be held for the runtime
     pending: PendingPeak | None = None  # its compile, begun (:meth:`_Search.start`) and not yet read
     near: bool = False  # measured cheaply just over the budget: fits until measured exactly (:meth:`_Search.exact`)
+    previewed: bool = False  # its peak a preview's (:meth:`_Search.preview`): for predictions alone, never a fit
 
     @property
     def saved(self) -> int:
@@ -145,6 +118,15 @@ class _Search:
             c.program = fused_step(c.part, self.joint)
             c.pending = start_peak(c.program, self.joint.in_avals)
 
+    def preview(self, c: _Candidate) -> None:
+        """Begin measuring the candidate with a preview (``step_peak.PREVIEW_OPTIONS``): the fraction 1 plan where its
+        floor is over the budget, whose peak then only anchors the predictions. A preview's executable is never
+        held, and the autotuning of a cold compile is left to a plan that may run."""
+        if not c.measured and c.pending is None:
+            c.program = fused_step(c.part, self.joint)
+            c.pending = start_peak(c.program, self.joint.in_avals, preview=True)
+            c.previewed = True
+
     def measure(self, c: _Candidate) -> None:
         """The candidate's fused peak, measured cheaply. Where that lies just over the budget (within the cheap
         measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`) the candidate is ``near``:
@@ -152,8 +134,8 @@ class _Search:
         that a better plan measured meanwhile spares that compile."""
         if not c.measured:
             self.start(c)
-            c.peak, c.pending = c.pending.peak(keep=True), None
-            c.near = c.peak is not None and self.budget < c.peak <= self.budget + self.slack
+            c.peak, c.pending = c.pending.peak(keep=not c.previewed), None
+            c.near = not c.previewed and c.peak is not None and self.budget < c.peak <= self.budget + self.slack
             c.measured = True
 
     def exact(self, c: _Candidate) -> None:
@@ -176,7 +158,7 @@ class _Search:
         return 0.0 if self.costs is None else float(sum(self.costs.seconds(e) for e in part.recomputed.eqns))
 
     def fits(self, c: _Candidate) -> bool:
-        return c.measured and (c.peak is None or c.peak <= self.budget or c.near)
+        return c.measured and not c.previewed and (c.peak is None or c.peak <= self.budget or c.near)
 
     @property
     def measured(self) -> list[_Candidate]:
@@ -218,19 +200,10 @@ class _Search:
             f = k / GRID
             if f in self.fractions:
                 continue
-            saved = _interpolate(known, f)
+            saved = interpolate(known, f)
             if predict_peak(saved, self.anchors()) <= self.budget:
                 return f
         return None
-
-
-def _interpolate(known: Sequence[tuple[float, int]], f: float) -> float:
-    """Saved bytes at fraction ``f``, linear between the nearest planned fractions."""
-    lo = max((p for p in known if p[0] <= f), default=known[0])
-    hi = min((p for p in known if p[0] >= f), default=known[-1])
-    if hi[0] == lo[0]:
-        return float(lo[1])
-    return lo[1] + (hi[1] - lo[1]) * (f - lo[0]) / (hi[0] - lo[0])
 
 
 def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
@@ -278,7 +251,9 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     """:func:`peak_search`'s choice among the candidates of ``search``."""
     top = yield from search.plan(1.0, priced=False)
     ahead = _ahead()
-    if ahead:
+    if not search.floor_fits(top) and previews(search.joint.in_avals):
+        search.preview(top)  # it cannot fit: its peak anchors the predictions alone
+    elif ahead:
         search.start(top)
     search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)
     if ahead:  # planned while the top plan compiles (on accelerators the op timings run now): needed unless it fits
@@ -327,7 +302,7 @@ def _compiles_ahead(search: _Search) -> bool:
 def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Partition, _Candidate | None]:
     """Until a plan fits: measure the best candidate that may fit (the fraction 0 plan where none may).
     Then at most :data:`MORE_AFTER_FIT` more, each the best-ranked of the fraction plan above (predicted to
-    fit, else halfway to the lowest failing one) and the family plans that may fit; at most
+    fit, else :func:`_improvement_fraction`'s) and the family plans that may fit; at most
     :data:`MAX_MEASURED` plans in all, and none whose floor is over the budget (:meth:`_Search.floor_fits`)."""
     tries_after_fit = 0
     while len(search.measured) < MAX_MEASURED and (best is None or tries_after_fit < MORE_AFTER_FIT):
@@ -378,14 +353,29 @@ def _plan_next_fraction(search: _Search, best: _Candidate | None) -> Generator[R
 
 def _improvement_fraction(search: _Search, best: _Candidate) -> Generator[Request, Partition, float | None]:
     """The fraction to try above ``best``: the largest predicted to fit (the secant between the plan that fits
-    and the lowest failing one), else the grid fraction halfway to the lowest failing one; None where no grid
-    fraction lies between."""
+    and the lowest failing one), else the grid fraction halfway to the lowest failing one, or, where ``best`` is
+    ``near``, the next plan above it (:func:`_next_plan_above`); None where no grid fraction lies between."""
     predicted = yield from _plan_next_fraction(search, best)
     if predicted is not None or best.family is not None:
         return predicted
     failing = _lowest_failing(search)
+    if best.near:
+        return (yield from _next_plan_above(search, best, failing))
     halfway = math.floor((best.fraction + failing) / 2 * GRID) / GRID
     return halfway if best.fraction < halfway < failing else None
+
+
+def _next_plan_above(search: _Search, best: _Candidate, failing: float
+                     ) -> Generator[Request, Partition, float | None]:
+    """The smallest grid fraction above ``best`` (below ``failing``) whose plan is another, not measured yet, or None.
+    Tried where ``best`` lies on the budget's edge (``near``): peaks flatten towards the least-saving plans, so
+    the plan next to one that about fits is the likeliest better plan to fit, and fitting, it spares ``best``'s
+    exact measurement."""
+    for k in range(math.floor(best.fraction * GRID) + 1, math.ceil(failing * GRID)):
+        c = yield from search.plan(k / GRID)
+        if c is not best:
+            return None if c.measured else k / GRID
+    return None
 
 
 def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
@@ -418,7 +408,7 @@ def _nothing_fits(search: _Search) -> MemoryBudgetError:
     def reach(c: _Candidate) -> int:
         return c.peak if c.peak is not None else 1 << 62
 
-    smallest = min(search.measured, key=reach)
+    smallest = min(search.measured, key=lambda c: (c.previewed, reach(c)))  # a preview's peak is approximate
     peak = reach(smallest)
     _, holders = peak_holders(smallest.part)
     lines = "\n".join(f"  {format_bytes(n):>11}  {what}" for n, what in holders)

@@ -181,6 +181,14 @@ INEXACT = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": 
 #: within this over a budget is measured again exactly (``program_peak(..., exact=True)``) where it would be chosen.
 MEASURE_SLACK = 256
 
+#: XLA options for a preview, per platform: a compile whose peak only anchors the search's predictions, made for a
+#: plan that cannot fit (its floor is over the budget). On a GPU, no autotuning and cuBLAS's own choice of kernel: a
+#: cold compile without the autotuning that the runtime's compile of the plan chosen pays once anyway, its peak
+#: within a few percent of the runtime's, either way. A preview's executable is never kept.
+PREVIEW_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
+    "gpu": ({"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False},),
+}
+
 _CACHE: collections.OrderedDict[str, int | None] = collections.OrderedDict()
 _CACHE_LIMIT = 1024
 _LOCK = threading.Lock()
@@ -207,6 +215,16 @@ def measure_options(avals: Sequence[Any] = (), exact: bool = False) -> tuple[dic
     only those that keep the runtime compile's peak."""
     sets = [o for o in MEASURE_OPTIONS.get(program_platform(avals), ())
             if str(sorted(o.items())) not in _REFUSED and not (exact and o in INEXACT)]
+    return (*[dict(o) for o in sets], {})
+
+
+def previews(avals: Sequence[Any]) -> bool:
+    """Whether the platform of ``avals`` has a preview (:data:`PREVIEW_OPTIONS`) the backend has not refused."""
+    return bool(_preview_options(avals)[:-1])
+
+
+def _preview_options(avals: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    sets = [o for o in PREVIEW_OPTIONS.get(program_platform(avals), ()) if str(sorted(o.items())) not in _REFUSED]
     return (*[dict(o) for o in sets], {})
 
 
@@ -275,10 +293,11 @@ class _Inflight:
 _INFLIGHT: dict[str, _Inflight] = {}  # key -> its compile, while it runs
 
 
-def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> PendingPeak:
+def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False, preview: bool = False) -> PendingPeak:
     """:func:`program_peak` begun: the program lowered here (lowering reads this thread's configuration), its
-    compile handed to a worker; a program of the same key compiling already, or cached, is not compiled again."""
-    options = measure_options(avals, exact)
+    compile handed to a worker; a program of the same key compiling already, or cached, is not compiled again.
+    With ``preview``, compiled with the platform's :data:`PREVIEW_OPTIONS`: a peak for predictions alone."""
+    options = _preview_options(avals) if preview else measure_options(avals, exact)
     text = str(closed)
     key = hashlib.sha256(f"{text}\n{[_aval_key(a) for a in avals]}\n{options[0]}".encode()).hexdigest()
     with _LOCK:
@@ -306,7 +325,9 @@ def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False) -> Pendin
             found, inflight = None, _INFLIGHT.setdefault(key, _Inflight())
     if found is not None:
         return PendingPeak(closed, avals, text, found[1], peak=found[0])
-    workers.submit(_measured, key, lowered, options, inflight, compile_bytes(closed, program_platform(avals)))
+    autotunes = not (preview and options[0])  # a preview's options turn the autotuning off
+    nbytes = compile_bytes(closed, program_platform(avals)) if autotunes else 0
+    workers.submit(_measured, key, lowered, options, inflight, nbytes)
     return PendingPeak(closed, avals, text, inflight, owner=True)
 
 
