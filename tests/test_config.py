@@ -43,6 +43,7 @@ VALUES = {
     "unroll_blocks": ([(True, True), (False, False)], [None, 0, "no"]),
     "stack_segments": ([(True, True), (False, False), (None, None)], [0, "1", []]),
     "start_steps_ahead": ([(True, True), (False, False)], [None, 1, "yes"]),
+    "provisional_steps": ([(True, True), (False, False)], [None, 1, "off"]),
     "tune_in_background": ([(True, True), (False, False)], [None, 0, "on"]),
 }
 #: name -> (environment text, value; text it refuses). Paths take any text.
@@ -56,6 +57,7 @@ ENV = {
     "unroll_blocks": ([("off", False), ("1", True)], ["twice"]),
     "stack_segments": ([("0", False), ("1", True)], ["none"]),
     "start_steps_ahead": ([("off", False), ("on", True)], ["later"]),
+    "provisional_steps": ([("1", True), ("false", False)], ["soon"]),
     "tune_in_background": ([("no", False), ("true", True)], ["sometimes"]),
 }
 

@@ -163,6 +163,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("start_steps_ahead", "bool", True, _bool, _flag,
             "Whether compiled_value_and_grad starts a step's executable before its forward is recorded, once two "
             "calls in a row ran it."),
+    Setting("provisional_steps", "bool", False, _bool, _flag,
+            "Whether a byte budget's first steps on a CPU run the search's cheaper executable of the plan while the "
+            "runtime's own compile finishes; their results may differ in the last bits, from a step that timing "
+            "decides."),
     Setting("tune_in_background", "bool", True, _bool, _flag,
             "Whether value_and_grad's first call on an accelerator runs the fused step once it compiles and weighs "
             "its variants and the split programs over the calls that follow; False: the first call weighs them."),
@@ -205,6 +209,13 @@ class Config:
       start_steps_ahead: a ``compiled_value_and_grad`` call starts its step's
         executable before its forward is recorded, once two calls in a row ran it
         (read at each call). ``JAXAOT_START_STEPS_AHEAD``.
+      provisional_steps: on a CPU, a byte budget's first calls run the executable
+        the search measured the chosen plan with (cheaper compile options, the same
+        peak or a few bytes above) while the runtime's own compile of the program
+        finishes on a worker, which then takes over. Off by default: the two
+        executables' results may differ in the last bits, and which call the
+        runtime's takes over at depends on timing, so runs would not repeat bit
+        for bit. ``JAXAOT_PROVISIONAL_STEPS``.
       tune_in_background: ``jaxaot.value_and_grad``'s first call of a signature on
         an accelerator returns as soon as the fused step compiles; its variants and
         the split programs compile on worker threads, and the calls that follow
@@ -222,6 +233,7 @@ class Config:
     unroll_blocks: bool
     stack_segments: bool | None
     start_steps_ahead: bool
+    provisional_steps: bool
     tune_in_background: bool
 
     def __init__(self, **values: Any) -> None:

@@ -108,7 +108,8 @@ def test_a_plan_measured_with_cheaper_options_runs_until_the_runtime_s_compile_r
     vg = jaxaot.value_and_grad(f, argnums=(0, 1))
     want = jax.value_and_grad(scanned_mlp, argnums=(0, 1))
     args = _args(4)
-    assert_trees_close(vg(*args), want(*args), rtol=1e-4, atol=1e-5)
+    with jaxaot.config.override(provisional_steps=True):
+        assert_trees_close(vg(*args), want(*args), rtol=1e-4, atol=1e-5)
     after = measured_executables.counts()
     assert after.taken == held.taken + 1 and after.held == 0  # the chosen plan's taken, the others released
     (exe,) = [e for n, e in f.lookup(args, {}).programs.executables.items() if n.startswith("fused")]
@@ -121,6 +122,30 @@ def test_a_plan_measured_with_cheaper_options_runs_until_the_runtime_s_compile_r
     for seed in (5, 6):  # the runtime's executable runs the steps that follow
         fresh = _args(seed)
         assert_trees_close(vg(*fresh), want(*fresh), rtol=1e-4, atol=1e-5)
+
+
+def test_without_provisional_steps_every_call_runs_the_runtime_s_own_executable(monkeypatch):
+    """By default (``jaxaot.config.provisional_steps`` off) the runtime compiles its own executable before the first
+    step, and the search's cheaper one is never run: every call of a process gives the same bits as a process that
+    compiled in turn, whatever the timing."""
+    from jaxaot._src.compile.cache import Provisional
+
+    budget = _between_the_ends(scanned_mlp, _args(3))
+    taken = []
+    real_take = measured_executables.take_provisional
+    monkeypatch.setattr(measured_executables, "take_provisional", lambda *a: taken.append(real_take(*a)) or taken[-1])
+    outs = []
+    for _ in range(2):
+        f = jaxaot.aot_function(scanned_mlp, partition_fn=mincut(memory_budget=budget))
+        vg = jaxaot.value_and_grad(f, argnums=(0, 1))
+        outs.append([vg(*_args(seed)) for seed in (7, 8)])
+        (exe,) = [e for n, e in f.lookup(_args(7), {}).programs.executables.items() if n.startswith("fused")]
+        assert not isinstance(exe.executable, Provisional)
+    assert not taken
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    want = jax.value_and_grad(scanned_mlp, argnums=(0, 1))
+    assert_trees_close(outs[0][1], want(*_args(8)), rtol=1e-4, atol=1e-5)
 
 
 def test_a_provisional_executable_stays_where_the_runtime_s_compile_fails():

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from jaxaot._src import compat as C
 from jaxaot._src import workers
+from jaxaot._src.config import config
 from jaxaot._src.compile import executable_codec, partition_codec, store
 from jaxaot._src.compile.cache_keys import executable_key, partition_key
 from jaxaot._src.compile.cache_stats import CacheStats, count, reset_stats, stats
@@ -85,7 +86,8 @@ def cached_compile(compiler: Compiler, closed: Any, avals: Sequence[Any], *,
             count("executable_hits")
             return exe
         count("executable_misses")
-    exe = _measured(compiler, closed, avals, options, provisional=path is None and pending is None)
+    exe = _measured(compiler, closed, avals, options,
+                    provisional=path is None and pending is None and config.provisional_steps)
     if exe is None:
         exe = pending.result() if pending is not None else compiler(closed, avals, **options)
     if path is not None:
