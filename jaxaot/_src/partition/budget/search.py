@@ -38,6 +38,8 @@ MAX_MEASURED = 4
 MORE_AFTER_FIT = 1
 #: Where nothing fits, at most this many plans are compiled before the budget is refused.
 MAX_MEASURED_REFUSING = 10
+#: Looking for the plan next above one on the budget's edge, at most this many grid fractions are planned.
+NEXT_PLAN_STEPS = 8
 
 #: With at least this many compile threads (:func:`jaxaot._src.workers.threads`) the search works ahead, on
 #: cores to spare: while the fraction 1 plan compiles, it makes and prices the plans compared with it and, on
@@ -353,25 +355,29 @@ def _plan_next_fraction(search: _Search, best: _Candidate | None) -> Generator[R
 
 def _improvement_fraction(search: _Search, best: _Candidate) -> Generator[Request, Partition, float | None]:
     """The fraction to try above ``best``: the largest predicted to fit (the secant between the plan that fits
-    and the lowest failing one), else the grid fraction halfway to the lowest failing one, or, where ``best`` is
-    ``near``, the next plan above it (:func:`_next_plan_above`); None where no grid fraction lies between."""
+    and the lowest failing one), else, where ``best`` is ``near``, the next plan above it (:func:`_next_plan_above`),
+    else the grid fraction halfway to the lowest failing one; None where no grid fraction lies between."""
     predicted = yield from _plan_next_fraction(search, best)
     if predicted is not None or best.family is not None:
         return predicted
     failing = _lowest_failing(search)
     if best.near:
-        return (yield from _next_plan_above(search, best, failing))
+        above = yield from _next_plan_above(search, best, failing)
+        if above is not None:
+            return above
     halfway = math.floor((best.fraction + failing) / 2 * GRID) / GRID
     return halfway if best.fraction < halfway < failing else None
 
 
 def _next_plan_above(search: _Search, best: _Candidate, failing: float
                      ) -> Generator[Request, Partition, float | None]:
-    """The smallest grid fraction above ``best`` (below ``failing``) whose plan is another, not measured yet, or None.
+    """The smallest grid fraction above ``best`` (below ``failing``, within :data:`NEXT_PLAN_STEPS`) whose plan is
+    another, not measured yet, or None.
     Tried where ``best`` lies on the budget's edge (``near``): peaks flatten towards the least-saving plans, so
     the plan next to one that about fits is the likeliest better plan to fit, and fitting, it spares ``best``'s
     exact measurement."""
-    for k in range(math.floor(best.fraction * GRID) + 1, math.ceil(failing * GRID)):
+    first = math.floor(best.fraction * GRID) + 1
+    for k in range(first, min(math.ceil(failing * GRID), first + NEXT_PLAN_STEPS)):
         c = yield from search.plan(k / GRID)
         if c is not best:
             return None if c.measured else k / GRID
