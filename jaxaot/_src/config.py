@@ -215,7 +215,7 @@ class Config:
         finishes on a worker, which then takes over. Off by default: the two
         executables' results may differ in the last bits, and which call the
         runtime's takes over at depends on timing, so runs would not repeat bit
-        for bit. ``JAXAOT_PROVISIONAL_STEPS``.
+        for bit (read when a signature's step compiles). ``JAXAOT_PROVISIONAL_STEPS``.
       tune_in_background: ``jaxaot.value_and_grad``'s first call of a signature on
         an accelerator returns as soon as the fused step compiles; its variants and
         the split programs compile on worker threads, and the calls that follow
