@@ -79,7 +79,7 @@ class _Candidate:
     program: Any = None  # the fused step measured, whose executable may be held for the runtime
     pending: PendingPeak | None = None  # its compile, begun (:meth:`_Search.start`) and not yet read
     near: bool = False  # measured cheaply just over the budget: fits until measured exactly (:meth:`_Search.exact`)
-    previewed: bool = False  # its peak a preview's (:meth:`_Search.preview`): for predictions alone, never a fit
+    previewed: bool = False  # its peak a preview's (:meth:`_Search.start`): for predictions alone, never a fit
 
     @property
     def saved(self) -> int:
@@ -112,22 +112,16 @@ class _Search:
             self.fractions[fraction] = found
         return found
 
-    def start(self, c: _Candidate) -> None:
+    def start(self, c: _Candidate, preview: bool = False) -> None:
         """Begin measuring the candidate: its fused step lowered here, compiled on a worker thread. Whether
         it counts as measured is :meth:`measure`'s to say: a compile begun and never read changes nothing
-        but the cache of peaks."""
+        but the cache of peaks. With ``preview`` (``step_peak.PREVIEW_OPTIONS``), for the fraction 1 plan where its
+        floor is over the budget, the peak only anchors the predictions: the executable is never held, and the
+        autotuning of a cold compile is left to a plan that may run."""
         if not c.measured and c.pending is None:
             c.program = fused_step(c.part, self.joint)
-            c.pending = start_peak(c.program, self.joint.in_avals)
-
-    def preview(self, c: _Candidate) -> None:
-        """Begin measuring the candidate with a preview (``step_peak.PREVIEW_OPTIONS``): the fraction 1 plan where its
-        floor is over the budget, whose peak then only anchors the predictions. A preview's executable is never
-        held, and the autotuning of a cold compile is left to a plan that may run."""
-        if not c.measured and c.pending is None:
-            c.program = fused_step(c.part, self.joint)
-            c.pending = start_peak(c.program, self.joint.in_avals, preview=True)
-            c.previewed = True
+            c.pending = start_peak(c.program, self.joint.in_avals, preview=preview)
+            c.previewed = preview
 
     def measure(self, c: _Candidate) -> None:
         """The candidate's fused peak, measured cheaply. Where that lies just over the budget (within the cheap
@@ -254,7 +248,7 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     top = yield from search.plan(1.0, priced=False)
     ahead = _ahead()
     if not search.floor_fits(top) and previews(search.joint.in_avals):
-        search.preview(top)  # it cannot fit: its peak anchors the predictions alone
+        search.start(top, preview=True)  # it cannot fit: its peak anchors the predictions alone
     elif ahead:
         search.start(top)
     search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)

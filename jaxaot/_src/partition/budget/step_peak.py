@@ -17,7 +17,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import jax
 
@@ -213,9 +213,7 @@ def measure_options(avals: Sequence[Any] = (), exact: bool = False) -> tuple[dic
     """The compiler option sets a measurement on the platform of ``avals`` (the default device's without
     a sharding) tries, in order, the last the backend's defaults (:data:`MEASURE_OPTIONS`); with ``exact``,
     only those that keep the runtime compile's peak."""
-    sets = [o for o in MEASURE_OPTIONS.get(program_platform(avals), ())
-            if str(sorted(o.items())) not in _REFUSED and not (exact and o in INEXACT)]
-    return (*[dict(o) for o in sets], {})
+    return _then_defaults(o for o in MEASURE_OPTIONS.get(program_platform(avals), ()) if not (exact and o in INEXACT))
 
 
 def previews(avals: Sequence[Any]) -> bool:
@@ -224,8 +222,12 @@ def previews(avals: Sequence[Any]) -> bool:
 
 
 def _preview_options(avals: Sequence[Any]) -> tuple[dict[str, Any], ...]:
-    sets = [o for o in PREVIEW_OPTIONS.get(program_platform(avals), ()) if str(sorted(o.items())) not in _REFUSED]
-    return (*[dict(o) for o in sets], {})
+    return _then_defaults(PREVIEW_OPTIONS.get(program_platform(avals), ()))
+
+
+def _then_defaults(sets: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """``sets`` less those the backend refused, copied, then the backend's defaults (``{}``)."""
+    return (*[dict(o) for o in sets if str(sorted(o.items())) not in _REFUSED], {})
 
 
 def _compile(lowered: Any, options: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
