@@ -36,7 +36,8 @@ call; the tape and its differentiated inputs; the MLP's forward under a recorder
 nothing down (JAX's and the user's Python alone) against its recording; the look's program
 alone; the structure key (the trie's node, against building and hashing the whole key); the
 compiled-step cache lookup; the step's dispatch (a one-element program, through the executable
-and through ``jit``); the MLP's executable and whole step.
+and through ``jit``); the MLP's executable (run, and its dispatch alone: the host's share of it), its whole
+step, and ``jit(value_and_grad)`` of it (the branch in ``jnp.where``), in the same rounds.
 
 The executable alone is compiled through ``jaxaot._src.autograd.recorded.step`` (``record``,
 ``compile_step``), the module the compiled step itself uses; no face exports it.
@@ -271,14 +272,21 @@ def section(name: str, fns: dict, rounds: int, steps: int, replayed: bool = True
 
 # --------------------------------------------------------------------------- recording costs
 def _per_unit(fn: Callable[[], Any], base: Callable[[], Any] | None, units: int, reps: int) -> float:
-    """Seconds per unit of ``fn`` (less ``base``, the same without the units), median of ``reps`` calls."""
+    """Seconds per unit of ``fn`` (less ``base``, the same without the units), median of ``reps`` calls; ``units``
+    0: the seconds of ``fn``'s call alone, its outputs waited for after the clock stops (a dispatch)."""
     def med(f):
         times = []
         for _ in range(reps):
             t = time.perf_counter()
-            jax.block_until_ready(f())
+            out = f()
+            if units:
+                jax.block_until_ready(out)
             times.append(time.perf_counter() - t)
+            jax.block_until_ready(out)
         return statistics.median(times)
+
+    if units == 0:
+        return med(fn)
 
     return max(med(fn) - (med(base) if base is not None else 0.0), 0.0) / units
 
@@ -348,7 +356,8 @@ def _null_forward(forward: Callable, leaves: list, tree: Any) -> Callable[[], An
 
 def recording_costs(rounds: int) -> str:
     """The per-piece cost table (module docstring) on the CPU MLP that looks at a value."""
-    loss, params, batch, _ = mlp(True, look=True)
+    loss, params, batch, jittable = mlp(True, look=True)
+    jit_vg = jax.jit(jax.value_and_grad(jittable))
     x = jnp.ones((32, 64))
     n = 64
     leaves, tree = jax.tree_util.tree_flatten((params,))
@@ -400,7 +409,9 @@ def recording_costs(rounds: int) -> str:
         "step dispatch, jit (1-element program)": (lambda: tiny_jit(w1), None, 1),
         "whole step, 1-element program": (lambda: tiny(w1), None, 1),
         "the MLP's step executable": (lambda: exe(leaves, recorded.args), None, 1),
+        "the MLP's step executable, its dispatch alone": (lambda: exe(leaves, recorded.args), None, 0),
         "the MLP's whole recorded step": (lambda: step_vg(params, *batch), None, 1),
+        "jit(value_and_grad) of the MLP (jnp.where)": (lambda: jit_vg(params, *batch), None, 1),
     }
     per = {k: [] for k in rows}
     for _ in range(rounds):
