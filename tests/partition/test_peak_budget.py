@@ -551,8 +551,9 @@ def test_next_to_a_plan_on_the_budgets_edge_the_plan_just_above_is_tried(bottom_
 def test_a_fraction_1_plan_that_cannot_fit_is_only_previewed(floor_over, monkeypatch):
     """Where the platform has a cheaper preview compile (a GPU's, without autotuning) and the fraction 1 plan's floor
     is over the budget, that plan's peak only anchors the predictions: it is previewed, never compiled as the runtime
-    compiles it, never chosen, and the plan chosen is the one chosen with its exact peak. Where its floor fits, it
-    may fit: it is measured as the runtime compiles it."""
+    compiles it, never chosen, and the plan chosen is the one chosen with its exact peak. On a platform without a
+    preview that plan is not compiled at all, and the plan chosen fits. Where its floor fits, it may fit: it is
+    measured as the runtime compiles it."""
     rng = np.random.default_rng()
     budget = int(rng.integers(50_000, 60_000))
     held = budget + 1 if floor_over else budget // 2
@@ -575,9 +576,14 @@ def test_a_fraction_1_plan_that_cannot_fit_is_only_previewed(floor_over, monkeyp
         assert previewed == ([top] if floor_over else []) and started.count(top) == 1
         assert compiled[0] == top and chosen.step_peak.fused <= budget and chosen.device_saved_bytes < 40_000
         choices[reads] = chosen.device_saved_bytes, len(compiled)
-    monkeypatch.setattr(search, "previews", lambda avals: False)  # the top plan measured as it runs
-    again, compiled_again = _drive(curve_with(_Plan(40_000, 0.0, 3 * budget, held=held)), {}, budget, monkeypatch)
-    assert (again.device_saved_bytes, len(compiled_again)) == choices[0]  # a preview reading true: the same search
+    monkeypatch.setattr(search, "previews", lambda avals: False)  # no preview: the top plan measured as it runs
+    top, started = _Plan(40_000, 0.0, 3 * budget, held=held), []
+    again, compiled_again = _drive(curve_with(top), {}, budget, monkeypatch, started=started)
+    if floor_over:  # it cannot fit, and nothing would preview it: never compiled
+        assert top not in started and top not in compiled_again and again.step_peak.fused <= budget
+        assert again.device_saved_bytes < 40_000 and len(compiled_again) <= choices[0][1]
+    else:
+        assert (again.device_saved_bytes, len(compiled_again)) == choices[0]  # a preview reading true: the same
 
 
 def test_a_previewed_plan_anchors_the_search_and_its_executable_is_never_kept(monkeypatch):
@@ -609,4 +615,30 @@ def test_a_previewed_plan_anchors_the_search_and_its_executable_is_never_kept(mo
                         lambda closed, *a, **k: kept.append(closed) or real_keep(closed, *a, **k))
     vg = _check_grads(model.loss, args, model.argnums, mincut(memory_budget=budget))
     assert len(previewed) == 1 and kept and all(c is not previewed[0] for c in kept)
+    assert vg.lower(*args).compile().peak_bytes <= budget
+
+
+def test_without_a_preview_a_fraction_1_plan_that_cannot_fit_is_not_compiled(monkeypatch):
+    """On a platform without a preview compile (the CPU's measurements are cheap already), a fraction 1 plan whose
+    floor is over the budget is never compiled: its peak would only anchor predictions. The scanned GPT of the test
+    above, its budget between the fraction 0 plan's peak and the fraction 1 plan's floor: the search compiles other
+    plans alone, and the plan chosen meets the budget with gradients equal to JAX's."""
+    from benchmarks import models
+    model = models.gpt_scanned(1, 256, 32, 4, jnp.float32, layers=4)
+    args = model.make_args(jax.random.key(int(np.random.default_rng().integers(1 << 30))))
+    monkeypatch.setattr(search, "previews", lambda avals: False)
+    joint = jaxaot.partition.trace_joint(model.loss, *args)
+    top, bottom = (mincut(joint, memory_budget=b) for b in (1.0, 0.0))
+    bottom_peak = program_peak(fused_step(bottom, joint), joint.in_avals, exact=True)
+    budget = (bottom_peak + top.held_bytes) // 2
+    started, real_start = [], search._Search.start
+
+    def start(self, c, preview=False):
+        if not c.measured and c.pending is None:
+            started.append((c.fraction, c.family))
+        return real_start(self, c, preview)
+
+    monkeypatch.setattr(search._Search, "start", start)
+    vg = _check_grads(model.loss, args, model.argnums, mincut(memory_budget=budget))
+    assert started and (1.0, None) not in started
     assert vg.lower(*args).compile().peak_bytes <= budget

@@ -1,14 +1,14 @@
 """The fastest plan found whose compiled peak fits a byte budget, measuring few plans.
 
 Only XLA knows a plan's peak, and measuring one costs a compile of the step. So :func:`peak_search`
-measures the fraction 1 plan (a cheaper preview where its floor is over the budget), predicts the others'
-peaks from their saved bytes (:func:`predict_peak`), measures the least-recomputing plan that may fit
-(predicted to, or shaped like ``dots_saveable``), and refines with secant and bisection steps, up to
-:data:`MAX_MEASURED`. Past the fraction 1 plan, one whose floor (the bytes held at the hand-over to the
-backward, never above its peak) is over the budget is compiled only where nothing fits. Compiles run on
-worker threads, ahead where cores are spare (:data:`AHEAD_FROM_THREADS`), but decisions read the peaks one
-at a time. Where no plan fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest
-peak. Only the chosen plan's executable stays held.
+measures the fraction 1 plan (where its floor is over the budget, only a cheaper preview, or nothing on a
+platform without one), predicts the others' peaks from their saved bytes (:func:`predict_peak`), measures the
+least-recomputing plan that may fit (predicted to, or shaped like ``dots_saveable``), and refines with secant
+and bisection steps, up to :data:`MAX_MEASURED`. Past the fraction 1 plan, one whose floor (the bytes held at
+the hand-over to the backward, never above its peak) is over the budget is compiled only where nothing fits.
+Compiles run on worker threads, ahead where cores are spare (:data:`AHEAD_FROM_THREADS`), but decisions read
+the peaks one at a time. Where no plan fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is live at
+the smallest peak. Only the chosen plan's executable stays held.
 """
 
 from __future__ import annotations
@@ -247,14 +247,17 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     """:func:`peak_search`'s choice among the candidates of ``search``."""
     top = yield from search.plan(1.0, priced=False)
     ahead = _ahead()
-    if not search.floor_fits(top) and previews(search.joint.in_avals):
-        search.start(top, preview=True)  # it cannot fit: its peak anchors the predictions alone
-    elif ahead:
+    over = not search.floor_fits(top)  # it cannot fit: its peak would anchor the predictions alone
+    preview = over and previews(search.joint.in_avals)
+    if preview:
+        search.start(top, preview=True)
+    elif ahead and not over:
         search.start(top)
     search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)
     if ahead:  # planned while the top plan compiles (on accelerators the op timings run now): needed unless it fits
         yield from _plan_alternatives(search, families, begun=search.start if _compiles_ahead(search) else None)
-    search.measure(top)
+    if preview or not over:  # without a preview, an anchor is not worth a compile of a plan that cannot run
+        search.measure(top)
     if search.fits(top):
         return top
     if not ahead:
