@@ -576,7 +576,7 @@ def test_a_fraction_1_plan_that_cannot_fit_is_only_previewed(floor_over, monkeyp
         assert previewed == ([top] if floor_over else []) and started.count(top) == 1
         assert compiled[0] == top and chosen.step_peak.fused <= budget and chosen.device_saved_bytes < 40_000
         choices[reads] = chosen.device_saved_bytes, len(compiled)
-    monkeypatch.setattr(search, "previews", lambda avals: False)  # no preview: the top plan measured as it runs
+    monkeypatch.setattr(search, "previews", lambda avals: False)  # no preview: the top plan compiled only if it may fit
     top, started = _Plan(40_000, 0.0, 3 * budget, held=held), []
     again, compiled_again = _drive(curve_with(top), {}, budget, monkeypatch, started=started)
     if floor_over:  # it cannot fit, and nothing would preview it: never compiled
