@@ -586,22 +586,29 @@ def test_a_fraction_1_plan_that_cannot_fit_is_only_previewed(floor_over, monkeyp
         assert (again.device_saved_bytes, len(compiled_again)) == choices[0]  # a preview reading true: the same
 
 
+def _below_the_top_floor():
+    """A scanned GPT over a long sequence, fresh inputs, and a byte budget between its fraction 0 plan's exact peak
+    and its fraction 1 plan's floor (every layer's attention scores saved: more than the fraction 0 plan's whole
+    peak)."""
+    from benchmarks import models
+    model = models.gpt_scanned(1, 256, 32, 4, jnp.float32, layers=4)
+    args = model.make_args(jax.random.key(int(np.random.default_rng().integers(1 << 30))))
+    joint = jaxaot.partition.trace_joint(model.loss, *args)
+    top, bottom = (mincut(joint, memory_budget=b) for b in (1.0, 0.0))
+    bottom_peak = program_peak(fused_step(bottom, joint), joint.in_avals, exact=True)
+    assert bottom_peak < top.held_bytes
+    return model, args, (bottom_peak + top.held_bytes) // 2
+
+
 def test_a_previewed_plan_anchors_the_search_and_its_executable_is_never_kept(monkeypatch):
     """The preview path, run on the CPU with a stand-in option set (a GPU's turns autotuning off). A scanned GPT over
     a long sequence saves every layer's attention scores at fraction 1, more than the fraction 0 plan's whole peak:
     with a budget between the two, the fraction 1 plan is compiled only as a preview, which keeps no executable,
     and the plan chosen meets the budget with gradients equal to JAX's."""
-    from benchmarks import models
     from jaxaot._src.partition.budget import measured_executables, step_peak
-    model = models.gpt_scanned(1, 256, 32, 4, jnp.float32, layers=4)
-    args = model.make_args(jax.random.key(int(np.random.default_rng().integers(1 << 30))))
     if not step_peak.previews(()):  # a GPU has its own preview; elsewhere a stand-in option set
         monkeypatch.setitem(step_peak.PREVIEW_OPTIONS, jax.default_backend(), ({"xla_backend_optimization_level": 0},))
-    joint = jaxaot.partition.trace_joint(model.loss, *args)
-    top, bottom = (mincut(joint, memory_budget=b) for b in (1.0, 0.0))
-    bottom_peak = program_peak(fused_step(bottom, joint), joint.in_avals, exact=True)
-    assert bottom_peak < top.held_bytes
-    budget = (bottom_peak + top.held_bytes) // 2
+    model, args, budget = _below_the_top_floor()
     previewed, kept = [], []
     real_start, real_keep = step_peak.start_peak, measured_executables.keep
 
@@ -623,14 +630,8 @@ def test_without_a_preview_a_fraction_1_plan_that_cannot_fit_is_not_compiled(mon
     floor is over the budget is never compiled: its peak would only anchor predictions. The scanned GPT of the test
     above, its budget between the fraction 0 plan's peak and the fraction 1 plan's floor: the search compiles other
     plans alone, and the plan chosen meets the budget with gradients equal to JAX's."""
-    from benchmarks import models
-    model = models.gpt_scanned(1, 256, 32, 4, jnp.float32, layers=4)
-    args = model.make_args(jax.random.key(int(np.random.default_rng().integers(1 << 30))))
     monkeypatch.setattr(search, "previews", lambda avals: False)
-    joint = jaxaot.partition.trace_joint(model.loss, *args)
-    top, bottom = (mincut(joint, memory_budget=b) for b in (1.0, 0.0))
-    bottom_peak = program_peak(fused_step(bottom, joint), joint.in_avals, exact=True)
-    budget = (bottom_peak + top.held_bytes) // 2
+    model, args, budget = _below_the_top_floor()
     started, real_start = [], search._Search.start
 
     def start(self, c, preview=False):

@@ -247,16 +247,17 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     """:func:`peak_search`'s choice among the candidates of ``search``."""
     top = yield from search.plan(1.0, priced=False)
     ahead = _ahead()
-    over = not search.floor_fits(top)  # it cannot fit: its peak would anchor the predictions alone
-    preview = over and previews(search.joint.in_avals)
+    # A plan whose floor is over cannot fit: its peak only anchors predictions, worth a preview, not a compile.
+    preview = not search.floor_fits(top) and previews(search.joint.in_avals)
+    measured = preview or search.floor_fits(top)
     if preview:
         search.start(top, preview=True)
-    elif ahead and not over:
+    elif ahead and measured:
         search.start(top)
     search.rank(top)  # priced while it compiles (on accelerators, at the device's measured rates)
     if ahead:  # planned while the top plan compiles (on accelerators the op timings run now): needed unless it fits
         yield from _plan_alternatives(search, families, begun=search.start if _compiles_ahead(search) else None)
-    if preview or not over:  # without a preview, an anchor is not worth a compile of a plan that cannot run
+    if measured:
         search.measure(top)
     if search.fits(top):
         return top
