@@ -148,7 +148,8 @@ def test_a_tape_in_either_mode_gives_the_same_structure(eager):
 _OPERANDS = {
     "float": lambda h, g: 0.5, "minus zero": lambda h, g: -0.0, "int": lambda h, g: 2, "bool": lambda h, g: True,
     "float32": lambda h, g: np.float32(0.5), "float16": lambda h, g: np.float16(0.5), "same": lambda h, g: h,
-    "other": lambda h, g: g, "int8": lambda h, g: np.int8(3),
+    "other": lambda h, g: g, "int8": lambda h, g: np.int8(3), "float one": lambda h, g: 1.0,
+    "int one": lambda h, g: 1, "true": lambda h, g: True,
 }
 
 
@@ -175,6 +176,32 @@ def test_calls_made_at_one_point_of_the_trie_are_told_apart_by_their_operands():
         want = jax.value_and_grad(lambda p: _at_one_point(*p, kind))((w, v))
         _close((value, grads), want, tol=1e-5)
         assert value.dtype == want[0].dtype
+
+
+def test_a_nan_operand_is_recorded_afresh_and_never_kept_at_its_point():
+    f = lambda w, c: jnp.sum(jnp.sin(w) * c) + jnp.sum(w * w)  # noqa: E731
+    vg, trie = jaxaot.compiled_value_and_grad(f), Trie()
+    rng = np.random.default_rng(8)
+    w = _rand(rng, 3, 2)
+    leaves, tree = jax.tree_util.tree_flatten((w,))
+
+    def kept():  # the calls kept over the whole trie
+        count, stack = 0, [trie.root()]
+        while stack:
+            node = stack.pop()
+            count += len(node.calls or ())
+            stack.extend(node.children.values())
+        return count
+
+    sizes = []
+    for _ in range(4):  # a NaN equals nothing, itself included: a key holding it would be kept anew each call
+        step.record(lambda w: (f(w, float("nan")), None), leaves, tree, eager=False, trie=trie.root())
+        sizes.append(kept())
+    assert sizes[1:] == sizes[:-1], sizes
+    value, grad = vg(w, float("nan"))
+    want = jax.value_and_grad(f)(w, float("nan"))
+    np.testing.assert_array_equal(np.isnan(value), np.isnan(want[0]))
+    np.testing.assert_allclose(grad, want[1], rtol=1e-6, equal_nan=True)
 
 
 def test_the_configuration_is_part_of_a_call_made_again_at_one_point():

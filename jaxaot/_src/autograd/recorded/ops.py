@@ -178,6 +178,36 @@ def _common(fn: Any, x: Any, args: tuple, tape: Any) -> tuple | None:
     return None
 
 
+def _at(fn: Any, x: Any, args: tuple, tape: Any) -> tuple | None:
+    """The key of a call most operators make (no keywords; no argument, or one that is a recorded value of this
+    tape or a hashable scalar) at the tape's trie node, flat; None for other calls. The node fixes every value
+    number's aval, so a value's number stands for it; a scalar is there by type and value (``-0.0`` is not ``0.0``;
+    a NaN, equal to nothing, takes the general path)."""
+    ctx = _trace_context()
+    context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
+    shown, xv = tape.shown, x.vid
+    if not args:  # a method of no arguments (x.sum(), x.T)
+        return (fn, xv, shown[xv], context)
+    if len(args) != 1:
+        return None
+    a = args[0]
+    t = type(a)
+    if t is _Tracer:
+        if a._trace is not tape.trace:
+            return None
+        av = a.vid
+        return (fn, xv, av, shown[xv], shown[av], context)
+    if t is float:
+        if a != a:
+            return None
+        return (fn, xv, shown[xv], t, a if a else a.hex(), context)
+    if t in _NUMPY_SCALARS:  # np.float32(0.5) * x, as jax.nn's functions write their constants
+        return (fn, xv, shown[xv], t, a.tobytes(), context)
+    if t in _SCALARS:
+        return (fn, xv, shown[xv], *_scalar(t, a), context) if t is complex else (fn, xv, shown[xv], t, a, context)
+    return None
+
+
 def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> tuple[tuple, Any, tuple]:
     """``(key, operands, numbers)`` of one call: what ``jax.numpy``'s behaviour depends on, the recorded
     values and arrays it takes (``x`` first) and their value numbers (-1 for an array). Raises
@@ -212,19 +242,18 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
     if tape.eager:
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     calls = tape.node.calls
-    if calls is not None and not kwargs and tape.log is None:  # the common call made here before: no lists
-        try:
-            made = calls.get(_common(fn, x, args, tape))
-        except TypeError:  # something unhashable in the key
-            made = None
+    at = _at(fn, x, args, tape) if not kwargs and tape.log is None else None
+    if at is not None and calls is not None:  # the common call made here before: one flat key
+        made = calls.get(at)
         if made is not None:
             return _append(tape, made)
     try:
         key, ops, vids = signature(fn, x, args, kwargs, tape)
-        at = (key, vids)
-        made = calls.get(at) if calls is not None and tape.log is None else None
-        if made is not None:  # made at this point of the trie before
-            return _append(tape, made)
+        if at is None:
+            at = (key, vids)
+            made = calls.get(at) if calls is not None and tape.log is None else None
+            if made is not None:  # made at this point of the trie before
+                return _append(tape, made)
         template = TEMPLATES.get(key)
     except (Unsupported, TypeError):  # TypeError: something unhashable in the signature
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
