@@ -2,11 +2,16 @@
 
 The model is the 12-layer GPT whose layers are stacked with ``lax.scan``
 (``jaxaot._src.cli.demo_models.gpt_init`` / ``gpt_loss``, as in ``bench_partitioners.py``),
-on a 1-D mesh ``("data",)`` over every device, in two layouts:
+on a mesh over every device, in these layouts:
 
 * **data parallel**: the batch split over ``data``, params replicated;
 * **FSDP**: the batch split over ``data``, and each param split over ``data``
-  along its largest dimension that the device count divides (replicated if none).
+  along its largest dimension that the device count divides (replicated if none);
+* **tensor parallel**: on a mesh ``("model",)``, the batch replicated and each block's
+  products split Megatron-style (``qkv`` and ``fc1`` by output column, ``proj`` and
+  ``fc2`` by input row; norms replicated);
+* **data x tensor parallel** (4 or more devices, an even count): the same split over
+  a ``model`` axis of 2, the batch over ``data``, the rest of the devices.
 
 For each, three programs, from one run and checked against each other first
 (gradients of the params, relative to the fused program's):
@@ -87,8 +92,19 @@ def fsdp_spec(shape: tuple[int, ...], n: int) -> P:
     return P(*[("data" if d == dims[0] else None) for d in range(len(shape))])
 
 
-def placed_sets(params: dict, x: np.ndarray, param_spec: Callable[[tuple], P] | None, mesh: Any) -> list[tuple]:
-    """``INPUT_SETS`` (params, batch) pairs on ``mesh`` (``mesh=None``: plain, uncommitted arrays)."""
+def megatron_spec(name: str, shape: tuple[int, ...], n: int) -> P:
+    """A stacked block param's tensor-parallel split over 'model' (``n`` devices): ``qkv`` and ``fc1`` by output
+    column, ``proj`` and ``fc2`` by input row (replicated where ``n`` does not divide that dimension)."""
+    dim = {"qkv": 2, "fc1": 2, "proj": 1, "fc2": 1}.get(name)
+    if dim is None or shape[dim] % n:
+        return P()
+    return P(*[("model" if d == dim else None) for d in range(len(shape))])
+
+
+def placed_sets(params: dict, x: np.ndarray, param_spec: Callable[[str, tuple], P] | None, mesh: Any,
+                x_spec: P = P("data")) -> list[tuple]:
+    """``INPUT_SETS`` (params, batch) pairs on ``mesh`` (``mesh=None``: plain, uncommitted arrays);
+    ``param_spec(name, shape)``: a param's spec, by its last key."""
     sets = []
     for i in range(INPUT_SETS):
         scale = np.asarray(1 + 0.01 * i, x.dtype)
@@ -97,7 +113,8 @@ def placed_sets(params: dict, x: np.ndarray, param_spec: Callable[[tuple], P] | 
             sets.append((jax.tree.map(jnp.asarray, p), jnp.asarray(xi)))
         else:
             put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-            sets.append((jax.tree.map(lambda a: put(a, param_spec(a.shape)), p), put(xi, P("data"))))
+            placed = jax.tree_util.tree_map_with_path(lambda path, a: put(a, param_spec(path[-1].key, a.shape)), p)
+            sets.append((placed, put(xi, x_spec)))
     return sets
 
 
@@ -237,7 +254,7 @@ def compare(title: str, groups: list[tuple[str, Callable, list[tuple]]], dtype: 
 
 
 def main(argv: list[str] | None = None) -> str:
-    """Run the three sections and write the report."""
+    """Run the sections and write the report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="a CPU-sized GPT in f32 (default: the GPU size, bf16)")
     ap.add_argument("--out", help="also write the report to this file")
@@ -250,19 +267,29 @@ def main(argv: list[str] | None = None) -> str:
     if x.shape[0] % n:
         raise SystemExit(f"the batch ({x.shape[0]}) does not split over {n} devices")
     mesh = jax.make_mesh((n,), ("data",), axis_types=(AxisType.Auto,))
+    model = jax.make_mesh((n,), ("model",), axis_types=(AxisType.Auto,))
     one = jax.make_mesh((1,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:1])
     shape = "x".join(map(str, x.shape))
     kw = dict(rounds=a.rounds, iters=a.iters)
-    sections = (
+    sections = [
         lambda: compare(f"data parallel: batch over {n} devices, params replicated (gpt 12 layers, {shape}, "
-                        f"{jnp.dtype(dtype).name})", [("", loss, placed_sets(params, x, lambda s: P(), mesh))],
+                        f"{jnp.dtype(dtype).name})", [("", loss, placed_sets(params, x, lambda k, s: P(), mesh))],
                         dtype, **kw),
         lambda: compare(f"FSDP: batch and params over {n} devices (params split along their largest dim)",
-                        [("", loss, placed_sets(params, x, lambda s: fsdp_spec(s, n), mesh))], dtype, **kw),
-        lambda: compare("one-device mesh vs unsharded (ratios to jit on plain arrays)",
-                        [(" [plain]", loss, placed_sets(params, x, None, None)),
-                         (" [1-device mesh]", loss, placed_sets(params, x, lambda s: P(), one))], dtype, **kw),
-    )
+                        [("", loss, placed_sets(params, x, lambda k, s: fsdp_spec(s, n), mesh))], dtype, **kw),
+        lambda: compare(f"tensor parallel: each block's products split Megatron-style over {n} devices, batch "
+                        "replicated", [("", loss, placed_sets(params, x, lambda k, s: megatron_spec(k, s, n), model,
+                                                              P()))], dtype, **kw),
+    ]
+    if n >= 4 and n % 2 == 0 and x.shape[0] % (n // 2) == 0:
+        grid = jax.make_mesh((n // 2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+        sections.append(lambda: compare(
+            f"data x tensor parallel: batch over {n // 2} devices, each block's products over 2",
+            [("", loss, placed_sets(params, x, lambda k, s: megatron_spec(k, s, 2), grid))], dtype, **kw))
+    sections.append(lambda: compare("one-device mesh vs unsharded (ratios to jit on plain arrays)",
+                                    [(" [plain]", loss, placed_sets(params, x, None, None)),
+                                     (" [1-device mesh]", loss, placed_sets(params, x, lambda k, s: P(), one))],
+                                    dtype, **kw))
     note = (f"# {n} {jax.devices()[0].platform} devices; min-cut partitioner. Residual columns: f.forward's "
             "residuals (every input differentiated); the fused row's 'residuals, all' is its own params-only "
             "split. peak/device: the larger of forward and backward for jaxaot, max(peak_memory_in_bytes, "
