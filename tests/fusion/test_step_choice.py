@@ -52,6 +52,33 @@ def test_choose_step_keeps_fused_within_the_slack():
     assert "1.04" in choose_step([1.03, 1.05, 1.04], [1.0, 1.0, 1.0])[1]
 
 
+def test_timing_goes_on_while_the_medians_are_too_close_to_the_slack_to_call(noisy_times):
+    settled = step_choice.timing_settled
+    rounds, most = step_choice.STEP_TIME_ROUNDS, step_choice.STEP_TIME_MAX_ROUNDS
+    assert not settled([1.5] * (rounds - 1), [1.0] * (rounds - 1))  # never before the fewest rounds
+    assert settled([1.5] * rounds, [1.0] * rounds) and settled([1.0] * rounds, [1.0] * rounds)
+    fused, split, taken = noisy_times
+    assert not settled(fused[:rounds], split[:rounds])  # 1.0 against 1.0, each spread by a tenth
+    assert rounds < taken < most and not settled(fused[:taken - 1], split[:taken - 1])
+    assert choose_step(fused[:taken], split[:taken])[0] == "split"
+    near = [1.02, 1.1, 0.94, 1.0], [1.0, 1.08, 0.92, 1.02]  # a spread that never narrows
+    assert not any(settled(near[0] * k, near[1] * k) for k in range(2, most // 4))
+    assert settled(near[0] * (most // 4 + 1), near[1] * (most // 4 + 1))  # the most rounds end it
+
+
+def test_a_first_call_times_on_until_the_two_steps_are_told_apart(monkeypatch, noisy_timer):
+    calls, rounds = noisy_timer
+    _split_peaks(monkeypatch, 0.5)
+    args = deep_mlp_args(layers=2, width=16, batch=8)
+    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
+    with jaxaot.config.override(tune_in_background=False):
+        value, grads = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
+    assert_trees_close((value, grads), jax.value_and_grad(deep_mlp, argnums=(0, 1))(*args))
+    choice = kept_step(f, args)
+    assert calls.count("fused") == calls.count("split") == rounds > step_choice.STEP_TIME_ROUNDS
+    assert choice.runs == "split" and "more than 1.02x" in choice.why
+
+
 @pytest.mark.parametrize("fused_seconds, runs", [(1.5, "split"), (1.0, "fused")])
 def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
     timer, calls = _fake_timer(fused_seconds, 1.0)

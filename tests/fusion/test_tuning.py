@@ -63,6 +63,11 @@ def _checked_call(f, loss, args):
     return f.lookup(args, {}).programs
 
 
+#: Calls that run fused and split in turn once both compiled, with a timer that tells them apart at once: the
+#: first of each untimed, then ``STEP_TIME_ROUNDS`` of each timed.
+_CALLS_TO_DECIDE = 2 * (1 + step_choice.STEP_TIME_ROUNDS)
+
+
 def _described(choice):
     return choice.layouts, choice.order, choice.barrier, choice.rederived, choice.runs
 
@@ -96,12 +101,28 @@ def test_the_calls_after_the_first_make_the_first_call_s_choices(accelerator, ga
         args = draws()
         _checked_call(f, loss, args)
         calls += 1
-        assert calls <= len(tuning._TIMED_ORDER)
-    assert calls == len(tuning._TIMED_ORDER) and seen["timed"] == 2 * step_choice.STEP_TIME_ROUNDS
+        assert calls <= _CALLS_TO_DECIDE
+    assert calls == _CALLS_TO_DECIDE and seen["timed"] == 2 * step_choice.STEP_TIME_ROUNDS
     assert _described(kept_step(f, args)) == want
     for _ in range(2):
         _checked_call(f, loss, draws())
     assert seen["timed"] == 2 * step_choice.STEP_TIME_ROUNDS  # decided: nothing is timed again
+
+
+def test_calls_that_follow_time_on_until_the_two_steps_are_told_apart(accelerator, gate, noisy_timer):
+    timed, rounds = noisy_timer  # (after the accelerator's timer: this one times)
+    f, loss, draws = _case("mlp_gelu", np.random.default_rng().integers(1 << 20))
+    programs = _checked_call(f, loss, draws())
+    gate.set()
+    programs.tunings["fused"].wait()
+    calls = 0
+    while programs.tunings:  # each call's value and gradients are JAX's, whichever step ran it
+        _checked_call(f, loss, draws())
+        calls += 1
+        assert calls <= 2 * (1 + step_choice.STEP_TIME_MAX_ROUNDS)
+    assert rounds > step_choice.STEP_TIME_ROUNDS
+    assert calls == 2 * (1 + rounds) and timed.count("fused") == timed.count("split") == rounds
+    assert programs.fused_choices["fused"].runs == "split"
 
 
 def test_under_a_byte_budget_the_first_call_makes_every_choice(accelerator, gate):
@@ -212,7 +233,7 @@ def test_an_error_of_a_later_choice_is_raised_once_and_the_step_kept_so_far_goes
     while programs.tunings:  # the split programs and the timing go on with the step kept so far
         _checked_call(f, loss, draws())
         calls += 1
-        assert calls <= len(tuning._TIMED_ORDER) + 1
+        assert calls <= _CALLS_TO_DECIDE + 1
     assert raised == [True] and kept_step(f, draws()).layouts == "auto"
 
 

@@ -18,7 +18,7 @@ from jaxaot._src.fusion.variants import (
     fused_name, fused_program,
 )
 from jaxaot._src.fusion.step_choice import (
-    FusedChoice, budget_choice, choose_step, fused_choice, fused_outputs, is_decided, run_split,
+    FusedChoice, budget_choice, choose_step, fused_choice, fused_outputs, is_decided, run_split, timing_settled,
 )
 from jaxaot._src.fusion.tuning import Tuning, run_fused
 
@@ -26,5 +26,5 @@ __all__ = [
     "FusedChoice", "Prefetch", "ProgramsLike", "TrainingLike", "Tuning", "budget_choice", "choose_barrier",
     "choose_layouts", "choose_order", "choose_rederive", "choose_step", "compiled_peak", "default_barrier",
     "fused_choice", "fused_exe", "fused_name", "fused_outputs", "fused_program", "is_decided", "run_fused",
-    "run_split",
+    "run_split", "timing_settled",
 ]

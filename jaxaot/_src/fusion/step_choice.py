@@ -2,8 +2,8 @@
 
 The fused step runs unless its compiled peak is over a byte ``memory_budget`` that
 the split programs fit (:func:`budget_choice`), or, timed on the first call, it
-takes more than :data:`STEP_TIME_SLACK` times the split step (:func:`choose_step`;
-timed only where that cannot run the device out of memory). The loser's
+takes more than :data:`STEP_TIME_SLACK` times the split step (:func:`choose_step`, on calls
+taken until :func:`timing_settled`; timed only where that cannot run the device out of memory). The loser's
 executables are dropped; the :class:`FusedChoice` says what was compiled, which
 step runs and why. On an accelerator the split programs' compiles begin beside the fused step's
 (:mod:`~jaxaot._src.fusion.prefetch`), and with a persistent cache the choice is kept for later
@@ -78,8 +78,10 @@ def budget_choice(step_peak: Any, fused_peak: int | None) -> tuple[str, str] | N
 
 #: How much slower than the split executables of the same plan the fused step may time and still run.
 STEP_TIME_SLACK = 1.02
-#: Interleaved timed calls of each (after one untimed call of each), on the first call of a signature.
+#: Interleaved timed calls of each (after one untimed call of each) before the choice is made, and the most taken
+#: where the two steps time too close to :data:`STEP_TIME_SLACK` to tell apart (:func:`timing_settled`).
 STEP_TIME_ROUNDS = 5
+STEP_TIME_MAX_ROUNDS = 25
 #: Backends where the fused/split choice is timed without a :data:`step_timer` (CPU timing is noise).
 TIME_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 #: The timer of the choice: ``step_timer(which, run) -> seconds`` of one blocked call of ``run``
@@ -103,6 +105,38 @@ def choose_step(fused_seconds: Sequence[float], split_seconds: Sequence[float],
     if ratio <= slack:
         return "fused", f"timed at {ratio:.3f}x the split executables"
     return "split", f"the fused step timed {ratio:.3f}x the split executables (more than {slack}x)"
+
+
+def timing_settled(fused_seconds: Sequence[float], split_seconds: Sequence[float],
+                   slack: float = STEP_TIME_SLACK) -> bool:
+    """Whether the calls timed so far decide :func:`choose_step`: :data:`STEP_TIME_ROUNDS` of each at least, and
+    the ratio of their medians farther from ``slack`` than twice its standard error (each median's, from its
+    calls' median absolute deviation), or :data:`STEP_TIME_MAX_ROUNDS` of each.
+
+    One GPU step's single calls vary by a tenth from one to the next, so five of each put a step 1.05x the
+    other on either side of a 1.02x slack; calls go on where the two are that close, and stop at five where
+    they are not (``docs/benchmarks.md``, the fused training step).
+
+    Example:
+        >>> from jaxaot._src.fusion import timing_settled
+        >>> noisy = [1.0, 1.1, 0.9, 1.0, 1.05], [1.0, 0.95, 1.08, 1.0, 0.97]
+        >>> timing_settled([1.0] * 5, [1.1] * 5), timing_settled(*noisy), timing_settled(*(xs * 5 for xs in noisy))
+        (True, False, True)
+    """
+    n = min(len(fused_seconds), len(split_seconds))
+    if n < STEP_TIME_ROUNDS:
+        return False
+    if n >= STEP_TIME_MAX_ROUNDS:
+        return True
+    fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
+    if fused <= 0 or split <= 0:
+        return True
+
+    def spread(xs: Sequence[float], med: float) -> float:  # a median's standard error, relative to it
+        return 1.4826 * 1.2533 * statistics.median(abs(x - med) for x in xs) / med / len(xs) ** 0.5
+
+    ratio = fused / split
+    return abs(ratio - slack) > 2 * ratio * (spread(fused_seconds, fused) ** 2 + spread(split_seconds, split) ** 2) ** 0.5
 
 
 class SplitRunner(TrainingLike, Protocol):
@@ -190,7 +224,7 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
     for run in runs.values():
         jax.block_until_ready(run())  # warms both
     times: dict[str, list[float]] = {"fused": [], "split": []}
-    for _ in range(STEP_TIME_ROUNDS):
+    while not timing_settled(times["fused"], times["split"]):
         for which, run in runs.items():
             times[which].append(timed(which, run)[0])
     return choose_step(times["fused"], times["split"])

@@ -5,9 +5,10 @@ programs each compile for seconds after the step's own compile. With
 ``jaxaot.config.tune_in_background`` the first call runs the step once it compiles and
 leaves those compiles on worker threads. Each later call takes the compiles that
 finished and makes the chain's choices with them (the same choices, in the same order),
-running the step kept so far; then the calls that follow run fused and split in turn,
-timed, and :func:`~jaxaot._src.fusion.choose_step` decides. Under a byte budget, or where
-the device lacks room for an autotuning compile beside the running step, the first call decides.
+running the step kept so far; then the calls that follow run fused and split in turn, timed
+until :func:`~jaxaot._src.fusion.timing_settled`, and :func:`~jaxaot._src.fusion.choose_step` decides. Under a
+byte budget, or where the device lacks room for an autotuning compile beside the running step, the first call
+decides.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from typing import Any
 
 from jaxaot._src.config import config
 from jaxaot._src.fusion.step_choice import (
-    STEP_TIME_ROUNDS, FusedChoice, SplitRunner, budget_choice, choose_step, free_device_bytes, fused_choice,
-    fused_outputs, run_split, settle, timed, timing_refused)
+    FusedChoice, SplitRunner, budget_choice, choose_step, free_device_bytes, fused_choice, fused_outputs, run_split,
+    settle, timed, timing_refused, timing_settled)
 from jaxaot._src.fusion.variants import Weighing, fused_exe, fused_name, platform_of
 from jaxaot._src.partition import compiled_peak
 from jaxaot._src.partition.costs import compile_bytes
 
-#: The calls that time the two steps once both are compiled: each run once untimed, then in turn.
-_TIMED_ORDER = ("fused", "split") * (1 + STEP_TIME_ROUNDS)
+#: The calls that run the two steps once both are compiled, in turn: the first of each untimed, the rest timed
+#: until :func:`~jaxaot._src.fusion.timing_settled`.
+_ORDER = ("fused", "split")
 
 
 class Tuning:
@@ -56,16 +58,16 @@ class Tuning:
             if chosen is not None:
                 return run_decided(tr, self._settle(chosen), leaves, self.value_leaf)
             self._timing = True
-        which = _TIMED_ORDER[self.calls]
+        which = _ORDER[self.calls % 2]
         run = (lambda: fused_outputs(tr, exe, leaves)) if which == "fused" else (
             lambda: run_split(tr, leaves, self.value_leaf))
-        if self.calls < 2:
+        if self.calls < len(_ORDER):
             out = run()
         else:
             seconds, out = timed(which, run)
             self._times[which].append(seconds)
         self.calls += 1
-        if self.calls == len(_TIMED_ORDER):
+        if which == "split" and timing_settled(self._times["fused"], self._times["split"]):
             self._settle(choose_step(self._times["fused"], self._times["split"]))
         return out
 
