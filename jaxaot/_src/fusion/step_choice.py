@@ -136,7 +136,8 @@ def timing_settled(fused_seconds: Sequence[float], split_seconds: Sequence[float
         return 1.4826 * 1.2533 * statistics.median(abs(x - med) for x in xs) / med / len(xs) ** 0.5
 
     ratio = fused / split
-    return abs(ratio - slack) > 2 * ratio * (spread(fused_seconds, fused) ** 2 + spread(split_seconds, split) ** 2) ** 0.5
+    error = ratio * (spread(fused_seconds, fused) ** 2 + spread(split_seconds, split) ** 2) ** 0.5
+    return abs(ratio - slack) > 2 * error
 
 
 class SplitRunner(TrainingLike, Protocol):
