@@ -79,6 +79,19 @@ def test_a_first_call_times_on_until_the_two_steps_are_told_apart(monkeypatch, n
     assert choice.runs == "split" and "more than 1.02x" in choice.why
 
 
+def test_a_first_call_times_past_the_fewest_rounds_for_a_bounded_while(monkeypatch, noisy_timer):
+    calls, rounds = noisy_timer
+    monkeypatch.setattr(step_choice, "FIRST_CALL_EXTRA_SECONDS", 0.0)  # its caller waits: one more round at most
+    _split_peaks(monkeypatch, 0.5)
+    args = deep_mlp_args(layers=2, width=16, batch=8)
+    f = jaxaot.aot_function(deep_mlp, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
+    with jaxaot.config.override(tune_in_background=False):
+        got = jaxaot.value_and_grad(f, argnums=(0, 1))(*args)
+    assert_trees_close(got, jax.value_and_grad(deep_mlp, argnums=(0, 1))(*args))
+    assert calls.count("fused") == calls.count("split") == step_choice.STEP_TIME_ROUNDS + 1 < rounds
+    assert kept_step(f, args).runs in ("fused", "split")
+
+
 @pytest.mark.parametrize("fused_seconds, runs", [(1.5, "split"), (1.0, "fused")])
 def test_a_slower_fused_step_runs_split(monkeypatch, fused_seconds, runs):
     timer, calls = _fake_timer(fused_seconds, 1.0)

@@ -82,6 +82,9 @@ STEP_TIME_SLACK = 1.02
 #: where the two steps time too close to :data:`STEP_TIME_SLACK` to tell apart (:func:`timing_settled`).
 STEP_TIME_ROUNDS = 5
 STEP_TIME_MAX_ROUNDS = 25
+#: The most wall seconds a first call that decides spends timing past :data:`STEP_TIME_ROUNDS` rounds (its caller
+#: waits for them; calls after a first call that returned time on at no cost, as the user's own steps).
+FIRST_CALL_EXTRA_SECONDS = 1.0
 #: Backends where the fused/split choice is timed without a :data:`step_timer` (CPU timing is noise).
 TIME_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 #: The timer of the choice: ``step_timer(which, run) -> seconds`` of one blocked call of ``run``
@@ -217,7 +220,8 @@ def timed(which: str, run: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
-    """The fused step or the split one, by time (:func:`choose_step`), or why they are not timed."""
+    """The fused step or the split one, by time (:func:`choose_step`, on calls taken until :func:`timing_settled`, for
+    at most :data:`FIRST_CALL_EXTRA_SECONDS` past the fewest), or why they are not timed."""
     refused = timing_refused(training, exe)
     if refused is not None:
         return refused
@@ -225,7 +229,12 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
     for run in runs.values():
         jax.block_until_ready(run())  # warms both
     times: dict[str, list[float]] = {"fused": [], "split": []}
+    extra_until = None
     while not timing_settled(times["fused"], times["split"]):
+        if len(times["split"]) == STEP_TIME_ROUNDS:
+            extra_until = time.perf_counter() + FIRST_CALL_EXTRA_SECONDS
+        elif extra_until is not None and time.perf_counter() > extra_until:
+            break
         for which, run in runs.items():
             times[which].append(timed(which, run)[0])
     return choose_step(times["fused"], times["split"])
