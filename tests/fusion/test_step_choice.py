@@ -76,7 +76,7 @@ def test_a_first_call_times_on_until_the_two_steps_are_told_apart(monkeypatch, n
     assert_trees_close((value, grads), jax.value_and_grad(deep_mlp, argnums=(0, 1))(*args))
     choice = kept_step(f, args)
     assert calls.count("fused") == calls.count("split") == rounds > step_choice.STEP_TIME_ROUNDS
-    assert choice.runs == "split" and "more than 1.02x" in choice.why
+    assert choice.runs == "split" and f"more than 1.02x; {rounds} calls of each" in choice.why
 
 
 def test_a_first_call_times_past_the_fewest_rounds_for_a_bounded_while(monkeypatch, noisy_timer):

@@ -105,9 +105,10 @@ def choose_step(fused_seconds: Sequence[float], split_seconds: Sequence[float],
     """
     fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
     ratio = fused / split if split > 0 else 1.0
+    calls = f"{min(len(fused_seconds), len(split_seconds))} calls of each"
     if ratio <= slack:
-        return "fused", f"timed at {ratio:.3f}x the split executables"
-    return "split", f"the fused step timed {ratio:.3f}x the split executables (more than {slack}x)"
+        return "fused", f"timed at {ratio:.3f}x the split executables ({calls})"
+    return "split", f"the fused step timed {ratio:.3f}x the split executables (more than {slack}x; {calls})"
 
 
 def timing_settled(fused_seconds: Sequence[float], split_seconds: Sequence[float],
