@@ -146,9 +146,12 @@ def _sig(a: Any, ops: list, trace: Any) -> Any:
 _trace_context = C.trace_context
 
 
-def _context(tape: Any, ctx: Any) -> int:
-    """A small number for JAX's configuration ``ctx`` (it may change inside the forward, under a ``with``),
-    kept on the tape with the configuration it was last read for."""
+def _context(tape: Any) -> int:
+    """A small number for JAX's configuration now (it may change inside the forward, under a ``with``), kept on
+    the tape with the configuration it was last read for."""
+    ctx = _trace_context()
+    if ctx == tape.context and tape.context_id is not None:
+        return tape.context_id
     tape.context = ctx
     tape.context_id = _CONTEXTS.setdefault(ctx, len(_CONTEXTS))
     return tape.context_id
@@ -157,8 +160,7 @@ def _context(tape: Any, ctx: Any) -> int:
 def _common(fn: Any, x: Any, args: tuple, tape: Any) -> tuple | None:
     """``(key, numbers)`` of :func:`signature` for the calls most operators make (no keywords; no argument,
     or one that is a recorded value of this tape or a scalar), built without lists; None for other calls."""
-    ctx = _trace_context()
-    context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
+    context = _context(tape)
     shown, xv = tape.shown, x.vid
     if not args:  # a method of no arguments (x.sum(), x.T)
         return (fn, x.aval, shown[xv], context), (xv,)
@@ -183,8 +185,7 @@ def _at(fn: Any, x: Any, args: tuple, tape: Any) -> tuple | None:
     tape or a hashable scalar) at the tape's trie node, flat; None for other calls. The node fixes every value
     number's aval, so a value's number stands for it; a scalar is there by type and value (``-0.0`` is not ``0.0``;
     a NaN, equal to nothing, takes the general path)."""
-    ctx = _trace_context()
-    context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
+    context = _context(tape)
     shown, xv = tape.shown, x.vid
     if not args:  # a method of no arguments (x.sum(), x.T)
         return (fn, xv, shown[xv], context)
@@ -222,10 +223,7 @@ def signature(fn: Any, x: Any, args: tuple, kwargs: dict | None, tape: Any) -> t
             key, vids = common
             return key, ((x, args[0]) if len(vids) == 2 else (x,)), vids
     trace, shown = tape.trace, tape.shown
-    context = tape.context_id  # set by _common, which every call without keywords reached
-    if kwargs:
-        ctx = _trace_context()
-        context = tape.context_id if ctx == tape.context and tape.context_id is not None else _context(tape, ctx)
+    context = _context(tape) if kwargs else tape.context_id  # set by _common, which every call without keywords reached
     ops = [x]
     sig = tuple([_sig(a, ops, trace) for a in args])
     kw = tuple(sorted((k, _sig(v, ops, trace)) for k, v in kwargs.items())) if kwargs else ()

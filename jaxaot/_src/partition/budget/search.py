@@ -248,8 +248,9 @@ def _choose(search: _Search, families: Sequence[str]) -> Generator[Request, Part
     top = yield from search.plan(1.0, priced=False)
     ahead = _ahead()
     # A plan whose floor is over cannot fit: its peak only anchors predictions, worth a preview, not a compile.
-    preview = not search.floor_fits(top) and previews(search.joint.in_avals)
-    measured = preview or search.floor_fits(top)
+    may_fit = search.floor_fits(top)
+    preview = not may_fit and previews(search.joint.in_avals)
+    measured = preview or may_fit
     if preview:
         search.start(top, preview=True)
     elif ahead and measured:
