@@ -47,9 +47,33 @@ def _fake_timer(fused: float, split: float):
 
 
 def test_choose_step_keeps_fused_within_the_slack():
-    assert choose_step([1.00, 1.02, 1.01], [1.0, 1.0, 1.0])[0] == "fused"
+    assert choose_step([1.01, 1.01, 1.01], [1.0, 1.0, 1.0])[0] == "fused"
     assert choose_step([1.03, 1.05, 1.04], [1.0, 1.0, 1.0])[0] == "split"
     assert "1.04" in choose_step([1.03, 1.05, 1.04], [1.0, 1.0, 1.0])[1]
+
+
+def test_where_the_ratio_is_too_close_to_the_slack_the_fused_step_must_time_faster():
+    spread = [1.0, 1.1, 0.9, 1.05, 0.95]
+    slightly_slower = choose_step([1.01 * t for t in spread], spread)  # 1.01x, the spread a tenth
+    assert slightly_slower[0] == "split" and "too close to 1.02x to call" in slightly_slower[1]
+    slightly_faster = choose_step([0.99 * t for t in spread], spread)
+    assert slightly_faster[0] == "fused" and "too close" in slightly_faster[1]
+    assert choose_step([1.01] * 5, [1.0] * 5)[0] == "fused"  # no spread: 1.01x is within the slack
+
+
+def test_short_steps_time_for_a_quarter_second_before_the_choice():
+    settled, rounds = step_choice.timing_settled, step_choice.STEP_TIME_ROUNDS
+    assert settled([0.1] * rounds, [0.2] * rounds)  # 1.5 s in all
+    short = step_choice.STEP_TIME_MIN_SECONDS / (6 * rounds)  # the two steps' fewest rounds: half of it
+    assert not settled([short] * rounds, [2 * short] * rounds)
+    k = next(k for k in range(rounds, step_choice.STEP_TIME_MAX_ROUNDS + 1) if settled([short] * k, [2 * short] * k))
+    assert k in (2 * rounds, 2 * rounds + 1)  # twice the rounds: a quarter second (within a sum's rounding)
+    assert settled([1e-6] * step_choice.STEP_TIME_MAX_ROUNDS, [2e-6] * step_choice.STEP_TIME_MAX_ROUNDS)
+
+
+def test_timed_rounds_take_turns_going_first():
+    orders = [step_choice.timing_order(r) for r in range(4)]
+    assert orders == [("fused", "split"), ("split", "fused")] * 2
 
 
 def test_timing_goes_on_while_the_medians_are_too_close_to_the_slack_to_call(noisy_times):
@@ -76,6 +100,7 @@ def test_a_first_call_times_on_until_the_two_steps_are_told_apart(monkeypatch, n
     assert_trees_close((value, grads), jax.value_and_grad(deep_mlp, argnums=(0, 1))(*args))
     choice = kept_step(f, args)
     assert calls.count("fused") == calls.count("split") == rounds > step_choice.STEP_TIME_ROUNDS
+    assert calls[:4] == ["fused", "split", "split", "fused"]  # the rounds take turns going first
     assert choice.runs == "split" and f"more than 1.02x; {rounds} calls of each" in choice.why
 
 

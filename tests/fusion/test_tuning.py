@@ -122,6 +122,7 @@ def test_calls_that_follow_time_on_until_the_two_steps_are_told_apart(accelerato
         assert calls <= 2 * (1 + step_choice.STEP_TIME_MAX_ROUNDS)
     assert rounds > step_choice.STEP_TIME_ROUNDS
     assert calls == 2 * (1 + rounds) and timed.count("fused") == timed.count("split") == rounds
+    assert timed[:4] == ["fused", "split", "split", "fused"]  # the rounds take turns going first
     assert programs.fused_choices["fused"].runs == "split"
 
 

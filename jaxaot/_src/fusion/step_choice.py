@@ -82,6 +82,9 @@ STEP_TIME_SLACK = 1.02
 #: where the two steps time too close to :data:`STEP_TIME_SLACK` to tell apart (:func:`timing_settled`).
 STEP_TIME_ROUNDS = 5
 STEP_TIME_MAX_ROUNDS = 25
+#: The fewest seconds of timed calls, both steps together, before the choice is made (short steps take more calls
+#: than :data:`STEP_TIME_ROUNDS`, up to :data:`STEP_TIME_MAX_ROUNDS` of each: five calls' medians are noise).
+STEP_TIME_MIN_SECONDS = 0.25
 #: The most wall seconds a first call that decides spends timing past :data:`STEP_TIME_ROUNDS` rounds (its caller
 #: waits for them; calls after a first call that returned time on at no cost, as the user's own steps).
 FIRST_CALL_EXTRA_SECONDS = 1.0
@@ -93,19 +96,44 @@ TIME_CHOICE_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 step_timer: Callable[[str, Callable[[], Any]], float] | None = None
 
 
+def _ratio(fused_seconds: Sequence[float], split_seconds: Sequence[float]) -> tuple[float, float]:
+    """``(the ratio of the two steps' median times, its standard error)``, each median's error taken from its
+    calls' median absolute deviation."""
+    fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
+    if fused <= 0 or split <= 0:
+        return 1.0, 0.0
+
+    def spread(xs: Sequence[float], med: float) -> float:  # a median's standard error, relative to it
+        return 1.4826 * 1.2533 * statistics.median(abs(x - med) for x in xs) / med / len(xs) ** 0.5
+
+    ratio = fused / split
+    return ratio, ratio * (spread(fused_seconds, fused) ** 2 + spread(split_seconds, split) ** 2) ** 0.5
+
+
+def _too_close(ratio: float, error: float, slack: float) -> bool:
+    return abs(ratio - slack) <= 2 * error
+
+
 def choose_step(fused_seconds: Sequence[float], split_seconds: Sequence[float],
                 slack: float = STEP_TIME_SLACK) -> tuple[str, str]:
     """``("fused" or "split", why)``: the fused step unless its median time is more than ``slack`` times the
-    split executables' (the same plan, the same inputs).
+    split executables' (the same plan, the same inputs). Where the ratio lies within two standard errors of
+    ``slack`` (:func:`timing_settled` gave up telling them apart), the fused step runs only if it timed no slower.
 
     Example:
         >>> from jaxaot._src.fusion import choose_step
         >>> choose_step([1.0, 1.01, 1.0], [1.0, 0.99, 1.0])[0], choose_step([1.1, 1.1], [1.0, 1.0])[0]
         ('fused', 'split')
+        >>> choose_step([1.0, 1.05, 0.98, 1.03], [1.0, 0.97, 1.02, 1.0])  # 1.015x: too close to call
+        ('split', 'the fused step timed 1.015x the split executables, too close to 1.02x to call, and not faster (4 calls of each)')
     """
-    fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
-    ratio = fused / split if split > 0 else 1.0
+    ratio, error = _ratio(fused_seconds, split_seconds)
     calls = f"{min(len(fused_seconds), len(split_seconds))} calls of each"
+    if _too_close(ratio, error, slack):
+        if ratio <= 1.0:
+            return "fused", f"timed at {ratio:.3f}x the split executables, too close to {slack}x to call ({calls})"
+        return "split", (f"the fused step timed {ratio:.3f}x the split executables, too close to {slack}x to call, "
+                         f"and not faster ({calls})")
     if ratio <= slack:
         return "fused", f"timed at {ratio:.3f}x the split executables ({calls})"
     return "split", f"the fused step timed {ratio:.3f}x the split executables (more than {slack}x; {calls})"
@@ -113,12 +141,12 @@ def choose_step(fused_seconds: Sequence[float], split_seconds: Sequence[float],
 
 def timing_settled(fused_seconds: Sequence[float], split_seconds: Sequence[float],
                    slack: float = STEP_TIME_SLACK) -> bool:
-    """Whether the calls timed so far decide :func:`choose_step`: :data:`STEP_TIME_ROUNDS` of each at least, and
-    the ratio of their medians farther from ``slack`` than twice its standard error (each median's, from its
-    calls' median absolute deviation), or :data:`STEP_TIME_MAX_ROUNDS` of each.
+    """Whether the calls timed so far decide :func:`choose_step`: :data:`STEP_TIME_ROUNDS` of each and
+    :data:`STEP_TIME_MIN_SECONDS` in all at least, and the ratio of their medians farther from ``slack`` than
+    twice its standard error; or :data:`STEP_TIME_MAX_ROUNDS` of each.
 
     One GPU step's single calls vary by a tenth from one to the next, so five of each put a step 1.05x the
-    other on either side of a 1.02x slack; calls go on where the two are that close, and stop at five where
+    other on either side of a 1.02x slack; calls go on where the two are that close, and stop where
     they are not (``docs/benchmarks.md``, the fused training step).
 
     Example:
@@ -126,22 +154,17 @@ def timing_settled(fused_seconds: Sequence[float], split_seconds: Sequence[float
         >>> noisy = [1.0, 1.1, 0.9, 1.0, 1.05], [1.0, 0.95, 1.08, 1.0, 0.97]
         >>> timing_settled([1.0] * 5, [1.1] * 5), timing_settled(*noisy), timing_settled(*(xs * 5 for xs in noisy))
         (True, False, True)
+        >>> timing_settled([0.001] * 5, [0.0011] * 5)  # a hundredth of a second: too short to tell
+        False
     """
     n = min(len(fused_seconds), len(split_seconds))
     if n < STEP_TIME_ROUNDS:
         return False
     if n >= STEP_TIME_MAX_ROUNDS:
         return True
-    fused, split = statistics.median(fused_seconds), statistics.median(split_seconds)
-    if fused <= 0 or split <= 0:
-        return True
-
-    def spread(xs: Sequence[float], med: float) -> float:  # a median's standard error, relative to it
-        return 1.4826 * 1.2533 * statistics.median(abs(x - med) for x in xs) / med / len(xs) ** 0.5
-
-    ratio = fused / split
-    error = ratio * (spread(fused_seconds, fused) ** 2 + spread(split_seconds, split) ** 2) ** 0.5
-    return abs(ratio - slack) > 2 * error
+    if sum(fused_seconds) + sum(split_seconds) < STEP_TIME_MIN_SECONDS:
+        return False
+    return not _too_close(*_ratio(fused_seconds, split_seconds), slack)
 
 
 class SplitRunner(TrainingLike, Protocol):
@@ -220,6 +243,12 @@ def timed(which: str, run: Callable[[], Any]) -> tuple[float, Any]:
     return seconds, box[-1]
 
 
+def timing_order(round_: int) -> tuple[str, str]:
+    """Which step a timed round runs first: the fused one in even rounds, the split one in odd ones, so that
+    neither always follows the other."""
+    return ("fused", "split") if round_ % 2 == 0 else ("split", "fused")
+
+
 def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int) -> tuple[str, str]:
     """The fused step or the split one, by time (:func:`choose_step`, on calls taken until :func:`timing_settled`, for
     at most :data:`FIRST_CALL_EXTRA_SECONDS` past the fewest), or why they are not timed."""
@@ -236,8 +265,8 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
             extra_until = time.perf_counter() + FIRST_CALL_EXTRA_SECONDS
         elif extra_until is not None and time.perf_counter() > extra_until:
             break
-        for which, run in runs.items():
-            times[which].append(timed(which, run)[0])
+        for which in timing_order(len(times["split"])):
+            times[which].append(timed(which, runs[which])[0])
     return choose_step(times["fused"], times["split"])
 
 

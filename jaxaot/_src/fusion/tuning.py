@@ -5,8 +5,8 @@ programs each compile for seconds after the step's own compile. With
 ``jaxaot.config.tune_in_background`` the first call runs the step once it compiles and
 leaves those compiles on worker threads. Each later call takes the compiles that
 finished and makes the chain's choices with them (the same choices, in the same order),
-running the step kept so far; then the calls that follow run fused and split in turn, timed
-until :func:`~jaxaot._src.fusion.timing_settled`, and :func:`~jaxaot._src.fusion.choose_step` decides. Under a
+running the step kept so far; then the calls that follow run fused and split in turn (each first in
+every other round), timed until :func:`~jaxaot._src.fusion.timing_settled`, and :func:`~jaxaot._src.fusion.choose_step` decides. Under a
 byte budget, or where the device lacks room for an autotuning compile beside the running step, the first call
 decides.
 """
@@ -18,14 +18,15 @@ from typing import Any
 from jaxaot._src.config import config
 from jaxaot._src.fusion.step_choice import (
     FusedChoice, SplitRunner, budget_choice, choose_step, free_device_bytes, fused_choice, fused_outputs, run_split,
-    settle, timed, timing_refused, timing_settled)
+    settle, timed, timing_order, timing_refused, timing_settled)
 from jaxaot._src.fusion.variants import Weighing, fused_exe, fused_name, platform_of
 from jaxaot._src.partition import compiled_peak
 from jaxaot._src.partition.costs import compile_bytes
 
-#: The calls that run the two steps once both are compiled, in turn: the first of each untimed, the rest timed
-#: until :func:`~jaxaot._src.fusion.timing_settled`.
-_ORDER = ("fused", "split")
+#: The first calls that run the two steps once both are compiled, untimed; the rest are timed in rounds of one
+#: call of each (:func:`~jaxaot._src.fusion.step_choice.timing_order`) until
+#: :func:`~jaxaot._src.fusion.timing_settled`.
+_UNTIMED = ("fused", "split")
 
 
 class Tuning:
@@ -58,17 +59,19 @@ class Tuning:
             if chosen is not None:
                 return run_decided(tr, self._settle(chosen), leaves, self.value_leaf)
             self._timing = True
-        which = _ORDER[self.calls % 2]
+        untimed = self.calls < len(_UNTIMED)
+        which = _UNTIMED[self.calls] if untimed else timing_order((self.calls - len(_UNTIMED)) // 2)[self.calls % 2]
         run = (lambda: fused_outputs(tr, exe, leaves)) if which == "fused" else (
             lambda: run_split(tr, leaves, self.value_leaf))
-        if self.calls < len(_ORDER):
+        if untimed:
             out = run()
         else:
             seconds, out = timed(which, run)
             self._times[which].append(seconds)
         self.calls += 1
-        if which == "split" and timing_settled(self._times["fused"], self._times["split"]):
-            self._settle(choose_step(self._times["fused"], self._times["split"]))
+        fused, split = self._times["fused"], self._times["split"]
+        if not untimed and len(fused) == len(split) and timing_settled(fused, split):
+            self._settle(choose_step(fused, split))
         return out
 
     def wait(self) -> None:
