@@ -71,6 +71,24 @@ def test_short_steps_time_for_a_quarter_second_before_the_choice():
     assert settled([1e-6] * step_choice.STEP_TIME_MAX_ROUNDS, [2e-6] * step_choice.STEP_TIME_MAX_ROUNDS)
 
 
+def test_a_timed_call_waits_for_its_inputs_before_its_clock_starts(monkeypatch):
+    events = []
+
+    class Pending:  # an input the caller's earlier work still computes
+        def block_until_ready(self):
+            events.append("inputs ready")
+            return self
+
+    def timer(which, run):
+        events.append(f"{which} timed")
+        run()
+        return 1.0
+
+    monkeypatch.setattr(step_choice, "step_timer", timer)
+    seconds, result = step_choice.timed("fused", lambda: events.append("ran") or 7, [Pending()])
+    assert (seconds, result) == (1.0, 7) and events == ["inputs ready", "fused timed", "ran"]
+
+
 def test_timed_rounds_take_turns_going_first():
     orders = [step_choice.timing_order(r) for r in range(4)]
     assert orders == [("fused", "split"), ("split", "fused")] * 2

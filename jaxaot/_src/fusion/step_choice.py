@@ -236,8 +236,13 @@ def timing_refused(training: SplitRunner, exe: Any) -> tuple[str, str] | None:
     return None
 
 
-def timed(which: str, run: Callable[[], Any]) -> tuple[float, Any]:
-    """``(seconds, result)`` of one blocked call of ``run``, by :data:`step_timer` (wall-clock time without one)."""
+def timed(which: str, run: Callable[[], Any], inputs: Sequence[Any] = ()) -> tuple[float, Any]:
+    """``(seconds, result)`` of one blocked call of ``run``, by :data:`step_timer` (wall-clock time without one).
+
+    ``inputs`` (the step's arguments) are waited for first: where the caller's work before this call (an
+    optimizer's update of the parameters, say) still runs on the device, it would otherwise count in the step's
+    time, the same for both steps, and bring their ratio towards 1."""
+    jax.block_until_ready(list(inputs))
     box: list = []
     seconds = (step_timer or _wall_seconds)(which, lambda: box.append(run()) or box[-1])
     return seconds, box[-1]
@@ -266,7 +271,7 @@ def _timed_choice(training: SplitRunner, exe: Any, leaves: list, value_leaf: int
         elif extra_until is not None and time.perf_counter() > extra_until:
             break
         for which in timing_order(len(times["split"])):
-            times[which].append(timed(which, runs[which])[0])
+            times[which].append(timed(which, runs[which], leaves)[0])
     return choose_step(times["fused"], times["split"])
 
 

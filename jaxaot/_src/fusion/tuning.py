@@ -66,7 +66,7 @@ class Tuning:
         if untimed:
             out = run()
         else:
-            seconds, out = timed(which, run)
+            seconds, out = timed(which, run, leaves)
             self._times[which].append(seconds)
         self.calls += 1
         fused, split = self._times["fused"], self._times["split"]
