@@ -6,9 +6,9 @@ programs each compile for seconds after the step's own compile. With
 leaves those compiles on worker threads. Each later call takes the compiles that
 finished and makes the chain's choices with them (the same choices, in the same order),
 running the step kept so far; then the calls that follow run fused and split in turn (each first in
-every other round), timed until :func:`~jaxaot._src.fusion.timing_settled`, and :func:`~jaxaot._src.fusion.choose_step` decides. Under a
-byte budget, or where the device lacks room for an autotuning compile beside the running step, the first call
-decides.
+every other round), timed until :func:`~jaxaot._src.fusion.timing_settled`, and
+:func:`~jaxaot._src.fusion.choose_step` decides. Under a byte budget, or where the device lacks room for an
+autotuning compile beside the running step, the first call decides.
 """
 
 from __future__ import annotations
