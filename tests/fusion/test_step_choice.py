@@ -244,3 +244,18 @@ def test_budget_choice():
     assert budget_choice(dataclasses.replace(plan, backward=1200), 1100) is None  # neither fits: stays fused
     assert budget_choice(None, 10**9) is None
     assert budget_choice(StepPeak(fused=900), 1100) is None  # no byte budget
+
+
+def test_under_a_byte_budget_split_programs_over_it_are_never_timed():
+    """Time alone chooses between steps that both fit: where the split programs peak over the byte budget, the
+    fused step runs untimed, whatever a timer would say."""
+    from types import SimpleNamespace
+
+    def training(split_peak):
+        peak = StepPeak(fused=900, forward=500, backward=split_peak, budget=1000)
+        program = jax.make_jaxpr(jnp.sin)(1.0)  # no effects
+        part = SimpleNamespace(step_peak=peak, forward=program, backward=program)
+        return SimpleNamespace(partition=part, programs=SimpleNamespace())
+
+    assert "over memory_budget" in step_choice._untimed(training(1200))
+    assert step_choice._untimed(training(800)) is None
