@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -249,8 +250,6 @@ def test_budget_choice():
 def test_under_a_byte_budget_split_programs_over_it_are_never_timed():
     """Time alone chooses between steps that both fit: where the split programs peak over the byte budget, the
     fused step runs untimed, whatever a timer would say."""
-    from types import SimpleNamespace
-
     def training(split_peak):
         peak = StepPeak(fused=900, forward=500, backward=split_peak, budget=1000)
         program = jax.make_jaxpr(jnp.sin)(1.0)  # no effects
