@@ -59,8 +59,9 @@ class Tuning:
             if chosen is not None:
                 return run_decided(tr, self._settle(chosen), leaves, self.value_leaf)
             self._timing = True
-        untimed = self.calls < len(_UNTIMED)
-        which = _UNTIMED[self.calls] if untimed else timing_order((self.calls - len(_UNTIMED)) // 2)[self.calls % 2]
+        k = self.calls - len(_UNTIMED)  # the timed call's number
+        untimed = k < 0
+        which = _UNTIMED[self.calls] if untimed else timing_order(k // 2)[k % 2]
         run = (lambda: fused_outputs(tr, exe, leaves)) if which == "fused" else (
             lambda: run_split(tr, leaves, self.value_leaf))
         if untimed:
