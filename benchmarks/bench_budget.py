@@ -35,7 +35,9 @@ its ratio to ``jit(value_and_grad)``'s first step), and in the same process,
 where the backend reports it, ``peak_bytes_in_use`` after the first step, under JAX's
 default allocator, against the compiled peak of the program that process ran (its plan is
 its own: the op timings that price plans differ between processes): the memory the
-process needed, planning included; the table shows the worst process. On an accelerator, where a fraction's
+process needed, planning included; the table shows the worst process. "planning peak" is the
+device's ``peak_bytes_in_use`` when the first call's planning (trace, joint, partition) ended,
+read every millisecond on a thread: what planning held before the step's executable ran. On an accelerator, where a fraction's
 first call returns before the fused step's variants compile, the process then
 calls the step until the choice is made: "choice made" is the seconds from
 the first call's start, and "calls" how many calls after it that took.
@@ -58,6 +60,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -277,16 +280,48 @@ def fresh_main(model_name: str, spec: str, size: str) -> None:
     model = all_models(size)[model_name]
     args = jax.block_until_ready(model.make_args(jax.random.key(0)))
     step = step_of(model, spec)
+    watch = PeakWatch(jax.devices()[0])
     t, cpu = time.perf_counter(), time.process_time()
     jax.block_until_ready(step(*args))
     first, first_cpu = time.perf_counter() - t, time.process_time() - cpu
     stats = jax.devices()[0].memory_stats() or {}
+    watch.stop()
     chosen, calls = _chosen_after(step, args, t)
     f = getattr(step, "__wrapped__", None)
-    phases = {k: round(v, 2) for k, v in f.lookup(args, {}).programs.times.items()} if hasattr(f, "lookup") else {}
+    times = f.lookup(args, {}).programs.times if hasattr(f, "lookup") else {}
+    planned = sum(times.get(k, 0.0) for k in ("trace", "joint", "partition"))
     print(json.dumps({"first_step": first, "first_step_cpu": first_cpu, "chosen_after": chosen, "calls": calls,
-                      "phases": phases,
-                      "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "compiled_peak": _ran_peak(step, args)}))
+                      "phases": {k: round(v, 2) for k, v in times.items()},
+                      "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+                      "planning_peak": watch.at(t + planned) if planned else None,
+                      "compiled_peak": _ran_peak(step, args)}))
+
+
+class PeakWatch:
+    """The device's ``peak_bytes_in_use``, read every millisecond on a thread from now until :meth:`stop` (nothing
+    where the backend does not report it): what the process held by a given moment, such as the end of planning
+    (the first call's trace, joint and partition phases, timed by the runtime)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device, self.samples, self.done = device, [], threading.Event()
+        self.thread = None
+        if "peak_bytes_in_use" in (device.memory_stats() or {}):
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.001):
+            self.samples.append((time.perf_counter(), self.device.memory_stats()["peak_bytes_in_use"]))
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def at(self, when: float) -> int | None:
+        """The last peak read at or before ``when`` (a ``time.perf_counter()``); None if none was."""
+        before = [peak for t, peak in self.samples if t <= when]
+        return before[-1] if before else None
 
 
 def _chosen_after(step: Callable, args: tuple, start: float, limit: float = 120.0) -> tuple[float, int]:
@@ -445,11 +480,11 @@ def first_step_table(model: Model, size: str, specs: list[str], rounds: int, com
 
     jit_first = first("jax:none")
     rows = [["first step of", "median (s)", "min-max", "x jit", "CPU time (s)", "x jit", "choice made (s)",
-             "calls", "process peak", "x compiled peak"]]
+             "calls", "planning peak", "process peak", "x compiled peak"]]
     for spec in specs:
         ts = [r["first_step"] for r in firsts.get(spec, []) if "first_step" in r]
         if not ts:
-            rows.append([spec, *["-"] * 9])
+            rows.append([spec, *["-"] * 10])
             continue
         made = [r["chosen_after"] for r in firsts[spec] if r.get("calls")]
         calls = [r["calls"] for r in firsts[spec] if r.get("calls")]
@@ -458,10 +493,11 @@ def first_step_table(model: Model, size: str, specs: list[str], rounds: int, com
         pairs = [(r["peak_bytes_in_use"], r.get("compiled_peak") or compiled.get(spec)) for r in firsts[spec]
                  if r.get("peak_bytes_in_use")]
         proc, peak = max(pairs, key=lambda pp: pp[0] / pp[1] if pp[1] else 0, default=(None, None))
+        planning = max((r.get("planning_peak") or 0 for r in firsts[spec]), default=0) or None
         rows.append([spec, f"{_median(ts):.2f}", f"{min(ts):.2f}-{max(ts):.2f}", f"{ratio:.2f}",
                      _seconds(cpu(spec)), _seconds(cpu(spec) / cpu("jax:none")),
                      _seconds(_median(made)) if made else "-", str(int(_median(calls))) if calls else "-",
-                     fmt_bytes(proc),
+                     fmt_bytes(planning) if planning else "-", fmt_bytes(proc),
                      f"{proc / peak:.3f}" if proc and peak else "-"])
         if spec.startswith("jaxaot:"):
             value = json.loads(spec.split(":", 1)[1])
