@@ -37,7 +37,8 @@ default allocator, against the compiled peak of the program that process ran (it
 its own: the op timings that price plans differ between processes): the memory the
 process needed, planning included; the table shows the worst process. "planning peak" is the
 device's ``peak_bytes_in_use`` when the first call's planning (trace, joint, partition) ended,
-read every millisecond on a thread: what planning held before the step's executable ran. On an accelerator, where a fraction's
+read every millisecond on a thread: what planning held before the step's executable ran.
+On an accelerator, where a fraction's
 first call returns before the fused step's variants compile, the process then
 calls the step until the choice is made: "choice made" is the seconds from
 the first call's start, and "calls" how many calls after it that took.
