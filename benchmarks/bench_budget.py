@@ -37,7 +37,7 @@ default allocator, against the compiled peak of the program that process ran (it
 its own: the op timings that price plans differ between processes): the memory the
 process needed, planning included; the table shows the worst process. "planning peak" is the
 device's ``peak_bytes_in_use`` when the first call's planning (trace, joint, partition) ended,
-read every millisecond on a thread: what planning held before the step's executable ran.
+read every 5 ms on a thread: what planning held before the step's executable ran.
 On an accelerator, where a fraction's
 first call returns before the fused step's variants compile, the process then
 calls the step until the choice is made: "choice made" is the seconds from
@@ -299,9 +299,12 @@ def fresh_main(model_name: str, spec: str, size: str) -> None:
 
 
 class PeakWatch:
-    """The device's ``peak_bytes_in_use``, read every millisecond on a thread from now until :meth:`stop` (nothing
-    where the backend does not report it): what the process held by a given moment, such as the end of planning
-    (the first call's trace, joint and partition phases, timed by the runtime)."""
+    """The device's ``peak_bytes_in_use``, read every :attr:`PERIOD` seconds on a thread from now until :meth:`stop`
+    (nothing where the backend does not report it): what the process held by a given moment, such as the end of
+    planning (the first call's trace, joint and partition phases, timed by the runtime). A byte budget's planning
+    takes seconds; reading more often would take the GIL from the step being timed."""
+
+    PERIOD = 0.005
 
     def __init__(self, device: Any) -> None:
         self.device, self.samples, self.done = device, [], threading.Event()
@@ -311,7 +314,7 @@ class PeakWatch:
             self.thread.start()
 
     def _run(self) -> None:
-        while not self.done.wait(0.001):
+        while not self.done.wait(self.PERIOD):
             self.samples.append((time.perf_counter(), self.device.memory_stats()["peak_bytes_in_use"]))
 
     def stop(self) -> None:
