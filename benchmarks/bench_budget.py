@@ -35,7 +35,7 @@ its ratio to ``jit(value_and_grad)``'s first step), and in the same process,
 where the backend reports it, ``peak_bytes_in_use`` after the first step, under JAX's
 default allocator, against the compiled peak of the program that process ran (its plan is
 its own: the op timings that price plans differ between processes): the memory the
-process needed, planning included; the table shows the worst process. "planning peak" is the
+process needed, planning included; the table shows the worst process, its planning peak too. "planning peak" is the
 device's ``peak_bytes_in_use`` when the first call's planning (trace, joint, partition) ended,
 read every 5 ms on a thread: what planning held before the step's executable ran.
 On an accelerator, where a fraction's
@@ -493,11 +493,11 @@ def first_step_table(model: Model, size: str, specs: list[str], rounds: int, com
         made = [r["chosen_after"] for r in firsts[spec] if r.get("calls")]
         calls = [r["calls"] for r in firsts[spec] if r.get("calls")]
         ratio = _median(ts) / jit_first
-        # Each process's peak against its own plan's compiled peak (plans differ between processes); the worst.
-        pairs = [(r["peak_bytes_in_use"], r.get("compiled_peak") or compiled.get(spec)) for r in firsts[spec]
-                 if r.get("peak_bytes_in_use")]
-        proc, peak = max(pairs, key=lambda pp: pp[0] / pp[1] if pp[1] else 0, default=(None, None))
-        planning = max((r.get("planning_peak") or 0 for r in firsts[spec]), default=0) or None
+        # Each process's peak against its own plan's compiled peak (plans differ between processes): the worst
+        # process, and its planning's peak.
+        pairs = [(r["peak_bytes_in_use"], r.get("compiled_peak") or compiled.get(spec), r.get("planning_peak"))
+                 for r in firsts[spec] if r.get("peak_bytes_in_use")]
+        proc, peak, planning = max(pairs, key=lambda pp: pp[0] / pp[1] if pp[1] else 0, default=(None, None, None))
         rows.append([spec, f"{_median(ts):.2f}", f"{min(ts):.2f}-{max(ts):.2f}", f"{ratio:.2f}",
                      _seconds(cpu(spec)), _seconds(cpu(spec) / cpu("jax:none")),
                      _seconds(_median(made)) if made else "-", str(int(_median(calls))) if calls else "-",
