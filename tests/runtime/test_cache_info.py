@@ -221,3 +221,15 @@ def test_fifty_steps_of_an_aot_module_show_the_loss_program():
     # the step that runs: the fused one, or (where the first call timed the two on an accelerator) the split
     runs = "fused[0,1]" if any("fused[0,1]" in e for e in entry.executables) else "forward[0,1]"
     assert entry.program == "loss" and entry.reason == "first call" and runs in entry.executables[0]
+
+
+def test_under_jit_an_aot_function_compiles_nothing_of_its_own():
+    """Traced into ``jit``'s program, the forward and backward are evaluated there: no executable of their own."""
+    loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    f = jaxaot.aot_function(loss)
+    w, x = jax.random.normal(jax.random.key(0), (4, 3)), jax.random.normal(jax.random.key(1), (5, 4))
+    got = jax.jit(jax.value_and_grad(f))(w, x), jax.jit(jax.grad(f, argnums=1))(w, x), jax.jit(f)(w, x)
+    want = jax.value_and_grad(loss)(w, x), jax.grad(loss, argnums=1)(w, x), loss(w, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert [(e.executables, e.compiles) for e in f.cache_info().entries] == [((), ())]

@@ -211,6 +211,23 @@ def test_explicit_axes_mesh():
     assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_explicit_axes_without_a_mesh_context_differentiate_every_input(fused):
+    """Gradients pinned to Explicit-axis shardings (``reshard``, as JAX asks there), outside ``jax.set_mesh``."""
+    mesh = _mesh((N,), ("data",), explicit=True)
+    loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    f = jaxaot.aot_function(loss)
+    for seed in (6, 7):
+        ks = jax.random.split(_key(seed), 2)
+        w = jax.device_put(jax.random.normal(ks[0], (8, 4)), NamedSharding(mesh, P()))
+        x = jax.device_put(jax.random.normal(ks[1], (16, 8)), NamedSharding(mesh, P("data")))
+        got = jaxaot.value_and_grad(f, argnums=(0, 1), fused=fused)(w, x)
+        want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(w, x)
+        assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
+        assert [g.sharding.spec for g in got[1]] == [g.sharding.spec for g in want[1]]
+        assert_trees_close(jax.jit(jax.grad(f, argnums=1))(w, x), want[1][1], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.skipif(N < 2, reason="needs a mesh context other than the one-device mesh it compares with")
 def test_mesh_context_with_uncommitted_inputs_keys_the_cache():
     mesh = _mesh((N,), ("data",))

@@ -37,6 +37,47 @@ except ImportError:  # pragma: no cover - older jax
 jit_p = _jit_p
 closed_call_p = _core.closed_call_p
 
+from jax._src import config as _config  # noqa: E402
+
+#: ``trace_context()``: the configuration JAX's own tracing caches are keyed by (x64, matmul precision, dtype and
+#: rank promotion, the mesh in context, ...), hashable (JAX's own function: it is read on every call and every
+#: recorded operation).
+trace_context = _config.trace_context
+
+
+def pin_sharding(x: Any, sharding: Any) -> Any:
+    """``x`` placed as ``sharding`` inside a traced program: ``with_sharding_constraint``, or ``reshard`` where the
+    sharding names an ``Explicit`` mesh axis (which ``with_sharding_constraint`` refuses), as JAX asks."""
+    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
+    if mesh is not None and spec is not None and _explicit_axes(mesh, spec):
+        return jax.sharding.reshard(x, sharding)
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _explicit_axes(mesh: Any, spec: Any) -> bool:
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()) or ()))
+    named = [n for e in spec if e is not None for n in (e if isinstance(e, tuple) else (e,))]
+    return explicit is not None and any(types.get(n) == explicit for n in named)
+
+
+def jit_disabled() -> bool:
+    """Whether ``jax.disable_jit()`` is in effect: ``jit`` then runs a function's Python op by op."""
+    return bool(_config.disable_jit.value)
+
+
+def config_changes(old: tuple, new: tuple) -> list[str]:
+    """The names of the settings in which two :func:`trace_context` values differ (``"jax_enable_x64"``), or
+    their positions where this JAX does not name them."""
+    try:
+        names = tuple(_config.trace_context_names())
+    except Exception:  # noqa: BLE001 - a JAX without the names
+        names = ()
+    if len(names) != len(old) or len(old) != len(new):
+        names = tuple(f"setting {i}" for i in range(max(len(old), len(new))))
+    return [n for n, a, b in zip(names, old, new) if a is not b and a != b]
+
+
 from jax._src import custom_derivatives as _cd  # noqa: E402
 
 custom_jvp_call_p = _cd.custom_jvp_call_p
@@ -356,5 +397,6 @@ __all__ = [
     "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
     "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
     "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
-    "single_device_of", "trace_of", "zeros_float0",
+    "single_device_of", "trace_context", "trace_of", "zeros_float0", "config_changes", "jit_disabled",
+    "pin_sharding",
 ]

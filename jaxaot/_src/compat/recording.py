@@ -18,7 +18,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 from jax.errors import ConcretizationTypeError
-from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import linear_util as _lu
 from jax._src import source_info_util as _siu
@@ -433,14 +432,9 @@ if getattr(_core, "pytype_aval_mappings", None) is not None:
     _core.pytype_aval_mappings[RecordingTracer] = operator.attrgetter("aval")
 
 
-#: ``trace_context()``: the configuration JAX's own tracing caches are keyed by (x64, dtype promotion, ...),
-#: hashable (JAX's own function: it is read on every recorded operation).
-trace_context = _config.trace_context
-
-
 #: What compiled autograd (:mod:`jaxaot._src.autograd.recorded`) uses (``C.<name>``).
 __all__ = [
     "ById", "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
     "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
-    "set_current_trace", "source_info", "stage_call", "stage_function", "trace_context", "typeof",
+    "set_current_trace", "source_info", "stage_call", "stage_function", "typeof",
 ]

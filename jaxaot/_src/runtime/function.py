@@ -102,7 +102,7 @@ class AOTFunction:
         """
         static, leaves, treedef = arguments.split_static(self.__name__, self.static_argnums, args, kwargs)
         keys, kind = lookup_keys(leaves, lambda: flatten_checked((args, kwargs), "input", InvalidInputError))
-        sig = Signature(treedef, keys, static, context_mesh())
+        sig = Signature(treedef, keys, static, context_mesh(), C.trace_context())
         programs = self._cache.get(sig)
         if programs is None:
             with self._lock:  # double-checked: another thread may have traced it meanwhile
@@ -146,6 +146,8 @@ class AOTFunction:
     # -- calling
     @_overflow_as_loop_error
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if C.jit_disabled():  # as jit's: the function's Python, op by op (and JAX's own autodiff through it)
+            return self.fn(*args, **kwargs)
         programs, leaves, kind = self.lookup(args, kwargs)
         if kind is TraceKind.ABSTRACT:
             raise _abstract_call_error(self.__name__)
@@ -169,7 +171,12 @@ class AOTFunction:
             >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
             >>> y, res = f.forward(jnp.ones(3))
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
+
+        Under ``jax.disable_jit()`` it still runs the compiled programs, as a ``Compiled`` stage does.
         """
+        if C.jit_disabled():
+            with jax.disable_jit(False):
+                return self.forward(*args, **kwargs)
         hot = self._hot
         leaves = hot_leaves(hot, args, kwargs)
         if leaves is not None and hot.training.eager_forward is not None:
@@ -212,6 +219,9 @@ class AOTFunction:
             >>> dw.tolist()
             [0.0, 1.0]
         """
+        if C.jit_disabled():  # the compiled programs, as :meth:`forward`'s
+            with jax.disable_jit(False):
+                return self.backward(residuals, cotangents)
         tr = checks.check_residuals_origin(self.__name__, self.options, residuals)
         if not residuals.checked:
             checks.check_residual_arrays(tr, residuals.arrays)
@@ -306,7 +316,10 @@ def aot_function(
 
     Sharded inputs (committed ``jax.Array``s on several devices, or any input
     under a ``jax.set_mesh`` context) compile every program for their shardings:
-    see ``docs/concepts/sharding.md``.
+    see ``docs/concepts/sharding.md``. A call's signature includes JAX's configuration (``jax_enable_x64``,
+    matmul precision, dtype and rank promotion): a change compiles again, as under ``jit``. Under
+    ``jax.disable_jit()`` a call runs ``fn``'s Python op by op, as ``jit``'s does; ``forward`` and ``backward``
+    still run the compiled programs.
 
     Raises:
       InvalidInputError: ``fn`` or a compiler or partitioner is not callable, ``decompositions`` is not a

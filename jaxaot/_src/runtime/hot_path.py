@@ -3,8 +3,8 @@
 The full lookup of a call (its signature's key, hashed; the programs found; the fused step's choice) costs
 tens of microseconds of Python, beside ``jit``'s dispatch in C++. A :class:`HotPath` keeps the last concrete
 call's signature and what it ran: a call with the same structure, abstract values and mesh runs that
-directly (:func:`hot_leaves`). Anything else (a tracer, a NumPy leaf, another shape or dtype or weak type)
-goes to the lookup, and an array committed to other devices is refused by the executable itself
+directly (:func:`hot_leaves`). Anything else (a tracer, a NumPy leaf, another shape or dtype or weak type,
+another JAX configuration) goes to the lookup, and an array committed to other devices is refused by the executable itself
 (``ValueError``), after which the caller looks it up.
 """
 
@@ -28,6 +28,7 @@ class HotPath(NamedTuple):
       treedef: the call's ``(args, kwargs)`` structure.
       avals: each leaf's abstract value (every leaf a concrete array).
       mesh: the abstract mesh in context (:func:`~jaxaot._src.runtime.shardings.context_mesh`).
+      config: JAX's configuration that tracing reads (``trace_context()``: x64, matmul precision, ...).
       training: the programs it runs.
       runs: what runs them (a gradient's fused executable), or None.
     """
@@ -35,6 +36,7 @@ class HotPath(NamedTuple):
     treedef: Any
     avals: tuple
     mesh: Any
+    config: Any
     training: TrainingPrograms
     runs: Any = None
 
@@ -45,12 +47,12 @@ def hot_path(training: TrainingPrograms, leaves: list, runs: Any = None, static:
     if static or not all(type(x) is _ArrayImpl for x in leaves):
         return None
     sig = training.programs.signature
-    return HotPath(sig.treedef, tuple(x.aval for x in leaves), sig.mesh, training, runs)
+    return HotPath(sig.treedef, tuple(x.aval for x in leaves), sig.mesh, sig.config, training, runs)
 
 
 def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
     """The call's flat leaves where it has ``hot``'s signature as far as one pass tells (structure, each leaf a
-    concrete array of the same abstract value, the same mesh in context), else None.
+    concrete array of the same abstract value, the same mesh and JAX configuration in context), else None.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -63,7 +65,7 @@ def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
     if hot is None:
         return None
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    if treedef == hot.treedef and hot.mesh is context_mesh() and all(
+    if treedef == hot.treedef and hot.mesh is context_mesh() and hot.config == C.trace_context() and all(
             type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)):
         return leaves
     return None

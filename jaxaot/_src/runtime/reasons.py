@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot._src import compat as C
 from jaxaot._src.pytrees import dtype_name, format_aval, leaf_paths
 from jaxaot._src.runtime.arguments import StaticArg, safe_repr
 from jaxaot._src.runtime.signature import Signature, key_parts, sharding_text
@@ -145,8 +146,9 @@ def _argument(path: str) -> str:
 # --------------------------------------------------------------------------- signatures
 def _differences(old: Signature, new: Signature, paths: Callable[[Signature], list[str]]) -> int:
     """How far ``old`` is from ``new``: leaves changed, added or gone (by path where the structures
-    differ), plus 100 for other static values and 1000 for another mesh."""
+    differ), plus 100 for other static values or another JAX configuration and 1000 for another mesh."""
     d = (0 if old.mesh == new.mesh else 1000) + (100 if _static_differs(old.static, new.static) else 0)
+    d += 0 if old.config == new.config else 100 * max(1, len(C.config_changes(old.config or (), new.config or ())))
     if old.treedef == new.treedef:
         return d + sum(ka != kb for ka, kb in zip(old.leaves, new.leaves))
     a, b = dict(zip(paths(old), old.leaves)), dict(zip(paths(new), new.leaves))
@@ -182,6 +184,10 @@ def describe_change(old: Signature | None, new: Signature, paths: Callable[[Sign
         parts.append(static)
     if old.mesh != new.mesh:
         parts.append(f"mesh context changed: {old.mesh} → {new.mesh}")
+    if old.config is not None and new.config is not None and old.config != new.config:
+        changed = [n for n in C.config_changes(old.config, new.config) if "mesh" not in n]
+        if changed:
+            parts.append(f"JAX configuration changed: {', '.join(changed)}")
     old_paths, new_paths = paths(old), paths(new)
     olds = [(p, key_parts(k)) for p, k in zip(old_paths, old.leaves)]
     news = [(p, key_parts(k)) for p, k in zip(new_paths, new.leaves)]

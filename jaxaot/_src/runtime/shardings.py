@@ -129,7 +129,7 @@ def with_sharding(aval: Any, sharding: Any) -> jax.ShapeDtypeStruct:
 def constrain_outputs(closed: Any, shardings: Sequence[Any]) -> Any:
     """``closed`` with each output pinned to ``shardings[i]`` (None leaves that output free).
 
-    The pin is a ``with_sharding_constraint`` at the end of the program, so it
+    The pin is a ``with_sharding_constraint`` (``reshard`` for Explicit mesh axes) at the end of the program, so it
     holds for any compiler and under any trace.
     """
     if all(s is None for s in shardings):
@@ -138,7 +138,7 @@ def constrain_outputs(closed: Any, shardings: Sequence[Any]) -> Any:
 
     def pinned(*args: Any) -> list:
         outs = C.eval_closed(closed, *args)
-        return [o if s is None else jax.lax.with_sharding_constraint(o, s) for o, s in zip(outs, shardings)]
+        return [o if s is None else C.pin_sharding(o, s) for o, s in zip(outs, shardings)]
 
     return jax.make_jaxpr(pinned)(*in_avals)
 

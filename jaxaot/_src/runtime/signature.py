@@ -41,6 +41,9 @@ class Signature(NamedTuple):
     leaves: tuple
     static: tuple
     mesh: Any = None  #: the abstract mesh of the ``jax.set_mesh`` context, if any
+    #: JAX's configuration that tracing reads (``jax_enable_x64``, matmul precision, dtype and rank promotion, ...):
+    #: a program traced under one setting is never run under another, as under ``jit``
+    config: Any = None
 
 
 # --------------------------------------------------------------------------- leaf keys
@@ -133,13 +136,14 @@ def leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
 
 
 def _explicit_sharding(aval: Any) -> Any:
-    """The sharding an aval's type carries under a mesh with explicit axes (part of its type), else None."""
+    """The sharding an aval's type carries under a mesh with explicit axes (part of its type, replicated ones
+    too: a gradient contracted over a sharded axis takes its parameter's), else None."""
     sharding = getattr(aval, "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    if not spec or not any(p is not None for p in spec):
+    mesh = getattr(sharding, "mesh", None)
+    if getattr(sharding, "spec", None) is None or mesh is None:
         return None
     explicit = jax.sharding.AxisType.Explicit
-    return sharding if any(t == explicit for t in sharding.mesh.axis_types) else None
+    return sharding if any(t == explicit for t in getattr(mesh, "axis_types", ()) or ()) else None
 
 
 # --------------------------------------------------------------------------- describing

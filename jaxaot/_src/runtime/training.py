@@ -201,7 +201,7 @@ class TrainingPrograms:
                 n_aux = self.num_aux
         part = self.partition
         residuals = [leaves[i] for i in part.saved_inputs] + [fwd_outs[i] for i in part.saved_outputs]
-        if self.eager_forward is None and not self.num_aux and self.programs.no_aliases:
+        if concrete and self.eager_forward is None and not self.num_aux and self.programs.no_aliases:
             with self.programs.lock:
                 if self.eager_forward is None:
                     self.eager_forward = _eager_forward(self)

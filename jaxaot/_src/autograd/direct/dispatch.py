@@ -95,22 +95,25 @@ def _nothing_compiled() -> CacheInfo:
     return CacheInfo(0, 0, ())
 
 
-def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who: str = "value_and_grad") -> None:
+def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who: str = "value_and_grad",
+                           holomorphic: Any = False, allow_int: Any = False) -> None:
     """:class:`~jaxaot.errors.InvalidInputError` naming the first option of :func:`value_and_grad` of the
-    wrong kind: ``fun`` not callable, ``argnums`` not an int or a non-empty sequence of ints, ``has_aux``
-    or ``fused`` not a bool."""
+    wrong kind: ``fun`` not callable, ``argnums`` not an int or a non-empty sequence of ints, ``has_aux``,
+    ``fused``, ``holomorphic`` or ``allow_int`` not a bool."""
     if not callable(fun):
         raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
     if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
         raise InvalidInputError(f"argnums of {who} must be an int or a non-empty sequence of ints, got {argnums!r}.")
-    for name, value in (("has_aux", has_aux), ("fused", fused)):
+    for name, value in (("has_aux", has_aux), ("fused", fused), ("holomorphic", holomorphic),
+                        ("allow_int", allow_int)):
         if not isinstance(value, bool):
             raise InvalidInputError(f"{name} of {who} must be True or False, got {type(value).__name__} {value!r}.")
 
 
 def value_and_grad(
-    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *, fused: bool = True
+    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *, fused: bool = True,
+    holomorphic: bool = False, allow_int: bool = False,
 ) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``, with an eager fast path for :class:`~jaxaot.AOTFunction`.
 
@@ -123,7 +126,9 @@ def value_and_grad(
     call); under ``jit`` it is ``nnx.value_and_grad``.
 
     Args:
-      fun, argnums, has_aux: as ``jax.value_and_grad``'s.
+      fun, argnums, has_aux, holomorphic, allow_int: as ``jax.value_and_grad``'s. With ``holomorphic`` or
+        ``allow_int`` the call is ``jax.value_and_grad``'s (an ``aot_function`` inside it still runs its
+        compiled programs), with ``cache_info()`` that of ``fun`` where it has one.
       fused: run one executable that computes the forward and then the
         backward, keeping the partition's plan (``docs/concepts/fused_step.md``);
         False runs the split forward and backward executables. ``cache_info()``
@@ -135,7 +140,8 @@ def value_and_grad(
 
     Raises:
       InvalidInputError: ``fun`` is not callable, ``argnums`` is not an int or a non-empty
-        sequence of ints, ``has_aux`` or ``fused`` is not a bool.
+        sequence of ints, ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` is not a bool; a call
+        whose ``argnums`` is out of range of its positional arguments.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -144,7 +150,11 @@ def value_and_grad(
         >>> dw.shape
         (3, 2)
     """
-    check_gradient_options(fun, argnums, has_aux, fused)
+    check_gradient_options(fun, argnums, has_aux, fused, holomorphic=holomorphic, allow_int=allow_int)
+    if holomorphic or allow_int:
+        vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
+        vg.cache_info = fun.cache_info if isinstance(fun, AOTFunction) else _nothing_compiled
+        return vg
     if isinstance(fun, AOTFunction):
         return function_value_and_grad(fun, argnums, has_aux, fused)
     vg = module_dispatch(fun, argnums, has_aux, fused,
@@ -155,7 +165,7 @@ def value_and_grad(
 
 
 def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
-         fused: bool = True) -> Callable[..., Any]:
+         fused: bool = True, holomorphic: bool = False, allow_int: bool = False) -> Callable[..., Any]:
     """Like ``jax.grad``, with the eager fast path of :func:`value_and_grad`.
 
     Example:
@@ -164,5 +174,7 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
         >>> jaxaot.grad(f)(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
-    check_gradient_options(fun, argnums, has_aux, fused, "grad")
-    return grad_of(value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused), fun, has_aux=has_aux)
+    check_gradient_options(fun, argnums, has_aux, fused, "grad", holomorphic, allow_int)
+    vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused, holomorphic=holomorphic,
+                        allow_int=allow_int)
+    return grad_of(vg, fun, has_aux=has_aux)

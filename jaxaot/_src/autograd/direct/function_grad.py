@@ -18,6 +18,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
 from jaxaot._src.runtime import AOTFunction, TraceKind, hot_leaves, hot_path
+from jaxaot.errors import InvalidInputError
 
 
 def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
@@ -41,6 +42,14 @@ def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], b
     return tuple(argnums), False
 
 
+def _positions(nums: tuple[int, ...], count: int) -> tuple[int, ...] | None:
+    """``nums`` as positions among ``count`` positional arguments (a negative one counts from the end, as in
+    ``jax.grad``); None where one is out of range."""
+    if any(not -count <= n < count for n in nums):
+        return None
+    return tuple(n % count for n in nums)
+
+
 def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_aux: bool,
                             fused: bool) -> Callable[..., Any]:
     """``jax.value_and_grad(fun, argnums, has_aux)`` of an ``aot_function``, run eagerly on its executables.
@@ -59,7 +68,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
     nums, single = _normalize_argnums(argnums)
 
-    def training_for(programs, leaves, args):
+    def training_for(programs, leaves, args, nums):
         # The flat leaves are the dynamic arguments' leaves in order (then kwargs'):
         # mark the ranges of the picked arguments, by position (the same array may be
         # passed twice, once differentiated and once not).
@@ -73,27 +82,37 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             start += size
         return programs.training(tuple(mask))
 
-    # id(programs) -> (programs, training or None): what each signature runs. The
-    # differentiated leaves are fixed by the signature, so this is decided once per signature.
-    plans: dict[int, tuple[Any, Any]] = {}
+    def resolved(args: tuple) -> tuple[int, ...]:
+        """The picked arguments' positions in this call, or the error naming the range."""
+        at = _positions(nums, len(args))
+        if at is None:
+            raise InvalidInputError(
+                f"argnums={argnums!r} is out of range: {fun.__name__} got {len(args)} positional argument(s). "
+                f"Pass argnums from {-len(args)} to {len(args) - 1}, or pass the argument positionally.")
+        return at
+
+    # id(programs) -> (programs, training or None, picks): what each signature runs, and each picked argument's
+    # position among the dynamic ones. The differentiated leaves are fixed by the signature (its number of
+    # positional arguments places a negative argnum), so this is decided once per signature.
+    plans: dict[int, tuple[Any, Any, tuple[int, ...]]] = {}
 
     def plan_for(programs, leaves, args):
         plan = plans.get(id(programs))
         if plan is None:
-            ok = all(n < len(args) and n not in fun.static_argnums for n in nums) and all(
-                C.is_inexact(jax.numpy.result_type(x)) for n in nums for x in jax.tree_util.tree_leaves(args[n]))
+            at = _positions(nums, len(args))
+            ok = at is not None and all(n not in fun.static_argnums for n in at) and all(
+                C.is_inexact(jax.numpy.result_type(x)) for n in at for x in jax.tree_util.tree_leaves(args[n]))
             ok = ok and _is_real_scalar_loss(programs, has_aux)
-            plan = plans[id(programs)] = (programs, training_for(programs, leaves, args) if ok else None)
-        return plan[1]
+            picks = tuple(n - sum(s < n for s in fun.static_argnums) for n in at) if ok else ()
+            plan = plans[id(programs)] = (programs, training_for(programs, leaves, args, at) if ok else None, picks)
+        return plan[1], plan[2]
 
-    # Each picked argument's position among the dynamic ones (plan_for checks that none is static).
-    picks = tuple(n - sum(s < n for s in fun.static_argnums) for n in nums)
-    # The last call's signature, where it ran the fused executable decided on: the next call with that signature
-    # runs it straight away (hot_leaves), as jit's dispatch does, without the lookup and the choice.
-    hot: list = [None]
+    # The last call's signature, where it ran the fused executable decided on, and its picks: the next call with
+    # that signature runs it straight away (hot_leaves), as jit's dispatch does, without the lookup and the choice.
+    hot: list = [None, ()]
 
     def vg(*args: Any, **kwargs: Any):
-        h = hot[0]
+        h, hot_picks = hot
         leaves = hot_leaves(h, args, kwargs)
         if leaves is not None:
             try:
@@ -103,11 +122,14 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
                 pass  # a sharding the last signature did not have: look it up
             else:
                 fun.note_hit()
-                return _results(h.training, outs, grads)
+                return _results(h.training, outs, grads, hot_picks)
+        resolved(args)
+        if C.jit_disabled():  # JAX's own autodiff, eagerly through fun's Python (AOTFunction.__call__)
+            return fallback(*args, **kwargs)
         programs, leaves, kind = fun.lookup(args, kwargs)
         if kind is not TraceKind.CONCRETE:
             return fallback(*args, **kwargs)
-        tr = plan_for(programs, leaves, args)
+        tr, picks = plan_for(programs, leaves, args)
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
@@ -122,13 +144,15 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
                 else:
                     outs, grads = run_fused(tr, leaves, value_leaf)
                 if is_decided(programs, name) and programs.fused_choices[name].runs == "fused":
-                    hot[0] = hot_path(tr, leaves, fused_exe(tr, value_leaf), bool(fun.static_argnums)) or hot[0]
+                    found = hot_path(tr, leaves, fused_exe(tr, value_leaf), bool(fun.static_argnums))
+                    if found is not None:
+                        hot[:] = [found, picks]
             else:
                 outs, residuals = tr.forward(leaves, concrete=True)
                 grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
-        return _results(tr, outs, grads)
+        return _results(tr, outs, grads, picks)
 
-    def _results(tr: Any, outs: list, grads: list) -> Any:
+    def _results(tr: Any, outs: list, grads: list, picks: tuple[int, ...]) -> Any:
         """``(value, grad)`` (``((value, aux), grad)`` with ``has_aux``) from the flat outputs and grads."""
         dyn, _ = tr.input_grads_tree(grads)
         picked = tuple(dyn[i] for i in picks)
@@ -142,7 +166,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     def lower(*args: Any, **kwargs: Any):
         """The :class:`AOTLowered` of the programs this gradient runs."""
         programs, leaves, _ = fun.lookup(args, kwargs)
-        return fun.lowered(training_for(programs, leaves, args))
+        return fun.lowered(training_for(programs, leaves, args, resolved(args)))
 
     vg.__wrapped__ = fun
     vg.lower = lower

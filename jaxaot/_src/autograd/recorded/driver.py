@@ -102,7 +102,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         _check_inexact(call, diff, positions)
         planned = plans.plan(call.diff_tree, diff, not single)
         forward = lambda: _forward(fun, args, kwargs, modules, positions, has_aux, call)  # noqa: E731
-        if call.traced or not C.is_eval_trace(C.current_trace()):
+        if call.traced or not C.is_eval_trace(C.current_trace()) or C.jit_disabled():  # JAX's own autodiff
             value, vjp_fn, (aux, states) = jax.vjp(forward(), *diff, has_aux=True)
             grads = PH.apply(planned, call.diff, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
         else:

@@ -136,7 +136,7 @@ class Tape:
         self.arg_objects: list = []
         self.kinds: dict[int, str] = {}
         self.constants: list[int] = []
-        self._by_id: dict[int, int] = {}
+        self._by_id: dict[int, tuple] = {}  #: id -> (value number, what a NumPy array held when copied, or None)
         self._by_literal: dict[tuple, int] = {}
         self.looks: list[Look] = []
         self.reads: set[int] = set()
@@ -371,9 +371,9 @@ def _constant(tape: Tape, x: Any) -> int:
     """A value the forward used that is no recorded value: a literal, or an array it closes over."""
     if isinstance(x, C.Tracer):
         raise C.Unrecordable(f"a {type(x).__name__} from another transformation reached the forward")
-    vid = tape._by_id.get(id(x))  # arg_objects keeps x alive, so its id is not reused
-    if vid is not None:
-        return vid
+    found = tape._by_id.get(id(x))  # arg_objects keeps x alive, so its id is not reused
+    if found is not None and (found[1] is None or _unchanged(found[1], x)):
+        return found[0]
     lit = literal_value_key(x)
     if lit is not None:
         aval = C.typeof(x)
@@ -382,13 +382,21 @@ def _constant(tape: Tape, x: Any) -> int:
         if vid is None:
             vid = tape._by_literal[key] = tape._input("lit", aval, x, lit)
         return vid
-    value = jax.device_put(x) if isinstance(x, np.ndarray) else x  # NumPy is mutable: copy it now
+    # NumPy is mutable: copy it now (on a CPU ``device_put`` may alias the buffer it is given, or read it later).
+    value = jax.device_put(np.array(x, copy=True)) if isinstance(x, np.ndarray) else x
     vid = tape._input("arg", C.typeof(value), value)
-    tape._by_id[id(x)] = vid
+    # A NumPy array written in place later in the forward is another constant from then on.
+    tape._by_id[id(x)] = (vid, (x.dtype, x.shape, x.tobytes()) if isinstance(x, np.ndarray) else None)
     tape.constants.append(vid)
     tape.args.append(value)
     tape.arg_objects.append(x)
     return vid
+
+
+def _unchanged(copied: tuple, x: np.ndarray) -> bool:
+    """Whether the NumPy array ``x`` still holds what was copied of it (dtype, shape, bytes)."""
+    dtype, shape, data = copied
+    return x.dtype == dtype and x.shape == shape and x.tobytes() == data
 
 
 class Program(NamedTuple):

@@ -179,7 +179,7 @@ def step_program(part: Any, in_avals: Sequence[Any], out_avals: Sequence[Any], *
             grads = eval_backward(backward, len(cts), *unit, *residuals)
         else:
             grads = C.eval_closed(backward, *unit, *residuals)
-        grads = [g if s is None else jax.lax.with_sharding_constraint(g, s) for g, s in zip(grads, pins)]
+        grads = [g if s is None else C.pin_sharding(g, s) for g, s in zip(grads, pins)]
         return [fwd[i] for i in computed_outputs] + grads
 
     return jax.make_jaxpr(step)(*in_avals)
