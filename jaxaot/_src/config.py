@@ -65,6 +65,10 @@ def _bool_or_none(value: Any) -> bool | None:
     return None if value is None else _bool(value)
 
 
+#: The most steps ``online_block`` takes per predicate check.
+MAX_ONLINE_BLOCK = 1 << 16
+
+
 def _positive_int_or_none(value: Any) -> int | None:
     if value is None:
         return None
@@ -72,6 +76,9 @@ def _positive_int_or_none(value: Any) -> int | None:
         raise _Refused(f"expected a positive int or None, got {type(value).__name__}")
     if value < 1:
         raise _Refused("expected a positive number of steps; None lets the platform decide")
+    if value > MAX_ONLINE_BLOCK:
+        raise _Refused(f"expected at most {MAX_ONLINE_BLOCK} steps per predicate check (a block's steps are a loop "
+                       f"trip count, and with unroll_blocks each is a copy of the body)")
     return int(value)
 
 
@@ -148,7 +155,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "The file holding the key that signs cache entries; None: $XDG_CONFIG_HOME/jaxaot/cache-key."),
     Setting("quiet", "bool", False, _bool, _flag,
             "Whether progress output is silenced."),
-    Setting("online_block", "positive int or `None`", None, _positive_int_or_none, _integer,
+    Setting("online_block", "int from 1 to 65536, or `None`", None, _positive_int_or_none, _integer,
             "Steps per predicate check of a checkpoints=k loop's schedule; None: 4 on GPUs, 1 elsewhere.", True),
     Setting("offline_schedule", '`"nested"`, `"binomial"` or `None`', None, _schedule_or_none, _text,
             "The schedule of a bounded checkpoints=k loop, 'nested' or 'binomial'; None: nested on GPUs, "

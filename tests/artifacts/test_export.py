@@ -226,6 +226,9 @@ def test_symbolic_residuals(tmp_path):
     f = jaxaot.export.load(exp.save(tmp_path / "a"))
     with pytest.raises(ArtifactInputError, match=r"arg\[1\]\[1\]: dimension 'b' is 3 here but 2 in arg\[1\]\[0\]"):
         f(args[0], (jnp.ones((2, 8)), jnp.ones((3, 8))))
+    with pytest.raises(ArtifactInputError, match=r"arg\[1\]\[0\]: dimension 'b' is 0 here, .* at least 1"):
+        f(args[0], (jnp.ones((0, 8)), jnp.ones((0, 8))))
+    chex.assert_trees_all_close(f(*args), fn(*args), **TOL)  # and it keeps working
 
 
 @pytest.mark.parametrize(
@@ -397,6 +400,26 @@ def test_while_loop_overflow_check_survives_export():
     chex.assert_trees_all_close(f(jnp.ones(3)), fn(jnp.ones(3)), **TOL)
     with pytest.raises(LoopOverflowError, match="max_steps=8"):
         jax.grad(f)(jnp.ones(3))
+
+
+def test_a_loaded_loop_s_overflow_under_jit_is_nan_or_raised_on_leaving_reraise():
+    """As before export: a gradient NaN under a bare ``jit``, ``LoopOverflowError`` from ``reraise_overflow``, never
+    an exception inside a host callback; the forward alone, unbounded, and runs within the bound equal the
+    function's."""
+    def fn(a, n):
+        return jaxaot.loops.while_loop(lambda c: c[1] < n, lambda c: (c[0] * 1.1, c[1] + 1), (a, 0),
+                                       max_steps=5)[0].sum()
+
+    g = jaxaot.export.load(jaxaot.export.export(fn, jnp.ones(3), jnp.int32(3)))
+    run, want = jax.jit(jax.value_and_grad(g)), jax.jit(jax.value_and_grad(fn))
+    x = jax.random.normal(jax.random.key(4), (3,))
+    for n in (4, 5):  # 5: exactly max_steps, no overflow
+        chex.assert_trees_all_close(run(x, n), want(x, n), **TOL)
+    chex.assert_trees_all_close(jax.jit(g)(x, 7), fn(x, 7), **TOL)
+    got, ref = run(x, 7), want(x, 7)
+    assert bool(jnp.all(jnp.isnan(got[1]))) and bool(jnp.all(jnp.isnan(ref[1])))
+    with pytest.raises(LoopOverflowError, match="max_steps=5"), jaxaot.loops.reraise_overflow():
+        run(x, 7)
 
 
 @pytest.mark.parametrize("budget", [None, 1.0, 0.5, 0.0])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import functools
 import threading
 from pathlib import Path
 from typing import Any, Collection, Sequence
@@ -35,6 +34,7 @@ from jaxaot.errors import (
     NotExportableError,
     ResidualsMismatchError,
 )
+from jaxaot._src.loops import checked_values
 from jaxaot._src.runtime import (
     CacheEntryInfo, CacheInfo, SplitPrograms, custom_vjp_of, inputs_change, log_compile, scatter, select_cotangents,
     shape_and_dtype_name,
@@ -270,17 +270,16 @@ class LoadedAOT:
         self._calls.ran(_shapes(leaves), "inference")
         outs = self._run(self.exported.inference, "inference", leaves)
         n = self.signature.num_outputs
-        _run_checks(outs[n:], self.signature.inference_checks)
-        return outs[:n]
+        return _checked(outs[n:], self.signature.inference_checks, outs[:n])
 
     def _forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
         s = self.signature
         outs = self._run(self.exported.forward, "forward", leaves)
         n = s.num_outputs + s.num_temporaries
-        _run_checks(outs[n:], s.forward_checks)
         residuals = [leaves[i] for i in s.saved_inputs] + [outs[i] for i in s.saved_outputs]
+        checked = _checked(outs[n:], s.forward_checks, [*outs[: s.num_outputs], *residuals])
         self._calls.ran(_shapes(leaves), "forward", _shapes(residuals))
-        return outs[: s.num_outputs], residuals
+        return checked[: s.num_outputs], checked[s.num_outputs:]
 
     def _backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
         self._calls.ran_backward(_shapes(residuals))
@@ -406,6 +405,10 @@ def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exc
         if isinstance(want, int):
             mismatch = mismatch or want != have
         elif str(want).isidentifier():  # a plain dimension variable: bind it
+            if have < 1:
+                raise error(f"{path}: dimension '{want}' is {have} here, and jax.export's symbolic dimensions are "
+                            f"at least 1 (expected {spec}, got {dtype}[{','.join(map(str, shape))}]). Call the "
+                            f"function before export for an empty batch, or skip the call.")
             first = bound.setdefault(want, (have, path))
             if first[0] != have:
                 raise error(
@@ -416,18 +419,15 @@ def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exc
         raise error(f"{path}: expected {spec}, got {dtype}[{','.join(map(str, shape))}].")
 
 
-def _raise_overflow(check: RuntimeCheck, flag: Any) -> None:
-    if np.any(np.asarray(flag)):
+def _checked(flags: Sequence[Any], checks: Sequence[RuntimeCheck], values: Sequence[Any]) -> list:
+    """``values`` after the program's overflow flags: a :class:`LoopOverflowError` for a concrete one that is
+    true; under ``jit``, NaN values and the overflow recorded for ``jaxaot.loops.reraise_overflow``, as the
+    function before export gives."""
+    try:
+        return checked_values(flags, [c.max_steps for c in checks], values)
+    except LoopOverflowError:
+        steps = next(c.max_steps for f, c in zip(flags, checks) if not C.is_tracer(f) and np.any(np.asarray(f)))
         raise LoopOverflowError(
-            f"while_loop needed more than max_steps={check.max_steps} iterations (raised by the exported "
-            "forward). Its reverse mode stacks at most max_steps carries: re-export with a larger max_steps, "
-            "or with checkpoints=k instead."
-        )
-
-
-def _run_checks(flags: Sequence[Any], checks: Sequence[RuntimeCheck]) -> None:
-    for flag, check in zip(flags, checks):
-        if C.is_tracer(flag):  # under jit: check when the program runs
-            jax.debug.callback(functools.partial(_raise_overflow, check), flag)
-        else:
-            _raise_overflow(check, flag)
+            f"while_loop needed more than max_steps={steps} iterations (raised by the exported forward). Its "
+            "reverse mode stacks at most max_steps carries: re-export with a larger max_steps, or with "
+            "checkpoints=k instead.") from None

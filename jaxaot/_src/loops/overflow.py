@@ -107,6 +107,22 @@ def poison(scale: Any, values: Sequence[Any]) -> list:
             if C.is_inexact(jnp.result_type(x)) else x for x in values]
 
 
+def checked_values(flags: Sequence[Any], max_steps: Sequence[int], values: Sequence[Any]) -> list:
+    """``values`` after the overflow flags a program returned (an exported one, which cannot call back into
+    Python itself): :class:`LoopOverflowError` at once for a concrete flag that is true; under ``jit``, each
+    traced flag recorded on the host for :func:`reraise_overflow` and the inexact ``values`` NaN where any is
+    true, as a traced :func:`check_overflow` makes them."""
+    traced = [(f, n) for f, n in zip(flags, max_steps) if C.is_tracer(f)]
+    for f, n in zip(flags, max_steps):
+        if not C.is_tracer(f):
+            raise_if_overflowed(f, n)
+    if not traced:
+        return list(values)
+    for f, n in traced:
+        check_overflow(f, n)
+    return poison(overflow_scale(jnp.any(jnp.stack([jnp.any(f) for f, _ in traced]))), values)
+
+
 @contextlib.contextmanager
 def reraise_overflow() -> Iterator[None]:
     """Raise :class:`LoopOverflowError` on leaving the block if a ``max_steps`` loop run

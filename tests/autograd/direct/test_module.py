@@ -84,6 +84,24 @@ def test_grad_structure_aux_and_position():
     chex.assert_trees_all_close(grads[0], ref[1], **TOL)
 
 
+@pytest.mark.parametrize("aot", [False, True])
+def test_several_argnums_with_a_module_are_nnx_value_and_grad(aot):
+    """The module's gradient an ``nnx.State`` beside the input's, and its state (batch statistics, dropout's RNG
+    counts) written back, as ``nnx.value_and_grad`` gives; ``jaxaot.grad`` too."""
+    ref_model, model = nnx_model("cnn", seed=2), nnx_model("cnn", seed=2)
+    m = jaxaot.nn.aot_module(model) if aot else model
+    for step in range(2):
+        x, y = batch("cnn", step)
+        ref = nnx.value_and_grad(lambda mm, xx: xent(mm(xx), y), argnums=(0, 1))(ref_model, x)
+        got = jaxaot.value_and_grad(lambda mm, xx: xent(mm(xx), y), argnums=(0, 1))(m, x)
+        assert jax.tree.structure(got) == jax.tree.structure(ref) and isinstance(got[1][0], nnx.State)
+        chex.assert_trees_all_close(got, ref, **TOL)
+        assert_states_equal(nnx.state(model), nnx.state(ref_model))
+    grads = jaxaot.grad(lambda mm, xx: xent(mm(xx), y), argnums=(1, 0))(m, x)
+    chex.assert_trees_all_close(grads, nnx.grad(lambda mm, xx: xent(mm(xx), y), argnums=(1, 0))(ref_model, x),
+                                **TOL)
+
+
 def test_under_jit_and_with_other_flax_objects_it_is_nnx_value_and_grad():
     x, y = _data(2)
     m = jaxaot.nn.aot_module(_mlp())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,3 +110,14 @@ def test_bad_hooks_raise_typed_errors_and_the_next_call_works():
     with pytest.raises(jaxaot.errors.InvalidInputError, match="must be callable"):
         jaxaot.compiled_grad(_loss, param_hooks={"*": 3})
     _close(g(w, x, lambda c: c), jax.grad(_loss)(w, x, lambda c: c))
+
+
+def test_forward_mode_passes_through_a_hook():
+    """``jax.jvp`` and ``jax.jacfwd`` compute no cotangent: a hooked value passes through as if unhooked, and a
+    Hessian (forward over reverse) still sees the hook on its gradient."""
+    plain = lambda x: jnp.sum(jnp.sin(x) ** 3)  # noqa: E731
+    hooked = lambda x: jnp.sum(jnp.sin(jaxaot.grad_hook(x, lambda g: 2 * g)) ** 3)  # noqa: E731
+    x, t = jax.random.normal(jax.random.key(0), (3,)), jax.random.normal(jax.random.key(1), (3,))
+    chex.assert_trees_all_close(jax.jvp(hooked, (x,), (t,)), jax.jvp(plain, (x,), (t,)), rtol=1e-6)
+    chex.assert_trees_all_close(jax.jacfwd(hooked)(x), jax.jacfwd(plain)(x), rtol=1e-6)
+    chex.assert_trees_all_close(jax.hessian(hooked)(x), 2 * jax.hessian(plain)(x), rtol=1e-5)

@@ -61,8 +61,8 @@ def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused:
     :func:`value_and_grad` and :func:`~jaxaot.patch_value_and_grad` dispatch through it."""
     as_tuple = isinstance(argnums, (tuple, list))
     position = argnums[0] if as_tuple and len(argnums) == 1 else argnums
-    if isinstance(position, bool) or not isinstance(position, int):  # DiffState, several argnums: not ours
-        return fallback
+    if isinstance(position, bool) or not isinstance(position, int):  # DiffState, several argnums: Flax's or JAX's
+        return _flax_where_a_module(fun, argnums, has_aux, fallback)
     ran: "weakref.WeakSet[AOTFunction]" = weakref.WeakSet()  # the loss programs this gradient ran
     last: list = [None]
 
@@ -87,6 +87,23 @@ def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused:
         return CacheInfo.combine({label: p.cache_info() for label, p in zip(labels, programs)})
 
     vg.cache_info = cache_info
+    return vg
+
+
+def _flax_where_a_module(fun: Callable[..., Any], argnums: Any, has_aux: bool,
+                         fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """``fallback``, or ``nnx.value_and_grad`` for a call whose differentiated arguments (``argnums`` a sequence)
+    hold an ``nnx.Module``: its gradient is then an ``nnx.State``, as Flax gives, and the state the call changes
+    is written back."""
+    positions = tuple(argnums) if isinstance(argnums, (tuple, list)) else ()
+
+    def vg(*args: Any, **kwargs: Any):
+        step = _module_step()
+        if step is not None and any(-len(args) <= n < len(args) and step.is_flax_module(args[n])
+                                    for n in positions if isinstance(n, int) and not isinstance(n, bool)):
+            return step.FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
+        return fallback(*args, **kwargs)
+
     return vg
 
 

@@ -152,6 +152,8 @@ def _apply_traced(x: Any, traced: Sequence[tuple[Any, list]]) -> Any:
 def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
     """``x`` unchanged; in the backward pass its cotangent becomes ``hook(cotangent)``.
 
+    Forward mode (``jax.jvp``, ``jax.jacfwd``) computes no cotangent: there ``x`` passes through untouched.
+
     Args:
       x: an array or pytree of arrays (concrete or traced).
       hook: ``cotangent -> cotangent`` (same structure, shapes and dtypes), or a
@@ -164,6 +166,8 @@ def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
         [0.0, 4.0, 8.0]
     """
     hooks = as_hooks(hook)
+    if any(C.is_forward_mode_tracer(leaf) for leaf in jax.tree_util.tree_leaves(x)):
+        return x  # a jvp: no cotangent for a hook to see (custom_vjp, which carries the hooks, refuses jvp)
     base, earlier, traced = x, (), None
     with _RECENT_LOCK:
         prev = _RECENT.get(id(x))
