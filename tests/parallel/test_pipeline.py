@@ -144,6 +144,27 @@ def test_loss_mismatch_names_the_last_stage():
         step(params, jnp.ones((8, 8)), jnp.ones((8, 3)))
 
 
+@pytest.mark.parametrize("executor", [
+    "python",
+    pytest.param("compiled", marks=pytest.mark.skipif(jax.device_count() < 2, reason="two stages need two devices")),
+])
+def test_under_a_transformation_the_step_is_a_typed_error_and_keeps_working(executor):
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key())
+    kw = dict(devices=schedule_devices(2)) if executor == "python" else {}
+    step = pipeline(stages, loss_fn, num_microbatches=2, executor=executor, **kw)
+    match = "outside jax.jit, jax.grad and jax.vmap"
+    with pytest.raises(InvalidInputError, match=match):
+        jax.jit(step)(params, x, t)
+    with pytest.raises(InvalidInputError, match=match):
+        jax.grad(lambda ps: step(ps, x, t)[0])(params)
+    with pytest.raises(InvalidInputError, match=match):
+        jax.vmap(lambda xx: step(params, xx, t)[0])(x[None])
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, 2)(params, x, t)
+    loss, grads = step(params, x, t)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)
+
+
 def test_bad_microbatch_counts_are_typed_errors():
     stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=10)
     step = pipeline(stages, loss_fn, num_microbatches=4, devices=schedule_devices(2), executor="python")

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxaot._src import compat as C
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.parallel import microbatch, op_times, spmd
 from jaxaot._src.parallel.builtin import make_schedule
@@ -29,6 +30,16 @@ from jaxaot._src.partition import Partitioner, compiled_peak, default_partition
 from jaxaot._src.runtime import CacheEntryInfo, CacheInfo
 
 EXECUTORS = ("compiled", "python")
+
+
+def _concrete(*trees: Any) -> None:
+    """A step runs its own compiled programs on concrete arrays: under ``jax.jit``, ``jax.grad`` or ``vmap`` it
+    raises :class:`~jaxaot.errors.InvalidInputError` (jit the optimizer update on its own)."""
+    if any(C.is_tracer(x) for x in jax.tree_util.tree_leaves(trees)):
+        raise InvalidInputError(
+            "a pipeline step runs its compiled schedule on concrete arrays and returns the loss and the gradients: "
+            "call it outside jax.jit, jax.grad and jax.vmap, and jit the optimizer update on its own (the step "
+            "itself is already compiled).")
 
 
 class Pipeline:
@@ -85,9 +96,9 @@ class Pipeline:
     def __call__(self, params: Any, inputs: Any, targets: Any) -> tuple[jax.Array, Any]:
         """One training step: ``(mean microbatch loss, per-stage gradients)``; nothing blocks.
 
-        With the compiled executor, ``params`` may be the packed :class:`~jaxaot.parallel.StageParams`
-        of :meth:`shard_params`; the gradients then come back packed the same way.
+        With the compiled executor, ``params`` may come packed by :meth:`shard_params`; the grads then do too.
         """
+        _concrete(params, inputs, targets)
         if self._compiled is not None:
             loss, grads = self._compiled(params, inputs, targets, self._param_avals(params))
             self.last_peak_live = tuple(self.schedule.peak_live_microbatches())
