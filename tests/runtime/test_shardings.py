@@ -247,6 +247,9 @@ def test_mesh_context_with_uncommitted_inputs_keys_the_cache():
         assert_trees_close(jaxaot.value_and_grad(f)(w, x), want, rtol=1e-4, atol=1e-5)
     info = f.cache_info()
     assert info.misses == 2 and "mesh context changed" in info.entries[1].reason
+    with jax.set_mesh(mesh):  # compiled, every residual's placement is known: the saved input's as the forward took it
+        table = jaxaot.aot_function(loss).lower(w, x).compile().residuals
+    assert "at compile()" not in str(table) and "bytes per device" in str(table)
 
 
 def test_out_shardings_and_replicated_residuals():

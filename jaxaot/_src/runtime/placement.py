@@ -81,9 +81,12 @@ class Placement:
         p, tr = self._programs, self._training
         if not p.sharded:
             return None
-        if p.executables.get(tr.forward_name) is not None:
-            return self.residuals()
         part = tr.partition
+        if p.executables.get(tr.forward_name) is not None:
+            # A saved input the backward takes as it comes (its aval unplaced) is where the forward took it.
+            known, took = self.residuals(), S.input_shardings(tr.forward_exe)
+            return [took[part.saved_inputs[k]] if s is None and took and k < len(part.saved_inputs) else s
+                    for k, s in enumerate(known)]
         return [p.in_avals[i].sharding for i in part.saved_inputs] + [None] * len(part.saved_outputs)
 
     def _inputs(self, outs: list | None) -> list:

@@ -103,6 +103,15 @@ def output_shardings(executable: Any) -> list | None:
     return list(jax.tree_util.tree_leaves(shardings, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding)))
 
 
+def input_shardings(executable: Any) -> list | None:
+    """The flat input shardings of a compiled program, or None if its compiler does not say."""
+    exe = getattr(executable, "executable", executable)
+    shardings = getattr(exe, "input_shardings", None)
+    if shardings is None:
+        return None
+    return list(jax.tree_util.tree_leaves(shardings, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding)))
+
+
 def mesh_of(avals: Sequence[jax.ShapeDtypeStruct]) -> Any:
     """The ``jax.sharding.Mesh`` of the first input with a ``NamedSharding``, else the context's, else None."""
     for a in avals:
