@@ -423,11 +423,10 @@ def _checked(flags: Sequence[Any], checks: Sequence[RuntimeCheck], values: Seque
     """``values`` after the program's overflow flags: a :class:`LoopOverflowError` for a concrete one that is
     true; under ``jit``, NaN values and the overflow recorded for ``jaxaot.loops.reraise_overflow``, as the
     function before export gives."""
-    try:
-        return checked_values(flags, [c.max_steps for c in checks], values)
-    except LoopOverflowError:
-        steps = next(c.max_steps for f, c in zip(flags, checks) if not C.is_tracer(f) and np.any(np.asarray(f)))
-        raise LoopOverflowError(
-            f"while_loop needed more than max_steps={steps} iterations (raised by the exported forward). Its "
-            "reverse mode stacks at most max_steps carries: re-export with a larger max_steps, or with "
-            "checkpoints=k instead.") from None
+    for flag, check in zip(flags, checks):
+        if not C.is_tracer(flag) and np.any(np.asarray(flag)):
+            raise LoopOverflowError(
+                f"while_loop needed more than max_steps={check.max_steps} iterations (raised by the exported "
+                "forward). Its reverse mode stacks at most max_steps carries: re-export with a larger max_steps, "
+                "or with checkpoints=k instead.")
+    return checked_values(flags, [c.max_steps for c in checks], values)

@@ -48,17 +48,18 @@ trace_context = _config.trace_context
 def pin_sharding(x: Any, sharding: Any) -> Any:
     """``x`` placed as ``sharding`` inside a traced program: ``with_sharding_constraint``, or ``reshard`` where the
     sharding names an ``Explicit`` mesh axis (which ``with_sharding_constraint`` refuses), as JAX asks."""
-    mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
-    if mesh is not None and spec is not None and _explicit_axes(mesh, spec):
+    spec = getattr(sharding, "spec", None)
+    named = {n for e in spec or () if e is not None for n in (e if isinstance(e, tuple) else (e,))}
+    if named & explicit_axes(getattr(sharding, "mesh", None)):
         return jax.sharding.reshard(x, sharding)
     return jax.lax.with_sharding_constraint(x, sharding)
 
 
-def _explicit_axes(mesh: Any, spec: Any) -> bool:
+def explicit_axes(mesh: Any) -> frozenset:
+    """The names of ``mesh``'s ``Explicit`` axes (none for None, or a JAX without axis types)."""
     explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
-    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ()) or ()))
-    named = [n for e in spec if e is not None for n in (e if isinstance(e, tuple) else (e,))]
-    return explicit is not None and any(types.get(n) == explicit for n in named)
+    types = zip(getattr(mesh, "axis_names", ()) or (), getattr(mesh, "axis_types", ()) or ())
+    return frozenset(n for n, t in types if explicit is not None and t == explicit)
 
 
 def jit_disabled() -> bool:
@@ -398,5 +399,5 @@ __all__ = [
     "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
     "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
     "single_device_of", "trace_context", "trace_of", "zeros_float0", "config_changes", "jit_disabled",
-    "pin_sharding",
+    "pin_sharding", "explicit_axes",
 ]

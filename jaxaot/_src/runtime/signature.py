@@ -139,11 +139,9 @@ def _explicit_sharding(aval: Any) -> Any:
     """The sharding an aval's type carries under a mesh with explicit axes (part of its type, replicated ones
     too: a gradient contracted over a sharded axis takes its parameter's), else None."""
     sharding = getattr(aval, "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if getattr(sharding, "spec", None) is None or mesh is None:
+    if getattr(sharding, "spec", None) is None:
         return None
-    explicit = jax.sharding.AxisType.Explicit
-    return sharding if any(t == explicit for t in getattr(mesh, "axis_types", ()) or ()) else None
+    return sharding if C.explicit_axes(getattr(sharding, "mesh", None)) else None
 
 
 # --------------------------------------------------------------------------- describing

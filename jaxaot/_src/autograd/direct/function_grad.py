@@ -15,10 +15,10 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.autograd.argnums import resolve_argnums
 from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
 from jaxaot._src.runtime import AOTFunction, TraceKind, hot_leaves, hot_path
-from jaxaot.errors import InvalidInputError
 
 
 def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
@@ -42,14 +42,6 @@ def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], b
     return tuple(argnums), False
 
 
-def _positions(nums: tuple[int, ...], count: int) -> tuple[int, ...] | None:
-    """``nums`` as positions among ``count`` positional arguments (a negative one counts from the end, as in
-    ``jax.grad``); None where one is out of range."""
-    if any(not -count <= n < count for n in nums):
-        return None
-    return tuple(n % count for n in nums)
-
-
 def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_aux: bool,
                             fused: bool) -> Callable[..., Any]:
     """``jax.value_and_grad(fun, argnums, has_aux)`` of an ``aot_function``, run eagerly on its executables.
@@ -68,7 +60,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
     nums, single = _normalize_argnums(argnums)
 
-    def training_for(programs, leaves, args, nums):
+    def training_for(programs, leaves, args, at):
         # The flat leaves are the dynamic arguments' leaves in order (then kwargs'):
         # mark the ranges of the picked arguments, by position (the same array may be
         # passed twice, once differentiated and once not).
@@ -77,30 +69,20 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             if i in fun.static_argnums:
                 continue
             size = len(jax.tree_util.tree_leaves(a))
-            if i in nums:
+            if i in at:
                 mask[start:start + size] = [True] * size
             start += size
         return programs.training(tuple(mask))
-
-    def resolved(args: tuple) -> tuple[int, ...]:
-        """The picked arguments' positions in this call, or the error naming the range."""
-        at = _positions(nums, len(args))
-        if at is None:
-            raise InvalidInputError(
-                f"argnums={argnums!r} is out of range: {fun.__name__} got {len(args)} positional argument(s). "
-                f"Pass argnums from {-len(args)} to {len(args) - 1}, or pass the argument positionally.")
-        return at
 
     # id(programs) -> (programs, training or None, picks): what each signature runs, and each picked argument's
     # position among the dynamic ones. The differentiated leaves are fixed by the signature (its number of
     # positional arguments places a negative argnum), so this is decided once per signature.
     plans: dict[int, tuple[Any, Any, tuple[int, ...]]] = {}
 
-    def plan_for(programs, leaves, args):
+    def plan_for(programs, leaves, args, at):
         plan = plans.get(id(programs))
         if plan is None:
-            at = _positions(nums, len(args))
-            ok = at is not None and all(n not in fun.static_argnums for n in at) and all(
+            ok = all(n not in fun.static_argnums for n in at) and all(
                 C.is_inexact(jax.numpy.result_type(x)) for n in at for x in jax.tree_util.tree_leaves(args[n]))
             ok = ok and _is_real_scalar_loss(programs, has_aux)
             picks = tuple(n - sum(s < n for s in fun.static_argnums) for n in at) if ok else ()
@@ -123,13 +105,13 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             else:
                 fun.note_hit()
                 return _results(h.training, outs, grads, hot_picks)
-        resolved(args)
+        at = resolve_argnums(nums, len(args), argnums, fun.__name__)
         if C.jit_disabled():  # JAX's own autodiff, eagerly through fun's Python (AOTFunction.__call__)
             return fallback(*args, **kwargs)
         programs, leaves, kind = fun.lookup(args, kwargs)
         if kind is not TraceKind.CONCRETE:
             return fallback(*args, **kwargs)
-        tr, picks = plan_for(programs, leaves, args)
+        tr, picks = plan_for(programs, leaves, args, at)
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
@@ -165,8 +147,9 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
 
     def lower(*args: Any, **kwargs: Any):
         """The :class:`AOTLowered` of the programs this gradient runs."""
+        at = resolve_argnums(nums, len(args), argnums, fun.__name__)
         programs, leaves, _ = fun.lookup(args, kwargs)
-        return fun.lowered(training_for(programs, leaves, args, resolved(args)))
+        return fun.lowered(training_for(programs, leaves, args, at))
 
     vg.__wrapped__ = fun
     vg.lower = lower

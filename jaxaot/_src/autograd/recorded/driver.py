@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
+from jaxaot._src.autograd.argnums import resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.recorded import call as K
 from jaxaot._src.autograd.recorded import capture as CAP
@@ -95,7 +96,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
                 if type(out) is not R.Miss:
                     return _returned(out[0], out[1], out[2], known.diff_tree, has_aux, single)
                 miss = out
-        positions = _resolve(nums, len(args))
+        positions = resolve_argnums(nums, len(args), argnums, plans.name)
         modules = M.split_args(args, positions) if args else {}
         diff = tuple(modules[n].params if n in modules else args[n] for n in positions)
         call = K.Call(args, kwargs, positions, diff, {*modules, *positions})
@@ -311,16 +312,6 @@ def nnx_compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0,
 
 
 # --------------------------------------------------------------------------- checks
-def _resolve(nums: Sequence[int], nargs: int) -> tuple[int, ...]:
-    out = []
-    for n in nums:
-        if not -nargs <= n < nargs:
-            raise InvalidInputError(f"argnums={n} is out of range: the function got {nargs} positional "
-                                    f"argument(s). Pass argnums below {nargs}, or pass the argument positionally.")
-        out.append(n % nargs)
-    return tuple(out)
-
-
 #: (number of differentiated leaves, the call's array types) seen to be float or complex where differentiated
 _INEXACT: dict[tuple, bool] = {}
 
