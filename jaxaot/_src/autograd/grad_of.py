@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 
 def grad_of(vg: Callable, fun: Any, *, has_aux: bool) -> Callable:
-    """The gradients of ``vg``'s ``(value, grads)`` (with ``aux`` beside them under ``has_aux``), sharing its cache."""
+    """The gradients of ``vg``'s ``(value, grads)`` (with ``aux`` beside them under ``has_aux``), sharing its cache
+    and, where ``vg`` has them, its stages (``lower``)."""
 
     def grad(*args: Any, **kwargs: Any):
         value, g = vg(*args, **kwargs)
@@ -21,4 +22,6 @@ def grad_of(vg: Callable, fun: Any, *, has_aux: bool) -> Callable:
 
     grad.__wrapped__ = fun
     grad.cache_info = vg.cache_info
+    if hasattr(vg, "lower_running"):  # an aot_function's: its stages, whose compiled stage returns the gradients
+        grad.lower = vg.lower_running(grad)
     return grad

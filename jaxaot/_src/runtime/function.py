@@ -100,9 +100,7 @@ class AOTFunction:
 
         One pass over the leaves: this is the hot path of every call.
         """
-        static, leaves, treedef = arguments.split_static(self.__name__, self.static_argnums, args, kwargs)
-        keys, kind = lookup_keys(leaves, lambda: flatten_checked((args, kwargs), "input", InvalidInputError))
-        sig = Signature(treedef, keys, static, context_mesh(), C.trace_context())
+        sig, leaves, kind = call_signature(self, args, kwargs)
         programs = self._cache.get(sig)
         if programs is None:
             with self._lock:  # double-checked: another thread may have traced it meanwhile
@@ -116,9 +114,10 @@ class AOTFunction:
         """Count a call that ran a :class:`HotPath` as a cache hit (:meth:`cache_info`)."""
         self._hits += 1
 
-    def lowered(self, training: TrainingPrograms) -> AOTLowered:
-        """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled."""
-        return AOTLowered(training)
+    def lowered(self, training: TrainingPrograms, run: Callable[..., Any] | None = None) -> AOTLowered:
+        """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled. Its compiled stage, called,
+        runs ``run`` (this function by default) on arguments of this very signature (:func:`stage_call`)."""
+        return AOTLowered(training, stage_call(self, training.programs.signature, run or self))
 
     def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
         flat_fn = arguments.flat_function(self.fn, self.static_argnums, sig.static, sig.treedef)
@@ -268,6 +267,35 @@ class AOTFunction:
 
     def __repr__(self) -> str:
         return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"
+
+
+def call_signature(fun: AOTFunction, args: tuple, kwargs: dict) -> tuple[Signature, list, TraceKind]:
+    """A call's :class:`Signature` (the compile-cache key), its flat leaves and its trace kind, in one pass."""
+    static, leaves, treedef = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs)
+    keys, kind = lookup_keys(leaves, lambda: flatten_checked((args, kwargs), "input", InvalidInputError))
+    return Signature(treedef, keys, static, context_mesh(), C.trace_context()), leaves, kind
+
+
+def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Callable[[tuple, dict], Any]:
+    """What a compiled stage of ``sig`` runs when called: ``run(*args, **kwargs)``, for arrays of that very
+    signature. As JAX's ``Compiled``, it refuses tracers and arguments of other types with a ``TypeError`` (naming
+    what differs), where ``run`` itself would trace or compile anew."""
+    def call(args: tuple, kwargs: dict) -> Any:
+        got, _, kind = call_signature(fun, args, kwargs)
+        if kind is not TraceKind.CONCRETE:
+            raise TypeError(
+                f"A compiled stage of {fun.__name__} runs arrays only; it was called with jax.ShapeDtypeStruct "
+                f"inputs: pass arrays of those shapes and dtypes." if kind is TraceKind.ABSTRACT else
+                f"A compiled stage of {fun.__name__} runs arrays only; it was called with tracers. Under jax.jit, "
+                f"jax.grad or jax.vmap call {fun.__name__} itself, which composes with JAX's transformations.")
+        if got != sig:
+            why = reasons.describe_change(sig, got, fun._paths, fun._arg_names())
+            raise TypeError(
+                f"Argument types differ from the types for which this stage of {fun.__name__} was compiled: {why}. "
+                f"Lower and compile for these arguments, or call {fun.__name__} itself, which compiles each "
+                f"signature on first use.")
+        return run(*args, **kwargs)
+    return call
 
 
 def _abstract_call_error(name: str) -> Exception:

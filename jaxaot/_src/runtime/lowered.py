@@ -69,8 +69,9 @@ class AOTLowered:
       compile_times: seconds spent in each stage so far (``trace``, ``joint``, ``partition``).
     """
 
-    def __init__(self, training: TrainingPrograms):
+    def __init__(self, training: TrainingPrograms, call: Callable[[tuple, dict], Any]):
         self._training = training
+        self._call = call  # what the compiled stage runs, arguments checked (runtime.function.stage_call)
         self.joint: JointGraph = training.joint
         self.partition: Partition = training.partition
         self.inference = training.programs.inference_program
@@ -193,16 +194,31 @@ class AOTLowered:
 class AOTCompiled:
     """The compiled split of one signature (from ``aot_fn.lower(...).compile()``).
 
+    Called as JAX's ``Compiled`` is, on arrays of the signature it was compiled for, it returns what the
+    lowered callable returns: the function's outputs (``aot_fn.lower``), or its value and gradients
+    (``jaxaot.value_and_grad(aot_fn).lower``), from these executables. Tracers and arguments of other
+    types are a ``TypeError`` that names what differs.
+
     Attributes:
       lowered: the :class:`AOTLowered` it was compiled from.
       executables: ``inference``, ``forward`` and ``backward`` executables.
       compile_times: seconds per stage, compilations included.
+
+    Example:
+        >>> import jax.numpy as jnp, jaxaot
+        >>> f = jaxaot.aot_function(lambda x: jnp.sin(x).sum())
+        >>> compiled = f.lower(jnp.zeros(3)).compile()
+        >>> float(compiled(jnp.zeros(3)))
+        0.0
     """
 
     def __init__(self, lowered: AOTLowered, executables: Mapping[str, Any], compile_times: Mapping[str, float]):
         self.lowered = lowered
         self.executables = dict(executables)
         self.compile_times = dict(compile_times)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.lowered._call(args, kwargs)
 
     @functools.cached_property
     def residuals(self) -> ResidualTable:

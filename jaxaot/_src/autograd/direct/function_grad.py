@@ -145,13 +145,16 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             return (value, aux), grad
         return out_tree, grad
 
-    def lower(*args: Any, **kwargs: Any):
-        """The :class:`AOTLowered` of the programs this gradient runs."""
-        at = resolve_argnums(nums, len(args), argnums, fun.__name__)
-        programs, leaves, _ = fun.lookup(args, kwargs)
-        return fun.lowered(training_for(programs, leaves, args, at))
+    def lower_running(run: Callable[..., Any]) -> Callable[..., Any]:
+        def lower(*args: Any, **kwargs: Any):
+            """The :class:`AOTLowered` of the programs this gradient runs; its compiled stage, called, runs ``run``."""
+            at = resolve_argnums(nums, len(args), argnums, fun.__name__)
+            programs, leaves, _ = fun.lookup(args, kwargs)
+            return fun.lowered(training_for(programs, leaves, args, at), run)
+        return lower
 
     vg.__wrapped__ = fun
-    vg.lower = lower
+    vg.lower = lower_running(vg)
+    vg.lower_running = lower_running  # grad_of's gradient lowers the same programs
     vg.cache_info = fun.cache_info
     return vg

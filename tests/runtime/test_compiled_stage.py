@@ -1,0 +1,114 @@
+"""A compiled stage is called as JAX's ``Compiled`` is: on arrays of its signature, from its executables.
+
+``f.lower(...).compile()`` returns the function's outputs when called, ``jaxaot.value_and_grad(f).lower(...)``'s
+and ``jaxaot.grad(f).lower(...)``'s compiled stages return what those gradients return, compared here with JAX's
+own on fresh random inputs. Arguments of another signature, and tracers, are a ``TypeError`` naming what
+differs (as ``jax.jit(f).lower(...).compile()`` raises), after which the stage still runs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from zoo import mlp_args, mlp_gelu, transformer_args, transformer_block
+
+
+def _key():
+    return jax.random.key(int(np.random.default_rng().integers(1 << 30)))
+
+
+def _close(a, b, tol=1e-5):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+def _loss(p, x):
+    return jnp.mean(transformer_block(p, x) ** 2)
+
+
+@pytest.mark.parametrize("fn, make_args", [(mlp_gelu, mlp_args), (_loss, lambda k: transformer_args(2, 8, 32))])
+def test_the_compiled_stage_returns_the_function_outputs_and_compiles_nothing_more(fn, make_args):
+    f = jaxaot.aot_function(fn)
+    args = make_args(_key())
+    compiled = f.lower(*args).compile()
+    compiles = f.cache_info().entries[0].compiles
+    fresh = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(_key(), a.shape, a.dtype), args)
+    _close(compiled(*fresh), jax.jit(fn)(*fresh))
+    assert f.cache_info().entries[0].compiles == compiles  # run from the executables it compiled
+
+
+@pytest.mark.parametrize("has_aux", [False, True])
+def test_a_gradients_compiled_stage_returns_what_the_gradient_returns(has_aux):
+    def fn(params, x):
+        loss = mlp_gelu(params, x)
+        return (loss, {"twice": 2 * loss}) if has_aux else loss
+
+    f = jaxaot.aot_function(fn)
+    params, x = mlp_args(_key())
+    for ours, theirs in ((jaxaot.value_and_grad(f, has_aux=has_aux), jax.value_and_grad(fn, has_aux=has_aux)),
+                         (jaxaot.grad(f, argnums=(0, 1), has_aux=has_aux),
+                          jax.grad(fn, argnums=(0, 1), has_aux=has_aux))):
+        compiled = ours.lower(params, x).compile()
+        x2 = jax.random.normal(_key(), x.shape)
+        _close(compiled(params, x2), theirs(params, x2))
+
+
+def test_keyword_and_static_arguments_are_checked_as_positional_ones():
+    def fn(x, n, *, scale):
+        return jnp.sum(jnp.sin(x) ** n) * scale
+
+    f = jaxaot.aot_function(fn, static_argnums=1)
+    x = jax.random.normal(_key(), (5,))
+    compiled = f.lower(x, 3, scale=jnp.float32(2.0)).compile()
+    _close(compiled(x, 3, scale=jnp.float32(0.5)), fn(x, 3, scale=0.5))
+    with pytest.raises(TypeError, match=r"n"):
+        compiled(x, 2, scale=jnp.float32(0.5))
+    with pytest.raises(TypeError, match=r"scale"):
+        compiled(x, 3, scale=jnp.ones(2))
+
+
+def test_other_argument_types_are_a_type_error_naming_them_and_the_stage_keeps_working():
+    f = jaxaot.aot_function(mlp_gelu)
+    params, x = mlp_args(_key())
+    compiled = f.lower(params, x).compile()
+    with pytest.raises(TypeError, match=r"x: shape \(5, 6\) → \(3, 6\)"):
+        compiled(params, x[:3])
+    with pytest.raises(TypeError, match=r"dtype float32 → float16"):
+        compiled(params, x.astype(jnp.float16))
+    with pytest.raises(TypeError, match=r"Argument types differ"):
+        compiled(params[:1], x)
+    with pytest.raises(TypeError, match=r"ShapeDtypeStruct"):
+        compiled(params, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    _close(compiled(params, x), mlp_gelu(params, x))
+    assert len(f.cache_info().entries) == 1  # nothing of the refused calls was traced or compiled
+
+
+def test_tracers_are_a_type_error_as_for_a_jax_compiled_stage():
+    f = jaxaot.aot_function(mlp_gelu)
+    params, x = mlp_args(_key())
+    compiled = f.lower(params, x).compile()
+    jax_compiled = jax.jit(mlp_gelu).lower(params, x).compile()
+    for transform in (jax.jit, jax.grad, jax.vmap):
+        args = (params, x[None]) if transform is jax.vmap else (params, x)
+        if transform is jax.vmap:
+            run = transform(compiled, in_axes=(None, 0))
+            run_jax = transform(jax_compiled, in_axes=(None, 0))
+        else:
+            run, run_jax = transform(compiled), transform(jax_compiled)
+        with pytest.raises(TypeError):
+            run_jax(*args)
+        with pytest.raises(TypeError, match="call mlp_gelu itself"):
+            run(*args)
+    _close(jax.grad(f)(params, x), jax.grad(mlp_gelu)(params, x))  # the function itself composes
+
+
+def test_a_stage_lowered_from_abstract_inputs_runs_arrays_of_those_types():
+    f = jaxaot.aot_function(mlp_gelu)
+    params, x = mlp_args(_key())
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x))
+    compiled = f.lower(*abstract).compile()
+    _close(compiled(params, np.asarray(x)), mlp_gelu(params, x))
