@@ -33,9 +33,9 @@ PACKAGE = ROOT / "jaxaot"
 #: name -> (values it takes, as stored; values it refuses)
 VALUES = {
     "cache_dir": ([("/tmp/c", "/tmp/c"), (Path("/tmp/c"), Path("/tmp/c")), (None, None)],
-                  [42, b"/tmp/c", "", ["/tmp"]]),
+                  [42, b"/tmp/c", "", ["/tmp"], "/tmp/a\0b"]),
     "cache_key_file": ([("/tmp/k", "/tmp/k"), (Path("/tmp/k"), Path("/tmp/k")), (None, None)],
-                       [3.5, b"/tmp/k", "", object()]),
+                       [3.5, b"/tmp/k", "", object(), Path("/tmp/k\0")]),
     "quiet": ([(True, True), (False, False)], [1, "yes", None]),
     "online_block": ([(1, 1), (7, 7), (np.int32(2), 2), (None, None)], [0, -3, 2.5, True, "4", 2**70, (1 << 16) + 1]),
     "offline_schedule": ([("nested", "nested"), ("binomial", "binomial"), (None, None)], ["fast", "Nested", 1]),

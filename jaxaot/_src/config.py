@@ -51,6 +51,8 @@ def _path(what_none: str) -> Callable[[Any], Any]:
             raise _Refused(f"expected a text path, got a {type(text).__name__} path; decode it first")
         if not text:
             raise _Refused(f"an empty path; give None for {what_none}")
+        if "\0" in text:
+            raise _Refused("a path with a NUL character, which no file system accepts")
         return value
     return check
 

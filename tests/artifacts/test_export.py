@@ -8,6 +8,7 @@ jaxaot), and compare its outputs and gradients with JAX's own, in process.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import json
 import subprocess
@@ -34,6 +35,7 @@ from jaxaot.errors import (
 from jaxaot._src.cli.demo_models import mlp_loss
 from zoo import assert_trees_close, child_env
 from jaxaot._src.artifacts import LoadedAOT, treedef_from_json, treedef_to_json
+from jaxaot._src.artifacts import loaded as loaded_module
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -245,6 +247,20 @@ def test_loaded_refuses_wrong_inputs(tmp_path, mlp_export, bad, message):
     f = jaxaot.export.load(exp.save(tmp_path / "a"))
     with pytest.raises(ArtifactInputError, match=message):
         f(*bad(params, x, y))
+
+
+def test_loaded_takes_numpy_float64_as_jax_does_and_says_when_an_artifact_needs_x64(tmp_path, mlp_export):
+    """Without x64 JAX reads NumPy float64 as float32, and so does a loaded artifact; a float64 artifact called
+    without x64 says that it needs it."""
+    fn, args, exp = mlp_export
+    f = jaxaot.export.load(exp.save(tmp_path / "a"))
+    wide = jax.tree.map(lambda a: np.asarray(a, np.float64), args)
+    chex.assert_trees_all_close(f(*wide), jax.jit(fn)(*wide), **TOL)
+    chex.assert_trees_all_close(jax.jit(f)(*wide), f(*args), **TOL)
+    spec = f.signature.in_specs[0]
+    needs_x64 = dataclasses.replace(spec, dtype="float64")
+    with pytest.raises(ArtifactInputError, match=r"expected float64.*only with jax_enable_x64"):
+        loaded_module._check_leaf("arg[0]", needs_x64, np.ones(spec.shape), {}, ArtifactInputError)
 
 
 def test_backward_refuses_wrong_residuals_and_cotangents(mlp_export):

@@ -99,6 +99,7 @@ def temp_root(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv, msg", [
     (["--width", "0"], "--width must be at least 1, got 0"),
+    (["--width", "999999999999"], "the demo's MLP at --width 999999999999 .* GiB of weights and activations"),
     (["--rounds", "-1"], "--rounds must be at least 1, got -1"),
     (["--budget", "1.5"], "--budget 1.5: memory_budget='1.5' is above 1.*Did you mean '1.5GB'"),
     (["--budget", "lots"], "--budget lots: memory_budget 'lots' is not a number"),

@@ -1,6 +1,7 @@
 """The jaxaot command: its arguments, ``inspect``, ``version``, ``--help`` and its usage errors."""
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -189,6 +190,29 @@ def test_inspect_json_matches_the_text(capsys):
     assert doc["partition"] == "default" and doc["budget"] is None and doc["predicted_peak"] is None
     assert f"{len(doc['residuals'])} residuals, {doc['saved_bytes']} bytes saved ({doc['added_bytes']} added" in text
     assert all(r["label"] in text for r in doc["residuals"])
+
+
+@pytest.mark.parametrize("error", [IndexError("tuple index out of range"), AssertionError("batch must be 99"),
+                                   KeyError("w"), RuntimeError("no")])
+def test_any_error_of_the_users_function_is_one_line_and_exit_2(error, monkeypatch, capsys):
+    def raising(w, x):
+        raise error
+
+    monkeypatch.setattr(sys.modules["jaxaot._src.cli.demo_models"], "tanh_loss", raising)
+    assert cli.main(["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[16,4] f32[8,16]"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the progress lines
+    assert re.fullmatch(rf"jaxaot inspect: error: .*does not trace at the given arguments: {type(error).__name__}: "
+                        rf".*", last), err
+    assert "Traceback" not in err
+
+
+def test_a_setting_variable_that_does_not_read_is_one_line_and_exit_2():
+    env = {**os.environ, "JAXAOT_QUIET": "maybe", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-m", "jaxaot", "version"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert re.fullmatch(r"jaxaot version: error: environment variable JAXAOT_QUIET='maybe'.*\n", done.stderr)
 
 
 def test_traceback_flag_shows_the_cause():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -96,3 +97,57 @@ def test_partition_keys_follow_what_the_joint_graph_is_built_from():
     assert None not in others and len({base, *others}) == len(others) + 1
     unkeyable = recipe(aux_outputs=functools.partial(dynamic_capacity, np.array([None], dtype=object)))
     assert key(unkeyable) is None
+
+
+GAIN = 1.0
+
+
+def gain_compiler(closed, avals, **kwargs):
+    """A compiler that reads a setting of its module (``GAIN``) and calls a helper of it."""
+    assert GAIN > 0
+    return compilers.xla(_scaled(closed), avals, **kwargs)
+
+
+def _scaled(closed):
+    return closed
+
+
+def recursive_partition(joint, depth=0):
+    return jaxaot.partition.default_partition(joint) if depth else recursive_partition(joint, depth + 1)
+
+
+def test_a_callable_is_keyed_by_the_module_globals_it_reads(monkeypatch):
+    """A compiler or partitioner that reads a setting of its module keys by its value, and by the code of the
+    helpers it calls; a recursive function keys once, and library functions by their versions alone."""
+    ident = cache_keys.callable_identity
+    base = ident(gain_compiler)
+    assert base == ident(gain_compiler)
+    monkeypatch.setattr(sys.modules[__name__], "GAIN", 2.0)
+    assert ident(gain_compiler) != base
+    monkeypatch.setattr(sys.modules[__name__], "GAIN", 1.0)
+    assert ident(gain_compiler) == base
+    monkeypatch.setattr(sys.modules[__name__], "_scaled", lambda closed: closed)  # another helper
+    assert ident(gain_compiler) != base
+
+    def countdown(n):
+        return n if n <= 0 else countdown(n - 1)
+
+    assert ident(countdown) == ident(countdown) and ident(recursive_partition) == ident(recursive_partition)
+    assert ident(jaxaot.partition.min_cut_rematerialization_partition) == ident(
+        jaxaot.partition.min_cut_rematerialization_partition)
+
+
+def test_executable_keys_follow_jax_configuration_that_lowering_reads():
+    """``jax_threefry_partitionable`` is read as ``random_bits`` lowers, ``blocked_loops`` as a loop lowers: the
+    same program under either setting is another executable."""
+    closed = jax.make_jaxpr(lambda k: jax.random.normal(jax.random.wrap_key_data(k), (3,)))(
+        jax.random.key_data(jax.random.key(0)))
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    key = functools.partial(cache_keys.executable_key, compilers.xla, closed, avals, {})
+    base = key()
+    flipped = not jax.config.jax_threefry_partitionable
+    with jax.threefry_partitionable(flipped):
+        other = key()
+    with jaxaot.config.override(blocked_loops=not jaxaot.config.blocked_loops):
+        blocked = key()
+    assert base is not None and len({base, other, blocked}) == 3 and key() == base

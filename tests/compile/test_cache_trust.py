@@ -194,11 +194,15 @@ def _plant(p: Path, how: str, tmp_path: Path) -> None:
     elif how == "directory":
         p.unlink()
         p.mkdir()
+    elif how == "full_directory":
+        p.unlink()
+        p.mkdir()
+        (p / "kept").write_bytes(b"not ours")
     elif how == "group_writable":
         p.chmod(0o660)
 
 
-@pytest.mark.parametrize("how", ["fifo", "symlink", "directory", "group_writable"])
+@pytest.mark.parametrize("how", ["fifo", "symlink", "directory", "full_directory", "group_writable"])
 def test_entries_that_are_not_private_regular_files_are_misses_that_never_hang(secure_cache, how, tmp_path):
     expected = _train()
     entries = sorted(_entries(secure_cache))
@@ -213,8 +217,8 @@ def test_entries_that_are_not_private_regular_files_are_misses_that_never_hang(s
     messages = _cache_warnings(caught)
     assert cache.stats().corrupt == 2 and cache.stats().executable_hits == 0 and CALLS["compile"] == 2
     assert sum("not a regular file" in m or "writable by group" in m for m in messages) == 2, messages
-    if how == "directory":  # cannot be replaced by a file: the call still runs, uncached
-        assert any("cannot write" in m for m in messages)
+    if how == "full_directory":  # a folder with something in it is not removed: the call still runs, uncached
+        assert any("cannot write" in m for m in messages) and all((p / "kept").exists() for p in entries)
         return
     for p in entries:  # replaced by a private regular file, signed for its key
         assert p.is_file() and not p.is_symlink() and store.unframe(p.read_bytes(), store.entry_name(p))

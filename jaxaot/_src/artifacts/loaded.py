@@ -394,6 +394,10 @@ class _CallLog:
         return CacheInfo(self.hits, len(entries), entries)
 
 
+#: Dtypes JAX makes only with ``jax_enable_x64``.
+_WIDE = frozenset({"float64", "int64", "uint64", "complex128"})
+
+
 def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exception]) -> None:
     """Raise ``error`` unless ``x`` has ``spec``'s dtype and shape (binding symbolic dims)."""
     got = shape_and_dtype_name(x)
@@ -416,7 +420,10 @@ def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exc
                     f"(expected {spec}, got {dtype}[{','.join(map(str, shape))}])."
                 )
     if mismatch:
-        raise error(f"{path}: expected {spec}, got {dtype}[{','.join(map(str, shape))}].")
+        wide = spec.dtype in _WIDE and not jax.config.jax_enable_x64
+        raise error(f"{path}: expected {spec}, got {dtype}[{','.join(map(str, shape))}]." + (
+            f" The artifact takes {spec.dtype} inputs, which JAX makes only with jax_enable_x64: call it under "
+            f"jax.config.update('jax_enable_x64', True)." if wide else ""))
 
 
 def _checked(flags: Sequence[Any], checks: Sequence[RuntimeCheck], values: Sequence[Any]) -> list:

@@ -39,6 +39,8 @@ from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, Mem
 
 #: The exit status of a command that stopped on a user error (argparse's, for its own errors).
 USAGE_ERROR = 2
+#: The most bytes of weights and activations ``jaxaot demo``'s MLP may hold.
+DEMO_MAX_BYTES = 4 * 2**30
 
 
 class UsageError(InvalidValueError):
@@ -150,6 +152,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for name in ("width", "depth", "batch", "rounds"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    held = 4 * args.depth * args.width * (args.width + args.batch)  # float32 weights and per-layer activations
+    if held > DEMO_MAX_BYTES:
+        raise UsageError(f"the demo's MLP at --width {args.width} --depth {args.depth} --batch {args.batch} would "
+                         f"hold {held / 2**30:.1f} GiB of weights and activations; the demo keeps under "
+                         f"{DEMO_MAX_BYTES // 2**30} GiB: choose smaller sizes")
     if args.budget is not None:
         budget_partitioner(args.budget)
     out, made = output_folder(args.out)  # every argument is checked: only now is anything created
@@ -288,7 +295,7 @@ def _user_errors(args: argparse.Namespace) -> Any:
         yield
     except MemoryBudgetError as e:  # before its base class: the function traced, the budget is the problem
         raise UsageError(f"no plan of {args.target} fits --budget {args.budget}: {_first_line(e)}") from e
-    except (JaxaotError, TypeError, ValueError) as e:  # the function does not trace at these arguments
+    except Exception as e:  # noqa: BLE001 - the user's function raised: it does not trace at these arguments
         raise UsageError(f"{args.target} does not trace at the given arguments: {type(e).__name__}: "
                          f"{_first_line(e)} (--traceback shows where)") from e
 

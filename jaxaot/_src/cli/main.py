@@ -132,8 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``jaxaot ARGS``; the exit status: 0, or 2 for a usage error."""
     args = build_parser().parse_args(argv)
-    from jaxaot._src.cli import commands  # deferred: --help must not import jax
-
+    try:
+        from jaxaot._src.cli import commands  # deferred: --help must not import jax
+    except ValueError as e:
+        errors = sys.modules.get("jaxaot.errors")  # imported by now where jaxaot's settings read the environment
+        if errors is None or not isinstance(e, errors.InvalidValueError):  # a JAXAOT_* variable that does not read
+            raise
+        print(f"jaxaot {args.command}: error: {e}", file=sys.stderr)
+        return 2
     return commands.run(args)
 
 

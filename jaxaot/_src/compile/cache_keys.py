@@ -29,6 +29,7 @@ import os
 import re
 import struct
 import sys
+import threading
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -78,6 +79,7 @@ def _partition_key_parts(partition_fn: Partitioner, recipe: JointRecipe) -> Iter
 def _executable_key_parts(compiler: Compiler, closed: Any, avals: Sequence[Any], options: dict) -> Iterable[Any]:
     yield "executable"
     yield from environment()
+    yield trace_context_key()  # lowering reads it too (jax_threefry_partitionable, jaxaot's loop lowerings)
     yield callable_identity(compiler)
     yield program_fingerprint(closed)
     yield avals_key(avals)
@@ -297,10 +299,68 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
     ]
     for cell in getattr(fn, "__closure__", None) or ():
         try:
-            parts.append(value_identity(cell.cell_contents, depth + 1))
+            value = cell.cell_contents
+            parts.append("<itself>" if value is fn else value_identity(value, depth + 1))  # a recursive closure
         except ValueError:  # an empty cell
             parts.append("<empty>")
+    parts.extend(_globals_identity(fn, code, depth))
     return "fn(" + ",".join(parts) + ")"
+
+
+#: Modules whose functions' globals are not keyed: their versions are in :func:`environment`.
+_VERSIONED = ("jaxaot", "jax", "jaxlib")
+_KEYING = threading.local()  # .ids: the functions whose globals this thread is keying (a recursive one reads itself)
+
+
+def _globals_identity(fn: Any, code: Any, depth: int) -> list[str]:
+    """The module globals a user's function reads (by the names its code, nested code included, uses) that are
+    constants (:func:`_constant`), each written canonically: a compiler or partitioner that reads a setting, or
+    calls a helper, of its module keys by their values. A module is its name; the function itself, read again by
+    a recursive call, is named once. Mutable objects (a dict of counters) are left out: their state changes."""
+    module = getattr(fn, "__module__", None) or ""
+    keying = _KEYING.__dict__.setdefault("ids", set())
+    if module.split(".")[0] in _VERSIONED or id(fn) in keying:
+        return []
+    scope = getattr(fn, "__globals__", None) or {}
+    keying.add(id(fn))
+    try:
+        parts = []
+        for name in sorted(_global_names(code)):
+            value = scope.get(name, _MISSING)
+            if isinstance(value, type(sys)):
+                parts.append(f"{name}=module:{value.__name__}")
+            elif value is fn:
+                parts.append(f"{name}=<itself>")
+            elif _constant(value):
+                parts.append(f"{name}={value_identity(value, depth + 1)}")
+        return parts
+    finally:
+        keying.discard(id(fn))
+
+
+_MISSING = object()
+#: Global values keyed as constants; a mutable object's state (a dict, a list, an instance) is not a key.
+_CONSTANTS = (type(None), bool, int, float, complex, str, bytes, enum.Enum, np.generic, np.ndarray, jax.Array,
+              functools.partial, type)
+
+
+def _constant(value: Any) -> bool:
+    """Whether a module global is keyed by its value: a number, string, array, class, function, or a tuple or
+    frozenset or frozen dataclass of them."""
+    if isinstance(value, (tuple, frozenset)):
+        return all(_constant(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.__dataclass_params__.frozen
+    return isinstance(value, _CONSTANTS) or (callable(value) and hasattr(value, "__code__"))
+
+
+def _global_names(code: Any) -> set[str]:
+    """The names ``code`` and its nested code objects look up (``co_names``: globals and attributes alike)."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            names |= _global_names(c)
+    return names
 
 
 def _code_hash(code: Any) -> str:

@@ -244,8 +244,11 @@ def evict(path: Path, why: str) -> None:
 
 
 def write(path: Path, payload: bytes) -> None:
-    """Store ``payload`` framed (for the name of ``path``) at ``path``; an unwritable cache warns once."""
+    """Store ``payload`` framed (for the name of ``path``) at ``path``; an unwritable cache warns once. An empty
+    folder in the entry's place (read as corrupt) is removed first, so the entry is rebuilt as the warning says."""
     try:
+        if path.is_dir() and not path.is_symlink():
+            os.rmdir(path)  # only an empty one: a folder with anything in it stays, and the write below warns
         atomic_write(path, frame(payload, entry_name(path)))
     except OSError as err:
         where = cache_root() or path.parent

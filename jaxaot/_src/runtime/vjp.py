@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import dtype_name
@@ -110,7 +111,10 @@ def select_cotangents(flat: Sequence[Any], cotangent_outputs: Sequence[int], out
 
 
 def shape_and_dtype_name(x: Any) -> tuple[tuple, str] | None:
-    """``(shape, dtype name)`` of an array or Python/NumPy scalar; None for anything else."""
+    """``(shape, dtype name)`` of an array or Python/NumPy scalar, as JAX takes it (a NumPy value's dtype
+    canonicalized: float64 is float32 without ``jax_enable_x64``); None for anything else."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return tuple(x.shape), dtype_name(jax.dtypes.canonicalize_dtype(x.dtype))
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return tuple(x.shape), dtype_name(x.dtype)
     if isinstance(x, (bool, int, float, complex)) or hasattr(x, "dtype"):
