@@ -10,7 +10,7 @@ from jaxaot.errors import InvalidInputError
 def resolve_argnums(nums: Sequence[int], nargs: int, argnums: Any, who: str) -> tuple[int, ...]:
     """``nums`` (``argnums`` as a sequence; a negative one counts from the end, as in ``jax.grad``) as positions
     among a call's ``nargs`` positional arguments, or :class:`~jaxaot.errors.InvalidInputError` naming the range
-    (``who``: the function, for the message).
+    or the argument named twice (``who``: the function, for the message).
 
     Example:
         >>> resolve_argnums((0, -1), 3, (0, -1), "loss")
@@ -20,4 +20,8 @@ def resolve_argnums(nums: Sequence[int], nargs: int, argnums: Any, who: str) -> 
         raise InvalidInputError(
             f"argnums={argnums!r} is out of range: {who} got {nargs} positional argument(s). Pass argnums from "
             f"{-nargs} to {nargs - 1}, or pass the argument positionally.")
-    return tuple(n % nargs for n in nums)
+    at = tuple(n % nargs for n in nums)
+    if len(set(at)) != len(at):  # JAX raises too: one argument's gradient cannot be returned twice
+        twice = next(n for n in at if at.count(n) > 1)
+        raise InvalidInputError(f"argnums={argnums!r} names argument {twice} more than once; name each argument once.")
+    return at

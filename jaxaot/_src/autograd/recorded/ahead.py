@@ -128,7 +128,7 @@ def _sources(args: Sequence[Any], objects: Sequence[Any], arrays: Sequence[Any])
 
 
 def _expected(sources: tuple, arrays: Sequence[Any]) -> list | None:
-    """The arrays ``sources`` name in this call, or None when one of them is gone."""
+    """The arrays ``sources`` name in this call, or None when one of them is gone or deleted."""
     out = []
     for s in sources:
         if type(s) is int:
@@ -137,7 +137,7 @@ def _expected(sources: tuple, arrays: Sequence[Any]) -> list | None:
             out.append(arrays[s])
         else:
             a = s()
-            if a is None:
+            if a is None or a.is_deleted():  # gone, or donated to another program since (a buffer no longer there)
                 return None
             out.append(a)
     return out

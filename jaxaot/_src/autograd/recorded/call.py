@@ -19,7 +19,7 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded.step_reasons import CallInputs, python_values
 from jaxaot._src.autograd.recorded.structure import literal_value_key
-from jaxaot._src.runtime import ArgNames, leaf_key
+from jaxaot._src.runtime import ArgNames, leaf_key, sharding_key
 
 _ArrayImpl = C.ArrayImpl
 
@@ -41,10 +41,9 @@ def static_key(x: Any) -> Any:
     return C.ById(x)
 
 
-def _types(leaves: Sequence[Any]) -> tuple[tuple, bool]:
-    """Each array's type and whether any is a tracer: a ``jax.Array``'s aval (a committed one's device
-    placement is checked by the executable it is passed to), else
-    :func:`jaxaot._src.runtime.signature.leaf_key`."""
+def _types(leaves: Sequence[Any]) -> tuple[tuple, bool, tuple]:
+    """Each array's type, whether any is a tracer, and the placement of the arrays: a ``jax.Array``'s aval, else
+    :func:`jaxaot._src.runtime.signature.leaf_key`; the placement as :func:`placement`'s."""
     types, traced = [], False
     for x in leaves:
         if type(x) is _ArrayImpl:
@@ -53,7 +52,20 @@ def _types(leaves: Sequence[Any]) -> tuple[tuple, bool]:
         if isinstance(x, C.Tracer):
             traced = True
         types.append(leaf_key(x))
-    return tuple(types), traced
+    return tuple(types), traced, placement(leaves)
+
+
+def placement(leaves: Sequence[Any]) -> tuple:
+    """Where the committed device arrays among ``leaves`` live, off the default device: ``(index, sharding)`` each
+    (empty where all are uncommitted or on the default device, as most are). A step's executables are compiled for
+    their inputs' placement, so a call on another device records and compiles its own, as ``jit`` does."""
+    placed = ()
+    for i, x in enumerate(leaves):
+        if type(x) is _ArrayImpl and x.committed:
+            sk = sharding_key(x.sharding)
+            if sk is not None:
+                placed += ((i, sk),)
+    return placed
 
 
 class Call:
@@ -63,7 +75,7 @@ class Call:
     first: an aval)."""
 
     __slots__ = ("positions", "diff", "diff_tree", "other_at", "kw_names", "others", "other_tree", "array_at",
-                 "types", "traced", "values")
+                 "types", "traced", "placement", "values")
 
     def __init__(self, args: tuple, kwargs: dict, positions: tuple, diff_values: tuple, skip: Any) -> None:
         self.positions = positions
@@ -74,8 +86,9 @@ class Call:
             (*(args[i] for i in self.other_at), *kwargs.values()))
         self.array_at = tuple(i for i, x in enumerate(self.others) if is_array(x))
         others = self.others
-        types, traced = _types([*self.diff, *(others[i] for i in self.array_at)])
+        types, traced, placed = _types([*self.diff, *(others[i] for i in self.array_at)])
         self.types, self.traced = types, traced  #: ``traced``: some leaf is a tracer (the call is being traced)
+        self.placement = placed  #: :func:`placement` of the differentiated leaves, then the other arrays
         self.values: tuple | None = None
 
     def release(self) -> "Call":
@@ -92,11 +105,11 @@ class Call:
 
     def key(self, context: Any) -> tuple:
         """What a replay is looked up by: the trees, every array's aval, every static value (by
-        :func:`static_key`), and JAX's configuration ``context``."""
+        :func:`static_key`), JAX's configuration ``context`` and the arrays' :func:`placement`."""
         arrays = set(self.array_at)
         statics = tuple([static_key(x) for i, x in enumerate(self.others) if i not in arrays])
         return (self.positions, self.diff_tree, self.other_tree, self.kw_names, self.array_at, self.types, statics,
-                context)
+                context, self.placement)
 
     def rebuild(self, args: tuple, kwargs: dict, arrays: Sequence[Any]) -> tuple[list, dict]:
         """``args`` and ``kwargs`` with the other arguments' arrays replaced by ``arrays`` (in order)."""
@@ -122,11 +135,11 @@ class Call:
 
 def quick_key(args: tuple, kwargs: dict, context: Any) -> tuple[tuple, list] | None:
     """``(key, leaves)`` of a call from one flatten of its arguments: their tree, the keywords' order,
-    each leaf's aval (a device array) or :func:`static_key`, and ``context``; None when some leaf is
+    each leaf's aval (a device array) or :func:`static_key`, ``context`` and the :func:`placement`; None when some leaf is
     another kind of array or a tracer. Equal keys mean equal :meth:`Call.key` (the converse may fail)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs) if kwargs else args)
     if set(map(type, leaves)) <= _ONLY_ARRAYS:  # the common case: device arrays alone
-        return (tree, tuple(kwargs), tuple([x.aval for x in leaves]), context), leaves
+        return (tree, tuple(kwargs), tuple([x.aval for x in leaves]), context, placement(leaves)), leaves
     parts = []
     for x in leaves:
         if type(x) is _ArrayImpl:
@@ -135,7 +148,7 @@ def quick_key(args: tuple, kwargs: dict, context: Any) -> tuple[tuple, list] | N
             return None
         else:
             parts.append(static_key(x))
-    return (tree, tuple(kwargs), tuple(parts), context), leaves
+    return (tree, tuple(kwargs), tuple(parts), context, placement(leaves)), leaves
 
 
 _ONLY_ARRAYS = frozenset({_ArrayImpl})

@@ -132,14 +132,14 @@ def _replay(plans: Plans, root: R.Guard, diff: list, arrays: list, call: K.Call)
     ahead = R.expected(root)
     found = None
     if ahead is not None:
-        ran = ahead.exe(diff, arrays)
+        ran = S.call(ahead.exe, ahead.structure, diff, arrays)
         if R.confirms(ahead, ran[1], root):
             found = ahead
     if found is None:
         found = R.run(root, diff, arrays)
         if type(found) is R.Miss:
             return found
-        ran = found.exe(diff, arrays)
+        ran = S.call(found.exe, found.structure, diff, arrays)
     value, outs, grads = ran
     plans.last = (found.structure, call)
     plans.hits += 1
@@ -252,7 +252,7 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
         try:
             recorded = S.record(forward, call.diff, call.diff_tree, eager, None if eager else arrays,
                                 [t[0] if type(t) is tuple else t for t in call.types[:len(call.diff)]], plans.trie.root(),
-                                started)
+                                started, call.placement)
         except C.Unrecordable as e:
             plans.ahead.drop()
             plans.mode = "vjp"
@@ -274,10 +274,10 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
                 looks = lambda: S.look_outputs(recorded, S.host_copies(recorded, call.diff))  # noqa: E731
                 ran = None if eager else plans.ahead.finish(started, exe, recorded.args, recorded.tape.arg_objects,
                                                             given, looks)
-                value, outs, grads = exe(list(call.diff), recorded.args) if ran is None else ran
+                value, outs, grads = S.call(exe, recorded.structure, call.diff, recorded.args) if ran is None else ran
                 rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
                 return value, rest, list(grads), compiled, recorded, exe
-            except JaxaotError:
+            except (JaxaotError, FloatingPointError):  # the user's error, or jax.debug_nans's: not the mode's
                 raise
             except Exception as e:
                 if eager:

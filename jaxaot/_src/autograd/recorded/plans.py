@@ -9,6 +9,8 @@ last step (a compile's reason compares against them), the guard trees of
 
 from __future__ import annotations
 
+import collections
+
 import threading
 from typing import Any, Callable
 
@@ -24,6 +26,10 @@ from jaxaot._src.runtime import ArgNames, CacheEntryInfo, CacheInfo, inputs_chan
 def name_of(fun: Any) -> str:
     """A function's name for messages."""
     return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or type(fun).__name__
+
+
+#: The most ``cache_info()`` entries a function keeps, the latest (as many as the process keeps executables).
+MAX_INFO_ENTRIES = 256
 
 
 class Plans:
@@ -43,7 +49,8 @@ class Plans:
         self.ahead = Ahead()  #: the step started before its recording ends (:mod:`.ahead`)
         self.lock = threading.Lock()
         self.hits = 0
-        self.entries: list[CacheEntryInfo] = []
+        self.misses = 0  #: every entry made, those dropped from :attr:`entries` included
+        self.entries: collections.deque[CacheEntryInfo] = collections.deque(maxlen=MAX_INFO_ENTRIES)
 
     def reason(self, call: Any, miss: R.Miss | None = None) -> Callable[[Any], str]:
         """``reason(structure)``: why this call's step compiles, against the last step (``miss``: the guard
@@ -92,16 +99,18 @@ class Plans:
             return
         with self.lock:
             self.entries.append(entry)
+            self.misses += 1
 
     def cache_info(self) -> CacheInfo:
         """What this function compiled: one entry per new structure of its step (``program`` ``step``, or
         ``backward`` under vjp capture), with the seconds spent recording, tracing and in XLA and the reason.
         A structure another function compiled first counts as a hit (the cache is shared). With replay, a
         replayed step is a hit, and a call whose looked-at value took an outcome no recording had, and
-        that compiled nothing, is an entry of ``program`` ``replay`` naming that value."""
+        that compiled nothing, is an entry of ``program`` ``replay`` naming that value. The latest
+        :data:`MAX_INFO_ENTRIES` entries are kept (a forward whose looked-at value changes every step records every
+        step); ``misses`` counts them all."""
         with self.lock:
-            entries = tuple(self.entries)
-        return CacheInfo(self.hits, len(entries), entries)
+            return CacheInfo(self.hits, self.misses, tuple(self.entries))
 
     def plan(self, treedef: Any, tree: Any, multiple: bool) -> tuple:
         """The parameter-hook plan for differentiated values of this tree structure."""

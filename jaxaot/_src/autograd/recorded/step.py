@@ -45,7 +45,7 @@ class Recorded(NamedTuple):
 
 def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree: Any, eager: bool,
            arg_leaves: Sequence[Any] | None = None, diff_avals: Sequence[Any] | None = None,
-           trie: Any = None, ahead: Any = None) -> Recorded:
+           trie: Any = None, ahead: Any = None, placement: tuple = ()) -> Recorded:
     """Run ``forward(*diff)`` under a fresh tape; it returns ``(loss, rest)``.
 
     ``rest`` (auxiliary outputs, module state) may hold recorded values: the
@@ -55,13 +55,14 @@ def record(forward: Callable[..., tuple], diff_leaves: Sequence[Any], diff_tree:
     values Python looked at after the forward's other outputs (:func:`~.replay.confirms`). ``diff_avals``: the
     differentiated leaves' avals, when the caller has them; ``trie``: the root of the structure trie to
     record in (:class:`~.structure.Node`; by default the process-wide one); ``ahead``: the step started
-    ahead of this recording (:class:`~.ahead.Started`), whose outputs may give the values Python looks at.
+    ahead of this recording (:class:`~.ahead.Started`), whose outputs may give the values Python looks at;
+    ``placement``: where the call's committed arrays live (:func:`~.call.placement`).
 
     The step returns the values Python looked at after the forward's other outputs: in a guarded
     recording those a replay checks, else the scalars a program of their own computed (a step started
     ahead gives them to the next recording).
     """
-    tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie, ahead=ahead)
+    tape = T.Tape(eager, guarded=arg_leaves is not None, trie=trie, ahead=ahead, placement=placement)
     try:
         with C.set_current_trace(tape.trace):
             avals = diff_avals if diff_avals is not None else [C.typeof(x) for x in diff_leaves]
@@ -185,6 +186,22 @@ def executable(recorded: Recorded, planned: Sequence[Any], diff: Sequence[Any],
     return CACHE.get(key, structure,
                      lambda: compile_step(recorded.program, structure.key[2], planned, diff, recorded.args, host),
                      lambda: reason(structure))
+
+
+def call(exe: Any, structure: Structure, diff: Sequence[Any], args: Sequence[Any]) -> tuple:
+    """``exe(diff, args)``, the step of ``structure``. Under ``jax.debug_nans`` or ``jax.debug_infs`` a NaN or Inf
+    the executable made is, as under ``jit``, the ``FloatingPointError`` of the operation that made it: the
+    step's program runs again op by op, its gradient too."""
+    try:
+        return exe(list(diff), args)
+    except C.InternalFloatingPointError:
+        program, loss_vid = structure.jaxpr, structure.key[2][0]
+        try:
+            jax.value_and_grad(lambda d: T.replay(program, d, args)[loss_vid])(list(diff))
+        except C.InternalFloatingPointError as e:  # a jitted call inside the program, bound as a primitive
+            raise FloatingPointError(f"invalid value ({e.ty}) encountered in {e.name}") from None
+        raise FloatingPointError("the compiled step produced a NaN or Inf that running its operations one by one "
+                                 "does not reproduce (XLA's fusion or precision differs): look at its outputs.") from None
 
 
 def outputs(kept: Sequence[Any], tree: Any, outs: Sequence[Any]) -> Any:

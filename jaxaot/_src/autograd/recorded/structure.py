@@ -78,12 +78,14 @@ def literal_value_key(x: Any) -> tuple | None:
         return ("b", x)
     if t is complex:
         return ("c", x.real.hex(), x.imag.hex())
+    if isinstance(x, (np.generic, np.ndarray)):  # before the subclasses: np.float64 is a float, typed as JAX types it
+        if np.size(x) != 1:
+            return None
+        a = np.asarray(x)
+        return ("a", a.dtype, a.shape, a.tobytes())
     if isinstance(x, (bool, int, float, complex)):  # a subclass (IntEnum, ...): by the value it carries
         base = next(b for b in (bool, int, float, complex) if isinstance(x, b))
         return literal_value_key(base(x))
-    if isinstance(x, (np.generic, np.ndarray)) and np.size(x) == 1:
-        a = np.asarray(x)
-        return ("a", a.dtype, a.shape, a.tobytes())
     return None
 
 

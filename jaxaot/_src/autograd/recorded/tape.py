@@ -108,8 +108,7 @@ class Tape:
       values, avals: per value number, its concrete value (None while unknown) and its aval.
       ops: the recorded operations, in order: ``(op, input numbers, output numbers, source info)``, ``op``
         an :class:`~.ops.Op` (:attr:`eqns` has them as :class:`Eqn` objects).
-      inputs: ``(value number, kind, aval key[, literal value])`` per input,
-        ``kind`` one of ``diff``, ``arg`` (a runtime argument), ``lit``.
+      inputs: ``(value number, kind, aval key[, literal value])`` per input, ``kind`` ``diff``, ``arg`` or ``lit``.
       args: the runtime values of the ``arg`` inputs, in order; ``arg_objects`` the objects the forward
         used (a NumPy array before its copy to the device); ``constants`` the value numbers of those it
         reached other than as an argument handed over as a recorded value (closures, globals).
@@ -118,22 +117,21 @@ class Tape:
         recompile reasons use them to say which Python branch went the other way.
       reads: value numbers whose value JAX itself read (``to_concrete_value``) and got (:meth:`visible`).
       callbacks: host callbacks run while recording.
-      node: where the recording is in the structure trie (``trie``: its root, one per compiled
-        function; by default the process-wide one).
+      node: where the recording is in the structure trie (``trie``: its root, one per function; or the process's).
       ahead: the step started ahead (:class:`~.ahead.Started`), giving the looks it returns, or None.
+      placement: where the call's committed arrays live (:func:`~.call.placement`), part of every key.
     """
 
-    def __init__(self, eager: bool = False, guarded: bool = False, trie: Any = None, ahead: Any = None) -> None:
-        self.eager, self.ahead, self.guarded = eager, ahead, guarded
+    def __init__(self, eager: bool = False, guarded: bool = False, trie: Any = None, ahead: Any = None,
+                 placement: tuple = ()) -> None:
+        self.eager, self.ahead, self.guarded, self.placement = eager, ahead, guarded, placement
         self.parent = C.current_trace()
         self.trace = C.RecordingTrace(self)
-        self.values: list = []
-        self.avals: list = []
+        self.values, self.avals = [], []
         self.shown: list[bool] = []  #: per value number, whether :meth:`known` shows it
         self.ops: list[tuple] = []
         self.inputs: list[tuple] = []
-        self.args: list = []
-        self.arg_objects: list = []
+        self.args, self.arg_objects = [], []
         self.kinds: dict[int, str] = {}
         self.constants: list[int] = []
         self._by_id: dict[int, tuple] = {}  #: id -> (value number, what a NumPy array held when copied, or None)
@@ -144,6 +142,8 @@ class Tape:
         self.callbacks = 0
         self.log: list | None = None  #: events, while :mod:`.ops` watches an operation
         self.node = root() if trie is None else trie
+        if placement:  # another device's recordings: a trie, programs and executables of their own
+            self.node = self.node.step(("placement", placement))
         self.context: Any = None  #: JAX's configuration, as last seen, and its number (:mod:`.ops` keys by it)
         self.context_id: int | None = None
         self._eqns: list[Eqn] = []
@@ -420,7 +420,8 @@ def structure(tape: Tape, outputs: Sequence[int]) -> Structure:
     leaf = tape.node.step(("out", tuple(outputs)))
     found = leaf.structure
     if found is None:
-        key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs))
+        key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs),
+               tape.placement)
         found = leaf.structure = interned(Structure(key, freeze(tape), vid_avals=tuple(tape.akeys),
                                                     kind="forward"))
     return found.with_looks(tuple(tape.looks)) if tape.looks else found

@@ -1,0 +1,110 @@
+"""``compiled_value_and_grad`` behaves as ``jax.value_and_grad`` where JAX's own rules decide, or raises.
+
+A NumPy scalar is typed as JAX types it (not as the Python number of equal value), arrays on another device
+run there, ``jax.debug_nans`` raises ``FloatingPointError`` (never JAX's internal error, and the function keeps
+its mode), ``argnums`` naming an argument twice is refused, and ``cache_info()`` stays bounded; each with replay
+and without, on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from autograd_helpers import close as _close, rand as _rand
+from jaxaot import compiled_autograd
+from jaxaot.errors import InvalidInputError
+
+REPLAY = pytest.mark.parametrize("replay", [False, True])
+
+
+@REPLAY
+def test_a_numpy_scalar_is_typed_as_jax_types_it_not_as_the_python_number(replay):
+    def f(w, n):
+        return jnp.sum(w * n) / n
+
+    w = _rand(np.random.default_rng(), 3).astype(jnp.float16)
+    vg = jaxaot.compiled_value_and_grad(f, replay=replay)
+    for n in (1e5, np.float64(1e5), 1e5, np.float32(3.0), 3.0):  # equal values, other types: JAX's promotion
+        value, grad = vg(w, n)
+        want_value, want_grad = jax.value_and_grad(f)(w, n)
+        assert value.dtype == want_value.dtype and grad.dtype == want_grad.dtype, n
+        _close((value, grad), (want_value, want_grad), tol=2e-3)  # float16 gradients; NaN where JAX's is
+
+
+def _loss(w, x):
+    y = jnp.tanh(x @ w)
+    if float(jnp.sum(y)) > 0:  # Python looks at a value: a program of its own computes it
+        y = 2 * y
+    return jnp.sum(y ** 2)
+
+
+def _reference(w, x):
+    scale = 2.0 if float(jnp.sum(jnp.tanh(x @ w))) > 0 else 1.0
+    return jax.value_and_grad(lambda w, x: jnp.sum((scale * jnp.tanh(x @ w)) ** 2))(w, x)
+
+
+@REPLAY
+def test_arrays_on_another_device_run_there(replay):
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2 on a CPU)")
+    rng = np.random.default_rng()
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    d0, d1 = jax.devices()[:2]
+    vg = jaxaot.compiled_value_and_grad(_loss, replay=replay)
+    for d in (d0, d1, d0, d1, None):
+        args = (w + 0, x + 0) if d is None else (jax.device_put(w, d), jax.device_put(x, d))
+        value, grad = vg(*args)
+        _close((value, grad), _reference(*args))
+        assert grad.devices() == args[0].devices() and value.devices() == args[0].devices()
+    assert not compiled_autograd.stats().fallbacks  # the function kept its lazy recording
+
+
+@REPLAY
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_debug_nans_raises_floating_point_error_and_the_function_keeps_its_mode(replay, where):
+    f, w = ((lambda w: jnp.sum(jnp.log(w))), -jnp.ones(3)) if where == "forward" else (
+        (lambda w: jnp.sum(jnp.sqrt(w) * 0.0)), jnp.zeros(3))
+    vg = jaxaot.compiled_value_and_grad(f, replay=replay)
+    vg(w), vg(w)  # recorded (and replayable)
+    with jax.debug_nans(True):
+        with pytest.raises(FloatingPointError):
+            jax.value_and_grad(f)(w)
+        with pytest.raises(FloatingPointError, match="invalid value"):
+            vg(w)
+    assert not compiled_autograd.stats().fallbacks
+    fine = jnp.abs(_rand(np.random.default_rng(), 3)) + 1
+    _close(vg(fine), jax.value_and_grad(f)(fine))
+
+
+@pytest.mark.parametrize("make", [lambda f, n: jaxaot.compiled_value_and_grad(f, argnums=n),
+                                  lambda f, n: jaxaot.value_and_grad(jaxaot.aot_function(f), argnums=n)])
+def test_argnums_naming_an_argument_twice_is_refused(make):
+    def f(a, b):
+        return jnp.sum(a * b ** 2)
+
+    rng = np.random.default_rng()
+    a, b = _rand(rng, 3), _rand(rng, 3)
+    with pytest.raises(InvalidInputError, match=r"names argument 1 more than once"):
+        make(f, (1, -1))(a, b)
+    _close(make(f, (0, 1))(a, b), jax.value_and_grad(f, argnums=(0, 1))(a, b))
+
+
+def test_cache_info_keeps_the_latest_entries_and_counts_them_all():
+    from jaxaot._src.autograd.recorded.plans import MAX_INFO_ENTRIES
+
+    def f(w):
+        loss = jnp.sum(w ** 2)
+        return loss * 0.0 if float(loss) > 1e9 else loss  # a float Python reads, another every step
+
+    vg = jaxaot.compiled_value_and_grad(f, replay=True)
+    w = _rand(np.random.default_rng(), 3)
+    calls = MAX_INFO_ENTRIES + 20
+    for _ in range(calls):  # a training loop: each step records again, its looked-at value new
+        _, grad = vg(w)
+        w = w - 1e-3 * grad
+    info = vg.cache_info()
+    assert len(info.entries) == MAX_INFO_ENTRIES and info.misses + info.hits == calls and info.misses > calls // 2
