@@ -356,6 +356,38 @@ def test_overflow_is_an_error_naming_max_steps(jit):
     chex.assert_trees_all_close(g(x, 3), jax.grad(lambda x: scan_mlp(w, b, x, 3))(x), rtol=1e-5)
 
 
+@pytest.mark.parametrize("where", ["cond", "scan", "checkpoint", "loop"])
+def test_overflow_where_jax_traces_the_loop_raises_through_jaxaot_gradients(where):
+    """Inside ``lax.cond``, ``lax.scan``, ``jax.checkpoint`` or another loop's body JAX traces the loop as ``jit``
+    does: eager ``jax.grad`` gets NaN there, and jaxaot's gradients raise when the call returns."""
+    w, b, x = _params(19)
+    def inner(x, n):
+        return while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, _mlp_step(c[1], w, b)), (0, x), max_steps=3)[1]
+
+    outer = {"cond": lambda x, n: lax.cond(jnp.sum(x) > -1e9, lambda x: inner(x, n), lambda x: x, x),
+             "scan": lambda x, n: lax.scan(lambda c, _: (inner(c, n), None), x, None, length=1)[0],
+             "checkpoint": jax.checkpoint(inner, static_argnums=1),
+             "loop": lambda x, n: while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, inner(c[1], n)), (0, x),
+                                             max_steps=2)[1]}[where]
+    loss = lambda x, n: jnp.sum(outer(x, n) ** 2)  # noqa: E731
+    assert np.all(np.isnan(jax.grad(loss)(x, 5)))
+    for gradient in (jaxaot.value_and_grad(loss), jaxaot.compiled_value_and_grad(loss)):
+        with pytest.raises(LoopOverflowError, match="max_steps=3"):
+            gradient(x, 5)
+        value, grad = gradient(x, 3)  # within the bound: JAX's numbers, the function still working
+        chex.assert_trees_all_close((value, grad), jax.value_and_grad(loss)(x, 3), rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_gradient_keeps_the_weak_type_of_its_input(mode):
+    f = lambda x: while_loop(lambda c: c < 5.0, lambda c: c * 1.5 + x, x, **MODES[mode])  # noqa: E731
+    with _mode_ctx(mode):
+        got = jax.grad(f)(1.0)
+    want = jax.grad(lambda x: lax.fori_loop(0, 3, lambda i, c: c * 1.5 + x, x))(1.0)
+    assert got.dtype == want.dtype and got.weak_type == want.weak_type
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 @pytest.mark.parametrize("transform", ["grad", "vjp", "linearize"])
 def test_unbounded_reverse_mode_asks_for_a_bound(transform):
     w, b, x = _params(17)  # as with lax.while_loop, vjp and linearize run; the transpose is refused
@@ -422,6 +454,11 @@ def test_cond_must_return_bool_scalar():
         while_loop(lambda c: c < 3, lambda c: c + 1, jnp.zeros(3))
     with pytest.raises(LoopFunctionError, match="pytree"):
         while_loop(lambda c: (c < 3, c < 4), lambda c: c + 1, 0)
+    for wrapped in (lambda p: (p,), lambda p: [p], lambda p: {"p": p}):  # one leaf, in a container: as lax refuses
+        with pytest.raises(TypeError, match="boolean scalar"):
+            lax.while_loop(lambda c: wrapped(c < 3), lambda c: c + 1, 0)
+        with pytest.raises(LoopFunctionError, match="boolean scalar"):
+            while_loop(lambda c: wrapped(c < 3), lambda c: c + 1, 0)
 
 
 def test_body_must_keep_the_carry_type():
@@ -450,8 +487,9 @@ def test_options_must_be_positive_ints(option, value):
 
 
 def test_stack_output_needs_max_steps():
-    with pytest.raises(InvalidLoopOptionError, match="max_steps"):
-        while_loop_stack_output(lambda c: c < 1, lambda c: c + 1, 0, max_steps=None)
+    for bad in (None, 0, -3, 2.0):  # each message names the function called
+        with pytest.raises(InvalidLoopOptionError, match="^while_loop_stack_output: max_steps"):
+            while_loop_stack_output(lambda c: c < 1, lambda c: c + 1, 0, max_steps=bad)
 
 
 def test_public_names():

@@ -19,6 +19,7 @@ from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching  # noqa: F401  (re-exported)
 from jax._src.interpreters import mlir as _mlir  # noqa: F401  (re-exported)
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.lax import lax as _lax_internal
 
 Var = _core.Var
 Literal = _core.Literal
@@ -317,6 +318,14 @@ def is_inexact(dtype: Any) -> bool:
     return bool(jax.dtypes.issubdtype(dtype, np.inexact))
 
 
+def typed_as(x: Any, aval: Any) -> Any:
+    """``x`` with the weak type of ``aval`` (its dtype already ``aval``'s): a rule whose loops keep strong types
+    hands back what JAX would (a gradient of a Python float is weakly typed)."""
+    if not getattr(aval, "weak_type", False):
+        return x
+    return _lax_internal._convert_element_type(x, aval.dtype, weak_type=True)
+
+
 def zeros_float0(shape: Sequence[int]) -> np.ndarray:
     return np.zeros(tuple(shape), dtype=float0)
 
@@ -391,6 +400,7 @@ def host_value(x: Any) -> np.ndarray:
 #: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
 #: ``saved_residuals`` serve the tests.
 __all__ = [
+    "typed_as",
     "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr",
     "Primitive", "Tracer",
     "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",

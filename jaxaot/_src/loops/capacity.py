@@ -49,7 +49,7 @@ def dynamic_capacity(capacity: int) -> Iterator[list]:
         >>> len(trips)
         1
     """
-    check_positive("capacity", capacity)
+    check_positive("capacity", capacity, "dynamic_capacity")
     trip_counts: list = []
     frames = _frames()
     frames.append((int(capacity), trip_counts))

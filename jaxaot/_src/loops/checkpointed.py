@@ -161,7 +161,9 @@ def _linear_transpose(cts, *args, **params):
         # the loop), searched past that; a lax.cond per step would cost more than the lookup saves
         short = online_table_steps(k)
         ct, acc = lax.cond(n <= short, functools.partial(reverse, longest=short), reverse, ct, acc)
-    return [None] * n_plain + list(acc) + list(ct)
+    lt_avals = [a.aval for a in lt]  # the loop ran strongly typed: hand back the inputs' weak types
+    return [None] * n_plain + [C.typed_as(g, a) for g, a in zip(acc, lc_avals)] + [
+        C.typed_as(g, a) for g, a in zip(ct, lt_avals)]
 
 
 def _linear_jvp(primals, tangents, **params):

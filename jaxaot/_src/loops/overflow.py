@@ -143,13 +143,24 @@ def reraise_overflow() -> Iterator[None]:
         >>> bool(jax.numpy.isnan(g))  # a bare jit gets NaN
         True
     """
-    start = _RECORDED.count
+    start = overflow_mark()
     yield
+    raise_overflow_since(start)
+
+
+def overflow_mark() -> int:
+    """Where the overflows recorded so far end: :func:`raise_overflow_since` raises for those recorded after."""
+    return _RECORDED.count
+
+
+def raise_overflow_since(mark: int) -> None:
+    """Raise :class:`LoopOverflowError` if a loop overflowed since :func:`overflow_mark` gave ``mark``, once the
+    programs and callbacks run meanwhile are done (``jax.effects_barrier``, once any check was traced)."""
     if not _RECORDED.traced:
         return
     jax.effects_barrier()
     with _RECORDED.lock:
-        overflowed, message = _RECORDED.count != start, _RECORDED.message
+        overflowed, message = _RECORDED.count != mark, _RECORDED.message
     if overflowed:
         raise LoopOverflowError(message)
 

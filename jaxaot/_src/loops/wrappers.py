@@ -69,7 +69,8 @@ def _trace_fn(fn: Callable, treedef: Any, avals: list):
 
 def _check_cond(cond_jaxpr: Any, out_tree: Any) -> None:
     outs = C.out_avals_of(cond_jaxpr)
-    if out_tree.num_leaves != 1 or len(outs) != 1 or tuple(outs[0].shape) != () or outs[0].dtype != np.bool_:
+    if (not jax.tree_util.treedef_is_leaf(out_tree) or len(outs) != 1 or tuple(outs[0].shape) != ()
+            or outs[0].dtype != np.bool_):  # a bare scalar, as lax.while_loop asks: not (pred,) nor {'p': pred}
         got = ", ".join(_fmt(a) for a in outs) or "nothing"
         raise LoopFunctionError(
             f"while_loop: cond_fun must return a boolean scalar, but it returned {got} "
@@ -252,7 +253,7 @@ def while_loop_stack_output(
     _check_callable("body_fun", body_fun)
     if max_steps is None:
         raise InvalidLoopOptionError("while_loop_stack_output: max_steps is required (the number of rows).")
-    check_positive("max_steps", max_steps)
+    check_positive("max_steps", max_steps, "while_loop_stack_output")
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=True)
     if _disable_jit():
         try:

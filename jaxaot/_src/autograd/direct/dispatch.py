@@ -18,6 +18,7 @@ import jax
 
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
+from jaxaot._src.loops import reraise_overflow
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.runtime import AOTFunction, CacheInfo
 
@@ -50,6 +51,17 @@ def _built_on_first_call(build: Callable[[], Callable[..., Any]]) -> Callable[..
         return built[0](*args, **kwargs)
 
     return call
+
+
+def _overflow_checked(vg: Callable[..., Any]) -> Callable[..., Any]:
+    """``vg`` raising :class:`~jaxaot.errors.LoopOverflowError` when the call returns if a ``max_steps`` loop it
+    ran overflowed where JAX traced it (inside ``lax.cond``, ``lax.scan``, ``jax.checkpoint``, another loop), as an
+    ``aot_function`` call does (:func:`jaxaot.loops.reraise_overflow`)."""
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        with reraise_overflow():
+            return vg(*args, **kwargs)
+
+    return checked
 
 
 def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
@@ -174,8 +186,8 @@ def value_and_grad(
         return vg
     if isinstance(fun, AOTFunction):
         return function_value_and_grad(fun, argnums, has_aux, fused)
-    vg = module_dispatch(fun, argnums, has_aux, fused,
-                         _built_on_first_call(lambda: jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)))
+    vg = module_dispatch(fun, argnums, has_aux, fused, _built_on_first_call(
+        lambda: _overflow_checked(jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux))))
     if not hasattr(vg, "cache_info"):
         vg.cache_info = _nothing_compiled
     return vg

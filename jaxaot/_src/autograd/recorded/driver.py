@@ -22,6 +22,7 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
 from jaxaot._src.autograd.argnums import resolve_argnums
+from jaxaot._src.loops import overflow_mark, raise_overflow_since
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.recorded import call as K
 from jaxaot._src.autograd.recorded import capture as CAP
@@ -84,6 +85,12 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     plans = Plans(fun, PH.check_param_hooks(param_hooks), replay)
 
     def value_and_grad(*args: Any, **kwargs: Any):
+        mark = overflow_mark()
+        out = run(*args, **kwargs)
+        raise_overflow_since(mark)  # a max_steps loop that overflowed: raised as an aot_function call raises it
+        return out
+
+    def run(*args: Any, **kwargs: Any):
         quick = miss = None
         if (plans.replay and plans.mode == "lazy" and C.is_eval_trace(C.current_trace())
                 and not any(map(M.is_nnx_module, args))):
