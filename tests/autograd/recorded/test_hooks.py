@@ -113,11 +113,12 @@ def test_bad_hooks_raise_typed_errors_and_the_next_call_works():
 
 
 def test_forward_mode_passes_through_a_hook():
-    """``jax.jvp`` and ``jax.jacfwd`` compute no cotangent: a hooked value passes through as if unhooked, and a
-    Hessian (forward over reverse) still sees the hook on its gradient."""
+    """``jax.jvp`` and ``jax.jacfwd`` compute no cotangent: a hooked value passes through as if unhooked (and so
+    for a reverse pass over them), and a Hessian (forward over reverse) still sees the hook on its gradient."""
     plain = lambda x: jnp.sum(jnp.sin(x) ** 3)  # noqa: E731
     hooked = lambda x: jnp.sum(jnp.sin(jaxaot.grad_hook(x, lambda g: 2 * g)) ** 3)  # noqa: E731
     x, t = jax.random.normal(jax.random.key(0), (3,)), jax.random.normal(jax.random.key(1), (3,))
     chex.assert_trees_all_close(jax.jvp(hooked, (x,), (t,)), jax.jvp(plain, (x,), (t,)), rtol=1e-6)
     chex.assert_trees_all_close(jax.jacfwd(hooked)(x), jax.jacfwd(plain)(x), rtol=1e-6)
     chex.assert_trees_all_close(jax.hessian(hooked)(x), 2 * jax.hessian(plain)(x), rtol=1e-5)
+    chex.assert_trees_all_close(jax.jacrev(jax.jacfwd(hooked))(x), jax.jacrev(jax.jacfwd(plain))(x), rtol=1e-5)

@@ -152,7 +152,9 @@ def _apply_traced(x: Any, traced: Sequence[tuple[Any, list]]) -> Any:
 def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
     """``x`` unchanged; in the backward pass its cotangent becomes ``hook(cotangent)``.
 
-    Forward mode (``jax.jvp``, ``jax.jacfwd``) computes no cotangent: there ``x`` passes through untouched.
+    Forward mode (``jax.jvp``, ``jax.jacfwd``) computes no cotangent: there ``x`` passes through untouched, as
+    it does for a reverse pass over a forward-mode derivative (``jax.jacrev(jax.jacfwd(f))``); ``jax.hessian``'s
+    inner reverse pass runs the hook.
 
     Args:
       x: an array or pytree of arrays (concrete or traced).
