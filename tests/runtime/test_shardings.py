@@ -350,3 +350,72 @@ def test_arrays_committed_to_another_single_device_stay_there():
     for g in (jax.grad(f)(w, x), jaxaot.grad(f)(w, x), jaxaot.grad(f, fused=False)(w, x)):
         assert g.devices() == {device}
         assert_trees_close(g, want, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- out_shardings, every call path
+def _layer(w, x):
+    return jnp.tanh(x @ w)
+
+
+def _layer_args(seed):
+    k1, k2 = jax.random.split(_key(seed))
+    return jax.random.normal(k1, (8, 4)), jax.random.normal(k2, (16, 8))
+
+
+@needs_two
+def test_out_shardings_hold_under_jit_grad_and_the_fused_step_with_inputs_on_one_device():
+    """Uncommitted inputs, outputs pinned over a mesh: under ``jax.jit`` the outputs keep ``out_shardings`` (as
+    ``jit(jit(f, out_shardings=...))``), ``jax.value_and_grad`` runs (the backward takes residuals where the
+    forward made them), and ``jaxaot.value_and_grad`` returns its value where the call returns it."""
+    mesh = _mesh((N,), ("data",))
+    rows = NamedSharding(mesh, P("data"))
+    w, x = _layer_args(31)
+    f = jaxaot.aot_function(_layer, out_shardings=rows)
+    want = jax.jit(jax.jit(_layer, out_shardings=rows))(w, x)
+    got = jax.jit(f)(w, x)
+    assert got.sharding.is_equivalent_to(want.sharding, 2)
+    assert_trees_close(got, want)
+    loss = lambda f: lambda w, x: jnp.sum(f(w, x) ** 2)  # noqa: E731
+    assert_trees_close(jax.value_and_grad(loss(f))(w, x),
+                       jax.value_and_grad(loss(jax.jit(_layer, out_shardings=rows)))(w, x))
+    g = jaxaot.aot_function(loss(_layer), out_shardings=NamedSharding(mesh, P()))
+    value, _ = jaxaot.value_and_grad(g)(w, x)
+    assert value.sharding.is_equivalent_to(g(w, x).sharding, 0)
+
+
+@needs_two
+def test_out_shardings_that_do_not_divide_an_output_are_refused_as_jit_refuses_them():
+    mesh = _mesh((N,), ("data",))
+    cols = NamedSharding(mesh, P(None, "data"))  # 4 columns over N devices: N = 8 does not divide them
+    w, x = _layer_args(32)
+    wide = jnp.concatenate([w] * N, axis=1)  # N * 4 columns: divisible
+    assert jaxaot.aot_function(_layer, out_shardings=cols)(wide, x).sharding.is_equivalent_to(cols, 2)
+    if 4 % N:
+        with pytest.raises(ValueError):
+            jax.jit(_layer, out_shardings=cols)(w, x)
+        f = jaxaot.aot_function(_layer, out_shardings=cols)
+        with pytest.raises(InvalidValueError, match="output 0 .*f32\\[16,4\\].*evenly divide"):
+            f(w, x)
+        assert_trees_close(f(wide, x), _layer(wide, x))  # and it keeps working
+
+
+@needs_two
+def test_a_byte_budget_on_a_mesh_reads_bytes_per_device():
+    """A budget just over the fraction 1 plan's compiled per-device peak keeps that plan on a mesh, as on one
+    device: a plan's bytes, whole arrays, are spread over the devices before XLA says where each lives."""
+    mesh = _mesh((N,), ("data",))
+    k = jax.random.split(_key(33), 4)
+    params = _put([jax.random.normal(k[i], (32, 32)) / 6 for i in range(3)], mesh, [P()] * 3)
+    x = _put(jax.random.normal(k[3], (64, 32)), mesh, P("data"))
+
+    def loss(params, x):
+        for w in params:
+            x = jax.nn.gelu(x @ w)
+        return jnp.mean(x ** 2)
+
+    mc = jaxaot.partition.min_cut_rematerialization_partition
+    top = jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=mc(memory_budget=1.0)))
+    peak = top.lower(params, x).compile().peak_bytes
+    budgeted = jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=mc(memory_budget=int(peak * 1.05))))
+    assert len(budgeted.lower(params, x).saved) == len(top.lower(params, x).saved)
+    assert_trees_close(budgeted(params, x), jax.value_and_grad(loss)(params, x), rtol=1e-5, atol=1e-5)

@@ -31,8 +31,10 @@ def fused_program(training: TrainingLike, value_leaf: int = 0, barrier: str = "a
     partition, inputs and computed outputs, the loss at ``value_leaf``, the gradients where the placement
     pins them, and the variant's options."""
     p = training.programs
+    pins = [p.out_shardings[i] for i in p.computed_outputs]
     return step_program(training.partition, p.in_avals, training.out_avals, computed_outputs=p.computed_outputs,
-                        value_leaf=value_leaf, grad_pins=training.placement.grad_pins(), barrier=barrier,
+                        value_leaf=value_leaf, grad_pins=training.placement.grad_pins(),
+                        out_pins=pins if any(s is not None for s in pins) else None, barrier=barrier,
                         layouts=layouts, order=order, slices=slices, rederive=rederive)
 
 

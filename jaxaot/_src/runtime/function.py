@@ -152,13 +152,15 @@ class AOTFunction:
             raise _abstract_call_error(self.__name__)
         if kind is TraceKind.CONCRETE:
             outs = programs.infer(leaves)
-        elif kind is TraceKind.FORWARD_MODE:
-            # jax.custom_vjp refuses forward mode: inline the primal program instead.
-            outs = C.eval_closed(programs.primal, *leaves)
         else:
-            # Concrete leaves are not being differentiated: leave them out of the joint.
-            mask = tuple(C.is_tracer(x) for x in leaves)
-            outs = programs.training(mask).custom_vjp(*leaves)
+            if kind is TraceKind.FORWARD_MODE:
+                # jax.custom_vjp refuses forward mode: inline the primal program instead.
+                outs = C.eval_closed(programs.primal, *leaves)
+            else:
+                # Concrete leaves are not being differentiated: leave them out of the joint.
+                mask = tuple(C.is_tracer(x) for x in leaves)
+                outs = programs.training(mask).custom_vjp(*leaves)
+            outs = [o if sh is None else C.pin_sharding(o, sh) for o, sh in zip(outs, programs.out_shardings)]
         return jax.tree_util.tree_unflatten(programs.out_tree, outs)
 
     @_overflow_as_loop_error

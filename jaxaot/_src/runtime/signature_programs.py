@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.pytrees import format_aval
 from jaxaot._src.compile import Compiler, cached_compile, start_compile
 from jaxaot.errors import InvalidValueError, XlaCompileError
 from jaxaot._src.runtime import shardings as S
@@ -84,9 +85,12 @@ class SignaturePrograms:
         self.computed_outputs = [i for i, src in enumerate(self.output_is_input) if src is None]
         self.no_aliases = len(self.computed_outputs) == len(primal.outvars)
         self.inexact = tuple(C.is_inexact(a.dtype) for a in avals)
-        self.sharded = S.is_sharded(avals, sig.mesh)
-        self.mesh = S.mesh_of(avals) if self.sharded else None
         self.out_shardings = self._flat_out_shardings(options.out_shardings)
+        # Outputs pinned over several devices place the programs too: their residuals, made there, reach the
+        # backward there, whatever devices the inputs came from.
+        spread = [o for o in self.out_shardings if S.is_multi_device(o)]
+        self.sharded = S.is_sharded(avals, sig.mesh) or bool(spread)
+        self.mesh = (S.mesh_of(avals) or next((getattr(o, "mesh", None) for o in spread), None)) if self.sharded else None
         self._training: dict[tuple[bool, ...], TrainingPrograms] = {}
         # Guards the lazy builds of this signature (and of its TrainingPrograms); taken only
         # on a miss, so each stage is built once however many threads ask.
@@ -105,7 +109,15 @@ class SignaturePrograms:
             raise InvalidValueError(
                 f"out_shardings of {self.options.name} must be a sharding or a pytree prefix of the outputs "
                 f"({self.out_tree}): {e}") from None
-        return jax.tree_util.tree_leaves(full, is_leaf=is_sharding)
+        flat = jax.tree_util.tree_leaves(full, is_leaf=is_sharding)
+        for i, (sh, aval) in enumerate(zip(flat, C.out_avals_of(self.primal))):
+            try:
+                if sh is not None and hasattr(sh, "shard_shape"):
+                    sh.shard_shape(tuple(aval.shape))  # as jit's out_shardings: each sharded dimension divides
+            except ValueError as e:
+                raise InvalidValueError(f"out_shardings of {self.options.name}, output {i} ({format_aval(aval)}): "
+                                        f"{e}") from None
+        return flat
 
     def training(self, mask: Sequence[bool] | None = None) -> TrainingPrograms:
         """The training programs when the inputs in ``mask`` are differentiated (default: every inexact one)."""

@@ -264,7 +264,8 @@ def _split_compile(tr: TrainingPrograms, name: str) -> tuple:
     if name == tr.forward_name:
         aliased = set(tr.partition.saved_inputs) | {i for i in p.output_is_input if i is not None}
         return tr.options.fw_compiler, tr.forward_program, p.in_avals, aliased
-    return tr.options.bw_compiler, tr.backward_program, tr.backward_avals(), set()
+    avals = tr.backward_avals()  # cotangents and residuals: the function's donated leaves are not among them
+    return tr.options.bw_compiler, tr.backward_program, avals, set(range(len(avals)))
 
 
 def _split_exe(tr: TrainingPrograms, name: str) -> Any:

@@ -80,10 +80,12 @@ class _Candidate:
     pending: PendingPeak | None = None  # its compile, begun (:meth:`_Search.start`) and not yet read
     near: bool = False  # measured cheaply just over the budget: fits until measured exactly (:meth:`_Search.exact`)
     previewed: bool = False  # its peak a preview's (:meth:`_Search.start`): for predictions alone, never a fit
+    spread: int = 1  # the devices the step's inputs span (:func:`_spread`)
 
     @property
     def saved(self) -> int:
-        return int(self.part.device_saved_bytes)
+        """Saved device bytes per device, as if spread evenly (a budget and a compiled peak are per device)."""
+        return int(self.part.device_saved_bytes) // self.spread
 
 
 class _Search:
@@ -94,6 +96,7 @@ class _Search:
         self.by_key: dict[tuple, _Candidate] = {}
         self.fractions: dict[float, _Candidate] = {}  # fraction -> its plan (family None)
         self.slack = MEASURE_SLACK if measure_options(joint.in_avals)[0] in INEXACT else 0  # cheap peaks' excess
+        self.spread = _spread(joint.in_avals)
 
     def plan(self, fraction: float, family: str | None = None, priced: bool = True
              ) -> Generator[Request, Partition, _Candidate]:
@@ -105,7 +108,8 @@ class _Search:
         key = _plan_key(part)
         found = self.by_key.get(key)
         if found is None:
-            found = self.by_key[key] = _Candidate(part, fraction, family, self.seconds(part) if priced else None)
+            found = self.by_key[key] = _Candidate(part, fraction, family, self.seconds(part) if priced else None,
+                                                  spread=self.spread)
         elif family is None and found.family is None:
             found.fraction = max(found.fraction, fraction)
         if family is None:
@@ -175,7 +179,7 @@ class _Search:
         """Whether the plan's floor fits: the bytes every fused step of it holds at the hand-over to the backward
         (``held_bytes``, never above its compiled peak). A plan whose floor is over cannot fit, whatever the
         predictions say."""
-        return c.part.held_bytes <= self.budget
+        return c.part.held_bytes <= self.budget * self.spread  # on a mesh, a lower bound: each device holds a share
 
     def may_fit(self, c: _Candidate) -> bool:
         """Whether the unmeasured candidate is worth a compile: its floor fits (:meth:`floor_fits`), and it is
@@ -404,6 +408,12 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
     raise _nothing_fits(search)
 
 
+def _spread(avals: Sequence[Any]) -> int:
+    """How many devices the inputs span (1 off a mesh): a plan's bytes, whole arrays, held over that many devices
+    are at least that share on each, which is all the search assumes before XLA says where each value lives."""
+    return max((len(getattr(getattr(a, "sharding", None), "device_set", ())) for a in avals), default=1) or 1
+
+
 def _found(c: _Candidate, budget: int) -> Partition:
     return dataclasses.replace(c.part, step_peak=StepPeak(c.peak, budget=budget))
 
@@ -418,10 +428,11 @@ def _nothing_fits(search: _Search) -> MemoryBudgetError:
     _, holders = peak_holders(smallest.part)
     lines = "\n".join(f"  {format_bytes(n):>11}  {what}" for n, what in holders)
     budget = search.budget
+    where = "on the device" if search.spread == 1 else f"whole, over {search.spread} devices"
     return MemoryBudgetError(
         f"memory_budget={budget} bytes ({format_bytes(budget)}) is below the smallest compiled peak the planner "
         f"reaches for this step: {peak} bytes ({format_bytes(peak)}), with {len(smallest.part.residuals)} "
-        f"residuals ({format_bytes(smallest.part.device_saved_bytes)} on the device) and "
+        f"residuals ({format_bytes(smallest.part.device_saved_bytes)} {where}) and "
         f"{len(smallest.part.recomputed)} eqns recomputed. The largest values live at that peak (in program "
         f"order) are:\n{lines}\nRaise the budget to at least {peak} bytes, or shrink what holds the peak "
         f"(a smaller batch or sequence, fewer inputs on the device).",

@@ -124,13 +124,15 @@ def barred_residuals(part: Any, barrier: str) -> set[int]:
 
 
 def step_program(part: Any, in_avals: Sequence[Any], out_avals: Sequence[Any], *, computed_outputs: Sequence[int],
-                 value_leaf: int = 0, grad_pins: Sequence[Any] | None = None, barrier: str = "all",
+                 value_leaf: int = 0, grad_pins: Sequence[Any] | None = None,
+                 out_pins: Sequence[Any] | None = None, barrier: str = "all",
                  layouts: str = "auto", order: str = "xla", slices: bool = True, rederive: bool = False) -> Any:
     """The closed jaxpr ``inputs -> (outputs..., grads...)`` of one step of the partition ``part``.
 
     ``in_avals``: the inputs'; ``out_avals``: the joint graph's outputs' (the cotangents' types);
     ``computed_outputs``: the outputs the step returns (the others are inputs returned unchanged);
-    ``grad_pins``: per gradient, a sharding it is constrained to, or None;
+    ``grad_pins``: per gradient, a sharding it is constrained to, or None; ``out_pins``: the same per computed
+    output (``aot_function``'s ``out_shardings``);
     ``value_leaf`` the output whose cotangent is 1 (the loss); ``barrier``
     which residuals pass through ``optimization_barrier``: ``"all"``,
     ``"recomputed"`` (those the recomputation reads) or ``"none"`` (XLA may
@@ -180,6 +182,9 @@ def step_program(part: Any, in_avals: Sequence[Any], out_avals: Sequence[Any], *
         else:
             grads = C.eval_closed(backward, *unit, *residuals)
         grads = [g if s is None else C.pin_sharding(g, s) for g, s in zip(grads, pins)]
-        return [fwd[i] for i in computed_outputs] + grads
+        outs = [fwd[i] for i in computed_outputs]
+        if out_pins is not None:
+            outs = [o if s is None else C.pin_sharding(o, s) for o, s in zip(outs, out_pins)]
+        return outs + grads
 
     return jax.make_jaxpr(step)(*in_avals)
