@@ -279,6 +279,11 @@ def is_forward_mode_tracer(x: Any) -> bool:
     return isinstance(x, _ad.JVPTracer)
 
 
+def is_differentiated(x: Any) -> bool:
+    """Whether ``x`` is a tracer of ``jax.jvp``, ``jax.grad`` or ``jax.vjp``: a value being differentiated."""
+    return isinstance(x, (_ad.JVPTracer, _ad.LinearizeTracer))
+
+
 def concrete_primal(x: Any) -> Any:
     """The concrete array under an eager ``jax.grad``/``jax.vjp``/``jax.jvp`` tracer, else None.
 
@@ -400,7 +405,7 @@ def host_value(x: Any) -> np.ndarray:
 #: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
 #: ``saved_residuals`` serve the tests.
 __all__ = [
-    "typed_as",
+    "is_differentiated", "typed_as",
     "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr",
     "Primitive", "Tracer",
     "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",

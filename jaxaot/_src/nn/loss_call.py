@@ -23,6 +23,7 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from flax import nnx
 
 from jaxaot._src import compat as C
@@ -43,11 +44,18 @@ class LossCall:
     has_aux: bool
     wrapper: Any = None
     programs: Any = None
+    reads: tuple = ()  #: :func:`closure_key` of ``fun`` when traced: another value traces again
+    statics: tuple = ()  #: ``(index among the other arguments, value)`` of the Python values passed (:func:`split_statics`)
+    static_kwargs: tuple = ()  #: ``(name, value)`` of the Python values passed by keyword
 
     def __call__(self, module: nnx.Module, *args: Any, **kwargs: Any) -> Any:
         if self.wrapper is not None:
             module = self.wrapper._wrap(module, self.programs)
-        return self.fun(*args[: self.position], module, *args[self.position:], **kwargs)
+        if self.statics:
+            args = list(args)
+            for i, value in self.statics:
+                args.insert(i, value)
+        return self.fun(*args[: self.position], module, *args[self.position:], **kwargs, **dict(self.static_kwargs))
 
     @property
     def __name__(self) -> str:  # CallStatic's repr names the method
@@ -64,6 +72,81 @@ def _needs_nnx(args: tuple, kwargs: dict) -> bool:
 
 _ARRAY = C.ArrayImpl
 _MAX_LOSS_STATICS = 64  # a new loss function per step (a lambda made in the loop) compiles anew anyway
+
+
+def split_statics(args: tuple, kwargs: dict) -> tuple[tuple, tuple, tuple, dict]:
+    """``(static positional, other positional, static keywords, other keywords)``: the Python values among a loss's
+    other arguments (a bool flag, a count, a string, a function; hashable and no array) are passed to it as they
+    are, as ``nnx.value_and_grad`` passes them, and key its program (each new value traces it again); arrays and
+    pytrees of them are the program's inputs."""
+    def static(x: Any) -> bool:
+        if isinstance(x, (jax.Array, np.ndarray, np.generic, list, dict, _FLAX_OBJECTS)) or C.is_tracer(x):
+            return False
+        if isinstance(x, tuple) or not (isinstance(x, _SCALARS) or callable(x)):
+            return False
+        try:
+            hash(x)
+        except TypeError:
+            return False
+        return True
+
+    if not kwargs and all(type(a) is _ARRAY for a in args):  # the common case: arrays only
+        return (), args, (), kwargs
+    statics = tuple((i, a) for i, a in enumerate(args) if static(a))
+    at = {i for i, _ in statics}
+    static_kwargs = tuple((k, v) for k, v in kwargs.items() if static(v))
+    named = {k for k, _ in static_kwargs}
+    return (statics, tuple(a for i, a in enumerate(args) if i not in at), static_kwargs,
+            {k: v for k, v in kwargs.items() if k not in named})
+
+
+#: How far :func:`closure_key` looks into containers: deeper or larger ones are named by identity.
+_KEY_DEPTH, _KEY_ITEMS = 3, 64
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def closure_key(fun: Callable[..., Any]) -> tuple:
+    """What ``fun`` reads besides its arguments, as a key: its closure's values and the module globals its code
+    names (nested functions' too). Numbers and strings by value, small dicts, lists and tuples of them by
+    their contents; arrays and other objects by identity; modules, functions and classes not at all.
+    ``nnx.value_and_grad`` runs ``fun``'s Python at every call, so a loss weight in a global, or a target array
+    a global names, changed between steps, is read anew; a traced loss program reads them anew when this key
+    changes (an array written in place is not seen, as under ``jit``)."""
+    code = getattr(fun, "__code__", None)
+    if code is None:
+        return ()
+    parts = [_read_key(c.cell_contents) for c in (getattr(fun, "__closure__", None) or ()) if _filled(c)]
+    scope = getattr(fun, "__globals__", {})
+    for name in sorted(_names(code)):
+        value = scope.get(name, _read_key)
+        if value is not _read_key and not isinstance(value, (type(jax), type, type(closure_key))) and not callable(value):
+            parts.append((name, _read_key(value)))
+    return tuple(parts)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _names(code: Any) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            names |= _names(c)
+    return names
+
+
+def _read_key(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, _SCALARS):
+        return (type(value), value)
+    if depth < _KEY_DEPTH and isinstance(value, (dict, list, tuple)) and len(value) <= _KEY_ITEMS:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return (type(value), tuple((k, _read_key(v, depth + 1)) for k, v in items))
+    return C.ById(value)  # kept alive with the key: an id is never reused while the key holds it
 
 
 class PreparedLoss:
@@ -88,6 +171,7 @@ class PreparedLoss:
            has_aux: bool) -> "PreparedLoss | None":
         """The prepared call, or None where it must be ``nnx.value_and_grad`` itself."""
         rest = args[:position] + args[position + 1:]
+        statics, rest, static_kwargs, kwargs = split_statics(rest, kwargs)
         split = split_of(model, model.wrapped)
         if split.traced or _needs_nnx(rest, kwargs):
             return None
@@ -95,14 +179,20 @@ class PreparedLoss:
             split._statics.clear()
 
         def build() -> CallStatic:
-            method = LossCall(fun, position, has_aux, type(model), model.programs)
+            method = LossCall(fun, position, has_aux, type(model), model.programs, reads, statics, static_kwargs)
             check_static("loss function", method)
             return CallStatic(split.graphdef, method, (), (), param_tree=split.param_tree)
 
-        static = split.static(("loss", fun, position, has_aux), build)
+        reads = closure_key(fun)
+        static = split.static(("loss", fun, position, has_aux, reads, statics, static_kwargs), build)
         params, state = split.leaves()
         inputs = (static, params, FrozenState.of_leaves(split.rest_tree, state, False), *rest)
         return cls(model, split, inputs, params + state, rest, kwargs)
+
+    @property
+    def kwargs(self) -> dict:
+        """The keyword arguments the loss program takes (the Python values among them are its statics)."""
+        return self._kwargs
 
     def finish(self, delta: Any, grads: list) -> nnx.State:
         """Write the changed state (the loss program's ``StateDelta``, or None) back into the module,

@@ -195,6 +195,12 @@ class ModuleCall:
         self.params_input = leaves[0] if static.param_tree is not None else state[0]
         if rest_tree is None:
             rest_tree = jax.tree_util.tree_structure(state[1])
+        if freeze and any(map(C.is_differentiated, leaves[1])):
+            raise InvalidInputError(
+                "a Variable of the module that is not an nnx.Param is being differentiated (nnx.grad with "
+                "nnx.DiffState, or an optimizer's wrt, selecting it): aot_module differentiates nnx.Param state only "
+                "and would return zeros for it. Make that Variable an nnx.Param (a subclass of it), or differentiate "
+                "the module without aot_module.")
         self.frozen = FrozenState.of_leaves(rest_tree, leaves[1], freeze)
 
     @property

@@ -32,6 +32,7 @@ from flax import nnx
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import leaf_paths
+from jaxaot._src.nn.split_cache import same_graph, snapshot
 from jaxaot._src.nn.traversal import recall
 from jaxaot._src.nn.update_cache import UPDATE_NAME, UpdateCache
 from jaxaot._src.runtime import CacheInfo
@@ -166,13 +167,14 @@ def _flat_opt_state(optimizer: nnx.Optimizer) -> tuple[list, Any, bool]:
 
     The update writes new values into these Variables (as ``nnx.update`` does), so the structure
     stays; a new ``opt_state`` object (``nnx.Optimizer.update`` under a trace, a user's
-    assignment) is flattened anew.
+    assignment), or one whose containers hold other values (``opt_state.hyperparams['learning_rate'] = ...``), is
+    flattened anew.
     """
     state = optimizer.opt_state
     kept = _OPT_STATES.get(optimizer)
-    if kept is None or kept[0] is not state:
+    if kept is None or kept[0] is not state or not same_graph(kept[4]):
         variables, tree = jax.tree_util.tree_flatten(state, is_leaf=_is_variable)
-        kept = (state, variables, tree, _all_plain(variables))
+        kept = (state, variables, tree, _all_plain(variables), snapshot(state))
         _OPT_STATES[optimizer] = kept
     return kept[1], kept[2], kept[3]
 

@@ -3,8 +3,9 @@
 ``nnx.split`` and hashing its ``GraphDef`` on every eager call can cost more than a
 step's arithmetic. :class:`ModuleSplit` keeps the split, with the cache keys built
 once, and checks on each use, by the identities of every graph node's attributes,
-that it still describes the module (:meth:`ModuleSplit.unchanged`); any assignment
-or replaced Variable rebuilds it (a change inside a Variable's metadata goes unseen).
+that it still describes the module (:meth:`ModuleSplit.unchanged`); any assignment,
+replaced Variable, or Variable whose pytree value took another structure (a dict's keys, a sown
+tuple) rebuilds it (a change inside a Variable's metadata goes unseen).
 Values are read from the live Variables on every call, so an update never needs a
 new split.
 
@@ -67,6 +68,24 @@ def _snapshot(containers: list) -> list[tuple[Any, tuple | None, tuple]]:
             for c in containers]
 
 
+def snapshot(root: Any) -> list[tuple[Any, tuple | None, tuple]]:
+    """What :func:`same_graph` compares: every container of ``root``'s graph with its keys and its values' identities."""
+    return _snapshot(_containers(root))
+
+
+def same_graph(taken: list[tuple[Any, tuple | None, tuple]]) -> bool:
+    """Whether every container :func:`snapshot` saw still holds the same keys and the very same values."""
+    for items, keys, values in taken:
+        if len(items) != len(values):
+            return False
+        if keys is None:
+            if not all(map(_is_, items, values)):
+                return False
+        elif not (all(map(_is_, items.values(), values)) and tuple(items) == keys):
+            return False
+    return True
+
+
 class ModuleSplit:
     """``nnx.split(module, nnx.Param, ...)`` with the live Variables in the programs' flat order.
 
@@ -93,19 +112,15 @@ class ModuleSplit:
                       and all(isinstance(v.get_raw_value(), (jax.Array, np.ndarray))
                               for v in self.param_vars + self.rest_vars))
         self._snapshot = _snapshot(_containers(module))
+        # A Variable holding a pytree (a dict, a sown tuple): the programs read its leaves by that structure.
+        self._value_trees = [] if self.plain else [
+            (v, jax.tree_util.tree_structure(v.get_raw_value())) for v in self.param_vars + self.rest_vars
+            if not isinstance(v.get_raw_value(), (jax.Array, np.ndarray))]
         self._statics: dict[Any, Any] = {}
 
     def unchanged(self) -> bool:
         """Whether the module's structure is still the one split (see the module docstring)."""
-        for items, keys, values in self._snapshot:
-            if len(items) != len(values):
-                return False
-            if keys is None:
-                if not all(map(_is_, items, values)):
-                    return False
-            elif not (all(map(_is_, items.values(), values)) and tuple(items) == keys):
-                return False
-        return True
+        return same_graph(self._snapshot) and all(jax.tree_util.tree_structure(v.get_raw_value()) == tree for v, tree in self._value_trees)
 
     def leaves(self) -> tuple[list, list]:
         """``(parameter leaves, other state leaves)``, read from the live Variables now."""
@@ -165,4 +180,4 @@ def write_back(module: nnx.Module, split: ModuleSplit, delta: Any, inputs: Calla
     return True
 
 
-__all__ = ["ModuleSplit", "split_of", "write_back"]
+__all__ = ["ModuleSplit", "same_graph", "snapshot", "split_of", "write_back"]

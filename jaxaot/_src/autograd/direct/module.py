@@ -68,6 +68,6 @@ def module_value_and_grad(fun: Callable[..., Any], position: int, args: tuple, k
     loss = PreparedLoss.of(model, fun, position, args, kwargs, has_aux)
     if loss is None:
         return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
-    (value, (aux, delta)), grads = _gradient_of(model.loss_program, fused)(*loss.inputs, **kwargs)
+    (value, (aux, delta)), grads = _gradient_of(model.loss_program, fused)(*loss.inputs, **loss.kwargs)
     grads = loss.finish(delta, grads)
     return ((value, aux), grads) if has_aux else (value, grads)
