@@ -1,9 +1,9 @@
 """``aot_module``, its losses and ``jaxaot.nn.Optimizer`` behave as eager ``flax.nnx`` where Flax's rules decide.
 
-A Variable whose pytree value takes another structure (a dict's keys, a sown tuple) is read with the structure it has at the call; a loss
-reads the globals and Python arguments it is given at each call, as ``nnx.value_and_grad`` runs its Python; an
-optimizer state written in place is the one the update uses; a Variable that aot_module cannot differentiate is
-refused, not given zeros. Each against plain ``flax.nnx`` on fresh random inputs.
+A Variable whose pytree value takes another structure (a dict's keys, a sown tuple) is read with the structure it
+has at the call; a loss reads the globals and Python arguments it is given at each call, as ``nnx.value_and_grad``
+runs its Python; an optimizer state written in place is the one the update uses; a Variable that aot_module cannot
+differentiate is refused, not given zeros. Each against plain ``flax.nnx`` on fresh random inputs.
 """
 
 from __future__ import annotations

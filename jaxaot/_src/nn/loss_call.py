@@ -45,7 +45,8 @@ class LossCall:
     wrapper: Any = None
     programs: Any = None
     reads: tuple = ()  #: :func:`closure_key` of ``fun`` when traced: another value traces again
-    statics: tuple = ()  #: ``(index among the other arguments, value)`` of the Python values passed (:func:`split_statics`)
+    #: ``(index among the other arguments, value)`` of the Python values passed (:func:`split_statics`)
+    statics: tuple = ()
     static_kwargs: tuple = ()  #: ``(name, value)`` of the Python values passed by keyword
 
     def __call__(self, module: nnx.Module, *args: Any, **kwargs: Any) -> Any:
@@ -119,8 +120,8 @@ def closure_key(fun: Callable[..., Any]) -> tuple:
     scope = getattr(fun, "__globals__", {})
     for name in sorted(_names(code)):
         value = scope.get(name, _read_key)
-        if value is not _read_key and not isinstance(value, (type(jax), type, type(closure_key))) and not callable(value):
-            parts.append((name, _read_key(value)))
+        if value is not _read_key and not isinstance(value, (type(jax), type)) and not callable(value):
+            parts.append((name, _read_key(value)))  # modules, classes and functions: their code is not a value
     return tuple(parts)
 
 

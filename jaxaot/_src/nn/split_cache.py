@@ -69,7 +69,7 @@ def _snapshot(containers: list) -> list[tuple[Any, tuple | None, tuple]]:
 
 
 def snapshot(root: Any) -> list[tuple[Any, tuple | None, tuple]]:
-    """What :func:`same_graph` compares: every container of ``root``'s graph with its keys and its values' identities."""
+    """What :func:`same_graph` compares: every container of ``root``'s graph, its keys, its values' identities."""
     return _snapshot(_containers(root))
 
 
@@ -120,7 +120,8 @@ class ModuleSplit:
 
     def unchanged(self) -> bool:
         """Whether the module's structure is still the one split (see the module docstring)."""
-        return same_graph(self._snapshot) and all(jax.tree_util.tree_structure(v.get_raw_value()) == tree for v, tree in self._value_trees)
+        return same_graph(self._snapshot) and all(
+            jax.tree_util.tree_structure(v.get_raw_value()) == tree for v, tree in self._value_trees)
 
     def leaves(self) -> tuple[list, list]:
         """``(parameter leaves, other state leaves)``, read from the live Variables now."""

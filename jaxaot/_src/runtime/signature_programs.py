@@ -90,7 +90,8 @@ class SignaturePrograms:
         # backward there, whatever devices the inputs came from.
         spread = [o for o in self.out_shardings if S.is_multi_device(o)]
         self.sharded = S.is_sharded(avals, sig.mesh) or bool(spread)
-        self.mesh = (S.mesh_of(avals) or next((getattr(o, "mesh", None) for o in spread), None)) if self.sharded else None
+        self.mesh = None if not self.sharded else (
+            S.mesh_of(avals) or next((getattr(o, "mesh", None) for o in spread), None))
         self._training: dict[tuple[bool, ...], TrainingPrograms] = {}
         # Guards the lazy builds of this signature (and of its TrainingPrograms); taken only
         # on a miss, so each stage is built once however many threads ask.

@@ -135,8 +135,9 @@ class Call:
 
 def quick_key(args: tuple, kwargs: dict, context: Any) -> tuple[tuple, list] | None:
     """``(key, leaves)`` of a call from one flatten of its arguments: their tree, the keywords' order,
-    each leaf's aval (a device array) or :func:`static_key`, ``context`` and the :func:`placement`; None when some leaf is
-    another kind of array or a tracer. Equal keys mean equal :meth:`Call.key` (the converse may fail)."""
+    each leaf's aval (a device array) or :func:`static_key`, ``context`` and the :func:`placement`;
+    None when some leaf is another kind of array or a tracer. Equal keys mean equal :meth:`Call.key` (the
+    converse may fail)."""
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs) if kwargs else args)
     if set(map(type, leaves)) <= _ONLY_ARRAYS:  # the common case: device arrays alone
         return (tree, tuple(kwargs), tuple([x.aval for x in leaves]), context, placement(leaves)), leaves

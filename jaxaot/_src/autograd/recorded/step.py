@@ -200,8 +200,9 @@ def call(exe: Any, structure: Structure, diff: Sequence[Any], args: Sequence[Any
             jax.value_and_grad(lambda d: T.replay(program, d, args)[loss_vid])(list(diff))
         except C.InternalFloatingPointError as e:  # a jitted call inside the program, bound as a primitive
             raise FloatingPointError(f"invalid value ({e.ty}) encountered in {e.name}") from None
-        raise FloatingPointError("the compiled step produced a NaN or Inf that running its operations one by one "
-                                 "does not reproduce (XLA's fusion or precision differs): look at its outputs.") from None
+        raise FloatingPointError(
+            "the compiled step produced a NaN or Inf that running its operations one by one does not reproduce "
+            "(XLA's fusion or precision differs): look at its outputs.") from None
 
 
 def outputs(kept: Sequence[Any], tree: Any, outs: Sequence[Any]) -> Any:
