@@ -120,3 +120,22 @@ def test_differentiating_a_variable_aot_module_cannot_differentiate_is_refused_a
     with pytest.raises(InvalidInputError, match="not an nnx.Param is being differentiated"):
         nnx.grad(loss, argnums=nnx.DiffState(0, Scale))(aot, x)
     chex.assert_trees_all_close(nnx.grad(loss)(aot, x), nnx.grad(loss)(plain, x), rtol=1e-5)
+
+
+def test_a_python_number_the_loss_computes_with_compiles_once_and_one_it_reads_is_static():
+    plain, aot = nnx.Linear(4, 2, rngs=nnx.Rngs(0)), jaxaot.nn.aot_module(nnx.Linear(4, 2, rngs=nnx.Rngs(0)))
+    x = _x((6, 4))
+
+    def weighted(m, x, beta):
+        return beta * jnp.mean(m(x) ** 2)
+
+    def sliced(m, x, n):
+        return jnp.mean(m(x[:n]) ** 2)
+
+    vg = jaxaot.value_and_grad(weighted)
+    for beta in (0.5, 1.5, 2.5):  # an input of the program: one compile
+        chex.assert_trees_all_close(vg(aot, x, beta), nnx.value_and_grad(weighted)(plain, x, beta), rtol=1e-5)
+    assert len(vg.cache_info().entries) == 1
+    for n in (2, 4, 2):  # read by Python (a slice bound): the loss's static, one program per value
+        chex.assert_trees_all_close(jaxaot.value_and_grad(sliced)(aot, x, n),
+                                    nnx.value_and_grad(sliced)(plain, x, n), rtol=1e-5)

@@ -75,15 +75,18 @@ _ARRAY = C.ArrayImpl
 _MAX_LOSS_STATICS = 64  # a new loss function per step (a lambda made in the loop) compiles anew anyway
 
 
-def split_statics(args: tuple, kwargs: dict) -> tuple[tuple, tuple, tuple, dict]:
+def split_statics(args: tuple, kwargs: dict, numbers: bool = False) -> tuple[tuple, tuple, tuple, dict]:
     """``(static positional, other positional, static keywords, other keywords)``: the Python values among a loss's
-    other arguments (a bool flag, a count, a string, a function; hashable and no array) are passed to it as they
-    are, as ``nnx.value_and_grad`` passes them, and key its program (each new value traces it again); arrays and
-    pytrees of them are the program's inputs."""
+    other arguments (a bool flag, a string, a function; hashable and no array) are passed to it as they are, as
+    ``nnx.value_and_grad`` passes them, and key its program (each new value traces it again); arrays and pytrees of
+    them are the program's inputs. Python numbers are inputs too (a loss weight given each step compiles once),
+    unless ``numbers``: for a loss whose Python reads their values (``x[:n]``, ``if beta > 0``)."""
     def static(x: Any) -> bool:
         if isinstance(x, (jax.Array, np.ndarray, np.generic, list, dict, _FLAX_OBJECTS)) or C.is_tracer(x):
             return False
         if isinstance(x, tuple) or not (isinstance(x, _SCALARS) or callable(x)):
+            return False
+        if not numbers and isinstance(x, (int, float, complex)) and not isinstance(x, bool):
             return False
         try:
             hash(x)
@@ -169,10 +172,11 @@ class PreparedLoss:
 
     @classmethod
     def of(cls, model: nnx.Module, fun: Callable[..., Any], position: int, args: tuple, kwargs: dict,
-           has_aux: bool) -> "PreparedLoss | None":
-        """The prepared call, or None where it must be ``nnx.value_and_grad`` itself."""
+           has_aux: bool, numbers: bool = False) -> "PreparedLoss | None":
+        """The prepared call, or None where it must be ``nnx.value_and_grad`` itself; ``numbers``: Python numbers
+        among the arguments are static (:func:`split_statics`)."""
         rest = args[:position] + args[position + 1:]
-        statics, rest, static_kwargs, kwargs = split_statics(rest, kwargs)
+        statics, rest, static_kwargs, kwargs = split_statics(rest, kwargs, numbers)
         split = split_of(model, model.wrapped)
         if split.traced or _needs_nnx(rest, kwargs):
             return None
@@ -208,4 +212,9 @@ class PreparedLoss:
         return state
 
 
-__all__ = ["LossCall", "PreparedLoss"]
+def has_numbers(args: tuple, kwargs: dict) -> bool:
+    """Whether a call passes Python numbers (not bools) at the top level of its arguments."""
+    return any(isinstance(a, (int, float, complex)) and not isinstance(a, bool) for a in (*args, *kwargs.values()))
+
+
+__all__ = ["LossCall", "PreparedLoss", "has_numbers", "split_statics"]

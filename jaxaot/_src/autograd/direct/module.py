@@ -24,11 +24,12 @@ import threading
 import weakref
 from typing import Any, Callable
 
+import jax
 from flax import nnx
 
 from jaxaot._src.autograd.direct.flax_functions import FLAX_VALUE_AND_GRAD
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
-from jaxaot._src.nn import AOTModule, PreparedLoss
+from jaxaot._src.nn import AOTModule, PreparedLoss, has_numbers
 from jaxaot._src.runtime import AOTFunction
 
 #: Per loss program, the fused and split ``value_and_grad`` of it (each keeps its per-signature plans).
@@ -58,16 +59,34 @@ def is_flax_module(x: Any) -> bool:
     return isinstance(x, nnx.Module)
 
 
+#: Loss functions whose Python read the value of a number they were given (:func:`module_value_and_grad`).
+_READS_NUMBERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
 def module_value_and_grad(fun: Callable[..., Any], position: int, args: tuple, kwargs: dict, has_aux: bool,
                           fused: bool) -> Any:
     """``nnx.value_and_grad(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)``, as one compiled step.
 
     ``args[position]`` is an :class:`~jaxaot._src.nn.AOTModule`.
     """
+    return _run_loss(fun, position, args, kwargs, has_aux, fused, fun in _READS_NUMBERS)
+
+
+def _run_loss(fun: Callable[..., Any], position: int, args: tuple, kwargs: dict, has_aux: bool, fused: bool,
+              numbers: bool) -> Any:
     model = args[position]
-    loss = PreparedLoss.of(model, fun, position, args, kwargs, has_aux)
+    loss = PreparedLoss.of(model, fun, position, args, kwargs, has_aux, numbers)
     if loss is None:
         return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
-    (value, (aux, delta)), grads = _gradient_of(model.loss_program, fused)(*loss.inputs, **loss.kwargs)
+    try:
+        (value, (aux, delta)), grads = _gradient_of(model.loss_program, fused)(*loss.inputs, **loss.kwargs)
+    except (jax.errors.ConcretizationTypeError, IndexError):
+        if numbers or not has_numbers(args, kwargs):
+            raise
+        try:
+            _READS_NUMBERS.add(fun)  # its Python reads a number it was given: numbers are its statics from now on
+        except TypeError:
+            pass  # not weakly referable: each call finds it out again
+        return _run_loss(fun, position, args, kwargs, has_aux, fused, True)
     grads = loss.finish(delta, grads)
     return ((value, aux), grads) if has_aux else (value, grads)
