@@ -22,7 +22,7 @@ from jaxaot._src.parallel import Action, Schedule, simulate
 from jaxaot._src.parallel.training_pipeline import pipeline
 from jaxaot._src.parallel.simulator import OpTimes, simulate_lockstep
 from jaxaot._src.parallel.spmd import StageParams, plan
-from pipeline_models import gpt_model, mlp_model, mlp_stage, mse, unpipelined
+from pipeline_models import gpt_model, mlp_model, mlp_stage, mse, unpipelined, widening_stage
 from zoo import assert_trees_close, key_stream
 
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -226,6 +226,27 @@ def test_stage_data_model_mesh_shards_each_stage_as_param_specs_say():
     assert all(g.sharding == p.sharding for g, p in zip(grads.entries, packed.entries))
     back = step.unshard_params(packed)
     assert back[1]["w"].sharding.spec == P(None, "model") and len(back[1]["w"].devices()) == 4
+
+
+def test_param_specs_that_do_not_divide_a_parameter_and_params_packed_on_another_mesh_are_named():
+    n = devices_available()
+    if n < 4:
+        pytest.skip(f"a 2 x 2 mesh needs 4 devices; {jax.device_count()} here")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("stage", "model"))
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=8)
+    odd = [{"w_in": jnp.ones((8, 3)), "w_out": jnp.ones((3, 8))}] * 2  # a hidden width of 3 over 2 devices
+    widening = pipeline([widening_stage] * 2, loss_fn, schedule="1f1b", num_microbatches=2, mesh=mesh,
+                        param_specs=[{"w_in": P(None, "model"), "w_out": P("model", None)}] * 2)
+    with pytest.raises(InvalidValueError, match=r"param_specs\[0\]\['w_in'\].*\(8, 3\).*does not divide 3"):
+        widening(odd, x, t)
+    step = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=2, mesh=mesh,
+                    param_specs=[{"w": P(None, "model"), "b": P("model")}] * 2)
+    other = pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=2,
+                     mesh=jax.sharding.Mesh(np.array(jax.devices()[:2]), ("stage",)))
+    with pytest.raises(InvalidInputError, match="packed for another pipeline, mesh or signature"):
+        other(step.shard_params(params, x, t), x, t)
+    loss, grads = other(params, x, t)  # both steps keep working
+    np.testing.assert_allclose(loss, unpipelined(stages, loss_fn, 2)(params, x, t)[0], **TOL)
 
 
 def test_compiled_pass_times_time_every_pass_of_every_stage():

@@ -11,6 +11,7 @@ first run. Parameters go in as per-stage trees or packed
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -180,9 +181,11 @@ class CompiledExecutor:
         packed_in = isinstance(params, packing.StageParams)
         packed = params if packed_in else packing.pack(params, c.layouts.params, self.stage_device, self.mesh,
                                                       self.axes.stage)
-        if packed.layout != c.layouts.params:
-            raise InvalidInputError("these StageParams were packed for another pipeline or signature: pack them "
-                                    "with this step's shard_params for these inputs.")
+        if packed.layout != c.layouts.params or any(
+                getattr(e.sharding, "mesh", self.mesh) != self.mesh for e in packed.entries[:1]):
+            raise InvalidInputError("these StageParams were packed for another pipeline, mesh or signature: unpack "
+                                    "them with that step's unshard_params and pack them with this step's shard_params "
+                                    "for these inputs.")
         args = (list(packed.entries), self.place(inputs), self.place(targets))
         self._executable(c, args)
         if not c.fits:
@@ -228,6 +231,9 @@ class CompiledExecutor:
                     raise InvalidValueError(
                         f"param_specs[{s}] shards over {bad}, but a stage's parameters may only be sharded over "
                         f"the mesh's other axes {self.axes.auto} (not the pipeline or data axes).")
+            paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(avals)[0]]
+            for path, leaf, aval in zip(paths, flat, jax.tree_util.tree_leaves(avals)):
+                _check_divides(s, path, leaf, aval, self.mesh)
             out.append(flat)
         return out
 
@@ -264,3 +270,17 @@ class CompiledExecutor:
 def _signature(param_avals: Sequence[Any], inputs: Any, targets: Any) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten((list(param_avals), inputs, targets))
     return treedef, tuple((tuple(np.shape(x)), jnp.result_type(x)) for x in leaves)
+
+
+def _check_divides(stage: int, path: str, spec: Any, aval: Any, mesh: jax.sharding.Mesh) -> None:
+    """Refuse a parameter's ``PartitionSpec`` whose mesh axes do not divide the dimension they split, naming the
+    parameter (XLA would name the stages' packed array instead)."""
+    for dim, axes in enumerate(spec or ()):
+        if axes is None or dim >= len(aval.shape):
+            continue
+        size = math.prod(mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,)))
+        if aval.shape[dim] % size:
+            raise InvalidValueError(
+                f"param_specs[{stage}]{path} = {spec} splits dimension {dim} of a {tuple(aval.shape)} parameter over "
+                f"{size} devices, which does not divide {aval.shape[dim]}: choose axes whose sizes divide it, or "
+                f"leave that dimension unsharded (None).")
