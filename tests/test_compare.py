@@ -6,6 +6,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from zoo import assert_trees_close, mlp_args, mlp_gelu
 
@@ -135,3 +136,11 @@ def test_the_inspecting_page_example_runs_as_written(capsys):
     exec(compile(block, str(INSPECTING), "exec"), {})
     out = capsys.readouterr().out
     assert "jaxaot memory_budget=0.0" in out and "jax.checkpoint(nothing_saveable)" in out and REFERENCE in out
+
+
+def test_a_nan_anywhere_in_the_gradients_makes_the_difference_nan_and_policies_may_not_take_reserved_names():
+    assert np.isnan(max_abs_diff((1.0, [np.array([np.nan, 1.0])]), (1.0, [np.ones(2)])))
+    assert max_abs_diff((1.0, [np.array([np.inf])]), (1.0, [np.array([np.inf])])) == 0.0  # equal infinities
+    with pytest.raises(InvalidValueError, match="names of the reference"):
+        jaxaot.compare(lambda w: jnp.sum(w ** 2), jnp.ones(3), budgets=(1.0,), rounds=1, calls=1,
+                       policies={"jax.jit(jax.value_and_grad)": jax.checkpoint_policies.nothing_saveable})

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
 from jaxaot._src.autograd import value_and_grad
@@ -201,17 +202,27 @@ def time_rounds(programs: Mapping[str, Callable[[], Any]], *, rounds: int = 7, c
 
 
 def max_abs_diff(got: Any, want: Any) -> float:
-    """The largest absolute difference between the leaves of two pytrees (inf if their leaf counts differ).
+    """The largest absolute difference between the leaves of two pytrees (inf if their leaf counts differ). Equal
+    values differ by 0 (an infinity included); a NaN on either side makes the result NaN, wherever it is.
 
     Example:
         >>> max_abs_diff((jnp.float32(1.0), [jnp.ones(2)]), (jnp.float32(1.5), [jnp.zeros(2)]))
         1.0
+        >>> max_abs_diff((1.0, [jnp.array([jnp.nan])]), (1.0, [jnp.ones(1)]))
+        nan
     """
     a, b = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
     if len(a) != len(b):
         return float("inf")
-    diffs = [float(jnp.max(jnp.abs(jnp.asarray(x) - jnp.asarray(y)))) for x, y in zip(a, b) if jnp.size(y)]
-    return max(diffs, default=0.0)
+    diffs = [np.max(np.where(x == y, 0.0, np.abs(x - y))) for x, y in map(_wide, a, b) if y.size]
+    return float(np.max(diffs)) if diffs else 0.0
+
+
+def _wide(x: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Both leaves as float64 (complex128 where either is complex), to compare without overflow or rounding."""
+    x, y = np.asarray(x), np.asarray(y)
+    dtype = np.complex128 if np.iscomplexobj(x) or np.iscomplexobj(y) else np.float64
+    return x.astype(dtype), y.astype(dtype)
 
 
 def _check(fn: Any, args: tuple, budgets: Any, argnums: Any, rounds: Any, calls: Any) -> list[Any]:
@@ -257,6 +268,10 @@ def _policies(policies: Any) -> dict[str, Callable]:
         if bad:
             raise InvalidInputError(f"policies of compare maps names to checkpoint policies (callables); "
                                     f"not so for {bad!r}.")
+        taken = [k for k in policies if k == REFERENCE or k.startswith("jaxaot memory_budget=")]
+        if taken:
+            raise InvalidValueError(f"policies of compare names rows {taken!r}, the names of the reference and "
+                                    f"jaxaot's rows: give those policies other names.")
         return dict(policies)
     if isinstance(policies, str) or not isinstance(policies, (list, tuple)):
         raise InvalidInputError(f"policies of compare must be a list or tuple of names in jax.checkpoint_policies, "

@@ -303,7 +303,7 @@ class Config:
 
         Every change is checked before any applies. Overrides nest, and overrides
         entered and left by several threads in any order restore what was set
-        outside them; a setting assigned inside an override lasts until it ends.
+        outside them; a setting the override holds, assigned inside it, lasts until it ends (any other stays set).
 
         Example:
             >>> import jaxaot

@@ -24,3 +24,10 @@ def test_fallback_without_dot(small, no_dot, tmp_path):
     page = viz.render(small, tmp_path / "split.html", format="html")
     assert "<svg" in page.read_text() and "jaxaot-residuals" in page.read_text()
     assert viz.render(small, format="dot").startswith("digraph")  # still available
+
+
+def test_a_path_keeps_its_name_and_gets_the_format_suffix_where_it_lacks_it(small, tmp_path):
+    assert viz.render(small, tmp_path / "split_budget_0.5", format="dot") == tmp_path / "split_budget_0.5.dot"
+    assert viz.render(small, tmp_path / "split.DOT", format="dot") == tmp_path / "split.DOT"
+    assert viz.render(small, tmp_path / "a.svg", format="dot") == tmp_path / "a.svg.dot"
+    assert (tmp_path / "split_budget_0.5.dot").read_text().startswith("digraph split")

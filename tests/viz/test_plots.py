@@ -3,6 +3,7 @@
 import pytest
 
 from jaxaot import viz
+from jaxaot.errors import InvalidValueError
 
 
 def test_plot_budget_sweep():
@@ -17,6 +18,8 @@ def test_plot_budget_sweep():
     assert [len(ax.get_lines()) for ax in with_ref.axes] == [2, 2]
     with pytest.raises(ValueError, match="at least one"):
         viz.plot_budget_sweep([])
+    with pytest.raises(InvalidValueError, match="budget must be a number, got str '1MiB'"):
+        viz.plot_budget_sweep([("1MiB", 100, 0.1)])
 
 
 def test_plot_pareto():
@@ -29,3 +32,5 @@ def test_plot_pareto():
     assert list(front.get_xdata()) == [2.0, 3.0, 4.0]  # KiB: "slow" is dominated by "dots"
     with pytest.raises(ValueError, match="at least one"):
         viz.plot_pareto([])
+    no_peak = viz.plot_pareto([*rows, ("no peak", None, 0.001, "jax")])  # a backend without peaks: no point
+    assert len(no_peak.axes[0].texts) == 4

@@ -28,7 +28,7 @@ def render(lowered: Any, path: str | Path | None = None, format: str = "svg", *,
 
     Args:
       lowered: an :class:`jaxaot.AOTLowered`.
-      path: where to write; ``None`` returns the text instead.
+      path: where to write (the format's suffix added unless the path ends in it); ``None`` returns the text instead.
       format: ``"svg"`` (the graph), ``"html"`` (a standalone page: graph,
         legend and residual table) or ``"dot"`` (Graphviz source; needs no binary).
       max_nodes, group_by: see :func:`jaxaot.viz.split_graph`.
@@ -66,7 +66,9 @@ def render(lowered: Any, path: str | Path | None = None, format: str = "svg", *,
         text = standalone_page(graph_html(lowered, graph), title or "jaxaot split")
     if path is None:
         return text
-    path = Path(path).with_suffix(f".{format}")
+    path = Path(path)
+    if path.suffix.lower() != f".{format}":  # "split_budget_0.5" keeps its ".5": the format's suffix is added
+        path = path.with_name(f"{path.name}.{format}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path

@@ -40,7 +40,7 @@ def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence
     """
     from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
 
-    rows = sorted((float(b), float(s), float(t)) for b, s, t in results)
+    rows = sorted((_number(b, "budget"), _number(s, "saved_bytes"), _number(t, "step_time")) for b, s, t in results)
     if not rows:
         raise InvalidValueError("plot_budget_sweep needs at least one (budget, saved_bytes, step_time) row")
     budgets, saved, times = (list(col) for col in zip(*rows))
@@ -69,7 +69,8 @@ def plot_pareto(rows: Iterable[Sequence[Any]], *, title: str = "") -> Any:
 
     Args:
       rows: ``(label, peak_bytes, step_time_seconds)`` or ``(label, peak_bytes, step_time_seconds, group)``;
-        points of one ``group`` (say ``"jax"`` and ``"jaxaot"``) share a colour and a legend entry.
+        points of one ``group`` (say ``"jax"`` and ``"jaxaot"``) share a colour and a legend entry. A row whose
+        peak or time is None (a backend that reports no peak) has no point.
       title: the figure's title.
 
     A point is on the front when no other point is at most as high on both axes and lower on one; the
@@ -85,7 +86,8 @@ def plot_pareto(rows: Iterable[Sequence[Any]], *, title: str = "") -> Any:
     """
     from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
 
-    points = [(str(r[0]), float(r[1]), float(r[2]), str(r[3]) if len(r) > 3 else "") for r in rows]
+    points = [(str(r[0]), _number(r[1], "peak_bytes"), _number(r[2], "step_time"), str(r[3]) if len(r) > 3 else "")
+              for r in rows if r[1] is not None and r[2] is not None]  # a backend without a peak: no point
     if not points:
         raise InvalidValueError("plot_pareto needs at least one (label, peak_bytes, step_time) row")
     scale, unit = byte_scale(max(p[1] for p in points))
@@ -109,3 +111,14 @@ def plot_pareto(rows: Iterable[Sequence[Any]], *, title: str = "") -> Any:
     if title:
         ax.set_title(title)
     return fig
+
+
+def _number(value: Any, what: str) -> float:
+    """``value`` as a float, or :class:`~jaxaot.errors.InvalidValueError` naming the column (a budget given as
+    text, ``"1MiB"``, has no place on a numeric axis beside fractions)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidValueError(f"{what} must be a number, got {type(value).__name__} {value!r}"
+                                + (": give budgets as numbers (fractions, or bytes as ints)" if what == "budget" else "")
+                                ) from None
