@@ -40,7 +40,8 @@ def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence
     """
     from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
 
-    rows = sorted((_number(b, "budget"), _number(s, "saved_bytes"), _number(t, "step_time")) for b, s, t in results)
+    rows = sorted((_number(b, "budget"), _number(s, "saved_bytes"), _number(t, "step_time"))
+                  for b, s, t in results)
     if not rows:
         raise InvalidValueError("plot_budget_sweep needs at least one (budget, saved_bytes, step_time) row")
     budgets, saved, times = (list(col) for col in zip(*rows))
