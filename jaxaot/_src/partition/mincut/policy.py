@@ -109,7 +109,8 @@ def format_key(key: Key) -> str:
 class RematPolicy:
     """A ``jax.checkpoint`` policy that reproduces a partition's save/recompute choice.
 
-    Call it as JAX does, ``policy(prim, *avals, **params) -> bool``.
+    Call it as JAX does, ``policy(prim, *avals, **params) -> bool``. It answers by primitive, input shapes and
+    params: at shapes it was not planned on it saves nothing (``nothing_saveable``'s choice).
 
     Attributes:
       saved_keys: the keys (:func:`eqn_key`) of the eqns whose outputs JAX saves.
