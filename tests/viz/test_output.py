@@ -27,6 +27,7 @@ def test_fallback_without_dot(small, no_dot, tmp_path):
 
 
 def test_a_path_keeps_its_name_and_gets_the_format_suffix_where_it_lacks_it(small, tmp_path):
+    pytest.importorskip("graphviz")  # the dot source is written by the graphviz package
     assert viz.render(small, tmp_path / "split_budget_0.5", format="dot") == tmp_path / "split_budget_0.5.dot"
     assert viz.render(small, tmp_path / "split.DOT", format="dot") == tmp_path / "split.DOT"
     assert viz.render(small, tmp_path / "a.svg", format="dot") == tmp_path / "a.svg.dot"
