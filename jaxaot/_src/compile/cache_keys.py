@@ -325,7 +325,7 @@ def _globals_identity(fn: Any, code: Any, depth: int) -> list[str]:
     keying.add(id(fn))
     try:
         parts = []
-        for name in sorted(_global_names(code)):
+        for name in sorted(code_names(code)):
             value = scope.get(name, _MISSING)
             if isinstance(value, type(sys)):
                 parts.append(f"{name}=module:{value.__name__}")
@@ -354,13 +354,15 @@ def _constant(value: Any) -> bool:
     return isinstance(value, _CONSTANTS) or (callable(value) and hasattr(value, "__code__"))
 
 
-def _global_names(code: Any) -> set[str]:
-    """The names ``code`` and its nested code objects look up (``co_names``: globals and attributes alike)."""
+@functools.lru_cache(maxsize=1024)
+def code_names(code: Any) -> frozenset[str]:
+    """The names ``code`` and its nested code objects look up (``co_names``: globals and attributes alike), read
+    once per code object (a loss's key reads them at every call)."""
     names = set(code.co_names)
     for c in code.co_consts:
         if hasattr(c, "co_code"):
-            names |= _global_names(c)
-    return names
+            names |= code_names(c)
+    return frozenset(names)
 
 
 def _code_hash(code: Any) -> str:

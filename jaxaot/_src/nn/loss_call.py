@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from jaxaot._src import compat as C
+from jaxaot._src.compile import code_names
 from jaxaot._src.nn.module_call import _FLAX_OBJECTS, CallStatic, check_static
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.nn.state import FrozenState
@@ -121,7 +122,7 @@ def closure_key(fun: Callable[..., Any]) -> tuple:
         return ()
     parts = [_read_key(c.cell_contents) for c in (getattr(fun, "__closure__", None) or ()) if _filled(c)]
     scope = getattr(fun, "__globals__", {})
-    for name in sorted(_names(code)):
+    for name in sorted(code_names(code)):
         value = scope.get(name, _read_key)
         if value is not _read_key and not isinstance(value, (type(jax), type)) and not callable(value):
             parts.append((name, _read_key(value)))  # modules, classes and functions: their code is not a value
@@ -134,14 +135,6 @@ def _filled(cell: Any) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _names(code: Any) -> set:
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, "co_code"):
-            names |= _names(c)
-    return names
 
 
 def _read_key(value: Any, depth: int = 0) -> Any:
