@@ -265,6 +265,23 @@ def current_trace() -> Any:
     return _core.trace_ctx.trace
 
 
+#: Transformations that run their operations through the trace beneath them (``jax.jvp``, ``jax.grad``, ``vmap``).
+_PASSING_TRACES = tuple(t for t in (getattr(_ad, "JVPTrace", None), getattr(_ad, "LinearizeTrace", None),
+                                    getattr(_batching, "BatchTrace", None)) if t is not None)
+
+
+def stages_operations() -> bool:
+    """Whether an operation bound now is staged into a program (``jit``, ``make_jaxpr``, a loop's body) at some
+    level of the transformations in effect, rather than run: ``jax.grad`` or ``jax.vmap`` run eagerly when no
+    staging trace is beneath them."""
+    trace = _core.trace_ctx.trace
+    while not isinstance(trace, _core.EvalTrace):
+        if not isinstance(trace, _PASSING_TRACES):
+            return True
+        trace = trace.parent_trace
+    return False
+
+
 def trace_of(x: Any) -> Any:
     """The trace a tracer belongs to; None for a concrete value."""
     return x._trace if isinstance(x, _core.Tracer) else None
@@ -413,6 +430,6 @@ __all__ = [
     "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
     "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
     "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
-    "single_device_of", "trace_context", "trace_of", "zeros_float0", "config_changes", "jit_disabled",
-    "pin_sharding", "explicit_axes",
+    "single_device_of", "stages_operations", "trace_context", "trace_of", "zeros_float0", "config_changes",
+    "jit_disabled", "pin_sharding", "explicit_axes",
 ]

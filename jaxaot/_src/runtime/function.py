@@ -150,7 +150,15 @@ class AOTFunction:
         programs, leaves, kind = self.lookup(args, kwargs)
         if kind is TraceKind.ABSTRACT:
             raise _abstract_call_error(self.__name__)
-        if kind is TraceKind.CONCRETE:
+        if programs.closes_over_tracers:  # a model built inside a transformation: JAX's own tracing of it
+            self._cache.pop(programs.signature, None)
+            return self.fn(*args, **kwargs)
+        if kind is TraceKind.CONCRETE and C.stages_operations():
+            # Arrays under jit: the program's operations are staged, as a jit inside a jit is (not run now,
+            # their results made constants: a callback runs at each call of the outer program).
+            outs = C.eval_closed(programs.primal, *leaves)
+            outs = [o if sh is None else C.pin_sharding(o, sh) for o, sh in zip(outs, programs.out_shardings)]
+        elif kind is TraceKind.CONCRETE:
             outs = programs.infer(leaves)
         else:
             if kind is TraceKind.FORWARD_MODE:

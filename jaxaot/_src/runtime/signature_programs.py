@@ -79,6 +79,9 @@ class SignaturePrograms:
         t = time.perf_counter()
         self.primal, self.out_tree = trace_primal(flat_fn, avals, options.decompositions)
         self.times["trace"] = time.perf_counter() - t
+        #: The function closes over a tracer of the transformation that called it (a model built inside
+        #: ``jax.grad`` or ``jit``): its programs hold that one trace's value, and are neither compiled nor kept.
+        self.closes_over_tracers = any(map(C.is_tracer, C.consts_of(self.primal)))
         primal = C.jaxpr_of(self.primal)
         positions = {v: i for i, v in enumerate(primal.invars)}
         self.output_is_input = [None if C.is_literal(v) else positions.get(v) for v in primal.outvars]
@@ -178,11 +181,13 @@ class SignaturePrograms:
         return exe
 
     def splice(self, leaves: Sequence[Any], computed: Sequence[Any]) -> list:
-        """Full outputs from the computed ones: outputs that are inputs skip the executable."""
+        """Full outputs from the computed ones: outputs that are inputs skip the executable, and are new arrays
+        of the input's value, as ``jit`` returns them (a NumPy input or Python scalar becomes an array of
+        JAX's dtype; deleting or donating the input leaves the output as it was)."""
         if self.no_aliases:
             return list(computed)
         it = iter(computed)
-        return [next(it) if src is None else leaves[src] for src in self.output_is_input]
+        return [next(it) if src is None else _fresh(leaves[src]) for src in self.output_is_input]
 
     def infer(self, leaves: Sequence[Any]) -> list:
         """Outputs for concrete leaves or tracers that differentiate nothing."""
@@ -192,6 +197,15 @@ class SignaturePrograms:
         if any(C.is_tracer(x) for x in leaves):
             return C.eval_closed(self.primal, *leaves)
         return self.splice(leaves, self.inference_exe(*leaves))
+
+
+def _fresh(x: Any) -> Any:
+    """An output that is the input ``x`` unchanged, as ``jit`` returns it: a new array (a tracer stays itself)."""
+    if C.is_tracer(x):
+        return x
+    if isinstance(x, jax.Array):
+        return jax.numpy.array(x, copy=True)
+    return jax.numpy.asarray(x)
 
 
 def xla_compile_error(name: str, avals: Sequence[Any], error: Exception) -> XlaCompileError:
