@@ -65,6 +65,9 @@ def test_keyword_and_static_arguments_are_checked_as_positional_ones():
     x = jax.random.normal(_key(), (5,))
     compiled = f.lower(x, 3, scale=jnp.float32(2.0)).compile()
     _close(compiled(x, 3, scale=jnp.float32(0.5)), fn(x, 3, scale=0.5))
+    # as JAX's Compiled is called: the dynamic arguments only
+    theirs = jax.jit(fn, static_argnums=1).lower(x, 3, scale=jnp.float32(2.0)).compile()
+    _close(compiled(x, scale=jnp.float32(0.5)), theirs(x, scale=jnp.float32(0.5)))
     with pytest.raises(TypeError, match=r"n"):
         compiled(x, 2, scale=jnp.float32(0.5))
     with pytest.raises(TypeError, match=r"scale"):

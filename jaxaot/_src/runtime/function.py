@@ -286,11 +286,28 @@ def call_signature(fun: AOTFunction, args: tuple, kwargs: dict) -> tuple[Signatu
     return Signature(treedef, keys, static, context_mesh(), C.trace_context()), leaves, kind
 
 
+def _with_statics(fun: AOTFunction, sig: Signature, args: tuple, kwargs: dict) -> tuple:
+    """``args`` with the static values of ``sig`` put back in place when the call left them out, as JAX's
+    ``Compiled`` is called (the dynamic arguments only); a call that passes them is taken as it is."""
+    nums = fun.static_argnums
+    if not nums or len(args) + len(nums) <= max(nums):
+        return args
+    full = list(args)
+    for i, s in sorted(zip(nums, sig.static), key=lambda p: p[0]):
+        full.insert(i, s.value if isinstance(s, arguments.StaticArg) else s)
+    try:
+        got = call_signature(fun, tuple(full), kwargs)[0]
+    except Exception:  # noqa: BLE001 - not this call's form: the arguments as given are checked below
+        return args
+    return tuple(full) if got.static == sig.static and got.treedef == sig.treedef else args
+
+
 def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Callable[[tuple, dict], Any]:
     """What a compiled stage of ``sig`` runs when called: ``run(*args, **kwargs)``, for arrays of that very
     signature. As JAX's ``Compiled``, it refuses tracers and arguments of other types with a ``TypeError`` (naming
     what differs), where ``run`` itself would trace or compile anew."""
     def call(args: tuple, kwargs: dict) -> Any:
+        args = _with_statics(fun, sig, args, kwargs)
         got, _, kind = call_signature(fun, args, kwargs)
         if kind is not TraceKind.CONCRETE:
             raise TypeError(
