@@ -4,8 +4,11 @@ The full lookup of a call (its signature's key, hashed; the programs found; the 
 tens of microseconds of Python, beside ``jit``'s dispatch in C++. A :class:`HotPath` keeps the last concrete
 call's signature and what it ran: a call with the same structure, abstract values and mesh runs that
 directly (:func:`hot_leaves`). Anything else (a tracer, a NumPy leaf, another shape or dtype or weak type,
-another JAX configuration) goes to the lookup, and an array committed to other devices is refused by the executable itself
-(``ValueError``), after which the caller looks it up.
+another JAX configuration) goes to the lookup. So does a call whose signature had arrays committed elsewhere than the
+default device when its first such leaf is not committed: the executable would move uncommitted arrays there, where
+``jit`` runs a call of uncommitted arrays on the default device (one committed array places it on its devices,
+as the executable does). An array committed to other devices is refused by the executable itself (``ValueError``),
+after which the caller looks it up.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class HotPath(NamedTuple):
       config: JAX's configuration that tracing reads (``trace_context()``: x64, matmul precision, ...).
       training: the programs it runs.
       runs: what runs them (a gradient's fused executable), or None.
+      committed: the first leaf committed elsewhere than the default device (its signature key holds a sharding),
+        or None: a call's array there must be committed too, placing the call on its devices as ``jit`` would.
     """
 
     treedef: Any
@@ -39,6 +44,7 @@ class HotPath(NamedTuple):
     config: Any
     training: TrainingPrograms
     runs: Any = None
+    committed: int | None = None
 
 
 def hot_path(training: TrainingPrograms, leaves: list, runs: Any = None, static: bool = False) -> HotPath | None:
@@ -47,12 +53,14 @@ def hot_path(training: TrainingPrograms, leaves: list, runs: Any = None, static:
     if static or not all(type(x) is _ArrayImpl for x in leaves):
         return None
     sig = training.programs.signature
-    return HotPath(sig.treedef, tuple(x.aval for x in leaves), sig.mesh, sig.config, training, runs)
+    committed = next((i for i, key in enumerate(sig.leaves) if type(key) is tuple), None)  # (aval, sharding)
+    return HotPath(sig.treedef, tuple(x.aval for x in leaves), sig.mesh, sig.config, training, runs, committed)
 
 
 def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
     """The call's flat leaves where it has ``hot``'s signature as far as one pass tells (structure, each leaf a
-    concrete array of the same abstract value, the same mesh and JAX configuration in context), else None.
+    concrete array of the same abstract value, the first leaf committed where ``hot``'s was committed elsewhere than
+    the default device, the same mesh and JAX configuration in context), else None.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -66,6 +74,7 @@ def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
         return None
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     if treedef == hot.treedef and hot.mesh is context_mesh() and hot.config == C.trace_context() and all(
-            type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)):
+            type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)) and (
+            hot.committed is None or leaves[hot.committed].committed):
         return leaves
     return None

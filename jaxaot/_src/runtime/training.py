@@ -52,7 +52,7 @@ class TrainingPrograms:
       recipe: what the joint graph is a function of, the partition's cache key.
       out_avals / num_aux: the joint graph's outputs and how many trailing ones are loop
         trip counts, read off the graph the partition was split from (the same outputs).
-      placement: where residuals and gradients live (``Placement``).
+      placement / weak_grads: where residuals and gradients live (``Placement``); which grads are weakly typed.
       generation: bumped each time a loop outgrew its stack and all was rebuilt.
     """
 
@@ -62,8 +62,7 @@ class TrainingPrograms:
         self.mask = mask
         self.name_suffix = "" if mask == programs.inexact else f"[{','.join(str(i) for i, m in enumerate(mask) if m)}]"
         self.forward_name, self.backward_name = "forward" + self.name_suffix, "backward" + self.name_suffix
-        self.capacity = INITIAL_LOOP_CAPACITY
-        self.generation = 0
+        self.capacity, self.generation = INITIAL_LOOP_CAPACITY, 0
         self._custom_vjp: Callable | None = None
         self._float0s: list | None = None
         self._reset()
@@ -72,6 +71,7 @@ class TrainingPrograms:
         self._joint: JointGraph | None = None
         self._partition: Partition | None = None
         self._unit_cts: dict[int, list] = {}
+        self.weak_grads = WeakGrads(self)  # which grads JAX hands back weakly typed
         self.placement = Placement(self)
         self.eager_forward: Callable | None = None  # the hot path, once it can be built
         # The split programs' compiles begun ahead: by name, their compile's arguments and future.
@@ -224,7 +224,7 @@ class TrainingPrograms:
         exe = self.programs.executables.get(self.backward_name) or self.backward_exe
         if self.programs.sharded:
             args = [*S.reshard_cotangents(cts, self.placement.backward_inputs()), *residuals]
-        return list(exe(*args))
+        return self.weak_grads.typed(list(exe(*args)), cts)
 
     def unit_cotangents(self, leaf: int) -> list:
         """Cotangents 1 for output ``leaf`` (a scalar) and 0 elsewhere, made once on device."""
@@ -256,6 +256,61 @@ class TrainingPrograms:
                 if self._custom_vjp is None:
                     self._custom_vjp = _custom_vjp(self)
         return self._custom_vjp
+
+
+class WeakGrads:
+    """Which of a :class:`TrainingPrograms`' grads JAX hands back weakly typed where its executables, compiled for
+    strong cotangents, may not: the gradient of a weakly typed input (a Python float), whose arithmetic keeps a
+    bfloat16 parameter bfloat16. The backward program, evaluated abstractly as under ``jit``, says which, once
+    per pattern of the cotangents' weak types; nothing is cast where no differentiated input is weakly typed.
+
+    Attributes:
+      any: whether a differentiated input is weakly typed (else every answer is ``()``).
+    """
+
+    def __init__(self, tr: TrainingPrograms):
+        self.tr = tr
+        self.any = any(m and a.weak_type for m, a in zip(tr.mask, tr.programs.in_avals))
+        self._casts: dict[tuple[bool, ...], tuple] = {}
+
+    def casts(self, ct_weak: tuple[bool, ...] | None = None) -> tuple:
+        """``(position, aval)`` per grad to hand back weakly typed, for selected cotangents of weak types
+        ``ct_weak`` (default: their outputs', as ``jax.grad`` hands them)."""
+        if not self.any:
+            return ()
+        part = self.tr.partition
+        if ct_weak is None:
+            out_avals = self.tr.out_avals
+            ct_weak = tuple(bool(out_avals[i].weak_type) for i in part.cotangent_outputs)
+        casts = self._casts.get(ct_weak)
+        if casts is None:  # racing threads find equal answers; either may be kept
+            avals = C.in_avals_of(part.backward)  # the cotangents', then the residuals' (shardings, memory kinds kept)
+            avals[:len(ct_weak)] = [a.update(weak_type=w) for a, w in zip(avals, ct_weak)]
+            outs = jax.eval_shape(lambda *a: C.eval_closed(part.backward, *a), *avals)
+            in_avals = self.tr.programs.in_avals
+            casts = self._casts[ct_weak] = tuple(
+                (k, out) for k, (i, out) in enumerate(zip(part.grad_inputs, outs))
+                if in_avals[i].weak_type and out.weak_type)
+        return casts
+
+    def typed(self, grads: list, cts: Sequence[Any]) -> list:
+        """The backward executable's ``grads`` (concrete arrays) typed as JAX's for the concrete cotangents ``cts``."""
+        if not self.any:
+            return grads
+        return typed_grads(grads, self.casts(tuple(_is_weak(x) for x in cts)))
+
+
+def typed_grads(grads: list, casts: tuple) -> list:
+    """``grads`` (concrete arrays), those at ``casts``' positions weakly typed (:meth:`WeakGrads.casts`)."""
+    for k, aval in casts:
+        if not grads[k].weak_type:
+            grads[k] = C.typed_as(grads[k], aval)
+    return grads
+
+
+def _is_weak(x: Any) -> bool:
+    """Whether a concrete cotangent is weakly typed, as JAX reads it (a Python scalar is)."""
+    return x.weak_type if type(x) is _ArrayImpl else type(x) in (int, float, complex)
 
 
 def _split_compile(tr: TrainingPrograms, name: str) -> tuple:

@@ -57,9 +57,13 @@ def scatter(positions: Sequence[int], values: Sequence[Any], fill: Sequence[Any]
 
 
 def as_dtype(ct: Any, dtype: Any) -> Any:
-    """``ct`` in ``dtype``: ``custom_vjp`` may hand a weak-typed or instantiated-zero cotangent."""
+    """``ct`` in ``dtype``: ``custom_vjp`` may hand a weak-typed or instantiated-zero cotangent, or a Python scalar
+    (kept weakly typed, as JAX's autodiff reads one: the gradients it reaches are weakly typed too)."""
     if getattr(ct, "dtype", None) != dtype:
+        weak = type(ct) in (int, float, complex)
         ct = jax.numpy.asarray(ct, dtype)
+        if weak:
+            ct = C.typed_as(ct, jax.ShapeDtypeStruct(ct.shape, dtype, weak_type=True))
     return ct
 
 

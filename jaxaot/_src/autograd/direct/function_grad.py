@@ -89,12 +89,13 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             plan = plans[id(programs)] = (programs, training_for(programs, leaves, args, at) if ok else None, picks)
         return plan[1], plan[2]
 
-    # The last call's signature, where it ran the fused executable decided on, and its picks: the next call with
-    # that signature runs it straight away (hot_leaves), as jit's dispatch does, without the lookup and the choice.
-    hot: list = [None, ()]
+    # The last call's signature, where it ran the fused executable decided on, its picks and its grads' weak types
+    # (TrainingPrograms.weak_grads): the next call with that signature runs it straight away (hot_leaves), as jit's
+    # dispatch does, without the lookup and the choice.
+    hot: list = [None, (), ()]
 
     def vg(*args: Any, **kwargs: Any):
-        h, hot_picks = hot
+        h, hot_picks, hot_casts = hot
         leaves = hot_leaves(h, args, kwargs)
         if leaves is not None:
             try:
@@ -104,7 +105,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
                 pass  # a sharding the last signature did not have: look it up
             else:
                 fun.note_hit()
-                return _results(h.training, outs, grads, hot_picks)
+                return _results(h.training, outs, grads, hot_picks, hot_casts)
         at = resolve_argnums(nums, len(args), argnums, fun.__name__)
         if C.jit_disabled():  # JAX's own autodiff, eagerly through fun's Python (AOTFunction.__call__)
             return fallback(*args, **kwargs)
@@ -125,17 +126,23 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
                         outs, grads = run_fused(tr, leaves, value_leaf)
                 else:
                     outs, grads = run_fused(tr, leaves, value_leaf)
+                casts = tr.weak_grads.casts()
                 if is_decided(programs, name) and programs.fused_choices[name].runs == "fused":
                     found = hot_path(tr, leaves, fused_exe(tr, value_leaf), bool(fun.static_argnums))
                     if found is not None:
-                        hot[:] = [found, picks]
+                        hot[:] = [found, picks, casts]
             else:
                 outs, residuals = tr.forward(leaves, concrete=True)
                 grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
-        return _results(tr, outs, grads, picks)
+                casts = tr.weak_grads.casts()
+        return _results(tr, outs, grads, picks, casts)
 
-    def _results(tr: Any, outs: list, grads: list, picks: tuple[int, ...]) -> Any:
-        """``(value, grad)`` (``((value, aux), grad)`` with ``has_aux``) from the flat outputs and grads."""
+    def _results(tr: Any, outs: list, grads: list, picks: tuple[int, ...], casts: tuple) -> Any:
+        """``(value, grad)`` (``((value, aux), grad)`` with ``has_aux``) from the flat outputs and grads; those at
+        ``casts`` weakly typed, as JAX's gradient of a Python float is (``TrainingPrograms.weak_grads``)."""
+        for k, aval in casts:
+            if not grads[k].weak_type:
+                grads[k] = C.typed_as(grads[k], aval)
         dyn, _ = tr.input_grads_tree(grads)
         picked = tuple(dyn[i] for i in picks)
         out_tree = jax.tree_util.tree_unflatten(tr.programs.out_tree, outs)
