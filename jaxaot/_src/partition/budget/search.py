@@ -434,6 +434,7 @@ def _nothing_fits(search: _Search) -> MemoryBudgetError:
         f"reaches for this step: {peak} bytes ({format_bytes(peak)}), with {len(smallest.part.residuals)} "
         f"residuals ({format_bytes(smallest.part.device_saved_bytes)} {where}) and "
         f"{len(smallest.part.recomputed)} eqns recomputed. The largest values live at that peak (in program "
-        f"order) are:\n{lines}\nRaise the budget to at least {peak} bytes, or shrink what holds the peak "
+        f"order, as the step runs op by op: XLA's fusion keeps fewer, so they may add up to more) are:\n"
+        f"{lines}\nRaise the budget to at least {peak} bytes, or shrink what holds the peak "
         f"(a smaller batch or sequence, fewer inputs on the device).",
         budget=budget, smallest_peak=peak, holders=tuple(holders))
