@@ -174,8 +174,8 @@ def write_back(module: nnx.Module, split: ModuleSplit, delta: Any, inputs: Calla
         if var is None:
             nnx.update(module, *delta.rebuild(inputs() if flat is None else flat))
             return False
-        if source != target:
-            writes.append((var, value))
+        if source != target:  # another input's value: a new array of it, as nnx.jit writes (no two Variables share one)
+            writes.append((var, value if source is None else jax.numpy.array(value, copy=True)))
     for var, value in writes:
         var.set_raw_value(value)
     return True
