@@ -139,3 +139,20 @@ def test_a_python_number_the_loss_computes_with_compiles_once_and_one_it_reads_i
     for n in (2, 4, 2):  # read by Python (a slice bound): the loss's static, one program per value
         chex.assert_trees_all_close(jaxaot.value_and_grad(sliced)(aot, x, n),
                                     nnx.value_and_grad(sliced)(plain, x, n), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("read", ["range", "shape"])
+def test_a_number_read_as_a_count_or_a_shape_is_static(read):
+    plain, aot = nnx.Linear(4, 4, rngs=nnx.Rngs(0)), jaxaot.nn.aot_module(nnx.Linear(4, 4, rngs=nnx.Rngs(0)))
+    x = _x((3, 4))
+
+    def loss(m, x, n):
+        if read == "range":  # TracerIntegerConversionError where n is traced
+            for _ in range(n):
+                x = jnp.tanh(m(x))
+            return jnp.sum(x)
+        return jnp.sum(m(x)) * jnp.ones(n).sum()  # a shape's TypeError where n is traced
+
+    for n in (2, 3, 2):
+        chex.assert_trees_all_close(jaxaot.value_and_grad(loss)(aot, x, n),
+                                    nnx.value_and_grad(loss)(plain, x, n), rtol=1e-5, atol=1e-6)

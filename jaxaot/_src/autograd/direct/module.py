@@ -59,6 +59,10 @@ def is_flax_module(x: Any) -> bool:
     return isinstance(x, nnx.Module)
 
 
+#: What JAX raises where Python reads the value of a traced number (``x[:n]``, ``range(n)``, ``jnp.zeros(n)``, a
+#: shape's ``TypeError``): a loss given numbers is traced again with them static (:func:`_run_loss`), once.
+_READS_A_NUMBER = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError, IndexError, TypeError)
+
 #: Loss functions whose Python read the value of a number they were given (:func:`module_value_and_grad`).
 _READS_NUMBERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
@@ -80,7 +84,7 @@ def _run_loss(fun: Callable[..., Any], position: int, args: tuple, kwargs: dict,
         return FLAX_VALUE_AND_GRAD(fun, argnums=position, has_aux=has_aux)(*args, **kwargs)
     try:
         (value, (aux, delta)), grads = _gradient_of(model.loss_program, fused)(*loss.inputs, **loss.kwargs)
-    except (jax.errors.ConcretizationTypeError, IndexError):
+    except _READS_A_NUMBER:
         if numbers or not has_numbers(args, kwargs):
             raise
         try:
