@@ -139,6 +139,11 @@ class ArtifactInputError(JaxaotError, TypeError):
     """A loaded artifact got inputs (or residuals) of the wrong structure, shape or dtype."""
 
 
+class ArtifactVmapError(ArtifactError, NotImplementedError):
+    """``jax.vmap`` of a loaded artifact: its ``jax.export`` programs have no batching rule (a
+    ``NotImplementedError``, as JAX's own error for it). Export the vmapped function, or use ``jax.lax.map``."""
+
+
 # ---------------------------------------------------------------- compiled autograd
 class HookOutputError(JaxaotError, TypeError):
     """A gradient hook returned a cotangent whose structure, shape or dtype differs from the one it got.
@@ -197,6 +202,7 @@ __all__ = [
     "MemoryBudgetError", "ShardingMismatchError", "LoopFunctionError", "LoopCarryMismatchError",
     "InvalidLoopOptionError", "ReverseModeBoundError", "LoopOverflowError", "XlaCompileError",
     "LoopRewriteError", "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError",
-    "ArtifactInputError", "HookOutputError", "ScheduleError", "StageMismatchError", "PipelineMemoryError",
+    "ArtifactInputError", "ArtifactVmapError", "HookOutputError", "ScheduleError", "StageMismatchError",
+    "PipelineMemoryError",
     "CacheWarning",
 ]

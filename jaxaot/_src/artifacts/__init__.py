@@ -6,7 +6,8 @@ checks), ``aot_signature`` (the calling contract: array specs, residual wiring,
 run-time checks), ``manifest`` (the directory layout, schema, version policy and safe
 file reading), ``audit`` (what a loaded program may call and must take),
 ``exported`` (:class:`ExportedAOT`, in memory), ``loaded`` (:func:`load`,
-:class:`LoadedAOT`) and ``export`` (:func:`export`, the driver).
+:class:`LoadedAOT`), ``call_log`` (its ``cache_info``), ``weak_types`` (the weak
+types ``jax.export`` drops) and ``exporting`` (:func:`export`, the driver).
 """
 
 from jaxaot._src.artifacts.treedef_json import treedef_from_json, treedef_to_json

@@ -135,6 +135,10 @@ class AOTSignature:
       forward_checks / inference_checks: :class:`RuntimeCheck` flags the program
         returns after its other outputs.
       static_args: repr of the static arguments baked in, if any.
+      static_argnums: the positions of those arguments in the call before export.
+      weak_grads: per gradient (``grad_inputs`` order), when JAX hands it back weakly typed: None never, else
+        the flat outputs whose cotangents must all be weak (``()``: always); None for the whole field: not
+        recorded, and the programs' strong gradients stand (``jax.export`` keeps no weak types).
       mesh: the :class:`~jaxaot._src.artifacts.mesh_spec.MeshSpec` of a sharded
         artifact (its programs run on exactly ``mesh.num_devices`` devices), else None.
     """
@@ -152,6 +156,8 @@ class AOTSignature:
     forward_checks: tuple[RuntimeCheck, ...] = ()
     inference_checks: tuple[RuntimeCheck, ...] = ()
     static_args: str | None = None
+    static_argnums: tuple[int, ...] = ()
+    weak_grads: tuple[tuple[int, ...] | None, ...] | None = None
     mesh: MeshSpec | None = None
 
     @functools.cached_property
@@ -194,10 +200,18 @@ class AOTSignature:
         if not isinstance(self.num_temporaries, int) or not 0 <= self.num_temporaries <= MAX_LEAVES:
             raise ArtifactError(f"{where}: num_temporaries={self.num_temporaries!r} is out of range.")
         for name, bound in (("grad_inputs", n_in), ("saved_inputs", n_in), ("cotangent_outputs", n_out),
-                            ("saved_outputs", n_out + self.num_temporaries)):
+                            ("saved_outputs", n_out + self.num_temporaries), ("static_argnums", MAX_LEAVES)):
             for i in getattr(self, name):
                 if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < bound:
                     raise ArtifactError(f"{where}: {name} holds {i!r}, not an index below {bound}.")
+        if self.weak_grads is not None:
+            if len(self.weak_grads) != len(self.grad_inputs):
+                raise ArtifactError(f"{where}: weak_grads has {len(self.weak_grads)} entries for "
+                                    f"{len(self.grad_inputs)} gradients.")
+            for need in self.weak_grads:
+                for i in need or ():
+                    if isinstance(i, bool) or not isinstance(i, int) or i not in self.cotangent_outputs:
+                        raise ArtifactError(f"{where}: weak_grads holds {i!r}, not an output that takes a cotangent.")
         if len(self.saved_inputs) + len(self.saved_outputs) != len(self.residual_specs):
             raise ArtifactError(f"{where}: {len(self.residual_specs)} residual specs for "
                                 f"{len(self.saved_inputs) + len(self.saved_outputs)} saved values.")
@@ -255,6 +269,9 @@ class AOTSignature:
                 v = _expect(v, int, name)
             elif f.name == "static_args":
                 v = None if v is None else _expect(v, str, name)
+            elif f.name == "weak_grads":
+                v = None if v is None else tuple(None if e is None else tuple(_expect(e, list, f"{name}[{i}]"))
+                                                 for i, e in enumerate(_expect(v, list, name)))
             else:  # index lists
                 v = tuple(_expect(v, list, name))
             kw[f.name] = v

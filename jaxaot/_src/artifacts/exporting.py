@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Callable, Sequence
 
@@ -33,6 +34,7 @@ from jaxaot._src.artifacts.export_options import check_platforms
 from jaxaot._src.artifacts.mesh_spec import MeshSpec
 from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.treedef_json import treedef_to_json
+from jaxaot._src.artifacts.weak_types import weak_grad_rule
 from jaxaot.errors import InvalidInputError, NotExportableError
 from jaxaot._src.loops import overflow_check
 from jaxaot._src.partition import Partitioner, default_partition
@@ -105,8 +107,10 @@ def export(
                                    placed.outputs(len(placed.forward), len(forward_checks))),
         "backward": _export_program(backward, placed.backward_avals, platforms, name, "backward", placed.grads),
     }
-    static_args = _static_repr(tuple(args[i] for i in sorted(static) if i < len(args))) if static else None
+    static_argnums = tuple(i for i in sorted(static) if i < len(args))
+    static_args = _static_repr(tuple(args[i] for i in static_argnums)) if static else None
     signature = _signature(in_structure, programs, training, forward_checks, inference_checks, static_args, placed)
+    signature = dataclasses.replace(signature, static_argnums=static_argnums, weak_grads=weak_grad_rule(training))
     return ExportedAOT(name=name, signature=signature, **exported)
 
 

@@ -9,9 +9,6 @@ and reaches JAX's autodiff through the same ``custom_vjp`` wiring as
 
 from __future__ import annotations
 
-import dataclasses
-
-import threading
 from pathlib import Path
 from typing import Any, Collection, Sequence
 
@@ -19,16 +16,18 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.pytrees import format_aval
 from jaxaot._src.artifacts import audit, manifest, signing
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.export_options import check_load_options
 from jaxaot._src.artifacts.mesh_spec import check_call_devices, check_call_platform, check_enough_devices
 from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
+from jaxaot._src.artifacts.call_log import CallLog, shapes_of
 from jaxaot._src.artifacts.treedef_json import treedef_to_json
+from jaxaot._src.artifacts.weak_types import WeakTyping
 from jaxaot.errors import (
     ArtifactError,
     ArtifactInputError,
+    ArtifactVmapError,
     CotangentMismatchError,
     LoopOverflowError,
     NotExportableError,
@@ -36,8 +35,7 @@ from jaxaot.errors import (
 )
 from jaxaot._src.loops import checked_values
 from jaxaot._src.runtime import (
-    CacheEntryInfo, CacheInfo, SplitPrograms, custom_vjp_of, inputs_change, log_compile, scatter, select_cotangents,
-    shape_and_dtype_name,
+    CacheInfo, SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name,
 )
 
 
@@ -171,7 +169,8 @@ class LoadedAOT:
         if self.num_devices > 1:
             check_enough_devices(where or f"the artifact of {self.__name__}", self.num_devices, self.signature.mesh)
         self._structures: dict[Any, Any] = {}
-        self._calls = _CallLog(self)
+        self._calls = CallLog(self)
+        self._weak = WeakTyping(self.signature)
         exported_for = {p for prog in (exported.inference, exported.forward, exported.backward) for p in prog.platforms}
         self._other_platforms = bool(C.available_platforms() - exported_for)  # else every array is on one of them
         s = self.signature
@@ -264,13 +263,21 @@ class LoadedAOT:
         check_call_devices(self.__name__, what, self.num_devices, self.signature.mesh, leaves)
         if self._other_platforms:
             check_call_platform(self.__name__, what, tuple(program.platforms), leaves)
-        return list(program.call(*leaves))
+        try:
+            return list(program.call(*leaves))
+        except NotImplementedError as err:
+            if "Batching rule for 'call_exported'" not in str(err):
+                raise
+            raise ArtifactVmapError(
+                f"jax.vmap of {self.__name__}, a loaded artifact, is not supported: its exported {what} program "
+                "has no batching rule. Export the vmapped function instead (jaxaot.export.export(jax.vmap(f), "
+                "*batched_args)), or map this one over the batch with jax.lax.map.") from err
 
     def _infer(self, leaves: Sequence[Any]) -> list:
-        self._calls.ran(_shapes(leaves), "inference")
+        self._calls.ran(shapes_of(leaves), "inference")
         outs = self._run(self.exported.inference, "inference", leaves)
         n = self.signature.num_outputs
-        return _checked(outs[n:], self.signature.inference_checks, outs[:n])
+        return self._weak.outputs_typed(_checked(outs[n:], self.signature.inference_checks, outs[:n]))
 
     def _forward(self, leaves: Sequence[Any]) -> tuple[list, list]:
         s = self.signature
@@ -278,12 +285,12 @@ class LoadedAOT:
         n = s.num_outputs + s.num_temporaries
         residuals = [leaves[i] for i in s.saved_inputs] + [outs[i] for i in s.saved_outputs]
         checked = _checked(outs[n:], s.forward_checks, [*outs[: s.num_outputs], *residuals])
-        self._calls.ran(_shapes(leaves), "forward", _shapes(residuals))
-        return checked[: s.num_outputs], checked[s.num_outputs:]
+        self._calls.ran(shapes_of(leaves), "forward", shapes_of(residuals))
+        return self._weak.outputs_typed(checked[: s.num_outputs]), checked[s.num_outputs:]
 
     def _backward(self, residuals: Sequence[Any], cts: Sequence[Any]) -> list:
-        self._calls.ran_backward(_shapes(residuals))
-        return self._run(self.exported.backward, "backward", [*cts, *residuals])
+        self._calls.ran_backward(shapes_of(residuals))
+        return self._weak.grads_typed(self._run(self.exported.backward, "backward", [*cts, *residuals]), cts)
 
     # -- checks
     def _structure(self, treedef: Any) -> Any:
@@ -302,13 +309,13 @@ class LoadedAOT:
         leaves, treedef = jax.tree_util.tree_flatten(args)
         if self._structure(treedef) != s.in_structure:
             raise ArtifactInputError(
-                f"{self.__name__} takes positional arguments structured as {s.in_tree} "
-                f"(leaves {', '.join(s.in_paths)}), got {treedef}."
+                _static_note(self.__name__, s) + f"{self.__name__} takes positional arguments structured as "
+                f"{s.in_tree} (leaves {', '.join(s.in_paths)}), got {treedef}."
             )
         bound: dict[str, tuple[int, str]] = {}
         for path, spec, x in zip(s.in_paths, s.in_specs, leaves):
             _check_leaf(path, spec, x, bound, ArtifactInputError)
-        self._calls.look_up(_shapes(leaves))
+        self._calls.look_up(shapes_of(leaves))
         return leaves
 
     def _check_residuals(self, arrays: Sequence[Any]) -> None:
@@ -330,68 +337,24 @@ class LoadedAOT:
         return select_cotangents(flat, s.cotangent_outputs, s.out_paths, check)
 
     def __repr__(self) -> str:
-        return f"<LoadedAOT {self.__name__}: {', '.join(f'{p}: {s}' for p, s in zip(self.signature.in_paths, self.signature.in_specs))}>"
+        s = self.signature
+        return f"<LoadedAOT {self.__name__}: {', '.join(f'{p}: {spec}' for p, spec in zip(s.in_paths, s.in_specs))}>"
 
 
-def _shapes(leaves: Sequence[Any]) -> tuple:
-    return tuple(tuple(np.shape(x)) for x in leaves)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Leaf:
-    """An input as the signature names it (a dtype name, typed PRNG keys included) for the call log's text."""
-    shape: tuple
-    dtype: str
-
-
-class _CallLog:
-    """What :meth:`LoadedAOT.cache_info` reports: the input shapes seen (each a compile of the programs it ran,
-    by JAX, on their first call) and lookups that found theirs."""
-
-    def __init__(self, loaded: LoadedAOT):
-        self.loaded, self.hits, self.lock = loaded, 0, threading.Lock()
-        self.entries: dict[tuple, tuple[str, list[str]]] = {}  # input shapes -> (reason, programs run)
-        self.by_residuals: dict[tuple, tuple] = {}  # residual shapes -> input shapes (the backward's entry)
-
-    def look_up(self, shapes: tuple) -> None:
-        if shapes in self.entries:
-            self.hits += 1
-            return
-        with self.lock:
-            if shapes not in self.entries:
-                named = self._named(shapes)
-                old = min(self.entries, key=lambda k: sum(a != b for a, b in zip(k, shapes)), default=None)
-                reason = "first call" if old is None else inputs_change(self._named(old), named) or "new shapes"
-                self.entries[shapes] = (reason, [])
-                log_compile(self.loaded.__name__, self._text(named), reason)
-
-    def ran(self, shapes: tuple, program: str, residuals: tuple | None = None) -> None:
-        entry = self.entries.get(shapes)
-        if entry is not None and program not in entry[1]:
-            with self.lock:
-                if program not in entry[1]:
-                    entry[1].append(program)
-        if residuals is not None and residuals not in self.by_residuals:
-            self.by_residuals[residuals] = shapes
-
-    def ran_backward(self, residuals: tuple) -> None:
-        shapes = self.by_residuals.get(residuals)
-        if shapes is not None:
-            self.ran(shapes, "backward")
-
-    def _named(self, shapes: tuple) -> list:
-        s = self.loaded.signature
-        return [(p, _Leaf(tuple(shape), spec.dtype)) for p, spec, shape in zip(s.in_paths, s.in_specs, shapes)]
-
-    @staticmethod
-    def _text(named: list) -> str:
-        return ", ".join(f"{p}: {format_aval(a)}" for p, a in named)
-
-    def info(self) -> CacheInfo:
-        with self.lock:
-            items = [(k, reason, tuple(run)) for k, (reason, run) in self.entries.items()]
-        entries = tuple(CacheEntryInfo(self._text(self._named(k)), reason, run, compiles=run) for k, reason, run in items)
-        return CacheInfo(self.hits, len(entries), entries)
+def _static_note(name: str, s: AOTSignature) -> str:
+    """What a call that does not fit should know of the static arguments fixed at export ("" without any)."""
+    if s.static_args is None:
+        return ""
+    nums, value = s.static_argnums, s.static_args
+    if len(nums) == 1 and value.startswith("(") and value.endswith(",)"):
+        fixed = f"argument {nums[0]} fixed to {value[1:-2]} (static_argnums={nums})"
+    elif nums:
+        fixed = f"arguments {nums} fixed to {value} (static_argnums={nums})"
+    else:
+        fixed = f"the static arguments {value} fixed"
+    return (f"{name} was exported with {fixed}: the loaded function takes only the other "
+            f"{len(s.in_tree.children())} positional argument(s). Call it without the static ones; another value "
+            "needs another export. ")
 
 
 #: Dtypes JAX makes only with ``jax_enable_x64``.

@@ -1,0 +1,90 @@
+"""Weak types across an artifact: ``jax.export`` serializes none of them, the signature records them.
+
+JAX's outputs and gradients of a Python-float argument are weakly typed, so their arithmetic with a
+bfloat16 array stays bfloat16. A loaded program returns strong types: :class:`WeakTyping` types the
+outputs as their recorded specs and the gradients by the rule :func:`weak_grad_rule` records at export,
+read off the backward evaluated abstractly, as the runtime's ``WeakGrads`` does for each call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+
+from jaxaot._src import compat as C
+
+
+def weak_grad_rule(training: Any) -> tuple[tuple[int, ...] | None, ...]:
+    """When JAX hands back each gradient (in ``grad_inputs`` order) of ``training``'s backward weakly typed.
+
+    None: never (a strong input, or a backward that makes it strong whatever the cotangents); else the flat
+    outputs whose cotangents must all be weak (``()``: always weak). Read off the backward evaluated with every
+    cotangent weak, with none, and with each one alone strong: exact for one cotangent (a loss), and for more
+    wherever weak types combine as ``a * b`` does (weak when both operands are).
+    """
+    part, rule = training.partition, training.weak_grads
+    n = len(part.grad_inputs)
+    if not rule.any:
+        return (None,) * n
+    cts = tuple(part.cotangent_outputs)
+
+    def weak_for(pattern: tuple[bool, ...]) -> set[int]:
+        return {k for k, _ in rule.casts(pattern)}
+
+    weak, always = weak_for((True,) * len(cts)), weak_for((False,) * len(cts))
+    needs: dict[int, list[int]] = {k: [] for k in weak - always}
+    if needs:
+        for j, out in enumerate(cts):
+            alone_strong = weak_for(tuple(i != j for i in range(len(cts))))
+            for k, need in needs.items():
+                if k not in alone_strong:
+                    need.append(out)
+    return tuple(None if k not in weak else () if k in always else tuple(needs[k]) for k in range(n))
+
+
+def is_weak(x: Any) -> bool:
+    """Whether JAX reads ``x`` as weakly typed (a Python scalar is, a NumPy array is not)."""
+    if type(x) in (int, float, complex):
+        return True
+    return bool(getattr(getattr(x, "aval", None), "weak_type", False))
+
+
+def retyped(x: Any, weak: bool) -> Any:
+    """``x`` (an array or tracer), weakly typed or not as ``weak`` says."""
+    if is_weak(x) == weak:
+        return x
+    if weak:
+        return C.typed_as(x, jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=True))
+    return jax.lax.convert_element_type(x, x.dtype)
+
+
+class WeakTyping:
+    """How a loaded artifact types its outputs and gradients as JAX does (the module docstring).
+
+    An artifact that records no ``weak_grads`` (written before the signature had them) keeps its programs'
+    strong gradients.
+    """
+
+    def __init__(self, signature: Any):
+        s = signature
+        self.outputs = tuple(i for i, spec in enumerate(s.out_specs) if spec.weak_type)
+        at = {out: j for j, out in enumerate(s.cotangent_outputs)}
+        # per gradient of a weakly typed input: the positions among the cotangents that must be weak, or None
+        self.grads = () if s.weak_grads is None else tuple(
+            (k, None if need is None else tuple(at[o] for o in need))
+            for k, (i, need) in enumerate(zip(s.grad_inputs, s.weak_grads)) if s.in_specs[i].weak_type)
+
+    def outputs_typed(self, outs: list) -> list:
+        """The function's outputs (the first ones of ``outs``), weakly typed where their specs are."""
+        for i in self.outputs:
+            outs[i] = retyped(outs[i], True)
+        return outs
+
+    def grads_typed(self, grads: list, cts: Sequence[Any]) -> list:
+        """The backward's ``grads``, typed as JAX's for the cotangents ``cts`` (the backward's, in its order)."""
+        if self.grads:
+            weak = [is_weak(ct) for ct in cts]
+            for k, need in self.grads:
+                grads[k] = retyped(grads[k], need is not None and all(weak[j] for j in need))
+        return grads
