@@ -296,6 +296,17 @@ def is_forward_mode_tracer(x: Any) -> bool:
     return isinstance(x, _ad.JVPTracer)
 
 
+def reverse_mode_mask(leaves: Sequence[Any]) -> tuple[bool, ...]:
+    """Which ``leaves`` the reverse-mode transformation tracing now differentiates: under ``jax.grad`` or
+    ``jax.vjp`` (inside ``jit`` too), its own tracers, not values of the traces beneath it (the data a
+    ``jit(value_and_grad(f))`` step is given); under any other trace, every tracer (the safe answer)."""
+    trace = _core.trace_ctx.trace
+    linearize = getattr(_ad, "LinearizeTrace", None)
+    if linearize is not None and type(trace) is linearize:
+        return tuple(type(x) is _ad.LinearizeTracer and x._trace is trace for x in leaves)
+    return tuple(isinstance(x, _core.Tracer) for x in leaves)
+
+
 def is_differentiated(x: Any) -> bool:
     """Whether ``x`` is a tracer of ``jax.jvp``, ``jax.grad`` or ``jax.vjp``: a value being differentiated."""
     return isinstance(x, (_ad.JVPTracer, _ad.LinearizeTracer))
@@ -430,6 +441,6 @@ __all__ = [
     "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
     "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
     "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
-    "single_device_of", "stages_operations", "trace_context", "trace_of", "zeros_float0", "config_changes",
-    "jit_disabled", "pin_sharding", "explicit_axes",
+    "reverse_mode_mask", "single_device_of", "stages_operations", "trace_context", "trace_of", "zeros_float0",
+    "config_changes", "jit_disabled", "pin_sharding", "explicit_axes",
 ]

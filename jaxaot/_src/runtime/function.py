@@ -165,8 +165,9 @@ class AOTFunction:
                 # jax.custom_vjp refuses forward mode: inline the primal program instead.
                 outs = C.eval_closed(programs.primal, *leaves)
             else:
-                # Concrete leaves are not being differentiated: leave them out of the joint.
-                mask = tuple(C.is_tracer(x) for x in leaves)
+                # Leaves the reverse-mode trace does not differentiate (concrete ones, the data of a
+                # jit(value_and_grad) step) stay out of the joint.
+                mask = C.reverse_mode_mask(leaves)
                 outs = programs.training(mask).custom_vjp(*leaves)
             outs = [o if sh is None else C.pin_sharding(o, sh) for o, sh in zip(outs, programs.out_shardings)]
         return jax.tree_util.tree_unflatten(programs.out_tree, outs)
