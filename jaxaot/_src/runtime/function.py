@@ -153,16 +153,12 @@ class AOTFunction:
         if programs.closes_over_tracers:  # a model built inside a transformation: JAX's own tracing of it
             self._cache.pop(programs.signature, None)
             return self.fn(*args, **kwargs)
-        if kind is TraceKind.CONCRETE and C.stages_operations():
-            # Arrays under jit: the program's operations are staged, as a jit inside a jit is (not run now,
-            # their results made constants: a callback runs at each call of the outer program).
-            outs = C.eval_closed(programs.primal, *leaves)
-            outs = [o if sh is None else C.pin_sharding(o, sh) for o, sh in zip(outs, programs.out_shardings)]
-        elif kind is TraceKind.CONCRETE:
+        if kind is TraceKind.CONCRETE and not C.stages_operations():
             outs = programs.infer(leaves)
         else:
-            if kind is TraceKind.FORWARD_MODE:
-                # jax.custom_vjp refuses forward mode: inline the primal program instead.
+            if kind is not TraceKind.TRACED:
+                # jax.custom_vjp refuses forward mode; arrays under jit are staged, as a jit inside a jit is (a
+                # callback runs at each call of the outer program): the primal program, inlined.
                 outs = C.eval_closed(programs.primal, *leaves)
             else:
                 # Leaves the reverse-mode trace does not differentiate (concrete ones, the data of a
