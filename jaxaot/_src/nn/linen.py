@@ -21,12 +21,13 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Mapping
 
 from flax import linen as nn
 
-from jaxaot.errors import InvalidInputError
+from jaxaot.errors import InvalidInputError, StaticArgumentError
 from jaxaot._src.nn.module_call import CallStatic, ModuleCall
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.pure import linen_pure
@@ -80,6 +81,7 @@ _LOCK = threading.Lock()
 def _programs_for(module: nn.Module, static_argnums: tuple, static_argnames: tuple,
                   aot_kwargs: dict) -> LinenPrograms:
     """The programs of ``module`` (unbound) with these options: built once per equal module and options."""
+    _check_hashable(module)
     options = tuple(sorted((k, v if _hashable(v) else ("id", id(v))) for k, v in aot_kwargs.items()))
     key = (module, static_argnums, static_argnames, options)
     with _LOCK:
@@ -95,6 +97,23 @@ def _hashable(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _check_hashable(module: nn.Module, path: str = "") -> None:
+    """Raise :class:`StaticArgumentError` naming the field of ``module`` (or of a submodule field) with no hash."""
+    if _hashable(module):
+        return
+    for field in dataclasses.fields(module):
+        value = getattr(module, field.name, None)
+        if field.name in ("parent", "name") or _hashable(value):
+            continue
+        where = f"{path}{type(module).__name__}.{field.name}"
+        if isinstance(value, nn.Module):
+            _check_hashable(value, f"{where} -> ")
+        raise StaticArgumentError(
+            f"the Linen module's field {where} is a {type(value).__name__}, which has no hash: aot_module keys the "
+            "compiled programs on the Linen module, so its fields must be hashable. Give it a "
+            "flax.core.FrozenDict instead of a dict, a tuple instead of a list.")
 
 
 class AOTLinenModule(nn.Module):

@@ -28,6 +28,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.pytrees import describe_path
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.nn.metadata import ModuleLowered, build_metadata, user_input_names
+from jaxaot._src.nn.python_values import graph_hash
 from jaxaot._src.nn.state import FrozenState, leaf_fqns
 from jaxaot._src.runtime import AOTFunction
 
@@ -73,8 +74,13 @@ class CallStatic:
     _hash: int = dataclasses.field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.graphdef, self.method, self.static_args, self.static_kwargs,
-                                                self.mutable, self.capture_intermediates, self.param_tree)))
+        rest = (self.method, self.static_args, self.static_kwargs, self.mutable, self.capture_intermediates,
+                self.param_tree)
+        try:
+            value = hash((self.graphdef, *rest))
+        except TypeError:  # a plain dict or list attribute of the module: hashed by its contents
+            value = hash((graph_hash(self.graphdef), *rest))
+        object.__setattr__(self, "_hash", value)
 
     def __hash__(self) -> int:
         return self._hash

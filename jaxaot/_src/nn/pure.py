@@ -19,7 +19,9 @@ import jax
 from flax import nnx
 
 from jaxaot.errors import InvalidOutputError
+from jaxaot._src import compat as C
 from jaxaot._src.nn.module_call import CallStatic, Method
+from jaxaot._src.nn.python_values import kept_aux
 from jaxaot._src.nn.state import FrozenState, StateDelta, flat_inputs
 
 
@@ -90,7 +92,9 @@ def invoke(module: nnx.Module, method: Method, args: tuple, kwargs: dict) -> Any
 def nnx_loss_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **kwargs: Any):
     """``(loss, (aux, StateDelta))`` of a loss call (``static.method`` is a :class:`~jaxaot._src.nn.loss_call.LossCall`).
 
-    The module's own calls inside the loss are inlined (:func:`inlining`).
+    The module's own calls inside the loss are inlined (:func:`inlining`). Traced, the leaves of ``aux`` that
+    the loss returns untraced (Python values, NumPy values) stay out of the program's outputs and come back as
+    they were returned (:func:`~jaxaot._src.nn.python_values.kept_aux`), as ``nnx.value_and_grad`` returns them.
     """
     with _inlining():
         out, delta = nnx_pure(static, params, state, *args, **kwargs)
@@ -101,7 +105,10 @@ def nnx_loss_pure(static: CallStatic, params: Any, state: FrozenState, *args: An
             f"value_and_grad(..., has_aux=True) requires the function to return a pair (loss, aux), "
             f"got {type(out).__name__}."
         )
-    return out[0], (out[1], delta)
+    aux = out[1]
+    if any(map(C.is_tracer, jax.tree_util.tree_leaves((params, state, args, kwargs)))):
+        aux = kept_aux(aux)
+    return out[0], (aux, delta)
 
 
 def linen_pure(static: CallStatic, params: Any, state: FrozenState, rngs: Any, *args: Any, **kwargs: Any):

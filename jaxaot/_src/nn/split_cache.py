@@ -31,6 +31,7 @@ from flax import nnx
 
 from jaxaot._src import compat as C
 from jaxaot._src.nn.proxy import ProxyModule
+from jaxaot._src.nn.python_values import detached_graphdef
 
 _is_ = operator.is_
 
@@ -100,6 +101,7 @@ class ModuleSplit:
 
     def __init__(self, module: nnx.Module):
         self.graphdef, self.params, self.rest = nnx.split(module, nnx.Param, ...)
+        self.graphdef = detached_graphdef(self.graphdef)  # a config dict: the programs' own copy of it
         self.param_vars = jax.tree_util.tree_leaves(self.params, is_leaf=_is_variable)
         self.rest_vars = jax.tree_util.tree_leaves(self.rest, is_leaf=_is_variable)
         self.param_tree = jax.tree_util.tree_structure(self.params)
@@ -108,13 +110,14 @@ class ModuleSplit:
         self.n_params = len(self.param_vars)
         values = jax.tree_util.tree_leaves((self.params, self.rest))
         self.traced = any(map(C.is_tracer, values))
-        self.plain = (not self.traced and len(values) == self.n_params + len(self.rest_vars)
-                      and all(isinstance(v.get_raw_value(), (jax.Array, np.ndarray))
-                              for v in self.param_vars + self.rest_vars))
+        # An array held outside a Variable (``nnx.data``) is a leaf of the split itself: read through the state.
+        variables = [v for v in self.param_vars + self.rest_vars if _is_variable(v)]
+        self.plain = (not self.traced and len(values) == len(variables) == self.n_params + len(self.rest_vars)
+                      and all(isinstance(v.get_raw_value(), (jax.Array, np.ndarray)) for v in variables))
         self._snapshot = _snapshot(_containers(module))
         # A Variable holding a pytree (a dict, a sown tuple): the programs read its leaves by that structure.
         self._value_trees = [] if self.plain else [
-            (v, jax.tree_util.tree_structure(v.get_raw_value())) for v in self.param_vars + self.rest_vars
+            (v, jax.tree_util.tree_structure(v.get_raw_value())) for v in variables
             if not isinstance(v.get_raw_value(), (jax.Array, np.ndarray))]
         self._statics: dict[Any, Any] = {}
 
