@@ -156,3 +156,15 @@ def test_a_number_read_as_a_count_or_a_shape_is_static(read):
     for n in (2, 3, 2):
         chex.assert_trees_all_close(jaxaot.value_and_grad(loss)(aot, x, n),
                                     nnx.value_and_grad(loss)(plain, x, n), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("aot", [False, True])
+def test_a_diff_state_argnums_is_nnx_value_and_grad_s(aot):
+    make = lambda: nnx.Linear(4, 3, rngs=nnx.Rngs(0))  # noqa: E731
+    x = _x((5, 4))
+    loss = lambda m, x: jnp.sum(jnp.tanh(m(x)) ** 2)  # noqa: E731
+    which = nnx.DiffState(0, nnx.PathContains("kernel"))
+    got = jaxaot.value_and_grad(loss, argnums=which)(jaxaot.nn.aot_module(make()) if aot else make(), x)
+    want = nnx.value_and_grad(loss, argnums=which)(make(), x)
+    assert jax.tree.structure(got[1]) == jax.tree.structure(want[1])
+    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)

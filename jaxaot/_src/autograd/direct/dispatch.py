@@ -102,12 +102,22 @@ def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused:
     return vg
 
 
+def _is_diff_state(argnums: Any) -> bool:
+    """Whether ``argnums`` is Flax's ``nnx.DiffState`` (an argument and the Variables of it to differentiate)."""
+    kind = type(argnums)
+    return kind.__name__ == "DiffState" and kind.__module__.startswith("flax.") and isinstance(
+        getattr(argnums, "argnum", None), int)
+
+
 def _flax_where_a_module(fun: Callable[..., Any], argnums: Any, has_aux: bool,
                          fallback: Callable[..., Any]) -> Callable[..., Any]:
     """``fallback``, or ``nnx.value_and_grad`` for a call whose differentiated arguments (``argnums`` a sequence)
     hold an ``nnx.Module``: its gradient is then an ``nnx.State``, as Flax gives, and the state the call changes
     is written back."""
     positions = tuple(argnums) if isinstance(argnums, (tuple, list)) else ()
+    if _is_diff_state(argnums):  # Flax's own argnums: nnx.value_and_grad, which reads it
+        return lambda *args, **kwargs: _module_step().FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(
+            *args, **kwargs)
 
     def vg(*args: Any, **kwargs: Any):
         step = _module_step()
@@ -131,9 +141,15 @@ def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who
     ``fused``, ``holomorphic`` or ``allow_int`` not a bool."""
     if not callable(fun):
         raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if _is_diff_state(argnums):  # Flax's argnums: nnx.value_and_grad's to check and run
+        nums: tuple | None = (argnums.argnum,)
+    elif isinstance(argnums, (tuple, list)):
+        nums = tuple(argnums)
+    else:
+        nums = (argnums,) if isinstance(argnums, int) else None
     if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
-        raise InvalidInputError(f"argnums of {who} must be an int or a non-empty sequence of ints, got {argnums!r}.")
+        raise InvalidInputError(f"argnums of {who} must be an int, a non-empty sequence of ints or an nnx.DiffState, "
+                                f"got {argnums!r}.")
     for name, value in (("has_aux", has_aux), ("fused", fused), ("holomorphic", holomorphic),
                         ("allow_int", allow_int)):
         if not isinstance(value, bool):
@@ -155,7 +171,8 @@ def value_and_grad(
     call); under ``jit`` it is ``nnx.value_and_grad``.
 
     Args:
-      fun, argnums, has_aux, holomorphic, allow_int: as ``jax.value_and_grad``'s. With ``holomorphic`` or
+      fun, argnums, has_aux, holomorphic, allow_int: as ``jax.value_and_grad``'s (``argnums`` may be Flax's
+        ``nnx.DiffState``: the call is then ``nnx.value_and_grad``'s). With ``holomorphic`` or
         ``allow_int`` the call is ``jax.value_and_grad``'s (an ``aot_function`` inside it still runs its
         compiled programs), with ``cache_info()`` that of ``fun`` where it has one.
       fused: run one executable that computes the forward and then the
