@@ -5,11 +5,16 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from jax import lax
 
 from jaxaot._src import compat as C
+from jaxaot._src.loops import differentiable
 from jaxaot._src.loops.common import counted_loop_p, while_loop_p, while_loop_stack_output_p
 from jaxaot._src.loops.wrappers import while_loop
+
+_SEED = int(np.random.SeedSequence().entropy % 2**31)
 
 
 def _loop(x, n=3, **kw):
@@ -74,3 +79,80 @@ def test_inner_loops_are_recomputed_not_stacked_per_outer_iteration():
     temp = g.lower(x).compile().memory_analysis().temp_size_in_bytes
     assert temp < 4 * 3 * 128 * 64 * 4, temp  # a few rows of each level's 128, not 128**3
     chex.assert_trees_all_close(g(x), jax.grad(lambda x: _nest_ref(x, 3).sum())(x), rtol=1e-5)
+
+
+def _nest_of_kinds(p, depth):
+    """``depth`` nested ``lax.while_loop``s over a carry ``(k, t, y)``. Level 0 stops on its integer counter
+    ``k``, odd levels on the float ``t``, the others on ``k``, a closed-over differentiated value and ``y``.
+    Every body reads the differentiated values of all the levels around it and runs the next level; below
+    level 0 it advances ``t`` by a loop of its own whose inputs carry no derivative that reaches its output:
+    ``t`` and, at levels 1, 5, ..., the ``floor`` of a closed-over differentiated value."""
+    def level(i, y0, env):
+        def derivative_free(t):
+            step = 0.3 + (0.05 * jnp.clip(jnp.floor(4 * jnp.mean(jnp.abs(env[-1]))), 0, 4) if i % 4 == 1 else 0.1)
+            return lax.while_loop(lambda d: d[0] < 2, lambda d: (d[0] + 1, d[1] + step), (0, t))[1]
+
+        def cond(c):
+            k, t, y = c
+            if i == 0:
+                return k < 2
+            if i % 2:
+                return t < 1.0
+            return (k < 2) & jnp.all(env[0] < 100.0) & jnp.all(jnp.abs(y) < 100.0)
+
+        def body(c):
+            k, t, y = c
+            z = level(i + 1, y, [*env, y]) if i + 1 < depth else y
+            read = sum(0.1 * (j + 1) * e for j, e in enumerate(env))
+            return k + 1, derivative_free(t) if i else t, jnp.sin(z) * 0.8 + read * jnp.cos(y)
+
+        return lax.while_loop(cond, body, (0, jnp.zeros((), y0.dtype), y0))[2]
+
+    return jnp.sum(level(0, p, [p]) ** 2)
+
+
+@pytest.mark.parametrize("depth,mode", [(3, dict(max_steps=8)), (4, dict(max_steps=8)),
+                                        pytest.param(3, dict(checkpoints=2), marks=pytest.mark.slow),
+                                        pytest.param(4, dict(max_steps=8, checkpoints=3), marks=pytest.mark.slow)])
+def test_conditions_may_read_inner_loops_without_derivatives(depth, mode):
+    # A loop whose inputs carry no derivative that reaches an output is known, also under the
+    # jax.checkpoint that wraps each inner loop in its outer loop's backward: a loop around it whose
+    # condition reads its results splits into stacking and linear loops as any other, at any depth.
+    p = jnp.asarray(np.random.default_rng(_SEED).uniform(-1.0, 1.0, 3), jnp.float32)
+    got = jax.grad(differentiable(lambda p: _nest_of_kinds(p, depth), **mode))(p)
+    with jax.enable_x64(True):  # float64 central differences of the same program
+        shifts = 1e-6 * np.eye(3)
+        q = np.asarray(p, np.float64)
+        values = jax.jit(jax.vmap(lambda q: _nest_of_kinds(q, depth)))(np.concatenate([q + shifts, q - shifts]))
+        fd = np.asarray(values[:3] - values[3:]) / 2e-6
+    np.testing.assert_allclose(got, fd, rtol=1e-4, atol=1e-6, err_msg=f"seed {_SEED}")
+
+
+@pytest.mark.parametrize("policy", ["everything_saveable", "nothing_saveable", "dots_saveable"])
+def test_a_checkpointed_loop_without_derivatives_stays_known(policy):
+    # Under any policy, the outer loop's condition reads the inner loop's result as a known value.
+    rule = getattr(jax.checkpoint_policies, policy)
+    p = jnp.float32(np.random.default_rng(_SEED).uniform(1.2, 1.8))  # floor(p) = 1: three outer steps
+
+    def f(p):
+        bound = jax.checkpoint(lambda p: while_loop(lambda d: d[0] < 2, lambda d: (d[0] + 1, d[1] + jnp.floor(p)),
+                                                    (0, 0.3), max_steps=4)[1], policy=rule)(p)
+        return while_loop(lambda c: c[0] < bound, lambda c: (c[0] + 1.0, jnp.sin(c[1]) * p), (0.0, p), max_steps=8)[1]
+
+    ref = jax.grad(lambda p: lax.fori_loop(0, 3, lambda i, y: jnp.sin(y) * p, p))(p)
+    chex.assert_trees_all_close(jax.grad(jax.checkpoint(f, policy=rule))(p), ref, rtol=1e-5)
+    chex.assert_trees_all_close(jax.jit(jax.grad(f))(p), ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [dict(max_steps=2), dict(), dict(checkpoints=2), dict(max_steps=2, checkpoints=1)])
+def test_a_loop_whose_outputs_carry_no_derivative_runs_to_its_end(mode):
+    # The condition reads the differentiated x, the outputs do not depend on it: the loop runs as it runs
+    # without differentiation, past max_steps and without one, and reverse mode transposes none of it.
+    x = jnp.float32(np.random.default_rng(_SEED).uniform(0.55, 0.95))
+
+    def f(x):
+        n = while_loop(lambda c: c[1] < x * 10, lambda c: (c[0] + 1, c[1] + 1.0), (0, 0.0), **mode)[0]
+        return x * n
+
+    n = float(np.ceil(10 * np.float32(x)))  # the trip count, more than max_steps
+    assert float(jax.grad(f)(x)) == n and float(jax.jit(jax.grad(f))(x)) == n

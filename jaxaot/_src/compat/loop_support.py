@@ -244,6 +244,13 @@ def has_effects(eqn: Any) -> bool:
     return _pe.has_effects(eqn)
 
 
+def saved_by_policy(saveable: Any, eqn: Any) -> bool:
+    """Whether the ``jax.checkpoint`` policy ``saveable`` saves ``eqn``'s outputs instead of recomputing
+    them, as JAX asks it of an eqn whose inputs are all known (an offload counts as recomputing)."""
+    case = _pe.ensure_enum(saveable(eqn.primitive, *[x.aval for x in eqn.invars], **eqn.params))
+    return isinstance(case, _pe.SaveableType)
+
+
 def backward_pass_closed(closed: Any, primals_in: Sequence[Any], cts_in: Sequence[Any]) -> list:
     """Transpose a linear closed jaxpr: cotangents for every input (Zero if none)."""
     return list(_ad.backward_pass(jaxpr_of(closed), False, consts_of(closed), list(primals_in), list(cts_in)))
@@ -293,7 +300,7 @@ __all__ = [
     "hoist_consts", "in_avals_of", "instantiate_zeros", "is_jaxpr_var", "is_known_pval", "is_undefined_primal",
     "join_effects", "jvp_jaxpr", "known_value", "lax_fori_loop", "lax_while_loop", "lower_fun", "merge_lists",
     "custom_rule_params", "in_jaxaot_own_loop", "intercept_while_binds", "jaxaot_own_loops", "lax_while_p",
-    "loop_options_scope", "replace_eqns", "tracing_into", "weakref_lru_cache", "while_parts",
+    "loop_options_scope", "replace_eqns", "saved_by_policy", "tracing_into", "weakref_lru_cache", "while_parts",
     "new_eqn", "new_loop_primitive", "out_avals_of", "partial_eval_jaxpr_custom_rules",
     "partial_eval_jaxpr_nounits", "primitive_jvps", "primitive_transposes", "register_lowering", "split_list",
     "stage_unknown_eqn", "vmap_like",

@@ -156,6 +156,8 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     carry_uk, (known_body, unknown_body, out_uk, res_avals) = _carry_unknowns(loop, consts_uk, carry_uk, xs_uk)
     if _cond_unknown(loop, consts_uk, carry_uk):
         return trace.default_process_primitive(prim, tracers, params)
+    if not any(out_uk):  # no derivative reaches an output: nothing to stack, bound or transpose
+        return _run_known(loop, tracers, consts_uk, carry_uk, xs_uk, known_body, res_avals)
     if reverse_mode(loop) == "unbounded":
         return _stage_whole(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
     known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
@@ -245,17 +247,34 @@ def _segmented(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequen
     return segments.run(loop, steps, consts, carry, trace, still_running)
 
 
+def _known_loop(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool], known_body: Any,
+                res_avals: Sequence[Any]) -> Loop:
+    """The loop over its known inputs, computing its known outputs (``known_body`` less its residuals)."""
+    n_known_outs = len(C.out_avals_of(known_body)) - len(res_avals)
+    body, _ = C.dce_closed(known_body, [True] * n_known_outs + [False] * len(res_avals), True)
+    return loop.replace(body=body, cond=_known_cond(loop, consts_uk, carry_uk),
+                        num_consts=loop.num_consts - sum(consts_uk), num_carry=loop.num_carry - sum(carry_uk))
+
+
+def _run_known(loop: Loop, tracers: Sequence[Any], consts_uk: Sequence[bool], carry_uk: Sequence[bool],
+               xs_uk: Sequence[bool], known_body: Any, res_avals: Sequence[Any]) -> list:
+    """A loop none of whose outputs carries a derivative (its unknown inputs, tangents of values read
+    through ``floor`` or by the condition alone, reach none): its known part runs as the loop runs
+    without differentiation, to its end, whatever its bound; no stack, nothing staged."""
+    known_loop = _known_loop(loop, consts_uk, carry_uk, known_body, res_avals)
+    n, consts, carry, xs = loop.split(tracers)
+    known = [[C.known_value(t) for t in pick(uks, ts, False)]
+             for ts, uks in ((consts, consts_uk), (carry, carry_uk), (xs, xs_uk))]
+    return known_loop.bind(known_loop.join(C.known_value(n) if loop.counted else None, *known))
+
+
 def _stage_whole(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],
                  carry_uk: Sequence[bool], known_body: Any, res_avals: Sequence[Any]) -> list:
     """What ``lax.while_loop`` does for an unbounded loop: a known loop computes the
     known carries, and the whole loop is staged into the unknown part (which
     recomputes the primal carries it needs); linearize works, the transpose of the
     staged loop is refused with :func:`~jaxaot._src.loops.capacity.unbounded_error`."""
-    n_known_outs = len(C.out_avals_of(known_body)) - len(res_avals)
-    body, _ = C.dce_closed(known_body, [True] * n_known_outs + [False] * len(res_avals), True)
-    known_loop = loop.replace(body=body, cond=_known_cond(loop, consts_uk, carry_uk),
-                              num_consts=loop.num_consts - sum(consts_uk),
-                              num_carry=loop.num_carry - sum(carry_uk))
+    known_loop = _known_loop(loop, consts_uk, carry_uk, known_body, res_avals)
     _, consts, carry, _ = loop.split(tracers)
     known_in = [C.known_value(t) for t in [*pick(consts_uk, consts, False), *pick(carry_uk, carry, False)]]
     known_out = known_loop.bind(known_in) if known_loop.num_carry else []
@@ -267,8 +286,14 @@ def partial_eval_custom(prim: Any, saveable: Any, unks_in: Sequence[bool], inst_
     """The ``jax.checkpoint`` rule: the known loop runs in the forward; the staged
     (backward) part recomputes the loop whole, its residuals being only its inputs.
     Splitting it into stacking and linear loops happens later, when remat's
-    transpose partially evaluates the staged eqn with :func:`partial_eval`."""
-    del saveable
+    transpose partially evaluates the staged eqn with :func:`partial_eval`.
+
+    A loop none of whose outputs is unknown (no differentiated input, or only tangents
+    that reach no output: a closed-over value read through ``floor`` or by the
+    condition alone) is known, as JAX treats any eqn of known inputs: the policy says
+    whether the backward recomputes it or saves its outputs. Were its outputs unknown,
+    a loop around it whose condition reads them could not be split, and reverse mode
+    would have to transpose a ``while`` (:class:`~jaxaot.errors.ReverseModeBoundError`)."""
     loop = loop_of(prim, eqn.params)
     new_inst = [x for x, inst in zip(eqn.invars, inst_in) if C.is_jaxpr_var(x) and not inst]
     n_out = len(eqn.outvars)
@@ -277,17 +302,19 @@ def partial_eval_custom(prim: Any, saveable: Any, unks_in: Sequence[bool], inst_
     if loop.counted and n_uk:
         return stage_all
     carry_uk, (known_body, _, out_uk, res_avals) = _carry_unknowns(loop, consts_uk, carry_uk, xs_uk)
-    if _cond_unknown(loop, consts_uk, carry_uk) or not any(out_uk):
+    if _cond_unknown(loop, consts_uk, carry_uk):
         return stage_all
-    n_known_outs = len(C.out_avals_of(known_body)) - len(res_avals)
-    known_body, _ = C.dce_closed(known_body, [True] * n_known_outs + [False] * len(res_avals), True)
     ys_uk = out_uk[loop.num_carry:]
-    known_loop = loop.replace(body=known_body, cond=_known_cond(loop, consts_uk, carry_uk),
-                              num_consts=loop.num_consts - sum(consts_uk),
-                              num_carry=loop.num_carry - sum(carry_uk))
+    known_loop = _known_loop(loop, consts_uk, carry_uk, known_body, res_avals)
     unks = ([False] if loop.counted else []) + [*consts_uk, *carry_uk, *xs_uk]
     known_in = [v for v, u in zip(eqn.invars, unks) if not u]
     out_uk_all = [*carry_uk, *ys_uk, *([False] * loop.num_extra)]
     known_out = [v for v, u in zip(eqn.outvars, out_uk_all) if not u]
     eqn_known = C.new_eqn(known_in, known_out, prim, known_loop.params(), known_loop.effects(), eqn)
-    return eqn_known, eqn, out_uk_all, [True] * n_out, new_inst
+    if any(out_uk):
+        return eqn_known, eqn, out_uk_all, [True] * n_out, new_inst
+    if C.has_effects(eqn_known) or C.saved_by_policy(saveable, eqn_known):
+        return eqn_known, None, out_uk_all, [False] * n_out, []
+    known_inst = [inst for inst, u in zip(inst_in, unks) if not u]
+    recompute_inst = [x for x, inst in zip(known_in, known_inst) if C.is_jaxpr_var(x) and not inst]
+    return eqn_known, eqn_known, out_uk_all, [True] * n_out, recompute_inst
