@@ -31,6 +31,7 @@ from jaxaot.errors import InvalidInputError, StaticArgumentError
 from jaxaot._src.nn.module_call import CallStatic, ModuleCall
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.pure import linen_pure
+from jaxaot._src.nn.python_values import hashable
 from jaxaot._src.runtime import AOTFunction, CacheInfo, aot_function
 
 
@@ -82,7 +83,7 @@ def _programs_for(module: nn.Module, static_argnums: tuple, static_argnames: tup
                   aot_kwargs: dict) -> LinenPrograms:
     """The programs of ``module`` (unbound) with these options: built once per equal module and options."""
     _check_hashable(module)
-    options = tuple(sorted((k, v if _hashable(v) else ("id", id(v))) for k, v in aot_kwargs.items()))
+    options = tuple(sorted((k, v if hashable(v) else ("id", id(v))) for k, v in aot_kwargs.items()))
     key = (module, static_argnums, static_argnames, options)
     with _LOCK:
         programs = _SHARED.get(key)
@@ -91,21 +92,13 @@ def _programs_for(module: nn.Module, static_argnums: tuple, static_argnames: tup
     return programs
 
 
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
-
-
 def _check_hashable(module: nn.Module, path: str = "") -> None:
     """Raise :class:`StaticArgumentError` naming the field of ``module`` (or of a submodule field) with no hash."""
-    if _hashable(module):
+    if hashable(module):
         return
     for field in dataclasses.fields(module):
         value = getattr(module, field.name, None)
-        if field.name in ("parent", "name") or _hashable(value):
+        if field.name in ("parent", "name") or hashable(value):
             continue
         where = f"{path}{type(module).__name__}.{field.name}"
         if isinstance(value, nn.Module):

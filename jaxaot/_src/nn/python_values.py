@@ -29,7 +29,8 @@ from jaxaot._src import compat as C
 _MAX_DEPTH = 32  #: past this depth :func:`graph_hash` hashes a value by its type (equal values still hash equal)
 
 
-def _hashable(value: Any) -> bool:
+def hashable(value: Any) -> bool:
+    """Whether ``hash(value)`` succeeds."""
     try:
         hash(value)
     except TypeError:
@@ -48,7 +49,7 @@ def detached_graphdef(graphdef: Any) -> Any:
         return graphdef
     detached, changed = [], False
     for key, attr in attributes:
-        if dataclasses.is_dataclass(attr) and hasattr(attr, "value") and not _hashable(attr.value):
+        if dataclasses.is_dataclass(attr) and hasattr(attr, "value") and not hashable(attr.value):
             try:
                 attr = dataclasses.replace(attr, value=copy.deepcopy(attr.value))
                 changed = True
@@ -138,4 +139,4 @@ def kept_aux(aux: Any) -> Any:
     return jax.tree_util.tree_unflatten(tree, [x if _traced(x) else Kept(x) for x in leaves])
 
 
-__all__ = ["Kept", "detached_graphdef", "graph_hash", "kept_aux"]
+__all__ = ["Kept", "detached_graphdef", "graph_hash", "hashable", "kept_aux"]
