@@ -98,7 +98,7 @@ def test_split_merge_round_trip_keeps_the_compiled_programs():
 
 def _train(kind: str, aot: bool, steps: int = 4):
     model = Net(aot)
-    opt_cls = jaxaot._src.nn.Optimizer if kind == "jaxaot" else nnx.Optimizer
+    opt_cls = jaxaot.nn.Optimizer if kind == "jaxaot" else nnx.Optimizer
     opt = opt_cls(model, optax.adam(1e-2), wrt=nnx.Param)
 
     def step(m, o, x, y):
@@ -115,7 +115,7 @@ def _train(kind: str, aot: bool, steps: int = 4):
 @pytest.mark.parametrize("kind", ["jit", "eager", "jaxaot"])
 def test_training_matches_the_plain_model(kind):
     """Under nnx.jit, eager nnx.value_and_grad + nnx.Optimizer, and jaxaot.value_and_grad +
-    jaxaot._src.nn.Optimizer: the same losses, state and optimizer state as the plain model."""
+    jaxaot.nn.Optimizer: the same losses, state and optimizer state as the plain model."""
     ref_losses, ref_state, ref_opt = _train(kind, aot=False)
     losses, state, opt_state = _train(kind, aot=True)
     chex.assert_trees_all_close(losses, ref_losses, **TOL)
@@ -129,7 +129,7 @@ def test_orbax_checkpoint_restores_and_training_resumes(tmp_path):
 
     def make(aot):
         model = Net(aot)
-        return model, jaxaot._src.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+        return model, jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
     def train(model, opt, steps):
         return [float(_step(model, opt, *data(i))) for i in steps]

@@ -1,4 +1,4 @@
-"""``jaxaot._src.nn.Optimizer``: the compiled eager update against ``nnx.Optimizer``."""
+"""``jaxaot.nn.Optimizer``: the compiled eager update against ``nnx.Optimizer``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _train(name: str, opt_cls, tx_name: str, aot: bool, steps: int = 3):
 def test_matches_nnx_optimizer(tx_name):
     """Losses, returned updates, parameters, optimizer state and step count after 3 eager steps."""
     ref_losses, ref_updates, ref_state, ref_opt = _train("cnn", nnx.Optimizer, tx_name, aot=False)
-    losses, updates, state, opt = _train("cnn", jaxaot._src.nn.Optimizer, tx_name, aot=False)
+    losses, updates, state, opt = _train("cnn", jaxaot.nn.Optimizer, tx_name, aot=False)
     chex.assert_trees_all_close(losses, ref_losses, **TOL)
     chex.assert_trees_all_close(updates, ref_updates, **TOL)
     assert_states_equal(state, ref_state, **TOL)
@@ -51,7 +51,7 @@ def test_with_aot_module_and_jaxaot_value_and_grad():
     ref_losses, _, ref_state, _ = _train("cnn", nnx.Optimizer, "adam", aot=False)
     model = nnx_model("cnn")
     m = jaxaot.nn.aot_module(model)
-    opt = jaxaot._src.nn.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
+    opt = jaxaot.nn.Optimizer(m, optax.adam(1e-2), wrt=nnx.Param)
     losses = []
     for step in range(3):
         x, y = batch("cnn", step)
@@ -65,7 +65,7 @@ def test_with_aot_module_and_jaxaot_value_and_grad():
 def test_under_nnx_jit_is_nnx_optimizer():
     """Traced, ``update`` is ``nnx.Optimizer.update``: same results as the plain optimizer under ``nnx.jit``."""
     results = []
-    for cls in (nnx.Optimizer, jaxaot._src.nn.Optimizer):
+    for cls in (nnx.Optimizer, jaxaot.nn.Optimizer):
         model = nnx_model("cnn")
         opt = cls(model, optax.adam(1e-2), wrt=nnx.Param)
 
@@ -84,7 +84,7 @@ def test_under_nnx_jit_is_nnx_optimizer():
 def test_non_array_kwargs_fall_back():
     """``update(..., value_fn=...)`` (a line search) holds a function: it runs as ``nnx.Optimizer.update``."""
     outs = []
-    for cls in (nnx.Optimizer, jaxaot._src.nn.Optimizer):
+    for cls in (nnx.Optimizer, jaxaot.nn.Optimizer):
         model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
         tx = optax.chain(optax.sgd(1.0), optax.scale_by_backtracking_linesearch(max_backtracking_steps=5))
         opt = cls(model, tx, wrt=nnx.Param)
@@ -105,7 +105,7 @@ def test_non_array_kwargs_fall_back():
 def test_bad_grads_leave_state_untouched():
     """Gradients of the wrong structure raise, and the model and optimizer are unchanged and keep working."""
     model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
-    opt = jaxaot._src.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    opt = jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     before = jax.tree.map(lambda a: a.copy(), nnx.as_pure(nnx.state(model)))
     bad = nnx.state(nnx.Linear(3, 5, rngs=nnx.Rngs(1)), nnx.Param)
     with pytest.raises((TypeError, ValueError)):
@@ -142,7 +142,7 @@ def test_update_reuses_the_gradients_traversal_only_for_those_gradients():
 
     ref_state, ref_opt = run(nnx.Optimizer, False)
     for copy_grads in (False, True):
-        state, opt_state = run(jaxaot._src.nn.Optimizer, copy_grads)
+        state, opt_state = run(jaxaot.nn.Optimizer, copy_grads)
         assert_states_equal(state, ref_state, **TOL)
         chex.assert_trees_all_close(opt_state, ref_opt, **TOL)
 
@@ -157,7 +157,7 @@ def test_update_after_the_module_changed_updates_the_new_parameters():
     from jaxaot._src.nn.traversal import recall
 
     m = jaxaot.nn.aot_module(nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.Linear(4, 2, rngs=nnx.Rngs(1))))
-    opt = jaxaot._src.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
+    opt = jaxaot.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
     _, grads = jaxaot.value_and_grad(lambda mm: jnp.sum(mm(jnp.ones((2, 3))) ** 2))(m)
     fresh = nnx.Linear(4, 2, rngs=nnx.Rngs(2))
     before = fresh.kernel[...]
@@ -169,7 +169,7 @@ def test_update_after_the_module_changed_updates_the_new_parameters():
 
 def test_value_hooks_are_bypassed_as_in_nnx():
     """``nnx.Optimizer`` reads and writes raw values (``nnx.as_pure`` / ``nnx.update``): a parameter's
-    ``on_set_value`` hook does not run, and ``jaxaot._src.nn.Optimizer`` does the same."""
+    ``on_set_value`` hook does not run, and ``jaxaot.nn.Optimizer`` does the same."""
     calls = []
 
     def hook(var, value):
@@ -186,7 +186,7 @@ def test_value_hooks_are_bypassed_as_in_nnx():
 
     ref = run(nnx.Optimizer)
     n_ref, calls[:] = len(calls), []
-    got = run(jaxaot._src.nn.Optimizer)
+    got = run(jaxaot.nn.Optimizer)
     chex.assert_trees_all_close(got, ref, **TOL)
     assert len(calls) == n_ref
 
@@ -201,7 +201,7 @@ def test_cache_info_counts_the_updates_compiles_and_says_why():
     the inputs by name, the seconds and the reason; a hit per update that compiled nothing."""
     tx = optax.adam(1e-2)
     model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
-    opt = jaxaot._src.nn.Optimizer(model, tx, wrt=nnx.Param)
+    opt = jaxaot.nn.Optimizer(model, tx, wrt=nnx.Param)
     for _ in range(2):
         opt.update(model, _grads(model))
     info = opt.cache_info()
@@ -224,7 +224,7 @@ def test_cache_info_counts_the_updates_compiles_and_says_why():
     # New parameter shapes in the same optimizer (its state made again for them): against the nearest
     # signature compiled, the float32 one.
     wide = nnx.Linear(5, 2, rngs=nnx.Rngs(1))
-    opt.opt_state = jaxaot._src.nn.Optimizer(wide, tx, wrt=nnx.Param).opt_state
+    opt.opt_state = jaxaot.nn.Optimizer(wide, tx, wrt=nnx.Param).opt_state
     opt.update(wide, _grads(wide))
     reason = opt.cache_info().entries[2].reason
     assert reason == ("params['kernel']: shape (3, 2) → (5, 2); grads['kernel']: shape (3, 2) → (5, 2); "
@@ -239,15 +239,15 @@ def test_cache_info_is_per_optimizer_and_the_programs_are_shared():
     that executable (a hit, nothing compiled); traced updates (``nnx.Optimizer.update`` itself) count nothing."""
     tx = optax.sgd(0.1, momentum=0.9)
     small, big = nnx.Linear(3, 2, rngs=nnx.Rngs(0)), nnx.Linear(6, 4, rngs=nnx.Rngs(1))
-    first = jaxaot._src.nn.Optimizer(small, tx, wrt=nnx.Param)
+    first = jaxaot.nn.Optimizer(small, tx, wrt=nnx.Param)
     first.update(small, _grads(small))
-    second = jaxaot._src.nn.Optimizer(big, tx, wrt=nnx.Param)
+    second = jaxaot.nn.Optimizer(big, tx, wrt=nnx.Param)
     second.update(big, _grads(big))
     info = second.cache_info()
     assert (info.hits, info.misses) == (0, 1) and info.entries[0].reason == "first call"
     assert "params['kernel']: f32[6,4]" in info.entries[0].signature
     assert (first.cache_info().hits, first.cache_info().misses) == (0, 1)
-    third = jaxaot._src.nn.Optimizer(nnx.Linear(6, 4, rngs=nnx.Rngs(2)), tx, wrt=nnx.Param)
+    third = jaxaot.nn.Optimizer(nnx.Linear(6, 4, rngs=nnx.Rngs(2)), tx, wrt=nnx.Param)
     third.update(big, _grads(big))
     assert (third.cache_info().hits, third.cache_info().misses, third.cache_info().entries) == (1, 0, ())
 

@@ -210,7 +210,7 @@ def test_fifty_steps_of_an_aot_module_show_the_loss_program():
     import optax
 
     model = jaxaot.nn.aot_module(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
-    optimizer = jaxaot._src.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    optimizer = jaxaot.nn.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     loss_fn = lambda m, x: jnp.sum(m(x) ** 2)  # noqa: E731
     for _ in range(50):
         _, grads = jaxaot.value_and_grad(loss_fn)(model, X)

@@ -166,7 +166,7 @@ def test_the_split_is_kept_across_steps_and_redone_when_the_module_changes(monke
     x, y = _data(6)
     ref, m = _mlp(), jaxaot.nn.aot_module(_mlp())
     ref_opt = nnx.Optimizer(ref, optax.sgd(0.1), wrt=nnx.Param)
-    opt = jaxaot._src.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
+    opt = jaxaot.nn.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param)
 
     def loss_fn(model, xx, yy):
         return jnp.mean((model(xx) - yy) ** 2)
