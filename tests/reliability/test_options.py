@@ -175,7 +175,11 @@ ROWS = [
     _row("compiled_value_and_grad", "param_hooks", ["w"], InvalidInputError),
     _row("compiled_value_and_grad", "has_aux", None, InvalidInputError),
     _row("compiled_value_and_grad", "replay", "yes", InvalidInputError),
+    _row("compiled_value_and_grad", "holomorphic", "yes", InvalidInputError),
+    _row("compiled_value_and_grad", "allow_int", 1, InvalidInputError),
     _row("compiled_grad", "replay", 1, InvalidInputError),
+    _row("compiled_grad", "holomorphic", None, InvalidInputError),
+    _row("compiled_grad", "allow_int", "no", InvalidInputError),
     # pipelines
     _row("pipeline", "stages", [], InvalidInputError),
     _row("pipeline", "stages", [_layer, 3], InvalidInputError),

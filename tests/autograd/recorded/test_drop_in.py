@@ -108,3 +108,18 @@ def test_cache_info_keeps_the_latest_entries_and_counts_them_all():
         w = w - 1e-3 * grad
     info = vg.cache_info()
     assert len(info.entries) == MAX_INFO_ENTRIES and info.misses + info.hits == calls and info.misses > calls // 2
+
+
+def test_holomorphic_and_allow_int_are_jax_s():
+    rng = np.random.default_rng()
+    z = jnp.asarray(rng.normal(size=3) + 1j * rng.normal(size=3), jnp.complex64)
+    f = lambda z: jnp.sum(jnp.sin(z) ** 2)  # noqa: E731
+    _close(jaxaot.compiled_value_and_grad(f, holomorphic=True)(z), jax.value_and_grad(f, holomorphic=True)(z))
+    g = lambda w, n: jnp.sum(w * n)  # noqa: E731
+    w, n = _rand(rng, 3), jnp.arange(3)
+    got = jaxaot.compiled_grad(g, argnums=(0, 1), allow_int=True)(w, n)
+    want = jax.grad(g, argnums=(0, 1), allow_int=True)(w, n)
+    _close(got[0], want[0])
+    assert got[1].dtype == want[1].dtype and got[1].shape == want[1].shape
+    with pytest.raises(InvalidInputError, match="replay"):
+        jaxaot.compiled_value_and_grad(f, holomorphic=True, replay=True)

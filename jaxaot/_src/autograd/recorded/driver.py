@@ -45,7 +45,8 @@ def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
 
 def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
                             param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
-                            replay: bool = False) -> Callable[..., Any]:
+                            replay: bool = False, holomorphic: bool = False,
+                            allow_int: bool = False) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``; the forward runs as written, the step is compiled once per structure.
 
     Args:
@@ -60,6 +61,9 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         (``if loss > 0``) take outcomes a recording took: the compiled step runs
         directly, as ``jit`` runs (``docs/concepts/compiled_autograd.md``, "Replay"). The
         forward's Python side effects then happen only when it is recorded.
+      holomorphic, allow_int: as ``jax.value_and_grad``'s; either True makes the call
+        ``jax.value_and_grad``'s, eager, with ``cache_info()`` listing nothing (``param_hooks`` and
+        ``replay`` are then refused).
 
     Returns:
       ``f(*args, **kwargs) -> (value, grad)`` (``((value, aux), grad)`` with
@@ -80,9 +84,17 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     nums, single = _check_argnums(argnums)
     if not isinstance(has_aux, bool):
         raise InvalidInputError(f"has_aux must be True or False, got {type(has_aux).__name__} {has_aux!r}.")
-    if not isinstance(replay, bool):
-        raise InvalidInputError(f"replay must be True or False, got {type(replay).__name__} {replay!r}.")
+    for name, flag in (("replay", replay), ("holomorphic", holomorphic), ("allow_int", allow_int)):
+        if not isinstance(flag, bool):
+            raise InvalidInputError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}.")
     plans = Plans(fun, PH.check_param_hooks(param_hooks), replay)
+    if holomorphic or allow_int:
+        if param_hooks or replay:
+            raise InvalidInputError("holomorphic=True or allow_int=True runs jax.value_and_grad, which takes no "
+                                    "param_hooks and no replay: leave those out, or differentiate real inputs only.")
+        vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
+        vg.cache_info = plans.cache_info
+        return vg
 
     def value_and_grad(*args: Any, **kwargs: Any):
         mark = overflow_mark()
@@ -299,7 +311,7 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
 
 def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
                   param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
-                  replay: bool = False) -> Callable[..., Any]:
+                  replay: bool = False, holomorphic: bool = False, allow_int: bool = False) -> Callable[..., Any]:
     """Like ``jax.grad``, with the eager forward and compiled backward of :func:`compiled_value_and_grad`.
 
     Example:
@@ -307,7 +319,8 @@ def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has
         >>> jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
-    vg = compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay)
+    vg = compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay,
+                                 holomorphic=holomorphic, allow_int=allow_int)
     return grad_of(vg, fun, has_aux=has_aux)
 
 
