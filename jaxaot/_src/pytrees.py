@@ -44,6 +44,13 @@ def is_python_scalar(x: Any) -> bool:
     return isinstance(x, _SCALAR_TYPES)
 
 
+def is_weakly_typed(x: Any) -> bool:
+    """Whether JAX reads ``x`` as weakly typed: a Python scalar is, an array or tracer by its aval, NumPy never."""
+    if type(x) in (int, float, complex):
+        return True
+    return bool(getattr(getattr(x, "aval", None), "weak_type", False))
+
+
 def describe_path(prefix: str, path: Sequence[Any]) -> str:
     """``prefix`` + the key path; prefix ``"input"`` names an ``(args, kwargs)`` pair's
     leaves ``arg[0]['w']`` / ``kwarg['scale']``."""

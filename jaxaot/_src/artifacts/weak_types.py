@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.pytrees import is_weakly_typed
 
 
 def weak_grad_rule(training: Any) -> tuple[tuple[int, ...] | None, ...]:
@@ -43,16 +44,9 @@ def weak_grad_rule(training: Any) -> tuple[tuple[int, ...] | None, ...]:
     return tuple(None if k not in weak else () if k in always else tuple(needs[k]) for k in range(n))
 
 
-def is_weak(x: Any) -> bool:
-    """Whether JAX reads ``x`` as weakly typed (a Python scalar is, a NumPy array is not)."""
-    if type(x) in (int, float, complex):
-        return True
-    return bool(getattr(getattr(x, "aval", None), "weak_type", False))
-
-
 def retyped(x: Any, weak: bool) -> Any:
     """``x`` (an array or tracer), weakly typed or not as ``weak`` says."""
-    if is_weak(x) == weak:
+    if is_weakly_typed(x) == weak:
         return x
     if weak:
         return C.typed_as(x, jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=True))
@@ -84,7 +78,7 @@ class WeakTyping:
     def grads_typed(self, grads: list, cts: Sequence[Any]) -> list:
         """The backward's ``grads``, typed as JAX's for the cotangents ``cts`` (the backward's, in its order)."""
         if self.grads:
-            weak = [is_weak(ct) for ct in cts]
+            weak = [is_weakly_typed(ct) for ct in cts]
             for k, need in self.grads:
                 grads[k] = retyped(grads[k], need is not None and all(weak[j] for j in need))
         return grads

@@ -11,7 +11,7 @@ from jaxaot._src.runtime.shardings import is_abstract, is_multi_device, output_s
 from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
 from jaxaot._src.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind, leaf_key, sharding_key
 from jaxaot._src.runtime.reasons import ArgNames, inputs_change, log_compile
-from jaxaot._src.runtime.training import TrainingPrograms
+from jaxaot._src.runtime.training import TrainingPrograms, typed_grads
 from jaxaot._src.runtime.hot_path import HotPath, hot_leaves, hot_path
 from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.residuals import Residuals
@@ -24,5 +24,5 @@ __all__ = [
     "FusedChoice", "HotPath", "ResidualRow",
     "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
     "custom_vjp_of", "hot_leaves", "hot_path", "is_abstract", "is_multi_device", "leaf_key", "output_shardings", "replicated", "scatter",
-    "select_cotangents", "shape_and_dtype_name", "sharding_key",
+    "select_cotangents", "shape_and_dtype_name", "sharding_key", "typed_grads",
 ]

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.pytrees import is_weakly_typed
 from jaxaot._src.compile import cached_partition
 from jaxaot.errors import PartitionError, ReverseModeBoundError
 from jaxaot._src.fusion import Prefetch
@@ -297,7 +298,7 @@ class WeakGrads:
         """The backward executable's ``grads`` (concrete arrays) typed as JAX's for the concrete cotangents ``cts``."""
         if not self.any:
             return grads
-        return typed_grads(grads, self.casts(tuple(_is_weak(x) for x in cts)))
+        return typed_grads(grads, self.casts(tuple(map(is_weakly_typed, cts))))
 
 
 def typed_grads(grads: list, casts: tuple) -> list:
@@ -306,11 +307,6 @@ def typed_grads(grads: list, casts: tuple) -> list:
         if not grads[k].weak_type:
             grads[k] = C.typed_as(grads[k], aval)
     return grads
-
-
-def _is_weak(x: Any) -> bool:
-    """Whether a concrete cotangent is weakly typed, as JAX reads it (a Python scalar is)."""
-    return x.weak_type if type(x) is _ArrayImpl else type(x) in (int, float, complex)
 
 
 def _split_compile(tr: TrainingPrograms, name: str) -> tuple:

@@ -18,7 +18,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.autograd.argnums import resolve_argnums
 from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
-from jaxaot._src.runtime import AOTFunction, TraceKind, hot_leaves, hot_path
+from jaxaot._src.runtime import AOTFunction, TraceKind, hot_leaves, hot_path, typed_grads
 
 
 def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
@@ -140,10 +140,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     def _results(tr: Any, outs: list, grads: list, picks: tuple[int, ...], casts: tuple) -> Any:
         """``(value, grad)`` (``((value, aux), grad)`` with ``has_aux``) from the flat outputs and grads; those at
         ``casts`` weakly typed, as JAX's gradient of a Python float is (``TrainingPrograms.weak_grads``)."""
-        for k, aval in casts:
-            if not grads[k].weak_type:
-                grads[k] = C.typed_as(grads[k], aval)
-        dyn, _ = tr.input_grads_tree(grads)
+        dyn, _ = tr.input_grads_tree(typed_grads(grads, casts) if casts else grads)
         picked = tuple(dyn[i] for i in picks)
         out_tree = jax.tree_util.tree_unflatten(tr.programs.out_tree, outs)
         grad = picked[0] if single else picked
