@@ -346,8 +346,8 @@ def _ran_peak(step: Callable, args: tuple) -> int | None:
     the op timings that price plans differ between processes); None where it is not reported."""
     try:
         compiled = step.lower(*args).compile()
-        peak = getattr(compiled, "peak_bytes", None)
-        return int(peak) if peak is not None else int(compiled.memory_analysis().peak_memory_in_bytes)
+        peak = getattr(compiled, "peak_bytes", None)  # jaxaot's; JAX's as the table reads it (temporaries included)
+        return int(peak) if peak is not None else peak_bytes(compiled)
     except Exception:  # noqa: BLE001 - a step without the lower/compile stages, a backend without analysis
         return None
 

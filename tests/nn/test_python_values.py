@@ -252,3 +252,61 @@ def test_a_python_number_passed_to_the_loss_and_returned_in_aux_is_a_scalar_arra
     for step, phase in ((1, "warmup"), (2, "train")):
         aux = jaxaot.value_and_grad(loss, has_aux=True)(aot, _x(), step, phase)[0][1]
         assert isinstance(aux["step"], jax.Array) and int(aux["step"]) == step and aux["phase"] == phase
+
+
+def _reasons(aot):
+    return [e.reason for e in aot.cache_info().entries]
+
+
+def test_a_compile_for_a_changed_attribute_names_it_by_path_with_its_values():
+    m = Configured()
+    aot = jaxaot.nn.aot_module(m)
+    aot(_x())
+    m.cfg["scale"] = 3.0
+    aot(_x())
+    m.acts.pop()
+    m.lin.in_features = 4  # the same value set again: no change
+    aot(_x())
+    reasons = _reasons(aot)
+    assert reasons[0] == "first call"
+    assert reasons[1] == ("module attribute `cfg`: {'scale': 2.0, 'shift': {'by': [0.5, 1.0]}} → "
+                          "{'scale': 3.0, 'shift': {'by': [0.5, 1.0]}}")
+    assert reasons[2] == "module attribute `acts`: ['tanh', 'relu'] → ['tanh']"
+
+
+class _Nested(nnx.Module):
+    def __init__(self):
+        self.blocks = nnx.List([Configured(), Configured()])
+
+    def __call__(self, x, train=True):
+        for b in self.blocks:
+            x = b(x)
+        return x if train else -x
+
+
+def test_a_nested_attribute_and_a_static_argument_are_named():
+    m = _Nested()
+    aot = jaxaot.nn.aot_module(m, static_argnames=("train",))
+    x = _x()
+    chex.assert_trees_all_close(aot(x), m(x), **TOL)
+    m.blocks[1].cfg["scale"] = 0.5
+    chex.assert_trees_all_close(aot(x), m(x), **TOL)
+    chex.assert_trees_all_close(aot(x, train=False), m(x, train=False), **TOL)
+    reasons = _reasons(aot)
+    assert reasons[1].startswith("module attribute `blocks[1].cfg`: {'scale': 2.0,")
+    assert reasons[2] == "train: not passed → False"
+
+
+def test_a_linen_mutable_change_is_named():
+    bn = nn.BatchNorm(use_running_average=False)
+    x = _x()
+    variables = bn.init(jax.random.key(0), x)
+    aot = jaxaot.nn.aot_module(bn)
+    want = bn.apply(variables, x, mutable=["batch_stats"])
+    chex.assert_trees_all_close(aot.apply(variables, x, mutable=["batch_stats"]), want, **TOL)
+    with pytest.raises(Exception):  # linen refuses a batch_stats update without mutable, as Flax does
+        bn.apply(variables, x)
+    reasons = _reasons(aot)
+    assert reasons == ["first call"]
+    aot.apply(variables, x, mutable=["batch_stats", "intermediates"])
+    assert _reasons(aot)[1] == "mutable: ('batch_stats',) → ('batch_stats', 'intermediates')"

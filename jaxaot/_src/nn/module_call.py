@@ -28,7 +28,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.pytrees import describe_path
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.nn.metadata import ModuleLowered, build_metadata, user_input_names
-from jaxaot._src.nn.python_values import graph_hash
+from jaxaot._src.nn.python_values import attribute_changes, graph_hash
 from jaxaot._src.nn.state import FrozenState, leaf_fqns
 from jaxaot._src.runtime import AOTFunction
 
@@ -129,6 +129,31 @@ class CallStatic:
             full.insert(i, v)
         return tuple(full), {**kwargs, **dict(self.static_kwargs)}
 
+    def change_from(self, old: Any) -> str | None:
+        """What differs from ``old``, another call's statics, in words (a compile's reason): the method, static
+        arguments, ``apply`` options, the parameters' structure, or the module attributes by path."""
+        if type(old) is not CallStatic:
+            return None
+        parts = []
+        if old.method != self.method:
+            parts.append(f"method {_name(old.method)} → {_name(self.method)}")
+        for i, v in self.static_args:
+            was = dict(old.static_args).get(i, _MISSING)
+            if was is _MISSING or not _same(was, v):
+                parts.append(f"arg[{i}]: {'not static' if was is _MISSING else repr(was)} → {v!r}")
+        for k, v in self.static_kwargs:
+            was = dict(old.static_kwargs).get(k, _MISSING)
+            if was is _MISSING or not _same(was, v):
+                parts.append(f"{k}: {'not passed' if was is _MISSING else repr(was)} → {v!r}")
+        for name in ("mutable", "capture_intermediates"):
+            if not _same(getattr(old, name), getattr(self, name)):
+                parts.append(f"{name}: {getattr(old, name)!r} → {getattr(self, name)!r}")
+        if old.param_tree != self.param_tree:
+            parts.append("the parameters' tree structure changed")
+        if not _same(old.graphdef, self.graphdef):
+            parts.append(attribute_changes(old.graphdef, self.graphdef) or "the module's structure changed")
+        return "; ".join(parts) or None
+
     def __repr__(self) -> str:  # the graphdef's own repr runs to pages
         if self.graphdef is None or hasattr(self.graphdef, "nodes"):  # an nnx GraphDef
             owner = "linen" if self.graphdef is None else getattr(_root_type(self.graphdef), "__name__", "nnx")
@@ -140,6 +165,20 @@ class CallStatic:
         if self.mutable is not False:
             parts.append(f"mutable={self.mutable!r}")
         return f"<{' '.join(parts)}>"
+
+
+_MISSING = object()
+
+
+def _name(method: Any) -> str:
+    return repr(getattr(method, "__name__", method))
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # an __eq__ that raises: the values count as different
+        return False
 
 
 def _root_type(graphdef: Any) -> Any:

@@ -82,6 +82,64 @@ def graph_hash(value: Any, depth: int = 0) -> int:
     return hash(type(value))
 
 
+def static_attributes(module: Any) -> dict[str, Any] | None:
+    """A module's plain (static) attribute values by path (``cfg``, ``block.rate``, ``layers[0].act``): an nnx
+    ``GraphDef``'s static attributes, or a Linen module's fields; None where the module is neither (or its
+    ``GraphDef`` is laid out in a way this walk does not read). Flax's own bookkeeping attributes are left out."""
+    if dataclasses.is_dataclass(module) and not hasattr(module, "nodes"):  # a Linen module: its fields
+        return {f.name: getattr(module, f.name, None) for f in dataclasses.fields(module)
+                if f.compare and f.name not in ("parent", "name")}
+    nodes, attributes = getattr(module, "nodes", None), getattr(module, "attributes", None)
+    if nodes is None or attributes is None:
+        return None
+    nodes, attributes, out = iter(nodes), iter(attributes), {}
+
+    def visit(node: Any, prefix: str) -> None:  # pre-order: a node attribute's own attributes follow it
+        for _ in range(getattr(node, "num_attributes", None) or 0):
+            key, attr = next(attributes)
+            path = f"{prefix}[{key}]" if isinstance(key, int) else f"{prefix}.{key}" if prefix else str(key)
+            if type(attr).__name__ == "NodeAttr":
+                visit(next(nodes), path)
+            elif hasattr(attr, "value") and not str(key).startswith("_pytree__"):
+                out[path] = attr.value
+
+    try:
+        visit(next(nodes), "")
+    except (StopIteration, TypeError):
+        return None
+    return out
+
+
+def attribute_changes(old: Any, new: Any, limit: int = 3) -> str | None:
+    """The module attributes that differ between two modules (nnx ``GraphDef``s or Linen modules), as
+    ``module attribute `cfg`: {'scale': 2.0} → {'scale': 3.0}``; None where none is found."""
+    a, b = static_attributes(old), static_attributes(new)
+    if a is None or b is None:
+        return None
+    changed = [k for k in a.keys() & b.keys() if not _same(a[k], b[k])]
+    changed = sorted(changed, key=list(b).index)
+    parts = [f"module attribute `{k}`: {_short(a[k])} → {_short(b[k])}" for k in changed[:limit]]
+    parts += [f"module attribute `{k}` is new" for k in b.keys() - a.keys()][: max(limit - len(parts), 0)]
+    parts += [f"module attribute `{k}` is gone" for k in a.keys() - b.keys()][: max(limit - len(parts), 0)]
+    more = len(changed) + len(a.keys() ^ b.keys()) - len(parts)
+    return "; ".join(parts + ([f"{more} more"] if more > 0 else [])) or None
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # an __eq__ that raises or returns an array: the values count as different
+        return False
+
+
+def _short(value: Any, width: int = 80) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # a __repr__ that raises
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 class Kept:
     """A Python value in a traced function's output tree: a node with no leaves, which gives the value back when
     the tree is rebuilt (a NumPy array as a fresh copy, as a loss returns a new one per call)."""
@@ -139,4 +197,4 @@ def kept_aux(aux: Any) -> Any:
     return jax.tree_util.tree_unflatten(tree, [x if _traced(x) else Kept(x) for x in leaves])
 
 
-__all__ = ["Kept", "detached_graphdef", "graph_hash", "hashable", "kept_aux"]
+__all__ = ["Kept", "attribute_changes", "detached_graphdef", "graph_hash", "hashable", "kept_aux", "static_attributes"]

@@ -232,8 +232,21 @@ def _static_change(old: tuple, new: tuple, names: ArgNames) -> str | None:
         if a.value is b.value and hash(a) != hash(b):
             out.append(f"static argument `{name}` was mutated since an earlier call (its hash changed)")
         elif _static_differs((a,), (b,)):
-            out.append(f"static argument `{name}`: {safe_repr(a.value, 80)} → {safe_repr(b.value, 80)}")
+            out.append(_described(a.value, b.value) or
+                       f"static argument `{name}`: {safe_repr(a.value, 80)} → {safe_repr(b.value, 80)}")
     return "; ".join(out) or None
+
+
+def _described(old: Any, new: Any) -> str | None:
+    """``new.change_from(old)``, where the static value describes its own changes (a module call's statics:
+    which attribute changed), else None."""
+    change_from = getattr(type(new), "change_from", None)
+    if change_from is None:
+        return None
+    try:
+        return change_from(new, old)
+    except Exception:  # only a reason's text: never raised
+        return None
 
 
 def static_text(static: tuple) -> str:
