@@ -30,6 +30,14 @@ def describe(tree: Any) -> str:
     return str(jax.tree_util.tree_unflatten(treedef, texts)).replace("'", "")
 
 
+def leaf_type(x: Any) -> jax.ShapeDtypeStruct:
+    """``x``'s shape, dtype and weak type, as JAX traces it (a Python float: a weakly typed float32)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type)
+    a = jax.typeof(x)
+    return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+
+
 def check_batch(name: str, tree: Any, num_microbatches: int) -> None:
     """Raise :class:`~jaxaot.errors.InvalidValueError` unless every leaf of ``tree`` splits in ``num_microbatches``."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
@@ -71,7 +79,7 @@ def stage_input_specs(stage_fns: Sequence[Callable], loss_fn: Callable, params: 
         the first stage does not take the inputs, ``loss_fn`` does not take the
         last stage's output and the targets, or the loss is not a float scalar.
     """
-    specs = [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), inputs)]
+    specs = [jax.tree_util.tree_map(leaf_type, inputs)]
     for s, fn in enumerate(stage_fns):
         try:
             out = jax.eval_shape(fn, params[s], specs[s])

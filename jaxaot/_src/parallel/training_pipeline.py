@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxaot._src import compat as C
@@ -57,7 +56,7 @@ class Pipeline:
 
     def __init__(self, stage_fns: Sequence[Callable], loss_fn: Callable, schedule: Any, num_microbatches: int,
                  devices: Sequence[Placement] | None, partition_fn: Partitioner, *, mesh: Any = None,
-                 stage_axis: str = "stage", data_axes: Sequence[str] = ("data",), executor: str = "compiled",
+                 stage_axis: str = "stage", data_axes: Sequence[str] | None = None, executor: str = "compiled",
                  param_specs: Sequence[Any] | None = None):
         self.stage_fns, self.loss_fn, self.num_microbatches = list(stage_fns), loss_fn, num_microbatches
         self.executor = executor
@@ -66,7 +65,7 @@ class Pipeline:
             built = make_schedule(schedule, n, num_microbatches) if mesh is None and devices is None else None
             devices = devices if built is None else _first_devices(built, _NO_MESH.format(stage_axis))
             mesh = spmd.auto_mesh(_mesh_for(mesh, devices, stage_axis))
-            axes = spmd.check_mesh(mesh, stage_axis, tuple(data_axes))
+            axes = spmd.check_mesh(mesh, stage_axis, None if data_axes is None else tuple(data_axes))
             self.schedule = (built if built is not None and built.num_devices == axes.num_devices
                              else make_schedule(schedule, n, num_microbatches, axes.num_devices))
             self.mesh = mesh
@@ -102,7 +101,7 @@ class Pipeline:
         if self._compiled is not None:
             loss, grads = self._compiled(params, inputs, targets, self._param_avals(params))
             self.last_peak_live = tuple(self.schedule.peak_live_microbatches())
-            return loss, grads
+            return loss, grads if isinstance(grads, spmd.StageParams) else _like(params, grads)
         placed, xs, ts, programs = self._prepare(params, inputs, targets)
         scale = self._loss_cotangent(programs[-1])
         flat = [jax.tree_util.tree_leaves(p) for p in placed]
@@ -115,7 +114,7 @@ class Pipeline:
             g = g or [None] * len(leaves)
             grads.append(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(p),
                                                       [float0_like(x) if d is None else d for x, d in zip(leaves, g)]))
-        return result.loss, grads
+        return result.loss, _like(params, grads)
 
     def shard_params(self, params: Sequence[Any], inputs: Any, targets: Any) -> spmd.StageParams:
         """``params`` packed for the compiled step (each device holds its stages' leaves).
@@ -246,8 +245,7 @@ class Pipeline:
         if isinstance(params, spmd.StageParams):
             return spmd.stage_avals(params)
         self._check_params(params)
-        return [jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), p)
-                for p in params]
+        return [jax.tree_util.tree_map(microbatch.leaf_type, p) for p in params]
 
     def _require_compiled(self, what: str) -> spmd.CompiledExecutor:
         if self._compiled is None:
@@ -264,6 +262,15 @@ class Pipeline:
                 f"{self.num_microbatches} microbatches, {self.schedule.num_devices} devices>")
 
 
+def _like(params: Sequence[Any], grads: list) -> Any:
+    """``grads`` (one tree per stage) in the container ``params`` came in, as ``jax.grad`` returns them."""
+    if type(params) is list:
+        return grads
+    if hasattr(params, "_fields"):  # a namedtuple
+        return type(params)(*grads)
+    return tuple(grads) if isinstance(params, tuple) else grads
+
+
 def _key(params: Any, x: Any, t: Any) -> Any:
     """The input signature of a step: structure, shapes, dtypes, weak types and shardings."""
     leaves, treedef = jax.tree_util.tree_flatten((params, x, t))
@@ -271,7 +278,7 @@ def _key(params: Any, x: Any, t: Any) -> Any:
 
 
 def _nbytes(aval: Any) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+    return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
 
 
 #: What to pass instead, when a compiled pipeline given no mesh finds too few devices.
@@ -314,7 +321,7 @@ def _mesh_for(mesh: Any, devices: Any, stage_axis: str) -> Any:
 
 def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1b", num_microbatches: int = 8,
              devices: Sequence[Placement] | None = None, partition_fn: Partitioner | None = None, *,
-             mesh: jax.sharding.Mesh | None = None, stage_axis: str = "stage", data_axes: Sequence[str] = ("data",),
+             mesh: jax.sharding.Mesh | None = None, stage_axis: str = "stage", data_axes: Sequence[str] | None = None,
              executor: str = "compiled", param_specs: Sequence[Any] | None = None) -> Pipeline:
     """A pipeline-parallel training step (``docs/concepts/pipeline.md``).
 
@@ -331,8 +338,11 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
       partition_fn: each stage's partitioner; default :func:`jaxaot.partition.default_partition`.
       mesh: the compiled executor's ``jax.sharding.Mesh``: the ``stage_axis`` axis pipelines, ``data_axes``
         split the microbatches.
-      stage_axis / data_axes: the mesh's axis names for the pipeline and for data parallelism. Any other
-        axis of the mesh is left to XLA inside each stage (tensor or FSDP parallelism), as ``param_specs`` says.
+      stage_axis / data_axes: the mesh's axis names for the pipeline and for data parallelism. ``data_axes``
+        default: the mesh's ``"data"`` axis where it has one, else none (a mesh of ``("stage", "batch")`` splits
+        nothing over ``"batch"`` unless ``data_axes=("batch",)`` says so); axes given must be the mesh's. Any
+        other axis of the mesh is left to XLA inside each stage (tensor or FSDP parallelism), as ``param_specs``
+        says.
       param_specs: per stage, a tree of ``PartitionSpec`` (or None) matching its parameters: how each leaf
         is sharded over the mesh's other axes, e.g. ``P(None, "model")`` for a column-parallel weight.
         Default: replicated over them.
@@ -348,9 +358,9 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
       InvalidInputError: ``stages`` is empty or holds something not callable, ``loss_fn`` or ``partition_fn``
         is not callable, ``num_microbatches`` is not an int, ``devices`` is not a sequence of devices,
         meshes or shardings, ``executor`` is not a str, ``mesh`` is not a Mesh, the axis names are not str.
-      InvalidValueError: ``executor`` is unknown, the mesh lacks the pipeline axis, devices repeat under the
-        compiled executor, ``param_specs`` shards over the pipeline or data axes; see also
-        :func:`~jaxaot.parallel.make_schedule` (and its :class:`~jaxaot.errors.ScheduleError`).
+      InvalidValueError: ``executor`` is unknown, the mesh lacks the pipeline axis or an axis ``data_axes``
+        names, devices repeat under the compiled executor, ``param_specs`` shards over the pipeline or data
+        axes; see also :func:`~jaxaot.parallel.make_schedule` (and its :class:`~jaxaot.errors.ScheduleError`).
 
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot
@@ -377,7 +387,8 @@ def pipeline(stages: Sequence[Callable], loss_fn: Callable, schedule: Any = "1f1
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
         raise InvalidInputError(f"mesh must be a jax.sharding.Mesh with a {stage_axis!r} axis, got "
                                 f"{type(mesh).__name__} {mesh!r}.")
-    if (not isinstance(stage_axis, str) or isinstance(data_axes, str) or not isinstance(data_axes, (list, tuple))
+    if not isinstance(stage_axis, str) or data_axes is not None and (
+            isinstance(data_axes, str) or not isinstance(data_axes, (list, tuple))
             or not all(isinstance(a, str) for a in data_axes)):
         raise InvalidInputError(f"stage_axis must be a str and data_axes a sequence of str, got {stage_axis!r} and "
                                 f"{data_axes!r}.")

@@ -16,9 +16,9 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from jaxaot._src import compat as C
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.parallel import microbatch
 from jaxaot._src.parallel.schedule import Schedule
@@ -27,7 +27,7 @@ from jaxaot._src.parallel.spmd.memory import check_fits
 from jaxaot._src.parallel.spmd.passes import StagePasses
 from jaxaot._src.parallel.spmd.tick_loop import Axes, Layouts, build_step
 from jaxaot._src.parallel.spmd.ticks import TickPlan, plan
-from jaxaot._src.parallel.stage import Stage
+from jaxaot._src.parallel.stage import Stage, float0_like
 from jaxaot._src.partition import compiled_peak
 from jaxaot._src.units import format_bytes
 
@@ -66,8 +66,10 @@ def auto_mesh(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(auto,) * len(mesh.axis_names))
 
 
-def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str]) -> Axes:
-    """The mesh's axes for the compiled step, or a typed error saying what to change."""
+def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str] | None = None) -> Axes:
+    """The mesh's axes for the compiled step, or a typed error saying what to change. ``data_axes`` None (the
+    default): the mesh's ``"data"`` axis where it has one, else no data parallelism; given, each must be an axis
+    of the mesh other than ``stage_axis``."""
     if not isinstance(mesh, jax.sharding.Mesh):
         raise InvalidInputError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
     names = tuple(mesh.axis_names)
@@ -75,7 +77,19 @@ def check_mesh(mesh: Any, stage_axis: str, data_axes: Sequence[str]) -> Axes:
         raise InvalidValueError(
             f"the mesh's axes are {names}, with no pipeline axis {stage_axis!r}: name one axis {stage_axis!r} "
             f"(Mesh(devices, ('stage', 'data'))), or pass stage_axis= naming the one to pipeline over.")
-    data = tuple(a for a in data_axes if a in names)
+    if data_axes is None:
+        data = ("data",) if "data" in names and stage_axis != "data" else ()
+    else:
+        data = tuple(data_axes)
+        missing = [a for a in data if a not in names]
+        if missing:
+            raise InvalidValueError(
+                f"data_axes={data} names {', '.join(map(repr, missing))}, which the mesh does not have: its axes "
+                f"are {names}. Name the axes to split the microbatches over among them, or pass data_axes=() for "
+                "no data parallelism.")
+        if stage_axis in data or len(set(data)) != len(data):
+            raise InvalidValueError(f"data_axes={data} must name distinct axes other than the pipeline axis "
+                                    f"{stage_axis!r}; the mesh's axes are {names}.")
     auto = tuple(a for a in names if a != stage_axis and a not in data)
     return Axes(stage_axis, data, mesh.shape[stage_axis], auto)
 
@@ -117,7 +131,8 @@ class CompiledExecutor:
                     f"the pipeline's {name} have a microbatch of {size} (batch {np.shape(x)[0]} / {m} microbatches), "
                     f"which the data axes {self.axes.data} of {k} devices do not split evenly: make the batch a "
                     f"multiple of {m * k}.")
-            return jax.ShapeDtypeStruct((size // k,) + tuple(np.shape(x)[1:]), jnp.result_type(x))
+            t = microbatch.leaf_type(x)
+            return jax.ShapeDtypeStruct((size // k,) + tuple(t.shape[1:]), t.dtype, weak_type=t.weak_type)
 
         return jax.tree_util.tree_map(one, tree)
 
@@ -196,7 +211,8 @@ class CompiledExecutor:
         grads = packing.StageParams(tuple(grads), packed.layout, packed.treedefs)
         if packed_in:
             return loss, grads
-        return loss, packing.unpack(grads, self.stage_device, self.mesh, self.axes.stage)
+        trees = packing.unpack(grads, self.stage_device, self.mesh, self.axes.stage)
+        return loss, [jax.tree_util.tree_map(_gradient, g, a) for g, a in zip(trees, param_avals)]
 
     def _peak_parts(self, c: Compiled) -> str:
         """What the step's buffers hold per device, in words."""
@@ -268,8 +284,18 @@ class CompiledExecutor:
 
 
 def _signature(param_avals: Sequence[Any], inputs: Any, targets: Any) -> Any:
+    """Structure, shapes, dtypes and weak types (a weak type changes how the stages trace)."""
     leaves, treedef = jax.tree_util.tree_flatten((list(param_avals), inputs, targets))
-    return treedef, tuple((tuple(np.shape(x)), jnp.result_type(x)) for x in leaves)
+    types = [microbatch.leaf_type(x) for x in leaves]
+    return treedef, tuple((tuple(t.shape), t.dtype, t.weak_type) for t in types)
+
+
+def _gradient(g: Any, aval: Any) -> Any:
+    """A parameter's gradient as ``jax.grad(..., allow_int=True)`` gives it: float0 zeros for a leaf that is not
+    inexact (integers, bools, PRNG keys), ``aval``'s weak type otherwise."""
+    if not C.is_inexact(aval.dtype):
+        return float0_like(aval)
+    return C.typed_as(g, aval)
 
 
 def _check_divides(stage: int, path: str, spec: Any, aval: Any, mesh: jax.sharding.Mesh) -> None:

@@ -5,12 +5,14 @@ differ. A :class:`Layout` packs each stage's leaves into entries: flat entries, 
 per dtype, where every stage starts at cell 0 (a record is as large as the largest
 stage, not the sum), and stacked entries of whole leaves for parameters sharded
 over automatic axes. A pass reads and writes just its own leaves in place
-(:meth:`Layout.read`, :meth:`Layout.write`): no whole record is copied.
+(:meth:`Layout.read`, :meth:`Layout.write`): no whole record is copied. A PRNG key
+leaf's cells hold its key data (``jax.random.key_data``), wrapped back as it is read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -22,12 +24,30 @@ ALIGN_BYTES = 128
 
 
 class Place(NamedTuple):
-    """A leaf's cells: ``count`` cells of entry ``entry`` from ``start``; ``shape``: the leaf's own."""
+    """A leaf's cells: ``count`` cells of entry ``entry`` from ``start``; ``shape``: what the cells hold (the
+    leaf's own shape; a key's data's). ``key``: a PRNG key leaf's dtype (None otherwise); ``weak``: the leaf's
+    weak type."""
 
     entry: int
     start: int
     count: int
     shape: tuple
+    key: Any = None
+    weak: bool = False
+
+    def cells(self, x: Any) -> Any:
+        """The leaf ``x`` as its cells hold it (a key's data)."""
+        return x if self.key is None else jax.random.key_data(x)
+
+    def leaf(self, data: Any) -> Any:
+        """The leaf from what its cells hold (``data`` of ``shape``)."""
+        return data if self.key is None else jax.random.wrap_key_data(data, impl=key_impl(self.key))
+
+    def aval(self, dtype: Any) -> jax.ShapeDtypeStruct:
+        """The leaf's type, its cells being of ``dtype``."""
+        if self.key is not None:
+            return jax.eval_shape(self.leaf, jax.ShapeDtypeStruct(self.shape, dtype))
+        return jax.ShapeDtypeStruct(self.shape, dtype, weak_type=self.weak)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +77,7 @@ class Layout:
         return sum(_size(p.shape) * np.dtype(self.entries[p.entry][1]).itemsize for p in self.places[stage])
 
     def leaf_avals(self, stage: int) -> list[jax.ShapeDtypeStruct]:
-        return [jax.ShapeDtypeStruct(p.shape, self.entries[p.entry][1]) for p in self.places[stage]]
+        return [p.aval(self.entries[p.entry][1]) for p in self.places[stage]]
 
     def record_avals(self, slots: int | None = None) -> list[jax.ShapeDtypeStruct]:
         """The record's arrays (``slots`` given: a buffer of that many records)."""
@@ -99,17 +119,36 @@ class Layout:
 
     def _read(self, buf: jax.Array, p: Place, slot: Any) -> jax.Array:
         if slot is None:
-            return jax.lax.slice_in_dim(buf, p.start, p.start + p.count, axis=0).reshape(p.shape)
+            return p.leaf(jax.lax.slice_in_dim(buf, p.start, p.start + p.count, axis=0).reshape(p.shape))
         cell = buf.shape[2:]
-        piece = jax.lax.dynamic_slice(buf, (slot, p.start) + (0,) * len(cell), (1, p.count) + cell)
-        return piece.reshape(p.shape)
+        piece = jax.lax.dynamic_slice(buf, _indices(slot, p.start, len(cell)), (1, p.count) + cell)
+        return p.leaf(piece.reshape(p.shape))
 
     def _write(self, buf: jax.Array, p: Place, slot: Any, x: Any) -> jax.Array:
         cell = buf.shape[2:] if slot is not None else buf.shape[1:]
-        x = jnp.asarray(x, buf.dtype).reshape((p.count,) + cell)
+        x = jnp.asarray(p.cells(x), buf.dtype).reshape((p.count,) + cell)
         if slot is None:
             return jax.lax.dynamic_update_slice(buf, x, (p.start,) + (0,) * len(cell))
-        return jax.lax.dynamic_update_slice(buf, x[None], (slot, p.start) + (0,) * len(cell))
+        return jax.lax.dynamic_update_slice(buf, x[None], _indices(slot, p.start, len(cell)))
+
+
+def _indices(slot: Any, start: int, rest: int) -> tuple:
+    """``(slot, start, 0, ...)`` as int32 scalars: one integer type for ``dynamic_slice``, with or without
+    ``jax_enable_x64`` (the tick table's slots are int32, Python ints follow the x64 flag)."""
+    return tuple(jax.lax.convert_element_type(i, np.int32) for i in (slot, start) + (0,) * rest)
+
+
+def is_key(dtype: Any) -> bool:
+    """Whether ``dtype`` is a PRNG key's (``jax.random.key``)."""
+    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+
+
+@functools.lru_cache(maxsize=None)
+def key_impl(dtype: Any) -> Any:
+    """The PRNG implementation of key dtype ``dtype`` (for ``jax.random.wrap_key_data``)."""
+    found: list = []
+    jax.eval_shape(lambda k: found.append(jax.random.key_impl(k)), jax.ShapeDtypeStruct((), dtype))
+    return found[0]
 
 
 def build(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | None = None,
@@ -130,7 +169,9 @@ def build(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | 
         for s in group:
             for i, leaf in enumerate(per_stage[s]):
                 spec = None if specs is None else _canonical(specs[s][i])
-                dtype, shape = np.dtype(leaf.dtype), tuple(leaf.shape)
+                key_dtype = leaf.dtype if is_key(leaf.dtype) else None
+                cells = leaf if key_dtype is None else jax.eval_shape(jax.random.key_data, leaf)
+                dtype, shape = np.dtype(cells.dtype), tuple(cells.shape)
                 key = (dtype, None) if spec is None else (dtype, (shape, spec))
                 e = index.setdefault(key, len(index))
                 if e == len(widths):
@@ -142,7 +183,7 @@ def build(per_stage: Sequence[Sequence[Any]], groups: Sequence[Sequence[int]] | 
                     start, count = used.get(e, 0), 1
                 used[e] = start + count
                 widths[e] = max(widths[e], used[e])
-                places[s][i] = Place(e, start, count, shape)
+                places[s][i] = Place(e, start, count, shape, key_dtype, bool(getattr(leaf, "weak_type", False)))
     entries = tuple(((), dtype) if rest is None else (rest[0], dtype) for dtype, rest in keys)
     widths = [_aligned(w, dtype) if rest is None else w for w, (dtype, rest) in zip(widths, keys)]
     return Layout(entries, tuple(widths), tuple(tuple(p) for p in places),

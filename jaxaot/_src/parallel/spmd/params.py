@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxaot._src import compat as C
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.parallel.spmd.layout import Layout
 
@@ -86,7 +87,7 @@ def _pack(params: Sequence[Any], layout: Layout, stage_device: dict[int, int], m
             for s in (s for s, dd in stage_device.items() if dd == d):
                 for p, leaf in zip(layout.places[s], flat[s][0]):
                     if p.entry == e:
-                        leaves.append(leaf)
+                        leaves.append(p.cells(leaf))
                         where.append((p.start, p.count))
             pieces.append(_record_on(dev, tuple(cell), dtype, width, leaves, tuple(where), _static(index[2:])))
         entries.append(jax.make_array_from_single_device_arrays(global_shape, target, pieces))
@@ -153,10 +154,13 @@ def _unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.shardin
         for p in lay.places[s]:
             spec = lay.specs[p.entry] if lay.specs else None
             if spec is None:
-                leaves.append(shard_of[p.entry][d][0, p.start:p.start + p.count].reshape(p.shape))
+                leaves.append(p.leaf(shard_of[p.entry][d][0, p.start:p.start + p.count].reshape(p.shape)))
             else:  # sharded over the other axes: cut on the mesh, then onto the stage's sub-mesh
                 whole = _take(packed.entries[p.entry], d, p.start, jax.sharding.NamedSharding(mesh, spec))
-                leaves.append(jax.device_put(whole, jax.sharding.NamedSharding(_sub_mesh(mesh, stage_axis, d), spec)))
+                leaves.append(p.leaf(jax.device_put(whole, jax.sharding.NamedSharding(_sub_mesh(mesh, stage_axis, d),
+                                                                                        spec))))
+        leaves = [C.typed_as(x, jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=True)) if p.weak else x
+                  for p, x in zip(lay.places[s], leaves)]
         out.append(jax.tree_util.tree_unflatten(treedef, leaves))
     return out
 
