@@ -399,6 +399,22 @@ def test_out_shardings_that_do_not_divide_an_output_are_refused_as_jit_refuses_t
         assert_trees_close(f(wide, x), _layer(wide, x))  # and it keeps working
 
 
+
+@needs_two
+def test_out_shardings_of_more_dimensions_than_the_output_are_refused_as_jit_refuses_them():
+    mesh = _mesh((N,), ("data",))
+    rows = NamedSharding(mesh, P("data"))  # a rank-1 spec for a scalar output
+    w, x = _layer_args(34)
+    loss = lambda w, x: jnp.sum(_layer(w, x))  # noqa: E731
+    with pytest.raises(ValueError):
+        jax.jit(loss, out_shardings=rows)(w, x)
+    f = jaxaot.aot_function(loss, out_shardings=rows)
+    with pytest.raises(InvalidValueError, match="output 0 .*f32\\[\\].*more dimensions than the output's 0"):
+        f(w, x)
+    with pytest.raises(InvalidValueError, match="more dimensions"):  # again: no half-built programs kept
+        f(w, x)
+
+
 @needs_two
 def test_a_byte_budget_on_a_mesh_reads_bytes_per_device():
     """A budget half again the fraction 1 plan's compiled per-device peak keeps that plan on a mesh, as on one

@@ -118,9 +118,10 @@ class SignaturePrograms:
             try:
                 if sh is not None and hasattr(sh, "shard_shape"):
                     sh.shard_shape(tuple(aval.shape))  # as jit's out_shardings: each sharded dimension divides
-            except ValueError as e:
+            except (ValueError, IndexError) as e:  # IndexError: a spec of more dimensions than the output has
+                why = e if isinstance(e, ValueError) else f"{sh} shards more dimensions than the output's {aval.ndim}"
                 raise InvalidValueError(f"out_shardings of {self.options.name}, output {i} ({format_aval(aval)}): "
-                                        f"{e}") from None
+                                        f"{why}") from None
         return flat
 
     def training(self, mask: Sequence[bool] | None = None) -> TrainingPrograms:
