@@ -31,9 +31,10 @@ from jaxaot._src.runtime.options import Options, check_options
 from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.training import TrainingPrograms
 from jaxaot._src.runtime.residuals import Residuals
-from jaxaot._src.runtime.shardings import check_same_devices, context_mesh
+from jaxaot._src.runtime.shardings import check_same_devices, context_mesh, placed_as_compiled
 from jaxaot._src.runtime.signature import (
-    CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_signature, leaf_avals, lookup_keys,
+    CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_signature, key_parts, leaf_avals,
+    lookup_keys,
 )
 
 
@@ -114,10 +115,12 @@ class AOTFunction:
         """Count a call that ran a :class:`HotPath` as a cache hit (:meth:`cache_info`)."""
         self._hits += 1
 
-    def lowered(self, training: TrainingPrograms, run: Callable[..., Any] | None = None) -> AOTLowered:
+    def lowered(self, training: TrainingPrograms, run: Callable[..., Any] | None = None,
+                runs_step: bool = False) -> AOTLowered:
         """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled. Its compiled stage, called,
-        runs ``run`` (this function by default) on arguments of this very signature (:func:`stage_call`)."""
-        return AOTLowered(training, stage_call(self, training.programs.signature, run or self))
+        runs ``run`` (this function by default) on arguments of this very signature (:func:`stage_call`);
+        ``runs_step``: ``run`` is a gradient that runs the fused step where the training fuses."""
+        return AOTLowered(training, stage_call(self, training.programs.signature, run or self), runs_step)
 
     def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
         flat_fn = arguments.flat_function(self.fn, self.static_argnums, sig.static, sig.treedef)
@@ -305,7 +308,7 @@ def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Cal
     what differs), where ``run`` itself would trace or compile anew."""
     def call(args: tuple, kwargs: dict) -> Any:
         args = _with_statics(fun, sig, args, kwargs)
-        got, _, kind = call_signature(fun, args, kwargs)
+        got, leaves, kind = call_signature(fun, args, kwargs)
         if kind is not TraceKind.CONCRETE:
             raise TypeError(
                 f"A compiled stage of {fun.__name__} runs arrays only; it was called with jax.ShapeDtypeStruct "
@@ -313,13 +316,25 @@ def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Cal
                 f"A compiled stage of {fun.__name__} runs arrays only; it was called with tracers. Under jax.jit, "
                 f"jax.grad or jax.vmap call {fun.__name__} itself, which composes with JAX's transformations.")
         if got != sig:
-            why = reasons.describe_change(sig, got, fun._paths, fun._arg_names())
-            raise TypeError(
-                f"Argument types differ from the types for which this stage of {fun.__name__} was compiled: {why}. "
-                f"Lower and compile for these arguments, or call {fun.__name__} itself, which compiles each "
-                f"signature on first use.")
+            placed = _placed(fun, sig, got, leaves)
+            if placed is None:
+                why = reasons.describe_change(sig, got, fun._paths, fun._arg_names())
+                raise TypeError(
+                    f"Argument types differ from the types for which this stage of {fun.__name__} was compiled: "
+                    f"{why}. Lower and compile for these arguments, or call {fun.__name__} itself, which compiles "
+                    f"each signature on first use.")
+            return arguments.flat_function(run, fun.static_argnums, got.static, got.treedef)(*placed)
         return run(*args, **kwargs)
     return call
+
+
+def _placed(fun: AOTFunction, sig: Signature, got: Signature, leaves: list) -> list | None:
+    """A call's ``leaves`` placed as the stage of ``sig`` takes them (uncommitted ones copied where it was compiled
+    for, :func:`~jaxaot._src.runtime.shardings.placed_as_compiled`); None where it differs in more than placement."""
+    if got._replace(leaves=sig.leaves) != sig:
+        return None
+    return placed_as_compiled(leaves, [key_parts(k) for k in got.leaves], [key_parts(k) for k in sig.leaves],
+                              fun._paths(sig), fun.__name__)
 
 
 def _abstract_call_error(name: str) -> Exception:

@@ -3,8 +3,9 @@
 ``aot_fn.lower(*args)`` traces, partitions and returns an :class:`AOTLowered`: the
 programs, the :class:`~jaxaot._src.runtime.residual_table.ResidualTable`, the
 recomputed eqns, each stage's time and StableHLO. :meth:`AOTLowered.compile`
-returns an :class:`AOTCompiled` holding the executables the function then runs,
-the backend's memory and cost analyses, and the training step's compiled peak.
+returns an :class:`AOTCompiled` holding the executables the function then runs
+(a gradient's fused training step among them, under ``"step"``, where its call runs
+that step), the backend's memory and cost analyses, and the training step's compiled peak.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -25,13 +26,15 @@ import jax
 
 from jaxaot._src import display as _display
 from jaxaot._src.compile import as_function
-from jaxaot._src.fusion import compiled_peak, fused_choice, fused_exe
+from jaxaot._src.fusion import compiled_peak, fused_choice, fused_exe, fused_name
 from jaxaot._src.partition import Partition, Residual, StepPeak
 from jaxaot._src.runtime.training import TrainingPrograms
 from jaxaot._src.runtime.residual_table import ResidualTable
 from jaxaot._src.tracing import JointGraph
 
 PROGRAMS = ("inference", "forward", "backward")
+#: The key of the fused training step among a compiled stage's executables and analyses.
+STEP = "step"
 #: Rows of the residual table a summary (``str()``) shows; ``details()`` shows them all.
 SUMMARY_ROWS = 5
 
@@ -67,11 +70,14 @@ class AOTLowered:
       saved: the :class:`~jaxaot.partition.Residual` of each saved value; ``saved_bytes`` their bytes.
       recomputed: forward eqns the backward recomputes.
       compile_times: seconds spent in each stage so far (``trace``, ``joint``, ``partition``).
+      runs_step: whether the compiled stage's call is ``jaxaot.value_and_grad``'s (or ``jaxaot.grad``'s) fused
+        step where the training fuses (``fused=True``); False for the function's own stage, which runs its outputs.
     """
 
-    def __init__(self, training: TrainingPrograms, call: Callable[[tuple, dict], Any]):
+    def __init__(self, training: TrainingPrograms, call: Callable[[tuple, dict], Any], runs_step: bool = False):
         self._training = training
         self._call = call  # what the compiled stage runs, arguments checked (runtime.function.stage_call)
+        self.runs_step = runs_step
         self.joint: JointGraph = training.joint
         self.partition: Partition = training.partition
         self.inference = training.programs.inference_program
@@ -111,7 +117,8 @@ class AOTLowered:
         return str(self.residuals)
 
     def as_text(self) -> dict[str, str]:
-        """Each program's StableHLO, as ``jax.jit(...).lower(...).as_text()`` prints it.
+        """Each program's StableHLO, as ``jax.jit(...).lower(...).as_text()`` prints it. The fused step has
+        none here: which variant of it runs, if any, is known once it compiles (``compile().as_text()["step"]``).
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
@@ -127,7 +134,8 @@ class AOTLowered:
                 for name in PROGRAMS}
 
     def compile(self) -> "AOTCompiled":
-        """Compile the three programs (through the persistent cache); the function then runs these executables."""
+        """Compile the three programs (through the persistent cache); the function then runs these executables.
+        A gradient's fused step compiles when its call, or :attr:`AOTCompiled.executables`, first needs it."""
         tr = self._training
         executables = {"inference": tr.programs.inference_exe, "forward": tr.forward_exe,
                        "backward": tr.backward_exe}
@@ -140,7 +148,8 @@ class AOTLowered:
 
     @property
     def executables(self) -> Mapping[str, Any]:
-        """The compiled executables (compiles them): ``self.compile().executables``."""
+        """The compiled executables (compiles them, the fused ``step`` included where the call runs it):
+        ``self.compile().executables``."""
         return self._compiled.executables
 
     def memory_analysis(self) -> dict[str, dict[str, int] | None]:
@@ -197,11 +206,14 @@ class AOTCompiled:
     Called as JAX's ``Compiled`` is, on arrays of the signature it was compiled for, it returns what the
     lowered callable returns: the function's outputs (``aot_fn.lower``), or its value and gradients
     (``jaxaot.value_and_grad(aot_fn).lower``), from these executables. Tracers and arguments of other
-    types are a ``TypeError`` that names what differs.
+    types are a ``TypeError`` that names what differs. As JAX's, a stage of sharded inputs copies uncommitted
+    arrays where it was compiled for them; an array committed elsewhere is a
+    :class:`~jaxaot.errors.ShardingMismatchError` (a ``ValueError``).
 
     Attributes:
       lowered: the :class:`AOTLowered` it was compiled from.
-      executables: ``inference``, ``forward`` and ``backward`` executables.
+      executables: ``inference``, ``forward`` and ``backward`` executables, and ``step``, the fused training
+        step, where the call runs it (read lazily: see :attr:`executables`).
       compile_times: seconds per stage, compilations included.
 
     Example:
@@ -214,11 +226,45 @@ class AOTCompiled:
 
     def __init__(self, lowered: AOTLowered, executables: Mapping[str, Any], compile_times: Mapping[str, float]):
         self.lowered = lowered
-        self.executables = dict(executables)
+        self._programs = dict(executables)
         self.compile_times = dict(compile_times)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.lowered._call(args, kwargs)
+
+    @functools.cached_property
+    def executables(self) -> dict[str, Any]:
+        """The executables by name: ``inference``, ``forward``, ``backward``, and ``step`` where the call runs
+        the fused training step (a gradient's stage, ``fused=True``, a real scalar loss, the step not chosen
+        split): the executable the call runs (:func:`jaxaot._src.fusion.fused_exe`), compiled on first read
+        if the call has not compiled it, as :attr:`peak_bytes` compiles it.
+
+        Example:
+            >>> import jax.numpy as jnp, jaxaot
+            >>> vg = jaxaot.value_and_grad(jaxaot.aot_function(lambda x: jnp.sin(x).sum()))
+            >>> list(vg.lower(jnp.ones(3)).compile().executables)
+            ['inference', 'forward', 'backward', 'step']
+        """
+        step = self._fused_step() if self.lowered.runs_step else None
+        return {**self._programs, STEP: step} if step is not None else dict(self._programs)
+
+    def _fused_step(self) -> Any:
+        """The fused step ``jaxaot.value_and_grad`` runs for this training (compiled here if not yet), or None
+        where it runs the split forward and backward."""
+        tr = self.lowered._training
+        return fused_exe(tr) if _fuses(tr) and fused_choice(tr).runs != "split" else None
+
+    def _step_label(self) -> str:
+        """How the executables' names end: the fused step where the call runs it, said without compiling it."""
+        if "executables" in self.__dict__:
+            return ", step (the fused training step the call runs)" if STEP in self.executables else ""
+        tr = self.lowered._training
+        name = fused_name(tr)
+        choice = tr.programs.fused_choices.get(name)
+        if not (self.lowered.runs_step and _fuses(tr) and (choice is None or choice.runs != "split")):
+            return ""
+        later = "" if name in tr.programs.executables else ", compiled on first use"
+        return f", step (the fused training step the call runs{later})"
 
     @functools.cached_property
     def residuals(self) -> ResidualTable:
@@ -230,16 +276,20 @@ class AOTCompiled:
         t = self.residuals
         per_device = "" if t.device_nbytes is None or not any(r.sharding for r in t) else (
             f", {t.device_nbytes} bytes per device")
-        peaks = [f"{k} {compiled_peak(self.executables[k])} bytes" for k in ("forward", "backward")
-                 if k in self.executables]
-        if "peak_bytes" in self.__dict__ and self.peak_bytes is not None:  # known: computing it may compile
+        peaks = [f"{k} {compiled_peak(self._programs[k])} bytes" for k in ("forward", "backward")
+                 if k in self._programs]
+        if "executables" in self.__dict__ and STEP in self.executables:  # known: reading it may compile
+            peaks.append(f"step {compiled_peak(self.executables[STEP])} bytes")
+        elif "peak_bytes" in self.__dict__ and self.peak_bytes is not None:
             peaks.append(f"training step {self.peak_bytes} bytes")
-        return [f"AOTCompiled: {', '.join(self.executables)}; {_count(len(t))}, {_bytes(t)}{per_device}",
+        names = ", ".join(self._programs) + self._step_label()
+        return [f"AOTCompiled: {names}; {_count(len(t))}, {_bytes(t)}{per_device}",
                 f"compiled peak: {', '.join(peaks)}"]
 
     def __str__(self) -> str:
-        """A summary of at most 15 lines: executables, residual bytes, compiled peaks, the largest residuals
-        (with their shardings on a mesh); :meth:`details` lists every residual."""
+        """A summary of at most 15 lines: executables (the fused step where the call runs it), residual bytes,
+        compiled peaks, the largest residuals (with their shardings on a mesh); :meth:`details` lists every
+        residual."""
         return "\n".join(self._head() + _summary_rows(self.residuals) + [_times(self.compile_times)])
 
     def details(self) -> str:
@@ -247,19 +297,21 @@ class AOTCompiled:
         return "\n".join(self._head() + ["== residuals ==", str(self.residuals), _times(self.compile_times)])
 
     def memory_analysis(self) -> dict[str, dict[str, int] | None]:
-        """Per executable, the backend's memory analysis as a dict of byte counts (None where unavailable)."""
+        """Per executable of :attr:`executables` (``step`` included where the call runs the fused step), the
+        backend's memory analysis as a dict of byte counts (None where unavailable)."""
         return {k: _safe(lambda e=e: _stats_dict(e.memory_analysis())) for k, e in self.executables.items()}
 
     def cost_analysis(self) -> dict[str, dict[str, float] | None]:
-        """Per executable, the backend's cost analysis as a dict (``flops``, ``bytes accessed``, ...)."""
+        """Per executable of :attr:`executables` (``step`` included where the call runs the fused step), the
+        backend's cost analysis as a dict (``flops``, ``bytes accessed``, ...)."""
         return {k: _safe(lambda e=e: _cost_dict(e.cost_analysis())) for k, e in self.executables.items()}
 
     @functools.cached_property
     def peak_bytes(self) -> int | None:
         """The compiled peak device memory, per device, of the step ``jaxaot.value_and_grad`` runs: the fused
-        step's (:func:`jaxaot._src.fusion.fused_exe`, compiled here if not yet) where the first output is a real
-        scalar loss and the fused step runs, else the larger of the forward's and the backward's. None
-        where the backend reports no memory analysis.
+        step's (:func:`jaxaot._src.fusion.fused_exe`, compiled here if not yet; ``executables["step"]`` of a
+        gradient's stage) where the first output is a real scalar loss and the fused step runs, else the larger
+        of the forward's and the backward's. None where the backend reports no memory analysis.
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
@@ -267,21 +319,21 @@ class AOTCompiled:
             >>> f.lower(jnp.ones((8, 8)), jnp.ones((4, 8))).compile().peak_bytes > 0
             True
         """
-        tr = self.lowered._training
-        if _fuses(tr) and fused_choice(tr).runs != "split":
-            return compiled_peak(fused_exe(tr))
-        peaks = [compiled_peak(self.executables[k]) for k in ("forward", "backward")]
+        step = self._fused_step()
+        if step is not None:
+            return compiled_peak(step)
+        peaks = [compiled_peak(self._programs[k]) for k in ("forward", "backward")]
         return None if None in peaks else max(peaks)
 
     def as_text(self) -> dict[str, str]:
-        """Each executable's optimized HLO, as ``jax.jit(...).lower(...).compile().as_text()`` prints it
-        (scheduled by XLA: where copies to host memory start and end, for one); the StableHLO is
-        ``self.lowered.as_text()``.
+        """Each executable's optimized HLO (``step`` included where the call runs the fused step), as
+        ``jax.jit(...).lower(...).compile().as_text()`` prints it (scheduled by XLA: where copies to host memory
+        start and end, for one); the StableHLO is ``self.lowered.as_text()``.
         """
         return {k: _safe(lambda e=e: e.as_text()) for k, e in self.executables.items()}
 
     def __repr__(self) -> str:
-        return f"<AOTCompiled: {', '.join(self.executables)}>"
+        return f"<AOTCompiled: {', '.join(self._programs)}{self._step_label()}>"
 
 
 def _count(n: int) -> str:

@@ -41,7 +41,7 @@ class Placement:
             on_host = everywhere.with_memory_kind(HOST_MEMORY_KIND)
             for r, i in zip(part.residuals[len(part.saved_inputs):], part.saved_outputs):
                 if i >= n_user:
-                    pins[len(p.computed_outputs) + i - n_user] = on_host if r.offloaded else everywhere
+                    pins[len(p.computed_outputs) + i - n_user] = S.Copy(on_host if r.offloaded else everywhere)
         return pins
 
     def host_residuals(self, avals: list) -> list:

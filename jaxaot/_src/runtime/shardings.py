@@ -11,7 +11,7 @@ mismatch is a :class:`~jaxaot.errors.ShardingMismatchError` or
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 
@@ -94,6 +94,42 @@ def _describe(sharding: Any) -> str:
     return f"{sharding} (devices {ids})"
 
 
+def placed_as_compiled(leaves: Sequence[Any], got: Sequence[tuple], want: Sequence[tuple], paths: Sequence[str],
+                       name: str) -> list | None:
+    """``leaves`` placed where a compiled stage takes them, as JAX's ``Compiled`` places its arguments.
+
+    ``got`` and ``want``: per leaf, ``(aval, sharding)`` of the call and of the stage (a None sharding: the
+    default device). Where only placements differ, an uncommitted leaf (an array made without ``device_put``, a
+    NumPy array) is copied to the stage's sharding, as is a committed one whose sharding places it the same way
+    (``P('data')`` on a mesh whose ``data`` axis has one device and ``P()``, say); any other committed one is a
+    :class:`~jaxaot.errors.ShardingMismatchError` (JAX's ``Compiled`` raises a ``ValueError``). None where an aval
+    differs: not this stage's signature.
+    """
+    if len(got) != len(want) or any(not _same_type(g[0], w[0]) for g, w in zip(got, want)):
+        return None
+    out = list(leaves)
+    for i, (x, (_, have), (_, sharding)) in enumerate(zip(leaves, got, want)):
+        if have == sharding:
+            continue
+        if isinstance(x, jax.Array) and x.committed and not (
+                sharding is not None and x.sharding.is_equivalent_to(sharding, x.ndim)):
+            raise ShardingMismatchError(
+                f"{paths[i]} is committed to {_describe(x.sharding)}, but this stage of {name} was compiled for "
+                f"{'the default device' if sharding is None else _describe(sharding)}: a compiled stage takes "
+                "committed arrays where it was compiled for them (uncommitted ones it copies there), as JAX's do. "
+                f"Move it there with jax.device_put, lower and compile for this sharding, or call {name} itself, "
+                "which compiles each signature on first use.")
+        if sharding is not None:
+            out[i] = jax.device_put(x, sharding)
+    return out
+
+
+def _same_type(a: Any, b: Any) -> bool:
+    """Whether two avals have one shape, dtype and weak type (the mesh a committed array's aval names left out)."""
+    return (tuple(a.shape), a.dtype, getattr(a, "weak_type", False)) == (tuple(b.shape), b.dtype,
+                                                                         getattr(b, "weak_type", False))
+
+
 def output_shardings(executable: Any) -> list | None:
     """The flat output shardings of a compiled program, or None if its compiler does not say."""
     exe = getattr(executable, "executable", executable)  # a CheckedExecutable wraps the Compiled
@@ -135,8 +171,21 @@ def with_sharding(aval: Any, sharding: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=getattr(aval, "weak_type", False))
 
 
+class Copy(NamedTuple):
+    """A pin of an output that is a copy of its value: the copy lives at ``sharding``, the value where it is made.
+
+    A residual replicated for the backward is such a copy. A plain pin also places the value itself (XLA's
+    sharding propagation carries it back to the value's producers and from there to the function's own outputs,
+    which would come back replicated too); an ``optimization_barrier`` between value and copy keeps the pin on
+    the copy, so the outputs keep the shardings ``jax.jit`` gives them.
+    """
+
+    sharding: Any
+
+
 def constrain_outputs(closed: Any, shardings: Sequence[Any]) -> Any:
-    """``closed`` with each output pinned to ``shardings[i]`` (None leaves that output free).
+    """``closed`` with each output pinned to ``shardings[i]`` (None leaves that output free; a :class:`Copy` pins a
+    copy of the output, leaving the value where XLA puts it).
 
     The pin is a ``with_sharding_constraint`` (``reshard`` for Explicit mesh axes) at the end of the program, so it
     holds for any compiler and under any trace.
@@ -145,9 +194,16 @@ def constrain_outputs(closed: Any, shardings: Sequence[Any]) -> Any:
         return closed
     in_avals = [with_sharding(a, None) for a in C.in_avals_of(closed)]
 
+    def pin(o: Any, s: Any) -> Any:
+        if s is None:
+            return o
+        if isinstance(s, Copy):
+            return C.pin_sharding(jax.lax.optimization_barrier(o), s.sharding)
+        return C.pin_sharding(o, s)
+
     def pinned(*args: Any) -> list:
         outs = C.eval_closed(closed, *args)
-        return [o if s is None else C.pin_sharding(o, s) for o, s in zip(outs, shardings)]
+        return [pin(o, s) for o, s in zip(outs, shardings)]
 
     return jax.make_jaxpr(pinned)(*in_avals)
 

@@ -154,7 +154,9 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             """The :class:`AOTLowered` of the programs this gradient runs; its compiled stage, called, runs ``run``."""
             at = resolve_argnums(nums, len(args), argnums, fun.__name__)
             programs, leaves, _ = fun.lookup(args, kwargs)
-            return fun.lowered(training_for(programs, leaves, args, at), run)
+            tr, _ = plan_for(programs, leaves, args, at)  # None: jax.value_and_grad runs it, not the fused step
+            training = tr if tr is not None else training_for(programs, leaves, args, at)
+            return fun.lowered(training, run, runs_step=fused and tr is not None)
         return lower
 
     vg.__wrapped__ = fun
