@@ -37,6 +37,26 @@ def test_a_function_closing_over_the_outer_tracer_matches_jax(transform):
     _close(wrap(outer(True))(arg), wrap(outer(False))(arg))
 
 
+@pytest.mark.parametrize("transform", ["grad", "jit", "vmap"])
+def test_a_function_closing_over_the_outer_tracer_is_traced_once_per_call(transform):
+    x = jax.random.normal(jax.random.key(np.random.default_rng().integers(1 << 30)), (4, 3))
+    traces = []
+
+    def loss(scale):
+        def body(a):
+            traces.append(1)
+            return jnp.sum(jnp.sin(a * scale))
+        return jaxaot.aot_function(body)(x)
+
+    wrap = {"grad": jax.grad, "jit": jax.jit, "vmap": jax.vmap}[transform]
+    arg = jnp.arange(2.0) + 1 if transform == "vmap" else jnp.float32(1.5)
+    got = wrap(loss)(arg)
+    assert len(traces) == 1
+    want = {"grad": jax.grad, "jit": jax.jit, "vmap": jax.vmap}[transform](
+        lambda s: jnp.sum(jnp.sin(x * s)))(arg)
+    _close(got, want)
+
+
 def test_a_call_on_arrays_under_jit_is_staged():
     x = jax.random.normal(jax.random.key(0), (3,))
     count = {"n": 0}

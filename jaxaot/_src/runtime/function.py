@@ -153,9 +153,9 @@ class AOTFunction:
         programs, leaves, kind = self.lookup(args, kwargs)
         if kind is TraceKind.ABSTRACT:
             raise _abstract_call_error(self.__name__)
-        if programs.closes_over_tracers:  # a model built inside a transformation: JAX's own tracing of it
+        if programs.closes_over_tracers:  # a model built inside a transformation: its one trace, replayed there
             self._cache.pop(programs.signature, None)
-            return self.fn(*args, **kwargs)
+            return jax.tree_util.tree_unflatten(programs.out_tree, C.eval_closed(programs.primal, *leaves))
         if kind is TraceKind.CONCRETE and not C.stages_operations():
             outs = programs.infer(leaves)
         else:
