@@ -85,7 +85,9 @@ class LoopCarryMismatchError(JaxaotError, TypeError):
 
 
 class InvalidLoopOptionError(JaxaotError, TypeError, ValueError):
-    """``max_steps`` or ``checkpoints`` is not a positive integer."""
+    """``max_steps`` or ``checkpoints`` is not a positive integer, or a loop's reverse mode would run its body's
+    effects again: an effectful body under a nested plan, or ordered effects and ``io_callback``'s under
+    ``checkpoints`` (the backward recomputes steps)."""
 
 
 class ReverseModeBoundError(JaxaotError, ValueError):

@@ -8,10 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.experimental import io_callback
 
 import jaxaot
 from jaxaot._src.loops import blocked, checkpointed, revolve
 from jaxaot._src.loops.wrappers import while_loop
+from jaxaot.errors import InvalidLoopOptionError
 from zoo import body_runs_and_gradient
 
 
@@ -176,3 +178,67 @@ def test_blocks_only_for_bodies_without_effects():
     with jaxaot.config.override(online_block=4):
         assert checkpointed.online_block() == 4
         assert checkpointed.online_block(jax.make_jaxpr(lambda: jax.debug.print("x"))().effects) == 1
+
+
+def _logged_step(effect):
+    def body(c):
+        effect(c[0])
+        return c[0] + 1, jnp.sin(c[1]) * 1.1
+    return body
+
+
+def _logged(effect, **options):
+    """``x -> `` a 5-step ``while_loop`` whose body runs ``effect(step)``."""
+    return lambda x: while_loop(lambda c: c[0] < 5, _logged_step(effect), (0, x), **options)[1]
+
+
+def _log_effects(calls):
+    """The effects a recomputing backward refuses, each appending its step to ``calls``."""
+    def log(i):
+        calls.append(int(i))
+        return np.int32(0)
+    return {
+        "ordered_io_callback": lambda i: io_callback(log, jax.ShapeDtypeStruct((), jnp.int32), i, ordered=True),
+        "io_callback": lambda i: io_callback(log, jax.ShapeDtypeStruct((), jnp.int32), i),
+        "ordered_debug_callback": lambda i: jax.debug.callback(log, i, ordered=True),
+    }
+
+
+_REF_GRAD = jax.grad(lambda x: lax.fori_loop(0, 5, lambda i, v: jnp.sin(v) * 1.1, x))
+
+
+@pytest.mark.parametrize("kind", ["ordered_io_callback", "io_callback", "ordered_debug_callback"])
+@pytest.mark.parametrize("options", [dict(checkpoints=2), dict(max_steps=20, checkpoints=2)],
+                         ids=["checkpoints", "max_steps_without_a_nested_plan"])
+def test_effects_the_backward_would_replay_are_refused_when_the_gradient_is_traced(kind, options):
+    calls = []
+    effect = _log_effects(calls)[kind]
+    f = _logged(effect, **options)
+    f(1.3)  # the loop itself, and its forward mode, run each step's effect once, in order
+    jax.jvp(f, (1.3,), (1.0,))
+    jax.effects_barrier()
+    assert calls == [0, 1, 2, 3, 4] * 2
+    with pytest.raises(InvalidLoopOptionError, match=r"checkpoints=2, reverse mode recomputes.*"
+                                                      r"Use max_steps without checkpoints"):
+        jax.make_jaxpr(jax.grad(f))(1.3)
+    calls.clear()
+    jax.grad(lambda x: lax.scan(lambda c, _: (_logged_step(effect)(c), None), (0, x), None, length=5)[0][1])(1.3)
+    jax.effects_barrier()
+    scan_calls, calls[:] = list(calls), []
+    stacked = jax.grad(_logged(effect, max_steps=20))(1.3)  # nothing recomputed: as lax.scan under grad
+    jax.effects_barrier()
+    assert calls == scan_calls and len(calls) <= 5
+    chex.assert_trees_all_close(stacked, _REF_GRAD(1.3), rtol=1e-6)
+
+
+@pytest.mark.parametrize("options", [dict(checkpoints=2), dict(max_steps=20, checkpoints=2)])
+def test_debug_callbacks_run_again_where_the_backward_evaluates_the_body(options):
+    # docs/concepts/loops.md, "Effects": the forward's 5 calls, then one per recomputed step and VJP.
+    calls = []
+    f = _logged(lambda i: jax.debug.callback(lambda v: calls.append(int(v)), i), **options)
+    g = jax.grad(f)(1.3)
+    jax.effects_barrier()
+    c = revolve.revolve_counts(5, 2)
+    assert calls[:5] == [0, 1, 2, 3, 4] and len(calls) == c.forward + c.vjps == 13
+    assert sorted(calls[5:]) == sorted([3, 4, 3, 0, 1, 2, 1, 0])
+    chex.assert_trees_all_close(g, _REF_GRAD(1.3), rtol=1e-6)

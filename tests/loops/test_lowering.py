@@ -39,4 +39,4 @@ def test_speculative_stacking_loop_matches_the_plain_loop(nested):
         i0, v0, ys0, num_steps0, overflowed0 = run(n, False)
         assert (int(i), int(num_steps), bool(overflowed)) == (int(i0), int(num_steps0), bool(overflowed0))
         assert int(num_steps) == min(n, LENGTH) and bool(overflowed) == (n > LENGTH)
-        chex.assert_trees_all_close((v, ys[: int(num_steps)]), (v0, ys0[: int(num_steps)]), rtol=1e-6)
+        chex.assert_trees_all_close((v, ys), (v0, ys0), rtol=1e-6)  # rows past num_steps: zero in both

@@ -22,6 +22,7 @@ from jax import lax
 
 from jaxaot._src import compat as C
 from jaxaot._src.config import config
+from jaxaot.errors import InvalidLoopOptionError
 from jaxaot._src.loops.common import broadcast_lanes, is_zero, moveaxis, read_row, strong, trace_flat, write_row
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
 from jaxaot._src.loops import blocked, revolve, schedule_tables, sweep
@@ -223,6 +224,34 @@ def online_block(effects: Any = None) -> int:
     return GPU_BLOCK if jax.default_backend() in ("gpu", "cuda", "rocm") else 1
 
 
+# --------------------------------------------------------------------------- effects
+def unreplayable(effects: Any) -> list[str]:
+    """The effects in ``effects`` that a backward recomputing the body must not run again, by name:
+    ordered ones (``io_callback(..., ordered=True)``, ``jax.debug.callback(..., ordered=True)``) and
+    ``io_callback``'s, which ``jax.checkpoint`` refuses as well. Unordered ``jax.debug`` callbacks
+    may run again, as under ``jax.checkpoint``. (Read by type name: JAX keeps its effect sets private.)"""
+    names = {e: type(e).__name__ for e in effects}
+    return sorted(str(e) for e, name in names.items() if "Ordered" in name or name == "IOEffect")
+
+
+def check_replay(loop: Any) -> None:
+    """Raise :class:`~jaxaot.errors.InvalidLoopOptionError` when reverse mode of ``loop`` (``checkpoints=k``,
+    with or without ``max_steps``) would recompute :func:`unreplayable` effects of its body or condition.
+    Called when the gradient is traced: the loop itself, and its forward mode, run each effect once per step."""
+    refused = unreplayable(loop.effects())
+    if not refused:
+        return
+    option = f"checkpoints={loop.checkpoints}"
+    option = option if loop.max_steps is None else f"max_steps={loop.max_steps}, {option}"
+    raise InvalidLoopOptionError(
+        f"while_loop: with {option}, reverse mode recomputes the body between its snapshots, so its effects "
+        f"({', '.join(refused)}) would run again in the backward, after the forward's last step. Ordered effects "
+        f"and io_callback's are refused there, as jax.checkpoint refuses io_callback's. Use max_steps without "
+        f"checkpoints (it stacks every step and recomputes none), or move the effect out of the loop; an unordered "
+        f"jax.debug.callback or jax.debug.print may stay, and runs again where the backward recomputes a step."
+    )
+
+
 # --------------------------------------------------------------------------- partial eval
 #: Up to this many snapshots, an unbounded ``checkpoints=k`` loop reads its placement and split points
 #: from tables made at trace time (constants of at most about 0.3 MB, :func:`online_table_steps`);
@@ -279,8 +308,10 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
 
     ``carry_uk`` says which carries are unknown, ``cond`` is the known part of the
     condition and ``known_body`` / ``unknown_body`` / ``res_avals`` are the body's
-    partial evaluation for those unknowns. Returns the loop's output tracers.
+    partial evaluation for those unknowns. Returns the loop's output tracers. Effects that must
+    not run again are refused (:func:`check_replay`).
     """
+    check_replay(loop)
     k = loop.checkpoints
     _, consts, carry, _ = loop.split(tracers)
     consts_uk = [not C.is_known_pval(t) for t in consts]

@@ -120,14 +120,17 @@ def nested(loop: Loop) -> bool:
 
 def check_body(loop_name: str, max_steps: int, checkpoints: int, checkpoint_memory: str, effects: Any) -> None:
     """Refuse a body with effects wherever a nested plan fits: the nested scans (on GPUs) would
-    repeat them in masked steps, and the options must mean the same program on every platform."""
+    repeat them in masked steps, and the options must mean the same program on every platform.
+    Where none fits, the binomial schedule refuses only the effects its recomputation must not
+    run again, when the gradient is traced (:func:`jaxaot._src.loops.checkpointed.check_replay`)."""
     if plan_for(max_steps, checkpoints, checkpoint_memory) is None:
         return  # the binomial schedule runs no masked step
     if effects:
         raise InvalidLoopOptionError(
             f"{loop_name}: max_steps with checkpoints runs the body in masked steps past the loop's end (nested "
-            f"scans, on GPUs), so its effects ({', '.join(sorted(map(str, effects)))}) would repeat. Use checkpoints "
-            f"alone for a body with effects."
+            f"scans, on GPUs), so its effects ({', '.join(sorted(map(str, effects)))}) would repeat. Use max_steps "
+            f"alone for a body with effects (it recomputes no step), or checkpoints alone for one whose only effects "
+            f"are unordered jax.debug callbacks (its backward runs them again where it recomputes a step)."
         )
 
 

@@ -4,7 +4,8 @@ Every transformation JAX applies, for all three primitives at once: abstract eva
 JVP (a loop of the same kind over nonzero tangent carries, or the offline
 schedule's), partial eval (:mod:`jaxaot._src.loops.partial_eval`), transpose of a
 ``counted_loop`` (the cond-driven loops refuse: their trip count is unknown to the
-backward), batching (lanes that stop early keep their carry by selects) and DCE.
+backward), batching (lanes that stop early keep their carry, and their stacked rows are zero, by
+selects) and DCE.
 
 Example:
     >>> import jax, jax.numpy as jnp, jaxaot
@@ -250,9 +251,10 @@ def _batch(prim, axis_data, args, dims, **params):
         else:
             outs = vbody(*c, *t, *xr)
         new_t, y = outs[:m], outs[m:]
-        if pred_batched:
+        if pred_batched:  # a finished lane keeps its carry, and its row is zero, as without vmap
             p = live
             new_t = [lane_select(p, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]
+            y = [lane_select(p, a_, jnp.zeros_like(a_)) for a_ in y]
         if n_batched:
             (mask,) = extra
             new_t = [lane_select(mask, a_, b_) if b else a_ for a_, b_, b in zip(new_t, t, tb)]

@@ -238,7 +238,7 @@ def while_loop_stack_output(
     """Run the loop and stack the carry after each iteration: ``(stacked, num_steps)``.
 
     Each leaf of ``stacked`` has a leading axis of ``max_steps`` rows; row ``i`` is the
-    carry after iteration ``i`` for ``i < num_steps`` (later rows are unspecified).
+    carry after iteration ``i`` for ``i < num_steps``; later rows are zero (under ``vmap`` too, per lane).
     Running more than ``max_steps`` iterations raises
     :class:`~jaxaot.errors.LoopOverflowError` (under ``jit``: the inexact rows are
     NaN, and :func:`~jaxaot.loops.reraise_overflow` raises; see ``docs/concepts/loops.md``, "Overflow").
