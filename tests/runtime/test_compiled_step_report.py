@@ -75,7 +75,8 @@ def test_reading_the_analyses_compiles_the_step_the_call_then_runs():
     w2, x2 = _fresh((w, x))
     _assert_same_value_and_grads(compiled(w2, x2), jax.grad(fn, argnums=(0, 1))(w2, x2))
     assert f.cache_info().entries[0].compiles == compiles  # the call ran the step the stage reported
-    assert fused_exe(compiled.lowered._training) is step
+    # the step kept so far (on an accelerator the calls go on weighing its variants)
+    assert compiled.executables["step"] is fused_exe(compiled.lowered._training)
     assert compiled.lowered.executables.keys() >= {"step"}
 
 

@@ -232,12 +232,13 @@ class AOTCompiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.lowered._call(args, kwargs)
 
-    @functools.cached_property
+    @property
     def executables(self) -> dict[str, Any]:
         """The executables by name: ``inference``, ``forward``, ``backward``, and ``step`` where the call runs
         the fused training step (a gradient's stage, ``fused=True``, a real scalar loss, the step not chosen
         split): the executable the call runs (:func:`jaxaot._src.fusion.fused_exe`), compiled on first read
-        if the call has not compiled it, as :attr:`peak_bytes` compiles it.
+        if the call has not compiled it, as :attr:`peak_bytes` compiles it. On an accelerator, where the calls
+        weigh the step's variants and time it against the split programs, each read gives the step kept so far.
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
@@ -254,17 +255,21 @@ class AOTCompiled:
         tr = self.lowered._training
         return fused_exe(tr) if _fuses(tr) and fused_choice(tr).runs != "split" else None
 
-    def _step_label(self) -> str:
-        """How the executables' names end: the fused step where the call runs it, said without compiling it."""
-        if "executables" in self.__dict__:
-            return ", step (the fused training step the call runs)" if STEP in self.executables else ""
+    def _runs_step(self) -> tuple[bool, Any]:
+        """Whether the call runs the fused step as far as is decided, and that step's executable where it has
+        compiled (None where not yet): read without compiling anything."""
         tr = self.lowered._training
         name = fused_name(tr)
         choice = tr.programs.fused_choices.get(name)
-        if not (self.lowered.runs_step and _fuses(tr) and (choice is None or choice.runs != "split")):
+        runs = self.lowered.runs_step and _fuses(tr) and (choice is None or choice.runs != "split")
+        return runs, tr.programs.executables.get(name) if runs else None
+
+    def _step_label(self) -> str:
+        """How the executables' names end: the fused step where the call runs it, said without compiling it."""
+        runs, exe = self._runs_step()
+        if not runs:
             return ""
-        later = "" if name in tr.programs.executables else ", compiled on first use"
-        return f", step (the fused training step the call runs{later})"
+        return f", step (the fused training step the call runs{'' if exe is not None else ', compiled on first use'})"
 
     @functools.cached_property
     def residuals(self) -> ResidualTable:
@@ -278,8 +283,9 @@ class AOTCompiled:
             f", {t.device_nbytes} bytes per device")
         peaks = [f"{k} {compiled_peak(self._programs[k])} bytes" for k in ("forward", "backward")
                  if k in self._programs]
-        if "executables" in self.__dict__ and STEP in self.executables:  # known: reading it may compile
-            peaks.append(f"step {compiled_peak(self.executables[STEP])} bytes")
+        _, step = self._runs_step()
+        if step is not None:  # compiled already: the summary compiles nothing
+            peaks.append(f"step {compiled_peak(step)} bytes")
         elif "peak_bytes" in self.__dict__ and self.peak_bytes is not None:
             peaks.append(f"training step {self.peak_bytes} bytes")
         names = ", ".join(self._programs) + self._step_label()
