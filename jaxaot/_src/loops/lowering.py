@@ -120,8 +120,9 @@ def _speculative_stack(loop: Loop, consts: Sequence[Any], state0: Any, cond_valu
     rows are free, then the plain loop for the rest (at most one check if it stopped).
 
     Inside a block the row index stays below the capacity, so each iteration writes
-    its row unconditionally: an iteration after the stop writes zeros to row ``num_steps``,
-    which the plain loop leaves zero too. The carry and the counter are selected."""
+    its row unconditionally; the carry and the counter are selected. The iterations after
+    the stop write row ``num_steps`` (the counter stays there), which is set back to zero
+    once the blocks end, as the plain loop leaves it: one row's write, not a select per step."""
     b = _SPECULATE_BLOCK
 
     def step(_, state):
@@ -129,7 +130,7 @@ def _speculative_stack(loop: Loop, consts: Sequence[Any], state0: Any, cond_valu
         pred = jnp.logical_and(running, cond_value(c))
         new_c, y_rows = C.split_list(C.eval_closed(loop.body, *consts, *c), [loop.num_carry])
         new_c = [lax.select(pred, strong(a), a0) for a, a0 in zip(new_c, c)]
-        ys = [write_row(y, i, jnp.where(pred, r, jnp.zeros_like(r))) for y, r in zip(ys, y_rows)]
+        ys = [write_row(y, i, r) for y, r in zip(ys, y_rows)]
         return i + pred.astype(INT), new_c, ys, pred
 
     def block(state):
@@ -138,5 +139,7 @@ def _speculative_stack(loop: Loop, consts: Sequence[Any], state0: Any, cond_valu
     def block_cond(state):
         return jnp.logical_and(state[3], state[0] <= loop.length - b)
 
-    i, c, ys, _ = C.lax_while_loop(block_cond, block, (*state0, jnp.asarray(True)))
+    i, c, ys, running = C.lax_while_loop(block_cond, block, (*state0, jnp.asarray(True)))
+    last = jnp.minimum(i, loop.length - 1)  # below the capacity wherever a block stopped
+    ys = [write_row(y, last, jnp.where(running, read_row(y, last), jnp.zeros((), y.dtype))) for y in ys]
     return C.lax_while_loop(cond, body, (i, c, ys))
