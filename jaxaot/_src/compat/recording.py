@@ -1,17 +1,16 @@
 """JAX internals for recording an eager forward as a tape (part of :mod:`jaxaot._src.compat`).
 
-Compiled autograd runs a user's forward under its own JAX trace: every primitive
-reaches :meth:`RecordingTrace.process_primitive` and is handed to a recorder (the
-tape, plain Python) that writes it down and returns :class:`RecordingTracer`\\ s,
-which have shapes and dtypes, and a value when Python asks for one. Besides the
-trace: :func:`abstract_eval`, :func:`stage_call` (a custom rule staged into one
-equation) with :func:`rule_key`, :func:`bind_on` and :func:`stage_function`. The
-Trace API used here is the same in jax 0.10 and 0.11, except ``process_call``
-(kept for 0.10).
+Compiled autograd runs a user's forward under its own JAX trace: every primitive reaches
+:meth:`RecordingTrace.process_primitive` and is handed to a recorder (the tape, plain Python) that writes it
+down and returns :class:`RecordingTracer`\\ s, which have shapes and dtypes, and a value when Python asks for
+one. Besides: :func:`abstract_eval`, :func:`stage_call` (a custom rule staged into one equation) with
+:func:`rule_key`, :func:`bind_on`, :func:`stage_function` and :func:`hoisted_jit`. The Trace API used here
+is the same in jax 0.10 and 0.11, except ``process_call`` (kept for 0.10).
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 from typing import Any, Callable, Sequence
@@ -20,6 +19,7 @@ import numpy as np
 from jax.errors import ConcretizationTypeError
 from jax._src import core as _core
 from jax._src import linear_util as _lu
+from jax._src import pjit as _pjit
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import partial_eval as _pe
 
@@ -89,15 +89,7 @@ def bind_on(trace: Any, prim: Any, args: Sequence[Any], params: dict, staged: bo
     return list(out) if prim.multiple_results else [out]
 
 
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL = _Null()
+_NULL = contextlib.nullcontext()  # reusable: it holds no state
 
 
 def stage_call(prim: Any, args_avals: Sequence[Any], bind: Callable[[Any, list], Any]) -> tuple:
@@ -159,6 +151,28 @@ def stage_function(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]) -> tu
     debug = _core.DebugInfo("jaxaot", getattr(fn, "__qualname__", "<function>"), None, None)
     jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(_lu.wrap_init(fn, debug_info=debug), list(avals))
     return _core.ClosedJaxpr(_pe.convert_constvars_jaxpr(jaxpr), []), list(consts)
+
+
+def hoisted_jit(prim: Any, params: dict) -> tuple[dict, list] | None:
+    """``(params, consts)`` of a ``jit`` equation whose jaxpr (or a ``jit`` in it) closes over arrays, JAX's consts:
+    params taking them as leading arguments, and the arrays. None for another equation, or a jit closing over none."""
+    if prim is not _pjit.jit_p:
+        return None
+    closed = params["jaxpr"]
+    jaxpr, consts, constvars, eqns = closed.jaxpr, list(closed.consts), list(closed.jaxpr.constvars), []
+    for eqn in jaxpr.eqns:
+        inner = hoisted_jit(eqn.primitive, eqn.params)
+        if inner is not None:  # a nested jit's arrays: consts of this jaxpr, arguments of that equation
+            new = [_core.Var(v.aval) for v in inner[0]["jaxpr"].jaxpr.invars[:len(inner[1])]]
+            constvars, consts = constvars + new, consts + inner[1]
+            eqn = eqn.replace(invars=[*new, *eqn.invars], params=inner[0])
+        eqns.append(eqn)
+    if not consts:
+        return None
+    n, lifted = len(consts), _pe.convert_constvars_jaxpr(jaxpr.replace(constvars=constvars, eqns=eqns))
+    return dict(params, jaxpr=_core.ClosedJaxpr(lifted, []), donated_invars=(False,) * n + params["donated_invars"],
+                in_shardings=(_pjit.UNSPECIFIED,) * n + params["in_shardings"],
+                in_layouts=(None,) * n + params["in_layouts"]), consts
 
 
 class ById:
@@ -310,18 +324,12 @@ def invalidate(trace: Any) -> None:
 class RecordingTracer(_core.Tracer):
     """A recorded value: its aval, its number on the tape, a concrete value on request.
 
-    JAX asks ``to_concrete_value`` opportunistically (to specialise code on
-    known values), so it answers only when the value is already known. The
-    conversions Python performs (``bool``, ``int``, ``float``, ``index``,
-    ``np.asarray``, ``item``, ``tolist``, printing) compute it, through the
-    recorder's ``force(vid, how)`` (``how``: the conversion, so a recorder can
-    keep what Python received).
-
-    The array operators, methods and properties JAX forwards from every tracer
-    to ``jax.numpy`` (``x * 2``, ``x[0]``, ``x.mean()``, ``x.T``) go through the
-    recorder's ``call(name, jax_fn, tracer, args, kwargs)``, which may replay
-    what ``jax_fn`` recorded for the same operand types before instead of
-    running ``jax.numpy``'s Python again (:func:`forwarded_operations`).
+    JAX asks ``to_concrete_value`` opportunistically, so it answers only when the value is known. What
+    Python reads (``bool``, ``int``, ``float``, ``index``, ``np.asarray``, ``item``, ``np.from_dlpack``,
+    printing) computes it, through the recorder's ``force(vid, how)`` (``how``: the conversion, kept).
+    The operators, methods and properties JAX forwards from every tracer to ``jax.numpy`` (``x * 2``,
+    ``x.mean()``) go through the recorder's ``call(name, jax_fn, tracer, args, kwargs)``, which may replay
+    what ``jax_fn`` recorded for the same operand types (:func:`forwarded_operations`).
     """
 
     __slots__ = ("vid",)
@@ -364,15 +372,6 @@ class RecordingTracer(_core.Tracer):
 
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self._value(), dtype=dtype)
-
-    def item(self, *args):
-        return self._value().item(*args)
-
-    def tolist(self):
-        return self._value().tolist()
-
-    def tobytes(self, order="C"):
-        return self._value().tobytes(order)
 
     def block_until_ready(self):
         self._value().block_until_ready()
@@ -422,6 +421,17 @@ def _recorded_operation(name: str, kind: str, attr: Any) -> Any:
     return forwarded
 
 
+def _read_whole(name: str) -> Any:
+    def method(self, *args, **kwargs):
+        return getattr(self._value(), name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+#: What reads the whole value (Python looks at it, as ``np.asarray(x)`` does): the value's own method, on it.
+for _name in ("item", "tolist", "tobytes", "__dlpack__", "__dlpack_device__", "addressable_data"):
+    setattr(RecordingTracer, _name, _read_whole(_name))
 for _name, (_kind, _attr) in forwarded_operations().items():
     if _name not in vars(RecordingTracer):  # its own conversions (item, tolist, ...) stay
         setattr(RecordingTracer, _name, _recorded_operation(_name, _kind, _attr))
@@ -435,6 +445,6 @@ if getattr(_core, "pytype_aval_mappings", None) is not None:
 #: What compiled autograd (:mod:`jaxaot._src.autograd.recorded`) uses (``C.<name>``).
 __all__ = [
     "ById", "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
-    "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
+    "hoisted_jit", "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
     "set_current_trace", "source_info", "stage_call", "stage_function", "typeof",
 ]

@@ -7,6 +7,7 @@ inputs, replayed or recorded; the counts say which calls replayed.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import jax
@@ -256,8 +257,8 @@ def test_replay_must_be_a_bool():
 
 def test_the_concept_page_blocks_run():
     page = Path(__file__).resolve().parents[3] / "docs" / "concepts" / "compiled_autograd.md"
-    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
-    assert len(blocks) == 2
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
+    assert len(blocks) == 3  # the first example, replay's, and param_hooks' (indented in its list item)
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - the page's own examples

@@ -55,7 +55,13 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
       has_aux: ``fun`` returns ``(value, aux)``.
       param_hooks: ``{path pattern or predicate: fn(param, grad) -> grad}``, run
         on each matching parameter's full gradient inside the compiled backward
-        (``docs/concepts/compiled_autograd.md``, "Hooks").
+        (``docs/concepts/compiled_autograd.md``, "Hooks"). Each hook is traced into
+        the executable once per compile, as under ``jax.jit``: any Python value or array
+        it reads besides ``param`` and ``grad`` (a global, a closed-over ``jax.Array``,
+        even one replaced between steps) is read then and kept, for every function
+        sharing that executable. Pass a value that changes per step as an array
+        argument of ``fun`` and apply it there with :func:`jaxaot.grad_hook`, or to
+        the returned gradients.
       replay: skip the forward's Python on a call whose arguments have the
         types and static values of a recorded call, and whose looked-at values
         (``if loss > 0``) take outcomes a recording took: the compiled step runs
@@ -261,7 +267,8 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
     Moves the function to the next mode when its current one fails (module docstring): lazy recording
     to eager recording when JAX needed a value while recording or the recorded program did not compile
     (``fori_loop`` bounds JAX would have specialised on); either to vjp capture when the forward cannot
-    be recorded. Other errors are the forward's own and propagate.
+    be recorded, or a custom rule closes over a value it computed (:func:`_escaped`). Other errors are the
+    forward's own and propagate.
     """
     while plans.mode != "vjp":
         eager = plans.mode == "eager"
@@ -299,6 +306,12 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
             except (JaxaotError, FloatingPointError):  # the user's error, or jax.debug_nans's: not the mode's
                 raise
             except Exception as e:
+                if _escaped(e):  # no recording holds it: eager recording fails the same way
+                    plans.ahead.drop()
+                    plans.mode = "vjp"
+                    note_fallback(f"compiled_grad({plans.name}): a custom rule closes over a value the forward "
+                                  "computed; running it under jax.vjp with a captured backward from now on")
+                    continue
                 if eager:
                     raise
                 failed = e
@@ -307,6 +320,13 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
         note_fallback(f"compiled_grad({plans.name}): lazy recording failed ({type(failed).__name__}: "
                       f"{first[:200]}); recording eagerly from now on")
     return None
+
+
+def _escaped(e: BaseException) -> bool:
+    """Whether ``e`` is JAX meeting a recorded value while it traced the step: a custom rule (a ``custom_vjp``
+    backward, a ``custom_jvp`` rule) that closes over a value the forward computed, a Python function the
+    recording stages as it is and the step traces afterwards."""
+    return isinstance(e, jax.errors.UnexpectedTracerError) and C.RecordingTracer.__name__ in str(e)
 
 
 def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,

@@ -40,13 +40,17 @@ class Op:
     interned (the same primitive on the same avals and params gets the same ``Op``), else a content key.
     """
 
-    __slots__ = ("prim", "params", "out_avals", "out_aval", "pkey", "staged", "effects", "edge")
+    __slots__ = ("prim", "params", "out_avals", "out_aval", "pkey", "staged", "effects", "edge", "consts", "closes",
+                 "special")
 
     def __init__(self, prim: Any, params: dict, out_avals: tuple, pkey: tuple, staged: bool, effects: Any,
                  by_content: bool = False) -> None:
         self.prim, self.params, self.out_avals, self.pkey = prim, params, out_avals, pkey
         self.out_aval = out_avals[0] if len(out_avals) == 1 else None  #: the one output's aval (None: not one)
         self.staged, self.effects = staged, effects
+        self.consts: tuple = ()  #: arrays a jit region closes over, taken before its inputs (:mod:`.primitives`)
+        self.special = bool(effects)  #: it has effects or ``consts``: what recording it checks first
+        self.closes = False  #: (a primitive's) a sub-jaxpr in its params closes over arrays, in its key by value
         self.edge = (prim, pkey, tuple(map(aval_key, out_avals))) if by_content else self
 
 
@@ -331,8 +335,8 @@ def _template(events: list, ops: list, result: int) -> Template | None:
             made += 1
         else:
             _, op, ins, outs = ev
-            if op.staged:
-                return None  # custom rules close over per-call state
+            if op.staged or op.special or op.closes:
+                return None  # custom rules close over per-call state; a jit region over arrays
             specs = []
             for v in ins:
                 spec = where.get(v)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
+from jaxaot._src.autograd.recorded.structure import closes_over
 
 #: The most guard trees (keys) per function, and recorded paths per tree; past either, it starts afresh.
 MAX_KEYS = 64
@@ -109,8 +110,8 @@ def judge(recorded: Any) -> tuple[list | None, str]:
         return None, "it was not recorded guarded"
     if tape.callbacks:
         return None, "the forward runs host callbacks"
-    if tape.constants:
-        return None, "the forward uses arrays it closes over or reads from globals"
+    if tape.constants or any(op.closes or (op.staged and closes_over(op.pkey)) for op, *_ in tape.ops):
+        return None, "the forward uses arrays it closes over or reads from globals"  # jit regions' too
     if any(leaf is not None and isinstance(leaf, (jax.Array, np.ndarray)) for leaf in recorded.rest):
         return None, "an auxiliary output is an array that is no recorded value"
     path = []

@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
-from jaxaot._src.autograd.recorded.structure import Structure
+from jaxaot._src.autograd.recorded.structure import Structure, consts_differ
 from jaxaot._src.runtime import ArgNames
 
 
@@ -198,6 +198,10 @@ def _eqn_change(program: str, i: int, old: Structure, new: Structure) -> str:
                 f"was {_eqn_words(a, old)}{was_at}")
     where = where or f" (operation {i})"
     if a[:3] == b[:3]:
+        if consts_differ(a[3], b[3]):
+            return (f"the {program} operation {b[0]}{where}: an array a function inside it closes over holds another "
+                    "value (each value compiles once: pass the array to that function as an argument to keep one "
+                    "program)")
         names = [k for (k, va), (_, vb) in zip(a[3], b[3]) if va != vb] if [k for k, _ in a[3]] == [
             k for k, _ in b[3]] else []
         what = f"its parameter{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else "its parameters"

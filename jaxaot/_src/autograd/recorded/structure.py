@@ -4,7 +4,8 @@ Two programs share a :class:`Structure` when they have the same inputs, equation
 (primitive, params, literals, output avals) and wiring, whatever the objects: the
 key is a nested tuple built in one pass, so a dict looks it up and a hash
 collision costs a comparison, never a wrong executable. Literal values are part of
-the key (keep data-dependent scalars as arrays). A recording builds its key
+the key (keep data-dependent scalars as arrays), as are the values of arrays a
+sub-jaxpr closes over (:class:`ConstValues`). A recording builds its key
 incrementally down a bounded trie of :class:`Node`, so a path seen before gets
 its ``Structure`` back without building a key.
 """
@@ -100,11 +101,12 @@ _aval_key = aval_key
 class _Interned:
     """A sub-jaxpr's key, interned: equal keys are one object, hashed once."""
 
-    __slots__ = ("key", "_hash")
+    __slots__ = ("key", "_hash", "closes")
 
-    def __init__(self, key: tuple) -> None:
+    def __init__(self, key: tuple, closes: bool = False) -> None:
         self.key = key
         self._hash = hash(key)
+        self.closes = closes  #: it, or a sub-jaxpr in it, closes over arrays (:class:`ConstValues`)
 
     def __hash__(self) -> int:
         return self._hash
@@ -149,18 +151,56 @@ def _sub_key(jaxpr: Any) -> _Interned:
         if hit is not None and hit[0] is jaxpr:
             _SUB_KEYS.move_to_end(id(jaxpr))
             return hit[1]
-    consts = C.consts_of(jaxpr)
-    full = (tuple(_aval_key(C.shaped_abstractify(c)) for c in consts), jaxpr_key(C.jaxpr_of(jaxpr)))
+    full = (_const_values(C.consts_of(jaxpr)), jaxpr_key(C.jaxpr_of(jaxpr)))
     with _SUB_LOCK:
         key = _INTERNED.get(full)
         if key is None:
             if len(_INTERNED) >= 4 * _SUB_MAX:
                 _INTERNED.clear()
-            key = _INTERNED[full] = _Interned(full)
+            key = _INTERNED[full] = _Interned(full, bool(full[0]) or closes_over(tuple(e[3] for e in full[1][1])))
         _SUB_KEYS[id(jaxpr)] = (jaxpr, key)
         while len(_SUB_KEYS) > _SUB_MAX:
             _SUB_KEYS.popitem(last=False)
     return key
+
+
+class ConstValues(tuple):
+    """The arrays a sub-jaxpr closes over (JAX's consts), by aval and value, in its key: an executable
+    compiled with them holds their values. The recording makes a ``jit`` region's its inputs instead
+    (:mod:`.primitives`); these are the rest (a ``jit`` inside a ``cond``), a new value a new structure."""
+
+
+def _const_values(consts: list) -> ConstValues:
+    out = []
+    for c in consts:
+        try:
+            value = C.ById(c) if isinstance(c, C.Tracer) else np.asarray(c)
+        except Exception:  # noqa: BLE001 - no value to read (a deleted array): the object itself
+            value = C.ById(c)
+        out.append((_aval_key(C.shaped_abstractify(c)),
+                    value if type(value) is C.ById else (value.dtype.str, value.shape, value.tobytes())))
+    return ConstValues(out)
+
+
+def closes_over(key: Any) -> bool:
+    """Whether a params key holds a sub-jaxpr closing over arrays (:class:`ConstValues`: a replay guard's concern)."""
+    t = type(key)
+    if t is _Interned:
+        return key.closes
+    if t is tuple:
+        for k in key:
+            if closes_over(k):
+                return True
+    return False
+
+
+def consts_differ(a: Any, b: Any) -> bool:
+    """Whether two params keys differ in the :class:`ConstValues` of a sub-jaxpr (for a recompile's reason)."""
+    a, b = (a.key if isinstance(a, _Interned) else a), (b.key if isinstance(b, _Interned) else b)
+    if type(a) is ConstValues and type(b) is ConstValues:
+        return a != b
+    return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
+            and any(consts_differ(x, y) for x, y in zip(a, b) if x != y))
 
 
 def jaxpr_key(jaxpr: Any) -> tuple:

@@ -19,9 +19,9 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import force as F
 from jaxaot._src.autograd.recorded import ops as O
+from jaxaot._src.autograd.recorded.primitives import op as _op
 from jaxaot._src.autograd.recorded.structure import Structure, aval_key, interned, literal_value_key, param_key, root
 
-_SIMPLE = (int, str, bool, type(None), float)
 _Tracer = C.RecordingTracer
 
 
@@ -47,35 +47,8 @@ class Eqn(NamedTuple):
     source_info: Any
 
 
-#: (primitive, input avals, params items) -> :class:`~.ops.Op`, for params that hash (jaxprs by
-#: identity): the same ``jit`` region binds the same param objects every step, so one lookup replaces
-#: its abstract evaluation and the walk of its jaxpr.
-_MEMO: dict[tuple, O.Op] = {}
-_MEMO_MAX = 4096
 #: primitive -> whether it is a host callback (the check reads its name)
 _CALLBACK: dict[Any, bool] = {}
-
-
-def _params_key(params: dict) -> tuple:
-    return tuple((k, v if type(v) in _SIMPLE else param_key(v)) for k, v in params.items())
-
-
-def _op(prim: Any, ins: tuple, avals: list, params: dict) -> O.Op:
-    """The :class:`~.ops.Op` of one primitive application to the values ``ins`` (its output avals, effects
-    and params key)."""
-    try:
-        memo = (prim, *[avals[v] for v in ins], *params.items())
-        hit = _MEMO.get(memo)
-    except TypeError:  # an unhashable param: described afresh, keyed by content
-        out, effects = C.abstract_eval(prim, [avals[v] for v in ins], params)
-        return O.Op(prim, params, tuple(out), _params_key(params), False, effects, by_content=True)
-    if hit is None:
-        out, effects = C.abstract_eval(prim, [avals[v] for v in ins], params)
-        hit = O.Op(prim, params, tuple(out), _params_key(params), False, effects)
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.clear()
-        _MEMO[memo] = hit
-    return hit
 
 
 def _staged_params_key(params: dict, rules: dict) -> tuple:
@@ -111,7 +84,7 @@ class Tape:
       inputs: ``(value number, kind, aval key[, literal value])`` per input, ``kind`` ``diff``, ``arg`` or ``lit``.
       args: the runtime values of the ``arg`` inputs, in order; ``arg_objects`` the objects the forward
         used (a NumPy array before its copy to the device); ``constants`` the value numbers of those it
-        reached other than as an argument handed over as a recorded value (closures, globals).
+        reached other than as an argument handed over as a recorded value (closures, globals, a jit's consts).
       looks: per value Python looked at (``bool``, ``int``, ``float``, printing), a :class:`Look`: where, after
         how many operations, and the value Python read when a scalar. Not part of the structure;
         recompile reasons use them to say which Python branch went the other way.
@@ -297,8 +270,8 @@ class Tape:
         trace, avals, ref = self.trace, self.avals, self.ref
         ins = tuple([x.vid if type(x) is _Tracer and x._trace is trace else ref(x) for x in args])
         op = _op(prim, ins, avals, params)
-        if op.effects:
-            raise C.Unrecordable(f"{prim} has side effects ({', '.join(map(str, op.effects))})")
+        if op.special:
+            ins = _special(self, op, ins)
         return [_Tracer(trace, avals[v], v) for v in self.record(op, ins)]
 
     def staged(self, args: Sequence[Any], stage: Any, rules: dict) -> list:
@@ -334,6 +307,14 @@ def _diff_inputs(tape: Tape, values: Sequence[Any], avals: Sequence[Any]) -> ran
     tape.node = node = tape.node.step(("diff", tuple(avals)))
     F.known_all(tape, vids, node)
     return vids
+
+
+def _special(tape: Tape, op: O.Op, ins: tuple) -> tuple:
+    """The inputs of an operation with effects (refused) or arrays its ``jit`` region closes over (made inputs,
+    as every array the forward closes over is: :mod:`.primitives`), those first."""
+    if op.effects:
+        raise C.Unrecordable(f"{op.prim} has side effects ({', '.join(map(str, op.effects))})")
+    return (*map(tape.ref, op.consts), *ins)
 
 
 def _callback(tape: Tape, prim: Any, args: Sequence[Any], params: dict) -> list:

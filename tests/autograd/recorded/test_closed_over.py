@@ -1,0 +1,217 @@
+"""Arrays a recorded forward reaches inside functions JAX traces for it, and values Python reads from arrays.
+
+A ``jax.jit`` function closing over a concrete array keeps that array in its
+jaxpr; the step takes it as an input, so a new value gives a new result without
+a new compile. Custom rules closing over forward values fall back to ``jax.vjp``;
+``np.from_dlpack`` and ``addressable_data`` read the value, as ``np.asarray``
+does. Every result is compared with eager ``jax.value_and_grad`` on fresh
+random inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxaot
+from autograd_helpers import close as _close, rand as _rand
+from jaxaot import compiled_autograd
+
+GLOBAL = {"a": jnp.ones(3)}
+CALLS = 5
+
+
+def _scaled(v, a):
+    return jnp.sin(v) * a
+
+
+def jit_lambda(w, a, a_np):
+    return jnp.sum(jax.jit(lambda v: v * a)(w) ** 2)
+
+
+def jit_partial(w, a, a_np):
+    return jnp.sum(jax.jit(functools.partial(_scaled, a=a))(w) ** 2)
+
+
+def jit_checkpoint(w, a, a_np):
+    return jnp.sum(jax.jit(jax.checkpoint(lambda v: jnp.sin(v) * a))(w) ** 2)
+
+
+def numpy_closure(w, a, a_np):
+    return jnp.sum(jax.jit(lambda v: jnp.cos(v) * a_np)(w) ** 2)
+
+
+def global_array(w, a, a_np):
+    return jnp.sum(jax.jit(lambda v: v * GLOBAL["a"])(w) ** 2)
+
+
+def jit_in_jit(w, a, a_np):
+    inner = jax.jit(lambda u: u * GLOBAL["a"])
+    return jnp.sum(jax.jit(lambda v: inner(v) + a)(w) ** 2)
+
+
+def _inputs(rng):
+    w, a = _rand(rng, 3), _rand(rng, 3)
+    GLOBAL["a"] = _rand(rng, 3)
+    return w, a, rng.standard_normal(3).astype(np.float32)
+
+
+#: (loss, whether a recording replays with replay=True: no array reached from outside the arguments)
+CASES = [(jit_lambda, True), (jit_partial, True), (jit_checkpoint, True), (numpy_closure, True),
+         (global_array, False), (jit_in_jit, False)]
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("loss,replays", CASES, ids=[c[0].__name__ for c in CASES])
+def test_a_jit_closing_over_an_array_sees_each_calls_value_without_recompiling(loss, replays, replay):
+    rng = np.random.default_rng(0)
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for _ in range(CALLS):
+        args = _inputs(rng)
+        _close(vg(*args), jax.value_and_grad(loss)(*args))
+    s = compiled_autograd.stats()
+    assert s.compiles == 1 and s.fallbacks == ()
+    assert len(vg.cache_info().entries) == 1
+    assert s.replays == (CALLS - 1 if replay and replays else 0)
+    args = _inputs(rng)  # another function of the same structure shares the executable, not the values
+    _close(jaxaot.compiled_value_and_grad(lambda *a: loss(*a), replay=replay)(*args), jax.value_and_grad(loss)(*args))
+    assert compiled_autograd.stats().compiles == 1
+
+
+def test_a_jit_inside_a_cond_branch_is_keyed_by_the_value_it_closes_over():
+    def loss(w):
+        branch = lambda v: jax.jit(lambda u: u * GLOBAL["a"])(v)  # noqa: E731
+        return jnp.sum(jax.lax.cond(True, branch, lambda v: v, w) ** 2)
+
+    rng = np.random.default_rng(1)
+    for replay in (False, True):
+        compiled_autograd.reset()
+        vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+        for _ in range(4):
+            w, _, _ = _inputs(rng)
+            _close(vg(w), jax.value_and_grad(loss)(w))
+        s = compiled_autograd.stats()
+        assert s.compiles == 4 and s.replays == 0
+        assert "closes over holds another value" in s.reasons[-1]
+    GLOBAL["a"] = jnp.ones(3)  # the same value again: the same structure
+    vg(w)
+    vg(w)
+    assert compiled_autograd.stats().hits >= 1
+
+
+def _through_a_jit(v):
+    return jnp.sin(v) * jax.jit(lambda u: u * GLOBAL["a"])(v)
+
+
+@jax.custom_jvp
+def _custom_over_a_jit(v):
+    return _through_a_jit(v)
+
+
+_custom_over_a_jit.defjvp(lambda p, t: jax.jvp(_through_a_jit, p, t))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_jit_inside_a_custom_rule_is_keyed_by_the_value_it_closes_over(replay):
+    def loss(w):
+        return jnp.sum(_custom_over_a_jit(w) ** 2)
+
+    rng = np.random.default_rng(6)
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for _ in range(4):
+        w, _, _ = _inputs(rng)
+        _close(vg(w), jax.value_and_grad(loss)(w))
+    s = compiled_autograd.stats()
+    assert s.compiles == 4 and s.replays == 0 and "closes over holds another value" in s.reasons[-1]
+
+
+def _custom_vjp_closing_over_forward(w, x):
+    scale = x * 2.0  # not differentiated: a recorded value the backward closes over
+
+    @jax.custom_vjp
+    def f(y):
+        return jnp.sin(y)
+
+    f.defvjp(lambda y: (jnp.sin(y), jnp.cos(y)), lambda c, g: (g * c * scale,))
+    return jnp.sum(f(w) * x)
+
+
+def _custom_jvp_closing_over_forward(w, x):
+    scale = jnp.tanh(x)
+
+    @jax.custom_jvp
+    def f(y):
+        return jnp.sin(y)
+
+    f.defjvp(lambda p, t: (jnp.sin(p[0]), t[0] * scale))
+    return jnp.sum(f(w) ** 2)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("loss", [_custom_vjp_closing_over_forward, _custom_jvp_closing_over_forward])
+def test_a_custom_rule_closing_over_a_forward_value_runs_under_vjp(loss, replay):
+    rng = np.random.default_rng(2)
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for _ in range(4):
+        w, x = _rand(rng, 3), _rand(rng, 3)
+        _close(vg(w, x), jax.value_and_grad(loss)(w, x))
+    (fallback,) = compiled_autograd.stats().fallbacks
+    assert "custom rule closes over a value the forward computed" in fallback and "jax.vjp" in fallback
+
+
+def _from_dlpack(w, x):
+    return jnp.sum(w * np.from_dlpack(jax.lax.stop_gradient(x * 2.0)))
+
+
+def _addressable_data(w, x):
+    return jnp.sum(w * np.asarray(jax.lax.stop_gradient(x).addressable_data(0)) + jnp.sin(w))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("loss", [_from_dlpack, _addressable_data])
+def test_reading_a_value_through_dlpack_or_its_buffer_is_a_look(loss, replay):
+    rng = np.random.default_rng(3)
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for _ in range(4):
+        w, x = _rand(rng, 3), _rand(rng, 3)
+        _close(vg(w, x), jax.value_and_grad(loss)(w, x))
+    assert compiled_autograd.stats().fallbacks == ()
+
+
+SCHEDULE = {"wd": jnp.asarray(0.0)}
+
+
+def _loss(params, x):
+    return jnp.sum(jnp.sin(params["w"]) * x)
+
+
+def test_a_param_hook_reads_python_state_when_the_step_compiles():
+    """As under ``jax.jit``: an array the hook closes over, even replaced between steps, is the compile's."""
+    vg = jaxaot.compiled_value_and_grad(_loss, param_hooks={"w": lambda p, g: g + SCHEDULE["wd"] * p})
+    rng = np.random.default_rng(4)
+    p, x = {"w": _rand(rng, 3)}, _rand(rng, 3)
+    for wd in (0.5, 1.0, 2.0):
+        SCHEDULE["wd"] = jnp.asarray(wd)
+        _close(vg(p, x)[1]["w"], jax.grad(_loss)(p, x)["w"] + 0.5 * p["w"])
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_per_step_hook_value_is_an_argument_applied_with_grad_hook(replay):
+    """What the docs recommend for a value that changes per step (``docs/concepts/compiled_autograd.md``)."""
+    def decayed(params, x, wd):
+        w = jaxaot.grad_hook(params["w"], lambda g: g + wd * params["w"])
+        return jnp.sum(jnp.sin(w) * x)
+
+    vg = jaxaot.compiled_value_and_grad(decayed, replay=replay)
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        p, x, wd = {"w": _rand(rng, 3)}, _rand(rng, 3), jnp.asarray(rng.uniform(), jnp.float32)
+        value, grads = vg(p, x, wd)
+        _close(value, _loss(p, x))
+        _close(grads, {"w": jax.grad(_loss)(p, x)["w"] + wd * p["w"]})
+    s = compiled_autograd.stats()
+    assert s.compiles == 1 and s.replays == (3 if replay else 0)
