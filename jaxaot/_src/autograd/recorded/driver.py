@@ -248,7 +248,8 @@ def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions:
         else:
             aux = None
         _check_scalar(out, fun)
-        return out, (aux, {n: m.state_after(call_args[n]) for n, m in modules.items()})
+        return out, (aux, {n: m.state_after(call_args[n], dvals[positions.index(n)] if n in positions else None)
+                           for n, m in modules.items()})
 
     return forward
 

@@ -2,14 +2,18 @@
 
 Each module argument is split into its ``nnx.Param`` state (differentiated) and
 the rest; the forward runs on a module merged back, and the rest it leaves
-(batch statistics, RNG counters) comes back from the compiled step as concrete
-arrays and is written into the caller's module. Flax is imported only once an
-argument is seen to be an nnx module.
+(batch statistics, RNG counters), with the Params it wrote, comes back from the
+compiled step as concrete arrays and is written into the caller's module. The
+gradients are those of the Params' values at entry, as under ``nnx.grad``. A
+Param the forward did not write still holds the very value it was given, so it
+is told apart by identity and the step returns no copy of it. Flax is imported
+only once an argument is seen to be an nnx module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sys
 from typing import Any, Sequence
 
@@ -40,19 +44,42 @@ class ModuleArg:
         parts = (self.rest,) if self.params is None else (params, self.rest)
         return nnx.merge(self.graphdef, *(jax.tree_util.tree_map(lambda x: x, p) for p in parts))
 
-    def state_after(self, merged: Any) -> Any:
-        """The non-differentiated state of ``merged`` after the forward ran."""
+    def state_after(self, merged: Any, params: Any) -> tuple[Any, Any]:
+        """What the forward left in ``merged``: ``(its state but the differentiated Params, the Params it wrote
+        or None)``; ``params``: the differentiated state ``merged`` was built from (None when not differentiated)."""
         from flax import nnx  # optional dependency
 
         if self.params is None:
-            return nnx.state(merged)
-        return nnx.state(merged, nnx.Not(nnx.Param))
+            return nnx.state(merged), None
+        after, rest = nnx.state(merged, nnx.Param, ...)
+        return rest, _written(after, params)
 
-    def write_back(self, rest: Any) -> None:
-        """Update the caller's module with the state the forward left behind."""
+    def write_back(self, states: tuple[Any, Any]) -> None:
+        """Update the caller's module with the state the forward left behind (:meth:`state_after`'s pair)."""
         from flax import nnx  # optional dependency
 
+        rest, written = states
         nnx.update(self.module, rest)
+        if written is not None:
+            nnx.update(self.module, written)
+
+
+def _written(after: Any, entry: Any) -> Any:
+    """The Variables of ``after`` that do not hold ``entry``'s objects at their path (new ones included), as an
+    ``nnx.State``, or None when there are none: the Params the forward wrote."""
+    now, given = jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(entry)
+    if len(now) == len(given) and all(map(operator.is_, now, given)):  # nothing written: one pass, no copy
+        return None
+    from flax import nnx  # optional dependency
+
+    before = {path: jax.tree_util.tree_leaves(v) for path, v in nnx.to_flat_state(entry)}
+    wrote = [(path, v) for path, v in nnx.to_flat_state(after)
+             if path not in before or not _same(jax.tree_util.tree_leaves(v), before[path])]
+    return nnx.from_flat_state(wrote) if wrote else None
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def split(module: Any, differentiated: bool) -> ModuleArg:
