@@ -2,13 +2,14 @@
 
 A key is a sha256 over the entry's kind, the environment (versions, platform,
 devices, ``XLA_FLAGS``, precision), the partitioner's or compiler's identity
-(code, defaults, closures), the program with its consts, the input avals and
-shardings, and the options. A partition is keyed by what its joint graph is a
-function of (:class:`~jaxaot._src.tracing.JointRecipe`: the primal program,
-differentiated inputs, decompositions, runtime aux outputs) and JAX's trace
-context, so it is found without building the joint graph. Values are written
-canonically (:func:`value_identity`) so a key is the same in every process; a
-value that cannot be written down makes the key None (not cached).
+(code, defaults, closures, and the user's code they reach: :mod:`code_reach`),
+the program with its consts, the input avals and shardings, and the options.
+A partition is keyed by what its joint graph is a function of
+(:class:`~jaxaot._src.tracing.JointRecipe`: the primal program, differentiated
+inputs, decompositions, runtime aux outputs) and JAX's trace context, so it is
+found without building the joint graph. Values are written canonically
+(:func:`value_identity`) so a key is the same in every process; a value that
+cannot be written down makes the key None (not cached).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -29,7 +30,7 @@ import os
 import re
 import struct
 import sys
-import threading
+import types
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -38,6 +39,8 @@ import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import dtype_name
+from jaxaot._src.compile import code_reach
+from jaxaot._src.compile.code_reach import Unkeyable as _Unkeyable, code_names
 from jaxaot._src.compile.compilers import Compiler
 from jaxaot._src.compile.store import FORMAT_VERSION, FRAME_VERSION
 from jaxaot._src.partition import Partitioner
@@ -46,10 +49,6 @@ from jaxaot._src.tracing import JointRecipe, build_joint
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _FROZENSET = re.compile(r"frozenset\(\{([^{}]*)\}\)")
 _MAX_DEPTH = 8
-
-
-class _Unkeyable(Exception):
-    """A value whose identity cannot be written down (the entry is then not cached)."""
 
 
 # --------------------------------------------------------------------------- keys
@@ -212,8 +211,10 @@ def value_identity(value: Any, depth: int = 0) -> str:
     where it can be: sets and frozensets list their elements sorted, dicts their
     items sorted by key, floats are written by their bits (``-0.0`` and NaN
     payloads included), and each scalar carries its type (``1``, ``1.0`` and
-    ``True`` differ). Dataclass instances are their type and fields, enum
-    members their type and name. Anything else is its type and ``repr``.
+    ``True`` differ). An instance of a user's class is its class's code and its
+    fields (:func:`_instance_identity`), of a library's dataclass its type and
+    fields, an enum member its type and name, a module what it holds
+    (:func:`_module_identity`). Anything else is its type and ``repr``.
 
     Example:
         >>> from jaxaot._src.compile.cache_keys import value_identity
@@ -245,7 +246,11 @@ def value_identity(value: Any, depth: int = 0) -> str:
         return f"{_type_name(value)}({','.join(items)})"
     if callable(value):
         return callable_identity(value, depth + 1)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if isinstance(value, types.ModuleType):
+        return _module_identity(value, None)
+    if not code_reach.is_library(type(value).__module__):
+        return _instance_identity(value)
+    if dataclasses.is_dataclass(value):
         return _dataclass_identity(value, depth)
     return f"{type(value).__module__}.{type(value).__qualname__}:{value!r}"
 
@@ -262,13 +267,16 @@ def _dataclass_identity(value: Any, depth: int) -> str:
 
 
 def callable_identity(fn: Any, depth: int = 0) -> str:
-    """Module, qualname, bytecode hash, defaults and closure values of a callable.
+    """Module, qualname, bytecode hash, defaults and closure values of a callable, and the code it reaches.
 
     ``functools.partial`` objects add their arguments, so
     ``partial(min_cut_rematerialization_partition, memory_budget=0.5)`` and
-    ``memory_budget=0.7`` key differently. A callable dataclass instance is its
-    fields plus the identity of its class's ``__call__``. Every value is
-    written canonically (:func:`value_identity`).
+    ``memory_budget=0.7`` key differently. A function of the user's (not of a
+    library, :func:`~jaxaot._src.compile.code_reach.is_library`) adds what its
+    code reads (:func:`_globals_identity`); a class of the user's is its methods
+    and class attributes through its MRO, an instance of one its class plus its
+    fields (:func:`_instance_identity`). Every value is written canonically
+    (:func:`value_identity`).
 
     Example:
         >>> import functools, jaxaot
@@ -286,11 +294,26 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
     if hasattr(fn, "__func__") and hasattr(fn, "__self__"):  # bound method
         return f"method({callable_identity(fn.__func__, depth + 1)},{value_identity(fn.__self__, depth + 1)})"
     code = getattr(fn, "__code__", None)
-    if code is None:  # builtins, callable objects
-        if dataclasses.is_dataclass(fn) and not isinstance(fn, type):
+    if code is None:  # classes, callable objects, builtins
+        if isinstance(fn, type):
+            return _class_identity(fn)
+        if not code_reach.is_library(type(fn).__module__):
+            return _instance_identity(fn)
+        if dataclasses.is_dataclass(fn):
             call = getattr(type(fn), "__call__", None)
             return f"{_dataclass_identity(fn, depth)}:{callable_identity(call, depth + 1)}"
+        if isinstance(fn, types.BuiltinFunctionType):  # len, tuple.__new__, a dict's get: its name and its owner
+            return f"builtin:{fn.__qualname__}:{value_identity(fn.__self__, depth + 1)}"
+        if hasattr(fn, "__wrapped__"):  # a library's wrapper (jax.jit, functools.cache) of a function
+            return f"wrapped({_type_name(fn)},{callable_identity(fn.__wrapped__, depth + 1)})"
         return f"{type(fn).__module__}.{type(fn).__qualname__}:{getattr(fn, '__qualname__', None)}:{fn!r}"
+    module = getattr(fn, "__module__", None)
+    if code_reach.is_library(module):
+        return _function_identity(fn, code, depth)
+    return code_reach.visit(fn, f"fn:{module}.{fn.__qualname__}", lambda: _function_identity(fn, code, 0))
+
+
+def _function_identity(fn: Any, code: Any, depth: int) -> str:
     parts = [
         f"{getattr(fn, '__module__', None)}.{getattr(fn, '__qualname__', None)}",
         _code_hash(code),
@@ -300,72 +323,99 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             value = cell.cell_contents
-            parts.append("<itself>" if value is fn else value_identity(value, depth + 1))  # a recursive closure
         except ValueError:  # an empty cell
             parts.append("<empty>")
-    parts.extend(_globals_identity(fn, code, depth))
+            continue
+        if isinstance(value, types.ModuleType):
+            parts.append(_module_identity(value, code_names(code)))
+        else:
+            parts.append("<itself>" if value is fn else value_identity(value, depth + 1))  # a recursive closure
+    if not code_reach.is_library(getattr(fn, "__module__", None)):
+        parts.extend(_globals_identity(fn, code))
     return "fn(" + ",".join(parts) + ")"
 
 
-#: Modules whose functions' globals are not keyed: their versions are in :func:`environment`.
-_VERSIONED = ("jaxaot", "jax", "jaxlib")
-_KEYING = threading.local()  # .ids: the functions whose globals this thread is keying (a recursive one reads itself)
-
-
-def _globals_identity(fn: Any, code: Any, depth: int) -> list[str]:
-    """The module globals a user's function reads (by the names its code, nested code included, uses) that are
-    constants (:func:`_constant`), each written canonically: a compiler or partitioner that reads a setting, or
-    calls a helper, of its module keys by their values. A module is its name; the function itself, read again by
-    a recursive call, is named once. Mutable objects (a dict of counters) are left out: their state changes."""
-    module = getattr(fn, "__module__", None) or ""
-    keying = _KEYING.__dict__.setdefault("ids", set())
-    if module.split(".")[0] in _VERSIONED or id(fn) in keying:
-        return []
+def _globals_identity(fn: Any, code: Any) -> list[str]:
+    """What a user's function reads of its module's globals, by the names its code (nested code included) uses:
+    constants and functions by value (:func:`~jaxaot._src.compile.code_reach.constant`), classes and the
+    modules of the user's by what the code reaches in them (:func:`_read_identity`). A compiler or partitioner
+    that reads a setting of its module, calls a helper of it or of another module of the user's, or builds
+    one of the user's classes, keys by their values and code. A name that is no global but an imported module
+    (``import helpers`` inside the function) is that module. Mutable objects (a dict of counters) are left
+    out: their state changes."""
     scope = getattr(fn, "__globals__", None) or {}
-    keying.add(id(fn))
-    try:
-        parts = []
-        for name in sorted(code_names(code)):
-            value = scope.get(name, _MISSING)
-            if isinstance(value, type(sys)):
-                parts.append(f"{name}=module:{value.__name__}")
-            elif value is fn:
-                parts.append(f"{name}=<itself>")
-            elif _constant(value):
-                parts.append(f"{name}={value_identity(value, depth + 1)}")
-        return parts
-    finally:
-        keying.discard(id(fn))
+    names = code_names(code)
+    parts = []
+    for name in sorted(names):
+        value = scope.get(name, _MISSING)
+        if value is _MISSING:
+            value = sys.modules.get(name, _MISSING)
+        text = None if value is _MISSING else _read_identity(value, names)
+        if text is not None:
+            parts.append(f"{name}={text}")
+    return parts
 
 
 _MISSING = object()
-#: Global values keyed as constants; a mutable object's state (a dict, a list, an instance) is not a key.
-_CONSTANTS = (type(None), bool, int, float, complex, str, bytes, enum.Enum, np.generic, np.ndarray, jax.Array,
-              functools.partial, type)
 
 
-def _constant(value: Any) -> bool:
-    """Whether a module global is keyed by its value: a number, string, array, class, function, or a tuple or
-    frozenset or frozen dataclass of them."""
-    if isinstance(value, (tuple, frozenset)):
-        return all(_constant(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return value.__dataclass_params__.frozen
-    return isinstance(value, _CONSTANTS) or (callable(value) and hasattr(value, "__code__"))
+def _read_identity(value: Any, names: frozenset[str] | None) -> str | None:
+    """How a global or class attribute that a user's code reads is keyed; None for a mutable library object.
+
+    A module of a library is its name and version; one of the user's is the attributes ``names`` (what the
+    code looks up; None: all) picks in it, each keyed so in turn. A constant, or a library's wrapper of a
+    function, is its value; an instance of a user's class that is not a constant, its class's code (not its
+    state)."""
+    if isinstance(value, types.ModuleType):
+        return _module_identity(value, names)
+    if code_reach.constant(value) or (callable(value) and hasattr(value, "__wrapped__")):
+        return value_identity(value, 1)
+    if not code_reach.is_library(type(value).__module__):
+        return f"instance-of:{_class_identity(type(value))}"
+    return None
 
 
-@functools.lru_cache(maxsize=1024)
-def code_names(code: Any) -> frozenset[str]:
-    """The names ``code`` and its nested code objects look up (``co_names``: globals and attributes alike), read
-    once per code object (a loss's key reads them at every call)."""
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, "co_code"):
-            names |= code_names(c)
-    return frozenset(names)
+def _module_identity(module: types.ModuleType, names: frozenset[str] | None) -> str:
+    name = module.__name__
+    if code_reach.is_library(name):
+        return f"module:{name}{code_reach.library_version(name)}"
+
+    def write() -> str:
+        members = ((n, _read_identity(v, names)) for n, v in code_reach.module_members(module, names))
+        return f"module:{name}(" + ",".join(f"{n}={t}" for n, t in members if t is not None) + ")"
+
+    return code_reach.visit(module, f"module:{name}", write, extra=names)
 
 
+def _class_identity(cls: type) -> str:
+    """A library's class by its name; a user's by its MRO and the members its own classes define in it."""
+    if code_reach.is_library(cls.__module__):
+        return f"{type(cls).__module__}.{type(cls).__qualname__}:{cls.__qualname__}:{cls!r}"
+
+    def write() -> str:
+        mro = ",".join(f"{k.__module__}.{k.__qualname__}" for k in cls.__mro__)
+        members = ((n, _read_identity(v, None)) for n, v in code_reach.class_members(cls))
+        return f"class({mro};" + ",".join(f"{n}={t}" for n, t in members if t is not None) + ")"
+
+    return code_reach.visit(cls, f"class:{cls.__module__}.{cls.__qualname__}", write)
+
+
+def _instance_identity(obj: Any) -> str:
+    """An instance of a user's class: its class's identity and its fields by value, plus its ``repr`` (addresses
+    blanked) where the class writes one of its own, for state kept outside its fields."""
+    cls = type(obj)
+
+    def write() -> str:
+        fields = ",".join(f"{n}={value_identity(v, 1)}" for n, v in code_reach.instance_fields(obj))
+        own_repr = not dataclasses.is_dataclass(cls) and cls.__repr__ is not object.__repr__
+        return f"{_class_identity(cls)}({fields})" + (_ADDRESS.sub(" at 0x?", repr(obj)) if own_repr else "")
+
+    return code_reach.visit(obj, f"obj:{cls.__module__}.{cls.__qualname__}", write)
+
+
+@functools.lru_cache(maxsize=4096)
 def _code_hash(code: Any) -> str:
+    # Code objects compare equal only when their bytecode, constants (1, 1.0 and True apart) and names do.
     # Constants canonically: ``x in {"a", "b"}`` compiles to a frozenset constant.
     h = hashlib.sha256(code.co_code)
     for c in code.co_consts:
