@@ -236,7 +236,7 @@ class AOTCompiled:
     def executables(self) -> dict[str, Any]:
         """The executables by name: ``inference``, ``forward``, ``backward``, and ``step`` where the call runs
         the fused training step (a gradient's stage, ``fused=True``, a real scalar loss, the step not chosen
-        split): the executable the call runs (:func:`jaxaot._src.fusion.fused_exe`), compiled on first read
+        split): the executable the call runs (``docs/concepts/fused_step.md``), compiled on first read
         if the call has not compiled it, as :attr:`peak_bytes` compiles it. On an accelerator, where the calls
         weigh the step's variants and time it against the split programs, each read gives the step kept so far.
 
