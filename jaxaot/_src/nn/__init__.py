@@ -12,11 +12,13 @@ from jaxaot._src.nn.wrap_module import aot_module
 from jaxaot._src.nn.export_module import BackwardSignature, GraphSignature, aot_export_module
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.loss_call import LossCall, PreparedLoss, has_numbers
+from jaxaot._src.nn.module_call import READS_A_NUMBER
 from jaxaot._src.nn.metadata import CallMetadata, InputInfo, ModuleLowered, OutputInfo
 from jaxaot._src.nn.nnx import AOTModule
 from jaxaot._src.nn.optimizer import Optimizer
 
 __all__ = [
-    "AOTLinenModule", "AOTModule", "BackwardSignature", "CallMetadata", "GraphSignature", "InputInfo", "LossCall",
-    "ModuleLowered", "Optimizer", "OutputInfo", "PreparedLoss", "aot_export_module", "aot_module", "has_numbers",
+    "READS_A_NUMBER", "AOTLinenModule", "AOTModule", "BackwardSignature", "CallMetadata", "GraphSignature",
+    "InputInfo", "LossCall", "ModuleLowered", "Optimizer", "OutputInfo", "PreparedLoss", "aot_export_module",
+    "aot_module", "has_numbers",
 ]

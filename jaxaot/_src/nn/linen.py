@@ -26,9 +26,10 @@ import threading
 from typing import Any, Mapping
 
 from flax import linen as nn
+from flax.linen import module as linen_module
 
 from jaxaot.errors import InvalidInputError, StaticArgumentError
-from jaxaot._src.nn.module_call import CallStatic, ModuleCall
+from jaxaot._src.nn.module_call import CallStatic, ModuleCall, run_reading_numbers
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.pure import linen_pure
 from jaxaot._src.nn.python_values import hashable
@@ -51,6 +52,36 @@ def _from_state_pair(params: Any, others: dict) -> dict:
     return {**({"params": params} if params is not None else {}), **others}
 
 
+def parent_capture() -> Any:
+    """The ``capture_intermediates`` filter of the ``apply`` running now (what Flax's own module calls read,
+    ``flax.linen.module._context.capture_stack``): a ``(module, method_name) -> bool``, or False."""
+    stack = getattr(getattr(linen_module, "_context", None), "capture_stack", None)
+    return (stack[-1] or False) if stack else False
+
+
+def _as_one_apply(wrapper: nn.Module, capture: Any, new: Mapping, old: Mapping) -> dict:
+    """The intermediates a wrapped call returned (its own ``apply``), as the parent's one ``apply`` of the plain
+    module sows them: the wrapper's call is a Linen method, so the parent's filter sows its output as it would
+    the wrapped module's (the wrapped call's own ``__call__`` entry is left to it); and a ``setup``, which runs
+    once per ``apply``, keeps the entry it sowed at its first call."""
+    out = dict(new)
+    if capture(wrapper, "__call__"):
+        out.pop("__call__", None)
+    return _setup_once(out, old)
+
+
+def _setup_once(new: Mapping, old: Mapping) -> dict:
+    out = {}
+    for key, value in new.items():
+        if key == "setup" and key in old:
+            out[key] = old[key]
+        elif isinstance(value, Mapping):
+            out[key] = _setup_once(value, old.get(key, {}) if isinstance(old.get(key), Mapping) else {})
+        else:
+            out[key] = value
+    return out
+
+
 def _unbound(module: nn.Module) -> nn.Module:
     """``module`` as a root (no parent, no name): the program's static part, equal for equal fields."""
     return module if module.parent is None and module.name is None else module.clone(parent=None, name=None)
@@ -64,6 +95,7 @@ class LinenPrograms:
         self.static_argnames = static_argnames
         self.aot_kwargs = dict(aot_kwargs)
         self.program: AOTFunction = aot_function(linen_pure, static_argnums=0, **self.aot_kwargs)
+        self.reads_numbers = False  #: numbers passed are statics (``module_call.run_reading_numbers``)
 
     def __copy__(self) -> "LinenPrograms":
         return self
@@ -101,12 +133,30 @@ def _check_hashable(module: nn.Module, path: str = "") -> None:
         if field.name in ("parent", "name") or hashable(value):
             continue
         where = f"{path}{type(module).__name__}.{field.name}"
+        owned = _owned_elsewhere(value)
+        if owned:
+            names = ", ".join(f"{type(m).__name__} {m.name or ''}".strip() for m in owned)
+            owner = type(owned[0].parent).__name__
+            raise StaticArgumentError(
+                f"the Linen module's field {where} holds Linen modules bound to another module ({names}, built "
+                f"inside {owner}'s compact method or setup, belong to {owner}); aot_module compiles a module with "
+                "the submodules it creates itself or holds unbound. Build them inside a Linen module of your own and "
+                "wrap that module (a class whose compact __call__ returns nn.Sequential([nn.Dense(4), "
+                "nn.Dense(2)])(x), say), or wrap the parent module itself.")
         if isinstance(value, nn.Module):
             _check_hashable(value, f"{where} -> ")
         raise StaticArgumentError(
             f"the Linen module's field {where} is a {type(value).__name__}, which has no hash: aot_module keys the "
             "compiled programs on the Linen module, so its fields must be hashable. Give it a "
             "flax.core.FrozenDict instead of a dict, a tuple instead of a list.")
+
+
+def _owned_elsewhere(value: Any) -> list:
+    """The Linen modules in ``value`` (a module, or a tuple, list or dict of them) that another module holds."""
+    if isinstance(value, nn.Module):
+        return [value] if isinstance(value.parent, nn.Module) else []
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ()
+    return [m for item in items for m in _owned_elsewhere(item)]
 
 
 class AOTLinenModule(nn.Module):
@@ -128,6 +178,7 @@ class AOTLinenModule(nn.Module):
         """The wrapper of ``module`` (``aot_kwargs`` as in :func:`jaxaot.aot_function`)."""
         return cls(module, _programs_for(_unbound(module), static_argnums, static_argnames, aot_kwargs))
 
+    @nn.nowrap  # not a Linen method: a parent's capture_intermediates sows no 'setup' of the wrapper
     def setup(self) -> None:
         nn.share_scope(self, self.wrapped)
 
@@ -138,12 +189,18 @@ class AOTLinenModule(nn.Module):
         scope = self.scope
         mutable = _normalize_mutable(scope.mutable) or False
         rngs = {name: self.make_rng(name) for name in sorted(scope.rngs)} or None
-        call = self._prepare(dict(self.variables), args, kwargs, rngs=rngs, mutable=mutable,
-                             module=_unbound(self.wrapped))
-        out, new_state = call.run_rebuilt()
+        capture = parent_capture()
+        variables, module = dict(self.variables), _unbound(self.wrapped)
+        out, new_state = run_reading_numbers(self.programs, args, kwargs, lambda numbers: self._prepare(
+            variables, args, kwargs, rngs=rngs, mutable=mutable, capture_intermediates=capture, module=module,
+            numbers=numbers).run_rebuilt())
         if new_state is None:
             return out
-        for collection, tree in _from_state_pair(*new_state).items():
+        new_state = _from_state_pair(*new_state)
+        if capture and "intermediates" in new_state:
+            new_state["intermediates"] = _as_one_apply(self, capture, new_state["intermediates"],
+                                                       variables.get("intermediates", {}))
+        for collection, tree in new_state.items():
             for name, value in tree.items():
                 scope.put_variable(collection, name, value)
         return out
@@ -157,9 +214,10 @@ class AOTLinenModule(nn.Module):
         """``wrapped.init_with_output(rngs, *args, **kwargs)``."""
         return self.wrapped.init_with_output(rngs, *args, **kwargs)
 
+    @nn.nowrap  # a helper, not a Linen method: a parent's capture_intermediates must not sow its ModuleCall
     def _prepare(self, variables: Mapping[str, Any], args: tuple, kwargs: dict, *, rngs: Any = None,
                  method: Any = None, mutable: Any = False, capture_intermediates: Any = False,
-                 freeze: bool | None = None, module: nn.Module | None = None) -> ModuleCall:
+                 freeze: bool | None = None, module: nn.Module | None = None, numbers: bool = False) -> ModuleCall:
         if not isinstance(variables, Mapping):
             raise InvalidInputError(
                 f"apply expects the variables mapping ({{'params': ...}}), got {type(variables).__name__}."
@@ -168,10 +226,12 @@ class AOTLinenModule(nn.Module):
         static, args, kwargs = CallStatic.split(
             args, kwargs, programs.static_argnums, programs.static_argnames,
             graphdef=_unbound(self.wrapped) if module is None else module, method=method,
-            mutable=_normalize_mutable(mutable), capture_intermediates=capture_intermediates)
+            mutable=_normalize_mutable(mutable), capture_intermediates=capture_intermediates,
+            numbers=numbers or programs.reads_numbers)
         return ModuleCall(programs.program, static, _as_state_pair(variables), args, kwargs,
                           extra=(("rngs", rngs),), freeze=freeze)
 
+    @nn.nowrap
     def prepare_call(self, variables: Mapping[str, Any], args: tuple, kwargs: dict, *, rngs: Any = None,
                      method: Any = None, mutable: Any = False, capture_intermediates: Any = False,
                      freeze: bool | None = None) -> ModuleCall:
@@ -198,9 +258,9 @@ class AOTLinenModule(nn.Module):
             >>> sorted(updates)
             ['batch_stats']
         """
-        call = self.prepare_call(variables, args, kwargs, rngs=rngs, method=method, mutable=mutable,
-                                 capture_intermediates=capture_intermediates)
-        out, new_state = call.run_rebuilt()
+        out, new_state = run_reading_numbers(self.programs, args, kwargs, lambda numbers: self._prepare(
+            variables, args, kwargs, rngs=rngs, method=method, mutable=mutable,
+            capture_intermediates=capture_intermediates, numbers=numbers).run_rebuilt())
         return out if new_state is None else (out, _from_state_pair(*new_state))
 
     def lower(self, variables: Mapping[str, Any], *args: Any, rngs: Any = None, method: Any = None,

@@ -28,7 +28,7 @@ from flax import nnx
 
 from jaxaot._src import compat as C
 from jaxaot._src.compile import code_names
-from jaxaot._src.nn.module_call import _FLAX_OBJECTS, CallStatic, check_static
+from jaxaot._src.nn.module_call import _FLAX_OBJECTS, _SCALARS, CallStatic, check_static, has_numbers, python_static
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.nn.state import FrozenState
 from jaxaot._src.nn.traversal import remember
@@ -82,24 +82,11 @@ def split_statics(args: tuple, kwargs: dict, numbers: bool = False) -> tuple[tup
     ``nnx.value_and_grad`` passes them, and key its program (each new value traces it again); arrays and pytrees of
     them are the program's inputs. Python numbers are inputs too (a loss weight given each step compiles once),
     unless ``numbers``: for a loss whose Python reads their values (``x[:n]``, ``if beta > 0``)."""
-    def static(x: Any) -> bool:
-        if isinstance(x, (jax.Array, np.ndarray, np.generic, list, dict, _FLAX_OBJECTS)) or C.is_tracer(x):
-            return False
-        if isinstance(x, tuple) or not (isinstance(x, _SCALARS) or callable(x)):
-            return False
-        if not numbers and isinstance(x, (int, float, complex)) and not isinstance(x, bool):
-            return False
-        try:
-            hash(x)
-        except TypeError:
-            return False
-        return True
-
     if not kwargs and all(type(a) is _ARRAY for a in args):  # the common case: arrays only
         return (), args, (), kwargs
-    statics = tuple((i, a) for i, a in enumerate(args) if static(a))
+    statics = tuple((i, a) for i, a in enumerate(args) if python_static(a, numbers))
     at = {i for i, _ in statics}
-    static_kwargs = tuple((k, v) for k, v in kwargs.items() if static(v))
+    static_kwargs = tuple((k, v) for k, v in kwargs.items() if python_static(v, numbers))
     named = {k for k, _ in static_kwargs}
     return (statics, tuple(a for i, a in enumerate(args) if i not in at), static_kwargs,
             {k: v for k, v in kwargs.items() if k not in named})
@@ -107,16 +94,19 @@ def split_statics(args: tuple, kwargs: dict, numbers: bool = False) -> tuple[tup
 
 #: How far :func:`closure_key` looks into containers: deeper or larger ones are named by identity.
 _KEY_DEPTH, _KEY_ITEMS = 3, 64
-_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+#: NumPy arrays up to this size are read by their contents at each call; larger ones by identity.
+_KEY_BYTES = 1 << 20
 
 
 def closure_key(fun: Callable[..., Any]) -> tuple:
     """What ``fun`` reads besides its arguments, as a key: its closure's values and the module globals its code
-    names (nested functions' too). Numbers and strings by value, small dicts, lists and tuples of them by
-    their contents; arrays and other objects by identity; modules, functions and classes not at all.
-    ``nnx.value_and_grad`` runs ``fun``'s Python at every call, so a loss weight in a global, or a target array
-    a global names, changed between steps, is read anew; a traced loss program reads them anew when this key
-    changes (an array written in place is not seen, as under ``jit``)."""
+    names (nested functions' too). Numbers and strings by value; small dicts, lists and tuples, and the attributes
+    of plain objects (``vars``: a config object), by their contents, up to 3 levels deep and 64 items a level;
+    NumPy arrays up to 1 MiB by their contents (dtype, shape and bytes); JAX arrays (immutable), larger NumPy
+    arrays and other objects by identity; modules, functions and classes not at all. ``nnx.value_and_grad``
+    runs ``fun``'s Python at every call, so a loss weight in a global, a target array a global names, or a
+    config object's attribute, changed between steps, is read anew; a traced loss program reads them anew when
+    this key changes (a NumPy array over 1 MiB written in place is not seen, as under ``jit``)."""
     code = getattr(fun, "__code__", None)
     if code is None:
         return ()
@@ -143,7 +133,37 @@ def _read_key(value: Any, depth: int = 0) -> Any:
     if depth < _KEY_DEPTH and isinstance(value, (dict, list, tuple)) and len(value) <= _KEY_ITEMS:
         items = value.items() if isinstance(value, dict) else enumerate(value)
         return (type(value), tuple((k, _read_key(v, depth + 1)) for k, v in items))
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject and value.nbytes <= _KEY_BYTES:
+        return _Contents(value)
+    if depth < _KEY_DEPTH and _plain_object(value):
+        attributes = vars(value)
+        if len(attributes) <= _KEY_ITEMS:
+            return (C.ById(value), tuple((k, _read_key(v, depth + 1)) for k, v in attributes.items()))
     return C.ById(value)  # kept alive with the key: an id is never reused while the key holds it
+
+
+def _plain_object(value: Any) -> bool:
+    """An object whose attributes are its values (a config object): not a module, class, function, array or
+    Flax object."""
+    return (isinstance(getattr(value, "__dict__", None), dict) and not callable(value)
+            and not isinstance(value, (type(jax), type, jax.Array, _FLAX_OBJECTS)))
+
+
+class _Contents:
+    """A NumPy array's dtype, shape and bytes (a copy), as part of a key: equal for equal contents. Hashed by
+    dtype and shape; the bytes compare on a lookup that finds an entry."""
+
+    __slots__ = ("dtype", "shape", "data")
+
+    def __init__(self, value: np.ndarray):
+        self.dtype, self.shape, self.data = value.dtype.str, value.shape, value.tobytes()
+
+    def __hash__(self) -> int:
+        return hash((self.dtype, self.shape))
+
+    def __eq__(self, other: Any) -> bool:
+        return (type(other) is _Contents and self.dtype == other.dtype and self.shape == other.shape
+                and self.data == other.data)
 
 
 class PreparedLoss:
@@ -203,11 +223,6 @@ class PreparedLoss:
         if same and self.split.plain:
             remember(state, self.model, self.split)
         return state
-
-
-def has_numbers(args: tuple, kwargs: dict) -> bool:
-    """Whether a call passes Python numbers (not bools) at the top level of its arguments."""
-    return any(isinstance(a, (int, float, complex)) and not isinstance(a, bool) for a in (*args, *kwargs.values()))
 
 
 __all__ = ["LossCall", "PreparedLoss", "has_numbers", "split_statics"]

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 
 from jaxaot._src import compat as C
@@ -36,6 +37,11 @@ from jaxaot._src.runtime import AOTFunction
 Method = str | Callable[..., Any]
 
 _FLAX_OBJECTS = (nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+#: What JAX raises where Python reads the value of a traced number (``x[:n]``, ``range(n)``, ``jnp.zeros(n)``, a
+#: shape's ``TypeError``): a call given numbers is traced again with them static (:func:`run_reading_numbers`).
+READS_A_NUMBER = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError, IndexError, TypeError)
 
 
 # --------------------------------------------------------------------------- statics
@@ -48,6 +54,49 @@ def check_static(name: str, value: Any) -> None:
             f"static argument {name} of type {type(value).__name__} is not hashable. Static arguments key the "
             "compile cache: pass a hashable value (a tuple instead of a list, say)."
         ) from None
+
+
+def python_static(x: Any, numbers: bool = False) -> bool:
+    """Whether ``x`` is a Python value a call takes as it is, as eager Flax does, and which keys its program: a
+    bool, a string, None, a function (hashable, no array, no container). A number (not a bool) only with
+    ``numbers``: otherwise a number is a program input (a weight given each call compiles once).
+
+    Example:
+        >>> [python_static(v) for v in (True, "relu", None, len, 3, (1, 2))], python_static(3, numbers=True)
+        ([True, True, True, True, False, False], True)
+    """
+    if isinstance(x, (jax.Array, np.ndarray, np.generic, list, dict, tuple, _FLAX_OBJECTS)) or C.is_tracer(x):
+        return False
+    if not (isinstance(x, _SCALARS) or callable(x)):
+        return False
+    if not numbers and isinstance(x, (int, float, complex)) and not isinstance(x, bool):
+        return False
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def has_numbers(args: tuple, kwargs: dict) -> bool:
+    """Whether a call passes Python numbers (not bools) at the top level of its arguments."""
+    return any(isinstance(a, (int, float, complex)) and not isinstance(a, bool) for a in (*args, *kwargs.values()))
+
+
+def run_reading_numbers(programs: Any, args: tuple, kwargs: dict, run: Callable[[bool], Any]) -> Any:
+    """``run(numbers)``: first with Python numbers among ``args`` / ``kwargs`` as program inputs, and, where the
+    module's Python reads the value of one (:data:`READS_A_NUMBER`), again with them static, which
+    ``programs.reads_numbers`` then keeps for later calls."""
+    if programs.reads_numbers:
+        return run(True)
+    try:
+        return run(False)
+    except READS_A_NUMBER:
+        if not has_numbers(args, kwargs):
+            raise
+    out = run(True)
+    programs.reads_numbers = True
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +138,11 @@ class CallStatic:
     def split(cls, args: tuple, kwargs: dict, argnums: Sequence[int], argnames: Sequence[str], *,
               graphdef: Any, method: Any, mutable: Any = False, capture_intermediates: Any = False,
               param_tree: Any = None, cache: Callable[[Any, Callable[[], Any]], Any] | None = None,
-              ) -> tuple["CallStatic", tuple, dict]:
+              numbers: bool = False) -> tuple["CallStatic", tuple, dict]:
         """``(statics, dynamic positional, dynamic keyword)`` of a call.
 
+        Besides ``argnums`` and ``argnames``, the Python values passed (a ``train`` flag, a mode name; numbers
+        too with ``numbers``, :func:`python_static`) are statics, as eager Flax reads them.
         ``cache(key, build)``, when given, returns a :class:`CallStatic` built
         earlier for the same method and static values (``build()`` otherwise).
 
@@ -104,6 +155,9 @@ class CallStatic:
                 raise InvalidInputError(
                     f"static_argnums contains {i}, but the module was called with {len(args)} positional arguments."
                 )
+        if kwargs or not all(type(a) is C.ArrayImpl for a in args):  # Python values passed: statics too
+            argnums = sorted({*argnums, *(i for i, a in enumerate(args) if python_static(a, numbers))})
+            argnames = {*argnames, *(k for k, v in kwargs.items() if python_static(v, numbers))}
         s_args = tuple((i, args[i]) for i in argnums)
         s_kwargs = tuple(sorted((k, kwargs[k]) for k in argnames if k in kwargs))
         for i, v in s_args:

@@ -30,6 +30,8 @@ class ModulePrograms:
       aot_kwargs: the :func:`jaxaot.aot_function` options (compilers, partitioner, decompositions).
       program: the ``aot_function`` of :func:`~jaxaot._src.nn.pure.nnx_pure`.
       loss_program: the ``aot_function`` of :func:`~jaxaot._src.nn.pure.nnx_loss_pure`.
+      reads_numbers: the module's Python read the value of a Python number it was given: numbers passed to the
+        call are statics (:func:`~jaxaot._src.nn.module_call.run_reading_numbers`).
     """
 
     def __init__(self, method: Method, static_argnums: tuple, static_argnames: tuple, aot_kwargs: dict):
@@ -39,6 +41,7 @@ class ModulePrograms:
         self.aot_kwargs = dict(aot_kwargs)
         self.program: AOTFunction = aot_function(nnx_pure, static_argnums=0, **self.aot_kwargs)
         self.loss_program: AOTFunction = aot_function(nnx_loss_pure, static_argnums=0, **self.aot_kwargs)
+        self.reads_numbers = False
 
     # Identity semantics (object's __eq__ and __hash__): the graphdefs of copies compare equal.
     def __copy__(self) -> "ModulePrograms":

@@ -26,12 +26,13 @@ from typing import Any
 from flax import nnx
 
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.nn.module_call import CallStatic, Method, ModuleCall, check_static
+from jaxaot._src.nn.module_call import CallStatic, Method, ModuleCall, check_static, run_reading_numbers
 from jaxaot._src.nn.metadata import ModuleLowered
 from jaxaot._src.nn.module_programs import ModulePrograms
 from jaxaot._src.nn.proxy import ProxyModule
-from jaxaot._src.nn.pure import inlining, invoke
-from jaxaot._src.nn.split_cache import split_of, write_back
+from jaxaot._src.nn.nnx_capture import run_direct
+from jaxaot._src.nn.pure import inlining
+from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.runtime import AOTFunction, CacheInfo
 
 
@@ -42,6 +43,8 @@ class AOTModule(ProxyModule):
     wrapped module's (``aot_model.kernel`` is ``module.kernel``; ``nnx.state``
     of a model holding it has the paths the model holding ``module`` has), and
     it writes mutated state back into the wrapped module after each call.
+    Traced into a loss program, or while ``nnx.capture`` collects from it, the
+    call runs the wrapped module's Python (``docs/concepts/modules.md``).
     """
 
     @property
@@ -71,23 +74,17 @@ class AOTModule(ProxyModule):
         ``freeze``: pass the state other than the parameters in frozen, so that it gets no
         cotangents; None: when any input is traced, i.e. when the call may be differentiated.
         """
+        return self._prepare(split_of(self, self._jaxaot_inner), args, kwargs, freeze)
+
+    def _prepare(self, split: ModuleSplit, args: tuple, kwargs: dict, freeze: bool | None,
+                 numbers: bool = False) -> ModuleCall:
         programs = self._jaxaot_extra
-        split = split_of(self, self._jaxaot_inner)
         static, args, kwargs = CallStatic.split(args, kwargs, programs.static_argnums, programs.static_argnames,
                                                 graphdef=split.graphdef, method=programs.method,
-                                                param_tree=split.param_tree, cache=split.static)
+                                                param_tree=split.param_tree, cache=split.static,
+                                                numbers=numbers or programs.reads_numbers)
         return ModuleCall(programs.program, static, (split.params, split.rest), args, kwargs, freeze=freeze,
                           leaves=split.leaves(), rest_tree=split.rest_tree)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inner = self._jaxaot_inner
-        if inlining():  # traced into a loss program (jaxaot.value_and_grad): one program for both
-            return invoke(inner, self._jaxaot_extra.method, args, kwargs)
-        call = self.prepare_call(args, kwargs)
-        out, delta = call.run()
-        if delta.sources:
-            write_back(inner, self._jaxaot_split, delta, call.flat_inputs)
-        return out
 
     def lower(self, *args: Any, **kwargs: Any) -> ModuleLowered:
         """Build everything for this call signature (as traced, i.e. training) and describe it.
@@ -118,6 +115,24 @@ class AOTModule(ProxyModule):
         """
         programs = self._jaxaot_extra
         return CacheInfo.combine({"call": programs.program.cache_info(), "loss": programs.loss_program.cache_info()})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Private helpers only: nnx.capture(method_outputs=...) swaps this class's public methods for sowing ones.
+        inner = self._jaxaot_inner
+        if inlining():  # traced into a loss program (jaxaot.value_and_grad): one program for both
+            return run_direct(type(self), inner, self._jaxaot_extra.method, args, kwargs)
+        split = split_of(self, inner)
+        if split.capturing:  # nnx.capture collects: its swapped methods are Python the program cannot see
+            return run_direct(type(self), inner, self._jaxaot_extra.method, args, kwargs)
+        return run_reading_numbers(self._jaxaot_extra, args, kwargs, lambda numbers: self._run(
+            split, args, kwargs, numbers))
+
+    def _run(self, split: ModuleSplit, args: tuple, kwargs: dict, numbers: bool) -> Any:
+        call = self._prepare(split, args, kwargs, None, numbers)
+        out, delta = call.run()
+        if delta.sources:
+            write_back(self._jaxaot_inner, split, delta, call.flat_inputs)
+        return out
 
 
 def wrap_nnx(module: nnx.Module, method: Method, static_argnums: tuple, static_argnames: tuple,

@@ -32,6 +32,8 @@ from flax import nnx
 #: (``_jaxaot_split``, :mod:`jaxaot._src.nn.split_cache`) that pickling leaves out.
 _OWN = frozenset({"_jaxaot_inner", "_jaxaot_extra", "_pytree__nodes", "_jaxaot_split"})
 _PICKLED = ("_pytree__nodes", "_jaxaot_inner", "_jaxaot_extra")
+#: Dunder attributes Flax sets on modules and reads back, which the wrapped module holds: ``nnx.capture``'s.
+_FORWARDED = frozenset({"__captures__"})
 
 
 class ProxyModule(nnx.Module):
@@ -72,7 +74,7 @@ class ProxyModule(nnx.Module):
         pass
 
     def __getattr__(self, name: str) -> Any:  # only for names the proxy itself lacks
-        if name.startswith("_jaxaot_") or name.startswith("__"):
+        if name.startswith("_jaxaot_") or (name.startswith("__") and name not in _FORWARDED):
             raise AttributeError(name)
         try:
             inner = object.__getattribute__(self, "_jaxaot_inner")

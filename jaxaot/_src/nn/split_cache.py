@@ -97,6 +97,7 @@ class ModuleSplit:
       param_var_tree: the structure of ``params`` with its Variables as leaves.
       plain: every Variable holds one concrete array, so :meth:`leaves` reads them straight.
       traced: some Variable held a tracer when split (the module lives in a trace).
+      capturing: ``nnx.capture`` is collecting from the module (a module of its graph has ``__captures__``).
     """
 
     def __init__(self, module: nnx.Module):
@@ -114,7 +115,9 @@ class ModuleSplit:
         variables = [v for v in self.param_vars + self.rest_vars if _is_variable(v)]
         self.plain = (not self.traced and len(values) == len(variables) == self.n_params + len(self.rest_vars)
                       and all(isinstance(v.get_raw_value(), (jax.Array, np.ndarray)) for v in variables))
-        self._snapshot = _snapshot(_containers(module))
+        containers = _containers(module)
+        self.capturing = any(isinstance(c, dict) and "__captures__" in c for c in containers)
+        self._snapshot = _snapshot(containers)
         # A Variable holding a pytree (a dict, a sown tuple): the programs read its leaves by that structure.
         self._value_trees = [] if self.plain else [
             (v, jax.tree_util.tree_structure(v.get_raw_value())) for v in variables

@@ -67,8 +67,8 @@ def _overflow_checked(vg: Callable[..., Any]) -> Callable[..., Any]:
 def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused: bool,
                     fallback: Callable[..., Any]) -> Callable[..., Any]:
     """``fallback`` (a ``value_and_grad`` of ``fun``), except when the one differentiated argument
-    (``argnums`` an int or a 1-tuple) is an ``nnx.Module``: then the call is an ``aot_module``'s compiled
-    step, or ``nnx.value_and_grad`` for other modules, and with a 1-tuple ``argnums`` the gradients
+    (``argnums`` an int or a 1-tuple) is an ``nnx.Module`` or holds one (a list of modules): then the call is an
+    ``aot_module``'s compiled step, or ``nnx.value_and_grad`` otherwise, and with a 1-tuple ``argnums`` the gradients
     come in a 1-tuple, as JAX and Flax return them.
     :func:`value_and_grad` and :func:`~jaxaot.patch_value_and_grad` dispatch through it."""
     as_tuple = isinstance(argnums, (tuple, list))
@@ -88,7 +88,7 @@ def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused:
                     ran.add(program)
                 out, grads = step.module_value_and_grad(fun, position, args, kwargs, has_aux, fused)
                 return out, ((grads,) if as_tuple else grads)
-            if step.is_flax_module(args[position]):  # a plain module (it may hold aot_module submodules)
+            if step.holds_flax_module(args[position]):  # a plain module, or modules in a list, tuple or dict
                 return step.FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         return fallback(*args, **kwargs)
 
@@ -112,7 +112,7 @@ def _is_diff_state(argnums: Any) -> bool:
 def _flax_where_a_module(fun: Callable[..., Any], argnums: Any, has_aux: bool,
                          fallback: Callable[..., Any]) -> Callable[..., Any]:
     """``fallback``, or ``nnx.value_and_grad`` for a call whose differentiated arguments (``argnums`` a sequence)
-    hold an ``nnx.Module``: its gradient is then an ``nnx.State``, as Flax gives, and the state the call changes
+    are or hold an ``nnx.Module``: its gradient is then an ``nnx.State``, as Flax gives, and the state the call changes
     is written back."""
     positions = tuple(argnums) if isinstance(argnums, (tuple, list)) else ()
     if _is_diff_state(argnums):  # Flax's own argnums: nnx.value_and_grad, which reads it
@@ -121,7 +121,7 @@ def _flax_where_a_module(fun: Callable[..., Any], argnums: Any, has_aux: bool,
 
     def vg(*args: Any, **kwargs: Any):
         step = _module_step()
-        if step is not None and any(-len(args) <= n < len(args) and step.is_flax_module(args[n])
+        if step is not None and any(-len(args) <= n < len(args) and step.holds_flax_module(args[n])
                                     for n in positions if isinstance(n, int) and not isinstance(n, bool)):
             return step.FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         return fallback(*args, **kwargs)

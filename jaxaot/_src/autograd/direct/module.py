@@ -29,7 +29,7 @@ from flax import nnx
 
 from jaxaot._src.autograd.direct.flax_functions import FLAX_VALUE_AND_GRAD
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
-from jaxaot._src.nn import AOTModule, PreparedLoss, has_numbers
+from jaxaot._src.nn import READS_A_NUMBER, AOTModule, PreparedLoss, has_numbers
 from jaxaot._src.runtime import AOTFunction
 
 #: Per loss program, the fused and split ``value_and_grad`` of it (each keeps its per-signature plans).
@@ -54,14 +54,23 @@ def is_aot_module(x: Any) -> bool:
     return isinstance(x, AOTModule)
 
 
-def is_flax_module(x: Any) -> bool:
-    """Whether ``x`` is an ``nnx.Module`` (a plain one may hold ``aot_module`` submodules)."""
+def _is_module(x: Any) -> bool:
     return isinstance(x, nnx.Module)
 
 
-#: What JAX raises where Python reads the value of a traced number (``x[:n]``, ``range(n)``, ``jnp.zeros(n)``, a
-#: shape's ``TypeError``): a loss given numbers is traced again with them static (:func:`_run_loss`), once.
-_READS_A_NUMBER = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError, IndexError, TypeError)
+def holds_flax_module(x: Any) -> bool:
+    """Whether ``x`` is an ``nnx.Module`` (a plain one may hold ``aot_module`` submodules) or a pytree holding one
+    (a list, tuple or dict of modules), which ``nnx.value_and_grad`` finds by its graph traversal."""
+    if isinstance(x, nnx.Module):
+        return True
+    if isinstance(x, jax.Array):
+        return False
+    return any(map(_is_module, jax.tree_util.tree_leaves(x, is_leaf=_is_module)))
+
+
+#: What JAX raises where Python reads the value of a traced number: a loss given numbers is traced again with
+#: them static (:func:`_run_loss`), once.
+_READS_A_NUMBER = READS_A_NUMBER
 
 #: Loss functions whose Python read the value of a number they were given (:func:`module_value_and_grad`).
 _READS_NUMBERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
