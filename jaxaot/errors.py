@@ -146,6 +146,12 @@ class ArtifactVmapError(ArtifactError, NotImplementedError):
     ``NotImplementedError``, as JAX's own error for it). Export the vmapped function, or use ``jax.lax.map``."""
 
 
+class ArtifactJvpError(ArtifactError, TypeError):
+    """``jax.jvp`` (``jax.jacfwd``, ``jax.hessian``) of a loaded artifact: its programs are differentiated through
+    ``jax.custom_vjp``, which has no forward mode (a ``TypeError``, as JAX's own error for it). Use reverse mode,
+    or export a function that computes the jvp."""
+
+
 # ---------------------------------------------------------------- compiled autograd
 class HookOutputError(JaxaotError, TypeError):
     """A gradient hook returned a cotangent whose structure, shape or dtype differs from the one it got.
@@ -204,7 +210,7 @@ __all__ = [
     "MemoryBudgetError", "ShardingMismatchError", "LoopFunctionError", "LoopCarryMismatchError",
     "InvalidLoopOptionError", "ReverseModeBoundError", "LoopOverflowError", "XlaCompileError",
     "LoopRewriteError", "LossOutputError", "NotExportableError", "ArtifactError", "ArtifactVersionError",
-    "ArtifactInputError", "ArtifactVmapError", "HookOutputError", "ScheduleError", "StageMismatchError",
-    "PipelineMemoryError",
+    "ArtifactInputError", "ArtifactVmapError", "ArtifactJvpError", "HookOutputError", "ScheduleError",
+    "StageMismatchError", "PipelineMemoryError",
     "CacheWarning",
 ]

@@ -10,6 +10,7 @@ then failed with raw ``IndexError``) are all refused with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import jaxaot
 from jaxaot._src.artifacts import audit
 from jaxaot.errors import ArtifactError
 from jaxaot._src import compat as C
-from reliability.hostile import deadline, program_from_text, with_host_callback, write_program
+from reliability.hostile import deadline, program_from_text, with_host_callback, with_program_text, write_program
 
 
 def _fn(x):
@@ -224,5 +225,37 @@ def test_a_program_returning_a_bare_array_for_a_1_tuple_is_refused(art, good):
     write_program(art, "inference", bare)
     with pytest.raises(ArtifactError, match=r"the inference program's outputs are structured as PyTreeDef\(\*\), not "
                                             r"as the flat sequence of 1 arrays"):
+        jaxaot.export.load(art)
+    _works(good)
+
+
+# ------------------------------------------------------------------------- programs that do not fit their own metadata
+def test_a_program_whose_entry_function_is_renamed_is_refused_at_load(art, good):
+    # Renamed in the serialized program itself, checksum fixed: every call raised a bare KeyError.
+    path = art / "inference.jaxexport"
+    blob = path.read_bytes().replace(b"main\x00public", b"mai\x15\x00public")
+    assert blob != path.read_bytes()
+    path.write_bytes(blob)
+    m = _manifest(art)
+    m["artifacts"]["inference"]["sha256"] = hashlib.sha256(blob).hexdigest()
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match=r"the inference program cannot be called as its own metadata describes it "
+                                            r"\(KeyError: \"Symbol 'main' not in the symbol table.\"\): the program "
+                                            r"is damaged or was altered after export"):
+        jaxaot.export.load(art)
+    _works(good)
+
+
+def test_a_program_taking_other_operands_than_its_metadata_says_is_refused_at_load(art, good):
+    # An extra argument of main: each call and gradient raised a bare ValueError of the MLIR verifier.
+    backward = jaxaot.export.load(art).exported.backward
+    text = backward.mlir_module()
+    head = re.search(r"func\.func public @main\((.*?)\) ->", text)
+    assert head is not None
+    extra = text.replace(head.group(0), f"func.func public @main({head.group(1)}, %extra: tensor<7xf32>) ->", 1)
+    write_program(art, "backward", with_program_text(backward, extra))
+    with pytest.raises(ArtifactError, match=r"the backward program cannot be called as its own metadata describes it "
+                                            r"\(ValueError: Cannot lower jaxpr with verifier errors: 'func.call' op "
+                                            r"incorrect number of operands for callee\): the program is damaged"):
         jaxaot.export.load(art)
     _works(good)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ import pytest
 
 import jaxaot
 from jaxaot._src import compat as C
-from jaxaot.errors import ArtifactVmapError
+from jaxaot.errors import ArtifactJvpError, ArtifactVmapError
 from jaxaot.errors import ArtifactError, ArtifactInputError
 from zoo import child_env
 
@@ -201,6 +202,114 @@ def test_a_fresh_process_gets_jax_s_types(saved, tmp_path):
 
 
 # --------------------------------------------------------------------------- calls it cannot take
+def _bf16_dot(x, y):
+    return jnp.sum(x * y)
+
+
+_WEAK_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, jaxaot
+
+    f = jaxaot.export.load(sys.argv[1])
+    x = jnp.arange(3, dtype=jnp.bfloat16)
+    kinds = {"float": 2.3, "int": 2, "strong_float32": jnp.float32(2.3), "bfloat16": jnp.bfloat16(2.3)}
+    out = {}
+    for name, y in kinds.items():
+        try:
+            runs = [f(x, y), jax.jit(f)(x, y), jax.grad(f, 1)(x, y)]
+            out[name] = [[float(r), str(r.dtype), bool(r.aval.weak_type)] for r in runs]
+        except jaxaot.errors.ArtifactInputError as err:
+            out[name] = str(err)
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def weak_and_strong(tmp_path_factory):
+    root = tmp_path_factory.mktemp("weak_and_strong")
+    x = jnp.ones(3, jnp.bfloat16)
+    return {kind: jaxaot.export.export(_bf16_dot, x, y).save(root / kind)
+            for kind, y in (("weak", 2.0), ("strong", jnp.float32(2.0)))}
+
+
+def _in_a_fresh_process(path, tmp_path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _WEAK_CHILD, str(path)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _reference(y) -> list:
+    x = jnp.arange(3, dtype=jnp.bfloat16)
+    runs = [_bf16_dot(x, y), jax.jit(_bf16_dot)(x, y), jax.grad(_bf16_dot, 1)(x, y)]
+    return [[float(r), str(r.dtype), bool(r.aval.weak_type)] for r in runs]
+
+
+def _matches(got: list, want: list) -> bool:
+    """Equal dtypes and weak types, run by run, and close values."""
+    return ([g[1:] for g in got] == [w[1:] for w in want]
+            and np.allclose([g[0] for g in got], [w[0] for w in want], rtol=1e-2))
+
+
+def test_an_argument_exported_from_a_python_float_takes_only_a_python_float(weak_and_strong, tmp_path):
+    got = _in_a_fresh_process(weak_and_strong["weak"], tmp_path)
+    assert _matches(got["float"], _reference(2.3))  # bfloat16 arithmetic, as JAX's
+    # A strongly typed float32 makes JAX compute in float32 (6.9, not bfloat16's 6.875): the program cannot.
+    assert _reference(jnp.float32(2.3))[0][1] == "float32"
+    assert re.fullmatch(r"arg\[1\] was exported for a Python float \(weakly typed float32\[\]\) and gets a strongly "
+                        r"typed float32 array, which JAX promotes differently .*Pass a Python float, or export with "
+                        r"a float32 array for this argument\.", got["strong_float32"])
+    # A Python int promotes unlike a Python float (int8 times 2 stays int8, times 2.0 is float32).
+    assert jnp.result_type(jnp.int8, int) == jnp.int8 and jnp.result_type(jnp.int8, float) == jnp.float32
+    assert re.fullmatch(r"arg\[1\]: expected float32\[\], got int32\[\]\. arg\[1\] was exported for a Python float "
+                        r"\(weakly typed float32\[\]\): pass a Python float \(2\.0, not 2\)\. A Python int promotes "
+                        r"differently from a Python float .*", got["int"])
+    assert re.fullmatch(r"arg\[1\]: expected float32\[\], got bfloat16\[\]\. .*: pass a Python float, or export with a "
+                        r"bfloat16 array for this argument\.", got["bfloat16"])
+
+
+def test_an_argument_exported_strongly_typed_takes_a_python_scalar_and_computes_as_exported(weak_and_strong,
+                                                                                              tmp_path):
+    got = _in_a_fresh_process(weak_and_strong["strong"], tmp_path)
+    assert _matches(got["strong_float32"], _reference(jnp.float32(2.3)))
+    # A Python float runs the exported program: float32 arithmetic, where the function itself would stay bfloat16.
+    assert _matches(got["float"], _reference(jnp.float32(2.3))) and not _matches(got["float"], _reference(2.3))
+    assert "expected float32[], got int32[]." in got["int"] and "Python" not in got["int"]
+
+
+@pytest.mark.parametrize("how", ["jvp", "jit_jvp", "jacfwd", "jit_jacfwd", "hessian", "jvp_of_grad"])
+def test_forward_mode_of_a_loaded_artifact_is_a_typed_error(saved, how):
+    f = jaxaot.export.load(saved["strong_scalar"])
+    x = jnp.float32(np.random.default_rng(15).standard_normal())
+    run = {
+        "jvp": lambda: jax.jvp(f, (x,), (x,)),
+        "jit_jvp": lambda: jax.jit(lambda a, t: jax.jvp(f, (a,), (t,)))(x, x),
+        "jacfwd": lambda: jax.jacfwd(f)(x),
+        "jit_jacfwd": lambda: jax.jit(jax.jacfwd(f))(x),
+        "hessian": lambda: jax.hessian(f)(x),
+        "jvp_of_grad": lambda: jax.jvp(jax.grad(f), (x,), (x,)),
+    }[how]
+    with pytest.raises(ArtifactJvpError, match=r"jax.jvp of _scaled, a loaded artifact, is not supported \(nor "
+                                               r"jax.jacfwd, jax.hessian .*jax.custom_vjp, which has reverse mode "
+                                               r"only\. Use reverse mode .*export a function that computes the jvp"
+                                               ) as info:
+        run()
+    assert isinstance(info.value, ArtifactError) and isinstance(info.value, TypeError)
+    np.testing.assert_allclose(jax.grad(f)(x), jax.grad(_scaled)(x), **TOL)  # reverse mode still works
+
+
+def test_linearize_of_a_loaded_artifact_returns_and_its_linear_function_raises_jax_s_error(saved):
+    # jax.linearize traces as jax.vjp does: the loaded function cannot tell them apart (docs/concepts/export.md).
+    f = jaxaot.export.load(saved["strong_scalar"])
+    x = jnp.float32(np.random.default_rng(16).standard_normal())
+    y, f_lin = jax.linearize(f, x)
+    np.testing.assert_allclose(y, _scaled(x), **TOL)
+    with pytest.raises(TypeError, match=r"forward-mode autodiff \(jvp\) to a custom_vjp function"):
+        f_lin(x)
+
+
 def test_a_call_with_the_static_argument_names_it_and_its_value(tmp_path):
     aot = jaxaot.aot_function(lambda x, n: jnp.sum(jnp.sin(x) ** n), static_argnums=1)
     f = jaxaot.export.load(jaxaot.export.export(aot, jnp.ones(5), 3).save(tmp_path / "a"))
@@ -229,7 +338,7 @@ def test_a_mismatch_without_static_arguments_says_nothing_of_them(saved):
 
 
 def test_vmap_of_a_loaded_artifact_is_a_typed_error_and_lax_map_works(saved):
-    f = jaxaot.export.load(saved["python_float_weak_output"])
+    f = jaxaot.export.load(saved["strong_scalar"])  # mapped over an array: its elements are strongly typed
     xs = jnp.asarray(np.random.default_rng(14).standard_normal(4, np.float32))
     _, f_vjp = jax.vjp(f, xs[0])
     for run in (jax.vmap(f), jax.jit(jax.vmap(f)), jax.vmap(jax.grad(f)), jax.vmap(f_vjp)):

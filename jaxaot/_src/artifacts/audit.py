@@ -7,6 +7,9 @@ that trusts its buffers (each custom call must satisfy its target's type rule,
 the MLIR bindings, so nothing in a string can hide an op. :func:`check_signature`
 and :func:`check_platforms` compare each program with the manifest and with this
 process, so a swapped program or an edited signature is refused at load.
+:func:`check_calls` lowers a call of each program as ``jax.export`` does, so a
+program whose StableHLO has lost its entry function, or takes or returns other
+values than its own metadata says, is refused at load too, not at every call.
 
 Example:
     >>> from jaxaot._src.artifacts.audit import is_host_callback
@@ -19,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Collection, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import dtype_name
@@ -123,6 +127,32 @@ def check_platforms(programs: Mapping[str, Any], where: str) -> None:
                 f"{where}: the {name} program was exported for {', '.join(exported_for)}, and this process runs "
                 f"on {', '.join(sorted(here))}: it cannot run here. Re-export it with "
                 f"jaxaot.export.export(..., platforms=({', '.join(repr(p) for p in sorted(here | set(exported_for)))})).")
+
+
+def check_calls(programs: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`ArtifactError` unless a call of each program lowers as ``jax.export`` lowers it.
+
+    Lowering (not compiling) a call for a platform of this process reads the
+    program's StableHLO as a call will: its entry function ``main`` must be
+    there, and take the values the program's own metadata (``in_avals``) says, in
+    number and type; a program exported for several devices is called on a mesh
+    of that many (``LoadedAOT`` checks this process has them first).
+    """
+    here = C.available_platforms()
+    for name, program in programs.items():
+        platform = next(p for p in program.platforms if p in here)
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in program.in_avals]
+        n = int(getattr(program, "nr_devices", 1))
+        placed = {} if n == 1 else {"in_shardings": jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.array(jax.devices(platform)[:n]), ("devices",)), jax.sharding.PartitionSpec())}
+        try:
+            jax.jit(program.call, **placed).trace(*avals).lower(lowering_platforms=(platform,))
+        except Exception as err:
+            why = " ".join(line.strip() for line in str(err).splitlines()[:2])
+            raise ArtifactError(
+                f"{where}: the {name} program cannot be called as its own metadata describes it "
+                f"({type(err).__name__}: {why[:300]}): the program is damaged or was altered after export."
+            ) from err
 
 
 def check_signature(programs: Mapping[str, Any], signature: AOTSignature, where: str) -> None:

@@ -23,10 +23,11 @@ from jaxaot._src.artifacts.mesh_spec import check_call_devices, check_call_platf
 from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.call_log import CallLog, shapes_of
 from jaxaot._src.artifacts.treedef_json import treedef_to_json
-from jaxaot._src.artifacts.weak_types import WeakTyping
+from jaxaot._src.artifacts.weak_types import WeakTyping, weak_input_note
 from jaxaot.errors import (
     ArtifactError,
     ArtifactInputError,
+    ArtifactJvpError,
     ArtifactVmapError,
     CotangentMismatchError,
     LoopOverflowError,
@@ -53,7 +54,8 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
     they can run: no host callbacks, every custom call of a target ``jax.export``
     produces and of the types its kernel reads and writes, each program's own
     input and output types and structure equal to what the manifest's signature
-    says, and exported for a platform this process has (``docs/security.md``,
+    says, a call of each lowering as its own metadata describes it (its entry function there, taking the
+    values it says), and exported for a platform this process has (``docs/security.md``,
     "What loading an artifact checks"). Without ``key`` it trusts the
     artifact's source for what the programs compute; with it, anything changed
     in the artifact is refused.
@@ -79,6 +81,7 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
         malformed manifest (the message names the field), programs with host
         callbacks, with custom calls that break their type rule (the message
         names the target and the mismatch) or that do not fit the signature,
+        programs whose StableHLO a call cannot lower as their metadata says (damaged or altered),
         programs exported for platforms this process does not have (naming
         both), an unsigned or altered artifact when ``key`` is given; a sharded
         artifact and a process with fewer devices than it was exported for.
@@ -116,8 +119,10 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
         audit.check_program(name, program, where, allow_callbacks=allow_callbacks, allow_custom_calls=allowed,
                             declared=bool(info.get("host_callbacks")))
     audit.check_signature(programs, signature, where)
-    return LoadedAOT(ExportedAOT(name=info.get("function", "exported"), signature=signature, **programs),
-                     where=str(root))
+    loaded = LoadedAOT(ExportedAOT(name=info.get("function", "exported"), signature=signature, **programs),
+                       where=str(root))
+    audit.check_calls(programs, where)
+    return loaded
 
 
 @jax.tree_util.register_pytree_node_class
@@ -259,7 +264,19 @@ class LoadedAOT:
         return jax.tree_util.tree_unflatten(self.signature.in_tree, flat)
 
     # -- programs
+    def _refuse_forward_mode(self, leaves: Sequence[Any]) -> None:
+        # jax.custom_vjp has no forward mode: JAX's own refusal comes late (at the tangents' evaluation, or when
+        # jit lowers) and untyped. Values of jax.jvp (and jacfwd, hessian) are its tracers; with
+        # jax_use_direct_linearize off, jax.grad's are too, and custom_vjp takes them.
+        if getattr(jax.config, "jax_use_direct_linearize", True) and any(map(C.is_forward_mode_tracer, leaves)):
+            raise ArtifactJvpError(
+                f"jax.jvp of {self.__name__}, a loaded artifact, is not supported (nor jax.jacfwd, jax.hessian or "
+                "any other forward mode): its exported programs are differentiated through jax.custom_vjp, which "
+                "has reverse mode only. Use reverse mode (jax.grad, jax.vjp), or export a function "
+                "that computes the jvp: jaxaot.export.export(lambda x, t: jax.jvp(f, (x,), (t,)), x, t).")
+
     def _run(self, program: Any, what: str, leaves: Sequence[Any]) -> list:
+        self._refuse_forward_mode(leaves)
         check_call_devices(self.__name__, what, self.num_devices, self.signature.mesh, leaves)
         if self._other_platforms:
             check_call_platform(self.__name__, what, tuple(program.platforms), leaves)
@@ -314,7 +331,8 @@ class LoadedAOT:
             )
         bound: dict[str, tuple[int, str]] = {}
         for path, spec, x in zip(s.in_paths, s.in_specs, leaves):
-            _check_leaf(path, spec, x, bound, ArtifactInputError)
+            _check_leaf(path, spec, x, bound, ArtifactInputError, input_=True)
+        self._refuse_forward_mode(leaves)
         self._calls.look_up(shapes_of(leaves))
         return leaves
 
@@ -361,8 +379,9 @@ def _static_note(name: str, s: AOTSignature) -> str:
 _WIDE = frozenset({"float64", "int64", "uint64", "complex128"})
 
 
-def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exception]) -> None:
-    """Raise ``error`` unless ``x`` has ``spec``'s dtype and shape (binding symbolic dims)."""
+def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exception], input_: bool = False) -> None:
+    """Raise ``error`` unless ``x`` has ``spec``'s dtype and shape (binding symbolic dims); an ``input_``
+    exported weakly typed also takes only a weakly typed ``x`` (:func:`weak_input_note`)."""
     got = shape_and_dtype_name(x)
     if got is None:
         raise error(f"{path} is a {type(x).__name__}, not an array: expected {spec}.")
@@ -382,11 +401,14 @@ def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exc
                     f"{path}: dimension '{want}' is {have} here but {first[0]} in {first[1]} "
                     f"(expected {spec}, got {dtype}[{','.join(map(str, shape))}])."
                 )
+    weak = weak_input_note(path, spec, x, dtype) if input_ and spec.weak_type else ""
     if mismatch:
         wide = spec.dtype in _WIDE and not jax.config.jax_enable_x64
         raise error(f"{path}: expected {spec}, got {dtype}[{','.join(map(str, shape))}]." + (
             f" The artifact takes {spec.dtype} inputs, which JAX makes only with jax_enable_x64: call it under "
-            f"jax.config.update('jax_enable_x64', True)." if wide else ""))
+            f"jax.config.update('jax_enable_x64', True)." if wide else "") + (weak if dtype != spec.dtype else ""))
+    if weak:
+        raise error(weak)
 
 
 def _checked(flags: Sequence[Any], checks: Sequence[RuntimeCheck], values: Sequence[Any]) -> list:

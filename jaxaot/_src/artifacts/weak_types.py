@@ -4,6 +4,7 @@ JAX's outputs and gradients of a Python-float argument are weakly typed, so thei
 bfloat16 array stays bfloat16. A loaded program returns strong types: :class:`WeakTyping` types the
 outputs as their recorded specs and the gradients by the rule :func:`weak_grad_rule` records at export,
 read off the backward evaluated abstractly, as the runtime's ``WeakGrads`` does for each call.
+:func:`weak_input_note` says why a call's argument cannot stand for one exported weakly typed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import is_weakly_typed
@@ -51,6 +53,37 @@ def retyped(x: Any, weak: bool) -> Any:
     if weak:
         return C.typed_as(x, jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=True))
     return jax.lax.convert_element_type(x, x.dtype)
+
+
+def scalar_kind(dtype: str) -> str:
+    """The Python scalar type JAX reads as weakly typed ``dtype``: ``"complex"``, ``"float"`` or ``"int"``."""
+    d = jnp.dtype(dtype)
+    if jnp.issubdtype(d, jnp.complexfloating):
+        return "complex"
+    return "float" if jnp.issubdtype(d, jnp.floating) else "int"
+
+
+def weak_input_note(path: str, spec: Any, x: Any, dtype: str) -> str:
+    """Why ``x`` (of ``dtype``) cannot stand for ``path``, an input exported weakly typed (from a Python
+    scalar): "" when it can (weakly typed, of the spec's dtype).
+
+    The program was traced with the weak type: JAX promotes a strongly typed array of the same dtype, or a
+    Python scalar of another kind, differently (an int8 array times ``2`` stays int8, times ``2.0`` is float32;
+    a bfloat16 array times ``2.0`` stays bfloat16, times a float32 array is float32).
+    """
+    kind = scalar_kind(spec.dtype)
+    exported = f"{path} was exported for a Python {kind} (weakly typed {spec})"
+    if dtype == spec.dtype:
+        if is_weakly_typed(x):
+            return ""
+        return (f"{exported} and gets a strongly typed {dtype} array, which JAX promotes differently (a bfloat16 "
+                f"array times a Python float stays bfloat16, times a float32 array becomes float32): the exported "
+                f"program would not compute what the function computes for it. Pass a Python {kind}, or export "
+                f"with a {dtype} array for this argument.")
+    if is_weakly_typed(x) and kind == "float" and scalar_kind(dtype) == "int":
+        return (f" {exported}: pass a Python float (2.0, not 2). A Python int promotes differently from a Python "
+                "float (an int8 array times 2 stays int8, times 2.0 becomes float32).")
+    return f" {exported}: pass a Python {kind}, or export with a {dtype} array for this argument."
 
 
 class WeakTyping:
