@@ -256,6 +256,6 @@ def test_a_program_taking_other_operands_than_its_metadata_says_is_refused_at_lo
     write_program(art, "backward", with_program_text(backward, extra))
     with pytest.raises(ArtifactError, match=r"the backward program cannot be called as its own metadata describes it "
                                             r"\(ValueError: Cannot lower jaxpr with verifier errors: 'func.call' op "
-                                            r"incorrect number of operands for callee\): the program is damaged"):
+                                            r"incorrect number of operands for callee.*\): the program is damaged"):
         jaxaot.export.load(art)
     _works(good)

@@ -14,9 +14,9 @@ from jax.experimental import io_callback
 import jaxaot
 
 
-def _close(got, want):
+def _close(got, want, atol=1e-6):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=atol)
 
 
 @pytest.mark.parametrize("transform", ["grad", "jit", "jit_grad", "vmap"])
@@ -117,10 +117,11 @@ def test_under_jit_the_data_of_a_gradient_step_is_not_differentiated():
     f = jaxaot.aot_function(loss, partition_fn=jaxaot.partition.min_cut_rematerialization_partition(
         memory_budget=budget))
     want = jax.value_and_grad(loss)(w, x)
-    _close(jaxaot.value_and_grad(f)(w, x), want)
-    _close(jax.jit(jax.value_and_grad(f))(w, x), want)
+    atol = 1e-5  # float32 sums of 128 products of up to about 10, in another order (a GPU's kernels)
+    _close(jaxaot.value_and_grad(f)(w, x), want, atol)
+    _close(jax.jit(jax.value_and_grad(f))(w, x), want, atol)
     both = jax.jit(jax.value_and_grad(jaxaot.aot_function(loss), argnums=(0, 1)))(w, x)
-    _close(both, jax.value_and_grad(loss, argnums=(0, 1))(w, x))
+    _close(both, jax.value_and_grad(loss, argnums=(0, 1))(w, x), atol)
 
 
 def test_reverse_over_reverse_under_jit_matches_jax():

@@ -178,7 +178,13 @@ def test_reading_a_value_through_dlpack_or_its_buffer_is_a_look(loss, replay):
     vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
     for _ in range(4):
         w, x = _rand(rng, 3), _rand(rng, 3)
-        _close(vg(w, x), jax.value_and_grad(loss)(w, x))
+        try:
+            want = jax.value_and_grad(loss)(w, x)
+        except BufferError:  # NumPy's from_dlpack reads host memory only: on a GPU eager JAX raises, and so must this
+            with pytest.raises(BufferError):
+                vg(w, x)
+            continue
+        _close(vg(w, x), want)
     assert compiled_autograd.stats().fallbacks == ()
 
 
