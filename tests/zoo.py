@@ -235,6 +235,23 @@ def key_stream(start: int) -> Callable[[], jax.Array]:
     return fresh_key
 
 
+#: Added to the seeds of :func:`normal_at`: drawn once per process, so a seed names one input within a run and
+#: reruns see other inputs.
+_SEED_OFFSET = np.random.randint(1 << 20)
+
+
+def normal_at(seed: int, shape: tuple) -> jax.Array:
+    """A standard normal array for ``seed``: the same within a process, another in the next run."""
+    return jax.random.normal(jax.random.key(seed + _SEED_OFFSET), shape)
+
+
+def trees_close(a, b, atol: float = 1e-5) -> bool:
+    """Whether two trees have one structure and leaves equal within ``atol`` (``assert trees_close(...)``)."""
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        return False
+    return all(bool(jnp.allclose(p, q, atol=atol)) for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def random_cotangents(key, outs):
     """A cotangent per output leaf: random for inexact leaves, float0 for the rest."""
     leaves, tree = jax.tree_util.tree_flatten(outs)

@@ -10,18 +10,13 @@ from flax import linen as nn
 from flax import nnx
 
 import jaxaot
+from zoo import normal_at, trees_close
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def _x(seed: int, shape=(4, 2)):
-    return jax.random.normal(jax.random.key(seed), shape)
-
-
-def _close(a, b, atol=1e-5) -> bool:
-    if jax.tree.structure(a) != jax.tree.structure(b):
-        return False
-    return all(bool(jnp.allclose(p, q, atol=atol)) for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return normal_at(seed, shape)
 
 
 def _pure(state):
@@ -65,12 +60,12 @@ def test_capture_collects_what_it_collects_from_the_module(make, options):
         y_e, inter_e = nnx.capture(plain, nnx.Intermediate, **options)(x)
         y_a, inter_a = nnx.capture(wrapped, nnx.Intermediate, **options)(x)
         assert type(inter_a) is type(inter_e)
-        assert _close(y_e, y_a)
-        assert _close(_pure(inter_e), _pure(inter_a))
-        assert _close(_pure(nnx.state(plain)), _pure(nnx.state(wrapped)))
+        assert trees_close(y_e, y_a)
+        assert trees_close(_pure(inter_e), _pure(inter_a))
+        assert trees_close(_pure(nnx.state(plain)), _pure(nnx.state(wrapped)))
     assert "feat" in (inter_a["foo"] if make is Parent else inter_a)
     x = _x(13)
-    assert _close(plain(x), wrapped(x))  # after the capture: the compiled call, the same state
+    assert trees_close(plain(x), wrapped(x))  # after the capture: the compiled call, the same state
 
 
 def test_the_aot_modules_own_methods_are_not_sown():
@@ -94,10 +89,10 @@ def test_a_loss_on_captured_intermediates_has_flaxs_value_and_gradients(make, gr
         x = _x(seed)
         loss_e, grads_e = nnx.value_and_grad(_aux_loss)(plain, x)
         loss_a, grads_a = vg(_aux_loss)(wrapped, x)
-        assert _close(loss_e, loss_a)
+        assert trees_close(loss_e, loss_a)
         assert type(grads_a) is type(grads_e)
-        assert _close(_pure(grads_e), _pure(grads_a))
-        assert _close(_pure(nnx.state(plain)), _pure(nnx.state(wrapped)))
+        assert trees_close(_pure(grads_e), _pure(grads_a))
+        assert trees_close(_pure(nnx.state(plain)), _pure(nnx.state(wrapped)))
 
 
 class Perturbed(nnx.Module):
@@ -120,7 +115,7 @@ def test_perturbation_gradients_match_flax():
     x = _x(31)
     (g_e, p_e), sown_e = grads_of(Perturbed(), x)
     (g_a, p_a), sown_a = grads_of(jaxaot.nn.aot_module(Perturbed()), x)
-    assert _close(_pure(g_e), _pure(g_a)) and _close(_pure(p_e), _pure(p_a)) and _close(_pure(sown_e),
+    assert trees_close(_pure(g_e), _pure(g_a)) and trees_close(_pure(p_e), _pure(p_a)) and trees_close(_pure(sown_e),
                                                                                          _pure(sown_a))
 
 
@@ -170,6 +165,6 @@ def test_linen_submodule_follows_the_parents_capture_intermediates(inner, captur
         results.append(LinenParent(wrap, inner).apply(variables, x, capture_intermediates=_FILTERS[capture],
                                                        mutable=["intermediates", "batch_stats"]))
     (out_e, state_e), (out_a, state_a) = results
-    assert _close(out_e, out_a)
+    assert trees_close(out_e, out_a)
     assert jax.tree.structure(state_e) == jax.tree.structure(state_a)
-    assert _close(state_e, state_a)
+    assert trees_close(state_e, state_a)

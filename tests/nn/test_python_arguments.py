@@ -10,17 +10,12 @@ from flax import linen as nn
 from flax import nnx
 
 import jaxaot
+from zoo import normal_at, trees_close
 from jaxaot.errors import StaticArgumentError
 
 
 def _x(seed: int, shape=(4, 3)):
-    return jax.random.normal(jax.random.key(seed), shape)
-
-
-def _close(a, b, atol=1e-5) -> bool:
-    if jax.tree.structure(a) != jax.tree.structure(b):
-        return False
-    return all(bool(jnp.allclose(p, q, atol=atol)) for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return normal_at(seed, shape)
 
 
 def _state(module):
@@ -36,8 +31,8 @@ def test_a_bool_keyword_is_read_as_eager_flax_reads_it(make, options):
     wrapped = jaxaot.nn.aot_module(inner)
     for seed, kwargs in enumerate(options * 2):
         x = _x(seed)
-        assert _close(plain(x, **kwargs), wrapped(x, **kwargs))
-        assert _close(_state(plain), _state(inner))
+        assert trees_close(plain(x, **kwargs), wrapped(x, **kwargs))
+        assert trees_close(_state(plain), _state(inner))
     assert wrapped.cache_info().misses == 2  # one program per flag value
 
 
@@ -55,7 +50,7 @@ def test_a_count_read_by_python_becomes_static():
     plain, wrapped = Repeat(), jaxaot.nn.aot_module(Repeat())
     for seed, (n, scale, act) in enumerate([(1, 2.0, "relu"), (2, 3.0, "relu"), (2, 3.0, "gelu"), (1, 2.0, "relu")]):
         x = _x(seed + 10)
-        assert _close(plain(x, n, scale=scale, act=act), wrapped(x, n, scale=scale, act=act))
+        assert trees_close(plain(x, n, scale=scale, act=act), wrapped(x, n, scale=scale, act=act))
     assert wrapped.cache_info().misses == 3  # the last call reuses the first's program
 
 
@@ -71,13 +66,13 @@ def test_a_number_used_as_a_value_stays_an_input():
     plain, wrapped = Scaled(), jaxaot.nn.aot_module(Scaled())
     for seed, scale in enumerate((1.0, 2.5, -3.0)):
         x = _x(seed + 20)
-        assert _close(plain(x, scale), wrapped(x, scale))
+        assert trees_close(plain(x, scale), wrapped(x, scale))
     assert wrapped.cache_info().misses == 1
     x = _x(23)
-    assert _close(plain(x, 2.0, mode="add"), wrapped(x, 2.0, mode="add"))
+    assert trees_close(plain(x, 2.0, mode="add"), wrapped(x, 2.0, mode="add"))
     grads_e = nnx.grad(lambda m, x: jnp.sum(m(x, 2.0, mode="add") ** 2))(plain, x)
     grads_a = nnx.grad(lambda m, x: jnp.sum(m(x, 2.0, mode="add") ** 2))(wrapped, x)
-    assert _close(nnx.to_pure_dict(grads_e), nnx.to_pure_dict(grads_a))
+    assert trees_close(nnx.to_pure_dict(grads_e), nnx.to_pure_dict(grads_a))
 
 
 class LinenBlock(nn.Module):
@@ -96,7 +91,7 @@ def test_linen_apply_reads_python_arguments_as_flax(train, n):
     kwargs = dict(mutable=["batch_stats"], rngs={"dropout": jax.random.key(3)})
     out_e = LinenBlock().apply(variables, x, train, n, **kwargs)
     out_a = jaxaot.nn.aot_module(LinenBlock()).apply(variables, x, train, n, **kwargs)
-    assert _close(out_e, out_a)
+    assert trees_close(out_e, out_a)
 
 
 class LinenParent(nn.Module):
@@ -114,7 +109,7 @@ def test_linen_submodule_reads_python_arguments_as_flax():
     for wrap in (False, True):
         variables = LinenParent(wrap).init(jax.random.key(0), x, False)
         results.append(LinenParent(wrap).apply(variables, x, False, mutable=["batch_stats"]))
-    assert _close(*results)
+    assert trees_close(*results)
 
 
 class SequentialParent(nn.Module):
@@ -146,5 +141,5 @@ class BlockParent(nn.Module):
 def test_the_errors_remedy_runs_as_flax():
     x = _x(51, (3, 5))
     variables = BlockParent(False).init(jax.random.key(0), x)
-    assert _close(variables, BlockParent(True).init(jax.random.key(0), x))
-    assert _close(BlockParent(False).apply(variables, x), BlockParent(True).apply(variables, x))
+    assert trees_close(variables, BlockParent(True).init(jax.random.key(0), x))
+    assert trees_close(BlockParent(False).apply(variables, x), BlockParent(True).apply(variables, x))

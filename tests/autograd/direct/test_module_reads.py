@@ -11,16 +11,11 @@ import pytest
 from flax import nnx
 
 import jaxaot
+from zoo import normal_at, trees_close
 
 
 def _x(seed: int, shape=(4, 2)):
-    return jax.random.normal(jax.random.key(seed), shape)
-
-
-def _close(a, b, atol=1e-5) -> bool:
-    if jax.tree.structure(a) != jax.tree.structure(b):
-        return False
-    return all(bool(jnp.allclose(p, q, atol=atol)) for p, q in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return normal_at(seed, shape)
 
 
 def _pure(tree):
@@ -50,18 +45,18 @@ def test_modules_in_a_container_are_differentiated_as_nnx_does(kind, wrap, argnu
         x = _x(seed)
         loss_e, grads_e = nnx.value_and_grad(_loss, argnums=argnums)(plain, x)
         loss_a, grads_a = jaxaot.value_and_grad(_loss, argnums=argnums)(ours, x)
-        assert _close(loss_e, loss_a)
+        assert trees_close(loss_e, loss_a)
         assert jax.tree.structure(grads_e, is_leaf=lambda s: isinstance(s, nnx.State)) == jax.tree.structure(
             grads_a, is_leaf=lambda s: isinstance(s, nnx.State))
-        assert _close(_pure(grads_e), _pure(grads_a))
-        assert _close(nnx.to_pure_dict(nnx.state(plain)), nnx.to_pure_dict(nnx.state(ours)))  # batch statistics
+        assert trees_close(_pure(grads_e), _pure(grads_a))
+        assert trees_close(nnx.to_pure_dict(nnx.state(plain)), nnx.to_pure_dict(nnx.state(ours)))  # batch statistics
 
 
 def test_a_container_of_arrays_is_still_jaxs():
     params = [jnp.ones((2, 2)), {"b": jnp.zeros(2)}]
     loss = lambda p, x: jnp.sum((x @ p[0] + p[1]["b"]) ** 2)  # noqa: E731
     x = _x(3)
-    assert _close(jaxaot.value_and_grad(loss)(params, x), jax.value_and_grad(loss)(params, x))
+    assert trees_close(jaxaot.value_and_grad(loss)(params, x), jax.value_and_grad(loss)(params, x))
 
 
 # --------------------------------------------------------------------------- globals read at each call
@@ -87,7 +82,7 @@ def _compare(plain, wrapped, seed, loss=_global_loss):
     x = _x(seed, (4, 8))
     loss_e, grads_e = nnx.value_and_grad(loss)(plain, x)
     loss_a, grads_a = jaxaot.value_and_grad(loss)(wrapped, x)
-    assert _close(loss_e, loss_a, atol=1e-4) and _close(nnx.to_pure_dict(grads_e), nnx.to_pure_dict(grads_a))
+    assert trees_close(loss_e, loss_a, atol=1e-4) and trees_close(nnx.to_pure_dict(grads_e), nnx.to_pure_dict(grads_a))
 
 
 def test_a_numpy_global_written_in_place_and_a_config_objects_attributes_are_read_at_each_call():
@@ -121,6 +116,6 @@ def test_a_numpy_global_over_one_mebibyte_is_read_by_identity():
     first = jaxaot.value_and_grad(_big_loss)(wrapped, x)[0]
     try:
         BIG_NP[0] = 5.0  # written in place: unseen, as documented
-        assert _close(jaxaot.value_and_grad(_big_loss)(wrapped, x)[0], first)
+        assert trees_close(jaxaot.value_and_grad(_big_loss)(wrapped, x)[0], first)
     finally:
         BIG_NP[0] = 1.0
