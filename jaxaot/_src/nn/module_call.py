@@ -29,7 +29,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.pytrees import describe_path
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.nn.metadata import ModuleLowered, build_metadata, user_input_names
-from jaxaot._src.nn.python_values import attribute_changes, graph_hash
+from jaxaot._src.nn.python_values import attribute_changes, graph_hash, same_value
 from jaxaot._src.nn.state import FrozenState, leaf_fqns
 from jaxaot._src.runtime import AOTFunction
 
@@ -193,18 +193,18 @@ class CallStatic:
             parts.append(f"method {_name(old.method)} → {_name(self.method)}")
         for i, v in self.static_args:
             was = dict(old.static_args).get(i, _MISSING)
-            if was is _MISSING or not _same(was, v):
+            if was is _MISSING or not same_value(was, v):
                 parts.append(f"arg[{i}]: {'not static' if was is _MISSING else repr(was)} → {v!r}")
         for k, v in self.static_kwargs:
             was = dict(old.static_kwargs).get(k, _MISSING)
-            if was is _MISSING or not _same(was, v):
+            if was is _MISSING or not same_value(was, v):
                 parts.append(f"{k}: {'not passed' if was is _MISSING else repr(was)} → {v!r}")
         for name in ("mutable", "capture_intermediates"):
-            if not _same(getattr(old, name), getattr(self, name)):
+            if not same_value(getattr(old, name), getattr(self, name)):
                 parts.append(f"{name}: {getattr(old, name)!r} → {getattr(self, name)!r}")
         if old.param_tree != self.param_tree:
             parts.append("the parameters' tree structure changed")
-        if not _same(old.graphdef, self.graphdef):
+        if not same_value(old.graphdef, self.graphdef):
             parts.append(attribute_changes(old.graphdef, self.graphdef) or "the module's structure changed")
         return "; ".join(parts) or None
 
@@ -226,13 +226,6 @@ _MISSING = object()
 
 def _name(method: Any) -> str:
     return repr(getattr(method, "__name__", method))
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return a is b or bool(a == b)
-    except Exception:  # an __eq__ that raises: the values count as different
-        return False
 
 
 def _root_type(graphdef: Any) -> Any:

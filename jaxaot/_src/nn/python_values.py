@@ -116,7 +116,7 @@ def attribute_changes(old: Any, new: Any, limit: int = 3) -> str | None:
     a, b = static_attributes(old), static_attributes(new)
     if a is None or b is None:
         return None
-    changed = [k for k in a.keys() & b.keys() if not _same(a[k], b[k])]
+    changed = [k for k in a.keys() & b.keys() if not same_value(a[k], b[k])]
     changed = sorted(changed, key=list(b).index)
     parts = [f"module attribute `{k}`: {_short(a[k])} → {_short(b[k])}" for k in changed[:limit]]
     parts += [f"module attribute `{k}` is new" for k in b.keys() - a.keys()][: max(limit - len(parts), 0)]
@@ -125,7 +125,8 @@ def attribute_changes(old: Any, new: Any, limit: int = 3) -> str | None:
     return "; ".join(parts + ([f"{more} more"] if more > 0 else [])) or None
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """``a is b or a == b``, False where ``==`` raises or gives no bool (an array): the values count as different."""
     try:
         return a is b or bool(a == b)
     except Exception:  # an __eq__ that raises or returns an array: the values count as different
@@ -197,4 +198,5 @@ def kept_aux(aux: Any) -> Any:
     return jax.tree_util.tree_unflatten(tree, [x if _traced(x) else Kept(x) for x in leaves])
 
 
-__all__ = ["Kept", "attribute_changes", "detached_graphdef", "graph_hash", "hashable", "kept_aux", "static_attributes"]
+__all__ = ["Kept", "attribute_changes", "detached_graphdef", "graph_hash", "hashable", "kept_aux", "same_value",
+           "static_attributes"]
