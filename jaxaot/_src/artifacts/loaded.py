@@ -280,15 +280,12 @@ class LoadedAOT:
         check_call_devices(self.__name__, what, self.num_devices, self.signature.mesh, leaves)
         if self._other_platforms:
             check_call_platform(self.__name__, what, tuple(program.platforms), leaves)
-        try:
-            return list(program.call(*leaves))
-        except NotImplementedError as err:
-            if "Batching rule for 'call_exported'" not in str(err):
-                raise
+        if any(map(C.is_batch_tracer, leaves)):  # jax.export's programs have no batching rule
             raise ArtifactVmapError(
                 f"jax.vmap of {self.__name__}, a loaded artifact, is not supported: its exported {what} program "
                 "has no batching rule. Export the vmapped function instead (jaxaot.export.export(jax.vmap(f), "
-                "*batched_args)), or map this one over the batch with jax.lax.map.") from err
+                "*batched_args)), or map this one over the batch with jax.lax.map.")
+        return list(program.call(*leaves))
 
     def _infer(self, leaves: Sequence[Any]) -> list:
         self._calls.ran(shapes_of(leaves), "inference")

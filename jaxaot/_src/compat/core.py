@@ -16,7 +16,7 @@ from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import ad as _ad
-from jax._src.interpreters import batching as _batching  # noqa: F401  (re-exported)
+from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _mlir  # noqa: F401  (re-exported)
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.lax import lax as _lax_internal
@@ -288,12 +288,13 @@ def trace_of(x: Any) -> Any:
 
 
 def is_forward_mode_tracer(x: Any) -> bool:
-    """True for the tracers of ``jax.jvp`` (not those of ``jax.grad``'s linearize).
-
-    ``jax.custom_vjp`` refuses forward mode, so the runtime inlines the program
-    instead when it sees one of these.
-    """
+    """True for the tracers of ``jax.jvp``, not ``jax.grad``'s linearize (``jax.custom_vjp`` refuses forward mode)."""
     return isinstance(x, _ad.JVPTracer)
+
+
+def is_batch_tracer(x: Any) -> bool:
+    """True for the tracers of ``jax.vmap``."""
+    return isinstance(x, _batching.BatchTracer)
 
 
 def reverse_mode_mask(leaves: Sequence[Any]) -> tuple[bool, ...]:
@@ -438,8 +439,8 @@ __all__ = [
     "Primitive", "Tracer",
     "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
     "dim_value", "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
-    "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_drop_var", "is_effectful", "is_forward_mode_tracer",
-    "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
+    "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_batch_tracer", "is_drop_var", "is_effectful",
+    "is_forward_mode_tracer", "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of", "make_closed_jaxpr",
     "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
     "reverse_mode_mask", "single_device_of", "stages_operations", "trace_context", "trace_of", "zeros_float0",
     "config_changes", "jit_disabled", "pin_sharding", "explicit_axes",
