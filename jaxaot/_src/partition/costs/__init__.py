@@ -7,8 +7,7 @@ kind), what copies to host memory cost (:class:`DeviceModel`), and per-device
 bytes of a sharded program's values (:func:`device_fractions`).
 """
 
-from jaxaot._src.partition.costs.cost_model import (
-    Recompute, classify, float_equality, flops, is_alias, is_loop, materializes_operands)
+from jaxaot._src.partition.costs.cost_model import Recompute, classify, flops, is_alias, is_loop, materializes_operands
 from jaxaot._src.partition.costs.op_costs import FlopCosts, OpCosts
 from jaxaot._src.allowance import byte_limit
 from jaxaot._src.partition.costs.device_model import (
@@ -33,7 +32,6 @@ __all__ = [
     "compile_bytes",
     "copies_in_flight",
     "device_fractions",
-    "float_equality",
     "flops",
     "host_memory_note",
     "is_alias",

@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot.errors import PartitionError
-from jaxaot._src.partition.costs import FlopCosts, OpCosts, Recompute, classify, float_equality, is_loop
+from jaxaot._src.partition.costs import FlopCosts, OpCosts, Recompute, classify, is_loop
 
 if TYPE_CHECKING:
     from scipy.sparse import csr_array
@@ -181,7 +181,7 @@ class FlowGraphBuilder:
         (a ``checkpoint_name`` is its operand).
         """
         if like is None:
-            kind, producer = NEVER if float_equality(eqn) else KIND_CODE[classify(eqn)], eqn
+            kind, producer = KIND_CODE[classify(eqn)], eqn
         else:
             kind, producer = self.kinds[like], self.producers[like]
         loop = is_loop(eqn.primitive.name)
