@@ -147,11 +147,7 @@ def test_activations_and_stop_gradient_are_cheap_in_the_joint_graph(approximate)
     eqns = [e for e, k in zip(jaxaot._src.compat.jaxpr_of(joint.jaxpr).eqns, classify_eqns(joint))
             if k is EqnKind.FORWARD]
     costly = {e.primitive.name for e in eqns if cost_model.classify(e) is not Recompute.CHEAP}
-    # softmax's reductions over a short axis, and its max's float comparison (never recomputed: its backward
-    # does not read it here, behind the stop_gradient, so nothing is saved for it)
-    assert costly <= {"reduce_max", "reduce_sum", "eq"}, costly
-    part = jaxaot.partition.min_cut_rematerialization_partition(joint)
-    assert not any(jnp.dtype(r.aval.dtype) == jnp.bool_ for r in part.residuals if hasattr(r, "aval"))
+    assert costly <= {"reduce_max", "reduce_sum"}, costly  # softmax's reductions over a short axis
     assert cost_model.classify(only_eqn(lax.stop_gradient, jnp.ones(3), name="stop_gradient")) is Recompute.CHEAP
 
 

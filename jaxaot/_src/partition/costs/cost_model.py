@@ -102,18 +102,10 @@ def communicates(eqn: Any) -> bool:
     return any(communicates(e) for body in C.eqn_subjaxprs(eqn) for e in C.jaxpr_of(body).eqns)
 
 
-#: Comparisons whose result a recomputation may flip: recomputed floats need not equal the forward's bit for bit
-#: (XLA fuses the two programs differently), and ``eq`` against a ``reduce_max`` is how JAX's derivative of a max
-#: finds its argmax. Never recomputed: the forward's own result is saved.
-_FLOAT_EQUALITY = frozenset({"eq", "ne"})
-
-
 def classify(eqn: Any) -> Recompute:
     """The :class:`Recompute` class of one eqn."""
     name = eqn.primitive.name
     if C.is_effectful(eqn) or name in _NEVER or "callback" in name or communicates(eqn):
-        return Recompute.NEVER
-    if name in _FLOAT_EQUALITY and any(C.is_inexact(getattr(v.aval, "dtype", None)) for v in eqn.invars):
         return Recompute.NEVER
     if name in _ELEMENTWISE or name in _LAYOUT:
         return Recompute.CHEAP
