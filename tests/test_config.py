@@ -402,3 +402,43 @@ def test_the_settings_page_is_linked_where_settings_are_mentioned():
     for page in ("index.md", "caching.md", "cli.md", "security.md", "guarantees.md", "concepts/loops.md"):
         text = (ROOT / "docs" / page).read_text()
         assert re.search(r"(^config$|config\.md|\{doc\}`(\.\./)?config`)", text, flags=re.M), page
+
+
+def test_a_watcher_that_is_not_callable_or_fails_is_not_kept_and_overrides_restore():
+    config = jaxaot.config
+    before = config.online_block
+    with pytest.raises(jaxaot.errors.InvalidInputError):
+        config.watch(5)
+
+    def failing(_):
+        raise ValueError("a watcher's own error")
+
+    with pytest.raises(ValueError):
+        config.watch(failing)
+    seen = []
+    config.watch(seen.append)
+    try:
+        with config.override(online_block=3):
+            assert config.online_block == 3
+        assert config.online_block == before and len(seen) == 3  # the settings and the watchers work on
+    finally:
+        config._watchers.remove(seen.append)
+
+
+def test_an_override_whose_watcher_raises_leaves_nothing_behind():
+    config = jaxaot.config
+    before, calls = config.online_block, []
+
+    def refuses_three(c):
+        calls.append(c.online_block)
+        if c.online_block == 3:
+            raise ValueError("refused")
+
+    config.watch(refuses_three)
+    try:
+        with pytest.raises(ValueError):
+            with config.override(online_block=3):
+                pass
+        assert config.online_block == before
+    finally:
+        config._watchers.remove(refuses_three)

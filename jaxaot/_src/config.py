@@ -27,7 +27,7 @@ import os
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
-from jaxaot.errors import InvalidValueError
+from jaxaot.errors import InvalidInputError, InvalidValueError
 
 #: The schedules a bounded ``checkpoints=k`` loop can run (:mod:`jaxaot._src.loops.offline`).
 OFFLINE_SCHEDULES = ("nested", "binomial")
@@ -283,10 +283,13 @@ class Config:
 
     def watch(self, fn: Callable[["Config"], None]) -> None:
         """Call ``fn(self)`` at once and after every change of a setting (under the settings' lock, so the calls
-        see the changes in the order they happen)."""
+        see the changes in the order they happen). A ``fn`` that is not callable is refused, and
+        one whose first call raises is not kept."""
+        if not callable(fn):
+            raise InvalidInputError(f"jaxaot.config.watch takes a function of the config, got {type(fn).__name__}.")
         with self._lock:
-            self._watchers.append(fn)
             fn(self)
+            self._watchers.append(fn)
 
     def _changed(self) -> None:
         for fn in self._watchers:
@@ -313,12 +316,12 @@ class Config:
         """
         layer = {name: _setting(name).checked(value) for name, value in changes.items()}
         token = object()
-        with self._lock:
-            self._layers.append((token, layer))
-            for name in layer:
-                self._refresh(name)
-            self._changed()
         try:
+            with self._lock:
+                self._layers.append((token, layer))
+                for name in layer:
+                    self._refresh(name)
+                self._changed()  # a watcher that raises here leaves nothing of the override behind
             yield self
         finally:
             with self._lock:
