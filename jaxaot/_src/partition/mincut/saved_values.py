@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -56,6 +57,7 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
     needed: set[int] = set()
     # Nodes read by an eqn that materializes its operands, in each half.
     materialized_by = {True: set(), False: set()}
+    compared: dict[int, list[int]] = {}  # a float equality's node -> its float operands' nodes
 
     builder.add_inputs(jaxpr.invars[: joint.num_primals])
     for eqn, k in zip(jaxpr.eqns, classify_eqns(joint)):
@@ -68,6 +70,11 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
             continue
         # checkpoint_name: the named value is its operand, banned as much as it is.
         builder.add_eqn(eqn, ins, like=ins[0] if is_alias(eqn) and ins else None)
+        if eqn.primitive.name in ("eq", "ne") and not C.is_drop_var(eqn.outvars[0]):
+            floats = [builder.index[v] for v in eqn.invars
+                      if not C.is_literal(v) and v in builder.index and C.is_inexact(v.aval.dtype)]
+            if floats:
+                compared[builder.index[eqn.outvars[0]]] = floats
     index = builder.index
     for v in jaxpr.outvars[joint.num_outputs :]:
         if not C.is_literal(v) and v in index:
@@ -95,7 +102,39 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         if not C.is_literal(v) and v in index:
             preferred[index[v]] = True
     unsaveable = () if saveable is None else [i for i, v in enumerate(values) if not saveable(v)]
-    return builder.build(nbytes, needed, preferred, unsaveable, costs)
+    graph = builder.build(nbytes, needed, preferred, unsaveable, costs)
+    _keep_compared(graph, builder, compared)
+    return graph
+
+
+_EXACT_LAYOUT = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose"})
+
+
+def _keep_compared(graph: FlowGraph, builder: FlowGraphBuilder, compared: dict[int, list[int]]) -> None:
+    """Never recompute a float that an equality the backward depends on compares. A recomputation need not match
+    the forward bit for bit, and ``x == max(x)`` (how JAX's derivative of a max finds its argmax) against the
+    forward's max would then find no element. Saved (the value a reshape or broadcast rearranges, which recomputes
+    exactly), the comparison recomputes as the forward made it."""
+    if not compared:
+        return
+    reach = graph.ancestors_of_needed
+    for node, operands in compared.items():
+        if reach[node]:
+            for i in map(functools.partial(_through_layout, builder), operands):
+                if graph.kind[i] in (CHEAP, EXPENSIVE):
+                    graph.kind[i] = NEVER
+
+
+def _through_layout(builder: FlowGraphBuilder, i: int) -> int:
+    """The node whose value node ``i`` rearranges through exact layout eqns (a reshape, a broadcast), or ``i``."""
+    while True:
+        eqn = builder.producers[i]
+        if eqn is None or eqn.primitive.name not in _EXACT_LAYOUT:
+            return i
+        operands = [v for v in eqn.invars if not C.is_literal(v) and v in builder.index]
+        if len(operands) != 1:
+            return i
+        i = builder.index[operands[0]]
 
 
 # --------------------------------------------------------------------------- budget
