@@ -68,7 +68,7 @@ CASES = [(jit_lambda, True), (jit_partial, True), (jit_checkpoint, True), (numpy
 @pytest.mark.parametrize("replay", [False, True])
 @pytest.mark.parametrize("loss,replays", CASES, ids=[c[0].__name__ for c in CASES])
 def test_a_jit_closing_over_an_array_sees_each_calls_value_without_recompiling(loss, replays, replay):
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng()
     vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
     for _ in range(CALLS):
         args = _inputs(rng)
@@ -87,7 +87,7 @@ def test_a_jit_inside_a_cond_branch_is_keyed_by_the_value_it_closes_over():
         branch = lambda v: jax.jit(lambda u: u * GLOBAL["a"])(v)  # noqa: E731
         return jnp.sum(jax.lax.cond(True, branch, lambda v: v, w) ** 2)
 
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng()
     for replay in (False, True):
         compiled_autograd.reset()
         vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
@@ -120,7 +120,7 @@ def test_a_jit_inside_a_custom_rule_is_keyed_by_the_value_it_closes_over(replay)
     def loss(w):
         return jnp.sum(_custom_over_a_jit(w) ** 2)
 
-    rng = np.random.default_rng(6)
+    rng = np.random.default_rng()
     vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
     for _ in range(4):
         w, _, _ = _inputs(rng)
@@ -154,7 +154,7 @@ def _custom_jvp_closing_over_forward(w, x):
 @pytest.mark.parametrize("replay", [False, True])
 @pytest.mark.parametrize("loss", [_custom_vjp_closing_over_forward, _custom_jvp_closing_over_forward])
 def test_a_custom_rule_closing_over_a_forward_value_runs_under_vjp(loss, replay):
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng()
     vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
     for _ in range(4):
         w, x = _rand(rng, 3), _rand(rng, 3)
@@ -174,7 +174,7 @@ def _addressable_data(w, x):
 @pytest.mark.parametrize("replay", [False, True])
 @pytest.mark.parametrize("loss", [_from_dlpack, _addressable_data])
 def test_reading_a_value_through_dlpack_or_its_buffer_is_a_look(loss, replay):
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng()
     vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
     for _ in range(4):
         w, x = _rand(rng, 3), _rand(rng, 3)
@@ -198,7 +198,7 @@ def _loss(params, x):
 def test_a_param_hook_reads_python_state_when_the_step_compiles():
     """As under ``jax.jit``: an array the hook closes over, even replaced between steps, is the compile's."""
     vg = jaxaot.compiled_value_and_grad(_loss, param_hooks={"w": lambda p, g: g + SCHEDULE["wd"] * p})
-    rng = np.random.default_rng(4)
+    rng = np.random.default_rng()
     p, x = {"w": _rand(rng, 3)}, _rand(rng, 3)
     for wd in (0.5, 1.0, 2.0):
         SCHEDULE["wd"] = jnp.asarray(wd)
@@ -213,7 +213,7 @@ def test_a_per_step_hook_value_is_an_argument_applied_with_grad_hook(replay):
         return jnp.sum(jnp.sin(w) * x)
 
     vg = jaxaot.compiled_value_and_grad(decayed, replay=replay)
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng()
     for _ in range(4):
         p, x, wd = {"w": _rand(rng, 3)}, _rand(rng, 3), jnp.asarray(rng.uniform(), jnp.float32)
         value, grads = vg(p, x, wd)
