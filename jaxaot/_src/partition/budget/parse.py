@@ -66,8 +66,8 @@ def parse_memory_budget(value: object) -> MemoryBudget:
     """``value`` as a :class:`MemoryBudget` (see the module docstring for what each kind of value means).
 
     Raises:
-      InvalidValueError: a negative, NaN or infinite number; a float above 1 with a fractional
-        part; zero bytes or less than a byte; a string that is neither a number nor a number and a
+      InvalidValueError: a negative, NaN or infinite number; a float above 1, or a number of ``B``, with a
+        fractional part; zero bytes or less than a byte; a string that is neither a number nor a number and a
         unit (``B``, ``kB``, ``MB``, ``GB``, ``TB``, ``KiB``, ``MiB``, ``GiB``, ``TiB``).
       InvalidInputError: neither a real number nor a string (a bool, None, bytes, an array).
     """
@@ -128,6 +128,10 @@ def _parse_text(text: str) -> MemoryBudget:
     nbytes = float(number) * scale
     if nbytes < 0:
         raise _negative(shown)
+    if scale == 1 and math.isfinite(nbytes) and not nbytes.is_integer():
+        raise InvalidValueError(
+            f"memory_budget {shown} is not a whole number of bytes. Did you mean '{number}GB' or '{number}MB'? "
+            f"Bytes are whole ('4096B'); larger units may carry a fraction ('1.5GB').")
     if not math.isfinite(nbytes) or nbytes < 1:
         raise InvalidValueError(
             f"memory_budget {shown} is {nbytes:g} bytes: a byte budget must be at least 1 byte (for the fraction "
