@@ -1,6 +1,6 @@
 """diffrax's solvers with jaxaot's loops: reverse mode through ``diffrax.ForwardMode`` (plain
 ``lax.while_loop`` steps, not reverse-differentiable by themselves) under
-``jaxaot._src.loops.differentiable``, against diffrax's own ``RecursiveCheckpointAdjoint`` gradients.
+``jaxaot.loops.differentiable``, against diffrax's own ``RecursiveCheckpointAdjoint`` gradients.
 
 Float64, where both differentiate the same discrete solve (adaptive step control and, for
 implicit solvers, their Newton iterations included): they must agree to rounding. Each case
@@ -52,7 +52,7 @@ def _check(solver: str, saveat: str, mode: dict, batch_outside: bool):
     args, y0 = _inputs(3)
     ref = jax.jit(jax.vmap(jax.grad(lambda a, y: _loss(a, y, solver, saveat, dfx.RecursiveCheckpointAdjoint()),
                                     argnums=(0, 1))))(args, y0)
-    f = jaxaot._src.loops.differentiable(lambda a, y: _loss(a, y, solver, saveat, dfx.ForwardMode()), **mode)
+    f = jaxaot.loops.differentiable(lambda a, y: _loss(a, y, solver, saveat, dfx.ForwardMode()), **mode)
     if batch_outside:  # vmap(grad): each lane its own trip count
         got = jax.jit(jax.vmap(jax.grad(f, argnums=(0, 1))))(args, y0)
     else:  # grad(vmap): one loop runs until every lane stopped

@@ -1,4 +1,4 @@
-"""Equinox's ``while_loop(kind="lax")`` under ``jaxaot._src.loops.differentiable`` against its
+"""Equinox's ``while_loop(kind="lax")`` under ``jaxaot.loops.differentiable`` against its
 ``kind="checkpointed"`` gradients (its own reverse mode), with a closed-over array and vmap."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_lax_kind_under_differentiable_equals_checkpointed_kind():
     w = jnp.asarray(rng.normal(size=(3, 3)) * 0.5 + np.eye(3), jnp.float32)
     xs = jnp.asarray(rng.uniform(0.2, 1.0, (4, 3)), jnp.float32)
     ref = jax.vmap(jax.grad(lambda w, x: _decay(w, x, "checkpointed"), argnums=(0, 1)), in_axes=(None, 0))(w, xs)
-    f = jaxaot._src.loops.differentiable(lambda w, x: _decay(w, x, "lax"), max_steps=200)
+    f = jaxaot.loops.differentiable(lambda w, x: _decay(w, x, "lax"), max_steps=200)
     got = jax.jit(jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(None, 0)))(w, xs)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=2e-5, atol=1e-6, err_msg=f"seed {_SEED}")

@@ -3,7 +3,7 @@
 
 optimistix runs its solver loop through an adjoint's ``apply``. Here one that runs it as a plain
 ``lax.while_loop`` (through ``equinox.internal.while_loop(kind="lax")``, and no implicit
-function theorem) is reverse-differentiated under ``jaxaot._src.loops.differentiable``: the
+function theorem) is reverse-differentiated under ``jaxaot.loops.differentiable``: the
 gradient of the unrolled iterations, which ``RecursiveCheckpointAdjoint`` computes too. Float64;
 the lane is ``slow`` (each case compiles a solver and its gradient).
 """
@@ -67,5 +67,5 @@ def test_gradient_equals_recursive_checkpoint_adjoint(case, mode):
         p = jnp.asarray(np.random.default_rng(_SEED).uniform(0.5, 1.5, (2, 2)))
         loss = lambda p, adjoint: jnp.sum(solve(p, adjoint, solver()) ** 2)  # noqa: E731
         ref = jax.jit(jax.grad(functools.partial(loss, adjoint=optx.RecursiveCheckpointAdjoint())))(p)
-        got = jax.jit(jax.grad(jaxaot._src.loops.differentiable(functools.partial(loss, adjoint=_LaxLoop()), **mode)))(p)
+        got = jax.jit(jax.grad(jaxaot.loops.differentiable(functools.partial(loss, adjoint=_LaxLoop()), **mode)))(p)
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12, err_msg=f"seed {_SEED}")
