@@ -1,8 +1,11 @@
 """jaxaot._src.viz.render: formats, files, and the HTML page written instead of an SVG without dot."""
 
+from pathlib import Path
+
 import pytest
 
 from jaxaot import viz
+from jaxaot.errors import InvalidValueError
 
 
 def test_bad_format(small):
@@ -32,3 +35,17 @@ def test_a_path_keeps_its_name_and_gets_the_format_suffix_where_it_lacks_it(smal
     assert viz.render(small, tmp_path / "split.DOT", format="dot") == tmp_path / "split.DOT"
     assert viz.render(small, tmp_path / "a.svg", format="dot") == tmp_path / "a.svg.dot"
     assert (tmp_path / "split_budget_0.5.dot").read_text().startswith("digraph split")
+
+
+def test_a_folder_gets_a_file_named_split_inside_it(small, tmp_path):
+    pytest.importorskip("graphviz")  # the dot source is written by the graphviz package
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for given in (folder, str(folder), str(tmp_path / "made") + "/"):  # an existing folder, or a path ending in /
+        out = viz.render(small, given, format="dot")
+        assert out.name == "split.dot" and out.parent == Path(given) and out.read_text().startswith("digraph")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["made", "pictures"]  # nothing written beside them
+    (tmp_path / "taken.dot").mkdir()  # the file name render would write is a folder: said, nothing written
+    with pytest.raises(InvalidValueError, match="is a folder"):
+        viz.render(small, tmp_path / "taken", format="dot")
+    assert not list((tmp_path / "taken.dot").iterdir())

@@ -4,8 +4,9 @@ One node per eqn of the forward and backward programs and per value crossing a
 program boundary (inputs, outputs, saved values, cotangents, gradients); edges
 are data dependencies. Backward eqns that depend on no cotangent are marked
 ``"recomputed"``. Large programs are collapsed (:mod:`jaxaot._src.viz.grouping`) so
-they stay readable: one node per eqn while that fits in ``max_nodes``, else
-one per source line, else one per function.
+they stay readable, and quick to lay out: one node per eqn while that fits in
+``max_nodes``, else one per source line, else one per function, else blocks of
+consecutive nodes (:func:`~jaxaot._src.viz.grouping.bound`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval
 from jaxaot._src.units import format_bytes
 from jaxaot._src.viz.formatting import short_source
-from jaxaot._src.viz.grouping import collapse
+from jaxaot._src.viz.argument_checks import check_choice, check_max_nodes
+from jaxaot._src.viz.grouping import bound, collapse
 from jaxaot._src.viz.model import GROUP_LEVELS, Node, SplitGraph
 from jaxaot._src.viz.lowered_parts import backward_is_cotangent_dependent, input_names, output_names, unwrap
 
@@ -28,8 +30,15 @@ def split_graph(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") ->
       lowered: an :class:`jaxaot.AOTLowered` (also a ``ModuleLowered`` or a bare
         :class:`jaxaot.partition.Partition`, which lacks argument names).
       max_nodes: with ``group_by="auto"``, the finest grouping whose graph has at
-        most this many nodes is used (the coarsest if none fits).
-      group_by: ``"eqn"``, ``"line"``, ``"function"`` or ``"auto"``.
+        most this many nodes is used; where none fits, the one-per-function graph's
+        consecutive nodes of one kind merge into blocks (``group_by == "block"``)
+        until it fits, or down to one node per kind of node.
+      group_by: ``"eqn"``, ``"line"``, ``"function"`` or ``"auto"``; a level given
+        explicitly is used whatever its size.
+
+    Raises:
+      InvalidInputError: ``lowered`` is not a lowered function (or a Partition), or ``max_nodes`` is not an int.
+      InvalidValueError: an unknown ``group_by``, or ``max_nodes`` below 1.
 
     Example:
         >>> from jaxaot.viz import split_graph
@@ -39,6 +48,9 @@ def split_graph(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") ->
         >>> g.group_by, [n.label for n in g.of_kind("saved")]
         ('eqn', ['saved: arg[0]\\nf32[3] · 12 B'])
     """
+    unwrap(lowered, "split_graph")
+    check_max_nodes(max_nodes, "split_graph")
+    check_choice(group_by, "group_by", GROUP_LEVELS + ("auto",), "split_graph")
     graph = _eqn_graph(lowered)
     if group_by != "auto":
         return collapse(graph, group_by)
@@ -46,7 +58,7 @@ def split_graph(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") ->
         candidate = collapse(graph, level)
         if len(candidate.nodes) <= max_nodes:
             return candidate
-    return candidate
+    return bound(candidate, max_nodes)
 
 
 class _Builder:

@@ -2,8 +2,10 @@
 
 The forward eqns go in one cluster, the backward eqns in another, the saved
 values in one row between them, with a legend on top. The ``graphviz`` Python
-package builds the DOT source; Graphviz's ``dot`` binary lays it out as SVG.
-Both are optional: :func:`to_svg` says why it drew nothing instead of failing, and
+package builds the DOT source; Graphviz's ``dot`` binary lays it out as SVG,
+within :data:`DOT_TIMEOUT` seconds (its time grows faster than the graph: a
+thousand nodes take minutes). Both are optional: :func:`to_svg` says why it drew
+nothing (missing, failed or too slow) instead of failing, and
 :func:`jaxaot._src.viz.picture.draw_svg` then draws with the built-in layout.
 
 Example:
@@ -19,10 +21,15 @@ from __future__ import annotations
 
 import html
 import shutil
+import subprocess
 from typing import Any
 
+from jaxaot._src.viz.argument_checks import check_graph, check_text
 from jaxaot._src.viz.model import BACKWARD_SIDE, FORWARD_SIDE, Node, SplitGraph
 from jaxaot._src.viz.styles import LEGEND_KINDS, STYLES
+
+#: Seconds Graphviz's ``dot`` may take to lay a graph out before the built-in layout draws it instead.
+DOT_TIMEOUT = 30.0
 
 
 def layout_available() -> bool:
@@ -62,6 +69,8 @@ def to_digraph(graph: SplitGraph, *, title: str = "") -> Any:
         >>> STYLES["saved"].fill in src and "cluster_forward" in src
         True
     """
+    check_graph(graph, "to_digraph")
+    check_text(title, "title", "to_digraph")
     import graphviz  # optional dependency: the 'viz' extra
 
     g = graphviz.Digraph("split", graph_attr={"rankdir": "TB", "fontname": "Helvetica", "fontsize": "11",
@@ -86,17 +95,28 @@ def to_digraph(graph: SplitGraph, *, title: str = "") -> Any:
     return g
 
 
-def to_svg(graph: SplitGraph, title: str) -> tuple[str | None, str]:
-    """``(svg, "")``, or ``(None, why)`` when no layout engine could run."""
+def to_svg(graph: SplitGraph, title: str, timeout: float = DOT_TIMEOUT) -> tuple[str | None, str]:
+    """``(svg, "")``, or ``(None, why)`` when no layout engine could run, failed, or took over ``timeout`` seconds.
+
+    ``dot`` runs as a subprocess of its own, killed at the timeout, so a graph too large for it costs
+    ``timeout`` seconds at most.
+    """
     why = why_no_layout()
     if why:
         return None, why
-    import graphviz  # optional dependency: the 'viz' extra (present: why_no_layout checked)
-
+    source = to_digraph(graph, title=title).source
     try:
-        return to_digraph(graph, title=title).pipe(format="svg", encoding="utf-8"), ""
-    except (graphviz.ExecutableNotFound, graphviz.CalledProcessError, OSError) as e:
+        done = subprocess.run([shutil.which("dot") or "dot", "-Tsvg"], input=source.encode("utf-8"),
+                              capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, (f"Graphviz's dot took over {timeout:g} s to lay out {len(graph.nodes)} nodes (give it a "
+                      "larger timeout, or draw fewer nodes: group_by='auto' and a smaller max_nodes)")
+    except OSError as e:
         return None, f"Graphviz failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if done.returncode != 0:
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return None, f"Graphviz failed: dot exited with status {done.returncode}{': ' + err[0] if err else ''}"
+    return done.stdout.decode("utf-8"), ""
 
 
 def inline_svg(svg_text: str) -> str:

@@ -3,7 +3,8 @@
 Runs of consecutive eqn nodes of one kind and one source line (or function)
 merge into one node; the saved values one merged node hands to the backward
 merge too. Values (inputs, outputs, cotangents, gradients, saved inputs) stay
-one node each.
+one node each. Where even that is too many nodes, :func:`bound` merges
+consecutive nodes of one kind, values included, into blocks that fit.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -19,8 +20,8 @@ from __future__ import annotations
 import collections
 from typing import Sequence
 
-from jaxaot.errors import InvalidValueError
 from jaxaot._src.units import format_bytes
+from jaxaot._src.viz.argument_checks import check_choice, check_graph
 from jaxaot._src.viz.formatting import short_source
 from jaxaot._src.viz.model import EQN_KINDS, GROUP_LEVELS, Node, SplitGraph
 
@@ -32,10 +33,9 @@ def collapse(graph: SplitGraph, level: str) -> SplitGraph:
     Values (inputs, residuals, outputs, ...) stay one node each. Edges are
     mapped onto the merged nodes; those inside a merged node disappear.
     """
-    if level == "eqn":
+    check_graph(graph, "collapse")
+    if check_choice(level, "level", GROUP_LEVELS, "collapse") == "eqn":
         return graph
-    if level not in GROUP_LEVELS:
-        raise InvalidValueError(f"group_by must be one of {GROUP_LEVELS} or 'auto', got {level!r}")
     rename: dict[str, str] = {}
     nodes: list[Node] = []
     for i, run in enumerate(_runs(graph, level)):
@@ -127,3 +127,61 @@ def _merge_saved(graph: SplitGraph) -> SplitGraph:
             nodes.append(Node(n.id, "saved", f"saved: {len(group)} values of\n{where}\n{format_bytes(total)}",
                               "\n".join(m.tooltip for m in group), n.source, nbytes=total, count=len(group)))
     return _with_nodes(graph, nodes, rename, graph.group_by)
+
+
+def bound(graph: SplitGraph, max_nodes: int) -> SplitGraph:
+    """``graph`` merged further until it has at most ``max_nodes`` nodes: its ``group_by`` is ``"block"``.
+
+    For programs so long that one node per function is still too many (and Graphviz's ``dot`` would take
+    minutes to lay them out): consecutive nodes of one kind merge ``k`` at a time, ``k`` the smallest that
+    fits; values merge too (``arg[0] … arg[24]``). Where even one node per run of a kind is too many (the
+    backward alternates with recomputation), all nodes of a kind merge into one: the graph then has one node
+    per kind, which ``max_nodes`` below that number cannot shrink. ``graph`` itself is returned if it fits.
+    """
+    if len(graph.nodes) <= max_nodes:
+        return graph
+    runs: list[list[Node]] = []
+    for n in graph.nodes:
+        if runs and runs[-1][0].kind == n.kind:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    if len(runs) > max_nodes:  # one node per kind, in order of first appearance
+        by_kind: dict[str, list[Node]] = {}
+        for n in graph.nodes:
+            by_kind.setdefault(n.kind, []).append(n)
+        chunks = list(by_kind.values())
+    else:
+        k = 2
+        while sum(-(-len(run) // k) for run in runs) > max_nodes:
+            k += max(1, k // 4)
+        chunks = [run[i:i + k] for run in runs for i in range(0, len(run), k)]
+    rename: dict[str, str] = {}
+    nodes: list[Node] = []
+    for i, chunk in enumerate(chunks):
+        if len(chunk) == 1:
+            nodes.append(chunk[0])
+            continue
+        rename.update((n.id, f"k{i}") for n in chunk)
+        nodes.append(_block_node(f"k{i}", chunk))
+    return _with_nodes(graph, nodes, rename, "block")
+
+
+def _block_node(nid: str, members: Sequence[Node]) -> Node:
+    """One node standing for ``members`` (consecutive nodes of one kind): what they are, and how many."""
+    first, last, kind = members[0], members[-1], members[0].kind
+    count = sum(n.count for n in members)
+    if kind in EQN_KINDS:
+        ops = collections.Counter(op for n in members for op in n.ops)
+        top = ", ".join(f"{op}×{c}" if c > 1 else op for op, c in ops.most_common(3))
+        fns = dict.fromkeys(short_source(n.source)[1] for n in members)
+        where = " … ".join([next(iter(fns)), list(fns)[-1]] if len(fns) > 1 else list(fns))
+        label = f"{where}\n{top}{' …' if len(ops) > 3 else ''}\n({count} eqns)"
+        tip = f"{len(fns)} functions: " + "; ".join(f"{op}×{c}" for op, c in ops.most_common())
+        return Node(nid, kind, label, tip, first.source, tuple(op for n in members for op in n.ops), count=count)
+    names = [n.label.split("\n")[0] for n in (first, last)]
+    nbytes = sum(n.nbytes for n in members)
+    label = f"{names[0]} …\n{names[1]}\n({count} values{', ' + format_bytes(nbytes) if nbytes else ''})"
+    tip = "\n".join(n.tooltip or n.label for n in members)
+    return Node(nid, kind, label, tip, first.source, nbytes=nbytes, count=count,
+                argument=all(n.argument for n in members))

@@ -16,20 +16,33 @@ from __future__ import annotations
 from typing import Any
 
 from jaxaot._src import compat as C
+from jaxaot._src.partition import Partition
 from jaxaot._src.pytrees import leaf_paths_or_positions
+from jaxaot._src.viz.argument_checks import describe, hint
 from jaxaot.errors import InvalidInputError
 
 
-def unwrap(lowered: Any) -> tuple[Any, Any]:
-    """``(partition, joint or None)`` of an AOTLowered, a ModuleLowered or a bare Partition."""
-    if not hasattr(lowered, "partition") and hasattr(lowered, "lowered"):
-        lowered = lowered.lowered
-    if hasattr(lowered, "partition"):
-        return lowered.partition, getattr(lowered, "joint", None)
-    if hasattr(lowered, "residuals") and hasattr(lowered, "backward"):
+def unwrap(lowered: Any, where: str = "") -> tuple[Any, Any]:
+    """``(partition, joint or None)`` of an AOTLowered (or its AOTCompiled), a ModuleLowered or a bare Partition.
+
+    Anything else is an :class:`~jaxaot.errors.InvalidInputError` naming what was passed (``where``: the
+    public function that was given it), checked on the partition's type, so a ``str`` (whose ``partition``
+    is a method) or an array fails here rather than deep in the drawing.
+    """
+    if isinstance(lowered, Partition):
         return lowered, None
+    holder = lowered
+    if not _partition_of(holder) and not isinstance(holder, (str, bytes)) and hasattr(holder, "lowered"):
+        holder = holder.lowered  # aot_module's ModuleLowered
+    if _partition_of(holder):
+        return holder.partition, getattr(holder, "joint", None)
     raise InvalidInputError(
-        f"expected the AOTLowered of aot_fn.lower(...) (or a Partition), got {type(lowered).__name__}")
+        f"{where + ': ' if where else ''}expected the AOTLowered of aot_fn.lower(...) (or its AOTCompiled, a "
+        f"ModuleLowered or a Partition), got {describe(lowered)}{hint(lowered)}")
+
+
+def _partition_of(value: Any) -> bool:
+    return not isinstance(value, (str, bytes)) and isinstance(getattr(value, "partition", None), Partition)
 
 
 def input_names(part: Any, joint: Any) -> list[str]:

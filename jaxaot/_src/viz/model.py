@@ -57,7 +57,8 @@ class SplitGraph:
     Attributes:
       nodes: every :class:`Node`.
       edges: ``(from_id, to_id)`` data dependencies, deduplicated.
-      group_by: ``"eqn"``, ``"line"`` or ``"function"``: what one eqn node stands for.
+      group_by: ``"eqn"``, ``"line"`` or ``"function"``: what one eqn node stands for; ``"block"``: runs of
+        consecutive nodes of one kind, merged to fit ``max_nodes`` (:func:`jaxaot.viz.split_graph`).
       num_eqns: eqns in the forward and backward programs together.
     """
 

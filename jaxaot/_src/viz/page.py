@@ -12,8 +12,9 @@ import html
 from typing import Any
 
 from jaxaot._src.units import format_bytes
+from jaxaot._src.viz.argument_checks import check_timeout
 from jaxaot._src.viz.graph import split_graph
-from jaxaot._src.viz.graphviz_layout import inline_svg
+from jaxaot._src.viz.graphviz_layout import DOT_TIMEOUT, inline_svg
 from jaxaot._src.viz.model import SplitGraph
 from jaxaot._src.viz.picture import draw_svg
 from jaxaot._src.viz.lowered_parts import unwrap
@@ -21,11 +22,13 @@ from jaxaot._src.viz.styles import LEGEND_KINDS, STYLES
 from jaxaot._src.viz.table import residual_table_html
 
 
-def to_html(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") -> str:
+def to_html(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto", timeout: float = DOT_TIMEOUT) -> str:
     """An HTML fragment: summary, legend, the graph as inline SVG, the residual table.
 
-    What ``AOTLowered._repr_html_`` shows in Jupyter. Without Graphviz the
-    graph is drawn with the built-in layout, whose last line says why.
+    What ``AOTLowered._repr_html_`` shows in Jupyter. Without Graphviz (or where
+    its ``dot`` takes over ``timeout`` seconds) the graph is drawn with the
+    built-in layout, whose last line says why. ``max_nodes`` and ``group_by``: see
+    :func:`jaxaot.viz.split_graph`.
 
     Example:
         >>> from jaxaot.viz import to_html
@@ -35,19 +38,23 @@ def to_html(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") -> str
         >>> "jaxaot-residuals" in frag and "<svg" in frag
         True
     """
-    return graph_html(lowered, split_graph(lowered, max_nodes=max_nodes, group_by=group_by))
+    unwrap(lowered, "to_html")
+    check_timeout(timeout, "to_html")
+    return graph_html(lowered, split_graph(lowered, max_nodes=max_nodes, group_by=group_by), timeout)[0]
 
 
-def graph_html(lowered: Any, graph: SplitGraph) -> str:
-    """:func:`to_html` of ``lowered`` with its split graph already built."""
+def graph_html(lowered: Any, graph: SplitGraph, timeout: float = DOT_TIMEOUT) -> tuple[str, str]:
+    """``(html, note)``: :func:`to_html` of ``lowered`` with its split graph already built, and
+    :func:`~jaxaot._src.viz.picture.draw_svg`'s note (``""`` where Graphviz drew it)."""
     part, _ = unwrap(lowered)
-    svg, _ = draw_svg(graph, "")  # without Graphviz, the picture's own last line says why
+    svg, note = draw_svg(graph, "", timeout=timeout)  # without Graphviz, the picture's own last line says why
+    how = ("in blocks of consecutive nodes of one kind" if graph.group_by == "block"
+           else f"grouped by source {graph.group_by}")
     grouped = "" if graph.group_by == "eqn" else (
-        f"<p><small>{graph.num_eqns} eqns, shown grouped by source {graph.group_by}; "
-        "hover a node for its operations.</small></p>")
+        f"<p><small>{graph.num_eqns} eqns, shown {how}; hover a node for its operations.</small></p>")
     picture = f'<div style="max-width:100%;overflow:auto">{inline_svg(svg)}</div>{grouped}'
     return (f'<div class="jaxaot-split"><p><b>jaxaot split</b>: {html.escape(_summary(part))}</p>'
-            f"{_legend_div()}{picture}{residual_table_html(lowered)}</div>")
+            f"{_legend_div()}{picture}{residual_table_html(lowered)}</div>", note)
 
 
 def standalone_page(body: str, title: str) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import html
 
+from jaxaot._src.viz.argument_checks import check_graph, check_text
 from jaxaot._src.viz.model import SplitGraph
 from jaxaot._src.viz.plain_layout import CHAR_WIDTH, LINE_HEIGHT, Box, Cluster, layered_layout
 from jaxaot._src.viz.styles import LEGEND_KINDS, STYLES
@@ -38,6 +39,9 @@ def plain_svg(graph: SplitGraph, *, title: str = "", note: str = "") -> str:
     ``title`` is drawn above the legend, ``note`` (say, why Graphviz did not
     draw it) in small grey text below the picture.
     """
+    check_graph(graph, "plain_svg")
+    check_text(title, "title", "plain_svg")
+    check_text(note, "note", "plain_svg")
     legend_y = 8.0 + (LINE_HEIGHT + 6 if title else 0)
     lay = layered_layout(graph, top=legend_y + LINE_HEIGHT + 14)
     legend, legend_width = _legend(legend_y)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from jaxaot.errors import InvalidValueError
+from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.units import byte_scale
+from jaxaot._src.viz.argument_checks import check_text, describe
 
 
 def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence[float] | None = None,
@@ -38,10 +39,17 @@ def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence
         >>> [ax.get_ylabel() for ax in fig.axes]
         ['saved (KiB)', 'step time (ms)']
     """
+    where, columns = "plot_budget_sweep", "(budget, saved_bytes, step_time_seconds)"
+    for text, name in ((label, "label"), (reference_label, "reference_label"), (title, "title")):
+        check_text(text, name, where)
+    rows = sorted((_number(b, "budget"), _number(s, "saved_bytes"), _number(t, "step_time"))
+                  for b, s, t in _rows(results, (3,), columns, where))
+    if reference is not None:
+        reference = tuple(_number(v, name) for v, name in
+                          zip(_row(reference, (2,), "(saved_bytes, step_time_seconds)", f"{where}: reference"),
+                              ("saved_bytes", "step_time")))
     from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
 
-    rows = sorted((_number(b, "budget"), _number(s, "saved_bytes"), _number(t, "step_time"))
-                  for b, s, t in results)
     if not rows:
         raise InvalidValueError("plot_budget_sweep needs at least one (budget, saved_bytes, step_time) row")
     budgets, saved, times = (list(col) for col in zip(*rows))
@@ -85,10 +93,12 @@ def plot_pareto(rows: Iterable[Sequence[Any]], *, title: str = "") -> Any:
         >>> ax.get_xlabel(), len(ax.texts)
         ('compiled peak (KiB)', 3)
     """
-    from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
-
+    rows = _rows(rows, (3, 4), "(label, peak_bytes, step_time_seconds[, group])", "plot_pareto")
+    check_text(title, "title", "plot_pareto")
     points = [(str(r[0]), _number(r[1], "peak_bytes"), _number(r[2], "step_time"), str(r[3]) if len(r) > 3 else "")
               for r in rows if r[1] is not None and r[2] is not None]  # a backend without a peak: no point
+    from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
+
     if not points:
         raise InvalidValueError("plot_pareto needs at least one (label, peak_bytes, step_time) row")
     scale, unit = byte_scale(max(p[1] for p in points))
@@ -123,3 +133,20 @@ def _number(value: Any, what: str) -> float:
         raise InvalidValueError(f"{what} must be a number, got {type(value).__name__} {value!r}"
                                 + (": give budgets as numbers (fractions, or bytes as ints)" if what == "budget" else "")
                                 ) from None
+
+
+def _rows(rows: Any, widths: tuple[int, ...], columns: str, where: str) -> list[tuple]:
+    """``rows`` as a list of tuples of one of ``widths``, or :class:`~jaxaot.errors.InvalidInputError` saying
+    what was passed and which columns a row has (a numpy array of rows is rows too)."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable) or getattr(rows, "ndim", 1) == 0:
+        raise InvalidInputError(f"{where} expects an iterable of {columns} rows, got {describe(rows)}")
+    return [_row(r, widths, columns, f"{where}: row {i}") for i, r in enumerate(rows)]
+
+
+def _row(row: Any, widths: tuple[int, ...], columns: str, where: str) -> tuple:
+    if isinstance(row, (str, bytes)) or not isinstance(row, Iterable) or getattr(row, "ndim", 1) == 0:
+        raise InvalidInputError(f"{where} must be a sequence {columns}, got {describe(row)}")
+    row = tuple(row)
+    if len(row) not in widths:
+        raise InvalidInputError(f"{where} must be a sequence {columns}, got {len(row)} values: {row!r:.80}")
+    return row

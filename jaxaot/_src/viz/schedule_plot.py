@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxaot.errors import InvalidInputError
 from jaxaot._src.parallel import OpTimes, Schedule, Simulation, simulate
+from jaxaot._src.viz.argument_checks import check_text, describe
 
 #: The fill colour of each op's boxes.
 OP_COLORS = {"F": "#6baed6", "B": "#fd8d3c", "W": "#74c476", "BW": "#9e9ac8"}
@@ -46,6 +48,8 @@ def plot_schedule(schedule: Schedule, times: OpTimes | Simulation | None = None,
 
     Raises:
       ScheduleError: the schedule is invalid.
+      InvalidInputError: ``schedule`` is not a :class:`~jaxaot.parallel.Schedule`, or ``times`` is neither
+        ``OpTimes``, a ``Simulation`` nor None.
 
     Example:
         >>> from jaxaot.parallel import OpTimes, zero_bubble
@@ -54,6 +58,13 @@ def plot_schedule(schedule: Schedule, times: OpTimes | Simulation | None = None,
         >>> [t.get_text() for t in fig.axes[0].get_yticklabels()], fig.axes[0].get_xlabel()
         (['device 0', 'device 1'], 'time (s)')
     """
+    if not isinstance(schedule, Schedule):
+        raise InvalidInputError(f"plot_schedule expects a jaxaot.parallel.Schedule (say one_f_one_b(4, 8)), "
+                                f"got {describe(schedule)}")
+    if times is not None and not isinstance(times, (OpTimes, Simulation)):
+        raise InvalidInputError(f"plot_schedule: times must be a jaxaot.parallel.OpTimes, a Simulation or None, "
+                                f"got {describe(times)}")
+    check_text(title, "title", "plot_schedule")
     from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
     from matplotlib.patches import Patch, Rectangle
 

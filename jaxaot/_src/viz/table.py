@@ -44,7 +44,7 @@ def residual_table_html(lowered: Any) -> str:
     if isinstance(lowered, ResidualTable):
         table, recomputed = lowered, [f"<li><code>{_text(s)}</code></li>" for s in lowered.recomputed]
     else:
-        part, joint = unwrap(lowered)
+        part, joint = unwrap(lowered, "residual_table_html")
         table, recomputed = ResidualTable.of(part, joint), _recomputed_items(part)
     head = "".join(f"<th>{h}</th>" for h in _COLUMNS)
     rows = []
