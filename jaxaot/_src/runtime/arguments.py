@@ -11,19 +11,64 @@ with ``jax.jit``.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
 import jax
 
-from jaxaot.errors import InvalidInputError, StaticArgumentError
+from jaxaot.errors import InvalidInputError, InvalidValueError, StaticArgumentError
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def normalize_argnums(name: str, argnums: int | Sequence[int]) -> tuple[int, ...]:
-    """``argnums`` as a sorted tuple of non-negative ints, or :class:`~jaxaot.errors.InvalidInputError`."""
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    if any(not isinstance(i, int) or i < 0 for i in nums):
-        raise InvalidInputError(f"{name} must be non-negative ints, got {nums!r}.")
-    return tuple(sorted(nums))
+def check_traceable(fn: Any, who: str) -> None:
+    """:class:`~jaxaot.errors.InvalidInputError` when ``fn`` is a generator function (sync or async), as
+    ``jax.jit`` and ``jax.value_and_grad`` refuse one: calling it returns a generator, not arrays to trace."""
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise InvalidInputError(
+            f"{who} expects a function that returns arrays, got a generator function ({safe_repr(fn, 120)}): a "
+            "generator cannot be traced. Return the values (a list or tuple of arrays) instead of yielding them.")
+
+
+def positional_count(fn: Any) -> int | None:
+    """The number of ``fn``'s positional parameters; None when it takes ``*args`` or has no signature (as
+    ``jax.jit``, which then checks no position)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in _POSITIONAL for p in params)
+
+
+def argnums_of(name: str, value: Any, fn: Any, who: str) -> tuple[int, ...]:
+    """``static_argnums`` / ``donate_argnums`` of ``fn`` as sorted distinct positions (a repeated one counts once,
+    as in ``jax.jit``).
+
+    An int or a sequence of non-negative ints (no bools), else :class:`~jaxaot.errors.InvalidInputError`: a
+    negative position, which ``jax.jit`` counts from the end of each call, is refused, naming the position it
+    stands for where ``fn``'s positional parameters are fixed. Checked against those parameters as ``jax.jit``
+    checks them: one beyond them is an :class:`~jaxaot.errors.InvalidValueError` (a ``ValueError``, as
+    ``jax.jit``'s) naming it and their number.
+    """
+    items = (value,) if isinstance(value, int) or not isinstance(value, (tuple, list, range)) else tuple(value)
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in items):
+        raise InvalidInputError(f"{name} must be non-negative ints (argument positions): an int or a sequence of "
+                                f"ints, got {value!r}.")
+    n = positional_count(fn)
+    negative = [i for i in items if i < 0]
+    if negative:
+        hint = (f" (position {n + negative[0]} of {who}'s {n} positional parameters)"
+                if n is not None and -n <= negative[0] else "")
+        raise InvalidInputError(f"{name}={value!r} has the negative position {negative[0]}: pass positions counted "
+                                f"from the first argument{hint}. Static and donated arguments are fixed per function, "
+                                "not counted from the end of each call.")
+    if n is not None and items and max(items) >= n:
+        fix = f"pass positions from 0 to {n - 1}" if n else f"leave {name} out"
+        raise InvalidValueError(f"{name}={value!r} names position {max(items)}, but {who} accepts only {n} "
+                                f"positional argument(s): {fix}, or add the parameter to {who}.")
+    return tuple(sorted(set(items)))
 
 
 class StaticArg:
@@ -103,9 +148,8 @@ def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwarg
     for i in static_argnums:
         if i >= n:
             raise InvalidInputError(
-                f"static_argnums contains {i}, but {fn_name} was called with {n} positional "
-                "arguments. Pass the static argument positionally or fix static_argnums."
-            )
+                f"static_argnums contains {i}, but {fn_name} was called with {n} positional argument(s): pass the "
+                f"static argument positionally (at position {i}), or fix static_argnums.")
     static = tuple(StaticArg(i, args[i]) for i in static_argnums)
     dyn = tuple(a for i, a in enumerate(args) if i not in static_argnums)
     leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))

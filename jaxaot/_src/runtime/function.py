@@ -389,11 +389,12 @@ def aot_function(
     still run the compiled programs.
 
     Raises:
-      InvalidInputError: ``fn`` or a compiler or partitioner is not callable, ``decompositions`` is not a
-        dict of primitives to functions, ``static_argnums``/``donate_argnums`` are not (non-negative)
-        ints or overlap, ``out_shardings`` holds something other than Shardings, ``residual_sharding``
-        is not a string.
-      InvalidValueError: ``residual_sharding`` is not a policy.
+      InvalidInputError: ``fn`` or a compiler or partitioner is not callable, ``fn`` is a generator function,
+        ``decompositions`` is not a dict of primitives to functions, ``static_argnums``/``donate_argnums`` are
+        not non-negative ints or overlap, ``out_shardings`` holds something other than Shardings,
+        ``residual_sharding`` is not a string.
+      InvalidValueError: ``residual_sharding`` is not a policy; ``static_argnums``/``donate_argnums`` name a
+        position beyond ``fn``'s positional parameters (as ``jax.jit``'s ``ValueError``).
 
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot
@@ -405,12 +406,14 @@ def aot_function(
     """
     if not callable(fn):
         raise InvalidInputError(f"aot_function expects a callable fn, got {type(fn).__name__}: {fn!r}.")
+    arguments.check_traceable(fn, "aot_function")
     partitioner = check_options(
         fw_compiler=fw_compiler, bw_compiler=bw_compiler, inference_compiler=inference_compiler,
         partition_fn=partition_fn, decompositions=decompositions, out_shardings=out_shardings,
         residual_sharding=residual_sharding)
-    static = _argnums("static_argnums", static_argnums)
-    donate = _argnums("donate_argnums", donate_argnums)
+    who = getattr(fn, "__name__", "fn")
+    static = arguments.argnums_of("static_argnums", static_argnums, fn, who)
+    donate = arguments.argnums_of("donate_argnums", donate_argnums, fn, who)
     if set(static) & set(donate):
         raise InvalidInputError(f"arguments {sorted(set(static) & set(donate))} cannot be both static and donated.")
     if not partition_fn:
@@ -418,11 +421,3 @@ def aot_function(
     return AOTFunction(fn, fw_compiler, bw_compiler, partitioner, inference_compiler,
                        decompositions, static, donate, out_shardings, residual_sharding)
 
-
-def _argnums(name: str, value: Any) -> tuple[int, ...]:
-    """``static_argnums`` / ``donate_argnums`` checked: an int or a sequence of ints, none negative, no bools."""
-    items = (value,) if isinstance(value, int) or not isinstance(value, (tuple, list, range)) else tuple(value)
-    if any(isinstance(i, bool) or not isinstance(i, int) for i in items):
-        raise InvalidInputError(f"{name} must be non-negative ints (argument positions): an int or a sequence of "
-                                f"ints, got {value!r}.")
-    return arguments.normalize_argnums(name, items)

@@ -10,12 +10,14 @@ itself. Flax is imported only once a Flax module is seen.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import weakref
 from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot._src.autograd.argnums import resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot._src.loops import reraise_overflow
@@ -137,8 +139,8 @@ def _nothing_compiled() -> CacheInfo:
 def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who: str = "value_and_grad",
                            holomorphic: Any = False, allow_int: Any = False) -> None:
     """:class:`~jaxaot.errors.InvalidInputError` naming the first option of :func:`value_and_grad` of the
-    wrong kind: ``fun`` not callable, ``argnums`` not an int or a non-empty sequence of ints, ``has_aux``,
-    ``fused``, ``holomorphic`` or ``allow_int`` not a bool."""
+    wrong kind: ``fun`` not callable or a generator function, ``argnums`` not an int or a non-empty sequence of
+    distinct ints, ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` not a bool."""
     if not callable(fun):
         raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
     if _is_diff_state(argnums):  # Flax's argnums: nnx.value_and_grad's to check and run
@@ -150,10 +152,36 @@ def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who
     if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
         raise InvalidInputError(f"argnums of {who} must be an int, a non-empty sequence of ints or an nnx.DiffState, "
                                 f"got {argnums!r}.")
+    if len(set(nums)) != len(nums):  # jax.value_and_grad fails at the call (or returns None for one of them)
+        twice = next(n for n in nums if nums.count(n) > 1)
+        raise InvalidInputError(f"argnums={argnums!r} of {who} names argument {twice} more than once "
+                                "(jax.value_and_grad cannot return one argument's gradient twice): name each once.")
+    if inspect.isgeneratorfunction(fun) or inspect.isasyncgenfunction(fun):  # JAX's TypeError, when built
+        raise InvalidInputError(f"{who} expects a function that returns arrays, got a generator function ({fun!r}): "
+                                "a generator cannot be traced. Return the values instead of yielding them.")
     for name, value in (("has_aux", has_aux), ("fused", fused), ("holomorphic", holomorphic),
                         ("allow_int", allow_int)):
         if not isinstance(value, bool):
             raise InvalidInputError(f"{name} of {who} must be True or False, got {type(value).__name__} {value!r}.")
+
+
+def _argnums_checked_at_call(vg: Callable[..., Any], argnums: Any, who: str) -> Callable[..., Any]:
+    """``vg``, checking first that ``argnums`` (an int or ints) is in range of the call's positional arguments and
+    names each once (``(0, -2)`` of two arguments, as ``(0, 0)``): :class:`~jaxaot.errors.InvalidInputError`
+    where ``jax.value_and_grad`` raises a bare ``TypeError`` or returns ``None`` for the repeated argument."""
+    if isinstance(argnums, int):
+        nums = (argnums,)
+    elif isinstance(argnums, (tuple, list)):
+        nums = tuple(argnums)
+    else:
+        return vg  # Flax's nnx.DiffState: nnx.value_and_grad's own checks
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        resolve_argnums(nums, len(args), argnums, who)
+        return vg(*args, **kwargs)
+
+    checked.cache_info = vg.cache_info
+    return checked
 
 
 def value_and_grad(
@@ -185,9 +213,10 @@ def value_and_grad(
     runs, nothing.
 
     Raises:
-      InvalidInputError: ``fun`` is not callable, ``argnums`` is not an int or a non-empty
-        sequence of ints, ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` is not a bool; a call
-        whose ``argnums`` is out of range of its positional arguments.
+      InvalidInputError: ``fun`` is not callable or is a generator function, ``argnums`` is not an int or a
+        non-empty sequence of ints or names an argument twice (``(0, 0)``; ``(0, -2)`` at a call with two),
+        ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` is not a bool; a call whose ``argnums`` is out of
+        range of its positional arguments (for any ``fun``).
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -200,14 +229,14 @@ def value_and_grad(
     if holomorphic or allow_int:
         vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
         vg.cache_info = fun.cache_info if isinstance(fun, AOTFunction) else _nothing_compiled
-        return vg
+        return _argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))
     if isinstance(fun, AOTFunction):
         return function_value_and_grad(fun, argnums, has_aux, fused)
     vg = module_dispatch(fun, argnums, has_aux, fused, _built_on_first_call(
         lambda: _overflow_checked(jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux))))
     if not hasattr(vg, "cache_info"):
         vg.cache_info = _nothing_compiled
-    return vg
+    return _argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))
 
 
 def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,

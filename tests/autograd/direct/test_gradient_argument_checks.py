@@ -1,0 +1,90 @@
+"""``jaxaot.value_and_grad`` / ``jaxaot.grad`` refuse, when built, what ``jax.value_and_grad`` cannot
+differentiate: a generator function (JAX's ``TypeError``) and ``argnums`` naming one argument twice (JAX fails at
+the call, or returns ``None`` for the repeated one); ``(0, -2)`` at a call of two arguments, and ``argnums`` out of
+range of a call (JAX's bare ``TypeError``), are typed errors at that call. Distinct ``argnums`` give JAX's results on
+fresh random inputs."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot.errors import InvalidInputError
+from tests.zoo import assert_trees_close, key_stream
+
+fresh_key = key_stream(7300)
+
+
+def _loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+
+def _args():
+    kw, kx = jax.random.split(fresh_key())
+    return jax.random.normal(kw, (3, 2)), jax.random.normal(kx, (4, 3))
+
+
+def _gen(w, x):
+    yield _loss(w, x)
+
+
+def _functions():
+    return [_loss, jaxaot.aot_function(_loss)]
+
+
+@pytest.mark.parametrize("make", [jaxaot.value_and_grad, jaxaot.grad])
+@pytest.mark.parametrize("argnums", [(0, 0), [1, 1], (0, 1, 0), (-1, -1)])
+def test_repeated_argnums_are_refused_when_built(make, argnums):
+    with pytest.raises(TypeError):  # JAX's own failure, at the call
+        jax.value_and_grad(_loss, argnums=argnums)(*_args())
+    for fun in _functions():
+        named = re.escape(f"argnums={argnums!r} of {make.__name__} names argument ")
+        with pytest.raises(InvalidInputError, match=named + r"-?\d more than once"):
+            make(fun, argnums=argnums)
+
+
+@pytest.mark.parametrize("make", [jaxaot.value_and_grad, jaxaot.grad])
+@pytest.mark.parametrize("argnums", [(0, -2), (-1, 1)])
+def test_argnums_of_both_signs_naming_one_argument_are_refused_at_the_call(make, argnums):
+    for fun in _functions():
+        g = make(fun, argnums=argnums)
+        with pytest.raises(InvalidInputError, match="names argument . more than once"):
+            g(*_args())
+
+
+@pytest.mark.parametrize("argnums", [(0, -1), (-1, 0), (-2,), -1])
+def test_distinct_argnums_of_both_signs_match_jax(argnums):
+    for fun in _functions():
+        vg, g = jaxaot.value_and_grad(fun, argnums=argnums), jaxaot.grad(fun, argnums=argnums)
+        for _ in range(2):
+            args = _args()
+            assert_trees_close(vg(*args), jax.value_and_grad(_loss, argnums=argnums)(*args))
+            assert_trees_close(g(*args), jax.grad(_loss, argnums=argnums)(*args))
+
+
+@pytest.mark.parametrize("make", [jaxaot.value_and_grad, jaxaot.grad])
+def test_generator_functions_are_refused_when_built(make):
+    with pytest.raises(TypeError, match="generator function"):
+        jax.value_and_grad(_gen)
+    with pytest.raises(InvalidInputError, match=rf"{make.__name__} expects a function that returns arrays, got a "
+                                                r"generator function .*cannot be traced"):
+        make(_gen)
+    with pytest.raises(InvalidInputError, match="cannot be traced"):
+        make(_gen, holomorphic=True)
+
+
+@pytest.mark.parametrize("make", [jaxaot.value_and_grad, jaxaot.grad])
+@pytest.mark.parametrize("holomorphic", [False, True])
+def test_out_of_range_argnums_of_any_function_are_a_typed_error_at_the_call(make, holomorphic):
+    with pytest.raises(TypeError):  # JAX's own, untyped
+        jax.value_and_grad(_loss, argnums=2)(*_args())
+    for fun in _functions():
+        g = make(fun, argnums=(0, 2), holomorphic=holomorphic)
+        with pytest.raises(InvalidInputError, match=r"out of range: _loss got 2 positional argument\(s\)"):
+            g(*_args())
+        with pytest.raises(InvalidInputError, match="out of range"):
+            jax.jit(g)(*_args())
