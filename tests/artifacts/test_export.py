@@ -318,6 +318,22 @@ def test_corrupt_or_missing_artifacts(tmp_path, mlp_export):
         jaxaot.export.load(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["absent", "absent/deeper"])
+def test_loading_a_path_where_nothing_exists_names_it_and_what_to_pass(tmp_path, name):
+    missing = tmp_path / name
+    with pytest.raises(ArtifactError) as info:
+        jaxaot.export.load(missing)
+    assert str(info.value) == (f"load: no artifact at {missing}: nothing exists there. Pass the folder that "
+                        "jaxaot.export.ExportedAOT.save wrote (the one holding manifest.json).")
+
+
+def test_loading_a_file_says_an_artifact_is_a_folder(tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"")
+    with pytest.raises(ArtifactError, match=r"model\.bin is a file, not an artifact: pass the folder that "
+                       r"jaxaot\.export\.ExportedAOT\.save wrote"):
+        jaxaot.export.load(tmp_path / "model.bin")
+
+
 def _debug_callback(x):
     jax.debug.callback(lambda v: None, x)
     return jnp.sum(jnp.sin(x))

@@ -1,7 +1,9 @@
 """``jaxaot demo``: the report, its timings' spread, the gradient check, its JSON, and what it writes where
 (and leaves behind when it fails)."""
 
+import errno
 import json
+import os
 import re
 import tempfile
 import shutil
@@ -137,3 +139,51 @@ def test_an_existing_out_folder_stays_when_the_demo_fails(temp_root, monkeypatch
     with pytest.raises(RuntimeError):
         cli.main(["demo", "--out", "mine"])
     assert (temp_root / "mine" / "notes.txt").read_text() == "keep"
+
+
+def _no_demo(monkeypatch):
+    """Make ``demo_report`` record that it ran: an unwritable ``--out`` must stop the demo before its work."""
+    ran = []
+    monkeypatch.setattr(commands, "demo_report", lambda *a, **k: ran.append(a) or (_ for _ in ()).throw(
+        AssertionError("the demo ran before its output folder was checked")))
+    return ran
+
+
+@pytest.mark.parametrize("setup, msg", [
+    (lambda d: (d / "split.html").mkdir(), r"--out mine: mine/split\.html is a folder, where the demo writes a file"),
+    (lambda d: (d / "artifact").write_text("x"), r"--out mine: mine/artifact is not a folder"),
+])
+def test_an_out_folder_with_entries_in_the_way_stops_before_the_demo(temp_root, monkeypatch, capsys, setup, msg):
+    (temp_root / "mine").mkdir()
+    setup(temp_root / "mine")
+    ran = _no_demo(monkeypatch)
+    assert cli.main(["demo", *SMALL, "--out", "mine"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"jaxaot demo: error: {msg}.*; choose another folder or move it away\n", err), err
+    assert not ran
+
+
+def test_an_out_folder_that_refuses_writes_stops_before_the_demo(temp_root, monkeypatch, capsys):
+    def refuse(*args, **kwargs):  # what a read-only file system answers, whatever os.access said
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(commands.tempfile, "mkdtemp", refuse)
+    ran = _no_demo(monkeypatch)
+    assert cli.main(["demo", *SMALL, "--out", "made/here"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"jaxaot demo: error: --out made/here: cannot write there ({os.strerror(errno.EROFS)}); "
+                   "choose a folder you can write to\n")
+    assert not ran and list(temp_root.iterdir()) == []  # the folders it made to check are gone
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes in read-only folders")
+def test_an_out_folder_under_a_read_only_folder_stops_before_the_demo(temp_root, monkeypatch, capsys):
+    (temp_root / "locked").mkdir(mode=0o555)
+    ran = _no_demo(monkeypatch)
+    try:
+        assert cli.main(["demo", *SMALL, "--out", "locked/out"]) == 2
+    finally:
+        (temp_root / "locked").chmod(0o755)
+    assert re.fullmatch(r"jaxaot demo: error: --out locked/out: cannot write in .*locked; choose a folder you can "
+                        r"write to\n", capsys.readouterr().err)
+    assert not ran and not (temp_root / "locked" / "out").exists()

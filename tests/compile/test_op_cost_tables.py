@@ -131,3 +131,34 @@ def test_a_fifo_table_does_not_hang_a_measured_min_cut_gradient(table):
         got = jax.grad(jaxaot.aot_function(_loss, partition_fn=part))(w, x)
     np.testing.assert_allclose(got, jax.grad(_loss)(w, x), rtol=1e-5, atol=1e-6)
     measured_costs._SHARED.clear()
+
+
+def test_a_refused_folder_of_this_user_is_fixed_with_chmod(table):
+    _valid(table)
+    table.parent.chmod(0o770)
+    try:
+        _, messages = _costs()
+    finally:
+        table.parent.chmod(0o700)
+    (message,) = [m for m in messages if "not using the op-cost table" in m]
+    assert message.endswith(f"fix it with chmod 700 {table.parent}, or choose another jaxaot.config.cache_dir.")
+
+
+@pytest.mark.parametrize("whose", ["sticky", "another user's"])
+def test_a_refused_shared_or_foreign_folder_is_never_advised_chmod(table, monkeypatch, whose):
+    _valid(table)
+    if whose == "sticky":  # a folder like /tmp: everyone writes there, the sticky bit keeps their files apart
+        table.parent.chmod(0o1777)
+    else:
+        monkeypatch.setattr(os, "getuid", lambda: os.stat(table.parent).st_uid + 1)
+    try:
+        _, messages = _costs()
+    finally:
+        table.parent.chmod(0o700)
+    (message,) = [m for m in messages if "not using the op-cost table" in m]
+    refused = table.parent if whose == "sticky" else table.parent.parent.parent  # the first folder checked
+    assert "chmod" not in message
+    why = "a shared temporary folder" if whose == "sticky" else "not a folder of yours"
+    assert message.endswith(f"{refused} is {why}: leave its permissions alone and "
+                            "set jaxaot.config.cache_dir (JAXAOT_CACHE_DIR) to a private folder of yours, such as "
+                            "~/.cache/jaxaot.")

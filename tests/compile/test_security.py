@@ -186,3 +186,50 @@ def test_concurrent_first_use_agrees_on_one_key(tmp_path):
         t.join()
     assert len(set(results)) == 1 and len(results[0]) == 32
     assert [p.name for p in (tmp_path / "k").iterdir()] == ["key"]
+
+
+def _refusal(cache_dir) -> str:
+    """The cache's one warning for ``cache_dir`` (nothing is written there)."""
+    with jaxaot.config.override(cache_dir=str(cache_dir)):
+        cache.reset_stats()
+        with pytest.warns(CacheWarning, match="refusing to use") as caught:
+            assert store.cache_root() is None
+    cache.reset_stats()
+    (message,) = [str(w.message) for w in caught if "refusing to use" in str(w.message)]
+    return message
+
+
+def test_a_refused_folder_of_this_user_is_fixed_with_chmod(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    mine.chmod(0o770)
+    message = _refusal(mine)
+    assert message.endswith(f"Not caching; fix it with chmod 700 {mine}, or choose another jaxaot.config.cache_dir.")
+
+
+@pytest.mark.parametrize("shared", ["/tmp", "sticky"])
+def test_a_refused_shared_folder_is_never_advised_chmod(tmp_path, shared):
+    if shared == "sticky":  # a folder like /tmp: everyone writes there, the sticky bit keeps their files apart
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+    elif not os.path.isdir(shared) or not os.stat(shared).st_mode & stat.S_ISVTX:
+        pytest.skip("no shared /tmp here")
+    message = _refusal(shared)
+    assert "chmod" not in message and "leave its permissions alone" in message
+    assert message.endswith(f"{shared} is a shared temporary folder: leave its permissions alone and set "
+                            "jaxaot.config.cache_dir (JAXAOT_CACHE_DIR) to a private folder of yours, such as "
+                            "~/.cache/jaxaot.")
+    if isinstance(shared, Path):
+        assert list(shared.iterdir()) == []  # refused before anything is made there
+
+
+def test_a_refused_folder_of_another_user_is_never_advised_chmod(tmp_path, monkeypatch):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(theirs).st_uid + 1)
+    message = _refusal(theirs)
+    assert "owned by uid" in message and "chmod" not in message
+    assert message.endswith(f"{theirs} is not a folder of yours: leave its permissions alone and set "
+                            "jaxaot.config.cache_dir (JAXAOT_CACHE_DIR) to a private folder of yours, such as "
+                            "~/.cache/jaxaot.")

@@ -9,6 +9,7 @@ and reaches JAX's autodiff through the same ``custom_vjp`` wiring as
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Collection, Sequence
 
@@ -76,8 +77,8 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
         its manifest and programs must be exactly what was signed.
 
     Raises:
-      ArtifactError: missing, unreadable, oversized or corrupt files (size or
-        checksum mismatch, a FIFO or a symlink out of the directory), a
+      ArtifactError: nothing exists at ``path``, or it is not a folder; missing, unreadable, oversized or
+        corrupt files (size or checksum mismatch, a FIFO or a symlink out of the directory), a
         malformed manifest (the message names the field), programs with host
         callbacks, with custom calls that break their type rule (the message
         names the target and the mismatch) or that do not fit the signature,
@@ -100,6 +101,12 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
                                  max_bytes=max_bytes, allow_custom_calls=allow_custom_calls)
     key = signing.check_key("load", key)
     root = Path(path)
+    if not os.path.lexists(root):
+        raise ArtifactError(f"load: no artifact at {root}: nothing exists there. Pass the folder that "
+                            "jaxaot.export.ExportedAOT.save wrote (the one holding manifest.json).")
+    if not root.is_dir():
+        raise ArtifactError(f"load: {root} is a file, not an artifact: pass the folder that "
+                            "jaxaot.export.ExportedAOT.save wrote (the one holding manifest.json).")
     where = str(root / manifest.MANIFEST)
     info = manifest.read_manifest(root, max_bytes, key=key)
     try:  # check_manifest and from_json see a dict: errors name the file here

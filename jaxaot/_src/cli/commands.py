@@ -31,7 +31,7 @@ import jaxlib
 
 import jaxaot
 from jaxaot._src import progress as _progress
-from jaxaot._src.cli.demo import demo_report
+from jaxaot._src.cli.demo import demo_report, out_dir_conflict
 from jaxaot._src.cli.inspect_json import inspect_document
 from jaxaot._src.cli.shapes import example_arrays, needs_x64, parse_shapes
 from jaxaot._src.compare import DEFAULT_BUDGETS, compare
@@ -179,8 +179,10 @@ def output_folder(out: str | None) -> tuple[str, Path | None]:
     """``(the demo's output folder, the folder to remove if the demo fails)``.
 
     Without ``--out``, a new temporary folder (said on stderr), removed on failure; with it, the
-    first of its folders that does not exist yet (None if it exists). Raises :class:`UsageError`
-    for an ``--out`` that is a file or in a folder this process cannot write to.
+    first of its folders that does not exist yet (None if it exists). ``--out`` is made and an entry
+    made and removed there before the demo's work, so a folder this process cannot write to (read-only,
+    under a file, on a file system that refuses it) or one holding a folder where the demo writes a file
+    raises :class:`UsageError` at once, leaving nothing behind.
     """
     if out is None:
         made = tempfile.mkdtemp(prefix="jaxaot-demo-")
@@ -191,9 +193,20 @@ def output_folder(out: str | None) -> tuple[str, Path | None]:
     while not path.exists():
         first_missing, path = path, path.parent
     if not path.is_dir():
-        raise UsageError(f"--out {out}: {path} is a file, not a folder")
+        raise UsageError(f"--out {out}: {path} is a file, not a folder; choose a folder for the demo's files")
     if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: cannot write in {path}")
+        raise UsageError(f"--out {out}: cannot write in {path}; choose a folder you can write to")
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(dir=out, prefix=".jaxaot-demo-"))  # an entry made there: writes work
+    except OSError as e:
+        if first_missing is not None:
+            shutil.rmtree(first_missing, ignore_errors=True)
+        raise UsageError(f"--out {out}: cannot write there ({e.strerror or e}); choose a folder you can "
+                         "write to") from e
+    conflict = out_dir_conflict(out)
+    if conflict:
+        raise UsageError(f"--out {out}: {conflict}; choose another folder or move it away")
     return out, first_missing
 
 

@@ -11,6 +11,7 @@ stderr under the ``jaxaot`` command).
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import sys
 import warnings
@@ -30,6 +31,9 @@ from jaxaot._src.tables import median_spread, table
 #: The programs of the report: key, label.
 PROGRAMS = (("aot", "jaxaot (default partition)"), ("min_cut", "jaxaot (min-cut partition)"),
             ("split", "jax.fwd_and_bwd"), ("fused", "jax.jit(jax.value_and_grad)"))
+#: The files :func:`demo_artifacts` writes in the output folder, and the folder :func:`demo_export` writes.
+PICTURES = ("split.html", "split.svg")
+ARTIFACT = "artifact"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,16 +191,31 @@ def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [viz.render(lowered, out_dir / "split.html", format="html", title="jaxaot demo")]
+    paths = [viz.render(lowered, out_dir / PICTURES[0], format="html", title="jaxaot demo")]
     with warnings.catch_warnings():  # the demo says itself, once, when Graphviz is missing
         warnings.simplefilter("ignore", UserWarning)
-        paths.append(viz.render(lowered, out_dir / "split.svg", format="svg", title="jaxaot demo"))
+        paths.append(viz.render(lowered, out_dir / PICTURES[1], format="svg", title="jaxaot demo"))
     return paths
+
+
+def out_dir_conflict(out_dir: str | Path) -> str | None:
+    """Why the demo could not write its files into the existing folder ``out_dir`` (None: nothing in the way).
+
+    A picture's name taken by a folder, or an ``artifact`` entry that is not a folder.
+    """
+    out_dir = Path(out_dir)
+    for name in PICTURES:
+        if (out_dir / name).is_dir():
+            return f"{out_dir / name} is a folder, where the demo writes a file"
+    target = out_dir / ARTIFACT
+    if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
+        return f"{target} is not a folder, where the demo writes the exported programs"
+    return None
 
 
 def demo_export(out_dir: str | Path, fn: Callable, *args: Any) -> tuple[str | None, str]:
     """Export ``fn``'s forward/backward programs to ``out_dir/artifact``: ``(its folder or None, what was done)``."""
-    path = Path(out_dir) / "artifact"
+    path = Path(out_dir) / ARTIFACT
     try:
         jaxaot.export.export(fn, *args).save(path)
     except ImportError as err:  # the 'export' extra is not installed

@@ -32,7 +32,7 @@ from pathlib import Path
 from jaxaot._src.config import config
 from jaxaot._src.files import (
     FileMismatchError, UnsafeFileError, UnsafeFolderError, atomic_write, check_folder, check_folders,
-    create_exclusive, private, read_regular, untrusted,
+    create_exclusive, folder_advice, private, read_regular, untrusted,
 )
 from jaxaot._src.compile.cache_stats import count, warn_once
 
@@ -87,8 +87,7 @@ def trusted_folder(base: Path, *names: str) -> Path | None:
         if "not a directory" in err.why:
             warn_once(d, f"jaxaot cache: cannot write to {d}: {err.why}; not caching.")
         else:
-            warn_once(d, f"jaxaot cache: refusing to use {d}: {err.why}. Not caching; fix it with chmod 700 {d} "
-                         "(and make it yours), or choose another cache_dir.")
+            warn_once(d, f"jaxaot cache: refusing to use {d}: {err.why}. Not caching; {folder_advice(d)}")
     except OSError as err:
         d = Path(err.filename) if err.filename else base
         warn_once(d, f"jaxaot cache: cannot write to {d} ({err}); not caching.")

@@ -8,14 +8,17 @@ back (:func:`check_folder`), and writers that never leave a partial file or fold
 """
 
 from jaxaot._src.files.bounded_json import NestingError, json_depth, parse_json
-from jaxaot._src.files.folders import UnsafeFolderError, check_folder, check_folders, private, untrusted
+from jaxaot._src.files.folders import (
+    SHARED_FOLDERS, UnsafeFolderError, check_folder, check_folders, folder_advice, private, untrusted,
+)
 from jaxaot._src.files.reading import (
     READ_FLAGS, FileMismatchError, FileTooLargeError, UnsafeFileError, describe_mode, read_regular,
 )
 from jaxaot._src.files.writing import STALE_SECONDS, atomic_write, create_exclusive, replace_folder, sweep_stale
 
 __all__ = [
-    "READ_FLAGS", "STALE_SECONDS", "FileMismatchError", "FileTooLargeError", "NestingError", "UnsafeFileError",
-    "UnsafeFolderError", "atomic_write", "check_folder", "check_folders", "create_exclusive", "describe_mode",
-    "json_depth", "parse_json", "private", "read_regular", "replace_folder", "sweep_stale", "untrusted",
+    "READ_FLAGS", "SHARED_FOLDERS", "STALE_SECONDS", "FileMismatchError", "FileTooLargeError", "NestingError",
+    "UnsafeFileError", "UnsafeFolderError", "atomic_write", "check_folder", "check_folders", "create_exclusive",
+    "describe_mode", "folder_advice", "json_depth", "parse_json", "private", "read_regular", "replace_folder",
+    "sweep_stale", "untrusted",
 ]

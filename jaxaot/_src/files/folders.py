@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from jaxaot._src.files.reading import UnsafeFileError, describe_mode
@@ -91,3 +92,26 @@ def check_folders(base: Path | str, *names: str, create: bool) -> Path:
     for name in names:
         path = check_folder(path / name, follow=False, create=create)
     return path
+
+
+#: Folders every user shares: a cache there is advised away, never chmod-ed.
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def folder_advice(d: Path) -> str:
+    """How to fix a refused folder ``d``: ``chmod 700`` only where it is this user's own folder; for another
+    user's folder, a shared one (sticky, like ``/tmp``) or the system's temporary folder, choosing a private
+    ``cache_dir`` (closing a shared folder to others would break it for them)."""
+    shared = {os.path.realpath(p) for p in (*SHARED_FOLDERS, tempfile.gettempdir())}
+    try:
+        st = os.stat(d)
+    except OSError:
+        st = None
+    if os.path.realpath(d) in shared or (st is not None and st.st_mode & stat.S_ISVTX):
+        why = "a shared temporary folder"
+    elif st is None or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+        why = "not a folder of yours"
+    else:
+        return f"fix it with chmod 700 {d}, or choose another jaxaot.config.cache_dir."
+    return (f"{d} is {why}: leave its permissions alone and set jaxaot.config.cache_dir (JAXAOT_CACHE_DIR) "
+            "to a private folder of yours, such as ~/.cache/jaxaot.")

@@ -36,7 +36,9 @@ import jaxlib
 from jaxaot._src import progress as _progress
 from jaxaot._src import workers
 from jaxaot._src.config import config
-from jaxaot._src.files import UnsafeFolderError, atomic_write, check_folders, parse_json, read_regular, untrusted
+from jaxaot._src.files import (
+    UnsafeFolderError, atomic_write, check_folders, folder_advice, parse_json, read_regular, untrusted,
+)
 from jaxaot.errors import PartitionError
 from jaxaot._src.partition.costs import cost_model, op_profile
 from jaxaot._src.partition.costs.autotune_bytes import compiles_untuned
@@ -238,8 +240,8 @@ def _read(path: Path, folders: tuple[Path, tuple[str, ...]]) -> tuple[dict[str, 
         return {}, path
     except UnsafeFolderError as err:
         warnings.warn(f"jaxaot: not using the op-cost table {path}: its folder {err}, so others could plant or "
-                      f"replace it. Ops are timed again, and the table kept in memory; fix it with chmod 700 "
-                      f"{err.path} (and make it yours).", RuntimeWarning, stacklevel=3)
+                      f"replace it. Ops are timed again, and the table kept in memory; {folder_advice(err.path)}",
+                      RuntimeWarning, stacklevel=3)
         return {}, None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as err:
         warnings.warn(f"jaxaot: ignoring the op-cost table {path} ({type(err).__name__}: {err}); "
