@@ -32,7 +32,7 @@ REPRESENTATIVE = [
     "tests/parallel/test_pipeline.py::test_sub_mesh_stages_with_sharded_parameters",
     "tests/parallel/test_compiled_pipeline.py::test_schedules_equal_value_and_grad_on_stage_and_data_meshes"
     "[mlp-interleaved-False]",
-    "tests/fusion/test_residual_slices.py::test_sliced_fused_step_on_a_mesh_keeps_gradient_shardings",
+    "tests/partition/test_step_residual_slices.py::test_sliced_fused_step_on_a_mesh_keeps_gradient_shardings",
     *SHARDED_EXPORT,
 ]
 
@@ -42,7 +42,8 @@ def test_representative_device_tests_pass_on(count, tmp_path):
     report = tmp_path / "report.xml"
     env = dict(child_env(), XLA_FLAGS=f"--xla_force_host_platform_device_count={count}", JAX_PLATFORMS="cpu")
     env.pop("PYTEST_ADDOPTS", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", *REPRESENTATIVE, "-n", "0", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", *REPRESENTATIVE, "-m", "slow or not slow", "-n", "0",
+                           "-p", "no:cacheprovider",
                            "-rs", f"--junit-xml={report}"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     tail = proc.stdout[-4000:] + proc.stderr[-2000:]
