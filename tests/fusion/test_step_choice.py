@@ -31,9 +31,10 @@ from zoo import assert_trees_close, deep_mlp, deep_mlp_args, kept_step
 
 
 def _split_peaks(monkeypatch, factor: float) -> None:
-    """Make the split programs' compiled peaks ``factor`` times the fused step's (fused steps carry ``layouts``)."""
+    """Make the split programs' compiled peaks ``factor`` times the fused step's (fused steps carry their
+    ``variant``)."""
     monkeypatch.setattr(step_choice, "compiled_peak",
-                        lambda exe: 1000 if hasattr(exe, "layouts") else int(factor * 1000))
+                        lambda exe: 1000 if hasattr(exe, "variant") else int(factor * 1000))
 
 
 def _fake_timer(fused: float, split: float):
