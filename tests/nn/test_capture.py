@@ -165,6 +165,7 @@ def test_linen_submodule_follows_the_parents_capture_intermediates(inner, captur
         results.append(LinenParent(wrap, inner).apply(variables, x, capture_intermediates=_FILTERS[capture],
                                                        mutable=["intermediates", "batch_stats"]))
     (out_e, state_e), (out_a, state_a) = results
-    assert trees_close(out_e, out_a)
+    # eager and compiled float32 round apart: a GPU's matrix products by 2e-5 at this batch norm's outputs
+    assert trees_close(out_e, out_a, atol=1e-4)
     assert jax.tree.structure(state_e) == jax.tree.structure(state_a)
-    assert trees_close(state_e, state_a)
+    assert trees_close(state_e, state_a, atol=1e-4)
