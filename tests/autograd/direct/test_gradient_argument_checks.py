@@ -14,7 +14,7 @@ import pytest
 
 import jaxaot
 from jaxaot.errors import InvalidInputError
-from tests.zoo import assert_trees_close, key_stream
+from zoo import assert_trees_close, key_stream
 
 fresh_key = key_stream(7300)
 
