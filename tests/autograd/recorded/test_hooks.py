@@ -122,3 +122,22 @@ def test_forward_mode_passes_through_a_hook():
     chex.assert_trees_all_close(jax.jacfwd(hooked)(x), jax.jacfwd(plain)(x), rtol=1e-6)
     chex.assert_trees_all_close(jax.hessian(hooked)(x), 2 * jax.hessian(plain)(x), rtol=1e-5)
     chex.assert_trees_all_close(jax.jacrev(jax.jacfwd(hooked))(x), jax.jacrev(jax.jacfwd(plain))(x), rtol=1e-5)
+
+
+def _decayed(params, x, wd):
+    """The weight-decay hook of the docs: it reads a forward value, the parameter itself."""
+    w = jaxaot.grad_hook(params["w"], lambda g: g + wd * params["w"])
+    return jnp.sum(jnp.sin(w) * x)
+
+
+def test_a_hook_reading_a_forward_value_runs_under_every_reverse_mode_and_leaves_the_function_working():
+    rng = np.random.default_rng()
+    p, x, wd = {"w": _rand(rng, 5)}, _rand(rng, 5), jnp.float32(rng.uniform(0.05, 0.5))
+    expected = jnp.cos(p["w"]) * x + wd * p["w"]
+    aot = jaxaot.aot_function(_decayed)
+    for run in (lambda: jax.grad(_decayed)(p, x, wd), lambda: jax.jit(jax.grad(_decayed))(p, x, wd),
+                lambda: jaxaot.value_and_grad(_decayed)(p, x, wd)[1], lambda: jax.grad(aot)(p, x, wd),
+                lambda: jaxaot.value_and_grad(aot)(p, x, wd)[1], lambda: jax.jit(jax.grad(aot))(p, x, wd),
+                lambda: jaxaot.compiled_grad(_decayed)(p, x, wd)):
+        _close(run()["w"], expected)
+    _close(aot(p, x, wd), _decayed(p, x, wd))

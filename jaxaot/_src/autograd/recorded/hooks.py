@@ -175,7 +175,9 @@ def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
         prev = _RECENT.get(id(x))
         if prev is not None and prev[0] is x:  # x came from grad_hook: extend its hooks, keep the order
             base, earlier, traced = prev[1], prev[2], prev[3]
-    if C.current_recording_trace() is not None:  # a recorded forward: trace each hook once, now
+    # Traced now where a trace is on: a recorded forward (each hook traced once), or a JAX trace (jit, grad,
+    # aot_function), where a hook may read the forward's values, which become the backward's inputs.
+    if C.current_recording_trace() is not None or any(C.is_tracer(leaf) for leaf in jax.tree_util.tree_leaves(x)):
         traced = (traced if traced is not None else _trace_hooks(base, earlier)) + _trace_hooks(base, hooks)
         hooks = earlier + hooks
         hooked = _apply_traced(base, traced)
