@@ -6,7 +6,8 @@ function op by op; :class:`CheckedExecutable` does the same for jaxaot's
 programs: it evaluates the program's jaxpr one eqn at a time (each op
 dispatched and checked by JAX) and raises ``FloatingPointError`` naming the
 user's source line of the first eqn that produced the value. The wrapper costs
-one Python call per run and nothing else.
+one Python call per run, and a look at each donated argument of an executable that
+donates: an array a call donated is JAX's ``RuntimeError``, as under ``jit``.
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ class CheckedExecutable:
     """A compiled executable that names the source line of a NaN/Inf under ``jax.debug_nans``.
 
     Attribute access (``memory_analysis()``, ``cost_analysis()``, ...) goes to
-    the wrapped executable.
+    the wrapped executable. ``donated``: the positions of the arguments the executable donates; an array
+    there already deleted (donated to an earlier call) is a ``RuntimeError``, as ``jax.jit``'s, before XLA
+    refuses the buffer.
     """
 
-    def __init__(self, executable: Any, program: Any):
+    def __init__(self, executable: Any, program: Any, donated: Sequence[int] = ()):
         self.executable = executable
         self.program = program
+        self.donated = tuple(donated)
 
     def __call__(self, *args: Any) -> Any:
+        if self.donated:
+            check_not_deleted(args, self.donated)
         try:
             return self.executable(*args)
         except C.InternalFloatingPointError:
@@ -37,6 +43,16 @@ class CheckedExecutable:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.executable, name)
+
+
+def check_not_deleted(args: Sequence[Any], positions: Sequence[int]) -> None:
+    """Raise JAX's ``RuntimeError`` where an array of ``args`` at ``positions`` has been deleted (donated)."""
+    for i in positions:
+        x = args[i] if i < len(args) else None
+        if isinstance(x, C.ArrayImpl) and x.is_deleted():
+            raise RuntimeError(
+                f"Array has been deleted with shape={x.aval.str_short()}. It was donated (donate_argnums) to an "
+                "earlier call, which reused its buffer: pass a fresh array, as under jax.jit.")
 
 
 def raise_op_by_op(closed: Any, args: Sequence[Any]) -> NoReturn:

@@ -305,7 +305,8 @@ def _with_statics(fun: AOTFunction, sig: Signature, args: tuple, kwargs: dict) -
 def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Callable[[tuple, dict], Any]:
     """What a compiled stage of ``sig`` runs when called: ``run(*args, **kwargs)``, for arrays of that very
     signature. As JAX's ``Compiled``, it refuses tracers and arguments of other types with a ``TypeError`` (naming
-    what differs), where ``run`` itself would trace or compile anew."""
+    what differs), where ``run`` itself would trace or compile anew. Its ``run``: ``run`` of the flat dynamic inputs,
+    where ``run`` is not ``fun`` itself (a gradient's stage), else None (the stage's outputs are ``fun``'s)."""
     def call(args: tuple, kwargs: dict) -> Any:
         args = _with_statics(fun, sig, args, kwargs)
         got, leaves, kind = call_signature(fun, args, kwargs)
@@ -325,6 +326,7 @@ def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Cal
                     f"each signature on first use.")
             return arguments.flat_function(run, fun.static_argnums, got.static, got.treedef)(*placed)
         return run(*args, **kwargs)
+    call.run = None if run is fun else arguments.flat_function(run, fun.static_argnums, sig.static, sig.treedef)
     return call
 
 

@@ -30,6 +30,7 @@ from jaxaot._src.fusion import compiled_peak, fused_choice, fused_exe, fused_nam
 from jaxaot._src.partition import Partition, Residual, StepPeak
 from jaxaot._src.runtime.training import TrainingPrograms
 from jaxaot._src.runtime.residual_table import ResidualTable
+from jaxaot._src.runtime import stage_types
 from jaxaot._src.tracing import JointGraph
 
 PROGRAMS = ("inference", "forward", "backward")
@@ -72,6 +73,10 @@ class AOTLowered:
       compile_times: seconds spent in each stage so far (``trace``, ``joint``, ``partition``).
       runs_step: whether the compiled stage's call is ``jaxaot.value_and_grad``'s (or ``jaxaot.grad``'s) fused
         step where the training fuses (``fused=True``); False for the function's own stage, which runs its outputs.
+      in_tree / args_info: as ``jax.jit(f).lower(...)``'s: the pytree of the dynamic inputs ``(args, kwargs)``
+        (static arguments left out), and per input a ``jax.stages.ArgInfo`` (its aval, whether it is ``donated``).
+      out_info / out_tree: a ``jax.ShapeDtypeStruct`` per output of the compiled stage's call, and their pytree:
+        the function's outputs, or a gradient's (``(value, grads)``, evaluated abstractly on first read).
     """
 
     def __init__(self, training: TrainingPrograms, call: Callable[[tuple, dict], Any], runs_step: bool = False):
@@ -111,6 +116,27 @@ class AOTLowered:
     @functools.cached_property
     def residuals(self) -> ResidualTable:
         return ResidualTable.of(self.partition, self.joint, self._training.placement.known_residuals())
+
+    @property
+    def in_tree(self) -> Any:
+        return self._training.programs.signature.treedef
+
+    @property
+    def args_info(self) -> Any:
+        return stage_types.args_info(self._training.programs)
+
+    @functools.cached_property
+    def out_info(self) -> Any:
+        return stage_types.out_info(self._training.programs, self._run)
+
+    @property
+    def out_tree(self) -> Any:
+        return jax.tree_util.tree_structure(self.out_info)
+
+    @property
+    def _run(self) -> Callable[..., Any] | None:
+        """The compiled stage's call of the flat inputs where it is not the function's own, else None."""
+        return getattr(self._call, "run", None)
 
     def residual_table(self) -> str:
         """The residual table as text (``str(self.residuals)``)."""
@@ -215,6 +241,12 @@ class AOTCompiled:
       executables: ``inference``, ``forward`` and ``backward`` executables, and ``step``, the fused training
         step, where the call runs it (read lazily: see :attr:`executables`).
       compile_times: seconds per stage, compilations included.
+      in_tree / args_info / out_tree: the lowered stage's (:class:`AOTLowered`).
+      out_info: the lowered stage's, each output with its sharding on the function's stage.
+      input_shardings / input_formats: where, and in which layout, each dynamic input is taken (every program
+        of a signature takes them alike), in the pytree of ``in_tree``, as ``jax.jit(f).lower(...).compile()``'s.
+      output_shardings: each output's sharding, in the pytree of ``out_tree``, on the function's stage; a
+        gradient's stage runs no single executable whose outputs it returns: an ``AttributeError`` says so.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -248,6 +280,28 @@ class AOTCompiled:
         """
         step = self._fused_step() if self.lowered.runs_step else None
         return {**self._programs, STEP: step} if step is not None else dict(self._programs)
+
+    in_tree = property(lambda self: self.lowered.in_tree)
+    args_info = property(lambda self: self.lowered.args_info)
+    out_tree = property(lambda self: self.lowered.out_tree)
+
+    @property
+    def out_info(self) -> Any:
+        shardings = self.output_shardings if self.lowered._run is None else None
+        return stage_types.compiled_out_info(self.lowered.out_info, shardings)
+
+    @property
+    def input_shardings(self) -> Any:
+        return stage_types.stage_input_shardings(self.lowered._training.programs, self._programs["inference"])
+
+    @property
+    def output_shardings(self) -> Any:
+        return stage_types.stage_output_shardings(self.lowered._training.programs, self._programs["inference"],
+                                                  self.lowered._run is None)
+
+    @property
+    def input_formats(self) -> Any:
+        return stage_types.stage_input_formats(self.lowered._training.programs, self._programs["inference"])
 
     def _fused_step(self) -> Any:
         """The fused step ``jaxaot.value_and_grad`` runs for this training (compiled here if not yet), or None

@@ -102,13 +102,14 @@ def placed_as_compiled(leaves: Sequence[Any], got: Sequence[tuple], want: Sequen
     default device). Where only placements differ, an uncommitted leaf (an array made without ``device_put``, a
     NumPy array) is copied to the stage's sharding, as is a committed one whose sharding places it the same way
     (``P('data')`` on a mesh whose ``data`` axis has one device and ``P()``, say); any other committed one is a
-    :class:`~jaxaot.errors.ShardingMismatchError` (JAX's ``Compiled`` raises a ``ValueError``). None where an aval
-    differs: not this stage's signature.
+    :class:`~jaxaot.errors.ShardingMismatchError` (JAX's ``Compiled`` raises a ``ValueError``). As JAX's, it takes a
+    leaf that differs from the stage's only in weak type (a Python scalar for a ``float32`` array, or the
+    reverse), typed as the stage's. None where a shape or dtype differs: not this stage's signature.
     """
     if len(got) != len(want) or any(not _same_type(g[0], w[0]) for g, w in zip(got, want)):
         return None
-    out = list(leaves)
-    for i, (x, (_, have), (_, sharding)) in enumerate(zip(leaves, got, want)):
+    out = [_weak_typed_as(x, g[0], w[0]) for x, g, w in zip(leaves, got, want)]
+    for i, (x, (_, have), (_, sharding)) in enumerate(zip(out, got, want)):
         if have == sharding:
             continue
         if isinstance(x, jax.Array) and x.committed and not (
@@ -125,9 +126,19 @@ def placed_as_compiled(leaves: Sequence[Any], got: Sequence[tuple], want: Sequen
 
 
 def _same_type(a: Any, b: Any) -> bool:
-    """Whether two avals have one shape, dtype and weak type (the mesh a committed array's aval names left out)."""
-    return (tuple(a.shape), a.dtype, getattr(a, "weak_type", False)) == (tuple(b.shape), b.dtype,
-                                                                         getattr(b, "weak_type", False))
+    """Whether two avals have one shape and dtype (the weak type, and the mesh a committed array's aval names, left
+    out: JAX's ``Compiled`` takes either weak type)."""
+    return (tuple(a.shape), a.dtype) == (tuple(b.shape), b.dtype)
+
+
+def _weak_typed_as(x: Any, have: Any, want: Any) -> Any:
+    """``x`` (of aval ``have``) with the weak type of ``want``: an array of the same values either way."""
+    weak = bool(getattr(want, "weak_type", False))
+    if bool(getattr(have, "weak_type", False)) == weak:
+        return x
+    if weak:
+        return C.typed_as(x, with_sharding(want, None))
+    return jax.lax.convert_element_type(x, want.dtype)
 
 
 def output_shardings(executable: Any) -> list | None:

@@ -160,7 +160,7 @@ class SignaturePrograms:
                         raw = cached_compile(compiler, closed, list(avals), pending=pending, **options)
                     except jax.errors.JaxRuntimeError as e:
                         raise xla_compile_error(name, avals, e) from e
-                    exe = CheckedExecutable(raw, closed)
+                    exe = CheckedExecutable(raw, closed, options.get("donate_argnums", ()))
                     self.times[f"compile_{name}"] = time.perf_counter() - t
                     self.compiled.append(name)
                     self.executables[name] = exe

@@ -1,0 +1,79 @@
+"""What a stage takes and returns, as ``jax.stages`` names it: ``in_tree``, ``args_info``, ``out_tree``, ``out_info``.
+
+:class:`~jaxaot._src.runtime.lowered.AOTLowered` and :class:`~jaxaot._src.runtime.lowered.AOTCompiled` read
+these off a signature's programs: the inputs off its :class:`~jaxaot._src.runtime.signature.Signature`, the
+outputs off the primal program (the function's stage) or off the stage's call evaluated abstractly (a gradient's
+stage, whose outputs are the gradient's); the compiled stage's shardings off its executables, compiled for one
+placement of the inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+from jaxaot._src import compat as C
+from jaxaot._src.pytrees import shape_dtype_struct
+from jaxaot._src.runtime.shardings import input_shardings, output_shardings
+
+
+def args_info(programs: Any) -> Any:
+    """A ``jax.stages.ArgInfo`` (aval, ``donated``) per dynamic input, in the pytree of ``(args, kwargs)``."""
+    donated = set(programs.donated_leaves)
+    infos = [jax.stages.ArgInfo(C.shaped_abstractify(a), i in donated) for i, a in enumerate(programs.in_avals)]
+    return jax.tree_util.tree_unflatten(programs.signature.treedef, infos)
+
+
+def out_info(programs: Any, run: Callable[..., Any] | None) -> Any:
+    """A ``jax.ShapeDtypeStruct`` per output of the stage's call (weak types kept): the primal program's outputs
+    where ``run`` is None (the function's stage), else those of ``run``, the stage's call of the flat inputs,
+    evaluated abstractly (a gradient's ``(value, grads)``)."""
+    if run is None:
+        outs = [shape_dtype_struct(a) for a in C.out_avals_of(programs.primal)]
+        return jax.tree_util.tree_unflatten(programs.out_tree, outs)
+    avals = [shape_dtype_struct(a) for a in programs.in_avals]  # tracers of the avals alone, as under jax.jit
+    return jax.tree.map(shape_dtype_struct, jax.eval_shape(run, *avals))
+
+
+def stage_input_shardings(programs: Any, exe: Any) -> Any:
+    """The sharding each dynamic input is taken at, in the pytree of ``(args, kwargs)``: every program of a
+    signature is compiled for one placement of its inputs, the inference ``exe``'s."""
+    flat = input_shardings(exe)
+    if flat is None or len(flat) != len(programs.in_avals):
+        raise AttributeError(f"input_shardings: the compiler of this stage reports no input shardings ({exe!r}).")
+    return jax.tree_util.tree_unflatten(programs.signature.treedef, flat)
+
+
+def stage_input_formats(programs: Any, exe: Any) -> Any:
+    """The layout (``Format``) each dynamic input is taken in, in the pytree of ``(args, kwargs)``: the inference
+    ``exe``'s, a ``jax.stages.Compiled`` of the flat inputs."""
+    formats = getattr(getattr(exe, "executable", exe), "input_formats", None)
+    flat = list(formats[0]) if isinstance(formats, tuple) and formats and isinstance(formats[0], tuple) else None
+    if flat is None or len(flat) != len(programs.in_avals):
+        raise AttributeError(f"input_formats: the compiler of this stage reports no input formats ({exe!r}).")
+    return jax.tree_util.tree_unflatten(programs.signature.treedef, flat)
+
+
+def stage_output_shardings(programs: Any, exe: Any, runs_function: bool) -> Any:
+    """The sharding of each output of the function's stage (``runs_function``), in the pytree of its outputs: the
+    inference ``exe``'s, and an input's where the output is that input."""
+    if not runs_function:
+        raise AttributeError(
+            "output_shardings: a gradient's stage has no single executable whose outputs it returns (the fused step, "
+            "or the split forward and backward, chosen at its first call); read the shardings of what it returns, "
+            "or compiled.executables[name].output_shardings.")
+    outs, ins = output_shardings(exe), input_shardings(exe)
+    if outs is None or ins is None:
+        raise AttributeError(f"output_shardings: the compiler of this stage reports no output shardings ({exe!r}).")
+    computed = iter(outs)
+    flat = [next(computed) if src is None else ins[src] for src in programs.output_is_input]
+    return jax.tree_util.tree_unflatten(programs.out_tree, flat)
+
+
+def compiled_out_info(lowered_info: Any, shardings: Any | None) -> Any:
+    """``lowered_info`` with each output's sharding (``shardings``, the pytree of the outputs), where known."""
+    if shardings is None:
+        return lowered_info
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type),
+                        lowered_info, shardings)
