@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from zoo import assert_trees_close, mlp_args, mlp_gelu
+from zoo import assert_trees_close, key_stream, mlp_args, mlp_gelu
 
 import jaxaot
 from jaxaot._src.compare import REFERENCE, max_abs_diff, time_rounds
@@ -16,6 +16,7 @@ from jaxaot._src.partition import compiled_peak
 from jaxaot.errors import InvalidInputError, InvalidValueError
 
 INSPECTING = Path(__file__).resolve().parent.parent / "docs" / "inspecting.md"
+fresh_key = key_stream(2100)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,22 @@ def test_argnums_picks_the_differentiated_argument():
     assert all(r.max_abs_diff < 1e-5 for r in result.rows)
 
 
+@pytest.mark.parametrize("argnums", [-1, np.int64(1), (np.int32(0), -1), [-2]])
+def test_argnums_are_read_as_jax_reads_them(argnums):
+    """Negative ``argnums`` count from the end and NumPy integers are integers, as in ``jax.value_and_grad``; counts
+    may be NumPy integers too."""
+    w, x = jax.random.normal(fresh_key(), (6, 4)), jax.random.normal(fresh_key(), (5, 6))
+    loss = lambda w, x: jnp.mean(jnp.sin(x @ w) ** 2)  # noqa: E731
+    result = jaxaot.compare(loss, w, x, budgets=(0.0,), argnums=argnums, policies=("nothing_saveable",),
+                            rounds=np.int64(1), calls=np.int32(1))
+    assert (result.rounds, result.calls) == (1, 1) and type(result.calls) is int
+    assert all(r.max_abs_diff < 1e-5 for r in result.rows)
+    assert "1 round of 1 call," in str(result)
+    want = jax.value_and_grad(loss, argnums=argnums)(w, x)
+    got = jaxaot.value_and_grad(loss, argnums=argnums)(w, x)
+    assert_trees_close(got, want)
+
+
 @pytest.mark.parametrize("call, error, msg", [
     (lambda f, a: jaxaot.compare(f, *a, budgets=[2.5]), InvalidValueError, "memory_budget=2.5 is above 1.*'2.5GB'"),
     (lambda f, a: jaxaot.compare(f, *a, budgets=["1.2xB"]), InvalidValueError, "unknown unit 'xB'"),
@@ -96,6 +113,10 @@ def test_argnums_picks_the_differentiated_argument():
     (lambda f, a: jaxaot.compare(f, *a, budgets=(0.5, 0.5)), InvalidValueError, "repeats a budget"),
     (lambda f, a: jaxaot.compare(f, *a, argnums=2), InvalidValueError, "argnums=2 of compare, but fn is given 2"),
     (lambda f, a: jaxaot.compare(f, *a, argnums="0"), InvalidInputError, "argnums of compare must be"),
+    (lambda f, a: jaxaot.compare(f, *a, argnums=-3), InvalidValueError, "argnums=-3 of compare.*from -2 to 1"),
+    (lambda f, a: jaxaot.compare(f, *a, argnums=(0, -2)), InvalidInputError, "names an argument more than once"),
+    (lambda f, a: jaxaot.compare(f, *a, argnums=np.float32(1)), InvalidInputError, "argnums of compare must be"),
+    (lambda f, a: jaxaot.compare(f, *a, calls=1.0), InvalidInputError, "calls of compare must be an integer"),
     (lambda f, a: jaxaot.compare(f, *a, policies=["dots_saved"]), InvalidValueError,
      "unknown checkpoint policies \\['dots_saved'\\].*dots_saveable"),
     (lambda f, a: jaxaot.compare(f, *a, policies="dots_saveable"), InvalidInputError, "policies of compare must be"),

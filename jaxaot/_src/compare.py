@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -132,7 +133,7 @@ def compare(fn: Callable[..., Any], *args: Any, budgets: Sequence[float | int | 
       *args: its positional arguments, arrays (the steps run on them).
       budgets: jaxaot's ``memory_budget`` of each jaxaot row, read as everywhere
         (:func:`jaxaot.partition.parse_memory_budget`: a fraction in ``[0, 1]``, bytes, or a string with a unit).
-      argnums: the arguments differentiated, as ``jax.value_and_grad``'s.
+      argnums: the arguments differentiated, as ``jax.value_and_grad``'s (a negative one counts from the end).
       policies: names in ``jax.checkpoint_policies``, or a mapping of row names to policies.
       rounds, calls: timing rounds, and calls of each program per round.
 
@@ -141,13 +142,16 @@ def compare(fn: Callable[..., Any], *args: Any, budgets: Sequence[float | int | 
 
     Raises:
       InvalidInputError: ``fn`` is not callable; ``budgets`` is not a list or tuple; ``argnums``,
-        ``policies``, ``rounds`` or ``calls`` of the wrong kind; an argument given as a
+        ``policies``, ``rounds`` or ``calls`` of the wrong kind (an integer is what ``operator.index`` reads, as in
+        JAX: ``np.int64(1)`` is one, a bool is not); ``argnums`` naming an argument twice; an argument given as a
         ``jax.ShapeDtypeStruct`` (the steps need values to run on).
       InvalidValueError: a budget that means neither a fraction nor bytes, no budgets, an unknown
         policy name, ``argnums`` beyond the arguments, ``rounds`` or ``calls`` below 1.
       MemoryBudgetError: no plan fits a byte budget.
     """
     partitioners = _check(fn, args, budgets, argnums, rounds, calls)
+    rounds, calls = _integer(rounds), _integer(calls)  # np.int64(1) as 1, as are argnums
+    argnums = _integer(argnums) if _integer(argnums) is not None else _integers(argnums)
     jax_policies = _policies(policies)
     steps: dict[str, tuple[str, Callable[[], Any], Callable[[], int | None]]] = {}
     for b, pf in zip(budgets, partitioners):
@@ -237,15 +241,19 @@ def _check(fn: Any, args: tuple, budgets: Any, argnums: Any, rounds: Any, calls:
     names = [_budget_row(b) for b in budgets]
     if len(set(names)) < len(names):
         raise InvalidValueError(f"budgets of compare repeats a budget: {list(budgets)!r}; give each once.")
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (list, tuple)) else ()
-    if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
-        raise InvalidInputError(f"argnums of compare must be an int or a non-empty sequence of ints, got {argnums!r}.")
-    if any(not 0 <= n < len(args) for n in nums):
+    nums = _integers(argnums)
+    if not nums or any(n is None for n in nums):
+        raise InvalidInputError(f"argnums of compare must be an integer or a non-empty sequence of integers, got "
+                                f"{argnums!r}.")
+    if any(not -len(args) <= n < len(args) for n in nums):  # a negative one counts from the end, as in JAX
         raise InvalidValueError(f"argnums={argnums!r} of compare, but fn is given {len(args)} positional "
-                                f"argument{'s' * (len(args) != 1)}.")
+                                f"argument{'s' * (len(args) != 1)}: pass argnums from {-len(args)} to "
+                                f"{len(args) - 1} (a negative one counts from the end, as in jax.value_and_grad).")
+    if len({n % len(args) for n in nums}) != len(nums):  # (0, -2) of two arguments, as (0, 0)
+        raise InvalidInputError(f"argnums={argnums!r} of compare names an argument more than once; name each once.")
     for name, value in (("rounds", rounds), ("calls", calls)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidInputError(f"{name} of compare must be an int, got {type(value).__name__} {value!r}.")
+        if _integer(value) is None:
+            raise InvalidInputError(f"{name} of compare must be an integer, got {type(value).__name__} {value!r}.")
         if value < 1:
             raise InvalidValueError(f"{name} of compare must be at least 1, got {value}.")
     for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
@@ -254,6 +262,24 @@ def _check(fn: Any, args: tuple, budgets: Any, argnums: Any, rounds: Any, calls:
                 f"compare runs the steps, so it needs values: argument leaf args{jax.tree_util.keystr(path)} is a "
                 f"jax.ShapeDtypeStruct {leaf.dtype}{list(leaf.shape)}; pass an array (e.g. jnp.ones(shape, dtype)).")
     return [min_cut_rematerialization_partition(memory_budget=b) for b in budgets]
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as a Python int where it is an integer as ``operator.index`` reads it (``np.int64(1)`` too, as JAX
+    reads ``argnums``), else None; a bool is not one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _integers(argnums: Any) -> tuple[int | None, ...]:
+    """``argnums`` (an integer or a list or tuple of them) as a tuple, each read by :func:`_integer`; () otherwise."""
+    if _integer(argnums) is not None:
+        return (_integer(argnums),)
+    return tuple(map(_integer, argnums)) if isinstance(argnums, (list, tuple)) else ()
 
 
 def _budget_row(budget: Any) -> str:

@@ -2,9 +2,46 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 from jaxaot.errors import InvalidInputError
+
+
+def as_index(value: Any) -> int | None:
+    """``value`` as a Python int where it is an integer (an ``int``, ``np.int64``, anything ``operator.index``
+    takes, as JAX reads ``argnums``), else None; a bool is not one.
+
+    Example:
+        >>> import numpy as np
+        >>> as_index(np.int64(2)), as_index(True), as_index(1.0)
+        (2, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def normalize_argnums(argnums: Any) -> Any:
+    """``argnums`` with each integer as a Python int (an int stays an int, a tuple or list a tuple or list); anything
+    else (a float, a bool, Flax's ``nnx.DiffState``) is returned as it is, for the caller's checks.
+
+    Example:
+        >>> import numpy as np
+        >>> normalize_argnums(np.int64(1)), normalize_argnums([0, np.int32(-1)]), normalize_argnums(1.0)
+        (1, [0, -1], 1.0)
+    """
+    index = as_index(argnums)
+    if index is not None:
+        return index
+    if isinstance(argnums, (tuple, list)):
+        nums = [as_index(n) for n in argnums]
+        if all(n is not None for n in nums):
+            return list(nums) if isinstance(argnums, list) else tuple(nums)
+    return argnums
 
 
 def resolve_argnums(nums: Sequence[int], nargs: int, argnums: Any, who: str) -> tuple[int, ...]:

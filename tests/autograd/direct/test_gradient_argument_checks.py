@@ -2,7 +2,7 @@
 differentiate: a generator function (JAX's ``TypeError``) and ``argnums`` naming one argument twice (JAX fails at
 the call, or returns ``None`` for the repeated one); ``(0, -2)`` at a call of two arguments, and ``argnums`` out of
 range of a call (JAX's bare ``TypeError``), are typed errors at that call. Distinct ``argnums`` give JAX's results on
-fresh random inputs."""
+fresh random inputs, NumPy integers among them (JAX reads ``argnums`` with ``operator.index``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxaot
@@ -88,3 +89,21 @@ def test_out_of_range_argnums_of_any_function_are_a_typed_error_at_the_call(make
             g(*_args())
         with pytest.raises(InvalidInputError, match="out of range"):
             jax.jit(g)(*_args())
+
+
+@pytest.mark.parametrize("argnums", [np.int64(1), np.int32(-2), (np.int64(0), 1), [np.int16(-1)], jnp.int32(0)])
+def test_numpy_integer_argnums_match_jax(argnums):
+    for fun in _functions():
+        vg, g = jaxaot.value_and_grad(fun, argnums=argnums), jaxaot.grad(fun, argnums=argnums)
+        for _ in range(2):
+            args = _args()
+            assert_trees_close(vg(*args), jax.value_and_grad(_loss, argnums=argnums)(*args))
+            assert_trees_close(g(*args), jax.grad(_loss, argnums=argnums)(*args))
+
+
+@pytest.mark.parametrize("make", [jaxaot.value_and_grad, jaxaot.grad])
+@pytest.mark.parametrize("argnums", [True, np.bool_(False), np.float32(1.0), (0, np.float64(1.0)), (np.int64(0), 0)])
+def test_argnums_that_are_no_distinct_integers_are_refused_when_built(make, argnums):
+    for fun in _functions():
+        with pytest.raises(InvalidInputError, match=f"argnums.* of {make.__name__}"):
+            make(fun, argnums=argnums)

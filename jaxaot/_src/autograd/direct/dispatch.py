@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from jaxaot._src.autograd.argnums import resolve_argnums
+from jaxaot._src.autograd.argnums import as_index, normalize_argnums, resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot._src.loops import reraise_overflow
@@ -74,8 +74,8 @@ def module_dispatch(fun: Callable[..., Any], argnums: Any, has_aux: bool, fused:
     come in a 1-tuple, as JAX and Flax return them.
     :func:`value_and_grad` and :func:`~jaxaot.patch_value_and_grad` dispatch through it."""
     as_tuple = isinstance(argnums, (tuple, list))
-    position = argnums[0] if as_tuple and len(argnums) == 1 else argnums
-    if isinstance(position, bool) or not isinstance(position, int):  # DiffState, several argnums: Flax's or JAX's
+    position = as_index(argnums[0] if as_tuple and len(argnums) == 1 else argnums)  # np.int64(1) as 1
+    if position is None:  # DiffState, several argnums: Flax's or JAX's
         return _flax_where_a_module(fun, argnums, has_aux, fallback)
     ran: "weakref.WeakSet[AOTFunction]" = weakref.WeakSet()  # the loss programs this gradient ran
     last: list = [None]
@@ -116,7 +116,7 @@ def _flax_where_a_module(fun: Callable[..., Any], argnums: Any, has_aux: bool,
     """``fallback``, or ``nnx.value_and_grad`` for a call whose differentiated arguments (``argnums`` a sequence)
     are or hold an ``nnx.Module``: its gradient is then an ``nnx.State``, as Flax gives, and the state the call changes
     is written back."""
-    positions = tuple(argnums) if isinstance(argnums, (tuple, list)) else ()
+    positions = tuple(n for n in map(as_index, argnums) if n is not None) if isinstance(argnums, (tuple, list)) else ()
     if _is_diff_state(argnums):  # Flax's own argnums: nnx.value_and_grad, which reads it
         return lambda *args, **kwargs: _module_step().FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(
             *args, **kwargs)
@@ -124,7 +124,7 @@ def _flax_where_a_module(fun: Callable[..., Any], argnums: Any, has_aux: bool,
     def vg(*args: Any, **kwargs: Any):
         step = _module_step()
         if step is not None and any(-len(args) <= n < len(args) and step.holds_flax_module(args[n])
-                                    for n in positions if isinstance(n, int) and not isinstance(n, bool)):
+                                    for n in positions):
             return step.FLAX_VALUE_AND_GRAD(fun, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         return fallback(*args, **kwargs)
 
@@ -139,19 +139,20 @@ def _nothing_compiled() -> CacheInfo:
 def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who: str = "value_and_grad",
                            holomorphic: Any = False, allow_int: Any = False) -> None:
     """:class:`~jaxaot.errors.InvalidInputError` naming the first option of :func:`value_and_grad` of the
-    wrong kind: ``fun`` not callable or a generator function, ``argnums`` not an int or a non-empty sequence of
-    distinct ints, ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` not a bool."""
+    wrong kind: ``fun`` not callable or a generator function, ``argnums`` not an integer or a non-empty sequence of
+    distinct integers (``operator.index`` reads each, as JAX does: ``np.int64(1)`` is one; a bool is not),
+    ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` not a bool."""
     if not callable(fun):
         raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
     if _is_diff_state(argnums):  # Flax's argnums: nnx.value_and_grad's to check and run
         nums: tuple | None = (argnums.argnum,)
     elif isinstance(argnums, (tuple, list)):
-        nums = tuple(argnums)
+        nums = tuple(as_index(n) for n in argnums)
     else:
-        nums = (argnums,) if isinstance(argnums, int) else None
-    if not nums or any(isinstance(n, bool) or not isinstance(n, int) for n in nums):
-        raise InvalidInputError(f"argnums of {who} must be an int, a non-empty sequence of ints or an nnx.DiffState, "
-                                f"got {argnums!r}.")
+        nums = None if as_index(argnums) is None else (as_index(argnums),)
+    if not nums or any(n is None for n in nums):  # an integer as operator.index reads it (np.int64 too), not a bool
+        raise InvalidInputError(f"argnums of {who} must be an integer, a non-empty sequence of integers or an "
+                                f"nnx.DiffState, got {argnums!r}.")
     if len(set(nums)) != len(nums):  # jax.value_and_grad fails at the call (or returns None for one of them)
         twice = next(n for n in nums if nums.count(n) > 1)
         raise InvalidInputError(f"argnums={argnums!r} of {who} names argument {twice} more than once "
@@ -213,10 +214,10 @@ def value_and_grad(
     runs, nothing.
 
     Raises:
-      InvalidInputError: ``fun`` is not callable or is a generator function, ``argnums`` is not an int or a
-        non-empty sequence of ints or names an argument twice (``(0, 0)``; ``(0, -2)`` at a call with two),
-        ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` is not a bool; a call whose ``argnums`` is out of
-        range of its positional arguments (for any ``fun``).
+      InvalidInputError: ``fun`` is not callable or is a generator function, ``argnums`` is not an integer
+        (``operator.index`` reads it, as JAX does) or a non-empty sequence of integers or names an argument twice
+        (``(0, 0)``; ``(0, -2)`` at a call with two), ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` is
+        not a bool; a call whose ``argnums`` is out of range of its positional arguments (for any ``fun``).
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -226,6 +227,7 @@ def value_and_grad(
         (3, 2)
     """
     check_gradient_options(fun, argnums, has_aux, fused, holomorphic=holomorphic, allow_int=allow_int)
+    argnums = normalize_argnums(argnums)  # np.int64(1) as 1, for the dispatch and the compiled paths
     if holomorphic or allow_int:
         vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
         vg.cache_info = fun.cache_info if isinstance(fun, AOTFunction) else _nothing_compiled
@@ -250,6 +252,7 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
         [0.0, 2.0, 4.0]
     """
     check_gradient_options(fun, argnums, has_aux, fused, "grad", holomorphic, allow_int)
+    argnums = normalize_argnums(argnums)
     vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused, holomorphic=holomorphic,
                         allow_int=allow_int)
     return grad_of(vg, fun, has_aux=has_aux)

@@ -108,6 +108,8 @@ class MinCutOptions:
 
     def __post_init__(self) -> None:
         check_rematerialize_scans(self.rematerialize_scans)
+        if self.offload is None:  # not one of the three values the docstring names
+            raise PartitionError("offload must be False, True or 'auto', got None (no offload: offload=False).")
         check_offload(self.offload, self.device_model)
         check_op_costs(self.op_costs)
 
