@@ -20,6 +20,7 @@ import pytest
 import jaxaot
 from autograd_helpers import close as _close, rand as _rand
 from jaxaot import compiled_autograd
+from zoo import assert_trees_close, key_stream, normal_at
 
 GLOBAL = {"a": jnp.ones(3)}
 CALLS = 5
@@ -221,3 +222,69 @@ def test_a_per_step_hook_value_is_an_argument_applied_with_grad_hook(replay):
         _close(grads, {"w": jax.grad(_loss)(p, x)["w"] + wd * p["w"]})
     s = compiled_autograd.stats()
     assert s.compiles == 1 and s.replays == (3 if replay else 0)
+
+
+
+def _scheduled(w, x, scale):
+    h = jnp.tanh(x @ w) * scale
+    return jnp.sum(h ** 2) if h.mean() > -10 else jnp.sum(h)  # a Python branch on data: a look
+
+
+def _scheduled_jnp(w, x, scale):
+    h = jnp.multiply(jnp.tanh(x @ w), scale)  # JAX copies a float64 array to float32, out of the operator's sight
+    return jnp.sum(h ** 2) if h.mean() > -10 else jnp.sum(h)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1), (2,)])
+@pytest.mark.parametrize("forward", [_scheduled, _scheduled_jnp])
+def test_a_numpy_array_written_in_place_between_steps_is_read_at_each_step(forward, shape, dtype, replay):
+    """A host-side schedule refilled in place: whatever its shape, an array the forward reads, never replayed."""
+    fresh_key = key_stream(100)
+    scale = np.ones(shape, dtype)
+
+    def loss(w, x):
+        return forward(w, x, scale)
+
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for step in range(CALLS):
+        k = fresh_key()
+        w, x = jax.random.normal(k, (3, 2)), normal_at(100 + step, (4, 3))
+        scale[...] = np.asarray(jax.random.uniform(jax.random.fold_in(k, 1), shape, minval=0.5, maxval=3.0))
+        assert_trees_close(vg(w, x), jax.value_and_grad(loss)(w, x))
+    s = compiled_autograd.stats()
+    assert s.replays == 0 and s.fallbacks == ()
+    assert s.compiles == 1 or np.size(scale) == 1  # a one-element array is keyed by its value: one compile each
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_one_element_numpy_array_argument_is_an_input_and_a_numpy_scalar_a_constant(replay):
+    fresh_key = key_stream(200)
+    for make in (lambda v: np.asarray(v, np.float32), lambda v: np.asarray([v]), np.float32, float, jnp.float32):
+        compiled_autograd.reset()
+        vg = jaxaot.compiled_value_and_grad(_scheduled, replay=replay)
+        for _ in range(CALLS):
+            k = fresh_key()
+            w, x = jax.random.normal(k, (3, 2)), jax.random.normal(jax.random.fold_in(k, 1), (4, 3))
+            scale = make(float(jax.random.uniform(jax.random.fold_in(k, 2), minval=0.5, maxval=3.0)))
+            assert_trees_close(vg(w, x, scale), jax.value_and_grad(_scheduled)(w, x, scale))
+        s = compiled_autograd.stats()
+        assert s.fallbacks == ()
+        if isinstance(scale, np.ndarray) and replay:  # an input of the guarded step, as an array of two elements
+            assert s.compiles == 1 and s.replays == CALLS - 1
+
+
+def test_numpy_scalars_jax_makes_constants_of_still_replay():
+    """``jax.nn.gelu`` and ``np.float32(0.5) * h`` hand JAX one-element arrays it makes and drops: literals."""
+    def loss(w, x):
+        h = jax.nn.gelu(x @ w) * np.float32(0.5)
+        return jax.nn.logsumexp(h) if h.mean() > -10 else jnp.sum(h)
+
+    fresh_key = key_stream(300)
+    vg = jaxaot.compiled_value_and_grad(loss, replay=True)
+    for step in range(CALLS):
+        w, x = jax.random.normal(fresh_key(), (3, 2)), normal_at(300 + step, (4, 3))
+        assert_trees_close(vg(w, x), jax.value_and_grad(loss)(w, x))
+    s = compiled_autograd.stats()
+    assert s.compiles == 1 and s.replays == CALLS - 1 and s.fallbacks == ()

@@ -2,8 +2,8 @@
 
 A compiled step needs its arguments in several forms (its inputs, the replay key,
 the inputs named for a recompile reason); :class:`Call` flattens them once and
-derives each form on demand. A ``jax.Array`` or a NumPy array of more than one
-element is an input of the step; anything else is static: scalars are literals
+derives each form on demand. A ``jax.Array`` or a NumPy array (of any shape: it
+is mutable) is an input of the step; anything else is static: scalars are literals
 keyed by value, other objects are keyed by identity. A replayed call needs less:
 :func:`quick_key` keys it from one flatten, and :func:`leaf_positions` says once
 per key where its differentiated leaves and arrays are among the flattened ones.
@@ -26,8 +26,7 @@ _ArrayImpl = C.ArrayImpl
 
 def is_array(x: Any) -> bool:
     """Whether a leaf is an input array of the step (else a static value)."""
-    return type(x) is _ArrayImpl or isinstance(x, jax.Array) or (
-        isinstance(x, np.ndarray) and literal_value_key(x) is None)
+    return type(x) is _ArrayImpl or isinstance(x, (jax.Array, np.ndarray))
 
 
 def static_key(x: Any) -> Any:

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.autograd.recorded.structure import aval_key, literal_value_key
+from jaxaot._src.autograd.recorded.structure import aval_key, literal_value_key, owner
 
 #: signature -> :class:`Template` (cleared when it reaches :data:`MAX_TEMPLATES`).
 TEMPLATES: dict[tuple, "Template"] = {}
@@ -258,6 +258,9 @@ def call(tape: Any, name: str, fn: Any, x: Any, args: tuple, kwargs: dict | None
                 return _append(tape, made)
         template = TEMPLATES.get(key)
     except (Unsupported, TypeError):  # TypeError: something unhashable in the signature
+        for a in (*args, *kwargs.values()) if kwargs else args:  # JAX may copy it (a dtype of its own): seen here
+            if isinstance(a, np.ndarray) and a.size == 1:
+                tape.held.append(owner(a))
         return fn(x, *args, **kwargs) if kwargs else fn(x, *args)
     if template is not None:
         if tape.log is None and -1 not in vids:  # recorded values and scalars only: the trie node fixes the rest
@@ -330,7 +333,7 @@ def _template(events: list, ops: list, result: int) -> Template | None:
                 lit = literal_value_key(obj)
                 if lit is None:
                     return None  # an array constant of the operation's own: new each call
-                out.append(("l", (lit, C.typeof(obj)), obj))
+                out.append(("l", (lit, C.typeof(obj)), obj.copy() if isinstance(obj, np.ndarray) else obj))
             where[vid] = -1 - made
             made += 1
         else:

@@ -110,7 +110,8 @@ def judge(recorded: Any) -> tuple[list | None, str]:
         return None, "it was not recorded guarded"
     if tape.callbacks:
         return None, "the forward runs host callbacks"
-    if tape.constants or any(op.closes or (op.staged and closes_over(op.pkey)) for op, *_ in tape.ops):
+    held = any(ref is None or ref() is not None for ref in tape.held)  # a one-element NumPy array's owner
+    if tape.constants or held or any(op.closes or (op.staged and closes_over(op.pkey)) for op, *_ in tape.ops):
         return None, "the forward uses arrays it closes over or reads from globals"  # jit regions' too
     if any(leaf is not None and isinstance(leaf, (jax.Array, np.ndarray)) for leaf in recorded.rest):
         return None, "an auxiliary output is an array that is no recorded value"

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -88,6 +90,34 @@ def literal_value_key(x: Any) -> tuple | None:
         base = next(b for b in (bool, int, float, complex) if isinstance(x, b))
         return literal_value_key(base(x))
     return None
+
+
+def owner(x: np.ndarray) -> Any:
+    """A weak reference to the NumPy array owning ``x``'s memory (``x`` is often JAX's view of it), or None where
+    no array owns it (a buffer of another kind). One still alive when a recording ends is the forward's state
+    (closed over, a global): a one-element array is keyed as a literal, yet may be written in place."""
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return weakref.ref(x) if x.base is None else None
+
+
+def handed_to_jax() -> list:
+    """The owners (:func:`owner`) of the one-element NumPy arrays the forward handed to the JAX function
+    running: JAX converts one of another dtype to a copy of its own (``float64`` to ``float32``), which keeps
+    no link to it. Its frames are walked up to the forward's."""
+    found = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("jax.", "jaxaot.")):
+            break
+        if module.startswith("jax."):
+            for v in frame.f_locals.values():
+                for a in v if type(v) is tuple else (v,):
+                    if type(a) is np.ndarray and a.size == 1:
+                        found.append(owner(a))
+        frame = frame.f_back
+    return found
 
 
 def aval_key(aval: Any) -> tuple:

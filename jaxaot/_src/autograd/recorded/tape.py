@@ -20,7 +20,8 @@ from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import force as F
 from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.primitives import op as _op
-from jaxaot._src.autograd.recorded.structure import Structure, aval_key, interned, literal_value_key, param_key, root
+from jaxaot._src.autograd.recorded.structure import (Structure, aval_key, handed_to_jax, interned, literal_value_key,
+                                                       owner, param_key, root)
 
 _Tracer = C.RecordingTracer
 
@@ -106,7 +107,7 @@ class Tape:
         self.inputs: list[tuple] = []
         self.args, self.arg_objects = [], []
         self.kinds: dict[int, str] = {}
-        self.constants: list[int] = []
+        self.constants, self.held = [], []  #: held: owners of one-element NumPy arrays used (:func:`~.structure.owner`)
         self._by_id: dict[int, tuple] = {}  #: id -> (value number, what a NumPy array held when copied, or None)
         self._by_literal: dict[tuple, int] = {}
         self.looks: list[Look] = []
@@ -358,6 +359,11 @@ def _constant(tape: Tape, x: Any) -> int:
     lit = literal_value_key(x)
     if lit is not None:
         aval = C.typeof(x)
+        if isinstance(x, np.ndarray):  # keyed by its value; a copy kept, so that only its owners keep it alive
+            tape.held.append(owner(x))
+            if tape.guarded:
+                tape.held.extend(handed_to_jax())
+            x = x.copy()
         key = (lit, aval)
         vid = tape._by_literal.get(key)
         if vid is None:
