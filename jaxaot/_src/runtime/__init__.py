@@ -17,12 +17,13 @@ from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.residuals import Residuals
 from jaxaot._src.runtime.residual_table import ResidualRow, ResidualTable
 from jaxaot._src.runtime.lowered import AOTCompiled, AOTLowered
-from jaxaot._src.runtime.function import AOTFunction, aot_function
+from jaxaot._src.runtime.function import AOTFunction, aot_function, closed_over_tracers
 
 __all__ = [
     "AOTCompiled", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo",
     "FusedChoice", "HotPath", "ResidualRow",
     "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
+    "closed_over_tracers",
     "custom_vjp_of", "hot_leaves", "hot_path", "is_abstract", "is_multi_device", "leaf_key", "output_shardings", "replicated", "scatter",
     "select_cotangents", "shape_and_dtype_name", "sharding_key", "typed_grads",
 ]

@@ -88,10 +88,12 @@ class StaticArg:
         jaxaot.errors.StaticArgumentError: static argument arg[1] of type list is not hashable...
     """
 
-    __slots__ = ("index", "value", "_hash")
+    __slots__ = ("index", "value", "keyword", "_hash")
 
-    def __init__(self, index: int, value: Any):
-        self.index, self.value = index, value
+    def __init__(self, index: int, value: Any, keyword: str | None = None):
+        # keyword: the parameter's name where the call passed it by keyword (keyed apart from the same value passed
+        # positionally, as jax.jit keys its inferred static_argnames)
+        self.index, self.value, self.keyword = index, value, keyword
         try:
             self._hash = hash(value)
         except TypeError as err:
@@ -111,6 +113,8 @@ class StaticArg:
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, StaticArg):
             return NotImplemented
+        if self.keyword != other.keyword:
+            return False
         if self.value is other.value:
             return self._hash == other._hash
         if self._hash != other._hash or type(self.value) is not type(other.value):
@@ -138,32 +142,72 @@ def safe_repr(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwargs: dict
+def positional_names(fn: Any) -> tuple[str | None, ...]:
+    """The name of each of ``fn``'s positional parameters that may be passed by keyword, None for a positional-only
+    one: ``jax.jit`` infers ``static_argnames`` from ``static_argnums`` with these; ``()`` without a signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else None
+                 for p in params if p.kind in _POSITIONAL)
+
+
+def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwargs: dict, fn: Any = None
                  ) -> tuple[tuple, list, Any]:
-    """``(static values, dynamic leaves, treedef of (dynamic args, kwargs))``; each static value is a :class:`StaticArg`."""
+    """``(static values, dynamic leaves, treedef of (dynamic args, kwargs))``; each static value is a :class:`StaticArg`.
+
+    A static position the call passes by keyword (``fn``'s parameter of that position named in ``kwargs``) is
+    that static argument, as in ``jax.jit``: its :class:`StaticArg` holds the keyword, so it keys its own programs.
+    """
     if not static_argnums:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         return (), leaves, treedef
     n = len(args)
+    names = positional_names(fn) if fn is not None and max(static_argnums) >= n else ()
+    static = []
     for i in static_argnums:
-        if i >= n:
+        name = names[i] if i < len(names) else None
+        if i < n:
+            static.append(StaticArg(i, args[i]))
+        elif name is not None and name in kwargs:
+            static.append(StaticArg(i, kwargs[name], keyword=name))
+        else:
             raise InvalidInputError(
                 f"static_argnums contains {i}, but {fn_name} was called with {n} positional argument(s): pass the "
-                f"static argument positionally (at position {i}), or fix static_argnums.")
-    static = tuple(StaticArg(i, args[i]) for i in static_argnums)
+                f"static argument positionally (at position {i}) or by its parameter's name, or fix static_argnums.")
+    if n <= max(static_argnums):
+        kwargs = {k: v for k, v in kwargs.items() if k not in {s.keyword for s in static}}
     dyn = tuple(a for i, a in enumerate(args) if i not in static_argnums)
     leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
-    return static, leaves, treedef
+    return tuple(static), leaves, treedef
+
+
+def with_statics(static_argnums: Sequence[int], static: tuple, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """``(args, kwargs)`` with ``static``'s values put back where a call of the dynamic arguments only left them
+    out (those passed by keyword among ``kwargs``); None where ``args`` are too few to hold the positional ones."""
+    at = [(i, s) for i, s in zip(static_argnums, static) if getattr(s, "keyword", None) is None]
+    if at and len(args) + len(at) <= max(i for i, _ in at):
+        return None
+    full = list(args)
+    for i, s in sorted(at, key=lambda p: p[0]):
+        full.insert(i, s.value if isinstance(s, StaticArg) else s)
+    named = {s.keyword: s.value for s in static if getattr(s, "keyword", None) is not None}
+    return tuple(full), {**named, **kwargs}
 
 
 def flat_function(fn: Callable, static_argnums: Sequence[int], static: tuple, treedef: Any) -> Callable:
-    """``fn`` as a function of the dynamic leaves, with the static values put back in place."""
+    """``fn`` as a function of the dynamic leaves, with the static values put back in place (by keyword where the
+    call passed them so)."""
 
     def flat_fn(*flat):
         dyn, kwargs = jax.tree_util.tree_unflatten(treedef, flat)
         args = list(dyn)
         for i, s in zip(static_argnums, static):
-            args.insert(i, s.value if isinstance(s, StaticArg) else s)
+            if getattr(s, "keyword", None) is not None:
+                kwargs = {**kwargs, s.keyword: s.value}
+            else:
+                args.insert(i, s.value if isinstance(s, StaticArg) else s)
         return fn(*args, **kwargs)
 
     return flat_fn

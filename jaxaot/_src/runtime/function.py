@@ -181,7 +181,8 @@ class AOTFunction:
             >>> y, res = f.forward(jnp.ones(3))
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
 
-        Under ``jax.disable_jit()`` it still runs the compiled programs, as a ``Compiled`` stage does.
+        Under ``jax.disable_jit()`` it still runs the compiled programs, as a ``Compiled`` stage does. A function
+        closing over an outer transformation's tracer compiles none: InvalidInputError (call it, or take its gradient).
         """
         if C.jit_disabled():
             with jax.disable_jit(False):
@@ -201,8 +202,7 @@ class AOTFunction:
                 return (jax.tree_util.tree_unflatten(tr.programs.out_tree, outs),
                         Residuals(residuals, tr, checked=True))
         programs, leaves, kind = self.lookup(args, kwargs)
-        if kind is TraceKind.ABSTRACT:
-            raise _abstract_call_error(self.__name__)
+        _check_compiles(self, programs, kind)
         concrete = kind is TraceKind.CONCRETE
         tr = programs.training()
         outs, residuals = tr.forward(leaves, concrete=concrete)
@@ -281,25 +281,22 @@ class AOTFunction:
 
 def call_signature(fun: AOTFunction, args: tuple, kwargs: dict) -> tuple[Signature, list, TraceKind]:
     """A call's :class:`Signature` (the compile-cache key), its flat leaves and its trace kind, in one pass."""
-    static, leaves, treedef = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs)
+    static, leaves, treedef = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs, fun.fn)
     keys, kind = lookup_keys(leaves, lambda: flatten_checked((args, kwargs), "input", InvalidInputError))
     return Signature(treedef, keys, static, context_mesh(), C.trace_context()), leaves, kind
 
 
-def _with_statics(fun: AOTFunction, sig: Signature, args: tuple, kwargs: dict) -> tuple:
-    """``args`` with the static values of ``sig`` put back in place when the call left them out, as JAX's
+def _with_statics(fun: AOTFunction, sig: Signature, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` with the static values of ``sig`` put back in place when the call left them out, as JAX's
     ``Compiled`` is called (the dynamic arguments only); a call that passes them is taken as it is."""
-    nums = fun.static_argnums
-    if not nums or len(args) + len(nums) <= max(nums):
-        return args
-    full = list(args)
-    for i, s in sorted(zip(nums, sig.static), key=lambda p: p[0]):
-        full.insert(i, s.value if isinstance(s, arguments.StaticArg) else s)
+    full = arguments.with_statics(fun.static_argnums, sig.static, args, kwargs) if fun.static_argnums else None
+    if full is None:
+        return args, kwargs
     try:
-        got = call_signature(fun, tuple(full), kwargs)[0]
+        got = call_signature(fun, *full)[0]
     except Exception:  # noqa: BLE001 - not this call's form: the arguments as given are checked below
-        return args
-    return tuple(full) if got.static == sig.static and got.treedef == sig.treedef else args
+        return args, kwargs
+    return full if got.static == sig.static and got.treedef == sig.treedef else (args, kwargs)
 
 
 def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Callable[[tuple, dict], Any]:
@@ -308,7 +305,7 @@ def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Cal
     what differs), where ``run`` itself would trace or compile anew. Its ``run``: ``run`` of the flat dynamic inputs,
     where ``run`` is not ``fun`` itself (a gradient's stage), else None (the stage's outputs are ``fun``'s)."""
     def call(args: tuple, kwargs: dict) -> Any:
-        args = _with_statics(fun, sig, args, kwargs)
+        args, kwargs = _with_statics(fun, sig, args, kwargs)
         got, leaves, kind = call_signature(fun, args, kwargs)
         if kind is not TraceKind.CONCRETE:
             raise TypeError(
@@ -337,6 +334,31 @@ def _placed(fun: AOTFunction, sig: Signature, got: Signature, leaves: list) -> l
         return None
     return placed_as_compiled(leaves, [key_parts(k) for k in got.leaves], [key_parts(k) for k in sig.leaves],
                               fun._paths(sig), fun.__name__)
+
+
+def _check_compiles(fun: AOTFunction, programs: SignaturePrograms, kind: TraceKind) -> None:
+    """Raise where :meth:`AOTFunction.forward` cannot run compiled programs: inputs without values, or a function
+    closing over an outer transformation's tracers (whose forward and backward are not compiled)."""
+    if kind is TraceKind.ABSTRACT:
+        raise _abstract_call_error(fun.__name__)
+    if programs.closes_over_tracers:
+        fun._cache.pop(programs.signature, None)
+        raise InvalidInputError(
+            f"{fun.__name__} closes over a tracer of an outer jax.jit, jax.vmap or jax.grad, so its forward and "
+            f"backward are not compiled: call {fun.__name__} itself, or take its gradient (jax.grad, "
+            f"jaxaot.value_and_grad), which evaluate its trace with JAX's own autodiff.")
+
+
+def closed_over_tracers(fun: AOTFunction, programs: SignaturePrograms) -> Callable[..., Any]:
+    """``fun``'s function as the one trace ``programs.primal``, for programs that close over an outer
+    transformation's tracers (nothing compiles): JAX's own transformations differentiate it, as ``fun``'s call
+    evaluates it. Its cache entry is dropped, as the call drops it (the tracers do not outlive their trace)."""
+    fun._cache.pop(programs.signature, None)
+
+    def primal(*args: Any, **kwargs: Any) -> Any:
+        leaves = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs, fun.fn)[1]
+        return jax.tree_util.tree_unflatten(programs.out_tree, C.eval_closed(programs.primal, *leaves))
+    return primal
 
 
 def _abstract_call_error(name: str) -> Exception:
@@ -373,7 +395,7 @@ def aot_function(
         partitioner sees the decomposed operations; they reach into loop and
         cond bodies, not into ``custom_jvp``/``custom_vjp`` functions (whose
         derivative rules are written for the original operations).
-      static_argnums: positional arguments that are compile-time constants.
+      static_argnums: positional arguments that are compile-time constants (also when passed by name, as jax.jit's).
       donate_argnums: positional arguments whose buffers the executables may reuse.
       out_shardings: a ``jax.sharding.Sharding``, or a pytree prefix of the
         outputs with one (or None) per output, pinning where the outputs live,

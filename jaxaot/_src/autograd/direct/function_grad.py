@@ -5,7 +5,9 @@ Eagerly, JAX's autodiff bookkeeping around an ``aot_function`` (linearize,
 functions. :func:`function_value_and_grad` runs the compiled forward and backward
 directly (one fused executable by default, ``docs/concepts/fused_step.md``) when
 every argument is concrete, and defers to ``jax.value_and_grad`` otherwise (under
-a trace, integer inputs, a loss that is not a real scalar).
+a trace, integer inputs, a loss that is not a real scalar). A function closing
+over a tracer of an outer transformation has nothing compiled: ``jax.value_and_grad``
+differentiates its one trace, as ``jax.grad`` of its call does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.autograd.argnums import resolve_argnums
 from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
-from jaxaot._src.runtime import AOTFunction, TraceKind, hot_leaves, hot_path, typed_grads
+from jaxaot._src.runtime import AOTFunction, TraceKind, closed_over_tracers, hot_leaves, hot_path, typed_grads
 
 
 def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
@@ -110,6 +112,9 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         if C.jit_disabled():  # JAX's own autodiff, eagerly through fun's Python (AOTFunction.__call__)
             return fallback(*args, **kwargs)
         programs, leaves, kind = fun.lookup(args, kwargs)
+        if programs.closes_over_tracers:  # built inside a transformation: its one trace, through JAX's autodiff
+            primal = closed_over_tracers(fun, programs)
+            return jax.value_and_grad(primal, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         if kind is not TraceKind.CONCRETE:
             return fallback(*args, **kwargs)
         tr, picks = plan_for(programs, leaves, args, at)

@@ -1,0 +1,58 @@
+"""A static position passed by keyword is that static argument, as ``jax.jit`` infers ``static_argnames`` from
+``static_argnums``: the call, ``jaxaot.value_and_grad``, ``jax.grad`` and ``forward``/``backward`` equal JAX's,
+and the keyword form keys its own programs, as ``jax.jit``'s cache does."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxaot
+from jaxaot.errors import InvalidInputError
+from tests.zoo import assert_trees_close, key_stream
+
+fresh_key = key_stream(9200)
+
+
+def f(x, n, y):
+    return jnp.sum(x ** n * jnp.sin(y))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_keyword_static_matches_jit(n):
+    x, y = (jax.random.normal(fresh_key(), (4,)) for _ in range(2))
+    jit, aot = jax.jit(f, static_argnums=1), jaxaot.aot_function(f, static_argnums=1)
+    assert_trees_close(aot(x, n=n, y=y), jit(x, n=n, y=y))
+    assert_trees_close(aot(y=y, n=n, x=x), jit(y=y, n=n, x=x))
+    assert_trees_close(jaxaot.value_and_grad(aot)(x, n=n, y=y), jax.value_and_grad(jit)(x, n=n, y=y))
+    assert_trees_close(jaxaot.value_and_grad(aot, fused=False)(x, n=n, y=y), jax.value_and_grad(jit)(x, n=n, y=y))
+    assert_trees_close(jax.grad(aot)(x, n=n, y=y), jax.grad(jit)(x, n=n, y=y))
+    assert_trees_close(jax.jit(lambda x: aot(x, n=n, y=y))(x), jit(x, n=n, y=y))
+    out, res = aot.forward(x, n=n, y=y)
+    want, vjp = jax.vjp(lambda x, y: f(x, n, y), x, y)
+    assert_trees_close(out, want)
+    (dx,), grads = aot.backward(res, jnp.float32(1.0))
+    assert_trees_close((dx, grads["y"]), vjp(jnp.float32(1.0)))
+
+
+def test_keyword_static_keys_programs_as_jit_does():
+    x, y = (jax.random.normal(fresh_key(), (3,)) for _ in range(2))
+    g = lambda x, n, y: f(x, n, y)  # noqa: E731 - its own function: jax.jit's cache is shared per function
+    jit, aot = jax.jit(g, static_argnums=1), jaxaot.aot_function(g, static_argnums=1)
+    calls = (lambda g: g(x, 2, y=y), lambda g: g(x, n=2, y=y), lambda g: g(x, n=2, y=y), lambda g: g(x, n=3, y=y))
+    for call in calls:
+        assert_trees_close(call(aot), call(jit))
+    assert (aot.cache_info().misses, aot.cache_info().hits) == (jit._cache_size(), 1) == (3, 1)
+
+
+def test_keyword_static_compiled_stage_runs_the_dynamic_arguments():
+    x, y = (jax.random.normal(fresh_key(), (3,)) for _ in range(2))
+    compiled = jaxaot.aot_function(f, static_argnums=1).lower(x, n=3, y=y).compile()
+    want = jax.jit(f, static_argnums=1).lower(x, n=3, y=y).compile()(x, y=y)
+    assert_trees_close(compiled(x, y=y), want)
+
+
+def test_a_static_argument_left_out_is_named():
+    with pytest.raises(InvalidInputError, match="by its parameter's name"):
+        jaxaot.aot_function(f, static_argnums=1)(jnp.ones(3), y=jnp.ones(3))
