@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import operator
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -29,7 +28,7 @@ import jax
 import numpy as np
 import jax.numpy as jnp
 
-from jaxaot._src.autograd import value_and_grad
+from jaxaot._src.autograd import as_index, value_and_grad
 from jaxaot._src.partition import compiled_peak, min_cut_rematerialization_partition
 from jaxaot._src.units import format_bytes
 from jaxaot._src import progress as _progress
@@ -150,8 +149,8 @@ def compare(fn: Callable[..., Any], *args: Any, budgets: Sequence[float | int | 
       MemoryBudgetError: no plan fits a byte budget.
     """
     partitioners = _check(fn, args, budgets, argnums, rounds, calls)
-    rounds, calls = _integer(rounds), _integer(calls)  # np.int64(1) as 1, as are argnums
-    argnums = _integer(argnums) if _integer(argnums) is not None else _integers(argnums)
+    rounds, calls = as_index(rounds), as_index(calls)  # np.int64(1) as 1, as are argnums
+    argnums = as_index(argnums) if as_index(argnums) is not None else _integers(argnums)
     jax_policies = _policies(policies)
     steps: dict[str, tuple[str, Callable[[], Any], Callable[[], int | None]]] = {}
     for b, pf in zip(budgets, partitioners):
@@ -252,7 +251,7 @@ def _check(fn: Any, args: tuple, budgets: Any, argnums: Any, rounds: Any, calls:
     if len({n % len(args) for n in nums}) != len(nums):  # (0, -2) of two arguments, as (0, 0)
         raise InvalidInputError(f"argnums={argnums!r} of compare names an argument more than once; name each once.")
     for name, value in (("rounds", rounds), ("calls", calls)):
-        if _integer(value) is None:
+        if as_index(value) is None:
             raise InvalidInputError(f"{name} of compare must be an integer, got {type(value).__name__} {value!r}.")
         if value < 1:
             raise InvalidValueError(f"{name} of compare must be at least 1, got {value}.")
@@ -264,22 +263,11 @@ def _check(fn: Any, args: tuple, budgets: Any, argnums: Any, rounds: Any, calls:
     return [min_cut_rematerialization_partition(memory_budget=b) for b in budgets]
 
 
-def _integer(value: Any) -> int | None:
-    """``value`` as a Python int where it is an integer as ``operator.index`` reads it (``np.int64(1)`` too, as JAX
-    reads ``argnums``), else None; a bool is not one."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
 def _integers(argnums: Any) -> tuple[int | None, ...]:
-    """``argnums`` (an integer or a list or tuple of them) as a tuple, each read by :func:`_integer`; () otherwise."""
-    if _integer(argnums) is not None:
-        return (_integer(argnums),)
-    return tuple(map(_integer, argnums)) if isinstance(argnums, (list, tuple)) else ()
+    """``argnums`` (an integer or a list or tuple of them) as a tuple, each read by ``as_index``; () otherwise."""
+    if as_index(argnums) is not None:
+        return (as_index(argnums),)
+    return tuple(map(as_index, argnums)) if isinstance(argnums, (list, tuple)) else ()
 
 
 def _budget_row(budget: Any) -> str:
