@@ -162,7 +162,7 @@ class AOTFunction:
             if kind is not TraceKind.TRACED:
                 # jax.custom_vjp refuses forward mode; arrays under jit are staged, as a jit inside a jit is (a
                 # callback runs at each call of the outer program): the primal program, inlined.
-                outs = C.eval_closed(programs.primal, *leaves)
+                outs = C.eval_forward_mode(programs.primal, *leaves)
             else:
                 # Leaves the reverse-mode trace does not differentiate (concrete ones, the data of a
                 # jit(value_and_grad) step) stay out of the joint.

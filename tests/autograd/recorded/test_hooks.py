@@ -141,3 +141,26 @@ def test_a_hook_reading_a_forward_value_runs_under_every_reverse_mode_and_leaves
                 lambda: jaxaot.compiled_grad(_decayed)(p, x, wd)):
         _close(run()["w"], expected)
     _close(aot(p, x, wd), _decayed(p, x, wd))
+
+
+def test_forward_mode_of_an_aot_function_passes_a_hooked_value_through_and_a_users_custom_vjp_refuses_it():
+    rng = np.random.default_rng()
+    w, x, t = _rand(rng, 3, 2), _rand(rng, 4, 3), _rand(rng, 3, 2)
+    scale = lambda g: 5.0 * g  # noqa: E731
+    aot = jaxaot.aot_function(lambda w: _loss(w, x, scale))
+    want = jax.jvp(lambda w: _loss(w, x, scale), (w,), (t,))
+    got = jax.jvp(aot, (w,), (t,))
+    _close(got[0], want[0])
+    _close(got[1], want[1])
+    _close(jax.jacfwd(aot)(w), jax.jacfwd(lambda w: _loss(w, x, scale))(w))
+
+    @jax.custom_vjp
+    def mine(v):
+        return jnp.sin(v)
+
+    mine.defvjp(lambda v: (jnp.sin(v), v), lambda v, g: (g * jnp.cos(v),))
+    with pytest.raises(TypeError, match="custom_vjp") as theirs:
+        jax.jvp(lambda w: jnp.sum(mine(w)), (w,), (t,))
+    with pytest.raises(TypeError, match="custom_vjp") as ours:
+        jax.jvp(jaxaot.aot_function(lambda w: jnp.sum(mine(w))), (w,), (t,))
+    assert str(ours.value) == str(theirs.value)

@@ -84,6 +84,7 @@ def _identity_with_hooks(hooks: tuple[Hook, ...]) -> Callable[[Any], Any]:
             ct = new
         return (ct,)
 
+    setattr(bwd, C.PRIMAL_IN_FORWARD_MODE, True)
     identity.defvjp(fwd, bwd)
     return identity
 
@@ -118,6 +119,7 @@ def _identity_with_programs(traced: Sequence[tuple[Any, list]]) -> Callable[[lis
             start += n
         return cts, [None] * len(consts)
 
+    setattr(bwd, C.PRIMAL_IN_FORWARD_MODE, True)  # forward mode passes x through (an aot_function's jvp)
     identity.defvjp(fwd, bwd)
     with _RECENT_LOCK:
         identity = _PROGRAMS.setdefault(key, identity)
