@@ -202,12 +202,7 @@ def flat_function(fn: Callable, static_argnums: Sequence[int], static: tuple, tr
 
     def flat_fn(*flat):
         dyn, kwargs = jax.tree_util.tree_unflatten(treedef, flat)
-        args = list(dyn)
-        for i, s in zip(static_argnums, static):
-            if getattr(s, "keyword", None) is not None:
-                kwargs = {**kwargs, s.keyword: s.value}
-            else:
-                args.insert(i, s.value if isinstance(s, StaticArg) else s)
+        args, kwargs = with_statics(static_argnums, static, tuple(dyn), kwargs)
         return fn(*args, **kwargs)
 
     return flat_fn

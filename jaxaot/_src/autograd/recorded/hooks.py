@@ -13,7 +13,6 @@ recompile.
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 from typing import Any, Callable, Sequence
 
@@ -26,7 +25,7 @@ from jaxaot.errors import HookOutputError, InvalidInputError
 
 Hook = Callable[[Any], Any]
 
-#: id(hooked output) -> (that output, the hooked input, the hooks, their traced programs or None).
+#: id(hooked output) -> (that output, the hooked input, the hooks, their traced programs).
 _RECENT: "collections.OrderedDict[int, tuple[Any, Any, tuple[Hook, ...], Any]]" = collections.OrderedDict()
 _RECENT_MAX = 1024
 _RECENT_LOCK = threading.Lock()
@@ -64,29 +63,6 @@ def as_hooks(hook: Any) -> tuple[Hook, ...]:
             raise InvalidInputError(
                 f"grad_hook's hook must be callable (cotangent -> cotangent), got a {type(h).__name__}: {h!r}.")
     return hooks
-
-
-@functools.lru_cache(maxsize=256)
-def _identity_with_hooks(hooks: tuple[Hook, ...]) -> Callable[[Any], Any]:
-    """The identity ``custom_vjp`` whose backward applies ``hooks`` in order (one per hook tuple)."""
-
-    @jax.custom_vjp
-    def identity(x):
-        return x
-
-    def fwd(x):
-        return x, None
-
-    def bwd(_, ct):
-        for h in hooks:
-            new = h(ct)
-            check_like(ct, new, f"gradient hook {hook_name(h)}")
-            ct = new
-        return (ct,)
-
-    setattr(bwd, C.PRIMAL_IN_FORWARD_MODE, True)
-    identity.defvjp(fwd, bwd)
-    return identity
 
 
 #: structures of traced hook programs -> the identity custom_vjp that evaluates them (bounded).
@@ -170,22 +146,20 @@ def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
         [0.0, 4.0, 8.0]
     """
     hooks = as_hooks(hook)
-    if any(C.is_forward_mode_tracer(leaf) for leaf in jax.tree_util.tree_leaves(x)):
+    leaves = jax.tree_util.tree_leaves(x)
+    if any(C.is_forward_mode_tracer(leaf) for leaf in leaves):
         return x  # a jvp: no cotangent for a hook to see (custom_vjp, which carries the hooks, refuses jvp)
-    base, earlier, traced = x, (), None
+    if C.current_recording_trace() is None and not any(C.is_tracer(leaf) for leaf in leaves):
+        return x  # concrete, outside any trace: no backward will see it
+    # Traced now: in a recorded forward (each hook traced once) or a JAX trace (jit, grad, aot_function), where a
+    # hook may read the forward's values, which become the backward's inputs.
+    base, earlier, traced = x, (), []
     with _RECENT_LOCK:
         prev = _RECENT.get(id(x))
         if prev is not None and prev[0] is x:  # x came from grad_hook: extend its hooks, keep the order
             base, earlier, traced = prev[1], prev[2], prev[3]
-    # Traced now where a trace is on: a recorded forward (each hook traced once), or a JAX trace (jit, grad,
-    # aot_function), where a hook may read the forward's values, which become the backward's inputs.
-    if C.current_recording_trace() is not None or any(C.is_tracer(leaf) for leaf in jax.tree_util.tree_leaves(x)):
-        traced = (traced if traced is not None else _trace_hooks(base, earlier)) + _trace_hooks(base, hooks)
-        hooks = earlier + hooks
-        hooked = _apply_traced(base, traced)
-    else:
-        hooks, traced = earlier + hooks, None
-        hooked = _identity_with_hooks(hooks)(base)
+    hooks, traced = earlier + hooks, traced + _trace_hooks(base, hooks)
+    hooked = _apply_traced(base, traced)
     with _RECENT_LOCK:
         _RECENT[id(hooked)] = (hooked, base, hooks, traced)
         while len(_RECENT) > _RECENT_MAX:
