@@ -56,7 +56,7 @@ class Sowing(nnx.Module):
         return jnp.sum(y ** 2)
 
 
-@pytest.mark.filterwarnings("ignore:Using .Module.sow\(\). outside:DeprecationWarning")
+@pytest.mark.filterwarnings(r"ignore:Using .Module.sow\(\). outside:DeprecationWarning")
 def test_sown_values_grow_call_after_call_as_in_flax():
     plain, aot = Sowing(), jaxaot.nn.aot_module(Sowing())
     for _ in range(4):
