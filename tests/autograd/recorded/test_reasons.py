@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxaot
@@ -85,6 +86,28 @@ def test_python_values_scalars_and_closed_over_arrays():
     closed(jnp.ones(3))
     assert "an array the forward uses (input 1 of the forward): shape (3,) → (1, 3)" in \
         closed.cache_info().entries[1].reason
+
+
+@pytest.mark.parametrize("replay", (False, True))
+def test_a_one_element_numpy_array_written_between_steps_is_named_with_the_fix_and_gives_jaxs_values(replay):
+    rng = np.random.default_rng()
+    scale = np.asarray(rng.uniform(0.5, 2.0, (1,)), np.float32)  # state the forward closes over, written in place
+
+    def f(w, x):
+        return jnp.sum(jnp.tanh(x @ w) * scale)
+
+    vg = jaxaot.compiled_value_and_grad(f, replay=replay)
+    w, x = jnp.asarray(rng.standard_normal((3, 2)), jnp.float32), jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    old = None
+    for new in rng.uniform(0.5, 2.0, 3):
+        (value, grads), (want, want_grads) = vg(w, x), jax.value_and_grad(f)(w, x)
+        np.testing.assert_allclose(value, want, rtol=1e-5)
+        np.testing.assert_allclose(grads, want_grads, rtol=1e-5, atol=1e-6)
+        if old is not None:
+            reason = vg.cache_info().entries[-1].reason
+            assert f"the NumPy value {old!r} (dtype float32, shape (1,)) the forward uses is now" in reason
+            assert "pass it as a JAX array, jnp.asarray(...), to keep one program" in reason
+        old, scale[0] = float(scale[0]), new
 
 
 def test_cache_info_counts_this_function_s_hits_and_compiles():
