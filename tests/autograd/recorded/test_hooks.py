@@ -164,3 +164,21 @@ def test_forward_mode_of_an_aot_function_passes_a_hooked_value_through_and_a_use
     with pytest.raises(TypeError, match="custom_vjp") as ours:
         jax.jvp(jaxaot.aot_function(lambda w: jnp.sum(mine(w))), (w,), (t,))
     assert str(ours.value) == str(theirs.value)
+
+
+def test_forward_mode_over_a_jit_with_a_hook_inside_passes_it_through_where_the_docs_say():
+    """Inside the ``jit`` (``jit`` of ``jvp``) and under an ``aot_function``, nested ``jit`` included, forward mode
+    passes the hook through; ``jax.jvp`` of a plain ``jit`` function meets JAX's ``custom_vjp`` error, as documented."""
+    rng = np.random.default_rng()
+    x, t = _rand(rng, 4), _rand(rng, 4)
+    plain = lambda x: jnp.sum(jnp.sin(x) ** 3)  # noqa: E731
+    hooked = lambda x: jnp.sum(jnp.sin(jaxaot.grad_hook(x, lambda g: 2 * g)) ** 3)  # noqa: E731
+    nested = lambda x: jax.jit(hooked)(x) + 1.0  # noqa: E731
+    want = jax.jvp(plain, (x,), (t,))
+    for got, offset in ((jax.jit(lambda x, t: jax.jvp(hooked, (x,), (t,)))(x, t), 0.0),
+                        (jax.jvp(jaxaot.aot_function(hooked), (x,), (t,)), 0.0),
+                        (jax.jvp(jaxaot.aot_function(nested), (x,), (t,)), 1.0)):
+        _close(got[0], want[0] + offset)
+        _close(got[1], want[1])
+    with pytest.raises(TypeError, match="custom_vjp"):
+        jax.jvp(jax.jit(hooked), (x,), (t,))

@@ -132,7 +132,9 @@ def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
 
     Forward mode (``jax.jvp``, ``jax.jacfwd``) computes no cotangent: there ``x`` passes through untouched, as
     it does for a reverse pass over a forward-mode derivative (``jax.jacrev(jax.jacfwd(f))``); ``jax.hessian``'s
-    inner reverse pass runs the hook.
+    inner reverse pass runs the hook. ``jax.jvp`` of a plain ``jax.jit`` function with a hook inside meets JAX's
+    ``custom_vjp`` error (JAX stages the function first): apply ``jax.jvp`` inside the ``jit``, or use an
+    ``aot_function``, whose forward mode passes hooks through.
 
     Args:
       x: an array or pytree of arrays (concrete or traced).
