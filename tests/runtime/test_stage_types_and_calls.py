@@ -110,6 +110,7 @@ def _same_out_info(ours, theirs, shardings=False):
         assert (a.shape, a.dtype, a.weak_type) == (b.shape, b.dtype, b.weak_type)
         if shardings:
             assert a.sharding == b.sharding
+            assert getattr(a, "format", None) == getattr(b, "format", None)  # the layout, as jax.stages gives it
 
 
 def _pair_fn(params, x, *, scale):
@@ -135,11 +136,12 @@ def test_the_function_stages_attributes_are_jaxs():
     assert ours.input_shardings == theirs.input_shardings
     assert ours.output_shardings == theirs.output_shardings
     assert ours.input_formats == theirs.input_formats
+    assert ours.output_formats == theirs.output_formats
     args2 = jax.tree.map(lambda a: a + _normal(a.shape), args)
     got = ours(*args2, **kwargs)
     assert jax.tree.structure(got) == ours.out_tree
     _same_out_info(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
-                                                               sharding=a.sharding), got), ours.out_info, True)
+                                                               sharding=a.format), got), ours.out_info, True)
 
 
 @pytest.mark.parametrize("which", ["value_and_grad", "grad_aux"])
@@ -160,7 +162,8 @@ def test_a_gradients_stage_describes_what_the_gradient_returns(which):
         _same_args_info(a.args_info, b.args_info)
         _same_out_info(a.out_info, b.out_info)
     assert ours.input_shardings == theirs.input_shardings
-    with pytest.raises(AttributeError, match="gradient's stage has no single executable"):
-        ours.output_shardings
+    for name in ("output_shardings", "output_formats"):
+        with pytest.raises(AttributeError, match="gradient's stage has no single executable"):
+            getattr(ours, name)
     args2 = jax.tree.map(lambda a: a + _normal(a.shape), args)
     assert_trees_close(ours(*args2, **kwargs), theirs(*args2, **kwargs))

@@ -287,8 +287,8 @@ class AOTCompiled:
 
     @property
     def out_info(self) -> Any:
-        shardings = self.output_shardings if self.lowered._run is None else None
-        return stage_types.compiled_out_info(self.lowered.out_info, shardings)
+        formats = self.output_formats if self.lowered._run is None else None
+        return stage_types.compiled_out_info(self.lowered.out_info, formats)
 
     @property
     def input_shardings(self) -> Any:
@@ -299,9 +299,10 @@ class AOTCompiled:
         return stage_types.stage_output_shardings(self.lowered._training.programs, self._programs["inference"],
                                                   self.lowered._run is None)
 
-    @property
-    def input_formats(self) -> Any:
-        return stage_types.stage_input_formats(self.lowered._training.programs, self._programs["inference"])
+    input_formats = property(lambda self: stage_types.stage_input_formats(self.lowered._training.programs,
+                                                                          self._programs["inference"]))
+    output_formats = property(lambda self: stage_types.stage_output_formats(
+        self.lowered._training.programs, self._programs["inference"], self.lowered._run is None))
 
     def _fused_step(self) -> Any:
         """The fused step ``jaxaot.value_and_grad`` runs for this training (compiled here if not yet), or None

@@ -71,9 +71,31 @@ def stage_output_shardings(programs: Any, exe: Any, runs_function: bool) -> Any:
     return jax.tree_util.tree_unflatten(programs.out_tree, flat)
 
 
-def compiled_out_info(lowered_info: Any, shardings: Any | None) -> Any:
-    """``lowered_info`` with each output's sharding (``shardings``, the pytree of the outputs), where known."""
-    if shardings is None:
+def stage_output_formats(programs: Any, exe: Any, runs_function: bool) -> Any:
+    """The ``Format`` (layout and sharding) of each output of the function's stage (``runs_function``), in the
+    pytree of its outputs: the inference ``exe``'s, and an input's where the output is that input."""
+    if not runs_function:
+        raise AttributeError("output_formats: a gradient's stage has no single executable whose outputs it returns; "
+                             "read compiled.executables[name].output_formats.")
+    inner = getattr(exe, "executable", exe)
+    outs, ins = getattr(inner, "output_formats", None), getattr(inner, "input_formats", None)
+    outs = list(jax.tree_util.tree_leaves(outs, is_leaf=_is_format)) if outs is not None else None
+    ins = list(ins[0]) if isinstance(ins, tuple) and ins and isinstance(ins[0], tuple) else None
+    if outs is None or ins is None:
+        raise AttributeError(f"output_formats: the compiler of this stage reports no output formats ({exe!r}).")
+    computed = iter(outs)
+    flat = [next(computed) if src is None else ins[src] for src in programs.output_is_input]
+    return jax.tree_util.tree_unflatten(programs.out_tree, flat)
+
+
+def _is_format(x: Any) -> bool:
+    return hasattr(x, "layout") and hasattr(x, "sharding")
+
+
+def compiled_out_info(lowered_info: Any, formats: Any | None) -> Any:
+    """``lowered_info`` with each output's ``Format`` (``formats``, the pytree of the outputs: layout and sharding),
+    where known, as ``jax.stages.Compiled.out_info`` gives it."""
+    if formats is None:
         return lowered_info
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type),
-                        lowered_info, shardings)
+    return jax.tree.map(lambda s, fm: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=fm, weak_type=s.weak_type),
+                        lowered_info, formats, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
