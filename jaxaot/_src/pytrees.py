@@ -51,26 +51,44 @@ def is_weakly_typed(x: Any) -> bool:
     return bool(getattr(getattr(x, "aval", None), "weak_type", False))
 
 
-def describe_path(prefix: str, path: Sequence[Any]) -> str:
+def describe_path(prefix: str, path: Sequence[Any], positions: Sequence[int] | None = None) -> str:
     """``prefix`` + the key path; prefix ``"input"`` names an ``(args, kwargs)`` pair's
-    leaves ``arg[0]['w']`` / ``kwarg['scale']``."""
+    leaves ``arg[0]['w']`` / ``kwarg['scale']``. ``positions``: each argument's position in the call, where
+    ``args`` holds the dynamic arguments only (static ones left out), so ``arg[i]`` is the user's ``i``."""
     path = tuple(path)
     if prefix == "input" and path:
         head = getattr(path[0], "idx", None)
+        if head == 0 and positions is not None and len(path) > 1:
+            return f"arg[{positions[path[1].idx]}]" + jax.tree_util.keystr(path[2:])
         return ("arg" if head == 0 else "kwarg") + jax.tree_util.keystr(path[1:])
     return prefix + jax.tree_util.keystr(path)
 
 
+def not_array_message(prefix: str, path: Sequence[Any], leaf: Any, positions: Sequence[int] | None = None) -> str:
+    """Why a leaf that is not an array cannot be traced, named by :func:`describe_path`, and the remedy for where it
+    is: an output is returned as an array; a whole input argument may be static; a Python value inside a pytree
+    argument makes the whole argument static (hashable) or is held as an array."""
+    path = tuple(path)
+    where, kind = describe_path(prefix, path, positions), type(leaf).__name__
+    if prefix == "output":
+        return (f"{where} is a {kind}, not an array or scalar. A compiled program returns arrays only, as under "
+                "jax.jit: return it as an array (jnp.asarray), or return Python values from outside the compiled "
+                "function.")
+    if prefix == "input" and len(path) > 2:
+        arg = describe_path(prefix, path[:2], positions)
+        return (f"{where} is a {kind} inside the pytree argument {arg}, not an array or scalar. jaxaot traces "
+                f"pytrees of arrays: hold an array there (jnp.asarray), close over the value, or make all of {arg} "
+                "a static argument (static_argnums; it must then be hashable: a tuple, not a list or dict).")
+    return (f"{where} is a {kind}, not an array or scalar. jaxaot traces pytrees of arrays: pass it as a static "
+            "argument (static_argnums), close over it, or convert it with jnp.asarray.")
+
+
 def flatten_checked(tree: Any, prefix: str, error: type[Exception] = InvalidInputError):
-    """Flatten ``tree``; raise ``error`` naming the first leaf that is not an array."""
+    """Flatten ``tree``; raise ``error`` naming the first leaf that is not an array (:func:`not_array_message`)."""
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     for path, leaf in leaves_with_path:
         if not is_array_leaf(leaf):
-            raise error(
-                f"{describe_path(prefix, path)} is a {type(leaf).__name__}, not an array or "
-                "scalar. jaxaot traces pytrees of arrays: pass it as a static argument "
-                "(static_argnums), close over it, or convert it with jnp.asarray."
-            )
+            raise error(not_array_message(prefix, path, leaf))
     return [leaf for _, leaf in leaves_with_path], treedef
 
 

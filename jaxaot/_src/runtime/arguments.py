@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot._src.pytrees import is_array_leaf, not_array_message
 from jaxaot.errors import InvalidInputError, InvalidValueError, StaticArgumentError
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -181,6 +182,16 @@ def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwarg
     dyn = tuple(a for i, a in enumerate(args) if i not in static_argnums)
     leaves, treedef = jax.tree_util.tree_flatten((dyn, kwargs))
     return tuple(static), leaves, treedef
+
+
+def raise_not_array(static_argnums: Sequence[int], treedef: Any, leaves: Sequence[Any]) -> None:
+    """:class:`~jaxaot.errors.InvalidInputError` naming the first of a call's dynamic ``leaves`` (of the
+    :func:`split_static` ``treedef``) that is not an array, by its position in the call (``arg[2]['tag']``)."""
+    dummy = jax.tree_util.tree_unflatten(treedef, list(range(len(leaves))))
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
+    i = next(i for i, x in enumerate(leaves) if not is_array_leaf(x))
+    positions = [p for p in range(len(dummy[0]) + len(static_argnums)) if p not in static_argnums]
+    raise InvalidInputError(not_array_message("input", paths[i], leaves[i], positions))
 
 
 def with_statics(static_argnums: Sequence[int], static: tuple, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:

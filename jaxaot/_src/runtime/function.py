@@ -19,7 +19,6 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.pytrees import flatten_checked
 from jaxaot._src.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.loops import reraise_overflow
@@ -282,7 +281,7 @@ class AOTFunction:
 def call_signature(fun: AOTFunction, args: tuple, kwargs: dict) -> tuple[Signature, list, TraceKind]:
     """A call's :class:`Signature` (the compile-cache key), its flat leaves and its trace kind, in one pass."""
     static, leaves, treedef = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs, fun.fn)
-    keys, kind = lookup_keys(leaves, lambda: flatten_checked((args, kwargs), "input", InvalidInputError))
+    keys, kind = lookup_keys(leaves, lambda: arguments.raise_not_array(fun.static_argnums, treedef, leaves))
     return Signature(treedef, keys, static, context_mesh(), C.trace_context()), leaves, kind
 
 
