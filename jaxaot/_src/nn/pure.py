@@ -20,8 +20,9 @@ from flax import nnx
 
 from jaxaot.errors import InvalidOutputError
 from jaxaot._src import compat as C
+from jaxaot._src.nn.graph_changes import check_unchanged, layout
 from jaxaot._src.nn.module_call import CallStatic, Method
-from jaxaot._src.nn.python_values import kept_aux
+from jaxaot._src.nn.python_values import detached_graphdef, kept_aux
 from jaxaot._src.nn.state import FrozenState, StateDelta, flat_inputs
 
 
@@ -50,6 +51,10 @@ def nnx_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **
     """The module call as a pure function: ``-> (outputs, StateDelta of changed Variables)``.
 
     ``params`` is the parameters' State, or its flat leaves when ``static.param_tree`` is set.
+
+    Raises:
+      InvalidInputError: the call changed the module's graph other than by Variables
+        (:mod:`~jaxaot._src.nn.graph_changes`): that change could not be written back.
     """
     if static.param_tree is not None:
         params = jax.tree_util.tree_unflatten(static.param_tree, params)
@@ -58,8 +63,11 @@ def nnx_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **
     # Snapshot before the call: merge reuses these Variables, and the call mutates them.
     inputs = flat_inputs(old, args, kwargs)
     before = (_leaves_by_path(params), _leaves_by_path(rest))
-    module = nnx.merge(static.graphdef, params, rest)
+    # A fresh copy of the graphdef's dicts and lists: the call may change them, the compile cache keys on them.
+    module = nnx.merge(detached_graphdef(static.graphdef), params, rest)
+    structure = layout(module)
     out = _invoke(module, static.method, *static.merge(args, kwargs))
+    check_unchanged(module, structure)  # attributes the call set, or submodules it built, would be lost
     new_params, new_rest = nnx.state(module, nnx.Param, ...)
     changed = (_changed_variables(before[0], new_params), _changed_variables(before[1], new_rest))
     return out, StateDelta.capture(changed, old, inputs, state.frozen)
