@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxaot._src.nn.module_call import Method
-from jaxaot._src.nn.pure import nnx_loss_pure, nnx_pure
+from jaxaot._src.nn.pure import nnx_call_pure, nnx_loss_pure
 from jaxaot._src.runtime import AOTFunction, aot_function
 
 
@@ -28,7 +28,7 @@ class ModulePrograms:
     Attributes:
       method, static_argnums, static_argnames: as given to :func:`~jaxaot.nn.aot_module`.
       aot_kwargs: the :func:`jaxaot.aot_function` options (compilers, partitioner, decompositions).
-      program: the ``aot_function`` of :func:`~jaxaot._src.nn.pure.nnx_pure`.
+      program: the ``aot_function`` of :func:`~jaxaot._src.nn.pure.nnx_call_pure`.
       loss_program: the ``aot_function`` of :func:`~jaxaot._src.nn.pure.nnx_loss_pure`.
       reads_numbers: the module's Python read the value of a Python number it was given: numbers passed to the
         call are statics (:func:`~jaxaot._src.nn.module_call.run_reading_numbers`).
@@ -39,7 +39,7 @@ class ModulePrograms:
         self.static_argnums = static_argnums
         self.static_argnames = static_argnames
         self.aot_kwargs = dict(aot_kwargs)
-        self.program: AOTFunction = aot_function(nnx_pure, static_argnums=0, **self.aot_kwargs)
+        self.program: AOTFunction = aot_function(nnx_call_pure, static_argnums=0, **self.aot_kwargs)
         self.loss_program: AOTFunction = aot_function(nnx_loss_pure, static_argnums=0, **self.aot_kwargs)
         self.reads_numbers = False
 

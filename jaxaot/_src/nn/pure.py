@@ -20,6 +20,7 @@ from flax import nnx
 
 from jaxaot.errors import InvalidOutputError
 from jaxaot._src import compat as C
+from jaxaot._src.pytrees import flatten_checked
 from jaxaot._src.nn.graph_changes import check_unchanged, layout
 from jaxaot._src.nn.module_call import CallStatic, Method
 from jaxaot._src.nn.python_values import detached_graphdef, kept_aux
@@ -71,6 +72,14 @@ def nnx_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **
     new_params, new_rest = nnx.state(module, nnx.Param, ...)
     changed = (_changed_variables(before[0], new_params), _changed_variables(before[1], new_rest))
     return out, StateDelta.capture(changed, old, inputs, state.frozen)
+
+
+def nnx_call_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **kwargs: Any):
+    """:func:`nnx_pure` for the module's own call, whose outputs leave the program: one that is not an array is
+    named by its place in what the call returned (``output['tag']``)."""
+    out, delta = nnx_pure(static, params, state, *args, **kwargs)
+    flatten_checked(out, "output", InvalidOutputError)
+    return out, delta
 
 
 _INLINE = threading.local()

@@ -30,6 +30,8 @@ import numpy as np
 from flax import nnx
 
 from jaxaot._src import compat as C
+from jaxaot._src.pytrees import is_array_leaf
+from jaxaot.errors import InvalidInputError
 from jaxaot._src.nn.proxy import ProxyModule
 from jaxaot._src.nn.python_values import detached_graphdef
 
@@ -115,6 +117,8 @@ class ModuleSplit:
         variables = [v for v in self.param_vars + self.rest_vars if _is_variable(v)]
         self.plain = (not self.traced and len(values) == len(variables) == self.n_params + len(self.rest_vars)
                       and all(isinstance(v.get_raw_value(), (jax.Array, np.ndarray)) for v in variables))
+        if not self.plain:
+            _check_values(self.params, self.rest)
         containers = _containers(module)
         self.capturing = any(isinstance(c, dict) and "__captures__" in c for c in containers)
         self._snapshot = _snapshot(containers)
@@ -147,6 +151,21 @@ class ModuleSplit:
         if value is None:
             value = self._statics[key] = build()
         return value
+
+
+def _check_values(*states: nnx.State) -> None:
+    """:class:`~jaxaot.errors.InvalidInputError` naming the first Variable that holds something other than arrays and
+    numbers (a str in a Param): the programs take the module's Variables as their array inputs."""
+    for state in states:
+        for path, var in nnx.to_flat_state(state):
+            bad = next((x for x in jax.tree_util.tree_leaves(var) if not is_array_leaf(x)), None)
+            if bad is not None:
+                name = ".".join(map(str, path))
+                raise InvalidInputError(
+                    f"the module's attribute `{name}` (an nnx.{type(var).__name__}) holds a {type(bad).__name__}, "
+                    "not an array: aot_module's programs take the module's Variables as arrays. Hold an array "
+                    "(jnp.asarray) in the Variable, or keep a Python value as a plain attribute, part of the "
+                    "module's structure.")
 
 
 def split_of(holder: Any, module: nnx.Module) -> ModuleSplit:
