@@ -8,6 +8,7 @@ files of killed writers stayed forever.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import jax
@@ -18,7 +19,7 @@ import pytest
 import jaxaot
 from jaxaot._src.files import STALE_SECONDS, writing
 from jaxaot._src.artifacts import manifest, signing
-from jaxaot.errors import InvalidValueError
+from jaxaot.errors import InvalidInputError, InvalidValueError
 
 
 def _sin(x):
@@ -112,3 +113,97 @@ def test_saving_through_a_symlink_makes_the_folder_it_names_anew(tmp_path):
     jaxaot.export.export(_cos, X).save(tmp_path / "current")
     assert (tmp_path / "current").is_symlink()
     _loads_as(real, _cos)
+
+
+def _meanwhile(monkeypatch, other_writer):
+    """Run ``other_writer()`` once, while this save fills its fresh folder: between that folder's making and
+    its swap into place, as a concurrent save of the same path can."""
+    real, done = manifest.atomic_write, []
+
+    def write(path, data):
+        if not done:
+            done.append(True)
+            other_writer()
+        real(path, data)
+
+    monkeypatch.setattr(manifest, "atomic_write", write)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["swapped", "renamed-aside"])
+def test_two_saves_racing_for_a_new_path_both_succeed_and_the_last_wins(tmp_path, monkeypatch, exchange):
+    if not exchange:
+        monkeypatch.setattr(writing, "_exchange", lambda a, b: False)
+    d = tmp_path / "art"
+    _meanwhile(monkeypatch, lambda: jaxaot.export.export(_cos, X).save(d))  # the other save finishes first
+    assert jaxaot.export.export(_sin, X).save(d) == d
+    monkeypatch.undo()
+    _loads_as(d, _sin)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]  # no temporaries left behind
+
+
+def test_a_folder_of_the_user_s_appearing_during_a_save_is_refused_and_kept(tmp_path, monkeypatch):
+    d = tmp_path / "art"
+
+    def user_makes_it():
+        d.mkdir()
+        (d / "notes.txt").write_text("mine")
+
+    _meanwhile(monkeypatch, user_makes_it)
+    with pytest.raises(InvalidValueError, match=r"holds files that would be lost \(notes.txt\)"):
+        jaxaot.export.export(_sin, X).save(d)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"] and [p.name for p in d.iterdir()] == ["notes.txt"]
+
+
+def test_concurrent_saves_of_one_path_all_succeed(tmp_path):
+    exported = [jaxaot.export.export(fn, X) for fn in (_sin, _cos)]
+    for i in range(3):
+        d, barrier, failures = tmp_path / f"a{i}", threading.Barrier(2), []
+
+        def save(exp, d=d, barrier=barrier, failures=failures):
+            barrier.wait()
+            try:
+                exp.save(d)
+            except Exception as err:  # noqa: BLE001 - any failure is the finding
+                failures.append(err)
+
+        threads = [threading.Thread(target=save, args=(exp,)) for exp in exported]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not failures
+        jaxaot.export.load(d)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a0", "a1", "a2"]
+
+
+def test_re_saving_over_a_read_only_folder_fills_a_writable_one_and_keeps_the_mode(tmp_path, monkeypatch):
+    d = jaxaot.export.export(_sin, X).save(tmp_path / "art")
+    d.chmod(0o555)
+    real, modes = manifest.atomic_write, []
+
+    def write(path, data):  # the mode of the folder being filled (root writes anywhere: look, do not try)
+        modes.append(path.parent.stat().st_mode & 0o777)
+        real(path, data)
+
+    monkeypatch.setattr(manifest, "atomic_write", write)
+    try:
+        jaxaot.export.export(_cos, X).save(d)
+    finally:
+        mode = d.stat().st_mode & 0o777
+        d.chmod(0o755)
+    assert modes and all(m & 0o700 == 0o700 for m in modes), [oct(m) for m in modes]
+    assert mode == 0o555
+    _loads_as(d, _cos)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+
+
+@pytest.mark.parametrize("path, msg", [
+    (None, r"save: path must be the folder to write \(a str or os.PathLike.*got NoneType"),
+    (3, r"save: path must be the folder to write .*got int"),
+    ("", r"save: path must name the folder to write .*got ''"),
+    (".", r"save: path must name the folder to write .*got '\.'"),
+    ("a/..", r"save: path must name the folder to write .*got 'a/\.\.'"),
+])
+def test_save_to_a_path_that_names_no_folder_says_what_to_pass(tmp_path, monkeypatch, path, msg):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInputError, match=msg):
+        jaxaot.export.export(_sin, X).save(path)
+    assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ import pytest
 
 import jaxaot
 from jaxaot import viz
-from jaxaot._src.cli import commands
+from jaxaot._src.cli import commands, demo
 from jaxaot._src.cli import demo_models as examples
 from jaxaot._src.cli import main as cli
 
@@ -152,6 +152,9 @@ def _no_demo(monkeypatch):
 @pytest.mark.parametrize("setup, msg", [
     (lambda d: (d / "split.html").mkdir(), r"--out mine: mine/split\.html is a folder, where the demo writes a file"),
     (lambda d: (d / "artifact").write_text("x"), r"--out mine: mine/artifact is not a folder"),
+    (lambda d: ((d / "artifact").mkdir(), (d / "artifact" / "mine.txt").write_text("x"), (d / "split.svg").write_text(
+        "my svg")), r"--out mine: mine/artifact: it holds files that would be lost \(mine\.txt\), where the demo "
+     r"writes the exported programs"),
 ])
 def test_an_out_folder_with_entries_in_the_way_stops_before_the_demo(temp_root, monkeypatch, capsys, setup, msg):
     (temp_root / "mine").mkdir()
@@ -161,6 +164,13 @@ def test_an_out_folder_with_entries_in_the_way_stops_before_the_demo(temp_root, 
     err = capsys.readouterr().err
     assert re.fullmatch(rf"jaxaot demo: error: {msg}.*; choose another folder or move it away\n", err), err
     assert not ran
+    if (temp_root / "mine" / "split.svg").exists():  # nothing of the user's was written over
+        assert (temp_root / "mine" / "split.svg").read_text() == "my svg"
+
+
+def test_an_out_folder_holding_an_earlier_demo_s_artifact_passes_the_check(tmp_path):
+    jaxaot.export.export(lambda x: jnp.sin(x).sum(), jnp.ones(3)).save(tmp_path / "artifact")
+    assert demo.out_dir_conflict(tmp_path) is None
 
 
 def test_an_out_folder_that_refuses_writes_stops_before_the_demo(temp_root, monkeypatch, capsys):

@@ -215,10 +215,39 @@ def test_a_setting_variable_that_does_not_read_is_one_line_and_exit_2():
     assert re.fullmatch(r"jaxaot version: error: environment variable JAXAOT_QUIET='maybe'.*\n", done.stderr)
 
 
-def test_traceback_flag_shows_the_cause():
-    with pytest.raises(UsageError, match="does not trace") as info:
-        cli.main(["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]", "--traceback"])
-    assert isinstance(info.value.__cause__, TypeError)
+def test_traceback_flag_shows_the_cause_and_keeps_status_2(capsys):
+    argv = ["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes", "f32[3,2] f32[4,5]"]
+    assert cli.main([*argv, "--traceback"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "TypeError" in err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"jaxaot inspect: error: .*does not trace at the given arguments: TypeError: .*", last), err
+    assert "--traceback shows where" not in err  # the hint is for those who did not ask for it
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.endswith("(--traceback shows where)\n")
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(monkeypatch, capsys):
+    from jaxaot._src.cli import commands
+
+    def writes_to_a_closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setitem(commands.COMMANDS, "version", writes_to_a_closed_pipe)
+    assert cli.main(["version"]) == commands.BROKEN_PIPE == 141
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [["version"], ["inspect", "jaxaot._src.cli.demo_models:tanh_loss", "--shapes",
+                                                "f32[16, 4] f32[8, 16]", "--json"]], ids=["version", "inspect"])
+def test_output_into_a_closed_pipe_is_status_141_without_a_traceback(argv):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXAOT_QUIET": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "jaxaot", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env)
+    p.stdout.close()  # `| head -0`: the reader is gone before anything is written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141, err
+    assert err == ""
 
 
 def test_argparse_errors_exit_2(capsys):

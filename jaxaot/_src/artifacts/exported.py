@@ -8,6 +8,7 @@ from typing import Any
 
 from jaxaot._src.artifacts import manifest, signing
 from jaxaot._src.artifacts.aot_signature import AOTSignature
+from jaxaot._src.files import folder_to_write
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +48,10 @@ class ExportedAOT:
             >>> sorted(p.name for p in exp.save(tempfile.mkdtemp()).iterdir())
             ['backward.jaxexport', 'forward.jaxexport', 'inference.jaxexport', 'manifest.json']
         """
+        path = folder_to_write("save", path)
         key = signing.check_key("save", key)
         programs = {name: getattr(self, name) for name in manifest.PROGRAMS}
-        return manifest.write(Path(path), self.name, programs, self.signature.to_json(), key=key)
+        return manifest.write(path, self.name, programs, self.signature.to_json(), key=key)
 
     def __repr__(self) -> str:
         s = self.signature

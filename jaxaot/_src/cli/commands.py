@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,10 +36,13 @@ from jaxaot._src.cli.demo import demo_report, out_dir_conflict
 from jaxaot._src.cli.inspect_json import inspect_document
 from jaxaot._src.cli.shapes import example_arrays, needs_x64, parse_shapes
 from jaxaot._src.compare import DEFAULT_BUDGETS, compare
+from jaxaot._src.files import discard_output
 from jaxaot.errors import InvalidInputError, InvalidValueError, JaxaotError, MemoryBudgetError
 
 #: The exit status of a command that stopped on a user error (argparse's, for its own errors).
 USAGE_ERROR = 2
+#: The exit status when the reader of stdout stops early: 128 + SIGPIPE, what a shell reports for git or cat.
+BROKEN_PIPE = 141
 #: The most bytes of weights and activations ``jaxaot demo``'s MLP may hold.
 DEMO_MAX_BYTES = 4 * 2**30
 
@@ -48,16 +52,23 @@ class UsageError(InvalidValueError):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the command ``args`` names; a usage error becomes one line on stderr and status 2.
+    """Run the command ``args`` names; a usage error becomes one line on stderr (after its traceback, with
+    ``--traceback``) and status 2; a reader of stdout that stops early (a closed pipe) ends the command
+    quietly with status :data:`BROKEN_PIPE`.
 
     Usage errors are :class:`UsageError` and the ``InvalidValueError`` of an unreadable ``--shapes``.
     """
     try:
         with _progress.to_stderr():
-            return COMMANDS[args.command](args)
+            status = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader that stopped early is met here, not in the interpreter's last flush
+        return status
+    except BrokenPipeError:  # `jaxaot ... | head`: end quietly, as a program SIGPIPE ends
+        discard_output(sys.stdout)
+        return BROKEN_PIPE
     except InvalidValueError as e:
         if getattr(args, "traceback", False):
-            raise
+            traceback.print_exc()  # the whole story, then the same line and status as without the flag
         print(f"jaxaot {args.command}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
 
@@ -309,8 +320,9 @@ def _user_errors(args: argparse.Namespace) -> Any:
     except MemoryBudgetError as e:  # before its base class: the function traced, the budget is the problem
         raise UsageError(f"no plan of {args.target} fits --budget {args.budget}: {_first_line(e)}") from e
     except Exception as e:  # noqa: BLE001 - the user's function raised: it does not trace at these arguments
+        hint = "" if getattr(args, "traceback", False) else " (--traceback shows where)"
         raise UsageError(f"{args.target} does not trace at the given arguments: {type(e).__name__}: "
-                         f"{_first_line(e)} (--traceback shows where)") from e
+                         f"{_first_line(e)}{hint}") from e
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -23,7 +23,9 @@ import jax.numpy as jnp
 
 import jaxaot
 from jaxaot._src import progress as _progress, viz
+from jaxaot._src.artifacts import is_artifact_file
 from jaxaot._src.compare import max_abs_diff, time_rounds
+from jaxaot._src.files import check_replaceable
 from jaxaot._src.viz import why_no_layout
 from jaxaot._src.cli import demo_models
 from jaxaot._src.tables import median_spread, table
@@ -201,7 +203,8 @@ def demo_artifacts(out_dir: str | Path, lowered: Any) -> list[Path]:
 def out_dir_conflict(out_dir: str | Path) -> str | None:
     """Why the demo could not write its files into the existing folder ``out_dir`` (None: nothing in the way).
 
-    A picture's name taken by a folder, or an ``artifact`` entry that is not a folder.
+    A picture's name taken by a folder, or an ``artifact`` entry that is not a folder or holds files the
+    export's save would refuse to replace (the check ``save`` makes, run before the demo writes anything).
     """
     out_dir = Path(out_dir)
     for name in PICTURES:
@@ -210,6 +213,10 @@ def out_dir_conflict(out_dir: str | Path) -> str | None:
     target = out_dir / ARTIFACT
     if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
         return f"{target} is not a folder, where the demo writes the exported programs"
+    try:
+        check_replaceable(target, is_artifact_file)
+    except FileExistsError as err:
+        return f"{target}: {err.strerror.partition(': refusing')[0]}, where the demo writes the exported programs"
     return None
 
 

@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``jaxaot ARGS``; the exit status: 0, or 2 for a usage error."""
+    """Run ``jaxaot ARGS``; the exit status: 0, 2 for a usage error, or 141 when the reader of stdout stopped
+    before the output ended (:func:`jaxaot._src.cli.commands.run`)."""
     args = build_parser().parse_args(argv)
     try:
         from jaxaot._src.cli import commands  # deferred: --help must not import jax

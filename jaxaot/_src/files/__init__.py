@@ -3,7 +3,8 @@
 One reader (:func:`read_regular`: no symlinks, FIFOs or oversized files), JSON
 with bounded nesting (:func:`parse_json`), the folders trusted to hold files read
 back (:func:`check_folder`), and writers that never leave a partial file or folder
-(:func:`atomic_write`, :func:`create_exclusive`, :func:`replace_folder`).
+(:func:`atomic_write`, :func:`create_exclusive`, :func:`replace_folder`, with :func:`folder_to_write` and
+:func:`check_replaceable` to check its target first); :func:`discard_output` drops output no one reads.
 ``tests/compile/test_one_reader.py`` checks that no other module opens a file.
 """
 
@@ -14,11 +15,14 @@ from jaxaot._src.files.folders import (
 from jaxaot._src.files.reading import (
     READ_FLAGS, FileMismatchError, FileTooLargeError, UnsafeFileError, describe_mode, read_regular,
 )
-from jaxaot._src.files.writing import STALE_SECONDS, atomic_write, create_exclusive, replace_folder, sweep_stale
+from jaxaot._src.files.writing import (
+    STALE_SECONDS, atomic_write, check_replaceable, create_exclusive, discard_output, folder_to_write, replace_folder,
+    sweep_stale,
+)
 
 __all__ = [
     "READ_FLAGS", "SHARED_FOLDERS", "STALE_SECONDS", "FileMismatchError", "FileTooLargeError", "NestingError",
-    "UnsafeFileError", "UnsafeFolderError", "atomic_write", "check_folder", "check_folders", "create_exclusive",
-    "describe_mode", "folder_advice", "json_depth", "parse_json", "private", "read_regular", "replace_folder",
-    "sweep_stale", "untrusted",
+    "UnsafeFileError", "UnsafeFolderError", "atomic_write", "check_folder", "check_folders", "check_replaceable",
+    "create_exclusive", "describe_mode", "discard_output", "folder_advice", "folder_to_write", "json_depth",
+    "parse_json", "private", "read_regular", "replace_folder", "sweep_stale", "untrusted",
 ]

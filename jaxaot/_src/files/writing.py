@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -27,7 +28,9 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+from jaxaot.errors import InvalidInputError
 
 #: Temporary files and folders older than this (seconds) are a killed writer's, and are removed.
 STALE_SECONDS = 3600
@@ -81,12 +84,11 @@ def replace_folder(target: Path | str, fill: Callable[[Path], None], replaceable
     is ever removed. Where the system can (Linux ``renameat2``), the two folders
     are exchanged in one step; elsewhere the old one is renamed aside first,
     which leaves a moment without either. A failure in ``fill`` leaves
-    ``target`` as it was. The fresh folder gets the old one's mode (or the
-    umask's, for a new one).
+    ``target`` as it was. The fresh folder gets the old one's mode once it is
+    filled (a new one, the umask's). Of two writers racing for one path, the
+    last one's folder stays.
     """
-    target = Path(target)
-    if os.path.islink(target) and os.path.isdir(target):  # a link to a folder: make the folder it names anew
-        target = Path(os.path.realpath(target))
+    target = _followed(target)
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(parent)
@@ -95,20 +97,97 @@ def replace_folder(target: Path | str, fill: Callable[[Path], None], replaceable
     try:
         fill(fresh)
         _fsync_folder(fresh)
-        if old_mode is None:
-            os.rename(fresh, target)
-        elif _exchange(fresh, target):
-            shutil.rmtree(fresh)  # the exchange left the old version here
-        else:
-            aside = _fresh_name(parent, target.name)
-            os.rename(target, aside)
-            os.rename(fresh, target)
-            shutil.rmtree(aside, ignore_errors=True)
+        _swap_in(fresh, target, old_mode, replaceable)
         _fsync_folder(parent)
     except BaseException:
-        shutil.rmtree(fresh, ignore_errors=True)
+        _remove_folder(fresh)
         raise
     return target
+
+
+def check_replaceable(target: Path | str, replaceable: Callable[[str], bool]) -> None:
+    """Refuse, as :func:`replace_folder` would, to replace ``target``: ``FileExistsError`` when something is
+    there that is not a folder of ``replaceable`` entries; lets a command check before it writes anything."""
+    _replaceable_mode(_followed(target), replaceable)
+
+
+def _followed(target: Path | str) -> Path:
+    """``target``, or the folder it names where it is a symlink to a folder (made anew in its place)."""
+    target = Path(target)
+    if os.path.islink(target) and os.path.isdir(target):
+        return Path(os.path.realpath(target))
+    return target
+
+
+def _swap_in(fresh: Path, target: Path, old_mode: int | None, replaceable: Callable[[str], bool]) -> None:
+    """Put the filled folder ``fresh`` in place of ``target``, giving it the mode of the folder it replaces.
+
+    The mode comes last, so that a read-only folder can be replaced by another.
+    Another writer may make or replace ``target`` meanwhile: a folder that
+    appeared is checked and replaced as an existing one (the last writer wins).
+    """
+    parent = target.parent
+    while True:
+        if old_mode is None:
+            try:
+                os.rename(fresh, target)
+                return
+            except OSError as err:
+                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                    raise
+            old_mode = _replaceable_mode(target, replaceable)  # made by another writer meanwhile
+            continue
+        os.chmod(fresh, old_mode)
+        if _exchange(fresh, target):
+            _remove_folder(fresh)  # the exchange left the old version here
+            return
+        aside = _fresh_name(parent, target.name)
+        try:
+            os.rename(target, aside)
+        except FileNotFoundError:  # another writer moved it aside meanwhile
+            old_mode = None
+            continue
+        try:
+            os.rename(fresh, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.rename(aside, target)  # the old version back in its place
+            raise
+        _remove_folder(aside)
+        return
+
+
+def folder_to_write(what: str, path: Any) -> Path:
+    """``path`` as the name of a folder :func:`replace_folder` can make; ``InvalidInputError`` saying what to
+    pass for anything else: not a str or ``os.PathLike``, or empty, ``.``, ``..`` or a root (a folder that
+    cannot be swapped for another, such as the working directory)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidInputError(f"{what}: path must be the folder to write (a str or os.PathLike, such as "
+                                f"'model' or '/tmp/model'), got {type(path).__name__}.")
+    fspath = os.fspath(path)
+    if not isinstance(fspath, str):
+        raise InvalidInputError(f"{what}: path must be the folder to write as a str or os.PathLike of str, "
+                                f"got {fspath!r}.")
+    if Path(fspath).name in ("", ".", ".."):
+        raise InvalidInputError(f"{what}: path must name the folder to write (such as 'model' or "
+                                f"'/tmp/model'), got {fspath!r}: the working directory, its parent or a root cannot be "
+                                "swapped for a new folder.")
+    return Path(fspath)
+
+
+def discard_output(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at ``os.devnull``, so that what is still buffered for a reader that
+    is gone (a closed pipe) is dropped quietly rather than reported when the interpreter exits."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # pragma: no cover - no os.devnull to open
+        return
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError):  # a stream without a file descriptor (one a test captures)
+        pass
+    finally:
+        os.close(devnull)
 
 
 def sweep_stale(folder: Path | str, max_age: float = STALE_SECONDS) -> int:
@@ -128,7 +207,7 @@ def sweep_stale(folder: Path | str, max_age: float = STALE_SECONDS) -> int:
             if (uid is not None and st.st_uid != uid) or now - st.st_mtime < max_age:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(entry.path)
+                _remove_folder(Path(entry.path), ignore_errors=False)
             elif stat.S_ISREG(st.st_mode):
                 os.unlink(entry.path)
             else:
@@ -187,9 +266,17 @@ def _fresh_folder(parent: Path, name: str, mode: int | None) -> Path:
             os.mkdir(fresh, 0o777 if mode is None else 0o700)  # 0o777: the umask decides, as for mkdir
         except FileExistsError:
             continue
-        if mode is not None:
-            os.chmod(fresh, mode)
         return fresh
+
+
+def _remove_folder(folder: Path, ignore_errors: bool = True) -> None:
+    """Remove a folder of jaxaot's making, even one made read-only (an old version of a 0555 folder)."""
+    try:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            os.chmod(folder, 0o700)
+    except OSError:
+        pass
+    shutil.rmtree(folder, ignore_errors=ignore_errors)
 
 
 def _fsync_folder(folder: Path) -> None:
