@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Collection, Mapping, Sequence
 
 import jax
@@ -129,6 +130,10 @@ def check_platforms(programs: Mapping[str, Any], where: str) -> None:
                 f"jaxaot.export.export(..., platforms=({', '.join(repr(p) for p in sorted(here | set(exported_for)))})).")
 
 
+#: Dtypes JAX makes only with ``jax_enable_x64``.
+WIDE = frozenset({"float64", "int64", "uint64", "complex128"})
+
+
 def check_calls(programs: Mapping[str, Any], where: str) -> None:
     """Raise :class:`ArtifactError` unless a call of each program lowers as ``jax.export`` lowers it.
 
@@ -141,12 +146,16 @@ def check_calls(programs: Mapping[str, Any], where: str) -> None:
     here = C.available_platforms()
     for name, program in programs.items():
         platform = next(p for p in program.platforms if p in here)
-        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in program.in_avals]
+        # 64-bit inputs are lowered as 64-bit, whatever jax_enable_x64 says: a call checks that setting itself
+        # (LoadedAOT's input checks name it), and the program is not damaged for it.
+        wide = any(dtype_name(a.dtype) in WIDE for a in (*program.in_avals, *program.out_avals))
         n = int(getattr(program, "nr_devices", 1))
         placed = {} if n == 1 else {"in_shardings": jax.sharding.NamedSharding(
             jax.sharding.Mesh(np.array(jax.devices(platform)[:n]), ("devices",)), jax.sharding.PartitionSpec())}
         try:
-            jax.jit(program.call, **placed).trace(*avals).lower(lowering_platforms=(platform,))
+            with jax.enable_x64(True) if wide else contextlib.nullcontext():
+                avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in program.in_avals]
+                jax.jit(program.call, **placed).trace(*avals).lower(lowering_platforms=(platform,))
         except Exception as err:
             why = " ".join(line.strip() for line in str(err).splitlines()[:2])
             raise ArtifactError(
@@ -189,6 +198,25 @@ def check_signature(programs: Mapping[str, Any], signature: AOTSignature, where:
         _check_avals(name, "inputs", list(program.in_avals), ins, where)
         _check_avals(name, "outputs", list(program.out_avals), outs, where)
         _check_structure(name, program, where)
+
+
+def check_vjps(programs: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`ArtifactError` unless each vjp program a program holds takes its primal's inputs and the
+    cotangents of its outputs, and returns one cotangent per input (as ``jax.export`` calls it)."""
+    for name, program in programs.items():
+        primal, what = program, name
+        while primal.has_vjp():  # deserialized: the chain ends
+            vjp, what = primal.vjp(), f"{what}'s vjp"
+            n_in, n_out = len(primal.in_avals), len(primal.out_avals)
+            if (len(vjp.in_avals), len(vjp.out_avals)) != (n_in + n_out, n_in):
+                raise ArtifactError(
+                    f"{where}: the {what} program takes {len(vjp.in_avals)} and returns {len(vjp.out_avals)} "
+                    f"arrays, where the vjp of a program of {n_in} inputs and {n_out} outputs takes "
+                    f"{n_in + n_out} and returns {n_in}: the program was altered after export.")
+            _check_avals(what, "inputs", list(vjp.in_avals)[:n_in],
+                         [ArraySpec.of(a) for a in primal.in_avals], where)
+            _check_structure(what, vjp, where)
+            primal = vjp
 
 
 def _check_structure(name: str, program: Any, where: str) -> None:

@@ -24,6 +24,7 @@ import re
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from jaxaot._src import compat as C
 from jaxaot._src import progress as _progress
@@ -100,16 +101,20 @@ def export(
     in_avals = list(programs.in_avals)
     placed = _Placement.of(programs, training, name) if programs.sharded else _Placement.none(programs, training)
     n_user = len(programs.output_is_input)
+    carriers = _shape_carriers(in_avals, placed.backward_avals)
     exported = {
         "inference": _export_program(inference, in_avals, platforms, name, "inference",
                                      placed.outputs(n_user, len(inference_checks))),
         "forward": _export_program(forward, in_avals, platforms, name, "forward",
-                                   placed.outputs(len(placed.forward), len(forward_checks))),
-        "backward": _export_program(backward, placed.backward_avals, platforms, name, "backward", placed.grads),
+                                   placed.outputs(len(placed.forward), len(forward_checks)),
+                                   carry=(len(placed.forward), [i for i, _ in carriers])),
+        "backward": _export_program(backward, [*placed.backward_avals, *(c for _, c in carriers)], platforms, name,
+                                    "backward", placed.grads, unread=len(carriers)),
     }
     static_argnums = tuple(i for i in sorted(static) if i < len(args))
     static_args = _static_repr(tuple(args[i] for i in static_argnums)) if static else None
-    signature = _signature(in_structure, programs, training, forward_checks, inference_checks, static_args, placed)
+    signature = _signature(in_structure, programs, training, forward_checks, inference_checks, static_args, placed,
+                           [c for _, c in carriers])
     signature = dataclasses.replace(signature, static_argnums=static_argnums, weak_grads=weak_grad_rule(training))
     return ExportedAOT(name=name, signature=signature, **exported)
 
@@ -169,12 +174,29 @@ class _Placement:
         return list(self.forward[:n]) + [replicated(self.mesh)] * n_checks
 
 
+def _shape_carriers(in_avals: Sequence[Any], backward_avals: Sequence[Any]) -> list[tuple[int, Any]]:
+    """``(input index, bool[0, *shape])`` per input with a symbolic dim the backward's own inputs do not give.
+
+    ``jax.export`` solves a program's dimension variables from the shapes of its
+    inputs; the backward takes cotangents and residuals, which may not carry a
+    variable its gradients' shapes need (``sum(x)`` saves nothing of ``x``). The
+    forward returns a zero-size stand-in of such an input as a saved temporary,
+    and the backward takes it as a residual it does not read: a shape, no data.
+    """
+    solved = {str(d) for a in backward_avals for d in a.shape
+              if jax.export.is_symbolic_dim(d) and str(d).isidentifier()}
+    return [(i, jax.ShapeDtypeStruct((0, *a.shape), jnp.bool_)) for i, a in enumerate(in_avals)
+            if any(jax.export.is_symbolic_dim(d) and str(d) not in solved for d in a.shape)]
+
+
 def _signature(in_structure: dict, programs: SignaturePrograms, training: TrainingPrograms, forward_checks: tuple,
-               inference_checks: tuple, static_args: str | None, placed: _Placement) -> AOTSignature:
-    """The :class:`AOTSignature` of a signature's programs and its (full-mask) training programs."""
+               inference_checks: tuple, static_args: str | None, placed: _Placement, carriers: list) -> AOTSignature:
+    """The :class:`AOTSignature` of a signature's programs and its (full-mask) training programs; ``carriers``
+    (:func:`_shape_carriers`) are saved temporaries after the partition's own."""
     part = training.partition
     n_cts = len(part.cotangent_outputs)
     out_avals = training.out_avals
+    first_carrier = len(programs.output_is_input) + part.num_temporaries
     return AOTSignature(
         in_structure=in_structure,
         out_structure=treedef_to_json(programs.out_tree, "output"),
@@ -183,10 +205,11 @@ def _signature(in_structure: dict, programs: SignaturePrograms, training: Traini
         grad_inputs=tuple(part.grad_inputs),
         cotangent_outputs=tuple(part.cotangent_outputs),
         saved_inputs=tuple(part.saved_inputs),
-        saved_outputs=tuple(part.saved_outputs),
-        num_temporaries=part.num_temporaries,
-        residual_specs=tuple(ArraySpec.of(r.aval, a.sharding)
-                             for r, a in zip(part.residuals, placed.backward_avals[n_cts:])),
+        saved_outputs=(*part.saved_outputs, *range(first_carrier, first_carrier + len(carriers))),
+        num_temporaries=part.num_temporaries + len(carriers),
+        residual_specs=(*(ArraySpec.of(r.aval, a.sharding)
+                          for r, a in zip(part.residuals, placed.backward_avals[n_cts:])),
+                        *map(ArraySpec.of, carriers)),
         forward_checks=forward_checks,
         inference_checks=inference_checks,
         static_args=static_args,
@@ -241,14 +264,22 @@ def _abstract(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
 
 
 def _export_program(closed: Any, avals: Sequence[Any], platforms: Sequence[str] | None, name: str, what: str,
-                    out_shardings: Sequence[Any] | None = None):
+                    out_shardings: Sequence[Any] | None = None, carry: tuple[int, Sequence[int]] = (0, ()),
+                    unread: int = 0):
     """``jax.export`` of ``closed`` for ``avals`` (their shardings are its input shardings).
 
     ``out_shardings``: per output, the sharding to pin it to (None: unpinned); the
     exported program records them, and its outputs come back with them.
+    ``carry``: ``(position, inputs)``, the outputs at ``position`` get a
+    ``bool[0, *shape]`` per input of ``inputs`` (:func:`_shape_carriers`);
+    ``unread``: how many trailing inputs (those stand-ins) ``closed`` does not take.
     """
+    at, carried = carry
+
     def run(*flat):
-        return C.eval_closed(closed, *flat)
+        outs = list(C.eval_closed(closed, *flat[:len(flat) - unread]))
+        outs[at:at] = [jnp.zeros((0, *flat[i].shape), jnp.bool_) for i in carried]
+        return outs
 
     run.__name__ = run.__qualname__ = re.sub(r"\W", "_", f"{name}_{what}")
     options = {} if out_shardings is None else {"out_shardings": list(out_shardings)}

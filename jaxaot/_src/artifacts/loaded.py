@@ -20,6 +20,8 @@ from jaxaot._src import compat as C
 from jaxaot._src.artifacts import audit, manifest, signing
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.export_options import check_load_options
+from jaxaot._src.artifacts.program_calls import differentiable_call
+from jaxaot._src.artifacts.dims import check_compound_dims
 from jaxaot._src.artifacts.mesh_spec import check_call_devices, check_call_platform, check_enough_devices
 from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.call_log import CallLog, shapes_of
@@ -101,6 +103,13 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
                                  max_bytes=max_bytes, allow_custom_calls=allow_custom_calls)
     key = signing.check_key("load", key)
     root = Path(path)
+    return manifest.retry_if_replaced(root, lambda: _load_folder(root, check_versions, allow_callbacks, max_bytes,
+                                                                 allowed, key))
+
+
+def _load_folder(root: Path, check_versions: bool, allow_callbacks: bool, max_bytes: int | None,
+                 allowed: Collection[str], key: bytes | None) -> "LoadedAOT":
+    """:func:`load` of the folder ``root``, its options checked."""
     if not os.path.lexists(root):
         raise ArtifactError(f"load: no artifact at {root}: nothing exists there. Pass the folder that "
                             "jaxaot.export.ExportedAOT.save wrote (the one holding manifest.json).")
@@ -121,14 +130,17 @@ def load(path: str | Path | ExportedAOT, *, check_versions: bool = True, allow_c
         raise ArtifactError(f"{where} is malformed: {type(err).__name__}: {err}") from err
     programs = {name: manifest.load_program(root, name, info["artifacts"][name], max_bytes)
                 for name in manifest.PROGRAMS}
-    audit.check_platforms(programs, where)
-    for name, program in programs.items():
+    parts = {what: part for name, program in programs.items()
+             for what, part in manifest.program_parts(name, program).items()}  # the programs and their vjps
+    audit.check_platforms(parts, where)
+    for name, program in parts.items():
         audit.check_program(name, program, where, allow_callbacks=allow_callbacks, allow_custom_calls=allowed,
                             declared=bool(info.get("host_callbacks")))
     audit.check_signature(programs, signature, where)
+    audit.check_vjps(programs, where)
     loaded = LoadedAOT(ExportedAOT(name=info.get("function", "exported"), signature=signature, **programs),
                        where=str(root))
-    audit.check_calls(programs, where)
+    audit.check_calls(parts, where)
     return loaded
 
 
@@ -292,7 +304,7 @@ class LoadedAOT:
                 f"jax.vmap of {self.__name__}, a loaded artifact, is not supported: its exported {what} program "
                 "has no batching rule. Export the vmapped function instead (jaxaot.export.export(jax.vmap(f), "
                 "*batched_args)), or map this one over the batch with jax.lax.map.")
-        return list(program.call(*leaves))
+        return list(differentiable_call(program, self.__name__, what)(*leaves))
 
     def _infer(self, leaves: Sequence[Any]) -> list:
         self._calls.ran(shapes_of(leaves), "inference")
@@ -336,6 +348,7 @@ class LoadedAOT:
         bound: dict[str, tuple[int, str]] = {}
         for path, spec, x in zip(s.in_paths, s.in_specs, leaves):
             _check_leaf(path, spec, x, bound, ArtifactInputError, input_=True)
+        check_compound_dims(s.in_paths, s.in_specs, leaves, bound, ArtifactInputError)
         self._refuse_forward_mode(leaves)
         self._calls.look_up(shapes_of(leaves))
         return leaves
@@ -347,6 +360,7 @@ class LoadedAOT:
         bound: dict[str, tuple[int, str]] = {}
         for i, (spec, x) in enumerate(zip(specs, arrays)):
             _check_leaf(f"residual {i}", spec, x, bound, ResidualsMismatchError)
+        check_compound_dims([f"residual {i}" for i in range(len(specs))], specs, arrays, bound, ResidualsMismatchError)
 
     def _check_cotangents(self, cotangents: Any) -> list:
         s = self.signature
@@ -379,10 +393,6 @@ def _static_note(name: str, s: AOTSignature) -> str:
             "needs another export. ")
 
 
-#: Dtypes JAX makes only with ``jax_enable_x64``.
-_WIDE = frozenset({"float64", "int64", "uint64", "complex128"})
-
-
 def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exception], input_: bool = False) -> None:
     """Raise ``error`` unless ``x`` has ``spec``'s dtype and shape (binding symbolic dims); an ``input_``
     exported weakly typed also takes only a weakly typed ``x`` (:func:`weak_input_note`)."""
@@ -407,7 +417,7 @@ def _check_leaf(path: str, spec: ArraySpec, x: Any, bound: dict, error: type[Exc
                 )
     weak = weak_input_note(path, spec, x, dtype) if input_ and spec.weak_type else ""
     if mismatch:
-        wide = spec.dtype in _WIDE and not jax.config.jax_enable_x64
+        wide = spec.dtype in audit.WIDE and not jax.config.jax_enable_x64
         raise error(f"{path}: expected {spec}, got {dtype}[{','.join(map(str, shape))}]." + (
             f" The artifact takes {spec.dtype} inputs, which JAX makes only with jax_enable_x64: call it under "
             f"jax.config.update('jax_enable_x64', True)." if wide else "") + (weak if dtype != spec.dtype else ""))

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import jax
 import jaxlib
@@ -35,6 +35,8 @@ FORMAT = "jaxaot-export"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PROGRAMS = ("inference", "forward", "backward")
+#: How many orders of vjp programs a saved forward and backward hold: grad of grad of a loaded artifact.
+VJP_ORDER = 1
 MIN_JAX = (0, 10)
 #: The largest manifest ``load`` reads.
 MAX_MANIFEST_BYTES = 64 << 20
@@ -44,6 +46,7 @@ MAX_PROGRAM_BYTES = 4 << 30
 #: How deep the manifest's JSON may nest: a pytree structure nests two levels per pytree level.
 MAX_MANIFEST_DEPTH = 2 * MAX_TREE_DEPTH + 16
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+T = TypeVar("T")
 
 
 def library_versions() -> dict:
@@ -70,18 +73,18 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
     artifacts, host = {}, False
     for program in PROGRAMS:
         exp = programs[program]
-        blob = bytes(exp.serialize())
+        blob, parts = serialize(program, exp, str(root))
         file = f"{program}.jaxexport"
         files[file] = blob
-        ops = audit.read_ops(program, exp, str(root))
-        host = host or bool(audit.host_code(ops))
+        ops = [audit.read_ops(what, part, str(root)) for what, part in parts.items()]
+        host = host or any(audit.host_code(o) for o in ops)
         artifacts[program] = {
             "file": file,
             "sha256": hashlib.sha256(blob).hexdigest(),
             "bytes": len(blob),
             "platforms": list(exp.platforms),
             "calling_convention_version": int(exp.calling_convention_version),
-            "custom_calls": sorted({c.target for c in ops.custom_calls}),
+            "custom_calls": sorted({c.target for o in ops for c in o.custom_calls}),
         }
     manifest = {
         "format": FORMAT,
@@ -185,6 +188,61 @@ def read_manifest(root: Path, max_bytes: int | None = None, key: bytes | None = 
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{root / MANIFEST} is not a jaxaot export manifest (format != {FORMAT!r}).")
     return manifest
+
+
+def serialize(name: str, exp: Any, where: str) -> tuple[bytes, dict[str, Any]]:
+    """The file of program ``name`` and the programs in it by name (:func:`program_parts`).
+
+    The forward and the backward take their vjp programs along (``VJP_ORDER``
+    deep) where ``jax.export`` can make them and a load would take them (no host
+    callbacks, custom calls of known types): ``jax.grad`` of ``jax.grad`` of a
+    loaded artifact differentiates its backward, and a forward it runs for it.
+    """
+    if name != "inference" and exp.has_vjp():
+        try:
+            blob = bytes(exp.serialize(vjp_order=VJP_ORDER))
+            parts = program_parts(name, jax.export.deserialize(blob))  # exp.vjp() would export the vjp again
+            for what, part in list(parts.items())[1:]:
+                audit.check_program(what, part, where, allow_callbacks=False)
+            return blob, parts
+        except Exception:  # a program jax cannot differentiate (a while loop), or a vjp a load refuses
+            pass
+    return bytes(exp.serialize()), {name: exp}
+
+
+def program_parts(name: str, exp: Any) -> dict[str, Any]:
+    """The deserialized ``exp`` and the vjp programs it holds, named as messages name them (``"backward's vjp"``)."""
+    parts = {name: exp}
+    while exp.has_vjp() and len(parts) <= VJP_ORDER:
+        exp = exp.vjp()
+        parts[name + "'s vjp" * len(parts)] = exp
+    return parts
+
+
+def retry_if_replaced(root: Path, read: Callable[[], T], attempts: int = 3) -> T:
+    """``read()`` of the folder ``root``, again where it fails while a save puts another folder there.
+
+    A save swaps a whole new folder in (:func:`write`); a load that read the
+    manifest of one and a program of the other fails its size or checksum
+    check, and reads the new folder whole on the next attempt.
+    """
+    for _ in range(attempts - 1):
+        before = _folder_state(root)
+        try:
+            return read()
+        except ArtifactError:
+            if _folder_state(root) == before:
+                raise
+    return read()
+
+
+def _folder_state(root: Path) -> tuple | None:
+    """What changes when a save replaces the folder ``root`` (None where nothing is there)."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
 def load_program(root: Path, name: str, info: Mapping[str, Any], max_bytes: int | None = None) -> Any:
