@@ -41,3 +41,22 @@ def test_counted_loop_binds_its_own_params(reverse):
     c, ys = loop.bind(loop.join(2, [], [0.0], [jnp.array([1.0, 2.0, 4.0])]))
     assert float(c) == 3.0
     assert ys.tolist() == ([2.0, 0.0, 0.0] if reverse else [0.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("option", ["max_steps", "checkpoints"])
+def test_counts_beyond_int32_are_refused_at_the_option_check(option):
+    from jaxaot._src.loops import dynamic_capacity
+    from jaxaot._src.loops.common import MAX_COUNT
+    from jaxaot.errors import InvalidLoopOptionError
+
+    loop = lambda x, n: while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x), **{option: n})  # noqa: E731
+    for n in (MAX_COUNT + 1, 2**31, 2**40):
+        with pytest.raises(InvalidLoopOptionError, match=f"{option} must be at most 2\\*\\*31 - 2.*int32"):
+            jax.grad(lambda x: loop(x, n)[1])(0.5)
+    with pytest.raises(InvalidLoopOptionError, match="at most"):
+        while_loop_stack_output(lambda c: c < 2.0, lambda c: c + 1.0, 0.0, max_steps=2**31)
+    with pytest.raises(InvalidLoopOptionError, match="at most"):
+        with dynamic_capacity(2**31):
+            pass
+    ref = jax.grad(lambda x: jnp.sin(jnp.sin(jnp.sin(jnp.sin(jnp.sin(x))))))(0.5)
+    assert jnp.allclose(jax.grad(lambda x: loop(x, 64)[1])(0.5), ref)

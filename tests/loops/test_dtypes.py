@@ -87,3 +87,37 @@ def test_stacked_outputs_and_dynamic_capacity_under_strict_promotion(x64, dtype)
         ref = jax.jvp(lambda x: _loop(lax.while_loop, x)[1], (x,), (jnp.ones_like(x),))[1]
         assert g.dtype == x.dtype
         np.testing.assert_allclose(g, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(max_steps=8), dict(checkpoints=2), dict(max_steps=8, checkpoints=2)],
+                         ids=["max_steps", "checkpoints", "both"])
+def test_weak_float_outputs_keep_their_weak_type_under_reverse_mode(options):
+    """A Python-float carry comes out weakly typed in every mode and transformation, as from ``lax.scan``: the
+    product with a bfloat16 array is then bfloat16 under ``jax.grad`` as in the forward."""
+    x0 = float(np.random.default_rng(_SEED).uniform(0.2, 0.9))
+    b = jnp.asarray(np.random.default_rng(_SEED + 1).uniform(0.5, 2.0, 3), jnp.bfloat16)
+
+    def loss(wl, x, **o):
+        y = wl(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])), (0, x), **o)[1]
+        return (y * b).astype(jnp.float32).sum(), y
+
+    scan = lambda cond, body, init: lax.scan(lambda c, _: (body(c), None), init, None, length=3)[0]  # noqa: E731
+    for wrap in (lambda f: f, jax.jit):  # a jit may compute the bfloat16 product in float32: compare like with like
+        ref = wrap(jax.value_and_grad(lambda x: loss(scan, x), has_aux=True))(x0)
+        (value, y), g = wrap(jax.value_and_grad(lambda x: loss(jaxaot.loops.while_loop, x, **options),
+                                                has_aux=True))(x0)
+        assert jax.typeof(y) == jax.typeof(ref[0][1]) and y.weak_type
+        assert value == ref[0][0], f"seed {_SEED}"
+        np.testing.assert_allclose(g, ref[1], rtol=1e-2, err_msg=f"seed {_SEED}")
+
+
+def test_stacked_weak_rows_keep_their_weak_type_under_reverse_mode():
+    x0 = float(np.random.default_rng(_SEED).uniform(0.2, 0.9))
+    run = lambda x: jaxaot.loops.while_loop_stack_output(lambda c: c < 2.0, lambda c: c * 1.5 + 0.1, x,  # noqa: E731
+                                                         max_steps=16)[0]
+    forward = run(x0)
+    (_, stacked), g = jax.value_and_grad(lambda x: (run(x).sum(), run(x)), has_aux=True)(x0)
+    assert jax.typeof(stacked) == jax.typeof(forward) and forward.weak_type
+    n = int(jnp.sum(forward != 0))
+    ref = jax.grad(lambda x: lax.scan(lambda c, _: ((c * 1.5 + 0.1),) * 2, x, None, length=n)[1].sum())(x0)
+    np.testing.assert_allclose(g, ref, rtol=1e-5, err_msg=f"seed {_SEED}")

@@ -177,6 +177,11 @@ def eqn_name_stack(eqn: Any) -> str:
     return str(eqn.source_info.name_stack)
 
 
+def outside_name_scopes() -> Any:
+    """A context whose eqns carry no ``jax.named_scope`` name (a backward check that belongs to the forward)."""
+    return _siu.reset_name_stack()
+
+
 def eqn_subjaxprs(eqn: Any) -> list:
     """Closed jaxprs held in an eqn's params (bodies of calls, loops, conds)."""
     return list(_core.jaxprs_in_params(eqn.params))
@@ -434,15 +439,12 @@ def host_value(x: Any) -> np.ndarray:
 #: What the rest of jaxaot uses (``C.<name>``); ``Primitive``, ``check_jaxpr`` and
 #: ``saved_residuals`` serve the tests.
 __all__ = [
-    "is_differentiated", "typed_as",
-    "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS", "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr",
-    "Primitive", "Tracer",
-    "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
+    "is_differentiated", "outside_name_scopes", "typed_as", "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS",
+    "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr", "Primitive", "Tracer", "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
     "dim_value", "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
     "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_batch_tracer", "is_drop_var", "is_effectful",
     "is_forward_mode_tracer", "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of",
-    "make_closed_jaxpr",
-    "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
+    "make_closed_jaxpr", "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
     "reverse_mode_mask", "single_device_of", "stages_operations", "trace_context", "trace_of", "zeros_float0",
     "config_changes", "jit_disabled", "pin_sharding", "explicit_axes",
 ]

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxaot.errors import ReverseModeBoundError
 from jaxaot._src.loops.common import INT, Loop, check_positive, while_loop_p
-from jaxaot._src.loops.overflow import check_overflow, overflow_scale
+from jaxaot._src.loops.overflow import overflow_scale
 
 _STATE = threading.local()
 
@@ -62,16 +62,12 @@ def dynamic_capacity(capacity: int) -> Iterator[list]:
 def stack_capacity(loop: Loop) -> tuple[int, Callable[[Any, Any], Any]]:
     """The stack length for reverse-differentiating ``loop``, and what to do with its
     ``(num_steps, overflowed)`` once the forward ran: that function returns the
-    :func:`~jaxaot._src.loops.overflow.overflow_scale` the loop's outputs and tangents are
-    multiplied by (a ``max_steps`` overflow poisons them with NaN), or None."""
+    :func:`~jaxaot._src.loops.overflow.overflow_scale` the loop's tangents are multiplied by (a
+    ``max_steps`` overflow poisons them with NaN; the caller checks the flag where they are used), or None."""
     if loop.prim is not while_loop_p:
         return loop.length, lambda num_steps, overflowed: None
     if loop.max_steps is not None:
-        def check(num_steps, overflowed):
-            check_overflow(overflowed, loop.max_steps)
-            return overflow_scale(overflowed)
-
-        return loop.max_steps, check
+        return loop.max_steps, lambda num_steps, overflowed: overflow_scale(overflowed)
     frames = _frames()
     if frames:
         capacity, trip_counts = frames[-1]

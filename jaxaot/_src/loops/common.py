@@ -41,9 +41,14 @@ INT = np.int32
 
 
 # --------------------------------------------------------------------------- options
+#: The largest ``max_steps``, ``checkpoints`` or capacity: trip counts and row indices are int32, and a
+#: capacity's "needed more" count (capacity + 1) must fit too.
+MAX_COUNT = 2**31 - 2
+
+
 def check_positive(name: str, value: Any, who: str = "while_loop") -> None:
-    """Raise :class:`InvalidLoopOptionError` unless ``value`` is None or a positive int (``who``: the
-    function the message names)."""
+    """Raise :class:`InvalidLoopOptionError` unless ``value`` is None or a positive int of at most
+    :data:`MAX_COUNT` (``who``: the function the message names)."""
     if value is None:
         return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -52,6 +57,9 @@ def check_positive(name: str, value: Any, who: str = "while_loop") -> None:
         )
     if value < 1:
         raise InvalidLoopOptionError(f"{who}: {name} must be a positive int, got {value}.")
+    if value > MAX_COUNT:
+        raise InvalidLoopOptionError(
+            f"{who}: {name} must be at most 2**31 - 2 = {MAX_COUNT} (trip counts are int32), got {value}.")
 
 
 #: Where ``checkpoint_memory`` may keep a checkpointed loop's snapshots.

@@ -102,9 +102,61 @@ def overflow_scale(overflowed: Any) -> Any:
 def poison(scale: Any, values: Sequence[Any]) -> list:
     """``values`` times ``scale`` (from :func:`overflow_scale`): the inexact ones become
     NaN on overflow, and so does every derivative through them (a multiply, not a
-    select, so a tangent map stays linear); integer values pass unchanged."""
-    return [x * scale.astype(jnp.result_type(x)).reshape(scale.shape + (1,) * (jnp.ndim(x) - scale.ndim))
-            if C.is_inexact(jnp.result_type(x)) else x for x in values]
+    select, so a tangent map stays linear); integer values pass unchanged. Each keeps its weak type, so
+    the result promotes downstream as the unpoisoned value would."""
+    return [_poison_one(scale, x) if C.is_inexact(jnp.result_type(x)) else x for x in values]
+
+
+def _poison_one(scale: Any, x: Any) -> Any:
+    aval = jax.typeof(x)
+    y = x * scale.astype(aval.dtype).reshape(scale.shape + (1,) * (aval.ndim - scale.ndim))
+    return C.typed_as(y, aval)
+
+
+# --------------------------------------------------------------------------- the deferred check
+#: ``guard(overflowed, *tangents) -> tangents``: the identity, checking the flag (:func:`check_overflow`) where
+#: it runs or is transposed. It stands on the tangents a bounded loop's reverse mode produces, so a loop whose
+#: tangents nobody reads (DCE drops the guard with them) runs past ``max_steps`` without an error, as the
+#: forward does; a read tangent raises (or records, under ``jit``) in the backward.
+_guard_p = C.new_loop_primitive("loop_overflow_guard")
+
+
+def guard_tangents(overflowed: Any, max_steps: int, tangents: Sequence[Any]) -> list:
+    """``tangents``, checked against ``overflowed`` wherever they are used (see ``_guard_p``)."""
+    return list(_guard_p.bind(overflowed, *tangents, max_steps=max_steps)) if tangents else []
+
+
+def _guard_impl(overflowed: Any, *values: Any, max_steps: int) -> list:
+    check_overflow(overflowed, max_steps)
+    return list(values)
+
+
+def _guard_jvp(primals: Sequence[Any], tangents: Sequence[Any], *, max_steps: int) -> tuple[list, list]:
+    flag, values = primals[0], primals[1:]
+    nz = [type(t) is not C.Zero for t in tangents[1:]]
+    out_t = iter(guard_tangents(flag, max_steps, [t for t, z in zip(tangents[1:], nz) if z]))
+    return guard_tangents(flag, max_steps, values), [next(out_t) if z else t for t, z in zip(tangents[1:], nz)]
+
+
+def _guard_transpose(cts: Sequence[Any], overflowed: Any, *values: Any, max_steps: int) -> list:
+    if any(type(ct) is not C.Zero for ct in cts):  # staged as a visible check under jit (see overflow_check),
+        with C.outside_name_scopes():  # reading forward values only: an aot_function's forward runs it
+            check_overflow(overflowed, max_steps)
+    return [None, *cts]
+
+
+def _guard_batch(axis_data: Any, args: Sequence[Any], dims: Sequence[Any], *, max_steps: int) -> tuple[list, list]:
+    del axis_data
+    flag = args[0] if dims[0] is None else jnp.any(args[0], axis=dims[0])
+    return guard_tangents(flag, max_steps, args[1:]), list(dims[1:])
+
+
+_guard_p.def_impl(_guard_impl)
+_guard_p.def_abstract_eval(lambda overflowed, *avals, max_steps: list(avals))
+C.register_lowering(_guard_p, C.lower_fun(_guard_impl, multiple_results=True))
+C.primitive_jvps[_guard_p] = _guard_jvp
+C.primitive_transposes[_guard_p] = _guard_transpose
+C.fancy_primitive_batchers[_guard_p] = _guard_batch
 
 
 def checked_values(flags: Sequence[Any], max_steps: Sequence[int], values: Sequence[Any]) -> list:

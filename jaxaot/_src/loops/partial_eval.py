@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from jaxaot._src import compat as C
 from jaxaot._src.loops import checkpointed, segments
@@ -37,7 +38,7 @@ from jaxaot._src.loops.common import (
     trace_flat,
     while_loop_p,
 )
-from jaxaot._src.loops.overflow import poison
+from jaxaot._src.loops.overflow import guard_tangents, poison
 from jaxaot._src.loops.reverse_mode import reverse_mode
 
 
@@ -207,8 +208,8 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
         num_steps, overflowed = extra
         scale = on_overflow(num_steps, overflowed)
         extra = extra if loop.stacks else []
-    if scale is not None:  # an overflow makes the outputs NaN, and (below) every tangent
-        k_t_out = poison(scale, k_t_out)
+    if scale is not None:  # an overflow makes every tangent NaN (below), checked where one is used
+        k_t_out = _run_past(loop, consts_uk, carry_uk, known_body, res_avals, k_consts, k_t_out, overflowed)
         inv_res, res_dep = [*inv_res, scale], [*res_dep, False]
         n_inv += 1
 
@@ -231,6 +232,9 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
                                [*pick(xs_uk, xs), *ext_res])
     out_tracers = C.stage_unknown_eqn(trace, counted_loop_p, in_tracers, lin_loop.out_avals(),
                                       lin_loop.params(), lin_loop.effects())
+    if scale is not None:
+        with C.tracing_into(trace):
+            out_tracers = guard_tangents(overflowed, loop.max_steps, out_tracers)
     u_t_out, u_y_out = C.split_list(out_tracers, [u_m])
     return [*C.merge_lists(carry_uk, k_t_out, u_t_out), *C.merge_lists(ys_uk, k_y_out, u_y_out), *extra]
 
@@ -254,6 +258,17 @@ def _known_loop(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool],
     body, _ = C.dce_closed(known_body, [True] * n_known_outs + [False] * len(res_avals), True)
     return loop.replace(body=body, cond=_known_cond(loop, consts_uk, carry_uk),
                         num_consts=loop.num_consts - sum(consts_uk), num_carry=loop.num_carry - sum(carry_uk))
+
+
+def _run_past(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool], known_body: Any,
+              res_avals: Sequence[Any], k_consts: Sequence[Any], k_carry: Sequence[Any], overflowed: Any) -> list:
+    """The known carries at the loop's end: the stacking loop's, or where it stopped at ``max_steps``, the
+    loop run on from there without a stack (zero iterations otherwise). The primal outputs so never depend on
+    ``max_steps``; only the tangents do (NaN, and an error where they are used)."""
+    known_loop = _known_loop(loop, consts_uk, carry_uk, known_body, res_avals)
+    sg = jax.lax.stop_gradient  # the overflowed lanes' outputs carry no derivative of an outer transformation
+    ran = known_loop.bind(known_loop.join(None, [sg(c) for c in k_consts], [sg(c) for c in k_carry], []))
+    return [C.typed_as(jnp.where(overflowed, sg(r), c), jax.typeof(c)) for r, c in zip(ran, k_carry)]
 
 
 def _run_known(loop: Loop, tracers: Sequence[Any], consts_uk: Sequence[bool], carry_uk: Sequence[bool],

@@ -73,42 +73,56 @@ def _jvp(prim, primals, tangents, **params):
             break
         tnz = either(tnz, out_nz[: loop.num_carry])
     ynz = out_nz[loop.num_carry:]
-    nc, nt, nx = sum(cnz), sum(tnz), sum(xnz)
-    ny = sum(ynz)
     k, m, x = loop.num_consts, loop.num_carry, loop.num_xs
+    fwd = [nz and f for nz, f in zip(tnz, _forwarded_carries(loop))]  # constant tangents: consts, not carries
+    fwd_t = pick(tnz, fwd)  # among the nonzero carry tangents, which the body forwards
+    nc, nt, nx, nf = sum(cnz), sum(tnz), sum(xnz), sum(fwd)
+    ny, nl = sum(ynz), nt - nf
     jvp_in = C.in_avals_of(body_jvp)
     primal_in, tan_in = jvp_in[: k + m + x], jvp_in[k + m + x:]
     c_av, t_av, x_av = C.split_list(primal_in, [k, m])
     dc_av, dt_av, dx_av = C.split_list(tan_in, [nc, nt])
 
     def body(*args):
-        c, dc, t, dt, xr, dxr = C.split_list(args, [k, nc, m, nt, x, nx])[:6]
-        out = C.eval_closed(body_jvp, *c, *t, *xr, *dc, *dt, *dxr)
+        c, dc, df, t, dt, xr, dxr = C.split_list(args, [k, nc, nf, m, nl, x, nx])[:7]
+        out = C.eval_closed(body_jvp, *c, *t, *xr, *dc, *C.merge_lists(fwd_t, dt, df), *dxr)
         t_o, y_o, dt_o, dy_o = C.split_list(out, [m, loop.num_ys, nt])
-        return [*t_o, *dt_o, *y_o, *dy_o]
+        return [*t_o, *pick(fwd_t, dt_o, False), *y_o, *dy_o]
 
-    new_body = trace_flat(body, [*c_av, *dc_av, *t_av, *dt_av, *x_av, *dx_av])
+    new_body = trace_flat(body, [*c_av, *dc_av, *pick(fwd_t, dt_av), *t_av, *pick(fwd_t, dt_av, False), *x_av,
+                                 *dx_av])
     new_cond = None
     if loop.cond is not None:
         cond = loop.cond
-        new_cond = trace_flat(lambda *a: C.eval_closed(cond, *a[:k], *a[k + nc: k + nc + m]),
-                              [*c_av, *dc_av, *t_av, *dt_av])
-    new_loop = loop.replace(body=new_body, cond=new_cond, num_consts=k + nc, num_carry=m + nt)
+        new_cond = trace_flat(lambda *a: C.eval_closed(cond, *a[:k], *a[k + nc + nf: k + nc + nf + m]),
+                              [*c_av, *dc_av, *pick(fwd_t, dt_av), *t_av, *pick(fwd_t, dt_av, False)])
+    new_loop = loop.replace(body=new_body, cond=new_cond, num_consts=k + nc + nf, num_carry=m + nl)
     inst = C.instantiate_zeros
+    looped = [nz and not f for nz, f in zip(tnz, fwd)]
     args = new_loop.join(
         n,
-        [*consts, *pick(cnz, cdot)],
-        [*carry, *[inst(t) for t, nz in zip(tdot, tnz) if nz]],
+        [*consts, *pick(cnz, cdot), *pick(fwd, tdot)],
+        [*carry, *[inst(t) for t in pick(looped, tdot)]],
         [*xs, *pick(xnz, xdot)],
     )
     outs = new_loop.bind(args)
-    t_out, dt_out, y_out, dy_out, extra = C.split_list(outs, [m, nt, loop.num_ys, ny])
+    t_out, dt_out, y_out, dy_out, extra = C.split_list(outs, [m, nl, loop.num_ys, ny])
     primal_out = [*t_out, *y_out, *extra]
-    tan_out = (C.merge_lists(tnz, [zero_tangent(a) for a in pick(tnz, loop.carry_avals, False)], dt_out)
+    dt_iter = iter(dt_out)
+    tan_out = ([next(dt_iter) if lp else t if f else zero_tangent(a)
+                for lp, f, t, a in zip(looped, fwd, tdot, loop.carry_avals)]
                + C.merge_lists(ynz, [zero_tangent(stacked_aval(a, loop.length))
                                      for a in pick(ynz, loop.y_row_avals, False)], dy_out)
                + [zero_tangent(C.ShapedArray((), INT)), zero_tangent(C.ShapedArray((), np.bool_))][: loop.num_extra])
     return primal_out, tan_out
+
+
+def _forwarded_carries(loop) -> list[bool]:
+    """Per carry, whether the body returns it unchanged: its tangent is then the same every iteration, and
+    the JVP passes it as a const (as ``lax.while_loop`` does), so reverse mode never stacks or bounds it."""
+    jaxpr = C.jaxpr_of(loop.body)
+    k = loop.num_consts
+    return [jaxpr.outvars[i] is jaxpr.invars[k + i] for i in range(loop.num_carry)]
 
 
 # --------------------------------------------------------------------------- transpose

@@ -40,6 +40,7 @@ class _Costs:
         self.rows = {}  # s -> beta(s, r) for r = 0, 1, ... up to the first value >= longest
         self.longest = longest
         self.memo: dict = {}
+        self.combs: dict = {}  # s -> min(comb(s + r, s + 1), int32 max) for r < _WIDTH
 
     def _row(self, s: int) -> list:
         row = self.rows.get(s)
@@ -57,6 +58,23 @@ class _Costs:
         if got is None:
             got = self.memo[key] = self._cost(length, max(1, min(slots, self.k)))
         return got
+
+    def many(self, lengths: np.ndarray, slots: int) -> np.ndarray:
+        """``self(length, slots)`` for each of ``lengths`` (int64), at once."""
+        s = max(1, min(slots, self.k))
+        lengths = np.asarray(lengths, np.int64)
+        if s == 1:
+            r = lengths - 1
+        else:
+            r = np.searchsorted(np.asarray(self._row(s), np.int64), lengths, side="left").astype(np.int64)
+        combs = self.combs.get(s)
+        if combs is None:
+            combs = self.combs[s] = np.asarray([min(comb(s + q, s + 1), _INT32_MAX) for q in range(_WIDTH)],
+                                               np.int64)
+        small = (r < _WIDTH) & (lengths <= _INT32_MAX // np.maximum(r, 1))
+        rr = np.where(small, r, 0)
+        got = np.where(small, np.minimum(rr * lengths - combs[rr], self.cap), self.cap)
+        return np.where(lengths <= 1, 0, got)
 
     def _cost(self, length: int, s: int) -> int:
         if length <= 1:
@@ -81,9 +99,13 @@ def stored_steps(max_steps: int, checkpoints: int) -> tuple[np.ndarray, np.ndarr
     steps, slots, held = [0], [0], [1]
     segs = _Segments(cost, k)
     static = None
-    for i in range(1, max_steps):
+    i = 0
+    while True:
         if static is None:
             static = segs.summary(m)
+        i = _next_candidate(cost, k, static, pos, m, i + 1, max_steps)
+        if i >= max_steps:
+            break
         own_before, d_best, j_best, before_last2 = static
         last = m - 1
         p_last = pos[last]
@@ -111,6 +133,31 @@ def stored_steps(max_steps: int, checkpoints: int) -> tuple[np.ndarray, np.ndarr
         held.append(m)
         static = None
     return np.asarray(steps + [-1], np.int32), np.asarray(slots + [k], np.int32), np.asarray(held + [m], np.int32)
+
+
+def _next_candidate(cost: _Costs, k: int, static: tuple, pos: list, m: int, start: int, stop: int) -> int:
+    """The first step ``i >= start`` (or ``stop``) at which the greedy rule of :func:`stored_steps` may store:
+    some option costs less than skipping. Between stored steps the held levels stay, so each option's cost
+    is a function of ``i`` alone, evaluated over blocks of steps at once (doubling blocks: a long run of
+    skipped steps costs a few vectorised passes, not one Python iteration per step)."""
+    own_before, d_best, j_best, before_last2 = static
+    last, block = m - 1, 64
+    p_last = pos[last]
+    while start < stop:
+        i = np.arange(start, min(start + block, stop), dtype=np.int64)
+        skip = own_before + cost.many(i - p_last + 1, k - last)
+        better = np.zeros(i.shape, bool)
+        if m < k:
+            better |= own_before + cost.many(i - p_last, k - last) < skip
+        if j_best:
+            better |= d_best + cost.many(i - p_last, k - last + 1) < skip
+        if m >= 2:
+            better |= before_last2 + cost.many(i - pos[m - 2], k - last + 1) < skip
+        hit = np.flatnonzero(better)
+        if hit.size:
+            return int(i[hit[0]])
+        start, block = int(i[-1]) + 1, min(block * 2, 1 << 20)
+    return stop
 
 
 class _Segments:
