@@ -241,8 +241,14 @@ class CompiledExecutor:
                 if leaf is not None and not isinstance(leaf, P):
                     raise InvalidInputError(f"param_specs[{s}] holds {leaf!r}: give a PartitionSpec (or None) per "
                                             "parameter leaf.")
-                bad = [a for a in (leaf or ()) if a is not None and
-                       not set(a if isinstance(a, tuple) else (a,)) <= set(self.axes.auto)]
+                named = [n for a in (leaf or ()) if a is not None for n in (a if isinstance(a, tuple) else (a,))]
+                unknown = [n for n in named if n not in self.mesh.axis_names]
+                if unknown:
+                    raise InvalidValueError(
+                        f"param_specs[{s}] holds {leaf}, which names {', '.join(map(repr, unknown))}: not an axis of "
+                        f"the mesh, whose axes are {tuple(self.mesh.axis_names)}. Shard a stage's parameters over "
+                        f"the mesh's other axes {self.axes.auto} (not the pipeline or data axes).")
+                bad = [n for n in named if n not in self.axes.auto]
                 if bad:
                     raise InvalidValueError(
                         f"param_specs[{s}] shards over {bad}, but a stage's parameters may only be sharded over "
@@ -299,10 +305,14 @@ def _gradient(g: Any, aval: Any) -> Any:
 
 
 def _check_divides(stage: int, path: str, spec: Any, aval: Any, mesh: jax.sharding.Mesh) -> None:
-    """Refuse a parameter's ``PartitionSpec`` whose mesh axes do not divide the dimension they split, naming the
-    parameter (XLA would name the stages' packed array instead)."""
+    """Refuse a parameter's ``PartitionSpec`` with more entries than the parameter has dimensions, or whose mesh axes
+    do not divide the dimension they split, naming the parameter (XLA would name the stages' packed array instead)."""
+    if spec is not None and len(spec) > len(aval.shape):
+        raise InvalidValueError(
+            f"param_specs[{stage}]{path} = {spec} names {len(spec)} dimensions, but the parameter is "
+            f"{tuple(aval.shape)} (rank {len(aval.shape)}): give at most one entry per dimension.")
     for dim, axes in enumerate(spec or ()):
-        if axes is None or dim >= len(aval.shape):
+        if axes is None:
             continue
         size = math.prod(mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,)))
         if aval.shape[dim] % size:

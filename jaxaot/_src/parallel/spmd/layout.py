@@ -94,39 +94,46 @@ class Layout:
         empty = getattr(jax.lax, "empty", jnp.zeros)
         return [empty(a.shape, a.dtype) for a in self.record_avals(slots)]
 
-    # -- leaves in records and buffers; ``slot`` None: ``buffers`` is one record
-    def read(self, stage: int, buffers: Sequence[jax.Array], slot: Any = None) -> list[jax.Array]:
+    # -- leaves in records and buffers; ``slot`` None: ``buffers`` is one record. ``pin(cells, spec) -> cells``
+    # places a leaf's cells as its entry's spec says (None: replicated) as they leave or enter a record.
+    def read(self, stage: int, buffers: Sequence[jax.Array], slot: Any = None, pin: Any = None) -> list[jax.Array]:
         """Stage ``stage``'s leaves from the record at ``slot`` of ``buffers``."""
-        return [self._read(buffers[p.entry], p, slot) for p in self.places[stage]]
+        return [self._read(buffers[p.entry], p, slot, pin) for p in self.places[stage]]
 
     def write(self, stage: int, buffers: Sequence[jax.Array], leaves: Sequence[Any], slot: Any = None,
-              only: Sequence[bool] | None = None) -> list[jax.Array]:
+              only: Sequence[bool] | None = None, pin: Any = None) -> list[jax.Array]:
         """``buffers`` with stage ``stage``'s ``leaves`` written into the record at ``slot`` (a leaf that is
         None, or not in ``only``, is left as it is)."""
         out = list(buffers)
         for i, (p, x) in enumerate(zip(self.places[stage], leaves)):
             if x is not None and (only is None or only[i]):
-                out[p.entry] = self._write(out[p.entry], p, slot, x)
+                out[p.entry] = self._write(out[p.entry], p, slot, x, pin)
         return out
 
-    def add(self, stage: int, buffers: Sequence[jax.Array], leaves: Sequence[Any]) -> list[jax.Array]:
+    def add(self, stage: int, buffers: Sequence[jax.Array], leaves: Sequence[Any], pin: Any = None) -> list[jax.Array]:
         """``buffers`` (one record) with stage ``stage``'s ``leaves`` added to its own (None: nothing added)."""
         out = list(buffers)
         for p, x in zip(self.places[stage], leaves):
             if x is not None:
-                out[p.entry] = self._write(out[p.entry], p, None, self._read(out[p.entry], p, None) + x)
+                out[p.entry] = self._write(out[p.entry], p, None, self._read(out[p.entry], p, None, pin) + x, pin)
         return out
 
-    def _read(self, buf: jax.Array, p: Place, slot: Any) -> jax.Array:
-        if slot is None:
-            return p.leaf(jax.lax.slice_in_dim(buf, p.start, p.start + p.count, axis=0).reshape(p.shape))
-        cell = buf.shape[2:]
-        piece = jax.lax.dynamic_slice(buf, _indices(slot, p.start, len(cell)), (1, p.count) + cell)
-        return p.leaf(piece.reshape(p.shape))
+    def _spec(self, p: Place) -> Any:
+        return self.specs[p.entry] if self.specs else None
 
-    def _write(self, buf: jax.Array, p: Place, slot: Any, x: Any) -> jax.Array:
+    def _read(self, buf: jax.Array, p: Place, slot: Any, pin: Any = None) -> jax.Array:
+        if slot is None:
+            cells = jax.lax.slice_in_dim(buf, p.start, p.start + p.count, axis=0).reshape(p.shape)
+        else:
+            cell = buf.shape[2:]
+            piece = jax.lax.dynamic_slice(buf, _indices(slot, p.start, len(cell)), (1, p.count) + cell)
+            cells = piece.reshape(p.shape)
+        return p.leaf(cells if pin is None else pin(cells, self._spec(p)))
+
+    def _write(self, buf: jax.Array, p: Place, slot: Any, x: Any, pin: Any = None) -> jax.Array:
         cell = buf.shape[2:] if slot is not None else buf.shape[1:]
-        x = jnp.asarray(p.cells(x), buf.dtype).reshape((p.count,) + cell)
+        x = jnp.asarray(p.cells(x), buf.dtype)
+        x = (x if pin is None else pin(x, self._spec(p))).reshape((p.count,) + cell)
         if slot is None:
             return jax.lax.dynamic_update_slice(buf, x, (p.start,) + (0,) * len(cell))
         return jax.lax.dynamic_update_slice(buf, x[None], _indices(slot, p.start, len(cell)))

@@ -103,11 +103,12 @@ def writes(stage: int, op: str, last: int) -> tuple[str, ...]:
     return ("w" if op == "B" else "acc",) + (("ct_out",) if stage > 0 else ())
 
 
-def _action(passes: Sequence[StagePasses], lay: Layouts, num_microbatches: int, stage: int, op: str):
+def _action(passes: Sequence[StagePasses], lay: Layouts, num_microbatches: int, stage: int, op: str, pin=None):
     """``run(own, seen, row, params, inputs, targets) -> own``: ``op`` on ``stage``, as a ``lax.cond`` branch.
 
     ``own`` holds the state it writes (:func:`writes`), ``seen`` what it reads (:data:`READS`); both hold
     whole buffers, but the branch slices out only its own leaves and updates only those it produced.
+    ``pin``: :func:`leaf_pinner`'s, for every leaf read from or written to a record.
     """
     s, last = stage, len(passes) - 1
     loss_dtype = passes[-1].output_avals[0].dtype
@@ -119,14 +120,14 @@ def _action(passes: Sequence[StagePasses], lay: Layouts, num_microbatches: int, 
         if s == 0:
             acts = [jax.lax.dynamic_index_in_dim(x, m, 0, keepdims=False) for x in inputs]
         else:
-            acts = lay.activations.read(s - 1, seen["act_in"], row[COL["act_read"]])
+            acts = lay.activations.read(s - 1, seen["act_in"], row[COL["act_read"]], pin)
         ts = [jax.lax.dynamic_index_in_dim(t, m, 0, keepdims=False) for t in targets] if s == last else []
-        outs, stored = ps.forward(lay.params.read(s, params), acts, ts)
-        own = dict(own, res=lay.residuals.write(s, own["res"], stored, row[COL["res_write"]]))
+        outs, stored = ps.forward(lay.params.read(s, params, pin=pin), acts, ts)
+        own = dict(own, res=lay.residuals.write(s, own["res"], stored, row[COL["res_write"]], pin=pin))
         if s == last:
             own["loss"] = own["loss"] + outs[0].astype(loss_dtype)
         else:
-            own["act_out"] = lay.activations.write(s, own["act_out"], outs)
+            own["act_out"] = lay.activations.write(s, own["act_out"], outs, pin=pin)
         return own
 
     def send_back(own, act_grads):
@@ -135,23 +136,24 @@ def _action(passes: Sequence[StagePasses], lay: Layouts, num_microbatches: int, 
         prev = passes[s - 1]
         back = [jnp.zeros(prev.output_avals[i].shape, prev.output_avals[i].dtype) if act_grads[i] is None
                 else act_grads[i] for i in prev.cotangent_outputs]
-        return dict(own, ct_out=lay.cotangents.write(s - 1, own["ct_out"], back))
+        return dict(own, ct_out=lay.cotangents.write(s - 1, own["ct_out"], back, pin=pin))
 
     def backward(own, seen, row, params, inputs, targets):
-        p = lay.params.read(s, params)
-        stored = lay.residuals.read(s, seen["res"], row[COL["res_read"]])
-        cts = [scale] if s == last else lay.cotangents.read(s, seen["ct_in"], row[COL["ct_read"]])
+        p = lay.params.read(s, params, pin=pin)
+        stored = lay.residuals.read(s, seen["res"], row[COL["res_read"]], pin)
+        cts = [scale] if s == last else lay.cotangents.read(s, seen["ct_in"], row[COL["ct_read"]], pin)
         if op == "BW":
             grads, act_grads = ps.backward(p, stored, cts)
-            own = dict(own, acc=lay.params.add(s, own["acc"], grads))
+            own = dict(own, acc=lay.params.add(s, own["acc"], grads, pin))
         else:
             act_grads, wstored = ps.backward_input(p, stored, cts)
-            own = dict(own, w=lay.weights.write(s, own["w"], wstored, row[COL["w_write"]]))
+            own = dict(own, w=lay.weights.write(s, own["w"], wstored, row[COL["w_write"]], pin=pin))
         return send_back(own, act_grads)
 
     def weight(own, seen, row, params, inputs, targets):
-        grads = ps.backward_weight(lay.params.read(s, params), lay.weights.read(s, seen["w"], row[COL["w_read"]]))
-        return dict(own, acc=lay.params.add(s, own["acc"], grads))
+        grads = ps.backward_weight(lay.params.read(s, params, pin=pin),
+                                   lay.weights.read(s, seen["w"], row[COL["w_read"]], pin))
+        return dict(own, acc=lay.params.add(s, own["acc"], grads, pin))
 
     return forward if op == "F" else weight if op == "W" else backward
 
@@ -160,16 +162,62 @@ def _keep(own, *_):
     return own
 
 
-def _counted(run):
+#: The layout of each buffer of the loop's state (``params``: the parameters the passes read).
+LAYOUT_OF = {"res": "residuals", "w": "weights", "act_in": "activations", "act_out": "activations",
+             "ct_in": "cotangents", "ct_out": "cotangents", "acc": "params", "params": "params"}
+
+
+def leaf_pinner(auto: Sequence[str]):
+    """``pin(x, spec) -> x`` constrained as ``spec`` says over the mesh's automatic axes (None: replicated), or
+    None without automatic axes: a leaf taken out of a record, or put into one, keeps its entry's layout, so
+    XLA slices the record where each device holds it (:func:`pinner` says why)."""
+    if not auto:
+        return None
+    return lambda x, spec: jax.lax.with_sharding_constraint(
+        x, jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), P(*(spec or ()))))
+
+
+def pinner(lay: Layouts, auto: Sequence[str]):
+    """``pin(buffers) -> buffers``, for a dict of the loop's buffers (:data:`LAYOUT_OF`; others are scalars): each
+    constrained over the mesh's automatic axes, an entry's cells as its spec says and everything else replicated.
+
+    Left to itself, XLA may split a flat record over those axes (to match a sharded leaf beside it); a stage
+    slicing its leaves out of it inside its ``lax.cond`` branch then exchanges pieces with a collective that the
+    other stages' devices, in other branches, never join, and the step hangs. Pinned buffers on both sides of
+    every branch keep the branches free of such resharding. Without automatic axes there is nothing to pin.
+    """
+    if not auto:
+        return lambda buffers: buffers
+
+    def pin_entries(xs: Sequence[jax.Array], layout: L.Layout) -> list:
+        mesh = jax.sharding.get_abstract_mesh()
+        out = []
+        for e, x in enumerate(xs):
+            spec = tuple(layout.specs[e] or ()) if layout.specs else ()
+            sharding = jax.sharding.NamedSharding(mesh, P(*(None,) * (x.ndim - len(spec)), *spec))
+            out.append(jax.lax.with_sharding_constraint(x, sharding))
+        return out
+
+    def pin(buffers: dict) -> dict:
+        mesh = jax.sharding.get_abstract_mesh()
+        return {k: pin_entries(v, getattr(lay, LAYOUT_OF[k])) if k in LAYOUT_OF
+                else jax.lax.with_sharding_constraint(v, jax.sharding.NamedSharding(mesh, P()))
+                for k, v in buffers.items()}
+
+    return pin
+
+
+def _counted(run, pin):
     """``run``, counting the actions taken in ``own["taken"]``: every cond writes it, so the conds run in
     program order and before the inboxes are stored (a buffer a cond reads and a later op writes in place,
-    unordered, would be copied)."""
-    def counted(own, *args):
-        return dict(run(own, *args), taken=own["taken"] + 1)
+    unordered, would be copied). What it reads and writes is pinned (:func:`pinner`)."""
+    def counted(own, seen, row, params, inputs, targets):
+        own, seen, params = pin(own), pin(seen), pin({"params": params})["params"]
+        return pin(dict(run(own, seen, row, params, inputs, targets), taken=own["taken"] + 1))
     return counted
 
 
-def _phase(op: str, actions: list):
+def _phase(op: str, actions: list, pin):
     """``run(state, row, params, inputs, targets) -> what it writes of state``: the conds of ``op`` on each stage,
     ``(branch, writes, run)`` in ``actions``, one after the other, inside one more cond taken only where the
     row's action is an ``op`` (where there are several), so that a tick tests a few phases and the stages of
@@ -179,16 +227,16 @@ def _phase(op: str, actions: list):
     op_index = OPS.index(op)
 
     def chain(own, seen, row, params, inputs, targets):
-        own = dict(own)
+        own = pin(own)
         for branch, keys, run in actions:
-            mine = {k: own[k] for k in keys + ("taken",)}
+            mine = pin({k: own[k] for k in keys + ("taken",)})
             own.update(jax.lax.cond(row[COL["branch"]] == branch, run, _keep, mine, seen, row, params, inputs,
                                     targets))
         return own
 
     def phase(state, row, params, inputs, targets):
-        own = {k: state[k] for k in own_keys}
-        seen = {k: state[k] for k in seen_keys}
+        own = pin({k: state[k] for k in own_keys})
+        seen = pin({k: state[k] for k in seen_keys})
         if len(actions) == 1:
             return chain(own, seen, row, params, inputs, targets)
         branch = row[COL["branch"]]
@@ -196,6 +244,17 @@ def _phase(op: str, actions: list):
         return jax.lax.cond(this_op, chain, _keep, own, seen, row, params, inputs, targets)
 
     return phase
+
+
+def _reduce(op, x: jax.Array, axis: Any) -> jax.Array:
+    """``op(x, axis)`` (``psum``, ``pmean``) for a float ``x``, in float32 where ``x`` is narrower (XLA's CPU
+    all-reduce promotion of 16-bit floats aborts on a mesh with automatic axes, and float32 sums round less);
+    an integer or key entry's gradient is zeros (float0 outside) and is left as it is (a mean would make it float)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    if jnp.finfo(x.dtype).bits < 32:
+        return op(x.astype(jnp.float32), axis).astype(x.dtype)
+    return op(x, axis)
 
 
 def _store(buffers: Sequence[jax.Array], slot: Any, record: Sequence[jax.Array]) -> list[jax.Array]:
@@ -210,12 +269,14 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
     lay = layouts(passes, sched.stage_device(), sched.num_devices, param_specs)
     last = len(passes) - 1
     used = {(a.stage, a.op) for a in sched.actions}
+    pin = pinner(lay, axes.auto)
     phases = []
     for op in OPS:
-        actions = [(branch_of(s, op), writes(s, op, last), _counted(_action(passes, lay, num_microbatches, s, op)))
+        actions = [(branch_of(s, op), writes(s, op, last),
+                    _counted(_action(passes, lay, num_microbatches, s, op, leaf_pinner(axes.auto)), pin))
                    for s in range(len(passes)) if (s, op) in used]
         if actions:
-            phases.append(_phase(op, actions))
+            phases.append(_phase(op, actions, pin))
     table = np.asarray(tick_plan.table)
     slots = tick_plan.slots
     d = axes.num_devices
@@ -224,7 +285,7 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
     data = axes.data
 
     def local(param_entries, inputs, targets):
-        params = [x[0] for x in param_entries]
+        params = pin({"params": [x[0] for x in param_entries]})["params"]
         me = jax.lax.axis_index(axes.stage)
         state = {
             # a slot is read only after it is written (a message's unused cells go to the trash slot)
@@ -238,10 +299,11 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
             "loss": jnp.zeros((), loss_dtype),
             "taken": jnp.zeros((), jnp.int32),
         }
+        state = pin(state)
 
         def tick(state, rows):
             row = jax.lax.dynamic_index_in_dim(rows, me, 0, keepdims=False)
-            state = dict(state)
+            state = pin(state)
             for phase in phases:
                 state.update(phase(state, row, params, inputs, targets))
             act_msg, ct_msg = state["act_out"], state["ct_out"]
@@ -252,14 +314,14 @@ def build_step(tick_plan: TickPlan, passes: Sequence[StagePasses], mesh: jax.sha
             after = jnp.minimum(state["taken"], 0)
             state["act_in"] = _store(state["act_in"], row[COL["recv_act"]] + after, act_msg)
             state["ct_in"] = _store(state["ct_in"], row[COL["recv_ct"]] + after, ct_msg)
-            return state, None
+            return pin(state), None
 
         state, _ = jax.lax.scan(tick, state, jnp.asarray(table))
-        loss = jax.lax.psum(state["loss"], axes.stage) / num_microbatches
+        loss = _reduce(jax.lax.psum, state["loss"], axes.stage) / num_microbatches
         grads = state["acc"]
         if data:
-            loss = jax.lax.pmean(loss, data)
-            grads = [jax.lax.pmean(g, data) for g in grads]
+            loss = _reduce(jax.lax.pmean, loss, data)
+            grads = [_reduce(jax.lax.pmean, g, data) for g in grads]
         return loss, [g[None] for g in grads]
 
     batch = P(None, data if len(data) > 1 else (data[0] if data else None))
