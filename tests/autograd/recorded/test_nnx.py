@@ -140,3 +140,51 @@ def test_nnx_compiled_grad_writes_params_back():
         x = jnp.full((2, 3), float(i + 1))
         _assert_trees_close(g(ours, x), nnx.grad(lambda m, x: m(x))(ref, x))
         _assert_trees_close(nnx.state(ours), nnx.state(ref))
+
+
+_AUX = {
+    "batch statistic": lambda m: m.bn.mean,
+    "parameter": lambda m: m.shift,
+    "the module": lambda m: m,
+    "a submodule": lambda m: m.l1,
+    "a dict of Variables": lambda m: {"var": m.bn.var, "kernel": m.l1.kernel},
+}
+
+
+def _graph_node(x):
+    return isinstance(x, (nnx.Variable, nnx.Module))
+
+
+@pytest.mark.parametrize("pick", _AUX.values(), ids=_AUX.keys())
+def test_an_argument_s_variable_or_module_in_aux_is_the_caller_s_own_object(pick):
+    """As under nnx.value_and_grad, the aux gives back the caller's own objects (holding the values written)."""
+    rng = np.random.default_rng()
+
+    def f(m, x):
+        return jnp.sum(m(x)), pick(m)
+
+    ours, ref = StatsAndParam(nnx.Rngs(0)), StatsAndParam(nnx.Rngs(0))
+    vg, want_vg = jaxaot.compiled_value_and_grad(f, has_aux=True), nnx.value_and_grad(f, has_aux=True)
+    for _ in range(3):
+        x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+        ((_, aux), _), ((_, want), _) = vg(ours, x), want_vg(ref, x)
+        same = jax.tree_util.tree_map(lambda a, b: a is b, aux, pick(ours), is_leaf=_graph_node)
+        want_same = jax.tree_util.tree_map(lambda a, b: a is b, want, pick(ref), is_leaf=_graph_node)
+        assert jax.tree_util.tree_leaves(same) == jax.tree_util.tree_leaves(want_same) == [True] * len(
+            jax.tree_util.tree_leaves(same))
+        _assert_trees_close(nnx.state(ours), nnx.state(ref))
+
+
+def test_a_variable_made_in_the_forward_is_returned_new_with_its_value():
+    rng = np.random.default_rng()
+
+    def f(m, x):
+        h = m(x)
+        return jnp.sum(h), nnx.Variable(h * 2.0)
+
+    m = StatsAndParam(nnx.Rngs(0))
+    x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    (_, aux), _ = jaxaot.compiled_value_and_grad(f, has_aux=True)(m, x)
+    (_, want), _ = nnx.value_and_grad(f, has_aux=True)(StatsAndParam(nnx.Rngs(0)), x)
+    assert type(aux) is type(want) and not any(aux is node for _, node in nnx.iter_graph(m))
+    np.testing.assert_allclose(np.asarray(aux[...]), np.asarray(want[...]), rtol=1e-5, atol=1e-5)

@@ -127,7 +127,8 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         call = K.Call(args, kwargs, positions, diff, {*modules, *positions})
         _check_inexact(call, diff, positions)
         planned = plans.plan(call.diff_tree, diff, not single)
-        forward = lambda: _forward(fun, args, kwargs, modules, positions, has_aux, call)  # noqa: E731
+        linked: list = []  # where the aux holds the modules' Variables (M.links), set by the forward
+        forward = lambda: _forward(fun, args, kwargs, modules, positions, has_aux, call, linked)  # noqa: E731
         if call.traced or not C.is_eval_trace(C.current_trace()) or C.jit_disabled():  # JAX's own autodiff
             value, vjp_fn, (aux, states) = jax.vjp(forward(), *diff, has_aux=True)
             grads = PH.apply(planned, call.diff, jax.tree_util.tree_leaves(vjp_fn(jax.numpy.ones((), value.dtype))))
@@ -136,6 +137,8 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
             value, (aux, states), grads = _step(plans, call, forward, diff, planned, bool(modules), miss, quick)
         for n, m in modules.items():
             m.write_back(states[n])
+        if linked and linked[0]:
+            aux = M.relink(aux, linked[0], modules)
         return _returned(value, (aux, None), grads, call.diff_tree, has_aux, single)
 
     value_and_grad.__wrapped__ = fun
@@ -227,9 +230,10 @@ def _add_quick(plans: Plans, key: tuple, root: R.Guard | None, call: K.Call, qui
 
 
 def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions: tuple, has_aux: bool,
-             call: K.Call):
+             call: K.Call, linked: list):
     """``forward(*diff, arg_values=None) -> (value, (aux, module states))``: ``fun`` on the differentiated
-    values (and, for a guarded recording, on ``arg_values`` in place of the other arguments' arrays)."""
+    values (and, for a guarded recording, on ``arg_values`` in place of the other arguments' arrays). ``linked``
+    gets where the aux holds the modules' own Variables (:func:`~.modules.links`)."""
 
     def forward(*dvals, arg_values=None):
         call_args, call_kwargs = (list(args), kwargs) if arg_values is None else call.rebuild(args, kwargs,
@@ -245,6 +249,8 @@ def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions:
                 raise InvalidOutputError(f"{name_of(fun)} was marked has_aux=True but returned a "
                                          f"{type(out).__name__}, not a (value, aux) pair.")
             out, aux = out
+            if modules:
+                linked[:] = [M.links(aux, {n: call_args[n] for n in modules})]
         else:
             aux = None
         _check_scalar(out, fun)
