@@ -182,6 +182,7 @@ def reraise_overflow() -> Iterator[None]:
 
     On exit it waits for the block's programs and their callbacks
     (``jax.effects_barrier``), once any overflow check was traced in the process.
+    Overflows are recorded per process: one in another thread's program during the block raises here too.
 
     Example:
         >>> import jax, jaxaot
