@@ -91,3 +91,28 @@ def test_sixteen_bit_pipelines_on_a_mesh_with_more_axes_equal_value_and_grad(dty
     np.testing.assert_allclose(np.float32(loss), np.float32(ref_loss), rtol=2e-2)
     assert_trees_close(jax.tree_util.tree_map(np.float32, grads), jax.tree_util.tree_map(np.float32, ref_grads),
                        rtol=5e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("how", ["spec under set_mesh", "spec", "named sharding"])
+def test_a_stage_s_sharding_constraints_over_the_other_axes_equal_value_and_grad(how):
+    """``with_sharding_constraint`` on a stage's activation, over an axis left to XLA: a PartitionSpec (resolved
+    against the step's mesh, whose pipeline and data axes are manual inside the step) or a NamedSharding."""
+    n = devices_available()
+    shape, names = ((2, 2, 2), ("stage", "data", "model")) if n >= 8 else ((2, max(1, n // 2)), ("stage", "model"))
+    mesh = mesh_of(shape, names)
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=16)
+    target = P(None, "model") if how != "named sharding" else jax.sharding.NamedSharding(mesh, P(None, "model"))
+
+    def constrained(p, h):
+        return jax.lax.with_sharding_constraint(mlp_stage(p, h), target)
+
+    step = pipeline([constrained] * 2, loss_fn, schedule="1f1b", num_microbatches=2, mesh=mesh,
+                    param_specs=[{"w": P(None, "model"), "b": None}] * 2)
+    if how == "spec under set_mesh":
+        with jax.set_mesh(mesh):
+            loss, grads = step(params, x, t)
+    else:
+        loss, grads = step(params, x, t)
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, 2)(params, x, t)  # a constraint changes no value
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)

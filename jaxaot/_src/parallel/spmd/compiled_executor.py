@@ -137,11 +137,19 @@ class CompiledExecutor:
         return jax.tree_util.tree_map(one, tree)
 
     def compiled(self, param_avals: Sequence[Any], inputs: Any, targets: Any) -> Compiled:
+        """The step for this signature, traced once. The stages trace under the step's mesh with its pipeline and
+        data axes manual, as they run inside its ``shard_map``: a stage's ``with_sharding_constraint`` over the
+        other axes (a PartitionSpec or a NamedSharding) means there what it means inside the step."""
         key = _signature(param_avals, inputs, targets)
         hit = self._compiled.get(key)
         if hit is not None:
             self.hits += 1
             return hit
+        manual = {a: jax.sharding.AxisType.Manual for a in (self.axes.stage, *self.axes.data)}
+        with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh.update_axis_types(manual)):
+            return self._trace(key, param_avals, inputs, targets)
+
+    def _trace(self, key: Any, param_avals: Sequence[Any], inputs: Any, targets: Any) -> Compiled:
         t0 = time.perf_counter()
         x = self.local_microbatch("inputs", inputs)
         t = self.local_microbatch("targets", targets)
