@@ -90,6 +90,30 @@ def test_the_chosen_plan_s_fused_step_compiles_once(monkeypatch, compiles):
     assert vg.lower(*fresh).compile().peak_bytes <= budget
 
 
+def test_a_last_measurement_compiled_as_the_runtime_does_is_the_chosen_plan_s_only_compile(monkeypatch, compiles):
+    """On CPU, where the search measures cheaply, the last plan it may measure before any fits compiles with the
+    runtime's own options: where it fits, the runtime takes its executable, and the chosen plan compiles once."""
+    if jax.default_backend() not in step_peak.MEASURE_OPTIONS:
+        pytest.skip(f"{jax.default_backend()} has no cheaper measuring options: every measurement is the runtime's")
+    budget = _between_the_ends(scanned_mlp, _args(7))
+    monkeypatch.setattr(step_peak, "_CACHE", collections.OrderedDict())
+    monkeypatch.setattr(search, "MAX_MEASURED", 2)  # the plan measured after the top one is the last
+    monkeypatch.setattr(search, "AHEAD_FROM_THREADS", float("inf"))
+    compiles.clear()
+    held = measured_executables.counts()
+    f = jaxaot.aot_function(scanned_mlp, partition_fn=mincut(memory_budget=budget))
+    vg = jaxaot.value_and_grad(f, argnums=(0, 1))
+    want = jax.value_and_grad(scanned_mlp, argnums=(0, 1))
+    args = _args(8)
+    assert_trees_close(vg(*args), want(*args), rtol=1e-4, atol=1e-5)
+    after = measured_executables.counts()
+    assert (after.taken - held.taken, after.held) == (1, 0)
+    assert len(compiles) == len(set(compiles)) == 2, "the chosen plan compiled again"
+    fresh = _args(9)
+    assert_trees_close(vg(*fresh), want(*fresh), rtol=1e-4, atol=1e-5)
+    assert vg.lower(*fresh).compile().peak_bytes <= budget
+
+
 def test_a_plan_measured_with_cheaper_options_runs_until_the_runtime_s_compile_replaces_it(monkeypatch, compiles):
     """On CPU the search measures with cheaper options than the runtime's: the chosen plan's executable is held as
     provisional and runs the first steps while the runtime's own compile of the same program finishes on a worker,

@@ -369,12 +369,15 @@ def _drive(curve, families, budget, monkeypatch, started=None, exacts=None, prev
     monkeypatch.setattr(search, "_plan_key", lambda p: (p.device_saved_bytes, p.recompute, p.family))
     monkeypatch.setattr(search, "fused_step", lambda part, joint: part)
     monkeypatch.setattr(search, "program_peak", exactly)
-    def begun(part, avals, exact=False, preview=False):
+    def begun(part, avals, exact=False, preview=False, runtime=False):
         started.append(part)
         if preview and previewed is not None:
             previewed.append(part)
+        if runtime:  # compiled as the runtime compiles: its exact peak
+            exacts.append(part)
         return types.SimpleNamespace(  # a peak counts when the search reads it; a preview's is the plan's ``exact``
-            peak=lambda keep=False: compiled.append(part) or (part.exact if preview and part.exact else part.peak),
+            peak=lambda keep=False: compiled.append(part) or (
+                part.exact if (preview or runtime) and part.exact else part.peak),
             settle=lambda: None)
 
     monkeypatch.setattr(search, "start_peak", begun)
@@ -461,6 +464,32 @@ def test_a_plan_just_over_the_budget_is_measured_exactly_only_where_it_would_be_
         assert exacts == [bottom] and chosen.step_peak.fused == bottom.exact <= budget
     else:
         assert exacts == [bottom] and chosen == budget + over  # refused: nothing fits, the smallest peak named
+
+
+@pytest.mark.parametrize("cheap, provisional", [(True, False), (False, False), (True, True)])
+def test_the_last_plan_measured_before_any_fits_compiles_as_the_runtime_does_where_measures_are_cheap(
+        cheap, provisional, monkeypatch):
+    """Where nothing fit so far and the search may measure one plan more, that plan ends the search if it fits: a
+    platform measuring with cheaper options (CPU) compiles it with the runtime's own, so the runtime takes that
+    executable instead of compiling the chosen plan again. Elsewhere every measurement is the runtime's already;
+    with ``provisional_steps`` the cheaper executable runs the first steps instead, so it is measured cheaply."""
+    rng = np.random.default_rng()
+    budget = int(rng.integers(50_000, 60_000))
+    steps = [_Plan(1_000 + 1_000 * k, 4.0 - k, budget + 500 + 10 * k) for k in range(4)]  # a flat curve, all over
+    steps[0] = _Plan(1_000, 4.0, budget - int(rng.integers(0, 100)))  # the fraction 0 plan alone fits
+    monkeypatch.setattr(search, "measure_options", lambda avals, exact=False: (
+        search.INEXACT[0], {}) if cheap else ({},))
+
+    def curve(f):
+        return steps[min(int(f * 4), 3)]
+
+    families = {"dots": _Plan(3_500, 0.5, budget + 520, "dots")}  # a family plan that does not fit either
+    started, exacts = [], []
+    with jaxaot.config.override(provisional_steps=provisional):
+        chosen, compiled = _drive(curve, families, budget, monkeypatch, started, exacts)
+    assert len(compiled) == search.MAX_MEASURED and compiled[-1] == steps[0]
+    assert chosen == dataclasses.replace(steps[0], step_peak=chosen.step_peak)
+    assert exacts == ([steps[0]] if cheap and not provisional else [])
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])

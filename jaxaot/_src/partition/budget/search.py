@@ -8,7 +8,8 @@ and bisection steps, up to :data:`MAX_MEASURED`. Past the fraction 1 plan, one w
 the hand-over to the backward, never above its peak) is over the budget is compiled only where nothing fits.
 Compiles run on worker threads, ahead where cores are spare (:data:`AHEAD_FROM_THREADS`), but decisions read
 the peaks one at a time. Where no plan fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is live at
-the smallest peak. Only the chosen plan's executable stays held.
+the smallest peak. Only the chosen plan's executable stays held (the runtime's where it compiled as the runtime does:
+on a platform measuring cheaply, the last plan measured before any fits).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable, Generator, Sequence
 
 from jaxaot.errors import MemoryBudgetError
 from jaxaot._src import workers
+from jaxaot._src.config import config
 from jaxaot._src.partition.budget import measured_executables
 from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.predict import interpolate, predict_peak
@@ -41,18 +43,15 @@ MAX_MEASURED_REFUSING = 10
 #: Looking for the plan next above one on the budget's edge, at most this many grid fractions are planned.
 NEXT_PLAN_STEPS = 8
 
-#: With at least this many compile threads (:func:`jaxaot._src.workers.threads`) the search works ahead, on
-#: cores to spare: while the fraction 1 plan compiles, it makes and prices the plans compared with it and, on
-#: a platform of :data:`COMPILES_AHEAD_ON`, compiles the fraction 0 plan, before that plan's peak says whether
-#: they are needed; where nothing fits, it compiles the next plan in line alongside each. At most one compile
-#: goes unread at a time.
+#: With at least this many compile threads (:func:`jaxaot._src.workers.threads`) the search works ahead, on cores
+#: to spare: while the fraction 1 plan compiles, it makes and prices the plans compared with it and, on a platform
+#: of :data:`COMPILES_AHEAD_ON`, compiles the fraction 0 plan, before that plan's peak says whether they are
+#: needed; where nothing fits, it compiles the next plan in line alongside each. One compile goes unread at most.
 AHEAD_FROM_THREADS = 4
-#: Platforms whose compiles run side by side on the host's cores alone. A GPU compile autotunes its kernels
-#: on the device, so two of them contend there: a plan begun ahead that the search never read slowed the ones
-#: it read (``docs/concepts/memory_planner.md``).
+#: Platforms whose compiles run side by side on the host's cores alone. A GPU compile autotunes its kernels on
+#: the device, so two contend there: a plan begun ahead and never read slowed the ones read (memory planner docs).
 COMPILES_AHEAD_ON = frozenset({"cpu"})
-#: Whether the search may work ahead; the plans asked for, measured and chosen are the same either way
-#: (the tests compare).
+#: Whether the search may work ahead; the plans asked for, measured and chosen are the same either way.
 _CONCURRENT = True
 
 #: What the search asks its driver for, ``(fraction, family)``: the min-cut's plan at a fraction budget,
@@ -63,9 +62,10 @@ PeakSearch = Generator[Request, Partition, Partition]
 
 
 def _plan_key(part: Partition) -> tuple:
-    """What makes two plans the same program pair: the residuals, where they live, the programs' text."""
+    """What tells two plans apart cheaply (residuals, where they live, the primal's plan, recomputed count); plans
+    alike in it are one program pair where their programs' text is alike too (:meth:`_Search.plan` compares)."""
     return (tuple((r.source, r.index, r.offloaded) for r in part.residuals), str(part.primal_plan),
-            len(part.recomputed), str(part.forward), str(part.backward))
+            len(part.recomputed))
 
 
 @dataclasses.dataclass
@@ -107,6 +107,10 @@ class _Search:
         part = yield fraction, family
         key = _plan_key(part)
         found = self.by_key.get(key)
+        if found is not None and found.part is not part and (str(found.part.forward), str(found.part.backward)) != (
+                str(part.forward), str(part.backward)):
+            key = (*key, str(part.forward), str(part.backward))
+            found = self.by_key.get(key)
         if found is None:
             found = self.by_key[key] = _Candidate(part, fraction, family, self.seconds(part) if priced else None,
                                                   spread=self.spread)
@@ -127,12 +131,17 @@ class _Search:
             c.pending = start_peak(c.program, self.joint.in_avals, preview=preview)
             c.previewed = preview
 
-    def measure(self, c: _Candidate) -> None:
+    def measure(self, c: _Candidate, last: bool = False) -> None:
         """The candidate's fused peak, measured cheaply. Where that lies just over the budget (within the cheap
         measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`) the candidate is ``near``:
         it counts as fitting until it is about to be chosen, and only then measured exactly (:meth:`exact`), so
-        that a better plan measured meanwhile spares that compile."""
+        that a better plan measured meanwhile spares that compile. With ``last`` (the search ends with it where it
+        fits), a platform measuring cheaply compiles it as the runtime does, which takes that executable (not under
+        ``jaxaot.config.provisional_steps``: the cheaper executable runs while the runtime compiles)."""
         if not c.measured:
+            if last and c.pending is None and not config.provisional_steps and measure_options(self.joint.in_avals)[0]:
+                c.program = fused_step(c.part, self.joint)
+                c.pending = start_peak(c.program, self.joint.in_avals, runtime=True)
             self.start(c)
             c.peak, c.pending = c.pending.peak(keep=not c.previewed), None
             c.near = not c.previewed and c.peak is not None and self.budget < c.peak <= self.budget + self.slack
@@ -326,7 +335,7 @@ def _improve(search: _Search, best: _Candidate | None) -> Generator[Request, Par
         if not pool:
             return best
         chosen = min(pool, key=search.rank)
-        search.measure(chosen)
+        search.measure(chosen, last=best is None and len(search.measured) == MAX_MEASURED - 1)
         if best is not None:
             tries_after_fit += 1
         if search.fits(chosen) and (best is None or search.rank(chosen) < search.rank(best)):

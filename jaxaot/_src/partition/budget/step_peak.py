@@ -170,13 +170,16 @@ def measure_step_peak(part: Partition, joint: JointGraph, *, split: bool = True,
 #: are equal at 0 and at the default, for a fraction of the compile's time); the older LLVM emitters
 #: instead of the fusion emitters make the compile cheaper still and add a few bytes of scratch to the
 #: temporaries (``tests/partition/test_peak_budget.py`` checks both on the zoo; ``docs/benchmarks.md``,
-#: Findings, has the times).
+#: Findings, has the times). One LLVM module instead of several compiled on threads (the split count) changes
+#: no buffer and, on a measurement's small modules, saves the threads' overhead.
 MEASURE_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
-    "cpu": ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
+    "cpu": ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False,
+             "xla_cpu_parallel_codegen_split_count": 1},
+            {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
             {"xla_backend_optimization_level": 0}),
 }
 #: The option sets of :data:`MEASURE_OPTIONS` whose peak may lie above the runtime's compile's.
-INEXACT = ({"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},)
+INEXACT = tuple(o for o in MEASURE_OPTIONS["cpu"] if "xla_cpu_use_fusion_emitters" in o)
 #: How far above the runtime compile's peak an :data:`INEXACT` measurement may lie, in bytes: a plan measured
 #: within this over a budget is measured again exactly (``program_peak(..., exact=True)``) where it would be chosen.
 MEASURE_SLACK = 256
@@ -295,11 +298,13 @@ class _Inflight:
 _INFLIGHT: dict[str, _Inflight] = {}  # key -> its compile, while it runs
 
 
-def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False, preview: bool = False) -> PendingPeak:
+def start_peak(closed: Any, avals: Sequence[Any], exact: bool = False, preview: bool = False,
+               runtime: bool = False) -> PendingPeak:
     """:func:`program_peak` begun: the program lowered here (lowering reads this thread's configuration), its
     compile handed to a worker; a program of the same key compiling already, or cached, is not compiled again.
-    With ``preview``, compiled with the platform's :data:`PREVIEW_OPTIONS`: a peak for predictions alone."""
-    options = _preview_options(avals) if preview else measure_options(avals, exact)
+    With ``preview``, compiled with the platform's :data:`PREVIEW_OPTIONS`: a peak for predictions alone; with
+    ``runtime``, with the backend's own options, as the runtime compiles (its executable the runtime's to take)."""
+    options = ({},) if runtime else _preview_options(avals) if preview else measure_options(avals, exact)
     text = str(closed)
     key = hashlib.sha256(f"{text}\n{[_aval_key(a) for a in avals]}\n{options[0]}".encode()).hexdigest()
     with _LOCK:
@@ -379,14 +384,16 @@ def _record(key: str, peak: int | None, compiled: bool = False) -> None:
             _CACHE.popitem(last=False)
 
 
-def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False) -> int | None:
+def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False,
+                 runtime: bool = False) -> int | None:
     """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
     :func:`measure_options`) once per process per program text and input types; None where the backend
     cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
     above the runtime compile's peak, never below. With ``keep``, an executable compiled with the backend's
     own options, as the runtime compiles (:func:`jaxaot.compilers.xla`), is held for the runtime to take
-    (:mod:`~jaxaot._src.partition.budget.measured_executables`). :func:`start_peak` begins one without waiting."""
-    return start_peak(closed, avals, exact).peak(keep)
+    (:mod:`~jaxaot._src.partition.budget.measured_executables`); ``runtime`` compiles with those options where the
+    platform measures with cheaper ones. :func:`start_peak` begins one without waiting."""
+    return start_peak(closed, avals, exact, runtime=runtime).peak(keep)
 
 
 def _aval_key(a: Any) -> str:
