@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot._src.files import STALE_SECONDS, writing
+from jaxaot._src.files import STALE_SECONDS, atomic_write, writing
 from jaxaot._src.artifacts import manifest, signing
 from jaxaot.errors import InvalidInputError, InvalidValueError
 
@@ -55,11 +55,11 @@ def test_an_interrupted_re_save_leaves_the_old_artifact_loadable(tmp_path, monke
     d = jaxaot.export.export(_sin, X).save(tmp_path / "art")
     real, written = manifest.atomic_write, []
 
-    def dies_after_two(path, data):  # a save killed while writing its files
+    def dies_after_two(path, data, **kw):  # a save killed while writing its files
         if len(written) == 2:
             raise KeyboardInterrupt
         written.append(path)
-        real(path, data)
+        real(path, data, **kw)
 
     monkeypatch.setattr(manifest, "atomic_write", dies_after_two)
     with pytest.raises(KeyboardInterrupt):
@@ -107,6 +107,22 @@ def test_saving_into_an_empty_folder_keeps_its_mode(tmp_path):
     _loads_as(d, _sin)
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_an_artifact_s_files_get_the_mode_the_umask_gives_while_cache_entries_stay_private(umask, tmp_path):
+    """An artifact is made to be shared: its folder and files are as ``mkdir`` and ``open`` make them under the
+    umask. The persistent cache's entries, which no one else should read, stay 0600."""
+    old = os.umask(umask)
+    try:
+        d = jaxaot.export.export(_sin, X).save(tmp_path / "model")
+        atomic_write(tmp_path / "private", b"entry")
+    finally:
+        os.umask(old)
+    assert d.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert {p.name: p.stat().st_mode & 0o777 for p in d.iterdir()} == {p.name: 0o666 & ~umask for p in d.iterdir()}
+    assert (tmp_path / "private").stat().st_mode & 0o777 == 0o600
+    _loads_as(d, _sin)
+
+
 def test_saving_through_a_symlink_makes_the_folder_it_names_anew(tmp_path):
     real = jaxaot.export.export(_sin, X).save(tmp_path / "v1")
     (tmp_path / "current").symlink_to(real)
@@ -120,11 +136,11 @@ def _meanwhile(monkeypatch, other_writer):
     its swap into place, as a concurrent save of the same path can."""
     real, done = manifest.atomic_write, []
 
-    def write(path, data):
+    def write(path, data, **kw):
         if not done:
             done.append(True)
             other_writer()
-        real(path, data)
+        real(path, data, **kw)
 
     monkeypatch.setattr(manifest, "atomic_write", write)
 
@@ -179,9 +195,9 @@ def test_re_saving_over_a_read_only_folder_fills_a_writable_one_and_keeps_the_mo
     d.chmod(0o555)
     real, modes = manifest.atomic_write, []
 
-    def write(path, data):  # the mode of the folder being filled (root writes anywhere: look, do not try)
+    def write(path, data, **kw):  # the mode of the folder being filled (root writes anywhere: look, do not try)
         modes.append(path.parent.stat().st_mode & 0o777)
-        real(path, data)
+        real(path, data, **kw)
 
     monkeypatch.setattr(manifest, "atomic_write", write)
     try:

@@ -103,7 +103,7 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
 
     def fill(folder: Path) -> None:
         for file, data in files.items():  # the manifest (and its tag) last
-            atomic_write(folder / file, data)
+            atomic_write(folder / file, data, private=False)  # shared as the folder is: the umask decides
 
     try:
         return replace_folder(Path(root), fill, is_artifact_file)

@@ -1,6 +1,6 @@
 """Writing files and folders whole: readers see the old version or the new one, never a mix.
 
-:func:`atomic_write` writes a private temporary file and ``os.replace``-s it into
+:func:`atomic_write` writes a temporary file (private unless asked) and ``os.replace``-s it into
 place (never writing through a symlink; the last writer wins);
 :func:`create_exclusive` never replaces an existing file (the first writer wins);
 :func:`replace_folder` fills a fresh sibling folder and swaps it in. Temporaries
@@ -25,7 +25,6 @@ import re
 import secrets
 import shutil
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -38,16 +37,17 @@ _MARK = "jaxaot-"
 _TEMP = re.compile(r"\..+\.jaxaot-[A-Za-z0-9_]+\.tmp")
 
 
-def atomic_write(path: Path | str, data: bytes | bytearray | memoryview) -> None:
-    """Write ``data`` to ``path`` through a temporary file (mode 0600) in the same folder and ``os.replace``.
+def atomic_write(path: Path | str, data: bytes | bytearray | memoryview, *, private: bool = True) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``.
 
-    The folder is created (0700) if absent, and swept of stale temporaries.
+    The file is private (mode 0600), or with ``private`` False (a file to share, such as an artifact's) of the
+    mode the umask gives a new file. The folder is created (0700) if absent, and swept of stale temporaries.
     Raises ``OSError``.
     """
     path = Path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     sweep_stale(path.parent)
-    tmp = _write_temporary(path, data)
+    tmp = _write_temporary(path, data, 0o600 if private else 0o666)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -219,8 +219,16 @@ def sweep_stale(folder: Path | str, max_age: float = STALE_SECONDS) -> int:
 
 
 # --------------------------------------------------------------------------- helpers
-def _write_temporary(path: Path, data: bytes | bytearray | memoryview) -> str:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{_MARK}", suffix=".tmp")
+def _write_temporary(path: Path, data: bytes | bytearray | memoryview, mode: int = 0o600) -> str:
+    """A new temporary file beside ``path`` holding ``data``, created with ``mode`` (less the umask)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        tmp = str(path.parent / f".{path.name}.{_MARK}{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:  # another writer's name: draw again
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
