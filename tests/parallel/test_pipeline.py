@@ -198,3 +198,25 @@ def test_sub_mesh_stages_with_sharded_parameters():
     assert_trees_close(grads, ref_grads, **TOL)
     for g, p in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(sharded)):
         assert g.sharding.is_equivalent_to(p.sharding, p.ndim), (g.sharding, p.sharding)
+
+
+def test_sub_mesh_stages_constraining_their_activations_by_a_partition_spec():
+    """A stage on a sub-mesh whose ``with_sharding_constraint`` names a PartitionSpec: it traces under that sub-mesh
+    (no ``jax.set_mesh``), as a plain call under ``jax.set_mesh(sub_mesh)`` would; losses and gradients are JAX's."""
+    from jax.sharding import PartitionSpec as P
+
+    n = max(n for n in (1, 2, 4, 8) if n <= jax.device_count())
+    half = max(n // 2, 1)
+    meshes = [jax.make_mesh((half,), ("model",), devices=jax.devices()[(half * i) % n:(half * i) % n + half],
+                            axis_types=(jax.sharding.AxisType.Auto,)) for i in range(2)]
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key())
+
+    def constrained(p, h):
+        return jax.lax.with_sharding_constraint(stages[0](p, h), P(None, "model"))
+
+    ref_loss, ref_grads = unpipelined(stages, loss_fn, 4)(params, x, t)  # a constraint changes no value
+    step = pipeline([constrained] * 2, loss_fn, schedule="1f1b", num_microbatches=4, devices=meshes,
+                    executor="python")
+    loss, grads = step(params, x, t)
+    np.testing.assert_allclose(loss, ref_loss, **TOL)
+    assert_trees_close(grads, ref_grads, **TOL)

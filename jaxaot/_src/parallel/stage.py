@@ -132,7 +132,8 @@ class Stage:
     Attributes:
       index: the stage's position in the pipeline.
       placement / sharding: where its parameters, activations and gradients live.
-      aot: its :class:`~jaxaot.AOTFunction` (of ``loss_fn(stage_fn(p, a), t)`` on the last stage).
+      call: the stage function as it traces (:func:`placed`); aot: its :class:`~jaxaot.AOTFunction` (of
+        ``loss_fn(stage_fn(p, a), t)`` on the last stage).
       is_last: whether it computes the loss (and takes targets).
     """
 
@@ -144,7 +145,8 @@ class Stage:
         self.sharding = sharding_of(placement)
         self.is_last = loss_fn is not None
         self.loss_fn = loss_fn
-        self.aot = aot_function(_named(fn, loss_fn, index), partition_fn=partition_fn)
+        self.call = placed(fn, placement)
+        self.aot = aot_function(_named(self.call, loss_fn, index), partition_fn=partition_fn)
 
     def place(self, tree: Any) -> Any:
         """``tree`` on this stage's device or sub-mesh (asynchronous; a no-op for arrays already there).
@@ -183,6 +185,19 @@ class Stage:
         mask = [True] * num_params + [self.index > 0] * num_acts
         mask += [False] * (len(lookup.leaves) - len(mask))
         return StagePrograms(self.aot, lookup.programs.training(mask), num_params, num_acts)
+
+
+def placed(fn: Callable, placement: Placement) -> Callable:
+    """``fn``, traced under the sub-mesh ``placement`` where it is one: a ``with_sharding_constraint`` by a
+    PartitionSpec inside names the stage's own devices, as under ``jax.set_mesh`` around a plain call."""
+    if not isinstance(placement, jax.sharding.Mesh):
+        return fn
+    where = placement.abstract_mesh
+
+    def call(*args: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(where):
+            return fn(*args)
+    return call
 
 
 def _named(fn: Callable, loss_fn: Callable | None, index: int) -> Callable:

@@ -228,7 +228,7 @@ class Pipeline:
         if programs is not None:
             self._hits += 1
         else:
-            specs = microbatch.stage_input_specs(self.stage_fns, self.loss_fn, placed, xs[0], ts[0])
+            specs = microbatch.stage_input_specs([st.call for st in self.stages], self.loss_fn, placed, xs[0], ts[0])
             programs = [st.programs(st.spec(p), st.spec(a), st.spec(ts[0]) if st.is_last else None)
                         for st, p, a in zip(self.stages, placed, specs)]
             self._programs[key] = programs
