@@ -41,6 +41,7 @@ class _Costs:
         self.longest = longest
         self.memo: dict = {}
         self.combs: dict = {}  # s -> min(comb(s + r, s + 1), int32 max) for r < _WIDTH
+        self.row_arrays: dict = {}  # s -> _row(s) as an int64 array
 
     def _row(self, s: int) -> list:
         row = self.rows.get(s)
@@ -62,11 +63,13 @@ class _Costs:
     def many(self, lengths: np.ndarray, slots: int) -> np.ndarray:
         """``self(length, slots)`` for each of ``lengths`` (int64), at once."""
         s = max(1, min(slots, self.k))
-        lengths = np.asarray(lengths, np.int64)
         if s == 1:
             r = lengths - 1
         else:
-            r = np.searchsorted(np.asarray(self._row(s), np.int64), lengths, side="left").astype(np.int64)
+            row = self.row_arrays.get(s)
+            if row is None:
+                row = self.row_arrays[s] = np.asarray(self._row(s), np.int64)
+            r = np.searchsorted(row, lengths, side="left")
         combs = self.combs.get(s)
         if combs is None:
             combs = self.combs[s] = np.asarray([min(comb(s + q, s + 1), _INT32_MAX) for q in range(_WIDTH)],
