@@ -121,3 +121,27 @@ def test_stacked_weak_rows_keep_their_weak_type_under_reverse_mode():
     n = int(jnp.sum(forward != 0))
     ref = jax.grad(lambda x: lax.scan(lambda c, _: ((c * 1.5 + 0.1),) * 2, x, None, length=n)[1].sum())(x0)
     np.testing.assert_allclose(g, ref, rtol=1e-5, err_msg=f"seed {_SEED}")
+
+
+def test_stacked_rows_have_the_same_types_under_jit_and_disable_jit_as_lax_scan():
+    """Eagerly run under ``jax.disable_jit``, the stacked rows keep the carry's weak types, as under ``jit`` and as
+    ``lax.scan``'s stacked outputs do either way."""
+    x0 = float(np.random.default_rng(_SEED).uniform(0.2, 0.9))
+    body = lambda c: (c[0] + 1, c[1] * 1.5 + 0.1)  # noqa: E731
+
+    def ours(x):
+        return jaxaot.loops.while_loop_stack_output(lambda c: c[0] < 3, body, (0, x), max_steps=5)[0]
+
+    def scan(x):
+        return lax.scan(lambda c, _: (body(c),) * 2, (0, x), None, length=5)[1]
+
+    types = []
+    for fn in (ours, scan):
+        for run in (jax.jit(fn), fn):
+            with jax.disable_jit(run is fn):
+                types.append([jax.typeof(leaf).weak_type for leaf in run(x0)])
+    assert types[0] == types[1] == types[2] == types[3] == [True, True], types
+    with jax.disable_jit():
+        eager = ours(x0)
+    for a, b in zip(eager, jax.jit(ours)(x0)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -177,12 +177,14 @@ def _python_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, max_rows
 
 
 def _stack_rows(rows: list, leaves: list, max_steps: int) -> list:
-    """Per carry leaf, its values in ``rows`` stacked into ``max_steps`` rows (zeros after)."""
+    """Per carry leaf, its values in ``rows`` stacked into ``max_steps`` rows (zeros after), weakly typed where the
+    carry is, as the traced loop's rows are."""
     flat_rows = [jax.tree_util.tree_leaves(r) for r in rows]
     stacked = []
     for i, x in enumerate(leaves):
         buf = jnp.zeros((max_steps, *jnp.shape(x)), jnp.result_type(x))
-        stacked.append(buf.at[: len(rows)].set(jnp.stack([r[i] for r in flat_rows])) if rows else buf)
+        buf = buf.at[: len(rows)].set(jnp.stack([r[i] for r in flat_rows])) if rows else buf
+        stacked.append(C.typed_as(buf, C.typeof(x)))
     return stacked
 
 
