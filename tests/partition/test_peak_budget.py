@@ -641,10 +641,10 @@ def test_a_previewed_plan_anchors_the_search_and_its_executable_is_never_kept(mo
     previewed, kept = [], []
     real_start, real_keep = step_peak.start_peak, measured_executables.keep
 
-    def start(closed, avals, exact=False, preview=False):
+    def start(closed, avals, exact=False, preview=False, runtime=False):
         if preview:
             previewed.append(closed)
-        return real_start(closed, avals, exact, preview)
+        return real_start(closed, avals, exact, preview, runtime)
 
     monkeypatch.setattr(search, "start_peak", start)
     monkeypatch.setattr(measured_executables, "keep",
@@ -663,10 +663,10 @@ def test_without_a_preview_a_fraction_1_plan_that_cannot_fit_is_not_compiled(mon
     model, args, budget = _below_the_top_floor()
     started, real_start = [], search._Search.start
 
-    def start(self, c, preview=False):
+    def start(self, c, preview=False, runtime=False):
         if not c.measured and c.pending is None:
             started.append((c.fraction, c.family))
-        return real_start(self, c, preview)
+        return real_start(self, c, preview, runtime)
 
     monkeypatch.setattr(search._Search, "start", start)
     vg = _check_grads(model.loss, args, model.argnums, mincut(memory_budget=budget))

@@ -120,15 +120,15 @@ class _Search:
             self.fractions[fraction] = found
         return found
 
-    def start(self, c: _Candidate, preview: bool = False) -> None:
+    def start(self, c: _Candidate, preview: bool = False, runtime: bool = False) -> None:
         """Begin measuring the candidate: its fused step lowered here, compiled on a worker thread. Whether
         it counts as measured is :meth:`measure`'s to say: a compile begun and never read changes nothing
         but the cache of peaks. With ``preview`` (``step_peak.PREVIEW_OPTIONS``), for the fraction 1 plan where its
         floor is over the budget, the peak only anchors the predictions: the executable is never held, and the
-        autotuning of a cold compile is left to a plan that may run."""
+        autotuning of a cold compile is left to a plan that may run. With ``runtime``, compiled as the runtime does."""
         if not c.measured and c.pending is None:
             c.program = fused_step(c.part, self.joint)
-            c.pending = start_peak(c.program, self.joint.in_avals, preview=preview)
+            c.pending = start_peak(c.program, self.joint.in_avals, preview=preview, runtime=runtime)
             c.previewed = preview
 
     def measure(self, c: _Candidate, last: bool = False) -> None:
@@ -139,10 +139,8 @@ class _Search:
         fits), a platform measuring cheaply compiles it as the runtime does, which takes that executable (not under
         ``jaxaot.config.provisional_steps``: the cheaper executable runs while the runtime compiles)."""
         if not c.measured:
-            if last and c.pending is None and not config.provisional_steps and measure_options(self.joint.in_avals)[0]:
-                c.program = fused_step(c.part, self.joint)
-                c.pending = start_peak(c.program, self.joint.in_avals, runtime=True)
-            self.start(c)
+            cheap = bool(measure_options(self.joint.in_avals)[0])
+            self.start(c, runtime=last and cheap and not config.provisional_steps)
             c.peak, c.pending = c.pending.peak(keep=not c.previewed), None
             c.near = not c.previewed and c.peak is not None and self.budget < c.peak <= self.budget + self.slack
             c.measured = True

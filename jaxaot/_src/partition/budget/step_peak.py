@@ -384,16 +384,14 @@ def _record(key: str, peak: int | None, compiled: bool = False) -> None:
             _CACHE.popitem(last=False)
 
 
-def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False,
-                 runtime: bool = False) -> int | None:
+def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False) -> int | None:
     """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
     :func:`measure_options`) once per process per program text and input types; None where the backend
     cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
     above the runtime compile's peak, never below. With ``keep``, an executable compiled with the backend's
     own options, as the runtime compiles (:func:`jaxaot.compilers.xla`), is held for the runtime to take
-    (:mod:`~jaxaot._src.partition.budget.measured_executables`); ``runtime`` compiles with those options where the
-    platform measures with cheaper ones. :func:`start_peak` begins one without waiting."""
-    return start_peak(closed, avals, exact, runtime=runtime).peak(keep)
+    (:mod:`~jaxaot._src.partition.budget.measured_executables`). :func:`start_peak` begins one without waiting."""
+    return start_peak(closed, avals, exact).peak(keep)
 
 
 def _aval_key(a: Any) -> str:
