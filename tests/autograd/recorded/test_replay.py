@@ -216,6 +216,32 @@ def test_new_shapes_and_static_values_record_and_say_why():
     assert reasons[1].endswith("x: shape (4, 3) → (6, 3)") and "scale: 1.0 → 2.0" in reasons[2]
 
 
+def test_a_float_python_read_is_guarded_by_its_bits_signed_zero_and_nan_too():
+    """``-0.0`` and ``0.0`` compare equal, but Python tells them apart (``math.copysign``): a replay recorded at
+    one never answers for the other. A NaN, equal to nothing, replays the NaN's recording (also complex)."""
+    import math
+
+    def loss(w, x):
+        s = float(x)
+        return jnp.sum(w) * math.copysign(1.0, s) * (2.0 if s != s else 1.0)
+
+    def cplx(w, x):
+        z = complex(x)
+        return jnp.sum(w) * math.copysign(1.0, z.imag)
+
+    rng = np.random.default_rng()
+    vg = jaxaot.compiled_value_and_grad(loss, replay=True)
+    for v in (0.0, -0.0, 0.0, -0.0, float("nan"), float("nan"), -0.0):
+        w, x = _rand(rng, 3), jnp.asarray(v, jnp.float32)
+        _close(vg(w, x), jax.value_and_grad(loss)(w, x))
+    assert _replays() == 4  # the second +0.0, both later -0.0s, the second NaN
+    c = jaxaot.compiled_value_and_grad(cplx, replay=True)
+    for v in (0j, complex(0.0, -0.0), 0j, complex(0.0, -0.0)):
+        w, x = _rand(rng, 3), jnp.asarray(v, jnp.complex64)
+        _close(c(w, x), jax.value_and_grad(cplx)(w, x))
+    assert _replays() == 6
+
+
 def test_aux_outputs_numpy_arguments_and_keywords_replay():
     def f(w, x, *, shift):
         h = x @ w + shift

@@ -12,6 +12,7 @@ happen only when it is recorded (``docs/concepts/compiled_autograd.md``).
 
 from __future__ import annotations
 
+import struct
 import threading
 from typing import Any, NamedTuple, Sequence
 
@@ -80,9 +81,44 @@ class Miss(NamedTuple):
         return f"the value Python looked at{where} changed"
 
 
+class _Float(float):
+    """A float Python received, equal only to the same bits: ``-0.0`` is not ``0.0`` (``math.copysign`` tells
+    them apart), and a NaN is the same NaN again (an outcome, a key of the guard tree)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(struct.pack("<d", self))
+
+
+class _Complex(complex):
+    """A complex Python received, equal only to the same bits in both parts (as :class:`_Float`)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, complex) and _bits(self) == _bits(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(_bits(self))
+
+
+def _bits(z: complex) -> bytes:
+    return struct.pack("<dd", z.real, z.imag)
+
+
 def received(value: Any, how: str) -> Any:
-    """What Python received of ``value``: its truth, its int, float or complex, or (``value``) the whole
-    array as ``(dtype, shape, bytes)``."""
+    """What Python received of ``value``: its truth, its int, float or complex (compared by their bits:
+    :class:`_Float`), or (``value``) the whole array as ``(dtype, shape, bytes)``."""
     if type(value) is C.ArrayImpl and not value.shape:  # a scalar: converted on the host, as JAX would
         value = C.host_value(value)
     if how == "bool":
@@ -90,9 +126,9 @@ def received(value: Any, how: str) -> Any:
     if how == "int":
         return int(value)
     if how == "float":
-        return float(value)
+        return _Float(value)
     if how == "complex":
-        return complex(value)
+        return _Complex(value)
     a = np.asarray(value)
     return (a.dtype, a.shape, a.tobytes())
 
