@@ -164,6 +164,33 @@ def test_a_custom_rule_closing_over_a_forward_value_runs_under_vjp(loss, replay)
     assert "custom rule closes over a value the forward computed" in fallback and "jax.vjp" in fallback
 
 
+def test_a_custom_vjp_closing_over_a_differentiated_value_raises_jax_s_error_every_call():
+    """A backward closing over a value computed from ``w`` itself: ``jax.value_and_grad`` raises
+    ``UnexpectedTracerError``; the fallback under ``jax.vjp`` raises that error too, saying what to do, on every
+    call, and a function without it keeps working."""
+
+    def loss(w, x):
+        c = jnp.sum(jnp.tanh(x * w))
+
+        @jax.custom_vjp
+        def f(v):
+            return v * 2.0
+
+        f.defvjp(lambda v: (v * 2.0, None), lambda _, g: (g * c,))
+        return jnp.sum(f(w) ** 2)
+
+    rng = np.random.default_rng()
+    w, x = _rand(rng, 3), _rand(rng, 3)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.value_and_grad(loss)(w, x)
+    vg = jaxaot.compiled_value_and_grad(loss)
+    for _ in range(2):
+        with pytest.raises(jax.errors.UnexpectedTracerError, match="residual"):
+            vg(w, x)
+    _close(jaxaot.compiled_value_and_grad(_custom_vjp_closing_over_forward)(w, x),
+           jax.value_and_grad(_custom_vjp_closing_over_forward)(w, x))
+
+
 def _from_dlpack(w, x):
     return jnp.sum(w * np.from_dlpack(jax.lax.stop_gradient(x * 2.0)))
 

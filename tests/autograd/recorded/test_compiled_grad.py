@@ -143,6 +143,8 @@ def test_bad_argnums_and_integer_inputs_raise_typed_errors_then_work():
     with pytest.raises(jaxaot.errors.InvalidInputError, match="argument 1 has dtype int32"):
         gi(w, jnp.int32(2))
     _close(gi(w, jnp.float32(2)), jax.grad(f, argnums=1)(w, jnp.float32(2)))
+    with pytest.raises(jaxaot.errors.InvalidInputError, match=r"argument 0\['k'\] has dtype key<fry>"):
+        jaxaot.compiled_grad(lambda p: jnp.sum(jax.random.normal(p["k"], (3,))))({"k": jax.random.key(0)})
     with pytest.raises(jaxaot.errors.InvalidOutputError, match="real scalar"):
         jaxaot.compiled_grad(lambda w: w * 2)(w)
     _close(jaxaot.compiled_grad(f)(w, 2.0), jax.grad(f)(w, 2.0))

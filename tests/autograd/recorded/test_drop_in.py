@@ -123,3 +123,22 @@ def test_holomorphic_and_allow_int_are_jax_s():
     assert got[1].dtype == want[1].dtype and got[1].shape == want[1].shape
     with pytest.raises(InvalidInputError, match="replay"):
         jaxaot.compiled_value_and_grad(f, holomorphic=True, replay=True)
+
+
+@REPLAY
+def test_a_value_kept_beyond_the_call_is_a_recorded_value_and_the_aux_returns_it_computed(replay):
+    """A value the forward stores away is a recorded value (``docs/concepts/compiled_autograd.md``): used after
+    the call it raises JAX's ``UnexpectedTracerError``, never a wrong number; returned as aux it is computed."""
+    kept = []
+
+    def loss(w, x):
+        feats = jnp.sin(x) * 2.0  # independent of w: a concrete array under eager jax.value_and_grad
+        kept.append(feats)
+        return jnp.sum(w * feats), feats
+
+    rng = np.random.default_rng()
+    w, x = _rand(rng, 3), _rand(rng, 3)
+    (value, aux), grad = jaxaot.compiled_value_and_grad(loss, has_aux=True, replay=replay)(w, x)
+    _close(((value, aux), grad), jax.value_and_grad(loss, has_aux=True)(w, x))
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        kept[0] + 1.0

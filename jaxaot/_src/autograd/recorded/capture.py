@@ -38,6 +38,13 @@ def capture(vjp_fn: Callable[[Any], Any], dtype: Any) -> Captured:
 
     closed = jax.make_jaxpr(backward)()
     program, residuals = C.hoist_consts(closed)
+    leaked = next((r for r in residuals if isinstance(r, C.Tracer)), None)
+    if leaked is not None:  # what jax.value_and_grad raises too, as its backward meets the closed-over value
+        raise jax.errors.UnexpectedTracerError(
+            f"a custom_vjp backward (or custom_jvp rule) closes over a value the forward computed from a "
+            f"differentiated input ({type(leaked).__name__} of {C.typeof(leaked)}); jax.value_and_grad refuses it "
+            "as well. Hand such a value to the backward as a residual (the second output of the custom_vjp's "
+            "fwd), or compute it inside the rule.")
     return Captured(program, residuals, structure_of(program))
 
 

@@ -382,9 +382,19 @@ def _check_inexact(call: K.Call, diff: Sequence[Any], positions: Sequence[int]) 
             if not C.is_inexact(dtype):
                 where = f"argument {n}{jax.tree_util.keystr(path)}"
                 raise InvalidInputError(
-                    f"{where} has dtype {np.dtype(dtype).name if dtype != C.float0 else 'float0'}; compiled_grad "
+                    f"{where} has dtype {_dtype_name(dtype)}; compiled_grad "
                     "differentiates float and complex inputs only. Leave it out of argnums, or convert it "
                     "(x.astype(jnp.float32)).")
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``dtype``'s name for a message: NumPy's, or JAX's own for its extended dtypes (a PRNG key's ``key<fry>``)."""
+    if dtype == C.float0:
+        return "float0"
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
 
 
 def _check_scalar(out: Any, fun: Any) -> None:
