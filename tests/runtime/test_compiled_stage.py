@@ -115,3 +115,34 @@ def test_a_stage_lowered_from_abstract_inputs_runs_arrays_of_those_types():
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x))
     compiled = f.lower(*abstract).compile()
     _close(compiled(params, np.asarray(x)), mlp_gelu(params, x))
+
+
+def _doubling_loop(x):  # a trip count read off the data: no reverse-mode derivative
+    return jax.lax.while_loop(lambda c: c.sum() < 100.0, lambda c: c * 2.0, x)
+
+
+def _host_sine(x):  # a host callback without a JVP rule
+    return jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+@pytest.mark.parametrize("fn", [_doubling_loop, _host_sine])
+def test_a_function_without_a_reverse_derivative_lowers_and_runs_as_jit_s_stage(fn):
+    """``jax.jit(f).lower(x).compile()`` needs no derivative: neither does ``aot_function(f).lower(x)``, whose
+    stage then saves nothing and returns the outputs; a gradient raises JAX's own error, as for ``jax.jit(f)``."""
+    x = jnp.asarray(np.random.default_rng().uniform(1.0, 2.0, 3), jnp.float32)
+    f = jaxaot.aot_function(fn)
+    lowered = f.lower(x)
+    assert lowered.saved_bytes == 0 and lowered.out_info == jax.jit(fn).lower(x).out_info
+    _close(lowered.compile()(x), jax.jit(fn).lower(x).compile()(x))
+    with pytest.raises(ValueError) as jax_error:
+        jax.grad(lambda x: jnp.sum(jax.jit(fn)(x)))(x)
+    with pytest.raises(type(jax_error.value)):
+        jax.grad(lambda x: jnp.sum(f(x)))(x)
+
+
+def test_lower_raises_the_function_s_own_error_where_its_forward_fails():
+    def broken(x):
+        return jnp.dot(x, jnp.ones((4, 2)))  # (3,) @ (4, 2): a shape error in the forward itself
+
+    with pytest.raises(TypeError, match="dot_general"):
+        jaxaot.aot_function(broken).lower(jnp.ones(3))

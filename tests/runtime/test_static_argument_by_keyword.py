@@ -44,6 +44,8 @@ def test_keyword_static_keys_programs_as_jit_does():
     for call in calls:
         assert_trees_close(call(aot), call(jit))
     assert (aot.cache_info().misses, aot.cache_info().hits) == (jit._cache_size(), 1) == (3, 1)
+    reason = aot.cache_info().entries[1].reason
+    assert reason.startswith("static argument `n` is now passed by keyword (was by position)"), reason
 
 
 def test_keyword_static_compiled_stage_runs_the_dynamic_arguments():

@@ -252,8 +252,7 @@ class AOTFunction:
             >>> low.saved_bytes
             12
         """
-        programs = self.lookup(args, kwargs).programs
-        return self.lowered(programs.training())
+        return self.lowered(self.lookup(args, kwargs).programs.staged_training())
 
     def cache_info(self) -> CacheInfo:
         """Compiled signatures: per signature the executables kept, every compilation (fused-step variants

@@ -229,7 +229,11 @@ def _static_change(old: tuple, new: tuple, names: ArgNames) -> str | None:
                 out.append(f"static argument: {safe_repr(a, 80)} → {safe_repr(b, 80)}")
             continue
         name = names(b.index)
-        if a.value is b.value and hash(a) != hash(b):
+        if a.keyword != b.keyword and not _static_differs((a.value,), (b.value,)):
+            how = lambda s: "by keyword" if s.keyword is not None else "by position"  # noqa: E731
+            out.append(f"static argument `{name}` is now passed {how(b)} (was {how(a)}); keyed apart, as jax.jit "
+                       "keys them")
+        elif a.value is b.value and hash(a) != hash(b):
             out.append(f"static argument `{name}` was mutated since an earlier call (its hash changed)")
         elif _static_differs((a,), (b,)):
             out.append(_described(a.value, b.value) or

@@ -135,6 +135,25 @@ class SignaturePrograms:
                     tr = self._training[key] = TrainingPrograms(self, key)
         return tr
 
+    def staged_training(self) -> TrainingPrograms:
+        """The training programs :meth:`~jaxaot.AOTFunction.lower` stages: every inexact input differentiated, or
+        none where the function has no reverse-mode derivative (a ``lax.while_loop`` with a traced trip count, a
+        ``pure_callback``): a call runs its forward alone, as ``jax.jit(f).lower(...).compile()`` does, and a
+        gradient raises JAX's error then. Any other failure of the joint trace is raised here."""
+        tr = self.training()
+        if not any(self.inexact):
+            return tr
+        try:
+            tr.joint
+        except Exception as e:  # noqa: BLE001 - the forward alone tells a missing derivative from the function's error
+            none = self.training(tuple(False for _ in self.inexact))
+            try:
+                none.joint
+            except Exception:  # noqa: BLE001 - the forward fails too: the error is the function's own
+                raise e from None
+            return none
+        return tr
+
     def _donation(self, aliased: set) -> dict:
         donate = [i for i in self.donated_leaves if i not in aliased]
         return {"donate_argnums": tuple(donate)} if donate else {}
