@@ -62,6 +62,28 @@ def test_overflow(segmented):
     assert np.isnan(jax.jit(jax.grad(_loss), static_argnums=3)(w, x, jnp.int32(301), 300)).all()
 
 
+@pytest.mark.parametrize("stacking", ["segments", "one stack"])
+def test_past_max_steps_the_outputs_are_the_loop_s_and_only_a_used_derivative_fails(stacking, monkeypatch):
+    """Segments or one stack, a loop run past ``max_steps`` under reverse mode returns the outputs it returns
+    undifferentiated (the counter too); a gradient through it raises eagerly and is NaN under ``jit``; a loss
+    reading only the counter differentiates to 0 with no error."""
+    monkeypatch.setattr(segments, "MIN_STACK_BYTES", 0)
+    w, x = _inputs()
+
+    def f(w, x, n, max_steps):
+        i, h = jaxaot.loops.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + 0.05 * jnp.tanh(c[1] @ w)),
+                                       (0, x), max_steps=max_steps)
+        return jnp.sum(h ** 2), i
+
+    with jaxaot.config.override(stack_segments=stacking == "segments"):
+        (value, i), grad = jax.jit(jax.value_and_grad(f, has_aux=True), static_argnums=3)(w, x, jnp.int32(301), 300)
+        with pytest.raises(LoopOverflowError, match="max_steps=300"):
+            jax.grad(lambda w: f(w, x, 301, 300)[0])(w)
+        counter_only = jax.grad(lambda w: f(w, x, 301, 300)[1].astype(jnp.float32))(w)
+    chex.assert_trees_all_close((value, i), (_scan_loss(w, x, 301), 301), rtol=1e-5, atol=1e-4)
+    assert np.isnan(grad).all() and not np.asarray(counter_only).any()
+
+
 @pytest.mark.slow  # 25 s on 2 cores
 def test_lanes_of_different_lengths(segmented):
     w, x = _inputs()

@@ -164,7 +164,7 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
     known_body, unknown_body, res_avals = _prune_residuals(known_body, unknown_body, res_avals)
     mode = reverse_mode(loop, res_avals)
     if mode == "segments":  # a CPU's large max_steps stack in segments (jaxaot._src.loops.segments)
-        return _segmented(loop, trace, tracers, consts_uk, carry_uk, segments.applies(loop, res_avals))
+        return _segmented(loop, trace, tracers, consts_uk, carry_uk, known_body, res_avals)
     if mode in ("checkpointed", "nested"):  # a nested loop's JVP is scans: here only when staged as it is
         return checkpointed.partial_eval(loop, trace, tracers, carry_uk, _known_cond(loop, consts_uk, carry_uk),
                                          known_body, unknown_body, res_avals)
@@ -240,15 +240,22 @@ def partial_eval(prim: Any, trace: Any, *tracers: Any, **params: Any) -> list:
 
 
 def _segmented(loop: Loop, trace: Any, tracers: Sequence[Any], consts_uk: Sequence[bool],
-               carry_uk: Sequence[bool], steps: int) -> list:
+               carry_uk: Sequence[bool], known_body: Any, res_avals: Sequence[Any]) -> list:
+    """The segmented stack's outputs (:func:`~jaxaot._src.loops.segments.run`); past ``max_steps`` the known
+    carries run on without a stack, as one stack's do (:func:`_run_past`), and the tangents are NaN, checked
+    where they are used."""
     cond = _known_cond(loop, consts_uk, carry_uk)
     _, consts, carry, _ = loop.split(tracers)
     known_consts = [C.known_value(t) for t in pick(consts_uk, consts, False)]
 
-    def still_running(out):
-        return C.eval_closed(cond, *known_consts, *[C.known_value(t) for t in pick(carry_uk, out, False)])[0]
+    def still_running(known):
+        return C.eval_closed(cond, *known_consts, *known)[0]
 
-    return segments.run(loop, steps, consts, carry, trace, still_running)
+    def run_past(known, overflowed):
+        return _run_past(loop, consts_uk, carry_uk, known_body, res_avals, known_consts, known, overflowed)
+
+    return segments.run(loop, segments.applies(loop, res_avals), consts, carry, carry_uk, trace, still_running,
+                        run_past)
 
 
 def _known_loop(loop: Loop, consts_uk: Sequence[bool], carry_uk: Sequence[bool], known_body: Any,

@@ -15,15 +15,15 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from jaxaot._src import compat as C
 from jaxaot._src.config import config
-from jaxaot._src.loops.common import INT, Loop, stack_loop, trace_flat, while_loop_p
-from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison
+from jaxaot._src.loops.common import INT, Loop, pick, stack_loop, trace_flat, while_loop_p
+from jaxaot._src.loops.overflow import guard_tangents, overflow_scale, poison
 
 #: The fewest steps per segment: shorter segments cost more loop iterations than the zeroing they save.
 MIN_SEGMENT = 64
@@ -74,14 +74,16 @@ def _with_counter(loop: Loop, stop: Any) -> tuple[Any, Any]:
     return trace_flat(body, avals), trace_flat(cond, avals)
 
 
-def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], trace: Any,
-        still_running: Any) -> list:
+def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], carry_uk: Sequence[bool], trace: Any,
+        still_running: Callable[[list], Any], run_past: Callable[[list, Any], list]) -> list:
     """The loop's outputs, its forward run as a first segment of ``steps`` steps and an outer loop of
     segments of ``steps`` (see the module docstring), bound on the partial-eval ``trace`` so that each
     loop's own reverse mode splits it. The segments are stacking loops (``while_loop_stack_output``
     with no stacked output), bounded by their length: none checks an overflow of its own.
-    ``still_running(outputs)`` is the loop's condition on the known outputs: true past ``max_steps``
-    is an overflow (NaN values and gradients)."""
+    ``still_running(known)`` is the loop's condition on the known outputs (``carry_uk`` says which are
+    unknown): true past ``max_steps`` is an overflow, where ``run_past(known, overflowed)`` runs the known
+    carries on without a stack (the outputs never depend on ``max_steps``) and the unknown ones, the
+    tangents, are NaN and checked where they are used, as one stack's are."""
     k, n_max, m = loop.num_consts, loop.max_steps, loop.num_carry
     body, cond = _with_counter(loop, lambda i: i < n_max)
     first = stack_loop(cond, body, k, 1 + m, MIN_SEGMENT)  # a short loop's whole stack: no longer than needed
@@ -96,8 +98,9 @@ def run(loop: Loop, steps: int, consts: Sequence[Any], carry: Sequence[Any], tra
     with C.tracing_into(trace):
         i, *carry = first.split_out(first.bind([*consts, jnp.zeros((), INT), *carry]))[0]
         i, *carry = outer.split_out(outer.bind([*consts, i, *carry]))[0]
-    overflowed = (C.known_value(i) >= n_max) & still_running(carry)
-    check_overflow(overflowed, n_max)
-    scale = overflow_scale(overflowed)
+    known = [C.known_value(c) for c, uk in zip(carry, carry_uk) if not uk]
+    overflowed = (C.known_value(i) >= n_max) & still_running(known)
+    known = run_past(known, overflowed)
     with C.tracing_into(trace):
-        return poison(scale, carry)
+        unknown = guard_tangents(overflowed, n_max, poison(overflow_scale(overflowed), pick(carry_uk, carry)))
+    return C.merge_lists(carry_uk, known, unknown)
