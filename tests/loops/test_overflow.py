@@ -33,6 +33,8 @@ def test_raise_if_overflowed_names_max_steps():
     raise_if_overflowed(False, 7)
     with pytest.raises(LoopOverflowError, match="max_steps=7.*checkpoints=k"):
         raise_if_overflowed(jnp.bool_(True), 7)
+    with pytest.raises(LoopOverflowError, match="max_steps=3 .*the rows of while_loop_stack_output"):
+        while_loop_stack_output(lambda c: c < 9, lambda c: c + 1, 0, max_steps=3)
 
 
 def test_reverse_mode_and_stack_output_checks_are_recognised():

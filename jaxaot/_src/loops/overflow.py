@@ -35,8 +35,9 @@ _MESSAGE_START = "while_loop needed more than max_steps="
 
 
 def _message(max_steps: int) -> str:
-    return (f"{_MESSAGE_START}{max_steps} iterations, the bound of its reverse mode: "
-            f"raise max_steps, or use checkpoints=k alone (any trip count).")
+    return (f"{_MESSAGE_START}{max_steps} iterations (the bound of a while_loop's reverse mode, or the rows of "
+            f"while_loop_stack_output): raise max_steps; a while_loop may use checkpoints=k alone instead (any "
+            f"trip count).")
 
 
 def raise_if_overflowed(overflowed: Any, max_steps: int) -> None:
