@@ -36,7 +36,7 @@ VALUES = {
                   [42, b"/tmp/c", "", ["/tmp"], "/tmp/a\0b"]),
     "cache_key_file": ([("/tmp/k", "/tmp/k"), (Path("/tmp/k"), Path("/tmp/k")), (None, None)],
                        [3.5, b"/tmp/k", "", object(), Path("/tmp/k\0")]),
-    "quiet": ([(True, True), (False, False)], [1, "yes", None]),
+    "quiet": ([(True, True), (False, False)], [1, "yes", None, np.True_]),
     "online_block": ([(1, 1), (7, 7), (np.int32(2), 2), (None, None)], [0, -3, 2.5, True, "4", 2**70, (1 << 16) + 1]),
     "offline_schedule": ([("nested", "nested"), ("binomial", "binomial"), (None, None)], ["fast", "Nested", 1]),
     "blocked_loops": ([(True, True), (False, False)], [None, 1, "true"]),
@@ -100,6 +100,11 @@ def test_a_wrong_cache_dir_raises_when_set_not_at_the_next_compile():
     with pytest.raises(InvalidValueError, match="expected a path .* got int.*None turns the cache off"):
         jaxaot.config.cache_dir = 42
     assert jaxaot.config.cache_dir is None or isinstance(jaxaot.config.cache_dir, (str, Path))
+
+
+def test_a_refused_bool_names_its_type_by_module():
+    with pytest.raises(InvalidValueError, match=r"expected True or False, got numpy\.bool_? np\.True_"):
+        Config().quiet = np.True_
 
 
 def test_unknown_settings_raise_attribute_error_naming_the_settings():

@@ -59,7 +59,9 @@ def _path(what_none: str) -> Callable[[Any], Any]:
 
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise _Refused(f"expected True or False, got {type(value).__name__}")
+        t = type(value)
+        name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"  # numpy.bool, not bool
+        raise _Refused(f"expected True or False, got {name} {value!r}")
     return value
 
 

@@ -96,6 +96,9 @@ def test_saving_over_a_folder_of_other_files_is_refused_and_keeps_them(tmp_path)
     (tmp_path / "file").write_text("mine")
     with pytest.raises(InvalidValueError, match="not a folder"):
         jaxaot.export.export(_sin, X).save(tmp_path / "file")
+    with pytest.raises(InvalidValueError, match=r"file is a file, not a folder"):
+        jaxaot.export.export(_sin, X).save(tmp_path / "file" / "below")
+    assert (tmp_path / "file").read_text() == "mine"
 
 
 def test_saving_into_an_empty_folder_keeps_its_mode(tmp_path):

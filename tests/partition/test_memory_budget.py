@@ -38,6 +38,7 @@ TABLE = [
     (-0.1, (InvalidValueError, r"=-0\.1 is negative")), (-5, (InvalidValueError, r"=-5 is negative")),
     ("-1GB", (InvalidValueError, r"'-1GB' is negative")), ("-1", (InvalidValueError, r"'-1' is negative")),
     (float("nan"), (InvalidValueError, "is not a finite number")), ("inf", (InvalidValueError, "not a finite")),
+    ("1e400GB", (InvalidValueError, "'1e400GB' is more bytes than a float holds")),
     ("0GB", (InvalidValueError, "is 0 bytes: a byte budget must be at least 1 byte")),
     ("0.2B", (InvalidValueError, "not a whole number of bytes")),
     ("1.5B", (InvalidValueError, r"'1\.5B' is not a whole number of bytes\. Did you mean '1\.5GB'")),

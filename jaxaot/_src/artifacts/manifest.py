@@ -108,7 +108,10 @@ def write(root: Path, name: str, programs: Mapping[str, Any], signature_json: di
     try:
         return replace_folder(Path(root), fill, is_artifact_file)
     except FileExistsError as err:
-        raise InvalidValueError(f"save: cannot write the artifact to {root}: {err.strerror}.") from None
+        parent = next((p for p in Path(root).parents if p.exists()), None)
+        why = (f"{parent} is a file, not a folder" if parent is not None and not parent.is_dir()
+               else err.strerror)
+        raise InvalidValueError(f"save: cannot write the artifact to {root}: {why}.") from None
 
 
 def is_artifact_file(name: str) -> bool:

@@ -19,7 +19,7 @@ Example:
     >>> check_folders(base, "a", "b", create=True)
     Traceback (most recent call last):
     ...
-    jaxaot._src.files.folders.UnsafeFolderError: .../a: it is writable by group (mode 777)
+    jaxaot._src.files.folders.UnsafeFolderError: .../a: it is writable by group and others (mode 777)
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def untrusted(path_or_stat: Path | os.stat_result) -> str | None:
     if st.st_uid != uid:
         return f"it is owned by uid {st.st_uid}, not by this user (uid {uid})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"it is writable by {'group' if st.st_mode & stat.S_IWGRP else 'others'} "
-                f"(mode {stat.S_IMODE(st.st_mode):o})")
+        who = {stat.S_IWGRP: "group", stat.S_IWOTH: "others"}.get(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH),
+                                                                   "group and others")
+        return f"it is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 

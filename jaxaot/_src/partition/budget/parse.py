@@ -132,7 +132,9 @@ def _parse_text(text: str) -> MemoryBudget:
         raise InvalidValueError(
             f"memory_budget {shown} is not a whole number of bytes. Did you mean '{number}GB' or '{number}MB'? "
             f"Bytes are whole ('4096B'); larger units may carry a fraction ('1.5GB').")
-    if not math.isfinite(nbytes) or nbytes < 1:
+    if not math.isfinite(nbytes):
+        raise InvalidValueError(f"memory_budget {shown} is more bytes than a float holds: pass {_KINDS}.")
+    if nbytes < 1:
         raise InvalidValueError(
             f"memory_budget {shown} is {nbytes:g} bytes: a byte budget must be at least 1 byte (for the fraction "
             f"0, recompute everything, pass 0.0).")
