@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from jaxaot._src import compat as C
+from jaxaot._src import module_links
 from jaxaot._src.compile import code_names
 from jaxaot._src.nn.module_call import _FLAX_OBJECTS, _SCALARS, CallStatic, check_static, has_numbers, python_static
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
@@ -49,6 +50,9 @@ class LossCall:
     #: ``(index among the other arguments, value)`` of the Python values passed (:func:`split_statics`)
     statics: tuple = ()
     static_kwargs: tuple = ()  #: ``(name, value)`` of the Python values passed by keyword
+    #: Where the aux of the last trace holds the module's own Variables and submodules (:func:`module_links.links`,
+    #: key 0: the module): the caller gets its own objects there, as from ``nnx.value_and_grad``. Not compared.
+    aux_links: list = dataclasses.field(default_factory=list, compare=False, hash=False, repr=False)
 
     def __call__(self, module: nnx.Module, *args: Any, **kwargs: Any) -> Any:
         if self.wrapper is not None:
@@ -57,7 +61,10 @@ class LossCall:
             args = list(args)
             for i, value in self.statics:
                 args.insert(i, value)
-        return self.fun(*args[: self.position], module, *args[self.position:], **kwargs, **dict(self.static_kwargs))
+        out = self.fun(*args[: self.position], module, *args[self.position:], **kwargs, **dict(self.static_kwargs))
+        if self.has_aux and isinstance(out, (tuple, list)) and len(out) == 2:
+            self.aux_links[:] = [module_links.links(out[1], {0: module})]
+        return out
 
     @property
     def __name__(self) -> str:  # CallStatic's repr names the method
@@ -211,6 +218,12 @@ class PreparedLoss:
     def kwargs(self) -> dict:
         """The keyword arguments the loss program takes (the Python values among them are its statics)."""
         return self._kwargs
+
+    def relinked(self, aux: Any) -> Any:
+        """``aux`` with the module's own Variables and submodules where the loss returned those of the module it
+        ran on (written back already: call after :meth:`finish`)."""
+        method = self.inputs[0].method
+        return module_links.relink(aux, method.aux_links[0], {0: self.model}) if method.aux_links else aux
 
     def finish(self, delta: Any, grads: list) -> nnx.State:
         """Write the changed state (the loss program's ``StateDelta``, or None) back into the module,

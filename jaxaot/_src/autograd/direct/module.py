@@ -102,4 +102,4 @@ def _run_loss(fun: Callable[..., Any], position: int, args: tuple, kwargs: dict,
             pass  # not weakly referable: each call finds it out again
         return _run_loss(fun, position, args, kwargs, has_aux, fused, True)
     grads = loss.finish(delta, grads)
-    return ((value, aux), grads) if has_aux else (value, grads)
+    return ((value, loss.relinked(aux)), grads) if has_aux else (value, grads)

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
+from jaxaot._src import module_links as ML
 from jaxaot._src.pytrees import format_aval
 from jaxaot._src.autograd.argnums import resolve_argnums
 from jaxaot._src.loops import overflow_mark, raise_overflow_since
@@ -127,7 +128,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         call = K.Call(args, kwargs, positions, diff, {*modules, *positions})
         _check_inexact(call, diff, positions)
         planned = plans.plan(call.diff_tree, diff, not single)
-        linked: list = []  # where the aux holds the modules' Variables (M.links), set by the forward
+        linked: list = []  # where the aux holds the modules' Variables (ML.links), set by the forward
         forward = lambda: _forward(fun, args, kwargs, modules, positions, has_aux, call, linked)  # noqa: E731
         if call.traced or not C.is_eval_trace(C.current_trace()) or C.jit_disabled():  # JAX's own autodiff
             value, vjp_fn, (aux, states) = jax.vjp(forward(), *diff, has_aux=True)
@@ -138,7 +139,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         for n, m in modules.items():
             m.write_back(states[n])
         if linked and linked[0]:
-            aux = M.relink(aux, linked[0], modules)
+            aux = ML.relink(aux, linked[0], {n: m.module for n, m in modules.items()})
         return _returned(value, (aux, None), grads, call.diff_tree, has_aux, single)
 
     value_and_grad.__wrapped__ = fun
@@ -233,7 +234,7 @@ def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions:
              call: K.Call, linked: list):
     """``forward(*diff, arg_values=None) -> (value, (aux, module states))``: ``fun`` on the differentiated
     values (and, for a guarded recording, on ``arg_values`` in place of the other arguments' arrays). ``linked``
-    gets where the aux holds the modules' own Variables (:func:`~.modules.links`)."""
+    gets where the aux holds the modules' own Variables (:func:`~jaxaot._src.module_links.links`)."""
 
     def forward(*dvals, arg_values=None):
         call_args, call_kwargs = (list(args), kwargs) if arg_values is None else call.rebuild(args, kwargs,
@@ -250,7 +251,7 @@ def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions:
                                          f"{type(out).__name__}, not a (value, aux) pair.")
             out, aux = out
             if modules:
-                linked[:] = [M.links(aux, {n: call_args[n] for n in modules})]
+                linked[:] = [ML.links(aux, {n: call_args[n] for n in modules})]
         else:
             aux = None
         _check_scalar(out, fun)

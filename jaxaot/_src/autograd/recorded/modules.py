@@ -7,9 +7,8 @@ compiled step as concrete arrays and is written into the caller's module. The
 gradients are those of the Params' values at entry, as under ``nnx.grad``. A
 Param the forward did not write still holds the very value it was given, so it
 is told apart by identity and the step returns no copy of it. A Variable or
-module of an argument that the forward returns in its auxiliary output is
-returned as the caller's own object, as ``nnx.value_and_grad`` returns it (:func:`links`).
-Flax is imported only once an argument is seen to be an nnx module.
+module of an argument returned in the auxiliary output is the caller's own
+(:mod:`jaxaot._src.module_links`). Flax is imported only for a module argument.
 """
 
 from __future__ import annotations
@@ -82,41 +81,6 @@ def _written(after: Any, entry: Any) -> Any:
 
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(map(operator.is_, a, b))
-
-
-def _is_node(x: Any) -> bool:
-    nnx = sys.modules["flax.nnx"]
-    return isinstance(x, (nnx.Variable, nnx.Module))
-
-
-def links(aux: Any, merged: dict[int, Any]) -> tuple:
-    """Per Variable or module among the pytree leaves of ``aux`` (taken as leaves), ``(argument position, path)``
-    where it is part of the module ``merged`` built for that argument, else None; () when none is."""
-    from flax import nnx  # optional dependency
-
-    nodes = [x for x in jax.tree_util.tree_leaves(aux, is_leaf=_is_node) if _is_node(x)]
-    if not nodes:
-        return ()
-    found = {id(node): (n, path) for n, m in merged.items() for path, node in nnx.iter_graph(m) if _is_node(node)}
-    out = tuple(found.get(id(node)) for node in nodes)
-    return out if any(out) else ()
-
-
-def relink(aux: Any, at: tuple, modules: dict[int, ModuleArg]) -> Any:
-    """``aux`` with each Variable or module that :func:`links` placed (``at``) replaced by the caller's own object
-    at that path of the argument's module (written back already)."""
-    from flax import nnx  # optional dependency
-
-    if not at:
-        return aux
-    live = {n: {path: node for path, node in nnx.iter_graph(m.module) if _is_node(node)} for n, m in modules.items()}
-    leaves, tree = jax.tree_util.tree_flatten(aux, is_leaf=_is_node)
-    it = iter(at)
-    out = []
-    for leaf in leaves:
-        place = next(it) if _is_node(leaf) else None
-        out.append(live[place[0]].get(place[1], leaf) if place is not None else leaf)
-    return jax.tree_util.tree_unflatten(tree, out)
 
 
 def split(module: Any, differentiated: bool) -> ModuleArg:
