@@ -142,3 +142,33 @@ def keyless(tree):
 
 def assert_states_equal(a, b, **tol):
     chex.assert_trees_all_close(keyless(a), keyless(b), **(tol or TOL))
+
+
+class StatsAndParam(nnx.Module):
+    """Batch statistics and a Param (a running mean kept as a Param) both written."""
+
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(3, 4, use_bias=False, rngs=rngs)  # a bias before BatchNorm gets a zero gradient
+        self.bn = nnx.BatchNorm(4, rngs=rngs)
+        self.shift = nnx.Param(jnp.zeros(4))
+
+    def __call__(self, x):
+        h = self.bn(self.l1(x))
+        self.shift[...] = 0.8 * self.shift[...] + 0.2 * jnp.mean(h ** 2, axis=0)
+        return jnp.sum(jnp.tanh(h - self.shift[...]))
+
+
+#: What a loss may return in its aux of a :class:`StatsAndParam` argument, by name.
+AUX_PICKS = {
+    "batch statistic": lambda m: m.bn.mean,
+    "parameter": lambda m: m.shift,
+    "the module": lambda m: m,
+    "a submodule": lambda m: m.l1,
+    "a dict of Variables": lambda m: {"var": m.bn.var, "kernel": m.l1.kernel},
+}
+
+
+def same_objects(aux, own) -> list:
+    """Per Variable or module of ``aux``, whether it is the object in that place of ``own``."""
+    node = lambda x: isinstance(x, (nnx.Variable, nnx.Module))  # noqa: E731
+    return jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: a is b, aux, own, is_leaf=node))

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import jaxaot
-from flax_models import TOL, assert_states_equal, batch, nnx_model, xent
+from flax_models import AUX_PICKS, TOL, StatsAndParam, assert_states_equal, batch, nnx_model, same_objects, xent
 from jaxaot.errors import InvalidOutputError
 
 
@@ -189,41 +189,19 @@ def test_the_split_is_kept_across_steps_and_redone_when_the_module_changes(monke
     chex.assert_trees_all_close(nnx.state(m), nnx.state(ref), **TOL)
 
 
-class _StatsAndParam(nnx.Module):
-    def __init__(self, rngs):
-        self.lin = nnx.Linear(3, 4, rngs=rngs)
-        self.bn = nnx.BatchNorm(4, rngs=rngs)
-
-    def __call__(self, x):
-        return self.bn(self.lin(x))
-
-
-_AUX = {
-    "batch statistic": lambda m: m.bn.mean,
-    "parameter": lambda m: m.lin.kernel,
-    "the module": lambda m: m,
-    "a submodule": lambda m: m.lin,
-    "a dict of Variables": lambda m: {"var": m.bn.var, "kernel": m.lin.kernel},
-}
-
-
-def _graph_node(x):
-    return isinstance(x, (nnx.Variable, nnx.Module))
-
-
-@pytest.mark.parametrize("pick", _AUX.values(), ids=_AUX.keys())
+@pytest.mark.parametrize("pick", AUX_PICKS.values(), ids=AUX_PICKS.keys())
 def test_an_aot_module_s_variable_or_submodule_in_aux_is_the_caller_s_own_object(pick):
     """As under ``nnx.value_and_grad``, the aux of an ``aot_module``'s loss gives back the caller's own objects,
     holding the values written back, on the first call and on the compiled ones after it."""
     def f(m, x):
         return jnp.sum(m(x)), pick(m)
 
-    ours, ref = jaxaot.nn.aot_module(_StatsAndParam(nnx.Rngs(0))), _StatsAndParam(nnx.Rngs(0))
+    ours, ref = jaxaot.nn.aot_module(StatsAndParam(nnx.Rngs(0))), StatsAndParam(nnx.Rngs(0))
     for step in range(3):
         x = jax.random.normal(jax.random.key(100 + step), (5 + step % 2, 3))  # two shapes: two programs
         ((_, aux), grads), ((_, want), want_grads) = (jaxaot.value_and_grad(f, has_aux=True)(ours, x),
                                                       nnx.value_and_grad(f, has_aux=True)(ref, x))
-        same = jax.tree_util.tree_map(lambda a, b: a is b, aux, pick(ours), is_leaf=_graph_node)
-        assert all(jax.tree_util.tree_leaves(same)), same
+        same = same_objects(aux, pick(ours))
+        assert same and all(same), same
         chex.assert_trees_all_close(grads, want_grads, **TOL)
         assert_states_equal(nnx.state(ours.wrapped), nnx.state(ref))

@@ -11,6 +11,7 @@ import jaxaot
 from jaxaot import compiled_autograd
 
 nnx = pytest.importorskip("flax.nnx")
+from flax_models import AUX_PICKS, StatsAndParam, same_objects  # noqa: E402 - after flax is known present
 
 
 class Net(nnx.Module):
@@ -90,20 +91,6 @@ class WrittenOnBranch(nnx.Module):
         return jnp.sum(jnp.tanh(x @ self.w[...]))
 
 
-class StatsAndParam(nnx.Module):
-    """Batch statistics and a Param (a running mean kept as a Param) both written."""
-
-    def __init__(self, rngs):
-        self.l1 = nnx.Linear(3, 4, use_bias=False, rngs=rngs)  # a bias before BatchNorm gets a zero gradient
-        self.bn = nnx.BatchNorm(4, rngs=rngs)
-        self.shift = nnx.Param(jnp.zeros(4))
-
-    def __call__(self, x):
-        h = self.bn(self.l1(x))
-        self.shift[...] = 0.8 * self.shift[...] + 0.2 * jnp.mean(h ** 2, axis=0)
-        return jnp.sum(jnp.tanh(h - self.shift[...]))
-
-
 def _leaves(tree):
     return [np.asarray(jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a)
             for a in jax.tree_util.tree_leaves(tree)]
@@ -142,20 +129,7 @@ def test_nnx_compiled_grad_writes_params_back():
         _assert_trees_close(nnx.state(ours), nnx.state(ref))
 
 
-_AUX = {
-    "batch statistic": lambda m: m.bn.mean,
-    "parameter": lambda m: m.shift,
-    "the module": lambda m: m,
-    "a submodule": lambda m: m.l1,
-    "a dict of Variables": lambda m: {"var": m.bn.var, "kernel": m.l1.kernel},
-}
-
-
-def _graph_node(x):
-    return isinstance(x, (nnx.Variable, nnx.Module))
-
-
-@pytest.mark.parametrize("pick", _AUX.values(), ids=_AUX.keys())
+@pytest.mark.parametrize("pick", AUX_PICKS.values(), ids=AUX_PICKS.keys())
 def test_an_argument_s_variable_or_module_in_aux_is_the_caller_s_own_object(pick):
     """As under nnx.value_and_grad, the aux gives back the caller's own objects (holding the values written)."""
     rng = np.random.default_rng()
@@ -168,10 +142,8 @@ def test_an_argument_s_variable_or_module_in_aux_is_the_caller_s_own_object(pick
     for _ in range(3):
         x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
         ((_, aux), _), ((_, want), _) = vg(ours, x), want_vg(ref, x)
-        same = jax.tree_util.tree_map(lambda a, b: a is b, aux, pick(ours), is_leaf=_graph_node)
-        want_same = jax.tree_util.tree_map(lambda a, b: a is b, want, pick(ref), is_leaf=_graph_node)
-        assert jax.tree_util.tree_leaves(same) == jax.tree_util.tree_leaves(want_same) == [True] * len(
-            jax.tree_util.tree_leaves(same))
+        same, want_same = same_objects(aux, pick(ours)), same_objects(want, pick(ref))
+        assert same == want_same == [True] * len(same)
         _assert_trees_close(nnx.state(ours), nnx.state(ref))
 
 
