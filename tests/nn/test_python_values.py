@@ -124,6 +124,26 @@ def test_a_python_value_in_aux_read_from_the_closure_is_read_at_each_call():
         _same_leaves(got, nnx.value_and_grad(loss, has_aux=True)(plain, x))
 
 
+def test_a_container_past_the_read_limits_is_read_by_identity_as_under_nnx_jit():
+    """``docs/concepts/modules.md``: a list longer than 64 items is named by identity. Changed in place it keeps the
+    traced values, as ``nnx.jit`` keeps them; a new list is read anew, and one within the limits at each call."""
+    weights = {"long": [1.0] * 100, "short": [1.0] * 3}
+
+    def loss(m, x):
+        return jnp.sum(m(x)) * weights["long"][90] * weights["short"][2]
+
+    aot, x = jaxaot.nn.aot_module(_linear()), _x()
+    vg = lambda: jaxaot.value_and_grad(loss)(aot, x)[0]  # noqa: E731
+    jitted = nnx.jit(lambda m, x: loss(m, x))
+    base, base_jit = float(vg()), float(jitted(_linear(), x))
+    weights["long"][90] = 5.0  # in place, past the limits: both keep the traced 1.0
+    np.testing.assert_allclose([float(vg()), float(jitted(_linear(), x))], [base, base_jit], rtol=1e-6)
+    weights["long"] = [1.0] * 90 + [5.0] * 10  # a new list: read anew
+    np.testing.assert_allclose(float(vg()), 5 * base, rtol=1e-5)
+    weights["short"][2] = 2.0  # within the limits: read at each call
+    np.testing.assert_allclose(float(vg()), 10 * base, rtol=1e-5)
+
+
 class Configured(nnx.Module):
     def __init__(self):
         self.lin = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
