@@ -121,3 +121,27 @@ def test_rng_counts_and_batch_statistics_are_written_back_as_in_flax():
         x = _x()
         chex.assert_trees_all_close(aot(x), plain(x), rtol=1e-4, atol=1e-5)
     chex.assert_trees_all_close(_state(aot), _state(plain), rtol=1e-4, atol=1e-5)
+
+
+def test_a_loss_that_switches_the_module_s_mode_is_named_and_the_module_keeps_its_mode():
+    """``m.eval()`` inside the loss of a model in train mode, back with ``m.train()``: nothing changed, it runs as
+    ``nnx.value_and_grad``. The same loss on a model in eval mode ends in train mode: refused, naming the loss and
+    the switch, and the model stays in eval mode."""
+    def switching(m, x):
+        m.eval()
+        y = m(x)
+        m.train()
+        return jnp.sum(y)
+
+    def make():
+        return nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.BatchNorm(4, rngs=nnx.Rngs(0)))
+
+    x = _x()
+    aot, plain = jaxaot.nn.aot_module(make()), make()
+    chex.assert_trees_all_close(jaxaot.value_and_grad(switching)(aot, x), nnx.value_and_grad(switching)(plain, x),
+                                rtol=1e-5, atol=1e-6)
+    aot.eval()
+    with pytest.raises(InvalidInputError, match=r"the loss function switching changed .*use_running_average.*"
+                                                 r"m\.train\(\), m\.eval\(\)"):
+        jaxaot.value_and_grad(switching)(aot, x)
+    assert aot.layers[1].use_running_average

@@ -68,7 +68,8 @@ def nnx_pure(static: CallStatic, params: Any, state: FrozenState, *args: Any, **
     module = nnx.merge(detached_graphdef(static.graphdef), params, rest)
     structure = layout(module)
     out = _invoke(module, static.method, *static.merge(args, kwargs))
-    check_unchanged(module, structure)  # attributes the call set, or submodules it built, would be lost
+    loss = getattr(static.method, "fun", None)  # a loss function's call (LossCall), named as such
+    check_unchanged(module, structure, loss=None if loss is None else getattr(loss, "__name__", "loss_fn"))
     new_params, new_rest = nnx.state(module, nnx.Param, ...)
     changed = (_changed_variables(before[0], new_params), _changed_variables(before[1], new_rest))
     return out, StateDelta.capture(changed, old, inputs, state.frozen)
