@@ -97,6 +97,11 @@ def _text(text: str) -> str:
     return text
 
 
+def _word(text: str) -> str:
+    """A choice's name, read as the flags are: surrounding blanks dropped."""
+    return text.strip()
+
+
 def _flag(text: str) -> bool:
     word = text.strip().lower()
     if word in _TRUE or word in _FALSE:
@@ -105,10 +110,10 @@ def _flag(text: str) -> bool:
 
 
 def _integer(text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise _Refused("expected an integer") from None
+    word = text.strip()
+    if not (word.lstrip("+-").isascii() and word.lstrip("+-").isdigit()) or word.count("-") + word.count("+") > 1:
+        raise _Refused("expected an integer in decimal digits")  # not int()'s '1_000' or other scripts' digits
+    return int(word)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +166,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Whether progress output is silenced."),
     Setting("online_block", "int from 1 to 65536, or `None`", None, _positive_int_or_none, _integer,
             "Steps per predicate check of a checkpoints=k loop's schedule; None: 4 on GPUs, 1 elsewhere.", True),
-    Setting("offline_schedule", '`"nested"`, `"binomial"` or `None`', None, _schedule_or_none, _text,
+    Setting("offline_schedule", '`"nested"`, `"binomial"` or `None`', None, _schedule_or_none, _word,
             "The schedule of a bounded checkpoints=k loop, 'nested' or 'binomial'; None: nested on GPUs, "
             "binomial elsewhere.", True),
     Setting("blocked_loops", "bool", False, _bool, _flag,
