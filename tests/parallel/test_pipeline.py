@@ -174,6 +174,8 @@ def test_bad_microbatch_counts_are_typed_errors():
         pipeline(stages, loss_fn, num_microbatches=0)
     with pytest.raises(InvalidInputError, match="one parameter tree per stage"):
         step(params[:1], x[:8], t[:8])
+    with pytest.raises(InvalidValueError, match=r"is a scalar: .*leading batch axis.*num_microbatches=4"):
+        step(params, x[:8], t[0, 0])
 
 
 def test_sub_mesh_stages_with_sharded_parameters():

@@ -45,7 +45,12 @@ def check_batch(name: str, tree: Any, num_microbatches: int) -> None:
         raise InvalidValueError(f"the pipeline's {name} hold no arrays: they must be split into microbatches.")
     for path, x in zip(leaf_paths(treedef, name), leaves):
         shape = jnp.shape(x)
-        if not shape or shape[0] % num_microbatches:
+        if not shape:
+            raise InvalidValueError(
+                f"{path} is a scalar: each leaf of the pipeline's {name} needs a leading batch axis to split into "
+                f"num_microbatches={num_microbatches} microbatches (close the step's function over a value shared "
+                "by every microbatch).")
+        if shape[0] % num_microbatches:
             raise InvalidValueError(
                 f"{path} has shape {tuple(shape)}, whose axis 0 does not split into num_microbatches="
                 f"{num_microbatches} equal microbatches: make the batch a multiple of {num_microbatches}.")
