@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping
 
+import jax
+
 
 def _is_node(x: Any) -> bool:
     nnx = sys.modules.get("flax.nnx")
@@ -22,7 +24,7 @@ def _is_node(x: Any) -> bool:
 def links(aux: Any, merged: Mapping[Any, Any]) -> tuple:
     """Per Variable or module among the pytree leaves of ``aux`` (taken as leaves), ``(key, path)`` where it is
     part of the module ``merged[key]`` (the module itself at path ``()``), else None; () when none is."""
-    nodes = [x for x in _tree_leaves(aux) if _is_node(x)]
+    nodes = [x for x in jax.tree_util.tree_leaves(aux, is_leaf=_is_node) if _is_node(x)]
     if not nodes:
         return ()
     nnx = sys.modules["flax.nnx"]
@@ -36,8 +38,6 @@ def relink(aux: Any, at: tuple, live: Mapping[Any, Any]) -> Any:
     of the caller's module ``live[key]`` (written back already)."""
     if not at:
         return aux
-    import jax
-
     nnx = sys.modules["flax.nnx"]
     found = {key: {path: node for path, node in nnx.iter_graph(m) if _is_node(node)} for key, m in live.items()}
     leaves, tree = jax.tree_util.tree_flatten(aux, is_leaf=_is_node)
@@ -47,12 +47,6 @@ def relink(aux: Any, at: tuple, live: Mapping[Any, Any]) -> Any:
         place = next(it) if _is_node(leaf) else None
         out.append(found[place[0]].get(place[1], leaf) if place is not None else leaf)
     return jax.tree_util.tree_unflatten(tree, out)
-
-
-def _tree_leaves(aux: Any) -> list:
-    import jax
-
-    return jax.tree_util.tree_leaves(aux, is_leaf=_is_node)
 
 
 __all__ = ["links", "relink"]
