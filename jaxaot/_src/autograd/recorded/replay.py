@@ -81,39 +81,32 @@ class Miss(NamedTuple):
         return f"the value Python looked at{where} changed"
 
 
-class _Float(float):
-    """A float Python received, equal only to the same bits: ``-0.0`` is not ``0.0`` (``math.copysign`` tells
+class _Exact:
+    """A number Python received, equal only to the same bits: ``-0.0`` is not ``0.0`` (``math.copysign`` tells
     them apart), and a NaN is the same NaN again (an outcome, a key of the guard tree)."""
 
     __slots__ = ()
 
+    def _bits(self) -> bytes:
+        z = complex(self)  # type: ignore[arg-type]
+        return struct.pack("<dd", z.real, z.imag)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
+        return type(other) is type(self) and self._bits() == other._bits()  # type: ignore[attr-defined]
 
     def __ne__(self, other: object) -> bool:
         return not self == other
 
     def __hash__(self) -> int:
-        return hash(struct.pack("<d", self))
+        return hash(self._bits())
 
 
-class _Complex(complex):
-    """A complex Python received, equal only to the same bits in both parts (as :class:`_Float`)."""
-
+class _Float(_Exact, float):
     __slots__ = ()
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, complex) and _bits(self) == _bits(other)
 
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash(_bits(self))
-
-
-def _bits(z: complex) -> bytes:
-    return struct.pack("<dd", z.real, z.imag)
+class _Complex(_Exact, complex):
+    __slots__ = ()
 
 
 def received(value: Any, how: str) -> Any:
