@@ -354,3 +354,38 @@ def test_a_partitioner_that_returns_no_partition_is_named_and_nothing_is_stored(
     assert not _files(cache_dir, "partitions")
     g = jaxaot.aot_function(lambda x: jnp.sum(jnp.sin(x)))   # the cache keeps working
     assert jnp.allclose(jax.grad(g)(jnp.ones(3)), jnp.cos(jnp.ones(3)))
+
+
+def _rule_loss(saves_output: bool):
+    """``sum(tanh(x @ w) ** 2)`` through a ``custom_vjp`` whose forward rule saves the output or the input: one
+    primal program, two gradients' programs."""
+    @jax.custom_vjp
+    def act(z):
+        return jnp.tanh(z)
+
+    def fwd(z):
+        y = jnp.tanh(z)
+        return y, (y if saves_output else z)
+
+    def bwd(saved, g):
+        y = saved if saves_output else jnp.tanh(saved)
+        return (g * (1 - y * y),)
+
+    act.defvjp(fwd, bwd)
+    return lambda w, x: jnp.sum(act(x @ w) ** 2)
+
+
+def test_a_changed_custom_rule_is_a_partition_miss_not_a_stale_plan(cache_dir):
+    """The primal program shows a ``custom_vjp``'s rules only as JAX's wrappers: the key reads their code, so
+    a changed rule plans anew (no stale plan, no false corruption) and plans what a cold process plans."""
+    w, x = _inputs(3)
+    runs = []
+    for saves_output in (True, False, True):
+        f = jaxaot.aot_function(_rule_loss(saves_output), partition_fn=counting_partition)
+        grads = jax.grad(f, argnums=(0, 1))(w, x)
+        chex.assert_trees_all_close(grads, jax.grad(_rule_loss(saves_output), argnums=(0, 1))(w, x), **TOL)
+        runs.append((cache_keys.canonical_text(f.lower(w, x).forward), cache.stats()))
+    with jaxaot.config.override(cache_dir=None):
+        cold = cache_keys.canonical_text(jaxaot.aot_function(_rule_loss(False)).lower(w, x).forward)
+    assert runs[1][0] == cold and runs[0][0] != cold and runs[2][0] == runs[0][0]
+    assert [(s.partition_misses, s.partition_hits, s.corrupt) for _, s in runs] == [(1, 0, 0), (2, 0, 0), (2, 1, 0)]

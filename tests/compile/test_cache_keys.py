@@ -151,3 +151,23 @@ def test_executable_keys_follow_jax_configuration_that_lowering_reads():
     with jaxaot.config.override(blocked_loops=not jaxaot.config.blocked_loops):
         blocked = key()
     assert base is not None and len({base, other, blocked}) == 3 and key() == base
+
+
+def test_partition_keys_read_the_code_of_custom_rules():
+    """Two ``custom_jvp`` functions with one primal and other rules key apart; JAX's own (``jax.nn.relu``) key."""
+    from jaxaot._src.tracing import JointRecipe
+
+    def with_rule(scale):
+        @jax.custom_jvp
+        def act(z):
+            return jnp.sin(z)
+
+        act.defjvp(lambda p, t: (act(p[0]), scale * jnp.cos(p[0]) * t[0]))
+        return lambda x: jnp.sum(act(x)) + jnp.sum(jax.nn.relu(x))
+
+    def key(fn):
+        avals = (jax.ShapeDtypeStruct((3,), jnp.float32),)
+        return cache_keys.partition_key(counting_partition, JointRecipe(jax.make_jaxpr(fn)(*avals), None, None, avals))
+
+    one, two = key(with_rule(1.0)), key(with_rule(2.0))
+    assert None not in (one, two) and one != two and one == key(with_rule(1.0))

@@ -3,15 +3,17 @@
 Every use of ``jax._src``, ``jax.extend`` or ``jax.interpreters`` lives in this
 package, so a JAX upgrade is a change here alone. The rest of jaxaot imports it
 as ``C`` and uses only the names it re-exports, one module per concern (jaxprs and
-executables, loop primitives' support, the recording trace, StableHLO reading);
+executables, custom rules, loop primitives' support, the recording trace, StableHLO reading);
 ``tests/test_architecture.py`` checks that every name used is in ``__all__``.
 """
 
-from jaxaot._src.compat import core, forward_mode, loop_support, recording, stablehlo
+from jaxaot._src.compat import core, custom_rules, forward_mode, loop_support, recording, stablehlo
 from jaxaot._src.compat.core import *  # noqa: F401,F403
+from jaxaot._src.compat.custom_rules import *  # noqa: F401,F403
 from jaxaot._src.compat.forward_mode import *  # noqa: F401,F403
 from jaxaot._src.compat.loop_support import *  # noqa: F401,F403
 from jaxaot._src.compat.recording import *  # noqa: F401,F403
 from jaxaot._src.compat.stablehlo import *  # noqa: F401,F403
 
-__all__ = sorted({*core.__all__, *forward_mode.__all__, *loop_support.__all__, *recording.__all__, *stablehlo.__all__})
+__all__ = sorted({*core.__all__, *custom_rules.__all__, *forward_mode.__all__, *loop_support.__all__, *recording.__all__,
+                  *stablehlo.__all__})

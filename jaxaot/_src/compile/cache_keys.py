@@ -69,6 +69,7 @@ def _partition_key_parts(partition_fn: Partitioner, recipe: JointRecipe) -> Iter
     yield callable_identity(partition_fn)
     yield callable_identity(build_joint)
     yield program_fingerprint(recipe.primal)
+    yield custom_rules_identity(recipe.primal)
     yield avals_key(recipe.in_avals)
     yield value_identity(recipe.differentiated)
     yield value_identity(recipe.decompositions)
@@ -154,6 +155,18 @@ def program_fingerprint(closed: Any) -> str:
     for value in _program_values(closed):
         h.update(_array_identity(value).encode())
     return h.hexdigest()
+
+
+def custom_rules_identity(closed: Any) -> str:
+    """The code of the ``jax.custom_jvp`` and ``jax.custom_vjp`` rules ``closed`` calls, which its text does not show
+    and its gradient depends on (:func:`callable_identity` of each); unkeyable where a rule is not found."""
+    parts = []
+    for eqn in C.iter_eqns(closed):
+        rules = C.custom_rule_functions(eqn)
+        if rules is None:
+            raise _Unkeyable(f"the rules of {eqn.primitive}")
+        parts.extend(callable_identity(r) for r in rules)
+    return f"rules({','.join(parts)})"
 
 
 def canonical_text(closed: Any) -> str:
