@@ -44,6 +44,39 @@ def test_inspect_plain_shapes(tmp_path, monkeypatch, capsys):
     assert "f32[4,2]" in out  # the shapes were read, spaces and all
 
 
+def test_a_required_keyword_only_argument_is_named(tmp_path, monkeypatch, capsys):
+    (tmp_path / "kwmod.py").write_text(textwrap.dedent("""
+        def loss(x, *, scale):
+            return (scale * x).sum()
+        def loss2(x, y, *, scale):
+            return (scale * x * y).sum()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["inspect", "kwmod:loss", "--shapes", "f32[3]"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the keyword-only argument scale" in err and "positional" not in err, err
+    assert cli.main(["inspect", "kwmod:loss2", "--shapes", "f32[3]"]) == 2  # a positional one is missing too
+    assert "takes 2 positional arguments (x, y) but was given 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("compare", [False, True])
+def test_json_stdout_is_one_document_when_the_users_code_prints(tmp_path, monkeypatch, capsys, compare):
+    module = f"noisymod_{compare}"  # imported afresh in each case
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent("""
+        import jax.numpy as jnp
+        print("imported")
+        def loss(w, x):
+            print("tracing")
+            return jnp.tanh(x @ w).sum()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extra = ["--compare", "--rounds", "1", "--budget", "0.5"] if compare else []
+    assert cli.main(["inspect", f"{module}:loss", "--shapes", "f32[3,2] f32[4,3]", "--json", *extra]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["target"] == f"{module}:loss"
+    assert "imported" in err and "tracing" in err
+
+
 def test_inspect_pytree_shapes_as_json(capsys):
     spec = '[[{"w": "f32[16, 16]", "b": "f32[16]"}], ["f32[4,16]", "f32[4,16]"]]'
     assert cli.main(["inspect", "jaxaot._src.cli.demo_models:mlp_loss", "--shapes", spec, "--partition", "min_cut"]) == 0

@@ -129,8 +129,14 @@ def check_arity(fn: Callable, target: str, args: tuple) -> None:
     try:
         sig.bind(*args)
     except TypeError:
-        params = [p.name for p in sig.parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        positional = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [p.name for p in positional]
+        required = sum(p.default is p.empty for p in positional)
+        keywords = [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+        if keywords and required <= len(args) <= len(params):  # the count is right: a keyword-only one is missing
+            raise UsageError(f"{target} needs the keyword-only argument{'s' * (len(keywords) != 1)} "
+                             f"{', '.join(keywords)}, which --shapes cannot give: give it a default, or inspect "
+                             "a wrapper that passes it") from None
         raise UsageError(f"{target} takes {len(params)} positional argument{'s' * (len(params) != 1)} "
                          f"({', '.join(params)}) but was given {len(args)}") from None
 
@@ -271,14 +277,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.x64 and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)  # before --args builds its arrays
     name, partition_fn = partitioner(args)
-    fn = load_object(args.target)
-    call_args = parse_shapes(args.shapes) if args.shapes is not None else example_args(args.args)
+    with _users_prints(args):
+        fn = load_object(args.target)
+        call_args = parse_shapes(args.shapes) if args.shapes is not None else example_args(args.args)
     enable_x64_for(call_args)
     check_arity(fn, args.target, call_args)
     if args.compare:
         return inspect_compare(args, fn, call_args)
     aot = jaxaot.aot_function(fn, partition_fn=partition_fn)
-    with _user_errors(args):
+    with _user_errors(args), _users_prints(args):
         with _progress.task(f"lowering {args.target}"):
             low = aot.lower(*call_args)
     if args.json:
@@ -302,7 +309,7 @@ def check_compare_options(args: argparse.Namespace) -> None:
 def inspect_compare(args: argparse.Namespace, fn: Callable, call_args: tuple) -> int:
     """``inspect --compare``: :func:`jaxaot.compare` of ``fn`` at the arguments (``--shapes`` made arrays)."""
     budgets = DEFAULT_BUDGETS if args.budget is None else (args.budget,)
-    with _user_errors(args):
+    with _user_errors(args), _users_prints(args):
         result = compare(fn, *example_arrays(call_args), budgets=budgets,
                          rounds=5 if args.rounds is None else args.rounds)
     if args.json:
@@ -310,6 +317,11 @@ def inspect_compare(args: argparse.Namespace, fn: Callable, call_args: tuple) ->
     else:
         print(result)
     return 0
+
+
+def _users_prints(args: argparse.Namespace) -> Any:
+    """With ``--json``, what the user's module and function print goes to stderr: stdout is one JSON document."""
+    return contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
