@@ -17,7 +17,7 @@ import pytest
 
 import jaxaot
 from jaxaot._src import compat as C
-from jaxaot.errors import ArtifactError, ArtifactVersionError
+from jaxaot.errors import ArtifactError, ArtifactVersionError, InvalidInputError, InvalidValueError
 
 
 def _fn(x):
@@ -76,3 +76,18 @@ def test_a_jaxlib_this_one_cannot_stand_in_for_is_refused(art, written):
 def test_an_older_jaxlib_of_the_supported_range_loads(art):
     _edit(art, lambda m: m["versions"].__setitem__("jaxlib", "0.10.0"))
     np.testing.assert_allclose(jaxaot.export.load(art)(X), _fn(X), rtol=1e-6)
+
+
+@pytest.mark.parametrize("platforms, error, message", [
+    ("cpu", InvalidInputError, r"platforms must be None \(this platform\) or a non-empty list or tuple"),
+    ((), InvalidInputError, r"platforms must be None"),
+    (("CPU",), InvalidValueError, r"platforms names 'CPU', which is none of 'cpu', 'cuda', 'rocm', 'tpu': "
+                                  r"did you mean 'cpu'\?"),
+    (("gpu",), InvalidValueError, r"did you mean 'cuda' or 'rocm'\?"),
+    (("bogus",), InvalidValueError, r"platforms names 'bogus', which is none of .*'tpu'\.$"),
+    (("cpu", "tpu", "cpu"), InvalidValueError, r"platforms names 'cpu' more than once"),
+])
+def test_platforms_are_checked_when_given_not_when_loaded(platforms, error, message):
+    """``jax.export`` lowers for any name; a misspelt platform is refused at export, before anything is traced."""
+    with pytest.raises(error, match=message):
+        jaxaot.export.export(_fn, X, platforms=platforms)

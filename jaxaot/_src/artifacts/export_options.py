@@ -58,8 +58,13 @@ def _target_names(names: Any) -> frozenset:
     return frozenset(names)
 
 
+#: The platforms a program can be exported for, as ``jax.export`` names them.
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
 def check_platforms(platforms: Any) -> None:
-    """Refuse ``platforms`` that is not None or a non-empty sequence of platform names."""
+    """Refuse ``platforms`` that is not None or a non-empty sequence of distinct names of :data:`PLATFORMS`
+    (``jax.export`` lowers for any name, so a misspelt one would fail only where the artifact is loaded)."""
     if platforms is None:
         return
     if isinstance(platforms, str) or not isinstance(platforms, (list, tuple)) or not platforms \
@@ -67,3 +72,12 @@ def check_platforms(platforms: Any) -> None:
         raise InvalidInputError(
             f"export: platforms must be None (this platform) or a non-empty list or tuple of platform "
             f"names such as ('cpu', 'cuda'), got {platforms!r}.")
+    for p in platforms:
+        if p not in PLATFORMS:
+            meant = {"gpu": "'cuda' or 'rocm'"}.get(p.lower(), repr(p.lower()) if p.lower() in PLATFORMS else None)
+            raise InvalidValueError(
+                f"export: platforms names {p!r}, which is none of {', '.join(map(repr, PLATFORMS))}"
+                + (f": did you mean {meant}?" if meant else "."))
+    if len(set(platforms)) != len(platforms):
+        twice = sorted({p for p in platforms if platforms.count(p) > 1})
+        raise InvalidValueError(f"export: platforms names {', '.join(map(repr, twice))} more than once: {platforms!r}.")
