@@ -87,9 +87,14 @@ def _positive_int_or_none(value: Any) -> int | None:
 
 
 def _schedule_or_none(value: Any) -> str | None:
-    if value is not None and value not in OFFLINE_SCHEDULES:
-        raise _Refused(f"expected one of {OFFLINE_SCHEDULES} or None (the platform decides)")
-    return value
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in OFFLINE_SCHEDULES:  # an array would compare equal
+        t = type(value)
+        name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
+        got = "" if isinstance(value, str) else f", got {name}"
+        raise _Refused(f"expected one of {OFFLINE_SCHEDULES} or None (the platform decides){got}")
+    return str(value)  # np.str_ stored as the str it is
 
 
 # --------------------------------------------------------------------------- parsers: environment text -> value
