@@ -100,10 +100,11 @@ def changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
     return [text for p, text in found if not any(_under(p, top) for top in tops)]
 
 
-def check_unchanged(module: Any, before: dict[str, tuple], limit: int = 4, loss: str | None = None) -> None:
+def check_unchanged(module: Any, before: dict[str, tuple], limit: int = 4, loss: str | None = None,
+                    writer: str = "aot_module") -> None:
     """Raise :class:`~jaxaot.errors.InvalidInputError` where the call changed ``module``'s graph beyond the
     Variables the write-back carries (``before`` is its :func:`layout` before the call; ``loss``: the name of the
-    loss function that ran on it, where one did)."""
+    loss function that ran on it, where one did; ``writer``: the function that writes the Variables back)."""
     found = changes(before, layout(module))
     if not found:
         return
@@ -112,7 +113,7 @@ def check_unchanged(module: Any, before: dict[str, tuple], limit: int = 4, loss:
     mode = "" if loss is None else (" A mode the loss switches (m.train(), m.eval()) is such a change: switch it "
                                     "before the gradient's call.")
     raise InvalidInputError(
-        f"{who} changed the module's attributes ({shown}). aot_module writes back "
+        f"{who} changed the module's attributes ({shown}). {writer} writes back "
         "only the values of the module's nnx.Variables (and the Variables it sows), so these changes would be "
         "lost. Keep state the call changes in nnx.Variable attributes (self.count[...] += 1), build submodules "
         f"and Variables in __init__, or run this module with nnx.jit.{mode} The module is left as it was."

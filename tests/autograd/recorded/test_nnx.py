@@ -160,3 +160,73 @@ def test_a_variable_made_in_the_forward_is_returned_new_with_its_value():
     (_, want), _ = nnx.value_and_grad(f, has_aux=True)(StatsAndParam(nnx.Rngs(0)), x)
     assert type(aux) is type(want) and not any(aux is node for _, node in nnx.iter_graph(m))
     np.testing.assert_allclose(np.asarray(aux[...]), np.asarray(want[...]), rtol=1e-5, atol=1e-5)
+
+
+def _fresh_net():
+    return nnx.Sequential(nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.BatchNorm(4, rngs=nnx.Rngs(0)),
+                          nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=1)))
+
+
+@pytest.mark.parametrize("replay", (False, True))
+@pytest.mark.parametrize("wrap", (lambda m: [m], lambda m: {"net": m}, lambda m: (m, 2.0)), ids=("list", "dict", "tuple"))
+def test_modules_inside_a_container_are_split_and_written_back_as_nnx_does(wrap, replay):
+    """A module reaching the loss inside a list, dict or tuple is state the forward changes (batch statistics, the
+    dropout RNG's count), written back each call as under nnx.value_and_grad: never a replay of the first mask."""
+    def loss(w, x, box):
+        net = box["net"] if isinstance(box, dict) else box[0]
+        return jnp.sum(net(x @ w) ** 2)
+
+    ours, ref = _fresh_net(), _fresh_net()
+    vg, want_vg = jaxaot.compiled_value_and_grad(loss, replay=replay), nnx.value_and_grad(loss)
+    rng = np.random.default_rng()
+    w = jnp.asarray(rng.standard_normal((4, 4)), jnp.float32)
+    for _ in range(3):
+        x = jnp.asarray(rng.standard_normal((5, 4)), jnp.float32)
+        (value, grad), (want_value, want_grad) = vg(w, x, wrap(ours)), want_vg(w, x, wrap(ref))
+        np.testing.assert_allclose(np.asarray(value), np.asarray(want_value), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-4, atol=1e-5)
+        _assert_trees_close(nnx.state(ours), nnx.state(ref))
+
+
+def test_rngs_given_as_an_argument_advance_as_under_nnx():
+    lin_ours, lin_ref, drop = nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Dropout(0.5)
+
+    def loss(m, x, rngs):
+        return jnp.sum(drop(m(x), rngs=rngs) ** 2)
+
+    ours, ref = nnx.Rngs(dropout=7), nnx.Rngs(dropout=7)
+    g = jaxaot.nnx_compiled_grad(loss)
+    for _ in range(3):
+        x = jnp.asarray(np.random.default_rng().standard_normal((3, 4)), jnp.float32)
+        _assert_trees_close(g(lin_ours, x, ours), nnx.grad(loss)(lin_ref, x, ref))
+        _assert_trees_close(nnx.state(ours), nnx.state(ref))
+
+
+def test_nnx_state_given_by_keyword_is_refused_by_name():
+    vg = jaxaot.compiled_value_and_grad(lambda w, x, net=None: jnp.sum(net(x @ w)))
+    with pytest.raises(jaxaot.errors.InvalidInputError, match="keyword argument 'net' holds Flax nnx state.*"
+                                                              "Pass it by position"):
+        vg(jnp.ones((4, 4)), jnp.ones((2, 4)), net=_fresh_net())
+
+
+class Counted(nnx.Module):
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(3, 3, rngs=rngs)
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("replay", (False, True))
+def test_a_plain_attribute_the_forward_changes_is_refused_not_dropped(replay):
+    """nnx.value_and_grad keeps ``self.calls += 1``; the write-back carries Variables only, so it is refused, and
+    the module is left as it was."""
+    m = Counted(nnx.Rngs(0))
+    before = jax.tree_util.tree_map(np.asarray, nnx.state(m))
+    vg = jaxaot.compiled_value_and_grad(lambda m, x: jnp.sum(m(x) ** 2), replay=replay)
+    with pytest.raises(jaxaot.errors.InvalidInputError, match=r"changed the module's attributes \(`calls`: 0 → 1\)"):
+        vg(m, jnp.ones((2, 3)))
+    assert m.calls == 0
+    _assert_trees_close(nnx.state(m), before)

@@ -123,6 +123,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
                     return _returned(out[0], out[1], out[2], known.diff_tree, has_aux, single)
                 miss = out
         positions = resolve_argnums(nums, len(args), argnums, plans.name)
+        _check_keyword_state(kwargs, plans.name)
         modules = M.split_args(args, positions) if args else {}
         diff = tuple(modules[n].params if n in modules else args[n] for n in positions)
         call = K.Call(args, kwargs, positions, diff, {*modules, *positions})
@@ -145,6 +146,16 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     value_and_grad.__wrapped__ = fun
     value_and_grad.cache_info = plans.cache_info
     return value_and_grad
+
+
+def _check_keyword_state(kwargs: dict, name: str) -> None:
+    """Refuse Flax nnx state given by keyword: it is split and written back by position, as ``nnx.grad`` does."""
+    for key, value in kwargs.items():
+        if M.holds_nnx_state(value):
+            raise InvalidInputError(
+                f"{name}: the keyword argument {key!r} holds Flax nnx state ({type(value).__name__}), which the "
+                f"forward may change; compiled_value_and_grad splits such state, and writes it back, only where "
+                f"it is passed by position, as nnx.grad does. Pass it by position.")
 
 
 def _returned(value: Any, rest: tuple, grads: Sequence[Any], diff_tree: Any, has_aux: bool, single: bool) -> tuple:
@@ -241,10 +252,13 @@ def _forward(fun: Callable, args: tuple, kwargs: dict, modules: dict, positions:
                                                                                               arg_values)
         for n, m in modules.items():
             call_args[n] = m.merge(dvals[positions.index(n)] if n in positions else None)
+        layouts = {n: M.layout(call_args[n]) for n in modules}
         for n, v in zip(positions, dvals):
             if n not in modules:
                 call_args[n] = v
         out = fun(*call_args, **call_kwargs)
+        for n, m in modules.items():
+            m.check_unchanged(call_args[n], layouts[n], name_of(fun))
         if has_aux:
             if not (isinstance(out, (tuple, list)) and len(out) == 2):
                 raise InvalidOutputError(f"{name_of(fun)} was marked has_aux=True but returned a "

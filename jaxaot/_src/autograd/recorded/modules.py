@@ -1,6 +1,6 @@
 """Flax nnx modules as arguments of :func:`~jaxaot.compiled_grad`, the way ``nnx.grad`` treats them.
 
-Each module argument is split into its ``nnx.Param`` state (differentiated) and
+Each module argument (or ``nnx.Rngs``, ``nnx.Variable``, or a list, tuple or dict of them) is split into its ``nnx.Param`` state (differentiated) and
 the rest; the forward runs on a module merged back, and the rest it leaves
 (batch statistics, RNG counters), with the Params it wrote, comes back from the
 compiled step as concrete arrays and is written into the caller's module. The
@@ -8,7 +8,8 @@ gradients are those of the Params' values at entry, as under ``nnx.grad``. A
 Param the forward did not write still holds the very value it was given, so it
 is told apart by identity and the step returns no copy of it. A Variable or
 module of an argument returned in the auxiliary output is the caller's own
-(:mod:`jaxaot._src.module_links`). Flax is imported only for a module argument.
+(:mod:`jaxaot._src.module_links`). An attribute the forward changes otherwise (``self.calls += 1``) would
+not come back: it is refused. Flax is imported only for a module argument.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ def is_nnx_module(x: Any) -> bool:
     """Whether ``x`` is an ``nnx.Module`` (without importing flax)."""
     nnx = sys.modules.get("flax.nnx")
     return nnx is not None and isinstance(x, nnx.Module)
+
+
+def holds_nnx_state(x: Any) -> bool:
+    """Whether ``x`` is Flax nnx state the forward may change: a module or other ``nnx.Pytree`` (``nnx.Rngs``), an
+    ``nnx.Variable``, or a list, tuple or dict holding one (``nnx.split`` takes them all, as ``nnx.grad`` does)."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None:
+        return False
+    kinds = (nnx.Pytree, nnx.Variable)
+    if isinstance(x, kinds):
+        return True
+    return isinstance(x, (list, tuple, dict)) and any(
+        isinstance(leaf, kinds) for leaf in jax.tree_util.tree_leaves(x, is_leaf=lambda y: isinstance(y, kinds)))
 
 
 @dataclasses.dataclass
@@ -44,6 +58,13 @@ class ModuleArg:
         # to mutate a Variable created under another trace (batch statistics are mutated).
         parts = (self.rest,) if self.params is None else (params, self.rest)
         return nnx.merge(self.graphdef, *(jax.tree_util.tree_map(lambda x: x, p) for p in parts))
+
+    def check_unchanged(self, merged: Any, before: dict, name: str) -> None:
+        """Raise where the forward (``name``) changed ``merged`` beyond its Variables' values (``before``: its
+        :func:`~jaxaot._src.nn.graph_changes.layout` as merged): only those come back to the caller's module."""
+        from jaxaot._src.nn.graph_changes import check_unchanged  # imports flax
+
+        check_unchanged(merged, before, loss=name, writer="compiled_value_and_grad")
 
     def state_after(self, merged: Any, params: Any) -> tuple[Any, Any]:
         """What the forward left in ``merged``: ``(its state but the differentiated Params, the Params it wrote
@@ -95,5 +116,12 @@ def split(module: Any, differentiated: bool) -> ModuleArg:
 
 
 def split_args(args: Sequence[Any], nums: Sequence[int]) -> dict[int, ModuleArg]:
-    """The module arguments among ``args``, by position (only positions holding a module)."""
-    return {i: split(a, i in nums) for i, a in enumerate(args) if is_nnx_module(a)}
+    """The module arguments among ``args``, by position (only positions holding nnx state: :func:`holds_nnx_state`)."""
+    return {i: split(a, i in nums) for i, a in enumerate(args) if holds_nnx_state(a)}
+
+
+def layout(merged: Any) -> dict:
+    """:func:`~jaxaot._src.nn.graph_changes.layout` of a merged module argument (imports flax)."""
+    from jaxaot._src.nn.graph_changes import layout as graph_layout
+
+    return graph_layout(merged)
