@@ -23,10 +23,13 @@ def _trip_count(x, capacity):
     return trip
 
 
-def test_dynamic_capacity_rejects_bad_capacity():
-    with pytest.raises(InvalidLoopOptionError):
-        with dynamic_capacity(0):
-            pass
+@pytest.mark.parametrize("bad, message", [(0, "must be a positive int, got 0"),
+                                          (None, "must be a positive Python int, got NoneType None"),
+                                          ("8", "must be a positive Python int, got str '8'"),
+                                          (True, "must be a positive Python int, got bool True")])
+def test_dynamic_capacity_rejects_bad_capacity_when_called(bad, message):
+    with pytest.raises(InvalidLoopOptionError, match=f"dynamic_capacity: capacity {message}"):
+        dynamic_capacity(bad)  # not only when the block is entered
 
 
 def test_trip_count_or_capacity_plus_one():

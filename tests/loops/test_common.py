@@ -55,6 +55,8 @@ def test_counts_beyond_int32_are_refused_at_the_option_check(option):
             jax.grad(lambda x: loop(x, n)[1])(0.5)
     with pytest.raises(InvalidLoopOptionError, match="at most"):
         while_loop_stack_output(lambda c: c < 2.0, lambda c: c + 1.0, 0.0, max_steps=2**31)
+    with pytest.raises(InvalidLoopOptionError, match=r"max_steps must be a positive Python int, got float"):
+        while_loop_stack_output(lambda c: c < 2.0, lambda c: c + 1.0, 0.0, max_steps=2.0)  # required: no "or None"
     with pytest.raises(InvalidLoopOptionError, match="at most"):
         with dynamic_capacity(2**31):
             pass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import jax.numpy as jnp
 
@@ -29,8 +29,7 @@ def _frames() -> list:
     return _STATE.frames
 
 
-@contextlib.contextmanager
-def dynamic_capacity(capacity: int) -> Iterator[list]:
+def dynamic_capacity(capacity: int) -> ContextManager[list]:
     """Let unbounded loops (no ``max_steps``, no ``checkpoints``) reverse-differentiate.
 
     Inside the context, each such loop that is linearized stacks at most ``capacity``
@@ -49,10 +48,15 @@ def dynamic_capacity(capacity: int) -> Iterator[list]:
         >>> len(trips)
         1
     """
-    check_positive("capacity", capacity, "dynamic_capacity")
+    check_positive("capacity", capacity, "dynamic_capacity", optional=False)  # here, not when the block is entered
+    return _capacity(int(capacity))
+
+
+@contextlib.contextmanager
+def _capacity(capacity: int) -> Iterator[list]:
     trip_counts: list = []
     frames = _frames()
-    frames.append((int(capacity), trip_counts))
+    frames.append((capacity, trip_counts))
     try:
         yield trip_counts
     finally:

@@ -46,14 +46,15 @@ INT = np.int32
 MAX_COUNT = 2**31 - 2
 
 
-def check_positive(name: str, value: Any, who: str = "while_loop") -> None:
-    """Raise :class:`InvalidLoopOptionError` unless ``value`` is None or a positive int of at most
-    :data:`MAX_COUNT` (``who``: the function the message names)."""
-    if value is None:
+def check_positive(name: str, value: Any, who: str = "while_loop", optional: bool = True) -> None:
+    """Raise :class:`InvalidLoopOptionError` unless ``value`` is a positive int of at most :data:`MAX_COUNT`, or
+    None where ``optional`` (``who``: the function the message names)."""
+    if value is None and optional:
         return
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InvalidLoopOptionError(
-            f"{who}: {name} must be a positive Python int or None, got {type(value).__name__} {value!r}."
+            f"{who}: {name} must be a positive Python int{' or None' if optional else ''}, "
+            f"got {type(value).__name__} {value!r}."
         )
     if value < 1:
         raise InvalidLoopOptionError(f"{who}: {name} must be a positive int, got {value}.")

@@ -255,7 +255,7 @@ def while_loop_stack_output(
     _check_callable("body_fun", body_fun)
     if max_steps is None:
         raise InvalidLoopOptionError("while_loop_stack_output: max_steps is required (the number of rows).")
-    check_positive("max_steps", max_steps, "while_loop_stack_output")
+    check_positive("max_steps", max_steps, "while_loop_stack_output", optional=False)
     cond, body, consts, leaves, treedef = _trace_loop(cond_fun, body_fun, init_val, stack=True)
     if _disable_jit():
         try:
