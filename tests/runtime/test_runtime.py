@@ -445,6 +445,28 @@ def test_unbounded_loop_stale_residuals_and_traced_use():
         jax.jit(jax.grad(f))(x, w, jnp.int32(3))
 
 
+def _nested(x, outer: dict, inner: dict):
+    """An outer ``while_loop`` whose body runs an inner one of as many steps as the outer counter says."""
+    def outer_body(c):
+        i, y = c
+        _, y = jaxaot.loops.while_loop(lambda d: d[0] <= i, lambda d: (d[0] + 1, jnp.cos(d[1])), (0, y), **inner)
+        return i + 1, y
+
+    return jnp.sum(jaxaot.loops.while_loop(lambda c: c[0] < 4, outer_body, (0, x), **outer)[1] ** 2)
+
+
+@pytest.mark.parametrize("outer", [{}, {"max_steps": 8}, {"checkpoints": 2}], ids=("unbounded", "max_steps", "ckpt"))
+def test_an_unbounded_loop_inside_another_loop_s_body_is_refused_by_name(outer):
+    """The runtime sizes top-level loops only; an inner loop whose linearization the outer loop's rule moves
+    into the backward is refused as one inside a scan is, never run on a program of the wrong arity."""
+    x = jax.random.normal(fresh_key(), (3,))
+    with pytest.raises(jaxaot.errors.ReverseModeBoundError, match="inside the body of another transformation"):
+        jax.grad(jaxaot.aot_function(lambda x: _nested(x, outer, {})))(x)
+    bounded = jax.grad(jaxaot.aot_function(lambda x: _nested(x, outer, {"max_steps": 8})))(x)
+    assert_trees_close(bounded, jax.grad(lambda x: _nested(x, {"max_steps": 8}, {"max_steps": 8}))(x),
+                       rtol=1e-5, atol=1e-6)
+
+
 def test_backward_effect_without_cotangent_runs_once_per_backward():
     log: list = []
 

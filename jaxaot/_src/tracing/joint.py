@@ -180,10 +180,13 @@ def build_joint(
         with aux_outputs() if aux_outputs else contextlib.nullcontext([]) as aux:
             _, vjp_fn, outs = jax.vjp(f_diff, *[primals[i] for i in din], has_aux=True)
             _check_aux_at_top_level(aux)
+            reported = len(aux)
             # The scope marks effects of the backward that read no cotangent (a callback in
             # a custom_vjp bwd, say), so the partition keeps them in the backward.
             with jax.named_scope(_BACKWARD_SCOPE):
                 grads = vjp_fn(list(cts))
+            if len(aux) != reported:  # a loop linearized only in the backward: inside another loop's body
+                raise _nested_unbounded_error()
         return list(outs) + list(aux), list(grads)
 
     ct_avals = [jax.ShapeDtypeStruct(out_avals[i].shape, out_avals[i].dtype) for i in dout]
@@ -225,12 +228,16 @@ def _check_aux_at_top_level(aux: Sequence[Any]) -> None:
     if any(C.trace_of(t) is not None and C.trace_of(t) is not here for t in aux):
         # A loop inside a lax.scan / cond / jax.checkpoint body reported a trip count
         # of that body: it cannot become an output of this program.
-        raise ReverseModeBoundError(
-            "a jaxaot.loops.while_loop without max_steps or checkpoints is reverse-differentiated inside "
-            "the body of another transformation (lax.scan, lax.cond, jax.checkpoint, a loop): the "
-            "aot_function runtime sizes the stack only of loops at the top level of the function. "
-            "Pass max_steps=N or checkpoints=k to this while_loop."
-        )
+        raise _nested_unbounded_error()
+
+
+def _nested_unbounded_error() -> ReverseModeBoundError:
+    return ReverseModeBoundError(
+        "a jaxaot.loops.while_loop without max_steps or checkpoints is reverse-differentiated inside "
+        "the body of another transformation (lax.scan, lax.cond, jax.checkpoint, a loop): the "
+        "aot_function runtime sizes the stack only of loops at the top level of the function. "
+        "Pass max_steps=N or checkpoints=k to this while_loop."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
