@@ -26,13 +26,14 @@ from jaxaot._src.partition import (
     FlopCosts as FlopCosts,
     MeasuredCosts as MeasuredCosts,
     split_backward as split_backward,
+    split_joint as split_joint,
 )
 
 __all__ = [
     "JointGraph", "trace_joint", "Partition", "Partitioner", "Residual", "default_partition",
     "min_cut_rematerialization_partition", "MinCutOptions", "remat_policy", "RematPolicy", "Gradient", "differentiate",
     "MemoryBudget", "parse_memory_budget", "StepPeak", "DeviceModel", "OpCosts", "FlopCosts",
-    "MeasuredCosts", "split_backward",
+    "MeasuredCosts", "split_backward", "split_joint",
 ]
 
 # The old layout's paths, for one release: ``import jaxaot.partition.<module>`` and names its package exported.

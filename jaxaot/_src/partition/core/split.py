@@ -157,7 +157,7 @@ class Partitioner(Protocol):
 
     A partitioner takes the :class:`~jaxaot.partition.JointGraph` and returns a
     :class:`Partition`, usually ``split_joint(joint, saved_vars)``: it only
-    chooses the saved set, and :func:`split_joint` builds the programs. Options
+    chooses the saved set, and :func:`~jaxaot.partition.split_joint` builds the programs. Options
     go in with ``functools.partial``. :func:`~jaxaot.partition.default_partition` and
     :func:`~jaxaot.partition.min_cut_rematerialization_partition` are partitioners; pass
     one to ``aot_function(..., partition_fn=...)``.

@@ -178,7 +178,7 @@ def _read_plan(joint: JointGraph, part: Partition) -> _Plan:
     if not all(v in known for v in saved):
         raise InvalidInputError(
             "partition_fn returned a partition that was not split from the joint graph it was given "
-            "(build it with jaxaot.split_joint(joint, saved_values)).")
+            "(build it with jaxaot.partition.split_joint(joint, saved_values)).")
     kinds = classify_eqns(src)
     forward = {id(e) for e, k in zip(jaxpr.eqns, kinds) if k is not EqnKind.BACKWARD}
     recomputed = frozenset(id(e) for e in bwd.eqns if id(e) in forward)  # the copies back are new eqns
