@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -549,3 +550,20 @@ def test_forward_hot_path_whose_forward_was_dropped_looks_it_up():
     out, res = f.forward(w, x)
     assert_trees_close(out, fn(w, x))
     assert_trees_close(f.backward(res, jnp.ones_like(out)), jax.grad(fn, argnums=(0, 1))(w, x))
+
+
+def _branches_on_data(w, x):
+    if jnp.sum(w) > 0:
+        return jnp.sum(w * x)
+    return jnp.sum(x)
+
+
+@pytest.mark.parametrize("call", [lambda f, *a: f(*a), lambda f, *a: jax.grad(f)(*a),
+                                  lambda f, *a: jaxaot.value_and_grad(f)(*a)], ids=("call", "grad", "value_and_grad"))
+def test_a_tracing_error_names_the_users_function_as_jit_does(call):
+    """JAX's message says which function it was tracing, and where it is defined: the user's, not jaxaot's."""
+    w = jnp.arange(3.0)
+    with pytest.raises(jax.errors.TracerBoolConversionError,
+                       match=rf"tracing the function _branches_on_data at {re.escape(__file__)}:\d+ for jit") as e:
+        call(jaxaot.aot_function(_branches_on_data), w, w)
+    assert "jaxaot/_src" not in str(e.value).splitlines()[1]

@@ -216,6 +216,7 @@ def flat_function(fn: Callable, static_argnums: Sequence[int], static: tuple, tr
         args, kwargs = with_statics(static_argnums, static, tuple(dyn), kwargs)
         return fn(*args, **kwargs)
 
+    flat_fn.__wrapped__ = fn  # JAX's tracing errors name the user's function and where it is defined
     return flat_fn
 
 

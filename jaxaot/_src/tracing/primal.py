@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -99,6 +100,9 @@ def _check_outputs(outs: Any) -> tuple[list, Any]:
     return [jax.numpy.asarray(x) if (is_python_scalar(x) or isinstance(x, np.ndarray)) else x for x in leaves], tree
 
 
+_LEAVES = inspect.Signature([inspect.Parameter("leaves", inspect.Parameter.VAR_POSITIONAL)])
+
+
 def trace_primal(flat_fn: Callable[..., Any], in_avals: Sequence[Any], decompositions: Decompositions | None = None):
     """Trace ``flat_fn(*leaves) -> pytree`` to a flat primal jaxpr and its output tree."""
     out_tree_box: list = []
@@ -108,5 +112,8 @@ def trace_primal(flat_fn: Callable[..., Any], in_avals: Sequence[Any], decomposi
         out_tree_box.append(tree)
         return outs
 
+    # JAX names the function it traces by what ``__wrapped__`` leads to (the user's, where ``flat_fn`` says),
+    # and its arguments by this signature: the flat leaves, never the user's arguments miscounted.
+    wrapped.__wrapped__, wrapped.__signature__ = flat_fn, _LEAVES
     closed = jax.make_jaxpr(wrapped)(*in_avals)
     return flatten_program(closed, in_avals, decompositions), out_tree_box[0]
