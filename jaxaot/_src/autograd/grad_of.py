@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
+
 
 def grad_of(vg: Callable, fun: Any, *, has_aux: bool) -> Callable:
     """The gradients of ``vg``'s ``(value, grads)`` (with ``aux`` beside them under ``has_aux``), sharing its cache
@@ -24,4 +26,6 @@ def grad_of(vg: Callable, fun: Any, *, has_aux: bool) -> Callable:
     grad.cache_info = vg.cache_info
     if hasattr(vg, "lower_running"):  # an aot_function's: its stages, whose compiled stage returns the gradients
         grad.lower = vg.lower_running(grad)
+    elif hasattr(vg, "lower"):  # jax.value_and_grad's, whose stages are jit's: jit's of the gradients too
+        grad.lower = jax.jit(lambda *args, **kwargs: grad(*args, **kwargs)).lower
     return grad

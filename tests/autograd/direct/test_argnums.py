@@ -64,3 +64,11 @@ def test_holomorphic_and_allow_int_are_jax_s():
     assert got[1].dtype == want[1].dtype == jax.dtypes.float0
     with pytest.raises(InvalidInputError, match="holomorphic of value_and_grad must be True or False"):
         jaxaot.value_and_grad(f, holomorphic="yes")
+    # The stages of an aot_function's gradient: jit's of this one, whose compiled stage returns what it returns.
+    _close(jaxaot.value_and_grad(f, holomorphic=True).lower(z).compile()(z),
+           jax.value_and_grad(lambda z: jnp.sum(jnp.sin(z) * z), holomorphic=True)(z))
+    _close(jaxaot.grad(f, holomorphic=True).lower(z).compile()(z),
+           jax.grad(lambda z: jnp.sum(jnp.sin(z) * z), holomorphic=True)(z))
+    staged = jaxaot.grad(h, argnums=(0, 1), allow_int=True).lower(w, n).compile()(w, n)
+    np.testing.assert_allclose(staged[0], want[0])
+    assert staged[1].dtype == jax.dtypes.float0

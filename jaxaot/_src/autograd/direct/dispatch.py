@@ -203,7 +203,8 @@ def value_and_grad(
       fun, argnums, has_aux, holomorphic, allow_int: as ``jax.value_and_grad``'s (``argnums`` may be Flax's
         ``nnx.DiffState``: the call is then ``nnx.value_and_grad``'s). With ``holomorphic`` or
         ``allow_int`` the call is ``jax.value_and_grad``'s (an ``aot_function`` inside it still runs its
-        compiled programs), with ``cache_info()`` that of ``fun`` where it has one.
+        compiled programs, split: ``fused`` does not apply), with ``cache_info()`` that of ``fun`` where it has
+        one, and for an ``aot_function`` ``lower()``, ``jax.jit``'s of that gradient.
       fused: run one executable that computes the forward and then the
         backward, keeping the partition's plan (``docs/concepts/fused_step.md``);
         False runs the split forward and backward executables. ``cache_info()``
@@ -231,7 +232,10 @@ def value_and_grad(
     if holomorphic or allow_int:
         vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
         vg.cache_info = fun.cache_info if isinstance(fun, AOTFunction) else _nothing_compiled
-        return _argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))
+        checked = _argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))
+        if isinstance(fun, AOTFunction):  # its stages, as an aot_function's gradient has them: jit's of this one
+            checked.lower = jax.jit(_argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))).lower
+        return checked
     if isinstance(fun, AOTFunction):
         return function_value_and_grad(fun, argnums, has_aux, fused)
     vg = module_dispatch(fun, argnums, has_aux, fused, _built_on_first_call(
