@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -567,3 +568,16 @@ def test_a_tracing_error_names_the_users_function_as_jit_does(call):
                        match=rf"tracing the function _branches_on_data at {re.escape(__file__)}:\d+ for jit") as e:
         call(jaxaot.aot_function(_branches_on_data), w, w)
     assert "jaxaot/_src" not in str(e.value).splitlines()[1]
+
+
+def test_messages_name_a_partial_or_a_callable_object_by_what_it_is():
+    f = jaxaot.aot_function(functools.partial(lambda w, x, s: jnp.sum(w * x) * s, s=2.0))
+    stage = f.lower(jnp.ones(3), jnp.ones(3)).compile()
+    with pytest.raises(TypeError, match=r"this stage of partial\(<lambda>\) was compiled"):
+        stage(jnp.ones(3), jnp.ones(4))
+
+    class Loss:
+        def __call__(self, x):
+            return jnp.sum(x)
+
+    assert repr(jaxaot.aot_function(Loss())) == "<AOTFunction Loss: 0 signatures>"

@@ -10,6 +10,7 @@ and :class:`Optimizer`, whose eager update is one compiled call.
 
 from jaxaot._src.nn.wrap_module import aot_module
 from jaxaot._src.nn.export_module import BackwardSignature, GraphSignature, aot_export_module
+from jaxaot._src.nn.graph_changes import check_unchanged, layout
 from jaxaot._src.nn.linen import AOTLinenModule
 from jaxaot._src.nn.loss_call import LossCall, PreparedLoss, has_numbers
 from jaxaot._src.nn.module_call import READS_A_NUMBER
@@ -20,5 +21,5 @@ from jaxaot._src.nn.optimizer import Optimizer
 __all__ = [
     "READS_A_NUMBER", "AOTLinenModule", "AOTModule", "BackwardSignature", "CallMetadata", "GraphSignature",
     "InputInfo", "LossCall", "ModuleLowered", "Optimizer", "OutputInfo", "PreparedLoss", "aot_export_module",
-    "aot_module", "has_numbers",
+    "aot_module", "check_unchanged", "has_numbers", "layout",
 ]

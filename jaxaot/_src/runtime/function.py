@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.names import callable_name
 from jaxaot._src.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.loops import reraise_overflow
@@ -83,7 +84,7 @@ class AOTFunction:
         self.static_argnums = tuple(sorted(static_argnums))
         self.donate_argnums = tuple(sorted(donate_argnums))
         self.__wrapped__ = fn
-        self.__name__ = getattr(fn, "__name__", "aot_function")
+        self.__name__ = callable_name(fn)
         self.__doc__ = getattr(fn, "__doc__", None)
         self.options = Options(self.__name__, self.fw_compiler, self.bw_compiler, self.inference_compiler,
                                partition_fn, self.decompositions, out_shardings, residual_sharding)
@@ -433,7 +434,7 @@ def aot_function(
         fw_compiler=fw_compiler, bw_compiler=bw_compiler, inference_compiler=inference_compiler,
         partition_fn=partition_fn, decompositions=decompositions, out_shardings=out_shardings,
         residual_sharding=residual_sharding)
-    who = getattr(fn, "__name__", "fn")
+    who = callable_name(fn)
     static = arguments.argnums_of("static_argnums", static_argnums, fn, who)
     donate = arguments.argnums_of("donate_argnums", donate_argnums, fn, who)
     if set(static) & set(donate):

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot._src.names import callable_name
 from jaxaot._src.autograd.argnums import as_index, normalize_argnums, resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
@@ -232,9 +233,9 @@ def value_and_grad(
     if holomorphic or allow_int:
         vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
         vg.cache_info = fun.cache_info if isinstance(fun, AOTFunction) else _nothing_compiled
-        checked = _argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))
+        checked = _argnums_checked_at_call(vg, argnums, callable_name(fun))
         if isinstance(fun, AOTFunction):  # its stages, as an aot_function's gradient has them: jit's of this one
-            checked.lower = jax.jit(_argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))).lower
+            checked.lower = jax.jit(_argnums_checked_at_call(vg, argnums, callable_name(fun))).lower
         return checked
     if isinstance(fun, AOTFunction):
         return function_value_and_grad(fun, argnums, has_aux, fused)
@@ -242,7 +243,7 @@ def value_and_grad(
         lambda: _overflow_checked(jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux))))
     if not hasattr(vg, "cache_info"):
         vg.cache_info = _nothing_compiled
-    return _argnums_checked_at_call(vg, argnums, getattr(fun, "__name__", "fun"))
+    return _argnums_checked_at_call(vg, argnums, callable_name(fun))
 
 
 def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,

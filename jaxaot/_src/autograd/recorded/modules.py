@@ -62,9 +62,9 @@ class ModuleArg:
     def check_unchanged(self, merged: Any, before: dict, name: str) -> None:
         """Raise where the forward (``name``) changed ``merged`` beyond its Variables' values (``before``: its
         :func:`~jaxaot._src.nn.graph_changes.layout` as merged): only those come back to the caller's module."""
-        from jaxaot._src.nn.graph_changes import check_unchanged  # imports flax
+        from jaxaot._src.autograd.recorded import module_changes  # imports flax
 
-        check_unchanged(merged, before, loss=name, writer="compiled_value_and_grad")
+        module_changes.check(merged, before, name)
 
     def state_after(self, merged: Any, params: Any) -> tuple[Any, Any]:
         """What the forward left in ``merged``: ``(its state but the differentiated Params, the Params it wrote
@@ -122,6 +122,6 @@ def split_args(args: Sequence[Any], nums: Sequence[int]) -> dict[int, ModuleArg]
 
 def layout(merged: Any) -> dict:
     """:func:`~jaxaot._src.nn.graph_changes.layout` of a merged module argument (imports flax)."""
-    from jaxaot._src.nn.graph_changes import layout as graph_layout
+    from jaxaot._src.autograd.recorded import module_changes  # imports flax
 
-    return graph_layout(merged)
+    return module_changes.layout(merged)
