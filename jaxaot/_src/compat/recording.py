@@ -432,6 +432,7 @@ def _read_whole(name: str) -> Any:
 #: What reads the whole value (Python looks at it, as ``np.asarray(x)`` does): the value's own method, on it.
 for _name in ("item", "tolist", "tobytes", "__dlpack__", "__dlpack_device__", "addressable_data"):
     setattr(RecordingTracer, _name, _read_whole(_name))
+RecordingTracer.addressable_shards = property(lambda self: self._value().addressable_shards)  # type: ignore
 for _name, (_kind, _attr) in forwarded_operations().items():
     if _name not in vars(RecordingTracer):  # its own conversions (item, tolist, ...) stay
         setattr(RecordingTracer, _name, _recorded_operation(_name, _kind, _attr))

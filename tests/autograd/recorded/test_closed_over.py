@@ -199,8 +199,12 @@ def _addressable_data(w, x):
     return jnp.sum(w * np.asarray(jax.lax.stop_gradient(x).addressable_data(0)) + jnp.sin(w))
 
 
+def _addressable_shards(w, x):
+    return jnp.sum(w * np.asarray(jax.lax.stop_gradient(x).addressable_shards[0].data) + jnp.sin(w))
+
+
 @pytest.mark.parametrize("replay", [False, True])
-@pytest.mark.parametrize("loss", [_from_dlpack, _addressable_data])
+@pytest.mark.parametrize("loss", [_from_dlpack, _addressable_data, _addressable_shards])
 def test_reading_a_value_through_dlpack_or_its_buffer_is_a_look(loss, replay):
     rng = np.random.default_rng()
     vg = jaxaot.compiled_value_and_grad(loss, replay=replay)

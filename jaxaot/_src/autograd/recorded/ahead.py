@@ -65,8 +65,9 @@ class Ahead:
         """Start the expected step on ``diff`` (differentiated leaves, device arrays) and ``arrays`` (the call's
         other arrays); None when none is expected, a leaf is no device array, or an array it read is gone."""
         exe = self.exe
-        if exe is None or not config.start_steps_ahead or any(type(x) is not _ArrayImpl for x in diff):
-            return None  # (a NumPy leaf could change before the recording reads it)
+        if exe is None or not config.start_steps_ahead or any(
+                type(x) is not _ArrayImpl or x.is_deleted() for x in diff):
+            return None  # (a NumPy leaf could change before the recording reads it; a donated one is gone)
         args = _expected(self.sources, arrays)
         if args is None:
             return None
@@ -132,8 +133,8 @@ def _expected(sources: tuple, arrays: Sequence[Any]) -> list | None:
     out = []
     for s in sources:
         if type(s) is int:
-            if s >= len(arrays):
-                return None
+            if s >= len(arrays) or (type(arrays[s]) is _ArrayImpl and arrays[s].is_deleted()):
+                return None  # (the runtime would log that it cannot read a donated buffer)
             out.append(arrays[s])
         else:
             a = s()
