@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any, Callable
 
 import jax
@@ -28,7 +29,7 @@ from flax import nnx
 
 from jaxaot._src import compat as C
 from jaxaot._src import module_links
-from jaxaot._src.compile import code_names
+from jaxaot._src.compile import code_names, is_library
 from jaxaot._src.nn.module_call import _FLAX_OBJECTS, _SCALARS, CallStatic, check_static, has_numbers, python_static
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.nn.state import FrozenState
@@ -105,25 +106,44 @@ _KEY_DEPTH, _KEY_ITEMS = 3, 64
 _KEY_BYTES = 1 << 20
 
 
-def closure_key(fun: Callable[..., Any]) -> tuple:
+#: How many calls deep :func:`closure_key` follows the user's own helper functions.
+_HELPER_DEPTH = 2
+
+
+def closure_key(fun: Callable[..., Any], depth: int = 0, seen: set | None = None) -> tuple:
     """What ``fun`` reads besides its arguments, as a key: its closure's values and the module globals its code
-    names (nested functions' too). Numbers and strings by value; small dicts, lists and tuples, and the attributes
-    of plain objects (``vars``: a config object), by their contents, up to 3 levels deep and 64 items a level;
-    NumPy arrays up to 1 MiB by their contents (dtype, shape and bytes); JAX arrays (immutable), larger NumPy
-    arrays and other objects by identity; modules, functions and classes not at all. ``nnx.value_and_grad``
-    runs ``fun``'s Python at every call, so a loss weight in a global, a target array a global names, or a
+    names (nested functions' too), and what the user's own functions it names read, two calls deep. Numbers and
+    strings by value; small dicts, lists and tuples, and the attributes of plain objects (``vars``: a config
+    object), by their contents, up to 3 levels deep and 64 items a level; NumPy arrays up to 1 MiB by their
+    contents (dtype, shape and bytes); JAX arrays (immutable), larger NumPy arrays and other objects by identity;
+    modules, classes and a library's functions not at all. ``nnx.value_and_grad`` runs ``fun``'s Python at every
+    call, so a loss weight in a global, one a helper the loss calls reads, a target array a global names, or a
     config object's attribute, changed between steps, is read anew; a traced loss program reads them anew when
     this key changes (a NumPy array over 1 MiB written in place is not seen, as under ``jit``)."""
     code = getattr(fun, "__code__", None)
     if code is None:
         return ()
-    parts = [_read_key(c.cell_contents) for c in (getattr(fun, "__closure__", None) or ()) if _filled(c)]
+    seen = {id(fun)} if seen is None else seen
+    parts = [_read_key(c.cell_contents) if not _helper(c.cell_contents, depth, seen)
+             else closure_key(c.cell_contents, depth + 1, seen) for c in (getattr(fun, "__closure__", None) or ())
+             if _filled(c)]
     scope = getattr(fun, "__globals__", {})
     for name in sorted(code_names(code)):
         value = scope.get(name, _read_key)
-        if value is not _read_key and not isinstance(value, (type(jax), type)) and not callable(value):
+        if _helper(value, depth, seen):
+            parts.append((name, closure_key(value, depth + 1, seen)))
+        elif value is not _read_key and not isinstance(value, (type(jax), type)) and not callable(value):
             parts.append((name, _read_key(value)))  # modules, classes and functions: their code is not a value
     return tuple(parts)
+
+
+def _helper(value: Any, depth: int, seen: set) -> bool:
+    """Whether ``value`` is a function of the user's (not a library's) that :func:`closure_key` reads into, once."""
+    if not isinstance(value, types.FunctionType) or depth >= _HELPER_DEPTH or id(value) in seen \
+            or is_library(getattr(value, "__module__", None)):
+        return False
+    seen.add(id(value))
+    return True
 
 
 def _filled(cell: Any) -> bool:

@@ -119,3 +119,29 @@ def test_a_numpy_global_over_one_mebibyte_is_read_by_identity():
         assert trees_close(jaxaot.value_and_grad(_big_loss)(wrapped, x)[0], first)
     finally:
         BIG_NP[0] = 1.0
+
+
+WEIGHTS = {"loss": 1.0}
+
+
+def _weighted(h):
+    return h * WEIGHTS["loss"]  # a helper of the loss reads the global, not the loss itself
+
+
+def _scaled_twice(h):
+    return _weighted(h) * 2.0
+
+
+def _helper_loss(m, x):
+    return jnp.sum(_scaled_twice(m(x)))
+
+
+def test_what_the_users_helper_functions_read_is_read_at_each_call():
+    plain = nnx.Linear(8, 2, rngs=nnx.Rngs(0))
+    wrapped = jaxaot.nn.aot_module(nnx.Linear(8, 2, rngs=nnx.Rngs(0)))
+    try:
+        for seed, weight in ((20, 1.0), (21, 2.0), (22, 3.0)):
+            WEIGHTS["loss"] = weight
+            _compare(plain, wrapped, seed, loss=_helper_loss)
+    finally:
+        WEIGHTS["loss"] = 1.0
