@@ -3,9 +3,8 @@
 Compiled autograd runs a user's forward under its own JAX trace: every primitive reaches
 :meth:`RecordingTrace.process_primitive` and is handed to a recorder (the tape, plain Python) that writes it
 down and returns :class:`RecordingTracer`\\ s, which have shapes and dtypes, and a value when Python asks for
-one. Besides: :func:`abstract_eval`, :func:`stage_call` (a custom rule staged into one equation) with
-:func:`rule_key`, :func:`bind_on`, :func:`stage_function` and :func:`hoisted_jit`. The Trace API used here
-is the same in jax 0.10 and 0.11, except ``process_call`` (kept for 0.10).
+one. Besides: :func:`abstract_eval`, :func:`stage_call` (a custom rule staged into one equation) with :func:`rule_key`,
+:func:`bind_on`, :func:`stage_function` and :func:`hoisted_jit`. The Trace API used here is jax 0.10's and 0.11's.
 """
 
 from __future__ import annotations
@@ -429,7 +428,7 @@ def _read_whole(name: str) -> Any:
     return method
 
 
-#: What reads the whole value (Python looks at it, as ``np.asarray(x)`` does): the value's own method, on it.
+#: What reads the whole value (Python looks at it, as ``np.asarray(x)`` does): the value's own method or property.
 for _name in ("item", "tolist", "tobytes", "__dlpack__", "__dlpack_device__", "addressable_data"):
     setattr(RecordingTracer, _name, _read_whole(_name))
 RecordingTracer.addressable_shards = property(lambda self: self._value().addressable_shards)  # type: ignore
