@@ -249,6 +249,32 @@ def test_param_specs_that_do_not_divide_a_parameter_and_params_packed_on_another
     np.testing.assert_allclose(loss, unpipelined(stages, loss_fn, 2)(params, x, t)[0], **TOL)
 
 
+def test_params_packed_on_another_device_order_are_not_unpacked_onto_the_wrong_stages():
+    if devices_available() < 2:
+        pytest.skip(f"two stages on two devices; {jax.device_count()} here")
+    d = jax.devices()
+    stages, loss_fn, params, x, t = mlp_model(2, fresh_key(), batch=8)
+    step, swapped = (pipeline(stages, loss_fn, schedule="1f1b", num_microbatches=2,
+                              mesh=jax.sharding.Mesh(np.array(order), ("stage",))) for order in ([d[0], d[1]], [d[1], d[0]]))
+    packed = step.shard_params(params, x, t)
+    with pytest.raises(InvalidInputError, match="packed for another pipeline or mesh: unpack them with that step's"):
+        swapped.unshard_params(packed)
+    with pytest.raises(InvalidInputError, match="takes the StageParams a step packed, got list"):
+        swapped.unshard_params(params)
+    assert_trees_close(step.unshard_params(packed), params, rtol=0, atol=0)
+
+
+def test_op_times_take_packed_params_and_refuse_no_repeats():
+    mesh, num_stages = mesh_for("zero_bubble", data=False)
+    stages, loss_fn, params, x, t = mlp_model(num_stages, fresh_key(), batch=8)
+    step = pipeline(stages, loss_fn, schedule="zero_bubble", num_microbatches=2, mesh=mesh)
+    times = step.measure_op_times(step.shard_params(params, x, t), x, t, repeats=2)
+    assert len(times.forward) == num_stages and all(v >= 0 for v in times.forward)  # tiny passes: noise
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(InvalidValueError, match=f"repeats must be a positive int, got {bad!r}"):
+            step.measure_op_times(params, x, t, repeats=bad)
+
+
 def test_compiled_pass_times_time_every_pass_of_every_stage():
     """Stage 0 takes integer tokens: its forward must still be timed inside the loop, not hoisted out of it."""
     mesh, num_stages = mesh_for("zero_bubble", data=False)

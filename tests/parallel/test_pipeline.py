@@ -222,3 +222,33 @@ def test_sub_mesh_stages_constraining_their_activations_by_a_partition_spec():
     loss, grads = step(params, x, t)
     np.testing.assert_allclose(loss, ref_loss, **TOL)
     assert_trees_close(grads, ref_grads, **TOL)
+
+
+@pytest.mark.parametrize("where", ["stage", "loss"])
+def test_a_stage_s_own_error_goes_up_as_it_was_raised(where):
+    """A stage (or loss) that checks its input raises its own ValueError, not a StageMismatchError about shapes."""
+    def picky(p, x):
+        if x.shape[0] < 8:
+            raise ValueError("needs microbatches of at least 8")
+        return jnp.tanh(x @ p)
+
+    def picky_loss(y, t):
+        if y.shape[0] < 8:
+            raise ValueError("needs microbatches of at least 8")
+        return mse(y, t)
+
+    stages, loss = ([picky, lambda p, x: x @ p], mse) if where == "stage" else ([lambda p, x: x @ p] * 2, picky_loss)
+    step = pipeline(stages, loss, schedule="gpipe", num_microbatches=2, devices=schedule_devices(2),
+                    executor="python")
+    with pytest.raises(ValueError, match="needs microbatches of at least 8") as info:
+        step([jnp.eye(8)] * 2, jnp.ones((8, 8)), jnp.ones((8, 8)))
+    assert not isinstance(info.value, StageMismatchError)
+
+
+@pytest.mark.parametrize("schedule, split", [("gpipe", False), ("1f1b", False), ("zero_bubble", True)])
+def test_weight_pass_bytes_are_those_a_split_keeps_for_its_w_pass(schedule, split):
+    step = pipeline([mlp_stage] * 2, mse, schedule=schedule, num_microbatches=2, devices=schedule_devices(2),
+                    executor="python")
+    params = [{"w": jnp.ones((8, 8)), "b": jnp.ones(8)}] * 2
+    report = step.lower(params, jnp.ones((8, 8)), jnp.ones((8, 8)))
+    assert (min(report.weight_pass_bytes) > 0) if split else report.weight_pass_bytes == (0, 0)

@@ -214,8 +214,12 @@ def test_make_schedule_rejects_unknown_names_listing_the_known_ones():
         make_schedule(3, 4, 8)
     with pytest.raises(InvalidValueError, match="one stage per device"):
         make_schedule("1f1b", 4, 8, num_devices=2)
-    with pytest.raises(InvalidValueError, match="multiple of num_devices"):
+    with pytest.raises(InvalidValueError, match=r"multiple of the num_devices \(2\); pass num_devices"):
         make_schedule("interleaved", 5, 8)
+    with pytest.raises(InvalidValueError, match=r"needs num_stages \(4\) to be a multiple of the num_devices given "
+                                                r"\(8\)$"):
+        make_schedule("interleaved", 4, 8, num_devices=8)
+    assert make_schedule("interleaved", 1, 4).num_devices == 1  # one stage: one device, not none
 
 
 # ---------------------------------------------------------------- any issue order that respects dependencies

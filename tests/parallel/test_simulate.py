@@ -105,6 +105,29 @@ def test_rejects_times_that_do_not_fit(times, match):
         simulate(gpipe(3, 2), times)
 
 
+def test_numpy_and_jax_scalars_are_seconds_as_python_floats_are():
+    import jax.numpy as jnp
+    import numpy as np
+
+    want = simulate(gpipe(2, 2), OpTimes(1.5, 1.0, 0.5)).step_time
+    for scalar in (np.float32(1.5), jnp.float32(1.5), np.float64(1.5)):
+        assert simulate(gpipe(2, 2), OpTimes(scalar, 1.0, 0.5)).step_time == want
+    assert simulate(gpipe(2, 2), OpTimes(np.array([1.5, 1.5]), 1.0, 0.5)).step_time == want
+    with pytest.raises(InvalidValueError, match="forward must be seconds, a scalar or one per stage, got 'fast'"):
+        simulate(gpipe(2, 2), OpTimes("fast", 1.0, 0.5))
+
+
+def test_a_schedule_by_name_or_times_of_another_type_are_typed_errors():
+    from jaxaot.errors import InvalidInputError
+    from jaxaot._src.parallel.simulator import simulate_lockstep
+
+    for run in (simulate, simulate_lockstep):
+        with pytest.raises(InvalidInputError, match=r"takes a Schedule \(make_schedule\('gpipe', \.\.\.\) builds one"):
+            run("gpipe", OpTimes.uniform(2))
+        with pytest.raises(InvalidInputError, match="takes OpTimes"):
+            run(gpipe(2, 2), (1.0, 1.0, 1.0))
+
+
 def test_rejects_an_invalid_schedule():
     with pytest.raises(ScheduleError):
         simulate(Schedule((Action(0, 0, 0, "BW"), Action(0, 0, 0, "F")), 1, 1, 1), OpTimes.uniform(1))

@@ -437,3 +437,23 @@ def test_a_byte_budget_on_a_mesh_reads_bytes_per_device():
     budgeted = jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=mc(memory_budget=int(peak * 1.5))))
     assert len(budgeted.lower(params, x).saved) == len(top.lower(params, x).saved)
     assert_trees_close(budgeted(params, x), jax.value_and_grad(loss)(params, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(N < 4, reason="two meshes of one spec on four devices: (2, 2) against (4, 1), and reversed")
+def test_a_reason_names_the_mesh_where_the_spec_is_the_same():
+    loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    f = jaxaot.aot_function(loss)
+    vg = jaxaot.value_and_grad(f)
+    ks = jax.random.split(_key(11), 2)
+    w, x = jax.random.normal(ks[0], (16, 8)) / 16, jax.random.normal(ks[1], (32, 16))
+    devices = jax.devices()[:4]
+    meshes = [jax.sharding.Mesh(np.array(devices).reshape(2, 2), ("data", "model")),
+              jax.sharding.Mesh(np.array(devices).reshape(4, 1), ("data", "model")),
+              jax.sharding.Mesh(np.array(devices[::-1]).reshape(4, 1), ("data", "model"))]
+    for mesh in meshes:
+        got = vg(_put(w, mesh, P()), _put(x, mesh, P("data")))
+        assert_trees_close(got, jax.value_and_grad(loss)(w, x), rtol=1e-4, atol=1e-5)
+    reasons = [e.reason for e in f.cache_info().entries]
+    assert "x: sharding P('data',) on mesh {'data': 2, 'model': 2} → {'data': 4, 'model': 1}" in reasons[1]
+    ids = [d.id for d in devices]
+    assert f"on mesh devices {ids} → {ids[::-1]}" in reasons[2]

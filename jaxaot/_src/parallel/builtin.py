@@ -221,10 +221,11 @@ def make_schedule(schedule: str | Schedule, num_stages: int, num_microbatches: i
         raise InvalidValueError(f"unknown schedule {schedule!r}: use one of {', '.join(map(repr, SCHEDULES))}, "
                                 "or a Schedule")
     if schedule == "interleaved":
-        devices = num_stages // 2 if num_devices is None else num_devices
+        devices = max(num_stages // 2, 1) if num_devices is None else num_devices
         if devices < 1 or num_stages % devices:
-            raise InvalidValueError(f"'interleaved' needs num_stages ({num_stages}) to be a multiple of num_devices "
-                                    f"({devices}); pass num_devices")
+            given = "" if num_devices is None else " given"
+            raise InvalidValueError(f"'interleaved' needs num_stages ({num_stages}) to be a multiple of the "
+                                    f"num_devices{given} ({devices})" + ("; pass num_devices" if not given else ""))
         return interleaved(devices, num_microbatches, num_stages // devices)
     if num_devices not in (None, num_stages):
         raise InvalidValueError(f"{schedule!r} runs one stage per device, so num_devices ({num_devices}) must equal "

@@ -9,10 +9,12 @@ next raises :class:`~jaxaot.errors.StageMismatchError` naming both.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxaot._src.pytrees import format_aval, leaf_paths
 from jaxaot.errors import InvalidValueError, StageMismatchError
@@ -89,12 +91,16 @@ def stage_input_specs(stage_fns: Sequence[Callable], loss_fn: Callable, params: 
         try:
             out = jax.eval_shape(fn, params[s], specs[s])
         except _TRACE_ERRORS as e:
+            if not _raised_by_jax(e):
+                raise  # the stage's own error (a check of its input), as the stage raised it
             raise _mismatch(stage_fns, params, specs, s, e) from e
         specs.append(out)
     last = len(stage_fns) - 1
     try:
         loss = jax.eval_shape(loss_fn, specs[-1], targets)
     except _TRACE_ERRORS as e:
+        if not _raised_by_jax(e):
+            raise
         raise StageMismatchError(
             f"stage {last} (the last) returns {describe(specs[-1])}, which loss_fn does not take with targets "
             f"{describe(targets)} (one microbatch): {_first_line(e)}") from e
@@ -121,6 +127,18 @@ def _mismatch(stage_fns: Sequence[Callable], params: Sequence[Any], specs: list,
     return StageMismatchError(
         f"stage {s - 1} returns {describe(specs[s])}, which stage {s} does not take as its input "
         f"({_first_line(error)}){hint}.")
+
+
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
+
+
+def _raised_by_jax(error: Exception) -> bool:
+    """Whether JAX (or NumPy) raised ``error`` where it was raised (a shape that an operation refuses), not the
+    user's code (a stage checking its input and raising its own error, which goes up as it is)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is None or tb.tb_frame.f_code.co_filename.startswith(_LIBRARIES)
 
 
 def _first_line(error: Exception) -> str:

@@ -16,9 +16,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import numbers
+from typing import Any, Sequence
 
-from jaxaot.errors import InvalidValueError
+import numpy as np
+
+from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.parallel.schedule import Action, Schedule, dependencies, provides, unit_slots
 
 Times = float | Sequence[float]
@@ -74,14 +77,34 @@ class OpTimes:
         return out
 
 
+def _real(v: Any) -> bool:
+    """A real number of seconds: a Python, NumPy or 0-d JAX int or float (not a bool)."""
+    return not isinstance(v, (bool, np.bool_)) and (isinstance(v, numbers.Real) or (
+        getattr(v, "shape", None) == () and np.issubdtype(getattr(v, "dtype", object), np.number)))
+
+
 def _broadcast(name: str, value: Times, num_stages: int) -> tuple[float, ...]:
-    values = (value,) * num_stages if isinstance(value, (int, float)) else tuple(value)
+    if _real(value):
+        values = (value,) * num_stages
+    elif isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1):
+        values = tuple(value)
+    else:
+        raise InvalidValueError(f"OpTimes.{name} must be seconds, a scalar or one per stage, got {value!r}")
     if len(values) != num_stages:
         raise InvalidValueError(f"OpTimes.{name} has {len(values)} entries, but the schedule has {num_stages} "
                                 "stages: give one per stage, or a scalar")
-    if not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in values):
+    if not all(_real(v) and 0 <= float(v) < float("inf") for v in values):
         raise InvalidValueError(f"OpTimes.{name} must be finite non-negative seconds, got {value!r}")
     return tuple(float(v) for v in values)
+
+
+def _check_arguments(who: str, schedule: Any, times: Any) -> None:
+    if not isinstance(schedule, Schedule):
+        raise InvalidInputError(f"{who} takes a Schedule (make_schedule('{schedule}', ...) builds one by name), got "
+                                f"{type(schedule).__name__} {schedule!r}." if isinstance(schedule, str) else
+                                f"{who} takes a Schedule, got {type(schedule).__name__}.")
+    if not isinstance(times, OpTimes):
+        raise InvalidInputError(f"{who} takes OpTimes (the passes' seconds per stage), got {type(times).__name__}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +146,7 @@ def simulate(schedule: Schedule, times: OpTimes) -> Simulation:
         >>> [(str(a), start) for a, start, _ in sim.timeline[:3]]
         [('F(stage=0, microbatch=0)', 0.0), ('F(stage=0, microbatch=1)', 1.0), ('F(stage=1, microbatch=0)', 1.5)]
     """
+    _check_arguments("simulate", schedule, times)
     schedule.validate()
     t = times.stage_times(schedule.num_stages)
     free = [0.0] * schedule.num_devices
@@ -160,6 +184,7 @@ def simulate_lockstep(schedule: Schedule, times: OpTimes) -> Simulation:
         >>> simulate_lockstep(one_f_one_b(2, 2), times).step_time  # 6 ticks, 4 of them with a BW (2.0)
         10.0
     """
+    _check_arguments("simulate_lockstep", schedule, times)
     schedule.validate()
     t = times.stage_times(schedule.num_stages)
     ticks, end = unit_slots(schedule)

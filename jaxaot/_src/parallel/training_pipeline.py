@@ -41,6 +41,22 @@ def _concrete(*trees: Any) -> None:
             "itself is already compiled).")
 
 
+def _weight_pass_bytes(schedule: Any, programs: Sequence[StagePrograms]) -> tuple:
+    """Per stage, what its B keeps alive for its W: nothing where the schedule runs no W there (a BW instead)."""
+    split = {a.stage for a in schedule.actions if a.op == "W"}
+    return tuple(p.split.live_bytes if s in split else 0 for s, p in enumerate(programs))
+
+
+def _measure_source(source: Any, **counts: Any) -> str:
+    """:meth:`Pipeline.measure_op_times`'s ``source``, checked with its counts (each a positive int)."""
+    if source not in ("compiled", "executables"):
+        raise InvalidValueError(f"source must be 'compiled' or 'executables', got {source!r}.")
+    for name, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise InvalidValueError(f"measure_op_times: {name} must be a positive int, got {n!r}.")
+    return source
+
+
 class Pipeline:
     """A pipeline-parallel training step; build it with :func:`pipeline`.
 
@@ -148,7 +164,7 @@ class Pipeline:
             schedule=self.schedule, placements=tuple(st.placement for st in self.stages),
             input_specs=tuple(self._specs[_key(placed, xs[0], ts[0])]),
             residual_bytes=tuple(p.residual_bytes for p in programs),
-            weight_pass_bytes=tuple(p.split.live_bytes for p in programs),
+            weight_pass_bytes=_weight_pass_bytes(self.schedule, programs),
             peak_live_microbatches=tuple(self.schedule.peak_live_microbatches()),
         )
 
@@ -171,9 +187,9 @@ class Pipeline:
         stages' own executables on their devices, ``back_to_back`` dispatches per sample, and the transfers
         between devices, for :func:`~jaxaot.parallel.simulate`.
         """
-        source = source or ("compiled" if self._compiled is not None else "executables")
-        if source not in ("compiled", "executables"):
-            raise InvalidValueError(f"source must be 'compiled' or 'executables', got {source!r}.")
+        source = _measure_source(source or ("compiled" if self._compiled is not None else "executables"),
+                                 repeats=repeats, back_to_back=back_to_back)
+        params = self.unshard_params(params) if isinstance(params, spmd.StageParams) else params  # per stage
         if source == "compiled":
             ex = self._require_compiled("measure_op_times(source='compiled')")
             c = ex.compiled(self._param_avals(params), inputs, targets)

@@ -129,12 +129,29 @@ def inputs_change(old: Sequence[tuple[str, Any]], new: Sequence[tuple[str, Any]]
         text = aval_change(a, b)
         sb = None if shardings is None else shardings[1][i]
         if not text and sa != sb:
-            text = f"sharding {sharding_text(sa)} → {sharding_text(sb)}"
+            text = sharding_change(sa, sb)
         if text:
             out.append(f"{path}: {text}")
     gone = [p for p in old_at if p not in new_paths]
     out += [f"{p} is no longer passed" for p in gone]
     return "; ".join(dict.fromkeys(out))
+
+
+def sharding_change(a: Any, b: Any) -> str:
+    """Two shardings' difference in words: their specs where those differ, else their meshes' axis sizes or device
+    order (the same spec on another mesh), else the whole shardings."""
+    text_a, text_b = sharding_text(a), sharding_text(b)
+    mesh_a, mesh_b = getattr(a, "mesh", None), getattr(b, "mesh", None)
+    if text_a == text_b and mesh_a is not None and mesh_b is not None and mesh_a != mesh_b:
+        shape_a, shape_b = dict(mesh_a.shape), dict(mesh_b.shape)
+        if shape_a != shape_b:
+            return f"sharding {text_a} on mesh {shape_a} → {shape_b}"
+        ids = lambda m: [d.id for d in m.devices.flat]  # noqa: E731
+        if ids(mesh_a) != ids(mesh_b):
+            return f"sharding {text_a} on mesh devices {ids(mesh_a)} → {ids(mesh_b)}"
+    if text_a == text_b:
+        text_a, text_b = str(a), str(b)
+    return f"sharding {text_a} → {text_b}"
 
 
 def _argument(path: str) -> str:

@@ -129,7 +129,13 @@ def _sub_mesh(mesh: jax.sharding.Mesh, stage_axis: str, d: int) -> jax.sharding.
 
 
 def unpack(packed: StageParams, stage_device: dict[int, int], mesh: jax.sharding.Mesh, stage_axis: str) -> list:
-    """Per-stage trees from ``packed``, each leaf on its stage's devices (sharded as its entry says)."""
+    """Per-stage trees from ``packed``, each leaf on its stage's devices (sharded as its entry says); packed StageParams
+    of another mesh (or device order) are refused, as the step refuses them."""
+    if not isinstance(packed, StageParams):
+        raise InvalidInputError(f"unshard_params takes the StageParams a step packed, got {type(packed).__name__}.")
+    if any(getattr(e.sharding, "mesh", mesh) != mesh for e in packed.entries[:1]):
+        raise InvalidInputError("these StageParams were packed for another pipeline or mesh: unpack them with "
+                                "that step's unshard_params.")
     with outside_mesh_context():
         return _unpack(packed, stage_device, mesh, stage_axis)
 
