@@ -192,3 +192,31 @@ def test_attributes_train_eval_and_write_back_reach_the_wrapped_module():
     # A structural change (a new submodule) is seen: the next call uses it.
     body.down = nnx.Linear(2 * WIDTH, WIDTH, rngs=nnx.Rngs(5))
     chex.assert_trees_all_close(model.body(jnp.ones((2, WIDTH))), body(jnp.ones((2, WIDTH))), **TOL)
+
+
+class Dropped(nnx.Module):
+    """A block with dropout: each call advances its RNG count, an integer Variable the call writes back."""
+
+    def __init__(self, seed: int):
+        self.lin = nnx.Linear(WIDTH, WIDTH, rngs=nnx.Rngs(seed))
+        self.drop = nnx.Dropout(0.5, rngs=nnx.Rngs(seed + 1))
+
+    def __call__(self, x):
+        return self.drop(jnp.tanh(self.lin(x)))
+
+
+@pytest.mark.parametrize("grad", ["nnx", "jaxaot", "nnx_jit"])
+def test_a_block_with_dropout_called_twice_under_one_gradient(grad):
+    """The second call reads the RNG count the first wrote back under the same jax.grad: an integer, never a
+    Variable being differentiated."""
+    def loss(m, x):
+        return jnp.mean(m(m(x)) ** 2)
+
+    vg = {"nnx": nnx.value_and_grad(loss), "jaxaot": jaxaot.value_and_grad(loss),
+          "nnx_jit": nnx.jit(nnx.value_and_grad(loss))}[grad]
+    ours, ref = jaxaot.nn.aot_module(Dropped(3)), Dropped(3)
+    for step in range(2):
+        x = jax.random.normal(jax.random.fold_in(jax.random.key(7), step), (4, WIDTH))
+        (value, grads), (want, want_grads) = vg(ours, x), nnx.value_and_grad(loss)(ref, x)
+        chex.assert_trees_all_close((value, nnx.to_pure_dict(grads)), (want, nnx.to_pure_dict(want_grads)), **TOL)
+        assert_states_equal(nnx.state(ours), nnx.state(ref))

@@ -287,7 +287,8 @@ class ModuleCall:
         self.params_input = leaves[0] if static.param_tree is not None else state[0]
         if rest_tree is None:
             rest_tree = jax.tree_util.tree_structure(state[1])
-        if freeze and any(map(C.is_differentiated, leaves[1])):
+        if freeze and any(C.is_differentiated(x) and C.is_inexact(x.dtype) for x in leaves[1]):  # (an RNG count
+            # written back by an earlier call under the same jax.grad is a tracer too, of an integer: not one)
             raise InvalidInputError(
                 "a Variable of the module that is not an nnx.Param is being differentiated (nnx.grad with "
                 "nnx.DiffState, or an optimizer's wrt, selecting it): aot_module differentiates nnx.Param state only "
