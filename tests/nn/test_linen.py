@@ -149,3 +149,9 @@ def test_submodule_keeps_the_variables_and_trains_as_the_plain_parent(parent):
     # The parent builds its wrapper on every apply: equal wrappers share one compiled program.
     info = jaxaot.nn.aot_module(_Block(), static_argnames="train").cache_info()
     assert info.misses == 2  # training (traced: forward and backward) and evaluation (inference)
+
+
+def test_tabulate_is_the_wrapped_module_s_table():
+    x = jax.random.normal(jax.random.key(5), (2, 3))
+    want = nn.Dense(4).tabulate(jax.random.key(0), x, compute_flops=False)
+    assert jaxaot.nn.aot_module(nn.Dense(4)).tabulate(jax.random.key(0), x, compute_flops=False) == want

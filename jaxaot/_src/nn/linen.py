@@ -214,6 +214,10 @@ class AOTLinenModule(nn.Module):
         """``wrapped.init_with_output(rngs, *args, **kwargs)``."""
         return self.wrapped.init_with_output(rngs, *args, **kwargs)
 
+    def tabulate(self, rngs: Any, *args: Any, **kwargs: Any) -> str:
+        """``wrapped.tabulate(rngs, *args, **kwargs)``: the wrapped module's summary table (its variables)."""
+        return self.wrapped.tabulate(rngs, *args, **kwargs)
+
     @nn.nowrap  # a helper, not a Linen method: a parent's capture_intermediates must not sow its ModuleCall
     def _prepare(self, variables: Mapping[str, Any], args: tuple, kwargs: dict, *, rngs: Any = None,
                  method: Any = None, mutable: Any = False, capture_intermediates: Any = False,
