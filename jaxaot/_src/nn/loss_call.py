@@ -71,6 +71,35 @@ class LossCall:
     def __name__(self) -> str:  # CallStatic's repr names the method
         return getattr(self.fun, "__name__", "loss_fn")
 
+    def change_from(self, old: Any) -> str | None:
+        """What differs from ``old``, the loss of another trace, in words (a compile's reason): the function, a
+        Python value passed to it (by its position in the loss's call), or what it reads (:func:`closure_key`)."""
+        if type(old) is not LossCall:
+            return None
+        name, parts = self.__name__, []
+        if old.fun is not self.fun:
+            parts.append(f"loss function {old.__name__} → {name} (another function object)")
+        at = lambda i: i if i < self.position else i + 1  # noqa: E731 - among the loss's arguments, the module's too
+        for (was, now, label) in ((dict(old.statics), dict(self.statics), lambda i: f"argument {at(i)}"),
+                                  (dict(old.static_kwargs), dict(self.static_kwargs), lambda k: f"argument {k!r}")):
+            for key in sorted({*was, *now}, key=str):
+                if was.get(key, _GONE) != now.get(key, _GONE):
+                    show = lambda v: "not a Python value" if v is _GONE else repr(v)  # noqa: E731
+                    parts.append(f"{name}'s {label(key)}: {show(was.get(key, _GONE))} → {show(now.get(key, _GONE))}")
+        if old.reads != self.reads:
+            named = [now[0] for was, now in zip(old.reads, self.reads) if was != now and _is_named(now)]
+            parts.append(f"what {name} reads changed: {', '.join(named)}" if named and len(old.reads) == len(
+                self.reads) else f"what {name} reads changed (its closure or globals)")
+        return "; ".join(parts) or None
+
+
+_GONE = object()
+
+
+def _is_named(read: Any) -> bool:
+    """Whether a :func:`closure_key` part is a global's ``(name, key)`` (else a closure cell's key)."""
+    return type(read) is tuple and len(read) == 2 and type(read[0]) is str
+
 
 def _needs_nnx(args: tuple, kwargs: dict) -> bool:
     """Whether the call must go through ``nnx.value_and_grad``: traced inputs, or Flax objects besides the module."""

@@ -189,8 +189,9 @@ class CallStatic:
         if type(old) is not CallStatic:
             return None
         parts = []
-        if old.method != self.method:
-            parts.append(f"method {_name(old.method)} → {_name(self.method)}")
+        if old.method != self.method:  # a loss says what of it changed (jaxaot._src.nn.loss_call.LossCall)
+            said = self.method.change_from(old.method) if hasattr(self.method, "change_from") else None
+            parts.append(said or f"method {_name(old.method)} → {_name(self.method)}")
         for i, v in self.static_args:
             was = dict(old.static_args).get(i, _MISSING)
             if was is _MISSING or not same_value(was, v):

@@ -145,3 +145,30 @@ def test_what_the_users_helper_functions_read_is_read_at_each_call():
             _compare(plain, wrapped, seed, loss=_helper_loss)
     finally:
         WEIGHTS["loss"] = 1.0
+
+
+class _Gated(nnx.Module):
+    def __init__(self):
+        self.lin = nnx.Linear(8, 2, rngs=nnx.Rngs(0))
+
+    def __call__(self, x, deterministic=False):
+        return self.lin(x) * (1.0 if deterministic else 2.0)
+
+
+def _gated_loss(m, x, det):
+    return jnp.sum(m(x, deterministic=det)) * WEIGHTS["loss"]
+
+
+def test_a_recompile_reason_names_the_python_value_or_global_that_changed():
+    wrapped = jaxaot.nn.aot_module(_Gated())
+    vg = jaxaot.value_and_grad(_gated_loss)
+    try:
+        for det, weight in ((False, 1.0), (True, 1.0), (True, 2.0)):
+            WEIGHTS["loss"] = weight
+            x = _x(30, (4, 8))
+            got = vg(wrapped, x, det)
+            assert trees_close(got[0], nnx.value_and_grad(_gated_loss)(wrapped, x, det)[0])
+    finally:
+        WEIGHTS["loss"] = 1.0
+    reasons = [e.reason for e in vg.cache_info().entries]
+    assert reasons == ["first call", "_gated_loss's argument 2: False → True", "what _gated_loss reads changed: WEIGHTS"]
