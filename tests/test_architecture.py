@@ -30,7 +30,7 @@ LAYERS = [
     {"jaxaot.errors", "jaxaot._src", "jaxaot._src.config", "jaxaot._src.compat", "jaxaot._src.pytrees",
      "jaxaot._src.files", "jaxaot._src.display", "jaxaot._src.progress", "jaxaot._src.deprecations",
      "jaxaot._src.tables", "jaxaot._src.units", "jaxaot._src.workers", "jaxaot._src.allowance",
-     "jaxaot._src.module_links", "jaxaot._src.names"},
+     "jaxaot._src.module_links", "jaxaot._src.names", "jaxaot._src.python_reads"},
     {"jaxaot._src.loops"},        # the while-loop primitives: JAX-level, below every stage
     {"jaxaot._src.tracing"},      # stage 1
     {"jaxaot._src.partition"},    # stage 2

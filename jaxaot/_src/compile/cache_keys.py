@@ -285,7 +285,7 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
     ``functools.partial`` objects add their arguments, so
     ``partial(min_cut_rematerialization_partition, memory_budget=0.5)`` and
     ``memory_budget=0.7`` key differently. A function of the user's (not of a
-    library, :func:`~jaxaot._src.compile.code_reach.is_library`) adds what its
+    library, :func:`~jaxaot._src.python_reads.is_library`) adds what its
     code reads (:func:`_globals_identity`); a class of the user's is its methods
     and class attributes through its MRO, an instance of one its class plus its
     fields (:func:`_instance_identity`). Every value is written canonically

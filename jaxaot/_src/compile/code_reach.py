@@ -2,9 +2,9 @@
 
 A callable runs more code than its own: the other methods and class attributes of its class, the functions and
 classes it reads on a module of the user's, what their code reads in turn. This module says which objects those
-are (:func:`class_members`, :func:`module_members`, :func:`instance_fields`), which modules are libraries, keyed
-by name and version rather than read (:func:`is_library`), and walks each object once per key, with bounds on
-nesting and count (:func:`visit`). :mod:`~jaxaot._src.compile.cache_keys` writes what it finds.
+are (:func:`class_members`, :func:`module_members`, :func:`instance_fields`), and walks each object once per
+key, with bounds on nesting and count (:func:`visit`); which modules are libraries, keyed by name and version
+rather than read, :mod:`~jaxaot._src.python_reads` says. :mod:`~jaxaot._src.compile.cache_keys` writes what it finds.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import os
-import sys
-import sysconfig
 import threading
 from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
+
+from jaxaot._src.python_reads import code_names, is_library, library_version  # noqa: F401 - cache_keys reads them here
 
 #: How many objects one key may reach, and how deep their chain may go; past either the entry is not cached.
 MAX_OBJECTS = 4096
@@ -29,68 +28,6 @@ MAX_NESTING = 24
 
 class Unkeyable(Exception):
     """A value whose identity cannot be written down (the entry is then not cached)."""
-
-
-@functools.lru_cache(maxsize=1024)
-def code_names(code: Any) -> frozenset[str]:
-    """The names ``code`` and its nested code objects look up (``co_names``: globals and attributes alike), read
-    once per code object (a loss's key reads them at every call)."""
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, "co_code"):
-            names |= code_names(c)
-    return frozenset(names)
-
-
-# --------------------------------------------------------------------------- libraries
-#: Packages read by name and version, wherever they are installed (jaxaot's own editable checkout included).
-_LIBRARIES = frozenset({"jaxaot", "jax", "jaxlib", "flax", "numpy", "builtins"})
-#: The script, notebook or ``python -c`` code being run: the user's, whatever file a launcher gives it.
-_MAIN = frozenset({"__main__", "__mp_main__"})
-_INSTALLED = ("site-packages", "dist-packages")
-_STDLIB = tuple(os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
-
-
-def is_library(module_name: Any) -> bool:
-    """Whether code of the module ``module_name`` is keyed by the module's name and version, not read.
-
-    A library is one of :data:`_LIBRARIES`, a built-in or frozen module, or a module whose file lies in the
-    standard library or in an install folder (``site-packages``, ``dist-packages``). Installed code changes only
-    by installing another version: jax's, jaxlib's and jaxaot's are in the key's environment, another
-    package's ``__version__`` is written beside the name of a module of it that the code reads
-    (:func:`library_version`), and reading it by bytecode would walk thousands of library functions per key.
-    Everything else (a script, ``__main__``, the user's project, an editable install of it, a module made at
-    run time) is the user's code and is read.
-    """
-    known = _KNOWN.get(module_name) if isinstance(module_name, str) else False
-    if known is not None:
-        return known
-    if module_name.partition(".")[0] in _LIBRARIES or module_name in sys.builtin_module_names:
-        _KNOWN[module_name] = True
-        return True
-    module = sys.modules.get(module_name)
-    if module is None or module_name in _MAIN:  # not imported (yet): the user's, and asked again next time
-        return False
-    spec = getattr(module, "__spec__", None)
-    paths = [getattr(module, "__file__", None)] + list(getattr(module, "__path__", None) or ())
-    found = _KNOWN[module_name] = getattr(spec, "origin", None) in ("built-in", "frozen") or any(
-        isinstance(p, str) and _installed(p) for p in paths)
-    return found
-
-
-_KNOWN: dict[str, bool] = {}  # module name -> is_library, for imported modules (a module's file does not move)
-
-
-@functools.lru_cache(maxsize=4096)
-def _installed(path: str) -> bool:
-    real = os.path.realpath(path)
-    return real.startswith(_STDLIB) or any(part in _INSTALLED for part in real.split(os.sep))
-
-
-def library_version(module_name: str) -> str:
-    """``@<version>`` of the package holding a library module, when it says (``__version__``); else empty."""
-    version = getattr(sys.modules.get(module_name.partition(".")[0]), "__version__", None)
-    return f"@{version}" if isinstance(version, str) else ""
 
 
 # --------------------------------------------------------------------------- what is read

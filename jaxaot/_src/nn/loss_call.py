@@ -20,17 +20,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Any, Callable
 
 import jax
-import numpy as np
 from flax import nnx
 
 from jaxaot._src import compat as C
 from jaxaot._src import module_links
-from jaxaot._src.compile import code_names, is_library
-from jaxaot._src.nn.module_call import _FLAX_OBJECTS, _SCALARS, CallStatic, check_static, has_numbers, python_static
+from jaxaot._src.python_reads import closure_key
+from jaxaot._src.nn.module_call import _FLAX_OBJECTS, CallStatic, check_static, has_numbers, python_static
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.nn.state import FrozenState
 from jaxaot._src.nn.traversal import remember
@@ -127,99 +125,6 @@ def split_statics(args: tuple, kwargs: dict, numbers: bool = False) -> tuple[tup
     named = {k for k, _ in static_kwargs}
     return (statics, tuple(a for i, a in enumerate(args) if i not in at), static_kwargs,
             {k: v for k, v in kwargs.items() if k not in named})
-
-
-#: How far :func:`closure_key` looks into containers: deeper or larger ones are named by identity.
-_KEY_DEPTH, _KEY_ITEMS = 3, 64
-#: NumPy arrays up to this size are read by their contents at each call; larger ones by identity.
-_KEY_BYTES = 1 << 20
-
-
-#: How many calls deep :func:`closure_key` follows the user's own helper functions.
-_HELPER_DEPTH = 2
-
-
-def closure_key(fun: Callable[..., Any], depth: int = 0, seen: set | None = None) -> tuple:
-    """What ``fun`` reads besides its arguments, as a key: its closure's values and the module globals its code
-    names (nested functions' too), and what the user's own functions it names read, two calls deep. Numbers and
-    strings by value; small dicts, lists and tuples, and the attributes of plain objects (``vars``: a config
-    object), by their contents, up to 3 levels deep and 64 items a level; NumPy arrays up to 1 MiB by their
-    contents (dtype, shape and bytes); JAX arrays (immutable), larger NumPy arrays and other objects by identity;
-    modules, classes and a library's functions not at all. ``nnx.value_and_grad`` runs ``fun``'s Python at every
-    call, so a loss weight in a global, one a helper the loss calls reads, a target array a global names, or a
-    config object's attribute, changed between steps, is read anew; a traced loss program reads them anew when
-    this key changes (a NumPy array over 1 MiB written in place is not seen, as under ``jit``)."""
-    code = getattr(fun, "__code__", None)
-    if code is None:
-        return ()
-    seen = {id(fun)} if seen is None else seen
-    parts = [_read_key(c.cell_contents) if not _helper(c.cell_contents, depth, seen)
-             else closure_key(c.cell_contents, depth + 1, seen) for c in (getattr(fun, "__closure__", None) or ())
-             if _filled(c)]
-    scope = getattr(fun, "__globals__", {})
-    for name in sorted(code_names(code)):
-        value = scope.get(name, _read_key)
-        if _helper(value, depth, seen):
-            parts.append((name, closure_key(value, depth + 1, seen)))
-        elif value is not _read_key and not isinstance(value, (type(jax), type)) and not callable(value):
-            parts.append((name, _read_key(value)))  # modules, classes and functions: their code is not a value
-    return tuple(parts)
-
-
-def _helper(value: Any, depth: int, seen: set) -> bool:
-    """Whether ``value`` is a function of the user's (not a library's) that :func:`closure_key` reads into, once."""
-    if not isinstance(value, types.FunctionType) or depth >= _HELPER_DEPTH or id(value) in seen \
-            or is_library(getattr(value, "__module__", None)):
-        return False
-    seen.add(id(value))
-    return True
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
-
-def _read_key(value: Any, depth: int = 0) -> Any:
-    if isinstance(value, _SCALARS):
-        return (type(value), value)
-    if depth < _KEY_DEPTH and isinstance(value, (dict, list, tuple)) and len(value) <= _KEY_ITEMS:
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        return (type(value), tuple((k, _read_key(v, depth + 1)) for k, v in items))
-    if isinstance(value, np.ndarray) and not value.dtype.hasobject and value.nbytes <= _KEY_BYTES:
-        return _Contents(value)
-    if depth < _KEY_DEPTH and _plain_object(value):
-        attributes = vars(value)
-        if len(attributes) <= _KEY_ITEMS:
-            return (C.ById(value), tuple((k, _read_key(v, depth + 1)) for k, v in attributes.items()))
-    return C.ById(value)  # kept alive with the key: an id is never reused while the key holds it
-
-
-def _plain_object(value: Any) -> bool:
-    """An object whose attributes are its values (a config object): not a module, class, function, array or
-    Flax object."""
-    return (isinstance(getattr(value, "__dict__", None), dict) and not callable(value)
-            and not isinstance(value, (type(jax), type, jax.Array, _FLAX_OBJECTS)))
-
-
-class _Contents:
-    """A NumPy array's dtype, shape and bytes (a copy), as part of a key: equal for equal contents. Hashed by
-    dtype and shape; the bytes compare on a lookup that finds an entry."""
-
-    __slots__ = ("dtype", "shape", "data")
-
-    def __init__(self, value: np.ndarray):
-        self.dtype, self.shape, self.data = value.dtype.str, value.shape, value.tobytes()
-
-    def __hash__(self) -> int:
-        return hash((self.dtype, self.shape))
-
-    def __eq__(self, other: Any) -> bool:
-        return (type(other) is _Contents and self.dtype == other.dtype and self.shape == other.shape
-                and self.data == other.data)
 
 
 class PreparedLoss:

@@ -1,0 +1,190 @@
+"""What Python code reads besides its arguments, as a key: a function's closure and the globals its code names.
+
+A traced program bakes in the Python values its code read. Where the function runs again at every call in
+eager JAX (a loss under ``nnx.value_and_grad``, a custom rule under ``jax.grad``), a compiled stand-in keys its
+program by what the code reads (:func:`closure_key`): a new value traces again, as the eager code would read it.
+Libraries' code is named, not read (:func:`is_library`); :func:`code_names` lists the names code looks up.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import sysconfig
+import types
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxaot._src.compat import ById
+
+#: Python scalars: read by type and value.
+SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+@functools.lru_cache(maxsize=1024)
+def code_names(code: Any) -> frozenset[str]:
+    """The names ``code`` and its nested code objects look up (``co_names``: globals and attributes alike), read
+    once per code object (a loss's key reads them at every call)."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            names |= code_names(c)
+    return frozenset(names)
+
+
+# --------------------------------------------------------------------------- libraries
+#: Packages read by name and version, wherever they are installed (jaxaot's own editable checkout included).
+_LIBRARIES = frozenset({"jaxaot", "jax", "jaxlib", "flax", "numpy", "builtins"})
+#: The script, notebook or ``python -c`` code being run: the user's, whatever file a launcher gives it.
+_MAIN = frozenset({"__main__", "__mp_main__"})
+_INSTALLED = ("site-packages", "dist-packages")
+_STDLIB = tuple(os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")})
+
+
+def is_library(module_name: Any) -> bool:
+    """Whether code of the module ``module_name`` is keyed by the module's name and version, not read.
+
+    A library is one of :data:`_LIBRARIES`, a built-in or frozen module, or a module whose file lies in the
+    standard library or in an install folder (``site-packages``, ``dist-packages``). Installed code changes only
+    by installing another version: jax's, jaxlib's and jaxaot's are in the key's environment, another
+    package's ``__version__`` is written beside the name of a module of it that the code reads
+    (:func:`library_version`), and reading it by bytecode would walk thousands of library functions per key.
+    Everything else (a script, ``__main__``, the user's project, an editable install of it, a module made at
+    run time) is the user's code and is read.
+    """
+    known = _KNOWN.get(module_name) if isinstance(module_name, str) else False
+    if known is not None:
+        return known
+    if module_name.partition(".")[0] in _LIBRARIES or module_name in sys.builtin_module_names:
+        _KNOWN[module_name] = True
+        return True
+    module = sys.modules.get(module_name)
+    if module is None or module_name in _MAIN:  # not imported (yet): the user's, and asked again next time
+        return False
+    spec = getattr(module, "__spec__", None)
+    paths = [getattr(module, "__file__", None)] + list(getattr(module, "__path__", None) or ())
+    found = _KNOWN[module_name] = getattr(spec, "origin", None) in ("built-in", "frozen") or any(
+        isinstance(p, str) and _installed(p) for p in paths)
+    return found
+
+
+_KNOWN: dict[str, bool] = {}  # module name -> is_library, for imported modules (a module's file does not move)
+
+
+@functools.lru_cache(maxsize=4096)
+def _installed(path: str) -> bool:
+    real = os.path.realpath(path)
+    return real.startswith(_STDLIB) or any(part in _INSTALLED for part in real.split(os.sep))
+
+
+def library_version(module_name: str) -> str:
+    """``@<version>`` of the package holding a library module, when it says (``__version__``); else empty."""
+    version = getattr(sys.modules.get(module_name.partition(".")[0]), "__version__", None)
+    return f"@{version}" if isinstance(version, str) else ""
+
+
+#: How far :func:`closure_key` looks into containers: deeper or larger ones are named by identity.
+_KEY_DEPTH, _KEY_ITEMS = 3, 64
+#: NumPy arrays up to this size are read by their contents at each call; larger ones by identity.
+_KEY_BYTES = 1 << 20
+
+
+#: How many calls deep :func:`closure_key` follows the user's own helper functions.
+_HELPER_DEPTH = 2
+
+
+def closure_key(fun: Callable[..., Any], depth: int = 0, seen: set | None = None) -> tuple:
+    """What ``fun`` reads besides its arguments, as a key: its closure's values and the module globals its code
+    names (nested functions' too), and what the user's own functions it names read, two calls deep. Numbers and
+    strings by value; small dicts, lists and tuples, and the attributes of plain objects (``vars``: a config
+    object), by their contents, up to 3 levels deep and 64 items a level; NumPy arrays up to 1 MiB by their
+    contents (dtype, shape and bytes); JAX arrays (immutable), larger NumPy arrays and other objects by identity;
+    modules, classes and a library's functions not at all. ``nnx.value_and_grad`` runs ``fun``'s Python at every
+    call, so a loss weight in a global, one a helper the loss calls reads, a target array a global names, or a
+    config object's attribute, changed between steps, is read anew; a traced loss program reads them anew when
+    this key changes (a NumPy array over 1 MiB written in place is not seen, as under ``jit``)."""
+    code = getattr(fun, "__code__", None)
+    if code is None:
+        return ()
+    seen = {id(fun)} if seen is None else seen
+    parts = [_read_key(c.cell_contents) if not _helper(c.cell_contents, depth, seen)
+             else closure_key(c.cell_contents, depth + 1, seen) for c in (getattr(fun, "__closure__", None) or ())
+             if _filled(c)]
+    scope = getattr(fun, "__globals__", {})
+    for name in sorted(code_names(code)):
+        value = scope.get(name, _read_key)
+        if _helper(value, depth, seen):
+            parts.append((name, closure_key(value, depth + 1, seen)))
+        elif value is not _read_key and not isinstance(value, (type(jax), type)) and not callable(value):
+            parts.append((name, _read_key(value)))  # modules, classes and functions: their code is not a value
+    return tuple(parts)
+
+
+def _helper(value: Any, depth: int, seen: set) -> bool:
+    """Whether ``value`` is a function of the user's (not a library's) that :func:`closure_key` reads into, once."""
+    if not isinstance(value, types.FunctionType) or depth >= _HELPER_DEPTH or id(value) in seen \
+            or is_library(getattr(value, "__module__", None)):
+        return False
+    seen.add(id(value))
+    return True
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _read_key(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, SCALARS):
+        return (type(value), value)
+    if depth < _KEY_DEPTH and isinstance(value, (dict, list, tuple)) and len(value) <= _KEY_ITEMS:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        return (type(value), tuple((k, _read_key(v, depth + 1)) for k, v in items))
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject and value.nbytes <= _KEY_BYTES:
+        return _Contents(value)
+    if depth < _KEY_DEPTH and _plain_object(value):
+        attributes = vars(value)
+        if len(attributes) <= _KEY_ITEMS:
+            return (ById(value), tuple((k, _read_key(v, depth + 1)) for k, v in attributes.items()))
+    return ById(value)  # kept alive with the key: an id is never reused while the key holds it
+
+
+def _plain_object(value: Any) -> bool:
+    """An object whose attributes are its values (a config object): not a module, class, function, array or
+    Flax object."""
+    return (isinstance(getattr(value, "__dict__", None), dict) and not callable(value)
+            and not isinstance(value, (type(jax), type, jax.Array, *_flax_objects())))
+
+
+class _Contents:
+    """A NumPy array's dtype, shape and bytes (a copy), as part of a key: equal for equal contents. Hashed by
+    dtype and shape; the bytes compare on a lookup that finds an entry."""
+
+    __slots__ = ("dtype", "shape", "data")
+
+    def __init__(self, value: np.ndarray):
+        self.dtype, self.shape, self.data = value.dtype.str, value.shape, value.tobytes()
+
+    def __hash__(self) -> int:
+        return hash((self.dtype, self.shape))
+
+    def __eq__(self, other: Any) -> bool:
+        return (type(other) is _Contents and self.dtype == other.dtype and self.shape == other.shape
+                and self.data == other.data)
+
+
+def _flax_objects() -> tuple:
+    """Flax's stateful objects (modules, Variables, pytrees of them), which are not plain values; none without Flax."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None:
+        return ()
+    return (nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
+
+
+__all__ = ["SCALARS", "closure_key", "code_names", "is_library", "library_version"]
