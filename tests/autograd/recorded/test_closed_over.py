@@ -319,3 +319,34 @@ def test_numpy_scalars_jax_makes_constants_of_still_replay():
         assert_trees_close(vg(w, x), jax.value_and_grad(loss)(w, x))
     s = compiled_autograd.stats()
     assert s.compiles == 1 and s.replays == CALLS - 1 and s.fallbacks == ()
+
+
+REVERSAL = {"strength": 0.1}
+
+
+@jax.custom_vjp
+def _reverse(x):
+    return x
+
+
+_reverse.defvjp(lambda x: (x, None), lambda _, g: (-REVERSAL["strength"] * g,))
+
+
+def _adversarial(w, x):
+    return jnp.sum(_reverse(jnp.tanh(x @ w)) ** 2)
+
+
+def test_what_a_custom_rule_reads_is_read_at_each_call_as_eager_jax_runs_it():
+    """A gradient-reversal strength a schedule changes in a global: each value is another program, as eager JAX
+    reads it at every call, and the reason names the rule."""
+    rng = np.random.default_rng()
+    vg = jaxaot.compiled_value_and_grad(_adversarial)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    try:
+        for strength in (0.1, 0.5, 1.0, 0.5):
+            REVERSAL["strength"] = strength
+            _close(vg(w, x), jax.value_and_grad(_adversarial)(w, x))
+    finally:
+        REVERSAL["strength"] = 0.1
+    info = vg.cache_info()
+    assert info.misses == 3 and "what its rule bwd reads besides its arguments changed" in info.entries[1].reason

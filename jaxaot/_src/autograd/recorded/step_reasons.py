@@ -207,8 +207,13 @@ def _eqn_change(program: str, i: int, old: Structure, new: Structure) -> str:
             return (f"the {program} operation {b[0]}{where}: an array a function inside it closes over holds another "
                     "value (each value compiles once: pass the array to that function as an argument to keep one "
                     "program)")
-        names = [k for (k, va), (_, vb) in zip(a[3], b[3]) if va != vb] if [k for k, _ in a[3]] == [
-            k for k, _ in b[3]] else []
+        same_names = [p[0] for p in a[3]] == [p[0] for p in b[3]]
+        names = [p[0] for p, q in zip(a[3], b[3]) if p[1:] != q[1:]] if same_names else []
+        reads = [p[0] for p, q in zip(a[3], b[3]) if len(p) == 3 and p[:2] == q[:2] and p[2] != q[2]]
+        if names and reads == names:  # a custom rule's closure or globals (tape._staged_params_key)
+            return (f"the {program} operation {b[0]}{where}: what its rule{'s' if len(reads) > 1 else ''} "
+                    f"{', '.join(reads)} read{'' if len(reads) > 1 else 's'} besides its arguments changed (the step "
+                    "traces a rule when it compiles, as jit does: pass such a value as an argument to keep one program)")
         what = f"its parameter{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else "its parameters"
         return f"the {program} operation {b[0]}{where} changed {what}"
     was, now = _eqn_words(a, old), _eqn_words(b, new)

@@ -11,12 +11,14 @@ trie, and :func:`replay` re-applies the operations in any trace.
 
 from __future__ import annotations
 
+import types
 from typing import Any, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from jaxaot._src import compat as C
+from jaxaot._src.python_reads import closure_key, is_library
 from jaxaot._src.autograd.recorded import force as F
 from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.primitives import op as _op
@@ -53,9 +55,19 @@ _CALLBACK: dict[Any, bool] = {}
 
 
 def _staged_params_key(params: dict, rules: dict) -> tuple:
-    """A staged equation's params without its rule thunks (new per call), plus the rules' identities."""
+    """A staged equation's params without its rule thunks (new per call), plus the rules' identities and what the
+    user's rules read besides their arguments (a global a schedule changes): the step traces them when it compiles,
+    as ``jit`` does, and eager JAX runs them at every call, so a new value compiles anew."""
     kept = tuple((k, param_key(v)) for k, v in params.items() if not C.is_rule_param(v))
-    return kept + tuple(sorted(rules.items()))
+    return kept + tuple(sorted((name, key, _rule_reads(key)) for name, key in rules.items()))
+
+
+def _rule_reads(key: Any) -> tuple:
+    """:func:`~jaxaot._src.python_reads.closure_key` of the user's function a rule's key names (none of a library's)."""
+    fn = key[0] if type(key) is tuple and key else None
+    if not isinstance(fn, types.FunctionType) or is_library(getattr(fn, "__module__", None)):
+        return ()
+    return closure_key(fn)
 
 
 #: aval -> its key (avals are interned by JAX, so this is an identity lookup)
