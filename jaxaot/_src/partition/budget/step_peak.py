@@ -34,16 +34,34 @@ from jaxaot._src.units import format_bytes
 
 
 def compiled_peak(exe: Any) -> int | None:
-    """Peak device bytes of a compiled executable, where the backend reports it (XLA:CPU's
-    ``peak_memory_in_bytes`` leaves out temporaries: then the sum of the parts, arguments and
-    outputs included, less the aliased bytes)."""
+    """Peak device bytes of a compiled executable, where the backend reports it: ``peak_memory_in_bytes``, but on
+    the CPU, whose ``peak_memory_in_bytes`` is the arguments and outputs alone (its temporaries left out, however
+    large), what its buffer assignment allocates: temporaries, arguments and outputs, less the aliased bytes."""
     ma = op_profile.memory_analysis(exe)
     if ma is None:
         return None
+    allocated = int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes
+                    - ma.alias_size_in_bytes)
     peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)
-    if peak >= ma.temp_size_in_bytes and peak:
+    if peak >= ma.temp_size_in_bytes and peak and not _peak_leaves_out_temporaries(exe, ma, peak):
         return peak
-    return int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+    return allocated
+
+
+def _peak_leaves_out_temporaries(exe: Any, ma: Any, peak: int) -> bool:
+    """Whether ``peak`` is XLA:CPU's, which counts arguments and outputs only: by the executable's platform, or,
+    where that is unknown, by the peak being exactly those while there are temporaries."""
+    platform = None
+    try:
+        shardings = jax.tree_util.tree_leaves(getattr(exe, "input_shardings", None))
+        devices = next(iter(shardings)).device_set if shardings else exe.local_devices()
+        platform = next(iter(devices)).platform
+    except Exception:  # noqa: BLE001 - an executable that names no devices
+        pass
+    if platform is not None:
+        return platform == "cpu"
+    outside = ma.argument_size_in_bytes + ma.output_size_in_bytes
+    return ma.temp_size_in_bytes > 0 and peak in (outside, outside - ma.alias_size_in_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
