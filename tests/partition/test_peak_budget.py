@@ -161,6 +161,29 @@ def test_budget_below_the_smallest_peak_raises_and_the_function_keeps_working():
         vg(*big)
 
 
+def _printing_scan(weights, x):
+    def body(h, w):
+        z = jnp.tanh(h @ w)
+        jax.debug.callback(lambda s: None, jnp.sum(z))  # an effect in the body: the scan is never recomputed
+        return z + h, None
+
+    h, _ = jax.lax.scan(body, x, weights)
+    return jnp.sum(jnp.sin(h))
+
+
+def test_a_budget_no_plan_meets_on_a_function_with_an_effect_is_a_memory_budget_error():
+    """The dots-shaped plan keeps an effect's outputs saveable, as every plan does: a tight budget is refused by
+    its smallest peak, never by a partition that would recompute the effect."""
+    k = jax.random.split(jax.random.key(np.random.SeedSequence().generate_state(1)[0]), 2)
+    args = (jax.random.normal(k[0], (3, 16, 16)) / 4, jax.random.normal(k[1], (8, 16)))
+    joint = jaxaot.partition.trace_joint(_printing_scan, *args)
+    with pytest.raises(jaxaot.errors.MemoryBudgetError) as caught:
+        mincut(joint, memory_budget="1kB")
+    f = jaxaot.aot_function(_printing_scan, partition_fn=mincut(memory_budget=caught.value.smallest_peak))
+    assert_trees_close(jaxaot.value_and_grad(f, argnums=(0, 1))(*args),
+                       jax.value_and_grad(_printing_scan, argnums=(0, 1))(*args), rtol=1e-5, atol=1e-5)
+
+
 def test_gradients_equal_jax_at_every_budget():
     args = deep_mlp_args(layers=4, width=64, batch=256)
     low, high = _ends(deep_mlp, args, (0, 1))

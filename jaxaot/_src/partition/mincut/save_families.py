@@ -4,8 +4,8 @@ The fraction budget's plans save whatever is cheapest in bytes, often a fusible
 value beside a matmul rather than its result, and on an accelerator that can leave
 the compiled peak above ``dots_saveable``'s (``docs/concepts/memory_planner.md``,
 "Byte budgets"). So the byte-budget search also measures the ``"dots"`` family:
-values saveable only where a ``dot_general`` made them (and primal inputs), planned
-at fraction 1. :func:`family_saveable` gives the predicate.
+values saveable only where a ``dot_general`` made them (and primal inputs, and an
+effect's outputs, which are never recomputed), planned at fraction 1. :func:`family_saveable` gives the predicate.
 
 Example:
     >>> import jax.numpy as jnp, jaxaot
@@ -34,8 +34,8 @@ def family_saveable(joint: JointGraph, family: str) -> Callable[[Any], bool]:
         raise ValueError(f"unknown plan family {family!r}; expected one of {FAMILIES}")
     jaxpr = C.jaxpr_of(joint.jaxpr)
     ok = set(jaxpr.invars[: joint.num_primals])
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
+    for eqn in jaxpr.eqns:  # an effect's outputs too: it runs once, so the backward cannot recompute them
+        if eqn.primitive.name == "dot_general" or eqn.effects:
             ok.update(v for v in eqn.outvars if not C.is_drop_var(v))
     return lambda v: v in ok
 
