@@ -76,6 +76,7 @@ def test_the_message_says_what_was_meant(small):
     ({"path": 3}, InvalidInputError, "path must be a str, an os.PathLike or None, got int"),
     ({"timeout": "5"}, InvalidInputError, "timeout must be a positive number"),
     ({"timeout": -1.0}, InvalidValueError, "timeout must be a positive number"),
+    ({"timeout": float("inf")}, InvalidValueError, "timeout must be at most 86400 seconds"),
     ({"format": None}, InvalidValueError, "format must be 'svg', 'html' or 'dot', got None"),
     ({"group_by": "module"}, InvalidValueError, "group_by must be"),
 ])

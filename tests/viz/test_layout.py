@@ -46,3 +46,25 @@ def test_fallback_without_graphviz_package(small, monkeypatch):
     assert not viz.layout_available()
     frag = viz.to_html(small)
     assert "<svg" in frag and "graphviz Python package is not installed" in frag
+
+
+@pytest.mark.usefixtures("needs_dot")
+def test_dot_draws_a_merged_node_s_long_tooltip_and_a_title_in_angle_brackets():
+    """``dot`` refuses a quoted string over 16384 characters (many values merged into one node's tooltip) and reads
+    ``<...>`` as an HTML-like label: the tooltip is cut and the title drawn as written, not laid out by the fallback."""
+    import warnings
+
+    import jax.numpy as jnp
+    import jaxaot
+
+    def many(x):
+        for _ in range(300):
+            x = jnp.sin(x)
+        return x.sum()
+
+    low = jaxaot.aot_function(many).lower(jnp.ones(4))
+    assert max(len(n.tooltip) for n in viz.split_graph(low).nodes) > 16384
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a Graphviz failure warns
+        svg = viz.render(low, title="<lambda> & co")
+    assert "&lt;lambda&gt; &amp; co" in svg and "more" in svg

@@ -77,7 +77,13 @@ def check_timeout(value: Any, where: str) -> float:
         raise InvalidInputError(f"{where}: timeout must be a positive number of seconds, got {describe(value)}")
     if not value > 0:
         raise InvalidValueError(f"{where}: timeout must be a positive number of seconds, got {value}")
+    if value > MAX_TIMEOUT:  # infinity, or more than the process's clock and selectors can count
+        raise InvalidValueError(f"{where}: timeout must be at most {MAX_TIMEOUT:g} seconds (a day), got {value}")
     return float(value)
+
+
+#: The longest a ``dot`` layout may be given to run: a day.
+MAX_TIMEOUT = 86400.0
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...], where: str) -> str:

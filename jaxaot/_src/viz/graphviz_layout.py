@@ -74,7 +74,7 @@ def to_digraph(graph: SplitGraph, *, title: str = "") -> Any:
     import graphviz  # optional dependency: the 'viz' extra
 
     g = graphviz.Digraph("split", graph_attr={"rankdir": "TB", "fontname": "Helvetica", "fontsize": "11",
-                                              "label": title, "labelloc": "t", "nodesep": "0.15",
+                                              "label": _dot_label(title), "labelloc": "t", "nodesep": "0.15",
                                               "ranksep": "0.3"},
                          node_attr={"fontname": "Helvetica", "fontsize": "10", "margin": "0.06,0.03"},
                          edge_attr={"color": "#777777", "arrowsize": "0.6"})
@@ -127,13 +127,33 @@ def inline_svg(svg_text: str) -> str:
 
 def _add_node(sub: Any, n: Node) -> None:
     s = STYLES[n.kind]
-    sub.node(n.id, label=_dot_label(n.label), tooltip=_dot_label(n.tooltip or n.label), shape=s.shape,
+    sub.node(n.id, label=_dot_label(n.label), tooltip=_dot_label(_tooltip(n.tooltip or n.label)), shape=s.shape,
              style=s.style, fillcolor=s.fill, **{"class": n.kind})
 
 
+#: The longest tooltip given to Graphviz, whose ``dot`` refuses a quoted string over 16384 characters.
+MAX_TOOLTIP = 4000
+
+
+def _tooltip(text: str) -> str:
+    """``text``, its lines cut where it would pass :data:`MAX_TOOLTIP` (a node merged from many values)."""
+    if len(text) <= MAX_TOOLTIP:
+        return text
+    lines, kept, size = text.split("\n"), [], 0
+    for line in lines:
+        if size + len(line) + 1 > MAX_TOOLTIP - 40:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    return "\n".join(kept) + f"\n… and {len(lines) - len(kept)} more"
+
+
 def _dot_label(text: str) -> str:
-    # Graphviz record/escape syntax treats backslashes specially; "\l" etc. must not leak in.
-    return text.replace("\\", "\\\\")
+    # Graphviz record/escape syntax treats backslashes specially; "\l" etc. must not leak in; and a text in angle
+    # brackets (<lambda>) would be read as an HTML-like label.
+    import graphviz  # optional dependency: the 'viz' extra
+
+    return graphviz.nohtml(text.replace("\\", "\\\\"))
 
 
 def _legend_label() -> str:
