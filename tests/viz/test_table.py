@@ -54,3 +54,24 @@ def test_offloaded_residuals_are_marked_and_totalled():
     assert bool(note) != bool(offloaded)  # the measured device offloads, or the table says why it does not
     assert note in viz.residual_table_html(auto)
     assert bool(note) or jax.default_backend() != "cpu"  # a CPU's "host memory" is its device memory
+
+
+def test_a_stage_s_table_shows_where_each_residual_lives_on_a_mesh():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jaxaot
+
+    n = max(k for k in (1, 2, 4, 8) if k <= jax.device_count())
+    if n < 2:
+        pytest.skip("a residual split over a mesh needs two or more devices")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("data",))
+    x = jax.device_put(jax.random.normal(jax.random.key(3), (4 * n, 16)), NamedSharding(mesh, P("data")))
+    low = jaxaot.aot_function(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)).lower(jnp.ones((16, 4)), x)
+    for stage in (low, low.compile()):
+        where = re.findall(r"<td>((?:saved|offloaded)[^<]*)</td>", viz.residual_table_html(stage))
+        assert where and where == [f"saved {r.sharding}".strip() for r in stage.residuals]
+        assert any("'data'" in w for w in where)

@@ -45,7 +45,9 @@ def residual_table_html(lowered: Any) -> str:
         table, recomputed = lowered, [f"<li><code>{_text(s)}</code></li>" for s in lowered.recomputed]
     else:
         part, joint = unwrap(lowered, "residual_table_html")
-        table, recomputed = ResidualTable.of(part, joint), _recomputed_items(part)
+        own = getattr(lowered, "residuals", None)  # a stage's own table knows where each residual lives on a mesh
+        table = own if isinstance(own, ResidualTable) else ResidualTable.of(part, joint)
+        recomputed = _recomputed_items(part)
     head = "".join(f"<th>{h}</th>" for h in _COLUMNS)
     rows = []
     for i, r in enumerate(table):
