@@ -167,3 +167,20 @@ def test_a_gradients_stage_describes_what_the_gradient_returns(which):
             getattr(ours, name)
     args2 = jax.tree.map(lambda a: a + _normal(a.shape), args)
     assert_trees_close(ours(*args2, **kwargs), theirs(*args2, **kwargs))
+
+
+@pytest.mark.parametrize("on_mesh", [False, True])
+def test_reading_a_gradient_stage_s_out_info_leaves_the_cache_as_it_was(on_mesh):
+    """As reading ``jax.stages.Lowered.out_info``: no hit counted, no signature traced for the abstract call."""
+    loss = lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    w, x = _normal((16, 4)), _normal((8, 16))
+    if on_mesh:
+        n = max(k for k in (1, 2, 4, 8) if k <= jax.device_count())
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:n]), ("data",))
+        x = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    f = jaxaot.aot_function(loss)
+    low = jaxaot.value_and_grad(f).lower(w, x)
+    before = f.cache_info()
+    _same_out_info(low.out_info, jax.jit(jax.value_and_grad(loss)).lower(w, x).out_info)
+    after = f.cache_info()
+    assert (after.hits, after.misses, len(after.entries)) == (before.hits, before.misses, len(before.entries))

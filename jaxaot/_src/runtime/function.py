@@ -323,6 +323,7 @@ def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Cal
             return arguments.flat_function(run, fun.static_argnums, got.static, got.treedef)(*placed)
         return run(*args, **kwargs)
     call.run = None if run is fun else arguments.flat_function(run, fun.static_argnums, sig.static, sig.treedef)
+    call.fun = fun
     return call
 
 

@@ -127,7 +127,7 @@ class AOTLowered:
 
     @functools.cached_property
     def out_info(self) -> Any:
-        return stage_types.out_info(self._training.programs, self._run)
+        return stage_types.out_info(self._training.programs, self._run, getattr(self._call, "fun", None))
 
     @property
     def out_tree(self) -> Any:

@@ -25,15 +25,23 @@ def args_info(programs: Any) -> Any:
     return jax.tree_util.tree_unflatten(programs.signature.treedef, infos)
 
 
-def out_info(programs: Any, run: Callable[..., Any] | None) -> Any:
+def out_info(programs: Any, run: Callable[..., Any] | None, fun: Any = None) -> Any:
     """A ``jax.ShapeDtypeStruct`` per output of the stage's call (weak types kept): the primal program's outputs
     where ``run`` is None (the function's stage), else those of ``run``, the stage's call of the flat inputs,
-    evaluated abstractly (a gradient's ``(value, grads)``)."""
+    evaluated abstractly (a gradient's ``(value, grads)``). Reading it leaves ``fun``'s cache as it was (its
+    hits, and the signature the abstract call looks up), as reading ``jax.stages.Lowered.out_info`` does."""
     if run is None:
         outs = [shape_dtype_struct(a) for a in C.out_avals_of(programs.primal)]
         return jax.tree_util.tree_unflatten(programs.out_tree, outs)
     avals = [shape_dtype_struct(a) for a in programs.in_avals]  # tracers of the avals alone, as under jax.jit
-    return jax.tree.map(shape_dtype_struct, jax.eval_shape(run, *avals))
+    hits, signatures = (getattr(fun, "_hits", 0), set(getattr(fun, "_cache", ())))
+    try:
+        return jax.tree.map(shape_dtype_struct, jax.eval_shape(run, *avals))
+    finally:
+        if fun is not None:
+            fun._hits = hits
+            for sig in set(fun._cache) - signatures:
+                fun._cache.pop(sig, None)
 
 
 def stage_input_shardings(programs: Any, exe: Any) -> Any:
