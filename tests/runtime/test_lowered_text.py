@@ -61,3 +61,17 @@ def test_a_small_split_prints_every_residual_and_the_notes():
     assert "more:" not in summary and all(row.label in summary for row in low.residuals)
     assert all(note in summary for note in low.residuals.notes())
     assert repr(low).startswith("<AOTLowered:")
+
+
+def _newton_sqrt(a):
+    import jax.numpy as jnp
+
+    return jaxaot.loops.while_loop(lambda s: jnp.abs(s * s - a) > 1e-6, lambda s: 0.5 * (s + a / s), a,
+                                   max_steps=50)
+
+
+def test_a_loop_s_residuals_point_at_the_user_s_call_not_at_jaxaot():
+    """As a lax.scan's do: jaxaot's own frames are no user frames in JAX's source info."""
+    table = jaxaot.aot_function(_newton_sqrt).lower(np.float32(4.0)).residuals
+    lines = [r.source_line for r in table if r.source_line]
+    assert lines and all(__file__ in line and "_newton_sqrt" in line for line in lines), lines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -20,6 +21,10 @@ from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 
 from jaxaot._src.compat.core import close, consts_of, jaxpr_of
+
+# The loops' own frames are no user's: an equation a jaxaot loop makes points at the user's call, as one lax.scan
+# makes does, in source info, residual tables and pictures.
+_siu.register_exclusion(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loops") + os.sep)
 
 # ---------------- while-loop primitive support
 # Everything jaxaot._src.loops needs from JAX's internals.
