@@ -22,9 +22,10 @@ from jax._src.interpreters import partial_eval as _pe
 
 from jaxaot._src.compat.core import close, consts_of, jaxpr_of
 
-# The loops' own frames are no user's: an equation a jaxaot loop makes points at the user's call, as one lax.scan
-# makes does, in source info, residual tables and pictures.
-_siu.register_exclusion(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loops") + os.sep)
+# The loops' own frames, and those of this glue to JAX's internals, are no user's: an equation a jaxaot loop makes
+# points at the user's call, as one lax.scan makes does, in source info, residual tables and pictures.
+for _sub in ("loops", "compat"):
+    _siu.register_exclusion(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), _sub) + os.sep)
 
 # ---------------- while-loop primitive support
 # Everything jaxaot._src.loops needs from JAX's internals.
