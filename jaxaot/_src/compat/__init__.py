@@ -15,5 +15,5 @@ from jaxaot._src.compat.loop_support import *  # noqa: F401,F403
 from jaxaot._src.compat.recording import *  # noqa: F401,F403
 from jaxaot._src.compat.stablehlo import *  # noqa: F401,F403
 
-__all__ = sorted({*core.__all__, *custom_rules.__all__, *forward_mode.__all__, *loop_support.__all__, *recording.__all__,
-                  *stablehlo.__all__})
+__all__ = sorted({*core.__all__, *custom_rules.__all__, *forward_mode.__all__, *loop_support.__all__,
+                  *recording.__all__, *stablehlo.__all__})

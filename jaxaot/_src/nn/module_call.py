@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxaot._src.python_reads import SCALARS
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import describe_path
 from jaxaot.errors import InvalidInputError
@@ -37,7 +38,6 @@ from jaxaot._src.runtime import AOTFunction
 Method = str | Callable[..., Any]
 
 _FLAX_OBJECTS = (nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
-_SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 #: What JAX raises where Python reads the value of a traced number (``x[:n]``, ``range(n)``, ``jnp.zeros(n)``, a
 #: shape's ``TypeError``): a call given numbers is traced again with them static (:func:`run_reading_numbers`).
@@ -67,7 +67,7 @@ def python_static(x: Any, numbers: bool = False) -> bool:
     """
     if isinstance(x, (jax.Array, np.ndarray, np.generic, list, dict, tuple, _FLAX_OBJECTS)) or C.is_tracer(x):
         return False
-    if not (isinstance(x, _SCALARS) or callable(x)):
+    if not (isinstance(x, SCALARS) or callable(x)):
         return False
     if not numbers and isinstance(x, (int, float, complex)) and not isinstance(x, bool):
         return False

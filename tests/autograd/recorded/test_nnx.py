@@ -168,7 +168,8 @@ def _fresh_net():
 
 
 @pytest.mark.parametrize("replay", (False, True))
-@pytest.mark.parametrize("wrap", (lambda m: [m], lambda m: {"net": m}, lambda m: (m, 2.0)), ids=("list", "dict", "tuple"))
+@pytest.mark.parametrize("wrap", (lambda m: [m], lambda m: {"net": m}, lambda m: (m, 2.0)),
+                         ids=("list", "dict", "tuple"))
 def test_modules_inside_a_container_are_split_and_written_back_as_nnx_does(wrap, replay):
     """A module reaching the loss inside a list, dict or tuple is state the forward changes (batch statistics, the
     dropout RNG's count), written back each call as under nnx.value_and_grad: never a replay of the first mask."""

@@ -1,15 +1,13 @@
 """Flax nnx modules as arguments of :func:`~jaxaot.compiled_grad`, the way ``nnx.grad`` treats them.
 
-Each module argument (or ``nnx.Rngs``, ``nnx.Variable``, or a list, tuple or dict of them) is split into its ``nnx.Param`` state (differentiated) and
-the rest; the forward runs on a module merged back, and the rest it leaves
-(batch statistics, RNG counters), with the Params it wrote, comes back from the
-compiled step as concrete arrays and is written into the caller's module. The
-gradients are those of the Params' values at entry, as under ``nnx.grad``. A
-Param the forward did not write still holds the very value it was given, so it
-is told apart by identity and the step returns no copy of it. A Variable or
-module of an argument returned in the auxiliary output is the caller's own
-(:mod:`jaxaot._src.module_links`). An attribute the forward changes otherwise (``self.calls += 1``) would
-not come back: it is refused. Flax is imported only for a module argument.
+Each module argument (or ``nnx.Rngs``, ``nnx.Variable``, or a list, tuple or dict of them) is split into its
+``nnx.Param`` state (differentiated) and the rest; the forward runs on a module merged back, and the rest it
+leaves (batch statistics, RNG counters), with the Params it wrote, comes back from the compiled step as concrete
+arrays and is written into the caller's module. The gradients are those of the Params' values at entry, as under
+``nnx.grad``. A Param the forward did not write still holds the very value it was given, so it is told apart by
+identity and the step returns no copy of it. A Variable or module of an argument returned in the auxiliary output
+is the caller's own (:mod:`jaxaot._src.module_links`). An attribute the forward changes otherwise
+(``self.calls += 1``) would not come back: it is refused. Flax is imported only for a module argument.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ def holds_nnx_state(x: Any) -> bool:
     nnx = sys.modules.get("flax.nnx")
     if nnx is None:
         return False
-    kinds = (nnx.Pytree, nnx.Variable)
+    kinds = (nnx.Module, nnx.Variable, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
     if isinstance(x, kinds):
         return True
     return isinstance(x, (list, tuple, dict)) and any(
