@@ -13,11 +13,14 @@ is the caller's own (:mod:`jaxaot._src.module_links`). An attribute the forward 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import sys
 from typing import Any, Sequence
 
 import jax
+
+from jaxaot._src.compat import ArrayImpl as _ArrayImpl
 
 
 def is_nnx_module(x: Any) -> bool:
@@ -28,15 +31,34 @@ def is_nnx_module(x: Any) -> bool:
 
 def holds_nnx_state(x: Any) -> bool:
     """Whether ``x`` is Flax nnx state the forward may change: a module or other ``nnx.Pytree`` (``nnx.Rngs``), an
-    ``nnx.Variable``, or a list, tuple or dict holding one (``nnx.split`` takes them all, as ``nnx.grad`` does)."""
-    nnx = sys.modules.get("flax.nnx")
-    if nnx is None:
+    ``nnx.Variable``, or a list, tuple or dict holding one (``nnx.split`` takes them all, as ``nnx.grad`` does).
+    Every call asks it of every argument: an array is answered by its type alone."""
+    if type(x) in _PLAIN or "flax.nnx" not in sys.modules:
         return False
-    kinds = (nnx.Module, nnx.Variable, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
-    if isinstance(x, kinds):
-        return True
-    return isinstance(x, (list, tuple, dict)) and any(
-        isinstance(leaf, kinds) for leaf in jax.tree_util.tree_leaves(x, is_leaf=lambda y: isinstance(y, kinds)))
+    return _holds(x, _kinds())
+
+
+def _holds(x: Any, kinds: tuple) -> bool:
+    t = type(x)
+    if t in _PLAIN:
+        return False
+    if t is list or t is tuple:
+        return any(_holds(y, kinds) for y in x)
+    if t is dict:
+        return any(_holds(y, kinds) for y in x.values())
+    return isinstance(x, kinds)
+
+
+#: Types that are never Flax state (what most arguments are).
+_PLAIN = frozenset({_ArrayImpl, int, float, bool, str, type(None)})
+
+
+@functools.cache
+def _kinds() -> tuple:
+    """Flax nnx's stateful types (looked up once: ``flax.nnx`` resolves its names lazily)."""
+    from flax import nnx  # present: flax.nnx is imported
+
+    return (nnx.Module, nnx.Variable, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
 
 
 @dataclasses.dataclass
