@@ -159,7 +159,7 @@ def _plain_object(value: Any) -> bool:
     """An object whose attributes are its values (a config object): not a module, class, function, array or
     Flax object."""
     return (isinstance(getattr(value, "__dict__", None), dict) and not callable(value)
-            and not isinstance(value, (type(jax), type, jax.Array, *_flax_objects())))
+            and not isinstance(value, (type(jax), type, jax.Array, *flax_objects())))
 
 
 class _Contents:
@@ -179,12 +179,18 @@ class _Contents:
                 and self.data == other.data)
 
 
-def _flax_objects() -> tuple:
-    """Flax's stateful objects (modules, Variables, pytrees of them), which are not plain values; none without Flax."""
-    nnx = sys.modules.get("flax.nnx")
-    if nnx is None:
-        return ()
-    return (nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
+def flax_objects() -> tuple:
+    """Flax's stateful types (modules, Variables, nnx pytrees such as ``nnx.Rngs``), which are no plain values; none
+    before ``flax.nnx`` is imported (looked up once after: ``flax.nnx`` resolves its names lazily)."""
+    if not _FLAX:
+        nnx = sys.modules.get("flax.nnx")
+        if nnx is None:
+            return ()
+        _FLAX.extend((nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ())))
+    return tuple(_FLAX)
 
 
-__all__ = ["SCALARS", "closure_key", "code_names", "is_library", "library_version"]
+_FLAX: list = []
+
+
+__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "is_library", "library_version"]

@@ -23,9 +23,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-from flax import nnx
+from flax import nnx  # noqa: F401 - imported here, before flax_objects() reads its types
 
-from jaxaot._src.python_reads import SCALARS
+from jaxaot._src.python_reads import SCALARS, flax_objects
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import describe_path
 from jaxaot.errors import InvalidInputError
@@ -37,7 +37,7 @@ from jaxaot._src.runtime import AOTFunction
 #: What ``method=`` names: a method name, or ``fn(module, *args, **kwargs)``.
 Method = str | Callable[..., Any]
 
-_FLAX_OBJECTS = (nnx.Variable, nnx.Module, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
+_FLAX_OBJECTS = flax_objects()
 
 #: What JAX raises where Python reads the value of a traced number (``x[:n]``, ``range(n)``, ``jnp.zeros(n)``, a
 #: shape's ``TypeError``): a call given numbers is traced again with them static (:func:`run_reading_numbers`).

@@ -13,7 +13,6 @@ is the caller's own (:mod:`jaxaot._src.module_links`). An attribute the forward 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
 import sys
 from typing import Any, Sequence
@@ -21,6 +20,7 @@ from typing import Any, Sequence
 import jax
 
 from jaxaot._src.compat import ArrayImpl as _ArrayImpl
+from jaxaot._src.python_reads import flax_objects
 
 
 def is_nnx_module(x: Any) -> bool:
@@ -35,7 +35,7 @@ def holds_nnx_state(x: Any) -> bool:
     Every call asks it of every argument: an array is answered by its type alone."""
     if type(x) in _PLAIN or "flax.nnx" not in sys.modules:
         return False
-    return _holds(x, _kinds())
+    return _holds(x, flax_objects())
 
 
 def _holds(x: Any, kinds: tuple) -> bool:
@@ -51,14 +51,6 @@ def _holds(x: Any, kinds: tuple) -> bool:
 
 #: Types that are never Flax state (what most arguments are).
 _PLAIN = frozenset({_ArrayImpl, int, float, bool, str, type(None)})
-
-
-@functools.cache
-def _kinds() -> tuple:
-    """Flax nnx's stateful types (looked up once: ``flax.nnx`` resolves its names lazily)."""
-    from flax import nnx  # present: flax.nnx is imported
-
-    return (nnx.Module, nnx.Variable, *((nnx.Pytree,) if hasattr(nnx, "Pytree") else ()))
 
 
 @dataclasses.dataclass
