@@ -135,6 +135,20 @@ def test_uncacheable_programs_still_run(cache_dir, capfd):
     assert capfd.readouterr().out.count("noisy 1") == 4
 
 
+def test_print_jaxpr_prints_on_a_warm_cache(cache_dir, capsys):
+    """A compiler run for its print is never served from the cache: a later function (a later process) prints
+    its programs again, as it would without a cache, and the partition still comes from the cache."""
+    for _ in range(2):
+        _reset_counts()
+        seed = int(np.random.randint(1 << 20))
+        value, grads, _ = _run(fw_compiler=compilers.print_jaxpr, seed=seed)
+        printed = capsys.readouterr().out
+        assert printed.count("lambda ;") == 3 and "tanh" in printed  # forward, backward and inference programs
+        np.testing.assert_allclose(value, loss(*_inputs(seed)), rtol=1e-6)
+        assert cache.stats().executable_hits == 0 and not _files(cache_dir, "executables")
+    assert cache.stats().partition_hits == 1  # the second function planned from the cache
+
+
 def _truncate(p: Path) -> None:
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
 

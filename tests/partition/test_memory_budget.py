@@ -34,6 +34,7 @@ TABLE = [
     ("1MB", B(10**6)), ("2.5kB", B(2500)), (" 3 KiB ", B(3 * 1024)), ("2e3B", B(2000)),
     (1.5, (InvalidValueError, r"1\.5 is above 1, so it is not a fraction.*Did you mean '1\.5GB'")),
     ("1.5", (InvalidValueError, r"'1\.5' is above 1, so it is not a fraction.*Did you mean '1\.5GB'")),
+    (0.1 * 3 / 0.3, (InvalidValueError, r"1\.0000000000000002 is above 1.*Did you mean the fraction 1\.0 ")),
     (1e6 + 0.5, (InvalidValueError, r"not a whole number of bytes.*Did you mean 1000000 ")),
     (-0.1, (InvalidValueError, r"=-0\.1 is negative")), (-5, (InvalidValueError, r"=-5 is negative")),
     ("-1GB", (InvalidValueError, r"'-1GB' is negative")), ("-1", (InvalidValueError, r"'-1' is negative")),

@@ -266,10 +266,32 @@ def test_resolve_costs():
     assert resolve_costs("flops", model) == FlopCosts(5e9, 1e10)
     assert isinstance(resolve_costs("measured"), MeasuredCosts)
     synthetic = WideIsCheap()
-    assert resolve_costs(synthetic) is synthetic
+    assert resolve_costs(synthetic).inner is synthetic and resolve_costs(synthetic).note == synthetic.note
     with pytest.raises(PartitionError, match="op_costs must be"):
         jaxaot.partition.min_cut_rematerialization_partition(
             jaxaot.partition.trace_joint(two_branches, *branch_args(jax.random.key(2))), op_costs="fast")
+
+
+class BrokenCosts:
+    """Prices every eqn alike with one bad answer."""
+
+    note = "recompute costs: broken"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def seconds(self, eqn):
+        return self.answer
+
+
+@pytest.mark.parametrize("answer", [float("nan"), float("inf"), -1e-3, "fast", None, True])
+def test_an_op_costs_answer_that_cannot_be_ordered_is_refused(answer):
+    """A NaN price would sort the knapsack arbitrarily: the plan would depend on where it fell."""
+    joint = jaxaot.partition.trace_joint(two_branches, *branch_args(jax.random.key(np.random.randint(1 << 20))))
+    with pytest.raises(PartitionError, match=r"BrokenCosts.seconds returned .* for the eqn .*finite number"):
+        jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=0.5, op_costs=BrokenCosts(answer))
+    fine = jaxaot.partition.min_cut_rematerialization_partition(joint, memory_budget=0.5, op_costs=BrokenCosts(0))
+    assert fine.cost_note == "recompute costs: broken"
 
 
 def test_the_offload_timeline_uses_the_costs():

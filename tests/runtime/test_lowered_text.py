@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import jaxaot
@@ -75,3 +77,17 @@ def test_a_loop_s_residuals_point_at_the_user_s_call_not_at_jaxaot():
     table = jaxaot.aot_function(_newton_sqrt).lower(np.float32(4.0)).residuals
     lines = [r.source_line for r in table if r.source_line]
     assert lines and all(__file__ in line and "_newton_sqrt" in line for line in lines), lines
+
+
+def test_a_backward_with_nothing_to_differentiate_says_why():
+    """An empty backward reads as a bug unless the summary says why it is empty; gradients match JAX's."""
+    rng = np.random.default_rng()
+    ints = jnp.asarray(rng.integers(-9, 9, size=5), jnp.int32)
+    low = jaxaot.aot_function(lambda i: (i * 3).sum()).lower(ints)
+    assert "backward 0 eqns (no input takes a gradient: integer and boolean inputs have none)" in str(low)
+    x = jnp.asarray(rng.normal(size=5), jnp.float32)
+    argmax = jaxaot.aot_function(lambda v: jnp.argmax(v))
+    assert "(no output takes a cotangent: every gradient is zero)" in str(argmax.lower(x))
+    mean = jaxaot.aot_function(lambda v: jnp.sin(v).mean())
+    assert "(no" not in str(mean.lower(x)).splitlines()[1]
+    np.testing.assert_allclose(jax.grad(mean)(x), jax.grad(lambda v: jnp.sin(v).mean())(x), rtol=1e-6)

@@ -78,7 +78,8 @@ def test_the_message_says_what_was_meant(small):
     ({"timeout": -1.0}, InvalidValueError, "timeout must be a positive number"),
     ({"timeout": float("inf")}, InvalidValueError, "timeout must be at most 86400 seconds"),
     ({"format": None}, InvalidValueError, "format must be 'svg', 'html' or 'dot', got None"),
-    ({"group_by": "module"}, InvalidValueError, "group_by must be"),
+    ({"group_by": "module"}, InvalidValueError, "render: group_by must be"),
+    ({"max_nodes": np.float32(80)}, InvalidInputError, "render: max_nodes must be a positive int, got float32"),
 ])
 def test_render_checks_its_options_before_drawing(small, tmp_path, options, error, words):
     with pytest.raises(error, match=words):
@@ -99,3 +100,29 @@ def test_plot_rows_of_the_wrong_shape_are_typed_errors():
     assert len(viz.plot_budget_sweep(rows).axes) == 2  # a numpy array of rows is rows
     with pytest.raises(InvalidInputError, match="times must be"):
         viz.plot_schedule(one_f_one_b(2, 4), times=1.0)
+
+
+def test_integer_scalars_count_nodes(small):
+    """A NumPy or JAX integer is an int, as ``range`` takes it; the picture is the one an int gives."""
+    n = int(np.random.default_rng().integers(3, 12))
+    expected = viz.split_graph(small, max_nodes=n)
+    for count in (np.int64(n), np.int32(n), jnp.asarray(n)):
+        assert viz.split_graph(small, max_nodes=count) == expected
+        assert viz.render(small, format="dot", max_nodes=count) == viz.render(small, format="dot", max_nodes=n)
+    with pytest.raises(InvalidValueError, match="to_html: max_nodes must be a positive int, got 0"):
+        viz.to_html(small, max_nodes=np.int64(0))
+
+
+@pytest.mark.parametrize("module, call", [
+    ("graphviz", lambda low: viz.render(low, format="dot")),
+    ("graphviz", lambda low: viz.to_digraph(viz.split_graph(low))),
+    ("matplotlib", lambda low: viz.plot_pareto([("jit", 1024, 1e-3)])),
+    ("matplotlib", lambda low: viz.plot_schedule(one_f_one_b(2, 4))),
+])
+def test_a_missing_extra_says_how_to_install_it(small, monkeypatch, module, call):
+    import sys
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: the import fails, as if not installed
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=rf"needs the '{module}' package.*pip install 'jaxaot\[viz\]'"):
+        call(small)

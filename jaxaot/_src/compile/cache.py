@@ -31,7 +31,7 @@ from jaxaot._src.config import config
 from jaxaot._src.compile import executable_codec, partition_codec, store
 from jaxaot._src.compile.cache_keys import executable_key, partition_key
 from jaxaot._src.compile.cache_stats import CacheStats, count, reset_stats, stats
-from jaxaot._src.compile.compilers import Compiler, lower_xla, xla
+from jaxaot._src.compile.compilers import RUN_EACH_COMPILE, Compiler, lower_xla, xla
 from jaxaot._src.partition import Partition, Partitioner, measured_executables
 from jaxaot._src.tracing import JointGraph, JointRecipe
 
@@ -137,7 +137,8 @@ def _executable_path(compiler: Compiler, closed: Any, avals: Sequence[Any], opti
     (counted as skipped)."""
     if store.cache_root() is None:
         return None
-    key = None if _runs_host_code(closed) else executable_key(compiler, closed, avals, options)
+    unstored = _runs_host_code(closed) or any(compiler is c for c in RUN_EACH_COMPILE)  # a compiler may not hash
+    key = None if unstored else executable_key(compiler, closed, avals, options)
     path = None if key is None else store.entry_path("executables", key)
     if path is None:
         count("skipped")

@@ -76,6 +76,11 @@ def nop(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,
 
 def print_jaxpr(closed_jaxpr: Any, example_avals: Sequence[jax.ShapeDtypeStruct], *,
                 donate_argnums: Sequence[int] = ()) -> jax.stages.Compiled:
-    """Print the program, then compile it with :func:`xla`."""
+    """Print the program, then compile it with :func:`xla`. Run for its print, it is never served from the
+    persistent cache (:data:`RUN_EACH_COMPILE`): each process that compiles the program prints it."""
     print(closed_jaxpr)
     return xla(closed_jaxpr, example_avals, donate_argnums=donate_argnums)
+
+
+#: Compilers run for what they do besides compiling, whose executables the persistent cache never stores.
+RUN_EACH_COMPILE = frozenset({print_jaxpr})

@@ -202,7 +202,8 @@ class AOTLowered:
     def __str__(self) -> str:
         """A summary of at most 15 lines: the totals, the programs' sizes, the largest residuals, the
         partitioner's notes and the stage times; :meth:`details` prints everything."""
-        sizes = f"forward {_eqns(self.forward)} eqns, backward {_eqns(self.backward)} eqns"
+        note = self.partition.gradient_note and f" ({self.partition.gradient_note})"
+        sizes = f"forward {_eqns(self.forward)} eqns, backward {_eqns(self.backward)} eqns{note}"
         lines = [f"AOTLowered: {self._totals()}",
                  f"programs: {sizes}; {len(self.recomputed)} forward eqns recomputed in the backward"]
         return "\n".join(lines + _summary_rows(self.residuals) + [_times(self.compile_times)])
@@ -431,10 +432,8 @@ def _fuses(training: TrainingPrograms) -> bool:
 
 
 def _stats_dict(stats: Any) -> dict[str, int] | None:
-    if stats is None:
-        return None
-    return {k: int(getattr(stats, k)) for k in dir(stats)
-            if k.endswith("_in_bytes") and isinstance(getattr(stats, k), int)}
+    return None if stats is None else {k: int(getattr(stats, k)) for k in dir(stats)
+                                       if k.endswith("_in_bytes") and isinstance(getattr(stats, k), int)}
 
 
 def _cost_dict(cost: Any) -> dict[str, float] | None:

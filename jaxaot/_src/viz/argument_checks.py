@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+import operator
 import os
 from typing import Any
 
@@ -63,12 +65,17 @@ def check_text(value: Any, name: str, where: str) -> str:
 
 
 def check_max_nodes(value: Any, where: str) -> int:
-    """``value`` if it is a positive ``int``: how many nodes a picture may have."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as an ``int`` if it is a positive integer (a NumPy or JAX integer scalar too): how many nodes a
+    picture may have."""
+    try:
+        count = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        count = None
+    if count is None:
         raise InvalidInputError(f"{where}: max_nodes must be a positive int, got {describe(value)}")
-    if value < 1:
-        raise InvalidValueError(f"{where}: max_nodes must be a positive int, got {value}")
-    return value
+    if count < 1:
+        raise InvalidValueError(f"{where}: max_nodes must be a positive int, got {count}")
+    return count
 
 
 def check_timeout(value: Any, where: str) -> float:
@@ -98,3 +105,14 @@ def check_path(value: Any, where: str) -> None:
     """``value`` must be None (return the text), a ``str`` or an ``os.PathLike`` (a file or a folder)."""
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise InvalidInputError(f"{where}: path must be a str, an os.PathLike or None, got {describe(value)}")
+
+
+def require_extra(module: str, where: str) -> Any:
+    """The optional module ``module`` (``"graphviz"``, ``"matplotlib.figure"``), imported; where it is missing, an
+    ``ImportError`` naming ``where`` and the extra that installs it, not a bare ``ModuleNotFoundError``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        package = module.split(".")[0]
+        raise ImportError(f"{where} needs the {package!r} package, which is not installed: "
+                          f"pip install 'jaxaot[viz]' (or pip install {package})") from err

@@ -48,9 +48,14 @@ def split_graph(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto") ->
         >>> g.group_by, [n.label for n in g.of_kind("saved")]
         ('eqn', ['saved: arg[0]\\nf32[3] · 12 B'])
     """
-    unwrap(lowered, "split_graph")
-    check_max_nodes(max_nodes, "split_graph")
-    check_choice(group_by, "group_by", GROUP_LEVELS + ("auto",), "split_graph")
+    return split_for(lowered, max_nodes, group_by, "split_graph")
+
+
+def split_for(lowered: Any, max_nodes: Any, group_by: Any, where: str) -> SplitGraph:
+    """:func:`split_graph` for the public function ``where``, whose name its argument errors carry."""
+    unwrap(lowered, where)
+    max_nodes = check_max_nodes(max_nodes, where)
+    check_choice(group_by, "group_by", GROUP_LEVELS + ("auto",), where)
     graph = _eqn_graph(lowered)
     if group_by != "auto":
         return collapse(graph, group_by)

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from jaxaot._src.viz.argument_checks import check_graph, check_text
+from jaxaot._src.viz.argument_checks import check_graph, check_text, require_extra
 from jaxaot._src.viz.model import BACKWARD_SIDE, FORWARD_SIDE, Node, SplitGraph
 from jaxaot._src.viz.styles import LEGEND_KINDS, STYLES
 
@@ -71,7 +71,7 @@ def to_digraph(graph: SplitGraph, *, title: str = "") -> Any:
     """
     check_graph(graph, "to_digraph")
     check_text(title, "title", "to_digraph")
-    import graphviz  # optional dependency: the 'viz' extra
+    graphviz = require_extra("graphviz", "to_digraph")
 
     g = graphviz.Digraph("split", graph_attr={"rankdir": "TB", "fontname": "Helvetica", "fontsize": "11",
                                               "label": _dot_label(title), "labelloc": "t", "nodesep": "0.15",
@@ -151,9 +151,7 @@ def _tooltip(text: str) -> str:
 def _dot_label(text: str) -> str:
     # Graphviz record/escape syntax treats backslashes specially; "\l" etc. must not leak in; and a text in angle
     # brackets (<lambda>) would be read as an HTML-like label.
-    import graphviz  # optional dependency: the 'viz' extra
-
-    return graphviz.nohtml(text.replace("\\", "\\\\"))
+    return require_extra("graphviz", "to_digraph").nohtml(text.replace("\\", "\\\\"))
 
 
 def _legend_label() -> str:

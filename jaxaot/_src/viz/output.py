@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxaot.errors import InvalidValueError
-from jaxaot._src.viz.argument_checks import check_choice, check_max_nodes, check_path, check_text, check_timeout
-from jaxaot._src.viz.graph import split_graph
+from jaxaot._src.viz.argument_checks import check_choice, check_path, check_text, check_timeout
+from jaxaot._src.viz.graph import split_for
 from jaxaot._src.viz.graphviz_layout import DOT_TIMEOUT, layout_available, to_digraph
 from jaxaot._src.viz.lowered_parts import unwrap
 from jaxaot._src.viz.page import graph_html, standalone_page
@@ -72,11 +72,10 @@ def render(lowered: Any, path: str | Path | None = None, format: str = "svg", *,
     unwrap(lowered, "render")
     check_choice(format, "format", FORMATS, "render")
     check_path(path, "render")
-    check_max_nodes(max_nodes, "render")
     check_text(title, "title", "render")
     check_timeout(timeout, "render")
     target = None if path is None else _target(path, format)
-    graph = split_graph(lowered, max_nodes=max_nodes, group_by=group_by)
+    graph = split_for(lowered, max_nodes, group_by, "render")
     if format == "dot":
         text = to_digraph(graph, title=title).source
     elif format == "svg":

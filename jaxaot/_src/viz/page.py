@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxaot._src.units import format_bytes
 from jaxaot._src.viz.argument_checks import check_timeout
-from jaxaot._src.viz.graph import split_graph
+from jaxaot._src.viz.graph import split_for
 from jaxaot._src.viz.graphviz_layout import DOT_TIMEOUT, inline_svg
 from jaxaot._src.viz.model import SplitGraph
 from jaxaot._src.viz.picture import draw_svg
@@ -38,9 +38,8 @@ def to_html(lowered: Any, *, max_nodes: int = 80, group_by: str = "auto", timeou
         >>> "jaxaot-residuals" in frag and "<svg" in frag
         True
     """
-    unwrap(lowered, "to_html")
     check_timeout(timeout, "to_html")
-    return graph_html(lowered, split_graph(lowered, max_nodes=max_nodes, group_by=group_by), timeout)[0]
+    return graph_html(lowered, split_for(lowered, max_nodes, group_by, "to_html"), timeout)[0]
 
 
 def graph_html(lowered: Any, graph: SplitGraph, timeout: float = DOT_TIMEOUT) -> tuple[str, str]:

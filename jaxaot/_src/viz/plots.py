@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
 from jaxaot._src.units import byte_scale
-from jaxaot._src.viz.argument_checks import check_text, describe
+from jaxaot._src.viz.argument_checks import check_text, describe, require_extra
 
 
 def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence[float] | None = None,
@@ -48,7 +48,7 @@ def plot_budget_sweep(results: Iterable[Sequence[float]], *, reference: Sequence
         reference = tuple(_number(v, name) for v, name in
                           zip(_row(reference, (2,), "(saved_bytes, step_time_seconds)", f"{where}: reference"),
                               ("saved_bytes", "step_time")))
-    from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
+    Figure = require_extra("matplotlib.figure", where).Figure
 
     if not rows:
         raise InvalidValueError("plot_budget_sweep needs at least one (budget, saved_bytes, step_time) row")
@@ -97,7 +97,7 @@ def plot_pareto(rows: Iterable[Sequence[Any]], *, title: str = "") -> Any:
     check_text(title, "title", "plot_pareto")
     points = [(str(r[0]), _number(r[1], "peak_bytes"), _number(r[2], "step_time"), str(r[3]) if len(r) > 3 else "")
               for r in rows if r[1] is not None and r[2] is not None]  # a backend without a peak: no point
-    from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
+    Figure = require_extra("matplotlib.figure", "plot_pareto").Figure
 
     if not points:
         raise InvalidValueError("plot_pareto needs at least one (label, peak_bytes, step_time) row")

@@ -22,7 +22,7 @@ from typing import Any
 
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.parallel import OpTimes, Schedule, Simulation, simulate
-from jaxaot._src.viz.argument_checks import check_text, describe
+from jaxaot._src.viz.argument_checks import check_text, describe, require_extra
 
 #: The fill colour of each op's boxes.
 OP_COLORS = {"F": "#6baed6", "B": "#fd8d3c", "W": "#74c476", "BW": "#9e9ac8"}
@@ -65,8 +65,9 @@ def plot_schedule(schedule: Schedule, times: OpTimes | Simulation | None = None,
         raise InvalidInputError(f"plot_schedule: times must be a jaxaot.parallel.OpTimes, a Simulation or None, "
                                 f"got {describe(times)}")
     check_text(title, "title", "plot_schedule")
-    from matplotlib.figure import Figure  # optional dependency: the 'viz' extra
-    from matplotlib.patches import Patch, Rectangle
+    Figure = require_extra("matplotlib.figure", "plot_schedule").Figure
+    patches = require_extra("matplotlib.patches", "plot_schedule")
+    Patch, Rectangle = patches.Patch, patches.Rectangle
 
     if isinstance(times, Simulation):
         sim, unit = times, "time (s)"

@@ -94,7 +94,12 @@ def _parse_number(value: numbers.Real, shown: str) -> MemoryBudget:
     if x <= 1.0:
         return MemoryBudget(fraction=x)
     if not x.is_integer():
-        meant = f"'{x:g}GB'" if x < 1024 else f"{math.floor(x)} (a whole number of bytes, e.g. int(...))"
+        if x < 1 + 1e-6:  # 1 plus rounding error, as a sum of fractions gives: the whole step
+            meant = "the fraction 1.0 (a sum of fractions rounded above it: clip it, e.g. min(x, 1.0))"
+        elif x < 1024:
+            meant = f"'{x:g}GB'"
+        else:
+            meant = f"{math.floor(x)} (a whole number of bytes, e.g. int(...))"
         raise InvalidValueError(
             f"memory_budget={shown} is above 1, so it is not a fraction, and it is not a whole number of bytes. "
             f"Did you mean {meant}? A fraction lies in [0, 1]; bytes are an int, a whole float such as 1.4e9, "

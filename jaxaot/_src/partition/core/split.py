@@ -147,6 +147,14 @@ class Partition:
         return sum(r.nbytes for r in self.residuals if r.source != "input")
 
     @property
+    def gradient_note(self) -> str:
+        """Why the backward computes nothing, where it does not: no input takes a gradient, or no output a
+        cotangent (every gradient is then zero); else ``""``."""
+        if not self.grad_inputs:
+            return "no input takes a gradient: integer and boolean inputs have none"
+        return "" if self.cotangent_outputs else "no output takes a cotangent: every gradient is zero"
+
+    @property
     def num_temporaries(self) -> int:
         return len(C.jaxpr_of(self.forward).outvars) - self.num_outputs
 

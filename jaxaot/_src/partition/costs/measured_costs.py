@@ -43,7 +43,7 @@ from jaxaot.errors import PartitionError
 from jaxaot._src.partition.costs import cost_model, op_profile
 from jaxaot._src.partition.costs.autotune_bytes import compiles_untuned
 from jaxaot._src.partition.costs.device_model import DeviceModel
-from jaxaot._src.partition.costs.op_costs import FlopCosts, OpCosts
+from jaxaot._src.partition.costs.op_costs import CheckedCosts, FlopCosts, OpCosts
 
 #: Bumped when what a stored time means changes.
 TABLE_VERSION = 1
@@ -190,8 +190,10 @@ def resolve_costs(op_costs: Any, model: DeviceModel | None = None, *, model_give
     ``model_given``: the caller chose ``model`` (a synthetic device, say), so
     ``"auto"`` prices eqns at its rates rather than timing the real device.
     """
-    if isinstance(op_costs, OpCosts):
+    if isinstance(op_costs, (FlopCosts, MeasuredCosts)):
         return op_costs
+    if isinstance(op_costs, OpCosts):
+        return CheckedCosts(op_costs)
     if op_costs == "auto":
         measure = not model_given and jax.devices()[0].platform in MEASURED_PLATFORMS
         op_costs = "measured" if measure else "flops"

@@ -20,8 +20,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Protocol, runtime_checkable
 
+from jaxaot.errors import PartitionError
 from jaxaot._src.pytrees import nbytes as aval_nbytes
 from jaxaot._src.partition.costs import cost_model
 
@@ -75,3 +77,36 @@ class FlopCosts:
             moved = sum(aval_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "shape"))
             t = max(t, moved / self.device_bandwidth)
         return t
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedCosts:
+    """A user's :class:`OpCosts` whose every answer is checked: a NaN, an infinity, a negative number or a
+    non-number would order the knapsack arbitrarily, so it is refused with the eqn that got it."""
+
+    inner: Any
+
+    @property
+    def note(self) -> str:
+        return self.inner.note
+
+    def prefetch(self, eqns: list) -> None:
+        prefetch = getattr(self.inner, "prefetch", None)
+        if prefetch is not None:
+            prefetch(eqns)
+
+    def seconds(self, eqn: Any) -> float:
+        value = self.inner.seconds(eqn)
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = None
+        if isinstance(value, bool) or seconds is None or not math.isfinite(seconds) or seconds < 0:
+            raise PartitionError(f"op_costs {type(self.inner).__name__}.seconds returned {value!r} for the eqn "
+                                 f"{eqn.primitive.name} ({_shapes(eqn)}): it must return a finite number of "
+                                 f"seconds, 0 or more.")
+        return seconds
+
+
+def _shapes(eqn: Any) -> str:
+    return ", ".join(str(v.aval.str_short()) for v in eqn.outvars if hasattr(v.aval, "str_short")) or "no outputs"
