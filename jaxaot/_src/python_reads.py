@@ -123,6 +123,20 @@ def closure_key(fun: Callable[..., Any], depth: int = 0, seen: set | None = None
     return tuple(parts)
 
 
+def rule_reads(fn: Any) -> tuple:
+    """What a custom rule reads besides its arguments (:func:`closure_key`): of the user's function, or, for a
+    library's function wrapping the user's (``custom_jvp.defjvps`` closes its rule over the user's per-argument
+    rules), of each user function its closure holds, alone or in a tuple or list. None of a library's own."""
+    if not isinstance(fn, types.FunctionType):
+        return ()
+    if not is_library(getattr(fn, "__module__", None)):
+        return closure_key(fn)
+    held = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
+    inner = [f for v in held for f in (v if isinstance(v, (tuple, list)) else (v,))
+             if isinstance(f, types.FunctionType) and not is_library(getattr(f, "__module__", None))]
+    return tuple(closure_key(f) for f in inner)
+
+
 def _helper(value: Any, depth: int, seen: set) -> bool:
     """Whether ``value`` is a function of the user's (not a library's) that :func:`closure_key` reads into, once."""
     if not isinstance(value, types.FunctionType) or depth >= _HELPER_DEPTH or id(value) in seen \
@@ -193,4 +207,4 @@ def flax_objects() -> tuple:
 _FLAX: list = []
 
 
-__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "is_library", "library_version"]
+__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "is_library", "library_version", "rule_reads"]

@@ -350,3 +350,29 @@ def test_what_a_custom_rule_reads_is_read_at_each_call_as_eager_jax_runs_it():
         REVERSAL["strength"] = 0.1
     info = vg.cache_info()
     assert info.misses == 3 and "what its rule bwd reads besides its arguments changed" in info.entries[1].reason
+
+
+@jax.custom_jvp
+def _reverse_jvps(x):
+    return x
+
+
+_reverse_jvps.defjvps(lambda g, ans, x: -REVERSAL["strength"] * g)  # the rule jax builds closes over this lambda
+
+
+def test_what_per_argument_jvp_rules_read_is_read_at_each_call():
+    """``defjvps`` wraps the user's rules in a function of JAX's own: what they read is keyed all the same."""
+    rng = np.random.default_rng()
+
+    def loss(w, x):
+        return jnp.sum(_reverse_jvps(jnp.tanh(x @ w)) * x[:, :2])
+
+    vg = jaxaot.compiled_value_and_grad(loss)
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+    try:
+        for strength in (0.1, 2.0, 0.1):
+            REVERSAL["strength"] = strength
+            _close(vg(w, x), jax.value_and_grad(loss)(w, x))
+    finally:
+        REVERSAL["strength"] = 0.1
+    assert vg.cache_info().misses == 2

@@ -11,14 +11,13 @@ trie, and :func:`replay` re-applies the operations in any trace.
 
 from __future__ import annotations
 
-import types
 from typing import Any, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.python_reads import closure_key, is_library
+from jaxaot._src.python_reads import rule_reads
 from jaxaot._src.autograd.recorded import force as F
 from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.primitives import op as _op
@@ -63,11 +62,8 @@ def _staged_params_key(params: dict, rules: dict) -> tuple:
 
 
 def _rule_reads(key: Any) -> tuple:
-    """:func:`~jaxaot._src.python_reads.closure_key` of the user's function a rule's key names (none of a library's)."""
-    fn = key[0] if type(key) is tuple and key else None
-    if not isinstance(fn, types.FunctionType) or is_library(getattr(fn, "__module__", None)):
-        return ()
-    return closure_key(fn)
+    """:func:`~jaxaot._src.python_reads.rule_reads` of the function a rule's key names."""
+    return rule_reads(key[0] if type(key) is tuple and key else None)
 
 
 #: aval -> its key (avals are interned by JAX, so this is an identity lookup)
