@@ -136,6 +136,22 @@ def test_disable_jit_forward_and_grad():
                                     rtol=1e-5)
 
 
+def test_disable_jit_overflows_as_the_compiled_loop_does():
+    """Eagerly run, a reverse-differentiated loop past ``max_steps`` raises as the compiled one does; run forward
+    (or under ``jax.jvp``) it runs on, as the compiled one does."""
+    a = float(np.random.default_rng().uniform(0.5, 1.0))  # 10 / a > 3 steps
+    f = lambda a: while_loop(lambda x: x < 10.0, lambda x: x + a, 0.0, max_steps=3)  # noqa: E731
+    ref = lambda a: lax.while_loop(lambda x: x < 10.0, lambda x: x + a, 0.0)  # noqa: E731
+    with jax.disable_jit():
+        chex.assert_trees_all_close(f(a), ref(a))
+        chex.assert_trees_all_close(jax.jvp(f, (a,), (1.0,)), jax.jvp(ref, (a,), (1.0,)), rtol=1e-6)
+        with pytest.raises(LoopOverflowError, match="max_steps=3"):
+            jax.grad(f)(a)
+        chex.assert_trees_all_close(jax.grad(f)(4.0 + a), 3.0)  # three steps: within the bound
+    with pytest.raises(LoopOverflowError, match="max_steps=3"):
+        jax.grad(f)(a)
+
+
 def test_batched_predicate_forward():
     ns = jnp.array([0, 3, 1, 5])
     ours = jax.vmap(lambda n: while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2.0), (0, 1.0)))(ns)

@@ -180,6 +180,11 @@ ROWS = [
     _row("compiled_grad", "replay", 1, InvalidInputError),
     _row("compiled_grad", "holomorphic", None, InvalidInputError),
     _row("compiled_grad", "allow_int", "no", InvalidInputError),
+    # reduce_axes: empty only, as jax.grad takes it (its own NotImplementedError otherwise)
+    _row("value_and_grad", "reduce_axes", ("batch",), NotImplementedError),
+    _row("grad", "reduce_axes", ("batch",), NotImplementedError),
+    _row("compiled_value_and_grad", "reduce_axes", ("batch",), NotImplementedError),
+    _row("compiled_grad", "reduce_axes", ("batch",), NotImplementedError),
     # pipelines
     _row("pipeline", "stages", [], InvalidInputError),
     _row("pipeline", "stages", [_layer, 3], InvalidInputError),

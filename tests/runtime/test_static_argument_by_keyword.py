@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxaot
@@ -46,6 +47,42 @@ def test_keyword_static_keys_programs_as_jit_does():
     assert (aot.cache_info().misses, aot.cache_info().hits) == (jit._cache_size(), 1) == (3, 1)
     reason = aot.cache_info().entries[1].reason
     assert reason.startswith("static argument `n` is now passed by keyword (was by position)"), reason
+
+
+def test_the_reason_compares_with_the_same_value_passed_the_other_way():
+    """Of two compiled values, the one equal to the new call's (passed the other way) is the nearer: the reason
+    names the keyword, not a value change."""
+    x = jax.random.normal(fresh_key(), (3,))
+    g = lambda x, n: jnp.sum(x * n)  # noqa: E731
+    aot = jaxaot.aot_function(g, static_argnums=1)
+    for call in (lambda: aot(x, 3), lambda: aot(x, 4), lambda: aot(x=x, n=3)):
+        call()
+    reason = aot.cache_info().entries[-1].reason
+    assert reason.startswith("static argument `n` is now passed by keyword (was by position)"), reason
+    assert_trees_close(aot(x=x, n=3), g(x, 3))
+
+
+def test_a_module_call_s_static_argument_is_named_passed_or_left_out():
+    """A module method's static argument by position is named by its parameter; one left out for its default
+    says so (``not static``), not an internal name."""
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+
+        def __call__(self, x, train=True):
+            y = self.lin(x)
+            return y if train else -y
+
+    model = Block(nnx.Rngs(int(np.random.randint(1 << 16))))
+    m = jaxaot.nn.aot_module(model)
+    x = jax.random.normal(fresh_key(), (2, 4))
+    outs = [m(x, train=False), m(x, True), m(x)]
+    assert_trees_close(outs, [model(x, train=False), model(x, True), model(x)])
+    reasons = [e.reason for e in m.cache_info().entries]
+    assert "train (arg[1]): not static → True" in reasons[1], reasons
+    assert reasons[2] == "train (arg[1]): True → not static", reasons
 
 
 def test_keyword_static_compiled_stage_runs_the_dynamic_arguments():

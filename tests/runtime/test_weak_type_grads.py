@@ -60,6 +60,9 @@ CASES = {
     "aux_weak": (lambda a, b: (jnp.sum(jnp.sin(a) * b), a * 2.0), _mixed_args, {"argnums": (0, 1), "has_aux": True}),
     "aux_strong": (lambda a, b: (a * 3.0, jnp.sum(a * b)), _mixed_args, {"has_aux": True}),
     "bf16_param": (lambda a, w: jnp.sum(w * a).astype(jnp.float32) * a, _bf16_args, {"argnums": (0, 1)}),
+    # A transpose that fills with zeros (select's, abs's) types them as the cotangent: weak where JAX's is.
+    "where_zeros": (lambda a: jnp.where(a > 1.0, a, 0.0) * 3.0, _scalar_args, {}),
+    "relu_abs": (lambda a, b: jnp.sum(jax.nn.relu(a - 1.0) * b) + jnp.abs(a), _mixed_args, {"argnums": (0, 1)}),
 }
 
 
@@ -117,7 +120,7 @@ def test_a_weakly_typed_array_on_the_hot_path():
     assert f.cache_info().hits >= 2  # the hot path ran the later calls
 
 
-@pytest.mark.parametrize("name", ["weak_loss", "weak_times_strong", "pytree", "pytree_strong_loss"])
+@pytest.mark.parametrize("name", ["weak_loss", "weak_times_strong", "pytree", "pytree_strong_loss", "where_zeros"])
 def test_vjp_cotangents_weak_types_match_jax(name):
     """``jax.vjp``: a strong cotangent, a weakly typed one and a Python float each give JAX's weak types;
     ``AOTFunction.backward`` as well."""

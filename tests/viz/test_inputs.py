@@ -108,7 +108,7 @@ def test_integer_scalars_count_nodes(small):
     expected = viz.split_graph(small, max_nodes=n)
     for count in (np.int64(n), np.int32(n), jnp.asarray(n)):
         assert viz.split_graph(small, max_nodes=count) == expected
-        assert viz.render(small, format="dot", max_nodes=count) == viz.render(small, format="dot", max_nodes=n)
+        assert viz.to_html(small, max_nodes=count) == viz.to_html(small, max_nodes=n)
     with pytest.raises(InvalidValueError, match="to_html: max_nodes must be a positive int, got 0"):
         viz.to_html(small, max_nodes=np.int64(0))
 

@@ -1,4 +1,5 @@
-"""Which positional arguments a gradient differentiates: ``argnums`` placed among one call's arguments."""
+"""Which positional arguments a gradient differentiates: ``argnums`` placed among one call's arguments, and
+``reduce_axes``, the option ``jax.grad`` still takes and refuses unless empty."""
 
 from __future__ import annotations
 
@@ -62,3 +63,10 @@ def resolve_argnums(nums: Sequence[int], nargs: int, argnums: Any, who: str) -> 
         twice = next(n for n in at if at.count(n) > 1)
         raise InvalidInputError(f"argnums={argnums!r} names argument {twice} more than once; name each argument once.")
     return at
+
+
+def check_reduce_axes(reduce_axes: Any) -> None:
+    """Refuse a non-empty ``reduce_axes`` as ``jax.grad`` does (``NotImplementedError``: JAX deprecated it); an
+    empty one is accepted, so a call written for ``jax.grad`` runs unchanged."""
+    if reduce_axes:
+        raise NotImplementedError("reduce_axes argument to grad is deprecated")

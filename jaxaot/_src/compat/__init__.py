@@ -7,13 +7,14 @@ executables, custom rules, loop primitives' support, the recording trace, Stable
 ``tests/test_architecture.py`` checks that every name used is in ``__all__``.
 """
 
-from jaxaot._src.compat import core, custom_rules, forward_mode, loop_support, recording, stablehlo
+from jaxaot._src.compat import core, custom_rules, forward_mode, loop_support, manual_axes, recording, stablehlo
 from jaxaot._src.compat.core import *  # noqa: F401,F403
 from jaxaot._src.compat.custom_rules import *  # noqa: F401,F403
 from jaxaot._src.compat.forward_mode import *  # noqa: F401,F403
 from jaxaot._src.compat.loop_support import *  # noqa: F401,F403
+from jaxaot._src.compat.manual_axes import *  # noqa: F401,F403
 from jaxaot._src.compat.recording import *  # noqa: F401,F403
 from jaxaot._src.compat.stablehlo import *  # noqa: F401,F403
 
 __all__ = sorted({*core.__all__, *custom_rules.__all__, *forward_mode.__all__, *loop_support.__all__,
-                  *recording.__all__, *stablehlo.__all__})
+                  *manual_axes.__all__, *recording.__all__, *stablehlo.__all__})

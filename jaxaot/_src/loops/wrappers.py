@@ -221,8 +221,11 @@ def while_loop(
         effects = C.join_effects(C.effects_of(cond), C.effects_of(body))
         check_body("while_loop", max_steps, checkpoints, checkpoint_memory, effects)
     if _disable_jit():
+        # Reverse-differentiated, the loop overflows past max_steps as it does compiled; run forward, it runs on.
+        reverse = any(C.is_differentiated(x) and not C.is_forward_mode_tracer(x) for x in (*consts, *leaves))
         try:
-            return _python_loop(cond_fun, body_fun, jax.tree_util.tree_unflatten(treedef, leaves), None)[0]
+            return _python_loop(cond_fun, body_fun, jax.tree_util.tree_unflatten(treedef, leaves),
+                                max_steps if reverse else None)[0]
         except jax.errors.ConcretizationTypeError:
             pass  # under vmap/jit transformations: fall back to the primitive
     outs = while_loop_p.bind(*consts, *leaves, cond_jaxpr=cond, body_jaxpr=body, num_consts=len(consts),

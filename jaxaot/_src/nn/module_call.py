@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Sequence
 
 import jax
@@ -192,14 +193,14 @@ class CallStatic:
         if old.method != self.method:  # a loss says what of it changed (jaxaot._src.nn.loss_call.LossCall)
             said = self.method.change_from(old.method) if hasattr(self.method, "change_from") else None
             parts.append(said or f"method {_name(old.method)} → {_name(self.method)}")
-        for i, v in self.static_args:
-            was = dict(old.static_args).get(i, _MISSING)
-            if was is _MISSING or not same_value(was, v):
-                parts.append(f"arg[{i}]: {'not static' if was is _MISSING else repr(was)} → {v!r}")
-        for k, v in self.static_kwargs:
-            was = dict(old.static_kwargs).get(k, _MISSING)
-            if was is _MISSING or not same_value(was, v):
-                parts.append(f"{k}: {'not passed' if was is _MISSING else repr(was)} → {v!r}")
+        for pairs, old_pairs, name, absent in ((self.static_args, old.static_args, self._arg_name, "not static"),
+                                               (self.static_kwargs, old.static_kwargs, str, "not passed")):
+            now, was = dict(pairs), dict(old_pairs)
+            for k in [*was, *(k for k in now if k not in was)]:  # an argument left out (a default) too
+                a, b = was.get(k, _MISSING), now.get(k, _MISSING)
+                if a is _MISSING or b is _MISSING or not same_value(a, b):
+                    parts.append(f"{name(k)}: {absent if a is _MISSING else repr(a)} → "
+                                 f"{absent if b is _MISSING else repr(b)}")
         for name in ("mutable", "capture_intermediates"):
             if not same_value(getattr(old, name), getattr(self, name)):
                 parts.append(f"{name}: {getattr(old, name)!r} → {getattr(self, name)!r}")
@@ -208,6 +209,20 @@ class CallStatic:
         if not same_value(old.graphdef, self.graphdef):
             parts.append(attribute_changes(old.graphdef, self.graphdef) or "the module's structure changed")
         return "; ".join(parts) or None
+
+    def _arg_name(self, position: int) -> str:
+        """The method's parameter at ``position`` among the call's arguments (``train``), else ``arg[position]``."""
+        method = self.method
+        if isinstance(method, str):  # a method named on the module's class
+            method = getattr(_root_type(self.graphdef) if hasattr(self.graphdef, "nodes") else self.graphdef,
+                             method, None)
+        try:
+            names = [p.name for p in inspect.signature(method).parameters.values()
+                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):  # no signature to read (a builtin, a loss program)
+            names = []
+        names = names[1:] if names[:1] == ["self"] else names
+        return f"{names[position]} (arg[{position}])" if position < len(names) else f"arg[{position}]"
 
     def __repr__(self) -> str:  # the graphdef's own repr runs to pages
         if self.graphdef is None or hasattr(self.graphdef, "nodes"):  # an nnx GraphDef

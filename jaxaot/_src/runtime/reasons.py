@@ -164,7 +164,7 @@ def _argument(path: str) -> str:
 def _differences(old: Signature, new: Signature, paths: Callable[[Signature], list[str]]) -> int:
     """How far ``old`` is from ``new``: leaves changed, added or gone (by path where the structures
     differ), plus 100 for other static values or another JAX configuration and 1000 for another mesh."""
-    d = (0 if old.mesh == new.mesh else 1000) + (100 if _static_differs(old.static, new.static) else 0)
+    d = (0 if old.mesh == new.mesh else 1000) + _static_distance(old.static, new.static)
     d += 0 if old.config == new.config else 100 * max(1, len(C.config_changes(old.config or (), new.config or ())))
     if old.treedef == new.treedef:
         return d + sum(ka != kb for ka, kb in zip(old.leaves, new.leaves))
@@ -226,6 +226,17 @@ def _structure_change(old: Signature, new: Signature, old_paths: list[str], new_
     if moved:
         return "; ".join(f"{a} is now passed by {'keyword' if kw else 'position'}" for a, kw in moved.items())
     return f"pytree structure of the inputs changed: {old.treedef} → {new.treedef}"
+
+
+def _static_distance(old: tuple, new: tuple) -> int:
+    """100 per static value that differs, 50 per one passed the other way (by keyword, by position) alone."""
+    if not _static_differs(old, new):
+        return 0
+    if len(old) != len(new):
+        return 100 * max(len(old), len(new))
+    return sum(0 if not _static_differs((a,), (b,)) else
+               50 if isinstance(a, StaticArg) and isinstance(b, StaticArg) and not _static_differs((a.value,), (b.value,))
+               else 100 for a, b in zip(old, new))
 
 
 def _static_differs(old: tuple, new: tuple) -> bool:

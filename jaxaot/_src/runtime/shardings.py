@@ -24,9 +24,10 @@ RESIDUAL_SHARDING_POLICIES = ("producer", "replicated")
 
 
 def context_mesh() -> Any:
-    """The abstract mesh of the enclosing ``jax.set_mesh`` context, or None outside one."""
+    """The abstract mesh of the enclosing ``jax.set_mesh`` context, or None outside one and inside a ``shard_map``
+    over every axis (where each value is one device's: nothing to place)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh.empty else mesh
+    return None if mesh.empty or C.all_manual(mesh) else mesh
 
 
 def is_abstract(sharding: Any) -> bool:
@@ -54,7 +55,8 @@ def is_sharded(avals: Sequence[jax.ShapeDtypeStruct], mesh: Any) -> bool:
     default = jax.devices()[0]
     for a in avals:
         s = a.sharding
-        if s is not None and (is_multi_device(s) or C.single_device_of(s) not in (None, default)):
+        if s is not None and not C.all_manual(s) and (
+                is_multi_device(s) or C.single_device_of(s) not in (None, default)):
             return True
     return False
 
@@ -203,7 +205,7 @@ def constrain_outputs(closed: Any, shardings: Sequence[Any]) -> Any:
     """
     if all(s is None for s in shardings):
         return closed
-    in_avals = [with_sharding(a, None) for a in C.in_avals_of(closed)]
+    in_avals = [C.abstract_input(a) for a in C.in_avals_of(closed)]  # no sharding but shard_map's variance
 
     def pin(o: Any, s: Any) -> Any:
         if s is None:

@@ -131,7 +131,7 @@ def leaf_avals(leaves: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
             a = jax.typeof(x)
             primal = C.concrete_primal(x) if C.is_tracer(x) else None
             sharding = primal.sharding if primal is not None and primal.committed else _explicit_sharding(a)
-            out.append(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding, weak_type=a.weak_type))
+            out.append(C.abstract_input(a, sharding))  # inside shard_map, with the manual axes it varies over
     return out
 
 

@@ -29,7 +29,7 @@ from jaxaot._src.runtime import shardings as S
 from jaxaot._src.runtime.options import prune_outputs
 from jaxaot._src.runtime.placement import Placement
 from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, read_only_float0s, scatter
-from jaxaot._src.tracing import JointGraph, JointRecipe
+from jaxaot._src.tracing import JointGraph, JointRecipe, grad_avals
 
 #: The first stack capacity of while loops whose stack the runtime sizes (doubled on overflow).
 INITIAL_LOOP_CAPACITY = 32
@@ -221,7 +221,7 @@ class TrainingPrograms:
         else:
             traced = any(C.is_tracer(x) for x in args)
         if traced:
-            return C.eval_closed(self.backward_program, *args)
+            return self.weak_grads.typed(list(C.eval_closed(self.backward_program, *args)), cts)
         exe = self.programs.executables.get(self.backward_name) or self.backward_exe
         if self.programs.sharded:
             args = [*S.reshard_cotangents(cts, self.placement.backward_inputs()), *residuals]
@@ -285,26 +285,37 @@ class WeakGrads:
             ct_weak = tuple(bool(out_avals[i].weak_type) for i in part.cotangent_outputs)
         casts = self._casts.get(ct_weak)
         if casts is None:  # racing threads find equal answers; either may be kept
-            avals = C.in_avals_of(part.backward)  # the cotangents', then the residuals' (shardings, memory kinds kept)
-            avals[:len(ct_weak)] = [a.update(weak_type=w) for a, w in zip(avals, ct_weak)]
-            outs = jax.eval_shape(lambda *a: C.eval_closed(part.backward, *a), *avals)
+            outs = self._grad_avals(ct_weak)
             in_avals = self.tr.programs.in_avals
             casts = self._casts[ct_weak] = tuple(
                 (k, out) for k, (i, out) in enumerate(zip(part.grad_inputs, outs))
                 if in_avals[i].weak_type and out.weak_type)
         return casts
 
+    def _grad_avals(self, ct_weak: tuple[bool, ...]) -> list:
+        """The grads' avals ``jax.vjp`` of the primal program gives for cotangents of weak types ``ct_weak``; where
+        that cannot be evaluated apart from the joint graph's build, the backward program's, evaluated abstractly
+        for those cotangents (its zeros typed as the strong cotangents it was traced for)."""
+        part = self.tr.partition
+        cts = [C.abstract_input(self.tr.out_avals[i], weak_type=w) for i, w in zip(part.cotangent_outputs, ct_weak)]
+        try:
+            return grad_avals(self.tr.recipe, part.grad_inputs, part.cotangent_outputs, cts)
+        except Exception:  # noqa: BLE001 - a program only the joint's own build can differentiate
+            avals = C.in_avals_of(part.backward)  # the cotangents', then the residuals' (shardings, memory kinds)
+            avals[:len(ct_weak)] = [a.update(weak_type=w) for a, w in zip(avals, ct_weak)]
+            return jax.eval_shape(lambda *a: C.eval_closed(part.backward, *a), *avals)
+
     def typed(self, grads: list, cts: Sequence[Any]) -> list:
-        """The backward executable's ``grads`` (concrete arrays) typed as JAX's for the concrete cotangents ``cts``."""
+        """The backward's ``grads`` typed as JAX's for the cotangents ``cts`` (arrays or tracers)."""
         if not self.any:
             return grads
         return typed_grads(grads, self.casts(tuple(map(is_weakly_typed, cts))))
 
 
 def typed_grads(grads: list, casts: tuple) -> list:
-    """``grads`` (concrete arrays), those at ``casts``' positions weakly typed (:meth:`WeakGrads.casts`)."""
+    """``grads`` (arrays or tracers), those at ``casts``' positions weakly typed (:meth:`WeakGrads.casts`)."""
     for k, aval in casts:
-        if not grads[k].weak_type:
+        if not is_weakly_typed(grads[k]):
             grads[k] = C.typed_as(grads[k], aval)
     return grads
 

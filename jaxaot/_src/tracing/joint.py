@@ -158,9 +158,7 @@ def build_joint(
     extra trailing outputs, counted in ``num_aux``.
     """
     in_avals = tuple(in_avals)
-    out_avals = tuple(
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in primal.out_avals
-    )
+    out_avals = tuple(C.abstract_input(a) for a in primal.out_avals)  # varying manual axes kept (shard_map)
     diff_in = tuple(C.is_inexact(a.dtype) for a in in_avals)
     if differentiated is not None:
         diff_in = tuple(d and m for d, m in zip(diff_in, differentiated))
@@ -170,15 +168,8 @@ def build_joint(
     n_out = len(out_avals)
 
     def joint_fn(primals, cts):
-        def f_diff(*diff_vals):
-            full = list(primals)
-            for i, v in zip(din, diff_vals):
-                full[i] = v
-            outs = C.eval_closed(primal, *full)
-            return [outs[i] for i in dout], outs
-
         with aux_outputs() if aux_outputs else contextlib.nullcontext([]) as aux:
-            _, vjp_fn, outs = jax.vjp(f_diff, *[primals[i] for i in din], has_aux=True)
+            _, vjp_fn, outs = jax.vjp(_diff_fn(primal, primals, din, dout), *[primals[i] for i in din], has_aux=True)
             _check_aux_at_top_level(aux)
             reported = len(aux)
             # The scope marks effects of the backward that read no cotangent (a callback in
@@ -189,7 +180,7 @@ def build_joint(
                 raise _nested_unbounded_error()
         return list(outs) + list(aux), list(grads)
 
-    ct_avals = [jax.ShapeDtypeStruct(out_avals[i].shape, out_avals[i].dtype) for i in dout]
+    ct_avals = [C.abstract_input(primal.out_avals[i], weak_type=False) for i in dout]
     try:
         joint = jax.make_jaxpr(joint_fn)(list(in_avals), ct_avals)
     except NotImplementedError as err:
@@ -238,6 +229,33 @@ def _nested_unbounded_error() -> ReverseModeBoundError:
         "aot_function runtime sizes the stack only of loops at the top level of the function. "
         "Pass max_steps=N or checkpoints=k to this while_loop."
     )
+
+
+def _diff_fn(primal: Any, primals: Sequence[Any], din: Sequence[int], dout: Sequence[int]) -> Callable[..., Any]:
+    """``primal`` as a function of its inputs at ``din`` (the others fixed at ``primals``), returning its outputs at
+    ``dout`` and, as aux, all of them."""
+    def f_diff(*diff_vals):
+        full = list(primals)
+        for i, v in zip(din, diff_vals):
+            full[i] = v
+        outs = C.eval_closed(primal, *full)
+        return [outs[i] for i in dout], outs
+
+    return f_diff
+
+
+def grad_avals(recipe: "JointRecipe", din: Sequence[int], dout: Sequence[int], ct_avals: Sequence[Any]) -> list:
+    """The avals (weak types included) of the gradients ``jax.vjp`` of the primal program gives its inputs at
+    ``din`` for cotangents of ``ct_avals`` on its outputs at ``dout``, evaluated abstractly: what ``jax.grad`` hands
+    back, which a backward traced for strong cotangents cannot say (a ``where``'s transpose fills with zeros typed
+    as its cotangent)."""
+    def grads(primals, cts):
+        with recipe.aux_outputs() if recipe.aux_outputs else contextlib.nullcontext([]):
+            _, vjp_fn, _ = jax.vjp(_diff_fn(recipe.primal, primals, din, dout), *[primals[i] for i in din],
+                                   has_aux=True)
+            return vjp_fn(list(cts))
+
+    return list(jax.eval_shape(grads, list(recipe.in_avals), list(ct_avals)))
 
 
 @dataclasses.dataclass(frozen=True)

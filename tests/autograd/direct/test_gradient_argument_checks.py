@@ -6,6 +6,7 @@ fresh random inputs, NumPy integers among them (JAX reads ``argnums`` with ``ope
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import jax
@@ -98,3 +99,28 @@ def test_argnums_that_are_no_distinct_integers_are_refused_when_built(make, argn
     for fun in _functions():
         with pytest.raises(InvalidInputError, match=f"argnums.* of {make.__name__}"):
             make(fun, argnums=argnums)
+
+
+GRADIENTS = {"value_and_grad": (jaxaot.value_and_grad, jax.value_and_grad), "grad": (jaxaot.grad, jax.grad),
+             "compiled_value_and_grad": (jaxaot.compiled_value_and_grad, jax.value_and_grad),
+             "compiled_grad": (jaxaot.compiled_grad, jax.grad)}
+
+
+@pytest.mark.parametrize("name", sorted(GRADIENTS))
+def test_the_options_are_jax_s_in_jax_s_order(name):
+    """A call written for ``jax.grad`` runs unchanged: ``holomorphic``, ``allow_int`` and ``reduce_axes`` by
+    position, and a non-empty ``reduce_axes`` refused with JAX's own error."""
+    ours, theirs = GRADIENTS[name]
+    jax_order = list(inspect.signature(theirs).parameters)
+    assert list(inspect.signature(ours).parameters)[:len(jax_order)] == jax_order
+    rng = np.random.default_rng()
+    z = jnp.asarray(rng.normal(size=3) + 1j * rng.normal(size=3), jnp.complex64)
+    holo = lambda v: jnp.sum(jnp.sin(v) ** 2)  # noqa: E731
+    for fun in (holo, jaxaot.aot_function(holo)):
+        assert_trees_close(ours(fun, 0, False, True)(z), theirs(holo, 0, False, True)(z))
+    w, x = _args()
+    assert_trees_close(ours(_loss, 0, False, False, False, ())(w, x), theirs(_loss, 0, False, False, False, ())(w, x))
+    with pytest.raises(NotImplementedError, match="reduce_axes argument to grad is deprecated"):
+        theirs(_loss, reduce_axes=("batch",))
+    with pytest.raises(NotImplementedError, match="reduce_axes argument to grad is deprecated"):
+        ours(_loss, reduce_axes=("batch",))

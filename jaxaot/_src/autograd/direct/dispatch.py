@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src.names import callable_name
-from jaxaot._src.autograd.argnums import as_index, normalize_argnums, resolve_argnums
+from jaxaot._src.autograd.argnums import as_index, check_reduce_axes, normalize_argnums, resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot._src.loops import reraise_overflow
@@ -187,8 +187,8 @@ def _argnums_checked_at_call(vg: Callable[..., Any], argnums: Any, who: str) -> 
 
 
 def value_and_grad(
-    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *, fused: bool = True,
-    holomorphic: bool = False, allow_int: bool = False,
+    fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False,
+    allow_int: bool = False, reduce_axes: Sequence[Any] = (), *, fused: bool = True,
 ) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``, with an eager fast path for :class:`~jaxaot.AOTFunction`.
 
@@ -201,7 +201,8 @@ def value_and_grad(
     call); under ``jit`` it is ``nnx.value_and_grad``.
 
     Args:
-      fun, argnums, has_aux, holomorphic, allow_int: as ``jax.value_and_grad``'s (``argnums`` may be Flax's
+      fun, argnums, has_aux, holomorphic, allow_int, reduce_axes: as ``jax.value_and_grad``'s, in its order
+        (``reduce_axes`` must be empty, as JAX requires; ``argnums`` may be Flax's
         ``nnx.DiffState``: the call is then ``nnx.value_and_grad``'s). With ``holomorphic`` or
         ``allow_int`` the call is ``jax.value_and_grad``'s (an ``aot_function`` inside it still runs its
         compiled programs, split: ``fused`` does not apply), with ``cache_info()`` that of ``fun`` where it has
@@ -229,6 +230,7 @@ def value_and_grad(
         (3, 2)
     """
     check_gradient_options(fun, argnums, has_aux, fused, holomorphic=holomorphic, allow_int=allow_int)
+    check_reduce_axes(reduce_axes)
     argnums = normalize_argnums(argnums)  # np.int64(1) as 1, for the dispatch and the compiled paths
     if holomorphic or allow_int:
         vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
@@ -246,9 +248,9 @@ def value_and_grad(
     return _argnums_checked_at_call(vg, argnums, callable_name(fun))
 
 
-def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
-         fused: bool = True, holomorphic: bool = False, allow_int: bool = False) -> Callable[..., Any]:
-    """Like ``jax.grad``, with the eager fast path of :func:`value_and_grad`.
+def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False,
+         allow_int: bool = False, reduce_axes: Sequence[Any] = (), *, fused: bool = True) -> Callable[..., Any]:
+    """Like ``jax.grad`` (its arguments in its order), with the eager fast path of :func:`value_and_grad`.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -257,6 +259,7 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
         [0.0, 2.0, 4.0]
     """
     check_gradient_options(fun, argnums, has_aux, fused, "grad", holomorphic, allow_int)
+    check_reduce_axes(reduce_axes)
     argnums = normalize_argnums(argnums)
     vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused, holomorphic=holomorphic,
                         allow_int=allow_int)

@@ -22,7 +22,7 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src import module_links as ML
 from jaxaot._src.pytrees import format_aval
-from jaxaot._src.autograd.argnums import resolve_argnums
+from jaxaot._src.autograd.argnums import check_reduce_axes, resolve_argnums
 from jaxaot._src.loops import overflow_mark, raise_overflow_since
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.recorded import call as K
@@ -44,10 +44,10 @@ def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
     return nums, single
 
 
-def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
+                            holomorphic: bool = False, allow_int: bool = False, reduce_axes: Sequence[Any] = (), *,
                             param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
-                            replay: bool = False, holomorphic: bool = False,
-                            allow_int: bool = False) -> Callable[..., Any]:
+                            replay: bool = False) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``; the forward runs as written, the step is compiled once per structure.
 
     Args:
@@ -89,6 +89,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     if not callable(fun):
         raise InvalidInputError(f"compiled_value_and_grad needs a callable fun, got a {type(fun).__name__}.")
     nums, single = _check_argnums(argnums)
+    check_reduce_axes(reduce_axes)
     if not isinstance(has_aux, bool):
         raise InvalidInputError(f"has_aux must be True or False, got {type(has_aux).__name__} {has_aux!r}.")
     for name, flag in (("replay", replay), ("holomorphic", holomorphic), ("allow_int", allow_int)):
@@ -351,9 +352,10 @@ def _escaped(e: BaseException) -> bool:
     return isinstance(e, jax.errors.UnexpectedTracerError) and C.RecordingTracer.__name__ in str(e)
 
 
-def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
+def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
+                  holomorphic: bool = False, allow_int: bool = False, reduce_axes: Sequence[Any] = (), *,
                   param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
-                  replay: bool = False, holomorphic: bool = False, allow_int: bool = False) -> Callable[..., Any]:
+                  replay: bool = False) -> Callable[..., Any]:
     """Like ``jax.grad``, with the eager forward and compiled backward of :func:`compiled_value_and_grad`.
 
     Example:
@@ -361,8 +363,8 @@ def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has
         >>> jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
-    vg = compiled_value_and_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay,
-                                 holomorphic=holomorphic, allow_int=allow_int)
+    vg = compiled_value_and_grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, param_hooks=param_hooks,
+                                 replay=replay)
     return grad_of(vg, fun, has_aux=has_aux)
 
 
