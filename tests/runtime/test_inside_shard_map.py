@@ -19,6 +19,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jaxaot
+from jaxaot.errors import PartitionError
 from zoo import assert_trees_close
 
 N = max(n for n in (1, 2, 4, 8) if n <= jax.device_count())
@@ -91,3 +92,59 @@ def test_an_input_of_another_variance_is_another_signature():
         want = jax.jit(jax.shard_map(replicated_times_sharded, mesh=mesh, in_specs=specs, out_specs=specs[1]))(w, xs)
         assert_trees_close(got, want, rtol=1e-5, atol=1e-5)
     assert len(aot.cache_info().entries) == 2  # varying over "d", or not: two types, on any number of devices
+
+
+def _looped(loop, **options):
+    """A replicated weight applied to a sharded batch five times in a loop, then averaged over the devices."""
+    def body(w, xb):
+        _, h = loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w + xb)), (0, xb), **options)
+        return lax.pmean(jnp.mean(h ** 2), "d")
+    return body
+
+
+@pytest.mark.parametrize("options", [{"max_steps": 8}, {"checkpoints": 2}])
+def test_a_while_loop_inside_keeps_its_carries_types(options):
+    """The loop's carries, stacks and snapshots vary as the values written to them do: values and gradients equal
+    ``lax.while_loop``'s (forward) and ``lax.fori_loop``'s (gradients), also as an ``aot_function``."""
+    mesh = _mesh()
+    mapped = lambda f: jax.shard_map(f, mesh=mesh, in_specs=(P(), P("d")), out_specs=P())  # noqa: E731
+    ours, ref = _looped(jaxaot.loops.while_loop, **options), _looped(lax.while_loop)
+    rng = np.random.default_rng()
+    w = jnp.asarray(rng.normal(size=(4, 4)) * 0.3, jnp.float32)
+    x = jnp.asarray(rng.normal(size=(2 * N, 4)), jnp.float32)
+    fori = lambda w, xb: lax.pmean(jnp.mean(lax.fori_loop(0, 5, lambda i, h: jnp.tanh(h @ w + xb), xb) ** 2), "d")  # noqa: E731
+    want = jax.value_and_grad(mapped(fori))(w, x)
+    assert_trees_close(jax.jit(mapped(ours))(w, x), jax.jit(mapped(ref))(w, x), rtol=1e-6)
+    for body in (ours, jaxaot.aot_function(ours)):
+        assert_trees_close(jax.jit(jax.value_and_grad(mapped(body)))(w, x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_byte_budget_inside_is_refused_with_what_to_do_instead():
+    """Per-device programs compile only inside their shard_map, so a byte budget cannot be measured there; a
+    fraction plans, and the aot_function of the whole shard_map measures bytes per device."""
+    mesh = _mesh()
+    min_cut = jaxaot.partition.min_cut_rematerialization_partition
+    mapped = lambda f: jax.shard_map(f, mesh=mesh, in_specs=(P(), P("d")), out_specs=P())  # noqa: E731
+    w, x = _args()
+    want = jax.value_and_grad(mapped(summed_over_devices))(w, x)
+    inner = jaxaot.aot_function(summed_over_devices, partition_fn=functools.partial(min_cut, memory_budget="1MB"))
+    with pytest.raises(PartitionError, match="inside jax.shard_map.*Give a fraction"):
+        jax.value_and_grad(mapped(inner))(w, x)
+    fraction = jaxaot.aot_function(summed_over_devices, partition_fn=functools.partial(min_cut, memory_budget=0.5))
+    assert_trees_close(jax.value_and_grad(mapped(fraction))(w, x), want, rtol=1e-5, atol=1e-6)
+    outer = jaxaot.aot_function(mapped(summed_over_devices), partition_fn=functools.partial(min_cut, memory_budget="1MB"))
+    assert_trees_close(jaxaot.value_and_grad(outer)(w, x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_autograd_of_an_eager_shard_map_falls_back_with_jax_s_gradients():
+    """Called eagerly, a shard_map is not recorded: the step runs under jax.vjp, says so, and equals JAX's; jitted,
+    it is one recorded operation."""
+    mapped = jax.shard_map(summed_over_devices, mesh=_mesh(), in_specs=(P(), P("d")), out_specs=P())
+    jaxaot.compiled_autograd.reset()
+    for fn in (mapped, jax.jit(mapped)):
+        vg = jaxaot.compiled_value_and_grad(fn)
+        for _ in range(2):
+            w, x = _args()
+            assert_trees_close(vg(w, x), jax.value_and_grad(mapped)(w, x), rtol=1e-5, atol=1e-6)
+    fallbacks = jaxaot.compiled_autograd.stats().fallbacks
+    assert len(fallbacks) == 1 and "eager shard_map" in fallbacks[0], fallbacks

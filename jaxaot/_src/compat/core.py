@@ -47,11 +47,10 @@ trace_context = _config.trace_context
 
 
 def pin_sharding(x: Any, sharding: Any) -> Any:
-    """``x`` placed as ``sharding`` inside a traced program: ``with_sharding_constraint``, or ``reshard`` where the
-    sharding names an ``Explicit`` mesh axis (which ``with_sharding_constraint`` refuses), as JAX asks."""
-    spec = getattr(sharding, "spec", None)
-    named = {n for e in spec or () if e is not None for n in (e if isinstance(e, tuple) else (e,))}
-    if named & explicit_axes(getattr(sharding, "mesh", None)):
+    """``x`` placed as ``sharding`` inside a traced program: ``with_sharding_constraint``, or ``reshard`` on a mesh
+    with ``Explicit`` axes where the sharding names no other (``with_sharding_constraint`` only asserts there)."""
+    spec, explicit = getattr(sharding, "spec", None) or (), explicit_axes(getattr(sharding, "mesh", None))
+    if explicit and {n for e in spec if e is not None for n in (e if isinstance(e, tuple) else (e,))} <= explicit:
         return jax.sharding.reshard(x, sharding)
     return jax.lax.with_sharding_constraint(x, sharding)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["abstract_input", "all_manual"]
+__all__ = ["abstract_input", "all_manual", "in_manual_context", "vary_like"]
 
 #: The name the struct's variance takes: ``manual_axis_type`` (a ``ManualAxisType``), or ``vma`` (a set of names).
 _FIELD = next((f for f in ("manual_axis_type", "vma") if f in inspect.signature(jax.ShapeDtypeStruct).parameters),
@@ -51,3 +51,23 @@ def all_manual(mesh_or_sharding: Any) -> bool:
     types = getattr(mesh, "axis_types", None)
     manual = getattr(jax.sharding.AxisType, "Manual", None)
     return bool(types) and manual is not None and all(t == manual for t in types)
+
+
+def in_manual_context() -> bool:
+    """Whether tracing is inside a ``shard_map``: the context mesh has a manual axis (its programs are per-device
+    pieces of the ``shard_map``'s, which compile only as part of it)."""
+    manual = getattr(jax.sharding.AxisType, "Manual", None)
+    types = getattr(jax.sharding.get_abstract_mesh(), "axis_types", None) or ()
+    return manual is not None and any(t == manual for t in types)
+
+
+def vary_like(x: Any, aval: Any) -> Any:
+    """``x`` (a buffer made invariant, ``jnp.zeros``) varying over the manual axes ``aval`` varies over, so that a
+    loop carry of rows of ``aval`` keeps one type inside ``shard_map``; ``x`` itself elsewhere."""
+    variance = _variance(aval)
+    axes = tuple(sorted(getattr(variance, "varying", variance) or ())) if variance is not None else ()
+    if not axes:
+        return x
+    have = _variance(jax.typeof(x))
+    missing = tuple(a for a in axes if a not in set(getattr(have, "varying", have) or ()))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x

@@ -4,8 +4,7 @@ Compiled autograd runs a user's forward under its own JAX trace: every primitive
 :meth:`RecordingTrace.process_primitive` and is handed to a recorder (the tape, plain Python) that writes it
 down and returns :class:`RecordingTracer`\\ s, which have shapes and dtypes, and a value when Python asks for
 one. Besides: :func:`abstract_eval`, :func:`stage_call` (a custom rule staged into one equation) with :func:`rule_key`,
-:func:`bind_on`, :func:`stage_function` and :func:`hoisted_jit`. The Trace API used here is jax 0.10's and 0.11's.
-"""
+:func:`bind_on`, :func:`stage_function` and :func:`hoisted_jit` (the Trace API of jax 0.10 and 0.11)."""
 
 from __future__ import annotations
 
@@ -289,12 +288,13 @@ class RecordingTrace(_core.Trace):
 
         return self.recorder.staged(tracers, lambda avals: stage_call(prim, avals, bind), {"f": rule_key(f)})
 
-    def process_map(self, *args, **kwargs):
-        raise Unrecordable("pmap inside the forward")
+    def process_map(self, *args, **kwargs):  # pmap, and shard_map called eagerly: JAX's own step runs it
+        raise Unrecordable("pmap or an eager shard_map inside the forward (jit the shard_map to record it)")
 
     def process_custom_transpose(self, *args, **kwargs):
         raise Unrecordable("custom_transpose inside the forward")
 
+    process_shard_map = process_map
     def cur_qdd(self, x):
         raise Unrecordable("mutable references inside the forward")
 

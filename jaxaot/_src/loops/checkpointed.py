@@ -144,7 +144,7 @@ def _linear_transpose(cts, *args, **params):
     k, block = params["checkpoints"], params["block"]
     lc_avals = [a.aval for a in lc]
     ct = [C.instantiate_zeros(c) for c in cts]
-    acc = [jnp.zeros(a.shape, a.dtype) for a in lc_avals]
+    acc = [C.vary_like(jnp.zeros(a.shape, a.dtype), a) for a in lc_avals]
     n_plain = 4 + len(snaps) + len(kc)
 
     def reverse(ct, acc, longest=None):  # the split points made here: a branch not taken computes none
@@ -352,7 +352,7 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
 
         return blocked.blocks(running, fbody, state, 1, k)
 
-    snaps0 = [jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)) for x in kt]  # + scratch slot
+    snaps0 = [C.vary_like(jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)), jax.typeof(x)) for x in kt]  # + scratch
     # The placement's decisions depend on the step alone: read from a table made at trace time for
     # the bound, or, without one, for the first online_table_steps(k) steps, and decided online
     # (revolve.place, O(k) work per step) past them.

@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from jaxaot._src import compat as C
-from jaxaot._src.pytrees import shape_dtype_struct
+
 from jaxaot.errors import InvalidLoopOptionError
 
 while_loop_p = C.new_loop_primitive("while_loop")
@@ -168,7 +168,7 @@ def forwarded_carries(body: Any, num_consts: int, num_carry: int) -> list[bool]:
 
 def trace_flat(fn: Callable[..., Sequence[Any]], avals: Sequence[Any]) -> Any:
     """Trace ``fn(*flat) -> list`` on ``avals`` to a closed jaxpr without consts."""
-    closed = jax.make_jaxpr(lambda *a: list(fn(*a)))(*[shape_dtype_struct(a) for a in avals])
+    closed = jax.make_jaxpr(lambda *a: list(fn(*a)))(*[C.abstract_input(a) for a in avals])  # shard_map: variance kept
     jaxpr, consts = C.hoist_consts(closed)
     if consts:  # constants captured while tracing (numpy arrays): keep them closed over
         jaxpr = closed

@@ -44,7 +44,7 @@ def run_loop(loop: Loop, args: Sequence[Any], blocked: bool = False) -> list:
             return [strong(x) for x in C.eval_closed(loop.body, *consts, *c)]
         return list(C.lax_while_loop(cond_value, plain_body, carry))
 
-    ys0 = [jnp.zeros((loop.length, *a.shape), a.dtype) for a in loop.y_row_avals]
+    ys0 = [C.vary_like(jnp.zeros((loop.length, *a.shape), a.dtype), a) for a in loop.y_row_avals]
 
     def cond(state):
         i, c, _ = state

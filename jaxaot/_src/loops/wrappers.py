@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.pytrees import format_aval, leaf_paths, shape_dtype_struct
+from jaxaot._src.pytrees import format_aval, leaf_paths
 from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
 from jaxaot._src.loops.common import check_options, check_positive, stack_loop, trace_flat, while_loop_p
 from jaxaot._src.loops.offline import check_body
@@ -62,7 +62,7 @@ def _trace_fn(fn: Callable, treedef: Any, avals: list):
         box.append(out_tree)
         return [_as_array(x) for x in out_leaves]
 
-    closed = jax.make_jaxpr(flat)(*[shape_dtype_struct(a) for a in avals])
+    closed = jax.make_jaxpr(flat)(*[C.abstract_input(a) for a in avals])  # inside shard_map, the variance kept
     jaxpr, consts = C.hoist_consts(closed)
     return jaxpr, consts, box[0]
 

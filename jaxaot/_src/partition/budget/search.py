@@ -26,7 +26,7 @@ from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.predict import interpolate, predict_peak
 from jaxaot._src.partition.budget.step_peak import (
     INEXACT, MEASURE_SLACK, PendingPeak, StepPeak, fused_step, measure_options, previews, program_peak,
-    program_platform, start_peak)
+    program_platform, sharding_devices, start_peak)
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import OpCosts
 from jaxaot._src.tracing import JointGraph
@@ -418,7 +418,7 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
 def _spread(avals: Sequence[Any]) -> int:
     """How many devices the inputs span (1 off a mesh): a plan's bytes, whole arrays, held over that many devices
     are at least that share on each, which is all the search assumes before XLA says where each value lives."""
-    return max((len(getattr(getattr(a, "sharding", None), "device_set", ())) for a in avals), default=1) or 1
+    return max((len(sharding_devices(getattr(a, "sharding", None))) for a in avals), default=1) or 1
 
 
 def _found(c: _Candidate, budget: int) -> Partition:

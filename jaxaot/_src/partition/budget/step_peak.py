@@ -149,7 +149,7 @@ def on_mesh(joint: JointGraph) -> bool:
     """Whether any input is laid out over more than one device."""
     for a in joint.in_avals:
         sharding = getattr(a, "sharding", None)
-        if sharding is not None and len(getattr(sharding, "device_set", ())) > 1:
+        if sharding is not None and len(sharding_devices(sharding)) > 1:
             return True
     return False
 
@@ -217,13 +217,26 @@ _COMPILES = [0]
 _REFUSED: set[str] = set()  # option sets a backend refused, by their text
 
 
+def sharding_devices(sharding: Any) -> frozenset:
+    """The devices ``sharding`` places on; none for None, or for one on an abstract mesh (inside ``shard_map``, or
+    ``jit`` on an Explicit mesh), whose devices are not known yet."""
+    try:
+        return frozenset(getattr(sharding, "device_set", None) or ())
+    except ValueError:  # JAX's AbstractMesh: device_set is not implemented
+        return frozenset()
+
+
 def program_platform(avals: Sequence[Any]) -> str | None:
     """The platform a program of ``avals`` compiles for, read before compiling it: the devices of the first
     input with a sharding, else the default device (``jax_default_device``, else the default backend)."""
     for aval in avals:
-        devices = getattr(getattr(aval, "sharding", None), "device_set", None)
+        sharding = getattr(aval, "sharding", None)
+        devices = sharding_devices(sharding)
         if devices:
             return next(iter(devices)).platform
+        device = getattr(getattr(sharding, "mesh", None), "abstract_device", None)  # an abstract mesh's kind
+        if isinstance(getattr(device, "platform", None), str):
+            return device.platform
     device = jax.config.jax_default_device
     if device is None:
         return jax.default_backend()

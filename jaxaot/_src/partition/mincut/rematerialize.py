@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxaot.errors import InvalidInputError, PartitionError
+from jaxaot._src import compat as C
 from jaxaot._src import workers
 from jaxaot._src.partition.budget import MemoryBudget, measuring_within, parse_memory_budget, peak_search
 from jaxaot._src.partition.core import Partition, split_joint
@@ -28,6 +29,7 @@ from jaxaot._src.partition.mincut.saved_values import build_flow_graph, choose_s
 from jaxaot._src.partition.offload import (
     OffloadPlan, Timeline, apply_offload, check_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
 from jaxaot._src.tracing import JointGraph
+from jaxaot._src.units import format_bytes
 
 
 def min_cut_rematerialization_partition(
@@ -115,6 +117,12 @@ class MinCutOptions:
 
     def __call__(self, joint: JointGraph) -> Partition:
         budget = self.memory_budget  # read as data from here on: fraction or nbytes, parsed at construction
+        if budget.nbytes is not None and C.in_manual_context():
+            raise PartitionError(
+                f"a byte memory_budget ({format_bytes(budget.nbytes)}) is met by compiling and measuring "
+                "the step, but this function is traced inside jax.shard_map, whose per-device programs compile only "
+                "as part of it. Give a fraction (memory_budget=0.5), or make the aot_function of the whole "
+                "shard_map (jaxaot.aot_function(jax.shard_map(...))), whose byte budget is measured per device.")
         model = resolve_model(self.offload, self.device_model)
         costs = resolve_costs(self.op_costs, model, model_given=self.device_model is not None)
         memo = PlanMemo() if budget.nbytes is not None else None  # a byte budget plans several fractions
