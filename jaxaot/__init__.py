@@ -24,7 +24,6 @@ import importlib as _importlib
 import typing as _typing
 import warnings as _warnings
 
-from jaxaot._src import config as _config  # the JAXAOT_ variables, read (and checked) as jaxaot is imported
 from jaxaot._src import deprecations as _deprecations
 from jaxaot._src import display as _display
 

@@ -144,7 +144,7 @@ def test_the_environment_is_read_once_at_construction_and_checked(name, clean_en
         assert getattr(Config(**{name: SETTINGS[name].default}), name) == SETTINGS[name].default
 
 
-def test_config_reads_the_environment_when_jaxaot_is_imported():
+def test_config_reads_the_environment_when_first_used():
     code = ("import jaxaot; c = jaxaot.config; "
             "print(c.cache_dir, c.quiet, c.online_block, c.offline_schedule, c.blocked_loops, c.stack_segments)")
     env = dict(child_env(), JAXAOT_CACHE_DIR="/some/where", JAXAOT_QUIET="1", JAXAOT_ONLINE_BLOCK="5",
@@ -152,9 +152,11 @@ def test_config_reads_the_environment_when_jaxaot_is_imported():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.stdout.split() == ["/some/where", "True", "5", "nested", "True", "False"], r.stderr[-2000:]
     env["JAXAOT_OFFLINE_SCHEDULE"] = "fast"
-    for bare in (code, "import jaxaot"):  # the import itself stops, before any name is used
-        r = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, env=env, timeout=120)
-        assert r.returncode != 0 and "InvalidValueError: environment variable JAXAOT_OFFLINE_SCHEDULE='fast'" in r.stderr
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0 and "InvalidValueError: environment variable JAXAOT_OFFLINE_SCHEDULE='fast'" in r.stderr
+    r = subprocess.run([sys.executable, "-c", "import jaxaot; jaxaot.aot_function"], capture_output=True, text=True,
+                       env=env, timeout=120)  # any name that reads the settings loads them first
+    assert r.returncode != 0 and "JAXAOT_OFFLINE_SCHEDULE='fast'" in r.stderr
 
 
 # --------------------------------------------------------------------------- overrides

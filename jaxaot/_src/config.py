@@ -4,7 +4,7 @@ Every setting is a typed attribute of :data:`config`, checked when it is set: a
 wrong value raises :class:`~jaxaot.errors.InvalidValueError` at once and leaves
 the old value in place. Each has an environment variable (``JAXAOT_`` and the
 name in capitals), read once, when a :class:`Config` is made (for
-:data:`config`, when jaxaot is imported), and checked the same way. The modules
+:data:`config`, when the settings are first used), and checked the same way. The modules
 that use a setting read it from :data:`config` at the moment they need it, so a
 change takes effect at the next trace or compile; the settings that shape
 programs (:attr:`Setting.traced`) are part of JAX's cache keys, so a function

@@ -80,6 +80,14 @@ def _installed(path: str) -> bool:
     return real.startswith(_STDLIB) or any(part in _INSTALLED for part in real.split(os.sep))
 
 
+def is_library_file(path: Any) -> bool:
+    """Whether the source file ``path`` is a library's (installed, the standard library's, or jaxaot's own)."""
+    return isinstance(path, str) and (_installed(path) or os.path.realpath(path).startswith(_JAXAOT))
+
+
+_JAXAOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+
+
 def library_version(module_name: str) -> str:
     """``@<version>`` of the package holding a library module, when it says (``__version__``); else empty."""
     version = getattr(sys.modules.get(module_name.partition(".")[0]), "__version__", None)
@@ -207,4 +215,5 @@ def flax_objects() -> tuple:
 _FLAX: list = []
 
 
-__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "is_library", "library_version", "rule_reads"]
+__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "is_library", "is_library_file", "library_version",
+           "rule_reads"]

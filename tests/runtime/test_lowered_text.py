@@ -91,3 +91,18 @@ def test_a_backward_with_nothing_to_differentiate_says_why():
     mean = jaxaot.aot_function(lambda v: jnp.sin(v).mean())
     assert "(no" not in str(mean.lower(x)).splitlines()[1]
     np.testing.assert_allclose(jax.grad(mean)(x), jax.grad(lambda v: jnp.sin(v).mean())(x), rtol=1e-6)
+
+
+
+def _other_loop(a):
+    return jaxaot.loops.while_loop(lambda s: s < 3.0 * a, lambda s: s + jnp.sin(a) + 1.0, a, max_steps=20)
+
+
+def test_a_library_call_s_residuals_point_at_its_own_caller():
+    """JAX keeps one jaxpr of a jitted ``jnp`` function, with the source line of whichever code traced it first
+    (here another loop's, which runs ``jnp.where`` in jaxaot's loop code); inlined, its equations point at the
+    call that ran them."""
+    jaxaot.aot_function(_other_loop).lower(np.float32(np.random.default_rng().uniform(1, 2)))
+    table = jaxaot.aot_function(_newton_sqrt).lower(np.float32(4.0)).residuals
+    lines = [r.source_line for r in table if r.source_line]
+    assert lines and all(__file__ in line and "_newton_sqrt" in line for line in lines), lines

@@ -7,7 +7,9 @@ executables, custom rules, loop primitives' support, the recording trace, Stable
 ``tests/test_architecture.py`` checks that every name used is in ``__all__``.
 """
 
-from jaxaot._src.compat import core, custom_rules, forward_mode, loop_support, manual_axes, recording, stablehlo
+from jaxaot._src.compat import (call_sites, core, custom_rules, forward_mode, loop_support, manual_axes, recording,
+                                stablehlo)
+from jaxaot._src.compat.call_sites import *  # noqa: F401,F403
 from jaxaot._src.compat.core import *  # noqa: F401,F403
 from jaxaot._src.compat.custom_rules import *  # noqa: F401,F403
 from jaxaot._src.compat.forward_mode import *  # noqa: F401,F403
@@ -16,5 +18,5 @@ from jaxaot._src.compat.manual_axes import *  # noqa: F401,F403
 from jaxaot._src.compat.recording import *  # noqa: F401,F403
 from jaxaot._src.compat.stablehlo import *  # noqa: F401,F403
 
-__all__ = sorted({*core.__all__, *custom_rules.__all__, *forward_mode.__all__, *loop_support.__all__,
-                  *manual_axes.__all__, *recording.__all__, *stablehlo.__all__})
+__all__ = sorted({*call_sites.__all__, *core.__all__, *custom_rules.__all__, *forward_mode.__all__,
+                  *loop_support.__all__, *manual_axes.__all__, *recording.__all__, *stablehlo.__all__})

@@ -140,14 +140,12 @@ def literal(val: Any, aval: Any) -> Any:
     return _core.Literal(val, aval)
 
 
-def bind_eqn(eqn: Any, invals: Sequence[Any], params: dict | None = None) -> list:
-    """Re-bind one eqn on new inputs in the current trace, keeping its source info.
-
-    ``params``, when given, replace the eqn's own (rewritten loop bodies, say).
-    """
+def bind_eqn(eqn: Any, invals: Sequence[Any], params: dict | None = None, traceback: Any = None) -> list:
+    """Re-bind one eqn on new inputs in the current trace, keeping its source info (its ``traceback`` replaced
+    where given). ``params``, when given, replace the eqn's own (rewritten loop bodies, say)."""
     bind_params = eqn.primitive.get_bind_params(eqn.params if params is None else params)
     name_stack = _siu.current_name_stack() + eqn.source_info.name_stack
-    with _siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+    with _siu.user_context(traceback or eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
         out = eqn.primitive.bind(*invals, **bind_params)
     return list(out) if eqn.primitive.multiple_results else [out]
 

@@ -21,14 +21,17 @@ import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import flatten_checked, is_python_scalar
+from jaxaot._src.python_reads import is_library_file
 from jaxaot.errors import InvalidOutputError
 
 Decompositions = Mapping[Any, Callable[..., Any]]
 
 
 # --------------------------------------------------------------------------- inlining
-def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions | None) -> list:
-    """Evaluate ``closed`` in the current trace, inlining calls and applying decompositions."""
+def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions | None, site: Any = None) -> list:
+    """Evaluate ``closed`` in the current trace, inlining calls and applying decompositions. The equations of a
+    library's jitted function (``jnp.where``) take the call's own source info, ``site``: JAX's cached jaxpr of
+    it keeps the line of whichever code first called it."""
     jaxpr = C.jaxpr_of(closed)
     env: dict[Any, Any] = {}
 
@@ -43,7 +46,8 @@ def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions
         invals = [read(v) for v in eqn.invars]
         if eqn.primitive in C.INLINABLE_CALLS and not eqn.effects:
             body = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-            outs = inline_eval(body, invals, decompositions)
+            inner = site or (eqn.source_info.traceback if is_library_file(C.call_source_file(eqn)) else None)
+            outs = inline_eval(body, invals, decompositions, inner)
         elif decompositions and eqn.primitive in decompositions:
             outs = decompositions[eqn.primitive](*invals, **eqn.params)
             outs = list(outs) if eqn.primitive.multiple_results else [outs]
@@ -52,9 +56,9 @@ def inline_eval(closed: Any, args: Sequence[Any], decompositions: Decompositions
             # partitioner sees the same operations in a scanned layer as in an
             # unrolled one.
             params = C.map_subjaxprs(eqn, lambda body: _decompose_body(body, decompositions))
-            outs = C.bind_eqn(eqn, invals, params)
+            outs = C.bind_eqn(eqn, invals, params, site)
         else:
-            outs = C.bind_eqn(eqn, invals)
+            outs = C.bind_eqn(eqn, invals, traceback=site)
         for v, x in zip(eqn.outvars, outs):
             if not C.is_drop_var(v):
                 env[v] = x
