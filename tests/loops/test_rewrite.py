@@ -139,7 +139,7 @@ def test_krylov_solvers_of_jax_scipy(solver, options):
 
     got = jax.grad(differentiable(lambda a, b: loss(a, b, krylov), max_steps=100), (0, 1))(a, b)
     want = jax.grad(lambda a, b: loss(a, b, jnp.linalg.solve), (0, 1))(a, b)
-    chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-5)
+    chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-5, custom_message=f"seed {_SEED}")
 
 
 @pytest.mark.slow  # 6 s
