@@ -352,7 +352,8 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
 
         return blocked.blocks(running, fbody, state, 1, k)
 
-    snaps0 = [C.vary_like(jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)), jax.typeof(x)) for x in kt]  # + scratch
+    snaps0 = [C.vary_like(jnp.zeros((k + 1, *jnp.shape(x)), jnp.result_type(x)), jax.typeof(x))  # + scratch slot
+              for x in kt]
     # The placement's decisions depend on the step alone: read from a table made at trace time for
     # the bound, or, without one, for the first online_table_steps(k) steps, and decided online
     # (revolve.place, O(k) work per step) past them.

@@ -234,9 +234,13 @@ def _static_distance(old: tuple, new: tuple) -> int:
         return 0
     if len(old) != len(new):
         return 100 * max(len(old), len(new))
-    return sum(0 if not _static_differs((a,), (b,)) else
-               50 if isinstance(a, StaticArg) and isinstance(b, StaticArg) and not _static_differs((a.value,), (b.value,))
-               else 100 for a, b in zip(old, new))
+    def one(a: Any, b: Any) -> int:
+        if not _static_differs((a,), (b,)):
+            return 0
+        moved = isinstance(a, StaticArg) and isinstance(b, StaticArg) and not _static_differs((a.value,), (b.value,))
+        return 50 if moved else 100
+
+    return sum(one(a, b) for a, b in zip(old, new))
 
 
 def _static_differs(old: tuple, new: tuple) -> bool:
