@@ -5,6 +5,10 @@ replicated parameter varies over none, a sharded batch over the batch axis. A pr
 another variance does not replay there (``w * x`` with ``w`` replicated needs a ``pvary`` the trace did not
 insert). :func:`abstract_input` keeps an aval's variance in the ``jax.ShapeDtypeStruct`` a program is traced
 from, so the trace inserts what JAX would; outside ``shard_map`` it is the plain struct.
+
+On a mesh with ``Explicit`` axes the type holds the sharding instead (``float32[8@x,4]``): a program traced from
+a replicated struct does not take sharded values. :func:`abstract_input` keeps that sharding too, and
+:func:`vary_like` shards a buffer of rows as its rows are.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["abstract_input", "all_manual", "in_manual_context", "vary_like"]
+__all__ = ["abstract_input", "all_manual", "in_manual_context", "on_one_mesh", "reshaped_aval", "vary_like"]
 
 #: The name the struct's variance takes: ``manual_axis_type`` (a ``ManualAxisType``), or ``vma`` (a set of names).
 _FIELD = next((f for f in ("manual_axis_type", "vma") if f in inspect.signature(jax.ShapeDtypeStruct).parameters),
@@ -36,6 +40,7 @@ def abstract_input(aval: Any, sharding: Any = None, weak_type: bool | None = Non
     weak = getattr(aval, "weak_type", False) if weak_type is None else weak_type
     variance = _variance(aval) if _FIELD is not None else None
     if variance is None:
+        sharding = _explicit_sharding(aval) if sharding is None else sharding
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding, weak_type=weak)
     if _FIELD == "vma" and not isinstance(variance, (set, frozenset)):
         variance = frozenset(getattr(variance, "varying", ()))
@@ -61,9 +66,50 @@ def in_manual_context() -> bool:
     return manual is not None and any(t == manual for t in types)
 
 
+def _explicit_sharding(aval: Any) -> Any:
+    """``aval``'s sharding where its mesh has an ``Explicit`` axis (the sharding is then part of its type), else
+    None."""
+    sharding = getattr(aval, "sharding", None)
+    explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+    types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
+    return sharding if explicit is not None and explicit in types else None
+
+
+def reshaped_aval(aval: Any, shape: tuple[int, ...]) -> Any:
+    """``aval`` with ``shape``: leading axes added to it (a stack of rows of ``aval``) or dropped (a row of a stack),
+    its variance kept and its sharding spec shifted alike, the added axes unsharded."""
+    sharding = _explicit_sharding(aval)
+    if sharding is None:
+        return aval.update(shape=tuple(shape))
+    spec = (*sharding.spec, *(None,) * (len(aval.shape) - len(sharding.spec)))
+    extra = len(shape) - len(aval.shape)
+    spec = (None,) * extra + spec if extra >= 0 else spec[-extra:]
+    return aval.update(shape=tuple(shape), sharding=sharding.update(spec=jax.sharding.PartitionSpec(*spec)))
+
+
+def on_one_mesh(*xs: Any) -> tuple[Any, ...]:
+    """``xs`` typed on one mesh, for an op that demands equal shardings (``dynamic_update_slice``): under a context
+    mesh with ``Explicit`` axes, a constant made from NumPy is typed on the empty mesh while values computed there
+    are typed on the context mesh. Each value on the empty mesh is moved onto the context mesh, its spec kept."""
+    context = jax.sharding.get_abstract_mesh()
+    explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+    if explicit is None or explicit not in (getattr(context, "axis_types", None) or ()):
+        return xs
+    return tuple(jax.sharding.reshard(x, jax.typeof(x).sharding.spec) if jax.typeof(x).sharding.mesh.empty else x
+                 for x in xs)
+
+
 def vary_like(x: Any, aval: Any) -> Any:
-    """``x`` (a buffer made invariant, ``jnp.zeros``) varying over the manual axes ``aval`` varies over, so that a
-    loop carry of rows of ``aval`` keeps one type inside ``shard_map``; ``x`` itself elsewhere."""
+    """``x`` (a buffer of rows of ``aval`` made invariant and unsharded, ``jnp.zeros``) typed as its rows are, so
+    that a loop carry of rows of ``aval`` keeps one type: varying over the manual axes ``aval`` varies over inside
+    ``shard_map``, and sharded as ``aval`` along its ``Explicit`` axes (the leading axes unsharded); ``x`` itself
+    elsewhere."""
+    sharding = _explicit_sharding(aval)
+    if sharding is not None:
+        lead = (None,) * (jax.numpy.ndim(x) - len(aval.shape))
+        spec = jax.sharding.PartitionSpec(*lead, *sharding.spec, *(None,) * (len(aval.shape) - len(sharding.spec)))
+        if jax.typeof(x).sharding.spec != spec:
+            x = jax.sharding.reshard(x, spec)
     variance = _variance(aval)
     axes = tuple(sorted(getattr(variance, "varying", variance) or ())) if variance is not None else ()
     if not axes:

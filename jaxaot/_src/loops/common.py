@@ -105,11 +105,11 @@ def either(a: Sequence[bool], b: Sequence[bool]) -> list[bool]:
 
 # --------------------------------------------------------------------------- avals and values
 def stacked_aval(aval: Any, length: int) -> Any:
-    return C.ShapedArray((length, *aval.shape), aval.dtype, weak_type=aval.weak_type)
+    return C.reshaped_aval(aval, (length, *aval.shape))
 
 
 def row_aval(aval: Any) -> Any:
-    return C.ShapedArray(aval.shape[1:], aval.dtype, weak_type=aval.weak_type)
+    return C.reshaped_aval(aval, aval.shape[1:])
 
 
 def zero_tangent(aval: Any) -> Any:
@@ -133,7 +133,8 @@ def read_row(buf: Any, i: Any) -> Any:
 
 def write_row(buf: Any, i: Any, x: Any) -> Any:
     """``buf`` with row ``i`` set to ``x`` (cast to the buffer's dtype)."""
-    return lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), i, 0, allow_negative_indices=False)
+    buf, x = C.on_one_mesh(buf, x.astype(buf.dtype))
+    return lax.dynamic_update_index_in_dim(buf, x, i, 0, allow_negative_indices=False)
 
 
 def moveaxis(x: Any, src: int, dst: int) -> Any:

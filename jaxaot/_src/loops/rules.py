@@ -161,7 +161,7 @@ def _transpose_counted(cts, *args, **params):
     t_body = trace_flat(transposed, [*res_c_avals, *lin_c_avals, *carry_ct_avals, *res_x_rows,
                                      *pick(y_nz, y_rows)])
     t_loop = counted_loop(t_body, nrc, nlc + m, loop.length, not loop.reverse)
-    acc0 = [jnp.zeros(a.shape, a.dtype) for a in lin_c_avals]
+    acc0 = [C.vary_like(jnp.zeros(a.shape, a.dtype), a) for a in lin_c_avals]
     outs = t_loop.bind(t_loop.join(n, res_c, [*acc0, *ct_carry], [*res_x, *pick(y_nz, ct_ys)]))
     ct_c, ct_t, ct_x = C.split_list(outs, [nlc, m])
     return [None, *C.merge_lists(c_lin, [None] * (len(consts) - nlc), ct_c), *ct_t,
