@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import jaxaot
+import jaxaot._src.compat
 from zoo import ZOO, assert_trees_close, random_cotangents
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -369,6 +370,36 @@ def test_missing_differentiation_rule_names_primitive_and_line():
     assert_trees_close(f(jnp.ones(3)), 2 * jnp.sin(jnp.ones(3)).sum(), **TOL)  # inference works
     with pytest.raises(jaxaot.errors.NoDifferentiationRuleError, match=r"no_rule_prim.*test_runtime.py:\d+.*user_fn"):
         jax.grad(f)(jnp.ones(3))
+
+
+def _raising_backward():
+    @jax.custom_vjp
+    def unfinished(x):
+        return x
+
+    def bwd(_, g):
+        raise NotImplementedError("unfinished: the backward is not written yet")
+
+    unfinished.defvjp(lambda x: (x, None), bwd)
+    return unfinished
+
+
+@pytest.mark.parametrize("case", ["user_rule", "scatter_mul"])
+def test_other_not_implemented_errors_pass_through_as_jax_s(case):
+    """Only JAX's missing-rule error names a primitive; a user's rule that raises, or a rule JAX implements only in
+    part, raises JAX's own ``NotImplementedError``, never blaming a primitive that needs no rule (``iota``)."""
+    x = jax.random.normal(fresh_key(), (4,))
+    order = jnp.argsort(x)  # an iota in the program
+    if case == "user_rule":
+        unfinished = _raising_backward()
+        f = lambda x: jnp.sum(unfinished(x)[order] * jnp.arange(4.0))  # noqa: E731
+    else:
+        f = lambda x: jnp.sum(x.at[jnp.array([0, 2, 2, 3])].mul(x)[jnp.argsort(x)])  # noqa: E731
+    with pytest.raises(NotImplementedError) as want:
+        jax.grad(f)(x)
+    with pytest.raises(NotImplementedError) as got:
+        jax.grad(jaxaot.aot_function(f))(x)
+    assert type(got.value) is NotImplementedError and str(got.value) == str(want.value)
 
 
 def test_grad_argnums_differentiates_only_those_inputs():

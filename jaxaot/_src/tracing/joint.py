@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from typing import Any, Callable, Sequence
 
 import jax
@@ -103,16 +104,25 @@ class JointGraph:
         return str(self.jaxpr)
 
 
-def _missing_rule_error(primal: Any, err: Exception) -> Exception:
-    for eqn in C.iter_eqns(primal):
-        if not C.has_jvp_rule(eqn.primitive):
-            return NoDifferentiationRuleError(
-                f"primitive '{eqn.primitive}' at {C.eqn_source(eqn)} has no differentiation "
-                "rule, so jaxaot cannot build its backward. Register one (jax.interpreters.ad."
-                "primitive_jvps), wrap the code in jax.custom_vjp, or stop gradients through "
-                f"it with jax.lax.stop_gradient. (JAX said: {err})"
-            )
-    return NoDifferentiationRuleError(str(err))
+#: JAX's message for a primitive without a JVP rule; other ``NotImplementedError``s (a user's rule that raises,
+#: ``scatter_mul`` of repeated indices) pass through as JAX raised them.
+_NO_RULE = re.compile(r"Differentiation rule for '([^']+)' not implemented")
+
+
+def _missing_rule_error(primal: Any, err: Exception) -> Exception | None:
+    """The error naming the primitive JAX found without a differentiation rule, and where the function uses it;
+    None where JAX's ``NotImplementedError`` says something else."""
+    found = _NO_RULE.search(str(err))
+    if found is None:
+        return None
+    eqn = next((e for e in C.iter_eqns(primal) if str(e.primitive) == found.group(1)), None)
+    where = f" at {C.eqn_source(eqn)}" if eqn is not None else ""
+    return NoDifferentiationRuleError(
+        f"primitive '{found.group(1)}'{where} has no differentiation "
+        "rule, so jaxaot cannot build its backward. Register one (jax.interpreters.ad."
+        "primitive_jvps), wrap the code in jax.custom_vjp, or stop gradients through "
+        f"it with jax.lax.stop_gradient. (JAX said: {err})"
+    )
 
 
 _BACKWARD_SCOPE = "jaxaot_backward"
@@ -184,7 +194,10 @@ def build_joint(
     try:
         joint = jax.make_jaxpr(joint_fn)(list(in_avals), ct_avals)
     except NotImplementedError as err:
-        raise _missing_rule_error(primal, err) from err
+        missing = _missing_rule_error(primal, err)
+        if missing is None:
+            raise
+        raise missing from err
     joint = flatten_program(joint, [*in_avals, *ct_avals], decompositions)
     jaxpr = C.jaxpr_of(joint)
     num_aux = len(jaxpr.outvars) - n_out - len(din)
