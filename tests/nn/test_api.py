@@ -66,3 +66,30 @@ def test_flax_loads_only_when_a_module_api_is_used():
     code = ("import sys, jaxaot; assert 'flax' not in sys.modules, 'import jaxaot imported flax'; "
             "jaxaot.nn.aot_module; assert 'flax' in sys.modules; from jaxaot import GraphSignature")
     subprocess.run([sys.executable, "-c", code], check=True, env=child_env(), timeout=300)
+
+
+def _signature_names(entry):
+    return [part.split(":")[0] for part in entry.signature.split(", ") if ":" in part]
+
+
+def test_entries_name_inputs_by_module_path_and_parameter_name():
+    """The module's parameters and state by their paths in it, the call's arguments by the method's names, a
+    loss's by the loss function's; a reason names the argument that changed."""
+    aot = jaxaot.nn.aot_module(Block())
+    aot(X)
+    aot(jnp.concatenate([X, X]))
+    call = aot.cache_info().entries
+    assert _signature_names(call[0]) == ["params['bn']['bias']", "params['bn']['scale']", "params['lin']['bias']",
+                                         "params['lin']['kernel']", "state['bn']['mean']", "state['bn']['var']",
+                                         "state['calls']", "state['drop']['rngs']['count']",
+                                         "state['drop']['rngs']['key']", "x"]
+    assert call[1].reason == "x: shape (4, 3) → (8, 3)"
+
+    def loss(targets, model, inputs, det):
+        return jnp.mean((model(inputs) - targets) ** 2) * (2.0 if det else 1.0)
+
+    jaxaot.value_and_grad(loss, argnums=1)(jnp.ones((4, 4)), aot, X, False)
+    jaxaot.value_and_grad(loss, argnums=1)(jnp.ones((4, 4)), aot, X, True)
+    entries = [e for e in aot.cache_info().entries if "loss" in e.signature]
+    assert _signature_names(entries[0])[-2:] == ["targets", "inputs"]
+    assert entries[1].reason.startswith("loss's argument det: False → True")

@@ -32,6 +32,7 @@ from jaxaot._src.nn.module_call import _FLAX_OBJECTS, CallStatic, check_static, 
 from jaxaot._src.nn.split_cache import ModuleSplit, split_of, write_back
 from jaxaot._src.nn.state import FrozenState
 from jaxaot._src.nn.traversal import remember
+from jaxaot._src.runtime import ArgNames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,8 @@ class LossCall:
         name, parts = self.__name__, []
         if old.fun is not self.fun:
             parts.append(f"loss function {old.__name__} → {name} (another function object)")
-        at = lambda i: i if i < self.position else i + 1  # noqa: E731 - among the loss's arguments, the module's too
+        names = ArgNames.of(self.fun)  # by position among the loss's arguments, the module's too
+        at = lambda i: names(i if i < self.position else i + 1)  # noqa: E731
         for (was, now, label) in ((dict(old.statics), dict(self.statics), lambda i: f"argument {at(i)}"),
                                   (dict(old.static_kwargs), dict(self.static_kwargs), lambda k: f"argument {k!r}")):
             for key in sorted({*was, *now}, key=str):

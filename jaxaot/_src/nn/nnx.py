@@ -147,4 +147,4 @@ def wrap_nnx(module: nnx.Module, method: Method, static_argnums: tuple, static_a
     if not isinstance(method, str) and not callable(method):
         raise InvalidInputError(f"method must be a method name or a callable, got {type(method).__name__}.")
     check_static("method", method)
-    return AOTModule(module, ModulePrograms(method, static_argnums, static_argnames, aot_kwargs))
+    return AOTModule(module, ModulePrograms(method, static_argnums, static_argnames, aot_kwargs, type(module)))

@@ -92,6 +92,7 @@ class AOTFunction:
         self._infos: list[CacheEntryInfo] = []
         self._hits = 0
         self._names: reasons.ArgNames | None = None  # the positional arguments' names, read on the first miss
+        self._names_for: Callable[[Signature], reasons.ArgNames] | None = None  # a front-end's names, by signature
         self._hot: HotPath | None = None
         self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
 
@@ -143,7 +144,8 @@ class AOTFunction:
 
     def _paths(self, sig: Signature) -> list[str]:
         """The leaves of ``sig`` by parameter name and pytree path (``params['w']``)."""
-        return reasons.signature_paths(sig.treedef, len(sig.static), self.static_argnums, self._arg_names())
+        names = self._arg_names() if self._names_for is None else self._names_for(sig)
+        return reasons.signature_paths(sig.treedef, len(sig.static), self.static_argnums, names)
 
     # -- calling
     @_overflow_as_loop_error

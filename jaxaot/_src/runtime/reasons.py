@@ -71,6 +71,10 @@ class ArgNames:
             return f"{self.var}[{i - len(self.names)}]"
         return f"arg[{i}]"
 
+    def path(self, i: int, rest: tuple) -> str:
+        """A leaf of positional argument ``i`` at pytree path ``rest`` (``params['w']``)."""
+        return self(i) + jax.tree_util.keystr(rest)
+
 
 def signature_paths(treedef: Any, num_static: int, static_argnums: Sequence[int], names: ArgNames) -> list[str]:
     """Each leaf of a ``(dynamic args, kwargs)`` treedef as the user wrote it: ``params['w2']``, ``scale``.
@@ -85,7 +89,7 @@ def signature_paths(treedef: Any, num_static: int, static_argnums: Sequence[int]
         head = getattr(path[0], "idx", None) if path else None
         if head == 0 and len(path) > 1:
             k = path[1].idx
-            out.append(names(positions[k] if k < len(positions) else k) + jax.tree_util.keystr(tuple(path[2:])))
+            out.append(names.path(positions[k] if k < len(positions) else k, tuple(path[2:])))
         elif head == 1 and len(path) > 1:
             out.append(str(getattr(path[1], "key", path[1])) + jax.tree_util.keystr(tuple(path[2:])))
         else:

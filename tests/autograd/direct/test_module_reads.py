@@ -171,5 +171,5 @@ def test_a_recompile_reason_names_the_python_value_or_global_that_changed():
     finally:
         WEIGHTS["loss"] = 1.0
     reasons = [e.reason for e in vg.cache_info().entries]
-    assert reasons == ["first call", "_gated_loss's argument 2: False → True",
+    assert reasons == ["first call", "_gated_loss's argument det: False → True",
                        "what _gated_loss reads changed: WEIGHTS"]
