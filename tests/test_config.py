@@ -159,6 +159,20 @@ def test_config_reads_the_environment_when_first_used():
     assert r.returncode != 0 and "JAXAOT_OFFLINE_SCHEDULE='fast'" in r.stderr
 
 
+def test_a_bad_environment_variable_once_fixed_leaves_jaxaot_working():
+    """The first use refuses the bad value; with the variable fixed, the next use loads everything (the modules
+    the failed import had begun are imported again, and JAX's config states they made are reused)."""
+    code = ("import os, jax.numpy as jnp, jaxaot\n"
+            "try:\n    jaxaot.aot_function(jnp.sum)(jnp.ones(3))\n"
+            "except jaxaot.errors.InvalidValueError as e:\n    print('refused')\n"
+            "del os.environ['JAXAOT_ONLINE_BLOCK']\n"
+            "x = jnp.arange(3.0)\n"
+            "print(float(jaxaot.grad(jaxaot.aot_function(lambda x: jnp.sum(x ** 2)))(x)[2]), jaxaot.config.online_block)")
+    env = dict(child_env(), JAXAOT_ONLINE_BLOCK="abc")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.split() == ["refused", "4.0", "None"], r.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------- overrides
 def test_override_restores_on_exit_on_an_exception_and_nested(clean_env):
     c = Config()

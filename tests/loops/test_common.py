@@ -62,3 +62,15 @@ def test_counts_beyond_int32_are_refused_at_the_option_check(option):
             pass
     ref = jax.grad(lambda x: jnp.sin(jnp.sin(jnp.sin(jnp.sin(jnp.sin(x))))))(0.5)
     assert jnp.allclose(jax.grad(lambda x: loop(x, 64)[1])(0.5), ref)
+
+
+def test_checkpoints_beyond_the_schedule_table_s_int32_index_are_refused_when_the_loop_is_called():
+    """The online schedule's table has 1025 entries per snapshot, indexed by int32: a count whose index would
+    overflow is refused with the largest one, before the forward runs (not as an overflow inside the gradient)."""
+    from jaxaot._src.loops.common import MAX_CHECKPOINTS
+    from jaxaot.errors import InvalidLoopOptionError
+
+    assert (MAX_CHECKPOINTS + 2) * 1025 <= 2**31 - 1 < (MAX_CHECKPOINTS + 3) * 1025
+    for k in (MAX_CHECKPOINTS + 1, 10**8):
+        with pytest.raises(InvalidLoopOptionError, match=f"checkpoints must be at most {MAX_CHECKPOINTS}"):
+            while_loop(lambda s: s < 10.0, lambda s: s * 1.5 + 1, 0.0, checkpoints=k)

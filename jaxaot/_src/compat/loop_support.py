@@ -105,9 +105,17 @@ def while_parts(params: dict) -> tuple[int, Any, int, Any]:
 # every jit and tracing cache key, so no cache serves a program traced under other loop options.
 from jax._src import config as _config  # noqa: E402
 
-_LOOP_OPTIONS = _config.config_states.get("jaxaot_loop_options") or _config.State(
-    "jaxaot_loop_options", "", "The while-loop options of jaxaot.loops.patch_while_loop (part of every jit key).",
-    include_in_jit_key=True, include_in_trace_context=True)
+
+def _keying_state(name: str, help_text: str) -> Any:
+    """JAX's config state ``name``, made once per process (an import retried after a failed one finds it)."""
+    state = _config.config_states.get(name)  # a State's truth value raises: compare with None
+    if state is None:
+        state = _config.State(name, "", help_text, include_in_jit_key=True, include_in_trace_context=True)
+    return state
+
+
+_LOOP_OPTIONS = _keying_state("jaxaot_loop_options",
+                              "The while-loop options of jaxaot.loops.patch_while_loop (part of every jit key).")
 
 
 def loop_options_scope(key: str) -> Any:
@@ -120,9 +128,8 @@ def loop_options_scope(key: str) -> Any:
 # other values is traced again rather than served from a cache.
 from jaxaot._src.config import SETTINGS as _SETTINGS, Config as _Config, config as _jaxaot_config  # noqa: E402
 
-_TRACED_SETTINGS = _config.config_states.get("jaxaot_traced_settings") or _config.State(
-    "jaxaot_traced_settings", "", "The jaxaot settings that shape traced programs (part of every jit key).",
-    include_in_jit_key=True, include_in_trace_context=True)
+_TRACED_SETTINGS = _keying_state("jaxaot_traced_settings",
+                                 "The jaxaot settings that shape traced programs (part of every jit key).")
 
 
 def _key_traced_settings(settings: _Config) -> None:

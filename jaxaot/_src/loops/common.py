@@ -44,6 +44,9 @@ INT = np.int32
 #: The largest ``max_steps``, ``checkpoints`` or capacity: trip counts and row indices are int32, and a
 #: capacity's "needed more" count (capacity + 1) must fit too.
 MAX_COUNT = 2**31 - 2
+#: The largest ``checkpoints``: the online schedule reads a table of (k + 2) rows of 1025 int32 repetition
+#: counts (:mod:`jaxaot._src.loops.revolve`) by flat int32 index.
+MAX_CHECKPOINTS = (2**31 - 1) // 1025 - 2
 
 
 def check_positive(name: str, value: Any, who: str = "while_loop", optional: bool = True) -> None:
@@ -80,6 +83,11 @@ def check_options(max_steps: Any, checkpoints: Any, checkpoint_memory: Any = "de
     """
     check_positive("max_steps", max_steps, who)
     check_positive("checkpoints", checkpoints, who)
+    if checkpoints is not None and checkpoints > MAX_CHECKPOINTS:
+        raise InvalidLoopOptionError(
+            f"{who}: checkpoints must be at most {MAX_CHECKPOINTS} (the schedule's table of repetition counts is "
+            f"indexed by int32), got {checkpoints}. Snapshots beyond a few thousand rarely pay: each holds a carry; "
+            "with max_steps=N, checkpoints=N stores every step.")
     if not isinstance(checkpoint_memory, str) or checkpoint_memory not in CHECKPOINT_MEMORY:
         raise InvalidLoopOptionError(
             f"{who}: checkpoint_memory must be one of {CHECKPOINT_MEMORY}, got {checkpoint_memory!r}."

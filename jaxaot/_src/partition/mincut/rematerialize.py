@@ -109,6 +109,7 @@ class MinCutOptions:
     op_costs: str | OpCosts = "auto"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "memory_budget", parse_memory_budget(self.memory_budget))  # 0.5, "1GB" as given
         check_rematerialize_scans(self.rematerialize_scans)
         if self.offload is None:  # not one of the three values the docstring names
             raise PartitionError("offload must be False, True or 'auto', got None (no offload: offload=False).")
