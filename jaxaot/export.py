@@ -17,7 +17,16 @@ __all__ = [
 
 def save(exported: ExportedAOT, path, *, key: bytes | None = None):
     """Write ``exported`` to the directory ``path`` (:meth:`ExportedAOT.save`), signed with ``key`` if given;
-    :func:`load` with the same ``key`` checks the signature."""
+    :func:`load` with the same ``key`` checks the signature.
+
+    Raises:
+      InvalidInputError: ``exported`` is not an :class:`ExportedAOT` (what :func:`export` returns).
+    """
+    if not isinstance(exported, ExportedAOT):
+        from jaxaot.errors import InvalidInputError
+
+        raise InvalidInputError(f"save expects an ExportedAOT (what jaxaot.export.export(fn, *args) returns), got "
+                                f"{type(exported).__name__}: export the function first.")
     return exported.save(path, key=key)
 
 

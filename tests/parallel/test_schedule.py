@@ -182,10 +182,21 @@ def test_rejects_a_stage_on_two_devices():
 
 @pytest.mark.parametrize("call", [
     lambda: gpipe(0, 4), lambda: one_f_one_b(4, 0), lambda: zero_bubble(2, -1), lambda: interleaved(2, 4, 0),
-    lambda: one_f_one_b(2.0, 4), lambda: gpipe(True, 4), lambda: Schedule((), 1, 0, 1).validate(),
+    lambda: Schedule((), 1, 0, 1).validate(), lambda: make_schedule("1f1b", 4, 0),
 ])
 def test_rejects_sizes_below_one(call):
     with pytest.raises(InvalidValueError, match="must be a positive integer"):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: one_f_one_b(2.0, 4), lambda: gpipe(True, 4), lambda: interleaved(4, 8, 2.0),
+    lambda: make_schedule("1f1b", 4, "8"), lambda: make_schedule("gpipe", 4, 8, num_devices=2.0),
+])
+def test_rejects_counts_of_the_wrong_kind_as_pipeline_does(call):
+    """A count that is not an int is a ``TypeError`` (``InvalidInputError``), as ``pipeline``'s own
+    ``num_microbatches`` check raises, so one ``except`` clause catches both."""
+    with pytest.raises(InvalidInputError, match="must be a positive integer, got"):
         call()
 
 

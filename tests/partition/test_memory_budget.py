@@ -2,7 +2,7 @@
 
 A table of inputs, each with the one answer it must get (a fraction, bytes, or a typed error
 with the words that say what was wrong), is fed to every entry point: the parser itself, the
-min-cut configured and applied, ``aot_function``, ``aot_module``, the pipeline's stages,
+min-cut configured (its options dataclass too) and applied, ``aot_function``, ``aot_module``, the pipeline's stages,
 ``remat_policy`` and ``jaxaot inspect --budget``. Where an input is valid, the plans the entry
 points make are compared with the min-cut's own at the parsed budget.
 """
@@ -96,6 +96,8 @@ def test_the_parser(value, answer):
 def test_the_min_cut_configured_and_applied(value, answer, reference):
     joint, plan = reference
     _check(answer, lambda: mincut(memory_budget=value))
+    options = _check(answer, lambda: jaxaot.partition.MinCutOptions(memory_budget=value))  # the public dataclass
+    assert options is None or options.memory_budget == answer
     _check(answer, lambda: jaxaot._src.partition.as_partitioner(functools.partial(mincut, memory_budget=value)))
     part = _check(answer, lambda: functools.partial(mincut, memory_budget=value)(joint))
     if part is not None:

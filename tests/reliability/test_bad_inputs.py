@@ -300,6 +300,9 @@ def _cg_loss(w, x):
 
 @pytest.mark.parametrize("make,error,names", [
     (lambda: jaxaot.compiled_grad(_cg_loss, argnums=5), E.InvalidInputError, r"argnums=5 is out of range"),
+    (lambda: jaxaot.compiled_grad(_cg_loss, argnums=-3), E.InvalidValueError, r"argnums=-3 is out of range"),
+    (lambda: jaxaot.grad(jaxaot.aot_function(_cg_loss), argnums=-3), E.InvalidValueError, r"argnums=-3 is out of"),
+    (lambda: jaxaot.grad(_cg_loss, argnums=(0, 2)), E.InvalidInputError, r"argnums=\(0, 2\) is out of range"),
     (lambda: jaxaot.compiled_grad(lambda w, x: _cg_loss(jaxaot.grad_hook(w, "not callable"), x)),
      E.InvalidInputError, r"grad_hook"),
     (lambda: jaxaot.compiled_grad(lambda w, x: _cg_loss(jaxaot.grad_hook(w, lambda ct: ct[:1]), x)),
@@ -343,3 +346,26 @@ def test_viz_bad_format_then_works():
     with pytest.raises(E.InvalidValueError, match="format must be"):
         viz.render(low, format="png")
     assert "<table" in viz.residual_table_html(low)
+
+
+# ------------------------------------------------------------------ the partitioners' and save's arguments
+def _joint():
+    return jaxaot.partition.trace_joint(lambda w: jnp.sum(jnp.sin(w) ** 2), jnp.ones(3))
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: jaxaot.partition.min_cut_rematerialization_partition(3), "min_cut_rematerialization_partition partitions"),
+    (lambda: jaxaot.partition.default_partition(None), "default_partition partitions a JointGraph"),
+    (lambda: jaxaot.partition.split_joint("joint", []), "split_joint partitions a JointGraph"),
+    (lambda: jaxaot.partition.split_joint(_joint(), None), "saved must be an iterable of the joint jaxpr's vars"),
+    (lambda: jaxaot.partition.split_joint(_joint(), "abc"), "saved must be an iterable"),
+    (lambda: jaxaot.partition.split_joint(_joint(), [object()]), "not vars of the joint jaxpr"),
+    (lambda: jaxaot.export.save(jaxaot.aot_function(jnp.sum), "/tmp/never"), "save expects an ExportedAOT"),
+])
+def test_partitioners_and_save_refuse_what_they_do_not_take_by_name(call, words):
+    with pytest.raises(E.InvalidInputError, match=words):
+        call()
+    joint = _joint()  # and the good calls work
+    inputs = joint.jaxpr.jaxpr.invars[:1]
+    assert [r.source for r in jaxaot.partition.split_joint(joint, inputs).residuals] == ["input"]
+    assert len(jaxaot.partition.default_partition(joint).residuals) == 2  # what jax.vjp saves: sin and cos

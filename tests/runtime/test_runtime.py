@@ -612,3 +612,31 @@ def test_messages_name_a_partial_or_a_callable_object_by_what_it_is():
             return jnp.sum(x)
 
     assert repr(jaxaot.aot_function(Loss())) == "<AOTFunction Loss: 0 signatures>"
+
+
+def test_copies_are_jit_s_the_same_function_and_options_with_a_cache_of_their_own():
+    import copy
+
+    def loss(x, n):
+        return jnp.sum(jnp.sin(x) ** n)
+
+    f = jaxaot.aot_function(loss, static_argnums=1, partition_fn=jaxaot.partition.min_cut_rematerialization_partition)
+    x = jax.random.normal(fresh_key(), (5,))
+    f(x, 2)
+    for g in (copy.deepcopy(f), copy.copy(f)):
+        assert g is not f and g.fn is loss and g.static_argnums == (1,) and g.partition_fn is f.partition_fn
+        assert_trees_close(jax.grad(g)(x, 3), jax.grad(loss)(x, 3), **TOL)
+        assert g.cache_info().misses == 1 and g.cache_info().entries[0].reason == "first call"
+    assert f.cache_info().misses == 1  # the original's cache is its own
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_first_step_under_a_disallowing_transfer_guard_transfers_nothing_as_jit_s(fused):
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    w, x = jax.random.normal(fresh_key(), (8, 4)), jax.random.normal(fresh_key(), (3, 8))
+    want = jax.jit(jax.value_and_grad(loss))(w, x)
+    with jax.transfer_guard("disallow"):
+        got = jaxaot.value_and_grad(jaxaot.aot_function(loss), fused=fused)(w, x)
+    assert_trees_close(got, want, **TOL)

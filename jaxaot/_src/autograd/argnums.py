@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Sequence
 
-from jaxaot.errors import InvalidInputError
+from jaxaot.errors import InvalidInputError, InvalidValueError
 
 
 def as_index(value: Any) -> int | None:
@@ -48,14 +48,17 @@ def normalize_argnums(argnums: Any) -> Any:
 def resolve_argnums(nums: Sequence[int], nargs: int, argnums: Any, who: str) -> tuple[int, ...]:
     """``nums`` (``argnums`` as a sequence; a negative one counts from the end, as in ``jax.grad``) as positions
     among a call's ``nargs`` positional arguments, or :class:`~jaxaot.errors.InvalidInputError` naming the range
-    or the argument named twice (``who``: the function, for the message).
+    or the argument named twice (``who``: the function, for the message); a negative position below ``-nargs``
+    is :class:`~jaxaot.errors.InvalidValueError`, as JAX's is a ``ValueError``.
 
     Example:
         >>> resolve_argnums((0, -1), 3, (0, -1), "loss")
         (0, 2)
     """
     if any(not -nargs <= n < nargs for n in nums):
-        raise InvalidInputError(
+        # JAX's types: too few arguments for a position is a TypeError, a negative one below -nargs a ValueError.
+        error = InvalidValueError if any(n < -nargs for n in nums) else InvalidInputError
+        raise error(
             f"argnums={argnums!r} is out of range: {who} got {nargs} positional argument(s). Pass argnums from "
             f"{-nargs} to {nargs - 1}, or pass the argument positionally.")
     at = tuple(n % nargs for n in nums)

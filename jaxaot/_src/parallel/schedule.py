@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxaot.errors import InvalidValueError, ScheduleError
+from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError
 
 #: The passes: forward, backward to the input, backward to the weights, fused backward.
 OPS = ("F", "B", "W", "BW")
@@ -156,8 +156,12 @@ class Schedule:
 
 # ---------------------------------------------------------------- checks
 def check_sizes(**sizes: int) -> None:
+    """A count that is not an int is the wrong kind (``InvalidInputError``, a ``TypeError``); one below 1 a wrong
+    value (``InvalidValueError``), as ``pipeline``'s own checks and ``docs/errors.md`` have it."""
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInputError(f"{name} must be a positive integer, got {type(value).__name__} {value!r}")
+        if value < 1:
             raise InvalidValueError(f"{name} must be a positive integer, got {value!r}")
 
 

@@ -7,7 +7,7 @@ two are the interface the stages above use (export, pipelines, the fused step);
 :class:`SignaturePrograms` lists what they may call and read.
 """
 
-from jaxaot._src.runtime.shardings import is_abstract, is_multi_device, output_shardings, replicated
+from jaxaot._src.runtime.shardings import default_device, is_abstract, is_multi_device, output_shardings, replicated
 from jaxaot._src.runtime.vjp import SplitPrograms, custom_vjp_of, scatter, select_cotangents, shape_and_dtype_name
 from jaxaot._src.runtime.signature import CacheEntryInfo, CacheInfo, FusedChoice, TraceKind, leaf_key, sharding_key
 from jaxaot._src.runtime.reasons import ArgNames, inputs_change, log_compile
@@ -23,7 +23,7 @@ __all__ = [
     "AOTCompiled", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo",
     "FusedChoice", "HotPath", "ResidualRow",
     "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
-    "closed_over_tracers",
+    "closed_over_tracers", "default_device",
     "custom_vjp_of", "hot_leaves", "hot_path", "is_abstract", "is_multi_device", "leaf_key", "output_shardings", "replicated", "scatter",
     "select_cotangents", "shape_and_dtype_name", "sharding_key", "typed_grads",
 ]

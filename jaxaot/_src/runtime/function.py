@@ -25,17 +25,15 @@ from jaxaot.errors import InvalidInputError
 from jaxaot._src.loops import reraise_overflow
 from jaxaot._src.partition import Partitioner, default_partition
 from jaxaot._src.runtime import arguments, checks, reasons
+from jaxaot._src.runtime.calls import call_signature, stage_call
 from jaxaot._src.runtime.hot_path import HotPath, hot_leaves, hot_path
 from jaxaot._src.runtime.lowered import AOTLowered
 from jaxaot._src.runtime.options import Options, check_options
 from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.training import TrainingPrograms
 from jaxaot._src.runtime.residuals import Residuals
-from jaxaot._src.runtime.shardings import check_same_devices, context_mesh, placed_as_compiled
-from jaxaot._src.runtime.signature import (
-    CacheEntryInfo, CacheInfo, FusedChoice, Signature, TraceKind, describe_signature, key_parts, leaf_avals,
-    lookup_keys,
-)
+from jaxaot._src.runtime.shardings import check_same_devices
+from jaxaot._src.runtime.signature import CacheEntryInfo, CacheInfo, Signature, TraceKind, describe_signature, leaf_avals
 
 
 class Lookup(NamedTuple):
@@ -268,74 +266,36 @@ class AOTFunction:
             >>> f.cache_info().entries[1].reason
             "params['w']: shape (3, 2) → (5, 2); x: shape (4, 3) → (4, 5)"
         """
-        with self._lock:
-            entries = tuple(
-                dataclasses.replace(info, executables=tuple(p.executables), fused=tuple(p.fused_choices.values()),
-                                    compiles=tuple(p.compiled), times=dict(p.times))
-                for info, p in zip(self._infos, list(self._cache.values()))
-            )
-            return CacheInfo(hits=self._hits, misses=len(self._cache), entries=entries)
+        return _cache_info(self)
+
+    def __copy__(self) -> "AOTFunction":
+        return _copied(self)  # as jax.jit's copies: the same function and options, a cache of its own
+
+    def __deepcopy__(self, memo: dict) -> "AOTFunction":
+        return _copied(self)  # the function and options shared, as copy.deepcopy shares a function
 
     def __repr__(self) -> str:
         return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"
 
 
-def call_signature(fun: AOTFunction, args: tuple, kwargs: dict) -> tuple[Signature, list, TraceKind]:
-    """A call's :class:`Signature` (the compile-cache key), its flat leaves and its trace kind, in one pass."""
-    static, leaves, treedef = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs, fun.fn)
-    keys, kind = lookup_keys(leaves, lambda: arguments.raise_not_array(fun.static_argnums, treedef, leaves))
-    return Signature(treedef, keys, static, context_mesh(), C.trace_context()), leaves, kind
+def _cache_info(fun: AOTFunction) -> CacheInfo:
+    with fun._lock:
+        entries = tuple(
+            dataclasses.replace(info, executables=tuple(p.executables), fused=tuple(p.fused_choices.values()),
+                                compiles=tuple(p.compiled), times=dict(p.times))
+            for info, p in zip(fun._infos, list(fun._cache.values()))
+        )
+        return CacheInfo(hits=fun._hits, misses=len(fun._cache), entries=entries)
 
 
-def _with_statics(fun: AOTFunction, sig: Signature, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """``(args, kwargs)`` with the static values of ``sig`` put back in place when the call left them out, as JAX's
-    ``Compiled`` is called (the dynamic arguments only); a call that passes them is taken as it is."""
-    full = arguments.with_statics(fun.static_argnums, sig.static, args, kwargs) if fun.static_argnums else None
-    if full is None:
-        return args, kwargs
-    try:
-        got = call_signature(fun, *full)[0]
-    except Exception:  # noqa: BLE001 - not this call's form: the arguments as given are checked below
-        return args, kwargs
-    return full if got.static == sig.static and got.treedef == sig.treedef else (args, kwargs)
-
-
-def stage_call(fun: AOTFunction, sig: Signature, run: Callable[..., Any]) -> Callable[[tuple, dict], Any]:
-    """What a compiled stage of ``sig`` runs when called: ``run(*args, **kwargs)``, for arrays of that very
-    signature. As JAX's ``Compiled``, it refuses tracers and arguments of other types with a ``TypeError`` (naming
-    what differs), where ``run`` itself would trace or compile anew. Its ``run``: ``run`` of the flat dynamic inputs,
-    where ``run`` is not ``fun`` itself (a gradient's stage), else None (the stage's outputs are ``fun``'s)."""
-    def call(args: tuple, kwargs: dict) -> Any:
-        args, kwargs = _with_statics(fun, sig, args, kwargs)
-        got, leaves, kind = call_signature(fun, args, kwargs)
-        if kind is not TraceKind.CONCRETE:
-            raise TypeError(
-                f"A compiled stage of {fun.__name__} runs arrays only; it was called with jax.ShapeDtypeStruct "
-                f"inputs: pass arrays of those shapes and dtypes." if kind is TraceKind.ABSTRACT else
-                f"A compiled stage of {fun.__name__} runs arrays only; it was called with tracers. Under jax.jit, "
-                f"jax.grad or jax.vmap call {fun.__name__} itself, which composes with JAX's transformations.")
-        if got != sig:
-            placed = _placed(fun, sig, got, leaves)
-            if placed is None:
-                why = reasons.describe_change(sig, got, fun._paths, fun._arg_names())
-                raise TypeError(
-                    f"Argument types differ from the types for which this stage of {fun.__name__} was compiled: "
-                    f"{why}. Lower and compile for these arguments, or call {fun.__name__} itself, which compiles "
-                    f"each signature on first use.")
-            return arguments.flat_function(run, fun.static_argnums, got.static, got.treedef)(*placed)
-        return run(*args, **kwargs)
-    call.run = None if run is fun else arguments.flat_function(run, fun.static_argnums, sig.static, sig.treedef)
-    call.fun = fun
-    return call
-
-
-def _placed(fun: AOTFunction, sig: Signature, got: Signature, leaves: list) -> list | None:
-    """A call's ``leaves`` placed as the stage of ``sig`` takes them (uncommitted ones copied where it was compiled
-    for, :func:`~jaxaot._src.runtime.shardings.placed_as_compiled`); None where it differs in more than placement."""
-    if got._replace(leaves=sig.leaves) != sig:
-        return None
-    return placed_as_compiled(leaves, [key_parts(k) for k in got.leaves], [key_parts(k) for k in sig.leaves],
-                              fun._paths(sig), fun.__name__)
+def _copied(fun: AOTFunction) -> AOTFunction:
+    """A copy of ``fun`` as ``jax.jit``'s copies are: the same function and options, with a compile cache of its own
+    (the persistent cache still serves its compiles)."""
+    o = fun.options
+    new = AOTFunction(fun.fn, fun.fw_compiler, fun.bw_compiler, fun.partition_fn, fun.inference_compiler,
+                      fun.decompositions, fun.static_argnums, fun.donate_argnums, o.out_shardings, o.residual_sharding)
+    new._names_for = fun._names_for
+    return new
 
 
 def _check_compiles(fun: AOTFunction, programs: SignaturePrograms, kind: TraceKind) -> None:

@@ -60,7 +60,7 @@ def hot_path(training: TrainingPrograms, leaves: list, runs: Any = None, static:
 def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
     """The call's flat leaves where it has ``hot``'s signature as far as one pass tells (structure, each leaf a
     concrete array of the same abstract value, the first leaf committed where ``hot``'s was committed elsewhere than
-    the default device, the same mesh and JAX configuration in context), else None.
+    the default device, the same mesh and JAX configuration in context, no trace staging operations), else None.
 
     Example:
         >>> import jax.numpy as jnp, jaxaot
@@ -75,6 +75,6 @@ def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     if treedef == hot.treedef and hot.mesh is context_mesh() and hot.config == C.trace_context() and all(
             type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)) and (
-            hot.committed is None or leaves[hot.committed].committed):
-        return leaves
+            hot.committed is None or leaves[hot.committed].committed) and not C.stages_operations():
+        return leaves  # (arrays bound where operations are staged, as under jit over closed-over ones, join it)
     return None

@@ -44,15 +44,23 @@ def is_multi_device(sharding: Any) -> bool:
     return len(sharding.device_set) > 1
 
 
+def default_device() -> Any:
+    """The device uncommitted arrays go to, where ``jit`` runs them: ``jax.default_device``'s, else the first."""
+    chosen = jax.config.jax_default_device
+    if chosen is None:
+        return jax.devices()[0]
+    return jax.devices(chosen)[0] if isinstance(chosen, str) else chosen
+
+
 def is_sharded(avals: Sequence[jax.ShapeDtypeStruct], mesh: Any) -> bool:
     """Whether a signature is *placed*: an input is committed to devices other than the default one
-    (several devices, or one that is not ``jax.devices()[0]``), or a mesh context is set.
+    (several devices, or one that is not :func:`default_device`), or a mesh context is set.
 
     Such signatures compile every program for where their inputs live.
     """
     if mesh is not None:
         return True
-    default = jax.devices()[0]
+    default = default_device()
     for a in avals:
         s = a.sharding
         if s is not None and not C.all_manual(s) and (

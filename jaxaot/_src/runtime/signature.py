@@ -21,6 +21,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval, is_array_leaf, leaf_paths
 from jaxaot._src.fusion import FusedChoice
 from jaxaot._src.runtime.arguments import StaticArg, safe_repr
+from jaxaot._src.runtime.shardings import default_device
 
 _ArrayImpl = C.ArrayImpl
 
@@ -52,7 +53,12 @@ _SHARDING_KEYS: dict[Any, Any] = {}  # a program sees few distinct shardings: re
 
 
 def sharding_key(sharding: Any) -> Any:
-    """None for the default device (keys like a tracer's), else the sharding itself."""
+    """None for the default device (keys like a tracer's), else the sharding itself. Under
+    ``jax.default_device(d)`` the default is ``d``: an array committed to the first device is then keyed by its
+    sharding, as one committed elsewhere (uncommitted arrays follow the default, which the signature's JAX
+    configuration holds)."""
+    if jax.config.jax_default_device is not None:
+        return None if C.single_device_of(sharding) == default_device() else sharding
     try:
         return _SHARDING_KEYS[sharding]
     except KeyError:

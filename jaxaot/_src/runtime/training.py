@@ -184,8 +184,8 @@ class TrainingPrograms:
 
     def _forward(self, leaves: Sequence[Any], concrete: bool | None) -> tuple[list, list]:
         n_user = len(self.programs.output_is_input)
-        if concrete is None:
-            concrete = not any(C.is_tracer(x) for x in leaves)
+        if concrete is None:  # arrays bound where operations are staged (jit over closed-over arrays, checkify)
+            concrete = not any(C.is_tracer(x) for x in leaves) and not C.stages_operations()  # join that program
         if not concrete:
             if self.num_aux:
                 raise _unbounded_loop_error(self.options.name)
@@ -232,8 +232,7 @@ class TrainingPrograms:
         cts = self._unit_cts.get(leaf)
         if cts is None:  # racing threads build equal lists; either may be kept
             outs = self.partition.cotangent_outputs
-            out_avals = self.out_avals
-            cts = [jax.numpy.full(out_avals[i].shape, 1 if i == leaf else 0, out_avals[i].dtype) for i in outs]
+            cts = _unit_cotangents([self.out_avals[i] for i in outs], outs.index(leaf) if leaf in outs else -1)
             if self.programs.sharded:
                 cts = S.reshard_cotangents(cts, self.placement.backward_inputs())
             self._unit_cts[leaf] = cts
@@ -362,6 +361,12 @@ def _eager_forward(tr: TrainingPrograms) -> Callable[[Sequence[Any]], tuple[list
         return outs[:n_user], [leaves[i] for i in saved_in] + [outs[i] for i in saved_out]
 
     return run
+
+
+def _unit_cotangents(avals: Sequence[Any], one: int) -> list:
+    """Zeros of ``avals``, 1 at position ``one``: made by one program on the device, so nothing is transferred, as
+    in ``jit(value_and_grad)``'s step."""
+    return jax.jit(lambda: [jax.numpy.full(a.shape, 1 if i == one else 0, a.dtype) for i, a in enumerate(avals)])()
 
 
 def _custom_vjp(tr: TrainingPrograms) -> Callable:

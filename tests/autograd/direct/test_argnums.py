@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.errors import InvalidInputError
+from jaxaot.errors import InvalidInputError, InvalidValueError
 
 
 def _loss(w, b, x):
@@ -42,12 +42,16 @@ def test_negative_argnums_match_jax(argnums, fused):
 
 @pytest.mark.parametrize("argnums", [3, -4, (0, 3)])
 def test_out_of_range_argnums_is_a_typed_error_naming_the_range(argnums):
+    """A position past the arguments is JAX's ``TypeError``, one below minus their number JAX's ``ValueError``."""
+    error = InvalidValueError if argnums == -4 else InvalidInputError
     vg = jaxaot.value_and_grad(jaxaot.aot_function(_loss), argnums=argnums)
-    with pytest.raises(InvalidInputError, match=r"out of range: .* got 3 positional argument\(s\). Pass argnums "
-                                                r"from -3 to 2"):
+    with pytest.raises(error, match=r"out of range: .* got 3 positional argument\(s\). Pass argnums "
+                                    r"from -3 to 2"):
         vg(*_args(0))
-    with pytest.raises(InvalidInputError, match="out of range"):
+    with pytest.raises(error, match="out of range"):
         jax.jit(vg)(*_args(0))  # traced: the same error, before JAX's own
+    with pytest.raises(TypeError if error is InvalidInputError else ValueError):
+        jax.value_and_grad(_loss, argnums=argnums)(*_args(0))
 
 
 def test_holomorphic_and_allow_int_are_jax_s():

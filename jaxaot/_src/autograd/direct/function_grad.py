@@ -115,7 +115,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         if programs.closes_over_tracers:  # built inside a transformation: its one trace, through JAX's autodiff
             primal = closed_over_tracers(fun, programs)
             return jax.value_and_grad(primal, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
-        if kind is not TraceKind.CONCRETE:
+        if kind is not TraceKind.CONCRETE or C.stages_operations():  # arrays under jit (closed over): staged
             return fallback(*args, **kwargs)
         tr, picks = plan_for(programs, leaves, args, at)
         if tr is None:

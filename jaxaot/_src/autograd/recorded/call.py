@@ -19,7 +19,7 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded.step_reasons import CallInputs, python_values
 from jaxaot._src.autograd.recorded.structure import literal_value_key
-from jaxaot._src.runtime import ArgNames, leaf_key, sharding_key
+from jaxaot._src.runtime import ArgNames, default_device, leaf_key, sharding_key
 
 _ArrayImpl = C.ArrayImpl
 
@@ -56,7 +56,8 @@ def _types(leaves: Sequence[Any]) -> tuple[tuple, bool, tuple]:
 
 def placement(leaves: Sequence[Any]) -> tuple:
     """Where the committed device arrays among ``leaves`` live, off the default device: ``(index, sharding)`` each
-    (empty where all are uncommitted or on the default device, as most are). A step's executables are compiled for
+    (empty where all are uncommitted or on the default device, as most are), and the default device where
+    ``jax.default_device`` chose one. A step's executables are compiled for
     their inputs' placement, so a call on another device records and compiles its own, as ``jit`` does."""
     placed = ()
     for i, x in enumerate(leaves):
@@ -64,6 +65,8 @@ def placement(leaves: Sequence[Any]) -> tuple:
             sk = sharding_key(x.sharding)
             if sk is not None:
                 placed += ((i, sk),)
+    if jax.config.jax_default_device is not None:  # uncommitted arrays run where jax.default_device says
+        placed += (("default device", default_device()),)
     return placed
 
 

@@ -9,8 +9,8 @@ Modules:
 """
 
 from jaxaot._src.partition.core.split import (
-    EqnDescriptions, EqnKind, Partition, Partitioner, Residual, classify_eqns, forward_values_used_by_backward,
-    split_joint)
+    EqnDescriptions, EqnKind, Partition, Partitioner, Residual, check_joint, classify_eqns,
+    forward_values_used_by_backward, split_joint)
 from jaxaot._src.partition.core.default import Gradient, default_partition, differentiate
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "Partition",
     "Partitioner",
     "Residual",
+    "check_joint",
     "classify_eqns",
     "default_partition",
     "differentiate",

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Callable
 
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.partition.core.split import Partition, forward_values_used_by_backward, split_joint
+from jaxaot._src.partition.core.split import Partition, check_joint, forward_values_used_by_backward, split_joint
 from jaxaot._src.tracing import JointGraph, trace_joint
 
 
@@ -30,6 +30,7 @@ def default_partition(joint: JointGraph) -> Partition:
         >>> [(r.source, r.producer) for r in p.residuals]  # sin's derivative, computed in the forward
         [('temporary', 'cos')]
     """
+    check_joint(joint, "default_partition")
     return split_joint(joint, forward_values_used_by_backward(joint))
 
 

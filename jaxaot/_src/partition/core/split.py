@@ -16,7 +16,7 @@ from typing import Any, Iterable, Protocol, runtime_checkable
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval, in_host_memory, nbytes, shape_dtype_struct, var_device_nbytes
-from jaxaot.errors import PartitionError
+from jaxaot.errors import InvalidInputError, PartitionError
 from jaxaot._src.tracing import JointGraph
 
 
@@ -234,6 +234,15 @@ class EqnDescriptions(Sequence):
         return f"EqnDescriptions({list(self)!r})"
 
 
+def check_joint(joint: Any, who: str) -> None:
+    """Raise :class:`~jaxaot.errors.InvalidInputError` unless ``joint`` is a :class:`JointGraph` (``who``: the
+    partitioner the message names)."""
+    if not isinstance(joint, JointGraph):
+        raise InvalidInputError(
+            f"{who} partitions a JointGraph (jaxaot.partition.trace_joint(fn, *args), or what aot_function passes "
+            f"its partition_fn), got {type(joint).__name__}: {joint!r:.80}.")
+
+
 def split_joint(joint: JointGraph, saved: Iterable[Any]) -> Partition:
     """Build the :class:`Partition` in which the forward saves the vars ``saved``.
 
@@ -241,9 +250,23 @@ def split_joint(joint: JointGraph, saved: Iterable[Any]) -> Partition:
     The backward recomputes any other forward value it needs; if it would need a
     primal input or an effectful eqn that is not saved, a :class:`PartitionError`
     says so.
+
+    Raises:
+      InvalidInputError: ``joint`` is not a :class:`JointGraph`, or ``saved`` is not an iterable of its
+        jaxpr's vars.
     """
+    check_joint(joint, "split_joint")
     closed = joint.jaxpr
     jaxpr = C.jaxpr_of(closed)
+    if isinstance(saved, (str, bytes)) or not isinstance(saved, Iterable):
+        raise InvalidInputError(f"split_joint: saved must be an iterable of the joint jaxpr's vars, got "
+                                f"{type(saved).__name__}: {saved!r:.80}.")
+    saved = list(saved)
+    defined = {*jaxpr.invars, *jaxpr.constvars, *(v for e in jaxpr.eqns for v in e.outvars)}
+    stray = [v for v in saved if not C.is_literal(v) and v not in defined]
+    if stray:
+        raise InvalidInputError(f"split_joint: saved holds {len(stray)} value(s) that are not vars of the joint "
+                                f"jaxpr (joint.jaxpr.jaxpr's invars and eqns' outvars), such as {stray[0]!r:.80}.")
     kinds = classify_eqns(joint)
     kind_of = {id(e): k for e, k in zip(jaxpr.eqns, kinds)}
     n_in, n_out = joint.num_primals, joint.num_outputs

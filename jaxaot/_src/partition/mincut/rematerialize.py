@@ -20,7 +20,7 @@ from jaxaot.errors import InvalidInputError, PartitionError
 from jaxaot._src import compat as C
 from jaxaot._src import workers
 from jaxaot._src.partition.budget import MemoryBudget, measuring_within, parse_memory_budget, peak_search
-from jaxaot._src.partition.core import Partition, split_joint
+from jaxaot._src.partition.core import Partition, check_joint, split_joint
 from jaxaot._src.partition.costs import DeviceModel, MeasuredCosts, OpCosts, resolve_costs
 from jaxaot._src.partition.mincut import scan_remat
 from jaxaot._src.partition.mincut.save_families import FAMILIES, restricted
@@ -91,7 +91,7 @@ def min_cut_rematerialization_partition(
         >>> pf(joint).step_peak.peak <= 64 * 1024
         True
     """
-    options = MinCutOptions(parse_memory_budget(memory_budget), rematerialize_scans, offload, device_model, op_costs)
+    options = MinCutOptions(memory_budget, rematerialize_scans, offload, device_model, op_costs)  # parsed there
     return options if joint is None else options(joint)
 
 
@@ -117,6 +117,7 @@ class MinCutOptions:
         check_op_costs(self.op_costs)
 
     def __call__(self, joint: JointGraph) -> Partition:
+        check_joint(joint, "min_cut_rematerialization_partition")
         budget = self.memory_budget  # read as data from here on: fraction or nbytes, parsed at construction
         if budget.nbytes is not None and C.in_manual_context():
             raise PartitionError(
