@@ -93,3 +93,18 @@ def test_entries_name_inputs_by_module_path_and_parameter_name():
     entries = [e for e in aot.cache_info().entries if "loss" in e.signature]
     assert _signature_names(entries[0])[-2:] == ["targets", "inputs"]
     assert entries[1].reason.startswith("loss's argument det: False → True")
+
+
+class _Me(nnx.Module):
+    def __init__(self):
+        self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+
+    def __call__(me, x, scale=1.0, train=False):  # noqa: N805 - the instance under another name
+        return me.lin(x) * scale + (1.0 if train else 0.0)
+
+
+def test_a_reason_names_the_argument_whatever_the_method_calls_its_instance():
+    aot = jaxaot.nn.aot_module(_Me())
+    aot(X, 0.5)
+    aot(X, 1.0, True)
+    assert aot.cache_info().entries[1].reason == "train (arg[2]): not static → True"

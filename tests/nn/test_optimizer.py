@@ -5,6 +5,7 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 from flax import nnx
@@ -100,6 +101,37 @@ def test_non_array_kwargs_fall_back():
         opt.update(model, grads, value=loss, grad=grads, value_fn=value_fn)
         outs.append(nnx.state(model))
     assert_states_equal(outs[0], outs[1], **TOL)
+
+
+def _python_reads_value() -> optax.GradientTransformationExtraArgs:
+    """A transformation whose Python reads the number passed (``float(value)``): traced, it cannot run."""
+    def update(updates, state, params=None, *, value, **extra):
+        return jax.tree.map(lambda u: u * (2.0 if float(value) > 0.5 else 1.0), updates), state
+
+    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+
+@pytest.mark.parametrize("tx_name", ["reduce_on_plateau", "python_reads_value"])
+def test_python_number_kwargs_compile_once_or_fall_back_with_flax_s_results(tx_name):
+    """``update(..., value=loss.item())``: a Python float is traced as ``nnx.jit`` traces it, one compile for
+    every value; where the transformation's Python reads it, the update is ``nnx.Optimizer.update``'s."""
+    make = {"reduce_on_plateau": lambda: optax.chain(optax.adam(1e-2), optax.contrib.reduce_on_plateau(patience=1)),
+            "python_reads_value": lambda: optax.chain(optax.sgd(0.1), _python_reads_value())}[tx_name]
+    x = jnp.asarray(np.random.default_rng().normal(size=(4, 3)), jnp.float32)
+    states, infos = [], []
+    for cls in (nnx.Optimizer, jaxaot.nn.Optimizer):
+        model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+        opt = cls(model, make(), wrt=nnx.Param)
+        for value in (1.0, 0.25, 3.0, 0.75):
+            grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+            opt.update(model, grads, value=value)
+        states.append(nnx.state(model))
+        infos.append(getattr(opt, "cache_info", lambda: None)())
+    assert_states_equal(states[0], states[1], **TOL)
+    if tx_name == "reduce_on_plateau":
+        assert infos[1].misses == 1 and infos[1].hits == 3
+    else:
+        assert infos[1].misses == 0  # every update ran Flax's own
 
 
 def test_bad_grads_leave_state_untouched():

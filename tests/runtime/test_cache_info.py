@@ -47,7 +47,7 @@ def test_static_and_weak_type_reasons():
     f(jnp.ones(3), 4)
     f(2.0, 4)
     assert _reasons(f) == ["first call", "static argument `n`: 3 → 4",
-                           "x: shape (3,) → (), an array → a Python scalar (weakly typed)"]
+                           "x: shape (3,) → (), strongly typed → weakly typed (a Python number's type)"]
     assert [e.signature for e in f.cache_info().entries] == ["x: f32[3], n=3", "x: f32[3], n=4", "x: f32[], n=4"]
 
 

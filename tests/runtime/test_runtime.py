@@ -640,3 +640,25 @@ def test_a_first_step_under_a_disallowing_transfer_guard_transfers_nothing_as_ji
     with jax.transfer_guard("disallow"):
         got = jaxaot.value_and_grad(jaxaot.aot_function(loss), fused=fused)(w, x)
     assert_trees_close(got, want, **TOL)
+
+
+def test_a_typed_key_passed_each_step_takes_the_hot_path_with_jax_s_results():
+    """A dropout key (``jax.random.key``) each step: the calls after the first run the fused step straight away
+    (``hot_leaves`` checks a key's shape and key type, not its rebuilt aval), and a key of another shape or
+    implementation is looked up."""
+    from jaxaot._src.runtime import hot_leaves, hot_path
+
+    def loss(w, x, key):
+        return jnp.sum(jnp.tanh(jnp.where(jax.random.bernoulli(key, 0.8, x.shape), x, 0.0) @ w))
+
+    w, x = jax.random.normal(fresh_key(), (4, 3)), jax.random.normal(fresh_key(), (5, 4))
+    f = jaxaot.aot_function(loss)
+    vg = jaxaot.value_and_grad(f)
+    for key in jax.random.split(fresh_key(), 4):
+        assert_trees_close(vg(w, x, key), jax.value_and_grad(loss)(w, x, key), **TOL)
+    assert f.cache_info().misses == 1
+    programs = next(iter(f._cache.values()))
+    hot = hot_path(programs.training((True, False, False)), [w, x, jax.random.key(0)])
+    assert hot is not None and hot_leaves(hot, (w, x, jax.random.key(1)), {}) is not None
+    assert hot_leaves(hot, (w, x, jax.random.split(jax.random.key(1), 2)), {}) is None  # another shape
+    assert hot_leaves(hot, (w, x, jax.random.key(1, impl="rbg")), {}) is None  # another key type

@@ -221,7 +221,7 @@ class CallStatic:
                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         except (TypeError, ValueError):  # no signature to read (a builtin, a loss program)
             names = []
-        names = names[1:] if names[:1] == ["self"] else names
+        names = names[1:]  # the module, whatever the method calls it (``self``, ``me``; ``fn(module, ...)``)
         return f"{names[position]} (arg[{position}])" if position < len(names) else f"arg[{position}]"
 
     def __repr__(self) -> str:  # the graphdef's own repr runs to pages

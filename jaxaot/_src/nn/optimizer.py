@@ -54,8 +54,11 @@ _update.__name__ = _update.__qualname__ = UPDATE_NAME  # what the compile events
 _apply = jax.jit(_update, static_argnums=(0, 1, 2))
 
 
-def _all_concrete_arrays(tree: Any) -> bool:
-    return all(isinstance(x, (jax.Array, np.ndarray, np.generic)) and not C.is_tracer(x)
+def _all_concrete_arrays(tree: Any, numbers: bool = False) -> bool:
+    """Whether every leaf is a concrete array (with ``numbers``, or a Python int or float: ``value=loss.item()``,
+    traced as a weakly typed scalar, as ``nnx.jit`` traces it)."""
+    kinds = (jax.Array, np.ndarray, np.generic, int, float) if numbers else (jax.Array, np.ndarray, np.generic)
+    return all(isinstance(x, kinds) and not isinstance(x, bool) and not C.is_tracer(x)
                for x in jax.tree_util.tree_leaves(tree))
 
 
@@ -89,11 +92,14 @@ class Optimizer(nnx.Optimizer):
         grad_arrays = [_value(v) for v in grad_leaves]
         step = self.step.get_raw_value()
         if not (_concrete(params) and _concrete(opt_state) and _concrete(grad_arrays) and _concrete([step])
-                and (not kwargs or _all_concrete_arrays(kwargs))):
+                and (not kwargs or _all_concrete_arrays(kwargs, numbers=True))):
             return super().update(model, grads, **kwargs)
         cache = _cache_of(self)
-        (updates, new_params, new_opt_state, new_step), compiled = cache.run(
-            _apply, self.tx, param_tree, opt_tree, params, grad_arrays, opt_state, step, kwargs)
+        try:
+            (updates, new_params, new_opt_state, new_step), compiled = cache.run(
+                _apply, self.tx, param_tree, opt_tree, params, grad_arrays, opt_state, step, kwargs)
+        except jax.errors.ConcretizationTypeError:  # the transformation's Python reads a number passed: eagerly
+            return super().update(model, grads, **kwargs)
         if C.is_tracer(new_step):  # concrete inputs, but under a trace: Flax's own (traced) update
             return super().update(model, grads, **kwargs)
         cache.count(compiled, self.tx, lambda: _named_inputs(param_tree, opt_tree, params, grad_arrays, opt_state,

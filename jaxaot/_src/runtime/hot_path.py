@@ -49,8 +49,8 @@ class HotPath(NamedTuple):
 
 def hot_path(training: TrainingPrograms, leaves: list, runs: Any = None, static: bool = False) -> HotPath | None:
     """The :class:`HotPath` of a concrete call with ``leaves`` that ran ``training``; None where its signature
-    cannot be checked in one pass (``static`` arguments, leaves that are not plain arrays)."""
-    if static or not all(type(x) is _ArrayImpl for x in leaves):
+    cannot be checked in one pass (``static`` arguments, leaves that are not plain arrays or typed PRNG keys)."""
+    if static or not all(type(x) is _ArrayImpl or _is_key_array(x) for x in leaves):
         return None
     sig = training.programs.signature
     committed = next((i for i, key in enumerate(sig.leaves) if type(key) is tuple), None)  # (aval, sharding)
@@ -74,7 +74,18 @@ def hot_leaves(hot: HotPath | None, args: tuple, kwargs: dict) -> list | None:
         return None
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     if treedef == hot.treedef and hot.mesh is context_mesh() and hot.config == C.trace_context() and all(
-            type(x) is _ArrayImpl and x.aval == a for x, a in zip(leaves, hot.avals)) and (
+            (x.aval == a if type(x) is _ArrayImpl else _same_key_type(x, a)) for x, a in zip(leaves, hot.avals)) and (
             hot.committed is None or leaves[hot.committed].committed) and not C.stages_operations():
         return leaves  # (arrays bound where operations are staged, as under jit over closed-over ones, join it)
     return None
+
+
+def _is_key_array(x: Any) -> bool:
+    """A concrete typed PRNG key array (``jax.random.key``): a dropout key passed every step."""
+    return isinstance(x, jax.Array) and not C.is_tracer(x) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _same_key_type(x: Any, aval: Any) -> bool:
+    """Whether ``x`` is a key array of ``aval``'s shape and key type (its ``aval``, rebuilt at each read, costs
+    several microseconds)."""
+    return type(x) is not _ArrayImpl and _is_key_array(x) and x.shape == aval.shape and x.dtype == aval.dtype

@@ -107,8 +107,7 @@ def aval_change(a: Any, b: Any) -> str:
         parts.append(f"dtype {dtype_name(a.dtype)} → {dtype_name(b.dtype)}")
     weak_a, weak_b = bool(getattr(a, "weak_type", False)), bool(getattr(b, "weak_type", False))
     if weak_a != weak_b:
-        parts.append("a Python scalar (weakly typed) → an array" if weak_a else
-                     "an array → a Python scalar (weakly typed)")
+        parts.append("weakly typed (a Python number's type) → strongly typed" if weak_a else "strongly typed → weakly typed (a Python number's type)")
     return ", ".join(parts)
 
 

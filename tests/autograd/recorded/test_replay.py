@@ -412,3 +412,20 @@ def test_off_a_cpu_the_looked_at_values_are_read_from_host_memory(monkeypatch):
         args = _inputs(rng, sign)
         _close(again(*args), jax.value_and_grad(branchy)(*args))
     assert received and {v.sharding.memory_kind for v in received} == {"device"}
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_keywords_in_either_order_are_one_step(replay):
+    """``f(w, a=.., b=..)`` and ``f(w, b=.., a=..)`` are one call, as ``jit`` keys them: one compile, then replays."""
+    def loss(w, *, a, b):
+        return jnp.sum(jnp.tanh(w * a) * 2.0 + b)
+
+    rng = np.random.default_rng()
+    w, a, b = _rand(rng, 4), _rand(rng, 4), _rand(rng, 4)
+    compiled_autograd.reset()
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for i in range(6):
+        kwargs = {"a": a, "b": b} if i % 2 == 0 else {"b": b, "a": a}
+        _close(vg(w, **kwargs), jax.value_and_grad(loss)(w, **kwargs))
+    stats = compiled_autograd.stats()
+    assert stats.compiles == 1 and (stats.replays == 5 if replay else True)

@@ -83,9 +83,9 @@ class Call:
         self.positions = positions
         self.diff, self.diff_tree = jax.tree_util.tree_flatten(diff_values)
         self.other_at = tuple(i for i in range(len(args)) if i not in skip)
-        self.kw_names = tuple(kwargs)
+        self.kw_names = tuple(sorted(kwargs))  # keywords in either order are one call, as a dict flattens
         self.others, self.other_tree = jax.tree_util.tree_flatten(
-            (*(args[i] for i in self.other_at), *kwargs.values()))
+            (*(args[i] for i in self.other_at), *(kwargs[k] for k in self.kw_names)))
         self.array_at = tuple(i for i, x in enumerate(self.others) if is_array(x))
         others = self.others
         types, traced, placed = _types([*self.diff, *(others[i] for i in self.array_at)])

@@ -150,7 +150,7 @@ def _aval_words(a: tuple, b: tuple) -> str:
     if a[1] != b[1]:
         parts.append(f"dtype {np.dtype(a[1]).name} → {np.dtype(b[1]).name}")
     if a[2] != b[2]:
-        parts.append("a Python scalar (weakly typed) → an array" if a[2] else "an array → a Python scalar (weakly typed)")
+        parts.append("weakly typed (a Python number's type) → strongly typed" if a[2] else "strongly typed → weakly typed (a Python number's type)")
     return ", ".join(parts) or "changed"
 
 
