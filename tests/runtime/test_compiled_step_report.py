@@ -75,9 +75,13 @@ def test_reading_the_analyses_compiles_the_step_the_call_then_runs():
     w2, x2 = _fresh((w, x))
     _assert_same_value_and_grads(compiled(w2, x2), jax.grad(fn, argnums=(0, 1))(w2, x2))
     assert f.cache_info().entries[0].compiles == compiles  # the call ran the step the stage reported
-    # the step kept so far (on an accelerator the calls go on weighing its variants)
-    assert compiled.executables["step"] is fused_exe(compiled.lowered._training)
-    assert compiled.lowered.executables.keys() >= {"step"}
+    # the step kept so far: on an accelerator the calls go on weighing its variants, and time it against the split
+    # programs, which a function this small may find faster (then there is no step to run)
+    if any(choice.runs == "split" for choice in f.cache_info().entries[0].fused):
+        assert "step" not in compiled.executables and "step" not in compiled.lowered.executables
+    else:
+        assert compiled.executables["step"] is fused_exe(compiled.lowered._training)
+        assert compiled.lowered.executables.keys() >= {"step"}
 
 
 def test_stages_that_run_split_programs_or_outputs_have_no_step():
