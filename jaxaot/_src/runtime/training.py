@@ -363,10 +363,15 @@ def _eager_forward(tr: TrainingPrograms) -> Callable[[Sequence[Any]], tuple[list
     return run
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _units(types: tuple, one: int) -> list:
+    return [jax.numpy.full(shape, 1 if i == one else 0, dtype) for i, (shape, dtype) in enumerate(types)]
+
+
 def _unit_cotangents(avals: Sequence[Any], one: int) -> list:
-    """Zeros of ``avals``, 1 at position ``one``: made by one program on the device, so nothing is transferred, as
-    in ``jit(value_and_grad)``'s step."""
-    return jax.jit(lambda: [jax.numpy.full(a.shape, 1 if i == one else 0, a.dtype) for i, a in enumerate(avals)])()
+    """Zeros of ``avals``, 1 at position ``one``: made by one program on the device (compiled once per shapes and
+    dtypes), so nothing is transferred, as in ``jit(value_and_grad)``'s step."""
+    return _units(tuple((tuple(a.shape), str(a.dtype)) for a in avals), one)
 
 
 def _custom_vjp(tr: TrainingPrograms) -> Callable:
