@@ -88,4 +88,4 @@ def _is_key_array(x: Any) -> bool:
 def _same_key_type(x: Any, aval: Any) -> bool:
     """Whether ``x`` is a key array of ``aval``'s shape and key type (its ``aval``, rebuilt at each read, costs
     several microseconds)."""
-    return type(x) is not _ArrayImpl and _is_key_array(x) and x.shape == aval.shape and x.dtype == aval.dtype
+    return _is_key_array(x) and x.shape == aval.shape and x.dtype == aval.dtype

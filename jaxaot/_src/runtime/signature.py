@@ -48,7 +48,6 @@ class Signature(NamedTuple):
 
 
 # --------------------------------------------------------------------------- leaf keys
-_DEFAULT_DEVICE: list = []
 _SHARDING_KEYS: dict[Any, Any] = {}  # a program sees few distinct shardings: remember each one's key
 
 
@@ -63,9 +62,7 @@ def sharding_key(sharding: Any) -> Any:
         return _SHARDING_KEYS[sharding]
     except KeyError:
         pass
-    if not _DEFAULT_DEVICE:
-        _DEFAULT_DEVICE.append(jax.devices()[0])
-    key = None if C.single_device_of(sharding) == _DEFAULT_DEVICE[0] else sharding
+    key = None if C.single_device_of(sharding) == default_device() else sharding
     if len(_SHARDING_KEYS) < 1024:
         _SHARDING_KEYS[sharding] = key
     return key
