@@ -102,6 +102,7 @@ def test_third_derivative_after_save_names_the_limit(tmp_path):
     (((4, 3), (8, 3)), ("a, 3", "2*a, 3"), ((2, 3), (5, 3)), r"dimension '2\*a' is 5 here, but 4 for a=2 in arg\[0\]"),
     (((4, 3), (8, 3)), ("a, 3", "2*a, 3"), ((3, 3), (2, 3)), r"dimension '2\*a' is 2 here, but 6 for a=3"),
     (((6,),), ("2*a + 2",), ((5,),), r"no integer a >= 1"),
+    (((3,), (9,)), ("a", "a*a"), ((3,), (10,)), r"dimension 'a\^2' is 10 here, but 9 for a=3"),
 ])
 def test_compound_dims_that_do_not_fit_are_input_errors(shapes, dyn, bad, match, tmp_path):
     """A call whose sizes break a compound symbolic dim is an ArtifactInputError; calls that fit match JAX."""
@@ -114,6 +115,44 @@ def test_compound_dims_that_do_not_fit_are_input_errors(shapes, dyn, bad, match,
         args = [_normal(*s) for s in shapes]
         assert_trees_close(jax.value_and_grad(f, argnums=argnums)(*args),
                            jax.value_and_grad(fn, argnums=argnums)(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_constraints_of_symbolic_dims_are_checked_at_the_call(tmp_path):
+    """A call whose sizes break a constraint the dims were exported with is an ArtifactInputError naming it;
+    calls that meet it match JAX, after a save too."""
+    fn = lambda x: jnp.sum(jnp.sin(x[:4]) ** 2)
+    (b,) = jax.export.symbolic_shape("b", constraints=("b >= 4", "b <= 16"))
+    exp = jaxaot.export.export(fn, jax.ShapeDtypeStruct((b, 3), jnp.float32))
+    assert exp.signature.dim_constraints == ("b >= 4", "b <= 16")
+    for where, f in _both(exp, tmp_path).items():
+        for size, broken in ((2, "b >= 4"), (17, "b <= 16")):
+            for call in (f, jax.grad(f)):
+                with pytest.raises(ArtifactInputError, match=f"constraint '{broken}'.*b={size} in arg\\[0\\]"):
+                    call(_normal(size, 3))
+        x = _normal(int(RNG.integers(4, 17)), 3)
+        assert_trees_close(jax.value_and_grad(f)(x), jax.value_and_grad(fn)(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scalar", [2.0, 3])
+def test_dynamic_shapes_keep_python_numbers_weakly_typed(scalar, tmp_path):
+    """A Python number beside symbolic dims stays weakly typed, as under jax.jit: a bf16 or int8 result stays so,
+    its gradient is weak, and a strongly typed value for it is refused."""
+    dtype = jnp.bfloat16 if isinstance(scalar, float) else jnp.int8
+    x = jnp.asarray(RNG.integers(-3, 4, (5, 3)), dtype)
+    fn = lambda x, s: x * s
+    exp = jaxaot.export.export(fn, x, scalar, dynamic_shapes=("b, 3", None))
+    assert exp.signature.in_specs[1].weak_type
+    for where, f in _both(exp, tmp_path).items():
+        y = jnp.asarray(RNG.integers(-3, 4, (7, 3)), dtype)
+        got = f(y, scalar)
+        assert got.dtype == jax.jit(fn)(y, scalar).dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(fn(y, scalar), np.float32))
+        with pytest.raises(ArtifactInputError):
+            f(y, jnp.asarray(scalar, jnp.float32 if isinstance(scalar, float) else jnp.int32))
+        if isinstance(scalar, float):
+            g = jax.grad(lambda s: jnp.sum(f(y, s).astype(jnp.float32)))(scalar)
+            want = jax.grad(lambda s: jnp.sum(fn(y, s).astype(jnp.float32)))(scalar)
+            assert g.weak_type == want.weak_type and float(g) == pytest.approx(float(want), rel=1e-2)
 
 
 def test_load_while_a_save_replaces_the_folder(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from jaxaot.errors import ArtifactError
 MAX_RANK = 64
 MAX_DIM = 1 << 48
 MAX_LEAVES = 1 << 20
+MAX_CONSTRAINT_CHARS = 1000
 _DTYPE_NAME = re.compile(r"[A-Za-z0-9_<>:,. ]{1,64}")  # float32, bfloat16, key<fry>, ...
 
 
@@ -141,6 +142,8 @@ class AOTSignature:
         recorded, and the programs' strong gradients stand (``jax.export`` keeps no weak types).
       mesh: the :class:`~jaxaot._src.artifacts.mesh_spec.MeshSpec` of a sharded
         artifact (its programs run on exactly ``mesh.num_devices`` devices), else None.
+      dim_constraints: the symbolic dimensions' constraints (``"b >= 4"``), which a call's sizes must meet
+        (``jax.export`` keeps them in its programs but not in their Python types).
     """
 
     in_structure: Mapping[str, Any]
@@ -159,6 +162,7 @@ class AOTSignature:
     static_argnums: tuple[int, ...] = ()
     weak_grads: tuple[tuple[int, ...] | None, ...] | None = None
     mesh: MeshSpec | None = None
+    dim_constraints: tuple[str, ...] = ()
 
     @functools.cached_property
     def in_tree(self) -> Any:
@@ -218,6 +222,10 @@ class AOTSignature:
         for name, tree, n in (("in_structure", self.in_tree, n_in), ("out_structure", self.out_tree, n_out)):
             if tree.num_leaves != n:
                 raise ArtifactError(f"{where}: {name} has {tree.num_leaves} leaves but there are {n} specs.")
+        if len(self.dim_constraints) > MAX_LEAVES or any(
+                not isinstance(c, str) or len(c) > MAX_CONSTRAINT_CHARS for c in self.dim_constraints):
+            raise ArtifactError(f"{where}: dim_constraints must be at most {MAX_LEAVES} strings of at most "
+                                f"{MAX_CONSTRAINT_CHARS} characters.")
         if self.mesh is not None:
             if not isinstance(self.mesh, MeshSpec):
                 raise ArtifactError(f"{where}: mesh is not a mesh description.")
@@ -269,6 +277,8 @@ class AOTSignature:
                 v = _expect(v, int, name)
             elif f.name == "static_args":
                 v = None if v is None else _expect(v, str, name)
+            elif f.name == "dim_constraints":
+                v = tuple(_expect(c, str, f"{name}[{i}]") for i, c in enumerate(_expect(v, list, name)))
             elif f.name == "weak_grads":
                 v = None if v is None else tuple(None if e is None else tuple(_expect(e, list, f"{name}[{i}]"))
                                                  for i, e in enumerate(_expect(v, list, name)))

@@ -115,7 +115,8 @@ def export(
     static_args = _static_repr(tuple(args[i] for i in static_argnums)) if static else None
     signature = _signature(in_structure, programs, training, forward_checks, inference_checks, static_args, placed,
                            [c for _, c in carriers])
-    signature = dataclasses.replace(signature, static_argnums=static_argnums, weak_grads=weak_grad_rule(training))
+    signature = dataclasses.replace(signature, static_argnums=static_argnums, weak_grads=weak_grad_rule(training),
+                                    dim_constraints=C.dim_constraints([a.shape for a in in_avals]))
     return ExportedAOT(name=name, signature=signature, **exported)
 
 
@@ -239,9 +240,9 @@ def _input_specs(dyn: tuple, dynamic_shapes: Any) -> tuple:
             raise InvalidInputError(f"dynamic_shapes {dynamic_shapes!r} does not fit the arguments: {err}") from err
     else:
         specs = dyn
-    shardings = [_multi_device_sharding(x) for x in jax.tree_util.tree_leaves(dyn)]
+    examples = jax.tree_util.tree_leaves(dyn)
     leaves, treedef = jax.tree_util.tree_flatten(specs)
-    return jax.tree_util.tree_unflatten(treedef, [_abstract(x, s) for x, s in zip(leaves, shardings)])
+    return jax.tree_util.tree_unflatten(treedef, [_abstract(x, example) for x, example in zip(leaves, examples)])
 
 
 def _multi_device_sharding(x: Any) -> Any:
@@ -259,8 +260,15 @@ def _multi_device_sharding(x: Any) -> Any:
     return sharding if is_multi_device(sharding) and not is_abstract(sharding) else None
 
 
-def _abstract(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
-    return shape_dtype_struct(x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x), sharding=sharding)
+def _abstract(x: Any, example: Any) -> jax.ShapeDtypeStruct:
+    """The input spec of ``x`` (an example argument, or its symbolic spec): with the example's sharding where it
+    spans several devices, and its weak type (a Python number's), which ``jax.export``'s symbolic specs drop."""
+    spec = shape_dtype_struct(x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x),
+                              sharding=_multi_device_sharding(example))
+    example_type = example if isinstance(example, jax.ShapeDtypeStruct) else jax.typeof(example)
+    weak = spec.weak_type or bool(getattr(example_type, "weak_type", False))
+    return spec if spec.weak_type == weak else jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=spec.sharding,
+                                                                    weak_type=weak)
 
 
 def _export_program(closed: Any, avals: Sequence[Any], platforms: Sequence[str] | None, name: str, what: str,

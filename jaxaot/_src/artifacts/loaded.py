@@ -21,7 +21,7 @@ from jaxaot._src.artifacts import audit, manifest, signing
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.export_options import check_load_options
 from jaxaot._src.artifacts.program_calls import differentiable_call
-from jaxaot._src.artifacts.dims import check_compound_dims
+from jaxaot._src.artifacts.dims import check_compound_dims, check_constraints
 from jaxaot._src.artifacts.mesh_spec import check_call_devices, check_call_platform, check_enough_devices
 from jaxaot._src.artifacts.aot_signature import AOTSignature, ArraySpec, RuntimeCheck
 from jaxaot._src.artifacts.call_log import CallLog, shapes_of
@@ -349,6 +349,7 @@ class LoadedAOT:
         for path, spec, x in zip(s.in_paths, s.in_specs, leaves):
             _check_leaf(path, spec, x, bound, ArtifactInputError, input_=True)
         check_compound_dims(s.in_paths, s.in_specs, leaves, bound, ArtifactInputError)
+        check_constraints(s.dim_constraints, bound, ArtifactInputError)
         self._refuse_forward_mode(leaves)
         self._calls.look_up(shapes_of(leaves))
         return leaves

@@ -338,14 +338,6 @@ def single_device_of(sharding: Any) -> Any:
     return None
 
 
-# --------------------------------------------------------------------------- symbolic dims
-def dim_value(d: Any, symbol_value: int) -> int:
-    """``d`` as an int; a symbolic dimension (``16*b``) is evaluated with every symbol at ``symbol_value``."""
-    if not jax.export.is_symbolic_dim(d):
-        return int(d)
-    return int(d._evaluate({name: symbol_value for name in d._get_vars()}))
-
-
 # --------------------------------------------------------------------------- dtypes
 float0 = jax.dtypes.float0
 
@@ -438,7 +430,7 @@ def host_value(x: Any) -> np.ndarray:
 __all__ = [
     "is_differentiated", "outside_name_scopes", "typed_as", "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS",
     "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr", "Primitive", "Tracer", "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
-    "dim_value", "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
+    "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
     "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_batch_tracer", "is_drop_var", "is_effectful",
     "is_forward_mode_tracer", "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of",
     "make_closed_jaxpr", "map_subjaxprs", "pin_layout", "saved_residuals", "scan_counts", "serialize_executable", "shaped_abstractify",
