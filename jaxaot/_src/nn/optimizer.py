@@ -47,7 +47,7 @@ def _update(tx: optax.GradientTransformation, param_tree: Any, opt_tree: Any, pa
     params, grads = param_tree.unflatten(params), param_tree.unflatten(grads)
     updates, new_opt_state = tx.update(grads, opt_tree.unflatten(opt_state), params, **kwargs)
     new_params = optax.apply_updates(params, updates)
-    return updates, jax.tree_util.tree_leaves(new_params), jax.tree_util.tree_leaves(new_opt_state), step + 1
+    return updates, jax.tree_util.tree_leaves(new_params), opt_tree.flatten_up_to(new_opt_state), step + 1
 
 
 _update.__name__ = _update.__qualname__ = UPDATE_NAME  # what the compile events name (jaxaot._src.nn.update_cache)
@@ -160,7 +160,8 @@ def _named_inputs(param_tree: Any, opt_tree: Any, params: list, grads: list, opt
     groups = ((leaf_paths(param_tree, "params"), params), (leaf_paths(param_tree, "grads"), grads),
               (leaf_paths(opt_tree, "opt_state"), opt_state), (["step"], [step]),
               (leaf_paths(kw_tree, "kwargs"), kw_leaves))
-    return [(path, jax.typeof(x)) for paths, values in groups for path, x in zip(paths, values, strict=True)]
+    return [(path, jax.typeof(x)) for paths, values in groups for path, x in zip(paths, values, strict=True)
+            if not _leafless(x)]
 
 
 #: Per optimizer, its optimizer state's Variables and structure, kept while ``opt_state`` is the same object.
@@ -202,8 +203,14 @@ def _is_variable(x: Any) -> bool:
 
 
 def _plain(var: nnx.Variable) -> bool:
-    """Whether ``var`` holds a plain array (not a ``jax.Ref``)."""
-    return isinstance(var.get_raw_value(), jax.Array)
+    """Whether ``var`` holds a plain array (not a ``jax.Ref``), or a value with no arrays at all (the
+    ``optax.MaskedNode`` of a masked-out entry in ``optax.masked``'s state)."""
+    raw = var.get_raw_value()
+    return isinstance(raw, jax.Array) or _leafless(raw)
+
+
+def _leafless(x: Any) -> bool:
+    return not jax.tree_util.tree_leaves(x)
 
 
 def _read(var: nnx.Variable) -> Any:
