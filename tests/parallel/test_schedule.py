@@ -200,6 +200,17 @@ def test_rejects_counts_of_the_wrong_kind_as_pipeline_does(call):
         call()
 
 
+@pytest.mark.parametrize("call", [
+    lambda: gpipe(10**6, 10**6), lambda: one_f_one_b(2, 2**20), lambda: zero_bubble(2**11, 2**10),
+    lambda: interleaved(2**10, 2**10, 2), lambda: make_schedule("1f1b", 10**6, 10**6),
+    lambda: Schedule((), 2**11, 2**10, 1).validate(),
+])
+def test_rejects_schedules_too_large_to_list_at_once(call):
+    """Stages times microbatches above MAX_CELLS is a wrong value, said at once, not minutes of listing actions."""
+    with pytest.raises(InvalidValueError, match=r"\(stage, microbatch\) pairs, above the"):
+        call()
+
+
 def test_errors_are_value_errors():
     assert issubclass(ScheduleError, ValueError) and issubclass(ScheduleError, JaxaotError)
 

@@ -155,14 +155,26 @@ class Schedule:
 
 
 # ---------------------------------------------------------------- checks
+#: The most (stage, microbatch) pairs a schedule may have: its actions are listed one by one (about 10 us
+#: each to build and check), so a pipeline this size already takes seconds to schedule.
+MAX_CELLS = 1 << 20
+
+
 def check_sizes(**sizes: int) -> None:
     """A count that is not an int is the wrong kind (``InvalidInputError``, a ``TypeError``); one below 1 a wrong
-    value (``InvalidValueError``), as ``pipeline``'s own checks and ``docs/errors.md`` have it."""
+    value (``InvalidValueError``), as ``pipeline``'s own checks and ``docs/errors.md`` have it; so are stages
+    (or devices times virtual stages) times microbatches above :data:`MAX_CELLS`."""
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidInputError(f"{name} must be a positive integer, got {type(value).__name__} {value!r}")
         if value < 1:
             raise InvalidValueError(f"{name} must be a positive integer, got {value!r}")
+    stages = sizes.get("num_stages", sizes.get("num_devices", 1) * sizes.get("virtual_stages", 1))
+    if stages * sizes.get("num_microbatches", 1) > MAX_CELLS:
+        raise InvalidValueError(
+            f"a schedule of {stages} stages and {sizes['num_microbatches']} microbatches has "
+            f"{stages * sizes['num_microbatches']} (stage, microbatch) pairs, above the {MAX_CELLS} a schedule may "
+            "have: its actions are listed one by one. Use fewer microbatches (larger ones) or fewer stages.")
 
 
 def _check_action(i: int, a: object, s: Schedule) -> None:
