@@ -8,6 +8,7 @@ jaxaot), and compare its outputs and gradients with JAX's own, in process.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import functools
 import json
@@ -218,6 +219,21 @@ def test_load_in_process_under_jit_and_explicit_split(mlp_export):
     chex.assert_trees_all_close(jax.jit(jax.grad(f))(*args), grads_ref[0], **TOL)
     out, res = f.forward(*args)
     chex.assert_trees_all_close((out, f.backward(res, jnp.float32(1.0))), (out_ref, grads_ref), **TOL)
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy])
+def test_copies_of_a_loaded_function_run_the_same_programs_with_a_call_log_of_their_own(mlp_export, copier):
+    """As copies of a ``jax.jit`` function: the same programs, a cache of their own."""
+    fn, _, exp = mlp_export
+    f = jaxaot.export.load(exp)
+    _, args = _mlp(int(np.random.default_rng().integers(1, 1000)))
+    f(*args)
+    g = copier(f)
+    assert isinstance(g, LoadedAOT) and g.exported is f.exported and g.signature == f.signature
+    assert g.cache_info().misses == 0 and f.cache_info().misses == 1
+    out_ref, grads_ref = _reference(fn, args)
+    chex.assert_trees_all_close((g(*args), jax.grad(g)(*args)), (out_ref, grads_ref[0]), **TOL)
+    assert f.cache_info().misses == 1
 
 
 def test_symbolic_residuals(tmp_path):

@@ -209,6 +209,12 @@ class LoadedAOT:
     def inference(self) -> Any:
         return self.exported.inference
 
+    def __copy__(self) -> "LoadedAOT":
+        return LoadedAOT(self.exported)  # the same programs (never changed), a call log of its own
+
+    def __deepcopy__(self, memo: dict) -> "LoadedAOT":
+        return LoadedAOT(self.exported)
+
     def cache_info(self) -> CacheInfo:
         """The input shapes it ran for: one entry per shape (``jax.export`` programs compile per concrete
         shape on their first call), with the programs run for it and the reason, against the nearest
