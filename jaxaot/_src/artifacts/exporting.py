@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from jaxaot._src import compat as C
 from jaxaot._src import progress as _progress
-from jaxaot._src.pytrees import flatten_checked, shape_dtype_struct
+from jaxaot._src.pytrees import flatten_checked
 from jaxaot._src.artifacts.exported import ExportedAOT
 from jaxaot._src.artifacts.loaded import LoadedAOT
 from jaxaot._src.artifacts.export_options import check_platforms
@@ -263,12 +263,10 @@ def _multi_device_sharding(x: Any) -> Any:
 def _abstract(x: Any, example: Any) -> jax.ShapeDtypeStruct:
     """The input spec of ``x`` (an example argument, or its symbolic spec): with the example's sharding where it
     spans several devices, and its weak type (a Python number's), which ``jax.export``'s symbolic specs drop."""
-    spec = shape_dtype_struct(x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x),
-                              sharding=_multi_device_sharding(example))
-    example_type = example if isinstance(example, jax.ShapeDtypeStruct) else jax.typeof(example)
-    weak = spec.weak_type or bool(getattr(example_type, "weak_type", False))
-    return spec if spec.weak_type == weak else jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=spec.sharding,
-                                                                    weak_type=weak)
+    typed = [v if isinstance(v, jax.ShapeDtypeStruct) else jax.typeof(v) for v in (x, example)]
+    weak = any(getattr(t, "weak_type", False) for t in typed)
+    return jax.ShapeDtypeStruct(typed[0].shape, typed[0].dtype, sharding=_multi_device_sharding(example),
+                                weak_type=bool(weak))
 
 
 def _export_program(closed: Any, avals: Sequence[Any], platforms: Sequence[str] | None, name: str, what: str,
