@@ -46,6 +46,7 @@ VALUES = {
     "start_steps_ahead": ([(True, True), (False, False)], [None, 1, "yes"]),
     "provisional_steps": ([(True, True), (False, False)], [None, 1, "off"]),
     "tune_in_background": ([(True, True), (False, False)], [None, 0, "on"]),
+    "compiled_autograd_cache_size": ([(1, 1), (4096, 4096), (np.int64(9), 9)], [0, -1, 2.0, True, None, "8", 2**21]),
 }
 #: name -> (environment text, value; text it refuses). Paths take any text.
 ENV = {
@@ -61,6 +62,7 @@ ENV = {
     "start_steps_ahead": ([("off", False), ("on", True)], ["later"]),
     "provisional_steps": ([("1", True), ("false", False)], ["soon"]),
     "tune_in_background": ([("no", False), ("true", True)], ["sometimes"]),
+    "compiled_autograd_cache_size": ([("64", 64), (" 8 ", 8)], ["0", "many", "1e3"]),
 }
 
 

@@ -86,6 +86,18 @@ def _positive_int_or_none(value: Any) -> int | None:
     return int(value)
 
 
+#: The most executables the compiled-autograd cache may be set to keep.
+MAX_CACHE_SIZE = 1 << 20
+
+
+def _cache_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _Refused(f"expected a positive int, got {type(value).__name__}")
+    if not 1 <= value <= MAX_CACHE_SIZE:
+        raise _Refused(f"expected from 1 to {MAX_CACHE_SIZE} executables")
+    return int(value)
+
+
 def _schedule_or_none(value: Any) -> str | None:
     if value is None:
         return None
@@ -191,6 +203,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("tune_in_background", "bool", True, _bool, _flag,
             "Whether value_and_grad's first call on an accelerator runs the fused step once it compiles and weighs "
             "its variants and the split programs over the calls that follow; False: the first call weighs them."),
+    Setting("compiled_autograd_cache_size", "int from 1 to 1048576", 4096, _cache_size, _integer,
+            "The most compiled steps and backwards compiled_value_and_grad keeps, process-wide; past it the least "
+            "recently used is dropped, and compiles again when its structure comes back."),
 )}
 
 
@@ -243,6 +258,10 @@ class Config:
         make the choices with them (read at the first call; without a byte
         budget). False: the first call makes every choice before it returns.
         ``JAXAOT_TUNE_IN_BACKGROUND``.
+      compiled_autograd_cache_size: the most compiled steps and backwards
+        ``compiled_value_and_grad`` keeps, shared by all functions (read when one
+        compiles); past it the least recently used is dropped, and the compile
+        that brings it back says so. ``JAXAOT_COMPILED_AUTOGRAD_CACHE_SIZE``.
     """
 
     cache_dir: str | os.PathLike | None
@@ -256,6 +275,7 @@ class Config:
     start_steps_ahead: bool
     provisional_steps: bool
     tune_in_background: bool
+    compiled_autograd_cache_size: int
 
     def __init__(self, **values: Any) -> None:
         for name in values:

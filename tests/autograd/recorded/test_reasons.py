@@ -125,6 +125,24 @@ def test_cache_info_counts_this_function_s_hits_and_compiles():
     assert other.cache_info().hits == 1 and other.cache_info().misses == 0
 
 
+def test_a_structure_dropped_from_a_full_cache_compiles_again_and_says_so():
+    f = lambda x: jnp.sum(jnp.sin(x) ** 2)  # noqa: E731
+    vg = jaxaot.compiled_value_and_grad(f)
+    rng = np.random.default_rng()
+    with jaxaot.config.override(compiled_autograd_cache_size=2):
+        for n in (1, 2, 1, 3, 1, 2):  # 3 drops 2, the least recently used; 2 comes back and drops 1
+            x = jnp.asarray(rng.standard_normal(n), jnp.float32)
+            v, g = vg(x)
+            v0, g0 = jax.value_and_grad(f)(x)
+            np.testing.assert_allclose(v, v0, rtol=1e-6)
+            np.testing.assert_allclose(g, g0, rtol=1e-6, atol=1e-6)
+    s = compiled_autograd.stats()
+    assert (s.compiles, s.hits, s.evictions, s.entries) == (4, 2, 2, 2)
+    assert [("dropped since" in r) for r in s.reasons] == [False, False, False, True]
+    assert "cache keeps 2 executables, jaxaot.config.compiled_autograd_cache_size" in s.reasons[-1]
+    assert vg.cache_info().entries[-1].reason == s.reasons[-1]
+
+
 def test_has_aux_must_be_a_bool():
     with pytest.raises(jaxaot.errors.InvalidInputError, match="has_aux"):
         jaxaot.compiled_grad(lambda x: x.sum(), has_aux="yes")

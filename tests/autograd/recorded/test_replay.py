@@ -216,6 +216,22 @@ def test_new_shapes_and_static_values_record_and_say_why():
     assert reasons[1].endswith("x: shape (4, 3) → (6, 3)") and "scale: 1.0 → 2.0" in reasons[2]
 
 
+def test_past_the_most_keys_only_the_oldest_is_dropped(monkeypatch):
+    """A function called with more call keys than it keeps trees for forgets the oldest key alone: the keys
+    called since still replay, and the forgotten one records once, then replays again."""
+    monkeypatch.setattr("jaxaot._src.autograd.recorded.replay.MAX_KEYS", 3)
+    f = lambda x: jnp.sum(jnp.tanh(x) ** 2)  # noqa: E731
+    vg = jaxaot.compiled_value_and_grad(f, replay=True)
+    rng = np.random.default_rng()
+    replayed = []
+    for n in (1, 2, 3, 4, 3, 4, 1, 1):  # keys 1, 2, 3; 4 drops 1; 1 drops 2
+        x = _rand(rng, n)
+        before = _replays()
+        _close(vg(x), jax.value_and_grad(f)(x))
+        replayed.append(_replays() - before)
+    assert replayed == [0, 0, 0, 0, 1, 1, 0, 1]
+
+
 def test_a_float_python_read_is_guarded_by_its_bits_signed_zero_and_nan_too():
     """``-0.0`` and ``0.0`` compare equal, but Python tells them apart (``math.copysign``): a replay recorded at
     one never answers for the other. A NaN, equal to nothing, replays the NaN's recording (also complex)."""

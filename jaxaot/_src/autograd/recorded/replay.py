@@ -22,7 +22,8 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded.structure import closes_over
 
-#: The most guard trees (keys) per function, and recorded paths per tree; past either, it starts afresh.
+#: The most guard trees (keys) per function, and recorded paths per tree: past the first, the oldest tree is
+#: dropped; past the second, that tree starts afresh.
 MAX_KEYS = 64
 MAX_PATHS = 64
 #: Calls that walk the tree look by look after a step run ahead gave other outcomes than its path's.
@@ -185,21 +186,23 @@ class Trees:
         with self.lock:
             if self.roots.get(key) is not entry.root:
                 return
-            if len(self.quick) >= MAX_KEYS:
-                self.quick = {}
-            self.quick[quick_key] = entry
+            quick = self.quick if len(self.quick) < MAX_KEYS else dict(list(self.quick.items())[1:])  # the oldest out
+            quick[quick_key] = entry
+            self.quick = quick
+
+    def _drop(self, key: tuple) -> None:
+        """Forget ``key``'s tree (its quick keys too); the caller holds the lock."""
+        root = self.roots.pop(key)
+        self.paths.pop(key, None)
+        self.quick = {q: e for q, e in self.quick.items() if e.root is not root}  # replaced whole: read unlocked
 
     def remember(self, key: tuple, path: Sequence[tuple], step: Step) -> None:
         """Add one recorded path (from :func:`judge`) ending in ``step``."""
         with self.lock:
             if len(self.roots) >= MAX_KEYS and key not in self.roots:
-                self.roots.clear()
-                self.paths.clear()
-                self.quick = {}
+                self._drop(next(iter(self.roots)))  # the key that has been kept longest
             if self.paths.get(key, 0) >= MAX_PATHS:
-                del self.roots[key]
-                self.paths[key] = 0
-                self.quick = {}
+                self._drop(key)
             node = self.roots.setdefault(key, Guard())
             self.paths[key] = self.paths.get(key, 0) + 1
             for vid, how, plan, info, outcome in path:

@@ -4,8 +4,9 @@ An entry is keyed by a recording's structure (its inputs, equations and wiring)
 plus what the executable bakes in (parameter hooks), so functions with the same
 program share one executable. It is thread-safe (each structure compiles once,
 other threads wait for it; a failed compile leaves no entry) and holds at most
-:data:`MAX_ENTRIES`, least recently used dropped. :func:`stats` and :func:`reset`
-are ``jaxaot.compiled_autograd.stats()`` and ``reset()``.
+``jaxaot.config.compiled_autograd_cache_size`` entries, least recently used dropped;
+a structure compiled again after that says so. :func:`stats` and :func:`reset` are
+``jaxaot.compiled_autograd.stats()`` and ``reset()``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import logging
 import threading
 from typing import Any, Callable, Hashable, NamedTuple
 
-logger = logging.getLogger("jaxaot")
+from jaxaot._src.config import config
 
-#: The most compiled backwards kept.
-MAX_ENTRIES = 256
+logger = logging.getLogger("jaxaot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Stats:
         and for which mode (eager recording, or ``jax.vjp`` with a captured backward).
       replays: steps that ran a compiled step without running the forward's Python (``replay=True``);
         they count among the hits too.
+      evictions: executables dropped to keep to ``jaxaot.config.compiled_autograd_cache_size``.
     """
 
     compiles: int
@@ -43,6 +44,7 @@ class Stats:
     entries: int
     fallbacks: tuple[str, ...] = ()
     replays: int = 0
+    evictions: int = 0
 
 
 class Compiled(NamedTuple):
@@ -76,6 +78,8 @@ class BackwardCache:
         self._reasons: list[str] = []
         self._fallbacks: list[str] = []
         self._replays = 0
+        self._evictions = 0
+        self._evicted: "collections.OrderedDict[int, None]" = collections.OrderedDict()  # hashes of dropped keys
 
     def get(self, key: Hashable, structure: Any, compile_fn: Callable[[], tuple[Any, dict]],
             reason_fn: Callable[[], str]) -> tuple[Any, Compiled | None]:
@@ -90,8 +94,13 @@ class BackwardCache:
             else:
                 entry = self._entries[key] = _Entry(structure)
                 owner = True
-                while len(self._entries) > MAX_ENTRIES:
-                    self._entries.popitem(last=False)
+                limit = config.compiled_autograd_cache_size
+                while len(self._entries) > limit:
+                    self._evicted[hash(self._entries.popitem(last=False)[0])] = None
+                    self._evictions += 1
+                while len(self._evicted) > limit:
+                    self._evicted.popitem(last=False)
+                back = self._evicted.pop(hash(key), False) is None
         if not owner:
             entry.ready.wait()
             if entry.error is not None:
@@ -99,6 +108,9 @@ class BackwardCache:
             return entry.executable, None
         try:
             reason = reason_fn()
+            if back:
+                reason += (f" (compiled before, and dropped since: the cache keeps {limit} executables, "
+                           f"jaxaot.config.compiled_autograd_cache_size)")
             entry.executable, times = compile_fn()
         except BaseException as e:
             entry.error = e
@@ -127,12 +139,13 @@ class BackwardCache:
     def stats(self) -> Stats:
         with self._lock:
             return Stats(self._compiles, self._hits, tuple(self._reasons), len(self._entries), tuple(self._fallbacks),
-                         self._replays)
+                         self._replays, self._evictions)
 
     def reset(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._compiles = self._hits = self._replays = 0
+            self._evicted.clear()
+            self._compiles = self._hits = self._replays = self._evictions = 0
             self._reasons.clear()
             self._fallbacks.clear()
 
