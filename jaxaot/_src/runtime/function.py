@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import jax
 
@@ -93,6 +93,8 @@ class AOTFunction:
         self._names_for: Callable[[Signature], reasons.ArgNames] | None = None  # a front-end's names, by signature
         self._hot: HotPath | None = None
         self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
+        #: Functions front-ends made of this one (its gradients, say), living as long as it does.
+        self.derived: dict[Hashable, Any] = {}
 
     # -- the interface of front-ends
     def lookup(self, args: tuple, kwargs: dict) -> Lookup:

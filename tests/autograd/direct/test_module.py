@@ -205,3 +205,22 @@ def test_an_aot_module_s_variable_or_submodule_in_aux_is_the_caller_s_own_object
         assert same and all(same), same
         chex.assert_trees_all_close(grads, want_grads, **TOL)
         assert_states_equal(nnx.state(ours.wrapped), nnx.state(ref))
+
+
+def test_a_deleted_model_frees_its_programs():
+    """The gradient programs of a model's loss live as long as the model and its loss function: once both are
+    gone nothing of them is left (a run that builds models in a loop does not grow)."""
+    import gc
+    import weakref
+
+    def train_once():
+        x, y = _data(2)
+        loss_fn = lambda model: jnp.mean((model(x) - y) ** 2)  # noqa: E731
+        model = jaxaot.nn.aot_module(_mlp())
+        value, _ = jaxaot.value_and_grad(loss_fn)(model)
+        chex.assert_trees_all_close(value, loss_fn(model), **TOL)
+        return weakref.ref(model.loss_program)
+
+    programs = [train_once() for _ in range(2)]
+    gc.collect()
+    assert [p() for p in programs] == [None, None]

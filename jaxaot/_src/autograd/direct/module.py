@@ -32,20 +32,19 @@ from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot._src.nn import READS_A_NUMBER, AOTModule, PreparedLoss, has_numbers
 from jaxaot._src.runtime import AOTFunction
 
-#: Per loss program, the fused and split ``value_and_grad`` of it (each keeps its per-signature plans).
-_GRADIENTS: "weakref.WeakKeyDictionary[AOTFunction, dict]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
 def _gradient_of(program: AOTFunction, fused: bool) -> Callable[..., Any]:
-    per_mode = _GRADIENTS.get(program)
-    vg = None if per_mode is None else per_mode.get(fused)
+    """The fused or split ``value_and_grad`` of a loss program (keeping its per-signature plans), held by the
+    program, so that both go together."""
+    key = ("module value_and_grad", fused)
+    vg = program.derived.get(key)
     if vg is None:
         with _LOCK:
-            per_mode = _GRADIENTS.setdefault(program, {})
-            vg = per_mode.get(fused)
+            vg = program.derived.get(key)
             if vg is None:
-                vg = per_mode[fused] = function_value_and_grad(program, argnums=1, has_aux=True, fused=fused)
+                vg = program.derived[key] = function_value_and_grad(program, argnums=1, has_aux=True, fused=fused)
     return vg
 
 
