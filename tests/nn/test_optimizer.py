@@ -295,3 +295,25 @@ def test_cache_info_is_per_optimizer_and_the_programs_are_shared():
 
     traced(first, small, _grads(small))
     assert (first.cache_info().hits, first.cache_info().misses) == (0, 1)
+
+
+def test_an_optimizer_s_program_goes_with_the_last_optimizer_of_its_transformation():
+    """A run that makes a new ``optax`` transformation per optimizer (a sweep of learning rates) keeps no
+    compiled update of the optimizers it deleted."""
+    import gc
+    import weakref
+
+    def train_once(lr):
+        model, ref_model = nnx.Linear(3, 2, rngs=nnx.Rngs(0)), nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+        tx = optax.adam(lr)
+        optimizer = jaxaot.nn.Optimizer(model, tx, wrt=nnx.Param)
+        ref = nnx.Optimizer(ref_model, optax.adam(lr), wrt=nnx.Param)
+        for _ in range(2):
+            optimizer.update(model, _grads(model))
+            ref.update(ref_model, _grads(ref_model))
+        assert_states_equal(nnx.state(model), nnx.state(ref_model))
+        return weakref.ref(tx.update)
+
+    kept = [train_once(lr) for lr in np.random.default_rng().uniform(1e-3, 1e-1, 3)]
+    gc.collect()
+    assert [k() for k in kept] == [None, None, None]

@@ -50,8 +50,38 @@ def _update(tx: optax.GradientTransformation, param_tree: Any, opt_tree: Any, pa
     return updates, jax.tree_util.tree_leaves(new_params), opt_tree.flatten_up_to(new_opt_state), step + 1
 
 
-_update.__name__ = _update.__qualname__ = UPDATE_NAME  # what the compile events name (jaxaot._src.nn.update_cache)
-_apply = jax.jit(_update, static_argnums=(0, 1, 2))
+class _Program:
+    """One transformation's compiled update (``apply``, a ``jax.jit`` function holding ``tx``), shared by the
+    optimizers of that ``tx`` and living as long as one of them does."""
+
+    __slots__ = ("apply", "__weakref__")
+
+    def __init__(self, tx: optax.GradientTransformation) -> None:
+        def update(param_tree: Any, opt_tree: Any, params: list, grads: list, opt_state: list, step: Any,
+                   kwargs: dict):
+            return _update(tx, param_tree, opt_tree, params, grads, opt_state, step, kwargs)
+
+        update.__name__ = update.__qualname__ = UPDATE_NAME  # what the compile events name (.update_cache)
+        self.apply = jax.jit(update, static_argnums=(0, 1))
+
+
+#: Per transformation, its program while an optimizer holds it.
+_PROGRAMS: "weakref.WeakValueDictionary[Any, _Program]" = weakref.WeakValueDictionary()
+_PROGRAMS_LOCK = threading.Lock()
+
+
+def _program_of(tx: optax.GradientTransformation) -> _Program:
+    """The program of ``tx``: the one other optimizers of an equal ``tx`` hold, else a new one (an unhashable
+    ``tx`` gets its own)."""
+    try:
+        hash(tx)
+    except TypeError:
+        return _Program(tx)
+    with _PROGRAMS_LOCK:
+        program = _PROGRAMS.get(tx)
+        if program is None:
+            program = _PROGRAMS[tx] = _Program(tx)
+    return program
 
 
 def _all_concrete_arrays(tree: Any, numbers: bool = False) -> bool:
@@ -97,7 +127,7 @@ class Optimizer(nnx.Optimizer):
         cache = _cache_of(self)
         try:
             (updates, new_params, new_opt_state, new_step), compiled = cache.run(
-                _apply, self.tx, param_tree, opt_tree, params, grad_arrays, opt_state, step, kwargs)
+                cache.program.apply, param_tree, opt_tree, params, grad_arrays, opt_state, step, kwargs)
         except jax.errors.ConcretizationTypeError:  # the transformation's Python reads a number passed: eagerly
             return super().update(model, grads, **kwargs)
         if C.is_tracer(new_step):  # concrete inputs, but under a trace: Flax's own (traced) update
@@ -150,6 +180,8 @@ def _cache_of(optimizer: nnx.Optimizer) -> UpdateCache:
             cache = _CACHES.get(optimizer)
             if cache is None:
                 cache = _CACHES[optimizer] = UpdateCache()
+    if cache.program is None or cache.tx is not optimizer.tx:  # a user may assign another tx
+        cache.program, cache.tx = _program_of(optimizer.tx), optimizer.tx
     return cache
 
 

@@ -58,6 +58,8 @@ class UpdateCache:
         self.hits = 0
         self.entries: list[CacheEntryInfo] = []
         self.compiled: list[tuple[Any, list[tuple[str, Any]]]] = []  #: ``(tx, named inputs)`` per compile
+        self.tx: Any = None  #: the optimizer's transformation, and its compiled update (``optimizer._Program``)
+        self.program: Any = None
         self.lock = threading.Lock()
 
     @staticmethod
