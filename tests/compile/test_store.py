@@ -21,6 +21,35 @@ def test_cache_root_follows_config(tmp_path):
         assert store.cache_root() == tmp_path / f"jaxaot-v{store.FORMAT_VERSION}"
 
 
+class _Flipping:
+    """A config whose ``cache_dir`` another thread turns off right after each read: code that reads it twice
+    sees a folder, then None."""
+
+    def __init__(self, folder):
+        self.folder, self.reads = folder, 0
+
+    def __getattr__(self, name):
+        return getattr(jaxaot.config, name)
+
+    @property
+    def cache_dir(self):
+        self.reads += 1
+        return self.folder if self.reads % 2 else None
+
+
+def test_the_cache_folder_is_read_once_per_use(tmp_path, monkeypatch):
+    """A thread that turns the cache off (``override(cache_dir=None)``) while another finds an entry's path
+    gives that one either path, never an error."""
+    from jaxaot._src.partition.costs import measured_costs
+
+    monkeypatch.setattr(store, "config", _Flipping(str(tmp_path)))
+    monkeypatch.setattr(measured_costs, "config", _Flipping(str(tmp_path)))
+    path = store.entry_path("plans", "k")
+    assert path == tmp_path / f"jaxaot-v{store.FORMAT_VERSION}" / "plans" / "k.bin"
+    table = measured_costs.MeasuredCosts(path="auto")
+    assert table._path.parent == tmp_path / "jaxaot-v2" / "op-costs"
+
+
 def test_frames_reject_truncation_and_bit_flips():
     framed = store.frame(b"some payload", "executables/k")
     assert store.unframe(framed, "executables/k") == b"some payload"

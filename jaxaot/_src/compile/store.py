@@ -28,6 +28,7 @@ import secrets
 import struct
 import threading
 from pathlib import Path
+from typing import Any
 
 from jaxaot._src.config import config
 from jaxaot._src.files import (
@@ -60,17 +61,23 @@ def cache_root() -> Path | None:
     refused one warns once (:class:`~jaxaot.errors.CacheWarning`): anyone who
     can write there could plant, rename or swap entries.
     """
-    if not config.cache_dir:
+    return _root(config.cache_dir)
+
+
+def _root(base: Any) -> Path | None:
+    """:func:`cache_root` under ``base``, the setting read once (another thread may change it meanwhile)."""
+    if not base:
         return None
-    root = trusted_folder(Path(config.cache_dir), f"jaxaot-v{FORMAT_VERSION}")
+    root = trusted_folder(Path(base), f"jaxaot-v{FORMAT_VERSION}")
     return root if root is not None and cache_key() is not None else None
 
 
 def entry_path(kind: str, key: str) -> Path | None:
     """Where the entry ``key`` of ``kind`` lives, its directory created and checked; None when not trusted."""
-    if cache_root() is None:
+    base = config.cache_dir
+    if _root(base) is None:
         return None
-    d = trusted_folder(Path(config.cache_dir), f"jaxaot-v{FORMAT_VERSION}", kind)
+    d = trusted_folder(Path(base), f"jaxaot-v{FORMAT_VERSION}", kind)
     return None if d is None else d / f"{key}.bin"
 
 

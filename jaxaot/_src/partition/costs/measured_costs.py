@@ -215,11 +215,12 @@ def _environment(device: Any) -> dict:
 
 
 def _default_path(device: Any) -> Path | None:
-    if not config.cache_dir:
+    base = config.cache_dir  # read once: another thread may change it meanwhile
+    if not base:
         return None
     env = json.dumps(_environment(device), sort_keys=True)
     digest = hashlib.sha256(env.encode()).hexdigest()[:16]
-    return Path(config.cache_dir) / "jaxaot-v2" / "op-costs" / f"{digest}.json"
+    return Path(base) / "jaxaot-v2" / "op-costs" / f"{digest}.json"
 
 
 def _folders(path: Path | None, auto: bool) -> tuple[Path, tuple[str, ...]] | None:
@@ -227,7 +228,7 @@ def _folders(path: Path | None, auto: bool) -> tuple[Path, tuple[str, ...]] | No
     if path is None:
         return None
     if auto:
-        return Path(config.cache_dir), tuple(path.relative_to(config.cache_dir).parts[:-1])
+        return path.parents[2], path.parts[-3:-1]  # <cache_dir>, ("jaxaot-v2", "op-costs"): _default_path's
     return path.parent, ()
 
 
