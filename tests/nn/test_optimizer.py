@@ -317,3 +317,23 @@ def test_an_optimizer_s_program_goes_with_the_last_optimizer_of_its_transformati
     kept = [train_once(lr) for lr in np.random.default_rng().uniform(1e-3, 1e-1, 3)]
     gc.collect()
     assert [k() for k in kept] == [None, None, None]
+
+
+def test_an_array_assigned_into_the_state_is_compiled_and_written_back_as_flax_does():
+    """``opt_state.hyperparams['learning_rate'] = array`` leaves a plain array among the state's Variables;
+    the update still runs compiled, and writes the new value into that slot, as ``nnx.Optimizer`` does."""
+    rng = np.random.default_rng()
+    lr = float(rng.uniform(0.05, 0.5))
+    make = lambda: optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(lr, 0.0, 10))  # noqa
+    models = [nnx.Linear(3, 2, rngs=nnx.Rngs(1)) for _ in range(2)]
+    opts = [jaxaot.nn.Optimizer(models[0], make(), wrt=nnx.Param), nnx.Optimizer(models[1], make(), wrt=nnx.Param)]
+    new_lr = jnp.asarray(rng.uniform(1.0, 2.0), jnp.float32)
+    for step in range(4):
+        for model, opt in zip(models, opts):
+            if step == 1:
+                opt.opt_state.hyperparams["learning_rate"] = new_lr
+            opt.update(model, _grads(model))
+        assert_states_equal(nnx.state(models[0]), nnx.state(models[1]))
+        assert_states_equal(nnx.state(opts[0].opt_state), nnx.state(opts[1].opt_state))
+    assert type(opts[0].opt_state.hyperparams["learning_rate"]) is type(opts[1].opt_state.hyperparams["learning_rate"])
+    assert opts[0].cache_info().hits >= 2  # compiled, not Flax's eager update

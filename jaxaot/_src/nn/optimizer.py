@@ -118,7 +118,7 @@ class Optimizer(nnx.Optimizer):
         if not (param_plain and opt_plain and _plain(self.step) and grad_tree == param_tree):
             return super().update(model, grads, **kwargs)
         params = [v.get_raw_value() for v in param_vars]
-        opt_state = [v.get_raw_value() for v in opt_vars]
+        opt_state = [v.get_raw_value() if _is_variable(v) else v for v in opt_vars]  # arrays a user assigned too
         grad_arrays = [_value(v) for v in grad_leaves]
         step = self.step.get_raw_value()
         if not (_concrete(params) and _concrete(opt_state) and _concrete(grad_arrays) and _concrete([step])
@@ -137,7 +137,10 @@ class Optimizer(nnx.Optimizer):
         # Each leaf of params / opt_state is one Variable's value, in flattening order, and optax
         # returns states structured as its inputs: write each value into its own Variable.
         _set_values(param_vars, new_params)
-        _set_values(opt_vars, new_opt_state)
+        if all(map(_is_variable, opt_vars)):
+            _set_values(opt_vars, new_opt_state)
+        else:  # an array assigned into a container (``opt_state.hyperparams['learning_rate'] = ...``): Flax's write
+            nnx.update(self.opt_state, nnx.state(opt_tree.unflatten(new_opt_state), **graph))
         _set_values([self.step], [new_step])
         return updates
 
@@ -213,13 +216,19 @@ def _flat_opt_state(optimizer: nnx.Optimizer) -> tuple[list, Any, bool]:
     kept = _OPT_STATES.get(optimizer)
     if kept is None or kept[0] is not state or not same_graph(kept[4]):
         variables, tree = jax.tree_util.tree_flatten(state, is_leaf=_is_variable)
-        kept = (state, variables, tree, _all_plain(variables), snapshot(state))
+        kept = (state, variables, tree, _plain_state(variables), snapshot(state))
         _OPT_STATES[optimizer] = kept
     return kept[1], kept[2], kept[3]
 
 
 def _all_plain(variables: list) -> bool:
     return all(_is_variable(v) and _plain(v) for v in variables)
+
+
+def _plain_state(leaves: list) -> bool:
+    """Whether the optimizer state's leaves are Variables holding plain arrays, or concrete arrays (assigned
+    into its containers by a user), which the compiled update reads and writes as Flax does."""
+    return all(_plain(v) if _is_variable(v) else type(v) is _ARRAY for v in leaves)
 
 
 def _concrete(arrays: list) -> bool:
