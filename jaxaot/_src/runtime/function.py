@@ -81,9 +81,7 @@ class AOTFunction:
         self.decompositions = dict(decompositions) if decompositions else None
         self.static_argnums = tuple(sorted(static_argnums))
         self.donate_argnums = tuple(sorted(donate_argnums))
-        self.__wrapped__ = fn
-        self.__name__ = callable_name(fn)
-        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__, self.__name__, self.__doc__ = fn, callable_name(fn), getattr(fn, "__doc__", None)
         self.options = Options(self.__name__, self.fw_compiler, self.bw_compiler, self.inference_compiler,
                                partition_fn, self.decompositions, out_shardings, residual_sharding)
         self._cache: dict[Signature, SignaturePrograms] = {}
@@ -93,8 +91,7 @@ class AOTFunction:
         self._names_for: Callable[[Signature], reasons.ArgNames] | None = None  # a front-end's names, by signature
         self._hot: HotPath | None = None
         self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
-        #: Functions front-ends made of this one (its gradients, say), living as long as it does.
-        self.derived: dict[Hashable, Any] = {}
+        self.derived: dict[Hashable, Any] = {}  # what front-ends made of it (its gradients), living as it lives
 
     # -- the interface of front-ends
     def lookup(self, args: tuple, kwargs: dict) -> Lookup:
