@@ -100,7 +100,9 @@ class BackwardCache:
                     self._evictions += 1
                 while len(self._evicted) > limit:
                     self._evicted.popitem(last=False)
-                back = self._evicted.pop(hash(key), False) is None
+                back = hash(key) in self._evicted  # compiled before, dropped since
+                if back:
+                    del self._evicted[hash(key)]
         if not owner:
             entry.ready.wait()
             if entry.error is not None:
