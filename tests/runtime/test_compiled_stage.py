@@ -146,3 +146,33 @@ def test_lower_raises_the_function_s_own_error_where_its_forward_fails():
 
     with pytest.raises(TypeError, match="dot_general"):
         jaxaot.aot_function(broken).lower(jnp.ones(3))
+
+
+def test_compiler_options_are_refused_and_a_compiler_carries_them():
+    """``compile(compiler_options=...)`` would compile programs the calls do not run: refused, typed, naming
+    the way that works, a compiler of the function's, whose options reach XLA."""
+    from jaxaot import compilers
+    from jaxaot.errors import InvalidInputError, XlaCompileError
+
+    def loss(x):
+        return jnp.sum(jnp.sin(x) ** 2)
+
+    x = jnp.asarray(np.random.default_rng().standard_normal(5), jnp.float32)
+    low = jaxaot.aot_function(loss).lower(x)
+    with pytest.raises(InvalidInputError, match="fw_compiler"):
+        low.compile(compiler_options={"xla_embed_ir_in_executable": True})
+    assert float(low.compile()(x)) == pytest.approx(float(loss(x)), rel=1e-6)
+
+    def with_options(options):
+        def compiler(closed, avals, donate_argnums=()):
+            jitted = jax.jit(compilers.as_function(closed), donate_argnums=tuple(donate_argnums), keep_unused=True)
+            return jitted.lower(*avals).compile(compiler_options=options)
+        return compiler
+
+    value, grad = jaxaot.value_and_grad(jaxaot.aot_function(loss, fw_compiler=with_options(
+        {"xla_embed_ir_in_executable": True})))(x)
+    want = jax.value_and_grad(loss)(x)
+    np.testing.assert_allclose(value, want[0], rtol=1e-6)
+    np.testing.assert_allclose(grad, want[1], rtol=1e-6, atol=1e-7)
+    with pytest.raises(XlaCompileError, match="no_such_option"):
+        jax.grad(jaxaot.aot_function(loss, fw_compiler=with_options({"no_such_option": 1})))(x)

@@ -159,12 +159,13 @@ class AOTLowered:
         return {name: jax.jit(as_function(programs[name]), keep_unused=True).lower(*avals[name]).as_text()
                 for name in PROGRAMS}
 
-    def compile(self) -> "AOTCompiled":
+    def compile(self, compiler_options: Mapping[str, Any] | None = None) -> "AOTCompiled":
         """Compile the three programs (through the persistent cache); the function then runs these executables.
-        A gradient's fused step compiles when its call, or :attr:`AOTCompiled.executables`, first needs it."""
+        A gradient's fused step compiles when its call, or :attr:`AOTCompiled.executables`, first needs it.
+        XLA options go in the function's compilers, which its calls use too: ``compiler_options`` is refused."""
+        stage_types.check_compile_arguments(compiler_options)
         tr = self._training
-        executables = {"inference": tr.programs.inference_exe, "forward": tr.forward_exe,
-                       "backward": tr.backward_exe}
+        executables = {"inference": tr.programs.inference_exe, "forward": tr.forward_exe, "backward": tr.backward_exe}
         return AOTCompiled(self, executables, _stage_times(tr))
 
     # Shortcuts to the compiled stage: each compiles on first use.

@@ -14,8 +14,19 @@ from typing import Any, Callable
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot.errors import InvalidInputError
 from jaxaot._src.pytrees import shape_dtype_struct
 from jaxaot._src.runtime.shardings import input_shardings, output_shardings
+
+
+def check_compile_arguments(compiler_options: Any) -> None:
+    """Refuse ``compile(compiler_options=...)``: the programs compile with the function's compilers, which its
+    calls use too, so options given here would not reach what runs."""
+    if compiler_options:
+        raise InvalidInputError(
+            f"AOTLowered.compile(compiler_options={dict(compiler_options)!r}): the programs compile with the "
+            "aot_function's compilers, as its calls do; give it a fw_compiler that passes the options (see "
+            "\"XLA's compiler options\" in docs/getting_started.md).")
 
 
 def args_info(programs: Any) -> Any:
