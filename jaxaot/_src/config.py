@@ -246,12 +246,13 @@ class Config:
         executable before its forward is recorded, once two calls in a row ran it
         (read at each call). ``JAXAOT_START_STEPS_AHEAD``.
       provisional_steps: on a CPU, a byte budget's first calls run the executable
-        the search measured the chosen plan with (cheaper compile options, the same
-        peak or a few bytes above) while the runtime's own compile of the program
-        finishes on a worker, which then takes over. Off by default: the two
-        executables' results may differ in the last bits, and which call the
-        runtime's takes over at depends on timing, so runs would not repeat bit
-        for bit (read when a signature's step compiles). ``JAXAOT_PROVISIONAL_STEPS``.
+        the search measured the chosen plan with (cheaper compile options) while
+        the runtime's own compile of the program finishes on a worker, which then
+        takes over. Off by default: the two executables' results may differ in the
+        last bits, and which call the runtime's takes over at depends on timing, so
+        runs would not repeat bit for bit; and the plan is chosen by the cheaper
+        compile's peak, which may differ from the runtime's (read when a signature's
+        step compiles). ``JAXAOT_PROVISIONAL_STEPS``.
       tune_in_background: ``jaxaot.value_and_grad``'s first call of a signature on
         an accelerator returns as soon as the fused step compiles; its variants and
         the split programs compile on worker threads, and the calls that follow

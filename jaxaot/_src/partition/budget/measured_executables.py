@@ -95,7 +95,7 @@ def take(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Se
 def take_provisional(closed: Any, avals: Sequence[Any], options: dict[str, Any], donated: Sequence[int] = ()
                      ) -> Any | None:
     """As :func:`take`, the provisional executable held for these arguments (compiled with cheaper options: its
-    code is slower, its peak the same or a few bytes above), no longer held; None where there is none."""
+    code is slower, its peak near the runtime's), no longer held; None where there is none."""
     return _match(closed, avals, options, donated, take=True, provisional=True)
 
 

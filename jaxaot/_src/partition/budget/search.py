@@ -7,9 +7,9 @@ least-recomputing plan that may fit (predicted to, or shaped like ``dots_saveabl
 and bisection steps, up to :data:`MAX_MEASURED`. Past the fraction 1 plan, one whose floor (the bytes held at
 the hand-over to the backward, never above its peak) is over the budget is compiled only where nothing fits.
 Compiles run on worker threads, ahead where cores are spare (:data:`AHEAD_FROM_THREADS`), but decisions read
-the peaks one at a time. Where no plan fits, :class:`~jaxaot.errors.MemoryBudgetError` names what is live at
-the smallest peak. Only the chosen plan's executable stays held (the runtime's where it compiled as the runtime does:
-on a platform measuring cheaply, the last plan measured before any fits).
+the peaks one at a time. A cheap peak (:data:`~.step_peak.INEXACT`) may lie on either side of the runtime's: the
+plan chosen is measured again as the runtime compiles it (its executable held for the runtime), and before
+a :class:`~jaxaot.errors.MemoryBudgetError` names what is live at the smallest peak, the lowest peaks are too.
 """
 
 from __future__ import annotations
@@ -18,19 +18,17 @@ import dataclasses
 import math
 from typing import Any, Callable, Generator, Sequence
 
-from jaxaot.errors import MemoryBudgetError
 from jaxaot._src import workers
 from jaxaot._src.config import config
 from jaxaot._src.partition.budget import measured_executables
-from jaxaot._src.partition.budget.live_values import peak_holders
 from jaxaot._src.partition.budget.predict import interpolate, predict_peak
+from jaxaot._src.partition.budget.refused import nothing_fits
 from jaxaot._src.partition.budget.step_peak import (
-    INEXACT, MEASURE_SLACK, PendingPeak, StepPeak, fused_step, measure_options, previews, program_peak,
+    INEXACT, MEASURE_SLACK, PendingPeak, StepPeak, fused_step, measure_options, previews,
     program_platform, sharding_devices, start_peak)
 from jaxaot._src.partition.core import Partition
 from jaxaot._src.partition.costs import OpCosts
 from jaxaot._src.tracing import JointGraph
-from jaxaot._src.units import format_bytes
 
 #: Fractions are planned on this grid (``k / GRID``).
 GRID = 32
@@ -79,6 +77,7 @@ class _Candidate:
     program: Any = None  # the fused step measured, whose executable may be held for the runtime
     pending: PendingPeak | None = None  # its compile, begun (:meth:`_Search.start`) and not yet read
     near: bool = False  # measured cheaply just over the budget: fits until measured exactly (:meth:`_Search.exact`)
+    inexact: bool = False  # measured cheaply (an INEXACT option set): measured exactly before it is chosen
     previewed: bool = False  # its peak a preview's (:meth:`_Search.start`): for predictions alone, never a fit
     spread: int = 1  # the devices the step's inputs span (:func:`_spread`)
 
@@ -129,13 +128,14 @@ class _Search:
         if not c.measured and c.pending is None:
             c.program = fused_step(c.part, self.joint)
             c.pending = start_peak(c.program, self.joint.in_avals, preview=preview, runtime=runtime)
-            c.previewed = preview
+            c.previewed, c.inexact = preview, bool(self.slack) and not (preview or runtime)
 
     def measure(self, c: _Candidate, last: bool = False) -> None:
         """The candidate's fused peak, measured cheaply. Where that lies just over the budget (within the cheap
         measurement's :data:`~jaxaot._src.partition.budget.step_peak.MEASURE_SLACK`) the candidate is ``near``:
         it counts as fitting until it is about to be chosen, and only then measured exactly (:meth:`exact`), so
-        that a better plan measured meanwhile spares that compile. With ``last`` (the search ends with it where it
+        that a better plan measured meanwhile spares that compile; so is any plan measured cheaply that is about to be
+        chosen (:func:`peak_search`). With ``last`` (the search ends with it where it
         fits), a platform measuring cheaply compiles it as the runtime does, which takes that executable (not under
         ``jaxaot.config.provisional_steps``: the cheaper executable runs while the runtime compiles)."""
         if not c.measured:
@@ -146,9 +146,9 @@ class _Search:
             c.measured = True
 
     def exact(self, c: _Candidate) -> None:
-        """Measure the ``near`` candidate again, exactly (the runtime's own compile, held for it)."""
-        c.peak = program_peak(c.program, self.joint.in_avals, exact=True, keep=True)
-        c.near = False
+        """Measure the candidate measured cheaply again, exactly: the runtime's own compile, held for it."""
+        c.peak = start_peak(c.program, self.joint.in_avals, runtime=True).peak(keep=True)  # taken if chosen
+        c.near = c.inexact = False
 
     def release(self, chosen: _Candidate | None) -> None:
         """Stop holding the executables of the plans measured but not ``chosen``, and let go of the compiles
@@ -245,7 +245,9 @@ def peak_search(joint: JointGraph, budget: int, families: Sequence[str] = (),
     chosen = None
     try:
         chosen = yield from _choose(search, families)
-        while chosen.near:  # measured exactly only now that it would be chosen
+        # Measured exactly only now that it would be chosen: a cheap peak may lie on either side of the runtime's
+        # (a gather's, by a quarter); under provisional_steps the cheap executable runs, its peak as measured.
+        while chosen.near or (chosen.inexact and not config.provisional_steps):
             search.exact(chosen)
             if not search.fits(chosen):
                 chosen = yield from _settled(search)
@@ -412,7 +414,13 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
         search.measure(chosen)
         if search.fits(chosen):
             return (yield from _improve(search, chosen)) or chosen
-    raise _nothing_fits(search)
+    for c in sorted((c for c in search.measured if c.inexact and c.peak is not None), key=lambda c: c.peak)[:2]:
+        search.exact(c)  # the lowest cheap peaks over the budget, exactly: a cheap peak may lie above the runtime's
+        if search.fits(c):
+            return c
+    smallest = min(search.measured, key=lambda c: (c.previewed, 1 << 62 if c.peak is None else c.peak))
+    raise nothing_fits(search.budget, smallest.part, 1 << 62 if smallest.peak is None else smallest.peak,
+                       search.spread)  # (a preview's peak is approximate)
 
 
 def _spread(avals: Sequence[Any]) -> int:
@@ -423,25 +431,3 @@ def _spread(avals: Sequence[Any]) -> int:
 
 def _found(c: _Candidate, budget: int) -> Partition:
     return dataclasses.replace(c.part, step_peak=StepPeak(c.peak, budget=budget))
-
-
-def _nothing_fits(search: _Search) -> MemoryBudgetError:
-    """The error naming the smallest peak measured and what is live there."""
-    def reach(c: _Candidate) -> int:
-        return c.peak if c.peak is not None else 1 << 62
-
-    smallest = min(search.measured, key=lambda c: (c.previewed, reach(c)))  # a preview's peak is approximate
-    peak = reach(smallest)
-    _, holders = peak_holders(smallest.part)
-    lines = "\n".join(f"  {format_bytes(n):>11}  {what}" for n, what in holders)
-    budget = search.budget
-    where = "on the device" if search.spread == 1 else f"whole, over {search.spread} devices"
-    return MemoryBudgetError(
-        f"memory_budget={budget} bytes ({format_bytes(budget)}) is below the smallest compiled peak the planner "
-        f"reaches for this step: {peak} bytes ({format_bytes(peak)}), with {len(smallest.part.residuals)} "
-        f"residuals ({format_bytes(smallest.part.device_saved_bytes)} {where}) and "
-        f"{len(smallest.part.recomputed)} eqns recomputed. The largest values live at that peak (in program "
-        f"order, as the step runs op by op: XLA's fusion keeps fewer, so they may add up to more) are:\n"
-        f"{lines}\nRaise the budget to at least {peak} bytes, or shrink what holds the peak "
-        f"(a smaller batch or sequence, fewer inputs on the device).",
-        budget=budget, smallest_peak=peak, holders=tuple(holders))

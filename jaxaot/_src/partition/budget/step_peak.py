@@ -181,9 +181,10 @@ def measure_step_peak(part: Partition, joint: JointGraph, *, split: bool = True,
 
 # --------------------------------------------------------------------------- compiled, cached
 #: XLA options the planner compiles its measurements with, per platform, in order of preference: the
-#: first a backend accepts is used for the process. They make the compile cheaper and keep its buffer
-#: assignment, so the peak, as the runtime's compile has it, or above it by at most
-#: :data:`MEASURE_SLACK` bytes (never below), the sets that may be above listed in :data:`INEXACT`.
+#: first a backend accepts is used for the process. They make the compile cheaper and keep most of its buffer
+#: assignment: the peak as the runtime's compile has it, or, for the sets listed in :data:`INEXACT`, near it
+#: (a few bytes above on the zoo; a gather's or a scatter's a quarter below, or some hundred bytes above), so
+#: the search measures the plan it chooses again as the runtime compiles it.
 #: On XLA:CPU the backend optimization level only changes LLVM's code generation (on the zoo the peaks
 #: are equal at 0 and at the default, for a fraction of the compile's time); the older LLVM emitters
 #: instead of the fusion emitters make the compile cheaper still and add a few bytes of scratch to the
@@ -196,10 +197,10 @@ MEASURE_OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {
             {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
             {"xla_backend_optimization_level": 0}),
 }
-#: The option sets of :data:`MEASURE_OPTIONS` whose peak may lie above the runtime's compile's.
+#: The option sets of :data:`MEASURE_OPTIONS` whose peak may differ from the runtime's compile's.
 INEXACT = tuple(o for o in MEASURE_OPTIONS["cpu"] if "xla_cpu_use_fusion_emitters" in o)
-#: How far above the runtime compile's peak an :data:`INEXACT` measurement may lie, in bytes: a plan measured
-#: within this over a budget is measured again exactly (``program_peak(..., exact=True)``) where it would be chosen.
+#: How far over a budget an :data:`INEXACT` measurement may lie and the plan still count as fitting until it would
+#: be chosen (then it is measured exactly, as every plan chosen after an inexact measurement is), in bytes.
 MEASURE_SLACK = 256
 
 #: XLA options for a preview, per platform: a compile whose peak only anchors the search's predictions, made for a
@@ -418,8 +419,8 @@ def _record(key: str, peak: int | None, compiled: bool = False) -> None:
 def program_peak(closed: Any, avals: Sequence[Any], exact: bool = False, keep: bool = False) -> int | None:
     """The compiled peak of ``closed`` on ``avals`` (:func:`compiled_peak`), compiled (with
     :func:`measure_options`) once per process per program text and input types; None where the backend
-    cannot compile it or reports no peak. Without ``exact`` it may lie up to :data:`MEASURE_SLACK` bytes
-    above the runtime compile's peak, never below. With ``keep``, an executable compiled with the backend's
+    cannot compile it or reports no peak. Without ``exact`` it may differ from the runtime compile's peak
+    (:data:`INEXACT`). With ``keep``, an executable compiled with the backend's
     own options, as the runtime compiles (:func:`jaxaot.compilers.xla`), is held for the runtime to take
     (:mod:`~jaxaot._src.partition.budget.measured_executables`). :func:`start_peak` begins one without waiting."""
     return start_peak(closed, avals, exact).peak(keep)
