@@ -220,7 +220,10 @@ def test_a_budget_the_fraction_1_plan_fits_costs_one_compile(monkeypatch):
         part = mincut(joint, memory_budget=budget)
         search_compiles.append(compile_count() - before)
         assert part.step_peak.fused == top and str(part.backward) == str(one.backward)
-    assert search_compiles == [2, 2]  # measured cheaply, then exactly as the runtime compiles (the runtime takes it)
+    from jaxaot._src.partition.budget.step_peak import measure_options
+    # Where measurements are cheap (CPU): measured so, then as the runtime compiles it (which the runtime takes).
+    n = 2 if measure_options(joint.in_avals)[0] in INEXACT else 1
+    assert search_compiles == [n, n]
 
 
 @pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
