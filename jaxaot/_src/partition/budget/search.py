@@ -418,9 +418,9 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
         search.exact(c)  # the lowest cheap peaks over the budget, exactly: a cheap peak may lie above the runtime's
         if search.fits(c):
             return c
-    smallest = min(search.measured, key=lambda c: (c.previewed, 1 << 62 if c.peak is None else c.peak))
-    raise nothing_fits(search.budget, smallest.part, 1 << 62 if smallest.peak is None else smallest.peak,
-                       search.spread)  # (a preview's peak is approximate)
+    reach = lambda c: 1 << 62 if c.peak is None else c.peak  # noqa: E731
+    smallest = min(search.measured, key=lambda c: (c.previewed, reach(c)))  # a preview's peak is approximate
+    raise nothing_fits(search.budget, smallest.part, reach(smallest), search.spread)
 
 
 def _spread(avals: Sequence[Any]) -> int:
