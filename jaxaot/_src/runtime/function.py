@@ -91,7 +91,7 @@ class AOTFunction:
         self._names_for: Callable[[Signature], reasons.ArgNames] | None = None  # a front-end's names, by signature
         self._hot: HotPath | None = None
         self._lock = threading.RLock()  # taken only on a cache miss: each signature is traced once
-        self.derived: dict[Hashable, Any] = {}  # what front-ends made of it (its gradients), living as it lives
+        self._derived: dict[Hashable, Any] = {}  # what front-ends made of it (its gradients), living as it lives
 
     # -- the interface of front-ends
     def lookup(self, args: tuple, kwargs: dict) -> Lookup:

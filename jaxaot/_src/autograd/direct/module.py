@@ -39,12 +39,12 @@ def _gradient_of(program: AOTFunction, fused: bool) -> Callable[..., Any]:
     """The fused or split ``value_and_grad`` of a loss program (keeping its per-signature plans), held by the
     program, so that both go together."""
     key = ("module value_and_grad", fused)
-    vg = program.derived.get(key)
+    vg = program._derived.get(key)
     if vg is None:
         with _LOCK:
-            vg = program.derived.get(key)
+            vg = program._derived.get(key)
             if vg is None:
-                vg = program.derived[key] = function_value_and_grad(program, argnums=1, has_aux=True, fused=fused)
+                vg = program._derived[key] = function_value_and_grad(program, argnums=1, has_aux=True, fused=fused)
     return vg
 
 
