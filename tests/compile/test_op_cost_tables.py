@@ -31,7 +31,7 @@ from reliability.hostile import deadline
 def table(tmp_path):
     """The op-cost table's path under a fresh cache_dir (the folders made, as jaxaot makes them)."""
     with jaxaot.config.override(cache_dir=str(tmp_path / "cache")):
-        path = measured_costs._default_path(jax.devices()[0])
+        path = measured_costs._default_path(jax.devices()[0], jaxaot.config.cache_dir)
         path.parent.mkdir(mode=0o700, parents=True)
         for d in (path.parent, path.parent.parent, path.parent.parent.parent):
             d.chmod(0o700)

@@ -48,6 +48,11 @@ def test_the_cache_folder_is_read_once_per_use(tmp_path, monkeypatch):
     assert path == tmp_path / f"jaxaot-v{store.FORMAT_VERSION}" / "plans" / "k.bin"
     table = measured_costs.MeasuredCosts(path="auto")
     assert table._path.parent == tmp_path / "jaxaot-v2" / "op-costs"
+    monkeypatch.setattr(measured_costs, "config", _Flipping(str(tmp_path)))
+    monkeypatch.setattr(measured_costs, "_SHARED", {})
+    shared = measured_costs.MeasuredCosts.for_device()  # filed under the folder its file lies in
+    assert shared._path.parent == tmp_path / "jaxaot-v2" / "op-costs"
+    assert list(measured_costs._SHARED)[0][-1] == str(tmp_path)
 
 
 def test_frames_reject_truncation_and_bit_flips():

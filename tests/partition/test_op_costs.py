@@ -569,7 +569,7 @@ def test_op_and_rate_timings_compile_untuned_on_this_backend(monkeypatch):
         np.testing.assert_allclose(dot(a, b), jax.jit(jnp.dot)(a, b), rtol=2e-2, atol=1e-2)
 
 
-def test_a_table_timed_untuned_is_kept_apart_from_one_timed_with_defaults(tmp_path, monkeypatch, fresh_refusals):
+def test_a_table_timed_untuned_is_kept_apart_from_one_timed_with_defaults(tmp_path, fresh_refusals):
     """The table's file is chosen by how its programs compile: a GPU whose XLA refused the untuned options
     reads and writes another table than one that took them."""
     from jaxaot._src.partition.costs import autotune_bytes, measured_costs
@@ -577,10 +577,9 @@ def test_a_table_timed_untuned_is_kept_apart_from_one_timed_with_defaults(tmp_pa
     class Gpu:
         platform, device_kind = "gpu", "a GPU"
 
-    monkeypatch.setattr(jaxaot.config, "cache_dir", str(tmp_path))
-    untuned = measured_costs._default_path(Gpu())
+    untuned = measured_costs._default_path(Gpu(), str(tmp_path))
     assert measured_costs._environment(Gpu())["compile"] == "untuned"
     autotune_bytes._REFUSED.add("gpu")
     assert measured_costs._environment(Gpu())["compile"] == "default"
-    assert measured_costs._default_path(Gpu()) != untuned
+    assert measured_costs._default_path(Gpu(), str(tmp_path)) != untuned
     assert measured_costs._environment(CPU)["compile"] == "default"

@@ -68,14 +68,20 @@ class MeasuredCosts:
     def __init__(self, device: Any = None, *, fallback: OpCosts | None = None, path: str | os.PathLike | None = "auto"):
         self.device = jax.devices()[0] if device is None else device
         self._fallback = fallback
-        self._path = _default_path(self.device) if path == "auto" else (Path(path) if path is not None else None)
-        self._folders = _folders(self._path, auto=path == "auto")
         self._table: dict[str, float] = {}
-        if self._path is not None:
-            self._table, self._path = _read(self._path, self._folders)
         self._lock = threading.Lock()
         self.measured = 0  #: eqns timed by this object
         self.estimated: set[str] = set()  #: signatures that could not be timed (fallback used)
+        auto = path == "auto"
+        self._attach(_default_path(self.device, config.cache_dir) if auto else None if path is None else Path(path),
+                     auto)
+
+    def _attach(self, path: Path | None, auto: bool) -> None:
+        """Keep the table in the file ``path`` (None: in memory), reading what it holds; ``auto``: a file of
+        :func:`_default_path`, under the cache folder's checked chain."""
+        self._path, self._folders = path, _folders(path, auto)
+        if path is not None:
+            self._table, self._path = _read(path, self._folders)
 
     @property
     def fallback(self) -> OpCosts:
@@ -165,10 +171,12 @@ class MeasuredCosts:
     def for_device(cls, device: Any = None) -> "MeasuredCosts":
         """The shared table of ``device``'s kind (default ``jax.devices()[0]``), one per process."""
         device = jax.devices()[0] if device is None else device
-        key = (device.platform, getattr(device, "device_kind", "?"), str(config.cache_dir))
+        base = config.cache_dir  # read once: the table's key and its file agree if another thread changes it
+        key = (device.platform, getattr(device, "device_kind", "?"), str(base))
         with _SHARED_LOCK:
             if key not in _SHARED:
-                _SHARED[key] = cls(device)
+                table = _SHARED[key] = cls(device, path=None)
+                table._attach(_default_path(device, base), auto=True)
             return _SHARED[key]
 
 
@@ -214,8 +222,8 @@ def _environment(device: Any) -> dict:
             "matmul_precision": str(jax.config.jax_default_matmul_precision)}
 
 
-def _default_path(device: Any) -> Path | None:
-    base = config.cache_dir  # read once: another thread may change it meanwhile
+def _default_path(device: Any, base: Any) -> Path | None:
+    """The table's file under the cache folder ``base`` (``jaxaot.config.cache_dir`` as read once), or None."""
     if not base:
         return None
     env = json.dumps(_environment(device), sort_keys=True)
