@@ -237,7 +237,7 @@ class Cut:
 def _scipy() -> tuple[Any, Any]:
     """``scipy.sparse`` and ``scipy.sparse.csgraph``, imported on the first cut: a process that never
     solves one (the default partition, a min-cut plan read from the compile cache) never pays their
-    import (about 0.4 s)."""
+    import (``docs/benchmarks.md`` has its cost)."""
     import scipy.sparse
     import scipy.sparse.csgraph
 
