@@ -238,6 +238,21 @@ def test_only_donated_arguments_are_deleted_through_the_split_programs(donate):
     assert_trees_close(got, want, **TOL)
 
 
+def test_an_argument_donated_by_its_parameters_name_is_donated_as_jax_jit_donates_it():
+    """``donate_argnums`` names a position; a call passing that argument by keyword donates it too, as ``jax.jit``
+    maps the position to its parameter's name: the stage reports it donated and the array is consumed."""
+    body = lambda a, b: jnp.sin(a) * b + 1.0  # noqa: E731
+    rng = np.random.default_rng()
+    a, b = (jnp.asarray(rng.standard_normal(5), jnp.float32) for _ in range(2))
+    want = body(a, b)
+    ours, theirs = jaxaot.aot_function(body, donate_argnums=1), jax.jit(body, donate_argnums=1)
+    info, jax_info = ours.lower(a, b=b).args_info, theirs.lower(a, b=b).args_info
+    assert [i.donated for i in info[0]] == [i.donated for i in jax_info[0]] == [False]
+    assert info[1]["b"].donated and jax_info[1]["b"].donated
+    assert_trees_close(ours(a, b=b), want, **TOL)
+    assert b.is_deleted() and not a.is_deleted()
+
+
 def test_lower_reports():
     f = jaxaot.aot_function(lambda w, x: jnp.tanh(x @ w).sum())
     w, x = jnp.ones((3, 2)), jnp.ones((4, 3))

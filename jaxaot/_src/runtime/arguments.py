@@ -221,8 +221,9 @@ def flat_function(fn: Callable, static_argnums: Sequence[int], static: tuple, tr
 
 
 def donated_leaves(treedef: Any, num_static: int, static_argnums: Sequence[int],
-                   donate_argnums: Sequence[int]) -> list[int]:
-    """The leaves (flat input positions) of the positional arguments in ``donate_argnums``."""
+                   donate_argnums: Sequence[int], fn: Any = None) -> list[int]:
+    """The leaves (flat input positions) of the arguments at ``donate_argnums``: passed positionally, or by the
+    name of ``fn``'s parameter at that position (donated as ``jax.jit`` donates it)."""
     if not donate_argnums:
         return []
     dummy = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
@@ -231,4 +232,10 @@ def donated_leaves(treedef: Any, num_static: int, static_argnums: Sequence[int],
     for k, arg in enumerate(dummy[0]):
         if dyn_positions[k] in donate_argnums:
             out.extend(jax.tree_util.tree_leaves(arg))
-    return out
+    if dummy[1] and fn is not None:
+        names = positional_names(fn)
+        donated = {names[i] for i in donate_argnums if i < len(names) and names[i] is not None}
+        for name, arg in dummy[1].items():
+            if name in donated:
+                out.extend(jax.tree_util.tree_leaves(arg))
+    return sorted(out)

@@ -122,7 +122,8 @@ class AOTFunction:
 
     def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
         flat_fn = arguments.flat_function(self.fn, self.static_argnums, sig.static, sig.treedef)
-        donated = arguments.donated_leaves(sig.treedef, len(sig.static), self.static_argnums, self.donate_argnums)
+        donated = arguments.donated_leaves(sig.treedef, len(sig.static), self.static_argnums, self.donate_argnums,
+                                           self.fn)
         avals = leaf_avals(leaves)
         check_same_devices(sig.treedef, leaves, avals)
         names = self._arg_names()
