@@ -164,6 +164,34 @@ def test_a_custom_rule_closing_over_a_forward_value_runs_under_vjp(loss, replay)
     assert "custom rule closes over a value the forward computed" in fallback and "jax.vjp" in fallback
 
 
+def test_a_backward_captured_under_vjp_compiles_again_when_jax_s_configuration_changes():
+    """Under ``jax.vjp`` capture the backward program is keyed by JAX's configuration too: its random bits
+    (``jax_threefry_partitionable`` decides them) follow the setting, as ``jit``'s do."""
+    def loss(w, key):
+        noise = jax.random.uniform(key, w.shape) + 0.5  # not differentiated: the backward closes over it
+
+        @jax.custom_vjp
+        def f(y):
+            return jnp.sin(y)
+
+        f.defvjp(lambda y: (jnp.sin(y), jnp.cos(y)),
+                 lambda c, g: (g * c * jax.random.uniform(jax.random.fold_in(key, 1), c.shape) * noise,))
+        return jnp.sum(f(w))
+
+    rng = np.random.default_rng()
+    w, key = _rand(rng, 64), jax.random.key(int(rng.integers(1 << 30)))
+    vg = jaxaot.compiled_value_and_grad(loss)
+    before = jax.config.jax_threefry_partitionable
+    try:
+        for setting in (before, not before, before):
+            jax.config.update("jax_threefry_partitionable", setting)
+            _close(vg(w, key), jax.value_and_grad(loss)(w, key))
+    finally:
+        jax.config.update("jax_threefry_partitionable", before)
+    (fallback,) = compiled_autograd.stats().fallbacks
+    assert "jax.vjp" in fallback and vg.cache_info().misses == 2
+
+
 def test_a_custom_vjp_closing_over_a_differentiated_value_raises_jax_s_error_every_call():
     """A backward closing over a value computed from ``w`` itself: ``jax.value_and_grad`` raises
     ``UnexpectedTracerError``; the fallback under ``jax.vjp`` raises that error too, saying what to do, on every

@@ -80,6 +80,32 @@ def test_debug_nans_raises_floating_point_error_and_the_function_keeps_its_mode(
     _close(vg(fine), jax.value_and_grad(f)(fine))
 
 
+@REPLAY
+@pytest.mark.parametrize("look", [False, True])
+def test_a_change_of_jax_configuration_compiles_again_as_jit_does(replay, look):
+    """A setting lowering reads (``jax_threefry_partitionable`` picks the random bits) keys every program of the
+    step, the looked-at value's too: after a change the step gives eager JAX's numbers, and the reason says why."""
+    def loss(w, key):
+        mask = jax.random.uniform(key, w.shape)
+        if look and float(jnp.sum(mask)) < 0:  # never true: a look whose program draws the bits too
+            mask = -mask
+        return jnp.sum(jnp.tanh(w * mask) ** 2)
+
+    rng = np.random.default_rng()
+    w, key = _rand(rng, 8, 8), jax.random.key(int(rng.integers(1 << 30)))
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    before = jax.config.jax_threefry_partitionable
+    try:
+        for setting in (before, not before, before, not before):
+            jax.config.update("jax_threefry_partitionable", setting)
+            _close(vg(w, key), jax.value_and_grad(loss)(w, key), tol=1e-5)
+    finally:
+        jax.config.update("jax_threefry_partitionable", before)
+    info = vg.cache_info()
+    assert info.misses == 2, info  # one program per setting, each found again
+    assert "JAX's configuration changed" in info.entries[-1].reason
+
+
 @pytest.mark.parametrize("make", [lambda f, n: jaxaot.compiled_value_and_grad(f, argnums=n),
                                   lambda f, n: jaxaot.value_and_grad(jaxaot.aot_function(f), argnums=n)])
 def test_argnums_naming_an_argument_twice_is_refused(make):

@@ -18,7 +18,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded.step_cache import CACHE, Compiled
-from jaxaot._src.autograd.recorded.structure import Structure, structure_of
+from jaxaot._src.autograd.recorded.structure import Structure, config_number, structure_of
 
 
 @dataclasses.dataclass
@@ -73,7 +73,7 @@ def run_compiled(captured: Captured, planned: Sequence[Any], params: Sequence[An
     """Gradients from the cached executable for ``captured``, the structure used, and on a miss what the
     compile cost and why (``reason(structure)``; None on a hit)."""
     params = list(params) if planned else []
-    key = (captured.structure.token, tuple(planned))
+    key = (captured.structure.token, tuple(planned), config_number(C.trace_context()))  # lowering reads the config
     exe, compiled = CACHE.get(key, captured.structure, lambda: compile_backward(captured, planned, params),
                               lambda: reason(captured.structure))
     return list(exe(captured.residuals, params)), captured.structure, compiled

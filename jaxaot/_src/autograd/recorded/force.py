@@ -134,7 +134,7 @@ def plan(tape: Any, vid: int) -> Plan:
     feed = tuple(sorted(v for v in reads if v not in literals))
     akeys = tape.akeys
     key = ("force", tuple(tape.eqn_key(i) for i in order), tuple((v, akeys[v]) for v in feed),
-           tuple(sorted(lit_keys.items())), vid, tape.placement)
+           tuple(sorted(lit_keys.items())), vid, tape.placement, tape.config)
     eqns = tuple(tape.eqns[i] for i in order)
     fed = [tape.values[v] for v in feed]
     try:

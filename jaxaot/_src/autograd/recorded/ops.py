@@ -19,13 +19,11 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.autograd.recorded.structure import aval_key, literal_value_key, owner
+from jaxaot._src.autograd.recorded.structure import aval_key, config_number, literal_value_key, owner
 
 #: signature -> :class:`Template` (cleared when it reaches :data:`MAX_TEMPLATES`).
 TEMPLATES: dict[tuple, "Template"] = {}
 MAX_TEMPLATES = 4096
-#: JAX configurations seen (:func:`jaxaot._src.compat.trace_context`), each a small number for signatures.
-_CONTEXTS: dict[Any, int] = {}
 
 _Tracer = C.RecordingTracer
 _SCALARS = frozenset({int, float, bool, complex, str, type(None), types.EllipsisType})
@@ -157,7 +155,7 @@ def _context(tape: Any) -> int:
     if ctx == tape.context and tape.context_id is not None:
         return tape.context_id
     tape.context = ctx
-    tape.context_id = _CONTEXTS.setdefault(ctx, len(_CONTEXTS))
+    tape.context_id = config_number(ctx)
     return tape.context_id
 
 

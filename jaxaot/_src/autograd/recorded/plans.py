@@ -71,7 +71,8 @@ class Plans:
                 if change:
                     return f"{head}: {change}"
             if last_structure.token == structure.token:
-                return f"{head}: the same program as the last step, not in the cache (or under other parameter hooks)"
+                return (f"{head}: the same program as the last step, not in the cache (or under other parameter hooks, "
+                        "or another JAX configuration)")
             values = inputs.values_change(last_inputs) if last_inputs is not None else ""
             how = explain(last_structure, structure)
             guard = miss.text() if miss is not None and miss.text() not in how else ""

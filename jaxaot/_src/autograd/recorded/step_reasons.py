@@ -108,7 +108,14 @@ def explain(old: Structure, new: Structure) -> str:
     if not parts and len(old.inputs) != len(new.inputs):
         what = "inputs (arguments, arrays it closes over, Python scalars)" if program == "forward" else "residuals"
         parts.append(f"the {program} uses {len(new.inputs)} {what}, was {len(old.inputs)}")
+    if not parts and program == "forward" and old.key[3:] != new.key[3:]:  # (placement, configuration): tape.py
+        parts.append("the arrays are on other devices" if old.key[3] != new.key[3] else _CONFIG_CHANGED)
     return "; ".join(parts) or f"the {program}'s outputs changed"
+
+
+#: A step keyed by JAX's configuration (``trace_context``) compiles again when it changes, as ``jit``'s does.
+_CONFIG_CHANGED = ("JAX's configuration changed (a setting that tracing or lowering reads, such as "
+                   "jax_threefry_partitionable or jax_default_matmul_precision: jit compiles again too)")
 
 
 def _changed_input(old: tuple, new: tuple) -> str | None:

@@ -319,6 +319,20 @@ _PROCESS = Trie()
 _STRUCTURES: dict[tuple, Structure] = {}
 
 
+#: JAX configurations seen (:func:`jaxaot._src.compat.trace_context`), each a small number for keys.
+_CONFIGS: dict[Any, int] = {}
+
+
+def config_number(ctx: Any) -> int:
+    """A small number standing for JAX's configuration ``ctx`` (``trace_context()``) in keys. What lowering reads
+    (``jax_threefry_partitionable``, matmul precision) is in every compiled program's key, as in ``jit``'s."""
+    n = _CONFIGS.get(ctx)
+    if n is None:
+        with _SUB_LOCK:  # two new configurations at once must not share a number
+            n = _CONFIGS.setdefault(ctx, len(_CONFIGS))
+    return n
+
+
 def root() -> Node:
     """The process-wide trie's root (recordings not made for a compiled function start there)."""
     return _PROCESS.root()

@@ -21,8 +21,8 @@ from jaxaot._src.python_reads import rule_reads
 from jaxaot._src.autograd.recorded import force as F
 from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.primitives import op as _op
-from jaxaot._src.autograd.recorded.structure import (Structure, aval_key, handed_to_jax, interned, literal_value_key,
-                                                       owner, param_key, root)
+from jaxaot._src.autograd.recorded.structure import (Structure, aval_key, config_number, handed_to_jax, interned,
+                                                       literal_value_key, owner, param_key, root)
 
 _Tracer = C.RecordingTracer
 
@@ -123,11 +123,12 @@ class Tape:
         self.read_count = 0  #: values shown to JAX (an operation that was shown one is not templated)
         self.callbacks = 0
         self.log: list | None = None  #: events, while :mod:`.ops` watches an operation
-        self.node = root() if trie is None else trie
+        self.context: Any = C.trace_context()  #: JAX's configuration, as last seen, and its number (:mod:`.ops`)
+        self.context_id: int | None = config_number(self.context)
+        self.config = self.context_id  #: the call's configuration, which lowering reads: part of every key
+        self.node = (root() if trie is None else trie).step(("config", self.config))
         if placement:  # another device's recordings: a trie, programs and executables of their own
             self.node = self.node.step(("placement", placement))
-        self.context: Any = None  #: JAX's configuration, as last seen, and its number (:mod:`.ops` keys by it)
-        self.context_id: int | None = None
         self._eqns: list[Eqn] = []
         self.known_at: dict[int, tuple] = {}  #: value number -> (order, trie node) where it became known
         self.started: dict = {}  #: plans started ahead (:func:`.force.start_ahead`), by plan
@@ -416,7 +417,7 @@ def structure(tape: Tape, outputs: Sequence[int]) -> Structure:
     found = leaf.structure
     if found is None:
         key = (tuple(tape.inputs), tuple(tape.eqn_key(i) for i in range(len(tape.ops))), tuple(outputs),
-               tape.placement)
+               tape.placement, tape.config)
         found = leaf.structure = interned(Structure(key, freeze(tape), vid_avals=tuple(tape.akeys),
                                                     kind="forward"))
     return found.with_looks(tuple(tape.looks)) if tape.looks else found
