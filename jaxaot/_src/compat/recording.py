@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 from jax.errors import ConcretizationTypeError
+from jax._src import api_util as _api_util
 from jax._src import core as _core
 from jax._src import linear_util as _lu
 from jax._src import pjit as _pjit
@@ -88,6 +89,8 @@ def bind_on(trace: Any, prim: Any, args: Sequence[Any], params: dict, staged: bo
 
 
 _NULL = contextlib.nullcontext()  # reusable: it holds no state
+#: JAX's box around a custom rule's ``nondiff_argnums`` values, new per call and equal by value: keyed by what it holds.
+_NONDIFF_BOX = getattr(_api_util, "Unhashable", None)
 
 
 def stage_call(prim: Any, args_avals: Sequence[Any], bind: Callable[[Any, list], Any]) -> tuple:
@@ -196,10 +199,12 @@ def _static_part(a: Any) -> Any:
     # what they return follows from the function and its other static arguments.
     if callable(a) and getattr(a, "__qualname__", "").endswith("transformation_with_aux2.<locals>.<lambda>"):
         return "<aux>"
+    if _NONDIFF_BOX is not None and type(a) is _NONDIFF_BOX:  # by type and value, as jit keys a static argument
+        return ("nondiff", type(a.val), _static_part(a.val))
     try:
         hash(a)
     except TypeError:
-        return ById(a)
+        return tuple(map(_static_part, a)) if type(a) is tuple else ById(a)
     return a
 
 
@@ -362,12 +367,6 @@ class RecordingTracer(_core.Tracer):
 
     def __index__(self):
         return operator.index(self._value("int"))
-
-    def __hex__(self):
-        return hex(self._value())
-
-    def __oct__(self):
-        return oct(self._value())
 
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self._value(), dtype=dtype)

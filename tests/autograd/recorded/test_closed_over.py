@@ -164,6 +164,37 @@ def test_a_custom_rule_closing_over_a_forward_value_runs_under_vjp(loss, replay)
     assert "custom rule closes over a value the forward computed" in fallback and "jax.vjp" in fallback
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _scaled_tanh(x, s):
+    return s * jnp.tanh(x)
+
+
+_scaled_tanh.defvjp(lambda x, s: (s * jnp.tanh(x), jnp.tanh(x)), lambda s, t, g: (g * s * (1 - t ** 2),))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _halved_grad(f, x):
+    return f(x)
+
+
+_halved_grad.defvjp(lambda f, x: (f(x), x), lambda f, x, g: (jax.vjp(f, x)[1](g)[0] * 0.5,))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_custom_rule_s_nondiff_arguments_key_its_program_by_value(replay):
+    """JAX boxes ``nondiff_argnums`` values anew each call: the step is keyed by what the box holds (type and value,
+    as ``jit`` keys a static argument), so equal values reuse one program and another value compiles its own."""
+    def loss(w, x, s):
+        return jnp.sum(_scaled_tanh(x @ w, s) ** 2) + jnp.sum(_halved_grad(jnp.sin, x @ w))
+
+    rng = np.random.default_rng()
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for s in (2.0, 2.0, 3.0, 2.0, 3.0, 2):  # 2 is an int: another program, as for jit
+        w, x = _rand(rng, 4, 3), _rand(rng, 5, 4)
+        _close(vg(w, x, s), jax.value_and_grad(loss)(w, x, s))
+    assert compiled_autograd.stats().compiles == 3
+
+
 def test_a_backward_captured_under_vjp_compiles_again_when_jax_s_configuration_changes():
     """Under ``jax.vjp`` capture the backward program is keyed by JAX's configuration too: its random bits
     (``jax_threefry_partitionable`` decides them) follow the setting, as ``jit``'s do."""
