@@ -266,3 +266,36 @@ def test_off_a_cpu_python_reads_a_started_step_s_look_from_host_memory(taken, mo
     assert given and taken[0] >= 2
     assert {value.sharding.memory_kind for value, _ in given} == {"device"}
     assert {read.sharding.memory_kind for _, read in given} == {"pinned_host"}
+
+
+@jax.custom_vjp
+def _logged_sin(x):
+    return jnp.sin(x)
+
+
+_BACKWARD_LOG: list = []
+_logged_sin.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)),
+                   lambda c, g: (jax.debug.callback(_BACKWARD_LOG.append, g.sum()) or g * c,))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_step_with_host_callbacks_is_never_run_on_a_guess(replay):
+    """A callback in a custom rule's backward runs once per call, for the branch taken, as under
+    ``jax.value_and_grad``: the step holding it is not started ahead (nor replayed before its guards confirm it),
+    where a dropped run would have run it too, for a branch Python did not take."""
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(_logged_sin(h) ** 2) if h.mean() > 0 else jnp.sum(_logged_sin(2 * h))
+
+    rng = np.random.default_rng()
+    w, x = jnp.abs(_rand(rng, 4, 4)), jnp.abs(_rand(rng, 3, 4))
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for xs in (x, x, x, -x, -x, -x, x):
+        _BACKWARD_LOG.clear()
+        want = jax.value_and_grad(loss)(w, xs)
+        jax.effects_barrier()
+        expected, _BACKWARD_LOG[:] = list(_BACKWARD_LOG), []
+        _close(vg(w, xs), want)
+        jax.effects_barrier()
+        assert len(_BACKWARD_LOG) == 1
+        np.testing.assert_allclose(_BACKWARD_LOG, expected, rtol=1e-5)

@@ -8,8 +8,8 @@ same arrays, the started run's outputs are the step's; else they are dropped, an
 the function waits a while (longer after each miss) before starting one again.
 The step also returns the scalars Python looked at: a look at the same point, on
 the arrays the step was given, takes its value from the started run (:meth:`Started.look`;
-off a CPU Python reads the step's copy in pinned host memory), not a program of its own.
-``jaxaot.config.start_steps_ahead = False`` starts none.
+off a CPU Python reads the step's copy in pinned host memory), not a program of its own. A step with host
+callbacks (:data:`EFFECTFUL`) is never started ahead. ``jaxaot.config.start_steps_ahead = False`` starts none.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from jaxaot._src.config import config
 
 #: The most calls a function waits, after a miss, before it starts a step ahead again.
 MAX_WAIT = 64
+#: Step executables with effects (a host callback in a custom rule's backward): never started before it is known
+#: that they run (a started run that is dropped would have run its callbacks, and for the branch not taken).
+EFFECTFUL: weakref.WeakSet = weakref.WeakSet()
 
 
 class Started(NamedTuple):
@@ -92,7 +95,7 @@ class Ahead:
                 self.backoff = 1
                 return started.out  # the same executable on the same arrays: what it starts next time too
             self.wait, self.backoff = self.backoff, min(2 * self.backoff, MAX_WAIT)
-        stable = exe is self.last
+        stable = exe is self.last and exe not in EFFECTFUL
         self.last = exe
         if self.wait:
             self.wait -= 1

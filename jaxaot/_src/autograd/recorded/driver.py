@@ -31,6 +31,7 @@ from jaxaot._src.autograd.recorded import modules as M
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import replay as R
 from jaxaot._src.autograd.recorded import step as S
+from jaxaot._src.autograd.recorded.ahead import EFFECTFUL
 from jaxaot._src.autograd.recorded.step_cache import note_fallback, note_replay
 from jaxaot._src.autograd.recorded.plans import Plans, name_of
 from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
@@ -172,7 +173,7 @@ def _replay(plans: Plans, root: R.Guard, diff: list, arrays: list, call: K.Call)
     where no recording took an outcome. ``call``: the call, kept for the reason of a later compile."""
     ahead = R.expected(root)
     found = None
-    if ahead is not None:
+    if ahead is not None and (root.step is ahead or ahead.exe not in EFFECTFUL):  # a guess runs no callbacks
         ran = S.call(ahead.exe, ahead.structure, diff, arrays)
         if R.confirms(ahead, ran[1], root):
             found = ahead

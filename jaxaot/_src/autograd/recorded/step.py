@@ -18,6 +18,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import force as F
+from jaxaot._src.autograd.recorded.ahead import EFFECTFUL
 from jaxaot._src.autograd.recorded import param_hooks as PH
 from jaxaot._src.autograd.recorded import tape as T
 from jaxaot._src.autograd.recorded.replay import guarded_looks
@@ -162,9 +163,12 @@ def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[A
         return value, outs, grads
 
     t = time.perf_counter()
-    lowered = jax.jit(step).lower(list(diff), list(args))
+    traced = jax.jit(step).trace(list(diff), list(args))
+    lowered = traced.lower()
     t_lower = time.perf_counter()
     exe = lowered.compile()
+    if traced.jaxpr.effects:
+        EFFECTFUL.add(exe)
     return exe, {"trace_step": t_lower - t, "compile_step": time.perf_counter() - t_lower}
 
 

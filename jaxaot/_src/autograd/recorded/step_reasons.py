@@ -221,7 +221,8 @@ def _eqn_change(program: str, i: int, old: Structure, new: Structure) -> str:
             return (f"the {program} operation {b[0]}{where}: what its rule{'s' if len(reads) > 1 else ''} "
                     f"{', '.join(reads)} read{'' if len(reads) > 1 else 's'} besides its arguments changed (the step "
                     "traces a rule when it compiles, as jit does: pass such a value as an argument to keep one "
-                    "program)")
+                    "program; a list or dict a host callback of the rule writes to is read too: make it a "
+                    "collections.deque, read by identity)")
         what = f"its parameter{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else "its parameters"
         return f"the {program} operation {b[0]}{where} changed {what}"
     was, now = _eqn_words(a, old), _eqn_words(b, new)
