@@ -300,7 +300,7 @@ def test_replay_must_be_a_bool():
 def test_the_concept_page_blocks_run():
     page = Path(__file__).resolve().parents[3] / "docs" / "concepts" / "compiled_autograd.md"
     blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
-    assert len(blocks) == 3  # the first example, replay's, and param_hooks' (indented in its list item)
+    assert len(blocks) == 4  # the first example, the callback's log, replay's, and param_hooks' (in its list item)
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(page), "exec"), namespace)  # noqa: S102 - the page's own examples
