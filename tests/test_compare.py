@@ -165,3 +165,21 @@ def test_a_nan_anywhere_in_the_gradients_makes_the_difference_nan_and_policies_m
     with pytest.raises(InvalidValueError, match="names of the reference"):
         jaxaot.compare(lambda w: jnp.sum(w ** 2), jnp.ones(3), budgets=(1.0,), rounds=1, calls=1,
                        policies={"jax.jit(jax.value_and_grad)": jax.checkpoint_policies.nothing_saveable})
+
+
+def test_a_policy_jax_checkpoint_refuses_is_a_typed_error_naming_the_way_out():
+    """``jax.checkpoint`` refuses a function with an ``io_callback`` under a policy: ``compare`` says so with a typed
+    error naming ``policies=()``, with which jaxaot's rows and jit's compare the function as JAX computes it."""
+    from jax.experimental import io_callback
+
+    def loss(w, x):
+        y = jnp.tanh(x @ w)
+        io_callback(lambda a: a, jax.ShapeDtypeStruct((), y.dtype), jax.lax.stop_gradient(y[0, 0]))  # a logger
+        return jnp.sum(y ** 2)
+
+    w, x = jax.random.normal(fresh_key(), (6, 4)), jax.random.normal(fresh_key(), (5, 6))
+    with pytest.raises(InvalidInputError, match=r"dots_saveable.*policies=\(\)"):
+        jaxaot.compare(loss, w, x, budgets=(0.5,), policies=("dots_saveable",), rounds=1, calls=1)
+    result = jaxaot.compare(loss, w, x, budgets=(0.5,), policies=(), rounds=1, calls=1)
+    assert [r.name for r in result.rows] == ["jaxaot memory_budget=0.5", REFERENCE]
+    assert all(r.max_abs_diff < 1e-5 for r in result.rows)

@@ -143,7 +143,8 @@ def compare(fn: Callable[..., Any], *args: Any, budgets: Sequence[float | int | 
       InvalidInputError: ``fn`` is not callable; ``budgets`` is not a list or tuple; ``argnums``,
         ``policies``, ``rounds`` or ``calls`` of the wrong kind (an integer is what ``operator.index`` reads, as in
         JAX: ``np.int64(1)`` is one, a bool is not); ``argnums`` naming an argument twice; an argument given as a
-        ``jax.ShapeDtypeStruct`` (the steps need values to run on).
+        ``jax.ShapeDtypeStruct`` (the steps need values to run on); ``jax.checkpoint`` refusing ``fn`` under one of
+        ``policies`` (an ``io_callback`` in it).
       InvalidValueError: a budget that means neither a fraction nor bytes, no budgets, an unknown
         policy name, ``argnums`` beyond the arguments, ``rounds`` or ``calls`` below 1.
       MemoryBudgetError: no plan fits a byte budget.
@@ -161,7 +162,13 @@ def compare(fn: Callable[..., Any], *args: Any, budgets: Sequence[float | int | 
         name = name if policy is None else f"jax.checkpoint({name})"
         loss = fn if policy is None else jax.checkpoint(fn, policy=policy)
         with _progress.task(f"compiling {name}"):
-            exe = jax.jit(jax.value_and_grad(loss, argnums=argnums)).lower(*args).compile()
+            try:
+                exe = jax.jit(jax.value_and_grad(loss, argnums=argnums)).lower(*args).compile()
+            except NotImplementedError as err:  # JAX's checkpoint refuses effects (an io_callback, say)
+                if policy is None:
+                    raise
+                raise InvalidInputError(f"{name} cannot wrap this function ({err}): compare jaxaot's rows and "
+                                        "jit's alone with policies=().") from err
         steps[name] = ("jax", lambda exe=exe: exe(*args), lambda exe=exe: compiled_peak(exe))
     diffs, peaks = {}, {}
     with _progress.task(f"running each step once ({len(steps)} programs)"):
