@@ -151,6 +151,61 @@ def test_submodule_keeps_the_variables_and_trains_as_the_plain_parent(parent):
     assert info.misses == 2  # training (traced: forward and backward) and evaluation (inference)
 
 
+class _AutoEncoder(nn.Module):
+    """Encoder and decoder as methods of their own, the encoder with BatchNorm (a collection it updates)."""
+
+    def setup(self):
+        self.enc, self.norm, self.dec = nn.Dense(3), nn.BatchNorm(momentum=0.8), nn.Dense(6)
+
+    def encode(self, x, train: bool):
+        return self.norm(self.enc(x), use_running_average=not train)
+
+    def decode(self, z):
+        return self.dec(z)
+
+    def __call__(self, x, train: bool):
+        return self.decode(self.encode(x, train))
+
+
+class _MethodsParent(nn.Module):
+    aot: bool
+
+    def setup(self):
+        self.ae = jaxaot.nn.aot_module(_AutoEncoder(), static_argnames="train") if self.aot else _AutoEncoder()
+
+    def __call__(self, x, train: bool):
+        return self.ae.decode(jnp.tanh(self.ae.encode(x, train=train)))
+
+
+def test_a_parent_calls_the_wrapped_module_s_other_methods_compiled():
+    """A parent calling ``self.ae.encode(x)`` on the wrapper runs the wrapped module's ``encode``, compiled, as the
+    plain parent does: the same variables at init, outputs, updated collections and gradients; an attribute the
+    wrapped module lacks is Linen's ``AttributeError``."""
+    keys = iter(jax.random.split(jax.random.key(int(jax.random.randint(jax.random.key(5), (), 0, 1 << 20))), 4))
+    x = jax.random.normal(next(keys), (8, 6))
+    init_key = next(keys)
+    ref_vars = _MethodsParent(False).init(init_key, x, train=False)
+    chex.assert_trees_all_close(_MethodsParent(True).init(init_key, x, train=False), ref_vars)
+
+    def loss(aot, params, stats):
+        out, new = _MethodsParent(aot).apply({"params": params, "batch_stats": stats}, x, train=True,
+                                             mutable=["batch_stats"])
+        return jnp.sum(out ** 2), new
+
+    want = jax.value_and_grad(loss, argnums=1, has_aux=True)(False, ref_vars["params"], ref_vars["batch_stats"])
+    got = jax.value_and_grad(loss, argnums=1, has_aux=True)(True, ref_vars["params"], ref_vars["batch_stats"])
+    chex.assert_trees_all_close(got, want, **TOL)
+    assert jaxaot.nn.aot_module(_AutoEncoder(), static_argnames="train").cache_info().misses == 2  # per method
+
+    class Asks(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return jaxaot.nn.aot_module(_AutoEncoder(), static_argnames="train").missing(x)
+
+    with pytest.raises(AttributeError, match="missing"):
+        Asks().init(next(keys), x)
+
+
 def test_tabulate_is_the_wrapped_module_s_table():
     x = jax.random.normal(jax.random.key(5), (2, 3))
     want = nn.Dense(4).tabulate(jax.random.key(0), x, compute_flops=False)

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any, Mapping
 
@@ -184,16 +185,34 @@ class AOTLinenModule(nn.Module):
 
     # ------------------------------------------------------------------ as a submodule
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call_method("__call__", *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        """Another public method of the wrapped module (``self.ae.encode(x)`` in a parent), compiled as ``__call__`` is:
+        the same program path as ``__call__``, with that method."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            wrapped = self.__dict__.get("wrapped")
+            if name.startswith("_") or not callable(getattr(type(wrapped), name, None)):
+                raise
+            return functools.partial(self._call_method, name)
+
+    @nn.nowrap  # a helper, not a Linen method: a parent's capture_intermediates sows the method called, not it
+    def _call_method(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's method ``name`` run on this submodule's variables, compiled, its mutated collections
+        written back to the parent's scope (during ``init``: the wrapped module's own method, as Linen runs it)."""
+        method = None if name == "__call__" else name
         if self.is_initializing():
-            return self.wrapped(*args, **kwargs)
+            return getattr(self.wrapped, name)(*args, **kwargs)
         scope = self.scope
         mutable = _normalize_mutable(scope.mutable) or False
         rngs = {name: self.make_rng(name) for name in sorted(scope.rngs)} or None
         capture = parent_capture()
         variables, module = dict(self.variables), _unbound(self.wrapped)
         out, new_state = run_reading_numbers(self.programs, args, kwargs, lambda numbers: self._prepare(
-            variables, args, kwargs, rngs=rngs, mutable=mutable, capture_intermediates=capture, module=module,
-            numbers=numbers).run_rebuilt())
+            variables, args, kwargs, rngs=rngs, method=method, mutable=mutable, capture_intermediates=capture,
+            module=module, numbers=numbers).run_rebuilt())
         if new_state is None:
             return out
         new_state = _from_state_pair(*new_state)

@@ -111,8 +111,7 @@ class Tape:
         self.trace = C.RecordingTrace(self)
         self.values, self.avals = [], []
         self.shown: list[bool] = []  #: per value number, whether :meth:`known` shows it
-        self.ops: list[tuple] = []
-        self.inputs: list[tuple] = []
+        self.ops, self.inputs = [], []  # (op, ins, outs, source info); (value number, kind, key)
         self.args, self.arg_objects = [], []
         self.kinds: dict[int, str] = {}
         self.constants, self.held = [], []  #: held: owners of one-element NumPy arrays used (:func:`~.structure.owner`)
