@@ -206,6 +206,29 @@ def test_a_parent_calls_the_wrapped_module_s_other_methods_compiled():
         Asks().init(next(keys), x)
 
 
+def test_differentiating_a_collection_other_than_params_names_its_leaf_and_the_fix():
+    """``jax.grad`` of a Linen apply over the whole variables, ``batch_stats`` included: refused, naming the first
+    such leaf and saying to differentiate ``variables['params']``; that gradient is plain Flax's."""
+    module = _Block()
+    x = jax.random.normal(jax.random.key(int(jax.random.randint(jax.random.key(8), (), 0, 1 << 20))), (4, 6))
+    variables = module.init(jax.random.key(1), x, train=False)
+    aot = jaxaot.nn.aot_module(module, static_argnames="train")
+    with pytest.raises(jaxaot.errors.InvalidInputError, match=r"\['batch_stats'\].*variables\['params'\]"):
+        jax.grad(lambda v: aot.apply(v, x, train=False).sum())(variables)
+    grad = lambda apply: jax.grad(lambda p: apply({**variables, "params": p}, x, train=False).sum())  # noqa: E731
+    chex.assert_trees_all_close(grad(aot.apply)(variables["params"]), grad(module.apply)(variables["params"]), **TOL)
+
+
+@pytest.mark.parametrize("mutable", [nn.DenyList(["params"]), nn.DenyList(("params",)), ["batch_stats"]])
+def test_every_mutable_filter_flax_takes_is_taken(mutable):
+    """A ``DenyList`` holding a list is a filter Flax takes (the wrapper keys it as the equal tuple one)."""
+    module = _Block()
+    x = jax.random.normal(jax.random.key(int(jax.random.randint(jax.random.key(6), (), 0, 1 << 20))), (4, 6))
+    variables = module.init(jax.random.key(2), x, train=False)
+    got = jaxaot.nn.aot_module(module, static_argnames="train").apply(variables, x, train=True, mutable=mutable)
+    chex.assert_trees_all_close(got, module.apply(variables, x, train=True, mutable=mutable), **TOL)
+
+
 def test_tabulate_is_the_wrapped_module_s_table():
     x = jax.random.normal(jax.random.key(5), (2, 3))
     want = nn.Dense(4).tabulate(jax.random.key(0), x, compute_flops=False)

@@ -38,9 +38,11 @@ from jaxaot._src.runtime import AOTFunction, CacheInfo, aot_function
 
 
 def _normalize_mutable(mutable: Any) -> Any:
-    # Hashable and canonical, so that equal filters share a compiled entry.
+    # Hashable and canonical, so that equal filters share a compiled entry (a DenyList's filter too).
     if isinstance(mutable, (list, tuple, set, frozenset)):
         return tuple(sorted(mutable))
+    if isinstance(mutable, nn.DenyList):
+        return nn.DenyList(_normalize_mutable(mutable.deny))
     return mutable
 
 

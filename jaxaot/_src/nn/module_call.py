@@ -266,6 +266,19 @@ def _check_no_flax_objects(args: tuple, kwargs: dict) -> None:
 
 
 # --------------------------------------------------------------------------- one call
+def _differentiated_state(rest: Any) -> InvalidInputError:
+    """The error for state other than parameters under ``jax.grad`` (``rest``: that state), naming its first
+    differentiated leaf: aot_module differentiates parameters only and would return zeros for it."""
+    path = next((p for p, x in jax.tree_util.tree_flatten_with_path(rest)[0]
+                 if C.is_differentiated(x) and C.is_inexact(x.dtype)), ())
+    return InvalidInputError(
+        f"module state that is not a parameter is being differentiated ({jax.tree_util.keystr(path) or 'a leaf'}): "
+        "aot_module differentiates parameters only (nnx.Param, Linen's 'params') and would return zeros for it. "
+        "nnx: make that Variable an nnx.Param (a subclass of it), or leave it out of nnx.grad's DiffState and an "
+        "optimizer's wrt. Linen: differentiate variables['params'] and pass the other collections as they are. Or "
+        "differentiate the module without aot_module.")
+
+
 class ModuleCall:
     """One module call, prepared for its program.
 
@@ -305,11 +318,7 @@ class ModuleCall:
             rest_tree = jax.tree_util.tree_structure(state[1])
         if freeze and any(C.is_differentiated(x) and C.is_inexact(x.dtype) for x in leaves[1]):  # (an RNG count
             # written back by an earlier call under the same jax.grad is a tracer too, of an integer: not one)
-            raise InvalidInputError(
-                "a Variable of the module that is not an nnx.Param is being differentiated (nnx.grad with "
-                "nnx.DiffState, or an optimizer's wrt, selecting it): aot_module differentiates nnx.Param state only "
-                "and would return zeros for it. Make that Variable an nnx.Param (a subclass of it), or differentiate "
-                "the module without aot_module.")
+            raise _differentiated_state(state[1])
         self.frozen = FrozenState.of_leaves(rest_tree, leaves[1], freeze)
 
     @property
