@@ -140,6 +140,29 @@ def test_a_function_without_a_reverse_derivative_lowers_and_runs_as_jit_s_stage(
         jax.grad(lambda x: jnp.sum(f(x)))(x)
 
 
+@jax.custom_vjp
+def _broken_rule(x):
+    return jnp.sin(x)
+
+
+def _raise_in_backward(res, g):
+    raise ValueError("the rule's own bug")
+
+
+_broken_rule.defvjp(lambda x: (jnp.sin(x), x), _raise_in_backward)
+
+
+def test_lower_raises_an_error_of_the_function_s_backward_as_jit_of_its_gradient_does():
+    """A custom rule that raises is the function's error, not a missing derivative: ``lower`` raises it, as
+    ``jax.jit(jax.grad(f)).lower`` does, and stages no derivative-free programs in its place."""
+    x = jnp.asarray(np.random.default_rng().standard_normal(3), jnp.float32)
+    loss = lambda x: jnp.sum(_broken_rule(x))  # noqa: E731
+    with pytest.raises(ValueError, match="the rule's own bug"):
+        jax.jit(jax.grad(loss)).lower(x)
+    with pytest.raises(ValueError, match="the rule's own bug"):
+        jaxaot.aot_function(loss).lower(x)
+
+
 def test_lower_raises_the_function_s_own_error_where_its_forward_fails():
     def broken(x):
         return jnp.dot(x, jnp.ones((4, 2)))  # (3,) @ (4, 2): a shape error in the forward itself

@@ -24,7 +24,7 @@ from jaxaot._src.runtime.debug_nans import CheckedExecutable
 from jaxaot._src.runtime.options import Options, prune_outputs
 from jaxaot._src.runtime.signature import Signature
 from jaxaot._src.runtime.training import TrainingPrograms
-from jaxaot._src.tracing import trace_primal
+from jaxaot._src.tracing import lacks_derivative, trace_primal
 
 
 class SignaturePrograms:
@@ -146,6 +146,8 @@ class SignaturePrograms:
         try:
             tr.joint
         except Exception as e:  # noqa: BLE001 - the forward alone tells a missing derivative from the function's error
+            if not lacks_derivative(e):  # a custom rule's own error, say: the function's
+                raise
             none = self.training(tuple(False for _ in self.inexact))
             try:
                 none.joint

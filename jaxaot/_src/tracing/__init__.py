@@ -9,7 +9,8 @@ jaxpr, built from the primal program for a differentiated mask),
 """
 
 from jaxaot._src.tracing.primal import Decompositions, flatten_program, trace_primal
-from jaxaot._src.tracing.joint import JointGraph, JointRecipe, build_joint, grad_avals, in_backward_scope, trace_joint
+from jaxaot._src.tracing.joint import (JointGraph, JointRecipe, build_joint, grad_avals, in_backward_scope,
+                                      lacks_derivative, trace_joint)
 
 __all__ = ["Decompositions", "JointGraph", "JointRecipe", "build_joint", "flatten_program", "grad_avals",
-           "in_backward_scope", "trace_joint", "trace_primal"]
+           "in_backward_scope", "lacks_derivative", "trace_joint", "trace_primal"]

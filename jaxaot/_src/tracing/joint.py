@@ -109,6 +109,18 @@ class JointGraph:
 _NO_RULE = re.compile(r"Differentiation rule for '([^']+)' not implemented")
 
 
+#: What JAX says of a function without a reverse-mode derivative: a loop with a traced trip count, a callback, a
+#: primitive without a JVP or transpose rule (jaxaot's :class:`NoDifferentiationRuleError` too).
+_NO_DERIVATIVE = re.compile(r"Reverse-mode differentiation does not work|callbacks do not support JVP|"
+                            r"(Differentiation|Transpose) rule .*not implemented", re.IGNORECASE)
+
+
+def lacks_derivative(err: BaseException) -> bool:
+    """Whether the joint trace failed for want of a reverse-mode derivative (not for an error of the function's
+    own code, or of its custom rules, which propagate)."""
+    return isinstance(err, NoDifferentiationRuleError) or bool(_NO_DERIVATIVE.search(str(err)))
+
+
 def _missing_rule_error(primal: Any, err: Exception) -> Exception | None:
     """The error naming the primitive JAX found without a differentiation rule, and where the function uses it;
     None where JAX's ``NotImplementedError`` says something else."""
