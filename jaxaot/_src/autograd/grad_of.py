@@ -13,11 +13,14 @@ from typing import Any, Callable
 
 import jax
 
+from jaxaot._src import compat as C
+
 
 def grad_of(vg: Callable, fun: Any, *, has_aux: bool) -> Callable:
     """The gradients of ``vg``'s ``(value, grads)`` (with ``aux`` beside them under ``has_aux``), sharing its cache
     and, where ``vg`` has them, its stages (``lower``)."""
 
+    @C.api_boundary  # an error in the user's function shows the user's lines, as under jit
     def grad(*args: Any, **kwargs: Any):
         value, g = vg(*args, **kwargs)
         return (g, value[1]) if has_aux else g

@@ -8,7 +8,7 @@ executables, custom rules, loop primitives' support, the recording trace, Stable
 """
 
 from jaxaot._src.compat import (call_sites, core, custom_rules, forward_mode, loop_support, manual_axes, recording,
-                                stablehlo, symbolic_dims)
+                                stablehlo, symbolic_dims, tracebacks)
 from jaxaot._src.compat.call_sites import *  # noqa: F401,F403
 from jaxaot._src.compat.core import *  # noqa: F401,F403
 from jaxaot._src.compat.custom_rules import *  # noqa: F401,F403
@@ -18,7 +18,8 @@ from jaxaot._src.compat.manual_axes import *  # noqa: F401,F403
 from jaxaot._src.compat.recording import *  # noqa: F401,F403
 from jaxaot._src.compat.stablehlo import *  # noqa: F401,F403
 from jaxaot._src.compat.symbolic_dims import *  # noqa: F401,F403
+from jaxaot._src.compat.tracebacks import *  # noqa: F401,F403
 
 __all__ = sorted({*call_sites.__all__, *core.__all__, *custom_rules.__all__, *forward_mode.__all__,
                   *loop_support.__all__, *manual_axes.__all__, *recording.__all__, *stablehlo.__all__,
-                  *symbolic_dims.__all__})
+                  *symbolic_dims.__all__, *tracebacks.__all__})

@@ -53,7 +53,7 @@ def _overflow_as_loop_error(method: Callable) -> Callable:
         with reraise_overflow():
             return method(*args, **kwargs)
 
-    return run
+    return C.api_boundary(run)  # an error in the user's function shows the user's lines, as under jit
 
 
 class AOTFunction:

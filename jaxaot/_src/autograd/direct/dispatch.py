@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jaxaot._src import compat as C
 from jaxaot._src.names import callable_name
 from jaxaot._src.autograd.argnums import as_index, check_reduce_axes, normalize_argnums, resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
@@ -178,6 +179,7 @@ def _argnums_checked_at_call(vg: Callable[..., Any], argnums: Any, who: str) -> 
     else:
         return vg  # Flax's nnx.DiffState: nnx.value_and_grad's own checks
 
+    @C.api_boundary  # an error in the user's function shows the user's lines, as under jit
     def checked(*args: Any, **kwargs: Any) -> Any:
         resolve_argnums(nums, len(args), argnums, who)
         return vg(*args, **kwargs)

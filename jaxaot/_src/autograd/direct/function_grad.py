@@ -164,6 +164,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             return fun.lowered(training, run, runs_step=fused and tr is not None)
         return lower
 
+    vg = C.api_boundary(vg)  # an error in the user's function shows the user's lines, as under jit
     vg.__wrapped__ = fun
     vg.lower = lower_running(vg)
     vg.lower_running = lower_running  # grad_of's gradient lowers the same programs

@@ -145,6 +145,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
             aux = ML.relink(aux, linked[0], {n: m.module for n, m in modules.items()})
         return _returned(value, (aux, None), grads, call.diff_tree, has_aux, single)
 
+    value_and_grad = C.api_boundary(value_and_grad)  # errors in the user's forward show the user's lines
     value_and_grad.__wrapped__ = fun
     value_and_grad.cache_info = plans.cache_info
     return value_and_grad
