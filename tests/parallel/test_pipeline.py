@@ -245,6 +245,25 @@ def test_a_stage_s_own_error_goes_up_as_it_was_raised(where):
     assert not isinstance(info.value, StageMismatchError)
 
 
+@pytest.mark.parametrize("filtering", ["auto", "off"])
+def test_a_stage_using_a_traced_value_in_python_raises_jax_s_error_however_tracebacks_are_filtered(filtering):
+    """A stage's ``if`` on a traced value is JAX's ``TracerBoolConversionError``, with its hint, whether or not JAX
+    filters its frames from the traceback (``JAX_TRACEBACK_FILTERING``): never a stage mismatch."""
+    def branchy(p, x):
+        return jnp.tanh(x @ p) if jnp.sum(x) > 0 else x
+
+    step = pipeline([lambda p, x: x @ p, branchy], mse, schedule="gpipe", num_microbatches=2,
+                    devices=schedule_devices(2), executor="python")
+    before = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", filtering)
+    try:
+        with pytest.raises(jax.errors.TracerBoolConversionError, match="depends on the value") as info:
+            step([jnp.eye(8)] * 2, jnp.ones((8, 8)), jnp.ones((8, 8)))
+    finally:
+        jax.config.update("jax_traceback_filtering", before)
+    assert not isinstance(info.value, StageMismatchError)
+
+
 @pytest.mark.parametrize("schedule, split", [("gpipe", False), ("1f1b", False), ("zero_bubble", True)])
 def test_weight_pass_bytes_are_those_a_split_keeps_for_its_w_pass(schedule, split):
     step = pipeline([mlp_stage] * 2, mse, schedule=schedule, num_microbatches=2, devices=schedule_devices(2),

@@ -134,7 +134,10 @@ _LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, np))
 
 def _raised_by_jax(error: Exception) -> bool:
     """Whether JAX (or NumPy) raised ``error`` where it was raised (a shape that an operation refuses), not the
-    user's code (a stage checking its input and raising its own error, which goes up as it is)."""
+    user's code (a stage checking its input and raising its own error, which goes up as it is). JAX's errors of a
+    traced value used as a Python one (``if x > 0``, ``float(x)``) are the stage's own, as JAX raised them."""
+    if isinstance(error, getattr(jax.errors, "JAXTypeError", ())):
+        return False
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
