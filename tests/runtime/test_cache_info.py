@@ -51,6 +51,25 @@ def test_static_and_weak_type_reasons():
     assert [e.signature for e in f.cache_info().entries] == ["x: f32[3], n=3", "x: f32[3], n=4", "x: f32[], n=4"]
 
 
+def test_a_large_static_value_s_reason_shows_where_it_changed():
+    """A static value whose repr is long (a model's static half, a config) is shown around its first difference,
+    whitespace folded, not cut to a prefix both sides share."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        names: tuple
+        activation: str
+
+    f = jaxaot.aot_function(lambda x, c: jnp.tanh(x) if c.activation == "tanh" else jax.nn.relu(x), static_argnums=1)
+    names = tuple(f"layer_{i}" for i in range(20))
+    f(jnp.ones(3), Config(names, "tanh"))
+    f(jnp.ones(3), Config(names, "relu"))
+    reason = _reasons(f)[-1]
+    assert reason.startswith("static argument `c`: ...") and "activation='tanh'" in reason, reason
+    assert "activation='relu'" in reason.split(" → ")[1] and len(reason) < 240, reason
+
+
 def test_alternating_signatures_are_described_against_the_nearest():
     f = jaxaot.aot_function(lambda a, b: jnp.sum(a) + jnp.sum(b))
     f(jnp.ones(2), jnp.ones(3))

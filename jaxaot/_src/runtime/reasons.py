@@ -272,8 +272,20 @@ def _static_change(old: tuple, new: tuple, names: ArgNames) -> str | None:
             out.append(f"static argument `{name}` was mutated since an earlier call (its hash changed)")
         elif _static_differs((a,), (b,)):
             out.append(_described(a.value, b.value) or
-                       f"static argument `{name}`: {safe_repr(a.value, 80)} → {safe_repr(b.value, 80)}")
+                       "static argument `{}`: {} → {}".format(name, *_where_reprs_differ(a.value, b.value)))
     return "; ".join(out) or None
+
+
+def _where_reprs_differ(old: Any, new: Any, limit: int = 80) -> tuple[str, str]:
+    """The two values' reprs (whitespace runs as one space), each cut to ``limit`` characters around where they first
+    differ: a large value (a model's static half, a config) shows what changed, not a prefix both share."""
+    a, b = (" ".join(safe_repr(v, 1 << 16).split()) for v in (old, new))
+    if len(a) <= limit and len(b) <= limit:
+        return a, b
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, at - limit // 4)
+    return tuple(("..." if start else "") + t[start:start + limit] + ("..." if start + limit < len(t) else "")
+                 for t in (a, b))
 
 
 def _described(old: Any, new: Any) -> str | None:
