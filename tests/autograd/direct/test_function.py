@@ -60,6 +60,17 @@ def test_errors_are_jax_errors():
         jaxaot.grad(g, argnums=1)(_normal(3), jnp.int32(2))
 
 
+def test_a_differentiated_bool_leaf_is_jax_s_type_error_before_the_function_traces():
+    """JAX checks the differentiated inputs' types before it traces: a bool leaf the function branches on (a model's
+    ``training`` flag left in its parameters) is JAX's ``TypeError`` naming bool, not the branch's tracer error."""
+    f = jaxaot.aot_function(lambda p: jnp.sum(p["w"]) * (2.0 if p["training"] else 1.0))
+    params = {"w": _normal(3), "training": True}
+    for grad in (jax.grad, jaxaot.grad):
+        with pytest.raises(TypeError, match="real- or complex-valued.*bool") as err:
+            grad(f)(params)
+        assert not isinstance(err.value, jax.errors.TracerBoolConversionError)
+
+
 @pytest.mark.parametrize("argnums", [0, 1])
 def test_same_array_in_two_arguments_differentiates_only_the_picked_one(argnums):
     fn = lambda a, b: jnp.sum(jnp.sin(a) * b ** 2)  # noqa: E731

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.argnums import resolve_argnums
@@ -111,7 +112,12 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         at = resolve_argnums(nums, len(args), argnums, fun.__name__)
         if C.jit_disabled():  # JAX's own autodiff, eagerly through fun's Python (AOTFunction.__call__)
             return fallback(*args, **kwargs)
-        programs, leaves, kind = fun.lookup(args, kwargs)
+        try:
+            programs, leaves, kind = fun.lookup(args, kwargs)
+        except Exception:
+            if not _differentiable(args, at):  # JAX checks the inputs' types before it traces: its TypeError first
+                return fallback(*args, **kwargs)
+            raise
         if programs.closes_over_tracers:  # built inside a transformation: its one trace, through JAX's autodiff
             primal = closed_over_tracers(fun, programs)
             return jax.value_and_grad(primal, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
@@ -170,3 +176,12 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     vg.lower_running = lower_running  # grad_of's gradient lowers the same programs
     vg.cache_info = fun.cache_info
     return vg
+
+
+def _differentiable(args: tuple, at: Sequence[int]) -> bool:
+    """Whether every leaf of the differentiated arguments has a float or complex type, as ``jax.grad`` requires."""
+    try:
+        leaves = [x for i in at for x in jax.tree_util.tree_leaves(args[i])]
+        return all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
+    except TypeError:  # a leaf JAX cannot type (a function)
+        return False
