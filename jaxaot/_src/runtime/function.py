@@ -44,16 +44,17 @@ class Lookup(NamedTuple):
     kind: TraceKind
 
 
-def _overflow_as_loop_error(method: Callable) -> Callable:
-    """``method`` raising :class:`~jaxaot.errors.LoopOverflowError` when a ``max_steps``
-    loop it ran overflowed (:func:`jaxaot._src.loops.reraise_overflow`)."""
+def _public_call(method: Callable) -> Callable:
+    """``method`` as users call it: raising :class:`~jaxaot.errors.LoopOverflowError` when a ``max_steps`` loop it
+    ran overflowed (:func:`jaxaot._src.loops.reraise_overflow`), and an API boundary of JAX's traceback filtering
+    (an error in the user's function shows the user's lines, as under ``jit``)."""
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
         with reraise_overflow():
             return method(*args, **kwargs)
 
-    return C.api_boundary(run)  # an error in the user's function shows the user's lines, as under jit
+    return C.api_boundary(run)
 
 
 class AOTFunction:
@@ -146,7 +147,7 @@ class AOTFunction:
         return reasons.signature_paths(sig.treedef, len(sig.static), self.static_argnums, names)
 
     # -- calling
-    @_overflow_as_loop_error
+    @_public_call
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if C.jit_disabled():  # as jit's: the function's Python, op by op (and JAX's own autodiff through it)
             return self.fn(*args, **kwargs)
@@ -171,7 +172,7 @@ class AOTFunction:
             outs = [o if sh is None else C.pin_sharding(o, sh) for o, sh in zip(outs, programs.out_shardings)]
         return jax.tree_util.tree_unflatten(programs.out_tree, outs)
 
-    @_overflow_as_loop_error
+    @_public_call
     def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, Residuals]:
         """Run the compiled forward: ``(outputs, residuals)``.
 
@@ -210,7 +211,7 @@ class AOTFunction:
             self._hot = hot_path(tr, leaves, static=bool(self.static_argnums)) or self._hot
         return jax.tree_util.tree_unflatten(programs.out_tree, outs), Residuals(residuals, tr, checked=concrete)
 
-    @_overflow_as_loop_error
+    @_public_call
     def backward(self, residuals: Residuals, cotangents: Any) -> Any:
         """Run the compiled backward on residuals from :meth:`forward`.
 
