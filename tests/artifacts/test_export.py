@@ -221,6 +221,26 @@ def test_load_in_process_under_jit_and_explicit_split(mlp_export):
     chex.assert_trees_all_close((out, f.backward(res, jnp.float32(1.0))), (out_ref, grads_ref), **TOL)
 
 
+def test_a_concrete_call_of_a_loaded_function_runs_its_program_jitted_once(mlp_export, monkeypatch):
+    """Called on values, outside any transformation, a loaded function runs each exported program through one
+    ``jax.jit`` of its call: the program is traced once per shape, as jit traces (``Exported.call`` eagerly traces
+    itself at every call), with the same outputs and residuals; under ``jax.grad`` its programs run as before."""
+    fn, _, exp = mlp_export
+    traced = []
+    call = type(exp.inference).call
+    monkeypatch.setattr(type(exp.inference), "call", lambda self, *a: traced.append(1) or call(self, *a))
+    f = jaxaot.export.load(exp)
+    for _ in range(4):
+        _, args = _mlp(int(np.random.default_rng().integers(1, 1000)))
+        out_ref, grads_ref = _reference(fn, args)
+        out, res = f.forward(*args)
+        chex.assert_trees_all_close((f(*args), out, f.backward(res, jnp.float32(1.0))), (out_ref, out_ref, grads_ref),
+                                    **TOL)
+    assert len(traced) == 3  # inference, forward, backward: each traced once for the four calls
+    chex.assert_trees_all_close(jax.grad(f)(*args), grads_ref[0], **TOL)
+    assert f.cache_info().misses == 1  # one shape: its entry names the three programs
+
+
 @pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy])
 def test_copies_of_a_loaded_function_run_the_same_programs_with_a_call_log_of_their_own(mlp_export, copier):
     """As copies of a ``jax.jit`` function: the same programs, a cache of their own."""

@@ -193,6 +193,7 @@ class LoadedAOT:
         if self.num_devices > 1:
             check_enough_devices(where or f"the artifact of {self.__name__}", self.num_devices, self.signature.mesh)
         self._structures: dict[Any, Any] = {}
+        self._jitted: dict[str, Any] = {}  # program ("inference", "forward", "backward") -> jax.jit of its call
         self._calls = CallLog(self)
         self._weak = WeakTyping(self.signature)
         exported_for = {p for prog in (exported.inference, exported.forward, exported.backward) for p in prog.platforms}
@@ -232,7 +233,8 @@ class LoadedAOT:
 
     def __call__(self, *args: Any) -> Any:
         leaves = self._check_inputs(args)
-        return jax.tree_util.tree_unflatten(self.signature.out_tree, self._call(*leaves))
+        outs = self._infer(leaves) if _concrete(leaves) else self._call(*leaves)  # concrete: nothing to differentiate
+        return jax.tree_util.tree_unflatten(self.signature.out_tree, outs)
 
     def forward(self, *args: Any) -> tuple[Any, ExportedResiduals]:
         """Run the exported forward: ``(outputs, residuals)``.
@@ -257,10 +259,8 @@ class LoadedAOT:
         ignored and may be None); integer inputs get ``float0`` zeros.
         """
         if not isinstance(residuals, ExportedResiduals):
-            raise ResidualsMismatchError(
-                f"backward expects the ExportedResiduals returned by {self.__name__}.forward, "
-                f"got {type(residuals).__name__}."
-            )
+            raise ResidualsMismatchError(f"backward expects the ExportedResiduals returned by {self.__name__}.forward, "
+                                         f"got {type(residuals).__name__}.")
         self._check_residuals(residuals.arrays)
         grads = self._backward(residuals.arrays, self._check_cotangents(cotangents))
         float0s = [C.zeros_float0(s) for s in residuals.input_shapes]
@@ -268,10 +268,8 @@ class LoadedAOT:
 
     # -- placement
     def mesh(self, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-        """A mesh of the exported shape (axis names, sizes and types) over ``devices`` (default: the first ones).
-
-        Raises :class:`ArtifactError` for an artifact exported without a mesh.
-        """
+        """A mesh of the exported shape (axis names, sizes and types) over ``devices`` (default: the first ones);
+        an :class:`ArtifactError` for an artifact exported without a mesh."""
         if self.signature.mesh is None:
             raise ArtifactError(f"{self.__name__} was exported from unsharded inputs: it has no mesh and runs on "
                                 "any one device (or any mesh).")
@@ -310,6 +308,8 @@ class LoadedAOT:
                 f"jax.vmap of {self.__name__}, a loaded artifact, is not supported: its exported {what} program "
                 "has no batching rule. Export the vmapped function instead (jaxaot.export.export(jax.vmap(f), "
                 "*batched_args)), or map this one over the batch with jax.lax.map.")
+        if _concrete(leaves):  # ``Exported.call`` traces itself at every eager call: jitted once, it dispatches
+            return list((self._jitted.get(what) or self._jitted.setdefault(what, jax.jit(program.call)))(*leaves))
         return list(differentiable_call(program, self.__name__, what)(*leaves))
 
     def _infer(self, leaves: Sequence[Any]) -> list:
@@ -443,3 +443,8 @@ def _checked(flags: Sequence[Any], checks: Sequence[RuntimeCheck], values: Seque
                 "forward). Its reverse mode stacks at most max_steps carries: re-export with a larger max_steps, "
                 "or with checkpoints=k instead.")
     return checked_values(flags, [c.max_steps for c in checks], values)
+
+
+def _concrete(leaves: Sequence[Any]) -> bool:
+    """Whether a call runs on values, outside any transformation (no autodiff or staging to serve)."""
+    return C.is_eval_trace(C.current_trace()) and not any(map(C.is_tracer, leaves))
