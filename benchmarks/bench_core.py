@@ -109,8 +109,7 @@ def bench_overhead(rounds: int = 7):
     med = {k: statistics.median(v) for k, v in every.items()}
     spread = lambda k: f"[{min(every[k]) * 1e6:.1f}..{max(every[k]) * 1e6:.1f}]"  # noqa: E731
     jit, vg = med["jax.jit(f)(x)"], med["jax.value_and_grad(jax.jit(f))"]
-    goals = {"inference: aot_fn(x)": "<= 2x", "jaxaot.value_and_grad(aot_fn)": ">= 5x",
-             }
+    goals = {"inference: aot_fn(x)": "<= 2x", "jaxaot.value_and_grad(aot_fn)": ">= 5x"}
     rows = [(k, f"{t * 1e6:.1f} {spread(k)}", f"{t / jit:.2f} x jax.jit" if k in calls else f"{vg / t:.1f}x faster",
              goals.get(k, "")) for k, t in med.items()]
     return (f"## per-call overhead, tiny function (16 floats; {rounds} interleaved rounds, median [fastest..slowest])\n"
