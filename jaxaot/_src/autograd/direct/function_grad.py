@@ -21,6 +21,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.autograd.argnums import resolve_argnums
 from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
+from jaxaot.errors import JaxaotError
 from jaxaot._src.runtime import AOTFunction, TraceKind, closed_over_tracers, hot_leaves, hot_path, typed_grads
 
 
@@ -114,8 +115,10 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
             return fallback(*args, **kwargs)
         try:
             programs, leaves, kind = fun.lookup(args, kwargs)
-        except Exception:
-            if not _differentiable(args, at):  # JAX checks the inputs' types before it traces: its TypeError first
+        except JaxaotError:  # the call's own arguments refused (a leaf that is no array), by name
+            raise
+        except Exception:  # the function's trace failed: JAX checks the inputs' types before it traces
+            if not _differentiable(args, at):
                 return fallback(*args, **kwargs)
             raise
         if programs.closes_over_tracers:  # built inside a transformation: its one trace, through JAX's autodiff
