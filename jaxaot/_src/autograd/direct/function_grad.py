@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.argnums import resolve_argnums
@@ -86,8 +85,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     def plan_for(programs, leaves, args, at):
         plan = plans.get(id(programs))
         if plan is None:
-            ok = all(n not in fun.static_argnums for n in at) and all(
-                C.is_inexact(jax.numpy.result_type(x)) for n in at for x in jax.tree_util.tree_leaves(args[n]))
+            ok = all(n not in fun.static_argnums for n in at) and _differentiable(args, at)
             ok = ok and _is_real_scalar_loss(programs, has_aux)
             picks = tuple(n - sum(s < n for s in fun.static_argnums) for n in at) if ok else ()
             plan = plans[id(programs)] = (programs, training_for(programs, leaves, args, at) if ok else None, picks)
@@ -184,7 +182,6 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
 def _differentiable(args: tuple, at: Sequence[int]) -> bool:
     """Whether every leaf of the differentiated arguments has a float or complex type, as ``jax.grad`` requires."""
     try:
-        leaves = [x for i in at for x in jax.tree_util.tree_leaves(args[i])]
-        return all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
+        return all(C.is_inexact(jax.numpy.result_type(x)) for i in at for x in jax.tree_util.tree_leaves(args[i]))
     except TypeError:  # a leaf JAX cannot type (a function)
         return False
