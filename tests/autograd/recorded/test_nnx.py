@@ -99,9 +99,10 @@ def _leaves(tree):
 def _assert_trees_close(got, want):
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
     for a, b in zip(_leaves(got), _leaves(want)):
-        # XLA fuses the step, so float32 rounding differs; an entry's error scales with its array's largest entry
+        # XLA fuses the step, so float32 rounding differs; an entry's error scales with its array's largest entry.
+        # BatchNorm over 5 rows is ill-conditioned: fused and unfused float32 steps differ by up to 4e-5 of that scale.
         scale = float(np.max(np.abs(b))) if b.size and np.issubdtype(b.dtype, np.inexact) else 0.0
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, scale))
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * max(1.0, scale))
 
 
 @pytest.mark.parametrize("replay", (False, True))
