@@ -1,4 +1,5 @@
-"""What messages call a user's function: its own name, or what it wraps, never a placeholder.
+"""What messages call a user's function: its own name, or what it wraps, never a placeholder; and the names a
+gradient of it carries, as JAX's gradients carry them.
 
 Example:
     >>> import functools
@@ -9,7 +10,9 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+_F = TypeVar("_F", bound=Callable)
 
 
 def callable_name(fn: Any) -> str:
@@ -19,3 +22,15 @@ def callable_name(fn: Any) -> str:
         return f"partial({callable_name(fn.func)})"
     name = getattr(fn, "__name__", None)
     return name if isinstance(name, str) else type(fn).__name__
+
+
+def named_as_gradient(wrapper: _F, fun: Any, what: str, argnums: Any) -> _F:
+    """``wrapper``, a gradient of ``fun``, named as ``jax.value_and_grad`` names its result: ``fun``'s name, qualified
+    name and module, a docstring saying what it returns (``what``: "Value and gradient", "Gradient") and
+    ``__wrapped__``, so that ``inspect.signature`` and ``jax.jit``'s ``static_argnames`` read ``fun``'s parameters."""
+    name = callable_name(fun)
+    wrapper.__name__, wrapper.__qualname__ = name, getattr(fun, "__qualname__", name)
+    wrapper.__module__ = getattr(fun, "__module__", wrapper.__module__)
+    wrapper.__doc__ = f"{what} of {name} with respect to positional argument(s) {argnums}, compiled by jaxaot."
+    wrapper.__wrapped__ = fun
+    return wrapper

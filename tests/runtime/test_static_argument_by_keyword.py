@@ -4,6 +4,8 @@ and the keyword form keys its own programs, as ``jax.jit``'s cache does."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,3 +97,34 @@ def test_keyword_static_compiled_stage_runs_the_dynamic_arguments():
 def test_a_static_argument_left_out_is_named():
     with pytest.raises(InvalidInputError, match="by its parameter's name"):
         jaxaot.aot_function(f, static_argnums=1)(jnp.ones(3), y=jnp.ones(3))
+
+
+class _Scaled:
+    """An object whose methods are compiled, as ``jax.jit`` compiles methods."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __hash__(self):
+        return hash(self.scale)
+
+    def __eq__(self, other):
+        return isinstance(other, _Scaled) and other.scale == self.scale
+
+    @functools.partial(jaxaot.aot_function, static_argnums=0)
+    def loss(self, x):
+        return jnp.sum(jnp.sin(x) * self.scale)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def jitted(self, x):
+        return jnp.sum(jnp.sin(x) * self.scale)
+
+
+def test_an_aot_function_is_a_method_bound_to_its_instance_as_jax_jit_is():
+    obj = _Scaled(float(np.random.default_rng().uniform(1, 3)))
+    x = jnp.asarray(np.random.default_rng().normal(size=4), jnp.float32)
+    np.testing.assert_allclose(obj.loss(x), obj.jitted(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(obj.loss)(x), jax.grad(obj.jitted)(x), rtol=1e-6)
+    np.testing.assert_allclose(jaxaot.grad(obj.loss)(x), jax.grad(obj.jitted)(x), rtol=1e-6)
+    assert _Scaled.loss.__qualname__ == "_Scaled.loss" and _Scaled.loss.__module__ == __name__
+    assert _Scaled.__dict__["loss"].__get__(None, _Scaled) is _Scaled.loss  # looked up on the class: itself

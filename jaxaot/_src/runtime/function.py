@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import types
 from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import jax
@@ -83,6 +84,7 @@ class AOTFunction:
         self.static_argnums = tuple(sorted(static_argnums))
         self.donate_argnums = tuple(sorted(donate_argnums))
         self.__wrapped__, self.__name__, self.__doc__ = fn, callable_name(fn), getattr(fn, "__doc__", None)
+        self.__qualname__, self.__module__ = getattr(fn, "__qualname__", self.__name__), getattr(fn, "__module__", None)
         self.options = Options(self.__name__, self.fw_compiler, self.bw_compiler, self.inference_compiler,
                                partition_fn, self.decompositions, out_shardings, residual_sharding)
         self._cache: dict[Signature, SignaturePrograms] = {}
@@ -96,10 +98,8 @@ class AOTFunction:
 
     # -- the interface of front-ends
     def lookup(self, args: tuple, kwargs: dict) -> Lookup:
-        """The programs of this call's signature (traced on a miss), its flat leaves and its trace kind.
-
-        One pass over the leaves: this is the hot path of every call.
-        """
+        """The programs of this call's signature (traced on a miss), its leaves and its trace kind: every call's
+        hot path, one pass over the leaves."""
         sig, leaves, kind = call_signature(self, args, kwargs)
         programs = self._cache.get(sig)
         if programs is None:
@@ -161,8 +161,7 @@ class AOTFunction:
             outs = programs.infer(leaves)
         else:
             if kind is not TraceKind.TRACED:
-                # jax.custom_vjp refuses forward mode; arrays under jit are staged, as a jit inside a jit is (a
-                # callback runs at each call of the outer program): the primal program, inlined.
+                # forward mode (custom_vjp refuses it), arrays under jit (staged, as a jit in a jit): the primal inlined
                 outs = C.eval_forward_mode(programs.primal, *leaves)
             else:
                 # Leaves the reverse-mode trace does not differentiate (concrete ones, the data of a
@@ -269,11 +268,13 @@ class AOTFunction:
         """
         return _cache_info(self)
 
-    def __copy__(self) -> "AOTFunction":
-        return _copied(self)  # as jax.jit's copies: the same function and options, a cache of its own
+    def __copy__(self, memo: dict | None = None) -> "AOTFunction":
+        return _copied(self)  # as jax.jit's copies, deep ones too: the same function and options, a cache of its own
 
-    def __deepcopy__(self, memo: dict) -> "AOTFunction":
-        return _copied(self)  # the function and options shared, as copy.deepcopy shares a function
+    __deepcopy__ = __copy__
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)  # a method binds it, as jax.jit's
 
     def __repr__(self) -> str:
         return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"

@@ -124,3 +124,25 @@ def test_the_options_are_jax_s_in_jax_s_order(name):
         theirs(_loss, reduce_axes=("batch",))
     with pytest.raises(NotImplementedError, match="reduce_axes argument to grad is deprecated"):
         ours(_loss, reduce_axes=("batch",))
+
+
+def _scaled_loss(w, x, n):
+    """A loss whose last argument is a Python int."""
+    return jnp.sum(jnp.tanh(x @ w) ** n)
+
+
+@pytest.mark.parametrize("name, kind", [(n, k) for n in sorted(GRADIENTS) for k in ("function", "allow_int")]
+                         + [("value_and_grad", "aot_function"), ("grad", "aot_function")])
+def test_a_gradient_carries_its_functions_names_and_signature_as_jax_s_does(name, kind):
+    """The result is named after the function and has its signature, as JAX's is: ``jax.jit(...,
+    static_argnames=...)`` reads the signature to find the static argument's position."""
+    ours, theirs = GRADIENTS[name]
+    fun = jaxaot.aot_function(_scaled_loss, static_argnums=2) if kind == "aot_function" else _scaled_loss
+    grad = ours(fun, allow_int=True) if kind == "allow_int" else ours(fun)
+    want = theirs(_scaled_loss)
+    assert (grad.__name__, grad.__qualname__, grad.__module__) == (want.__name__, want.__qualname__, want.__module__)
+    assert inspect.signature(grad) == inspect.signature(want)
+    assert "_scaled_loss" in grad.__doc__ and "positional argument(s) 0" in grad.__doc__
+    w, x = _args()
+    n = int(np.random.default_rng().integers(2, 5))
+    assert_trees_close(jax.jit(grad, static_argnames="n")(w, x, n), jax.jit(want, static_argnames="n")(w, x, n))

@@ -13,14 +13,15 @@ from __future__ import annotations
 import inspect
 import sys
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, overload
 
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.names import callable_name
+from jaxaot._src.names import callable_name, named_as_gradient
 from jaxaot._src.autograd.argnums import as_index, check_reduce_axes, normalize_argnums, resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
+from jaxaot._src.autograd.gradient_types import Gradient, StagedGradient
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
 from jaxaot._src.loops import reraise_overflow
 from jaxaot.errors import InvalidInputError
@@ -188,10 +189,21 @@ def _argnums_checked_at_call(vg: Callable[..., Any], argnums: Any, who: str) -> 
     return checked
 
 
+@overload
+def value_and_grad(fun: AOTFunction, argnums: int | Sequence[int] = ..., has_aux: bool = ..., holomorphic: bool = ...,
+                   allow_int: bool = ..., reduce_axes: Sequence[Any] = ..., *, fused: bool = ...) -> StagedGradient: ...
+
+
+@overload
+def value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = ..., has_aux: bool = ...,
+                   holomorphic: bool = ..., allow_int: bool = ..., reduce_axes: Sequence[Any] = ..., *,
+                   fused: bool = ...) -> Gradient: ...
+
+
 def value_and_grad(
     fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False,
     allow_int: bool = False, reduce_axes: Sequence[Any] = (), *, fused: bool = True,
-) -> Callable[..., Any]:
+) -> Gradient:
     """Like ``jax.value_and_grad``, with an eager fast path for :class:`~jaxaot.AOTFunction`.
 
     For a plain ``fun`` whose differentiated argument is a ``jaxaot.nn.aot_module``
@@ -234,6 +246,12 @@ def value_and_grad(
     check_gradient_options(fun, argnums, has_aux, fused, holomorphic=holomorphic, allow_int=allow_int)
     check_reduce_axes(reduce_axes)
     argnums = normalize_argnums(argnums)  # np.int64(1) as 1, for the dispatch and the compiled paths
+    return named_as_gradient(_value_and_grad(fun, argnums, has_aux, holomorphic, allow_int, fused), fun,
+                             "Value and gradient", argnums)
+
+
+def _value_and_grad(fun: Callable[..., Any], argnums: Any, has_aux: bool, holomorphic: bool, allow_int: bool,
+                    fused: bool) -> Callable[..., Any]:
     if holomorphic or allow_int:
         vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
         vg.cache_info = fun.cache_info if isinstance(fun, AOTFunction) else _nothing_compiled
@@ -250,8 +268,18 @@ def value_and_grad(
     return _argnums_checked_at_call(vg, argnums, callable_name(fun))
 
 
+@overload
+def grad(fun: AOTFunction, argnums: int | Sequence[int] = ..., has_aux: bool = ..., holomorphic: bool = ...,
+         allow_int: bool = ..., reduce_axes: Sequence[Any] = ..., *, fused: bool = ...) -> StagedGradient: ...
+
+
+@overload
+def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = ..., has_aux: bool = ..., holomorphic: bool = ...,
+         allow_int: bool = ..., reduce_axes: Sequence[Any] = ..., *, fused: bool = ...) -> Gradient: ...
+
+
 def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, holomorphic: bool = False,
-         allow_int: bool = False, reduce_axes: Sequence[Any] = (), *, fused: bool = True) -> Callable[..., Any]:
+         allow_int: bool = False, reduce_axes: Sequence[Any] = (), *, fused: bool = True) -> Gradient:
     """Like ``jax.grad`` (its arguments in its order), with the eager fast path of :func:`value_and_grad`.
 
     Example:
@@ -265,4 +293,4 @@ def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: boo
     argnums = normalize_argnums(argnums)
     vg = value_and_grad(fun, argnums=argnums, has_aux=has_aux, fused=fused, holomorphic=holomorphic,
                         allow_int=allow_int)
-    return grad_of(vg, fun, has_aux=has_aux)
+    return grad_of(vg, fun, has_aux=has_aux, argnums=argnums)

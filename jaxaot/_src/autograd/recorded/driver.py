@@ -22,9 +22,11 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src import module_links as ML
 from jaxaot._src.pytrees import format_aval
+from jaxaot._src.names import named_as_gradient
 from jaxaot._src.autograd.argnums import check_reduce_axes, resolve_argnums
 from jaxaot._src.loops import overflow_mark, raise_overflow_since
 from jaxaot._src.autograd.grad_of import grad_of
+from jaxaot._src.autograd.gradient_types import Gradient
 from jaxaot._src.autograd.recorded import call as K
 from jaxaot._src.autograd.recorded import capture as CAP
 from jaxaot._src.autograd.recorded import modules as M
@@ -48,7 +50,7 @@ def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
 def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
                             holomorphic: bool = False, allow_int: bool = False, reduce_axes: Sequence[Any] = (), *,
                             param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
-                            replay: bool = False) -> Callable[..., Any]:
+                            replay: bool = False) -> Gradient:
     """Like ``jax.value_and_grad``; the forward runs as written, the step is compiled once per structure.
 
     Args:
@@ -103,7 +105,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
                                     "param_hooks and no replay: leave those out, or differentiate real inputs only.")
         vg = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int)
         vg.cache_info = plans.cache_info
-        return vg
+        return named_as_gradient(vg, fun, "Value and gradient", argnums)
 
     def value_and_grad(*args: Any, **kwargs: Any):
         mark = overflow_mark()
@@ -146,8 +148,8 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         return _returned(value, (aux, None), grads, call.diff_tree, has_aux, single)
 
     value_and_grad = C.api_boundary(value_and_grad)  # errors in the user's forward show the user's lines
-    value_and_grad.__wrapped__ = fun
     value_and_grad.cache_info = plans.cache_info
+    named_as_gradient(value_and_grad, fun, "Value and gradient", argnums)
     return value_and_grad
 
 
@@ -357,7 +359,7 @@ def _escaped(e: BaseException) -> bool:
 def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
                   holomorphic: bool = False, allow_int: bool = False, reduce_axes: Sequence[Any] = (), *,
                   param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
-                  replay: bool = False) -> Callable[..., Any]:
+                  replay: bool = False) -> Gradient:
     """Like ``jax.grad``, with the eager forward and compiled backward of :func:`compiled_value_and_grad`.
 
     Example:
@@ -367,12 +369,12 @@ def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has
     """
     vg = compiled_value_and_grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, param_hooks=param_hooks,
                                  replay=replay)
-    return grad_of(vg, fun, has_aux=has_aux)
+    return grad_of(vg, fun, has_aux=has_aux, argnums=argnums)
 
 
 def nnx_compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False, *,
                       param_hooks: Mapping[Any, Callable[[Any, Any], Any]] | None = None,
-                      replay: bool = False) -> Callable[..., Any]:
+                      replay: bool = False) -> Gradient:
     """:func:`compiled_grad` under the name Flax users look for; module arguments get an ``nnx.State``."""
     return compiled_grad(fun, argnums, has_aux, param_hooks=param_hooks, replay=replay)
 
