@@ -128,6 +128,54 @@ def test_mypy_resolves_every_public_name(tmp_path):
     assert len(revealed) == len(lines) - len(FACES) - 1
 
 
+def _mypy_errors(tmp_path, source: str) -> tuple[list[str], str]:
+    (tmp_path / "check.py").write_text(source)
+    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--no-error-summary",
+         "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "check.py")],
+        capture_output=True, text=True, cwd=ROOT.parent, timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT.parent)})
+    return [line for line in out.stdout.splitlines() if ": error:" in line], out.stdout[-3000:] + out.stderr[-2000:]
+
+
+DOCUMENTED_USAGE = """
+import functools
+import jax, jax.numpy as jnp, jaxaot
+from jaxaot import compilers, partition
+
+def loss(w, x):
+    return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+def with_options(closed, avals, donate_argnums=()):  # a compiler of one's own, its parameters named as it likes
+    return jax.jit(compilers.as_function(closed), donate_argnums=tuple(donate_argnums)).lower(*avals).compile()
+
+for pf in (partition.min_cut_rematerialization_partition, partition.min_cut_rematerialization_partition(
+        memory_budget="1MiB"), functools.partial(partition.min_cut_rematerialization_partition, memory_budget=0.5)):
+    jaxaot.aot_function(loss, partition_fn=pf)
+step = jaxaot.value_and_grad(jaxaot.aot_function(loss, fw_compiler=with_options))
+saved: int = step.lower(1.0, 2.0).saved_bytes
+misses: int = step.cache_info().misses + jaxaot.compiled_grad(loss).cache_info().misses
+misses += jaxaot.grad(loss).cache_info().misses
+jaxaot.config.quiet = True
+jaxaot.config.quite = True  # error: a misspelt setting
+"""
+
+
+@pytest.mark.skipif(shutil.which("mypy") is None and importlib.util.find_spec("mypy") is None,
+                    reason="mypy is not installed (it comes with the [test] extra)")
+def test_documented_usage_type_checks_and_a_misspelt_setting_does_not(tmp_path):
+    errors, out = _mypy_errors(tmp_path, DOCUMENTED_USAGE)
+    assert len(errors) == 1 and '"quite"' in errors[0], out
+
+
+def test_the_package_ships_its_type_marker():
+    """PEP 561: without ``py.typed`` a type checker reads an installed jaxaot as untyped (every name ``Any``)."""
+    assert (ROOT / "py.typed").is_file()
+    assert re.search(r'\[tool\.setuptools\.package-data\]\s*jaxaot = \["py\.typed"\]',
+                     (ROOT.parent / "pyproject.toml").read_text())
+
+
 def test_old_import_paths_resolve_to_the_moved_modules_with_a_warning():
     from jaxaot._src.partition.mincut import knapsack
     from jaxaot._src.runtime import function

@@ -25,6 +25,7 @@ import dataclasses
 import numbers
 import os
 import threading
+import typing
 from typing import Any, Callable, Iterator, Mapping
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
@@ -290,19 +291,21 @@ class Config:
         object.__setattr__(self, "_watchers", [])
         self.__dict__.update(base)
 
-    def __getattr__(self, name: str) -> Any:  # only for names that are not settings
-        if name.startswith("__"):
-            raise AttributeError(name)
-        _setting(name)
-        raise AttributeError(name)
+    if not typing.TYPE_CHECKING:  # type checkers see the settings above alone, and flag a misspelt name
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        value = _setting(name).checked(value)
-        with self._lock:
-            owner = next((layer for _, layer in reversed(self._layers) if name in layer), self._base)
-            owner[name] = value
-            self._refresh(name)
-            self._changed()
+        def __getattr__(self, name: str) -> Any:  # only for names that are not settings
+            if name.startswith("__"):
+                raise AttributeError(name)
+            _setting(name)
+            raise AttributeError(name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            value = _setting(name).checked(value)
+            with self._lock:
+                owner = next((layer for _, layer in reversed(self._layers) if name in layer), self._base)
+                owner[name] = value
+                self._refresh(name)
+                self._changed()
 
     def __delattr__(self, name: str) -> None:
         _setting(name)

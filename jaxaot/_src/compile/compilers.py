@@ -26,6 +26,7 @@ from jaxaot._src import compat as C
 class Compiler(Protocol):
     """What the runtime and the persistent cache call to compile one program.
 
+    The program and its example inputs are passed by position (a compiler names them as it likes);
     ``donate_argnums`` names inputs whose buffers the executable may reuse for
     its outputs; a compiler that cannot donate ignores it.
     """
@@ -34,6 +35,7 @@ class Compiler(Protocol):
         self,
         closed_jaxpr: Any,
         example_avals: Sequence[jax.ShapeDtypeStruct],
+        /,
         *,
         donate_argnums: Sequence[int] = (),
     ) -> Callable[..., list]: ...

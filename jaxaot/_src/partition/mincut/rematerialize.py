@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 import numpy as np
 
@@ -30,6 +30,20 @@ from jaxaot._src.partition.offload import (
     OffloadPlan, Timeline, apply_offload, check_offload, plan_body_offload, plan_offload, resolve_model, saved_vars)
 from jaxaot._src.tracing import JointGraph
 from jaxaot._src.units import format_bytes
+
+
+@overload
+def min_cut_rematerialization_partition(
+    joint: JointGraph, *, memory_budget: float | int | str = ..., rematerialize_scans: bool = ...,
+    offload: bool | str = ..., device_model: DeviceModel | None = ..., op_costs: str | OpCosts = ...,
+) -> Partition: ...
+
+
+@overload  # without a joint graph: the configured partitioner, to pass as partition_fn
+def min_cut_rematerialization_partition(
+    joint: None = None, *, memory_budget: float | int | str = ..., rematerialize_scans: bool = ...,
+    offload: bool | str = ..., device_model: DeviceModel | None = ..., op_costs: str | OpCosts = ...,
+) -> MinCutOptions: ...
 
 
 def min_cut_rematerialization_partition(
