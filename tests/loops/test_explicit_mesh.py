@@ -78,6 +78,14 @@ def test_gradients_equal_fori_loop_s_with_its_shardings(name):
         _assert_like_jax(GRADIENTS[name]()(w, x), jax.jit(jax.grad(_reference, argnums=(0, 1)))(w, x))
 
 
+@pytest.mark.parametrize("name", sorted(set(GRADIENTS) - {"aot_function_sizes_the_stack"}))
+def test_arrays_on_an_explicit_mesh_need_no_context_mesh_as_under_jit(name):
+    """Outside ``jax.set_mesh``: the arrays carry their mesh, and ``jit`` of ``lax.fori_loop`` takes them so.
+    (Eager ``jax.grad`` is left out: JAX's own, of any function, needs the context mesh for its cotangent.)"""
+    w, x = _inputs(_mesh())
+    _assert_like_jax(GRADIENTS[name]()(w, x), jax.jit(jax.grad(_reference, argnums=(0, 1)))(w, x))
+
+
 def test_blocked_lowering_and_rewritten_lax_loops():
     """The GPU lowering (blocks of a constant trip count) and ``differentiable``'s rewrite of a ``lax`` loop."""
     def lax_loss(w, x):

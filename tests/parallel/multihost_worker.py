@@ -15,7 +15,10 @@ it follows. Each process:
    (``f.forward`` / ``f.backward``) once, and checks that losses and gradients
    agree with each other and with a one-device computation on the whole batch,
    gathered to the host with ``multihost_utils.process_allgather``;
-4. prints ``OK process <id>: ...`` and shuts the distributed runtime down.
+4. checks that a ``max_steps`` loop's overflow raises ``LoopOverflowError`` in every process, and that a
+   Python-executor pipeline over both processes' devices is refused in every process;
+5. prints its persistent-cache counts (``JAXAOT_CACHE_DIR``, where the test sets one), then
+   ``OK process <id>: ...``, and shuts the distributed runtime down.
 """
 
 from __future__ import annotations
@@ -92,6 +95,29 @@ def sgd(params: dict, grads: dict) -> dict:
     return jax.tree.map(lambda p, g: p - LR * g, params, grads)
 
 
+def check_overflow_and_refusal(params: dict, x: jax.Array) -> None:
+    """A loop that needs 3 iterations under ``max_steps=2`` raises in this process too, not only in the process
+    holding the program's first device; a Python-executor pipeline over every process's devices is refused."""
+    def looped(params, x):
+        h, _ = jaxaot.loops.while_loop(lambda c: c[1] < 3, lambda c: (jnp.tanh(c[0] @ params["w1"][:, :D_IN]),
+                                                                       c[1] + 1), (x, 0), max_steps=2)
+        return jnp.mean(h ** 2)
+
+    try:
+        jaxaot.value_and_grad(jaxaot.aot_function(looped))(params, x)
+    except jaxaot.errors.LoopOverflowError:
+        pass
+    else:
+        raise AssertionError("the loop's overflow was not raised in this process")
+    try:
+        jaxaot.parallel.pipeline([lambda p, h: h, lambda p, h: h], lambda out, y: jnp.mean(out), num_microbatches=2,
+                                 devices=[jax.devices()[0], jax.devices()[-1]], executor="python")
+    except jaxaot.errors.InvalidValueError as err:
+        assert "belongs to process" in str(err), err
+    else:
+        raise AssertionError("a Python-executor pipeline over two processes was not refused")
+
+
 def main(process_id: int, port: int) -> None:
     """Join the job, run the steps, compare, print the OK line."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -130,6 +156,8 @@ def main(process_id: int, port: int) -> None:
     split = [r for r in res.arrays if r.ndim and r.shape[0] == BATCH]
     assert split and all(r.addressable_shards[0].data.shape[0] == BATCH // jax.device_count() for r in split)
     assert losses[-1] < losses[0], losses
+    check_overflow_and_refusal(params, x)
+    print(f"cache {jaxaot.compilers.cache_stats()}", flush=True)
     print(f"OK process {process_id}: {jax.device_count()} devices in {jax.process_count()} processes, "
           f"losses {' '.join(f'{v:.6f}' for v in losses)}", flush=True)
     jax.distributed.shutdown()

@@ -18,11 +18,13 @@ PIPELINE_WORKER = Path(__file__).with_name("pipeline_multihost_worker.py")
 TIMEOUT_S = 120
 
 
-def _run_two(worker: Path, tmp_path: Path) -> list[str]:
+def _run_two(worker: Path, tmp_path: Path, cache_dir: Path | None = None) -> list[str]:
     """Launch two workers of ``worker`` and return their stdout, after checking both said OK."""
     port = free_port()
     env = dict(child_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    env.pop("JAXAOT_CACHE_DIR", None)  # each worker compiles for its own process: no shared cache
+    env.pop("JAXAOT_CACHE_DIR", None)  # each worker compiles for its own process, unless given a cache
+    if cache_dir is not None:
+        env["JAXAOT_CACHE_DIR"] = str(cache_dir)
     outs = run_processes([[sys.executable, str(worker), str(i), str(port)] for i in range(2)], tmp_path, [env] * 2,
                          TIMEOUT_S)
     for i, out in enumerate(outs):
@@ -34,6 +36,15 @@ def test_two_processes_agree_with_jit_and_one_device(tmp_path):
     outs = _run_two(WORKER, tmp_path)
     losses = [out.rsplit("losses ", 1)[1].split() for out in outs]
     assert losses[0] == losses[1]  # both processes saw the same global step
+
+
+def test_a_job_started_again_loads_every_program_from_its_cache(tmp_path):
+    """Both processes share one cache folder; the second start of the job loads what the first wrote (each
+    executable over both processes' devices) and agrees with jit again."""
+    _run_two(WORKER, tmp_path, tmp_path / "cache")
+    for out in _run_two(WORKER, tmp_path, tmp_path / "cache"):
+        stats = out.rsplit("cache CacheStats(", 1)[1].split(")")[0]
+        assert "executable_misses=0" in stats and "corrupt=0" in stats and "executable_hits=0" not in stats, stats
 
 
 def test_compiled_pipeline_across_two_processes_equals_one_process(tmp_path):

@@ -253,7 +253,11 @@ def deserialize_executable(blob: bytes, in_tree: Any, out_tree: Any, device_ids:
 
 
 def executable_device_ids(exe: Any) -> list[int]:
-    """The ids of the devices a ``jax.stages.Compiled`` runs on, in its device-assignment order."""
+    """The ids of the devices a ``jax.stages.Compiled`` runs on, in its device-assignment order: every process's
+    under ``jax.distributed`` (its shardings' assignment, the program's; a process's own devices are a part)."""
+    for sharding in jax.tree_util.tree_leaves((exe.input_shardings, exe.output_shardings)):
+        if getattr(sharding, "_device_assignment", None):
+            return [d.id for d in sharding._device_assignment]
     return [d.id for d in exe.runtime_executable().local_devices()]
 
 

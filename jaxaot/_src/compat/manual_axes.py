@@ -108,8 +108,8 @@ def vary_like(x: Any, aval: Any) -> Any:
     if sharding is not None:
         lead = (None,) * (jax.numpy.ndim(x) - len(aval.shape))
         spec = jax.sharding.PartitionSpec(*lead, *sharding.spec, *(None,) * (len(aval.shape) - len(sharding.spec)))
-        if jax.typeof(x).sharding.spec != spec:
-            x = jax.sharding.reshard(x, spec)
+        if jax.typeof(x).sharding.spec != spec:  # on aval's own mesh: no context mesh needed (jax.set_mesh)
+            x = jax.sharding.reshard(x, sharding.update(spec=spec))
     variance = _variance(aval)
     axes = tuple(sorted(getattr(variance, "varying", variance) or ())) if variance is not None else ()
     if not axes:

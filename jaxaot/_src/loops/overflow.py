@@ -88,7 +88,10 @@ def check_overflow(overflowed: Any, max_steps: int) -> None:
 
 
 def _record_on_host(overflowed: Any, max_steps: int) -> None:
-    jax.debug.callback(functools.partial(record_overflow, max_steps=max_steps), overflowed)
+    # A program over several processes runs an unpartitioned callback on its first device alone: there every
+    # device's host records it, so that every process raises (JAX partitions callbacks on CPUs and GPUs only).
+    every_host = jax.process_count() > 1 and jax.default_backend() in ("cpu", "gpu")
+    jax.debug.callback(functools.partial(record_overflow, max_steps=max_steps), overflowed, partitioned=every_host)
 
 
 def _no_overflow(overflowed: Any) -> None:

@@ -94,6 +94,7 @@ class Pipeline:
             self.schedule = make_schedule(schedule, n, num_microbatches, None if devices is None else len(devices))
             self.mesh = None
             self.devices = list(devices) if devices is not None else _first_devices(self.schedule)
+            _check_local(self.devices)
         where = self.schedule.stage_device()
         self.stages = [Stage(s, fn, self.devices[where[s]], partition_fn, loss_fn if s == n - 1 else None)
                        for s, fn in enumerate(self.stage_fns)]
@@ -299,6 +300,19 @@ def _nbytes(aval: Any) -> int:
 
 #: What to pass instead, when a compiled pipeline given no mesh finds too few devices.
 _NO_MESH = "pass a mesh with a {!r} axis of that many, or executor='python' with devices=[...]"
+
+
+def _check_local(devices: Sequence[Any]) -> None:
+    """The Python executor dispatches every stage from this process: each stage's devices must be its own."""
+    for where in devices:
+        held = [where] if isinstance(where, jax.Device) else list(
+            where.devices.flat if isinstance(where, jax.sharding.Mesh) else where.device_set)
+        other = next((d for d in held if d.process_index != jax.process_index()), None)
+        if other is not None:
+            raise InvalidValueError(
+                f"executor='python' runs every stage from this process (process {jax.process_index()}), but {other} "
+                f"belongs to process {other.process_index}: give each process's pipeline its own devices "
+                "(jax.local_devices()), or span processes with executor='compiled' and a mesh over every device.")
 
 
 def _first_devices(schedule: Any, remedy: str = "pass devices=[...] with executor='python'") -> list:
