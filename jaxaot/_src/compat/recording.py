@@ -445,5 +445,5 @@ if getattr(_core, "pytype_aval_mappings", None) is not None:
 __all__ = [
     "ById", "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
     "hoisted_jit", "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
-    "set_current_trace", "source_info", "stage_call", "stage_function", "typeof",
+    "rule_key", "set_current_trace", "source_info", "stage_call", "stage_function", "typeof",
 ]

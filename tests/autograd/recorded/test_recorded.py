@@ -5,8 +5,8 @@ Every gradient is compared with ``jax.grad`` (or ``nnx.grad``) on fresh random i
 
 from __future__ import annotations
 
+import functools
 import gc
-
 
 import jax
 import jax.numpy as jnp
@@ -180,6 +180,56 @@ def test_one_compile_over_50_steps_and_a_reason_naming_the_change():
     s = compiled_autograd.stats()
     assert s.compiles == 2
     assert s.reasons[1].endswith(".f): x: shape (4, 5) → (7, 5)")  # the argument by name, old vs new
+    _no_fallback()
+
+
+def _straight_through(scale):
+    """A rule whose primal is the same for every ``scale``: only its backward tells two of them apart."""
+    @jax.custom_vjp
+    def clipped(x):
+        return jnp.clip(x, -1.0, 1.0)
+
+    clipped.defvjp(lambda x: (jnp.clip(x, -1.0, 1.0), None), lambda _, ct: (scale * ct,))
+    return clipped
+
+
+_HALF, _DOUBLE = _straight_through(0.5), _straight_through(2.0)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _scaled_identity(x, scale):  # a primal blind to its static argument, which only the rule reads
+    return x
+
+
+_scaled_identity.defjvp(lambda scale, primals, tangents: (primals[0], scale * tangents[0]))
+
+
+@pytest.mark.parametrize("body", ("scan", "fori_loop", "cond"))
+def test_custom_rules_in_a_body_traced_each_call_compile_once_per_rule(body):
+    """A body defined inside the loss is traced anew at each call, with new wrappers of its rules; the step is
+    keyed by the rules themselves, so each rule compiles once, and two rules of one primal never share a step."""
+    def make_loss(rule, scale):
+        def loss(w, x):
+            def layer(h, wi):
+                return _scaled_identity(rule(jax.nn.relu(h @ wi)), scale)
+
+            if body == "scan":
+                h = jax.lax.scan(lambda h, wi: (layer(h, wi), None), x, w)[0]
+            elif body == "fori_loop":
+                h = jax.lax.fori_loop(0, w.shape[0], lambda i, h: layer(h, w[i]), x)
+            else:
+                h = jax.lax.cond(x.sum() > 0, lambda h: layer(h, w[0]), lambda h: layer(h, w[1]), x)
+            return jnp.mean(h ** 2)
+        return loss
+
+    rng = np.random.default_rng()
+    w, vg = _rand(rng, 3, 6, 6), jaxaot.compiled_value_and_grad(lambda w, x, loss: loss(w, x), argnums=0)
+    losses = [make_loss(rule, scale) for rule in (_HALF, _DOUBLE) for scale in (1.0, 3.0)]
+    for _ in range(3):
+        for loss in losses:
+            x = _rand(rng, 4, 6)
+            _close(vg(w, x, loss), jax.value_and_grad(loss)(w, x))
+    assert compiled_autograd.stats().compiles == len(losses)
     _no_fallback()
 
 

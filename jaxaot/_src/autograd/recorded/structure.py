@@ -233,6 +233,16 @@ def consts_differ(a: Any, b: Any) -> bool:
             and any(consts_differ(x, y) for x, y in zip(a, b) if x != y))
 
 
+def _eqn_params_key(eqn: Any) -> tuple:
+    """An equation's params by value; a custom rule's (new wrappers each time its body is traced) by the rules'
+    functions and static arguments, as the recording keys a rule called outside any sub-jaxpr."""
+    rules = C.custom_rule_wrappers(eqn)
+    if not rules:  # none, or not found: every param as it is (a rule by identity: at worst a compile per call)
+        return tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()))
+    kept = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()) if not C.is_rule_param(p))
+    return (*kept, ("rules", tuple(C.rule_key(w) for w in rules)))
+
+
 def jaxpr_key(jaxpr: Any) -> tuple:
     """``(inputs, eqns, outputs)`` of an open jaxpr, vars numbered in order of definition."""
     ids: dict[Any, int] = {}
@@ -252,7 +262,7 @@ def jaxpr_key(jaxpr: Any) -> tuple:
             if not C.is_drop_var(v):
                 ids[v] = len(ids)
             outs.append(_aval_key(v.aval))
-        params = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items())) if eqn.params else ()
+        params = _eqn_params_key(eqn) if eqn.params else ()
         eqns.append((str(eqn.primitive), ins, tuple(outs), params))
     return (tuple(inputs), tuple(eqns), tuple(ref(v) for v in jaxpr.outvars))
 
