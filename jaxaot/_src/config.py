@@ -25,8 +25,7 @@ import dataclasses
 import numbers
 import os
 import threading
-import typing
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from jaxaot.errors import InvalidInputError, InvalidValueError
 
@@ -291,7 +290,7 @@ class Config:
         object.__setattr__(self, "_watchers", [])
         self.__dict__.update(base)
 
-    if not typing.TYPE_CHECKING:  # type checkers see the settings above alone, and flag a misspelt name
+    if not TYPE_CHECKING:  # type checkers see the settings above alone, and flag a misspelt name
 
         def __getattr__(self, name: str) -> Any:  # only for names that are not settings
             if name.startswith("__"):
