@@ -233,6 +233,58 @@ def test_custom_rules_in_a_body_traced_each_call_compile_once_per_rule(body):
     _no_fallback()
 
 
+STRENGTH = 1.0  # what a gradient-reversal rule's backward reads, as a schedule changes it
+
+
+@jax.custom_vjp
+def _reverse(x):
+    return x
+
+
+_reverse.defvjp(lambda x: (x, None), lambda _, ct: (-STRENGTH * ct,))
+
+
+@pytest.mark.parametrize("where", ("scan", "jit"))
+def test_a_global_a_rule_in_a_body_reads_keys_the_step_as_at_the_top(where, monkeypatch):
+    jitted = jax.jit(lambda h: jnp.sin(_reverse(h)))
+
+    def loss(w, x):
+        if where == "jit":
+            return jnp.sum(jitted(x @ w))
+        return jnp.sum(jax.lax.scan(lambda c, r: (c + jnp.sin(_reverse(r @ w)), None), jnp.zeros(w.shape[1]), x)[0])
+
+    rng = np.random.default_rng()
+    g, w = jaxaot.compiled_grad(loss), _rand(rng, 3, 2)
+    for strength in (1.0, 0.5, 2.0, 2.0):
+        monkeypatch.setitem(globals(), "STRENGTH", strength)
+        x = _rand(rng, 4, 3)
+        _close(g(w, x), jax.grad(loss)(w, x))
+    assert compiled_autograd.stats().compiles <= 4  # a new value may compile anew; never a stale gradient
+
+
+def test_a_nan_or_a_negative_zero_in_a_body_is_keyed_by_its_bits():
+    """A NaN equals itself (one compile for the mask idiom), and -0.0 is not 0.0 (``arctan2`` tells them apart)."""
+    def masked(w, x):
+        h = jnp.tanh(x @ w)
+        mean_of_positive = lambda h: jnp.nanmean(jnp.where(h > 0, h, jnp.nan))  # noqa: E731
+        return jax.lax.cond(h.sum() > 0, mean_of_positive, jnp.mean, h) ** 2
+
+    def signed(c):
+        return lambda w, x: jnp.sum(jax.lax.scan(lambda a, r: (a + jnp.arctan2(c, r @ w), None),
+                                                 jnp.zeros(w.shape[1]), x)[0])
+
+    rng = np.random.default_rng()
+    vg = jaxaot.compiled_value_and_grad(masked)
+    for _ in range(4):
+        w, x = _rand(rng, 8, 4), jnp.abs(_rand(rng, 16, 8))
+        _close(vg(w, x), jax.value_and_grad(masked)(w, x))
+    assert vg.cache_info().misses == 1
+    vg = jaxaot.compiled_value_and_grad(lambda w, x, f: f(w, x))
+    w, x = _rand(rng, 3, 2), -jnp.abs(_rand(rng, 4, 3))
+    for c in (0.0, -0.0):
+        _close(vg(w, x, signed(c)), jax.value_and_grad(signed(c))(w, x))
+
+
 def test_closed_over_and_numpy_arrays_are_inputs_not_constants():
     scale = np.ones((4, 2), np.float32)
     bias = jnp.zeros(2)

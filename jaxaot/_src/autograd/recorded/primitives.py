@@ -15,7 +15,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.structure import closes_over, param_key
 
-_SIMPLE = (int, str, bool, type(None), float)
+_SIMPLE = (int, str, bool, type(None))  # a float is keyed by its bits (param_key): -0.0 is not 0.0
 
 #: (primitive, input avals, params items) -> :class:`~.ops.Op`, for params that hash (jaxprs by
 #: identity): the same ``jit`` region binds the same param objects every step, so one lookup replaces

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxaot._src import compat as C
+from jaxaot._src.python_reads import rule_reads
 
 #: id(sub-jaxpr) -> (the jaxpr, its key): sub-jaxprs recur across steps (loop bodies are cached by JAX).
 _SUB_KEYS: "collections.OrderedDict[int, tuple[Any, tuple]]" = collections.OrderedDict()
@@ -149,11 +150,21 @@ class _Interned:
 _INTERNED: dict[tuple, _Interned] = {}
 
 
+def _exact(x: Any) -> Any:
+    """A number as a key by its bits: ``-0.0`` is not ``0.0`` (``arctan2`` tells them apart) and a NaN equals
+    itself (``==`` never matches one, so every step keyed by one would compile anew)."""
+    if isinstance(x, float):  # JAX's typed literals (TypedFloat) and NumPy's float64 too
+        return ("float", type(x).__name__, float.hex(x))
+    if isinstance(x, complex):
+        return ("complex", type(x).__name__, x.real.hex(), x.imag.hex())
+    return x
+
+
 def _literal_key(lit: Any) -> tuple:
     val = lit.val
     if hasattr(val, "shape"):  # a 0-d array: its item and dtype
-        val = (val.item(), str(val.dtype)) if getattr(val, "size", 2) == 1 else ("array", repr(val))
-    return ("lit", _aval_key(lit.aval), val)
+        val = (_exact(val.item()), str(val.dtype)) if getattr(val, "size", 2) == 1 else ("array", repr(val))
+    return ("lit", _aval_key(lit.aval), _exact(val))
 
 
 def param_key(value: Any) -> Any:
@@ -172,7 +183,7 @@ def _param_key(value: Any) -> Any:
         hash(value)
     except TypeError:
         return ("repr", type(value).__qualname__, repr(value))
-    return value
+    return _exact(value)
 
 
 def _sub_key(jaxpr: Any) -> _Interned:
@@ -181,7 +192,10 @@ def _sub_key(jaxpr: Any) -> _Interned:
         if hit is not None and hit[0] is jaxpr:
             _SUB_KEYS.move_to_end(id(jaxpr))
             return hit[1]
+    before = _READS.count
     full = (_const_values(C.consts_of(jaxpr)), jaxpr_key(C.jaxpr_of(jaxpr)))
+    if _READS.count != before:  # a rule in it reads a global: keyed anew at each step, as a new value compiles anew
+        return _Interned(full)
     with _SUB_LOCK:
         key = _INTERNED.get(full)
         if key is None:
@@ -233,14 +247,25 @@ def consts_differ(a: Any, b: Any) -> bool:
             and any(consts_differ(x, y) for x, y in zip(a, b) if x != y))
 
 
+class _ReadCount(threading.local):
+    count = 0  #: custom rules found reading something besides their arguments, in this thread
+
+
+_READS = _ReadCount()
+
+
 def _eqn_params_key(eqn: Any) -> tuple:
     """An equation's params by value; a custom rule's (new wrappers each time its body is traced) by the rules'
-    functions and static arguments, as the recording keys a rule called outside any sub-jaxpr."""
+    functions, static arguments and what they read besides their arguments (a global a schedule changes), as the
+    recording keys a rule called outside any sub-jaxpr."""
     rules = C.custom_rule_wrappers(eqn)
     if not rules:  # none, or not found: every param as it is (a rule by identity: at worst a compile per call)
         return tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()))
     kept = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()) if not C.is_rule_param(p))
-    return (*kept, ("rules", tuple(C.rule_key(w) for w in rules)))
+    reads = tuple(rule_reads(w.f) for w in rules)
+    if any(reads):
+        _READS.count += 1
+    return (*kept, ("rules", tuple(C.rule_key(w) for w in rules), reads))
 
 
 def jaxpr_key(jaxpr: Any) -> tuple:
