@@ -145,6 +145,22 @@ def rule_reads(fn: Any) -> tuple:
     return tuple(closure_key(f) for f in inner)
 
 
+def function_key(fn: Any, depth: int = 0) -> Any:
+    """A function as a key by what it is made of: its code, defaults and closure (functions in it alike, two levels
+    deep), so that one ``def`` run at every call (a custom rule defined in the loss) is one key while its closure
+    holds equal values; anything else is itself. What the code reads from globals is :func:`closure_key`'s."""
+    if not isinstance(fn, types.FunctionType) or depth > _HELPER_DEPTH:
+        return fn
+    cells = tuple(_cell_key(c.cell_contents, depth) for c in (fn.__closure__ or ()) if _filled(c))
+    return ("function", fn.__code__, _read_key(fn.__defaults__), _read_key(fn.__kwdefaults__), cells)
+
+
+def _cell_key(value: Any, depth: int) -> Any:
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, types.FunctionType) for v in value):
+        return (type(value), tuple(function_key(v, depth + 1) for v in value))
+    return function_key(value, depth + 1) if isinstance(value, types.FunctionType) else _read_key(value)
+
+
 def _helper(value: Any, depth: int, seen: set) -> bool:
     """Whether ``value`` is a function of the user's (not a library's) that :func:`closure_key` reads into, once."""
     if not isinstance(value, types.FunctionType) or depth >= _HELPER_DEPTH or id(value) in seen \
@@ -215,5 +231,5 @@ def flax_objects() -> tuple:
 _FLAX: list = []
 
 
-__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "is_library", "is_library_file", "library_version",
-           "rule_reads"]
+__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "function_key", "is_library", "is_library_file",
+           "library_version", "rule_reads"]

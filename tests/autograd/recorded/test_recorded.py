@@ -262,6 +262,28 @@ def test_a_global_a_rule_in_a_body_reads_keys_the_step_as_at_the_top(where, monk
     assert compiled_autograd.stats().compiles <= 4  # a new value may compile anew; never a stale gradient
 
 
+@pytest.mark.parametrize("where", ("top", "scan"))
+def test_a_rule_defined_in_the_forward_compiles_once_per_value_it_closes_over(where):
+    """A ``def`` run at every call makes a new function, the same rule: keyed by code and closure, it compiles
+    once while the closed-over bound stays, and again (never a stale step) when the bound changes."""
+    def loss(w, x, bound):
+        @jax.custom_vjp
+        def clip_grad(a):
+            return a
+
+        clip_grad.defvjp(lambda a: (a, None), lambda _, g: (jnp.clip(g, -bound, bound),))
+        if where == "top":
+            return jnp.sum(jnp.tanh(clip_grad(x @ w)) ** 2)
+        return jnp.sum(jax.lax.scan(lambda c, r: (c + jnp.tanh(clip_grad(r @ w)), None), jnp.zeros(w.shape[1]), x)[0])
+
+    rng = np.random.default_rng()
+    vg, w = jaxaot.compiled_value_and_grad(loss), _rand(rng, 3, 2)
+    for bound in (0.1, 0.1, 0.1, 0.05, 0.05):
+        x = _rand(rng, 4, 3)
+        _close(vg(w, x, bound), jax.value_and_grad(loss)(w, x, bound))
+    assert vg.cache_info().misses == 2
+
+
 def test_a_nan_or_a_negative_zero_in_a_body_is_keyed_by_its_bits():
     """A NaN equals itself (one compile for the mask idiom), and -0.0 is not 0.0 (``arctan2`` tells them apart)."""
     def masked(w, x):

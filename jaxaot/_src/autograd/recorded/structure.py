@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.python_reads import rule_reads
+from jaxaot._src.python_reads import function_key, rule_reads
 
 #: id(sub-jaxpr) -> (the jaxpr, its key): sub-jaxprs recur across steps (loop bodies are cached by JAX).
 _SUB_KEYS: "collections.OrderedDict[int, tuple[Any, tuple]]" = collections.OrderedDict()
@@ -265,7 +265,8 @@ def _eqn_params_key(eqn: Any) -> tuple:
     reads = tuple(rule_reads(w.f) for w in rules)
     if any(reads):
         _READS.count += 1
-    return (*kept, ("rules", tuple(C.rule_key(w) for w in rules), reads))
+    keys = tuple((function_key(k[0]), *k[1:]) if k else k for k in map(C.rule_key, rules))  # a def run per call: one
+    return (*kept, ("rules", keys, reads))
 
 
 def jaxpr_key(jaxpr: Any) -> tuple:
