@@ -108,27 +108,8 @@ follow_imports = skip
 """
 
 
-@pytest.mark.skipif(shutil.which("mypy") is None and importlib.util.find_spec("mypy") is None,
-                    reason="mypy is not installed (it comes with the [test] extra)")
-def test_mypy_resolves_every_public_name(tmp_path):
-    lines = ["import jaxaot"] + [f"import jaxaot.{f}" for f in FACES]
-    lines += [f"reveal_type(jaxaot.{n})" for n in jaxaot.__all__]
-    lines += [f"reveal_type(jaxaot.{f}.{n})" for f in FACES for n in _face(f).__all__]
-    lines += ["reveal_type(jaxaot.not_a_public_name)"]  # the check itself: this one must be an error
-    (tmp_path / "check.py").write_text("\n".join(lines) + "\n")
-    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
-    out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--no-error-summary",
-         "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "check.py")],
-        capture_output=True, text=True, cwd=ROOT.parent, timeout=600,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT.parent)})
-    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
-    assert len(errors) == 1 and "not_a_public_name" in errors[0], out.stdout[-3000:] + out.stderr[-2000:]
-    revealed = [line for line in out.stdout.splitlines() if "Revealed type" in line]
-    assert len(revealed) == len(lines) - len(FACES) - 1
-
-
-def _mypy_errors(tmp_path, source: str) -> tuple[list[str], str]:
+def _mypy(tmp_path, source: str) -> tuple[list[str], str]:
+    """mypy's error lines on ``source`` (jaxaot read from this checkout), and its whole output."""
     (tmp_path / "check.py").write_text(source)
     (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
     out = subprocess.run(
@@ -136,7 +117,20 @@ def _mypy_errors(tmp_path, source: str) -> tuple[list[str], str]:
          "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "check.py")],
         capture_output=True, text=True, cwd=ROOT.parent, timeout=600,
         env={**__import__("os").environ, "PYTHONPATH": str(ROOT.parent)})
-    return [line for line in out.stdout.splitlines() if ": error:" in line], out.stdout[-3000:] + out.stderr[-2000:]
+    return [line for line in out.stdout.splitlines() if ": error:" in line], out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("mypy") is None and importlib.util.find_spec("mypy") is None,
+                    reason="mypy is not installed (it comes with the [test] extra)")
+def test_mypy_resolves_every_public_name(tmp_path):
+    lines = ["import jaxaot"] + [f"import jaxaot.{f}" for f in FACES]
+    lines += [f"reveal_type(jaxaot.{n})" for n in jaxaot.__all__]
+    lines += [f"reveal_type(jaxaot.{f}.{n})" for f in FACES for n in _face(f).__all__]
+    lines += ["reveal_type(jaxaot.not_a_public_name)"]  # the check itself: this one must be an error
+    errors, out = _mypy(tmp_path, "\n".join(lines) + "\n")
+    assert len(errors) == 1 and "not_a_public_name" in errors[0], out[-5000:]
+    revealed = [line for line in out.splitlines() if "Revealed type" in line]
+    assert len(revealed) == len(lines) - len(FACES) - 1
 
 
 DOCUMENTED_USAGE = """
@@ -165,8 +159,8 @@ jaxaot.config.quite = True  # error: a misspelt setting
 @pytest.mark.skipif(shutil.which("mypy") is None and importlib.util.find_spec("mypy") is None,
                     reason="mypy is not installed (it comes with the [test] extra)")
 def test_documented_usage_type_checks_and_a_misspelt_setting_does_not(tmp_path):
-    errors, out = _mypy_errors(tmp_path, DOCUMENTED_USAGE)
-    assert len(errors) == 1 and '"quite"' in errors[0], out
+    errors, out = _mypy(tmp_path, DOCUMENTED_USAGE)
+    assert len(errors) == 1 and '"quite"' in errors[0], out[-5000:]
 
 
 def test_the_package_ships_its_type_marker():
