@@ -119,13 +119,13 @@ def closure_key(fun: Callable[..., Any], depth: int = 0, seen: set | None = None
         return ()
     seen = {id(fun)} if seen is None else seen
     parts = [_read_key(c.cell_contents) if not _helper(c.cell_contents, depth, seen)
-             else closure_key(c.cell_contents, depth + 1, seen) for c in (getattr(fun, "__closure__", None) or ())
-             if _filled(c)]
+             else (c.cell_contents.__code__, closure_key(c.cell_contents, depth + 1, seen))
+             for c in (getattr(fun, "__closure__", None) or ()) if _filled(c)]
     scope = getattr(fun, "__globals__", {})
     for name in sorted(code_names(code)):
         value = scope.get(name, _read_key)
-        if _helper(value, depth, seen):
-            parts.append((name, closure_key(value, depth + 1, seen)))
+        if _helper(value, depth, seen):  # its code too: a helper defined again (a notebook cell run again) is another
+            parts.append((name, value.__code__, closure_key(value, depth + 1, seen)))
         elif value is not _read_key and not isinstance(value, (type(jax), type)) and not callable(value):
             parts.append((name, _read_key(value)))  # modules, classes and functions: their code is not a value
     return tuple(parts)
@@ -134,9 +134,16 @@ def closure_key(fun: Callable[..., Any], depth: int = 0, seen: set | None = None
 def rule_reads(fn: Any) -> tuple:
     """What a custom rule reads besides its arguments (:func:`closure_key`): of the user's function, or, for a
     library's function wrapping the user's (``custom_jvp.defjvps`` closes its rule over the user's per-argument
-    rules), of each user function its closure holds, alone or in a tuple or list. None of a library's own."""
+    rules), of each user function its closure holds, alone or in a tuple or list. None of a library's own. A bound
+    method, a ``functools.partial`` or a callable object reads its function's and what it holds: the object's
+    attributes, the partial's arguments."""
+    if isinstance(fn, types.MethodType):
+        return (rule_reads(fn.__func__), _object_key(fn.__self__))
+    if isinstance(fn, functools.partial):
+        return (rule_reads(fn.func), _read_key(fn.args), _read_key(fn.keywords))
     if not isinstance(fn, types.FunctionType):
-        return ()
+        call = getattr(type(fn), "__call__", None)
+        return (rule_reads(call), _object_key(fn)) if isinstance(call, types.FunctionType) else ()
     if not is_library(getattr(fn, "__module__", None)):
         return closure_key(fn)
     held = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
@@ -145,20 +152,47 @@ def rule_reads(fn: Any) -> tuple:
     return tuple(closure_key(f) for f in inner)
 
 
-def function_key(fn: Any, depth: int = 0) -> Any:
+def function_key(fn: Any, depth: int = 0, seen: frozenset = frozenset()) -> Any:
     """A function as a key by what it is made of: its code, defaults and closure (functions in it alike, two levels
     deep), so that one ``def`` run at every call (a custom rule defined in the loss) is one key while its closure
     holds equal values; anything else is itself. What the code reads from globals is :func:`closure_key`'s."""
+    if id(fn) in seen:  # a closure holding what holds it (``defjvps``'s rule, its custom_jvp)
+        return "<enclosing>"
     if not isinstance(fn, types.FunctionType) or depth > _HELPER_DEPTH:
         return fn
-    cells = tuple(_cell_key(c.cell_contents, depth) for c in (fn.__closure__ or ()) if _filled(c))
+    seen = seen | {id(fn)}
+    cells = tuple(_cell_key(c.cell_contents, depth, seen) for c in (fn.__closure__ or ()) if _filled(c))
     return ("function", fn.__code__, _read_key(fn.__defaults__), _read_key(fn.__kwdefaults__), cells)
 
 
-def _cell_key(value: Any, depth: int) -> Any:
+def _cell_key(value: Any, depth: int, seen: frozenset) -> Any:
+    if id(value) in seen:
+        return "<enclosing>"
     if isinstance(value, (tuple, list)) and value and all(isinstance(v, types.FunctionType) for v in value):
-        return (type(value), tuple(function_key(v, depth + 1) for v in value))
-    return function_key(value, depth + 1) if isinstance(value, types.FunctionType) else _read_key(value)
+        return (type(value), tuple(function_key(v, depth + 1, seen) for v in value))
+    if isinstance(value, functools.partial):
+        return ("partial", _cell_key(value.func, depth, seen), _read_key(value.args), _read_key(value.keywords))
+    rules = _custom_rule_parts(value)
+    if rules is not None:  # a jax.custom_jvp (or custom_vjp) made anew, its rules the same (``defjvps`` holds one)
+        return (type(value), *(_cell_key(r, depth, seen | {id(value)}) for r in rules))
+    return function_key(value, depth + 1, seen) if isinstance(value, types.FunctionType) else _read_key(value)
+
+
+def _custom_rule_parts(value: Any) -> tuple | None:
+    """A ``jax.custom_jvp``'s or ``custom_vjp``'s function, rules and static argument numbers; None for another
+    object."""
+    if not isinstance(value, (jax.custom_jvp, jax.custom_vjp)):
+        return None
+    return (value.fun, *(getattr(value, name, None) for name in ("jvp", "fwd", "bwd")),
+            tuple(getattr(value, "nondiff_argnums", ())))
+
+
+def _object_key(value: Any) -> Any:
+    """An object a rule is bound to, by its attributes' values (as a plain object's, :func:`_read_key`)."""
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict) and len(attributes) <= _KEY_ITEMS:
+        return (ById(value), tuple((k, _read_key(v, 1)) for k, v in attributes.items()))
+    return ById(value)
 
 
 def _helper(value: Any, depth: int, seen: set) -> bool:
@@ -179,6 +213,8 @@ def _filled(cell: Any) -> bool:
 
 
 def _read_key(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, (float, complex)):  # by its bits: -0.0 is not 0.0, and a NaN equals itself
+        return (type(value), repr(value) if isinstance(value, complex) else float.hex(value))
     if isinstance(value, SCALARS):
         return (type(value), value)
     if depth < _KEY_DEPTH and isinstance(value, (dict, list, tuple)) and len(value) <= _KEY_ITEMS:

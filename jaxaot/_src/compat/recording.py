@@ -201,6 +201,8 @@ def _static_part(a: Any) -> Any:
         return "<aux>"
     if _NONDIFF_BOX is not None and type(a) is _NONDIFF_BOX:  # by type and value, as jit keys a static argument
         return ("nondiff", type(a.val), _static_part(a.val))
+    if isinstance(a, float):  # by its bits: -0.0 is not 0.0, and a NaN equals itself
+        return ("float", float.hex(a))
     try:
         hash(a)
     except TypeError:
@@ -211,9 +213,8 @@ def _static_part(a: Any) -> Any:
 def rule_key(fun: Any) -> tuple:
     """A hashable identity of a custom rule given as a ``WrappedFun``: the user function and static args.
 
-    Two calls of the same ``jax.custom_jvp``/``custom_vjp`` object with the same
-    static arguments get equal keys; a rule without that structure is keyed by
-    the object itself (correct, and at worst one compile per call).
+    Two calls of the same ``jax.custom_jvp``/``custom_vjp`` object with the same static arguments get equal
+    keys; a rule without that structure is keyed by the object itself (correct, at worst a compile per call).
     """
     f = getattr(fun, "f", None)
     transforms = getattr(fun, "transforms", None)

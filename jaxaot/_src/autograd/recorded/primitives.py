@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded import ops as O
-from jaxaot._src.autograd.recorded.structure import closes_over, param_key
+from jaxaot._src.autograd.recorded.structure import closes_over, param_key, rules_keyed
 
 _SIMPLE = (int, str, bool, type(None))  # a float is keyed by its bits (param_key): -0.0 is not 0.0
 
@@ -39,7 +39,10 @@ def op(prim: Any, ins: tuple, avals: list, params: dict) -> O.Op:
     except TypeError:  # an unhashable param: described afresh, keyed by content
         return _made(prim, ins, avals, params, True)
     if hit is None:
+        before = rules_keyed()
         hit = _made(prim, ins, avals, params, False)
+        if rules_keyed() != before:  # a custom rule's reads in its key: made anew next time (structure.rules_keyed)
+            return hit
         if len(_MEMO) >= _MEMO_MAX:
             _MEMO.clear()
         _MEMO[memo] = hit

@@ -254,6 +254,12 @@ class _ReadCount(threading.local):
 _READS = _ReadCount()
 
 
+def rules_keyed() -> int:
+    """How many custom rules this thread has keyed by what they read: a key made while it grew holds values that
+    change in place (a rule's closure, defaults, globals), so it is made anew at each recording, never memoized."""
+    return _READS.count
+
+
 def _eqn_params_key(eqn: Any) -> tuple:
     """An equation's params by value; a custom rule's (new wrappers each time its body is traced) by the rules'
     functions, static arguments and what they read besides their arguments (a global a schedule changes), as the
@@ -263,8 +269,7 @@ def _eqn_params_key(eqn: Any) -> tuple:
         return tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()))
     kept = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()) if not C.is_rule_param(p))
     reads = tuple(rule_reads(w.f) for w in rules)
-    if any(reads):
-        _READS.count += 1
+    _READS.count += 1  # its key reads values (closures, defaults, globals) that change in place: never cached by id
     keys = tuple((function_key(k[0]), *k[1:]) if k else k for k in map(C.rule_key, rules))  # a def run per call: one
     return (*kept, ("rules", keys, reads))
 
