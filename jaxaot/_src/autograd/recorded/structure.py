@@ -194,7 +194,7 @@ def _sub_key(jaxpr: Any) -> _Interned:
             return hit[1]
     before = _READS.count
     full = (_const_values(C.consts_of(jaxpr)), jaxpr_key(C.jaxpr_of(jaxpr)))
-    if _READS.count != before:  # a rule in it reads a global: keyed anew at each step, as a new value compiles anew
+    if _READS.count != before:  # a rule's key in it reads values (rules_keyed): keyed anew at each recording
         return _Interned(full)
     with _SUB_LOCK:
         key = _INTERNED.get(full)
@@ -248,15 +248,15 @@ def consts_differ(a: Any, b: Any) -> bool:
 
 
 class _ReadCount(threading.local):
-    count = 0  #: custom rules found reading something besides their arguments, in this thread
+    count = 0  #: custom rules keyed in sub-jaxprs in this thread (:func:`rules_keyed`)
 
 
 _READS = _ReadCount()
 
 
 def rules_keyed() -> int:
-    """How many custom rules this thread has keyed by what they read: a key made while it grew holds values that
-    change in place (a rule's closure, defaults, globals), so it is made anew at each recording, never memoized."""
+    """How many custom rules in sub-jaxprs this thread has keyed: a key made while it grew holds values that may
+    change in place (a rule's closure, defaults, globals, bound object), so it is made anew at each recording."""
     return _READS.count
 
 
@@ -269,7 +269,7 @@ def _eqn_params_key(eqn: Any) -> tuple:
         return tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()))
     kept = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()) if not C.is_rule_param(p))
     reads = tuple(rule_reads(w.f) for w in rules)
-    _READS.count += 1  # its key reads values (closures, defaults, globals) that change in place: never cached by id
+    _READS.count += 1  # its key reads values that may change in place (rules_keyed): never cached by identity
     keys = tuple((function_key(k[0]), *k[1:]) if k else k for k in map(C.rule_key, rules))  # a def run per call: one
     return (*kept, ("rules", keys, reads))
 
