@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxaot._src.compat import ById
+from jaxaot._src.compat import ById, custom_rule_parts
 
 #: Python scalars: read by type and value.
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -172,26 +172,18 @@ def _cell_key(value: Any, depth: int, seen: frozenset) -> Any:
         return (type(value), tuple(function_key(v, depth + 1, seen) for v in value))
     if isinstance(value, functools.partial):
         return ("partial", _cell_key(value.func, depth, seen), _read_key(value.args), _read_key(value.keywords))
-    rules = _custom_rule_parts(value)
+    rules = custom_rule_parts(value)
     if rules is not None:  # a jax.custom_jvp (or custom_vjp) made anew, its rules the same (``defjvps`` holds one)
         return (type(value), *(_cell_key(r, depth, seen | {id(value)}) for r in rules))
     return function_key(value, depth + 1, seen) if isinstance(value, types.FunctionType) else _read_key(value)
 
 
-def _custom_rule_parts(value: Any) -> tuple | None:
-    """A ``jax.custom_jvp``'s or ``custom_vjp``'s function, rules and static argument numbers; None for another
-    object."""
-    if not isinstance(value, (jax.custom_jvp, jax.custom_vjp)):
-        return None
-    return (value.fun, *(getattr(value, name, None) for name in ("jvp", "fwd", "bwd")),
-            tuple(getattr(value, "nondiff_argnums", ())))
-
-
-def _object_key(value: Any) -> Any:
-    """An object a rule is bound to, by its attributes' values (as a plain object's, :func:`_read_key`)."""
+def _object_key(value: Any, depth: int = 0) -> Any:
+    """An object by its attributes' values (a config object, or the object a rule is bound to); by identity when
+    it has more than 64."""
     attributes = getattr(value, "__dict__", None)
     if isinstance(attributes, dict) and len(attributes) <= _KEY_ITEMS:
-        return (ById(value), tuple((k, _read_key(v, 1)) for k, v in attributes.items()))
+        return (ById(value), tuple((k, _read_key(v, depth + 1)) for k, v in attributes.items()))
     return ById(value)
 
 
@@ -223,9 +215,7 @@ def _read_key(value: Any, depth: int = 0) -> Any:
     if isinstance(value, np.ndarray) and not value.dtype.hasobject and value.nbytes <= _KEY_BYTES:
         return _Contents(value)
     if depth < _KEY_DEPTH and _plain_object(value):
-        attributes = vars(value)
-        if len(attributes) <= _KEY_ITEMS:
-            return (ById(value), tuple((k, _read_key(v, depth + 1)) for k, v in attributes.items()))
+        return _object_key(value, depth)
     return ById(value)  # kept alive with the key: an id is never reused while the key holds it
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import jax
 from jax._src import custom_derivatives as _cd
 from jax._src import linear_util as _lu
 
-__all__ = ["custom_rule_functions", "custom_rule_wrappers"]
+__all__ = ["custom_rule_functions", "custom_rule_parts", "custom_rule_wrappers"]
 
 #: The equations whose params hold rules (by primitive name: the set differs between JAX versions).
 _CUSTOM_CALLS = frozenset(p.name for p in (getattr(_cd, n, None) for n in (
@@ -71,3 +72,12 @@ def _reach(obj: Any, found: list, depth: int, seen: set) -> None:
             continue
         if isinstance(value, (_lu.WrappedFun, types.FunctionType)):
             _reach(value, found, depth + 1, seen)
+
+
+def custom_rule_parts(value: Any) -> tuple | None:
+    """A ``jax.custom_jvp``'s or ``custom_vjp``'s function, rules and static argument numbers (what it is made of,
+    for a key of one made anew at every call); None for another object."""
+    if not isinstance(value, (jax.custom_jvp, jax.custom_vjp)):
+        return None
+    return (value.fun, *(getattr(value, name, None) for name in ("jvp", "fwd", "bwd")),
+            tuple(getattr(value, "nondiff_argnums", ())))

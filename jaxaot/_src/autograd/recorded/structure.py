@@ -268,10 +268,17 @@ def _eqn_params_key(eqn: Any) -> tuple:
     if not rules:  # none, or not found: every param as it is (a rule by identity: at worst a compile per call)
         return tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()))
     kept = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()) if not C.is_rule_param(p))
-    reads = tuple(rule_reads(w.f) for w in rules)
     _READS.count += 1  # its key reads values that may change in place (rules_keyed): never cached by identity
-    keys = tuple((function_key(k[0]), *k[1:]) if k else k for k in map(C.rule_key, rules))  # a def run per call: one
-    return (*kept, ("rules", keys, reads))
+    return (*kept, ("rules", tuple(rule_identity(C.rule_key(w)) for w in rules)))
+
+
+def rule_identity(key: Any) -> tuple:
+    """A rule's key (``C.rule_key``) as a step's structure holds it: its function by code, defaults and closure
+    (:func:`~jaxaot._src.python_reads.function_key`: a rule defined in the forward is a new function at every
+    call, the same rule), and what the function reads besides its arguments (``rule_reads``: a global a
+    schedule changes, a bound object's attributes), which a new value of compiles anew, as eager JAX reads it."""
+    fn = key[0] if type(key) is tuple and key else None
+    return ((function_key(fn), *key[1:]) if fn is not None else key), rule_reads(fn)
 
 
 def jaxpr_key(jaxpr: Any) -> tuple:

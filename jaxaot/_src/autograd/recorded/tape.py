@@ -17,12 +17,11 @@ import jax
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.python_reads import function_key, rule_reads
 from jaxaot._src.autograd.recorded import force as F
 from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.primitives import op as _op
 from jaxaot._src.autograd.recorded.structure import (Structure, aval_key, config_number, handed_to_jax, interned,
-                                                       literal_value_key, owner, param_key, root)
+                                                       literal_value_key, owner, param_key, root, rule_identity)
 
 _Tracer = C.RecordingTracer
 
@@ -58,18 +57,7 @@ def _staged_params_key(params: dict, rules: dict) -> tuple:
     user's rules read besides their arguments (a global a schedule changes): the step traces them when it compiles,
     as ``jit`` does, and eager JAX runs them at every call, so a new value compiles anew."""
     kept = tuple((k, param_key(v)) for k, v in params.items() if not C.is_rule_param(v))
-    return kept + tuple(sorted((name, by_code(key), _rule_reads(key)) for name, key in rules.items()))
-
-
-def by_code(key: Any) -> Any:
-    """A rule's key (``C.rule_key``) with its function named by code and closure (:func:`function_key`): a rule
-    defined in the forward is a new function at every call, the same rule."""
-    return (function_key(key[0]), *key[1:]) if type(key) is tuple and key else key
-
-
-def _rule_reads(key: Any) -> tuple:
-    """:func:`~jaxaot._src.python_reads.rule_reads` of the function a rule's key names."""
-    return rule_reads(key[0] if type(key) is tuple and key else None)
+    return kept + tuple(sorted((name, *rule_identity(key)) for name, key in rules.items()))
 
 
 #: aval -> its key (avals are interned by JAX, so this is an identity lookup)
