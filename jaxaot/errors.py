@@ -195,6 +195,23 @@ class PipelineMemoryError(JaxaotError, RuntimeError):
         super().__init__(message)
         self.peak, self.limit, self.available, self.device = peak, limit, available, device
 
+    def __reduce__(self):
+        # A jax.Device does not pickle: it travels as its platform and id, and is found again where it exists.
+        where = (self.device.platform, self.device.id) if hasattr(self.device, "platform") else self.device
+        return _pipeline_memory_error, (type(self), str(self), self.peak, self.limit, self.available, where)
+
+
+def _pipeline_memory_error(cls, message, peak, limit, available, where):
+    if isinstance(where, tuple):
+        import jax
+
+        try:
+            found = [d for d in jax.devices(where[0]) if d.id == where[1]]
+        except RuntimeError:  # no such backend in this process
+            found = []
+        where = found[0] if found else f"{where[0]}:{where[1]}"
+    return cls(message, peak, limit, available, where)
+
 
 class CacheWarning(UserWarning):
     """A persistent-cache entry was corrupt or could not be read or written.

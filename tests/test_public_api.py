@@ -301,3 +301,22 @@ def test_public_examples_import_what_they_use():
             if unbound:
                 offenders[name] = sorted(unbound)
     assert not offenders, f"examples using names they do not import: {offenders}"
+
+
+def test_every_error_pickles_with_its_attributes():
+    """An error raised in a worker process reaches its parent whole: message, type and attributes."""
+    import pickle
+
+    import jax
+
+    device = jax.devices()[-1]
+    made = {jaxaot.errors.MemoryBudgetError: dict(budget=7, smallest_peak=9, holders=("a",)),
+            jaxaot.errors.PipelineMemoryError: dict(peak=3, limit=2, available=1, device=device)}
+    for name in jaxaot.errors.__all__:
+        cls = getattr(jaxaot.errors, name)
+        err = cls(f"{name} happened", **made.get(cls, {}))
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is cls and str(back) == str(err) and back.__dict__ == err.__dict__, name
+    lost = pickle.loads(pickle.dumps(jaxaot.errors.PipelineMemoryError("m", device=types.SimpleNamespace(
+        platform="tpu", id=5))))
+    assert lost.device == "tpu:5"  # a device this process does not have is named
