@@ -73,7 +73,11 @@ class MemoryBudgetError(PartitionError):
 
 
 class ShardingMismatchError(JaxaotError, ValueError):
-    """Inputs live on different meshes, or an array's sharding is not the one a program was compiled for."""
+    """Inputs live on different meshes, or an array's sharding is not the one a program was compiled for.
+
+    Also raised where a compiled-autograd forward runs an operation on arrays committed to different devices
+    (eager JAX's ``ValueError`` for the same operation).
+    """
 
 
 class LoopFunctionError(JaxaotError, TypeError):

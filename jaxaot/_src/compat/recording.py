@@ -4,11 +4,10 @@ Compiled autograd runs a user's forward under its own JAX trace: every primitive
 :meth:`RecordingTrace.process_primitive` and is handed to a recorder (the tape, plain Python) that writes it
 down and returns :class:`RecordingTracer`\\ s, which have shapes and dtypes, and a value when Python asks for
 one. Besides: :func:`abstract_eval`, :func:`stage_call` (a custom rule staged into one equation) with :func:`rule_key`,
-:func:`bind_on`, :func:`stage_function` and :func:`hoisted_jit` (the Trace API of jax 0.10 and 0.11)."""
+:func:`stage_function` and :func:`hoisted_jit` (the Trace API of jax 0.10 and 0.11)."""
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import os
 from typing import Any, Callable, Sequence
@@ -69,26 +68,6 @@ def recorded_source(info: Any) -> str:
     return ""
 
 
-def bind_on(trace: Any, prim: Any, args: Sequence[Any], params: dict, staged: bool = False,
-            info: Any = None) -> list:
-    """Apply ``prim`` to ``args`` in ``trace`` (None: the current one); always a list of outputs.
-
-    ``staged`` params are an equation's (from :func:`stage_call`), turned back
-    into bind params (sub-functions rebuilt from their jaxprs).
-    """
-    if staged:
-        params = prim.get_bind_params(params)
-    ctx = _siu.user_context(info.traceback, name_stack=info.name_stack) if info is not None else _NULL
-    with ctx:
-        if trace is None:
-            out = prim.bind(*args, **params)
-        else:
-            with _core.set_current_trace(trace):
-                out = prim.bind(*args, **params)
-    return list(out) if prim.multiple_results else [out]
-
-
-_NULL = contextlib.nullcontext()  # reusable: it holds no state
 #: JAX's box around a custom rule's ``nondiff_argnums`` values, new per call and equal by value: keyed by what it holds.
 _NONDIFF_BOX = getattr(_api_util, "Unhashable", None)
 
@@ -444,7 +423,7 @@ if getattr(_core, "pytype_aval_mappings", None) is not None:
 
 #: What compiled autograd (:mod:`jaxaot._src.autograd.recorded`) uses (``C.<name>``).
 __all__ = [
-    "ById", "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "bind_on", "current_recording_trace",
+    "ById", "RecordingTrace", "RecordingTracer", "Unrecordable", "abstract_eval", "current_recording_trace",
     "hoisted_jit", "invalidate", "is_callback_primitive", "is_eval_trace", "is_rule_param", "recorded_source",
     "rule_key", "set_current_trace", "source_info", "stage_call", "stage_function", "typeof",
 ]

@@ -1,7 +1,7 @@
 """``compiled_value_and_grad`` behaves as ``jax.value_and_grad`` where JAX's own rules decide, or raises.
 
 A NumPy scalar is typed as JAX types it (not as the Python number of equal value), arrays on another device
-run there, ``jax.debug_nans`` raises ``FloatingPointError`` (never JAX's internal error, and the function keeps
+run there (arrays the forward closes over too; arguments on two devices raise a ``ValueError``), ``jax.debug_nans`` raises ``FloatingPointError`` (never JAX's internal error, and the function keeps
 its mode), ``argnums`` naming an argument twice is refused, and ``cache_info()`` stays bounded; each with replay
 and without, on fresh random inputs.
 """
@@ -61,6 +61,58 @@ def test_arrays_on_another_device_run_there(replay):
         _close((value, grad), _reference(*args))
         assert grad.devices() == args[0].devices() and value.devices() == args[0].devices()
     assert not compiled_autograd.stats().fallbacks  # the function kept its lazy recording
+
+
+@REPLAY
+def test_an_array_the_forward_closes_over_runs_where_it_lives(replay):
+    """Its placement keys the step and the program of a value Python looks at, as the arguments' does: moved
+    between calls, or held by two functions of one code, each compiles its own, and runs where eager JAX does."""
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2 on a CPU)")
+    rng = np.random.default_rng()
+    w, x, c = _rand(rng, 3, 2), _rand(rng, 4, 3), _rand(rng, 4, 2)
+    d0, d1 = jax.devices()[:2]
+    held = {"c": c}
+
+    def loss(w, x, scale=None):
+        y = jnp.tanh(x @ w) * held["c"]
+        if scale is None:  # Python looks at a value (eager JAX's reference is given the branch it takes)
+            scale = 2.0 if float(jnp.sum(y)) > 0 else 1.0
+        return jnp.sum((scale * y) ** 2)
+
+    vg = jaxaot.compiled_value_and_grad(loss, replay=replay)
+    for where in (None, d1, d0, d1, None):
+        held["c"] = c + 0 if where is None else jax.device_put(c, where)
+        scale = 2.0 if float(jnp.sum(jnp.tanh(x @ w) * held["c"])) > 0 else 1.0
+        got, want = vg(w, x), jax.value_and_grad(loss)(w, x, scale)
+        _close(got, want)
+        assert got[1].devices() == want[1].devices(), where
+    assert "on other devices" in vg.cache_info().entries[-1].reason
+
+    def make(c):
+        return lambda w, x: jnp.sum(jnp.tanh(x @ w) * c)
+
+    for c_at in (c + 0, jax.device_put(c, d1)):  # one code, two closures: executables are shared by structure
+        f = make(c_at)
+        got, want = jaxaot.compiled_value_and_grad(f, replay=replay)(w, x), jax.value_and_grad(f)(w, x)
+        _close(got, want)
+        assert got[1].devices() == want[1].devices()
+
+
+@REPLAY
+def test_arguments_on_different_devices_raise_a_value_error_naming_them(replay):
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2 on a CPU)")
+    rng = np.random.default_rng()
+    d0, d1 = jax.devices()[:2]
+    w, x = jax.device_put(_rand(rng, 3, 2), d0), jax.device_put(_rand(rng, 4, 3), d1)
+    with pytest.raises(ValueError):
+        jax.value_and_grad(_loss)(w, x)
+    vg = jaxaot.compiled_value_and_grad(_loss, replay=replay)
+    with pytest.raises(jaxaot.errors.ShardingMismatchError, match=r"different devices .*jax.device_put"):
+        vg(w, x)  # Python looks at a value: the operations before it run eagerly and meet the two devices
+    x = jax.device_put(x, d0)
+    _close(vg(w, x), _reference(w, x))  # and the function keeps working
 
 
 @REPLAY

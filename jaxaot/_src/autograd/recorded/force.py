@@ -129,11 +129,12 @@ def needed(tape: Any, vid: int) -> tuple[list[int], set[int]]:
 def plan(tape: Any, vid: int) -> Plan:
     """The :class:`Plan` computing ``vid`` on ``tape``, its program compiled on first sight of its structure."""
     order, reads = needed(tape, vid)
-    lit_keys = {e[0]: e[3] for e in tape.inputs if e[1] == "lit" and e[0] in reads}
+    keyed = {e[0]: e[3] for e in tape.inputs if len(e) > 3 and e[0] in reads}  # a literal's value, an array's place
+    lit_keys = {v: k for v, k in keyed.items() if tape.kinds[v] == "lit"}
     literals = {v: tape.values[v] for v in lit_keys}
     feed = tuple(sorted(v for v in reads if v not in literals))
     akeys = tape.akeys
-    key = ("force", tuple(tape.eqn_key(i) for i in order), tuple((v, akeys[v]) for v in feed),
+    key = ("force", tuple(tape.eqn_key(i) for i in order), tuple((v, akeys[v], keyed.get(v)) for v in feed),
            tuple(sorted(lit_keys.items())), vid, tape.placement, tape.config)
     eqns = tuple(tape.eqns[i] for i in order)
     fed = [tape.values[v] for v in feed]

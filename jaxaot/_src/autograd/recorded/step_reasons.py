@@ -147,6 +147,8 @@ def _input_change(i: int, a: tuple, b: tuple) -> str:
     what = {"diff": "a differentiated input", "arg": "an array the forward uses", "lit": "a Python scalar"}
     if a[1] != b[1]:
         return f"input {i} of the forward was {what.get(a[1], a[1])}, is now {what.get(b[1], b[1])}"
+    if a[2] == b[2] and a[3:] != b[3:]:  # an array it closes over, moved: ("on", sharding) or none (tape.py)
+        return f"{what.get(b[1], b[1])} (input {i} of the forward) is on other devices"
     return f"{what.get(b[1], b[1])} (input {i} of the forward): {_aval_words(a[2], b[2])}"
 
 

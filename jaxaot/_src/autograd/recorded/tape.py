@@ -22,8 +22,10 @@ from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.primitives import op as _op
 from jaxaot._src.autograd.recorded.structure import (Structure, aval_key, config_number, handed_to_jax, interned,
                                                        literal_value_key, owner, param_key, root, rule_identity)
+from jaxaot._src.runtime import sharding_key
 
 _Tracer = C.RecordingTracer
+_ArrayImpl = C.ArrayImpl
 
 
 class Look(NamedTuple):
@@ -149,6 +151,7 @@ class Tape:
         return _Tracer(self.trace, self.avals[vid], vid)
 
     def _input(self, kind: str, aval: Any, value: Any, lit: tuple | None = None) -> int:
+        """A new input; ``lit``: a literal's key, or for an ``arg`` where it lives (``("on", sharding)``)."""
         vid = len(self.avals)
         self.avals.append(aval)
         self.values.append(value)
@@ -373,7 +376,9 @@ def _constant(tape: Tape, x: Any) -> int:
         return vid
     # NumPy is mutable: copy it now (on a CPU ``device_put`` may alias the buffer it is given, or read it later).
     value = jax.device_put(np.array(x, copy=True)) if isinstance(x, np.ndarray) else x
-    vid = tape._input("arg", C.typeof(value), value)
+    # Where it lives keys the step, as the call's own arrays' placement does: an executable runs where it was compiled.
+    where = sharding_key(value.sharding) if type(value) is _ArrayImpl and value.committed else None
+    vid = tape._input("arg", C.typeof(value), value, None if where is None else ("on", where))
     # A NumPy array written in place later in the forward is another constant from then on.
     tape._by_id[id(x)] = (vid, (x.dtype, x.shape, x.tobytes()) if isinstance(x, np.ndarray) else None)
     tape.constants.append(vid)
