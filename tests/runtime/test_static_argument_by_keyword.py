@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import jaxaot
-from jaxaot.errors import InvalidInputError
 from tests.zoo import assert_trees_close, key_stream
 
 fresh_key = key_stream(9200)
@@ -94,9 +93,26 @@ def test_keyword_static_compiled_stage_runs_the_dynamic_arguments():
     assert_trees_close(compiled(x, y=y), want)
 
 
-def test_a_static_argument_left_out_is_named():
-    with pytest.raises(InvalidInputError, match="by its parameter's name"):
+def test_a_static_argument_left_out_without_a_default_is_python_s_error_as_under_jit():
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'n'"):
+        jax.jit(f, static_argnums=1)(jnp.ones(3), y=jnp.ones(3))
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'n'"):
         jaxaot.aot_function(f, static_argnums=1)(jnp.ones(3), y=jnp.ones(3))
+
+
+def _defaulted(x, n=2, *, y):
+    return jnp.sum(jnp.sin(x * y) ** n)
+
+
+def test_a_static_argument_left_at_its_default_runs_it_as_under_jit():
+    """Left out, the default runs and keys its own programs; passed, the value passed does (``train=False``)."""
+    x, y = (jax.random.normal(fresh_key(), (4,)) for _ in range(2))
+    jit, aot = jax.jit(_defaulted, static_argnums=1), jaxaot.aot_function(_defaulted, static_argnums=1)
+    for args in ((x,), (x, 3), (x,), (x, 2)):
+        assert_trees_close(aot(*args, y=y), jit(*args, y=y))
+        assert_trees_close(jaxaot.value_and_grad(aot)(*args, y=y), jax.value_and_grad(jit)(*args, y=y))
+        assert_trees_close(jax.grad(aot)(*args, y=y), jax.grad(jit)(*args, y=y))
+    assert aot.cache_info().misses == 3  # the default, 3, and 2 passed (keyed apart from the default, as jit does)
 
 
 class _Scaled:

@@ -72,6 +72,16 @@ def argnums_of(name: str, value: Any, fn: Any, who: str) -> tuple[int, ...]:
     return tuple(sorted(set(items)))
 
 
+class _Omitted:
+    """A static position the call did not pass: the function's default applies."""
+
+    def __repr__(self) -> str:
+        return "(not passed: its default)"
+
+
+OMITTED = _Omitted()
+
+
 class StaticArg:
     """One static argument as the compile cache keys it: its position, its value and its hash (computed once).
 
@@ -154,7 +164,7 @@ def positional_names(fn: Any) -> tuple[str | None, ...]:
                  for p in params if p.kind in _POSITIONAL)
 
 
-def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwargs: dict, fn: Any = None
+def split_static(static_argnums: Sequence[int], args: tuple, kwargs: dict, fn: Any = None
                  ) -> tuple[tuple, list, Any]:
     """``(static values, dynamic leaves, treedef of (dynamic args, kwargs))``; each static value is a :class:`StaticArg`.
 
@@ -173,10 +183,8 @@ def split_static(fn_name: str, static_argnums: Sequence[int], args: tuple, kwarg
             static.append(StaticArg(i, args[i]))
         elif name is not None and name in kwargs:
             static.append(StaticArg(i, kwargs[name], keyword=name))
-        else:
-            raise InvalidInputError(
-                f"static_argnums contains {i}, but {fn_name} was called with {n} positional argument(s): pass the "
-                f"static argument positionally (at position {i}) or by its parameter's name, or fix static_argnums.")
+        else:  # not passed: the function's default runs, as under jax.jit (keyed apart from a value passed)
+            static.append(StaticArg(i, OMITTED))
     if n <= max(static_argnums):
         kwargs = {k: v for k, v in kwargs.items() if k not in {s.keyword for s in static}}
     dyn = tuple(a for i, a in enumerate(args) if i not in static_argnums)
@@ -197,7 +205,8 @@ def raise_not_array(static_argnums: Sequence[int], treedef: Any, leaves: Sequenc
 def with_statics(static_argnums: Sequence[int], static: tuple, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """``(args, kwargs)`` with ``static``'s values put back where a call of the dynamic arguments only left them
     out (those passed by keyword among ``kwargs``); None where ``args`` are too few to hold the positional ones."""
-    at = [(i, s) for i, s in zip(static_argnums, static) if getattr(s, "keyword", None) is None]
+    at = [(i, s) for i, s in zip(static_argnums, static)
+          if getattr(s, "keyword", None) is None and getattr(s, "value", None) is not OMITTED]
     if at and len(args) + len(at) <= max(i for i, _ in at):
         return None
     full = list(args)

@@ -13,7 +13,7 @@ from jaxaot._src.runtime.signature import Signature, TraceKind, key_parts, looku
 
 def call_signature(fun: Any, args: tuple, kwargs: dict) -> tuple[Signature, list, TraceKind]:
     """A call's :class:`Signature` (the compile-cache key), its flat leaves and its trace kind, in one pass."""
-    static, leaves, treedef = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs, fun.fn)
+    static, leaves, treedef = arguments.split_static(fun.static_argnums, args, kwargs, fun.fn)
     keys, kind = lookup_keys(leaves, lambda: arguments.raise_not_array(fun.static_argnums, treedef, leaves))
     return Signature(treedef, keys, static, context_mesh(), C.trace_context()), leaves, kind
 

@@ -320,7 +320,7 @@ def closed_over_tracers(fun: AOTFunction, programs: SignaturePrograms) -> Callab
     fun._cache.pop(programs.signature, None)
 
     def primal(*args: Any, **kwargs: Any) -> Any:
-        leaves = arguments.split_static(fun.__name__, fun.static_argnums, args, kwargs, fun.fn)[1]
+        leaves = arguments.split_static(fun.static_argnums, args, kwargs, fun.fn)[1]
         return jax.tree_util.tree_unflatten(programs.out_tree, C.eval_closed(programs.primal, *leaves))
     return primal
 
