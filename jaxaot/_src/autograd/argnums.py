@@ -32,13 +32,13 @@ def normalize_argnums(argnums: Any) -> Any:
 
     Example:
         >>> import numpy as np
-        >>> normalize_argnums(np.int64(1)), normalize_argnums([0, np.int32(-1)]), normalize_argnums(1.0)
-        (1, [0, -1], 1.0)
+        >>> normalize_argnums(np.int64(1)), normalize_argnums([0, np.int32(-1)]), normalize_argnums(range(2))
+        (1, [0, -1], (0, 1))
     """
     index = as_index(argnums)
     if index is not None:
         return index
-    if isinstance(argnums, (tuple, list)):
+    if isinstance(argnums, (tuple, list, range)):  # JAX takes any sequence of integers (a range becomes a tuple)
         nums = [as_index(n) for n in argnums]
         if all(n is not None for n in nums):
             return list(nums) if isinstance(argnums, list) else tuple(nums)

@@ -59,14 +59,20 @@ def test_argnums_of_both_signs_naming_one_argument_are_refused_at_the_call(make,
 
 
 @pytest.mark.parametrize("argnums", [(0, -1), (-1, 0), (-2,), -1, np.int64(1), np.int32(-2), (np.int64(0), 1),
-                                     [np.int16(-1)], jnp.int32(0)])
+                                     [np.int16(-1)], jnp.int32(0), range(2)])
 def test_distinct_argnums_of_both_signs_and_numpy_integers_match_jax(argnums):
+    """As ``jaxaot.value_and_grad`` and ``grad`` take them, and compiled autograd's ``compiled_value_and_grad``
+    and ``compiled_grad``."""
     for fun in _functions():
         vg, g = jaxaot.value_and_grad(fun, argnums=argnums), jaxaot.grad(fun, argnums=argnums)
         for _ in range(2):
             args = _args()
             assert_trees_close(vg(*args), jax.value_and_grad(_loss, argnums=argnums)(*args))
             assert_trees_close(g(*args), jax.grad(_loss, argnums=argnums)(*args))
+    args = _args()
+    cvg, cg = jaxaot.compiled_value_and_grad(_loss, argnums), jaxaot.compiled_grad(_loss, argnums)
+    assert_trees_close(cvg(*args), jax.value_and_grad(_loss, argnums=argnums)(*args))
+    assert_trees_close(cg(*args), jax.grad(_loss, argnums=argnums)(*args))
 
 
 @pytest.mark.parametrize("make", [jaxaot.value_and_grad, jaxaot.grad])

@@ -149,7 +149,7 @@ def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who
         raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
     if _is_diff_state(argnums):  # Flax's argnums: nnx.value_and_grad's to check and run
         nums: tuple | None = (argnums.argnum,)
-    elif isinstance(argnums, (tuple, list)):
+    elif isinstance(argnums, (tuple, list, range)):
         nums = tuple(as_index(n) for n in argnums)
     else:
         nums = None if as_index(argnums) is None else (as_index(argnums),)
