@@ -110,3 +110,27 @@ def test_reverse_mode_of_vmapped_nested_loops_is_the_forward_derivative(depth, b
     f = functools.partial(_nest, functools.partial(jaxaot.loops.while_loop, **mode), depth, batched, 1)
     np.testing.assert_allclose(jax.vmap(jax.grad(f))(x), ref, rtol=1e-5, err_msg=f"seed {_SEED}")
     np.testing.assert_allclose(jax.grad(lambda x: jax.vmap(f)(x).sum())(x), ref, rtol=1e-5, err_msg=f"seed {_SEED}")
+
+
+@pytest.mark.parametrize("shape,mode", [((2, 3), _MAX16), ((2, 2), _CKPT3), ((2, 1, 3), _MAX16)],
+                         ids=["2x3-max_steps", "2x2-checkpoints", "2x1x3-max_steps"])
+def test_a_loop_vmapped_over_several_axes_has_one_predicate_axis_per_level(shape, mode):
+    """``vmap(vmap(while_loop))`` (``jnp.vectorize`` over a 2-D input, as ``jax.scipy.special.expn`` does)
+    gives the predicate an axis per vmap level; the rewritten loop selects lanes with all of them."""
+    a = jnp.asarray(np.random.default_rng(_SEED).uniform(0.5, 2.0, shape), jnp.float32)
+
+    def newton(a):
+        return lax.while_loop(lambda s: jnp.abs(s * s - a) > 1e-5 * a, lambda s: 0.5 * (s + a / s), a)
+
+    def f(a):
+        g = newton
+        for _ in shape:
+            g = jax.vmap(g)
+        return jnp.sum(g(a) ** 2)
+
+    ours = jaxaot.loops.differentiable(f, **mode)
+    np.testing.assert_allclose(ours(a), f(a), rtol=1e-6, err_msg=f"seed {_SEED}")
+    np.testing.assert_allclose(jax.grad(ours)(a), jax.jacfwd(f)(a), rtol=1e-4, err_msg=f"seed {_SEED}")
+    expn = lambda x: jnp.sum(jax.scipy.special.expn(3, x))  # noqa: E731
+    np.testing.assert_allclose(jax.grad(jaxaot.loops.differentiable(expn, **mode))(a), jax.grad(expn)(a),
+                               rtol=1e-5, err_msg=f"seed {_SEED}")

@@ -179,7 +179,8 @@ def _no_transpose(prim, cts, *args, **params):
 
 # --------------------------------------------------------------------------- batching
 def lane_select(p, new, old):
-    return jnp.where(p.reshape(p.shape + (1,) * (new.ndim - 1)), new, old)
+    """``new`` where the batched predicate ``p`` holds, else ``old``: ``p`` has one axis per vmap level."""
+    return jnp.where(p.reshape(p.shape + (1,) * (new.ndim - p.ndim)), new, old)
 
 
 def _batched_carries(loop: Any, axis_data: Any, cb: Sequence[bool], tb: Sequence[bool],

@@ -86,7 +86,7 @@ class Tape:
       values, avals: per value number, its concrete value (None while unknown) and its aval.
       ops: the recorded operations, in order: ``(op, input numbers, output numbers, source info)``, ``op``
         an :class:`~.ops.Op` (:attr:`eqns` has them as :class:`Eqn` objects).
-      inputs: ``(value number, kind, aval key[, literal value])`` per input, ``kind`` ``diff``, ``arg`` or ``lit``.
+      inputs: ``(value number, kind, aval key[, a literal's value, an arg's place])``; ``kind`` diff, arg or lit.
       args: the runtime values of the ``arg`` inputs, in order; ``arg_objects`` the objects the forward
         used (a NumPy array before its copy to the device); ``constants`` the value numbers of those it
         reached other than as an argument handed over as a recorded value (closures, globals, a jit's consts).
@@ -151,7 +151,6 @@ class Tape:
         return _Tracer(self.trace, self.avals[vid], vid)
 
     def _input(self, kind: str, aval: Any, value: Any, lit: tuple | None = None) -> int:
-        """A new input; ``lit``: a literal's key, or for an ``arg`` where it lives (``("on", sharding)``)."""
         vid = len(self.avals)
         self.avals.append(aval)
         self.values.append(value)
