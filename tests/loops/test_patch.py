@@ -180,3 +180,29 @@ def test_real_library_solver_under_patch():
     want, g_ref = jax.value_and_grad(fit)(lam, True)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_allclose(g, g_ref, rtol=1e-4)
+
+
+def test_jax_s_refusal_of_a_lax_loop_gradient_is_kept_and_says_how_jaxaot_takes_it():
+    """The same ``ValueError`` as ``jax.grad``'s (a drop-in raises what it replaces), with a note naming jaxaot's
+    remedies, from every gradient: the eager one, an ``aot_function``'s and compiled autograd's."""
+    def f(a):
+        return lax.while_loop(lambda s: s < 10 * a, lambda s: s * 1.5, a)
+
+    a = jnp.float32(np.random.default_rng().uniform(0.5, 2.0))
+    with pytest.raises(ValueError, match="Reverse-mode differentiation does not work") as theirs:
+        jax.grad(f)(a)
+    for g in (jaxaot.value_and_grad(f), jaxaot.grad(jaxaot.aot_function(f)), jaxaot.compiled_value_and_grad(f)):
+        with pytest.raises(ValueError, match="Reverse-mode differentiation does not work") as ours:
+            g(a)
+        assert str(ours.value) == str(theirs.value)
+        assert [n for n in ours.value.__notes__ if "jaxaot.loops.differentiable" in n], g
+    n = _steps(a)  # the remedy named: the same gradient as the loop of known trip count
+    np.testing.assert_allclose(jax.grad(jaxaot.loops.differentiable(f, max_steps=16))(a),
+                               jax.grad(lambda a: lax.fori_loop(0, n, lambda i, s: s * 1.5, a))(a), rtol=1e-6)
+
+
+def _steps(a):
+    n, s = 0, float(a)
+    while s < 10 * float(a):
+        s, n = s * 1.5, n + 1
+    return n

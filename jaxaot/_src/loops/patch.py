@@ -77,3 +77,15 @@ def _patched(options: LoopOptions) -> Iterator[None]:
 
 
 __all__ = ["patch_while_loop"]
+
+
+#: JAX's message where reverse mode meets ``lax.while_loop`` (or ``fori_loop`` with traced bounds).
+_LAX_REFUSES = "Reverse-mode differentiation does not work for lax.while_loop"
+
+
+def note_remedy(err: BaseException) -> None:
+    """Add to JAX's refusal of a ``lax.while_loop`` gradient (kept as it is, a ``ValueError``) how jaxaot takes it."""
+    if _LAX_REFUSES in str(err) and not any("jaxaot.loops" in n for n in getattr(err, "__notes__", ())):
+        err.add_note("jaxaot differentiates such a loop: wrap the function in jaxaot.loops.differentiable(f, "
+                     "max_steps=N) (or checkpoints=K), or trace it inside `with jaxaot.loops.patch_while_loop(...)`, "
+                     "or write the loop with jaxaot.loops.while_loop (docs: loops).")

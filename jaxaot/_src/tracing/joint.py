@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
+from jaxaot._src.loops import note_remedy
 from jaxaot._src.pytrees import abstractify, flatten_checked
 from jaxaot._src.tracing.primal import Decompositions, flatten_program, trace_primal
 from jaxaot.errors import InvalidInputError, NoDifferentiationRuleError, ReverseModeBoundError
@@ -210,6 +211,9 @@ def build_joint(
         if missing is None:
             raise
         raise missing from err
+    except ValueError as err:
+        note_remedy(err)
+        raise
     joint = flatten_program(joint, [*in_avals, *ct_avals], decompositions)
     jaxpr = C.jaxpr_of(joint)
     num_aux = len(jaxpr.outvars) - n_out - len(din)

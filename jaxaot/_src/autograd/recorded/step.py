@@ -24,6 +24,7 @@ from jaxaot._src.autograd.recorded import tape as T
 from jaxaot._src.autograd.recorded.replay import guarded_looks
 from jaxaot._src.autograd.recorded.step_cache import CACHE, Compiled
 from jaxaot._src.autograd.recorded.structure import Structure
+from jaxaot._src.loops import note_remedy
 
 
 class Recorded(NamedTuple):
@@ -163,7 +164,11 @@ def compile_step(program: T.Program, outputs: Sequence[int], planned: Sequence[A
         return value, outs, grads
 
     t = time.perf_counter()
-    traced = jax.jit(step).trace(list(diff), list(args))
+    try:
+        traced = jax.jit(step).trace(list(diff), list(args))
+    except ValueError as err:
+        note_remedy(err)
+        raise
     lowered = traced.lower()
     t_lower = time.perf_counter()
     exe = lowered.compile()
