@@ -550,6 +550,8 @@ def test_lower_does_not_compile_and_compile_returns_the_executables():
     assert set(low.compile_times) == {"trace", "joint", "partition"}
     text = low.as_text()
     assert set(text) == {"inference", "forward", "backward"} and all("func.func" in s for s in text.values())
+    hlo, located = low.as_text("hlo"), low.as_text(debug_info=True)  # jax's Lowered.as_text options
+    assert all(s.startswith("HloModule") for s in hlo.values()) and all("loc(" in s for s in located.values())
     assert f.cache_info().entries[0].executables == ()  # StableHLO needs no compilation either
     compiled = low.compile()
     assert set(compiled.executables) == {"inference", "forward", "backward"}
@@ -677,3 +679,17 @@ def test_a_typed_key_passed_each_step_takes_the_hot_path_with_jax_s_results():
     assert hot is not None and hot_leaves(hot, (w, x, jax.random.key(1)), {}) is not None
     assert hot_leaves(hot, (w, x, jax.random.split(jax.random.key(1), 2)), {}) is None  # another shape
     assert hot_leaves(hot, (w, x, jax.random.key(1, impl="rbg")), {}) is None  # another key type
+
+
+def test_eval_shape_is_jit_s_and_compiles_nothing():
+    def f(p, x, n=2):
+        return {"y": jnp.tanh(x @ p["w"]) ** n, "i": jnp.argmax(x, axis=-1)}
+
+    p, x = {"w": jax.random.normal(fresh_key(), (3, 2))}, jax.random.normal(fresh_key(), (4, 3))
+    aot, jit = jaxaot.aot_function(f, static_argnums=2), jax.jit(f, static_argnums=2)
+    for args in ((p, x), (p, x, 3), (p, jax.ShapeDtypeStruct((5, 3), jnp.bfloat16))):
+        ours, theirs = aot.eval_shape(*args), jit.eval_shape(*args)
+        assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+        assert [(a.shape, a.dtype, a.weak_type) for a in jax.tree.leaves(ours)] == [
+            (a.shape, a.dtype, a.weak_type) for a in jax.tree.leaves(theirs)]
+    assert aot.cache_info().misses == 0

@@ -98,8 +98,7 @@ class AOTFunction:
 
     # -- the interface of front-ends
     def lookup(self, args: tuple, kwargs: dict) -> Lookup:
-        """The programs of this call's signature (traced on a miss), its leaves and its trace kind: every call's
-        hot path, one pass over the leaves."""
+        """The programs of this call's signature (traced on a miss), its leaves and trace kind: one pass, hot path."""
         sig, leaves, kind = call_signature(self, args, kwargs)
         programs = self._cache.get(sig)
         if programs is None:
@@ -116,9 +115,8 @@ class AOTFunction:
 
     def lowered(self, training: TrainingPrograms, run: Callable[..., Any] | None = None,
                 runs_step: bool = False) -> AOTLowered:
-        """The :class:`AOTLowered` of ``training``: traced and partitioned, not compiled. Its compiled stage, called,
-        runs ``run`` (this function by default) on arguments of this very signature (:func:`stage_call`);
-        ``runs_step``: ``run`` is a gradient that runs the fused step where the training fuses."""
+        """The :class:`AOTLowered` of ``training`` (not compiled), whose compiled stage runs ``run`` (this function
+        by default) on this signature's arguments (:func:`stage_call`); ``runs_step``: ``run`` runs the fused step."""
         return AOTLowered(training, stage_call(self, training.programs.signature, run or self), runs_step)
 
     def _new_programs(self, sig: Signature, leaves: list) -> SignaturePrograms:
@@ -181,9 +179,8 @@ class AOTFunction:
             >>> y, res = f.forward(jnp.ones(3))
             >>> (dx,) = f.backward(res, jnp.float32(1.0))
 
-        Under ``jax.disable_jit()`` it still runs the compiled programs, as a ``Compiled`` stage does. A function
-        closing over an outer transformation's tracer compiles none: InvalidInputError (call it, or take its gradient).
-        """
+        Under ``jax.disable_jit()`` it runs the compiled programs, as a ``Compiled`` stage does. A function closing
+        over an outer transformation's tracer compiles none: InvalidInputError (call it, or take its gradient)."""
         if C.jit_disabled():
             with jax.disable_jit(False):
                 return self.forward(*args, **kwargs)
@@ -243,8 +240,7 @@ class AOTFunction:
     def lower(self, *args: Any, **kwargs: Any) -> AOTLowered:
         """Trace and partition for this signature (nothing compiles): the first of JAX's stages.
 
-        ``.compile()`` on the result compiles the three programs. Inputs may be
-        ``jax.ShapeDtypeStruct`` as well as arrays.
+        ``.compile()`` on the result compiles the three programs. Inputs may be ``jax.ShapeDtypeStruct`` too.
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
@@ -254,6 +250,10 @@ class AOTFunction:
             12
         """
         return self.lowered(self.lookup(args, kwargs).programs.staged_training())
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The outputs as ``jax.ShapeDtypeStruct`` leaves, as ``jax.jit(f).eval_shape`` gives (nothing compiles)."""
+        return jax.jit(self.fn, static_argnums=self.static_argnums).eval_shape(*args, **kwargs)
 
     def cache_info(self) -> CacheInfo:
         """Compiled signatures: per signature the executables kept, every compilation (fused-step variants

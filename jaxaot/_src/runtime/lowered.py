@@ -142,9 +142,9 @@ class AOTLowered:
         """The residual table as text (``str(self.residuals)``)."""
         return str(self.residuals)
 
-    def as_text(self) -> dict[str, str]:
-        """Each program's StableHLO, as ``jax.jit(...).lower(...).as_text()`` prints it. The fused step has
-        none here: which variant of it runs, if any, is known once it compiles (``compile().as_text()["step"]``).
+    def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> dict[str, str]:
+        """Each program's text, as ``jax.jit(...).lower(...).as_text(dialect, debug_info=...)`` prints it. The fused
+        step has none here: which variant of it runs, if any, is known once it compiles (``compile().as_text()``).
 
         Example:
             >>> import jax.numpy as jnp, jaxaot
@@ -156,8 +156,8 @@ class AOTLowered:
         avals = {"inference": tr.programs.in_avals, "forward": tr.programs.in_avals,
                  "backward": tr.backward_avals()}
         programs = {"inference": self.inference, "forward": tr.forward_program, "backward": tr.backward_program}
-        return {name: jax.jit(as_function(programs[name]), keep_unused=True).lower(*avals[name]).as_text()
-                for name in PROGRAMS}
+        return {name: jax.jit(as_function(programs[name]), keep_unused=True).lower(*avals[name]).as_text(
+            dialect, debug_info=debug_info) for name in PROGRAMS}
 
     def compile(self, compiler_options: Mapping[str, Any] | None = None) -> "AOTCompiled":
         """Compile the three programs (through the persistent cache); the function then runs these executables.
