@@ -252,6 +252,35 @@ def test_mesh_context_with_uncommitted_inputs_keys_the_cache():
     assert "at compile()" not in str(table) and "bytes per device" in str(table)
 
 
+@pytest.mark.skipif(N < 4, reason="needs two meshes of two devices each, on different devices")
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+def test_a_mesh_of_one_shape_on_other_devices_compiles_apart_as_under_jit(axis_type, tmp_path):
+    """Both meshes have one abstract mesh; their devices key every cache as ``jit``'s device context does: the
+    signature, the hot path, compiled autograd's replay and the persistent cache."""
+    kind = getattr(jax.sharding.AxisType, axis_type)
+    devices = jax.devices()
+    meshes = [jax.sharding.Mesh(np.array(devices[i:i + 2]), ("x",), axis_types=(kind,)) for i in (0, 2)]
+    ks = jax.random.split(_key(7), 2)
+    w, x = np.asarray(jax.random.normal(ks[0], (8, 4))), np.asarray(jax.random.normal(ks[1], (16, 8)))
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    f = jaxaot.aot_function(loss)
+    steps = [jaxaot.value_and_grad(f), jaxaot.value_and_grad(loss), jax.value_and_grad(f),
+             jaxaot.compiled_value_and_grad(loss, replay=True)]
+    with jaxaot.config.override(cache_dir=str(tmp_path)):
+        for mesh in (*meshes, meshes[0], *meshes):
+            with jax.set_mesh(mesh):
+                want = jax.jit(jax.value_and_grad(loss))(w, x)
+                for step in (f, *steps, jaxaot.aot_function(loss)):  # the last: a fresh one, from the cache folder
+                    got = step(w, x)
+                    assert_trees_close(got, want if step in steps else want[0], rtol=1e-5, atol=1e-6)
+                    assert all(a.devices() == set(mesh.devices.flat) for a in jax.tree.leaves(got)), (step, mesh)
+    reason = f.cache_info().entries[1].reason
+    assert "mesh context changed" in reason and "devices [0, 1]" in reason and "devices [2, 3]" in reason
+
+
 def test_out_shardings_and_replicated_residuals():
     loss_fn, (params, x) = data_parallel(7)
     mesh = x.sharding.mesh

@@ -123,10 +123,13 @@ def trace_context_key() -> str:
 
     It is the configuration JAX keys its own tracing caches by (x64, dtype
     promotion, the mesh and named axes in scope, jaxaot's traced settings and
-    loop options). Values without a canonical text (JAX's axis environment)
+    loop options), and the devices of the mesh ``jax.set_mesh`` entered, which
+    ``jit`` keys by too. Values without a canonical text (JAX's axis environment)
     are written by their fields; object addresses are blanked.
     """
-    return ";".join(_ADDRESS.sub(" at 0x?", _context_value(v)) for v in C.trace_context())
+    mesh = C.device_context()
+    devices = "" if mesh is None else f";mesh devices={mesh.device_ids.tolist()}"
+    return ";".join(_ADDRESS.sub(" at 0x?", _context_value(v)) for v in C.trace_context()) + devices
 
 
 def _context_value(value: Any) -> str:

@@ -20,6 +20,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 import jax
+import numpy as np
 
 from jaxaot._src import compat as C
 from jaxaot._src.pytrees import dtype_name, format_aval, leaf_paths
@@ -203,7 +204,10 @@ def describe_change(old: Signature | None, new: Signature, paths: Callable[[Sign
     if static:
         parts.append(static)
     if old.mesh != new.mesh:
-        parts.append(f"mesh context changed: {old.mesh} → {new.mesh}")
+        shown = [str(old.mesh), str(new.mesh)]
+        if shown[0] == shown[1]:  # one shape on other devices
+            shown = [f"{m} on devices {np.ravel(getattr(m, 'device_ids', ())).tolist()}" for m in (old.mesh, new.mesh)]
+        parts.append(f"mesh context changed: {shown[0]} → {shown[1]}")
     if old.config is not None and new.config is not None and old.config != new.config:
         changed = [n for n in C.config_changes(old.config, new.config) if "mesh" not in n]
         if changed:

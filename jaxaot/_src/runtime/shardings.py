@@ -24,10 +24,15 @@ RESIDUAL_SHARDING_POLICIES = ("producer", "replicated")
 
 
 def context_mesh() -> Any:
-    """The abstract mesh of the enclosing ``jax.set_mesh`` context, or None outside one and inside a ``shard_map``
-    over every axis (where each value is one device's: nothing to place)."""
+    """The mesh of the enclosing ``jax.set_mesh`` context, or None outside one and inside a ``shard_map`` over every
+    axis (where each value is one device's: nothing to place). The mesh of devices where one was entered (two
+    meshes of one shape on other devices share their abstract mesh, and compile apart, as under ``jit``), else
+    the abstract mesh (``use_abstract_mesh``, a ``shard_map`` over some axes)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return None if mesh.empty or C.all_manual(mesh) else mesh
+    if mesh.empty or C.all_manual(mesh):
+        return None
+    devices = C.device_context()
+    return devices if devices is not None and devices.abstract_mesh == mesh else mesh
 
 
 def is_abstract(sharding: Any) -> bool:

@@ -67,6 +67,9 @@ def placement(leaves: Sequence[Any]) -> tuple:
                 placed += ((i, sk),)
     if jax.config.jax_default_device is not None:  # uncommitted arrays run where jax.default_device says
         placed += (("default device", default_device()),)
+    mesh = C.device_context()
+    if mesh is not None:  # jax.set_mesh's devices: two meshes of one shape on other devices share an abstract mesh
+        placed += (("mesh", mesh),)
     return placed
 
 
