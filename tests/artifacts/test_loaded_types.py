@@ -215,9 +215,10 @@ _WEAK_CHILD = textwrap.dedent(
     x = jnp.arange(3, dtype=jnp.bfloat16)
     kinds = {"float": 2.3, "int": 2, "strong_float32": jnp.float32(2.3), "bfloat16": jnp.bfloat16(2.3)}
     out = {}
-    for name, y in kinds.items():
+    for name, y in [*kinds.items(), ("float under x64", 2.3)]:
         try:
-            runs = [f(x, y), jax.jit(f)(x, y), jax.grad(f, 1)(x, y)]
+            with jax.enable_x64(name.endswith("x64")):
+                runs = [f(x, y), jax.jit(f)(x, y), jax.grad(f, 1)(x, y)]
             out[name] = [[float(r), str(r.dtype), bool(r.aval.weak_type)] for r in runs]
         except jaxaot.errors.ArtifactInputError as err:
             out[name] = str(err)
@@ -268,6 +269,9 @@ def test_an_argument_exported_from_a_python_float_takes_only_a_python_float(weak
                         r"differently from a Python float .*", got["int"])
     assert re.fullmatch(r"arg\[1\]: expected float32\[\], got bfloat16\[\]\. .*: pass a Python float, or export with a "
                         r"bfloat16 array for this argument\.", got["bfloat16"])
+    # Under x64 a Python float is float64: the message says so, not "pass a Python float".
+    assert re.fullmatch(r"arg\[1\]: expected float32\[\], got float64\[\]\. .*a Python float is float64 here: the "
+                        r"artifact was exported with jax_enable_x64 off\. .*", got["float under x64"])
 
 
 def test_an_argument_exported_strongly_typed_takes_a_python_scalar_and_computes_as_exported(weak_and_strong,

@@ -80,6 +80,10 @@ def weak_input_note(path: str, spec: Any, x: Any, dtype: str) -> str:
                 f"array times a Python float stays bfloat16, times a float32 array becomes float32): the exported "
                 f"program would not compute what the function computes for it. Pass a Python {kind}, or export "
                 f"with a {dtype} array for this argument.")
+    if type(x) in (int, float, complex) and scalar_kind(dtype) == kind:  # a Python scalar, as wide as x64 makes it
+        return (f" {exported}, and a Python {kind} is {dtype} here: the artifact was exported with jax_enable_x64 "
+                f"{'off' if jnp.dtype(dtype).itemsize > jnp.dtype(spec.dtype).itemsize else 'on'}. Call it with "
+                "that setting, or export it again with this one.")
     if is_weakly_typed(x) and kind == "float" and scalar_kind(dtype) == "int":
         return (f" {exported}: pass a Python float (2.0, not 2). A Python int promotes differently from a Python "
                 "float (an int8 array times 2 stays int8, times 2.0 becomes float32).")
