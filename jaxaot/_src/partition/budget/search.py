@@ -419,8 +419,13 @@ def _refusing(search: _Search) -> Generator[Request, Partition, _Candidate]:
         if search.fits(c):
             return c
     reach = lambda c: 1 << 62 if c.peak is None else c.peak  # noqa: E731
-    smallest = min(search.measured, key=lambda c: (c.previewed, reach(c)))  # a preview's peak is approximate
-    raise nothing_fits(search.budget, smallest.part, reach(smallest), search.spread)
+    while True:  # the smallest peak named is the runtime's: asking for it finds that plan
+        smallest = min(search.measured, key=lambda c: (c.previewed, reach(c)))  # a preview's peak is approximate
+        if not smallest.inexact or smallest.peak is None:
+            raise nothing_fits(search.budget, smallest.part, reach(smallest), search.spread)
+        search.exact(smallest)
+        if search.fits(smallest):
+            return smallest
 
 
 def _spread(avals: Sequence[Any]) -> int:
