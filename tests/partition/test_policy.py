@@ -206,6 +206,21 @@ def test_values_only_the_backward_computes_are_reported():
     _check_gradients(fn, args, p, want)
 
 
+def _spectral(w, x):
+    r = jnp.fft.rfft(jnp.tanh(x @ w), axis=1)  # a complex intermediate the plan saves
+    return jnp.sum(jnp.fft.irfft(r ** 2, n=x.shape[1], axis=1) @ w)
+
+
+def test_complex_values_the_plan_saves_are_recomputed_by_the_policy():
+    """jax.checkpoint cannot save a complex residual (its ``reduce_precision`` refuses complex dtypes): the policy
+    recomputes it and says so, and runs."""
+    rng = np.random.default_rng()
+    w, x = _normal(rng, 32, 32) / 6, _normal(rng, 16, 32)
+    p = remat_policy(_spectral, w, x, memory_budget=1.0)
+    assert not p.exact and any("complex outputs of 1 fft eqn" in a for a in p.approximations), p.approximations
+    _check_gradients(_spectral, (w, x), p)
+
+
 @pytest.mark.parametrize("zoo_name", ["scan", "cond", "checkpoint"])
 def test_bodies_the_plan_does_not_decide_make_it_approximate(zoo_name):
     fn, make_args = ZOO[zoo_name]

@@ -208,6 +208,11 @@ def _policy_from_plan(plan: _Plan, primal_plan: Any, memory_budget: float | int 
 
     # The keys the policy saves: those of the eqns producing the plan's saved values.
     save_eqns = list({id(e): e for e in (producer[v] for v in plan.saved)}.values())
+    complex_ = [e for e in save_eqns if any(np.issubdtype(v.aval.dtype, np.complexfloating) for v in e.outvars)]
+    if complex_:  # jax.checkpoint passes each saved value through reduce_precision, which refuses complex dtypes
+        notes.append(f"the plan saves complex outputs of {_count(complex_)}, which jax.checkpoint cannot save: "
+                     "the policy recomputes them")
+        save_eqns = [e for e in save_eqns if all(e is not c for c in complex_)]
     unseen = [e for e in save_eqns if not _visible(e) and not _structural(e)]
     if unseen:
         notes.append(
