@@ -7,8 +7,8 @@ executables, custom rules, loop primitives' support, the recording trace, Stable
 ``tests/test_architecture.py`` checks that every name used is in ``__all__``.
 """
 
-from jaxaot._src.compat import (binding, call_sites, core, custom_rules, forward_mode, loop_support, manual_axes, recording,
-                                stablehlo, symbolic_dims, tracebacks)
+from jaxaot._src.compat import (binding, call_sites, core, custom_rules, forward_mode, loop_support, manual_axes,
+                                recording, stablehlo, symbolic_dims, tracebacks)
 from jaxaot._src.compat.binding import *  # noqa: F401,F403
 from jaxaot._src.compat.call_sites import *  # noqa: F401,F403
 from jaxaot._src.compat.core import *  # noqa: F401,F403

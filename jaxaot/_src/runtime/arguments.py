@@ -170,6 +170,7 @@ def split_static(static_argnums: Sequence[int], args: tuple, kwargs: dict, fn: A
 
     A static position the call passes by keyword (``fn``'s parameter of that position named in ``kwargs``) is
     that static argument, as in ``jax.jit``: its :class:`StaticArg` holds the keyword, so it keys its own programs.
+    One the call leaves out holds :data:`OMITTED`: the function's default runs, as under ``jax.jit``.
     """
     if not static_argnums:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))

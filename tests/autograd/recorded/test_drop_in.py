@@ -1,9 +1,10 @@
 """``compiled_value_and_grad`` behaves as ``jax.value_and_grad`` where JAX's own rules decide, or raises.
 
 A NumPy scalar is typed as JAX types it (not as the Python number of equal value), arrays on another device
-run there (arrays the forward closes over too; arguments on two devices raise a ``ValueError``), ``jax.debug_nans`` raises ``FloatingPointError`` (never JAX's internal error, and the function keeps
-its mode), ``argnums`` naming an argument twice is refused, and ``cache_info()`` stays bounded; each with replay
-and without, on fresh random inputs.
+run there (arrays the forward closes over too; arguments on two devices raise a ``ValueError``),
+``jax.debug_nans`` raises ``FloatingPointError`` (never JAX's internal error, and the function keeps its mode),
+``argnums`` naming an argument twice is refused, and ``cache_info()`` stays bounded; each with replay and
+without, on fresh random inputs.
 """
 
 from __future__ import annotations
