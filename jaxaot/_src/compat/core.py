@@ -46,11 +46,6 @@ from jax._src import config as _config  # noqa: E402
 trace_context = _config.trace_context
 
 
-def device_context() -> Any:
-    """The mesh of devices ``jax.set_mesh`` entered, or None: in ``jit``'s cache key, not in ``trace_context()``."""
-    return _config.device_context.value
-
-
 def pin_sharding(x: Any, sharding: Any) -> Any:
     """``x`` placed as ``sharding`` inside a traced program: ``with_sharding_constraint``, or ``reshard`` on a mesh
     with ``Explicit`` axes where the sharding names no other (``with_sharding_constraint`` only asserts there)."""
@@ -438,7 +433,7 @@ def host_value(x: Any) -> np.ndarray:
 #: ``saved_residuals`` serve the tests.
 __all__ = [
     "is_differentiated", "outside_name_scopes", "typed_as", "ArrayImpl", "ClosedJaxpr", "INLINABLE_CALLS",
-    "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr", "Primitive", "Tracer", "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "device_context", "deserialize_executable",
+    "InternalFloatingPointError", "JIT_COMPILE_EVENTS", "Jaxpr", "Primitive", "Tracer", "bind_eqn", "check_jaxpr", "close", "concrete_primal", "consts_of", "current_trace", "deserialize_executable",
     "eqn_name_stack", "eqn_source", "eqn_subjaxprs", "eqn_user_context", "eval_closed",
     "executable_device_ids", "float0", "has_jvp_rule", "host_value", "is_batch_tracer", "is_drop_var", "is_effectful",
     "is_forward_mode_tracer", "is_host_callback", "is_inexact", "is_literal", "is_tracer", "iter_eqns", "jaxpr_of",

@@ -1,4 +1,4 @@
-"""``shard_map``'s manual axes in abstract inputs: which of them a value varies over.
+"""Meshes in abstract inputs: ``shard_map``'s manual axes a value varies over, and the mesh of devices in context.
 
 Inside ``jax.shard_map`` (``check_vma=True``) each value's type says which manual axes it varies over: a
 replicated parameter varies over none, a sharded batch over the batch axis. A program traced from inputs of
@@ -8,17 +8,21 @@ from, so the trace inserts what JAX would; outside ``shard_map`` it is the plain
 
 On a mesh with ``Explicit`` axes the type holds the sharding instead (``float32[8@x,4]``): a program traced from
 a replicated struct does not take sharded values. :func:`abstract_input` keeps that sharding too, and
-:func:`vary_like` shards a buffer of rows as its rows are.
+:func:`vary_like` shards a buffer of rows as its rows are. :func:`device_context` is ``jax.set_mesh``'s devices.
 """
 
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Any
 
 import jax
+from jax._src import config as _config
+from jax._src import mesh as _mesh_lib
 
-__all__ = ["abstract_input", "all_manual", "in_manual_context", "on_one_mesh", "reshaped_aval", "vary_like"]
+__all__ = ["abstract_input", "all_manual", "device_context", "in_manual_context", "on_one_mesh", "reshaped_aval",
+           "vary_like"]
 
 #: The name the struct's variance takes: ``manual_axis_type`` (a ``ManualAxisType``), or ``vma`` (a set of names).
 _FIELD = next((f for f in ("manual_axis_type", "vma") if f in inspect.signature(jax.ShapeDtypeStruct).parameters),
@@ -117,3 +121,14 @@ def vary_like(x: Any, aval: Any) -> Any:
     have = _variance(jax.typeof(x))
     missing = tuple(a for a in axes if a not in set(getattr(have, "varying", have) or ()))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def device_context() -> Any:
+    """The mesh of devices ``jax.set_mesh`` entered, or None: in ``jit``'s cache key, not in ``trace_context()``
+    (two meshes of one shape on other devices have one abstract mesh)."""
+    mesh = _concrete_mesh() if _concrete_mesh is not None else getattr(_config, "device_context", _NONE).value
+    return None if mesh is None or getattr(mesh, "empty", False) else mesh
+
+
+_concrete_mesh = getattr(_mesh_lib, "get_concrete_mesh", None)
+_NONE = types.SimpleNamespace(value=None)
