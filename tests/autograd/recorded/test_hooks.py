@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -36,8 +38,8 @@ def test_grad_hook_changes_the_gradient_in_jax_grad_compiled_grad_and_aot_functi
     _close(jax.grad(aot)(w, x), expected)
 
 
-def test_several_hooks_run_in_registration_order():
-    rng = np.random.default_rng(1)
+def test_a_list_of_hooks_runs_in_order_and_nested_calls_from_the_outside_in():
+    rng = np.random.default_rng()
     w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
     seen = []
     add = lambda g: (seen.append("add"), g + 1.0)[1]
@@ -48,10 +50,37 @@ def test_several_hooks_run_in_registration_order():
         h = jaxaot.grad_hook(jaxaot.grad_hook(h, add), mul)
         return jnp.sum(h ** 2)
 
-    expected = _reference(w, x, lambda g: (g + 1.0) * 2.0)  # add, then mul
-    _close(jaxaot.compiled_grad(chained)(w, x), expected)
-    assert seen == ["add", "mul"]
-    _close(jaxaot.compiled_grad(_loss)(w, x, [add, mul]), expected)
+    _close(jaxaot.compiled_grad(chained)(w, x), _reference(w, x, lambda g: g * 2.0 + 1.0))  # mul, then add
+    assert seen == ["add", "mul"]  # traced as called
+    _close(jaxaot.compiled_grad(_loss)(w, x, [add, mul]), _reference(w, x, lambda g: (g + 1.0) * 2.0))
+
+
+@pytest.mark.parametrize("how", ["jax.grad", "compiled_grad", "replay", "aot_function"])
+def test_each_hook_sees_the_whole_cotangent_of_its_value_used_twice(how):
+    """A clip on ``y`` bounds ``y``'s whole cotangent, ``z = grad_hook(y, ...)``'s included: the gradient reaching
+    ``x`` through ``y`` is clipped once, as a ``custom_vjp`` identity clipping its cotangent does."""
+    rng = np.random.default_rng()
+    x, c = _rand(rng, 8), _rand(rng, 8)
+    clip = lambda g: jnp.clip(g, -0.1, 0.1)  # noqa: E731
+
+    @jax.custom_vjp
+    def clipped(v):
+        return v
+
+    clipped.defvjp(lambda v: (v, None), lambda _, g: (clip(g),))
+
+    def loss(x, c, hook):
+        y = hook(x * 1.0, clip)
+        z = hook(y, lambda g: g)
+        return jnp.sum(jnp.sin(y * c)) + jnp.sum(z * c)
+
+    ours = functools.partial(loss, hook=jaxaot.grad_hook)
+    grad = {"jax.grad": jax.grad(ours), "compiled_grad": jaxaot.compiled_grad(ours),
+            "replay": jaxaot.compiled_grad(ours, replay=True), "aot_function": jax.grad(jaxaot.aot_function(ours))}[how]
+    want = jax.grad(functools.partial(loss, hook=lambda v, h: clipped(v) if h is clip else v))(x, c)
+    for _ in range(2):
+        _close(grad(x, c), want)
+    assert float(jnp.max(jnp.abs(want))) <= 0.1 + 1e-6
 
 
 def test_hooks_are_traced_into_the_backward_jaxpr():
@@ -182,3 +211,44 @@ def test_forward_mode_over_a_jit_with_a_hook_inside_passes_it_through_where_the_
         _close(got[1], want[1])
     with pytest.raises(TypeError, match="custom_vjp"):
         jax.jvp(jax.jit(hooked), (x,), (t,))
+
+
+def test_a_hooked_value_is_not_kept_after_its_step():
+    """Nothing holds a hooked value once its backward ran: device memory stays flat over steps."""
+    rng = np.random.default_rng()
+    w, x = _rand(rng, 64, 64), _rand(rng, 256, 64)
+    loss = lambda w, x: jnp.sum(jnp.tanh(jaxaot.grad_hook(x @ w, lambda g: 2 * g)) ** 2)  # noqa: E731
+    for grad in (jax.grad(loss), jaxaot.compiled_grad(loss)):
+        jax.block_until_ready(grad(w, x))
+        before = sum(a.nbytes for a in jax.live_arrays())
+        for _ in range(5):
+            jax.block_until_ready(grad(w, x))
+        assert sum(a.nbytes for a in jax.live_arrays()) <= before
+
+
+_NORMS: list = []
+
+
+def _log_norm(n):
+    _NORMS.append(float(n))
+
+
+def test_a_hook_logging_through_a_host_callback_compiles_once_and_calls_the_callback_it_was_given():
+    rng = np.random.default_rng()
+    w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+
+    def logged(g, to=_log_norm):
+        jax.debug.callback(to, jnp.linalg.norm(g))
+        return g
+
+    grad = jaxaot.compiled_grad(lambda w, x, to: jnp.sum(jnp.tanh(jaxaot.grad_hook(
+        x @ w, functools.partial(logged, to=to))) ** 2))
+    _NORMS.clear()
+    for _ in range(3):
+        grad(w, x, _log_norm)
+    jax.effects_barrier()
+    assert grad.cache_info().misses == 1 and len(_NORMS) == 3
+    mine = []  # another callable (of another code): its own step, which calls it, not the first one
+    grad(w, x, mine.append)
+    jax.effects_barrier()
+    assert len(mine) == 1 and len(_NORMS) == 3 and grad.cache_info().misses == 2

@@ -229,9 +229,9 @@ def test_hooks_run_in_order_and_lambdas_made_each_step_do_not_recompile():
         h = jaxaot.grad_hook(h, lambda g: (seen.append("mul"), g * s)[1])
         return jnp.sum(h ** 2)
 
-    def reference(w, x):
+    def reference(w, x):  # the outer hook first: times the mean, then plus one
         h, pull = jax.vjp(lambda w: jnp.tanh(x @ w), w)
-        return pull((2 * h + 1.0) * jnp.mean(h))[0]
+        return pull(2 * h * jnp.mean(h) + 1.0)[0]
 
     rng = np.random.default_rng(8)
     g = jaxaot.compiled_grad(f)

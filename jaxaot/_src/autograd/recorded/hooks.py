@@ -1,10 +1,12 @@
 """Gradient hooks: functions of a cotangent that run inside the backward pass.
 
 ``jaxaot.grad_hook(x, hook)`` returns ``x``; in the backward, the total cotangent
-reaching ``x`` becomes ``hook(cotangent)`` (PyTorch's ``Tensor.register_hook``).
+of the value it returns becomes ``hook(cotangent)`` (PyTorch's ``Tensor.register_hook``).
 The hook is an identity ``custom_vjp``, so it is traced into whatever backward is
-built around it, never a host callback by itself. Several hooks run in
-registration order, nested calls included; a hook returning another structure,
+built around it, never a host callback by itself. Hooks given in one call run in
+order; a later call on the returned value is another identity, whose hooks run
+first (the cotangent reaches it first), each hook seeing the whole cotangent of its
+call's value however many times it is used. A hook returning another structure,
 shape or dtype raises :class:`~jaxaot.errors.HookOutputError`. In a recorded
 forward, steps are keyed by what the hooks do, so a new lambda per step does not
 recompile.
@@ -25,10 +27,7 @@ from jaxaot.errors import HookOutputError, InvalidInputError
 
 Hook = Callable[[Any], Any]
 
-#: id(hooked output) -> (that output, the hooked input, the hooks, their traced programs).
-_RECENT: "collections.OrderedDict[int, tuple[Any, Any, tuple[Hook, ...], Any]]" = collections.OrderedDict()
-_RECENT_MAX = 1024
-_RECENT_LOCK = threading.Lock()
+_LOCK = threading.Lock()
 
 
 def hook_name(hook: Any) -> str:
@@ -74,7 +73,7 @@ def _identity_with_programs(traced: Sequence[tuple[Any, list]]) -> Callable[[lis
     """The identity ``custom_vjp`` of ``(leaves, consts)`` whose backward runs the hook programs in order."""
     programs = tuple(p for p, _ in traced)
     key = tuple(structure_of(p).key for p in programs)
-    with _RECENT_LOCK:
+    with _LOCK:
         identity = _PROGRAMS.get(key)
         if identity is not None:
             _PROGRAMS.move_to_end(key)
@@ -97,7 +96,7 @@ def _identity_with_programs(traced: Sequence[tuple[Any, list]]) -> Callable[[lis
 
     setattr(bwd, C.PRIMAL_IN_FORWARD_MODE, True)  # forward mode passes x through (an aot_function's jvp)
     identity.defvjp(fwd, bwd)
-    with _RECENT_LOCK:
+    with _LOCK:
         identity = _PROGRAMS.setdefault(key, identity)
         while len(_PROGRAMS) > _PROGRAMS_MAX:
             _PROGRAMS.popitem(last=False)
@@ -139,7 +138,8 @@ def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
     Args:
       x: an array or pytree of arrays (concrete or traced).
       hook: ``cotangent -> cotangent`` (same structure, shapes and dtypes), or a
-        list of them, run in order. Hooks are traced into the backward program.
+        list of them, run in order. Hooks are traced into the backward program. ``grad_hook(grad_hook(x, a), b)``
+        runs ``b`` first: the cotangent reaches the outer call first.
 
     Example:
         >>> import jax, jax.numpy as jnp, jaxaot
@@ -155,15 +155,4 @@ def grad_hook(x: Any, hook: Hook | Sequence[Hook]) -> Any:
         return x  # concrete, outside any trace: no backward will see it
     # Traced now: in a recorded forward (each hook traced once) or a JAX trace (jit, grad, aot_function), where a
     # hook may read the forward's values, which become the backward's inputs.
-    base, earlier, traced = x, (), []
-    with _RECENT_LOCK:
-        prev = _RECENT.get(id(x))
-        if prev is not None and prev[0] is x:  # x came from grad_hook: extend its hooks, keep the order
-            base, earlier, traced = prev[1], prev[2], prev[3]
-    hooks, traced = earlier + hooks, traced + _trace_hooks(base, hooks)
-    hooked = _apply_traced(base, traced)
-    with _RECENT_LOCK:
-        _RECENT[id(hooked)] = (hooked, base, hooks, traced)
-        while len(_RECENT) > _RECENT_MAX:
-            _RECENT.popitem(last=False)
-    return hooked
+    return _apply_traced(x, _trace_hooks(x, hooks))

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import sys
 import threading
+import types
 import weakref
 from typing import Any
 
@@ -264,12 +266,33 @@ def _eqn_params_key(eqn: Any) -> tuple:
     """An equation's params by value; a custom rule's (new wrappers each time its body is traced) by the rules'
     functions, static arguments and what they read besides their arguments (a global a schedule changes), as the
     recording keys a rule called outside any sub-jaxpr."""
+    if C.is_callback_primitive(eqn.primitive):  # JAX wraps the user's callback anew at every trace (a hook's)
+        return tuple((k, _callback_key(p) if callable(p) else _param_key(p)) for k, p in sorted(eqn.params.items()))
     rules = C.custom_rule_wrappers(eqn)
     if not rules:  # none, or not found: every param as it is (a rule by identity: at worst a compile per call)
         return tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()))
     kept = tuple((k, _param_key(p)) for k, p in sorted(eqn.params.items()) if not C.is_rule_param(p))
     _READS.count += 1  # its key reads values that may change in place (rules_keyed): never cached by identity
     return (*kept, ("rules", tuple(rule_identity(C.rule_key(w)) for w in rules)))
+
+
+def _callback_key(fn: Any, depth: int = 0) -> Any:
+    """A host callback as a key: JAX's wrappers by their code and what they hold, the user's callable itself (the
+    executable calls the one it was compiled with: another object, even of the same code, compiles anew)."""
+    if isinstance(fn, functools.partial):
+        return ("partial", _callback_key(fn.func, depth), _param_key(fn.args), _param_key(fn.keywords))
+    if depth < 3 and isinstance(fn, types.FunctionType) and (fn.__module__ or "").startswith("jax._src"):
+        cells = tuple(_callback_key(c.cell_contents, depth + 1) for c in fn.__closure__ or () if _filled(c))
+        return ("jax callback", fn.__code__, cells)
+    return _param_key(fn)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a closure cell not yet assigned
+        return False
+    return True
 
 
 def rule_identity(key: Any) -> tuple:
