@@ -232,6 +232,26 @@ def test_past_the_most_keys_only_the_oldest_is_dropped(monkeypatch):
     assert replayed == [0, 0, 0, 0, 1, 1, 0, 1]
 
 
+def test_a_key_with_more_paths_than_a_routing_layer_has_keeps_every_one():
+    """Past 64 outcomes under one key (4 tokens routed among 3 experts have 81 paths) each path replays once seen;
+    only past ``MAX_PATHS`` in all does the oldest tree go."""
+    runs = []
+
+    def f(w, a):
+        runs.append(int(a) % 2)  # Python looks at the value (the outcome is the whole int): a path per value
+        return jnp.sum(jnp.tanh(w) ** 2)
+
+    vg = jaxaot.compiled_value_and_grad(f, replay=True)
+    w, values = _rand(np.random.default_rng(), 3), [jnp.int32(i) for i in range(90)]
+    for a in values * 2:
+        _close(vg(w, a), jax.value_and_grad(f)(w, a))
+    runs.clear()
+    for a in values:
+        vg(w, a)
+    assert runs == []  # every call replayed: no forward's Python ran
+    assert compiled_autograd.stats().compiles == 1  # one structure for every path
+
+
 def test_a_float_python_read_is_guarded_by_its_bits_signed_zero_and_nan_too():
     """``-0.0`` and ``0.0`` compare equal, but Python tells them apart (``math.copysign``): a replay recorded at
     one never answers for the other. A NaN, equal to nothing, replays the NaN's recording (also complex)."""

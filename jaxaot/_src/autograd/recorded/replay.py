@@ -22,10 +22,10 @@ import numpy as np
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.recorded.structure import closes_over
 
-#: The most guard trees (keys) per function, and recorded paths per tree: past the first, the oldest tree is
-#: dropped; past the second, that tree starts afresh.
+#: The most guard trees (keys) per function, and recorded paths in all its trees: past either, the oldest tree
+#: is dropped (the only one starts afresh). A mixture of experts routing 4 tokens among 3 has 81 paths.
 MAX_KEYS = 64
-MAX_PATHS = 64
+MAX_PATHS = 1024
 #: Calls that walk the tree look by look after a step run ahead gave other outcomes than its path's.
 WALK_AFTER_MISS = 8
 
@@ -201,8 +201,8 @@ class Trees:
         with self.lock:
             if len(self.roots) >= MAX_KEYS and key not in self.roots:
                 self._drop(next(iter(self.roots)))  # the key that has been kept longest
-            if self.paths.get(key, 0) >= MAX_PATHS:
-                self._drop(key)
+            while self.roots and sum(self.paths.values()) >= MAX_PATHS:
+                self._drop(next((k for k in self.roots if k != key), key))
             node = self.roots.setdefault(key, Guard())
             self.paths[key] = self.paths.get(key, 0) + 1
             for vid, how, plan, info, outcome in path:
