@@ -139,9 +139,9 @@ def _input_change(i: int, a: tuple, b: tuple) -> str:
     if a[1] == "lit" and b[1] == "lit":
         if a[3][0] == "a":  # a NumPy scalar or one-element array: keyed by its value, as JAX makes it a constant
             return (f"the NumPy value {_literal_text(a[3])} (dtype {np.dtype(a[3][1]).name}, shape {tuple(a[3][2])}) "
-                    f"the forward uses is now {_literal_text(b[3])} (a NumPy scalar or one-element array is keyed "
-                    "by its value: each value compiles once; pass it as a JAX array, jnp.asarray(...), to keep "
-                    "one program)")
+                    f"the forward uses is now {_literal_text(b[3])} (a NumPy scalar or one-element array, or a "
+                    "Python number JAX made one, as jax.random.key(step) does, is keyed by its value: each value "
+                    "compiles once; pass it as a JAX array, jnp.asarray(...), to keep one program)")
         return (f"the Python scalar {_literal_text(a[3])} the forward uses is now {_literal_text(b[3])} (each "
                 "value compiles once: pass it as an array to keep one program)")
     what = {"diff": "a differentiated input", "arg": "an array the forward uses", "lit": "a Python scalar"}
