@@ -301,7 +301,15 @@ def rule_identity(key: Any) -> tuple:
     call, the same rule), and what the function reads besides its arguments (``rule_reads``: a global a
     schedule changes, a bound object's attributes), which a new value of compiles anew, as eager JAX reads it."""
     fn = key[0] if type(key) is tuple and key else None
-    return ((function_key(fn), *key[1:]) if fn is not None else key), rule_reads(fn)
+    return ((function_key(fn), *_by_code(key[1:])) if fn is not None else key), rule_reads(fn)
+
+
+def _by_code(part: Any) -> Any:
+    """The functions among a rule's transformations' static arguments by their code (jax 0.11 hands its
+    ``bwd`` flattening the custom_vjp's own function, a new one where the rule is defined in the forward)."""
+    if type(part) is tuple:
+        return tuple(_by_code(p) for p in part)
+    return function_key(part) if isinstance(part, types.FunctionType) else part
 
 
 def jaxpr_key(jaxpr: Any) -> tuple:
