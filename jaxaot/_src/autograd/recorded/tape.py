@@ -150,14 +150,14 @@ class Tape:
     def tracer(self, vid: int) -> Any:
         return _Tracer(self.trace, self.avals[vid], vid)
 
-    def _input(self, kind: str, aval: Any, value: Any, lit: tuple | None = None) -> int:
+    def _input(self, kind: str, aval: Any, value: Any, detail: tuple | None = None) -> int:
         vid = len(self.avals)
         self.avals.append(aval)
         self.values.append(value)
         self.shown.append(kind == "lit" or (kind == "arg" and not self.guarded))
         self.kinds[vid] = kind
-        self.inputs.append((vid, kind, akey(aval)) if lit is None else (vid, kind, akey(aval), lit))
-        self.node = node = self.node.step((kind, aval, lit))
+        self.inputs.append((vid, kind, akey(aval)) if detail is None else (vid, kind, akey(aval), detail))
+        self.node = node = self.node.step((kind, aval, detail))
         F.known(self, vid, node)
         return vid
 
