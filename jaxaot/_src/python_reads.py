@@ -118,9 +118,8 @@ def closure_key(fun: Callable[..., Any], depth: int = 0, seen: set | None = None
     if code is None:
         return ()
     seen = {id(fun)} if seen is None else seen
-    parts = [_read_key(c.cell_contents) if not _helper(c.cell_contents, depth, seen)
-             else (c.cell_contents.__code__, closure_key(c.cell_contents, depth + 1, seen))
-             for c in (getattr(fun, "__closure__", None) or ()) if _filled(c)]
+    parts = [_read_key(v) if not _helper(v, depth, seen) else (v.__code__, closure_key(v, depth + 1, seen))
+             for v in closure_values(fun)]
     scope = getattr(fun, "__globals__", {})
     for name in sorted(code_names(code)):
         value = scope.get(name, _read_key)
@@ -146,8 +145,7 @@ def rule_reads(fn: Any) -> tuple:
         return (rule_reads(call), _object_key(fn)) if isinstance(call, types.FunctionType) else ()
     if not is_library(getattr(fn, "__module__", None)):
         return closure_key(fn)
-    held = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
-    inner = [f for v in held for f in (v if isinstance(v, (tuple, list)) else (v,))
+    inner = [f for v in closure_values(fn) for f in (v if isinstance(v, (tuple, list)) else (v,))
              if isinstance(f, types.FunctionType) and not is_library(getattr(f, "__module__", None))]
     return tuple(closure_key(f) for f in inner)
 
@@ -161,7 +159,7 @@ def function_key(fn: Any, depth: int = 0, seen: frozenset = frozenset()) -> Any:
     if not isinstance(fn, types.FunctionType) or depth > _HELPER_DEPTH:
         return fn
     seen = seen | {id(fn)}
-    cells = tuple(_cell_key(c.cell_contents, depth, seen) for c in (fn.__closure__ or ()) if _filled(c))
+    cells = tuple(_cell_key(v, depth, seen) for v in closure_values(fn))
     return ("function", fn.__code__, _read_key(fn.__defaults__), _read_key(fn.__kwdefaults__), cells)
 
 
@@ -196,10 +194,15 @@ def _helper(value: Any, depth: int, seen: set) -> bool:
     return True
 
 
+def closure_values(fn: Any) -> list:
+    """What ``fn`` closes over, in order (cells not yet assigned skipped)."""
+    return [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+
+
 def _filled(cell: Any) -> bool:
     try:
         cell.cell_contents
-    except ValueError:
+    except ValueError:  # a closure cell not yet assigned
         return False
     return True
 
@@ -257,5 +260,5 @@ def flax_objects() -> tuple:
 _FLAX: list = []
 
 
-__all__ = ["SCALARS", "closure_key", "code_names", "flax_objects", "function_key", "is_library", "is_library_file",
-           "library_version", "rule_reads"]
+__all__ = ["SCALARS", "closure_key", "closure_values", "code_names", "flax_objects", "function_key", "is_library",
+           "is_library_file", "library_version", "rule_reads"]

@@ -54,6 +54,11 @@ def _types(leaves: Sequence[Any]) -> tuple[tuple, bool, tuple]:
     return tuple(types), traced, placement(leaves)
 
 
+def place_of(x: Any) -> Any:
+    """Where ``x`` lives, as a key: a committed device array off the default device, its sharding; else None."""
+    return sharding_key(x.sharding) if type(x) is _ArrayImpl and x.committed else None
+
+
 def placement(leaves: Sequence[Any]) -> tuple:
     """Where the committed device arrays among ``leaves`` live, off the default device: ``(index, sharding)`` each
     (empty where all are uncommitted or on the default device, as most are), and the default device where
@@ -61,10 +66,9 @@ def placement(leaves: Sequence[Any]) -> tuple:
     their inputs' placement, so a call on another device records and compiles its own, as ``jit`` does."""
     placed = ()
     for i, x in enumerate(leaves):
-        if type(x) is _ArrayImpl and x.committed:
-            sk = sharding_key(x.sharding)
-            if sk is not None:
-                placed += ((i, sk),)
+        sk = place_of(x)
+        if sk is not None:
+            placed += ((i, sk),)
     if jax.config.jax_default_device is not None:  # uncommitted arrays run where jax.default_device says
         placed += (("default device", default_device()),)
     mesh = C.device_context()

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxaot._src import compat as C
-from jaxaot._src.python_reads import function_key, rule_reads
+from jaxaot._src.python_reads import closure_values, function_key, is_library, rule_reads
 
 #: id(sub-jaxpr) -> (the jaxpr, its key): sub-jaxprs recur across steps (loop bodies are cached by JAX).
 _SUB_KEYS: "collections.OrderedDict[int, tuple[Any, tuple]]" = collections.OrderedDict()
@@ -277,22 +277,13 @@ def _eqn_params_key(eqn: Any) -> tuple:
 
 
 def _callback_key(fn: Any, depth: int = 0) -> Any:
-    """A host callback as a key: JAX's wrappers by their code and what they hold, the user's callable itself (the
-    executable calls the one it was compiled with: another object, even of the same code, compiles anew)."""
+    """A host callback as a key: a library's wrappers (JAX's, new at every trace) by their code and what they hold,
+    the user's callable itself (the executable calls the one it was compiled with: another object compiles anew)."""
     if isinstance(fn, functools.partial):
         return ("partial", _callback_key(fn.func, depth), _param_key(fn.args), _param_key(fn.keywords))
-    if depth < 3 and isinstance(fn, types.FunctionType) and (fn.__module__ or "").startswith("jax._src"):
-        cells = tuple(_callback_key(c.cell_contents, depth + 1) for c in fn.__closure__ or () if _filled(c))
-        return ("jax callback", fn.__code__, cells)
+    if depth < 3 and isinstance(fn, types.FunctionType) and is_library(fn.__module__):
+        return ("library callback", fn.__code__, tuple(_callback_key(v, depth + 1) for v in closure_values(fn)))
     return _param_key(fn)
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # a closure cell not yet assigned
-        return False
-    return True
 
 
 def rule_identity(key: Any) -> tuple:

@@ -22,10 +22,9 @@ from jaxaot._src.autograd.recorded import ops as O
 from jaxaot._src.autograd.recorded.primitives import op as _op
 from jaxaot._src.autograd.recorded.structure import (Structure, aval_key, config_number, handed_to_jax, interned,
                                                        literal_value_key, owner, param_key, root, rule_identity)
-from jaxaot._src.runtime import sharding_key
+from jaxaot._src.autograd.recorded.call import place_of
 
 _Tracer = C.RecordingTracer
-_ArrayImpl = C.ArrayImpl
 
 
 class Look(NamedTuple):
@@ -376,7 +375,7 @@ def _constant(tape: Tape, x: Any) -> int:
     # NumPy is mutable: copy it now (on a CPU ``device_put`` may alias the buffer it is given, or read it later).
     value = jax.device_put(np.array(x, copy=True)) if isinstance(x, np.ndarray) else x
     # Where it lives keys the step, as the call's own arrays' placement does: an executable runs where it was compiled.
-    where = sharding_key(value.sharding) if type(value) is _ArrayImpl and value.committed else None
+    where = place_of(value)
     vid = tape._input("arg", C.typeof(value), value, None if where is None else ("on", where))
     # A NumPy array written in place later in the forward is another constant from then on.
     tape._by_id[id(x)] = (vid, (x.dtype, x.shape, x.tobytes()) if isinstance(x, np.ndarray) else None)
