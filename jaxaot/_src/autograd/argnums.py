@@ -1,5 +1,6 @@
-"""Which positional arguments a gradient differentiates: ``argnums`` placed among one call's arguments, and
-``reduce_axes``, the option ``jax.grad`` still takes and refuses unless empty."""
+"""Which positional arguments a gradient differentiates: ``argnums``, read in one place for every gradient and
+placed among one call's arguments, and ``reduce_axes``, the option ``jax.grad`` still takes and refuses unless
+empty."""
 
 from __future__ import annotations
 
@@ -43,6 +44,31 @@ def normalize_argnums(argnums: Any) -> Any:
         if all(n is not None for n in nums):
             return list(nums) if isinstance(argnums, list) else tuple(nums)
     return argnums
+
+
+def parse_argnums(argnums: Any, who: str) -> tuple[tuple[int, ...], bool]:
+    """``(positions, single)`` of ``argnums``, checked when the gradient is built: an integer (``operator.index``
+    reads it, as JAX does: ``np.int64(1)`` is one, a bool is not) or a non-empty sequence of distinct integers (a
+    list, tuple or range); ``single``: it was one integer. Else :class:`~jaxaot.errors.InvalidInputError` saying
+    what was wrong (``who``: the function it was given to, for the message). Every gradient reads ``argnums``
+    here; a call checks its range (:func:`resolve_argnums`).
+
+    Example:
+        >>> import numpy as np
+        >>> parse_argnums(np.int64(1), "grad"), parse_argnums(range(2), "grad")
+        (((1,), True), ((0, 1), False))
+    """
+    argnums = normalize_argnums(argnums)
+    single = isinstance(argnums, int) and not isinstance(argnums, bool)
+    nums = (argnums,) if single else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if not nums or any(not isinstance(n, int) or isinstance(n, bool) for n in nums):
+        raise InvalidInputError(f"argnums of {who} must be an integer or a non-empty sequence of integers, got "
+                                f"{argnums!r}.")
+    if len(set(nums)) != len(nums):  # jax.value_and_grad fails at the call (or returns None for one of them)
+        twice = next(n for n in nums if nums.count(n) > 1)
+        raise InvalidInputError(f"argnums={argnums!r} of {who} names argument {twice} more than once (one "
+                                "argument's gradient cannot be returned twice): name each once.")
+    return nums, single
 
 
 def resolve_argnums(nums: Sequence[int], nargs: int, argnums: Any, who: str) -> tuple[int, ...]:

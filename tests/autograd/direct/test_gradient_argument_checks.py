@@ -152,3 +152,32 @@ def test_a_gradient_carries_its_functions_names_and_signature_as_jax_s_does(name
     w, x = _args()
     n = int(np.random.default_rng().integers(2, 5))
     assert_trees_close(jax.jit(grad, static_argnames="n")(w, x, n), jax.jit(want, static_argnames="n")(w, x, n))
+
+
+_ALL_GRADIENTS = {
+    "value_and_grad": lambda f, n: jaxaot.value_and_grad(f, argnums=n),
+    "grad": lambda f, n: jaxaot.grad(f, argnums=n),
+    "aot_function's value_and_grad": lambda f, n: jaxaot.value_and_grad(jaxaot.aot_function(f), argnums=n),
+    "compiled_value_and_grad": lambda f, n: jaxaot.compiled_value_and_grad(f, argnums=n),
+    "compiled_grad": lambda f, n: jaxaot.compiled_grad(f, argnums=n),
+}
+
+
+@pytest.mark.parametrize("argnums", [(), [], 1.0, True, "0", (0, None), (1, 1), [0, np.int64(0)], range(0)])
+def test_every_gradient_refuses_the_same_argnums_when_built(argnums):
+    """One reading of ``argnums`` for every gradient: the same value is refused by each, when built."""
+    for who, make in _ALL_GRADIENTS.items():
+        with pytest.raises(InvalidInputError, match="argnums"):
+            make(_loss, argnums)
+
+
+@pytest.mark.parametrize("argnums", [np.int64(1), range(2), [np.int32(0), -1], (1, 0)])
+def test_every_gradient_reads_integer_argnums_as_jax_does(argnums):
+    w, x = _args()
+    want = jax.value_and_grad(_loss, argnums=argnums)(w, x)
+    for who, make in _ALL_GRADIENTS.items():
+        got = make(_loss, argnums)(w, x)
+        if who.endswith("grad") and not who.endswith("value_and_grad"):
+            assert_trees_close(got, want[1])
+        else:
+            assert_trees_close(got, want)

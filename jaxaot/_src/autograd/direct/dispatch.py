@@ -19,7 +19,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.names import callable_name, named_as_gradient
-from jaxaot._src.autograd.argnums import as_index, check_reduce_axes, normalize_argnums, resolve_argnums
+from jaxaot._src.autograd.argnums import as_index, check_reduce_axes, normalize_argnums, parse_argnums, resolve_argnums
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.gradient_types import Gradient, StagedGradient
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
@@ -152,19 +152,8 @@ def check_gradient_options(fun: Any, argnums: Any, has_aux: Any, fused: Any, who
     ``has_aux``, ``fused``, ``holomorphic`` or ``allow_int`` not a bool."""
     if not callable(fun):
         raise InvalidInputError(f"{who} expects a callable fun, got {type(fun).__name__} {fun!r}.")
-    if _is_diff_state(argnums):  # Flax's argnums: nnx.value_and_grad's to check and run
-        nums: tuple | None = (argnums.argnum,)
-    elif isinstance(argnums, (tuple, list, range)):
-        nums = tuple(as_index(n) for n in argnums)
-    else:
-        nums = None if as_index(argnums) is None else (as_index(argnums),)
-    if not nums or any(n is None for n in nums):  # an integer as operator.index reads it (np.int64 too), not a bool
-        raise InvalidInputError(f"argnums of {who} must be an integer, a non-empty sequence of integers or an "
-                                f"nnx.DiffState, got {argnums!r}.")
-    if len(set(nums)) != len(nums):  # jax.value_and_grad fails at the call (or returns None for one of them)
-        twice = next(n for n in nums if nums.count(n) > 1)
-        raise InvalidInputError(f"argnums={argnums!r} of {who} names argument {twice} more than once "
-                                "(jax.value_and_grad cannot return one argument's gradient twice): name each once.")
+    if not _is_diff_state(argnums):  # Flax's nnx.DiffState: nnx.value_and_grad's to check and run
+        parse_argnums(argnums, who)
     if inspect.isgeneratorfunction(fun) or inspect.isasyncgenfunction(fun):  # JAX's TypeError, when built
         raise InvalidInputError(f"{who} expects a function that returns arrays, got a generator function ({fun!r}): "
                                 "a generator cannot be traced. Return the values instead of yielding them.")
@@ -178,12 +167,9 @@ def _argnums_checked_at_call(vg: Callable[..., Any], argnums: Any, who: str) -> 
     """``vg``, checking first that ``argnums`` (an int or ints) is in range of the call's positional arguments and
     names each once (``(0, -2)`` of two arguments, as ``(0, 0)``): :class:`~jaxaot.errors.InvalidInputError`
     where ``jax.value_and_grad`` raises a bare ``TypeError`` or returns ``None`` for the repeated argument."""
-    if isinstance(argnums, int):
-        nums = (argnums,)
-    elif isinstance(argnums, (tuple, list)):
-        nums = tuple(argnums)
-    else:
+    if _is_diff_state(argnums):
         return vg  # Flax's nnx.DiffState: nnx.value_and_grad's own checks
+    nums, _ = parse_argnums(argnums, who)
 
     @C.api_boundary  # an error in the user's function shows the user's lines, as under jit
     def checked(*args: Any, **kwargs: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jaxaot._src import compat as C
-from jaxaot._src.autograd.argnums import resolve_argnums
+from jaxaot._src.autograd.argnums import parse_argnums, resolve_argnums
 from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
 from jaxaot._src.loops import reraise_overflow
 from jaxaot.errors import JaxaotError
@@ -39,12 +39,6 @@ def _is_real_scalar_loss(programs: Any, has_aux: bool) -> bool:
     return aval.shape == () and bool(jax.numpy.issubdtype(aval.dtype, jax.numpy.floating))
 
 
-def _normalize_argnums(argnums: int | Sequence[int]) -> tuple[tuple[int, ...], bool]:
-    if isinstance(argnums, int):
-        return (argnums,), True
-    return tuple(argnums), False
-
-
 def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_aux: bool,
                             fused: bool) -> Callable[..., Any]:
     """``jax.value_and_grad(fun, argnums, has_aux)`` of an ``aot_function``, run eagerly on its executables.
@@ -61,7 +55,7 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
     ``compiled`` once, its variants each once.
     """
     fallback = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
-    nums, single = _normalize_argnums(argnums)
+    nums, single = parse_argnums(argnums, fun.__name__)
 
     def training_for(programs, leaves, args, at):
         # The flat leaves are the dynamic arguments' leaves in order (then kwargs'):

@@ -23,7 +23,7 @@ from jaxaot._src import compat as C
 from jaxaot._src import module_links as ML
 from jaxaot._src.pytrees import format_aval
 from jaxaot._src.names import named_as_gradient
-from jaxaot._src.autograd.argnums import check_reduce_axes, normalize_argnums, resolve_argnums
+from jaxaot._src.autograd.argnums import check_reduce_axes, parse_argnums, resolve_argnums
 from jaxaot._src.loops import overflow_mark, raise_overflow_since
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.gradient_types import Gradient
@@ -37,15 +37,6 @@ from jaxaot._src.autograd.recorded.ahead import EFFECTFUL
 from jaxaot._src.autograd.recorded.step_cache import note_fallback, note_replay
 from jaxaot._src.autograd.recorded.plans import Plans, name_of
 from jaxaot.errors import InvalidInputError, InvalidOutputError, JaxaotError
-
-
-def _check_argnums(argnums: Any) -> tuple[tuple[int, ...], bool]:
-    argnums = normalize_argnums(argnums)  # NumPy integers and ranges, as JAX takes them
-    single = isinstance(argnums, int) and not isinstance(argnums, bool)
-    nums = (argnums,) if single else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
-    if not nums or any(not isinstance(n, int) or isinstance(n, bool) for n in nums):
-        raise InvalidInputError(f"argnums must be an int or a non-empty tuple or list of ints, got {argnums!r}.")
-    return nums, single
 
 
 def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False,
@@ -92,7 +83,7 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
     """
     if not callable(fun):
         raise InvalidInputError(f"compiled_value_and_grad needs a callable fun, got a {type(fun).__name__}.")
-    nums, single = _check_argnums(argnums)
+    nums, single = parse_argnums(argnums, "compiled_value_and_grad")
     check_reduce_axes(reduce_axes)
     if not isinstance(has_aux, bool):
         raise InvalidInputError(f"has_aux must be True or False, got {type(has_aux).__name__} {has_aux!r}.")
