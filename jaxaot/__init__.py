@@ -37,7 +37,7 @@ _display.add_loader(lambda: _importlib.import_module("jaxaot._src.viz"))
 #: ``name -> module`` of the core's names, loaded on first use.
 _CORE: dict[str, str] = {
     "config": "jaxaot._src.config",
-    **dict.fromkeys(("aot_function", "AOTFunction", "AOTLowered", "AOTCompiled", "CacheInfo", "CacheEntryInfo",
+    **dict.fromkeys(("aot_function", "AOTFunction", "AOTTraced", "AOTLowered", "AOTCompiled", "CacheInfo", "CacheEntryInfo",
                      "FusedChoice", "ResidualTable", "Residuals"), "jaxaot._src.runtime"),
     **dict.fromkeys(("value_and_grad", "grad", "patch_value_and_grad", "compiled_grad", "compiled_value_and_grad",
                      "nnx_compiled_grad", "grad_hook", "compiled_autograd"), "jaxaot._src.autograd"),
@@ -84,7 +84,7 @@ if _typing.TYPE_CHECKING:  # static tools see the names the table above loads la
     from jaxaot._src.compare import compare as compare
     from jaxaot._src.config import config as config
     from jaxaot._src.runtime import (
-        AOTCompiled as AOTCompiled, AOTFunction as AOTFunction, AOTLowered as AOTLowered,
+        AOTCompiled as AOTCompiled, AOTFunction as AOTFunction, AOTLowered as AOTLowered, AOTTraced as AOTTraced,
         CacheEntryInfo as CacheEntryInfo, CacheInfo as CacheInfo, FusedChoice as FusedChoice,
         ResidualTable as ResidualTable, Residuals as Residuals, aot_function as aot_function,
     )

@@ -17,10 +17,11 @@ from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.residuals import Residuals
 from jaxaot._src.runtime.residual_table import ResidualRow, ResidualTable
 from jaxaot._src.runtime.lowered import AOTCompiled, AOTLowered
+from jaxaot._src.runtime.traced import AOTTraced
 from jaxaot._src.runtime.function import AOTFunction, aot_function, closed_over_tracers
 
 __all__ = [
-    "AOTCompiled", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo",
+    "AOTCompiled", "AOTTraced", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo",
     "FusedChoice", "HotPath", "ResidualRow",
     "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
     "closed_over_tracers", "default_device",

@@ -29,6 +29,7 @@ from jaxaot._src.runtime import arguments, checks, reasons
 from jaxaot._src.runtime.calls import call_signature, stage_call
 from jaxaot._src.runtime.hot_path import HotPath, hot_leaves, hot_path
 from jaxaot._src.runtime.lowered import AOTLowered
+from jaxaot._src.runtime.traced import AOTTraced
 from jaxaot._src.runtime.options import Options, check_options
 from jaxaot._src.runtime.signature_programs import SignaturePrograms
 from jaxaot._src.runtime.training import TrainingPrograms
@@ -184,20 +185,9 @@ class AOTFunction:
         if C.jit_disabled():
             with jax.disable_jit(False):
                 return self.forward(*args, **kwargs)
-        hot = self._hot
-        leaves = hot_leaves(hot, args, kwargs)
-        if leaves is not None and hot.training.eager_forward is not None:
-            # A training loop calls with one signature: run the executable directly (unless it was dropped since,
-            # with the split pair a fused step beat). The executable itself refuses other devices (ValueError).
-            tr = hot.training
-            try:
-                outs, residuals = tr.eager_forward(leaves)
-            except ValueError:
-                pass  # a sharding the last signature did not have: look it up
-            else:
-                self.note_hit()
-                return (jax.tree_util.tree_unflatten(tr.programs.out_tree, outs),
-                        Residuals(residuals, tr, checked=True))
+        hot = _hot_forward(self, args, kwargs)
+        if hot is not None:
+            return hot
         programs, leaves, kind = self.lookup(args, kwargs)
         _check_compiles(self, programs, kind)
         concrete = kind is TraceKind.CONCRETE
@@ -251,6 +241,11 @@ class AOTFunction:
         """
         return self.lowered(self.lookup(args, kwargs).programs.staged_training())
 
+    def trace(self, *args: Any, **kwargs: Any) -> AOTTraced:
+        """Trace for this signature (nothing partitions or compiles): ``.jaxpr`` is the function's, as
+        ``jax.jit(f).trace(...)``'s; ``.lower()`` partitions it, as :meth:`lower` does."""
+        return AOTTraced(self.lookup(args, kwargs).programs, self.lowered, self.__name__)
+
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """The outputs as ``jax.ShapeDtypeStruct`` leaves, as ``jax.jit(f).eval_shape`` gives (nothing compiles)."""
         return jax.jit(self.fn, static_argnums=self.static_argnums).eval_shape(*args, **kwargs)
@@ -278,6 +273,23 @@ class AOTFunction:
 
     def __repr__(self) -> str:
         return f"<AOTFunction {self.__name__}: {len(self._cache)} signatures>"
+
+
+def _hot_forward(fun: AOTFunction, args: tuple, kwargs: dict) -> tuple[Any, Residuals] | None:
+    """:meth:`AOTFunction.forward` of a training loop's one signature: its executable run directly (unless it was
+    dropped since, with the split pair a fused step beat); None where the call's arguments need a lookup (the
+    executable itself refuses other devices: ValueError)."""
+    hot = fun._hot
+    leaves = hot_leaves(hot, args, kwargs)
+    if leaves is None or hot.training.eager_forward is None:
+        return None
+    tr = hot.training
+    try:
+        outs, residuals = tr.eager_forward(leaves)
+    except ValueError:
+        return None  # a sharding the last signature did not have: look it up
+    fun.note_hit()
+    return jax.tree_util.tree_unflatten(tr.programs.out_tree, outs), Residuals(residuals, tr, checked=True)
 
 
 def _cache_info(fun: AOTFunction) -> CacheInfo:
