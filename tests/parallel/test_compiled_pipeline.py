@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import jaxaot
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxaot.errors import InvalidInputError, InvalidValueError, ScheduleError, StageMismatchError
@@ -356,3 +358,11 @@ def test_without_a_mesh_the_schedule_is_built_once_and_sizes_the_mesh(monkeypatc
     many = jax.device_count() + 1
     with pytest.raises(InvalidValueError, match=f"needs {many} devices, but JAX has {jax.device_count()}"):
         pipeline([mlp_stage] * many, mse, "1f1b", num_microbatches=2)
+
+
+def test_the_persistent_cache_keys_the_pipeline_step(tmp_path):
+    """The compiled step traces its stages on the pipeline's abstract mesh: the persistent cache keys them by its
+    axes (no devices to name), and a second pipeline reads what the first wrote."""
+    with jaxaot.config.override(cache_dir=str(tmp_path)):
+        for _ in range(2):
+            check(mlp_model, "1f1b" if devices_available() > 1 else "interleaved", False, num_microbatches=2)

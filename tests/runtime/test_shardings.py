@@ -252,6 +252,20 @@ def test_mesh_context_with_uncommitted_inputs_keys_the_cache():
     assert "at compile()" not in str(table) and "bytes per device" in str(table)
 
 
+@pytest.mark.skipif(N < 2, reason="needs a mesh of two devices")
+def test_an_abstract_mesh_under_jit_keys_the_persistent_cache(tmp_path):
+    """Under ``jax.jit`` in an Explicit-axes mesh the inputs' shardings name an abstract mesh, which has no devices
+    to name: the persistent cache keys it by its axes, as a call without the cache runs it."""
+    mesh = _mesh((2,), ("data",), explicit=True)
+    loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+    ks = jax.random.split(_key(8), 2)
+    with jaxaot.config.override(cache_dir=str(tmp_path)), jax.set_mesh(mesh):
+        w = jax.random.normal(ks[0], (8, 4))
+        x = jax.device_put(jax.random.normal(ks[1], (16, 8)), NamedSharding(mesh, P("data")))
+        for f in (jaxaot.aot_function(loss), jaxaot.aot_function(loss)):  # the second: from the cache folder
+            assert_trees_close(jax.jit(jax.grad(f))(w, x), jax.jit(jax.grad(loss))(w, x), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.skipif(N < 4, reason="needs two meshes of two devices each, on different devices")
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
 def test_a_mesh_of_one_shape_on_other_devices_compiles_apart_as_under_jit(axis_type, tmp_path):

@@ -204,11 +204,20 @@ def sharding_key(sharding: Any) -> str:
     """A sharding's repr (mesh axis names and sizes, spec, memory kind) plus its devices, in mesh order."""
     if sharding is None:
         return "None"
+    return f"{sharding!r}:devices={_device_ids(sharding)}"
+
+
+def _device_ids(sharding: Any) -> Any:
+    """The ids of a sharding's devices in mesh order (a list), or ``"abstract"`` for a sharding on an abstract mesh
+    (under ``jax.set_mesh`` with explicit axes), which names axes but no devices: its ``repr`` keys it."""
     mesh = getattr(sharding, "mesh", None)
-    ids = getattr(mesh, "device_ids", None)
-    if ids is None:
-        ids = sorted(d.id for d in getattr(sharding, "device_set", ()))
-    return f"{sharding!r}:devices={np.asarray(ids).tolist()}"
+    try:
+        ids = getattr(mesh, "device_ids", None)
+        if ids is None:
+            ids = sorted(d.id for d in getattr(sharding, "device_set", ()))
+    except ValueError:  # JAX's AbstractMesh "does not implement device_ids" (a ValueError, not an AttributeError)
+        return "abstract"
+    return np.asarray(ids).tolist()
 
 
 def _dtype_key(dtype: Any) -> str:
