@@ -313,6 +313,49 @@ def test_the_forwards_own_errors_propagate_and_the_next_call_works():
     _no_fallback()
 
 
+def _refusing_rule():
+    @jax.custom_vjp
+    def act(x):
+        return jnp.sin(x)
+
+    def bwd(x, g):
+        if g.shape[-1] == 5:  # the user's own check, traced when the step compiles
+            raise ValueError("act: width 5 is not supported")
+        return (g * jnp.cos(x),)
+
+    act.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    return lambda w, x: jnp.sum(act(jnp.tanh(x @ w)) ** 2), {}
+
+
+def _refusing_hook():
+    def clip(p, g):
+        if g.shape[-1] == 5:
+            raise ValueError("clip: width 5 is not supported")
+        return jnp.clip(g, -1.0, 1.0)
+
+    return lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2), {"param_hooks": {lambda path: True: clip}}
+
+
+@pytest.mark.parametrize("make", [_refusing_rule, _refusing_hook])
+def test_a_step_refusing_one_call_leaves_the_function_recording_lazily(make):
+    """The user's error from the compiled step (a custom rule, a parameter hook) is the call's, not lazy
+    recording's: eager recording, retried, fails the same way, and the function keeps its mode and replays."""
+    loss, options = make()
+    rng = np.random.default_rng()
+    vg = jaxaot.compiled_value_and_grad(loss, replay=True, **options)
+    vg(_rand(rng, 3, 2), _rand(rng, 4, 3))
+    with pytest.raises(ValueError, match="width 5 is not supported"):
+        vg(_rand(rng, 3, 5), _rand(rng, 4, 3))
+    before = compiled_autograd.stats().replays
+    for _ in range(3):
+        w, x = _rand(rng, 3, 2), _rand(rng, 4, 3)
+        got = vg(w, x)
+        if not options:
+            _close(got, jax.value_and_grad(loss)(w, x))
+    assert compiled_autograd.stats().replays - before == 3
+    _no_fallback()
+
+
 def test_aux_outputs_come_back_concrete():
     def f(w, x):
         h = x @ w

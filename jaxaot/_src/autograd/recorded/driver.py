@@ -289,6 +289,7 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
     be recorded, or a custom rule closes over a value it computed (:func:`_escaped`). Other errors are the
     forward's own and propagate.
     """
+    failed: BaseException | None = None  # lazy recording's failure in this call, while eager recording retries it
     while plans.mode != "vjp":
         eager = plans.mode == "eager"
         given = call.arrays if arrays is None or eager else arrays  # the arrays the step may read, by position
@@ -307,10 +308,12 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
         except _NEEDS_VALUES as e:
             plans.ahead.drop()
             if eager:
+                _retry_failed(plans, failed)
                 raise
             failed = e
         except BaseException:
             plans.ahead.drop()
+            _retry_failed(plans, failed)
             raise
         else:
             recorded = recorded._replace(seconds=time.perf_counter() - t)
@@ -321,8 +324,8 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
                                                             given, looks)
                 value, outs, grads = S.call(exe, recorded.structure, call.diff, recorded.args) if ran is None else ran
                 rest = S.outputs(recorded.rest, recorded.rest_tree, outs)
-                return value, rest, list(grads), compiled, recorded, exe
             except (JaxaotError, FloatingPointError):  # the user's error, or jax.debug_nans's: not the mode's
+                _retry_failed(plans, failed)
                 raise
             except Exception as e:
                 if _escaped(e):  # no recording holds it: eager recording fails the same way
@@ -332,13 +335,24 @@ def _recorded(plans: Plans, forward: Callable, call: K.Call, planned: tuple, rea
                                   "computed; running it under jax.vjp with a captured backward from now on")
                     continue
                 if eager:
+                    _retry_failed(plans, failed)
                     raise
                 failed = e
+            else:
+                if failed is not None:  # eager recording did what lazy recording could not: it stays
+                    first = (str(failed).strip().splitlines() or [""])[0]
+                    note_fallback(f"compiled_grad({plans.name}): lazy recording failed ({type(failed).__name__}: "
+                                  f"{first[:200]}); recording eagerly from now on")
+                return value, rest, list(grads), compiled, recorded, exe
         plans.mode = "eager"
-        first = (str(failed).strip().splitlines() or [""])[0]
-        note_fallback(f"compiled_grad({plans.name}): lazy recording failed ({type(failed).__name__}: "
-                      f"{first[:200]}); recording eagerly from now on")
     return None
+
+
+def _retry_failed(plans: Plans, failed: BaseException | None) -> None:
+    """Eager recording, retrying what lazy recording failed at in this call (``failed``), failed too: the error is
+    the call's own (a custom rule refusing this input), not lazy recording's, so the function records lazily again."""
+    if failed is not None:
+        plans.mode = "lazy"
 
 
 def _escaped(e: BaseException) -> bool:
