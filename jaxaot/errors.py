@@ -7,6 +7,8 @@ working, and :class:`JaxaotError` catches all of them.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class JaxaotError(Exception):
     """Base class of every error jaxaot raises on purpose."""
@@ -99,7 +101,11 @@ class ReverseModeBoundError(JaxaotError, ValueError):
 
 
 class LoopOverflowError(JaxaotError, RuntimeError):
-    """A while loop ran more iterations than its ``max_steps`` (raised at run time)."""
+    """A while loop ran more iterations than its ``max_steps`` (raised at run time). ``outputs``: what the call
+    returned, NaN where a loop overflowed (as a bare ``jit`` returns them), or None where the error was raised
+    elsewhere; a call that donated its arguments has them nowhere else."""
+
+    outputs: Any = None
 
 
 class XlaCompileError(JaxaotError, RuntimeError):

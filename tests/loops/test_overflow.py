@@ -159,3 +159,25 @@ def test_reraise_overflow_passes_other_errors_through():
     with pytest.raises(ZeroDivisionError):
         with reraise_overflow():
             1 / 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda loss: jaxaot.value_and_grad(jaxaot.aot_function(loss, donate_argnums=0)),
+    lambda loss: jaxaot.value_and_grad(jaxaot.aot_function(loss, donate_argnums=0), fused=False),
+    lambda loss: jaxaot.compiled_value_and_grad(loss),
+])
+def test_an_overflow_error_holds_the_call_s_outputs(make, quiet):
+    """A call that donated its parameters has its outputs nowhere but the error: NaN gradients, as jit gives them."""
+    def loss(w, x, limit):
+        y, _ = while_loop(lambda c: c[1] < limit, lambda c: (jnp.tanh(c[0] @ w), c[1] + 1), (x, 0), max_steps=5)
+        return jnp.sum(y ** 2)
+
+    vg = make(loss)
+    k = jax.random.split(jax.random.key(np.random.default_rng().integers(1 << 30)), 2)
+    w, x = jax.random.normal(k[0], (3, 3)) / 3, jax.random.normal(k[1], (2, 3))
+    want = jax.value_and_grad(loss)(w, x, 3)
+    np.testing.assert_allclose(vg(jnp.array(w), x, 3)[1], want[1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(LoopOverflowError, match="outputs") as info:
+        vg(jnp.array(w), x, 10)
+    value, grads = info.value.outputs
+    assert np.isfinite(value) and np.isnan(grads).all()

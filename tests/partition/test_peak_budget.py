@@ -34,6 +34,7 @@ mincut = jaxaot.partition.min_cut_rematerialization_partition
     (0.0, (0.0, None)), (0.25, (0.25, None)), (1, (1.0, None)), (1.4e9, (None, 1_400_000_000)),
     (4096, (None, 4096)), ("1.4GB", (None, 1_400_000_000)), ("512MiB", (None, 512 * 2**20)),
     ("800 kB", (None, 800_000)), ("2e3B", (None, 2000)), (" 3 gib ", (None, 3 * 2**30)),
+    ("2.01kB", (None, 2010)), ("4.02kB", (None, 4020)), ("2.01GB", (None, 2_010_000_000)), ("0.1KiB", (None, 102)),
 ])
 def test_budgets_parse(value, expected):
     b = parse_memory_budget(value)

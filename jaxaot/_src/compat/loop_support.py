@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -85,11 +86,19 @@ def lax_fori_loop(*args: Any, **kwargs: Any) -> Any:
         return _lax_loops.fori_loop(*args, **kwargs)
 
 
+def in_kernel_trace() -> bool:
+    """Whether a Pallas kernel (or its index maps) is being traced on this thread: its loops are the kernel's,
+    lowered by Pallas, which knows JAX's ``while`` alone (Pallas is looked at only once something imported it)."""
+    pallas = sys.modules.get("jax._src.pallas.core")
+    env = getattr(pallas, "_pallas_tracing_env", None)
+    return getattr(env, "grid_context", None) is not None
+
+
 def intercept_while_binds(hook: Any) -> None:
     """Route every bind of JAX's ``while`` primitive through ``hook(bind, *args, **params)``, where
     ``bind`` is JAX's own (idempotent: a second call replaces the hook)."""
     def bind(*args: Any, **params: Any) -> Any:
-        if in_jaxaot_own_loop():
+        if in_jaxaot_own_loop() or in_kernel_trace():
             return _JAX_BIND(lax_while_p, *args, **params)
         return hook(functools.partial(_JAX_BIND, lax_while_p), *args, **params)
 
@@ -312,7 +321,7 @@ __all__ = [
     "custom_partial_eval_rules", "dce_closed", "dce_rules", "effects_of", "fancy_primitive_batchers", "has_effects",
     "hoist_consts", "in_avals_of", "instantiate_zeros", "is_jaxpr_var", "is_known_pval", "is_undefined_primal",
     "join_effects", "jvp_jaxpr", "known_value", "lax_fori_loop", "lax_while_loop", "lower_fun", "merge_lists",
-    "custom_rule_params", "in_jaxaot_own_loop", "intercept_while_binds", "jaxaot_own_loops", "lax_while_p",
+    "custom_rule_params", "in_jaxaot_own_loop", "in_kernel_trace", "intercept_while_binds", "jaxaot_own_loops", "lax_while_p",
     "loop_options_scope", "replace_eqns", "saved_by_policy", "tracing_into", "weakref_lru_cache", "while_parts",
     "new_eqn", "new_loop_primitive", "out_avals_of", "partial_eval_jaxpr_custom_rules",
     "partial_eval_jaxpr_nounits", "primitive_jvps", "primitive_transposes", "register_lowering", "split_list",

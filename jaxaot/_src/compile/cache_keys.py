@@ -157,7 +157,25 @@ def program_fingerprint(closed: Any) -> str:
     h = hashlib.sha256(canonical_text(closed).encode())
     for value in _program_values(closed):
         h.update(_array_identity(value).encode())
+    for eqn in C.iter_eqns(closed):
+        for param in eqn.params.values():
+            for hidden in _hidden_jaxprs(param):
+                h.update(program_fingerprint(hidden).encode())
     return h.hexdigest()
+
+
+def _hidden_jaxprs(value: Any, inside: bool = False, depth: int = 0) -> Iterable[Any]:
+    """The jaxprs a param holds inside objects whose text leaves them out (a Pallas kernel's index maps, in the
+    dataclasses of its grid mapping): the program's text does not show them, its fingerprint hashes them."""
+    if isinstance(value, (C.ClosedJaxpr, C.Jaxpr)):
+        if inside:
+            yield value
+    elif depth < 8 and isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _hidden_jaxprs(v, inside, depth + 1)
+    elif depth < 8 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _hidden_jaxprs(getattr(value, field.name, None), True, depth + 1)
 
 
 def custom_rules_identity(closed: Any) -> str:

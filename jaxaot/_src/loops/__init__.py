@@ -13,12 +13,13 @@ from jaxaot._src.loops import rules  # noqa: F401  (registers the primitives' ru
 from jaxaot._src.loops.wrappers import while_loop, while_loop_stack_output
 from jaxaot._src.loops.capacity import dynamic_capacity
 from jaxaot._src.loops.overflow import (
-    checked_values, overflow_check, overflow_check_max_steps, overflow_mark, raise_overflow_since, reraise_overflow)
+    checked_values, overflow_check, overflow_check_max_steps, overflow_checked, overflow_mark, raise_overflow_since,
+    reraise_overflow)
 from jaxaot._src.loops.patch import note_remedy, patch_while_loop
 from jaxaot._src.loops.rewrite import differentiable
 
 __all__ = [
     "checked_values", "differentiable", "dynamic_capacity", "note_remedy", "overflow_check", "overflow_check_max_steps",
-    "overflow_mark", "patch_while_loop", "raise_overflow_since", "reraise_overflow",
+    "overflow_checked", "overflow_mark", "patch_while_loop", "raise_overflow_since", "reraise_overflow",
     "while_loop", "while_loop_stack_output",
 ]

@@ -210,16 +210,27 @@ def overflow_mark() -> int:
     return _RECORDED.count
 
 
-def raise_overflow_since(mark: int) -> None:
+def raise_overflow_since(mark: int, outputs: Any = None) -> None:
     """Raise :class:`LoopOverflowError` if a loop overflowed since :func:`overflow_mark` gave ``mark``, once the
-    programs and callbacks run meanwhile are done (``jax.effects_barrier``, once any check was traced)."""
+    programs and callbacks run meanwhile are done (``jax.effects_barrier``, once any check was traced); the
+    error holds the call's ``outputs`` (NaN where a loop overflowed, as a bare ``jit`` returns them), which a
+    call that donated its arguments has nowhere else."""
     if not _RECORDED.traced:
         return
     jax.effects_barrier()
     with _RECORDED.lock:
         overflowed, message = _RECORDED.count != mark, _RECORDED.message
     if overflowed:
-        raise LoopOverflowError(message)
+        err = LoopOverflowError(message + (" The call's outputs are the error's `outputs` (NaN where a loop "
+                                           "overflowed)." if outputs is not None else ""))
+        err.outputs = outputs
+        raise err
+
+
+def overflow_checked(mark: int, outputs: Any) -> Any:
+    """``outputs``, once no loop overflowed since ``mark`` (:func:`raise_overflow_since`, which raises with them)."""
+    raise_overflow_since(mark, outputs)
+    return outputs
 
 
 def overflow_check(eqn: Any) -> tuple[int, Any] | None:

@@ -23,7 +23,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.names import callable_name
 from jaxaot._src.compile import Compiler, compilers
 from jaxaot.errors import InvalidInputError
-from jaxaot._src.loops import reraise_overflow
+from jaxaot._src.loops import overflow_checked, overflow_mark
 from jaxaot._src.partition import Partitioner, default_partition
 from jaxaot._src.runtime import arguments, checks, reasons
 from jaxaot._src.runtime.calls import call_signature, stage_call
@@ -53,8 +53,8 @@ def _public_call(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with reraise_overflow():
-            return method(*args, **kwargs)
+        mark = overflow_mark()
+        return overflow_checked(mark, method(*args, **kwargs))
 
     return C.api_boundary(run)
 

@@ -111,9 +111,12 @@ _NO_RULE = re.compile(r"Differentiation rule for '([^']+)' not implemented")
 
 
 #: What JAX says of a function without a reverse-mode derivative: a loop with a traced trip count, a callback, a
-#: primitive without a JVP or transpose rule (jaxaot's :class:`NoDifferentiationRuleError` too).
+#: primitive without a JVP or transpose rule, a kernel whose JVP cannot be linearized (a Pallas call), an FFI call
+#: (jaxaot's :class:`NoDifferentiationRuleError` too).
 _NO_DERIVATIVE = re.compile(r"Reverse-mode differentiation does not work|callbacks do not support JVP|"
-                            r"(Differentiation|Transpose) rule .*not implemented", re.IGNORECASE)
+                            r"(Differentiation|Transpose) rule .*not implemented|"
+                            r"Linearization failed to produce known values|The FFI call to .* cannot be differentiated",
+                            re.IGNORECASE)
 
 
 def lacks_derivative(err: BaseException) -> bool:
@@ -136,6 +139,18 @@ def _missing_rule_error(primal: Any, err: Exception) -> Exception | None:
         "primitive_jvps), wrap the code in jax.custom_vjp, or stop gradients through "
         f"it with jax.lax.stop_gradient. (JAX said: {err})"
     )
+
+
+def _note_kernels(primal: Any, err: BaseException) -> None:
+    """Add to JAX's "Linearization failed" (kept as it is, a ``ValueError``, as ``jax.grad`` raises it) the kernels
+    of the function that have no reverse-mode derivative (a Pallas call), where it uses them, and what to do."""
+    if "Linearization failed" not in str(err):
+        return
+    kernels = [f"{e.primitive} at {C.eqn_source(e)}" for e in C.iter_eqns(primal) if "pallas" in str(e.primitive)]
+    if kernels:
+        err.add_note(f"jaxaot: {', '.join(kernels)} has no reverse-mode derivative. Give the kernel a "
+                     "jax.custom_vjp, or stop gradients through it (jax.lax.stop_gradient on its inputs, or leave "
+                     "them out of argnums).")
 
 
 _BACKWARD_SCOPE = "jaxaot_backward"
@@ -213,6 +228,7 @@ def build_joint(
         raise missing from err
     except ValueError as err:
         note_remedy(err)
+        _note_kernels(primal, err)
         raise
     joint = flatten_program(joint, [*in_avals, *ct_avals], decompositions)
     jaxpr = C.jaxpr_of(joint)

@@ -23,7 +23,7 @@ from jaxaot._src.autograd.argnums import as_index, check_reduce_axes, normalize_
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.gradient_types import Gradient, StagedGradient
 from jaxaot._src.autograd.direct.function_grad import function_value_and_grad
-from jaxaot._src.loops import note_remedy, reraise_overflow
+from jaxaot._src.loops import note_remedy, overflow_checked, overflow_mark
 from jaxaot.errors import InvalidInputError
 from jaxaot._src.runtime import AOTFunction, CacheInfo
 
@@ -64,9 +64,9 @@ def _overflow_checked(vg: Callable[..., Any]) -> Callable[..., Any]:
     ``aot_function`` call does (:func:`jaxaot.loops.reraise_overflow`); JAX's refusal of a ``lax.while_loop``'s
     gradient says how jaxaot differentiates it."""
     def checked(*args: Any, **kwargs: Any) -> Any:
+        mark = overflow_mark()
         try:
-            with reraise_overflow():
-                return vg(*args, **kwargs)
+            return overflow_checked(mark, vg(*args, **kwargs))
         except ValueError as err:
             note_remedy(err)
             raise

@@ -19,7 +19,7 @@ import jax
 from jaxaot._src import compat as C
 from jaxaot._src.autograd.argnums import parse_argnums, resolve_argnums
 from jaxaot._src.fusion import fused_exe, fused_name, fused_outputs, is_decided, run_fused
-from jaxaot._src.loops import reraise_overflow
+from jaxaot._src.loops import overflow_checked, overflow_mark
 from jaxaot.errors import JaxaotError
 from jaxaot._src.runtime import AOTFunction, TraceKind, closed_over_tracers, hot_leaves, hot_path, typed_grads
 
@@ -94,14 +94,14 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         h, hot_picks, hot_casts = hot
         leaves = hot_leaves(h, args, kwargs)
         if leaves is not None:
+            mark = overflow_mark()
             try:
-                with reraise_overflow():
-                    outs, grads = fused_outputs(h.training, h.runs, leaves)
+                outs, grads = fused_outputs(h.training, h.runs, leaves)
             except ValueError:
                 pass  # a sharding the last signature did not have: look it up
             else:
                 fun.note_hit()
-                return _results(h.training, outs, grads, hot_picks, hot_casts)
+                return overflow_checked(mark, _results(h.training, outs, grads, hot_picks, hot_casts))
         at = resolve_argnums(nums, len(args), argnums, fun.__name__)
         if C.jit_disabled():  # JAX's own autodiff, eagerly through fun's Python (AOTFunction.__call__)
             return fallback(*args, **kwargs)
@@ -122,26 +122,26 @@ def function_value_and_grad(fun: AOTFunction, argnums: int | Sequence[int], has_
         if tr is None:
             return fallback(*args, **kwargs)  # JAX's own error for bad argnums or integer inputs
         value_leaf = 0  # the loss: the only leaf, or the first of a (value, aux) pair
-        with reraise_overflow():  # a max_steps loop that overflowed: LoopOverflowError
-            if fused and not tr.num_aux:
-                name = fused_name(tr, value_leaf)
-                if not is_decided(programs, name):
-                    # The first call of a signature compiles the step (on an accelerator, each variant
-                    # weighed) and decides fused or split: once, however many threads call.
-                    with programs.lock:
-                        outs, grads = run_fused(tr, leaves, value_leaf)
-                else:
+        mark = overflow_mark()  # a max_steps loop that overflowed: LoopOverflowError, with the results
+        if fused and not tr.num_aux:
+            name = fused_name(tr, value_leaf)
+            if not is_decided(programs, name):
+                # The first call of a signature compiles the step (on an accelerator, each variant
+                # weighed) and decides fused or split: once, however many threads call.
+                with programs.lock:
                     outs, grads = run_fused(tr, leaves, value_leaf)
-                casts = tr.weak_grads.casts()
-                if is_decided(programs, name) and programs.fused_choices[name].runs == "fused":
-                    found = hot_path(tr, leaves, fused_exe(tr, value_leaf), bool(fun.static_argnums))
-                    if found is not None:
-                        hot[:] = [found, picks, casts]
             else:
-                outs, residuals = tr.forward(leaves, concrete=True)
-                grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
-                casts = tr.weak_grads.casts()
-        return _results(tr, outs, grads, picks, casts)
+                outs, grads = run_fused(tr, leaves, value_leaf)
+            casts = tr.weak_grads.casts()
+            if is_decided(programs, name) and programs.fused_choices[name].runs == "fused":
+                found = hot_path(tr, leaves, fused_exe(tr, value_leaf), bool(fun.static_argnums))
+                if found is not None:
+                    hot[:] = [found, picks, casts]
+        else:
+            outs, residuals = tr.forward(leaves, concrete=True)
+            grads = tr.backward(residuals, tr.unit_cotangents(value_leaf), concrete_residuals=True)
+            casts = tr.weak_grads.casts()
+        return overflow_checked(mark, _results(tr, outs, grads, picks, casts))
 
     def _results(tr: Any, outs: list, grads: list, picks: tuple[int, ...], casts: tuple) -> Any:
         """``(value, grad)`` (``((value, aux), grad)`` with ``has_aux``) from the flat outputs and grads; those at

@@ -24,7 +24,7 @@ from jaxaot._src import module_links as ML
 from jaxaot._src.pytrees import format_aval
 from jaxaot._src.names import named_as_gradient
 from jaxaot._src.autograd.argnums import check_reduce_axes, parse_argnums, resolve_argnums
-from jaxaot._src.loops import overflow_mark, raise_overflow_since
+from jaxaot._src.loops import overflow_checked, overflow_mark
 from jaxaot._src.autograd.grad_of import grad_of
 from jaxaot._src.autograd.gradient_types import Gradient
 from jaxaot._src.autograd.recorded import call as K
@@ -100,10 +100,8 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
         return named_as_gradient(vg, fun, "Value and gradient", argnums)
 
     def value_and_grad(*args: Any, **kwargs: Any):
-        mark = overflow_mark()
-        out = run(*args, **kwargs)
-        raise_overflow_since(mark)  # a max_steps loop that overflowed: raised as an aot_function call raises it
-        return out
+        mark = overflow_mark()  # a max_steps loop that overflowed: raised as an aot_function call raises it
+        return overflow_checked(mark, run(*args, **kwargs))
 
     def run(*args: Any, **kwargs: Any):
         quick = miss = None

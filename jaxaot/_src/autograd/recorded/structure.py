@@ -181,6 +181,10 @@ def _param_key(value: Any) -> Any:
         return (type(value).__name__, *(_param_key(v) for v in value))
     if isinstance(value, dict):
         return ("dict", *((k, _param_key(v)) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # by its fields: the jaxprs in them by
+        # structure (a Pallas kernel's grid mapping holds its index maps, traced anew at every call)
+        return ("dataclass", type(value), *((f.name, _param_key(getattr(value, f.name, None)))
+                                            for f in dataclasses.fields(value)))
     try:
         hash(value)
     except TypeError:

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import math
 import numbers
 import re
@@ -143,4 +144,4 @@ def _parse_text(text: str) -> MemoryBudget:
         raise InvalidValueError(
             f"memory_budget {shown} is {nbytes:g} bytes: a byte budget must be at least 1 byte (for the fraction "
             f"0, recompute everything, pass 0.0).")
-    return MemoryBudget(nbytes=int(nbytes))
+    return MemoryBudget(nbytes=round(fractions.Fraction(number) * scale))  # exact: '2.01kB' is 2010 bytes
