@@ -221,6 +221,27 @@ def test_complex_values_the_plan_saves_are_recomputed_by_the_policy():
     _check_gradients(_spectral, (w, x), p)
 
 
+def _dropout_scan(ws, x, key):
+    def body(carry, w):
+        h, k = carry
+        k, sub = jax.random.split(k)
+        h = jnp.tanh(h @ w)
+        return (jnp.where(jax.random.bernoulli(sub, 0.7, h.shape), h / 0.7, 0.0), k), None
+
+    (h, _), _ = lax.scan(body, (x, key), ws)
+    return jnp.sum(h ** 2)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_a_typed_key_the_plan_carries_through_a_scan_gets_a_policy(impl):
+    rng = np.random.default_rng()
+    ws, x = _normal(rng, 3, 8, 8) / 3, _normal(rng, 4, 8)
+    key = jax.random.key(int(rng.integers(1 << 30)), impl=impl)
+    p = remat_policy(_dropout_scan, ws, x, key, memory_budget=0.3)
+    grads = jax.grad(jax.checkpoint(_dropout_scan, policy=p), argnums=(0, 1))(ws, x, key)
+    assert_trees_close(grads, jax.grad(_dropout_scan, argnums=(0, 1))(ws, x, key), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("zoo_name", ["scan", "cond", "checkpoint"])
 def test_bodies_the_plan_does_not_decide_make_it_approximate(zoo_name):
     fn, make_args = ZOO[zoo_name]

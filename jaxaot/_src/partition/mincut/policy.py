@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import jax.numpy as jnp
 from jax import ad_checkpoint
 
 from jaxaot._src import compat as C
@@ -208,7 +209,7 @@ def _policy_from_plan(plan: _Plan, primal_plan: Any, memory_budget: float | int 
 
     # The keys the policy saves: those of the eqns producing the plan's saved values.
     save_eqns = list({id(e): e for e in (producer[v] for v in plan.saved)}.values())
-    complex_ = [e for e in save_eqns if any(np.issubdtype(v.aval.dtype, np.complexfloating) for v in e.outvars)]
+    complex_ = [e for e in save_eqns if any(jnp.issubdtype(v.aval.dtype, jnp.complexfloating) for v in e.outvars)]
     if complex_:  # jax.checkpoint passes each saved value through reduce_precision, which refuses complex dtypes
         notes.append(f"the plan saves complex outputs of {_count(complex_)}, which jax.checkpoint cannot save: "
                      "the policy recomputes them")
