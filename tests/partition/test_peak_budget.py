@@ -157,7 +157,7 @@ def test_the_smallest_peak_named_is_the_runtime_s_where_a_cheap_measurement_read
         jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=mincut(memory_budget=10**6)))(w, x)
     peak = caught.value.smallest_peak
     vg = jaxaot.value_and_grad(jaxaot.aot_function(loss, partition_fn=mincut(memory_budget=peak)))
-    assert_trees_close(vg(w, x), jax.value_and_grad(loss)(w, x), rtol=1e-5, atol=1e-5)
+    assert_trees_close(vg(w, x), jax.value_and_grad(loss)(w, x), rtol=1e-4, atol=1e-4)
     assert vg.lower(w, x).compile().peak_bytes <= peak
 
 

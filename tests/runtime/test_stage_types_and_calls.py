@@ -184,3 +184,56 @@ def test_reading_a_gradient_stage_s_out_info_leaves_the_cache_as_it_was(on_mesh)
     _same_out_info(low.out_info, jax.jit(jax.value_and_grad(loss)).lower(w, x).out_info)
     after = f.cache_info()
     assert (after.hits, after.misses, len(after.entries)) == (before.hits, before.misses, len(before.entries))
+
+
+def _explicit_mesh(shape, names):
+    n = int(np.prod(shape))
+    if jax.device_count() < n:
+        pytest.skip(f"needs {n} devices; {jax.device_count()} here")
+    kind = (jax.sharding.AxisType.Explicit,) * len(shape)
+    return jax.sharding.Mesh(np.array(jax.devices()[:n]).reshape(shape), names, axis_types=kind)
+
+
+def test_outputs_pinned_to_explicit_axes_run_and_are_typed_as_jit_s():
+    """``out_shardings`` on an Explicit-axes mesh, for an array on one device: jit's placement, stages and types."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = _explicit_mesh((2,), ("d",))
+    s = NamedSharding(mesh, P("d"))
+    h = lambda x: jnp.tanh(x) * 2  # noqa: E731
+    x = _normal((8,))
+    want = jax.jit(h, out_shardings=s)(x)
+    f = jaxaot.aot_function(h, out_shardings=s)
+    compiled = f.lower(x).compile()
+    for got in (f(x), compiled(x)):
+        assert_trees_close(got, want)
+        assert got.sharding.is_equivalent_to(want.sharding, 1)
+    assert compiled.out_info.sharding.is_equivalent_to(s, 1)
+    assert f.eval_shape(x).sharding == jax.jit(h, out_shardings=s).eval_shape(x).sharding
+
+
+def test_stage_out_info_keeps_the_shardings_explicit_axes_type():
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = _explicit_mesh((2, 2), ("d", "m"))
+    w = jax.ShapeDtypeStruct((4, 4), jnp.float32, sharding=NamedSharding(mesh, P(None, "m")))
+    x = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P("d", None)))
+    f = lambda w, x: (jnp.sum(jnp.tanh(x @ w)), x @ w)  # noqa: E731
+    loss = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
+    specs = lambda tree: [getattr(s.sharding, "spec", None) for s in jax.tree.leaves(tree)]  # noqa: E731
+    af = jaxaot.aot_function(f)
+    assert specs(af.trace(w, x).out_info) == specs(jax.jit(f).trace(w, x).out_info)
+    assert specs(af.lower(w, x).out_info) == specs(jax.jit(f).lower(w, x).out_info)
+    assert specs(jaxaot.value_and_grad(jaxaot.aot_function(loss)).lower(w, x).out_info) == specs(
+        jax.jit(jax.value_and_grad(loss)).lower(w, x).out_info)
+
+
+def test_a_stage_called_with_a_keyword_array_as_none_names_that_argument():
+    def f(x, n, y=None):
+        return x * n if y is None else x * n + y
+
+    x = _normal((3,))
+    compiled = jaxaot.aot_function(f, static_argnums=1).lower(x, 3, y=x).compile()
+    with pytest.raises(TypeError, match="y is no longer passed") as info:
+        compiled(x, y=None)
+    assert "static" not in str(info.value)

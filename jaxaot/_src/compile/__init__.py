@@ -9,7 +9,7 @@ fused step's choices (variant, fused or split) beside the executables.
 
 from jaxaot._src.compile import compilers
 from jaxaot._src.compile.cache import cached_compile, cached_partition, start_compile
-from jaxaot._src.compile.cache_keys import code_names
+from jaxaot._src.compile.code_reach import code_names
 from jaxaot._src.compile.code_reach import is_library
 from jaxaot._src.compile.cache_stats import CacheStats, reset_stats, stats
 from jaxaot._src.compile.compilers import Compiler, as_function, nop, print_jaxpr, xla

@@ -20,7 +20,8 @@ def call_signature(fun: Any, args: tuple, kwargs: dict) -> tuple[Signature, list
 
 def _with_statics(fun: Any, sig: Signature, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``(args, kwargs)`` with the static values of ``sig`` put back in place when the call left them out, as JAX's
-    ``Compiled`` is called (the dynamic arguments only); a call that passes them is taken as it is."""
+    ``Compiled`` is called (the dynamic arguments only), whatever its dynamic ones are; a call that passes them is
+    taken as it is."""
     full = arguments.with_statics(fun.static_argnums, sig.static, args, kwargs) if fun.static_argnums else None
     if full is None:
         return args, kwargs
@@ -28,7 +29,12 @@ def _with_statics(fun: Any, sig: Signature, args: tuple, kwargs: dict) -> tuple[
         got = call_signature(fun, *full)[0]
     except Exception:  # noqa: BLE001 - not this call's form: the arguments as given are checked below
         return args, kwargs
-    return full if got.static == sig.static and got.treedef == sig.treedef else (args, kwargs)
+    if got.static != sig.static:
+        return args, kwargs
+    # As many positional arguments as the stage's dynamic ones: the statics were left out (whatever else differs,
+    # named below); else they were passed.
+    left_out = got.treedef == sig.treedef or len(args) == len(sig.treedef.children()[0].children())
+    return full if left_out else (args, kwargs)
 
 
 def stage_call(fun: Any, sig: Signature, run: Callable[..., Any]) -> Callable[[tuple, dict], Any]:

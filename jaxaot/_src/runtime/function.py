@@ -248,7 +248,8 @@ class AOTFunction:
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """The outputs as ``jax.ShapeDtypeStruct`` leaves, as ``jax.jit(f).eval_shape`` gives (nothing compiles)."""
-        return jax.jit(self.fn, static_argnums=self.static_argnums).eval_shape(*args, **kwargs)
+        return jax.jit(self.fn, static_argnums=self.static_argnums,
+                       out_shardings=self.options.out_shardings).eval_shape(*args, **kwargs)
 
     def cache_info(self) -> CacheInfo:
         """Compiled signatures: per signature the executables kept, every compilation (fused-step variants

@@ -11,6 +11,7 @@ mismatch is a :class:`~jaxaot.errors.ShardingMismatchError` or
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -207,6 +208,17 @@ class Copy(NamedTuple):
     """
 
     sharding: Any
+
+
+def lowering_mesh(out_shardings: Sequence[Any]) -> contextlib.AbstractContextManager:
+    """The mesh context a signature's programs lower in: the mesh of an output pinned to ``Explicit`` axes, where no
+    mesh is set (its ``reshard`` lowers only in a mesh context; ``jit``'s ``out_shardings`` places the program on
+    that mesh likewise); else none."""
+    mesh = next((getattr(o, "mesh", None) for o in out_shardings
+                 if is_multi_device(o) and C.explicit_axes(getattr(o, "mesh", None))), None)
+    if mesh is None or C.device_context() is not None or not hasattr(jax, "set_mesh"):
+        return contextlib.nullcontext()
+    return jax.set_mesh(mesh)
 
 
 def constrain_outputs(closed: Any, shardings: Sequence[Any]) -> Any:

@@ -164,7 +164,8 @@ class SignaturePrograms:
                       aliased: set = frozenset()) -> concurrent.futures.Future | None:
         """A compile of ``closed`` begun on a worker (lowered on this thread), handed later to :meth:`compile`
         as its ``pending``; None where it compiles there as ever (:func:`~jaxaot._src.compile.start_compile`)."""
-        return start_compile(compiler, closed, list(avals), **self._donation(aliased))
+        with S.lowering_mesh(self.out_shardings):
+            return start_compile(compiler, closed, list(avals), **self._donation(aliased))
 
     def compile(self, name: str, compiler: Compiler, closed: Any, avals: Sequence[Any], aliased: set = frozenset(),
                 pending: concurrent.futures.Future | None = None):
@@ -178,7 +179,8 @@ class SignaturePrograms:
                     t = time.perf_counter()
                     options = self._donation(aliased)
                     try:
-                        raw = cached_compile(compiler, closed, list(avals), pending=pending, **options)
+                        with S.lowering_mesh(self.out_shardings):
+                            raw = cached_compile(compiler, closed, list(avals), pending=pending, **options)
                     except jax.errors.JaxRuntimeError as e:
                         raise xla_compile_error(name, avals, e) from e
                     exe = CheckedExecutable(raw, closed, options.get("donate_argnums", ()))

@@ -41,18 +41,31 @@ def out_info(programs: Any, run: Callable[..., Any] | None, fun: Any = None) -> 
     where ``run`` is None (the function's stage), else those of ``run``, the stage's call of the flat inputs,
     evaluated abstractly (a gradient's ``(value, grads)``). Reading it leaves ``fun``'s cache as it was (its
     hits, and the signature the abstract call looks up), as reading ``jax.stages.Lowered.out_info`` does."""
+    mesh = programs.mesh
     if run is None:
-        outs = [shape_dtype_struct(a) for a in C.out_avals_of(programs.primal)]
+        outs = [shape_dtype_struct(a, sharding=_explicit(a, mesh)) for a in C.out_avals_of(programs.primal)]
         return jax.tree_util.tree_unflatten(programs.out_tree, outs)
-    avals = [shape_dtype_struct(a) for a in programs.in_avals]  # tracers of the avals alone, as under jax.jit
+    # Tracers of the avals alone, as under jax.jit (their Explicit mesh axes kept: they type the outputs).
+    avals = [shape_dtype_struct(a, sharding=getattr(a, "sharding", None) if _explicit(a, mesh) else None)
+             for a in programs.in_avals]
     hits, signatures = (getattr(fun, "_hits", 0), set(getattr(fun, "_cache", ())))
     try:
-        return jax.tree.map(shape_dtype_struct, jax.eval_shape(run, *avals))
+        return jax.tree.map(lambda a: shape_dtype_struct(a, sharding=_explicit(a, mesh)), jax.eval_shape(run, *avals))
     finally:
         if fun is not None:
             fun._hits = hits
             for sig in set(fun._cache) - signatures:
                 fun._cache.pop(sig, None)
+
+
+def _explicit(aval: Any, mesh: Any) -> Any:
+    """The sharding an aval's type holds over ``mesh``'s ``Explicit`` axes (as ``jax.jit``'s stages give it in
+    ``out_info``), on ``mesh`` itself; None where its type holds none."""
+    sharding = getattr(aval, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if mesh is None or spec is None or not C.explicit_axes(getattr(sharding, "mesh", None)):
+        return None
+    return jax.sharding.NamedSharding(mesh, spec)
 
 
 def stage_input_shardings(programs: Any, exe: Any) -> Any:
