@@ -40,12 +40,12 @@ _CORE: dict[str, str] = {
     **dict.fromkeys(("aot_function", "AOTFunction", "AOTTraced", "AOTLowered", "AOTCompiled", "CacheInfo", "CacheEntryInfo",
                      "FusedChoice", "ResidualTable", "Residuals"), "jaxaot._src.runtime"),
     **dict.fromkeys(("value_and_grad", "grad", "patch_value_and_grad", "compiled_grad", "compiled_value_and_grad",
-                     "nnx_compiled_grad", "grad_hook", "compiled_autograd"), "jaxaot._src.autograd"),
+                     "nnx_compiled_grad", "grad_hook"), "jaxaot._src.autograd"),
     "compare": "jaxaot._src.compare",
 }
 
 #: The public faces, reachable as attributes (``jaxaot.loops``) and importable (``import jaxaot.loops``).
-_FACES = ("errors", "partition", "compilers", "loops", "nn", "parallel", "export", "viz")
+_FACES = ("errors", "partition", "compilers", "loops", "nn", "parallel", "export", "viz", "compiled_autograd")
 
 __all__ = [*_FACES, *_CORE]
 
@@ -72,11 +72,12 @@ def __dir__() -> list[str]:
 
 if _typing.TYPE_CHECKING:  # static tools see the names the table above loads lazily
     from jaxaot import (
-        compilers as compilers, errors as errors, export as export, loops as loops, nn as nn,
+        compiled_autograd as compiled_autograd, compilers as compilers, errors as errors, export as export,
+        loops as loops, nn as nn,
         parallel as parallel, partition as partition, viz as viz,
     )
     from jaxaot._src.autograd import (
-        compiled_autograd as compiled_autograd, compiled_grad as compiled_grad,
+        compiled_grad as compiled_grad,
         compiled_value_and_grad as compiled_value_and_grad, grad as grad, grad_hook as grad_hook,
         nnx_compiled_grad as nnx_compiled_grad, patch_value_and_grad as patch_value_and_grad,
         value_and_grad as value_and_grad,

@@ -23,7 +23,7 @@ ROOT = Path(jaxaot.__file__).resolve().parent
 
 #: The public modules: the package and its faces. Everything else is under ``jaxaot._src``.
 PUBLIC_FACES = ("jaxaot", "jaxaot.errors", "jaxaot.partition", "jaxaot.compilers", "jaxaot.loops", "jaxaot.nn",
-                "jaxaot.parallel", "jaxaot.export", "jaxaot.viz")
+                "jaxaot.parallel", "jaxaot.export", "jaxaot.viz", "jaxaot.compiled_autograd")
 
 #: The layers, lowest first. A module may import its own layer (acyclically) and those below.
 LAYERS = [

@@ -19,7 +19,7 @@ import pytest
 import jaxaot
 from jaxaot._src import deprecations
 
-FACES = ("errors", "partition", "compilers", "loops", "nn", "parallel", "export", "viz")
+FACES = ("errors", "partition", "compilers", "loops", "nn", "parallel", "export", "viz", "compiled_autograd")
 ROOT = Path(jaxaot.__file__).resolve().parent
 
 

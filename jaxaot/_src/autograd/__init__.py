@@ -11,10 +11,10 @@ and its kin), compiled once per structure. Importing it does not import Flax.
 from jaxaot._src.autograd.argnums import as_index
 from jaxaot._src.autograd.direct import grad, patch_value_and_grad, value_and_grad
 from jaxaot._src.autograd.recorded import (
-    Stats, compiled_autograd, compiled_grad, compiled_value_and_grad, grad_hook, nnx_compiled_grad, reset, stats,
+    Stats, compiled_grad, compiled_value_and_grad, grad_hook, nnx_compiled_grad, reset, stats,
 )
 
 __all__ = [
-    "Stats", "as_index", "compiled_autograd", "compiled_grad", "compiled_value_and_grad", "grad", "grad_hook",
+    "Stats", "as_index", "compiled_grad", "compiled_value_and_grad", "grad", "grad_hook",
     "nnx_compiled_grad", "patch_value_and_grad", "reset", "stats", "value_and_grad",
 ]

@@ -106,7 +106,7 @@ class AOTLowered:
 
     @property
     def device_saved_bytes(self) -> int:
-        """Saved bytes that stay in device memory: ``saved_bytes`` less those offloaded to host memory."""
+        """Saved bytes that stay in device memory, ``saved_bytes`` less those offloaded to host memory."""
         return self.partition.device_saved_bytes
 
     @property
@@ -175,8 +175,8 @@ class AOTLowered:
 
     @property
     def executables(self) -> Mapping[str, Any]:
-        """The compiled executables (compiles them, the fused ``step`` included where the call runs it):
-        ``self.compile().executables``."""
+        """The compiled executables, ``self.compile().executables`` (compiles them, the fused ``step`` included
+        where the call runs it)."""
         return self._compiled.executables
 
     def memory_analysis(self) -> dict[str, dict[str, int] | None]:
@@ -240,8 +240,6 @@ class AOTCompiled:
 
     Attributes:
       lowered: the :class:`AOTLowered` it was compiled from.
-      executables: ``inference``, ``forward`` and ``backward`` executables, and ``step``, the fused training
-        step, where the call runs it (read lazily: see :attr:`executables`).
       compile_times: seconds per stage, compilations included.
       in_tree / args_info / out_tree: the lowered stage's (:class:`AOTLowered`).
       out_info: the lowered stage's, each output with its sharding on the function's stage.
@@ -268,7 +266,7 @@ class AOTCompiled:
 
     @property
     def executables(self) -> dict[str, Any]:
-        """The executables by name: ``inference``, ``forward``, ``backward``, and ``step`` where the call runs
+        """The executables by name, ``inference``, ``forward``, ``backward``, and ``step`` where the call runs
         the fused training step (a gradient's stage, ``fused=True``, a real scalar loss, the step not chosen
         split): the executable the call runs (``docs/concepts/fused_step.md``), compiled on first read
         if the call has not compiled it, as :attr:`peak_bytes` compiles it. On an accelerator, where the calls

@@ -231,12 +231,12 @@ class CacheEntryInfo:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """The fused step's variants compiled to be weighed (kept or not): compiles that are not kept executables."""
+        """The fused step's variants compiled to be weighed (kept or not), the compiles that are not kept executables."""
         return tuple(dict.fromkeys(c for c in self.compiles if c not in self.executables))
 
     @property
     def duplicates(self) -> tuple[str, ...]:
-        """Names compiled more than once for this signature (a duplicate compile: always empty)."""
+        """Names compiled more than once for this signature (a duplicate compile; always empty)."""
         counts = collections.Counter(self.compiles)
         return tuple(name for name, n in counts.items() if n > 1)
 

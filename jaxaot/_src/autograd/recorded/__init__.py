@@ -8,12 +8,11 @@ would dispatch the backward one primitive at a time
 (``docs/concepts/compiled_autograd.md``).
 """
 
-from jaxaot._src.autograd.recorded import step_cache as compiled_autograd  # jaxaot.compiled_autograd.stats() / reset()
 from jaxaot._src.autograd.recorded.driver import compiled_grad, compiled_value_and_grad, nnx_compiled_grad
 from jaxaot._src.autograd.recorded.step_cache import Stats, reset, stats
 from jaxaot._src.autograd.recorded.hooks import grad_hook
 
 __all__ = [
-    "Stats", "compiled_autograd", "compiled_grad", "compiled_value_and_grad", "grad_hook", "nnx_compiled_grad",
+    "Stats", "compiled_grad", "compiled_value_and_grad", "grad_hook", "nnx_compiled_grad",
     "reset", "stats",
 ]

@@ -83,13 +83,13 @@ class StepPeak:
 
     @property
     def split(self) -> int | None:
-        """The split step's peak: the larger of the forward's and the backward's."""
+        """The split step's peak, the larger of the forward's and the backward's."""
         known = [p for p in (self.forward, self.backward) if p is not None]
         return max(known) if known else None
 
     @property
     def peak(self) -> int | None:
-        """The larger of the fused and the split step's peaks: what the plan needs either way."""
+        """The larger of the fused and the split step's peaks, what the plan needs either way."""
         known = [p for p in (self.fused, self.split) if p is not None]
         return max(known) if known else None
 

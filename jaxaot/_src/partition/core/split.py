@@ -135,7 +135,7 @@ class Partition:
 
     @property
     def held_bytes(self) -> int:
-        """Bytes on the device where the forward hands over to the backward: the device residuals and the inputs
+        """Bytes on the device where the forward hands over to the backward, the device residuals and the inputs
         not saved (a fused step of this plan peaks at least this high)."""
         saved = set(self.saved_inputs)
         unsaved = [v for i, v in enumerate(C.jaxpr_of(self.forward).invars) if i not in saved]
@@ -148,8 +148,8 @@ class Partition:
 
     @property
     def gradient_note(self) -> str:
-        """Why the backward computes nothing, where it does not: no input takes a gradient, or no output a
-        cotangent (every gradient is then zero); else ``""``."""
+        """Why the backward computes nothing, where it does not (no input takes a gradient, or no output a
+        cotangent, and every gradient is then zero); else ``""``."""
         if not self.grad_inputs:
             return "no input takes a gradient: integer and boolean inputs have none"
         return "" if self.cotangent_outputs else "no output takes a cotangent: every gradient is zero"

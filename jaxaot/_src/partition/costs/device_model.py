@@ -132,7 +132,7 @@ class DeviceModel:
 
     @property
     def max_offloaded(self) -> float:
-        """The most values one plan may offload: :attr:`copy_slots`, or ``math.inf`` without a limit."""
+        """The most values one plan may offload (:attr:`copy_slots`, or ``math.inf`` without a limit)."""
         return math.inf if self.copy_slots is None else self.copy_slots
 
     def hidden_seconds(self, nbytes: int, *, in_scan: bool = False) -> float:
