@@ -135,7 +135,8 @@ def compiled_value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int
             m.write_back(states[n])
         if linked and linked[0]:
             aux = ML.relink(aux, linked[0], {n: m.module for n, m in modules.items()})
-        return _returned(value, (aux, None), grads, call.diff_tree, has_aux, single)
+        return _returned(value, (aux, None), grads, call.diff_tree, has_aux, single,
+                         [modules[n].module if n in modules else None for n in positions] if modules else None)
 
     value_and_grad = C.api_boundary(value_and_grad)  # errors in the user's forward show the user's lines
     value_and_grad.cache_info = plans.cache_info
@@ -153,9 +154,14 @@ def _check_keyword_state(kwargs: dict, name: str) -> None:
                 f"it is passed by position, as nnx.grad does. Pass it by position.")
 
 
-def _returned(value: Any, rest: tuple, grads: Sequence[Any], diff_tree: Any, has_aux: bool, single: bool) -> tuple:
-    """What ``value_and_grad`` returns, from the step's loss, ``(aux, module states)`` and gradient leaves."""
+def _returned(value: Any, rest: tuple, grads: Sequence[Any], diff_tree: Any, has_aux: bool, single: bool,
+              modules: Sequence[Any] | None = None) -> tuple:
+    """What ``value_and_grad`` returns, from the step's loss, ``(aux, module states)`` and gradient leaves;
+    ``modules``: per differentiated argument, the module argument it is (whose gradient takes ``nnx.grad``'s form)
+    or None."""
     grad = jax.tree_util.tree_unflatten(diff_tree, grads)
+    if modules:
+        grad = tuple(g if m is None else M.as_flax_grads(m, g) for m, g in zip(modules, grad))
     grad = grad[0] if single else grad
     return ((value, rest[0]), grad) if has_aux else (value, grad)
 

@@ -127,6 +127,36 @@ def split(module: Any, differentiated: bool) -> ModuleArg:
     return ModuleArg(module, graphdef, None, rest)
 
 
+def as_flax_grads(module: Any, state: Any) -> Any:
+    """``state``, the gradient of a differentiated module argument (one ``nnx.State`` of its Params), in the form
+    ``nnx.grad`` gives it: for a list, tuple or dict of modules, that container of each one's state (an empty one
+    where the module is one an earlier entry holds); a module's own, or anything else, as it is."""
+    from flax import nnx  # optional dependency
+
+    def graph_nodes(x: Any) -> bool:
+        t = type(x)
+        if t in (list, tuple):
+            return all(map(graph_nodes, x))
+        return all(map(graph_nodes, x.values())) if t is dict else isinstance(x, nnx.Pytree)
+
+    def shaped(x: Any, sub: Any) -> Any:
+        t = type(x)
+        if t in (list, tuple):
+            return t(shaped(m, _entry(sub, i)) for i, m in enumerate(x))
+        return {k: shaped(m, _entry(sub, k)) for k, m in x.items()} if t is dict else sub
+
+    return shaped(module, state) if type(module) in (list, tuple, dict) and graph_nodes(module) else state
+
+
+def _entry(state: Any, key: Any) -> Any:
+    from flax import nnx  # optional dependency
+
+    try:
+        return state[key]
+    except (KeyError, IndexError, TypeError):  # a module shared with an earlier entry: held there, as nnx.grad's
+        return nnx.State({})
+
+
 def split_args(args: Sequence[Any], nums: Sequence[int]) -> dict[int, ModuleArg]:
     """The module arguments among ``args``, by position (only positions holding nnx state: :func:`holds_nnx_state`)."""
     return {i: split(a, i in nums) for i, a in enumerate(args) if holds_nnx_state(a)}
