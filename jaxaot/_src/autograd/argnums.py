@@ -7,6 +7,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Sequence
 
+import numpy as np
+
 from jaxaot.errors import InvalidInputError, InvalidValueError
 
 
@@ -35,10 +37,14 @@ def normalize_argnums(argnums: Any) -> Any:
         >>> import numpy as np
         >>> normalize_argnums(np.int64(1)), normalize_argnums([0, np.int32(-1)]), normalize_argnums(range(2))
         (1, [0, -1], (0, 1))
+        >>> normalize_argnums(np.array([0, 2]))
+        (0, 2)
     """
     index = as_index(argnums)
     if index is not None:
         return index
+    if isinstance(argnums, np.ndarray) and argnums.ndim == 1:  # JAX reads an array of integers as their tuple
+        argnums = tuple(argnums.tolist()) if np.issubdtype(argnums.dtype, np.integer) else argnums
     if isinstance(argnums, (tuple, list, range)):  # JAX takes any sequence of integers (a range becomes a tuple)
         nums = [as_index(n) for n in argnums]
         if all(n is not None for n in nums):

@@ -15,6 +15,7 @@ import jax
 
 from jaxaot._src import compat as C
 from jaxaot._src.names import named_as_gradient
+from jaxaot.errors import LoopOverflowError
 
 
 def grad_of(vg: Callable, fun: Any, *, has_aux: bool, argnums: Any = 0) -> Any:
@@ -22,10 +23,18 @@ def grad_of(vg: Callable, fun: Any, *, has_aux: bool, argnums: Any = 0) -> Any:
     and, where ``vg`` has them, its stages (``lower``); named after ``fun`` (where given) as ``jax.grad`` names its
     result."""
 
+    def picked(out: tuple) -> Any:
+        value, g = out
+        return (g, value[1]) if has_aux else g
+
     @C.api_boundary  # an error in the user's function shows the user's lines, as under jit
     def grad(*args: Any, **kwargs: Any):
-        value, g = vg(*args, **kwargs)
-        return (g, value[1]) if has_aux else g
+        try:
+            return picked(vg(*args, **kwargs))
+        except LoopOverflowError as err:  # its outputs, as this call returns them
+            if err.outputs is not None:
+                err.outputs = picked(err.outputs)
+            raise
 
     grad.cache_info = vg.cache_info
     if hasattr(vg, "lower_running"):  # an aot_function's: its stages, whose compiled stage returns the gradients

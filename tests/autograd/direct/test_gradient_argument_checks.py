@@ -171,7 +171,7 @@ def test_every_gradient_refuses_the_same_argnums_when_built(argnums):
             make(_loss, argnums)
 
 
-@pytest.mark.parametrize("argnums", [np.int64(1), range(2), [np.int32(0), -1], (1, 0)])
+@pytest.mark.parametrize("argnums", [np.int64(1), range(2), [np.int32(0), -1], (1, 0), np.array([0, 1])], ids=str)
 def test_every_gradient_reads_integer_argnums_as_jax_does(argnums):
     w, x = _args()
     want = jax.value_and_grad(_loss, argnums=argnums)(w, x)

@@ -262,3 +262,19 @@ def test_a_list_or_dict_of_modules_gets_its_gradients_in_nnx_grads_form(case, re
         _assert_trees_close(got, want)
     grads = jaxaot.compiled_grad(loss)(ms, x)
     assert jax.tree.structure(grads) == jax.tree.structure(want[1])
+
+
+@pytest.mark.parametrize("make", [lambda: {"model": _linear(0), "scale": jnp.full((4,), 0.5)},
+                                  lambda: [_linear(0), 0.5]])
+def test_an_array_beside_modules_in_a_differentiated_argument_is_refused(make):
+    """nnx.grad differentiates such an array too: compiled autograd refuses it, never leaving its gradient out."""
+    def loss(p, x):
+        model, scale = (p["model"], p["scale"]) if isinstance(p, dict) else p
+        return jnp.mean(jnp.tanh(model(x) * scale) ** 2)
+
+    x = jax.random.normal(jax.random.key(int(np.random.default_rng().integers(1 << 20))), (3, 4))
+    vg = jaxaot.compiled_value_and_grad(loss)
+    with pytest.raises(jaxaot.errors.InvalidInputError, match=r"\['scale'\]|\[1\]"):
+        vg(make(), x)
+    ok = lambda m, x: loss({"model": m, "scale": 0.5}, x)  # noqa: E731
+    _assert_trees_close(jaxaot.compiled_value_and_grad(ok)(_linear(1), x), nnx.value_and_grad(ok)(_linear(1), x))

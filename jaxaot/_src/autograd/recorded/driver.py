@@ -377,6 +377,7 @@ def compiled_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, has
         >>> jaxaot.compiled_grad(lambda x: jnp.sum(x ** 2))(jnp.arange(3.0)).tolist()
         [0.0, 2.0, 4.0]
     """
+    parse_argnums(argnums, "compiled_grad")  # refused here, in its own name
     vg = compiled_value_and_grad(fun, argnums, has_aux, holomorphic, allow_int, reduce_axes, param_hooks=param_hooks,
                                  replay=replay)
     return grad_of(vg, fun, has_aux=has_aux, argnums=argnums)

@@ -15,12 +15,14 @@ from __future__ import annotations
 import dataclasses
 import operator
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from jaxaot._src.compat import ArrayImpl as _ArrayImpl
 from jaxaot._src.python_reads import flax_objects
+from jaxaot.errors import InvalidInputError
 
 
 def is_nnx_module(x: Any) -> bool:
@@ -121,6 +123,12 @@ def split(module: Any, differentiated: bool) -> ModuleArg:
     from flax import nnx  # optional dependency
 
     if differentiated:
+        loose = next(_loose_arrays(module, "", nnx), None)
+        if loose is not None:  # nnx.grad differentiates them too: refused, never a gradient left out
+            raise InvalidInputError(
+                f"a differentiated argument holds nnx modules and, beside them, the array {loose}; compiled "
+                "autograd differentiates the modules' nnx.Params there, not such arrays. Pass the array as an "
+                "argument of its own (in argnums), or hold it in an nnx.Param of a module.")
         graphdef, params, rest = nnx.split(module, nnx.Param, ...)
         return ModuleArg(module, graphdef, params, rest)
     graphdef, rest = nnx.split(module)
@@ -155,6 +163,20 @@ def _entry(state: Any, key: Any) -> Any:
         return state[key]
     except (KeyError, IndexError, TypeError):  # a module shared with an earlier entry: held there, as nnx.grad's
         return nnx.State({})
+
+
+def _loose_arrays(x: Any, path: str, nnx: Any) -> Iterator[str]:
+    """The paths (``['scale']``) of inexact arrays in the lists, tuples and dicts of ``x``, outside its modules."""
+    t = type(x)
+    if t in (list, tuple):
+        for i, y in enumerate(x):
+            yield from _loose_arrays(y, f"{path}[{i}]", nnx)
+    elif t is dict:
+        for k, y in x.items():
+            yield from _loose_arrays(y, f"{path}[{k!r}]", nnx)
+    elif isinstance(x, (float, complex)) or (not isinstance(x, (nnx.Pytree, nnx.Variable)) and hasattr(x, "dtype")
+                                             and jnp.issubdtype(x.dtype, jnp.inexact)):
+        yield f"{path} ({getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))})"
 
 
 def split_args(args: Sequence[Any], nums: Sequence[int]) -> dict[int, ModuleArg]:
