@@ -235,6 +235,22 @@ def test_call_with_uncommitted_inputs_names_one_device(tmp_path_factory):
         c.loaded.forward(*jax.device_get(c.args))
 
 
+def test_uncommitted_inputs_under_the_mesh_context_run_on_its_devices():
+    """Under ``jax.set_mesh``, uncommitted inputs run where ``jax.export``'s own call places them: on the mesh."""
+    mesh = jax.make_mesh((N,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:N])
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(jax.lax.with_sharding_constraint(x, P("data")) @ w))
+
+    k = jax.random.split(jax.random.key(np.random.default_rng().integers(1 << 30)), 2)
+    w, x = jax.random.normal(k[0], (4, 2)) / 2, jax.random.normal(k[1], (2 * N, 4))
+    with jax.set_mesh(mesh):
+        loaded = jaxaot.export.load(jaxaot.export.export(loss, w, x))
+        assert_trees_close(loaded(w, x), jax.jit(loss)(w, x), rtol=1e-5, atol=1e-5)
+        assert_trees_close(jax.grad(loaded, argnums=(0, 1))(w, x), jax.jit(jax.grad(loss, argnums=(0, 1)))(w, x),
+                           rtol=1e-5, atol=1e-5)
+
+
 _LOAD_WITH_FEWER_DEVICES = textwrap.dedent(
     """
     import sys

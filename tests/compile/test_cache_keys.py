@@ -8,6 +8,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxaot
 from jaxaot._src.compile import cache_keys, compilers
@@ -55,6 +56,22 @@ def test_program_fingerprint_sees_consts_inside_sub_jaxprs():
         program(np.float32(2.0)))
     assert cache_keys.program_fingerprint(program(np.float32(2.0))) != cache_keys.program_fingerprint(
         program(np.float32(3.0)))
+
+
+def test_program_fingerprint_sees_the_devices_of_a_sharding_in_the_program():
+    """A mesh prints its axes, not its devices: two orders of the same devices are two programs."""
+    if jax.device_count() < 2:
+        pytest.skip("needs two devices for two orders of them")
+    devices = jax.devices()[:2]
+    meshes = [jax.sharding.Mesh(np.array(d), ("x",)) for d in (devices, devices[::-1])]
+
+    def program(mesh):
+        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+        return jax.make_jaxpr(lambda v: jax.lax.with_sharding_constraint(v * 2, spec))(jnp.ones(4))
+
+    assert str(program(meshes[0])) == str(program(meshes[1]))
+    assert cache_keys.program_fingerprint(program(meshes[0])) == cache_keys.program_fingerprint(program(meshes[0]))
+    assert cache_keys.program_fingerprint(program(meshes[0])) != cache_keys.program_fingerprint(program(meshes[1]))
 
 
 def test_avals_key_reads_typed_prng_keys():

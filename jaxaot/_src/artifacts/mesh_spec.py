@@ -137,7 +137,8 @@ def check_enough_devices(where: str, num_devices: int, mesh: MeshSpec | None) ->
 
 
 def call_device_count(leaves: Sequence[Any]) -> int | None:
-    """On how many devices a call with ``leaves`` runs: its committed arrays' devices (1 if none).
+    """On how many devices a call with ``leaves`` runs: its committed arrays' devices; where none is committed, the
+    devices of the mesh ``jax.set_mesh`` sets (``jax.export``'s call places such inputs there), else 1.
 
     None when a leaf is a tracer: the enclosing ``jit`` decides, and ``jax.export`` checks it.
     """
@@ -147,7 +148,10 @@ def call_device_count(leaves: Sequence[Any]) -> int | None:
             return None
         if isinstance(x, jax.Array) and x.committed:
             devices |= x.sharding.device_set
-    return max(len(devices), 1)
+    if not devices:
+        mesh = C.device_context()
+        return 1 if mesh is None else int(mesh.devices.size)
+    return len(devices)
 
 
 def check_call_devices(name: str, what: str, num_devices: int, mesh: MeshSpec | None, leaves: Sequence[Any]) -> None:

@@ -157,7 +157,18 @@ def program_fingerprint(closed: Any) -> str:
         for param in eqn.params.values():
             for hidden in _hidden_jaxprs(param):
                 h.update(program_fingerprint(hidden).encode())
+            for sharding in _shardings(param):  # a mesh prints its axes, not its devices: their ids are hashed
+                h.update(sharding_key(sharding).encode())
     return h.hexdigest()
+
+
+def _shardings(value: Any, depth: int = 0) -> Iterable[Any]:
+    """The ``jax.sharding.Sharding`` objects of a param (a ``with_sharding_constraint``'s, a ``reshard``'s)."""
+    if isinstance(value, jax.sharding.Sharding):
+        yield value
+    elif depth < 4 and isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _shardings(v, depth + 1)
 
 
 def _hidden_jaxprs(value: Any, inside: bool = False, depth: int = 0) -> Iterable[Any]:
