@@ -37,8 +37,8 @@ _display.add_loader(lambda: _importlib.import_module("jaxaot._src.viz"))
 #: ``name -> module`` of the core's names, loaded on first use.
 _CORE: dict[str, str] = {
     "config": "jaxaot._src.config",
-    **dict.fromkeys(("aot_function", "AOTFunction", "AOTTraced", "AOTLowered", "AOTCompiled", "CacheInfo", "CacheEntryInfo",
-                     "FusedChoice", "ResidualTable", "Residuals"), "jaxaot._src.runtime"),
+    **dict.fromkeys(("aot_function", "AOTFunction", "AOTTraced", "AOTLowered", "AOTCompiled", "CacheInfo",
+                     "CacheEntryInfo", "FusedChoice", "ResidualTable", "Residuals"), "jaxaot._src.runtime"),
     **dict.fromkeys(("value_and_grad", "grad", "patch_value_and_grad", "compiled_grad", "compiled_value_and_grad",
                      "nnx_compiled_grad", "grad_hook"), "jaxaot._src.autograd"),
     "compare": "jaxaot._src.compare",

@@ -21,7 +21,8 @@ from jaxaot._src.runtime.traced import AOTTraced
 from jaxaot._src.runtime.function import AOTFunction, aot_function, closed_over_tracers
 
 __all__ = [
-    "AOTCompiled", "AOTTraced", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered", "CacheEntryInfo", "CacheInfo",
+    "AOTCompiled", "AOTTraced", "ArgNames", "inputs_change", "log_compile", "AOTFunction", "AOTLowered",
+    "CacheEntryInfo", "CacheInfo",
     "FusedChoice", "HotPath", "ResidualRow",
     "ResidualTable", "Residuals", "SignaturePrograms", "SplitPrograms", "TraceKind", "TrainingPrograms", "aot_function",
     "closed_over_tracers", "default_device",

@@ -231,7 +231,8 @@ class CacheEntryInfo:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """The fused step's variants compiled to be weighed (kept or not), the compiles that are not kept executables."""
+        """The fused step's variants compiled to be weighed (kept or not), the compiles that are not kept
+        executables."""
         return tuple(dict.fromkeys(c for c in self.compiles if c not in self.executables))
 
     @property

@@ -242,7 +242,8 @@ def _containers(seed):
     shared = _linear(seed + 2)
     return [
         (lambda ms, x: jnp.mean(ms[0](x) ** 2) + jnp.mean(jnp.tanh(ms[1](x))), [_linear(seed), _linear(seed + 1)]),
-        (lambda ms, x: jnp.mean(ms["enc"](x) ** 2) + jnp.mean(ms["dec"](x)), {"enc": _linear(seed), "dec": _linear(seed + 1)}),
+        (lambda ms, x: jnp.mean(ms["enc"](x) ** 2) + jnp.mean(ms["dec"](x)),
+         {"enc": _linear(seed), "dec": _linear(seed + 1)}),
         (lambda ms, x: jnp.mean(ms["one"](ms["list"][1](ms["list"][0](x))) ** 2),
          {"list": [shared, _linear(seed)], "one": shared}),  # one module held twice: its gradient once, the first
     ]
