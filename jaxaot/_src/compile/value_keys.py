@@ -43,7 +43,7 @@ def value_identity(value: Any, depth: int = 0) -> str:
     (:func:`_module_identity`). Anything else is its type and ``repr``.
 
     Example:
-        >>> from jaxaot._src.compile.cache_keys import value_identity
+        >>> from jaxaot._src.compile.value_keys import value_identity
         >>> value_identity({"b": {2, 1}, "a": 0.5})
         "dict(str:'a':float:3fe0000000000000,str:'b':set(int:1,int:2))"
     """
@@ -106,7 +106,7 @@ def callable_identity(fn: Any, depth: int = 0) -> str:
 
     Example:
         >>> import functools, jaxaot
-        >>> from jaxaot._src.compile.cache_keys import callable_identity
+        >>> from jaxaot._src.compile.value_keys import callable_identity
         >>> p = functools.partial(jaxaot.partition.min_cut_rematerialization_partition, memory_budget=0.5)
         >>> "memory_budget" in callable_identity(p)
         True
