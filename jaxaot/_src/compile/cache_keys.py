@@ -137,7 +137,8 @@ def _context_value(value: Any) -> str:
 
 # --------------------------------------------------------------------------- programs
 def program_fingerprint(closed: Any) -> str:
-    """sha256 of a closed jaxpr: its text plus the bytes of every const and literal.
+    """sha256 of a closed jaxpr: its text plus the bytes of every const and literal, and what its params hold
+    that the text leaves out (:func:`_unprinted`).
 
     The text does not show const values (nor all of a large literal), so those
     are hashed separately, in program order, sub-jaxprs included.
@@ -155,34 +156,26 @@ def program_fingerprint(closed: Any) -> str:
         h.update(array_identity(value).encode())
     for eqn in C.iter_eqns(closed):
         for param in eqn.params.values():
-            for hidden in _hidden_jaxprs(param):
-                h.update(program_fingerprint(hidden).encode())
-            for sharding in _shardings(param):  # a mesh prints its axes, not its devices: their ids are hashed
-                h.update(sharding_key(sharding).encode())
+            for part in _unprinted(param):
+                h.update(part.encode())
     return h.hexdigest()
 
 
-def _shardings(value: Any, depth: int = 0) -> Iterable[Any]:
-    """The ``jax.sharding.Sharding`` objects of a param (a ``with_sharding_constraint``'s, a ``reshard``'s)."""
-    if isinstance(value, jax.sharding.Sharding):
-        yield value
-    elif depth < 4 and isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _shardings(v, depth + 1)
-
-
-def _hidden_jaxprs(value: Any, inside: bool = False, depth: int = 0) -> Iterable[Any]:
-    """The jaxprs a param holds inside objects whose text leaves them out (a Pallas kernel's index maps, in the
-    dataclasses of its grid mapping): the program's text does not show them, its fingerprint hashes them."""
+def _unprinted(value: Any, inside: bool = False, depth: int = 0) -> Iterable[str]:
+    """What a param holds that the program's text leaves out, as text to hash: the jaxprs inside its dataclasses
+    (a Pallas kernel's index maps, in its grid mapping) by their fingerprints, and its shardings' devices in mesh
+    order (a mesh prints its axes alone: a ``with_sharding_constraint``'s, a ``reshard``'s)."""
     if isinstance(value, (C.ClosedJaxpr, C.Jaxpr)):
-        if inside:
-            yield value
+        if inside:  # (a jaxpr param itself is printed)
+            yield program_fingerprint(value)
+    elif isinstance(value, jax.sharding.Sharding):
+        yield sharding_key(value)
     elif depth < 8 and isinstance(value, (tuple, list)):
         for v in value:
-            yield from _hidden_jaxprs(v, inside, depth + 1)
+            yield from _unprinted(v, inside, depth + 1)
     elif depth < 8 and dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
-            yield from _hidden_jaxprs(getattr(value, field.name, None), True, depth + 1)
+            yield from _unprinted(getattr(value, field.name, None), True, depth + 1)
 
 
 def custom_rules_identity(closed: Any) -> str:
