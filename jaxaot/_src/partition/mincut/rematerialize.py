@@ -214,9 +214,10 @@ def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans
     saved values restricted to ``family``'s (:mod:`jaxaot._src.partition.mincut.save_families`) if given.
     ``memo`` keeps what plans of ``joint`` at other fractions share (:mod:`~jaxaot._src.partition.mincut.plan_memo`)."""
 
-    def saved_values(g: JointGraph, saveable: Callable[[Any], bool] | None = None) -> list:
+    def saved_values(g: JointGraph, saveable: Callable[[Any], bool] | None = None,
+                     free: Callable[[Any], bool] | None = None) -> list:
         graph = memoized(memo, "flow_graph", g, family,
-                         lambda: build_flow_graph(g, restricted(saveable, g, family), costs))
+                         lambda: build_flow_graph(g, restricted(saveable, g, family), costs, free))
         return [graph.values[i] for i in choose_saved_nodes(graph, memory_budget)]
 
     part = split_joint(joint, saved_values(joint))
@@ -234,8 +235,8 @@ def _at_fraction(joint: JointGraph, memory_budget: float, *, rematerialize_scans
                 joint.differentiable, joint.needs_cotangent):  # the rewrite keeps avals: always equal
             repart = split_joint(rejoint, saved_values(rejoint))
             # Scan bodies may only save values they can name (not JAX's linearization
-            # temporaries), which is almost never worse; keep whichever saves less.
-            if repart.device_saved_bytes <= part.device_saved_bytes:
+            # temporaries), which is almost never worse; keep whichever holds less (inputs saved are alive anyway).
+            if repart.held_bytes <= part.held_bytes:
                 part, source = repart, rejoint
         if source is joint:
             plan = None
@@ -253,7 +254,7 @@ def _plan_scans(planning: scan_remat.ScanPlanning, choose: Callable) -> tuple[An
         request = next(planning)
         while True:  # the planning rewrites the scans; their bodies are cut here, under the budget
             try:
-                chosen = choose(request.joint, saveable=request.saveable)
+                chosen = choose(request.joint, saveable=request.saveable, free=request.free)
             except Exception as e:  # noqa: BLE001 - handed back, as the planning decides
                 request = planning.throw(e)
             else:
@@ -264,7 +265,7 @@ def _plan_scans(planning: scan_remat.ScanPlanning, choose: Callable) -> tuple[An
 
 def _offloading_cut(joint: JointGraph, memory_budget: float, model: DeviceModel, planner: Callable,
                     saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None,
-                    ) -> tuple[list, OffloadPlan]:
+                    free: Callable[[Any], bool] | None = None) -> tuple[list, OffloadPlan]:
     """The saved vars of ``joint`` meeting the budget offloading before recomputing, and the offload plan.
 
     ``planner(timeline, saved vars, model, sizes) -> OffloadPlan`` decides what may go
@@ -272,7 +273,7 @@ def _offloading_cut(joint: JointGraph, memory_budget: float, model: DeviceModel,
     :func:`~jaxaot._src.partition.offload.plan_body_offload` per scan iteration).
     """
     costs = model.flop_costs if costs is None else costs
-    graph = build_flow_graph(joint, saveable, costs)
+    graph = build_flow_graph(joint, saveable, costs, free)
     timeline = Timeline.of(joint, model, costs)
     sizes = dict(zip(graph.values, graph.nbytes.tolist()))
     saved, chosen = offloaded_saved_nodes(
@@ -293,10 +294,11 @@ def _offload(source: JointGraph, part: Partition, memory_budget: float, model: D
 
 
 def choose_body(joint: JointGraph, *, memory_budget: float, model: DeviceModel,
-                saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None) -> scan_remat.BodyChoice:
+                saveable: Callable[[Any], bool] | None = None, costs: OpCosts | None = None,
+                free: Callable[[Any], bool] | None = None) -> scan_remat.BodyChoice:
     """A scan body's saved values and those it offloads per iteration (:mod:`jaxaot._src.partition.offload.scan_offload`).
 
     The budget's device bytes are met offloading before recomputing, as at the top level.
     """
-    saved, chosen = _offloading_cut(joint, memory_budget, model, plan_body_offload, saveable, costs)
+    saved, chosen = _offloading_cut(joint, memory_budget, model, plan_body_offload, saveable, costs, free)
     return scan_remat.BodyChoice(tuple(saved), chosen.offloaded)

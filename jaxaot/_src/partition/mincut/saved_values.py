@@ -42,7 +42,7 @@ from jaxaot._src.tracing import JointGraph
 
 
 def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None = None,
-                     costs: OpCosts | None = None) -> FlowGraph:
+                     costs: OpCosts | None = None, free: Callable[[Any], bool] | None = None) -> FlowGraph:
     """The :class:`~jaxaot._src.partition.mincut.flow_graph.FlowGraph` of ``joint``'s forward values.
 
     Nodes are the primal inputs and the forward eqns' outputs; the values the
@@ -50,7 +50,8 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
     ``checkpoint_name`` is its operand (same kind, same producer). ``saveable(var)``
     may forbid saving some values (infinite capacity): the scan rewrite uses it to
     save only values it can name. ``costs`` prices the knapsack's items (default:
-    FLOP estimates, :class:`~jaxaot._src.partition.costs.FlopCosts`).
+    FLOP estimates, :class:`~jaxaot._src.partition.costs.FlopCosts`). Inputs ``free(var)`` accepts cost no
+    bytes to save (a scan body's consts and ``xs``: the scan's inputs hold them anyway).
     """
     jaxpr = C.jaxpr_of(joint.jaxpr)
     builder = FlowGraphBuilder()
@@ -95,6 +96,8 @@ def build_flow_graph(joint: JointGraph, saveable: Callable[[Any], bool] | None =
         nbytes = np.fromiter((aval_nbytes(v.aval) for v in values), np.int64, n)
     else:
         nbytes = np.fromiter((math.ceil(aval_nbytes(v.aval) * fractions.get(v, 1.0)) for v in values), np.int64, n)
+    if free is not None:
+        nbytes[[i for i in np.flatnonzero(kind == INPUT) if free(values[i])]] = 0
     # Equal bytes: prefer values in memory anyway (inputs, outputs, unfused kernels' results) to
     # fusible copies of them (a transpose), which the forward would write a second time.
     preferred = (kind == INPUT) | (kind == EXPENSIVE) | (kind == NEVER)
@@ -274,8 +277,8 @@ def offloaded_saved_nodes(graph: FlowGraph, memory_budget: float, plan: Callable
 
 def choose_saved_values(
     joint: JointGraph, memory_budget: float = 1.0, saveable: Callable[[Any], bool] | None = None,
-    costs: OpCosts | None = None,
+    costs: OpCosts | None = None, free: Callable[[Any], bool] | None = None,
 ) -> list:
     """The joint-jaxpr vars the min-cut saves (what :func:`split_joint` takes)."""
-    graph = build_flow_graph(joint, saveable, costs)
+    graph = build_flow_graph(joint, saveable, costs, free)
     return [graph.values[i] for i in choose_saved_nodes(graph, memory_budget)]

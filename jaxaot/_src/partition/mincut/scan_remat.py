@@ -49,13 +49,17 @@ class BodyChoice:
 @dataclasses.dataclass(frozen=True)
 class BodyRequest:
     """What :func:`plan_scans` asks its driver for one scan body: the min-cut of ``joint`` (the body's
-    joint graph) saving only values ``saveable`` accepts. The answer is what a :data:`Chooser` returns."""
+    joint graph) saving only values ``saveable`` accepts, those ``free`` accepts at no cost: the body's
+    consts and ``xs``, which JAX's scan forwards to its backward instead of stacking them again (saving one
+    costs nothing the scan's inputs do not hold already; a carry saved is stacked). The answer is what a
+    :data:`Chooser` returns."""
 
     joint: JointGraph
     saveable: Callable[[Any], bool]
+    free: Callable[[Any], bool] = lambda v: False
 
 
-#: ``choose(joint, saveable=...) -> saved vars | BodyChoice`` (the min-cut's chooser).
+#: ``choose(joint, saveable=..., free=...) -> saved vars | BodyChoice`` (the min-cut's chooser).
 Chooser = Callable[..., Any]
 #: :func:`plan_scans`: yields a :class:`BodyRequest` per scan body, is sent each one's answer (saved vars or a
 #: :class:`BodyChoice`, or thrown the exception choosing raised), returns ``(rewritten program, plan)``.
@@ -133,11 +137,12 @@ def body_joint(body: Any, names: dict) -> JointGraph:
     return build_joint(tagged, _flat_tree(len(avals)), _flat_tree(len(jaxpr.outvars)), avals)
 
 
-def _body_names(body: Any, names: dict, memo: PlanMemo | None, device_only: bool
+def _body_names(body: Any, names: dict, memo: PlanMemo | None, device_only: bool, free_at: frozenset
                 ) -> Generator[BodyRequest, Any, BodyChoice | None]:
     """Which of ``names`` (var -> name) the min-cut saves and offloads per iteration (None: leave the scan
     alone), asked of the driver; ``device_only`` drops the offloaded ones (nested bodies: their stacks would
-    live inside the outer body). ``memo`` keeps the body's joint graph for the next plan
+    live inside the outer body). ``free_at``: the positions of the body's inputs that cost nothing to save
+    (:func:`_free_inputs`). ``memo`` keeps the body's joint graph for the next plan
     (:mod:`~jaxaot._src.partition.mincut.plan_memo`)."""
     joint = memoized(memo, "body_joint", body, frozenset(names.values()), lambda: body_joint(body, names))
     bj = C.jaxpr_of(joint.jaxpr)
@@ -145,7 +150,8 @@ def _body_names(body: Any, names: dict, memo: PlanMemo | None, device_only: bool
     tag_of = {e.outvars[0]: e.params["name"] for e, bwd in zip(bj.eqns, joint.is_backward)
               if not bwd and e.primitive.name == "name" and e.params.get("name") in wanted}
     inputs = set(bj.invars[: joint.num_primals])
-    chosen = _as_choice((yield BodyRequest(joint, lambda v: v in tag_of or v in inputs)))
+    free = {v for i, v in enumerate(bj.invars[: joint.num_primals]) if i in free_at}
+    chosen = _as_choice((yield BodyRequest(joint, lambda v: v in tag_of or v in inputs, free.__contains__)))
     if device_only:
         chosen = BodyChoice(chosen.saved)
     if any(v not in tag_of and v not in inputs for v in chosen.saved):
@@ -182,7 +188,16 @@ def _checkpointed(body: Any, keep: dict, host: frozenset = frozenset()) -> Calla
     return jax.checkpoint(lambda *a: evaluate(body, a, keep), policy=policy, prevent_cse=False)
 
 
-def _plan_scan(eqn: Any, path: str, memo: PlanMemo | None, device_only: bool
+def _free_inputs(eqn: Any, alive: frozenset) -> frozenset:
+    """Positions of the scan ``eqn``'s body inputs whose saving costs no memory: its consts and ``xs`` whose
+    operands are ``alive`` anyway. JAX's scan hands such residuals to its backward as they are (forwarded),
+    where a saved carry, or a value the body computes, is stacked anew per iteration."""
+    num_consts, num_carry = C.scan_counts(eqn.params)
+    return frozenset(i for i, v in enumerate(eqn.invars) if not num_consts <= i < num_consts + num_carry
+                     and not C.is_literal(v) and v in alive)
+
+
+def _plan_scan(eqn: Any, path: str, memo: PlanMemo | None, device_only: bool, alive: frozenset
                ) -> Generator[BodyRequest, Any, tuple[Callable, dict] | None]:
     """The checkpointed body function to run ``eqn`` with and its replayable plan, or None.
 
@@ -192,10 +207,13 @@ def _plan_scan(eqn: Any, path: str, memo: PlanMemo | None, device_only: bool
     body = eqn.params["jaxpr"]
     if C.jaxpr_of(body).effects or eqn.params["length"] == 0:
         return None
-    body, nested = yield from plan_scans(body, path, memo, device_only=True)  # innermost scans first
+    free_at = _free_inputs(eqn, alive)
+    invars = C.jaxpr_of(body).invars
+    body, nested = yield from plan_scans(body, path, memo, device_only=True,  # innermost scans first
+                                         alive=frozenset(invars[i] for i in free_at))
     tags = _body_tags(body, path)
     try:
-        chosen = yield from _body_names(body, tags, memo, device_only)
+        chosen = yield from _body_names(body, tags, memo, device_only, free_at)
     except Exception:  # noqa: BLE001 - a body we cannot analyse keeps JAX's own residuals
         return None
     if chosen is None:
@@ -219,7 +237,7 @@ def _retrace(closed: Any, bodies: dict) -> Any:
 
 
 def plan_scans(closed: Any, path: str = "", memo: PlanMemo | None = None, retrace: bool = True,
-               device_only: bool = False) -> ScanPlanning:
+               device_only: bool = False, alive: frozenset | None = None) -> ScanPlanning:
     """Each top-level scan of ``closed`` with its body checkpointed to save the min-cut's choice, and the plan:
     ``{scan ordinal (str): plan}`` (empty: unchanged).
 
@@ -228,10 +246,12 @@ def plan_scans(closed: Any, path: str = "", memo: PlanMemo | None = None, retrac
     scan to JAX's own residuals. The driver holds the budget; the rewrite never calls back into it.
     ``retrace=False`` returns ``closed`` itself with the plan, for a caller that only replays the plan
     (:func:`replay_joint`); ``memo`` keeps the bodies' joint graphs; ``device_only`` offloads nothing.
+    ``alive``: the vars of ``closed`` in memory anyway (default: its inputs, the primal's).
     """
     bodies, plan = {}, {}
+    alive = frozenset(C.jaxpr_of(closed).invars) if alive is None else alive
     for k, eqn in enumerate(_scan_eqns(closed)):
-        planned = yield from _plan_scan(eqn, f"{path}.{k}", memo, device_only)
+        planned = yield from _plan_scan(eqn, f"{path}.{k}", memo, device_only, alive)
         if planned is not None:
             bodies[id(eqn)], plan[str(k)] = planned
     if not bodies:
@@ -247,7 +267,7 @@ def rewrite_primal_planned(closed: Any, choose: Chooser, path: str = "", memo: P
         request = next(planning)
         while True:
             try:
-                chosen = choose(request.joint, saveable=request.saveable)
+                chosen = choose(request.joint, saveable=request.saveable, free=request.free)
             except Exception as e:  # noqa: BLE001 - handed back: the planner leaves that scan alone
                 request = planning.throw(e)
             else:
