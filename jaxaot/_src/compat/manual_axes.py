@@ -22,7 +22,7 @@ from jax._src import config as _config
 from jax._src import mesh as _mesh_lib
 
 __all__ = ["abstract_input", "all_manual", "device_context", "in_manual_context", "on_one_mesh", "reshaped_aval",
-           "vary_like"]
+           "varying_cast_axes", "vary_like", "vary_over"]
 
 #: The name the struct's variance takes: ``manual_axis_type`` (a ``ManualAxisType``), or ``vma`` (a set of names).
 _FIELD = next((f for f in ("manual_axis_type", "vma") if f in inspect.signature(jax.ShapeDtypeStruct).parameters),
@@ -118,6 +118,25 @@ def vary_like(x: Any, aval: Any) -> Any:
     axes = tuple(sorted(getattr(variance, "varying", variance) or ())) if variance is not None else ()
     if not axes:
         return x
+    have = _variance(jax.typeof(x))
+    missing = tuple(a for a in axes if a not in set(getattr(have, "varying", have) or ()))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def varying_cast_axes(eqn: Any) -> tuple[str, ...]:
+    """The manual axes an eqn casting its operand from invariant to varying adds (``pvary``, or ``pcast`` to
+    varying), else ``()``: the cast ``shard_map`` inserts where a replicated value meets a sharded one."""
+    name, params = eqn.primitive.name, eqn.params
+    if name == "pcast" and str(params.get("to", "")).lower().split(".")[-1] != "varying":
+        return ()
+    if name not in ("pvary", "pcast"):
+        return ()
+    axes = params.get("axes", params.get("axis_name", ()))
+    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+
+
+def vary_over(x: Any, axes: tuple[str, ...]) -> Any:
+    """``x`` cast to vary over the manual ``axes`` it does not vary over yet (``jax.lax.pcast`` to varying)."""
     have = _variance(jax.typeof(x))
     missing = tuple(a for a in axes if a not in set(getattr(have, "varying", have) or ()))
     return jax.lax.pcast(x, missing, to="varying") if missing else x

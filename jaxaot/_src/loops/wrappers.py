@@ -29,6 +29,7 @@ from jaxaot._src import compat as C
 from jaxaot._src.pytrees import format_aval, leaf_paths
 from jaxaot.errors import InvalidLoopOptionError, LoopCarryMismatchError, LoopFunctionError
 from jaxaot._src.loops.common import check_options, check_positive, stack_loop, trace_flat, while_loop_p
+from jaxaot._src.loops.invariant_casts import hoist_invariant_casts
 from jaxaot._src.loops.offline import check_body
 from jaxaot._src.loops.overflow import check_overflow, overflow_scale, poison, raise_if_overflowed
 
@@ -155,8 +156,9 @@ def _trace_loop(cond_fun: Callable, body_fun: Callable, init_val: Any, stack: bo
         out = C.eval_closed(body_j, *[a[i] for i in body_idx], *a[n:])
         return [*out, *out] if stack else out
 
-    return (trace_flat(cond, [*const_avals, *avals]), trace_flat(body, [*const_avals, *avals]),
-            consts, leaves, treedef)
+    cond_j, body_j, consts = hoist_invariant_casts(trace_flat(cond, [*const_avals, *avals]),
+                                                   trace_flat(body, [*const_avals, *avals]), consts)
+    return cond_j, body_j, consts, leaves, treedef
 
 
 def _disable_jit() -> bool:
