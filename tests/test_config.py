@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -354,6 +355,19 @@ def test_cache_dir_and_cache_key_file_decide_where_the_cache_lives(tmp_path):
     entries = list((tmp_path / "cache").rglob("*.bin"))
     assert key.is_file() and entries, entries
     np.testing.assert_allclose(got, jax.grad(f)(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", [str, Path])
+def test_a_path_under_the_home_folder_is_expanded_as_a_shell_would(kind, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sub = f"jaxaot-{np.random.randint(1 << 30)}"
+    with jaxaot.config.override(cache_dir=kind(f"~/{sub}"), cache_key_file=kind(f"~/{sub}/key")):
+        assert os.fspath(jaxaot.config.cache_dir) == os.fspath(jaxaot.config.cache_key_file)[: -len("/key")]
+        assert os.fspath(jaxaot.config.cache_dir) == str(tmp_path / sub)
+        assert isinstance(jaxaot.config.cache_dir, kind)
+    from jaxaot._src.config import SETTINGS
+
+    assert SETTINGS["cache_dir"].from_env({"JAXAOT_CACHE_DIR": f"~/{sub}"}) == str(tmp_path / sub)
 
 
 # --------------------------------------------------------------------------- no other reader; the docs

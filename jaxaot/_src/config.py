@@ -53,6 +53,8 @@ def _path(what_none: str) -> Callable[[Any], Any]:
             raise _Refused(f"an empty path; give None for {what_none}")
         if "\0" in text:
             raise _Refused("a path with a NUL character, which no file system accepts")
+        if text.startswith("~"):  # as a shell would: never a folder named "~" in the working directory
+            return os.path.expanduser(text) if isinstance(value, str) else type(value)(os.path.expanduser(text))
         return value
     return check
 

@@ -35,6 +35,9 @@ SYMBOLIC_LOSSES = {
     "half_slice": (lambda x: jnp.sum(x[: x.shape[0] // 2] ** 2), lambda b: (_normal(b),), ("b",)),
     "compound": (lambda x, y: jnp.sum(x) * jnp.mean(y), lambda b: (_normal(b, 3), _normal(2 * b, 3)),
                  ("a, 3", "2*a, 3")),
+    "while_loop": (lambda w, x: jnp.mean(jaxaot.loops.while_loop(
+        lambda h: jnp.mean(h * h) > 0.01, lambda h: 0.5 * jnp.tanh(h @ w), x, max_steps=40) ** 2),
+        lambda b: (0.3 * _normal(3, 3), _normal(b, 3)), (None, "b, 3")),
 }
 
 
@@ -197,3 +200,12 @@ def test_grad_of_grad_through_a_while_loop_after_save(tmp_path):
         assert "cannot be differentiated 2 times" in str(err)
     else:
         assert_trees_close(got, second(fn), rtol=1e-4, atol=1e-4)
+
+
+def test_a_bounded_loop_exports_with_a_symbolic_batch():
+    """A ``max_steps`` loop's stack has a symbolic row size: it exports as one stack, which runs at any size."""
+    fn, make, dyn = SYMBOLIC_LOSSES["while_loop"]
+    f = jaxaot.export.load(jaxaot.export.export(fn, *make(4), dynamic_shapes=dyn))
+    args = make(int(RNG.integers(2, 9)))
+    assert_trees_close(jax.value_and_grad(f, argnums=(0, 1))(*args), jax.value_and_grad(fn, argnums=(0, 1))(*args),
+                       rtol=1e-5, atol=1e-5)

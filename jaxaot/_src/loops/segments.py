@@ -50,10 +50,13 @@ def applies(loop: Loop, residual_avals: Sequence[Any]) -> int | None:
     """The segment length for reverse-differentiating ``loop``, whose steps keep ``residual_avals``, here;
     None for one stack: on GPUs and TPUs, for a body with effects, and for a stack of at most
     :data:`MIN_STACK_BYTES` (cheap to zero, and one stack compiles faster: its program holds the body
-    once, the segments' three times)."""
+    once, the segments' three times), or of a size known only when called (a symbolic dimension of an
+    exported program)."""
     if loop.prim is not while_loop_p or loop.max_steps is None or loop.checkpoints is not None:
         return None
     if loop.effects() or not segments_here():
+        return None
+    if not all(isinstance(d, int) for a in residual_avals for d in a.shape):
         return None
     row = sum(math.prod(a.shape) * a.dtype.itemsize for a in residual_avals)
     return segment_steps(loop.max_steps) if loop.max_steps * row > MIN_STACK_BYTES else None
