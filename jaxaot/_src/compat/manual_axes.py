@@ -8,7 +8,8 @@ from, so the trace inserts what JAX would; outside ``shard_map`` it is the plain
 
 On a mesh with ``Explicit`` axes the type holds the sharding instead (``float32[8@x,4]``): a program traced from
 a replicated struct does not take sharded values. :func:`abstract_input` keeps that sharding too, and
-:func:`vary_like` shards a buffer of rows as its rows are. :func:`device_context` is ``jax.set_mesh``'s devices.
+:func:`vary_like` shards a buffer of rows as its rows are. :func:`eval_closed_varying` runs a jaxpr on inputs that
+vary over more axes than it was traced for. :func:`device_context` is ``jax.set_mesh``'s devices.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 
 import jax
 from jax._src import config as _config
+from jax._src import core as _core
 from jax._src import mesh as _mesh_lib
 
-__all__ = ["abstract_input", "all_manual", "device_context", "in_manual_context", "on_one_mesh", "reshaped_aval",
-           "varying_cast_axes", "vary_like", "vary_over"]
+__all__ = ["abstract_input", "all_manual", "device_context", "eval_closed_varying", "in_manual_context", "on_one_mesh",
+           "reshaped_aval", "varying_cast_axes", "vary_like", "vary_over"]
 
 #: The name the struct's variance takes: ``manual_axis_type`` (a ``ManualAxisType``), or ``vma`` (a set of names).
 _FIELD = next((f for f in ("manual_axis_type", "vma") if f in inspect.signature(jax.ShapeDtypeStruct).parameters),
@@ -140,6 +142,51 @@ def vary_over(x: Any, axes: tuple[str, ...]) -> Any:
     have = _variance(jax.typeof(x))
     missing = tuple(a for a in axes if a not in set(getattr(have, "varying", have) or ()))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _varying_axes(x: Any) -> frozenset:
+    """The manual axes a value (or an aval) varies over."""
+    have = _variance(x if isinstance(x, _core.AbstractValue) else jax.typeof(x))
+    return frozenset(getattr(have, "varying", have) or ())
+
+
+def eval_closed_varying(closed: Any, *args: Any) -> list:
+    """Evaluate a closed jaxpr on inputs that may vary over more manual axes than it was traced for (inside
+    ``shard_map``: a carry that a per-lane select made varying). An eqn whose operands vary as traced is bound as
+    it is. Otherwise a cast to varying (``pvary``) adds only the axes its operand does not vary over yet, a ``jit``
+    call is inlined and a ``lax.cond`` retraced, their jaxprs evaluated alike, and another eqn's operands are cast
+    to vary over all the axes one of them varies over (what ``jax.numpy`` inserts when it traces). Other
+    higher-order eqns (scans, loops, custom derivatives) are bound as they are, and refuse such operands."""
+    jaxpr = getattr(closed, "jaxpr", closed)
+    env: dict = dict(zip(jaxpr.constvars, getattr(closed, "consts", ())))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, _core.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        outs = None
+        if any(_varying_axes(x) != _varying_axes(v.aval) for x, v in zip(invals, eqn.invars)):
+            axes = varying_cast_axes(eqn)
+            name, params = eqn.primitive.name, eqn.params
+            if axes and len(invals) == 1:
+                outs = [vary_over(invals[0], axes)]
+            elif name in ("jit", "pjit") and isinstance(params.get("jaxpr"), _core.ClosedJaxpr):
+                outs = eval_closed_varying(params["jaxpr"], *invals)
+            elif name == "cond" and "branches" in params:
+                branches = [lambda *a, b=b: eval_closed_varying(b, *a) for b in params["branches"]]
+                outs = list(jax.lax.switch(invals[0], branches, *invals[1:]))
+            elif not any(isinstance(p, (_core.Jaxpr, _core.ClosedJaxpr)) or (isinstance(p, (tuple, list)) and any(
+                    isinstance(q, (_core.Jaxpr, _core.ClosedJaxpr)) for q in p)) for p in params.values()):
+                union = tuple(sorted(frozenset().union(*(_varying_axes(x) for x in invals))))
+                invals = [vary_over(x, union) for x in invals]
+        if outs is None:
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        env.update((v, x) for v, x in zip(eqn.outvars, outs) if not isinstance(v, _core.DropVar))
+    return [read(v) for v in jaxpr.outvars]
 
 
 def device_context() -> Any:

@@ -283,12 +283,11 @@ def _placer(k: int, needed: Any) -> tuple:
     return levels0, decide, lambda levels: (levels[0], levels[1], levels[2] - 1)
 
 
-def _scaled(known_body: Any, unknown_body: Any, num_kc: int, num_res: int) -> tuple[Any, Any]:
-    """The bodies with one more known const, the overflow scale: the known body passes it on
+def _scaled(known_body: Any, unknown_body: Any, num_kc: int, num_res: int, scale_aval: Any) -> tuple[Any, Any]:
+    """The bodies with one more known const, the overflow scale (of ``scale_aval``): the known body passes it on
     as its last residual, and the linear body multiplies its outputs by it (linear still)."""
     kb, ub = known_body, unknown_body
     k_in = C.in_avals_of(kb)
-    scale_aval = C.ShapedArray((), jnp.float32)
 
     def known(*a):
         return [*C.eval_closed(kb, *a[:num_kc], *a[num_kc + 1:]), a[num_kc]]
@@ -321,11 +320,14 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
     lin_carry = [t for t, u in zip(carry, carry_uk) if u]
     bound = loop.max_steps  # max_steps with checkpoints, no nested scans (jaxaot._src.loops.offline)
     block = online_block(C.join_effects(C.effects_of(known_body), C.effects_of(cond)))
-    if bound is not None:  # the overflow scale, a known const found after the forward
-        known_body, unknown_body = _scaled(known_body, unknown_body, len(kc), len(res_avals))
+    # The overflow scale, a known const found after the forward: it reads the condition, so inside shard_map it
+    # varies as the condition does (a condition on the local shard), and the bodies are traced for that type.
+    scale_aval = C.out_avals_of(cond)[0].update(dtype=jnp.dtype(jnp.float32), weak_type=False)
+    if bound is not None:
+        known_body, unknown_body = _scaled(known_body, unknown_body, len(kc), len(res_avals), scale_aval)
     params = dict(known_body=known_body, linear_body=unknown_body, checkpoints=k, block=block, max_steps=bound,
                   num_known_consts=len(kc) + (bound is not None), num_linear_consts=len(lin_consts))
-    fkc = [*kc, jnp.ones((), jnp.float32)] if bound is not None else kc  # the forward's: any scale
+    fkc = [*kc, C.vary_like(jnp.ones((), jnp.float32), scale_aval)] if bound is not None else kc  # any scale
     primal_body = _primal_body(params)  # the program the transpose advances with, too
 
     def fcond(state):
@@ -371,7 +373,7 @@ def partial_eval(loop: Any, trace: Any, tracers: Sequence[Any], carry_uk: Sequen
     if bound is not None:  # stopped at the bound while the loop still ran: NaN values and tangents
         overflowed = (n >= bound) & C.eval_closed(cond, *kc, *x)[0]
         check_overflow(overflowed, bound)
-        scale = overflow_scale(overflowed)
+        scale = C.vary_like(overflow_scale(overflowed), scale_aval)
         x = poison(scale, x)
         kc = [*kc, scale]
 

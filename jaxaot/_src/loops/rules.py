@@ -246,8 +246,13 @@ def _batch(prim, axis_data, args, dims, **params):
     body_in_axes = tuple([0 if b else None for b in cb] + [0 if b else None for b in tb]
                          + [0 if b else None for b in xb])
     body_out_axes = [0 if b else None for b in tb] + [0 if b else None for b in yb]
-    vbody = C.vmap_like(partial(C.eval_closed, loop.body), axis_data, body_in_axes, body_out_axes)
-    vcond = (C.vmap_like(partial(C.eval_closed, loop.cond), axis_data, body_in_axes[: k + m])
+    relaxed = [False]  # the initial carries were cast to varying below: the body and condition take them so
+
+    def run(closed, *a):
+        return (C.eval_closed_varying if relaxed[0] else C.eval_closed)(closed, *a)
+
+    vbody = C.vmap_like(partial(run, loop.body), axis_data, body_in_axes, body_out_axes)
+    vcond = (C.vmap_like(partial(run, loop.cond), axis_data, body_in_axes[: k + m])
              if loop.cond is not None else None)
     count_lanes = loop.stacks and pred_batched
     lane_mask = []
@@ -278,22 +283,34 @@ def _batch(prim, axis_data, args, dims, **params):
         return [*new_t, *counter, *y]
 
     const_avals = [jax.typeof(c) for c in consts]
-    carry_avals = [jax.typeof(c) for c in carry]
     x_rows = [row_aval(jax.typeof(x)) for x in xs]
     counter0 = [jnp.zeros((size,), INT)] if count_lanes else []
     extra_rows = [row_aval(jax.typeof(lm)) for lm in lane_mask]
-    if count_lanes:
-        def counted_body(*a):
-            c, t, cnt, xr = C.split_list(a, [k, m, 1])
-            return body(*c, *t, *xr, *cnt)
-        new_body = trace_flat(counted_body, [*const_avals, *carry_avals, C.ShapedArray((size,), INT), *x_rows])
-    else:
-        new_body = trace_flat(body, [*const_avals, *carry_avals, *x_rows, *extra_rows])
+
+    def counted_body(*a):
+        c, t, cnt, xr = C.split_list(a, [k, m, 1])
+        return body(*c, *t, *xr, *cnt)
+
+    # Inside shard_map the per-lane selects make a carry (and the lane counter) vary as the predicate or
+    # the trip counts do, over manual axes its initial value (a broadcast, a zero) may not vary over:
+    # cast the initial values so that the carry keeps one type (lax.while_loop selects in its lowering).
+    while True:  # each pass adds axes to some carry: a few passes at most
+        carry_avals = [jax.typeof(c) for c in carry]
+        if count_lanes:
+            new_body = trace_flat(counted_body, [*const_avals, *carry_avals, jax.typeof(counter0[0]), *x_rows])
+        else:
+            new_body = trace_flat(body, [*const_avals, *carry_avals, *x_rows, *extra_rows])
+        init = [*carry, *counter0]
+        cast = [C.vary_like(x, av) for x, av in zip(init, C.out_avals_of(new_body))]
+        if all(a_ is b_ for a_, b_ in zip(cast, init)):
+            break
+        carry, counter0 = cast[:m], cast[m:]
+        relaxed[0] = True
     new_cond = None
     if loop.cond is not None:
         def cond(*a):
             return [jnp.any(vcond(*a[: k + m])[0])]
-        counter_avals = [C.ShapedArray((size,), INT)] if count_lanes else []
+        counter_avals = [jax.typeof(c) for c in counter0]
         new_cond = trace_flat(cond, [*const_avals, *carry_avals, *counter_avals])
     new_loop = loop.replace(body=new_body, cond=new_cond, num_carry=m + len(counter0))
     outs = new_loop.bind(new_loop.join(n, consts, [*carry, *counter0], [*xs, *lane_mask]))
