@@ -2,16 +2,20 @@
 
 The counts are process-wide and thread-safe. Every :class:`~jaxaot.errors.CacheWarning`
 goes through :func:`warn_once`, so a bad file (or an unwritable directory) is
-reported once per process, not once per call.
+reported once per process, not once per call, and points at the user's call.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
+import sys
 import threading
 import warnings
 from pathlib import Path
+
+import jax
 
 from jaxaot.errors import CacheWarning
 
@@ -67,13 +71,25 @@ def count(name: str) -> None:
         _counts[name] += 1
 
 
-def warn_once(path: Path | str, message: str) -> None:
-    """Issue a :class:`~jaxaot.errors.CacheWarning` about ``path``, unless one was issued already.
+#: Frames in these folders are jaxaot's and JAX's own: a warning points past them.
+_INTERNAL = (str(Path(__file__).resolve().parents[2]) + os.sep,
+             os.path.dirname(os.path.realpath(jax.__file__)) + os.sep)
 
-    ``stacklevel=4`` points it past the cache's own frames, at the runtime's call.
-    """
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside jaxaot and JAX, for a warning issued by this module's caller's
+    caller (the user's call however deep the cache was reached; 2 if every frame is internal)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
+def warn_once(path: Path | str, message: str) -> None:
+    """Issue a :class:`~jaxaot.errors.CacheWarning` about ``path``, unless one was issued already, pointing at the
+    user's call (the first frame outside jaxaot and JAX), so that a filter on the user's module applies."""
     with _lock:
         if str(path) in _warned:
             return
         _warned.add(str(path))
-    warnings.warn(message, CacheWarning, stacklevel=4)
+    warnings.warn(message, CacheWarning, stacklevel=_user_stacklevel())
